@@ -1,0 +1,316 @@
+// Package agent is the node side of a member: it holds the control session
+// to the ctrl leader, reports the node's resources, pools and host usage,
+// and applies what ctrl sends (overcommit values, isolation).
+//
+// It never writes cluster state directly: everything goes through the
+// control session, and ctrl decides.
+package agent
+
+import (
+	"context"
+	"crypto/tls"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/kibotos/kibotos/agent/hostusage"
+	"github.com/kibotos/kibotos/api"
+	"github.com/kibotos/kibotos/buildinfo"
+	"github.com/kibotos/kibotos/datadir"
+	"github.com/kibotos/kibotos/fsm"
+)
+
+// ErrIsolated is returned by Run when ctrl refused this incarnation as
+// isolated: the node has destroyed its Instances and must exit, so that
+// systemd starts it again with a new incarnation.
+var ErrIsolated = errors.New("node incarnation is isolated")
+
+// ErrStale is returned by Run when a newer incarnation of this node exists.
+var ErrStale = errors.New("a newer incarnation of this node is running")
+
+// Config configures the node agent.
+type Config struct {
+	DataDir datadir.Dir
+	NodeID  string
+	// Capacity is what the host gives to VMs ([resources] in the config).
+	Capacity api.Resources
+	// CtrlAddrs lists ctrl API addresses, best first.
+	CtrlAddrs func() []string
+	// TLS is the member's client config for control sessions.
+	TLS            *tls.Config
+	SessionTimeout time.Duration
+	Logger         *slog.Logger
+	// ClockSkew is added to every timestamp the node sends (tests of the
+	// 30 s clock rule; zero in production).
+	ClockSkew time.Duration
+	// SampleInterval of host usage; 10 s by default.
+	SampleInterval time.Duration
+}
+
+// Agent is the running node side.
+type Agent struct {
+	cfg         Config
+	log         *slog.Logger
+	incarnation uint64
+	sampler     *hostusage.Sampler
+
+	mu         sync.Mutex
+	overcommit *api.Multipliers
+	sessionID  string
+}
+
+// New starts a new incarnation of the node.
+func New(cfg Config) (*Agent, error) {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.SessionTimeout == 0 {
+		cfg.SessionTimeout = 10 * time.Second
+	}
+	if cfg.SampleInterval == 0 {
+		cfg.SampleInterval = 10 * time.Second
+	}
+	inc, err := nextIncarnation(cfg.DataDir.NodeDir())
+	if err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(defaultPoolPath(cfg.DataDir), 0o700); err != nil {
+		return nil, fmt.Errorf("default storage pool %s: %w", defaultPoolPath(cfg.DataDir), err)
+	}
+	a := &Agent{cfg: cfg, log: cfg.Logger.With("node_id", cfg.NodeID), incarnation: inc,
+		sampler: hostusage.NewSampler(hostusage.Config{Interval: cfg.SampleInterval, VMCgroup: "/sys/fs/cgroup/kibotos.slice/kibotos-vmm.slice"})}
+	a.log.Info("node starting", "incarnation", inc)
+	return a, nil
+}
+
+// Incarnation is this process's incarnation.
+func (a *Agent) Incarnation() uint64 { return a.incarnation }
+
+// SessionID is the current control session id, "" when disconnected.
+func (a *Agent) SessionID() string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.sessionID
+}
+
+func defaultPoolPath(d datadir.Dir) string { return filepath.Join(d.StorageRoot(), "pools", "default") }
+
+// Run holds the control session until ctx ends, reconnecting as needed.
+func (a *Agent) Run(ctx context.Context) error {
+	go a.sampler.Run(ctx)
+	backoff := 200 * time.Millisecond
+	for {
+		err := a.connectOnce(ctx)
+		switch {
+		case errors.Is(err, ErrIsolated):
+			a.log.Error("node isolated: destroying every Instance and exiting; the service manager restarts it with a new incarnation", "incarnation", a.incarnation)
+			a.destroyAllInstances()
+			return err
+		case errors.Is(err, ErrStale):
+			a.log.Error("control session refused", "err", err)
+			return err
+		case ctx.Err() != nil:
+			return nil
+		case err != nil:
+			a.log.Debug("control session ended", "err", err)
+		default:
+			backoff = 200 * time.Millisecond
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(backoff):
+		}
+		if backoff < 5*time.Second {
+			backoff *= 2
+		}
+	}
+}
+
+// destroyAllInstances ends every Instance of this node. Instances arrive
+// with the node runtime; until then there is nothing to destroy.
+func (a *Agent) destroyAllInstances() {}
+
+func (a *Agent) now() int64 { return time.Now().Add(a.cfg.ClockSkew).UnixNano() }
+
+// connectOnce finds the leader and runs one session; it returns when the
+// session ends.
+func (a *Agent) connectOnce(ctx context.Context) error {
+	addrs := a.cfg.CtrlAddrs()
+	if len(addrs) == 0 {
+		return errors.New("no ctrl member known")
+	}
+	var lastErr error
+	tried := map[string]bool{}
+	for i := 0; i < len(addrs) && i < 8; i++ {
+		addr := addrs[i]
+		if tried[addr] {
+			continue
+		}
+		tried[addr] = true
+		leader, err := a.session(ctx, addr)
+		if leader != "" && !tried[leader] {
+			addrs = append(addrs[:i+1], append([]string{leader}, addrs[i+1:]...)...)
+		}
+		if err == nil || errors.Is(err, ErrIsolated) || errors.Is(err, ErrStale) || ctx.Err() != nil {
+			return err
+		}
+		lastErr = err
+	}
+	return lastErr
+}
+
+// session runs one control session against addr. It returns the leader's
+// address when addr redirected.
+func (a *Agent) session(ctx context.Context, addr string) (redirect string, err error) {
+	d := &net.Dialer{Timeout: 5 * time.Second}
+	conn, err := tls.DialWithDialer(d, "tcp", addr, a.cfg.TLS)
+	if err != nil {
+		return "", err
+	}
+	defer conn.Close()
+	stop := context.AfterFunc(ctx, func() { conn.Close() })
+	defer stop()
+	enc := json.NewEncoder(conn)
+	dec := json.NewDecoder(conn)
+	var wmu sync.Mutex
+	send := func(m api.SessionMsg) error {
+		wmu.Lock()
+		defer wmu.Unlock()
+		conn.SetWriteDeadline(time.Now().Add(5 * time.Second))
+		return enc.Encode(m)
+	}
+	if err := send(api.SessionMsg{Type: api.MsgHello, NodeID: a.cfg.NodeID, Incarnation: a.incarnation,
+		Release: buildinfo.ReleaseName(), Revision: buildinfo.SourceRevision()}); err != nil {
+		return "", err
+	}
+	conn.SetReadDeadline(time.Now().Add(a.cfg.SessionTimeout + 5*time.Second))
+	var first api.SessionMsg
+	if err := dec.Decode(&first); err != nil {
+		return "", err
+	}
+	switch first.Type {
+	case api.MsgRedirect:
+		return first.Leader, fmt.Errorf("%s is not the ctrl leader (%s)", addr, first.Message)
+	case api.MsgRefused:
+		return "", a.refusal(first)
+	case api.MsgWelcome:
+	default:
+		return "", fmt.Errorf("unexpected %q from %s", first.Type, addr)
+	}
+	a.mu.Lock()
+	a.sessionID = first.SessionID
+	a.mu.Unlock()
+	defer func() {
+		a.mu.Lock()
+		a.sessionID = ""
+		a.mu.Unlock()
+	}()
+	a.log.Info("control session established", "session_id", first.SessionID, "ctrl", addr, "incarnation", a.incarnation)
+	for {
+		conn.SetReadDeadline(time.Now().Add(a.cfg.SessionTimeout))
+		var m api.SessionMsg
+		if err := dec.Decode(&m); err != nil {
+			return "", fmt.Errorf("control session %s: %w", first.SessionID, err)
+		}
+		recv := a.now()
+		switch m.Type {
+		case api.MsgPing:
+			err = send(api.SessionMsg{Type: api.MsgPong, T1: m.T1, T2: recv, T3: a.now()})
+		case api.MsgSync:
+			rep := a.report()
+			u := api.HostUsage(a.sampler.Latest())
+			var hu *api.HostUsage
+			if !u.SampledAt.IsZero() {
+				hu = &u
+			}
+			err = send(api.SessionMsg{Type: api.MsgReport, Report: &rep, HostUsage: hu, KernelSync: kernelSync(), T1: m.T1, T2: recv, T3: a.now()})
+		case api.MsgOvercommit:
+			if m.Overcommit != nil {
+				a.mu.Lock()
+				v := *m.Overcommit
+				a.overcommit = &v
+				a.mu.Unlock()
+				a.log.Info("overcommit values applied", "cpu", v.CPU.String(), "memory", v.Memory.String())
+				err = send(api.SessionMsg{Type: api.MsgOvercommitAck, Overcommit: &v})
+			}
+		case api.MsgRefused:
+			return "", a.refusal(m)
+		}
+		if err != nil {
+			return "", err
+		}
+	}
+}
+
+func (a *Agent) refusal(m api.SessionMsg) error {
+	switch m.Refusal {
+	case fsm.RefusalIsolated:
+		return fmt.Errorf("%w: %s", ErrIsolated, m.Message)
+	case fsm.RefusalStale:
+		return fmt.Errorf("%w: %s", ErrStale, m.Message)
+	default:
+		a.log.Warn("control session refused", "refusal", m.Refusal, "reason", m.Message)
+		return fmt.Errorf("control session refused: %s", m.Message)
+	}
+}
+
+// report is the node's full report. Allocations, Instances, Volumes and
+// retained layers arrive with the node runtime; until then they are zero.
+func (a *Agent) report() api.Report {
+	return api.Report{
+		Capacity: a.cfg.Capacity,
+		Pools:    []api.Pool{poolStatus("default", defaultPoolPath(a.cfg.DataDir))},
+	}
+}
+
+func poolStatus(id, path string) api.Pool {
+	p := api.Pool{PoolID: id, Path: path}
+	var st unix.Statfs_t
+	if err := unix.Statfs(path, &st); err != nil {
+		p.Reason = err.Error()
+		return p
+	}
+	p.Available = true
+	p.CapacityBytes = st.Blocks * uint64(st.Bsize)
+	p.FreeBytes = st.Bavail * uint64(st.Bsize)
+	return p
+}
+
+// kernelSync is what adjtimex says of the host's time synchronization.
+func kernelSync() string {
+	var tx unix.Timex
+	state, err := unix.Adjtimex(&tx)
+	switch {
+	case err != nil:
+		return "unknown"
+	case state == unix.TIME_ERROR || tx.Status&unix.STA_UNSYNC != 0:
+		return "unsynchronized"
+	default:
+		return "synchronized"
+	}
+}
+
+// DefaultCapacity is what a node gives to VMs when [resources] is silent:
+// every CPU and 90% of memory (the rest is the host's).
+func DefaultCapacity() api.Resources {
+	var si unix.Sysinfo_t
+	mem := uint64(0)
+	if unix.Sysinfo(&si) == nil {
+		mem = uint64(si.Totalram) * uint64(si.Unit) / 10 * 9
+	}
+	cpus := 1
+	var set unix.CPUSet
+	if unix.SchedGetaffinity(0, &set) == nil {
+		cpus = set.Count()
+	}
+	return api.Resources{CPU: api.Milli(cpus * 1000), MemoryBytes: mem}
+}

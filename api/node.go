@@ -1,0 +1,217 @@
+package api
+
+import "time"
+
+// Node statuses derived by ctrl from the registration record.
+const (
+	NodeReady    = "READY"
+	NodeNotReady = "NOT_READY"
+	NodeDraining = "DRAINING"
+	NodeDrained  = "DRAINED"
+	NodeIsolated = "ISOLATED"
+	NodeRetired  = "RETIRED"
+	NodeRevoked  = "REVOKED"
+)
+
+// Admission values of a node registration.
+const (
+	Admitted = "admitted"
+	Revoked  = "revoked"
+)
+
+// Roles a member can have.
+const (
+	RoleCtrl = "ctrl"
+	RoleNode = "node"
+)
+
+// Node is the registration record of one member as ctrl stores it, plus the
+// fields ctrl derives when it is read (status, schedulable, overcommit).
+type Node struct {
+	NodeID              string     `json:"node_id"`
+	Roles               []string   `json:"roles"`
+	Address             string     `json:"address"`
+	Admission           string     `json:"admission"`
+	AdmittedAt          time.Time  `json:"admitted_at"`
+	Status              string     `json:"status"`
+	DrainRequested      bool       `json:"drain_requested"`
+	DrainRequestedAt    *time.Time `json:"drain_requested_at,omitempty"`
+	Isolated            bool       `json:"isolated"`
+	IsolatedIncarnation uint64     `json:"isolated_incarnation,omitempty"`
+	IsolatedAt          *time.Time `json:"isolated_at,omitempty"`
+	Retired             bool       `json:"retired"`
+	RetiredAt           *time.Time `json:"retired_at,omitempty"`
+	RegistrationVersion uint64     `json:"registration_version"`
+	// LastIncarnation is the highest incarnation ctrl has seen; an older one
+	// reconnecting is refused.
+	LastIncarnation    uint64              `json:"last_incarnation"`
+	Release            string              `json:"release"`
+	Revision           string              `json:"revision"`
+	Session            *Session            `json:"session"`
+	Report             *Report             `json:"report"`
+	HostUsage          *HostUsage          `json:"host_usage,omitempty"`
+	OvercommitOverride *OvercommitOverride `json:"overcommit_override,omitempty"`
+	OvercommitAck      *Multipliers        `json:"overcommit_acknowledged,omitempty"`
+	// Derived on read.
+	Overcommit  *Overcommit `json:"overcommit,omitempty"`
+	Schedulable *Resources  `json:"schedulable,omitempty"`
+}
+
+// HasRole reports whether the node has the role.
+func (n *Node) HasRole(role string) bool {
+	for _, r := range n.Roles {
+		if r == role {
+			return true
+		}
+	}
+	return false
+}
+
+// Session is the latest control session of a node.
+type Session struct {
+	Incarnation uint64     `json:"incarnation"`
+	SessionID   string     `json:"session_id"`
+	Release     string     `json:"release"`
+	Revision    string     `json:"revision"`
+	Alive       bool       `json:"alive"`
+	StartedAt   time.Time  `json:"started_at"`
+	EndedAt     *time.Time `json:"ended_at,omitempty"`
+	EndReason   string     `json:"end_reason,omitempty"`
+	Clock       *Clock     `json:"clock,omitempty"`
+}
+
+// MaxClockSkew is the allowed node clock skew: beyond it (skew minus
+// uncertainty) the node takes no new Workspaces.
+const MaxClockSkew = 30 * time.Second
+
+// Clock is ctrl's latest measurement of the node clock (node minus ctrl).
+type Clock struct {
+	OffsetNS      int64     `json:"offset_ns"`
+	UncertaintyNS int64     `json:"uncertainty_ns"`
+	MeasuredAt    time.Time `json:"measured_at"`
+	Over          bool      `json:"over"`
+	// KernelSync is what the node's kernel says of its time synchronization
+	// (adjtimex): synchronized, unsynchronized or unknown.
+	KernelSync string `json:"kernel_sync"`
+}
+
+// ClockOver applies the 30 s rule: offset beyond the bound even after
+// giving the measurement the benefit of its uncertainty.
+func ClockOver(offsetNS, uncertaintyNS int64) bool {
+	if offsetNS < 0 {
+		offsetNS = -offsetNS
+	}
+	return offsetNS-uncertaintyNS > int64(MaxClockSkew)
+}
+
+// Resources is an amount of CPU (cores, three decimals) and memory.
+type Resources struct {
+	CPU         Milli  `json:"cpu"`
+	MemoryBytes uint64 `json:"memory_bytes"`
+}
+
+// Report is the latest full report of a node.
+type Report struct {
+	ReportVersion  uint64    `json:"report_version"`
+	ReportedAt     time.Time `json:"reported_at"`
+	Capacity       Resources `json:"capacity"`
+	Allocated      Resources `json:"allocated"`
+	Instances      int       `json:"instances"`
+	Volumes        int       `json:"volumes"`
+	RetainedLayers int       `json:"retained_layers"`
+	Pools          []Pool    `json:"pools"`
+}
+
+// Pool is a storage pool as a node reports it.
+type Pool struct {
+	PoolID        string `json:"pool_id"`
+	Path          string `json:"path"`
+	Available     bool   `json:"available"`
+	Reason        string `json:"reason,omitempty"`
+	CapacityBytes uint64 `json:"capacity_bytes"`
+	FreeBytes     uint64 `json:"free_bytes"`
+}
+
+// HostUsage is the node's latest host usage sample; nil items could not be
+// read and are shown as "-". Field for field the same as agent/hostusage.Usage.
+type HostUsage struct {
+	SampledAt            time.Time  `json:"sampled_at"`
+	VMCPUCores           *float64   `json:"vm_cpu_cores,omitempty"`
+	VMMemoryBytes        *uint64    `json:"vm_memory_bytes,omitempty"`
+	MemoryTotalBytes     *uint64    `json:"memory_total_bytes,omitempty"`
+	MemoryAvailableBytes *uint64    `json:"memory_available_bytes,omitempty"`
+	MemoryTight          bool       `json:"memory_tight"`
+	MemoryTightSince     *time.Time `json:"memory_tight_since,omitempty"`
+	CPUIdle              *float64   `json:"cpu_idle,omitempty"`
+	CPUPressureSome      *float64   `json:"cpu_pressure_some,omitempty"`
+	CPUPressureFull      *float64   `json:"cpu_pressure_full,omitempty"`
+	MemoryPressureSome   *float64   `json:"memory_pressure_some,omitempty"`
+	MemoryPressureFull   *float64   `json:"memory_pressure_full,omitempty"`
+}
+
+// Multipliers is a pair of overcommit multipliers.
+type Multipliers struct {
+	CPU    Milli `json:"cpu"`
+	Memory Milli `json:"memory"`
+}
+
+// MaxMultiplier is the largest overcommit multiplier (16).
+const MaxMultiplier Milli = 16000
+
+// OvercommitDefault is the cluster-wide default with its expected version.
+type OvercommitDefault struct {
+	CPU     Milli  `json:"cpu"`
+	Memory  Milli  `json:"memory"`
+	Version uint64 `json:"version"`
+}
+
+// OvercommitOverride is a node's own multipliers; nil items follow the default.
+type OvercommitOverride struct {
+	CPU    *Milli `json:"cpu,omitempty"`
+	Memory *Milli `json:"memory,omitempty"`
+}
+
+// Overcommit is the effective multipliers of a node and where they come from.
+type Overcommit struct {
+	CPU          Milli  `json:"cpu"`
+	CPUSource    string `json:"cpu_source"`
+	Memory       Milli  `json:"memory"`
+	MemorySource string `json:"memory_source"`
+	// Acknowledged is false until the node has confirmed these values; ctrl
+	// places nothing on the node until then.
+	Acknowledged bool `json:"acknowledged"`
+}
+
+// Grant is an enrollment grant as listed (the secret is never stored).
+type Grant struct {
+	NodeID    string     `json:"node_id"`
+	Roles     []string   `json:"roles"`
+	IssuedAt  time.Time  `json:"issued_at"`
+	ExpiresAt time.Time  `json:"expires_at"`
+	State     string     `json:"state"`
+	UsedAt    *time.Time `json:"used_at,omitempty"`
+	UsedBy    string     `json:"used_by,omitempty"`
+}
+
+// Grant states.
+const (
+	GrantPending = "pending"
+	GrantUsed    = "used"
+	GrantRevoked = "revoked"
+	GrantExpired = "expired"
+)
+
+// IsolateResult is what isolate released.
+type IsolateResult struct {
+	NodeID                 string `json:"node_id"`
+	VolumesReleased        int    `json:"volumes_released"`
+	RetainedLayersReleased int    `json:"retained_layers_released"`
+	WorkspacesFailed       int    `json:"workspaces_failed"`
+	CommandsFailed         int    `json:"commands_failed"`
+}
+
+// NodeList is one page of nodes.
+type NodeList struct {
+	Nodes         []Node `json:"nodes"`
+	NextPageToken string `json:"next_page_token,omitempty"`
+}

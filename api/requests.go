@@ -1,0 +1,85 @@
+package api
+
+import "time"
+
+// NodeWriteRequest is the body of drain, cancel-drain, isolate and retire.
+type NodeWriteRequest struct {
+	WriteMeta
+	// ConfirmHostCannotWrite is the operator's assertion isolate requires.
+	ConfirmHostCannotWrite bool `json:"confirm_host_cannot_write,omitempty"`
+}
+
+// OvercommitSetRequest changes a node's multipliers: each item is a decimal
+// ("2.5"), "default" (node set only) or absent (unchanged).
+type OvercommitSetRequest struct {
+	WriteMeta
+	CPU    *string `json:"cpu,omitempty"`
+	Memory *string `json:"memory,omitempty"`
+}
+
+// OvercommitView is `overcommit get`: the default and every node's values.
+type OvercommitView struct {
+	Default OvercommitDefault `json:"default"`
+	Nodes   []NodeOvercommit  `json:"nodes"`
+}
+
+// NodeOvercommit is one node's effective multipliers.
+type NodeOvercommit struct {
+	NodeID              string     `json:"node_id"`
+	RegistrationVersion uint64     `json:"registration_version"`
+	Overcommit          Overcommit `json:"overcommit"`
+}
+
+// GrantRequest asks for an enrollment grant.
+type GrantRequest struct {
+	WriteMeta
+	NodeID string   `json:"node_id"`
+	Roles  []string `json:"roles"`
+	TTL    string   `json:"ttl"`
+}
+
+// GrantResponse carries the grant token; it is shown once and never stored.
+type GrantResponse struct {
+	Grant Grant  `json:"grant"`
+	Token string `json:"token"`
+}
+
+// JoinRequest enrolls a new host with a grant token.
+type JoinRequest struct {
+	Token     string `json:"token"`
+	Advertise string `json:"advertise"`
+	MemberKey string `json:"member_public_key"` // PEM
+	AdminKey  string `json:"admin_public_key"`  // PEM
+}
+
+// JoinResponse hands the new member everything it needs to serve.
+type JoinResponse struct {
+	ClusterID  string   `json:"cluster_id"`
+	NodeID     string   `json:"node_id"`
+	Roles      []string `json:"roles"`
+	CACert     string   `json:"ca_cert"`
+	CAKey      string   `json:"ca_key,omitempty"` // ctrl members sign certificates when they lead
+	MemberCert string   `json:"member_cert"`
+	AdminCert  string   `json:"admin_cert"`
+	GossipKey  []byte   `json:"gossip_key"`
+	Peers      []string `json:"peers"`
+}
+
+// AddVoterRequest asks the leader to add a ctrl member to the Raft group.
+type AddVoterRequest struct {
+	NodeID  string `json:"node_id"`
+	Address string `json:"address"`
+}
+
+// Status describes the member that answered.
+type Status struct {
+	ClusterID string    `json:"cluster_id"`
+	NodeID    string    `json:"node_id"`
+	Roles     []string  `json:"roles"`
+	Advertise string    `json:"advertise"`
+	RaftState string    `json:"raft_state"`
+	Leader    string    `json:"leader"`
+	Release   string    `json:"release"`
+	Revision  string    `json:"revision"`
+	Time      time.Time `json:"time"`
+}

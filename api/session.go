@@ -1,0 +1,37 @@
+package api
+
+// SessionMsg is one message of a control session: JSON lines over a
+// member-authenticated TLS connection (ALPN kibotos-session/1) from a node to
+// the ctrl leader. Times are Unix nanoseconds of the sender's clock.
+type SessionMsg struct {
+	Type        string       `json:"type"`
+	NodeID      string       `json:"node_id,omitempty"`
+	Incarnation uint64       `json:"incarnation,omitempty"`
+	Release     string       `json:"release,omitempty"`
+	Revision    string       `json:"revision,omitempty"`
+	SessionID   string       `json:"session_id,omitempty"`
+	Refusal     string       `json:"refusal,omitempty"`
+	Message     string       `json:"message,omitempty"`
+	Leader      string       `json:"leader,omitempty"`
+	T1          int64        `json:"t1,omitempty"` // ctrl send time of ping/sync
+	T2          int64        `json:"t2,omitempty"` // node receive time
+	T3          int64        `json:"t3,omitempty"` // node send time
+	KernelSync  string       `json:"kernel_sync,omitempty"`
+	Report      *Report      `json:"report,omitempty"`
+	HostUsage   *HostUsage   `json:"host_usage,omitempty"`
+	Overcommit  *Multipliers `json:"overcommit,omitempty"`
+}
+
+// Session message types.
+const (
+	MsgHello         = "hello"          // node → ctrl: who I am
+	MsgWelcome       = "welcome"        // ctrl → node: session accepted
+	MsgRefused       = "refused"        // ctrl → node: session refused (Refusal says why)
+	MsgRedirect      = "redirect"       // ctrl → node: not the leader, try Leader
+	MsgPing          = "ping"           // ctrl → node: liveness
+	MsgPong          = "pong"           // node → ctrl
+	MsgSync          = "sync"           // ctrl → node: send a full report (and timestamps for the clock)
+	MsgReport        = "report"         // node → ctrl: full report
+	MsgOvercommit    = "overcommit"     // ctrl → node: new effective multipliers
+	MsgOvercommitAck = "overcommit_ack" // node → ctrl: applied
+)

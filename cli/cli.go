@@ -1,0 +1,200 @@
+// Package cli is the kibotos command tree (kong): one struct per verb with
+// its help, flags and Run; rendering of tables and --json; exit codes.
+// It talks to members only through the API (package api), except for the
+// host-local commands (init, join, serve, dev) that run a member.
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/alecthomas/kong"
+
+	"github.com/kibotos/kibotos/api"
+	"github.com/kibotos/kibotos/datadir"
+)
+
+// Globals are the flags every command takes.
+type Globals struct {
+	Address    string        `name:"address" env:"KIBOTOS_ADDR" help:"API address (HOST:PORT) of the member to talk to; default: the member of --data-dir."`
+	DataDir    string        `name:"data-dir" env:"KIBOTOS_DATA_DIR" help:"Member data directory (credentials and state); default: /var/lib/kibotos, else the kibotos dev directory."`
+	JSON       bool          `name:"json" help:"Print the API result as JSON ({\"result\": ...})."`
+	Consistent bool          `name:"consistent" help:"Read from the ctrl leader instead of this member's replica."`
+	Timeout    time.Duration `name:"timeout" default:"10m" help:"How long --wait waits before giving up (exit 16)."`
+
+	ctx    context.Context
+	stdout io.Writer
+	stderr io.Writer
+	stdin  *os.File
+}
+
+// CLI is the whole command tree.
+type CLI struct {
+	Globals
+
+	Version    VersionCmd    `cmd:"" help:"Print the release, source revision and whether this is a released build."`
+	Init       InitCmd       `cmd:"" help:"Create a new cluster with this host as its first ctrl voter."`
+	Join       JoinCmd       `cmd:"" help:"Enroll this host into a cluster with an enrollment grant."`
+	Serve      ServeCmd      `cmd:"" help:"Run this member until SIGTERM."`
+	Dev        DevCmd        `cmd:"" help:"Run a one-voter development cluster with a node on this host, in the foreground."`
+	Status     StatusCmd     `cmd:"" help:"Show the member the CLI talks to and the ctrl leader."`
+	Enrollment EnrollmentCmd `cmd:"" help:"Grant, list and revoke enrollment grants."`
+	Node       NodeCmd       `cmd:"" help:"View nodes, drain, isolate, retire them and set overcommit."`
+}
+
+type exitPanic struct{ code int }
+
+// Main runs the CLI and returns the process exit code.
+func Main(ctx context.Context, name string, args []string, stdin *os.File, stdout, stderr io.Writer) (code int) {
+	var root CLI
+	root.ctx, root.stdout, root.stderr, root.stdin = ctx, stdout, stderr, stdin
+	defer func() {
+		if r := recover(); r != nil {
+			if e, ok := r.(exitPanic); ok {
+				code = e.code
+				return
+			}
+			panic(r)
+		}
+	}()
+	parser, err := kong.New(&root,
+		kong.Name(name),
+		kong.Description("Kibotos runs isolated micro-VM Workspaces on a fleet of Linux hosts."),
+		kong.Writers(stdout, stderr),
+		kong.Exit(func(c int) { panic(exitPanic{c}) }),
+		kong.UsageOnError(),
+		kong.ConfigureHelp(kong.HelpOptions{Compact: true}),
+	)
+	if err != nil {
+		fmt.Fprintf(stderr, "%s: %v\n", name, err)
+		return api.ExitInternal
+	}
+	kctx, err := parser.Parse(args)
+	if err != nil {
+		fmt.Fprintf(stderr, "%s: error: %v\n", name, err)
+		return api.ExitUsage
+	}
+	if err := kctx.Run(&root.Globals); err != nil {
+		return reportError(stderr, name, err)
+	}
+	return api.ExitOK
+}
+
+// usageError is a mistake in the command line found after parsing.
+type usageError struct{ msg string }
+
+func (e usageError) Error() string { return e.msg }
+
+func usagef(format string, args ...any) error { return usageError{fmt.Sprintf(format, args...)} }
+
+// exitError carries a specific exit code with its message.
+type exitError struct {
+	code int
+	msg  string
+}
+
+func (e exitError) Error() string { return e.msg }
+
+func reportError(w io.Writer, name string, err error) int {
+	fmt.Fprintf(w, "%s: error: %s\n", name, strings.TrimSpace(err.Error()))
+	var ue usageError
+	var ee exitError
+	var ae *api.Error
+	switch {
+	case errors.As(err, &ue):
+		return api.ExitUsage
+	case errors.As(err, &ee):
+		return ee.code
+	case errors.As(err, &ae):
+		return ae.Code.ExitCode()
+	default:
+		return api.ExitInternal
+	}
+}
+
+// devDataDir is where `kibotos dev` keeps its member by default.
+func devDataDir() string {
+	if s := os.Getenv("XDG_STATE_HOME"); s != "" {
+		return filepath.Join(s, "kibotos", "dev")
+	}
+	home, err := os.UserHomeDir()
+	if err != nil {
+		return filepath.Join(os.TempDir(), "kibotos-dev")
+	}
+	return filepath.Join(home, ".local", "state", "kibotos", "dev")
+}
+
+// SystemDataDir is the data directory of a member installed as a service.
+const SystemDataDir = "/var/lib/kibotos"
+
+// dir resolves the data directory: the flag or KIBOTOS_DATA_DIR, else the
+// system member, else the dev member, so the CLI works with no flags on any
+// member host.
+func (g *Globals) dir() datadir.Dir {
+	if g.DataDir != "" {
+		return datadir.Dir(g.DataDir)
+	}
+	if datadir.Dir(SystemDataDir).Exists() {
+		return datadir.Dir(SystemDataDir)
+	}
+	if d := datadir.Dir(devDataDir()); d.Exists() {
+		return d
+	}
+	return datadir.Dir(SystemDataDir)
+}
+
+// client connects to --address or the member of the data directory, with
+// the data directory's admin credentials.
+func (g *Globals) client() (*api.Client, error) {
+	d := g.dir()
+	id, err := d.LoadIdentity()
+	if err != nil {
+		return nil, api.Errorf(api.CodeUnauthenticated, "%v", err)
+	}
+	tlsConf, err := d.AdminClientTLS()
+	if err != nil {
+		return nil, api.Errorf(api.CodeUnauthenticated, "%v", err)
+	}
+	addr := g.Address
+	if addr == "" {
+		addr = id.Advertise
+	}
+	c := api.NewClient(addr, tlsConf)
+	c.Consistent = g.Consistent
+	return c, nil
+}
+
+// call is client + Do in one step.
+func (g *Globals) call(method, path string, in, out any) (json.RawMessage, error) {
+	c, err := g.client()
+	if err != nil {
+		return nil, err
+	}
+	return c.Do(g.ctx, method, path, in, out)
+}
+
+// printJSON prints the API answer re-indented.
+func (g *Globals) printJSON(raw json.RawMessage) error {
+	var v any
+	if err := json.Unmarshal(raw, &v); err != nil {
+		return err
+	}
+	enc := json.NewEncoder(g.stdout)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+func (g *Globals) printf(format string, args ...any) { fmt.Fprintf(g.stdout, format, args...) }
+func (g *Globals) note(format string, args ...any)   { fmt.Fprintf(g.stderr, format, args...) }
+
+// writeMeta builds the common write fields from flags.
+func writeMeta(commandID string, expected *uint64) api.WriteMeta {
+	return api.WriteMeta{CommandID: commandID, ExpectedVersion: expected}
+}

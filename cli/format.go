@@ -1,0 +1,92 @@
+package cli
+
+import (
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/kibotos/kibotos/api"
+)
+
+// formatBytes shows bytes in the largest binary unit with one decimal.
+func formatBytes(n uint64) string {
+	units := []string{"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"}
+	v := float64(n)
+	i := 0
+	for v >= 1024 && i < len(units)-1 {
+		v /= 1024
+		i++
+	}
+	return fmt.Sprintf("%.1f%s", v, units[i])
+}
+
+// formatSkew shows a clock offset with its sign, in ms below a second.
+func formatSkew(ns int64) string {
+	d := time.Duration(ns)
+	sign := "+"
+	if d < 0 {
+		sign, d = "-", -d
+	}
+	if d < time.Second {
+		return fmt.Sprintf("%s%.1fms", sign, float64(d)/float64(time.Millisecond))
+	}
+	return fmt.Sprintf("%s%.1fs", sign, d.Seconds())
+}
+
+func dash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+func yesNo(b bool) string {
+	if b {
+		return "yes"
+	}
+	return "no"
+}
+
+func pct(f *float64) string {
+	if f == nil {
+		return "-"
+	}
+	return fmt.Sprintf("%.1f%%", *f*100)
+}
+
+func optBytes(n *uint64) string {
+	if n == nil {
+		return "-"
+	}
+	return formatBytes(*n)
+}
+
+func stamp(t time.Time) string { return t.UTC().Format(time.RFC3339) }
+
+// table writes aligned columns.
+type table struct{ tw *tabwriter.Writer }
+
+func newTable(w io.Writer, header ...string) *table {
+	t := &table{tw: tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)}
+	t.row(header...)
+	return t
+}
+
+func (t *table) row(cols ...string) { fmt.Fprintln(t.tw, strings.Join(cols, "\t")) }
+func (t *table) flush()             { t.tw.Flush() }
+
+// clockColumn is the CLOCK column: the latest skew, "(over)" past the
+// allowed skew, "-" without a live control session.
+func clockColumn(n *api.Node) string {
+	s := n.Session
+	if s == nil || !s.Alive || s.Clock == nil {
+		return "-"
+	}
+	out := formatSkew(s.Clock.OffsetNS)
+	if s.Clock.Over {
+		out += " (over)"
+	}
+	return out
+}

@@ -1,0 +1,268 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/BurntSushi/toml"
+
+	"github.com/kibotos/kibotos/agent"
+	"github.com/kibotos/kibotos/api"
+	"github.com/kibotos/kibotos/buildinfo"
+	"github.com/kibotos/kibotos/cluster"
+	"github.com/kibotos/kibotos/datadir"
+)
+
+// VersionCmd prints the build.
+type VersionCmd struct{}
+
+func (c *VersionCmd) Run(g *Globals) error {
+	v := map[string]any{"release": buildinfo.ReleaseName(), "revision": buildinfo.SourceRevision(), "released": buildinfo.Released()}
+	if g.JSON {
+		return printResult(g, v)
+	}
+	rel := "unreleased build"
+	if buildinfo.Released() {
+		rel = "released build"
+	}
+	g.printf("kibotos %s (revision %s, %s)\n", buildinfo.ReleaseName(), buildinfo.SourceRevision(), rel)
+	return nil
+}
+
+func printResult(g *Globals, v any) error {
+	return g.printJSONValue(api.ResultBody{Result: v})
+}
+
+func (g *Globals) printJSONValue(v any) error {
+	raw, err := jsonMarshal(v)
+	if err != nil {
+		return err
+	}
+	return g.printJSON(raw)
+}
+
+// InitCmd creates a new cluster.
+type InitCmd struct {
+	Advertise string   `name:"advertise" required:"" help:"HOST:PORT the other members and the CLI reach this member at (gossip uses PORT+1)."`
+	NodeID    string   `name:"node-id" help:"Node id of this host (default: the host name)."`
+	Roles     []string `name:"roles" default:"ctrl,node" help:"Roles of this member: ctrl, node or ctrl,node."`
+}
+
+func (c *InitCmd) Run(g *Globals) error {
+	if g.DataDir == "" {
+		g.DataDir = SystemDataDir
+	}
+	if c.NodeID == "" {
+		h, err := os.Hostname()
+		if err != nil {
+			return usagef("no --node-id and no host name: %v", err)
+		}
+		c.NodeID = strings.ToLower(h)
+	}
+	id, err := cluster.Init(g.ctx, cluster.InitOptions{DataDir: datadir.Dir(g.DataDir), NodeID: c.NodeID, Advertise: c.Advertise, Roles: c.Roles})
+	if err != nil {
+		return err
+	}
+	if g.JSON {
+		return printResult(g, map[string]any{"cluster_id": id.ClusterID, "node_id": id.NodeID, "roles": id.Roles, "advertise": id.Advertise, "data_dir": g.DataDir})
+	}
+	g.printf("Initialized cluster %s: member %s (%s) at %s.\nStart it with: kibotos serve --data-dir %s\n",
+		id.ClusterID, id.NodeID, strings.Join(id.Roles, ","), id.Advertise, g.DataDir)
+	return nil
+}
+
+// JoinCmd enrolls this host.
+type JoinCmd struct {
+	Advertise string `name:"advertise" required:"" help:"HOST:PORT the other members reach this member at (gossip uses PORT+1)."`
+	Grant     string `name:"grant" required:"" help:"Enrollment grant printed by 'kibo enrollment grant'."`
+	Member    string `arg:"" name:"member-addr" help:"API address of any member of the cluster."`
+}
+
+func (c *JoinCmd) Run(g *Globals) error {
+	if g.DataDir == "" {
+		g.DataDir = SystemDataDir
+	}
+	id, err := cluster.Join(g.ctx, cluster.JoinOptions{DataDir: datadir.Dir(g.DataDir), Advertise: c.Advertise, Grant: c.Grant, Member: c.Member})
+	if err != nil {
+		return err
+	}
+	if g.JSON {
+		return printResult(g, map[string]any{"cluster_id": id.ClusterID, "node_id": id.NodeID, "roles": id.Roles, "advertise": id.Advertise, "data_dir": g.DataDir})
+	}
+	g.printf("Joined cluster %s as %s (%s) at %s.\nStart it with: kibotos serve --data-dir %s\n",
+		id.ClusterID, id.NodeID, strings.Join(id.Roles, ","), id.Advertise, g.DataDir)
+	return nil
+}
+
+// fileConfig is the TOML file of `serve --config`.
+type fileConfig struct {
+	DataDir   string `toml:"data_dir"`
+	Bind      string `toml:"bind"`
+	LogLevel  string `toml:"log_level"`
+	Resources struct {
+		CPU    string `toml:"cpu"`
+		Memory string `toml:"memory"`
+	} `toml:"resources"`
+}
+
+// ServeCmd runs a member.
+type ServeCmd struct {
+	Config      string        `name:"config" type:"existingfile" help:"TOML configuration file (data_dir, bind, log_level, [resources] cpu and memory)."`
+	Bind        string        `name:"bind" help:"Listen address (default: the advertised address)."`
+	LogLevel    string        `name:"log-level" default:"info" enum:"debug,info,warn,error" help:"Log level."`
+	TestTimings bool          `name:"test-timings" hidden:"" help:"Tight Raft and session timings (tests)."`
+	ClockSkew   time.Duration `name:"test-clock-skew" hidden:"" help:"Pretend the node clock is off by this much (tests)."`
+}
+
+func (c *ServeCmd) Run(g *Globals) error {
+	var fc fileConfig
+	if c.Config != "" {
+		if _, err := toml.DecodeFile(c.Config, &fc); err != nil {
+			return api.Errorf(api.CodeInvalidArgument, "configuration file %s: %v", c.Config, err)
+		}
+	}
+	dir := g.DataDir
+	if dir == "" {
+		dir = fc.DataDir
+	}
+	if dir == "" {
+		dir = SystemDataDir
+	}
+	bind := c.Bind
+	if bind == "" {
+		bind = fc.Bind
+	}
+	level := c.LogLevel
+	if fc.LogLevel != "" && level == "info" {
+		level = fc.LogLevel
+	}
+	capacity, err := resourcesFrom(fc)
+	if err != nil {
+		return err
+	}
+	timings := cluster.DefaultTimings()
+	if c.TestTimings {
+		timings = cluster.TestTimings()
+	}
+	return runMember(g, memberOptions{dir: datadir.Dir(dir), bind: bind, level: level, capacity: capacity, timings: timings, clockSkew: c.ClockSkew})
+}
+
+func resourcesFrom(fc fileConfig) (api.Resources, error) {
+	r := agent.DefaultCapacity()
+	if fc.Resources.CPU != "" {
+		m, err := api.ParseMilli(fc.Resources.CPU)
+		if err != nil {
+			return r, api.Errorf(api.CodeInvalidArgument, "[resources] cpu %q: %v", fc.Resources.CPU, err)
+		}
+		r.CPU = m
+	}
+	if fc.Resources.Memory != "" {
+		n, err := parseSize(fc.Resources.Memory)
+		if err != nil {
+			return r, api.Errorf(api.CodeInvalidArgument, "[resources] memory %q: %v", fc.Resources.Memory, err)
+		}
+		r.MemoryBytes = n
+	}
+	return r, nil
+}
+
+// parseSize reads "512MiB", "32GiB", "1.5TiB" or a plain byte count.
+func parseSize(s string) (uint64, error) {
+	units := []struct {
+		suffix string
+		mult   float64
+	}{{"TiB", 1 << 40}, {"GiB", 1 << 30}, {"MiB", 1 << 20}, {"KiB", 1 << 10}, {"T", 1 << 40}, {"G", 1 << 30}, {"M", 1 << 20}, {"K", 1 << 10}, {"B", 1}}
+	for _, u := range units {
+		if strings.HasSuffix(s, u.suffix) {
+			v, err := strconv.ParseFloat(strings.TrimSuffix(s, u.suffix), 64)
+			if err != nil || v < 0 {
+				return 0, fmt.Errorf("not a size such as 512MiB or 32GiB")
+			}
+			return uint64(v * u.mult), nil
+		}
+	}
+	v, err := strconv.ParseUint(s, 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("not a size such as 512MiB or 32GiB")
+	}
+	return v, nil
+}
+
+type memberOptions struct {
+	dir       datadir.Dir
+	bind      string
+	level     string
+	capacity  api.Resources
+	timings   cluster.Timings
+	clockSkew time.Duration
+	onReady   func(*cluster.Server)
+}
+
+// runMember serves until SIGTERM/SIGINT. A node isolated by ctrl exits
+// non-zero after destroying its Instances so systemd restarts it.
+func runMember(g *Globals, o memberOptions) error {
+	var lvl slog.Level
+	lvl.UnmarshalText([]byte(o.level))
+	log := slog.New(slog.NewTextHandler(g.stderr, &slog.HandlerOptions{Level: lvl}))
+	ctx, stop := signal.NotifyContext(g.ctx, syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	srv, err := cluster.Open(ctx, cluster.Config{DataDir: o.dir, Bind: o.bind, Timings: o.timings, Logger: log})
+	if err != nil {
+		return err
+	}
+	defer srv.Shutdown()
+	if o.onReady != nil {
+		o.onReady(srv)
+	}
+	agentErr := make(chan error, 1)
+	if srv.Identity().HasRole(api.RoleNode) {
+		clientTLS, err := srv.SessionTLS()
+		if err != nil {
+			return err
+		}
+		a, err := agent.New(agent.Config{DataDir: o.dir, NodeID: srv.NodeID(), Capacity: o.capacity, CtrlAddrs: srv.CtrlAddrs,
+			TLS: clientTLS, SessionTimeout: o.timings.SessionTimeout, Logger: log, ClockSkew: o.clockSkew})
+		if err != nil {
+			return err
+		}
+		go func() { agentErr <- a.Run(ctx) }()
+	}
+	select {
+	case <-ctx.Done():
+		log.Info("member stopping")
+		return nil
+	case err := <-agentErr:
+		if errors.Is(err, agent.ErrIsolated) || errors.Is(err, agent.ErrStale) {
+			return exitError{code: api.ExitFailedPrecondition, msg: err.Error()}
+		}
+		<-ctx.Done()
+		return nil
+	}
+}
+
+// StatusCmd shows the member and the leader.
+type StatusCmd struct{}
+
+func (c *StatusCmd) Run(g *Globals) error {
+	var st api.Status
+	raw, err := g.call("GET", "/v1/status", nil, &st)
+	if err != nil {
+		return err
+	}
+	if g.JSON {
+		return g.printJSON(raw)
+	}
+	g.printf("Cluster:    %s\nMember:     %s (%s) at %s\nRaft:       %s\nLeader:     %s\nRelease:    %s (revision %s)\n",
+		st.ClusterID, st.NodeID, strings.Join(st.Roles, ","), st.Advertise, st.RaftState, dash(st.Leader), st.Release, st.Revision)
+	return nil
+}
+
+var _ = context.Background

@@ -1,0 +1,316 @@
+package cluster
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/hashicorp/raft"
+	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
+
+	"github.com/kibotos/kibotos/api"
+	"github.com/kibotos/kibotos/datadir"
+	"github.com/kibotos/kibotos/fsm"
+)
+
+// InitOptions create a new cluster.
+type InitOptions struct {
+	DataDir   datadir.Dir
+	NodeID    string
+	Advertise string
+	Roles     []string
+}
+
+func checkAdvertise(addr string) error {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil || host == "" || port == "" || port == "0" {
+		return api.Errorf(api.CodeInvalidArgument, "advertise address %q is not HOST:PORT with a fixed port", addr)
+	}
+	if ip := net.ParseIP(host); ip != nil && ip.IsUnspecified() {
+		return api.Errorf(api.CodeInvalidArgument, "advertise address %q is unspecified: give an address the other members can reach", addr)
+	}
+	return nil
+}
+
+// prepareDir refuses a data directory that already holds a member and
+// returns a temp sibling to build the new one in: init and join either
+// leave a complete member behind or nothing.
+func prepareDir(d datadir.Dir) (string, error) {
+	if err := checkDirFree(d); err != nil {
+		return "", err
+	}
+	parent := filepath.Dir(filepath.Clean(string(d)))
+	if err := os.MkdirAll(parent, 0o755); err != nil {
+		return "", err
+	}
+	return os.MkdirTemp(parent, "."+filepath.Base(string(d))+".new-*")
+}
+
+func checkDirFree(d datadir.Dir) error {
+	if d.Exists() {
+		return api.Errorf(api.CodeAlreadyExists, "data directory %s already holds a kibotos member; use another --data-dir or remove it", d)
+	}
+	if entries, err := os.ReadDir(string(d)); err == nil && len(entries) > 0 {
+		return api.Errorf(api.CodeAlreadyExists, "data directory %s is not empty; use an empty or new directory", d)
+	}
+	return nil
+}
+
+func finishDir(tmp string, d datadir.Dir) error {
+	os.Remove(string(d)) // an empty directory may be in the way
+	if err := os.Rename(tmp, string(d)); err != nil {
+		return fmt.Errorf("move new data directory into place at %s: %w", d, err)
+	}
+	return nil
+}
+
+func writeFiles(files map[string][]byte) error {
+	for path, data := range files {
+		if err := datadir.WriteFileAtomic(path, data, 0o600); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Init creates a new cluster whose first voter is this host.
+func Init(ctx context.Context, o InitOptions) (*datadir.Identity, error) {
+	if err := fsm.ValidNodeID(o.NodeID); err != nil {
+		return nil, err
+	}
+	if err := fsm.ValidRoles(o.Roles); err != nil {
+		return nil, err
+	}
+	if !contains(o.Roles, api.RoleCtrl) {
+		return nil, api.Errorf(api.CodeInvalidArgument, "the first member of a cluster must have the ctrl role")
+	}
+	if err := checkAdvertise(o.Advertise); err != nil {
+		return nil, err
+	}
+	tmp, err := prepareDir(o.DataDir)
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(tmp)
+	t := datadir.Dir(tmp)
+
+	cid := make([]byte, 8)
+	rand.Read(cid)
+	clusterID := "kc-" + hex.EncodeToString(cid)
+	ca, err := NewCA(clusterID)
+	if err != nil {
+		return nil, err
+	}
+	host, _, _ := net.SplitHostPort(o.Advertise)
+	memberCert, memberKey, err := ca.IssueKeyPair(o.NodeID, datadir.OUMember, []string{host, "localhost", "127.0.0.1"})
+	if err != nil {
+		return nil, err
+	}
+	adminCert, adminKey, err := ca.IssueKeyPair("admin@"+o.NodeID, datadir.OUAdmin, nil)
+	if err != nil {
+		return nil, err
+	}
+	caKey, err := encodeKey(ca.Key)
+	if err != nil {
+		return nil, err
+	}
+	gossipKey := make([]byte, 32)
+	rand.Read(gossipKey)
+	id := &datadir.Identity{ClusterID: clusterID, NodeID: o.NodeID, Roles: o.Roles, Advertise: o.Advertise,
+		GossipKey: gossipKey, CAFingerprint: Fingerprint(ca.Cert)}
+	if err := writeFiles(map[string][]byte{
+		t.CACert(): ca.CertPEM, t.CAKey(): caKey,
+		t.MemberCert(): append(memberCert, ca.CertPEM...), t.MemberKey(): memberKey,
+		t.AdminCert(): adminCert, t.AdminKey(): adminKey,
+	}); err != nil {
+		return nil, err
+	}
+	if err := bootstrapRaft(ctx, t, id); err != nil {
+		return nil, err
+	}
+	if err := t.SaveIdentity(id); err != nil {
+		return nil, err
+	}
+	if err := finishDir(tmp, o.DataDir); err != nil {
+		return nil, err
+	}
+	return id, nil
+}
+
+// bootstrapRaft writes the first Raft configuration and the bootstrap entry
+// by running a one-voter Raft briefly on an in-memory transport.
+func bootstrapRaft(ctx context.Context, d datadir.Dir, id *datadir.Identity) error {
+	if err := os.MkdirAll(d.RaftDir(), 0o700); err != nil {
+		return err
+	}
+	store, err := raftboltdb.New(raftboltdb.Options{Path: filepath.Join(d.RaftDir(), "raft.db")})
+	if err != nil {
+		return err
+	}
+	defer store.Close()
+	snaps, err := raft.NewFileSnapshotStoreWithLogger(d.RaftDir(), 2, hclog.NewNullLogger())
+	if err != nil {
+		return err
+	}
+	_, trans := raft.NewInmemTransport(raft.ServerAddress(id.Advertise))
+	conf := raft.DefaultConfig()
+	conf.LocalID = raft.ServerID(id.NodeID)
+	conf.HeartbeatTimeout, conf.ElectionTimeout, conf.LeaderLeaseTimeout = 50*time.Millisecond, 50*time.Millisecond, 50*time.Millisecond
+	conf.Logger = hclog.New(&hclog.LoggerOptions{Name: "raft", Level: hclog.Warn})
+	bootConf := *conf // BootstrapCluster may mark the config it is given as not-to-start
+	if err := raft.BootstrapCluster(&bootConf, store, store, snaps, trans, raft.Configuration{Servers: []raft.Server{
+		{Suffrage: raft.Voter, ID: conf.LocalID, Address: raft.ServerAddress(id.Advertise)},
+	}}); err != nil {
+		return fmt.Errorf("bootstrap raft: %w", err)
+	}
+	f, err := fsm.Open(d.StateFile())
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	r, err := raft.NewRaft(conf, &raftFSM{f: f}, store, store, snaps, trans)
+	if err != nil {
+		return err
+	}
+	// Not "defer r.Shutdown().Error()": that would shut down right away.
+	defer func() { r.Shutdown().Error() }()
+	deadline := time.Now().Add(10 * time.Second)
+	for r.State() != raft.Leader {
+		if time.Now().After(deadline) {
+			return errors.New("bootstrap raft: no leader after 10s")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	args, _ := json.Marshal(fsm.BootstrapArgs{ClusterID: id.ClusterID, NodeID: id.NodeID, Roles: id.Roles, Address: id.Advertise})
+	data, _ := json.Marshal(fsm.Entry{Op: fsm.OpBootstrap, Args: args, IssuedAt: time.Now().UTC(), Actor: "init"})
+	fut := r.Apply(data, 10*time.Second)
+	if err := fut.Error(); err != nil {
+		return fmt.Errorf("bootstrap raft: %w", err)
+	}
+	if res, ok := fut.Response().(fsm.Result); ok && res.Error != nil {
+		return res.Error
+	}
+	return nil
+}
+
+// JoinOptions enroll this host into an existing cluster.
+type JoinOptions struct {
+	DataDir   datadir.Dir
+	Advertise string
+	Grant     string
+	Member    string // API address of any member
+}
+
+// Join enrolls this host with a grant and leaves a data directory ready for
+// `kibotos serve`. A refused grant leaves nothing behind.
+func Join(ctx context.Context, o JoinOptions) (*datadir.Identity, error) {
+	if err := checkAdvertise(o.Advertise); err != nil {
+		return nil, err
+	}
+	tok, err := parseGrantToken(o.Grant)
+	if err != nil {
+		return nil, err
+	}
+	if err := checkDirFree(o.DataDir); err != nil {
+		return nil, err
+	}
+	memberKey, err := newKey()
+	if err != nil {
+		return nil, err
+	}
+	adminKey, err := newKey()
+	if err != nil {
+		return nil, err
+	}
+	pubPEM := func(k any) string {
+		der, _ := x509.MarshalPKIXPublicKey(k)
+		return string(pemEncode("PUBLIC KEY", der))
+	}
+	body, _ := json.Marshal(api.JoinRequest{Token: o.Grant, Advertise: o.Advertise,
+		MemberKey: pubPEM(&memberKey.PublicKey), AdminKey: pubPEM(&adminKey.PublicKey)})
+	client := &http.Client{Timeout: 60 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{
+		InsecureSkipVerify: true, // trust comes from the CA fingerprint in the grant
+		VerifyConnection:   pinCA(tok.CA),
+		NextProtos:         []string{datadir.ProtoHTTP},
+		MinVersion:         tls.VersionTLS13,
+	}}}
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, "https://"+o.Member+"/v1/join", bytes.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := client.Do(req)
+	if err != nil {
+		return nil, api.Errorf(api.CodeUnavailable, "join through member %s: %v; check the address and that the member is serving", o.Member, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		var eb api.ErrorBody
+		if json.NewDecoder(resp.Body).Decode(&eb) == nil && eb.Error != nil {
+			return nil, eb.Error
+		}
+		return nil, api.Errorf(api.CodeInternal, "join through member %s: %s", o.Member, resp.Status)
+	}
+	var out struct {
+		Result api.JoinResponse `json:"result"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
+		return nil, fmt.Errorf("join through member %s: bad answer: %w", o.Member, err)
+	}
+	jr := out.Result
+	tmp, err := prepareDir(o.DataDir)
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(tmp)
+	t := datadir.Dir(tmp)
+	mk, _ := encodeKey(memberKey)
+	ak, _ := encodeKey(adminKey)
+	files := map[string][]byte{
+		t.CACert(): []byte(jr.CACert), t.MemberCert(): []byte(jr.MemberCert), t.MemberKey(): mk,
+		t.AdminCert(): []byte(jr.AdminCert), t.AdminKey(): ak,
+	}
+	if jr.CAKey != "" {
+		files[t.CAKey()] = []byte(jr.CAKey)
+	}
+	if err := writeFiles(files); err != nil {
+		return nil, err
+	}
+	peers := jr.Peers
+	if !contains(peers, o.Member) {
+		peers = append(peers, o.Member)
+	}
+	id := &datadir.Identity{ClusterID: jr.ClusterID, NodeID: jr.NodeID, Roles: jr.Roles, Advertise: o.Advertise,
+		GossipKey: jr.GossipKey, CAFingerprint: tok.CA, Peers: peers}
+	if err := t.SaveIdentity(id); err != nil {
+		return nil, err
+	}
+	if err := finishDir(tmp, o.DataDir); err != nil {
+		return nil, err
+	}
+	return id, nil
+}
+
+// pinCA accepts a server whose chain ends in the CA with the given
+// fingerprint and whose leaf that CA signed.
+func pinCA(fingerprint string) func(tls.ConnectionState) error {
+	return func(cs tls.ConnectionState) error {
+		for _, c := range cs.PeerCertificates {
+			if Fingerprint(c) == fingerprint {
+				pool := x509.NewCertPool()
+				pool.AddCert(c)
+				return datadir.VerifyChain(pool, datadir.OUMember)(cs)
+			}
+		}
+		return errors.New("the member does not present the cluster CA named in the grant: wrong address or wrong cluster")
+	}
+}

@@ -1,0 +1,300 @@
+package cluster
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/rand"
+	"crypto/sha256"
+	"crypto/x509"
+	"encoding/base64"
+	"encoding/hex"
+	"encoding/json"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/hashicorp/raft"
+	bolt "go.etcd.io/bbolt"
+
+	"github.com/kibotos/kibotos/api"
+	"github.com/kibotos/kibotos/datadir"
+	"github.com/kibotos/kibotos/fsm"
+)
+
+const tokenPrefix = "kbg1."
+
+// grantToken is what an enrollment grant string carries: which node id it
+// admits, the secret, and the CA fingerprint the joining host pins.
+type grantToken struct {
+	NodeID string `json:"n"`
+	Secret []byte `json:"s"`
+	CA     string `json:"c"`
+}
+
+func (g grantToken) encode() string {
+	raw, _ := json.Marshal(g)
+	return tokenPrefix + base64.RawURLEncoding.EncodeToString(raw)
+}
+
+func parseGrantToken(s string) (grantToken, error) {
+	var g grantToken
+	if !strings.HasPrefix(s, tokenPrefix) {
+		return g, api.Errorf(api.CodeInvalidArgument, "the grant is not a kibotos enrollment grant (it starts with %q); copy the whole string printed by kibo enrollment grant", tokenPrefix)
+	}
+	raw, err := base64.RawURLEncoding.DecodeString(strings.TrimPrefix(s, tokenPrefix))
+	if err == nil {
+		err = json.Unmarshal(raw, &g)
+	}
+	if err != nil || g.NodeID == "" || len(g.Secret) == 0 || g.CA == "" {
+		return g, api.Errorf(api.CodeInvalidArgument, "the enrollment grant is damaged; copy the whole string printed by kibo enrollment grant")
+	}
+	return g, nil
+}
+
+func secretHash(secret []byte) string {
+	sum := sha256.Sum256(secret)
+	return hex.EncodeToString(sum[:])
+}
+
+// DefaultGrantTTL is how long a grant is valid unless --ttl says otherwise.
+const DefaultGrantTTL = time.Hour
+
+func (s *Server) handleGrant(w http.ResponseWriter, r *http.Request) {
+	if !requireAdmin(w, r) {
+		return
+	}
+	var req api.GrantRequest
+	if err := decodeBody(r, &req); err != nil {
+		writeError(w, err)
+		return
+	}
+	ttl := DefaultGrantTTL
+	if req.TTL != "" {
+		d, err := time.ParseDuration(req.TTL)
+		if err != nil || d <= 0 {
+			writeError(w, api.Errorf(api.CodeInvalidArgument, "ttl %q is not a positive duration such as 30m or 24h", req.TTL))
+			return
+		}
+		ttl = d
+	}
+	if len(req.Roles) == 0 {
+		req.Roles = []string{api.RoleNode}
+	}
+	tok := grantToken{NodeID: req.NodeID, Secret: make([]byte, 32), CA: Fingerprint(s.ca.Cert)}
+	rand.Read(tok.Secret)
+	raw, _ := json.Marshal(fsm.GrantArgs{NodeID: req.NodeID, Roles: req.Roles, SecretHash: secretHash(tok.Secret), TTL: ttl})
+	// The secret is random per call, so a replayed --command-id must return
+	// the stored grant, not a new token: the token is only shown the first time.
+	res, err := s.Apply(r.Context(), fsm.Entry{CommandID: req.CommandID, ExpectedVersion: req.ExpectedVersion, Actor: callerOf(r).name, Op: fsm.OpEnrollmentGrant, Args: raw})
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	if res.Error != nil {
+		writeError(w, res.Error)
+		return
+	}
+	var g api.Grant
+	json.Unmarshal(res.Value, &g)
+	out := api.GrantResponse{Grant: g}
+	if !res.Replayed {
+		out.Token = tok.encode()
+	}
+	writeJSON(w, http.StatusOK, api.ResultBody{Result: out, Replayed: res.Replayed})
+}
+
+func parsePublicKey(p string) (*ecdsa.PublicKey, error) {
+	blk, _ := pem.Decode([]byte(p))
+	if blk == nil {
+		return nil, errors.New("no PEM block")
+	}
+	k, err := x509.ParsePKIXPublicKey(blk.Bytes)
+	if err != nil {
+		return nil, err
+	}
+	ek, ok := k.(*ecdsa.PublicKey)
+	if !ok {
+		return nil, errors.New("not an ECDSA key")
+	}
+	return ek, nil
+}
+
+// handleJoin admits a host that holds a valid grant and hands it its
+// certificates and the cluster's secrets.
+func (s *Server) handleJoin(w http.ResponseWriter, r *http.Request) {
+	var req api.JoinRequest
+	if err := decodeBody(r, &req); err != nil {
+		writeError(w, err)
+		return
+	}
+	tok, err := parseGrantToken(req.Token)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	if tok.CA != Fingerprint(s.ca.Cert) {
+		writeError(w, api.Errorf(api.CodeUnauthenticated, "the enrollment grant for node %s belongs to another cluster", tok.NodeID))
+		return
+	}
+	host, _, err := net.SplitHostPort(req.Advertise)
+	if err != nil {
+		writeError(w, api.Errorf(api.CodeInvalidArgument, "advertise address %q is not HOST:PORT", req.Advertise))
+		return
+	}
+	memberPub, err1 := parsePublicKey(req.MemberKey)
+	adminPub, err2 := parsePublicKey(req.AdminKey)
+	if err1 != nil || err2 != nil {
+		writeError(w, api.Errorf(api.CodeInvalidArgument, "join of node %s: public keys are not valid ECDSA PEM keys", tok.NodeID))
+		return
+	}
+	// Certificates first: if signing failed after the grant was consumed the
+	// host would hold a used grant and nothing else.
+	memberCert, err := s.ca.Issue(tok.NodeID, datadir.OUMember, []string{host}, memberPub)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	adminCert, err := s.ca.Issue("admin@"+tok.NodeID, datadir.OUAdmin, nil, adminPub)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	res, err := s.ApplyOp(r.Context(), fsm.OpEnrollmentConsume, fsm.ConsumeArgs{NodeID: tok.NodeID, SecretHash: secretHash(tok.Secret), Address: req.Advertise})
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	if res.Error != nil {
+		writeError(w, res.Error)
+		return
+	}
+	var n api.Node
+	json.Unmarshal(res.Value, &n)
+	out := api.JoinResponse{
+		ClusterID: s.id.ClusterID, NodeID: n.NodeID, Roles: n.Roles,
+		CACert: string(s.ca.CertPEM), MemberCert: string(memberCert) + string(s.ca.CertPEM), AdminCert: string(adminCert),
+		GossipKey: s.id.GossipKey, Peers: s.ctrlAddrs(),
+	}
+	if n.HasRole(api.RoleCtrl) {
+		keyPEM, err := encodeKey(s.ca.Key)
+		if err != nil {
+			writeError(w, err)
+			return
+		}
+		out.CAKey = string(keyPEM)
+	}
+	s.log.Info("node joined", "joined_node_id", n.NodeID, "roles", n.Roles, "address", req.Advertise)
+	writeResult(w, out)
+}
+
+// handleAddVoter adds an admitted ctrl member to the Raft group when it
+// first serves: adding it at join time would cost quorum until it runs.
+func (s *Server) handleAddVoter(w http.ResponseWriter, r *http.Request) {
+	var req api.AddVoterRequest
+	if err := decodeBody(r, &req); err != nil {
+		writeError(w, err)
+		return
+	}
+	c := callerOf(r)
+	if c.kind != datadir.OUMember || c.name != req.NodeID {
+		writeError(w, api.Errorf(api.CodePermissionDenied, "only member %s itself can ask to become a voter", req.NodeID))
+		return
+	}
+	var n *api.Node
+	err := s.fsm.View(func(tx *bolt.Tx) error {
+		var err error
+		n, err = fsm.GetNode(tx, req.NodeID)
+		return err
+	})
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	if n.Admission != api.Admitted || n.Retired || !n.HasRole(api.RoleCtrl) {
+		writeError(w, api.Errorf(api.CodeFailedPrecondition, "node %s is not an admitted ctrl member", req.NodeID))
+		return
+	}
+	if err := s.raft.AddVoter(raft.ServerID(req.NodeID), raft.ServerAddress(req.Address), 0, 30*time.Second).Error(); err != nil {
+		writeError(w, api.Errorf(api.CodeUnavailable, "add voter %s: %v", req.NodeID, err))
+		return
+	}
+	writeResult(w, map[string]string{"node_id": req.NodeID, "address": req.Address})
+}
+
+// ensureVoter makes a ctrl member that is not yet in the Raft configuration
+// ask the leader to add it, retrying until it is in or the member stops.
+func (s *Server) ensureVoter() {
+	for attempt := 0; ; attempt++ {
+		if s.inRaftConfig() {
+			return
+		}
+		if attempt > 0 || len(s.id.Peers) > 0 {
+			err := s.askToBeVoter()
+			if err == nil {
+				return
+			}
+			if attempt%10 == 1 {
+				s.log.Warn("not yet a ctrl voter", "err", err)
+			}
+		}
+		select {
+		case <-s.stop:
+			return
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
+}
+
+func (s *Server) inRaftConfig() bool {
+	f := s.raft.GetConfiguration()
+	if f.Error() != nil {
+		return false
+	}
+	for _, srv := range f.Configuration().Servers {
+		if srv.ID == raft.ServerID(s.id.NodeID) {
+			return true
+		}
+	}
+	return false
+}
+
+func (s *Server) askToBeVoter() error {
+	body, _ := json.Marshal(api.AddVoterRequest{NodeID: s.id.NodeID, Address: s.id.Advertise})
+	var lastErr error = errors.New("no ctrl member known")
+	for _, addr := range s.ctrlAddrs() {
+		if addr == s.id.Advertise {
+			continue
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 35*time.Second)
+		err := memberCall(ctx, s.httpClient, addr, "/v1/internal/raft/voter", body)
+		cancel()
+		if err == nil {
+			return nil
+		}
+		lastErr = err
+	}
+	return lastErr
+}
+
+func memberCall(ctx context.Context, c *http.Client, addr, path string, body []byte) error {
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, "https://"+addr+path, strings.NewReader(string(body)))
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := c.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		var eb api.ErrorBody
+		json.NewDecoder(resp.Body).Decode(&eb)
+		if eb.Error != nil {
+			return eb.Error
+		}
+		return fmt.Errorf("%s answered %s", addr, resp.Status)
+	}
+	return nil
+}

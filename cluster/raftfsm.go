@@ -1,0 +1,69 @@
+package cluster
+
+import (
+	"encoding/json"
+	"io"
+
+	"github.com/hashicorp/raft"
+
+	"github.com/kibotos/kibotos/api"
+	"github.com/kibotos/kibotos/fsm"
+)
+
+// raftFSM adapts fsm.FSM to hashicorp/raft. It implements BatchingFSM so a
+// batch of committed entries is applied in one bbolt transaction.
+type raftFSM struct{ f *fsm.FSM }
+
+var _ raft.BatchingFSM = (*raftFSM)(nil)
+
+func (r *raftFSM) Apply(l *raft.Log) interface{} { return r.ApplyBatch([]*raft.Log{l})[0] }
+
+func (r *raftFSM) ApplyBatch(logs []*raft.Log) []interface{} {
+	out := make([]interface{}, len(logs))
+	entries := make([]fsm.Entry, 0, len(logs))
+	index := make([]int, 0, len(logs))
+	for i, l := range logs {
+		if l.Type != raft.LogCommand {
+			continue
+		}
+		var e fsm.Entry
+		if err := json.Unmarshal(l.Data, &e); err != nil {
+			out[i] = fsm.Result{Error: api.Errorf(api.CodeInternal, "log entry %d is not a kibotos command: %v", l.Index, err)}
+			continue
+		}
+		entries = append(entries, e)
+		index = append(index, i)
+	}
+	for j, res := range r.f.Apply(entries) {
+		out[index[j]] = res
+	}
+	return out
+}
+
+func (r *raftFSM) Snapshot() (raft.FSMSnapshot, error) {
+	write, release, err := r.f.BeginSnapshot()
+	if err != nil {
+		return nil, err
+	}
+	return &raftSnapshot{write: write, release: release}, nil
+}
+
+func (r *raftFSM) Restore(rc io.ReadCloser) error {
+	defer rc.Close()
+	return r.f.Restore(rc)
+}
+
+type raftSnapshot struct {
+	write   func(io.Writer) error
+	release func()
+}
+
+func (s *raftSnapshot) Persist(sink raft.SnapshotSink) error {
+	if err := s.write(sink); err != nil {
+		sink.Cancel()
+		return err
+	}
+	return sink.Close()
+}
+
+func (s *raftSnapshot) Release() { s.release() }

@@ -1,0 +1,372 @@
+// Package cluster runs a Kibotos member: the TLS port that carries Raft,
+// control sessions and the HTTP API; the Raft group of ctrl members over the
+// FSM; gossip; bootstrap and join; forwarding of writes to the leader.
+// It owns no rules about the state (that is fsm) and runs no VMs (agent).
+package cluster
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/hashicorp/memberlist"
+	"github.com/hashicorp/raft"
+	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
+
+	"github.com/kibotos/kibotos/api"
+	"github.com/kibotos/kibotos/buildinfo"
+	"github.com/kibotos/kibotos/datadir"
+	"github.com/kibotos/kibotos/fsm"
+)
+
+// Timings of a member. Production defaults; tests shorten them.
+type Timings struct {
+	RaftHeartbeat     time.Duration
+	RaftElection      time.Duration
+	RaftLeaderLease   time.Duration
+	SessionPing       time.Duration // leader → node ping
+	SessionTimeout    time.Duration // no word from the peer for this long ends the session
+	SyncInterval      time.Duration // full report + clock measurement
+	AckTimeout        time.Duration // node must acknowledge new overcommit values within this
+	CommandExpiry     time.Duration // how often the leader expires old command records
+	SnapshotThreshold uint64
+}
+
+// DefaultTimings are the production timings.
+func DefaultTimings() Timings {
+	return Timings{
+		RaftHeartbeat: time.Second, RaftElection: time.Second, RaftLeaderLease: 500 * time.Millisecond,
+		SessionPing: 2 * time.Second, SessionTimeout: 10 * time.Second, SyncInterval: 60 * time.Second,
+		AckTimeout: 5 * time.Second, CommandExpiry: 10 * time.Minute, SnapshotThreshold: 8192,
+	}
+}
+
+// TestTimings are tight timings for in-process and multi-process tests.
+func TestTimings() Timings {
+	return Timings{
+		RaftHeartbeat: 100 * time.Millisecond, RaftElection: 100 * time.Millisecond, RaftLeaderLease: 50 * time.Millisecond,
+		SessionPing: 200 * time.Millisecond, SessionTimeout: 1500 * time.Millisecond, SyncInterval: 5 * time.Second,
+		AckTimeout: 2 * time.Second, CommandExpiry: time.Minute, SnapshotThreshold: 1024,
+	}
+}
+
+// Config configures a member.
+type Config struct {
+	DataDir datadir.Dir
+	// Bind is the listen address; empty means the advertised address.
+	Bind    string
+	Timings Timings
+	Logger  *slog.Logger
+	// NoFsync turns off fsync of the Raft log (benchmarks only).
+	NoFsync bool
+}
+
+// Server is one running member.
+type Server struct {
+	cfg Config
+	id  *datadir.Identity
+	log *slog.Logger
+
+	ca         *CA
+	pool       *x509.CertPool
+	memberCert tls.Certificate
+	httpClient *http.Client // member-authenticated, for forwarding
+
+	mux     *mux
+	httpSrv *http.Server
+
+	raft      *raft.Raft
+	fsm       *fsm.FSM
+	logStore  *raftboltdb.BoltStore
+	transport *raft.NetworkTransport
+
+	gossip *memberlist.Memberlist
+
+	sessions *sessionRegistry
+
+	release func()
+	wg      sync.WaitGroup
+	stop    chan struct{}
+}
+
+// Open loads the member from its data directory and starts serving.
+func Open(ctx context.Context, cfg Config) (*Server, error) {
+	if cfg.Timings.RaftHeartbeat == 0 {
+		cfg.Timings = DefaultTimings()
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	id, err := cfg.DataDir.LoadIdentity()
+	if err != nil {
+		return nil, err
+	}
+	release, err := cfg.DataDir.Lock()
+	if err != nil {
+		return nil, err
+	}
+	s := &Server{cfg: cfg, id: id, log: cfg.Logger.With("node_id", id.NodeID), release: release, stop: make(chan struct{}), sessions: newSessionRegistry()}
+	if err := s.start(ctx); err != nil {
+		s.Shutdown()
+		return nil, err
+	}
+	return s, nil
+}
+
+func (s *Server) start(ctx context.Context) error {
+	d := s.cfg.DataDir
+	var err error
+	if s.pool, err = d.CAPool(); err != nil {
+		return err
+	}
+	if s.memberCert, err = d.MemberCertificate(); err != nil {
+		return err
+	}
+	if s.ca, err = LoadCA(d.CACert(), d.CAKey()); err != nil {
+		return err
+	}
+	s.httpClient = &http.Client{Transport: &http.Transport{
+		TLSClientConfig:     datadir.ClientTLS(s.pool, s.memberCert, datadir.ProtoHTTP),
+		MaxIdleConnsPerHost: 64,
+	}, Timeout: 60 * time.Second}
+
+	bind := s.cfg.Bind
+	if bind == "" {
+		bind = s.id.Advertise
+	}
+	ln, err := net.Listen("tcp", bind)
+	if err != nil {
+		return fmt.Errorf("listen on %s: %w; is another member using this port?", bind, err)
+	}
+	s.mux = newMux(ln, datadir.ServerTLS(s.pool, s.memberCert), s.log)
+	go s.mux.serve()
+
+	if s.id.HasRole(api.RoleCtrl) {
+		if err := s.startRaft(); err != nil {
+			return err
+		}
+	}
+	s.httpSrv = &http.Server{Handler: s.routes(), ReadHeaderTimeout: 10 * time.Second, ErrorLog: slogStd(s.log)}
+	go s.httpSrv.Serve(&chanListener{m: s.mux, ch: s.mux.http})
+	s.wg.Add(1)
+	go func() { defer s.wg.Done(); s.acceptSessions() }()
+
+	if err := s.startGossip(); err != nil {
+		return err
+	}
+	if s.raft != nil {
+		s.wg.Add(2)
+		go func() { defer s.wg.Done(); s.leaderLoop() }()
+		go func() { defer s.wg.Done(); s.ensureVoter() }()
+	}
+	s.log.Info("member serving", "advertise", s.id.Advertise, "roles", s.id.Roles, "release", buildinfo.ReleaseName())
+	return nil
+}
+
+func (s *Server) raftConfig() *raft.Config {
+	c := raft.DefaultConfig()
+	c.LocalID = raft.ServerID(s.id.NodeID)
+	t := s.cfg.Timings
+	c.HeartbeatTimeout, c.ElectionTimeout, c.LeaderLeaseTimeout = t.RaftHeartbeat, t.RaftElection, t.RaftLeaderLease
+	c.CommitTimeout = 5 * time.Millisecond
+	c.SnapshotThreshold = t.SnapshotThreshold
+	c.SnapshotInterval = 30 * time.Second
+	c.TrailingLogs = 4096
+	c.BatchApplyCh = true
+	c.MaxAppendEntries = 256
+	c.Logger = hclog.New(&hclog.LoggerOptions{Name: "raft", Level: hclog.Warn, Output: os.Stderr})
+	return c
+}
+
+func (s *Server) startRaft() error {
+	d := s.cfg.DataDir
+	if err := os.MkdirAll(d.RaftDir(), 0o700); err != nil {
+		return err
+	}
+	var err error
+	if s.fsm, err = fsm.Open(d.StateFile()); err != nil {
+		return err
+	}
+	s.logStore, err = raftboltdb.New(raftboltdb.Options{Path: filepath.Join(d.RaftDir(), "raft.db"), NoSync: s.cfg.NoFsync})
+	if err != nil {
+		return fmt.Errorf("raft log %s: %w", d.RaftDir(), err)
+	}
+	snaps, err := raft.NewFileSnapshotStoreWithLogger(d.RaftDir(), 2, hclog.New(&hclog.LoggerOptions{Name: "snapshot", Level: hclog.Warn}))
+	if err != nil {
+		return err
+	}
+	adv, err := net.ResolveTCPAddr("tcp", s.id.Advertise)
+	if err != nil {
+		return fmt.Errorf("advertise address %s: %w", s.id.Advertise, err)
+	}
+	layer := &raftLayer{chanListener: chanListener{m: s.mux, ch: s.mux.raft}, advertise: adv,
+		clientTLS: datadir.ClientTLS(s.pool, s.memberCert, datadir.ProtoRaft)}
+	s.transport = raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{
+		Stream: layer, MaxPool: 5, Timeout: 10 * time.Second,
+		Logger: hclog.New(&hclog.LoggerOptions{Name: "raft-net", Level: hclog.Error}),
+	})
+	r, err := raft.NewRaft(s.raftConfig(), &raftFSM{f: s.fsm}, s.logStore, s.logStore, snaps, s.transport)
+	if err != nil {
+		return fmt.Errorf("start raft: %w", err)
+	}
+	s.raft = r
+	return nil
+}
+
+// Shutdown stops the member; VMs and other units on the host are not touched.
+func (s *Server) Shutdown() {
+	select {
+	case <-s.stop:
+		return
+	default:
+	}
+	close(s.stop)
+	s.sessions.closeAll()
+	if s.gossip != nil {
+		s.gossip.Leave(time.Second)
+		s.gossip.Shutdown()
+	}
+	if s.httpSrv != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		s.httpSrv.Shutdown(ctx)
+		cancel()
+	}
+	if s.raft != nil {
+		s.raft.Shutdown().Error()
+	}
+	if s.mux != nil {
+		s.mux.close()
+	}
+	if s.transport != nil {
+		s.transport.Close()
+	}
+	s.wg.Wait()
+	if s.logStore != nil {
+		s.logStore.Close()
+	}
+	if s.fsm != nil {
+		s.fsm.Close()
+	}
+	if s.release != nil {
+		s.release()
+	}
+}
+
+// Kill stops the member abruptly as a crash would (tests): no leave, no
+// session close, no graceful HTTP shutdown.
+func (s *Server) Kill() {
+	select {
+	case <-s.stop:
+		return
+	default:
+	}
+	close(s.stop)
+	if s.gossip != nil {
+		s.gossip.Shutdown()
+	}
+	s.mux.close()
+	if s.httpSrv != nil {
+		s.httpSrv.Close()
+	}
+	s.sessions.closeAll()
+	if s.raft != nil {
+		s.raft.Shutdown().Error()
+		s.transport.Close()
+	}
+	s.wg.Wait()
+	if s.logStore != nil {
+		s.logStore.Close()
+	}
+	if s.fsm != nil {
+		s.fsm.Close()
+	}
+	s.release()
+}
+
+// NodeID is this member's node id.
+func (s *Server) NodeID() string { return s.id.NodeID }
+
+// Advertise is this member's advertised address.
+func (s *Server) Advertise() string { return s.id.Advertise }
+
+// Identity returns the member identity.
+func (s *Server) Identity() *datadir.Identity { return s.id }
+
+// Raft exposes the Raft handle (tests, benchmarks).
+func (s *Server) Raft() *raft.Raft { return s.raft }
+
+// FSM exposes the local state (nil on node-only members).
+func (s *Server) FSM() *fsm.FSM { return s.fsm }
+
+// IsLeader reports whether this member leads the Raft group.
+func (s *Server) IsLeader() bool { return s.raft != nil && s.raft.State() == raft.Leader }
+
+// leaderAddr returns the leader's advertised address, "" when unknown.
+func (s *Server) leaderAddr() string {
+	if s.raft == nil {
+		return ""
+	}
+	addr, _ := s.raft.LeaderWithID()
+	return string(addr)
+}
+
+// Apply appends one write to the Raft log on the leader and waits for its
+// result. Callers on other members use forwarding (the HTTP API does).
+func (s *Server) Apply(ctx context.Context, e fsm.Entry) (fsm.Result, error) {
+	if !s.IsLeader() {
+		return fsm.Result{}, api.Errorf(api.CodeUnavailable, "member %s is not the ctrl leader", s.id.NodeID)
+	}
+	e.IssuedAt = time.Now().UTC()
+	data, err := json.Marshal(e)
+	if err != nil {
+		return fsm.Result{}, err
+	}
+	timeout := 30 * time.Second
+	if dl, ok := ctx.Deadline(); ok {
+		timeout = time.Until(dl)
+	}
+	f := s.raft.Apply(data, timeout)
+	if err := f.Error(); err != nil {
+		if errors.Is(err, raft.ErrNotLeader) || errors.Is(err, raft.ErrLeadershipLost) || errors.Is(err, raft.ErrLeadershipTransferInProgress) {
+			return fsm.Result{}, api.Errorf(api.CodeUnavailable, "ctrl leadership changed while the write was in flight; retry with the same --command-id")
+		}
+		return fsm.Result{}, api.Errorf(api.CodeUnavailable, "ctrl could not commit the write: %v; retry with the same --command-id", err)
+	}
+	res, ok := f.Response().(fsm.Result)
+	if !ok {
+		return fsm.Result{}, api.Errorf(api.CodeInternal, "unexpected apply response %T", f.Response())
+	}
+	return res, nil
+}
+
+// ApplyOp builds an entry for op and args and applies it (leader only).
+func (s *Server) ApplyOp(ctx context.Context, op string, args any) (fsm.Result, error) {
+	raw, err := json.Marshal(args)
+	if err != nil {
+		return fsm.Result{}, err
+	}
+	return s.Apply(ctx, fsm.Entry{Op: op, Args: raw, Actor: "member:" + s.id.NodeID})
+}
+
+// slogStd routes net/http's internal errors (TLS handshake noise) to debug.
+func slogStd(l *slog.Logger) *log.Logger { return slog.NewLogLogger(l.Handler(), slog.LevelDebug) }
+
+// SessionTLS is the member's client config for control sessions.
+func (s *Server) SessionTLS() (*tls.Config, error) {
+	return datadir.ClientTLS(s.pool, s.memberCert, datadir.ProtoSession), nil
+}
+
+// CtrlAddrs lists ctrl API addresses, the leader first when known.
+func (s *Server) CtrlAddrs() []string { return s.ctrlAddrs() }

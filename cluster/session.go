@@ -1,0 +1,376 @@
+package cluster
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/tls"
+	"encoding/hex"
+	"encoding/json"
+	"net"
+	"sync"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+
+	"github.com/kibotos/kibotos/api"
+	"github.com/kibotos/kibotos/datadir"
+	"github.com/kibotos/kibotos/fsm"
+)
+
+// sessionRegistry holds the control connections attached to this leader.
+type sessionRegistry struct {
+	mu    sync.Mutex
+	conns map[string]*liveSession // by node id
+}
+
+type liveSession struct {
+	nodeID, sessionID string
+	conn              net.Conn
+}
+
+func newSessionRegistry() *sessionRegistry {
+	return &sessionRegistry{conns: map[string]*liveSession{}}
+}
+
+func (r *sessionRegistry) attach(ls *liveSession) {
+	r.mu.Lock()
+	old := r.conns[ls.nodeID]
+	r.conns[ls.nodeID] = ls
+	r.mu.Unlock()
+	if old != nil {
+		old.conn.Close() // a node has one session: the newest wins
+	}
+}
+
+func (r *sessionRegistry) detach(ls *liveSession) {
+	r.mu.Lock()
+	if r.conns[ls.nodeID] == ls {
+		delete(r.conns, ls.nodeID)
+	}
+	r.mu.Unlock()
+}
+
+func (r *sessionRegistry) attached(nodeID, sessionID string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	ls := r.conns[nodeID]
+	return ls != nil && ls.sessionID == sessionID
+}
+
+func (r *sessionRegistry) closeAll() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, ls := range r.conns {
+		ls.conn.Close()
+	}
+}
+
+func (s *Server) acceptSessions() {
+	l := &chanListener{m: s.mux, ch: s.mux.session}
+	for {
+		c, err := l.Accept()
+		if err != nil {
+			return
+		}
+		go s.handleSession(c)
+	}
+}
+
+func newSessionID() string {
+	b := make([]byte, 8)
+	rand.Read(b)
+	return "sess-" + hex.EncodeToString(b)
+}
+
+// sessionConn serializes writes of one control connection.
+type sessionConn struct {
+	c   net.Conn
+	mu  sync.Mutex
+	enc *json.Encoder
+}
+
+func (sc *sessionConn) send(m api.SessionMsg) error {
+	sc.mu.Lock()
+	defer sc.mu.Unlock()
+	sc.c.SetWriteDeadline(time.Now().Add(5 * time.Second))
+	return sc.enc.Encode(m)
+}
+
+// handleSession runs one control session on the leader: open it in the
+// FSM, measure the clock and take full reports at every sync, push new
+// overcommit values, and close it in the FSM when the connection ends or the
+// node goes quiet for SessionTimeout.
+func (s *Server) handleSession(c net.Conn) {
+	defer c.Close()
+	t := s.cfg.Timings
+	leaf := c.(*tls.Conn).ConnectionState().PeerCertificates[0]
+	sc := &sessionConn{c: c, enc: json.NewEncoder(c)}
+	dec := json.NewDecoder(c)
+	c.SetReadDeadline(time.Now().Add(t.SessionTimeout))
+	var hello api.SessionMsg
+	if err := dec.Decode(&hello); err != nil || hello.Type != api.MsgHello {
+		return
+	}
+	if datadir.CertOU(leaf) != datadir.OUMember || hello.NodeID != leaf.Subject.CommonName {
+		sc.send(api.SessionMsg{Type: api.MsgRefused, Refusal: fsm.RefusalNotAdmitted, Message: "a node opens a session only with its own member certificate"})
+		return
+	}
+	if !s.IsLeader() {
+		sc.send(api.SessionMsg{Type: api.MsgRedirect, Leader: s.leaderAddr()})
+		return
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	sid := newSessionID()
+	res, err := s.ApplyOp(ctx, fsm.OpSessionOpen, fsm.SessionOpenArgs{
+		NodeID: hello.NodeID, SessionID: sid, Incarnation: hello.Incarnation, Release: hello.Release, Revision: hello.Revision, Address: "",
+	})
+	if err == nil && res.Error != nil {
+		err = res.Error
+	}
+	if err != nil {
+		sc.send(api.SessionMsg{Type: api.MsgRedirect, Leader: s.leaderAddr(), Message: err.Error()})
+		return
+	}
+	var open fsm.SessionOpenResult
+	json.Unmarshal(res.Value, &open)
+	if !open.Accepted {
+		s.log.Warn("control session refused", "peer_node_id", hello.NodeID, "incarnation", hello.Incarnation, "refusal", open.Refusal, "reason", open.Message)
+		sc.send(api.SessionMsg{Type: api.MsgRefused, Refusal: open.Refusal, Message: open.Message})
+		return
+	}
+	ls := &liveSession{nodeID: hello.NodeID, sessionID: sid, conn: c}
+	s.sessions.attach(ls)
+	defer s.sessions.detach(ls)
+	s.log.Info("control session opened", "peer_node_id", hello.NodeID, "session_id", sid, "incarnation", hello.Incarnation)
+
+	reason := s.runSession(ctx, sc, dec, hello.NodeID, sid)
+	s.log.Info("control session closed", "peer_node_id", hello.NodeID, "session_id", sid, "reason", reason)
+	if s.IsLeader() {
+		cctx, ccancel := context.WithTimeout(context.Background(), 5*time.Second)
+		s.ApplyOp(cctx, fsm.OpSessionClose, fsm.SessionCloseArgs{NodeID: hello.NodeID, SessionID: sid, Reason: reason})
+		ccancel()
+	}
+}
+
+func (s *Server) runSession(ctx context.Context, sc *sessionConn, dec *json.Decoder, nodeID, sid string) string {
+	t := s.cfg.Timings
+	if err := sc.send(api.SessionMsg{Type: api.MsgWelcome, SessionID: sid}); err != nil {
+		return "connection lost"
+	}
+	msgs := make(chan api.SessionMsg, 16)
+	readErr := make(chan error, 1)
+	go func() {
+		for {
+			var m api.SessionMsg
+			sc.c.SetReadDeadline(time.Now().Add(t.SessionTimeout))
+			if err := dec.Decode(&m); err != nil {
+				readErr <- err
+				return
+			}
+			select {
+			case msgs <- m:
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	requestSync := func() error {
+		return sc.send(api.SessionMsg{Type: api.MsgSync, T1: time.Now().UnixNano()})
+	}
+	if err := requestSync(); err != nil {
+		return "connection lost"
+	}
+	ping := time.NewTicker(t.SessionPing)
+	defer ping.Stop()
+	syncT := time.NewTicker(t.SyncInterval)
+	defer syncT.Stop()
+	var pendingAck *api.Multipliers
+	var pendingSince time.Time
+	for {
+		select {
+		case err := <-readErr:
+			if ne, ok := err.(net.Error); ok && ne.Timeout() {
+				return "no word from the node for " + t.SessionTimeout.String()
+			}
+			return "connection closed"
+		case <-s.stop:
+			return "ctrl member stopping"
+		case <-syncT.C:
+			if requestSync() != nil {
+				return "connection lost"
+			}
+		case <-ping.C:
+			if !s.IsLeader() {
+				return "leadership lost"
+			}
+			n, err := s.localNode(nodeID)
+			if err != nil {
+				continue
+			}
+			if n.Admission != api.Admitted || n.Retired || n.Session == nil || n.Session.SessionID != sid {
+				sc.send(api.SessionMsg{Type: api.MsgRefused, Refusal: fsm.RefusalNotAdmitted, Message: "node " + nodeID + " is no longer admitted (" + n.Status + ")"})
+				return "node " + n.Status
+			}
+			if n.Overcommit != nil && !n.Overcommit.Acknowledged {
+				want := api.Multipliers{CPU: n.Overcommit.CPU, Memory: n.Overcommit.Memory}
+				switch {
+				case pendingAck == nil || *pendingAck != want:
+					pendingAck, pendingSince = &want, time.Now()
+					if sc.send(api.SessionMsg{Type: api.MsgOvercommit, Overcommit: &want}) != nil {
+						return "connection lost"
+					}
+				case time.Since(pendingSince) > t.AckTimeout:
+					// The seed: a node that does not confirm is disconnected
+					// and gets the value again after it reconnects.
+					return "overcommit values not acknowledged within " + t.AckTimeout.String()
+				}
+			}
+			if sc.send(api.SessionMsg{Type: api.MsgPing, T1: time.Now().UnixNano()}) != nil {
+				return "connection lost"
+			}
+		case m := <-msgs:
+			switch m.Type {
+			case api.MsgReport:
+				if err := s.applyReport(ctx, nodeID, sid, m, time.Now().UnixNano()); err != nil {
+					s.log.Warn("node report not stored", "peer_node_id", nodeID, "err", err)
+					if api.CodeOf(err) == api.CodeFailedPrecondition {
+						return "session replaced"
+					}
+				}
+			case api.MsgOvercommitAck:
+				if m.Overcommit != nil {
+					res, err := s.ApplyOp(ctx, fsm.OpOvercommitAck, fsm.OvercommitAckArgs{NodeID: nodeID, SessionID: sid, Values: *m.Overcommit})
+					if err == nil && res.Error == nil && pendingAck != nil && *pendingAck == *m.Overcommit {
+						pendingAck = nil
+					}
+				}
+			}
+		}
+	}
+}
+
+// applyReport stores a full report; a report answering a sync carries the
+// four timestamps of the clock measurement (NTP style).
+func (s *Server) applyReport(ctx context.Context, nodeID, sid string, m api.SessionMsg, t4 int64) error {
+	if m.Report == nil {
+		return nil
+	}
+	args := fsm.ReportArgs{NodeID: nodeID, SessionID: sid, Report: *m.Report, HostUsage: m.HostUsage}
+	if m.T1 != 0 && m.T2 != 0 && m.T3 != 0 {
+		offset := ((m.T2 - m.T1) + (m.T3 - t4)) / 2
+		uncertainty := ((t4 - m.T1) - (m.T3 - m.T2)) / 2
+		if uncertainty < 0 {
+			uncertainty = 0
+		}
+		args.Clock = &fsm.ClockArgs{OffsetNS: offset, UncertaintyNS: uncertainty, KernelSync: m.KernelSync}
+	}
+	res, err := s.ApplyOp(ctx, fsm.OpNodeReport, args)
+	if err != nil {
+		return err
+	}
+	return res.Err()
+}
+
+func (s *Server) localNode(id string) (*api.Node, error) {
+	var n *api.Node
+	err := s.fsm.View(func(tx *bolt.Tx) error {
+		var err error
+		n, err = fsm.GetNode(tx, id)
+		return err
+	})
+	return n, err
+}
+
+// leaderLoop watches leadership and runs the leader's duties while it lasts.
+func (s *Server) leaderLoop() {
+	var cancel context.CancelFunc
+	tick := time.NewTicker(s.cfg.Timings.RaftHeartbeat / 2)
+	defer tick.Stop()
+	for {
+		select {
+		case <-s.stop:
+			if cancel != nil {
+				cancel()
+			}
+			return
+		case <-tick.C:
+		}
+		leader := s.IsLeader()
+		switch {
+		case leader && cancel == nil:
+			var ctx context.Context
+			ctx, cancel = context.WithCancel(context.Background())
+			s.wg.Add(1)
+			go func() { defer s.wg.Done(); s.lead(ctx) }()
+		case !leader && cancel != nil:
+			cancel()
+			cancel = nil
+			s.sessions.closeAll() // nodes reconnect to the new leader
+		}
+	}
+}
+
+// lead is the leader's background work: close sessions that no connection
+// backs any more (after a leader change), expire old command records, and
+// drop retired or revoked ctrl members from the voters.
+func (s *Server) lead(ctx context.Context) {
+	t := s.cfg.Timings
+	if err := s.raft.Barrier(30 * time.Second).Error(); err != nil {
+		return
+	}
+	s.log.Info("leading ctrl")
+	since := time.Now()
+	lastExpiry := time.Now()
+	tick := time.NewTicker(t.SessionPing)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		if time.Since(since) > t.SessionTimeout {
+			s.sweepSessions(ctx)
+		}
+		if time.Since(lastExpiry) > t.CommandExpiry {
+			lastExpiry = time.Now()
+			s.ApplyOp(ctx, fsm.OpCommandsExpire, fsm.CommandsExpireArgs{Before: time.Now().Add(-fsm.CommandRetentionHours * time.Hour).UTC()})
+		}
+		s.reconcileVoters()
+	}
+}
+
+func (s *Server) sweepSessions(ctx context.Context) {
+	var live map[string]string
+	s.fsm.View(func(tx *bolt.Tx) error {
+		var err error
+		live, err = fsm.LiveSessions(tx)
+		return err
+	})
+	for node, sid := range live {
+		if !s.sessions.attached(node, sid) {
+			s.ApplyOp(ctx, fsm.OpSessionClose, fsm.SessionCloseArgs{NodeID: node, SessionID: sid, Reason: "no control connection to the leader"})
+		}
+	}
+}
+
+func (s *Server) reconcileVoters() {
+	f := s.raft.GetConfiguration()
+	if f.Error() != nil {
+		return
+	}
+	for _, srv := range f.Configuration().Servers {
+		if string(srv.ID) == s.id.NodeID {
+			continue
+		}
+		n, err := s.localNode(string(srv.ID))
+		if err != nil {
+			continue
+		}
+		if n.Retired || n.Admission != api.Admitted {
+			s.log.Info("removing ctrl voter", "voter", srv.ID, "status", n.Status)
+			s.raft.RemoveServer(srv.ID, 0, 10*time.Second)
+		}
+	}
+}

@@ -1,0 +1,177 @@
+// Package datadir owns the layout of a member's data directory: its
+// identity, its TLS material and where Raft, state and node records live.
+// It reads and writes those files (root-only, temp file then rename) and
+// builds TLS configs from them; it never talks to the network.
+package datadir
+
+import (
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"syscall"
+)
+
+// Dir is a member data directory.
+type Dir string
+
+func (d Dir) path(parts ...string) string {
+	return filepath.Join(append([]string{string(d)}, parts...)...)
+}
+
+func (d Dir) IdentityFile() string { return d.path("identity.json") }
+func (d Dir) CACert() string       { return d.path("tls", "ca.crt") }
+func (d Dir) CAKey() string        { return d.path("tls", "ca.key") }
+func (d Dir) MemberCert() string   { return d.path("tls", "member.crt") }
+func (d Dir) MemberKey() string    { return d.path("tls", "member.key") }
+func (d Dir) AdminCert() string    { return d.path("tls", "admin.crt") }
+func (d Dir) AdminKey() string     { return d.path("tls", "admin.key") }
+func (d Dir) RaftDir() string      { return d.path("raft") }
+func (d Dir) StateFile() string    { return d.path("state", "fsm.db") }
+func (d Dir) NodeDir() string      { return d.path("node") }
+func (d Dir) StorageRoot() string  { return d.path("storage") }
+func (d Dir) LockFile() string     { return d.path("lock") }
+
+// Identity is who this member is in which cluster.
+type Identity struct {
+	ClusterID     string   `json:"cluster_id"`
+	NodeID        string   `json:"node_id"`
+	Roles         []string `json:"roles"`
+	Advertise     string   `json:"advertise"`
+	GossipKey     []byte   `json:"gossip_key"`
+	CAFingerprint string   `json:"ca_fingerprint"`
+	// Peers are API addresses of ctrl members known when this member was
+	// created; gossip keeps the live list, these seed it after a restart.
+	Peers []string `json:"peers"`
+}
+
+// HasRole reports whether the identity has the role.
+func (id *Identity) HasRole(role string) bool {
+	for _, r := range id.Roles {
+		if r == role {
+			return true
+		}
+	}
+	return false
+}
+
+// Exists reports whether the directory already holds a member.
+func (d Dir) Exists() bool {
+	_, err := os.Stat(d.IdentityFile())
+	return err == nil
+}
+
+// LoadIdentity reads identity.json.
+func (d Dir) LoadIdentity() (*Identity, error) {
+	raw, err := os.ReadFile(d.IdentityFile())
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("data directory %s holds no kibotos member: run kibotos init or kibotos join first, or pass --data-dir", d)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("data directory %s: %w", d, err)
+	}
+	var id Identity
+	if err := json.Unmarshal(raw, &id); err != nil {
+		return nil, fmt.Errorf("identity file %s is corrupt: %w", d.IdentityFile(), err)
+	}
+	return &id, nil
+}
+
+// SaveIdentity writes identity.json.
+func (d Dir) SaveIdentity(id *Identity) error {
+	raw, err := json.MarshalIndent(id, "", "  ")
+	if err != nil {
+		return err
+	}
+	return WriteFileAtomic(d.IdentityFile(), raw, 0o600)
+}
+
+// WriteFileAtomic writes to a temp file in the same directory, syncs it and
+// renames it over path, so readers see the old or the new file, never half.
+func WriteFileAtomic(path string, data []byte, mode os.FileMode) error {
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return err
+	}
+	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*.tmp")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(tmp.Name())
+	if _, err := tmp.Write(data); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Chmod(mode); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Sync(); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Close(); err != nil {
+		return err
+	}
+	if err := os.Rename(tmp.Name(), path); err != nil {
+		return err
+	}
+	if dir, err := os.Open(filepath.Dir(path)); err == nil {
+		dir.Sync()
+		dir.Close()
+	}
+	return nil
+}
+
+// Lock takes the exclusive lock of the data directory for a serving
+// process; a second `kibotos serve` on the same directory is refused.
+func (d Dir) Lock() (release func(), err error) {
+	if err := os.MkdirAll(string(d), 0o700); err != nil {
+		return nil, err
+	}
+	f, err := os.OpenFile(d.LockFile(), os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("data directory %s is in use by another kibotos serve; stop it first or use another --data-dir", d)
+	}
+	return func() { f.Close() }, nil
+}
+
+// CAPool returns a pool holding the cluster CA.
+func (d Dir) CAPool() (*x509.CertPool, error) {
+	pem, err := os.ReadFile(d.CACert())
+	if err != nil {
+		return nil, fmt.Errorf("cluster CA %s: %w", d.CACert(), err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(pem) {
+		return nil, fmt.Errorf("cluster CA %s holds no certificate", d.CACert())
+	}
+	return pool, nil
+}
+
+// AdminCertificate loads the CLI's credentials.
+func (d Dir) AdminCertificate() (tls.Certificate, error) {
+	c, err := tls.LoadX509KeyPair(d.AdminCert(), d.AdminKey())
+	if errors.Is(err, os.ErrPermission) {
+		return c, fmt.Errorf("credentials in %s are readable by root only: run the command as root", filepath.Dir(d.AdminCert()))
+	}
+	if err != nil {
+		return c, fmt.Errorf("admin credentials in %s: %w", filepath.Dir(d.AdminCert()), err)
+	}
+	return c, nil
+}
+
+// MemberCertificate loads this member's identity certificate.
+func (d Dir) MemberCertificate() (tls.Certificate, error) {
+	c, err := tls.LoadX509KeyPair(d.MemberCert(), d.MemberKey())
+	if err != nil {
+		return c, fmt.Errorf("member credentials in %s: %w", filepath.Dir(d.MemberCert()), err)
+	}
+	return c, nil
+}

@@ -1,0 +1,82 @@
+package fsm
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+
+	"github.com/kibotos/kibotos/api"
+)
+
+// BenchmarkApplyBatch applies batches of 64 node.report entries (the group
+// commit of a busy leader) spread over 16 nodes with live sessions.
+func BenchmarkApplyBatch(b *testing.B) {
+	const nodes, batch = 16, 64
+	h := newHarness(b)
+	h.bootstrap()
+	for i := 0; i < nodes; i++ {
+		id := fmt.Sprintf("node-%02d", i)
+		h.join(id)
+		h.open(id, "s-"+id, 1)
+	}
+	rep := api.Report{
+		Capacity:  api.Resources{CPU: 32000, MemoryBytes: 128 << 30},
+		Allocated: api.Resources{CPU: 8000, MemoryBytes: 32 << 30},
+		Instances: 4, Volumes: 4,
+		Pools: []api.Pool{{PoolID: "p1", Path: "/srv/p1", Available: true, CapacityBytes: 1 << 40, FreeBytes: 1 << 39}},
+	}
+	clock := &ClockArgs{OffsetNS: 1e6, UncertaintyNS: 5e5, KernelSync: "synchronized"}
+	entries := make([]Entry, batch)
+	b.ReportAllocs()
+	for b.Loop() {
+		h.advance(time.Second)
+		for j := range entries {
+			id := fmt.Sprintf("node-%02d", j%nodes)
+			entries[j] = h.entry(OpNodeReport, ReportArgs{NodeID: id, SessionID: "s-" + id, Report: rep, Clock: clock})
+		}
+		for j, r := range h.f.Apply(entries) {
+			if r.Error != nil {
+				b.Fatalf("entry %d: %v", j, r.Error)
+			}
+		}
+	}
+	b.ReportMetric(float64(b.N*batch)/b.Elapsed().Seconds(), "entries/s")
+}
+
+// BenchmarkListNodes10k lists 10,000 registered nodes in one page.
+func BenchmarkListNodes10k(b *testing.B) {
+	const total = 10_000
+	h := newHarness(b)
+	h.bootstrap()
+	var es []Entry
+	flush := func() {
+		for j, r := range h.f.Apply(es) {
+			if r.Error != nil {
+				b.Fatalf("setup entry %d: %v", j, r.Error)
+			}
+		}
+		es = es[:0]
+	}
+	for i := 1; i < total; i++ { // the bootstrap node is the first
+		id := fmt.Sprintf("node-%05d", i)
+		es = append(es,
+			h.entry(OpEnrollmentGrant, GrantArgs{NodeID: id, Roles: []string{"node"}, SecretHash: secretOf(id), TTL: time.Hour}),
+			h.entry(OpEnrollmentConsume, ConsumeArgs{NodeID: id, SecretHash: secretOf(id), Address: "addr-" + id}))
+		if len(es) >= 1000 {
+			flush()
+		}
+	}
+	flush()
+	b.ReportAllocs()
+	for b.Loop() {
+		var l *api.NodeList
+		if err := h.f.View(func(tx *bolt.Tx) (err error) { l, err = ListNodes(tx, 0, ""); return }); err != nil {
+			b.Fatal(err)
+		}
+		if len(l.Nodes) != total || l.NextPageToken != "" {
+			b.Fatalf("listed %d nodes, token %q", len(l.Nodes), l.NextPageToken)
+		}
+	}
+}

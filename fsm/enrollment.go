@@ -1,0 +1,146 @@
+package fsm
+
+import (
+	"crypto/subtle"
+
+	bolt "go.etcd.io/bbolt"
+
+	"github.com/kibotos/kibotos/api"
+)
+
+// grantRecord is a grant with the hash of its secret; the secret itself
+// exists only in the string handed to the operator.
+type grantRecord struct {
+	api.Grant
+	SecretHash string `json:"secret_hash"`
+}
+
+func getGrant(tx *bolt.Tx, nodeID string) (*grantRecord, error) {
+	var g grantRecord
+	ok, err := getJSON(tx, bucketGrants, []byte(nodeID), &g)
+	if err != nil || !ok {
+		return nil, err
+	}
+	return &g, nil
+}
+
+func revokePendingGrant(tx *bolt.Tx, nodeID string) error {
+	g, err := getGrant(tx, nodeID)
+	if err != nil || g == nil || g.State != api.GrantPending {
+		return err
+	}
+	g.State = api.GrantRevoked
+	return putJSON(tx, bucketGrants, []byte(nodeID), g)
+}
+
+func applyEnrollmentGrant(tx *bolt.Tx, e *Entry) (any, error) {
+	var a GrantArgs
+	if err := decodeArgs(e, &a); err != nil {
+		return nil, err
+	}
+	if err := ValidNodeID(a.NodeID); err != nil {
+		return nil, err
+	}
+	if err := ValidRoles(a.Roles); err != nil {
+		return nil, err
+	}
+	if a.TTL <= 0 {
+		return nil, api.Errorf(api.CodeInvalidArgument, "grant for node %s: ttl must be positive", a.NodeID)
+	}
+	n, err := getNode(tx, a.NodeID)
+	if err != nil {
+		return nil, err
+	}
+	if n != nil {
+		if err := notRetired(n, "a new enrollment grant"); err != nil {
+			return nil, err
+		}
+		if n.Admission == api.Admitted {
+			return nil, api.Errorf(api.CodeFailedPrecondition,
+				"node %s is already an admitted member; revoke it first (kibo enrollment revoke %s) or use a new node id", a.NodeID, a.NodeID)
+		}
+	}
+	g := grantRecord{
+		Grant:      api.Grant{NodeID: a.NodeID, Roles: a.Roles, IssuedAt: *at(e), ExpiresAt: e.IssuedAt.Add(a.TTL).UTC(), State: api.GrantPending},
+		SecretHash: a.SecretHash,
+	}
+	if err := putJSON(tx, bucketGrants, []byte(a.NodeID), g); err != nil {
+		return nil, err
+	}
+	return g.Grant, nil
+}
+
+func applyEnrollmentRevoke(tx *bolt.Tx, e *Entry) (any, error) {
+	var a NodeArgs
+	if err := decodeArgs(e, &a); err != nil {
+		return nil, err
+	}
+	g, err := getGrant(tx, a.NodeID)
+	if err != nil {
+		return nil, err
+	}
+	n, err := getNode(tx, a.NodeID)
+	if err != nil {
+		return nil, err
+	}
+	if g == nil && n == nil {
+		return nil, api.Errorf(api.CodeNotFound, "node %s has no enrollment grant and no registration", a.NodeID)
+	}
+	out := map[string]any{"node_id": a.NodeID, "grant_revoked": false, "node_revoked": false}
+	if g != nil && g.State == api.GrantPending {
+		if err := revokePendingGrant(tx, a.NodeID); err != nil {
+			return nil, err
+		}
+		out["grant_revoked"] = true
+	}
+	if n != nil && n.Admission == api.Admitted && !n.Retired {
+		n.Admission = api.Revoked
+		endSession(n, e, "revoked")
+		if err := putNode(tx, n); err != nil {
+			return nil, err
+		}
+		out["node_revoked"] = true
+	}
+	return out, nil
+}
+
+func applyEnrollmentConsume(tx *bolt.Tx, e *Entry) (any, error) {
+	var a ConsumeArgs
+	if err := decodeArgs(e, &a); err != nil {
+		return nil, err
+	}
+	g, err := getGrant(tx, a.NodeID)
+	if err != nil {
+		return nil, err
+	}
+	if g == nil || subtle.ConstantTimeCompare([]byte(g.SecretHash), []byte(a.SecretHash)) != 1 {
+		return nil, api.Errorf(api.CodeUnauthenticated, "enrollment grant for node %s is not valid in this cluster; ask an operator for a new one (kibo enrollment grant %s)", a.NodeID, a.NodeID)
+	}
+	switch {
+	case g.State == api.GrantUsed:
+		return nil, api.Errorf(api.CodeFailedPrecondition, "enrollment grant for node %s was already used at %s; a grant admits one host once, ask for a new one", a.NodeID, g.UsedAt.Format("2006-01-02T15:04:05Z"))
+	case g.State == api.GrantRevoked:
+		return nil, api.Errorf(api.CodeFailedPrecondition, "enrollment grant for node %s was revoked; ask an operator for a new one", a.NodeID)
+	case !e.IssuedAt.Before(g.ExpiresAt):
+		return nil, api.Errorf(api.CodeFailedPrecondition, "enrollment grant for node %s expired at %s; ask an operator for a new one", a.NodeID, g.ExpiresAt.Format("2006-01-02T15:04:05Z"))
+	}
+	n, err := getNode(tx, a.NodeID)
+	if err != nil {
+		return nil, err
+	}
+	if n != nil && n.Retired {
+		return nil, notRetired(n, "joining")
+	}
+	if n == nil {
+		n = &api.Node{NodeID: a.NodeID}
+	}
+	n.Roles, n.Address, n.Admission, n.AdmittedAt = g.Roles, a.Address, api.Admitted, *at(e)
+	g.State, g.UsedAt, g.UsedBy = api.GrantUsed, at(e), a.Address
+	if err := putJSON(tx, bucketGrants, []byte(a.NodeID), g); err != nil {
+		return nil, err
+	}
+	if err := putNode(tx, n); err != nil {
+		return nil, err
+	}
+	return view(tx, n)
+}

@@ -1,0 +1,53 @@
+package fsm
+
+import (
+	"encoding/json"
+	"time"
+
+	"github.com/kibotos/kibotos/api"
+)
+
+// Entry is one Raft log entry: one write. Everything the FSM decides comes
+// from the entry and the state, so every replica reaches the same result.
+type Entry struct {
+	CommandID       string          `json:"command_id,omitempty"`
+	ExpectedVersion *uint64         `json:"expected_version,omitempty"`
+	IssuedAt        time.Time       `json:"issued_at"` // leader clock, set when the leader appends it
+	Actor           string          `json:"actor,omitempty"`
+	Op              string          `json:"op"`
+	Args            json.RawMessage `json:"args,omitempty"`
+	// IgnoreUnknown lets an older FSM skip an op it does not know instead of
+	// stopping; only for ops whose loss cannot change any other decision.
+	IgnoreUnknown bool `json:"ignore_unknown,omitempty"`
+}
+
+// Result is the outcome of one entry.
+type Result struct {
+	Error *api.Error      `json:"error,omitempty"`
+	Value json.RawMessage `json:"value,omitempty"`
+	// Replayed is set when the result comes from the command log.
+	Replayed bool `json:"replayed,omitempty"`
+}
+
+// Err returns the result's error as an error, or nil.
+func (r Result) Err() error {
+	if r.Error == nil {
+		return nil
+	}
+	return r.Error
+}
+
+func errResult(err error) Result {
+	if e, ok := err.(*api.Error); ok {
+		return Result{Error: e}
+	}
+	return Result{Error: &api.Error{Code: api.CodeInternal, Message: err.Error()}}
+}
+
+func valueResult(v any) Result {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return errResult(err)
+	}
+	return Result{Value: b}
+}

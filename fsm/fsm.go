@@ -1,0 +1,306 @@
+// Package fsm is the deterministic state machine of a Kibotos cluster: Raft
+// log entries in, bbolt state out. It owns the state layout and every rule
+// that decides whether a write is accepted.
+//
+// It must never read the clock, draw random numbers, depend on map order or
+// do I/O besides its own bbolt transaction: time comes from the entry
+// (IssuedAt, set by the leader), identifiers come from the entry's arguments.
+package fsm
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+
+	"github.com/kibotos/kibotos/api"
+)
+
+// FSM holds the state in one bbolt file. The file is scratch: Raft restores
+// it from the latest snapshot and replays the log at every start, so it is
+// opened fresh and written without fsync (the Raft log is the durable copy).
+type FSM struct {
+	path string
+
+	mu sync.RWMutex // guards db against Restore swapping it
+	db *bolt.DB
+}
+
+type handler func(tx *bolt.Tx, e *Entry) (any, error)
+
+var handlers = map[string]handler{
+	OpBootstrap:            applyBootstrap,
+	OpEnrollmentGrant:      applyEnrollmentGrant,
+	OpEnrollmentRevoke:     applyEnrollmentRevoke,
+	OpEnrollmentConsume:    applyEnrollmentConsume,
+	OpSessionOpen:          applySessionOpen,
+	OpSessionClose:         applySessionClose,
+	OpNodeReport:           applyNodeReport,
+	OpNodeDrain:            applyNodeDrain,
+	OpNodeCancelDrain:      applyNodeCancelDrain,
+	OpNodeIsolate:          applyNodeIsolate,
+	OpNodeRetire:           applyNodeRetire,
+	OpOvercommitSetDefault: applyOvercommitSetDefault,
+	OpOvercommitSet:        applyOvercommitSet,
+	OpOvercommitAck:        applyOvercommitAck,
+	OpCommandsExpire:       applyCommandsExpire,
+}
+
+// Open creates a fresh state file at path (any old file is replaced).
+func Open(path string) (*FSM, error) {
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return nil, fmt.Errorf("state directory %s: %w", filepath.Dir(path), err)
+	}
+	if err := os.Remove(path); err != nil && !os.IsNotExist(err) {
+		return nil, fmt.Errorf("remove old state file %s: %w", path, err)
+	}
+	db, err := openDB(path)
+	if err != nil {
+		return nil, err
+	}
+	if err := db.Update(func(tx *bolt.Tx) error {
+		for _, b := range allBuckets {
+			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
+				return err
+			}
+		}
+		return nil
+	}); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("state file %s: %w", path, err)
+	}
+	return &FSM{path: path, db: db}, nil
+}
+
+func openDB(path string) (*bolt.DB, error) {
+	db, err := bolt.Open(path, 0o600, &bolt.Options{NoSync: true, NoFreelistSync: true, Timeout: time.Second})
+	if err != nil {
+		return nil, fmt.Errorf("open state file %s: %w", path, err)
+	}
+	return db, nil
+}
+
+// Close closes the state file.
+func (f *FSM) Close() error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.db.Close()
+}
+
+// Apply applies entries in order in one bbolt transaction (group commit)
+// and returns one result per entry. A rejected entry changes nothing: every
+// apply function checks all its preconditions before its first write.
+func (f *FSM) Apply(entries []Entry) []Result {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	results := make([]Result, len(entries))
+	err := f.db.Update(func(tx *bolt.Tx) error {
+		for i := range entries {
+			results[i] = applyOne(tx, &entries[i])
+		}
+		return nil
+	})
+	if err != nil {
+		for i := range results {
+			results[i] = errResult(fmt.Errorf("commit state: %w", err))
+		}
+	}
+	return results
+}
+
+func applyOne(tx *bolt.Tx, e *Entry) Result {
+	var hash string
+	if e.CommandID != "" {
+		// Checked before the handler runs: a record that cannot be stored
+		// afterwards would leave an applied change behind an error result.
+		if len(e.CommandID) > bolt.MaxKeySize {
+			return errResult(api.Errorf(api.CodeInvalidArgument, "command id is %d bytes long; use at most %d", len(e.CommandID), bolt.MaxKeySize))
+		}
+		hash = inputHash(e)
+		rec, err := getCommand(tx, e.CommandID)
+		if err != nil {
+			return errResult(err)
+		}
+		if rec != nil {
+			if rec.InputHash != hash {
+				return errResult(api.Errorf(api.CodeFailedPrecondition,
+					"command %s was already used for %s with different inputs; use a new --command-id", e.CommandID, rec.Op))
+			}
+			res := rec.Result
+			res.Replayed = true
+			return res
+		}
+	}
+	h, ok := handlers[e.Op]
+	if !ok {
+		if e.IgnoreUnknown {
+			return Result{}
+		}
+		return errResult(api.Errorf(api.CodeInternal, "operation %q is unknown to this kibotos; upgrade it to the release of the leader", e.Op))
+	}
+	v, err := h(tx, e)
+	if err != nil {
+		return errResult(err)
+	}
+	res := valueResult(v)
+	if e.CommandID != "" && res.Error == nil {
+		if err := putCommand(tx, e.CommandID, commandRecord{Op: e.Op, InputHash: hash, AppliedAt: e.IssuedAt, Result: res}); err != nil {
+			return errResult(err)
+		}
+	}
+	return res
+}
+
+// inputHash identifies the inputs of a command: op, expected version and
+// arguments (the actor and the time are not inputs).
+func inputHash(e *Entry) string {
+	h := sha256.New()
+	h.Write([]byte(e.Op))
+	h.Write([]byte{0})
+	if e.ExpectedVersion != nil {
+		var b [8]byte
+		binary.BigEndian.PutUint64(b[:], *e.ExpectedVersion)
+		h.Write([]byte{1})
+		h.Write(b[:])
+	}
+	h.Write([]byte{0})
+	h.Write(compactJSON(e.Args))
+	return hex.EncodeToString(h.Sum(nil))
+}
+
+func compactJSON(b []byte) []byte {
+	var buf bytes.Buffer
+	if err := json.Compact(&buf, b); err != nil {
+		return b
+	}
+	return buf.Bytes()
+}
+
+// View runs fn in a read transaction.
+func (f *FSM) View(fn func(tx *bolt.Tx) error) error {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	return f.db.View(fn)
+}
+
+// Snapshot writes a consistent copy of the state file to w.
+func (f *FSM) Snapshot(w io.Writer) error {
+	return f.View(func(tx *bolt.Tx) error {
+		_, err := tx.WriteTo(w)
+		return err
+	})
+}
+
+// Restore replaces the state with a snapshot written by Snapshot. A snapshot
+// of a newer schema than this binary reads is refused and the old state kept.
+func (f *FSM) Restore(r io.Reader) error {
+	tmp := f.path + ".restore.tmp"
+	out, err := os.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o600)
+	if err != nil {
+		return fmt.Errorf("restore state: %w", err)
+	}
+	_, err = io.Copy(out, r)
+	if cerr := out.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		os.Remove(tmp)
+		return fmt.Errorf("restore state: %w", err)
+	}
+	if err := checkSchemaFile(tmp); err != nil {
+		os.Remove(tmp)
+		return err
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.db.Close(); err != nil {
+		return fmt.Errorf("restore state: close %s: %w", f.path, err)
+	}
+	if err := os.Rename(tmp, f.path); err != nil {
+		return fmt.Errorf("restore state: %w", err)
+	}
+	db, err := openDB(f.path)
+	if err != nil {
+		return err
+	}
+	f.db = db
+	return nil
+}
+
+func checkSchemaFile(path string) error {
+	db, err := bolt.Open(path, 0o600, &bolt.Options{ReadOnly: true, Timeout: time.Second})
+	if err != nil {
+		return fmt.Errorf("snapshot %s is not a state file: %w", path, err)
+	}
+	defer db.Close()
+	return db.View(func(tx *bolt.Tx) error { return CheckSchema(tx) })
+}
+
+// CheckSchema refuses a state written by a newer kibotos.
+func CheckSchema(tx *bolt.Tx) error {
+	b := tx.Bucket(bucketMeta)
+	if b == nil {
+		return nil
+	}
+	v := b.Get(keySchemaVersion)
+	if v == nil {
+		return nil
+	}
+	if len(v) != 8 {
+		return fmt.Errorf("cluster state has a corrupt schema version record (%d bytes)", len(v))
+	}
+	n := binary.BigEndian.Uint64(v)
+	if n > SchemaVersion {
+		return fmt.Errorf("cluster state has schema version %d but this kibotos reads up to %d; run a kibotos release at least as new as the one that wrote it", n, SchemaVersion)
+	}
+	return nil
+}
+
+// Dump returns every bucket's keys and values in order: two replicas with
+// the same history have byte-identical dumps.
+func (f *FSM) Dump() ([]byte, error) {
+	var buf bytes.Buffer
+	err := f.View(func(tx *bolt.Tx) error {
+		return tx.ForEach(func(name []byte, b *bolt.Bucket) error {
+			fmt.Fprintf(&buf, "[%s]\n", name)
+			return b.ForEach(func(k, v []byte) error {
+				fmt.Fprintf(&buf, "%q=%q\n", k, v)
+				return nil
+			})
+		})
+	})
+	return buf.Bytes(), err
+}
+
+// BeginSnapshot opens a read transaction that pins the current state; write
+// streams it out later (Raft persists snapshots concurrently with Apply) and
+// release must be called once.
+func (f *FSM) BeginSnapshot() (write func(io.Writer) error, release func(), err error) {
+	f.mu.RLock()
+	tx, err := f.db.Begin(false)
+	if err != nil {
+		f.mu.RUnlock()
+		return nil, nil, err
+	}
+	var once sync.Once
+	release = func() {
+		once.Do(func() {
+			tx.Rollback()
+			f.mu.RUnlock()
+		})
+	}
+	write = func(w io.Writer) error {
+		_, err := tx.WriteTo(w)
+		return err
+	}
+	return write, release, nil
+}

@@ -1,0 +1,259 @@
+package fsm
+
+import (
+	"fmt"
+
+	bolt "go.etcd.io/bbolt"
+
+	"github.com/kibotos/kibotos/api"
+)
+
+func getNode(tx *bolt.Tx, id string) (*api.Node, error) {
+	var n api.Node
+	ok, err := getJSON(tx, bucketNodes, []byte(id), &n)
+	if err != nil || !ok {
+		return nil, err
+	}
+	return &n, nil
+}
+
+// mustNode returns the node or not_found.
+func mustNode(tx *bolt.Tx, id string) (*api.Node, error) {
+	n, err := getNode(tx, id)
+	if err != nil {
+		return nil, err
+	}
+	if n == nil {
+		return nil, api.Errorf(api.CodeNotFound, "node %s is not registered: check the id with kibo node list", id)
+	}
+	return n, nil
+}
+
+// putNode stores a node after bumping its registration version: every
+// accepted change to a registration is a new version.
+func putNode(tx *bolt.Tx, n *api.Node) error {
+	n.RegistrationVersion++
+	stored := *n
+	stored.Status, stored.Overcommit, stored.Schedulable = "", nil, nil
+	return putJSON(tx, bucketNodes, []byte(n.NodeID), &stored)
+}
+
+func notRetired(n *api.Node, what string) error {
+	if n.Retired {
+		return api.Errorf(api.CodeFailedPrecondition, "node %s is retired: %s is not possible; a new host uses a new node id", n.NodeID, what)
+	}
+	return nil
+}
+
+func applyBootstrap(tx *bolt.Tx, e *Entry) (any, error) {
+	var a BootstrapArgs
+	if err := decodeArgs(e, &a); err != nil {
+		return nil, err
+	}
+	if tx.Bucket(bucketMeta).Get(keyClusterID) != nil {
+		return nil, api.Errorf(api.CodeFailedPrecondition, "cluster is already bootstrapped")
+	}
+	if err := ValidNodeID(a.NodeID); err != nil {
+		return nil, err
+	}
+	if err := ValidRoles(a.Roles); err != nil {
+		return nil, err
+	}
+	// Overwriting a registration made before bootstrap would reset its
+	// registration_version (an expected version could then match again).
+	if n, err := getNode(tx, a.NodeID); err != nil {
+		return nil, err
+	} else if n != nil {
+		return nil, api.Errorf(api.CodeFailedPrecondition, "node %s is already registered: bootstrap with a new node id", a.NodeID)
+	}
+	if err := tx.Bucket(bucketMeta).Put(keyClusterID, []byte(a.ClusterID)); err != nil {
+		return nil, err
+	}
+	if err := putUint(tx, bucketMeta, keySchemaVersion, SchemaVersion); err != nil {
+		return nil, err
+	}
+	if err := putJSON(tx, bucketMeta, keyOvercommit, api.OvercommitDefault{CPU: 1000, Memory: 1000, Version: 1}); err != nil {
+		return nil, err
+	}
+	n := &api.Node{NodeID: a.NodeID, Roles: a.Roles, Address: a.Address, Admission: api.Admitted, AdmittedAt: *at(e)}
+	return map[string]string{"cluster_id": a.ClusterID}, putNode(tx, n)
+}
+
+func applySessionOpen(tx *bolt.Tx, e *Entry) (any, error) {
+	var a SessionOpenArgs
+	if err := decodeArgs(e, &a); err != nil {
+		return nil, err
+	}
+	n, err := getNode(tx, a.NodeID)
+	if err != nil {
+		return nil, err
+	}
+	refuse := func(reason, format string, args ...any) (any, error) {
+		return SessionOpenResult{Refusal: reason, Message: fmt.Sprintf(format, args...)}, nil
+	}
+	switch {
+	case n == nil:
+		return refuse(RefusalNotAdmitted, "node %s is not registered in this cluster; join it with an enrollment grant", a.NodeID)
+	case n.Isolated && a.Incarnation <= n.IsolatedIncarnation:
+		return refuse(RefusalIsolated, "node %s incarnation %d is isolated; destroy every Instance and restart with a new incarnation", a.NodeID, a.Incarnation)
+	case n.Retired:
+		return refuse(RefusalNotAdmitted, "node %s is retired; a new host uses a new node id", a.NodeID)
+	case n.Admission != api.Admitted:
+		return refuse(RefusalNotAdmitted, "node %s is revoked; join again with a new enrollment grant", a.NodeID)
+	case a.Incarnation < n.LastIncarnation:
+		return refuse(RefusalStale, "node %s connected with incarnation %d but %d was already seen; a newer process of this node is running", a.NodeID, a.Incarnation, n.LastIncarnation)
+	}
+	if n.Isolated {
+		// A new incarnation clears isolation: the node destroyed its Instances and restarted.
+		n.Isolated, n.IsolatedIncarnation, n.IsolatedAt = false, 0, nil
+	}
+	n.LastIncarnation = a.Incarnation
+	n.Release, n.Revision = a.Release, a.Revision
+	if a.Address != "" {
+		n.Address = a.Address
+	}
+	n.Session = &api.Session{Incarnation: a.Incarnation, SessionID: a.SessionID, Release: a.Release, Revision: a.Revision, Alive: true, StartedAt: *at(e)}
+	// New values must be acknowledged again by this session.
+	n.OvercommitAck = nil
+	return SessionOpenResult{Accepted: true}, putNode(tx, n)
+}
+
+func applySessionClose(tx *bolt.Tx, e *Entry) (any, error) {
+	var a SessionCloseArgs
+	if err := decodeArgs(e, &a); err != nil {
+		return nil, err
+	}
+	n, err := mustNode(tx, a.NodeID)
+	if err != nil {
+		return nil, err
+	}
+	if n.Session == nil || n.Session.SessionID != a.SessionID || !n.Session.Alive {
+		return map[string]bool{"closed": false}, nil
+	}
+	endSession(n, e, a.Reason)
+	return map[string]bool{"closed": true}, putNode(tx, n)
+}
+
+func endSession(n *api.Node, e *Entry, reason string) {
+	if n.Session != nil && n.Session.Alive {
+		n.Session.Alive = false
+		n.Session.EndedAt = at(e)
+		n.Session.EndReason = reason
+	}
+}
+
+// currentSession checks that a node-originated write comes from the live session.
+func currentSession(tx *bolt.Tx, nodeID, sessionID string) (*api.Node, error) {
+	n, err := mustNode(tx, nodeID)
+	if err != nil {
+		return nil, err
+	}
+	if n.Session == nil || !n.Session.Alive || n.Session.SessionID != sessionID {
+		return nil, api.Errorf(api.CodeFailedPrecondition, "session %s of node %s is not the live control session; reconnect", sessionID, nodeID)
+	}
+	return n, nil
+}
+
+func applyNodeReport(tx *bolt.Tx, e *Entry) (any, error) {
+	var a ReportArgs
+	if err := decodeArgs(e, &a); err != nil {
+		return nil, err
+	}
+	n, err := currentSession(tx, a.NodeID, a.SessionID)
+	if err != nil {
+		return nil, err
+	}
+	r := a.Report
+	r.ReportVersion = 1
+	if n.Report != nil {
+		r.ReportVersion = n.Report.ReportVersion + 1
+	}
+	r.ReportedAt = *at(e)
+	n.Report = &r
+	if a.HostUsage != nil {
+		n.HostUsage = a.HostUsage
+	}
+	if a.Clock != nil {
+		n.Session.Clock = &api.Clock{
+			OffsetNS: a.Clock.OffsetNS, UncertaintyNS: a.Clock.UncertaintyNS, MeasuredAt: *at(e),
+			Over: api.ClockOver(a.Clock.OffsetNS, a.Clock.UncertaintyNS), KernelSync: a.Clock.KernelSync,
+		}
+	}
+	return map[string]uint64{"report_version": r.ReportVersion}, putNode(tx, n)
+}
+
+func applyNodeDrain(tx *bolt.Tx, e *Entry) (any, error) {
+	return adminNodeChange(tx, e, "drain", func(n *api.Node) error {
+		if !n.DrainRequested {
+			n.DrainRequested, n.DrainRequestedAt = true, at(e)
+		}
+		return nil
+	})
+}
+
+func applyNodeCancelDrain(tx *bolt.Tx, e *Entry) (any, error) {
+	return adminNodeChange(tx, e, "cancel-drain", func(n *api.Node) error {
+		n.DrainRequested, n.DrainRequestedAt = false, nil
+		return nil
+	})
+}
+
+// adminNodeChange is the common frame of an operator write on one node:
+// find it, refuse retired nodes, check the expected version, change, store.
+func adminNodeChange(tx *bolt.Tx, e *Entry, what string, change func(n *api.Node) error) (*api.Node, error) {
+	var a NodeArgs
+	if err := decodeArgs(e, &a); err != nil {
+		return nil, err
+	}
+	n, err := mustNode(tx, a.NodeID)
+	if err != nil {
+		return nil, err
+	}
+	if err := notRetired(n, what); err != nil {
+		return nil, err
+	}
+	if err := checkVersion(e, n.RegistrationVersion, "node "+n.NodeID); err != nil {
+		return nil, err
+	}
+	if err := change(n); err != nil {
+		return nil, err
+	}
+	if err := putNode(tx, n); err != nil {
+		return nil, err
+	}
+	return view(tx, n)
+}
+
+func applyNodeIsolate(tx *bolt.Tx, e *Entry) (any, error) {
+	var res api.IsolateResult
+	_, err := adminNodeChange(tx, e, "isolate", func(n *api.Node) error {
+		if n.Session != nil && n.Session.Alive {
+			return api.Errorf(api.CodeFailedPrecondition,
+				"node %s still has a live control session (%s); isolate only a host that is shut down or cut off from its storage", n.NodeID, n.Session.SessionID)
+		}
+		n.Isolated = true
+		n.IsolatedIncarnation = n.LastIncarnation
+		n.IsolatedAt = at(e)
+		// Use rights, allocations, Workspaces and pending commands live in
+		// later state; until they exist the release counts are zero.
+		res.NodeID = n.NodeID
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return res, nil
+}
+
+func applyNodeRetire(tx *bolt.Tx, e *Entry) (any, error) {
+	return adminNodeChange(tx, e, "retire", func(n *api.Node) error {
+		status := deriveStatus(n)
+		if status != api.NodeDrained && !n.Isolated {
+			return api.Errorf(api.CodeFailedPrecondition,
+				"node %s is %s: retire accepts only a DRAINED node or one whose incarnation is isolated; drain and empty it first (kibo node drain %s --wait)", n.NodeID, status, n.NodeID)
+		}
+		n.Retired, n.RetiredAt = true, at(e)
+		endSession(n, e, "retired")
+		return revokePendingGrant(tx, n.NodeID)
+	})
+}

@@ -1,0 +1,135 @@
+package fsm
+
+import (
+	"time"
+
+	"github.com/kibotos/kibotos/api"
+)
+
+// Operations, one apply function each.
+const (
+	OpBootstrap            = "cluster.bootstrap"
+	OpEnrollmentGrant      = "enrollment.grant"
+	OpEnrollmentRevoke     = "enrollment.revoke"
+	OpEnrollmentConsume    = "enrollment.consume"
+	OpSessionOpen          = "node.session_open"
+	OpSessionClose         = "node.session_close"
+	OpNodeReport           = "node.report"
+	OpNodeDrain            = "node.drain"
+	OpNodeCancelDrain      = "node.cancel_drain"
+	OpNodeIsolate          = "node.isolate"
+	OpNodeRetire           = "node.retire"
+	OpOvercommitSetDefault = "overcommit.set_default"
+	OpOvercommitSet        = "overcommit.set"
+	OpOvercommitAck        = "node.overcommit_ack"
+	OpCommandsExpire       = "commands.expire"
+)
+
+// BootstrapArgs creates the cluster with its first member.
+type BootstrapArgs struct {
+	ClusterID string   `json:"cluster_id"`
+	NodeID    string   `json:"node_id"`
+	Roles     []string `json:"roles"`
+	Address   string   `json:"address"`
+}
+
+// GrantArgs issues an enrollment grant; only the secret's hash is stored.
+type GrantArgs struct {
+	NodeID     string        `json:"node_id"`
+	Roles      []string      `json:"roles"`
+	SecretHash string        `json:"secret_hash"`
+	TTL        time.Duration `json:"ttl"`
+}
+
+// NodeArgs names one node.
+type NodeArgs struct {
+	NodeID string `json:"node_id"`
+}
+
+// ConsumeArgs uses a grant to admit a node.
+type ConsumeArgs struct {
+	NodeID     string `json:"node_id"`
+	SecretHash string `json:"secret_hash"`
+	Address    string `json:"address"`
+}
+
+// SessionOpenArgs opens a control session; the session id is drawn by the
+// leader before the entry is appended.
+type SessionOpenArgs struct {
+	NodeID      string `json:"node_id"`
+	SessionID   string `json:"session_id"`
+	Incarnation uint64 `json:"incarnation"`
+	Release     string `json:"release"`
+	Revision    string `json:"revision"`
+	Address     string `json:"address,omitempty"`
+}
+
+// SessionOpenResult says whether the session was accepted; a refusal is a
+// successful apply that changed nothing, so the leader can tell the node why.
+type SessionOpenResult struct {
+	Accepted bool   `json:"accepted"`
+	Refusal  string `json:"refusal,omitempty"`
+	Message  string `json:"message,omitempty"`
+}
+
+// Refusals of a session.
+const (
+	RefusalIsolated    = "isolated"
+	RefusalNotAdmitted = "not_admitted"
+	RefusalStale       = "stale_incarnation"
+)
+
+// SessionCloseArgs ends a session if it is still the node's current one.
+type SessionCloseArgs struct {
+	NodeID    string `json:"node_id"`
+	SessionID string `json:"session_id"`
+	Reason    string `json:"reason"`
+}
+
+// ClockArgs is one clock measurement made by the leader.
+type ClockArgs struct {
+	OffsetNS      int64  `json:"offset_ns"`
+	UncertaintyNS int64  `json:"uncertainty_ns"`
+	KernelSync    string `json:"kernel_sync"`
+}
+
+// ReportArgs is a full node report, optionally with host usage and a clock
+// measurement taken at the same sync.
+type ReportArgs struct {
+	NodeID    string         `json:"node_id"`
+	SessionID string         `json:"session_id"`
+	Report    api.Report     `json:"report"`
+	HostUsage *api.HostUsage `json:"host_usage,omitempty"`
+	Clock     *ClockArgs     `json:"clock,omitempty"`
+}
+
+// OvercommitDefaultArgs changes the given items of the cluster default.
+type OvercommitDefaultArgs struct {
+	CPU    *api.Milli `json:"cpu,omitempty"`
+	Memory *api.Milli `json:"memory,omitempty"`
+}
+
+// MultiplierChange sets a node item to a value or back to the default.
+type MultiplierChange struct {
+	Default bool      `json:"default,omitempty"`
+	Value   api.Milli `json:"value,omitempty"`
+}
+
+// OvercommitSetArgs changes the given items of a node's override.
+type OvercommitSetArgs struct {
+	NodeID string            `json:"node_id"`
+	CPU    *MultiplierChange `json:"cpu,omitempty"`
+	Memory *MultiplierChange `json:"memory,omitempty"`
+}
+
+// OvercommitAckArgs records that the node applied these multipliers.
+type OvercommitAckArgs struct {
+	NodeID    string          `json:"node_id"`
+	SessionID string          `json:"session_id"`
+	Values    api.Multipliers `json:"values"`
+}
+
+// CommandsExpireArgs drops command records applied before Before.
+type CommandsExpireArgs struct {
+	Before time.Time `json:"before"`
+}

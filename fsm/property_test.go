@@ -1,0 +1,751 @@
+package fsm
+
+import (
+	"bytes"
+	"encoding/binary"
+	"encoding/json"
+	"fmt"
+	"math/rand"
+	"os"
+	"path/filepath"
+	"reflect"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+
+	"github.com/kibotos/kibotos/api"
+)
+
+// logGen draws a random command log. It reads the reference FSM (the one
+// that applies the log one entry at a time) to make some arguments
+// plausible — current expected versions, live session ids — and draws
+// others wrong on purpose. The log, once drawn, is a fixed input for the
+// other replicas.
+type logGen struct {
+	r        *rand.Rand
+	ref      *FSM
+	now      time.Time
+	seq      int
+	sessions map[string][]string // session ids opened per node id
+	inc      map[string]uint64   // highest incarnation drawn per node id
+	withID   []Entry             // entries that carried a command id
+}
+
+func newLogGen(seed int64, ref *FSM) *logGen {
+	return &logGen{r: rand.New(rand.NewSource(seed)), ref: ref, now: t0, sessions: map[string][]string{}, inc: map[string]uint64{}}
+}
+
+func (g *logGen) pct(p int) bool { return g.r.Intn(100) < p }
+
+// nodeID draws a node id from a handful that slides as the log goes on:
+// retirement is terminal, so later parts of the log need fresh ids.
+func (g *logGen) nodeID() string {
+	switch {
+	case g.pct(3):
+		return []string{"bad id", "", "-x"}[g.r.Intn(3)]
+	case g.pct(12):
+		return ctrlID
+	default:
+		return fmt.Sprintf("node-%02d", g.seq/300+g.r.Intn(5))
+	}
+}
+
+// liveNode picks a node with a live session (reading the reference FSM), or
+// any node id when there is none.
+func (g *logGen) liveNode() string {
+	var ids []string
+	g.ref.View(func(tx *bolt.Tx) error {
+		m, _ := LiveSessions(tx)
+		for id := range m {
+			ids = append(ids, id)
+		}
+		return nil
+	})
+	if len(ids) == 0 {
+		return g.nodeID()
+	}
+	sort.Strings(ids) // the log must depend on the seed only
+	return ids[g.r.Intn(len(ids))]
+}
+
+// pendingNode picks a node id with a grant that is still pending.
+func (g *logGen) pendingNode() string {
+	var ids []string
+	g.ref.View(func(tx *bolt.Tx) error {
+		gs, _ := ListGrants(tx, g.now)
+		for _, gr := range gs {
+			if gr.State == api.GrantPending {
+				ids = append(ids, gr.NodeID)
+			}
+		}
+		return nil
+	})
+	if len(ids) == 0 {
+		return g.nodeID()
+	}
+	return ids[g.r.Intn(len(ids))]
+}
+
+func (g *logGen) roles() []string {
+	switch g.r.Intn(10) {
+	case 0:
+		return nil
+	case 1:
+		return []string{"admin"}
+	case 2:
+		return []string{"node", "node"}
+	case 3, 4:
+		return []string{"ctrl", "node"}
+	case 5:
+		return []string{"ctrl"}
+	default:
+		return []string{"node"}
+	}
+}
+
+func (g *logGen) secret(id string) string {
+	if g.pct(15) {
+		return "wrong-" + id
+	}
+	return secretOf(id)
+}
+
+func (g *logGen) nodeVersion(id string) uint64 {
+	var v uint64
+	g.ref.View(func(tx *bolt.Tx) error {
+		if n, err := GetNode(tx, id); err == nil {
+			v = n.RegistrationVersion
+		}
+		return nil
+	})
+	return v
+}
+
+func (g *logGen) defaultVersion() uint64 {
+	var v uint64
+	g.ref.View(func(tx *bolt.Tx) error {
+		d, _ := GetOvercommitDefault(tx)
+		v = d.Version
+		return nil
+	})
+	return v
+}
+
+// expected draws an expected version: none, the current one, or a wrong one.
+func (g *logGen) expected(cur uint64) *uint64 {
+	var v uint64
+	switch n := g.r.Intn(10); {
+	case n < 4:
+		return nil
+	case n < 8:
+		v = cur
+	case n == 8:
+		v = cur + 1
+	default:
+		v = uint64(g.r.Intn(4))
+		if cur > 0 && g.pct(50) {
+			v = cur - 1
+		}
+	}
+	return &v
+}
+
+// session draws a session id: usually the node's live one, else one opened
+// earlier or a made-up one.
+func (g *logGen) session(id string) string {
+	if g.pct(65) {
+		var live string
+		g.ref.View(func(tx *bolt.Tx) error {
+			m, _ := LiveSessions(tx)
+			live = m[id]
+			return nil
+		})
+		if live != "" {
+			return live
+		}
+	}
+	ss := g.sessions[id]
+	if len(ss) == 0 || g.pct(20) {
+		return fmt.Sprintf("s-%d", g.r.Intn(1000))
+	}
+	if g.pct(80) {
+		return ss[len(ss)-1]
+	}
+	return ss[g.r.Intn(len(ss))]
+}
+
+func (g *logGen) incarnation(id string) uint64 {
+	cur := g.inc[id]
+	switch g.r.Intn(10) {
+	case 0, 1, 2:
+		cur++
+	case 3:
+		if cur > 0 {
+			return cur - 1
+		}
+	case 4:
+		return uint64(g.r.Intn(5))
+	}
+	g.inc[id] = cur
+	return cur
+}
+
+func (g *logGen) multiplier() api.Milli {
+	ms := []api.Milli{0, 1, 500, 900, 1000, 1000, 1500, 2500, 4000, 16000, 16001, -1000, 20000, -1}
+	return ms[g.r.Intn(len(ms))]
+}
+
+func (g *logGen) change() *MultiplierChange {
+	switch g.r.Intn(4) {
+	case 0:
+		return nil
+	case 1:
+		return &MultiplierChange{Default: true}
+	default:
+		return &MultiplierChange{Value: g.multiplier()}
+	}
+}
+
+func (g *logGen) report() api.Report {
+	return api.Report{
+		Capacity:       api.Resources{CPU: api.Milli(1000 * (1 + g.r.Intn(64))), MemoryBytes: uint64(1+g.r.Intn(256)) << 30},
+		Allocated:      api.Resources{CPU: api.Milli(g.r.Intn(8000)), MemoryBytes: uint64(g.r.Intn(1 << 20))},
+		Instances:      g.r.Intn(3) * g.r.Intn(2),
+		Volumes:        g.r.Intn(2) * g.r.Intn(2),
+		RetainedLayers: g.r.Intn(2) * g.r.Intn(2) * g.r.Intn(2),
+	}
+}
+
+// next draws one entry at the generator's clock.
+func (g *logGen) next() Entry {
+	g.seq++
+	switch {
+	case g.pct(3):
+		g.now = g.now.Add(time.Duration(1+g.r.Intn(4)) * time.Hour)
+	default:
+		g.now = g.now.Add(time.Duration(g.r.Intn(90_000)) * time.Millisecond)
+	}
+
+	// Reuse a command id: the same inputs (a retry) or different ones.
+	if len(g.withID) > 0 && g.pct(10) {
+		old := g.withID[g.r.Intn(len(g.withID))]
+		if g.pct(70) {
+			e := old
+			e.IssuedAt = g.now
+			e.Actor = fmt.Sprintf("retry-%d", g.r.Intn(3))
+			return e
+		}
+		e := g.draw()
+		e.CommandID = old.CommandID
+		return e
+	}
+	e := g.draw()
+	if g.pct(25) {
+		e.CommandID = fmt.Sprintf("cmd-%d", g.seq)
+		g.withID = append(g.withID, e)
+	}
+	return e
+}
+
+func (g *logGen) draw() Entry {
+	mk := func(op string, args any, v *uint64) Entry {
+		e := makeEntry(g.now, op, args)
+		e.ExpectedVersion = v
+		e.Actor = "op"
+		return e
+	}
+	if g.seq == 1 && g.pct(90) {
+		return mk(OpBootstrap, BootstrapArgs{ClusterID: "cluster-1", NodeID: ctrlID, Roles: []string{"ctrl", "node"}, Address: "10.0.0.1:7000"}, nil)
+	}
+	id := g.nodeID()
+	switch w := g.r.Intn(100); {
+	case w < 2:
+		cluster := "cluster-x"
+		if g.pct(30) {
+			cluster = ""
+		}
+		return mk(OpBootstrap, BootstrapArgs{ClusterID: cluster, NodeID: id, Roles: g.roles(), Address: "a"}, nil)
+	case w < 10:
+		ttl := time.Duration(g.r.Intn(3*3600)) * time.Second
+		if g.pct(10) {
+			ttl = -ttl
+		}
+		return mk(OpEnrollmentGrant, GrantArgs{NodeID: id, Roles: g.roles(), SecretHash: g.secret(id), TTL: ttl}, nil)
+	case w < 18:
+		if g.pct(60) {
+			id = g.pendingNode()
+		}
+		return mk(OpEnrollmentConsume, ConsumeArgs{NodeID: id, SecretHash: g.secret(id), Address: fmt.Sprintf("10.0.1.%d:7000", g.r.Intn(4))}, nil)
+	case w < 20:
+		return mk(OpEnrollmentRevoke, NodeArgs{NodeID: id}, nil)
+	case w < 35:
+		sess := fmt.Sprintf("s-%d-%d", g.seq, g.r.Intn(1000))
+		g.sessions[id] = append(g.sessions[id], sess)
+		addr := ""
+		if g.pct(30) {
+			addr = fmt.Sprintf("10.0.2.%d:7000", g.r.Intn(4))
+		}
+		return mk(OpSessionOpen, SessionOpenArgs{NodeID: id, SessionID: sess, Incarnation: g.incarnation(id), Release: "v0.2." + fmt.Sprint(g.r.Intn(3)), Revision: "r", Address: addr}, nil)
+	case w < 41:
+		if g.pct(50) {
+			id = g.liveNode()
+		}
+		return mk(OpSessionClose, SessionCloseArgs{NodeID: id, SessionID: g.session(id), Reason: "lost"}, nil)
+	case w < 58:
+		if g.pct(70) {
+			id = g.liveNode()
+		}
+		a := ReportArgs{NodeID: id, SessionID: g.session(id), Report: g.report()}
+		if g.pct(30) {
+			idle := float64(g.r.Intn(100)) / 100
+			a.HostUsage = &api.HostUsage{SampledAt: g.now, CPUIdle: &idle}
+		}
+		if g.pct(40) {
+			a.Clock = &ClockArgs{OffsetNS: int64(g.r.Intn(80)-40) * int64(time.Second), UncertaintyNS: int64(g.r.Intn(2000)) * int64(time.Millisecond), KernelSync: "synchronized"}
+		}
+		return mk(OpNodeReport, a, nil)
+	case w < 65:
+		return mk(OpNodeDrain, NodeArgs{NodeID: id}, g.expected(g.nodeVersion(id)))
+	case w < 69:
+		return mk(OpNodeCancelDrain, NodeArgs{NodeID: id}, g.expected(g.nodeVersion(id)))
+	case w < 74:
+		return mk(OpNodeIsolate, NodeArgs{NodeID: id}, g.expected(g.nodeVersion(id)))
+	case w < 76:
+		return mk(OpNodeRetire, NodeArgs{NodeID: id}, g.expected(g.nodeVersion(id)))
+	case w < 80:
+		a := OvercommitDefaultArgs{}
+		if g.pct(60) {
+			m := g.multiplier()
+			a.CPU = &m
+		}
+		if g.pct(60) {
+			m := g.multiplier()
+			a.Memory = &m
+		}
+		return mk(OpOvercommitSetDefault, a, g.expected(g.defaultVersion()))
+	case w < 88:
+		return mk(OpOvercommitSet, OvercommitSetArgs{NodeID: id, CPU: g.change(), Memory: g.change()}, g.expected(g.nodeVersion(id)))
+	case w < 93:
+		if g.pct(70) {
+			id = g.liveNode()
+		}
+		vals := api.Multipliers{CPU: 1000, Memory: 1000}
+		g.ref.View(func(tx *bolt.Tx) error {
+			if n, err := GetNode(tx, id); err == nil && g.pct(70) {
+				vals = api.Multipliers{CPU: n.Overcommit.CPU, Memory: n.Overcommit.Memory}
+			}
+			return nil
+		})
+		return mk(OpOvercommitAck, OvercommitAckArgs{NodeID: id, SessionID: g.session(id), Values: vals}, nil)
+	case w < 95:
+		return mk(OpCommandsExpire, CommandsExpireArgs{Before: g.now.Add(-time.Duration(g.r.Intn(6*3600)) * time.Second)}, nil)
+	case w < 97:
+		e := mk("node.teleport", NodeArgs{NodeID: id}, nil)
+		e.IgnoreUnknown = g.pct(50)
+		return e
+	default:
+		ops := allOps
+		raws := []string{`{`, `[]`, `{"node_id":1}`, `null`, `{}`, `{"node_id":"node-a","cpu":"x"}`, `{"before":"yesterday"}`}
+		return mk(ops[g.r.Intn(len(ops))], json.RawMessage(raws[g.r.Intn(len(raws))]), nil)
+	}
+}
+
+// applyInBatches applies log in random batch sizes (1..64) drawn from r.
+func applyInBatches(r *rand.Rand, f *FSM, log []Entry) []Result {
+	var out []Result
+	for len(log) > 0 {
+		n := 1 + r.Intn(64)
+		if n > len(log) {
+			n = len(log)
+		}
+		out = append(out, f.Apply(log[:n])...)
+		log = log[n:]
+	}
+	return out
+}
+
+func mustDump(t testing.TB, f *FSM) string {
+	t.Helper()
+	b, err := f.Dump()
+	if err != nil {
+		t.Fatalf("dump: %v", err)
+	}
+	return string(b)
+}
+
+func resultJSON(r Result) string {
+	b, err := json.Marshal(r)
+	if err != nil {
+		panic(err)
+	}
+	return string(b)
+}
+
+func compareResults(t *testing.T, what string, log []Entry, got, want []Result) {
+	t.Helper()
+	if len(got) != len(want) {
+		t.Fatalf("%s: %d results, want %d", what, len(got), len(want))
+	}
+	bad := 0
+	for i := range want {
+		if g, w := resultJSON(got[i]), resultJSON(want[i]); g != w {
+			t.Errorf("%s: entry %d (%s %s): result\n %s\nwant\n %s", what, i, log[i].Op, log[i].Args, g, w)
+			if bad++; bad > 5 {
+				t.FailNow()
+			}
+		}
+	}
+}
+
+const propertyEntries = 2000
+
+func TestPropertyReplicasAgree(t *testing.T) {
+	seeds := []int64{1, 2, 3, 42, 1234, 99991}
+	if testing.Short() {
+		seeds = seeds[:2]
+	}
+	var mu sync.Mutex
+	okByOp := map[string]int{}
+	t.Run("seeds", func(t *testing.T) {
+		for _, seed := range seeds {
+			t.Run(fmt.Sprintf("seed-%d", seed), func(t *testing.T) {
+				t.Parallel()
+				a := openFSM(t)
+				g := newLogGen(seed, a)
+				mid := propertyEntries / 2
+				var (
+					log      []Entry
+					resA     []Result
+					snapshot bytes.Buffer
+					chk      = newInvariantChecker(t)
+				)
+				for i := 0; i < propertyEntries; i++ {
+					if i == mid {
+						if err := a.Snapshot(&snapshot); err != nil {
+							t.Fatalf("snapshot: %v", err)
+						}
+					}
+					e := g.next()
+					before := mustDump(t, a)
+					r := a.Apply([]Entry{e})[0]
+					chk.check(i, e, r, before, a)
+					log = append(log, e)
+					resA = append(resA, r)
+					if r.Error == nil && !r.Replayed && handlers[e.Op] != nil {
+						mu.Lock()
+						okByOp[e.Op]++
+						mu.Unlock()
+					}
+				}
+				finalA := mustDump(t, a)
+				chk.summary()
+
+				// B: the same log in random batches.
+				b := openFSM(t)
+				resB := applyInBatches(rand.New(rand.NewSource(seed*7+1)), b, log)
+				compareResults(t, "batched replica", log, resB, resA)
+				if d := mustDump(t, b); d != finalA {
+					t.Fatalf("batched replica state differs:\n%s", diffLines(finalA, d))
+				}
+
+				// C: restored from A's snapshot at mid, then the rest of the log.
+				c := openFSM(t)
+				c.Apply([]Entry{makeEntry(t0, OpBootstrap, BootstrapArgs{ClusterID: "other", NodeID: "junk", Roles: []string{"node"}})})
+				if err := c.Restore(bytes.NewReader(snapshot.Bytes())); err != nil {
+					t.Fatalf("restore: %v", err)
+				}
+				resC := applyInBatches(rand.New(rand.NewSource(seed*7+2)), c, log[mid:])
+				compareResults(t, "restored replica", log[mid:], resC, resA[mid:])
+				if d := mustDump(t, c); d != finalA {
+					t.Fatalf("restored replica state differs:\n%s", diffLines(finalA, d))
+				}
+			})
+		}
+	})
+	t.Logf("successful applies by op over all seeds: %v", okByOp)
+	if t.Failed() {
+		return
+	}
+	for _, op := range allOps {
+		if okByOp[op] == 0 {
+			t.Errorf("the random logs never applied %s successfully: the generator no longer covers it", op)
+		}
+	}
+}
+
+// invariantChecker checks properties that hold after every entry.
+type invariantChecker struct {
+	t        *testing.T
+	versions map[string]uint64 // last registration_version seen per node
+	results  map[string]Result // first successful result per command id
+	counts   map[string]int
+}
+
+func newInvariantChecker(t *testing.T) *invariantChecker {
+	return &invariantChecker{t: t, versions: map[string]uint64{}, results: map[string]Result{}, counts: map[string]int{}}
+}
+
+func (c *invariantChecker) check(i int, e Entry, r Result, before string, f *FSM) {
+	t := c.t
+	t.Helper()
+	after := mustDump(t, f)
+	changed := after != before
+	switch {
+	case r.Error != nil:
+		c.counts["failed"]++
+		if changed {
+			t.Fatalf("entry %d %s %s failed with %v but changed the state", i, e.Op, e.Args, r.Error)
+		}
+		if r.Value != nil || r.Replayed {
+			t.Fatalf("entry %d: failed result %+v", i, r)
+		}
+		if r.Error.Code == "" || r.Error.Message == "" {
+			t.Fatalf("entry %d: error without code or message: %+v", i, r.Error)
+		}
+	case r.Replayed:
+		c.counts["replayed"]++
+		if changed {
+			t.Fatalf("entry %d: replay of %s changed the state", i, e.CommandID)
+		}
+		if first, ok := c.results[e.CommandID]; !ok || !bytes.Equal(first.Value, r.Value) {
+			t.Fatalf("entry %d: replay of %s gave %s, first result %s", i, e.CommandID, r.Value, first.Value)
+		}
+	default:
+		c.counts["ok"]++
+		if e.CommandID != "" && handlers[e.Op] != nil {
+			c.results[e.CommandID] = r
+		}
+		if handlers[e.Op] == nil && (changed || !reflect.DeepEqual(r, Result{})) {
+			t.Fatalf("entry %d: ignored unknown op gave %+v (changed %v)", i, r, changed)
+		}
+	}
+
+	var nodes []api.Node
+	f.View(func(tx *bolt.Tx) error {
+		l, err := ListNodes(tx, 0, "")
+		if err != nil {
+			t.Fatalf("list nodes: %v", err)
+		}
+		nodes = l.Nodes
+		return nil
+	})
+	seen := map[string]bool{}
+	for _, n := range nodes {
+		seen[n.NodeID] = true
+		if err := ValidNodeID(n.NodeID); err != nil {
+			t.Fatalf("entry %d: stored node with invalid id %q", i, n.NodeID)
+		}
+		if prev, ok := c.versions[n.NodeID]; ok && n.RegistrationVersion < prev {
+			t.Fatalf("entry %d (%s): node %s registration_version went back from %d to %d", i, e.Op, n.NodeID, prev, n.RegistrationVersion)
+		}
+		c.versions[n.NodeID] = n.RegistrationVersion
+		live := n.Session != nil && n.Session.Alive
+		if (n.Retired || n.Isolated || n.Admission != api.Admitted) && live {
+			t.Fatalf("entry %d: node %s is %s with a live session", i, n.NodeID, n.Status)
+		}
+		if n.Isolated && n.IsolatedIncarnation > n.LastIncarnation {
+			t.Fatalf("entry %d: node %s isolated incarnation %d > last %d", i, n.NodeID, n.IsolatedIncarnation, n.LastIncarnation)
+		}
+		if n.Overcommit == nil || n.Overcommit.CPU < 0 || n.Overcommit.CPU > api.MaxMultiplier || n.Overcommit.Memory < 0 || n.Overcommit.Memory > api.MaxMultiplier {
+			t.Fatalf("entry %d: node %s overcommit %+v", i, n.NodeID, n.Overcommit)
+		}
+		if (n.Report == nil) != (n.Schedulable == nil) {
+			t.Fatalf("entry %d: node %s schedulable without report", i, n.NodeID)
+		}
+	}
+	for id := range c.versions {
+		if !seen[id] {
+			t.Fatalf("entry %d: node %s disappeared", i, id)
+		}
+	}
+}
+
+func (c *invariantChecker) summary() {
+	c.t.Logf("outcomes: %v, nodes: %v", c.counts, c.versions)
+	if c.counts["ok"] < propertyEntries/5 || c.counts["failed"] < propertyEntries/20 || c.counts["replayed"] == 0 {
+		c.t.Errorf("generator drew an unbalanced log: %v", c.counts)
+	}
+}
+
+func diffLines(want, got string) string {
+	w, g := strings.Split(want, "\n"), strings.Split(got, "\n")
+	var out []string
+	for i := 0; i < len(w) || i < len(g); i++ {
+		var a, b string
+		if i < len(w) {
+			a = w[i]
+		}
+		if i < len(g) {
+			b = g[i]
+		}
+		if a != b {
+			out = append(out, fmt.Sprintf("line %d:\n- %s\n+ %s", i+1, a, b))
+			if len(out) > 5 {
+				break
+			}
+		}
+	}
+	return strings.Join(out, "\n")
+}
+
+// ---------------------------------------------------------------------------
+// Snapshot and restore
+
+func TestRestoreRefusesNewerSchema(t *testing.T) {
+	h := newHarness(t)
+	readyNode(h)
+	before := h.dump()
+
+	path := filepath.Join(t.TempDir(), "newer.db")
+	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := db.Update(func(tx *bolt.Tx) error {
+		for _, name := range allBuckets {
+			if _, err := tx.CreateBucketIfNotExists(name); err != nil {
+				return err
+			}
+		}
+		var v [8]byte
+		binary.BigEndian.PutUint64(v[:], SchemaVersion+1)
+		if err := tx.Bucket(bucketMeta).Put(keySchemaVersion, v[:]); err != nil {
+			return err
+		}
+		return tx.Bucket(bucketMeta).Put(keyClusterID, []byte("from-the-future"))
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := db.Close(); err != nil {
+		t.Fatal(err)
+	}
+	snap, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	err = h.f.Restore(bytes.NewReader(snap))
+	if err == nil || !strings.Contains(err.Error(), "schema version") {
+		t.Fatalf("restore of a newer schema: %v", err)
+	}
+	if got := h.dump(); got != before {
+		t.Fatalf("refused restore changed the state:\n%s", diffLines(before, got))
+	}
+	// The FSM keeps working on the old state.
+	h.advance(time.Second)
+	h.report("node-a", "s1", api.Report{})
+	if v := h.version("node-a"); v != 3 {
+		t.Errorf("version %d", v)
+	}
+	if _, err := os.Stat(h.f.path + ".restore.tmp"); !os.IsNotExist(err) {
+		t.Errorf("temporary restore file left behind: %v", err)
+	}
+
+	// The same file with the current schema version is accepted.
+	db, err = bolt.Open(path, 0o600, &bolt.Options{Timeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	db.Update(func(tx *bolt.Tx) error {
+		var v [8]byte
+		binary.BigEndian.PutUint64(v[:], SchemaVersion)
+		return tx.Bucket(bucketMeta).Put(keySchemaVersion, v[:])
+	})
+	db.Close()
+	snap, _ = os.ReadFile(path)
+	if err := h.f.Restore(bytes.NewReader(snap)); err != nil {
+		t.Fatalf("restore current schema: %v", err)
+	}
+	h.f.View(func(tx *bolt.Tx) error {
+		if id := ClusterID(tx); id != "from-the-future" {
+			t.Errorf("cluster id after restore %q", id)
+		}
+		return nil
+	})
+}
+
+// writeStateFile builds a bbolt file with every bucket and the given meta
+// schema_version value, and returns its bytes.
+func writeStateFile(t *testing.T, schemaVersion []byte) []byte {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "snap.db")
+	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := db.Update(func(tx *bolt.Tx) error {
+		for _, name := range allBuckets {
+			if _, err := tx.CreateBucketIfNotExists(name); err != nil {
+				return err
+			}
+		}
+		return tx.Bucket(bucketMeta).Put(keySchemaVersion, schemaVersion)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := db.Close(); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// A corrupt schema version record is refused, not a panic.
+func TestRestoreRefusesCorruptSchemaVersion(t *testing.T) {
+	h := newHarness(t)
+	readyNode(h)
+	before := h.dump()
+	for _, v := range [][]byte{{1}, {0, 0, 0, 1}, {}, make([]byte, 9)} {
+		if err := h.f.Restore(bytes.NewReader(writeStateFile(t, v))); err == nil {
+			t.Errorf("schema version %x accepted", v)
+		}
+		if got := h.dump(); got != before {
+			t.Fatal("refused restore changed the state")
+		}
+	}
+}
+
+func TestRestoreRefusesGarbage(t *testing.T) {
+	h := newHarness(t)
+	readyNode(h)
+	before := h.dump()
+	for _, snap := range [][]byte{nil, []byte("not a bolt file"), bytes.Repeat([]byte{0xff}, 8192)} {
+		if err := h.f.Restore(bytes.NewReader(snap)); err == nil {
+			t.Errorf("restore of %d garbage bytes succeeded", len(snap))
+		}
+		if got := h.dump(); got != before {
+			t.Fatalf("refused restore changed the state")
+		}
+	}
+	h.advance(time.Second)
+	h.report("node-a", "s1", api.Report{})
+}
+
+func TestSnapshotRestoreRoundTrip(t *testing.T) {
+	h := newHarness(t)
+	readyNode(h)
+	h.ok(OpNodeDrain, NodeArgs{NodeID: "node-a"}, withCommand("d"))
+	var buf bytes.Buffer
+	if err := h.f.Snapshot(&buf); err != nil {
+		t.Fatal(err)
+	}
+	want := h.dump()
+	c := &harness{t: t, f: openFSM(t), now: h.now}
+	if err := c.f.Restore(&buf); err != nil {
+		t.Fatal(err)
+	}
+	if got := c.dump(); got != want {
+		t.Fatalf("restored state differs:\n%s", diffLines(want, got))
+	}
+	// Command records travel with the snapshot.
+	if r := c.expectUnchanged(c.entry(OpNodeDrain, NodeArgs{NodeID: "node-a"}, withCommand("d"))); !r.Replayed {
+		t.Error("command record lost in the snapshot")
+	}
+}

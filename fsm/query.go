@@ -1,0 +1,162 @@
+package fsm
+
+import (
+	"encoding/json"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+
+	"github.com/kibotos/kibotos/api"
+)
+
+func mustJSON(v any) json.RawMessage {
+	b, err := json.Marshal(v)
+	if err != nil {
+		panic(err) // only called with plain structs
+	}
+	return b
+}
+
+// deriveStatus is the node status ctrl shows; it depends only on the record.
+func deriveStatus(n *api.Node) string {
+	switch {
+	case n.Retired:
+		return api.NodeRetired
+	case n.Admission != api.Admitted:
+		return api.NodeRevoked
+	case n.Isolated:
+		return api.NodeIsolated
+	case n.DrainRequested && holdsNothing(n):
+		return api.NodeDrained
+	case n.DrainRequested:
+		return api.NodeDraining
+	case n.Session != nil && n.Session.Alive:
+		return api.NodeReady
+	default:
+		return api.NodeNotReady
+	}
+}
+
+// holdsNothing: no Instance running, no Volume or retained layer use right.
+func holdsNothing(n *api.Node) bool {
+	r := n.Report
+	return r == nil || (r.Instances == 0 && r.Volumes == 0 && r.RetainedLayers == 0)
+}
+
+// view fills the derived fields of a node.
+func view(tx *bolt.Tx, n *api.Node) (*api.Node, error) {
+	d, err := getOvercommitDefault(tx)
+	if err != nil {
+		return nil, err
+	}
+	out := *n
+	out.Status = deriveStatus(n)
+	o := &api.Overcommit{CPU: d.CPU, CPUSource: "default", Memory: d.Memory, MemorySource: "default"}
+	if n.OvercommitOverride != nil {
+		if c := n.OvercommitOverride.CPU; c != nil {
+			o.CPU, o.CPUSource = *c, "node"
+		}
+		if m := n.OvercommitOverride.Memory; m != nil {
+			o.Memory, o.MemorySource = *m, "node"
+		}
+	}
+	o.Acknowledged = n.OvercommitAck != nil && n.OvercommitAck.CPU == o.CPU && n.OvercommitAck.Memory == o.Memory
+	out.Overcommit = o
+	if n.Report != nil {
+		out.Schedulable = &api.Resources{
+			CPU:         api.Milli(o.CPU.Scale(uint64(n.Report.Capacity.CPU))),
+			MemoryBytes: o.Memory.Scale(n.Report.Capacity.MemoryBytes),
+		}
+	}
+	return &out, nil
+}
+
+// GetNode returns one node with derived fields, or not_found.
+func GetNode(tx *bolt.Tx, id string) (*api.Node, error) {
+	n, err := mustNode(tx, id)
+	if err != nil {
+		return nil, err
+	}
+	return view(tx, n)
+}
+
+// ListNodes returns up to pageSize nodes ordered by node id, starting after
+// the node id in pageToken; NextPageToken is set when more remain.
+func ListNodes(tx *bolt.Tx, pageSize int, pageToken string) (*api.NodeList, error) {
+	out := &api.NodeList{Nodes: []api.Node{}}
+	c := tx.Bucket(bucketNodes).Cursor()
+	var k, v []byte
+	if pageToken == "" {
+		k, v = c.First()
+	} else {
+		k, v = c.Seek([]byte(pageToken))
+		if k != nil && string(k) == pageToken {
+			k, v = c.Next()
+		}
+	}
+	d, err := getOvercommitDefault(tx)
+	if err != nil {
+		return nil, err
+	}
+	_ = d
+	for ; k != nil; k, v = c.Next() {
+		if pageSize > 0 && len(out.Nodes) == pageSize {
+			out.NextPageToken = string(out.Nodes[len(out.Nodes)-1].NodeID)
+			break
+		}
+		var n api.Node
+		if err := json.Unmarshal(v, &n); err != nil {
+			return nil, err
+		}
+		vn, err := view(tx, &n)
+		if err != nil {
+			return nil, err
+		}
+		out.Nodes = append(out.Nodes, *vn)
+	}
+	return out, nil
+}
+
+// GetOvercommitDefault returns the cluster-wide default.
+func GetOvercommitDefault(tx *bolt.Tx) (api.OvercommitDefault, error) {
+	return getOvercommitDefault(tx)
+}
+
+// ListGrants returns every grant; a pending grant past its expiry shows as
+// expired relative to now (a read, so the caller's clock is fine here).
+func ListGrants(tx *bolt.Tx, now time.Time) ([]api.Grant, error) {
+	out := []api.Grant{}
+	err := tx.Bucket(bucketGrants).ForEach(func(k, v []byte) error {
+		var g grantRecord
+		if err := json.Unmarshal(v, &g); err != nil {
+			return err
+		}
+		if g.State == api.GrantPending && !now.Before(g.ExpiresAt) {
+			g.State = api.GrantExpired
+		}
+		out = append(out, g.Grant)
+		return nil
+	})
+	return out, err
+}
+
+// ClusterID returns the cluster id, empty before bootstrap.
+func ClusterID(tx *bolt.Tx) string {
+	return string(tx.Bucket(bucketMeta).Get(keyClusterID))
+}
+
+// LiveSessions lists (node id, session id) of sessions marked alive.
+func LiveSessions(tx *bolt.Tx) (map[string]string, error) {
+	out := map[string]string{}
+	err := tx.Bucket(bucketNodes).ForEach(func(k, v []byte) error {
+		var n api.Node
+		if err := json.Unmarshal(v, &n); err != nil {
+			return err
+		}
+		if n.Session != nil && n.Session.Alive {
+			out[n.NodeID] = n.Session.SessionID
+		}
+		return nil
+	})
+	return out, err
+}

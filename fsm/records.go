@@ -1,0 +1,87 @@
+package fsm
+
+import (
+	"encoding/binary"
+	"encoding/json"
+	"fmt"
+	"regexp"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+
+	"github.com/kibotos/kibotos/api"
+)
+
+func getJSON(tx *bolt.Tx, bucket, key []byte, v any) (bool, error) {
+	raw := tx.Bucket(bucket).Get(key)
+	if raw == nil {
+		return false, nil
+	}
+	if err := json.Unmarshal(raw, v); err != nil {
+		return false, fmt.Errorf("state record %s/%s is corrupt: %w", bucket, key, err)
+	}
+	return true, nil
+}
+
+func putJSON(tx *bolt.Tx, bucket, key []byte, v any) error {
+	raw, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	return tx.Bucket(bucket).Put(key, raw)
+}
+
+func putUint(tx *bolt.Tx, bucket, key []byte, n uint64) error {
+	var b [8]byte
+	binary.BigEndian.PutUint64(b[:], n)
+	return tx.Bucket(bucket).Put(key, b[:])
+}
+
+func decodeArgs(e *Entry, v any) error {
+	if err := json.Unmarshal(e.Args, v); err != nil {
+		return api.Errorf(api.CodeInvalidArgument, "%s: malformed arguments: %v", e.Op, err)
+	}
+	return nil
+}
+
+func at(e *Entry) *time.Time {
+	t := e.IssuedAt.UTC()
+	return &t
+}
+
+var nodeIDPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$`)
+
+// ValidNodeID checks a node id: 1–63 letters, digits, '.', '_' or '-',
+// starting with a letter or digit.
+func ValidNodeID(id string) error {
+	if !nodeIDPattern.MatchString(id) {
+		return api.Errorf(api.CodeInvalidArgument, "node id %q is not valid: use 1-63 letters, digits, '.', '_' or '-', starting with a letter or digit", id)
+	}
+	return nil
+}
+
+// ValidRoles checks a role list: ctrl and/or node, no repeats.
+func ValidRoles(roles []string) error {
+	if len(roles) == 0 {
+		return api.Errorf(api.CodeInvalidArgument, "roles are empty: give ctrl, node or ctrl,node")
+	}
+	seen := map[string]bool{}
+	for _, r := range roles {
+		if r != api.RoleCtrl && r != api.RoleNode {
+			return api.Errorf(api.CodeInvalidArgument, "role %q is unknown: use ctrl, node or ctrl,node", r)
+		}
+		if seen[r] {
+			return api.Errorf(api.CodeInvalidArgument, "role %q is given twice", r)
+		}
+		seen[r] = true
+	}
+	return nil
+}
+
+func checkVersion(e *Entry, current uint64, object string) error {
+	if e.ExpectedVersion != nil && *e.ExpectedVersion != current {
+		return api.Errorf(api.CodeVersionMismatch,
+			"%s is at version %d, not the expected %d: read it again and retry with the current version", object, current, *e.ExpectedVersion)
+	}
+	return nil
+}

@@ -1,0 +1,27 @@
+package fsm
+
+// Every bucket of the state, declared in one place.
+var (
+	bucketMeta     = []byte("meta")     // schema version, cluster id, overcommit default
+	bucketNodes    = []byte("nodes")    // node_id → api.Node (stored fields only)
+	bucketGrants   = []byte("grants")   // node_id → grant (one pending grant per node id)
+	bucketCommands = []byte("commands") // command_id → commandRecord (idempotency)
+
+	allBuckets = [][]byte{bucketMeta, bucketNodes, bucketGrants, bucketCommands}
+)
+
+// Keys of the meta bucket.
+var (
+	keySchemaVersion = []byte("schema_version")
+	keyClusterID     = []byte("cluster_id")
+	keyOvercommit    = []byte("overcommit_default")
+)
+
+// SchemaVersion is the version of the state layout this binary reads and
+// writes. A state with a higher version is refused at start; lower versions
+// are migrated by explicit one-way steps (none exist yet: version 1 is the first).
+const SchemaVersion = 1
+
+// CommandRetention is how long a command's result is kept for retries with
+// the same --command-id. The leader expires older records every few minutes.
+const CommandRetentionHours = 24
