@@ -29,6 +29,9 @@ func formatSkew(ns int64) string {
 	if d < 0 {
 		sign, d = "-", -d
 	}
+	if d < 50*time.Microsecond {
+		sign = "+" // no "-0.0ms"
+	}
 	if d < time.Second {
 		return fmt.Sprintf("%s%.1fms", sign, float64(d)/float64(time.Millisecond))
 	}

@@ -91,10 +91,17 @@ func (m *mux) close() {
 	})
 }
 
-// chanListener is a net.Listener fed by the mux.
+// chanListener is a net.Listener fed by the mux. Closing it ends Accept
+// (http.Server.Shutdown waits for that) without closing the shared port.
 type chanListener struct {
-	m  *mux
-	ch chan net.Conn
+	m      *mux
+	ch     chan net.Conn
+	once   sync.Once
+	closed chan struct{}
+}
+
+func newChanListener(m *mux, ch chan net.Conn) *chanListener {
+	return &chanListener{m: m, ch: ch, closed: make(chan struct{})}
 }
 
 func (l *chanListener) Accept() (net.Conn, error) {
@@ -103,15 +110,22 @@ func (l *chanListener) Accept() (net.Conn, error) {
 		return c, nil
 	case <-l.m.done:
 		return nil, net.ErrClosed
+	case <-l.closed:
+		return nil, net.ErrClosed
 	}
 }
-func (l *chanListener) Close() error   { return nil }
+
+func (l *chanListener) Close() error {
+	l.once.Do(func() { close(l.closed) })
+	return nil
+}
+
 func (l *chanListener) Addr() net.Addr { return l.m.ln.Addr() }
 
 // raftLayer is the raft.StreamLayer over the mux: outgoing connections are
 // member-authenticated TLS asking for the Raft protocol.
 type raftLayer struct {
-	chanListener
+	*chanListener
 	advertise net.Addr
 	clientTLS *tls.Config
 }

@@ -159,7 +159,7 @@ func (s *Server) start(ctx context.Context) error {
 		}
 	}
 	s.httpSrv = &http.Server{Handler: s.routes(), ReadHeaderTimeout: 10 * time.Second, ErrorLog: slogStd(s.log)}
-	go s.httpSrv.Serve(&chanListener{m: s.mux, ch: s.mux.http})
+	go s.httpSrv.Serve(newChanListener(s.mux, s.mux.http))
 	s.wg.Add(1)
 	go func() { defer s.wg.Done(); s.acceptSessions() }()
 
@@ -211,7 +211,7 @@ func (s *Server) startRaft() error {
 	if err != nil {
 		return fmt.Errorf("advertise address %s: %w", s.id.Advertise, err)
 	}
-	layer := &raftLayer{chanListener: chanListener{m: s.mux, ch: s.mux.raft}, advertise: adv,
+	layer := &raftLayer{chanListener: newChanListener(s.mux, s.mux.raft), advertise: adv,
 		clientTLS: datadir.ClientTLS(s.pool, s.memberCert, datadir.ProtoRaft)}
 	s.transport = raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{
 		Stream: layer, MaxPool: 5, Timeout: 10 * time.Second,

@@ -66,7 +66,7 @@ func (r *sessionRegistry) closeAll() {
 }
 
 func (s *Server) acceptSessions() {
-	l := &chanListener{m: s.mux, ch: s.mux.session}
+	l := newChanListener(s.mux, s.mux.session)
 	for {
 		c, err := l.Accept()
 		if err != nil {
