@@ -1,0 +1,226 @@
+package cluster_test
+
+import (
+	"context"
+	"crypto/tls"
+	"encoding/json"
+	"net/http"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/kibotos/kibotos/api"
+	"github.com/kibotos/kibotos/cluster"
+	"github.com/kibotos/kibotos/cluster/clustertest"
+	"github.com/kibotos/kibotos/datadir"
+)
+
+func follower(c *clustertest.Cluster, not ...*clustertest.Member) *clustertest.Member {
+	skip := map[*clustertest.Member]bool{}
+	for _, m := range not {
+		skip[m] = true
+	}
+	for _, m := range c.Members {
+		if m.Running() && !m.Server.IsLeader() && !skip[m] && m.Server.Raft() != nil {
+			return m
+		}
+	}
+	return nil
+}
+
+func drain(t *testing.T, c *clustertest.Cluster, via *clustertest.Member, node, commandID string, expected *uint64) (*api.Node, bool, error) {
+	t.Helper()
+	var n api.Node
+	raw, err := c.Client(via).Do(context.Background(), "POST", "/v1/nodes/"+node+"/drain", api.NodeWriteRequest{WriteMeta: api.WriteMeta{CommandID: commandID, ExpectedVersion: expected}}, &n)
+	if err != nil {
+		return nil, false, err
+	}
+	var rb api.ResultBody
+	json.Unmarshal(raw, &rb)
+	return &n, rb.Replayed, nil
+}
+
+// A write sent to a follower commits through the leader, also after the
+// leader died and a new one was elected.
+func TestLeaderLossWritesFromFollowerCommit(t *testing.T) {
+	c := clustertest.New(t, clustertest.Options{Ctrl: 3})
+	old := c.WaitLeader()
+	f := follower(c)
+	if _, _, err := drain(t, c, f, "node-2", "", nil); err != nil {
+		t.Fatalf("drain through follower %s: %v", f.ID, err)
+	}
+	old.Kill()
+	var next *clustertest.Member
+	clustertest.WaitFor(t, 10*time.Second, func() (bool, string) {
+		next = c.Leader()
+		return next != nil && next != old, "no new leader"
+	})
+	f = follower(c, old)
+	if f == nil {
+		t.Fatal("no follower left")
+	}
+	var n api.Node
+	_, err := c.Client(f).Do(context.Background(), "POST", "/v1/nodes/node-3/drain", api.NodeWriteRequest{}, &n)
+	if err != nil {
+		t.Fatalf("drain through follower %s after leader loss: %v", f.ID, err)
+	}
+	if !n.DrainRequested {
+		t.Fatalf("node-3 not drain_requested after write: %+v", n)
+	}
+	// Both writes are visible on the new leader.
+	for _, id := range []string{"node-2", "node-3"} {
+		got, err := c.Node(next, id)
+		if err != nil || !got.DrainRequested {
+			t.Fatalf("%s on new leader: drain_requested=%v err=%v", id, got.DrainRequested, err)
+		}
+	}
+}
+
+// Replaying a command id after a leader change returns the first result
+// and has no second effect.
+func TestIdempotentReplayAcrossLeaderChange(t *testing.T) {
+	c := clustertest.New(t, clustertest.Options{Ctrl: 3})
+	leader := c.WaitLeader()
+	f := follower(c)
+	before, err := c.Node(leader, "node-2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	v := before.RegistrationVersion
+	first, replayed, err := drain(t, c, f, "node-2", "drain-node-2", &v)
+	if err != nil || replayed {
+		t.Fatalf("first drain: replayed=%v err=%v", replayed, err)
+	}
+	leader.Kill()
+	clustertest.WaitFor(t, 10*time.Second, func() (bool, string) {
+		l := c.Leader()
+		return l != nil && l != leader, "no new leader"
+	})
+	other := follower(c, leader)
+	if other == nil {
+		other = c.Leader()
+	}
+	again, replayed, err := drain(t, c, other, "node-2", "drain-node-2", &v)
+	if err != nil {
+		t.Fatalf("replay: %v", err)
+	}
+	if !replayed || again.RegistrationVersion != first.RegistrationVersion {
+		t.Fatalf("replay: replayed=%v version %d, first version %d", replayed, again.RegistrationVersion, first.RegistrationVersion)
+	}
+	// Same id, different inputs: failed_precondition, nothing changes.
+	w := v + 100
+	_, _, err = drain(t, c, other, "node-2", "drain-node-2", &w)
+	if api.CodeOf(err) != api.CodeFailedPrecondition {
+		t.Fatalf("same id, other inputs: got %v, want failed_precondition", err)
+	}
+}
+
+// A grant admits one host once; refused joins leave no data directory.
+func TestJoinRefusals(t *testing.T) {
+	c := clustertest.New(t, clustertest.Options{Ctrl: 1})
+	m := c.Members[0]
+	ctx := context.Background()
+	dir := t.TempDir()
+	tok := c.Grant("node-x", []string{api.RoleNode})
+	if _, err := cluster.Join(ctx, cluster.JoinOptions{DataDir: datadir.Dir(dir + "/x"), Advertise: clustertest.FreeAddr(t), Grant: tok, Member: m.Addr}); err != nil {
+		t.Fatalf("first join: %v", err)
+	}
+	cases := []struct {
+		name  string
+		token func() string
+		code  api.Code
+	}{
+		{"used", func() string { return tok }, api.CodeFailedPrecondition},
+		{"revoked", func() string {
+			tk := c.Grant("node-r", []string{api.RoleNode})
+			if _, err := c.Client(m).Do(ctx, "POST", "/v1/enrollment/grants/node-r/revoke", api.WriteMeta{}, nil); err != nil {
+				t.Fatal(err)
+			}
+			return tk
+		}, api.CodeFailedPrecondition},
+		{"expired", func() string {
+			var out api.GrantResponse
+			if _, err := c.Client(m).Do(ctx, "POST", "/v1/enrollment/grants", api.GrantRequest{NodeID: "node-e", Roles: []string{"node"}, TTL: "1ms"}, &out); err != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(5 * time.Millisecond) // let the 1 ms grant pass its expiry
+			return out.Token
+		}, api.CodeFailedPrecondition},
+		{"damaged", func() string { return tok[:len(tok)-8] }, api.CodeInvalidArgument},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			target := datadir.Dir(filepath.Join(dir, tc.name))
+			_, err := cluster.Join(ctx, cluster.JoinOptions{DataDir: target, Advertise: clustertest.FreeAddr(t), Grant: tc.token(), Member: m.Addr})
+			if api.CodeOf(err) != tc.code {
+				t.Fatalf("join with %s grant: got %v (%s), want %s", tc.name, err, api.CodeOf(err), tc.code)
+			}
+			if _, statErr := os.Stat(string(target)); !os.IsNotExist(statErr) {
+				t.Fatalf("refused join left %s behind", target)
+			}
+			entries, _ := os.ReadDir(dir)
+			for _, e := range entries {
+				if len(e.Name()) > 0 && e.Name()[0] == '.' {
+					t.Fatalf("refused join left temp dir %s", e.Name())
+				}
+			}
+		})
+	}
+}
+
+// Nothing answers without credentials, and a second serve on the same
+// data directory is refused.
+func TestCredentialsAndExclusiveDataDir(t *testing.T) {
+	c := clustertest.New(t, clustertest.Options{Ctrl: 1})
+	m := c.Members[0]
+	hc := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}}
+	resp, err := hc.Get("https://" + m.Addr + "/v1/nodes")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusUnauthorized {
+		t.Fatalf("no client cert: status %d, want 401", resp.StatusCode)
+	}
+	_, err = cluster.Open(context.Background(), cluster.Config{DataDir: m.Dir, Timings: cluster.TestTimings()})
+	if err == nil {
+		t.Fatal("second serve on the same data dir was not refused")
+	}
+}
+
+// A node whose session ends (member killed) can be isolated; the live one
+// cannot; its next incarnation clears the isolation.
+func TestIsolateNeedsDeadSessionAndNewIncarnationClearsIt(t *testing.T) {
+	o := clustertest.Options{Ctrl: 1, NodeOnly: 1}
+	c := clustertest.New(t, o)
+	leader := c.Members[0]
+	node := c.Members[1]
+	ctx := context.Background()
+	req := api.NodeWriteRequest{ConfirmHostCannotWrite: true}
+	if _, err := c.Client(leader).Do(ctx, "POST", "/v1/nodes/node-2/isolate", req, nil); api.CodeOf(err) != api.CodeFailedPrecondition {
+		t.Fatalf("isolate with live session: %v, want failed_precondition", err)
+	}
+	oldInc := node.Agent.Incarnation()
+	node.Kill()
+	clustertest.WaitFor(t, 10*time.Second, func() (bool, string) {
+		n, err := c.Node(leader, "node-2")
+		return err == nil && n.Session != nil && !n.Session.Alive, "session still alive"
+	})
+	var res api.IsolateResult
+	if _, err := c.Client(leader).Do(ctx, "POST", "/v1/nodes/node-2/isolate", req, &res); err != nil {
+		t.Fatalf("isolate dead node: %v", err)
+	}
+	n, _ := c.Node(leader, "node-2")
+	if n.Status != api.NodeIsolated || n.IsolatedIncarnation != oldInc {
+		t.Fatalf("after isolate: status %s isolated_incarnation %d, want ISOLATED %d", n.Status, n.IsolatedIncarnation, oldInc)
+	}
+	node.Restart(o)
+	clustertest.WaitFor(t, 10*time.Second, func() (bool, string) {
+		n, err := c.Node(leader, "node-2")
+		if err != nil {
+			return false, err.Error()
+		}
+		return n.Status == api.NodeReady && !n.Isolated && n.Session.Incarnation > oldInc, n.Status
+	})
+}

@@ -1,0 +1,296 @@
+// Package clustertest builds real in-process Kibotos clusters for tests:
+// real Raft over real loopback TLS sockets, real control sessions, tight
+// timings. One call makes and joins N members (Nomad's TestServer/TestJoin
+// idea); everything is stopped and removed by t.Cleanup, also on failure.
+package clustertest
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kibotos/kibotos/agent"
+	"github.com/kibotos/kibotos/api"
+	"github.com/kibotos/kibotos/cluster"
+	"github.com/kibotos/kibotos/datadir"
+)
+
+// Cluster is a set of in-process members.
+type Cluster struct {
+	t       testing.TB
+	Members []*Member
+}
+
+// Member is one in-process member: server plus, for the node role, agent.
+type Member struct {
+	t      testing.TB
+	ID     string
+	Dir    datadir.Dir
+	Addr   string
+	Server *cluster.Server
+	Agent  *agent.Agent
+
+	mu          sync.Mutex
+	cancelAgent context.CancelFunc
+	agentDone   chan error
+}
+
+// Options shape a test cluster.
+type Options struct {
+	Ctrl     int // ctrl,node members (at least 1)
+	NodeOnly int // node-only members
+	// Capacity each node reports (default 2 cores, 4 GiB).
+	Capacity api.Resources
+	Logs     io.Writer // member logs; default discarded
+}
+
+// New builds, joins and starts a cluster and waits until every node is READY.
+func New(t testing.TB, o Options) *Cluster {
+	t.Helper()
+	if o.Ctrl < 1 {
+		o.Ctrl = 1
+	}
+	if o.Capacity.CPU == 0 {
+		o.Capacity = api.Resources{CPU: 2000, MemoryBytes: 4 << 30}
+	}
+	c := &Cluster{t: t}
+	t.Cleanup(c.stopAll)
+	base := t.TempDir()
+	first := &Member{t: t, ID: "node-1", Dir: datadir.Dir(base + "/node-1"), Addr: FreeAddr(t)}
+	if _, err := cluster.Init(context.Background(), cluster.InitOptions{DataDir: first.Dir, NodeID: first.ID, Advertise: first.Addr, Roles: []string{api.RoleCtrl, api.RoleNode}}); err != nil {
+		t.Fatalf("init: %v", err)
+	}
+	first.start(o)
+	c.Members = append(c.Members, first)
+	c.WaitLeader()
+	for i := 2; i <= o.Ctrl+o.NodeOnly; i++ {
+		roles := []string{api.RoleCtrl, api.RoleNode}
+		if i > o.Ctrl {
+			roles = []string{api.RoleNode}
+		}
+		m := &Member{t: t, ID: "node-" + strconv.Itoa(i), Dir: datadir.Dir(fmt.Sprintf("%s/node-%d", base, i)), Addr: FreeAddr(t)}
+		token := c.Grant(m.ID, roles)
+		if _, err := cluster.Join(context.Background(), cluster.JoinOptions{DataDir: m.Dir, Advertise: m.Addr, Grant: token, Member: first.Addr}); err != nil {
+			t.Fatalf("join %s: %v", m.ID, err)
+		}
+		m.start(o)
+		c.Members = append(c.Members, m)
+	}
+	c.WaitAllReady()
+	return c
+}
+
+// FreeAddr returns a loopback address whose port and port+1 (gossip) are free.
+func FreeAddr(t testing.TB) string {
+	for i := 0; i < 100; i++ {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		port := l.Addr().(*net.TCPAddr).Port
+		l.Close()
+		next := "127.0.0.1:" + strconv.Itoa(port+1)
+		if l2, err := net.Listen("tcp", next); err == nil {
+			l2.Close()
+			if u, err := net.ListenPacket("udp", next); err == nil {
+				u.Close()
+				return "127.0.0.1:" + strconv.Itoa(port)
+			}
+		}
+	}
+	t.Fatal("no free port pair")
+	return ""
+}
+
+func (m *Member) start(o Options) {
+	m.t.Helper()
+	w := o.Logs
+	if w == nil {
+		w = io.Discard
+	}
+	log := slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: slog.LevelInfo})).With("member", m.ID)
+	srv, err := cluster.Open(context.Background(), cluster.Config{DataDir: m.Dir, Timings: cluster.TestTimings(), Logger: log})
+	if err != nil {
+		m.t.Fatalf("serve %s: %v", m.ID, err)
+	}
+	m.Server = srv
+	tlsConf, _ := srv.SessionTLS()
+	a, err := agent.New(agent.Config{DataDir: m.Dir, NodeID: m.ID, Capacity: o.Capacity, CtrlAddrs: srv.CtrlAddrs, TLS: tlsConf,
+		SessionTimeout: cluster.TestTimings().SessionTimeout, Logger: log, SampleInterval: time.Second})
+	if err != nil {
+		m.t.Fatalf("agent %s: %v", m.ID, err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- a.Run(ctx) }()
+	m.mu.Lock()
+	m.Agent, m.cancelAgent, m.agentDone = a, cancel, done
+	m.mu.Unlock()
+}
+
+// Stop stops the member gracefully.
+func (m *Member) Stop() { m.stop(false) }
+
+// Kill stops the member as a crash would: no graceful leave or close.
+func (m *Member) Kill() { m.stop(true) }
+
+func (m *Member) stop(crash bool) {
+	m.mu.Lock()
+	cancel, done, srv := m.cancelAgent, m.agentDone, m.Server
+	m.cancelAgent, m.Server = nil, nil
+	m.mu.Unlock()
+	if cancel != nil {
+		cancel()
+		<-done
+	}
+	if srv != nil {
+		if crash {
+			srv.Kill()
+		} else {
+			srv.Shutdown()
+		}
+	}
+}
+
+// Restart starts a stopped member again on the same data directory.
+func (m *Member) Restart(o Options) {
+	if o.Capacity.CPU == 0 {
+		o.Capacity = api.Resources{CPU: 2000, MemoryBytes: 4 << 30}
+	}
+	m.start(o)
+}
+
+// Running reports whether the member is serving.
+func (m *Member) Running() bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.Server != nil
+}
+
+func (c *Cluster) stopAll() {
+	var wg sync.WaitGroup
+	for _, m := range c.Members {
+		wg.Add(1)
+		go func() { defer wg.Done(); m.Stop() }()
+	}
+	wg.Wait()
+}
+
+// Client is an admin API client for member m.
+func (c *Cluster) Client(m *Member) *api.Client {
+	c.t.Helper()
+	tlsConf, err := m.Dir.AdminClientTLS()
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	return api.NewClient(m.Addr, tlsConf)
+}
+
+// Grant issues an enrollment grant through the first running member.
+func (c *Cluster) Grant(nodeID string, roles []string) string {
+	c.t.Helper()
+	var out api.GrantResponse
+	for _, m := range c.Members {
+		if !m.Running() {
+			continue
+		}
+		_, err := c.Client(m).Do(context.Background(), "POST", "/v1/enrollment/grants", api.GrantRequest{NodeID: nodeID, Roles: roles}, &out)
+		if err != nil {
+			c.t.Fatalf("grant %s: %v", nodeID, err)
+		}
+		return out.Token
+	}
+	c.t.Fatal("no running member")
+	return ""
+}
+
+// Leader returns the member leading Raft, or nil.
+func (c *Cluster) Leader() *Member {
+	for _, m := range c.Members {
+		if m.Running() && m.Server.IsLeader() {
+			return m
+		}
+	}
+	return nil
+}
+
+// WaitLeader waits for a leader and returns it.
+func (c *Cluster) WaitLeader() *Member {
+	c.t.Helper()
+	var l *Member
+	WaitFor(c.t, 15*time.Second, func() (bool, string) {
+		l = c.Leader()
+		return l != nil, "no leader"
+	})
+	return l
+}
+
+// Node reads a node through member m (consistent read).
+func (c *Cluster) Node(m *Member, id string) (*api.Node, error) {
+	cl := c.Client(m)
+	cl.Consistent = true
+	var n api.Node
+	_, err := cl.Do(context.Background(), "GET", "/v1/nodes/"+id, nil, &n)
+	return &n, err
+}
+
+// WaitAllReady waits until every running member's node is READY.
+func (c *Cluster) WaitAllReady() {
+	c.t.Helper()
+	WaitFor(c.t, 20*time.Second, func() (bool, string) {
+		via := c.anyRunning()
+		for _, m := range c.Members {
+			if !m.Running() {
+				continue
+			}
+			n, err := c.Node(via, m.ID)
+			if err != nil {
+				return false, err.Error()
+			}
+			if n.Status != api.NodeReady || n.Report == nil {
+				raw, _ := json.Marshal(n)
+				return false, m.ID + " not ready: " + string(raw)
+			}
+		}
+		return true, ""
+	})
+}
+
+func (c *Cluster) anyRunning() *Member {
+	if l := c.Leader(); l != nil {
+		return l
+	}
+	for _, m := range c.Members {
+		if m.Running() {
+			return m
+		}
+	}
+	c.t.Fatal("no running member")
+	return nil
+}
+
+// WaitFor polls cond every 20 ms until it holds or timeout passes; the
+// failure names the last thing cond reported.
+func WaitFor(t testing.TB, timeout time.Duration, cond func() (bool, string)) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	var last string
+	for {
+		ok, why := cond()
+		if ok {
+			return
+		}
+		last = why
+		if time.Now().After(deadline) {
+			t.Fatalf("condition not met after %s: %s", timeout, last)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
