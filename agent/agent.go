@@ -53,6 +53,9 @@ type Config struct {
 	ClockSkew time.Duration
 	// SampleInterval of host usage; 10 s by default.
 	SampleInterval time.Duration
+	// AdjustReport, when set, edits every report before it is sent. It is a
+	// test seam for held objects the node runtime does not create yet.
+	AdjustReport func(*api.Report)
 }
 
 // Agent is the running node side.
@@ -65,6 +68,7 @@ type Agent struct {
 	mu         sync.Mutex
 	overcommit *api.Multipliers
 	sessionID  string
+	send       func(api.SessionMsg) error // of the live session, nil when disconnected
 }
 
 // New starts a new incarnation of the node.
@@ -207,11 +211,11 @@ func (a *Agent) session(ctx context.Context, addr string) (redirect string, err 
 		return "", fmt.Errorf("unexpected %q from %s", first.Type, addr)
 	}
 	a.mu.Lock()
-	a.sessionID = first.SessionID
+	a.sessionID, a.send = first.SessionID, send
 	a.mu.Unlock()
 	defer func() {
 		a.mu.Lock()
-		a.sessionID = ""
+		a.sessionID, a.send = "", nil
 		a.mu.Unlock()
 	}()
 	a.log.Info("control session established", "session_id", first.SessionID, "ctrl", addr, "incarnation", a.incarnation)
@@ -227,12 +231,7 @@ func (a *Agent) session(ctx context.Context, addr string) (redirect string, err 
 			err = send(api.SessionMsg{Type: api.MsgPong, T1: m.T1, T2: recv, T3: a.now()})
 		case api.MsgSync:
 			rep := a.report()
-			u := api.HostUsage(a.sampler.Latest())
-			var hu *api.HostUsage
-			if !u.SampledAt.IsZero() {
-				hu = &u
-			}
-			err = send(api.SessionMsg{Type: api.MsgReport, Report: &rep, HostUsage: hu, KernelSync: kernelSync(), T1: m.T1, T2: recv, T3: a.now()})
+			err = send(api.SessionMsg{Type: api.MsgReport, Report: &rep, HostUsage: a.hostUsage(), KernelSync: kernelSync(), T1: m.T1, T2: recv, T3: a.now()})
 		case api.MsgOvercommit:
 			if m.Overcommit != nil {
 				a.mu.Lock()
@@ -266,10 +265,36 @@ func (a *Agent) refusal(m api.SessionMsg) error {
 // report is the node's full report. Allocations, Instances, Volumes and
 // retained layers arrive with the node runtime; until then they are zero.
 func (a *Agent) report() api.Report {
-	return api.Report{
+	r := api.Report{
 		Capacity: a.cfg.Capacity,
 		Pools:    []api.Pool{poolStatus("default", defaultPoolPath(a.cfg.DataDir))},
 	}
+	if a.cfg.AdjustReport != nil {
+		a.cfg.AdjustReport(&r)
+	}
+	return r
+}
+
+// PushReport sends a full report now instead of at the next sync, as the
+// node does when what it holds changes. It reports whether a session took it.
+func (a *Agent) PushReport() bool {
+	a.mu.Lock()
+	send := a.send
+	a.mu.Unlock()
+	if send == nil {
+		return false
+	}
+	rep := a.report()
+	return send(api.SessionMsg{Type: api.MsgReport, Report: &rep, HostUsage: a.hostUsage()}) == nil
+}
+
+// hostUsage is the latest sample, nil before the first.
+func (a *Agent) hostUsage() *api.HostUsage {
+	u := api.HostUsage(a.sampler.Latest())
+	if u.SampledAt.IsZero() {
+		return nil
+	}
+	return &u
 }
 
 func poolStatus(id, path string) api.Pool {

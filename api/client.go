@@ -16,6 +16,8 @@ type Client struct {
 	Addr       string
 	HTTP       *http.Client
 	Consistent bool
+	// Retries of a call that found no leader; 0 means the default (8).
+	Retries int
 }
 
 // NewClient makes a client for the member at addr with the given TLS config.
@@ -66,9 +68,23 @@ func (c *Client) Call(ctx context.Context, method, path string, in any) (json.Ra
 	return raw, nil
 }
 
-// Do calls and decodes the result into out (may be nil).
+// Do calls and decodes the result into out (may be nil). A call that finds
+// no leader (unavailable) is retried for a few seconds: reads are safe to
+// repeat, and writes carry a command id, so a repeat returns the first result.
 func (c *Client) Do(ctx context.Context, method, path string, in, out any) (json.RawMessage, error) {
-	raw, err := c.Call(ctx, method, path, in)
+	var raw json.RawMessage
+	var err error
+	for attempt := 0; ; attempt++ {
+		raw, err = c.Call(ctx, method, path, in)
+		if err == nil || CodeOf(err) != CodeUnavailable || attempt >= c.retries() || !retryable(method, in) {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return nil, err
+		case <-time.After(time.Duration(attempt+1) * 200 * time.Millisecond):
+		}
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -84,4 +100,24 @@ func (c *Client) Do(ctx context.Context, method, path string, in, out any) (json
 		}
 	}
 	return raw, nil
+}
+
+func (c *Client) retries() int {
+	if c.Retries != 0 {
+		return c.Retries
+	}
+	return 8
+}
+
+// idempotent is implemented by write requests that carry a command id.
+type idempotent interface{ commandID() string }
+
+func (m WriteMeta) commandID() string { return m.CommandID }
+
+func retryable(method string, in any) bool {
+	if method == http.MethodGet {
+		return true
+	}
+	w, ok := in.(idempotent)
+	return ok && w.commandID() != ""
 }

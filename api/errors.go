@@ -121,4 +121,11 @@ type ResultBody struct {
 type WriteMeta struct {
 	CommandID       string  `json:"command_id,omitempty"`
 	ExpectedVersion *uint64 `json:"expected_version,omitempty"`
+	// Generated marks a command id the CLI made up (no --command-id): the
+	// write is still idempotent for the CLI's own retries, but the rules for
+	// explicit ids (e.g. --expected-version required) do not apply.
+	Generated bool `json:"command_id_generated,omitempty"`
 }
+
+// Explicit reports whether the operator gave the command id.
+func (m WriteMeta) Explicit() bool { return m.CommandID != "" && !m.Generated }

@@ -6,6 +6,8 @@ package cli
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -194,7 +196,14 @@ func (g *Globals) printJSON(raw json.RawMessage) error {
 func (g *Globals) printf(format string, args ...any) { fmt.Fprintf(g.stdout, format, args...) }
 func (g *Globals) note(format string, args ...any)   { fmt.Fprintf(g.stderr, format, args...) }
 
-// writeMeta builds the common write fields from flags.
+// writeMeta builds the common write fields from flags. Without
+// --command-id the CLI makes one up, so its own retries after a leader
+// change cannot apply a write twice.
 func writeMeta(commandID string, expected *uint64) api.WriteMeta {
+	if commandID == "" {
+		b := make([]byte, 12)
+		rand.Read(b)
+		return api.WriteMeta{CommandID: "cli-" + hex.EncodeToString(b), ExpectedVersion: expected, Generated: true}
+	}
 	return api.WriteMeta{CommandID: commandID, ExpectedVersion: expected}
 }

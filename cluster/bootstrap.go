@@ -168,7 +168,7 @@ func bootstrapRaft(ctx context.Context, d datadir.Dir, id *datadir.Identity) err
 	conf := raft.DefaultConfig()
 	conf.LocalID = raft.ServerID(id.NodeID)
 	conf.HeartbeatTimeout, conf.ElectionTimeout, conf.LeaderLeaseTimeout = 50*time.Millisecond, 50*time.Millisecond, 50*time.Millisecond
-	conf.Logger = hclog.New(&hclog.LoggerOptions{Name: "raft", Level: hclog.Warn})
+	conf.Logger = hclog.NewNullLogger() // a one-voter election with no peers is all that happens here
 	bootConf := *conf // BootstrapCluster may mark the config it is given as not-to-start
 	if err := raft.BootstrapCluster(&bootConf, store, store, snaps, trans, raft.Configuration{Servers: []raft.Server{
 		{Suffrage: raft.Voter, ID: conf.LocalID, Address: raft.ServerAddress(id.Advertise)},

@@ -68,11 +68,12 @@ func TestLeaderLossWritesFromFollowerCommit(t *testing.T) {
 	if !n.DrainRequested {
 		t.Fatalf("node-3 not drain_requested after write: %+v", n)
 	}
-	// Both writes are visible on the new leader.
+	// Both writes are visible on the leader (consistent reads retry while
+	// a loaded machine re-elects).
 	for _, id := range []string{"node-2", "node-3"} {
-		got, err := c.Node(next, id)
+		got, err := c.Node(c.WaitLeader(), id)
 		if err != nil || !got.DrainRequested {
-			t.Fatalf("%s on new leader: drain_requested=%v err=%v", id, got.DrainRequested, err)
+			t.Fatalf("%s on the leader: drain_requested=%v err=%v", id, got.DrainRequested, err)
 		}
 	}
 }

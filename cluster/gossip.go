@@ -73,7 +73,7 @@ func (s *Server) startGossip() error {
 	c.BindAddr, c.BindPort = bindHost, p
 	c.AdvertiseAddr, c.AdvertisePort = host, p
 	c.Delegate = &gossipDelegate{meta: meta}
-	c.Logger = log.New(quietLog{w: log.Writer()}, "", log.LstdFlags)
+	c.Logger = log.New(quietLog{w: slogWriter{s.log.With("component", "gossip")}}, "", 0)
 	if len(s.id.GossipKey) > 0 {
 		c.SecretKey = s.id.GossipKey
 	}

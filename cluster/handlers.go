@@ -60,7 +60,7 @@ func (s *Server) nodeWrite(op string) http.HandlerFunc {
 				return
 			}
 		case fsm.OpNodeRetire:
-			if req.CommandID != "" && req.ExpectedVersion == nil {
+			if req.Explicit() && req.ExpectedVersion == nil {
 				writeError(w, api.Errorf(api.CodeInvalidArgument, "retire of node %s: --command-id needs --expected-version too, so a replay has the same inputs", id))
 				return
 			}
@@ -92,7 +92,7 @@ func overcommitItems(req *api.OvercommitSetRequest, allowDefault bool, object st
 	if req.CPU == nil && req.Memory == nil {
 		return nil, nil, api.Errorf(api.CodeInvalidArgument, "overcommit of %s: give --cpu, --memory or both", object)
 	}
-	if req.CommandID != "" && (req.ExpectedVersion == nil || req.CPU == nil || req.Memory == nil) {
+	if req.Explicit() && (req.ExpectedVersion == nil || req.CPU == nil || req.Memory == nil) {
 		return nil, nil, api.Errorf(api.CodeInvalidArgument, "overcommit of %s: --command-id needs --expected-version and both --cpu and --memory", object)
 	}
 	if req.CPU != nil {

@@ -16,6 +16,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"strings"
 	"path/filepath"
 	"sync"
 	"time"
@@ -186,7 +187,7 @@ func (s *Server) raftConfig() *raft.Config {
 	c.TrailingLogs = 4096
 	c.BatchApplyCh = true
 	c.MaxAppendEntries = 256
-	c.Logger = hclog.New(&hclog.LoggerOptions{Name: "raft", Level: hclog.Warn, Output: os.Stderr})
+	c.Logger = s.hclog("raft", hclog.Warn)
 	return c
 }
 
@@ -203,7 +204,7 @@ func (s *Server) startRaft() error {
 	if err != nil {
 		return fmt.Errorf("raft log %s: %w", d.RaftDir(), err)
 	}
-	snaps, err := raft.NewFileSnapshotStoreWithLogger(d.RaftDir(), 2, hclog.New(&hclog.LoggerOptions{Name: "snapshot", Level: hclog.Warn}))
+	snaps, err := raft.NewFileSnapshotStoreWithLogger(d.RaftDir(), 2, s.hclog("snapshot", hclog.Warn))
 	if err != nil {
 		return err
 	}
@@ -215,7 +216,7 @@ func (s *Server) startRaft() error {
 		clientTLS: datadir.ClientTLS(s.pool, s.memberCert, datadir.ProtoRaft)}
 	s.transport = raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{
 		Stream: layer, MaxPool: 5, Timeout: 10 * time.Second,
-		Logger: hclog.New(&hclog.LoggerOptions{Name: "raft-net", Level: hclog.Error}),
+		Logger: s.hclog("raft-net", hclog.Error),
 	})
 	r, err := raft.NewRaft(s.raftConfig(), &raftFSM{f: s.fsm}, s.logStore, s.logStore, snaps, s.transport)
 	if err != nil {
@@ -358,6 +359,19 @@ func (s *Server) ApplyOp(ctx context.Context, op string, args any) (fsm.Result, 
 		return fsm.Result{}, err
 	}
 	return s.Apply(ctx, fsm.Entry{Op: op, Args: raw, Actor: "member:" + s.id.NodeID})
+}
+
+// hclog routes a hashicorp library's log lines into the member's log.
+func (s *Server) hclog(name string, level hclog.Level) hclog.Logger {
+	return hclog.New(&hclog.LoggerOptions{Name: name, Level: level, Output: slogWriter{s.log.With("component", name)}, DisableTime: true})
+}
+
+// slogWriter turns each written line into one structured log record.
+type slogWriter struct{ l *slog.Logger }
+
+func (w slogWriter) Write(p []byte) (int, error) {
+	w.l.Warn(strings.TrimSpace(string(p)))
+	return len(p), nil
 }
 
 // slogStd routes net/http's internal errors (TLS handshake noise) to debug.

@@ -49,6 +49,8 @@ type Options struct {
 	// Capacity each node reports (default 2 cores, 4 GiB).
 	Capacity api.Resources
 	Logs     io.Writer // member logs; default discarded
+	// AdjustReport edits node reports (held Instances/Volumes for drain tests).
+	AdjustReport func(nodeID string, r *api.Report)
 }
 
 // New builds, joins and starts a cluster and waits until every node is READY.
@@ -116,14 +118,19 @@ func (m *Member) start(o Options) {
 		w = io.Discard
 	}
 	log := slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: slog.LevelInfo})).With("member", m.ID)
-	srv, err := cluster.Open(context.Background(), cluster.Config{DataDir: m.Dir, Timings: cluster.TestTimings(), Logger: log})
+	srv, err := cluster.Open(context.Background(), cluster.Config{DataDir: m.Dir, Timings: timings(), Logger: log})
 	if err != nil {
 		m.t.Fatalf("serve %s: %v", m.ID, err)
 	}
 	m.Server = srv
 	tlsConf, _ := srv.SessionTLS()
+	var adjust func(*api.Report)
+	if o.AdjustReport != nil {
+		id := m.ID
+		adjust = func(r *api.Report) { o.AdjustReport(id, r) }
+	}
 	a, err := agent.New(agent.Config{DataDir: m.Dir, NodeID: m.ID, Capacity: o.Capacity, CtrlAddrs: srv.CtrlAddrs, TLS: tlsConf,
-		SessionTimeout: cluster.TestTimings().SessionTimeout, Logger: log, SampleInterval: time.Second})
+		SessionTimeout: cluster.TestTimings().SessionTimeout, Logger: log, SampleInterval: time.Second, AdjustReport: adjust})
 	if err != nil {
 		m.t.Fatalf("agent %s: %v", m.ID, err)
 	}
@@ -133,6 +140,15 @@ func (m *Member) start(o Options) {
 	m.mu.Lock()
 	m.Agent, m.cancelAgent, m.agentDone = a, cancel, done
 	m.mu.Unlock()
+}
+
+// timings are the tight test timings, but with a slow periodic sync so a
+// test sees registration versions move only when it acts (PushReport sends
+// a report on demand).
+func timings() cluster.Timings {
+	t := cluster.TestTimings()
+	t.SyncInterval = time.Minute
+	return t
 }
 
 // Stop stops the member gracefully.
@@ -254,7 +270,7 @@ func (c *Cluster) WaitAllReady() {
 			if err != nil {
 				return false, err.Error()
 			}
-			if n.Status != api.NodeReady || n.Report == nil {
+			if n.Status != api.NodeReady || n.Report == nil || !n.Overcommit.Acknowledged {
 				raw, _ := json.Marshal(n)
 				return false, m.ID + " not ready: " + string(raw)
 			}

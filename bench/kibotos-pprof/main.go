@@ -1,0 +1,36 @@
+// Command kibotos-pprof is the kibotos binary with net/http/pprof served on
+// the loopback address in KIBOTOS_PPROF (for example 127.0.0.1:6060), for
+// profiling a member under benchmark load without changing the product:
+//
+//	KIBOTOS_PPROF=127.0.0.1:6060 kibotos-pprof serve --data-dir DIR
+//	go tool pprof -seconds 10 http://127.0.0.1:6060/debug/pprof/profile
+package main
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	_ "net/http/pprof"
+	"os"
+	"path/filepath"
+	"runtime"
+
+	"github.com/kibotos/kibotos/cli"
+)
+
+func main() {
+	if addr := os.Getenv("KIBOTOS_PPROF"); addr != "" {
+		runtime.SetBlockProfileRate(int(1e6)) // one sample per ms blocked
+		runtime.SetMutexProfileFraction(100)
+		go func() {
+			if err := http.ListenAndServe(addr, nil); err != nil {
+				fmt.Fprintf(os.Stderr, "kibotos-pprof: %v\n", err)
+			}
+		}()
+	}
+	name := filepath.Base(os.Args[0])
+	if name != "kibo" {
+		name = "kibotos"
+	}
+	os.Exit(cli.Main(context.Background(), name, os.Args[1:], os.Stdin, os.Stdout, os.Stderr))
+}

@@ -1,0 +1,185 @@
+# Shared helpers of the bench scripts (sourced, not run).
+# Every process started here is recorded by PID and stopped by bench_cleanup;
+# every file lives under one mktemp -d directory that is removed at exit
+# (kept when BENCH_KEEP=1, for reading the member logs).
+
+BENCH_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+BENCH_PIDS=()
+BENCH_TMP=""
+
+log() { printf '[bench %(%H:%M:%S)T] %s\n' -1 "$*" >&2; }
+die() { log "error: $*"; exit 1; }
+
+need() { # need CMD HOW-TO-INSTALL
+	command -v "$1" >/dev/null 2>&1 || die "$1 is not installed; install it with: $2"
+}
+
+bench_cleanup() {
+	local rc=$? pid i
+	trap - EXIT INT TERM
+	for pid in "${BENCH_PIDS[@]}"; do
+		kill -TERM "$pid" 2>/dev/null || true
+	done
+	for pid in "${BENCH_PIDS[@]}"; do
+		for i in $(seq 1 50); do
+			kill -0 "$pid" 2>/dev/null || break
+			sleep 0.1
+		done
+		if kill -0 "$pid" 2>/dev/null; then
+			log "process $pid did not stop on SIGTERM within 5s; sending SIGKILL"
+			kill -KILL "$pid" 2>/dev/null || true
+		fi
+		wait "$pid" 2>/dev/null || true
+	done
+	if [[ -n "$BENCH_TMP" && -d "$BENCH_TMP" ]]; then
+		if [[ "${BENCH_KEEP:-0}" == 1 ]]; then
+			log "kept $BENCH_TMP (BENCH_KEEP=1)"
+		else
+			rm -rf "$BENCH_TMP"
+		fi
+	fi
+	exit "$rc"
+}
+
+bench_init() {
+	BENCH_TMP=$(mktemp -d "${TMPDIR:-/tmp}/kibotos-bench.XXXXXX")
+	mkdir -p "$BENCH_TMP/bin" "$BENCH_TMP/logs"
+	trap bench_cleanup EXIT
+	trap 'exit 130' INT
+	trap 'exit 143' TERM
+}
+
+# start_bg NAME CMD ARGS...: run in the background, output to logs/NAME.log.
+start_bg() {
+	local name=$1
+	shift
+	"$@" >"$BENCH_TMP/logs/$name.log" 2>&1 &
+	BENCH_PIDS+=("$!")
+	eval "PID_${name//[^A-Za-z0-9_]/_}=$!"
+}
+
+# stop_pid PID: stop one process started by start_bg and forget it.
+stop_pid() {
+	local pid=$1 i keep=()
+	kill -TERM "$pid" 2>/dev/null || true
+	for i in $(seq 1 50); do
+		kill -0 "$pid" 2>/dev/null || break
+		sleep 0.1
+	done
+	kill -KILL "$pid" 2>/dev/null || true
+	wait "$pid" 2>/dev/null || true
+	for i in "${BENCH_PIDS[@]}"; do [[ "$i" == "$pid" ]] || keep+=("$i"); done
+	BENCH_PIDS=("${keep[@]}")
+}
+
+# wait_until SECONDS WHAT CMD...: retry CMD every 0.2 s until it succeeds.
+wait_until() {
+	local secs=$1 what=$2
+	shift 2
+	local deadline=$((SECONDS + secs))
+	until "$@" >/dev/null 2>&1; do
+		((SECONDS < deadline)) || die "timed out after ${secs}s waiting for $what (logs: $BENCH_TMP/logs, rerun with BENCH_KEEP=1 to keep them)"
+		sleep 0.2
+	done
+}
+
+build_bins() {
+	need go "the Go toolchain (go 1.26)"
+	log "building kibotos and loadgen"
+	(cd "$BENCH_ROOT" && go build -o "$BENCH_TMP/bin/kibotos" . && go build -o "$BENCH_TMP/bin/loadgen" ./bench/loadgen) ||
+		die "build failed"
+	if [[ -n "${BENCH_PPROF_DIR:-}" ]]; then
+		# Same product code, plus net/http/pprof on member port + 5.
+		(cd "$BENCH_ROOT" && go build -o "$BENCH_TMP/bin/kibotos" ./bench/kibotos-pprof) || die "build failed"
+		mkdir -p "$BENCH_PPROF_DIR"
+	fi
+	ln -sf kibotos "$BENCH_TMP/bin/kibo"
+	KIBOTOS="$BENCH_TMP/bin/kibotos"
+	KIBO="$BENCH_TMP/bin/kibo"
+	LOADGEN="$BENCH_TMP/bin/loadgen"
+}
+
+# --- kibotos cluster ------------------------------------------------------
+
+KIB_DIRS=()
+KIB_ADDRS=()
+
+# kib_cluster_ready N: every member knows the same leader (so each one is in
+# the Raft configuration: a member that is not gets no heartbeats and knows
+# no leader) and node list shows N nodes, all READY.
+kib_cluster_ready() {
+	local n=$1 d leader="" l
+	for d in "${KIB_DIRS[@]}"; do
+		l=$("$KIBO" status --json --data-dir "$d" | jq -er '.result.leader | select(. != "")') || return 1
+		[[ -z "$leader" || "$leader" == "$l" ]] || return 1
+		leader=$l
+	done
+	"$KIBO" node list --json --data-dir "${KIB_DIRS[0]}" |
+		jq -e --argjson n "$n" '.result.nodes | length == $n and all(.status == "READY")'
+}
+
+# kib_cluster N BASE_PORT: a cluster of N ctrl,node members on loopback at
+# BASE_PORT, BASE_PORT+10, ... (gossip uses each port + 1).
+kib_cluster() {
+	local n=$1 base=$2 i dir addr tok
+	for i in $(seq 1 "$n"); do
+		dir="$BENCH_TMP/kibotos/m$i"
+		addr="127.0.0.1:$((base + (i - 1) * 10))"
+		if ((i == 1)); then
+			"$KIBOTOS" init --data-dir "$dir" --advertise "$addr" --node-id m1 >/dev/null
+		else
+			tok=$("$KIBO" enrollment grant "m$i" --roles ctrl,node --data-dir "${KIB_DIRS[0]}" 2>/dev/null)
+			"$KIBOTOS" join --data-dir "$dir" --advertise "$addr" --grant "$tok" "${KIB_ADDRS[0]}" >/dev/null
+		fi
+		start_bg "kibotos-m$i" env KIBOTOS_PPROF="${BENCH_PPROF_DIR:+127.0.0.1:$((base + (i - 1) * 10 + 5))}" \
+			"$KIBOTOS" serve --data-dir "$dir" --log-level warn
+		KIB_DIRS+=("$dir")
+		KIB_ADDRS+=("$addr")
+		wait_until 60 "kibotos member m$i to serve" "$KIBO" status --json --data-dir "$dir"
+		((i > 1)) || wait_until 60 "kibotos m1 to lead" kib_cluster_ready 1
+	done
+	wait_until 120 "kibotos cluster of $n with a leader and all nodes READY" kib_cluster_ready "$n"
+	log "kibotos cluster ready: ${KIB_ADDRS[*]}"
+}
+
+# kib_profile NAME SECONDS: CPU profiles of every member into BENCH_PPROF_DIR
+# (in the background; only when BENCH_PPROF_DIR is set).
+kib_profile() {
+	[[ -n "${BENCH_PPROF_DIR:-}" ]] || return 0
+	local name=$1 secs=$2 i port
+	for i in "${!KIB_ADDRS[@]}"; do
+		port=$((${KIB_ADDRS[$i]##*:} + 5))
+		curl -sf -o "$BENCH_PPROF_DIR/$name-m$((i + 1)).cpu.pprof" \
+			"http://127.0.0.1:$port/debug/pprof/profile?seconds=$secs" &
+		BENCH_PIDS+=("$!")
+	done
+}
+
+# cpu_idle_pct: percent of CPU time idle over the next second (all cores).
+cpu_idle_pct() {
+	local a b
+	read -ra a < <(head -1 /proc/stat)
+	sleep 1
+	read -ra b < <(head -1 /proc/stat)
+	local total=0 i
+	for i in 1 2 3 4 5 6 7 8; do total=$((total + b[i] - a[i])); done
+	local idle=$((b[4] - a[4] + b[5] - a[5]))
+	echo $((total > 0 ? idle * 100 / total : 100))
+}
+
+# wait_quiet: before a measurement, wait up to BENCH_QUIET_WAIT seconds
+# (default 60) for the machine to be at least BENCH_QUIET_IDLE % idle
+# (default 80) so a build or test running beside the benchmark does not
+# skew it; goes on with a warning otherwise.
+wait_quiet() {
+	local deadline=$((SECONDS + ${BENCH_QUIET_WAIT:-60})) idle
+	while :; do
+		idle=$(cpu_idle_pct)
+		((idle >= ${BENCH_QUIET_IDLE:-80})) && { log "machine ${idle}% idle"; return 0; }
+		if ((SECONDS >= deadline)); then
+			log "warning: machine only ${idle}% idle before the run: other processes are using the CPU and the figures will be low"
+			return 0
+		fi
+		sleep 2
+	done
+}

@@ -1,0 +1,287 @@
+// Command loadgen drives the same closed-loop write load against a kibotos
+// cluster or an etcd cluster and prints one JSON line with throughput and
+// latency percentiles, so both systems are measured by one client.
+//
+//	loadgen -target kibotos -data-dir DIR -addrs a,b,c -clients 64 -duration 15s
+//	loadgen -target etcd -endpoints http://a,http://b -clients 64 -duration 15s
+//
+// Every client is one goroutine with its own connection that sends one write,
+// waits for the answer and sends the next. Client i talks to address
+// i mod len(addrs), as a round-robin client library would.
+//
+// kibotos: each write is POST /v1/nodes/<id>/overcommit {"cpu": "<v>"}, one
+// Raft entry committed (fsync) on a majority and applied before the answer.
+// etcd: each write is a put of a 256-byte value through etcd's HTTP/JSON
+// gateway (POST /v3/kv/put, base64 key and value); the gateway is used
+// instead of go.etcd.io/etcd/client/v3 so the kibotos module takes no gRPC
+// dependency (see bench/README.md for its measured overhead).
+package main
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/kibotos/kibotos/api"
+	"github.com/kibotos/kibotos/datadir"
+)
+
+type result struct {
+	Target   string  `json:"target"`
+	Clients  int     `json:"clients"`
+	Ops      int     `json:"ops"`
+	OpsPerS  float64 `json:"ops_per_s"`
+	P50ms    float64 `json:"p50_ms"`
+	P99ms    float64 `json:"p99_ms"`
+	Errors   int64   `json:"errors"`
+	Seconds  float64 `json:"seconds"`
+	MeanMs   float64 `json:"mean_ms"`
+	MaxMs    float64 `json:"max_ms"`
+	FirstErr string  `json:"first_error,omitempty"`
+}
+
+// op sends one write; worker is the client index, seq its write number.
+type op func(ctx context.Context, seq int) error
+
+func main() {
+	target := flag.String("target", "", "kibotos or etcd")
+	dataDir := flag.String("data-dir", "", "kibotos: data directory of a member (admin credentials)")
+	addrs := flag.String("addrs", "", "kibotos: comma-separated API addresses (HOST:PORT); default: the member of -data-dir")
+	nodes := flag.String("nodes", "", "kibotos: comma-separated node ids to write to; default: every node of GET /v1/nodes")
+	endpoints := flag.String("endpoints", "", "etcd: comma-separated client URLs (http://HOST:PORT)")
+	valueSize := flag.Int("value-size", 256, "etcd: bytes per value")
+	keys := flag.Int("keys", 10000, "etcd: size of each client's key space")
+	clients := flag.Int("clients", 1, "concurrent closed-loop clients")
+	duration := flag.Duration("duration", 15*time.Second, "measured time")
+	warmup := flag.Duration("warmup", time.Second, "unmeasured time before it (connections, leader caches)")
+	flag.Parse()
+	if *clients < 1 {
+		fatalf("-clients must be at least 1")
+	}
+
+	var makeOp func(i int) op
+	switch *target {
+	case "kibotos":
+		makeOp = kibotosOps(*dataDir, *addrs, *nodes)
+	case "etcd":
+		makeOp = etcdOps(*endpoints, *valueSize, *keys)
+	default:
+		fatalf("-target must be kibotos or etcd")
+	}
+
+	ops := make([]op, *clients)
+	for i := range ops {
+		ops[i] = makeOp(i)
+	}
+	res := run(*target, ops, *warmup, *duration)
+	out, _ := json.Marshal(res)
+	fmt.Println(string(out))
+	if res.Ops == 0 {
+		os.Exit(1)
+	}
+}
+
+func run(target string, ops []op, warmup, duration time.Duration) result {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	start := time.Now()
+	measureFrom := start.Add(warmup)
+	end := measureFrom.Add(duration)
+	lat := make([][]time.Duration, len(ops))
+	var errs atomic.Int64
+	var firstErr atomic.Value
+	var wg sync.WaitGroup
+	for i := range ops {
+		wg.Add(1)
+		go func(i int) {
+			defer wg.Done()
+			l := make([]time.Duration, 0, 4096)
+			for seq := 0; ; seq++ {
+				t0 := time.Now()
+				if !t0.Before(end) {
+					break
+				}
+				octx, ocancel := context.WithTimeout(ctx, 30*time.Second)
+				err := ops[i](octx, seq)
+				ocancel()
+				t1 := time.Now()
+				if t0.Before(measureFrom) {
+					continue
+				}
+				if err != nil {
+					if errs.Add(1) == 1 {
+						firstErr.Store(err.Error())
+					}
+					time.Sleep(10 * time.Millisecond)
+					continue
+				}
+				// Count only writes that started and finished in the window.
+				if t1.Before(end) {
+					l = append(l, t1.Sub(t0))
+				}
+			}
+			lat[i] = l
+		}(i)
+	}
+	wg.Wait()
+	var all []time.Duration
+	for _, l := range lat {
+		all = append(all, l...)
+	}
+	slices.Sort(all)
+	res := result{Target: target, Clients: len(ops), Ops: len(all), Errors: errs.Load(), Seconds: duration.Seconds()}
+	if s, ok := firstErr.Load().(string); ok {
+		res.FirstErr = s
+	}
+	res.OpsPerS = round(float64(len(all))/duration.Seconds(), 1)
+	if len(all) > 0 {
+		var sum time.Duration
+		for _, d := range all {
+			sum += d
+		}
+		res.P50ms = ms(pct(all, 0.50))
+		res.P99ms = ms(pct(all, 0.99))
+		res.MeanMs = ms(sum / time.Duration(len(all)))
+		res.MaxMs = ms(all[len(all)-1])
+	}
+	return res
+}
+
+// pct is the nearest-rank percentile of sorted durations.
+func pct(sorted []time.Duration, p float64) time.Duration {
+	i := int(float64(len(sorted))*p+0.999999) - 1
+	i = max(0, min(i, len(sorted)-1))
+	return sorted[i]
+}
+
+func ms(d time.Duration) float64 { return round(float64(d)/float64(time.Millisecond), 3) }
+
+func round(f float64, places int) float64 {
+	p := 1.0
+	for range places {
+		p *= 10
+	}
+	return float64(int64(f*p+0.5)) / p
+}
+
+func fatalf(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, "loadgen: "+format+"\n", args...)
+	os.Exit(2)
+}
+
+func split(s string) []string {
+	var out []string
+	for _, p := range strings.Split(s, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// kibotosOps: overcommit-set writes with the admin credentials of dataDir.
+func kibotosOps(dataDir, addrList, nodeList string) func(int) op {
+	if dataDir == "" {
+		fatalf("-target kibotos needs -data-dir")
+	}
+	d := datadir.Dir(dataDir)
+	tlsConf, err := d.AdminClientTLS()
+	if err != nil {
+		fatalf("admin credentials: %v", err)
+	}
+	as := split(addrList)
+	if len(as) == 0 {
+		id, err := d.LoadIdentity()
+		if err != nil {
+			fatalf("%v", err)
+		}
+		as = []string{id.Advertise}
+	}
+	ids := split(nodeList)
+	if len(ids) == 0 {
+		var l api.NodeList
+		if _, err := api.NewClient(as[0], tlsConf).Do(context.Background(), "GET", "/v1/nodes", nil, &l); err != nil {
+			fatalf("list nodes: %v", err)
+		}
+		for _, n := range l.Nodes {
+			if !n.Retired {
+				ids = append(ids, n.NodeID)
+			}
+		}
+		if len(ids) == 0 {
+			fatalf("the cluster has no node to write to")
+		}
+	}
+	return func(i int) op {
+		// One client (one http.Transport, so one TLS connection) per worker.
+		c := api.NewClient(as[i%len(as)], tlsConf.Clone())
+		node := ids[i%len(ids)]
+		path := "/v1/nodes/" + node + "/overcommit"
+		return func(ctx context.Context, seq int) error {
+			// Cycle through 0.001 … 16.000 (documented range 0–16, three places);
+			// the worker index shifts the cycle so concurrent writes differ.
+			m := 1 + (seq*7+i*131)%16000
+			v := fmt.Sprintf("%d.%03d", m/1000, m%1000)
+			_, err := c.Do(ctx, "POST", path, api.OvercommitSetRequest{CPU: &v}, nil)
+			return err
+		}
+	}
+}
+
+// etcdOps: puts of valueSize random bytes through the HTTP/JSON gateway.
+func etcdOps(endpointList string, valueSize, keys int) func(int) op {
+	eps := split(endpointList)
+	if len(eps) == 0 {
+		fatalf("-target etcd needs -endpoints")
+	}
+	value := make([]byte, valueSize)
+	rand.Read(value)
+	val64 := base64.StdEncoding.EncodeToString(value)
+	return func(i int) op {
+		hc := &http.Client{Transport: &http.Transport{
+			DialContext:         (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+			MaxIdleConnsPerHost: 1,
+			DisableCompression:  true,
+		}}
+		url := strings.TrimRight(eps[i%len(eps)], "/") + "/v3/kv/put"
+		return func(ctx context.Context, seq int) error {
+			key := fmt.Sprintf("bench/%03d/%06d", i, seq%keys)
+			body := `{"key":"` + base64.StdEncoding.EncodeToString([]byte(key)) + `","value":"` + val64 + `"}`
+			req, err := http.NewRequestWithContext(ctx, "POST", url, bytes.NewReader([]byte(body)))
+			if err != nil {
+				return err
+			}
+			req.Header.Set("Content-Type", "application/json")
+			resp, err := hc.Do(req)
+			if err != nil {
+				return err
+			}
+			raw, err := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if err != nil {
+				return err
+			}
+			if resp.StatusCode != http.StatusOK {
+				return fmt.Errorf("etcd put: %s: %s", resp.Status, bytes.TrimSpace(raw))
+			}
+			if !bytes.Contains(raw, []byte(`"header"`)) {
+				return errors.New("etcd put: answer has no header: " + string(raw))
+			}
+			return nil
+		}
+	}
+}

@@ -1,0 +1,413 @@
+package e2e
+
+// The harness: a "lab" of hosts, each its own network namespace, wired by
+// veth pairs to one bridge that lives in a dedicated switch namespace. The
+// machine's own interfaces and routes are never touched, so partitioning a
+// host is just taking its one link down inside its namespace.
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+const (
+	subnetPrefix = "10.77.0." // only ever configured inside the lab's namespaces
+	apiPort      = "7000"     // same port on every host: each has its own address
+	hostIface    = "eth0"     // the host end of its veth pair
+)
+
+// requireLab skips the test unless it can build namespaces. The reason goes
+// to stderr too, so a skipped run is visible without -v.
+func requireLab(t *testing.T) {
+	t.Helper()
+	skip := func(why string) {
+		fmt.Fprintf(os.Stderr, "e2e: skipping %s: %s\n", t.Name(), why)
+		t.Skip(why)
+	}
+	if os.Geteuid() != 0 {
+		skip("needs root to create network namespaces")
+	}
+	if _, err := exec.LookPath("ip"); err != nil {
+		skip("needs iproute2 (ip) to create network namespaces")
+	}
+}
+
+// lab owns every namespace, process and directory a test creates, and
+// removes them all in t.Cleanup, also when the test fails.
+type lab struct {
+	t      *testing.T
+	prefix string // kbt-<random>: names of the namespaces
+	dir    string // data dirs and logs
+	bin    string // directory holding kibotos and the kibo symlink
+
+	mu    sync.Mutex
+	nss   []string // created namespaces, switch first
+	procs []*proc  // every process ever started
+	hosts []*host
+}
+
+// host is one machine of the cluster: a namespace with one address and the
+// data directory of the member that runs there.
+type host struct {
+	lab     *lab
+	ns      string
+	ip      string
+	nodeID  string
+	roles   string
+	dataDir string
+
+	mu    sync.Mutex
+	serve *proc // the current serve process; nil before the first start
+	runs  int   // serve starts so far, for log file names
+}
+
+func (h *host) addr() string { return h.ip + ":" + apiPort }
+
+// newLab builds the kibotos binary and n hosts on one switch.
+func newLab(t *testing.T, n int) *lab {
+	t.Helper()
+	requireLab(t)
+	b := make([]byte, 3)
+	rand.Read(b)
+	// TempDir registers its removal first, so the cleanup below (kill the
+	// processes that write into it) runs before the directory goes.
+	l := &lab{t: t, prefix: "kbt-" + hex.EncodeToString(b), dir: t.TempDir()}
+	t.Cleanup(l.cleanup)
+	l.bin = buildBinary(t, filepath.Join(l.dir, "bin"))
+
+	sw := l.prefix + "-sw"
+	l.addNetns(sw)
+	l.ip("-n", sw, "link", "add", "br0", "type", "bridge")
+	l.ip("-n", sw, "link", "set", "br0", "up")
+	for i := 1; i <= n; i++ {
+		ns := fmt.Sprintf("%s-%d", l.prefix, i)
+		port := fmt.Sprintf("p%d", i)
+		l.addNetns(ns)
+		// Created inside the switch namespace with the peer moved straight
+		// into the host namespace: the root namespace never sees either end.
+		l.ip("-n", sw, "link", "add", port, "type", "veth", "peer", "name", hostIface, "netns", ns)
+		l.ip("-n", sw, "link", "set", port, "master", "br0")
+		l.ip("-n", sw, "link", "set", port, "up")
+		ip := fmt.Sprintf("%s%d", subnetPrefix, 10+i)
+		l.ip("-n", ns, "addr", "add", ip+"/24", "dev", hostIface)
+		l.ip("-n", ns, "link", "set", hostIface, "up")
+		l.ip("-n", ns, "link", "set", "lo", "up")
+		l.hosts = append(l.hosts, &host{lab: l, ns: ns, ip: ip, dataDir: filepath.Join(l.dir, fmt.Sprintf("host%d", i))})
+	}
+	return l
+}
+
+// buildBinary builds kibotos into dir and adds the kibo symlink.
+func buildBinary(t *testing.T, dir string) string {
+	t.Helper()
+	out, err := exec.Command("go", "build", "-o", filepath.Join(dir, "kibotos"), "github.com/kibotos/kibotos").CombinedOutput()
+	if err != nil {
+		t.Fatalf("build kibotos: %v\n%s", err, out)
+	}
+	if err := os.Symlink("kibotos", filepath.Join(dir, "kibo")); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+func (l *lab) addNetns(name string) {
+	l.ip("netns", "add", name)
+	l.mu.Lock()
+	l.nss = append(l.nss, name)
+	l.mu.Unlock()
+}
+
+// ip runs one iproute2 command and fails the test if it fails.
+func (l *lab) ip(args ...string) {
+	l.t.Helper()
+	if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
+		l.t.Fatalf("ip %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+}
+
+// cleanup kills and reaps every process, dumps the member logs of a failed
+// test, and deletes the namespaces (which takes the veths and bridge along).
+func (l *lab) cleanup() {
+	l.mu.Lock()
+	procs, nss := l.procs, l.nss
+	l.mu.Unlock()
+	for _, p := range procs {
+		if !p.exited() {
+			p.cmd.Process.Kill()
+		}
+		<-p.done
+	}
+	if l.t.Failed() {
+		for _, p := range procs {
+			l.t.Logf("---- last lines of %s ----\n%s", filepath.Base(p.log), tail(p.log, 25))
+		}
+	}
+	for i := len(nss) - 1; i >= 0; i-- {
+		if out, err := exec.Command("ip", "netns", "del", nss[i]).CombinedOutput(); err != nil {
+			l.t.Errorf("cleanup: ip netns del %s: %v %s", nss[i], err, out)
+		}
+	}
+}
+
+func tail(path string, n int) string {
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		return err.Error()
+	}
+	lines := strings.Split(strings.TrimRight(string(raw), "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}
+
+// proc is one long-running process started in a namespace.
+type proc struct {
+	cmd  *exec.Cmd
+	log  string
+	done chan struct{} // closed once Wait returned
+	code int           // exit code; -1 when killed by a signal; valid after done
+}
+
+func (p *proc) exited() bool {
+	select {
+	case <-p.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// waitExit waits up to d for the process to exit and returns its code.
+func (p *proc) waitExit(d time.Duration) (int, bool) {
+	select {
+	case <-p.done:
+		return p.code, true
+	case <-time.After(d):
+		return 0, false
+	}
+}
+
+// start runs name (kibotos or kibo) with args inside the namespace, output
+// to a log file. `ip netns exec` execs in place, so the PID is the member's.
+func (h *host) start(logName string, args ...string) *proc {
+	l := h.lab
+	l.t.Helper()
+	if err := os.MkdirAll(filepath.Join(l.dir, "logs"), 0o755); err != nil {
+		l.t.Fatal(err)
+	}
+	logPath := filepath.Join(l.dir, "logs", logName)
+	f, err := os.Create(logPath)
+	if err != nil {
+		l.t.Fatal(err)
+	}
+	cmd := exec.Command("ip", append([]string{"netns", "exec", h.ns, filepath.Join(l.bin, "kibotos")}, args...)...)
+	cmd.Stdout, cmd.Stderr, cmd.Env = f, f, cleanEnv()
+	// Should the test binary die without running its cleanups (go test
+	// -timeout), the kernel still kills the member.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		f.Close()
+		l.t.Fatalf("start %v: %v", args, err)
+	}
+	p := &proc{cmd: cmd, log: logPath, done: make(chan struct{})}
+	l.mu.Lock()
+	l.procs = append(l.procs, p)
+	l.mu.Unlock()
+	go func() {
+		err := cmd.Wait()
+		f.Close()
+		p.code = cmd.ProcessState.ExitCode()
+		if err != nil && p.code == 0 {
+			p.code = -1
+		}
+		close(p.done)
+	}()
+	return p
+}
+
+// startServe starts this host's member with the test timings.
+func (h *host) startServe() *proc {
+	h.mu.Lock()
+	h.runs++
+	name := fmt.Sprintf("%s-serve-%d.log", h.nodeID, h.runs)
+	h.mu.Unlock()
+	p := h.start(name, "serve", "--data-dir", h.dataDir, "--test-timings")
+	h.mu.Lock()
+	h.serve = p
+	h.mu.Unlock()
+	return p
+}
+
+func (h *host) serveProc() *proc {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.serve
+}
+
+// crash kills the member with SIGKILL, as a power loss would, and reaps it.
+func (h *host) crash() {
+	h.lab.t.Helper()
+	p := h.serveProc()
+	p.cmd.Process.Signal(syscall.SIGKILL)
+	if _, ok := p.waitExit(10 * time.Second); !ok {
+		h.lab.t.Fatalf("member %s (pid %d) did not die after SIGKILL", h.nodeID, p.cmd.Process.Pid)
+	}
+}
+
+// partition cuts the host off the switch; heal reconnects it. Addresses
+// stay configured, so the member's sockets survive the cut.
+func (h *host) partition() { h.lab.ip("-n", h.ns, "link", "set", hostIface, "down") }
+func (h *host) heal()      { h.lab.ip("-n", h.ns, "link", "set", hostIface, "up") }
+
+// cleanEnv keeps the outer environment from steering the CLI elsewhere.
+func cleanEnv() []string {
+	var env []string
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "KIBOTOS_") {
+			env = append(env, kv)
+		}
+	}
+	return env
+}
+
+// result is one finished CLI invocation.
+type result struct {
+	args           []string
+	code           int // -1: did not finish (timeout) or could not run
+	stdout, stderr string
+}
+
+func (r result) String() string {
+	return fmt.Sprintf("kibo %s: exit %d: %s%s", strings.Join(r.args, " "), r.code, strings.TrimSpace(r.stderr), trimTo(r.stdout, 300))
+}
+
+func trimTo(s string, n int) string {
+	s = strings.TrimSpace(s)
+	if len(s) > n {
+		return s[:n] + "..."
+	}
+	return s
+}
+
+const cliTimeout = 15 * time.Second
+
+// kibo runs the CLI inside the host namespace with the host's data dir, so
+// it uses that member's admin credentials and talks to that member.
+func (h *host) kibo(args ...string) result {
+	return h.kiboCtx(context.Background(), cliTimeout, args...)
+}
+
+func (h *host) kiboCtx(ctx context.Context, timeout time.Duration, args ...string) result {
+	return h.run(ctx, timeout, "kibo", append([]string{"--data-dir", h.dataDir}, args...)...)
+}
+
+// kibotos runs a host-local command (init, join) inside the namespace.
+func (h *host) kibotos(args ...string) result {
+	return h.run(context.Background(), cliTimeout, "kibotos", args...)
+}
+
+func (h *host) run(ctx context.Context, timeout time.Duration, name string, args ...string) result {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "ip", append([]string{"netns", "exec", h.ns, filepath.Join(h.lab.bin, name)}, args...)...)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr, cmd.Env = &stdout, &stderr, cleanEnv()
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	err := cmd.Run()
+	r := result{args: args, stdout: stdout.String(), stderr: stderr.String(), code: -1}
+	var ee *exec.ExitError
+	switch {
+	case err == nil:
+		r.code = 0
+	case ctx.Err() != nil:
+		r.stderr += fmt.Sprintf(" [killed by the test after %s]", timeout)
+	case errors.As(err, &ee):
+		r.code = ee.ExitCode()
+	default:
+		r.stderr += " [" + err.Error() + "]"
+	}
+	return r
+}
+
+// kiboJSON runs the CLI with --json and decodes .result into out; a non-zero
+// exit or undecodable output is an error carrying the whole invocation.
+func (h *host) kiboJSON(out any, args ...string) error {
+	r := h.kibo(append(args, "--json")...)
+	if r.code != 0 {
+		return errors.New(r.String())
+	}
+	return decodeResult(r, out)
+}
+
+func decodeResult(r result, out any) error {
+	var body struct {
+		Result   json.RawMessage `json:"result"`
+		Replayed bool            `json:"replayed"`
+	}
+	if err := json.Unmarshal([]byte(r.stdout), &body); err != nil {
+		return fmt.Errorf("%s: output is not JSON: %v", r, err)
+	}
+	if err := json.Unmarshal(body.Result, out); err != nil {
+		return fmt.Errorf("%s: .result does not decode: %v", r, err)
+	}
+	return nil
+}
+
+// mustKiboJSON is kiboJSON that fails the test.
+func (h *host) mustKiboJSON(out any, args ...string) {
+	h.lab.t.Helper()
+	if err := h.kiboJSON(out, args...); err != nil {
+		h.lab.t.Fatal(err)
+	}
+}
+
+// waitFor polls cond every 100 ms until it holds or d passes; on timeout the
+// test fails with the last thing cond observed, which says why it waited.
+func waitFor(t *testing.T, d time.Duration, what string, cond func() (bool, string)) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	var last string
+	for {
+		ok, observed := cond()
+		if ok {
+			return
+		}
+		last = observed
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s; last observed: %s", d, what, last)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// logContains reports whether the process log has a line with s.
+func (p *proc) logContains(s string) bool {
+	f, err := os.Open(p.log)
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		if strings.Contains(sc.Text(), s) {
+			return true
+		}
+	}
+	return false
+}
