@@ -2,6 +2,9 @@ package cli
 
 import (
 	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"time"
 
 	"github.com/kibotos/kibotos/agent"
@@ -9,6 +12,22 @@ import (
 	"github.com/kibotos/kibotos/cluster"
 	"github.com/kibotos/kibotos/datadir"
 )
+
+// kiboCommand is how the user runs the CLI: "kibo" when it is on PATH,
+// else the path of the kibo next to this executable.
+func kiboCommand() string {
+	if _, err := exec.LookPath("kibo"); err == nil {
+		return "kibo"
+	}
+	if exe, err := os.Executable(); err == nil {
+		alias := filepath.Join(filepath.Dir(exe), "kibo")
+		if _, err := os.Stat(alias); err == nil {
+			return alias
+		}
+		return exe
+	}
+	return "kibotos"
+}
 
 func jsonMarshal(v any) (json.RawMessage, error) { return json.Marshal(v) }
 
@@ -54,8 +73,8 @@ func (c *DevCmd) announceWhenReady(g *Globals, d datadir.Dir, id *datadir.Identi
 	for i := 0; i < 600; i++ {
 		var n api.Node
 		if _, err := cl.Do(g.ctx, "GET", "/v1/nodes/"+id.NodeID, nil, &n); err == nil && n.Status == api.NodeReady {
-			g.note("\nkibotos dev: node %s is READY at %s.\nIn another shell:\n  export KIBOTOS_DATA_DIR=%s\n  kibo node list\nStop with Ctrl-C; run kibotos dev again to resume; remove %s to start over.\n\n",
-				id.NodeID, id.Advertise, d, d)
+			g.note("\nkibotos dev: node %s is READY at %s.\nIn another shell:\n  export KIBOTOS_DATA_DIR=%s\n  %s node list\nStop with Ctrl-C; run kibotos dev again to resume; remove %s to start over.\n\n",
+				id.NodeID, id.Advertise, d, kiboCommand(), d)
 			return
 		}
 		select {

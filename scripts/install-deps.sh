@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Installs what building, testing and running kibotos needs on a fresh
+# Debian 12 machine of this project's kind: Debian packages and Go modules.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need=()
+for pkg in iproute2 nftables ca-certificates git; do
+	dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
+done
+if [ "${KIBOTOS_BENCH:-0}" = 1 ]; then
+	for pkg in etcd-server etcd-client hyperfine; do
+		dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
+	done
+fi
+if [ ${#need[@]} -gt 0 ]; then
+	export DEBIAN_FRONTEND=noninteractive
+	apt-get update -qq
+	apt-get install -y -qq --no-install-recommends "${need[@]}"
+fi
+
+export PATH=/usr/local/go/bin:$PATH
+go version
+go mod download
