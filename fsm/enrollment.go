@@ -44,6 +44,9 @@ func applyEnrollmentGrant(tx *bolt.Tx, e *Entry) (any, error) {
 	if err := ValidRoles(a.Roles); err != nil {
 		return nil, err
 	}
+	if a.SecretHash == "" {
+		return nil, api.Errorf(api.CodeInvalidArgument, "grant for node %s: the secret hash is missing", a.NodeID)
+	}
 	if a.TTL <= 0 {
 		return nil, api.Errorf(api.CodeInvalidArgument, "grant for node %s: ttl must be positive", a.NodeID)
 	}

@@ -140,6 +140,9 @@ func applyOne(tx *bolt.Tx, e *Entry) Result {
 			return res
 		}
 	}
+	if e.Op != OpBootstrap && tx.Bucket(bucketMeta).Get(keyClusterID) == nil {
+		return errResult(api.Errorf(api.CodeFailedPrecondition, "%s: the cluster is not bootstrapped yet", e.Op))
+	}
 	h, ok := handlers[e.Op]
 	if !ok {
 		if e.IgnoreUnknown {
@@ -226,6 +229,11 @@ func (f *FSM) Restore(r io.Reader) error {
 		return fmt.Errorf("restore state: close %s: %w", f.path, err)
 	}
 	if err := os.Rename(tmp, f.path); err != nil {
+		os.Remove(tmp)
+		// Keep serving the old state rather than a closed file.
+		if db, rerr := openDB(f.path); rerr == nil {
+			f.db = db
+		}
 		return fmt.Errorf("restore state: %w", err)
 	}
 	db, err := openDB(f.path)

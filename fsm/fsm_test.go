@@ -399,16 +399,6 @@ func TestBootstrap(t *testing.T) {
 		{name: "twice after an empty cluster id", setup: func(h *harness) {
 			h.ok(OpBootstrap, BootstrapArgs{NodeID: ctrlID, Roles: []string{"ctrl"}})
 		}, entry: ent(OpBootstrap, BootstrapArgs{ClusterID: "c2", NodeID: "ctrl-2", Roles: []string{"ctrl"}}), code: api.CodeFailedPrecondition},
-		{name: "node registered before bootstrap", setup: func(h *harness) {
-			h.join(ctrlID) // the FSM accepts grants before bootstrap
-			h.open(ctrlID, "s1", 1)
-		}, entry: ent(OpBootstrap, good), code: api.CodeFailedPrecondition, check: noCluster},
-		{name: "other node registered before bootstrap", setup: func(h *harness) { h.join("node-a") }, entry: ent(OpBootstrap, good),
-			check: func(t *testing.T, h *harness, _ Result) {
-				if v := h.version("node-a"); v != 1 {
-					t.Errorf("node-a version %d", v)
-				}
-			}},
 		{name: "bad node id", entry: ent(OpBootstrap, BootstrapArgs{ClusterID: "c", NodeID: "-ctrl", Roles: []string{"ctrl"}}),
 			code: api.CodeInvalidArgument, check: noCluster},
 		{name: "empty node id", entry: ent(OpBootstrap, BootstrapArgs{ClusterID: "c", Roles: []string{"ctrl"}}),
@@ -646,7 +636,7 @@ func TestSessionOpen(t *testing.T) {
 	joined := func(h *harness) { h.bootstrap(); h.join("node-a") }
 	runCases(t, []opCase{
 		{name: "unknown node", setup: joined, entry: open("node-x", "s1", 1), unchanged: true, check: refused(RefusalNotAdmitted)},
-		{name: "before bootstrap", entry: open("node-x", "s1", 1), unchanged: true, check: refused(RefusalNotAdmitted)},
+		{name: "before bootstrap", entry: open("node-x", "s1", 1), code: api.CodeFailedPrecondition},
 		{name: "first open", setup: joined, entry: open("node-a", "s1", 1), check: accepted("s1", 1, 2)},
 		{name: "incarnation zero", setup: joined, entry: open("node-a", "s1", 0), check: accepted("s1", 0, 2)},
 		{name: "same incarnation reconnects", setup: func(h *harness) { joined(h); h.open("node-a", "s1", 5) },
@@ -1016,15 +1006,6 @@ func TestRetire(t *testing.T) {
 			}
 			h.fail(api.CodeFailedPrecondition, OpEnrollmentConsume, ConsumeArgs{NodeID: "node-a", SecretHash: secretOf("node-a")})
 			retiredChecks(t, h, r)
-		}},
-		{name: "DRAINED with a grant issued before bootstrap", setup: func(h *harness) {
-			h.grant(ctrlID) // accepted: the FSM does not require bootstrap first
-			h.bootstrap()
-			h.ok(OpNodeDrain, NodeArgs{NodeID: ctrlID})
-		}, entry: ent(OpNodeRetire, NodeArgs{NodeID: ctrlID}), check: func(t *testing.T, h *harness, _ Result) {
-			if s := h.grants()[ctrlID].State; s != api.GrantRevoked {
-				t.Errorf("pending grant after retire: %s", s)
-			}
 		}},
 	})
 }
@@ -1570,5 +1551,26 @@ func TestLiveSessions(t *testing.T) {
 	h.f.View(func(tx *bolt.Tx) (err error) { live, err = LiveSessions(tx); return })
 	if want := map[string]string{ctrlID: "sc", "node-a": "s1"}; !reflect.DeepEqual(live, want) {
 		t.Errorf("live %v, want %v", live, want)
+	}
+}
+
+// Nothing but bootstrap is accepted before the cluster exists: a grant or a
+// node record from before bootstrap could otherwise collide with it.
+func TestOpsBeforeBootstrapRefused(t *testing.T) {
+	h := newHarness(t)
+	before, _ := h.f.Dump()
+	for _, e := range []Entry{
+		h.entry(OpEnrollmentGrant, GrantArgs{NodeID: "node-a", Roles: []string{"node"}, SecretHash: "x", TTL: time.Hour}),
+		h.entry(OpNodeDrain, NodeArgs{NodeID: "node-a"}),
+		h.entry(OpCommandsExpire, CommandsExpireArgs{Before: h.now}),
+	} {
+		res := h.f.Apply([]Entry{e})[0]
+		if res.Error == nil || res.Error.Code != api.CodeFailedPrecondition {
+			t.Fatalf("%s before bootstrap: %+v, want failed_precondition", e.Op, res)
+		}
+	}
+	after, _ := h.f.Dump()
+	if string(before) != string(after) {
+		t.Fatal("refused ops before bootstrap changed the state")
 	}
 }

@@ -49,6 +49,11 @@ func view(tx *bolt.Tx, n *api.Node) (*api.Node, error) {
 	if err != nil {
 		return nil, err
 	}
+	return viewWith(d, n), nil
+}
+
+// viewWith derives with an already-read default (lists read it once).
+func viewWith(d api.OvercommitDefault, n *api.Node) *api.Node {
 	out := *n
 	out.Status = deriveStatus(n)
 	o := &api.Overcommit{CPU: d.CPU, CPUSource: "default", Memory: d.Memory, MemorySource: "default"}
@@ -68,7 +73,7 @@ func view(tx *bolt.Tx, n *api.Node) (*api.Node, error) {
 			MemoryBytes: o.Memory.Scale(n.Report.Capacity.MemoryBytes),
 		}
 	}
-	return &out, nil
+	return &out
 }
 
 // GetNode returns one node with derived fields, or not_found.
@@ -98,7 +103,6 @@ func ListNodes(tx *bolt.Tx, pageSize int, pageToken string) (*api.NodeList, erro
 	if err != nil {
 		return nil, err
 	}
-	_ = d
 	for ; k != nil; k, v = c.Next() {
 		if pageSize > 0 && len(out.Nodes) == pageSize {
 			out.NextPageToken = string(out.Nodes[len(out.Nodes)-1].NodeID)
@@ -108,11 +112,7 @@ func ListNodes(tx *bolt.Tx, pageSize int, pageToken string) (*api.NodeList, erro
 		if err := json.Unmarshal(v, &n); err != nil {
 			return nil, err
 		}
-		vn, err := view(tx, &n)
-		if err != nil {
-			return nil, err
-		}
-		out.Nodes = append(out.Nodes, *vn)
+		out.Nodes = append(out.Nodes, *viewWith(d, &n))
 	}
 	return out, nil
 }
