@@ -169,7 +169,7 @@ func bootstrapRaft(ctx context.Context, d datadir.Dir, id *datadir.Identity) err
 	conf.LocalID = raft.ServerID(id.NodeID)
 	conf.HeartbeatTimeout, conf.ElectionTimeout, conf.LeaderLeaseTimeout = 50*time.Millisecond, 50*time.Millisecond, 50*time.Millisecond
 	conf.Logger = hclog.NewNullLogger() // a one-voter election with no peers is all that happens here
-	bootConf := *conf // BootstrapCluster may mark the config it is given as not-to-start
+	bootConf := *conf                   // BootstrapCluster may mark the config it is given as not-to-start
 	if err := raft.BootstrapCluster(&bootConf, store, store, snaps, trans, raft.Configuration{Servers: []raft.Server{
 		{Suffrage: raft.Voter, ID: conf.LocalID, Address: raft.ServerAddress(id.Advertise)},
 	}}); err != nil {

@@ -16,8 +16,8 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"strings"
 	"path/filepath"
+	"strings"
 	"sync"
 	"time"
 
