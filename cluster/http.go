@@ -21,6 +21,7 @@ import (
 const (
 	hdrActor     = "X-Kibotos-Actor"     // who asked, set by the first member that authenticated the caller
 	hdrForwarded = "X-Kibotos-Forwarded" // hop count of a forwarded request
+	hdrLeader    = "X-Kibotos-Leader"    // ctrl members name the leader they know in every answer
 	maxHops      = 3
 	maxBody      = 4 << 20
 )
@@ -42,6 +43,9 @@ func callerOf(r *http.Request) caller {
 // join endpoint, whose credential is the grant in the body.
 func (s *Server) authenticate(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if l := s.leaderAddr(); l != "" {
+			w.Header().Set(hdrLeader, l)
+		}
 		if r.URL.Path == "/v1/join" {
 			next.ServeHTTP(w, r)
 			return
@@ -152,6 +156,11 @@ func (s *Server) forward(w http.ResponseWriter, r *http.Request) {
 		if err != nil {
 			lastErr = err
 			continue
+		}
+		if l := resp.Header.Get(hdrLeader); l != "" && s.raft == nil {
+			// Node-only members go to the leader first next time, so a read
+			// after a write through them sees that write.
+			s.leaderHint.Store(l)
 		}
 		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(resp.StatusCode)

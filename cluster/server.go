@@ -19,6 +19,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -94,6 +95,8 @@ type Server struct {
 	transport *raft.NetworkTransport
 
 	gossip *memberlist.Memberlist
+	// leaderHint is the leader a ctrl member last named (node-only members).
+	leaderHint atomic.Value
 
 	sessions *sessionRegistry
 
@@ -141,6 +144,10 @@ func (s *Server) start(ctx context.Context) error {
 	s.httpClient = &http.Client{Transport: &http.Transport{
 		TLSClientConfig:     datadir.ClientTLS(s.pool, s.memberCert, datadir.ProtoHTTP),
 		MaxIdleConnsPerHost: 64,
+		// A dead member must not hold a forwarded request for long: the
+		// next candidate is tried.
+		DialContext:         (&net.Dialer{Timeout: 3 * time.Second}).DialContext,
+		TLSHandshakeTimeout: 3 * time.Second,
 	}, Timeout: 60 * time.Second}
 
 	bind := s.cfg.Bind
@@ -317,7 +324,8 @@ func (s *Server) IsLeader() bool { return s.raft != nil && s.raft.State() == raf
 // leaderAddr returns the leader's advertised address, "" when unknown.
 func (s *Server) leaderAddr() string {
 	if s.raft == nil {
-		return ""
+		hint, _ := s.leaderHint.Load().(string)
+		return hint
 	}
 	addr, _ := s.raft.LeaderWithID()
 	return string(addr)
