@@ -12,7 +12,13 @@ import (
 
 // raftFSM adapts fsm.FSM to hashicorp/raft. It implements BatchingFSM so a
 // batch of committed entries is applied in one bbolt transaction.
-type raftFSM struct{ f *fsm.FSM }
+type raftFSM struct {
+	f *fsm.FSM
+	// restoreErr keeps why a snapshot could not be restored (e.g. a state
+	// written by a newer kibotos), so start-up can say it instead of
+	// Raft's generic "failed to load any existing snapshots".
+	restoreErr error
+}
 
 var _ raft.BatchingFSM = (*raftFSM)(nil)
 
@@ -50,7 +56,11 @@ func (r *raftFSM) Snapshot() (raft.FSMSnapshot, error) {
 
 func (r *raftFSM) Restore(rc io.ReadCloser) error {
 	defer rc.Close()
-	return r.f.Restore(rc)
+	err := r.f.Restore(rc)
+	if err != nil {
+		r.restoreErr = err
+	}
+	return err
 }
 
 type raftSnapshot struct {

@@ -225,9 +225,13 @@ func (s *Server) startRaft() error {
 		Stream: layer, MaxPool: 5, Timeout: 10 * time.Second,
 		Logger: s.hclog("raft-net", hclog.Error),
 	})
-	r, err := raft.NewRaft(s.raftConfig(), &raftFSM{f: s.fsm}, s.logStore, s.logStore, snaps, s.transport)
+	rf := &raftFSM{f: s.fsm}
+	r, err := raft.NewRaft(s.raftConfig(), rf, s.logStore, s.logStore, snaps, s.transport)
 	if err != nil {
-		return fmt.Errorf("start raft: %w", err)
+		if rf.restoreErr != nil {
+			return fmt.Errorf("start raft in %s: %w", d.RaftDir(), rf.restoreErr)
+		}
+		return fmt.Errorf("start raft in %s: %w", d.RaftDir(), err)
 	}
 	s.raft = r
 	return nil
