@@ -300,3 +300,25 @@ func TestDrainWait(t *testing.T) {
 	e.expectExit(api.ExitFailedPrecondition, "retired", "node", "drain", "node-2")
 	e.expectExit(api.ExitFailedPrecondition, "retired", "enrollment", "grant", "node-2")
 }
+
+// A node whose clock is off by more than 30 s (beyond the uncertainty) is
+// marked (over); the skew is node minus ctrl.
+func TestClockOver(t *testing.T) {
+	e := newCLIEnv(t, clustertest.Options{Ctrl: 1, NodeOnly: 1, ClockSkew: map[string]time.Duration{"node-2": 45 * time.Second}})
+	out := e.mustRun("node", "list", "--consistent")
+	var line string
+	for _, l := range strings.Split(out, "\n") {
+		if strings.HasPrefix(l, "node-2 ") {
+			line = l
+		}
+	}
+	if !regexp.MustCompile(`\+4[45]\.\ds \(over\)`).MatchString(line) {
+		t.Fatalf("node-2 row has no +45s (over) clock: %q", line)
+	}
+	if got := e.mustRun("node", "get", "node-2", "--consistent"); !strings.Contains(got, "(over)") {
+		t.Fatalf("node get does not mark the skew over: %s", got)
+	}
+	if strings.Contains(strings.Split(out, "\n")[1], "(over)") {
+		t.Fatalf("node-1 marked over: %q", out)
+	}
+}

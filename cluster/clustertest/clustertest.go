@@ -51,6 +51,8 @@ type Options struct {
 	Logs     io.Writer // member logs; default discarded
 	// AdjustReport edits node reports (held Instances/Volumes for drain tests).
 	AdjustReport func(nodeID string, r *api.Report)
+	// ClockSkew pretends a node's clock is off (the 30 s rule).
+	ClockSkew map[string]time.Duration
 }
 
 // New builds, joins and starts a cluster and waits until every node is READY.
@@ -130,7 +132,7 @@ func (m *Member) start(o Options) {
 		adjust = func(r *api.Report) { o.AdjustReport(id, r) }
 	}
 	a, err := agent.New(agent.Config{DataDir: m.Dir, NodeID: m.ID, Capacity: o.Capacity, CtrlAddrs: srv.CtrlAddrs, TLS: tlsConf,
-		SessionTimeout: cluster.TestTimings().SessionTimeout, Logger: log, SampleInterval: time.Second, AdjustReport: adjust})
+		SessionTimeout: cluster.TestTimings().SessionTimeout, Logger: log, SampleInterval: time.Second, AdjustReport: adjust, ClockSkew: o.ClockSkew[m.ID]})
 	if err != nil {
 		m.t.Fatalf("agent %s: %v", m.ID, err)
 	}
