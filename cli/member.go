@@ -1,7 +1,6 @@
 package cli
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -264,5 +263,3 @@ func (c *StatusCmd) Run(g *Globals) error {
 		st.ClusterID, st.NodeID, strings.Join(st.Roles, ","), st.Advertise, st.RaftState, dash(st.Leader), st.Release, st.Revision)
 	return nil
 }
-
-var _ = context.Background
