@@ -17,8 +17,8 @@ func (s *Server) handleStatus(w http.ResponseWriter, r *http.Request) {
 		RaftState: "none", Release: buildinfo.ReleaseName(), Revision: buildinfo.SourceRevision(), Time: time.Now().UTC()}
 	if s.raft != nil {
 		st.RaftState = s.raft.State().String()
-		st.Leader = s.leaderAddr()
 	}
+	st.Leader = s.leaderAddr() // node-only members: the leader a ctrl member last named
 	writeResult(w, st)
 }
 

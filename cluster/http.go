@@ -110,6 +110,12 @@ func (s *Server) reader(h http.HandlerFunc) http.HandlerFunc {
 				writeError(w, api.Errorf(api.CodeUnavailable, "member %s could not confirm it leads ctrl: %v; retry", s.id.NodeID, err))
 				return
 			}
+			// A new leader may not have applied what the old one
+			// acknowledged until its barrier is through.
+			if !s.consistentReady.Load() {
+				writeError(w, api.Errorf(api.CodeUnavailable, "member %s was just elected ctrl leader and is catching up; retry", s.id.NodeID))
+				return
+			}
 			h(w, r)
 		default:
 			h(w, r)

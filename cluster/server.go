@@ -97,6 +97,9 @@ type Server struct {
 	gossip *memberlist.Memberlist
 	// leaderHint is the leader a ctrl member last named (node-only members).
 	leaderHint atomic.Value
+	// consistentReady is set while this member leads and has applied every
+	// entry of earlier terms (its leadership barrier went through).
+	consistentReady atomic.Bool
 
 	sessions *sessionRegistry
 

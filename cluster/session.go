@@ -319,6 +319,9 @@ func (s *Server) lead(ctx context.Context) {
 	if err := s.raft.Barrier(30 * time.Second).Error(); err != nil {
 		return
 	}
+	// Everything the previous leader acknowledged is now applied here.
+	s.consistentReady.Store(true)
+	defer s.consistentReady.Store(false)
 	s.log.Info("leading ctrl")
 	since := time.Now()
 	lastExpiry := time.Now()

@@ -360,9 +360,9 @@ func definiteFailure(code int) bool {
 const opTimeout = 10 * time.Second
 
 // write sets the register through h and records the outcome.
-func (hist *history) write(ctx context.Context, client int, h *host, reg string, v api.Milli) {
+func (hist *history) write(client int, h *host, reg string, v api.Milli) {
 	call := hist.now()
-	r := h.kiboCtx(ctx, opTimeout, "node", "overcommit", "set", reg, "--cpu", v.String())
+	r := h.kiboTimeout(opTimeout, "node", "overcommit", "set", reg, "--cpu", v.String())
 	ret := hist.now()
 	op := porcupine.Operation{ClientId: client, Input: regInput{write: true, value: v}, Call: call, Return: ret, Output: regOutput{}}
 	switch {
@@ -380,9 +380,9 @@ func (hist *history) write(ctx context.Context, client int, h *host, reg string,
 
 // read reads the register through h with a consistent read; a failed read
 // observed nothing and is left out of the history.
-func (hist *history) read(ctx context.Context, client int, h *host, reg string) (api.Milli, bool) {
+func (hist *history) read(client int, h *host, reg string) (api.Milli, bool) {
 	call := hist.now()
-	r := h.kiboCtx(ctx, opTimeout, "node", "get", reg, "--json", "--consistent")
+	r := h.kiboTimeout(opTimeout, "node", "get", reg, "--json", "--consistent")
 	ret := hist.now()
 	var n nodeView
 	if r.code != 0 || decodeResult(r, &n) != nil || n.Overcommit == nil {
@@ -391,6 +391,30 @@ func (hist *history) read(ctx context.Context, client int, h *host, reg string) 
 	}
 	hist.add(porcupine.Operation{ClientId: client, Input: regInput{}, Call: call, Return: ret, Output: regOutput{value: n.Overcommit.CPU}}, "read ok")
 	return n.Overcommit.CPU, true
+}
+
+// members is the set of members clients may talk to; the one about to be
+// killed leaves it first.
+type members struct {
+	mu    sync.Mutex
+	hosts []*host
+}
+
+func (m *members) pick(rng *rand.Rand) *host {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.hosts[rng.IntN(len(m.hosts))]
+}
+
+func (m *members) remove(h *host) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for i, x := range m.hosts {
+		if x == h {
+			m.hosts = append(m.hosts[:i:i], m.hosts[i+1:]...)
+			return
+		}
+	}
 }
 
 // testLinearizable runs concurrent clients against the followers and the
@@ -404,18 +428,18 @@ func testLinearizable(t *testing.T, c *cluster) {
 		initialV = api.Milli(1000)
 	)
 	reg := c.node.nodeID
-	victim := c.leader(t)
-	var others []*host
+	// Clients start on every member but the leader of the moment.
+	leader := c.leader(t)
+	pool := &members{}
 	for _, h := range c.hosts {
-		if h != victim {
-			others = append(others, h)
+		if h != leader {
+			pool.hosts = append(pool.hosts, h)
 		}
 	}
 	// A known starting value, acknowledged before any client starts.
-	if r := others[0].kibo("node", "overcommit", "set", reg, "--cpu", initialV.String()); r.code != 0 {
+	if r := pool.hosts[0].kibo("node", "overcommit", "set", reg, "--cpu", initialV.String()); r.code != 0 {
 		t.Fatal(r)
 	}
-	t.Logf("leader is %s at %s; clients use %d other members", victim.nodeID, victim.addr(), len(others))
 
 	hist := &history{start: time.Now(), stats: map[string]int{}}
 	ctx, cancel := context.WithTimeout(context.Background(), runFor)
@@ -426,34 +450,37 @@ func testLinearizable(t *testing.T, c *cluster) {
 		wg.Add(1)
 		go func(id int) {
 			defer wg.Done()
-			h := others[id%len(others)]
 			rng := rand.New(rand.NewPCG(uint64(id), uint64(time.Now().UnixNano())))
 			for ctx.Err() == nil {
+				h := pool.pick(rng)
 				if rng.IntN(2) == 0 {
 					v := initialV + api.Milli(next.Add(1))
 					if v > api.MaxMultiplier {
 						return
 					}
-					// Not ctx: an in-flight call must finish, or its outcome is lost.
-					hist.write(context.Background(), id, h, reg, v)
+					// The run's deadline never cuts a call short: its outcome would be lost.
+					hist.write(id, h, reg, v)
 				} else {
-					hist.read(context.Background(), id, h, reg)
+					hist.read(id, h, reg)
 				}
 			}
 		}(i)
 	}
 	time.Sleep(killAt) // the kill happens mid-run; this is scheduling, not an assertion
+	// Ask again: the leader may have moved while the clients ran.
+	victim := c.leader(t)
+	pool.remove(victim)
 	killedAt := hist.now()
 	victim.crash()
-	t.Logf("DEBUG crash took %v", time.Duration(hist.now()-killedAt))
-	t.Logf("killed leader %s at %s", victim.nodeID, time.Duration(killedAt))
+	t.Logf("killed leader %s (%s) at %s", victim.nodeID, victim.addr(), time.Duration(killedAt))
 	wg.Wait()
+	others := pool.hosts
 
 	// A last consistent read after every client stopped: it must see the
 	// outcome of every acknowledged write.
 	var final api.Milli
 	waitFor(t, 15*time.Second, "a final consistent read", func() (bool, string) {
-		v, ok := hist.read(context.Background(), clients, others[0], reg)
+		v, ok := hist.read(clients, others[0], reg)
 		final = v
 		return ok, "read failed"
 	})

@@ -308,21 +308,19 @@ const cliTimeout = 15 * time.Second
 
 // kibo runs the CLI inside the host namespace with the host's data dir, so
 // it uses that member's admin credentials and talks to that member.
-func (h *host) kibo(args ...string) result {
-	return h.kiboCtx(context.Background(), cliTimeout, args...)
-}
+func (h *host) kibo(args ...string) result { return h.kiboTimeout(cliTimeout, args...) }
 
-func (h *host) kiboCtx(ctx context.Context, timeout time.Duration, args ...string) result {
-	return h.run(ctx, timeout, "kibo", append([]string{"--data-dir", h.dataDir}, args...)...)
+func (h *host) kiboTimeout(timeout time.Duration, args ...string) result {
+	return h.run(timeout, "kibo", append([]string{"--data-dir", h.dataDir}, args...)...)
 }
 
 // kibotos runs a host-local command (init, join) inside the namespace.
 func (h *host) kibotos(args ...string) result {
-	return h.run(context.Background(), cliTimeout, "kibotos", args...)
+	return h.run(cliTimeout, "kibotos", args...)
 }
 
-func (h *host) run(ctx context.Context, timeout time.Duration, name string, args ...string) result {
-	ctx, cancel := context.WithTimeout(ctx, timeout)
+func (h *host) run(timeout time.Duration, name string, args ...string) result {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, "ip", append([]string{"netns", "exec", h.ns, filepath.Join(h.lab.bin, name)}, args...)...)
 	var stdout, stderr bytes.Buffer
