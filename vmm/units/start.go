@@ -1,0 +1,190 @@
+package units
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"path/filepath"
+	"strings"
+	"time"
+
+	sd "github.com/coreos/go-systemd/v22/dbus"
+	godbus "github.com/godbus/dbus/v5"
+)
+
+// Spec describes one transient service.
+type Spec struct {
+	// Name is the unit name; it must end in ".service".
+	Name        string
+	Description string
+	// Argv is the command; Argv[0] must be an absolute path.
+	Argv []string
+	// Slice places the unit; StartVMM always uses VMMSlice.
+	Slice string
+	// NetworkNamespacePath joins the service to a network namespace
+	// created beforehand (e.g. /run/netns/kibotos-<instance>).
+	NetworkNamespacePath string
+	// LimitMEMLOCKInfinity sets LimitMEMLOCK=infinity (io_uring rings count
+	// as locked memory of the VMM account).
+	LimitMEMLOCKInfinity bool
+	// OOMScoreAdjust is set when non-zero (the data plane uses -900).
+	OOMScoreAdjust int32
+	// Environment entries, "KEY=value".
+	Environment []string
+}
+
+// StartVMM starts an Instance's VMM as a transient service in VMMSlice with
+// the properties of the process model: Type=exec, Restart=no,
+// KillMode=control-group, OOMPolicy=kill. It returns once the VMM has been
+// exec'd, with the InvocationID, MainPID and ControlGroup read back.
+func (m *Manager) StartVMM(ctx context.Context, spec Spec) (Unit, error) {
+	spec.Slice = VMMSlice
+	return m.start(ctx, spec, prop("OOMPolicy", "kill"))
+}
+
+// StartService starts any other kibotos service (data plane, egress) through
+// the same path as StartVMM; spec.Slice is required.
+func (m *Manager) StartService(ctx context.Context, spec Spec) (Unit, error) {
+	if spec.Slice == "" {
+		return Unit{}, fmt.Errorf("units: start unit %s: no slice given (use DataPlaneSlice or EgressSlice)", spec.Name)
+	}
+	return m.start(ctx, spec)
+}
+
+func (spec Spec) validate() error {
+	if !strings.HasSuffix(spec.Name, ".service") || len(spec.Name) <= len(".service") {
+		return fmt.Errorf("units: unit name %q must end in .service", spec.Name)
+	}
+	if !strings.HasSuffix(spec.Slice, ".slice") {
+		return fmt.Errorf("units: start unit %s: slice %q must end in .slice", spec.Name, spec.Slice)
+	}
+	if len(spec.Argv) == 0 || !filepath.IsAbs(spec.Argv[0]) {
+		return fmt.Errorf("units: start unit %s: command %q must start with an absolute path", spec.Name, spec.Argv)
+	}
+	return nil
+}
+
+func prop(name string, v any) sd.Property {
+	return sd.Property{Name: name, Value: godbus.MakeVariant(v)}
+}
+
+func (spec Spec) properties(extra ...sd.Property) []sd.Property {
+	desc := spec.Description
+	if desc == "" {
+		desc = "kibotos " + spec.Name
+	}
+	ps := []sd.Property{
+		sd.PropDescription(desc),
+		// false: a failed exec fails the start job. true would mean
+		// "ignore failure" (the "-" prefix) and the job would report done.
+		sd.PropExecStart(spec.Argv, false),
+		prop("Type", "exec"),
+		prop("Restart", "no"),
+		prop("KillMode", "control-group"),
+		prop("PrivateMounts", false),
+		// Failed units are unloaded too, so the same name can start again.
+		prop("CollectMode", "inactive-or-failed"),
+		sd.PropSlice(spec.Slice),
+	}
+	if spec.NetworkNamespacePath != "" {
+		ps = append(ps, prop("NetworkNamespacePath", spec.NetworkNamespacePath))
+	}
+	if spec.LimitMEMLOCKInfinity {
+		ps = append(ps, prop("LimitMEMLOCK", uint64(math.MaxUint64)))
+	}
+	if spec.OOMScoreAdjust != 0 {
+		ps = append(ps, prop("OOMScoreAdjust", spec.OOMScoreAdjust))
+	}
+	if len(spec.Environment) > 0 {
+		ps = append(ps, prop("Environment", spec.Environment))
+	}
+	return append(ps, extra...)
+}
+
+func (m *Manager) start(ctx context.Context, spec Spec, extra ...sd.Property) (Unit, error) {
+	if err := spec.validate(); err != nil {
+		return Unit{}, err
+	}
+	props := spec.properties(extra...)
+	ch := make(chan string, 1)
+	_, err := m.conn.StartTransientUnitContext(ctx, spec.Name, "fail", props, ch)
+	if isDBusError(err, "org.freedesktop.systemd1.UnitExists") {
+		// A finished unit that is not collected yet still holds the name.
+		if err = m.reclaim(ctx, spec.Name); err != nil {
+			return Unit{}, err
+		}
+		_, err = m.conn.StartTransientUnitContext(ctx, spec.Name, "fail", props, ch)
+	}
+	if err != nil {
+		return Unit{}, fmt.Errorf("units: start unit %s: %w", spec.Name, err)
+	}
+	var result string
+	select {
+	case result = <-ch:
+	case <-ctx.Done():
+		return Unit{}, fmt.Errorf("units: start unit %s: waiting for the start job: %w (the unit may still start: check it with Get)", spec.Name, ctx.Err())
+	}
+	if result != "done" {
+		detail := "unit already collected"
+		if u, err := m.Get(ctx, spec.Name); err == nil {
+			detail = fmt.Sprintf("state %s/%s, result %s, exit status %d", u.ActiveState, u.SubState, u.Result, u.ExecMainStatus)
+		}
+		return Unit{}, fmt.Errorf("units: start unit %s: start job %s (%s): check that %s exists and runs and that netns %q exists; the manager's log says why (journalctl -u %s)",
+			spec.Name, result, detail, spec.Argv[0], spec.NetworkNamespacePath, spec.Name)
+	}
+	u, err := m.Get(ctx, spec.Name)
+	if err != nil {
+		return Unit{}, fmt.Errorf("units: start unit %s: started but could not be read back (did it exit at once?): %w", spec.Name, err)
+	}
+	return u, nil
+}
+
+// reclaim frees a unit name held by a finished unit; a live unit is ErrExists.
+func (m *Manager) reclaim(ctx context.Context, name string) error {
+	u, err := m.Get(ctx, name)
+	if isNotFound(err) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if u.ActiveState != "failed" && u.ActiveState != "inactive" {
+		return fmt.Errorf("units: start unit %s: %w (state %s, MainPID %d, invocation %s): take it over or stop it first",
+			name, ErrExists, u.ActiveState, u.MainPID, u.InvocationID)
+	}
+	if err := m.conn.ResetFailedUnitContext(ctx, name); err != nil && !isDBusError(err, "org.freedesktop.systemd1.NoSuchUnit") {
+		return fmt.Errorf("units: start unit %s: reset the finished unit holding the name: %w", name, err)
+	}
+	for deadline := time.Now().Add(2 * time.Second); time.Now().Before(deadline); {
+		if _, err := m.Get(ctx, name); isNotFound(err) {
+			return nil
+		}
+		if err := sleepCtx(ctx, 5*time.Millisecond); err != nil {
+			return fmt.Errorf("units: start unit %s: waiting for the finished unit to be collected: %w", name, err)
+		}
+	}
+	return fmt.Errorf("units: start unit %s: %w: the finished unit was not collected within 2s (try systemctl reset-failed %s)", name, ErrExists, name)
+}
+
+func isNotFound(err error) bool { return errors.Is(err, ErrNotFound) }
+
+func isDBusError(err error, name string) bool {
+	var de godbus.Error
+	if errors.As(err, &de) {
+		return de.Name == name
+	}
+	var dep *godbus.Error
+	return errors.As(err, &dep) && dep.Name == name
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}

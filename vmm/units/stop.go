@@ -1,0 +1,72 @@
+package units
+
+import (
+	"context"
+	"fmt"
+	"syscall"
+	"time"
+)
+
+var errNoDevice = syscall.ENODEV // reading cgroup.procs of a cgroup being removed
+
+// Stop stops a unit and returns once the stop job is done, the unit's cgroup
+// holds no process and its main process is gone. A unit that is not loaded
+// is already stopped. If processes remain after StopSettle (or the ctx
+// deadline) the error names them by host PID; Stop never kills them itself.
+func (m *Manager) Stop(ctx context.Context, name string) error {
+	u, err := m.Get(ctx, name)
+	if isNotFound(err) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("units: stop unit %s: %w", name, err)
+	}
+	// Remember the main process by host PID and start time before systemd forgets it.
+	mainPID, mainStart := 0, uint64(0)
+	if u.MainPID != 0 {
+		if pid, err := m.MainHostPID(u); err == nil {
+			mainPID, mainStart = pid, procStart(pid)
+		}
+	}
+	ch := make(chan string, 1)
+	if _, err := m.conn.StopUnitContext(ctx, name, "replace", ch); err != nil {
+		if !isDBusError(err, "org.freedesktop.systemd1.NoSuchUnit") {
+			return fmt.Errorf("units: stop unit %s: %w", name, err)
+		}
+		close(ch) // collected meanwhile: still wait for its processes below
+	}
+	select {
+	case result, ok := <-ch:
+		if ok && result != "done" {
+			return fmt.Errorf("units: stop unit %s: stop job %s: check the unit with systemctl status %s", name, result, name)
+		}
+	case <-ctx.Done():
+		return fmt.Errorf("units: stop unit %s: waiting for the stop job: %w", name, ctx.Err())
+	}
+
+	settle := StopSettle
+	if dl, ok := ctx.Deadline(); ok && time.Until(dl) < settle {
+		settle = time.Until(dl)
+	}
+	deadline := time.Now().Add(settle)
+	for {
+		left, err := CgroupPIDs(m.CgroupPath(u))
+		if err != nil {
+			return fmt.Errorf("units: stop unit %s: read cgroup %s: %w", name, m.CgroupPath(u), err)
+		}
+		mainAlive := mainPID != 0 && procStart(mainPID) == mainStart
+		if len(left) == 0 && !mainAlive {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			if mainAlive {
+				left = append(left, mainPID)
+			}
+			return fmt.Errorf("units: stop unit %s: stop job done but after %v host PIDs %v remain (cgroup %s, main PID %d): inspect and kill them by PID",
+				name, settle.Round(time.Millisecond), left, m.CgroupPath(u), mainPID)
+		}
+		if err := sleepCtx(ctx, 2*time.Millisecond); err != nil {
+			return fmt.Errorf("units: stop unit %s: waiting for its processes to exit: %w", name, err)
+		}
+	}
+}
