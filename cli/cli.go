@@ -49,6 +49,8 @@ type CLI struct {
 	Status     StatusCmd     `cmd:"" help:"Show the member the CLI talks to and the ctrl leader."`
 	Enrollment EnrollmentCmd `cmd:"" help:"Grant, list and revoke enrollment grants."`
 	Node       NodeCmd       `cmd:"" help:"View nodes, drain, isolate, retire them and set overcommit."`
+	GuestAgent GuestAgentCmd `cmd:"" name:"guest-agent" hidden:"" help:"Run the guest agent (PID 1 inside a VM)."`
+	Platform   PlatformCmd   `cmd:"" help:"Build and list Platforms (kernel + initramfs with the guest agent)."`
 }
 
 type exitPanic struct{ code int }

@@ -1,0 +1,426 @@
+package guest
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/creack/pty"
+	"golang.org/x/sys/unix"
+
+	"github.com/kibotos/kibotos/vmm/guestproto"
+)
+
+const unixSIGKILL = unix.SIGKILL
+
+// attachTimeout bounds how long an exec waits for its stdio streams and a
+// stdio stream for its exec.
+const attachTimeout = 10 * time.Second
+
+// outputDelay is how long the exit report waits for output after the
+// process ended (a background child may keep the pipes open).
+const outputDelay = 2 * time.Second
+
+const defaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+// attachments pairs exec-attach streams with their exec by ID; either may
+// arrive first.
+type attachments struct {
+	mu sync.Mutex
+	m  map[string]*attachSet
+}
+
+type attachSet struct {
+	fds     [3]chan net.Conn
+	claimed chan struct{}
+}
+
+func (a *attachments) get(id string) *attachSet {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	set, ok := a.m[id]
+	if !ok {
+		set = &attachSet{claimed: make(chan struct{})}
+		for i := range set.fds {
+			set.fds[i] = make(chan net.Conn, 1)
+		}
+		a.m[id] = set
+	}
+	return set
+}
+
+// done removes the set and closes streams nobody took.
+func (a *attachments) done(id string, set *attachSet) {
+	a.mu.Lock()
+	if a.m[id] == set {
+		delete(a.m, id)
+		close(set.claimed)
+	}
+	a.mu.Unlock()
+	for _, ch := range set.fds {
+		select {
+		case s := <-ch:
+			s.Close()
+		default:
+		}
+	}
+}
+
+func (a *agent) handleAttach(s net.Conn, raw json.RawMessage) {
+	var req guestproto.ExecAttach
+	if err := decodeArgs(raw, &req); err != nil || req.FD < 0 || req.FD > 2 || req.ID == "" {
+		s.Close()
+		return
+	}
+	set := a.attach.get(req.ID)
+	select {
+	case set.fds[req.FD] <- s:
+	default:
+		s.Close() // a second stream for the same fd
+		return
+	}
+	t := time.NewTimer(attachTimeout)
+	defer t.Stop()
+	select {
+	case <-set.claimed:
+	case <-t.C:
+		a.attach.done(req.ID, set)
+	}
+}
+
+// managed is a process started by exec; Stop ends them.
+type managed struct {
+	proc *os.Process
+	done chan struct{}
+}
+
+func (a *agent) handleExec(ctx context.Context, ctl net.Conn, raw json.RawMessage) {
+	defer ctl.Close()
+	var req guestproto.ExecRequest
+	if err := decodeArgs(raw, &req); err != nil {
+		respond(ctl, nil, err)
+		return
+	}
+	if req.ID == "" || len(req.Argv) == 0 {
+		respond(ctl, nil, &guestproto.Error{Code: guestproto.CodeInvalid, Message: "exec needs an id and argv"})
+		return
+	}
+	set := a.attach.get(req.ID)
+	defer a.attach.done(req.ID, set)
+	var streams [3]net.Conn
+	t := time.NewTimer(attachTimeout)
+	defer t.Stop()
+	for fd := range 3 {
+		if (fd == 0 && !req.Stdin) || (fd == 2 && req.PTY != nil) {
+			continue
+		}
+		select {
+		case streams[fd] = <-set.fds[fd]:
+			defer streams[fd].Close()
+		case <-t.C:
+			respond(ctl, nil, &guestproto.Error{Code: guestproto.CodeInvalid, Message: fmt.Sprintf("stdio stream %d never attached", fd)})
+			return
+		case <-ctx.Done():
+			return
+		}
+	}
+	a.runExec(ctl, req, streams)
+}
+
+// stdio is the guest end of a process's standard streams.
+type stdio struct {
+	child   []*os.File // closed in the agent once the child started
+	master  *os.File   // PTY master
+	outputs sync.WaitGroup
+	closers []io.Closer // read ends, closed when output times out
+
+	mu     sync.Mutex // orders resizes against closing the master
+	closed bool
+}
+
+// resize sets the PTY size unless the master is already closed.
+func (st *stdio) resize(ws *guestproto.WinSize) {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if st.master != nil && !st.closed {
+		pty.Setsize(st.master, &pty.Winsize{Rows: ws.Rows, Cols: ws.Cols})
+	}
+}
+
+func (a *agent) runExec(ctl net.Conn, req guestproto.ExecRequest, streams [3]net.Conn) {
+	env := req.Env
+	if len(env) == 0 {
+		env = []string{"PATH=" + defaultPath, "HOME=/root"}
+		if req.PTY != nil {
+			env = append(env, "TERM=xterm")
+		}
+	}
+	path, err := lookPath(req.Argv[0], env)
+	if err != nil {
+		respond(ctl, nil, &guestproto.Error{Code: guestproto.CodeNotFound, Message: err.Error()})
+		return
+	}
+	st := &stdio{}
+	defer func() {
+		for _, f := range st.child {
+			f.Close()
+		}
+	}()
+	sys := &syscall.SysProcAttr{Setsid: true}
+	if req.PTY != nil {
+		err = st.openPTY(req.PTY, streams)
+		sys.Setctty, sys.Ctty = true, 0
+	} else {
+		err = st.openPipes(streams)
+	}
+	if err != nil {
+		st.closeAll()
+		respond(ctl, nil, err)
+		return
+	}
+	a.procsMu.Lock()
+	if a.stopped {
+		a.procsMu.Unlock()
+		st.closeAll()
+		respond(ctl, nil, &guestproto.Error{Code: guestproto.CodeFailed, Message: "the guest is stopping"})
+		return
+	}
+	proc, exited, err := a.reaper.start(path, req.Argv, &os.ProcAttr{Dir: req.Dir, Env: env, Files: st.child, Sys: sys})
+	if err != nil {
+		a.procsMu.Unlock()
+		st.closeAll()
+		respond(ctl, nil, &guestproto.Error{Code: guestproto.CodeFailed, Message: fmt.Sprintf("start %s: %v", req.Argv[0], err)})
+		return
+	}
+	m := &managed{proc: proc, done: make(chan struct{})}
+	a.procs[proc.Pid] = m
+	a.execs.Add(1) // under procsMu: Stop waits only after setting stopped
+	defer a.execs.Done()
+	a.procsMu.Unlock()
+	for _, f := range st.child {
+		f.Close()
+	}
+	st.child = nil
+	a.log.Debug("exec started", "pid", proc.Pid, "argv0", req.Argv[0])
+
+	pid := proc.Pid
+	respond(ctl, guestproto.ExecStarted{PID: pid}, nil)
+	controlDone := make(chan struct{})
+	go func() {
+		defer close(controlDone)
+		a.execControl(ctl, proc, pid, st)
+	}()
+
+	ws := <-exited
+	a.procsMu.Lock()
+	delete(a.procs, pid)
+	a.procsMu.Unlock()
+	close(m.done)
+
+	if !waitTimeout(&st.outputs, outputDelay) {
+		// A background child holds the output open, or the node stopped
+		// reading: cut both ends loose.
+		st.closeAll()
+		for _, s := range streams[1:] {
+			if s != nil {
+				s.SetWriteDeadline(time.Unix(1, 0))
+			}
+		}
+		st.outputs.Wait()
+	}
+	st.closeAll()
+	if streams[0] != nil {
+		streams[0].SetReadDeadline(time.Unix(1, 0)) // end the stdin copy
+	}
+	exit := guestproto.ExecExit{ExitCode: ws.ExitStatus()}
+	if ws.Signaled() {
+		exit.ExitCode, exit.Signal = -1, int(ws.Signal())
+	}
+	guestproto.WriteFrame(ctl, exit)
+	ctl.SetReadDeadline(time.Unix(1, 0)) // end execControl
+	<-controlDone
+	proc.Release() // only now: Release clears proc.Pid
+}
+
+// execControl applies the node's signals and resizes.
+func (a *agent) execControl(ctl net.Conn, proc *os.Process, pid int, st *stdio) {
+	for {
+		var m guestproto.ExecControl
+		if err := guestproto.ReadFrame(ctl, &m); err != nil {
+			return
+		}
+		if m.Signal != 0 {
+			if err := proc.Signal(syscall.Signal(m.Signal)); err != nil {
+				a.log.Debug("exec signal failed", "pid", pid, "err", err)
+			}
+		}
+		if m.Resize != nil {
+			st.resize(m.Resize)
+		}
+	}
+}
+
+func (st *stdio) openPTY(size *guestproto.WinSize, streams [3]net.Conn) error {
+	master, slave, err := pty.Open()
+	if err != nil {
+		return fmt.Errorf("open pty: %w", err)
+	}
+	if size.Rows > 0 && size.Cols > 0 {
+		pty.Setsize(master, &pty.Winsize{Rows: size.Rows, Cols: size.Cols})
+	}
+	st.master = master
+	st.child = []*os.File{slave, slave, slave}
+	st.closers = append(st.closers, master)
+	if streams[0] != nil {
+		go copyQuiet(master, streams[0])
+	}
+	st.outputs.Add(1)
+	go func() {
+		defer st.outputs.Done()
+		copyQuiet(streams[1], master) // EIO once the last slave fd closed
+		streams[1].Close()
+	}()
+	return nil
+}
+
+func (st *stdio) openPipes(streams [3]net.Conn) error {
+	if streams[0] != nil {
+		r, w, err := os.Pipe()
+		if err != nil {
+			return err
+		}
+		st.child = append(st.child, r)
+		go func() {
+			copyQuiet(w, streams[0])
+			w.Close()
+		}()
+	} else {
+		null, err := os.Open(os.DevNull)
+		if err != nil {
+			return err
+		}
+		st.child = append(st.child, null)
+	}
+	for fd := 1; fd <= 2; fd++ {
+		r, w, err := os.Pipe()
+		if err != nil {
+			return err
+		}
+		st.child = append(st.child, w)
+		st.closers = append(st.closers, r)
+		st.outputs.Add(1)
+		go func(dst net.Conn) {
+			defer st.outputs.Done()
+			copyQuiet(dst, r)
+			dst.Close()
+		}(streams[fd])
+	}
+	return nil
+}
+
+func (st *stdio) closeAll() {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if st.closed {
+		return
+	}
+	st.closed = true
+	for _, c := range st.closers {
+		c.Close()
+	}
+}
+
+func copyQuiet(dst io.Writer, src io.Reader) {
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := src.Read(buf)
+		if n > 0 {
+			if _, werr := dst.Write(buf[:n]); werr != nil {
+				return
+			}
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+func waitTimeout(wg *sync.WaitGroup, d time.Duration) bool {
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-done:
+		return true
+	case <-t.C:
+		return false
+	}
+}
+
+// lookPath resolves argv[0] with the PATH of the process's environment,
+// not the agent's.
+func lookPath(name string, env []string) (string, error) {
+	if strings.Contains(name, "/") {
+		return name, nil
+	}
+	path := defaultPath
+	for _, e := range env {
+		if v, ok := strings.CutPrefix(e, "PATH="); ok {
+			path = v
+		}
+	}
+	for _, dir := range filepath.SplitList(path) {
+		if dir == "" {
+			dir = "."
+		}
+		p := filepath.Join(dir, name)
+		if fi, err := os.Stat(p); err == nil && fi.Mode().IsRegular() && fi.Mode()&0o111 != 0 {
+			return p, nil
+		}
+	}
+	return "", fmt.Errorf("%s: not found in PATH %s", name, path)
+}
+
+// killAll signals the process group of every managed process.
+func (a *agent) killAll(sig syscall.Signal) int {
+	a.procsMu.Lock()
+	defer a.procsMu.Unlock()
+	for pid := range a.procs {
+		if err := unix.Kill(-pid, sig); err != nil {
+			unix.Kill(pid, sig)
+		}
+	}
+	return len(a.procs)
+}
+
+// waitProcs waits until no managed process is left or d passed.
+func (a *agent) waitProcs(d time.Duration) bool {
+	deadline := time.NewTimer(d)
+	defer deadline.Stop()
+	for {
+		a.procsMu.Lock()
+		var one *managed
+		for _, m := range a.procs {
+			one = m
+			break
+		}
+		a.procsMu.Unlock()
+		if one == nil {
+			return true
+		}
+		select {
+		case <-one.done:
+		case <-deadline.C:
+			return false
+		}
+	}
+}

@@ -1,0 +1,144 @@
+package guest
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"strings"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/kibotos/kibotos/vmm/guestproto"
+)
+
+// FIFREEZE and FITHAW are _IOWR('X', 119/120, int); x/sys does not carry them.
+const (
+	ioctlFIFREEZE = 0xC0045877
+	ioctlFITHAW   = 0xC0045878
+)
+
+func freeze(path string, on bool) error {
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("open %s: %w", path, err)
+	}
+	defer unix.Close(fd)
+	req, what := uint(ioctlFIFREEZE), "freeze"
+	if !on {
+		req, what = ioctlFITHAW, "thaw"
+	}
+	if err := unix.IoctlSetInt(fd, req, 0); err != nil {
+		return fmt.Errorf("%s %s: %w", what, path, err)
+	}
+	return nil
+}
+
+func syncAll() { unix.Sync() }
+
+// configure applies hostname, DNS, mounts and network. Network setup runs
+// the Platform's `ip` (busybox) so the agent needs no netlink code.
+func (a *agent) configure(ctx context.Context, req guestproto.ConfigureRequest) error {
+	if req.Hostname != "" {
+		if err := unix.Sethostname([]byte(req.Hostname)); err != nil {
+			return fmt.Errorf("set hostname %q: %w", req.Hostname, err)
+		}
+	}
+	if len(req.DNS) > 0 {
+		var b strings.Builder
+		for _, s := range req.DNS {
+			fmt.Fprintf(&b, "nameserver %s\n", s)
+		}
+		if err := os.WriteFile(a.opts.ResolvConf, []byte(b.String()), 0o644); err != nil {
+			return fmt.Errorf("write %s: %w", a.opts.ResolvConf, err)
+		}
+	}
+	for _, m := range req.Mounts {
+		if err := os.MkdirAll(m.Target, 0o755); err != nil {
+			return fmt.Errorf("mount %s: %w", m.Target, err)
+		}
+		if err := unix.Mount(m.Source, m.Target, m.FSType, 0, strings.Join(m.Options, ",")); err != nil {
+			return fmt.Errorf("mount %s on %s (%s): %w", m.Source, m.Target, m.FSType, err)
+		}
+	}
+	for _, ifc := range req.Interfaces {
+		name := ifc.Name
+		if name == "" {
+			return &guestproto.Error{Code: guestproto.CodeInvalid, Message: "interface without a name"}
+		}
+		cmds := [][]string{{"link", "set", name, "up"}}
+		if ifc.MTU > 0 {
+			cmds = append(cmds, []string{"link", "set", name, "mtu", fmt.Sprint(ifc.MTU)})
+		}
+		for _, addr := range ifc.Addresses {
+			cmds = append(cmds, []string{"addr", "replace", addr, "dev", name})
+		}
+		for _, r := range ifc.Routes {
+			args := []string{"route", "replace", r.Destination}
+			if r.Gateway != "" {
+				args = append(args, "via", r.Gateway)
+			}
+			cmds = append(cmds, append(args, "dev", name))
+		}
+		for _, args := range cmds {
+			if out, err := a.runQuiet(ctx, "ip", args...); err != nil {
+				return fmt.Errorf("interface %s: ip %s: %v: %s", name, strings.Join(args, " "), err, strings.TrimSpace(out))
+			}
+		}
+	}
+	return nil
+}
+
+// runQuiet runs a helper through the reaper, collecting its output.
+func (a *agent) runQuiet(ctx context.Context, name string, args ...string) (string, error) {
+	path, err := exec.LookPath(name)
+	if err != nil {
+		if path, err = lookPath(name, nil); err != nil {
+			return "", err
+		}
+	}
+	r, w, err := os.Pipe()
+	if err != nil {
+		return "", err
+	}
+	defer r.Close()
+	null, err := os.Open(os.DevNull)
+	if err != nil {
+		w.Close()
+		return "", err
+	}
+	defer null.Close()
+	p, exited, err := a.reaper.start(path, append([]string{name}, args...), &os.ProcAttr{
+		Env: []string{"PATH=" + defaultPath}, Files: []*os.File{null, w, w}})
+	w.Close()
+	if err != nil {
+		return "", err
+	}
+	out := make(chan string, 1)
+	go func() {
+		var b strings.Builder
+		buf := make([]byte, 4096)
+		for b.Len() < 64<<10 {
+			n, err := r.Read(buf)
+			b.Write(buf[:n])
+			if err != nil {
+				break
+			}
+		}
+		out <- b.String()
+	}()
+	var ws unix.WaitStatus
+	select {
+	case ws = <-exited:
+	case <-ctx.Done():
+		p.Kill()
+		ws = <-exited
+	}
+	p.Release()
+	r.Close()
+	text := <-out
+	if !ws.Exited() || ws.ExitStatus() != 0 {
+		return text, fmt.Errorf("exit status %d", ws.ExitStatus())
+	}
+	return text, nil
+}

@@ -1,0 +1,408 @@
+package guestproto
+
+import (
+	"bufio"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"net"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/hashicorp/yamux"
+)
+
+// DialOptions tune Dial; the zero value speaks this build's protocol range.
+type DialOptions struct {
+	MinProtocol, MaxProtocol int
+	// KeepAlive is how often the node pings the guest to notice a dead
+	// session; zero means 15s.
+	KeepAlive time.Duration
+}
+
+// Client is the node's side of one guest agent session.
+type Client struct {
+	sess *yamux.Session
+	info GuestInfo
+}
+
+// Dial performs the handshake over conn and starts the session. Dial owns
+// conn: it is closed on failure and by Client.Close.
+func Dial(ctx context.Context, conn io.ReadWriteCloser) (*Client, error) {
+	return DialWith(ctx, conn, DialOptions{})
+}
+
+// DialWith is Dial with options.
+func DialWith(ctx context.Context, conn io.ReadWriteCloser, opts DialOptions) (*Client, error) {
+	if opts.MinProtocol == 0 {
+		opts.MinProtocol = MinProtocolVersion
+	}
+	if opts.MaxProtocol == 0 {
+		opts.MaxProtocol = ProtocolVersion
+	}
+	if opts.KeepAlive == 0 {
+		opts.KeepAlive = 15 * time.Second
+	}
+	hello, err := NewHello(opts.MinProtocol, opts.MaxProtocol)
+	if err != nil {
+		conn.Close()
+		return nil, err
+	}
+	stop := context.AfterFunc(ctx, func() { conn.Close() })
+	br := bufio.NewReaderSize(conn, HandshakeBufferSize)
+	info, err := func() (GuestInfo, error) {
+		if _, err := conn.Write(hello.Marshal()); err != nil {
+			return GuestInfo{}, fmt.Errorf("guestproto: send hello: %w", err)
+		}
+		info, _, err := ReadInfo(br, hello.NonceString())
+		if err != nil {
+			return info, fmt.Errorf("guestproto: read guest info: %w", err)
+		}
+		return info, nil
+	}()
+	if !stop() {
+		conn.Close()
+		return nil, fmt.Errorf("guestproto: handshake: %w", context.Cause(ctx))
+	}
+	if err != nil {
+		conn.Close()
+		return nil, err
+	}
+	if _, verr := Negotiate(opts.MinProtocol, opts.MaxProtocol, info.MinProtocol, info.MaxProtocol, "node", "guest agent"); verr != nil {
+		conn.Close()
+		return nil, verr
+	}
+	if info.Refused != "" || info.Protocol < opts.MinProtocol || info.Protocol > opts.MaxProtocol {
+		conn.Close()
+		return nil, fmt.Errorf("guestproto: guest agent refused the handshake (protocol %d): %s", info.Protocol, info.Refused)
+	}
+	cfg := yamux.DefaultConfig()
+	cfg.LogOutput = io.Discard
+	cfg.KeepAliveInterval = opts.KeepAlive
+	sess, err := yamux.Client(struct {
+		io.Reader
+		io.Writer
+		io.Closer
+	}{br, conn, conn}, cfg)
+	if err != nil {
+		conn.Close()
+		return nil, fmt.Errorf("guestproto: start session: %w", err)
+	}
+	return &Client{sess: sess, info: info}, nil
+}
+
+// Info is the GuestInfo of the handshake.
+func (c *Client) Info() GuestInfo { return c.info }
+
+// Close ends the session and closes the connection. The guest agent goes
+// back to waiting for a handshake; its processes keep running.
+func (c *Client) Close() error { return c.sess.Close() }
+
+// Done is closed when the session ended.
+func (c *Client) Done() <-chan struct{} { return c.sess.CloseChan() }
+
+// open opens a stream for call and sends its request. The stream follows
+// ctx until release is called.
+func (c *Client) open(ctx context.Context, call string, args any) (net.Conn, func(), error) {
+	s, err := c.sess.OpenStream()
+	if err != nil {
+		return nil, nil, fmt.Errorf("guest agent: %s: open stream: %w", call, err)
+	}
+	stop := context.AfterFunc(ctx, func() { s.SetDeadline(time.Unix(1, 0)) })
+	release := func() { stop() }
+	req := Request{Call: call}
+	if args != nil {
+		if req.Args, err = json.Marshal(args); err != nil {
+			release()
+			s.Close()
+			return nil, nil, err
+		}
+	}
+	if err := WriteFrame(s, req); err != nil {
+		release()
+		s.Close()
+		return nil, nil, c.streamErr(ctx, call, err)
+	}
+	return s, release, nil
+}
+
+func (c *Client) streamErr(ctx context.Context, call string, err error) error {
+	if ctx.Err() != nil {
+		return fmt.Errorf("guest agent: %s: %w", call, context.Cause(ctx))
+	}
+	return fmt.Errorf("guest agent: %s: %w", call, err)
+}
+
+// readResponse reads a Response and decodes its result into out.
+func readResponse(s io.Reader, call string, out any) error {
+	var resp Response
+	if err := ReadFrame(s, &resp); err != nil {
+		return err
+	}
+	if resp.Error != nil {
+		resp.Error.Call = call
+		return resp.Error
+	}
+	if out != nil && len(resp.Result) > 0 {
+		if err := json.Unmarshal(resp.Result, out); err != nil {
+			return fmt.Errorf("decode result: %w", err)
+		}
+	}
+	return nil
+}
+
+// call is a plain request/response call.
+func (c *Client) call(ctx context.Context, call string, args, out any) error {
+	s, release, err := c.open(ctx, call, args)
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	defer release()
+	if err := readResponse(s, call, out); err != nil {
+		var ge *Error
+		if errors.As(err, &ge) {
+			return err
+		}
+		return c.streamErr(ctx, call, err)
+	}
+	return nil
+}
+
+// GuestInfo asks the agent for its current info.
+func (c *Client) GuestInfo(ctx context.Context) (GuestInfo, error) {
+	var info GuestInfo
+	err := c.call(ctx, CallGuestInfo, nil, &info)
+	return info, err
+}
+
+// Configure sets hostname, network, DNS and mounts.
+func (c *Client) Configure(ctx context.Context, req ConfigureRequest) error {
+	return c.call(ctx, CallConfigure, req, nil)
+}
+
+// Stat returns a guest path's metadata.
+func (c *Client) Stat(ctx context.Context, path string) (FileInfo, error) {
+	var fi FileInfo
+	err := c.call(ctx, CallStat, StatRequest{Path: path}, &fi)
+	return fi, err
+}
+
+// Sync flushes all guest filesystems.
+func (c *Client) Sync(ctx context.Context) error { return c.call(ctx, CallSync, nil, nil) }
+
+// Freeze freezes the filesystem mounted at path (FIFREEZE).
+func (c *Client) Freeze(ctx context.Context, path string) error {
+	return c.call(ctx, CallFreeze, FreezeRequest{Path: path}, nil)
+}
+
+// Thaw thaws the filesystem mounted at path (FITHAW).
+func (c *Client) Thaw(ctx context.Context, path string) error {
+	return c.call(ctx, CallThaw, FreezeRequest{Path: path}, nil)
+}
+
+// Stop ends the guest's processes (SIGTERM, SIGKILL after grace), syncs and
+// powers the guest off. The result arrives before the poweroff.
+func (c *Client) Stop(ctx context.Context, grace time.Duration) (StopResult, error) {
+	var res StopResult
+	err := c.call(ctx, CallStop, StopRequest{Grace: grace}, &res)
+	return res, err
+}
+
+// WriteFile replaces path in the guest with the data of r (atomically).
+func (c *Client) WriteFile(ctx context.Context, path string, mode fs.FileMode, r io.Reader) (FileInfo, error) {
+	var fi FileInfo
+	s, release, err := c.open(ctx, CallFileWrite, FileWriteRequest{Path: path, Mode: mode})
+	if err != nil {
+		return fi, err
+	}
+	defer s.Close()
+	defer release()
+	cw := &ChunkWriter{W: s}
+	if _, err := io.CopyBuffer(cw, r, make([]byte, 256<<10)); err != nil {
+		return fi, c.streamErr(ctx, CallFileWrite, err)
+	}
+	if err := cw.Close(); err != nil {
+		return fi, c.streamErr(ctx, CallFileWrite, err)
+	}
+	if err := readResponse(s, CallFileWrite, &fi); err != nil {
+		var ge *Error
+		if errors.As(err, &ge) {
+			return fi, err
+		}
+		return fi, c.streamErr(ctx, CallFileWrite, err)
+	}
+	return fi, nil
+}
+
+// ReadFile copies the guest file at path to w.
+func (c *Client) ReadFile(ctx context.Context, path string, w io.Writer) (FileInfo, error) {
+	var fi FileInfo
+	s, release, err := c.open(ctx, CallFileRead, FileReadRequest{Path: path})
+	if err != nil {
+		return fi, err
+	}
+	defer s.Close()
+	defer release()
+	if err := readResponse(s, CallFileRead, &fi); err != nil {
+		var ge *Error
+		if errors.As(err, &ge) {
+			return fi, err
+		}
+		return fi, c.streamErr(ctx, CallFileRead, err)
+	}
+	if _, err := io.Copy(w, &ChunkReader{R: s}); err != nil {
+		return fi, c.streamErr(ctx, CallFileRead, err)
+	}
+	if err := readResponse(s, CallFileRead, nil); err != nil {
+		return fi, err
+	}
+	return fi, nil
+}
+
+// Process is a process started by Exec.
+type Process struct {
+	PID    int
+	Stdin  io.WriteCloser // nil unless ExecRequest.Stdin
+	Stdout io.Reader      // with PTY: the terminal output
+	Stderr io.Reader      // nil with PTY
+
+	ctl     net.Conn
+	streams []net.Conn
+	mu      sync.Mutex // serializes control frames
+	done    chan struct{}
+	exit    ExecExit
+	err     error
+}
+
+// Exec starts a process in the guest. ctx bounds the start only.
+func (c *Client) Exec(ctx context.Context, req ExecRequest) (*Process, error) {
+	if len(req.Argv) == 0 {
+		return nil, errors.New("guest agent: exec: empty argv")
+	}
+	var id [12]byte
+	rand.Read(id[:])
+	req.ID = hex.EncodeToString(id[:])
+	ctl, release, err := c.open(ctx, CallExec, req)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
+	p := &Process{ctl: ctl, done: make(chan struct{})}
+	fail := func(err error) (*Process, error) {
+		p.closeAll()
+		return nil, err
+	}
+	attach := func(fd int) (net.Conn, error) {
+		s, rel, err := c.open(ctx, CallExecAttach, ExecAttach{ID: req.ID, FD: fd})
+		if err != nil {
+			return nil, err
+		}
+		rel()
+		p.streams = append(p.streams, s)
+		return s, nil
+	}
+	if req.Stdin {
+		s, err := attach(0)
+		if err != nil {
+			return fail(err)
+		}
+		p.Stdin = s
+	}
+	s, err := attach(1)
+	if err != nil {
+		return fail(err)
+	}
+	p.Stdout = &closeOnEOF{Conn: s}
+	if req.PTY == nil {
+		s, err := attach(2)
+		if err != nil {
+			return fail(err)
+		}
+		p.Stderr = &closeOnEOF{Conn: s}
+	}
+	var started ExecStarted
+	if err := readResponse(ctl, CallExec, &started); err != nil {
+		var ge *Error
+		if errors.As(err, &ge) {
+			return fail(err)
+		}
+		return fail(c.streamErr(ctx, CallExec, err))
+	}
+	p.PID = started.PID
+	go p.waitExit()
+	return p, nil
+}
+
+func (p *Process) waitExit() {
+	defer close(p.done)
+	if err := ReadFrame(p.ctl, &p.exit); err != nil {
+		p.err = fmt.Errorf("guest agent: exec: lost the process: %w", err)
+	} else if p.exit.Error != "" {
+		p.err = fmt.Errorf("guest agent: exec: %s", p.exit.Error)
+	}
+	p.ctl.Close()
+	if p.Stdin != nil {
+		p.Stdin.Close()
+	}
+}
+
+func (p *Process) control(m ExecControl) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	select {
+	case <-p.done:
+		return errors.New("guest agent: exec: process already exited")
+	default:
+	}
+	return WriteFrame(p.ctl, m)
+}
+
+// Signal sends sig to the process.
+func (p *Process) Signal(sig syscall.Signal) error { return p.control(ExecControl{Signal: int(sig)}) }
+
+// Resize sets the PTY's window size.
+func (p *Process) Resize(rows, cols uint16) error {
+	return p.control(ExecControl{Resize: &WinSize{Rows: rows, Cols: cols}})
+}
+
+// Wait waits for the process to exit. The guest reports the exit after the
+// process's output was sent, so Stdout and Stderr then read to EOF.
+func (p *Process) Wait() (ExecExit, error) {
+	<-p.done
+	return p.exit, p.err
+}
+
+// Done is closed when the exit is known.
+func (p *Process) Done() <-chan struct{} { return p.done }
+
+// Close abandons the process's streams; the process keeps running.
+func (p *Process) Close() error {
+	p.closeAll()
+	return nil
+}
+
+func (p *Process) closeAll() {
+	p.ctl.Close()
+	for _, s := range p.streams {
+		s.Close()
+	}
+}
+
+// closeOnEOF closes its stream once the guest finished sending, so the
+// stream is freed on both sides.
+type closeOnEOF struct{ net.Conn }
+
+func (c *closeOnEOF) Read(b []byte) (int, error) {
+	n, err := c.Conn.Read(b)
+	if err == io.EOF {
+		c.Conn.Close()
+	}
+	return n, err
+}

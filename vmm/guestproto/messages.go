@@ -1,0 +1,209 @@
+package guestproto
+
+import (
+	"encoding/json"
+	"fmt"
+	"io/fs"
+	"time"
+)
+
+// Calls. Each call is one yamux stream opened by the node: a Request header
+// frame, call-specific data, then a Response header frame.
+const (
+	CallGuestInfo  = "guest-info"
+	CallConfigure  = "configure"
+	CallExec       = "exec"
+	CallExecAttach = "exec-attach" // attaches a stdio stream to an exec by ID
+	CallFileWrite  = "file-write"
+	CallFileRead   = "file-read"
+	CallStat       = "stat"
+	CallSync       = "sync"
+	CallFreeze     = "freeze"
+	CallThaw       = "thaw"
+	CallStop       = "stop"
+)
+
+// Capabilities a guest agent announces in GuestInfo.
+const (
+	CapExec      = "exec"
+	CapPTY       = "pty"
+	CapFiles     = "files"
+	CapConfigure = "configure"
+	CapFreeze    = "freeze"
+	CapStop      = "stop"
+)
+
+// Request is the first frame of every stream.
+type Request struct {
+	Call string          `json:"call"`
+	Args json.RawMessage `json:"args,omitempty"`
+}
+
+// Response is the reply frame of a call.
+type Response struct {
+	Error  *Error          `json:"error,omitempty"`
+	Result json.RawMessage `json:"result,omitempty"`
+}
+
+// Error codes carried in Error.Code.
+const (
+	CodeInvalid     = "invalid"
+	CodeNotFound    = "not_found"
+	CodeUnsupported = "unsupported"
+	CodeFailed      = "failed"
+)
+
+// Error is a call that failed in the guest.
+type Error struct {
+	Call    string `json:"call,omitempty"`
+	Code    string `json:"code"`
+	Message string `json:"message"`
+}
+
+func (e *Error) Error() string {
+	if e.Call != "" {
+		return fmt.Sprintf("guest agent: %s: %s", e.Call, e.Message)
+	}
+	return "guest agent: " + e.Message
+}
+
+// GuestInfo describes the agent; it is the handshake reply and the
+// result of CallGuestInfo.
+type GuestInfo struct {
+	Nonce        string   `json:"nonce"`
+	Protocol     int      `json:"protocol"` // chosen version; 0 when refused
+	MinProtocol  int      `json:"min_protocol"`
+	MaxProtocol  int      `json:"max_protocol"`
+	Capabilities []string `json:"capabilities,omitempty"`
+	BootID       string   `json:"boot_id,omitempty"`
+	AgentVersion string   `json:"agent_version,omitempty"`
+	Refused      string   `json:"refused,omitempty"` // why the handshake was refused
+}
+
+// Has reports whether the agent announced capability c.
+func (g GuestInfo) Has(c string) bool {
+	for _, x := range g.Capabilities {
+		if x == c {
+			return true
+		}
+	}
+	return false
+}
+
+// ConfigureRequest sets the guest's identity and network.
+type ConfigureRequest struct {
+	Hostname   string      `json:"hostname,omitempty"`
+	Interfaces []Interface `json:"interfaces,omitempty"`
+	DNS        []string    `json:"dns,omitempty"`
+	Mounts     []Mount     `json:"mounts,omitempty"`
+}
+
+// Interface is one guest network interface, matched by name or MAC.
+type Interface struct {
+	Name      string   `json:"name,omitempty"`
+	MAC       string   `json:"mac,omitempty"`
+	Addresses []string `json:"addresses,omitempty"` // CIDR, e.g. 10.0.0.2/24
+	Routes    []Route  `json:"routes,omitempty"`
+	MTU       int      `json:"mtu,omitempty"`
+}
+
+// Route is a route via an interface; Destination "default" or a CIDR.
+type Route struct {
+	Destination string `json:"destination"`
+	Gateway     string `json:"gateway,omitempty"`
+}
+
+// Mount is a filesystem to mount in the guest.
+type Mount struct {
+	Source  string   `json:"source"`
+	Target  string   `json:"target"`
+	FSType  string   `json:"fstype"`
+	Options []string `json:"options,omitempty"`
+}
+
+// WinSize is a terminal size.
+type WinSize struct {
+	Rows uint16 `json:"rows"`
+	Cols uint16 `json:"cols"`
+}
+
+// ExecRequest starts a process. Stdio streams are attached with
+// CallExecAttach streams carrying the same ID: stdin (0), stdout (1) and,
+// without PTY, stderr (2).
+type ExecRequest struct {
+	ID    string   `json:"id"`
+	Argv  []string `json:"argv"`
+	Env   []string `json:"env,omitempty"`
+	Dir   string   `json:"dir,omitempty"`
+	PTY   *WinSize `json:"pty,omitempty"`
+	Stdin bool     `json:"stdin,omitempty"` // false: the process gets /dev/null
+}
+
+// ExecAttach is the request of a stdio stream.
+type ExecAttach struct {
+	ID string `json:"id"`
+	FD int    `json:"fd"`
+}
+
+// ExecStarted is the result of CallExec.
+type ExecStarted struct {
+	PID int `json:"pid"`
+}
+
+// ExecControl is sent by the node on the exec stream after the start.
+type ExecControl struct {
+	Signal int      `json:"signal,omitempty"`
+	Resize *WinSize `json:"resize,omitempty"`
+}
+
+// ExecExit is the last frame of the exec stream.
+type ExecExit struct {
+	ExitCode int    `json:"exit_code"`        // -1 when killed by a signal
+	Signal   int    `json:"signal,omitempty"` // the signal that ended it
+	Error    string `json:"error,omitempty"`
+}
+
+// FileWriteRequest is followed by the data as chunks; the file is replaced
+// atomically once the end chunk arrived.
+type FileWriteRequest struct {
+	Path string      `json:"path"`
+	Mode fs.FileMode `json:"mode"`
+}
+
+// FileReadRequest is answered by a Response with FileInfo, the data as
+// chunks, and a trailing Response reporting errors during the transfer.
+type FileReadRequest struct {
+	Path string `json:"path"`
+}
+
+// StatRequest asks for one path's metadata (lstat).
+type StatRequest struct {
+	Path string `json:"path"`
+}
+
+// FileInfo is a path's metadata.
+type FileInfo struct {
+	Path    string      `json:"path"`
+	Size    int64       `json:"size"`
+	Mode    fs.FileMode `json:"mode"`
+	ModTime time.Time   `json:"mod_time"`
+	UID     int         `json:"uid"`
+	GID     int         `json:"gid"`
+}
+
+// FreezeRequest names a mount point to freeze or thaw.
+type FreezeRequest struct {
+	Path string `json:"path"`
+}
+
+// StopRequest stops the guest: managed processes get SIGTERM, then SIGKILL
+// after Grace, filesystems are synced, then the guest powers off.
+type StopRequest struct {
+	Grace time.Duration `json:"grace"`
+}
+
+// StopResult reports what Stop did before the poweroff.
+type StopResult struct {
+	Terminated int `json:"terminated"` // ended after SIGTERM
+	Killed     int `json:"killed"`     // needed SIGKILL
+}

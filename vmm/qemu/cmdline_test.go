@@ -1,0 +1,113 @@
+package qemu
+
+import (
+	"reflect"
+	"strings"
+	"testing"
+)
+
+func TestArgsFull(t *testing.T) {
+	c := Config{
+		Accel:      AccelTCG,
+		MemoryMiB:  512,
+		VCPUs:      2,
+		Kernel:     "/p/vmlinux",
+		Initrd:     "/p/initramfs.cpio.gz",
+		KernelArgs: []string{"kibotos.boot=1"},
+		TSCKHz:     2596140,
+		ConsoleLog: "/i/console.log",
+		Channels: []Channel{
+			{Name: "kibotos.node", Socket: "/i/node.sock"},
+			{Name: "kibotos.data", Socket: "/i/data.sock"},
+		},
+		Disks:     []Disk{{Path: "/i/rw.img"}, {ID: "vol1", Path: "/v/1.img", ReadOnly: true}},
+		NIC:       &NIC{Tap: "tap0", MAC: "52:54:00:AB:CD:EF"},
+		QMPSocket: "/i/qmp.sock",
+		NoReboot:  true,
+	}
+	got, err := c.Argv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{
+		"qemu-system-x86_64",
+		"-M", "microvm", "-accel", "tcg", "-cpu", "max", "-m", "512", "-smp", "2",
+		"-nodefaults", "-no-user-config", "-nographic",
+		"-kernel", "/p/vmlinux", "-initrd", "/p/initramfs.cpio.gz",
+		"-append", "console=ttyS0 reboot=t panic=-1 quiet tsc_early_khz=2596140 kibotos.boot=1",
+		"-serial", "file:/i/console.log",
+		"-no-reboot",
+		"-device", "virtio-serial-device",
+		"-chardev", "socket,id=ch-kibotos.node,path=/i/node.sock,server=on,wait=off",
+		"-device", "virtserialport,chardev=ch-kibotos.node,name=kibotos.node",
+		"-chardev", "socket,id=ch-kibotos.data,path=/i/data.sock,server=on,wait=off",
+		"-device", "virtserialport,chardev=ch-kibotos.data,name=kibotos.data",
+		"-drive", "file=/i/rw.img,if=none,id=disk0,format=raw",
+		"-device", "virtio-blk-device,drive=disk0",
+		"-drive", "file=/v/1.img,if=none,id=vol1,format=raw,readonly=on",
+		"-device", "virtio-blk-device,drive=vol1",
+		"-netdev", "tap,id=net0,ifname=tap0,script=no,downscript=no",
+		"-device", "virtio-net-device,netdev=net0,mac=52:54:00:ab:cd:ef",
+		"-qmp", "unix:/i/qmp.sock,server=on,wait=off",
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("argv:\n got %q\nwant %q", got, want)
+	}
+}
+
+func TestArgsMinimalKVM(t *testing.T) {
+	c := Config{Accel: AccelKVM, Kernel: "k", Initrd: "i", ConsoleLog: "c", TSCKHz: 1000}
+	got, err := c.Args()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := strings.Join(got, " ")
+	for _, want := range []string{"-accel kvm -cpu host -m 256 -smp 1", "-append console=ttyS0 reboot=t panic=-1 quiet -serial"} {
+		if !strings.Contains(s, want) {
+			t.Errorf("args %q lack %q", s, want)
+		}
+	}
+	// tsc_early_khz is a TCG workaround only; no devices or QMP unless asked.
+	for _, no := range []string{"tsc_early_khz", "virtio-serial-device", "-qmp", "-no-reboot", "-drive", "-netdev"} {
+		if strings.Contains(s, no) {
+			t.Errorf("args %q contain %q", s, no)
+		}
+	}
+}
+
+func TestArgsInvalid(t *testing.T) {
+	ok := func() Config {
+		return Config{Accel: AccelTCG, TSCKHz: 1, Kernel: "k", Initrd: "i", ConsoleLog: "c"}
+	}
+	cases := map[string]struct {
+		mut  func(*Config)
+		want string
+	}{
+		"auto unresolved": {func(c *Config) { c.Accel = AccelAuto }, "resolve auto"},
+		"tcg without tsc": {func(c *Config) { c.TSCKHz = 0 }, "tsc_early_khz"},
+		"no kernel":       {func(c *Config) { c.Kernel = "" }, "kernel: no path"},
+		"comma in path":   {func(c *Config) { c.Initrd = "/a,b" }, "comma"},
+		"bad channel":     {func(c *Config) { c.Channels = []Channel{{Name: "a b", Socket: "/s"}} }, "channel name"},
+		"dup channel": {func(c *Config) {
+			c.Channels = []Channel{{Name: "a", Socket: "/s1"}, {Name: "a", Socket: "/s2"}}
+		}, "given twice"},
+		"long socket": {func(c *Config) {
+			c.Channels = []Channel{{Name: "a", Socket: "/" + strings.Repeat("x", 120)}}
+		}, "unix socket path"},
+		"dup disk":    {func(c *Config) { c.Disks = []Disk{{ID: "disk1", Path: "a"}, {Path: "b"}} }, "disk id \"disk1\" given twice"},
+		"disk format": {func(c *Config) { c.Disks = []Disk{{Path: "a", Format: "vmdk"}} }, "format"},
+		"long tap":    {func(c *Config) { c.NIC = &NIC{Tap: "tap-much-too-long-name"} }, "tap"},
+		"bad mac":     {func(c *Config) { c.NIC = &NIC{Tap: "tap0", MAC: "nope"} }, "mac"},
+		"space arg":   {func(c *Config) { c.KernelArgs = []string{"a b"} }, "whitespace"},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			c := ok()
+			tc.mut(&c)
+			_, err := c.Args()
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("err = %v, want it to mention %q", err, tc.want)
+			}
+		})
+	}
+}
