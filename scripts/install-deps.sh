@@ -16,9 +16,13 @@ if [ "${KIBOTOS_BENCH:-0}" = 1 ]; then
 		dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
 	done
 fi
-if [ ${#need[@]} -gt 0 ]; then
-	export DEBIAN_FRONTEND=noninteractive
+export DEBIAN_FRONTEND=noninteractive
+# `kibotos platform build` resolves and downloads the kernel .deb with apt,
+# so the package lists must be there even when nothing is to be installed.
+if [ ${#need[@]} -gt 0 ] || ! ls /var/lib/apt/lists/*_Packages >/dev/null 2>&1; then
 	apt-get update -qq
+fi
+if [ ${#need[@]} -gt 0 ]; then
 	apt-get install -y -qq --no-install-recommends "${need[@]}"
 fi
 
