@@ -1,0 +1,115 @@
+package runtime
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os/exec"
+	"path/filepath"
+
+	"github.com/kibotos/kibotos/vmm/qemu"
+)
+
+// Backend is what differs between VMMs: the command line and how the node
+// reaches the guest agent. Only QEMU (microvm, virtio-serial channel) is
+// implemented. A Firecracker backend fits the same shape: Argv would run the
+// jailer with the API socket under Paths.Dir (the VM then being configured
+// over that socket before InstanceStart), and GuestConn would dial the hybrid
+// vsock socket and send "CONNECT <port>".
+type Backend interface {
+	// Name is recorded in the launch record.
+	Name() string
+	// Argv is the VMM command, binary first as an absolute path.
+	Argv(spec Spec, paths Paths) ([]string, error)
+	// GuestConn opens the raw byte stream to the guest agent's channel.
+	GuestConn(ctx context.Context, paths Paths) (net.Conn, error)
+}
+
+// Paths are the files of one Instance, all inside its directory.
+type Paths struct {
+	Dir         string
+	Console     string // guest serial console
+	VMMLog      string // the VMM's stdout and stderr
+	AgentSocket string // guest agent channel
+	Control     string // VMM control socket (QMP; Firecracker's API socket)
+	Disk        string // writable raw disk
+}
+
+func instancePaths(dir string) Paths {
+	return Paths{
+		Dir:         dir,
+		Console:     filepath.Join(dir, "console.log"),
+		VMMLog:      filepath.Join(dir, "vmm.log"),
+		AgentSocket: filepath.Join(dir, "agent.sock"),
+		Control:     filepath.Join(dir, "qmp.sock"),
+		Disk:        filepath.Join(dir, "disk.raw"),
+	}
+}
+
+// AgentPortName is the virtio-serial port the guest agent listens on (the
+// default of `kibotos guest-agent --port-name`).
+const AgentPortName = "kibotos.agent"
+
+// QEMU is the qemu-system-x86_64 -M microvm backend.
+type QEMU struct {
+	Binary string // absolute path
+	Accel  qemu.Accel
+	TSCKHz int
+}
+
+// NewQEMU resolves the binary and the accelerator (auto picks TCG where KVM
+// cannot run a stock guest kernel) and says why in choice.
+func NewQEMU(binary string, accel qemu.Accel) (*QEMU, qemu.Choice, error) {
+	if binary == "" {
+		binary = qemu.DefaultBinary
+	}
+	path, err := exec.LookPath(binary)
+	if err != nil {
+		return nil, qemu.Choice{}, fmt.Errorf("qemu backend: %s not found: %w (install the Debian package qemu-system-x86)", binary, err)
+	}
+	if path, err = filepath.Abs(path); err != nil {
+		return nil, qemu.Choice{}, err
+	}
+	choice, err := qemu.SelectAccel(accel, qemu.Host{})
+	if err != nil {
+		return nil, qemu.Choice{}, fmt.Errorf("qemu backend: %w", err)
+	}
+	b := &QEMU{Binary: path, Accel: choice.Accel}
+	if choice.Accel == qemu.AccelTCG {
+		if b.TSCKHz, err = (qemu.Host{}).TSCKHz(); err != nil {
+			return nil, choice, fmt.Errorf("qemu backend: TCG needs the host TSC frequency: %w", err)
+		}
+	}
+	return b, choice, nil
+}
+
+// Name implements Backend.
+func (*QEMU) Name() string { return "qemu" }
+
+// Argv implements Backend.
+func (q *QEMU) Argv(spec Spec, p Paths) ([]string, error) {
+	cfg := qemu.Config{
+		Binary:     q.Binary,
+		Accel:      q.Accel,
+		TSCKHz:     q.TSCKHz,
+		MemoryMiB:  spec.MemoryMiB,
+		VCPUs:      spec.VCPUs,
+		Kernel:     spec.Installation.Kernel(),
+		Initrd:     spec.Installation.Initrd(),
+		ConsoleLog: p.Console,
+		Channels:   []qemu.Channel{{Name: AgentPortName, Socket: p.AgentSocket}},
+		QMPSocket:  p.Control,
+		NoReboot:   true,
+	}
+	if p.Disk != "" {
+		cfg.Disks = []qemu.Disk{{ID: "writable", Path: p.Disk, Format: "raw"}}
+	}
+	return cfg.Argv()
+}
+
+// GuestConn implements Backend: the channel is a unix socket QEMU serves
+// one client at a time.
+func (*QEMU) GuestConn(ctx context.Context, p Paths) (net.Conn, error) {
+	var d net.Dialer
+	return d.DialContext(ctx, "unix", p.AgentSocket)
+}

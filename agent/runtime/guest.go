@@ -1,0 +1,181 @@
+package runtime
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/kibotos/kibotos/vmm/guestproto"
+)
+
+// Backoff of guest reconnects after a takeover or a lost session. An
+// attempt is short: a hello can be lost in the guest (its agent drops what
+// a session's in-flight read had consumed when the old node vanished), and
+// only a new connection with a fresh hello recovers from that.
+const (
+	guestAttemptTimeout = 2 * time.Second
+	guestBackoffMin     = 100 * time.Millisecond
+	guestBackoffMax     = 5 * time.Second
+)
+
+// dialGuest opens one guest agent session through the backend.
+func (rt *Runtime) dialGuest(ctx context.Context, in *instance) (*guestproto.Client, error) {
+	conn, err := rt.backend.GuestConn(ctx, in.paths)
+	if err != nil {
+		return nil, err
+	}
+	return guestproto.Dial(ctx, conn)
+}
+
+func guestRecord(info guestproto.GuestInfo) *GuestRecord {
+	return &GuestRecord{BootID: info.BootID, Protocol: info.Protocol, AgentVersion: info.AgentVersion, Capabilities: info.Capabilities}
+}
+
+// startGuestLoop keeps a guest session for a running Instance: it
+// reconnects with backoff whenever there is none. first is a session
+// already established (by Start), or nil.
+func (rt *Runtime) startGuestLoop(in *instance, first *guestproto.Client) {
+	ctx, cancel := context.WithCancel(rt.ctx)
+	done := make(chan struct{})
+	in.mu.Lock()
+	in.stopGuest, in.guestDone = cancel, done
+	in.mu.Unlock()
+	rt.wg.Add(1)
+	go func() {
+		defer rt.wg.Done()
+		defer close(done)
+		rt.guestLoop(ctx, in, first)
+	}()
+}
+
+func (rt *Runtime) guestLoop(ctx context.Context, in *instance, c *guestproto.Client) {
+	backoff := guestBackoffMin
+	pending := false
+	for {
+		if c == nil {
+			in.mu.Lock()
+			state := in.state
+			in.mu.Unlock()
+			if state != StateRunning {
+				return // stopping or ended: nothing to reconnect to
+			}
+			actx, cancel := context.WithTimeout(ctx, guestAttemptTimeout)
+			var err error
+			c, err = rt.dialGuest(actx, in)
+			cancel()
+			if ctx.Err() != nil {
+				if c != nil {
+					c.Close()
+				}
+				return
+			}
+			var verr *guestproto.VersionError
+			if errors.As(err, &verr) {
+				// The guest answers but refuses: the VMM keeps running.
+				in.mu.Lock()
+				if in.state == StateRunning {
+					in.state, in.err, in.how = StateFailed, "guest agent refused: "+err.Error(), "guest refused"
+					in.notify()
+				}
+				in.mu.Unlock()
+				rt.log.Error("instance guest refused", "instance_id", in.id, "err", err)
+				return
+			}
+			if err != nil {
+				in.mu.Lock()
+				in.responding = false
+				in.mu.Unlock()
+				pending = true
+				rt.log.Warn("instance guest sync pending", "instance_id", in.id, "err", err, "retry_in", backoff)
+				if sleepCtx(ctx, backoff) != nil {
+					return
+				}
+				backoff = min(backoff*2, guestBackoffMax)
+				continue
+			}
+			info := c.Info()
+			in.mu.Lock()
+			if g := in.rec.Guest; g != nil && g.BootID != info.BootID {
+				rt.log.Warn("instance guest restarted while not connected", "instance_id", in.id, "boot_id", info.BootID, "recorded_boot_id", g.BootID)
+			}
+			in.mu.Unlock()
+			if pending {
+				rt.log.Info("instance guest sync pending", "instance_id", in.id, "recovered", true)
+				pending = false
+			}
+			backoff = guestBackoffMin
+		}
+		in.mu.Lock()
+		in.guest, in.responding = c, true
+		in.notify()
+		in.mu.Unlock()
+		select {
+		case <-c.Done():
+			in.mu.Lock()
+			if in.guest == c {
+				in.guest, in.responding = nil, false
+				in.notify()
+			}
+			in.mu.Unlock()
+			c = nil
+		case <-ctx.Done():
+			in.mu.Lock()
+			if in.guest == c {
+				in.guest, in.responding = nil, false
+				in.notify()
+			}
+			in.mu.Unlock()
+			c.Close()
+			return
+		}
+	}
+}
+
+// stopGuestLoop ends the guest loop of in and waits for it.
+func (in *instance) stopGuestLoop() {
+	in.mu.Lock()
+	cancel, done := in.stopGuest, in.guestDone
+	in.stopGuest, in.guestDone = nil, nil
+	in.mu.Unlock()
+	if cancel != nil {
+		cancel()
+		<-done
+	}
+}
+
+// waitGuest is Start's readiness check: it dials the guest agent until it
+// answers, the VMM exits or ctx ends.
+func (rt *Runtime) waitGuest(ctx context.Context, in *instance, alive func() bool) (*guestproto.Client, error) {
+	var last error
+	for {
+		actx, cancel := context.WithTimeout(ctx, 15*time.Second)
+		c, err := rt.dialGuest(actx, in)
+		cancel()
+		if err == nil {
+			return c, nil
+		}
+		last = err
+		var verr *guestproto.VersionError
+		if errors.As(err, &verr) {
+			return nil, err
+		}
+		if !alive() {
+			return nil, fmt.Errorf("the VMM exited before the guest agent answered (last: %v)", last)
+		}
+		if err := sleepCtx(ctx, 50*time.Millisecond); err != nil {
+			return nil, fmt.Errorf("%w (last: %v)", err, last)
+		}
+	}
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}

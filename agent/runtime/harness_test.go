@@ -1,0 +1,264 @@
+package runtime_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kibotos/kibotos/agent/runtime"
+	"github.com/kibotos/kibotos/vmm/guestproto"
+	"github.com/kibotos/kibotos/vmm/platform"
+	"github.com/kibotos/kibotos/vmm/qemu"
+	"github.com/kibotos/kibotos/vmm/units"
+	"github.com/kibotos/kibotos/vmm/units/privsd"
+)
+
+func TestMain(m *testing.M) {
+	if os.Getenv(nodeEnv) != "" {
+		os.Exit(runNode())
+	}
+	code := m.Run()
+	if fixture.dir != "" {
+		os.RemoveAll(fixture.dir)
+	}
+	os.Exit(code)
+}
+
+// requireVMHost skips, saying why on stderr, when this host cannot boot a
+// Platform in a private systemd. Slowness is never a reason to skip.
+func requireVMHost(t *testing.T) {
+	t.Helper()
+	var missing []string
+	if os.Geteuid() != 0 {
+		missing = append(missing, "root")
+	}
+	for tool, pkg := range map[string]string{qemu.DefaultBinary: "qemu-system-x86", "dpkg": "dpkg"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			missing = append(missing, tool+" (Debian package "+pkg+")")
+		}
+	}
+	if err := privsd.Available(); err != nil {
+		missing = append(missing, "a private systemd: "+err.Error())
+	}
+	if len(missing) > 0 {
+		msg := t.Name() + " skipped: missing " + strings.Join(missing, ", ")
+		fmt.Fprintln(os.Stderr, msg)
+		t.Skip(msg)
+	}
+}
+
+// fixture is the Platform shared by every test of this binary.
+var fixture struct {
+	once sync.Once
+	dir  string
+	inst *platform.Installation
+	err  error
+}
+
+func platformFixture(t *testing.T) *platform.Installation {
+	t.Helper()
+	fixture.once.Do(func() {
+		t0 := time.Now()
+		fixture.dir, fixture.err = os.MkdirTemp("", "kbr-platform-")
+		if fixture.err != nil {
+			return
+		}
+		bin := filepath.Join(fixture.dir, "kibotos")
+		cmd := exec.Command("go", "build", "-trimpath", "-o", bin, "github.com/kibotos/kibotos")
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			fixture.err = fmt.Errorf("go build kibotos: %v\n%s", err, out)
+			return
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+		defer cancel()
+		fixture.inst, fixture.err = platform.Build(ctx, platform.Options{
+			StorageRoot: filepath.Join(fixture.dir, "storage"),
+			// The kernel .deb is kept between runs, as vmm/qemu's boot test does.
+			CacheDir:    filepath.Join(os.TempDir(), "kibotos-test-platform"),
+			AgentBinary: bin,
+		})
+		if fixture.err == nil {
+			fmt.Fprintf(os.Stderr, "platform fixture %s (kernel %s) built in %v\n", fixture.inst.ID, fixture.inst.KernelVersion, time.Since(t0).Round(time.Millisecond))
+		}
+	})
+	if fixture.err != nil {
+		t.Fatal(fixture.err)
+	}
+	return fixture.inst
+}
+
+// harness is a private systemd, a Manager connected to it and a short
+// storage root (unix socket paths must stay under 108 bytes).
+type harness struct {
+	root    string // storage root
+	sd      *privsd.Instance
+	m       *units.Manager
+	logs    *logBuffer
+	scratch string
+}
+
+func newHarness(t *testing.T) *harness {
+	t.Helper()
+	requireVMHost(t)
+	scratch, err := os.MkdirTemp("/tmp", "kbr-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(scratch) })
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	sd, err := privsd.Start(ctx, filepath.Join(scratch, "sd"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Stopping the private systemd kills whatever a failed test left in it.
+	t.Cleanup(func() {
+		if err := sd.Stop(); err != nil {
+			t.Errorf("stop private systemd: %v", err)
+		}
+	})
+	m, err := units.Connect(ctx, sd.Target())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(m.Close)
+	h := &harness{root: filepath.Join(scratch, "s"), sd: sd, m: m, logs: &logBuffer{}, scratch: scratch}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("runtime log:\n%s", h.logs.String())
+		}
+	})
+	return h
+}
+
+func (h *harness) open(t *testing.T) (*runtime.Runtime, error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	return runtime.Open(ctx, runtime.Config{
+		StorageRoot: h.root,
+		NodeID:      "node-a",
+		Units:       h.m,
+		Accel:       qemu.AccelAuto,
+		Logger:      slog.New(slog.NewJSONHandler(h.logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
+	})
+}
+
+func (h *harness) mustOpen(t *testing.T) *runtime.Runtime {
+	t.Helper()
+	rt, err := h.open(t)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { rt.Close() })
+	return rt
+}
+
+// activeVMMs lists the active kibotos-vmm units.
+func (h *harness) activeVMMs(t *testing.T) []units.Unit {
+	t.Helper()
+	l, err := h.m.List(context.Background(), runtime.UnitPrefix+"*")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []units.Unit
+	for _, u := range l {
+		if u.Active() {
+			out = append(out, u)
+		}
+	}
+	return out
+}
+
+// logBuffer collects the runtime's JSON log lines.
+type logBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *logBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *logBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// entries returns the log records with the given message.
+func (l *logBuffer) entries(msg string) []map[string]any {
+	var out []map[string]any
+	for _, line := range strings.Split(l.String(), "\n") {
+		var e map[string]any
+		if json.Unmarshal([]byte(line), &e) == nil && e["msg"] == msg {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+type result struct {
+	stdout, stderr string
+	exit           guestproto.ExecExit
+}
+
+// run execs argv in the guest, feeding stdin if not nil.
+func run(ctx context.Context, rt *runtime.Runtime, id string, req guestproto.ExecRequest, stdin *string) (result, error) {
+	req.Stdin = stdin != nil
+	p, err := rt.Exec(ctx, id, req)
+	if err != nil {
+		return result{}, err
+	}
+	defer p.Close()
+	if stdin != nil {
+		go func() {
+			io.WriteString(p.Stdin, *stdin)
+			p.Stdin.Close()
+		}()
+	}
+	var out, errOut bytes.Buffer
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		io.Copy(&out, p.Stdout)
+	}()
+	if p.Stderr != nil {
+		io.Copy(&errOut, p.Stderr)
+	}
+	wg.Wait()
+	exit, err := p.Wait()
+	return result{out.String(), errOut.String(), exit}, err
+}
+
+func waitFor(t *testing.T, d time.Duration, what string, ok func() bool) time.Duration {
+	t.Helper()
+	t0 := time.Now()
+	for !ok() {
+		if time.Since(t0) > d {
+			t.Fatalf("timed out after %v waiting for %s", d, what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	return time.Since(t0)
+}
+
+func testCtx(t *testing.T, d time.Duration) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	t.Cleanup(cancel)
+	return ctx
+}

@@ -1,0 +1,120 @@
+package runtime_test
+
+import (
+	"bytes"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kibotos/kibotos/agent/runtime"
+	"github.com/kibotos/kibotos/vmm/guestproto"
+	"github.com/kibotos/kibotos/vmm/units"
+)
+
+func TestLifecycle(t *testing.T) {
+	h := newHarness(t)
+	inst := platformFixture(t)
+	rt := h.mustOpen(t)
+	ctx := testCtx(t, 3*time.Minute)
+	const id = "life"
+
+	t0 := time.Now()
+	st, err := rt.Start(ctx, runtime.Spec{InstanceID: id, Installation: inst, VCPUs: 1, MemoryMiB: 256, DiskMiB: 64})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("Start → guest agent answered: %v (%s, invocation %s, host PID %d)", time.Since(t0).Round(time.Millisecond), st.Unit, st.InvocationID, st.HostPID)
+	if st.State != runtime.StateRunning || st.Unit != "kibotos-vmm-life.service" || st.InvocationID == "" || !st.GuestResponding {
+		t.Fatalf("after Start: %+v", st)
+	}
+	dir := filepath.Join(h.root, "runtime", "instances", id)
+	rec, err := runtime.ReadLaunchRecord(filepath.Join(dir, runtime.LaunchRecordFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	u, err := h.m.Get(ctx, st.Unit)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p := rec.Process; p == nil || p.InvocationID != u.InvocationID || p.MainPID != u.MainPID || p.ControlGroup != u.ControlGroup ||
+		p.StartTime == 0 || p.ExeIno == 0 || !strings.Contains(p.Exe, "qemu") || rec.InstallationID != inst.ID || rec.Guest == nil {
+		t.Errorf("launch record %+v (process %+v) does not describe unit %+v", rec, rec.Process, u)
+	}
+
+	r, err := run(ctx, rt, id, guestproto.ExecRequest{Argv: []string{"/bin/uname", "-a"}}, nil)
+	if err != nil || r.exit.ExitCode != 0 || !strings.Contains(r.stdout, inst.KernelVersion) {
+		t.Errorf("uname -a: %+v, %v; want the Platform kernel %s", r, err, inst.KernelVersion)
+	}
+	in := "hello kibotos\nsecond line\n"
+	r, err = run(ctx, rt, id, guestproto.ExecRequest{Argv: []string{"/bin/sh", "-c", "cat; exit 3"}}, &in)
+	if err != nil || r.exit.ExitCode != 3 || r.stdout != in {
+		t.Errorf("sh -c 'cat; exit 3': %+v, %v; want the input echoed and exit 3", r, err)
+	}
+	r, err = run(ctx, rt, id, guestproto.ExecRequest{Argv: []string{"/bin/sh", "-c", "tty"}, PTY: &guestproto.WinSize{Rows: 24, Cols: 80}}, nil)
+	if err != nil || r.exit.ExitCode != 0 || !strings.Contains(r.stdout, "/dev/pts") {
+		t.Errorf("tty on a PTY: %+v, %v; want /dev/pts/N", r, err)
+	}
+	// The writable disk is attached as virtio-blk: 64 MiB = 131072 sectors.
+	r, err = run(ctx, rt, id, guestproto.ExecRequest{Argv: []string{"/bin/cat", "/sys/block/vda/size"}}, nil)
+	if err != nil || strings.TrimSpace(r.stdout) != "131072" {
+		t.Errorf("guest /sys/block/vda/size: %+v, %v; want 131072", r, err)
+	}
+
+	c, err := rt.Guest(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	data := bytes.Repeat([]byte("kibotos file round trip\n"), 4096)
+	if _, err := c.WriteFile(ctx, "/tmp/roundtrip.txt", 0o644, bytes.NewReader(data)); err != nil {
+		t.Fatal(err)
+	}
+	var back bytes.Buffer
+	if fi, err := c.ReadFile(ctx, "/tmp/roundtrip.txt", &back); err != nil || fi.Size != int64(len(data)) || !bytes.Equal(back.Bytes(), data) {
+		t.Errorf("ReadFile: %d bytes (info %+v), %v; want the %d bytes written", back.Len(), fi, err, len(data))
+	}
+
+	t1 := time.Now()
+	if err := rt.Stop(ctx, id, 5*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("Stop (graceful) took %v", time.Since(t1).Round(time.Millisecond))
+	if st, _ := rt.Status(id); st.State != runtime.StateStopped || st.Error != "" {
+		t.Errorf("after Stop: %+v", st)
+	}
+	if _, err := h.m.Get(ctx, u.Name); !errors.Is(err, units.ErrNotFound) {
+		t.Errorf("unit after Stop: %v, want not found", err)
+	}
+	if pids, err := units.CgroupPIDs(h.m.CgroupPath(u)); err != nil || len(pids) != 0 {
+		t.Errorf("cgroup of %s after Stop: %v, %v", u.Name, pids, err)
+	}
+
+	// A stopped Instance stays STOPPED across a node restart.
+	rt.Close()
+	rt = h.mustOpen(t)
+	if st, err := rt.Status(id); err != nil || st.State != runtime.StateStopped {
+		t.Errorf("after a node restart: %+v, %v; want STOPPED", st, err)
+	}
+
+	if err := rt.Delete(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	ended, err := runtime.ReadEndedRecord(filepath.Join(h.root, "runtime", "registry", id+".json"))
+	if err != nil || ended.How != "stopped" || ended.Launch.LaunchID != rec.LaunchID || ended.EndedAt.IsZero() {
+		t.Errorf("registry record: %+v, %v", ended, err)
+	}
+	if _, err := os.Stat(dir); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("instance directory %s after Delete: %v", dir, err)
+	}
+	if b, err := os.ReadFile(filepath.Join(h.root, "machine-logs", id, "console.log")); err != nil || len(b) == 0 {
+		t.Errorf("console tail kept: %d bytes, %v", len(b), err)
+	}
+	if l := rt.List(); len(l) != 0 {
+		t.Errorf("List after Delete: %+v", l)
+	}
+	if l := h.activeVMMs(t); len(l) != 0 {
+		t.Errorf("VMM units after Delete: %+v", l)
+	}
+}

@@ -1,0 +1,50 @@
+package runtime
+
+import (
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"syscall"
+)
+
+// procStartTime is field 22 of /proc/<pid>/stat: the start time in clock
+// ticks since boot, which tells a process from a later one reusing its PID.
+func procStartTime(pid int) (uint64, error) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return 0, err
+	}
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	if i < 0 {
+		return 0, fmt.Errorf("/proc/%d/stat: no comm field", pid)
+	}
+	f := strings.Fields(s[i+1:]) // f[0] is field 3 (state)
+	if len(f) < 20 {
+		return 0, fmt.Errorf("/proc/%d/stat: %d fields", pid, len(f)+2)
+	}
+	return strconv.ParseUint(f[19], 10, 64)
+}
+
+// procExe is the executable of pid: its path and dev:ino.
+func procExe(pid int) (path string, dev, ino uint64, err error) {
+	link := "/proc/" + strconv.Itoa(pid) + "/exe"
+	if path, err = os.Readlink(link); err != nil {
+		return "", 0, 0, err
+	}
+	var st syscall.Stat_t
+	if err := syscall.Stat(link, &st); err != nil {
+		return "", 0, 0, err
+	}
+	return path, st.Dev, st.Ino, nil
+}
+
+// fileID is the dev:ino of a file.
+func fileID(path string) (dev, ino uint64, err error) {
+	var st syscall.Stat_t
+	if err := syscall.Stat(path, &st); err != nil {
+		return 0, 0, err
+	}
+	return st.Dev, st.Ino, nil
+}

@@ -1,0 +1,230 @@
+package runtime
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+)
+
+// RecordVersion is the format of launch and registry records this build
+// writes and the newest it reads. Older formats get an explicit upgrade here
+// when there are any; newer ones are refused.
+const RecordVersion = 1
+
+// LaunchRecordFile is the launch record's name in the Instance directory.
+const LaunchRecordFile = "systemd.json"
+
+// tmpSuffix ends every temporary file name; Open deletes them unread.
+const tmpSuffix = ".tmp"
+
+// LaunchRecord is systemd.json: written before the VMM unit starts, then
+// completed with what identifies the running process.
+type LaunchRecord struct {
+	FormatVersion int    `json:"format_version"`
+	InstanceID    string `json:"instance_id"`
+	// NodeID is the node that launched it.
+	NodeID string `json:"node_id,omitempty"`
+	// LaunchID is unique per launch of the Instance.
+	LaunchID string `json:"launch_id"`
+	Unit     string `json:"unit"`
+	Backend  string `json:"backend"`
+	// Argv is the command the unit runs (ExecStart).
+	Argv []string `json:"argv"`
+	// VMMArgv is the VMM's own command line, what the main process runs
+	// once the log wrapper exec'd it.
+	VMMArgv         []string  `json:"vmm_argv"`
+	InstallationID  string    `json:"installation_id"`
+	InstallationDir string    `json:"installation_dir"`
+	VCPUs           int       `json:"vcpus"`
+	MemoryMiB       int       `json:"memory_mib"`
+	DiskMiB         int       `json:"disk_mib"`
+	CreatedAt       time.Time `json:"created_at"`
+
+	// Process is set once the unit runs the VMM.
+	Process *ProcessRecord `json:"process,omitempty"`
+	// Guest is the guest claimed at the readiness check.
+	Guest *GuestRecord `json:"guest,omitempty"`
+	// Stopped is set when the node stopped the VMM on purpose.
+	Stopped *time.Time `json:"stopped,omitempty"`
+}
+
+// ProcessRecord identifies the VMM process of one run of the unit.
+type ProcessRecord struct {
+	InvocationID string `json:"invocation_id"`
+	// MainPID is the PID in the systemd manager's namespace, HostPID in ours.
+	MainPID uint32 `json:"main_pid"`
+	HostPID int    `json:"host_pid"`
+	// StartTime is field 22 of /proc/<pid>/stat (clock ticks since boot).
+	StartTime    uint64    `json:"start_time"`
+	Exe          string    `json:"exe"`
+	ExeDev       uint64    `json:"exe_dev"`
+	ExeIno       uint64    `json:"exe_ino"`
+	ControlGroup string    `json:"control_group"`
+	NetNS        string    `json:"netns"`
+	StartedAt    time.Time `json:"started_at"`
+}
+
+// GuestRecord is the guest the node claimed when it first answered.
+type GuestRecord struct {
+	BootID       string   `json:"boot_id"`
+	Protocol     int      `json:"protocol"`
+	AgentVersion string   `json:"agent_version,omitempty"`
+	Capabilities []string `json:"capabilities,omitempty"`
+}
+
+// EndedRecord is runtime/registry/<id>.json: kept until ctrl no longer needs it.
+type EndedRecord struct {
+	FormatVersion int          `json:"format_version"`
+	InstanceID    string       `json:"instance_id"`
+	EndedAt       time.Time    `json:"ended_at"`
+	How           string       `json:"how"` // stopped, forced, machine exited, never started
+	Error         string       `json:"error,omitempty"`
+	Launch        LaunchRecord `json:"launch"`
+}
+
+// ErrNewerRecord: the record was written by a newer kibotos.
+var ErrNewerRecord = errors.New("record format is newer than this kibotos reads")
+
+// writeFileAtomic writes data to a temporary file in the target's
+// directory, fsyncs it, renames it over path and fsyncs the directory.
+func writeFileAtomic(path string, data []byte) error {
+	dir := filepath.Dir(path)
+	var rnd [4]byte
+	rand.Read(rnd[:])
+	tmp := filepath.Join(dir, "."+filepath.Base(path)+"-"+hex.EncodeToString(rnd[:])+tmpSuffix)
+	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return err
+	}
+	_, err = f.Write(data)
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp, path)
+	}
+	if err != nil {
+		os.Remove(tmp)
+		return err
+	}
+	if d, err := os.Open(dir); err == nil {
+		d.Sync()
+		d.Close()
+	}
+	return nil
+}
+
+func writeJSON(path string, v any) error {
+	b, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return fmt.Errorf("encode %s: %w", path, err)
+	}
+	if err := writeFileAtomic(path, append(b, '\n')); err != nil {
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	return nil
+}
+
+// WriteLaunchRecord writes r as the launch record in dir.
+func WriteLaunchRecord(dir string, r *LaunchRecord) error {
+	r.FormatVersion = RecordVersion
+	return writeJSON(filepath.Join(dir, LaunchRecordFile), r)
+}
+
+// ReadLaunchRecord reads the launch record at path, refusing formats newer
+// than RecordVersion and records that lack what identifies the launch.
+func ReadLaunchRecord(path string) (*LaunchRecord, error) {
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("launch record %s: %w", path, err)
+	}
+	var head struct {
+		FormatVersion int `json:"format_version"`
+	}
+	if err := json.Unmarshal(raw, &head); err != nil {
+		return nil, fmt.Errorf("launch record %s is corrupt: %w; keep it and inspect the unit it names", path, err)
+	}
+	if head.FormatVersion > RecordVersion {
+		return nil, fmt.Errorf("launch record %s has format version %d, this kibotos reads up to %d: %w; run the newer kibotos",
+			path, head.FormatVersion, RecordVersion, ErrNewerRecord)
+	}
+	if head.FormatVersion < 1 {
+		return nil, fmt.Errorf("launch record %s has no format version: it is corrupt", path)
+	}
+	var r LaunchRecord
+	if err := json.Unmarshal(raw, &r); err != nil {
+		return nil, fmt.Errorf("launch record %s is corrupt: %w", path, err)
+	}
+	if r.InstanceID == "" || r.Unit == "" || r.LaunchID == "" {
+		return nil, fmt.Errorf("launch record %s is incomplete: instance id %q, unit %q, launch id %q", path, r.InstanceID, r.Unit, r.LaunchID)
+	}
+	if r.Unit != UnitName(r.InstanceID) {
+		return nil, fmt.Errorf("launch record %s names unit %s, but instance %s runs as %s", path, r.Unit, r.InstanceID, UnitName(r.InstanceID))
+	}
+	if want := filepath.Base(filepath.Dir(path)); r.InstanceID != want {
+		return nil, fmt.Errorf("launch record %s names instance %q, but lives in the directory of %q", path, r.InstanceID, want)
+	}
+	return &r, nil
+}
+
+// ReadEndedRecord reads a registry record.
+func ReadEndedRecord(path string) (*EndedRecord, error) {
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("ended-instance record %s: %w", path, err)
+	}
+	var r EndedRecord
+	if err := json.Unmarshal(raw, &r); err != nil {
+		return nil, fmt.Errorf("ended-instance record %s is corrupt: %w", path, err)
+	}
+	if r.FormatVersion > RecordVersion {
+		return nil, fmt.Errorf("ended-instance record %s has format version %d, this kibotos reads up to %d: %w",
+			path, r.FormatVersion, RecordVersion, ErrNewerRecord)
+	}
+	return &r, nil
+}
+
+// removeTempFiles deletes temporary files of interrupted writes (names
+// ending in .tmp) in the given directories and their direct subdirectories,
+// without reading them. It returns how many it removed.
+func removeTempFiles(dirs ...string) (int, error) {
+	n := 0
+	var errs []error
+	for _, dir := range dirs {
+		err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+			if err != nil {
+				if errors.Is(err, fs.ErrNotExist) {
+					return nil
+				}
+				return err
+			}
+			if d.IsDir() {
+				if p != dir && strings.Count(strings.TrimPrefix(p, dir), string(filepath.Separator)) > 1 {
+					return fs.SkipDir
+				}
+				return nil
+			}
+			if strings.HasSuffix(d.Name(), tmpSuffix) && d.Type().IsRegular() {
+				if err := os.Remove(p); err != nil {
+					return err
+				}
+				n++
+			}
+			return nil
+		})
+		if err != nil {
+			errs = append(errs, fmt.Errorf("remove temporary files under %s: %w", dir, err))
+		}
+	}
+	return n, errors.Join(errs...)
+}

@@ -1,0 +1,129 @@
+package runtime
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestLaunchRecordRoundTrip(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "vm-1")
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	rec := &LaunchRecord{
+		InstanceID: "vm-1", LaunchID: "abc", Unit: UnitName("vm-1"), Backend: "qemu",
+		Argv: []string{"/bin/sh", "-c", "x"}, VMMArgv: []string{"/usr/bin/qemu-system-x86_64"},
+		InstallationID: "sha256-1", CreatedAt: time.Unix(1, 0).UTC(),
+		Process: &ProcessRecord{InvocationID: "0123", MainPID: 7, HostPID: 700, StartTime: 99, Exe: "/q", ExeDev: 1, ExeIno: 2, ControlGroup: "/cg"},
+	}
+	if err := WriteLaunchRecord(dir, rec); err != nil {
+		t.Fatal(err)
+	}
+	got, err := ReadLaunchRecord(filepath.Join(dir, LaunchRecordFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.FormatVersion != RecordVersion || !reflect.DeepEqual(got, rec) {
+		t.Errorf("read back %+v, want %+v", got, rec)
+	}
+	if ents, _ := os.ReadDir(dir); len(ents) != 1 {
+		t.Errorf("directory holds %d entries after an atomic write, want 1 (no temp file left)", len(ents))
+	}
+}
+
+func TestLaunchRecordRefusals(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "vm-2")
+	os.Mkdir(dir, 0o700)
+	path := filepath.Join(dir, LaunchRecordFile)
+	for _, tc := range []struct {
+		name, body, want string
+		newer            bool
+	}{
+		{"newer", `{"format_version": 2, "instance_id": "vm-2", "launch_id": "x", "unit": "u"}`, "format version 2", true},
+		{"foreign unit", `{"format_version": 1, "instance_id": "vm-2", "launch_id": "x", "unit": "kibotos-vmm-other.service"}`, "names unit", false},
+		{"corrupt", `{"format_version": 1,`, "corrupt", false},
+		{"no version", `{"instance_id": "vm-2", "launch_id": "x", "unit": "u"}`, "no format version", false},
+		{"incomplete", `{"format_version": 1, "instance_id": "vm-2"}`, "incomplete", false},
+		{"wrong dir", `{"format_version": 1, "instance_id": "vm-9", "launch_id": "x", "unit": "kibotos-vmm-vm-9.service"}`, "directory", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if err := os.WriteFile(path, []byte(tc.body), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			_, err := ReadLaunchRecord(path)
+			if err == nil || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), path) {
+				t.Fatalf("ReadLaunchRecord: %v; want an error naming %s and saying %q", err, path, tc.want)
+			}
+			if errors.Is(err, ErrNewerRecord) != tc.newer {
+				t.Errorf("errors.Is(ErrNewerRecord) = %v, want %v", !tc.newer, tc.newer)
+			}
+		})
+	}
+	reg := filepath.Join(t.TempDir(), "vm-2.json")
+	os.WriteFile(reg, []byte(`{"format_version": 3}`), 0o600)
+	if _, err := ReadEndedRecord(reg); !errors.Is(err, ErrNewerRecord) {
+		t.Errorf("ReadEndedRecord of a newer format: %v", err)
+	}
+}
+
+func TestRemoveTempFiles(t *testing.T) {
+	root := t.TempDir()
+	inst, reg := filepath.Join(root, "instances"), filepath.Join(root, "registry")
+	files := map[string]bool{ // path → removed
+		filepath.Join(inst, "vm-1", ".systemd.json-1234.tmp"): true,
+		filepath.Join(inst, "vm-1", LaunchRecordFile):         false,
+		filepath.Join(inst, ".x.tmp"):                         true,
+		filepath.Join(reg, ".record-2826134621.tmp"):          true,
+		filepath.Join(reg, "vm-0.json"):                       false,
+		// Deeper than an Instance directory: not ours to judge.
+		filepath.Join(inst, "vm-1", "sub", "deep.tmp"): false,
+	}
+	for p := range files {
+		os.MkdirAll(filepath.Dir(p), 0o700)
+		if err := os.WriteFile(p, []byte("x"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	n, err := removeTempFiles(inst, reg, filepath.Join(root, "missing"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := 0
+	for p, removed := range files {
+		_, err := os.Stat(p)
+		if removed {
+			want++
+		}
+		if removed != errors.Is(err, os.ErrNotExist) {
+			t.Errorf("%s: removed=%v, want %v", p, !removed, removed)
+		}
+	}
+	if n != want {
+		t.Errorf("removed %d, want %d", n, want)
+	}
+}
+
+func TestReadTail(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "console.log")
+	os.WriteFile(p, []byte(strings.Repeat("a", 100)+"TAIL"), 0o600)
+	b, err := readTail(p, 4)
+	if err != nil || string(b) != "TAIL" {
+		t.Errorf("readTail = %q, %v", b, err)
+	}
+	if b, _ := readTail(p, 1<<20); len(b) != 104 {
+		t.Errorf("readTail of a short file: %d bytes", len(b))
+	}
+}
+
+func TestWrapLog(t *testing.T) {
+	got := wrapLog("/bin/sh", []string{"/usr/bin/qemu", "-a", "b c"})
+	want := []string{"/bin/sh", "-c", `exec "$@" >>"$KIBOTOS_VMM_LOG" 2>&1`, "kibotos-vmm", "/usr/bin/qemu", "-a", "b c"}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("wrapLog = %q", got)
+	}
+}

@@ -1,0 +1,332 @@
+package runtime
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/kibotos/kibotos/vmm/guestproto"
+	"github.com/kibotos/kibotos/vmm/qemu"
+	"github.com/kibotos/kibotos/vmm/units"
+)
+
+// State is an Instance's state as the node sees it.
+type State string
+
+const (
+	StateStarting State = "STARTING"
+	StateRunning  State = "RUNNING"
+	StateStopping State = "STOPPING"
+	StateStopped  State = "STOPPED"
+	StateFailed   State = "FAILED"
+)
+
+// ErrNoLongerRunning is the error of an Instance whose VMM ended without
+// the node stopping it (the seeds quote it verbatim).
+const ErrNoLongerRunning = "node reports the Instance as no longer running"
+
+// UnitPrefix names every VMM unit: kibotos-vmm-<instance id>.service.
+const UnitPrefix = "kibotos-vmm-"
+
+// UnitName is the VMM unit of an Instance.
+func UnitName(instanceID string) string { return UnitPrefix + instanceID + ".service" }
+
+var idRE = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,62}$`)
+
+// Config configures a Runtime.
+type Config struct {
+	StorageRoot string
+	NodeID      string
+	// Units is the systemd manager the VMM units live in; the caller owns it.
+	Units *units.Manager
+	// Accel is the QEMU accelerator setting (auto, kvm, tcg).
+	Accel      qemu.Accel
+	QEMUBinary string
+	Logger     *slog.Logger
+	// Backend replaces the QEMU backend built from Accel and QEMUBinary.
+	Backend Backend
+	// GuestTimeout bounds Start's wait for the guest agent; default 60s.
+	GuestTimeout time.Duration
+	// WatchInterval is how often running VMMs are checked; default 500ms.
+	WatchInterval time.Duration
+}
+
+// Runtime runs the Instances of one node. Open takes over what a previous
+// node process left running; Close leaves every VMM running.
+type Runtime struct {
+	cfg     Config
+	log     *slog.Logger
+	units   *units.Manager
+	backend Backend
+
+	instancesDir, registryDir, logsDir string
+	lock                               *os.File
+
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+
+	mu        sync.Mutex
+	instances map[string]*instance
+
+	closeOnce sync.Once
+	closeErr  error
+}
+
+// instance is one Instance; mu guards everything below it.
+type instance struct {
+	id    string
+	paths Paths
+
+	mu         sync.Mutex
+	rec        *LaunchRecord
+	state      State
+	err        string
+	how        string // how it ended, for the registry
+	guest      *guestproto.Client
+	responding bool
+	changed    chan struct{} // closed and replaced when guest or state changes
+	stopGuest  context.CancelFunc
+	guestDone  chan struct{}
+	logsCopied bool
+}
+
+// notify wakes waiters on guest or state changes; in.mu must be held.
+func (in *instance) notify() {
+	close(in.changed)
+	in.changed = make(chan struct{})
+}
+
+// InstanceStatus is what List reports about one Instance.
+type InstanceStatus struct {
+	ID             string
+	Unit           string
+	State          State
+	Error          string
+	InstallationID string
+	InvocationID   string
+	MainPID        uint32
+	HostPID        int
+	// GuestResponding is false while the guest agent does not answer (after
+	// a takeover the node keeps retrying with backoff).
+	GuestResponding bool
+	Guest           *GuestRecord
+}
+
+// Open prepares the runtime directories under cfg.StorageRoot, deletes
+// temporary files of interrupted writes unread, and takes over the VMMs of
+// the previous node process. It fails, changing nothing, when a launch
+// record does not match its running unit or a kibotos-vmm unit has no record.
+func Open(ctx context.Context, cfg Config) (*Runtime, error) {
+	t0 := time.Now()
+	if cfg.StorageRoot == "" || cfg.Units == nil {
+		return nil, errors.New("runtime: open: Config needs StorageRoot and Units")
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.GuestTimeout == 0 {
+		cfg.GuestTimeout = 60 * time.Second
+	}
+	if cfg.WatchInterval == 0 {
+		cfg.WatchInterval = 500 * time.Millisecond
+	}
+	rt := &Runtime{
+		cfg:          cfg,
+		log:          cfg.Logger,
+		units:        cfg.Units,
+		backend:      cfg.Backend,
+		instancesDir: filepath.Join(cfg.StorageRoot, "runtime", "instances"),
+		registryDir:  filepath.Join(cfg.StorageRoot, "runtime", "registry"),
+		logsDir:      filepath.Join(cfg.StorageRoot, "machine-logs"),
+		instances:    map[string]*instance{},
+	}
+	for _, d := range []string{rt.instancesDir, rt.registryDir, rt.logsDir} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			return nil, fmt.Errorf("runtime: open: %w", err)
+		}
+	}
+	if err := rt.acquireLock(); err != nil {
+		return nil, err
+	}
+	ok := false
+	defer func() {
+		if !ok {
+			rt.lock.Close()
+		}
+	}()
+	n, err := removeTempFiles(rt.instancesDir, rt.registryDir, rt.logsDir)
+	if err != nil {
+		return nil, fmt.Errorf("runtime: open: %w", err)
+	}
+	if n > 0 {
+		rt.log.Info("temporary files of interrupted writes removed", "count", n)
+	}
+	if rt.backend == nil {
+		b, choice, err := NewQEMU(cfg.QEMUBinary, cfg.Accel)
+		if err != nil {
+			return nil, fmt.Errorf("runtime: open: %w", err)
+		}
+		rt.log.Info("qemu accelerator selected", "accel", choice.Accel, "reason", choice.Reason)
+		rt.backend = b
+	}
+	rt.ctx, rt.cancel = context.WithCancel(context.Background())
+	if err := rt.takeover(ctx); err != nil {
+		rt.cancel()
+		return nil, err
+	}
+	ok = true
+	rt.wg.Add(1)
+	go rt.watch()
+	rt.log.Info("runtime opened", "instances", len(rt.instances), "took", time.Since(t0).Round(time.Microsecond))
+	return rt, nil
+}
+
+func (rt *Runtime) acquireLock() error {
+	path := filepath.Join(rt.cfg.StorageRoot, "runtime", "lock")
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return fmt.Errorf("runtime: open lock %s: %w", path, err)
+	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		f.Close()
+		return fmt.Errorf("runtime: %s is locked by another node process (%w): stop it first", path, err)
+	}
+	rt.lock = f
+	return nil
+}
+
+// Close stops watching and closes guest sessions. VMMs keep running; a
+// later Open takes them over.
+func (rt *Runtime) Close() error {
+	rt.closeOnce.Do(func() { rt.closeErr = rt.close() })
+	return rt.closeErr
+}
+
+func (rt *Runtime) close() error {
+	rt.cancel()
+	rt.wg.Wait()
+	rt.mu.Lock()
+	for _, in := range rt.instances {
+		in.mu.Lock()
+		if in.guest != nil {
+			in.guest.Close()
+			in.guest = nil
+		}
+		in.mu.Unlock()
+	}
+	rt.mu.Unlock()
+	return rt.lock.Close()
+}
+
+func (rt *Runtime) get(id string) (*instance, error) {
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	in := rt.instances[id]
+	if in == nil {
+		return nil, fmt.Errorf("runtime: instance %s not found on this node", id)
+	}
+	return in, nil
+}
+
+// List returns every Instance with its state, sorted by ID.
+func (rt *Runtime) List() []InstanceStatus {
+	rt.mu.Lock()
+	ins := make([]*instance, 0, len(rt.instances))
+	for _, in := range rt.instances {
+		ins = append(ins, in)
+	}
+	rt.mu.Unlock()
+	out := make([]InstanceStatus, 0, len(ins))
+	for _, in := range ins {
+		out = append(out, in.status())
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
+	return out
+}
+
+// Status is List for one Instance.
+func (rt *Runtime) Status(id string) (InstanceStatus, error) {
+	in, err := rt.get(id)
+	if err != nil {
+		return InstanceStatus{}, err
+	}
+	return in.status(), nil
+}
+
+func (in *instance) status() InstanceStatus {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	s := InstanceStatus{
+		ID:              in.id,
+		Unit:            in.rec.Unit,
+		State:           in.state,
+		Error:           in.err,
+		InstallationID:  in.rec.InstallationID,
+		GuestResponding: in.guest != nil && in.responding,
+		Guest:           in.rec.Guest,
+	}
+	if p := in.rec.Process; p != nil {
+		s.InvocationID, s.MainPID, s.HostPID = p.InvocationID, p.MainPID, p.HostPID
+	}
+	return s
+}
+
+// Guest returns the current guest agent session of a running Instance.
+func (rt *Runtime) Guest(id string) (*guestproto.Client, error) {
+	in, err := rt.get(id)
+	if err != nil {
+		return nil, err
+	}
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	if in.guest == nil {
+		return nil, fmt.Errorf("runtime: instance %s: guest agent is not connected (state %s%s)", id, in.state, errSuffix(in.err))
+	}
+	return in.guest, nil
+}
+
+func errSuffix(e string) string {
+	if e == "" {
+		return ""
+	}
+	return ": " + e
+}
+
+// Exec starts a process in the guest. While the guest agent is being
+// reconnected (after a takeover) it waits for it as long as ctx allows.
+func (rt *Runtime) Exec(ctx context.Context, id string, req guestproto.ExecRequest) (*guestproto.Process, error) {
+	in, err := rt.get(id)
+	if err != nil {
+		return nil, err
+	}
+	for {
+		in.mu.Lock()
+		c, state, changed := in.guest, in.state, in.changed
+		in.mu.Unlock()
+		if c != nil {
+			p, err := c.Exec(ctx, req)
+			if err != nil {
+				return nil, fmt.Errorf("runtime: instance %s: exec %q: %w", id, req.Argv, err)
+			}
+			return p, nil
+		}
+		if state != StateRunning && state != StateStarting {
+			return nil, fmt.Errorf("runtime: instance %s is %s, cannot exec %q", id, state, req.Argv)
+		}
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			return nil, fmt.Errorf("runtime: instance %s: exec %q: guest agent not connected: %w", id, req.Argv, ctx.Err())
+		}
+	}
+}

@@ -1,0 +1,267 @@
+package runtime
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"time"
+
+	"github.com/kibotos/kibotos/vmm/platform"
+	"github.com/kibotos/kibotos/vmm/units"
+)
+
+// Spec describes an Instance to start.
+type Spec struct {
+	InstanceID   string
+	Installation *platform.Installation
+	VCPUs        int
+	MemoryMiB    int
+	// DiskMiB is the size of the writable raw disk (virtio-blk); 0: none.
+	DiskMiB int
+}
+
+// vmmLogEnv passes the VMM log path to the wrapper shell.
+const vmmLogEnv = "KIBOTOS_VMM_LOG"
+
+// wrapLog makes the unit's command append the VMM's stdout and stderr to a
+// file: transient units have no file output otherwise. The shell execs the
+// VMM, so the unit's main process becomes the VMM itself.
+func wrapLog(sh string, vmm []string) []string {
+	return append([]string{sh, "-c", `exec "$@" >>"$` + vmmLogEnv + `" 2>&1`, "kibotos-vmm"}, vmm...)
+}
+
+// Start creates the Instance directory, writes the launch record, creates
+// the writable disk, starts the VMM unit, completes the record with the
+// process identity and returns once the guest agent answered.
+func (rt *Runtime) Start(ctx context.Context, spec Spec) (InstanceStatus, error) {
+	id := spec.InstanceID
+	if !idRE.MatchString(id) {
+		return InstanceStatus{}, fmt.Errorf("runtime: start: instance id %q: want lowercase letters, digits and '-', at most 63", id)
+	}
+	if spec.Installation == nil {
+		return InstanceStatus{}, fmt.Errorf("runtime: start instance %s: no Platform installation given", id)
+	}
+	if spec.DiskMiB < 0 {
+		return InstanceStatus{}, fmt.Errorf("runtime: start instance %s: disk of %d MiB", id, spec.DiskMiB)
+	}
+	dir := filepath.Join(rt.instancesDir, id)
+	in := &instance{id: id, paths: instancePaths(dir), state: StateStarting, changed: make(chan struct{})}
+	if spec.DiskMiB == 0 {
+		in.paths.Disk = ""
+	}
+	rt.mu.Lock()
+	if rt.instances[id] != nil {
+		rt.mu.Unlock()
+		return InstanceStatus{}, fmt.Errorf("runtime: start instance %s: it exists on this node; delete it first", id)
+	}
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		rt.mu.Unlock()
+		return InstanceStatus{}, fmt.Errorf("runtime: start instance %s: %w", id, err)
+	}
+	in.rec = &LaunchRecord{InstanceID: id, Unit: UnitName(id)}
+	rt.instances[id] = in
+	rt.mu.Unlock()
+
+	err := rt.start(ctx, in, spec)
+	if err != nil {
+		in.mu.Lock()
+		in.state, in.err, in.how = StateFailed, err.Error(), "start failed"
+		in.notify()
+		in.mu.Unlock()
+		rt.log.Error("instance start failed", "instance_id", id, "err", err)
+		return in.status(), fmt.Errorf("runtime: start instance %s: %w", id, err)
+	}
+	return in.status(), nil
+}
+
+func (rt *Runtime) start(ctx context.Context, in *instance, spec Spec) error {
+	t0 := time.Now()
+	p := in.paths
+	vmm, err := rt.backend.Argv(spec, p)
+	if err != nil {
+		return err
+	}
+	sh, err := exec.LookPath("sh")
+	if err != nil {
+		return fmt.Errorf("no sh to wrap the VMM's log: %w", err)
+	}
+	if sh, err = filepath.Abs(sh); err != nil {
+		return err
+	}
+	var lid [16]byte
+	rand.Read(lid[:])
+	rec := &LaunchRecord{
+		InstanceID:      in.id,
+		NodeID:          rt.cfg.NodeID,
+		LaunchID:        hex.EncodeToString(lid[:]),
+		Unit:            UnitName(in.id),
+		Backend:         rt.backend.Name(),
+		Argv:            wrapLog(sh, vmm),
+		VMMArgv:         vmm,
+		InstallationID:  spec.Installation.ID,
+		InstallationDir: spec.Installation.Dir,
+		VCPUs:           spec.VCPUs,
+		MemoryMiB:       spec.MemoryMiB,
+		DiskMiB:         spec.DiskMiB,
+		CreatedAt:       time.Now().UTC(),
+	}
+	if err := WriteLaunchRecord(p.Dir, rec); err != nil {
+		return err
+	}
+	in.mu.Lock()
+	in.rec = rec
+	in.mu.Unlock()
+	if p.Disk != "" {
+		if err := createDisk(ctx, p.Disk, spec.DiskMiB); err != nil {
+			return err
+		}
+	}
+
+	u, err := rt.units.StartVMM(ctx, units.Spec{
+		Name:        rec.Unit,
+		Description: "kibotos VMM of instance " + in.id,
+		Argv:        rec.Argv,
+		Environment: []string{vmmLogEnv + "=" + p.VMMLog},
+	})
+	if err != nil {
+		return err
+	}
+	tUnit := time.Since(t0)
+	proc, err := rt.identify(ctx, u, vmm[0])
+	if err != nil {
+		return errors.Join(err, rt.abortLaunch(ctx, rec.Unit, u.InvocationID))
+	}
+	rec2 := *rec
+	rec2.Process = proc
+	if err := WriteLaunchRecord(p.Dir, &rec2); err != nil {
+		return errors.Join(err, rt.abortLaunch(ctx, rec.Unit, u.InvocationID))
+	}
+	in.mu.Lock()
+	in.rec = &rec2
+	in.mu.Unlock()
+
+	if err := rt.awaitGuest(ctx, in, true); err != nil {
+		return err
+	}
+	rt.log.Info("instance started", "instance_id", in.id, "unit", rec.Unit, "invocation_id", proc.InvocationID,
+		"host_pid", proc.HostPID, "unit_started_in", tUnit.Round(time.Microsecond), "guest_answered_in", time.Since(t0).Round(time.Millisecond))
+	return nil
+}
+
+// awaitGuest is the readiness check of a launch: it waits for the guest
+// agent, records the guest it claims and makes the Instance RUNNING. A
+// guest that does not answer within GuestTimeout fails the launch and its
+// unit is stopped; so does a cancelled ctx if stopOnCancel (Start), but not
+// otherwise (Close during a takeover must leave the VMM running).
+func (rt *Runtime) awaitGuest(ctx context.Context, in *instance, stopOnCancel bool) error {
+	in.mu.Lock()
+	rec := in.rec
+	in.mu.Unlock()
+	proc := rec.Process
+	gctx, cancel := context.WithTimeout(ctx, rt.cfg.GuestTimeout)
+	c, err := rt.waitGuest(gctx, in, func() bool {
+		st, err := procStartTime(proc.HostPID)
+		return err == nil && st == proc.StartTime
+	})
+	cancel()
+	if err != nil && ctx.Err() != nil && !stopOnCancel {
+		return err
+	}
+	if err != nil {
+		return errors.Join(fmt.Errorf("guest agent did not answer within %v: %w; console tail:\n%s", rt.cfg.GuestTimeout, err, tailString(in.paths.Console, 2048)),
+			rt.abortLaunch(ctx, rec.Unit, proc.InvocationID))
+	}
+	ready := *rec
+	ready.Guest = guestRecord(c.Info())
+	if err := WriteLaunchRecord(in.paths.Dir, &ready); err != nil {
+		c.Close()
+		return errors.Join(err, rt.abortLaunch(ctx, rec.Unit, proc.InvocationID))
+	}
+	in.mu.Lock()
+	in.rec, in.state = &ready, StateRunning
+	in.guest, in.responding = c, true
+	in.notify()
+	in.mu.Unlock()
+	rt.startGuestLoop(in, c)
+	return nil
+}
+
+// abortLaunch stops the unit of a failed launch, even when ctx is already
+// cancelled.
+func (rt *Runtime) abortLaunch(ctx context.Context, unit, invocation string) error {
+	c, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	defer cancel()
+	return rt.forceStop(c, unit, invocation)
+}
+
+// identify reads what identifies the unit's main process, once the log
+// wrapper has exec'd the VMM binary.
+func (rt *Runtime) identify(ctx context.Context, u units.Unit, vmmBinary string) (*ProcessRecord, error) {
+	hostPID, err := rt.units.MainHostPID(u)
+	if err != nil {
+		return nil, err
+	}
+	wantDev, wantIno, err := fileID(vmmBinary)
+	if err != nil {
+		return nil, fmt.Errorf("VMM binary %s: %w", vmmBinary, err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		exe, dev, ino, err := procExe(hostPID)
+		if err != nil {
+			return nil, fmt.Errorf("unit %s main process (host PID %d) exited at once: %w; see %s", u.Name, hostPID, err, vmmBinary)
+		}
+		if dev == wantDev && ino == wantIno {
+			st, err := procStartTime(hostPID)
+			if err != nil {
+				return nil, fmt.Errorf("unit %s main process (host PID %d): %w", u.Name, hostPID, err)
+			}
+			return &ProcessRecord{
+				InvocationID: u.InvocationID,
+				MainPID:      u.MainPID,
+				HostPID:      hostPID,
+				StartTime:    st,
+				Exe:          exe,
+				ExeDev:       dev,
+				ExeIno:       ino,
+				ControlGroup: u.ControlGroup,
+				StartedAt:    time.Now().UTC(),
+			}, nil
+		}
+		if time.Now().After(deadline) {
+			return nil, fmt.Errorf("unit %s main process (host PID %d) still runs %s after 10s, not %s", u.Name, hostPID, exe, vmmBinary)
+		}
+		if err := sleepCtx(ctx, time.Millisecond); err != nil {
+			return nil, err
+		}
+	}
+}
+
+// createDisk makes a sparse raw disk of size MiB, formatted ext4 when
+// e2fsprogs is installed.
+func createDisk(ctx context.Context, path string, mib int) error {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return fmt.Errorf("create disk: %w", err)
+	}
+	err = f.Truncate(int64(mib) << 20)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("create disk %s: %w", path, err)
+	}
+	mkfs, err := exec.LookPath("mkfs.ext4")
+	if err != nil {
+		return nil // raw and unformatted; the guest may format it
+	}
+	if out, err := exec.CommandContext(ctx, mkfs, "-q", "-F", path).CombinedOutput(); err != nil {
+		return fmt.Errorf("mkfs.ext4 %s: %w: %s", path, err, out)
+	}
+	return nil
+}

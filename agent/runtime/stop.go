@@ -1,0 +1,227 @@
+package runtime
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/kibotos/kibotos/vmm/units"
+)
+
+// DefaultGrace is the guest's grace for its processes when Delete has to
+// stop a running Instance.
+const DefaultGrace = 10 * time.Second
+
+// Stop stops a running Instance: gracefully through the guest agent (the
+// guest powers off and the VMM exits), by stopping the unit when the agent
+// does not answer, and returns once the unit's cgroup is empty.
+func (rt *Runtime) Stop(ctx context.Context, id string, grace time.Duration) error {
+	in, err := rt.get(id)
+	if err != nil {
+		return err
+	}
+	in.mu.Lock()
+	state := in.state
+	switch state {
+	case StateStopped:
+		in.mu.Unlock()
+		return nil
+	case StateStopping:
+		in.mu.Unlock()
+		return fmt.Errorf("runtime: stop instance %s: already stopping", id)
+	case StateStarting:
+		in.mu.Unlock()
+		return fmt.Errorf("runtime: stop instance %s: it is starting; retry once Start returned", id)
+	case StateFailed:
+		in.mu.Unlock()
+		// The VMM may still run (guest refused, start failed): end it.
+		if err := rt.ensureEnded(ctx, in); err != nil {
+			return err
+		}
+		return nil
+	}
+	in.state = StateStopping
+	in.notify()
+	c := in.guest
+	rec := in.rec
+	in.mu.Unlock()
+
+	how := "stopped"
+	t0 := time.Now()
+	if c == nil {
+		how = "forced"
+	} else {
+		sctx, cancel := context.WithTimeout(ctx, grace+15*time.Second)
+		_, err := c.Stop(sctx, grace)
+		cancel()
+		if err != nil {
+			rt.log.Warn("instance graceful stop failed, stopping the unit", "instance_id", id, "err", err)
+			how = "forced"
+		} else if !rt.waitProcessGone(ctx, rec.Process, 30*time.Second) {
+			rt.log.Warn("instance VMM still running after the guest powered off, stopping the unit", "instance_id", id)
+			how = "forced"
+		}
+	}
+	in.stopGuestLoop()
+	if err := rt.forceStop(ctx, rec.Unit, rec.Process.InvocationID); err != nil {
+		in.mu.Lock()
+		in.state, in.err = StateFailed, "stop: "+err.Error()
+		in.notify()
+		in.mu.Unlock()
+		return fmt.Errorf("runtime: stop instance %s: %w", id, err)
+	}
+	if err := rt.confirmEmpty(ctx, rec); err != nil {
+		in.mu.Lock()
+		in.state, in.err = StateFailed, "stop: "+err.Error()
+		in.notify()
+		in.mu.Unlock()
+		return fmt.Errorf("runtime: stop instance %s: %w", id, err)
+	}
+	now := time.Now().UTC()
+	stopped := *rec
+	stopped.Stopped = &now
+	if err := WriteLaunchRecord(in.paths.Dir, &stopped); err != nil {
+		return fmt.Errorf("runtime: stop instance %s: %w", id, err)
+	}
+	in.mu.Lock()
+	in.rec, in.state, in.err, in.how = &stopped, StateStopped, "", how
+	in.notify()
+	in.mu.Unlock()
+	rt.log.Info("instance stopped", "instance_id", id, "unit", rec.Unit, "how", how, "took", time.Since(t0).Round(time.Millisecond))
+	return nil
+}
+
+// waitProcessGone polls until the recorded VMM process is gone.
+func (rt *Runtime) waitProcessGone(ctx context.Context, p *ProcessRecord, d time.Duration) bool {
+	deadline := time.Now().Add(d)
+	for {
+		if st, err := procStartTime(p.HostPID); err != nil || st != p.StartTime {
+			return true
+		}
+		if time.Now().After(deadline) || sleepCtx(ctx, 5*time.Millisecond) != nil {
+			return false
+		}
+	}
+}
+
+// forceStop stops the unit if it still runs the given invocation. A unit
+// of the same name running another invocation is not ours to stop.
+func (rt *Runtime) forceStop(ctx context.Context, unit, invocation string) error {
+	u, err := rt.units.Get(ctx, unit)
+	if errors.Is(err, units.ErrNotFound) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if invocation != "" && u.InvocationID != invocation && u.Active() {
+		return fmt.Errorf("stop instance process this node did not take over: unit %s runs invocation %s, the launch record has %s; inspect it with systemctl show %s",
+			unit, u.InvocationID, invocation, unit)
+	}
+	return rt.units.Stop(ctx, unit)
+}
+
+// confirmEmpty waits until the recorded cgroup holds no process and the
+// recorded main process is gone (systemd may report a stop before reaping).
+func (rt *Runtime) confirmEmpty(ctx context.Context, rec *LaunchRecord) error {
+	if rec.Process == nil {
+		return nil
+	}
+	cg := rt.units.CgroupPath(units.Unit{ControlGroup: rec.Process.ControlGroup})
+	deadline := time.Now().Add(units.StopSettle)
+	for {
+		pids, err := units.CgroupPIDs(cg)
+		if err != nil {
+			return fmt.Errorf("read cgroup %s: %w", cg, err)
+		}
+		st, serr := procStartTime(rec.Process.HostPID)
+		mainAlive := serr == nil && st == rec.Process.StartTime
+		if len(pids) == 0 && !mainAlive {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("instance cleanup pending: cgroup %s still holds host PIDs %v (main process alive: %v)", cg, pids, mainAlive)
+		}
+		if err := sleepCtx(ctx, 5*time.Millisecond); err != nil {
+			return fmt.Errorf("waiting for cgroup %s to empty: %w", cg, err)
+		}
+	}
+}
+
+// ensureEnded makes sure the VMM of a FAILED Instance is gone: a unit still
+// running the recorded invocation is stopped; another one is refused.
+func (rt *Runtime) ensureEnded(ctx context.Context, in *instance) error {
+	in.stopGuestLoop()
+	in.mu.Lock()
+	rec := in.rec
+	in.mu.Unlock()
+	inv := ""
+	if rec.Process != nil {
+		inv = rec.Process.InvocationID
+	} else if u, err := rt.units.Get(ctx, rec.Unit); err == nil && u.Active() {
+		return fmt.Errorf("runtime: instance %s: stop instance process this node did not take over: unit %s runs (invocation %s) but the launch record was never completed",
+			in.id, rec.Unit, u.InvocationID)
+	}
+	if err := rt.forceStop(ctx, rec.Unit, inv); err != nil {
+		return fmt.Errorf("runtime: instance %s: %w", in.id, err)
+	}
+	if err := rt.confirmEmpty(ctx, rec); err != nil {
+		return fmt.Errorf("runtime: instance %s: %w", in.id, err)
+	}
+	return nil
+}
+
+// Delete stops the Instance if needed, confirms its cgroup is empty, keeps
+// the console and VMM log tails, moves its record to the registry and
+// removes the Instance directory.
+func (rt *Runtime) Delete(ctx context.Context, id string) error {
+	in, err := rt.get(id)
+	if err != nil {
+		return err
+	}
+	in.mu.Lock()
+	state := in.state
+	in.mu.Unlock()
+	switch state {
+	case StateRunning:
+		if err := rt.Stop(ctx, id, DefaultGrace); err != nil {
+			return err
+		}
+	case StateStarting, StateStopping:
+		return fmt.Errorf("runtime: delete instance %s: it is %s; retry once that finished", id, state)
+	case StateFailed, StateStopped:
+		if err := rt.ensureEnded(ctx, in); err != nil {
+			return err
+		}
+	}
+	in.mu.Lock()
+	rec, how, errText, copied := in.rec, in.how, in.err, in.logsCopied
+	in.mu.Unlock()
+	if !copied {
+		if err := rt.copyMachineLogs(in); err != nil {
+			rt.log.Warn("instance machine logs not kept", "instance_id", id, "err", err)
+		}
+	}
+	ended := &EndedRecord{
+		FormatVersion: RecordVersion,
+		InstanceID:    id,
+		EndedAt:       time.Now().UTC(),
+		How:           how,
+		Error:         errText,
+		Launch:        *rec,
+	}
+	if err := writeJSON(filepath.Join(rt.registryDir, id+".json"), ended); err != nil {
+		return fmt.Errorf("runtime: delete instance %s: %w", id, err)
+	}
+	if err := os.RemoveAll(in.paths.Dir); err != nil {
+		return fmt.Errorf("runtime: delete instance %s: remove %s: %w", id, in.paths.Dir, err)
+	}
+	rt.mu.Lock()
+	delete(rt.instances, id)
+	rt.mu.Unlock()
+	rt.log.Info("instance deleted", "instance_id", id, "how", how)
+	return nil
+}

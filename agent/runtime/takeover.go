@@ -1,0 +1,190 @@
+package runtime
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/kibotos/kibotos/vmm/units"
+)
+
+// takeover matches every launch record with the running units. Nothing is
+// registered, connected or removed unless every record and every running
+// kibotos-vmm unit is accounted for.
+func (rt *Runtime) takeover(ctx context.Context) error {
+	ents, err := os.ReadDir(rt.instancesDir)
+	if err != nil {
+		return fmt.Errorf("runtime: open: %w", err)
+	}
+	var problems []error
+	var recs []*LaunchRecord
+	var noRecord []string
+	for _, e := range ents {
+		if !e.IsDir() {
+			continue
+		}
+		path := filepath.Join(rt.instancesDir, e.Name(), LaunchRecordFile)
+		rec, err := ReadLaunchRecord(path)
+		if errors.Is(err, fs.ErrNotExist) {
+			// The record is written before the unit starts: nothing ran here.
+			noRecord = append(noRecord, filepath.Join(rt.instancesDir, e.Name()))
+			continue
+		}
+		if err != nil {
+			problems = append(problems, err)
+			continue
+		}
+		recs = append(recs, rec)
+	}
+	running, err := rt.units.List(ctx, UnitPrefix+"*")
+	if err != nil {
+		return fmt.Errorf("runtime: open: %w", err)
+	}
+	byName := map[string]units.Unit{}
+	for _, u := range running {
+		byName[u.Name] = u
+	}
+	claimed := map[string]bool{}
+	type verdict struct {
+		rec   *LaunchRecord
+		state State
+		err   string
+		gone  bool // the machine ended while no node watched
+	}
+	var verdicts []verdict
+	for _, rec := range recs {
+		path := filepath.Join(rt.instancesDir, rec.InstanceID, LaunchRecordFile)
+		u, present := byName[rec.Unit]
+		active := present && u.Active()
+		claimed[rec.Unit] = true
+		switch {
+		case rec.Stopped != nil && active:
+			problems = append(problems, fmt.Errorf("launch record %s says instance %s was stopped, but unit %s runs (invocation %s, MainPID %d): inspect it with systemctl show %s",
+				path, rec.InstanceID, rec.Unit, u.InvocationID, u.MainPID, rec.Unit))
+		case rec.Stopped != nil:
+			verdicts = append(verdicts, verdict{rec: rec, state: StateStopped})
+		case rec.Process == nil && active:
+			problems = append(problems, fmt.Errorf("launch record %s was never completed, but unit %s runs (invocation %s, MainPID %d): the node cannot tell it is this launch; inspect it with systemctl show %s and stop only that unit",
+				path, rec.Unit, u.InvocationID, u.MainPID, rec.Unit))
+		case rec.Process == nil:
+			verdicts = append(verdicts, verdict{rec: rec, state: StateFailed, err: "start interrupted before the VMM was recorded as running"})
+		case !active:
+			verdicts = append(verdicts, verdict{rec: rec, state: StateFailed, err: ErrNoLongerRunning, gone: true})
+		default:
+			if why := rt.mismatch(rec, u); why != "" {
+				problems = append(problems, fmt.Errorf("launch record %s does not match unit %s: %s; keep the record, inspect the unit with systemctl show %s and stop only that unit once you know whose it is",
+					path, rec.Unit, why, rec.Unit))
+				continue
+			}
+			state := StateRunning
+			if rec.Guest == nil {
+				// The node ended before the guest ever answered: the launch
+				// is still waiting for its readiness check.
+				state = StateStarting
+			}
+			verdicts = append(verdicts, verdict{rec: rec, state: state})
+		}
+	}
+	for _, u := range running {
+		if !claimed[u.Name] && u.Active() {
+			problems = append(problems, fmt.Errorf("unit %s (invocation %s, MainPID %d) has no launch record under %s: it is not an Instance this node can take over; inspect it with systemctl show %s and stop only that unit",
+				u.Name, u.InvocationID, u.MainPID, rt.instancesDir, u.Name))
+		}
+	}
+	if len(problems) > 0 {
+		return fmt.Errorf("runtime: takeover refused, nothing was changed: %w", errors.Join(problems...))
+	}
+
+	for _, dir := range noRecord {
+		if err := os.RemoveAll(dir); err != nil {
+			return fmt.Errorf("runtime: open: remove instance directory %s without launch record: %w", dir, err)
+		}
+		rt.log.Info("instance directory without launch record removed", "dir", dir)
+	}
+	for _, v := range verdicts {
+		in := &instance{
+			id:      v.rec.InstanceID,
+			paths:   instancePaths(filepath.Join(rt.instancesDir, v.rec.InstanceID)),
+			rec:     v.rec,
+			state:   v.state,
+			err:     v.err,
+			changed: make(chan struct{}),
+		}
+		switch v.state {
+		case StateStopped:
+			in.how = "stopped"
+		case StateFailed:
+			in.how = "machine exited"
+			if v.rec.Process == nil {
+				in.how = "never started"
+			}
+		}
+		rt.instances[in.id] = in
+		if v.gone {
+			// Noticed now: the machine ended while no node was watching.
+			if _, err := os.Stat(filepath.Join(rt.logsDir, in.id)); errors.Is(err, fs.ErrNotExist) {
+				rt.machineExited(in, "unit "+v.rec.Unit+" gone while the node was down")
+			} else {
+				in.logsCopied = true
+			}
+		}
+		if v.state == StateStarting {
+			rt.log.Info("instance taken over before its guest answered", "instance_id", in.id, "unit", v.rec.Unit,
+				"invocation_id", v.rec.Process.InvocationID, "host_pid", v.rec.Process.HostPID)
+			rt.wg.Add(1)
+			go func() {
+				defer rt.wg.Done()
+				if err := rt.awaitGuest(rt.ctx, in, false); err != nil && rt.ctx.Err() == nil {
+					in.mu.Lock()
+					in.state, in.err, in.how = StateFailed, err.Error(), "start failed"
+					in.notify()
+					in.mu.Unlock()
+					rt.log.Error("instance takeover failed", "instance_id", in.id, "err", err)
+				}
+			}()
+		}
+		if v.state == StateRunning {
+			rt.log.Info("instance taken over", "instance_id", in.id, "unit", v.rec.Unit,
+				"invocation_id", v.rec.Process.InvocationID, "host_pid", v.rec.Process.HostPID)
+			rt.startGuestLoop(in, nil)
+		}
+	}
+	return nil
+}
+
+// mismatch says how the running unit differs from the record, or "".
+func (rt *Runtime) mismatch(rec *LaunchRecord, u units.Unit) string {
+	p := rec.Process
+	var why []string
+	if u.InvocationID != p.InvocationID {
+		why = append(why, fmt.Sprintf("InvocationID %s, recorded %s", u.InvocationID, p.InvocationID))
+	}
+	if u.MainPID != p.MainPID {
+		why = append(why, fmt.Sprintf("MainPID %d, recorded %d", u.MainPID, p.MainPID))
+	}
+	if u.ControlGroup != p.ControlGroup {
+		why = append(why, fmt.Sprintf("cgroup %s, recorded %s", u.ControlGroup, p.ControlGroup))
+	}
+	hostPID, err := rt.units.MainHostPID(u)
+	if err != nil {
+		return strings.Join(append(why, err.Error()), "; ")
+	}
+	if hostPID != p.HostPID {
+		why = append(why, fmt.Sprintf("host PID %d, recorded %d", hostPID, p.HostPID))
+	}
+	if st, err := procStartTime(hostPID); err != nil {
+		why = append(why, fmt.Sprintf("process start time of host PID %d unreadable (%v), recorded %d", hostPID, err, p.StartTime))
+	} else if st != p.StartTime {
+		why = append(why, fmt.Sprintf("process start time %d, recorded %d", st, p.StartTime))
+	}
+	if exe, dev, ino, err := procExe(hostPID); err != nil {
+		why = append(why, fmt.Sprintf("executable of host PID %d unreadable (%v), recorded %s %d:%d", hostPID, err, p.Exe, p.ExeDev, p.ExeIno))
+	} else if dev != p.ExeDev || ino != p.ExeIno || exe != p.Exe {
+		why = append(why, fmt.Sprintf("executable %s dev:ino %d:%d, recorded %s %d:%d", exe, dev, ino, p.Exe, p.ExeDev, p.ExeIno))
+	}
+	return strings.Join(why, "; ")
+}

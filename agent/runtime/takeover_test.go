@@ -1,0 +1,263 @@
+package runtime_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/kibotos/kibotos/agent/runtime"
+	"github.com/kibotos/kibotos/vmm/guestproto"
+	"github.com/kibotos/kibotos/vmm/platform"
+	"github.com/kibotos/kibotos/vmm/qemu"
+	"github.com/kibotos/kibotos/vmm/units"
+)
+
+// The child "node" process is this test binary re-executed with nodeEnv set;
+// it is configured by the other variables.
+const (
+	nodeEnv      = "KIBOTOS_RUNTIME_TEST_NODE"
+	envRoot      = "KBR_ROOT"
+	envSocket    = "KBR_SD_SOCKET"
+	envCgroup    = "KBR_SD_CGROUP"
+	envMgrPID    = "KBR_SD_PID"
+	envPlatform  = "KBR_PLATFORM"
+	envStatus    = "KBR_STATUS"
+	killRestarts = 5
+)
+
+var nodeInstances = []string{"vm-a", "vm-b"}
+
+// nodeStatus is what the child reports once it serves.
+type nodeStatus struct {
+	PID int
+	// Open is the Runtime.Open duration; FirstExec is Open start → an
+	// exec answered on every Instance.
+	Open, FirstExec time.Duration
+	Started         bool // this run started the VMs
+	Instances       []nodeInstance
+}
+
+type nodeInstance struct {
+	ID, Unit, InvocationID, Echo string
+	State                        runtime.State
+	MainPID                      uint32
+	HostPID                      int
+}
+
+// runNode is the child: open the Runtime on the shared private systemd,
+// start the Instances on the first run, exec on each, report, serve.
+func runNode() int {
+	fail := func(err error) int {
+		fmt.Fprintf(os.Stderr, "test node: %v\n", err)
+		return 1
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	mgrPID, _ := strconv.Atoi(os.Getenv(envMgrPID))
+	m, err := units.Connect(ctx, units.Target{Socket: os.Getenv(envSocket), CgroupRoot: os.Getenv(envCgroup), ManagerPID: mgrPID})
+	if err != nil {
+		return fail(err)
+	}
+	t0 := time.Now()
+	rt, err := runtime.Open(ctx, runtime.Config{
+		StorageRoot: os.Getenv(envRoot), NodeID: "node-a", Units: m, Accel: qemu.AccelAuto,
+		Logger: slog.New(slog.NewJSONHandler(os.Stderr, nil)),
+	})
+	if err != nil {
+		return fail(err)
+	}
+	st := nodeStatus{PID: os.Getpid(), Open: time.Since(t0)}
+	if len(rt.List()) == 0 {
+		st.Started = true
+		inst, err := platform.Load(os.Getenv(envPlatform))
+		if err != nil {
+			return fail(err)
+		}
+		var wg sync.WaitGroup
+		errs := make([]error, len(nodeInstances))
+		for i, id := range nodeInstances {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				_, errs[i] = rt.Start(ctx, runtime.Spec{InstanceID: id, Installation: inst, MemoryMiB: 256})
+			}()
+		}
+		wg.Wait()
+		if err := errors.Join(errs...); err != nil {
+			return fail(err)
+		}
+	}
+	for _, s := range rt.List() {
+		ni := nodeInstance{ID: s.ID, Unit: s.Unit, InvocationID: s.InvocationID, State: s.State, MainPID: s.MainPID, HostPID: s.HostPID}
+		r, err := run(ctx, rt, s.ID, guestproto.ExecRequest{Argv: []string{"/bin/sh", "-c", "echo ok"}}, nil)
+		if err != nil {
+			return fail(err)
+		}
+		ni.Echo = r.stdout
+		st.Instances = append(st.Instances, ni)
+	}
+	st.FirstExec = time.Since(t0)
+	b, _ := json.Marshal(st)
+	tmp := os.Getenv(envStatus) + ".part"
+	if err := os.WriteFile(tmp, b, 0o600); err != nil {
+		return fail(err)
+	}
+	if err := os.Rename(tmp, os.Getenv(envStatus)); err != nil {
+		return fail(err)
+	}
+	for {
+		time.Sleep(time.Hour) // serve until killed
+	}
+}
+
+type child struct {
+	cmd    *exec.Cmd
+	exited chan struct{}
+	status string
+	log    string
+}
+
+func startChild(t *testing.T, h *harness, n int) *child {
+	t.Helper()
+	c := &child{
+		exited: make(chan struct{}),
+		status: filepath.Join(h.scratch, fmt.Sprintf("status-%d.json", n)),
+		log:    filepath.Join(h.scratch, fmt.Sprintf("node-%d.log", n)),
+	}
+	logf, err := os.Create(c.log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer logf.Close()
+	tg := h.sd.Target()
+	c.cmd = exec.Command(os.Args[0], "-test.run=^$")
+	c.cmd.Env = append(os.Environ(), nodeEnv+"=1", envRoot+"="+h.root, envSocket+"="+tg.Socket, envCgroup+"="+tg.CgroupRoot,
+		envMgrPID+"="+strconv.Itoa(tg.ManagerPID), envPlatform+"="+fixture.inst.Dir, envStatus+"="+c.status)
+	c.cmd.Stdout, c.cmd.Stderr = logf, logf
+	if err := c.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		c.cmd.Wait()
+		close(c.exited)
+	}()
+	// Only the process this test started, by its PID.
+	t.Cleanup(c.kill)
+	return c
+}
+
+func (c *child) kill() {
+	select {
+	case <-c.exited:
+	default:
+		c.cmd.Process.Signal(syscall.SIGKILL)
+		<-c.exited
+	}
+}
+
+func (c *child) wait(t *testing.T, d time.Duration) nodeStatus {
+	t.Helper()
+	deadline := time.After(d)
+	for {
+		if b, err := os.ReadFile(c.status); err == nil {
+			var st nodeStatus
+			if err := json.Unmarshal(b, &st); err != nil {
+				t.Fatal(err)
+			}
+			return st
+		}
+		select {
+		case <-c.exited:
+			b, _ := os.ReadFile(c.log)
+			t.Fatalf("node process exited (%v) before serving; its log:\n%s", c.cmd.ProcessState, b)
+		case <-deadline:
+			b, _ := os.ReadFile(c.log)
+			t.Fatalf("node process did not report within %v; its log:\n%s", d, b)
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+func TestTakeoverAfterKill9(t *testing.T) {
+	h := newHarness(t)
+	platformFixture(t)
+	c := startChild(t, h, 0)
+	first := c.wait(t, 3*time.Minute)
+	if !first.Started || len(first.Instances) != len(nodeInstances) {
+		t.Fatalf("first node run: %+v", first)
+	}
+	t.Logf("first run: Open %v, started %d VMs and exec'd on each after %v", first.Open, len(first.Instances), first.FirstExec.Round(time.Millisecond))
+	key := func(i nodeInstance) string {
+		return fmt.Sprintf("%s %s %s main %d host %d", i.ID, i.Unit, i.InvocationID, i.MainPID, i.HostPID)
+	}
+	var want []string
+	for _, i := range first.Instances {
+		want = append(want, key(i))
+	}
+	sort.Strings(want)
+
+	var opens, execs []time.Duration
+	pending := 0 // restarts where a guest needed more than one reconnect attempt
+	for n := 1; n <= killRestarts; n++ {
+		c.kill()
+		if ws, ok := c.cmd.ProcessState.Sys().(syscall.WaitStatus); !ok || ws.Signal() != syscall.SIGKILL {
+			t.Fatalf("node run %d ended with %v, not SIGKILL", n-1, c.cmd.ProcessState)
+		}
+		c = startChild(t, h, n)
+		st := c.wait(t, 2*time.Minute)
+		if st.Started {
+			t.Fatalf("restart %d started new VMs instead of taking over", n)
+		}
+		var got []string
+		for _, i := range st.Instances {
+			got = append(got, key(i))
+			if i.State != runtime.StateRunning || i.Echo != "ok\n" {
+				t.Errorf("restart %d: %s is %s, echo %q", n, i.ID, i.State, i.Echo)
+			}
+		}
+		sort.Strings(got)
+		if fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Fatalf("restart %d took over\n%q\nwant the same runs\n%q", n, got, want)
+		}
+		vmms := h.activeVMMs(t)
+		if len(vmms) != len(nodeInstances) {
+			t.Fatalf("restart %d: %d active kibotos-vmm units, want %d: %+v", n, len(vmms), len(nodeInstances), vmms)
+		}
+		opens, execs = append(opens, st.Open), append(execs, st.FirstExec)
+		if b, _ := os.ReadFile(c.log); bytes.Contains(b, []byte("instance guest sync pending")) {
+			pending++
+			for _, l := range bytes.Split(b, []byte("\n")) {
+				if bytes.Contains(l, []byte("instance guest sync pending")) {
+					t.Logf("restart %d: %s", n, l)
+				}
+			}
+		}
+	}
+	t.Logf("%d kill -9 + restarts, %d VMs: Open (takeover) %v; Open → exec answered on every VM %v; restarts with a guest reconnect retry: %d",
+		killRestarts, len(nodeInstances), opens, execs, pending)
+
+	// Clean up through a Runtime of our own: takeover once more, then Delete.
+	c.kill()
+	rt := h.mustOpen(t)
+	ctx := testCtx(t, time.Minute)
+	for _, id := range nodeInstances {
+		if err := rt.Delete(ctx, id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if l := h.activeVMMs(t); len(l) != 0 {
+		t.Errorf("VMM units after Delete: %+v", l)
+	}
+}

@@ -1,0 +1,144 @@
+package runtime
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/kibotos/kibotos/vmm/units"
+)
+
+// MachineLogTail is how much of the console and VMM logs is kept.
+const MachineLogTail = 64 << 10
+
+// watch notices VMMs that end without the node stopping them.
+func (rt *Runtime) watch() {
+	defer rt.wg.Done()
+	t := time.NewTicker(rt.cfg.WatchInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-rt.ctx.Done():
+			return
+		case <-t.C:
+		}
+		rt.mu.Lock()
+		ins := make([]*instance, 0, len(rt.instances))
+		for _, in := range rt.instances {
+			ins = append(ins, in)
+		}
+		rt.mu.Unlock()
+		for _, in := range ins {
+			rt.check(in)
+		}
+	}
+}
+
+// check looks at one running Instance's VMM: its recorded process first
+// (cheap), then the unit.
+func (rt *Runtime) check(in *instance) {
+	in.mu.Lock()
+	state, rec := in.state, in.rec
+	in.mu.Unlock()
+	if state != StateRunning || rec.Process == nil {
+		return
+	}
+	p := rec.Process
+	if st, err := procStartTime(p.HostPID); err == nil && st == p.StartTime {
+		return
+	}
+	ctx, cancel := context.WithTimeout(rt.ctx, 5*time.Second)
+	defer cancel()
+	u, err := rt.units.Get(ctx, rec.Unit)
+	var exit string
+	switch {
+	case errors.Is(err, units.ErrNotFound):
+		exit = "unit " + rec.Unit + " gone (collected); main process ended"
+	case err != nil:
+		if rt.ctx.Err() == nil {
+			rt.log.Warn("instance unit not readable", "instance_id", in.id, "unit", rec.Unit, "err", err)
+		}
+		return
+	case u.Active() && u.InvocationID == p.InvocationID:
+		return // the main process is ending; the unit follows
+	default:
+		exit = fmt.Sprintf("unit %s/%s, result %s, exit status %d, invocation %s", u.ActiveState, u.SubState, u.Result, u.ExecMainStatus, u.InvocationID)
+	}
+	in.mu.Lock()
+	if in.state != StateRunning {
+		in.mu.Unlock()
+		return // being stopped by the node
+	}
+	in.state, in.err, in.how = StateFailed, ErrNoLongerRunning, "machine exited"
+	in.notify()
+	in.mu.Unlock()
+	in.stopGuestLoop()
+	rt.machineExited(in, exit)
+}
+
+// machineExited keeps the log tails and writes the one log entry of an
+// Instance whose machine ended on its own.
+func (rt *Runtime) machineExited(in *instance, exit string) {
+	if err := rt.copyMachineLogs(in); err != nil {
+		rt.log.Warn("instance machine logs not kept", "instance_id", in.id, "err", err)
+	}
+	rt.log.Error("instance machine exited", "instance_id", in.id, "unit", in.rec.Unit, "exit", exit,
+		"machine_logs", filepath.Join(rt.logsDir, in.id))
+}
+
+// copyMachineLogs copies the tails of the console and VMM logs to
+// machine-logs/<id>/.
+func (rt *Runtime) copyMachineLogs(in *instance) error {
+	dst := filepath.Join(rt.logsDir, in.id)
+	if err := os.MkdirAll(dst, 0o700); err != nil {
+		return err
+	}
+	var errs []error
+	for _, src := range []string{in.paths.Console, in.paths.VMMLog} {
+		b, err := readTail(src, MachineLogTail)
+		if errors.Is(err, os.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if err := writeFileAtomic(filepath.Join(dst, filepath.Base(src)), b); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	in.mu.Lock()
+	in.logsCopied = true
+	in.mu.Unlock()
+	return errors.Join(errs...)
+}
+
+func readTail(path string, n int64) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return nil, err
+	}
+	if st.Size() > n {
+		if _, err := f.Seek(st.Size()-n, io.SeekStart); err != nil {
+			return nil, err
+		}
+	}
+	return io.ReadAll(io.LimitReader(f, n))
+}
+
+func tailString(path string, n int64) string {
+	b, err := readTail(path, n)
+	if err != nil {
+		return "(" + err.Error() + ")"
+	}
+	return string(b)
+}
