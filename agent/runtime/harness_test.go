@@ -106,6 +106,7 @@ type harness struct {
 	m       *units.Manager
 	logs    *logBuffer
 	scratch string
+	keep    []string // installations Open keeps although no record uses them
 }
 
 func newHarness(t *testing.T) *harness {
@@ -152,6 +153,8 @@ func (h *harness) open(t *testing.T) (*runtime.Runtime, error) {
 		Units:       h.m,
 		Accel:       qemu.AccelAuto,
 		Logger:      slog.New(slog.NewJSONHandler(h.logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
+
+		KeepInstallations: h.keep,
 	})
 }
 

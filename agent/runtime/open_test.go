@@ -76,3 +76,32 @@ func TestOpenWithoutVMs(t *testing.T) {
 		t.Errorf("refused record was changed: %s", b)
 	}
 }
+
+// Open removes installations that no record references and nobody asked to
+// keep; the one a (failed) Instance still references stays.
+func TestOpenRemovesUnusedInstallations(t *testing.T) {
+	h := newHarness(t)
+	inst := filepath.Join(h.root, "installations")
+	for _, d := range []string{"sha256-keep", "sha256-used", "sha256-unused", ".platform-build-1.tmp"} {
+		if err := os.MkdirAll(filepath.Join(inst, d), 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rec := filepath.Join(h.root, "runtime", "instances", "vm-z", runtime.LaunchRecordFile)
+	os.MkdirAll(filepath.Dir(rec), 0o700)
+	if err := os.WriteFile(rec, []byte(`{"format_version": 1, "instance_id": "vm-z", "launch_id": "l1", "unit": "kibotos-vmm-vm-z.service", "installation_id": "sha256-used"}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	h.keep = []string{"sha256-keep"}
+	rt, err := h.open(t)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rt.Close()
+	for name, want := range map[string]bool{"sha256-keep": true, "sha256-used": true, "sha256-unused": false, ".platform-build-1.tmp": true} {
+		_, err := os.Stat(filepath.Join(inst, name))
+		if got := err == nil; got != want {
+			t.Errorf("installation %s present=%v after Open, want %v", name, got, want)
+		}
+	}
+}

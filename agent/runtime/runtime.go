@@ -58,6 +58,10 @@ type Config struct {
 	GuestTimeout time.Duration
 	// WatchInterval is how often running VMMs are checked; default 500ms.
 	WatchInterval time.Duration
+	// KeepInstallations are installation ids (sha256-...) kept at Open even
+	// when no Instance uses them, e.g. the Platform new Instances will use.
+	// Every other installation no record references is removed.
+	KeepInstallations []string
 }
 
 // Runtime runs the Instances of one node. Open takes over what a previous
@@ -185,6 +189,7 @@ func Open(ctx context.Context, cfg Config) (*Runtime, error) {
 		return nil, err
 	}
 	ok = true
+	rt.removeUnusedInstallations()
 	rt.wg.Add(1)
 	go rt.watch()
 	rt.log.Info("runtime opened", "instances", len(rt.instances), "took", time.Since(t0).Round(time.Microsecond))
