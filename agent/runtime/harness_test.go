@@ -4,11 +4,9 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"fmt"
 	"io"
 	"log/slog"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -16,6 +14,7 @@ import (
 	"time"
 
 	"github.com/kibotos/kibotos/agent/runtime"
+	"github.com/kibotos/kibotos/agent/runtime/runtimetest"
 	"github.com/kibotos/kibotos/vmm/guestproto"
 	"github.com/kibotos/kibotos/vmm/platform"
 	"github.com/kibotos/kibotos/vmm/qemu"
@@ -28,75 +27,13 @@ func TestMain(m *testing.M) {
 		os.Exit(runNode())
 	}
 	code := m.Run()
-	if fixture.dir != "" {
-		os.RemoveAll(fixture.dir)
-	}
+	runtimetest.Cleanup()
 	os.Exit(code)
 }
 
-// requireVMHost skips, saying why on stderr, when this host cannot boot a
-// Platform in a private systemd. Slowness is never a reason to skip.
-func requireVMHost(t *testing.T) {
-	t.Helper()
-	var missing []string
-	if os.Geteuid() != 0 {
-		missing = append(missing, "root")
-	}
-	for tool, pkg := range map[string]string{qemu.DefaultBinary: "qemu-system-x86", "dpkg": "dpkg"} {
-		if _, err := exec.LookPath(tool); err != nil {
-			missing = append(missing, tool+" (Debian package "+pkg+")")
-		}
-	}
-	if err := privsd.Available(); err != nil {
-		missing = append(missing, "a private systemd: "+err.Error())
-	}
-	if len(missing) > 0 {
-		msg := t.Name() + " skipped: missing " + strings.Join(missing, ", ")
-		fmt.Fprintln(os.Stderr, msg)
-		t.Skip(msg)
-	}
-}
+func requireVMHost(t *testing.T) { runtimetest.RequireVMHost(t) }
 
-// fixture is the Platform shared by every test of this binary.
-var fixture struct {
-	once sync.Once
-	dir  string
-	inst *platform.Installation
-	err  error
-}
-
-func platformFixture(t *testing.T) *platform.Installation {
-	t.Helper()
-	fixture.once.Do(func() {
-		t0 := time.Now()
-		fixture.dir, fixture.err = os.MkdirTemp("", "kbr-platform-")
-		if fixture.err != nil {
-			return
-		}
-		bin := filepath.Join(fixture.dir, "kibotos")
-		cmd := exec.Command("go", "build", "-trimpath", "-o", bin, "github.com/kibotos/kibotos")
-		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			fixture.err = fmt.Errorf("go build kibotos: %v\n%s", err, out)
-			return
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
-		defer cancel()
-		fixture.inst, fixture.err = platform.Build(ctx, platform.Options{
-			StorageRoot: filepath.Join(fixture.dir, "storage"),
-			// The kernel .deb is kept between runs, as vmm/qemu's boot test does.
-			CacheDir:    filepath.Join(os.TempDir(), "kibotos-test-platform"),
-			AgentBinary: bin,
-		})
-		if fixture.err == nil {
-			fmt.Fprintf(os.Stderr, "platform fixture %s (kernel %s) built in %v\n", fixture.inst.ID, fixture.inst.KernelVersion, time.Since(t0).Round(time.Millisecond))
-		}
-	})
-	if fixture.err != nil {
-		t.Fatal(fixture.err)
-	}
-	return fixture.inst
-}
+func platformFixture(t *testing.T) *platform.Installation { return runtimetest.Platform(t) }
 
 // harness is a private systemd, a Manager connected to it and a short
 // storage root (unix socket paths must stay under 108 bytes).
@@ -117,23 +54,7 @@ func newHarness(t *testing.T) *harness {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(scratch) })
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	sd, err := privsd.Start(ctx, filepath.Join(scratch, "sd"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	// Stopping the private systemd kills whatever a failed test left in it.
-	t.Cleanup(func() {
-		if err := sd.Stop(); err != nil {
-			t.Errorf("stop private systemd: %v", err)
-		}
-	})
-	m, err := units.Connect(ctx, sd.Target())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(m.Close)
+	sd, m := runtimetest.Systemd(t, filepath.Join(scratch, "sd"))
 	h := &harness{root: filepath.Join(scratch, "s"), sd: sd, m: m, logs: &logBuffer{}, scratch: scratch}
 	t.Cleanup(func() {
 		if t.Failed() {

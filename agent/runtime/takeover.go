@@ -127,6 +127,9 @@ func (rt *Runtime) takeover(ctx context.Context) error {
 		if v.gone {
 			// Noticed now: the machine ended while no node was watching.
 			if _, err := os.Stat(filepath.Join(rt.logsDir, in.id)); errors.Is(err, fs.ErrNotExist) {
+				if err := rt.copyMachineLogs(in); err != nil {
+					rt.log.Warn("instance machine logs not kept", "instance_id", in.id, "err", err)
+				}
 				rt.machineExited(in, "unit "+v.rec.Unit+" gone while the node was down")
 			} else {
 				in.logsCopied = true

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/kibotos/kibotos/agent/runtime"
+	"github.com/kibotos/kibotos/agent/runtime/runtimetest"
 	"github.com/kibotos/kibotos/vmm/guestproto"
 	"github.com/kibotos/kibotos/vmm/platform"
 	"github.com/kibotos/kibotos/vmm/qemu"
@@ -144,7 +145,7 @@ func startChild(t *testing.T, h *harness, n int) *child {
 	tg := h.sd.Target()
 	c.cmd = exec.Command(os.Args[0], "-test.run=^$")
 	c.cmd.Env = append(os.Environ(), nodeEnv+"=1", envRoot+"="+h.root, envSocket+"="+tg.Socket, envCgroup+"="+tg.CgroupRoot,
-		envMgrPID+"="+strconv.Itoa(tg.ManagerPID), envPlatform+"="+fixture.inst.Dir, envStatus+"="+c.status)
+		envMgrPID+"="+strconv.Itoa(tg.ManagerPID), envPlatform+"="+runtimetest.Platform(t).Dir, envStatus+"="+c.status)
 	c.cmd.Stdout, c.cmd.Stderr = logf, logf
 	if err := c.cmd.Start(); err != nil {
 		t.Fatal(err)

@@ -69,9 +69,20 @@ func (rt *Runtime) check(in *instance) {
 		exit = fmt.Sprintf("unit %s/%s, result %s, exit status %d, invocation %s", u.ActiveState, u.SubState, u.Result, u.ExecMainStatus, u.InvocationID)
 	}
 	in.mu.Lock()
+	running := in.state == StateRunning
+	in.mu.Unlock()
+	if !running {
+		return // being stopped by the node
+	}
+	// The log tails are kept before the Instance shows FAILED, so whoever
+	// sees FAILED finds them.
+	if err := rt.copyMachineLogs(in); err != nil {
+		rt.log.Warn("instance machine logs not kept", "instance_id", in.id, "err", err)
+	}
+	in.mu.Lock()
 	if in.state != StateRunning {
 		in.mu.Unlock()
-		return // being stopped by the node
+		return
 	}
 	in.state, in.err, in.how = StateFailed, ErrNoLongerRunning, "machine exited"
 	in.notify()
@@ -80,12 +91,9 @@ func (rt *Runtime) check(in *instance) {
 	rt.machineExited(in, exit)
 }
 
-// machineExited keeps the log tails and writes the one log entry of an
-// Instance whose machine ended on its own.
+// machineExited writes the one log entry of an Instance whose machine
+// ended on its own (its log tails are already kept).
 func (rt *Runtime) machineExited(in *instance, exit string) {
-	if err := rt.copyMachineLogs(in); err != nil {
-		rt.log.Warn("instance machine logs not kept", "instance_id", in.id, "err", err)
-	}
 	rt.log.Error("instance machine exited", "instance_id", in.id, "unit", in.rec.Unit, "exit", exit,
 		"machine_logs", filepath.Join(rt.logsDir, in.id))
 }
