@@ -22,6 +22,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kibotos/kibotos/agent/hostusage"
+	"github.com/kibotos/kibotos/agent/runtime"
 	"github.com/kibotos/kibotos/api"
 	"github.com/kibotos/kibotos/buildinfo"
 	"github.com/kibotos/kibotos/datadir"
@@ -56,6 +57,9 @@ type Config struct {
 	// AdjustReport, when set, edits every report before it is sent. It is a
 	// test seam for held objects the node runtime does not create yet.
 	AdjustReport func(*api.Report)
+	// Runtime runs this node's Instances; nil on a node without a service
+	// manager for VMMs (no Instances are counted or destroyed then).
+	Runtime *runtime.Runtime
 }
 
 // Agent is the running node side.
@@ -110,6 +114,7 @@ func defaultPoolPath(d datadir.Dir) string { return filepath.Join(d.StorageRoot(
 // Run holds the control session until ctx ends, reconnecting as needed.
 func (a *Agent) Run(ctx context.Context) error {
 	go a.sampler.Run(ctx)
+	go a.watchInstances(ctx)
 	backoff := 200 * time.Millisecond
 	for {
 		err := a.connectOnce(ctx)
@@ -139,9 +144,48 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 }
 
-// destroyAllInstances ends every Instance of this node. Instances arrive
-// with the node runtime; until then there is nothing to destroy.
-func (a *Agent) destroyAllInstances() {}
+// destroyAllInstances ends every Instance of this node: after isolate, ctrl
+// has released their storage to others, so none may keep writing.
+func (a *Agent) destroyAllInstances() {
+	rt := a.cfg.Runtime
+	if rt == nil {
+		return
+	}
+	for _, st := range rt.List() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		err := rt.Delete(ctx, st.ID)
+		cancel()
+		if err != nil {
+			a.log.Error("instance not destroyed after isolation", "instance_id", st.ID, "err", err)
+			continue
+		}
+		a.log.Info("instance destroyed after isolation", "instance_id", st.ID)
+	}
+}
+
+// watchInstances pushes a full report whenever what the node runs changes,
+// so ctrl's counts (drain, placement) do not wait for the next sync.
+func (a *Agent) watchInstances(ctx context.Context) {
+	if a.cfg.Runtime == nil {
+		return
+	}
+	var last api.Report
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		r := a.report()
+		if r.Instances != last.Instances || r.Allocated != last.Allocated {
+			if a.PushReport() {
+				last = r
+			}
+		}
+	}
+}
 
 func (a *Agent) now() int64 { return time.Now().Add(a.cfg.ClockSkew).UnixNano() }
 
@@ -262,12 +306,23 @@ func (a *Agent) refusal(m api.SessionMsg) error {
 	}
 }
 
-// report is the node's full report. Allocations, Instances, Volumes and
-// retained layers arrive with the node runtime; until then they are zero.
+// report is the node's full report: capacity, what its Instances hold, pools.
+// Volumes and retained layers arrive with Workspaces; until then they are zero.
 func (a *Agent) report() api.Report {
 	r := api.Report{
 		Capacity: a.cfg.Capacity,
 		Pools:    []api.Pool{poolStatus("default", defaultPoolPath(a.cfg.DataDir))},
+	}
+	if rt := a.cfg.Runtime; rt != nil {
+		for _, st := range rt.List() {
+			if st.State == runtime.StateStopped {
+				continue // a stopped Instance holds no CPU or memory
+			}
+			// A FAILED Instance still holds its reservations until destroyed.
+			r.Instances++
+			r.Allocated.CPU += api.Milli(st.VCPUs * 1000)
+			r.Allocated.MemoryBytes += uint64(st.MemoryMiB) << 20
+		}
 	}
 	if a.cfg.AdjustReport != nil {
 		a.cfg.AdjustReport(&r)

@@ -11,6 +11,7 @@ import (
 	"github.com/kibotos/kibotos/api"
 	"github.com/kibotos/kibotos/cluster"
 	"github.com/kibotos/kibotos/datadir"
+	"github.com/kibotos/kibotos/vmm/qemu"
 )
 
 // kiboCommand is how the user runs the CLI: "kibo" when it is on PATH,
@@ -59,7 +60,14 @@ func (c *DevCmd) Run(g *Globals) error {
 			c.announceWhenReady(g, d, id)
 		}()
 	}
-	return runMember(g, memberOptions{dir: d, level: "info", capacity: agent.DefaultCapacity(), timings: cluster.DefaultTimings(), onReady: onReady})
+	// A dev host without systemd as PID 1 gets a private one (VMs end with
+	// kibotos dev); a host with systemd uses it.
+	sdMode := systemdPrivate
+	if hostHasSystemd() {
+		sdMode = systemdHost
+	}
+	return runMember(g, memberOptions{dir: d, level: "info", capacity: agent.DefaultCapacity(), timings: cluster.DefaultTimings(), onReady: onReady,
+		systemd: sdMode, accel: qemu.AccelAuto})
 }
 
 // announceWhenReady waits for the dev node to be READY and tells the user

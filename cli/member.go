@@ -18,6 +18,7 @@ import (
 	"github.com/kibotos/kibotos/buildinfo"
 	"github.com/kibotos/kibotos/cluster"
 	"github.com/kibotos/kibotos/datadir"
+	"github.com/kibotos/kibotos/vmm/qemu"
 )
 
 // VersionCmd prints the build.
@@ -117,6 +118,8 @@ type ServeCmd struct {
 	Config      string        `name:"config" type:"existingfile" help:"TOML configuration file (data_dir, bind, log_level, [resources] cpu and memory)."`
 	Bind        string        `name:"bind" help:"Listen address (default: the advertised address)."`
 	LogLevel    string        `name:"log-level" default:"info" enum:"debug,info,warn,error" help:"Log level."`
+	Systemd     string        `name:"systemd" default:"auto" enum:"auto,host,private,none" help:"Service manager for VMM units: auto (the host's systemd when PID 1 is systemd, else none), host, private (started by this process; VMs end with it) or none."`
+	Accel       string        `name:"accel" default:"auto" enum:"auto,kvm,tcg" help:"QEMU accelerator: auto picks KVM when it is usable (not PVM), else TCG."`
 	TestTimings bool          `name:"test-timings" hidden:"" help:"Tight Raft and session timings (tests)."`
 	ClockSkew   time.Duration `name:"test-clock-skew" hidden:"" help:"Pretend the node clock is off by this much (tests)."`
 }
@@ -151,7 +154,8 @@ func (c *ServeCmd) Run(g *Globals) error {
 	if c.TestTimings {
 		timings = cluster.TestTimings()
 	}
-	return runMember(g, memberOptions{dir: datadir.Dir(dir), bind: bind, level: level, capacity: capacity, timings: timings, clockSkew: c.ClockSkew})
+	return runMember(g, memberOptions{dir: datadir.Dir(dir), bind: bind, level: level, capacity: capacity, timings: timings, clockSkew: c.ClockSkew,
+		systemd: c.Systemd, accel: qemu.Accel(c.Accel)})
 }
 
 func resourcesFrom(fc fileConfig) (api.Resources, error) {
@@ -203,6 +207,8 @@ type memberOptions struct {
 	timings   cluster.Timings
 	clockSkew time.Duration
 	onReady   func(*cluster.Server)
+	systemd   string // see openNodeRuntime
+	accel     qemu.Accel
 }
 
 // runMember serves until SIGTERM/SIGINT. A node isolated by ctrl exits
@@ -227,8 +233,13 @@ func runMember(g *Globals, o memberOptions) error {
 		if err != nil {
 			return err
 		}
+		rt, closeRuntime, err := openNodeRuntime(ctx, o.dir, srv.NodeID(), o.systemd, o.accel, log)
+		if err != nil {
+			return err
+		}
+		defer closeRuntime()
 		a, err := agent.New(agent.Config{DataDir: o.dir, NodeID: srv.NodeID(), Capacity: o.capacity, CtrlAddrs: srv.CtrlAddrs,
-			TLS: clientTLS, SessionTimeout: o.timings.SessionTimeout, Logger: log, ClockSkew: o.clockSkew})
+			TLS: clientTLS, SessionTimeout: o.timings.SessionTimeout, Logger: log, ClockSkew: o.clockSkew, Runtime: rt})
 		if err != nil {
 			return err
 		}

@@ -117,6 +117,8 @@ type InstanceStatus struct {
 	State          State
 	Error          string
 	InstallationID string
+	VCPUs          int
+	MemoryMiB      int
 	InvocationID   string
 	MainPID        uint32
 	HostPID        int
@@ -277,6 +279,8 @@ func (in *instance) status() InstanceStatus {
 		State:           in.state,
 		Error:           in.err,
 		InstallationID:  in.rec.InstallationID,
+		VCPUs:           in.rec.VCPUs,
+		MemoryMiB:       in.rec.MemoryMiB,
 		GuestResponding: in.guest != nil && in.responding,
 		Guest:           in.rec.Guest,
 	}

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/kibotos/kibotos/agent"
+	"github.com/kibotos/kibotos/agent/runtime"
 	"github.com/kibotos/kibotos/api"
 	"github.com/kibotos/kibotos/cluster"
 	"github.com/kibotos/kibotos/datadir"
@@ -53,6 +54,8 @@ type Options struct {
 	AdjustReport func(nodeID string, r *api.Report)
 	// ClockSkew pretends a node's clock is off (the 30 s rule).
 	ClockSkew map[string]time.Duration
+	// Runtimes gives nodes a real Instance runtime (the test owns it).
+	Runtimes map[string]*runtime.Runtime
 }
 
 // New builds, joins and starts a cluster and waits until every node is READY.
@@ -132,7 +135,7 @@ func (m *Member) start(o Options) {
 		adjust = func(r *api.Report) { o.AdjustReport(id, r) }
 	}
 	a, err := agent.New(agent.Config{DataDir: m.Dir, NodeID: m.ID, Capacity: o.Capacity, CtrlAddrs: srv.CtrlAddrs, TLS: tlsConf,
-		SessionTimeout: cluster.TestTimings().SessionTimeout, Logger: log, SampleInterval: time.Second, AdjustReport: adjust, ClockSkew: o.ClockSkew[m.ID]})
+		SessionTimeout: cluster.TestTimings().SessionTimeout, Logger: log, SampleInterval: time.Second, AdjustReport: adjust, ClockSkew: o.ClockSkew[m.ID], Runtime: o.Runtimes[m.ID]})
 	if err != nil {
 		m.t.Fatalf("agent %s: %v", m.ID, err)
 	}
@@ -183,6 +186,21 @@ func (m *Member) Restart(o Options) {
 		o.Capacity = api.Resources{CPU: 2000, MemoryBytes: 4 << 30}
 	}
 	m.start(o)
+}
+
+// WaitAgentExit waits for the node agent to end on its own (e.g. refused
+// as isolated) and returns its error.
+func (m *Member) WaitAgentExit(timeout time.Duration) (error, bool) {
+	m.mu.Lock()
+	done := m.agentDone
+	m.mu.Unlock()
+	select {
+	case err := <-done:
+		done <- err // stop() still waits on it
+		return err, true
+	case <-time.After(timeout):
+		return nil, false
+	}
 }
 
 // Running reports whether the member is serving.

@@ -1,0 +1,90 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/kibotos/kibotos/agent/runtime"
+	"github.com/kibotos/kibotos/datadir"
+	"github.com/kibotos/kibotos/vmm/platform"
+	"github.com/kibotos/kibotos/vmm/qemu"
+	"github.com/kibotos/kibotos/vmm/units"
+	"github.com/kibotos/kibotos/vmm/units/privsd"
+)
+
+// Service managers a node can run its VMM units under.
+const (
+	systemdAuto    = "auto"    // the host's systemd when PID 1 is systemd, else none (serve) or private (dev)
+	systemdHost    = "host"    // the host's systemd (/run/systemd/private)
+	systemdPrivate = "private" // a private systemd started by this process: VMs end with it
+	systemdNone    = "none"    // no Instances on this node
+)
+
+// hostHasSystemd reports whether PID 1 is systemd (sd_booted's test).
+func hostHasSystemd() bool {
+	_, err := os.Stat("/run/systemd/system")
+	return err == nil
+}
+
+// openNodeRuntime connects to the service manager chosen by mode and opens
+// the Instance runtime, taking over what a previous node process left
+// running. It returns nil, nil when the node runs without one.
+func openNodeRuntime(ctx context.Context, d datadir.Dir, nodeID, mode string, accel qemu.Accel, log *slog.Logger) (*runtime.Runtime, func(), error) {
+	if mode == systemdAuto {
+		mode = systemdNone
+		if hostHasSystemd() {
+			mode = systemdHost
+		}
+	}
+	var target units.Target
+	cleanup := func() {}
+	switch mode {
+	case systemdNone:
+		log.Warn("node runtime disabled: this host's PID 1 is not systemd, so VMM units have no service manager; run kibotos dev, or serve with --systemd private")
+		return nil, cleanup, nil
+	case systemdHost:
+		t, err := units.HostTarget()
+		if err != nil {
+			return nil, nil, fmt.Errorf("node runtime: %w", err)
+		}
+		target = t
+	case systemdPrivate:
+		if err := privsd.Available(); err != nil {
+			return nil, nil, fmt.Errorf("node runtime: a private systemd cannot run here: %w", err)
+		}
+		sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		sd, err := privsd.Start(sctx, filepath.Join(d.NodeDir(), "systemd"))
+		cancel()
+		if err != nil {
+			return nil, nil, fmt.Errorf("node runtime: start private systemd: %w", err)
+		}
+		log.Warn("VMM units run under a private systemd started by this process: they end when it ends", "systemd_pid", sd.PID)
+		target, cleanup = sd.Target(), func() { sd.Stop() }
+	default:
+		return nil, nil, fmt.Errorf("node runtime: --systemd %q is not auto, host, private or none", mode)
+	}
+	m, err := units.Connect(ctx, target)
+	if err != nil {
+		cleanup()
+		return nil, nil, fmt.Errorf("node runtime: %w", err)
+	}
+	var keep []string
+	if ps, _ := platform.List(d.StorageRoot()); len(ps) > 0 {
+		keep = append(keep, ps[0].ID) // the newest Platform is the one new Instances use
+	}
+	rt, err := runtime.Open(ctx, runtime.Config{StorageRoot: d.StorageRoot(), NodeID: nodeID, Units: m, Accel: accel, Logger: log, KeepInstallations: keep})
+	if err != nil {
+		m.Close()
+		cleanup()
+		return nil, nil, err
+	}
+	return rt, func() {
+		rt.Close() // VMMs keep running; the next node process takes them over
+		m.Close()
+		cleanup()
+	}, nil
+}
