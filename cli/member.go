@@ -219,6 +219,11 @@ func runMember(g *Globals, o memberOptions) error {
 	log := slog.New(slog.NewTextHandler(g.stderr, &slog.HandlerOptions{Level: lvl}))
 	ctx, stop := signal.NotifyContext(g.ctx, syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
+	// Before anything else: no earlier member process may still run in
+	// this service (then cluster.Open takes the data directory's lock).
+	if err := serviceCgroupCheck(); err != nil {
+		return err
+	}
 	srv, err := cluster.Open(ctx, cluster.Config{DataDir: o.dir, Bind: o.bind, Timings: o.timings, Logger: log})
 	if err != nil {
 		return err

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/kibotos/kibotos/agent"
 	"github.com/kibotos/kibotos/agent/runtime"
 	"github.com/kibotos/kibotos/datadir"
 	"github.com/kibotos/kibotos/vmm/platform"
@@ -87,4 +88,21 @@ func openNodeRuntime(ctx context.Context, d datadir.Dir, nodeID, mode string, ac
 		m.Close()
 		cleanup()
 	}, nil
+}
+
+// serviceCgroupCheck runs the node's start-up check of its own service
+// cgroup when the host runs systemd.
+func serviceCgroupCheck() error {
+	if !hostHasSystemd() {
+		return nil
+	}
+	root, err := units.Cgroup2Mount()
+	if err != nil {
+		return nil // no cgroup2: nothing to check against
+	}
+	self, err := os.ReadFile("/proc/self/cgroup")
+	if err != nil {
+		return nil
+	}
+	return agent.CheckServiceCgroup(root, string(self), os.Getpid())
 }
