@@ -350,3 +350,48 @@ func TestOrphansReaped(t *testing.T) {
 		return strings.Contains(h.logs.String(), `msg="reaped orphan" pid=`+pid+" ")
 	})
 }
+
+// Processes that exited must not hold Stop up, even when the node never
+// called Process.Close after Wait (nor read their output).
+func TestStopAfterWaitWithoutClose(t *testing.T) {
+	for _, reapAll := range []bool{true, false} {
+		t.Run(fmt.Sprintf("reap-orphans=%v", reapAll), func(t *testing.T) {
+			h := startAgent(t, Options{ReapOrphans: reapAll})
+			c := h.dial()
+			ctx := ctxT(t)
+			for _, req := range []guestproto.ExecRequest{
+				{Argv: []string{"true"}},
+				{Argv: []string{"sh", "-c", "echo out; echo err >&2"}, Stdin: true},
+				{Argv: []string{"sh", "-c", "echo tty"}, PTY: &guestproto.WinSize{Rows: 24, Cols: 80}},
+			} {
+				p, err := c.Exec(ctx, req)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if _, err := p.Wait(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			running, err := c.Exec(ctx, guestproto.ExecRequest{Argv: []string{"sleep", "100"}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			const grace = 3 * time.Second
+			start := time.Now()
+			res, err := c.Stop(ctx, grace)
+			took := time.Since(start)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if res.Terminated != 1 || res.Killed != 0 {
+				t.Fatalf("stop result %+v, want the one running process terminated", res)
+			}
+			if took >= grace {
+				t.Fatalf("Stop took %v, the grace period is %v", took, grace)
+			}
+			if exit, err := running.Wait(); err != nil || exit.Signal != int(syscall.SIGTERM) {
+				t.Fatalf("sleep exit %+v, %v", exit, err)
+			}
+		})
+	}
+}

@@ -2,7 +2,6 @@ package guest
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -13,7 +12,6 @@ import (
 	"os"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/yamux"
@@ -63,9 +61,11 @@ type agent struct {
 }
 
 // Serve runs the agent until ctx ends or a Stop call completed. opener
-// opens the channel to the node (the virtio-serial port); it is called
-// again whenever the channel reaches EOF or fails, because a host-side
-// disconnect shows up that way in the guest.
+// opens the channel to the node (the virtio-serial port). A host-side
+// disconnect shows up in the guest as EOF or a read error: it ends the
+// session, and the agent reads the same channel on (a virtio-serial port
+// delivers the next node's bytes to the open file). Only when a read fails
+// with no session to end is the channel closed and opener called again.
 func Serve(ctx context.Context, opener func() (io.ReadWriteCloser, error), opts Options) error {
 	a := newAgent(opts)
 	defer a.shutdown()
@@ -150,74 +150,84 @@ func (a *agent) shutdown() {
 	a.reaper.close()
 }
 
-// serveConn runs sessions over one opened channel until it fails. After a
-// session ends the agent looks for a new hello in the bytes the session
-// consumed last: a node that reconnects without the channel closing (a new
-// hello in the middle of a session) is picked up at once.
+// serveConn runs sessions over one opened channel until reading it fails.
+//
+// One goroutine (channel.readLoop) owns every read of conn; sessions and
+// handshakes consume what it read. Ending a session never closes conn nor
+// leaves a read of it behind: whatever the channel delivers after a session
+// ended, including the beginning of the next node's hello, stays in the
+// channel's buffer for the next handshake. The bytes the ended session had
+// consumed are searched for a hello too, so a node that reconnects without
+// the channel reporting a disconnect (a new hello in the middle of a
+// session) is answered at once.
 func (a *agent) serveConn(ctx context.Context, conn io.ReadWriteCloser) (int, error) {
-	stop := context.AfterFunc(ctx, func() { conn.Close() })
+	ch := newChannel(conn)
+	stop := context.AfterFunc(ctx, ch.close)
 	defer stop()
-	in := io.Reader(conn)
 	handshakes := 0
 	for {
-		br := bufio.NewReaderSize(in, guestproto.HandshakeBufferSize)
+		v := ch.view()
+		br := bufio.NewReaderSize(v, guestproto.HandshakeBufferSize)
 		info, err := guestproto.AcceptHandshake(br, conn, a.info, a.opts.MinProtocol, a.opts.MaxProtocol)
 		if err != nil {
+			ch.unread(buffered(br))
 			var verr *guestproto.VersionError
 			if errors.As(err, &verr) {
 				a.log.Error("guest agent handshake refused", "err", err)
-				in = br
 				continue
 			}
-			return handshakes, err
+			if rerr := ch.readErr(); rerr != nil || ctx.Err() != nil {
+				return handshakes, err
+			}
+			// Reading still works, only the reply could not be written
+			// (the node went away): wait for the next hello.
+			a.log.Info("guest agent handshake failed", "err", err)
+			continue
 		}
 		handshakes++
 		a.log.Info("guest agent session started", "protocol", info.Protocol)
 		rec := &recorder{r: br}
-		err = a.serveSession(ctx, rec, conn, info.Protocol)
+		err = a.serveSession(ctx, rec, conn, v, info.Protocol)
 		if err != nil {
 			return handshakes, err
 		}
-		if rec.busy() {
-			// The session's reader is still blocked on the channel and
-			// would swallow the next hello: start over with a fresh open.
-			return handshakes, errors.New("session ended with a read in flight")
-		}
-		rest := rec.tail()
-		if n := br.Buffered(); n > 0 {
-			p, _ := br.Peek(n)
-			rest = append(rest, p...)
-		}
+		rest := append(rec.tail(), buffered(br)...)
 		if i := guestproto.LastHello(rest); i >= 0 {
 			rest = rest[i:]
 		}
-		in = io.MultiReader(bytes.NewReader(rest), conn)
+		ch.unread(rest)
+		// A disconnect (EOF or an error) ends the session, not
+		// necessarily the channel: a virtio-serial port delivers the next
+		// node's bytes to the same open file. Read on; if the channel
+		// fails again before a hello, Serve reopens it.
+		ch.rearm()
 	}
 }
 
-// serveSession runs one yamux session until it ends.
-func (a *agent) serveSession(ctx context.Context, r io.Reader, conn io.ReadWriteCloser, protocol int) error {
+// buffered returns a copy of what br read ahead.
+func buffered(br *bufio.Reader) []byte {
+	p, _ := br.Peek(br.Buffered())
+	return append([]byte(nil), p...)
+}
+
+// serveSession runs one yamux session until it ends. The session reads
+// from r (fed by v); closing the session interrupts v, never the channel.
+func (a *agent) serveSession(ctx context.Context, r io.Reader, conn io.Writer, v *chanView, protocol int) error {
 	cfg := yamux.DefaultConfig()
 	cfg.LogOutput = io.Discard
-	// No keepalive: the session must only end when its reader returned, so
-	// no read is left pending on the channel (see serveConn).
+	// No keepalive: the node pings; a host-side disconnect shows up as
+	// EOF or an error of the channel.
 	cfg.EnableKeepAlive = false
 	cfg.ConnectionWriteTimeout = 30 * time.Second
-	ic := &interruptCloser{conn: conn}
 	sess, err := yamux.Server(struct {
 		io.Reader
 		io.Writer
 		io.Closer
-	}{r, conn, ic}, cfg)
+	}{r, conn, v}, cfg)
 	if err != nil {
 		return err
 	}
-	defer func() {
-		sess.Close()
-		if ic.interrupted.Load() {
-			conn.(readDeadliner).SetReadDeadline(time.Time{})
-		}
-	}()
+	defer sess.Close()
 	go func() {
 		select {
 		case <-ctx.Done():
@@ -349,23 +359,18 @@ func respond(w io.Writer, res any, err error) error {
 }
 
 // recorder remembers the last bytes a session read, so a hello that ended
-// the session can be found again, and whether a read is still in flight.
+// the session can be found again.
 type recorder struct {
-	r       io.Reader
-	mu      sync.Mutex
-	reading bool
-	buf     []byte
+	r   io.Reader
+	mu  sync.Mutex
+	buf []byte
 }
 
 const recordSize = 64 << 10
 
 func (r *recorder) Read(p []byte) (int, error) {
-	r.mu.Lock()
-	r.reading = true
-	r.mu.Unlock()
 	n, err := r.r.Read(p)
 	r.mu.Lock()
-	r.reading = false
 	r.buf = append(r.buf, p[:n]...)
 	if len(r.buf) > 2*recordSize {
 		r.buf = append(r.buf[:0:0], r.buf[len(r.buf)-recordSize:]...)
@@ -374,33 +379,8 @@ func (r *recorder) Read(p []byte) (int, error) {
 	return n, err
 }
 
-func (r *recorder) busy() bool {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.reading
-}
-
 func (r *recorder) tail() []byte {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return append([]byte(nil), r.buf...)
-}
-
-type readDeadliner interface{ SetReadDeadline(time.Time) error }
-
-// interruptCloser is the Closer yamux gets. Closing a session must not
-// close the channel (the next hello arrives on it), but yamux waits for its
-// reader to return: a past read deadline wakes it without losing bytes.
-// Channels without deadlines are closed and reopened instead.
-type interruptCloser struct {
-	conn        io.ReadWriteCloser
-	interrupted atomic.Bool
-}
-
-func (c *interruptCloser) Close() error {
-	if d, ok := c.conn.(readDeadliner); ok && d.SetReadDeadline(time.Unix(1, 0)) == nil {
-		c.interrupted.Store(true)
-		return nil
-	}
-	return c.conn.Close()
 }
