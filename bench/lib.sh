@@ -94,6 +94,7 @@ build_bins() {
 		mkdir -p "$BENCH_PPROF_DIR"
 	fi
 	ln -sf kibotos "$BENCH_TMP/bin/kibo"
+	BENCH_REV=$(cd "$BENCH_ROOT" && git describe --always --dirty 2>/dev/null || echo unknown)
 	KIBOTOS="$BENCH_TMP/bin/kibotos"
 	KIBO="$BENCH_TMP/bin/kibo"
 	LOADGEN="$BENCH_TMP/bin/loadgen"
@@ -103,6 +104,7 @@ build_bins() {
 
 KIB_DIRS=()
 KIB_ADDRS=()
+KIB_PIDS=()
 
 # kib_cluster_ready N: every member knows the same leader (so each one is in
 # the Raft configuration: a member that is not gets no heartbeats and knows
@@ -133,6 +135,7 @@ kib_cluster() {
 		fi
 		start_bg "kibotos-m$i" env KIBOTOS_PPROF="${BENCH_PPROF_DIR:+127.0.0.1:$((base + (i - 1) * 10 + 5))}" \
 			"$KIBOTOS" serve --data-dir "$dir" --log-level warn
+		KIB_PIDS+=("$!")
 		KIB_DIRS+=("$dir")
 		KIB_ADDRS+=("$addr")
 		wait_until 60 "kibotos member m$i to serve" "$KIBO" status --json --data-dir "$dir"
@@ -182,4 +185,20 @@ wait_quiet() {
 		fi
 		sleep 2
 	done
+}
+
+# cpu_ticks PID...: user+system CPU time of the processes, in clock ticks.
+cpu_ticks() {
+	local pid t=0 v
+	for pid in "$@"; do
+		# Fields after the command name: 14 utime and 15 stime are $12 and $13.
+		v=$(sed 's/.*) //' "/proc/$pid/stat" | awk '{print $12 + $13}') || v=0
+		t=$((t + v))
+	done
+	echo "$t"
+}
+
+# machine_ticks: "BUSY TOTAL" clock ticks of all CPUs since boot (/proc/stat).
+machine_ticks() {
+	awk '/^cpu / {t = 0; for (i = 2; i <= 9; i++) t += $i; print t - $5 - $6, t; exit}' /proc/stat
 }

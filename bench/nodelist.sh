@@ -43,14 +43,17 @@ kib_profile nodelist 10
 CMD=("$KIBO" --data-dir "$DIR" node list)
 got=$("${CMD[@]}" | tail -n +2 | wc -l)
 log "kibo node list prints $got nodes"
+read -ra m0 < <(machine_ticks)
 if command -v hyperfine >/dev/null; then
 	hyperfine -N --warmup 3 --runs "$RUNS" --export-json "$BENCH_TMP/hf.json" "${CMD[*]}" >&2
 	mapfile -t times < <(jq -r '.results[0].times[]' "$BENCH_TMP/hf.json")
 	hyperfine -N --warmup 3 --runs "$RUNS" --export-json "$BENCH_TMP/hf-json.json" "${CMD[*]} --json" >&2
 	mapfile -t jtimes < <(jq -r '.results[0].times[]' "$BENCH_TMP/hf-json.json")
+	cpu=$(jq -r '.results[0] | (.user + .system) * 1000 | round' "$BENCH_TMP/hf.json")
+	jcpu=$(jq -r '.results[0] | (.user + .system) * 1000 | round' "$BENCH_TMP/hf-json.json")
 else
 	log "hyperfine not installed (apt-get install -y hyperfine); timing a loop"
-	times=() jtimes=()
+	times=() jtimes=() cpu=? jcpu=?
 	for i in $(seq 0 "$RUNS"); do
 		t0=$(date +%s%N); "${CMD[@]}" >/dev/null; t1=$(date +%s%N)
 		"${CMD[@]}" --json >/dev/null; t2=$(date +%s%N)
@@ -59,21 +62,24 @@ else
 		jtimes+=("$(echo "($t2 - $t1) / 1000000000" | bc -l)")
 	done
 fi
+read -ra m1 < <(machine_ticks)
+busy_pct=$(((m1[0] - m0[0]) * 100 / (m1[1] - m0[1])))
 pctl() { # pctl P SECONDS... -> ms at the nearest-rank percentile
 	local p=$1
 	shift
 	printf '%s\n' "$@" | sort -g | awk -v p="$p" '{a[NR]=$1} END {i=int(NR*p+0.999999); if(i<1)i=1; printf "%.1f", a[i]*1000}'
 }
-med=$(pctl 0.5 "${times[@]}") p95=$(pctl 0.95 "${times[@]}")
-jmed=$(pctl 0.5 "${jtimes[@]}") jp95=$(pctl 0.95 "${jtimes[@]}")
+min=$(pctl 0 "${times[@]}") med=$(pctl 0.5 "${times[@]}") p95=$(pctl 0.95 "${times[@]}")
+jmin=$(pctl 0 "${jtimes[@]}") jmed=$(pctl 0.5 "${jtimes[@]}") jp95=$(pctl 0.95 "${jtimes[@]}")
 
 echo
-echo "kibo node list with $got nodes ($RUNS runs each, ms):"
-printf '  %-52s %8s %8s\n' stage median p95
-jq -r 'select(.median_ms != null) | [.stage, .median_ms, .p95_ms, (.comment // "")] | @tsv' "$STAGES" |
-	awk -F'\t' '{printf "  %-52s %8.1f %8.1f\n", $1, $2, $3}'
-printf '  %-52s %8s %8s\n' "kibo node list (binary, table, >/dev/null)" "$med" "$p95"
-printf '  %-52s %8s %8s\n' "kibo node list --json (binary, >/dev/null)" "$jmed" "$jp95"
+echo "kibo node list with $got nodes, kibotos $BENCH_REV ($RUNS runs each, ms; client_cpu = mean user+system CPU of the kibo process):"
+printf '  %-44s %8s %8s %8s %11s\n' stage min median p95 "client_cpu"
+jq -r 'select(.median_ms != null) | [.stage, .min_ms, .median_ms, .p95_ms] | @tsv' "$STAGES" |
+	awk -F'\t' '{printf "  %-44s %8.1f %8.1f %8.1f\n", $1, $2, $3, $4}'
+printf '  %-44s %8s %8s %8s %11s\n' "kibo node list (binary, table, >/dev/null)" "$min" "$med" "$p95" "$cpu"
+printf '  %-44s %8s %8s %8s %11s\n' "kibo node list --json (binary, >/dev/null)" "$jmin" "$jmed" "$jp95" "$jcpu"
+echo "  (the machine's CPU was ${busy_pct}% busy during the binary timing: kibo, the member and anything else)"
 jq -r 'select(.stage == "populate") | "  populate: \(.added) nodes added in \(.seconds)s (\(.joins_per_s) grant+join/s)"' "$STAGES"
 if ((got < 10000)); then
 	verdict="not judged: fewer than 10,000 nodes"

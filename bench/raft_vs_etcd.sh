@@ -3,46 +3,81 @@
 # 3-member etcd cluster, both on loopback with fsync, driven by the same
 # closed-loop Go load generator (bench/loadgen) at 1 and 64 clients.
 #
-#   bench/raft_vs_etcd.sh                      # 15 s per run
-#   BENCH_SECONDS=30 BENCH_CLIENTS="1 16 64" bench/raft_vs_etcd.sh
+#   bench/raft_vs_etcd.sh                      # 15 s per run, 3 repetitions
+#   BENCH_SECONDS=30 BENCH_CLIENTS="1 16 64" BENCH_REPEAT=1 bench/raft_vs_etcd.sh
 #
 # Environment:
 #   BENCH_SECONDS    measured seconds per run (default 15; 1 s warm-up is extra)
 #   BENCH_CLIENTS    client counts (default "1 64")
+#   BENCH_REPEAT     runs per system and client count; the table shows the
+#                    median of each figure over them (default 3)
 #   BENCH_PORT_BASE  first loopback port (default 27100): etcd uses BASE..BASE+21,
-#                    kibotos BASE+100..BASE+121
+#                    kibotos BASE+100..BASE+125
 #   BENCH_QUIET_WAIT / BENCH_QUIET_IDLE  before each run wait up to this many
 #                    seconds (60) for the CPU to be this % idle (80)
-#   BENCH_OUT        also append the loadgen JSON lines to this file
+#   BENCH_MAX_OTHER  redo a run (up to BENCH_RETRIES=3 times) when other
+#                    processes used more than this % of the CPU during it (10)
+#   BENCH_OUT        also append the result JSON lines to this file
 #   BENCH_KEEP=1     keep the temp directory (data dirs, member logs)
 #   BENCH_PPROF_DIR  run the members with pprof (bench/kibotos-pprof) and save
 #                    a CPU profile of each member per kibotos run into this dir
 #
 # The clusters run one after the other so each has both cores to itself.
+# Each result line adds cpu_ms_per_op: CPU time (user+system) of the three
+# server processes during the run divided by the writes (both cores busy at
+# 64 clients makes this what bounds throughput).
 # Needs etcd 3.4+ (apt-get install -y etcd-server etcd-client), jq and Go.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 SECS=${BENCH_SECONDS:-15}
 CLIENTS=${BENCH_CLIENTS:-"1 64"}
+REPEAT=${BENCH_REPEAT:-3}
 BASE=${BENCH_PORT_BASE:-27100}
+TCK=$(getconf CLK_TCK)
 
 need etcd "apt-get update && apt-get install -y etcd-server etcd-client"
 need etcdctl "apt-get update && apt-get install -y etcd-server etcd-client"
 need jq "apt-get install -y jq"
+need curl "apt-get install -y curl"
 bench_init
 build_bins
 RESULTS="$BENCH_TMP/results.jsonl"
 : >"$RESULTS"
 
-run_load() { # run_load ARGS... (loadgen flags; -target and -clients first)
-	local line
-	wait_quiet
-	[[ "$2" != kibotos ]] || kib_profile "kibotos-c$4" "$((SECS > 2 ? SECS : 1))"
-	log "loadgen $* (${SECS}s)"
-	line=$("$LOADGEN" "$@" -duration "${SECS}s") || die "loadgen failed: $line"
-	echo "$line" | tee -a "$RESULTS" >&2
-	[[ -z "${BENCH_OUT:-}" ]] || echo "$line" >>"$BENCH_OUT"
+# run_load "SERVER PIDS" -target T -clients N LOADGEN-FLAGS...
+# A run during which other processes used more than BENCH_MAX_OTHER % of the
+# machine's CPU (default 10) is done again, up to BENCH_RETRIES (3) times;
+# the attempt least disturbed is kept.
+run_load() {
+	local pids=$1 line t0 t1 ops m0 m1 attempt other best="" best_other=1000
+	shift
+	for attempt in $(seq 1 "${BENCH_RETRIES:-3}"); do
+		wait_quiet
+		[[ "$2" != kibotos ]] || kib_profile "kibotos-c$4-$(date +%H%M%S)" "$SECS"
+		log "loadgen $* (${SECS}s)"
+		t0=$(cpu_ticks $pids)
+		read -ra m0 < <(machine_ticks)
+		line=$("$LOADGEN" "$@" -duration "${SECS}s") || die "loadgen failed: $line"
+		read -ra m1 < <(machine_ticks)
+		t1=$(cpu_ticks $pids)
+		ops=$(jq .ops <<<"$line")
+		# other_cpu_pct: share of the machine's CPU used by neither the servers
+		# nor loadgen while it ran (its 1 s warm-up included).
+		line=$(jq -c --argjson cpu "$(((t1 - t0) * 1000000 / TCK / (ops > 0 ? ops : 1)))" \
+			--argjson busy "$((m1[0] - m0[0]))" --argjson total "$((m1[1] - m0[1]))" \
+			--argjson srv "$((t1 - t0))" --argjson tck "$TCK" \
+			'. + {cpu_ms_per_op: ($cpu / 1000),
+			      other_cpu_pct: ((($busy - $srv - .client_cpu_s * $tck) / $total * 1000 | round) / 10 | if . < 0 then 0 else . end)}' <<<"$line")
+		echo "$line" >&2
+		other=$(jq '.other_cpu_pct | floor' <<<"$line")
+		((other >= best_other)) || { best=$line best_other=$other; }
+		((other > ${BENCH_MAX_OTHER:-10})) || break
+		log "warning: other processes used ${other}% of the CPU during this run (BENCH_MAX_OTHER=${BENCH_MAX_OTHER:-10})$( ((attempt < ${BENCH_RETRIES:-3})) && echo '; running it again')"
+	done
+	# Keep the attempt least disturbed by other processes.
+	echo "$best" >>"$RESULTS"
+	[[ -z "${BENCH_OUT:-}" ]] || echo "$best" >>"$BENCH_OUT"
 }
 
 # --- etcd ------------------------------------------------------------------
@@ -65,28 +100,40 @@ for i in 1 2 3; do
 done
 wait_until 60 "etcd cluster health" env ETCDCTL_API=3 etcdctl --endpoints "$endpoints" endpoint health
 log "etcd cluster ready: $endpoints"
-for n in $CLIENTS; do
-	run_load -target etcd -clients "$n" -endpoints "$endpoints"
+for r in $(seq 1 "$REPEAT"); do
+	for n in $CLIENTS; do
+		run_load "${ETCD_PIDS[*]}" -target etcd -clients "$n" -endpoints "$endpoints"
+	done
 done
 for pid in "${ETCD_PIDS[@]}"; do stop_pid "$pid"; done
 
 # --- kibotos ---------------------------------------------------------------
 kib_cluster 3 $((BASE + 100))
 addrs=$(IFS=,; echo "${KIB_ADDRS[*]}")
-for n in $CLIENTS; do
-	run_load -target kibotos -clients "$n" -data-dir "${KIB_DIRS[0]}" -addrs "$addrs" -nodes m1,m2,m3
+for r in $(seq 1 "$REPEAT"); do
+	for n in $CLIENTS; do
+		run_load "${KIB_PIDS[*]}" -target kibotos -clients "$n" -data-dir "${KIB_DIRS[0]}" -addrs "$addrs" -nodes m1,m2,m3
+	done
 done
 
 # --- table -----------------------------------------------------------------
 echo
-printf '%-8s %10s %10s %8s %8s %8s %8s %10s %9s\n' clients etcd_ops/s ours_ops/s etcd_p50 ours_p50 etcd_p99 ours_p99 thr_ratio p99_ratio
+echo "kibotos $BENCH_REV vs $(etcd --version | head -1); ${SECS}s per run; median of the $REPEAT run(s),"
+echo "of only those where other processes took <= ${BENCH_MAX_OTHER:-10}% of the CPU when there are any; latencies in ms"
+printf '%-7s %10s %10s %9s %8s %8s %8s %8s %8s %9s %9s %7s\n' clients etcd_ops/s ours_ops/s thr_ratio etcd_p50 ours_p50 etcd_p99 ours_p99 p99_ratio etcd_cpu ours_cpu other%
 for n in $CLIENTS; do
-	jq -rs --argjson n "$n" '
-		(map(select(.target == "etcd" and .clients == $n))[0]) as $e |
-		(map(select(.target == "kibotos" and .clients == $n))[0]) as $k |
-		[$n, $e.ops_per_s, $k.ops_per_s, $e.p50_ms, $k.p50_ms, $e.p99_ms, $k.p99_ms,
-		 (($k.ops_per_s / $e.ops_per_s) * 100 | round / 100),
-		 (($k.p99_ms / $e.p99_ms) * 100 | round / 100)] | @tsv' "$RESULTS" |
-		awk -F'\t' '{printf "%-8s %10s %10s %8s %8s %8s %8s %9sx %8sx\n", $1,$2,$3,$4,$5,$6,$7,$8,$9}'
+	jq -rs --argjson n "$n" --argjson max "${BENCH_MAX_OTHER:-10}" '
+		def med(f): map(f) | sort | .[(length - 1) / 2 | floor];
+		def runs(t): map(select(.target == t and .clients == $n)) |
+			(map(select(.other_cpu_pct <= $max))) as $clean | if ($clean | length) > 0 then $clean else . end;
+		runs("etcd") as $e | runs("kibotos") as $k |
+		[$n, ($e | med(.ops_per_s)), ($k | med(.ops_per_s)),
+		 ((($k | med(.ops_per_s)) / ($e | med(.ops_per_s))) * 100 | round / 100),
+		 ($e | med(.p50_ms)), ($k | med(.p50_ms)), ($e | med(.p99_ms)), ($k | med(.p99_ms)),
+		 ((($k | med(.p99_ms)) / ($e | med(.p99_ms))) * 100 | round / 100),
+		 ($e | med(.cpu_ms_per_op)), ($k | med(.cpu_ms_per_op)),
+		 ($e + $k | map(.other_cpu_pct) | max)] | @tsv' "$RESULTS" |
+		awk -F'\t' '{printf "%-7s %10s %10s %8sx %8s %8s %8s %8s %8sx %9s %9s %7s\n", $1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12}'
 done
-echo "(thr_ratio = ours/etcd throughput, target >= 1.0; p99_ratio = ours/etcd p99 latency, target <= 1.0; ${SECS}s per run, latencies in ms)"
+echo "thr_ratio = ours/etcd throughput (target >= 1.0); p99_ratio = ours/etcd p99 (target <= 1.0);"
+echo "*_cpu = CPU ms of the three server processes per write; other% = most CPU other processes took during a run counted"

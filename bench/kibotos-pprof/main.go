@@ -4,6 +4,10 @@
 //
 //	KIBOTOS_PPROF=127.0.0.1:6060 kibotos-pprof serve --data-dir DIR
 //	go tool pprof -seconds 10 http://127.0.0.1:6060/debug/pprof/profile
+//
+// With KIBOTOS_CPUPROFILE=FILE a CLI command writes its own CPU profile:
+//
+//	KIBOTOS_CPUPROFILE=list.pprof kibotos-pprof --data-dir DIR node list >/dev/null
 package main
 
 import (
@@ -14,6 +18,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"runtime/pprof"
 
 	"github.com/kibotos/kibotos/cli"
 )
@@ -28,9 +33,27 @@ func main() {
 			}
 		}()
 	}
+	if file := os.Getenv("KIBOTOS_CPUPROFILE"); file != "" {
+		f, err := os.Create(file)
+		if err == nil {
+			err = pprof.StartCPUProfile(f)
+		}
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "kibotos-pprof: %v\n", err)
+			os.Exit(1)
+		}
+		code := run()
+		pprof.StopCPUProfile()
+		f.Close()
+		os.Exit(code)
+	}
+	os.Exit(run())
+}
+
+func run() int {
 	name := filepath.Base(os.Args[0])
 	if name != "kibo" {
 		name = "kibotos"
 	}
-	os.Exit(cli.Main(context.Background(), name, os.Args[1:], os.Stdin, os.Stdout, os.Stderr))
+	return cli.Main(context.Background(), name, os.Args[1:], os.Stdin, os.Stdout, os.Stderr)
 }

@@ -34,6 +34,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/kibotos/kibotos/api"
@@ -52,6 +53,8 @@ type result struct {
 	MeanMs   float64 `json:"mean_ms"`
 	MaxMs    float64 `json:"max_ms"`
 	FirstErr string  `json:"first_error,omitempty"`
+	// ClientCPU is this process's user+system CPU time over its whole run.
+	ClientCPU float64 `json:"client_cpu_s"`
 }
 
 // op sends one write; worker is the client index, seq its write number.
@@ -88,6 +91,10 @@ func main() {
 		ops[i] = makeOp(i)
 	}
 	res := run(*target, ops, *warmup, *duration)
+	var ru syscall.Rusage
+	if syscall.Getrusage(syscall.RUSAGE_SELF, &ru) == nil {
+		res.ClientCPU = round(time.Duration(ru.Utime.Nano()+ru.Stime.Nano()).Seconds(), 3)
+	}
 	out, _ := json.Marshal(res)
 	fmt.Println(string(out))
 	if res.Ops == 0 {
