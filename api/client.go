@@ -89,13 +89,12 @@ func (c *Client) Do(ctx context.Context, method, path string, in, out any) (json
 		return nil, err
 	}
 	if out != nil {
-		var rb struct {
-			Result json.RawMessage `json:"result"`
-		}
+		// One pass: the result is decoded straight into out (lists of
+		// 10,000 nodes are megabytes).
+		rb := struct {
+			Result any `json:"result"`
+		}{Result: out}
 		if err := json.Unmarshal(raw, &rb); err != nil {
-			return nil, fmt.Errorf("answer of %s is not a kibotos result: %w", c.Addr, err)
-		}
-		if err := json.Unmarshal(rb.Result, out); err != nil {
 			return nil, fmt.Errorf("answer of %s does not match this kibotos: %w", c.Addr, err)
 		}
 	}

@@ -5,6 +5,7 @@
 package cli
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -184,15 +185,15 @@ func (g *Globals) call(method, path string, in, out any) (json.RawMessage, error
 	return c.Do(g.ctx, method, path, in, out)
 }
 
-// printJSON prints the API answer re-indented.
+// printJSON prints the API answer indented, without decoding it.
 func (g *Globals) printJSON(raw json.RawMessage) error {
-	var v any
-	if err := json.Unmarshal(raw, &v); err != nil {
+	var buf bytes.Buffer
+	if err := json.Indent(&buf, bytes.TrimSpace(raw), "", "  "); err != nil {
 		return err
 	}
-	enc := json.NewEncoder(g.stdout)
-	enc.SetIndent("", "  ")
-	return enc.Encode(v)
+	buf.WriteByte('\n')
+	_, err := g.stdout.Write(buf.Bytes())
+	return err
 }
 
 func (g *Globals) printf(format string, args ...any) { fmt.Fprintf(g.stdout, format, args...) }

@@ -31,7 +31,11 @@ func (c *NodeListCmd) Run(g *Globals) error {
 		path += "?" + q.Encode()
 	}
 	var out api.NodeList
-	raw, err := g.call("GET", path, nil, &out)
+	var into any = &out
+	if g.JSON {
+		into = nil // printed as received
+	}
+	raw, err := g.call("GET", path, nil, into)
 	if err != nil {
 		return err
 	}

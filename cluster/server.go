@@ -191,7 +191,8 @@ func (s *Server) raftConfig() *raft.Config {
 	c.LocalID = raft.ServerID(s.id.NodeID)
 	t := s.cfg.Timings
 	c.HeartbeatTimeout, c.ElectionTimeout, c.LeaderLeaseTimeout = t.RaftHeartbeat, t.RaftElection, t.RaftLeaderLease
-	c.CommitTimeout = 5 * time.Millisecond
+	// CommitTimeout is the idle replication tick; the library default
+	// (50 ms) keeps an idle cluster quiet, writes do not wait for it.
 	c.SnapshotThreshold = t.SnapshotThreshold
 	c.SnapshotInterval = 30 * time.Second
 	c.TrailingLogs = 4096
@@ -229,7 +230,13 @@ func (s *Server) startRaft() error {
 		Logger: s.hclog("raft-net", hclog.Error),
 	})
 	rf := &raftFSM{f: s.fsm}
-	r, err := raft.NewRaft(s.raftConfig(), rf, s.logStore, s.logStore, snaps, s.transport)
+	// The leader replicates recent entries from memory instead of reading
+	// them back from the log store.
+	logs, err := raft.NewLogCache(1024, s.logStore)
+	if err != nil {
+		return err
+	}
+	r, err := raft.NewRaft(s.raftConfig(), rf, logs, s.logStore, snaps, s.transport)
 	if err != nil {
 		if rf.restoreErr != nil {
 			return fmt.Errorf("start raft in %s: %w", d.RaftDir(), rf.restoreErr)
