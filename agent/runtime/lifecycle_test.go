@@ -67,6 +67,30 @@ func TestLifecycle(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// configure: hostname, DNS and the writable disk mounted; freeze and
+	// thaw of that filesystem (in the guest, so safe to do here).
+	if err := c.Configure(ctx, guestproto.ConfigureRequest{Hostname: "life-guest", DNS: []string{"192.0.2.53"},
+		Mounts: []guestproto.Mount{{Source: "/dev/vda", Target: "/mnt/data", FSType: "ext4"}}}); err != nil {
+		t.Fatalf("configure: %v", err)
+	}
+	r, err = run(ctx, rt, id, guestproto.ExecRequest{Argv: []string{"/bin/sh", "-c", "hostname; cat /etc/resolv.conf; grep ' /mnt/data ' /proc/mounts; echo kept > /mnt/data/x"}}, nil)
+	if err != nil || r.exit.ExitCode != 0 || !strings.Contains(r.stdout, "life-guest") || !strings.Contains(r.stdout, "nameserver 192.0.2.53") || !strings.Contains(r.stdout, "/dev/vda /mnt/data ext4") {
+		t.Errorf("after configure: %+v, %v; want hostname, resolver and /dev/vda on /mnt/data", r, err)
+	}
+	if err := c.Sync(ctx); err != nil {
+		t.Errorf("sync: %v", err)
+	}
+	if err := c.Freeze(ctx, "/mnt/data"); err != nil {
+		t.Fatalf("freeze /mnt/data: %v", err)
+	}
+	if err := c.Thaw(ctx, "/mnt/data"); err != nil {
+		t.Fatalf("thaw /mnt/data: %v", err)
+	}
+	r, err = run(ctx, rt, id, guestproto.ExecRequest{Argv: []string{"/bin/sh", "-c", "echo after > /mnt/data/y && cat /mnt/data/x /mnt/data/y"}}, nil)
+	if err != nil || r.exit.ExitCode != 0 || r.stdout != "kept\nafter\n" {
+		t.Errorf("write after thaw: %+v, %v", r, err)
+	}
+
 	data := bytes.Repeat([]byte("kibotos file round trip\n"), 4096)
 	if _, err := c.WriteFile(ctx, "/tmp/roundtrip.txt", 0o644, bytes.NewReader(data)); err != nil {
 		t.Fatal(err)
