@@ -33,6 +33,7 @@ type Paths struct {
 	AgentSocket string // guest agent channel
 	Control     string // VMM control socket (QMP; Firecracker's API socket)
 	Disk        string // writable raw disk
+	Tap         string // tap in the Instance's network namespace; "" for none
 }
 
 func instancePaths(dir string) Paths {
@@ -103,6 +104,9 @@ func (q *QEMU) Argv(spec Spec, p Paths) ([]string, error) {
 	}
 	if p.Disk != "" {
 		cfg.Disks = []qemu.Disk{{ID: "writable", Path: p.Disk, Format: "raw"}}
+	}
+	if p.Tap != "" {
+		cfg.NIC = &qemu.NIC{Tap: p.Tap}
 	}
 	return cfg.Argv()
 }

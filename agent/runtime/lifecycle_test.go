@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -22,7 +23,7 @@ func TestLifecycle(t *testing.T) {
 	const id = "life"
 
 	t0 := time.Now()
-	st, err := rt.Start(ctx, runtime.Spec{InstanceID: id, Installation: inst, VCPUs: 1, MemoryMiB: 256, DiskMiB: 64})
+	st, err := rt.Start(ctx, runtime.Spec{InstanceID: id, Installation: inst, VCPUs: 1, MemoryMiB: 256, DiskMiB: 64, Network: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -56,6 +57,15 @@ func TestLifecycle(t *testing.T) {
 	r, err = run(ctx, rt, id, guestproto.ExecRequest{Argv: []string{"/bin/sh", "-c", "tty"}, PTY: &guestproto.WinSize{Rows: 24, Cols: 80}}, nil)
 	if err != nil || r.exit.ExitCode != 0 || !strings.Contains(r.stdout, "/dev/pts") {
 		t.Errorf("tty on a PTY: %+v, %v; want /dev/pts/N", r, err)
+	}
+	// The guest reaches the node end of its tap, in the Instance's own
+	// network namespace, over virtio-net.
+	r, err = run(ctx, rt, id, guestproto.ExecRequest{Argv: []string{"/bin/ping", "-c", "1", "-W", "5", runtime.GuestGateway}}, nil)
+	if err != nil || r.exit.ExitCode != 0 {
+		t.Errorf("guest ping %s: %+v, %v", runtime.GuestGateway, r, err)
+	}
+	if rec.Process == nil || rec.Process.NetNS != "/run/netns/"+runtime.NetNSName(id) {
+		t.Errorf("launch record netns: %+v", rec.Process)
 	}
 	// The writable disk is attached as virtio-blk: 64 MiB = 131072 sectors.
 	r, err = run(ctx, rt, id, guestproto.ExecRequest{Argv: []string{"/bin/cat", "/sys/block/vda/size"}}, nil)
@@ -131,6 +141,9 @@ func TestLifecycle(t *testing.T) {
 	}
 	if _, err := os.Stat(dir); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("instance directory %s after Delete: %v", dir, err)
+	}
+	if _, err := os.Stat(filepath.Join("/proc", strconv.Itoa(h.sd.PID), "root", "run", "netns", runtime.NetNSName(id))); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("network namespace after Delete: %v", err)
 	}
 	if b, err := os.ReadFile(filepath.Join(h.root, "machine-logs", id, "console.log")); err != nil || len(b) == 0 {
 		t.Errorf("console tail kept: %d bytes, %v", len(b), err)

@@ -23,6 +23,9 @@ type Spec struct {
 	MemoryMiB    int
 	// DiskMiB is the size of the writable raw disk (virtio-blk); 0: none.
 	DiskMiB int
+	// Network gives the Instance its own network namespace with a tap for
+	// a virtio-net device, configured in the guest at launch.
+	Network bool
 }
 
 // vmmLogEnv passes the VMM log path to the wrapper shell.
@@ -82,6 +85,9 @@ func (rt *Runtime) Start(ctx context.Context, spec Spec) (InstanceStatus, error)
 func (rt *Runtime) start(ctx context.Context, in *instance, spec Spec) error {
 	t0 := time.Now()
 	p := in.paths
+	if spec.Network {
+		p.Tap = TapName
+	}
 	vmm, err := rt.backend.Argv(spec, p)
 	if err != nil {
 		return err
@@ -122,14 +128,21 @@ func (rt *Runtime) start(ctx context.Context, in *instance, spec Spec) error {
 		}
 	}
 
-	u, err := rt.units.StartVMM(ctx, units.Spec{
+	us := units.Spec{
 		Name:        rec.Unit,
 		Description: "kibotos VMM of instance " + in.id,
 		Argv:        rec.Argv,
 		Environment: []string{vmmLogEnv + "=" + p.VMMLog},
-	})
+	}
+	if spec.Network {
+		if err := rt.createNetwork(ctx, in.id); err != nil {
+			return err
+		}
+		us.NetworkNamespacePath = netnsPath(in.id)
+	}
+	u, err := rt.units.StartVMM(ctx, us)
 	if err != nil {
-		return err
+		return errors.Join(err, rt.deleteNetwork(context.WithoutCancel(ctx), in.id))
 	}
 	tUnit := time.Since(t0)
 	proc, err := rt.identify(ctx, u, vmm[0])
@@ -138,6 +151,7 @@ func (rt *Runtime) start(ctx context.Context, in *instance, spec Spec) error {
 	}
 	rec2 := *rec
 	rec2.Process = proc
+	proc.NetNS = us.NetworkNamespacePath
 	if err := WriteLaunchRecord(p.Dir, &rec2); err != nil {
 		return errors.Join(err, rt.abortLaunch(ctx, rec.Unit, u.InvocationID))
 	}
@@ -147,6 +161,15 @@ func (rt *Runtime) start(ctx context.Context, in *instance, spec Spec) error {
 
 	if err := rt.awaitGuest(ctx, in, true); err != nil {
 		return err
+	}
+	if spec.Network {
+		c, err := rt.Guest(in.id)
+		if err == nil {
+			err = c.Configure(ctx, guestNetwork())
+		}
+		if err != nil {
+			return errors.Join(fmt.Errorf("runtime: instance %s: configure the guest network: %w", in.id, err), rt.abortLaunch(ctx, rec.Unit, proc.InvocationID))
+		}
 	}
 	rt.log.Info("instance started", "instance_id", in.id, "unit", rec.Unit, "invocation_id", proc.InvocationID,
 		"host_pid", proc.HostPID, "unit_started_in", tUnit.Round(time.Microsecond), "guest_answered_in", time.Since(t0).Round(time.Millisecond))

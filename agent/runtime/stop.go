@@ -216,6 +216,9 @@ func (rt *Runtime) Delete(ctx context.Context, id string) error {
 	if err := writeJSON(filepath.Join(rt.registryDir, id+".json"), ended); err != nil {
 		return fmt.Errorf("runtime: delete instance %s: %w", id, err)
 	}
+	if err := rt.deleteNetwork(ctx, id); err != nil {
+		return err
+	}
 	if err := os.RemoveAll(in.paths.Dir); err != nil {
 		return fmt.Errorf("runtime: delete instance %s: remove %s: %w", id, in.paths.Dir, err)
 	}

@@ -189,5 +189,8 @@ func (rt *Runtime) mismatch(rec *LaunchRecord, u units.Unit) string {
 	} else if dev != p.ExeDev || ino != p.ExeIno || exe != p.Exe {
 		why = append(why, fmt.Sprintf("executable %s dev:ino %d:%d, recorded %s %d:%d", exe, dev, ino, p.Exe, p.ExeDev, p.ExeIno))
 	}
+	if m := rt.netnsMismatch(hostPID, p.NetNS); m != "" {
+		why = append(why, m)
+	}
 	return strings.Join(why, "; ")
 }
