@@ -148,6 +148,10 @@ func TestLifecycle(t *testing.T) {
 	if b, err := os.ReadFile(filepath.Join(h.root, "machine-logs", id, "console.log")); err != nil || len(b) == 0 {
 		t.Errorf("console tail kept: %d bytes, %v", len(b), err)
 	}
+	// The guest powered off and QEMU exited 0.
+	if b, err := os.ReadFile(filepath.Join(h.root, "machine-logs", id, "vmm.log")); err != nil || !strings.Contains(string(b), runtime.VMMExitedLine+" result=success code=exited status=0") {
+		t.Errorf("VMM log tail %q, %v; want QEMU to have exited 0", b, err)
+	}
 	if l := rt.List(); len(l) != 0 {
 		t.Errorf("List after Delete: %+v", l)
 	}

@@ -31,6 +31,10 @@ type Spec struct {
 // vmmLogEnv passes the VMM log path to the wrapper shell.
 const vmmLogEnv = "KIBOTOS_VMM_LOG"
 
+// VMMExitedLine starts the line the unit appends to the VMM log when the
+// VMM has ended: "kibotos: vmm exited result=success code=exited status=0".
+const VMMExitedLine = "kibotos: vmm exited"
+
 // wrapLog makes the unit's command append the VMM's stdout and stderr to a
 // file: transient units have no file output otherwise. The shell execs the
 // VMM, so the unit's main process becomes the VMM itself.
@@ -133,6 +137,8 @@ func (rt *Runtime) start(ctx context.Context, in *instance, spec Spec) error {
 		Description: "kibotos VMM of instance " + in.id,
 		Argv:        rec.Argv,
 		Environment: []string{vmmLogEnv + "=" + p.VMMLog},
+		// How the VMM ended goes into its log, which outlives the unit.
+		ExecStopPost: []string{sh, "-c", `echo "` + VMMExitedLine + ` result=$SERVICE_RESULT code=$EXIT_CODE status=$EXIT_STATUS" >>"$` + vmmLogEnv + `"`},
 	}
 	if spec.Network {
 		if err := rt.createNetwork(ctx, in.id); err != nil {

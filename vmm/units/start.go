@@ -32,6 +32,10 @@ type Spec struct {
 	OOMScoreAdjust int32
 	// Environment entries, "KEY=value".
 	Environment []string
+	// ExecStopPost runs after the main process ended, with systemd's
+	// SERVICE_RESULT, EXIT_CODE and EXIT_STATUS in its environment (how
+	// the VMM ended, kept after the unit is collected).
+	ExecStopPost []string
 }
 
 // StartVMM starts an Instance's VMM as a transient service in VMMSlice with
@@ -95,6 +99,11 @@ func (spec Spec) properties(extra ...sd.Property) []sd.Property {
 	}
 	if spec.OOMScoreAdjust != 0 {
 		ps = append(ps, prop("OOMScoreAdjust", spec.OOMScoreAdjust))
+	}
+	if len(spec.ExecStopPost) > 0 {
+		p := sd.PropExecStart(spec.ExecStopPost, false)
+		p.Name = "ExecStopPost" // same signature a(sasb) as ExecStart
+		ps = append(ps, p)
 	}
 	if len(spec.Environment) > 0 {
 		ps = append(ps, prop("Environment", spec.Environment))
