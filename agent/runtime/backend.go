@@ -25,6 +25,17 @@ type Backend interface {
 	GuestConn(ctx context.Context, paths Paths) (net.Conn, error)
 }
 
+// Stager is implemented by backends that lay out files before the VMM unit
+// starts and remove them once it ended for good (Firecracker's jail), and
+// whose unit's main process ends up running another executable than
+// Argv[0] (the jailer execs Firecracker).
+type Stager interface {
+	Prepare(spec Spec, p Paths) error
+	Release(id string, p Paths) error
+	// ExecPath is the executable the main process runs once started.
+	ExecPath(spec Spec, p Paths) string
+}
+
 // Paths are the files of one Instance, all inside its directory.
 type Paths struct {
 	Dir         string

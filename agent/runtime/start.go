@@ -146,12 +146,19 @@ func (rt *Runtime) start(ctx context.Context, in *instance, spec Spec) error {
 		}
 		us.NetworkNamespacePath = netnsPath(in.id)
 	}
+	execPath := vmm[0]
+	if st, ok := rt.backend.(Stager); ok {
+		if err := st.Prepare(spec, p); err != nil {
+			return errors.Join(fmt.Errorf("runtime: instance %s: prepare %s: %w", in.id, rt.backend.Name(), err), rt.deleteNetwork(context.WithoutCancel(ctx), in.id))
+		}
+		execPath = st.ExecPath(spec, p)
+	}
 	u, err := rt.units.StartVMM(ctx, us)
 	if err != nil {
 		return errors.Join(err, rt.deleteNetwork(context.WithoutCancel(ctx), in.id))
 	}
 	tUnit := time.Since(t0)
-	proc, err := rt.identify(ctx, u, vmm[0])
+	proc, err := rt.identify(ctx, u, execPath)
 	if err != nil {
 		return errors.Join(err, rt.abortLaunch(ctx, rec.Unit, u.InvocationID))
 	}
@@ -235,17 +242,16 @@ func (rt *Runtime) identify(ctx context.Context, u units.Unit, vmmBinary string)
 	if err != nil {
 		return nil, err
 	}
-	wantDev, wantIno, err := fileID(vmmBinary)
-	if err != nil {
-		return nil, fmt.Errorf("VMM binary %s: %w", vmmBinary, err)
-	}
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		exe, dev, ino, err := procExe(hostPID)
 		if err != nil {
 			return nil, fmt.Errorf("unit %s main process (host PID %d) exited at once: %w; see %s", u.Name, hostPID, err, vmmBinary)
 		}
-		if dev == wantDev && ino == wantIno {
+		// Looked up each time: a staged executable (the jailer's copy of
+		// Firecracker) may appear only once the unit runs.
+		wantDev, wantIno, idErr := fileID(vmmBinary)
+		if idErr == nil && dev == wantDev && ino == wantIno {
 			st, err := procStartTime(hostPID)
 			if err != nil {
 				return nil, fmt.Errorf("unit %s main process (host PID %d): %w", u.Name, hostPID, err)
@@ -263,6 +269,9 @@ func (rt *Runtime) identify(ctx context.Context, u units.Unit, vmmBinary string)
 			}, nil
 		}
 		if time.Now().After(deadline) {
+			if idErr != nil {
+				return nil, fmt.Errorf("VMM binary %s: %w", vmmBinary, idErr)
+			}
 			return nil, fmt.Errorf("unit %s main process (host PID %d) still runs %s after 10s, not %s", u.Name, hostPID, exe, vmmBinary)
 		}
 		if err := sleepCtx(ctx, time.Millisecond); err != nil {

@@ -219,6 +219,11 @@ func (rt *Runtime) Delete(ctx context.Context, id string) error {
 	if err := rt.deleteNetwork(ctx, id); err != nil {
 		return err
 	}
+	if st, ok := rt.backend.(Stager); ok {
+		if err := st.Release(id, in.paths); err != nil {
+			return fmt.Errorf("runtime: delete instance %s: %w", id, err)
+		}
+	}
 	if err := os.RemoveAll(in.paths.Dir); err != nil {
 		return fmt.Errorf("runtime: delete instance %s: remove %s: %w", id, in.paths.Dir, err)
 	}
