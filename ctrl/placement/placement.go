@@ -1,0 +1,195 @@
+// Package placement chooses the node for a Workspace's next Instance from
+// the registration records ctrl holds. It is a pure function of its inputs:
+// the leader runs it before it proposes a placement, so the same records
+// give the same node on any member. It never reads the clock or the network.
+//
+// Schedulable = reported capacity × overcommit multiplier. A candidate is
+// admitted, READY, not drained, not isolated or retired, has a clock within
+// bounds, is not memory-tight, has acknowledged its overcommit values, has
+// room for the request and reaches every pool the request needs. A pinned
+// request (--node) considers only that node and never falls back.
+package placement
+
+import (
+	"fmt"
+	"sort"
+	"strings"
+
+	"github.com/kibotos/kibotos/api"
+)
+
+// Request is what one Instance needs.
+type Request struct {
+	CPU         api.Milli
+	MemoryBytes uint64
+	// Pools are the pools holding the Workspace's Volumes and retained
+	// layer; the node must report each one available. Empty: any node.
+	Pools []string
+	// Node pins the placement to one node (--node).
+	Node string
+	// Exclude are nodes that refused this placement (drained or memory
+	// tight by their own account): ctrl places elsewhere at once.
+	Exclude []string
+}
+
+// Reasons a node is not a candidate, as shown in errors.
+const (
+	whyNotAdmitted   = "not admitted"
+	whyNotReady      = "not ready"
+	whyDrained       = "drained"
+	whyIsolated      = "isolated"
+	whyClock         = "clock skew over 30s"
+	whyMemoryTight   = "memory tight"
+	whyUnacked       = "overcommit values not yet acknowledged"
+	whyNoCPU         = "not enough CPU"
+	whyNoMemory      = "not enough memory"
+	whyNoPool        = "a needed storage pool is unavailable there"
+	whyRefused       = "refused this placement"
+	whyNotSchedKnown = "no report yet"
+)
+
+// Free is what a node has left for new Instances.
+type Free struct {
+	CPU         api.Milli
+	MemoryBytes uint64
+}
+
+// free computes schedulable minus allocated; ok is false without a report.
+func free(n *api.Node) (Free, bool) {
+	if n.Report == nil || n.Schedulable == nil {
+		return Free{}, false
+	}
+	f := Free{}
+	if n.Schedulable.CPU > n.Report.Allocated.CPU {
+		f.CPU = n.Schedulable.CPU - n.Report.Allocated.CPU
+	}
+	if n.Schedulable.MemoryBytes > n.Report.Allocated.MemoryBytes {
+		f.MemoryBytes = n.Schedulable.MemoryBytes - n.Report.Allocated.MemoryBytes
+	}
+	return f, true
+}
+
+// Ineligible says why a node cannot take the request, or "" if it can.
+func Ineligible(n *api.Node, req Request) string {
+	switch {
+	case n.Admission != api.Admitted || n.Retired:
+		return whyNotAdmitted
+	case n.Isolated:
+		return whyIsolated
+	case n.DrainRequested:
+		return whyDrained
+	case n.Session == nil || !n.Session.Alive:
+		return whyNotReady
+	case n.Session.Clock != nil && n.Session.Clock.Over:
+		return whyClock
+	case n.HostUsage != nil && n.HostUsage.MemoryTight:
+		return whyMemoryTight
+	case n.Overcommit == nil || !n.Overcommit.Acknowledged:
+		return whyUnacked
+	}
+	for _, x := range req.Exclude {
+		if x == n.NodeID {
+			return whyRefused
+		}
+	}
+	f, ok := free(n)
+	switch {
+	case !ok:
+		return whyNotSchedKnown
+	case f.CPU < req.CPU:
+		return whyNoCPU
+	case f.MemoryBytes < req.MemoryBytes:
+		return whyNoMemory
+	}
+	for _, want := range req.Pools {
+		if !hasPool(n, want) {
+			return whyNoPool
+		}
+	}
+	return ""
+}
+
+func hasPool(n *api.Node, id string) bool {
+	for _, p := range n.Report.Pools {
+		if p.PoolID == id && p.Available {
+			return true
+		}
+	}
+	return false
+}
+
+// score prefers the node with the most room left after the placement,
+// relative to its size, on the scarcer of CPU and memory: Workspaces spread
+// by free capacity instead of filling one node first.
+func score(n *api.Node, req Request) float64 {
+	f, _ := free(n)
+	cpu := 1.0
+	if n.Schedulable.CPU > 0 {
+		cpu = float64(f.CPU-req.CPU) / float64(n.Schedulable.CPU)
+	}
+	mem := 1.0
+	if n.Schedulable.MemoryBytes > 0 {
+		mem = float64(f.MemoryBytes-req.MemoryBytes) / float64(n.Schedulable.MemoryBytes)
+	}
+	return min(cpu, mem)
+}
+
+// Choose returns the node for req, or an error: not_found for an unknown
+// pinned node, failed_precondition when the pinned node cannot take it,
+// resource_exhausted when no node can. Ties go to the smallest node id, so
+// the choice depends only on the records.
+func Choose(nodes []api.Node, req Request) (string, error) {
+	if req.Node != "" {
+		for i := range nodes {
+			n := &nodes[i]
+			if n.NodeID != req.Node {
+				continue
+			}
+			if why := Ineligible(n, req); why != "" {
+				return "", api.Errorf(api.CodeFailedPrecondition, "node %s cannot take this Workspace: %s; --node never places elsewhere", n.NodeID, why)
+			}
+			return n.NodeID, nil
+		}
+		return "", api.Errorf(api.CodeNotFound, "node %s is not registered: check the id with kibo node list", req.Node)
+	}
+	best, bestScore := "", -1.0
+	why := map[string]int{}
+	for i := range nodes {
+		n := &nodes[i]
+		if r := Ineligible(n, req); r != "" {
+			why[r]++
+			continue
+		}
+		s := score(n, req)
+		if s > bestScore || (s == bestScore && n.NodeID < best) {
+			best, bestScore = n.NodeID, s
+		}
+	}
+	if best == "" {
+		return "", api.Errorf(api.CodeResourceExhausted, "no admitted node is ready with room for %s CPU and %s memory%s; retry later or free capacity",
+			req.CPU, bytesString(req.MemoryBytes), summarize(why))
+	}
+	return best, nil
+}
+
+func summarize(why map[string]int) string {
+	if len(why) == 0 {
+		return " (no nodes)"
+	}
+	parts := make([]string, 0, len(why))
+	for r, n := range why {
+		parts = append(parts, fmt.Sprintf("%d %s", n, r))
+	}
+	sort.Strings(parts)
+	return " (" + strings.Join(parts, ", ") + ")"
+}
+
+func bytesString(n uint64) string {
+	units := []string{"B", "KiB", "MiB", "GiB", "TiB"}
+	v, i := float64(n), 0
+	for v >= 1024 && i < len(units)-1 {
+		v /= 1024
+		i++
+	}
+	return fmt.Sprintf("%.1f%s", v, units[i])
+}
