@@ -45,6 +45,7 @@ type Paths struct {
 	Control     string // VMM control socket (QMP; Firecracker's API socket)
 	Disk        string // writable raw disk
 	Tap         string // tap in the Instance's network namespace; "" for none
+	Layer       string // retained writable layer (qcow2 over a template image); "" for none
 }
 
 func instancePaths(dir string) Paths {
@@ -113,8 +114,11 @@ func (q *QEMU) Argv(spec Spec, p Paths) ([]string, error) {
 		QMPSocket:  p.Control,
 		NoReboot:   true,
 	}
+	if p.Layer != "" {
+		cfg.Disks = append(cfg.Disks, qemu.Disk{ID: "layer", Path: p.Layer, Format: "qcow2"})
+	}
 	if p.Disk != "" {
-		cfg.Disks = []qemu.Disk{{ID: "writable", Path: p.Disk, Format: "raw"}}
+		cfg.Disks = append(cfg.Disks, qemu.Disk{ID: "writable", Path: p.Disk, Format: "raw"})
 	}
 	if p.Tap != "" {
 		cfg.NIC = &qemu.NIC{Tap: p.Tap}

@@ -45,6 +45,9 @@ type LaunchRecord struct {
 	VCPUs           int       `json:"vcpus"`
 	MemoryMiB       int       `json:"memory_mib"`
 	DiskMiB         int       `json:"disk_mib"`
+	// RootImage and LayerPath: the template image and the retained layer.
+	RootImage string `json:"root_image,omitempty"`
+	LayerPath string `json:"layer_path,omitempty"`
 	CreatedAt       time.Time `json:"created_at"`
 
 	// Process is set once the unit runs the VMM.

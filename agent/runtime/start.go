@@ -26,6 +26,12 @@ type Spec struct {
 	// Network gives the Instance its own network namespace with a tap for
 	// a virtio-net device, configured in the guest at launch.
 	Network bool
+	// RootImage is a template image (read-only base) and LayerPath the
+	// Workspace's retained writable layer on top of it, a qcow2 file that
+	// outlives the Instance (created here when missing). The layer is the
+	// guest's first disk, /dev/vda; the scratch disk (DiskMiB) comes after.
+	RootImage string
+	LayerPath string
 }
 
 // vmmLogEnv passes the VMM log path to the wrapper shell.
@@ -92,6 +98,12 @@ func (rt *Runtime) start(ctx context.Context, in *instance, spec Spec) error {
 	if spec.Network {
 		p.Tap = TapName
 	}
+	if spec.RootImage != "" {
+		if spec.LayerPath == "" {
+			return fmt.Errorf("runtime: instance %s: a root image needs a layer path", in.id)
+		}
+		p.Layer = spec.LayerPath
+	}
 	vmm, err := rt.backend.Argv(spec, p)
 	if err != nil {
 		return err
@@ -118,6 +130,8 @@ func (rt *Runtime) start(ctx context.Context, in *instance, spec Spec) error {
 		VCPUs:           spec.VCPUs,
 		MemoryMiB:       spec.MemoryMiB,
 		DiskMiB:         spec.DiskMiB,
+		RootImage:       spec.RootImage,
+		LayerPath:       spec.LayerPath,
 		CreatedAt:       time.Now().UTC(),
 	}
 	if err := WriteLaunchRecord(p.Dir, rec); err != nil {
@@ -129,6 +143,11 @@ func (rt *Runtime) start(ctx context.Context, in *instance, spec Spec) error {
 	if p.Disk != "" {
 		if err := createDisk(ctx, p.Disk, spec.DiskMiB); err != nil {
 			return err
+		}
+	}
+	if spec.RootImage != "" {
+		if err := ensureLayer(ctx, spec.LayerPath, spec.RootImage); err != nil {
+			return fmt.Errorf("runtime: instance %s: %w", in.id, err)
 		}
 	}
 

@@ -163,7 +163,7 @@ func (a *agent) runExec(ctl net.Conn, req guestproto.ExecRequest, streams [3]net
 			env = append(env, "TERM=xterm")
 		}
 	}
-	path, err := lookPath(req.Argv[0], env)
+	path, err := lookPath(req.Root, req.Argv[0], env)
 	if err != nil {
 		respond(ctl, nil, &guestproto.Error{Code: guestproto.CodeNotFound, Message: err.Error()})
 		return
@@ -174,7 +174,7 @@ func (a *agent) runExec(ctl net.Conn, req guestproto.ExecRequest, streams [3]net
 			f.Close()
 		}
 	}()
-	sys := &syscall.SysProcAttr{Setsid: true}
+	sys := &syscall.SysProcAttr{Setsid: true, Chroot: req.Root}
 	if req.PTY != nil {
 		err = st.openPTY(req.PTY, streams)
 		sys.Setctty, sys.Ctty = true, 0
@@ -368,7 +368,14 @@ func waitTimeout(wg *sync.WaitGroup, d time.Duration) bool {
 
 // lookPath resolves argv[0] with the PATH of the process's environment,
 // not the agent's.
-func lookPath(name string, env []string) (string, error) {
+// lookPath finds name in PATH inside root ("" is /) and returns the path as
+// seen from root, which is where the process will exec it.
+func lookPath(root, name string, env []string) (string, error) {
+	if root != "" {
+		if fi, err := os.Stat(root); err != nil || !fi.IsDir() {
+			return "", fmt.Errorf("root %s is not a directory of the guest: mount the Workspace filesystem first", root)
+		}
+	}
 	if strings.Contains(name, "/") {
 		return name, nil
 	}
@@ -383,7 +390,7 @@ func lookPath(name string, env []string) (string, error) {
 			dir = "."
 		}
 		p := filepath.Join(dir, name)
-		if fi, err := os.Stat(p); err == nil && fi.Mode().IsRegular() && fi.Mode()&0o111 != 0 {
+		if fi, err := os.Stat(filepath.Join(root, p)); err == nil && fi.Mode().IsRegular() && fi.Mode()&0o111 != 0 {
 			return p, nil
 		}
 	}

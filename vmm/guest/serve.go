@@ -135,7 +135,7 @@ func newAgent(opts Options) *agent {
 	}
 	a.info = guestproto.GuestInfo{
 		Capabilities: []string{guestproto.CapExec, guestproto.CapPTY, guestproto.CapFiles,
-			guestproto.CapConfigure, guestproto.CapFreeze, guestproto.CapStop},
+			guestproto.CapConfigure, guestproto.CapFreeze, guestproto.CapStop, guestproto.CapExecRoot},
 		BootID:       opts.BootID,
 		AgentVersion: opts.AgentVersion,
 	}

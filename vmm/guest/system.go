@@ -93,7 +93,7 @@ func (a *agent) configure(ctx context.Context, req guestproto.ConfigureRequest) 
 func (a *agent) runQuiet(ctx context.Context, name string, args ...string) (string, error) {
 	path, err := exec.LookPath(name)
 	if err != nil {
-		if path, err = lookPath(name, nil); err != nil {
+		if path, err = lookPath("", name, nil); err != nil {
 			return "", err
 		}
 	}

@@ -31,6 +31,9 @@ const (
 	CapConfigure = "configure"
 	CapFreeze    = "freeze"
 	CapStop      = "stop"
+	// CapExecRoot: exec takes Root and runs the process chrooted there
+	// (the Workspace's root filesystem mounted by configure).
+	CapExecRoot = "exec-root"
 )
 
 // Request is the first frame of every stream.
@@ -131,10 +134,13 @@ type WinSize struct {
 // CallExecAttach streams carrying the same ID: stdin (0), stdout (1) and,
 // without PTY, stderr (2).
 type ExecRequest struct {
-	ID    string   `json:"id"`
-	Argv  []string `json:"argv"`
-	Env   []string `json:"env,omitempty"`
-	Dir   string   `json:"dir,omitempty"`
+	ID   string   `json:"id"`
+	Argv []string `json:"argv"`
+	Env  []string `json:"env,omitempty"`
+	Dir  string   `json:"dir,omitempty"`
+	// Root, if set, is a directory of the guest the process is chrooted to
+	// before Dir and Argv[0] are resolved (needs CapExecRoot).
+	Root  string   `json:"root,omitempty"`
 	PTY   *WinSize `json:"pty,omitempty"`
 	Stdin bool     `json:"stdin,omitempty"` // false: the process gets /dev/null
 }

@@ -1,0 +1,104 @@
+package runtime_test
+
+import (
+	"crypto/sha256"
+	"io"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/kibotos/kibotos/agent/runtime"
+	"github.com/kibotos/kibotos/vmm/guestproto"
+	"github.com/kibotos/kibotos/vmm/template"
+)
+
+func fileSum(t *testing.T, path string) [32]byte {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	h := sha256.New()
+	io.Copy(h, f)
+	var s [32]byte
+	copy(s[:], h.Sum(nil))
+	return s
+}
+
+// A Workspace root filesystem: the template image is the read-only base of
+// a retained qcow2 layer; what the guest writes stays in the layer across a
+// new Instance, and the template image never changes.
+func TestTemplateRootAndRetainedLayer(t *testing.T) {
+	h := newHarness(t)
+	inst := platformFixture(t)
+	rt := h.mustOpen(t)
+	ctx := testCtx(t, 3*time.Minute)
+
+	tree := filepath.Join(h.scratch, "tree")
+	for _, d := range []string{"bin", "etc", "tmp"} {
+		os.MkdirAll(filepath.Join(tree, d), 0o755)
+	}
+	bb, err := os.ReadFile("/bin/busybox")
+	if err != nil {
+		t.Fatalf("busybox for the template: %v (Debian package busybox-static)", err)
+	}
+	os.WriteFile(filepath.Join(tree, "bin", "busybox"), bb, 0o755)
+	for _, a := range []string{"sh", "cat", "sync"} {
+		os.Symlink("busybox", filepath.Join(tree, "bin", a))
+	}
+	os.WriteFile(filepath.Join(tree, "etc", "kibotos-template"), []byte("coding\n"), 0o644)
+	tpl, err := template.Build(ctx, template.Options{StorageRoot: filepath.Join(h.scratch, "tpl"), Name: "kibotos-coding", FromDir: tree})
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := fileSum(t, tpl.Image())
+	layer := filepath.Join(h.scratch, "layers", "ws-1.qcow2")
+
+	boot := func(id string) *guestproto.Client {
+		t.Helper()
+		if _, err := rt.Start(ctx, runtime.Spec{InstanceID: id, Installation: inst, VCPUs: 1, MemoryMiB: 256, RootImage: tpl.Image(), LayerPath: layer}); err != nil {
+			t.Fatal(err)
+		}
+		c, err := rt.Guest(id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Configure(ctx, guestproto.ConfigureRequest{Mounts: []guestproto.Mount{{Source: "/dev/vda", Target: "/rootfs", FSType: "ext4"}}}); err != nil {
+			t.Fatalf("mount the layer: %v", err)
+		}
+		return c
+	}
+	inRoot := func(id, script string) string {
+		t.Helper()
+		r, err := run(ctx, rt, id, guestproto.ExecRequest{Root: "/rootfs", Argv: []string{"/bin/sh", "-c", script}}, nil)
+		if err != nil || r.exit.ExitCode != 0 {
+			t.Fatalf("%s in the Workspace root: %+v, %v", script, r, err)
+		}
+		return r.stdout
+	}
+
+	boot("ws-1-a")
+	if got := inRoot("ws-1-a", "cat /etc/kibotos-template"); got != "coding\n" {
+		t.Fatalf("template file in the root: %q", got)
+	}
+	inRoot("ws-1-a", "echo kept > /tmp/data.txt && sync")
+	if err := rt.Delete(ctx, "ws-1-a"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(layer); err != nil {
+		t.Fatalf("retained layer after the Instance was deleted: %v", err)
+	}
+
+	boot("ws-1-b")
+	if got := inRoot("ws-1-b", "cat /tmp/data.txt /etc/kibotos-template"); got != "kept\ncoding\n" {
+		t.Fatalf("after a new Instance on the same layer: %q; want the data written before", got)
+	}
+	if err := rt.Delete(ctx, "ws-1-b"); err != nil {
+		t.Fatal(err)
+	}
+	if fileSum(t, tpl.Image()) != before {
+		t.Fatal("the template image changed")
+	}
+}
