@@ -39,16 +39,16 @@ type LaunchRecord struct {
 	Argv []string `json:"argv"`
 	// VMMArgv is the VMM's own command line, what the main process runs
 	// once the log wrapper exec'd it.
-	VMMArgv         []string  `json:"vmm_argv"`
-	InstallationID  string    `json:"installation_id"`
-	InstallationDir string    `json:"installation_dir"`
-	VCPUs           int       `json:"vcpus"`
-	MemoryMiB       int       `json:"memory_mib"`
-	DiskMiB         int       `json:"disk_mib"`
+	VMMArgv         []string `json:"vmm_argv"`
+	InstallationID  string   `json:"installation_id"`
+	InstallationDir string   `json:"installation_dir"`
+	VCPUs           int      `json:"vcpus"`
+	MemoryMiB       int      `json:"memory_mib"`
+	DiskMiB         int      `json:"disk_mib"`
 	// RootImage and LayerPath: the template image and the retained layer.
-	RootImage string `json:"root_image,omitempty"`
-	LayerPath string `json:"layer_path,omitempty"`
-	CreatedAt       time.Time `json:"created_at"`
+	RootImage string    `json:"root_image,omitempty"`
+	LayerPath string    `json:"layer_path,omitempty"`
+	CreatedAt time.Time `json:"created_at"`
 
 	// Process is set once the unit runs the VMM.
 	Process *ProcessRecord `json:"process,omitempty"`
