@@ -52,6 +52,7 @@ type CLI struct {
 	Node       NodeCmd       `cmd:"" help:"View nodes, drain, isolate, retire them and set overcommit."`
 	GuestAgent GuestAgentCmd `cmd:"" name:"guest-agent" hidden:"" help:"Run the guest agent (PID 1 inside a VM)."`
 	Platform   PlatformCmd   `cmd:"" help:"Build and list Platforms (kernel + initramfs with the guest agent)."`
+	Template   TemplateCmd   `cmd:"" help:"Build, list, show and delete templates (Workspace root filesystems) on this node."`
 }
 
 type exitPanic struct{ code int }

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"fmt"
 	"io"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -103,3 +104,5 @@ func clockColumn(n *api.Node) string {
 	}
 	return out
 }
+
+func itoa(n int) string { return strconv.Itoa(n) }

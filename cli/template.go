@@ -1,0 +1,123 @@
+package cli
+
+import (
+	"strings"
+
+	"github.com/kibotos/kibotos/api"
+	"github.com/kibotos/kibotos/vmm/template"
+)
+
+// TemplateCmd groups the template commands. Templates are kept on the node
+// that built them for now; the cluster registry comes with Workspaces.
+type TemplateCmd struct {
+	Build  TemplateBuildCmd  `cmd:"" help:"Build a template (ext4 root filesystem image) from a directory or a rootfs tarball."`
+	List   TemplateListCmd   `cmd:"" help:"List the templates on this node."`
+	Get    TemplateGetCmd    `cmd:"" help:"Show one template."`
+	Delete TemplateDeleteCmd `cmd:"" help:"Delete every build of a template on this node."`
+}
+
+type templateRoot struct {
+	StorageRoot string `name:"storage-root" help:"Storage root holding templates/; default: <data-dir>/storage."`
+}
+
+func (r templateRoot) root(g *Globals) string {
+	if r.StorageRoot != "" {
+		return r.StorageRoot
+	}
+	return g.dir().StorageRoot()
+}
+
+// TemplateBuildCmd builds a template.
+type TemplateBuildCmd struct {
+	templateRoot `embed:""`
+	Name         string `arg:"" name:"name" help:"Template name, e.g. kibotos-coding."`
+	FromDir      string `name:"from-dir" type:"existingdir" help:"Directory holding the root filesystem."`
+	FromTar      string `name:"from-tar" type:"existingfile" help:"Rootfs tarball (any compression tar reads)."`
+	Size         string `name:"size" help:"Image size, e.g. 2GiB; default: the content plus half again plus 64 MiB."`
+}
+
+func (c *TemplateBuildCmd) Run(g *Globals) error {
+	o := template.Options{StorageRoot: c.root(g), Name: c.Name, FromDir: c.FromDir, FromTar: c.FromTar}
+	if c.Size != "" {
+		n, err := parseSize(c.Size)
+		if err != nil || n < 1<<20 {
+			return api.Errorf(api.CodeInvalidArgument, "template %s: --size %q is not a size such as 512MiB or 2GiB", c.Name, c.Size)
+		}
+		o.SizeMiB = int(n >> 20)
+	}
+	t, err := template.Build(g.ctx, o)
+	if err != nil {
+		return api.Errorf(api.CodeInvalidArgument, "%v", err)
+	}
+	if g.JSON {
+		return printResult(g, t)
+	}
+	g.printf("%s\n", t.ID)
+	g.note("template %s: %d files, %s of content, image %s in %s\n", t.Name, t.Files, formatBytes(uint64(t.ContentBytes)), formatBytes(uint64(t.ImageBytes)), t.Dir)
+	return nil
+}
+
+// TemplateListCmd lists templates.
+type TemplateListCmd struct {
+	templateRoot `embed:""`
+}
+
+func (c *TemplateListCmd) Run(g *Globals) error {
+	all, err := template.List(c.root(g))
+	if err != nil {
+		return err
+	}
+	if g.JSON {
+		if all == nil {
+			all = []*template.Template{}
+		}
+		return printResult(g, all)
+	}
+	t := newTable(g.stdout, "NAME", "ID", "FILES", "CONTENT", "IMAGE", "CREATED")
+	for _, tp := range all {
+		t.row(tp.Name, shortID(tp.ID), itoa(tp.Files), formatBytes(uint64(tp.ContentBytes)), formatBytes(uint64(tp.ImageBytes)), stamp(tp.CreatedAt))
+	}
+	t.flush()
+	return nil
+}
+
+func shortID(id string) string {
+	if len(id) > 19 && strings.HasPrefix(id, "sha256-") {
+		return id[:19]
+	}
+	return id
+}
+
+// TemplateGetCmd shows a template.
+type TemplateGetCmd struct {
+	templateRoot `embed:""`
+	Name         string `arg:"" name:"name"`
+}
+
+func (c *TemplateGetCmd) Run(g *Globals) error {
+	t, err := template.Get(c.root(g), c.Name)
+	if err != nil {
+		return api.Errorf(api.CodeNotFound, "%v", err)
+	}
+	if g.JSON {
+		return printResult(g, t)
+	}
+	g.printf("Name:     %s\nID:       %s\nSource:   %s\nFiles:    %d\nContent:  %s\nImage:    %s (%s)\nCreated:  %s\n",
+		t.Name, t.ID, t.Source, t.Files, formatBytes(uint64(t.ContentBytes)), t.Image(), formatBytes(uint64(t.ImageBytes)), stamp(t.CreatedAt))
+	return nil
+}
+
+// TemplateDeleteCmd deletes a template.
+type TemplateDeleteCmd struct {
+	templateRoot `embed:""`
+	Name         string `arg:"" name:"name"`
+}
+
+func (c *TemplateDeleteCmd) Run(g *Globals) error {
+	n, err := template.Delete(c.root(g), c.Name)
+	if err != nil {
+		return api.Errorf(api.CodeNotFound, "%v", err)
+	}
+	g.printf("template %s: %d build(s) deleted\n", c.Name, n)
+	return nil
+}
