@@ -2,16 +2,20 @@ package cli
 
 import (
 	"encoding/json"
+	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"time"
 
 	"github.com/kibotos/kibotos/agent"
+	"github.com/kibotos/kibotos/agent/runtime"
 	"github.com/kibotos/kibotos/api"
 	"github.com/kibotos/kibotos/cluster"
 	"github.com/kibotos/kibotos/datadir"
 	"github.com/kibotos/kibotos/vmm/qemu"
+	"github.com/kibotos/kibotos/vmm/units"
+	"github.com/kibotos/kibotos/vmm/units/privsd"
 )
 
 // kiboCommand is how the user runs the CLI: "kibo" when it is on PATH,
@@ -32,13 +36,19 @@ func kiboCommand() string {
 
 func jsonMarshal(v any) (json.RawMessage, error) { return json.Marshal(v) }
 
-// DevCmd runs a one-voter cluster with a node on this host.
+// DevCmd groups the dev cluster commands; plain `kibotos dev` is `dev up`.
 type DevCmd struct {
+	Up   DevUpCmd   `cmd:"" default:"withargs" help:"Run a one-voter cluster with a node on this host in the foreground (the default)."`
+	Down DevDownCmd `cmd:"" help:"End every VM of the dev cluster and its private systemd; --purge also removes its data directory."`
+}
+
+// DevUpCmd runs a one-voter cluster with a node on this host.
+type DevUpCmd struct {
 	Advertise string `name:"advertise" default:"127.0.0.1:7480" help:"HOST:PORT of the dev member (gossip uses PORT+1)."`
 	NodeID    string `name:"node-id" default:"dev" help:"Node id of the dev member."`
 }
 
-func (c *DevCmd) Run(g *Globals) error {
+func (c *DevUpCmd) Run(g *Globals) error {
 	dir := g.DataDir
 	if dir == "" {
 		dir = devDataDir()
@@ -60,9 +70,9 @@ func (c *DevCmd) Run(g *Globals) error {
 			c.announceWhenReady(g, d, id)
 		}()
 	}
-	// A dev host without systemd as PID 1 gets a private one (VMs end with
-	// kibotos dev); a host with systemd uses it.
-	sdMode := systemdPrivate
+	// A dev host without systemd as PID 1 gets a private one that outlives
+	// kibotos dev, so a restart takes its VMs over; a host with systemd uses it.
+	sdMode := systemdDev
 	if hostHasSystemd() {
 		sdMode = systemdHost
 	}
@@ -72,7 +82,7 @@ func (c *DevCmd) Run(g *Globals) error {
 
 // announceWhenReady waits for the dev node to be READY and tells the user
 // how to point the CLI at it.
-func (c *DevCmd) announceWhenReady(g *Globals, d datadir.Dir, id *datadir.Identity) {
+func (c *DevUpCmd) announceWhenReady(g *Globals, d datadir.Dir, id *datadir.Identity) {
 	tlsConf, err := d.AdminClientTLS()
 	if err != nil {
 		return
@@ -81,8 +91,8 @@ func (c *DevCmd) announceWhenReady(g *Globals, d datadir.Dir, id *datadir.Identi
 	for i := 0; i < 600; i++ {
 		var n api.Node
 		if _, err := cl.Do(g.ctx, "GET", "/v1/nodes/"+id.NodeID, nil, &n); err == nil && n.Status == api.NodeReady {
-			g.note("\nkibotos dev: node %s is READY at %s.\nIn another shell:\n  export KIBOTOS_DATA_DIR=%s\n  %s node list\nStop with Ctrl-C; run kibotos dev again to resume; remove %s to start over.\n\n",
-				id.NodeID, id.Advertise, d, kiboCommand(), d)
+			g.note("\nkibotos dev: node %s is READY at %s.\nIn another shell:\n  export KIBOTOS_DATA_DIR=%s\n  %s node list\nStop with Ctrl-C (VMs keep running); run kibotos dev again to take them over; kibotos dev down [--purge] ends everything.\n\n",
+				id.NodeID, id.Advertise, d, kiboCommand())
 			return
 		}
 		select {
@@ -91,4 +101,86 @@ func (c *DevCmd) announceWhenReady(g *Globals, d datadir.Dir, id *datadir.Identi
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
+}
+
+// DevDownCmd ends the dev cluster's VMs and its private systemd.
+type DevDownCmd struct {
+	Purge bool `name:"purge" help:"Also remove the dev data directory (cluster state, credentials, templates, layers)."`
+}
+
+func (c *DevDownCmd) Run(g *Globals) error {
+	dir := g.DataDir
+	if dir == "" {
+		dir = devDataDir()
+	}
+	d := datadir.Dir(dir)
+	if !d.Exists() {
+		return api.Errorf(api.CodeNotFound, "no dev cluster in %s (pass --data-dir)", dir)
+	}
+	release, err := d.Lock()
+	if err != nil {
+		return api.Errorf(api.CodeFailedPrecondition, "kibotos dev is running with %s: stop it (Ctrl-C) first", dir)
+	}
+	defer release()
+	id, err := d.LoadIdentity()
+	if err != nil {
+		return err
+	}
+	var target units.Target
+	var sd *privsd.Instance
+	if hostHasSystemd() {
+		if target, err = units.HostTarget(); err != nil {
+			return err
+		}
+	} else {
+		sd, err = privsd.Attach(g.ctx, devSystemdDir(d))
+		switch {
+		case errors.Is(err, privsd.ErrNotRunning):
+			sd = nil
+		case err != nil:
+			return err
+		default:
+			target = sd.Target()
+		}
+	}
+	deleted := 0
+	if target.Socket != "" {
+		m, err := units.Connect(g.ctx, target)
+		if err != nil {
+			return err
+		}
+		rt, err := runtime.Open(g.ctx, runtime.Config{StorageRoot: d.StorageRoot(), NodeID: id.NodeID, Units: m, Accel: qemu.AccelAuto})
+		if err != nil {
+			m.Close()
+			return err
+		}
+		for _, st := range rt.List() {
+			if err := rt.Delete(g.ctx, st.ID); err != nil {
+				rt.Close()
+				m.Close()
+				return err
+			}
+			deleted++
+		}
+		rt.Close()
+		m.Close()
+	}
+	if sd != nil {
+		if err := sd.Stop(); err != nil {
+			return err
+		}
+	}
+	g.printf("kibotos dev: %d VM(s) ended", deleted)
+	if sd != nil {
+		g.printf(", private systemd stopped")
+	}
+	if c.Purge {
+		release()
+		if err := os.RemoveAll(dir); err != nil {
+			return err
+		}
+		g.printf(", %s removed", dir)
+	}
+	g.printf("\n")
+	return nil
 }

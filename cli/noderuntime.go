@@ -2,6 +2,7 @@ package cli
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -22,6 +23,7 @@ const (
 	systemdAuto    = "auto"    // the host's systemd when PID 1 is systemd, else none (serve) or private (dev)
 	systemdHost    = "host"    // the host's systemd (/run/systemd/private)
 	systemdPrivate = "private" // a private systemd started by this process: VMs end with it
+	systemdDev     = "dev"     // a private systemd that outlives the process (kibotos dev): attached on restart
 	systemdNone    = "none"    // no Instances on this node
 )
 
@@ -65,6 +67,13 @@ func openNodeRuntime(ctx context.Context, d datadir.Dir, nodeID, mode string, ac
 		}
 		log.Warn("VMM units run under a private systemd started by this process: they end when it ends", "systemd_pid", sd.PID)
 		target, cleanup = sd.Target(), func() { sd.Stop() }
+	case systemdDev:
+		sd, err := devSystemd(ctx, d)
+		if err != nil {
+			return nil, nil, err
+		}
+		log.Info("VMM units run under the dev cluster's private systemd; it keeps running when kibotos dev stops (kibotos dev down ends it)", "systemd_pid", sd.PID)
+		target = sd.Target()
 	default:
 		return nil, nil, fmt.Errorf("node runtime: --systemd %q is not auto, host, private or none", mode)
 	}
@@ -105,4 +114,25 @@ func serviceCgroupCheck() error {
 		return nil
 	}
 	return agent.CheckServiceCgroup(root, string(self), os.Getpid())
+}
+
+// devSystemdDir is where the dev cluster's private systemd lives.
+func devSystemdDir(d datadir.Dir) string { return filepath.Join(d.NodeDir(), "systemd") }
+
+// devSystemd attaches to the dev cluster's private systemd, or starts it
+// detached so VMs outlive this kibotos dev process.
+func devSystemd(ctx context.Context, d datadir.Dir) (*privsd.Instance, error) {
+	if err := privsd.Available(); err != nil {
+		return nil, fmt.Errorf("node runtime: a private systemd cannot run here: %w", err)
+	}
+	sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	sd, err := privsd.Attach(sctx, devSystemdDir(d))
+	if errors.Is(err, privsd.ErrNotRunning) {
+		sd, err = privsd.StartWith(sctx, devSystemdDir(d), privsd.Options{Detached: true})
+	}
+	if err != nil {
+		return nil, fmt.Errorf("node runtime: dev private systemd: %w", err)
+	}
+	return sd, nil
 }

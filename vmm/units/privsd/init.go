@@ -24,6 +24,9 @@ type initConfig struct {
 	EmptyDir  string   // empty generator directory
 	Args      []string // systemd arguments after argv[0]
 	Container string   // $container for systemd
+	// ConsoleFile, for a detached instance (no terminal), is bound onto
+	// /dev/console so PID 1 logs there, not to the host's console.
+	ConsoleFile string
 }
 
 func init() {
@@ -76,8 +79,13 @@ func runInit(raw string) error {
 	if err := unix.Mount("", "/proc/sys", "", unix.MS_REMOUNT|unix.MS_BIND|unix.MS_RDONLY, ""); err != nil {
 		return fmt.Errorf("make /proc/sys read-only: %w", err)
 	}
-	// PID 1 logs to /dev/console: give it our pty instead of the host console.
-	if _, err := unix.IoctlGetTermios(0, unix.TCGETS); err == nil {
+	// PID 1 logs to /dev/console: give it our pty (or, detached, a log
+	// file) instead of the host console.
+	if cfg.ConsoleFile != "" {
+		if err := unix.Mount(cfg.ConsoleFile, "/dev/console", "", unix.MS_BIND, ""); err != nil {
+			return fmt.Errorf("bind %s onto /dev/console: %w", cfg.ConsoleFile, err)
+		}
+	} else if _, err := unix.IoctlGetTermios(0, unix.TCGETS); err == nil {
 		tty, err := os.Readlink("/proc/self/fd/0")
 		if err != nil {
 			return fmt.Errorf("find our terminal: %w", err)

@@ -147,6 +147,20 @@ func cgroupName(dir string) string {
 // thread: do not call Start from a goroutine locked to a thread that will
 // exit), and must be stopped with Stop.
 func Start(ctx context.Context, dir string) (*Instance, error) {
+	return StartWith(ctx, dir, Options{})
+}
+
+// Options of StartWith.
+type Options struct {
+	// Detached instances outlive the process that started them (kibotos
+	// dev restarts take their VMs over): no parent-death signal, the
+	// console goes to systemd.log directly, and the PID is recorded in
+	// <dir>/systemd.pid for Attach.
+	Detached bool
+}
+
+// StartWith starts a private systemd with options.
+func StartWith(ctx context.Context, dir string, o Options) (*Instance, error) {
 	t0 := time.Now()
 	if err := Available(); err != nil {
 		return nil, err
@@ -204,6 +218,7 @@ func Start(ctx context.Context, dir string) (*Instance, error) {
 		Container: "kibotos-privsd",
 		Args: []string{"--system", "--unit=" + targetUnit, "--show-status=no", "--log-target=console", "--log-level=info",
 			"--default-standard-output=inherit", "--default-standard-error=inherit"},
+		ConsoleFile: consoleFileFor(o, dir),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("privsd: %w", err)
@@ -220,13 +235,22 @@ func Start(ctx context.Context, dir string) (*Instance, error) {
 		exited:     make(chan struct{}),
 		logDone:    make(chan struct{}),
 	}
-	if err := inst.spawn(cfg); err != nil {
+	spawn := inst.spawn
+	if o.Detached {
+		spawn = inst.spawnDetached
+	}
+	if err := spawn(cfg); err != nil {
 		_ = removeTree(cg)
 		return nil, err
 	}
 	if err := inst.waitReady(ctx); err != nil {
 		stopErr := inst.Stop()
 		return nil, errors.Join(fmt.Errorf("privsd: private systemd (host PID %d) did not come up: %w; its console: %s", inst.PID, err, inst.logTail()), stopErr)
+	}
+	if o.Detached {
+		if err := writePIDFile(dir, inst.PID); err != nil {
+			return nil, errors.Join(err, inst.Stop())
+		}
 	}
 	inst.BootTime = time.Since(t0)
 	return inst, nil
@@ -338,6 +362,9 @@ func (i *Instance) waitReady(ctx context.Context) error {
 	for {
 		select {
 		case <-i.exited:
+			if i.cmd == nil {
+				return errors.New("it exited")
+			}
 			return fmt.Errorf("it exited (%v)", i.cmd.ProcessState)
 		case <-ctx.Done():
 			return fmt.Errorf("%w (last: %v)", ctx.Err(), last)
@@ -396,12 +423,15 @@ func (i *Instance) stop() error {
 			}
 		}
 	}
-	i.pts.Close()
-	i.ptmx.Close()
-	select {
-	case <-i.logDone:
-	case <-time.After(2 * time.Second):
+	if i.pts != nil {
+		i.pts.Close()
+		i.ptmx.Close()
+		select {
+		case <-i.logDone:
+		case <-time.After(2 * time.Second):
+		}
 	}
+	os.Remove(filepath.Join(i.Dir, pidFileName))
 	// The namespace is gone; its processes leave the cgroups asynchronously.
 	var pids []int
 	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {

@@ -1,0 +1,147 @@
+package privsd
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/kibotos/kibotos/vmm/units"
+)
+
+const pidFileName = "systemd.pid"
+
+func consoleFileFor(o Options, dir string) string {
+	if !o.Detached {
+		return ""
+	}
+	return filepath.Join(dir, "systemd.log")
+}
+
+// spawnDetached starts the private systemd without tying it to this
+// process: it is reparented when we exit, and its console is the log file.
+func (i *Instance) spawnDetached(cfg []byte) error {
+	cgfd, err := unix.Open(i.CgroupRoot, unix.O_DIRECTORY|unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("privsd: open cgroup %s: %w", i.CgroupRoot, err)
+	}
+	defer unix.Close(cgfd)
+	logf, err := os.OpenFile(i.LogPath, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o644)
+	if err != nil {
+		return fmt.Errorf("privsd: %w", err)
+	}
+	defer logf.Close()
+	cmd := exec.Command("/proc/self/exe")
+	cmd.Args = []string{"kibotos-privsd-init"}
+	cmd.Env = []string{initEnv + "=" + string(cfg)}
+	cmd.Stdout, cmd.Stderr = logf, logf // stdin: /dev/null
+	cmd.SysProcAttr = &syscall.SysProcAttr{
+		Cloneflags:  syscall.CLONE_NEWPID | syscall.CLONE_NEWNS | syscall.CLONE_NEWUTS | syscall.CLONE_NEWCGROUP,
+		Setsid:      true,
+		UseCgroupFD: true,
+		CgroupFD:    cgfd,
+	}
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("privsd: start the private systemd: %w", err)
+	}
+	i.cmd, i.PID = cmd, cmd.Process.Pid
+	go func() {
+		_ = cmd.Wait()
+		close(i.exited)
+	}()
+	return nil
+}
+
+// procStart is field 22 of /proc/<pid>/stat: with the PID it names one
+// process, not a later one that reused the number.
+func procStart(pid int) (uint64, error) {
+	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, err
+	}
+	s := string(raw)
+	i := strings.LastIndexByte(s, ')')
+	if i < 0 {
+		return 0, errors.New("malformed stat")
+	}
+	f := strings.Fields(s[i+1:])
+	if len(f) < 20 {
+		return 0, errors.New("malformed stat")
+	}
+	return strconv.ParseUint(f[19], 10, 64)
+}
+
+func writePIDFile(dir string, pid int) error {
+	st, err := procStart(pid)
+	if err != nil {
+		return fmt.Errorf("privsd: private systemd PID %d: %w", pid, err)
+	}
+	tmp := filepath.Join(dir, pidFileName+".tmp")
+	if err := os.WriteFile(tmp, []byte(fmt.Sprintf("%d %d\n", pid, st)), 0o600); err != nil {
+		return err
+	}
+	return os.Rename(tmp, filepath.Join(dir, pidFileName))
+}
+
+// ErrNotRunning is returned by Attach when no detached instance runs for dir.
+var ErrNotRunning = errors.New("privsd: no detached private systemd runs for this directory")
+
+// Attach finds the detached private systemd started for dir by an earlier
+// process and returns it, after checking that the recorded PID is still
+// that process (start time) and PID 1 of its own namespace.
+func Attach(ctx context.Context, dir string) (*Instance, error) {
+	dir, err := filepath.Abs(dir)
+	if err != nil {
+		return nil, err
+	}
+	raw, err := os.ReadFile(filepath.Join(dir, pidFileName))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, ErrNotRunning
+	}
+	if err != nil {
+		return nil, err
+	}
+	var pid int
+	var start uint64
+	if _, err := fmt.Sscanf(string(raw), "%d %d", &pid, &start); err != nil {
+		return nil, fmt.Errorf("privsd: %s is corrupt: %w", filepath.Join(dir, pidFileName), err)
+	}
+	if st, err := procStart(pid); err != nil || st != start {
+		return nil, ErrNotRunning // it ended (and the number may be someone else's now)
+	}
+	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil || !strings.Contains(string(status), "\nNSpid:\t"+strconv.Itoa(pid)+"\t1\n") {
+		return nil, fmt.Errorf("privsd: PID %d recorded in %s is not PID 1 of a private namespace: stop it by hand", pid, dir)
+	}
+	cgMount, err := units.Cgroup2Mount()
+	if err != nil {
+		return nil, fmt.Errorf("privsd: %w", err)
+	}
+	inst := &Instance{
+		PID: pid, Dir: dir, LogPath: filepath.Join(dir, "systemd.log"),
+		BusSocket:  filepath.Join(dir, "run", busSocketName),
+		CgroupRoot: filepath.Join(cgMount, cgroupName(dir)),
+		exited:     make(chan struct{}),
+	}
+	go func() { // not our child: watch it by PID and start time
+		for {
+			if st, err := procStart(pid); err != nil || st != start {
+				close(inst.exited)
+				return
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}()
+	if err := inst.waitReady(ctx); err != nil {
+		return nil, fmt.Errorf("privsd: attach to PID %d: %w", pid, err)
+	}
+	return inst, nil
+}
