@@ -68,6 +68,11 @@ func openNodeRuntime(ctx context.Context, d datadir.Dir, nodeID, mode string, ac
 		log.Warn("VMM units run under a private systemd started by this process: they end when it ends", "systemd_pid", sd.PID)
 		target, cleanup = sd.Target(), func() { sd.Stop() }
 	case systemdDev:
+		if err := privsd.Available(); err != nil {
+			// The cluster still runs; the node just cannot start VMs.
+			log.Warn("node runtime disabled: a private systemd cannot run here", "err", err)
+			return nil, cleanup, nil
+		}
 		sd, err := devSystemd(ctx, d)
 		if err != nil {
 			return nil, nil, err
