@@ -11,7 +11,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"sort"
-	"strconv"
 	"sync"
 	"syscall"
 	"testing"
@@ -30,9 +29,6 @@ import (
 const (
 	nodeEnv      = "KIBOTOS_RUNTIME_TEST_NODE"
 	envRoot      = "KBR_ROOT"
-	envSocket    = "KBR_SD_SOCKET"
-	envCgroup    = "KBR_SD_CGROUP"
-	envMgrPID    = "KBR_SD_PID"
 	envPlatform  = "KBR_PLATFORM"
 	envStatus    = "KBR_STATUS"
 	killRestarts = 5
@@ -66,8 +62,11 @@ func runNode() int {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	mgrPID, _ := strconv.Atoi(os.Getenv(envMgrPID))
-	m, err := units.Connect(ctx, units.Target{Socket: os.Getenv(envSocket), CgroupRoot: os.Getenv(envCgroup), ManagerPID: mgrPID})
+	target, err := units.TargetFromEnv()
+	if err != nil {
+		return fail(err)
+	}
+	m, err := units.Connect(ctx, target)
 	if err != nil {
 		return fail(err)
 	}
@@ -144,8 +143,9 @@ func startChild(t *testing.T, h *harness, n int) *child {
 	defer logf.Close()
 	tg := h.sd.Target()
 	c.cmd = exec.Command(os.Args[0], "-test.run=^$")
-	c.cmd.Env = append(os.Environ(), nodeEnv+"=1", envRoot+"="+h.root, envSocket+"="+tg.Socket, envCgroup+"="+tg.CgroupRoot,
-		envMgrPID+"="+strconv.Itoa(tg.ManagerPID), envPlatform+"="+runtimetest.Platform(t).Dir, envStatus+"="+c.status)
+	c.cmd.Env = append(os.Environ(), nodeEnv+"=1", envRoot+"="+h.root,
+		envPlatform+"="+runtimetest.Platform(t).Dir, envStatus+"="+c.status)
+	c.cmd.Env = append(c.cmd.Env, tg.Env()...)
 	c.cmd.Stdout, c.cmd.Stderr = logf, logf
 	if err := c.cmd.Start(); err != nil {
 		t.Fatal(err)

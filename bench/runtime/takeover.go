@@ -26,9 +26,6 @@ import (
 // Configuration of the node child process.
 const (
 	envRoot     = "KBRB_ROOT"
-	envSocket   = "KBRB_SD_SOCKET"
-	envCgroup   = "KBRB_SD_CGROUP"
-	envMgrPID   = "KBRB_SD_PID"
 	envPlatform = "KBRB_PLATFORM"
 	envStatus   = "KBRB_STATUS"
 	envStart    = "KBRB_START" // number of VMs to start (first run only)
@@ -69,8 +66,11 @@ func runNode() int {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()
-	mgrPID, _ := strconv.Atoi(os.Getenv(envMgrPID))
-	m, err := units.Connect(ctx, units.Target{Socket: os.Getenv(envSocket), CgroupRoot: os.Getenv(envCgroup), ManagerPID: mgrPID})
+	target, err := units.TargetFromEnv()
+	if err != nil {
+		return fail(err)
+	}
+	m, err := units.Connect(ctx, target)
 	if err != nil {
 		return fail(err)
 	}
@@ -198,9 +198,10 @@ func (e *benchEnv) startChild(n, start int) (*child, error) {
 	}
 	tg := e.sd.Target()
 	c.cmd = exec.Command(self)
-	c.cmd.Env = append(os.Environ(), nodeEnv+"=1", envRoot+"="+root, envSocket+"="+tg.Socket, envCgroup+"="+tg.CgroupRoot,
-		envMgrPID+"="+strconv.Itoa(tg.ManagerPID), envPlatform+"="+e.inst.Dir, envStatus+"="+c.status,
+	c.cmd.Env = append(os.Environ(), nodeEnv+"=1", envRoot+"="+root,
+		envPlatform+"="+e.inst.Dir, envStatus+"="+c.status,
 		envStart+"="+strconv.Itoa(start), envParallel+"="+strconv.Itoa(e.o.parallel), envMem+"="+strconv.Itoa(e.o.memMiB))
+	c.cmd.Env = append(c.cmd.Env, tg.Env()...)
 	c.cmd.Stdout, c.cmd.Stderr = logf2, logf2
 	c.spawnedAt = time.Now()
 	if err := c.cmd.Start(); err != nil {

@@ -1,0 +1,31 @@
+package units
+
+import (
+	"fmt"
+	"os"
+	"strconv"
+)
+
+// Environment variables that hand a Target to a child process (a node
+// process restarted by a test or benchmark reconnects to the same manager).
+const (
+	envSocket = "KIBOTOS_UNITS_SOCKET"
+	envCgroup = "KIBOTOS_UNITS_CGROUP"
+	envPID    = "KIBOTOS_UNITS_MANAGER_PID"
+)
+
+// Env is the target as environment entries for TargetFromEnv.
+func (t Target) Env() []string {
+	return []string{envSocket + "=" + t.Socket, envCgroup + "=" + t.CgroupRoot, envPID + "=" + strconv.Itoa(t.ManagerPID)}
+}
+
+// TargetFromEnv reads a target handed over with Target.Env.
+func TargetFromEnv() (Target, error) {
+	t := Target{Socket: os.Getenv(envSocket), CgroupRoot: os.Getenv(envCgroup)}
+	pid, err := strconv.Atoi(os.Getenv(envPID))
+	if err != nil || t.Socket == "" || t.CgroupRoot == "" {
+		return Target{}, fmt.Errorf("units: no target in the environment (%s, %s, %s)", envSocket, envCgroup, envPID)
+	}
+	t.ManagerPID = pid
+	return t, nil
+}
