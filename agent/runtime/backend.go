@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"path/filepath"
 
+	"github.com/kibotos/kibotos/vmm/guestproto"
 	"github.com/kibotos/kibotos/vmm/qemu"
 )
 
@@ -41,11 +42,15 @@ type Paths struct {
 	Dir         string
 	Console     string // guest serial console
 	VMMLog      string // the VMM's stdout and stderr
-	AgentSocket string // guest agent channel
+	AgentSocket string // guest agent channel of the node
 	Control     string // VMM control socket (QMP; Firecracker's API socket)
 	Disk        string // writable raw disk
 	Tap         string // tap in the Instance's network namespace; "" for none
 	Layer       string // retained writable layer (qcow2 over a template image); "" for none
+	// DataSocket is the guest agent's data-plane channel. The node never
+	// connects to it: the data-plane process is its one client (a QEMU
+	// socket chardev serves one client at a time).
+	DataSocket string
 }
 
 func instancePaths(dir string) Paths {
@@ -54,6 +59,7 @@ func instancePaths(dir string) Paths {
 		Console:     filepath.Join(dir, "console.log"),
 		VMMLog:      filepath.Join(dir, "vmm.log"),
 		AgentSocket: filepath.Join(dir, "agent.sock"),
+		DataSocket:  filepath.Join(dir, "data.sock"),
 		Control:     filepath.Join(dir, "qmp.sock"),
 		Disk:        filepath.Join(dir, "disk.raw"),
 	}
@@ -113,6 +119,11 @@ func (q *QEMU) Argv(spec Spec, p Paths) ([]string, error) {
 		Channels:   []qemu.Channel{{Name: AgentPortName, Socket: p.AgentSocket}},
 		QMPSocket:  p.Control,
 		NoReboot:   true,
+	}
+	// The data plane's channel; InstanceStatus reports its socket because
+	// it is on this command line.
+	if p.DataSocket != "" {
+		cfg.Channels = append(cfg.Channels, qemu.Channel{Name: guestproto.DataPortName, Socket: p.DataSocket})
 	}
 	if p.Layer != "" {
 		cfg.Disks = append(cfg.Disks, qemu.Disk{ID: "layer", Path: p.Layer, Format: "qcow2"})

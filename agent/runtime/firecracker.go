@@ -10,6 +10,11 @@ import (
 // Firecracker adapts vmm/firecracker to Backend and Stager. It has only
 // been run against fakes: no firecracker or jailer binary exists on the
 // machines this was written on (see vmm/firecracker's package doc).
+//
+// It gives the guest no data-plane channel yet: Paths.DataSocket is not
+// handed to vmm/firecracker, so no launch carries it and
+// InstanceStatus.DataSocket stays "" (a second hybrid-vsock port for
+// guestproto.DataPortName would be the way to add one).
 type Firecracker struct{ FC *firecracker.Backend }
 
 var (

@@ -147,6 +147,21 @@ func run(ctx context.Context, rt *runtime.Runtime, id string, req guestproto.Exe
 	if err != nil {
 		return result{}, err
 	}
+	return finish(p, stdin)
+}
+
+// runOn is run over a guest agent session of the test's own.
+func runOn(ctx context.Context, c *guestproto.Client, req guestproto.ExecRequest, stdin *string) (result, error) {
+	req.Stdin = stdin != nil
+	p, err := c.Exec(ctx, req)
+	if err != nil {
+		return result{}, err
+	}
+	return finish(p, stdin)
+}
+
+// finish feeds stdin, collects the output and waits for the exit.
+func finish(p *guestproto.Process, stdin *string) (result, error) {
 	defer p.Close()
 	if stdin != nil {
 		go func() {

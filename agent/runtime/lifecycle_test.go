@@ -3,6 +3,8 @@ package runtime_test
 import (
 	"bytes"
 	"errors"
+	"io"
+	"net"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -110,6 +112,8 @@ func TestLifecycle(t *testing.T) {
 		t.Errorf("ReadFile: %d bytes (info %+v), %v; want the %d bytes written", back.Len(), fi, err, len(data))
 	}
 
+	dataPlane(t, rt, id, dir, c)
+
 	t1 := time.Now()
 	if err := rt.Stop(ctx, id, 5*time.Second); err != nil {
 		t.Fatal(err)
@@ -157,5 +161,87 @@ func TestLifecycle(t *testing.T) {
 	}
 	if l := h.activeVMMs(t); len(l) != 0 {
 		t.Errorf("VMM units after Delete: %+v", l)
+	}
+}
+
+// dataPlane is what the data-plane process does with a running Instance:
+// it dials the guest agent's second channel itself (the node never does),
+// runs an exec and forwards a port to a TCP server in the guest. Closing
+// that client leaves the node's session c untouched.
+func dataPlane(t *testing.T, rt *runtime.Runtime, id, dir string, c *guestproto.Client) {
+	ctx := testCtx(t, time.Minute)
+	st, err := rt.Status(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := filepath.Join(dir, "data.sock"); st.DataSocket != want || !filepath.IsAbs(st.DataSocket) {
+		t.Fatalf("InstanceStatus.DataSocket %q, want %q", st.DataSocket, want)
+	}
+	conn, err := net.Dial("unix", st.DataSocket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dc, err := guestproto.Dial(ctx, conn)
+	if err != nil {
+		t.Fatalf("handshake on the data channel: %v", err)
+	}
+	defer dc.Close()
+	if info := dc.Info(); info.BootID != c.Info().BootID || !info.Has(guestproto.CapPortForward) || info.Has(guestproto.CapStop) {
+		t.Errorf("data channel info %+v; want the node's guest (boot %s), port-forward and no stop", info, c.Info().BootID)
+	}
+	r, err := runOn(ctx, dc, guestproto.ExecRequest{Argv: []string{"/bin/echo", "data"}}, nil)
+	if err != nil || r.exit.ExitCode != 0 || r.stdout != "data\n" {
+		t.Errorf("echo data over the data channel: %+v, %v", r, err)
+	}
+	var ge *guestproto.Error
+	if err := dc.Sync(ctx); !errors.As(err, &ge) || ge.Code != guestproto.CodeUnsupported {
+		t.Errorf("sync over the data channel: %v; want code %s", err, guestproto.CodeUnsupported)
+	}
+
+	// busybox nc runs cat on the one connection it accepts: an echo that
+	// answers until the node half-closes, then closes.
+	const port = 7007
+	srv, err := dc.Exec(ctx, guestproto.ExecRequest{Argv: []string{"/bin/nc", "-l", "-p", strconv.Itoa(port), "-e", "/bin/cat"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	var fwd net.Conn
+	waitFor(t, 30*time.Second, "nc to listen in the guest", func() bool {
+		fwd, err = dc.PortForward(ctx, "", port)
+		if errors.As(err, &ge) && strings.Contains(ge.Message, "connection refused") {
+			return false
+		}
+		if err != nil {
+			t.Fatalf("port-forward to %d: %v", port, err)
+		}
+		return true
+	})
+	msg := "through the data plane\n"
+	if _, err := io.WriteString(fwd, msg); err != nil {
+		t.Fatal(err)
+	}
+	fwd.Close() // half-close: cat reads EOF, exits, nc's connection closes
+	fwd.SetReadDeadline(time.Now().Add(30 * time.Second))
+	echoed, err := io.ReadAll(fwd)
+	if err != nil || string(echoed) != msg {
+		t.Errorf("port-forward echo %q, %v; want %q then EOF", echoed, err, msg)
+	}
+	if exit, err := srv.Wait(); err != nil || exit.ExitCode != 0 {
+		t.Errorf("nc in the guest: %+v, %v", exit, err)
+	}
+
+	// The data plane goes away; the node's session carries on.
+	dc.Close()
+	<-dc.Done()
+	if _, err := c.GuestInfo(ctx); err != nil {
+		t.Errorf("node session after the data client closed: %v", err)
+	}
+	r, err = run(ctx, rt, id, guestproto.ExecRequest{Argv: []string{"/bin/echo", "node"}}, nil)
+	if err != nil || r.stdout != "node\n" {
+		t.Errorf("exec over the node channel after the data client closed: %+v, %v", r, err)
+	}
+	if st, _ := rt.Status(id); !st.GuestResponding {
+		t.Errorf("guest not responding after the data client closed: %+v", st)
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -33,6 +34,10 @@ const (
 // ErrNoLongerRunning is the error of an Instance whose VMM ended without
 // the node stopping it (the seeds quote it verbatim).
 const ErrNoLongerRunning = "node reports the Instance as no longer running"
+
+// ErrUnknownInstance is the error of a call naming an Instance this node
+// does not have.
+var ErrUnknownInstance = errors.New("not found on this node")
 
 // UnitPrefix names every VMM unit: kibotos-vmm-<instance id>.service.
 const UnitPrefix = "kibotos-vmm-"
@@ -126,6 +131,11 @@ type InstanceStatus struct {
 	// a takeover the node keeps retrying with backoff).
 	GuestResponding bool
 	Guest           *GuestRecord
+	// DataSocket is the host end of the guest agent's data-plane channel
+	// (absolute path), for the data-plane process to dial; "" when the
+	// backend gives the guest none or this launch of the VMM predates it.
+	// The node itself never connects to it.
+	DataSocket string
 }
 
 // Open prepares the runtime directories under cfg.StorageRoot, deletes
@@ -240,7 +250,7 @@ func (rt *Runtime) get(id string) (*instance, error) {
 	defer rt.mu.Unlock()
 	in := rt.instances[id]
 	if in == nil {
-		return nil, fmt.Errorf("runtime: instance %s not found on this node", id)
+		return nil, fmt.Errorf("runtime: instance %s: %w", id, ErrUnknownInstance)
 	}
 	return in, nil
 }
@@ -270,6 +280,22 @@ func (rt *Runtime) Status(id string) (InstanceStatus, error) {
 	return in.status(), nil
 }
 
+// dataSocket is sock if the VMM was launched with it on its command line:
+// backends without a data channel (Firecracker) never put it there, and an
+// Instance launched before its backend had one, and taken over since, has
+// none either.
+func dataSocket(sock string, vmmArgv []string) string {
+	if sock == "" {
+		return ""
+	}
+	for _, a := range vmmArgv {
+		if strings.Contains(a, sock) {
+			return sock
+		}
+	}
+	return ""
+}
+
 func (in *instance) status() InstanceStatus {
 	in.mu.Lock()
 	defer in.mu.Unlock()
@@ -287,6 +313,7 @@ func (in *instance) status() InstanceStatus {
 	if p := in.rec.Process; p != nil {
 		s.InvocationID, s.MainPID, s.HostPID = p.InvocationID, p.MainPID, p.HostPID
 	}
+	s.DataSocket = dataSocket(in.paths.DataSocket, in.rec.VMMArgv)
 	return s
 }
 

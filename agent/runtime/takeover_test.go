@@ -254,6 +254,14 @@ func TestTakeoverAfterKill9(t *testing.T) {
 	rt := h.mustOpen(t)
 	ctx := testCtx(t, time.Minute)
 	for _, id := range nodeInstances {
+		// Taken over, an Instance keeps its data-plane socket: it comes
+		// from the Instance directory and the launch's command line.
+		want := filepath.Join(h.root, "runtime", "instances", id, "data.sock")
+		if st, err := rt.Status(id); err != nil || st.DataSocket != want {
+			t.Errorf("%s after takeover: DataSocket %q, %v; want %q", id, st.DataSocket, err, want)
+		} else if _, err := os.Stat(want); err != nil {
+			t.Errorf("%s after takeover: data socket: %v", id, err)
+		}
 		if err := rt.Delete(ctx, id); err != nil {
 			t.Fatal(err)
 		}

@@ -16,19 +16,22 @@ import (
 	"github.com/kibotos/kibotos/vmm/guestproto"
 )
 
-// harness runs Serve in-process. Its channel behaves like a QEMU
-// socket chardev: each host connection is a fresh socketpair handed to the
-// agent's next open.
+// harness runs the agent in-process on both channels. Each channel behaves
+// like a QEMU socket chardev: each host connection is a fresh socketpair
+// handed to the agent's next open of that channel. Until a test plugs the
+// data channel, its open waits, like a guest whose host has no data port.
 type harness struct {
-	t     *testing.T
-	ports chan io.ReadWriteCloser
-	done  chan error
-	logs  *lockedBuffer
+	t         *testing.T
+	ports     chan io.ReadWriteCloser // the node channel
+	dataPorts chan io.ReadWriteCloser // the data-plane channel
+	done      chan error
+	logs      *lockedBuffer
 }
 
 func startAgent(t *testing.T, opts Options) *harness {
 	t.Helper()
-	h := &harness{t: t, ports: make(chan io.ReadWriteCloser, 4), done: make(chan error, 1), logs: &lockedBuffer{}}
+	h := &harness{t: t, ports: make(chan io.ReadWriteCloser, 4), dataPorts: make(chan io.ReadWriteCloser, 4),
+		done: make(chan error, 1), logs: &lockedBuffer{}}
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.NewTextHandler(h.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	}
@@ -36,15 +39,17 @@ func startAgent(t *testing.T, opts Options) *harness {
 		opts.BootID = "test-boot"
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	opener := func() (io.ReadWriteCloser, error) {
-		select {
-		case c := <-h.ports:
-			return c, nil
-		case <-ctx.Done():
-			return nil, ctx.Err()
+	opener := func(ports chan io.ReadWriteCloser) Opener {
+		return func(ctx context.Context) (io.ReadWriteCloser, error) {
+			select {
+			case c := <-ports:
+				return c, nil
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
 		}
 	}
-	go func() { h.done <- Serve(ctx, opener, opts) }()
+	go func() { h.done <- ServeChannels(ctx, opts, opener(h.ports), opener(h.dataPorts)) }()
 	t.Cleanup(func() {
 		cancel()
 		select {
@@ -64,6 +69,17 @@ func startAgent(t *testing.T, opts Options) *harness {
 // while no node was connected.
 func (h *harness) plug(staleToHost ...[]byte) net.Conn {
 	h.t.Helper()
+	return h.plugInto(h.ports, staleToHost...)
+}
+
+// plugData is plug for the data-plane channel.
+func (h *harness) plugData() net.Conn {
+	h.t.Helper()
+	return h.plugInto(h.dataPorts)
+}
+
+func (h *harness) plugInto(ports chan io.ReadWriteCloser, staleToHost ...[]byte) net.Conn {
+	h.t.Helper()
 	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		h.t.Fatal(err)
@@ -82,7 +98,7 @@ func (h *harness) plug(staleToHost ...[]byte) net.Conn {
 	for _, b := range staleToHost {
 		guest.Write(b)
 	}
-	h.ports <- guest
+	ports <- guest
 	return host
 }
 

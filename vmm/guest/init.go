@@ -16,8 +16,13 @@ import (
 
 // RunOptions configure Run, the entry point of `kibotos guest-agent`.
 type RunOptions struct {
-	PortName  string // virtio-serial port name, e.g. "kibotos.agent"
-	DeviceDir string // where udev links named ports; /dev/virtio-ports
+	PortName string // virtio-serial port of the node, e.g. "kibotos.agent"
+	// DataPortName is the data plane's port (guestproto.DataPortName); ""
+	// serves the node's port alone. A VM whose host gave it no such port
+	// (an older launch) still serves the node: the data port's open just
+	// keeps waiting for it.
+	DataPortName string
+	DeviceDir    string // where udev links named ports; /dev/virtio-ports
 	// Init forces the PID 1 duties when the agent is not PID 1.
 	Init         bool
 	AgentVersion string
@@ -50,8 +55,21 @@ func Run(ctx context.Context, o RunOptions) error {
 		opts.KillAll = pid1
 		opts.PowerOff = powerOff
 	}
-	opener := func() (io.ReadWriteCloser, error) { return openPort(ctx, o.DeviceDir, o.PortName) }
-	err := Serve(ctx, opener, opts)
+	if pid1 || o.Init {
+		// port-forward's default target is the guest's 127.0.0.1, and
+		// nothing else in a bare initramfs brings lo up.
+		if err := loopbackUp(); err != nil {
+			log.Error("guest agent could not bring up lo", "err", err)
+		}
+	}
+	port := func(name string) Opener {
+		return func(ctx context.Context) (io.ReadWriteCloser, error) { return openPort(ctx, o.DeviceDir, name) }
+	}
+	var data Opener
+	if o.DataPortName != "" {
+		data = port(o.DataPortName)
+	}
+	err := ServeChannels(ctx, opts, port(o.PortName), data)
 	if pid1 {
 		// PID 1 must not exit (the kernel would panic): power off instead.
 		log.Error("guest agent exited as PID 1, powering off", "err", err)
@@ -62,6 +80,27 @@ func Run(ctx context.Context, o RunOptions) error {
 		}
 	}
 	return err
+}
+
+// loopbackUp sets lo up (SIOCSIFFLAGS); the kernel gives it 127.0.0.1.
+func loopbackUp() error {
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	ifr, err := unix.NewIfreq("lo")
+	if err != nil {
+		return err
+	}
+	if err := unix.IoctlIfreq(fd, unix.SIOCGIFFLAGS, ifr); err != nil {
+		return fmt.Errorf("get lo flags: %w", err)
+	}
+	ifr.SetUint16(ifr.Uint16() | unix.IFF_UP)
+	if err := unix.IoctlIfreq(fd, unix.SIOCSIFFLAGS, ifr); err != nil {
+		return fmt.Errorf("set lo up: %w", err)
+	}
+	return nil
 }
 
 func powerOff() error {

@@ -60,25 +60,74 @@ type agent struct {
 	execs   sync.WaitGroup // running execs, until their exit was reported
 }
 
-// Serve runs the agent until ctx ends or a Stop call completed. opener
-// opens the channel to the node (the virtio-serial port). A host-side
-// disconnect shows up in the guest as EOF or a read error: it ends the
-// session, and the agent reads the same channel on (a virtio-serial port
-// delivers the next node's bytes to the open file). Only when a read fails
-// with no session to end is the channel closed and opener called again.
+// Opener opens one channel (a virtio-serial port). It may wait for the
+// port to appear, until ctx ends.
+type Opener func(ctx context.Context) (io.ReadWriteCloser, error)
+
+// Serve runs the agent on the node channel alone; see ServeChannels.
 func Serve(ctx context.Context, opener func() (io.ReadWriteCloser, error), opts Options) error {
+	return ServeChannels(ctx, opts, func(context.Context) (io.ReadWriteCloser, error) { return opener() }, nil)
+}
+
+// ServeChannels runs the agent until ctx ends or a Stop call completed. node
+// opens the channel to the node; data, if not nil, the data plane's channel.
+// Both are served at once by one agent: an exec started over one is in the
+// same process table as the other's, and either channel's sessions can end
+// and restart without disturbing the other. The data channel serves only
+// guestproto.DataCalls.
+//
+// Each channel is served the same way: a host-side disconnect shows up in
+// the guest as EOF or a read error: it ends the session, and the agent
+// reads the same channel on (a virtio-serial port delivers the next host
+// client's bytes to the open file). Only when a read fails with no session
+// to end is the channel closed and its opener called again.
+func ServeChannels(ctx context.Context, opts Options, node, data Opener) error {
 	a := newAgent(opts)
 	defer a.shutdown()
+	if data == nil {
+		return a.serveChannel(ctx, nodeChannel, node)
+	}
+	// The data channel lives as long as the node's: it has no Stop of its
+	// own, and it may never open (a host that gave the VM no data port).
+	dctx, cancel := context.WithCancel(ctx)
+	dataDone := make(chan struct{})
+	go func() {
+		defer close(dataDone)
+		a.serveChannel(dctx, dataChannel, data)
+	}()
+	err := a.serveChannel(ctx, nodeChannel, node)
+	cancel()
+	<-dataDone
+	return err
+}
+
+// chanKind says which channel a loop, a session or a call belongs to.
+type chanKind struct {
+	name string // in logs
+	data bool   // the data plane's: only guestproto.DataCalls
+}
+
+var (
+	nodeChannel = chanKind{name: "node"}
+	dataChannel = chanKind{name: "data", data: true}
+)
+
+// serveChannel opens one channel and serves it until ctx ends or Stop
+// completed, reopening it after it failed.
+func (a *agent) serveChannel(ctx context.Context, kind chanKind, opener Opener) error {
+	log := a.log.With("channel", kind.name)
 	delay := a.opts.ReopenDelay
 	for {
 		if ctx.Err() != nil {
 			return nil
 		}
-		conn, err := opener()
+		conn, err := opener(ctx)
 		if err != nil {
-			a.log.Warn("guest agent channel open failed", "err", err)
+			if ctx.Err() == nil {
+				log.Warn("guest agent channel open failed", "err", err)
+			}
 		} else {
-			handshakes, err := a.serveConn(ctx, conn)
+			handshakes, err := a.serveConn(ctx, kind, log, conn)
 			conn.Close()
 			if errors.Is(err, errStopped) {
 				return a.stopErr
@@ -87,7 +136,7 @@ func Serve(ctx context.Context, opener func() (io.ReadWriteCloser, error), opts 
 				delay = a.opts.ReopenDelay
 			}
 			if err != nil && ctx.Err() == nil && !errors.Is(err, io.EOF) {
-				a.log.Info("guest agent channel ended", "err", err)
+				log.Info("guest agent channel ended", "err", err)
 			}
 		}
 		select {
@@ -135,12 +184,45 @@ func newAgent(opts Options) *agent {
 	}
 	a.info = guestproto.GuestInfo{
 		Capabilities: []string{guestproto.CapExec, guestproto.CapPTY, guestproto.CapFiles,
-			guestproto.CapConfigure, guestproto.CapFreeze, guestproto.CapStop, guestproto.CapExecRoot},
+			guestproto.CapConfigure, guestproto.CapFreeze, guestproto.CapStop, guestproto.CapExecRoot,
+			guestproto.CapPortForward},
 		BootID:       opts.BootID,
 		AgentVersion: opts.AgentVersion,
 	}
 	return a
 }
+
+// nodeOnlyCaps are the capabilities of calls the data channel refuses; it
+// does not announce them.
+var nodeOnlyCaps = map[string]bool{guestproto.CapConfigure: true, guestproto.CapFreeze: true, guestproto.CapStop: true}
+
+// infoFor is the GuestInfo a channel announces: the data channel's lists
+// only what it serves.
+func (a *agent) infoFor(kind chanKind) guestproto.GuestInfo {
+	info := a.info
+	if kind.data {
+		info.Capabilities = nil
+		for _, c := range a.info.Capabilities {
+			if !nodeOnlyCaps[c] {
+				info.Capabilities = append(info.Capabilities, c)
+			}
+		}
+	}
+	return info
+}
+
+// dataCalls is guestproto.DataCalls as a set.
+var dataCalls = func() map[string]bool {
+	m := map[string]bool{}
+	for _, c := range guestproto.DataCalls {
+		m[c] = true
+	}
+	return m
+}()
+
+// nodeOnlyCalls are the known calls the data channel refuses by name.
+var nodeOnlyCalls = map[string]bool{guestproto.CallConfigure: true, guestproto.CallSync: true,
+	guestproto.CallFreeze: true, guestproto.CallThaw: true, guestproto.CallStop: true}
 
 // shutdown ends what Serve started: running handlers and managed processes.
 func (a *agent) shutdown() {
@@ -160,7 +242,8 @@ func (a *agent) shutdown() {
 // consumed are searched for a hello too, so a node that reconnects without
 // the channel reporting a disconnect (a new hello in the middle of a
 // session) is answered at once.
-func (a *agent) serveConn(ctx context.Context, conn io.ReadWriteCloser) (int, error) {
+func (a *agent) serveConn(ctx context.Context, kind chanKind, log *slog.Logger, conn io.ReadWriteCloser) (int, error) {
+	info := a.infoFor(kind)
 	ch := newChannel(conn)
 	stop := context.AfterFunc(ctx, ch.close)
 	defer stop()
@@ -168,12 +251,12 @@ func (a *agent) serveConn(ctx context.Context, conn io.ReadWriteCloser) (int, er
 	for {
 		v := ch.view()
 		br := bufio.NewReaderSize(v, guestproto.HandshakeBufferSize)
-		info, err := guestproto.AcceptHandshake(br, conn, a.info, a.opts.MinProtocol, a.opts.MaxProtocol)
+		hs, err := guestproto.AcceptHandshake(br, conn, info, a.opts.MinProtocol, a.opts.MaxProtocol)
 		if err != nil {
 			ch.unread(buffered(br))
 			var verr *guestproto.VersionError
 			if errors.As(err, &verr) {
-				a.log.Error("guest agent handshake refused", "err", err)
+				log.Error("guest agent handshake refused", "err", err)
 				continue
 			}
 			if rerr := ch.readErr(); rerr != nil || ctx.Err() != nil {
@@ -181,13 +264,13 @@ func (a *agent) serveConn(ctx context.Context, conn io.ReadWriteCloser) (int, er
 			}
 			// Reading still works, only the reply could not be written
 			// (the node went away): wait for the next hello.
-			a.log.Info("guest agent handshake failed", "err", err)
+			log.Info("guest agent handshake failed", "err", err)
 			continue
 		}
 		handshakes++
-		a.log.Info("guest agent session started", "protocol", info.Protocol)
+		log.Info("guest agent session started", "protocol", hs.Protocol)
 		rec := &recorder{r: br}
-		err = a.serveSession(ctx, rec, conn, v, info.Protocol)
+		err = a.serveSession(ctx, session{kind: kind, log: log, protocol: hs.Protocol}, rec, conn, v)
 		if err != nil {
 			return handshakes, err
 		}
@@ -210,9 +293,17 @@ func buffered(br *bufio.Reader) []byte {
 	return append([]byte(nil), p...)
 }
 
+// session is what a call needs to know of the session it came in on.
+type session struct {
+	kind     chanKind
+	log      *slog.Logger
+	protocol int
+	done     <-chan struct{} // closed when the yamux session ended
+}
+
 // serveSession runs one yamux session until it ends. The session reads
 // from r (fed by v); closing the session interrupts v, never the channel.
-func (a *agent) serveSession(ctx context.Context, r io.Reader, conn io.Writer, v *chanView, protocol int) error {
+func (a *agent) serveSession(ctx context.Context, ss session, r io.Reader, conn io.Writer, v *chanView) error {
 	cfg := yamux.DefaultConfig()
 	cfg.LogOutput = io.Discard
 	// No keepalive: the node pings; a host-side disconnect shows up as
@@ -228,6 +319,7 @@ func (a *agent) serveSession(ctx context.Context, r io.Reader, conn io.Writer, v
 		return err
 	}
 	defer sess.Close()
+	ss.done = sess.CloseChan()
 	go func() {
 		select {
 		case <-ctx.Done():
@@ -248,19 +340,19 @@ func (a *agent) serveSession(ctx context.Context, r io.Reader, conn io.Writer, v
 			if ctx.Err() != nil {
 				return ctx.Err()
 			}
-			a.log.Info("guest agent session ended")
+			ss.log.Info("guest agent session ended")
 			return nil
 		}
 		a.wg.Add(1)
 		go func() {
 			defer a.wg.Done()
-			a.handle(ctx, s, protocol)
+			a.handle(ctx, ss, s)
 		}()
 	}
 }
 
 // handle serves one stream: one call.
-func (a *agent) handle(ctx context.Context, s net.Conn, protocol int) {
+func (a *agent) handle(ctx context.Context, ss session, s net.Conn) {
 	s.SetReadDeadline(time.Now().Add(30 * time.Second))
 	var req guestproto.Request
 	if err := guestproto.ReadFrame(s, &req); err != nil {
@@ -268,6 +360,15 @@ func (a *agent) handle(ctx context.Context, s net.Conn, protocol int) {
 		return
 	}
 	s.SetReadDeadline(time.Time{})
+	if ss.kind.data && !dataCalls[req.Call] {
+		msg := fmt.Sprintf("unknown call %q", req.Call)
+		if nodeOnlyCalls[req.Call] {
+			msg = fmt.Sprintf("%s is only served on the node channel, not on the data channel", req.Call)
+		}
+		respond(s, nil, &guestproto.Error{Code: guestproto.CodeUnsupported, Message: msg})
+		s.Close()
+		return
+	}
 	switch req.Call {
 	case guestproto.CallExecAttach:
 		a.handleAttach(s, req.Args) // keeps or closes s itself
@@ -275,14 +376,17 @@ func (a *agent) handle(ctx context.Context, s net.Conn, protocol int) {
 	case guestproto.CallExec:
 		a.handleExec(ctx, s, req.Args)
 		return
+	case guestproto.CallPortForward:
+		a.portForward(ctx, ss, s, req.Args)
+		return
 	}
 	defer s.Close()
 	var res any
 	var err error
 	switch req.Call {
 	case guestproto.CallGuestInfo:
-		info := a.info
-		info.Protocol = protocol
+		info := a.infoFor(ss.kind)
+		info.Protocol = ss.protocol
 		info.MinProtocol, info.MaxProtocol = a.opts.MinProtocol, a.opts.MaxProtocol
 		res = info
 	case guestproto.CallConfigure:

@@ -266,6 +266,36 @@ func (c *Client) ReadFile(ctx context.Context, path string, w io.Writer) (FileIn
 	return fi, nil
 }
 
+// PortForward connects to host:port inside the guest (host "" is the
+// guest's 127.0.0.1). ctx bounds the connect only. The returned conn
+// carries the TCP connection's bytes both ways; its Close is a half-close
+// (the guest shuts down the write side of its TCP connection and keeps
+// sending what the guest's server still writes, until that reaches EOF).
+// Read it to EOF, or close the Client, to free the stream.
+func (c *Client) PortForward(ctx context.Context, host string, port int) (net.Conn, error) {
+	s, release, err := c.open(ctx, CallPortForward, PortForwardRequest{Port: port, Host: host})
+	if err != nil {
+		return nil, err
+	}
+	err = readResponse(s, CallPortForward, nil)
+	release()
+	if err != nil {
+		s.Close()
+		var ge *Error
+		if errors.As(err, &ge) {
+			return nil, err
+		}
+		return nil, c.streamErr(ctx, CallPortForward, err)
+	}
+	if ctx.Err() != nil {
+		// ctx ended as the connect succeeded: the stream may already
+		// carry its expired deadline.
+		s.Close()
+		return nil, c.streamErr(ctx, CallPortForward, ctx.Err())
+	}
+	return s, nil
+}
+
 // Process is a process started by Exec.
 type Process struct {
 	PID    int

@@ -21,7 +21,21 @@ const (
 	CallFreeze     = "freeze"
 	CallThaw       = "thaw"
 	CallStop       = "stop"
+	// CallPortForward connects to a TCP port of the guest: after the
+	// Response the stream carries the connection's bytes both ways.
+	CallPortForward = "port-forward"
 )
+
+// DataPortName is the virtio-serial port of the data-plane channel. The
+// guest agent serves it next to the node's port with the same agent state,
+// but only the calls of DataCalls; the node's port name stays with the node
+// runtime (agent/runtime.AgentPortName).
+const DataPortName = "kibotos.data"
+
+// DataCalls are the calls served on the data-plane channel. Configure,
+// sync, freeze, thaw and stop change the guest as a whole and stay with the
+// node: the data channel answers them with CodeUnsupported.
+var DataCalls = []string{CallGuestInfo, CallExec, CallExecAttach, CallFileRead, CallFileWrite, CallStat, CallPortForward}
 
 // Capabilities a guest agent announces in GuestInfo.
 const (
@@ -34,6 +48,8 @@ const (
 	// CapExecRoot: exec takes Root and runs the process chrooted there
 	// (the Workspace's root filesystem mounted by configure).
 	CapExecRoot = "exec-root"
+	// CapPortForward: CallPortForward.
+	CapPortForward = "port-forward"
 )
 
 // Request is the first frame of every stream.
@@ -200,6 +216,13 @@ type FileInfo struct {
 // FreezeRequest names a mount point to freeze or thaw.
 type FreezeRequest struct {
 	Path string `json:"path"`
+}
+
+// PortForwardRequest names the TCP endpoint CallPortForward connects to,
+// as seen from inside the guest.
+type PortForwardRequest struct {
+	Port int    `json:"port"`
+	Host string `json:"host,omitempty"` // default 127.0.0.1 (the guest's loopback)
 }
 
 // StopRequest stops the guest: managed processes get SIGTERM, then SIGKILL

@@ -29,6 +29,7 @@ import (
 	"time"
 
 	kbuildinfo "github.com/kibotos/kibotos/buildinfo"
+	"github.com/kibotos/kibotos/vmm/guestproto"
 )
 
 // Files of a Platform installation.
@@ -296,7 +297,11 @@ func initramfsTree(ctx context.Context, k *kernelTree, mods []string, agent, bus
 	t.symlink("usr/sbin", "../bin")
 	t.file(strings.TrimPrefix(AgentPath, "/"), agent, 0o755)
 	// The kernel runs /init without arguments; the agent is a subcommand.
-	t.bytes("init", []byte("#!/bin/sh\necho "+InitStartedLine+" > /dev/console\nexec "+AgentPath+" guest-agent\n"), 0o755)
+	// It serves the node's port (agent/runtime.AgentPortName) and the data
+	// plane's; a host that gives the VM no data port leaves that one
+	// waiting, the node's is served all the same.
+	t.bytes("init", []byte("#!/bin/sh\necho "+InitStartedLine+" > /dev/console\nexec "+AgentPath+
+		" guest-agent --port-name=kibotos.agent --data-port-name="+guestproto.DataPortName+"\n"), 0o755)
 	for _, m := range mods {
 		t.file(m, filepath.Join(k.Root, m), 0o644)
 	}
