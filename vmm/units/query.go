@@ -39,6 +39,7 @@ func (m *Manager) Get(ctx context.Context, name string) (Unit, error) {
 		u.MainPID, _ = tp["MainPID"].(uint32)
 		u.Result, _ = tp["Result"].(string)
 		u.ExecMainStatus, _ = tp["ExecMainStatus"].(int32)
+		u.OOMScoreAdjust, _ = tp["OOMScoreAdjust"].(int32)
 	}
 	return u, nil
 }

@@ -146,6 +146,10 @@ type Unit struct {
 	Slice        string
 	// ExecMainStatus is the exit status (or signal) of the main process, once it exited.
 	ExecMainStatus int32
+	// OOMScoreAdjust is the unit's configured value (services only). The
+	// kernel may not have it: without CAP_SYS_RESOURCE systemd cannot lower
+	// it and carries on.
+	OOMScoreAdjust int32
 }
 
 // Active reports whether the unit is running or about to.

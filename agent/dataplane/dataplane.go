@@ -1,0 +1,82 @@
+// Package dataplane is the data-plane process of a node and its two
+// clients: the node (Ensure, Handle.Push) and the CLI (Connect).
+//
+// The data-plane process (`kibotos dataplane`, its own systemd unit so it
+// outlives node restarts) holds every exec/terminal/file/port-forward
+// connection. A client opens TLS to the node's data-plane address, sends one
+// frame with a ctrl-signed credential (package credential) and, once it is
+// accepted, speaks the guest agent protocol (vmm/guestproto) as if the
+// data-plane process were the guest: each stream is checked against the
+// calls the data plane allows and relayed unchanged to the guest agent of
+// the target Instance over that Instance's data channel.
+//
+// Everything the process needs (targets, verification key, TLS certificate)
+// is pushed by the node over a unix control socket; the process never reads
+// the node's state directory.
+package dataplane
+
+import (
+	"crypto/ed25519"
+	"time"
+)
+
+// ALPN is the TLS protocol of data-plane connections.
+const ALPN = "kibotos-dataplane/1"
+
+// DefaultGrace is how long a stopping data-plane process lets existing
+// connections end on their own before it closes them.
+const DefaultGrace = 10 * time.Second
+
+// Target is where one Workspace's data-plane connections go: its current
+// Instance on this node and that Instance's data socket (a unix socket
+// served by the VMM, one client at a time).
+type Target struct {
+	WorkspaceID string `json:"workspace_id"`
+	InstanceID  string `json:"instance_id"`
+	DataSocket  string `json:"data_socket"`
+}
+
+// State is what the node delivers. Each push replaces the previous state
+// whole. The node ID the process answers for is the CommonName of CertPEM
+// (the node's member certificate).
+type State struct {
+	Targets   []Target          `json:"targets"`
+	PublicKey ed25519.PublicKey `json:"public_key"`
+	CertPEM   []byte            `json:"cert_pem"`
+	KeyPEM    []byte            `json:"key_pem"`
+}
+
+// Hello is what a running data-plane process says about itself; the node
+// adopts a process whose Revision and Listen match its own.
+type Hello struct {
+	Revision   string `json:"revision"`
+	Listen     string `json:"listen"`  // as given with --listen
+	Address    string `json:"address"` // bound address (differs when Listen has port 0)
+	Generation uint64 `json:"generation"`
+	PID        int    `json:"pid"`
+	// StateApplied is false until the first State push was applied.
+	StateApplied bool `json:"state_applied"`
+}
+
+// Refusal codes a client can get instead of a session.
+const (
+	CodeMalformed   = "malformed"   // the credential cannot be parsed
+	CodeForged      = "forged"      // bad signature
+	CodeExpired     = "expired"     // past its expiry
+	CodeWrongNode   = "wrong_node"  // issued for another node
+	CodeNoTarget    = "no_target"   // workspace/instance not (or no longer) here
+	CodeUnavailable = "unavailable" // no state yet, or the guest does not answer
+	CodeStopping    = "stopping"    // the process is shutting down
+)
+
+// connectRequest is the first frame of a client.
+type connectRequest struct {
+	Credential string `json:"credential"`
+}
+
+// connectReply answers it. On OK the guest protocol handshake follows.
+type connectReply struct {
+	OK      bool   `json:"ok,omitempty"`
+	Code    string `json:"code,omitempty"`
+	Message string `json:"message,omitempty"`
+}

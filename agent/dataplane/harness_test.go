@@ -1,0 +1,241 @@
+package dataplane
+
+import (
+	"bytes"
+	"context"
+	"crypto/ecdsa"
+	"crypto/ed25519"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"io"
+	"log/slog"
+	"math/big"
+	"net"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kibotos/kibotos/api"
+	"github.com/kibotos/kibotos/credential"
+	"github.com/kibotos/kibotos/datadir"
+	"github.com/kibotos/kibotos/vmm/guest"
+	"github.com/kibotos/kibotos/vmm/guestproto"
+)
+
+// pki is a cluster CA with one node's member certificate, made the way
+// cluster/pki.go makes them (ECDSA P-256, OU member, CN = node ID).
+type pki struct {
+	pool            *x509.CertPool
+	caKeyPEM        []byte
+	certPEM, keyPEM []byte
+	signKey         ed25519.PrivateKey
+	ca              *x509.Certificate
+	caKey           *ecdsa.PrivateKey
+	nodeID          string
+}
+
+func newPKI(t testing.TB, nodeID string) *pki {
+	t.Helper()
+	caKey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "test CA"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
+		KeyUsage: x509.KeyUsageCertSign, BasicConstraintsValid: true, IsCA: true,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &caKey.PublicKey, caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ca, _ := x509.ParseCertificate(der)
+	p := &pki{pool: x509.NewCertPool(), ca: ca, caKey: caKey, nodeID: nodeID}
+	p.pool.AddCert(ca)
+	kder, _ := x509.MarshalECPrivateKey(caKey)
+	p.caKeyPEM = pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kder})
+	p.signKey, err = credential.KeyFromCA(p.caKeyPEM)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.certPEM, p.keyPEM = p.issue(t, nodeID)
+	return p
+}
+
+// issue makes a member certificate for cn.
+func (p *pki) issue(t testing.TB, cn string) (certPEM, keyPEM []byte) {
+	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(time.Now().UnixNano()),
+		Subject:      pkix.Name{CommonName: cn, OrganizationalUnit: []string{datadir.OUMember}},
+		NotBefore:    time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
+		KeyUsage:    x509.KeyUsageDigitalSignature,
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth, x509.ExtKeyUsageServerAuth},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, p.ca, &key.PublicKey, p.caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kder, _ := x509.MarshalECPrivateKey(key)
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kder})
+}
+
+func (p *pki) state(targets ...Target) State {
+	return State{Targets: targets, PublicKey: credential.PublicKey(p.signKey), CertPEM: p.certPEM, KeyPEM: p.keyPEM}
+}
+
+// cred signs a credential for ws/inst on p's node, valid for a minute.
+func (p *pki) cred(t testing.TB, addr, ws, inst string) api.DataPlaneCredential {
+	t.Helper()
+	return p.credWith(t, p.signKey, addr, credential.Claims{WorkspaceID: ws, InstanceID: inst, NodeID: p.nodeID,
+		IssuedAt: time.Now(), ExpiresAt: time.Now().Add(time.Minute)})
+}
+
+func (p *pki) credWith(t testing.TB, key ed25519.PrivateKey, addr string, c credential.Claims) api.DataPlaneCredential {
+	t.Helper()
+	tok, err := credential.Sign(key, c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return api.DataPlaneCredential{WorkspaceID: c.WorkspaceID, NodeID: c.NodeID, InstanceID: c.InstanceID,
+		Address: addr, Credential: tok, ExpiresAt: c.ExpiresAt}
+}
+
+// startGuest runs the real guest agent code behind a unix socket, as QEMU
+// serves an Instance's data port: one client at a time, the next one
+// accepted after the agent saw the previous one go.
+func startGuest(t testing.TB, dir, name string) string {
+	t.Helper()
+	path, _ := startGuestAt(t, filepath.Join(dir, name+".sock"), "boot-"+name)
+	return path
+}
+
+// startGuestAt is startGuest at path with a stop function (the VM ending).
+func startGuestAt(t testing.TB, path, bootID string) (string, func()) {
+	t.Helper()
+	ln, err := net.Listen("unix", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	opener := func() (io.ReadWriteCloser, error) { return ln.Accept() }
+	go func() { done <- guest.Serve(ctx, opener, guest.Options{BootID: bootID}) }()
+	stop := sync.OnceFunc(func() {
+		cancel()
+		ln.Close()
+		select {
+		case <-done:
+		case <-time.After(15 * time.Second):
+			t.Error("guest agent did not stop")
+		}
+	})
+	t.Cleanup(stop)
+	return path, stop
+}
+
+// dpServer is a Server running in-process.
+type dpServer struct {
+	*Server
+	cancel context.CancelFunc
+	done   chan error
+	dir    string
+	logs   *lockedBuffer
+}
+
+func startServer(t testing.TB, grace time.Duration, opts ...func(*Config)) *dpServer {
+	t.Helper()
+	logs := &lockedBuffer{}
+	dir := filepath.Join(t.TempDir(), "dp")
+	cfg := Config{Listen: "127.0.0.1:0", SocketDir: dir, Generation: 1, Grace: grace,
+		Logger: slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	srv, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	s := &dpServer{Server: srv, cancel: cancel, done: make(chan error, 1), dir: dir, logs: logs}
+	go func() { s.done <- srv.Run(ctx) }()
+	select {
+	case <-srv.Ready():
+	case err := <-s.done:
+		t.Fatalf("server did not start: %v", err)
+	}
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case <-s.done:
+		case <-time.After(grace + 15*time.Second):
+			t.Error("server did not stop")
+		}
+		if t.Failed() {
+			t.Logf("data-plane log:\n%s", logs.String())
+		}
+	})
+	return s
+}
+
+func (s *dpServer) push(t testing.TB, st State) {
+	t.Helper()
+	if err := PushState(ctxT(t), s.dir, 1, st); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func connect(t testing.TB, p *pki, cred api.DataPlaneCredential) *guestproto.Client {
+	t.Helper()
+	c, err := Connect(ctxT(t), cred, p.pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+func ctxT(t testing.TB) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// waitFor polls cond until it holds or 20 s passed.
+func waitFor(t testing.TB, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func waitClosed(t testing.TB, ch <-chan struct{}, within time.Duration, what string) {
+	t.Helper()
+	select {
+	case <-ch:
+	case <-time.After(within):
+		t.Fatalf("timed out after %v waiting for %s", within, what)
+	}
+}

@@ -1,0 +1,58 @@
+package dataplane
+
+import (
+	"io"
+	"net"
+	"sync"
+	"time"
+)
+
+// relayBufSize is the copy buffer of one relay direction: as large as the
+// guest client's file chunks' write buffer, so a chunk is rarely split.
+const relayBufSize = 256 << 10
+
+var relayBufs = sync.Pool{New: func() any { b := make([]byte, relayBufSize); return &b }}
+
+// relay copies client and guest streams into each other until both
+// directions ended. A clean EOF on one side is passed on as a half-close
+// (Close on a yamux stream sends FIN and leaves the read side open), so
+// calls whose peer finishes sending first (file-write data, stdin, a
+// forwarded TCP connection) keep working. An error in either direction, or
+// abort closing, ends both streams at once.
+func relay(client, guest net.Conn, abort <-chan struct{}) {
+	done := make(chan struct{})
+	defer close(done)
+	kill := sync.OnceFunc(func() {
+		// A past deadline unblocks a copy stuck in Read or Write.
+		past := time.Unix(1, 0)
+		client.SetDeadline(past)
+		guest.SetDeadline(past)
+		client.Close()
+		guest.Close()
+	})
+	go func() {
+		select {
+		case <-abort:
+			kill()
+		case <-done:
+		}
+	}()
+	errc := make(chan error, 2)
+	pipe := func(dst, src net.Conn) {
+		bp := relayBufs.Get().(*[]byte)
+		defer relayBufs.Put(bp)
+		_, err := io.CopyBuffer(dst, src, *bp)
+		if err == nil {
+			err = dst.Close() // pass the EOF on
+		}
+		errc <- err
+	}
+	go pipe(guest, client)
+	go pipe(client, guest)
+	for range 2 {
+		if err := <-errc; err != nil {
+			kill()
+		}
+	}
+	kill()
+}

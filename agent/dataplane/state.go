@@ -1,0 +1,118 @@
+package dataplane
+
+import (
+	"crypto/ed25519"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+
+	"github.com/kibotos/kibotos/credential"
+)
+
+// apply installs a state pushed by the node. Connections whose Workspace no
+// longer has their Instance as its target are closed, and so are guest
+// sessions of Instances that are no longer targets.
+func (s *Server) apply(st State) error {
+	cert, err := tls.X509KeyPair(st.CertPEM, st.KeyPEM)
+	if err != nil {
+		return fmt.Errorf("dataplane: state: certificate and key: %w: push the node's member certificate and key", err)
+	}
+	leaf, err := x509.ParseCertificate(cert.Certificate[0])
+	if err != nil {
+		return fmt.Errorf("dataplane: state: certificate: %w", err)
+	}
+	nodeID := leaf.Subject.CommonName
+	if nodeID == "" {
+		return errors.New("dataplane: state: the certificate has no CommonName: push the node's member certificate (CN = node ID)")
+	}
+	cert.Leaf = leaf
+	if len(st.PublicKey) != ed25519.PublicKeySize {
+		return fmt.Errorf("dataplane: state: verification key is %d bytes, want %d (an ed25519 public key)", len(st.PublicKey), ed25519.PublicKeySize)
+	}
+	targets := make(map[string]Target, len(st.Targets))
+	for _, t := range st.Targets {
+		if t.WorkspaceID == "" || t.InstanceID == "" || t.DataSocket == "" {
+			return fmt.Errorf("dataplane: state: target %+v needs workspace_id, instance_id and data_socket", t)
+		}
+		if old, dup := targets[t.WorkspaceID]; dup {
+			return fmt.Errorf("dataplane: state: workspace %s has two targets (instances %s and %s): push one per workspace", t.WorkspaceID, old.InstanceID, t.InstanceID)
+		}
+		targets[t.WorkspaceID] = t
+	}
+
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.applied, s.nodeID, s.pub, s.cert, s.targets = true, nodeID, st.PublicKey, &cert, targets
+	sockets := map[string]string{} // instance → data socket
+	for _, t := range targets {
+		sockets[t.InstanceID] = t.DataSocket
+	}
+	for id, l := range s.links {
+		if sockets[id] != l.socket {
+			l.close()
+			delete(s.links, id)
+		}
+	}
+	closed := 0
+	for c := range s.conns {
+		if c.instanceID == "" {
+			continue // not authorized yet: it checks the new targets
+		}
+		if t, ok := targets[c.workspaceID]; !ok || t.InstanceID != c.instanceID || c.link != s.links[t.InstanceID] {
+			c.kill()
+			closed++
+		}
+	}
+	s.log.Info("data-plane state applied", "node", nodeID, "targets", len(targets), "connections_closed", closed)
+	return nil
+}
+
+// refusal is a connection refused with a code.
+type refusal struct{ code, msg string }
+
+func (r *refusal) Error() string { return r.msg }
+
+func refuse(code, format string, args ...any) *refusal {
+	return &refusal{code: code, msg: fmt.Sprintf(format, args...)}
+}
+
+// authorize checks a credential against the current state and binds c to
+// its target. The check and the binding happen under one lock, so a state
+// push either sees the connection bound or the connection sees the push.
+func (s *Server) authorize(c *clientConn, token string) (*guestLink, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.stopping {
+		return nil, refuse(CodeStopping, "this data-plane process is stopping: retry, the node starts a new one")
+	}
+	if !s.applied {
+		return nil, refuse(CodeUnavailable, "the node has not delivered its state to this data-plane process yet: retry in a few seconds")
+	}
+	claims, err := credential.Verify(s.pub, token, s.cfg.Now())
+	switch {
+	case errors.Is(err, credential.ErrExpired):
+		return nil, refuse(CodeExpired, "%v", err)
+	case errors.Is(err, credential.ErrForged):
+		return nil, refuse(CodeForged, "%v", err)
+	case err != nil:
+		return nil, refuse(CodeMalformed, "%v", err)
+	}
+	if claims.NodeID != s.nodeID {
+		return nil, refuse(CodeWrongNode, "the credential is for node %s, this is node %s: connect to node %s's data-plane address", claims.NodeID, s.nodeID, claims.NodeID)
+	}
+	t, ok := s.targets[claims.WorkspaceID]
+	if !ok {
+		return nil, refuse(CodeNoTarget, "workspace %s has no running instance on node %s (stopped, moved, or not delivered yet): request a new credential", claims.WorkspaceID, s.nodeID)
+	}
+	if t.InstanceID != claims.InstanceID {
+		return nil, refuse(CodeNoTarget, "the credential names instance %s, but workspace %s runs instance %s on node %s: request a new credential", claims.InstanceID, claims.WorkspaceID, t.InstanceID, s.nodeID)
+	}
+	l := s.links[t.InstanceID]
+	if l == nil {
+		l = newGuestLink(t.InstanceID, t.DataSocket)
+		s.links[t.InstanceID] = l
+	}
+	c.workspaceID, c.instanceID, c.link = claims.WorkspaceID, claims.InstanceID, l
+	return l, nil
+}

@@ -1,0 +1,182 @@
+package dataplane
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kibotos/kibotos/agent/runtime/runtimetest"
+	"github.com/kibotos/kibotos/buildinfo"
+	"github.com/kibotos/kibotos/vmm/units"
+	"github.com/kibotos/kibotos/vmm/units/privsd"
+)
+
+// testRevision is stamped into the binary under test and set in this test
+// process, so the node side and the unit are "the same build".
+const testRevision = "dataplane-supervisor-test"
+
+func buildKibotos(t *testing.T, dir string) string {
+	t.Helper()
+	out := filepath.Join(dir, "kibotos")
+	cmd := exec.Command("go", "build", "-trimpath", "-buildvcs=false",
+		"-ldflags", "-X github.com/kibotos/kibotos/buildinfo.Revision="+testRevision,
+		"-o", out, "github.com/kibotos/kibotos")
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if b, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("go build kibotos: %v\n%s", err, b)
+	}
+	return out
+}
+
+func setRevision(t *testing.T, rev string) {
+	old := buildinfo.Revision
+	buildinfo.Revision = rev
+	t.Cleanup(func() { buildinfo.Revision = old })
+}
+
+func TestSupervisorAdoptsAndStops(t *testing.T) {
+	if err := privsd.Available(); err != nil {
+		msg := t.Name() + " skipped: " + err.Error()
+		fmt.Fprintln(os.Stderr, msg)
+		t.Skip(msg)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	dir := t.TempDir()
+	bin := buildKibotos(t, dir)
+	_, m := runtimetest.Systemd(t, filepath.Join(dir, "sd"))
+	setRevision(t, testRevision)
+	logs := &lockedBuffer{}
+	const grace = 3 * time.Second
+	cfg := SupervisorConfig{Units: m, Executable: bin, Scope: ScopeFor(filepath.Join(dir, "run")),
+		SocketDir: filepath.Join(dir, "dp"), Listen: "127.0.0.1:0", Grace: grace,
+		Logger: slog.New(slog.NewTextHandler(logs, nil))}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("node log:\n%s", logs.String())
+		}
+	})
+
+	// First start: generation 1 with the process-model unit properties.
+	h1, err := Ensure(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if h1.Adopted || h1.Generation != 1 || h1.Unit != UnitName(cfg.Scope, 1) || h1.MainPID == 0 {
+		t.Fatalf("first Ensure: %+v", h1)
+	}
+	u, err := m.Get(ctx, h1.Unit)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if u.Slice != units.DataPlaneSlice || !u.Active() || u.OOMScoreAdjust != -900 {
+		t.Fatalf("unit %+v: want active in %s with OOMScoreAdjust=-900", u, units.DataPlaneSlice)
+	}
+	hostPID, err := m.MainHostPID(u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The kernel value needs CAP_SYS_RESOURCE, which some test hosts (this
+	// container) lack; systemd then leaves it and says nothing.
+	b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/oom_score_adj", hostPID))
+	if adj := strings.TrimSpace(string(b)); adj != "-900" {
+		t.Logf("oom_score_adj of the data plane is %s: this host cannot lower it (no CAP_SYS_RESOURCE); the unit asks for -900", adj)
+	}
+
+	// State, then a connection through the unit to an in-process guest.
+	p := newPKI(t, "node-a")
+	sock := startGuest(t, dir, "inst-1")
+	st := p.state(Target{WorkspaceID: "ws-a", InstanceID: "inst-1", DataSocket: sock})
+	if err := h1.Push(ctx, st); err != nil {
+		t.Fatal(err)
+	}
+	c := connect(t, p, p.cred(t, h1.Address(), "ws-a", "inst-1"))
+	if out, _, _ := run(t, c, nil, "echo", "gen1"); out != "gen1\n" {
+		t.Fatalf("exec through generation 1: %q", out)
+	}
+
+	// A node restart finds the same build with the same address: adopted,
+	// not restarted, and the open connection is unaffected.
+	h1b, err := Ensure(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !h1b.Adopted || h1b.Unit != h1.Unit || h1b.MainPID != h1.MainPID || h1b.Address() != h1.Address() || !h1b.Hello.StateApplied {
+		t.Fatalf("second Ensure: %+v, want generation 1 adopted (%+v)", h1b, h1)
+	}
+	if err := h1b.Push(ctx, st); err != nil {
+		t.Fatal(err)
+	}
+	if out, _, _ := run(t, c, nil, "echo", "adopted"); out != "adopted\n" {
+		t.Fatalf("exec after adoption: %q", out)
+	}
+
+	// Stopping the unit: the open connection keeps working for the grace,
+	// new connections are refused, then it is closed.
+	t0 := time.Now()
+	stopped := make(chan error, 1)
+	go func() { stopped <- m.Stop(ctx, h1.Unit) }()
+	waitFor(t, "the unit to be stopping", func() bool {
+		u, err := m.Get(ctx, h1.Unit)
+		return errors.Is(err, units.ErrNotFound) || (err == nil && u.ActiveState == "deactivating")
+	})
+	if out, _, _ := run(t, c, nil, "echo", "grace"); out != "grace\n" {
+		t.Fatalf("exec during the grace: %q", out)
+	}
+	if _, err := Connect(ctx, p.cred(t, h1.Address(), "ws-a", "inst-1"), p.pool); err == nil {
+		t.Fatal("a new connection was accepted by a stopping data plane")
+	}
+	waitClosed(t, c.Done(), grace+10*time.Second, "the connection to be closed after the grace")
+	if el := time.Since(t0); el < grace {
+		t.Fatalf("connection closed %v after the stop, before the grace of %v", el, grace)
+	}
+	if err := <-stopped; err != nil {
+		t.Fatal(err)
+	}
+
+	// Nothing runs: the next Ensure starts generation 2 (the counter
+	// survived the unit being collected).
+	h2, err := Ensure(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if h2.Adopted || h2.Generation != 2 {
+		t.Fatalf("Ensure after the stop: %+v, want a new generation 2", h2)
+	}
+	// A push times out against nothing: the warning is logged.
+	gone := &Handle{Unit: "none", Generation: 99, socketDir: cfg.SocketDir, log: cfg.Logger}
+	if err := gone.Push(ctx, st); err == nil || !strings.Contains(logs.String(), "data-plane generation did not take the node's state before the reply") {
+		t.Fatalf("push to a missing generation: %v; log:\n%s", err, logs.String())
+	}
+
+	// Another build: generation 2 is stopped, generation 3 started.
+	setRevision(t, "another-build")
+	h3, err := Ensure(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if h3.Adopted || h3.Generation != 3 {
+		t.Fatalf("Ensure with another build: %+v, want generation 3", h3)
+	}
+	if u, err := m.Get(ctx, h2.Unit); err == nil && u.Active() {
+		t.Fatalf("generation 2 still runs: %+v", u)
+	}
+	if err := h3.Push(ctx, st); err != nil {
+		t.Fatal(err)
+	}
+	c3 := connect(t, p, p.cred(t, h3.Address(), "ws-a", "inst-1"))
+	if out, _, _ := run(t, c3, nil, "echo", "gen3"); out != "gen3\n" {
+		t.Fatalf("exec through generation 3: %q", out)
+	}
+	c3.Close()
+	if err := m.Stop(ctx, h3.Unit); err != nil {
+		t.Fatal(err)
+	}
+}

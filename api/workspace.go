@@ -1,0 +1,156 @@
+package api
+
+import "time"
+
+// Workspace states. CREATING and STARTING mean ctrl has placed an execution
+// on a node and waits for it; DELETING until the node released everything.
+const (
+	WorkspaceCreating  = "CREATING"
+	WorkspaceStarting  = "STARTING"
+	WorkspaceAvailable = "AVAILABLE"
+	WorkspaceStopping  = "STOPPING"
+	WorkspaceStopped   = "STOPPED"
+	WorkspaceFailed    = "FAILED"
+	WorkspaceDeleting  = "DELETING"
+)
+
+// Failure reasons of a FAILED Workspace.
+const (
+	// FailureUnavailable: its node was isolated; start it again elsewhere.
+	FailureUnavailable = "UNAVAILABLE"
+	// FailureNoLongerRunning: the VMM ended without the node stopping it.
+	FailureNoLongerRunning = "NO_LONGER_RUNNING"
+	// FailureStart: the node could not start the Instance.
+	FailureStart = "START_FAILED"
+	// FailureStop: the guest did not stop cleanly; stop --force ends it.
+	FailureStop = "STOP_FAILED"
+)
+
+// Workspace is one Workspace as ctrl stores it.
+type Workspace struct {
+	WorkspaceID string            `json:"workspace_id"`
+	Version     uint64            `json:"version"`
+	State       string            `json:"state"`
+	Template    string            `json:"template"`
+	CPU         Milli             `json:"cpu"`
+	MemoryBytes uint64            `json:"memory_bytes"`
+	Labels      map[string]string `json:"labels,omitempty"`
+	CreatedAt   time.Time         `json:"created_at"`
+	UpdatedAt   time.Time         `json:"updated_at"`
+	// NodeID and InstanceID are the current execution; empty when the
+	// Workspace has none (stopped, deleted or not placed yet).
+	NodeID     string `json:"node_id,omitempty"`
+	InstanceID string `json:"instance_id,omitempty"`
+	// Instances counts the executions so far; each start gets a new one.
+	Instances uint64 `json:"instances"`
+	// Layer is the use right of the retained writable layer: the node and
+	// pool that hold it. Nil before the first start and after deletion.
+	Layer   *LayerRight       `json:"layer,omitempty"`
+	Failure *WorkspaceFailure `json:"failure,omitempty"`
+	// Pending is the command the node has not answered yet.
+	Pending *WorkspaceCommand `json:"pending,omitempty"`
+	// StopUnconfirmed marks a stop --force (or a release by ctrl) whose data
+	// was not confirmed to have reached disk.
+	StopUnconfirmed bool       `json:"stop_unconfirmed,omitempty"`
+	DeletedAt       *time.Time `json:"deleted_at,omitempty"`
+}
+
+// LayerRight is who may use a retained writable layer.
+type LayerRight struct {
+	NodeID string `json:"node_id"`
+	PoolID string `json:"pool_id"`
+	// Held is true while a node holds the use right (the layer is attached
+	// to an execution or being released); false once released.
+	Held bool `json:"held"`
+}
+
+// WorkspaceFailure says why a Workspace is FAILED.
+type WorkspaceFailure struct {
+	Reason  string    `json:"reason"`
+	Message string    `json:"message"`
+	At      time.Time `json:"at"`
+}
+
+// Workspace command kinds a node executes.
+const (
+	WSCmdStart     = "start"      // create the layer if needed, start an Instance
+	WSCmdStop      = "stop"       // stop the Instance gracefully, keep the layer
+	WSCmdStopForce = "stop_force" // end the Instance without a clean guest stop
+	WSCmdDelete    = "delete"     // end the Instance, remove the layer
+)
+
+// WorkspaceCommand is a command ctrl sent (or will send) to a node.
+type WorkspaceCommand struct {
+	Kind       string    `json:"kind"`
+	CommandID  string    `json:"command_id"`
+	NodeID     string    `json:"node_id"`
+	InstanceID string    `json:"instance_id,omitempty"`
+	IssuedAt   time.Time `json:"issued_at"`
+	// Refused lists nodes that refused this placement (drained, memory
+	// tight); ctrl places elsewhere at once.
+	Refused []string `json:"refused,omitempty"`
+}
+
+// WorkspaceList is one page of Workspaces.
+type WorkspaceList struct {
+	Workspaces    []Workspace `json:"workspaces"`
+	NextPageToken string      `json:"next_page_token,omitempty"`
+}
+
+// WorkspaceCreateRequest is `workspace create`.
+type WorkspaceCreateRequest struct {
+	WriteMeta
+	Template    string            `json:"template"`
+	CPU         Milli             `json:"cpu"`
+	MemoryBytes uint64            `json:"memory_bytes"`
+	Labels      map[string]string `json:"labels,omitempty"`
+	NodeID      string            `json:"node_id,omitempty"`
+}
+
+// WorkspaceWriteRequest is start, stop, delete and move.
+type WorkspaceWriteRequest struct {
+	WriteMeta
+	NodeID string `json:"node_id,omitempty"`
+	Force  bool   `json:"force,omitempty"`
+	// Wait makes the call return when the node has answered (or the
+	// request's deadline passed); otherwise it returns once ctrl accepted it.
+	Wait bool `json:"wait,omitempty"`
+}
+
+// CleanupItem states.
+const (
+	CleanupReleased = "RELEASED"
+	CleanupHeld     = "HELD"
+	CleanupPending  = "PENDING"
+	CleanupUnknown  = "UNKNOWN"
+)
+
+// CleanupStatus is `workspace cleanup-status`: what the latest execution
+// still holds, by item, with where the answer came from.
+type CleanupStatus struct {
+	WorkspaceID string        `json:"workspace_id"`
+	InstanceID  string        `json:"instance_id,omitempty"`
+	NodeID      string        `json:"node_id,omitempty"`
+	Items       []CleanupItem `json:"items"`
+}
+
+// CleanupItem is one row of cleanup-status.
+type CleanupItem struct {
+	Item       string     `json:"item"` // RUNTIME, VOLUME_ATTACHMENT, RESIDUAL
+	State      string     `json:"state"`
+	Source     string     `json:"source"` // control-plane, node
+	ObservedAt *time.Time `json:"observed_at,omitempty"`
+	Since      *time.Time `json:"since,omitempty"`
+}
+
+// DataPlaneCredential is a short-lived credential for one Workspace's
+// current Instance, signed by ctrl, accepted by the data-plane process of
+// the node that runs it.
+type DataPlaneCredential struct {
+	WorkspaceID string    `json:"workspace_id"`
+	NodeID      string    `json:"node_id"`
+	InstanceID  string    `json:"instance_id"`
+	Address     string    `json:"address"` // the node's data-plane address, HOST:PORT
+	Credential  string    `json:"credential"`
+	ExpiresAt   time.Time `json:"expires_at"`
+}
