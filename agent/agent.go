@@ -60,6 +60,9 @@ type Config struct {
 	// Runtime runs this node's Instances; nil on a node without a service
 	// manager for VMMs (no Instances are counted or destroyed then).
 	Runtime *runtime.Runtime
+	// DataPlane is the node's data-plane process; nil: no exec, files or
+	// port forwarding on this node.
+	DataPlane DataPlane
 }
 
 // Agent is the running node side.
@@ -73,6 +76,10 @@ type Agent struct {
 	overcommit *api.Multipliers
 	sessionID  string
 	send       func(api.SessionMsg) error // of the live session, nil when disconnected
+	// credentialKey verifies data-plane credentials; ctrl sends it at welcome.
+	credentialKey []byte
+
+	tasks *tasks
 }
 
 // New starts a new incarnation of the node.
@@ -95,6 +102,7 @@ func New(cfg Config) (*Agent, error) {
 	}
 	a := &Agent{cfg: cfg, log: cfg.Logger.With("node_id", cfg.NodeID), incarnation: inc,
 		sampler: hostusage.NewSampler(hostusage.Config{Interval: cfg.SampleInterval, VMCgroup: "/sys/fs/cgroup/kibotos.slice/kibotos-vmm.slice"})}
+	a.initTasks()
 	a.log.Info("node starting", "incarnation", inc)
 	return a, nil
 }
@@ -170,6 +178,8 @@ func (a *Agent) watchInstances(ctx context.Context) {
 		return
 	}
 	var last api.Report
+	var lastStates string
+	lastDataPlane := time.Now()
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
 	for {
@@ -179,10 +189,17 @@ func (a *Agent) watchInstances(ctx context.Context) {
 		case <-tick.C:
 		}
 		r := a.report()
-		if r.Instances != last.Instances || r.Allocated != last.Allocated {
+		states := fmt.Sprint(r.InstanceStates)
+		if r.Instances != last.Instances || r.Allocated != last.Allocated || states != lastStates {
 			if a.PushReport() {
-				last = r
+				last, lastStates = r, states
 			}
+		}
+		// The seed: the node resends its state to the data plane at least
+		// every 15 seconds (a restarted data plane gets it that way).
+		if time.Since(lastDataPlane) >= 15*time.Second {
+			lastDataPlane = time.Now()
+			go a.updateDataPlane()
 		}
 	}
 }
@@ -256,7 +273,11 @@ func (a *Agent) session(ctx context.Context, addr string) (redirect string, err 
 	}
 	a.mu.Lock()
 	a.sessionID, a.send = first.SessionID, send
+	if len(first.CredentialKey) > 0 {
+		a.credentialKey = first.CredentialKey
+	}
 	a.mu.Unlock()
+	go a.updateDataPlane()
 	defer func() {
 		a.mu.Lock()
 		a.sessionID, a.send = "", nil
@@ -284,6 +305,10 @@ func (a *Agent) session(ctx context.Context, addr string) (redirect string, err 
 				a.mu.Unlock()
 				a.log.Info("overcommit values applied", "cpu", v.CPU.String(), "memory", v.Memory.String())
 				err = send(api.SessionMsg{Type: api.MsgOvercommitAck, Overcommit: &v})
+			}
+		case api.MsgTask:
+			if m.Task != nil {
+				a.handleTask(*m.Task)
 			}
 		case api.MsgRefused:
 			return "", a.refusal(m)
@@ -313,8 +338,12 @@ func (a *Agent) report() api.Report {
 		Capacity: a.cfg.Capacity,
 		Pools:    []api.Pool{poolStatus("default", defaultPoolPath(a.cfg.DataDir))},
 	}
+	if dp := a.cfg.DataPlane; dp != nil {
+		r.DataPlaneAddress = dp.Address()
+	}
 	if rt := a.cfg.Runtime; rt != nil {
 		for _, st := range rt.List() {
+			r.InstanceStates = append(r.InstanceStates, api.InstanceState{InstanceID: st.ID, State: string(st.State), Error: st.Error})
 			if st.State == runtime.StateStopped {
 				continue // a stopped Instance holds no CPU or memory
 			}

@@ -120,14 +120,29 @@ type Report struct {
 	Volumes        int       `json:"volumes"`
 	RetainedLayers int       `json:"retained_layers"`
 	Pools          []Pool    `json:"pools"`
+	// InstanceStates is the node's view of each Instance it holds; ctrl
+	// fails a Workspace whose Instance the node reports FAILED.
+	InstanceStates []InstanceState `json:"instance_states,omitempty"`
+	// DataPlaneAddress is where the node's data-plane process listens.
+	DataPlaneAddress string `json:"data_plane_address,omitempty"`
+}
+
+// InstanceState is one Instance as its node reports it.
+type InstanceState struct {
+	InstanceID string `json:"instance_id"`
+	State      string `json:"state"` // STARTING, RUNNING, STOPPING, STOPPED, FAILED
+	Error      string `json:"error,omitempty"`
 }
 
 // Pool is a storage pool as a node reports it.
 type Pool struct {
-	PoolID        string `json:"pool_id"`
-	Path          string `json:"path"`
-	Available     bool   `json:"available"`
-	Reason        string `json:"reason,omitempty"`
+	PoolID    string `json:"pool_id"`
+	Path      string `json:"path"`
+	Available bool   `json:"available"`
+	Reason    string `json:"reason,omitempty"`
+	// Shared pools are reachable by every node that reports them under the
+	// same id; a private pool is its node's alone.
+	Shared        bool   `json:"shared,omitempty"`
 	CapacityBytes uint64 `json:"capacity_bytes"`
 	FreeBytes     uint64 `json:"free_bytes"`
 }

@@ -20,6 +20,30 @@ type SessionMsg struct {
 	Report      *Report      `json:"report,omitempty"`
 	HostUsage   *HostUsage   `json:"host_usage,omitempty"`
 	Overcommit  *Multipliers `json:"overcommit,omitempty"`
+	// CredentialKey is the ed25519 public key data-plane credentials are
+	// verified with (welcome).
+	CredentialKey []byte               `json:"credential_key,omitempty"`
+	Task          *WorkspaceTask       `json:"task,omitempty"`
+	TaskResult    *WorkspaceTaskResult `json:"task_result,omitempty"`
+}
+
+// WorkspaceTask is a Workspace command for the node, with what it needs to
+// execute it without asking back.
+type WorkspaceTask struct {
+	Command     WorkspaceCommand `json:"command"`
+	WorkspaceID string           `json:"workspace_id"`
+	Template    string           `json:"template"`
+	CPU         Milli            `json:"cpu"`
+	MemoryBytes uint64           `json:"memory_bytes"`
+	LayerPool   string           `json:"layer_pool,omitempty"`
+}
+
+// WorkspaceTaskResult is the node's answer to a WorkspaceTask.
+type WorkspaceTaskResult struct {
+	WorkspaceID string `json:"workspace_id"`
+	CommandID   string `json:"command_id"`
+	Outcome     string `json:"outcome"` // ok, refused, failed
+	Error       string `json:"error,omitempty"`
 }
 
 // Session message types.
@@ -34,4 +58,6 @@ const (
 	MsgReport        = "report"         // node → ctrl: full report
 	MsgOvercommit    = "overcommit"     // ctrl → node: new effective multipliers
 	MsgOvercommitAck = "overcommit_ack" // node → ctrl: applied
+	MsgTask          = "task"           // ctrl → node: execute a Workspace command
+	MsgTaskResult    = "task_result"    // node → ctrl: its outcome
 )

@@ -51,8 +51,10 @@ type CLI struct {
 	Enrollment EnrollmentCmd `cmd:"" help:"Grant, list and revoke enrollment grants."`
 	Node       NodeCmd       `cmd:"" help:"View nodes, drain, isolate, retire them and set overcommit."`
 	GuestAgent GuestAgentCmd `cmd:"" name:"guest-agent" hidden:"" help:"Run the guest agent (PID 1 inside a VM)."`
+	Dataplane  DataplaneCmd  `cmd:"" hidden:"" help:"Run the node's data-plane process (started by the node as its own unit)."`
 	Platform   PlatformCmd   `cmd:"" help:"Build and list Platforms (kernel + initramfs with the guest agent)."`
 	Template   TemplateCmd   `cmd:"" help:"Build, list, show and delete templates (Workspace root filesystems) on this node."`
+	Workspace  WorkspaceCmd  `cmd:"" help:"Create, start, stop, move and delete Workspaces; exec, terminal, cp and port-forward through the data plane."`
 }
 
 type exitPanic struct{ code int }
@@ -109,7 +111,10 @@ type exitError struct {
 func (e exitError) Error() string { return e.msg }
 
 func reportError(w io.Writer, name string, err error) int {
-	fmt.Fprintf(w, "%s: error: %s\n", name, strings.TrimSpace(err.Error()))
+	// An exit code passed through (workspace exec) has no message.
+	if msg := strings.TrimSpace(err.Error()); msg != "" {
+		fmt.Fprintf(w, "%s: error: %s\n", name, msg)
+	}
 	var ue usageError
 	var ee exitError
 	var ae *api.Error

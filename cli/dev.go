@@ -1,11 +1,15 @@
 package cli
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
+	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/kibotos/kibotos/agent"
@@ -13,7 +17,9 @@ import (
 	"github.com/kibotos/kibotos/api"
 	"github.com/kibotos/kibotos/cluster"
 	"github.com/kibotos/kibotos/datadir"
+	"github.com/kibotos/kibotos/vmm/platform"
 	"github.com/kibotos/kibotos/vmm/qemu"
+	"github.com/kibotos/kibotos/vmm/template"
 	"github.com/kibotos/kibotos/vmm/units"
 	"github.com/kibotos/kibotos/vmm/units/privsd"
 )
@@ -46,6 +52,31 @@ type DevCmd struct {
 type DevUpCmd struct {
 	Advertise string `name:"advertise" default:"127.0.0.1:7480" help:"HOST:PORT of the dev member (gossip uses PORT+1)."`
 	NodeID    string `name:"node-id" default:"dev" help:"Node id of the dev member."`
+	NoBuild   bool   `name:"no-build" help:"Do not build the Platform and the default template when they are missing."`
+	NoDemo    bool   `name:"no-demo" help:"Do not create the demo Workspace when the cluster has none."`
+}
+
+// ensureDevArtifacts builds what a Workspace needs on this host when it is
+// missing: the Platform (kernel from the Debian package, initramfs with the
+// guest agent) and the default busybox template.
+func ensureDevArtifacts(g *Globals, d datadir.Dir) error {
+	root := d.StorageRoot()
+	// The Platform carries this executable as the guest agent: a new build
+	// gets a new Platform (an unchanged one is found, not rebuilt).
+	start := time.Now()
+	in, err := platform.Build(g.ctx, platform.Options{StorageRoot: root, Logger: slog.New(slog.NewTextHandler(g.stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))})
+	if err != nil {
+		return fmt.Errorf("kibotos dev: build the Platform: %w", err)
+	}
+	g.note("kibotos dev: Platform %s (kernel %s, agent %s) ready in %s\n", in.ID[:19], in.KernelVersion, in.AgentRevision, time.Since(start).Round(10*time.Millisecond))
+	if _, err := template.Get(root, template.DefaultName); err != nil {
+		t, err := template.BuildBusybox(g.ctx, root, template.DefaultName, "")
+		if err != nil {
+			return fmt.Errorf("kibotos dev: build the default template: %w", err)
+		}
+		g.note("kibotos dev: template %s built (%s)\n", t.Name, formatBytes(uint64(t.ImageBytes)))
+	}
+	return nil
 }
 
 func (c *DevUpCmd) Run(g *Globals) error {
@@ -65,9 +96,15 @@ func (c *DevUpCmd) Run(g *Globals) error {
 	if err != nil {
 		return err
 	}
+	runsVMs := privsd.Available() == nil || hostHasSystemd()
+	if runsVMs && !c.NoBuild {
+		if err := ensureDevArtifacts(g, d); err != nil {
+			return err
+		}
+	}
 	onReady := func(srv *cluster.Server) {
 		go func() {
-			c.announceWhenReady(g, d, id)
+			c.announceWhenReady(g, d, id, runsVMs)
 		}()
 	}
 	// A dev host without systemd as PID 1 gets a private one that outlives
@@ -82,7 +119,7 @@ func (c *DevUpCmd) Run(g *Globals) error {
 
 // announceWhenReady waits for the dev node to be READY and tells the user
 // how to point the CLI at it.
-func (c *DevUpCmd) announceWhenReady(g *Globals, d datadir.Dir, id *datadir.Identity) {
+func (c *DevUpCmd) announceWhenReady(g *Globals, d datadir.Dir, id *datadir.Identity, runsVMs bool) {
 	tlsConf, err := d.AdminClientTLS()
 	if err != nil {
 		return
@@ -90,9 +127,17 @@ func (c *DevUpCmd) announceWhenReady(g *Globals, d datadir.Dir, id *datadir.Iden
 	cl := api.NewClient(id.Advertise, tlsConf)
 	for i := 0; i < 600; i++ {
 		var n api.Node
-		if _, err := cl.Do(g.ctx, "GET", "/v1/nodes/"+id.NodeID, nil, &n); err == nil && n.Status == api.NodeReady {
-			g.note("\nkibotos dev: node %s is READY at %s.\nIn another shell:\n  export KIBOTOS_DATA_DIR=%s\n  %s node list\nStop with Ctrl-C (VMs keep running); run kibotos dev again to take them over; kibotos dev down [--purge] ends everything.\n\n",
-				id.NodeID, id.Advertise, d, kiboCommand())
+		// Ready for Workspaces: READY, reported and its overcommit values
+		// acknowledged (ctrl places nothing on it before).
+		if _, err := cl.Do(g.ctx, "GET", "/v1/nodes/"+id.NodeID, nil, &n); err == nil && n.Status == api.NodeReady &&
+			n.Report != nil && n.Overcommit != nil && n.Overcommit.Acknowledged {
+			kibo := kiboCommand()
+			g.note("\nkibotos dev: node %s is READY at %s.\n", id.NodeID, id.Advertise)
+			if runsVMs && !c.NoDemo {
+				c.demo(g, d, kibo)
+			}
+			g.note("In another shell:\n  export KIBOTOS_DATA_DIR=%s\n  %s node list\n  %s workspace create --template %s -q\n  %s workspace exec WS -- uname -a\n  %s workspace terminal WS\nStop with Ctrl-C (VMs keep running); run kibotos dev again to take them over; kibotos dev down [--purge] ends everything.\n\n",
+				d, kibo, kibo, template.DefaultName, kibo, kibo)
 			return
 		}
 		select {
@@ -100,6 +145,35 @@ func (c *DevUpCmd) announceWhenReady(g *Globals, d datadir.Dir, id *datadir.Iden
 			return
 		case <-time.After(100 * time.Millisecond):
 		}
+	}
+}
+
+// demo creates a Workspace when the cluster has none and runs echo hello
+// in it, so the first run shows the whole path working.
+func (c *DevUpCmd) demo(g *Globals, d datadir.Dir, kibo string) {
+	sub := *g
+	sub.DataDir = string(d)
+	sub.JSON = false
+	sub.Timeout = 5 * time.Minute
+	var list api.WorkspaceList
+	if _, err := sub.call("GET", "/v1/workspaces?all=true&page_size=1", nil, &list); err != nil || len(list.Workspaces) > 0 {
+		return
+	}
+	var out bytes.Buffer
+	sub.stdout = &out
+	start := time.Now()
+	create := &WorkspaceCreateCmd{Template: template.DefaultName, CPU: 1, Memory: "512MiB", Label: map[string]string{"kibotos-dev": "demo"}, Quiet: true}
+	if err := create.Run(&sub); err != nil {
+		g.note("kibotos dev: demo Workspace not created: %v\n", err)
+		return
+	}
+	ws := strings.TrimSpace(out.String())
+	g.note("kibotos dev: created Workspace %s in %s\n", ws, time.Since(start).Round(100*time.Millisecond))
+	g.note("kibotos dev: %s workspace exec %s -- echo hello\n", kibo, ws)
+	sub.stdout, sub.stderr, sub.stdin = g.stderr, g.stderr, nil
+	code, err := runInWorkspace(&sub, ws, []string{"echo", "hello"}, false, "", nil)
+	if err != nil || code != 0 {
+		g.note("kibotos dev: exec in %s failed (exit %d): %v\n", ws, code, err)
 	}
 }
 

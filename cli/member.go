@@ -106,6 +106,9 @@ func (c *JoinCmd) Run(g *Globals) error {
 type fileConfig struct {
 	DataDir   string `toml:"data_dir"`
 	Bind      string `toml:"bind"`
+	DataPlane struct {
+		Listen string `toml:"listen"`
+	} `toml:"dataplane"`
 	LogLevel  string `toml:"log_level"`
 	Resources struct {
 		CPU    string `toml:"cpu"`
@@ -115,13 +118,14 @@ type fileConfig struct {
 
 // ServeCmd runs a member.
 type ServeCmd struct {
-	Config      string        `name:"config" type:"existingfile" help:"TOML configuration file (data_dir, bind, log_level, [resources] cpu and memory)."`
-	Bind        string        `name:"bind" help:"Listen address (default: the advertised address)."`
-	LogLevel    string        `name:"log-level" default:"info" enum:"debug,info,warn,error" help:"Log level."`
-	Systemd     string        `name:"systemd" default:"auto" enum:"auto,host,private,none" help:"Service manager for VMM units: auto (the host's systemd when PID 1 is systemd, else none), host, private (started by this process; VMs end with it) or none."`
-	Accel       string        `name:"accel" default:"auto" enum:"auto,kvm,tcg" help:"QEMU accelerator: auto picks KVM when it is usable (not PVM), else TCG."`
-	TestTimings bool          `name:"test-timings" hidden:"" help:"Tight Raft and session timings (tests)."`
-	ClockSkew   time.Duration `name:"test-clock-skew" hidden:"" help:"Pretend the node clock is off by this much (tests)."`
+	Config          string        `name:"config" type:"existingfile" help:"TOML configuration file (data_dir, bind, log_level, [resources] cpu and memory)."`
+	Bind            string        `name:"bind" help:"Listen address (default: the advertised address)."`
+	DataPlaneListen string        `name:"dataplane-listen" help:"Data-plane address HOST:PORT (exec, terminal, cp, port-forward); default: the advertised host, port+2."`
+	LogLevel        string        `name:"log-level" default:"info" enum:"debug,info,warn,error" help:"Log level."`
+	Systemd         string        `name:"systemd" default:"auto" enum:"auto,host,private,none" help:"Service manager for VMM units: auto (the host's systemd when PID 1 is systemd, else none), host, private (started by this process; VMs end with it) or none."`
+	Accel           string        `name:"accel" default:"auto" enum:"auto,kvm,tcg" help:"QEMU accelerator: auto picks KVM when it is usable (not PVM), else TCG."`
+	TestTimings     bool          `name:"test-timings" hidden:"" help:"Tight Raft and session timings (tests)."`
+	ClockSkew       time.Duration `name:"test-clock-skew" hidden:"" help:"Pretend the node clock is off by this much (tests)."`
 }
 
 func (c *ServeCmd) Run(g *Globals) error {
@@ -154,8 +158,12 @@ func (c *ServeCmd) Run(g *Globals) error {
 	if c.TestTimings {
 		timings = cluster.TestTimings()
 	}
+	dpListen := c.DataPlaneListen
+	if dpListen == "" {
+		dpListen = fc.DataPlane.Listen
+	}
 	return runMember(g, memberOptions{dir: datadir.Dir(dir), bind: bind, level: level, capacity: capacity, timings: timings, clockSkew: c.ClockSkew,
-		systemd: c.Systemd, accel: qemu.Accel(c.Accel)})
+		systemd: c.Systemd, accel: qemu.Accel(c.Accel), dataPlaneListen: dpListen})
 }
 
 func resourcesFrom(fc fileConfig) (api.Resources, error) {
@@ -209,6 +217,8 @@ type memberOptions struct {
 	onReady   func(*cluster.Server)
 	systemd   string // see openNodeRuntime
 	accel     qemu.Accel
+	// dataPlaneListen is the data-plane address; default advertise port+2.
+	dataPlaneListen string
 }
 
 // runMember serves until SIGTERM/SIGINT. A node isolated by ctrl exits
@@ -238,13 +248,29 @@ func runMember(g *Globals, o memberOptions) error {
 		if err != nil {
 			return err
 		}
-		rt, closeRuntime, err := openNodeRuntime(ctx, o.dir, srv.NodeID(), o.systemd, o.accel, log)
+		rt, m, closeRuntime, err := openNodeRuntime(ctx, o.dir, srv.NodeID(), o.systemd, o.accel, log)
 		if err != nil {
 			return err
 		}
 		defer closeRuntime()
+		var dp agent.DataPlane
+		if m != nil {
+			listen := o.dataPlaneListen
+			if listen == "" {
+				if listen, err = defaultDataPlaneListen(srv.Identity().Advertise); err != nil {
+					return err
+				}
+			}
+			// The data-plane process is never stopped with the node: its
+			// connections outlive a node restart.
+			link, err := startDataPlane(ctx, o.dir, m, listen, log)
+			if err != nil {
+				return err
+			}
+			dp = link
+		}
 		a, err := agent.New(agent.Config{DataDir: o.dir, NodeID: srv.NodeID(), Capacity: o.capacity, CtrlAddrs: srv.CtrlAddrs,
-			TLS: clientTLS, SessionTimeout: o.timings.SessionTimeout, Logger: log, ClockSkew: o.clockSkew, Runtime: rt})
+			TLS: clientTLS, SessionTimeout: o.timings.SessionTimeout, Logger: log, ClockSkew: o.clockSkew, Runtime: rt, DataPlane: dp})
 		if err != nil {
 			return err
 		}

@@ -36,7 +36,7 @@ func hostHasSystemd() bool {
 // openNodeRuntime connects to the service manager chosen by mode and opens
 // the Instance runtime, taking over what a previous node process left
 // running. It returns nil, nil when the node runs without one.
-func openNodeRuntime(ctx context.Context, d datadir.Dir, nodeID, mode string, accel qemu.Accel, log *slog.Logger) (*runtime.Runtime, func(), error) {
+func openNodeRuntime(ctx context.Context, d datadir.Dir, nodeID, mode string, accel qemu.Accel, log *slog.Logger) (*runtime.Runtime, *units.Manager, func(), error) {
 	if mode == systemdAuto {
 		mode = systemdNone
 		if hostHasSystemd() {
@@ -48,22 +48,22 @@ func openNodeRuntime(ctx context.Context, d datadir.Dir, nodeID, mode string, ac
 	switch mode {
 	case systemdNone:
 		log.Warn("node runtime disabled: this host's PID 1 is not systemd, so VMM units have no service manager; run kibotos dev, or serve with --systemd private")
-		return nil, cleanup, nil
+		return nil, nil, cleanup, nil
 	case systemdHost:
 		t, err := units.HostTarget()
 		if err != nil {
-			return nil, nil, fmt.Errorf("node runtime: %w", err)
+			return nil, nil, nil, fmt.Errorf("node runtime: %w", err)
 		}
 		target = t
 	case systemdPrivate:
 		if err := privsd.Available(); err != nil {
-			return nil, nil, fmt.Errorf("node runtime: a private systemd cannot run here: %w", err)
+			return nil, nil, nil, fmt.Errorf("node runtime: a private systemd cannot run here: %w", err)
 		}
 		sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		sd, err := privsd.Start(sctx, filepath.Join(d.NodeDir(), "systemd"))
 		cancel()
 		if err != nil {
-			return nil, nil, fmt.Errorf("node runtime: start private systemd: %w", err)
+			return nil, nil, nil, fmt.Errorf("node runtime: start private systemd: %w", err)
 		}
 		log.Warn("VMM units run under a private systemd started by this process: they end when it ends", "systemd_pid", sd.PID)
 		target, cleanup = sd.Target(), func() { sd.Stop() }
@@ -71,21 +71,21 @@ func openNodeRuntime(ctx context.Context, d datadir.Dir, nodeID, mode string, ac
 		if err := privsd.Available(); err != nil {
 			// The cluster still runs; the node just cannot start VMs.
 			log.Warn("node runtime disabled: a private systemd cannot run here", "err", err)
-			return nil, cleanup, nil
+			return nil, nil, cleanup, nil
 		}
 		sd, err := devSystemd(ctx, d)
 		if err != nil {
-			return nil, nil, err
+			return nil, nil, nil, err
 		}
 		log.Info("VMM units run under the dev cluster's private systemd; it keeps running when kibotos dev stops (kibotos dev down ends it)", "systemd_pid", sd.PID)
 		target = sd.Target()
 	default:
-		return nil, nil, fmt.Errorf("node runtime: --systemd %q is not auto, host, private or none", mode)
+		return nil, nil, nil, fmt.Errorf("node runtime: --systemd %q is not auto, host, private or none", mode)
 	}
 	m, err := units.Connect(ctx, target)
 	if err != nil {
 		cleanup()
-		return nil, nil, fmt.Errorf("node runtime: %w", err)
+		return nil, nil, nil, fmt.Errorf("node runtime: %w", err)
 	}
 	var keep []string
 	if ps, _ := platform.List(d.StorageRoot()); len(ps) > 0 {
@@ -95,9 +95,9 @@ func openNodeRuntime(ctx context.Context, d datadir.Dir, nodeID, mode string, ac
 	if err != nil {
 		m.Close()
 		cleanup()
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
-	return rt, func() {
+	return rt, m, func() {
 		rt.Close() // VMMs keep running; the next node process takes them over
 		m.Close()
 		cleanup()

@@ -80,6 +80,15 @@ func (s *Server) routes() http.Handler {
 	m.HandleFunc("GET /v1/overcommit", s.reader(s.handleOvercommitGet))
 	m.HandleFunc("POST /v1/overcommit/default", s.onLeader(s.handleOvercommitSetDefault))
 
+	m.HandleFunc("POST /v1/workspaces", s.onLeader(s.handleWorkspaceCreate))
+	m.HandleFunc("GET /v1/workspaces", s.reader(s.handleWorkspaceList))
+	m.HandleFunc("GET /v1/workspaces/{id}", s.reader(s.handleWorkspaceGet))
+	m.HandleFunc("GET /v1/workspaces/{id}/cleanup-status", s.reader(s.handleCleanupStatus))
+	m.HandleFunc("POST /v1/workspaces/{id}/start", s.onLeader(s.workspaceOp(fsm.OpWorkspaceStart)))
+	m.HandleFunc("POST /v1/workspaces/{id}/stop", s.onLeader(s.workspaceOp(fsm.OpWorkspaceStop)))
+	m.HandleFunc("POST /v1/workspaces/{id}/delete", s.onLeader(s.workspaceOp(fsm.OpWorkspaceDelete)))
+	m.HandleFunc("POST /v1/workspaces/{id}/credentials", s.onLeader(s.handleCredential))
+
 	m.HandleFunc("GET /v1/enrollment/grants", s.reader(s.handleGrantList))
 	m.HandleFunc("POST /v1/enrollment/grants", s.onLeader(s.handleGrant))
 	m.HandleFunc("POST /v1/enrollment/grants/{id}/revoke", s.onLeader(s.handleRevoke))

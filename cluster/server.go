@@ -6,6 +6,7 @@ package cluster
 
 import (
 	"context"
+	"crypto/ed25519"
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/json"
@@ -102,6 +103,11 @@ type Server struct {
 	consistentReady atomic.Bool
 
 	sessions *sessionRegistry
+
+	// The data-plane credential key, derived once from the CA key.
+	credOnce sync.Once
+	credKey  ed25519.PrivateKey
+	credErr  error
 
 	release func()
 	wg      sync.WaitGroup

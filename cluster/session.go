@@ -26,6 +26,19 @@ type sessionRegistry struct {
 type liveSession struct {
 	nodeID, sessionID string
 	conn              net.Conn
+	kick              chan struct{} // pending Workspace commands may have changed
+}
+
+// kickAll wakes every session's dispatcher.
+func (r *sessionRegistry) kickAll() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, ls := range r.conns {
+		select {
+		case ls.kick <- struct{}{}:
+		default:
+		}
+	}
 }
 
 func newSessionRegistry() *sessionRegistry {
@@ -139,12 +152,12 @@ func (s *Server) handleSession(c net.Conn) {
 		sc.send(api.SessionMsg{Type: api.MsgRefused, Refusal: open.Refusal, Message: open.Message})
 		return
 	}
-	ls := &liveSession{nodeID: hello.NodeID, sessionID: sid, conn: c}
+	ls := &liveSession{nodeID: hello.NodeID, sessionID: sid, conn: c, kick: make(chan struct{}, 1)}
 	s.sessions.attach(ls)
 	defer s.sessions.detach(ls)
 	s.log.Info("control session opened", "peer_node_id", hello.NodeID, "session_id", sid, "incarnation", hello.Incarnation)
 
-	reason := s.runSession(ctx, sc, dec, hello.NodeID, sid)
+	reason := s.runSession(ctx, sc, dec, ls)
 	s.log.Info("control session closed", "peer_node_id", hello.NodeID, "session_id", sid, "reason", reason)
 	if s.IsLeader() {
 		cctx, ccancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -153,11 +166,13 @@ func (s *Server) handleSession(c net.Conn) {
 	}
 }
 
-func (s *Server) runSession(ctx context.Context, sc *sessionConn, dec *json.Decoder, nodeID, sid string) string {
+func (s *Server) runSession(ctx context.Context, sc *sessionConn, dec *json.Decoder, ls *liveSession) string {
 	t := s.cfg.Timings
-	if err := sc.send(api.SessionMsg{Type: api.MsgWelcome, SessionID: sid}); err != nil {
+	nodeID, sid := ls.nodeID, ls.sessionID
+	if err := sc.send(api.SessionMsg{Type: api.MsgWelcome, SessionID: sid, CredentialKey: s.CredentialPublicKey()}); err != nil {
 		return "connection lost"
 	}
+	disp := &dispatcher{s: s, nodeID: nodeID, sc: sc, sent: map[string]time.Time{}}
 	msgs := make(chan api.SessionMsg, 16)
 	readErr := make(chan error, 1)
 	go func() {
@@ -181,12 +196,42 @@ func (s *Server) runSession(ctx context.Context, sc *sessionConn, dec *json.Deco
 	if err := requestSync(); err != nil {
 		return "connection lost"
 	}
+	if err := disp.run(); err != nil {
+		return "connection lost"
+	}
 	ping := time.NewTicker(t.SessionPing)
 	defer ping.Stop()
 	syncT := time.NewTicker(t.SyncInterval)
 	defer syncT.Stop()
 	var pendingAck *api.Multipliers
 	var pendingSince time.Time
+	// pushOvercommit sends values the node has not acknowledged; it returns
+	// why the session must end, or "".
+	pushOvercommit := func(n *api.Node) string {
+		if n.Overcommit == nil || n.Overcommit.Acknowledged {
+			return ""
+		}
+		want := api.Multipliers{CPU: n.Overcommit.CPU, Memory: n.Overcommit.Memory}
+		switch {
+		case pendingAck == nil || *pendingAck != want:
+			pendingAck, pendingSince = &want, time.Now()
+			if sc.send(api.SessionMsg{Type: api.MsgOvercommit, Overcommit: &want}) != nil {
+				return "connection lost"
+			}
+		case time.Since(pendingSince) > t.AckTimeout:
+			// The seed: a node that does not confirm is disconnected
+			// and gets the value again after it reconnects.
+			return "overcommit values not acknowledged within " + t.AckTimeout.String()
+		}
+		return ""
+	}
+	// A new session gets the values at once: ctrl places nothing on the
+	// node until it acknowledged them.
+	if n, err := s.localNode(nodeID); err == nil {
+		if why := pushOvercommit(n); why != "" {
+			return why
+		}
+	}
 	for {
 		select {
 		case err := <-readErr:
@@ -198,6 +243,10 @@ func (s *Server) runSession(ctx context.Context, sc *sessionConn, dec *json.Deco
 			return "ctrl member stopping"
 		case <-syncT.C:
 			if requestSync() != nil {
+				return "connection lost"
+			}
+		case <-ls.kick:
+			if disp.run() != nil {
 				return "connection lost"
 			}
 		case <-ping.C:
@@ -212,21 +261,13 @@ func (s *Server) runSession(ctx context.Context, sc *sessionConn, dec *json.Deco
 				sc.send(api.SessionMsg{Type: api.MsgRefused, Refusal: fsm.RefusalNotAdmitted, Message: "node " + nodeID + " is no longer admitted (" + n.Status + ")"})
 				return "node " + n.Status
 			}
-			if n.Overcommit != nil && !n.Overcommit.Acknowledged {
-				want := api.Multipliers{CPU: n.Overcommit.CPU, Memory: n.Overcommit.Memory}
-				switch {
-				case pendingAck == nil || *pendingAck != want:
-					pendingAck, pendingSince = &want, time.Now()
-					if sc.send(api.SessionMsg{Type: api.MsgOvercommit, Overcommit: &want}) != nil {
-						return "connection lost"
-					}
-				case time.Since(pendingSince) > t.AckTimeout:
-					// The seed: a node that does not confirm is disconnected
-					// and gets the value again after it reconnects.
-					return "overcommit values not acknowledged within " + t.AckTimeout.String()
-				}
+			if why := pushOvercommit(n); why != "" {
+				return why
 			}
 			if sc.send(api.SessionMsg{Type: api.MsgPing, T1: time.Now().UnixNano()}) != nil {
+				return "connection lost"
+			}
+			if disp.run() != nil {
 				return "connection lost"
 			}
 		case m := <-msgs:
@@ -236,6 +277,12 @@ func (s *Server) runSession(ctx context.Context, sc *sessionConn, dec *json.Deco
 					s.log.Warn("node report not stored", "peer_node_id", nodeID, "err", err)
 					if api.CodeOf(err) == api.CodeFailedPrecondition {
 						return "session replaced"
+					}
+				}
+			case api.MsgTaskResult:
+				if m.TaskResult != nil {
+					if err := s.applyTaskResult(ctx, nodeID, sid, m.TaskResult); err != nil {
+						s.log.Warn("workspace task result not stored", "peer_node_id", nodeID, "workspace_id", m.TaskResult.WorkspaceID, "err", err)
 					}
 				}
 			case api.MsgOvercommitAck:
@@ -377,3 +424,7 @@ func (s *Server) reconcileVoters() {
 		}
 	}
 }
+
+// kickAllSessions makes every control session deliver its node's pending
+// Workspace commands now.
+func (s *Server) kickAllSessions() { s.sessions.kickAll() }

@@ -53,6 +53,11 @@ var handlers = map[string]handler{
 	OpOvercommitSet:        applyOvercommitSet,
 	OpOvercommitAck:        applyOvercommitAck,
 	OpCommandsExpire:       applyCommandsExpire,
+	OpWorkspaceCreate:      applyWorkspaceCreate,
+	OpWorkspaceStart:       applyWorkspaceStart,
+	OpWorkspaceStop:        applyWorkspaceStop,
+	OpWorkspaceDelete:      applyWorkspaceDelete,
+	OpWorkspaceResult:      applyWorkspaceResult,
 }
 
 // Open creates a fresh state file at path (any old file is replaced).
@@ -241,7 +246,15 @@ func (f *FSM) Restore(r io.Reader) error {
 		return err
 	}
 	f.db = db
-	return nil
+	// A snapshot of an older release lacks the buckets added since.
+	return db.Update(func(tx *bolt.Tx) error {
+		for _, b := range allBuckets {
+			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
 }
 
 func checkSchemaFile(path string) error {

@@ -330,6 +330,7 @@ var allOps = []string{
 	OpSessionOpen, OpSessionClose, OpNodeReport, OpNodeDrain, OpNodeCancelDrain,
 	OpNodeIsolate, OpNodeRetire, OpOvercommitSetDefault, OpOvercommitSet,
 	OpOvercommitAck, OpCommandsExpire,
+	OpWorkspaceCreate, OpWorkspaceStart, OpWorkspaceStop, OpWorkspaceDelete, OpWorkspaceResult,
 }
 
 func TestEveryOpHasAHandler(t *testing.T) {

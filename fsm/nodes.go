@@ -179,6 +179,9 @@ func applyNodeReport(tx *bolt.Tx, e *Entry) (any, error) {
 			Over: api.ClockOver(a.Clock.OffsetNS, a.Clock.UncertaintyNS), KernelSync: a.Clock.KernelSync,
 		}
 	}
+	if err := failEndedInstances(tx, e, n.NodeID, r.InstanceStates); err != nil {
+		return nil, err
+	}
 	return map[string]uint64{"report_version": r.ReportVersion}, putNode(tx, n)
 }
 
@@ -234,10 +237,8 @@ func applyNodeIsolate(tx *bolt.Tx, e *Entry) (any, error) {
 		n.Isolated = true
 		n.IsolatedIncarnation = n.LastIncarnation
 		n.IsolatedAt = at(e)
-		// Use rights, allocations, Workspaces and pending commands live in
-		// later state; until they exist the release counts are zero.
 		res.NodeID = n.NodeID
-		return nil
+		return releaseIsolated(tx, e, n.NodeID, &res)
 	})
 	if err != nil {
 		return nil, err
@@ -247,13 +248,20 @@ func applyNodeIsolate(tx *bolt.Tx, e *Entry) (any, error) {
 
 func applyNodeRetire(tx *bolt.Tx, e *Entry) (any, error) {
 	return adminNodeChange(tx, e, "retire", func(n *api.Node) error {
-		status := deriveStatus(n)
+		h, err := nodeHolds(tx, n.NodeID)
+		if err != nil {
+			return err
+		}
+		status := deriveStatus(n, h)
 		if status != api.NodeDrained && !n.Isolated {
 			return api.Errorf(api.CodeFailedPrecondition,
 				"node %s is %s: retire accepts only a DRAINED node or one whose incarnation is isolated; drain and empty it first (kibo node drain %s --wait)", n.NodeID, status, n.NodeID)
 		}
 		n.Retired, n.RetiredAt = true, at(e)
 		endSession(n, e, "retired")
+		if err := releaseRetired(tx, n.NodeID); err != nil {
+			return err
+		}
 		return revokePendingGrant(tx, n.NodeID)
 	})
 }

@@ -23,6 +23,11 @@ const (
 	OpOvercommitSet        = "overcommit.set"
 	OpOvercommitAck        = "node.overcommit_ack"
 	OpCommandsExpire       = "commands.expire"
+	OpWorkspaceCreate      = "workspace.create"
+	OpWorkspaceStart       = "workspace.start"
+	OpWorkspaceStop        = "workspace.stop"
+	OpWorkspaceDelete      = "workspace.delete"
+	OpWorkspaceResult      = "workspace.node_result"
 )
 
 // BootstrapArgs creates the cluster with its first member.

@@ -210,13 +210,141 @@ func (g *logGen) change() *MultiplierChange {
 	}
 }
 
-func (g *logGen) report() api.Report {
-	return api.Report{
+func (g *logGen) report(id string) api.Report {
+	r := api.Report{
 		Capacity:       api.Resources{CPU: api.Milli(1000 * (1 + g.r.Intn(64))), MemoryBytes: uint64(1+g.r.Intn(256)) << 30},
 		Allocated:      api.Resources{CPU: api.Milli(g.r.Intn(8000)), MemoryBytes: uint64(g.r.Intn(1 << 20))},
 		Instances:      g.r.Intn(3) * g.r.Intn(2),
 		Volumes:        g.r.Intn(2) * g.r.Intn(2),
 		RetainedLayers: g.r.Intn(2) * g.r.Intn(2) * g.r.Intn(2),
+	}
+	if g.pct(85) {
+		r.Pools = []api.Pool{{PoolID: DefaultPool, Path: "/srv/p", Available: g.pct(90)}}
+	}
+	// Now and then an Instance of this node (or another) ended on its own.
+	if ws := g.workspaces(); len(ws) > 0 && g.pct(15) {
+		w := ws[g.r.Intn(len(ws))]
+		inst := w.InstanceID
+		if inst == "" || g.pct(20) {
+			inst = instanceIDFor(w.WorkspaceID, uint64(g.r.Intn(3)))
+		}
+		r.InstanceStates = []api.InstanceState{{InstanceID: inst, State: []string{"FAILED", "FAILED", "RUNNING"}[g.r.Intn(3)], Error: "ended"}}
+	}
+	return r
+}
+
+// workspaces lists every Workspace of the reference FSM, by id.
+func (g *logGen) workspaces() []api.Workspace {
+	var out []api.Workspace
+	g.ref.View(func(tx *bolt.Tx) error {
+		if l, err := ListWorkspaces(tx, WorkspaceFilter{All: true}, 0, ""); err == nil {
+			out = l.Workspaces
+		}
+		return nil
+	})
+	return out
+}
+
+// workspace picks a Workspace of the reference FSM (pending ones more
+// often when pending), or a made-up id with version 0.
+func (g *logGen) workspace(pending bool) api.Workspace {
+	ws := g.workspaces()
+	if pending && g.pct(85) {
+		var p []api.Workspace
+		for _, w := range ws {
+			if w.Pending != nil {
+				p = append(p, w)
+			}
+		}
+		if len(p) > 0 {
+			return p[g.r.Intn(len(p))]
+		}
+	}
+	if len(ws) == 0 || g.pct(8) {
+		return api.Workspace{WorkspaceID: WorkspaceIDFor(fmt.Sprintf("ws-cmd-%d", g.r.Intn(g.seq+1)))}
+	}
+	return ws[g.r.Intn(len(ws))]
+}
+
+func (g *logGen) drawWorkspace(mk func(string, any, *uint64) Entry) Entry {
+	switch n := g.r.Intn(20); {
+	case n < 5:
+		// Steer towards a schedulable node: a live node that has not
+		// acknowledged its overcommit values or reported the default pool
+		// gets that first, so that creates are placed now and then.
+		if id := g.liveNode(); g.pct(60) {
+			var node *api.Node
+			g.ref.View(func(tx *bolt.Tx) error { node, _ = GetNode(tx, id); return nil })
+			if node != nil && node.Session != nil && node.Session.Alive {
+				if node.DrainRequested && g.pct(50) {
+					return mk(OpNodeCancelDrain, NodeArgs{NodeID: id}, nil)
+				}
+				if !node.Overcommit.Acknowledged {
+					return mk(OpOvercommitAck, OvercommitAckArgs{NodeID: id, SessionID: node.Session.SessionID,
+						Values: api.Multipliers{CPU: node.Overcommit.CPU, Memory: node.Overcommit.Memory}}, nil)
+				}
+				if node.Report == nil || len(node.Report.Pools) == 0 || !node.Report.Pools[0].Available || node.Session.Clock != nil && node.Session.Clock.Over {
+					rep := g.report(id)
+					rep.Pools = []api.Pool{{PoolID: DefaultPool, Path: "/srv/p", Available: true}}
+					return mk(OpNodeReport, ReportArgs{NodeID: id, SessionID: node.Session.SessionID, Report: rep,
+						Clock: &ClockArgs{KernelSync: "synchronized"}}, nil)
+				}
+			}
+		}
+		a := WorkspaceCreateArgs{Template: "kibotos-coding", CPU: api.Milli(1000 * (1 + g.r.Intn(4))), MemoryBytes: uint64(64+g.r.Intn(4096)) << 20}
+		switch g.r.Intn(25) {
+		case 0:
+			a.Template = "Bad Template"
+		case 1:
+			a.CPU = 1500
+		case 2:
+			a.MemoryBytes = 1 << 20
+		case 3:
+			a.Labels = map[string]string{"-bad": "x", "bad-": "y"}
+		}
+		if g.pct(30) {
+			a.Labels = map[string]string{"team": []string{"x", "y"}[g.r.Intn(2)]}
+		}
+		if g.pct(20) {
+			a.NodeID = g.liveNode()
+		}
+		e := mk(OpWorkspaceCreate, a, nil)
+		if g.pct(95) {
+			e.CommandID = fmt.Sprintf("ws-cmd-%d", g.seq)
+		}
+		return e
+	case n < 8:
+		w := g.workspace(false)
+		a := WorkspaceArgs{WorkspaceID: w.WorkspaceID}
+		if g.pct(15) {
+			a.NodeID = g.nodeID()
+		}
+		return mk(OpWorkspaceStart, a, g.expected(w.Version))
+	case n < 10:
+		w := g.workspace(false)
+		return mk(OpWorkspaceStop, WorkspaceArgs{WorkspaceID: w.WorkspaceID, Force: g.pct(30)}, g.expected(w.Version))
+	case n < 11:
+		w := g.workspace(false)
+		return mk(OpWorkspaceDelete, WorkspaceArgs{WorkspaceID: w.WorkspaceID}, g.expected(w.Version))
+	default:
+		w := g.workspace(true)
+		a := WorkspaceResultArgs{WorkspaceID: w.WorkspaceID, Outcome: OutcomeOK}
+		if w.Pending != nil {
+			a.NodeID, a.CommandID = w.Pending.NodeID, w.Pending.CommandID
+		} else {
+			a.NodeID, a.CommandID = g.nodeID(), fmt.Sprintf("%s/%d", w.WorkspaceID, g.r.Intn(5))
+		}
+		if g.pct(5) {
+			a.CommandID = fmt.Sprintf("%s/%d", w.WorkspaceID, g.r.Intn(5))
+		}
+		a.SessionID = g.session(a.NodeID)
+		switch x := g.r.Intn(10); {
+		case x < 2:
+			a.Outcome, a.Error = OutcomeRefused, "memory tight"
+		case x < 4:
+			a.Outcome, a.Error = OutcomeFailed, "boom"
+		}
+		return mk(OpWorkspaceResult, a, nil)
 	}
 }
 
@@ -246,6 +374,8 @@ func (g *logGen) next() Entry {
 	e := g.draw()
 	if g.pct(25) {
 		e.CommandID = fmt.Sprintf("cmd-%d", g.seq)
+	}
+	if e.CommandID != "" {
 		g.withID = append(g.withID, e)
 	}
 	return e
@@ -260,6 +390,9 @@ func (g *logGen) draw() Entry {
 	}
 	if g.seq == 1 && g.pct(90) {
 		return mk(OpBootstrap, BootstrapArgs{ClusterID: "cluster-1", NodeID: ctrlID, Roles: []string{"ctrl", "node"}, Address: "10.0.0.1:7000"}, nil)
+	}
+	if g.pct(30) {
+		return g.drawWorkspace(mk)
 	}
 	id := g.nodeID()
 	switch w := g.r.Intn(100); {
@@ -299,7 +432,7 @@ func (g *logGen) draw() Entry {
 		if g.pct(70) {
 			id = g.liveNode()
 		}
-		a := ReportArgs{NodeID: id, SessionID: g.session(id), Report: g.report()}
+		a := ReportArgs{NodeID: id, SessionID: g.session(id), Report: g.report(id)}
 		if g.pct(30) {
 			idle := float64(g.r.Intn(100)) / 100
 			a.HostUsage = &api.HostUsage{SampledAt: g.now, CPUIdle: &idle}
@@ -483,10 +616,12 @@ type invariantChecker struct {
 	versions map[string]uint64 // last registration_version seen per node
 	results  map[string]Result // first successful result per command id
 	counts   map[string]int
+	// last version seen per Workspace id
+	wsVersions map[string]uint64
 }
 
 func newInvariantChecker(t *testing.T) *invariantChecker {
-	return &invariantChecker{t: t, versions: map[string]uint64{}, results: map[string]Result{}, counts: map[string]int{}}
+	return &invariantChecker{t: t, versions: map[string]uint64{}, results: map[string]Result{}, counts: map[string]int{}, wsVersions: map[string]uint64{}}
 }
 
 func (c *invariantChecker) check(i int, e Entry, r Result, before string, f *FSM) {
@@ -560,6 +695,99 @@ func (c *invariantChecker) check(i int, e Entry, r Result, before string, f *FSM
 	for id := range c.versions {
 		if !seen[id] {
 			t.Fatalf("entry %d: node %s disappeared", i, id)
+		}
+	}
+	c.checkWorkspaces(i, e, f, nodes)
+}
+
+// checkWorkspaces checks the Workspace records against their state machine
+// and the node index against the records.
+func (c *invariantChecker) checkWorkspaces(i int, e Entry, f *FSM, nodes []api.Node) {
+	t := c.t
+	t.Helper()
+	byID := map[string]api.Node{}
+	for _, n := range nodes {
+		byID[n.NodeID] = n
+	}
+	var ws []api.Workspace
+	f.View(func(tx *bolt.Tx) error {
+		if err := indexProblem(tx); err != nil {
+			t.Fatalf("entry %d (%s %s): %v", i, e.Op, e.Args, err)
+		}
+		l, err := ListWorkspaces(tx, WorkspaceFilter{All: true}, 0, "")
+		if err != nil {
+			t.Fatalf("list workspaces: %v", err)
+		}
+		ws = l.Workspaces
+		return nil
+	})
+	// A deleted Workspace's id comes back when its create's command id is
+	// used again after the record expired: versions restart then.
+	present := map[string]bool{}
+	for _, w := range ws {
+		present[w.WorkspaceID] = true
+	}
+	for id := range c.wsVersions {
+		if !present[id] {
+			delete(c.wsVersions, id)
+		}
+	}
+	for _, w := range ws {
+		bad := func(why string) {
+			t.Fatalf("entry %d (%s %s): workspace %s %s: %s\n%+v\nlayer %+v pending %+v", i, e.Op, e.Args, w.WorkspaceID, w.State, why, w, w.Layer, w.Pending)
+		}
+		if prev, ok := c.wsVersions[w.WorkspaceID]; ok && w.Version < prev {
+			bad("version went back")
+		}
+		c.wsVersions[w.WorkspaceID] = w.Version
+		running := w.InstanceID != ""
+		if running != (w.NodeID != "") {
+			bad("node and instance not set together")
+		}
+		if running && w.InstanceID != instanceIDFor(w.WorkspaceID, w.Instances) {
+			bad("instance id is not the latest execution's")
+		}
+		held := w.Layer != nil && w.Layer.Held
+		if running && (!held || w.Layer.NodeID != w.NodeID) {
+			bad("an execution without its layer held on its node")
+		}
+		if !running && held {
+			bad("layer held without an execution")
+		}
+		wantKind := map[string][]string{
+			api.WorkspaceCreating: {api.WSCmdStart}, api.WorkspaceStarting: {api.WSCmdStart},
+			api.WorkspaceStopping: {api.WSCmdStop, api.WSCmdStopForce}, api.WorkspaceDeleting: {api.WSCmdDelete},
+		}[w.State]
+		switch {
+		case wantKind == nil && w.Pending != nil:
+			bad("pending command in a settled state")
+		case wantKind != nil && (w.Pending == nil || !containsString(wantKind, w.Pending.Kind)):
+			bad("no pending command of the right kind")
+		}
+		switch w.State {
+		case api.WorkspaceCreating, api.WorkspaceStarting, api.WorkspaceAvailable, api.WorkspaceStopping:
+			if !running {
+				bad("no execution")
+			}
+		case api.WorkspaceStopped:
+			if running || w.Failure != nil {
+				bad("stopped with an execution or a failure")
+			}
+		case api.WorkspaceFailed:
+			if w.Failure == nil {
+				bad("failed without a reason")
+			}
+		case api.WorkspaceDeleting:
+		default:
+			bad("unknown state")
+		}
+		if p := w.Pending; p != nil {
+			if want := layerNode(&w); p.NodeID != want || p.InstanceID != w.InstanceID {
+				bad("pending command not for the current execution or layer node")
+			}
+			if n, ok := byID[p.NodeID]; !ok || n.Retired || n.Isolated {
+				bad("command pending on a node that can never answer")
+			}
 		}
 	}
 }

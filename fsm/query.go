@@ -18,7 +18,7 @@ func mustJSON(v any) json.RawMessage {
 }
 
 // deriveStatus is the node status ctrl shows; it depends only on the record.
-func deriveStatus(n *api.Node) string {
+func deriveStatus(n *api.Node, h Holds) string {
 	switch {
 	case n.Retired:
 		return api.NodeRetired
@@ -26,7 +26,7 @@ func deriveStatus(n *api.Node) string {
 		return api.NodeRevoked
 	case n.Isolated:
 		return api.NodeIsolated
-	case n.DrainRequested && holdsNothing(n):
+	case n.DrainRequested && holdsNothing(n, h):
 		return api.NodeDrained
 	case n.DrainRequested:
 		return api.NodeDraining
@@ -37,8 +37,12 @@ func deriveStatus(n *api.Node) string {
 	}
 }
 
-// holdsNothing: no Instance running, no Volume or retained layer use right.
-func holdsNothing(n *api.Node) bool {
+// holdsNothing: no Instance running, no Volume or retained layer use right,
+// neither by the node's report nor by ctrl's own records.
+func holdsNothing(n *api.Node, h Holds) bool {
+	if h.Instances > 0 || h.Layers > 0 {
+		return false
+	}
 	r := n.Report
 	return r == nil || (r.Instances == 0 && r.Volumes == 0 && r.RetainedLayers == 0)
 }
@@ -49,13 +53,17 @@ func view(tx *bolt.Tx, n *api.Node) (*api.Node, error) {
 	if err != nil {
 		return nil, err
 	}
-	return viewWith(d, n), nil
+	h, err := nodeHolds(tx, n.NodeID)
+	if err != nil {
+		return nil, err
+	}
+	return viewWithHolds(d, n, h), nil
 }
 
-// viewWith derives with an already-read default (lists read it once).
-func viewWith(d api.OvercommitDefault, n *api.Node) *api.Node {
+// viewWithHolds derives with an already-read default (lists read it once).
+func viewWithHolds(d api.OvercommitDefault, n *api.Node, h Holds) *api.Node {
 	out := *n
-	out.Status = deriveStatus(n)
+	out.Status = deriveStatus(n, h)
 	o := &api.Overcommit{CPU: d.CPU, CPUSource: "default", Memory: d.Memory, MemorySource: "default"}
 	if n.OvercommitOverride != nil {
 		if c := n.OvercommitOverride.CPU; c != nil {
@@ -112,7 +120,11 @@ func ListNodes(tx *bolt.Tx, pageSize int, pageToken string) (*api.NodeList, erro
 		if err := json.Unmarshal(v, &n); err != nil {
 			return nil, err
 		}
-		out.Nodes = append(out.Nodes, *viewWith(d, &n))
+		h, err := nodeHolds(tx, n.NodeID)
+		if err != nil {
+			return nil, err
+		}
+		out.Nodes = append(out.Nodes, *viewWithHolds(d, &n, h))
 	}
 	return out, nil
 }

@@ -6,8 +6,12 @@ var (
 	bucketNodes    = []byte("nodes")    // node_id → api.Node (stored fields only)
 	bucketGrants   = []byte("grants")   // node_id → grant (one pending grant per node id)
 	bucketCommands = []byte("commands") // command_id → commandRecord (idempotency)
+	// workspace_id → api.Workspace
+	bucketWorkspaces = []byte("workspaces")
+	// node_id NUL workspace_id → nil: the Workspaces a node runs or holds a layer of
+	bucketWorkspaceNodes = []byte("workspace_nodes")
 
-	allBuckets = [][]byte{bucketMeta, bucketNodes, bucketGrants, bucketCommands}
+	allBuckets = [][]byte{bucketMeta, bucketNodes, bucketGrants, bucketCommands, bucketWorkspaces, bucketWorkspaceNodes}
 )
 
 // Keys of the meta bucket.

@@ -1,0 +1,328 @@
+package agent
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/kibotos/kibotos/agent/runtime"
+	"github.com/kibotos/kibotos/api"
+	"github.com/kibotos/kibotos/datadir"
+	"github.com/kibotos/kibotos/fsm"
+	"github.com/kibotos/kibotos/vmm/guestproto"
+	"github.com/kibotos/kibotos/vmm/platform"
+	"github.com/kibotos/kibotos/vmm/template"
+)
+
+// WorkspaceRoot is where the node mounts a Workspace's filesystem (the
+// retained layer over its template) in the guest.
+const WorkspaceRoot = "/rootfs"
+
+// Grace of a normal stop: the guest's processes get this long to end.
+const stopGrace = 10 * time.Second
+
+// DataTarget is one Instance the data-plane process serves.
+type DataTarget struct {
+	WorkspaceID string
+	InstanceID  string
+	DataSocket  string
+}
+
+// DataPlane is the node's data-plane process as the agent sees it: it
+// takes the current targets and verification key before the node answers
+// ctrl, so a credential ctrl issues next is accepted at once.
+type DataPlane interface {
+	Address() string
+	Update(ctx context.Context, targets []DataTarget, key []byte) error
+}
+
+// tasks runs Workspace commands: one at a time per Workspace, each command
+// id once. Results are kept so a command ctrl sends again (after a new
+// session) is answered without running it twice.
+type tasks struct {
+	mu      sync.Mutex
+	running map[string]string                  // workspace id → command id being executed
+	done    map[string]api.WorkspaceTaskResult // command id → result
+	order   []string                           // command ids in completion order, to bound done
+	owners  map[string]string                  // instance id → workspace id
+	waiting map[string]chan struct{}           // workspace id → closed when its task ends
+}
+
+const keepResults = 1024
+
+func (a *Agent) initTasks() {
+	a.tasks = &tasks{running: map[string]string{}, done: map[string]api.WorkspaceTaskResult{}, owners: map[string]string{}, waiting: map[string]chan struct{}{}}
+	if b, err := os.ReadFile(a.ownersFile()); err == nil {
+		json.Unmarshal(b, &a.tasks.owners)
+	}
+}
+
+// ownersFile maps Instance ids to Workspace ids across node restarts (the
+// data plane serves taken-over Instances by Workspace).
+func (a *Agent) ownersFile() string {
+	return filepath.Join(a.cfg.DataDir.NodeDir(), "instance-owners.json")
+}
+
+func (a *Agent) saveOwners() {
+	b, _ := json.Marshal(a.tasks.owners)
+	if err := datadir.WriteFileAtomic(a.ownersFile(), b, 0o600); err != nil {
+		a.log.Warn("instance owners not saved", "err", err)
+	}
+}
+
+// handleTask starts the command unless it runs or ran already.
+func (a *Agent) handleTask(t api.WorkspaceTask) {
+	ts := a.tasks
+	id := t.Command.CommandID
+	ts.mu.Lock()
+	if r, ok := ts.done[id]; ok {
+		ts.mu.Unlock()
+		a.sendResult(r)
+		return
+	}
+	if ts.running[t.WorkspaceID] == id {
+		ts.mu.Unlock()
+		return
+	}
+	prev := ts.waiting[t.WorkspaceID]
+	ch := make(chan struct{})
+	ts.waiting[t.WorkspaceID] = ch
+	ts.mu.Unlock()
+	go func() {
+		defer close(ch)
+		if prev != nil {
+			<-prev // an older command of this Workspace finishes first
+		}
+		ts.mu.Lock()
+		ts.running[t.WorkspaceID] = id
+		ts.mu.Unlock()
+		log := a.log.With("workspace_id", t.WorkspaceID, "command_id", id, "kind", t.Command.Kind, "instance_id", t.Command.InstanceID)
+		log.Info("workspace command started")
+		start := time.Now()
+		r := a.execute(t)
+		log.Info("workspace command done", "outcome", r.Outcome, "err", r.Error, "duration", time.Since(start).Round(time.Millisecond))
+		ts.mu.Lock()
+		delete(ts.running, t.WorkspaceID)
+		ts.done[id] = r
+		ts.order = append(ts.order, id)
+		if len(ts.order) > keepResults {
+			delete(ts.done, ts.order[0])
+			ts.order = ts.order[1:]
+		}
+		if ts.waiting[t.WorkspaceID] == ch {
+			delete(ts.waiting, t.WorkspaceID)
+		}
+		ts.mu.Unlock()
+		// The data plane learns of the change before ctrl does.
+		a.updateDataPlane()
+		a.sendResult(r)
+		a.PushReport()
+	}()
+}
+
+func (a *Agent) sendResult(r api.WorkspaceTaskResult) {
+	a.mu.Lock()
+	send := a.send
+	a.mu.Unlock()
+	if send != nil {
+		send(api.SessionMsg{Type: api.MsgTaskResult, TaskResult: &r})
+	}
+	// Without a session the result waits: ctrl sends the command again on
+	// the next session and gets it from done.
+}
+
+func (a *Agent) execute(t api.WorkspaceTask) api.WorkspaceTaskResult {
+	r := api.WorkspaceTaskResult{WorkspaceID: t.WorkspaceID, CommandID: t.Command.CommandID, Outcome: fsm.OutcomeOK}
+	var err error
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	switch t.Command.Kind {
+	case api.WSCmdStart:
+		var refusal string
+		refusal, err = a.startWorkspace(ctx, t)
+		if refusal != "" {
+			r.Outcome, r.Error = fsm.OutcomeRefused, refusal
+			return r
+		}
+	case api.WSCmdStop:
+		err = a.endInstance(ctx, t.Command.InstanceID, stopGrace)
+	case api.WSCmdStopForce:
+		err = a.endInstance(ctx, t.Command.InstanceID, 0)
+	case api.WSCmdDelete:
+		if err = a.endInstance(ctx, t.Command.InstanceID, stopGrace); err == nil {
+			err = a.removeLayer(t)
+		}
+	default:
+		err = fmt.Errorf("command kind %q is unknown to this node; upgrade it", t.Command.Kind)
+	}
+	if err != nil {
+		r.Outcome, r.Error = fsm.OutcomeFailed, err.Error()
+	}
+	return r
+}
+
+// layerPath is the retained writable layer of a Workspace in the pool.
+func (a *Agent) layerPath(pool, ws string) string {
+	if pool == "" {
+		pool = fsm.DefaultPool
+	}
+	return filepath.Join(a.cfg.DataDir.StorageRoot(), "pools", pool, "layers", ws+".qcow2")
+}
+
+// startWorkspace starts the Workspace's Instance; a non-empty refusal means
+// the node does not take new Workspaces now and ctrl should place elsewhere.
+func (a *Agent) startWorkspace(ctx context.Context, t api.WorkspaceTask) (refusal string, err error) {
+	rt := a.cfg.Runtime
+	if rt == nil {
+		return "", fmt.Errorf("node %s runs no VMs: it has no service manager for VMM units (run it with systemd, or --systemd private)", a.cfg.NodeID)
+	}
+	id := t.Command.InstanceID
+	if st, err := rt.Status(id); err == nil {
+		switch st.State {
+		case runtime.StateRunning:
+			return "", nil // started before a node restart: taken over
+		default:
+			if derr := rt.Delete(ctx, id); derr != nil {
+				return "", fmt.Errorf("instance %s is %s and could not be cleared: %w", id, st.State, derr)
+			}
+		}
+	}
+	if u := a.sampler.Latest(); u.MemoryTight {
+		return "host memory is tight", nil
+	}
+	tpl, err := template.Get(a.cfg.DataDir.StorageRoot(), t.Template)
+	if err != nil {
+		return "", fmt.Errorf("template %s is not on node %s: build it there with kibotos template build %s --from-dir DIR", t.Template, a.cfg.NodeID, t.Template)
+	}
+	plats, err := platform.List(a.cfg.DataDir.StorageRoot())
+	if err != nil || len(plats) == 0 {
+		return "", fmt.Errorf("node %s has no Platform: run kibotos platform build on it", a.cfg.NodeID)
+	}
+	layer := a.layerPath(t.LayerPool, t.WorkspaceID)
+	if err := os.MkdirAll(filepath.Dir(layer), 0o700); err != nil {
+		return "", err
+	}
+	a.tasks.mu.Lock()
+	a.tasks.owners[id] = t.WorkspaceID
+	a.saveOwners()
+	a.tasks.mu.Unlock()
+	spec := runtime.Spec{InstanceID: id, Installation: plats[0], VCPUs: max(1, int(t.CPU/1000)), MemoryMiB: int(t.MemoryBytes >> 20),
+		Network: true, RootImage: tpl.Image(), LayerPath: layer}
+	if _, err := rt.Start(ctx, spec); err != nil {
+		a.forget(ctx, id)
+		return "", err
+	}
+	if err := a.configureWorkspace(ctx, id, t.WorkspaceID); err != nil {
+		a.forget(ctx, id)
+		return "", fmt.Errorf("configure instance %s: %w", id, err)
+	}
+	return "", nil
+}
+
+// configureWorkspace mounts the Workspace filesystem in the guest.
+func (a *Agent) configureWorkspace(ctx context.Context, id, ws string) error {
+	c, err := a.cfg.Runtime.Guest(id)
+	if err != nil {
+		return err
+	}
+	return c.Configure(ctx, guestproto.ConfigureRequest{
+		Hostname: ws,
+		Mounts:   []guestproto.Mount{{Source: "/dev/vda", Target: WorkspaceRoot, FSType: "ext4"}},
+	})
+}
+
+// forget deletes a failed start's Instance; the layer stays.
+func (a *Agent) forget(ctx context.Context, id string) {
+	if err := a.cfg.Runtime.Delete(ctx, id); err != nil && !isUnknownInstance(err) {
+		a.log.Warn("failed instance not deleted", "instance_id", id, "err", err)
+	}
+	a.tasks.mu.Lock()
+	delete(a.tasks.owners, id)
+	a.saveOwners()
+	a.tasks.mu.Unlock()
+}
+
+// endInstance stops (grace 0: at once) and deletes an Instance; one that
+// is already gone is fine.
+func (a *Agent) endInstance(ctx context.Context, id string, grace time.Duration) error {
+	rt := a.cfg.Runtime
+	if rt == nil || id == "" {
+		return nil
+	}
+	st, err := rt.Status(id)
+	if err != nil {
+		return nil // not on this node (any more)
+	}
+	if st.State == runtime.StateRunning {
+		if err := rt.Stop(ctx, id, grace); err != nil {
+			return fmt.Errorf("prepare guest stop: %w", err)
+		}
+	}
+	if err := rt.Delete(ctx, id); err != nil {
+		return err
+	}
+	a.tasks.mu.Lock()
+	delete(a.tasks.owners, id)
+	a.saveOwners()
+	a.tasks.mu.Unlock()
+	return nil
+}
+
+func (a *Agent) removeLayer(t api.WorkspaceTask) error {
+	p := a.layerPath(t.LayerPool, t.WorkspaceID)
+	if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("remove writable layer %s: %w", p, err)
+	}
+	return nil
+}
+
+func isUnknownInstance(err error) bool {
+	return errors.Is(err, runtime.ErrUnknownInstance)
+}
+
+// dataTargets lists the running Instances with their Workspaces.
+func (a *Agent) dataTargets() []DataTarget {
+	rt := a.cfg.Runtime
+	if rt == nil {
+		return nil
+	}
+	a.tasks.mu.Lock()
+	owners := make(map[string]string, len(a.tasks.owners))
+	for k, v := range a.tasks.owners {
+		owners[k] = v
+	}
+	a.tasks.mu.Unlock()
+	var out []DataTarget
+	for _, st := range rt.List() {
+		ws := owners[st.ID]
+		if ws == "" || st.State != runtime.StateRunning || st.DataSocket == "" {
+			continue
+		}
+		out = append(out, DataTarget{WorkspaceID: ws, InstanceID: st.ID, DataSocket: st.DataSocket})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].InstanceID < out[j].InstanceID })
+	return out
+}
+
+// updateDataPlane hands the data-plane process the current targets and
+// key; it never blocks the caller for more than the push timeout.
+func (a *Agent) updateDataPlane() {
+	dp := a.cfg.DataPlane
+	if dp == nil {
+		return
+	}
+	a.mu.Lock()
+	key := a.credentialKey
+	a.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Second)
+	defer cancel()
+	if err := dp.Update(ctx, a.dataTargets(), key); err != nil {
+		a.log.Warn("data-plane state not delivered", "err", err)
+	}
+}

@@ -1,0 +1,40 @@
+package cli
+
+import (
+	"log/slog"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/kibotos/kibotos/agent/dataplane"
+)
+
+// DataplaneCmd is the data-plane process (internal role). The node starts
+// it as its own systemd unit (agent/dataplane.Ensure) and pushes its state
+// over the control socket; it never reads the node's state directory.
+type DataplaneCmd struct {
+	SocketDir  string        `name:"socket-dir" required:"" help:"Directory of the control socket (created 0700)."`
+	Listen     string        `name:"listen" required:"" help:"Data-plane address to listen on (HOST:PORT)."`
+	Generation uint64        `name:"generation" required:"" help:"Generation number given by the node."`
+	Grace      time.Duration `name:"grace" default:"10s" help:"How long connections may take to end after SIGTERM before they are closed."`
+	LogLevel   string        `name:"log-level" default:"info" enum:"debug,info,warn,error" help:"Log level (debug, info, warn, error)."`
+}
+
+func (c *DataplaneCmd) Run(g *Globals) error {
+	var lvl slog.Level
+	lvl.UnmarshalText([]byte(c.LogLevel))
+	log := slog.New(slog.NewTextHandler(g.stderr, &slog.HandlerOptions{Level: lvl}))
+	ctx, stop := signal.NotifyContext(g.ctx, syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	srv, err := dataplane.New(dataplane.Config{
+		Listen:     c.Listen,
+		SocketDir:  c.SocketDir,
+		Generation: c.Generation,
+		Grace:      c.Grace,
+		Logger:     log,
+	})
+	if err != nil {
+		return err
+	}
+	return srv.Run(ctx)
+}

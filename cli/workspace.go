@@ -1,0 +1,440 @@
+package cli
+
+import (
+	"fmt"
+	"io"
+	"net/url"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/kibotos/kibotos/api"
+)
+
+// WorkspaceCmd groups the Workspace commands.
+type WorkspaceCmd struct {
+	Create        WorkspaceCreateCmd        `cmd:"" help:"Create a Workspace from a template and start it on a node the scheduler picks (or --node)."`
+	Start         WorkspaceStartCmd         `cmd:"" help:"Start a STOPPED or FAILED Workspace; each start gets a new Instance."`
+	Stop          WorkspaceStopCmd          `cmd:"" help:"Stop a Workspace; its writable layer is kept. --force ends its Instance without a clean guest stop."`
+	Delete        WorkspaceDeleteCmd        `cmd:"" help:"Delete a Workspace with its writable layer."`
+	Get           WorkspaceGetCmd           `cmd:"" help:"Show one Workspace; the Node line is where it runs."`
+	List          WorkspaceListCmd          `cmd:"" help:"List Workspaces (without --all: not the STOPPED ones)."`
+	Move          WorkspaceMoveCmd          `cmd:"" help:"Stop a Workspace and start it on another node (no live migration)."`
+	CleanupStatus WorkspaceCleanupStatusCmd `cmd:"" name:"cleanup-status" help:"Show what the latest execution of a Workspace still holds."`
+	Exec          WorkspaceExecCmd          `cmd:"" help:"Run a command in a Workspace through the data plane; its exit code becomes kibo's."`
+	Terminal      WorkspaceTerminalCmd      `cmd:"" help:"Open an interactive shell in a Workspace."`
+	Cp            WorkspaceCpCmd            `cmd:"" help:"Copy a file into or out of a Workspace (WS:PATH names the Workspace side)."`
+	PortForward   WorkspacePortForwardCmd   `cmd:"" name:"port-forward" help:"Forward a local TCP port to a port inside a Workspace."`
+}
+
+func workspacePath(id string, verb ...string) string {
+	p := "/v1/workspaces/" + url.PathEscape(id)
+	if len(verb) > 0 {
+		p += "/" + verb[0]
+	}
+	return p
+}
+
+// WorkspaceCreateCmd is `workspace create`.
+type WorkspaceCreateCmd struct {
+	Template  string            `name:"template" required:"" help:"Template name (kibotos template list)."`
+	CPU       int               `name:"cpu" default:"1" help:"Cores."`
+	Memory    string            `name:"memory" default:"512MiB" help:"Guest memory, e.g. 512MiB or 2GiB."`
+	Label     map[string]string `name:"label" help:"Label KEY=VALUE; repeat for more."`
+	Node      string            `name:"node" help:"Place on this node only; never falls back to another."`
+	CommandID string            `name:"command-id" help:"Idempotency key: a retry with the same key and inputs returns the same Workspace."`
+	Quiet     bool              `short:"q" name:"quiet" help:"Print only the new Workspace ID."`
+	NoWait    bool              `name:"no-wait" help:"Return once ctrl accepted the Workspace instead of when it is AVAILABLE."`
+}
+
+func (c *WorkspaceCreateCmd) Run(g *Globals) error {
+	mem, err := parseSize(c.Memory)
+	if err != nil {
+		return usagef("--memory %q: %v", c.Memory, err)
+	}
+	if c.CPU <= 0 {
+		return usagef("--cpu %d: give a whole number of cores of at least 1", c.CPU)
+	}
+	req := api.WorkspaceCreateRequest{WriteMeta: writeMeta(c.CommandID, nil), Template: c.Template,
+		CPU: api.Milli(c.CPU * 1000), MemoryBytes: mem, Labels: c.Label, NodeID: c.Node}
+	var ws api.Workspace
+	raw, err := g.call("POST", "/v1/workspaces", req, &ws)
+	if err != nil {
+		return err
+	}
+	if !c.NoWait {
+		final, err := waitWorkspace(g, ws.WorkspaceID, api.WorkspaceAvailable)
+		if err != nil {
+			return err
+		}
+		ws = *final
+		raw = nil
+	}
+	return printWorkspaceResult(g, raw, &ws, c.Quiet, "created")
+}
+
+// printWorkspaceResult prints the outcome of a write: the ID with -q, the
+// API answer with --json, else one line.
+func printWorkspaceResult(g *Globals, raw []byte, ws *api.Workspace, quiet bool, verb string) error {
+	switch {
+	case quiet:
+		g.printf("%s\n", ws.WorkspaceID)
+	case g.JSON && raw != nil:
+		return g.printJSON(raw)
+	case g.JSON:
+		return printResult(g, ws)
+	default:
+		where := ""
+		if ws.NodeID != "" {
+			where = " on node " + ws.NodeID
+		}
+		g.printf("workspace %s %s: %s%s (version %d)\n", ws.WorkspaceID, verb, ws.State, where, ws.Version)
+	}
+	return nil
+}
+
+// waitWorkspace polls until the Workspace is in want (or gone when want
+// is ""), fails on FAILED, and gives up after --timeout (exit 16).
+func waitWorkspace(g *Globals, id, want string) (*api.Workspace, error) {
+	deadline := time.Now().Add(g.Timeout)
+	delay := 50 * time.Millisecond
+	for {
+		var ws api.Workspace
+		_, err := g.call("GET", workspacePath(id), nil, &ws)
+		switch {
+		case want == "" && api.CodeOf(err) == api.CodeNotFound:
+			return nil, nil
+		case err != nil:
+			return nil, err
+		case ws.State == want:
+			return &ws, nil
+		case ws.State == api.WorkspaceFailed:
+			msg := "workspace " + id + " is FAILED"
+			if f := ws.Failure; f != nil {
+				msg += " (" + f.Reason + "): " + f.Message
+			}
+			return nil, exitError{api.ExitFailedPrecondition, msg}
+		}
+		if !time.Now().Before(deadline) {
+			return nil, exitError{api.ExitTimedOut, fmt.Sprintf("workspace %s is still %s after %s; it goes on in the background: check with kibo workspace get %s", id, ws.State, g.Timeout, id)}
+		}
+		select {
+		case <-g.ctx.Done():
+			return nil, g.ctx.Err()
+		case <-time.After(delay):
+		}
+		if delay < 500*time.Millisecond {
+			delay += delay / 2
+		}
+	}
+}
+
+// WorkspaceStartCmd is `workspace start`.
+type WorkspaceStartCmd struct {
+	ID              string  `arg:"" name:"workspace"`
+	Node            string  `name:"node" help:"Start on this node only; never falls back to another."`
+	CommandID       string  `name:"command-id" help:"Idempotency key."`
+	ExpectedVersion *uint64 `name:"expected-version" help:"Version the Workspace must still be at."`
+	NoWait          bool    `name:"no-wait" help:"Return once ctrl accepted the start."`
+}
+
+func (c *WorkspaceStartCmd) Run(g *Globals) error {
+	return workspaceWrite(g, c.ID, "start", api.WorkspaceWriteRequest{WriteMeta: writeMeta(c.CommandID, c.ExpectedVersion), NodeID: c.Node}, api.WorkspaceAvailable, c.NoWait, "started")
+}
+
+// workspaceWrite posts a write and waits for the state it leads to.
+func workspaceWrite(g *Globals, id, verb string, req api.WorkspaceWriteRequest, want string, noWait bool, done string) error {
+	var ws api.Workspace
+	raw, err := g.call("POST", workspacePath(id, verb), req, &ws)
+	if err != nil {
+		return err
+	}
+	if !noWait {
+		final, err := waitWorkspace(g, id, want)
+		if err != nil {
+			return err
+		}
+		if final == nil { // deleted
+			if g.JSON {
+				return printResult(g, map[string]string{"workspace_id": id, "state": "DELETED"})
+			}
+			g.printf("workspace %s deleted\n", id)
+			return nil
+		}
+		ws, raw = *final, nil
+	}
+	return printWorkspaceResult(g, raw, &ws, false, done)
+}
+
+// WorkspaceStopCmd is `workspace stop`.
+type WorkspaceStopCmd struct {
+	ID              string  `arg:"" name:"workspace"`
+	Force           bool    `name:"force" help:"End the Instance without a clean guest stop (data not confirmed on disk); also for FAILED Workspaces."`
+	CommandID       string  `name:"command-id" help:"Idempotency key."`
+	ExpectedVersion *uint64 `name:"expected-version" help:"Version the Workspace must still be at."`
+	NoWait          bool    `name:"no-wait" help:"Return once ctrl accepted the stop."`
+}
+
+func (c *WorkspaceStopCmd) Run(g *Globals) error {
+	return workspaceWrite(g, c.ID, "stop", api.WorkspaceWriteRequest{WriteMeta: writeMeta(c.CommandID, c.ExpectedVersion), Force: c.Force}, api.WorkspaceStopped, c.NoWait, "stopped")
+}
+
+// WorkspaceDeleteCmd is `workspace delete`.
+type WorkspaceDeleteCmd struct {
+	ID              string  `arg:"" name:"workspace"`
+	CommandID       string  `name:"command-id" help:"Idempotency key."`
+	ExpectedVersion *uint64 `name:"expected-version" help:"Version the Workspace must still be at."`
+	NoWait          bool    `name:"no-wait" help:"Return once ctrl accepted the delete."`
+}
+
+func (c *WorkspaceDeleteCmd) Run(g *Globals) error {
+	return workspaceWrite(g, c.ID, "delete", api.WorkspaceWriteRequest{WriteMeta: writeMeta(c.CommandID, c.ExpectedVersion)}, "", c.NoWait, "deleting")
+}
+
+// WorkspaceGetCmd is `workspace get`.
+type WorkspaceGetCmd struct {
+	ID   string `arg:"" name:"workspace"`
+	Wide bool   `name:"wide" help:"Add the current Instance."`
+}
+
+func (c *WorkspaceGetCmd) Run(g *Globals) error {
+	var ws api.Workspace
+	raw, err := g.call("GET", workspacePath(c.ID), nil, &ws)
+	if err != nil {
+		return err
+	}
+	if g.JSON {
+		return g.printJSON(raw)
+	}
+	renderWorkspace(g.stdout, &ws, c.Wide)
+	return nil
+}
+
+func renderWorkspace(w io.Writer, ws *api.Workspace, wide bool) {
+	line := func(label, format string, args ...any) {
+		fmt.Fprintf(w, "%-18s %s\n", label+":", fmt.Sprintf(format, args...))
+	}
+	line("ID", "%s", ws.WorkspaceID)
+	line("State", "%s", ws.State)
+	if f := ws.Failure; f != nil {
+		line("Failure", "%s: %s (%s)", f.Reason, f.Message, stamp(f.At))
+	}
+	line("Template", "%s", ws.Template)
+	line("CPU", "%s", ws.CPU)
+	line("Memory", "%s", formatBytes(ws.MemoryBytes))
+	line("Labels", "%s", dash(labelsColumn(ws.Labels)))
+	line("Node", "%s", dash(ws.NodeID))
+	if wide {
+		line("Instance", "%s", dash(ws.InstanceID))
+	}
+	layer := "-"
+	if l := ws.Layer; l != nil {
+		layer = fmt.Sprintf("pool %s of node %s", l.PoolID, l.NodeID)
+		if l.Held {
+			layer += " (in use)"
+		}
+	}
+	line("Writable layer", "%s", layer)
+	if p := ws.Pending; p != nil {
+		line("Pending", "%s on node %s since %s", p.Kind, p.NodeID, stamp(p.IssuedAt))
+	}
+	if ws.StopUnconfirmed {
+		line("Last stop", "not confirmed to have reached disk")
+	}
+	line("Version", "%d", ws.Version)
+	line("Created", "%s", stamp(ws.CreatedAt))
+	line("Updated", "%s", stamp(ws.UpdatedAt))
+}
+
+func labelsColumn(l map[string]string) string {
+	keys := make([]string, 0, len(l))
+	for k := range l {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	parts := make([]string, len(keys))
+	for i, k := range keys {
+		parts[i] = k + "=" + l[k]
+	}
+	return strings.Join(parts, ",")
+}
+
+// WorkspaceListCmd is `workspace list`.
+type WorkspaceListCmd struct {
+	State     []string          `name:"state" help:"Only these states (repeat or comma-separate)."`
+	Label     map[string]string `name:"label" help:"Only Workspaces with label KEY=VALUE; repeat: all must match."`
+	Node      string            `name:"node" help:"Only the Workspaces executing on this node (not combinable with filters)."`
+	Instance  string            `name:"instance" help:"Only the Workspace executing with this Instance (not combinable with filters)."`
+	All       bool              `name:"all" help:"Include STOPPED Workspaces, and read every page."`
+	Quiet     bool              `short:"q" name:"quiet" help:"Print only Workspace IDs, one per line."`
+	Wide      bool              `name:"wide" help:"Add the INSTANCE and NODE columns."`
+	PageSize  int               `name:"page-size" default:"100" help:"Workspaces per page."`
+	PageToken string            `name:"page-token" help:"Continue after a previous page."`
+}
+
+func (c *WorkspaceListCmd) Run(g *Globals) error {
+	if c.Node != "" && c.Instance != "" {
+		return usagef("--node and --instance are exclusive: give one")
+	}
+	if (c.Node != "" || c.Instance != "") && (len(c.State) > 0 || len(c.Label) > 0) {
+		return usagef("--node and --instance cannot be combined with --state or --label")
+	}
+	q := url.Values{}
+	for _, s := range c.State {
+		q.Add("state", s)
+	}
+	keys := make([]string, 0, len(c.Label))
+	for k := range c.Label {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		q.Add("label", k+"="+c.Label[k])
+	}
+	if c.Node != "" {
+		q.Set("node", c.Node)
+	}
+	if c.Instance != "" {
+		q.Set("instance", c.Instance)
+	}
+	if c.All {
+		q.Set("all", "true")
+	}
+	q.Set("page_size", itoa(c.PageSize))
+	token := c.PageToken
+	var all api.WorkspaceList
+	for {
+		if token != "" {
+			q.Set("page_token", token)
+		}
+		var page api.WorkspaceList
+		raw, err := g.call("GET", "/v1/workspaces?"+q.Encode(), nil, &page)
+		if err != nil {
+			return err
+		}
+		if g.JSON && !c.All {
+			return g.printJSON(raw)
+		}
+		all.Workspaces = append(all.Workspaces, page.Workspaces...)
+		all.NextPageToken = page.NextPageToken
+		if !c.All || page.NextPageToken == "" {
+			break
+		}
+		token = page.NextPageToken
+	}
+	if g.JSON {
+		return printResult(g, all)
+	}
+	if c.Quiet {
+		for _, ws := range all.Workspaces {
+			g.printf("%s\n", ws.WorkspaceID)
+		}
+		return nil
+	}
+	header := []string{"ID", "STATE", "TEMPLATE", "CPU", "MEMORY", "LABELS"}
+	if c.Wide {
+		header = append(header, "INSTANCE", "NODE")
+	}
+	t := newTable(g.stdout, header...)
+	for _, ws := range all.Workspaces {
+		cols := []string{ws.WorkspaceID, ws.State, ws.Template, ws.CPU.String(), formatBytes(ws.MemoryBytes), dash(labelsColumn(ws.Labels))}
+		if c.Wide {
+			cols = append(cols, dash(ws.InstanceID), dash(ws.NodeID))
+		}
+		t.row(cols...)
+	}
+	t.flush()
+	if all.NextPageToken != "" {
+		g.note("more Workspaces: --page-token %s\n", all.NextPageToken)
+	}
+	return nil
+}
+
+// WorkspaceCleanupStatusCmd is `workspace cleanup-status`.
+type WorkspaceCleanupStatusCmd struct {
+	ID string `arg:"" name:"workspace"`
+}
+
+func (c *WorkspaceCleanupStatusCmd) Run(g *Globals) error {
+	var st api.CleanupStatus
+	raw, err := g.call("GET", workspacePath(c.ID, "cleanup-status"), nil, &st)
+	if err != nil {
+		return err
+	}
+	if g.JSON {
+		return g.printJSON(raw)
+	}
+	g.printf("Workspace %s, Instance %s, node %s\n", st.WorkspaceID, dash(st.InstanceID), dash(st.NodeID))
+	t := newTable(g.stdout, "ITEM", "STATE", "SOURCE", "OBSERVED", "SINCE")
+	for _, it := range st.Items {
+		obs, since := "-", "-"
+		if it.ObservedAt != nil {
+			obs = stamp(*it.ObservedAt)
+		}
+		if it.Since != nil {
+			since = stamp(*it.Since)
+		}
+		t.row(it.Item, it.State, it.Source, obs, since)
+	}
+	t.flush()
+	return nil
+}
+
+// WorkspaceMoveCmd is `workspace move`: check, stop, start on the target.
+type WorkspaceMoveCmd struct {
+	ID        string `arg:"" name:"workspace"`
+	Node      string `name:"node" required:"" help:"The node to start it on."`
+	CommandID string `name:"command-id" help:"Idempotency key; the stop and the start use it with /stop and /start appended, so a rerun resumes."`
+}
+
+func (c *WorkspaceMoveCmd) Run(g *Globals) error {
+	var ws api.Workspace
+	if _, err := g.call("GET", workspacePath(c.ID), nil, &ws); err != nil {
+		return err
+	}
+	var target api.Node
+	if _, err := g.call("GET", nodePath(c.Node, ""), nil, &target); err != nil {
+		return err
+	}
+	if ws.State == api.WorkspaceAvailable && ws.NodeID == c.Node {
+		return printWorkspaceResult(g, nil, &ws, false, "already on the target")
+	}
+	// Check: the layer must be in a pool the target reaches.
+	if l := ws.Layer; l != nil && l.NodeID != c.Node && !poolShared(&target, l.PoolID) {
+		return exitError{api.ExitFailedPrecondition, fmt.Sprintf("workspace %s: its writable layer is in pool %s of node %s, which node %s cannot reach; the Workspace is unchanged", c.ID, l.PoolID, l.NodeID, c.Node)}
+	}
+	stopID, startID := "", ""
+	if c.CommandID != "" {
+		stopID, startID = c.CommandID+"/stop", c.CommandID+"/start"
+	}
+	if ws.State == api.WorkspaceAvailable || ws.State == api.WorkspaceStopping {
+		if _, err := g.call("POST", workspacePath(c.ID, "stop"), api.WorkspaceWriteRequest{WriteMeta: writeMeta(stopID, nil)}, nil); err != nil {
+			return err
+		}
+		if _, err := waitWorkspace(g, c.ID, api.WorkspaceStopped); err != nil {
+			return err
+		}
+	}
+	var started api.Workspace
+	if _, err := g.call("POST", workspacePath(c.ID, "start"), api.WorkspaceWriteRequest{WriteMeta: writeMeta(startID, nil), NodeID: c.Node}, &started); err != nil {
+		return fmt.Errorf("%w; the Workspace is no longer running: start it again with kibo workspace start %s --node %s", err, c.ID, c.Node)
+	}
+	final, err := waitWorkspace(g, c.ID, api.WorkspaceAvailable)
+	if err != nil {
+		return fmt.Errorf("%w; start it again with kibo workspace start %s --node %s", err, c.ID, c.Node)
+	}
+	return printWorkspaceResult(g, nil, final, false, "moved")
+}
+
+// poolShared reports whether node reports pool id as a shared pool it reaches.
+func poolShared(n *api.Node, id string) bool {
+	if n.Report == nil {
+		return false
+	}
+	for _, p := range n.Report.Pools {
+		if p.PoolID == id && p.Available && p.Shared {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,526 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/signal"
+	"path"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/kibotos/kibotos/agent"
+	"github.com/kibotos/kibotos/agent/dataplane"
+	"github.com/kibotos/kibotos/api"
+	"github.com/kibotos/kibotos/vmm/guestproto"
+)
+
+// guestEnv is the environment of processes started in a Workspace.
+var guestEnv = []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME=/root", "LANG=C.UTF-8"}
+
+// dataPlane opens a session to the Workspace's guest through the data
+// plane of its node, with a fresh credential from ctrl.
+func (g *Globals) dataPlane(id string) (*guestproto.Client, error) {
+	var cred api.DataPlaneCredential
+	if _, err := g.call("POST", workspacePath(id, "credentials"), struct{}{}, &cred); err != nil {
+		return nil, err
+	}
+	roots, err := g.dir().CAPool()
+	if err != nil {
+		return nil, api.Errorf(api.CodeUnauthenticated, "%v", err)
+	}
+	ctx, cancel := context.WithTimeout(g.ctx, 30*time.Second)
+	defer cancel()
+	c, err := dataplane.Connect(ctx, cred, roots)
+	if err != nil {
+		var re *dataplane.RefusedError
+		if errors.As(err, &re) {
+			return nil, api.Errorf(api.CodeUnavailable, "%v", err)
+		}
+		return nil, api.Errorf(api.CodeUnavailable, "workspace %s: %v", id, err)
+	}
+	return c, nil
+}
+
+// WorkspaceExecCmd is `workspace exec WS -- CMD...`.
+type WorkspaceExecCmd struct {
+	ID      string   `arg:"" name:"workspace"`
+	Command []string `arg:"" name:"command" passthrough:"" help:"The command and its arguments (after --)."`
+	TTY     bool     `short:"t" name:"tty" help:"Run in a pseudo-terminal (resized with this terminal)."`
+	Dir     string   `name:"workdir" short:"w" help:"Working directory in the Workspace."`
+	Env     []string `name:"env" short:"e" help:"Environment KEY=VALUE; repeat for more."`
+}
+
+func (c *WorkspaceExecCmd) Run(g *Globals) error {
+	argv := c.Command
+	if len(argv) > 0 && argv[0] == "--" {
+		argv = argv[1:]
+	}
+	if len(argv) == 0 {
+		return usagef("workspace exec %s: give the command after --, e.g. kibo workspace exec %s -- uname -a", c.ID, c.ID)
+	}
+	code, err := runInWorkspace(g, c.ID, argv, c.TTY, c.Dir, c.Env)
+	if err != nil {
+		return err
+	}
+	if code != 0 {
+		return exitError{code, ""}
+	}
+	return nil
+}
+
+// WorkspaceTerminalCmd is `workspace terminal WS`.
+type WorkspaceTerminalCmd struct {
+	ID    string `arg:"" name:"workspace"`
+	Shell string `name:"shell" default:"/bin/sh" help:"Shell to run."`
+}
+
+func (c *WorkspaceTerminalCmd) Run(g *Globals) error {
+	code, err := runInWorkspace(g, c.ID, []string{c.Shell, "-l"}, true, "", nil)
+	if err != nil {
+		return err
+	}
+	if code != 0 {
+		return exitError{code, ""}
+	}
+	return nil
+}
+
+// runInWorkspace runs argv in the Workspace's root with this process's
+// stdio and returns its exit code (128+signal when a signal ended it).
+func runInWorkspace(g *Globals, id string, argv []string, tty bool, dir string, env []string) (int, error) {
+	c, err := g.dataPlane(id)
+	if err != nil {
+		return 0, err
+	}
+	defer c.Close()
+	in := g.stdin
+	inIsTerm := in != nil && isTerminal(in.Fd())
+	req := guestproto.ExecRequest{Argv: argv, Root: agent.WorkspaceRoot, Dir: dir, Env: append(append([]string(nil), guestEnv...), env...)}
+	// A terminal's stdin is forwarded only with -t (it would never end);
+	// a pipe or file is always forwarded.
+	req.Stdin = in != nil && (tty || !inIsTerm)
+	var restore func()
+	if tty {
+		ws := guestproto.WinSize{Rows: 24, Cols: 80}
+		if inIsTerm {
+			if r, cl, err := termSize(in); err == nil {
+				ws = guestproto.WinSize{Rows: r, Cols: cl}
+			}
+		}
+		req.PTY = &ws
+		t := os.Getenv("TERM")
+		if t == "" {
+			t = "xterm"
+		}
+		req.Env = append(req.Env, "TERM="+t)
+	}
+	ctx, cancel := context.WithTimeout(g.ctx, 30*time.Second)
+	p, err := c.Exec(ctx, req)
+	cancel()
+	if err != nil {
+		return 0, fmt.Errorf("workspace %s: exec %s: %w", id, argv[0], err)
+	}
+	if tty && inIsTerm {
+		if restore, err = makeRaw(in); err != nil {
+			return 0, err
+		}
+		defer restore()
+		stopResize := forwardResize(in, p)
+		defer stopResize()
+	}
+	stopSignals := forwardSignals(p, tty)
+	defer stopSignals()
+	var wg sync.WaitGroup
+	if p.Stdin != nil {
+		go func() {
+			io.Copy(p.Stdin, in)
+			p.Stdin.Close()
+		}()
+	}
+	wg.Add(1)
+	go func() { defer wg.Done(); io.Copy(g.stdout, p.Stdout) }()
+	if p.Stderr != nil {
+		wg.Add(1)
+		go func() { defer wg.Done(); io.Copy(g.stderr, p.Stderr) }()
+	}
+	exit, err := p.Wait()
+	wg.Wait()
+	if err != nil {
+		return 0, fmt.Errorf("workspace %s: %w", id, err)
+	}
+	if exit.Signal != 0 {
+		return 128 + exit.Signal, nil
+	}
+	return exit.ExitCode, nil
+}
+
+// forwardSignals passes SIGINT/SIGTERM/SIGHUP to the guest process while
+// it runs (with a PTY, Ctrl-C arrives as a byte instead).
+func forwardSignals(p *guestproto.Process, tty bool) func() {
+	ch := make(chan os.Signal, 4)
+	sigs := []os.Signal{syscall.SIGTERM, syscall.SIGHUP}
+	if !tty {
+		sigs = append(sigs, syscall.SIGINT)
+	}
+	signal.Notify(ch, sigs...)
+	done := make(chan struct{})
+	go func() {
+		for {
+			select {
+			case s := <-ch:
+				p.Signal(s.(syscall.Signal))
+			case <-done:
+				return
+			}
+		}
+	}()
+	return func() { signal.Stop(ch); close(done) }
+}
+
+func forwardResize(f *os.File, p *guestproto.Process) func() {
+	ch := make(chan os.Signal, 1)
+	signal.Notify(ch, syscall.SIGWINCH)
+	done := make(chan struct{})
+	go func() {
+		for {
+			select {
+			case <-ch:
+				if r, c, err := termSize(f); err == nil {
+					p.Resize(r, c)
+				}
+			case <-done:
+				return
+			}
+		}
+	}()
+	return func() { signal.Stop(ch); close(done) }
+}
+
+func termSize(f *os.File) (rows, cols uint16, err error) {
+	ws, err := unix.IoctlGetWinsize(int(f.Fd()), unix.TIOCGWINSZ)
+	if err != nil {
+		return 0, 0, err
+	}
+	return ws.Row, ws.Col, nil
+}
+
+// makeRaw puts the terminal in raw mode (cfmakeraw) and returns the undo.
+func makeRaw(f *os.File) (func(), error) {
+	fd := int(f.Fd())
+	old, err := unix.IoctlGetTermios(fd, unix.TCGETS)
+	if err != nil {
+		return nil, err
+	}
+	raw := *old
+	raw.Iflag &^= unix.IGNBRK | unix.BRKINT | unix.PARMRK | unix.ISTRIP | unix.INLCR | unix.IGNCR | unix.ICRNL | unix.IXON
+	raw.Oflag &^= unix.OPOST
+	raw.Lflag &^= unix.ECHO | unix.ECHONL | unix.ICANON | unix.ISIG | unix.IEXTEN
+	raw.Cflag &^= unix.CSIZE | unix.PARENB
+	raw.Cflag |= unix.CS8
+	raw.Cc[unix.VMIN], raw.Cc[unix.VTIME] = 1, 0
+	if err := unix.IoctlSetTermios(fd, unix.TCSETS, &raw); err != nil {
+		return nil, err
+	}
+	return func() { unix.IoctlSetTermios(fd, unix.TCSETS, old) }, nil
+}
+
+// WorkspaceCpCmd is `workspace cp SRC DST`: one side is WS:PATH.
+type WorkspaceCpCmd struct {
+	Src      string `arg:"" name:"src" help:"Local path, - (stdin) or WS:PATH."`
+	Dst      string `arg:"" name:"dst" help:"Local path, - (stdout) or WS:PATH."`
+	Mode     string `name:"mode" default:"0644" help:"File mode of a file copied into the Workspace."`
+	Progress bool   `name:"progress" negatable:"" default:"true" help:"Show a progress bar when stderr is a terminal."`
+}
+
+// splitRemote parses WS:PATH; a local path has no colon before its first slash.
+func splitRemote(s string) (ws, p string, ok bool) {
+	i := strings.IndexByte(s, ':')
+	if i <= 0 || strings.Contains(s[:i], "/") {
+		return "", s, false
+	}
+	return s[:i], s[i+1:], true
+}
+
+// guestPath is a Workspace path as the guest agent sees it.
+func guestPath(p string) string {
+	if !path.IsAbs(p) {
+		p = "/root/" + p
+	}
+	return path.Join(agent.WorkspaceRoot, path.Clean(p))
+}
+
+func (c *WorkspaceCpCmd) Run(g *Globals) error {
+	sws, sp, sRemote := splitRemote(c.Src)
+	dws, dp, dRemote := splitRemote(c.Dst)
+	switch {
+	case sRemote == dRemote:
+		return usagef("workspace cp: exactly one of SRC and DST must be WS:PATH")
+	case sRemote:
+		return c.download(g, sws, sp, dp)
+	default:
+		return c.upload(g, sp, dws, dp)
+	}
+}
+
+func (c *WorkspaceCpCmd) upload(g *Globals, local, ws, remote string) error {
+	mode, err := strconv.ParseUint(c.Mode, 8, 32)
+	if err != nil {
+		return usagef("--mode %q is not an octal file mode", c.Mode)
+	}
+	var r io.Reader = g.stdin
+	var size int64 = -1
+	if local != "-" {
+		f, err := os.Open(local)
+		if err != nil {
+			return api.Errorf(api.CodeNotFound, "%v", err)
+		}
+		defer f.Close()
+		if st, err := f.Stat(); err == nil {
+			size = st.Size()
+			if st.IsDir() {
+				return usagef("workspace cp: %s is a directory; copy files one at a time (or tar them: tar c DIR | kibo workspace cp - %s:/tmp/dir.tar)", local, ws)
+			}
+		}
+		r = f
+	}
+	client, err := g.dataPlane(ws)
+	if err != nil {
+		return err
+	}
+	defer client.Close()
+	if strings.HasSuffix(remote, "/") && local != "-" {
+		remote += path.Base(local)
+	}
+	pb := g.progress(c.Progress, "upload "+path.Base(local), size)
+	fi, err := client.WriteFile(g.ctx, guestPath(remote), os.FileMode(mode), pb.reader(r))
+	pb.done()
+	if err != nil {
+		return fmt.Errorf("workspace %s: write %s: %w", ws, remote, err)
+	}
+	if !g.JSON {
+		g.note("%s: %d bytes written to %s:%s\n", path.Base(local), fi.Size, ws, remote)
+	}
+	return nil
+}
+
+func (c *WorkspaceCpCmd) download(g *Globals, ws, remote, local string) error {
+	client, err := g.dataPlane(ws)
+	if err != nil {
+		return err
+	}
+	defer client.Close()
+	gp := guestPath(remote)
+	var size int64 = -1
+	if fi, err := client.Stat(g.ctx, gp); err == nil {
+		size = fi.Size
+	}
+	var w io.Writer = g.stdout
+	var f *os.File
+	tmp := ""
+	if local != "-" {
+		if st, err := os.Stat(local); err == nil && st.IsDir() {
+			local = local + "/" + path.Base(remote)
+		}
+		// Written beside the target and renamed: an interrupted copy
+		// leaves no half file under the target's name.
+		f, err = os.CreateTemp(path.Dir(local), "."+path.Base(local)+".kibo-cp-*")
+		if err != nil {
+			return err
+		}
+		tmp = f.Name()
+		defer os.Remove(tmp)
+		w = f
+	}
+	pb := g.progress(c.Progress && local != "-", "download "+path.Base(remote), size)
+	_, err = client.ReadFile(g.ctx, gp, pb.writer(w))
+	pb.done()
+	if err != nil {
+		if f != nil {
+			f.Close()
+		}
+		return fmt.Errorf("workspace %s: read %s: %w", ws, remote, err)
+	}
+	if f != nil {
+		if err := f.Close(); err != nil {
+			return err
+		}
+		return os.Rename(tmp, local)
+	}
+	return nil
+}
+
+// progressBar draws "name  42% 12.3MiB/29.0MiB 85.1MiB/s" on a terminal.
+type progressBar struct {
+	g       *Globals
+	on      bool
+	name    string
+	total   int64
+	mu      sync.Mutex
+	n       int64
+	start   time.Time
+	lastOut time.Time
+}
+
+func (g *Globals) progress(want bool, name string, total int64) *progressBar {
+	on := want && !g.JSON
+	if f, ok := g.stderr.(*os.File); !ok || !isTerminal(f.Fd()) {
+		on = false
+	}
+	return &progressBar{g: g, on: on, name: name, total: total, start: time.Now()}
+}
+
+func (p *progressBar) add(n int) {
+	if !p.on {
+		return
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.n += int64(n)
+	if time.Since(p.lastOut) > 100*time.Millisecond {
+		p.lastOut = time.Now()
+		p.draw()
+	}
+}
+
+func (p *progressBar) draw() {
+	rate := float64(p.n) / max(time.Since(p.start).Seconds(), 0.001)
+	pctText := ""
+	if p.total > 0 {
+		pctText = fmt.Sprintf("%3d%% ", p.n*100/p.total)
+	}
+	total := "?"
+	if p.total >= 0 {
+		total = formatBytes(uint64(p.total))
+	}
+	fmt.Fprintf(p.g.stderr, "\r%s  %s%s/%s %s/s   ", p.name, pctText, formatBytes(uint64(p.n)), total, formatBytes(uint64(rate)))
+}
+
+func (p *progressBar) done() {
+	if !p.on {
+		return
+	}
+	p.mu.Lock()
+	p.draw()
+	p.mu.Unlock()
+	fmt.Fprintln(p.g.stderr)
+}
+
+type countingReader struct {
+	r io.Reader
+	p *progressBar
+}
+
+func (c countingReader) Read(b []byte) (int, error) {
+	n, err := c.r.Read(b)
+	c.p.add(n)
+	return n, err
+}
+
+type countingWriter struct {
+	w io.Writer
+	p *progressBar
+}
+
+func (c countingWriter) Write(b []byte) (int, error) {
+	n, err := c.w.Write(b)
+	c.p.add(n)
+	return n, err
+}
+
+func (p *progressBar) reader(r io.Reader) io.Reader {
+	if !p.on {
+		return r
+	}
+	return countingReader{r, p}
+}
+
+func (p *progressBar) writer(w io.Writer) io.Writer {
+	if !p.on {
+		return w
+	}
+	return countingWriter{w, p}
+}
+
+// WorkspacePortForwardCmd is `workspace port-forward WS LOCAL:REMOTE`.
+type WorkspacePortForwardCmd struct {
+	ID      string `arg:"" name:"workspace"`
+	Ports   string `arg:"" name:"ports" help:"LOCAL:REMOTE, e.g. 8080:80 (LOCAL 0 picks a free port)."`
+	Address string `name:"bind" default:"127.0.0.1" help:"Local address to listen on."`
+}
+
+func (c *WorkspacePortForwardCmd) Run(g *Globals) error {
+	l, r, ok := strings.Cut(c.Ports, ":")
+	lp, err1 := strconv.Atoi(l)
+	rp, err2 := strconv.Atoi(r)
+	if !ok || err1 != nil || err2 != nil || lp < 0 || lp > 65535 || rp <= 0 || rp > 65535 {
+		return usagef("port-forward: %q is not LOCAL:REMOTE with ports 1-65535 (LOCAL may be 0)", c.Ports)
+	}
+	client, err := g.dataPlane(c.ID)
+	if err != nil {
+		return err
+	}
+	defer client.Close()
+	ln, err := net.Listen("tcp", net.JoinHostPort(c.Address, strconv.Itoa(lp)))
+	if err != nil {
+		return api.Errorf(api.CodeFailedPrecondition, "port-forward: listen on %s:%d: %v; choose another local port", c.Address, lp, err)
+	}
+	defer ln.Close()
+	g.note("Forwarding %s -> %s:%d (Ctrl-C to stop)\n", ln.Addr(), c.ID, rp)
+	go func() {
+		select {
+		case <-g.ctx.Done():
+		case <-client.Done():
+		}
+		ln.Close()
+	}()
+	for {
+		conn, err := ln.Accept()
+		if err != nil {
+			select {
+			case <-client.Done():
+				return api.Errorf(api.CodeUnavailable, "port-forward to workspace %s: the data-plane session ended; run the command again", c.ID)
+			default:
+				return nil
+			}
+		}
+		go func() {
+			defer conn.Close()
+			ctx, cancel := context.WithTimeout(g.ctx, 15*time.Second)
+			remote, err := client.PortForward(ctx, "", rp)
+			cancel()
+			if err != nil {
+				g.note("port-forward: connection to %s:%d failed: %v\n", c.ID, rp, err)
+				return
+			}
+			defer remote.Close()
+			relay(conn, remote)
+		}()
+	}
+}
+
+// relay copies both ways with half-close and returns when both ended.
+func relay(a, b net.Conn) {
+	var wg sync.WaitGroup
+	wg.Add(2)
+	half := func(dst, src net.Conn) {
+		defer wg.Done()
+		io.Copy(dst, src)
+		if cw, ok := dst.(interface{ CloseWrite() error }); ok {
+			cw.CloseWrite()
+		} else {
+			dst.Close()
+		}
+	}
+	go half(a, b)
+	go half(b, a)
+	wg.Wait()
+}

@@ -1,0 +1,313 @@
+package cluster
+
+import (
+	"context"
+	"crypto/ed25519"
+	"net/http"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+
+	"github.com/kibotos/kibotos/api"
+	"github.com/kibotos/kibotos/credential"
+	"github.com/kibotos/kibotos/fsm"
+)
+
+// CredentialTTL is how long a data-plane credential is valid. Connections
+// opened with it outlive it; a new connection needs a new credential.
+const CredentialTTL = 10 * time.Minute
+
+func (s *Server) handleWorkspaceCreate(w http.ResponseWriter, r *http.Request) {
+	if !requireAdmin(w, r) {
+		return
+	}
+	var req api.WorkspaceCreateRequest
+	if err := decodeBody(r, &req); err != nil {
+		writeError(w, err)
+		return
+	}
+	if req.CommandID == "" {
+		// The Workspace id derives from the command id; API callers that
+		// do not retry need not invent one.
+		req.WriteMeta = api.WriteMeta{CommandID: "api-" + newSessionID()[5:], Generated: true}
+	}
+	s.workspaceWrite(w, r, fsm.OpWorkspaceCreate, req.WriteMeta, fsm.WorkspaceCreateArgs{
+		Template: req.Template, CPU: req.CPU, MemoryBytes: req.MemoryBytes, Labels: req.Labels, NodeID: req.NodeID,
+	})
+}
+
+// workspaceOp serves start, stop and delete.
+func (s *Server) workspaceOp(op string) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if !requireAdmin(w, r) {
+			return
+		}
+		var req api.WorkspaceWriteRequest
+		if err := decodeBody(r, &req); err != nil {
+			writeError(w, err)
+			return
+		}
+		args := fsm.WorkspaceArgs{WorkspaceID: r.PathValue("id"), NodeID: req.NodeID, Force: req.Force}
+		if op != fsm.OpWorkspaceStart && req.NodeID != "" {
+			writeError(w, api.Errorf(api.CodeInvalidArgument, "--node applies only to create, start and move"))
+			return
+		}
+		if op != fsm.OpWorkspaceStop && req.Force {
+			writeError(w, api.Errorf(api.CodeInvalidArgument, "--force applies only to stop"))
+			return
+		}
+		s.workspaceWrite(w, r, op, req.WriteMeta, args)
+	}
+}
+
+// workspaceWrite applies a Workspace write and hands its command to the
+// node's control session at once instead of at the next tick.
+func (s *Server) workspaceWrite(w http.ResponseWriter, r *http.Request, op string, meta api.WriteMeta, args any) {
+	rec := &resultRecorder{ResponseWriter: w}
+	s.write(rec, r, op, meta, args)
+	if rec.status == http.StatusOK {
+		s.kickAllSessions()
+	}
+}
+
+type resultRecorder struct {
+	http.ResponseWriter
+	status int
+}
+
+func (rr *resultRecorder) WriteHeader(code int) {
+	rr.status = code
+	rr.ResponseWriter.WriteHeader(code)
+}
+
+func (s *Server) handleWorkspaceGet(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("id")
+	s.view(w, func(tx *bolt.Tx) (any, error) { return fsm.GetWorkspace(tx, id) })
+}
+
+func (s *Server) handleWorkspaceList(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	f := fsm.WorkspaceFilter{NodeID: q.Get("node"), InstanceID: q.Get("instance"), All: q.Get("all") == "true"}
+	for _, st := range q["state"] {
+		for _, one := range strings.Split(st, ",") {
+			one = strings.ToUpper(strings.TrimSpace(one))
+			if !validWorkspaceState(one) {
+				writeError(w, api.Errorf(api.CodeInvalidArgument, "state %q is unknown: use CREATING, STARTING, AVAILABLE, STOPPING, STOPPED, FAILED or DELETING", one))
+				return
+			}
+			f.States = append(f.States, one)
+		}
+	}
+	for _, l := range q["label"] {
+		k, v, ok := strings.Cut(l, "=")
+		if !ok || k == "" {
+			writeError(w, api.Errorf(api.CodeInvalidArgument, "label filter %q is not KEY=VALUE", l))
+			return
+		}
+		if f.Labels == nil {
+			f.Labels = map[string]string{}
+		}
+		f.Labels[k] = v
+	}
+	if f.NodeID != "" && f.InstanceID != "" {
+		writeError(w, api.Errorf(api.CodeInvalidArgument, "--node and --instance are exclusive: give one"))
+		return
+	}
+	if (f.NodeID != "" || f.InstanceID != "") && (len(f.States) > 0 || len(f.Labels) > 0) {
+		writeError(w, api.Errorf(api.CodeInvalidArgument, "--node and --instance cannot be combined with --state or --label"))
+		return
+	}
+	size := 0
+	if v := q.Get("page_size"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 0 {
+			writeError(w, api.Errorf(api.CodeInvalidArgument, "page size %q is not a non-negative integer", v))
+			return
+		}
+		size = n
+	}
+	token := q.Get("page_token")
+	s.view(w, func(tx *bolt.Tx) (any, error) { return fsm.ListWorkspaces(tx, f, size, token) })
+}
+
+func validWorkspaceState(s string) bool {
+	switch s {
+	case api.WorkspaceCreating, api.WorkspaceStarting, api.WorkspaceAvailable, api.WorkspaceStopping,
+		api.WorkspaceStopped, api.WorkspaceFailed, api.WorkspaceDeleting:
+		return true
+	}
+	return false
+}
+
+// handleCleanupStatus answers from ctrl's records: what the latest
+// execution still holds on its node.
+func (s *Server) handleCleanupStatus(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("id")
+	s.view(w, func(tx *bolt.Tx) (any, error) {
+		ws, err := fsm.GetWorkspace(tx, id)
+		if err != nil {
+			return nil, err
+		}
+		return cleanupStatus(ws), nil
+	})
+}
+
+func cleanupStatus(ws *api.Workspace) api.CleanupStatus {
+	out := api.CleanupStatus{WorkspaceID: ws.WorkspaceID, InstanceID: ws.InstanceID, NodeID: ws.NodeID}
+	observed := ws.UpdatedAt
+	item := func(name, state string, since *time.Time) {
+		out.Items = append(out.Items, api.CleanupItem{Item: name, State: state, Source: "control-plane", ObservedAt: &observed, Since: since})
+	}
+	runtime := api.CleanupReleased
+	var since *time.Time
+	switch {
+	case ws.Pending != nil && (ws.Pending.Kind != api.WSCmdStart):
+		runtime, since = api.CleanupPending, &ws.Pending.IssuedAt
+	case ws.InstanceID != "":
+		runtime = api.CleanupHeld
+	}
+	item("RUNTIME", runtime, since)
+	item("VOLUME_ATTACHMENT", api.CleanupReleased, nil) // Volumes are not attached to Workspaces yet
+	residual := api.CleanupReleased
+	if ws.Layer != nil && ws.Layer.Held {
+		residual = api.CleanupHeld
+	}
+	if runtime == api.CleanupPending {
+		residual = api.CleanupPending
+	}
+	item("RESIDUAL", residual, since)
+	return out
+}
+
+// handleCredential issues a data-plane credential for the Workspace's
+// current Instance, signed with the key every ctrl member derives from
+// the cluster CA.
+func (s *Server) handleCredential(w http.ResponseWriter, r *http.Request) {
+	if !requireAdmin(w, r) {
+		return
+	}
+	id := r.PathValue("id")
+	var ws *api.Workspace
+	var node *api.Node
+	err := s.fsm.View(func(tx *bolt.Tx) error {
+		var err error
+		if ws, err = fsm.GetWorkspace(tx, id); err != nil {
+			return err
+		}
+		if ws.NodeID != "" {
+			node, err = fsm.GetNode(tx, ws.NodeID)
+		}
+		return err
+	})
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	if ws.State != api.WorkspaceAvailable || ws.InstanceID == "" {
+		writeError(w, api.Errorf(api.CodeFailedPrecondition, "workspace %s is %s: exec, terminal, cp and port-forward need AVAILABLE; start it with kibo workspace start %s", id, ws.State, id))
+		return
+	}
+	if node == nil || node.Report == nil || node.Report.DataPlaneAddress == "" {
+		writeError(w, api.Errorf(api.CodeUnavailable, "node %s of workspace %s has not reported a data-plane address yet; retry in a few seconds", ws.NodeID, id))
+		return
+	}
+	key, err := s.credentialKey()
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	now := time.Now().UTC().Truncate(time.Second)
+	c := credential.Claims{WorkspaceID: ws.WorkspaceID, InstanceID: ws.InstanceID, NodeID: ws.NodeID, IssuedAt: now, ExpiresAt: now.Add(CredentialTTL)}
+	tok, err := credential.Sign(key, c)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	writeResult(w, api.DataPlaneCredential{WorkspaceID: ws.WorkspaceID, NodeID: ws.NodeID, InstanceID: ws.InstanceID,
+		Address: node.Report.DataPlaneAddress, Credential: tok, ExpiresAt: c.ExpiresAt})
+}
+
+// credentialKey derives the signing key from the cluster CA key, which
+// every ctrl member holds.
+func (s *Server) credentialKey() (ed25519.PrivateKey, error) {
+	s.credOnce.Do(func() {
+		pemBytes, err := os.ReadFile(s.cfg.DataDir.CAKey())
+		if err != nil {
+			s.credErr = api.Errorf(api.CodeFailedPrecondition, "member %s holds no cluster CA key (%v): credentials are issued by ctrl members", s.id.NodeID, err)
+			return
+		}
+		s.credKey, s.credErr = credential.KeyFromCA(pemBytes)
+	})
+	return s.credKey, s.credErr
+}
+
+// CredentialPublicKey is the key nodes hand their data-plane process.
+func (s *Server) CredentialPublicKey() ed25519.PublicKey {
+	k, err := s.credentialKey()
+	if err != nil {
+		return nil
+	}
+	return k.Public().(ed25519.PublicKey)
+}
+
+// dispatcher delivers the pending Workspace commands of one node over its
+// control session. Each command is sent once per session and again after
+// resendAfter without an answer; the node executes a command id once.
+type dispatcher struct {
+	s      *Server
+	nodeID string
+	sc     *sessionConn
+	sent   map[string]time.Time
+}
+
+const resendAfter = time.Minute
+
+func (d *dispatcher) run() error {
+	var pending []api.Workspace
+	err := d.s.fsm.View(func(tx *bolt.Tx) error {
+		var err error
+		pending, err = fsm.PendingCommands(tx, d.nodeID)
+		return err
+	})
+	if err != nil {
+		return nil
+	}
+	live := map[string]bool{}
+	for _, w := range pending {
+		p := w.Pending
+		live[p.CommandID] = true
+		if t, ok := d.sent[p.CommandID]; ok && time.Since(t) < resendAfter {
+			continue
+		}
+		task := &api.WorkspaceTask{Command: *p, WorkspaceID: w.WorkspaceID, Template: w.Template, CPU: w.CPU, MemoryBytes: w.MemoryBytes}
+		if w.Layer != nil {
+			task.LayerPool = w.Layer.PoolID
+		}
+		if err := d.sc.send(api.SessionMsg{Type: api.MsgTask, Task: task}); err != nil {
+			return err
+		}
+		d.sent[p.CommandID] = time.Now()
+	}
+	for id := range d.sent {
+		if !live[id] {
+			delete(d.sent, id)
+		}
+	}
+	return nil
+}
+
+// applyTaskResult stores the node's answer; a refusal re-places the
+// Workspace, so every session is nudged to deliver what is now pending.
+func (s *Server) applyTaskResult(ctx context.Context, nodeID, sid string, r *api.WorkspaceTaskResult) error {
+	res, err := s.ApplyOp(ctx, fsm.OpWorkspaceResult, fsm.WorkspaceResultArgs{
+		NodeID: nodeID, SessionID: sid, WorkspaceID: r.WorkspaceID, CommandID: r.CommandID, Outcome: r.Outcome, Error: r.Error,
+	})
+	if err != nil {
+		return err
+	}
+	s.kickAllSessions()
+	return res.Err()
+}

@@ -1,0 +1,781 @@
+package fsm
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/base32"
+	"encoding/json"
+	"fmt"
+	"regexp"
+	"sort"
+	"strconv"
+
+	bolt "go.etcd.io/bbolt"
+
+	"github.com/kibotos/kibotos/api"
+	"github.com/kibotos/kibotos/ctrl/placement"
+)
+
+// A Workspace's executions are commands ctrl sends to a node: the FSM
+// records the command as Pending, the leader delivers it over the node's
+// control session, and the node's answer comes back as OpWorkspaceResult.
+// Placement runs inside the apply (placement is a pure function of the
+// records), so two creates racing for the last room on a node cannot both
+// win it.
+
+// WorkspaceCreateArgs creates a Workspace and places its first execution.
+// The Workspace id is derived from the entry's command id, so a retry of
+// the same command names the same Workspace.
+type WorkspaceCreateArgs struct {
+	Template    string            `json:"template"`
+	CPU         api.Milli         `json:"cpu"`
+	MemoryBytes uint64            `json:"memory_bytes"`
+	Labels      map[string]string `json:"labels,omitempty"`
+	NodeID      string            `json:"node_id,omitempty"`
+}
+
+// WorkspaceArgs names a Workspace, with the options of start and stop.
+type WorkspaceArgs struct {
+	WorkspaceID string `json:"workspace_id"`
+	NodeID      string `json:"node_id,omitempty"` // start: pin to this node
+	Force       bool   `json:"force,omitempty"`   // stop --force
+}
+
+// Outcomes of a node's answer to a Workspace command.
+const (
+	OutcomeOK      = "ok"
+	OutcomeRefused = "refused" // the node does not take new Workspaces (drained, memory tight)
+	OutcomeFailed  = "failed"
+)
+
+// WorkspaceResultArgs is a node's answer to the pending command, sent
+// through its live control session.
+type WorkspaceResultArgs struct {
+	NodeID      string `json:"node_id"`
+	SessionID   string `json:"session_id"`
+	WorkspaceID string `json:"workspace_id"`
+	CommandID   string `json:"command_id"`
+	Outcome     string `json:"outcome"`
+	Error       string `json:"error,omitempty"`
+}
+
+// DefaultPool is the pool a node creates retained layers in.
+const DefaultPool = "default"
+
+var (
+	templateNamePattern = regexp.MustCompile(`^[a-z0-9][a-z0-9.-]{0,62}$`)
+	labelKeyPattern     = regexp.MustCompile(`^[A-Za-z0-9]([A-Za-z0-9._/-]{0,61}[A-Za-z0-9])?$`)
+	idEncoding          = base32.NewEncoding("abcdefghijklmnopqrstuvwxyz234567").WithPadding(base32.NoPadding)
+)
+
+// Limits of one Workspace.
+const (
+	MinWorkspaceMemory = 64 << 20
+	MaxWorkspaceCPU    = api.Milli(64000)
+)
+
+// WorkspaceIDFor derives the Workspace id a create with this command id makes.
+func WorkspaceIDFor(commandID string) string {
+	return "ws-" + hashID("workspace\x00"+commandID)
+}
+
+// instanceIDFor is the id of a Workspace's n-th execution.
+func instanceIDFor(wsID string, n uint64) string {
+	return "inst-" + hashID("instance\x00"+wsID+"\x00"+strconv.FormatUint(n, 10))
+}
+
+func hashID(s string) string {
+	h := sha256.Sum256([]byte(s))
+	return idEncoding.EncodeToString(h[:])[:26]
+}
+
+func wsKey(id string) []byte { return []byte(id) }
+
+// wsNodeKey indexes a Workspace under a node it occupies (its execution or
+// its held layer), so per-node questions do not scan every Workspace.
+func wsNodeKey(node, ws string) []byte { return []byte(node + "\x00" + ws) }
+
+func getWorkspace(tx *bolt.Tx, id string) (*api.Workspace, error) {
+	var w api.Workspace
+	ok, err := getJSON(tx, bucketWorkspaces, wsKey(id), &w)
+	if err != nil || !ok {
+		return nil, err
+	}
+	return &w, nil
+}
+
+func mustWorkspace(tx *bolt.Tx, id string) (*api.Workspace, error) {
+	w, err := getWorkspace(tx, id)
+	if err != nil {
+		return nil, err
+	}
+	if w == nil {
+		return nil, api.Errorf(api.CodeNotFound, "workspace %s does not exist: check the id with kibo workspace list --all", id)
+	}
+	return w, nil
+}
+
+// occupied lists the nodes a Workspace occupies, for the node index.
+func occupied(w *api.Workspace) []string {
+	var out []string
+	if w.NodeID != "" {
+		out = append(out, w.NodeID)
+	}
+	if w.Layer != nil && w.Layer.Held && w.Layer.NodeID != w.NodeID {
+		out = append(out, w.Layer.NodeID)
+	}
+	// A command waits for its node (e.g. delete of a stopped Workspace's layer).
+	if w.Pending != nil && w.Pending.NodeID != "" && !containsString(out, w.Pending.NodeID) {
+		out = append(out, w.Pending.NodeID)
+	}
+	return out
+}
+
+func containsString(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
+
+// putWorkspace stores w with a new version and keeps the node index in
+// step with what it occupied before (old, nil for a new Workspace).
+func putWorkspace(tx *bolt.Tx, e *Entry, old, w *api.Workspace) error {
+	idx := tx.Bucket(bucketWorkspaceNodes)
+	if old != nil {
+		for _, n := range occupied(old) {
+			if err := idx.Delete(wsNodeKey(n, old.WorkspaceID)); err != nil {
+				return err
+			}
+		}
+	}
+	for _, n := range occupied(w) {
+		if err := idx.Put(wsNodeKey(n, w.WorkspaceID), nil); err != nil {
+			return err
+		}
+	}
+	w.Version++
+	w.UpdatedAt = *at(e)
+	return putJSON(tx, bucketWorkspaces, wsKey(w.WorkspaceID), w)
+}
+
+// cloneWorkspace copies w deeply enough that changing the copy's Layer or
+// Pending does not change w: putWorkspace needs the old record as it was to
+// remove its node index entries.
+func cloneWorkspace(w *api.Workspace) *api.Workspace {
+	c := *w
+	if w.Layer != nil {
+		l := *w.Layer
+		c.Layer = &l
+	}
+	if w.Pending != nil {
+		p := *w.Pending
+		c.Pending = &p
+	}
+	return &c
+}
+
+func deleteWorkspace(tx *bolt.Tx, w *api.Workspace) error {
+	idx := tx.Bucket(bucketWorkspaceNodes)
+	for _, n := range occupied(w) {
+		if err := idx.Delete(wsNodeKey(n, w.WorkspaceID)); err != nil {
+			return err
+		}
+	}
+	return tx.Bucket(bucketWorkspaces).Delete(wsKey(w.WorkspaceID))
+}
+
+// workspacesOnNode returns the Workspaces a node occupies, by id.
+func workspacesOnNode(tx *bolt.Tx, node string) ([]*api.Workspace, error) {
+	var out []*api.Workspace
+	prefix := []byte(node + "\x00")
+	c := tx.Bucket(bucketWorkspaceNodes).Cursor()
+	for k, _ := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix); k, _ = c.Next() {
+		w, err := getWorkspace(tx, string(k[len(prefix):]))
+		if err != nil {
+			return nil, err
+		}
+		if w != nil {
+			out = append(out, w)
+		}
+	}
+	return out, nil
+}
+
+// Holds is what ctrl's records say a node holds for Workspaces.
+type Holds struct {
+	Instances int
+	Layers    int
+	Allocated api.Resources
+}
+
+func nodeHolds(tx *bolt.Tx, node string) (Holds, error) {
+	var h Holds
+	ws, err := workspacesOnNode(tx, node)
+	if err != nil {
+		return h, err
+	}
+	for _, w := range ws {
+		if w.NodeID == node && w.InstanceID != "" {
+			h.Instances++
+			h.Allocated.CPU += w.CPU
+			h.Allocated.MemoryBytes += w.MemoryBytes
+		}
+		if w.Layer != nil && w.Layer.Held && w.Layer.NodeID == node {
+			h.Layers++
+		}
+	}
+	return h, nil
+}
+
+func validateCreate(a *WorkspaceCreateArgs) error {
+	if !templateNamePattern.MatchString(a.Template) {
+		return api.Errorf(api.CodeInvalidArgument, "template %q is not a valid name: use 1-63 lowercase letters, digits, '.' or '-'; see kibo template list", a.Template)
+	}
+	if a.CPU <= 0 || a.CPU > MaxWorkspaceCPU || a.CPU%1000 != 0 {
+		return api.Errorf(api.CodeInvalidArgument, "--cpu %s is not valid: give a whole number of cores from 1 to %s", a.CPU, MaxWorkspaceCPU)
+	}
+	if a.MemoryBytes < MinWorkspaceMemory {
+		return api.Errorf(api.CodeInvalidArgument, "--memory %d bytes is too small: give at least 64MiB", a.MemoryBytes)
+	}
+	if a.MemoryBytes%(1<<20) != 0 {
+		return api.Errorf(api.CodeInvalidArgument, "--memory %d bytes is not a whole number of MiB", a.MemoryBytes)
+	}
+	if len(a.Labels) > 64 {
+		return api.Errorf(api.CodeInvalidArgument, "%d labels given: at most 64", len(a.Labels))
+	}
+	// Sorted, not map order: every replica must give the same error.
+	keys := make([]string, 0, len(a.Labels))
+	for k := range a.Labels {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		v := a.Labels[k]
+		if !labelKeyPattern.MatchString(k) {
+			return api.Errorf(api.CodeInvalidArgument, "label key %q is not valid: use letters, digits, '.', '_', '/' or '-', at most 63, starting and ending with a letter or digit", k)
+		}
+		if len(v) > 253 {
+			return api.Errorf(api.CodeInvalidArgument, "label %s has a value of %d bytes: at most 253", k, len(v))
+		}
+	}
+	return nil
+}
+
+// candidates returns every node as placement sees it, with allocations
+// raised to what ctrl itself has placed there but the node has not
+// reported yet.
+func candidates(tx *bolt.Tx) ([]api.Node, error) {
+	d, err := getOvercommitDefault(tx)
+	if err != nil {
+		return nil, err
+	}
+	var out []api.Node
+	err = tx.Bucket(bucketNodes).ForEach(func(k, v []byte) error {
+		var n api.Node
+		if err := json.Unmarshal(v, &n); err != nil {
+			return fmt.Errorf("state record nodes/%s is corrupt: %w", k, err)
+		}
+		h, err := nodeHolds(tx, n.NodeID)
+		if err != nil {
+			return err
+		}
+		vn := viewWithHolds(d, &n, h)
+		if vn.Report != nil {
+			r := *vn.Report
+			r.Allocated.CPU = max(r.Allocated.CPU, h.Allocated.CPU)
+			r.Allocated.MemoryBytes = max(r.Allocated.MemoryBytes, h.Allocated.MemoryBytes)
+			vn.Report = &r
+		}
+		if n.HasRole(api.RoleNode) {
+			out = append(out, *vn)
+		}
+		return nil
+	})
+	return out, err
+}
+
+// place chooses the node of w's next execution.
+func place(tx *bolt.Tx, w *api.Workspace, pin string, refused []string) (string, error) {
+	// The node must reach the pool of the writable layer: the default pool
+	// it creates a new layer in, or the pool an existing one is in.
+	req := placement.Request{CPU: w.CPU, MemoryBytes: w.MemoryBytes, Node: pin, Exclude: refused, Pools: []string{DefaultPool}}
+	if w.Layer != nil {
+		// A retained layer in a node's private pool can be used only there.
+		if pin != "" && pin != w.Layer.NodeID {
+			return "", api.Errorf(api.CodeFailedPrecondition,
+				"workspace %s: its writable layer is in pool %s of node %s, which node %s cannot reach; start it on %s", w.WorkspaceID, w.Layer.PoolID, w.Layer.NodeID, pin, w.Layer.NodeID)
+		}
+		req.Node = w.Layer.NodeID
+		req.Pools = []string{w.Layer.PoolID}
+	}
+	if pin != "" {
+		// candidates leaves out nodes without the node role; say so rather
+		// than "not registered".
+		if n, err := getNode(tx, pin); err != nil {
+			return "", err
+		} else if n != nil && !n.HasRole(api.RoleNode) {
+			return "", api.Errorf(api.CodeFailedPrecondition, "node %s has no node role and runs no Workspaces; --node never places elsewhere", pin)
+		}
+	}
+	nodes, err := candidates(tx)
+	if err != nil {
+		return "", err
+	}
+	return placement.Choose(nodes, req)
+}
+
+// beginExecution records a new Instance of w on node and the start command.
+func beginExecution(e *Entry, w *api.Workspace, node, state string) {
+	w.Instances++
+	w.NodeID = node
+	w.InstanceID = instanceIDFor(w.WorkspaceID, w.Instances)
+	w.State = state
+	w.Failure = nil
+	w.StopUnconfirmed = false
+	if w.Layer == nil {
+		w.Layer = &api.LayerRight{NodeID: node, PoolID: DefaultPool}
+	}
+	w.Layer.Held = true
+	setPending(e, w, api.WSCmdStart, nil)
+}
+
+// setPending records the command the node must execute next. Its id names
+// the Workspace version it was issued at, so a late answer to an older
+// command is recognised and ignored.
+func setPending(e *Entry, w *api.Workspace, kind string, refused []string) {
+	node := w.NodeID
+	if node == "" && w.Layer != nil {
+		node = w.Layer.NodeID
+	}
+	w.Pending = &api.WorkspaceCommand{
+		Kind: kind, CommandID: w.WorkspaceID + "/" + strconv.FormatUint(w.Version+1, 10),
+		NodeID: node, InstanceID: w.InstanceID, IssuedAt: *at(e), Refused: refused,
+	}
+}
+
+func applyWorkspaceCreate(tx *bolt.Tx, e *Entry) (any, error) {
+	var a WorkspaceCreateArgs
+	if err := decodeArgs(e, &a); err != nil {
+		return nil, err
+	}
+	if e.CommandID == "" {
+		return nil, api.Errorf(api.CodeInvalidArgument, "workspace create needs a command id (the Workspace id is derived from it)")
+	}
+	if err := validateCreate(&a); err != nil {
+		return nil, err
+	}
+	id := WorkspaceIDFor(e.CommandID)
+	if old, err := getWorkspace(tx, id); err != nil {
+		return nil, err
+	} else if old != nil {
+		return nil, api.Errorf(api.CodeAlreadyExists, "workspace %s already exists: use a new --command-id", id)
+	}
+	w := &api.Workspace{WorkspaceID: id, Template: a.Template, CPU: a.CPU, MemoryBytes: a.MemoryBytes, Labels: a.Labels, CreatedAt: *at(e)}
+	node, err := place(tx, w, a.NodeID, nil)
+	if err != nil {
+		return nil, err
+	}
+	beginExecution(e, w, node, api.WorkspaceCreating)
+	if err := putWorkspace(tx, e, nil, w); err != nil {
+		return nil, err
+	}
+	return w, nil
+}
+
+// workspaceWrite is the common frame of an operator write on one
+// Workspace: decode, find it, check the expected version.
+func workspaceWrite(tx *bolt.Tx, e *Entry) (*WorkspaceArgs, *api.Workspace, error) {
+	var a WorkspaceArgs
+	if err := decodeArgs(e, &a); err != nil {
+		return nil, nil, err
+	}
+	w, err := mustWorkspace(tx, a.WorkspaceID)
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := checkVersion(e, w.Version, "workspace "+w.WorkspaceID); err != nil {
+		return nil, nil, err
+	}
+	return &a, w, nil
+}
+
+func applyWorkspaceStart(tx *bolt.Tx, e *Entry) (any, error) {
+	a, w, err := workspaceWrite(tx, e)
+	if err != nil {
+		return nil, err
+	}
+	switch {
+	case w.State == api.WorkspaceAvailable && (a.NodeID == "" || a.NodeID == w.NodeID):
+		return w, nil // already running where asked
+	case w.State == api.WorkspaceStopped:
+	case w.State == api.WorkspaceFailed && w.InstanceID == "":
+	case w.State == api.WorkspaceFailed:
+		return nil, api.Errorf(api.CodeFailedPrecondition,
+			"workspace %s is FAILED and its Instance %s still holds resources on node %s: run kibo workspace stop --force %s, then start it", w.WorkspaceID, w.InstanceID, w.NodeID, w.WorkspaceID)
+	default:
+		return nil, api.Errorf(api.CodeFailedPrecondition, "workspace %s is %s: start needs STOPPED or FAILED; stop it first", w.WorkspaceID, w.State)
+	}
+	old := cloneWorkspace(w)
+	node, err := place(tx, w, a.NodeID, nil)
+	if err != nil {
+		return nil, err
+	}
+	beginExecution(e, w, node, api.WorkspaceStarting)
+	if err := putWorkspace(tx, e, old, w); err != nil {
+		return nil, err
+	}
+	return w, nil
+}
+
+func applyWorkspaceStop(tx *bolt.Tx, e *Entry) (any, error) {
+	a, w, err := workspaceWrite(tx, e)
+	if err != nil {
+		return nil, err
+	}
+	old := cloneWorkspace(w)
+	switch {
+	case w.State == api.WorkspaceStopped:
+		return w, nil
+	case w.State == api.WorkspaceDeleting:
+		return nil, api.Errorf(api.CodeFailedPrecondition, "workspace %s is being deleted", w.WorkspaceID)
+	case w.InstanceID == "":
+		// Nothing runs (FAILED after its node was isolated): stopping is
+		// only bookkeeping.
+		w.State, w.Pending, w.Failure = api.WorkspaceStopped, nil, nil
+	case a.Force:
+		w.State = api.WorkspaceStopping
+		setPending(e, w, api.WSCmdStopForce, nil)
+	case w.State == api.WorkspaceAvailable:
+		w.State = api.WorkspaceStopping
+		setPending(e, w, api.WSCmdStop, nil)
+	case w.State == api.WorkspaceStopping:
+		return w, nil
+	default:
+		return nil, api.Errorf(api.CodeFailedPrecondition,
+			"workspace %s is %s: a normal stop needs AVAILABLE; wait for it, or end it now with kibo workspace stop --force %s", w.WorkspaceID, w.State, w.WorkspaceID)
+	}
+	if err := putWorkspace(tx, e, old, w); err != nil {
+		return nil, err
+	}
+	return w, nil
+}
+
+func applyWorkspaceDelete(tx *bolt.Tx, e *Entry) (any, error) {
+	_, w, err := workspaceWrite(tx, e)
+	if err != nil {
+		return nil, err
+	}
+	if w.State == api.WorkspaceDeleting {
+		return w, nil
+	}
+	old := cloneWorkspace(w)
+	n, err := getNode(tx, layerNode(w))
+	if err != nil {
+		return nil, err
+	}
+	if w.InstanceID == "" && (w.Layer == nil || n == nil || n.Isolated || n.Retired) {
+		// Nothing on a node to release: its layer never existed or went with
+		// an isolated host.
+		if err := deleteWorkspace(tx, w); err != nil {
+			return nil, err
+		}
+		w.State, w.DeletedAt = api.WorkspaceDeleting, at(e)
+		return w, nil
+	}
+	w.State = api.WorkspaceDeleting
+	setPending(e, w, api.WSCmdDelete, nil)
+	if err := putWorkspace(tx, e, old, w); err != nil {
+		return nil, err
+	}
+	return w, nil
+}
+
+func layerNode(w *api.Workspace) string {
+	if w.NodeID != "" {
+		return w.NodeID
+	}
+	if w.Layer != nil {
+		return w.Layer.NodeID
+	}
+	return ""
+}
+
+func applyWorkspaceResult(tx *bolt.Tx, e *Entry) (any, error) {
+	var a WorkspaceResultArgs
+	if err := decodeArgs(e, &a); err != nil {
+		return nil, err
+	}
+	if _, err := currentSession(tx, a.NodeID, a.SessionID); err != nil {
+		return nil, err
+	}
+	w, err := getWorkspace(tx, a.WorkspaceID)
+	if err != nil {
+		return nil, err
+	}
+	if w == nil || w.Pending == nil || w.Pending.CommandID != a.CommandID || w.Pending.NodeID != a.NodeID {
+		return map[string]bool{"applied": false}, nil // a late answer to a command ctrl no longer waits for
+	}
+	old := cloneWorkspace(w)
+	p := w.Pending
+	w.Pending = nil
+	fail := func(reason, msg string) {
+		w.State = api.WorkspaceFailed
+		w.Failure = &api.WorkspaceFailure{Reason: reason, Message: msg, At: *at(e)}
+	}
+	switch p.Kind {
+	case api.WSCmdStart:
+		switch a.Outcome {
+		case OutcomeOK:
+			w.State = api.WorkspaceAvailable
+		case OutcomeRefused:
+			// The node turned it away (drained, memory tight): place
+			// elsewhere at once, unless the layer pins it there.
+			refused := append(append([]string(nil), p.Refused...), a.NodeID)
+			sort.Strings(refused)
+			w.NodeID, w.InstanceID = "", ""
+			if w.State == api.WorkspaceCreating {
+				// No start of a CREATING Workspace has succeeded, so no node
+				// created its layer (also after earlier refusals).
+				w.Layer = nil
+			} else if w.Layer != nil {
+				w.Layer.Held = false
+			}
+			node, perr := place(tx, w, "", refused)
+			if perr != nil {
+				if w.Layer != nil {
+					w.Layer.Held = false
+				}
+				fail(api.FailureStart, fmt.Sprintf("node %s refused it (%s) and no other node can take it: %s", a.NodeID, a.Error, perr.Error()))
+				break
+			}
+			state := w.State
+			beginExecution(e, w, node, state)
+			w.Pending.Refused = refused
+		default:
+			// The node removed what it had started; the layer stays.
+			w.NodeID, w.InstanceID = "", ""
+			if w.Layer != nil {
+				w.Layer.Held = false
+			}
+			fail(api.FailureStart, a.Error)
+		}
+	case api.WSCmdStop, api.WSCmdStopForce:
+		if a.Outcome != OutcomeOK {
+			fail(api.FailureStop, a.Error) // still running: stop --force ends it
+			break
+		}
+		w.State, w.NodeID, w.InstanceID, w.Failure = api.WorkspaceStopped, "", "", nil
+		w.StopUnconfirmed = p.Kind == api.WSCmdStopForce
+		if w.Layer != nil {
+			w.Layer.Held = false
+		}
+	case api.WSCmdDelete:
+		if a.Outcome != OutcomeOK {
+			fail(api.FailureStop, "delete: "+a.Error)
+			break
+		}
+		if err := deleteWorkspace(tx, old); err != nil {
+			return nil, err
+		}
+		return map[string]bool{"applied": true}, nil
+	}
+	if err := putWorkspace(tx, e, old, w); err != nil {
+		return nil, err
+	}
+	return map[string]bool{"applied": true}, nil
+}
+
+// failEndedInstances fails AVAILABLE Workspaces whose Instance the node
+// reports FAILED (its VMM ended without the node stopping it).
+func failEndedInstances(tx *bolt.Tx, e *Entry, node string, states []api.InstanceState) error {
+	if len(states) == 0 {
+		return nil
+	}
+	failed := map[string]string{}
+	for _, s := range states {
+		if s.State == "FAILED" {
+			failed[s.InstanceID] = s.Error
+		}
+	}
+	if len(failed) == 0 {
+		return nil
+	}
+	ws, err := workspacesOnNode(tx, node)
+	if err != nil {
+		return err
+	}
+	for _, w := range ws {
+		msg, ok := failed[w.InstanceID]
+		if !ok || w.NodeID != node || w.State != api.WorkspaceAvailable {
+			continue
+		}
+		old := cloneWorkspace(w)
+		if msg == "" {
+			msg = "node reports the Instance as no longer running"
+		}
+		w.State = api.WorkspaceFailed
+		w.Failure = &api.WorkspaceFailure{Reason: api.FailureNoLongerRunning, Message: msg, At: *at(e)}
+		if err := putWorkspace(tx, e, old, w); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// releaseIsolated fails every Workspace of an isolated node with
+// UNAVAILABLE and releases what it held there; it returns the counts.
+func releaseIsolated(tx *bolt.Tx, e *Entry, node string, res *api.IsolateResult) error {
+	ws, err := workspacesOnNode(tx, node)
+	if err != nil {
+		return err
+	}
+	for _, w := range ws {
+		old := cloneWorkspace(w)
+		if w.Pending != nil && w.Pending.NodeID == node {
+			res.CommandsFailed++
+			w.Pending = nil
+		}
+		if w.Layer != nil && w.Layer.Held && w.Layer.NodeID == node {
+			res.RetainedLayersReleased++
+			w.Layer.Held = false
+		}
+		if w.State == api.WorkspaceDeleting && w.Pending == nil {
+			// Its delete waited for this node (running here, or the layer of
+			// a stopped Workspace): like a delete after the isolate, nothing
+			// is left to release, and a DELETING record without a pending
+			// command could never leave that state.
+			if err := deleteWorkspace(tx, old); err != nil {
+				return err
+			}
+			continue
+		}
+		if w.NodeID == node {
+			w.NodeID, w.InstanceID = "", ""
+			if w.State != api.WorkspaceStopped {
+				res.WorkspacesFailed++
+				w.State = api.WorkspaceFailed
+				w.Failure = &api.WorkspaceFailure{Reason: api.FailureUnavailable,
+					Message: "node " + node + " was isolated; start the Workspace again", At: *at(e)}
+				w.StopUnconfirmed = true
+			}
+		}
+		if err := putWorkspace(tx, e, old, w); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// releaseRetired drops the Workspaces whose delete waits for a node being
+// retired: their layer goes with the node (a delete issued after the
+// retirement removes the record at once too), and the node never answers.
+// A DRAINED or isolated node has no other pending commands.
+func releaseRetired(tx *bolt.Tx, node string) error {
+	ws, err := workspacesOnNode(tx, node)
+	if err != nil {
+		return err
+	}
+	for _, w := range ws {
+		if w.State == api.WorkspaceDeleting && w.Pending != nil && w.Pending.NodeID == node {
+			if err := deleteWorkspace(tx, w); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// GetWorkspace returns one Workspace, or not_found.
+func GetWorkspace(tx *bolt.Tx, id string) (*api.Workspace, error) {
+	return mustWorkspace(tx, id)
+}
+
+// WorkspaceFilter selects Workspaces for ListWorkspaces.
+type WorkspaceFilter struct {
+	States []string          // any of these states; empty: all but the stopped ones unless All
+	Labels map[string]string // every label must match
+	All    bool              // include STOPPED ones
+	// NodeID and InstanceID select by current execution (exclusive with
+	// the filters above).
+	NodeID     string
+	InstanceID string
+}
+
+func (f *WorkspaceFilter) match(w *api.Workspace) bool {
+	if f.InstanceID != "" {
+		return w.InstanceID == f.InstanceID
+	}
+	if f.NodeID != "" {
+		return w.NodeID == f.NodeID
+	}
+	if len(f.States) > 0 {
+		ok := false
+		for _, s := range f.States {
+			ok = ok || s == w.State
+		}
+		if !ok {
+			return false
+		}
+	} else if !f.All && w.State == api.WorkspaceStopped {
+		return false
+	}
+	for k, v := range f.Labels {
+		if w.Labels[k] != v {
+			return false
+		}
+	}
+	return true
+}
+
+// ListWorkspaces returns up to pageSize Workspaces matching f, ordered by
+// id, starting after pageToken.
+func ListWorkspaces(tx *bolt.Tx, f WorkspaceFilter, pageSize int, pageToken string) (*api.WorkspaceList, error) {
+	out := &api.WorkspaceList{Workspaces: []api.Workspace{}}
+	if f.NodeID != "" {
+		if n, err := getNode(tx, f.NodeID); err != nil {
+			return nil, err
+		} else if n == nil {
+			return nil, api.Errorf(api.CodeNotFound, "node %s is not registered: check the id with kibo node list", f.NodeID)
+		}
+	}
+	c := tx.Bucket(bucketWorkspaces).Cursor()
+	var k, v []byte
+	if pageToken == "" {
+		k, v = c.First()
+	} else if k, v = c.Seek([]byte(pageToken)); k != nil && string(k) == pageToken {
+		k, v = c.Next()
+	}
+	for ; k != nil; k, v = c.Next() {
+		var w api.Workspace
+		if err := json.Unmarshal(v, &w); err != nil {
+			return nil, fmt.Errorf("state record workspaces/%s is corrupt: %w", k, err)
+		}
+		if !f.match(&w) {
+			continue
+		}
+		if pageSize > 0 && len(out.Workspaces) == pageSize {
+			out.NextPageToken = out.Workspaces[len(out.Workspaces)-1].WorkspaceID
+			break
+		}
+		out.Workspaces = append(out.Workspaces, w)
+	}
+	return out, nil
+}
+
+// PendingCommands returns the Workspaces with a command waiting for node.
+func PendingCommands(tx *bolt.Tx, node string) ([]api.Workspace, error) {
+	ws, err := workspacesOnNode(tx, node)
+	if err != nil {
+		return nil, err
+	}
+	var out []api.Workspace
+	for _, w := range ws {
+		if w.Pending != nil && w.Pending.NodeID == node {
+			out = append(out, *w)
+		}
+	}
+	return out, nil
+}
