@@ -63,6 +63,19 @@ type Config struct {
 	// DataPlane is the node's data-plane process; nil: no exec, files or
 	// port forwarding on this node.
 	DataPlane DataPlane
+	// Pools are storage pools besides the private "default" one (under
+	// the storage root); DefaultPool names the one new layers go to.
+	Pools       []PoolConfig
+	DefaultPool string
+}
+
+// PoolConfig is a configured storage pool. A shared pool is the same
+// directory on every node that declares it (a shared filesystem), so a
+// Workspace whose layer is there can start on any of them.
+type PoolConfig struct {
+	ID     string
+	Path   string
+	Shared bool
 }
 
 // Agent is the running node side.
@@ -100,6 +113,9 @@ func New(cfg Config) (*Agent, error) {
 	if err := os.MkdirAll(defaultPoolPath(cfg.DataDir), 0o700); err != nil {
 		return nil, fmt.Errorf("default storage pool %s: %w", defaultPoolPath(cfg.DataDir), err)
 	}
+	if err := checkPools(&cfg); err != nil {
+		return nil, err
+	}
 	a := &Agent{cfg: cfg, log: cfg.Logger.With("node_id", cfg.NodeID), incarnation: inc,
 		sampler: hostusage.NewSampler(hostusage.Config{Interval: cfg.SampleInterval, VMCgroup: "/sys/fs/cgroup/kibotos.slice/kibotos-vmm.slice"})}
 	a.initTasks()
@@ -118,6 +134,38 @@ func (a *Agent) SessionID() string {
 }
 
 func defaultPoolPath(d datadir.Dir) string { return filepath.Join(d.StorageRoot(), "pools", "default") }
+
+// checkPools validates the configured pools: unique ids, absolute paths,
+// and a default pool that exists.
+func checkPools(cfg *Config) error {
+	seen := map[string]bool{"default": true}
+	for _, p := range cfg.Pools {
+		switch {
+		case p.ID == "" || seen[p.ID]:
+			return fmt.Errorf("storage pool %q: ids must be non-empty and unique (\"default\" is the node's own pool)", p.ID)
+		case !filepath.IsAbs(p.Path):
+			return fmt.Errorf("storage pool %s: path %q is not absolute", p.ID, p.Path)
+		}
+		seen[p.ID] = true
+	}
+	if cfg.DefaultPool != "" && !seen[cfg.DefaultPool] {
+		return fmt.Errorf("default pool %q is not configured: add it under [[storage.pools]] or leave default_pool empty", cfg.DefaultPool)
+	}
+	return nil
+}
+
+// poolPath is the directory of pool id, "" when the node has no such pool.
+func (a *Agent) poolPath(id string) string {
+	if id == "" || id == "default" {
+		return defaultPoolPath(a.cfg.DataDir)
+	}
+	for _, p := range a.cfg.Pools {
+		if p.ID == id {
+			return p.Path
+		}
+	}
+	return ""
+}
 
 // Run holds the control session until ctx ends, reconnecting as needed.
 func (a *Agent) Run(ctx context.Context) error {
@@ -335,8 +383,14 @@ func (a *Agent) refusal(m api.SessionMsg) error {
 // Volumes and retained layers arrive with Workspaces; until then they are zero.
 func (a *Agent) report() api.Report {
 	r := api.Report{
-		Capacity: a.cfg.Capacity,
-		Pools:    []api.Pool{poolStatus("default", defaultPoolPath(a.cfg.DataDir))},
+		Capacity:    a.cfg.Capacity,
+		Pools:       []api.Pool{poolStatus("default", defaultPoolPath(a.cfg.DataDir))},
+		DefaultPool: a.cfg.DefaultPool,
+	}
+	for _, p := range a.cfg.Pools {
+		st := poolStatus(p.ID, p.Path)
+		st.Shared = p.Shared
+		r.Pools = append(r.Pools, st)
 	}
 	if dp := a.cfg.DataPlane; dp != nil {
 		r.DataPlaneAddress = dp.Address()

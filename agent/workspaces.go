@@ -168,11 +168,12 @@ func (a *Agent) execute(t api.WorkspaceTask) api.WorkspaceTaskResult {
 }
 
 // layerPath is the retained writable layer of a Workspace in the pool.
-func (a *Agent) layerPath(pool, ws string) string {
-	if pool == "" {
-		pool = fsm.DefaultPool
+func (a *Agent) layerPath(pool, ws string) (string, error) {
+	dir := a.poolPath(pool)
+	if dir == "" {
+		return "", fmt.Errorf("storage pool %s is not configured on node %s", pool, a.cfg.NodeID)
 	}
-	return filepath.Join(a.cfg.DataDir.StorageRoot(), "pools", pool, "layers", ws+".qcow2")
+	return filepath.Join(dir, "layers", ws+".qcow2"), nil
 }
 
 // startWorkspace starts the Workspace's Instance; a non-empty refusal means
@@ -204,7 +205,10 @@ func (a *Agent) startWorkspace(ctx context.Context, t api.WorkspaceTask) (refusa
 	if err != nil || len(plats) == 0 {
 		return "", fmt.Errorf("node %s has no Platform: run kibotos platform build on it", a.cfg.NodeID)
 	}
-	layer := a.layerPath(t.LayerPool, t.WorkspaceID)
+	layer, err := a.layerPath(t.LayerPool, t.WorkspaceID)
+	if err != nil {
+		return "", err
+	}
 	if err := os.MkdirAll(filepath.Dir(layer), 0o700); err != nil {
 		return "", err
 	}
@@ -275,7 +279,10 @@ func (a *Agent) endInstance(ctx context.Context, id string, grace time.Duration)
 }
 
 func (a *Agent) removeLayer(t api.WorkspaceTask) error {
-	p := a.layerPath(t.LayerPool, t.WorkspaceID)
+	p, err := a.layerPath(t.LayerPool, t.WorkspaceID)
+	if err != nil {
+		return err
+	}
 	if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return fmt.Errorf("remove writable layer %s: %w", p, err)
 	}

@@ -123,6 +123,9 @@ type Report struct {
 	// InstanceStates is the node's view of each Instance it holds; ctrl
 	// fails a Workspace whose Instance the node reports FAILED.
 	InstanceStates []InstanceState `json:"instance_states,omitempty"`
+	// DefaultPool is the pool the node creates retained layers in; empty
+	// means "default", the node's private pool.
+	DefaultPool string `json:"default_pool,omitempty"`
 	// DataPlaneAddress is where the node's data-plane process listens.
 	DataPlaneAddress string `json:"data_plane_address,omitempty"`
 }
@@ -132,6 +135,27 @@ type InstanceState struct {
 	InstanceID string `json:"instance_id"`
 	State      string `json:"state"` // STARTING, RUNNING, STOPPING, STOPPED, FAILED
 	Error      string `json:"error,omitempty"`
+}
+
+// DefaultPoolOf is the pool a node creates retained layers in.
+func DefaultPoolOf(r *Report) string {
+	if r == nil || r.DefaultPool == "" {
+		return "default"
+	}
+	return r.DefaultPool
+}
+
+// SharedPool reports whether the report lists pool id as shared.
+func SharedPool(r *Report, id string) bool {
+	if r == nil {
+		return false
+	}
+	for _, p := range r.Pools {
+		if p.PoolID == id {
+			return p.Shared
+		}
+	}
+	return false
 }
 
 // Pool is a storage pool as a node reports it.

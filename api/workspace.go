@@ -59,6 +59,9 @@ type Workspace struct {
 type LayerRight struct {
 	NodeID string `json:"node_id"`
 	PoolID string `json:"pool_id"`
+	// Shared: the pool is reachable by every node reporting it, so the
+	// Workspace may start on any of them; else only on NodeID.
+	Shared bool `json:"shared,omitempty"`
 	// Held is true while a node holds the use right (the layer is attached
 	// to an execution or being released); false once released.
 	Held bool `json:"held"`

@@ -109,6 +109,16 @@ type fileConfig struct {
 	DataPlane struct {
 		Listen string `toml:"listen"`
 	} `toml:"dataplane"`
+	Storage struct {
+		// DefaultPool is where new retained layers go; default "default",
+		// the node's private pool under its storage root.
+		DefaultPool string `toml:"default_pool"`
+		Pools       []struct {
+			ID     string `toml:"id"`
+			Path   string `toml:"path"`
+			Shared bool   `toml:"shared"`
+		} `toml:"pools"`
+	} `toml:"storage"`
 	LogLevel  string `toml:"log_level"`
 	Resources struct {
 		CPU    string `toml:"cpu"`
@@ -118,7 +128,7 @@ type fileConfig struct {
 
 // ServeCmd runs a member.
 type ServeCmd struct {
-	Config          string        `name:"config" type:"existingfile" help:"TOML configuration file (data_dir, bind, log_level, [resources] cpu and memory)."`
+	Config          string        `name:"config" type:"existingfile" help:"TOML configuration file (data_dir, bind, log_level, [resources] cpu and memory, [dataplane] listen, [storage] default_pool and [[storage.pools]] id, path, shared)."`
 	Bind            string        `name:"bind" help:"Listen address (default: the advertised address)."`
 	DataPlaneListen string        `name:"dataplane-listen" help:"Data-plane address HOST:PORT (exec, terminal, cp, port-forward); default: the advertised host, port+2."`
 	LogLevel        string        `name:"log-level" default:"info" enum:"debug,info,warn,error" help:"Log level."`
@@ -162,8 +172,12 @@ func (c *ServeCmd) Run(g *Globals) error {
 	if dpListen == "" {
 		dpListen = fc.DataPlane.Listen
 	}
+	var pools []agent.PoolConfig
+	for _, p := range fc.Storage.Pools {
+		pools = append(pools, agent.PoolConfig{ID: p.ID, Path: p.Path, Shared: p.Shared})
+	}
 	return runMember(g, memberOptions{dir: datadir.Dir(dir), bind: bind, level: level, capacity: capacity, timings: timings, clockSkew: c.ClockSkew,
-		systemd: c.Systemd, accel: qemu.Accel(c.Accel), dataPlaneListen: dpListen})
+		systemd: c.Systemd, accel: qemu.Accel(c.Accel), dataPlaneListen: dpListen, pools: pools, defaultPool: fc.Storage.DefaultPool})
 }
 
 func resourcesFrom(fc fileConfig) (api.Resources, error) {
@@ -219,6 +233,8 @@ type memberOptions struct {
 	accel     qemu.Accel
 	// dataPlaneListen is the data-plane address; default advertise port+2.
 	dataPlaneListen string
+	pools           []agent.PoolConfig
+	defaultPool     string
 }
 
 // runMember serves until SIGTERM/SIGINT. A node isolated by ctrl exits
@@ -270,7 +286,8 @@ func runMember(g *Globals, o memberOptions) error {
 			dp = link
 		}
 		a, err := agent.New(agent.Config{DataDir: o.dir, NodeID: srv.NodeID(), Capacity: o.capacity, CtrlAddrs: srv.CtrlAddrs,
-			TLS: clientTLS, SessionTimeout: o.timings.SessionTimeout, Logger: log, ClockSkew: o.clockSkew, Runtime: rt, DataPlane: dp})
+			TLS: clientTLS, SessionTimeout: o.timings.SessionTimeout, Logger: log, ClockSkew: o.clockSkew, Runtime: rt, DataPlane: dp,
+			Pools: o.pools, DefaultPool: o.defaultPool})
 		if err != nil {
 			return err
 		}

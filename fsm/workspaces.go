@@ -301,14 +301,19 @@ func candidates(tx *bolt.Tx) ([]api.Node, error) {
 func place(tx *bolt.Tx, w *api.Workspace, pin string, refused []string) (string, error) {
 	// The node must reach the pool of the writable layer: the default pool
 	// it creates a new layer in, or the pool an existing one is in.
-	req := placement.Request{CPU: w.CPU, MemoryBytes: w.MemoryBytes, Node: pin, Exclude: refused, Pools: []string{DefaultPool}}
-	if w.Layer != nil {
+	req := placement.Request{CPU: w.CPU, MemoryBytes: w.MemoryBytes, Node: pin, Exclude: refused, OwnDefaultPool: true}
+	if w.Layer != nil && w.Layer.Shared {
+		// Any node reaching the shared pool can use the layer.
+		req.OwnDefaultPool = false
+		req.Pools = []string{w.Layer.PoolID}
+	} else if w.Layer != nil {
 		// A retained layer in a node's private pool can be used only there.
 		if pin != "" && pin != w.Layer.NodeID {
 			return "", api.Errorf(api.CodeFailedPrecondition,
 				"workspace %s: its writable layer is in pool %s of node %s, which node %s cannot reach; start it on %s", w.WorkspaceID, w.Layer.PoolID, w.Layer.NodeID, pin, w.Layer.NodeID)
 		}
 		req.Node = w.Layer.NodeID
+		req.OwnDefaultPool = false
 		req.Pools = []string{w.Layer.PoolID}
 	}
 	if pin != "" {
@@ -327,19 +332,30 @@ func place(tx *bolt.Tx, w *api.Workspace, pin string, refused []string) (string,
 	return placement.Choose(nodes, req)
 }
 
-// beginExecution records a new Instance of w on node and the start command.
-func beginExecution(e *Entry, w *api.Workspace, node, state string) {
+// beginExecution records a new Instance of w on node and the start
+// command. A new layer goes to the node's default pool; the use right of a
+// layer in a shared pool moves with the execution.
+func beginExecution(tx *bolt.Tx, e *Entry, w *api.Workspace, node, state string) error {
+	if w.Layer == nil || w.Layer.Shared {
+		n, err := mustNode(tx, node)
+		if err != nil {
+			return err
+		}
+		if w.Layer == nil {
+			pool := api.DefaultPoolOf(n.Report)
+			w.Layer = &api.LayerRight{PoolID: pool, Shared: api.SharedPool(n.Report, pool)}
+		}
+		w.Layer.NodeID = node
+	}
 	w.Instances++
 	w.NodeID = node
 	w.InstanceID = instanceIDFor(w.WorkspaceID, w.Instances)
 	w.State = state
 	w.Failure = nil
 	w.StopUnconfirmed = false
-	if w.Layer == nil {
-		w.Layer = &api.LayerRight{NodeID: node, PoolID: DefaultPool}
-	}
 	w.Layer.Held = true
 	setPending(e, w, api.WSCmdStart, nil)
+	return nil
 }
 
 // setPending records the command the node must execute next. Its id names
@@ -378,7 +394,9 @@ func applyWorkspaceCreate(tx *bolt.Tx, e *Entry) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	beginExecution(e, w, node, api.WorkspaceCreating)
+	if err := beginExecution(tx, e, w, node, api.WorkspaceCreating); err != nil {
+		return nil, err
+	}
 	if err := putWorkspace(tx, e, nil, w); err != nil {
 		return nil, err
 	}
@@ -423,7 +441,9 @@ func applyWorkspaceStart(tx *bolt.Tx, e *Entry) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	beginExecution(e, w, node, api.WorkspaceStarting)
+	if err := beginExecution(tx, e, w, node, api.WorkspaceStarting); err != nil {
+		return nil, err
+	}
 	if err := putWorkspace(tx, e, old, w); err != nil {
 		return nil, err
 	}
@@ -552,7 +572,9 @@ func applyWorkspaceResult(tx *bolt.Tx, e *Entry) (any, error) {
 				break
 			}
 			state := w.State
-			beginExecution(e, w, node, state)
+			if err := beginExecution(tx, e, w, node, state); err != nil {
+				return nil, err
+			}
 			w.Pending.Refused = refused
 		default:
 			// The node removed what it had started; the layer stays.

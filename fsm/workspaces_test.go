@@ -1260,3 +1260,46 @@ func TestWorkspaceRetireWithPendingDelete(t *testing.T) {
 	}
 	checkIndex(t, h.f)
 }
+
+// A layer in a shared pool moves with its Workspace: stopped on node-a, it
+// starts on node-b, and isolating node-a leaves it startable elsewhere.
+func TestWorkspaceSharedPool(t *testing.T) {
+	h := newHarness(t)
+	h.bootstrap()
+	shared := append([]api.Pool{{PoolID: "shared", Path: "/srv/shared", Available: true, Shared: true}}, defaultPoolAvailable...)
+	for _, n := range []string{"node-a", "node-b"} {
+		h.schedNode(n, 1, 4000, 8*gib)
+		h.report(n, sessOf(n), api.Report{Capacity: api.Resources{CPU: 4000, MemoryBytes: 8 * gib}, Pools: shared, DefaultPool: "shared"})
+	}
+	a := smallWS
+	a.NodeID = "node-a"
+	w := h.create("c1", a)
+	if w.Layer == nil || *w.Layer != (api.LayerRight{NodeID: "node-a", PoolID: "shared", Shared: true, Held: true}) {
+		t.Fatalf("layer of a create on a node whose default pool is shared: %+v", w.Layer)
+	}
+	h.answer(w.WorkspaceID, OutcomeOK, "")
+	h.ok(OpWorkspaceStop, WorkspaceArgs{WorkspaceID: w.WorkspaceID})
+	h.answer(w.WorkspaceID, OutcomeOK, "")
+	h.advance(time.Second)
+	moved := decode[api.Workspace](t, h.ok(OpWorkspaceStart, WorkspaceArgs{WorkspaceID: w.WorkspaceID, NodeID: "node-b"}))
+	if moved.NodeID != "node-b" || moved.Layer.NodeID != "node-b" || !moved.Layer.Held || moved.Pending.NodeID != "node-b" {
+		t.Fatalf("start on node-b: %+v layer %+v", moved, moved.Layer)
+	}
+	h.answer(w.WorkspaceID, OutcomeOK, "")
+	if hd := h.holds("node-a"); hd != (Holds{}) {
+		t.Errorf("node-a still holds %+v after the Workspace moved", hd)
+	}
+	// node-b dies and is isolated: the layer's use right is released and
+	// the Workspace starts on node-a, which reaches the same pool.
+	h.closeSession("node-b", sessOf("node-b"))
+	res := decode[api.IsolateResult](t, h.ok(OpNodeIsolate, NodeArgs{NodeID: "node-b"}))
+	if res.RetainedLayersReleased != 1 || res.WorkspacesFailed != 1 {
+		t.Errorf("isolate result %+v", res)
+	}
+	h.advance(time.Second)
+	again := decode[api.Workspace](t, h.ok(OpWorkspaceStart, WorkspaceArgs{WorkspaceID: w.WorkspaceID}))
+	if again.NodeID != "node-a" || again.Layer.NodeID != "node-a" {
+		t.Errorf("start after isolate: %+v layer %+v", again, again.Layer)
+	}
+	checkIndex(t, h.f)
+}

@@ -126,7 +126,7 @@ func (q *QEMU) Argv(spec Spec, p Paths) ([]string, error) {
 		cfg.Channels = append(cfg.Channels, qemu.Channel{Name: guestproto.DataPortName, Socket: p.DataSocket})
 	}
 	if p.Layer != "" {
-		cfg.Disks = append(cfg.Disks, qemu.Disk{ID: "layer", Path: p.Layer, Format: "qcow2"})
+		cfg.Disks = append(cfg.Disks, qemu.Disk{ID: "layer", Path: p.Layer, Format: "qcow2", Backing: spec.RootImage})
 	}
 	if p.Disk != "" {
 		cfg.Disks = append(cfg.Disks, qemu.Disk{ID: "writable", Path: p.Disk, Format: "raw"})

@@ -25,6 +25,9 @@ type Request struct {
 	// Pools are the pools holding the Workspace's Volumes and retained
 	// layer; the node must report each one available. Empty: any node.
 	Pools []string
+	// OwnDefaultPool: the node must report its own default pool (where it
+	// creates a new retained layer) available.
+	OwnDefaultPool bool
 	// Node pins the placement to one node (--node).
 	Node string
 	// Exclude are nodes that refused this placement (drained or memory
@@ -100,6 +103,9 @@ func Ineligible(n *api.Node, req Request) string {
 		return whyNoCPU
 	case f.MemoryBytes < req.MemoryBytes:
 		return whyNoMemory
+	}
+	if req.OwnDefaultPool && !hasPool(n, api.DefaultPoolOf(n.Report)) {
+		return whyNoPool
 	}
 	for _, want := range req.Pools {
 		if !hasPool(n, want) {

@@ -58,6 +58,11 @@ type Disk struct {
 	Path     string
 	Format   string // default raw
 	ReadOnly bool
+	// Backing, for a qcow2 disk, is its raw backing image, given on the
+	// command line so the path stored in the qcow2 header does not matter:
+	// a layer in a shared pool was created on another node, whose
+	// template images live under another storage root.
+	Backing string
 }
 
 // NIC is a virtio-net device on an existing tap.
@@ -150,6 +155,9 @@ func (c *Config) Args() ([]string, error) {
 			format = "raw"
 		}
 		drive := "file=" + d.Path + ",if=none,id=" + id + ",format=" + format
+		if d.Backing != "" {
+			drive += ",backing.driver=raw,backing.file.filename=" + d.Backing
+		}
 		if d.ReadOnly {
 			drive += ",readonly=on"
 		}
@@ -231,6 +239,12 @@ func (c *Config) validate() error {
 			bad("disk %s format %q: want raw or qcow2", id, d.Format)
 		}
 		path("disk "+id, d.Path, false)
+		if d.Backing != "" {
+			if d.Format != "qcow2" {
+				bad("disk %s: a backing image needs format qcow2", id)
+			}
+			path("disk "+id+" backing", d.Backing, false)
+		}
 	}
 	if c.NIC != nil {
 		if !nameRE.MatchString(c.NIC.Tap) || len(c.NIC.Tap) > 15 {
