@@ -229,7 +229,8 @@ func (a *Agent) startWorkspace(ctx context.Context, t api.WorkspaceTask) (refusa
 	return "", nil
 }
 
-// configureWorkspace mounts the Workspace filesystem in the guest.
+// configureWorkspace mounts the Workspace filesystem in the guest, with
+// the pseudo filesystems under it.
 func (a *Agent) configureWorkspace(ctx context.Context, id, ws string) error {
 	c, err := a.cfg.Runtime.Guest(id)
 	if err != nil {
@@ -237,7 +238,15 @@ func (a *Agent) configureWorkspace(ctx context.Context, id, ws string) error {
 	}
 	return c.Configure(ctx, guestproto.ConfigureRequest{
 		Hostname: ws,
-		Mounts:   []guestproto.Mount{{Source: "/dev/vda", Target: WorkspaceRoot, FSType: "ext4"}},
+		Mounts: []guestproto.Mount{
+			{Source: "/dev/vda", Target: WorkspaceRoot, FSType: "ext4"},
+			// What programs in the Workspace expect: /dev/null, /proc,
+			// ptys of their own.
+			{Source: "proc", Target: WorkspaceRoot + "/proc", FSType: "proc"},
+			{Source: "sysfs", Target: WorkspaceRoot + "/sys", FSType: "sysfs"},
+			{Source: "devtmpfs", Target: WorkspaceRoot + "/dev", FSType: "devtmpfs", Options: []string{"mode=0755"}},
+			{Source: "devpts", Target: WorkspaceRoot + "/dev/pts", FSType: "devpts", Options: []string{"gid=5", "mode=620", "ptmxmode=666"}},
+		},
 	})
 }
 

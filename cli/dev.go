@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/kibotos/kibotos/agent"
+	"github.com/kibotos/kibotos/agent/dataplane"
 	"github.com/kibotos/kibotos/agent/runtime"
 	"github.com/kibotos/kibotos/api"
 	"github.com/kibotos/kibotos/cluster"
@@ -54,17 +55,20 @@ type DevUpCmd struct {
 	NodeID    string `name:"node-id" default:"dev" help:"Node id of the dev member."`
 	NoBuild   bool   `name:"no-build" help:"Do not build the Platform and the default template when they are missing."`
 	NoDemo    bool   `name:"no-demo" help:"Do not create the demo Workspace when the cluster has none."`
+	// PlatformCache lets several dev clusters (and tests) share one
+	// download of the kernel package.
+	PlatformCache string `name:"platform-cache-dir" env:"KIBOTOS_PLATFORM_CACHE" help:"Where the kernel package of the Platform is downloaded and unpacked; default: <storage root>/cache/platform."`
 }
 
 // ensureDevArtifacts builds what a Workspace needs on this host when it is
 // missing: the Platform (kernel from the Debian package, initramfs with the
 // guest agent) and the default busybox template.
-func ensureDevArtifacts(g *Globals, d datadir.Dir) error {
+func ensureDevArtifacts(g *Globals, d datadir.Dir, cacheDir string) error {
 	root := d.StorageRoot()
 	// The Platform carries this executable as the guest agent: a new build
 	// gets a new Platform (an unchanged one is found, not rebuilt).
 	start := time.Now()
-	in, err := platform.Build(g.ctx, platform.Options{StorageRoot: root, Logger: slog.New(slog.NewTextHandler(g.stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))})
+	in, err := platform.Build(g.ctx, platform.Options{StorageRoot: root, CacheDir: cacheDir, Logger: slog.New(slog.NewTextHandler(g.stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))})
 	if err != nil {
 		return fmt.Errorf("kibotos dev: build the Platform: %w", err)
 	}
@@ -98,7 +102,7 @@ func (c *DevUpCmd) Run(g *Globals) error {
 	}
 	runsVMs := privsd.Available() == nil || hostHasSystemd()
 	if runsVMs && !c.NoBuild {
-		if err := ensureDevArtifacts(g, d); err != nil {
+		if err := ensureDevArtifacts(g, d, c.PlatformCache); err != nil {
 			return err
 		}
 	}
@@ -217,7 +221,7 @@ func (c *DevDownCmd) Run(g *Globals) error {
 			target = sd.Target()
 		}
 	}
-	deleted := 0
+	deleted, dpStopped := 0, 0
 	if target.Socket != "" {
 		m, err := units.Connect(g.ctx, target)
 		if err != nil {
@@ -237,14 +241,20 @@ func (c *DevDownCmd) Run(g *Globals) error {
 			deleted++
 		}
 		rt.Close()
+		// The data-plane process outlives the node by design; on the host's
+		// systemd nothing else would end it.
+		dpStopped, err = dataplane.StopScope(g.ctx, m, dataplane.ScopeFor(filepath.Join(d.NodeDir(), "dataplane")))
 		m.Close()
+		if err != nil {
+			return err
+		}
 	}
 	if sd != nil {
 		if err := sd.Stop(); err != nil {
 			return err
 		}
 	}
-	g.printf("kibotos dev: %d VM(s) ended", deleted)
+	g.printf("kibotos dev: %d VM(s) ended, %d data-plane process(es) stopped", deleted, dpStopped)
 	if sd != nil {
 		g.printf(", private systemd stopped")
 	}

@@ -393,7 +393,7 @@ func (c *WorkspaceMoveCmd) Run(g *Globals) error {
 		return err
 	}
 	var target api.Node
-	if _, err := g.call("GET", nodePath(c.Node, ""), nil, &target); err != nil {
+	if _, err := g.call("GET", nodePath(c.Node), nil, &target); err != nil {
 		return err
 	}
 	if ws.State == api.WorkspaceAvailable && ws.NodeID == c.Node {

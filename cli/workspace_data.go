@@ -320,8 +320,15 @@ func (c *WorkspaceCpCmd) download(g *Globals, ws, remote, local string) error {
 	defer client.Close()
 	gp := guestPath(remote)
 	var size int64 = -1
-	if fi, err := client.Stat(g.ctx, gp); err == nil {
+	fi, err := client.Stat(g.ctx, gp)
+	var ge *guestproto.Error
+	switch {
+	case err == nil:
 		size = fi.Size
+	case errors.As(err, &ge) && ge.Code == guestproto.CodeNotFound:
+		// Said before a local file is created, and without the guest's
+		// mount point in the path.
+		return api.Errorf(api.CodeNotFound, "workspace %s: %s: no such file or directory", ws, remote)
 	}
 	var w io.Writer = g.stdout
 	var f *os.File
@@ -464,6 +471,10 @@ func (c *WorkspacePortForwardCmd) Run(g *Globals) error {
 	if !ok || err1 != nil || err2 != nil || lp < 0 || lp > 65535 || rp <= 0 || rp > 65535 {
 		return usagef("port-forward: %q is not LOCAL:REMOTE with ports 1-65535 (LOCAL may be 0)", c.Ports)
 	}
+	// Ctrl-C (or SIGTERM) is the normal way to stop: close the listener
+	// and the data-plane session and exit 0.
+	ctx, stop := signal.NotifyContext(g.ctx, syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
 	client, err := g.dataPlane(c.ID)
 	if err != nil {
 		return err
@@ -477,7 +488,7 @@ func (c *WorkspacePortForwardCmd) Run(g *Globals) error {
 	g.note("Forwarding %s -> %s:%d (Ctrl-C to stop)\n", ln.Addr(), c.ID, rp)
 	go func() {
 		select {
-		case <-g.ctx.Done():
+		case <-ctx.Done():
 		case <-client.Done():
 		}
 		ln.Close()
@@ -494,8 +505,8 @@ func (c *WorkspacePortForwardCmd) Run(g *Globals) error {
 		}
 		go func() {
 			defer conn.Close()
-			ctx, cancel := context.WithTimeout(g.ctx, 15*time.Second)
-			remote, err := client.PortForward(ctx, "", rp)
+			cctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+			remote, err := client.PortForward(cctx, "", rp)
 			cancel()
 			if err != nil {
 				g.note("port-forward: connection to %s:%d failed: %v\n", c.ID, rp, err)

@@ -114,7 +114,11 @@ func newLab(t *testing.T, n int) *lab {
 // buildBinary builds kibotos into dir and adds the kibo symlink.
 func buildBinary(t *testing.T, dir string) string {
 	t.Helper()
-	out, err := exec.Command("go", "build", "-o", filepath.Join(dir, "kibotos"), "github.com/kibotos/kibotos").CombinedOutput()
+	// Static, as scripts/build.sh builds it: kibotos dev ships this
+	// executable as the guest agent of its Platform.
+	cmd := exec.Command("go", "build", "-o", filepath.Join(dir, "kibotos"), "github.com/kibotos/kibotos")
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	out, err := cmd.CombinedOutput()
 	if err != nil {
 		t.Fatalf("build kibotos: %v\n%s", err, out)
 	}

@@ -227,3 +227,27 @@ func (h *Handle) Push(ctx context.Context, st State) error {
 func (h *Handle) Ping(ctx context.Context) (Hello, error) {
 	return AskHello(ctx, h.socketDir, h.Generation)
 }
+
+// StopScope stops every data-plane process of scope under m (their
+// connections get the process's grace) and returns how many it stopped.
+// The node never calls it; `kibotos dev down` does, since on a host
+// systemd nothing else would end them.
+func StopScope(ctx context.Context, m *units.Manager, scope string) (int, error) {
+	listed, err := m.List(ctx, unitPrefix+scope+"-*.service")
+	if err != nil {
+		return 0, fmt.Errorf("dataplane: find data-plane units: %w", err)
+	}
+	n := 0
+	for _, u := range listed {
+		if _, ok := unitGeneration(scope, u.Name); !ok {
+			continue
+		}
+		if err := m.Stop(ctx, u.Name); err != nil {
+			return n, fmt.Errorf("dataplane: stop %s: %w", u.Name, err)
+		}
+		if u.Active() {
+			n++
+		}
+	}
+	return n, nil
+}

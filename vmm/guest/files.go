@@ -61,7 +61,9 @@ func writeFile(s io.Reader, req guestproto.FileWriteRequest) (guestproto.FileInf
 		}
 	}()
 	if _, err := io.CopyBuffer(f, data, make([]byte, 256<<10)); err != nil {
-		return guestproto.FileInfo{}, fmt.Errorf("write %s: %w", req.Path, err)
+		// A failed write (no space left) must still read the rest of the
+		// stream, or the sender blocks and never sees the error.
+		return fail(fmt.Errorf("write %s: %w", req.Path, err))
 	}
 	if err := f.Chmod(mode); err != nil {
 		return guestproto.FileInfo{}, err

@@ -12,6 +12,10 @@ import (
 // DefaultName is the template `kibotos dev` builds on the spot.
 const DefaultName = "kibotos-base"
 
+// BusyboxSizeMiB is the file system size of the busybox template: a
+// Workspace's writable layer has the size of its template's file system.
+const BusyboxSizeMiB = 1024
+
 // BuildBusybox builds a small template from the static busybox of the
 // Debian package busybox-static: a shell and the usual tools, /etc with
 // root's account, and the directories a Workspace expects.
@@ -69,5 +73,7 @@ func BuildBusybox(ctx context.Context, storageRoot, name, busybox string) (*Temp
 			return nil, err
 		}
 	}
-	return Build(ctx, Options{StorageRoot: storageRoot, Name: name, FromDir: tree})
+	// The image is sparse: its size is the room a Workspace gets for its
+	// own files, not what it costs on the host.
+	return Build(ctx, Options{StorageRoot: storageRoot, Name: name, FromDir: tree, SizeMiB: BusyboxSizeMiB})
 }

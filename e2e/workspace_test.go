@@ -1,0 +1,869 @@
+package e2e
+
+// The one-host Workspace lifecycle through the real CLI: `kibotos dev`
+// (a one-voter cluster whose node runs QEMU micro-VMs under a private
+// systemd) and `kibo workspace ...`. One Workspace serves every check, so
+// the test boots two VMs in all (create, start).
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/kibotos/kibotos/agent"
+	"github.com/kibotos/kibotos/agent/dataplane"
+	"github.com/kibotos/kibotos/agent/runtime/runtimetest"
+	"github.com/kibotos/kibotos/api"
+	"github.com/kibotos/kibotos/datadir"
+	"github.com/kibotos/kibotos/vmm/guestproto"
+)
+
+// wsDev is one `kibotos dev` cluster on this host and the CLI pointed at it.
+type wsDev struct {
+	t       *testing.T
+	tmp     string // test directory: binaries, logs, scratch files
+	bin     string
+	dir     string // the dev data directory
+	addr    string // --advertise
+	cache   string // shared kernel package cache
+	mu      sync.Mutex
+	dev     *proc // current kibotos dev process
+	runs    int
+	started []*exec.Cmd // every other long-running CLI process, to reap
+}
+
+func TestWorkspace(t *testing.T) {
+	runtimetest.RequireVMHost(t)
+	t0 := time.Now()
+	tmp := t.TempDir() // registered first: removed after the cleanup below
+	d := &wsDev{t: t, tmp: tmp, dir: filepath.Join(tmp, "dev"), cache: filepath.Join(os.TempDir(), "kibotos-test-platform")}
+	d.bin = buildBinary(t, filepath.Join(tmp, "bin"))
+	d.addr = "127.0.0.1:" + strconv.Itoa(wsFreePorts(t))
+	t.Cleanup(d.down)
+	d.up()
+	inc := d.waitReady(0)
+	t.Logf("dev cluster ready in %s (node incarnation %d)", time.Since(t0).Round(time.Millisecond), inc)
+
+	ws := d.testCreate()
+	if t.Failed() {
+		return
+	}
+	steps := []struct {
+		name string
+		f    func(string)
+	}{
+		{"Exec", d.testExec},
+		{"Files", d.testFiles},
+		{"PTY", d.testPTY},
+		{"PortForward", d.testPortForward},
+		{"StopStart", d.testStopStart},
+		{"NodeKill", d.testNodeKill},
+		{"ForceStopDelete", d.testForceStopDelete},
+	}
+	for _, s := range steps {
+		if !t.Run(s.name, func(t *testing.T) {
+			old := d.t
+			d.t = t
+			defer func() { d.t = old }()
+			s.f(ws)
+		}) {
+			return
+		}
+	}
+	t.Logf("lifecycle done in %s", time.Since(t0).Round(time.Millisecond))
+}
+
+// wsFreePorts finds PORT with PORT, PORT+1 (TCP and UDP) and PORT+2 free:
+// the member, its gossip and the data plane.
+func wsFreePorts(t *testing.T) int {
+	t.Helper()
+	for i := 0; i < 50; i++ {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		p := l.Addr().(*net.TCPAddr).Port
+		l.Close()
+		if p+2 > 65535 {
+			continue
+		}
+		ok := true
+		var held []io.Closer
+		for _, q := range []int{p, p + 1, p + 2} {
+			tl, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(q))
+			if err != nil {
+				ok = false
+				break
+			}
+			held = append(held, tl)
+		}
+		if ok {
+			if u, err := net.ListenPacket("udp", "127.0.0.1:"+strconv.Itoa(p+1)); err == nil {
+				held = append(held, u)
+			} else {
+				ok = false
+			}
+		}
+		for _, c := range held {
+			c.Close()
+		}
+		if ok {
+			return p
+		}
+	}
+	t.Fatal("no three free consecutive ports")
+	return 0
+}
+
+func (d *wsDev) env() []string {
+	return append(cleanEnv(), "KIBOTOS_DATA_DIR="+d.dir, "KIBOTOS_PLATFORM_CACHE="+d.cache)
+}
+
+// up starts `kibotos dev` in the background, output to a log file.
+func (d *wsDev) up() {
+	d.t.Helper()
+	d.mu.Lock()
+	d.runs++
+	logPath := filepath.Join(d.tmp, fmt.Sprintf("dev-%d.log", d.runs))
+	d.mu.Unlock()
+	f, err := os.Create(logPath)
+	if err != nil {
+		d.t.Fatal(err)
+	}
+	cmd := exec.Command(filepath.Join(d.bin, "kibotos"), "dev", "--data-dir", d.dir, "--advertise", d.addr, "--no-demo")
+	cmd.Stdout, cmd.Stderr, cmd.Env = f, f, d.env()
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		f.Close()
+		d.t.Fatal(err)
+	}
+	p := &proc{cmd: cmd, log: logPath, done: make(chan struct{})}
+	go func() {
+		err := cmd.Wait()
+		f.Close()
+		p.code = cmd.ProcessState.ExitCode()
+		if err != nil && p.code == 0 {
+			p.code = -1
+		}
+		close(p.done)
+	}()
+	d.mu.Lock()
+	d.dev = p
+	d.mu.Unlock()
+}
+
+func (d *wsDev) devProc() *proc {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.dev
+}
+
+// wsNode is the part of `kibo node get --json` readiness depends on.
+type wsNode struct {
+	Status  string `json:"status"`
+	Session *struct {
+		Incarnation uint64 `json:"incarnation"`
+		Alive       bool   `json:"alive"`
+	} `json:"session"`
+	Report *struct {
+		DataPlaneAddress string `json:"data_plane_address"`
+	} `json:"report"`
+	Overcommit *struct {
+		Acknowledged bool `json:"acknowledged"`
+	} `json:"overcommit"`
+}
+
+// waitReady polls until node dev is READY with a live session of an
+// incarnation after `after`, reported and its overcommit acknowledged
+// (ctrl places nothing on it before). It returns the incarnation.
+func (d *wsDev) waitReady(after uint64) uint64 {
+	d.t.Helper()
+	var inc uint64
+	waitFor(d.t, 3*time.Minute, "node dev READY with its overcommit acknowledged", func() (bool, string) {
+		if p := d.devProc(); p.exited() {
+			d.t.Fatalf("kibotos dev exited with %d before the node was ready:\n%s", p.code, tail(p.log, 30))
+		}
+		r := d.kibo(10*time.Second, nil, "node", "get", "dev", "--json")
+		if r.code != 0 {
+			return false, r.String()
+		}
+		var n wsNode
+		if err := decodeResult(r, &n); err != nil {
+			return false, err.Error()
+		}
+		ok := n.Status == api.NodeReady && n.Session != nil && n.Session.Alive && n.Session.Incarnation > after &&
+			n.Report != nil && n.Report.DataPlaneAddress != "" && n.Overcommit != nil && n.Overcommit.Acknowledged
+		if n.Session != nil {
+			inc = n.Session.Incarnation
+		}
+		return ok, trimTo(r.stdout, 400)
+	})
+	return inc
+}
+
+// kibo runs the CLI with KIBOTOS_DATA_DIR set to the dev directory.
+func (d *wsDev) kibo(timeout time.Duration, stdin []byte, args ...string) result {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, filepath.Join(d.bin, "kibo"), args...)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr, cmd.Env = &stdout, &stderr, d.env()
+	if stdin != nil {
+		cmd.Stdin = bytes.NewReader(stdin)
+	}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	err := cmd.Run()
+	r := result{args: args, stdout: stdout.String(), stderr: stderr.String(), code: -1}
+	var ee *exec.ExitError
+	switch {
+	case err == nil:
+		r.code = 0
+	case ctx.Err() != nil:
+		r.stderr += fmt.Sprintf(" [killed by the test after %s]", timeout)
+	case errors.As(err, &ee):
+		r.code = ee.ExitCode()
+	default:
+		r.stderr += " [" + err.Error() + "]"
+	}
+	return r
+}
+
+// must runs the CLI and fails the test unless it exits 0.
+func (d *wsDev) must(args ...string) result {
+	d.t.Helper()
+	r := d.kibo(time.Minute, nil, args...)
+	if r.code != 0 {
+		d.t.Fatalf("%s", r)
+	}
+	return r
+}
+
+// expect runs the CLI and fails the test unless it exits with code.
+func (d *wsDev) expect(code int, args ...string) result {
+	d.t.Helper()
+	r := d.kibo(time.Minute, nil, args...)
+	if r.code != code {
+		d.t.Fatalf("want exit %d: %s", code, r)
+	}
+	return r
+}
+
+// wsView is `kibo workspace get --json`.
+type wsView struct {
+	WorkspaceID     string `json:"workspace_id"`
+	State           string `json:"state"`
+	NodeID          string `json:"node_id"`
+	InstanceID      string `json:"instance_id"`
+	Version         uint64 `json:"version"`
+	StopUnconfirmed bool   `json:"stop_unconfirmed"`
+}
+
+func (d *wsDev) get(id string) wsView {
+	d.t.Helper()
+	r := d.must("workspace", "get", id, "--json")
+	var w wsView
+	if err := decodeResult(r, &w); err != nil {
+		d.t.Fatal(err)
+	}
+	return w
+}
+
+var wsIDRe = regexp.MustCompile(`^ws-[a-z0-9]+\n$`)
+
+// testCreate creates the Workspace every later step uses and checks get,
+// list and their filters, the errors, and an idempotent retry.
+func (d *wsDev) testCreate() string {
+	t := d.t
+	t.Helper()
+	before := d.must("workspace", "list", "--all", "-q").stdout
+	cmdID := "e2e-create-" + hex.EncodeToString(randBytes(t, 4))
+	t0 := time.Now()
+	r := d.kibo(3*time.Minute, nil, "workspace", "create", "--template", "kibotos-base", "-q", "--command-id", cmdID)
+	if r.code != 0 || !wsIDRe.MatchString(r.stdout) || r.stderr != "" {
+		t.Fatalf("create -q must print only a Workspace id: %s (stdout %q)", r, r.stdout)
+	}
+	t.Logf("TIMING create (to AVAILABLE): %s", time.Since(t0).Round(time.Millisecond))
+	id := strings.TrimSpace(r.stdout)
+
+	w := d.get(id)
+	if w.WorkspaceID != id || w.State != api.WorkspaceAvailable || w.NodeID != "dev" || !strings.HasPrefix(w.InstanceID, "inst-") || w.Version == 0 {
+		t.Fatalf("get %s: %+v; want AVAILABLE on node dev with an instance and a version", id, w)
+	}
+
+	// The same command id again: the same Workspace, nothing new.
+	r = d.must("workspace", "create", "--template", "kibotos-base", "-q", "--command-id", cmdID)
+	if strings.TrimSpace(r.stdout) != id {
+		t.Errorf("create retried with --command-id %s: got %q, want %s", cmdID, r.stdout, id)
+	}
+
+	list := d.must("workspace", "list").stdout
+	if !regexp.MustCompile(`(?m)^` + id + `\s+AVAILABLE\s+kibotos-base\s`).MatchString(list) {
+		t.Errorf("workspace list lacks %s AVAILABLE:\n%s", id, list)
+	}
+	wide := strings.Split(strings.TrimSpace(d.must("workspace", "list", "--wide").stdout), "\n")
+	header := strings.Fields(wide[0])
+	col := func(name string) int {
+		for i, h := range header {
+			if h == name {
+				return i
+			}
+		}
+		t.Fatalf("list --wide header %v lacks %s", header, name)
+		return -1
+	}
+	ci, cn := col("INSTANCE"), col("NODE")
+	found := false
+	for _, line := range wide[1:] {
+		f := strings.Fields(line)
+		if len(f) == len(header) && f[0] == id {
+			found = true
+			if f[ci] != w.InstanceID || f[cn] != "dev" {
+				t.Errorf("list --wide row %q: INSTANCE %q NODE %q, want %s dev", line, f[ci], f[cn], w.InstanceID)
+			}
+		}
+	}
+	if !found {
+		t.Errorf("list --wide lacks a row for %s:\n%s", id, strings.Join(wide, "\n"))
+	}
+	if out := d.must("workspace", "list", "--node", "dev").stdout; !strings.Contains(out, id) {
+		t.Errorf("list --node dev lacks %s:\n%s", id, out)
+	}
+	if out := d.must("workspace", "list", "--instance", w.InstanceID, "-q").stdout; out != id+"\n" {
+		t.Errorf("list --instance %s -q: %q, want %s", w.InstanceID, out, id)
+	}
+	d.expect(api.ExitUsage, "workspace", "list", "--node", "dev", "--state", "AVAILABLE")
+	d.expect(api.ExitNotFound, "workspace", "list", "--node", "nosuch")
+	if r := d.expect(api.ExitNotFound, "workspace", "get", "ws-nosuch"); !strings.Contains(r.stderr, "ws-nosuch") {
+		t.Errorf("get ws-nosuch: the message does not name it: %s", r)
+	}
+	d.expect(api.ExitInvalidArgument, "workspace", "create", "--template", "NoSuch!")
+	d.expect(api.ExitNotFound, "workspace", "create", "--template", "kibotos-base", "--node", "nosuch")
+	after := d.must("workspace", "list", "--all", "-q").stdout
+	if after != before+id+"\n" {
+		t.Errorf("list --all -q: %q before, %q after; want only %s added (failed creates leave nothing)", before, after, id)
+	}
+	return id
+}
+
+func randBytes(t testing.TB, n int) []byte {
+	b := make([]byte, n)
+	if _, err := rand.Read(b); err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// testExec: exit codes, separate stdout and stderr, signals, binary stdio.
+func (d *wsDev) testExec(id string) {
+	t := d.t
+	t0 := time.Now()
+	r := d.kibo(time.Minute, nil, "workspace", "exec", id, "--", "sh", "-c", "echo out; echo err >&2; exit 7")
+	t.Logf("TIMING first exec: %s", time.Since(t0).Round(time.Millisecond))
+	if r.code != 7 || r.stdout != "out\n" || r.stderr != "err\n" {
+		t.Errorf("exec exit 7: want code 7, stdout %q, stderr %q; got %s (stdout %q stderr %q)", "out\n", "err\n", r, r.stdout, r.stderr)
+	}
+	if r := d.kibo(time.Minute, nil, "workspace", "exec", id, "--", "sh", "-c", "kill -TERM $$"); r.code != 128+int(syscall.SIGTERM) {
+		t.Errorf("exec of a process killed by SIGTERM: want exit 143, got %s", r)
+	}
+	if r := d.kibo(time.Minute, nil, "workspace", "exec", id, "--", "sh", "-c", "test -c /dev/null && test -r /proc/self/stat"); r.code != 0 {
+		t.Errorf("the Workspace lacks /dev or /proc: %s", r)
+	}
+	in := randBytes(t, 1<<20)
+	t0 = time.Now()
+	r = d.kibo(time.Minute, in, "workspace", "exec", id, "--", "cat")
+	if r.code != 0 || r.stdout != string(in) {
+		t.Errorf("1 MiB of random bytes through cat: exit %d, %d bytes back, equal %v: %s", r.code, len(r.stdout), r.stdout == string(in), trimTo(r.stderr, 300))
+	}
+	t.Logf("TIMING 1 MiB through exec cat: %s", time.Since(t0).Round(time.Millisecond))
+}
+
+// testFiles: cp of 100 MiB in and out, and of a missing file.
+func (d *wsDev) testFiles(id string) {
+	t := d.t
+	const size = 100 << 20
+	local := filepath.Join(d.tmp, "big.in")
+	data := randBytes(t, size)
+	if err := os.WriteFile(local, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	sum := sha256.Sum256(data)
+	want := hex.EncodeToString(sum[:])
+	data = nil
+
+	t0 := time.Now()
+	r := d.kibo(3*time.Minute, nil, "workspace", "cp", local, id+":/root/big")
+	up := time.Since(t0)
+	if r.code != 0 {
+		t.Fatalf("cp in: %s", r)
+	}
+	if r := d.must("workspace", "exec", id, "--", "sha256sum", "/root/big"); !strings.HasPrefix(r.stdout, want+" ") {
+		t.Errorf("sha256sum of the copied file in the Workspace: %q, want %s", r.stdout, want)
+	}
+	back := filepath.Join(d.tmp, "big.out")
+	t0 = time.Now()
+	r = d.kibo(3*time.Minute, nil, "workspace", "cp", id+":/root/big", back)
+	down := time.Since(t0)
+	if r.code != 0 {
+		t.Fatalf("cp out: %s", r)
+	}
+	if got := wsFileSHA256(t, back); got != want {
+		t.Errorf("cp in and back out: sha256 %s, want %s", got, want)
+	}
+	mbps := func(d time.Duration) float64 { return float64(size) / 1e6 / d.Seconds() }
+	t.Logf("TIMING cp 100 MiB: in %s (%.1f MB/s), out %s (%.1f MB/s)", up.Round(time.Millisecond), mbps(up), down.Round(time.Millisecond), mbps(down))
+	os.Remove(local)
+	os.Remove(back)
+	d.must("workspace", "exec", id, "--", "rm", "/root/big")
+
+	missing := filepath.Join(d.tmp, "missing.out")
+	r = d.kibo(time.Minute, nil, "workspace", "cp", id+":/root/nosuch", missing)
+	if r.code != api.ExitNotFound || !strings.Contains(r.stderr, id+": /root/nosuch: no such file") {
+		t.Errorf("cp of a missing file: want exit 12 and a message naming it: %s", r)
+	}
+	if _, err := os.Stat(missing); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("cp of a missing file left %s behind (%v)", missing, err)
+	}
+}
+
+func wsFileSHA256(t *testing.T, path string) string {
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	h := sha256.New()
+	if _, err := io.Copy(h, f); err != nil {
+		t.Fatal(err)
+	}
+	return hex.EncodeToString(h.Sum(nil))
+}
+
+// lockedBuf collects a PTY's output for polling.
+type lockedBuf struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuf) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuf) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// testPTY opens the data plane as the CLI does (a credential from ctrl,
+// the cluster CA) and runs a shell in a PTY: its size at start and after
+// a resize.
+func (d *wsDev) testPTY(id string) {
+	t := d.t
+	dir := datadir.Dir(d.dir)
+	ident, err := dir.LoadIdentity()
+	if err != nil {
+		t.Fatal(err)
+	}
+	tlsConf, err := dir.AdminClientTLS()
+	if err != nil {
+		t.Fatal(err)
+	}
+	roots, err := dir.CAPool()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var cred api.DataPlaneCredential
+	if _, err := api.NewClient(ident.Advertise, tlsConf).Do(ctx, "POST", "/v1/workspaces/"+id+"/credentials", struct{}{}, &cred); err != nil {
+		t.Fatalf("credential: %v", err)
+	}
+	c, err := dataplane.Connect(ctx, cred, roots)
+	if err != nil {
+		t.Fatalf("dataplane.Connect: %v", err)
+	}
+	defer c.Close()
+
+	// One command with a PTY of a given size.
+	p, err := c.Exec(ctx, guestproto.ExecRequest{Argv: []string{"stty", "size"}, Root: agent.WorkspaceRoot,
+		Env: []string{"PATH=/usr/bin:/bin", "TERM=xterm"}, PTY: &guestproto.WinSize{Rows: 33, Cols: 101}})
+	if err != nil {
+		t.Fatalf("exec stty size: %v", err)
+	}
+	out, _ := io.ReadAll(p.Stdout)
+	if ex, err := p.Wait(); err != nil || ex.ExitCode != 0 || strings.TrimSpace(string(out)) != "33 101" {
+		t.Errorf("stty size in a 33x101 PTY: %q, exit %+v, err %v", out, ex, err)
+	}
+
+	// A shell: its size, a resize, its size again.
+	sh, err := c.Exec(ctx, guestproto.ExecRequest{Argv: []string{"sh"}, Root: agent.WorkspaceRoot, Stdin: true,
+		Env: []string{"PATH=/usr/bin:/bin", "TERM=xterm"}, PTY: &guestproto.WinSize{Rows: 33, Cols: 101}})
+	if err != nil {
+		t.Fatalf("exec sh: %v", err)
+	}
+	var buf lockedBuf
+	copied := make(chan struct{})
+	go func() { io.Copy(&buf, sh.Stdout); close(copied) }()
+	sizeRe := func(rows, cols int) *regexp.Regexp {
+		return regexp.MustCompile(fmt.Sprintf(`(?m)^%d %d\r?$`, rows, cols))
+	}
+	io.WriteString(sh.Stdin, "stty size\n")
+	waitFor(t, 20*time.Second, "33 101 from stty size in the shell", func() (bool, string) {
+		return sizeRe(33, 101).MatchString(buf.String()), fmt.Sprintf("%q", buf.String())
+	})
+	if err := sh.Resize(40, 120); err != nil {
+		t.Fatalf("resize: %v", err)
+	}
+	// The resize travels beside stdin, not in it: ask until the shell's
+	// terminal has the new size.
+	asked := time.Time{}
+	waitFor(t, 20*time.Second, "40 120 from stty size after the resize", func() (bool, string) {
+		if time.Since(asked) > 2*time.Second {
+			io.WriteString(sh.Stdin, "stty size\n")
+			asked = time.Now()
+		}
+		return sizeRe(40, 120).MatchString(buf.String()), fmt.Sprintf("%q", buf.String())
+	})
+	io.WriteString(sh.Stdin, "exit 3\n")
+	ex, err := sh.Wait()
+	<-copied
+	if err != nil || ex.ExitCode != 3 {
+		t.Errorf("shell in a PTY: exit %+v, err %v; output %q", ex, err, buf.String())
+	}
+}
+
+// testPortForward forwards a local port to a busybox nc echo server in
+// the Workspace.
+func (d *wsDev) testPortForward(id string) {
+	t := d.t
+	d.must("workspace", "exec", id, "--", "sh", "-c", "nc -l -p 8000 -e /bin/cat </dev/null >/dev/null 2>&1 &")
+	cmd := exec.Command(filepath.Join(d.bin, "kibo"), "workspace", "port-forward", id, "0:8000")
+	cmd.Env = d.env()
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	d.track(cmd)
+	lines := make(chan string, 16)
+	go func() {
+		sc := bufio.NewScanner(stderr)
+		for sc.Scan() {
+			lines <- sc.Text()
+		}
+		close(lines)
+	}()
+	fwdRe := regexp.MustCompile(`^Forwarding (127\.0\.0\.1:\d+) -> ` + id + `:8000`)
+	var local string
+	var seen []string
+	timeout := time.After(30 * time.Second)
+	for local == "" {
+		select {
+		case l, ok := <-lines:
+			if !ok {
+				cmd.Wait()
+				t.Fatalf("port-forward ended (%v) before it listened: %q", cmd.ProcessState, seen)
+			}
+			seen = append(seen, l)
+			if m := fwdRe.FindStringSubmatch(l); m != nil {
+				local = m[1]
+			}
+		case <-timeout:
+			t.Fatalf("port-forward printed no Forwarding line in 30s: %q", seen)
+		}
+	}
+	go func() {
+		for l := range lines {
+			t.Logf("port-forward: %s", l)
+		}
+	}()
+	payload := randBytes(t, 256<<10)
+	var got []byte
+	// The nc in the guest may need a moment to listen: a refused first
+	// connection shows as an immediate EOF, so retry on an empty answer.
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		conn, err := net.DialTimeout("tcp", local, 5*time.Second)
+		if err != nil {
+			t.Fatalf("connect to the forwarded port %s: %v", local, err)
+		}
+		conn.SetDeadline(time.Now().Add(30 * time.Second))
+		werr := make(chan error, 1)
+		go func() {
+			_, err := conn.Write(payload)
+			conn.(*net.TCPConn).CloseWrite()
+			werr <- err
+		}()
+		got, err = io.ReadAll(conn)
+		conn.Close()
+		<-werr
+		if len(got) > 0 || time.Now().After(deadline) {
+			if err != nil {
+				t.Errorf("read from the forwarded port: %v", err)
+			}
+			break
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if !bytes.Equal(got, payload) {
+		t.Errorf("port-forward echo: sent %d bytes, got %d back, equal %v", len(payload), len(got), bytes.Equal(got, payload))
+	}
+	cmd.Process.Signal(syscall.SIGINT)
+	if err := cmd.Wait(); err != nil {
+		t.Errorf("port-forward after Ctrl-C: %v (want exit 0)", err)
+	}
+}
+
+func (d *wsDev) track(cmd *exec.Cmd) {
+	d.mu.Lock()
+	d.started = append(d.started, cmd)
+	d.mu.Unlock()
+}
+
+// testStopStart: a stop keeps the writable layer; a start is a new Instance.
+func (d *wsDev) testStopStart(id string) {
+	t := d.t
+	before := d.get(id)
+	d.must("workspace", "exec", id, "--", "sh", "-c", "echo kept > /root/f; sync")
+	t0 := time.Now()
+	d.must("workspace", "stop", id)
+	t.Logf("TIMING stop: %s", time.Since(t0).Round(time.Millisecond))
+	if w := d.get(id); w.State != api.WorkspaceStopped || w.InstanceID != "" {
+		t.Errorf("after stop: %+v, want STOPPED without an instance", w)
+	}
+	if out := d.must("workspace", "list").stdout; strings.Contains(out, id) {
+		t.Errorf("list without --all shows the STOPPED %s:\n%s", id, out)
+	}
+	if out := d.must("workspace", "list", "--all").stdout; !regexp.MustCompile(`(?m)^` + id + `\s+STOPPED\s`).MatchString(out) {
+		t.Errorf("list --all lacks %s STOPPED:\n%s", id, out)
+	}
+	if r := d.expect(api.ExitFailedPrecondition, "workspace", "exec", id, "--", "true"); !strings.Contains(r.stderr, "STOPPED") || !strings.Contains(r.stderr, "workspace start "+id) {
+		t.Errorf("exec on a STOPPED Workspace must say to start it: %s", r)
+	}
+	t0 = time.Now()
+	d.must("workspace", "start", id)
+	t.Logf("TIMING start (to AVAILABLE): %s", time.Since(t0).Round(time.Millisecond))
+	after := d.get(id)
+	if after.State != api.WorkspaceAvailable || after.NodeID != "dev" || after.InstanceID == "" || after.InstanceID == before.InstanceID {
+		t.Errorf("after start: %+v; want AVAILABLE on dev with a new instance (was %s)", after, before.InstanceID)
+	}
+	if r := d.must("workspace", "exec", id, "--", "cat", "/root/f"); r.stdout != "kept\n" {
+		t.Errorf("the file written before the stop: %q, want %q", r.stdout, "kept\n")
+	}
+}
+
+// testNodeKill kills the node process with SIGKILL while an exec streams:
+// the exec goes on (the data plane and the VM outlive the node), and a new
+// node process takes the VM over.
+func (d *wsDev) testNodeKill(id string) {
+	t := d.t
+	before := d.get(id)
+	var n wsNode
+	if err := decodeResult(d.must("node", "get", "dev", "--json"), &n); err != nil || n.Session == nil {
+		t.Fatalf("node get dev: %v %+v", err, n)
+	}
+	cmd := exec.Command(filepath.Join(d.bin, "kibo"), "workspace", "exec", id, "--", "sh", "-c", "for i in $(seq 1 30); do echo $i; sleep 0.2; done")
+	cmd.Env = d.env()
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	d.track(cmd)
+	var got []string
+	first := make(chan struct{})
+	readDone := make(chan struct{})
+	go func() {
+		defer close(readDone)
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			got = append(got, sc.Text())
+			if len(got) == 1 {
+				close(first)
+			}
+		}
+	}()
+	select {
+	case <-first:
+	case <-time.After(30 * time.Second):
+		t.Fatalf("the streaming exec printed nothing in 30s; stderr %q", stderr.String())
+	}
+	p := d.devProc()
+	t.Logf("killing kibotos dev (pid %d) with SIGKILL while the exec streams", p.cmd.Process.Pid)
+	p.cmd.Process.Signal(syscall.SIGKILL)
+	if _, ok := p.waitExit(10 * time.Second); !ok {
+		t.Fatalf("kibotos dev (pid %d) did not die after SIGKILL", p.cmd.Process.Pid)
+	}
+	<-readDone
+	err = cmd.Wait()
+	want := make([]string, 30)
+	for i := range want {
+		want[i] = strconv.Itoa(i + 1)
+	}
+	if err != nil || strings.Join(got, ",") != strings.Join(want, ",") {
+		t.Errorf("exec across kill -9 of the node: err %v, stdout %v, stderr %q; want 1..30 and exit 0", err, got, stderr.String())
+	}
+
+	t0 := time.Now()
+	d.up()
+	d.waitReady(n.Session.Incarnation)
+	t.Logf("TIMING node restart to READY: %s", time.Since(t0).Round(time.Millisecond))
+	if !d.devProc().logContains("instance taken over") {
+		t.Errorf("the restarted node did not log the takeover of %s", before.InstanceID)
+	}
+	after := d.get(id)
+	if after.State != api.WorkspaceAvailable || after.InstanceID != before.InstanceID {
+		t.Errorf("after the node restart: %+v; want AVAILABLE with the same instance %s", after, before.InstanceID)
+	}
+	if r := d.must("workspace", "exec", id, "--", "cat", "/root/f"); r.stdout != "kept\n" {
+		t.Errorf("the file after the node restart: %q, want %q", r.stdout, "kept\n")
+	}
+	if r := d.must("workspace", "exec", id, "--", "sh", "-c", "echo again"); r.stdout != "again\n" {
+		t.Errorf("a new exec after the node restart: %q", r.stdout)
+	}
+}
+
+// testForceStopDelete: cleanup-status, stop --force, delete and the layer.
+func (d *wsDev) testForceStopDelete(id string) {
+	t := d.t
+	out := d.must("workspace", "cleanup-status", id).stdout
+	for _, item := range []string{"RUNTIME", "VOLUME_ATTACHMENT", "RESIDUAL"} {
+		if !regexp.MustCompile(`(?m)^` + item + `\s+(HELD|RELEASED|PENDING|UNKNOWN)\s`).MatchString(out) {
+			t.Errorf("cleanup-status lacks a %s row:\n%s", item, out)
+		}
+	}
+	d.must("workspace", "stop", "--force", id)
+	if w := d.get(id); w.State != api.WorkspaceStopped || !w.StopUnconfirmed {
+		t.Errorf("after stop --force: %+v; want STOPPED with stop_unconfirmed", w)
+	}
+	layer := filepath.Join(datadir.Dir(d.dir).StorageRoot(), "pools", "default", "layers", id+".qcow2")
+	if _, err := os.Stat(layer); err != nil {
+		t.Errorf("the writable layer of a STOPPED Workspace: %v", err)
+	}
+	d.must("workspace", "delete", id)
+	if r := d.expect(api.ExitNotFound, "workspace", "get", id); !strings.Contains(r.stderr, id) {
+		t.Errorf("get after delete: %s", r)
+	}
+	if _, err := os.Stat(layer); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the writable layer %s after delete: %v, want it gone", layer, err)
+	}
+}
+
+// down stops kibotos dev (SIGINT, as Ctrl-C), runs kibotos dev down
+// --purge and checks that no process of this test is left: no VMM, no
+// data-plane process, no private systemd.
+func (d *wsDev) down() {
+	t := d.t
+	d.mu.Lock()
+	others := d.started
+	d.mu.Unlock()
+	for _, c := range others {
+		if c.ProcessState == nil {
+			c.Process.Kill()
+			c.Wait()
+		}
+	}
+	if p := d.devProc(); p != nil {
+		if !p.exited() {
+			p.cmd.Process.Signal(syscall.SIGINT)
+			if _, ok := p.waitExit(30 * time.Second); !ok {
+				t.Errorf("kibotos dev (pid %d) did not stop within 30s of SIGINT; killing it", p.cmd.Process.Pid)
+				p.cmd.Process.Kill()
+				<-p.done
+			}
+		}
+		if t.Failed() {
+			d.mu.Lock()
+			for i := 1; i <= d.runs; i++ {
+				log := filepath.Join(d.tmp, fmt.Sprintf("dev-%d.log", i))
+				t.Logf("---- last lines of %s ----\n%s", filepath.Base(log), tail(log, 40))
+			}
+			d.mu.Unlock()
+		}
+	}
+	if _, err := os.Stat(d.dir); err == nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		cmd := exec.CommandContext(ctx, filepath.Join(d.bin, "kibotos"), "dev", "down", "--data-dir", d.dir, "--purge")
+		cmd.Env = cleanEnv()
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Errorf("kibotos dev down --purge: %v\n%s", err, out)
+		} else {
+			t.Logf("kibotos dev down --purge: %s", strings.TrimSpace(string(out)))
+			// The Workspace is deleted by then; the data-plane process
+			// outlives the node by design, so dev down must end it.
+			if !t.Failed() && !strings.Contains(string(out), "0 VM(s) ended, 1 data-plane process(es) stopped") {
+				t.Errorf("dev down after the Workspace was deleted: %q, want 0 VM(s) ended, 1 data-plane process(es) stopped", out)
+			}
+		}
+		if _, err := os.Stat(d.dir); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("dev down --purge left %s (%v)", d.dir, err)
+		}
+	}
+	// Every process of this test mentions its directory: the VMMs (their
+	// disks), the data plane (its executable and socket directory), the
+	// private systemd's children.
+	var left []string
+	waitUntil := time.Now().Add(10 * time.Second)
+	for {
+		left = wsProcsMentioning(d.tmp)
+		if len(left) == 0 || time.Now().After(waitUntil) {
+			break
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if len(left) > 0 {
+		t.Errorf("processes of this test still run after dev down:\n%s", strings.Join(left, "\n"))
+	}
+}
+
+// wsProcsMentioning lists the processes whose executable or command line
+// mentions s.
+func wsProcsMentioning(s string) []string {
+	ents, _ := os.ReadDir("/proc")
+	var out []string
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid == os.Getpid() {
+			continue
+		}
+		raw, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err != nil {
+			continue
+		}
+		cmdline := strings.ReplaceAll(strings.TrimRight(string(raw), "\x00"), "\x00", " ")
+		exe, _ := os.Readlink(filepath.Join("/proc", e.Name(), "exe"))
+		if strings.Contains(cmdline, s) || strings.HasPrefix(exe, s) {
+			out = append(out, fmt.Sprintf("pid %d: %s", pid, trimTo(cmdline, 200)))
+		}
+	}
+	return out
+}

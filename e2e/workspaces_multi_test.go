@@ -1,0 +1,603 @@
+package e2e
+
+// The two-node Workspace test: two hosts of the lab, each running its own
+// `kibotos serve --systemd private` (real QEMU under TCG in a private
+// systemd that ends with the member), sharing one storage pool directory.
+// Everything is asserted through the CLI and its exit codes.
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/kibotos/kibotos/agent/runtime/runtimetest"
+	"github.com/kibotos/kibotos/api"
+	"github.com/kibotos/kibotos/datadir"
+	"github.com/kibotos/kibotos/vmm/platform"
+	"github.com/kibotos/kibotos/vmm/template"
+)
+
+// mhBootTimeout bounds one command that waits for a VM to boot (about 4 s
+// of CPU under TCG; two may boot at once on two cores).
+const mhBootTimeout = 90 * time.Second
+
+// mhNode is the part of `kibo node get --json` this test looks at.
+type mhNode struct {
+	NodeID         string `json:"node_id"`
+	Status         string `json:"status"`
+	DrainRequested bool   `json:"drain_requested"`
+	Isolated       bool   `json:"isolated"`
+	Session        *struct {
+		Alive bool `json:"alive"`
+	} `json:"session"`
+	Report *struct {
+		Instances        int        `json:"instances"`
+		Pools            []api.Pool `json:"pools"`
+		DefaultPool      string     `json:"default_pool"`
+		DataPlaneAddress string     `json:"data_plane_address"`
+	} `json:"report"`
+	Overcommit *struct {
+		CPU          api.Milli `json:"cpu"`
+		Acknowledged bool      `json:"acknowledged"`
+	} `json:"overcommit"`
+	Schedulable *api.Resources `json:"schedulable"`
+}
+
+func (n mhNode) String() string {
+	s := fmt.Sprintf("%s status=%s drain_requested=%v isolated=%v", n.NodeID, n.Status, n.DrainRequested, n.Isolated)
+	if n.Session != nil {
+		s += fmt.Sprintf(" alive=%v", n.Session.Alive)
+	}
+	if n.Report != nil {
+		s += fmt.Sprintf(" instances=%d data_plane=%q", n.Report.Instances, n.Report.DataPlaneAddress)
+	}
+	if n.Overcommit != nil {
+		s += fmt.Sprintf(" overcommit{cpu=%s acked=%v}", n.Overcommit.CPU, n.Overcommit.Acknowledged)
+	}
+	if n.Schedulable != nil {
+		s += fmt.Sprintf(" schedulable_cpu=%s", n.Schedulable.CPU)
+	}
+	return s
+}
+
+// mhReadyForWorkspaces: READY, reported (with the shared pool and a data
+// plane) and its overcommit values acknowledged: ctrl places nothing on a
+// node before.
+func mhReadyForWorkspaces(n mhNode) bool {
+	if n.Status != api.NodeReady || n.Report == nil || n.Report.DataPlaneAddress == "" || n.Overcommit == nil || !n.Overcommit.Acknowledged {
+		return false
+	}
+	for _, p := range n.Report.Pools {
+		if p.PoolID == "shared" && p.Shared && p.Available {
+			return n.Report.DefaultPool == "shared"
+		}
+	}
+	return false
+}
+
+// mhWaitNode polls `node get --consistent` through admin until cond holds.
+func mhWaitNode(t *testing.T, admin *host, id string, d time.Duration, what string, cond func(mhNode) bool) mhNode {
+	t.Helper()
+	var got mhNode
+	waitFor(t, d, "node "+id+" "+what, func() (bool, string) {
+		var n mhNode
+		if err := admin.kiboJSON(&n, "node", "get", id, "--consistent"); err != nil {
+			return false, err.Error()
+		}
+		got = n
+		return cond(n), n.String()
+	})
+	return got
+}
+
+// mhWorkspace reads one Workspace; it fails the test when it cannot.
+func mhWorkspace(t *testing.T, admin *host, id string) api.Workspace {
+	t.Helper()
+	var ws api.Workspace
+	if err := admin.kiboJSON(&ws, "workspace", "get", id, "--consistent"); err != nil {
+		t.Fatal(err)
+	}
+	return ws
+}
+
+func mhWSString(ws api.Workspace) string {
+	s := fmt.Sprintf("%s state=%s node=%q instance=%q version=%d", ws.WorkspaceID, ws.State, ws.NodeID, ws.InstanceID, ws.Version)
+	if ws.Failure != nil {
+		s += fmt.Sprintf(" failure{%s: %s}", ws.Failure.Reason, ws.Failure.Message)
+	}
+	if ws.Layer != nil {
+		s += fmt.Sprintf(" layer{node=%s pool=%s shared=%v held=%v}", ws.Layer.NodeID, ws.Layer.PoolID, ws.Layer.Shared, ws.Layer.Held)
+	}
+	if ws.Pending != nil {
+		s += fmt.Sprintf(" pending{%s on %s}", ws.Pending.Kind, ws.Pending.NodeID)
+	}
+	return s
+}
+
+// mhWaitWorkspace polls until the Workspace is in state (FAILED ends the
+// wait early unless it is the state asked for).
+func mhWaitWorkspace(t *testing.T, admin *host, id, state string, d time.Duration) api.Workspace {
+	t.Helper()
+	var got api.Workspace
+	waitFor(t, d, "workspace "+id+" "+state, func() (bool, string) {
+		var ws api.Workspace
+		if err := admin.kiboJSON(&ws, "workspace", "get", id, "--consistent"); err != nil {
+			return false, err.Error()
+		}
+		got = ws
+		if ws.State == api.WorkspaceFailed && state != api.WorkspaceFailed {
+			t.Fatalf("workspace %s is FAILED while waiting for %s: %s", id, state, mhWSString(ws))
+		}
+		return ws.State == state, mhWSString(ws)
+	})
+	return got
+}
+
+// mhListAll is `workspace list --all -q`, sorted.
+func mhListAll(t *testing.T, admin *host, extra ...string) []string {
+	t.Helper()
+	r := admin.kibo(append([]string{"workspace", "list", "--all", "-q", "--consistent"}, extra...)...)
+	if r.code != 0 {
+		t.Fatal(r)
+	}
+	ids := strings.Fields(r.stdout)
+	slices.Sort(ids)
+	return ids
+}
+
+// mhMust runs the CLI through h and fails the test unless it exits 0.
+func mhMust(t *testing.T, h *host, timeout time.Duration, args ...string) result {
+	t.Helper()
+	r := h.kiboTimeout(timeout, args...)
+	if r.code != 0 {
+		t.Fatal(r)
+	}
+	return r
+}
+
+// mhExpectExit runs the CLI through h and fails the test unless it exits
+// with code.
+func mhExpectExit(t *testing.T, h *host, code int, what string, args ...string) result {
+	t.Helper()
+	r := h.kiboTimeout(mhBootTimeout, args...)
+	if r.code != code {
+		t.Fatalf("%s: want exit %d, got %s", what, code, r)
+	}
+	return r
+}
+
+// mhBuildArtifacts builds, once per run, what a node needs to boot
+// Workspaces: a Platform whose guest agent is a static kibotos (the kernel
+// package comes from the cache runtimetest shares, so nothing is
+// downloaded twice) and the busybox template. It returns their storage
+// root; mhInstallArtifacts hard-links them into each node's.
+func mhBuildArtifacts(t *testing.T, dir string) string {
+	t.Helper()
+	t0 := time.Now()
+	bin := filepath.Join(dir, "static", "kibotos")
+	cmd := exec.Command("go", "build", "-trimpath", "-o", bin, "github.com/kibotos/kibotos")
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("go build static kibotos: %v\n%s", err, out)
+	}
+	root := filepath.Join(dir, "artifacts")
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	in, err := platform.Build(ctx, platform.Options{StorageRoot: root, CacheDir: filepath.Join(os.TempDir(), "kibotos-test-platform"), AgentBinary: bin})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tpl, err := template.BuildBusybox(ctx, root, template.DefaultName, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("platform %s (kernel %s) and template %s built in %s", in.ID[:19], in.KernelVersion, tpl.Name, time.Since(t0).Round(time.Millisecond))
+	return root
+}
+
+// mhInstallArtifacts hard-links the Platform and templates under src into
+// the storage root of h (same file system: the lab directory).
+func mhInstallArtifacts(t *testing.T, src string, h *host) {
+	t.Helper()
+	dst := datadir.Dir(h.dataDir).StorageRoot()
+	for _, sub := range []string{"installations", "templates"} {
+		if err := os.MkdirAll(filepath.Join(dst, sub), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		out, err := exec.Command("cp", "-a", "--link", filepath.Join(src, sub)+"/.", filepath.Join(dst, sub)+"/").CombinedOutput()
+		if err != nil {
+			t.Fatalf("install %s into %s: %v\n%s", sub, dst, err, out)
+		}
+	}
+}
+
+// mhWriteConfig writes the serve configuration of h: small resources and
+// the shared pool as the default one.
+func mhWriteConfig(t *testing.T, h *host, sharedPool string) string {
+	t.Helper()
+	path := filepath.Join(h.lab.dir, h.nodeID+".toml")
+	body := fmt.Sprintf(`log_level = "info"
+
+[resources]
+cpu = "2"
+memory = "2GiB"
+
+[storage]
+default_pool = "shared"
+
+[[storage.pools]]
+id = "shared"
+path = %q
+shared = true
+`, sharedPool)
+	if err := os.WriteFile(path, []byte(body), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// mhStartServe starts the member of h with a private systemd for its VMs
+// and the configuration file.
+func mhStartServe(h *host, config string) *proc {
+	h.mu.Lock()
+	h.runs++
+	name := fmt.Sprintf("%s-serve-%d.log", h.nodeID, h.runs)
+	h.mu.Unlock()
+	p := mhStartInNetns(h, name, "serve", "--data-dir", h.dataDir, "--test-timings", "--systemd", "private", "--config", config)
+	h.mu.Lock()
+	h.serve = p
+	h.mu.Unlock()
+	return p
+}
+
+// mhStartInNetns is host.start entering only the host's network
+// namespace: `ip netns exec` also gives the process a fresh /sys without
+// the host's cgroup2 mount, which a private systemd needs. nsenter execs
+// in place, so the PID is the member's.
+func mhStartInNetns(h *host, logName string, args ...string) *proc {
+	l := h.lab
+	l.t.Helper()
+	if err := os.MkdirAll(filepath.Join(l.dir, "logs"), 0o755); err != nil {
+		l.t.Fatal(err)
+	}
+	logPath := filepath.Join(l.dir, "logs", logName)
+	f, err := os.Create(logPath)
+	if err != nil {
+		l.t.Fatal(err)
+	}
+	cmd := exec.Command("nsenter", append([]string{"--net=/run/netns/" + h.ns, filepath.Join(l.bin, "kibotos")}, args...)...)
+	cmd.Stdout, cmd.Stderr, cmd.Env = f, f, cleanEnv()
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		f.Close()
+		l.t.Fatalf("start %v: %v", args, err)
+	}
+	p := &proc{cmd: cmd, log: logPath, done: make(chan struct{})}
+	l.mu.Lock()
+	l.procs = append(l.procs, p)
+	l.mu.Unlock()
+	go func() {
+		err := cmd.Wait()
+		f.Close()
+		p.code = cmd.ProcessState.ExitCode()
+		if err != nil && p.code == 0 {
+			p.code = -1
+		}
+		close(p.done)
+	}()
+	return p
+}
+
+// mhQemuPIDs lists the QEMU processes whose command line mentions dir.
+func mhQemuPIDs(dir string) []int {
+	var out []int
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		raw, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err != nil || len(raw) == 0 {
+			continue
+		}
+		args := strings.Split(strings.TrimRight(string(raw), "\x00"), "\x00")
+		if strings.Contains(filepath.Base(args[0]), "qemu-system") && strings.Contains(string(raw), dir) {
+			out = append(out, pid)
+		}
+	}
+	return out
+}
+
+// mhWaitNoQemu waits until no QEMU of dir runs.
+func mhWaitNoQemu(dir string, d time.Duration) []int {
+	deadline := time.Now().Add(d)
+	for {
+		pids := mhQemuPIDs(dir)
+		if len(pids) == 0 || time.Now().After(deadline) {
+			return pids
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// TestWorkspacesTwoNodes: placement by free capacity and overcommit, --node
+// on a drained node, workspace move across a shared pool, drain --wait,
+// and isolate of a dead node whose Workspace then starts on the other.
+// Four VM boots in all.
+func TestWorkspacesTwoNodes(t *testing.T) {
+	requireLab(t)
+	runtimetest.RequireVMHost(t)
+	if _, err := exec.LookPath("qemu-img"); err != nil {
+		t.Skip("needs qemu-img (Debian package qemu-utils) for retained layers")
+	}
+	t0 := time.Now()
+	l := newLab(t, 2)
+	a, b := l.hosts[0], l.hosts[1]
+	a.nodeID, a.roles = "node-a", "ctrl,node"
+	b.nodeID, b.roles = "node-b", "node"
+
+	// Short data directories: a VM's unix sockets live under the storage
+	// root, and t.TempDir() paths would make them longer than the 107
+	// bytes a unix socket path may have (the runtime refuses such a start).
+	root, err := os.MkdirTemp("", "kbmh-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(root) })
+	a.dataDir, b.dataDir = filepath.Join(root, "a"), filepath.Join(root, "b")
+
+	// Runs before the lab's cleanup (registered first) and the removal of
+	// root: stop both members (their private systemd ends their VMs) and
+	// check no QEMU is left.
+	t.Cleanup(func() {
+		for _, h := range l.hosts {
+			if p := h.serveProc(); p != nil && !p.exited() {
+				p.cmd.Process.Signal(syscall.SIGTERM)
+				if _, ok := p.waitExit(20 * time.Second); !ok {
+					p.cmd.Process.Kill()
+					p.waitExit(10 * time.Second)
+				}
+			}
+		}
+		if left := mhWaitNoQemu(root, 15*time.Second); len(left) > 0 {
+			t.Errorf("QEMU processes of this test left after its members ended: %v", left)
+			for _, pid := range left {
+				syscall.Kill(pid, syscall.SIGKILL)
+			}
+		}
+	})
+
+	artifacts := mhBuildArtifacts(t, root)
+	shared := filepath.Join(root, "shared")
+	if err := os.MkdirAll(shared, 0o700); err != nil {
+		t.Fatal(err)
+	}
+
+	// node-a creates the cluster; node-b joins with a grant, node role only
+	// (so the ctrl quorum survives node-b's death).
+	if r := a.kibotos("init", "--data-dir", a.dataDir, "--advertise", a.addr(), "--node-id", a.nodeID, "--roles", a.roles); r.code != 0 {
+		t.Fatal(r)
+	}
+	mhInstallArtifacts(t, artifacts, a)
+	mhStartServe(a, mhWriteConfig(t, a, shared))
+	(&cluster{lab: l}).waitFollowsLeader(t, a)
+	grant := a.kibo("enrollment", "grant", b.nodeID, "--roles", b.roles)
+	if grant.code != 0 {
+		t.Fatal(grant)
+	}
+	if r := b.kibotos("join", "--data-dir", b.dataDir, "--advertise", b.addr(), "--grant", strings.TrimSpace(grant.stdout), a.addr()); r.code != 0 {
+		t.Fatal(r)
+	}
+	mhInstallArtifacts(t, artifacts, b)
+	mhStartServe(b, mhWriteConfig(t, b, shared))
+	for _, h := range l.hosts {
+		mhWaitNode(t, a, h.nodeID, 30*time.Second, "ready for Workspaces", mhReadyForWorkspaces)
+	}
+	t.Logf("cluster ready in %s", time.Since(t0).Round(time.Millisecond))
+	admin := a // the CLI runs in node-a's namespace with node-a's credentials
+
+	var w1, w2 string
+	other := map[string]string{a.nodeID: b.nodeID, b.nodeID: a.nodeID}
+
+	// 1. Placement spreads by free capacity; overcommit is respected.
+	t.Run("PlacementAndOvercommit", func(t *testing.T) {
+		t1 := time.Now()
+		create := func(cpu string) api.Workspace {
+			t.Helper()
+			var ws api.Workspace
+			if err := decodeResult(mhMust(t, admin, cliTimeout, "workspace", "create", "--template", template.DefaultName, "--cpu", cpu, "--memory", "256MiB", "--no-wait", "--json"), &ws); err != nil {
+				t.Fatal(err)
+			}
+			return ws
+		}
+		// Both are placed by ctrl at once; they boot side by side.
+		first := create("1")
+		second := create("1")
+		w1, w2 = first.WorkspaceID, second.WorkspaceID
+		if first.NodeID == "" || second.NodeID != other[first.NodeID] {
+			t.Fatalf("placement did not spread: W1 on %q, W2 on %q (want the other node)", first.NodeID, second.NodeID)
+		}
+		for _, ws := range []api.Workspace{first, second} {
+			got := mhWaitWorkspace(t, admin, ws.WorkspaceID, api.WorkspaceAvailable, mhBootTimeout)
+			if got.NodeID != ws.NodeID || got.Layer == nil || got.Layer.PoolID != "shared" || !got.Layer.Shared {
+				t.Fatalf("after boot: want on %s with its layer in the shared pool, got %s", ws.NodeID, mhWSString(got))
+			}
+		}
+		t.Logf("W1 %s on %s, W2 %s on %s, both AVAILABLE in %s", w1, first.NodeID, w2, second.NodeID, time.Since(t1).Round(time.Millisecond))
+
+		// Each node has 1 of 2 cores left: 2 cores fit nowhere.
+		before := mhListAll(t, admin)
+		mhExpectExit(t, admin, api.ExitResourceExhausted, "create of 2 cores with 1 free on each node",
+			"workspace", "create", "--template", template.DefaultName, "--cpu", "2", "--memory", "256MiB", "--no-wait")
+		if after := mhListAll(t, admin); !slices.Equal(before, after) {
+			t.Fatalf("a refused create changed the Workspaces: before %v, after %v", before, after)
+		}
+
+		// A cpu multiplier of 2 on node-b: 4 schedulable, 3 free.
+		mhMust(t, admin, cliTimeout, "node", "overcommit", "set", b.nodeID, "--cpu", "2")
+		mhWaitNode(t, admin, b.nodeID, 10*time.Second, "with cpu overcommit 2 acknowledged", func(n mhNode) bool {
+			return n.Overcommit != nil && n.Overcommit.CPU == 2000 && n.Overcommit.Acknowledged && n.Schedulable != nil && n.Schedulable.CPU == 4000
+		})
+		// The placement is ctrl's decision, in the create's answer. The
+		// template of this probe is on no node, so node-b fails it at once
+		// instead of booting a fifth VM.
+		var probe api.Workspace
+		if err := decodeResult(mhMust(t, admin, cliTimeout, "workspace", "create", "--template", "mh-not-built", "--cpu", "2", "--memory", "256MiB", "--no-wait", "--json"), &probe); err != nil {
+			t.Fatal(err)
+		}
+		if probe.NodeID != b.nodeID {
+			t.Fatalf("with overcommit 2 on %s a 2-core create must land there, got %s", b.nodeID, mhWSString(probe))
+		}
+		failed := mhWaitWorkspace(t, admin, probe.WorkspaceID, api.WorkspaceFailed, 30*time.Second)
+		if failed.Failure == nil || failed.Failure.Reason != api.FailureStart || !strings.Contains(failed.Failure.Message, b.nodeID) {
+			t.Fatalf("the probe must fail to start on %s (no such template there), got %s", b.nodeID, mhWSString(failed))
+		}
+		mhMust(t, admin, cliTimeout, "workspace", "delete", probe.WorkspaceID, "--timeout", "30s")
+		if after := mhListAll(t, admin); !slices.Equal(before, after) {
+			t.Fatalf("after deleting the probe: want %v, got %v", before, after)
+		}
+		mhMust(t, admin, cliTimeout, "node", "overcommit", "set", b.nodeID, "--cpu", "default")
+		mhWaitNode(t, admin, b.nodeID, 10*time.Second, "back at the default overcommit, acknowledged", func(n mhNode) bool {
+			return n.Overcommit != nil && n.Overcommit.CPU == 1000 && n.Overcommit.Acknowledged
+		})
+	})
+	if t.Failed() {
+		return
+	}
+	// From here on W1 runs on node-a and W2 on node-b (swap the names when
+	// the first create went to node-b).
+	if ws := mhWorkspace(t, admin, w1); ws.NodeID != a.nodeID {
+		w1, w2 = w2, w1
+	}
+
+	// 2. --node to a drained node fails and never falls back.
+	t.Run("PinnedToDrainedNode", func(t *testing.T) {
+		mhMust(t, admin, cliTimeout, "node", "drain", b.nodeID)
+		before := mhListAll(t, admin)
+		mhExpectExit(t, admin, api.ExitFailedPrecondition, "create --node of a drained node",
+			"workspace", "create", "--template", template.DefaultName, "--cpu", "1", "--memory", "256MiB", "--node", b.nodeID)
+		if after := mhListAll(t, admin); !slices.Equal(before, after) {
+			t.Fatalf("create --node of a drained node changed the Workspaces: before %v, after %v", before, after)
+		}
+		// W2 (on node-b) stops normally on a drained node.
+		mhMust(t, admin, mhBootTimeout, "workspace", "stop", w2)
+		stopped := mhWorkspace(t, admin, w2)
+		mhExpectExit(t, admin, api.ExitFailedPrecondition, "start --node of a drained node", "workspace", "start", w2, "--node", b.nodeID)
+		if ws := mhWorkspace(t, admin, w2); ws.State != api.WorkspaceStopped || ws.NodeID != "" || ws.Version != stopped.Version {
+			t.Fatalf("after a refused start --node: want STOPPED, unchanged (version %d), got %s", stopped.Version, mhWSString(ws))
+		}
+		mhMust(t, admin, cliTimeout, "node", "cancel-drain", b.nodeID)
+		mhWaitNode(t, admin, b.nodeID, 10*time.Second, "READY again", func(n mhNode) bool { return n.Status == api.NodeReady && !n.DrainRequested })
+	})
+	if t.Failed() {
+		return
+	}
+
+	// 3 and 4. drain --wait times out while W1 runs on node-a; move W1 to
+	// node-b (its layer is in the shared pool, so its data goes along);
+	// then node-a drains.
+	t.Run("DrainWaitAndMove", func(t *testing.T) {
+		t1 := time.Now()
+		mhMust(t, admin, 60*time.Second, "workspace", "exec", w1, "--", "sh", "-c", "echo moved > /root/m; sync")
+		mhExpectExit(t, admin, api.ExitTimedOut, "drain --wait of a node running W1", "node", "drain", a.nodeID, "--wait", "--timeout", "5s")
+		var draining mhNode
+		admin.mustKiboJSON(&draining, "node", "get", a.nodeID, "--consistent")
+		if draining.Status != api.NodeDraining || !draining.DrainRequested {
+			t.Fatalf("after drain --wait timed out: want DRAINING with drain requested, got %s", draining)
+		}
+		if left := mhListAll(t, admin, "--node", a.nodeID); !slices.Equal(left, []string{w1}) {
+			t.Fatalf("workspace list --node %s: want [%s], got %v", a.nodeID, w1, left)
+		}
+
+		before := mhWorkspace(t, admin, w1)
+		cmdID := "mh-move-" + l.prefix
+		r := mhMust(t, admin, mhBootTimeout, "workspace", "move", w1, "--node", b.nodeID, "--command-id", cmdID)
+		moved := mhWorkspace(t, admin, w1)
+		if moved.State != api.WorkspaceAvailable || moved.NodeID != b.nodeID || moved.InstanceID == "" || moved.InstanceID == before.InstanceID {
+			t.Fatalf("after move: want AVAILABLE on %s with a new Instance (was %s), got %s (%s)", b.nodeID, before.InstanceID, mhWSString(moved), r)
+		}
+		t.Logf("moved %s from %s to %s in %s", w1, a.nodeID, b.nodeID, time.Since(t1).Round(time.Millisecond))
+		got := mhMust(t, admin, 60*time.Second, "workspace", "exec", w1, "--", "cat", "/root/m")
+		if strings.TrimSpace(got.stdout) != "moved" {
+			t.Fatalf("after move: /root/m holds %q, want \"moved\"", got.stdout)
+		}
+		// The same command id again: already on the target, no stop/start.
+		mhMust(t, admin, mhBootTimeout, "workspace", "move", w1, "--node", b.nodeID, "--command-id", cmdID)
+		if again := mhWorkspace(t, admin, w1); again.Version != moved.Version || again.InstanceID != moved.InstanceID || again.State != api.WorkspaceAvailable {
+			t.Fatalf("rerun of move %s: want nothing changed (%s), got %s", cmdID, mhWSString(moved), mhWSString(again))
+		}
+
+		if left := mhListAll(t, admin, "--node", a.nodeID); len(left) != 0 {
+			t.Fatalf("workspace list --node %s after the move: want none, got %v", a.nodeID, left)
+		}
+		r = mhMust(t, admin, 70*time.Second, "node", "drain", a.nodeID, "--wait", "--timeout", "60s", "--json")
+		var n mhNode
+		if err := decodeResult(r, &n); err != nil {
+			t.Fatal(err)
+		}
+		if n.Status != api.NodeDrained {
+			t.Fatalf("drain --wait: want DRAINED, got %s", n)
+		}
+		mhMust(t, admin, cliTimeout, "node", "cancel-drain", a.nodeID)
+		mhWaitNode(t, admin, a.nodeID, 10*time.Second, "READY again", func(n mhNode) bool { return n.Status == api.NodeReady && !n.DrainRequested })
+	})
+	if t.Failed() {
+		return
+	}
+
+	// 5. node-b dies with W1 on it: isolate releases W1's layer in the
+	// shared pool, and W1 starts on node-a with its data.
+	t.Run("IsolateDeadNode", func(t *testing.T) {
+		t1 := time.Now()
+		mhWaitNode(t, admin, b.nodeID, 10*time.Second, "READY", func(n mhNode) bool { return n.Status == api.NodeReady })
+		if ws := mhWorkspace(t, admin, w1); ws.State != api.WorkspaceAvailable || ws.NodeID != b.nodeID {
+			t.Fatalf("before the crash: want W1 AVAILABLE on %s, got %s", b.nodeID, mhWSString(ws))
+		}
+		if len(mhQemuPIDs(b.dataDir)) == 0 {
+			t.Fatalf("no QEMU of %s runs although W1 is AVAILABLE there", b.nodeID)
+		}
+		b.crash()
+		b.partition()
+		// Its private systemd dies with it and takes the VM along: as a dead
+		// host, nothing of node-b writes to the shared pool any more.
+		if left := mhWaitNoQemu(b.dataDir, 10*time.Second); len(left) > 0 {
+			t.Fatalf("QEMU of %s still runs 10s after its member was killed: %v", b.nodeID, left)
+		}
+		mhWaitNode(t, admin, b.nodeID, 20*time.Second, "NOT_READY with its session ended", func(n mhNode) bool {
+			return n.Status == api.NodeNotReady && n.Session != nil && !n.Session.Alive
+		})
+		r := mhMust(t, admin, cliTimeout, "node", "isolate", b.nodeID, "--confirm-host-cannot-write", "--json")
+		var res api.IsolateResult
+		if err := decodeResult(r, &res); err != nil {
+			t.Fatal(err)
+		}
+		if res.WorkspacesFailed != 1 || res.RetainedLayersReleased != 1 {
+			t.Fatalf("isolate %s: want 1 Workspace failed and 1 retained layer released, got %+v", b.nodeID, res)
+		}
+		ws := mhWorkspace(t, admin, w1)
+		if ws.State != api.WorkspaceFailed || ws.Failure == nil || ws.Failure.Reason != api.FailureUnavailable || ws.NodeID != "" {
+			t.Fatalf("after isolate: want W1 FAILED (UNAVAILABLE) with no node, got %s", mhWSString(ws))
+		}
+		// No --node: the shared pool lets ctrl pick node-a.
+		mhMust(t, admin, mhBootTimeout, "workspace", "start", w1)
+		ws = mhWorkspace(t, admin, w1)
+		if ws.State != api.WorkspaceAvailable || ws.NodeID != a.nodeID {
+			t.Fatalf("start after isolate: want AVAILABLE on %s, got %s", a.nodeID, mhWSString(ws))
+		}
+		got := mhMust(t, admin, 60*time.Second, "workspace", "exec", w1, "--", "cat", "/root/m")
+		if strings.TrimSpace(got.stdout) != "moved" {
+			t.Fatalf("after the restart on %s: /root/m holds %q, want \"moved\"", a.nodeID, got.stdout)
+		}
+		t.Logf("isolate and restart on %s in %s", a.nodeID, time.Since(t1).Round(time.Millisecond))
+	})
+	t.Logf("whole test %s", time.Since(t0).Round(time.Millisecond))
+}
