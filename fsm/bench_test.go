@@ -80,3 +80,49 @@ func BenchmarkListNodes10k(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkPlaceWorkspaces creates 10,000 Workspaces (1 CPU, 1 GiB) on
+// 1,000 schedulable nodes through the FSM, in batches of 64 creates (a busy
+// leader's group commit): placement runs inside each apply.
+func BenchmarkPlaceWorkspaces(b *testing.B) {
+	const nodes, workspaces, batch = 1000, 10_000, 64
+	for b.Loop() {
+		b.StopTimer()
+		h := newHarness(b)
+		h.bootstrap()
+		var es []Entry
+		flush := func() {
+			for j, r := range h.f.Apply(es) {
+				if r.Error != nil {
+					b.Fatalf("entry %d (%s): %v", j, es[j].Op, r.Error)
+				}
+			}
+			es = es[:0]
+		}
+		rep := api.Report{Capacity: api.Resources{CPU: 64000, MemoryBytes: 256 << 30}, Pools: defaultPoolAvailable}
+		for i := 1; i <= nodes; i++ {
+			id := fmt.Sprintf("node-%04d", i)
+			es = append(es,
+				h.entry(OpEnrollmentGrant, GrantArgs{NodeID: id, Roles: []string{"node"}, SecretHash: secretOf(id), TTL: time.Hour}),
+				h.entry(OpEnrollmentConsume, ConsumeArgs{NodeID: id, SecretHash: secretOf(id), Address: "addr-" + id}),
+				h.entry(OpSessionOpen, SessionOpenArgs{NodeID: id, SessionID: "s-" + id, Incarnation: 1}),
+				h.entry(OpOvercommitAck, OvercommitAckArgs{NodeID: id, SessionID: "s-" + id, Values: api.Multipliers{CPU: 1000, Memory: 1000}}),
+				h.entry(OpNodeReport, ReportArgs{NodeID: id, SessionID: "s-" + id, Report: rep}))
+			if len(es) >= 1000 {
+				flush()
+			}
+		}
+		flush()
+		b.StartTimer()
+		for i := 0; i < workspaces; i++ {
+			e := h.entry(OpWorkspaceCreate, WorkspaceCreateArgs{Template: "kibotos-base", CPU: 1000, MemoryBytes: 1 << 30})
+			e.CommandID = fmt.Sprintf("create-%d", i)
+			es = append(es, e)
+			if len(es) == batch {
+				flush()
+			}
+		}
+		flush()
+	}
+	b.ReportMetric(float64(b.N*workspaces)/b.Elapsed().Seconds(), "workspaces/s")
+}

@@ -33,6 +33,8 @@ type FSM struct {
 
 	mu sync.RWMutex // guards db against Restore swapping it
 	db *bolt.DB
+
+	cache *placeCache // derived from the state, never part of it
 }
 
 type handler func(tx *bolt.Tx, e *Entry) (any, error)
@@ -83,7 +85,7 @@ func Open(path string) (*FSM, error) {
 		db.Close()
 		return nil, fmt.Errorf("state file %s: %w", path, err)
 	}
-	return &FSM{path: path, db: db}, nil
+	return &FSM{path: path, db: db, cache: newPlaceCache()}, nil
 }
 
 func openDB(path string) (*bolt.DB, error) {
@@ -109,6 +111,7 @@ func (f *FSM) Apply(entries []Entry) []Result {
 	defer f.mu.RUnlock()
 	results := make([]Result, len(entries))
 	err := f.db.Update(func(tx *bolt.Tx) error {
+		defer f.cache.beginBatch(tx)()
 		for i := range entries {
 			results[i] = applyOne(tx, &entries[i])
 		}

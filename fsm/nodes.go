@@ -32,6 +32,7 @@ func mustNode(tx *bolt.Tx, id string) (*api.Node, error) {
 // putNode stores a node after bumping its registration version: every
 // accepted change to a registration is a new version.
 func putNode(tx *bolt.Tx, n *api.Node) error {
+	markNodeChanged(tx, n.NodeID)
 	n.RegistrationVersion++
 	stored := *n
 	stored.Status, stored.Overcommit, stored.Schedulable = "", nil, nil

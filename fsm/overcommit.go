@@ -48,6 +48,7 @@ func applyOvercommitSetDefault(tx *bolt.Tx, e *Entry) (any, error) {
 		d.Memory = *a.Memory
 	}
 	d.Version++
+	markAllNodesChanged(tx)
 	return d, putJSON(tx, bucketMeta, keyOvercommit, d)
 }
 

@@ -10,8 +10,10 @@ var (
 	bucketWorkspaces = []byte("workspaces")
 	// node_id NUL workspace_id → nil: the Workspaces a node runs or holds a layer of
 	bucketWorkspaceNodes = []byte("workspace_nodes")
+	// node_id → Holds: what the Workspaces' records hold on the node
+	bucketNodeHolds = []byte("node_holds")
 
-	allBuckets = [][]byte{bucketMeta, bucketNodes, bucketGrants, bucketCommands, bucketWorkspaces, bucketWorkspaceNodes}
+	allBuckets = [][]byte{bucketMeta, bucketNodes, bucketGrants, bucketCommands, bucketWorkspaces, bucketWorkspaceNodes, bucketNodeHolds}
 )
 
 // Keys of the meta bucket.

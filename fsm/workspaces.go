@@ -156,6 +156,9 @@ func putWorkspace(tx *bolt.Tx, e *Entry, old, w *api.Workspace) error {
 			return err
 		}
 	}
+	if err := moveHolds(tx, old, w); err != nil {
+		return err
+	}
 	w.Version++
 	w.UpdatedAt = *at(e)
 	return putJSON(tx, bucketWorkspaces, wsKey(w.WorkspaceID), w)
@@ -178,6 +181,9 @@ func cloneWorkspace(w *api.Workspace) *api.Workspace {
 }
 
 func deleteWorkspace(tx *bolt.Tx, w *api.Workspace) error {
+	if err := moveHolds(tx, w, nil); err != nil {
+		return err
+	}
 	idx := tx.Bucket(bucketWorkspaceNodes)
 	for _, n := range occupied(w) {
 		if err := idx.Delete(wsNodeKey(n, w.WorkspaceID)); err != nil {
@@ -206,28 +212,80 @@ func workspacesOnNode(tx *bolt.Tx, node string) ([]*api.Workspace, error) {
 
 // Holds is what ctrl's records say a node holds for Workspaces.
 type Holds struct {
-	Instances int
-	Layers    int
-	Allocated api.Resources
+	Instances int           `json:"instances"`
+	Layers    int           `json:"layers"`
+	Allocated api.Resources `json:"allocated"`
 }
 
+// nodeHolds reads the node's counters, kept by moveHolds on every
+// Workspace write (O(1): node lists and placement read it per node).
 func nodeHolds(tx *bolt.Tx, node string) (Holds, error) {
 	var h Holds
-	ws, err := workspacesOnNode(tx, node)
-	if err != nil {
-		return h, err
+	_, err := getJSON(tx, bucketNodeHolds, []byte(node), &h)
+	return h, err
+}
+
+// holdsOf is what w holds on node.
+func holdsOf(w *api.Workspace, node string) Holds {
+	var h Holds
+	if w == nil {
+		return h
 	}
-	for _, w := range ws {
-		if w.NodeID == node && w.InstanceID != "" {
-			h.Instances++
-			h.Allocated.CPU += w.CPU
-			h.Allocated.MemoryBytes += w.MemoryBytes
+	if w.NodeID == node && w.InstanceID != "" {
+		h.Instances++
+		h.Allocated.CPU += w.CPU
+		h.Allocated.MemoryBytes += w.MemoryBytes
+	}
+	if w.Layer != nil && w.Layer.Held && w.Layer.NodeID == node {
+		h.Layers++
+	}
+	return h
+}
+
+// moveHolds replaces old's contribution to the node counters by w's (either
+// may be nil) and marks the nodes whose counters changed for placement.
+func moveHolds(tx *bolt.Tx, old, w *api.Workspace) error {
+	var nodes []string
+	for _, x := range []*api.Workspace{old, w} {
+		if x == nil {
+			continue
 		}
-		if w.Layer != nil && w.Layer.Held && w.Layer.NodeID == node {
-			h.Layers++
+		for _, n := range []string{x.NodeID, layerHolder(x)} {
+			if n != "" && !containsString(nodes, n) {
+				nodes = append(nodes, n)
+			}
 		}
 	}
-	return h, nil
+	for _, n := range nodes {
+		before, after := holdsOf(old, n), holdsOf(w, n)
+		if before == after {
+			continue
+		}
+		h, err := nodeHolds(tx, n)
+		if err != nil {
+			return err
+		}
+		h.Instances += after.Instances - before.Instances
+		h.Layers += after.Layers - before.Layers
+		h.Allocated.CPU += after.Allocated.CPU - before.Allocated.CPU
+		h.Allocated.MemoryBytes += after.Allocated.MemoryBytes - before.Allocated.MemoryBytes
+		if h == (Holds{}) {
+			if err := tx.Bucket(bucketNodeHolds).Delete([]byte(n)); err != nil {
+				return err
+			}
+		} else if err := putJSON(tx, bucketNodeHolds, []byte(n), h); err != nil {
+			return err
+		}
+		markNodeChanged(tx, n)
+	}
+	return nil
+}
+
+func layerHolder(w *api.Workspace) string {
+	if w.Layer != nil && w.Layer.Held {
+		return w.Layer.NodeID
+	}
+	return ""
 }
 
 func validateCreate(a *WorkspaceCreateArgs) error {
@@ -268,6 +326,9 @@ func validateCreate(a *WorkspaceCreateArgs) error {
 // raised to what ctrl itself has placed there but the node has not
 // reported yet.
 func candidates(tx *bolt.Tx) ([]api.Node, error) {
+	if c := cacheFor(tx); c != nil {
+		return c.candidates(tx)
+	}
 	d, err := getOvercommitDefault(tx)
 	if err != nil {
 		return nil, err
@@ -278,23 +339,35 @@ func candidates(tx *bolt.Tx) ([]api.Node, error) {
 		if err := json.Unmarshal(v, &n); err != nil {
 			return fmt.Errorf("state record nodes/%s is corrupt: %w", k, err)
 		}
-		h, err := nodeHolds(tx, n.NodeID)
-		if err != nil {
+		vn, err := candidateView(tx, d, &n)
+		if err != nil || vn == nil {
 			return err
 		}
-		vn := viewWithHolds(d, &n, h)
-		if vn.Report != nil {
-			r := *vn.Report
-			r.Allocated.CPU = max(r.Allocated.CPU, h.Allocated.CPU)
-			r.Allocated.MemoryBytes = max(r.Allocated.MemoryBytes, h.Allocated.MemoryBytes)
-			vn.Report = &r
-		}
-		if n.HasRole(api.RoleNode) {
-			out = append(out, *vn)
-		}
+		out = append(out, *vn)
 		return nil
 	})
 	return out, err
+}
+
+// candidateView is a node as placement sees it, nil for a node without the
+// node role: allocations are raised to what ctrl itself has placed there
+// but the node has not reported yet.
+func candidateView(tx *bolt.Tx, d api.OvercommitDefault, n *api.Node) (*api.Node, error) {
+	if !n.HasRole(api.RoleNode) {
+		return nil, nil
+	}
+	h, err := nodeHolds(tx, n.NodeID)
+	if err != nil {
+		return nil, err
+	}
+	vn := viewWithHolds(d, n, h)
+	if vn.Report != nil {
+		r := *vn.Report
+		r.Allocated.CPU = max(r.Allocated.CPU, h.Allocated.CPU)
+		r.Allocated.MemoryBytes = max(r.Allocated.MemoryBytes, h.Allocated.MemoryBytes)
+		vn.Report = &r
+	}
+	return vn, nil
 }
 
 // place chooses the node of w's next execution.

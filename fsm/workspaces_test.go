@@ -173,6 +173,7 @@ func checkIndex(t testing.TB, f *FSM) {
 
 func indexProblem(tx *bolt.Tx) error {
 	want := map[string]bool{}
+	wantHolds := map[string]Holds{}
 	if err := tx.Bucket(bucketWorkspaces).ForEach(func(k, v []byte) error {
 		w, err := getWorkspace(tx, string(k))
 		if err != nil {
@@ -180,6 +181,17 @@ func indexProblem(tx *bolt.Tx) error {
 		}
 		for _, n := range occupied(w) {
 			want[string(wsNodeKey(n, w.WorkspaceID))] = true
+		}
+		for _, n := range nodesOf(w) {
+			h, c := wantHolds[n], holdsOf(w, n)
+			h.Instances += c.Instances
+			h.Layers += c.Layers
+			h.Allocated.CPU += c.Allocated.CPU
+			h.Allocated.MemoryBytes += c.Allocated.MemoryBytes
+			if h == (Holds{}) {
+				continue
+			}
+			wantHolds[n] = h
 		}
 		return nil
 	}); err != nil {
@@ -190,7 +202,30 @@ func indexProblem(tx *bolt.Tx) error {
 	if !reflect.DeepEqual(got, want) {
 		return fmt.Errorf("workspace node index %q, want %q", keys(got), keys(want))
 	}
+	// The holds counters equal what the records hold, recounted.
+	gotHolds := map[string]Holds{}
+	if err := tx.Bucket(bucketNodeHolds).ForEach(func(k, _ []byte) error {
+		h, err := nodeHolds(tx, string(k))
+		gotHolds[string(k)] = h
+		return err
+	}); err != nil {
+		return err
+	}
+	if !reflect.DeepEqual(gotHolds, wantHolds) {
+		return fmt.Errorf("node holds counters %+v, recounted from the records %+v", gotHolds, wantHolds)
+	}
 	return nil
+}
+
+// nodesOf lists the nodes w holds anything on, once each.
+func nodesOf(w *api.Workspace) []string {
+	var out []string
+	for _, n := range []string{w.NodeID, layerHolder(w)} {
+		if n != "" && !containsString(out, n) {
+			out = append(out, n)
+		}
+	}
+	return out
 }
 
 func keys(m map[string]bool) []string {

@@ -1,0 +1,133 @@
+package fsm
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"sync"
+
+	bolt "go.etcd.io/bbolt"
+
+	"github.com/kibotos/kibotos/api"
+)
+
+// placeCache spares placement from decoding every node record for every
+// create: within one Apply batch it keeps the candidate list and refreshes
+// only the nodes a write of the batch changed; across batches it keeps the
+// decoded record of every node, reused while the stored bytes are the same.
+// It holds nothing the state does not: a cached answer is always the one a
+// fresh decode would give, so replicas stay identical with or without it.
+type placeCache struct {
+	decoded map[string]decodedNode
+
+	// Per batch.
+	list  []api.Node
+	pos   map[string]int
+	dirty map[string]bool
+	all   bool // rebuild the whole list
+}
+
+type decodedNode struct {
+	raw  []byte
+	node api.Node
+}
+
+func newPlaceCache() *placeCache {
+	return &placeCache{decoded: map[string]decodedNode{}}
+}
+
+// txCaches finds the cache of the batch a write transaction applies; the
+// apply functions only get the transaction.
+var txCaches sync.Map // *bolt.Tx → *placeCache
+
+func cacheFor(tx *bolt.Tx) *placeCache {
+	if c, ok := txCaches.Load(tx); ok {
+		return c.(*placeCache)
+	}
+	return nil
+}
+
+// beginBatch attaches c to tx for one Apply; the returned func detaches it.
+func (c *placeCache) beginBatch(tx *bolt.Tx) func() {
+	c.list, c.pos, c.dirty, c.all = nil, nil, map[string]bool{}, false
+	txCaches.Store(tx, c)
+	return func() {
+		txCaches.Delete(tx)
+		c.list, c.pos = nil, nil
+	}
+}
+
+// markNodeChanged: the node's record or holds changed in this batch.
+func markNodeChanged(tx *bolt.Tx, node string) {
+	if c := cacheFor(tx); c != nil {
+		c.dirty[node] = true
+	}
+}
+
+// markAllNodesChanged: something every node's view depends on changed
+// (the overcommit default).
+func markAllNodesChanged(tx *bolt.Tx) {
+	if c := cacheFor(tx); c != nil {
+		c.all = true
+	}
+}
+
+// node decodes a node record, reusing the last decode of the same bytes.
+func (c *placeCache) node(id string, raw []byte) (api.Node, error) {
+	if d, ok := c.decoded[id]; ok && bytes.Equal(d.raw, raw) {
+		return d.node, nil
+	}
+	var n api.Node
+	if err := json.Unmarshal(raw, &n); err != nil {
+		return n, fmt.Errorf("state record nodes/%s is corrupt: %w", id, err)
+	}
+	c.decoded[id] = decodedNode{raw: bytes.Clone(raw), node: n}
+	return n, nil
+}
+
+func (c *placeCache) candidates(tx *bolt.Tx) ([]api.Node, error) {
+	d, err := getOvercommitDefault(tx)
+	if err != nil {
+		return nil, err
+	}
+	view := func(id string, raw []byte) (*api.Node, error) {
+		n, err := c.node(id, raw)
+		if err != nil {
+			return nil, err
+		}
+		return candidateView(tx, d, &n)
+	}
+	if c.list != nil && !c.all {
+		for id := range c.dirty {
+			i, ok := c.pos[id]
+			if !ok {
+				c.all = true // a new node: rebuild in key order
+				break
+			}
+			vn, err := view(id, tx.Bucket(bucketNodes).Get([]byte(id)))
+			if err != nil {
+				return nil, err
+			}
+			c.list[i] = *vn
+		}
+	}
+	if c.list == nil || c.all {
+		c.list, c.pos = c.list[:0], map[string]int{}
+		err := tx.Bucket(bucketNodes).ForEach(func(k, v []byte) error {
+			vn, err := view(string(k), v)
+			if err != nil || vn == nil {
+				return err
+			}
+			c.pos[vn.NodeID] = len(c.list)
+			c.list = append(c.list, *vn)
+			return nil
+		})
+		if err != nil {
+			c.list = nil
+			return nil, err
+		}
+	}
+	clear(c.dirty)
+	c.all = false
+	return c.list, nil
+}
