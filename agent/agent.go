@@ -27,6 +27,7 @@ import (
 	"github.com/kibotos/kibotos/buildinfo"
 	"github.com/kibotos/kibotos/datadir"
 	"github.com/kibotos/kibotos/fsm"
+	"github.com/kibotos/kibotos/vmm/template"
 )
 
 // ErrIsolated is returned by Run when ctrl refused this incarnation as
@@ -237,7 +238,7 @@ func (a *Agent) watchInstances(ctx context.Context) {
 		case <-tick.C:
 		}
 		r := a.report()
-		states := fmt.Sprint(r.InstanceStates)
+		states := fmt.Sprint(r.InstanceStates, r.Templates)
 		if r.Instances != last.Instances || r.Allocated != last.Allocated || states != lastStates {
 			if a.PushReport() {
 				last, lastStates = r, states
@@ -395,6 +396,7 @@ func (a *Agent) report() api.Report {
 	if dp := a.cfg.DataPlane; dp != nil {
 		r.DataPlaneAddress = dp.Address()
 	}
+	r.Templates = a.templateNames()
 	if rt := a.cfg.Runtime; rt != nil {
 		for _, st := range rt.List() {
 			r.InstanceStates = append(r.InstanceStates, api.InstanceState{InstanceID: st.ID, State: string(st.State), Error: st.Error})
@@ -411,6 +413,22 @@ func (a *Agent) report() api.Report {
 		a.cfg.AdjustReport(&r)
 	}
 	return r
+}
+
+// templateNames lists the templates built on this node (ctrl places a
+// Workspace only where its template is).
+func (a *Agent) templateNames() []string {
+	ts, err := template.List(a.cfg.DataDir.StorageRoot())
+	if err != nil && len(ts) == 0 {
+		a.log.Debug("templates not listed", "err", err)
+	}
+	var names []string
+	for _, t := range ts {
+		if len(names) == 0 || names[len(names)-1] != t.Name { // sorted by name
+			names = append(names, t.Name)
+		}
+	}
+	return names
 }
 
 // PushReport sends a full report now instead of at the next sync, as the

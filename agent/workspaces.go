@@ -220,7 +220,7 @@ func (a *Agent) startWorkspace(ctx context.Context, t api.WorkspaceTask) (refusa
 		Network: true, RootImage: tpl.Image(), LayerPath: layer}
 	if _, err := rt.Start(ctx, spec); err != nil {
 		a.forget(ctx, id)
-		return "", err
+		return "", fmt.Errorf("node %s: %w", a.cfg.NodeID, err)
 	}
 	if err := a.configureWorkspace(ctx, id, t.WorkspaceID); err != nil {
 		a.forget(ctx, id)

@@ -126,6 +126,9 @@ type Report struct {
 	// DefaultPool is the pool the node creates retained layers in; empty
 	// means "default", the node's private pool.
 	DefaultPool string `json:"default_pool,omitempty"`
+	// Templates are the names of the templates built on the node; ctrl
+	// places a Workspace only where its template is.
+	Templates []string `json:"templates,omitempty"`
 	// DataPlaneAddress is where the node's data-plane process listens.
 	DataPlaneAddress string `json:"data_plane_address,omitempty"`
 }

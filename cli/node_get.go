@@ -119,9 +119,15 @@ func renderNode(w io.Writer, n *api.Node, wide bool) {
 		sub.line("Instances", "%d", r.Instances)
 		sub.line("Volumes", "%d", r.Volumes)
 		sub.line("Retained layers", "%d", r.RetainedLayers)
+		sub.line("Templates", "%s", dash(strings.Join(r.Templates, ", ")))
+		sub.line("Data plane", "%s", dash(r.DataPlaneAddress))
 		for _, p := range r.Pools {
+			kind := ""
+			if p.Shared {
+				kind = " (shared)"
+			}
 			if p.Available {
-				sub.line("Pool "+p.PoolID, "available, %s free of %s", formatBytes(p.FreeBytes), formatBytes(p.CapacityBytes))
+				sub.line("Pool "+p.PoolID+kind, "available, %s free of %s", formatBytes(p.FreeBytes), formatBytes(p.CapacityBytes))
 			} else {
 				sub.line("Pool "+p.PoolID, "unavailable: %s", dash(p.Reason))
 			}

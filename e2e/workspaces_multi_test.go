@@ -199,8 +199,24 @@ func mhBuildArtifacts(t *testing.T, dir string) string {
 	if err != nil {
 		t.Fatal(err)
 	}
+	mhProbeTemplate(t, root)
 	t.Logf("platform %s (kernel %s) and template %s built in %s", in.ID[:19], in.KernelVersion, tpl.Name, time.Since(t0).Round(time.Millisecond))
 	return root
+}
+
+// mhProbeTemplate adds template mh-probe, listed by every node (so ctrl
+// places by capacity alone) but unusable: its image is a directory, so a
+// node fails the start before booting a VM. Placement probes use it.
+func mhProbeTemplate(t *testing.T, root string) {
+	t.Helper()
+	dir := filepath.Join(template.Dir(root), "sha256-mhprobe")
+	if err := os.MkdirAll(filepath.Join(dir, template.ImageFile), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	rec := fmt.Sprintf(`{"format_version": %d, "id": "sha256-mhprobe", "name": "mh-probe", "source": "e2e probe"}`, template.FormatVersion)
+	if err := os.WriteFile(filepath.Join(dir, "template.json"), []byte(rec), 0o644); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // mhInstallArtifacts hard-links the Platform and templates under src into
@@ -448,10 +464,10 @@ func TestWorkspacesTwoNodes(t *testing.T) {
 			return n.Overcommit != nil && n.Overcommit.CPU == 2000 && n.Overcommit.Acknowledged && n.Schedulable != nil && n.Schedulable.CPU == 4000
 		})
 		// The placement is ctrl's decision, in the create's answer. The
-		// template of this probe is on no node, so node-b fails it at once
-		// instead of booting a fifth VM.
+		// probe's template is listed everywhere but unusable, so node-b
+		// fails it at once instead of booting a fifth VM.
 		var probe api.Workspace
-		if err := decodeResult(mhMust(t, admin, cliTimeout, "workspace", "create", "--template", "mh-not-built", "--cpu", "2", "--memory", "256MiB", "--no-wait", "--json"), &probe); err != nil {
+		if err := decodeResult(mhMust(t, admin, cliTimeout, "workspace", "create", "--template", "mh-probe", "--cpu", "2", "--memory", "256MiB", "--no-wait", "--json"), &probe); err != nil {
 			t.Fatal(err)
 		}
 		if probe.NodeID != b.nodeID {
@@ -459,7 +475,7 @@ func TestWorkspacesTwoNodes(t *testing.T) {
 		}
 		failed := mhWaitWorkspace(t, admin, probe.WorkspaceID, api.WorkspaceFailed, 30*time.Second)
 		if failed.Failure == nil || failed.Failure.Reason != api.FailureStart || !strings.Contains(failed.Failure.Message, b.nodeID) {
-			t.Fatalf("the probe must fail to start on %s (no such template there), got %s", b.nodeID, mhWSString(failed))
+			t.Fatalf("the probe must fail to start on %s (its template image is unusable), got %s", b.nodeID, mhWSString(failed))
 		}
 		mhMust(t, admin, cliTimeout, "workspace", "delete", probe.WorkspaceID, "--timeout", "30s")
 		if after := mhListAll(t, admin); !slices.Equal(before, after) {

@@ -99,7 +99,7 @@ func BenchmarkPlaceWorkspaces(b *testing.B) {
 			}
 			es = es[:0]
 		}
-		rep := api.Report{Capacity: api.Resources{CPU: 64000, MemoryBytes: 256 << 30}, Pools: defaultPoolAvailable}
+		rep := api.Report{Capacity: api.Resources{CPU: 64000, MemoryBytes: 256 << 30}, Pools: defaultPoolAvailable, Templates: testTemplates}
 		for i := 1; i <= nodes; i++ {
 			id := fmt.Sprintf("node-%04d", i)
 			es = append(es,

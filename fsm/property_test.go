@@ -221,6 +221,9 @@ func (g *logGen) report(id string) api.Report {
 	if g.pct(85) {
 		r.Pools = []api.Pool{{PoolID: DefaultPool, Path: "/srv/p", Available: g.pct(90)}}
 	}
+	if g.pct(90) {
+		r.Templates = testTemplates
+	}
 	// Now and then an Instance of this node (or another) ended on its own.
 	if ws := g.workspaces(); len(ws) > 0 && g.pct(15) {
 		w := ws[g.r.Intn(len(ws))]

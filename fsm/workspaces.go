@@ -374,7 +374,7 @@ func candidateView(tx *bolt.Tx, d api.OvercommitDefault, n *api.Node) (*api.Node
 func place(tx *bolt.Tx, w *api.Workspace, pin string, refused []string) (string, error) {
 	// The node must reach the pool of the writable layer: the default pool
 	// it creates a new layer in, or the pool an existing one is in.
-	req := placement.Request{CPU: w.CPU, MemoryBytes: w.MemoryBytes, Node: pin, Exclude: refused, OwnDefaultPool: true}
+	req := placement.Request{CPU: w.CPU, MemoryBytes: w.MemoryBytes, Node: pin, Exclude: refused, OwnDefaultPool: true, Template: w.Template}
 	if w.Layer != nil && w.Layer.Shared {
 		// Any node reaching the shared pool can use the layer.
 		req.OwnDefaultPool = false
@@ -402,7 +402,30 @@ func place(tx *bolt.Tx, w *api.Workspace, pin string, refused []string) (string,
 	if err != nil {
 		return "", err
 	}
-	return placement.Choose(nodes, req)
+	node, err := placement.Choose(nodes, req)
+	if err != nil && api.CodeOf(err) == api.CodeResourceExhausted && anyReported(nodes) && !anyHasTemplate(nodes, w.Template) {
+		return "", api.Errorf(api.CodeFailedPrecondition,
+			"template %s is not built on any node: build it there with kibotos template build %s (kibo node get NODE lists a node's templates)", w.Template, w.Template)
+	}
+	return node, err
+}
+
+func anyReported(nodes []api.Node) bool {
+	for i := range nodes {
+		if nodes[i].Report != nil {
+			return true
+		}
+	}
+	return false
+}
+
+func anyHasTemplate(nodes []api.Node, name string) bool {
+	for i := range nodes {
+		if placement.HasTemplate(&nodes[i], name) {
+			return true
+		}
+	}
+	return false
 }
 
 // beginExecution records a new Instance of w on node and the start

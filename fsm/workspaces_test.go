@@ -20,6 +20,9 @@ const gib = uint64(1) << 30
 
 var defaultPoolAvailable = []api.Pool{{PoolID: DefaultPool, Path: "/srv/default", Available: true, CapacityBytes: 1 << 40, FreeBytes: 1 << 39}}
 
+// testTemplates are built on every schedulable node of these tests.
+var testTemplates = []string{"kibotos-base", "kibotos-coding"}
+
 func sessOf(node string) string { return "s-" + node }
 
 // schedNode admits node (unless it is the bootstrap node), opens session
@@ -32,7 +35,7 @@ func (h *harness) schedNode(id string, inc uint64, cpu api.Milli, mem uint64) {
 	}
 	h.open(id, sessOf(id), inc)
 	h.ok(OpOvercommitAck, OvercommitAckArgs{NodeID: id, SessionID: sessOf(id), Values: api.Multipliers{CPU: 1000, Memory: 1000}})
-	h.report(id, sessOf(id), api.Report{Capacity: api.Resources{CPU: cpu, MemoryBytes: mem}, Pools: defaultPoolAvailable})
+	h.report(id, sessOf(id), api.Report{Capacity: api.Resources{CPU: cpu, MemoryBytes: mem}, Pools: defaultPoolAvailable, Templates: testTemplates})
 }
 
 // oneNode: node-a with 4 CPU and 8 GiB is the only candidate.
@@ -289,7 +292,7 @@ func TestWorkspaceCreate(t *testing.T) {
 			}},
 		{name: "most free room", setup: func(h *harness) {
 			twoNodes(h)
-			h.report("node-a", sessOf("node-a"), api.Report{Capacity: api.Resources{CPU: 4000, MemoryBytes: 8 * gib}, Allocated: api.Resources{CPU: 2000, MemoryBytes: gib}, Pools: defaultPoolAvailable})
+			h.report("node-a", sessOf("node-a"), api.Report{Capacity: api.Resources{CPU: 4000, MemoryBytes: 8 * gib}, Allocated: api.Resources{CPU: 2000, MemoryBytes: gib}, Pools: defaultPoolAvailable, Templates: testTemplates})
 		}, entry: create(smallWS), check: placedOn("node-b")},
 		{name: "most free room relative to size", setup: func(h *harness) {
 			oneNode(h)
@@ -312,7 +315,7 @@ func TestWorkspaceCreate(t *testing.T) {
 		}, entry: create(pinned("node-a")), code: api.CodeFailedPrecondition},
 		{name: "default pool unavailable: placed elsewhere", setup: func(h *harness) {
 			twoNodes(h)
-			h.report("node-a", sessOf("node-a"), api.Report{Capacity: api.Resources{CPU: 4000, MemoryBytes: 8 * gib}, Pools: []api.Pool{{PoolID: DefaultPool}}})
+			h.report("node-a", sessOf("node-a"), api.Report{Capacity: api.Resources{CPU: 4000, MemoryBytes: 8 * gib}, Pools: []api.Pool{{PoolID: DefaultPool}}, Templates: testTemplates})
 		}, entry: create(smallWS), check: placedOn("node-b")},
 		{name: "no room anywhere", setup: func(h *harness) { twoNodes(h); h.create("c0", wsArgs(4000, gib)); h.create("c00", wsArgs(4000, gib)) },
 			entry: create(smallWS), code: api.CodeResourceExhausted},
@@ -338,7 +341,7 @@ func TestWorkspaceCreate(t *testing.T) {
 			entry: create(smallWS), code: api.CodeResourceExhausted},
 		{name: "memory tight", setup: func(h *harness) {
 			oneNode(h)
-			h.ok(OpNodeReport, ReportArgs{NodeID: "node-a", SessionID: sessOf("node-a"), Report: api.Report{Capacity: api.Resources{CPU: 4000, MemoryBytes: 8 * gib}, Pools: defaultPoolAvailable},
+			h.ok(OpNodeReport, ReportArgs{NodeID: "node-a", SessionID: sessOf("node-a"), Report: api.Report{Capacity: api.Resources{CPU: 4000, MemoryBytes: 8 * gib}, Pools: defaultPoolAvailable, Templates: testTemplates},
 				HostUsage: &api.HostUsage{MemoryTight: true}})
 		}, entry: create(smallWS), code: api.CodeResourceExhausted},
 		{name: "no nodes", setup: func(h *harness) { h.bootstrap() }, entry: create(smallWS), code: api.CodeResourceExhausted},
@@ -393,7 +396,7 @@ func TestWorkspaceCreateSpreads(t *testing.T) {
 	h.advance(time.Second)
 	h.fail(api.CodeResourceExhausted, OpWorkspaceCreate, wsArgs(1000, gib), withCommand("c9"))
 	// Reported allocations lower than ctrl's own records do not free room.
-	h.report("node-a", sessOf("node-a"), api.Report{Capacity: api.Resources{CPU: 4000, MemoryBytes: 8 * gib}, Pools: defaultPoolAvailable})
+	h.report("node-a", sessOf("node-a"), api.Report{Capacity: api.Resources{CPU: 4000, MemoryBytes: 8 * gib}, Pools: defaultPoolAvailable, Templates: testTemplates})
 	h.fail(api.CodeResourceExhausted, OpWorkspaceCreate, wsArgs(1000, gib), withCommand("c9"))
 	checkIndex(t, h.f)
 }
@@ -598,7 +601,7 @@ func TestWorkspaceStartFailed(t *testing.T) {
 		t.Errorf("holds %+v", hd)
 	}
 	// The layer pins the next start to node-a.
-	h.report("node-a", sessOf("node-a"), api.Report{Capacity: api.Resources{CPU: 4000, MemoryBytes: 8 * gib}, Allocated: api.Resources{CPU: 3000}, Pools: defaultPoolAvailable})
+	h.report("node-a", sessOf("node-a"), api.Report{Capacity: api.Resources{CPU: 4000, MemoryBytes: 8 * gib}, Allocated: api.Resources{CPU: 3000}, Pools: defaultPoolAvailable, Templates: testTemplates})
 	h.advance(time.Second)
 	h.fail(api.CodeFailedPrecondition, OpWorkspaceStart, WorkspaceArgs{WorkspaceID: w.WorkspaceID, NodeID: "node-b"})
 	got = ptr(decode[api.Workspace](t, h.ok(OpWorkspaceStart, WorkspaceArgs{WorkspaceID: w.WorkspaceID})))
@@ -686,7 +689,7 @@ func TestWorkspaceStopStart(t *testing.T) {
 	h.expectUnchanged(h.entry(OpWorkspaceStop, WorkspaceArgs{WorkspaceID: id, Force: true}))
 
 	// node-b has more room now, but the layer is on node-a.
-	h.report("node-a", sessOf("node-a"), api.Report{Capacity: api.Resources{CPU: 4000, MemoryBytes: 8 * gib}, Allocated: api.Resources{CPU: 2000}, Pools: defaultPoolAvailable})
+	h.report("node-a", sessOf("node-a"), api.Report{Capacity: api.Resources{CPU: 4000, MemoryBytes: 8 * gib}, Allocated: api.Resources{CPU: 2000}, Pools: defaultPoolAvailable, Templates: testTemplates})
 	h.advance(time.Second)
 	h.fail(api.CodeVersionMismatch, OpWorkspaceStart, WorkspaceArgs{WorkspaceID: id}, withVersion(got.Version-1))
 	h.fail(api.CodeFailedPrecondition, OpWorkspaceStart, WorkspaceArgs{WorkspaceID: id, NodeID: "node-b"})
@@ -781,7 +784,7 @@ func TestWorkspaceFailedWithInstance(t *testing.T) {
 				}
 			} else {
 				h.advance(time.Second)
-				h.report("node-a", sessOf("node-a"), api.Report{Capacity: api.Resources{CPU: 4000, MemoryBytes: 8 * gib}, Pools: defaultPoolAvailable,
+				h.report("node-a", sessOf("node-a"), api.Report{Capacity: api.Resources{CPU: 4000, MemoryBytes: 8 * gib}, Pools: defaultPoolAvailable, Templates: testTemplates,
 					InstanceStates: []api.InstanceState{{InstanceID: w.InstanceID, State: "FAILED", Error: "killed by the OOM killer"}}})
 				got = h.ws(id)
 				if got.Failure == nil || got.Failure.Reason != api.FailureNoLongerRunning || got.Failure.Message != "killed by the OOM killer" {
@@ -822,7 +825,7 @@ func TestWorkspaceInstanceFailedReport(t *testing.T) {
 		t.Fatalf("fixture placement %s %s %s %s", a.NodeID, b.NodeID, c.NodeID, d.NodeID)
 	}
 	h.advance(time.Second)
-	h.report("node-a", sessOf("node-a"), api.Report{Capacity: api.Resources{CPU: 4000, MemoryBytes: 8 * gib}, Pools: defaultPoolAvailable,
+	h.report("node-a", sessOf("node-a"), api.Report{Capacity: api.Resources{CPU: 4000, MemoryBytes: 8 * gib}, Pools: defaultPoolAvailable, Templates: testTemplates,
 		InstanceStates: []api.InstanceState{
 			{InstanceID: a.InstanceID, State: "FAILED"},
 			{InstanceID: b.InstanceID, State: "FAILED"}, // not node-a's: ignored
@@ -846,7 +849,7 @@ func TestWorkspaceInstanceFailedReport(t *testing.T) {
 	h.ok(OpWorkspaceStart, WorkspaceArgs{WorkspaceID: b.WorkspaceID})
 	nb := h.answer(b.WorkspaceID, OutcomeOK, "")
 	h.advance(time.Second)
-	h.report("node-b", sessOf("node-b"), api.Report{Capacity: api.Resources{CPU: 4000, MemoryBytes: 8 * gib}, Pools: defaultPoolAvailable,
+	h.report("node-b", sessOf("node-b"), api.Report{Capacity: api.Resources{CPU: 4000, MemoryBytes: 8 * gib}, Pools: defaultPoolAvailable, Templates: testTemplates,
 		InstanceStates: []api.InstanceState{{InstanceID: b.InstanceID, State: "FAILED"}}})
 	if got := h.ws(b.WorkspaceID); got.State != api.WorkspaceAvailable || got.Version != nb.Version {
 		t.Errorf("old instance failed the new one: %+v", got)
@@ -1304,7 +1307,7 @@ func TestWorkspaceSharedPool(t *testing.T) {
 	shared := append([]api.Pool{{PoolID: "shared", Path: "/srv/shared", Available: true, Shared: true}}, defaultPoolAvailable...)
 	for _, n := range []string{"node-a", "node-b"} {
 		h.schedNode(n, 1, 4000, 8*gib)
-		h.report(n, sessOf(n), api.Report{Capacity: api.Resources{CPU: 4000, MemoryBytes: 8 * gib}, Pools: shared, DefaultPool: "shared"})
+		h.report(n, sessOf(n), api.Report{Capacity: api.Resources{CPU: 4000, MemoryBytes: 8 * gib}, Pools: shared, DefaultPool: "shared", Templates: testTemplates})
 	}
 	a := smallWS
 	a.NodeID = "node-a"
@@ -1335,6 +1338,35 @@ func TestWorkspaceSharedPool(t *testing.T) {
 	again := decode[api.Workspace](t, h.ok(OpWorkspaceStart, WorkspaceArgs{WorkspaceID: w.WorkspaceID}))
 	if again.NodeID != "node-a" || again.Layer.NodeID != "node-a" {
 		t.Errorf("start after isolate: %+v layer %+v", again, again.Layer)
+	}
+	checkIndex(t, h.f)
+}
+
+// A Workspace is placed only on a node that reports its template built,
+// even when another node has more room; a template no node has is named.
+func TestWorkspaceTemplatePlacement(t *testing.T) {
+	h := newHarness(t)
+	twoNodes(h)
+	// node-b is emptier but has only kibotos-base.
+	h.report("node-a", sessOf("node-a"), api.Report{Capacity: api.Resources{CPU: 4000, MemoryBytes: 8 * gib}, Allocated: api.Resources{CPU: 3000},
+		Pools: defaultPoolAvailable, Templates: testTemplates})
+	h.report("node-b", sessOf("node-b"), api.Report{Capacity: api.Resources{CPU: 4000, MemoryBytes: 8 * gib}, Pools: defaultPoolAvailable, Templates: []string{"kibotos-base"}})
+	if w := h.create("c1", smallWS); w.NodeID != "node-a" {
+		t.Errorf("kibotos-coding is only on node-a, placed on %s", w.NodeID)
+	}
+	base := smallWS
+	base.Template = "kibotos-base"
+	if w := h.create("c2", base); w.NodeID != "node-b" {
+		t.Errorf("kibotos-base on both: the emptier node-b should take it, got %s", w.NodeID)
+	}
+	pinned := smallWS
+	pinned.NodeID = "node-b"
+	h.fail(api.CodeFailedPrecondition, OpWorkspaceCreate, pinned, withCommand("c3"))
+	none := smallWS
+	none.Template = "nowhere"
+	err := h.fail(api.CodeFailedPrecondition, OpWorkspaceCreate, none, withCommand("c4"))
+	if !strings.Contains(err.Error(), "template nowhere is not built on any node") {
+		t.Errorf("unknown template: %v", err)
 	}
 	checkIndex(t, h.f)
 }

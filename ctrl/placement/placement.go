@@ -25,6 +25,8 @@ type Request struct {
 	// Pools are the pools holding the Workspace's Volumes and retained
 	// layer; the node must report each one available. Empty: any node.
 	Pools []string
+	// Template must be built on the node ("": any node).
+	Template string
 	// OwnDefaultPool: the node must report its own default pool (where it
 	// creates a new retained layer) available.
 	OwnDefaultPool bool
@@ -47,6 +49,7 @@ const (
 	whyNoCPU         = "not enough CPU"
 	whyNoMemory      = "not enough memory"
 	whyNoPool        = "a needed storage pool is unavailable there"
+	whyNoTemplate    = "the template is not built there"
 	whyRefused       = "refused this placement"
 	whyNotSchedKnown = "no report yet"
 )
@@ -104,6 +107,9 @@ func Ineligible(n *api.Node, req Request) string {
 	case f.MemoryBytes < req.MemoryBytes:
 		return whyNoMemory
 	}
+	if req.Template != "" && !HasTemplate(n, req.Template) {
+		return whyNoTemplate
+	}
 	if req.OwnDefaultPool && !hasPool(n, api.DefaultPoolOf(n.Report)) {
 		return whyNoPool
 	}
@@ -113,6 +119,19 @@ func Ineligible(n *api.Node, req Request) string {
 		}
 	}
 	return ""
+}
+
+// HasTemplate reports whether the node reports template name built.
+func HasTemplate(n *api.Node, name string) bool {
+	if n.Report == nil {
+		return false
+	}
+	for _, t := range n.Report.Templates {
+		if t == name {
+			return true
+		}
+	}
+	return false
 }
 
 func hasPool(n *api.Node, id string) bool {
