@@ -92,6 +92,8 @@ type Agent struct {
 	send       func(api.SessionMsg) error // of the live session, nil when disconnected
 	// credentialKey verifies data-plane credentials; ctrl sends it at welcome.
 	credentialKey []byte
+	// draining: ctrl requested a drain; new Workspaces are refused here too.
+	draining bool
 
 	tasks *tasks
 }
@@ -223,9 +225,6 @@ func (a *Agent) destroyAllInstances() {
 // watchInstances pushes a full report whenever what the node runs changes,
 // so ctrl's counts (drain, placement) do not wait for the next sync.
 func (a *Agent) watchInstances(ctx context.Context) {
-	if a.cfg.Runtime == nil {
-		return
-	}
 	var last api.Report
 	var lastStates string
 	lastDataPlane := time.Now()
@@ -354,6 +353,16 @@ func (a *Agent) session(ctx context.Context, addr string) (redirect string, err 
 				a.mu.Unlock()
 				a.log.Info("overcommit values applied", "cpu", v.CPU.String(), "memory", v.Memory.String())
 				err = send(api.SessionMsg{Type: api.MsgOvercommitAck, Overcommit: &v})
+			}
+		case api.MsgNodeState:
+			if m.Draining != nil {
+				a.mu.Lock()
+				changed := a.draining != *m.Draining
+				a.draining = *m.Draining
+				a.mu.Unlock()
+				if changed {
+					a.log.Info("drain request changed: new Workspaces are refused while draining", "draining", *m.Draining)
+				}
 			}
 		case api.MsgTask:
 			if m.Task != nil {

@@ -197,6 +197,12 @@ func (a *Agent) startWorkspace(ctx context.Context, t api.WorkspaceTask) (refusa
 	if u := a.sampler.Latest(); u.MemoryTight {
 		return "host memory is tight", nil
 	}
+	a.mu.Lock()
+	draining := a.draining
+	a.mu.Unlock()
+	if draining {
+		return "node " + a.cfg.NodeID + " is draining", nil
+	}
 	tpl, err := template.Get(a.cfg.DataDir.StorageRoot(), t.Template)
 	if err != nil {
 		return "", fmt.Errorf("template %s is not on node %s: build it there with kibotos template build %s --from-dir DIR", t.Template, a.cfg.NodeID, t.Template)

@@ -22,9 +22,11 @@ type SessionMsg struct {
 	Overcommit  *Multipliers `json:"overcommit,omitempty"`
 	// CredentialKey is the ed25519 public key data-plane credentials are
 	// verified with (welcome).
-	CredentialKey []byte               `json:"credential_key,omitempty"`
-	Task          *WorkspaceTask       `json:"task,omitempty"`
-	TaskResult    *WorkspaceTaskResult `json:"task_result,omitempty"`
+	CredentialKey []byte `json:"credential_key,omitempty"`
+	// Draining (MsgNodeState): the node rejects new Workspaces itself.
+	Draining   *bool                `json:"draining,omitempty"`
+	Task       *WorkspaceTask       `json:"task,omitempty"`
+	TaskResult *WorkspaceTaskResult `json:"task_result,omitempty"`
 }
 
 // WorkspaceTask is a Workspace command for the node, with what it needs to
@@ -58,6 +60,7 @@ const (
 	MsgReport        = "report"         // node → ctrl: full report
 	MsgOvercommit    = "overcommit"     // ctrl → node: new effective multipliers
 	MsgOvercommitAck = "overcommit_ack" // node → ctrl: applied
+	MsgNodeState     = "node_state"     // ctrl → node: its drain request changed
 	MsgTask          = "task"           // ctrl → node: execute a Workspace command
 	MsgTaskResult    = "task_result"    // node → ctrl: its outcome
 )
