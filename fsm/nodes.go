@@ -260,7 +260,7 @@ func applyNodeRetire(tx *bolt.Tx, e *Entry) (any, error) {
 		}
 		n.Retired, n.RetiredAt = true, at(e)
 		endSession(n, e, "retired")
-		if err := releaseRetired(tx, n.NodeID); err != nil {
+		if err := releaseRetired(tx, e, n.NodeID); err != nil {
 			return err
 		}
 		return revokePendingGrant(tx, n.NodeID)

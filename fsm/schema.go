@@ -13,7 +13,11 @@ var (
 	// node_id → Holds: what the Workspaces' records hold on the node
 	bucketNodeHolds = []byte("node_holds")
 
-	allBuckets = [][]byte{bucketMeta, bucketNodes, bucketGrants, bucketCommands, bucketWorkspaces, bucketWorkspaceNodes, bucketNodeHolds}
+	// workspace_id → deletion time: an id is never used twice, even when
+	// its command id comes back after the command record expired
+	bucketWorkspaceTombstones = []byte("workspace_tombstones")
+
+	allBuckets = [][]byte{bucketMeta, bucketNodes, bucketGrants, bucketCommands, bucketWorkspaces, bucketWorkspaceNodes, bucketNodeHolds, bucketWorkspaceTombstones}
 )
 
 // Keys of the meta bucket.

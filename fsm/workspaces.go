@@ -9,6 +9,7 @@ import (
 	"regexp"
 	"sort"
 	"strconv"
+	"time"
 
 	bolt "go.etcd.io/bbolt"
 
@@ -180,8 +181,11 @@ func cloneWorkspace(w *api.Workspace) *api.Workspace {
 	return &c
 }
 
-func deleteWorkspace(tx *bolt.Tx, w *api.Workspace) error {
+func deleteWorkspace(tx *bolt.Tx, e *Entry, w *api.Workspace) error {
 	if err := moveHolds(tx, w, nil); err != nil {
+		return err
+	}
+	if err := tx.Bucket(bucketWorkspaceTombstones).Put(wsKey(w.WorkspaceID), []byte(at(e).Format(time.RFC3339))); err != nil {
 		return err
 	}
 	idx := tx.Bucket(bucketWorkspaceNodes)
@@ -485,6 +489,9 @@ func applyWorkspaceCreate(tx *bolt.Tx, e *Entry) (any, error) {
 	} else if old != nil {
 		return nil, api.Errorf(api.CodeAlreadyExists, "workspace %s already exists: use a new --command-id", id)
 	}
+	if at := tx.Bucket(bucketWorkspaceTombstones).Get(wsKey(id)); at != nil {
+		return nil, api.Errorf(api.CodeAlreadyExists, "workspace %s existed and was deleted at %s: use a new --command-id", id, at)
+	}
 	w := &api.Workspace{WorkspaceID: id, Template: a.Template, CPU: a.CPU, MemoryBytes: a.MemoryBytes, Labels: a.Labels, CreatedAt: *at(e)}
 	node, err := place(tx, w, a.NodeID, nil)
 	if err != nil {
@@ -595,7 +602,7 @@ func applyWorkspaceDelete(tx *bolt.Tx, e *Entry) (any, error) {
 	if w.InstanceID == "" && (w.Layer == nil || n == nil || n.Isolated || n.Retired) {
 		// Nothing on a node to release: its layer never existed or went with
 		// an isolated host.
-		if err := deleteWorkspace(tx, w); err != nil {
+		if err := deleteWorkspace(tx, e, w); err != nil {
 			return nil, err
 		}
 		w.State, w.DeletedAt = api.WorkspaceDeleting, at(e)
@@ -695,7 +702,7 @@ func applyWorkspaceResult(tx *bolt.Tx, e *Entry) (any, error) {
 			fail(api.FailureStop, "delete: "+a.Error)
 			break
 		}
-		if err := deleteWorkspace(tx, old); err != nil {
+		if err := deleteWorkspace(tx, e, old); err != nil {
 			return nil, err
 		}
 		return map[string]bool{"applied": true}, nil
@@ -765,7 +772,7 @@ func releaseIsolated(tx *bolt.Tx, e *Entry, node string, res *api.IsolateResult)
 			// a stopped Workspace): like a delete after the isolate, nothing
 			// is left to release, and a DELETING record without a pending
 			// command could never leave that state.
-			if err := deleteWorkspace(tx, old); err != nil {
+			if err := deleteWorkspace(tx, e, old); err != nil {
 				return err
 			}
 			continue
@@ -791,14 +798,14 @@ func releaseIsolated(tx *bolt.Tx, e *Entry, node string, res *api.IsolateResult)
 // retired: their layer goes with the node (a delete issued after the
 // retirement removes the record at once too), and the node never answers.
 // A DRAINED or isolated node has no other pending commands.
-func releaseRetired(tx *bolt.Tx, node string) error {
+func releaseRetired(tx *bolt.Tx, e *Entry, node string) error {
 	ws, err := workspacesOnNode(tx, node)
 	if err != nil {
 		return err
 	}
 	for _, w := range ws {
 		if w.State == api.WorkspaceDeleting && w.Pending != nil && w.Pending.NodeID == node {
-			if err := deleteWorkspace(tx, w); err != nil {
+			if err := deleteWorkspace(tx, e, w); err != nil {
 				return err
 			}
 		}

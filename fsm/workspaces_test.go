@@ -474,6 +474,16 @@ func TestWorkspaceCreateIdempotent(t *testing.T) {
 	h.advance(time.Hour)
 	h.ok(OpCommandsExpire, CommandsExpireArgs{Before: h.now})
 	h.fail(api.CodeAlreadyExists, OpWorkspaceCreate, smallWS, withCommand("c1"))
+	// ... and even after that Workspace was deleted: an id is never reused.
+	h.ok(OpWorkspaceDelete, WorkspaceArgs{WorkspaceID: w.WorkspaceID})
+	if h.answer(w.WorkspaceID, OutcomeOK, "") != nil {
+		t.Fatal("deleted Workspace still there")
+	}
+	h.advance(time.Hour)
+	h.ok(OpCommandsExpire, CommandsExpireArgs{Before: h.now})
+	if err := h.fail(api.CodeAlreadyExists, OpWorkspaceCreate, smallWS, withCommand("c1")); !strings.Contains(err.Error(), "was deleted at") {
+		t.Errorf("reuse of a deleted Workspace's id: %v", err)
+	}
 }
 
 // ---------------------------------------------------------------------------
