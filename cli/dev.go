@@ -55,6 +55,9 @@ type DevUpCmd struct {
 	NodeID    string `name:"node-id" default:"dev" help:"Node id of the dev member."`
 	NoBuild   bool   `name:"no-build" help:"Do not build the Platform and the default template when they are missing."`
 	NoDemo    bool   `name:"no-demo" help:"Do not create the demo Workspace when the cluster has none."`
+	// DebianTemplate is built with debootstrap (same code as `template
+	// build --debootstrap`); the default template stays the busybox one.
+	DebianTemplate string `name:"debian-template" placeholder:"NAME" help:"Also build a Debian template of this name (bookworm, minbase, from the host's apt mirror) with debootstrap when it is missing, e.g. kibotos-coding; takes about a minute and needs the Debian package debootstrap. The default template stays the busybox kibotos-base."`
 	// PlatformCache lets several dev clusters (and tests) share one
 	// download of the kernel package.
 	PlatformCache string `name:"platform-cache-dir" env:"KIBOTOS_PLATFORM_CACHE" help:"Where the kernel package of the Platform is downloaded and unpacked; default: <storage root>/cache/platform."`
@@ -63,7 +66,7 @@ type DevUpCmd struct {
 // ensureDevArtifacts builds what a Workspace needs on this host when it is
 // missing: the Platform (kernel from the Debian package, initramfs with the
 // guest agent) and the default busybox template.
-func ensureDevArtifacts(g *Globals, d datadir.Dir, cacheDir string) error {
+func ensureDevArtifacts(g *Globals, d datadir.Dir, cacheDir, debian string) error {
 	root := d.StorageRoot()
 	// The Platform carries this executable as the guest agent: a new build
 	// gets a new Platform (an unchanged one is found, not rebuilt).
@@ -79,6 +82,17 @@ func ensureDevArtifacts(g *Globals, d datadir.Dir, cacheDir string) error {
 			return fmt.Errorf("kibotos dev: build the default template: %w", err)
 		}
 		g.note("kibotos dev: template %s built (%s)\n", t.Name, formatBytes(uint64(t.ImageBytes)))
+	}
+	if debian != "" {
+		if _, err := template.Get(root, debian); err != nil {
+			g.note("kibotos dev: building the Debian template %s with debootstrap (about a minute)\n", debian)
+			start := time.Now()
+			t, err := buildDebian(g, template.DebootstrapOptions{StorageRoot: root, Name: debian}, false)
+			if err != nil {
+				return fmt.Errorf("kibotos dev: build the Debian template: %w", err)
+			}
+			g.note("kibotos dev: template %s built in %s (%s of content)\n", t.Name, time.Since(start).Round(time.Second), formatBytes(uint64(t.ContentBytes)))
+		}
 	}
 	return nil
 }
@@ -102,7 +116,7 @@ func (c *DevUpCmd) Run(g *Globals) error {
 	}
 	runsVMs := privsd.Available() == nil || hostHasSystemd()
 	if runsVMs && !c.NoBuild {
-		if err := ensureDevArtifacts(g, d, c.PlatformCache); err != nil {
+		if err := ensureDevArtifacts(g, d, c.PlatformCache, c.DebianTemplate); err != nil {
 			return err
 		}
 	}

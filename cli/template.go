@@ -1,7 +1,11 @@
 package cli
 
 import (
+	"errors"
+	"os/signal"
 	"strings"
+	"syscall"
+	"time"
 
 	"github.com/kibotos/kibotos/api"
 	"github.com/kibotos/kibotos/vmm/template"
@@ -10,7 +14,7 @@ import (
 // TemplateCmd groups the template commands. Templates are kept on the node
 // that built them for now; the cluster registry comes with Workspaces.
 type TemplateCmd struct {
-	Build  TemplateBuildCmd  `cmd:"" help:"Build a template (ext4 root filesystem image) from a directory or a rootfs tarball."`
+	Build  TemplateBuildCmd  `cmd:"" help:"Build a template (ext4 root filesystem image) from a directory, a rootfs tarball or a Debian release (debootstrap)."`
 	List   TemplateListCmd   `cmd:"" help:"List the templates on this node."`
 	Get    TemplateGetCmd    `cmd:"" help:"Show one template."`
 	Delete TemplateDeleteCmd `cmd:"" help:"Delete every build of a template on this node."`
@@ -30,13 +34,30 @@ func (r templateRoot) root(g *Globals) string {
 // TemplateBuildCmd builds a template.
 type TemplateBuildCmd struct {
 	templateRoot `embed:""`
-	Name         string `arg:"" name:"name" help:"Template name, e.g. kibotos-coding."`
-	FromDir      string `name:"from-dir" type:"existingdir" help:"Directory holding the root filesystem."`
-	FromTar      string `name:"from-tar" type:"existingfile" help:"Rootfs tarball (any compression tar reads)."`
-	Size         string `name:"size" help:"Image size, e.g. 2GiB; default: the content plus half again plus 64 MiB."`
+	Name         string   `arg:"" name:"name" help:"Template name, e.g. kibotos-coding."`
+	FromDir      string   `name:"from-dir" type:"existingdir" help:"Directory holding the root filesystem."`
+	FromTar      string   `name:"from-tar" type:"existingfile" help:"Rootfs tarball (any compression tar reads)."`
+	Debootstrap  bool     `name:"debootstrap" help:"Build a Debian root filesystem with debootstrap (Debian package debootstrap; needs root)."`
+	Suite        string   `name:"suite" help:"With --debootstrap: the Debian release; default bookworm."`
+	Mirror       string   `name:"mirror" help:"With --debootstrap: the Debian archive URL; default: the one apt uses on this host (/etc/apt/sources.list{,.d})."`
+	Include      []string `name:"include" sep:"," help:"With --debootstrap: extra packages, e.g. --include git,curl,python3."`
+	Variant      string   `name:"variant" help:"With --debootstrap: minbase (default: essential packages and apt), buildd (plus build-essential) or standard (required and important packages)."`
+	Size         string   `name:"size" help:"Image size, e.g. 2GiB; default: the content plus half again plus 64 MiB (--debootstrap: the content plus 2 GiB, at least 4 GiB; the image is sparse)."`
 }
 
 func (c *TemplateBuildCmd) Run(g *Globals) error {
+	n := 0
+	for _, set := range []bool{c.FromDir != "", c.FromTar != "", c.Debootstrap} {
+		if set {
+			n++
+		}
+	}
+	if n != 1 {
+		return api.Errorf(api.CodeInvalidArgument, "template %s: give exactly one of --from-dir DIR, --from-tar FILE and --debootstrap", c.Name)
+	}
+	if !c.Debootstrap && (c.Suite != "" || c.Mirror != "" || len(c.Include) > 0 || c.Variant != "") {
+		return api.Errorf(api.CodeInvalidArgument, "template %s: --suite, --mirror, --include and --variant go with --debootstrap", c.Name)
+	}
 	o := template.Options{StorageRoot: c.root(g), Name: c.Name, FromDir: c.FromDir, FromTar: c.FromTar}
 	if c.Size != "" {
 		n, err := parseSize(c.Size)
@@ -45,6 +66,9 @@ func (c *TemplateBuildCmd) Run(g *Globals) error {
 		}
 		o.SizeMiB = int(n >> 20)
 	}
+	if c.Debootstrap {
+		return c.runDebootstrap(g, o.SizeMiB)
+	}
 	t, err := template.Build(g.ctx, o)
 	if err != nil {
 		return api.Errorf(api.CodeInvalidArgument, "%v", err)
@@ -52,9 +76,54 @@ func (c *TemplateBuildCmd) Run(g *Globals) error {
 	if g.JSON {
 		return printResult(g, t)
 	}
+	printBuilt(g, t)
+	return nil
+}
+
+func printBuilt(g *Globals, t *template.Template) {
 	g.printf("%s\n", t.ID)
 	g.note("template %s: %d files, %s of content, image %s in %s\n", t.Name, t.Files, formatBytes(uint64(t.ContentBytes)), formatBytes(uint64(t.ImageBytes)), t.Dir)
+}
+
+func (c *TemplateBuildCmd) runDebootstrap(g *Globals, sizeMiB int) error {
+	o := template.DebootstrapOptions{StorageRoot: c.root(g), Name: c.Name, Suite: c.Suite, Mirror: c.Mirror, Include: c.Include, Variant: c.Variant, SizeMiB: sizeMiB}
+	if err := o.Validate(); err != nil {
+		return api.Errorf(api.CodeInvalidArgument, "%v", err)
+	}
+	start := time.Now()
+	t, err := buildDebian(g, o, !g.JSON)
+	if err != nil {
+		return err
+	}
+	if g.JSON {
+		return printResult(g, t)
+	}
+	printBuilt(g, t)
+	g.note("template %s: built with debootstrap in %s\n", t.Name, time.Since(start).Round(time.Second))
 	return nil
+}
+
+// buildDebian runs BuildDebootstrap, with debootstrap's output on stderr
+// when progress is set, mapping its errors to exit codes. Ctrl-C or
+// SIGTERM stops debootstrap (its own process group) and removes the
+// half-built tree instead of leaving both behind.
+func buildDebian(g *Globals, o template.DebootstrapOptions, progress bool) (*template.Template, error) {
+	if progress {
+		o.Progress = g.stderr
+	}
+	ctx, stop := signal.NotifyContext(g.ctx, syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	t, err := template.BuildDebootstrap(ctx, o)
+	switch {
+	case err == nil:
+		return t, nil
+	case errors.Is(err, template.ErrDebootstrapPrereq):
+		return nil, api.Errorf(api.CodeFailedPrecondition, "%v", err)
+	case errors.Is(err, template.ErrDebootstrapFailed):
+		return nil, api.Errorf(api.CodeUnavailable, "%v", err)
+	default:
+		return nil, api.Errorf(api.CodeInvalidArgument, "%v", err)
+	}
 }
 
 // TemplateListCmd lists templates.

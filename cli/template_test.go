@@ -50,3 +50,26 @@ func TestTemplateCommands(t *testing.T) {
 		t.Fatalf("list after delete: %q", out)
 	}
 }
+
+func TestTemplateBuildSourceFlags(t *testing.T) {
+	src, root := t.TempDir(), t.TempDir()
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"kibotos-coding"}, "give exactly one of --from-dir DIR, --from-tar FILE and --debootstrap"},
+		{[]string{"kibotos-coding", "--from-dir", src, "--debootstrap"}, "give exactly one of"},
+		{[]string{"kibotos-coding", "--from-dir", src, "--suite", "trixie"}, "--suite, --mirror, --include and --variant go with --debootstrap"},
+		{[]string{"kibotos-coding", "--from-dir", src, "--include", "git"}, "go with --debootstrap"},
+		{[]string{"kibotos-coding", "--debootstrap", "--variant", "huge"}, "variant \"huge\" is not one of minbase, buildd, standard"},
+		{[]string{"kibotos-coding", "--debootstrap", "--include", "git,Bad_Pkg"}, "\"Bad_Pkg\" is not a Debian package name"},
+		{[]string{"kibotos-coding", "--debootstrap", "--mirror", "deb.debian.org/debian"}, "not an http, https or file URL"},
+		{[]string{"Bad", "--debootstrap"}, "not valid"},
+	} {
+		args := append([]string{"template", "build", "--storage-root", root}, c.args...)
+		_, errs, code := runCLI(args...)
+		if code != api.ExitInvalidArgument || !strings.Contains(errs, c.want) || strings.Count(strings.TrimSpace(errs), "\n") > 0 {
+			t.Errorf("%v: exit %d, %q; want exit %d saying %q on one line", c.args, code, errs, api.ExitInvalidArgument, c.want)
+		}
+	}
+}

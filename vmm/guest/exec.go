@@ -175,6 +175,11 @@ func (a *agent) runExec(ctl net.Conn, req guestproto.ExecRequest, streams [3]net
 		}
 	}()
 	sys := &syscall.SysProcAttr{Setsid: true, Chroot: req.Root}
+	if req.Root != "" && req.Dir == "" {
+		// The agent's own directory means nothing inside the new root
+		// (shells complain they cannot find it): start at its top.
+		req.Dir = "/"
+	}
 	if req.PTY != nil {
 		err = st.openPTY(req.PTY, streams)
 		sys.Setctty, sys.Ctty = true, 0

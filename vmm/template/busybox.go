@@ -42,8 +42,8 @@ func BuildBusybox(ctx context.Context, storageRoot, name, busybox string) (*Temp
 			return nil, err
 		}
 	}
-	os.Chmod(filepath.Join(tree, "tmp"), 0o1777)
-	os.Chmod(filepath.Join(tree, "var/tmp"), 0o1777)
+	os.Chmod(filepath.Join(tree, "tmp"), 0o777|os.ModeSticky) // 0o1777 would drop the sticky bit: FileMode has its own
+	os.Chmod(filepath.Join(tree, "var/tmp"), 0o777|os.ModeSticky)
 	os.Chmod(filepath.Join(tree, "root"), 0o700)
 	b, err := os.ReadFile(busybox)
 	if err != nil {

@@ -58,6 +58,9 @@ type Options struct {
 	FromTar     string
 	// SizeMiB of the image; 0: the content plus half again plus 64 MiB.
 	SizeMiB int
+	// Source is recorded in template.json; default dir:FromDir or
+	// tar:FromTar.
+	Source string
 }
 
 var nameRE = regexp.MustCompile(`^[a-z0-9][a-z0-9.-]{0,62}$`)
@@ -92,6 +95,9 @@ func Build(ctx context.Context, o Options) (*Template, error) {
 		if err := extract(ctx, o.FromTar, src); err != nil {
 			return nil, fmt.Errorf("template %s: %w", o.Name, err)
 		}
+	}
+	if o.Source != "" {
+		source = o.Source
 	}
 	digest, files, size, err := treeDigest(src, o.Name)
 	if err != nil {
@@ -265,7 +271,7 @@ func Get(storageRoot, name string) (*Template, error) {
 	if err != nil {
 		return nil, err
 	}
-	return nil, fmt.Errorf("template %s not found on this node: build it with kibotos template build %s --from-dir DIR", name, name)
+	return nil, fmt.Errorf("template %s not found on this node: build it with kibotos template build %s --from-dir DIR (or --from-tar FILE, or --debootstrap)", name, name)
 }
 
 // Delete removes every build of the name.
