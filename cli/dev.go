@@ -248,9 +248,15 @@ func (c *DevDownCmd) Run(g *Globals) error {
 		}
 		for _, st := range rt.List() {
 			if err := rt.Delete(g.ctx, st.ID); err != nil {
-				rt.Close()
-				m.Close()
-				return err
+				if sd == nil {
+					rt.Close()
+					m.Close()
+					return err
+				}
+				// An Instance caught mid-start cannot be deleted cleanly;
+				// stopping the private systemd below ends its VMM anyway.
+				g.note("kibotos dev: %v; the private systemd stop ends it\n", err)
+				continue
 			}
 			deleted++
 		}

@@ -97,10 +97,15 @@ func printWorkspaceResult(g *Globals, raw []byte, ws *api.Workspace, quiet bool,
 // is ""), fails on FAILED, and gives up after --timeout (exit 16).
 func waitWorkspace(g *Globals, id, want string) (*api.Workspace, error) {
 	deadline := time.Now().Add(g.Timeout)
-	delay := 50 * time.Millisecond
+	var seen uint64 // blocking reads: the member answers when the version passes it
 	for {
 		var ws api.Workspace
-		_, err := g.call("GET", workspacePath(id), nil, &ws)
+		wait := min(time.Until(deadline), 30*time.Second).Round(time.Millisecond)
+		path := fmt.Sprintf("%s?wait_version=%d&wait=%s", workspacePath(id), seen, max(wait, 0))
+		if seen == 0 {
+			path = workspacePath(id)
+		}
+		_, err := g.call("GET", path, nil, &ws)
 		switch {
 		case want == "" && api.CodeOf(err) == api.CodeNotFound:
 			return nil, nil
@@ -118,14 +123,10 @@ func waitWorkspace(g *Globals, id, want string) (*api.Workspace, error) {
 		if !time.Now().Before(deadline) {
 			return nil, exitError{api.ExitTimedOut, fmt.Sprintf("workspace %s is still %s after %s; it goes on in the background: check with kibo workspace get %s", id, ws.State, g.Timeout, id)}
 		}
-		select {
-		case <-g.ctx.Done():
+		if g.ctx.Err() != nil {
 			return nil, g.ctx.Err()
-		case <-time.After(delay):
 		}
-		if delay < 500*time.Millisecond {
-			delay += delay / 2
-		}
+		seen = ws.Version
 	}
 }
 

@@ -3,6 +3,7 @@ package cluster
 import (
 	"encoding/json"
 	"io"
+	"sync"
 
 	"github.com/hashicorp/raft"
 
@@ -18,6 +19,34 @@ type raftFSM struct {
 	// written by a newer kibotos), so start-up can say it instead of
 	// Raft's generic "failed to load any existing snapshots".
 	restoreErr error
+	// changed, when set, learns of every applied batch and restore
+	// (blocking reads wait on it).
+	changed *broadcaster
+}
+
+// broadcaster wakes everyone waiting for the state to change.
+type broadcaster struct {
+	mu sync.Mutex
+	ch chan struct{}
+}
+
+func newBroadcaster() *broadcaster { return &broadcaster{ch: make(chan struct{})} }
+
+// next is closed at the next change after the call.
+func (b *broadcaster) next() <-chan struct{} {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.ch
+}
+
+func (b *broadcaster) notify() {
+	if b == nil {
+		return
+	}
+	b.mu.Lock()
+	close(b.ch)
+	b.ch = make(chan struct{})
+	b.mu.Unlock()
 }
 
 var _ raft.BatchingFSM = (*raftFSM)(nil)
@@ -43,6 +72,7 @@ func (r *raftFSM) ApplyBatch(logs []*raft.Log) []interface{} {
 	for j, res := range r.f.Apply(entries) {
 		out[index[j]] = res
 	}
+	r.changed.notify()
 	return out
 }
 
@@ -60,6 +90,7 @@ func (r *raftFSM) Restore(rc io.ReadCloser) error {
 	if err != nil {
 		r.restoreErr = err
 	}
+	r.changed.notify()
 	return err
 }
 

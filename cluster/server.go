@@ -103,6 +103,8 @@ type Server struct {
 	consistentReady atomic.Bool
 
 	sessions *sessionRegistry
+	// changed wakes blocking reads when the local state changed.
+	changed *broadcaster
 
 	// The data-plane credential key, derived once from the CA key.
 	credOnce sync.Once
@@ -130,7 +132,7 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Server{cfg: cfg, id: id, log: cfg.Logger.With("node_id", id.NodeID), release: release, stop: make(chan struct{}), sessions: newSessionRegistry()}
+	s := &Server{cfg: cfg, id: id, log: cfg.Logger.With("node_id", id.NodeID), release: release, stop: make(chan struct{}), sessions: newSessionRegistry(), changed: newBroadcaster()}
 	if err := s.start(ctx); err != nil {
 		s.Shutdown()
 		return nil, err
@@ -235,7 +237,7 @@ func (s *Server) startRaft() error {
 		Stream: layer, MaxPool: 5, Timeout: 10 * time.Second,
 		Logger: s.hclog("raft-net", hclog.Error),
 	})
-	rf := &raftFSM{f: s.fsm}
+	rf := &raftFSM{f: s.fsm, changed: s.changed}
 	// The leader replicates recent entries from memory instead of reading
 	// them back from the log store.
 	logs, err := raft.NewLogCache(1024, s.logStore)

@@ -83,9 +83,55 @@ func (rr *resultRecorder) WriteHeader(code int) {
 	rr.ResponseWriter.WriteHeader(code)
 }
 
+// maxBlockingWait bounds ?wait= of a blocking read.
+const maxBlockingWait = time.Minute
+
+// handleWorkspaceGet answers at once, or with ?wait_version=V&wait=30s as
+// a blocking read: when the Workspace's version passes V (or it is gone),
+// at the latest after the wait. Waiting CLIs see a change the moment this
+// member applies it instead of at their next poll.
 func (s *Server) handleWorkspaceGet(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("id")
-	s.view(w, func(tx *bolt.Tx) (any, error) { return fsm.GetWorkspace(tx, id) })
+	get := func(tx *bolt.Tx) (any, error) { return fsm.GetWorkspace(tx, id) }
+	q := r.URL.Query()
+	if q.Get("wait_version") == "" {
+		s.view(w, get)
+		return
+	}
+	since, err := strconv.ParseUint(q.Get("wait_version"), 10, 64)
+	if err != nil {
+		writeError(w, api.Errorf(api.CodeInvalidArgument, "wait_version %q is not a version number", q.Get("wait_version")))
+		return
+	}
+	wait := 30 * time.Second
+	if v := q.Get("wait"); v != "" {
+		if wait, err = time.ParseDuration(v); err != nil || wait < 0 {
+			writeError(w, api.Errorf(api.CodeInvalidArgument, "wait %q is not a duration such as 30s", v))
+			return
+		}
+	}
+	deadline := time.NewTimer(min(wait, maxBlockingWait))
+	defer deadline.Stop()
+	for {
+		changed := s.changed.next() // before the read: no change is missed
+		var ws *api.Workspace
+		err := s.fsm.View(func(tx *bolt.Tx) (err error) { ws, err = fsm.GetWorkspace(tx, id); return })
+		if err != nil || ws.Version > since {
+			s.view(w, get)
+			return
+		}
+		select {
+		case <-changed:
+		case <-deadline.C:
+			s.view(w, get)
+			return
+		case <-r.Context().Done():
+			return
+		case <-s.stop:
+			s.view(w, get)
+			return
+		}
+	}
 }
 
 func (s *Server) handleWorkspaceList(w http.ResponseWriter, r *http.Request) {

@@ -1,6 +1,7 @@
 package dataplane
 
 import (
+	"context"
 	"crypto/ed25519"
 	"crypto/tls"
 	"crypto/x509"
@@ -52,6 +53,20 @@ func (s *Server) apply(st State) error {
 		if sockets[id] != l.socket {
 			l.close()
 			delete(s.links, id)
+		}
+	}
+	// Dial new targets now, not at their first connection: the node pushes
+	// a target right before it tells ctrl the Workspace is AVAILABLE, so
+	// the first exec finds the guest session ready.
+	for id, sock := range sockets {
+		if s.links[id] == nil {
+			l := newGuestLink(id, sock)
+			s.links[id] = l
+			go func() {
+				ctx, cancel := context.WithTimeout(context.Background(), s.cfg.GuestTimeout)
+				defer cancel()
+				l.get(ctx) // failures are retried by the first connection that needs it
+			}()
 		}
 	}
 	closed := 0
