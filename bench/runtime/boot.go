@@ -76,7 +76,7 @@ func (e *benchEnv) boot(ctx context.Context) error {
 			var s bootSample
 			var err error
 			if kind == "raw" {
-				s, err = e.rawBoot(ctx, backend, spec, filepath.Join(rawDir, fmt.Sprint(i)))
+				s, err = e.rawBoot(ctx, backend, spec, filepath.Join(rawDir, fmt.Sprint(i)), nil)
 			} else {
 				s, err = e.nodeBoot(ctx, rt, sink, spec, fmt.Sprintf("boot-%d", i))
 			}
@@ -134,8 +134,10 @@ func (e *benchEnv) boot(ctx context.Context) error {
 // rawBoot starts QEMU directly with the argv the runtime's backend builds
 // (same binary, accel, TSC, memory, channel and QMP layout) and dials the
 // guest agent with the runtime's readiness policy (waitGuest: attempts of
-// up to 15s, 50ms apart).
-func (e *benchEnv) rawBoot(ctx context.Context, backend *runtime.QEMU, spec runtime.Spec, dir string) (bootSample, error) {
+// up to 15s, 50ms apart). If use is not nil it is called with the guest
+// session and the process start time right after GuestInfo answered, before
+// the VM is killed (-mode workspace execs over it).
+func (e *benchEnv) rawBoot(ctx context.Context, backend *runtime.QEMU, spec runtime.Spec, dir string, use func(c *guestproto.Client, started time.Time) error) (bootSample, error) {
 	s := bootSample{Kind: "raw", Load: loadavg()}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return s, err
@@ -219,6 +221,11 @@ func (e *benchEnv) rawBoot(ctx context.Context, backend *runtime.QEMU, spec runt
 		return s, fmt.Errorf("GuestInfo: %w", err)
 	}
 	s.BootS = secs(time.Since(t0))
+	if use != nil {
+		if err := use(c, t0); err != nil {
+			return s, err
+		}
+	}
 	s.RSSKiB = vmRSSKiB(cmd.Process.Pid)
 	t1 := time.Now()
 	c.Close()

@@ -4,6 +4,7 @@
 //
 //	go run ./bench/runtime -mode boot -runs 10
 //	go run ./bench/runtime -mode takeover -vms 20
+//	go run ./bench/runtime -mode workspace -runs 10 -execs 200
 //
 // It needs root, qemu-system-x86_64, systemd (a private systemd is started
 // through vmm/units/privsd) and dpkg (Platform build). Results are JSON
@@ -39,6 +40,7 @@ const nodeEnv = "KIBOTOS_BENCH_RUNTIME_NODE"
 type options struct {
 	mode        string
 	runs        int
+	execs       int
 	vms         int
 	parallel    int
 	rounds      int
@@ -52,8 +54,9 @@ func main() {
 		os.Exit(runNode())
 	}
 	var o options
-	flag.StringVar(&o.mode, "mode", "boot", "boot or takeover")
-	flag.IntVar(&o.runs, "runs", 10, "boot: samples of each kind (raw and node), alternated")
+	flag.StringVar(&o.mode, "mode", "boot", "boot, takeover or workspace")
+	flag.IntVar(&o.runs, "runs", 10, "boot, workspace: samples of each kind (raw and node/workspace), alternated")
+	flag.IntVar(&o.execs, "execs", 200, "workspace: execs of /bin/true over the data plane and over the raw guest session, alternated")
 	flag.IntVar(&o.vms, "vms", 20, "takeover: VMs to start and take over")
 	flag.IntVar(&o.parallel, "parallel", 2, "takeover: VMs started at a time")
 	flag.IntVar(&o.rounds, "rounds", 3, "takeover: kill -9 + restart rounds")
@@ -109,6 +112,10 @@ func run(ctx context.Context, o options, cl *cleaner) error {
 		}
 		return os.RemoveAll(scratch)
 	})
+	if o.mode == "workspace" {
+		// kibotos dev brings its own Platform and private systemd.
+		return workspaceMode(ctx, o, cl, scratch, load)
+	}
 	inst, err := loadPlatform(ctx, o, scratch)
 	if err != nil {
 		return err
@@ -131,7 +138,7 @@ func run(ctx context.Context, o options, cl *cleaner) error {
 	case "takeover":
 		return env.takeover(ctx)
 	}
-	return fmt.Errorf("-mode %q: want boot or takeover", o.mode)
+	return fmt.Errorf("-mode %q: want boot, takeover or workspace", o.mode)
 }
 
 type benchEnv struct {
