@@ -100,6 +100,7 @@ func (c *clientConn) serve() {
 	cfg := yamux.DefaultConfig()
 	cfg.LogOutput = io.Discard
 	cfg.ConnectionWriteTimeout = 30 * time.Second
+	cfg.MaxStreamWindowSize = guestproto.HostStreamWindow
 	sess, err := yamux.Server(struct {
 		io.Reader
 		io.Writer

@@ -25,6 +25,7 @@ type channel struct {
 	mu      sync.Mutex
 	cond    *sync.Cond
 	buf     []byte // read from conn, not consumed yet
+	store   []byte // buf's backing array while it fits: reused, never reallocated
 	reading bool   // the reader goroutine runs
 	err     error  // why the reader stopped
 	closed  bool
@@ -49,7 +50,7 @@ func (c *channel) readLoop() {
 			c.mu.Unlock()
 			return
 		}
-		c.buf = append(c.buf, b[:n]...)
+		c.add(b[:n])
 		if err != nil {
 			c.reading, c.err = false, err
 			c.cond.Broadcast()
@@ -62,6 +63,28 @@ func (c *channel) readLoop() {
 		}
 		c.mu.Unlock()
 	}
+}
+
+// add appends b to buf (c.mu held). Consumers copy out of buf, so its
+// unconsumed bytes can be moved to the front of the one store it lives in:
+// a channel read (at most a page from virtio-serial) then costs no
+// allocation and, under emulation, no garbage collection.
+func (c *channel) add(b []byte) {
+	if len(b) == 0 {
+		return
+	}
+	if c.store == nil {
+		c.store = make([]byte, 0, maxBuffered+64<<10)
+	}
+	if len(c.buf) == 0 {
+		c.buf = c.store[:0]
+	}
+	if cap(c.buf)-len(c.buf) < len(b) && len(c.buf)+len(b) <= cap(c.store) {
+		// Compact: buf is a tail of store (or a slice unread allocated).
+		n := copy(c.store[:cap(c.store)], c.buf)
+		c.buf = c.store[:n]
+	}
+	c.buf = append(c.buf, b...)
 }
 
 // rearm restarts the reader after it stopped on an error: the error was a

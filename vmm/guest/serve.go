@@ -463,11 +463,16 @@ func respond(w io.Writer, res any, err error) error {
 }
 
 // recorder remembers the last bytes a session read, so a hello that ended
-// the session can be found again.
+// the session can be found again. It keeps them in a fixed ring: every
+// byte of every call passes through it, and under emulation an append that
+// reallocates (and the garbage it leaves) cost the inbound path a third of
+// the agent's CPU.
 type recorder struct {
-	r   io.Reader
-	mu  sync.Mutex
-	buf []byte
+	r    io.Reader
+	mu   sync.Mutex
+	ring []byte // recordSize bytes once the first read came
+	pos  int    // next write position in ring
+	full bool   // ring wrapped at least once
 }
 
 const recordSize = 64 << 10
@@ -475,16 +480,39 @@ const recordSize = 64 << 10
 func (r *recorder) Read(p []byte) (int, error) {
 	n, err := r.r.Read(p)
 	r.mu.Lock()
-	r.buf = append(r.buf, p[:n]...)
-	if len(r.buf) > 2*recordSize {
-		r.buf = append(r.buf[:0:0], r.buf[len(r.buf)-recordSize:]...)
-	}
+	r.record(p[:n])
 	r.mu.Unlock()
 	return n, err
+}
+
+func (r *recorder) record(b []byte) {
+	if len(b) == 0 {
+		return
+	}
+	if r.ring == nil {
+		r.ring = make([]byte, recordSize)
+	}
+	if len(b) >= recordSize {
+		copy(r.ring, b[len(b)-recordSize:])
+		r.pos, r.full = 0, true
+		return
+	}
+	n := copy(r.ring[r.pos:], b)
+	if n < len(b) {
+		copy(r.ring, b[n:])
+		r.full = true
+	}
+	r.pos = (r.pos + len(b)) % recordSize
+	if r.pos == 0 {
+		r.full = true
+	}
 }
 
 func (r *recorder) tail() []byte {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return append([]byte(nil), r.buf...)
+	if !r.full {
+		return append([]byte(nil), r.ring[:r.pos]...)
+	}
+	return append(append(make([]byte, 0, recordSize), r.ring[r.pos:]...), r.ring[:r.pos]...)
 }

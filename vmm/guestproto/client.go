@@ -18,6 +18,15 @@ import (
 	"github.com/hashicorp/yamux"
 )
 
+// HostStreamWindow is the largest receive window of one stream in the
+// sessions hosts hold (the node's and the data plane's to a guest, a
+// client's to the data plane, the data plane's to a client). yamux's
+// default of 256 KiB caps one stream at 256 KiB per round trip: 26 MB/s at
+// 10 ms between a client and a node. Each side sets only its own receive
+// window, so peers of any build keep working. Guests keep the default: their
+// channel's round trip is short and their memory small.
+const HostStreamWindow = 8 << 20
+
 // DialOptions tune Dial; the zero value speaks this build's protocol range.
 type DialOptions struct {
 	MinProtocol, MaxProtocol int
@@ -85,6 +94,7 @@ func DialWith(ctx context.Context, conn io.ReadWriteCloser, opts DialOptions) (*
 	cfg := yamux.DefaultConfig()
 	cfg.LogOutput = io.Discard
 	cfg.KeepAliveInterval = opts.KeepAlive
+	cfg.MaxStreamWindowSize = HostStreamWindow
 	sess, err := yamux.Client(struct {
 		io.Reader
 		io.Writer
