@@ -9,11 +9,13 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/ed25519"
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"github.com/kibotos/kibotos/credential"
 	"io"
 	"net"
 	"os"
@@ -72,6 +74,7 @@ func TestWorkspace(t *testing.T) {
 		{"Exec", d.testExec},
 		{"Files", d.testFiles},
 		{"PTY", d.testPTY},
+		{"Credentials", d.testCredentials},
 		{"PortForward", d.testPortForward},
 		{"StopStart", d.testStopStart},
 		{"NodeKill", d.testNodeKill},
@@ -471,6 +474,79 @@ func (l *lockedBuf) String() string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.b.String()
+}
+
+// testCredentials: the node's data plane refuses a credential signed by
+// another key, one past its expiry and one naming another Workspace, and
+// still accepts a good one; each refusal carries its code.
+func (d *wsDev) testCredentials(id string) {
+	t := d.t
+	dir := datadir.Dir(d.dir)
+	ident, err := dir.LoadIdentity()
+	if err != nil {
+		t.Fatal(err)
+	}
+	tlsConf, err := dir.AdminClientTLS()
+	if err != nil {
+		t.Fatal(err)
+	}
+	roots, err := dir.CAPool()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var good api.DataPlaneCredential
+	if _, err := api.NewClient(ident.Advertise, tlsConf).Do(ctx, "POST", "/v1/workspaces/"+id+"/credentials", struct{}{}, &good); err != nil {
+		t.Fatalf("credential: %v", err)
+	}
+	caKey, err := os.ReadFile(dir.CAKey())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctrlKey, err := credential.KeyFromCA(caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, otherKey, err := ed25519.GenerateKey(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now().Truncate(time.Second)
+	valid := credential.Claims{WorkspaceID: good.WorkspaceID, InstanceID: good.InstanceID, NodeID: good.NodeID, IssuedAt: now, ExpiresAt: now.Add(time.Minute)}
+	expired := valid
+	expired.IssuedAt, expired.ExpiresAt = now.Add(-time.Hour), now.Add(-time.Minute)
+	other := valid
+	other.WorkspaceID = "ws-someoneelse"
+	for _, c := range []struct {
+		name, code string
+		key        ed25519.PrivateKey
+		claims     credential.Claims
+	}{
+		{"forged", dataplane.CodeForged, otherKey, valid},
+		{"expired", dataplane.CodeExpired, ctrlKey, expired},
+		{"wrong workspace", dataplane.CodeNoTarget, ctrlKey, other},
+	} {
+		tok, err := credential.Sign(c.key, c.claims)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cred := good
+		cred.Credential = tok
+		cl, err := dataplane.Connect(ctx, cred, roots)
+		var re *dataplane.RefusedError
+		if err == nil {
+			cl.Close()
+			t.Errorf("%s credential accepted", c.name)
+		} else if !errors.As(err, &re) || re.Code != c.code {
+			t.Errorf("%s credential: %v, want a refusal with code %s", c.name, err, c.code)
+		}
+	}
+	cl, err := dataplane.Connect(ctx, good, roots)
+	if err != nil {
+		t.Fatalf("the credential from ctrl: %v", err)
+	}
+	cl.Close()
 }
 
 // testPTY opens the data plane as the CLI does (a credential from ctrl,
