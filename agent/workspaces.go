@@ -185,11 +185,16 @@ func (a *Agent) startWorkspace(ctx context.Context, t api.WorkspaceTask) (refusa
 	}
 	id := t.Command.InstanceID
 	if st, err := rt.Status(id); err == nil {
+		if st.State == runtime.StateStarting {
+			// A start in flight when the node restarted: takeover waits for
+			// its guest; so does the answer to ctrl.
+			st = a.awaitStarted(ctx, id)
+		}
 		switch st.State {
 		case runtime.StateRunning:
 			return "", nil // started before a node restart: taken over
 		default:
-			if derr := rt.Delete(ctx, id); derr != nil {
+			if derr := rt.Delete(ctx, id); derr != nil && !isUnknownInstance(derr) {
 				return "", fmt.Errorf("instance %s is %s and could not be cleared: %w", id, st.State, derr)
 			}
 		}
@@ -233,6 +238,23 @@ func (a *Agent) startWorkspace(ctx context.Context, t api.WorkspaceTask) (refusa
 		return "", fmt.Errorf("configure instance %s: %w", id, err)
 	}
 	return "", nil
+}
+
+// awaitStarted waits until an Instance is no longer STARTING.
+func (a *Agent) awaitStarted(ctx context.Context, id string) runtime.InstanceStatus {
+	tick := time.NewTicker(200 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		st, err := a.cfg.Runtime.Status(id)
+		if err != nil || st.State != runtime.StateStarting {
+			return st
+		}
+		select {
+		case <-ctx.Done():
+			return st
+		case <-tick.C:
+		}
+	}
 }
 
 // configureWorkspace mounts the Workspace filesystem in the guest, with
