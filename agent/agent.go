@@ -354,6 +354,12 @@ func (a *Agent) session(ctx context.Context, addr string) (redirect string, err 
 				a.log.Info("overcommit values applied", "cpu", v.CPU.String(), "memory", v.Memory.String())
 				err = send(api.SessionMsg{Type: api.MsgOvercommitAck, Overcommit: &v})
 			}
+		case api.MsgForget:
+			if rt := a.cfg.Runtime; rt != nil && len(m.Forget) > 0 {
+				if err := rt.ForgetEnded(m.Forget); err != nil {
+					a.log.Warn("ended-instance records not deleted", "err", err)
+				}
+			}
 		case api.MsgNodeState:
 			if m.Draining != nil {
 				a.mu.Lock()
@@ -407,6 +413,14 @@ func (a *Agent) report() api.Report {
 	}
 	r.Templates = a.templateNames()
 	if rt := a.cfg.Runtime; rt != nil {
+		// ctrl stores the cleanup conclusion of each, then has it deleted.
+		ended, err := rt.Ended(100)
+		if err != nil {
+			a.log.Warn("ended-instance records not all readable", "err", err)
+		}
+		for _, e := range ended {
+			r.Ended = append(r.Ended, api.EndedInstance{InstanceID: e.InstanceID, EndedAt: e.EndedAt, How: e.How})
+		}
 		for _, st := range rt.List() {
 			r.InstanceStates = append(r.InstanceStates, api.InstanceState{InstanceID: st.ID, State: string(st.State), Error: st.Error})
 			if st.State == runtime.StateStopped {

@@ -126,11 +126,21 @@ type Report struct {
 	// DefaultPool is the pool the node creates retained layers in; empty
 	// means "default", the node's private pool.
 	DefaultPool string `json:"default_pool,omitempty"`
+	// Ended lists Instances that ended on the node and whose records it
+	// keeps until ctrl stored the cleanup conclusion (at most 100).
+	Ended []EndedInstance `json:"ended,omitempty"`
 	// Templates are the names of the templates built on the node; ctrl
 	// places a Workspace only where its template is.
 	Templates []string `json:"templates,omitempty"`
 	// DataPlaneAddress is where the node's data-plane process listens.
 	DataPlaneAddress string `json:"data_plane_address,omitempty"`
+}
+
+// EndedInstance is the node's record of an Instance it released.
+type EndedInstance struct {
+	InstanceID string    `json:"instance_id"`
+	EndedAt    time.Time `json:"ended_at"`
+	How        string    `json:"how"`
 }
 
 // InstanceState is one Instance as its node reports it.

@@ -23,6 +23,8 @@ type SessionMsg struct {
 	// CredentialKey is the ed25519 public key data-plane credentials are
 	// verified with (welcome).
 	CredentialKey []byte `json:"credential_key,omitempty"`
+	// Forget (MsgForget) lists ended-Instance records ctrl has concluded.
+	Forget []string `json:"forget,omitempty"`
 	// Draining (MsgNodeState): the node rejects new Workspaces itself.
 	Draining   *bool                `json:"draining,omitempty"`
 	Task       *WorkspaceTask       `json:"task,omitempty"`
@@ -61,6 +63,7 @@ const (
 	MsgOvercommit    = "overcommit"     // ctrl → node: new effective multipliers
 	MsgOvercommitAck = "overcommit_ack" // node → ctrl: applied
 	MsgNodeState     = "node_state"     // ctrl → node: its drain request changed
+	MsgForget        = "forget"         // ctrl → node: delete these ended-Instance records
 	MsgTask          = "task"           // ctrl → node: execute a Workspace command
 	MsgTaskResult    = "task_result"    // node → ctrl: its outcome
 )

@@ -51,8 +51,11 @@ type Workspace struct {
 	Pending *WorkspaceCommand `json:"pending,omitempty"`
 	// StopUnconfirmed marks a stop --force (or a release by ctrl) whose data
 	// was not confirmed to have reached disk.
-	StopUnconfirmed bool       `json:"stop_unconfirmed,omitempty"`
-	DeletedAt       *time.Time `json:"deleted_at,omitempty"`
+	StopUnconfirmed bool `json:"stop_unconfirmed,omitempty"`
+	// Cleanup is the node's conclusion on the Workspace's latest ended
+	// Instance, stored by ctrl before the node deleted its record.
+	Cleanup   *CleanupConclusion `json:"cleanup,omitempty"`
+	DeletedAt *time.Time         `json:"deleted_at,omitempty"`
 }
 
 // LayerRight is who may use a retained writable layer.
@@ -118,6 +121,14 @@ type WorkspaceWriteRequest struct {
 	// Wait makes the call return when the node has answered (or the
 	// request's deadline passed); otherwise it returns once ctrl accepted it.
 	Wait bool `json:"wait,omitempty"`
+}
+
+// CleanupConclusion is what a node observed when it released an Instance.
+type CleanupConclusion struct {
+	InstanceID string    `json:"instance_id"`
+	NodeID     string    `json:"node_id"`
+	ObservedAt time.Time `json:"observed_at"`
+	How        string    `json:"how"`
 }
 
 // CleanupItem states.

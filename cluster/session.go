@@ -294,7 +294,7 @@ func (s *Server) runSession(ctx context.Context, sc *sessionConn, dec *json.Deco
 		case m := <-msgs:
 			switch m.Type {
 			case api.MsgReport:
-				if err := s.applyReport(ctx, nodeID, sid, m, time.Now().UnixNano()); err != nil {
+				if err := s.applyReport(ctx, sc, nodeID, sid, m, time.Now().UnixNano()); err != nil {
 					s.log.Warn("node report not stored", "peer_node_id", nodeID, "err", err)
 					if api.CodeOf(err) == api.CodeFailedPrecondition {
 						return "session replaced"
@@ -320,7 +320,7 @@ func (s *Server) runSession(ctx context.Context, sc *sessionConn, dec *json.Deco
 
 // applyReport stores a full report; a report answering a sync carries the
 // four timestamps of the clock measurement (NTP style).
-func (s *Server) applyReport(ctx context.Context, nodeID, sid string, m api.SessionMsg, t4 int64) error {
+func (s *Server) applyReport(ctx context.Context, sc *sessionConn, nodeID, sid string, m api.SessionMsg, t4 int64) error {
 	if m.Report == nil {
 		return nil
 	}
@@ -337,7 +337,15 @@ func (s *Server) applyReport(ctx context.Context, nodeID, sid string, m api.Sess
 	if err != nil {
 		return err
 	}
-	return res.Err()
+	if err := res.Err(); err != nil {
+		return err
+	}
+	// ctrl stored the conclusions: the node may delete those records.
+	var rr fsm.ReportResult
+	if json.Unmarshal(res.Value, &rr) == nil && len(rr.Forget) > 0 {
+		return sc.send(api.SessionMsg{Type: api.MsgForget, Forget: rr.Forget})
+	}
+	return nil
 }
 
 func (s *Server) localNode(id string) (*api.Node, error) {

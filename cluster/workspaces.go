@@ -203,9 +203,15 @@ func (s *Server) handleCleanupStatus(w http.ResponseWriter, r *http.Request) {
 
 func cleanupStatus(ws *api.Workspace) api.CleanupStatus {
 	out := api.CleanupStatus{WorkspaceID: ws.WorkspaceID, InstanceID: ws.InstanceID, NodeID: ws.NodeID}
-	observed := ws.UpdatedAt
+	observed, source := ws.UpdatedAt, "control-plane"
+	if c := ws.Cleanup; c != nil && ws.InstanceID == "" && ws.Pending == nil {
+		// Nothing runs: the latest execution's release as its node
+		// observed it (ctrl stored it before the node dropped its record).
+		out.InstanceID, out.NodeID = c.InstanceID, c.NodeID
+		observed, source = c.ObservedAt, "node"
+	}
 	item := func(name, state string, since *time.Time) {
-		out.Items = append(out.Items, api.CleanupItem{Item: name, State: state, Source: "control-plane", ObservedAt: &observed, Since: since})
+		out.Items = append(out.Items, api.CleanupItem{Item: name, State: state, Source: source, ObservedAt: &observed, Since: since})
 	}
 	runtime := api.CleanupReleased
 	var since *time.Time

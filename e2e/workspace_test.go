@@ -843,6 +843,29 @@ func (d *wsDev) testForceStopDelete(id string) {
 	if _, err := os.Stat(layer); err != nil {
 		t.Errorf("the writable layer of a STOPPED Workspace: %v", err)
 	}
+	// The node's own observation of the release replaces ctrl's view once
+	// ctrl stored it; the node then deletes its ended-Instance record.
+	registry := filepath.Join(datadir.Dir(d.dir).StorageRoot(), "runtime", "registry")
+	var st api.CleanupStatus
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		if err := decodeResult(d.must("workspace", "cleanup-status", id, "--json"), &st); err != nil {
+			t.Fatal(err)
+		}
+		left, _ := filepath.Glob(filepath.Join(registry, "*.json"))
+		if len(st.Items) == 3 && st.Items[0].Source == "node" && len(left) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("cleanup-status did not come from the node, or its records stayed (%v): %+v", left, st)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	for _, it := range st.Items {
+		if it.State != api.CleanupReleased || it.ObservedAt == nil || it.Source != "node" {
+			t.Errorf("after stop --force, cleanup item %+v: want RELEASED as observed by the node", it)
+		}
+	}
 	d.must("workspace", "delete", id)
 	if r := d.expect(api.ExitNotFound, "workspace", "get", id); !strings.Contains(r.stderr, id) {
 		t.Errorf("get after delete: %s", r)

@@ -183,7 +183,14 @@ func applyNodeReport(tx *bolt.Tx, e *Entry) (any, error) {
 	if err := failEndedInstances(tx, e, n.NodeID, r.InstanceStates); err != nil {
 		return nil, err
 	}
-	return map[string]uint64{"report_version": r.ReportVersion}, putNode(tx, n)
+	forget, err := concludeEnded(tx, e, n.NodeID, r.Ended)
+	if err != nil {
+		return nil, err
+	}
+	// The ended records are the node's to keep until concluded, not part
+	// of its registration.
+	n.Report.Ended = nil
+	return ReportResult{ReportVersion: r.ReportVersion, Forget: forget}, putNode(tx, n)
 }
 
 func applyNodeDrain(tx *bolt.Tx, e *Entry) (any, error) {

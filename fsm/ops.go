@@ -108,6 +108,13 @@ type ReportArgs struct {
 	Clock     *ClockArgs     `json:"clock,omitempty"`
 }
 
+// ReportResult is the outcome of a report: its version and the ended-
+// Instance records the node may now delete.
+type ReportResult struct {
+	ReportVersion uint64   `json:"report_version"`
+	Forget        []string `json:"forget,omitempty"`
+}
+
 // OvercommitDefaultArgs changes the given items of the cluster default.
 type OvercommitDefaultArgs struct {
 	CPU    *api.Milli `json:"cpu,omitempty"`

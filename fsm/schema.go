@@ -17,7 +17,11 @@ var (
 	// its command id comes back after the command record expired
 	bucketWorkspaceTombstones = []byte("workspace_tombstones")
 
-	allBuckets = [][]byte{bucketMeta, bucketNodes, bucketGrants, bucketCommands, bucketWorkspaces, bucketWorkspaceNodes, bucketNodeHolds, bucketWorkspaceTombstones}
+	// instance_id → workspace_id of every Instance whose cleanup ctrl has
+	// not concluded yet (the node still keeps its ended record)
+	bucketInstanceOwners = []byte("instance_owners")
+
+	allBuckets = [][]byte{bucketMeta, bucketNodes, bucketGrants, bucketCommands, bucketWorkspaces, bucketWorkspaceNodes, bucketNodeHolds, bucketWorkspaceTombstones, bucketInstanceOwners}
 )
 
 // Keys of the meta bucket.

@@ -3,6 +3,7 @@ package fsm
 import (
 	"fmt"
 	"reflect"
+	"slices"
 	"sort"
 	"strings"
 	"testing"
@@ -1377,6 +1378,49 @@ func TestWorkspaceTemplatePlacement(t *testing.T) {
 	err := h.fail(api.CodeFailedPrecondition, OpWorkspaceCreate, none, withCommand("c4"))
 	if !strings.Contains(err.Error(), "template nowhere is not built on any node") {
 		t.Errorf("unknown template: %v", err)
+	}
+	checkIndex(t, h.f)
+}
+
+// A node's ended-Instance records: ctrl stores the conclusion of an
+// Instance it no longer waits for and lets the node delete the record; one
+// still current waits; records of Instances ctrl never placed go too.
+func TestWorkspaceEndedRecords(t *testing.T) {
+	h := newHarness(t)
+	oneNode(h)
+	w := h.running("c1", smallWS)
+	first := w.InstanceID
+	base := api.Report{Capacity: api.Resources{CPU: 4000, MemoryBytes: 8 * gib}, Pools: defaultPoolAvailable, Templates: testTemplates}
+	endedAt := time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
+	reportEnded := func(ended ...api.EndedInstance) ReportResult {
+		t.Helper()
+		r := base
+		r.Ended = ended
+		h.advance(time.Second)
+		return decode[ReportResult](t, h.ok(OpNodeReport, ReportArgs{NodeID: "node-a", SessionID: sessOf("node-a"), Report: r}))
+	}
+	// Still its current Instance (the stop's answer not taken yet): kept.
+	h.ok(OpWorkspaceStop, WorkspaceArgs{WorkspaceID: w.WorkspaceID})
+	if res := reportEnded(api.EndedInstance{InstanceID: first, EndedAt: endedAt, How: "stopped"}); len(res.Forget) != 0 {
+		t.Fatalf("forget %v while ctrl still waits for the stop", res.Forget)
+	}
+	h.answer(w.WorkspaceID, OutcomeOK, "")
+	res := reportEnded(api.EndedInstance{InstanceID: first, EndedAt: endedAt, How: "stopped"},
+		api.EndedInstance{InstanceID: "vm-not-ours", EndedAt: endedAt, How: "stopped"})
+	if !slices.Equal(res.Forget, []string{first, "vm-not-ours"}) {
+		t.Fatalf("forget %v", res.Forget)
+	}
+	got := h.ws(w.WorkspaceID)
+	want := api.CleanupConclusion{InstanceID: first, NodeID: "node-a", ObservedAt: endedAt, How: "stopped"}
+	if got.Cleanup == nil || *got.Cleanup != want {
+		t.Fatalf("conclusion %+v, want %+v", got.Cleanup, want)
+	}
+	// Concluded once: a repeated record is just forgotten again.
+	if res := reportEnded(api.EndedInstance{InstanceID: first, EndedAt: endedAt, How: "stopped"}); !slices.Equal(res.Forget, []string{first}) {
+		t.Fatalf("repeat: forget %v", res.Forget)
+	}
+	if n := h.node("node-a"); n.Report == nil || n.Report.Ended != nil {
+		t.Errorf("ended records were stored in the registration: %+v", n.Report)
 	}
 	checkIndex(t, h.f)
 }
