@@ -5,6 +5,10 @@
 // It must never read the clock, draw random numbers, depend on map order or
 // do I/O besides its own bbolt transaction: time comes from the entry
 // (IssuedAt, set by the leader), identifiers come from the entry's arguments.
+//
+// Besides api value types it imports one package of ours, ctrl/placement:
+// a pure function of node records, run inside the apply so two creates can
+// never both win a node's last room.
 package fsm
 
 import (
