@@ -57,7 +57,7 @@ type DevUpCmd struct {
 	NoDemo    bool   `name:"no-demo" help:"Do not create the demo Workspace when the cluster has none."`
 	// DebianTemplate is built with debootstrap (same code as `template
 	// build --debootstrap`); the default template stays the busybox one.
-	DebianTemplate string `name:"debian-template" placeholder:"NAME" help:"Also build a Debian template of this name (bookworm, minbase, from the host's apt mirror) with debootstrap when it is missing, e.g. kibotos-coding; takes about a minute and needs the Debian package debootstrap. The default template stays the busybox kibotos-base."`
+	DebianTemplate string `name:"debian-template" placeholder:"NAME" help:"Also build a Debian template of this name (bookworm, minbase, from the host's apt mirror) with debootstrap when it is missing, e.g. kibotos-coding; takes about a minute and needs the Debian package debootstrap. Without it dev builds kibotos-base and kibotos-coding as the same small busybox system."`
 	// PlatformCache lets several dev clusters (and tests) share one
 	// download of the kernel package.
 	PlatformCache string `name:"platform-cache-dir" env:"KIBOTOS_PLATFORM_CACHE" help:"Where the kernel package of the Platform is downloaded and unpacked; default: <storage root>/cache/platform."`
@@ -66,6 +66,9 @@ type DevUpCmd struct {
 // ensureDevArtifacts builds what a Workspace needs on this host when it is
 // missing: the Platform (kernel from the Debian package, initramfs with the
 // guest agent) and the default busybox template.
+// devExampleTemplate is the template name of the documentation's examples.
+const devExampleTemplate = "kibotos-coding"
+
 func ensureDevArtifacts(g *Globals, d datadir.Dir, cacheDir, debian string) error {
 	root := d.StorageRoot()
 	// The Platform carries this executable as the guest agent: a new build
@@ -76,12 +79,22 @@ func ensureDevArtifacts(g *Globals, d datadir.Dir, cacheDir, debian string) erro
 		return fmt.Errorf("kibotos dev: build the Platform: %w", err)
 	}
 	g.note("kibotos dev: Platform %s (kernel %s, agent %s) ready in %s\n", in.ID[:19], in.KernelVersion, in.AgentRevision, time.Since(start).Round(10*time.Millisecond))
-	if _, err := template.Get(root, template.DefaultName); err != nil {
-		t, err := template.BuildBusybox(g.ctx, root, template.DefaultName, "")
-		if err != nil {
-			return fmt.Errorf("kibotos dev: build the default template: %w", err)
+	// kibotos-base, and kibotos-coding (the name the documentation's
+	// examples use) as the same busybox system unless a Debian template
+	// of that name is asked for.
+	names := []string{template.DefaultName}
+	if debian != devExampleTemplate {
+		names = append(names, devExampleTemplate)
+	}
+	for _, name := range names {
+		if _, err := template.Get(root, name); err == nil {
+			continue
 		}
-		g.note("kibotos dev: template %s built (%s)\n", t.Name, formatBytes(uint64(t.ImageBytes)))
+		t, err := template.BuildBusybox(g.ctx, root, name, "")
+		if err != nil {
+			return fmt.Errorf("kibotos dev: build the template %s: %w", name, err)
+		}
+		g.note("kibotos dev: template %s built (busybox, %s)\n", t.Name, formatBytes(uint64(t.ImageBytes)))
 	}
 	if debian != "" {
 		if _, err := template.Get(root, debian); err != nil {
