@@ -94,6 +94,8 @@ type Agent struct {
 	credentialKey []byte
 	// draining: ctrl requested a drain; new Workspaces are refused here too.
 	draining bool
+	// lastAliveCheck of the data-plane process.
+	lastAliveCheck time.Time
 
 	tasks *tasks
 }
@@ -245,7 +247,7 @@ func (a *Agent) watchInstances(ctx context.Context) {
 		}
 		// The seed: the node resends its state to the data plane at least
 		// every 15 seconds (a restarted data plane gets it that way).
-		if time.Since(lastDataPlane) >= 15*time.Second {
+		if time.Since(lastDataPlane) >= 15*time.Second || !a.dataPlaneAlive(ctx) {
 			lastDataPlane = time.Now()
 			go a.updateDataPlane()
 		}

@@ -40,6 +40,9 @@ type DataTarget struct {
 type DataPlane interface {
 	Address() string
 	Update(ctx context.Context, targets []DataTarget, key []byte) error
+	// Alive reports whether the process answers; when it does not, the
+	// next Update starts a new one.
+	Alive(ctx context.Context) bool
 }
 
 // tasks runs Workspace commands: one at a time per Workspace, each command
@@ -352,6 +355,31 @@ func (a *Agent) dataTargets() []DataTarget {
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].InstanceID < out[j].InstanceID })
 	return out
+}
+
+// dataPlaneAlive checks the data-plane process every few seconds: one that
+// exited is replaced at the next update instead of at the 15 s resend.
+func (a *Agent) dataPlaneAlive(ctx context.Context) bool {
+	dp := a.cfg.DataPlane
+	if dp == nil {
+		return true
+	}
+	a.mu.Lock()
+	due := time.Since(a.lastAliveCheck) >= 3*time.Second
+	if due {
+		a.lastAliveCheck = time.Now()
+	}
+	a.mu.Unlock()
+	if !due {
+		return true
+	}
+	cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	if dp.Alive(cctx) {
+		return true
+	}
+	a.log.Warn("data-plane process does not answer: starting a new one")
+	return false
 }
 
 // updateDataPlane hands the data-plane process the current targets and

@@ -81,6 +81,15 @@ func (l *dataPlaneLink) Address() string {
 	return l.h.Address()
 }
 
+// Alive implements agent.DataPlane.
+func (l *dataPlaneLink) Alive(ctx context.Context) bool {
+	l.mu.Lock()
+	h := l.h
+	l.mu.Unlock()
+	_, err := h.Ping(ctx)
+	return err == nil
+}
+
 // Update implements agent.DataPlane. A process that is gone (not merely
 // slow) is replaced by a new generation, which gets the state at once.
 func (l *dataPlaneLink) Update(ctx context.Context, targets []agent.DataTarget, key []byte) error {

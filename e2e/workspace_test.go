@@ -16,6 +16,8 @@ import (
 	"errors"
 	"fmt"
 	"github.com/kibotos/kibotos/credential"
+	"github.com/kibotos/kibotos/vmm/units"
+	"github.com/kibotos/kibotos/vmm/units/privsd"
 	"io"
 	"net"
 	"os"
@@ -78,6 +80,7 @@ func TestWorkspace(t *testing.T) {
 		{"PortForward", d.testPortForward},
 		{"StopStart", d.testStopStart},
 		{"NodeKill", d.testNodeKill},
+		{"DataPlaneKill", d.testDataPlaneKill},
 		{"ForceStopDelete", d.testForceStopDelete},
 	}
 	for _, s := range steps {
@@ -547,6 +550,59 @@ func (d *wsDev) testCredentials(id string) {
 		t.Fatalf("the credential from ctrl: %v", err)
 	}
 	cl.Close()
+}
+
+// testDataPlaneKill: when the data-plane process dies, the node starts a
+// new generation within seconds and exec works again.
+func (d *wsDev) testDataPlaneKill(id string) {
+	t := d.t
+	sockDir := filepath.Join(datadir.Dir(d.dir).NodeDir(), "dataplane")
+	raw, err := os.ReadFile(filepath.Join(sockDir, "generation"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	gen, err := strconv.ParseUint(strings.TrimSpace(string(raw)), 10, 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	// The unit's main PID as the host sees it, from the dev cluster's own
+	// private systemd (its PID namespace numbers differ): never by name.
+	sd, err := privsd.Attach(ctx, filepath.Join(datadir.Dir(d.dir).NodeDir(), "systemd"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := units.Connect(ctx, sd.Target())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	u, err := m.Get(ctx, dataplane.UnitName(dataplane.ScopeFor(sockDir), gen))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid, err := m.MainHostPID(u)
+	if err != nil || pid <= 1 {
+		t.Fatalf("host pid of %s: %d, %v", u.Name, pid, err)
+	}
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		t.Fatalf("kill data-plane pid %d: %v", pid, err)
+	}
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		r := d.kibo(30*time.Second, nil, "workspace", "exec", id, "--", "echo", "back")
+		if r.code == 0 && r.stdout == "back\n" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("exec still fails 15s after the data-plane process was killed: %s", r)
+		}
+		time.Sleep(300 * time.Millisecond)
+	}
+	if now, _ := os.ReadFile(filepath.Join(sockDir, "generation")); strings.TrimSpace(string(now)) == strings.TrimSpace(string(raw)) {
+		t.Errorf("exec works but the data-plane generation is still %s", raw)
+	}
 }
 
 // testPTY opens the data plane as the CLI does (a credential from ctrl,
