@@ -66,6 +66,7 @@ func (s *Server) nodeWrite(op string) http.HandlerFunc {
 			}
 		}
 		s.write(w, r, op, req.WriteMeta, fsm.NodeArgs{NodeID: id})
+		s.kickAllSessions() // a drain request reaches the node now, not at the next ping
 	}
 }
 

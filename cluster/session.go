@@ -225,28 +225,10 @@ func (s *Server) runSession(ctx context.Context, sc *sessionConn, dec *json.Deco
 		}
 		return ""
 	}
-	// The node rejects new Workspaces itself while a drain is requested
-	// (a start ctrl sent just before the drain is refused and placed
-	// elsewhere); it learns the flag at session start and on every change.
-	var sentDraining *bool
-	pushDrain := func(n *api.Node) string {
-		if sentDraining != nil && *sentDraining == n.DrainRequested {
-			return ""
-		}
-		d := n.DrainRequested
-		if sc.send(api.SessionMsg{Type: api.MsgNodeState, Draining: &d}) != nil {
-			return "connection lost"
-		}
-		sentDraining = &d
-		return ""
-	}
 	// A new session gets the values at once: ctrl places nothing on the
 	// node until it acknowledged them.
 	if n, err := s.localNode(nodeID); err == nil {
 		if why := pushOvercommit(n); why != "" {
-			return why
-		}
-		if why := pushDrain(n); why != "" {
 			return why
 		}
 	}
@@ -280,9 +262,6 @@ func (s *Server) runSession(ctx context.Context, sc *sessionConn, dec *json.Deco
 				return "node " + n.Status
 			}
 			if why := pushOvercommit(n); why != "" {
-				return why
-			}
-			if why := pushDrain(n); why != "" {
 				return why
 			}
 			if sc.send(api.SessionMsg{Type: api.MsgPing, T1: time.Now().UnixNano()}) != nil {

@@ -313,19 +313,36 @@ type dispatcher struct {
 	nodeID string
 	sc     *sessionConn
 	sent   map[string]time.Time
+	// sentDraining is the drain flag the node last got. The node rejects
+	// new Workspaces itself while draining (a start ctrl sent just before
+	// a drain is refused and placed elsewhere), so it gets the flag before
+	// any command on the same connection: a start placed right after a
+	// cancel-drain is never refused with a stale flag.
+	sentDraining *bool
 }
 
 const resendAfter = time.Minute
 
 func (d *dispatcher) run() error {
 	var pending []api.Workspace
+	var node *api.Node
 	err := d.s.fsm.View(func(tx *bolt.Tx) error {
 		var err error
+		if node, err = fsm.GetNode(tx, d.nodeID); err != nil {
+			return err
+		}
 		pending, err = fsm.PendingCommands(tx, d.nodeID)
 		return err
 	})
 	if err != nil {
 		return nil
+	}
+	if d.sentDraining == nil || *d.sentDraining != node.DrainRequested {
+		draining := node.DrainRequested
+		if err := d.sc.send(api.SessionMsg{Type: api.MsgNodeState, Draining: &draining}); err != nil {
+			return err
+		}
+		d.sentDraining = &draining
 	}
 	live := map[string]bool{}
 	for _, w := range pending {
