@@ -14,6 +14,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/kibotos/kibotos/internal/hostprobe"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -206,8 +207,11 @@ func (p *proc) waitExit(d time.Duration) (int, bool) {
 	}
 }
 
-// start runs name (kibotos or kibo) with args inside the namespace, output
-// to a log file. `ip netns exec` execs in place, so the PID is the member's.
+// start runs kibotos with args inside the host's network namespace,
+// output to a log file. nsenter execs in place, so the PID is the member's;
+// it enters only the network namespace (`ip netns exec` would also give the
+// process a fresh /sys without the host's cgroup2 mount, which a private
+// systemd for the VMs needs).
 func (h *host) start(logName string, args ...string) *proc {
 	l := h.lab
 	l.t.Helper()
@@ -219,19 +223,30 @@ func (h *host) start(logName string, args ...string) *proc {
 	if err != nil {
 		l.t.Fatal(err)
 	}
-	cmd := exec.Command("ip", append([]string{"netns", "exec", h.ns, filepath.Join(l.bin, "kibotos")}, args...)...)
-	cmd.Stdout, cmd.Stderr, cmd.Env = f, f, cleanEnv()
-	// Should the test binary die without running its cleanups (go test
-	// -timeout), the kernel still kills the member.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
-		f.Close()
+	cmd := exec.Command("nsenter", append([]string{"--net=/run/netns/" + h.ns, filepath.Join(l.bin, "kibotos")}, args...)...)
+	cmd.Env = hostprobe.CleanEnv()
+	p, err := startProc(cmd, f, logPath)
+	if err != nil {
 		l.t.Fatalf("start %v: %v", args, err)
 	}
-	p := &proc{cmd: cmd, log: logPath, done: make(chan struct{})}
 	l.mu.Lock()
 	l.procs = append(l.procs, p)
 	l.mu.Unlock()
+	return p
+}
+
+// startProc starts cmd with its output to f (closed when it exits) and
+// records its exit code in the returned proc. Should the test binary die
+// without running its cleanups (go test -timeout), the kernel still kills
+// the process.
+func startProc(cmd *exec.Cmd, f *os.File, logPath string) (*proc, error) {
+	cmd.Stdout, cmd.Stderr = f, f
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		f.Close()
+		return nil, err
+	}
+	p := &proc{cmd: cmd, log: logPath, done: make(chan struct{})}
 	go func() {
 		err := cmd.Wait()
 		f.Close()
@@ -241,7 +256,7 @@ func (h *host) start(logName string, args ...string) *proc {
 		}
 		close(p.done)
 	}()
-	return p
+	return p, nil
 }
 
 // startServe starts this host's member with the test timings.
@@ -277,17 +292,6 @@ func (h *host) crash() {
 // stay configured, so the member's sockets survive the cut.
 func (h *host) partition() { h.lab.ip("-n", h.ns, "link", "set", hostIface, "down") }
 func (h *host) heal()      { h.lab.ip("-n", h.ns, "link", "set", hostIface, "up") }
-
-// cleanEnv keeps the outer environment from steering the CLI elsewhere.
-func cleanEnv() []string {
-	var env []string
-	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "KIBOTOS_") {
-			env = append(env, kv)
-		}
-	}
-	return env
-}
 
 // result is one finished CLI invocation.
 type result struct {
@@ -327,8 +331,15 @@ func (h *host) run(timeout time.Duration, name string, args ...string) result {
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, "ip", append([]string{"netns", "exec", h.ns, filepath.Join(h.lab.bin, name)}, args...)...)
+	cmd.Env = hostprobe.CleanEnv()
+	return runResult(ctx, timeout, cmd, args)
+}
+
+// runResult runs cmd (made with ctx, which ends after timeout) to the end
+// and returns its output and exit code; it dies with the test process.
+func runResult(ctx context.Context, timeout time.Duration, cmd *exec.Cmd, args []string) result {
 	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr, cmd.Env = &stdout, &stderr, cleanEnv()
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	err := cmd.Run()
 	r := result{args: args, stdout: stdout.String(), stderr: stderr.String(), code: -1}

@@ -12,10 +12,12 @@ import (
 	"crypto/ed25519"
 	"crypto/rand"
 	"crypto/sha256"
+	"crypto/x509"
 	"encoding/hex"
 	"errors"
 	"fmt"
 	"github.com/kibotos/kibotos/credential"
+	"github.com/kibotos/kibotos/internal/hostprobe"
 	"github.com/kibotos/kibotos/vmm/units"
 	"github.com/kibotos/kibotos/vmm/units/privsd"
 	"io"
@@ -59,7 +61,11 @@ func TestWorkspace(t *testing.T) {
 	tmp := t.TempDir() // registered first: removed after the cleanup below
 	d := &wsDev{t: t, tmp: tmp, dir: filepath.Join(tmp, "dev"), cache: filepath.Join(os.TempDir(), "kibotos-test-platform")}
 	d.bin = buildBinary(t, filepath.Join(tmp, "bin"))
-	d.addr = "127.0.0.1:" + strconv.Itoa(wsFreePorts(t))
+	port, err := hostprobe.FreePortTriple()
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.addr = "127.0.0.1:" + strconv.Itoa(port)
 	t.Cleanup(d.down)
 	d.up()
 	inc := d.waitReady(0)
@@ -96,50 +102,8 @@ func TestWorkspace(t *testing.T) {
 	t.Logf("lifecycle done in %s", time.Since(t0).Round(time.Millisecond))
 }
 
-// wsFreePorts finds PORT with PORT, PORT+1 (TCP and UDP) and PORT+2 free:
-// the member, its gossip and the data plane.
-func wsFreePorts(t *testing.T) int {
-	t.Helper()
-	for i := 0; i < 50; i++ {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		p := l.Addr().(*net.TCPAddr).Port
-		l.Close()
-		if p+2 > 65535 {
-			continue
-		}
-		ok := true
-		var held []io.Closer
-		for _, q := range []int{p, p + 1, p + 2} {
-			tl, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(q))
-			if err != nil {
-				ok = false
-				break
-			}
-			held = append(held, tl)
-		}
-		if ok {
-			if u, err := net.ListenPacket("udp", "127.0.0.1:"+strconv.Itoa(p+1)); err == nil {
-				held = append(held, u)
-			} else {
-				ok = false
-			}
-		}
-		for _, c := range held {
-			c.Close()
-		}
-		if ok {
-			return p
-		}
-	}
-	t.Fatal("no three free consecutive ports")
-	return 0
-}
-
 func (d *wsDev) env() []string {
-	return append(cleanEnv(), "KIBOTOS_DATA_DIR="+d.dir, "KIBOTOS_PLATFORM_CACHE="+d.cache)
+	return append(hostprobe.CleanEnv(), "KIBOTOS_DATA_DIR="+d.dir, "KIBOTOS_PLATFORM_CACHE="+d.cache)
 }
 
 // up starts `kibotos dev` in the background, output to a log file.
@@ -154,22 +118,11 @@ func (d *wsDev) up() {
 		d.t.Fatal(err)
 	}
 	cmd := exec.Command(filepath.Join(d.bin, "kibotos"), "dev", "--data-dir", d.dir, "--advertise", d.addr, "--no-demo")
-	cmd.Stdout, cmd.Stderr, cmd.Env = f, f, d.env()
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
-		f.Close()
+	cmd.Env = d.env()
+	p, err := startProc(cmd, f, logPath)
+	if err != nil {
 		d.t.Fatal(err)
 	}
-	p := &proc{cmd: cmd, log: logPath, done: make(chan struct{})}
-	go func() {
-		err := cmd.Wait()
-		f.Close()
-		p.code = cmd.ProcessState.ExitCode()
-		if err != nil && p.code == 0 {
-			p.code = -1
-		}
-		close(p.done)
-	}()
 	d.mu.Lock()
 	d.dev = p
 	d.mu.Unlock()
@@ -229,26 +182,11 @@ func (d *wsDev) kibo(timeout time.Duration, stdin []byte, args ...string) result
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, filepath.Join(d.bin, "kibo"), args...)
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr, cmd.Env = &stdout, &stderr, d.env()
+	cmd.Env = d.env()
 	if stdin != nil {
 		cmd.Stdin = bytes.NewReader(stdin)
 	}
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	err := cmd.Run()
-	r := result{args: args, stdout: stdout.String(), stderr: stderr.String(), code: -1}
-	var ee *exec.ExitError
-	switch {
-	case err == nil:
-		r.code = 0
-	case ctx.Err() != nil:
-		r.stderr += fmt.Sprintf(" [killed by the test after %s]", timeout)
-	case errors.As(err, &ee):
-		r.code = ee.ExitCode()
-	default:
-		r.stderr += " [" + err.Error() + "]"
-	}
-	return r
+	return runResult(ctx, timeout, cmd, args)
 }
 
 // must runs the CLI and fails the test unless it exits 0.
@@ -479,11 +417,11 @@ func (l *lockedBuf) String() string {
 	return l.b.String()
 }
 
-// testCredentials: the node's data plane refuses a credential signed by
-// another key, one past its expiry and one naming another Workspace, and
-// still accepts a good one; each refusal carries its code.
-func (d *wsDev) testCredentials(id string) {
+// credential asks ctrl for a data-plane credential for the Workspace, as
+// the CLI does, and returns it with the cluster CA to check the node by.
+func (d *wsDev) credential(ctx context.Context, id string) (api.DataPlaneCredential, *x509.CertPool) {
 	t := d.t
+	t.Helper()
 	dir := datadir.Dir(d.dir)
 	ident, err := dir.LoadIdentity()
 	if err != nil {
@@ -497,13 +435,22 @@ func (d *wsDev) testCredentials(id string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	var good api.DataPlaneCredential
-	if _, err := api.NewClient(ident.Advertise, tlsConf).Do(ctx, "POST", "/v1/workspaces/"+id+"/credentials", struct{}{}, &good); err != nil {
+	var cred api.DataPlaneCredential
+	if _, err := api.NewClient(ident.Advertise, tlsConf).Do(ctx, "POST", "/v1/workspaces/"+id+"/credentials", struct{}{}, &cred); err != nil {
 		t.Fatalf("credential: %v", err)
 	}
-	caKey, err := os.ReadFile(dir.CAKey())
+	return cred, roots
+}
+
+// testCredentials: the node's data plane refuses a credential signed by
+// another key, one past its expiry and one naming another Workspace, and
+// still accepts a good one; each refusal carries its code.
+func (d *wsDev) testCredentials(id string) {
+	t := d.t
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	good, roots := d.credential(ctx, id)
+	caKey, err := os.ReadFile(datadir.Dir(d.dir).CAKey())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -610,25 +557,9 @@ func (d *wsDev) testDataPlaneKill(id string) {
 // a resize.
 func (d *wsDev) testPTY(id string) {
 	t := d.t
-	dir := datadir.Dir(d.dir)
-	ident, err := dir.LoadIdentity()
-	if err != nil {
-		t.Fatal(err)
-	}
-	tlsConf, err := dir.AdminClientTLS()
-	if err != nil {
-		t.Fatal(err)
-	}
-	roots, err := dir.CAPool()
-	if err != nil {
-		t.Fatal(err)
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	var cred api.DataPlaneCredential
-	if _, err := api.NewClient(ident.Advertise, tlsConf).Do(ctx, "POST", "/v1/workspaces/"+id+"/credentials", struct{}{}, &cred); err != nil {
-		t.Fatalf("credential: %v", err)
-	}
+	cred, roots := d.credential(ctx, id)
 	c, err := dataplane.Connect(ctx, cred, roots)
 	if err != nil {
 		t.Fatalf("dataplane.Connect: %v", err)
@@ -967,7 +898,7 @@ func (d *wsDev) down() {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		defer cancel()
 		cmd := exec.CommandContext(ctx, filepath.Join(d.bin, "kibotos"), "dev", "down", "--data-dir", d.dir, "--purge")
-		cmd.Env = cleanEnv()
+		cmd.Env = hostprobe.CleanEnv()
 		out, err := cmd.CombinedOutput()
 		if err != nil {
 			t.Errorf("kibotos dev down --purge: %v\n%s", err, out)
@@ -989,7 +920,7 @@ func (d *wsDev) down() {
 	var left []string
 	waitUntil := time.Now().Add(10 * time.Second)
 	for {
-		left = wsProcsMentioning(d.tmp)
+		left = hostprobe.ProcsMentioning(d.tmp)
 		if len(left) == 0 || time.Now().After(waitUntil) {
 			break
 		}
@@ -998,27 +929,4 @@ func (d *wsDev) down() {
 	if len(left) > 0 {
 		t.Errorf("processes of this test still run after dev down:\n%s", strings.Join(left, "\n"))
 	}
-}
-
-// wsProcsMentioning lists the processes whose executable or command line
-// mentions s.
-func wsProcsMentioning(s string) []string {
-	ents, _ := os.ReadDir("/proc")
-	var out []string
-	for _, e := range ents {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil || pid == os.Getpid() {
-			continue
-		}
-		raw, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
-		if err != nil {
-			continue
-		}
-		cmdline := strings.ReplaceAll(strings.TrimRight(string(raw), "\x00"), "\x00", " ")
-		exe, _ := os.Readlink(filepath.Join("/proc", e.Name(), "exe"))
-		if strings.Contains(cmdline, s) || strings.HasPrefix(exe, s) {
-			out = append(out, fmt.Sprintf("pid %d: %s", pid, trimTo(cmdline, 200)))
-		}
-	}
-	return out
 }

@@ -267,48 +267,10 @@ func mhStartServe(h *host, config string) *proc {
 	h.runs++
 	name := fmt.Sprintf("%s-serve-%d.log", h.nodeID, h.runs)
 	h.mu.Unlock()
-	p := mhStartInNetns(h, name, "serve", "--data-dir", h.dataDir, "--test-timings", "--systemd", "private", "--config", config)
+	p := h.start(name, "serve", "--data-dir", h.dataDir, "--test-timings", "--systemd", "private", "--config", config)
 	h.mu.Lock()
 	h.serve = p
 	h.mu.Unlock()
-	return p
-}
-
-// mhStartInNetns is host.start entering only the host's network
-// namespace: `ip netns exec` also gives the process a fresh /sys without
-// the host's cgroup2 mount, which a private systemd needs. nsenter execs
-// in place, so the PID is the member's.
-func mhStartInNetns(h *host, logName string, args ...string) *proc {
-	l := h.lab
-	l.t.Helper()
-	if err := os.MkdirAll(filepath.Join(l.dir, "logs"), 0o755); err != nil {
-		l.t.Fatal(err)
-	}
-	logPath := filepath.Join(l.dir, "logs", logName)
-	f, err := os.Create(logPath)
-	if err != nil {
-		l.t.Fatal(err)
-	}
-	cmd := exec.Command("nsenter", append([]string{"--net=/run/netns/" + h.ns, filepath.Join(l.bin, "kibotos")}, args...)...)
-	cmd.Stdout, cmd.Stderr, cmd.Env = f, f, cleanEnv()
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
-		f.Close()
-		l.t.Fatalf("start %v: %v", args, err)
-	}
-	p := &proc{cmd: cmd, log: logPath, done: make(chan struct{})}
-	l.mu.Lock()
-	l.procs = append(l.procs, p)
-	l.mu.Unlock()
-	go func() {
-		err := cmd.Wait()
-		f.Close()
-		p.code = cmd.ProcessState.ExitCode()
-		if err != nil && p.code == 0 {
-			p.code = -1
-		}
-		close(p.done)
-	}()
 	return p
 }
 

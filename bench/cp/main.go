@@ -46,6 +46,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"github.com/kibotos/kibotos/internal/hostprobe"
 	"io"
 	"net"
 	"os"
@@ -595,22 +596,12 @@ func (b *bench) kibo(timeout time.Duration, args ...string) ([]byte, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, filepath.Join(b.bin, "kibo"), args...)
-	cmd.Env = append(cleanEnv(), "KIBOTOS_DATA_DIR="+b.dir)
+	cmd.Env = append(hostprobe.CleanEnv(), "KIBOTOS_DATA_DIR="+b.dir)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	err := cmd.Run()
 	return out.Bytes(), err
-}
-
-func cleanEnv() []string {
-	var env []string
-	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "KIBOTOS_") {
-			env = append(env, kv)
-		}
-	}
-	return env
 }
 
 func (b *bench) up() error {
@@ -629,7 +620,7 @@ func (b *bench) up() error {
 	if err := os.Symlink("kibotos", filepath.Join(b.bin, "kibo")); err != nil {
 		return err
 	}
-	port, err := freePorts()
+	port, err := hostprobe.FreePortTriple()
 	if err != nil {
 		return err
 	}
@@ -640,7 +631,7 @@ func (b *bench) up() error {
 	}
 	b.dev = exec.Command(filepath.Join(b.bin, "kibotos"), "dev", "--data-dir", b.dir, "--advertise", b.addr,
 		"--no-demo", "--platform-cache-dir", *cache)
-	b.dev.Stdout, b.dev.Stderr, b.dev.Env = logf, logf, cleanEnv()
+	b.dev.Stdout, b.dev.Stderr, b.dev.Env = logf, logf, hostprobe.CleanEnv()
 	b.dev.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := b.dev.Start(); err != nil {
 		return err
@@ -718,7 +709,7 @@ func (b *bench) down() {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, filepath.Join(b.bin, "kibotos"), "dev", "down", "--data-dir", b.dir, "--purge")
-	cmd.Env = cleanEnv()
+	cmd.Env = hostprobe.CleanEnv()
 	out, err := cmd.CombinedOutput()
 	fmt.Printf("kibotos dev down --purge: %s %v\n", strings.TrimSpace(string(out)), errOrNil(err))
 	b.dev = nil
@@ -729,44 +720,6 @@ func errOrNil(err error) string {
 		return ""
 	}
 	return err.Error()
-}
-
-func freePorts() (int, error) {
-	for range 50 {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return 0, err
-		}
-		p := l.Addr().(*net.TCPAddr).Port
-		l.Close()
-		if p+2 > 65535 {
-			continue
-		}
-		var held []io.Closer
-		ok := true
-		for _, q := range []int{p, p + 1, p + 2} {
-			tl, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(q))
-			if err != nil {
-				ok = false
-				break
-			}
-			held = append(held, tl)
-		}
-		if ok {
-			if u, err := net.ListenPacket("udp", "127.0.0.1:"+strconv.Itoa(p+1)); err == nil {
-				held = append(held, u)
-			} else {
-				ok = false
-			}
-		}
-		for _, c := range held {
-			c.Close()
-		}
-		if ok {
-			return p, nil
-		}
-	}
-	return 0, errors.New("no three free consecutive ports")
 }
 
 // ---- CPU accounting ----

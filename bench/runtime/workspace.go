@@ -9,8 +9,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/kibotos/kibotos/internal/hostprobe"
 	"io"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -310,7 +310,7 @@ func startDev(ctx context.Context, cl *cleaner, scratch string) (*devCluster, er
 		return nil, err
 	}
 	logf("built kibotos (static) in %v", time.Since(t0).Round(time.Millisecond))
-	port, err := freePortTriple()
+	port, err := hostprobe.FreePortTriple()
 	if err != nil {
 		return nil, err
 	}
@@ -324,7 +324,7 @@ func startDev(ctx context.Context, cl *cleaner, scratch string) (*devCluster, er
 		return nil, err
 	}
 	d.cmd = exec.Command(filepath.Join(binDir, "kibotos"), "dev", "--data-dir", d.dir, "--advertise", d.addr, "--no-demo", "--platform-cache-dir", d.cache)
-	d.cmd.Stdout, d.cmd.Stderr, d.cmd.Env = f, f, cleanEnv()
+	d.cmd.Stdout, d.cmd.Stderr, d.cmd.Env = f, f, hostprobe.CleanEnv()
 	// Own process group: a terminal Ctrl-C reaches the benchmark, whose
 	// cleanup stops kibotos dev in order (SIGINT, then dev down --purge).
 	d.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
@@ -347,7 +347,7 @@ func (d *devCluster) exited() bool {
 	}
 }
 
-func (d *devCluster) env() []string { return append(cleanEnv(), "KIBOTOS_DATA_DIR="+d.dir) }
+func (d *devCluster) env() []string { return append(hostprobe.CleanEnv(), "KIBOTOS_DATA_DIR="+d.dir) }
 
 // down stops kibotos dev (SIGINT as Ctrl-C, SIGKILL after 30s), then
 // `kibotos dev down --purge` ends the VMs, the data-plane process and the
@@ -388,7 +388,7 @@ func (d *devCluster) down(scratch string) error {
 	var left []string
 	until := time.Now().Add(10 * time.Second)
 	for {
-		left = procsMentioning(scratch)
+		left = hostprobe.ProcsMentioning(scratch)
 		if len(left) == 0 || time.Now().After(until) {
 			break
 		}
@@ -413,7 +413,7 @@ func (d *devCluster) devDown() error {
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		cmd := exec.CommandContext(ctx, filepath.Join(d.bin, "kibotos"), "dev", "down", "--data-dir", d.dir, "--purge")
-		cmd.Env = cleanEnv()
+		cmd.Env = hostprobe.CleanEnv()
 		var out []byte
 		out, err = cmd.CombinedOutput()
 		cancel()
@@ -533,8 +533,8 @@ func (d *devCluster) createExec(ctx context.Context, memMiB int) (wsSample, erro
 	return s, nil
 }
 
-// get reads the Workspace from ctrl.
-func (d *devCluster) get(ctx context.Context, ws string) (*api.Workspace, error) {
+// client is an API client with the dev member's admin credentials.
+func (d *devCluster) client() (*api.Client, error) {
 	dir := datadir.Dir(d.dir)
 	id, err := dir.LoadIdentity()
 	if err != nil {
@@ -544,10 +544,19 @@ func (d *devCluster) get(ctx context.Context, ws string) (*api.Workspace, error)
 	if err != nil {
 		return nil, err
 	}
+	return api.NewClient(id.Advertise, tlsConf), nil
+}
+
+// get reads the Workspace from ctrl.
+func (d *devCluster) get(ctx context.Context, ws string) (*api.Workspace, error) {
+	cl, err := d.client()
+	if err != nil {
+		return nil, err
+	}
 	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	var w api.Workspace
-	if _, err := api.NewClient(id.Advertise, tlsConf).Do(cctx, "GET", "/v1/workspaces/"+ws, nil, &w); err != nil {
+	if _, err := cl.Do(cctx, "GET", "/v1/workspaces/"+ws, nil, &w); err != nil {
 		return nil, err
 	}
 	return &w, nil
@@ -556,100 +565,21 @@ func (d *devCluster) get(ctx context.Context, ws string) (*api.Workspace, error)
 // connect opens one data-plane session to ws as the CLI does: a
 // credential from ctrl, then dataplane.Connect with the cluster CA.
 func (d *devCluster) connect(ctx context.Context, ws string) (*guestproto.Client, error) {
-	dir := datadir.Dir(d.dir)
-	id, err := dir.LoadIdentity()
+	cl, err := d.client()
 	if err != nil {
 		return nil, err
 	}
-	tlsConf, err := dir.AdminClientTLS()
-	if err != nil {
-		return nil, err
-	}
-	roots, err := dir.CAPool()
+	roots, err := datadir.Dir(d.dir).CAPool()
 	if err != nil {
 		return nil, err
 	}
 	cctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
 	var cred api.DataPlaneCredential
-	if _, err := api.NewClient(id.Advertise, tlsConf).Do(cctx, "POST", "/v1/workspaces/"+ws+"/credentials", struct{}{}, &cred); err != nil {
+	if _, err := cl.Do(cctx, "POST", "/v1/workspaces/"+ws+"/credentials", struct{}{}, &cred); err != nil {
 		return nil, fmt.Errorf("data-plane credential for %s: %w", ws, err)
 	}
 	return dataplane.Connect(cctx, cred, roots)
-}
-
-// freePortTriple finds PORT with PORT, PORT+1 (TCP and UDP) and PORT+2
-// free: the member, its gossip and the data plane.
-func freePortTriple() (int, error) {
-	for i := 0; i < 50; i++ {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return 0, err
-		}
-		p := l.Addr().(*net.TCPAddr).Port
-		l.Close()
-		if p+2 > 65535 {
-			continue
-		}
-		ok := true
-		var held []io.Closer
-		for _, q := range []int{p, p + 1, p + 2} {
-			tl, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(q))
-			if err != nil {
-				ok = false
-				break
-			}
-			held = append(held, tl)
-		}
-		if ok {
-			if u, err := net.ListenPacket("udp", "127.0.0.1:"+strconv.Itoa(p+1)); err == nil {
-				held = append(held, u)
-			} else {
-				ok = false
-			}
-		}
-		for _, c := range held {
-			c.Close()
-		}
-		if ok {
-			return p, nil
-		}
-	}
-	return 0, errors.New("no three free consecutive ports")
-}
-
-// cleanEnv keeps the outer environment from steering the CLI elsewhere.
-func cleanEnv() []string {
-	var env []string
-	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "KIBOTOS_") {
-			env = append(env, kv)
-		}
-	}
-	return env
-}
-
-// procsMentioning lists the processes whose executable or command line
-// mentions s.
-func procsMentioning(s string) []string {
-	ents, _ := os.ReadDir("/proc")
-	var out []string
-	for _, e := range ents {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil || pid == os.Getpid() {
-			continue
-		}
-		raw, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
-		if err != nil {
-			continue
-		}
-		cmdline := strings.ReplaceAll(strings.TrimRight(string(raw), "\x00"), "\x00", " ")
-		exe, _ := os.Readlink(filepath.Join("/proc", e.Name(), "exe"))
-		if strings.Contains(cmdline, s) || strings.HasPrefix(exe, s) {
-			out = append(out, fmt.Sprintf("pid %d: %s", pid, trimS(cmdline, 200)))
-		}
-	}
-	return out
 }
 
 func tailFile(path string, n int) string {
