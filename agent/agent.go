@@ -96,6 +96,10 @@ type Agent struct {
 	draining bool
 	// lastAliveCheck of the data-plane process.
 	lastAliveCheck time.Time
+	// templates as last listed, valid while the directory's mtime is templatesMod.
+	templates       []string
+	templatesMod    time.Time
+	templatesListed time.Time
 
 	tasks *tasks
 }
@@ -238,7 +242,9 @@ func (a *Agent) watchInstances(ctx context.Context) {
 			return
 		case <-tick.C:
 		}
-		r := a.report()
+		// Without the ended-Instance records: they are read from disk and
+		// travel with the report the change triggers anyway.
+		r := a.buildReport(false)
 		states := fmt.Sprint(r.InstanceStates, r.Templates)
 		if r.Instances != last.Instances || r.Allocated != last.Allocated || states != lastStates {
 			if a.PushReport() {
@@ -399,7 +405,9 @@ func (a *Agent) refusal(m api.SessionMsg) error {
 
 // report is the node's full report: capacity, what its Instances hold, pools.
 // Volumes and retained layers arrive with Workspaces; until then they are zero.
-func (a *Agent) report() api.Report {
+func (a *Agent) report() api.Report { return a.buildReport(true) }
+
+func (a *Agent) buildReport(withEnded bool) api.Report {
 	r := api.Report{
 		Capacity:    a.cfg.Capacity,
 		Pools:       []api.Pool{poolStatus("default", defaultPoolPath(a.cfg.DataDir))},
@@ -414,7 +422,7 @@ func (a *Agent) report() api.Report {
 		r.DataPlaneAddress = dp.Address()
 	}
 	r.Templates = a.templateNames()
-	if rt := a.cfg.Runtime; rt != nil {
+	if rt := a.cfg.Runtime; rt != nil && withEnded {
 		// ctrl stores the cleanup conclusion of each, then has it deleted.
 		ended, err := rt.Ended(100)
 		if err != nil {
@@ -423,6 +431,8 @@ func (a *Agent) report() api.Report {
 		for _, e := range ended {
 			r.Ended = append(r.Ended, api.EndedInstance{InstanceID: e.InstanceID, EndedAt: e.EndedAt, How: e.How})
 		}
+	}
+	if rt := a.cfg.Runtime; rt != nil {
 		for _, st := range rt.List() {
 			r.InstanceStates = append(r.InstanceStates, api.InstanceState{InstanceID: st.ID, State: string(st.State), Error: st.Error})
 			if st.State == runtime.StateStopped {
@@ -441,9 +451,22 @@ func (a *Agent) report() api.Report {
 }
 
 // templateNames lists the templates built on this node (ctrl places a
-// Workspace only where its template is).
+// Workspace only where its template is). The list is read again only when
+// the templates directory changed: a build or delete renames or removes
+// an entry there, and the report watcher asks every second.
 func (a *Agent) templateNames() []string {
-	ts, err := template.List(a.cfg.DataDir.StorageRoot())
+	root := a.cfg.DataDir.StorageRoot()
+	st, statErr := os.Stat(template.Dir(root))
+	a.mu.Lock()
+	// Listed again at least every 10 s anyway: a file system with coarse
+	// timestamps can hide a change made in the second of the last listing.
+	if statErr == nil && st.ModTime().Equal(a.templatesMod) && time.Since(a.templatesListed) < 10*time.Second {
+		names := a.templates
+		a.mu.Unlock()
+		return names
+	}
+	a.mu.Unlock()
+	ts, err := template.List(root)
 	if err != nil && len(ts) == 0 {
 		a.log.Debug("templates not listed", "err", err)
 	}
@@ -452,6 +475,11 @@ func (a *Agent) templateNames() []string {
 		if len(names) == 0 || names[len(names)-1] != t.Name { // sorted by name
 			names = append(names, t.Name)
 		}
+	}
+	if statErr == nil && err == nil {
+		a.mu.Lock()
+		a.templates, a.templatesMod, a.templatesListed = names, st.ModTime(), time.Now()
+		a.mu.Unlock()
 	}
 	return names
 }
