@@ -251,11 +251,8 @@ func holdsOf(w *api.Workspace, node string) Holds {
 func moveHolds(tx *bolt.Tx, old, w *api.Workspace) error {
 	var nodes []string
 	for _, x := range []*api.Workspace{old, w} {
-		if x == nil {
-			continue
-		}
-		for _, n := range []string{x.NodeID, layerHolder(x)} {
-			if n != "" && !containsString(nodes, n) {
+		for _, n := range nodesOf(x) {
+			if !containsString(nodes, n) {
 				nodes = append(nodes, n)
 			}
 		}
@@ -283,6 +280,20 @@ func moveHolds(tx *bolt.Tx, old, w *api.Workspace) error {
 		markNodeChanged(tx, n)
 	}
 	return nil
+}
+
+// nodesOf lists the nodes w (may be nil) holds anything on, once each.
+func nodesOf(w *api.Workspace) []string {
+	if w == nil {
+		return nil
+	}
+	var out []string
+	for _, n := range []string{w.NodeID, layerHolder(w)} {
+		if n != "" && !containsString(out, n) {
+			out = append(out, n)
+		}
+	}
+	return out
 }
 
 func layerHolder(w *api.Workspace) string {

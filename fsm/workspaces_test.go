@@ -221,17 +221,6 @@ func indexProblem(tx *bolt.Tx) error {
 	return nil
 }
 
-// nodesOf lists the nodes w holds anything on, once each.
-func nodesOf(w *api.Workspace) []string {
-	var out []string
-	for _, n := range []string{w.NodeID, layerHolder(w)} {
-		if n != "" && !containsString(out, n) {
-			out = append(out, n)
-		}
-	}
-	return out
-}
-
 func keys(m map[string]bool) []string {
 	out := []string{}
 	for k := range m {
