@@ -13,7 +13,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"os"
 	"path/filepath"
 	"sync"
@@ -46,8 +45,12 @@ type Config struct {
 	Capacity api.Resources
 	// CtrlAddrs lists ctrl API addresses, best first.
 	CtrlAddrs func() []string
-	// TLS is the member's client config for control sessions.
-	TLS            *tls.Config
+	// Dial opens a control-session connection to a ctrl member at an
+	// address; it verifies that the member there is ctrl.
+	Dial func(ctx context.Context, addr string) (*tls.Conn, error)
+	// OnLeader, when set, learns the ctrl leader's address whenever a
+	// session is established (only the leader accepts one).
+	OnLeader       func(addr string)
 	SessionTimeout time.Duration
 	Logger         *slog.Logger
 	// ClockSkew is added to every timestamp the node sends (tests of the
@@ -292,8 +295,7 @@ func (a *Agent) connectOnce(ctx context.Context) error {
 // session runs one control session against addr. It returns the leader's
 // address when addr redirected.
 func (a *Agent) session(ctx context.Context, addr string) (redirect string, err error) {
-	d := &net.Dialer{Timeout: 5 * time.Second}
-	conn, err := tls.DialWithDialer(d, "tcp", addr, a.cfg.TLS)
+	conn, err := a.cfg.Dial(ctx, addr)
 	if err != nil {
 		return "", err
 	}
@@ -340,6 +342,9 @@ func (a *Agent) session(ctx context.Context, addr string) (redirect string, err 
 		a.mu.Unlock()
 	}()
 	a.log.Info("control session established", "session_id", first.SessionID, "ctrl", addr, "incarnation", a.incarnation)
+	if a.cfg.OnLeader != nil {
+		a.cfg.OnLeader(addr) // only the leader accepts sessions
+	}
 	for {
 		conn.SetReadDeadline(time.Now().Add(a.cfg.SessionTimeout))
 		var m api.SessionMsg

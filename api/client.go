@@ -3,40 +3,89 @@ package api
 import (
 	"bytes"
 	"context"
-	"crypto/tls"
 	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
+	"strings"
+	"sync"
 	"time"
+
+	"github.com/kibotos/kibotos/trust"
 )
 
 // Client calls the API of one member.
 type Client struct {
 	Addr       string
-	HTTP       *http.Client
 	Consistent bool
 	// Retries of a call that found no leader; 0 means the default (8).
 	Retries int
+
+	tls  trust.Client
+	want trust.Want
+	// first reaches Addr, expecting want; ctrl reaches the ctrl members a
+	// node-only member sends operator calls to, expecting a ctrl member.
+	once        sync.Once
+	first, ctrl *http.Client
 }
 
-// NewClient makes a client for the member at addr with the given TLS config.
-func NewClient(addr string, tlsConf *tls.Config) *Client {
-	return &Client{Addr: addr, HTTP: &http.Client{Timeout: 2 * time.Minute, Transport: &http.Transport{TLSClientConfig: tlsConf}}}
+// HdrCtrl lists the ctrl members' addresses in a node-only member's
+// misdirected answer (421) to a call only ctrl serves.
+const HdrCtrl = "X-Kibotos-Ctrl"
+
+// NewClient makes a client for the member at addr presenting tc's
+// certificate. The server must be a member of the cluster holding addr's
+// host; Expect narrows that further.
+func NewClient(addr string, tc trust.Client) *Client {
+	return &Client{Addr: addr, tls: tc, want: trust.Want{Kind: trust.KindMember}}
+}
+
+// Expect makes the client accept only the member with this node id at
+// Addr (the CLI talking to its own member).
+func (c *Client) Expect(nodeID string) *Client {
+	c.want.NodeID = nodeID
+	return c
+}
+
+func (c *Client) clients() (first, ctrl *http.Client) {
+	c.once.Do(func() {
+		c.first = &http.Client{Timeout: 2 * time.Minute, Transport: c.tls.HTTPTransport(c.want, 10*time.Second)}
+		c.ctrl = &http.Client{Timeout: 2 * time.Minute, Transport: c.tls.HTTPTransport(trust.Want{Kind: trust.KindMember, Role: trust.RoleCtrl}, 10*time.Second)}
+	})
+	return c.first, c.ctrl
 }
 
 // Call sends in (nil for none) and returns the raw response body; an API
-// error comes back as *Error with its code.
+// error comes back as *Error with its code. A node-only member answers
+// calls that only ctrl serves with the ctrl members' addresses; the call
+// then goes to them directly, with this client's own certificate (a
+// node-only member never speaks for its caller).
 func (c *Client) Call(ctx context.Context, method, path string, in any) (json.RawMessage, error) {
-	var body io.Reader
+	var body []byte
 	if in != nil {
 		raw, err := json.Marshal(in)
 		if err != nil {
 			return nil, err
 		}
-		body = bytes.NewReader(raw)
+		body = raw
 	}
-	url := "https://" + c.Addr + path
+	first, ctrl := c.clients()
+	raw, ctrlAddrs, err := c.call(ctx, first, c.Addr, method, path, body)
+	if len(ctrlAddrs) == 0 {
+		return raw, err
+	}
+	for _, addr := range ctrlAddrs {
+		var again []string
+		raw, again, err = c.call(ctx, ctrl, addr, method, path, body)
+		if len(again) == 0 && CodeOf(err) != CodeUnavailable {
+			return raw, err
+		}
+	}
+	return raw, err
+}
+
+func (c *Client) call(ctx context.Context, hc *http.Client, addr, method, path string, body []byte) (json.RawMessage, []string, error) {
+	url := "https://" + addr + path
 	if c.Consistent && method == http.MethodGet {
 		sep := "?"
 		if bytes.ContainsRune([]byte(path), '?') {
@@ -44,29 +93,41 @@ func (c *Client) Call(ctx context.Context, method, path string, in any) (json.Ra
 		}
 		url += sep + "consistent=true"
 	}
-	req, err := http.NewRequestWithContext(ctx, method, url, body)
+	var rd io.Reader
+	if body != nil {
+		rd = bytes.NewReader(body)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, url, rd)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	req.Header.Set("Content-Type", "application/json")
-	resp, err := c.HTTP.Do(req)
+	resp, err := hc.Do(req)
 	if err != nil {
-		return nil, Errorf(CodeUnavailable, "cannot reach kibotos member at %s: %v; check --address / KIBOTOS_ADDR and that the member is serving", c.Addr, err)
+		return nil, nil, Errorf(CodeUnavailable, "cannot reach kibotos member at %s: %v; check --address / KIBOTOS_ADDR and that the member is serving", addr, err)
 	}
 	defer resp.Body.Close()
-	raw, err := io.ReadAll(resp.Body)
+	raw, err := io.ReadAll(io.LimitReader(resp.Body, maxAnswer))
 	if err != nil {
-		return nil, Errorf(CodeUnavailable, "read answer of %s: %v", c.Addr, err)
+		return nil, nil, Errorf(CodeUnavailable, "read answer of %s: %v", addr, err)
+	}
+	var ctrlAddrs []string
+	if resp.StatusCode == http.StatusMisdirectedRequest && resp.Header.Get(HdrCtrl) != "" {
+		ctrlAddrs = strings.Split(resp.Header.Get(HdrCtrl), ",")
 	}
 	if resp.StatusCode != http.StatusOK {
 		var eb ErrorBody
 		if json.Unmarshal(raw, &eb) == nil && eb.Error != nil {
-			return nil, eb.Error
+			return nil, ctrlAddrs, eb.Error
 		}
-		return nil, Errorf(CodeInternal, "member %s answered %s: %s", c.Addr, resp.Status, bytes.TrimSpace(raw))
+		return nil, ctrlAddrs, Errorf(CodeInternal, "member %s answered %s: %s", addr, resp.Status, bytes.TrimSpace(raw))
 	}
-	return raw, nil
+	return raw, nil, nil
 }
+
+// maxAnswer bounds what the client reads of one answer (a list of 10,000
+// nodes with reports is a few megabytes).
+const maxAnswer = 256 << 20
 
 // Do calls and decodes the result into out (may be nil). A call that finds
 // no leader (unavailable) is retried for a few seconds: reads are safe to

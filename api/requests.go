@@ -83,3 +83,30 @@ type Status struct {
 	Revision  string    `json:"revision"`
 	Time      time.Time `json:"time"`
 }
+
+// RenewRequest asks a ctrl member for fresh certificates of the calling
+// member: the member certificate for the key of the certificate the call
+// is made with, and an operator certificate for AdminKey.
+type RenewRequest struct {
+	AdminKey string `json:"admin_public_key"` // PEM
+}
+
+// RenewResponse carries the renewed certificates (PEM, the member
+// certificate followed by the CA).
+type RenewResponse struct {
+	MemberCert string `json:"member_cert"`
+	AdminCert  string `json:"admin_cert"`
+}
+
+// DataPlaneCertRequest asks a ctrl member for the server certificate of the
+// calling node's data-plane process. Hosts are the addresses it listens on.
+type DataPlaneCertRequest struct {
+	PublicKey string   `json:"public_key"` // PEM
+	Hosts     []string `json:"hosts"`
+}
+
+// DataPlaneCertResponse is the data-plane certificate (PEM, then the CA).
+type DataPlaneCertResponse struct {
+	Cert     string    `json:"cert"`
+	NotAfter time.Time `json:"not_after"`
+}

@@ -169,7 +169,7 @@ func (g *Globals) client() (*api.Client, error) {
 	if err != nil {
 		return nil, api.Errorf(api.CodeUnauthenticated, "%v", err)
 	}
-	tlsConf, err := d.AdminClientTLS()
+	tlsConf, err := d.AdminClient()
 	if err != nil {
 		return nil, api.Errorf(api.CodeUnauthenticated, "%v", err)
 	}

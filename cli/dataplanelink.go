@@ -2,6 +2,11 @@ package cli
 
 import (
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"encoding/pem"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -10,22 +15,64 @@ import (
 	"path/filepath"
 	"strconv"
 	"sync"
+	"time"
 
 	"github.com/kibotos/kibotos/agent"
 	"github.com/kibotos/kibotos/agent/dataplane"
+	"github.com/kibotos/kibotos/api"
 	"github.com/kibotos/kibotos/datadir"
 	"github.com/kibotos/kibotos/vmm/units"
 )
 
 // dataPlaneLink is the node's side of its data-plane process: it starts or
-// adopts the process and delivers the targets, key and certificate.
+// adopts the process and delivers the targets, the credential key and the
+// process's own server certificate and key. The process never sees the
+// member's key: its certificate is a data-plane certificate (24 h) that
+// ctrl signs for a key made here, renewed at half-life.
 type dataPlaneLink struct {
-	cfg       dataplane.SupervisorConfig
-	cert, key []byte
-	log       *slog.Logger
+	cfg   dataplane.SupervisorConfig
+	issue dataPlaneIssuer
+	hosts []string
+	log   *slog.Logger
 
-	mu sync.Mutex
-	h  *dataplane.Handle
+	mu        sync.Mutex
+	h         *dataplane.Handle
+	cert, key []byte
+	renewAt   time.Time
+}
+
+// dataPlaneIssuer gets a data-plane certificate for a key from ctrl.
+type dataPlaneIssuer func(ctx context.Context, pub *ecdsa.PublicKey, hosts []string) (api.DataPlaneCertResponse, error)
+
+// credentials returns the process's certificate and key, getting new ones
+// when there are none or half their lifetime is gone (mu held). A failed
+// renewal keeps the current ones while they are valid.
+func (l *dataPlaneLink) credentials(ctx context.Context) error {
+	if l.cert != nil && time.Now().Before(l.renewAt) {
+		return nil
+	}
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	out, err := l.issue(ctx, &key.PublicKey, l.hosts)
+	if err != nil {
+		if l.cert != nil {
+			l.log.Warn("data-plane certificate renewal failed; keeping the current one", "err", err)
+			return nil
+		}
+		return fmt.Errorf("data plane: get its certificate from ctrl: %w", err)
+	}
+	der, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		return err
+	}
+	now := time.Now()
+	l.cert, l.key = []byte(out.Cert), pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: der})
+	l.renewAt = now.Add(out.NotAfter.Sub(now) / 2)
+	return nil
 }
 
 // defaultDataPlaneListen is the advertised host with port+2 (the member
@@ -44,23 +91,22 @@ func defaultDataPlaneListen(advertise string) (string, error) {
 
 // startDataPlane ensures the node's data-plane process runs (adopting one
 // of this build) under m.
-func startDataPlane(ctx context.Context, d datadir.Dir, m *units.Manager, listen string, log *slog.Logger) (*dataPlaneLink, error) {
+func startDataPlane(ctx context.Context, d datadir.Dir, m *units.Manager, listen string, issue dataPlaneIssuer, log *slog.Logger) (*dataPlaneLink, error) {
 	exe, err := os.Executable()
 	if err != nil {
 		return nil, fmt.Errorf("data plane: locate the kibotos executable: %w", err)
 	}
-	cert, err := os.ReadFile(d.MemberCert())
+	host, _, err := net.SplitHostPort(listen)
 	if err != nil {
-		return nil, fmt.Errorf("data plane: %w", err)
-	}
-	key, err := os.ReadFile(d.MemberKey())
-	if err != nil {
-		return nil, fmt.Errorf("data plane: %w", err)
+		return nil, fmt.Errorf("data plane: listen address %q is not HOST:PORT", listen)
 	}
 	sockDir := filepath.Join(d.NodeDir(), "dataplane")
-	l := &dataPlaneLink{cert: cert, key: key, log: log, cfg: dataplane.SupervisorConfig{
+	l := &dataPlaneLink{issue: issue, hosts: []string{host}, log: log, cfg: dataplane.SupervisorConfig{
 		Units: m, Executable: exe, Scope: dataplane.ScopeFor(sockDir), SocketDir: sockDir, Listen: listen, Logger: log,
 	}}
+	if err := l.credentials(ctx); err != nil {
+		return nil, err
+	}
 	h, err := dataplane.Ensure(ctx, l.cfg)
 	if err != nil {
 		return nil, err
@@ -93,12 +139,15 @@ func (l *dataPlaneLink) Alive(ctx context.Context) bool {
 // Update implements agent.DataPlane. A process that is gone (not merely
 // slow) is replaced by a new generation, which gets the state at once.
 func (l *dataPlaneLink) Update(ctx context.Context, targets []agent.DataTarget, key []byte) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if err := l.credentials(ctx); err != nil {
+		return err
+	}
 	st := dataplane.State{PublicKey: key, CertPEM: l.cert, KeyPEM: l.key, Targets: []dataplane.Target{}}
 	for _, t := range targets {
 		st.Targets = append(st.Targets, dataplane.Target{WorkspaceID: t.WorkspaceID, InstanceID: t.InstanceID, DataSocket: t.DataSocket})
 	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
 	err := l.h.Push(ctx, st)
 	if err == nil || errors.Is(err, dataplane.ErrNotAcknowledged) {
 		return err

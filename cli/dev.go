@@ -151,7 +151,7 @@ func (c *DevUpCmd) Run(g *Globals) error {
 // announceWhenReady waits for the dev node to be READY and tells the user
 // how to point the CLI at it.
 func (c *DevUpCmd) announceWhenReady(g *Globals, d datadir.Dir, id *datadir.Identity, runsVMs bool) {
-	tlsConf, err := d.AdminClientTLS()
+	tlsConf, err := d.AdminClient()
 	if err != nil {
 		return
 	}

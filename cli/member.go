@@ -260,10 +260,6 @@ func runMember(g *Globals, o memberOptions) error {
 	}
 	agentErr := make(chan error, 1)
 	if srv.Identity().HasRole(api.RoleNode) {
-		clientTLS, err := srv.SessionTLS()
-		if err != nil {
-			return err
-		}
 		rt, m, closeRuntime, err := openNodeRuntime(ctx, o.dir, srv.NodeID(), o.systemd, o.accel, log)
 		if err != nil {
 			return err
@@ -279,14 +275,14 @@ func runMember(g *Globals, o memberOptions) error {
 			}
 			// The data-plane process is never stopped with the node: its
 			// connections outlive a node restart.
-			link, err := startDataPlane(ctx, o.dir, m, listen, log)
+			link, err := startDataPlane(ctx, o.dir, m, listen, srv.DataPlaneCertificate, log)
 			if err != nil {
 				return err
 			}
 			dp = link
 		}
 		a, err := agent.New(agent.Config{DataDir: o.dir, NodeID: srv.NodeID(), Capacity: o.capacity, CtrlAddrs: srv.CtrlAddrs,
-			TLS: clientTLS, SessionTimeout: o.timings.SessionTimeout, Logger: log, ClockSkew: o.clockSkew, Runtime: rt, DataPlane: dp,
+			Dial: srv.SessionDial, OnLeader: srv.NoteLeader, SessionTimeout: o.timings.SessionTimeout, Logger: log, ClockSkew: o.clockSkew, Runtime: rt, DataPlane: dp,
 			Pools: o.pools, DefaultPool: o.defaultPool})
 		if err != nil {
 			return err

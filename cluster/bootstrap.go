@@ -10,10 +10,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -23,6 +25,7 @@ import (
 	"github.com/kibotos/kibotos/api"
 	"github.com/kibotos/kibotos/datadir"
 	"github.com/kibotos/kibotos/fsm"
+	"github.com/kibotos/kibotos/trust"
 )
 
 // InitOptions create a new cluster.
@@ -114,11 +117,16 @@ func Init(ctx context.Context, o InitOptions) (*datadir.Identity, error) {
 		return nil, err
 	}
 	host, _, _ := net.SplitHostPort(o.Advertise)
-	memberCert, memberKey, err := ca.IssueKeyPair(o.NodeID, datadir.OUMember, []string{host, "localhost", "127.0.0.1"})
+	// The bootstrap entry admits this node at this time; its certificates
+	// name the same admission.
+	admitted := time.Now().UTC()
+	member := trust.Identity{ClusterID: clusterID, Kind: trust.KindMember, NodeID: o.NodeID, Roles: o.Roles, Admitted: admitted}
+	memberCert, memberKey, err := ca.IssueKeyPair(member, []string{host, "localhost", "127.0.0.1"}, trust.MemberLifetime)
 	if err != nil {
 		return nil, err
 	}
-	adminCert, adminKey, err := ca.IssueKeyPair("admin@"+o.NodeID, datadir.OUAdmin, nil)
+	admin := trust.Identity{ClusterID: clusterID, Kind: trust.KindAdmin, NodeID: o.NodeID, Admitted: admitted}
+	adminCert, adminKey, err := ca.IssueKeyPair(admin, nil, trust.AdminLifetime)
 	if err != nil {
 		return nil, err
 	}
@@ -137,7 +145,7 @@ func Init(ctx context.Context, o InitOptions) (*datadir.Identity, error) {
 	}); err != nil {
 		return nil, err
 	}
-	if err := bootstrapRaft(ctx, t, id); err != nil {
+	if err := bootstrapRaft(ctx, t, id, admitted); err != nil {
 		return nil, err
 	}
 	if err := t.SaveIdentity(id); err != nil {
@@ -151,7 +159,7 @@ func Init(ctx context.Context, o InitOptions) (*datadir.Identity, error) {
 
 // bootstrapRaft writes the first Raft configuration and the bootstrap entry
 // by running a one-voter Raft briefly on an in-memory transport.
-func bootstrapRaft(ctx context.Context, d datadir.Dir, id *datadir.Identity) error {
+func bootstrapRaft(ctx context.Context, d datadir.Dir, id *datadir.Identity, admitted time.Time) error {
 	if err := os.MkdirAll(d.RaftDir(), 0o700); err != nil {
 		return err
 	}
@@ -194,7 +202,7 @@ func bootstrapRaft(ctx context.Context, d datadir.Dir, id *datadir.Identity) err
 		time.Sleep(10 * time.Millisecond)
 	}
 	args, _ := json.Marshal(fsm.BootstrapArgs{ClusterID: id.ClusterID, NodeID: id.NodeID, Roles: id.Roles, Address: id.Advertise})
-	data, _ := json.Marshal(fsm.Entry{Op: fsm.OpBootstrap, Args: args, IssuedAt: time.Now().UTC(), Actor: "init"})
+	data, _ := json.Marshal(fsm.Entry{Op: fsm.OpBootstrap, Args: args, IssuedAt: admitted, Actor: "init"})
 	fut := r.Apply(data, 10*time.Second)
 	if err := fut.Error(); err != nil {
 		return fmt.Errorf("bootstrap raft: %w", err)
@@ -234,39 +242,22 @@ func Join(ctx context.Context, o JoinOptions) (*datadir.Identity, error) {
 	if err != nil {
 		return nil, err
 	}
-	pubPEM := func(k any) string {
-		der, _ := x509.MarshalPKIXPublicKey(k)
-		return string(pemEncode("PUBLIC KEY", der))
-	}
 	body, _ := json.Marshal(api.JoinRequest{Token: o.Grant, Advertise: o.Advertise,
-		MemberKey: pubPEM(&memberKey.PublicKey), AdminKey: pubPEM(&adminKey.PublicKey)})
-	client := &http.Client{Timeout: 60 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{
-		InsecureSkipVerify: true, // trust comes from the CA fingerprint in the grant
-		VerifyConnection:   pinCA(tok.CA),
-		NextProtos:         []string{datadir.ProtoHTTP},
-		MinVersion:         tls.VersionTLS13,
-	}}}
-	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, "https://"+o.Member+"/v1/join", bytes.NewReader(body))
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := client.Do(req)
-	if err != nil {
-		return nil, api.Errorf(api.CodeUnavailable, "join through member %s: %v; check the address and that the member is serving", o.Member, err)
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		var eb api.ErrorBody
-		if json.NewDecoder(resp.Body).Decode(&eb) == nil && eb.Error != nil {
-			return nil, eb.Error
+		MemberKey: publicKeyPEM(&memberKey.PublicKey), AdminKey: publicKeyPEM(&adminKey.PublicKey)})
+	jr, err := postJoin(ctx, o.Member, tok.CA, trust.Want{Kind: trust.KindMember}, body)
+	var ctrl misdirected
+	if errors.As(err, &ctrl) {
+		// A node-only member sends the joining host to ctrl.
+		for _, addr := range ctrl {
+			jr, err = postJoin(ctx, addr, tok.CA, trust.Want{Kind: trust.KindMember, Role: trust.RoleCtrl}, body)
+			if api.CodeOf(err) != api.CodeUnavailable {
+				break
+			}
 		}
-		return nil, api.Errorf(api.CodeInternal, "join through member %s: %s", o.Member, resp.Status)
 	}
-	var out struct {
-		Result api.JoinResponse `json:"result"`
+	if err != nil {
+		return nil, err
 	}
-	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
-		return nil, fmt.Errorf("join through member %s: bad answer: %w", o.Member, err)
-	}
-	jr := out.Result
 	tmp, err := prepareDir(o.DataDir)
 	if err != nil {
 		return nil, err
@@ -300,15 +291,58 @@ func Join(ctx context.Context, o JoinOptions) (*datadir.Identity, error) {
 	return id, nil
 }
 
+// misdirected is the ctrl members a node-only member named instead of
+// answering a join.
+type misdirected []string
+
+func (m misdirected) Error() string { return "misdirected to ctrl members " + strings.Join(m, ", ") }
+
+// postJoin sends the join request to addr, trusting the member there when
+// its chain ends in the CA the grant names.
+func postJoin(ctx context.Context, addr, caFingerprint string, want trust.Want, body []byte) (api.JoinResponse, error) {
+	client := &http.Client{Timeout: 60 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{
+		InsecureSkipVerify: true, // trust comes from the CA fingerprint in the grant
+		VerifyConnection:   pinCA(caFingerprint, want, addr),
+		NextProtos:         []string{datadir.ProtoHTTP},
+		MinVersion:         tls.VersionTLS13,
+	}}}
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, "https://"+addr+"/v1/join", bytes.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := client.Do(req)
+	if err != nil {
+		return api.JoinResponse{}, api.Errorf(api.CodeUnavailable, "join through member %s: %v; check the address and that the member is serving", addr, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode == http.StatusMisdirectedRequest && resp.Header.Get(api.HdrCtrl) != "" {
+		return api.JoinResponse{}, misdirected(strings.Split(resp.Header.Get(api.HdrCtrl), ","))
+	}
+	if resp.StatusCode != http.StatusOK {
+		var eb api.ErrorBody
+		if json.NewDecoder(io.LimitReader(resp.Body, maxBody)).Decode(&eb) == nil && eb.Error != nil {
+			return api.JoinResponse{}, eb.Error
+		}
+		return api.JoinResponse{}, api.Errorf(api.CodeInternal, "join through member %s: %s", addr, resp.Status)
+	}
+	var out struct {
+		Result api.JoinResponse `json:"result"`
+	}
+	if err := json.NewDecoder(io.LimitReader(resp.Body, maxBody)).Decode(&out); err != nil {
+		return api.JoinResponse{}, fmt.Errorf("join through member %s: bad answer: %w", addr, err)
+	}
+	return out.Result, nil
+}
+
 // pinCA accepts a server whose chain ends in the CA with the given
-// fingerprint and whose leaf that CA signed.
-func pinCA(fingerprint string) func(tls.ConnectionState) error {
+// fingerprint, whose leaf that CA signed for the dialled host and whose
+// identity is what was wanted.
+func pinCA(fingerprint string, want trust.Want, addr string) func(tls.ConnectionState) error {
+	host, _, _ := net.SplitHostPort(addr)
 	return func(cs tls.ConnectionState) error {
 		for _, c := range cs.PeerCertificates {
 			if Fingerprint(c) == fingerprint {
 				pool := x509.NewCertPool()
 				pool.AddCert(c)
-				return datadir.VerifyChain(pool, datadir.OUMember)(cs)
+				return trust.ServerCheck(pool, want, host)(cs)
 			}
 		}
 		return errors.New("the member does not present the cluster CA named in the grant: wrong address or wrong cluster")

@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"bytes"
 	"context"
 	"crypto/ecdsa"
 	"crypto/rand"
@@ -12,6 +13,7 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"strings"
@@ -21,8 +23,8 @@ import (
 	bolt "go.etcd.io/bbolt"
 
 	"github.com/kibotos/kibotos/api"
-	"github.com/kibotos/kibotos/datadir"
 	"github.com/kibotos/kibotos/fsm"
+	"github.com/kibotos/kibotos/trust"
 )
 
 const tokenPrefix = "kbg1."
@@ -151,19 +153,14 @@ func (s *Server) handleJoin(w http.ResponseWriter, r *http.Request) {
 		writeError(w, api.Errorf(api.CodeInvalidArgument, "join of node %s: public keys are not valid ECDSA PEM keys", tok.NodeID))
 		return
 	}
-	// Certificates first: if signing failed after the grant was consumed the
-	// host would hold a used grant and nothing else.
-	memberCert, err := s.ca.Issue(tok.NodeID, datadir.OUMember, []string{host}, memberPub)
-	if err != nil {
+	// The grant is checked against the local state before anything is
+	// signed or proposed: a guessed or replayed grant costs one lookup.
+	hash := secretHash(tok.Secret)
+	if err := s.fsm.View(func(tx *bolt.Tx) error { return fsm.CheckGrant(tx, tok.NodeID, hash, time.Now()) }); err != nil {
 		writeError(w, err)
 		return
 	}
-	adminCert, err := s.ca.Issue("admin@"+tok.NodeID, datadir.OUAdmin, nil, adminPub)
-	if err != nil {
-		writeError(w, err)
-		return
-	}
-	res, err := s.ApplyOp(r.Context(), fsm.OpEnrollmentConsume, fsm.ConsumeArgs{NodeID: tok.NodeID, SecretHash: secretHash(tok.Secret), Address: req.Advertise})
+	res, err := s.ApplyOp(r.Context(), fsm.OpEnrollmentConsume, fsm.ConsumeArgs{NodeID: tok.NodeID, SecretHash: hash, Address: req.Advertise})
 	if err != nil {
 		writeError(w, err)
 		return
@@ -173,7 +170,24 @@ func (s *Server) handleJoin(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	var n api.Node
-	json.Unmarshal(res.Value, &n)
+	if err := json.Unmarshal(res.Value, &n); err != nil {
+		writeError(w, err)
+		return
+	}
+	// The certificates name the admission just recorded, so certificates
+	// of an earlier admission of the same node id stay refused.
+	member := trust.Identity{ClusterID: s.id.ClusterID, Kind: trust.KindMember, NodeID: n.NodeID, Roles: n.Roles, Admitted: n.AdmittedAt}
+	memberCert, err := s.ca.Issue(member, []string{host}, memberPub, s.lifetime(trust.MemberLifetime))
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	admin := trust.Identity{ClusterID: s.id.ClusterID, Kind: trust.KindAdmin, NodeID: n.NodeID, Admitted: n.AdmittedAt}
+	adminCert, err := s.ca.Issue(admin, nil, adminPub, s.lifetime(trust.AdminLifetime))
+	if err != nil {
+		writeError(w, err)
+		return
+	}
 	out := api.JoinResponse{
 		ClusterID: s.id.ClusterID, NodeID: n.NodeID, Roles: n.Roles,
 		CACert: string(s.ca.CertPEM), MemberCert: string(memberCert) + string(s.ca.CertPEM), AdminCert: string(adminCert),
@@ -200,7 +214,7 @@ func (s *Server) handleAddVoter(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	c := callerOf(r)
-	if c.kind != datadir.OUMember || c.name != req.NodeID {
+	if c.kind != trust.KindMember || !c.id.HasRole(trust.RoleCtrl) || c.id.NodeID != req.NodeID {
 		writeError(w, api.Errorf(api.CodePermissionDenied, "only member %s itself can ask to become a voter", req.NodeID))
 		return
 	}
@@ -270,7 +284,7 @@ func (s *Server) askToBeVoter() error {
 			continue
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 35*time.Second)
-		err := memberCall(ctx, s.httpClient, addr, "/v1/internal/raft/voter", body)
+		err := memberCall(ctx, s.httpClient, addr, "/v1/internal/raft/voter", body, nil)
 		cancel()
 		if err == nil {
 			return nil
@@ -280,21 +294,32 @@ func (s *Server) askToBeVoter() error {
 	return lastErr
 }
 
-func memberCall(ctx context.Context, c *http.Client, addr, path string, body []byte) error {
-	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, "https://"+addr+path, strings.NewReader(string(body)))
+// memberCall posts body to another member and decodes the result into out
+// (may be nil). An unreachable member is unavailable, so callers try the next.
+func memberCall(ctx context.Context, c *http.Client, addr, path string, body []byte, out any) error {
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, "https://"+addr+path, bytes.NewReader(body))
 	req.Header.Set("Content-Type", "application/json")
 	resp, err := c.Do(req)
 	if err != nil {
-		return err
+		return api.Errorf(api.CodeUnavailable, "member %s: %v", addr, err)
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
 		var eb api.ErrorBody
-		json.NewDecoder(resp.Body).Decode(&eb)
+		json.NewDecoder(io.LimitReader(resp.Body, maxBody)).Decode(&eb)
 		if eb.Error != nil {
 			return eb.Error
 		}
-		return fmt.Errorf("%s answered %s", addr, resp.Status)
+		return api.Errorf(api.CodeUnavailable, "member %s answered %s", addr, resp.Status)
+	}
+	if out == nil {
+		return nil
+	}
+	rb := struct {
+		Result any `json:"result"`
+	}{Result: out}
+	if err := json.NewDecoder(io.LimitReader(resp.Body, maxBody)).Decode(&rb); err != nil {
+		return fmt.Errorf("member %s: answer does not match this kibotos: %w", addr, err)
 	}
 	return nil
 }

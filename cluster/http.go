@@ -8,27 +8,37 @@ import (
 	"io"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
 
 	"github.com/kibotos/kibotos/api"
-	"github.com/kibotos/kibotos/datadir"
 	"github.com/kibotos/kibotos/fsm"
+	"github.com/kibotos/kibotos/trust"
 )
 
-// Headers between members.
+// Headers between members. The actor headers are honoured only from ctrl
+// members (they forward to the leader for the caller they authenticated);
+// from anyone else they are dropped.
 const (
-	hdrActor     = "X-Kibotos-Actor"     // who asked, set by the first member that authenticated the caller
-	hdrForwarded = "X-Kibotos-Forwarded" // hop count of a forwarded request
-	hdrLeader    = "X-Kibotos-Leader"    // ctrl members name the leader they know in every answer
-	maxHops      = 3
-	maxBody      = 4 << 20
+	hdrActor         = "X-Kibotos-Actor"          // who asked: node id of a member, admin@<node> of an operator
+	hdrActorKind     = "X-Kibotos-Actor-Kind"     // trust.KindMember or trust.KindAdmin
+	hdrActorNode     = "X-Kibotos-Actor-Node"     // the node the actor's certificate names
+	hdrActorRoles    = "X-Kibotos-Actor-Roles"    // a member actor's roles
+	hdrActorAdmitted = "X-Kibotos-Actor-Admitted" // admission time in the actor's certificate (unix ns)
+	hdrForwarded     = "X-Kibotos-Forwarded"      // hop count of a forwarded request
+	hdrLeader        = "X-Kibotos-Leader"         // ctrl members name the leader they know in every answer
+	maxHops          = 3
+	maxBody          = 4 << 20
 )
+
+var actorHeaders = []string{hdrActor, hdrActorKind, hdrActorNode, hdrActorRoles, hdrActorAdmitted}
 
 type caller struct {
-	name   string // node id of a member, "admin@<node>" of an admin
-	kind   string // datadir.OUMember or datadir.OUAdmin
+	id     trust.Identity // the caller's identity; on a forwarded request, the original caller's
+	name   string         // id.Name(): node id of a member, "admin@<node>" of an operator
+	kind   string         // trust.KindMember or trust.KindAdmin
 	viaHop bool
 }
 
@@ -39,59 +49,155 @@ func callerOf(r *http.Request) caller {
 	return c
 }
 
-// authenticate admits only callers with a CA-signed certificate, except the
-// join endpoint, whose credential is the grant in the body.
+// authenticate admits a request only with a certificate of this cluster
+// whose node is admitted (checked against the local replica on every
+// request), except the join endpoint, whose credential is the grant in the
+// body. Data-plane certificates call nothing.
 func (s *Server) authenticate(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if l := s.leaderAddr(); l != "" {
 			w.Header().Set(hdrLeader, l)
 		}
+		r.Body = http.MaxBytesReader(w, r.Body, maxBody)
 		if r.URL.Path == "/v1/join" {
+			if !s.joinLimit.allow() {
+				writeError(w, api.Errorf(api.CodeResourceExhausted, "member %s takes at most %d join requests a second; retry in a second", s.id.NodeID, joinRate))
+				return
+			}
 			next.ServeHTTP(w, r)
 			return
 		}
-		if r.TLS == nil || len(r.TLS.PeerCertificates) == 0 {
-			writeError(w, api.Errorf(api.CodeUnauthenticated, "a client certificate of this cluster is required: run the CLI as root on a member, or pass --data-dir of a member"))
-			return
+		c, err := s.authenticateRequest(r)
+		for _, h := range actorHeaders {
+			r.Header.Del(h)
 		}
-		leaf := r.TLS.PeerCertificates[0]
-		c := caller{name: leaf.Subject.CommonName, kind: datadir.CertOU(leaf)}
-		if c.kind == datadir.OUMember && r.Header.Get(hdrActor) != "" {
-			// A member forwarded the request: act for its caller.
-			c.name, c.kind, c.viaHop = r.Header.Get(hdrActor), r.Header.Get(hdrActor+"-Kind"), true
+		if err != nil {
+			writeError(w, err)
+			return
 		}
 		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), ctxKey{}, c)))
 	})
+}
+
+func (s *Server) authenticateRequest(r *http.Request) (caller, error) {
+	if r.TLS == nil {
+		return caller{}, api.Errorf(api.CodeUnauthenticated, "the API is served over TLS only")
+	}
+	id, err := s.peerIdentity(*r.TLS)
+	if err != nil {
+		return caller{}, err
+	}
+	if id.Kind == trust.KindDataPlane {
+		return caller{}, api.Errorf(api.CodePermissionDenied, "%s presented a data-plane certificate: it serves Workspace connections and calls no API", id.NodeID)
+	}
+	if err := s.admitted(id); err != nil {
+		return caller{}, err
+	}
+	c := caller{id: id, name: id.Name(), kind: id.Kind}
+	if r.Header.Get(hdrActor) == "" || id.Kind != trust.KindMember || !id.HasRole(trust.RoleCtrl) {
+		return c, nil // only a ctrl member speaks for another caller
+	}
+	actor, err := actorFromHeaders(r.Header, id.ClusterID)
+	if err != nil {
+		return caller{}, err
+	}
+	if err := s.admitted(actor); err != nil {
+		return caller{}, err
+	}
+	return caller{id: actor, name: actor.Name(), kind: actor.Kind, viaHop: true}, nil
+}
+
+func actorFromHeaders(h http.Header, clusterID string) (trust.Identity, error) {
+	id := trust.Identity{ClusterID: clusterID, Kind: h.Get(hdrActorKind), NodeID: h.Get(hdrActorNode)}
+	if id.Kind != trust.KindMember && id.Kind != trust.KindAdmin {
+		return id, api.Errorf(api.CodeInvalidArgument, "forwarded request names actor kind %q", id.Kind)
+	}
+	if roles := h.Get(hdrActorRoles); roles != "" {
+		id.Roles = strings.Split(roles, ",")
+	}
+	ns, err := strconv.ParseInt(h.Get(hdrActorAdmitted), 10, 64)
+	if err != nil || id.NodeID == "" {
+		return id, api.Errorf(api.CodeInvalidArgument, "forwarded request for %q lacks the actor's node or admission", h.Get(hdrActor))
+	}
+	id.Admitted = time.Unix(0, ns).UTC()
+	if id.Name() != h.Get(hdrActor) {
+		return id, api.Errorf(api.CodeInvalidArgument, "forwarded request names actor %q but node %q", h.Get(hdrActor), id.NodeID)
+	}
+	return id, nil
+}
+
+func setActorHeaders(h http.Header, id trust.Identity) {
+	h.Set(hdrActor, id.Name())
+	h.Set(hdrActorKind, id.Kind)
+	h.Set(hdrActorNode, id.NodeID)
+	if len(id.Roles) > 0 {
+		h.Set(hdrActorRoles, strings.Join(id.Roles, ","))
+	}
+	h.Set(hdrActorAdmitted, strconv.FormatInt(id.Admitted.UnixNano(), 10))
+}
+
+// operator admits operator (admin) callers only.
+func operator(h http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if requireAdmin(w, r) {
+			h(w, r)
+		}
+	}
+}
+
+// member admits members only, for the calls members make of ctrl.
+func member(h http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if c := callerOf(r); c.kind != trust.KindMember {
+			writeError(w, api.Errorf(api.CodePermissionDenied, "%s is not a member: %s is an internal call of members", c.name, r.URL.Path))
+			return
+		}
+		h(w, r)
+	}
+}
+
+// ctrlLocal serves h on this ctrl member (it needs the CA key, which every
+// ctrl member holds); node-only members send the caller to ctrl.
+func (s *Server) ctrlLocal(h http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if s.raft == nil || s.ca.Key == nil {
+			s.misdirect(w)
+			return
+		}
+		h(w, r)
+	}
 }
 
 func (s *Server) routes() http.Handler {
 	m := http.NewServeMux()
 	m.HandleFunc("GET /v1/status", s.handleStatus)
 	m.HandleFunc("POST /v1/join", s.onLeader(s.handleJoin))
-	m.HandleFunc("POST /v1/internal/raft/voter", s.onLeader(s.handleAddVoter))
+	m.HandleFunc("POST /v1/internal/raft/voter", member(s.onLeader(s.handleAddVoter)))
+	m.HandleFunc("POST /v1/internal/certs/renew", member(s.ctrlLocal(s.handleRenew)))
+	m.HandleFunc("POST /v1/internal/certs/dataplane", member(s.ctrlLocal(s.handleDataPlaneCert)))
 
-	m.HandleFunc("GET /v1/nodes", s.reader(s.handleNodeList))
-	m.HandleFunc("GET /v1/nodes/{id}", s.reader(s.handleNodeGet))
-	m.HandleFunc("POST /v1/nodes/{id}/drain", s.onLeader(s.nodeWrite(fsm.OpNodeDrain)))
-	m.HandleFunc("POST /v1/nodes/{id}/cancel-drain", s.onLeader(s.nodeWrite(fsm.OpNodeCancelDrain)))
-	m.HandleFunc("POST /v1/nodes/{id}/isolate", s.onLeader(s.nodeWrite(fsm.OpNodeIsolate)))
-	m.HandleFunc("POST /v1/nodes/{id}/retire", s.onLeader(s.nodeWrite(fsm.OpNodeRetire)))
-	m.HandleFunc("POST /v1/nodes/{id}/overcommit", s.onLeader(s.handleOvercommitSet))
-	m.HandleFunc("GET /v1/overcommit", s.reader(s.handleOvercommitGet))
-	m.HandleFunc("POST /v1/overcommit/default", s.onLeader(s.handleOvercommitSetDefault))
+	m.HandleFunc("GET /v1/nodes", operator(s.reader(s.handleNodeList)))
+	m.HandleFunc("GET /v1/nodes/{id}", operator(s.reader(s.handleNodeGet)))
+	m.HandleFunc("POST /v1/nodes/{id}/drain", operator(s.onLeader(s.nodeWrite(fsm.OpNodeDrain))))
+	m.HandleFunc("POST /v1/nodes/{id}/cancel-drain", operator(s.onLeader(s.nodeWrite(fsm.OpNodeCancelDrain))))
+	m.HandleFunc("POST /v1/nodes/{id}/isolate", operator(s.onLeader(s.nodeWrite(fsm.OpNodeIsolate))))
+	m.HandleFunc("POST /v1/nodes/{id}/retire", operator(s.onLeader(s.nodeWrite(fsm.OpNodeRetire))))
+	m.HandleFunc("POST /v1/nodes/{id}/overcommit", operator(s.onLeader(s.handleOvercommitSet)))
+	m.HandleFunc("GET /v1/overcommit", operator(s.reader(s.handleOvercommitGet)))
+	m.HandleFunc("POST /v1/overcommit/default", operator(s.onLeader(s.handleOvercommitSetDefault)))
 
-	m.HandleFunc("POST /v1/workspaces", s.onLeader(s.handleWorkspaceCreate))
-	m.HandleFunc("GET /v1/workspaces", s.reader(s.handleWorkspaceList))
-	m.HandleFunc("GET /v1/workspaces/{id}", s.reader(s.handleWorkspaceGet))
-	m.HandleFunc("GET /v1/workspaces/{id}/cleanup-status", s.reader(s.handleCleanupStatus))
-	m.HandleFunc("POST /v1/workspaces/{id}/start", s.onLeader(s.workspaceOp(fsm.OpWorkspaceStart)))
-	m.HandleFunc("POST /v1/workspaces/{id}/stop", s.onLeader(s.workspaceOp(fsm.OpWorkspaceStop)))
-	m.HandleFunc("POST /v1/workspaces/{id}/delete", s.onLeader(s.workspaceOp(fsm.OpWorkspaceDelete)))
-	m.HandleFunc("POST /v1/workspaces/{id}/credentials", s.onLeader(s.handleCredential))
+	m.HandleFunc("POST /v1/workspaces", operator(s.onLeader(s.handleWorkspaceCreate)))
+	m.HandleFunc("GET /v1/workspaces", operator(s.reader(s.handleWorkspaceList)))
+	m.HandleFunc("GET /v1/workspaces/{id}", operator(s.reader(s.handleWorkspaceGet)))
+	m.HandleFunc("GET /v1/workspaces/{id}/cleanup-status", operator(s.reader(s.handleCleanupStatus)))
+	m.HandleFunc("POST /v1/workspaces/{id}/start", operator(s.onLeader(s.workspaceOp(fsm.OpWorkspaceStart))))
+	m.HandleFunc("POST /v1/workspaces/{id}/stop", operator(s.onLeader(s.workspaceOp(fsm.OpWorkspaceStop))))
+	m.HandleFunc("POST /v1/workspaces/{id}/delete", operator(s.onLeader(s.workspaceOp(fsm.OpWorkspaceDelete))))
+	m.HandleFunc("POST /v1/workspaces/{id}/credentials", operator(s.onLeader(s.handleCredential)))
 
-	m.HandleFunc("GET /v1/enrollment/grants", s.reader(s.handleGrantList))
-	m.HandleFunc("POST /v1/enrollment/grants", s.onLeader(s.handleGrant))
-	m.HandleFunc("POST /v1/enrollment/grants/{id}/revoke", s.onLeader(s.handleRevoke))
+	m.HandleFunc("GET /v1/enrollment/grants", operator(s.reader(s.handleGrantList)))
+	m.HandleFunc("POST /v1/enrollment/grants", operator(s.onLeader(s.handleGrant)))
+	m.HandleFunc("POST /v1/enrollment/grants/{id}/revoke", operator(s.onLeader(s.handleRevoke)))
 	return s.authenticate(m)
 }
 
@@ -132,9 +238,14 @@ func (s *Server) reader(h http.HandlerFunc) http.HandlerFunc {
 	}
 }
 
-// forward sends the request to the leader (ctrl members) or to a ctrl
-// member (node-only members) and copies the answer back.
+// forward sends the request to the leader and copies the answer back
+// (ctrl members). A node-only member never speaks for its caller: it names
+// the ctrl members, and the caller goes there with its own certificate.
 func (s *Server) forward(w http.ResponseWriter, r *http.Request) {
+	if s.raft == nil {
+		s.misdirect(w)
+		return
+	}
 	hops, _ := strconv.Atoi(r.Header.Get(hdrForwarded))
 	if hops >= maxHops {
 		writeError(w, api.Errorf(api.CodeUnavailable, "request was forwarded %d times without reaching the ctrl leader; retry once the leader is elected", hops))
@@ -146,12 +257,8 @@ func (s *Server) forward(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	var targets []string
-	if s.raft != nil {
-		if l := s.leaderAddr(); l != "" && l != s.id.Advertise {
-			targets = []string{l}
-		}
-	} else {
-		targets = s.ctrlAddrs()
+	if l := s.leaderAddr(); l != "" && l != s.id.Advertise {
+		targets = []string{l}
 	}
 	if len(targets) == 0 {
 		writeError(w, api.Errorf(api.CodeUnavailable, "no ctrl leader is elected: check that a majority of ctrl members are running and can reach each other"))
@@ -164,18 +271,12 @@ func (s *Server) forward(w http.ResponseWriter, r *http.Request) {
 		req.Header.Set("Content-Type", "application/json")
 		req.Header.Set(hdrForwarded, strconv.Itoa(hops+1))
 		if c.name != "" {
-			req.Header.Set(hdrActor, c.name)
-			req.Header.Set(hdrActor+"-Kind", c.kind)
+			setActorHeaders(req.Header, c.id)
 		}
 		resp, err := s.httpClient.Do(req)
 		if err != nil {
 			lastErr = err
 			continue
-		}
-		if l := resp.Header.Get(hdrLeader); l != "" && s.raft == nil {
-			// Node-only members go to the leader first next time, so a read
-			// after a write through them sees that write.
-			s.leaderHint.Store(l)
 		}
 		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(resp.StatusCode)
@@ -214,9 +315,22 @@ func decodeBody(r *http.Request, v any) error {
 	return nil
 }
 
+// misdirect answers a call that only ctrl serves on a node-only member:
+// 421 with the ctrl members' addresses (api.Client follows it).
+func (s *Server) misdirect(w http.ResponseWriter) {
+	addrs := s.ctrlAddrs()
+	if len(addrs) == 0 {
+		writeError(w, api.Errorf(api.CodeUnavailable, "member %s is not a ctrl member and knows none: check that the ctrl members are running", s.id.NodeID))
+		return
+	}
+	w.Header().Set(api.HdrCtrl, strings.Join(addrs, ","))
+	writeJSON(w, http.StatusMisdirectedRequest, api.ErrorBody{Error: api.Errorf(api.CodeUnavailable,
+		"member %s is not a ctrl member: call a ctrl member (%s) directly", s.id.NodeID, strings.Join(addrs, ", "))})
+}
+
 // requireAdmin refuses member certificates on operator endpoints.
 func requireAdmin(w http.ResponseWriter, r *http.Request) bool {
-	if callerOf(r).kind != datadir.OUAdmin {
+	if callerOf(r).kind != trust.KindAdmin {
 		writeError(w, api.Errorf(api.CodePermissionDenied, "%s is not an operator: use the admin credentials of a member data directory", callerOf(r).name))
 		return false
 	}

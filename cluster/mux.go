@@ -3,7 +3,6 @@ package cluster
 import (
 	"context"
 	"crypto/tls"
-	"errors"
 	"log/slog"
 	"net"
 	"sync"
@@ -12,6 +11,7 @@ import (
 	"github.com/hashicorp/raft"
 
 	"github.com/kibotos/kibotos/datadir"
+	"github.com/kibotos/kibotos/trust"
 )
 
 // mux serves Raft, control sessions and the HTTP API on one TLS port,
@@ -20,6 +20,10 @@ type mux struct {
 	ln      net.Listener
 	tlsConf *tls.Config
 	log     *slog.Logger
+	// admit authorizes a Raft or session connection by its peer's
+	// certificate; admitted connections are watched for revocation.
+	admit func(proto string, cs tls.ConnectionState) (trust.Identity, error)
+	watch *connWatch
 
 	raft    chan net.Conn
 	session chan net.Conn
@@ -29,9 +33,9 @@ type mux struct {
 	done      chan struct{}
 }
 
-func newMux(ln net.Listener, tlsConf *tls.Config, log *slog.Logger) *mux {
+func newMux(ln net.Listener, tlsConf *tls.Config, log *slog.Logger, admit func(string, tls.ConnectionState) (trust.Identity, error), watch *connWatch) *mux {
 	return &mux{
-		ln: ln, tlsConf: tlsConf, log: log,
+		ln: ln, tlsConf: tlsConf, log: log, admit: admit, watch: watch,
 		raft: make(chan net.Conn), session: make(chan net.Conn), http: make(chan net.Conn),
 		done: make(chan struct{}),
 	}
@@ -65,20 +69,27 @@ func (m *mux) route(c net.Conn) {
 		return
 	}
 	var ch chan net.Conn
-	switch tc.ConnectionState().NegotiatedProtocol {
+	var conn net.Conn = tc
+	cs := tc.ConnectionState()
+	switch cs.NegotiatedProtocol {
 	case datadir.ProtoRaft:
 		ch = m.raft
 	case datadir.ProtoSession:
 		ch = m.session
 	default:
-		ch = m.http
+		ch = m.http // every request is authorized on its own
 	}
-	if (ch == m.raft || ch == m.session) && len(tc.ConnectionState().PeerCertificates) == 0 {
-		tc.Close() // Raft and sessions are members only
-		return
+	if ch != m.http {
+		id, err := m.admit(cs.NegotiatedProtocol, cs)
+		if err != nil {
+			m.log.Warn("connection refused", "protocol", cs.NegotiatedProtocol, "remote", c.RemoteAddr().String(), "reason", err.Error())
+			tc.Close()
+			return
+		}
+		conn = m.watch.wrap(tc, id)
 	}
 	select {
-	case ch <- tc:
+	case ch <- conn:
 	case <-m.done:
 		tc.Close()
 	}
@@ -123,24 +134,21 @@ func (l *chanListener) Close() error {
 func (l *chanListener) Addr() net.Addr { return l.m.ln.Addr() }
 
 // raftLayer is the raft.StreamLayer over the mux: outgoing connections are
-// member-authenticated TLS asking for the Raft protocol.
+// member-authenticated TLS asking for the Raft protocol, accepted only from
+// a ctrl member holding the address and, when the configuration names the
+// server at that address, with that node id.
 type raftLayer struct {
 	*chanListener
 	advertise net.Addr
-	clientTLS *tls.Config
+	client    trust.Client
+	// serverAt names the node id the configuration has at an address ("":
+	// not in it, e.g. while a new voter is being added).
+	serverAt func(raft.ServerAddress) string
 }
 
 func (r *raftLayer) Addr() net.Addr { return r.advertise }
 
 func (r *raftLayer) Dial(address raft.ServerAddress, timeout time.Duration) (net.Conn, error) {
-	d := &net.Dialer{Timeout: timeout}
-	c, err := tls.DialWithDialer(d, "tcp", string(address), r.clientTLS)
-	if err != nil {
-		return nil, err
-	}
-	if c.ConnectionState().NegotiatedProtocol != datadir.ProtoRaft {
-		c.Close()
-		return nil, errors.New("peer " + string(address) + " does not speak the Raft protocol")
-	}
-	return c, nil
+	want := trust.Want{Kind: trust.KindMember, Role: trust.RoleCtrl, NodeID: r.serverAt(address)}
+	return r.client.Dial(context.Background(), datadir.ProtoRaft, want, string(address), timeout)
 }

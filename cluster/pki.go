@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"crypto"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
@@ -13,16 +14,14 @@ import (
 	"fmt"
 	"math/big"
 	"net"
+	"net/url"
 	"os"
 	"time"
 
-	"github.com/kibotos/kibotos/datadir"
+	"github.com/kibotos/kibotos/trust"
 )
 
-const (
-	caValidity   = 10 * 365 * 24 * time.Hour
-	certValidity = 5 * 365 * 24 * time.Hour
-)
+const caValidity = 10 * 365 * 24 * time.Hour
 
 // CA is the cluster certificate authority.
 type CA struct {
@@ -61,19 +60,34 @@ func NewCA(clusterID string) (*CA, error) {
 	return &CA{Cert: cert, CertPEM: pemEncode("CERTIFICATE", der), Key: key}, nil
 }
 
-// Issue signs a certificate for pub. Member certs are both server and
-// client certs; admin certs are client certs.
-func (ca *CA) Issue(cn, ou string, hosts []string, pub *ecdsa.PublicKey) ([]byte, error) {
+// Issue signs a certificate for pub asserting id, valid for lifetime.
+// Member certificates are server and client certificates, operator
+// certificates client only, data-plane certificates server only; hosts
+// (IPs or DNS names) are the addresses a server certificate answers for.
+func (ca *CA) Issue(id trust.Identity, hosts []string, pub crypto.PublicKey, lifetime time.Duration) ([]byte, error) {
+	if ca.Key == nil {
+		return nil, errors.New("this member holds no CA key: only ctrl members sign certificates")
+	}
+	now := time.Now()
 	tmpl := &x509.Certificate{
 		SerialNumber: serial(),
-		Subject:      pkix.Name{CommonName: cn, OrganizationalUnit: []string{ou}},
-		NotBefore:    time.Now().Add(-time.Hour),
-		NotAfter:     time.Now().Add(certValidity),
+		Subject:      pkix.Name{CommonName: id.Name(), OrganizationalUnit: []string{id.Kind}, Organization: []string{id.ClusterID}},
+		NotBefore:    now.Add(-trust.Backdate),
+		NotAfter:     now.Add(lifetime),
 		KeyUsage:     x509.KeyUsageDigitalSignature,
-		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
+		URIs:         []*url.URL{id.URI()},
 	}
-	if ou == datadir.OUMember {
-		tmpl.ExtKeyUsage = append(tmpl.ExtKeyUsage, x509.ExtKeyUsageServerAuth)
+	switch id.Kind {
+	case trust.KindMember:
+		tmpl.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth}
+	case trust.KindAdmin:
+		tmpl.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}
+	case trust.KindDataPlane:
+		tmpl.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}
+	default:
+		return nil, fmt.Errorf("certificate kind %q is unknown", id.Kind)
+	}
+	if id.Kind != trust.KindAdmin {
 		for _, h := range hosts {
 			if ip := net.ParseIP(h); ip != nil {
 				tmpl.IPAddresses = append(tmpl.IPAddresses, ip)
@@ -90,17 +104,27 @@ func (ca *CA) Issue(cn, ou string, hosts []string, pub *ecdsa.PublicKey) ([]byte
 }
 
 // IssueKeyPair makes a key and a certificate for it, both PEM.
-func (ca *CA) IssueKeyPair(cn, ou string, hosts []string) (certPEM, keyPEM []byte, err error) {
+func (ca *CA) IssueKeyPair(id trust.Identity, hosts []string, lifetime time.Duration) (certPEM, keyPEM []byte, err error) {
 	key, err := newKey()
 	if err != nil {
 		return nil, nil, err
 	}
-	certPEM, err = ca.Issue(cn, ou, hosts, &key.PublicKey)
+	certPEM, err = ca.Issue(id, hosts, &key.PublicKey, lifetime)
 	if err != nil {
 		return nil, nil, err
 	}
 	keyPEM, err = encodeKey(key)
 	return certPEM, keyPEM, err
+}
+
+// certHosts are the addresses a certificate answers for, to carry them
+// over into its renewal.
+func certHosts(c *x509.Certificate) []string {
+	var out []string
+	for _, ip := range c.IPAddresses {
+		out = append(out, ip.String())
+	}
+	return append(out, c.DNSNames...)
 }
 
 func encodeKey(key *ecdsa.PrivateKey) ([]byte, error) {
@@ -164,4 +188,23 @@ func parseKeyPEM(b []byte) (*ecdsa.PrivateKey, error) {
 func Fingerprint(cert *x509.Certificate) string {
 	sum := sha256.Sum256(cert.Raw)
 	return hex.EncodeToString(sum[:])
+}
+
+// publicKeyPEM encodes a public key as PEM (PKIX).
+func publicKeyPEM(k any) string {
+	der, _ := x509.MarshalPKIXPublicKey(k)
+	return string(pemEncode("PUBLIC KEY", der))
+}
+
+// readPublicKeyOf reads a PEM private key file and returns its public key.
+func readPublicKeyOf(path string) (*ecdsa.PublicKey, error) {
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	k, err := parseKeyPEM(raw)
+	if err != nil {
+		return nil, fmt.Errorf("key %s: %w", path, err)
+	}
+	return &k.PublicKey, nil
 }

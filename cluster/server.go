@@ -32,6 +32,7 @@ import (
 	"github.com/kibotos/kibotos/buildinfo"
 	"github.com/kibotos/kibotos/datadir"
 	"github.com/kibotos/kibotos/fsm"
+	"github.com/kibotos/kibotos/trust"
 )
 
 // Timings of a member. Production defaults; tests shorten them.
@@ -45,6 +46,10 @@ type Timings struct {
 	AckTimeout        time.Duration // node must acknowledge new overcommit values within this
 	CommandExpiry     time.Duration // how often the leader expires old command records
 	SnapshotThreshold uint64
+	RenewCheck        time.Duration // how often a member looks at its certificates' half-life
+	// CertLifetime, when set, replaces the lifetimes of the certificates
+	// this member signs (tests of renewal and expiry).
+	CertLifetime time.Duration
 }
 
 // DefaultTimings are the production timings.
@@ -52,7 +57,7 @@ func DefaultTimings() Timings {
 	return Timings{
 		RaftHeartbeat: time.Second, RaftElection: time.Second, RaftLeaderLease: 500 * time.Millisecond,
 		SessionPing: 2 * time.Second, SessionTimeout: 10 * time.Second, SyncInterval: 60 * time.Second,
-		AckTimeout: 5 * time.Second, CommandExpiry: 10 * time.Minute, SnapshotThreshold: 8192,
+		AckTimeout: 5 * time.Second, CommandExpiry: 10 * time.Minute, SnapshotThreshold: 8192, RenewCheck: 30 * time.Minute,
 	}
 }
 
@@ -61,7 +66,7 @@ func TestTimings() Timings {
 	return Timings{
 		RaftHeartbeat: 100 * time.Millisecond, RaftElection: 100 * time.Millisecond, RaftLeaderLease: 50 * time.Millisecond,
 		SessionPing: 200 * time.Millisecond, SessionTimeout: 1500 * time.Millisecond, SyncInterval: 5 * time.Second,
-		AckTimeout: 2 * time.Second, CommandExpiry: time.Minute, SnapshotThreshold: 1024,
+		AckTimeout: 2 * time.Second, CommandExpiry: time.Minute, SnapshotThreshold: 1024, RenewCheck: time.Second,
 	}
 }
 
@@ -84,8 +89,11 @@ type Server struct {
 
 	ca         *CA
 	pool       *x509.CertPool
-	memberCert tls.Certificate
-	httpClient *http.Client // member-authenticated, for forwarding
+	certs      *certStore   // this member's certificates, swapped on renewal
+	client     trust.Client // the member as a TLS client
+	httpClient *http.Client // member-authenticated calls of ctrl members (forwarding, renewal)
+	conns      *connWatch   // Raft and session connections, closed when their node is revoked
+	joinLimit  *tokenBucket
 
 	mux     *mux
 	httpSrv *http.Server
@@ -96,7 +104,9 @@ type Server struct {
 	transport *raft.NetworkTransport
 
 	gossip *memberlist.Memberlist
-	// leaderHint is the leader a ctrl member last named (node-only members).
+	// leaderHint is the ctrl leader a node-only member last held its
+	// session with: it names it first when it sends a caller to ctrl, so a
+	// read after a write through the same member sees that write.
 	leaderHint atomic.Value
 	// consistentReady is set while this member leads and has applied every
 	// entry of earlier terms (its leadership barrier went through).
@@ -132,7 +142,8 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Server{cfg: cfg, id: id, log: cfg.Logger.With("node_id", id.NodeID), release: release, stop: make(chan struct{}), sessions: newSessionRegistry(), changed: newBroadcaster()}
+	s := &Server{cfg: cfg, id: id, log: cfg.Logger.With("node_id", id.NodeID), release: release, stop: make(chan struct{}), sessions: newSessionRegistry(), changed: newBroadcaster(),
+		conns: newConnWatch(), joinLimit: newTokenBucket(joinRate, joinBurst)}
 	if err := s.start(ctx); err != nil {
 		s.Shutdown()
 		return nil, err
@@ -146,20 +157,22 @@ func (s *Server) start(ctx context.Context) error {
 	if s.pool, err = d.CAPool(); err != nil {
 		return err
 	}
-	if s.memberCert, err = d.MemberCertificate(); err != nil {
+	if s.certs, err = loadCerts(d); err != nil {
 		return err
+	}
+	if _, err := trust.FromCert(s.certs.memberCert().Leaf); err != nil {
+		return fmt.Errorf("member certificate %s: %w; this data directory was made by an older kibotos: join the host anew", d.MemberCert(), err)
 	}
 	if s.ca, err = LoadCA(d.CACert(), d.CAKey()); err != nil {
 		return err
 	}
-	s.httpClient = &http.Client{Transport: &http.Transport{
-		TLSClientConfig:     datadir.ClientTLS(s.pool, s.memberCert, datadir.ProtoHTTP),
-		MaxIdleConnsPerHost: 64,
-		// A dead member must not hold a forwarded request for long: the
-		// next candidate is tried.
-		DialContext:         (&net.Dialer{Timeout: 3 * time.Second}).DialContext,
-		TLSHandshakeTimeout: 3 * time.Second,
-	}, Timeout: 60 * time.Second}
+	if s.ca.Key != nil && !s.id.HasRole(api.RoleCtrl) {
+		return fmt.Errorf("data directory %s holds the cluster CA key but member %s is not a ctrl member: remove %s (only ctrl members sign certificates)", d, s.id.NodeID, d.CAKey())
+	}
+	s.client = trust.Client{Pool: s.pool, Cert: s.certs.memberCert}
+	// Calls between members go to ctrl members only; a dead member must
+	// not hold a forwarded request for long: the next candidate is tried.
+	s.httpClient = &http.Client{Transport: s.client.HTTPTransport(trust.Want{Kind: trust.KindMember, Role: trust.RoleCtrl}, 3*time.Second), Timeout: 60 * time.Second}
 
 	bind := s.cfg.Bind
 	if bind == "" {
@@ -169,7 +182,7 @@ func (s *Server) start(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("listen on %s: %w; is another member using this port?", bind, err)
 	}
-	s.mux = newMux(ln, datadir.ServerTLS(s.pool, s.memberCert), s.log)
+	s.mux = newMux(ln, datadir.ServerTLS(s.pool, s.certs.memberCert), s.log, s.authorizeConn, s.conns)
 	go s.mux.serve()
 
 	if s.id.HasRole(api.RoleCtrl) {
@@ -177,7 +190,10 @@ func (s *Server) start(ctx context.Context) error {
 			return err
 		}
 	}
-	s.httpSrv = &http.Server{Handler: s.routes(), ReadHeaderTimeout: 10 * time.Second, ErrorLog: slogStd(s.log)}
+	// Requests are small and quick to send; answers may wait up to 30 s
+	// (blocking reads) and lists are megabytes.
+	s.httpSrv = &http.Server{Handler: s.routes(), ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 30 * time.Second,
+		WriteTimeout: 2 * time.Minute, IdleTimeout: 2 * time.Minute, MaxHeaderBytes: 64 << 10, ErrorLog: slogStd(s.log)}
 	go s.httpSrv.Serve(newChanListener(s.mux, s.mux.http))
 	s.wg.Add(1)
 	go func() { defer s.wg.Done(); s.acceptSessions() }()
@@ -185,8 +201,11 @@ func (s *Server) start(ctx context.Context) error {
 	if err := s.startGossip(); err != nil {
 		return err
 	}
+	s.wg.Add(1)
+	go func() { defer s.wg.Done(); s.renewLoop() }()
 	if s.raft != nil {
-		s.wg.Add(2)
+		s.wg.Add(3)
+		go func() { defer s.wg.Done(); s.enforceRevocations() }()
 		go func() { defer s.wg.Done(); s.leaderLoop() }()
 		go func() { defer s.wg.Done(); s.ensureVoter() }()
 	}
@@ -231,8 +250,7 @@ func (s *Server) startRaft() error {
 	if err != nil {
 		return fmt.Errorf("advertise address %s: %w", s.id.Advertise, err)
 	}
-	layer := &raftLayer{chanListener: newChanListener(s.mux, s.mux.raft), advertise: adv,
-		clientTLS: datadir.ClientTLS(s.pool, s.memberCert, datadir.ProtoRaft)}
+	layer := &raftLayer{chanListener: newChanListener(s.mux, s.mux.raft), advertise: adv, client: s.client, serverAt: s.serverAt}
 	s.transport = raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{
 		Stream: layer, MaxPool: 5, Timeout: 10 * time.Second,
 		Logger: s.hclog("raft-net", hclog.Error),
@@ -407,9 +425,47 @@ func (w slogWriter) Write(p []byte) (int, error) {
 // slogStd routes net/http's internal errors (TLS handshake noise) to debug.
 func slogStd(l *slog.Logger) *log.Logger { return slog.NewLogLogger(l.Handler(), slog.LevelDebug) }
 
-// SessionTLS is the member's client config for control sessions.
-func (s *Server) SessionTLS() (*tls.Config, error) {
-	return datadir.ClientTLS(s.pool, s.memberCert, datadir.ProtoSession), nil
+// SessionDial opens a control-session connection to addr, which must be a
+// ctrl member holding that address (gossip's ctrl claim is only a hint).
+func (s *Server) SessionDial(ctx context.Context, addr string) (*tls.Conn, error) {
+	return s.client.Dial(ctx, datadir.ProtoSession, trust.Want{Kind: trust.KindMember, Role: trust.RoleCtrl}, addr, 5*time.Second)
+}
+
+// NoteLeader records the address of the ctrl leader this member's node
+// holds its session with (node-only members order ctrl addresses by it).
+func (s *Server) NoteLeader(addr string) {
+	if s.raft == nil {
+		s.leaderHint.Store(addr)
+	}
+}
+
+// authorizeConn admits a Raft or control-session connection.
+func (s *Server) authorizeConn(proto string, cs tls.ConnectionState) (trust.Identity, error) {
+	id, err := s.peerIdentity(cs)
+	if err != nil {
+		return id, err
+	}
+	if proto == datadir.ProtoRaft {
+		return id, s.authorizeRaft(id)
+	}
+	return id, s.authorizeSession(id)
+}
+
+// serverAt is the node id of the Raft server at addr ("" when none).
+func (s *Server) serverAt(addr raft.ServerAddress) string {
+	if s.raft == nil {
+		return ""
+	}
+	f := s.raft.GetConfiguration()
+	if f.Error() != nil {
+		return ""
+	}
+	for _, srv := range f.Configuration().Servers {
+		if srv.Address == addr {
+			return string(srv.ID)
+		}
+	}
+	return ""
 }
 
 // CtrlAddrs lists ctrl API addresses, the leader first when known.

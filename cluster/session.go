@@ -3,9 +3,9 @@ package cluster
 import (
 	"context"
 	"crypto/rand"
-	"crypto/tls"
 	"encoding/hex"
 	"encoding/json"
+	"fmt"
 	"net"
 	"sync"
 	"time"
@@ -13,7 +13,6 @@ import (
 	bolt "go.etcd.io/bbolt"
 
 	"github.com/kibotos/kibotos/api"
-	"github.com/kibotos/kibotos/datadir"
 	"github.com/kibotos/kibotos/fsm"
 )
 
@@ -116,7 +115,7 @@ func (sc *sessionConn) send(m api.SessionMsg) error {
 func (s *Server) handleSession(c net.Conn) {
 	defer c.Close()
 	t := s.cfg.Timings
-	leaf := c.(*tls.Conn).ConnectionState().PeerCertificates[0]
+	peer := c.(*watchedConn).id
 	sc := &sessionConn{c: c, enc: json.NewEncoder(c)}
 	dec := json.NewDecoder(c)
 	c.SetReadDeadline(time.Now().Add(t.SessionTimeout))
@@ -124,8 +123,10 @@ func (s *Server) handleSession(c net.Conn) {
 	if err := dec.Decode(&hello); err != nil || hello.Type != api.MsgHello {
 		return
 	}
-	if datadir.CertOU(leaf) != datadir.OUMember || hello.NodeID != leaf.Subject.CommonName {
-		sc.send(api.SessionMsg{Type: api.MsgRefused, Refusal: fsm.RefusalNotAdmitted, Message: "a node opens a session only with its own member certificate"})
+	if hello.NodeID != peer.NodeID {
+		s.log.Warn("control session refused", "peer", peer.Name(), "claimed_node_id", hello.NodeID, "reason", "certificate of another node")
+		sc.send(api.SessionMsg{Type: api.MsgRefused, Refusal: fsm.RefusalNotAdmitted,
+			Message: fmt.Sprintf("the certificate of node %s cannot open a control session for node %q: a node opens a session only with its own member certificate", peer.NodeID, hello.NodeID)})
 		return
 	}
 	if !s.IsLeader() {

@@ -427,7 +427,7 @@ func (d *wsDev) credential(ctx context.Context, id string) (api.DataPlaneCredent
 	if err != nil {
 		t.Fatal(err)
 	}
-	tlsConf, err := dir.AdminClientTLS()
+	tlsConf, err := dir.AdminClient()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -2,6 +2,7 @@ package fsm
 
 import (
 	"crypto/subtle"
+	"time"
 
 	bolt "go.etcd.io/bbolt"
 
@@ -112,27 +113,9 @@ func applyEnrollmentConsume(tx *bolt.Tx, e *Entry) (any, error) {
 	if err := decodeArgs(e, &a); err != nil {
 		return nil, err
 	}
-	g, err := getGrant(tx, a.NodeID)
+	g, n, err := checkGrant(tx, a.NodeID, a.SecretHash, e.IssuedAt)
 	if err != nil {
 		return nil, err
-	}
-	if g == nil || subtle.ConstantTimeCompare([]byte(g.SecretHash), []byte(a.SecretHash)) != 1 {
-		return nil, api.Errorf(api.CodeUnauthenticated, "enrollment grant for node %s is not valid in this cluster; ask an operator for a new one (kibo enrollment grant %s)", a.NodeID, a.NodeID)
-	}
-	switch {
-	case g.State == api.GrantUsed:
-		return nil, api.Errorf(api.CodeFailedPrecondition, "enrollment grant for node %s was already used at %s; a grant admits one host once, ask for a new one", a.NodeID, g.UsedAt.Format("2006-01-02T15:04:05Z"))
-	case g.State == api.GrantRevoked:
-		return nil, api.Errorf(api.CodeFailedPrecondition, "enrollment grant for node %s was revoked; ask an operator for a new one", a.NodeID)
-	case !e.IssuedAt.Before(g.ExpiresAt):
-		return nil, api.Errorf(api.CodeFailedPrecondition, "enrollment grant for node %s expired at %s; ask an operator for a new one", a.NodeID, g.ExpiresAt.Format("2006-01-02T15:04:05Z"))
-	}
-	n, err := getNode(tx, a.NodeID)
-	if err != nil {
-		return nil, err
-	}
-	if n != nil && n.Retired {
-		return nil, notRetired(n, "joining")
 	}
 	if n == nil {
 		n = &api.Node{NodeID: a.NodeID}
@@ -146,4 +129,38 @@ func applyEnrollmentConsume(tx *bolt.Tx, e *Entry) (any, error) {
 		return nil, err
 	}
 	return view(tx, n)
+}
+
+// CheckGrant tells whether a join with this grant would be admitted at
+// time now, without changing anything: the member that receives a join
+// checks it before it signs or proposes anything.
+func CheckGrant(tx *bolt.Tx, nodeID, secretHash string, now time.Time) error {
+	_, _, err := checkGrant(tx, nodeID, secretHash, now)
+	return err
+}
+
+func checkGrant(tx *bolt.Tx, nodeID, secretHash string, now time.Time) (*grantRecord, *api.Node, error) {
+	g, err := getGrant(tx, nodeID)
+	if err != nil {
+		return nil, nil, err
+	}
+	if g == nil || subtle.ConstantTimeCompare([]byte(g.SecretHash), []byte(secretHash)) != 1 {
+		return nil, nil, api.Errorf(api.CodeUnauthenticated, "enrollment grant for node %s is not valid in this cluster; ask an operator for a new one (kibo enrollment grant %s)", nodeID, nodeID)
+	}
+	switch {
+	case g.State == api.GrantUsed:
+		return nil, nil, api.Errorf(api.CodeFailedPrecondition, "enrollment grant for node %s was already used at %s; a grant admits one host once, ask for a new one", nodeID, g.UsedAt.Format("2006-01-02T15:04:05Z"))
+	case g.State == api.GrantRevoked:
+		return nil, nil, api.Errorf(api.CodeFailedPrecondition, "enrollment grant for node %s was revoked; ask an operator for a new one", nodeID)
+	case !now.Before(g.ExpiresAt):
+		return nil, nil, api.Errorf(api.CodeFailedPrecondition, "enrollment grant for node %s expired at %s; ask an operator for a new one", nodeID, g.ExpiresAt.Format("2006-01-02T15:04:05Z"))
+	}
+	n, err := getNode(tx, nodeID)
+	if err != nil {
+		return nil, nil, err
+	}
+	if n != nil && n.Retired {
+		return nil, nil, notRetired(n, "joining")
+	}
+	return g, n, nil
 }

@@ -172,3 +172,18 @@ func LiveSessions(tx *bolt.Tx) (map[string]string, error) {
 	})
 	return out, err
 }
+
+// NodeAdmission is what authentication needs of a node's registration.
+type NodeAdmission struct {
+	Admission  string    `json:"admission"`
+	AdmittedAt time.Time `json:"admitted_at"`
+	Retired    bool      `json:"retired"`
+	Roles      []string  `json:"roles"`
+}
+
+// Admission reads the admission of a node without the rest of its record
+// (every authenticated request asks); ok is false for an unknown node.
+func Admission(tx *bolt.Tx, nodeID string) (a NodeAdmission, ok bool, err error) {
+	ok, err = getJSON(tx, bucketNodes, []byte(nodeID), &a)
+	return a, ok, err
+}

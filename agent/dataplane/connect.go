@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/kibotos/kibotos/api"
-	"github.com/kibotos/kibotos/datadir"
+	"github.com/kibotos/kibotos/trust"
 	"github.com/kibotos/kibotos/vmm/guestproto"
 )
 
@@ -25,8 +25,8 @@ func (e *RefusedError) Error() string {
 }
 
 // Connect opens a guest protocol session to cred's Workspace through the
-// data plane of the node that runs it. The server must present a member
-// certificate of the cluster whose CA is in roots, issued to cred.NodeID.
+// data plane of the node that runs it. The server must present the
+// data-plane certificate the cluster CA in roots issued to cred.NodeID.
 // The returned client offers Exec, ReadFile, WriteFile, Stat, PortForward.
 func Connect(ctx context.Context, cred api.DataPlaneCredential, roots *x509.CertPool) (*guestproto.Client, error) {
 	if cred.Address == "" || cred.NodeID == "" || cred.Credential == "" {
@@ -75,17 +75,9 @@ func Connect(ctx context.Context, cred api.DataPlaneCredential, roots *x509.Cert
 	return c, nil
 }
 
-// verifyNode accepts only a member certificate of the cluster CA issued
-// to nodeID: a credential goes to the node it names and nowhere else.
+// verifyNode accepts only the data-plane certificate the cluster CA in
+// roots issued to nodeID: a credential goes to the node it names and
+// nowhere else (not to that node's member port, not to another node).
 func verifyNode(roots *x509.CertPool, nodeID string) func(tls.ConnectionState) error {
-	chain := datadir.VerifyChain(roots, datadir.OUMember)
-	return func(cs tls.ConnectionState) error {
-		if err := chain(cs); err != nil {
-			return err
-		}
-		if cn := cs.PeerCertificates[0].Subject.CommonName; cn != nodeID {
-			return fmt.Errorf("the data plane presented the certificate of node %q, not of node %q: the address does not belong to that node", cn, nodeID)
-		}
-		return nil
-	}
+	return trust.ServerCheck(roots, trust.Want{Kind: trust.KindDataPlane, NodeID: nodeID}, "")
 }

@@ -14,6 +14,7 @@ import (
 	"log/slog"
 	"math/big"
 	"net"
+	"net/url"
 	"path/filepath"
 	"sync"
 	"testing"
@@ -21,7 +22,7 @@ import (
 
 	"github.com/kibotos/kibotos/api"
 	"github.com/kibotos/kibotos/credential"
-	"github.com/kibotos/kibotos/datadir"
+	"github.com/kibotos/kibotos/trust"
 	"github.com/kibotos/kibotos/vmm/guest"
 	"github.com/kibotos/kibotos/vmm/guestproto"
 )
@@ -63,15 +64,16 @@ func newPKI(t testing.TB, nodeID string) *pki {
 	return p
 }
 
-// issue makes a member certificate for cn.
+// issue makes the data-plane server certificate of node cn.
 func (p *pki) issue(t testing.TB, cn string) (certPEM, keyPEM []byte) {
 	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	tmpl := &x509.Certificate{
 		SerialNumber: big.NewInt(time.Now().UnixNano()),
-		Subject:      pkix.Name{CommonName: cn, OrganizationalUnit: []string{datadir.OUMember}},
+		Subject:      pkix.Name{CommonName: cn, OrganizationalUnit: []string{trust.KindDataPlane}},
 		NotBefore:    time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
 		KeyUsage:    x509.KeyUsageDigitalSignature,
-		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth, x509.ExtKeyUsageServerAuth},
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+		URIs:        []*url.URL{trust.Identity{ClusterID: "kc-test", Kind: trust.KindDataPlane, NodeID: cn}.URI()},
 	}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, p.ca, &key.PublicKey, p.caKey)
 	if err != nil {

@@ -257,13 +257,13 @@ func TestRefusedCredentials(t *testing.T) {
 		// leaves the client: the certificate is not node-b's.
 		cred := p.credWith(t, p.signKey, s.Addr(), claims("ws-a", "inst-a", "node-b", now, now.Add(time.Minute)))
 		_, err := Connect(ctxT(t), cred, p.pool)
-		if err == nil || !strings.Contains(err.Error(), `certificate of node "node-a", not of node "node-b"`) {
+		if err == nil || !strings.Contains(err.Error(), "the address belongs to node node-a, not to node node-b") {
 			t.Fatalf("Connect to the wrong node = %v", err)
 		}
 	})
 	t.Run("server of another cluster", func(t *testing.T) {
 		_, err := Connect(ctxT(t), p.cred(t, s.Addr(), "ws-a", "inst-a"), other.pool)
-		if err == nil || !strings.Contains(err.Error(), "not from this cluster's CA") {
+		if err == nil || !strings.Contains(err.Error(), "is not valid for this cluster") {
 			t.Fatalf("Connect with another cluster's CA = %v", err)
 		}
 	})

@@ -386,7 +386,7 @@ func (b *bench) credential(ctx context.Context) (api.DataPlaneCredential, error)
 	if err != nil {
 		return cred, err
 	}
-	tlsConf, err := dir.AdminClientTLS()
+	tlsConf, err := dir.AdminClient()
 	if err != nil {
 		return cred, err
 	}

@@ -206,7 +206,7 @@ func kibotosOps(dataDir, addrList, nodeList string) func(int) op {
 		fatalf("-target kibotos needs -data-dir")
 	}
 	d := datadir.Dir(dataDir)
-	tlsConf, err := d.AdminClientTLS()
+	tlsConf, err := d.AdminClient()
 	if err != nil {
 		fatalf("admin credentials: %v", err)
 	}
@@ -235,7 +235,7 @@ func kibotosOps(dataDir, addrList, nodeList string) func(int) op {
 	}
 	return func(i int) op {
 		// One client (one http.Transport, so one TLS connection) per worker.
-		c := api.NewClient(as[i%len(as)], tlsConf.Clone())
+		c := api.NewClient(as[i%len(as)], tlsConf)
 		node := ids[i%len(ids)]
 		path := "/v1/nodes/" + node + "/overcommit"
 		return func(ctx context.Context, seq int) error {

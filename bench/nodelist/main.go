@@ -24,7 +24,6 @@ import (
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
-	"crypto/tls"
 	"crypto/x509"
 	"encoding/json"
 	"encoding/pem"
@@ -45,6 +44,7 @@ import (
 	"github.com/kibotos/kibotos/cli"
 	"github.com/kibotos/kibotos/datadir"
 	"github.com/kibotos/kibotos/fsm"
+	"github.com/kibotos/kibotos/trust"
 )
 
 func main() {
@@ -64,7 +64,7 @@ func main() {
 	if err != nil {
 		fatalf("%v", err)
 	}
-	tlsConf, err := d.AdminClientTLS()
+	tlsConf, err := d.AdminClient()
 	if err != nil {
 		fatalf("%v", err)
 	}
@@ -117,7 +117,7 @@ func summarize(stage string, nodes int, ds []time.Duration) stats {
 	return stats{Stage: stage, Nodes: nodes, Runs: len(s), MinMs: msf(s[0]), MedMs: msf(at(0.5)), P95Ms: msf(at(0.95)), MaxMs: msf(s[len(s)-1])}
 }
 
-func countNodes(ctx context.Context, addr string, tlsConf *tls.Config) int {
+func countNodes(ctx context.Context, addr string, tlsConf trust.Client) int {
 	var l api.NodeList
 	if _, err := api.NewClient(addr, tlsConf).Do(ctx, "GET", "/v1/nodes", nil, &l); err != nil {
 		fatalf("list nodes: %v", err)
@@ -134,7 +134,7 @@ func pubPEM(k *ecdsa.PrivateKey) string {
 }
 
 // populate grants and joins nodes until the cluster holds count nodes.
-func populate(ctx context.Context, addr string, tlsConf *tls.Config, count, conc int, prefix string) {
+func populate(ctx context.Context, addr string, tlsConf trust.Client, count, conc int, prefix string) {
 	have := countNodes(ctx, addr, tlsConf)
 	todo := count - have
 	if todo <= 0 {
@@ -168,7 +168,7 @@ func populate(ctx context.Context, addr string, tlsConf *tls.Config, count, conc
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			c := api.NewClient(addr, tlsConf.Clone()) // one connection per worker
+			c := api.NewClient(addr, tlsConf) // one connection per worker
 			for {
 				i := next.Add(1) - 1
 				if i >= int64(todo) {
@@ -216,11 +216,11 @@ func populate(ctx context.Context, addr string, tlsConf *tls.Config, count, conc
 
 // measureHTTP times GET /v1/nodes on a fresh connection, split into the
 // round trip with the body read and the decode the CLI does (api.Client.Do).
-func measureHTTP(ctx context.Context, addr string, tlsConf *tls.Config, runs int) {
+func measureHTTP(ctx context.Context, addr string, tlsConf trust.Client, runs int) {
 	var rtt, dec, total []time.Duration
 	size, nodes := 0, 0
 	for r := 0; r < runs+1; r++ {
-		hc := &http.Client{Transport: &http.Transport{TLSClientConfig: tlsConf.Clone()}}
+		hc := &http.Client{Transport: tlsConf.HTTPTransport(trust.Want{Kind: trust.KindMember}, 10*time.Second)}
 		t0 := time.Now()
 		req, _ := http.NewRequestWithContext(ctx, "GET", "https://"+addr+"/v1/nodes", nil)
 		resp, err := hc.Do(req)

@@ -459,7 +459,7 @@ func (d *devCluster) ready(ctx context.Context) (bool, string) {
 	if err != nil {
 		return false, err.Error()
 	}
-	tlsConf, err := dir.AdminClientTLS()
+	tlsConf, err := dir.AdminClient()
 	if err != nil {
 		return false, err.Error()
 	}
@@ -540,7 +540,7 @@ func (d *devCluster) client() (*api.Client, error) {
 	if err != nil {
 		return nil, err
 	}
-	tlsConf, err := dir.AdminClientTLS()
+	tlsConf, err := dir.AdminClient()
 	if err != nil {
 		return nil, err
 	}

@@ -128,13 +128,12 @@ func (m *Member) start(o Options) {
 		m.t.Fatalf("serve %s: %v", m.ID, err)
 	}
 	m.Server = srv
-	tlsConf, _ := srv.SessionTLS()
 	var adjust func(*api.Report)
 	if o.AdjustReport != nil {
 		id := m.ID
 		adjust = func(r *api.Report) { o.AdjustReport(id, r) }
 	}
-	a, err := agent.New(agent.Config{DataDir: m.Dir, NodeID: m.ID, Capacity: o.Capacity, CtrlAddrs: srv.CtrlAddrs, TLS: tlsConf,
+	a, err := agent.New(agent.Config{DataDir: m.Dir, NodeID: m.ID, Capacity: o.Capacity, CtrlAddrs: srv.CtrlAddrs, Dial: srv.SessionDial, OnLeader: srv.NoteLeader,
 		SessionTimeout: cluster.TestTimings().SessionTimeout, Logger: log, SampleInterval: time.Second, AdjustReport: adjust, ClockSkew: o.ClockSkew[m.ID], Runtime: o.Runtimes[m.ID]})
 	if err != nil {
 		m.t.Fatalf("agent %s: %v", m.ID, err)
@@ -222,7 +221,7 @@ func (c *Cluster) stopAll() {
 // Client is an admin API client for member m.
 func (c *Cluster) Client(m *Member) *api.Client {
 	c.t.Helper()
-	tlsConf, err := m.Dir.AdminClientTLS()
+	tlsConf, err := m.Dir.AdminClient()
 	if err != nil {
 		c.t.Fatal(err)
 	}

@@ -1,0 +1,237 @@
+package cluster
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"sync/atomic"
+	"time"
+
+	"github.com/kibotos/kibotos/api"
+	"github.com/kibotos/kibotos/datadir"
+	"github.com/kibotos/kibotos/trust"
+)
+
+// certStore holds the member's current certificates; renewal swaps them
+// while connections keep being made with whatever is current.
+type certStore struct {
+	member atomic.Pointer[tls.Certificate]
+	admin  atomic.Pointer[tls.Certificate]
+}
+
+func loadCerts(d datadir.Dir) (*certStore, error) {
+	m, err := d.MemberCertificate()
+	if err != nil {
+		return nil, err
+	}
+	a, err := d.AdminCertificate()
+	if err != nil {
+		return nil, err
+	}
+	for _, c := range []*tls.Certificate{&m, &a} {
+		if c.Leaf, err = x509.ParseCertificate(c.Certificate[0]); err != nil {
+			return nil, fmt.Errorf("certificates in %s: %w", d, err)
+		}
+	}
+	cs := &certStore{}
+	cs.member.Store(&m)
+	cs.admin.Store(&a)
+	return cs, nil
+}
+
+func (cs *certStore) memberCert() *tls.Certificate { return cs.member.Load() }
+
+// dueForRenewal reports whether a certificate is past half its lifetime.
+func dueForRenewal(c *x509.Certificate, now time.Time) bool {
+	return now.After(c.NotBefore.Add(c.NotAfter.Sub(c.NotBefore) / 2))
+}
+
+// renewLoop renews the member's certificates at half-life and checks twice
+// an hour (a member that was down past half-life renews at start).
+func (s *Server) renewLoop() {
+	for {
+		if dueForRenewal(s.certs.memberCert().Leaf, time.Now()) || dueForRenewal(s.certs.admin.Load().Leaf, time.Now()) {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			err := s.RenewCertificates(ctx)
+			cancel()
+			if err != nil {
+				s.log.Warn("certificate renewal failed; retrying", "err", err, "not_after", s.certs.memberCert().Leaf.NotAfter)
+			}
+		}
+		select {
+		case <-s.stop:
+			return
+		case <-time.After(s.cfg.Timings.RenewCheck):
+		}
+	}
+}
+
+// RenewCertificates gets fresh member and operator certificates for this
+// member's keys, writes them to the data directory and serves them at once.
+// A ctrl member signs them itself after checking its own admission; a
+// node-only member asks a ctrl member over its authenticated channel.
+func (s *Server) RenewCertificates(ctx context.Context) error {
+	d := s.cfg.DataDir
+	adminKey, err := readPublicKeyOf(d.AdminKey())
+	if err != nil {
+		return err
+	}
+	var out api.RenewResponse
+	if s.ca.Key != nil {
+		out, err = s.renewFor(s.certs.memberCert().Leaf, adminKey)
+	} else {
+		body, _ := json.Marshal(api.RenewRequest{AdminKey: publicKeyPEM(adminKey)})
+		err = s.callCtrl(ctx, "/v1/internal/certs/renew", body, &out)
+	}
+	if err != nil {
+		return fmt.Errorf("renew the certificates of member %s: %w", s.id.NodeID, err)
+	}
+	if err := datadir.WriteFileAtomic(d.MemberCert(), []byte(out.MemberCert), 0o600); err != nil {
+		return err
+	}
+	if err := datadir.WriteFileAtomic(d.AdminCert(), []byte(out.AdminCert), 0o600); err != nil {
+		return err
+	}
+	fresh, err := loadCerts(d)
+	if err != nil {
+		return err
+	}
+	s.certs.member.Store(fresh.member.Load())
+	s.certs.admin.Store(fresh.admin.Load())
+	s.log.Info("certificates renewed", "not_after", fresh.memberCert().Leaf.NotAfter.UTC().Format(time.RFC3339))
+	return nil
+}
+
+// renewFor issues the renewal of a member certificate (same key, same
+// addresses, roles and admission as the node's registration now says) and
+// an operator certificate for adminKey. Only admitted nodes get one.
+func (s *Server) renewFor(old *x509.Certificate, adminKey *ecdsa.PublicKey) (api.RenewResponse, error) {
+	id, err := trust.FromCert(old)
+	if err != nil {
+		return api.RenewResponse{}, api.Errorf(api.CodeUnauthenticated, "%v", err)
+	}
+	if err := s.admitted(id); err != nil {
+		return api.RenewResponse{}, err
+	}
+	pub, ok := old.PublicKey.(*ecdsa.PublicKey)
+	if !ok {
+		return api.RenewResponse{}, api.Errorf(api.CodeInvalidArgument, "member certificate of %s has no ECDSA key", id.NodeID)
+	}
+	member, err := s.ca.Issue(id, certHosts(old), pub, s.lifetime(trust.MemberLifetime))
+	if err != nil {
+		return api.RenewResponse{}, err
+	}
+	admin := id
+	admin.Kind, admin.Roles = trust.KindAdmin, nil
+	adminCert, err := s.ca.Issue(admin, nil, adminKey, s.lifetime(trust.AdminLifetime))
+	if err != nil {
+		return api.RenewResponse{}, err
+	}
+	return api.RenewResponse{MemberCert: string(member) + string(s.ca.CertPEM), AdminCert: string(adminCert)}, nil
+}
+
+// lifetime is the production lifetime unless the timings shorten it (tests).
+func (s *Server) lifetime(def time.Duration) time.Duration {
+	if l := s.cfg.Timings.CertLifetime; l > 0 {
+		return l
+	}
+	return def
+}
+
+// handleRenew renews the calling member's certificates (ctrl members only;
+// a member renews only its own).
+func (s *Server) handleRenew(w http.ResponseWriter, r *http.Request) {
+	var req api.RenewRequest
+	if err := decodeBody(r, &req); err != nil {
+		writeError(w, err)
+		return
+	}
+	adminKey, err := parsePublicKey(req.AdminKey)
+	if err != nil {
+		writeError(w, api.Errorf(api.CodeInvalidArgument, "renewal for %s: admin_public_key is not an ECDSA PEM key: %v", callerOf(r).name, err))
+		return
+	}
+	out, err := s.renewFor(r.TLS.PeerCertificates[0], adminKey)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	writeResult(w, out)
+}
+
+// handleDataPlaneCert signs the server certificate of the calling node's
+// data-plane process: the node's id, kind dataplane, 24 h.
+func (s *Server) handleDataPlaneCert(w http.ResponseWriter, r *http.Request) {
+	var req api.DataPlaneCertRequest
+	if err := decodeBody(r, &req); err != nil {
+		writeError(w, err)
+		return
+	}
+	c := callerOf(r)
+	if !c.id.HasRole(trust.RoleNode) {
+		writeError(w, api.Errorf(api.CodePermissionDenied, "member %s has no node role and runs no data plane", c.id.NodeID))
+		return
+	}
+	pub, err := parsePublicKey(req.PublicKey)
+	if err != nil {
+		writeError(w, api.Errorf(api.CodeInvalidArgument, "data-plane certificate for node %s: public_key is not an ECDSA PEM key: %v", c.id.NodeID, err))
+		return
+	}
+	if len(req.Hosts) > 16 {
+		writeError(w, api.Errorf(api.CodeInvalidArgument, "data-plane certificate for node %s: %d hosts; give at most 16", c.id.NodeID, len(req.Hosts)))
+		return
+	}
+	out, err := s.issueDataPlane(c.id, pub, req.Hosts)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	writeResult(w, out)
+}
+
+func (s *Server) issueDataPlane(member trust.Identity, pub *ecdsa.PublicKey, hosts []string) (api.DataPlaneCertResponse, error) {
+	id := trust.Identity{ClusterID: member.ClusterID, Kind: trust.KindDataPlane, NodeID: member.NodeID, Admitted: member.Admitted}
+	lifetime := s.lifetime(trust.DataPlaneLifetime)
+	cert, err := s.ca.Issue(id, hosts, pub, lifetime)
+	if err != nil {
+		return api.DataPlaneCertResponse{}, err
+	}
+	return api.DataPlaneCertResponse{Cert: string(cert) + string(s.ca.CertPEM), NotAfter: time.Now().Add(lifetime).UTC()}, nil
+}
+
+// DataPlaneCertificate gets a server certificate for this node's data-plane
+// key: signed here on a ctrl member, by a ctrl member otherwise.
+func (s *Server) DataPlaneCertificate(ctx context.Context, pub *ecdsa.PublicKey, hosts []string) (api.DataPlaneCertResponse, error) {
+	if s.ca.Key != nil {
+		id, err := trust.FromCert(s.certs.memberCert().Leaf)
+		if err != nil {
+			return api.DataPlaneCertResponse{}, err
+		}
+		if err := s.admitted(id); err != nil {
+			return api.DataPlaneCertResponse{}, err
+		}
+		return s.issueDataPlane(id, pub, hosts)
+	}
+	body, _ := json.Marshal(api.DataPlaneCertRequest{PublicKey: publicKeyPEM(pub), Hosts: hosts})
+	var out api.DataPlaneCertResponse
+	return out, s.callCtrl(ctx, "/v1/internal/certs/dataplane", body, &out)
+}
+
+// callCtrl posts an internal call to the first ctrl member that answers.
+func (s *Server) callCtrl(ctx context.Context, path string, body []byte, out any) error {
+	var lastErr error = api.Errorf(api.CodeUnavailable, "no ctrl member is known to member %s", s.id.NodeID)
+	for _, addr := range s.ctrlAddrs() {
+		if addr == s.id.Advertise {
+			continue
+		}
+		lastErr = memberCall(ctx, s.httpClient, addr, path, body, out)
+		if lastErr == nil || api.CodeOf(lastErr) != api.CodeUnavailable {
+			return lastErr
+		}
+	}
+	return lastErr
+}

@@ -1,0 +1,138 @@
+// Package trust says what a certificate of a Kibotos cluster is allowed to
+// be: which node it names, which kind of credential it is (member, operator,
+// data-plane server), which roles the node was admitted with and when. It
+// also builds the TLS peer checks every channel uses, so a client never
+// accepts "some certificate of the cluster" where it meant a particular
+// member or a ctrl member.
+//
+// It reads certificates only; it holds no keys, signs nothing and never
+// looks at cluster state (revocation is checked by the cluster package
+// against the state machine).
+package trust
+
+import (
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"net/url"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Kinds of certificates.
+const (
+	// KindMember is a host's identity: server and client certificate of
+	// the member process, carrying the roles the node was admitted with.
+	KindMember = "member"
+	// KindAdmin is an operator's client certificate (the CLI).
+	KindAdmin = "admin"
+	// KindDataPlane is the server certificate of a node's data-plane
+	// process. It authenticates nothing as a client.
+	KindDataPlane = "dataplane"
+)
+
+// Roles a member certificate can carry (the same words as api.Role*).
+const (
+	RoleCtrl = "ctrl"
+	RoleNode = "node"
+)
+
+// Lifetimes. Short, so a certificate that escaped also stops working by
+// itself; members renew theirs at half-life over their authenticated
+// channel.
+const (
+	MemberLifetime    = 30 * 24 * time.Hour
+	AdminLifetime     = 30 * 24 * time.Hour
+	DataPlaneLifetime = 24 * time.Hour
+	// Backdate covers clock differences between the signer and a verifier.
+	Backdate = 10 * time.Minute
+)
+
+const uriScheme = "kibotos"
+
+// Identity is what a cluster certificate asserts.
+type Identity struct {
+	ClusterID string
+	Kind      string
+	NodeID    string
+	// Roles are the member's roles (members only).
+	Roles []string
+	// Admitted is the node's admission time as ctrl recorded it. A node
+	// revoked and admitted again gets a new one, so certificates of the
+	// earlier admission stop matching.
+	Admitted time.Time
+}
+
+// Name is how the identity appears as an actor: the node id of a member or
+// data plane, admin@<node> of an operator.
+func (id Identity) Name() string {
+	if id.Kind == KindAdmin {
+		return "admin@" + id.NodeID
+	}
+	return id.NodeID
+}
+
+// HasRole reports whether a member certificate carries role.
+func (id Identity) HasRole(role string) bool { return slices.Contains(id.Roles, role) }
+
+// URI is the identity as a certificate's URI SAN:
+// kibotos://<cluster>/<kind>/<node>?roles=ctrl,node&admitted=<unix ns>.
+func (id Identity) URI() *url.URL {
+	q := url.Values{}
+	if len(id.Roles) > 0 {
+		q.Set("roles", strings.Join(id.Roles, ","))
+	}
+	q.Set("admitted", strconv.FormatInt(id.Admitted.UnixNano(), 10))
+	return &url.URL{Scheme: uriScheme, Host: id.ClusterID, Path: "/" + id.Kind + "/" + id.NodeID, RawQuery: q.Encode()}
+}
+
+// ErrNoIdentity is returned for a certificate without a Kibotos identity
+// (e.g. one issued by a kibotos build older than role certificates).
+var ErrNoIdentity = errors.New("the certificate carries no kibotos identity")
+
+// FromCert reads the identity a certificate asserts. It does not check the
+// signature: callers verify the chain first.
+func FromCert(c *x509.Certificate) (Identity, error) {
+	var found *url.URL
+	for _, u := range c.URIs {
+		if u.Scheme == uriScheme {
+			if found != nil {
+				return Identity{}, fmt.Errorf("certificate %q carries two kibotos identities", c.Subject.CommonName)
+			}
+			found = u
+		}
+	}
+	if found == nil {
+		return Identity{}, fmt.Errorf("certificate %q: %w", c.Subject.CommonName, ErrNoIdentity)
+	}
+	parts := strings.Split(strings.TrimPrefix(found.Path, "/"), "/")
+	if len(parts) != 2 || parts[1] == "" || found.Host == "" {
+		return Identity{}, fmt.Errorf("certificate %q: identity %q is not kibotos://CLUSTER/KIND/NODE", c.Subject.CommonName, found)
+	}
+	id := Identity{ClusterID: found.Host, Kind: parts[0], NodeID: parts[1]}
+	switch id.Kind {
+	case KindMember, KindAdmin, KindDataPlane:
+	default:
+		return Identity{}, fmt.Errorf("certificate %q: unknown kind %q", c.Subject.CommonName, id.Kind)
+	}
+	q := found.Query()
+	if r := q.Get("roles"); r != "" {
+		id.Roles = strings.Split(r, ",")
+		for _, role := range id.Roles {
+			if role != RoleCtrl && role != RoleNode {
+				return Identity{}, fmt.Errorf("certificate %q: unknown role %q", c.Subject.CommonName, role)
+			}
+		}
+	}
+	if id.Kind == KindMember && len(id.Roles) == 0 {
+		return Identity{}, fmt.Errorf("certificate %q: a member certificate without roles", c.Subject.CommonName)
+	}
+	ns, err := strconv.ParseInt(q.Get("admitted"), 10, 64)
+	if err != nil {
+		return Identity{}, fmt.Errorf("certificate %q: admission time %q is not a number", c.Subject.CommonName, q.Get("admitted"))
+	}
+	id.Admitted = time.Unix(0, ns).UTC()
+	return id, nil
+}
