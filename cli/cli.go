@@ -174,10 +174,12 @@ func (g *Globals) client() (*api.Client, error) {
 		return nil, api.Errorf(api.CodeUnauthenticated, "%v", err)
 	}
 	addr := g.Address
-	if addr == "" {
-		addr = id.Advertise
-	}
 	c := api.NewClient(addr, tlsConf)
+	if addr == "" {
+		// Without --address the CLI talks to the member of its data
+		// directory and accepts no other at that address.
+		c = api.NewClient(id.Advertise, tlsConf).Expect(id.NodeID)
+	}
 	c.Consistent = g.Consistent
 	return c, nil
 }

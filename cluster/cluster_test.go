@@ -2,11 +2,13 @@ package cluster_test
 
 import (
 	"context"
+	"encoding/base64"
 	"crypto/tls"
 	"encoding/json"
 	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -149,13 +151,20 @@ func TestJoinRefusals(t *testing.T) {
 			return out.Token
 		}, api.CodeFailedPrecondition},
 		{"damaged", func() string { return tok[:len(tok)-8] }, api.CodeInvalidArgument},
+		{"guessed secret", func() string { return forgeSecret(t, c.Grant("node-g", []string{api.RoleNode})) }, api.CodeUnauthenticated},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			target := datadir.Dir(filepath.Join(dir, tc.name))
-			_, err := cluster.Join(ctx, cluster.JoinOptions{DataDir: target, Advertise: clustertest.FreeAddr(t), Grant: tc.token(), Member: m.Addr})
+			grant := tc.token()
+			before := m.Server.Raft().LastIndex()
+			_, err := cluster.Join(ctx, cluster.JoinOptions{DataDir: target, Advertise: clustertest.FreeAddr(t), Grant: grant, Member: m.Addr})
 			if api.CodeOf(err) != tc.code {
 				t.Fatalf("join with %s grant: got %v (%s), want %s", tc.name, err, api.CodeOf(err), tc.code)
+			}
+			// Checked before anything is proposed: the log did not grow.
+			if after := m.Server.Raft().LastIndex(); after != before {
+				t.Fatalf("refused join appended %d Raft entries", after-before)
 			}
 			if _, statErr := os.Stat(string(target)); !os.IsNotExist(statErr) {
 				t.Fatalf("refused join left %s behind", target)
@@ -224,4 +233,19 @@ func TestIsolateNeedsDeadSessionAndNewIncarnationClearsIt(t *testing.T) {
 		}
 		return n.Status == api.NodeReady && !n.Isolated && n.Session.Incarnation > oldInc, n.Status
 	})
+}
+
+// forgeSecret keeps a grant's node id and CA but replaces its secret, as
+// someone who saw the node id but not the grant would.
+func forgeSecret(t *testing.T, token string) string {
+	t.Helper()
+	raw, err := base64.RawURLEncoding.DecodeString(strings.TrimPrefix(token, "kbg1."))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var g map[string]any
+	json.Unmarshal(raw, &g)
+	g["s"] = base64.StdEncoding.EncodeToString(make([]byte, 32))
+	raw, _ = json.Marshal(g)
+	return "kbg1." + base64.RawURLEncoding.EncodeToString(raw)
 }
