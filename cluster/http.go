@@ -60,11 +60,16 @@ func (s *Server) authenticate(next http.Handler) http.Handler {
 		}
 		r.Body = http.MaxBytesReader(w, r.Body, maxBody)
 		if r.URL.Path == "/v1/join" {
-			if !s.joinLimit.allow() {
-				writeError(w, api.Errorf(api.CodeResourceExhausted, "member %s takes at most %d join requests a second; retry in a second", s.id.NodeID, joinRate))
+			host := remoteHost(r)
+			if !s.joinLimit.allow(host) {
+				writeError(w, api.Errorf(api.CodeResourceExhausted, "member %s refused too many joins from %s (at most %d a second after %d); wait and join with a valid grant", s.id.NodeID, host, joinRate, joinBurst))
 				return
 			}
-			next.ServeHTTP(w, r)
+			rec := &statusRecorder{ResponseWriter: w, status: http.StatusOK}
+			next.ServeHTTP(rec, r)
+			if rec.status != http.StatusOK && rec.status != http.StatusMisdirectedRequest {
+				s.joinLimit.refused(host)
+			}
 			return
 		}
 		c, err := s.authenticateRequest(r)

@@ -1,42 +1,85 @@
 package cluster
 
 import (
+	"net"
+	"net/http"
 	"sync"
 	"time"
 )
 
-// joinRate and joinBurst bound the unauthenticated join requests a member
-// takes: each one costs a grant lookup and, when valid, a Raft write and
-// two signatures, and anybody can send them.
+// Refused joins from one address are limited to joinRate a second, in
+// bursts of joinBurst: each costs a grant lookup and anybody can send them,
+// so guessing grants is slow. Admitted joins cost nothing of it, so a
+// fleet joining through one member is not slowed down.
 const (
-	joinRate  = 5
-	joinBurst = 20
+	joinRate      = 5
+	joinBurst     = 20
+	joinAddresses = 4096 // addresses remembered; beyond, the table starts afresh
 )
 
 // tokenBucket is a rate limiter: rate tokens a second, at most burst.
 type tokenBucket struct {
-	mu     sync.Mutex
-	rate   float64
-	burst  float64
 	tokens float64
 	last   time.Time
 }
 
-func newTokenBucket(rate, burst float64) *tokenBucket {
-	return &tokenBucket{rate: rate, burst: burst, tokens: burst}
+func (b *tokenBucket) refill(now time.Time) {
+	b.tokens = min(joinBurst, b.tokens+now.Sub(b.last).Seconds()*joinRate)
+	b.last = now
 }
 
-func (b *tokenBucket) allow() bool {
-	b.mu.Lock()
-	defer b.mu.Unlock()
+// joinLimiter keeps one bucket per remote address.
+type joinLimiter struct {
+	mu      sync.Mutex
+	buckets map[string]*tokenBucket
+}
+
+func newJoinLimiter() *joinLimiter { return &joinLimiter{buckets: map[string]*tokenBucket{}} }
+
+func remoteHost(r *http.Request) string {
+	host, _, err := net.SplitHostPort(r.RemoteAddr)
+	if err != nil {
+		return r.RemoteAddr
+	}
+	return host
+}
+
+// allow reports whether host may try a join now.
+func (l *joinLimiter) allow(host string) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	b := l.buckets[host]
+	if b == nil {
+		return true
+	}
+	b.refill(time.Now())
+	return b.tokens >= 1
+}
+
+// refused charges a refused join to host.
+func (l *joinLimiter) refused(host string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
 	now := time.Now()
-	if !b.last.IsZero() {
-		b.tokens = min(b.burst, b.tokens+now.Sub(b.last).Seconds()*b.rate)
+	b := l.buckets[host]
+	if b == nil {
+		if len(l.buckets) >= joinAddresses {
+			l.buckets = map[string]*tokenBucket{}
+		}
+		b = &tokenBucket{tokens: joinBurst, last: now}
+		l.buckets[host] = b
 	}
-	b.last = now
-	if b.tokens < 1 {
-		return false
-	}
-	b.tokens--
-	return true
+	b.refill(now)
+	b.tokens = max(0, b.tokens-1)
+}
+
+// statusRecorder remembers the status a handler answered with.
+type statusRecorder struct {
+	http.ResponseWriter
+	status int
+}
+
+func (s *statusRecorder) WriteHeader(code int) {
+	s.status = code
+	s.ResponseWriter.WriteHeader(code)
 }

@@ -93,7 +93,7 @@ type Server struct {
 	client     trust.Client // the member as a TLS client
 	httpClient *http.Client // member-authenticated calls of ctrl members (forwarding, renewal)
 	conns      *connWatch   // Raft and session connections, closed when their node is revoked
-	joinLimit  *tokenBucket
+	joinLimit  *joinLimiter
 
 	mux     *mux
 	httpSrv *http.Server
@@ -143,7 +143,7 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 		return nil, err
 	}
 	s := &Server{cfg: cfg, id: id, log: cfg.Logger.With("node_id", id.NodeID), release: release, stop: make(chan struct{}), sessions: newSessionRegistry(), changed: newBroadcaster(),
-		conns: newConnWatch(), joinLimit: newTokenBucket(joinRate, joinBurst)}
+		conns: newConnWatch(), joinLimit: newJoinLimiter()}
 	if err := s.start(ctx); err != nil {
 		s.Shutdown()
 		return nil, err

