@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strings"
 )
 
 // Code is the machine-readable class of an error. The CLI maps each code to
@@ -90,10 +91,14 @@ type Error struct {
 
 func (e *Error) Error() string { return e.Message }
 
-// Errorf builds an *Error.
+// Errorf builds an *Error. The message is always one line: arguments are
+// often the caller's own input (a command id, a template name), and a line
+// break in them must not split the error a CLI prints or a log line.
 func Errorf(code Code, format string, args ...any) *Error {
-	return &Error{Code: code, Message: fmt.Sprintf(format, args...)}
+	return &Error{Code: code, Message: oneLine.Replace(fmt.Sprintf(format, args...))}
 }
+
+var oneLine = strings.NewReplacer("\r", `\r`, "\n", `\n`)
 
 // CodeOf returns the code carried by err, or CodeInternal.
 func CodeOf(err error) Code {

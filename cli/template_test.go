@@ -4,12 +4,12 @@ import (
 	"bytes"
 	"context"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/kibotos/kibotos/api"
+	"github.com/kibotos/kibotos/internal/testenv"
 )
 
 func runCLI(args ...string) (string, string, int) {
@@ -19,9 +19,7 @@ func runCLI(args ...string) (string, string, int) {
 }
 
 func TestTemplateCommands(t *testing.T) {
-	if _, err := exec.LookPath("mkfs.ext4"); err != nil {
-		t.Skip("mkfs.ext4 missing (Debian package e2fsprogs)")
-	}
+	testenv.LookPath(t, "mkfs.ext4", "e2fsprogs")
 	src, root := t.TempDir(), t.TempDir()
 	os.MkdirAll(filepath.Join(src, "etc"), 0o755)
 	os.WriteFile(filepath.Join(src, "etc", "motd"), []byte("hello\n"), 0o644)

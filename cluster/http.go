@@ -317,6 +317,9 @@ func decodeBody(r *http.Request, v any) error {
 	if err := dec.Decode(v); err != nil && !errors.Is(err, io.EOF) {
 		return api.Errorf(api.CodeInvalidArgument, "request body is not valid: %v", err)
 	}
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		return api.Errorf(api.CodeInvalidArgument, "request body holds more than one JSON value: send exactly one")
+	}
 	return nil
 }
 

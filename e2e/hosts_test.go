@@ -15,6 +15,7 @@ import (
 	"errors"
 	"fmt"
 	"github.com/kibotos/kibotos/internal/hostprobe"
+	"github.com/kibotos/kibotos/internal/testenv"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -31,20 +32,14 @@ const (
 	hostIface    = "eth0"     // the host end of its veth pair
 )
 
-// requireLab skips the test unless it can build namespaces. The reason goes
-// to stderr too, so a skipped run is visible without -v.
+// requireLab skips the test (fails it under KIBOTOS_REQUIRE_ALL=1) unless
+// it can build namespaces. The reason goes to stderr too.
 func requireLab(t *testing.T) {
 	t.Helper()
-	skip := func(why string) {
-		fmt.Fprintf(os.Stderr, "e2e: skipping %s: %s\n", t.Name(), why)
-		t.Skip(why)
-	}
 	if os.Geteuid() != 0 {
-		skip("needs root to create network namespaces")
+		testenv.Skipf(t, "needs root to create network namespaces")
 	}
-	if _, err := exec.LookPath("ip"); err != nil {
-		skip("needs iproute2 (ip) to create network namespaces")
-	}
+	testenv.LookPath(t, "ip", "iproute2")
 }
 
 // lab owns every namespace, process and directory a test creates, and

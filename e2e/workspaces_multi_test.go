@@ -21,6 +21,7 @@ import (
 	"github.com/kibotos/kibotos/agent/runtime/runtimetest"
 	"github.com/kibotos/kibotos/api"
 	"github.com/kibotos/kibotos/datadir"
+	"github.com/kibotos/kibotos/internal/testenv"
 	"github.com/kibotos/kibotos/vmm/platform"
 	"github.com/kibotos/kibotos/vmm/template"
 )
@@ -314,9 +315,7 @@ func mhWaitNoQemu(dir string, d time.Duration) []int {
 func TestWorkspacesTwoNodes(t *testing.T) {
 	requireLab(t)
 	runtimetest.RequireVMHost(t)
-	if _, err := exec.LookPath("qemu-img"); err != nil {
-		t.Skip("needs qemu-img (Debian package qemu-utils) for retained layers")
-	}
+	testenv.LookPath(t, "qemu-img", "qemu-utils") // retained layers
 	t0 := time.Now()
 	l := newLab(t, 2)
 	a, b := l.hosts[0], l.hosts[1]

@@ -130,7 +130,9 @@ func TestPortForwardThroughDataPlane(t *testing.T) {
 	s.push(t, p.state(Target{WorkspaceID: "ws-a", InstanceID: "inst-1", DataSocket: sock}))
 	c := connect(t, p, p.cred(t, s.Addr(), "ws-a", "inst-1"))
 	if !c.Info().Has(guestproto.CapPortForward) {
-		t.Skip("this guest agent does not announce port-forward yet")
+		// The guest here is this build's own agent (guest.Serve), which
+		// announces port-forward: not announcing it is a regression.
+		t.Fatalf("the in-process guest agent does not announce %s: %v", guestproto.CapPortForward, c.Info().Capabilities)
 	}
 	// A server in the "guest" (the in-process agent runs on this host)
 	// that answers after the client finished sending: the half-close has

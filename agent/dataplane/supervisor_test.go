@@ -14,6 +14,7 @@ import (
 
 	"github.com/kibotos/kibotos/agent/runtime/runtimetest"
 	"github.com/kibotos/kibotos/buildinfo"
+	"github.com/kibotos/kibotos/internal/testenv"
 	"github.com/kibotos/kibotos/vmm/units"
 	"github.com/kibotos/kibotos/vmm/units/privsd"
 )
@@ -43,9 +44,7 @@ func setRevision(t *testing.T, rev string) {
 
 func TestSupervisorAdoptsAndStops(t *testing.T) {
 	if err := privsd.Available(); err != nil {
-		msg := t.Name() + " skipped: " + err.Error()
-		fmt.Fprintln(os.Stderr, msg)
-		t.Skip(msg)
+		testenv.Skipf(t, "%v", err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()

@@ -12,6 +12,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/kibotos/kibotos/internal/testenv"
 )
 
 const (
@@ -476,7 +478,7 @@ func TestJSON(t *testing.T) {
 // TestRealProc reads this machine's /proc.
 func TestRealProc(t *testing.T) {
 	if runtime.GOOS != "linux" {
-		t.Skip("needs Linux /proc")
+		testenv.Skipf(t, "needs Linux /proc")
 	}
 	u := NewSampler(Config{}).Sample()
 	if u.MemoryTotalBytes == nil || *u.MemoryTotalBytes == 0 {

@@ -172,7 +172,7 @@ func ReadLaunchRecord(path string) (*LaunchRecord, error) {
 		return nil, fmt.Errorf("launch record %s is incomplete: instance id %q, unit %q, launch id %q", path, r.InstanceID, r.Unit, r.LaunchID)
 	}
 	if r.Unit != UnitName(r.InstanceID) {
-		return nil, fmt.Errorf("launch record %s names unit %s, but instance %s runs as %s", path, r.Unit, r.InstanceID, UnitName(r.InstanceID))
+		return nil, fmt.Errorf("launch record %s names unit %q, but instance %s runs as %s", path, r.Unit, r.InstanceID, UnitName(r.InstanceID))
 	}
 	if want := filepath.Base(filepath.Dir(path)); r.InstanceID != want {
 		return nil, fmt.Errorf("launch record %s names instance %q, but lives in the directory of %q", path, r.InstanceID, want)
@@ -180,7 +180,9 @@ func ReadLaunchRecord(path string) (*LaunchRecord, error) {
 	return &r, nil
 }
 
-// ReadEndedRecord reads a registry record.
+// ReadEndedRecord reads a registry record, <instance id>.json, refusing
+// formats newer than RecordVersion and records of another Instance (ctrl
+// would store a cleanup conclusion under the wrong id, or none at all).
 func ReadEndedRecord(path string) (*EndedRecord, error) {
 	raw, err := os.ReadFile(path)
 	if err != nil {
@@ -193,6 +195,12 @@ func ReadEndedRecord(path string) (*EndedRecord, error) {
 	if r.FormatVersion > RecordVersion {
 		return nil, fmt.Errorf("ended-instance record %s has format version %d, this kibotos reads up to %d: %w",
 			path, r.FormatVersion, RecordVersion, ErrNewerRecord)
+	}
+	if r.FormatVersion < 1 {
+		return nil, fmt.Errorf("ended-instance record %s has no format version: it is corrupt", path)
+	}
+	if want := strings.TrimSuffix(filepath.Base(path), ".json"); r.InstanceID != want {
+		return nil, fmt.Errorf("ended-instance record %s names instance %q, but is the record of %q", path, r.InstanceID, want)
 	}
 	return &r, nil
 }

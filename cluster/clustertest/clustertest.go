@@ -134,7 +134,7 @@ func (m *Member) start(o Options) {
 		adjust = func(r *api.Report) { o.AdjustReport(id, r) }
 	}
 	a, err := agent.New(agent.Config{DataDir: m.Dir, NodeID: m.ID, Capacity: o.Capacity, CtrlAddrs: srv.CtrlAddrs, Dial: srv.SessionDial, OnLeader: srv.NoteLeader,
-		SessionTimeout: cluster.TestTimings().SessionTimeout, Logger: log, SampleInterval: time.Second, AdjustReport: adjust, ClockSkew: o.ClockSkew[m.ID], Runtime: o.Runtimes[m.ID]})
+		SessionTimeout: timings().SessionTimeout, Logger: log, SampleInterval: time.Second, AdjustReport: adjust, ClockSkew: o.ClockSkew[m.ID], Runtime: o.Runtimes[m.ID]})
 	if err != nil {
 		m.t.Fatalf("agent %s: %v", m.ID, err)
 	}
@@ -146,11 +146,14 @@ func (m *Member) start(o Options) {
 	m.mu.Unlock()
 }
 
-// timings are the tight test timings, but with a slow periodic sync so a
-// test sees registration versions move only when it acts (PushReport sends
-// a report on demand).
+// timings are the tight test timings (stretched under -race, see
+// timingScale), but with a slow periodic sync so a test sees registration
+// versions move only when it acts (PushReport sends a report on demand).
 func timings() cluster.Timings {
 	t := cluster.TestTimings()
+	for _, d := range []*time.Duration{&t.RaftHeartbeat, &t.RaftElection, &t.RaftLeaderLease, &t.SessionPing, &t.SessionTimeout, &t.AckTimeout} {
+		*d *= timingScale
+	}
 	t.SyncInterval = time.Minute
 	return t
 }

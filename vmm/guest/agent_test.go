@@ -18,6 +18,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/kibotos/kibotos/internal/testenv"
 	"github.com/kibotos/kibotos/vmm/guestproto"
 )
 
@@ -336,7 +337,7 @@ func TestConfigureDNS(t *testing.T) {
 // same loop that reports exec exits, without losing either.
 func TestOrphansReaped(t *testing.T) {
 	if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
-		t.Skipf("cannot become a subreaper: %v", err)
+		testenv.Skipf(t, "cannot become a subreaper: %v", err)
 	}
 	defer unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)
 	h := startAgent(t, Options{ReapOrphans: true})

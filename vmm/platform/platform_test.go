@@ -12,13 +12,12 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kibotos/kibotos/internal/testenv"
 )
 
 func TestLZ4LegacyDecodeMatchesTool(t *testing.T) {
-	lz4, err := exec.LookPath("lz4")
-	if err != nil {
-		t.Skip("lz4 not installed (Debian package lz4): cannot make reference frames")
-	}
+	lz4 := testenv.LookPath(t, "lz4", "lz4") // makes the reference frames
 	// Compressible text, random bytes and long runs, over two 8 MiB blocks.
 	var in bytes.Buffer
 	r := rand.New(rand.NewSource(1))
@@ -155,16 +154,14 @@ func TestCpioTree(t *testing.T) {
 	if !bytes.Equal(buf.Bytes(), again.Bytes()) {
 		t.Fatal("two writes of one tree differ")
 	}
-	if cpio, err := exec.LookPath("cpio"); err == nil {
-		cmd := exec.Command(cpio, "-t", "--quiet")
-		cmd.Stdin = bytes.NewReader(buf.Bytes())
-		out, err := cmd.Output()
-		if err != nil {
-			t.Fatalf("cpio -t rejects the archive: %v", err)
-		}
-		if !strings.Contains(string(out), "a/b/c/file\n") {
-			t.Fatalf("cpio -t lists:\n%s", out)
-		}
+	cmd := exec.Command(testenv.LookPath(t, "cpio", "cpio"), "-t", "--quiet")
+	cmd.Stdin = bytes.NewReader(buf.Bytes())
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("cpio -t rejects the archive: %v", err)
+	}
+	if !strings.Contains(string(out), "a/b/c/file\n") {
+		t.Fatalf("cpio -t lists:\n%s", out)
 	}
 }
 

@@ -10,6 +10,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/kibotos/kibotos/internal/testenv"
 )
 
 const deb822Host = `Types: deb
@@ -138,7 +140,7 @@ func TestBuildDebootstrapMissingExecutable(t *testing.T) {
 
 func TestBuildDebootstrapFailureCleansUp(t *testing.T) {
 	if os.Geteuid() != 0 {
-		t.Skip("BuildDebootstrap needs root")
+		testenv.Skipf(t, "BuildDebootstrap needs root")
 	}
 	requireMkfs(t)
 	root := t.TempDir()
@@ -201,7 +203,7 @@ func TestBuildDebootstrapBookworm(t *testing.T) {
 		t.Skip("-short: the debootstrap build takes about 40 s")
 	}
 	if os.Geteuid() != 0 {
-		t.Skip("debootstrap needs root")
+		testenv.Skipf(t, "debootstrap needs root")
 	}
 	requireMkfs(t)
 	if _, err := exec.LookPath("debootstrap"); err != nil {

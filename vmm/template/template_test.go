@@ -7,15 +7,14 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/kibotos/kibotos/internal/testenv"
 )
 
 func requireMkfs(t *testing.T) {
-	if _, err := exec.LookPath("mkfs.ext4"); err != nil {
-		t.Skip("mkfs.ext4 missing (Debian package e2fsprogs)")
-	}
-	if _, err := exec.LookPath("debugfs"); err != nil {
-		t.Skip("debugfs missing (Debian package e2fsprogs)")
-	}
+	t.Helper()
+	testenv.LookPath(t, "mkfs.ext4", "e2fsprogs")
+	testenv.LookPath(t, "debugfs", "e2fsprogs")
 }
 
 func tree(t *testing.T) string {

@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kibotos/kibotos/internal/testenv"
 	"github.com/kibotos/kibotos/vmm/units"
 	"github.com/kibotos/kibotos/vmm/units/privsd"
 )
@@ -32,8 +33,7 @@ type harness struct {
 func newHarness(t *testing.T) *harness {
 	t.Helper()
 	if err := privsd.Available(); err != nil {
-		fmt.Fprintf(os.Stderr, "SKIP %s: needs root and the systemd package: %v\n", t.Name(), err)
-		t.Skipf("private systemd unavailable: %v", err)
+		testenv.Skipf(t, "private systemd unavailable (needs root and the systemd package): %v", err)
 	}
 	marker, err := os.CreateTemp("/tmp", "kibotos-units-marker-*")
 	if err != nil {
@@ -348,10 +348,7 @@ func TestStartVMMNetworkNamespace(t *testing.T) {
 		t.Fatalf("StartVMM with a missing netns: %v; want an error naming the path", err)
 	}
 
-	ip, err := exec.LookPath("ip")
-	if err != nil {
-		t.Skipf("no ip (iproute2) to create a netns: %v", err)
-	}
+	ip := testenv.LookPath(t, "ip", "iproute2") // creates the netns
 	// The netns must exist in the private systemd's mount namespace: create it
 	// there. It goes away with that namespace.
 	pid := strconv.Itoa(h.inst.PID)

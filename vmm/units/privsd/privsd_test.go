@@ -11,14 +11,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kibotos/kibotos/internal/testenv"
 	"github.com/kibotos/kibotos/vmm/units/privsd"
 )
 
 func requirePrivsd(t *testing.T) {
 	t.Helper()
 	if err := privsd.Available(); err != nil {
-		fmt.Fprintf(os.Stderr, "SKIP %s: %v\n", t.Name(), err)
-		t.Skipf("private systemd unavailable: %v", err)
+		testenv.Skipf(t, "private systemd unavailable: %v", err)
 	}
 }
 

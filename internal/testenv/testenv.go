@@ -1,0 +1,46 @@
+// Package testenv decides what a test does when this host lacks something
+// the test needs (root, QEMU, a private systemd, a Debian tool): it skips,
+// saying why on stderr so a skipped run is visible without -v, or, when
+// KIBOTOS_REQUIRE_ALL=1 (as .ci/run sets it), it fails, so CI can never pass
+// without the VM suite. Skips that are not environment gaps (-short) stay
+// plain t.Skip and must not come through here.
+package testenv
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"testing"
+)
+
+// RequireAllEnv names the switch: "1" turns every missing prerequisite
+// into a failure.
+const RequireAllEnv = "KIBOTOS_REQUIRE_ALL"
+
+// RequireAll reports whether missing prerequisites fail the test.
+func RequireAll() bool { return os.Getenv(RequireAllEnv) == "1" }
+
+// Skipf stops the test because this host lacks a prerequisite the message
+// names: t.Skip normally, t.Fatal under KIBOTOS_REQUIRE_ALL=1.
+func Skipf(t testing.TB, format string, args ...any) {
+	t.Helper()
+	why := fmt.Sprintf(format, args...)
+	if RequireAll() {
+		fmt.Fprintf(os.Stderr, "%s: FAIL: %s (%s=1: a missing prerequisite is a failure)\n", t.Name(), why, RequireAllEnv)
+		t.Fatalf("%s (%s=1: a missing prerequisite is a failure)", why, RequireAllEnv)
+		return
+	}
+	fmt.Fprintf(os.Stderr, "%s: skipped: %s\n", t.Name(), why)
+	t.Skip(why)
+}
+
+// LookPath returns the path of tool, or stops the test through Skipf
+// naming the Debian package that installs it.
+func LookPath(t testing.TB, tool, debianPackage string) string {
+	t.Helper()
+	p, err := exec.LookPath(tool)
+	if err != nil {
+		Skipf(t, "missing %s (Debian package %s)", tool, debianPackage)
+	}
+	return p
+}
