@@ -182,7 +182,9 @@ func (a *Agent) poolPath(id string) string {
 // Run holds the control session until ctx ends, reconnecting as needed.
 func (a *Agent) Run(ctx context.Context) error {
 	go a.sampler.Run(ctx)
-	go a.watchInstances(ctx)
+	// The baseline is what the first session's full report will carry at
+	// the latest, so the watcher pushes only later changes.
+	go a.watchInstances(ctx, a.buildReport(false))
 	backoff := 200 * time.Millisecond
 	for {
 		err := a.connectOnce(ctx)
@@ -233,9 +235,8 @@ func (a *Agent) destroyAllInstances() {
 
 // watchInstances pushes a full report whenever what the node runs changes,
 // so ctrl's counts (drain, placement) do not wait for the next sync.
-func (a *Agent) watchInstances(ctx context.Context) {
-	var last api.Report
-	var lastStates string
+func (a *Agent) watchInstances(ctx context.Context, last api.Report) {
+	lastStates := fmt.Sprint(last.InstanceStates, last.Templates)
 	lastDataPlane := time.Now()
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
