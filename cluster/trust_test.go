@@ -24,7 +24,7 @@ import (
 
 // rawCall makes one API call to addr presenting cert, with extra headers,
 // and returns the HTTP status and the error code of the answer.
-func rawCall(t *testing.T, m *clustertest.Member, cert tls.Certificate, addr, method, path string, body any, hdr map[string]string) (int, *api.Error) {
+func rawCall(t testing.TB, m *clustertest.Member, cert tls.Certificate, addr, method, path string, body any, hdr map[string]string) (int, *api.Error) {
 	t.Helper()
 	pool, err := m.Dir.CAPool()
 	if err != nil {
@@ -52,7 +52,7 @@ func rawCall(t *testing.T, m *clustertest.Member, cert tls.Certificate, addr, me
 	return resp.StatusCode, eb.Error
 }
 
-func memberCert(t *testing.T, m *clustertest.Member) tls.Certificate {
+func memberCert(t testing.TB, m *clustertest.Member) tls.Certificate {
 	t.Helper()
 	c, err := m.Dir.MemberCertificate()
 	if err != nil {
@@ -61,7 +61,7 @@ func memberCert(t *testing.T, m *clustertest.Member) tls.Certificate {
 	return c
 }
 
-func adminCert(t *testing.T, m *clustertest.Member) tls.Certificate {
+func adminCert(t testing.TB, m *clustertest.Member) tls.Certificate {
 	t.Helper()
 	c, err := m.Dir.AdminCertificate()
 	if err != nil {

@@ -56,6 +56,9 @@ type Options struct {
 	ClockSkew map[string]time.Duration
 	// Runtimes gives nodes a real Instance runtime (the test owns it).
 	Runtimes map[string]*runtime.Runtime
+	// Timings replace the tight test timings (benchmarks with the
+	// production ones).
+	Timings *cluster.Timings
 }
 
 // New builds, joins and starts a cluster and waits until every node is READY.
@@ -123,7 +126,11 @@ func (m *Member) start(o Options) {
 		w = io.Discard
 	}
 	log := slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: slog.LevelInfo})).With("member", m.ID)
-	srv, err := cluster.Open(context.Background(), cluster.Config{DataDir: m.Dir, Timings: timings(), Logger: log})
+	tm := timings()
+	if o.Timings != nil {
+		tm = *o.Timings
+	}
+	srv, err := cluster.Open(context.Background(), cluster.Config{DataDir: m.Dir, Timings: tm, Logger: log})
 	if err != nil {
 		m.t.Fatalf("serve %s: %v", m.ID, err)
 	}
@@ -134,7 +141,7 @@ func (m *Member) start(o Options) {
 		adjust = func(r *api.Report) { o.AdjustReport(id, r) }
 	}
 	a, err := agent.New(agent.Config{DataDir: m.Dir, NodeID: m.ID, Capacity: o.Capacity, CtrlAddrs: srv.CtrlAddrs, Dial: srv.SessionDial, OnLeader: srv.NoteLeader,
-		SessionTimeout: timings().SessionTimeout, Logger: log, SampleInterval: time.Second, AdjustReport: adjust, ClockSkew: o.ClockSkew[m.ID], Runtime: o.Runtimes[m.ID]})
+		SessionTimeout: tm.SessionTimeout, Logger: log, SampleInterval: time.Second, AdjustReport: adjust, ClockSkew: o.ClockSkew[m.ID], Runtime: o.Runtimes[m.ID]})
 	if err != nil {
 		m.t.Fatalf("agent %s: %v", m.ID, err)
 	}
