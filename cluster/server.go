@@ -161,7 +161,7 @@ func (s *Server) start(ctx context.Context) error {
 		return err
 	}
 	if _, err := trust.FromCert(s.certs.memberCert().Leaf); err != nil {
-		return fmt.Errorf("member certificate %s: %w; this data directory was made by an older kibotos: join the host anew", d.MemberCert(), err)
+		return fmt.Errorf("member certificate %s: %w; the data directory %s was made by a kibotos without role certificates: create it anew (kibotos join with a new grant; for a dev cluster kibotos dev down --purge)", d.MemberCert(), err, d)
 	}
 	if s.ca, err = LoadCA(d.CACert(), d.CAKey()); err != nil {
 		return err
