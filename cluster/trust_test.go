@@ -179,6 +179,14 @@ func TestEachChannelTakesOnlyItsRole(t *testing.T) {
 		}
 	})
 
+	t.Run("a join through a node-only member goes to ctrl", func(t *testing.T) {
+		token := c.Grant("node-j", []string{api.RoleNode})
+		id, err := cluster.Join(context.Background(), cluster.JoinOptions{DataDir: datadir.Dir(t.TempDir() + "/j"), Advertise: clustertest.FreeAddr(t), Grant: token, Member: worker.Addr})
+		if err != nil || id.NodeID != "node-j" {
+			t.Fatalf("join through node-only %s: %+v %v", worker.ID, id, err)
+		}
+	})
+
 	t.Run("operator calls through a node-only member go to ctrl", func(t *testing.T) {
 		// The worker's CLI talks to its own member, which names ctrl; the
 		// call then reaches ctrl with the worker's operator certificate.
