@@ -21,8 +21,10 @@ const DefaultConsoleLogCap = 8 << 20
 // disk, and QEMU has no size-capped file chardev. A reader in the node
 // (not a helper process) needs no extra unit to take over; a new node
 // reconnects. While no node reads (between a node's exit and its
-// successor's takeover) QEMU drops what the guest writes; while the node
-// reads slower than the guest writes, the guest's UART waits, nothing grows.
+// successor's takeover) QEMU's socket chardev discards what the guest
+// writes (its write with no client connected reports the bytes consumed;
+// read from QEMU's char-socket.c, not measured here); while the node reads
+// slower than the guest writes, the guest's UART waits, nothing grows.
 //
 // The ring: console.log is appended to until it would pass half the cap,
 // then renamed to console.log.1 (replacing the older half) and started
