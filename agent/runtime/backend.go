@@ -51,25 +51,20 @@ type Paths struct {
 	// connects to it: the data-plane process is its one client (a QEMU
 	// socket chardev serves one client at a time).
 	DataSocket string
-	// VMMDir holds what a confined VMM creates itself (its sockets); ""
-	// for a launch from before VMM confinement, whose sockets are in Dir.
-	VMMDir string
 	// ConsoleSocket is the serial console of a confined VMM, which the
 	// node reads into Console; "": QEMU writes Console itself.
 	ConsoleSocket string
 }
 
 // confinedPaths are the files of an Instance whose VMM runs as the VMM
-// account: the sockets QEMU creates are in vmm/, the one directory it may
-// write to, so it can never replace the node's own files (launch record,
-// console log) in the Instance directory.
+// account: those of instancePaths and the serial console's socket. The
+// sockets stay in the Instance directory (a subdirectory would push them
+// past the 107-byte unix socket limit under long storage roots); the
+// directory is sticky, so the account can create its sockets there but
+// never rename or remove the node's files (launch record, console log).
 func confinedPaths(dir string) Paths {
 	p := instancePaths(dir)
-	p.VMMDir = filepath.Join(dir, "vmm")
-	p.AgentSocket = filepath.Join(p.VMMDir, "agent.sock")
-	p.DataSocket = filepath.Join(p.VMMDir, "data.sock")
-	p.Control = filepath.Join(p.VMMDir, "qmp.sock")
-	p.ConsoleSocket = filepath.Join(p.VMMDir, "console.sock")
+	p.ConsoleSocket = filepath.Join(dir, "ttyS0.sock")
 	return p
 }
 

@@ -56,8 +56,7 @@ func TestFirecrackerNoDataChannel(t *testing.T) {
 	}
 }
 
-// A confined launch puts QEMU's sockets in vmm/ (the one directory the VMM
-// account may write), its console on a socket and its seccomp filter on;
+// A confined launch puts its console on a socket and its seccomp filter on;
 // an unconfined one (before confinement) keeps the file console.
 func TestQEMUConfinedArgv(t *testing.T) {
 	q := &QEMU{Binary: "/usr/bin/qemu-system-x86_64", Accel: qemu.AccelTCG, TSCKHz: 2000000}
@@ -69,10 +68,10 @@ func TestQEMUConfinedArgv(t *testing.T) {
 	}
 	cmd := strings.Join(argv, " ")
 	for _, want := range []string{
-		"-chardev socket,id=console,path=/srv/kibotos/runtime/instances/i1/vmm/console.sock,server=on,wait=off -serial chardev:console",
+		"-chardev socket,id=console,path=/srv/kibotos/runtime/instances/i1/ttyS0.sock,server=on,wait=off -serial chardev:console",
 		"-sandbox " + qemu.SandboxOptions,
-		"path=/srv/kibotos/runtime/instances/i1/vmm/agent.sock,",
-		"-qmp unix:/srv/kibotos/runtime/instances/i1/vmm/qmp.sock,",
+		"path=/srv/kibotos/runtime/instances/i1/agent.sock,",
+		"-qmp unix:/srv/kibotos/runtime/instances/i1/qmp.sock,",
 	} {
 		if !strings.Contains(cmd, want) {
 			t.Errorf("confined argv lacks %q:\n%s", want, cmd)
@@ -85,7 +84,7 @@ func TestQEMUConfinedArgv(t *testing.T) {
 	if cmd := strings.Join(old, " "); !strings.Contains(cmd, "-serial file:/srv/kibotos/runtime/instances/i1/console.log") || strings.Contains(cmd, "-sandbox") {
 		t.Errorf("unconfined argv: %s", cmd)
 	}
-	if pathsOf("/d", &LaunchRecord{}).VMMDir != "" || pathsOf("/d", &LaunchRecord{Confinement: &Confinement{}}).VMMDir != "/d/vmm" {
+	if pathsOf("/d", &LaunchRecord{}).ConsoleSocket != "" || pathsOf("/d", &LaunchRecord{Confinement: &Confinement{}}).ConsoleSocket != "/d/ttyS0.sock" {
 		t.Error("pathsOf does not follow the record's confinement")
 	}
 }

@@ -174,7 +174,7 @@ func dataPlane(t *testing.T, rt *runtime.Runtime, id, dir string, c *guestproto.
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := filepath.Join(dir, "vmm", "data.sock"); st.DataSocket != want || !filepath.IsAbs(st.DataSocket) {
+	if want := filepath.Join(dir, "data.sock"); st.DataSocket != want || !filepath.IsAbs(st.DataSocket) {
 		t.Fatalf("InstanceStatus.DataSocket %q, want %q", st.DataSocket, want)
 	}
 	conn, err := net.Dial("unix", st.DataSocket)

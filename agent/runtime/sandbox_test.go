@@ -155,7 +155,7 @@ func TestConfinedVMM(t *testing.T) {
 
 	// Nothing QEMU uses is open to others; the node's own files are not
 	// the VMM's to write.
-	for _, f := range []string{dir, filepath.Join(dir, "vmm"), filepath.Join(dir, "vmm", "agent.sock"), filepath.Join(dir, "vmm", "console.sock"),
+	for _, f := range []string{dir, filepath.Join(dir, "agent.sock"), filepath.Join(dir, "ttyS0.sock"),
 		filepath.Join(dir, "disk.raw"), filepath.Join(dir, "vmm.log"), filepath.Join(dir, "console.log"), filepath.Join(dir, runtime.LaunchRecordFile),
 		inst.Kernel(), inst.Initrd()} {
 		fi, err := os.Stat(f)
@@ -167,8 +167,8 @@ func TestConfinedVMM(t *testing.T) {
 			t.Errorf("%s has mode %v: open to others", f, fi.Mode())
 		}
 	}
-	if fi, err := os.Stat(dir); err == nil && fi.Mode().Perm() != 0o710 {
-		t.Errorf("instance directory mode %v, want 0710 (the VMM account may only search it)", fi.Mode())
+	if fi, err := os.Stat(dir); err == nil && (fi.Mode().Perm() != 0o730 || fi.Mode()&os.ModeSticky == 0) {
+		t.Errorf("instance directory mode %v, want 01730 (the VMM account creates its sockets, never lists or replaces the node's files)", fi.Mode())
 	}
 
 	// A guest writing to its console without end (ttyS0 is the serial

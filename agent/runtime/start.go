@@ -349,19 +349,14 @@ func createDisk(ctx context.Context, path string, mib int) error {
 	return nil
 }
 
-// prepareVMMDirs makes the Instance directory searchable (not listable)
-// by the VMM account and vmm/ the one directory it may create files in.
+// prepareVMMDirs lets the VMM account create its sockets in the Instance
+// directory without listing it (group -wx) and, by the sticky bit, without
+// renaming or removing the node's files there.
 func (rt *Runtime) prepareVMMDirs(p Paths) error {
 	if rt.vmm == nil {
 		return nil
 	}
-	if err := rt.vmm.grantDir(p.Dir, 0o710); err != nil {
-		return err
-	}
-	if err := os.Mkdir(p.VMMDir, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
-		return err
-	}
-	return rt.vmm.grantDir(p.VMMDir, 0o770)
+	return rt.vmm.grantDir(p.Dir, 0o730|os.ModeSticky)
 }
 
 // grantVMMFiles gives the VMM account what QEMU opens by path and nothing

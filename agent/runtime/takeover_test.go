@@ -255,9 +255,8 @@ func TestTakeoverAfterKill9(t *testing.T) {
 	ctx := testCtx(t, time.Minute)
 	for _, id := range nodeInstances {
 		// Taken over, an Instance keeps its data-plane socket: it comes
-		// from the Instance directory (vmm/, where the confined VMM may
-		// create it) and the launch's command line.
-		want := filepath.Join(h.root, "runtime", "instances", id, "vmm", "data.sock")
+		// from the Instance directory and the launch's command line.
+		want := filepath.Join(h.root, "runtime", "instances", id, "data.sock")
 		if st, err := rt.Status(id); err != nil || st.DataSocket != want {
 			t.Errorf("%s after takeover: DataSocket %q, %v; want %q", id, st.DataSocket, err, want)
 		} else if _, err := os.Stat(want); err != nil {
