@@ -51,6 +51,29 @@ type Paths struct {
 	// connects to it: the data-plane process is its one client (a QEMU
 	// socket chardev serves one client at a time).
 	DataSocket string
+	// ConsoleSocket is the serial console of a confined VMM, which the
+	// node reads into Console; "": QEMU writes Console itself.
+	ConsoleSocket string
+}
+
+// confinedPaths are the files of an Instance whose VMM runs as the VMM
+// account: those of instancePaths and the serial console's socket. The
+// sockets stay in the Instance directory (a subdirectory would push them
+// past the 107-byte unix socket limit under long storage roots); the
+// directory is sticky, so the account can create its sockets there but
+// never rename or remove the node's files (launch record, console log).
+func confinedPaths(dir string) Paths {
+	p := instancePaths(dir)
+	p.ConsoleSocket = filepath.Join(dir, "ttyS0.sock")
+	return p
+}
+
+// pathsOf are the files of the launch rec describes.
+func pathsOf(dir string, rec *LaunchRecord) Paths {
+	if rec != nil && rec.Confinement != nil {
+		return confinedPaths(dir)
+	}
+	return instancePaths(dir)
 }
 
 func instancePaths(dir string) Paths {
@@ -108,17 +131,19 @@ func (*QEMU) Name() string { return "qemu" }
 // Argv implements Backend.
 func (q *QEMU) Argv(spec Spec, p Paths) ([]string, error) {
 	cfg := qemu.Config{
-		Binary:     q.Binary,
-		Accel:      q.Accel,
-		TSCKHz:     q.TSCKHz,
-		MemoryMiB:  spec.MemoryMiB,
-		VCPUs:      spec.VCPUs,
-		Kernel:     spec.Installation.Kernel(),
-		Initrd:     spec.Installation.Initrd(),
-		ConsoleLog: p.Console,
-		Channels:   []qemu.Channel{{Name: AgentPortName, Socket: p.AgentSocket}},
-		QMPSocket:  p.Control,
-		NoReboot:   true,
+		Binary:    q.Binary,
+		Accel:     q.Accel,
+		TSCKHz:    q.TSCKHz,
+		MemoryMiB: spec.MemoryMiB,
+		VCPUs:     spec.VCPUs,
+		Kernel:    spec.Installation.Kernel(),
+		Initrd:    spec.Installation.Initrd(),
+		// A confined launch: console on a socket the node caps, seccomp.
+		ConsoleSocket: p.ConsoleSocket,
+		Sandbox:       p.ConsoleSocket != "",
+		Channels:      []qemu.Channel{{Name: AgentPortName, Socket: p.AgentSocket}},
+		QMPSocket:     p.Control,
+		NoReboot:      true,
 	}
 	// The data plane's channel; InstanceStatus reports its socket because
 	// it is on this command line.
@@ -133,6 +158,9 @@ func (q *QEMU) Argv(spec Spec, p Paths) ([]string, error) {
 	}
 	if p.Tap != "" {
 		cfg.NIC = &qemu.NIC{Tap: p.Tap}
+	}
+	if cfg.ConsoleSocket == "" {
+		cfg.ConsoleLog = p.Console
 	}
 	return cfg.Argv()
 }

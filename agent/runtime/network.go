@@ -60,17 +60,24 @@ func (rt *Runtime) inManagerNS(ctx context.Context, args ...string) error {
 
 // createNetwork makes the Instance's namespace with its tap up and
 // addressed. A namespace left by an interrupted start is replaced.
-func (rt *Runtime) createNetwork(ctx context.Context, id string) error {
+func (rt *Runtime) createNetwork(ctx context.Context, id string, owner *vmmAccount) error {
 	ns := NetNSName(id)
 	if _, err := os.Stat(rt.managerView(netnsPath(id))); err == nil {
 		if err := rt.inManagerNS(ctx, "netns", "del", ns); err != nil {
 			return fmt.Errorf("runtime: instance %s: remove stale network namespace: %w", id, err)
 		}
 	}
+	// The tap belongs to the VMM account, so QEMU running as it may attach
+	// to it (TUNSETIFF on a persistent tap checks its owner) without
+	// CAP_NET_ADMIN.
+	tuntap := []string{"-n", ns, "tuntap", "add", "dev", TapName, "mode", "tap"}
+	if owner != nil {
+		tuntap = append(tuntap, "user", strconv.Itoa(owner.uid), "group", strconv.Itoa(owner.gid))
+	}
 	steps := [][]string{
 		{"netns", "add", ns},
 		{"-n", ns, "link", "set", "lo", "up"},
-		{"-n", ns, "tuntap", "add", "dev", TapName, "mode", "tap"},
+		tuntap,
 		{"-n", ns, "addr", "add", HostTapAddr, "dev", TapName},
 		{"-n", ns, "link", "set", TapName, "up"},
 	}

@@ -48,3 +48,19 @@ func fileID(path string) (dev, ino uint64, err error) {
 	}
 	return st.Dev, st.Ino, nil
 }
+
+// procUID is the real uid of pid (the Uid: line of /proc/<pid>/status).
+func procUID(pid int) (int, error) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
+	if err != nil {
+		return 0, err
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if rest, ok := strings.CutPrefix(line, "Uid:"); ok {
+			if f := strings.Fields(rest); len(f) > 0 {
+				return strconv.Atoi(f[0])
+			}
+		}
+	}
+	return 0, fmt.Errorf("/proc/%d/status: no Uid line", pid)
+}

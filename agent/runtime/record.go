@@ -50,12 +50,35 @@ type LaunchRecord struct {
 	LayerPath string    `json:"layer_path,omitempty"`
 	CreatedAt time.Time `json:"created_at"`
 
+	// Confinement is how the VMM was confined at launch. nil: a launch by
+	// a build from before VMM confinement (QEMU as root, no seccomp, serial
+	// console appended by QEMU to console.log without bound, sockets in the
+	// Instance directory); such VMMs keep running that way until their next
+	// start, and takeover accepts both.
+	Confinement *Confinement `json:"confinement,omitempty"`
+
 	// Process is set once the unit runs the VMM.
 	Process *ProcessRecord `json:"process,omitempty"`
 	// Guest is the guest claimed at the readiness check.
 	Guest *GuestRecord `json:"guest,omitempty"`
 	// Stopped is set when the node stopped the VMM on purpose.
 	Stopped *time.Time `json:"stopped,omitempty"`
+}
+
+// Confinement is what a confined VMM launch was given.
+type Confinement struct {
+	// User is the VMM account, UID its uid: takeover checks the running
+	// process has it.
+	User string `json:"user"`
+	UID  int    `json:"uid"`
+	GID  int    `json:"gid"`
+	// Seccomp: QEMU runs with -sandbox (qemu.SandboxOptions).
+	Seccomp bool `json:"seccomp"`
+	// Console is "socket": the node reads the serial console into a
+	// size-capped console.log (console.go).
+	Console   string `json:"console"`
+	MemoryMax uint64 `json:"memory_max"`
+	TasksMax  uint64 `json:"tasks_max"`
 }
 
 // ProcessRecord identifies the VMM process of one run of the unit.

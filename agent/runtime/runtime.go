@@ -67,6 +67,52 @@ type Config struct {
 	// when no Instance uses them, e.g. the Platform new Instances will use.
 	// Every other installation no record references is removed.
 	KeepInstallations []string
+	// VMMUser is the account QEMU VMMs run as, created when missing;
+	// default DefaultVMMUser.
+	VMMUser string
+	// ConsoleLogCap bounds the serial console kept per Instance (on disk,
+	// console.log and console.log.1 together); default DefaultConsoleLogCap.
+	ConsoleLogCap int64
+
+	// unconfinedVMM launches QEMU the way builds before VMM confinement
+	// did (root, no seccomp, file console), so tests can make the
+	// Instances an upgraded node must take over.
+	unconfinedVMM bool
+}
+
+// Overheads of a confined QEMU VMM beside its guest, for the unit's
+// MemoryMax and TasksMax. The limits are there so a VMM gone wrong (or a
+// guest driving it into growth) is killed in its own unit (OOMPolicy=kill)
+// instead of the host's memory or PID space running out.
+const (
+	// VMMMemoryOverheadMiB: a microvm QEMU under TCG with virtio-serial,
+	// blk and net measured 217-270 MiB RSS for a 256 MiB guest at 1 vCPU
+	// (recipes), and 293 MiB (VmRSS 300436 kB) at 2 vCPUs in
+	// TestConfinedVMM; ~43 MiB of it is the TCG translation cache, the rest
+	// guest pages touched plus QEMU's own code, heap and I/O buffers. 384
+	// MiB above the guest size leaves room for the translation cache of
+	// more vCPUs, block and chardev buffers and a migration stream, and
+	// still never lets a VMM take much more than its guest was given.
+	VMMMemoryOverheadMiB = 384
+	// VMMTasksBase, VMMTasksPerVCPU: a running confined QEMU with 2 vCPUs
+	// had 6 threads (main loop, RCU, one per vCPU, and I/O helpers) in
+	// TestConfinedVMM. Block I/O adds thread-pool workers on demand, up to
+	// QEMU's default pool size of 64: the base covers that pool, 2 per vCPU
+	// a vCPU thread and one more helper each. The log wrapper shell is the
+	// same task (it exec's QEMU).
+	VMMTasksBase    = 64
+	VMMTasksPerVCPU = 2
+)
+
+// vmmLimits are the MemoryMax (bytes) and TasksMax of a VMM unit for a guest.
+func vmmLimits(memoryMiB, vcpus int) (memoryMax, tasksMax uint64) {
+	if memoryMiB <= 0 {
+		memoryMiB = 256 // QEMU's default in vmm/qemu
+	}
+	if vcpus <= 0 {
+		vcpus = 1
+	}
+	return uint64(memoryMiB+VMMMemoryOverheadMiB) << 20, uint64(VMMTasksBase + VMMTasksPerVCPU*vcpus)
 }
 
 // Runtime runs the Instances of one node. Open takes over what a previous
@@ -76,6 +122,9 @@ type Runtime struct {
 	log     *slog.Logger
 	units   *units.Manager
 	backend Backend
+	// vmm is the account confined VMMs run as; nil: VMMs run unconfined
+	// (a backend without it, or the test hook).
+	vmm *vmmAccount
 
 	instancesDir, registryDir, logsDir string
 	lock                               *os.File
@@ -107,6 +156,8 @@ type instance struct {
 	stopGuest  context.CancelFunc
 	guestDone  chan struct{}
 	logsCopied bool
+	// consoleDone is closed when the console reader ended; nil: none.
+	consoleDone chan struct{}
 }
 
 // notify wakes waiters on guest or state changes; in.mu must be held.
@@ -156,6 +207,12 @@ func Open(ctx context.Context, cfg Config) (*Runtime, error) {
 	if cfg.WatchInterval == 0 {
 		cfg.WatchInterval = 500 * time.Millisecond
 	}
+	if cfg.VMMUser == "" {
+		cfg.VMMUser = DefaultVMMUser
+	}
+	if cfg.ConsoleLogCap <= 0 {
+		cfg.ConsoleLogCap = DefaultConsoleLogCap
+	}
 	rt := &Runtime{
 		cfg:          cfg,
 		log:          cfg.Logger,
@@ -194,6 +251,20 @@ func Open(ctx context.Context, cfg Config) (*Runtime, error) {
 		}
 		rt.log.Info("qemu accelerator selected", "accel", choice.Accel, "reason", choice.Reason)
 		rt.backend = b
+	}
+	if q, ok := rt.backend.(*QEMU); ok && !cfg.unconfinedVMM {
+		a, err := ensureVMMAccount(ctx, cfg.VMMUser)
+		if err != nil {
+			return nil, err
+		}
+		changed, err := a.ensureVMMDevices(q.Accel == qemu.AccelKVM)
+		if err != nil {
+			return nil, err
+		}
+		if len(changed) > 0 {
+			rt.log.Warn("VMM device permissions set to the udev defaults", "devices", changed, "vmm_user", a.name)
+		}
+		rt.vmm = &a
 	}
 	rt.ctx, rt.cancel = context.WithCancel(context.Background())
 	if err := rt.takeover(ctx); err != nil {

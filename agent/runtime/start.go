@@ -63,7 +63,11 @@ func (rt *Runtime) Start(ctx context.Context, spec Spec) (InstanceStatus, error)
 		return InstanceStatus{}, fmt.Errorf("runtime: start instance %s: disk of %d MiB", id, spec.DiskMiB)
 	}
 	dir := filepath.Join(rt.instancesDir, id)
-	in := &instance{id: id, paths: instancePaths(dir), state: StateStarting, changed: make(chan struct{})}
+	paths := instancePaths(dir)
+	if rt.vmm != nil {
+		paths = confinedPaths(dir)
+	}
+	in := &instance{id: id, paths: paths, state: StateStarting, changed: make(chan struct{})}
 	if spec.DiskMiB == 0 {
 		in.paths.Disk = ""
 	}
@@ -104,6 +108,9 @@ func (rt *Runtime) start(ctx context.Context, in *instance, spec Spec) error {
 		}
 		p.Layer = spec.LayerPath
 	}
+	if err := rt.prepareVMMDirs(p); err != nil {
+		return fmt.Errorf("runtime: instance %s: %w", in.id, err)
+	}
 	vmm, err := rt.backend.Argv(spec, p)
 	if err != nil {
 		return err
@@ -134,6 +141,11 @@ func (rt *Runtime) start(ctx context.Context, in *instance, spec Spec) error {
 		LayerPath:       spec.LayerPath,
 		CreatedAt:       time.Now().UTC(),
 	}
+	memMax, tasksMax := vmmLimits(spec.MemoryMiB, spec.VCPUs)
+	if rt.vmm != nil {
+		rec.Confinement = &Confinement{User: rt.vmm.name, UID: rt.vmm.uid, GID: rt.vmm.gid, Seccomp: true, Console: "socket",
+			MemoryMax: memMax, TasksMax: tasksMax}
+	}
 	if err := WriteLaunchRecord(p.Dir, rec); err != nil {
 		return err
 	}
@@ -150,6 +162,9 @@ func (rt *Runtime) start(ctx context.Context, in *instance, spec Spec) error {
 			return fmt.Errorf("runtime: instance %s: %w", in.id, err)
 		}
 	}
+	if err := rt.grantVMMFiles(spec, p); err != nil {
+		return fmt.Errorf("runtime: instance %s: %w", in.id, err)
+	}
 
 	us := units.Spec{
 		Name:        rec.Unit,
@@ -159,8 +174,16 @@ func (rt *Runtime) start(ctx context.Context, in *instance, spec Spec) error {
 		// How the VMM ended goes into its log, which outlives the unit.
 		ExecStopPost: []string{sh, "-c", `echo "` + VMMExitedLine + ` result=$SERVICE_RESULT code=$EXIT_CODE status=$EXIT_STATUS" >>"$` + vmmLogEnv + `"`},
 	}
+	if c := rec.Confinement; c != nil {
+		us.User, us.Group, us.SupplementaryGroups = c.User, c.User, []string{KVMGroup}
+		us.NoNewPrivileges = true
+		// Sockets QEMU creates: its account's alone (root connects anyway).
+		us.UMask = 0o077
+		us.MemoryMax, us.TasksMax = c.MemoryMax, c.TasksMax
+		us.LimitMEMLOCKInfinity = true
+	}
 	if spec.Network {
-		if err := rt.createNetwork(ctx, in.id); err != nil {
+		if err := rt.createNetwork(ctx, in.id, confinedOwner(rt.vmm, rec)); err != nil {
 			return err
 		}
 		us.NetworkNamespacePath = netnsPath(in.id)
@@ -190,6 +213,9 @@ func (rt *Runtime) start(ctx context.Context, in *instance, spec Spec) error {
 	in.mu.Lock()
 	in.rec = &rec2
 	in.mu.Unlock()
+	if p.ConsoleSocket != "" {
+		rt.startConsole(in)
+	}
 
 	if err := rt.awaitGuest(ctx, in, true); err != nil {
 		return err
@@ -228,7 +254,7 @@ func (rt *Runtime) awaitGuest(ctx context.Context, in *instance, stopOnCancel bo
 		return err
 	}
 	if err != nil {
-		return errors.Join(fmt.Errorf("guest agent did not answer within %v: %w; console tail:\n%s", rt.cfg.GuestTimeout, err, tailString(in.paths.Console, 2048)),
+		return errors.Join(fmt.Errorf("guest agent did not answer within %v: %w; console tail:\n%s", rt.cfg.GuestTimeout, err, consoleTail(in.paths.Console, 2048)),
 			rt.abortLaunch(ctx, rec.Unit, proc.InvocationID))
 	}
 	ready := *rec
@@ -321,4 +347,59 @@ func createDisk(ctx context.Context, path string, mib int) error {
 		return fmt.Errorf("mkfs.ext4 %s: %w: %s", path, err, out)
 	}
 	return nil
+}
+
+// prepareVMMDirs lets the VMM account create its sockets in the Instance
+// directory without listing it (group -wx) and, by the sticky bit, without
+// renaming or removing the node's files there.
+func (rt *Runtime) prepareVMMDirs(p Paths) error {
+	if rt.vmm == nil {
+		return nil
+	}
+	return rt.vmm.grantDir(p.Dir, 0o730|os.ModeSticky)
+}
+
+// grantVMMFiles gives the VMM account what QEMU opens by path and nothing
+// else: the installation's kernel and initramfs and the template image to
+// read, the disks to write, vmm.log to append to (the log wrapper runs as
+// the account); the directories above them searchable. The console log
+// stays the node's.
+func (rt *Runtime) grantVMMFiles(spec Spec, p Paths) error {
+	if rt.vmm == nil {
+		return nil
+	}
+	f, err := os.OpenFile(p.VMMLog, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+	if err != nil {
+		return err
+	}
+	f.Close()
+	type grant struct {
+		path string
+		mode os.FileMode
+	}
+	grants := []grant{
+		{spec.Installation.Kernel(), 0o640},
+		{spec.Installation.Initrd(), 0o640},
+		{p.VMMLog, 0o620},
+	}
+	if p.Disk != "" {
+		grants = append(grants, grant{p.Disk, 0o660})
+	}
+	if p.Layer != "" {
+		grants = append(grants, grant{p.Layer, 0o660}, grant{spec.RootImage, 0o640})
+	}
+	for _, g := range grants {
+		if err := rt.vmm.grantFile(g.path, g.mode); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// confinedOwner is the VMM account of a confined launch, else nil.
+func confinedOwner(a *vmmAccount, rec *LaunchRecord) *vmmAccount {
+	if rec.Confinement == nil {
+		return nil
+	}
+	return a
 }

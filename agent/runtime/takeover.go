@@ -108,7 +108,7 @@ func (rt *Runtime) takeover(ctx context.Context) error {
 	for _, v := range verdicts {
 		in := &instance{
 			id:      v.rec.InstanceID,
-			paths:   instancePaths(filepath.Join(rt.instancesDir, v.rec.InstanceID)),
+			paths:   pathsOf(filepath.Join(rt.instancesDir, v.rec.InstanceID), v.rec),
 			rec:     v.rec,
 			state:   v.state,
 			err:     v.err,
@@ -134,6 +134,11 @@ func (rt *Runtime) takeover(ctx context.Context) error {
 			} else {
 				in.logsCopied = true
 			}
+		}
+		if (v.state == StateStarting || v.state == StateRunning) && in.paths.ConsoleSocket != "" {
+			// Reconnect to the console: QEMU dropped what the guest wrote
+			// while no node read it.
+			rt.startConsole(in)
 		}
 		if v.state == StateStarting {
 			rt.log.Info("instance taken over before its guest answered", "instance_id", in.id, "unit", v.rec.Unit,
@@ -188,6 +193,17 @@ func (rt *Runtime) mismatch(rec *LaunchRecord, u units.Unit) string {
 		why = append(why, fmt.Sprintf("executable of host PID %d unreadable (%v), recorded %s %d:%d", hostPID, err, p.Exe, p.ExeDev, p.ExeIno))
 	} else if dev != p.ExeDev || ino != p.ExeIno || exe != p.Exe {
 		why = append(why, fmt.Sprintf("executable %s dev:ino %d:%d, recorded %s %d:%d", exe, dev, ino, p.Exe, p.ExeDev, p.ExeIno))
+	}
+	// A launch from before VMM confinement runs as root; a confined one
+	// as the account it recorded.
+	wantUID := 0
+	if rec.Confinement != nil {
+		wantUID = rec.Confinement.UID
+	}
+	if uid, err := procUID(hostPID); err != nil {
+		why = append(why, fmt.Sprintf("uid of host PID %d unreadable: %v", hostPID, err))
+	} else if uid != wantUID {
+		why = append(why, fmt.Sprintf("process uid %d, recorded %d", uid, wantUID))
 	}
 	if m := rt.netnsMismatch(hostPID, p.NetNS); m != "" {
 		why = append(why, m)

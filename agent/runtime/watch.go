@@ -106,8 +106,13 @@ func (rt *Runtime) copyMachineLogs(in *instance) error {
 		return err
 	}
 	var errs []error
+	in.awaitConsole(2 * time.Second)
 	for _, src := range []string{in.paths.Console, in.paths.VMMLog} {
-		b, err := readTail(src, MachineLogTail)
+		read := readTail
+		if src == in.paths.Console {
+			read = readConsoleTail // with the older half of the ring
+		}
+		b, err := read(src, MachineLogTail)
 		if errors.Is(err, os.ErrNotExist) {
 			continue
 		}
@@ -143,8 +148,8 @@ func readTail(path string, n int64) ([]byte, error) {
 	return io.ReadAll(io.LimitReader(f, n))
 }
 
-func tailString(path string, n int64) string {
-	b, err := readTail(path, n)
+func consoleTail(path string, n int64) string {
+	b, err := readConsoleTail(path, n)
 	if err != nil {
 		return "(" + err.Error() + ")"
 	}

@@ -40,6 +40,11 @@ func (m *Manager) Get(ctx context.Context, name string) (Unit, error) {
 		u.Result, _ = tp["Result"].(string)
 		u.ExecMainStatus, _ = tp["ExecMainStatus"].(int32)
 		u.OOMScoreAdjust, _ = tp["OOMScoreAdjust"].(int32)
+		u.User, _ = tp["User"].(string)
+		u.NoNewPrivileges, _ = tp["NoNewPrivileges"].(bool)
+		u.MemoryMax, _ = tp["MemoryMax"].(uint64)
+		u.TasksMax, _ = tp["TasksMax"].(uint64)
+		u.LimitMEMLOCK, _ = tp["LimitMEMLOCK"].(uint64)
 	}
 	return u, nil
 }

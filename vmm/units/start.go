@@ -36,6 +36,21 @@ type Spec struct {
 	// SERVICE_RESULT, EXIT_CODE and EXIT_STATUS in its environment (how
 	// the VMM ended, kept after the unit is collected).
 	ExecStopPost []string
+
+	// User and Group run the service (ExecStart and ExecStopPost) as that
+	// account instead of root; SupplementaryGroups are added to it.
+	User                string
+	Group               string
+	SupplementaryGroups []string
+	// NoNewPrivileges: no setuid, file capabilities or other privilege
+	// gain for anything the service executes.
+	NoNewPrivileges bool
+	// UMask for files the service creates (its unix sockets); 0: systemd's
+	// default 0022.
+	UMask uint32
+	// MemoryMax and TasksMax bound the unit's cgroup; 0: no limit set.
+	MemoryMax uint64
+	TasksMax  uint64
 }
 
 // StartVMM starts an Instance's VMM as a transient service in VMMSlice with
@@ -107,6 +122,27 @@ func (spec Spec) properties(extra ...sd.Property) []sd.Property {
 	}
 	if len(spec.Environment) > 0 {
 		ps = append(ps, prop("Environment", spec.Environment))
+	}
+	if spec.User != "" {
+		ps = append(ps, prop("User", spec.User))
+	}
+	if spec.Group != "" {
+		ps = append(ps, prop("Group", spec.Group))
+	}
+	if len(spec.SupplementaryGroups) > 0 {
+		ps = append(ps, prop("SupplementaryGroups", spec.SupplementaryGroups))
+	}
+	if spec.NoNewPrivileges {
+		ps = append(ps, prop("NoNewPrivileges", true))
+	}
+	if spec.UMask != 0 {
+		ps = append(ps, prop("UMask", spec.UMask))
+	}
+	if spec.MemoryMax != 0 {
+		ps = append(ps, prop("MemoryMax", spec.MemoryMax))
+	}
+	if spec.TasksMax != 0 {
+		ps = append(ps, prop("TasksMax", spec.TasksMax))
 	}
 	return append(ps, extra...)
 }

@@ -50,9 +50,14 @@ func (m *Manager) Stop(ctx context.Context, name string) error {
 	}
 	deadline := time.Now().Add(settle)
 	for {
-		left, err := CgroupPIDs(m.CgroupPath(u))
-		if err != nil {
-			return fmt.Errorf("units: stop unit %s: read cgroup %s: %w", name, m.CgroupPath(u), err)
+		var left []int
+		// A unit whose processes are all gone (ExecStopPost done, not yet
+		// collected) reports no ControlGroup: CgroupPath would then be the
+		// manager's root, whose processes are not the unit's.
+		if u.ControlGroup != "" {
+			if left, err = CgroupPIDs(m.CgroupPath(u)); err != nil {
+				return fmt.Errorf("units: stop unit %s: read cgroup %s: %w", name, m.CgroupPath(u), err)
+			}
 		}
 		mainAlive := mainPID != 0 && procStart(mainPID) == mainStart
 		if len(left) == 0 && !mainAlive {

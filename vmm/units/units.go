@@ -150,6 +150,14 @@ type Unit struct {
 	// kernel may not have it: without CAP_SYS_RESOURCE systemd cannot lower
 	// it and carries on.
 	OOMScoreAdjust int32
+	// What confines a service, as configured (systemd may be unable to
+	// apply all of it: a private systemd without the memory and pids
+	// controllers keeps MemoryMax and TasksMax as properties only).
+	User            string
+	NoNewPrivileges bool
+	MemoryMax       uint64 // math.MaxUint64: infinity
+	TasksMax        uint64 // math.MaxUint64: infinity
+	LimitMEMLOCK    uint64 // math.MaxUint64: infinity
 }
 
 // Active reports whether the unit is running or about to.

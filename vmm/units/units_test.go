@@ -5,8 +5,10 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"os/exec"
+	"os/user"
 	"path/filepath"
 	"slices"
 	"sort"
@@ -382,5 +384,40 @@ func TestConnectErrorNamesSocket(t *testing.T) {
 	_, err := units.Connect(context.Background(), target)
 	if err == nil || !strings.Contains(err.Error(), target.Socket) {
 		t.Errorf("Connect to a missing socket: %v; want an error naming it", err)
+	}
+}
+
+// TestStartVMMConfined runs a VMM unit as an unprivileged account with the
+// confinement properties and reads them back, from the bus and from the
+// process. "nobody" stands in for the VMM account (the runtime creates
+// kibotos-vmm; this package never creates accounts).
+func TestStartVMMConfined(t *testing.T) {
+	h := newHarness(t)
+	ctx := testCtx(t)
+	spec := sleepSpec("kibotos-vmm-confined.service")
+	spec.User, spec.Group = "nobody", "nogroup"
+	spec.NoNewPrivileges, spec.UMask = true, 0o077
+	spec.MemoryMax, spec.TasksMax = 64<<20, 8
+	u, err := h.m.StartVMM(ctx, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.m.Stop(ctx, spec.Name)
+	if u.User != "nobody" || !u.NoNewPrivileges || u.MemoryMax != 64<<20 || u.TasksMax != 8 || u.LimitMEMLOCK != math.MaxUint64 {
+		t.Errorf("read back User %q NoNewPrivileges %v MemoryMax %d TasksMax %d LimitMEMLOCK %d; want nobody, true, %d, 8, infinity",
+			u.User, u.NoNewPrivileges, u.MemoryMax, u.TasksMax, u.LimitMEMLOCK, 64<<20)
+	}
+	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", mainHostPID(t, h, u)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	nobody, err := user.Lookup("nobody")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"\nUid:\t" + nobody.Uid + "\t", "\nNoNewPrivs:\t1\n"} {
+		if !strings.Contains(string(status), want) {
+			t.Errorf("/proc status of the main process lacks %q:\n%s", want, status)
+		}
 	}
 }
