@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"crypto/tls"
+	"encoding/json"
 	"errors"
 	"net"
 	"sync"
@@ -166,15 +167,68 @@ func (w *connWatch) wrap(c net.Conn, id trust.Identity) net.Conn {
 	return wc
 }
 
-// enforceRevocations closes watched connections whose peer is no longer
-// admitted, every time the local state changes.
+// admissionOps are the operations that can change whether a node's
+// certificates are accepted.
+var admissionOps = map[string]bool{
+	fsm.OpEnrollmentConsume: true, fsm.OpEnrollmentRevoke: true, fsm.OpNodeRetire: true,
+}
+
+// admissionChanges returns the nodes whose admission the entries may have
+// changed (their node_id argument).
+func admissionChanges(entries []fsm.Entry) []string {
+	var out []string
+	for _, e := range entries {
+		if !admissionOps[e.Op] {
+			continue
+		}
+		var a struct {
+			NodeID string `json:"node_id"`
+		}
+		if json.Unmarshal(e.Args, &a) == nil && a.NodeID != "" {
+			out = append(out, a.NodeID)
+		}
+	}
+	return out
+}
+
+// noteAdmissionChanges is called after every applied batch (and restore,
+// with nil: everything may have changed). It must not block the apply.
+func (s *Server) noteAdmissionChanges(nodes []string, all bool) {
+	s.revokeMu.Lock()
+	if all {
+		s.revokeAll = true
+	}
+	for _, n := range nodes {
+		s.revokePending[n] = true
+	}
+	s.revokeMu.Unlock()
+	select {
+	case s.revokeKick <- struct{}{}:
+	default:
+	}
+}
+
+// enforceRevocations closes watched connections of nodes that are no longer
+// admitted. It looks only at the nodes whose admission a batch touched (or
+// at every connection after a snapshot restore), so thousands of sessions
+// cost nothing per write.
 func (s *Server) enforceRevocations() {
 	for {
-		next := s.changed.next()
+		select {
+		case <-s.stop:
+			return
+		case <-s.revokeKick:
+		}
+		s.revokeMu.Lock()
+		pending, all := s.revokePending, s.revokeAll
+		s.revokePending, s.revokeAll = map[string]bool{}, false
+		s.revokeMu.Unlock()
 		s.conns.mu.Lock()
-		peers := make(map[net.Conn]trust.Identity, len(s.conns.conns))
+		peers := map[net.Conn]trust.Identity{}
 		for c, id := range s.conns.conns {
-			peers[c] = id
+			if all || pending[id.NodeID] {
+				peers[c] = id
+			}
 		}
 		s.conns.mu.Unlock()
 		for c, id := range peers {
@@ -182,11 +236,6 @@ func (s *Server) enforceRevocations() {
 				s.log.Warn("connection of a node that is no longer admitted closed", "peer", id.Name(), "remote", c.RemoteAddr().String(), "reason", err.Error())
 				c.Close()
 			}
-		}
-		select {
-		case <-s.stop:
-			return
-		case <-next:
 		}
 	}
 }

@@ -22,6 +22,9 @@ type raftFSM struct {
 	// changed, when set, learns of every applied batch and restore
 	// (blocking reads wait on it).
 	changed *broadcaster
+	// admission, when set, learns which nodes' admission a batch may have
+	// changed (all after a restore): open connections of revoked nodes end.
+	admission func(nodes []string, all bool)
 }
 
 // broadcaster wakes everyone waiting for the state to change.
@@ -73,6 +76,9 @@ func (r *raftFSM) ApplyBatch(logs []*raft.Log) []interface{} {
 		out[index[j]] = res
 	}
 	r.changed.notify()
+	if nodes := admissionChanges(entries); len(nodes) > 0 && r.admission != nil {
+		r.admission(nodes, false)
+	}
 	return out
 }
 
@@ -91,6 +97,9 @@ func (r *raftFSM) Restore(rc io.ReadCloser) error {
 		r.restoreErr = err
 	}
 	r.changed.notify()
+	if r.admission != nil {
+		r.admission(nil, true)
+	}
 	return err
 }
 

@@ -93,6 +93,11 @@ type Server struct {
 	client     trust.Client // the member as a TLS client
 	httpClient *http.Client // member-authenticated calls of ctrl members (forwarding, renewal)
 	conns      *connWatch   // Raft and session connections, closed when their node is revoked
+	// Nodes whose admission applied entries changed, for enforceRevocations.
+	revokeMu      sync.Mutex
+	revokePending map[string]bool
+	revokeAll     bool
+	revokeKick    chan struct{}
 	joinLimit  *joinLimiter
 
 	mux     *mux
@@ -143,7 +148,7 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 		return nil, err
 	}
 	s := &Server{cfg: cfg, id: id, log: cfg.Logger.With("node_id", id.NodeID), release: release, stop: make(chan struct{}), sessions: newSessionRegistry(), changed: newBroadcaster(),
-		conns: newConnWatch(), joinLimit: newJoinLimiter()}
+		conns: newConnWatch(), joinLimit: newJoinLimiter(), revokePending: map[string]bool{}, revokeKick: make(chan struct{}, 1)}
 	if err := s.start(ctx); err != nil {
 		s.Shutdown()
 		return nil, err
@@ -255,7 +260,7 @@ func (s *Server) startRaft() error {
 		Stream: layer, MaxPool: 5, Timeout: 10 * time.Second,
 		Logger: s.hclog("raft-net", hclog.Error),
 	})
-	rf := &raftFSM{f: s.fsm, changed: s.changed}
+	rf := &raftFSM{f: s.fsm, changed: s.changed, admission: s.noteAdmissionChanges}
 	// The leader replicates recent entries from memory instead of reading
 	// them back from the log store.
 	logs, err := raft.NewLogCache(1024, s.logStore)

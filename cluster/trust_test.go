@@ -12,6 +12,7 @@ import (
 	"io"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -267,7 +268,8 @@ func TestRevocationIsEnforcedOnEveryMember(t *testing.T) {
 // A node revoked and admitted again under the same id gets certificates of
 // the new admission; those of the earlier one stay refused.
 func TestReadmittedNodeOldCertificatesRefused(t *testing.T) {
-	c := clustertest.New(t, clustertest.Options{Ctrl: 1, NodeOnly: 1})
+	logs := &syncBuffer{}
+	c := clustertest.New(t, clustertest.Options{Ctrl: 1, NodeOnly: 1, Logs: logs})
 	c.WaitAllReady()
 	ctrl, worker := c.Members[0], c.Members[1]
 	oldAdmin := adminCert(t, worker)
@@ -280,6 +282,11 @@ func TestReadmittedNodeOldCertificatesRefused(t *testing.T) {
 		return e != nil && strings.Contains(e.Message, "node "+worker.ID+" is REVOKED: its certificates are no longer accepted"), "still accepted"
 	})
 	t.Logf("revoke → refusal: %v", time.Since(start))
+	// The session it held before the revocation is closed too, not just
+	// refused at its next reconnect.
+	clustertest.WaitFor(t, 5*time.Second, func() (bool, string) {
+		return strings.Contains(logs.String(), `no longer admitted closed" member=node-1 node_id=node-1 peer=node-2`), "session of node-2 still open: " + logs.String()
+	})
 	// The revoked node's agent is refused too and stops; a grant for the
 	// same id admits a new host, whose certificates work while the old
 	// ones are refused as an earlier admission.
@@ -351,4 +358,22 @@ func TestRefusedJoinsAreRateLimited(t *testing.T) {
 	if n := len(codes); codes[n-1] != api.CodeResourceExhausted || n < 21 {
 		t.Fatalf("codes of guessed joins: %v; want at least 20 unauthenticated, then resource_exhausted", codes)
 	}
+}
+
+// syncBuffer collects member logs from several goroutines.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf strings.Builder
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }
