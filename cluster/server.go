@@ -64,7 +64,7 @@ func DefaultTimings() Timings {
 // TestTimings are tight timings for in-process and multi-process tests.
 func TestTimings() Timings {
 	return Timings{
-		RaftHeartbeat: 100 * time.Millisecond, RaftElection: 100 * time.Millisecond, RaftLeaderLease: 50 * time.Millisecond,
+		RaftHeartbeat: 200 * time.Millisecond, RaftElection: 200 * time.Millisecond, RaftLeaderLease: 150 * time.Millisecond,
 		SessionPing: 200 * time.Millisecond, SessionTimeout: 1500 * time.Millisecond, SyncInterval: 5 * time.Second,
 		AckTimeout: 2 * time.Second, CommandExpiry: time.Minute, SnapshotThreshold: 1024, RenewCheck: time.Second,
 	}

@@ -39,6 +39,22 @@ func tcpServer(t *testing.T, serve func(c *net.TCPConn)) int {
 	return l.Addr().(*net.TCPAddr).Port
 }
 
+// forwardGoroutines counts the goroutines of port forwards: the agent's
+// relays and the test servers' connection handlers. Counting by stack, not
+// runtime.NumGoroutine, so goroutines the runtime or other tests start
+// meanwhile (signal handling, a harness winding down) do not count.
+func forwardGoroutines() int {
+	buf := make([]byte, 1<<20)
+	buf = buf[:goruntime.Stack(buf, true)]
+	n := 0
+	for _, g := range strings.Split(string(buf), "\n\n") {
+		if strings.Contains(g, "guest.relay") || strings.Contains(g, "guest.(*agent).portForward") || strings.Contains(g, "guest.tcpServer.func2.1") {
+			n++
+		}
+	}
+	return n
+}
+
 // refusedPort is a loopback port nothing listens on.
 func refusedPort(t *testing.T) int {
 	t.Helper()
@@ -93,7 +109,6 @@ func TestPortForward(t *testing.T) {
 		b, _ := io.ReadAll(c)
 		afterEOF <- string(b)
 	})
-	baseline := goruntime.NumGoroutine()
 
 	payload := make([]byte, 1<<20) // more than a yamux window
 	rand.Read(payload)
@@ -104,6 +119,9 @@ func TestPortForward(t *testing.T) {
 		}
 		if _, err := conn.Write(payload); err != nil {
 			t.Fatal(err)
+		}
+		if n := forwardGoroutines(); n == 0 {
+			t.Fatal("no forward goroutine counted while a forward is open: forwardGoroutines no longer matches their stacks")
 		}
 		conn.Close() // FIN: the write half only
 		answer, done := collect(conn)
@@ -151,7 +169,7 @@ func TestPortForward(t *testing.T) {
 	}
 
 	// Every relay and server goroutine ended.
-	waitFor(t, "the forwards' goroutines to end", func() bool { return goruntime.NumGoroutine() <= baseline })
+	waitFor(t, "the forwards' goroutines to end", func() bool { return forwardGoroutines() == 0 })
 	out, _, _ := run(t, data, nil, "echo", "still serving")
 	if out != "still serving\n" {
 		t.Fatalf("exec after the forwards: %q", out)
@@ -173,7 +191,6 @@ func TestPortForwardSessionEnds(t *testing.T) {
 	if _, err := h.dial().GuestInfo(ctxT(t)); err != nil {
 		t.Fatal(err)
 	}
-	baseline := goruntime.NumGoroutine()
 
 	data := h.dialOn(h.plugData())
 	conn, err := data.PortForward(ctxT(t), "", l.Addr().(*net.TCPAddr).Port)
@@ -199,7 +216,7 @@ func TestPortForwardSessionEnds(t *testing.T) {
 	if n, err := srv.Read(b); err != io.EOF {
 		t.Fatalf("server read %d bytes, %v after the session ended; want EOF", n, err)
 	}
-	waitFor(t, "the forward's goroutines to end", func() bool { return goruntime.NumGoroutine() <= baseline })
+	waitFor(t, "the forward's goroutines to end", func() bool { return forwardGoroutines() == 0 })
 
 	// The data channel takes the next client.
 	data2 := h.dialOn(h.plugData())
