@@ -238,7 +238,9 @@ type memberOptions struct {
 }
 
 // runMember serves until SIGTERM/SIGINT. A node isolated by ctrl exits
-// non-zero after destroying its Instances so systemd restarts it.
+// non-zero after destroying its Instances so systemd restarts it; so does
+// a member that halted because it cannot apply the Raft log (exit 13 when
+// it needs the leader's release, 1 for an internal failure).
 func runMember(g *Globals, o memberOptions) error {
 	var lvl slog.Level
 	lvl.UnmarshalText([]byte(o.level))
@@ -293,12 +295,20 @@ func runMember(g *Globals, o memberOptions) error {
 	case <-ctx.Done():
 		log.Info("member stopping")
 		return nil
+	case <-srv.Halted():
+		// The member stopped applying the Raft log (a newer release's
+		// entry, or an internal failure) and shut itself down.
+		return srv.HaltErr()
 	case err := <-agentErr:
 		if errors.Is(err, agent.ErrIsolated) || errors.Is(err, agent.ErrStale) {
 			return exitError{code: api.ExitFailedPrecondition, msg: err.Error()}
 		}
-		<-ctx.Done()
-		return nil
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-srv.Halted():
+			return srv.HaltErr()
+		}
 	}
 }
 

@@ -129,6 +129,17 @@ type Server struct {
 	release func()
 	wg      sync.WaitGroup
 	stop    chan struct{}
+	// stopOnce runs Shutdown or Kill once; a concurrent caller waits
+	// for it to finish.
+	stopOnce sync.Once
+	// opened is closed when Open has returned (a halt shuts down only then).
+	opened chan struct{}
+
+	// halted is closed when the member stopped applying the log; haltErr
+	// says why (set before the close).
+	haltOnce sync.Once
+	halted   chan struct{}
+	haltErr  error
 }
 
 // Open loads the member from its data directory and starts serving.
@@ -148,7 +159,9 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 		return nil, err
 	}
 	s := &Server{cfg: cfg, id: id, log: cfg.Logger.With("node_id", id.NodeID), release: release, stop: make(chan struct{}), sessions: newSessionRegistry(), changed: newBroadcaster(),
-		conns: newConnWatch(), joinLimit: newJoinLimiter(), revokePending: map[string]bool{}, revokeKick: make(chan struct{}, 1)}
+		conns: newConnWatch(), joinLimit: newJoinLimiter(), revokePending: map[string]bool{}, revokeKick: make(chan struct{}, 1),
+		opened: make(chan struct{}), halted: make(chan struct{})}
+	defer close(s.opened)
 	if err := s.start(ctx); err != nil {
 		s.Shutdown()
 		return nil, err
@@ -260,7 +273,7 @@ func (s *Server) startRaft() error {
 		Stream: layer, MaxPool: 5, Timeout: 10 * time.Second,
 		Logger: s.hclog("raft-net", hclog.Error),
 	})
-	rf := &raftFSM{f: s.fsm, changed: s.changed, admission: s.noteAdmissionChanges}
+	rf := &raftFSM{f: s.fsm, changed: s.changed, admission: s.noteAdmissionChanges, halt: s.halt, stopped: s.stop}
 	// The leader replicates recent entries from memory instead of reading
 	// them back from the log store.
 	logs, err := raft.NewLogCache(1024, s.logStore)
@@ -278,13 +291,39 @@ func (s *Server) startRaft() error {
 	return nil
 }
 
-// Shutdown stops the member; VMs and other units on the host are not touched.
-func (s *Server) Shutdown() {
+// halt stops a member that cannot apply the log as the others do (see
+// raftFSM.halt): it logs why, once, and shuts the member down; Halted and
+// HaltErr tell the process, which exits with the error.
+func (s *Server) halt(err error) {
+	s.haltOnce.Do(func() {
+		s.haltErr = err
+		s.log.Error(err.Error(), "release", buildinfo.ReleaseName())
+		close(s.halted)
+		go func() {
+			<-s.opened
+			s.Shutdown()
+		}()
+	})
+}
+
+// Halted is closed when the member stopped applying the Raft log and shut
+// itself down; HaltErr says why.
+func (s *Server) Halted() <-chan struct{} { return s.halted }
+
+// HaltErr is why the member halted (an *api.Error), nil while it has not.
+func (s *Server) HaltErr() error {
 	select {
-	case <-s.stop:
-		return
+	case <-s.halted:
+		return s.haltErr
 	default:
+		return nil
 	}
+}
+
+// Shutdown stops the member; VMs and other units on the host are not touched.
+func (s *Server) Shutdown() { s.stopOnce.Do(s.shutdown) }
+
+func (s *Server) shutdown() {
 	close(s.stop)
 	s.sessions.closeAll()
 	if s.gossip != nil {
@@ -319,12 +358,9 @@ func (s *Server) Shutdown() {
 
 // Kill stops the member abruptly as a crash would (tests): no leave, no
 // session close, no graceful HTTP shutdown.
-func (s *Server) Kill() {
-	select {
-	case <-s.stop:
-		return
-	default:
-	}
+func (s *Server) Kill() { s.stopOnce.Do(s.kill) }
+
+func (s *Server) kill() {
 	close(s.stop)
 	if s.gossip != nil {
 		s.gossip.Shutdown()
@@ -382,27 +418,58 @@ func (s *Server) Apply(ctx context.Context, e fsm.Entry) (fsm.Result, error) {
 	if !s.IsLeader() {
 		return fsm.Result{}, api.Errorf(api.CodeUnavailable, "member %s is not the ctrl leader", s.id.NodeID)
 	}
+	// Raft waits forever on a timeout of 0: a request out of time must not
+	// be sent (a commit nobody waits for) nor hang.
+	if err := ctx.Err(); err != nil {
+		return fsm.Result{}, outOfTime(e, err)
+	}
+	timeout := 30 * time.Second
+	if dl, ok := ctx.Deadline(); ok {
+		if timeout = time.Until(dl); timeout <= 0 {
+			return fsm.Result{}, outOfTime(e, context.DeadlineExceeded)
+		}
+	}
 	e.IssuedAt = time.Now().UTC()
 	data, err := json.Marshal(e)
 	if err != nil {
 		return fsm.Result{}, err
 	}
-	timeout := 30 * time.Second
-	if dl, ok := ctx.Deadline(); ok {
-		timeout = time.Until(dl)
-	}
 	f := s.raft.Apply(data, timeout)
-	if err := f.Error(); err != nil {
+	// A member that halted never answers the entries it stopped at.
+	errc := make(chan error, 1)
+	go func() { errc <- f.Error() }()
+	select {
+	case err = <-errc:
+	case <-s.halted:
+		return fsm.Result{}, api.Errorf(api.CodeUnavailable, "ctrl member %s stopped applying the Raft log while the write was in flight (%v); retry with the same --command-id once a leader is elected", s.id.NodeID, s.haltErr)
+	}
+	if err != nil {
 		if errors.Is(err, raft.ErrNotLeader) || errors.Is(err, raft.ErrLeadershipLost) || errors.Is(err, raft.ErrLeadershipTransferInProgress) {
 			return fsm.Result{}, api.Errorf(api.CodeUnavailable, "ctrl leadership changed while the write was in flight; retry with the same --command-id")
 		}
 		return fsm.Result{}, api.Errorf(api.CodeUnavailable, "ctrl could not commit the write: %v; retry with the same --command-id", err)
+	}
+	if herr, ok := f.Response().(error); ok {
+		// Answered by a member that halted: nothing was decided here.
+		return fsm.Result{}, api.Errorf(api.CodeUnavailable, "ctrl member %s stopped applying the Raft log while the write was in flight (%v); retry with the same --command-id once a leader is elected", s.id.NodeID, herr)
 	}
 	res, ok := f.Response().(fsm.Result)
 	if !ok {
 		return fsm.Result{}, api.Errorf(api.CodeInternal, "unexpected apply response %T", f.Response())
 	}
 	return res, nil
+}
+
+// outOfTime refuses a write whose request ended before it was sent.
+func outOfTime(e fsm.Entry, err error) error {
+	what := e.Op
+	if e.CommandID != "" {
+		what += " (command " + e.CommandID + ")"
+	}
+	if errors.Is(err, context.DeadlineExceeded) {
+		return api.Errorf(api.CodeDeadlineExceeded, "write %s was not sent to the Raft log: its deadline had passed; nothing was written, retry with a longer timeout", what)
+	}
+	return api.Errorf(api.CodeUnavailable, "write %s was not sent to the Raft log: its request was cancelled; nothing was written, retry it", what)
 }
 
 // ApplyOp builds an entry for op and args and applies it (leader only).

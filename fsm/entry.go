@@ -36,18 +36,3 @@ func (r Result) Err() error {
 	}
 	return r.Error
 }
-
-func errResult(err error) Result {
-	if e, ok := err.(*api.Error); ok {
-		return Result{Error: e}
-	}
-	return Result{Error: &api.Error{Code: api.CodeInternal, Message: err.Error()}}
-}
-
-func valueResult(v any) Result {
-	b, err := json.Marshal(v)
-	if err != nil {
-		return errResult(err)
-	}
-	return Result{Value: b}
-}

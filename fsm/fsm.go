@@ -9,6 +9,16 @@
 // Besides api value types it imports one package of ours, ctrl/placement:
 // a pure function of node records, run inside the apply so two creates can
 // never both win a node's last room.
+//
+// Replicas never drift silently. An entry's handler either succeeds or
+// rejects it with an *api.Error before its first write; that rejection is
+// the entry's result on every replica. Any other error (a bbolt write, a
+// record that does not encode or decode, a failed commit) and an
+// operation this binary does not know (without IgnoreUnknown) make
+// ApplyBatch return a *HaltError: nothing of the batch commits, no result
+// is recorded, and the replica must stop applying the log until it is
+// fixed or upgraded. A handler must therefore never return a non-api error
+// for a rule it checks, nor an *api.Error after it wrote.
 package fsm
 
 import (
@@ -21,6 +31,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"time"
 
@@ -39,6 +50,10 @@ type FSM struct {
 	db *bolt.DB
 
 	cache *placeCache // derived from the state, never part of it
+
+	// beforeCommit, when set (tests), runs after the last entry of a batch;
+	// its error fails the batch as a failed commit would.
+	beforeCommit func(tx *bolt.Tx) error
 }
 
 type handler func(tx *bolt.Tx, e *Entry) (any, error)
@@ -107,72 +122,127 @@ func (f *FSM) Close() error {
 	return f.db.Close()
 }
 
-// Apply applies entries in order in one bbolt transaction (group commit)
-// and returns one result per entry. A rejected entry changes nothing: every
-// apply function checks all its preconditions before its first write.
-func (f *FSM) Apply(entries []Entry) []Result {
+// ApplyBatch applies entries in order in one bbolt transaction (group
+// commit) and returns one result per entry. A rejected entry changes
+// nothing but the FSM clock (see clampIssuedAt): every apply function
+// checks all its preconditions before its first write.
+//
+// When the batch cannot be applied as on every other replica (see
+// HaltError) it returns a *HaltError, no results, and nothing of the batch
+// is committed; the caller must stop applying the log.
+func (f *FSM) ApplyBatch(entries []Entry) ([]Result, error) {
 	f.mu.RLock()
 	defer f.mu.RUnlock()
 	results := make([]Result, len(entries))
 	err := f.db.Update(func(tx *bolt.Tx) error {
 		defer f.cache.beginBatch(tx)()
+		clock, err := getClock(tx)
+		if err != nil {
+			return &HaltError{Pos: -1, Err: err}
+		}
+		last := clock
 		for i := range entries {
-			results[i] = applyOne(tx, &entries[i])
+			e := entries[i]
+			clock = clampIssuedAt(&e, clock)
+			res, err := applyOne(tx, &e)
+			if err != nil {
+				if h, ok := err.(*HaltError); ok {
+					h.Pos = i
+					return h
+				}
+				return &HaltError{Pos: i, Op: e.Op, Err: err}
+			}
+			results[i] = res
+		}
+		if clock.After(last) {
+			if err := putClock(tx, clock); err != nil {
+				return &HaltError{Pos: -1, Err: err}
+			}
+		}
+		if f.beforeCommit != nil {
+			return f.beforeCommit(tx)
 		}
 		return nil
 	})
 	if err != nil {
+		if h, ok := err.(*HaltError); ok {
+			return nil, h
+		}
+		return nil, &HaltError{Pos: -1, Err: err}
+	}
+	return results, nil
+}
+
+// Apply is ApplyBatch for callers that build the log themselves (tests,
+// benchmarks): a batch that halts yields an internal error result for every
+// entry, and nothing of it is committed. A Raft replica must use
+// ApplyBatch and stop on its error instead.
+func (f *FSM) Apply(entries []Entry) []Result {
+	results, err := f.ApplyBatch(entries)
+	if err != nil {
+		results = make([]Result, len(entries))
 		for i := range results {
-			results[i] = errResult(fmt.Errorf("commit state: %w", err))
+			results[i] = Result{Error: &api.Error{Code: api.CodeInternal, Message: err.Error()}}
 		}
 	}
 	return results
 }
 
-func applyOne(tx *bolt.Tx, e *Entry) Result {
+// applyOne applies one entry. A handler's *api.Error is a clean rejection
+// (nothing written, recorded as the entry's result); any other error is
+// internal: the handler may have written already, so it is returned and
+// halts the batch rather than commit half an entry.
+func applyOne(tx *bolt.Tx, e *Entry) (Result, error) {
 	var hash string
 	if e.CommandID != "" {
 		// Checked before the handler runs: a record that cannot be stored
-		// afterwards would leave an applied change behind an error result.
+		// afterwards would halt every replica at this entry.
 		if len(e.CommandID) > bolt.MaxKeySize {
-			return errResult(api.Errorf(api.CodeInvalidArgument, "command id is %d bytes long; use at most %d", len(e.CommandID), bolt.MaxKeySize))
+			return Result{Error: api.Errorf(api.CodeInvalidArgument, "command id is %d bytes long; use at most %d", len(e.CommandID), bolt.MaxKeySize)}, nil
 		}
 		hash = inputHash(e)
 		rec, err := getCommand(tx, e.CommandID)
 		if err != nil {
-			return errResult(err)
+			return Result{}, err
 		}
 		if rec != nil {
 			if rec.InputHash != hash {
-				return errResult(api.Errorf(api.CodeFailedPrecondition,
-					"command %s was already used for %s with different inputs; use a new --command-id", e.CommandID, rec.Op))
+				return Result{Error: api.Errorf(api.CodeFailedPrecondition,
+					"command %s was already used for %s with different inputs; use a new --command-id", e.CommandID, rec.Op)}, nil
 			}
 			res := rec.Result
 			res.Replayed = true
-			return res
+			return res, nil
 		}
 	}
 	if e.Op != OpBootstrap && tx.Bucket(bucketMeta).Get(keyClusterID) == nil {
-		return errResult(api.Errorf(api.CodeFailedPrecondition, "%s: the cluster is not bootstrapped yet", e.Op))
+		return Result{Error: api.Errorf(api.CodeFailedPrecondition, "%s: the cluster is not bootstrapped yet", e.Op)}, nil
 	}
 	h, ok := handlers[e.Op]
 	if !ok {
 		if e.IgnoreUnknown {
-			return Result{}
+			return Result{}, nil
 		}
-		return errResult(api.Errorf(api.CodeInternal, "operation %q is unknown to this kibotos; upgrade it to the release of the leader", e.Op))
+		return Result{}, &HaltError{Op: e.Op, Unknown: true}
 	}
 	v, err := h(tx, e)
 	if err != nil {
-		return errResult(err)
+		if ae, ok := err.(*api.Error); ok {
+			return Result{Error: ae}, nil
+		}
+		return Result{}, err
 	}
-	res := valueResult(v)
-	if e.CommandID != "" && res.Error == nil {
+	raw, err := json.Marshal(v)
+	if err != nil {
+		return Result{}, fmt.Errorf("encode the result: %w", err)
+	}
+	res := Result{Value: raw}
+	if e.CommandID != "" {
 		if err := putCommand(tx, e.CommandID, commandRecord{Op: e.Op, InputHash: hash, AppliedAt: e.IssuedAt, Result: res}); err != nil {
-			return errResult(err)
+			return Result{}, fmt.Errorf("record command %s: %w", e.CommandID, err)
 		}
 	}
-	return res
+	return res, nil
 }
 
 // inputHash identifies the inputs of a command: op, expected version and
@@ -307,6 +377,29 @@ func (f *FSM) Dump() ([]byte, error) {
 		})
 	})
 	return buf.Bytes(), err
+}
+
+// DumpDecisions is Dump without the FSM clock, which every entry moves
+// (accepted or not): two dumps that differ here differ in what was decided.
+func (f *FSM) DumpDecisions() ([]byte, error) {
+	d, err := f.Dump()
+	return []byte(withoutClock(string(d))), err
+}
+
+func withoutClock(dump string) string {
+	var out strings.Builder
+	section := ""
+	clockLine := fmt.Sprintf("%q=", keyClock)
+	for _, line := range strings.SplitAfter(dump, "\n") {
+		if strings.HasPrefix(line, "[") {
+			section = line
+		}
+		if section == "["+string(bucketMeta)+"]\n" && strings.HasPrefix(line, clockLine) {
+			continue
+		}
+		out.WriteString(line)
+	}
+	return out.String()
 }
 
 // BeginSnapshot opens a read transaction that pins the current state; write

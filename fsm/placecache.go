@@ -108,6 +108,12 @@ func (c *placeCache) candidates(tx *bolt.Tx) ([]api.Node, error) {
 			if err != nil {
 				return nil, err
 			}
+			if vn == nil {
+				// No longer a candidate (it lost the node role, e.g.
+				// re-admitted as ctrl only): rebuild without it.
+				c.all = true
+				break
+			}
 			c.list[i] = *vn
 		}
 	}

@@ -480,8 +480,10 @@ func (g *logGen) draw() Entry {
 	case w < 95:
 		return mk(OpCommandsExpire, CommandsExpireArgs{Before: g.now.Add(-time.Duration(g.r.Intn(6*3600)) * time.Second)}, nil)
 	case w < 97:
+		// Without IgnoreUnknown an unknown op halts the batch
+		// (TestUnknownOpHalts); a replica of this release skips these.
 		e := mk("node.teleport", NodeArgs{NodeID: id}, nil)
-		e.IgnoreUnknown = g.pct(50)
+		e.IgnoreUnknown = true
 		return e
 	default:
 		ops := allOps
@@ -566,7 +568,7 @@ func TestPropertyReplicasAgree(t *testing.T) {
 						}
 					}
 					e := g.next()
-					before := mustDump(t, a)
+					before := withoutClock(mustDump(t, a))
 					r := a.Apply([]Entry{e})[0]
 					chk.check(i, e, r, before, a)
 					log = append(log, e)
@@ -630,7 +632,7 @@ func newInvariantChecker(t *testing.T) *invariantChecker {
 func (c *invariantChecker) check(i int, e Entry, r Result, before string, f *FSM) {
 	t := c.t
 	t.Helper()
-	after := mustDump(t, f)
+	after := withoutClock(mustDump(t, f))
 	changed := after != before
 	switch {
 	case r.Error != nil:

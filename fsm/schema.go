@@ -2,7 +2,7 @@ package fsm
 
 // Every bucket of the state, declared in one place.
 var (
-	bucketMeta     = []byte("meta")     // schema version, cluster id, overcommit default
+	bucketMeta     = []byte("meta")     // schema version, cluster id, overcommit default, clock
 	bucketNodes    = []byte("nodes")    // node_id → api.Node (stored fields only)
 	bucketGrants   = []byte("grants")   // node_id → grant (one pending grant per node id)
 	bucketCommands = []byte("commands") // command_id → commandRecord (idempotency)
@@ -29,6 +29,8 @@ var (
 	keySchemaVersion = []byte("schema_version")
 	keyClusterID     = []byte("cluster_id")
 	keyOvercommit    = []byte("overcommit_default")
+	// the latest IssuedAt applied (see clampIssuedAt)
+	keyClock = []byte("clock")
 )
 
 // SchemaVersion is the version of the state layout this binary reads and
