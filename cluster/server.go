@@ -98,7 +98,7 @@ type Server struct {
 	revokePending map[string]bool
 	revokeAll     bool
 	revokeKick    chan struct{}
-	joinLimit  *joinLimiter
+	joinLimit     *joinLimiter
 
 	mux     *mux
 	httpSrv *http.Server

@@ -358,4 +358,3 @@ func TestRefusedJoinsAreRateLimited(t *testing.T) {
 		t.Fatalf("codes of guessed joins: %v; want at least 20 unauthenticated, then resource_exhausted", codes)
 	}
 }
-

@@ -93,7 +93,6 @@ func (h *harness) dump() string {
 	return string(b)
 }
 
-
 func resultCode(r Result) api.Code {
 	if r.Error == nil {
 		return ""
