@@ -65,7 +65,7 @@ func (s *Server) authenticate(next http.Handler) http.Handler {
 				writeError(w, api.Errorf(api.CodeResourceExhausted, "member %s refused too many joins from %s (at most %d a second after %d); wait and join with a valid grant", s.id.NodeID, host, joinRate, joinBurst))
 				return
 			}
-			rec := &statusRecorder{ResponseWriter: w, status: http.StatusOK}
+			rec := &resultRecorder{ResponseWriter: w, status: http.StatusOK}
 			next.ServeHTTP(rec, r)
 			if rec.status != http.StatusOK && rec.status != http.StatusMisdirectedRequest {
 				s.joinLimit.refused(host)

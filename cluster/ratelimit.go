@@ -72,14 +72,3 @@ func (l *joinLimiter) refused(host string) {
 	b.refill(now)
 	b.tokens = max(0, b.tokens-1)
 }
-
-// statusRecorder remembers the status a handler answered with.
-type statusRecorder struct {
-	http.ResponseWriter
-	status int
-}
-
-func (s *statusRecorder) WriteHeader(code int) {
-	s.status = code
-	s.ResponseWriter.WriteHeader(code)
-}
