@@ -104,8 +104,11 @@ func startDataPlane(ctx context.Context, d datadir.Dir, m *units.Manager, listen
 	l := &dataPlaneLink{issue: issue, hosts: []string{host}, log: log, cfg: dataplane.SupervisorConfig{
 		Units: m, Executable: exe, Scope: dataplane.ScopeFor(sockDir), SocketDir: sockDir, Listen: listen, Logger: log,
 	}}
+	// Without ctrl (a node restarting during a ctrl outage) the node still
+	// starts: an adopted process keeps serving with the certificate it
+	// has, and every resend (at most 15 s apart) asks ctrl again.
 	if err := l.credentials(ctx); err != nil {
-		return nil, err
+		log.Warn("data-plane certificate not available yet; retrying with every state resend", "err", err)
 	}
 	h, err := dataplane.Ensure(ctx, l.cfg)
 	if err != nil {
