@@ -110,3 +110,12 @@ type DataPlaneCertResponse struct {
 	Cert     string    `json:"cert"`
 	NotAfter time.Time `json:"not_after"`
 }
+
+// AdmissionRequest asks ctrl whether the node behind a certificate is
+// admitted (node-only members, which hold no state, ask it).
+type AdmissionRequest struct {
+	Kind     string    `json:"kind"`
+	NodeID   string    `json:"node_id"`
+	Roles    []string  `json:"roles,omitempty"`
+	Admitted time.Time `json:"admitted"`
+}

@@ -1,10 +1,12 @@
 package cluster
 
 import (
+	"context"
 	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"net"
+	"net/http"
 	"sync"
 	"time"
 
@@ -45,7 +47,10 @@ func (s *Server) peerIdentity(cs tls.ConnectionState) (trust.Identity, error) {
 // within about a second of its commit.
 func (s *Server) admitted(id trust.Identity) error {
 	if s.fsm == nil {
-		return nil // node-only members serve nothing but status and the way to ctrl
+		// A node-only member answers only its status itself (which asks
+		// ctrl, admittedByCtrl); everything else goes to ctrl and is
+		// checked there.
+		return nil
 	}
 	var a fsm.NodeAdmission
 	var ok, bootstrapped bool
@@ -238,4 +243,57 @@ func (s *Server) enforceRevocations() {
 			}
 		}
 	}
+}
+
+// admissionTTL is how long a node-only member trusts ctrl's word that a
+// certificate's node is admitted: a revocation reaches it within that.
+const admissionTTL = time.Second
+
+type admissionAnswer struct {
+	err error
+	at  time.Time
+}
+
+// admittedByCtrl asks a ctrl member whether the node behind a certificate
+// is admitted: a node-only member holds no state, and answers only its
+// status itself (everything else goes to ctrl, which checks there). Answers
+// are kept for admissionTTL; without an answer the request is refused.
+func (s *Server) admittedByCtrl(id trust.Identity) error {
+	key := id.URI().String()
+	s.admissionMu.Lock()
+	a, ok := s.admissionCache[key]
+	s.admissionMu.Unlock()
+	if ok && time.Since(a.at) < admissionTTL {
+		return a.err
+	}
+	body, _ := json.Marshal(api.AdmissionRequest{Kind: id.Kind, NodeID: id.NodeID, Roles: id.Roles, Admitted: id.Admitted})
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	err := s.callCtrl(ctx, "/v1/internal/admission", body, nil)
+	if api.CodeOf(err) == api.CodeUnavailable {
+		return api.Errorf(api.CodeUnavailable, "member %s cannot confirm with ctrl that node %s is admitted: %v; retry", s.id.NodeID, id.NodeID, err)
+	}
+	s.admissionMu.Lock()
+	if len(s.admissionCache) > 4096 {
+		s.admissionCache = map[string]admissionAnswer{}
+	}
+	s.admissionCache[key] = admissionAnswer{err: err, at: time.Now()}
+	s.admissionMu.Unlock()
+	return err
+}
+
+// handleAdmission tells a node-only member whether a certificate's node is
+// admitted (ctrl members answer from their replica).
+func (s *Server) handleAdmission(w http.ResponseWriter, r *http.Request) {
+	var req api.AdmissionRequest
+	if err := decodeBody(r, &req); err != nil {
+		writeError(w, err)
+		return
+	}
+	id := trust.Identity{ClusterID: s.id.ClusterID, Kind: req.Kind, NodeID: req.NodeID, Roles: req.Roles, Admitted: req.Admitted}
+	if err := s.admitted(id); err != nil {
+		writeError(w, err)
+		return
+	}
+	writeResult(w, map[string]string{"node_id": req.NodeID})
 }

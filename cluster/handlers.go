@@ -13,6 +13,12 @@ import (
 )
 
 func (s *Server) handleStatus(w http.ResponseWriter, r *http.Request) {
+	if s.fsm == nil {
+		if err := s.admittedByCtrl(callerOf(r).id); err != nil {
+			writeError(w, err)
+			return
+		}
+	}
 	st := api.Status{ClusterID: s.id.ClusterID, NodeID: s.id.NodeID, Roles: s.id.Roles, Advertise: s.id.Advertise,
 		RaftState: "none", Release: buildinfo.ReleaseName(), Revision: buildinfo.SourceRevision(), Time: time.Now().UTC()}
 	if s.raft != nil {

@@ -180,6 +180,7 @@ func (s *Server) routes() http.Handler {
 	m.HandleFunc("POST /v1/internal/raft/voter", member(s.onLeader(s.handleAddVoter)))
 	m.HandleFunc("POST /v1/internal/certs/renew", member(s.ctrlLocal(s.handleRenew)))
 	m.HandleFunc("POST /v1/internal/certs/dataplane", member(s.ctrlLocal(s.handleDataPlaneCert)))
+	m.HandleFunc("POST /v1/internal/admission", member(s.ctrlLocal(s.handleAdmission)))
 
 	m.HandleFunc("GET /v1/nodes", operator(s.reader(s.handleNodeList)))
 	m.HandleFunc("GET /v1/nodes/{id}", operator(s.reader(s.handleNodeGet)))

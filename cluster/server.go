@@ -98,7 +98,10 @@ type Server struct {
 	revokePending map[string]bool
 	revokeAll     bool
 	revokeKick    chan struct{}
-	joinLimit     *joinLimiter
+	// A node-only member's cache of ctrl's answers on admission.
+	admissionMu    sync.Mutex
+	admissionCache map[string]admissionAnswer
+	joinLimit      *joinLimiter
 
 	mux     *mux
 	httpSrv *http.Server
@@ -159,7 +162,7 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 		return nil, err
 	}
 	s := &Server{cfg: cfg, id: id, log: cfg.Logger.With("node_id", id.NodeID), release: release, stop: make(chan struct{}), sessions: newSessionRegistry(), changed: newBroadcaster(),
-		conns: newConnWatch(), joinLimit: newJoinLimiter(), revokePending: map[string]bool{}, revokeKick: make(chan struct{}, 1),
+		conns: newConnWatch(), joinLimit: newJoinLimiter(), revokePending: map[string]bool{}, revokeKick: make(chan struct{}, 1), admissionCache: map[string]admissionAnswer{},
 		opened: make(chan struct{}), halted: make(chan struct{})}
 	defer close(s.opened)
 	if err := s.start(ctx); err != nil {
