@@ -40,6 +40,7 @@ type fuzzMember struct {
 	addr      string
 	admin     *http.Client
 	adminTLS  trust.Client
+	member    *http.Client // node-1's member certificate: the internal calls
 	anon      *http.Client // no client certificate: what /v1/join sees
 	workspace string       // a Workspace that exists in the state
 }
@@ -83,10 +84,17 @@ func newFuzzMember(t testing.TB) *fuzzMember {
 		t.Fatal(err)
 	}
 	anon := trust.Client{Pool: admin.Pool} // no certificate: only the join endpoint answers
+	mc, err := m.Dir.MemberCertificate()
+	if err != nil {
+		t.Fatal(err)
+	}
+	memberTLS := trust.Client{Pool: admin.Pool, Cert: trust.Static(mc)}
 	want := trust.Want{Kind: trust.KindMember}
 	f := &fuzzMember{srv: srv, addr: m.Addr, workspace: ws.WorkspaceID,
 		admin: &http.Client{Transport: admin.HTTPTransport(want, 10*time.Second), Timeout: time.Minute}, adminTLS: admin,
-		anon: &http.Client{Transport: anon.HTTPTransport(want, 10*time.Second), Timeout: time.Minute}}
+		anon:   &http.Client{Transport: anon.HTTPTransport(want, 10*time.Second), Timeout: time.Minute},
+		member: &http.Client{Transport: memberTLS.HTTPTransport(want, 10*time.Second), Timeout: time.Minute}}
+	t.Cleanup(f.member.CloseIdleConnections)
 	t.Cleanup(f.admin.CloseIdleConnections)
 	t.Cleanup(f.anon.CloseIdleConnections)
 	return f
@@ -241,6 +249,30 @@ func FuzzNodeBodies(f *testing.F) {
 			path = "/v1/nodes/" + node + "/" + []string{"drain", "cancel-drain", "isolate", "retire", "overcommit"}[op]
 		}
 		m.post(t, m.admin, path, body)
+	})
+}
+
+// FuzzInternalBodies: the calls members make of ctrl with their member
+// certificate (renewal, data-plane certificate, admission of a caller).
+func FuzzInternalBodies(f *testing.F) {
+	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	der, _ := x509.MarshalPKIXPublicKey(&key.PublicKey)
+	pub := string(pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: der}))
+	quoted, _ := json.Marshal(pub)
+	addSeeds(f, 3,
+		`{"admin_public_key":`+string(quoted)+`}`,
+		`{"admin_public_key":"-----BEGIN PUBLIC KEY-----\nAAAA\n-----END PUBLIC KEY-----\n"}`,
+		`{"public_key":`+string(quoted)+`,"hosts":["127.0.0.1","node-1.example"]}`,
+		`{"public_key":`+string(quoted)+`,"hosts":[`+strings.Repeat(`"h",`, 40)+`"h"]}`,
+		`{"public_key":"","hosts":null}`,
+		`{"kind":"admin","node_id":"node-1","admitted":"2026-01-01T00:00:00Z"}`,
+		`{"kind":"member","node_id":"node-1","roles":["ctrl","node","root"],"admitted":"2026-01-01T00:00:00Z"}`,
+		`{"kind":"dataplane","node_id":"nope","admitted":"not a time"}`,
+	)
+	m := newFuzzMember(f)
+	f.Fuzz(func(t *testing.T, which uint8, body []byte) {
+		path := []string{"/v1/internal/certs/renew", "/v1/internal/certs/dataplane", "/v1/internal/admission"}[which%3]
+		m.post(t, m.member, path, body)
 	})
 }
 
