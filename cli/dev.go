@@ -155,7 +155,7 @@ func (c *DevUpCmd) announceWhenReady(g *Globals, d datadir.Dir, id *datadir.Iden
 	if err != nil {
 		return
 	}
-	cl := api.NewClient(id.Advertise, tlsConf)
+	cl := api.NewClient(id.Advertise, tlsConf).Expect(id.NodeID)
 	for i := 0; i < 600; i++ {
 		var n api.Node
 		// Ready for Workspaces: READY, reported and its overcommit values
