@@ -10,8 +10,7 @@ go vet ./...
 go test -count=1 -timeout 20m ./... "$@"
 # -short: the FSM property test replays 2 seeds instead of 6 (the run above
 # replays all of them without -race). Left out: e2e and every package that
-# starts QEMU or a private systemd; ./vmm/guest, whose TestPortForward forwards did
-# not end within 20 s under -race (not yet understood).
+# starts QEMU or a private systemd.
 race_pkgs=(./fsm/... ./cluster/... ./trust/... ./cli/... ./credential/... ./ctrl/... ./api/... ./datadir/...
-	./agent/hostusage/... ./vmm/guestproto/... ./vmm/firecracker/... ./vmm/platform/... ./internal/...)
+	./agent/hostusage/... ./vmm/guest/... ./vmm/guestproto/... ./vmm/firecracker/... ./vmm/platform/... ./internal/...)
 go test -race -short -count=1 -timeout 10m "${race_pkgs[@]}"
