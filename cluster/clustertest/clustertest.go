@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math/rand/v2"
 	"net"
 	"strconv"
 	"sync"
@@ -99,19 +100,24 @@ func New(t testing.TB, o Options) *Cluster {
 
 // FreeAddr returns a loopback address whose port and port+1 (gossip) are free.
 func FreeAddr(t testing.TB) string {
-	for i := 0; i < 100; i++ {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
+	// Below the kernel's ephemeral range (32768+): a port the kernel hands
+	// out to any outgoing connection or listener on port 0 of another test
+	// process is never one of these, so the pair stays free between this
+	// check and the member's listen. Random, so parallel test packages do
+	// not pick the same pair.
+	for i := 0; i < 200; i++ {
+		port := 10000 + 2*rand.IntN(10000)
+		addr, next := "127.0.0.1:"+strconv.Itoa(port), "127.0.0.1:"+strconv.Itoa(port+1)
+		l, err := net.Listen("tcp", addr)
 		if err != nil {
-			t.Fatal(err)
+			continue
 		}
-		port := l.Addr().(*net.TCPAddr).Port
 		l.Close()
-		next := "127.0.0.1:" + strconv.Itoa(port+1)
 		if l2, err := net.Listen("tcp", next); err == nil {
 			l2.Close()
 			if u, err := net.ListenPacket("udp", next); err == nil {
 				u.Close()
-				return "127.0.0.1:" + strconv.Itoa(port)
+				return addr
 			}
 		}
 	}
