@@ -7,7 +7,9 @@ import (
 	"crypto/x509"
 	"encoding/json"
 	"fmt"
+	"net"
 	"net/http"
+	"regexp"
 	"sync/atomic"
 	"time"
 
@@ -33,6 +35,9 @@ func loadCerts(d datadir.Dir) (*certStore, error) {
 		return nil, err
 	}
 	for _, c := range []*tls.Certificate{&m, &a} {
+		if c.Leaf != nil {
+			continue // tls.LoadX509KeyPair parsed it
+		}
 		if c.Leaf, err = x509.ParseCertificate(c.Certificate[0]); err != nil {
 			return nil, fmt.Errorf("certificates in %s: %w", d, err)
 		}
@@ -163,6 +168,9 @@ func (s *Server) handleRenew(w http.ResponseWriter, r *http.Request) {
 	writeResult(w, out)
 }
 
+// dnsName is what a certificate's DNS SAN may hold (RFC 1123 labels).
+var dnsName = regexp.MustCompile(`^([A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?\.)*[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?$`)
+
 // handleDataPlaneCert signs the server certificate of the calling node's
 // data-plane process: the node's id, kind dataplane, 24 h.
 func (s *Server) handleDataPlaneCert(w http.ResponseWriter, r *http.Request) {
@@ -184,6 +192,12 @@ func (s *Server) handleDataPlaneCert(w http.ResponseWriter, r *http.Request) {
 	if len(req.Hosts) > 16 {
 		writeError(w, api.Errorf(api.CodeInvalidArgument, "data-plane certificate for node %s: %d hosts; give at most 16", c.id.NodeID, len(req.Hosts)))
 		return
+	}
+	for _, h := range req.Hosts {
+		if net.ParseIP(h) == nil && !dnsName.MatchString(h) {
+			writeError(w, api.Errorf(api.CodeInvalidArgument, "data-plane certificate for node %s: host %q is neither an IP address nor a DNS name", c.id.NodeID, h))
+			return
+		}
 	}
 	out, err := s.issueDataPlane(c.id, pub, req.Hosts)
 	if err != nil {

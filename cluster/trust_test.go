@@ -114,6 +114,23 @@ func TestEachChannelTakesOnlyItsRole(t *testing.T) {
 		}
 	})
 
+	t.Run("internal calls take only member certificates and bounded input", func(t *testing.T) {
+		for _, path := range []string{"/v1/internal/certs/renew", "/v1/internal/certs/dataplane", "/v1/internal/admission"} {
+			if status, e := rawCall(t, ctrl, adminCert(t, ctrl), ctrl.Addr, "POST", path, struct{}{}, nil); status != http.StatusForbidden || e == nil || e.Code != api.CodePermissionDenied {
+				t.Errorf("operator certificate on %s: %d %v, want 403 permission_denied", path, status, e)
+			}
+		}
+		key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+		der, _ := x509.MarshalPKIXPublicKey(&key.PublicKey)
+		pub := string(pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: der}))
+		for _, host := range []string{"bad host", "\xff", strings.Repeat("a", 64) + ".example"} {
+			status, e := rawCall(t, ctrl, memberCert(t, worker), ctrl.Addr, "POST", "/v1/internal/certs/dataplane", api.DataPlaneCertRequest{PublicKey: pub, Hosts: []string{host}}, nil)
+			if status != http.StatusBadRequest || e == nil || !strings.Contains(e.Message, "neither an IP address nor a DNS name") {
+				t.Errorf("data-plane certificate for host %q: %d %v, want 400 naming the host", host, status, e)
+			}
+		}
+	})
+
 	t.Run("a node-only member cannot speak Raft", func(t *testing.T) {
 		for name, cert := range map[string]tls.Certificate{"member of " + worker.ID: memberCert(t, worker), "operator": adminCert(t, ctrl)} {
 			if err := raftHandshake(t, ctrl, cert); err == nil {

@@ -20,9 +20,6 @@ type Want struct {
 	// Role the member must have been admitted with (ctrl for Raft,
 	// sessions and forwarded writes).
 	Role string
-	// CheckHost makes the check compare the address dialled (the TLS
-	// server name) with the certificate's addresses.
-	CheckHost bool
 }
 
 // Verify checks the chain of the peer's certificates against the cluster CA
