@@ -1,0 +1,14 @@
+// Package netpol is the host-local network of Instances: every Instance's
+// network namespace with the tap its VMM uses and the veth that joins it to
+// the node, the guest address pools, the nftables rule table the node owns in
+// each namespace (generated from the recorded policy and the node's current
+// configuration, replaced whole in one transaction) and the checks a
+// takeover makes before it trusts a namespace it did not just create.
+//
+// It knows nothing of consensus: callers hand it the policy and the node's
+// [network] configuration.
+//
+// The path of a guest packet: guest eth0 -> tap kt0 (Instance namespace,
+// where the rule table filters and DNATs DNS) -> veth ve0 / kb-<hash> (node
+// namespace, which routes and masquerades it) -> the uplink.
+package netpol
