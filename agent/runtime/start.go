@@ -26,6 +26,8 @@ type Spec struct {
 	// Network gives the Instance its own network namespace with a tap for
 	// a virtio-net device, configured in the guest at launch.
 	Network bool
+	// Policy is the Instance's network policy (with Network).
+	Policy NetworkPolicy
 	// RootImage is a template image (read-only base) and LayerPath the
 	// Workspace's retained writable layer on top of it, a qcow2 file that
 	// outlives the Instance (created here when missing). The layer is the
