@@ -1,0 +1,168 @@
+package netpol
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"slices"
+	"strings"
+)
+
+// Config is the node's [network] configuration.
+type Config struct {
+	// IPv4Pool is the range guest addresses of this node come from; every
+	// Instance gets one address of it (a /32 routed to its namespace).
+	IPv4Pool netip.Prefix
+	// ManagementCIDRs are always unreachable from guests.
+	ManagementCIDRs []netip.Prefix
+	// Resolvers is the deployment resolver list; guest DNS is DNATed to the
+	// first. The node never uses /etc/resolv.conf for guests.
+	Resolvers []netip.AddrPort
+	// Uplink is how public egress leaves the node: an interface name, or a
+	// source address of the node (masqueraded to it).
+	Uplink string
+}
+
+// DNSPort is the port of a resolver given without one.
+const DNSPort = 53
+
+// ParseConfig checks the [network] table of a node's configuration, given
+// as strings, and says in one line what is wrong.
+func ParseConfig(ipv4Pool, ipv6Pool string, management, resolvers []string, uplink string) (Config, error) {
+	var c Config
+	if ipv6Pool != "" {
+		return c, fmt.Errorf("network: ipv6_pool %q: IPv6 guest addresses are not supported yet; remove ipv6_pool", ipv6Pool)
+	}
+	if ipv4Pool == "" {
+		return c, errors.New("network: ipv4_pool is missing: give the range guest addresses of this node come from, e.g. ipv4_pool = \"10.200.0.0/16\"")
+	}
+	p, err := netip.ParsePrefix(ipv4Pool)
+	if err != nil || !p.Addr().Is4() {
+		return c, fmt.Errorf("network: ipv4_pool %q is not an IPv4 range such as 10.200.0.0/16", ipv4Pool)
+	}
+	if p != p.Masked() {
+		return c, fmt.Errorf("network: ipv4_pool %q has host bits set; did you mean %s?", ipv4Pool, p.Masked())
+	}
+	if p.Bits() > 30 {
+		return c, fmt.Errorf("network: ipv4_pool %s holds fewer than 2 guest addresses; give a /30 or larger", p)
+	}
+	c.IPv4Pool = p
+	for _, m := range management {
+		mp, err := netip.ParsePrefix(m)
+		if err != nil {
+			if a, aerr := netip.ParseAddr(m); aerr == nil {
+				mp, err = a.Prefix(a.BitLen())
+			}
+		}
+		if err != nil {
+			return c, fmt.Errorf("network: management_cidrs entry %q is not a CIDR such as 10.0.0.0/8", m)
+		}
+		c.ManagementCIDRs = append(c.ManagementCIDRs, mp.Masked())
+	}
+	for _, r := range resolvers {
+		ap, err := parseResolver(r)
+		if err != nil {
+			return c, fmt.Errorf("network: resolvers entry %q: %v", r, err)
+		}
+		c.Resolvers = append(c.Resolvers, ap)
+	}
+	if len(c.Resolvers) == 0 {
+		return c, errors.New("network: resolvers is empty: give the deployment's DNS resolvers, e.g. resolvers = [\"10.0.0.2\"]; the node does not use /etc/resolv.conf for guests")
+	}
+	c.Uplink = strings.TrimSpace(uplink)
+	if c.Uplink == "" {
+		return c, errors.New("network: uplink is missing: give the interface (e.g. \"eth0\") or source address public egress leaves through")
+	}
+	return c, c.Validate()
+}
+
+func parseResolver(s string) (netip.AddrPort, error) {
+	if ap, err := netip.ParseAddrPort(s); err == nil {
+		if ap.Port() == 0 {
+			return ap, errors.New("port 0")
+		}
+		return ap, nil
+	}
+	a, err := netip.ParseAddr(s)
+	if err != nil {
+		return netip.AddrPort{}, errors.New("want an IP address, optionally with :port")
+	}
+	if !a.Is4() {
+		return netip.AddrPort{}, errors.New("only IPv4 resolvers are supported yet")
+	}
+	return netip.AddrPortFrom(a, DNSPort), nil
+}
+
+// Validate checks the parts against each other: what guests get and what
+// they must never reach cannot overlap.
+func (c Config) Validate() error {
+	for _, m := range c.ManagementCIDRs {
+		if m.Overlaps(c.IPv4Pool) {
+			return fmt.Errorf("network: ipv4_pool %s overlaps management_cidrs entry %s: guests would be management hosts; pick a pool outside it", c.IPv4Pool, m)
+		}
+		if a, err := netip.ParseAddr(c.Uplink); err == nil && m.Contains(a) {
+			return fmt.Errorf("network: management_cidrs entry %s covers the uplink address %s: public egress would leave through the management network; narrow the range or pick another uplink", m, a)
+		}
+	}
+	if a, err := netip.ParseAddr(c.Uplink); err == nil && c.IPv4Pool.Contains(a) {
+		return fmt.Errorf("network: uplink address %s is inside ipv4_pool %s; pick a pool that does not hold the node's own addresses", a, c.IPv4Pool)
+	}
+	for _, r := range c.Resolvers {
+		if c.IPv4Pool.Contains(r.Addr()) {
+			return fmt.Errorf("network: resolver %s is inside ipv4_pool %s: that is a guest address", r, c.IPv4Pool)
+		}
+	}
+	for _, s := range []netip.Prefix{linkLocal} {
+		if s.Overlaps(c.IPv4Pool) {
+			return fmt.Errorf("network: ipv4_pool %s overlaps the link-local range %s, which guests never reach; pick another pool", c.IPv4Pool, s)
+		}
+	}
+	return nil
+}
+
+// UplinkInterface is the uplink when it is an interface name, else "".
+func (c Config) UplinkInterface() string {
+	if _, err := netip.ParseAddr(c.Uplink); err == nil {
+		return ""
+	}
+	return c.Uplink
+}
+
+// UplinkAddr is the uplink when it is a source address.
+func (c Config) UplinkAddr() netip.Addr {
+	a, _ := netip.ParseAddr(c.Uplink)
+	return a
+}
+
+var linkLocal = netip.MustParsePrefix("169.254.0.0/16")
+
+// ErrPoolFull: every address of the pool is held by an Instance.
+var ErrPoolFull = errors.New("address pool is full")
+
+// Allocate returns the lowest address of the pool that is not in used,
+// skipping the network and broadcast addresses.
+func (c Config) Allocate(used []netip.Addr) (netip.Addr, error) {
+	taken := slices.Clone(used)
+	slices.SortFunc(taken, func(a, b netip.Addr) int { return a.Compare(b) })
+	first := c.IPv4Pool.Addr().Next()
+	last := lastAddr(c.IPv4Pool).Prev()
+	i := 0
+	for a := first; a.IsValid() && a.Compare(last) <= 0; a = a.Next() {
+		for i < len(taken) && taken[i].Compare(a) < 0 {
+			i++
+		}
+		if i < len(taken) && taken[i] == a {
+			continue
+		}
+		return a, nil
+	}
+	return netip.Addr{}, fmt.Errorf("network: ipv4_pool %s: %w (%d Instances); stop some or give the node a larger pool", c.IPv4Pool, ErrPoolFull, len(used))
+}
+
+func lastAddr(p netip.Prefix) netip.Addr {
+	b := p.Addr().As4()
+	host := 32 - p.Bits()
+	v := uint32(b[0])<<24 | uint32(b[1])<<16 | uint32(b[2])<<8 | uint32(b[3])
+	v |= (1<<host - 1)
+	return netip.AddrFrom4([4]byte{byte(v >> 24), byte(v >> 16), byte(v >> 8), byte(v)})
+}

@@ -1,0 +1,218 @@
+package netpol
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+)
+
+// HostVethPrefix starts the node-side name of every Instance's veth; the
+// node's own rule table matches guest traffic by it.
+const HostVethPrefix = "kb-"
+
+// HostVethName is the node-side veth of an Instance: IFNAMSIZ allows 15
+// bytes, so it is a hash of the Instance id.
+func HostVethName(instanceID string) string {
+	h := sha256.Sum256([]byte(instanceID))
+	return HostVethPrefix + hex.EncodeToString(h[:6])
+}
+
+// Link is what joins one Instance namespace to the node.
+type Link struct {
+	// Guest is the guest's address, routed to the namespace.
+	Guest netip.Addr
+	// HostVeth is the node-side veth.
+	HostVeth string
+	// TapOwner, TapGroup own the tap, so the VMM running as them may attach
+	// to it (TUNSETIFF on a persistent tap checks its owner) without
+	// CAP_NET_ADMIN; -1 leaves it root's.
+	TapOwner, TapGroup int
+}
+
+// Connect makes the links of an Instance namespace: the tap with the
+// namespace's address, the veth pair to the node, routes both ways and
+// permanent neighbour entries (so neither side needs an address on the
+// veth, nor proxy ARP), and forwarding in the namespace. hostNS is the
+// node's namespace. On error what was made is left for Disconnect.
+func Connect(hostNS, ns netns.NsHandle, l Link) error {
+	if !l.Guest.Is4() {
+		return fmt.Errorf("netpol: link %s: guest address %v is not IPv4", l.HostVeth, l.Guest)
+	}
+	host, err := netlink.NewHandleAt(hostNS)
+	if err != nil {
+		return fmt.Errorf("netpol: link %s: node namespace: %w", l.HostVeth, err)
+	}
+	defer host.Close()
+	inst, err := netlink.NewHandleAt(ns)
+	if err != nil {
+		return fmt.Errorf("netpol: link %s: instance namespace: %w", l.HostVeth, err)
+	}
+	defer inst.Close()
+	fail := func(what string, err error) error {
+		return fmt.Errorf("netpol: link %s (guest %s): %s: %w", l.HostVeth, l.Guest, what, err)
+	}
+
+	lo, err := inst.LinkByName("lo")
+	if err == nil {
+		err = inst.LinkSetUp(lo)
+	}
+	if err != nil {
+		return fail("loopback up", err)
+	}
+	// A tap is made with an ioctl on /dev/net/tun, which acts in the
+	// namespace of the calling thread, not through the netlink handle.
+	tap := &netlink.Tuntap{LinkAttrs: netlink.LinkAttrs{Name: TapName}, Mode: netlink.TUNTAP_MODE_TAP, Flags: netlink.TUNTAP_NO_PI}
+	if l.TapOwner >= 0 {
+		tap.Owner, tap.Group = uint32(l.TapOwner), uint32(l.TapGroup)
+	}
+	if err := inNamespace(ns, func() error { return netlink.LinkAdd(tap) }); err != nil {
+		return fail("tap "+TapName, err)
+	}
+	tapLink, err := inst.LinkByName(TapName)
+	if err != nil {
+		return fail("tap "+TapName, err)
+	}
+	if err := inst.AddrAdd(tapLink, &netlink.Addr{IPNet: hostNet(netip.MustParseAddr(TapAddr)), Scope: unix.RT_SCOPE_LINK}); err != nil {
+		return fail("address of "+TapName, err)
+	}
+
+	veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: l.HostVeth}, PeerName: VethName, PeerNamespace: netlink.NsFd(int(ns))}
+	if err := host.LinkAdd(veth); err != nil {
+		return fail("veth pair", err)
+	}
+	hostEnd, err := host.LinkByName(l.HostVeth)
+	if err != nil {
+		return fail("veth", err)
+	}
+	nsEnd, err := inst.LinkByName(VethName)
+	if err != nil {
+		return fail("veth "+VethName, err)
+	}
+	for _, up := range []struct {
+		h *netlink.Handle
+		l netlink.Link
+	}{{inst, tapLink}, {inst, nsEnd}, {host, hostEnd}} {
+		if err := up.h.LinkSetUp(up.l); err != nil {
+			return fail("link "+up.l.Attrs().Name+" up", err)
+		}
+	}
+
+	// Namespace: the guest behind the tap, everything else via the node.
+	hop := netip.MustParseAddr(NodeHop)
+	steps := []struct {
+		what string
+		do   func() error
+	}{
+		{"route to the guest", func() error {
+			return inst.RouteReplace(&netlink.Route{LinkIndex: tapLink.Attrs().Index, Dst: hostNet(l.Guest), Scope: unix.RT_SCOPE_LINK})
+		}},
+		{"neighbour entry of the node", func() error {
+			return inst.NeighSet(&netlink.Neigh{LinkIndex: nsEnd.Attrs().Index, Family: unix.AF_INET, State: netlink.NUD_PERMANENT,
+				IP: net.IP(hop.AsSlice()), HardwareAddr: hostEnd.Attrs().HardwareAddr})
+		}},
+		{"default route", func() error {
+			return inst.RouteReplace(&netlink.Route{LinkIndex: nsEnd.Attrs().Index, Gw: net.IP(hop.AsSlice()), Flags: int(netlink.FLAG_ONLINK)})
+		}},
+		{"route to the guest on the node", func() error {
+			return host.RouteReplace(&netlink.Route{LinkIndex: hostEnd.Attrs().Index, Dst: hostNet(l.Guest), Scope: unix.RT_SCOPE_LINK})
+		}},
+		{"neighbour entry of the guest on the node", func() error {
+			return host.NeighSet(&netlink.Neigh{LinkIndex: hostEnd.Attrs().Index, Family: unix.AF_INET, State: netlink.NUD_PERMANENT,
+				IP: net.IP(l.Guest.AsSlice()), HardwareAddr: nsEnd.Attrs().HardwareAddr})
+		}},
+		{"forwarding in the namespace", func() error {
+			return inNamespace(ns, func() error { return writeSysctl("net/ipv4/ip_forward", "1") })
+		}},
+		{"no IPv6 on the guest's links", func() error {
+			// IPv6 guest addresses are not offered yet: no link-local
+			// addresses or router solicitations on the guest's links.
+			return inNamespace(ns, func() error { return writeSysctl("net/ipv6/conf/all/disable_ipv6", "1") })
+		}},
+	}
+	for _, s := range steps {
+		if err := s.do(); err != nil {
+			return fail(s.what, err)
+		}
+	}
+	return nil
+}
+
+// Disconnect removes the node side of an Instance's links (its route goes
+// with the veth). The namespace side goes with the namespace.
+func Disconnect(hostNS netns.NsHandle, hostVeth string) error {
+	host, err := netlink.NewHandleAt(hostNS)
+	if err != nil {
+		return fmt.Errorf("netpol: link %s: node namespace: %w", hostVeth, err)
+	}
+	defer host.Close()
+	l, err := host.LinkByName(hostVeth)
+	var notFound netlink.LinkNotFoundError
+	if errors.As(err, &notFound) {
+		return nil
+	}
+	if err == nil {
+		err = host.LinkDel(l)
+	}
+	if err != nil {
+		return fmt.Errorf("netpol: link %s: remove: %w", hostVeth, err)
+	}
+	return nil
+}
+
+// EnableForwarding turns on IPv4 forwarding in the node's namespace; the
+// node's own rule table decides what it forwards for guests.
+func EnableForwarding(hostNS netns.NsHandle) error {
+	if err := inNamespace(hostNS, func() error { return writeSysctl("net/ipv4/ip_forward", "1") }); err != nil {
+		return fmt.Errorf("netpol: enable IPv4 forwarding on the node: %w", err)
+	}
+	return nil
+}
+
+// HostAddrs are the node's own addresses (IPv4, every interface), which
+// guests must never reach.
+func HostAddrs(hostNS netns.NsHandle) ([]netip.Prefix, error) {
+	h, err := netlink.NewHandleAt(hostNS)
+	if err != nil {
+		return nil, fmt.Errorf("netpol: node addresses: %w", err)
+	}
+	defer h.Close()
+	addrs, err := h.AddrList(nil, unix.AF_INET)
+	if err != nil {
+		return nil, fmt.Errorf("netpol: node addresses: %w", err)
+	}
+	var out []netip.Prefix
+	for _, a := range addrs {
+		ip, ok := netip.AddrFromSlice(a.IP.To4())
+		if !ok {
+			continue
+		}
+		out = append(out, netip.PrefixFrom(ip, 32))
+	}
+	return out, nil
+}
+
+func hostNet(a netip.Addr) *net.IPNet {
+	return &net.IPNet{IP: net.IP(a.AsSlice()), Mask: net.CIDRMask(a.BitLen(), a.BitLen())}
+}
+
+// writeSysctl writes /proc/sys/<key>; under /proc/sys/net it acts on the
+// namespace of the calling thread.
+func writeSysctl(key, value string) error {
+	f, err := os.OpenFile("/proc/sys/"+key, os.O_WRONLY, 0)
+	if err != nil {
+		return err
+	}
+	_, err = f.WriteString(value)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
