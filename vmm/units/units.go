@@ -53,6 +53,9 @@ type Target struct {
 	// ManagerPID is the host PID of the manager (1 for the host's systemd).
 	// MainPIDs are PIDs of the manager's PID namespace; this maps them.
 	ManagerPID int
+	// NetNSDir is the host directory that is the manager's /run/netns
+	// (a private systemd has its own /run); empty for the host's systemd.
+	NetNSDir string
 }
 
 // HostTarget is the host's own systemd (PID 1).

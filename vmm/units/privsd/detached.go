@@ -129,6 +129,7 @@ func Attach(ctx context.Context, dir string) (*Instance, error) {
 		PID: pid, Dir: dir, LogPath: filepath.Join(dir, "systemd.log"),
 		BusSocket:  filepath.Join(dir, "run", busSocketName),
 		CgroupRoot: filepath.Join(cgMount, cgroupName(dir)),
+		NetNSDir:   filepath.Join(dir, "run", "netns"),
 		exited:     make(chan struct{}),
 	}
 	go func() { // not our child: watch it by PID and start time

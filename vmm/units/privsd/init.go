@@ -49,9 +49,11 @@ func runInit(raw string) error {
 	if cfg.UnitDir == "" || strings.Contains(cfg.UnitDir, ":") || cfg.EmptyDir == "" {
 		return fmt.Errorf("refusing unit path %q / generator path %q: systemd would load the host's units", cfg.UnitDir, cfg.EmptyDir)
 	}
-	// Nothing we mount may propagate back to the host.
-	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
-		return fmt.Errorf("make / private: %w", err)
+	// Nothing we mount may propagate back to the host; the host's mounts
+	// below a shared mount (network namespaces pinned in run/netns) still
+	// reach us.
+	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_SLAVE, ""); err != nil {
+		return fmt.Errorf("make / a slave of the host's mounts: %w", err)
 	}
 	if err := unix.Mount("proc", "/proc", "proc", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
 		return fmt.Errorf("mount /proc for the new PID namespace: %w", err)
@@ -66,7 +68,8 @@ func runInit(raw string) error {
 	}
 	// A private /run backed by a host directory, so the bus proxy socket is
 	// reachable from the host.
-	if err := unix.Mount(cfg.RunDir, "/run", "", unix.MS_BIND, ""); err != nil {
+	// Recursive, so run/netns (a slave of the host's shared mount) comes along.
+	if err := unix.Mount(cfg.RunDir, "/run", "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
 		return fmt.Errorf("bind %s onto /run: %w", cfg.RunDir, err)
 	}
 	if err := os.MkdirAll("/run/lock", 0o755); err != nil {

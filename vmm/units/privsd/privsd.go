@@ -71,7 +71,11 @@ type Instance struct {
 	// private systemd's cgroup namespace.
 	CgroupRoot string
 	// Dir holds run/ (its /run), units/, and systemd.log (its console).
-	Dir     string
+	Dir string
+	// NetNSDir is the host directory that is the manager's /run/netns, a
+	// shared mount: a network namespace pinned there from the host
+	// appears for the manager too (NetworkNamespacePath of a unit).
+	NetNSDir string
 	LogPath string
 	// BootTime is the time from Start to the manager reporting running.
 	BootTime time.Duration
@@ -88,7 +92,7 @@ type Instance struct {
 
 // Target is the units.Target for this instance.
 func (i *Instance) Target() units.Target {
-	return units.Target{Socket: i.BusSocket, CgroupRoot: i.CgroupRoot, ManagerPID: i.PID}
+	return units.Target{Socket: i.BusSocket, CgroupRoot: i.CgroupRoot, ManagerPID: i.PID, NetNSDir: i.NetNSDir}
 }
 
 type binaries struct {
@@ -199,6 +203,10 @@ func StartWith(ctx context.Context, dir string, o Options) (*Instance, error) {
 	if len(sock) >= unixPathMax {
 		return nil, fmt.Errorf("privsd: bus socket path %s is longer than %d bytes: use a shorter directory", sock, unixPathMax-1)
 	}
+	// Namespaces an earlier instance's node pinned are host mounts.
+	if err := unmountTree(filepath.Join(runDir, "netns")); err != nil {
+		return nil, err
+	}
 	for _, d := range []string{runDir, unitDir, emptyDir} {
 		if err := os.RemoveAll(d); err != nil {
 			return nil, fmt.Errorf("privsd: clear %s: %w", d, err)
@@ -224,14 +232,19 @@ func StartWith(ctx context.Context, dir string, o Options) (*Instance, error) {
 		return nil, fmt.Errorf("privsd: %w", err)
 	}
 
+	netnsDir, err := shareNetNSDir(runDir)
+	if err != nil {
+		return nil, err
+	}
 	if err := os.Mkdir(cg, 0o755); err != nil {
-		return nil, fmt.Errorf("privsd: create cgroup %s: %w", cg, err)
+		return nil, errors.Join(fmt.Errorf("privsd: create cgroup %s: %w", cg, err), unmountTree(netnsDir))
 	}
 	inst := &Instance{
 		BusSocket:  sock,
 		CgroupRoot: cg,
 		Dir:        dir,
 		LogPath:    filepath.Join(dir, "systemd.log"),
+		NetNSDir:   netnsDir,
 		exited:     make(chan struct{}),
 		logDone:    make(chan struct{}),
 	}
@@ -241,7 +254,7 @@ func StartWith(ctx context.Context, dir string, o Options) (*Instance, error) {
 	}
 	if err := spawn(cfg); err != nil {
 		_ = removeTree(cg)
-		return nil, err
+		return nil, errors.Join(err, unmountTree(netnsDir))
 	}
 	if err := inst.waitReady(ctx); err != nil {
 		stopErr := inst.Stop()
@@ -432,6 +445,9 @@ func (i *Instance) stop() error {
 		}
 	}
 	os.Remove(filepath.Join(i.Dir, pidFileName))
+	if err := unmountTree(i.NetNSDir); err != nil {
+		errs = append(errs, err)
+	}
 	// The namespace is gone; its processes leave the cgroups asynchronously.
 	var pids []int
 	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
@@ -471,6 +487,42 @@ func (i *Instance) logTail() string {
 		b = b[len(b)-2000:]
 	}
 	return strings.TrimSpace(string(bytes.ToValidUTF8(b, nil)))
+}
+
+// shareNetNSDir makes <run>/netns a shared mount before the private
+// systemd copies the host's mounts (its init makes them slaves, so host
+// mounts below it reach the manager and nothing of the manager's comes
+// back), the way iproute2 shares /run/netns.
+func shareNetNSDir(runDir string) (string, error) {
+	d := filepath.Join(runDir, "netns")
+	if err := os.MkdirAll(d, 0o755); err != nil {
+		return "", fmt.Errorf("privsd: %w", err)
+	}
+	if err := unix.Mount(d, d, "none", unix.MS_BIND, ""); err != nil {
+		return "", fmt.Errorf("privsd: bind %s onto itself: %w", d, err)
+	}
+	if err := unix.Mount("", d, "none", unix.MS_SHARED, ""); err != nil {
+		_ = unix.Unmount(d, unix.MNT_DETACH)
+		return "", fmt.Errorf("privsd: make %s a shared mount: %w", d, err)
+	}
+	return d, nil
+}
+
+// unmountTree detaches every mount at or below dir (namespaces pinned in
+// it, and its own bind); none is fine.
+func unmountTree(dir string) error {
+	if dir == "" {
+		return nil
+	}
+	for {
+		err := unix.Unmount(dir, unix.MNT_DETACH)
+		if errors.Is(err, unix.EINVAL) || errors.Is(err, unix.ENOENT) {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("privsd: unmount %s: %w", dir, err)
+		}
+	}
 }
 
 // staleAge: an instance's cgroup is populated milliseconds after it is made,

@@ -43,7 +43,8 @@ func tmpMarker(t *testing.T) func() {
 // ourMounts lists the host mounts a private systemd could leak if its mount
 // namespace were not private: /run, /proc/sys, /dev/console, cgroup mounts,
 // and anything under the test's directories. Other mounts are ignored so
-// that tests of other packages running meanwhile do not disturb the check.
+// that tests of other packages running meanwhile (whose private systemds
+// share their run/netns with the host) do not disturb the check.
 func ourMounts(t *testing.T) string {
 	t.Helper()
 	b, err := os.ReadFile("/proc/self/mountinfo")
@@ -55,7 +56,7 @@ func ourMounts(t *testing.T) string {
 		f := strings.Fields(l)
 		mp := f[4]
 		if mp == "/run" || mp == "/proc/sys" || mp == "/dev/console" || mp == "/proc" ||
-			strings.HasPrefix(mp, "/sys/fs/cgroup") || strings.HasPrefix(mp, "/tmp/") {
+			strings.HasPrefix(mp, "/sys/fs/cgroup") || strings.HasPrefix(mp, filepath.Join(os.TempDir(), t.Name())) {
 			out = append(out, strings.Join(f[3:], " ")) // without mount and parent IDs
 		}
 	}
