@@ -40,8 +40,8 @@ func (p *NetworkPolicy) Effective() NetworkPolicy {
 }
 
 // NetworkChange is set-network: every item given replaces the
-// Workspace's; an absent one is kept. An empty list (not an absent one)
-// clears Allow or Deny; an empty Resolver goes back to the deployment one.
+// Workspace's; an absent (or null) one is kept. An empty list ([]) clears
+// Allow or Deny; an empty Resolver goes back to the deployment one.
 type NetworkChange struct {
 	Egress   *string   `json:"egress,omitempty"`
 	Resolver *string   `json:"resolver,omitempty"`
