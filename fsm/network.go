@@ -156,8 +156,8 @@ func applyWorkspaceSetNetwork(tx *bolt.Tx, e *Entry) (any, error) {
 	}
 	if p := w.Pending; p != nil && p.Kind == api.WSCmdNetwork {
 		return nil, api.Errorf(api.CodeFailedPrecondition,
-			"workspace %s has a network change pending on node %s since %s: wait for its answer (kibo workspace get %s), then retry",
-			w.WorkspaceID, p.NodeID, p.IssuedAt.UTC().Format(time.RFC3339), w.WorkspaceID)
+			"workspace %s is %s with a network change pending on node %s since %s: wait for its answer (kibo workspace get %s), then retry",
+			w.WorkspaceID, w.State, p.NodeID, p.IssuedAt.UTC().Format(time.RFC3339), w.WorkspaceID)
 	}
 	old := cloneWorkspace(w)
 	switch {

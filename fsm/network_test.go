@@ -243,7 +243,7 @@ func TestWorkspaceSetNetwork(t *testing.T) {
 			h.ok(OpWorkspaceSetNetwork, setNet(w.WorkspaceID, toPublic))
 		}, entry: set(api.NetworkChange{Egress: str("public")}), code: api.CodeFailedPrecondition,
 			check: func(t *testing.T, h *harness, r Result) {
-				says("workspace "+w.WorkspaceID+" has a network change pending on node node-a", "wait for its answer")(t, h, r)
+				says("workspace "+w.WorkspaceID+" is AVAILABLE with a network change pending on node node-a", "wait for its answer")(t, h, r)
 			}},
 		{name: "creating", setup: func(h *harness) { oneNode(h); w = h.create("c1", smallWS) }, entry: set(toPublic),
 			code: api.CodeFailedPrecondition, check: func(t *testing.T, h *harness, r Result) { refusedIn("CREATING")(t, h, r) }},
