@@ -161,6 +161,8 @@ func (a *Agent) execute(t api.WorkspaceTask) api.WorkspaceTaskResult {
 		if err = a.endInstance(ctx, t.Command.InstanceID, stopGrace); err == nil {
 			err = a.removeLayer(t)
 		}
+	case api.WSCmdNetwork:
+		err = a.updateNetwork(ctx, t)
 	default:
 		err = fmt.Errorf("command kind %q is unknown to this node; upgrade it", t.Command.Kind)
 	}
@@ -211,6 +213,12 @@ func (a *Agent) startWorkspace(ctx context.Context, t api.WorkspaceTask) (refusa
 	if draining {
 		return "node " + a.cfg.NodeID + " is draining", nil
 	}
+	// A start without a policy comes from a ctrl older than policies:
+	// egress none, as ctrl reads such records.
+	policy, err := runtimePolicy(t.Network.Effective())
+	if err != nil {
+		return "", fmt.Errorf("instance %s: %w", id, err)
+	}
 	tpl, err := template.Get(a.cfg.DataDir.StorageRoot(), t.Template)
 	if err != nil {
 		return "", fmt.Errorf("template %s is not on node %s: build it there with kibotos template build %s --from-dir DIR", t.Template, a.cfg.NodeID, t.Template)
@@ -231,7 +239,7 @@ func (a *Agent) startWorkspace(ctx context.Context, t api.WorkspaceTask) (refusa
 	a.saveOwners()
 	a.tasks.mu.Unlock()
 	spec := runtime.Spec{InstanceID: id, Installation: plats[0], VCPUs: max(1, int(t.CPU/1000)), MemoryMiB: int(t.MemoryBytes >> 20),
-		Network: true, RootImage: tpl.Image(), LayerPath: layer}
+		Network: true, Policy: policy, RootImage: tpl.Image(), LayerPath: layer}
 	if _, err := rt.Start(ctx, spec); err != nil {
 		a.forget(ctx, id)
 		return "", fmt.Errorf("node %s: %w", a.cfg.NodeID, err)

@@ -40,6 +40,9 @@ type WorkspaceTask struct {
 	CPU         Milli            `json:"cpu"`
 	MemoryBytes uint64           `json:"memory_bytes"`
 	LayerPool   string           `json:"layer_pool,omitempty"`
+	// Network is the policy the node applies: the Workspace's for a
+	// start, the requested one for a network command.
+	Network *NetworkPolicy `json:"network,omitempty"`
 }
 
 // WorkspaceTaskResult is the node's answer to a WorkspaceTask.

@@ -35,8 +35,14 @@ type Workspace struct {
 	CPU         Milli             `json:"cpu"`
 	MemoryBytes uint64            `json:"memory_bytes"`
 	Labels      map[string]string `json:"labels,omitempty"`
-	CreatedAt   time.Time         `json:"created_at"`
-	UpdatedAt   time.Time         `json:"updated_at"`
+	// Network is the policy in force (applied by the node when it runs).
+	// Nil in records written before Workspaces had one: egress none.
+	Network *NetworkPolicy `json:"network,omitempty"`
+	// NetworkChange is the node's answer to the latest change of the
+	// policy while the Workspace ran; a failed one left Network as it was.
+	NetworkChange *NetworkChangeResult `json:"network_change,omitempty"`
+	CreatedAt     time.Time            `json:"created_at"`
+	UpdatedAt     time.Time            `json:"updated_at"`
 	// NodeID and InstanceID are the current execution; empty when the
 	// Workspace has none (stopped, deleted or not placed yet).
 	NodeID     string `json:"node_id,omitempty"`
@@ -83,6 +89,9 @@ const (
 	WSCmdStop      = "stop"       // stop the Instance gracefully, keep the layer
 	WSCmdStopForce = "stop_force" // end the Instance without a clean guest stop
 	WSCmdDelete    = "delete"     // end the Instance, remove the layer
+	// WSCmdNetwork applies the command's policy to the running Instance;
+	// the Workspace keeps its old one until the node answers ok.
+	WSCmdNetwork = "network"
 )
 
 // WorkspaceCommand is a command ctrl sent (or will send) to a node.
@@ -95,6 +104,8 @@ type WorkspaceCommand struct {
 	// Refused lists nodes that refused this placement (drained, memory
 	// tight); ctrl places elsewhere at once.
 	Refused []string `json:"refused,omitempty"`
+	// Network is the requested policy of a network command.
+	Network *NetworkPolicy `json:"network,omitempty"`
 }
 
 // WorkspaceList is one page of Workspaces.
@@ -111,6 +122,8 @@ type WorkspaceCreateRequest struct {
 	MemoryBytes uint64            `json:"memory_bytes"`
 	Labels      map[string]string `json:"labels,omitempty"`
 	NodeID      string            `json:"node_id,omitempty"`
+	// Network is the policy; nil: egress none.
+	Network *NetworkPolicy `json:"network,omitempty"`
 }
 
 // WorkspaceWriteRequest is start, stop, delete and move.

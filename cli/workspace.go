@@ -20,6 +20,7 @@ type WorkspaceCmd struct {
 	Get           WorkspaceGetCmd           `cmd:"" help:"Show one Workspace; the Node line is where it runs."`
 	List          WorkspaceListCmd          `cmd:"" help:"List Workspaces (without --all: not the STOPPED ones)."`
 	Move          WorkspaceMoveCmd          `cmd:"" help:"Stop a Workspace and start it on another node (no live migration)."`
+	SetNetwork    WorkspaceSetNetworkCmd    `cmd:"" name:"set-network" help:"Change a Workspace's network policy (only the items given): stored at once when STOPPED, applied by its node when AVAILABLE."`
 	CleanupStatus WorkspaceCleanupStatusCmd `cmd:"" name:"cleanup-status" help:"Show what the latest execution of a Workspace still holds."`
 	Exec          WorkspaceExecCmd          `cmd:"" help:"Run a command in a Workspace through the data plane; its exit code becomes kibo's."`
 	Terminal      WorkspaceTerminalCmd      `cmd:"" help:"Open an interactive shell in a Workspace."`
@@ -42,6 +43,10 @@ type WorkspaceCreateCmd struct {
 	Memory    string            `name:"memory" default:"512MiB" help:"Guest memory, e.g. 512MiB or 2GiB."`
 	Label     map[string]string `name:"label" help:"Label KEY=VALUE; repeat for more."`
 	Node      string            `name:"node" help:"Place on this node only; never falls back to another."`
+	Egress    string            `name:"egress" placeholder:"none|public|NAME" help:"Outbound traffic: none (default), public, or the name of an Egress object."`
+	Resolver  string            `name:"resolver" placeholder:"NAME" help:"Resolver object DNS queries go to; default: the deployment resolver."`
+	Allow     []string          `name:"allow" placeholder:"CIDR" help:"With --egress public: the allow list (repeat or comma-separate)."`
+	Deny      []string          `name:"deny" placeholder:"CIDR" help:"With --egress public: the deny list (repeat or comma-separate)."`
 	CommandID string            `name:"command-id" help:"Idempotency key: a retry with the same key and inputs returns the same Workspace."`
 	Quiet     bool              `short:"q" name:"quiet" help:"Print only the new Workspace ID."`
 	NoWait    bool              `name:"no-wait" help:"Return once ctrl accepted the Workspace instead of when it is AVAILABLE."`
@@ -56,7 +61,8 @@ func (c *WorkspaceCreateCmd) Run(g *Globals) error {
 		return usagef("--cpu %d: give a whole number of cores of at least 1", c.CPU)
 	}
 	req := api.WorkspaceCreateRequest{WriteMeta: writeMeta(c.CommandID, nil), Template: c.Template,
-		CPU: api.Milli(c.CPU * 1000), MemoryBytes: mem, Labels: c.Label, NodeID: c.Node}
+		CPU: api.Milli(c.CPU * 1000), MemoryBytes: mem, Labels: c.Label, NodeID: c.Node,
+		Network: createPolicy(c.Egress, c.Resolver, c.Allow, c.Deny)}
 	var ws api.Workspace
 	raw, err := g.call("POST", "/v1/workspaces", req, &ws)
 	if err != nil {
@@ -96,8 +102,35 @@ func printWorkspaceResult(g *Globals, raw []byte, ws *api.Workspace, quiet bool,
 // waitWorkspace polls until the Workspace is in want (or gone when want
 // is ""), fails on FAILED, and gives up after --timeout (exit 16).
 func waitWorkspace(g *Globals, id, want string) (*api.Workspace, error) {
+	return pollWorkspace(g, id, func(ws *api.Workspace) (bool, error) {
+		switch {
+		case ws == nil:
+			return want == "", nil
+		case ws.State == want:
+			return true, nil
+		case ws.State == api.WorkspaceFailed:
+			return false, failedError(ws)
+		}
+		return false, nil
+	})
+}
+
+// failedError is exit 13 with why the Workspace is FAILED.
+func failedError(ws *api.Workspace) error {
+	msg := "workspace " + ws.WorkspaceID + " is FAILED"
+	if f := ws.Failure; f != nil {
+		msg += " (" + f.Reason + "): " + f.Message
+	}
+	return exitError{api.ExitFailedPrecondition, msg}
+}
+
+// pollWorkspace reads the Workspace until settled says it is done (ws is
+// nil once it no longer exists) or fails, and gives up after --timeout
+// (exit 16). Reads block on the member until the version passes the one
+// seen, so a change is seen the moment the member applies it.
+func pollWorkspace(g *Globals, id string, settled func(ws *api.Workspace) (bool, error)) (*api.Workspace, error) {
 	deadline := time.Now().Add(g.Timeout)
-	var seen uint64 // blocking reads: the member answers when the version passes it
+	var seen uint64
 	for {
 		var ws api.Workspace
 		wait := min(time.Until(deadline), 30*time.Second).Round(time.Millisecond)
@@ -106,22 +139,27 @@ func waitWorkspace(g *Globals, id, want string) (*api.Workspace, error) {
 			path = workspacePath(id)
 		}
 		_, err := g.call("GET", path, nil, &ws)
-		switch {
-		case want == "" && api.CodeOf(err) == api.CodeNotFound:
-			return nil, nil
-		case err != nil:
+		cur := &ws
+		if api.CodeOf(err) == api.CodeNotFound {
+			cur = nil
+		} else if err != nil {
 			return nil, err
-		case ws.State == want:
-			return &ws, nil
-		case ws.State == api.WorkspaceFailed:
-			msg := "workspace " + id + " is FAILED"
-			if f := ws.Failure; f != nil {
-				msg += " (" + f.Reason + "): " + f.Message
-			}
-			return nil, exitError{api.ExitFailedPrecondition, msg}
+		}
+		done, serr := settled(cur)
+		switch {
+		case serr != nil:
+			return nil, serr
+		case done:
+			return cur, nil
+		case cur == nil:
+			return nil, err // gone, and the caller waited for something else
 		}
 		if !time.Now().Before(deadline) {
-			return nil, exitError{api.ExitTimedOut, fmt.Sprintf("workspace %s is still %s after %s; it goes on in the background: check with kibo workspace get %s", id, ws.State, g.Timeout, id)}
+			still := ws.State
+			if p := ws.Pending; p != nil && p.Kind == api.WSCmdNetwork {
+				still += " with its network change pending on node " + p.NodeID
+			}
+			return nil, exitError{api.ExitTimedOut, fmt.Sprintf("workspace %s is still %s after %s; it goes on in the background: check with kibo workspace get %s", id, still, g.Timeout, id)}
 		}
 		if g.ctx.Err() != nil {
 			return nil, g.ctx.Err()
@@ -224,6 +262,15 @@ func renderWorkspace(w io.Writer, ws *api.Workspace, wide bool) {
 	line("CPU", "%s", ws.CPU)
 	line("Memory", "%s", formatBytes(ws.MemoryBytes))
 	line("Labels", "%s", dash(labelsColumn(ws.Labels)))
+	pol := ws.Network.Effective()
+	line("Egress", "%s", pol.Egress)
+	resolver := pol.Resolver
+	if resolver == "" {
+		resolver = "default"
+	}
+	line("Resolver", "%s", resolver)
+	line("Allow", "%s", dash(strings.Join(pol.Allow, ",")))
+	line("Deny", "%s", dash(strings.Join(pol.Deny, ",")))
 	line("Node", "%s", dash(ws.NodeID))
 	if wide {
 		line("Instance", "%s", dash(ws.InstanceID))
@@ -238,6 +285,12 @@ func renderWorkspace(w io.Writer, ws *api.Workspace, wide bool) {
 	line("Writable layer", "%s", layer)
 	if p := ws.Pending; p != nil {
 		line("Pending", "%s on node %s since %s", p.Kind, p.NodeID, stamp(p.IssuedAt))
+		if p.Network != nil {
+			line("Requested", "%s", policySummary(p.Network.Effective()))
+		}
+	}
+	if c := ws.NetworkChange; c != nil && c.Outcome != "ok" {
+		line("Network change", "failed on node %s at %s: %s", c.NodeID, stamp(c.At), c.Error)
 	}
 	if ws.StopUnconfirmed {
 		line("Last stop", "not confirmed to have reached disk")

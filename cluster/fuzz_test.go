@@ -187,9 +187,10 @@ func addSeeds(f *testing.F, paths int, own ...string) {
 	}
 }
 
-// FuzzWorkspaceBodies: create, start, stop, delete and credentials.
+// FuzzWorkspaceBodies: create, start, stop, delete, credentials and
+// set-network.
 func FuzzWorkspaceBodies(f *testing.F) {
-	addSeeds(f, 10,
+	addSeeds(f, 12,
 		`{"template":"kibotos-coding","cpu":1000,"memory_bytes":268435456}`,
 		`{"template":"kibotos-coding","cpu":1000,"memory_bytes":268435456,"labels":{"team":"a"},"node_id":"node-1"}`,
 		`{"template":"kibotos-coding","cpu":"0.5","memory_bytes":1}`,
@@ -205,16 +206,27 @@ func FuzzWorkspaceBodies(f *testing.F) {
 		`{"force":true}`,
 		`{"force":"yes"}`,
 		`{"wait":true}`,
+		`{"template":"kibotos-coding","cpu":1000,"memory_bytes":268435456,"network":{"egress":"public","allow":["10.0.0.0/8"]}}`,
+		`{"template":"kibotos-coding","cpu":1000,"memory_bytes":268435456,"network":{"egress":"corp","deny":["*.example.com"]}}`,
+		`{"egress":"public","allow":["10.1.2.3","2001:db8::/32"],"deny":["192.0.2.0/24"]}`,
+		`{"egress":"none","allow":[],"deny":[]}`,
+		`{"allow":null,"resolver":""}`,
+		`{"egress":"corp"}`,
+		`{"resolver":"corp-dns"}`,
+		`{"egress":"public","allow":["*.example.com"]}`,
+		`{"egress":"public","allow":["10.0.0.0/33","fe80::1%eth0"]}`,
+		`{"allow":"10.0.0.0/8"}`,
+		`{"egress":7}`,
 	)
 	m := newFuzzMember(f)
 	f.Fuzz(func(t *testing.T, which uint8, body []byte) {
 		id := m.workspace
-		if which%10 >= 5 {
+		if which%12 >= 6 {
 			id = "ws-nope"
 		}
 		path := "/v1/workspaces"
-		if op := which % 5; op > 0 {
-			path += "/" + id + "/" + []string{"", "start", "stop", "delete", "credentials"}[op]
+		if op := which % 6; op > 0 {
+			path += "/" + id + "/" + []string{"", "start", "stop", "delete", "credentials", "network"}[op]
 		}
 		m.post(t, m.admin, path, body)
 	})

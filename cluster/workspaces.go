@@ -35,8 +35,21 @@ func (s *Server) handleWorkspaceCreate(w http.ResponseWriter, r *http.Request) {
 		req.WriteMeta = api.WriteMeta{CommandID: "api-" + newSessionID()[5:], Generated: true}
 	}
 	s.workspaceWrite(w, r, fsm.OpWorkspaceCreate, req.WriteMeta, fsm.WorkspaceCreateArgs{
-		Template: req.Template, CPU: req.CPU, MemoryBytes: req.MemoryBytes, Labels: req.Labels, NodeID: req.NodeID,
+		Template: req.Template, CPU: req.CPU, MemoryBytes: req.MemoryBytes, Labels: req.Labels, NodeID: req.NodeID, Network: req.Network,
 	})
+}
+
+// handleWorkspaceSetNetwork changes the given items of a Workspace's
+// network policy. The answer is the Workspace as ctrl accepted the change:
+// for a running one with the command pending on its node, whose answer
+// the caller reads from the Workspace (network_change).
+func (s *Server) handleWorkspaceSetNetwork(w http.ResponseWriter, r *http.Request) {
+	var req api.WorkspaceNetworkRequest
+	if err := decodeBody(r, &req); err != nil {
+		writeError(w, err)
+		return
+	}
+	s.workspaceWrite(w, r, fsm.OpWorkspaceSetNetwork, req.WriteMeta, fsm.WorkspaceNetworkArgs{WorkspaceID: r.PathValue("id"), NetworkChange: req.NetworkChange})
 }
 
 // workspaceOp serves start, stop and delete.
@@ -216,7 +229,7 @@ func cleanupStatus(ws *api.Workspace) api.CleanupStatus {
 	runtime := api.CleanupReleased
 	var since *time.Time
 	switch {
-	case ws.Pending != nil && (ws.Pending.Kind != api.WSCmdStart):
+	case ws.Pending != nil && ws.Pending.Kind != api.WSCmdStart && ws.Pending.Kind != api.WSCmdNetwork:
 		runtime, since = api.CleanupPending, &ws.Pending.IssuedAt
 	case ws.InstanceID != "":
 		runtime = api.CleanupHeld
@@ -351,11 +364,7 @@ func (d *dispatcher) run() error {
 		if t, ok := d.sent[p.CommandID]; ok && time.Since(t) < resendAfter {
 			continue
 		}
-		task := &api.WorkspaceTask{Command: *p, WorkspaceID: w.WorkspaceID, Template: w.Template, CPU: w.CPU, MemoryBytes: w.MemoryBytes}
-		if w.Layer != nil {
-			task.LayerPool = w.Layer.PoolID
-		}
-		if err := d.sc.send(api.SessionMsg{Type: api.MsgTask, Task: task}); err != nil {
+		if err := d.sc.send(api.SessionMsg{Type: api.MsgTask, Task: taskFor(&w)}); err != nil {
 			return err
 		}
 		d.sent[p.CommandID] = time.Now()
@@ -366,6 +375,25 @@ func (d *dispatcher) run() error {
 		}
 	}
 	return nil
+}
+
+// taskFor is the Workspace's pending command with what the node needs to
+// execute it: a start carries the Workspace's policy (egress none for a
+// record older than policies), a network command the requested one.
+func taskFor(w *api.Workspace) *api.WorkspaceTask {
+	p := w.Pending
+	task := &api.WorkspaceTask{Command: *p, WorkspaceID: w.WorkspaceID, Template: w.Template, CPU: w.CPU, MemoryBytes: w.MemoryBytes}
+	if w.Layer != nil {
+		task.LayerPool = w.Layer.PoolID
+	}
+	switch p.Kind {
+	case api.WSCmdStart:
+		pol := w.Network.Effective()
+		task.Network = &pol
+	case api.WSCmdNetwork:
+		task.Network = p.Network
+	}
+	return task
 }
 
 // applyTaskResult stores the node's answer; a refusal re-places the

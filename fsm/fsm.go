@@ -79,6 +79,7 @@ var handlers = map[string]handler{
 	OpWorkspaceStop:        applyWorkspaceStop,
 	OpWorkspaceDelete:      applyWorkspaceDelete,
 	OpWorkspaceResult:      applyWorkspaceResult,
+	OpWorkspaceSetNetwork:  applyWorkspaceSetNetwork,
 }
 
 // Open creates a fresh state file at path (any old file is replaced).

@@ -333,6 +333,7 @@ var allOps = []string{
 	OpNodeIsolate, OpNodeRetire, OpOvercommitSetDefault, OpOvercommitSet,
 	OpOvercommitAck, OpCommandsExpire,
 	OpWorkspaceCreate, OpWorkspaceStart, OpWorkspaceStop, OpWorkspaceDelete, OpWorkspaceResult,
+	OpWorkspaceSetNetwork,
 }
 
 func TestEveryOpHasAHandler(t *testing.T) {

@@ -28,6 +28,7 @@ const (
 	OpWorkspaceStop        = "workspace.stop"
 	OpWorkspaceDelete      = "workspace.delete"
 	OpWorkspaceResult      = "workspace.node_result"
+	OpWorkspaceSetNetwork  = "workspace.set_network"
 )
 
 // BootstrapArgs creates the cluster with its first member.

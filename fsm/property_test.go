@@ -236,6 +236,57 @@ func (g *logGen) report(id string) api.Report {
 	return r
 }
 
+// networkPolicy draws a policy, valid more often than not: rules that
+// normalize (an address, host bits, a duplicate), and now and then a bad
+// CIDR, a domain rule, an unknown Egress or lists without public egress.
+func (g *logGen) networkPolicy() api.NetworkPolicy {
+	rules := []string{"10.0.0.0/8", "10.1.2.3", "192.168.7.1/16", "2001:db8::1/32", "10.0.0.0/8", "0.0.0.0/0"}
+	bad := []string{"10.0.0.300", "*.example.com", "fe80::1%eth0", "", "10.0.0.0/33"}
+	pick := func() []string {
+		var out []string
+		for i := g.r.Intn(4); i > 0; i-- {
+			if g.pct(8) {
+				out = append(out, bad[g.r.Intn(len(bad))])
+			} else {
+				out = append(out, rules[g.r.Intn(len(rules))])
+			}
+		}
+		return out
+	}
+	p := api.NetworkPolicy{Egress: []string{"", api.EgressNone, api.EgressPublic, api.EgressPublic, api.EgressPublic}[g.r.Intn(5)]}
+	switch {
+	case g.pct(5):
+		p.Egress = "corp"
+	case g.pct(3):
+		p.Egress = "Bad Egress"
+	case g.pct(4):
+		p.Resolver = "corp-dns"
+	}
+	if p.Egress == api.EgressPublic || g.pct(10) {
+		p.Allow, p.Deny = pick(), pick()
+	}
+	return p
+}
+
+// networkChange draws a set-network: some items of a drawn policy.
+func (g *logGen) networkChange() api.NetworkChange {
+	p := g.networkPolicy()
+	var c api.NetworkChange
+	if g.pct(80) {
+		c.Egress = &p.Egress
+	}
+	if g.pct(10) {
+		c.Resolver = &p.Resolver
+	}
+	if g.pct(60) {
+		c.Allow = &p.Allow
+	}
+	if g.pct(40) {
+		c.Deny = &p.Deny
+	}
+	return c
+}
+
 // workspaces lists every Workspace of the reference FSM, by id.
 func (g *logGen) workspaces() []api.Workspace {
 	var out []api.Workspace
@@ -311,6 +362,10 @@ func (g *logGen) drawWorkspace(mk func(string, any, *uint64) Entry) Entry {
 		if g.pct(20) {
 			a.NodeID = g.liveNode()
 		}
+		if g.pct(30) {
+			p := g.networkPolicy()
+			a.Network = &p
+		}
 		e := mk(OpWorkspaceCreate, a, nil)
 		if g.pct(95) {
 			e.CommandID = fmt.Sprintf("ws-cmd-%d", g.seq)
@@ -329,6 +384,22 @@ func (g *logGen) drawWorkspace(mk func(string, any, *uint64) Entry) Entry {
 	case n < 11:
 		w := g.workspace(false)
 		return mk(OpWorkspaceDelete, WorkspaceArgs{WorkspaceID: w.WorkspaceID}, g.expected(w.Version))
+	case n < 13:
+		// Mostly running ones: the change that goes through the node.
+		w := g.workspace(false)
+		if g.pct(75) {
+			for _, c := range g.workspaces() {
+				if c.State == api.WorkspaceAvailable && c.Pending == nil {
+					w = c
+					break
+				}
+			}
+		}
+		c := g.networkChange()
+		for i := 0; i < 3 && (c.Egress == nil || *c.Egress == w.Network.Effective().Egress); i++ {
+			c = g.networkChange() // mostly a change, not the policy it has
+		}
+		return mk(OpWorkspaceSetNetwork, WorkspaceNetworkArgs{WorkspaceID: w.WorkspaceID, NetworkChange: c}, g.expected(w.Version))
 	default:
 		w := g.workspace(true)
 		a := WorkspaceResultArgs{WorkspaceID: w.WorkspaceID, Outcome: OutcomeOK}
@@ -764,6 +835,12 @@ func (c *invariantChecker) checkWorkspaces(i int, e Entry, f *FSM, nodes []api.N
 			api.WorkspaceStopping: {api.WSCmdStop, api.WSCmdStopForce}, api.WorkspaceDeleting: {api.WSCmdDelete},
 		}[w.State]
 		switch {
+		case w.State == api.WorkspaceAvailable && w.Pending != nil:
+			// A running Workspace waits only for a policy change, which
+			// leaves its state as it is.
+			if w.Pending.Kind != api.WSCmdNetwork || w.Pending.Network == nil {
+				bad("AVAILABLE with a pending command other than a network change")
+			}
 		case wantKind == nil && w.Pending != nil:
 			bad("pending command in a settled state")
 		case wantKind != nil && (w.Pending == nil || !containsString(wantKind, w.Pending.Kind)):
@@ -785,6 +862,11 @@ func (c *invariantChecker) checkWorkspaces(i int, e Entry, f *FSM, nodes []api.N
 		case api.WorkspaceDeleting:
 		default:
 			bad("unknown state")
+		}
+		// A stored policy is always one create or set-network accepted:
+		// normalized, with lists only for public egress.
+		if w.Network == nil || w.Network.Egress == "" || (w.Network.Egress != api.EgressPublic && (len(w.Network.Allow) > 0 || len(w.Network.Deny) > 0)) {
+			bad(fmt.Sprintf("network policy %+v", w.Network))
 		}
 		if p := w.Pending; p != nil {
 			if want := layerNode(&w); p.NodeID != want || p.InstanceID != w.InstanceID {

@@ -33,6 +33,8 @@ type WorkspaceCreateArgs struct {
 	MemoryBytes uint64            `json:"memory_bytes"`
 	Labels      map[string]string `json:"labels,omitempty"`
 	NodeID      string            `json:"node_id,omitempty"`
+	// Network is the policy asked for; nil: egress none.
+	Network *api.NetworkPolicy `json:"network,omitempty"`
 }
 
 // WorkspaceArgs names a Workspace, with the options of start and stop.
@@ -498,6 +500,10 @@ func applyWorkspaceCreate(tx *bolt.Tx, e *Entry) (any, error) {
 		return nil, err
 	}
 	id := WorkspaceIDFor(e.CommandID)
+	network, err := normalizeNetwork(tx, id, a.Network.Effective())
+	if err != nil {
+		return nil, err
+	}
 	if old, err := getWorkspace(tx, id); err != nil {
 		return nil, err
 	} else if old != nil {
@@ -506,7 +512,7 @@ func applyWorkspaceCreate(tx *bolt.Tx, e *Entry) (any, error) {
 	if at := tx.Bucket(bucketWorkspaceTombstones).Get(wsKey(id)); at != nil {
 		return nil, api.Errorf(api.CodeAlreadyExists, "workspace %s existed and was deleted at %s: use a new --command-id", id, at)
 	}
-	w := &api.Workspace{WorkspaceID: id, Template: a.Template, CPU: a.CPU, MemoryBytes: a.MemoryBytes, Labels: a.Labels, CreatedAt: *at(e)}
+	w := &api.Workspace{WorkspaceID: id, Template: a.Template, CPU: a.CPU, MemoryBytes: a.MemoryBytes, Labels: a.Labels, Network: &network, CreatedAt: *at(e)}
 	node, err := place(tx, w, a.NodeID, nil)
 	if err != nil {
 		return nil, err
@@ -711,6 +717,8 @@ func applyWorkspaceResult(tx *bolt.Tx, e *Entry) (any, error) {
 		if w.Layer != nil {
 			w.Layer.Held = false
 		}
+	case api.WSCmdNetwork:
+		applyNetworkResult(e, w, p, &a)
 	case api.WSCmdDelete:
 		if a.Outcome != OutcomeOK {
 			fail(api.FailureStop, "delete: "+a.Error)
@@ -790,6 +798,7 @@ func failEndedInstances(tx *bolt.Tx, e *Entry, node string, states []api.Instanc
 		if msg == "" {
 			msg = "node reports the Instance as no longer running"
 		}
+		dropNetworkChange(e, w, "instance "+w.InstanceID+" ended before node "+node+" applied the change")
 		w.State = api.WorkspaceFailed
 		w.Failure = &api.WorkspaceFailure{Reason: api.FailureNoLongerRunning, Message: msg, At: *at(e)}
 		if err := putWorkspace(tx, e, old, w); err != nil {
@@ -810,6 +819,7 @@ func releaseIsolated(tx *bolt.Tx, e *Entry, node string, res *api.IsolateResult)
 		old := cloneWorkspace(w)
 		if w.Pending != nil && w.Pending.NodeID == node {
 			res.CommandsFailed++
+			dropNetworkChange(e, w, "node "+node+" was isolated before it answered")
 			w.Pending = nil
 		}
 		if w.Layer != nil && w.Layer.Held && w.Layer.NodeID == node {

@@ -262,7 +262,7 @@ func TestWorkspaceCreate(t *testing.T) {
 				}
 				id := WorkspaceIDFor("c1")
 				want := api.Workspace{WorkspaceID: id, Version: 1, State: api.WorkspaceCreating, Template: "kibotos-coding",
-					CPU: 2000, MemoryBytes: 2 * gib, Labels: map[string]string{"team": "x"}, CreatedAt: h.now, UpdatedAt: h.now,
+					CPU: 2000, MemoryBytes: 2 * gib, Labels: map[string]string{"team": "x"}, Network: &api.NetworkPolicy{Egress: api.EgressNone}, CreatedAt: h.now, UpdatedAt: h.now,
 					NodeID: "node-a", InstanceID: instanceIDFor(id, 1), Instances: 1,
 					Layer:   &api.LayerRight{NodeID: "node-a", PoolID: DefaultPool, Held: true},
 					Pending: &api.WorkspaceCommand{Kind: api.WSCmdStart, CommandID: id + "/1", NodeID: "node-a", InstanceID: instanceIDFor(id, 1), IssuedAt: h.now}}

@@ -1,0 +1,86 @@
+package api
+
+import "time"
+
+// Egress values of a network policy besides the name of an Egress object.
+const (
+	EgressNone   = "none"   // no outbound traffic; DNS through the deployment resolver only
+	EgressPublic = "public" // out through the node's uplink, narrowed by Allow and Deny
+)
+
+// MaxNetworkRules bounds each of a policy's Allow and Deny lists.
+const MaxNetworkRules = 256
+
+// NetworkPolicy is what a Workspace's guest may reach. ctrl stores it in
+// normalized form: Egress never empty, CIDRs canonical (10.1.2.3 is
+// stored as 10.1.2.3/32), each rule once.
+type NetworkPolicy struct {
+	// Egress is none (the default), public, or the name of an Egress
+	// object (a SOCKS5 exit of the caller's).
+	Egress string `json:"egress"`
+	// Resolver is "" for the deployment resolver, else the name of a
+	// Resolver object DNS queries go to.
+	Resolver string `json:"resolver,omitempty"`
+	// Allow and Deny narrow public egress; they apply to public only.
+	Allow []string `json:"allow,omitempty"`
+	Deny  []string `json:"deny,omitempty"`
+}
+
+// Effective is the policy in force: records written before Workspaces had
+// a policy (and requests without one) mean egress none. p may be nil.
+func (p *NetworkPolicy) Effective() NetworkPolicy {
+	if p == nil {
+		return NetworkPolicy{Egress: EgressNone}
+	}
+	out := *p
+	if out.Egress == "" {
+		out.Egress = EgressNone
+	}
+	return out
+}
+
+// NetworkChange is set-network: every item given replaces the
+// Workspace's; an absent (or null) one is kept. An empty list ([]) clears
+// Allow or Deny; an empty Resolver goes back to the deployment one.
+type NetworkChange struct {
+	Egress   *string   `json:"egress,omitempty"`
+	Resolver *string   `json:"resolver,omitempty"`
+	Allow    *[]string `json:"allow,omitempty"`
+	Deny     *[]string `json:"deny,omitempty"`
+}
+
+// Apply returns p with the change made (before validation).
+func (c NetworkChange) Apply(p NetworkPolicy) NetworkPolicy {
+	if c.Egress != nil {
+		p.Egress = *c.Egress
+	}
+	if c.Resolver != nil {
+		p.Resolver = *c.Resolver
+	}
+	if c.Allow != nil {
+		p.Allow = *c.Allow
+	}
+	if c.Deny != nil {
+		p.Deny = *c.Deny
+	}
+	return p
+}
+
+// WorkspaceNetworkRequest is `workspace set-network`.
+type WorkspaceNetworkRequest struct {
+	WriteMeta
+	NetworkChange
+}
+
+// NetworkChangeResult is the node's answer to the latest policy change of
+// a running Workspace. A change leaves the Workspace's state as it was, so
+// this is where a caller that waited for it learns how it went.
+type NetworkChangeResult struct {
+	CommandID string    `json:"command_id"`
+	NodeID    string    `json:"node_id"`
+	Outcome   string    `json:"outcome"` // ok, failed
+	Error     string    `json:"error,omitempty"`
+	At        time.Time `json:"at"`
+	// Requested is the policy that was not applied (failed only).
+	Requested *NetworkPolicy `json:"requested,omitempty"`
+}
