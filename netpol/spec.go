@@ -96,10 +96,10 @@ func (s TableSpec) check() (checkedSpec, error) {
 	}
 	var err error
 	lists := []struct {
-		name    string
-		in      []netip.Prefix
-		out     *[]addrRange
-		allowV6 bool
+		name   string
+		in     []netip.Prefix
+		out    *[]addrRange
+		skipV6 bool
 	}{
 		{"host address", s.HostAddrs, &c.host, true},
 		{"management", s.Management, &c.management, true},
@@ -108,7 +108,7 @@ func (s TableSpec) check() (checkedSpec, error) {
 		{"deny", s.Deny, &c.deny, false},
 	}
 	for _, l := range lists {
-		if *l.out, err = ipv4Ranges(l.name, l.in, l.allowV6); err != nil {
+		if *l.out, err = ipv4Ranges("table spec", l.name, l.in, l.skipV6); err != nil {
 			return c, err
 		}
 	}
@@ -116,18 +116,21 @@ func (s TableSpec) check() (checkedSpec, error) {
 	return c, nil
 }
 
-func ipv4Ranges(what string, in []netip.Prefix, skipV6 bool) ([]addrRange, error) {
+// ipv4Ranges validates the prefixes of one list of spec (named in errors
+// as what) and returns its IPv4 part as ranges; IPv6 prefixes are left out
+// when skipV6, else refused.
+func ipv4Ranges(spec, what string, in []netip.Prefix, skipV6 bool) ([]addrRange, error) {
 	var v4 []netip.Prefix
 	for _, p := range in {
 		switch {
 		case !p.IsValid():
-			return nil, fmt.Errorf("netpol: table spec: %s prefix %q: not a valid prefix", what, p)
+			return nil, fmt.Errorf("netpol: %s: %s prefix %q: not a valid prefix", spec, what, p)
 		case p.Addr().Is4():
 			v4 = append(v4, p)
 		case p.Addr().Is4In6():
-			return nil, fmt.Errorf("netpol: table spec: %s prefix %s: write IPv4 prefixes as IPv4", what, p)
+			return nil, fmt.Errorf("netpol: %s: %s prefix %s: write IPv4 prefixes as IPv4", spec, what, p)
 		case !skipV6:
-			return nil, fmt.Errorf("netpol: table spec: %s prefix %s: IPv6 egress policy is not supported yet (guest IPv6 is dropped)", what, p)
+			return nil, fmt.Errorf("netpol: %s: %s prefix %s: IPv6 egress policy is not supported yet (guest IPv6 is dropped)", spec, what, p)
 		}
 	}
 	return rangesOf(v4), nil
