@@ -3,6 +3,7 @@ package netpol
 import (
 	"context"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"runtime"
@@ -10,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 )
 
@@ -103,5 +106,89 @@ func waitFor(t testing.TB, what string, timeout time.Duration, cond func() error
 			t.Fatalf("%s: not after %v: %v", what, timeout, err)
 		}
 		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// link is a test's handle on the links of one namespace.
+type link struct {
+	t  testing.TB
+	ns int
+	h  *netlink.Handle
+}
+
+func links(t testing.TB, nsFD int) *link {
+	t.Helper()
+	h, err := netlink.NewHandleAt(netns.NsHandle(nsFD), unix.NETLINK_ROUTE)
+	if err != nil {
+		t.Fatalf("netlink handle: %v", err)
+	}
+	t.Cleanup(h.Close)
+	l := &link{t: t, ns: nsFD, h: h}
+	l.up("lo")
+	return l
+}
+
+func (l *link) get(name string) netlink.Link {
+	l.t.Helper()
+	ln, err := l.h.LinkByName(name)
+	if err != nil {
+		l.t.Fatalf("link %s: %v", name, err)
+	}
+	return ln
+}
+
+// veth makes a veth pair: name here, peer in the other namespace.
+func (l *link) veth(name string, other *link, peer string) {
+	l.t.Helper()
+	v := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: name}, PeerName: peer, PeerNamespace: netlink.NsFd(other.ns)}
+	if err := l.h.LinkAdd(v); err != nil {
+		l.t.Fatalf("veth %s/%s: %v", name, peer, err)
+	}
+	l.up(name)
+	other.up(peer)
+}
+
+func (l *link) up(name string) {
+	l.t.Helper()
+	if err := l.h.LinkSetUp(l.get(name)); err != nil {
+		l.t.Fatalf("link %s up: %v", name, err)
+	}
+}
+
+func (l *link) addr(name, cidr string) {
+	l.t.Helper()
+	a, err := netlink.ParseAddr(cidr)
+	if err != nil {
+		l.t.Fatal(err)
+	}
+	if err := l.h.AddrAdd(l.get(name), a); err != nil {
+		l.t.Fatalf("address %s on %s: %v", cidr, name, err)
+	}
+}
+
+// route adds dst (a CIDR, or "default") via gw.
+func (l *link) route(dst, gw string) {
+	l.t.Helper()
+	r := &netlink.Route{Gw: net.ParseIP(gw)}
+	if dst != "default" {
+		_, n, err := net.ParseCIDR(dst)
+		if err != nil {
+			l.t.Fatal(err)
+		}
+		r.Dst = n
+	}
+	if err := l.h.RouteAdd(r); err != nil {
+		l.t.Fatalf("route %s via %s: %v", dst, gw, err)
+	}
+}
+
+// forwarding turns IPv4 forwarding on; /proc/sys/net is the namespace of
+// the thread that opens it.
+func (l *link) forwarding() {
+	l.t.Helper()
+	if err := inNetns(l.ns, func() error {
+		return os.WriteFile("/proc/sys/net/ipv4/ip_forward", []byte("1"), 0o644)
+	}); err != nil {
+		l.t.Fatalf("ip_forward: %v", err)
 	}
 }
