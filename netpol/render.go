@@ -30,13 +30,21 @@ func (t *Table) String() string {
 	for _, o := range t.Objects {
 		fmt.Fprintf(&b, "\t%s %s {\n\t}\n", objTypeName(o.Type), o.Name)
 	}
+	// a blank line between blocks, as nft prints them
+	sep := len(t.Counters)+len(t.Objects) > 0
 	for _, s := range t.Sets {
-		b.WriteString("\n")
+		if sep {
+			b.WriteString("\n")
+		}
 		s.render(&b)
+		sep = true
 	}
 	for _, c := range t.Chains {
-		b.WriteString("\n")
+		if sep {
+			b.WriteString("\n")
+		}
 		c.render(&b)
+		sep = true
 	}
 	b.WriteString("}\n")
 	return b.String()
