@@ -1,6 +1,9 @@
 package netpol
 
-import "net/netip"
+import (
+	"fmt"
+	"net/netip"
+)
 
 // Egress modes of a rule table. A named Egress object of the FSM is
 // EgressProxy here: every guest TCP connection goes to the egress process.
@@ -49,4 +52,86 @@ type TableSpec struct {
 	// ProxyPort is the egress process's transparent listener in the
 	// namespace (EgressProxy): guest TCP is redirected to it.
 	ProxyPort uint16
+}
+
+// checkedSpec is a TableSpec that passed validation, with its address lists
+// as the merged IPv4 ranges the sets hold.
+type checkedSpec struct {
+	TableSpec
+	host, management, pools, linkLocal, allow, deny []addrRange
+}
+
+// linkLocal are the ranges every guest is kept from besides the node's:
+// link-local (where cloud metadata services live), Alibaba's metadata
+// address, and IPv4 multicast and broadcast.
+var linkLocal = []netip.Prefix{
+	netip.MustParsePrefix("169.254.0.0/16"),
+	netip.MustParsePrefix("100.100.100.200/32"),
+	netip.MustParsePrefix("224.0.0.0/3"),
+}
+
+// check validates s. The blocked lists may hold IPv6 prefixes (a node's
+// own addresses usually do): they are left out because guest IPv6 is
+// dropped whole. Allow and Deny may not, since leaving an IPv6-only Allow
+// out would turn "only these" into "everything".
+func (s TableSpec) check() (checkedSpec, error) {
+	c := checkedSpec{TableSpec: s}
+	if !s.Guest.Is4() || s.Guest.IsUnspecified() {
+		return c, fmt.Errorf("netpol: table spec: guest address %q: want an IPv4 address", s.Guest)
+	}
+	if !s.Resolver.IsValid() || !s.Resolver.Addr().Is4() || s.Resolver.Addr().IsUnspecified() || s.Resolver.Port() == 0 {
+		return c, fmt.Errorf("netpol: table spec: resolver %q: want an IPv4 address and port", s.Resolver)
+	}
+	switch s.Egress {
+	case EgressNone, EgressPublic:
+		if s.ProxyPort != 0 {
+			return c, fmt.Errorf("netpol: table spec: proxy port %d with egress %q: only egress %q has a proxy", s.ProxyPort, s.Egress, EgressProxy)
+		}
+	case EgressProxy:
+		if s.ProxyPort == 0 {
+			return c, fmt.Errorf("netpol: table spec: egress %q without a proxy port", EgressProxy)
+		}
+	default:
+		return c, fmt.Errorf("netpol: table spec: egress %q: want %q, %q or %q", s.Egress, EgressNone, EgressPublic, EgressProxy)
+	}
+	var err error
+	lists := []struct {
+		name   string
+		in     []netip.Prefix
+		out    *[]addrRange
+		skipV6 bool
+	}{
+		{"host address", s.HostAddrs, &c.host, true},
+		{"management", s.Management, &c.management, true},
+		{"pool", s.Pools, &c.pools, true},
+		{"allow", s.Allow, &c.allow, false},
+		{"deny", s.Deny, &c.deny, false},
+	}
+	for _, l := range lists {
+		if *l.out, err = ipv4Ranges("table spec", l.name, l.in, l.skipV6); err != nil {
+			return c, err
+		}
+	}
+	c.linkLocal = rangesOf(linkLocal)
+	return c, nil
+}
+
+// ipv4Ranges validates the prefixes of one list of spec (named in errors
+// as what) and returns its IPv4 part as ranges; IPv6 prefixes are left out
+// when skipV6, else refused.
+func ipv4Ranges(spec, what string, in []netip.Prefix, skipV6 bool) ([]addrRange, error) {
+	var v4 []netip.Prefix
+	for _, p := range in {
+		switch {
+		case !p.IsValid():
+			return nil, fmt.Errorf("netpol: %s: %s prefix %q: not a valid prefix", spec, what, p)
+		case p.Addr().Is4():
+			v4 = append(v4, p)
+		case p.Addr().Is4In6():
+			return nil, fmt.Errorf("netpol: %s: %s prefix %s: write IPv4 prefixes as IPv4", spec, what, p)
+		case !skipV6:
+			return nil, fmt.Errorf("netpol: %s: %s prefix %s: IPv6 egress policy is not supported yet (guest IPv6 is dropped)", spec, what, p)
+		}
+	}
+	return rangesOf(v4), nil
 }

@@ -1,0 +1,167 @@
+package netpol
+
+import (
+	"github.com/google/nftables"
+	"github.com/google/nftables/expr"
+	"golang.org/x/sys/unix"
+)
+
+// Sets of an Instance table. The _v4 suffix leaves room for the IPv6 sets a
+// later layout adds beside them.
+const (
+	setHost       = "host_v4"
+	setManagement = "management_v4"
+	setPools      = "pools_v4"
+	setLinkLocal  = "linklocal_v4"
+	setAllow      = "allow_v4"
+	setDeny       = "deny_v4"
+)
+
+// Chains of an Instance table.
+const (
+	chainPrerouting = "prerouting"
+	chainInput      = "input"
+	chainForward    = "forward"
+)
+
+const dnsPort = 53
+
+// Build generates the rule table of one Instance namespace from spec. It is
+// a pure function: the same spec gives the same table, rule for rule, so a
+// takeover can regenerate the table and compare it with the namespace's.
+func Build(spec TableSpec) (*Table, error) {
+	return buildLayout(spec, layoutVersion)
+}
+
+// buildLayout stamps the table with layout version v; tests use other
+// versions to stand for tables an older or newer build wrote.
+func buildLayout(spec TableSpec, v int) (*Table, error) {
+	s, err := spec.check()
+	if err != nil {
+		return nil, err
+	}
+	b := newBuilder(v)
+	host := b.set(setHost, s.host)
+	management := b.set(setManagement, s.management)
+	pools := b.set(setPools, s.pools)
+	ll := b.set(setLinkLocal, s.linkLocal)
+	allow := b.set(setAllow, s.allow)
+	deny := b.set(setDeny, s.deny)
+
+	// Fragments are made afresh for every rule, so no two rules share an
+	// expression a caller could change under the other.
+	fromGuest := func() []expr.Any { return iifname(TapName) }
+	tcp := func() []expr.Any { return l4proto(unix.IPPROTO_TCP) }
+	udp := func() []expr.Any { return l4proto(unix.IPPROTO_UDP) }
+
+	// Guest DNS goes to the resolver whatever address the guest asked: its
+	// resolv.conf names TapAddr, and a guest that ignores it gets the same.
+	pre := b.chain(chainPrerouting, nftables.ChainTypeNAT, nftables.ChainHookPrerouting,
+		nftables.ChainPriorityNATDest, nftables.ChainPolicyAccept)
+	b.rule(pre, "dns-udp", fromGuest(), ipv4(), udp(), thDport(expr.CmpOpEq, dnsPort), dnat(s.Resolver))
+	b.rule(pre, "dns-tcp", fromGuest(), ipv4(), tcp(), thDport(expr.CmpOpEq, dnsPort), dnat(s.Resolver))
+	if s.Egress == EgressProxy {
+		// Every other guest TCP connection goes to the egress process's
+		// transparent listener; it reaches it through the input chain.
+		b.rule(pre, "proxy-tcp", fromGuest(), ipv4(), tcp(), thDport(expr.CmpOpNeq, dnsPort), redirect(s.ProxyPort))
+	}
+
+	// DNATed DNS is accepted before the blocked ranges: the resolver may be
+	// in a management range and the guest must reach it by design. The
+	// match is on the rewritten destination too, so only what the
+	// prerouting rules did passes.
+	dnsAccept := func(c *Chain) {
+		for _, p := range []struct {
+			name  string
+			proto func() []expr.Any
+		}{{"dns-udp", udp}, {"dns-tcp", tcp}} {
+			b.rule(c, p.name, fromGuest(), ipv4(), p.proto(), ctStatus(ctStatusDNAT), ctOriginalDport(dnsPort),
+				ipDaddr(s.Resolver.Addr()), thDport(expr.CmpOpEq, s.Resolver.Port()), accept())
+		}
+	}
+
+	// The namespace itself is no destination for the guest, except the
+	// egress listener and a resolver that lives in the namespace (the
+	// egress process's). What comes from the node is answers to the
+	// namespace's own connections.
+	in := b.chain(chainInput, nftables.ChainTypeFilter, nftables.ChainHookInput,
+		nftables.ChainPriorityFilter, nftables.ChainPolicyDrop)
+	b.rule(in, "established", ctState(ctStateEstablished|ctStateRelated), accept())
+	b.rule(in, "loopback", iifname("lo"), accept())
+	// Not counted: the guest kernel's router solicitations and MLD reports
+	// would read as denied connections.
+	b.rule(in, "guest-ipv6", fromGuest(), ipv6(), drop())
+	b.rule(in, "spoofed", fromGuest(), ipv4(), ipSaddrNot(s.Guest), countDenied(), drop())
+	dnsAccept(in)
+	if s.Egress == EgressProxy {
+		b.rule(in, "proxy", fromGuest(), ipv4(), tcp(), ctStatus(ctStatusDNAT), thDport(expr.CmpOpEq, s.ProxyPort), accept())
+	}
+	b.rule(in, "guest", fromGuest(), countDenied(), drop())
+
+	// Conntrack is kept across a Replace, so established connections
+	// survive it; everything new is decided here, and a guest packet that
+	// no rule accepts is counted before the chain's policy drops it.
+	fwd := b.chain(chainForward, nftables.ChainTypeFilter, nftables.ChainHookForward,
+		nftables.ChainPriorityFilter, nftables.ChainPolicyDrop)
+	b.rule(fwd, "established", ctState(ctStateEstablished|ctStateRelated), accept())
+	// Not counted: invalid packets are conntrack hygiene, not policy.
+	b.rule(fwd, "invalid", ctState(ctStateInvalid), drop())
+	b.rule(fwd, "guest-ipv6", fromGuest(), ipv6(), countDenied(), drop())
+	// A guest may only send as itself: the node masquerades by source pool.
+	b.rule(fwd, "spoofed", fromGuest(), ipv4(), ipSaddrNot(s.Guest), countDenied(), drop())
+	dnsAccept(fwd)
+	for _, blocked := range []struct {
+		name string
+		set  *Set
+	}{{"blocked-host", host}, {"blocked-management", management}, {"blocked-pools", pools}, {"blocked-linklocal", ll}} {
+		b.rule(fwd, blocked.name, fromGuest(), ipv4(), ipDaddrIn(blocked.set), countDenied(), drop())
+	}
+	b.rule(fwd, "deny", fromGuest(), ipv4(), ipDaddrIn(deny), countDenied(), drop())
+	if len(s.allow) > 0 {
+		b.rule(fwd, "not-allowed", fromGuest(), ipv4(), ipDaddrNotIn(allow), countDenied(), drop())
+	}
+	if s.Egress == EgressPublic {
+		b.rule(fwd, "egress-public", fromGuest(), oifname(VethName), ipv4(), accept())
+	}
+	b.rule(fwd, "guest", fromGuest(), countDenied(), drop())
+	// Nothing reaches a guest that it did not ask for.
+	b.rule(fwd, "inbound", iifname(VethName), oifname(TapName), countDenied(), drop())
+	return b.t, nil
+}
+
+// builder assembles a Table with every rule and set marked for layout v.
+type builder struct {
+	v int
+	t *Table
+}
+
+func newBuilder(v int) *builder {
+	return &builder{v: v, t: &Table{
+		Family:   nftables.TableFamilyINet,
+		Name:     TableName,
+		Counters: []string{CounterDenied},
+	}}
+}
+
+func (b *builder) set(name string, rs []addrRange) *Set {
+	s := &Set{
+		Name:    name,
+		Comment: marker(b.v, "set/"+name),
+		KeyType: nftables.TypeIPAddr,
+		Flags:   unix.NFT_SET_INTERVAL,
+		Ranges:  rs,
+		id:      uint32(len(b.t.Sets) + 1),
+	}
+	b.t.Sets = append(b.t.Sets, s)
+	return s
+}
+
+func (b *builder) chain(name string, typ nftables.ChainType, hook *nftables.ChainHook, prio *nftables.ChainPriority, policy nftables.ChainPolicy) *Chain {
+	c := &Chain{Name: name, Type: typ, Hook: *hook, Priority: *prio, Policy: policy}
+	b.t.Chains = append(b.t.Chains, c)
+	return c
+}
+
+func (b *builder) rule(c *Chain, name string, parts ...[]expr.Any) {
+	c.Rules = append(c.Rules, &Rule{Comment: marker(b.v, c.Name+"/"+name), Exprs: seq(parts...)})
+}

@@ -1,0 +1,213 @@
+package netpol
+
+import (
+	"flag"
+	"math/rand/v2"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+)
+
+var update = flag.Bool("update", false, "rewrite testdata/*.golden from the current output")
+
+func pfx(ss ...string) []netip.Prefix {
+	var out []netip.Prefix
+	for _, s := range ss {
+		out = append(out, netip.MustParsePrefix(s))
+	}
+	return out
+}
+
+// testSpec is a spec in the shape the node hands over: a node with two
+// addresses (one IPv6, left out of the sets), management ranges, one pool.
+func testSpec(egress string) TableSpec {
+	s := TableSpec{
+		Guest:      netip.MustParseAddr("10.240.0.2"),
+		Egress:     egress,
+		Resolver:   netip.MustParseAddrPort("10.10.0.53:53"),
+		HostAddrs:  pfx("192.0.2.10/32", "2001:db8::10/128"),
+		Management: pfx("10.10.0.0/16", "10.20.0.0/16", "10.21.0.0/16"),
+		Pools:      pfx("10.240.0.0/20"),
+	}
+	if egress == EgressProxy {
+		s.ProxyPort = 15001
+	}
+	return s
+}
+
+func golden(t *testing.T, name, got string) {
+	t.Helper()
+	path := filepath.Join("testdata", name+".golden")
+	if *update {
+		if err := os.MkdirAll("testdata", 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(path, []byte(got), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return
+	}
+	want, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("%v (run go test -run %s -update to create it)", err, t.Name())
+	}
+	if got != string(want) {
+		t.Errorf("%s differs from the generated table (go test -update rewrites it):\n%s", path, lineDiff(string(want), got))
+	}
+}
+
+// lineDiff lists the lines only one side has, enough to see what moved.
+func lineDiff(want, got string) string {
+	w, g := strings.Split(want, "\n"), strings.Split(got, "\n")
+	var b strings.Builder
+	for _, l := range w {
+		if !slices.Contains(g, l) {
+			b.WriteString("- " + l + "\n")
+		}
+	}
+	for _, l := range g {
+		if !slices.Contains(w, l) {
+			b.WriteString("+ " + l + "\n")
+		}
+	}
+	return b.String()
+}
+
+func TestBuildGolden(t *testing.T) {
+	public := testSpec(EgressPublic)
+	public.Allow = pfx("203.0.113.0/24", "198.51.100.0/25", "198.51.100.128/25", "100.64.1.7/32")
+	public.Deny = pfx("203.0.113.128/26")
+	for _, c := range []struct {
+		name string
+		spec TableSpec
+	}{
+		{"egress-none", testSpec(EgressNone)},
+		{"egress-public-allow-deny", public},
+		{"egress-proxy", testSpec(EgressProxy)},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			tbl, err := Build(c.spec)
+			if err != nil {
+				t.Fatal(err)
+			}
+			golden(t, c.name, tbl.String())
+		})
+	}
+}
+
+// The same spec in any order gives the same table.
+func TestBuildDeterministic(t *testing.T) {
+	spec := testSpec(EgressPublic)
+	spec.Allow = pfx("203.0.113.0/24", "198.51.100.0/24", "100.64.0.0/10", "8.8.8.8/32")
+	spec.Deny = pfx("203.0.113.7/32", "198.51.100.1/32")
+	want, err := Build(spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := rand.New(rand.NewPCG(1, 2))
+	for range 20 {
+		s := spec
+		for _, l := range []*[]netip.Prefix{&s.Allow, &s.Deny, &s.Management, &s.HostAddrs} {
+			*l = slices.Clone(*l)
+			r.Shuffle(len(*l), func(i, j int) { (*l)[i], (*l)[j] = (*l)[j], (*l)[i] })
+		}
+		got, err := Build(s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got.String() != want.String() {
+			t.Fatalf("shuffled spec gave another table:\n%s", lineDiff(want.String(), got.String()))
+		}
+	}
+}
+
+// Rule names are what Inspect pairs rules by: unique within a chain.
+func TestBuildRuleNamesUnique(t *testing.T) {
+	for _, e := range []string{EgressNone, EgressPublic, EgressProxy} {
+		s := testSpec(e)
+		s.Allow = pfx("8.8.8.8/32")
+		tbl, err := Build(s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		seen := map[string]bool{}
+		for _, c := range tbl.Chains {
+			for _, r := range c.Rules {
+				if _, _, ok := parseMarker(r.Comment); !ok || seen[r.Comment] {
+					t.Errorf("egress %s: rule comment %q is not a unique marker", e, r.Comment)
+				}
+				seen[r.Comment] = true
+			}
+		}
+	}
+}
+
+func TestBuildRejects(t *testing.T) {
+	for _, c := range []struct {
+		name   string
+		change func(*TableSpec)
+		want   string
+	}{
+		{"no guest", func(s *TableSpec) { s.Guest = netip.Addr{} }, "guest address"},
+		{"ipv6 guest", func(s *TableSpec) { s.Guest = netip.MustParseAddr("2001:db8::2") }, "guest address"},
+		{"no resolver", func(s *TableSpec) { s.Resolver = netip.AddrPort{} }, "resolver"},
+		{"resolver without port", func(s *TableSpec) { s.Resolver = netip.MustParseAddrPort("10.0.0.53:0") }, "resolver"},
+		{"unknown egress", func(s *TableSpec) { s.Egress = "socks" }, `egress "socks"`},
+		{"empty egress", func(s *TableSpec) { s.Egress = "" }, `egress ""`},
+		{"proxy without port", func(s *TableSpec) { s.Egress = EgressProxy; s.ProxyPort = 0 }, "without a proxy port"},
+		{"port without proxy", func(s *TableSpec) { s.ProxyPort = 3128 }, "proxy port 3128"},
+		{"invalid prefix", func(s *TableSpec) { s.Management = append(s.Management, netip.Prefix{}) }, "management prefix"},
+		{"ipv6 allow", func(s *TableSpec) { s.Allow = pfx("2001:db8::/32") }, "allow prefix 2001:db8::/32"},
+		{"4in6 deny", func(s *TableSpec) { s.Deny = pfx("::ffff:10.0.0.0/104") }, "write IPv4 prefixes as IPv4"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			s := testSpec(EgressPublic)
+			c.change(&s)
+			tbl, err := Build(s)
+			if err == nil || !strings.Contains(err.Error(), c.want) || !strings.HasPrefix(err.Error(), "netpol: table spec: ") {
+				t.Fatalf("Build = %v, %v; want an error naming %q", tbl, err, c.want)
+			}
+			if strings.Contains(err.Error(), "\n") {
+				t.Errorf("error is not one line: %q", err)
+			}
+		})
+	}
+}
+
+func TestRanges(t *testing.T) {
+	got := rangesOf(pfx("10.0.0.0/25", "10.0.0.128/25", "10.0.0.7/32", "192.168.1.1/24", "0.0.0.0/0"))
+	if len(got) != 1 || got[0].String() != "0.0.0.0/0" {
+		t.Errorf("merge with /0 = %v", got)
+	}
+	got = rangesOf(pfx("10.0.0.0/25", "10.0.0.128/25", "10.0.1.0/32", "192.168.1.1/24"))
+	if s := strings.Trim(strings.Join(strings.Fields(strings.Trim(fmtRanges(got), "[]")), " "), " "); s != "10.0.0.0-10.0.1.0 192.168.1.0/24" {
+		t.Errorf("merged ranges = %s", s)
+	}
+	// a range round-trips through kernel elements, end elements first or last
+	for _, rs := range [][]addrRange{got, rangesOf(pfx("224.0.0.0/3", "1.2.3.4/32"))} {
+		elems := setElements(rs)
+		slices.Reverse(elems)
+		back, err := rangesFromElements(elems)
+		if err != nil || fmtRanges(back) != fmtRanges(rs) {
+			t.Errorf("round trip of %v = %v, %v", rs, back, err)
+		}
+	}
+	var covered []netip.Prefix
+	for _, r := range got {
+		covered = append(covered, r.prefixes()...)
+	}
+	if fmtRanges(rangesOf(covered)) != fmtRanges(got) {
+		t.Errorf("prefixes of %v = %v", got, covered)
+	}
+}
+
+func fmtRanges(rs []addrRange) string {
+	var ss []string
+	for _, r := range rs {
+		ss = append(ss, r.String())
+	}
+	return "[" + strings.Join(ss, " ") + "]"
+}

@@ -1,0 +1,188 @@
+package netpol
+
+import (
+	"encoding/binary"
+	"net/netip"
+
+	"github.com/google/nftables"
+	"github.com/google/nftables/binaryutil"
+	"github.com/google/nftables/expr"
+	"golang.org/x/sys/unix"
+)
+
+// The match and statement fragments rules are made of, each the expression
+// sequence nft itself emits for the same text, so `nft list ruleset` prints
+// our tables legibly and our renderer reads nft-written rules the same way.
+// Every match loads into register 1; NAT uses register 2 for the port.
+
+const (
+	reg1 = unix.NFT_REG_1
+	reg2 = unix.NFT_REG_2
+)
+
+// ifnameData pads an interface name to IFNAMSIZ for an exact match.
+func ifnameData(name string) []byte {
+	b := make([]byte, unix.IFNAMSIZ)
+	copy(b, name)
+	return b
+}
+
+func metaCmp(key expr.MetaKey, op expr.CmpOp, data []byte) []expr.Any {
+	return []expr.Any{
+		&expr.Meta{Key: key, Register: reg1},
+		&expr.Cmp{Op: op, Register: reg1, Data: data},
+	}
+}
+
+func iifname(name string) []expr.Any {
+	return metaCmp(expr.MetaKeyIIFNAME, expr.CmpOpEq, ifnameData(name))
+}
+
+func oifname(name string) []expr.Any {
+	return metaCmp(expr.MetaKeyOIFNAME, expr.CmpOpEq, ifnameData(name))
+}
+
+// iifnamePrefix matches names starting with prefix, as nft's "kb-*": the
+// comparison is over the prefix's bytes only.
+func iifnamePrefix(prefix string) []expr.Any {
+	return metaCmp(expr.MetaKeyIIFNAME, expr.CmpOpEq, []byte(prefix))
+}
+
+func oifnamePrefix(prefix string, op expr.CmpOp) []expr.Any {
+	return metaCmp(expr.MetaKeyOIFNAME, op, []byte(prefix))
+}
+
+// ipv4 guards every IPv4 header match: in an inet table a payload load
+// reads whatever header the packet has.
+func ipv4() []expr.Any {
+	return metaCmp(expr.MetaKeyNFPROTO, expr.CmpOpEq, []byte{unix.NFPROTO_IPV4})
+}
+
+func ipv6() []expr.Any {
+	return metaCmp(expr.MetaKeyNFPROTO, expr.CmpOpEq, []byte{unix.NFPROTO_IPV6})
+}
+
+func l4proto(p byte) []expr.Any {
+	return metaCmp(expr.MetaKeyL4PROTO, expr.CmpOpEq, []byte{p})
+}
+
+// Offsets of the IPv4 header fields and of the destination port, which is
+// at the same place in the TCP and UDP headers (nft's "th dport").
+const (
+	offIPv4Saddr = 12
+	offIPv4Daddr = 16
+	offThDport   = 2
+)
+
+func payload(base expr.PayloadBase, offset, length uint32) *expr.Payload {
+	return &expr.Payload{DestRegister: reg1, Base: base, Offset: offset, Len: length}
+}
+
+func ipAddrCmp(offset uint32, op expr.CmpOp, a netip.Addr) []expr.Any {
+	return []expr.Any{
+		payload(expr.PayloadBaseNetworkHeader, offset, 4),
+		&expr.Cmp{Op: op, Register: reg1, Data: a.AsSlice()},
+	}
+}
+
+func ipDaddr(a netip.Addr) []expr.Any { return ipAddrCmp(offIPv4Daddr, expr.CmpOpEq, a) }
+
+func ipSaddrNot(a netip.Addr) []expr.Any { return ipAddrCmp(offIPv4Saddr, expr.CmpOpNeq, a) }
+
+func ipAddrLookup(offset uint32, s *Set, invert bool) []expr.Any {
+	return []expr.Any{
+		payload(expr.PayloadBaseNetworkHeader, offset, 4),
+		&expr.Lookup{SourceRegister: reg1, SetName: s.Name, SetID: s.id, Invert: invert},
+	}
+}
+
+func ipDaddrIn(s *Set) []expr.Any { return ipAddrLookup(offIPv4Daddr, s, false) }
+
+func ipDaddrNotIn(s *Set) []expr.Any { return ipAddrLookup(offIPv4Daddr, s, true) }
+
+func ipSaddrIn(s *Set) []expr.Any { return ipAddrLookup(offIPv4Saddr, s, false) }
+
+func port(p uint16) []byte { return binary.BigEndian.AppendUint16(nil, p) }
+
+func thDport(op expr.CmpOp, p uint16) []expr.Any {
+	return []expr.Any{
+		payload(expr.PayloadBaseTransportHeader, offThDport, 2),
+		&expr.Cmp{Op: op, Register: reg1, Data: port(p)},
+	}
+}
+
+// Conntrack state and status bits (uapi nf_conntrack_common.h). Both are
+// host-endian 32-bit words in the register.
+const (
+	ctStateInvalid     = expr.CtStateBitINVALID
+	ctStateEstablished = expr.CtStateBitESTABLISHED
+	ctStateRelated     = expr.CtStateBitRELATED
+	ctStatusDNAT       = 1 << 5 // IPS_DST_NAT
+)
+
+// ctBits matches when any of bits is set, as nft's "ct state a,b".
+func ctBits(key expr.CtKey, bits uint32) []expr.Any {
+	return []expr.Any{
+		&expr.Ct{Key: key, Register: reg1},
+		&expr.Bitwise{SourceRegister: reg1, DestRegister: reg1, Len: 4,
+			Mask: binaryutil.NativeEndian.PutUint32(bits), Xor: make([]byte, 4)},
+		&expr.Cmp{Op: expr.CmpOpNeq, Register: reg1, Data: make([]byte, 4)},
+	}
+}
+
+func ctState(bits uint32) []expr.Any  { return ctBits(expr.CtKeySTATE, bits) }
+func ctStatus(bits uint32) []expr.Any { return ctBits(expr.CtKeySTATUS, bits) }
+
+// ctDirOriginal is IP_CT_DIR_ORIGINAL: the direction the connection was
+// opened in.
+const ctDirOriginal = 0
+
+// ctOriginalDport is the destination port the connection had before NAT.
+func ctOriginalDport(p uint16) []expr.Any {
+	return []expr.Any{
+		&expr.Ct{Key: expr.CtKeyPROTODST, Register: reg1, Direction: ctDirOriginal},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: port(p)},
+	}
+}
+
+func countDenied() []expr.Any {
+	return []expr.Any{&expr.Objref{Type: int(nftables.ObjTypeCounter), Name: CounterDenied}}
+}
+
+func accept() []expr.Any { return []expr.Any{&expr.Verdict{Kind: expr.VerdictAccept}} }
+func drop() []expr.Any   { return []expr.Any{&expr.Verdict{Kind: expr.VerdictDrop}} }
+
+func dnat(to netip.AddrPort) []expr.Any {
+	return []expr.Any{
+		&expr.Immediate{Register: reg1, Data: to.Addr().AsSlice()},
+		&expr.Immediate{Register: reg2, Data: port(to.Port())},
+		&expr.NAT{Type: expr.NATTypeDestNAT, Family: unix.NFPROTO_IPV4, RegAddrMin: reg1, RegProtoMin: reg2},
+	}
+}
+
+func snat(to netip.Addr) []expr.Any {
+	return []expr.Any{
+		&expr.Immediate{Register: reg1, Data: to.AsSlice()},
+		&expr.NAT{Type: expr.NATTypeSourceNAT, Family: unix.NFPROTO_IPV4, RegAddrMin: reg1},
+	}
+}
+
+// redirect sends the packet to the namespace itself (the address of the
+// interface it came in on) at port p.
+func redirect(p uint16) []expr.Any {
+	return []expr.Any{
+		&expr.Immediate{Register: reg1, Data: port(p)},
+		&expr.Redir{RegisterProtoMin: reg1},
+	}
+}
+
+func masquerade() []expr.Any { return []expr.Any{&expr.Masq{}} }
+
+// seq joins fragments into one rule's expressions.
+func seq(parts ...[]expr.Any) []expr.Any {
+	var out []expr.Any
+	for _, p := range parts {
+		out = append(out, p...)
+	}
+	return out
+}

@@ -1,0 +1,136 @@
+package netpol
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"slices"
+	"strings"
+
+	"github.com/google/nftables"
+	"github.com/google/nftables/expr"
+	"golang.org/x/sys/unix"
+)
+
+// NodeVethPrefix starts the name of every node-side veth of an Instance
+// (kb-<hash>): the node's own table matches Instance traffic by it.
+const NodeVethPrefix = "kb-"
+
+// Chains of the node's own table.
+const (
+	chainHostForward     = "forward"
+	chainHostPostrouting = "postrouting"
+)
+
+// HostSpec is what the node's own table (in the node's namespace, beside
+// whatever else runs there) is generated from: the node's [network]
+// configuration.
+type HostSpec struct {
+	// Pools are the node's guest address pools: what is masqueraded.
+	Pools []netip.Prefix
+	// Management are the management_cidrs no Instance may reach.
+	Management []netip.Prefix
+	// UplinkIface is the interface Instance traffic leaves by; empty to
+	// let it leave by any (then UplinkAddr must be set).
+	UplinkIface string
+	// UplinkAddr, when set, is the source address Instance traffic is
+	// SNATed to instead of masqueraded.
+	UplinkAddr netip.Addr
+	// Resolvers are the addresses Instance tables DNAT guest DNS to (the
+	// deployment resolver and any egress resolvers). The node's conntrack
+	// never sees the Instance namespace's DNAT, so "DNATed DNS" is matched
+	// here by its destination: it is reachable even in a management range.
+	Resolvers []netip.AddrPort
+}
+
+// BuildHost generates the node's own table. Like Build it is a pure
+// function of its input.
+func BuildHost(h HostSpec) (*Table, error) {
+	return buildHostLayout(h, layoutVersion)
+}
+
+func buildHostLayout(h HostSpec, v int) (*Table, error) {
+	pools, err := ipv4Ranges("host spec", "pool", h.Pools, true)
+	if err != nil {
+		return nil, err
+	}
+	management, err := ipv4Ranges("host spec", "management", h.Management, true)
+	if err != nil {
+		return nil, err
+	}
+	if h.UplinkIface == "" && !h.UplinkAddr.IsValid() {
+		return nil, fmt.Errorf("netpol: host spec: no uplink: set an uplink interface or an uplink source address")
+	}
+	if h.UplinkIface != "" && !validIfname(h.UplinkIface) {
+		return nil, fmt.Errorf("netpol: host spec: uplink interface %q: not an interface name, or one of the Instances' (%s*)", h.UplinkIface, NodeVethPrefix)
+	}
+	if h.UplinkAddr.IsValid() && (!h.UplinkAddr.Is4() || h.UplinkAddr.IsUnspecified()) {
+		return nil, fmt.Errorf("netpol: host spec: uplink address %s: want an IPv4 address", h.UplinkAddr)
+	}
+	resolvers := slices.Clone(h.Resolvers)
+	for _, r := range resolvers {
+		if !r.IsValid() || !r.Addr().Is4() || r.Addr().IsUnspecified() || r.Port() == 0 {
+			return nil, fmt.Errorf("netpol: host spec: resolver %q: want an IPv4 address and port", r)
+		}
+	}
+	slices.SortFunc(resolvers, func(a, b netip.AddrPort) int { return a.Compare(b) })
+	resolvers = slices.Compact(resolvers)
+
+	b := newBuilder(v)
+	b.t.Counters = nil
+	poolSet := b.set(setPools, pools)
+	mgmtSet := b.set(setManagement, management)
+
+	fromInstances := func() []expr.Any { return iifnamePrefix(NodeVethPrefix) }
+	// Policy accept: the node's namespace carries traffic that is not the
+	// Instances', and other tables decide about that.
+	fwd := b.chain(chainHostForward, nftables.ChainTypeFilter, nftables.ChainHookForward,
+		nftables.ChainPriorityFilter, nftables.ChainPolicyAccept)
+	b.rule(fwd, "established", fromInstances(), ctState(ctStateEstablished|ctStateRelated), accept())
+	for _, r := range resolvers {
+		for _, p := range []struct {
+			name  string
+			proto byte
+		}{{"udp", unix.IPPROTO_UDP}, {"tcp", unix.IPPROTO_TCP}} {
+			b.rule(fwd, fmt.Sprintf("dns-%s-%s", p.name, r), fromInstances(), ipv4(), l4proto(p.proto),
+				ipDaddr(r.Addr()), thDport(expr.CmpOpEq, r.Port()), accept())
+		}
+	}
+	b.rule(fwd, "blocked-management", fromInstances(), ipv4(), ipDaddrIn(mgmtSet), drop())
+	b.rule(fwd, "guest-to-guest", fromInstances(), oifnamePrefix(NodeVethPrefix, expr.CmpOpEq), drop())
+	if h.UplinkIface != "" {
+		b.rule(fwd, "uplink", fromInstances(), oifname(h.UplinkIface), ipv4(), accept())
+	} else {
+		b.rule(fwd, "uplink", fromInstances(), ipv4(), accept())
+	}
+	b.rule(fwd, "from-instances", fromInstances(), drop())
+	b.rule(fwd, "to-instances-established", oifnamePrefix(NodeVethPrefix, expr.CmpOpEq), ctState(ctStateEstablished|ctStateRelated), accept())
+	b.rule(fwd, "to-instances", oifnamePrefix(NodeVethPrefix, expr.CmpOpEq), drop())
+
+	post := b.chain(chainHostPostrouting, nftables.ChainTypeNAT, nftables.ChainHookPostrouting,
+		nftables.ChainPriorityNATSource, nftables.ChainPolicyAccept)
+	toUplink := seq(ipv4(), ipSaddrIn(poolSet), oifnamePrefix(NodeVethPrefix, expr.CmpOpNeq))
+	if h.UplinkAddr.IsValid() {
+		b.rule(post, "snat", toUplink, snat(h.UplinkAddr))
+	} else {
+		b.rule(post, "masquerade", toUplink, masquerade())
+	}
+	return b.t, nil
+}
+
+// ReplaceHost puts the node's own table t (from BuildHost) in place in the
+// node's namespace, atomically like Replace; other tables there are left
+// alone.
+func ReplaceHost(ctx context.Context, nsFD int, t *Table) error {
+	if t.chain(chainHostPostrouting) == nil {
+		return fmt.Errorf("netpol: namespace fd %d: replace host table %s: not a table from BuildHost", nsFD, t.Name)
+	}
+	return Replace(ctx, nsFD, t)
+}
+
+// validIfname accepts what the kernel takes as an interface name, except
+// the Instances' own prefix.
+func validIfname(n string) bool {
+	return len(n) < unix.IFNAMSIZ && n != "." && n != ".." &&
+		!strings.ContainsAny(n, "/: \t\n\x00") && !strings.HasPrefix(n, NodeVethPrefix)
+}

@@ -1,0 +1,194 @@
+package netpol
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+)
+
+// Helpers for tests in real network namespaces. A namespace is made by a
+// thread that unshares and is then thrown away; the test keeps it alive by
+// an fd, so closing the fd at cleanup (also after a failure) removes it
+// with everything in it.
+
+func requireRoot(t testing.TB) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("netpol: this test makes network namespaces and nftables tables: run it as root")
+	}
+}
+
+// testNetns returns an fd of a new, empty network namespace.
+func testNetns(t testing.TB) int {
+	t.Helper()
+	requireRoot(t)
+	type result struct {
+		fd  int
+		err error
+	}
+	ch := make(chan result)
+	go func() {
+		// The thread is never unlocked: it ends up in the new namespace and
+		// Go discards it when this goroutine returns.
+		runtime.LockOSThread()
+		if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
+			ch <- result{-1, fmt.Errorf("unshare: %w", err)}
+			return
+		}
+		fd, err := unix.Open("/proc/thread-self/ns/net", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+		ch <- result{fd, err}
+	}()
+	r := <-ch
+	if r.err != nil {
+		t.Fatalf("new network namespace: %v", r.err)
+	}
+	t.Cleanup(func() { unix.Close(r.fd) })
+	return r.fd
+}
+
+// inNetns runs f on a thread that has joined the namespace. Sockets f
+// opens stay in that namespace wherever they are used afterwards.
+func inNetns(nsFD int, f func() error) error {
+	ch := make(chan error)
+	go func() {
+		runtime.LockOSThread() // never unlocked: the thread is discarded
+		if err := unix.Setns(nsFD, unix.CLONE_NEWNET); err != nil {
+			ch <- fmt.Errorf("setns: %w", err)
+			return
+		}
+		ch <- f()
+	}()
+	return <-ch
+}
+
+// nsRun runs a command (nft, ip) inside the namespace and returns its
+// output; the test fails if it fails.
+func nsRun(t testing.TB, nsFD int, args ...string) string {
+	t.Helper()
+	out, err := nsRunErr(nsFD, args...)
+	if err != nil {
+		t.Fatalf("%s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	return out
+}
+
+func nsRunErr(nsFD int, args ...string) (string, error) {
+	if _, err := exec.LookPath(args[0]); err != nil {
+		return "", fmt.Errorf("%s not installed (Debian packages nftables, iproute2): %w", args[0], err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	ns := fmt.Sprintf("--net=/proc/%d/fd/%d", os.Getpid(), nsFD)
+	out, err := exec.CommandContext(ctx, "nsenter", append([]string{ns, "--"}, args...)...).CombinedOutput()
+	return string(out), err
+}
+
+// waitFor polls cond until it holds or the deadline passes.
+func waitFor(t testing.TB, what string, timeout time.Duration, cond func() error) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		err := cond()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not after %v: %v", what, timeout, err)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// link is a test's handle on the links of one namespace.
+type link struct {
+	t  testing.TB
+	ns int
+	h  *netlink.Handle
+}
+
+func links(t testing.TB, nsFD int) *link {
+	t.Helper()
+	h, err := netlink.NewHandleAt(netns.NsHandle(nsFD), unix.NETLINK_ROUTE)
+	if err != nil {
+		t.Fatalf("netlink handle: %v", err)
+	}
+	t.Cleanup(h.Close)
+	l := &link{t: t, ns: nsFD, h: h}
+	l.up("lo")
+	return l
+}
+
+func (l *link) get(name string) netlink.Link {
+	l.t.Helper()
+	ln, err := l.h.LinkByName(name)
+	if err != nil {
+		l.t.Fatalf("link %s: %v", name, err)
+	}
+	return ln
+}
+
+// veth makes a veth pair: name here, peer in the other namespace.
+func (l *link) veth(name string, other *link, peer string) {
+	l.t.Helper()
+	v := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: name}, PeerName: peer, PeerNamespace: netlink.NsFd(other.ns)}
+	if err := l.h.LinkAdd(v); err != nil {
+		l.t.Fatalf("veth %s/%s: %v", name, peer, err)
+	}
+	l.up(name)
+	other.up(peer)
+}
+
+func (l *link) up(name string) {
+	l.t.Helper()
+	if err := l.h.LinkSetUp(l.get(name)); err != nil {
+		l.t.Fatalf("link %s up: %v", name, err)
+	}
+}
+
+func (l *link) addr(name, cidr string) {
+	l.t.Helper()
+	a, err := netlink.ParseAddr(cidr)
+	if err != nil {
+		l.t.Fatal(err)
+	}
+	if err := l.h.AddrAdd(l.get(name), a); err != nil {
+		l.t.Fatalf("address %s on %s: %v", cidr, name, err)
+	}
+}
+
+// route adds dst (a CIDR, or "default") via gw.
+func (l *link) route(dst, gw string) {
+	l.t.Helper()
+	r := &netlink.Route{Gw: net.ParseIP(gw)}
+	if dst != "default" {
+		_, n, err := net.ParseCIDR(dst)
+		if err != nil {
+			l.t.Fatal(err)
+		}
+		r.Dst = n
+	}
+	if err := l.h.RouteAdd(r); err != nil {
+		l.t.Fatalf("route %s via %s: %v", dst, gw, err)
+	}
+}
+
+// forwarding turns IPv4 forwarding on; /proc/sys/net is the namespace of
+// the thread that opens it.
+func (l *link) forwarding() {
+	l.t.Helper()
+	if err := inNetns(l.ns, func() error {
+		return os.WriteFile("/proc/sys/net/ipv4/ip_forward", []byte("1"), 0o644)
+	}); err != nil {
+		l.t.Fatalf("ip_forward: %v", err)
+	}
+}
