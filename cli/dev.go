@@ -18,6 +18,7 @@ import (
 	"github.com/kibotos/kibotos/api"
 	"github.com/kibotos/kibotos/cluster"
 	"github.com/kibotos/kibotos/datadir"
+	"github.com/kibotos/kibotos/netpol"
 	"github.com/kibotos/kibotos/vmm/platform"
 	"github.com/kibotos/kibotos/vmm/qemu"
 	"github.com/kibotos/kibotos/vmm/template"
@@ -133,6 +134,15 @@ func (c *DevUpCmd) Run(g *Globals) error {
 			return err
 		}
 	}
+	var network *netpol.Config
+	if runsVMs {
+		n, err := netpol.DevConfig()
+		if err != nil {
+			return fmt.Errorf("kibotos dev: %w", err)
+		}
+		network = &n
+		g.note("kibotos dev: guest network %s, uplink %s, resolver %s\n", n.IPv4Pool, n.Uplink, n.Resolvers[0])
+	}
 	onReady := func(srv *cluster.Server) {
 		go func() {
 			c.announceWhenReady(g, d, id, runsVMs)
@@ -145,7 +155,7 @@ func (c *DevUpCmd) Run(g *Globals) error {
 		sdMode = systemdHost
 	}
 	return runMember(g, memberOptions{dir: d, level: "info", capacity: agent.DefaultCapacity(), timings: cluster.DefaultTimings(), onReady: onReady,
-		systemd: sdMode, accel: qemu.AccelAuto})
+		systemd: sdMode, accel: qemu.AccelAuto, network: network})
 }
 
 // announceWhenReady waits for the dev node to be READY and tells the user

@@ -18,6 +18,7 @@ import (
 	"github.com/kibotos/kibotos/buildinfo"
 	"github.com/kibotos/kibotos/cluster"
 	"github.com/kibotos/kibotos/datadir"
+	"github.com/kibotos/kibotos/netpol"
 	"github.com/kibotos/kibotos/vmm/qemu"
 )
 
@@ -119,6 +120,13 @@ type fileConfig struct {
 			Shared bool   `toml:"shared"`
 		} `toml:"pools"`
 	} `toml:"storage"`
+	Network struct {
+		IPv4Pool        string   `toml:"ipv4_pool"`
+		IPv6Pool        string   `toml:"ipv6_pool"`
+		ManagementCIDRs []string `toml:"management_cidrs"`
+		Resolvers       []string `toml:"resolvers"`
+		Uplink          string   `toml:"uplink"`
+	} `toml:"network"`
 	LogLevel  string `toml:"log_level"`
 	Resources struct {
 		CPU    string `toml:"cpu"`
@@ -128,7 +136,7 @@ type fileConfig struct {
 
 // ServeCmd runs a member.
 type ServeCmd struct {
-	Config          string        `name:"config" type:"existingfile" help:"TOML configuration file (data_dir, bind, log_level, [resources] cpu and memory, [dataplane] listen, [storage] default_pool and [[storage.pools]] id, path, shared)."`
+	Config          string        `name:"config" type:"existingfile" help:"TOML configuration file (data_dir, bind, log_level, [resources] cpu and memory, [dataplane] listen, [network] ipv4_pool, management_cidrs, resolvers and uplink, [storage] default_pool and [[storage.pools]] id, path, shared)."`
 	Bind            string        `name:"bind" help:"Listen address (default: the advertised address)."`
 	DataPlaneListen string        `name:"dataplane-listen" help:"Data-plane address HOST:PORT (exec, terminal, cp, port-forward); default: the advertised host, port+2."`
 	LogLevel        string        `name:"log-level" default:"info" enum:"debug,info,warn,error" help:"Log level."`
@@ -172,12 +180,30 @@ func (c *ServeCmd) Run(g *Globals) error {
 	if dpListen == "" {
 		dpListen = fc.DataPlane.Listen
 	}
+	network, err := networkFrom(c.Config, fc)
+	if err != nil {
+		return err
+	}
 	var pools []agent.PoolConfig
 	for _, p := range fc.Storage.Pools {
 		pools = append(pools, agent.PoolConfig{ID: p.ID, Path: p.Path, Shared: p.Shared})
 	}
 	return runMember(g, memberOptions{dir: datadir.Dir(dir), bind: bind, level: level, capacity: capacity, timings: timings, clockSkew: c.ClockSkew,
-		systemd: c.Systemd, accel: qemu.Accel(c.Accel), dataPlaneListen: dpListen, pools: pools, defaultPool: fc.Storage.DefaultPool})
+		systemd: c.Systemd, accel: qemu.Accel(c.Accel), dataPlaneListen: dpListen, pools: pools, defaultPool: fc.Storage.DefaultPool, network: network})
+}
+
+// networkFrom reads [network]; a file without one gives nil (the node
+// runs no Workspace that needs a network, and says so when asked to).
+func networkFrom(path string, fc fileConfig) (*netpol.Config, error) {
+	n := fc.Network
+	if n.IPv4Pool == "" && n.IPv6Pool == "" && len(n.ManagementCIDRs) == 0 && len(n.Resolvers) == 0 && n.Uplink == "" {
+		return nil, nil
+	}
+	c, err := netpol.ParseConfig(n.IPv4Pool, n.IPv6Pool, n.ManagementCIDRs, n.Resolvers, n.Uplink)
+	if err != nil {
+		return nil, api.Errorf(api.CodeInvalidArgument, "configuration file %s: [network] %s", path, strings.TrimPrefix(err.Error(), "network: "))
+	}
+	return &c, nil
 }
 
 func resourcesFrom(fc fileConfig) (api.Resources, error) {
@@ -234,6 +260,8 @@ type memberOptions struct {
 	// dataPlaneListen is the data-plane address; default advertise port+2.
 	dataPlaneListen string
 	pools           []agent.PoolConfig
+	// network is the node's [network]; nil: Workspaces cannot start here.
+	network *netpol.Config
 	defaultPool     string
 }
 
@@ -262,7 +290,7 @@ func runMember(g *Globals, o memberOptions) error {
 	}
 	agentErr := make(chan error, 1)
 	if srv.Identity().HasRole(api.RoleNode) {
-		rt, m, closeRuntime, err := openNodeRuntime(ctx, o.dir, srv.NodeID(), o.systemd, o.accel, log)
+		rt, m, closeRuntime, err := openNodeRuntime(ctx, o.dir, srv.NodeID(), o.systemd, o.accel, o.network, log)
 		if err != nil {
 			return err
 		}

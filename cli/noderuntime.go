@@ -12,6 +12,7 @@ import (
 	"github.com/kibotos/kibotos/agent"
 	"github.com/kibotos/kibotos/agent/runtime"
 	"github.com/kibotos/kibotos/datadir"
+	"github.com/kibotos/kibotos/netpol"
 	"github.com/kibotos/kibotos/vmm/platform"
 	"github.com/kibotos/kibotos/vmm/qemu"
 	"github.com/kibotos/kibotos/vmm/units"
@@ -36,7 +37,7 @@ func hostHasSystemd() bool {
 // openNodeRuntime connects to the service manager chosen by mode and opens
 // the Instance runtime, taking over what a previous node process left
 // running. It returns nil, nil when the node runs without one.
-func openNodeRuntime(ctx context.Context, d datadir.Dir, nodeID, mode string, accel qemu.Accel, log *slog.Logger) (*runtime.Runtime, *units.Manager, func(), error) {
+func openNodeRuntime(ctx context.Context, d datadir.Dir, nodeID, mode string, accel qemu.Accel, network *netpol.Config, log *slog.Logger) (*runtime.Runtime, *units.Manager, func(), error) {
 	if mode == systemdAuto {
 		mode = systemdNone
 		if hostHasSystemd() {
@@ -91,7 +92,7 @@ func openNodeRuntime(ctx context.Context, d datadir.Dir, nodeID, mode string, ac
 	if ps, _ := platform.List(d.StorageRoot()); len(ps) > 0 {
 		keep = append(keep, ps[0].ID) // the newest Platform is the one new Instances use
 	}
-	rt, err := runtime.Open(ctx, runtime.Config{StorageRoot: d.StorageRoot(), NodeID: nodeID, Units: m, Accel: accel, Logger: log, KeepInstallations: keep})
+	rt, err := runtime.Open(ctx, runtime.Config{StorageRoot: d.StorageRoot(), NodeID: nodeID, Units: m, Accel: accel, Logger: log, KeepInstallations: keep, Network: network})
 	if err != nil {
 		m.Close()
 		cleanup()

@@ -63,6 +63,7 @@ type host struct {
 	ns      string
 	ip      string
 	nodeID  string
+	index   int // position in the lab
 	roles   string
 	dataDir string
 
@@ -102,7 +103,7 @@ func newLab(t *testing.T, n int) *lab {
 		l.ip("-n", ns, "addr", "add", ip+"/24", "dev", hostIface)
 		l.ip("-n", ns, "link", "set", hostIface, "up")
 		l.ip("-n", ns, "link", "set", "lo", "up")
-		l.hosts = append(l.hosts, &host{lab: l, ns: ns, ip: ip, dataDir: filepath.Join(l.dir, fmt.Sprintf("host%d", i))})
+		l.hosts = append(l.hosts, &host{lab: l, ns: ns, ip: ip, index: i, dataDir: filepath.Join(l.dir, fmt.Sprintf("host%d", i))})
 	}
 	return l
 }

@@ -247,6 +247,14 @@ func mhWriteConfig(t *testing.T, h *host, sharedPool string) string {
 cpu = "2"
 memory = "2GiB"
 
+[network]
+# Guests of each host get their own range; the lab's subnet is the
+# management network they must never reach.
+ipv4_pool = %q
+management_cidrs = ["%s0/24"]
+resolvers = ["%s250"]
+uplink = "eth0"
+
 [storage]
 default_pool = "shared"
 
@@ -254,11 +262,16 @@ default_pool = "shared"
 id = "shared"
 path = %q
 shared = true
-`, sharedPool)
+`, guestPool(h), subnetPrefix, subnetPrefix, sharedPool)
 	if err := os.WriteFile(path, []byte(body), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	return path
+}
+
+// guestPool is a guest range of its own for each host of the lab.
+func guestPool(h *host) string {
+	return fmt.Sprintf("10.213.%d.0/24", h.index)
 }
 
 // mhStartServe starts the member of h with a private systemd for its VMs

@@ -112,7 +112,7 @@ func (c Config) Validate() error {
 			return fmt.Errorf("network: resolver %s is inside ipv4_pool %s: that is a guest address", r, c.IPv4Pool)
 		}
 	}
-	for _, s := range []netip.Prefix{linkLocal} {
+	for _, s := range []netip.Prefix{linkLocalRange} {
 		if s.Overlaps(c.IPv4Pool) {
 			return fmt.Errorf("network: ipv4_pool %s overlaps the link-local range %s, which guests never reach; pick another pool", c.IPv4Pool, s)
 		}
@@ -134,7 +134,7 @@ func (c Config) UplinkAddr() netip.Addr {
 	return a
 }
 
-var linkLocal = netip.MustParsePrefix("169.254.0.0/16")
+var linkLocalRange = netip.MustParsePrefix("169.254.0.0/16")
 
 // ErrPoolFull: every address of the pool is held by an Instance.
 var ErrPoolFull = errors.New("address pool is full")

@@ -14,15 +14,11 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// HostVethPrefix starts the node-side name of every Instance's veth; the
-// node's own rule table matches guest traffic by it.
-const HostVethPrefix = "kb-"
-
 // HostVethName is the node-side veth of an Instance: IFNAMSIZ allows 15
 // bytes, so it is a hash of the Instance id.
 func HostVethName(instanceID string) string {
 	h := sha256.Sum256([]byte(instanceID))
-	return HostVethPrefix + hex.EncodeToString(h[:6])
+	return NodeVethPrefix + hex.EncodeToString(h[:6])
 }
 
 // Link is what joins one Instance namespace to the node.

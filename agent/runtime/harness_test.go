@@ -15,6 +15,8 @@ import (
 
 	"github.com/kibotos/kibotos/agent/runtime"
 	"github.com/kibotos/kibotos/agent/runtime/runtimetest"
+	"github.com/kibotos/kibotos/netpol"
+	"github.com/kibotos/kibotos/netpol/netlab"
 	"github.com/kibotos/kibotos/vmm/guestproto"
 	"github.com/kibotos/kibotos/vmm/platform"
 	"github.com/kibotos/kibotos/vmm/qemu"
@@ -44,7 +46,23 @@ type harness struct {
 	logs    *logBuffer
 	scratch string
 	keep    []string // installations Open keeps although no record uses them
+	// lab holds the node's network namespace (nodeNS), where the runtime
+	// routes guest traffic, so no test touches the host's own network.
+	lab     *netlab.Lab
+	nodeNS  string
+	network netpol.Config
 }
+
+// The lab's addresses (documentation ranges): the node's uplink up0 to an
+// "internet" namespace, and mg0 to a management network guests must never
+// reach.
+const (
+	labPool       = "10.213.0.0/24"
+	labUplinkNode = "198.51.100.1"
+	labInternet   = "198.51.100.2"
+	labMgmtNode   = "203.0.113.1"
+	labMgmtHost   = "203.0.113.2"
+)
 
 func newHarness(t *testing.T) *harness {
 	t.Helper()
@@ -56,6 +74,13 @@ func newHarness(t *testing.T) *harness {
 	t.Cleanup(func() { os.RemoveAll(scratch) })
 	sd, m := runtimetest.Systemd(t, filepath.Join(scratch, "sd"))
 	h := &harness{root: filepath.Join(scratch, "s"), sd: sd, m: m, logs: &logBuffer{}, scratch: scratch}
+	h.lab = netlab.New(t, filepath.Join(scratch, "ns"))
+	h.nodeNS = h.lab.Namespace("node")
+	network, err := netpol.ParseConfig(labPool, "", []string{labMgmtNode + "/24"}, []string{labInternet}, "up0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.network = network
 	t.Cleanup(func() {
 		if t.Failed() {
 			t.Logf("runtime log:\n%s", h.logs.String())
@@ -76,6 +101,8 @@ func (h *harness) open(t *testing.T) (*runtime.Runtime, error) {
 		Logger:      slog.New(slog.NewJSONHandler(h.logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
 
 		KeepInstallations: h.keep,
+		Network:           &h.network,
+		HostNetNS:         h.nodeNS,
 	})
 }
 

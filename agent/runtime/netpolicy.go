@@ -4,13 +4,15 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
+
+	"github.com/kibotos/kibotos/netpol"
 )
 
 // NetworkPolicy is what an Instance's guest may reach, as the node was
 // told by ctrl and records with the Instance.
 type NetworkPolicy struct {
 	// Egress is "none" (only DNS), "public" (forwarded and masqueraded
-	// through the uplink) or "egress:<name>@<revision>" for an Egress object.
+	// through the uplink) or "egress:<name>" for an Egress object.
 	Egress string `json:"egress"`
 	// Allow and Deny narrow public egress (CIDRs).
 	Allow []netip.Prefix `json:"allow,omitempty"`
@@ -18,8 +20,51 @@ type NetworkPolicy struct {
 }
 
 // UpdateNetwork applies a changed policy to a running Instance without a
-// restart: its rule table is replaced in one transaction and the new
-// policy recorded.
+// restart: its rule table is replaced in one transaction (established
+// connections stay) and the new policy recorded. On error the old table
+// and record stay.
 func (rt *Runtime) UpdateNetwork(ctx context.Context, id string, p NetworkPolicy) error {
-	return fmt.Errorf("runtime: instance %s: changing the network policy of a running Instance is not built yet", id)
+	in, err := rt.get(id)
+	if err != nil {
+		return err
+	}
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	if in.state != StateRunning {
+		return fmt.Errorf("runtime: instance %s is %s: its network policy changes only while it runs", id, in.state)
+	}
+	if in.rec.Network == nil || rt.net == nil {
+		return fmt.Errorf("runtime: instance %s has no network", id)
+	}
+	rec := *in.rec
+	nr := *rec.Network
+	nr.Policy = p
+	rec.Network = &nr
+	spec, err := rt.net.tableSpec(&nr)
+	if err != nil {
+		return fmt.Errorf("runtime: instance %s: %w", id, err)
+	}
+	table, err := netpol.Build(spec)
+	if err != nil {
+		return fmt.Errorf("runtime: instance %s: %w", id, err)
+	}
+	ns, err := rt.net.ns.Open(nr.Namespace)
+	if err != nil {
+		return fmt.Errorf("runtime: instance %s: %w", id, err)
+	}
+	defer ns.Close()
+	// Record first: a node that dies between the two finds table and
+	// record disagreeing at takeover and isolates rather than guesses.
+	if err := WriteLaunchRecord(in.paths.Dir, &rec); err != nil {
+		return err
+	}
+	if err := netpol.Replace(ctx, int(ns), table); err != nil {
+		if werr := WriteLaunchRecord(in.paths.Dir, in.rec); werr != nil {
+			rt.log.Error("instance launch record not restored after a failed policy change", "instance_id", id, "err", werr)
+		}
+		return fmt.Errorf("runtime: instance %s: %w", id, err)
+	}
+	in.rec = &rec
+	rt.log.Info("instance network policy changed", "instance_id", id, "egress", p.Egress, "allow", len(p.Allow), "deny", len(p.Deny))
+	return nil
 }

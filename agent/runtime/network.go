@@ -4,35 +4,205 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
-	"os/exec"
+	"net/netip"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
 
+	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
+	"github.com/kibotos/kibotos/netpol"
 	"github.com/kibotos/kibotos/vmm/guestproto"
+	"github.com/kibotos/kibotos/vmm/units"
 )
 
 // Every Instance with a network has its own network namespace,
-// kibotos-<instance>, holding one tap that the VMM's virtio-net device uses.
-// The namespaces are isolated from each other, so every one uses the same
-// link-local /30: the node end of the tap and the guest.
-const (
-	TapName      = "kt0"
-	HostTapAddr  = "169.254.100.1/30"
-	GuestAddr    = "169.254.100.2/30"
-	GuestGateway = "169.254.100.1"
-	guestIface   = "eth0"
-)
+// kibotos-<instance>, holding the tap the VMM's virtio-net device uses and a
+// veth to the node (netpol). The guest gets one address of the node's pool.
+const guestIface = "eth0"
 
 // NetNSName is the network namespace of an Instance.
 func NetNSName(instanceID string) string { return "kibotos-" + instanceID }
 
-// netnsPath is where the namespace is mounted in the unit manager's mount
-// namespace (NetworkNamespacePath of the VMM unit).
-func netnsPath(instanceID string) string { return "/run/netns/" + NetNSName(instanceID) }
+// NetworkRecord is an Instance's network as launched: what takeover
+// regenerates its rule table from and checks the namespace against.
+type NetworkRecord struct {
+	Namespace string         `json:"namespace"`
+	Guest     netip.Addr     `json:"guest_ipv4"`
+	HostVeth  string         `json:"host_veth"`
+	Policy    NetworkPolicy  `json:"policy"`
+	Pool      netip.Prefix   `json:"ipv4_pool"`
+	Uplink    string         `json:"uplink"`
+	Resolver  netip.AddrPort `json:"resolver"`
+	// Management is the node's management_cidrs at launch.
+	Management []netip.Prefix `json:"management_cidrs"`
+}
+
+// nodeNetwork is the node side of every Instance network.
+type nodeNetwork struct {
+	cfg    netpol.Config
+	ns     netpol.Namespaces
+	hostNS netns.NsHandle
+
+	mu sync.Mutex
+	// assigned are the guest addresses of Instances whose network exists.
+	assigned map[string]netip.Addr
+}
+
+// openNodeNetwork prepares the node's namespace for guest traffic:
+// forwarding on and its own rule table in place.
+func openNodeNetwork(cfg netpol.Config, hostNSPath string, t units.Target) (*nodeNetwork, error) {
+	n := &nodeNetwork{cfg: cfg, assigned: map[string]netip.Addr{},
+		ns: netpol.Namespaces{Dir: netpol.DefaultNamespaceDir}}
+	if t.NetNSDir != "" {
+		// A private systemd's /run/netns is a host directory it shares.
+		n.ns = netpol.Namespaces{Dir: t.NetNSDir, ManagerDir: netpol.DefaultNamespaceDir}
+	} else if err := n.ns.EnsureShared(); err != nil {
+		return nil, err
+	}
+	var err error
+	if hostNSPath == "" {
+		n.hostNS, err = netns.GetFromPath("/proc/self/ns/net")
+	} else {
+		n.hostNS, err = netns.GetFromPath(hostNSPath)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("runtime: the node's network namespace: %w", err)
+	}
+	if err := netpol.EnableForwarding(n.hostNS); err != nil {
+		n.hostNS.Close()
+		return nil, err
+	}
+	host, err := netpol.BuildHost(netpol.HostSpec{Pools: []netip.Prefix{cfg.IPv4Pool}, Management: cfg.ManagementCIDRs,
+		UplinkIface: cfg.UplinkInterface(), UplinkAddr: cfg.UplinkAddr(), Resolvers: cfg.Resolvers})
+	if err == nil {
+		err = netpol.ReplaceHost(context.Background(), int(n.hostNS), host)
+	}
+	if err != nil {
+		n.hostNS.Close()
+		return nil, fmt.Errorf("runtime: the node's rule table: %w", err)
+	}
+	return n, nil
+}
+
+func (n *nodeNetwork) close() {
+	if n != nil {
+		n.hostNS.Close()
+	}
+}
+
+// reserve picks the guest address of a new Instance.
+func (n *nodeNetwork) reserve(id string, p NetworkPolicy) (*NetworkRecord, error) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	used := make([]netip.Addr, 0, len(n.assigned))
+	for _, a := range n.assigned {
+		used = append(used, a)
+	}
+	addr, err := n.cfg.Allocate(used)
+	if err != nil {
+		return nil, fmt.Errorf("runtime: instance %s: %w", id, err)
+	}
+	n.assigned[id] = addr
+	return &NetworkRecord{
+		Namespace: NetNSName(id), Guest: addr, HostVeth: netpol.HostVethName(id), Policy: p,
+		Pool: n.cfg.IPv4Pool, Uplink: n.cfg.Uplink, Resolver: n.cfg.Resolvers[0],
+		Management: slices.Clone(n.cfg.ManagementCIDRs),
+	}, nil
+}
+
+func (n *nodeNetwork) release(id string) {
+	n.mu.Lock()
+	delete(n.assigned, id)
+	n.mu.Unlock()
+}
+
+// tableSpec is the rule table of a recorded network under the node's
+// current configuration.
+func (n *nodeNetwork) tableSpec(nr *NetworkRecord) (netpol.TableSpec, error) {
+	egress := nr.Policy.Egress
+	switch egress {
+	case netpol.EgressNone, netpol.EgressPublic:
+	case "":
+		egress = netpol.EgressNone
+	default:
+		return netpol.TableSpec{}, fmt.Errorf("egress %q cannot be enforced by this build (egress through Egress objects is not built yet)", egress)
+	}
+	hostAddrs, err := netpol.HostAddrs(n.hostNS)
+	if err != nil {
+		return netpol.TableSpec{}, err
+	}
+	return netpol.TableSpec{
+		Guest: nr.Guest, Egress: egress, Resolver: n.cfg.Resolvers[0],
+		HostAddrs: hostAddrs, Management: n.cfg.ManagementCIDRs, Pools: []netip.Prefix{n.cfg.IPv4Pool},
+		Allow: nr.Policy.Allow, Deny: nr.Policy.Deny,
+	}, nil
+}
+
+// createNetwork makes the Instance's namespace, links and rule table. A
+// namespace left by an interrupted start is replaced.
+func (rt *Runtime) createNetwork(ctx context.Context, id string, owner *vmmAccount, nr *NetworkRecord) error {
+	n := rt.net
+	if n.ns.Exists(nr.Namespace) {
+		if err := rt.deleteNetwork(ctx, id, nr); err != nil {
+			return fmt.Errorf("runtime: instance %s: remove stale network namespace: %w", id, err)
+		}
+		n.mu.Lock()
+		n.assigned[id] = nr.Guest
+		n.mu.Unlock()
+	}
+	err := n.ns.Create(nr.Namespace)
+	if err == nil {
+		err = rt.setUpNetwork(owner, nr)
+	}
+	if err != nil {
+		return errors.Join(fmt.Errorf("runtime: instance %s: network: %w", id, err), rt.deleteNetwork(context.WithoutCancel(ctx), id, nr))
+	}
+	return nil
+}
+
+func (rt *Runtime) setUpNetwork(owner *vmmAccount, nr *NetworkRecord) error {
+	n := rt.net
+	ns, err := n.ns.Open(nr.Namespace)
+	if err != nil {
+		return err
+	}
+	defer ns.Close()
+	link := netpol.Link{Guest: nr.Guest, HostVeth: nr.HostVeth, TapOwner: -1, TapGroup: -1}
+	if owner != nil {
+		link.TapOwner, link.TapGroup = owner.uid, owner.gid
+	}
+	if err := netpol.Connect(n.hostNS, ns, link); err != nil {
+		return err
+	}
+	spec, err := n.tableSpec(nr)
+	if err != nil {
+		return err
+	}
+	table, err := netpol.Build(spec)
+	if err != nil {
+		return err
+	}
+	return netpol.Replace(context.Background(), int(ns), table)
+}
+
+// deleteNetwork removes the Instance's namespace (and with it the tap and
+// its veth end) and the node-side veth; gone already is fine.
+func (rt *Runtime) deleteNetwork(ctx context.Context, id string, nr *NetworkRecord) error {
+	if nr == nil || rt.net == nil {
+		return nil
+	}
+	n := rt.net
+	err := errors.Join(netpol.Disconnect(n.hostNS, nr.HostVeth), n.ns.Delete(nr.Namespace))
+	if err != nil {
+		return fmt.Errorf("runtime: instance %s: remove its network: %w", id, err)
+	}
+	n.release(id)
+	return nil
+}
 
 // managerView turns a path of the unit manager's mount namespace into one
 // this process can open: a private systemd has its own /run.
@@ -41,64 +211,6 @@ func (rt *Runtime) managerView(path string) string {
 		return filepath.Join("/proc", strconv.Itoa(pid), "root", path)
 	}
 	return path
-}
-
-// inManagerNS runs ip(8) in the unit manager's mount namespace, where the
-// VMM unit resolves NetworkNamespacePath (recipe: inside a private systemd,
-// `ip netns` needs its mount and pid namespaces).
-func (rt *Runtime) inManagerNS(ctx context.Context, args ...string) error {
-	argv := append([]string{"ip"}, args...)
-	if pid := rt.units.Target().ManagerPID; pid > 1 {
-		argv = append([]string{"nsenter", "-t", strconv.Itoa(pid), "-m", "-p", "--"}, argv...)
-	}
-	out, err := exec.CommandContext(ctx, argv[0], argv[1:]...).CombinedOutput()
-	if err != nil {
-		return fmt.Errorf("%s: %v: %s", strings.Join(argv, " "), err, strings.TrimSpace(string(out)))
-	}
-	return nil
-}
-
-// createNetwork makes the Instance's namespace with its tap up and
-// addressed. A namespace left by an interrupted start is replaced.
-func (rt *Runtime) createNetwork(ctx context.Context, id string, owner *vmmAccount) error {
-	ns := NetNSName(id)
-	if _, err := os.Stat(rt.managerView(netnsPath(id))); err == nil {
-		if err := rt.inManagerNS(ctx, "netns", "del", ns); err != nil {
-			return fmt.Errorf("runtime: instance %s: remove stale network namespace: %w", id, err)
-		}
-	}
-	// The tap belongs to the VMM account, so QEMU running as it may attach
-	// to it (TUNSETIFF on a persistent tap checks its owner) without
-	// CAP_NET_ADMIN.
-	tuntap := []string{"-n", ns, "tuntap", "add", "dev", TapName, "mode", "tap"}
-	if owner != nil {
-		tuntap = append(tuntap, "user", strconv.Itoa(owner.uid), "group", strconv.Itoa(owner.gid))
-	}
-	steps := [][]string{
-		{"netns", "add", ns},
-		{"-n", ns, "link", "set", "lo", "up"},
-		tuntap,
-		{"-n", ns, "addr", "add", HostTapAddr, "dev", TapName},
-		{"-n", ns, "link", "set", TapName, "up"},
-	}
-	for _, s := range steps {
-		if err := rt.inManagerNS(ctx, s...); err != nil {
-			return errors.Join(fmt.Errorf("runtime: instance %s: network: %w", id, err), rt.deleteNetwork(context.WithoutCancel(ctx), id))
-		}
-	}
-	return nil
-}
-
-// deleteNetwork removes the Instance's namespace (and with it the tap);
-// a namespace that is already gone is fine.
-func (rt *Runtime) deleteNetwork(ctx context.Context, id string) error {
-	if _, err := os.Stat(rt.managerView(netnsPath(id))); errors.Is(err, os.ErrNotExist) {
-		return nil
-	}
-	if err := rt.inManagerNS(ctx, "netns", "del", NetNSName(id)); err != nil {
-		return fmt.Errorf("runtime: instance %s: remove network namespace: %w", id, err)
-	}
-	return nil
 }
 
 // netnsMismatch says how the VMM's network namespace differs from the
@@ -120,10 +232,93 @@ func (rt *Runtime) netnsMismatch(hostPID int, recorded string) string {
 	return ""
 }
 
-// guestNetwork is the guest side of the Instance's link.
-func guestNetwork() guestproto.ConfigureRequest {
-	return guestproto.ConfigureRequest{Interfaces: []guestproto.Interface{{
-		Name: guestIface, Addresses: []string{GuestAddr},
-		Routes: []guestproto.Route{{Destination: "default", Gateway: GuestGateway}},
-	}}}
+// guestNetwork is the guest side of the Instance's link: its address, the
+// namespace as gateway and nameserver (DNS to it is DNATed to the resolver).
+func guestNetwork(nr *NetworkRecord) guestproto.ConfigureRequest {
+	return guestproto.ConfigureRequest{
+		Interfaces: []guestproto.Interface{{
+			Name: guestIface, Addresses: []string{netip.PrefixFrom(nr.Guest, 32).String()},
+			Routes: []guestproto.Route{
+				{Destination: netpol.TapAddr + "/32"},
+				{Destination: "default", Gateway: netpol.TapAddr},
+			},
+		}},
+		DNS: []string{netpol.TapAddr},
+	}
+}
+
+// noNetworkConfig is the error of a start that needs a network on a node
+// without [network] configuration.
+func noNetworkConfig(id string) error {
+	return fmt.Errorf("runtime: instance %s needs a network, but the node has no [network] configuration: set ipv4_pool, management_cidrs, resolvers and uplink in its config file", id)
+}
+
+// checkNetwork is takeover's look at a running Instance's namespace: its
+// table is regenerated from the record and the current configuration. It
+// returns what was rewritten, or why the network was isolated instead
+// (then the Instance is FAILED with its VMM left running).
+func (rt *Runtime) checkNetwork(rec *LaunchRecord) (rewritten []string, isolated string) {
+	nr := rec.Network
+	n := rt.net
+	if nr == nil {
+		return nil, ""
+	}
+	if n == nil {
+		return nil, "the node has no [network] configuration any more; its rule table cannot be checked"
+	}
+	ns, err := n.ns.Open(nr.Namespace)
+	if err != nil {
+		return nil, fmt.Sprintf("network namespace %s cannot be opened: %v", nr.Namespace, err)
+	}
+	defer ns.Close()
+	isolate := func(why string) (rewritten []string, isolated string) {
+		if err := netpol.Isolate(int(ns)); err != nil {
+			why += fmt.Sprintf(" (isolating the network failed: %v)", err)
+		}
+		return nil, why
+	}
+	var changed []string
+	if !slices.Equal(nr.Management, n.cfg.ManagementCIDRs) {
+		changed = append(changed, fmt.Sprintf("management_cidrs changed since launch (recorded %s, now %s)", prefixes(nr.Management), prefixes(n.cfg.ManagementCIDRs)))
+	}
+	if nr.Uplink != n.cfg.Uplink {
+		changed = append(changed, fmt.Sprintf("uplink changed since launch (recorded %q, now %q)", nr.Uplink, n.cfg.Uplink))
+	}
+	if nr.Pool != n.cfg.IPv4Pool {
+		changed = append(changed, fmt.Sprintf("ipv4_pool changed since launch (recorded %s, now %s)", nr.Pool, n.cfg.IPv4Pool))
+	}
+	if len(changed) > 0 {
+		return isolate(strings.Join(changed, "; "))
+	}
+	spec, err := n.tableSpec(nr)
+	if err != nil {
+		return isolate(err.Error())
+	}
+	f, err := netpol.Inspect(int(ns), spec)
+	if err != nil {
+		return isolate(fmt.Sprintf("rule table of network namespace %s unreadable: %v", nr.Namespace, err))
+	}
+	switch f.Verdict {
+	case netpol.VerdictMatch:
+		return nil, ""
+	case netpol.VerdictRewrite:
+		table, err := netpol.Build(spec)
+		if err == nil {
+			err = netpol.Replace(context.Background(), int(ns), table)
+		}
+		if err != nil {
+			return isolate(fmt.Sprintf("rule table of network namespace %s could not be rewritten: %v", nr.Namespace, err))
+		}
+		return f.Differences, ""
+	default:
+		return isolate(strings.Join(f.Reasons, "; "))
+	}
+}
+
+func prefixes(ps []netip.Prefix) string {
+	s := make([]string, len(ps))
+	for i, p := range ps {
+		s[i] = p.String()
+	}
+	return "[" + strings.Join(s, " ") + "]"
 }

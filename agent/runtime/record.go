@@ -57,6 +57,9 @@ type LaunchRecord struct {
 	// start, and takeover accepts both.
 	Confinement *Confinement `json:"confinement,omitempty"`
 
+	// Network is the Instance's network (Spec.Network), reserved before
+	// the namespace is made.
+	Network *NetworkRecord `json:"network,omitempty"`
 	// Process is set once the unit runs the VMM.
 	Process *ProcessRecord `json:"process,omitempty"`
 	// Guest is the guest claimed at the readiness check.

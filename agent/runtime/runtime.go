@@ -15,6 +15,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/kibotos/kibotos/netpol"
 	"github.com/kibotos/kibotos/vmm/guestproto"
 	"github.com/kibotos/kibotos/vmm/qemu"
 	"github.com/kibotos/kibotos/vmm/units"
@@ -74,6 +75,14 @@ type Config struct {
 	// console.log and console.log.1 together); default DefaultConsoleLogCap.
 	ConsoleLogCap int64
 
+	// Network is the node's [network] configuration; nil: Instances that
+	// need a network are refused.
+	Network *netpol.Config
+	// HostNetNS is the path of the node's network namespace, where guest
+	// traffic is routed and masqueraded; default this process's. Tests
+	// give their own.
+	HostNetNS string
+
 	// unconfinedVMM launches QEMU the way builds before VMM confinement
 	// did (root, no seccomp, file console), so tests can make the
 	// Instances an upgraded node must take over.
@@ -125,6 +134,8 @@ type Runtime struct {
 	// vmm is the account confined VMMs run as; nil: VMMs run unconfined
 	// (a backend without it, or the test hook).
 	vmm *vmmAccount
+	// net is the node side of Instance networks; nil without Config.Network.
+	net *nodeNetwork
 
 	instancesDir, registryDir, logsDir string
 	lock                               *os.File
@@ -266,9 +277,15 @@ func Open(ctx context.Context, cfg Config) (*Runtime, error) {
 		}
 		rt.vmm = &a
 	}
+	if cfg.Network != nil {
+		if rt.net, err = openNodeNetwork(*cfg.Network, cfg.HostNetNS, rt.units.Target()); err != nil {
+			return nil, err
+		}
+	}
 	rt.ctx, rt.cancel = context.WithCancel(context.Background())
 	if err := rt.takeover(ctx); err != nil {
 		rt.cancel()
+		rt.net.close()
 		return nil, err
 	}
 	ok = true
@@ -313,6 +330,7 @@ func (rt *Runtime) close() error {
 		in.mu.Unlock()
 	}
 	rt.mu.Unlock()
+	rt.net.close()
 	return rt.lock.Close()
 }
 

@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/kibotos/kibotos/netpol"
 	"github.com/kibotos/kibotos/vmm/platform"
 	"github.com/kibotos/kibotos/vmm/units"
 )
@@ -102,7 +103,7 @@ func (rt *Runtime) start(ctx context.Context, in *instance, spec Spec) error {
 	t0 := time.Now()
 	p := in.paths
 	if spec.Network {
-		p.Tap = TapName
+		p.Tap = netpol.TapName
 	}
 	if spec.RootImage != "" {
 		if spec.LayerPath == "" {
@@ -148,7 +149,18 @@ func (rt *Runtime) start(ctx context.Context, in *instance, spec Spec) error {
 		rec.Confinement = &Confinement{User: rt.vmm.name, UID: rt.vmm.uid, GID: rt.vmm.gid, Seccomp: true, Console: "socket",
 			MemoryMax: memMax, TasksMax: tasksMax}
 	}
+	if spec.Network {
+		if rt.net == nil {
+			return noNetworkConfig(in.id)
+		}
+		nr, err := rt.net.reserve(in.id, spec.Policy)
+		if err != nil {
+			return err
+		}
+		rec.Network = nr
+	}
 	if err := WriteLaunchRecord(p.Dir, rec); err != nil {
+		rt.deleteNetwork(ctx, in.id, rec.Network)
 		return err
 	}
 	in.mu.Lock()
@@ -185,21 +197,21 @@ func (rt *Runtime) start(ctx context.Context, in *instance, spec Spec) error {
 		us.LimitMEMLOCKInfinity = true
 	}
 	if spec.Network {
-		if err := rt.createNetwork(ctx, in.id, confinedOwner(rt.vmm, rec)); err != nil {
+		if err := rt.createNetwork(ctx, in.id, confinedOwner(rt.vmm, rec), rec.Network); err != nil {
 			return err
 		}
-		us.NetworkNamespacePath = netnsPath(in.id)
+		us.NetworkNamespacePath = rt.net.ns.ManagerPath(rec.Network.Namespace)
 	}
 	execPath := vmm[0]
 	if st, ok := rt.backend.(Stager); ok {
 		if err := st.Prepare(spec, p); err != nil {
-			return errors.Join(fmt.Errorf("runtime: instance %s: prepare %s: %w", in.id, rt.backend.Name(), err), rt.deleteNetwork(context.WithoutCancel(ctx), in.id))
+			return errors.Join(fmt.Errorf("runtime: instance %s: prepare %s: %w", in.id, rt.backend.Name(), err), rt.deleteNetwork(context.WithoutCancel(ctx), in.id, rec.Network))
 		}
 		execPath = st.ExecPath(spec, p)
 	}
 	u, err := rt.units.StartVMM(ctx, us)
 	if err != nil {
-		return errors.Join(err, rt.deleteNetwork(context.WithoutCancel(ctx), in.id))
+		return errors.Join(err, rt.deleteNetwork(context.WithoutCancel(ctx), in.id, rec.Network))
 	}
 	tUnit := time.Since(t0)
 	proc, err := rt.identify(ctx, u, execPath)
@@ -225,7 +237,7 @@ func (rt *Runtime) start(ctx context.Context, in *instance, spec Spec) error {
 	if spec.Network {
 		c, err := rt.Guest(in.id)
 		if err == nil {
-			err = c.Configure(ctx, guestNetwork())
+			err = c.Configure(ctx, guestNetwork(rec.Network))
 		}
 		if err != nil {
 			return errors.Join(fmt.Errorf("runtime: instance %s: configure the guest network: %w", in.id, err), rt.abortLaunch(ctx, rec.Unit, proc.InvocationID))

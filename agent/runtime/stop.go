@@ -216,7 +216,7 @@ func (rt *Runtime) Delete(ctx context.Context, id string) error {
 	if err := writeJSON(filepath.Join(rt.registryDir, id+".json"), ended); err != nil {
 		return fmt.Errorf("runtime: delete instance %s: %w", id, err)
 	}
-	if err := rt.deleteNetwork(ctx, id); err != nil {
+	if err := rt.deleteNetwork(ctx, id, rec.Network); err != nil {
 		return err
 	}
 	if st, ok := rt.backend.(Stager); ok {

@@ -105,7 +105,24 @@ func (rt *Runtime) takeover(ctx context.Context) error {
 		}
 		rt.log.Info("instance directory without launch record removed", "dir", dir)
 	}
-	for _, v := range verdicts {
+	for i := range verdicts {
+		v := &verdicts[i]
+		if v.rec.Network != nil && rt.net != nil {
+			rt.net.assigned[v.rec.InstanceID] = v.rec.Network.Guest
+		}
+		if nr := v.rec.Network; nr != nil && (v.state == StateRunning || v.state == StateStarting) {
+			rewritten, isolated := rt.checkNetwork(v.rec)
+			switch {
+			case isolated != "":
+				// The VMM keeps running (nothing of the guest is lost), but
+				// without a table the node can vouch for it reaches nothing.
+				v.state, v.err = StateFailed, "network isolated: "+isolated
+				rt.log.Error("instance network isolated", "instance_id", v.rec.InstanceID, "namespace", nr.Namespace, "reason", isolated)
+			case len(rewritten) > 0:
+				rt.log.Warn("slot table rewritten from the recorded network policy", "instance_id", v.rec.InstanceID,
+					"namespace", nr.Namespace, "differences", strings.Join(rewritten, "; "))
+			}
+		}
 		in := &instance{
 			id:      v.rec.InstanceID,
 			paths:   pathsOf(filepath.Join(rt.instancesDir, v.rec.InstanceID), v.rec),
@@ -118,9 +135,13 @@ func (rt *Runtime) takeover(ctx context.Context) error {
 		case StateStopped:
 			in.how = "stopped"
 		case StateFailed:
-			in.how = "machine exited"
-			if v.rec.Process == nil {
+			switch {
+			case v.rec.Process == nil:
 				in.how = "never started"
+			case v.gone:
+				in.how = "machine exited"
+			default:
+				in.how = "network isolated" // its VMM still runs
 			}
 		}
 		rt.instances[in.id] = in

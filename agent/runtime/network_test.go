@@ -1,0 +1,204 @@
+package runtime_test
+
+import (
+	"bufio"
+	"context"
+	"net/netip"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kibotos/kibotos/agent/runtime"
+	"github.com/kibotos/kibotos/vmm/guestproto"
+)
+
+// TestGuestNetwork checks from inside real guests what the node's rule
+// tables promise: DNS from the deployment resolver, public egress only
+// when the policy says so, and never the node, the management network or
+// another guest; a policy change without restart; takeover rewriting a
+// table a regeneration fixes (an open connection survives) and isolating
+// one it cannot vouch for.
+func TestGuestNetwork(t *testing.T) {
+	h := newHarness(t)
+	inst := platformFixture(t)
+	lab := h.lab
+	lab.Namespace("inet")
+	lab.Namespace("mgmt")
+	lab.Wire("node", "up0", labUplinkNode+"/24", "inet", "eth0", labInternet+"/24")
+	lab.Wire("node", "mg0", labMgmtNode+"/24", "mgmt", "eth0", labMgmtHost+"/24")
+	internet := lab.HTTP("inet", labInternet+":8080", "from the internet")
+	lab.HTTP("mgmt", labMgmtHost+":8080", "from management")
+	lab.HTTP("node", labUplinkNode+":8081", "from the node")
+	lab.DNS("inet", netip.MustParseAddr(labInternet), map[string]netip.Addr{
+		"web.test": netip.MustParseAddr(labInternet), "mgmt.test": netip.MustParseAddr(labMgmtHost)})
+
+	rt := h.mustOpen(t)
+	ctx := testCtx(t, 5*time.Minute)
+	start := func(id string, p runtime.NetworkPolicy) {
+		t.Helper()
+		if _, err := rt.Start(ctx, runtime.Spec{InstanceID: id, Installation: inst, VCPUs: 1, MemoryMiB: 256, Network: true, Policy: p}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	start("pub", runtime.NetworkPolicy{Egress: "public"})
+	start("none", runtime.NetworkPolicy{Egress: "none"})
+	recOf := func(id string) *runtime.LaunchRecord {
+		rec, err := runtime.ReadLaunchRecord(filepath.Join(h.root, "runtime", "instances", id, runtime.LaunchRecordFile))
+		if err != nil || rec.Network == nil {
+			t.Fatalf("launch record of %s: %+v, %v", id, rec, err)
+		}
+		return rec
+	}
+	pubAddr, noneAddr := recOf("pub").Network.Guest, recOf("none").Network.Guest
+	if pubAddr == noneAddr || !netip.MustParsePrefix(labPool).Contains(pubAddr) || !netip.MustParsePrefix(labPool).Contains(noneAddr) {
+		t.Fatalf("guest addresses %s and %s: want two distinct addresses of %s", pubAddr, noneAddr, labPool)
+	}
+
+	// fetch makes an HTTP request from a guest with busybox nc and returns
+	// the body it got ("" when the connection failed).
+	fetch := func(id, addr string) string {
+		t.Helper()
+		host, port, _ := strings.Cut(addr, ":")
+		r, err := run(ctx, rt, id, guestproto.ExecRequest{Argv: []string{"/bin/sh", "-c",
+			`printf 'GET / HTTP/1.0\r\nHost: x\r\n\r\n' | nc -w 3 "$0" "$1"`, host, port}}, nil)
+		if err != nil {
+			t.Fatalf("%s: fetch %s: %v", id, addr, err)
+		}
+		if _, body, ok := strings.Cut(r.stdout, "\r\n\r\n"); ok {
+			return body
+		}
+		return ""
+	}
+	reaches := func(id, addr, want string) {
+		t.Helper()
+		if got := fetch(id, addr); got != want {
+			t.Errorf("guest %s fetching %s got %q, want %q", id, addr, got, want)
+		}
+	}
+	blocked := func(id, addr string) {
+		t.Helper()
+		if got := fetch(id, addr); got != "" {
+			t.Errorf("guest %s reached %s (%q): it must be blocked", id, addr, got)
+		}
+	}
+	resolves := func(id, name, want string) {
+		t.Helper()
+		r, err := run(ctx, rt, id, guestproto.ExecRequest{Argv: []string{"/bin/nslookup", name}}, nil)
+		if err != nil || !strings.Contains(r.stdout, want) {
+			t.Errorf("guest %s: nslookup %s: %+v, %v; want %s from the deployment resolver", id, name, r, err, want)
+		}
+	}
+
+	reaches("pub", labInternet+":8080", "from the internet")
+	if hits := internet.Hits(); len(hits) == 0 || !strings.HasPrefix(hits[len(hits)-1], labUplinkNode+":") {
+		t.Errorf("internet server saw %v; want the node's uplink address (masquerade)", hits)
+	}
+	resolves("pub", "web.test", labInternet)
+	resolves("none", "web.test", labInternet) // DNS works without egress
+	blocked("none", labInternet+":8080")
+	for _, id := range []string{"pub", "none"} {
+		blocked(id, labMgmtHost+":8080")   // management_cidrs
+		blocked(id, labUplinkNode+":8081") // the node's own addresses
+		blocked(id, labMgmtNode+":8081")
+	}
+	// Guest to guest: "none" listens, "pub" (which may reach the internet)
+	// must not reach it.
+	listener, err := rt.Exec(ctx, "none", guestproto.ExecRequest{Argv: []string{"/bin/sh", "-c", "echo guest | nc -l -p 9000"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer listener.Close()
+	blocked("pub", noneAddr.String()+":9000")
+
+	// A policy change applies without a restart.
+	deny := []netip.Prefix{netip.MustParsePrefix(labInternet + "/32")}
+	if err := rt.UpdateNetwork(ctx, "none", runtime.NetworkPolicy{Egress: "public", Deny: deny}); err != nil {
+		t.Fatal(err)
+	}
+	blocked("none", labInternet+":8080")
+	if err := rt.UpdateNetwork(ctx, "none", runtime.NetworkPolicy{Egress: "public"}); err != nil {
+		t.Fatal(err)
+	}
+	reaches("none", labInternet+":8080", "from the internet")
+	if got := recOf("none").Network.Policy.Egress; got != "public" {
+		t.Errorf("recorded policy after the change: egress %q", got)
+	}
+
+	// An open connection from the guest: an echo the guest runs over a
+	// connection it made to the internet.
+	echoLn := lab.Listen("inet", labInternet+":9100")
+	echo, err := rt.Exec(ctx, "none", guestproto.ExecRequest{Argv: []string{"/bin/nc", labInternet, "9100", "-e", "/bin/cat"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer echo.Close()
+	conn, err := echoLn.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	br := bufio.NewReader(conn)
+	roundTrip := func(msg string) {
+		t.Helper()
+		conn.SetDeadline(time.Now().Add(20 * time.Second))
+		if _, err := conn.Write([]byte(msg + "\n")); err != nil {
+			t.Fatalf("echo through the guest: write: %v", err)
+		}
+		line, err := br.ReadString('\n')
+		if err != nil || line != msg+"\n" {
+			t.Fatalf("echo through the guest: %q, %v", line, err)
+		}
+	}
+	roundTrip("before the takeover")
+
+	// Node down: one of "none"'s rules is removed by hand (a regeneration
+	// fixes that), and "pub"'s namespace gets a table that is not ours.
+	if err := rt.Close(); err != nil {
+		t.Fatal(err)
+	}
+	nft := func(id string, args ...string) {
+		t.Helper()
+		path := filepath.Join(h.sd.NetNSDir, runtime.NetNSName(id))
+		out, err := exec.Command("nsenter", append([]string{"--net=" + path, "nft"}, args...)...).CombinedOutput()
+		if err != nil {
+			t.Fatalf("nft %v in %s: %v: %s", args, id, err, out)
+		}
+	}
+	nft("pub", "add", "table", "ip", "foreign")
+	nft("none", "flush", "chain", "inet", "kibotos", "input")
+	rt2, err := h.open(t)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { rt2.Close() })
+	rt = rt2
+	st, err := rt.Status("pub")
+	if err != nil || st.State != runtime.StateFailed || !strings.Contains(st.Error, "network isolated") {
+		t.Errorf("pub after takeover with a foreign table: %+v, %v; want FAILED, network isolated", st, err)
+	}
+	if u, err := h.m.Get(ctx, runtime.UnitName("pub")); err != nil || !u.Active() {
+		t.Errorf("pub's VMM after isolation: %+v, %v; want it still running", u, err)
+	}
+	if len(h.logs.entries("instance network isolated")) == 0 {
+		t.Error("no log line for the isolated Instance")
+	}
+	waitFor(t, time.Minute, "none to be taken over", func() bool {
+		st, err := rt.Status("none")
+		return err == nil && st.State == runtime.StateRunning && st.GuestResponding
+	})
+	if e := h.logs.entries("slot table rewritten from the recorded network policy"); len(e) != 1 || e[0]["instance_id"] != "none" {
+		t.Errorf("rewrite log lines %v; want one for none", e)
+	}
+	roundTrip("after the takeover") // the connection survived the rewrite
+	reaches("none", labInternet+":8080", "from the internet")
+
+	// stop --force recovers the isolated one.
+	if err := rt.Stop(context.Background(), "pub", 0); err != nil {
+		t.Fatal(err)
+	}
+	if u, err := h.m.Get(ctx, runtime.UnitName("pub")); err == nil && u.Active() {
+		t.Errorf("pub's VMM still runs after the stop: %+v", u)
+	}
+}

@@ -1,0 +1,124 @@
+package netpol
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"strings"
+
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+)
+
+// devPools are the guest ranges a dev cluster tries, first one that
+// overlaps nothing of the host.
+var devPools = []string{"10.213.0.0/16", "10.214.0.0/16", "172.29.0.0/16", "192.168.213.0/24"}
+
+// DevConfig is the [network] of a one-node dev cluster on this host: a
+// guest pool that overlaps none of the host's routes, the host's default
+// route interface as uplink and the host's own upstream resolvers as the
+// deployment resolvers (read once here to write the configuration; a node
+// never reads resolv.conf for guests). A dev host has no management
+// network to protect beyond its own addresses, which guests never reach.
+func DevConfig() (Config, error) {
+	routes, err := netlink.RouteList(nil, unix.AF_INET)
+	if err != nil {
+		return Config{}, fmt.Errorf("netpol: dev network: list routes: %w", err)
+	}
+	var uplink string
+	var taken []netip.Prefix
+	for _, r := range routes {
+		if r.Dst == nil || r.Dst.IP.IsUnspecified() {
+			if l, err := netlink.LinkByIndex(r.LinkIndex); err == nil && uplink == "" {
+				uplink = l.Attrs().Name
+			}
+			continue
+		}
+		if p, ok := prefixOf(r.Dst); ok {
+			taken = append(taken, p)
+		}
+	}
+	if uplink == "" {
+		return Config{}, errors.New("netpol: dev network: this host has no default route, so Workspaces with public egress could not leave it; add one or give [network] uplink in a config file")
+	}
+	var pool netip.Prefix
+	for _, s := range devPools {
+		p := netip.MustParsePrefix(s)
+		if !overlapsAny(p, taken) {
+			pool = p
+			break
+		}
+	}
+	if !pool.IsValid() {
+		return Config{}, fmt.Errorf("netpol: dev network: every dev guest range %v overlaps a route of this host; give [network] ipv4_pool in a config file", devPools)
+	}
+	resolvers := hostResolvers()
+	if len(resolvers) == 0 {
+		return Config{}, errors.New("netpol: dev network: no resolver that guests can reach in /etc/resolv.conf or /run/systemd/resolve/resolv.conf (loopback resolvers are not reachable from a guest); give [network] resolvers in a config file")
+	}
+	c := Config{IPv4Pool: pool, Resolvers: resolvers, Uplink: uplink}
+	return c, c.Validate()
+}
+
+func prefixOf(n *net.IPNet) (netip.Prefix, bool) {
+	a, ok := netip.AddrFromSlice(n.IP.To4())
+	if !ok {
+		return netip.Prefix{}, false
+	}
+	ones, _ := n.Mask.Size()
+	return netip.PrefixFrom(a, ones).Masked(), true
+}
+
+func overlapsAny(p netip.Prefix, list []netip.Prefix) bool {
+	for _, q := range list {
+		if p.Overlaps(q) {
+			return true
+		}
+	}
+	return false
+}
+
+// hostResolvers are the IPv4 nameservers of the host that are not
+// loopback (systemd-resolved's stub at 127.0.0.53 forwards to the ones in
+// /run/systemd/resolve/resolv.conf).
+func hostResolvers() []netip.AddrPort {
+	var out []netip.AddrPort
+	for _, path := range []string{"/etc/resolv.conf", "/run/systemd/resolve/resolv.conf"} {
+		f, err := os.Open(path)
+		if err != nil {
+			continue
+		}
+		sc := bufio.NewScanner(f)
+		for sc.Scan() {
+			fields := strings.Fields(sc.Text())
+			if len(fields) < 2 || fields[0] != "nameserver" {
+				continue
+			}
+			a, err := netip.ParseAddr(fields[1])
+			if err != nil || !a.Is4() || a.IsLoopback() {
+				continue
+			}
+			ap := netip.AddrPortFrom(a, DNSPort)
+			if !containsAddrPort(out, ap) {
+				out = append(out, ap)
+			}
+		}
+		f.Close()
+		if len(out) > 0 {
+			return out
+		}
+	}
+	return out
+}
+
+func containsAddrPort(list []netip.AddrPort, ap netip.AddrPort) bool {
+	for _, x := range list {
+		if x == ap {
+			return true
+		}
+	}
+	return false
+}

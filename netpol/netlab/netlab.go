@@ -1,0 +1,292 @@
+// Package netlab builds throw-away networks of namespaces for tests: a
+// "node" namespace for a runtime under test, and outside namespaces (an
+// "internet", a management network) joined to it by veth pairs, with
+// servers listening in them. Everything is removed at test cleanup, also
+// on failure; processes it starts are killed by the PID it started.
+package netlab
+
+import (
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+
+	"github.com/kibotos/kibotos/internal/testenv"
+	"github.com/kibotos/kibotos/netpol"
+)
+
+// Lab is a set of namespaces pinned under one directory.
+type Lab struct {
+	t  testing.TB
+	NS netpol.Namespaces
+}
+
+// New makes a lab whose namespaces live under dir (made and removed here).
+func New(t testing.TB, dir string) *Lab {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		testenv.Skipf(t, "netlab: needs root for network namespaces")
+	}
+	l := &Lab{t: t, NS: netpol.Namespaces{Dir: dir}}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		entries, _ := os.ReadDir(dir)
+		for _, e := range entries {
+			if err := l.NS.Delete(e.Name()); err != nil {
+				t.Errorf("netlab cleanup: %v", err)
+			}
+		}
+		os.Remove(dir)
+	})
+	return l
+}
+
+// Namespace makes a namespace with its loopback up and returns its path.
+func (l *Lab) Namespace(name string) string {
+	l.t.Helper()
+	if err := l.NS.Create(name); err != nil {
+		l.t.Fatal(err)
+	}
+	h := l.open(name)
+	defer h.Close()
+	nl, err := netlink.NewHandleAt(h)
+	if err != nil {
+		l.t.Fatal(err)
+	}
+	defer nl.Close()
+	lo, err := nl.LinkByName("lo")
+	if err == nil {
+		err = nl.LinkSetUp(lo)
+	}
+	if err != nil {
+		l.t.Fatalf("netlab: %s: loopback up: %v", name, err)
+	}
+	return l.NS.Path(name)
+}
+
+func (l *Lab) open(name string) netns.NsHandle {
+	l.t.Helper()
+	h, err := l.NS.Open(name)
+	if err != nil {
+		l.t.Fatal(err)
+	}
+	return h
+}
+
+// Wire joins namespace a (link aName, address aAddr) to b (bName, bAddr)
+// with a veth pair; addresses are CIDRs such as 198.51.100.1/24.
+func (l *Lab) Wire(a, aName, aAddr, b, bName, bAddr string) {
+	l.t.Helper()
+	ha, hb := l.open(a), l.open(b)
+	defer ha.Close()
+	defer hb.Close()
+	na, err := netlink.NewHandleAt(ha)
+	if err != nil {
+		l.t.Fatal(err)
+	}
+	defer na.Close()
+	nb, err := netlink.NewHandleAt(hb)
+	if err != nil {
+		l.t.Fatal(err)
+	}
+	defer nb.Close()
+	if err := na.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: aName}, PeerName: bName, PeerNamespace: netlink.NsFd(int(hb))}); err != nil {
+		l.t.Fatalf("netlab: veth %s/%s - %s/%s: %v", a, aName, b, bName, err)
+	}
+	for _, side := range []struct {
+		h          *netlink.Handle
+		name, addr string
+	}{{na, aName, aAddr}, {nb, bName, bAddr}} {
+		link, err := side.h.LinkByName(side.name)
+		if err != nil {
+			l.t.Fatal(err)
+		}
+		ad, err := netlink.ParseAddr(side.addr)
+		if err != nil {
+			l.t.Fatal(err)
+		}
+		if err := side.h.AddrAdd(link, ad); err != nil {
+			l.t.Fatalf("netlab: address %s on %s: %v", side.addr, side.name, err)
+		}
+		if err := side.h.LinkSetUp(link); err != nil {
+			l.t.Fatal(err)
+		}
+	}
+}
+
+// Route adds a route in a namespace: dst (CIDR or "default") via gw.
+func (l *Lab) Route(ns, dst, gw string) {
+	l.t.Helper()
+	h := l.open(ns)
+	defer h.Close()
+	nl, err := netlink.NewHandleAt(h)
+	if err != nil {
+		l.t.Fatal(err)
+	}
+	defer nl.Close()
+	r := &netlink.Route{Gw: net.ParseIP(gw)}
+	if dst != "default" {
+		_, n, err := net.ParseCIDR(dst)
+		if err != nil {
+			l.t.Fatal(err)
+		}
+		r.Dst = n
+	}
+	if err := nl.RouteAdd(r); err != nil {
+		l.t.Fatalf("netlab: route %s via %s in %s: %v", dst, gw, ns, err)
+	}
+}
+
+// Do runs f on a thread in namespace ns.
+func (l *Lab) Do(ns string, f func() error) error {
+	h := l.open(ns)
+	defer h.Close()
+	done := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		orig, err := netns.Get()
+		if err != nil {
+			runtime.UnlockOSThread()
+			done <- err
+			return
+		}
+		defer orig.Close()
+		if err := netns.Set(h); err != nil {
+			runtime.UnlockOSThread()
+			done <- err
+			return
+		}
+		ferr := f()
+		if err := netns.Set(orig); err != nil {
+			done <- err // the thread stays locked and ends with the goroutine
+			return
+		}
+		runtime.UnlockOSThread()
+		done <- ferr
+	}()
+	return <-done
+}
+
+// Listen opens a TCP listener in a namespace (a socket stays in the
+// namespace it was made in); closed at cleanup.
+func (l *Lab) Listen(ns string, addr string) net.Listener {
+	l.t.Helper()
+	var ln net.Listener
+	if err := l.Do(ns, func() (err error) {
+		ln, err = net.Listen("tcp", addr)
+		return err
+	}); err != nil {
+		l.t.Fatalf("netlab: listen on %s in %s: %v", addr, ns, err)
+	}
+	l.t.Cleanup(func() { ln.Close() })
+	return ln
+}
+
+// Dial connects from a namespace.
+func (l *Lab) Dial(ns, addr string, timeout time.Duration) (net.Conn, error) {
+	var c net.Conn
+	err := l.Do(ns, func() (err error) {
+		c, err = net.DialTimeout("tcp", addr, timeout)
+		return err
+	})
+	return c, err
+}
+
+// HTTP serves body on addr in a namespace and records the remote address
+// of every request it answered.
+func (l *Lab) HTTP(ns, addr, body string) *Server {
+	l.t.Helper()
+	s := &Server{hits: make(chan string, 64)}
+	ln := l.Listen(ns, addr)
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case s.hits <- r.RemoteAddr:
+		default:
+		}
+		io.WriteString(w, body)
+	}), ReadHeaderTimeout: 10 * time.Second}
+	go srv.Serve(ln)
+	l.t.Cleanup(func() { srv.Close() })
+	return s
+}
+
+// Server is an HTTP server of the lab.
+type Server struct{ hits chan string }
+
+// Hits returns the remote addresses seen so far.
+func (s *Server) Hits() []string {
+	var out []string
+	for {
+		select {
+		case h := <-s.hits:
+			out = append(out, h)
+		default:
+			return out
+		}
+	}
+}
+
+// DNS runs dnsmasq in a namespace on addr (port 53), answering each name
+// of records with its address and refusing to forward anything else.
+func (l *Lab) DNS(ns string, addr netip.Addr, records map[string]netip.Addr) {
+	l.t.Helper()
+	bin := testenv.LookPath(l.t, "dnsmasq", "dnsmasq")
+	dir := l.t.TempDir()
+	args := []string{"--net=" + l.NS.Path(ns), bin, "--keep-in-foreground", "--no-resolv", "--no-hosts", "--no-poll",
+		"--bind-interfaces", "--listen-address=" + addr.String(), "--except-interface=lo", "--user=root", "--group=root",
+		"--pid-file=" + filepath.Join(dir, "pid"), "--conf-file=/dev/null", "--log-facility=" + filepath.Join(dir, "log"), "--log-queries"}
+	for name, a := range records {
+		args = append(args, "--address=/"+name+"/"+a.String())
+	}
+	cmd := exec.Command("nsenter", args...)
+	out, err := os.Create(filepath.Join(dir, "out"))
+	if err != nil {
+		l.t.Fatal(err)
+	}
+	cmd.Stdout, cmd.Stderr = out, out
+	if err := cmd.Start(); err != nil {
+		l.t.Fatalf("netlab: dnsmasq: %v", err)
+	}
+	exited := make(chan struct{})
+	go func() { cmd.Wait(); close(exited) }()
+	l.t.Cleanup(func() {
+		cmd.Process.Kill() // nsenter execs dnsmasq: this is its PID
+		<-exited
+		out.Close()
+	})
+	// Ready when it answers on its TCP port.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		c, err := l.Dial(ns, netip.AddrPortFrom(addr, 53).String(), time.Second)
+		if err == nil {
+			c.Close()
+			return
+		}
+		select {
+		case <-exited:
+			b, _ := os.ReadFile(filepath.Join(dir, "out"))
+			l.t.Fatalf("netlab: dnsmasq exited: %s", strings.TrimSpace(string(b)))
+		default:
+		}
+		if time.Now().After(deadline) {
+			l.t.Fatalf("netlab: dnsmasq did not listen on %s: %v", addr, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// String names the lab for messages.
+func (l *Lab) String() string { return fmt.Sprintf("netlab %s", l.NS.Dir) }
