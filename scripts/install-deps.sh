@@ -9,8 +9,10 @@ need=()
 # kmod, e2fsprogs, file: Platforms and micro-VMs; qemu-utils (qemu-img): retained
 # writable layers; systemd: the private systemd
 # the node runtime uses on hosts whose PID 1 is not systemd; debootstrap,
-# debian-archive-keyring: Debian templates (`template build --debootstrap`).
-for pkg in iproute2 nftables ca-certificates git qemu-system-x86 qemu-utils busybox-static lz4 cpio kmod systemd e2fsprogs file debootstrap debian-archive-keyring; do
+# debian-archive-keyring: Debian templates (`template build --debootstrap`);
+# wget, ca-certificates: the busybox template's wget and the CA bundle it
+# verifies with, copied from the host (busybox's wget crashes on -T).
+for pkg in iproute2 nftables ca-certificates git qemu-system-x86 qemu-utils busybox-static lz4 cpio kmod systemd e2fsprogs file debootstrap debian-archive-keyring wget; do
 	dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
 done
 if [ "${KIBOTOS_BENCH:-0}" = 1 ]; then
