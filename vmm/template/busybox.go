@@ -27,7 +27,8 @@ var busyboxNeeds = []string{"sh", "nc"}
 // before it connects (fixed in Debian's 1.36.1-5); it also cannot verify
 // TLS certificates. GNU wget from the host's package wget (installed by
 // scripts/install-deps.sh) has -T and verifies against the host's
-// ca-certificates bundle, copied in too.
+// ca-certificates bundle, copied in too. busybox's wget applet is disabled
+// (disableApplet): its sh would run it for every `wget` otherwise.
 var (
 	hostWget     = "/usr/bin/wget"
 	hostCABundle = "/etc/ssl/certs/ca-certificates.crt"
@@ -109,8 +110,24 @@ func busyboxTree(ctx context.Context, tree, busybox string) error {
 	if err != nil {
 		return err
 	}
-	if err := os.WriteFile(filepath.Join(tree, "bin/busybox"), b, 0o755); err != nil {
+	disabled := ""
+	if slices.Contains(applets, "wget") {
+		if b, disabled, err = disableApplet(b, applets, "wget"); err != nil {
+			return fmt.Errorf("%s: %w", busybox, err)
+		}
+	}
+	bin := filepath.Join(tree, "bin/busybox")
+	if err := os.WriteFile(bin, b, 0o755); err != nil {
 		return err
+	}
+	if disabled != "" {
+		// The changed busybox must list every other applet as before.
+		list, err := exec.CommandContext(ctx, bin, "--list").Output()
+		want := slices.Clone(applets)
+		want[slices.Index(want, "wget")] = disabled
+		if err != nil || !slices.Equal(strings.Fields(string(list)), want) {
+			return fmt.Errorf("%s with its wget applet disabled does not list its other applets as before (%v): keep busybox-static as Debian ships it", busybox, err)
+		}
 	}
 	for _, a := range applets {
 		if a == "busybox" || a == "wget" || strings.Contains(a, "/") {

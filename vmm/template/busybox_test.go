@@ -16,14 +16,13 @@ import (
 	"runtime"
 	"slices"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
-	"golang.org/x/net/dns/dnsmessage"
 	"golang.org/x/sys/unix"
 
+	"github.com/kibotos/kibotos/internal/dnstest"
 	"github.com/kibotos/kibotos/internal/testenv"
 )
 
@@ -134,11 +133,17 @@ func TestBusyboxTreeFetchesAndResolves(t *testing.T) {
 	}()
 	echoPort := echo.Addr().(*net.TCPAddr).Port
 
-	dns := &dnsResponder{a: map[string]netip.Addr{"web.kibotos.test.": netip.MustParseAddr("127.0.0.1"), "files.kibotos.test.": netip.MustParseAddr("127.0.0.2")}}
 	pc := ns.listenPacket(t, "127.0.0.1:53")
 	defer pc.Close()
-	go dns.serve(pc)
+	dns := dnstest.Serve(pc, map[string]netip.Addr{"web.kibotos.test.": netip.MustParseAddr("127.0.0.1"), "files.kibotos.test.": netip.MustParseAddr("127.0.0.2")})
 
+	// From busybox's sh too, which runs an applet before looking at PATH.
+	if out, err := ns.inTree(tree, "", "/bin/sh", "-c", "wget -q -T 5 -O- http://localhost:"+fmt.Sprint(port)+"/"); err != nil || out != body {
+		t.Errorf("sh -c 'wget -T 5' of localhost: %v, output %q; want %q", err, out, body)
+	}
+	if out, err := ns.inTree(tree, "", "/bin/sh", "-c", "command -v wget; busybox wget -h"); err == nil || out != "/usr/bin/wget\n" {
+		t.Errorf("sh: command -v wget, busybox wget: %v, %q; want /usr/bin/wget and no busybox wget", err, out)
+	}
 	for _, tc := range []struct{ name, url string }{
 		{"address", fmt.Sprintf("http://127.0.0.1:%d/", port)},
 		{"localhost from /etc/hosts", fmt.Sprintf("http://localhost:%d/", port)},
@@ -176,7 +181,7 @@ func TestBusyboxTreeFetchesAndResolves(t *testing.T) {
 			t.Errorf("nc %s %d: %v, output %q; want the listener's reply", host, echoPort, err, out)
 		}
 	}
-	asked := dns.questions()
+	asked := dns.Questions()
 	if !slices.Contains(asked, "web.kibotos.test. TypeA") {
 		t.Errorf("DNS questions %v; want web.kibotos.test asked of the nameserver", asked)
 	}
@@ -250,18 +255,22 @@ func (ns *netns) listenPacket(t *testing.T, addr string) net.PacketConn {
 	return pc
 }
 
-// inTree runs argv chrooted in tree, in the namespace, and returns its
-// standard output (standard error goes into the error).
+// inTree runs argv chrooted in tree, in the namespace, with /proc mounted
+// as in a Workspace (in a mount namespace of the command's own), and
+// returns its standard output (standard error goes into the error).
 func (ns *netns) inTree(tree, stdin string, argv ...string) (string, error) {
 	var stdout, stderr strings.Builder
 	var err error
 	ns.do(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
-		cmd.SysProcAttr = &syscall.SysProcAttr{Chroot: tree}
+		// busybox's sh runs its applets through /proc/self/exe: without
+		// /proc it would fall back to PATH and hide what a Workspace does.
+		wrapped := append([]string{"/bin/busybox", "sh", "-c", `mount -t proc proc /proc && exec "$@"`, "sh"}, argv...)
+		cmd := exec.CommandContext(ctx, wrapped[0], wrapped[1:]...)
+		cmd.SysProcAttr = &syscall.SysProcAttr{Chroot: tree, Unshareflags: syscall.CLONE_NEWNS}
 		cmd.Dir = "/"
-		cmd.Env = []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin", "HOME=/root"}
+		cmd.Env = []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME=/root"}
 		cmd.Stdin = strings.NewReader(stdin)
 		cmd.Stdout, cmd.Stderr = &stdout, &stderr
 		if err = cmd.Run(); err != nil {
@@ -290,69 +299,4 @@ func loopbackUp() error {
 		return fmt.Errorf("set lo up: %w", err)
 	}
 	return nil
-}
-
-// dnsResponder answers A questions for the names it knows (no AAAA) and
-// NXDOMAIN for the others, and remembers every question.
-type dnsResponder struct {
-	a     map[string]netip.Addr // fully qualified, lower case
-	mu    sync.Mutex
-	asked []string // "name. TypeA"
-}
-
-func (d *dnsResponder) serve(pc net.PacketConn) {
-	buf := make([]byte, 1500)
-	for {
-		n, from, err := pc.ReadFrom(buf)
-		if err != nil {
-			return
-		}
-		if resp, err := d.answer(buf[:n]); err == nil {
-			pc.WriteTo(resp, from)
-		}
-	}
-}
-
-func (d *dnsResponder) answer(query []byte) ([]byte, error) {
-	var p dnsmessage.Parser
-	h, err := p.Start(query)
-	if err != nil {
-		return nil, err
-	}
-	q, err := p.Question()
-	if err != nil {
-		return nil, err
-	}
-	name := strings.ToLower(q.Name.String())
-	d.mu.Lock()
-	d.asked = append(d.asked, name+" "+q.Type.String())
-	d.mu.Unlock()
-	addr, known := d.a[name]
-	rh := dnsmessage.Header{ID: h.ID, Response: true, Authoritative: true, RecursionDesired: h.RecursionDesired, RecursionAvailable: true}
-	if !known {
-		rh.RCode = dnsmessage.RCodeNameError
-	}
-	b := dnsmessage.NewBuilder(nil, rh)
-	b.EnableCompression()
-	if err := b.StartQuestions(); err != nil {
-		return nil, err
-	}
-	if err := b.Question(q); err != nil {
-		return nil, err
-	}
-	if known && q.Type == dnsmessage.TypeA {
-		if err := b.StartAnswers(); err != nil {
-			return nil, err
-		}
-		if err := b.AResource(dnsmessage.ResourceHeader{Name: q.Name, Type: dnsmessage.TypeA, Class: dnsmessage.ClassINET, TTL: 60}, dnsmessage.AResource{A: addr.As4()}); err != nil {
-			return nil, err
-		}
-	}
-	return b.Finish()
-}
-
-func (d *dnsResponder) questions() []string {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	return slices.Clone(d.asked)
 }
