@@ -268,15 +268,24 @@ func (a *Agent) awaitStarted(ctx context.Context, id string) runtime.InstanceSta
 	}
 }
 
-// configureWorkspace mounts the Workspace filesystem in the guest, with
-// the pseudo filesystems under it.
+// configureWorkspace mounts the Workspace filesystem in the guest.
 func (a *Agent) configureWorkspace(ctx context.Context, id, ws string) error {
 	c, err := a.cfg.Runtime.Guest(id)
 	if err != nil {
 		return err
 	}
-	return c.Configure(ctx, guestproto.ConfigureRequest{
-		Hostname: ws,
+	return c.Configure(ctx, WorkspaceConfigure(ws, c.Info()))
+}
+
+// WorkspaceConfigure is the configure request that mounts a Workspace's
+// filesystem at WorkspaceRoot in its guest, with the pseudo filesystems
+// under it, and, when the guest agent can bind-mount, the agent's
+// resolv.conf over the root's: the Workspace's commands run chrooted
+// there, and the DNS servers configure writes (now or later) must be the
+// ones they use, whatever the template's /etc/resolv.conf held.
+func WorkspaceConfigure(hostname string, guest guestproto.GuestInfo) guestproto.ConfigureRequest {
+	req := guestproto.ConfigureRequest{
+		Hostname: hostname,
 		Mounts: []guestproto.Mount{
 			{Source: "/dev/vda", Target: WorkspaceRoot, FSType: "ext4"},
 			// What programs in the Workspace expect: /dev/null, /proc,
@@ -286,7 +295,13 @@ func (a *Agent) configureWorkspace(ctx context.Context, id, ws string) error {
 			{Source: "devtmpfs", Target: WorkspaceRoot + "/dev", FSType: "devtmpfs", Options: []string{"mode=0755"}},
 			{Source: "devpts", Target: WorkspaceRoot + "/dev/pts", FSType: "devpts", Options: []string{"gid=5", "mode=620", "ptmxmode=666"}},
 		},
-	})
+	}
+	// An older agent would mkdir the target and fail the start; its
+	// Workspaces keep the template's resolv.conf.
+	if guest.Has(guestproto.CapBindMount) {
+		req.Mounts = append(req.Mounts, guestproto.Mount{Source: guestproto.ResolvConf, Target: WorkspaceRoot + guestproto.ResolvConf, Options: []string{"bind"}})
+	}
+	return req
 }
 
 // forget deletes a failed start's Instance; the layer stays.

@@ -314,7 +314,8 @@ func randBytes(t testing.TB, n int) []byte {
 	return b
 }
 
-// testExec: exit codes, separate stdout and stderr, signals, binary stdio.
+// testExec: exit codes, separate stdout and stderr, signals, binary
+// stdio; fetching with wget and nc.
 func (d *wsDev) testExec(id string) {
 	t := d.t
 	t0 := time.Now()
@@ -336,6 +337,23 @@ func (d *wsDev) testExec(id string) {
 		t.Errorf("1 MiB of random bytes through cat: exit %d, %d bytes back, equal %v: %s", r.code, len(r.stdout), r.stdout == string(in), trimTo(r.stderr, 300))
 	}
 	t.Logf("TIMING 1 MiB through exec cat: %s", time.Since(t0).Round(time.Millisecond))
+
+	// A new user's first move is to fetch something: wget -T (which
+	// crashes busybox's wget), run directly and from sh, and nc; and
+	// /etc/resolv.conf is the guest agent's.
+	d.must("workspace", "exec", id, "--", "sh", "-c", "mkdir -p /tmp/www && echo fetched > /tmp/www/index.html && httpd -p 127.0.0.1:8081 -h /tmp/www")
+	if r := d.kibo(time.Minute, nil, "workspace", "exec", id, "--", "wget", "-T", "5", "-q", "-O-", "http://127.0.0.1:8081/"); r.code != 0 || r.stdout != "fetched\n" {
+		t.Errorf("exec wget -T 5 of the Workspace's own server: %s (stdout %q)", r, r.stdout)
+	}
+	if r := d.kibo(time.Minute, nil, "workspace", "exec", id, "--", "sh", "-c", "wget -T 5 -q -O- http://localhost:8081/"); r.code != 0 || r.stdout != "fetched\n" {
+		t.Errorf("sh -c 'wget -T 5' of localhost: %s (stdout %q)", r, r.stdout)
+	}
+	if r := d.kibo(time.Minute, nil, "workspace", "exec", id, "--", "sh", "-c", "printf 'GET / HTTP/1.0\\r\\n\\r\\n' | nc -w 5 localhost 8081"); r.code != 0 || !strings.Contains(r.stdout, "fetched") {
+		t.Errorf("nc localhost 8081: %s (stdout %q)", r, r.stdout)
+	}
+	if r := d.kibo(time.Minute, nil, "workspace", "exec", id, "--", "grep", "-c", " /etc/resolv.conf ", "/proc/self/mounts"); r.code != 0 || r.stdout != "1\n" {
+		t.Errorf("/etc/resolv.conf of the Workspace is not the guest agent's bind mount: %s (stdout %q)", r, r.stdout)
+	}
 }
 
 // testFiles: cp of 100 MiB in and out, and of a missing file.

@@ -10,8 +10,10 @@ need=()
 # writable layers; systemd: the private systemd
 # the node runtime uses on hosts whose PID 1 is not systemd; debootstrap,
 # debian-archive-keyring: Debian templates (`template build --debootstrap`);
+# wget, ca-certificates: the busybox template's wget and the CA bundle it
+# verifies with, copied from the host (busybox's wget crashes on -T);
 # dnsmasq-base (the binary alone, no service): the resolver of network tests.
-for pkg in iproute2 nftables ca-certificates git qemu-system-x86 qemu-utils busybox-static lz4 cpio kmod systemd e2fsprogs file debootstrap debian-archive-keyring dnsmasq-base; do
+for pkg in iproute2 nftables ca-certificates git qemu-system-x86 qemu-utils busybox-static lz4 cpio kmod systemd e2fsprogs file debootstrap debian-archive-keyring wget dnsmasq-base; do
 	dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
 done
 if [ "${KIBOTOS_BENCH:-0}" = 1 ]; then

@@ -333,6 +333,70 @@ func TestConfigureDNS(t *testing.T) {
 	}
 }
 
+// A Workspace root's /etc/resolv.conf is a bind mount of the agent's: it
+// shows DNS servers configured before the mount and after it, and a
+// symlink in its place is replaced rather than followed from the agent's
+// root.
+func TestConfigureBindMountsResolvConf(t *testing.T) {
+	if os.Geteuid() != 0 {
+		testenv.Skipf(t, "bind mounts need root")
+	}
+	dir := t.TempDir()
+	resolv := filepath.Join(dir, "agent", "resolv.conf")
+	os.MkdirAll(filepath.Dir(resolv), 0o755)
+	root := filepath.Join(dir, "rootfs")
+	os.MkdirAll(filepath.Join(root, "etc"), 0o755)
+	decoy := filepath.Join(dir, "decoy")
+	os.WriteFile(decoy, []byte("decoy\n"), 0o644)
+	target := filepath.Join(root, "etc", "resolv.conf")
+	if err := os.Symlink(decoy, target); err != nil {
+		t.Fatal(err)
+	}
+	missing := filepath.Join(root, "run", "new", "resolv.conf")
+	t.Cleanup(func() {
+		for _, p := range []string{target, missing, decoy} {
+			for unix.Unmount(p, unix.MNT_DETACH) == nil {
+			}
+		}
+	})
+	h := startAgent(t, Options{ResolvConf: resolv})
+	c := h.dial()
+	if !c.Info().Has(guestproto.CapBindMount) {
+		t.Fatalf("capabilities %v lack %s", c.Info().Capabilities, guestproto.CapBindMount)
+	}
+	ctx := ctxT(t)
+	if err := c.Configure(ctx, guestproto.ConfigureRequest{DNS: []string{"10.0.0.1"}}); err != nil {
+		t.Fatal(err)
+	}
+	bind := []guestproto.Mount{{Source: resolv, Target: target, Options: []string{"bind"}}, {Source: resolv, Target: missing, Options: []string{"bind"}}}
+	if err := c.Configure(ctx, guestproto.ConfigureRequest{Mounts: bind}); err != nil {
+		t.Fatal(err)
+	}
+	read := func(p string) string { b, _ := os.ReadFile(p); return string(b) }
+	for _, p := range []string{target, missing} {
+		fi, err := os.Lstat(p)
+		if err != nil {
+			t.Errorf("%s after the bind mount: %v", p, err)
+		} else if !fi.Mode().IsRegular() || read(p) != "nameserver 10.0.0.1\n" {
+			t.Errorf("%s after the bind mount: mode %v, %q; want a regular file showing the agent's resolv.conf", p, fi.Mode(), read(p))
+		}
+	}
+	if got := read(decoy); got != "decoy\n" {
+		t.Errorf("the symlink's target %s reads %q: the mount followed it", decoy, got)
+	}
+	if err := c.Configure(ctx, guestproto.ConfigureRequest{DNS: []string{"10.0.0.2", "10.0.0.3"}}); err != nil {
+		t.Fatal(err)
+	}
+	if got := read(target); got != "nameserver 10.0.0.2\nnameserver 10.0.0.3\n" {
+		t.Errorf("bind-mounted resolv.conf after new DNS servers: %q; want them", got)
+	}
+	err := c.Configure(ctx, guestproto.ConfigureRequest{Mounts: []guestproto.Mount{{Source: resolv, Target: target, Options: []string{"bind", "ro"}}}})
+	var ge *guestproto.Error
+	if !errors.As(err, &ge) || ge.Code != guestproto.CodeInvalid {
+		t.Errorf("bind mount with another option: %v; want invalid", err)
+	}
+}
+
 // As PID 1 (here: a subreaper) the agent reaps re-parented orphans with the
 // same loop that reports exec exits, without losing either.
 func TestOrphansReaped(t *testing.T) {

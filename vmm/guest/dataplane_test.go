@@ -239,7 +239,7 @@ func TestDataChannel(t *testing.T) {
 			t.Errorf("data channel capabilities %v lack %s", di.Capabilities, c)
 		}
 	}
-	for _, c := range []string{guestproto.CapConfigure, guestproto.CapFreeze, guestproto.CapStop} {
+	for _, c := range []string{guestproto.CapConfigure, guestproto.CapBindMount, guestproto.CapFreeze, guestproto.CapStop} {
 		if di.Has(c) {
 			t.Errorf("data channel announces %s, which it does not serve", c)
 		}

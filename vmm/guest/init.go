@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/kibotos/kibotos/vmm/guestproto"
 )
 
 // RunOptions configure Run, the entry point of `kibotos guest-agent`.
@@ -50,6 +52,11 @@ func Run(ctx context.Context, o RunOptions) error {
 		if err := loadModules("/modules.list", log); err != nil {
 			log.Error("guest agent module loading failed", "err", err)
 		}
+		// A Workspace root bind-mounts the resolv.conf configure
+		// writes, before the node may have sent any DNS servers.
+		if err := ensureFile(guestproto.ResolvConf); err != nil {
+			log.Error("guest agent could not create resolv.conf", "err", err)
+		}
 		unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
 		opts.ReapOrphans = true
 		opts.KillAll = pid1
@@ -80,6 +87,18 @@ func Run(ctx context.Context, o RunOptions) error {
 		}
 	}
 	return err
+}
+
+// ensureFile creates path empty unless it exists.
+func ensureFile(path string) error {
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return err
+	}
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE, 0o644)
+	if err != nil {
+		return err
+	}
+	return f.Close()
 }
 
 // loopbackUp sets lo up (SIOCSIFFLAGS); the kernel gives it 127.0.0.1.

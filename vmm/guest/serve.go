@@ -38,7 +38,8 @@ type Options struct {
 	// ReopenDelay is the pause before reopening the channel after it
 	// failed or reached EOF; zero means 20ms, doubling up to 250ms.
 	ReopenDelay time.Duration
-	// ResolvConf is where Configure writes DNS servers; default /etc/resolv.conf.
+	// ResolvConf is where Configure writes DNS servers; default
+	// guestproto.ResolvConf.
 	ResolvConf string
 }
 
@@ -164,7 +165,7 @@ func newAgent(opts Options) *agent {
 		opts.ReopenDelay = 20 * time.Millisecond
 	}
 	if opts.ResolvConf == "" {
-		opts.ResolvConf = "/etc/resolv.conf"
+		opts.ResolvConf = guestproto.ResolvConf
 	}
 	if opts.BootID == "" {
 		b, _ := os.ReadFile("/proc/sys/kernel/random/boot_id")
@@ -185,7 +186,7 @@ func newAgent(opts Options) *agent {
 	a.info = guestproto.GuestInfo{
 		Capabilities: []string{guestproto.CapExec, guestproto.CapPTY, guestproto.CapFiles,
 			guestproto.CapConfigure, guestproto.CapFreeze, guestproto.CapStop, guestproto.CapExecRoot,
-			guestproto.CapPortForward},
+			guestproto.CapPortForward, guestproto.CapBindMount},
 		BootID:       opts.BootID,
 		AgentVersion: opts.AgentVersion,
 	}
@@ -194,7 +195,7 @@ func newAgent(opts Options) *agent {
 
 // nodeOnlyCaps are the capabilities of calls the data channel refuses; it
 // does not announce them.
-var nodeOnlyCaps = map[string]bool{guestproto.CapConfigure: true, guestproto.CapFreeze: true, guestproto.CapStop: true}
+var nodeOnlyCaps = map[string]bool{guestproto.CapConfigure: true, guestproto.CapBindMount: true, guestproto.CapFreeze: true, guestproto.CapStop: true}
 
 // infoFor is the GuestInfo a channel announces: the data channel's lists
 // only what it serves.

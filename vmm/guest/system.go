@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 
 	"golang.org/x/sys/unix"
@@ -49,16 +50,15 @@ func (a *agent) configure(ctx context.Context, req guestproto.ConfigureRequest) 
 		for _, s := range req.DNS {
 			fmt.Fprintf(&b, "nameserver %s\n", s)
 		}
+		// In place (truncate and write), never a new file renamed over
+		// it: a Workspace root bind-mounts this inode.
 		if err := os.WriteFile(a.opts.ResolvConf, []byte(b.String()), 0o644); err != nil {
 			return fmt.Errorf("write %s: %w", a.opts.ResolvConf, err)
 		}
 	}
 	for _, m := range req.Mounts {
-		if err := os.MkdirAll(m.Target, 0o755); err != nil {
-			return fmt.Errorf("mount %s: %w", m.Target, err)
-		}
-		if err := unix.Mount(m.Source, m.Target, m.FSType, 0, strings.Join(m.Options, ",")); err != nil {
-			return fmt.Errorf("mount %s on %s (%s): %w", m.Source, m.Target, m.FSType, err)
+		if err := mount(m); err != nil {
+			return err
 		}
 	}
 	for _, ifc := range req.Interfaces {
@@ -87,6 +87,71 @@ func (a *agent) configure(ctx context.Context, req guestproto.ConfigureRequest) 
 		}
 	}
 	return nil
+}
+
+// mount mounts one of configure's Mounts. The option "bind" bind-mounts
+// Source (a path of the agent's root) on Target and takes no other; the
+// Target of a file is made an empty regular file first, replacing a
+// symlink, which mount(2) would follow from the agent's root rather than
+// from the root the Target is in.
+func mount(m guestproto.Mount) error {
+	var flags uintptr
+	var data []string
+	for _, o := range m.Options {
+		if o == "bind" {
+			flags |= unix.MS_BIND
+			continue
+		}
+		data = append(data, o)
+	}
+	isFile := false
+	if flags&unix.MS_BIND != 0 {
+		if len(data) > 0 {
+			return &guestproto.Error{Code: guestproto.CodeInvalid, Message: fmt.Sprintf("mount %s: a bind mount takes no other options (%s)", m.Target, strings.Join(data, ","))}
+		}
+		fi, err := os.Stat(m.Source)
+		if err != nil {
+			return fmt.Errorf("mount %s on %s: %w", m.Source, m.Target, err)
+		}
+		isFile = !fi.IsDir()
+	}
+	if isFile {
+		if err := fileMountPoint(m.Target); err != nil {
+			return fmt.Errorf("mount %s on %s: %w", m.Source, m.Target, err)
+		}
+	} else if err := os.MkdirAll(m.Target, 0o755); err != nil {
+		return fmt.Errorf("mount %s: %w", m.Target, err)
+	}
+	if err := unix.Mount(m.Source, m.Target, m.FSType, flags, strings.Join(data, ",")); err != nil {
+		return fmt.Errorf("mount %s on %s (%s): %w", m.Source, m.Target, m.FSType, err)
+	}
+	return nil
+}
+
+// fileMountPoint makes path a regular file to mount a file on: one that
+// is there stays; a symlink or nothing becomes an empty file.
+func fileMountPoint(path string) error {
+	fi, err := os.Lstat(path)
+	switch {
+	case err == nil && fi.Mode().IsRegular():
+		return nil
+	case err == nil && fi.Mode()&os.ModeSymlink != 0:
+		if err := os.Remove(path); err != nil {
+			return err
+		}
+	case err == nil:
+		return fmt.Errorf("%s is a %v, not a file", path, fi.Mode().Type())
+	case !os.IsNotExist(err):
+		return err
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return err
+	}
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL|unix.O_NOFOLLOW, 0o644)
+	if err != nil {
+		return err
+	}
+	return f.Close()
 }
 
 // runQuiet runs a helper through the reaper, collecting its output.

@@ -50,7 +50,16 @@ const (
 	CapExecRoot = "exec-root"
 	// CapPortForward: CallPortForward.
 	CapPortForward = "port-forward"
+	// CapBindMount: configure's Mounts take the option "bind": Source, a
+	// file or directory of the agent's root, is bind-mounted on Target
+	// (how a Workspace's root gets the agent's ResolvConf).
+	CapBindMount = "mount-bind"
 )
+
+// ResolvConf is where configure writes the DNS servers, in the guest
+// agent's own root. It is rewritten in place, so a bind mount of it (a
+// Workspace root's /etc/resolv.conf) follows every later configure.
+const ResolvConf = "/etc/resolv.conf"
 
 // Request is the first frame of every stream.
 type Request struct {

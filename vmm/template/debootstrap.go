@@ -272,8 +272,9 @@ func FitDebianTree(tree string) error {
 	if err := write("etc/hosts", "127.0.0.1\tlocalhost\n127.0.1.1\tkibotos\n::1\tlocalhost ip6-localhost ip6-loopback\nff02::1\tip6-allnodes\nff02::2\tip6-allrouters\n", 0o644); err != nil {
 		return err
 	}
-	// debootstrap copies the host's resolv.conf; the node writes the
-	// Workspace's own when it configures the guest.
+	// debootstrap copies the host's resolv.conf (or leaves a symlink to
+	// it). An empty regular file instead: the node bind-mounts the guest
+	// agent's resolv.conf, which configure writes, over it.
 	if err := write("etc/resolv.conf", "", 0o644); err != nil {
 		return err
 	}

@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"syscall"
 	"testing"
@@ -228,6 +229,16 @@ func TestBuildDebootstrapBookworm(t *testing.T) {
 	}
 	if got := debugfsCat(t, tp.Image(), "/etc/resolv.conf"); got != "" {
 		t.Fatalf("resolv.conf %q; want empty", got)
+	}
+	// A regular file, for the node to bind-mount the guest agent's over.
+	if out, err := exec.Command("debugfs", "-R", "stat /etc/resolv.conf", tp.Image()).Output(); err != nil || !strings.Contains(string(out), "Type: regular") {
+		t.Fatalf("resolv.conf in the image: %v %q; want a regular file", err, out)
+	}
+	if got := debugfsCat(t, tp.Image(), "/etc/hosts"); !strings.Contains(got, "localhost") {
+		t.Fatalf("hosts %q; want localhost", got)
+	}
+	if got := debugfsCat(t, tp.Image(), "/etc/nsswitch.conf"); !regexp.MustCompile(`(?m)^hosts:\s+files\b.*\bdns\b`).MatchString(got) {
+		t.Fatalf("nsswitch.conf %q; want hosts from files, then dns", got)
 	}
 	if got := debugfsCat(t, tp.Image(), "/etc/passwd"); !strings.HasPrefix(got, "root:x:0:0:root:/root:/bin/bash\n") {
 		t.Fatalf("passwd %q", got)

@@ -1,0 +1,92 @@
+// Package dnstest is a DNS responder for tests that check name resolution
+// of a guest or a template: it answers A questions for the names it is
+// given and remembers every question, so a test can also tell what was
+// never asked. It is no resolver: nothing is forwarded.
+package dnstest
+
+import (
+	"net"
+	"net/netip"
+	"slices"
+	"strings"
+	"sync"
+
+	"golang.org/x/net/dns/dnsmessage"
+)
+
+// Responder answers on one packet connection.
+type Responder struct {
+	a     map[string]netip.Addr // fully qualified, lower case
+	mu    sync.Mutex
+	asked []string
+}
+
+// Serve answers on pc until it is closed: A records for names (fully
+// qualified, e.g. "web.example."), no records for their other types, and
+// NXDOMAIN for every other name.
+func Serve(pc net.PacketConn, names map[string]netip.Addr) *Responder {
+	r := &Responder{a: map[string]netip.Addr{}}
+	for n, a := range names {
+		r.a[strings.ToLower(n)] = a
+	}
+	go r.serve(pc)
+	return r
+}
+
+// Questions are the questions asked so far, as "name. TypeA".
+func (r *Responder) Questions() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.asked)
+}
+
+func (r *Responder) serve(pc net.PacketConn) {
+	buf := make([]byte, 1500)
+	for {
+		n, from, err := pc.ReadFrom(buf)
+		if err != nil {
+			return
+		}
+		if resp, err := r.answer(buf[:n]); err == nil {
+			pc.WriteTo(resp, from)
+		}
+	}
+}
+
+func (r *Responder) answer(query []byte) ([]byte, error) {
+	var p dnsmessage.Parser
+	h, err := p.Start(query)
+	if err != nil {
+		return nil, err
+	}
+	q, err := p.Question()
+	if err != nil {
+		return nil, err
+	}
+	name := strings.ToLower(q.Name.String())
+	r.mu.Lock()
+	r.asked = append(r.asked, name+" "+q.Type.String())
+	r.mu.Unlock()
+	addr, known := r.a[name]
+	rh := dnsmessage.Header{ID: h.ID, Response: true, Authoritative: true, RecursionDesired: h.RecursionDesired, RecursionAvailable: true}
+	if !known {
+		rh.RCode = dnsmessage.RCodeNameError
+	}
+	b := dnsmessage.NewBuilder(nil, rh)
+	b.EnableCompression()
+	if err := b.StartQuestions(); err != nil {
+		return nil, err
+	}
+	if err := b.Question(q); err != nil {
+		return nil, err
+	}
+	if known && q.Type == dnsmessage.TypeA && addr.Is4() {
+		if err := b.StartAnswers(); err != nil {
+			return nil, err
+		}
+		if err := b.AResource(dnsmessage.ResourceHeader{Name: q.Name, Type: dnsmessage.TypeA, Class: dnsmessage.ClassINET, TTL: 60}, dnsmessage.AResource{A: addr.As4()}); err != nil {
+			return nil, err
+		}
+	}
+	return b.Finish()
+}
