@@ -2,6 +2,7 @@ package cli
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -264,7 +265,13 @@ func (c *DevDownCmd) Run(g *Globals) error {
 		if err != nil {
 			return err
 		}
-		rt, err := runtime.Open(g.ctx, runtime.Config{StorageRoot: d.StorageRoot(), NodeID: id.NodeID, Units: m, Accel: qemu.AccelAuto})
+		// With the network kibotos dev runs with, so taking the VMs over
+		// does not isolate them before they end.
+		var network *netpol.Config
+		if n, err := netpol.DevConfig(); err == nil {
+			network = &n
+		}
+		rt, err := runtime.Open(g.ctx, runtime.Config{StorageRoot: d.StorageRoot(), NodeID: id.NodeID, Units: m, Accel: qemu.AccelAuto, Network: network})
 		if err != nil {
 			m.Close()
 			return err
@@ -282,6 +289,12 @@ func (c *DevDownCmd) Run(g *Globals) error {
 				continue
 			}
 			deleted++
+		}
+		if len(rt.List()) == 0 {
+			// No guest left to route for: the node's own rule table goes.
+			if err := removeHostTable(g.ctx); err != nil {
+				g.note("kibotos dev: %v\n", err)
+			}
 		}
 		rt.Close()
 		// The data-plane process outlives the node by design; on the host's
@@ -310,4 +323,15 @@ func (c *DevDownCmd) Run(g *Globals) error {
 	}
 	g.printf("\n")
 	return nil
+}
+
+// removeHostTable removes the node's nftables table from this process's
+// network namespace.
+func removeHostTable(ctx context.Context) error {
+	ns, err := os.Open("/proc/self/ns/net")
+	if err != nil {
+		return err
+	}
+	defer ns.Close()
+	return netpol.RemoveHost(ctx, int(ns.Fd()))
 }

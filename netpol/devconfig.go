@@ -37,6 +37,11 @@ func DevConfig() (Config, error) {
 			}
 			continue
 		}
+		// Routes to this node's own guests (a restart finds them) are
+		// the pool, not something it must avoid.
+		if l, err := netlink.LinkByIndex(r.LinkIndex); err == nil && strings.HasPrefix(l.Attrs().Name, NodeVethPrefix) {
+			continue
+		}
 		if p, ok := prefixOf(r.Dst); ok {
 			taken = append(taken, p)
 		}

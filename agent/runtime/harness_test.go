@@ -93,7 +93,13 @@ func (h *harness) open(t *testing.T) (*runtime.Runtime, error) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	return runtime.Open(ctx, runtime.Config{
+	return runtime.Open(ctx, h.config())
+}
+
+// config is the runtime configuration of the harness: its systemd, storage
+// root and the lab's node namespace for Instance networks.
+func (h *harness) config() runtime.Config {
+	return runtime.Config{
 		StorageRoot: h.root,
 		NodeID:      "node-a",
 		Units:       h.m,
@@ -103,7 +109,7 @@ func (h *harness) open(t *testing.T) (*runtime.Runtime, error) {
 		KeepInstallations: h.keep,
 		Network:           &h.network,
 		HostNetNS:         h.nodeNS,
-	})
+	}
 }
 
 func (h *harness) mustOpen(t *testing.T) *runtime.Runtime {

@@ -33,7 +33,7 @@ func (rt *Runtime) UpdateNetwork(ctx context.Context, id string, p NetworkPolicy
 	if in.state != StateRunning {
 		return fmt.Errorf("runtime: instance %s is %s: its network policy changes only while it runs", id, in.state)
 	}
-	if in.rec.Network == nil || rt.net == nil {
+	if in.rec.Network == nil {
 		return fmt.Errorf("runtime: instance %s has no network", id)
 	}
 	rec := *in.rec

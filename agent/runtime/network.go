@@ -41,9 +41,10 @@ type NetworkRecord struct {
 	Management []netip.Prefix `json:"management_cidrs"`
 }
 
-// nodeNetwork is the node side of every Instance network.
+// nodeNetwork is the node side of every Instance network. Without a
+// configuration (cfg nil) it can still take networks down.
 type nodeNetwork struct {
-	cfg    netpol.Config
+	cfg    *netpol.Config
 	ns     netpol.Namespaces
 	hostNS netns.NsHandle
 
@@ -53,8 +54,8 @@ type nodeNetwork struct {
 }
 
 // openNodeNetwork prepares the node's namespace for guest traffic:
-// forwarding on and its own rule table in place.
-func openNodeNetwork(cfg netpol.Config, hostNSPath string, t units.Target) (*nodeNetwork, error) {
+// forwarding on and its own rule table in place (with a configuration).
+func openNodeNetwork(cfg *netpol.Config, hostNSPath string, t units.Target) (*nodeNetwork, error) {
 	n := &nodeNetwork{cfg: cfg, assigned: map[string]netip.Addr{},
 		ns: netpol.Namespaces{Dir: netpol.DefaultNamespaceDir}}
 	if t.NetNSDir != "" {
@@ -71,6 +72,9 @@ func openNodeNetwork(cfg netpol.Config, hostNSPath string, t units.Target) (*nod
 	}
 	if err != nil {
 		return nil, fmt.Errorf("runtime: the node's network namespace: %w", err)
+	}
+	if cfg == nil {
+		return n, nil
 	}
 	if err := netpol.EnableForwarding(n.hostNS); err != nil {
 		n.hostNS.Close()
@@ -89,13 +93,14 @@ func openNodeNetwork(cfg netpol.Config, hostNSPath string, t units.Target) (*nod
 }
 
 func (n *nodeNetwork) close() {
-	if n != nil {
-		n.hostNS.Close()
-	}
+	n.hostNS.Close()
 }
 
 // reserve picks the guest address of a new Instance.
 func (n *nodeNetwork) reserve(id string, p NetworkPolicy) (*NetworkRecord, error) {
+	if n.cfg == nil {
+		return nil, noNetworkConfig(id)
+	}
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	used := make([]netip.Addr, 0, len(n.assigned))
@@ -123,6 +128,9 @@ func (n *nodeNetwork) release(id string) {
 // tableSpec is the rule table of a recorded network under the node's
 // current configuration.
 func (n *nodeNetwork) tableSpec(nr *NetworkRecord) (netpol.TableSpec, error) {
+	if n.cfg == nil {
+		return netpol.TableSpec{}, errors.New("the node has no [network] configuration")
+	}
 	egress := nr.Policy.Egress
 	switch egress {
 	case netpol.EgressNone, netpol.EgressPublic:
@@ -192,7 +200,7 @@ func (rt *Runtime) setUpNetwork(owner *vmmAccount, nr *NetworkRecord) error {
 // deleteNetwork removes the Instance's namespace (and with it the tap and
 // its veth end) and the node-side veth; gone already is fine.
 func (rt *Runtime) deleteNetwork(ctx context.Context, id string, nr *NetworkRecord) error {
-	if nr == nil || rt.net == nil {
+	if nr == nil {
 		return nil
 	}
 	n := rt.net
@@ -263,9 +271,6 @@ func (rt *Runtime) checkNetwork(rec *LaunchRecord) (rewritten []string, isolated
 	if nr == nil {
 		return nil, ""
 	}
-	if n == nil {
-		return nil, "the node has no [network] configuration any more; its rule table cannot be checked"
-	}
 	ns, err := n.ns.Open(nr.Namespace)
 	if err != nil {
 		return nil, fmt.Sprintf("network namespace %s cannot be opened: %v", nr.Namespace, err)
@@ -276,6 +281,9 @@ func (rt *Runtime) checkNetwork(rec *LaunchRecord) (rewritten []string, isolated
 			why += fmt.Sprintf(" (isolating the network failed: %v)", err)
 		}
 		return nil, why
+	}
+	if n.cfg == nil {
+		return isolate("the node has no [network] configuration any more, so its rule table cannot be checked")
 	}
 	var changed []string
 	if !slices.Equal(nr.Management, n.cfg.ManagementCIDRs) {

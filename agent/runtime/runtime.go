@@ -134,7 +134,7 @@ type Runtime struct {
 	// vmm is the account confined VMMs run as; nil: VMMs run unconfined
 	// (a backend without it, or the test hook).
 	vmm *vmmAccount
-	// net is the node side of Instance networks; nil without Config.Network.
+	// net is the node side of Instance networks.
 	net *nodeNetwork
 
 	instancesDir, registryDir, logsDir string
@@ -277,10 +277,8 @@ func Open(ctx context.Context, cfg Config) (*Runtime, error) {
 		}
 		rt.vmm = &a
 	}
-	if cfg.Network != nil {
-		if rt.net, err = openNodeNetwork(*cfg.Network, cfg.HostNetNS, rt.units.Target()); err != nil {
-			return nil, err
-		}
+	if rt.net, err = openNodeNetwork(cfg.Network, cfg.HostNetNS, rt.units.Target()); err != nil {
+		return nil, err
 	}
 	rt.ctx, rt.cancel = context.WithCancel(context.Background())
 	if err := rt.takeover(ctx); err != nil {

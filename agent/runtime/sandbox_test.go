@@ -3,7 +3,6 @@ package runtime_test
 import (
 	"context"
 	"fmt"
-	"log/slog"
 	"os"
 	"os/user"
 	"path/filepath"
@@ -25,9 +24,8 @@ func (h *harness) openWith(t *testing.T, legacy bool) *runtime.Runtime {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	cfg := runtime.Config{StorageRoot: h.root, NodeID: "node-a", Units: h.m, Accel: qemu.AccelAuto,
-		Logger:        slog.New(slog.NewJSONHandler(h.logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
-		ConsoleLogCap: testConsoleCap, KeepInstallations: h.keep}
+	cfg := h.config()
+	cfg.ConsoleLogCap = testConsoleCap
 	if legacy {
 		cfg = runtime.UnconfinedVMM(cfg)
 	}

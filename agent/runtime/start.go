@@ -150,9 +150,6 @@ func (rt *Runtime) start(ctx context.Context, in *instance, spec Spec) error {
 			MemoryMax: memMax, TasksMax: tasksMax}
 	}
 	if spec.Network {
-		if rt.net == nil {
-			return noNetworkConfig(in.id)
-		}
 		nr, err := rt.net.reserve(in.id, spec.Policy)
 		if err != nil {
 			return err

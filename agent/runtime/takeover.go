@@ -107,7 +107,7 @@ func (rt *Runtime) takeover(ctx context.Context) error {
 	}
 	for i := range verdicts {
 		v := &verdicts[i]
-		if v.rec.Network != nil && rt.net != nil {
+		if v.rec.Network != nil {
 			rt.net.assigned[v.rec.InstanceID] = v.rec.Network.Guest
 		}
 		if nr := v.rec.Network; nr != nil && (v.state == StateRunning || v.state == StateStarting) {
