@@ -22,6 +22,7 @@ import (
 	"github.com/kibotos/kibotos/vmm/units/privsd"
 	"io"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -80,6 +81,7 @@ func TestWorkspace(t *testing.T) {
 		f    func(string)
 	}{
 		{"Exec", d.testExec},
+		{"Network", d.testNetwork},
 		{"Files", d.testFiles},
 		{"PTY", d.testPTY},
 		{"Credentials", d.testCredentials},
@@ -354,6 +356,69 @@ func (d *wsDev) testExec(id string) {
 	if r := d.kibo(time.Minute, nil, "workspace", "exec", id, "--", "grep", "-c", " /etc/resolv.conf ", "/proc/self/mounts"); r.code != 0 || r.stdout != "1\n" {
 		t.Errorf("/etc/resolv.conf of the Workspace is not the guest agent's bind mount: %s (stdout %q)", r, r.stdout)
 	}
+}
+
+// testNetwork: the Workspace's policy through the CLI (none by default,
+// changed to public on the running Workspace by the node) and, whatever
+// the policy, the dev host's own addresses are out of the guest's reach.
+func (d *wsDev) testNetwork(id string) {
+	t := d.t
+	var w struct {
+		Network struct {
+			Egress string `json:"egress"`
+		} `json:"network"`
+	}
+	policy := func() string {
+		t.Helper()
+		if err := decodeResult(d.must("workspace", "get", id, "--json"), &w); err != nil {
+			t.Fatal(err)
+		}
+		return w.Network.Egress
+	}
+	if got := policy(); got != "none" {
+		t.Errorf("default egress %q, want none", got)
+	}
+	if r := d.must("workspace", "exec", id, "--", "cat", "/etc/resolv.conf"); r.stdout != "nameserver 169.254.100.1\n" {
+		t.Errorf("Workspace resolv.conf %q; want the namespace's address (DNATed to the deployment resolver)", r.stdout)
+	}
+	// A server on the dev host's own (non-loopback) address.
+	hostAddr := hostIPv4(t)
+	ln, err := net.Listen("tcp", net.JoinHostPort(hostAddr, "0"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go http.Serve(ln, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "the host\n") }))
+	url := "http://" + ln.Addr().String() + "/"
+	unreachable := func(when string) {
+		t.Helper()
+		if r := d.kibo(time.Minute, nil, "workspace", "exec", id, "--", "wget", "-T", "3", "-t", "1", "-q", "-O-", url); r.code == 0 {
+			t.Errorf("%s: the guest fetched %s from the host's own address: %q", when, url, r.stdout)
+		}
+	}
+	unreachable("egress none")
+	d.must("workspace", "set-network", id, "--egress", "public")
+	if got := policy(); got != "public" {
+		t.Errorf("egress after set-network %q, want public", got)
+	}
+	unreachable("egress public")
+	d.must("workspace", "set-network", id, "--egress", "none")
+}
+
+// hostIPv4 is an IPv4 address of this host that is not loopback.
+func hostIPv4(t *testing.T) string {
+	t.Helper()
+	addrs, err := net.InterfaceAddrs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, a := range addrs {
+		if n, ok := a.(*net.IPNet); ok && n.IP.To4() != nil && !n.IP.IsLoopback() {
+			return n.IP.String()
+		}
+	}
+	t.Fatal("this host has no IPv4 address besides loopback")
+	return ""
 }
 
 // testFiles: cp of 100 MiB in and out, and of a missing file.
