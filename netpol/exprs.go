@@ -149,6 +149,10 @@ func countDenied() []expr.Any {
 	return []expr.Any{&expr.Objref{Type: int(nftables.ObjTypeCounter), Name: CounterDenied}}
 }
 
+func jump(chain string) []expr.Any {
+	return []expr.Any{&expr.Verdict{Kind: expr.VerdictJump, Chain: chain}}
+}
+
 func accept() []expr.Any { return []expr.Any{&expr.Verdict{Kind: expr.VerdictAccept}} }
 func drop() []expr.Any   { return []expr.Any{&expr.Verdict{Kind: expr.VerdictDrop}} }
 

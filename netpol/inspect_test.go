@@ -142,7 +142,7 @@ func TestInspectSpecChanged(t *testing.T) {
 	moved = spec
 	moved.Resolver = netip.MustParseAddrPort("10.10.0.54:53")
 	f := inspect(t, ns, moved)
-	expect(t, f, VerdictRewrite, "chain prerouting: rule prerouting/dns-udp is", "chain forward: rule forward/dns-tcp is")
+	expect(t, f, VerdictRewrite, "chain prerouting: rule prerouting/dns-udp is", "chain guest-forward: rule guest-forward/dns is")
 	tbl, err := Build(moved)
 	if err != nil {
 		t.Fatal(err)
@@ -153,7 +153,7 @@ func TestInspectSpecChanged(t *testing.T) {
 	expect(t, inspect(t, ns, moved), VerdictMatch)
 
 	moved.Egress = EgressNone
-	expect(t, inspect(t, ns, moved), VerdictRewrite, "chain forward: rule forward/egress-public is not in layout v1")
+	expect(t, inspect(t, ns, moved), VerdictRewrite, "chain guest-forward: rule guest-forward/egress-public is not in layout v1")
 }
 
 // An older layout (stood for by version 0 and a rule it did not have yet)

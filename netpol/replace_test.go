@@ -47,7 +47,7 @@ func TestReplaceTwiceAndReadBack(t *testing.T) {
 	if n := strings.Count(out, "table "); n != 1 {
 		t.Errorf("nft lists %d tables after two replaces:\n%s", n, out)
 	}
-	for _, want := range []string{`comment "kibotos:v1:forward/blocked-management"`, `comment "kibotos:v1:set/management_v4"`, "counter denied"} {
+	for _, want := range []string{`comment "kibotos:v1:guest-forward/blocked-management"`, `comment "kibotos:v1:set/management_v4"`, "counter denied"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("nft list ruleset lacks %s:\n%s", want, out)
 		}
