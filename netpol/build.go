@@ -152,6 +152,7 @@ func newBuilder(v int) *builder {
 	return &builder{v: v, t: &Table{
 		Family:   nftables.TableFamilyINet,
 		Name:     TableName,
+		Comment:  marker(v, "table/"+TableName),
 		Counters: []string{CounterDenied},
 	}}
 }
@@ -170,14 +171,14 @@ func (b *builder) set(name string, rs []addrRange) *Set {
 }
 
 func (b *builder) chain(name string, typ nftables.ChainType, hook *nftables.ChainHook, prio *nftables.ChainPriority, policy nftables.ChainPolicy) *Chain {
-	c := &Chain{Name: name, Type: typ, Hook: *hook, Priority: *prio, Policy: policy}
+	c := &Chain{Name: name, Type: typ, Hook: *hook, Priority: *prio, Policy: policy, Comment: marker(b.v, "chain/"+name)}
 	b.t.Chains = append(b.t.Chains, c)
 	return c
 }
 
 // regularChain adds a chain without a hook, entered by jumps.
 func (b *builder) regularChain(name string) *Chain {
-	c := &Chain{Name: name, regular: true}
+	c := &Chain{Name: name, regular: true, Comment: marker(b.v, "chain/"+name)}
 	b.t.Chains = append(b.t.Chains, c)
 	return c
 }

@@ -22,6 +22,8 @@ type Table struct {
 	// Flags are the kernel's table flags (dormant, owner); a generated table
 	// has none.
 	Flags uint32
+	// Comment is the table's UserData comment: the marker naming it ours.
+	Comment string
 	// Counters are the named counter objects, sorted.
 	Counters []string
 	// Objects are stateful objects that are not counters (read back only:
@@ -66,7 +68,9 @@ type Chain struct {
 	Policy   nftables.ChainPolicy
 	// Device is the interface of an ingress chain.
 	Device string
-	Rules  []*Rule
+	// Comment is the chain's UserData comment: the marker naming it ours.
+	Comment string
+	Rules   []*Rule
 	// regular marks a chain without a hook (read back only: the node writes
 	// base chains alone, and a regular chain is someone else's).
 	regular bool
