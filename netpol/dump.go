@@ -11,11 +11,12 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// Sets and rules are read from netlink here rather than through the
-// library, which (v0.3.0) drops a set's UserData, where its comment is,
-// fails a whole rule dump on the one-byte conntrack direction the kernel
-// sends for "ct original proto-dst", and silently leaves out expressions it
-// does not know, so a hand-edited rule could read as ours.
+// Tables, chains, sets and rules are read from netlink here rather than
+// through the library, which (v0.3.0) drops the UserData of tables, chains
+// and sets, where their markers are, fails a whole rule dump on the
+// one-byte conntrack direction the kernel sends for "ct original
+// proto-dst", and silently leaves out expressions it does not know, so a
+// hand-edited rule could read as ours.
 
 // dumper is a netlink connection into one namespace for nftables dumps.
 type dumper struct {

@@ -134,7 +134,7 @@ func isolated(t *Table) bool {
 	return false
 }
 
-// layouts are the layout versions marked on t's rules and sets, sorted.
+// layouts are the layout versions marked anywhere in t, sorted.
 func layouts(t *Table) []int {
 	var vs []int
 	add := func(comment string) {

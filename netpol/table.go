@@ -14,13 +14,12 @@ const TableName = "kibotos"
 const CounterDenied = "denied"
 
 // Table is a generated rule table, or one read back from a namespace: what
-// Replace writes, what Inspect compares and what String renders. Generation
-// fills every field but Flags and Rule.Handle; reading back fills them too.
+// Replace writes, what Inspect compares and what String renders. Fields
+// marked "read back only" are empty in a generated table.
 type Table struct {
 	Family nftables.TableFamily
 	Name   string
-	// Flags are the kernel's table flags (dormant, owner); a generated table
-	// has none.
+	// Flags are the kernel's table flags, dormant or owner (read back only).
 	Flags uint32
 	// Comment is the table's UserData comment: the marker naming it ours.
 	Comment string
@@ -59,7 +58,8 @@ type Set struct {
 	id uint32
 }
 
-// Chain is a base chain with its rules in order.
+// Chain is a chain with its rules in order: a base chain on a hook, or a
+// regular chain that rules jump to.
 type Chain struct {
 	Name     string
 	Type     nftables.ChainType
@@ -71,8 +71,8 @@ type Chain struct {
 	// Comment is the chain's UserData comment: the marker naming it ours.
 	Comment string
 	Rules   []*Rule
-	// regular marks a chain without a hook (read back only: the node writes
-	// base chains alone, and a regular chain is someone else's).
+	// regular marks a chain without a hook; then Type, Hook, Priority and
+	// Policy mean nothing.
 	regular bool
 }
 
