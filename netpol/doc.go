@@ -6,7 +6,11 @@
 // takeover makes before it trusts a namespace it did not just create.
 //
 // It knows nothing of consensus: callers hand it the policy and the node's
-// [network] configuration.
+// [network] configuration. It never runs nft or ip: tables and links are
+// netlink messages. Generation (Build, BuildHost) does no I/O, so a table
+// can be regenerated and compared; every table, chain, rule and set it
+// writes carries a "kibotos:v<layout>:<name>" comment, which is how Inspect
+// tells the node's objects from hand-made ones and one layout from another.
 //
 // The path of a guest packet: guest eth0 -> tap kt0 (Instance namespace,
 // where the rule table filters and DNATs DNS) -> veth ve0 / kb-<hash> (node

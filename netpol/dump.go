@@ -6,15 +6,17 @@ import (
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
+	"github.com/google/nftables/userdata"
 	"github.com/mdlayher/netlink"
 	"golang.org/x/sys/unix"
 )
 
-// Sets and rules are read from netlink here rather than through the
-// library, which (v0.3.0) drops a set's UserData, where its comment is,
-// fails a whole rule dump on the one-byte conntrack direction the kernel
-// sends for "ct original proto-dst", and silently leaves out expressions it
-// does not know, so a hand-edited rule could read as ours.
+// Tables, chains, sets and rules are read from netlink here rather than
+// through the library, which (v0.3.0) drops the UserData of tables, chains
+// and sets, where their markers are, fails a whole rule dump on the
+// one-byte conntrack direction the kernel sends for "ct original
+// proto-dst", and silently leaves out expressions it does not know, so a
+// hand-edited rule could read as ours.
 
 // dumper is a netlink connection into one namespace for nftables dumps.
 type dumper struct {
@@ -31,9 +33,15 @@ func newDumper(nsFD int) (*dumper, error) {
 
 func (d *dumper) close() { d.conn.Close() }
 
-// dump sends one nftables dump request and returns the answers' attribute
-// decoders.
-func (d *dumper) dump(msgType int, family nftables.TableFamily, attrs []netlink.Attribute) ([]*netlink.AttributeDecoder, error) {
+// answer is one message of a dump: the family from its header, and its
+// attributes.
+type answer struct {
+	family nftables.TableFamily
+	*netlink.AttributeDecoder
+}
+
+// dump sends one nftables dump request and returns the answers.
+func (d *dumper) dump(msgType int, family nftables.TableFamily, attrs []netlink.Attribute) ([]answer, error) {
 	data, err := netlink.MarshalAttributes(attrs)
 	if err != nil {
 		return nil, err
@@ -49,7 +57,7 @@ func (d *dumper) dump(msgType int, family nftables.TableFamily, attrs []netlink.
 	if err != nil {
 		return nil, err
 	}
-	var out []*netlink.AttributeDecoder
+	var out []answer
 	for _, m := range msgs {
 		if len(m.Data) < 4 {
 			continue
@@ -59,7 +67,91 @@ func (d *dumper) dump(msgType int, family nftables.TableFamily, attrs []netlink.
 			return nil, err
 		}
 		ad.ByteOrder = binary.BigEndian
-		out = append(out, ad)
+		out = append(out, answer{family: nftables.TableFamily(m.Data[0]), AttributeDecoder: ad})
+	}
+	return out, nil
+}
+
+// dumpedTable is a table as listed: enough to name it, and its marker.
+type dumpedTable struct {
+	family  nftables.TableFamily
+	name    string
+	flags   uint32
+	comment string
+}
+
+// tables lists every table of the namespace, of every family.
+func (d *dumper) tables() ([]dumpedTable, error) {
+	ads, err := d.dump(unix.NFT_MSG_GETTABLE, nftables.TableFamilyUnspecified, nil)
+	if err != nil {
+		return nil, err
+	}
+	var out []dumpedTable
+	for _, ad := range ads {
+		t := dumpedTable{family: ad.family}
+		for ad.Next() {
+			switch ad.Type() {
+			case unix.NFTA_TABLE_NAME:
+				t.name = ad.String()
+			case unix.NFTA_TABLE_FLAGS:
+				t.flags = ad.Uint32()
+			case nftaTableUserdata:
+				t.comment, _ = udataString(ad.Bytes(), userdata.TypeComment)
+			}
+		}
+		if err := ad.Err(); err != nil {
+			return nil, err
+		}
+		out = append(out, t)
+	}
+	return out, nil
+}
+
+// chains lists the chains of table family/name in order, without rules.
+func (d *dumper) chains(family nftables.TableFamily, table string) ([]*Chain, error) {
+	ads, err := d.dump(unix.NFT_MSG_GETCHAIN, family, []netlink.Attribute{strAttr(unix.NFTA_CHAIN_TABLE, table)})
+	if err != nil {
+		return nil, err
+	}
+	var out []*Chain
+	for _, ad := range ads {
+		c := &Chain{regular: true}
+		var inTable string
+		for ad.Next() {
+			switch ad.Type() {
+			case unix.NFTA_CHAIN_TABLE:
+				inTable = ad.String()
+			case unix.NFTA_CHAIN_NAME:
+				c.Name = ad.String()
+			case unix.NFTA_CHAIN_TYPE:
+				c.Type = nftables.ChainType(ad.String())
+			case unix.NFTA_CHAIN_POLICY:
+				c.Policy = nftables.ChainPolicy(ad.Uint32())
+			case nftaChainUserdata:
+				c.Comment, _ = udataString(ad.Bytes(), userdata.TypeComment)
+			case unix.NFTA_CHAIN_HOOK:
+				c.regular = false
+				ad.Nested(func(nad *netlink.AttributeDecoder) error {
+					for nad.Next() {
+						switch nad.Type() {
+						case unix.NFTA_HOOK_HOOKNUM:
+							c.Hook = nftables.ChainHook(nad.Uint32())
+						case unix.NFTA_HOOK_PRIORITY:
+							c.Priority = nftables.ChainPriority(int32(nad.Uint32()))
+						case unix.NFTA_HOOK_DEV:
+							c.Device = nad.String()
+						}
+					}
+					return nil
+				})
+			}
+		}
+		if err := ad.Err(); err != nil {
+			return nil, err
+		}
+		if inTable == table && ad.family == family {
+			out = append(out, c)
+		}
 	}
 	return out, nil
 }

@@ -138,6 +138,8 @@ func ctStatus(bits uint32) []expr.Any { return ctBits(expr.CtKeySTATUS, bits) }
 const ctDirOriginal = 0
 
 // ctOriginalDport is the destination port the connection had before NAT.
+// The library encodes the direction in 4 bytes where the kernel reads one,
+// the first: right for the original direction (0), not for the reply.
 func ctOriginalDport(p uint16) []expr.Any {
 	return []expr.Any{
 		&expr.Ct{Key: expr.CtKeyPROTODST, Register: reg1, Direction: ctDirOriginal},
@@ -147,6 +149,10 @@ func ctOriginalDport(p uint16) []expr.Any {
 
 func countDenied() []expr.Any {
 	return []expr.Any{&expr.Objref{Type: int(nftables.ObjTypeCounter), Name: CounterDenied}}
+}
+
+func jump(chain string) []expr.Any {
+	return []expr.Any{&expr.Verdict{Kind: expr.VerdictJump, Chain: chain}}
 }
 
 func accept() []expr.Any { return []expr.Any{&expr.Verdict{Kind: expr.VerdictAccept}} }

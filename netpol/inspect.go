@@ -82,8 +82,8 @@ func classify(want *Table, nt namespaceTables) Finding {
 	var f Finding
 	name := familyName(want.Family) + " " + want.Name
 	for _, t := range nt.all {
-		if t.Family != want.Family || t.Name != want.Name {
-			f.reason("table %s %s is not the node's", familyName(t.Family), t.Name)
+		if t.family != want.Family || t.name != want.Name {
+			f.reason("table %s %s is not the node's", familyName(t.family), t.name)
 		}
 	}
 	got := nt.ours
@@ -100,6 +100,9 @@ func classify(want *Table, nt namespaceTables) Finding {
 	if v := newestLayout(got); v > layoutVersion {
 		f.reason("cannot enforce: table %s was written by layout v%d, this build knows layouts up to v%d", name, v, layoutVersion)
 		return f.done()
+	}
+	if _, n, ok := parseMarker(got.Comment); !ok || n != "table/"+got.Name {
+		f.reason("table %s was not made by the node (no kibotos marker)", name)
 	}
 	if got.Flags != 0 {
 		f.diff("table %s has flags %s", name, tableFlags(got.Flags))
@@ -118,6 +121,9 @@ func classify(want *Table, nt namespaceTables) Finding {
 
 // isolated says whether t is the table Isolate writes.
 func isolated(t *Table) bool {
+	if _, name, ok := parseMarker(t.Comment); ok && strings.HasPrefix(name, isolateMarker) {
+		return true
+	}
 	for _, c := range t.Chains {
 		for _, r := range c.Rules {
 			if _, name, ok := parseMarker(r.Comment); ok && strings.HasPrefix(name, isolateMarker) {
@@ -128,7 +134,7 @@ func isolated(t *Table) bool {
 	return false
 }
 
-// layouts are the layout versions marked on t's rules and sets, sorted.
+// layouts are the layout versions marked anywhere in t, sorted.
 func layouts(t *Table) []int {
 	var vs []int
 	add := func(comment string) {
@@ -136,10 +142,12 @@ func layouts(t *Table) []int {
 			vs = append(vs, v)
 		}
 	}
+	add(t.Comment)
 	for _, s := range t.Sets {
 		add(s.Comment)
 	}
 	for _, c := range t.Chains {
+		add(c.Comment)
 		for _, r := range c.Rules {
 			add(r.Comment)
 		}
@@ -233,27 +241,26 @@ func rangeDiff(want, got []addrRange) (missing, unexpected []string) {
 	return missing, unexpected
 }
 
-// compareChains: chains carry no marker (the library cannot write chain
-// comments), so a chain is the node's when it is in the layout or all its
-// rules are marked; a rule is the node's when it is marked.
+// compareChains: a chain or rule is the node's when it carries our marker.
 func compareChains(f *Finding, want, got *Table, perItemVersions bool) {
 	for _, g := range got.Chains {
-		marked := 0
 		for _, r := range g.Rules {
-			if _, _, ok := parseMarker(r.Comment); ok && r.UserData == nil && r.undecoded == nil {
-				marked++
-				continue
+			if !ours(r) {
+				f.reason("chain %s: rule handle %d was added by hand: %s", g.Name, r.Handle, r)
 			}
-			f.reason("chain %s: rule handle %d was added by hand: %s", g.Name, r.Handle, r)
 		}
+		v, name, ok := parseMarker(g.Comment)
 		w := want.chain(g.Name)
 		switch {
-		case w == nil && marked == 0:
-			f.reason("chain %s was added by hand", g.Name)
+		case !ok || name != "chain/"+g.Name:
+			f.reason("chain %s was added by hand (no kibotos marker)", g.Name)
 			continue
 		case w == nil:
 			f.diff("chain %s is not in layout v%d", g.Name, layoutVersion)
 			continue
+		}
+		if perItemVersions && v != layoutVersion {
+			f.diff("chain %s was written by layout v%d", g.Name, v)
 		}
 		if gh, wh := g.header(), w.header(); gh != wh {
 			f.diff("chain %s: %q, layout v%d has %q", g.Name, gh, layoutVersion, wh)
@@ -267,6 +274,12 @@ func compareChains(f *Finding, want, got *Table, perItemVersions bool) {
 	}
 }
 
+// ours says whether a rule carries our marker and nothing we did not write.
+func ours(r *Rule) bool {
+	_, _, ok := parseMarker(r.Comment)
+	return ok && r.UserData == nil && r.undecoded == nil
+}
+
 // markedRule is a rule of ours, named by its marker.
 type markedRule struct {
 	version int
@@ -277,7 +290,7 @@ type markedRule struct {
 func markedRules(c *Chain) []markedRule {
 	var out []markedRule
 	for _, r := range c.Rules {
-		if v, name, ok := parseMarker(r.Comment); ok && r.UserData == nil && r.undecoded == nil {
+		if v, name, ok := parseMarker(r.Comment); ok && ours(r) {
 			out = append(out, markedRule{version: v, name: name, stmts: renderExprs(r.Exprs)})
 		}
 	}

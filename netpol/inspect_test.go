@@ -99,7 +99,16 @@ func TestInspectIsolateCases(t *testing.T) {
 		}, []string{`accept comment "debugging"`}},
 		{"hand-added chain", func(t *testing.T, ns int) {
 			nsRun(t, ns, "nft", "add", "chain", "inet", "kibotos", "sneaky", "{ type filter hook forward priority -10; policy accept; }")
-		}, []string{"chain sneaky was added by hand"}},
+		}, []string{"chain sneaky was added by hand (no kibotos marker)"}},
+		{"hand-added chain with forged rule markers", func(t *testing.T, ns int) {
+			nsRun(t, ns, "nft", "add", "chain", "inet", "kibotos", "forged")
+			nsRun(t, ns, "nft", "add", "rule", "inet", "kibotos", "forged", "accept", "comment", `"kibotos:v1:forged/x"`)
+			nsRun(t, ns, "nft", "insert", "rule", "inet", "kibotos", "forward", "jump", "forged", "comment", `"kibotos:v1:forward/x"`)
+		}, []string{"chain forged was added by hand (no kibotos marker)"}},
+		{"table made by hand under our name", func(t *testing.T, ns int) {
+			nsRun(t, ns, "nft", "delete", "table", "inet", "kibotos")
+			nsRun(t, ns, "nft", "add", "table", "inet", "kibotos")
+		}, []string{"table inet kibotos was not made by the node (no kibotos marker)", "set host_v4 is missing"}},
 		{"element added", func(t *testing.T, ns int) {
 			nsRun(t, ns, "nft", "add", "element", "inet", "kibotos", "pools_v4", "{ 192.168.5.0/24 }")
 		}, []string{"set pools_v4 does not match the spec: unexpected 192.168.5.0/24"}},
@@ -142,7 +151,7 @@ func TestInspectSpecChanged(t *testing.T) {
 	moved = spec
 	moved.Resolver = netip.MustParseAddrPort("10.10.0.54:53")
 	f := inspect(t, ns, moved)
-	expect(t, f, VerdictRewrite, "chain prerouting: rule prerouting/dns-udp is", "chain forward: rule forward/dns-tcp is")
+	expect(t, f, VerdictRewrite, "chain prerouting: rule prerouting/dns-udp is", "chain guest-forward: rule guest-forward/dns is")
 	tbl, err := Build(moved)
 	if err != nil {
 		t.Fatal(err)
@@ -153,7 +162,7 @@ func TestInspectSpecChanged(t *testing.T) {
 	expect(t, inspect(t, ns, moved), VerdictMatch)
 
 	moved.Egress = EgressNone
-	expect(t, inspect(t, ns, moved), VerdictRewrite, "chain forward: rule forward/egress-public is not in layout v1")
+	expect(t, inspect(t, ns, moved), VerdictRewrite, "chain guest-forward: rule guest-forward/egress-public is not in layout v1")
 }
 
 // An older layout (stood for by version 0 and a rule it did not have yet)
@@ -211,7 +220,7 @@ func TestClassify(t *testing.T) {
 			t.Fatal(err)
 		}
 		change(g)
-		return namespaceTables{all: []*nftables.Table{{Family: g.Family, Name: g.Name}}, ours: g}
+		return namespaceTables{all: []dumpedTable{{family: g.Family, name: g.Name}}, ours: g}
 	}
 	expect(t, classify(want, got(func(*Table) {})), VerdictMatch)
 	expect(t, classify(want, got(func(g *Table) { g.Flags = 1 })), VerdictRewrite, "has flags dormant")
@@ -230,8 +239,12 @@ func TestClassify(t *testing.T) {
 		g.chain(chainInput).Rules[0].UserData = []byte{0, 200, 1}
 	})), VerdictIsolate, "chain input: rule handle 0 was added by hand")
 	expect(t, classify(want, got(func(g *Table) {
-		g.Chains = append(g.Chains, &Chain{Name: "old", regular: true, Rules: []*Rule{{Comment: marker(0, "old/x"), Exprs: accept()}}})
+		g.Chains = append(g.Chains, &Chain{Name: "old", regular: true, Comment: marker(0, "chain/old"), Rules: []*Rule{{Comment: marker(0, "old/x"), Exprs: accept()}}})
 	})), VerdictRewrite, "chain old is not in layout v1")
+	expect(t, classify(want, got(func(g *Table) {
+		g.Chains = append(g.Chains, &Chain{Name: "forged", regular: true, Rules: []*Rule{{Comment: marker(1, "forged/x"), Exprs: accept()}}})
+	})), VerdictIsolate, "chain forged was added by hand")
+	expect(t, classify(want, got(func(g *Table) { g.Comment = "" })), VerdictIsolate, "table inet kibotos was not made by the node")
 	expect(t, classify(want, got(func(g *Table) { g.Counters = nil })), VerdictRewrite, "counter denied is missing")
 	expect(t, classify(want, got(func(g *Table) { g.Sets = g.Sets[1:] })), VerdictIsolate, "set host_v4 is missing")
 	expect(t, classify(want, got(func(g *Table) {
@@ -245,7 +258,7 @@ func TestRuleCommentMalformed(t *testing.T) {
 			t.Errorf("ruleComment(%v) = %q, only", ud, c)
 		}
 	}
-	if c, only := ruleComment(ruleUserData("kibotos:v1:x/y")); !only || c != "kibotos:v1:x/y" {
+	if c, only := ruleComment(commentUserData("kibotos:v1:x/y")); !only || c != "kibotos:v1:x/y" {
 		t.Errorf("round trip = %q %v", c, only)
 	}
 	for _, bad := range []string{"kibotos:v:x", "kibotos:v01:x", "kibotos:v1:", "kibotos:v-1:x", "other"} {

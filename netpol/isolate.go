@@ -1,6 +1,7 @@
 package netpol
 
 import (
+	"context"
 	"errors"
 	"fmt"
 
@@ -23,30 +24,34 @@ func Isolate(nsFD int) error {
 	if err != nil {
 		return fmt.Errorf("netpol: namespace fd %d: isolate: %w", nsFD, err)
 	}
-	c, err := nftables.New(nftables.WithNetNSFd(nsFD), nftables.AsLasting())
+	d, err := newDumper(nsFD)
 	if err != nil {
 		return fmt.Errorf("netpol: namespace fd %d: isolate: %w", nsFD, err)
 	}
-	defer c.CloseLasting()
-	tables, err := c.ListTables()
+	tables, err := d.tables()
+	d.close()
 	if err != nil {
 		return fmt.Errorf("netpol: namespace fd %d: isolate: list tables: %w", nsFD, err)
 	}
 	t := isolationTable(devices)
+	var x txn
 	for _, ft := range tables {
-		if ft.Family != t.Family || ft.Name != t.Name {
-			c.DelTable(ft)
+		if ft.family != t.Family || ft.name != t.Name {
+			if err := x.delTable(ft.family, ft.name); err != nil {
+				return fmt.Errorf("netpol: namespace fd %d: isolate: %w", nsFD, err)
+			}
 		}
 	}
 	// A table added after the listing survives, but cannot accept what
 	// our chains drop: a drop in any table is final.
-	nt := &nftables.Table{Family: t.Family, Name: t.Name}
-	c.AddTable(nt)
-	c.DelTable(nt)
-	if err := t.addTo(c); err != nil {
+	err = x.dropTable(t.Family, t.Name)
+	if err == nil {
+		err = x.addTable(t)
+	}
+	if err != nil {
 		return fmt.Errorf("netpol: namespace fd %d: isolate: %w", nsFD, err)
 	}
-	if err := c.Flush(); err != nil {
+	if err := x.commit(context.Background(), nsFD); err != nil {
 		return fmt.Errorf("netpol: namespace fd %d: isolate (tables unchanged): %w", nsFD, err)
 	}
 	return nil
@@ -58,8 +63,9 @@ func Isolate(nsFD int) error {
 func isolationTable(devices []string) *Table {
 	b := newBuilder(layoutVersion)
 	b.t.Counters = nil
+	b.t.Comment = marker(b.v, isolateMarker+"table")
 	add := func(name string, hook nftables.ChainHook, device string) {
-		c := &Chain{Name: name, Type: nftables.ChainTypeFilter, Hook: hook,
+		c := &Chain{Name: name, Type: nftables.ChainTypeFilter, Hook: hook, Comment: marker(b.v, isolateMarker+name),
 			Priority: *nftables.ChainPriorityFilter, Policy: nftables.ChainPolicyDrop, Device: device}
 		b.t.Chains = append(b.t.Chains, c)
 		// The rule repeats the policy; it is there to carry the marker.

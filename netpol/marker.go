@@ -42,12 +42,6 @@ func parseMarker(comment string) (version int, name string, ok bool) {
 	return v, name, true
 }
 
-// ruleUserData encodes a comment the way nft does, so `nft list ruleset`
-// shows our markers as comments.
-func ruleUserData(comment string) []byte {
-	return userdata.AppendString(nil, userdata.TypeComment, comment)
-}
-
 // ruleComment decodes a rule's UserData: the comment, and whether the
 // UserData holds exactly that comment and nothing else.
 func ruleComment(ud []byte) (comment string, only bool) {
@@ -59,7 +53,7 @@ func ruleComment(ud []byte) (comment string, only bool) {
 	if !found {
 		return "", len(recs) == 0
 	}
-	return comment, len(recs) == 1 && string(ruleUserData(comment)) == string(ud)
+	return comment, len(recs) == 1 && string(commentUserData(comment)) == string(ud)
 }
 
 // udataRecord is one type-length-value record of nft's UserData.

@@ -92,25 +92,6 @@ func (r addrRange) String() string {
 	return addr4(r.from).String() + "-" + addr4(r.to).String()
 }
 
-// prefixes splits r into the fewest prefixes covering it.
-func (r addrRange) prefixes() []netip.Prefix {
-	var out []netip.Prefix
-	from := uint64(r.from)
-	for from <= uint64(r.to) {
-		// the largest block aligned at from that stays inside r
-		hostBits := 32
-		if from != 0 {
-			hostBits = bits.TrailingZeros64(from)
-		}
-		for hostBits > 0 && from+(1<<hostBits)-1 > uint64(r.to) {
-			hostBits--
-		}
-		out = append(out, netip.PrefixFrom(addr4(uint32(from)), 32-hostBits))
-		from += 1 << hostBits
-	}
-	return out
-}
-
 // setElements encodes ranges as the kernel's interval elements: a start
 // element and an end element one past the range, which is left out when the
 // range runs to 255.255.255.255 (nft does the same).

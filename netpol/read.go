@@ -12,33 +12,36 @@ import (
 // namespaceTables is what a namespace holds: every table's family and name,
 // and the node's own table read whole (nil when there is none).
 type namespaceTables struct {
-	all  []*nftables.Table
+	all  []dumpedTable
 	ours *Table
 }
 
-// readNamespace reads the namespace's tables and, in full, the table
-// family/name.
+// readNamespace lists the namespace's tables and reads the table
+// family/name in full.
 func readNamespace(nsFD int, family nftables.TableFamily, name string) (namespaceTables, error) {
 	var nt namespaceTables
+	d, err := newDumper(nsFD)
+	if err != nil {
+		return nt, err
+	}
+	defer d.close()
+	if nt.all, err = d.tables(); err != nil {
+		return nt, fmt.Errorf("list tables: %w", err)
+	}
+	i := slices.IndexFunc(nt.all, func(t dumpedTable) bool { return t.family == family && t.name == name })
+	if i < 0 {
+		return nt, nil
+	}
+	t := &Table{Family: family, Name: name, Flags: nt.all[i].flags, Comment: nt.all[i].comment}
+	kt := &nftables.Table{Family: family, Name: name}
+
+	// Objects and set elements are read by the library, which decodes them
+	// right.
 	c, err := nftables.New(nftables.WithNetNSFd(nsFD), nftables.AsLasting())
 	if err != nil {
 		return nt, err
 	}
 	defer c.CloseLasting()
-	if nt.all, err = c.ListTables(); err != nil {
-		return nt, fmt.Errorf("list tables: %w", err)
-	}
-	var kt *nftables.Table
-	for _, t := range nt.all {
-		if t.Family == family && t.Name == name {
-			kt = t
-		}
-	}
-	if kt == nil {
-		return nt, nil
-	}
-	t := &Table{Family: kt.Family, Name: kt.Name, Flags: kt.Flags}
-
 	objs, err := c.GetNamedObjects(kt)
 	if err != nil {
 		return nt, fmt.Errorf("table %s: list objects: %w", name, err)
@@ -55,11 +58,6 @@ func readNamespace(nsFD int, family nftables.TableFamily, name string) (namespac
 	slices.Sort(t.Counters)
 	slices.SortFunc(t.Objects, func(a, b Object) int { return cmp.Or(cmp.Compare(a.Name, b.Name), cmp.Compare(a.Type, b.Type)) })
 
-	d, err := newDumper(nsFD)
-	if err != nil {
-		return nt, err
-	}
-	defer d.close()
 	if t.Sets, err = d.sets(kt); err != nil {
 		return nt, fmt.Errorf("table %s: list sets: %w", name, err)
 	}
@@ -81,28 +79,13 @@ func readNamespace(nsFD int, family nftables.TableFamily, name string) (namespac
 		}
 	}
 
-	chains, err := c.ListChainsOfTableFamily(family)
-	if err != nil {
+	if t.Chains, err = d.chains(family, name); err != nil {
 		return nt, fmt.Errorf("table %s: list chains: %w", name, err)
 	}
-	for _, ch := range chains {
-		if ch.Table == nil || ch.Table.Name != name {
-			continue
-		}
-		rc := &Chain{Name: ch.Name, Type: ch.Type, regular: ch.Hooknum == nil}
-		if ch.Hooknum != nil {
-			rc.Hook = *ch.Hooknum
-		}
-		if ch.Priority != nil {
-			rc.Priority = *ch.Priority
-		}
-		if ch.Policy != nil {
-			rc.Policy = *ch.Policy
-		}
-		if rc.Rules, err = d.rules(kt, ch.Name); err != nil {
+	for _, ch := range t.Chains {
+		if ch.Rules, err = d.rules(kt, ch.Name); err != nil {
 			return nt, fmt.Errorf("table %s: chain %s: list rules: %w", name, ch.Name, err)
 		}
-		t.Chains = append(t.Chains, rc)
 	}
 	nt.ours = t
 	return nt, nil

@@ -21,6 +21,9 @@ import (
 func (t *Table) String() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "table %s %s {\n", familyName(t.Family), t.Name)
+	if t.Comment != "" {
+		fmt.Fprintf(&b, "\tcomment %q\n", t.Comment)
+	}
 	if t.Flags != 0 {
 		fmt.Fprintf(&b, "\tflags %s\n", tableFlags(t.Flags))
 	}
@@ -31,7 +34,7 @@ func (t *Table) String() string {
 		fmt.Fprintf(&b, "\t%s %s {\n\t}\n", objTypeName(o.Type), o.Name)
 	}
 	// a blank line between blocks, as nft prints them
-	sep := len(t.Counters)+len(t.Objects) > 0
+	sep := t.Comment != "" || len(t.Counters)+len(t.Objects) > 0
 	for _, s := range t.Sets {
 		if sep {
 			b.WriteString("\n")
@@ -75,6 +78,9 @@ func (c *Chain) render(b *strings.Builder) {
 	fmt.Fprintf(b, "\tchain %s {\n", c.Name)
 	if h := c.header(); h != "" {
 		fmt.Fprintf(b, "\t\t%s\n", h)
+	}
+	if c.Comment != "" {
+		fmt.Fprintf(b, "\t\tcomment %q\n", c.Comment)
 	}
 	for _, r := range c.Rules {
 		fmt.Fprintf(b, "\t\t%s\n", r)

@@ -3,87 +3,25 @@ package netpol
 import (
 	"context"
 	"fmt"
-
-	"github.com/google/nftables"
-	"github.com/google/nftables/expr"
-	"github.com/mdlayher/netlink"
-	"golang.org/x/sys/unix"
 )
 
 // Replace puts t in place of the namespace's table of the same name in one
-// netlink batch: the old table's deletion and the new table's creation
+// transaction: the old table's deletion and the new table's creation
 // commit together or not at all, so no packet ever meets a namespace
 // without rules, and a batch the kernel refuses leaves the old table as it
 // was. Conntrack entries are not part of a table, so established
 // connections survive. Counters start again from zero.
 func Replace(ctx context.Context, nsFD int, t *Table) error {
-	c, err := dial(ctx, nsFD)
+	var x txn
+	err := x.dropTable(t.Family, t.Name)
+	if err == nil {
+		err = x.addTable(t)
+	}
 	if err != nil {
 		return fmt.Errorf("netpol: namespace fd %d: replace table %s: %w", nsFD, t.Name, err)
 	}
-	nt := &nftables.Table{Family: t.Family, Name: t.Name}
-	// Adding the table first makes the delete valid when there is none
-	// yet; adding an existing table is no change.
-	c.AddTable(nt)
-	c.DelTable(nt)
-	if err := t.addTo(c); err != nil {
-		return fmt.Errorf("netpol: namespace fd %d: replace table %s: %w", nsFD, t.Name, err)
-	}
-	if err := c.Flush(); err != nil {
+	if err := x.commit(ctx, nsFD); err != nil {
 		return fmt.Errorf("netpol: namespace fd %d: replace table %s (old table kept): %w", nsFD, t.Name, err)
-	}
-	return nil
-}
-
-// dial opens an nftables connection into the namespace whose socket gives
-// up at ctx's deadline.
-func dial(ctx context.Context, nsFD int) (*nftables.Conn, error) {
-	if err := ctx.Err(); err != nil {
-		return nil, err
-	}
-	opts := []nftables.ConnOption{nftables.WithNetNSFd(nsFD)}
-	if dl, ok := ctx.Deadline(); ok {
-		opts = append(opts, nftables.WithSockOptions(func(nc *netlink.Conn) error { return nc.SetDeadline(dl) }))
-	}
-	return nftables.New(opts...)
-}
-
-// addTo queues the creation of t and everything in it on c.
-func (t *Table) addTo(c *nftables.Conn) error {
-	nt := c.AddTable(&nftables.Table{Family: t.Family, Name: t.Name})
-	for _, name := range t.Counters {
-		c.AddObj(&nftables.NamedObj{Table: nt, Name: name, Type: nftables.ObjTypeCounter, Obj: &expr.Counter{}})
-	}
-	for i, s := range t.Sets {
-		if s.Flags&^unix.NFT_SET_INTERVAL != 0 {
-			return fmt.Errorf("set %s: flags %s: only interval sets are written", s.Name, setFlags(s.Flags))
-		}
-		ns := &nftables.Set{
-			Table:    nt,
-			Name:     s.Name,
-			ID:       uint32(i + 1), // Build numbers its sets the same way for its lookups
-			KeyType:  s.KeyType,
-			Interval: s.Flags&unix.NFT_SET_INTERVAL != 0,
-			Comment:  s.Comment,
-		}
-		if err := c.AddSet(ns, setElements(s.Ranges)); err != nil {
-			return fmt.Errorf("set %s: %w", s.Name, err)
-		}
-	}
-	for _, ch := range t.Chains {
-		nc := &nftables.Chain{Name: ch.Name, Table: nt}
-		if !ch.regular {
-			hook, prio, policy := ch.Hook, ch.Priority, ch.Policy
-			nc.Type, nc.Hooknum, nc.Priority, nc.Policy, nc.Device = ch.Type, &hook, &prio, &policy, ch.Device
-		}
-		c.AddChain(nc)
-		for _, r := range ch.Rules {
-			ud := r.UserData
-			if ud == nil && r.Comment != "" {
-				ud = ruleUserData(r.Comment)
-			}
-			c.AddRule(&nftables.Rule{Table: nt, Chain: nc, Exprs: r.Exprs, UserData: ud})
-		}
 	}
 	return nil
 }

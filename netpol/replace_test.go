@@ -47,7 +47,8 @@ func TestReplaceTwiceAndReadBack(t *testing.T) {
 	if n := strings.Count(out, "table "); n != 1 {
 		t.Errorf("nft lists %d tables after two replaces:\n%s", n, out)
 	}
-	for _, want := range []string{`comment "kibotos:v1:forward/blocked-management"`, `comment "kibotos:v1:set/management_v4"`, "counter denied"} {
+	for _, want := range []string{`comment "kibotos:v1:guest-forward/blocked-management"`, `comment "kibotos:v1:set/management_v4"`,
+		`comment "kibotos:v1:table/kibotos"`, `comment "kibotos:v1:chain/forward"`, "counter denied"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("nft list ruleset lacks %s:\n%s", want, out)
 		}
@@ -72,8 +73,11 @@ func TestReplaceFailedBatchKeepsOldTable(t *testing.T) {
 	fwd.Rules = append(fwd.Rules, &Rule{Comment: marker(layoutVersion, "forward/bad"), Exprs: seq(
 		ipDaddrIn(&Set{Name: "no_such_set"}), drop())})
 	err = Replace(context.Background(), ns, bad)
-	if err == nil || !strings.Contains(err.Error(), "old table kept") {
-		t.Fatalf("Replace with a rule on a missing set = %v, want a refused batch", err)
+	if err == nil || !strings.Contains(err.Error(), "old table kept") || !strings.Contains(err.Error(), "rule forward/bad: no such file or directory") {
+		t.Fatalf("Replace with a rule on a missing set = %v, want a refused batch naming the rule", err)
+	}
+	if strings.Contains(err.Error(), "\n") {
+		t.Errorf("error is not one line: %q", err)
 	}
 	if got := readOurs(t, ns); got.String() != old.String() {
 		t.Fatalf("after a refused batch the table changed:\n%s", lineDiff(old.String(), got.String()))

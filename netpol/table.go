@@ -14,14 +14,15 @@ const TableName = "kibotos"
 const CounterDenied = "denied"
 
 // Table is a generated rule table, or one read back from a namespace: what
-// Replace writes, what Inspect compares and what String renders. Generation
-// fills every field but Flags and Rule.Handle; reading back fills them too.
+// Replace writes, what Inspect compares and what String renders. Fields
+// marked "read back only" are empty in a generated table.
 type Table struct {
 	Family nftables.TableFamily
 	Name   string
-	// Flags are the kernel's table flags (dormant, owner); a generated table
-	// has none.
+	// Flags are the kernel's table flags, dormant or owner (read back only).
 	Flags uint32
+	// Comment is the table's UserData comment: the marker naming it ours.
+	Comment string
 	// Counters are the named counter objects, sorted.
 	Counters []string
 	// Objects are stateful objects that are not counters (read back only:
@@ -57,7 +58,8 @@ type Set struct {
 	id uint32
 }
 
-// Chain is a base chain with its rules in order.
+// Chain is a chain with its rules in order: a base chain on a hook, or a
+// regular chain that rules jump to.
 type Chain struct {
 	Name     string
 	Type     nftables.ChainType
@@ -66,9 +68,11 @@ type Chain struct {
 	Policy   nftables.ChainPolicy
 	// Device is the interface of an ingress chain.
 	Device string
-	Rules  []*Rule
-	// regular marks a chain without a hook (read back only: the node writes
-	// base chains alone, and a regular chain is someone else's).
+	// Comment is the chain's UserData comment: the marker naming it ours.
+	Comment string
+	Rules   []*Rule
+	// regular marks a chain without a hook; then Type, Hook, Priority and
+	// Policy mean nothing.
 	regular bool
 }
 

@@ -1,0 +1,398 @@
+package netpol
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// Traffic through real namespaces in a line, as on a node:
+//
+//	guest ──eth0|kt0── instance ──ve0|kb-test── node ──up0|eth0── world
+//
+// The instance namespace holds the Instance table, the node namespace the
+// node's table; world has the public, management, denied and not-allowed
+// addresses and a resolver in the management range.
+
+const (
+	worldPublic     = "198.51.100.10"
+	worldManagement = "198.51.100.20" // also the resolver
+	worldDenied     = "198.51.100.30"
+	worldNotAllowed = "203.0.113.5"
+	nodeUplink      = "198.51.100.1"
+	echoPort        = "8080"
+	proxyPort       = 15001
+
+	// a denied connect is a dropped SYN: the dial times out
+	deniedDialTimeout = 500 * time.Millisecond
+)
+
+type lineNet struct {
+	guest, instance, node, world int
+	spec                         TableSpec
+}
+
+func newLineNet(t *testing.T) *lineNet {
+	t.Helper()
+	n := &lineNet{guest: testNetns(t), instance: testNetns(t), node: testNetns(t), world: testNetns(t)}
+	g, i, nd, w := links(t, n.guest), links(t, n.instance), links(t, n.node), links(t, n.world)
+	i.veth(TapName, g, "eth0")
+	i.veth(VethName, nd, NodeVethPrefix+"test")
+	nd.veth("up0", w, "eth0")
+
+	g.addr("eth0", "10.240.0.2/24")
+	g.route("default", "10.240.0.1")
+	i.addr(TapName, "10.240.0.1/24")
+	i.addr(VethName, "172.31.0.1/30")
+	i.route("default", "172.31.0.2")
+	i.forwarding()
+	nd.addr(NodeVethPrefix+"test", "172.31.0.2/30")
+	nd.addr("up0", nodeUplink+"/24")
+	nd.route("10.240.0.0/24", "172.31.0.1")
+	nd.route("203.0.113.0/24", "198.51.100.2")
+	nd.forwarding()
+	w.addr("eth0", "198.51.100.2/24")
+	for _, a := range []string{worldPublic, worldManagement, worldDenied, worldNotAllowed} {
+		w.addr("eth0", a+"/32")
+	}
+	// world answers the node's address only: masquerading is tested by
+	// world having no route back to the guests
+
+	n.spec = TableSpec{
+		Guest:      netip.MustParseAddr("10.240.0.2"),
+		Egress:     EgressPublic,
+		Resolver:   netip.MustParseAddrPort(worldManagement + ":53"),
+		HostAddrs:  pfx(nodeUplink+"/32", "172.31.0.2/32"),
+		Management: pfx(worldManagement + "/32"),
+		Pools:      pfx("10.240.0.0/24"),
+		Allow:      pfx("198.51.100.0/24"),
+		Deny:       pfx(worldDenied + "/32"),
+	}
+	host, err := BuildHost(HostSpec{
+		Pools:       pfx("10.240.0.0/24"),
+		Management:  pfx(worldManagement + "/32"),
+		UplinkIface: "up0",
+		Resolvers:   []netip.AddrPort{n.spec.Resolver},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ReplaceHost(context.Background(), n.node, host); err != nil {
+		t.Fatal(err)
+	}
+	serveEcho(t, n.world, "0.0.0.0:"+echoPort)
+	serveEcho(t, n.node, "0.0.0.0:"+echoPort)
+	serveUDPEcho(t, n.world, worldManagement+":53")
+	return n
+}
+
+func (n *lineNet) replace(t *testing.T, spec TableSpec) {
+	t.Helper()
+	tbl, err := Build(spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := Replace(context.Background(), n.instance, tbl); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// serveEcho listens in the namespace; each connection first gets the
+// address its peer is seen from, then an echo of what it sends.
+func serveEcho(t *testing.T, nsFD int, addr string) {
+	t.Helper()
+	var ln net.Listener
+	if err := inNetns(nsFD, func() (err error) {
+		ln, err = net.Listen("tcp4", addr)
+		return err
+	}); err != nil {
+		t.Fatalf("listen %s: %v", addr, err)
+	}
+	// Cleanup closes the server's ends too: a connection cut by Isolate
+	// never brings the client's close to them.
+	var (
+		wg    sync.WaitGroup
+		mu    sync.Mutex
+		conns []net.Conn
+	)
+	t.Cleanup(func() {
+		ln.Close()
+		mu.Lock()
+		for _, c := range conns {
+			c.Close()
+		}
+		mu.Unlock()
+		wg.Wait()
+	})
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns = append(conns, c)
+			mu.Unlock()
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				defer c.Close()
+				peer, _ := netip.ParseAddrPort(c.RemoteAddr().String())
+				fmt.Fprintf(c, "%s\n", peer.Addr())
+				r := bufio.NewReader(c)
+				for {
+					line, err := r.ReadString('\n')
+					if err != nil {
+						return
+					}
+					if _, err := c.Write([]byte(line)); err != nil {
+						return
+					}
+				}
+			}()
+		}
+	}()
+}
+
+func serveUDPEcho(t *testing.T, nsFD int, addr string) {
+	t.Helper()
+	var pc net.PacketConn
+	if err := inNetns(nsFD, func() (err error) {
+		pc, err = net.ListenPacket("udp4", addr)
+		return err
+	}); err != nil {
+		t.Fatalf("listen udp %s: %v", addr, err)
+	}
+	done := make(chan struct{})
+	t.Cleanup(func() { pc.Close(); <-done })
+	go func() {
+		defer close(done)
+		buf := make([]byte, 512)
+		for {
+			n, from, err := pc.ReadFrom(buf)
+			if err != nil {
+				return
+			}
+			pc.WriteTo(buf[:n], from)
+		}
+	}()
+}
+
+// conn is a guest's TCP connection to an echo server.
+type conn struct {
+	c net.Conn
+	r *bufio.Reader
+	// seenAs is the address the server saw the guest as.
+	seenAs string
+}
+
+func (n *lineNet) dial(addr string, timeout time.Duration) (*conn, error) {
+	var c net.Conn
+	if err := inNetns(n.guest, func() (err error) {
+		c, err = net.DialTimeout("tcp4", addr, timeout)
+		return err
+	}); err != nil {
+		return nil, err
+	}
+	gc := &conn{c: c, r: bufio.NewReader(c)}
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	seen, err := gc.r.ReadString('\n')
+	if err != nil {
+		c.Close()
+		return nil, fmt.Errorf("read greeting: %w", err)
+	}
+	gc.seenAs = strings.TrimSpace(seen)
+	return gc, nil
+}
+
+// echo sends a line and reads it back within timeout.
+func (c *conn) echo(msg string, timeout time.Duration) error {
+	c.c.SetDeadline(time.Now().Add(timeout))
+	if _, err := fmt.Fprintf(c.c, "%s\n", msg); err != nil {
+		return err
+	}
+	got, err := c.r.ReadString('\n')
+	if err != nil {
+		return err
+	}
+	if strings.TrimSpace(got) != msg {
+		return fmt.Errorf("echo %q, sent %q", got, msg)
+	}
+	return nil
+}
+
+// mustReach waits until the guest connects to addr and the echo works.
+func (n *lineNet) mustReach(t *testing.T, addr string) *conn {
+	t.Helper()
+	var c *conn
+	waitFor(t, "guest connects to "+addr, 10*time.Second, func() (err error) {
+		if c, err = n.dial(addr, 2*time.Second); err != nil {
+			return err
+		}
+		if err = c.echo("hello", 2*time.Second); err != nil {
+			c.c.Close()
+		}
+		return err
+	})
+	t.Cleanup(func() { c.c.Close() })
+	return c
+}
+
+// mustNotReach checks that connects to addrs time out (dropped, not
+// refused), all at once to spend one timeout.
+func (n *lineNet) mustNotReach(t *testing.T, addrs ...string) {
+	t.Helper()
+	errs := make([]error, len(addrs))
+	var wg sync.WaitGroup
+	for i, a := range addrs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c, err := n.dial(a, deniedDialTimeout)
+			if err == nil {
+				c.c.Close()
+				errs[i] = fmt.Errorf("guest connected to %s (seen as %s)", a, c.seenAs)
+				return
+			}
+			if ne := net.Error(nil); !errors.As(err, &ne) || !ne.Timeout() {
+				errs[i] = fmt.Errorf("connect to %s: %v, want a timeout (a dropped SYN)", a, err)
+			}
+		}()
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// mustResolve sends a DNS-port datagram to a public address and expects the
+// resolver's answer back from that address.
+func (n *lineNet) mustResolve(t *testing.T) {
+	t.Helper()
+	var uc net.Conn
+	if err := inNetns(n.guest, func() (err error) {
+		uc, err = net.Dial("udp4", "192.0.2.99:53")
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer uc.Close()
+	buf := make([]byte, 64)
+	waitFor(t, "guest DNS reaches the resolver", 10*time.Second, func() error {
+		uc.SetDeadline(time.Now().Add(200 * time.Millisecond))
+		if _, err := uc.Write([]byte("query")); err != nil {
+			return err
+		}
+		k, err := uc.Read(buf)
+		if err != nil {
+			return err
+		}
+		if string(buf[:k]) != "query" {
+			return fmt.Errorf("answer %q", buf[:k])
+		}
+		return nil
+	})
+}
+
+func denied(t *testing.T, ns int) uint64 {
+	t.Helper()
+	p, _, err := DeniedCount(ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func TestTrafficEgress(t *testing.T) {
+	n := newLineNet(t)
+	addr := func(a string) string { return a + ":" + echoPort }
+
+	none := n.spec
+	none.Egress = EgressNone
+	n.replace(t, none)
+	n.mustNotReach(t, addr(worldPublic))
+	// DNS works without egress, to a resolver in a management range
+	n.mustResolve(t)
+	if denied(t, n.instance) == 0 {
+		t.Error("denied counter did not count the dropped connect")
+	}
+
+	n.replace(t, n.spec)
+	c := n.mustReach(t, addr(worldPublic))
+	if c.seenAs != nodeUplink {
+		t.Errorf("world saw the guest as %s, want the node's uplink %s (masquerade)", c.seenAs, nodeUplink)
+	}
+	n.mustNotReach(t, addr(worldManagement), addr(worldDenied), addr(worldNotAllowed), addr(nodeUplink))
+	n.mustResolve(t)
+	if d := denied(t, n.instance); d < 4 {
+		t.Errorf("denied counter = %d after four dropped connects", d)
+	}
+
+	// The node's table keeps management ranges out by itself.
+	open := n.spec
+	open.Management, open.Allow = nil, nil
+	n.replace(t, open)
+	n.mustNotReach(t, addr(worldManagement))
+	n.mustReach(t, addr(worldPublic))
+}
+
+// An established connection survives a Replace (conntrack is kept), and
+// dies with Isolate.
+func TestTrafficEstablishedSurvivesReplace(t *testing.T) {
+	n := newLineNet(t)
+	n.replace(t, n.spec)
+	c := n.mustReach(t, worldPublic+":"+echoPort)
+	for i := range 3 {
+		n.replace(t, n.spec)
+		if err := c.echo(fmt.Sprintf("after replace %d", i), 5*time.Second); err != nil {
+			t.Fatalf("established connection after Replace %d: %v", i, err)
+		}
+	}
+	if err := Isolate(n.instance); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.echo("after isolate", deniedDialTimeout); err == nil {
+		t.Fatal("established connection still works after Isolate")
+	}
+}
+
+// With a proxy, guest TCP lands on the egress listener in the namespace
+// whatever its destination.
+func TestTrafficProxy(t *testing.T) {
+	n := newLineNet(t)
+	serveEcho(t, n.instance, fmt.Sprintf("0.0.0.0:%d", proxyPort))
+	proxy := n.spec
+	proxy.Egress, proxy.ProxyPort = EgressProxy, proxyPort
+	n.replace(t, proxy)
+	c := n.mustReach(t, worldNotAllowed+":"+echoPort)
+	if c.seenAs != "10.240.0.2" {
+		t.Errorf("the connection was answered by a server that saw %s, want the proxy listener seeing the guest", c.seenAs)
+	}
+	n.mustResolve(t)
+	// What is not TCP or DNS goes nowhere, and is counted.
+	var uc net.Conn
+	if err := inNetns(n.guest, func() (err error) {
+		uc, err = net.Dial("udp4", worldPublic+":9")
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer uc.Close()
+	before := denied(t, n.instance)
+	uc.Write([]byte("x"))
+	waitFor(t, "a guest UDP datagram is counted as denied", 5*time.Second, func() error {
+		if denied(t, n.instance) <= before {
+			return errors.New("not counted yet")
+		}
+		return nil
+	})
+}
