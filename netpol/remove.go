@@ -11,14 +11,11 @@ import (
 // node that runs no Instance any more and goes away (kibotos dev down);
 // none is fine.
 func RemoveHost(ctx context.Context, nsFD int) error {
-	c, err := dial(ctx, nsFD)
-	if err != nil {
+	var x txn
+	if err := x.dropTable(nftables.TableFamilyINet, TableName); err != nil {
 		return fmt.Errorf("netpol: namespace fd %d: remove table %s: %w", nsFD, TableName, err)
 	}
-	nt := &nftables.Table{Family: nftables.TableFamilyINet, Name: TableName}
-	c.AddTable(nt) // makes the delete valid when there is none
-	c.DelTable(nt)
-	if err := c.Flush(); err != nil {
+	if err := x.commit(ctx, nsFD); err != nil {
 		return fmt.Errorf("netpol: namespace fd %d: remove table %s: %w", nsFD, TableName, err)
 	}
 	return nil
