@@ -1,6 +1,10 @@
 package api
 
-import "time"
+import (
+	"net/url"
+	"strconv"
+	"time"
+)
 
 // Egress and Resolver objects are the caller's own network exits that a
 // Workspace's policy may name: a SOCKS5 proxy its TCP leaves through, and
@@ -81,6 +85,13 @@ type EgressCredentials struct {
 	SOCKS5   string `json:"socks5"`
 	Username string `json:"username,omitempty"`
 	Password string `json:"password,omitempty"`
+}
+
+// EgressCredentialsPath is where a node reads the credentials of one
+// revision (with its member certificate; add ?consistent=true right after
+// a task named the revision).
+func EgressCredentialsPath(name string, rev uint64) string {
+	return "/v1/internal/egress/" + url.PathEscape(name) + "/revisions/" + strconv.FormatUint(rev, 10)
 }
 
 // Resolver is a Resolver object: the DNS upstreams of the Workspaces

@@ -202,7 +202,7 @@ func TestEgressCredentialsOnlyToItsNode(t *testing.T) {
 		t.Errorf("the task carries the password: %s", raw)
 	}
 
-	path := "/v1/internal/egress/corp/revisions/1"
+	path := api.EgressCredentialsPath("corp", 1)
 	status, body := rawGet(t, ctrl, memberCert(t, worker), ctrl.Addr, path)
 	var got struct {
 		Result api.EgressCredentials `json:"result"`
