@@ -2,6 +2,7 @@ package fsm
 
 import (
 	"bytes"
+	"encoding/json"
 	"fmt"
 	"net"
 	"net/netip"
@@ -722,8 +723,8 @@ func ListEgress(tx *bolt.Tx, pageSize int, pageToken string) (*api.EgressList, e
 	out := &api.EgressList{Egress: []api.Egress{}}
 	err := pageOf(tx, bucketEgress, pageSize, pageToken, func(k, v []byte) error {
 		var r egressRecord
-		if _, err := getJSON(tx, bucketEgress, k, &r); err != nil {
-			return err
+		if err := json.Unmarshal(v, &r); err != nil {
+			return fmt.Errorf("state record %s/%s is corrupt: %w", bucketEgress, k, err)
 		}
 		out.Egress = append(out.Egress, *egressView(tx, &r))
 		return nil
@@ -746,8 +747,8 @@ func ListResolvers(tx *bolt.Tx, pageSize int, pageToken string) (*api.ResolverLi
 	out := &api.ResolverList{Resolvers: []api.Resolver{}}
 	err := pageOf(tx, bucketResolvers, pageSize, pageToken, func(k, v []byte) error {
 		var r resolverRecord
-		if _, err := getJSON(tx, bucketResolvers, k, &r); err != nil {
-			return err
+		if err := json.Unmarshal(v, &r); err != nil {
+			return fmt.Errorf("state record %s/%s is corrupt: %w", bucketResolvers, k, err)
 		}
 		out.Resolvers = append(out.Resolvers, *resolverView(tx, &r))
 		return nil
