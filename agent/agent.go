@@ -61,6 +61,11 @@ type Config struct {
 	// AdjustReport, when set, edits every report before it is sent. It is a
 	// test seam for held objects the node runtime does not create yet.
 	AdjustReport func(*api.Report)
+	// HoldTask, when set, sees every task ctrl sends first; one it returns
+	// true for is neither executed nor answered. A test seam: ctrl's side
+	// of a command its node has not answered yet, and what the task
+	// carried.
+	HoldTask func(api.WorkspaceTask) bool
 	// Runtime runs this node's Instances; nil on a node without a service
 	// manager for VMMs (no Instances are counted or destroyed then).
 	Runtime *runtime.Runtime
@@ -385,7 +390,7 @@ func (a *Agent) session(ctx context.Context, addr string) (redirect string, err 
 				}
 			}
 		case api.MsgTask:
-			if m.Task != nil {
+			if m.Task != nil && (a.cfg.HoldTask == nil || !a.cfg.HoldTask(*m.Task)) {
 				a.handleTask(*m.Task)
 			}
 		case api.MsgRefused:

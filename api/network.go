@@ -18,6 +18,13 @@ type NetworkPolicy struct {
 	// Egress is none (the default), public, or the name of an Egress
 	// object (a SOCKS5 exit of the caller's).
 	Egress string `json:"egress"`
+	// EgressRevision is the revision of the Egress object the policy
+	// uses; 0 for none and public. ctrl sets it (from the latest
+	// revision) when it accepts the policy at create, set-network and
+	// start; a value in a request is ignored. An update of the Egress
+	// moves no Workspace: a later set-network naming the Egress, or the
+	// next start, picks up the new revision.
+	EgressRevision uint64 `json:"egress_revision,omitempty"`
 	// Resolver is "" for the deployment resolver, else the name of a
 	// Resolver object DNS queries go to.
 	Resolver string `json:"resolver,omitempty"`

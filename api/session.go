@@ -43,6 +43,12 @@ type WorkspaceTask struct {
 	// Network is the policy the node applies: the Workspace's for a
 	// start, the requested one for a network command.
 	Network *NetworkPolicy `json:"network,omitempty"`
+	// Egress is the Egress object Network names (nil for none and
+	// public), at the revision Network records.
+	Egress *TaskEgress `json:"egress,omitempty"`
+	// Resolver is the Resolver object Network names (nil: the
+	// deployment resolver).
+	Resolver *TaskResolver `json:"resolver,omitempty"`
 }
 
 // WorkspaceTaskResult is the node's answer to a WorkspaceTask.

@@ -55,6 +55,8 @@ type CLI struct {
 	Platform   PlatformCmd   `cmd:"" help:"Build and list Platforms (kernel + initramfs with the guest agent)."`
 	Template   TemplateCmd   `cmd:"" help:"Build, list, show and delete templates (Workspace root filesystems) on this node."`
 	Workspace  WorkspaceCmd  `cmd:"" help:"Create, start, stop, move and delete Workspaces; exec, terminal, cp and port-forward through the data plane."`
+	Egress     EgressCmd     `cmd:"" help:"Create, update, list, show and delete Egress objects (SOCKS5 exits a Workspace's policy names)."`
+	Resolver   ResolverCmd   `cmd:"" help:"Create, list, show and delete Resolver objects (DNS upstreams a Workspace's policy names)."`
 }
 
 type exitPanic struct{ code int }

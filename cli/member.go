@@ -261,8 +261,8 @@ type memberOptions struct {
 	dataPlaneListen string
 	pools           []agent.PoolConfig
 	// network is the node's [network]; nil: Workspaces cannot start here.
-	network *netpol.Config
-	defaultPool     string
+	network     *netpol.Config
+	defaultPool string
 }
 
 // runMember serves until SIGTERM/SIGINT. A node isolated by ctrl exits

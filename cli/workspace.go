@@ -263,7 +263,7 @@ func renderWorkspace(w io.Writer, ws *api.Workspace, wide bool) {
 	line("Memory", "%s", formatBytes(ws.MemoryBytes))
 	line("Labels", "%s", dash(labelsColumn(ws.Labels)))
 	pol := ws.Network.Effective()
-	line("Egress", "%s", pol.Egress)
+	line("Egress", "%s", egressColumn(pol))
 	resolver := pol.Resolver
 	if resolver == "" {
 		resolver = "default"

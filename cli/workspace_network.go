@@ -140,7 +140,7 @@ func createPolicy(egress, resolver string, allow, deny []string) *api.NetworkPol
 
 // policySummary is one line: "egress public, allow 10.0.0.0/8".
 func policySummary(p api.NetworkPolicy) string {
-	s := "egress " + p.Egress
+	s := "egress " + egressColumn(p)
 	if p.Resolver != "" {
 		s += ", resolver " + p.Resolver
 	}
@@ -151,4 +151,13 @@ func policySummary(p api.NetworkPolicy) string {
 		s += ", deny " + strings.Join(p.Deny, ",")
 	}
 	return s
+}
+
+// egressColumn is the egress of a policy, with the revision of an Egress
+// object: "corp (revision 2)".
+func egressColumn(p api.NetworkPolicy) string {
+	if p.EgressRevision == 0 {
+		return p.Egress
+	}
+	return fmt.Sprintf("%s (revision %d)", p.Egress, p.EgressRevision)
 }

@@ -1,10 +1,16 @@
 package cluster
 
 import (
+	"encoding/json"
 	"reflect"
+	"strings"
 	"testing"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
 
 	"github.com/kibotos/kibotos/api"
+	"github.com/kibotos/kibotos/fsm"
 )
 
 // The node executes a task without asking back: a start carries the
@@ -41,3 +47,57 @@ func TestWorkspaceTaskCarriesNetwork(t *testing.T) {
 		})
 	}
 }
+
+// A task names the Egress revision its policy records with that
+// revision's SOCKS5 address (never its credentials), and the Resolver's
+// upstreams; a policy whose objects ctrl cannot find sends no task.
+func TestWorkspaceTaskCarriesNetworkObjects(t *testing.T) {
+	f, err := fsm.Open(t.TempDir() + "/state.db")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	now := time.Date(2025, 3, 1, 12, 0, 0, 0, time.UTC)
+	entry := func(op string, args any) fsm.Entry {
+		raw, _ := json.Marshal(args)
+		return fsm.Entry{Op: op, Args: raw, IssuedAt: now}
+	}
+	for _, r := range f.Apply([]fsm.Entry{
+		entry(fsm.OpBootstrap, fsm.BootstrapArgs{ClusterID: "c", NodeID: "node-a", Roles: []string{"ctrl", "node"}, Address: "127.0.0.1:1"}),
+		entry(fsm.OpEgressCreate, fsm.EgressCreateArgs{Name: "corp", SOCKS5: "proxy:1080", Username: "u", Password: "secret-pw"}),
+		entry(fsm.OpEgressUpdate, fsm.EgressUpdateArgs{Name: "corp", SOCKS5: ptr("proxy2:1080")}),
+		entry(fsm.OpResolverCreate, fsm.ResolverCreateArgs{Name: "corp-dns", Upstreams: []string{"192.0.2.53", "dns.corp.example:5353"}}),
+	}) {
+		if r.Error != nil {
+			t.Fatal(r.Error)
+		}
+	}
+	pol := &api.NetworkPolicy{Egress: "corp", EgressRevision: 2, Resolver: "corp-dns"}
+	w := &api.Workspace{WorkspaceID: "ws-1", Network: pol, Pending: &api.WorkspaceCommand{Kind: api.WSCmdStart, CommandID: "ws-1/1", NodeID: "node-a"}}
+	task := taskFor(w)
+	if err := f.View(func(tx *bolt.Tx) error { return withNetworkObjects(tx, task) }); err != nil {
+		t.Fatal(err)
+	}
+	if want := (&api.TaskEgress{Name: "corp", Revision: 2, SOCKS5: "proxy2:1080", Credentials: true}); !reflect.DeepEqual(task.Egress, want) {
+		t.Errorf("task egress %+v, want %+v", task.Egress, want)
+	}
+	if want := (&api.TaskResolver{Name: "corp-dns", Upstreams: []string{"192.0.2.53:53", "dns.corp.example:5353"}}); !reflect.DeepEqual(task.Resolver, want) {
+		t.Errorf("task resolver %+v, want %+v", task.Resolver, want)
+	}
+	if raw, _ := json.Marshal(task); strings.Contains(string(raw), "secret-pw") {
+		t.Errorf("task carries the password: %s", raw)
+	}
+	// Revision 1 is no longer kept (nothing uses it): no task.
+	w.Network = &api.NetworkPolicy{Egress: "corp", EgressRevision: 1}
+	if err := f.View(func(tx *bolt.Tx) error { return withNetworkObjects(tx, taskFor(w)) }); err == nil {
+		t.Error("a task for a revision ctrl does not keep")
+	}
+	// None and public name no objects.
+	w.Network = &api.NetworkPolicy{Egress: api.EgressPublic}
+	task = taskFor(w)
+	if err := f.View(func(tx *bolt.Tx) error { return withNetworkObjects(tx, task) }); err != nil || task.Egress != nil || task.Resolver != nil {
+		t.Errorf("public egress: %v %+v %+v", err, task.Egress, task.Resolver)
+	}
+}
+
+func ptr[T any](v T) *T { return &v }

@@ -288,6 +288,42 @@ func FuzzInternalBodies(f *testing.F) {
 	})
 }
 
+// FuzzEgressBodies: create, update and delete of Egress and Resolver
+// objects (an existing and an unknown name).
+func FuzzEgressBodies(f *testing.F) {
+	addSeeds(f, 10,
+		`{"name":"corp","socks5":"proxy.corp.example:1080","username":"u","password":"p"}`,
+		`{"name":"corp","socks5":"[2001:db8::1]:1080"}`,
+		`{"name":"none","socks5":"p:1"}`,
+		`{"name":"corp","socks5":"p"}`,
+		`{"name":"corp","socks5":"0.0.0.0:0","username":"`+strings.Repeat("u", 300)+`"}`,
+		`{"name":"corp","socks5":"p:1","password":"only"}`,
+		`{"name":"corp","socks5":"p:1","username":"a
+b","password":"p"}`,
+		`{"socks5":"other:1080"}`,
+		`{"password":"rotated"}`,
+		`{"clear_credentials":true}`,
+		`{"clear_credentials":true,"username":"u"}`,
+		`{"socks5":7}`,
+		`{"name":"corp-dns","upstreams":["192.0.2.53","dns.corp.example:5353","[2001:db8::53]"]}`,
+		`{"name":"corp-dns","upstreams":[]}`,
+		`{"name":"corp-dns","upstreams":["10.0.0.300"]}`,
+		`{"name":"corp-dns","upstreams":"192.0.2.53"}`,
+		`{"name":"default","upstreams":["192.0.2.53"]}`,
+		`{"name":"corp-dns","upstreams":[`+strings.Repeat(`"192.0.2.1",`, 20)+`"192.0.2.2"]}`,
+	)
+	m := newFuzzMember(f)
+	f.Fuzz(func(t *testing.T, which uint8, body []byte) {
+		egress, resolver := "corp", "corp-dns"
+		if which%10 >= 5 {
+			egress, resolver = "Nope", "nope"
+		}
+		path := []string{"/v1/egress", "/v1/egress/" + egress + "/update", "/v1/egress/" + egress + "/delete",
+			"/v1/resolvers", "/v1/resolvers/" + resolver + "/delete"}[which%5]
+		m.post(t, m.admin, path, body)
+	})
+}
+
 // FuzzEnrollmentBodies: issuing and revoking grants.
 func FuzzEnrollmentBodies(f *testing.F) {
 	addSeeds(f, 3,

@@ -181,6 +181,7 @@ func (s *Server) routes() http.Handler {
 	m.HandleFunc("POST /v1/internal/certs/renew", member(s.ctrlLocal(s.handleRenew)))
 	m.HandleFunc("POST /v1/internal/certs/dataplane", member(s.ctrlLocal(s.handleDataPlaneCert)))
 	m.HandleFunc("POST /v1/internal/admission", member(s.ctrlLocal(s.handleAdmission)))
+	m.HandleFunc("GET /v1/internal/egress/{name}/revisions/{rev}", member(s.reader(s.handleEgressCredentials)))
 
 	m.HandleFunc("GET /v1/nodes", operator(s.reader(s.handleNodeList)))
 	m.HandleFunc("GET /v1/nodes/{id}", operator(s.reader(s.handleNodeGet)))
@@ -201,6 +202,16 @@ func (s *Server) routes() http.Handler {
 	m.HandleFunc("POST /v1/workspaces/{id}/delete", operator(s.onLeader(s.workspaceOp(fsm.OpWorkspaceDelete))))
 	m.HandleFunc("POST /v1/workspaces/{id}/network", operator(s.onLeader(s.handleWorkspaceSetNetwork)))
 	m.HandleFunc("POST /v1/workspaces/{id}/credentials", operator(s.onLeader(s.handleCredential)))
+
+	m.HandleFunc("POST /v1/egress", operator(s.onLeader(s.handleEgressCreate)))
+	m.HandleFunc("GET /v1/egress", operator(s.reader(s.handleEgressList)))
+	m.HandleFunc("GET /v1/egress/{name}", operator(s.reader(s.handleEgressGet)))
+	m.HandleFunc("POST /v1/egress/{name}/update", operator(s.onLeader(s.handleEgressUpdate)))
+	m.HandleFunc("POST /v1/egress/{name}/delete", operator(s.onLeader(s.objectDelete(fsm.OpEgressDelete, "egress"))))
+	m.HandleFunc("POST /v1/resolvers", operator(s.onLeader(s.handleResolverCreate)))
+	m.HandleFunc("GET /v1/resolvers", operator(s.reader(s.handleResolverList)))
+	m.HandleFunc("GET /v1/resolvers/{name}", operator(s.reader(s.handleResolverGet)))
+	m.HandleFunc("POST /v1/resolvers/{name}/delete", operator(s.onLeader(s.objectDelete(fsm.OpResolverDelete, "resolver"))))
 
 	m.HandleFunc("GET /v1/enrollment/grants", operator(s.reader(s.handleGrantList)))
 	m.HandleFunc("POST /v1/enrollment/grants", operator(s.onLeader(s.handleGrant)))

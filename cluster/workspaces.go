@@ -337,14 +337,24 @@ type dispatcher struct {
 const resendAfter = time.Minute
 
 func (d *dispatcher) run() error {
-	var pending []api.Workspace
+	var tasks []*api.WorkspaceTask
 	var node *api.Node
 	err := d.s.fsm.View(func(tx *bolt.Tx) error {
 		var err error
 		if node, err = fsm.GetNode(tx, d.nodeID); err != nil {
 			return err
 		}
-		pending, err = fsm.PendingCommands(tx, d.nodeID)
+		pending, err := fsm.PendingCommands(tx, d.nodeID)
+		for i := range pending {
+			t := taskFor(&pending[i])
+			if err := withNetworkObjects(tx, t); err != nil {
+				// Never a task whose policy the node could not enforce:
+				// it stays pending and is tried again at the next tick.
+				d.s.log.Warn("workspace task not sent", "peer_node_id", d.nodeID, "workspace_id", t.WorkspaceID, "command_id", t.Command.CommandID, "err", err)
+				continue
+			}
+			tasks = append(tasks, t)
+		}
 		return err
 	})
 	if err != nil {
@@ -358,13 +368,13 @@ func (d *dispatcher) run() error {
 		d.sentDraining = &draining
 	}
 	live := map[string]bool{}
-	for _, w := range pending {
-		p := w.Pending
+	for _, task := range tasks {
+		p := task.Command
 		live[p.CommandID] = true
 		if t, ok := d.sent[p.CommandID]; ok && time.Since(t) < resendAfter {
 			continue
 		}
-		if err := d.sc.send(api.SessionMsg{Type: api.MsgTask, Task: taskFor(&w)}); err != nil {
+		if err := d.sc.send(api.SessionMsg{Type: api.MsgTask, Task: task}); err != nil {
 			return err
 		}
 		d.sent[p.CommandID] = time.Now()
@@ -379,7 +389,8 @@ func (d *dispatcher) run() error {
 
 // taskFor is the Workspace's pending command with what the node needs to
 // execute it: a start carries the Workspace's policy (egress none for a
-// record older than policies), a network command the requested one.
+// record older than policies), a network command the requested one;
+// withNetworkObjects adds the objects the policy names.
 func taskFor(w *api.Workspace) *api.WorkspaceTask {
 	p := w.Pending
 	task := &api.WorkspaceTask{Command: *p, WorkspaceID: w.WorkspaceID, Template: w.Template, CPU: w.CPU, MemoryBytes: w.MemoryBytes}

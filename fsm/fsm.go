@@ -80,6 +80,11 @@ var handlers = map[string]handler{
 	OpWorkspaceDelete:      applyWorkspaceDelete,
 	OpWorkspaceResult:      applyWorkspaceResult,
 	OpWorkspaceSetNetwork:  applyWorkspaceSetNetwork,
+	OpEgressCreate:         applyEgressCreate,
+	OpEgressUpdate:         applyEgressUpdate,
+	OpEgressDelete:         applyEgressDelete,
+	OpResolverCreate:       applyResolverCreate,
+	OpResolverDelete:       applyResolverDelete,
 }
 
 // Open creates a fresh state file at path (any old file is replaced).

@@ -334,6 +334,7 @@ var allOps = []string{
 	OpOvercommitAck, OpCommandsExpire,
 	OpWorkspaceCreate, OpWorkspaceStart, OpWorkspaceStop, OpWorkspaceDelete, OpWorkspaceResult,
 	OpWorkspaceSetNetwork,
+	OpEgressCreate, OpEgressUpdate, OpEgressDelete, OpResolverCreate, OpResolverDelete,
 }
 
 func TestEveryOpHasAHandler(t *testing.T) {

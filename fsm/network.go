@@ -23,29 +23,26 @@ type WorkspaceNetworkArgs struct {
 	api.NetworkChange
 }
 
-var (
-	// Names of Egress and Resolver objects, as other object names.
-	networkObjectPattern = regexp.MustCompile(`^[a-z0-9][a-z0-9.-]{0,62}$`)
-	// A rule that reads as a DNS name (example.com, *.example.com): a
-	// kind of rule that will exist, not a typo of a CIDR.
-	domainRulePattern = regexp.MustCompile(`^(\*\.)?([A-Za-z0-9_]([A-Za-z0-9_-]{0,61}[A-Za-z0-9])?\.)+[A-Za-z][A-Za-z0-9-]{0,62}\.?$`)
-)
+// A rule that reads as a DNS name (example.com, *.example.com): a kind
+// of rule that will exist, not a typo of a CIDR.
+var domainRulePattern = regexp.MustCompile(`^(\*\.)?([A-Za-z0-9_]([A-Za-z0-9_-]{0,61}[A-Za-z0-9])?\.)+[A-Za-z][A-Za-z0-9-]{0,62}\.?$`)
 
 // normalizeNetwork checks the policy p asked for Workspace ws and returns
 // it as stored. Errors name the Workspace and are decided from p and the
 // state only (rules in the order given), so replicas agree.
 func normalizeNetwork(tx *bolt.Tx, ws string, p api.NetworkPolicy) (api.NetworkPolicy, error) {
+	// EgressRevision is ctrl's to set: whatever the caller sent is dropped.
 	out := api.NetworkPolicy{Egress: p.Egress, Resolver: p.Resolver}
 	if out.Egress == "" {
 		out.Egress = api.EgressNone
 	}
-	if out.Egress != api.EgressNone && out.Egress != api.EgressPublic && !networkObjectPattern.MatchString(out.Egress) {
+	if out.Egress != api.EgressNone && out.Egress != api.EgressPublic && ValidObjectName(kindEgress, out.Egress) != nil {
 		return out, api.Errorf(api.CodeInvalidArgument,
-			"workspace %s: egress %q is not valid: use none, public or the name of an Egress object (1-63 lowercase letters, digits, '.' or '-')", ws, out.Egress)
+			"workspace %s: egress %q is not valid: use none, public or the name of an Egress object (1-63 lowercase letters, digits or '-')", ws, clip(out.Egress))
 	}
-	if out.Resolver != "" && !networkObjectPattern.MatchString(out.Resolver) {
+	if out.Resolver != "" && ValidObjectName(kindResolver, out.Resolver) != nil {
 		return out, api.Errorf(api.CodeInvalidArgument,
-			"workspace %s: resolver %q is not valid: give the name of a Resolver object (1-63 lowercase letters, digits, '.' or '-'), or none for the deployment resolver", ws, out.Resolver)
+			"workspace %s: resolver %q is not valid: give the name of a Resolver object (1-63 lowercase letters, digits or '-'), or leave it empty (--resolver default) for the deployment resolver", ws, clip(out.Resolver))
 	}
 	var err error
 	if out.Allow, err = normalizeRules(ws, "allow", p.Allow); err != nil {
@@ -59,16 +56,49 @@ func normalizeNetwork(tx *bolt.Tx, ws string, p api.NetworkPolicy) (api.NetworkP
 			"workspace %s: allow/deny lists apply to public egress only, not to egress %s: give --egress public, or drop the lists", ws, out.Egress)
 	}
 	if out.Egress != api.EgressNone && out.Egress != api.EgressPublic {
-		if ok, err := egressExists(tx, out.Egress); err != nil || !ok {
+		r, err := getEgress(tx, out.Egress)
+		if err != nil || r == nil {
 			return out, orNotFound(err, "egress %s does not exist: create it with kibo egress create %s --socks5 HOST:PORT", out.Egress, out.Egress)
 		}
+		out.EgressRevision = r.Revision
 	}
 	if out.Resolver != "" {
-		if ok, err := resolverExists(tx, out.Resolver); err != nil || !ok {
+		if r, err := getResolver(tx, out.Resolver); err != nil || r == nil {
 			return out, orNotFound(err, "resolver %s does not exist: create it with kibo resolver create %s --upstream ADDR", out.Resolver, out.Resolver)
 		}
 	}
 	return out, nil
+}
+
+// clip bounds a caller's value quoted in an error.
+func clip(s string) string {
+	if len(s) > 80 {
+		return s[:80] + "..."
+	}
+	return s
+}
+
+// latestEgressRevision moves w's policy to the latest revision of the
+// Egress it names (a start: no node uses the old one for w). The policy
+// is replaced, not edited, so a clone of w taken before keeps the old.
+func latestEgressRevision(tx *bolt.Tx, w *api.Workspace) error {
+	if !usesEgressObject(w.Network) {
+		return nil
+	}
+	r, err := getEgress(tx, w.Network.Egress)
+	if err != nil {
+		return err
+	}
+	if r == nil {
+		return api.Errorf(api.CodeFailedPrecondition,
+			"workspace %s: its egress %s no longer exists: give it another with kibo workspace set-network %s --egress none|public|NAME", w.WorkspaceID, w.Network.Egress, w.WorkspaceID)
+	}
+	if r.Revision != w.Network.EgressRevision {
+		n := *w.Network
+		n.EgressRevision = r.Revision
+		w.Network = &n
+	}
+	return nil
 }
 
 func orNotFound(err error, format string, args ...any) error {
@@ -77,13 +107,6 @@ func orNotFound(err error, format string, args ...any) error {
 	}
 	return api.Errorf(api.CodeNotFound, format, args...)
 }
-
-// egressExists and resolverExists look up the objects a policy may name.
-// Neither kind exists yet (a later change adds them with their own
-// buckets), so every name is unknown and refused before anything is
-// stored that a node could not enforce.
-func egressExists(tx *bolt.Tx, name string) (bool, error)   { return false, nil }
-func resolverExists(tx *bolt.Tx, name string) (bool, error) { return false, nil }
 
 // normalizeRules returns the canonical CIDRs of one list, each once, in
 // the order given; nil for an empty list.
@@ -128,7 +151,7 @@ func canonicalCIDR(s string) (string, bool) {
 }
 
 func samePolicy(a, b api.NetworkPolicy) bool {
-	return a.Egress == b.Egress && a.Resolver == b.Resolver && slices.Equal(a.Allow, b.Allow) && slices.Equal(a.Deny, b.Deny)
+	return a.Egress == b.Egress && a.EgressRevision == b.EgressRevision && a.Resolver == b.Resolver && slices.Equal(a.Allow, b.Allow) && slices.Equal(a.Deny, b.Deny)
 }
 
 // applyWorkspaceSetNetwork changes a Workspace's policy: at once when it

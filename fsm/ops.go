@@ -29,6 +29,11 @@ const (
 	OpWorkspaceDelete      = "workspace.delete"
 	OpWorkspaceResult      = "workspace.node_result"
 	OpWorkspaceSetNetwork  = "workspace.set_network"
+	OpEgressCreate         = "egress.create"
+	OpEgressUpdate         = "egress.update"
+	OpEgressDelete         = "egress.delete"
+	OpResolverCreate       = "resolver.create"
+	OpResolverDelete       = "resolver.delete"
 )
 
 // BootstrapArgs creates the cluster with its first member.

@@ -255,17 +255,88 @@ func (g *logGen) networkPolicy() api.NetworkPolicy {
 	}
 	p := api.NetworkPolicy{Egress: []string{"", api.EgressNone, api.EgressPublic, api.EgressPublic, api.EgressPublic}[g.r.Intn(5)]}
 	switch {
-	case g.pct(5):
-		p.Egress = "corp"
+	case g.pct(30):
+		p.Egress = egressNames[g.r.Intn(len(egressNames))]
 	case g.pct(3):
 		p.Egress = "Bad Egress"
-	case g.pct(4):
-		p.Resolver = "corp-dns"
+	}
+	if g.pct(20) {
+		p.Resolver = resolverNames[g.r.Intn(len(resolverNames))]
 	}
 	if p.Egress == api.EgressPublic || g.pct(10) {
 		p.Allow, p.Deny = pick(), pick()
 	}
 	return p
+}
+
+// Names of the Egress and Resolver objects the logs create, use and
+// delete; the last of each is never created.
+var (
+	egressNames   = []string{"corp", "edge", "never"}
+	resolverNames = []string{"corp-dns", "dns2", "never-dns"}
+)
+
+// drawObject draws a write of an Egress or Resolver object, now and then
+// with a bad name or address, credentials of one side only, or a stale
+// expected version.
+func (g *logGen) drawObject(mk func(string, any, *uint64) Entry) Entry {
+	egress := egressNames[g.r.Intn(len(egressNames)-1)]
+	resolver := resolverNames[g.r.Intn(len(resolverNames)-1)]
+	switch {
+	case g.pct(3):
+		egress, resolver = []string{"none", "Bad", ""}[g.r.Intn(3)], "default"
+	case g.pct(3):
+		egress, resolver = egressNames[len(egressNames)-1], resolverNames[len(resolverNames)-1]
+	}
+	socks5 := []string{"proxy.corp.example:1080", "192.0.2.10:1080", "[2001:db8::10]:1080", "PROXY:1080", "proxy", "0.0.0.0:1"}[g.r.Intn(6)]
+	var version uint64
+	var rversion uint64
+	g.ref.View(func(tx *bolt.Tx) error {
+		if e, err := GetEgress(tx, egress); err == nil {
+			version = e.Version
+		}
+		if r, err := GetResolver(tx, resolver); err == nil {
+			rversion = r.Version
+		}
+		return nil
+	})
+	switch x := g.r.Intn(20); {
+	case x < 5:
+		a := EgressCreateArgs{Name: egress, SOCKS5: socks5}
+		if g.pct(60) {
+			a.Username, a.Password = "user", fmt.Sprintf("pw-%d", g.r.Intn(3))
+		}
+		if g.pct(5) {
+			a.Password = ""
+		}
+		return mk(OpEgressCreate, a, nil)
+	case x < 11:
+		a := EgressUpdateArgs{Name: egress}
+		if g.pct(50) {
+			a.SOCKS5 = &socks5
+		}
+		if g.pct(40) {
+			pw := fmt.Sprintf("pw-%d", g.r.Intn(3))
+			a.Password = &pw
+		}
+		if g.pct(15) {
+			u := []string{"user", "other", ""}[g.r.Intn(3)]
+			a.Username = &u
+		}
+		a.ClearCredentials = g.pct(10)
+		return mk(OpEgressUpdate, a, g.expected(version))
+	case x < 13:
+		return mk(OpEgressDelete, ObjectArgs{Name: egress}, g.expected(version))
+	case x < 18:
+		ups := []string{"192.0.2.53", "dns.corp.example:5353", "[2001:db8::53]", "10.0.0.300", "192.0.2.53:53"}
+		a := ResolverCreateArgs{Name: resolver}
+		for i := g.r.Intn(4); i >= 0; i-- {
+			a.Upstreams = append(a.Upstreams, ups[g.r.Intn(len(ups))])
+		}
+		return mk(OpResolverCreate, a, nil)
+	default:
+		return mk(OpResolverDelete, ObjectArgs{Name: resolver}, g.expected(rversion))
+	}
 }
 
 // networkChange draws a set-network: some items of a drawn policy.
@@ -362,7 +433,7 @@ func (g *logGen) drawWorkspace(mk func(string, any, *uint64) Entry) Entry {
 		if g.pct(20) {
 			a.NodeID = g.liveNode()
 		}
-		if g.pct(30) {
+		if g.pct(50) {
 			p := g.networkPolicy()
 			a.Network = &p
 		}
@@ -398,6 +469,11 @@ func (g *logGen) drawWorkspace(mk func(string, any, *uint64) Entry) Entry {
 		c := g.networkChange()
 		for i := 0; i < 3 && (c.Egress == nil || *c.Egress == w.Network.Effective().Egress); i++ {
 			c = g.networkChange() // mostly a change, not the policy it has
+		}
+		if g.pct(30) {
+			// Through an Egress object (a new revision when it has one).
+			name := egressNames[g.r.Intn(len(egressNames))]
+			c = api.NetworkChange{Egress: &name, Allow: &[]string{}, Deny: &[]string{}}
 		}
 		return mk(OpWorkspaceSetNetwork, WorkspaceNetworkArgs{WorkspaceID: w.WorkspaceID, NetworkChange: c}, g.expected(w.Version))
 	default:
@@ -467,6 +543,9 @@ func (g *logGen) draw() Entry {
 	}
 	if g.pct(30) {
 		return g.drawWorkspace(mk)
+	}
+	if g.pct(6) {
+		return g.drawObject(mk)
 	}
 	id := g.nodeID()
 	switch w := g.r.Intn(100); {

@@ -21,7 +21,22 @@ var (
 	// not concluded yet (the node still keeps its ended record)
 	bucketInstanceOwners = []byte("instance_owners")
 
-	allBuckets = [][]byte{bucketMeta, bucketNodes, bucketGrants, bucketCommands, bucketWorkspaces, bucketWorkspaceNodes, bucketNodeHolds, bucketWorkspaceTombstones, bucketInstanceOwners}
+	// name → egressRecord: an Egress object as of its latest revision,
+	// without the password
+	bucketEgress = []byte("egress")
+	// name NUL revision (20 digits) → egressRevision, with its
+	// credentials: the latest and every one a Workspace still references
+	bucketEgressRevisions = []byte("egress_revisions")
+	// name NUL revision (20 digits) NUL workspace_id → nil: the Egress
+	// revisions each Workspace's policy (in force or requested) uses
+	bucketEgressRefs = []byte("egress_refs")
+	// name → resolverRecord
+	bucketResolvers = []byte("resolvers")
+	// name NUL workspace_id → nil: the Resolver each policy names
+	bucketResolverRefs = []byte("resolver_refs")
+
+	allBuckets = [][]byte{bucketMeta, bucketNodes, bucketGrants, bucketCommands, bucketWorkspaces, bucketWorkspaceNodes, bucketNodeHolds, bucketWorkspaceTombstones, bucketInstanceOwners,
+		bucketEgress, bucketEgressRevisions, bucketEgressRefs, bucketResolvers, bucketResolverRefs}
 )
 
 // Keys of the meta bucket.

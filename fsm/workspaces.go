@@ -162,6 +162,9 @@ func putWorkspace(tx *bolt.Tx, e *Entry, old, w *api.Workspace) error {
 	if err := moveHolds(tx, old, w); err != nil {
 		return err
 	}
+	if err := moveRefs(tx, old, w); err != nil {
+		return err
+	}
 	w.Version++
 	w.UpdatedAt = *at(e)
 	return putJSON(tx, bucketWorkspaces, wsKey(w.WorkspaceID), w)
@@ -185,6 +188,9 @@ func cloneWorkspace(w *api.Workspace) *api.Workspace {
 
 func deleteWorkspace(tx *bolt.Tx, e *Entry, w *api.Workspace) error {
 	if err := moveHolds(tx, w, nil); err != nil {
+		return err
+	}
+	if err := moveRefs(tx, w, nil); err != nil {
 		return err
 	}
 	if err := tx.Bucket(bucketWorkspaceTombstones).Put(wsKey(w.WorkspaceID), []byte(at(e).Format(time.RFC3339))); err != nil {
@@ -560,6 +566,10 @@ func applyWorkspaceStart(tx *bolt.Tx, e *Entry) (any, error) {
 		return nil, api.Errorf(api.CodeFailedPrecondition, "workspace %s is %s: start needs STOPPED or FAILED; stop it first", w.WorkspaceID, w.State)
 	}
 	old := cloneWorkspace(w)
+	// A start uses the latest revision of the Egress its policy names.
+	if err := latestEgressRevision(tx, w); err != nil {
+		return nil, err
+	}
 	node, err := place(tx, w, a.NodeID, nil)
 	if err != nil {
 		return nil, err

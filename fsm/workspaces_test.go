@@ -218,7 +218,7 @@ func indexProblem(tx *bolt.Tx) error {
 	if !reflect.DeepEqual(gotHolds, wantHolds) {
 		return fmt.Errorf("node holds counters %+v, recounted from the records %+v", gotHolds, wantHolds)
 	}
-	return nil
+	return refsProblem(tx)
 }
 
 func keys(m map[string]bool) []string {

@@ -53,6 +53,9 @@ type Options struct {
 	Logs     io.Writer // member logs; default discarded
 	// AdjustReport edits node reports (held Instances/Volumes for drain tests).
 	AdjustReport func(nodeID string, r *api.Report)
+	// HoldTask sees the tasks a node receives; one it returns true for the
+	// node neither executes nor answers (the command stays pending).
+	HoldTask func(nodeID string, t api.WorkspaceTask) bool
 	// ClockSkew pretends a node's clock is off (the 30 s rule).
 	ClockSkew map[string]time.Duration
 	// Runtimes gives nodes a real Instance runtime (the test owns it).
@@ -146,8 +149,13 @@ func (m *Member) start(o Options) {
 		id := m.ID
 		adjust = func(r *api.Report) { o.AdjustReport(id, r) }
 	}
+	var hold func(api.WorkspaceTask) bool
+	if o.HoldTask != nil {
+		id := m.ID
+		hold = func(t api.WorkspaceTask) bool { return o.HoldTask(id, t) }
+	}
 	a, err := agent.New(agent.Config{DataDir: m.Dir, NodeID: m.ID, Capacity: o.Capacity, CtrlAddrs: srv.CtrlAddrs, Dial: srv.SessionDial, OnLeader: srv.NoteLeader,
-		SessionTimeout: tm.SessionTimeout, Logger: log, SampleInterval: time.Second, AdjustReport: adjust, ClockSkew: o.ClockSkew[m.ID], Runtime: o.Runtimes[m.ID]})
+		SessionTimeout: tm.SessionTimeout, Logger: log, SampleInterval: time.Second, AdjustReport: adjust, HoldTask: hold, ClockSkew: o.ClockSkew[m.ID], Runtime: o.Runtimes[m.ID]})
 	if err != nil {
 		m.t.Fatalf("agent %s: %v", m.ID, err)
 	}

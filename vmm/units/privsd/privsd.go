@@ -76,7 +76,7 @@ type Instance struct {
 	// shared mount: a network namespace pinned there from the host
 	// appears for the manager too (NetworkNamespacePath of a unit).
 	NetNSDir string
-	LogPath string
+	LogPath  string
 	// BootTime is the time from Start to the manager reporting running.
 	BootTime time.Duration
 

@@ -1,0 +1,167 @@
+package cluster
+
+import (
+	"net/http"
+	"strconv"
+
+	bolt "go.etcd.io/bbolt"
+
+	"github.com/kibotos/kibotos/api"
+	"github.com/kibotos/kibotos/fsm"
+)
+
+// Egress and Resolver objects over the API. Operator endpoints never
+// answer an Egress's password: the FSM's views do not carry it. The one
+// way credentials leave ctrl is the member-only internal endpoint, and
+// only to a node whose Workspace's policy uses that exact revision.
+
+// pageParams reads ?page_size and ?page_token of a list.
+func pageParams(r *http.Request) (int, string, error) {
+	size := 0
+	if v := r.URL.Query().Get("page_size"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 0 {
+			return 0, "", api.Errorf(api.CodeInvalidArgument, "page size %q is not a non-negative integer", v)
+		}
+		size = n
+	}
+	return size, r.URL.Query().Get("page_token"), nil
+}
+
+// noExpectedVersion refuses --expected-version on a create: the object
+// does not exist yet, so no version can be expected of it.
+func noExpectedVersion(kind, name string, m api.WriteMeta) error {
+	if m.ExpectedVersion != nil {
+		return api.Errorf(api.CodeInvalidArgument, "%s %s: --expected-version applies to update and delete, not to create", kind, name)
+	}
+	return nil
+}
+
+func (s *Server) handleEgressCreate(w http.ResponseWriter, r *http.Request) {
+	var req api.EgressCreateRequest
+	if err := decodeBody(r, &req); err != nil {
+		writeError(w, err)
+		return
+	}
+	args := fsm.EgressCreateArgs{Name: req.Name, SOCKS5: req.SOCKS5, Username: req.Username, Password: req.Password}
+	if err := noExpectedVersion("egress", req.Name, req.WriteMeta); err != nil {
+		writeError(w, err)
+		return
+	}
+	// Bad input never enters the log; the FSM checks again.
+	if err := fsm.CheckEgressCreate(args); err != nil {
+		writeError(w, err)
+		return
+	}
+	s.write(w, r, fsm.OpEgressCreate, req.WriteMeta, args)
+}
+
+func (s *Server) handleEgressUpdate(w http.ResponseWriter, r *http.Request) {
+	var req api.EgressUpdateRequest
+	if err := decodeBody(r, &req); err != nil {
+		writeError(w, err)
+		return
+	}
+	args := fsm.EgressUpdateArgs{Name: r.PathValue("name"), SOCKS5: req.SOCKS5, Username: req.Username, Password: req.Password, ClearCredentials: req.ClearCredentials}
+	if err := fsm.CheckEgressUpdate(args); err != nil {
+		writeError(w, err)
+		return
+	}
+	s.write(w, r, fsm.OpEgressUpdate, req.WriteMeta, args)
+}
+
+// objectDelete serves egress and resolver delete.
+func (s *Server) objectDelete(op, kind string) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		var req api.WriteMeta
+		if err := decodeBody(r, &req); err != nil {
+			writeError(w, err)
+			return
+		}
+		name := r.PathValue("name")
+		if err := fsm.ValidObjectName(kind, name); err != nil {
+			writeError(w, err)
+			return
+		}
+		s.write(w, r, op, req, fsm.ObjectArgs{Name: name})
+	}
+}
+
+func (s *Server) handleEgressList(w http.ResponseWriter, r *http.Request) {
+	size, token, err := pageParams(r)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	s.view(w, func(tx *bolt.Tx) (any, error) { return fsm.ListEgress(tx, size, token) })
+}
+
+func (s *Server) handleEgressGet(w http.ResponseWriter, r *http.Request) {
+	name := r.PathValue("name")
+	s.view(w, func(tx *bolt.Tx) (any, error) { return fsm.GetEgress(tx, name) })
+}
+
+func (s *Server) handleResolverCreate(w http.ResponseWriter, r *http.Request) {
+	var req api.ResolverCreateRequest
+	if err := decodeBody(r, &req); err != nil {
+		writeError(w, err)
+		return
+	}
+	args := fsm.ResolverCreateArgs{Name: req.Name, Upstreams: req.Upstreams}
+	if err := noExpectedVersion("resolver", req.Name, req.WriteMeta); err != nil {
+		writeError(w, err)
+		return
+	}
+	if err := fsm.CheckResolverCreate(args); err != nil {
+		writeError(w, err)
+		return
+	}
+	s.write(w, r, fsm.OpResolverCreate, req.WriteMeta, args)
+}
+
+func (s *Server) handleResolverList(w http.ResponseWriter, r *http.Request) {
+	size, token, err := pageParams(r)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	s.view(w, func(tx *bolt.Tx) (any, error) { return fsm.ListResolvers(tx, size, token) })
+}
+
+func (s *Server) handleResolverGet(w http.ResponseWriter, r *http.Request) {
+	name := r.PathValue("name")
+	s.view(w, func(tx *bolt.Tx) (any, error) { return fsm.GetResolver(tx, name) })
+}
+
+// handleEgressCredentials answers a node the credentials of one Egress
+// revision, if a Workspace it runs (or is to run, or is changing to) uses
+// that revision; member() admitted members only, and the node is the
+// one the caller's certificate names (a forwarded call: the original
+// caller's). A node reads with ?consistent=true right after its task
+// arrived: this member's replica may not have applied it yet.
+func (s *Server) handleEgressCredentials(w http.ResponseWriter, r *http.Request) {
+	name, raw := r.PathValue("name"), r.PathValue("rev")
+	rev, err := strconv.ParseUint(raw, 10, 64)
+	if err != nil || rev == 0 {
+		writeError(w, api.Errorf(api.CodeInvalidArgument, "egress %s: revision %q is not a revision number (1, 2, ...)", name, clipValue(raw)))
+		return
+	}
+	node := callerOf(r).id.NodeID
+	s.view(w, func(tx *bolt.Tx) (any, error) { return fsm.EgressCredentials(tx, node, name, rev) })
+}
+
+func clipValue(s string) string {
+	if len(s) > 40 {
+		return s[:40] + "..."
+	}
+	return s
+}
+
+// withNetworkObjects adds to a task what its node needs of the Egress
+// and Resolver its policy names: the SOCKS5 address of the recorded
+// revision (the node fetches its credentials itself) and the upstreams.
+func withNetworkObjects(tx *bolt.Tx, t *api.WorkspaceTask) error {
+	var err error
+	t.Egress, t.Resolver, err = fsm.TaskNetwork(tx, t.Network)
+	return err
+}
