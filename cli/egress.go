@@ -1,0 +1,33 @@
+package cli
+
+import (
+	"log/slog"
+	"time"
+
+	"github.com/kibotos/kibotos/agent/egress"
+)
+
+// EgressCmd is the egress process (internal role). The node starts it as
+// its own systemd unit under the kibotos-egress user without capabilities,
+// then hands it its sockets, routes and credentials over the control
+// socket (package agent/egress documents the protocol and what the node
+// sets up).
+type EgressCmd struct {
+	SocketDir  string        `name:"socket-dir" required:"" help:"Directory of the control socket, made by the node: owned by this user, mode 0700."`
+	Generation uint64        `name:"generation" required:"" help:"Generation number given by the node."`
+	Grace      time.Duration `name:"grace" default:"10s" help:"On SIGTERM: how long carried connections may go on before they are closed."`
+	AllowRoot  bool          `name:"allow-root" hidden:"" help:"Run as root or with capabilities (tests only)."`
+	LogLevel   string        `name:"log-level" default:"info" enum:"debug,info,warn,error" help:"Log level (debug, info, warn, error)."`
+}
+
+func (c *EgressCmd) Run(g *Globals) error {
+	if !c.AllowRoot {
+		if err := egress.CheckUnprivileged(); err != nil {
+			return err
+		}
+	}
+	var lvl slog.Level
+	lvl.UnmarshalText([]byte(c.LogLevel))
+	log := slog.New(slog.NewTextHandler(g.stderr, &slog.HandlerOptions{Level: lvl}))
+	return egress.RunProcess(g.ctx, egress.Options{SocketDir: c.SocketDir, Generation: c.Generation, Logger: log}, c.Grace)
+}
