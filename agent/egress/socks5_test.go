@@ -207,10 +207,13 @@ func startMicrosocks(t testing.TB, nsPath, ip string, port int, user, pass, bind
 	if bind != "" {
 		args = append(args, "-b", bind)
 	}
-	cmd := exec.Command(bin, args...)
+	// stdbuf: microsocks logs each connection with stdio, which would sit
+	// in a buffer until exit. nsenter and stdbuf exec, keeping the PID.
+	argv := append([]string{"stdbuf", "-oL", "-eL", bin}, args...)
 	if nsPath != "" {
-		cmd = exec.Command("nsenter", append([]string{"--net=" + nsPath, "--", bin}, args...)...)
+		argv = append([]string{"nsenter", "--net=" + nsPath, "--"}, argv...)
 	}
+	cmd := exec.Command(argv[0], argv[1:]...)
 	m := &microsocks{addr: net.JoinHostPort(ip, strconv.Itoa(port)), logPath: filepath.Join(t.TempDir(), "microsocks.log")}
 	out, err := os.Create(m.logPath)
 	if err != nil {
