@@ -36,6 +36,13 @@ type proxyRoute struct {
 	revision           uint64
 	server             endpoint
 	username, password string
+	warm               *warmPool // set by the server; nil: none
+}
+
+// key tells proxy routes apart: guests naming the same Egress revision
+// share one, and so one warm pool, also across Config pushes.
+func (p *proxyRoute) key() string {
+	return fmt.Sprintf("%s\x00%d\x00%s\x00%s\x00%s", p.name, p.revision, p.server, p.username, p.password)
 }
 
 type resolverRoute struct {
@@ -54,6 +61,7 @@ type route struct {
 type table struct {
 	routes    map[netip.Addr]route
 	resolvers []netip.AddrPort
+	proxies   map[string]*proxyRoute // by key
 }
 
 var emptyTable = &table{routes: map[netip.Addr]route{}}
@@ -61,7 +69,7 @@ var emptyTable = &table{routes: map[netip.Addr]route{}}
 // compile checks c and builds its table; the error names the first bad
 // entry.
 func compile(c Config) (*table, error) {
-	t := &table{routes: make(map[netip.Addr]route, len(c.Routes))}
+	t := &table{routes: make(map[netip.Addr]route, len(c.Routes)), proxies: map[string]*proxyRoute{}}
 	if len(c.Resolvers) > maxResolvers {
 		return nil, fmt.Errorf("egress: config: %d deployment resolvers, at most %d", len(c.Resolvers), maxResolvers)
 	}
@@ -88,6 +96,10 @@ func compile(c Config) (*table, error) {
 			if err != nil {
 				return nil, fmt.Errorf("egress: config: guest %s: %w", r.Guest, err)
 			}
+			if same, ok := t.proxies[p.key()]; ok {
+				p = same
+			}
+			t.proxies[p.key()] = p
 			rt.proxy = p
 		}
 		if r.Resolver != nil {

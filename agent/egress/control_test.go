@@ -386,3 +386,56 @@ func TestCheckPeer(t *testing.T) {
 		t.Fatalf("nobody: %v", err)
 	}
 }
+
+// With a warm pool, a guest connection is carried on a connection made
+// and authenticated beforehand: here the proxy stops accepting after the
+// first, and the second guest connection still goes through.
+func TestWarmPool(t *testing.T) {
+	s := startServer(t, Options{WarmConnections: 1})
+	ctx := ctxT(t)
+	c, err := Dial(ctx, s.socket())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	listen := freeTCP(t)
+	tcp, err := ListenTransparentTCP(listen)
+	if err != nil {
+		t.Fatal(err)
+	}
+	udp, err := ListenDNS(freeUDP(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.SendListeners(ctx, tcp, udp); err != nil {
+		t.Fatal(err)
+	}
+	tcp.Close()
+	udp.Close()
+	socks := newSocksServer(t, "u", "p")
+	cfg := Config{Routes: []Route{{Guest: netip.MustParseAddr("127.0.0.1"), Egress: &Proxy{Name: "e1", Revision: 1, Address: socks.addr(), Username: "u", Password: "p"}}}}
+	if err := c.SetConfig(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	first, err := net.Dial("tcp4", listen)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer first.Close()
+	echo(t, first, "fresh")
+	waitFor(t, 10*time.Second, "the warm connection", func() bool { return socks.connections() == 2 })
+	// The same revision pushed again keeps its pool.
+	if err := c.SetConfig(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	socks.ln.Close()
+	second, err := net.Dial("tcp4", listen)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer second.Close()
+	echo(t, second, "warm")
+	if got := socks.handshakes(); len(got) != 2 || !bytes.Equal(got[0], got[1]) {
+		t.Fatalf("handshakes %v; want two identical ones (greeting, credentials, CONNECT)", got)
+	}
+}

@@ -20,7 +20,7 @@
 //
 // Sockets, made as root in the node's (host) network namespace and sent
 // with Client.SendListeners:
-//   - ListenTransparentTCP("0.0.0.0:PORT") (or 127.0.0.1:PORT): a listener
+//   - ListenTransparentTCP("0.0.0.0:PORT"): a listener
 //     with IP_TRANSPARENT, so connections TPROXYed to it keep their original
 //     destination as the accepted socket's local address. Because the node
 //     creates it, it belongs to the node unit's cgroup for as long as it
@@ -29,24 +29,42 @@
 //     answers leave from that address, which the Instance namespace's
 //     conntrack needs to un-DNAT them.
 //
-// Rules, in the node namespace (guest veths are kb-*):
+// Rules, in the node namespace (guest veths are kb-*, @proxied the guest
+// addresses whose policy names an Egress):
 //
 //	table ip kibotos_egress {
 //	  chain prerouting {
 //	    type filter hook prerouting priority mangle; policy accept;
 //	    iifname "kb-*" ip saddr @proxied meta l4proto tcp tproxy to :PORT meta mark set 1 accept
 //	  }
+//	  chain forward {
+//	    type filter hook forward priority filter; policy accept;
+//	    iifname "kb-*" ip saddr @proxied meta l4proto tcp reject with tcp reset
+//	  }
 //	}
 //	ip rule add fwmark 1 lookup 100
 //	ip route add local 0.0.0.0/0 dev lo table 100
 //
-// and the Instance namespace of a proxied guest forwards its TCP to the
-// node unchanged (no redirect), while the node's forward chain drops TCP
-// from proxied guests, so nothing leaves directly when the egress process
-// is gone. The DNS of a Resolver-referencing guest is DNATed in its
-// Instance namespace to the ListenDNS address (netpol TableSpec.Resolver).
-// The guest's source address must reach the node unchanged: routes are
-// looked up by it.
+// TPROXY finds no socket when no egress process holds the listener; the
+// packet then goes on to the forward chain, whose reset makes the guest's
+// connect fail at once instead of leaving directly. The Instance namespace
+// of a proxied guest forwards its TCP to the node unchanged (no redirect,
+// no NAT): routes are looked up by the guest's source address, and the
+// original destination must still be the packet's. A listener on 0.0.0.0
+// also takes plain connections to the node's own addresses on PORT: the
+// node's input chain should drop those (tcp dport PORT meta mark != 1).
+// The DNS of
+// a Resolver-referencing guest is DNATed in its Instance namespace to the
+// ListenDNS address (netpol TableSpec.Resolver), source unchanged.
+//
+// The unit: User=kibotos-egress, no capabilities (CapabilityBoundingSet=
+// empty, NoNewPrivileges=yes), a read-only filesystem but the socket
+// directory, `kibotos egress --socket-dir DIR --generation N`. The
+// command refuses root and capabilities (CheckUnprivileged). SIGTERM
+// drains with --grace (10 s); the node normally drains over the control
+// socket with its own deadline. Proxies and upstreams are dialed from the
+// host namespace as that user, so host rules on the node's own outbound
+// traffic apply to them.
 //
 // # Control protocol
 //
@@ -74,6 +92,11 @@
 //
 // Config changes apply to new connections and queries; connections already
 // carried keep their proxy until they end, are drained or the process ends.
+//
+// Options.WarmConnections (--warm-connections) keeps a few connections per
+// proxy revision greeted and authenticated ahead of need, leaving one
+// round trip to the proxy per guest connection instead of three or four;
+// off by default until it is measured against a proxy with real latency.
 package egress
 
 import (

@@ -26,7 +26,13 @@ type Options struct {
 	// MaxConnections bounds the connections carried at once; zero means
 	// 16384. Past it new ones are refused.
 	MaxConnections int
-	Logger         *slog.Logger
+	// WarmConnections is how many greeted, authenticated connections are
+	// kept ready per proxy revision once a guest used it (warm.go); zero
+	// or negative: none. Off by default: it saves round trips to the
+	// proxy, which the test lab (no added latency) cannot show, and it
+	// keeps idle connections open on the caller's proxy.
+	WarmConnections int
+	Logger          *slog.Logger
 }
 
 // maxDNSInFlight bounds the queries being answered at once.
@@ -153,7 +159,7 @@ func (s *Server) Drain(deadline time.Time) {
 	defer s.mu.Unlock()
 	if !s.draining {
 		s.draining = true
-		s.table.Store(emptyTable)
+		closePools(s.table.Swap(emptyTable), emptyTable)
 		s.names.reset()
 		if s.tcp != nil {
 			s.tcp.Close()
@@ -239,11 +245,30 @@ func (s *Server) applyConfig(c Config) error {
 	if s.draining {
 		return errors.New("egress: this process is draining: send the config to the newer generation")
 	}
+	// A proxy revision that stays keeps its warm pool.
+	old := s.table.Load()
+	for k, p := range t.proxies {
+		if prev, ok := old.proxies[k]; ok {
+			p.warm = prev.warm
+		} else {
+			p.warm = newWarmPool(p, s.opts.WarmConnections)
+		}
+	}
 	s.table.Store(t)
+	closePools(old, t)
 	s.names.reset()
 	s.configured = true
 	s.log.Info("egress config applied", "routes", len(t.routes), "resolvers", len(t.resolvers))
 	return nil
+}
+
+// closePools closes the warm pools of old that new does not carry on.
+func closePools(old, new *table) {
+	for k, p := range old.proxies {
+		if q, ok := new.proxies[k]; !ok || q.warm != p.warm {
+			p.warm.close()
+		}
+	}
 }
 
 // Stats reports the state and counters.

@@ -36,14 +36,42 @@ var socksReplies = map[byte]string{
 	8: "address type not supported",
 }
 
-// dialProxy connects to p's server (each of its addresses in turn) and
-// asks it to CONNECT to dst, all within the handshake timeout.
+// dialProxy gives a connection to p's server on which CONNECT to dst
+// succeeded, within the handshake timeout: from p's warm pool when it has
+// one (one round trip left), else dialed and greeted afresh.
 func (s *Server) dialProxy(ctx context.Context, p *proxyRoute, dst netip.AddrPort) (net.Conn, error) {
 	ctx, cancel := context.WithTimeout(ctx, s.opts.HandshakeTimeout)
 	defer cancel()
-	addrs, err := s.resolve(ctx, p.server)
+	if c, ok := p.warm.take(s); ok {
+		err := withDeadline(ctx, c, func() error { return socksRequest(c, dst) })
+		var refused *socksReplyError
+		switch {
+		case err == nil:
+			return c, nil
+		case errors.As(err, &refused) || ctx.Err() != nil:
+			// The proxy's answer about dst: a fresh connection gets the same.
+			c.Close()
+			return nil, fmt.Errorf("egress %s: SOCKS5 server %s: %w", p.name, p.server, err)
+		}
+		c.Close() // a warm connection the server dropped: dial afresh
+	}
+	c, err := s.dialGreeted(ctx, p)
 	if err != nil {
 		return nil, err
+	}
+	if err := withDeadline(ctx, c, func() error { return socksRequest(c, dst) }); err != nil {
+		c.Close()
+		return nil, fmt.Errorf("egress %s: SOCKS5 server %s: %w", p.name, p.server, err)
+	}
+	return c, nil
+}
+
+// dialGreeted connects to p's server (each of its addresses in turn) and
+// negotiates the method and credentials, leaving the request to come.
+func (s *Server) dialGreeted(ctx context.Context, p *proxyRoute) (net.Conn, error) {
+	addrs, err := s.resolve(ctx, p.server)
+	if err != nil {
+		return nil, fmt.Errorf("egress %s: %w", p.name, err)
 	}
 	var d net.Dialer
 	var c net.Conn
@@ -56,26 +84,39 @@ func (s *Server) dialProxy(ctx context.Context, p *proxyRoute, dst netip.AddrPor
 	if err != nil {
 		return nil, fmt.Errorf("egress %s: reach SOCKS5 server %s: %w", p.name, p.server, err)
 	}
-	deadline, _ := ctx.Deadline()
-	c.SetDeadline(deadline)
-	// The handshake reads are not context-aware: a kill must unblock them.
-	stop := context.AfterFunc(ctx, func() { c.SetDeadline(time.Unix(1, 0)) })
-	err = socksHandshake(c, dst, p.username, p.password)
-	if !stop() || err != nil {
+	if err := withDeadline(ctx, c, func() error { return socksGreet(c, p.username, p.password) }); err != nil {
 		c.Close()
-		if err == nil || ctx.Err() != nil {
-			err = fmt.Errorf("SOCKS5 handshake: %w", context.Cause(ctx))
-		}
 		return nil, fmt.Errorf("egress %s: SOCKS5 server %s: %w", p.name, p.server, err)
 	}
-	c.SetDeadline(time.Time{})
 	return c, nil
+}
+
+// withDeadline runs f, whose reads and writes on c are not
+// context-aware, so that ctx's deadline or cancellation (a kill) ends it.
+func withDeadline(ctx context.Context, c net.Conn, f func() error) error {
+	deadline, _ := ctx.Deadline()
+	c.SetDeadline(deadline)
+	stop := context.AfterFunc(ctx, func() { c.SetDeadline(time.Unix(1, 0)) })
+	err := f()
+	if !stop() || ctx.Err() != nil {
+		return fmt.Errorf("SOCKS5 handshake: %w", context.Cause(ctx))
+	}
+	c.SetDeadline(time.Time{})
+	return err
 }
 
 // socksHandshake is the client side of a CONNECT to dst on c: method
 // negotiation, username/password when user is set, the request, and the
 // reply read to its last byte (what follows is the destination's).
 func socksHandshake(c io.ReadWriter, dst netip.AddrPort, user, pass string) error {
+	if err := socksGreet(c, user, pass); err != nil {
+		return err
+	}
+	return socksRequest(c, dst)
+}
+
+// socksGreet negotiates the method and, when user is set, authenticates.
+func socksGreet(c io.ReadWriter, user, pass string) error {
 	method := byte(socksNoAuth)
 	if user != "" {
 		// Only the method we were configured for: a server that would let
@@ -101,29 +142,49 @@ func socksHandshake(c io.ReadWriter, dst netip.AddrPort, user, pass string) erro
 		}
 		return fmt.Errorf("the server chose method %#x, which was not offered", sel[1])
 	}
-	if method == socksUserPass {
-		msg := make([]byte, 0, 3+len(user)+len(pass))
-		msg = append(msg, userPassVersion, byte(len(user)))
-		msg = append(msg, user...)
-		msg = append(msg, byte(len(pass)))
-		msg = append(msg, pass...)
-		_, err := c.Write(msg)
-		clear(msg)
-		if err != nil {
-			return err
-		}
-		var st [2]byte
-		if _, err := io.ReadFull(c, st[:]); err != nil {
-			return fmt.Errorf("authentication: %w", err)
-		}
-		if st[1] != userPassSucceeds {
-			return fmt.Errorf("the server refused the egress's username and password (status %#x)", st[1])
-		}
+	if method != socksUserPass {
+		return nil
 	}
+	msg := make([]byte, 0, 3+len(user)+len(pass))
+	msg = append(msg, userPassVersion, byte(len(user)))
+	msg = append(msg, user...)
+	msg = append(msg, byte(len(pass)))
+	msg = append(msg, pass...)
+	_, err := c.Write(msg)
+	clear(msg)
+	if err != nil {
+		return err
+	}
+	var st [2]byte
+	if _, err := io.ReadFull(c, st[:]); err != nil {
+		return fmt.Errorf("authentication: %w", err)
+	}
+	if st[1] != userPassSucceeds {
+		return fmt.Errorf("the server refused the egress's username and password (status %#x)", st[1])
+	}
+	return nil
+}
+
+// socksRequest sends CONNECT dst and reads the reply.
+func socksRequest(c io.ReadWriter, dst netip.AddrPort) error {
 	if _, err := c.Write(connectRequest(dst)); err != nil {
 		return err
 	}
 	return readConnectReply(c, dst)
+}
+
+// socksReplyError is the server's refusal of a CONNECT.
+type socksReplyError struct {
+	dst  netip.AddrPort
+	code byte
+}
+
+func (e *socksReplyError) Error() string {
+	why, ok := socksReplies[e.code]
+	if !ok {
+		why = fmt.Sprintf("reply %#x", e.code)
+	}
+	return fmt.Sprintf("connect to %s: %s", e.dst, why)
 }
 
 // connectRequest is VER CMD RSV ATYP DST.ADDR DST.PORT for an address.
@@ -148,11 +209,7 @@ func readConnectReply(c io.Reader, dst netip.AddrPort) error {
 		return fmt.Errorf("connect reply: version %d", hdr[0])
 	}
 	if hdr[1] != 0 {
-		why, ok := socksReplies[hdr[1]]
-		if !ok {
-			why = fmt.Sprintf("reply %#x", hdr[1])
-		}
-		return fmt.Errorf("connect to %s: %s", dst, why)
+		return &socksReplyError{dst: dst, code: hdr[1]}
 	}
 	var n int
 	switch hdr[3] {

@@ -25,6 +25,7 @@ type socksServer struct {
 	user, pass string
 	mu         sync.Mutex
 	seen       [][]byte
+	accepted   int
 }
 
 func newSocksServer(t testing.TB, user, pass string) *socksServer {
@@ -41,6 +42,9 @@ func newSocksServer(t testing.TB, user, pass string) *socksServer {
 			if err != nil {
 				return
 			}
+			s.mu.Lock()
+			s.accepted++
+			s.mu.Unlock()
 			go s.serve(c)
 		}
 	}()
@@ -48,6 +52,12 @@ func newSocksServer(t testing.TB, user, pass string) *socksServer {
 }
 
 func (s *socksServer) addr() string { return s.ln.Addr().String() }
+
+func (s *socksServer) connections() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.accepted
+}
 
 func (s *socksServer) handshakes() [][]byte {
 	s.mu.Lock()
