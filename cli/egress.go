@@ -19,6 +19,7 @@ type EgressCmd struct {
 	List   EgressListCmd   `cmd:"" help:"List Egress objects, by name."`
 	Get    EgressGetCmd    `cmd:"" help:"Show one Egress; its password is never shown."`
 	Delete EgressDeleteCmd `cmd:"" help:"Delete an Egress that no Workspace's network policy names."`
+	Serve  EgressServeCmd  `cmd:"" hidden:"" help:"Run the node's egress process (started by the node as its own unit, unprivileged)."`
 }
 
 func egressPath(name string, verb ...string) string {

@@ -12,8 +12,9 @@ need=()
 # debian-archive-keyring: Debian templates (`template build --debootstrap`);
 # wget, ca-certificates: the busybox template's wget and the CA bundle it
 # verifies with, copied from the host (busybox's wget crashes on -T);
-# dnsmasq-base (the binary alone, no service): the resolver of network tests.
-for pkg in iproute2 nftables ca-certificates git qemu-system-x86 qemu-utils busybox-static lz4 cpio kmod systemd e2fsprogs file debootstrap debian-archive-keyring wget dnsmasq-base; do
+# dnsmasq-base (the binary alone, no service): the resolver of network tests;
+# microsocks: the SOCKS5 server egress tests carry guest connections through.
+for pkg in iproute2 nftables ca-certificates git qemu-system-x86 qemu-utils busybox-static lz4 cpio kmod systemd e2fsprogs file debootstrap debian-archive-keyring wget dnsmasq-base microsocks; do
 	dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
 done
 if [ "${KIBOTOS_BENCH:-0}" = 1 ]; then

@@ -1,0 +1,184 @@
+package egress
+
+import (
+	"bytes"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// Requests of the control protocol.
+const (
+	opHello          = "hello"
+	opListeners      = "listeners"
+	opTakeListeners  = "take-listeners"
+	opConfig         = "config"
+	opDrain          = "drain"
+	opStats          = "stats"
+	listenerFDsCount = 2 // TCP listener, DNS socket, in that order
+)
+
+// request is one control request; only the field of its op may be set.
+type request struct {
+	Op       string     `json:"op"`
+	Config   *Config    `json:"config,omitempty"`
+	Deadline *time.Time `json:"deadline,omitempty"`
+}
+
+// reply answers a request; Error is set alone when it failed.
+type reply struct {
+	Error string `json:"error,omitempty"`
+	Hello *Hello `json:"hello,omitempty"`
+	Stats *Stats `json:"stats,omitempty"`
+}
+
+// maxFDs bounds the descriptors a frame may bring: more is an error, and
+// what the kernel could not fit in the buffer it closes itself.
+const maxFDs = 4
+
+// link is one end of a control connection: frames out with optional
+// descriptors, frames in with the descriptors that came with them.
+type link struct {
+	c   *net.UnixConn
+	oob []byte
+	fds []int // received, not yet claimed by a frame
+}
+
+func newLink(c *net.UnixConn) *link {
+	return &link{c: c, oob: make([]byte, unix.CmsgSpace(4*maxFDs))}
+}
+
+// Read reads bytes and collects any descriptors riding on them.
+func (l *link) Read(p []byte) (int, error) {
+	n, oobn, flags, _, err := l.c.ReadMsgUnix(p, l.oob)
+	if oobn > 0 {
+		if perr := l.collect(l.oob[:oobn]); perr != nil {
+			return n, perr
+		}
+	}
+	if flags&unix.MSG_CTRUNC != 0 {
+		return n, fmt.Errorf("egress: control frame carried more than %d descriptors", maxFDs)
+	}
+	return n, err
+}
+
+func (l *link) collect(oob []byte) error {
+	msgs, err := unix.ParseSocketControlMessage(oob)
+	if err != nil {
+		return fmt.Errorf("egress: control frame: ancillary data: %w", err)
+	}
+	for _, m := range msgs {
+		fds, err := unix.ParseUnixRights(&m)
+		if err != nil {
+			continue // not SCM_RIGHTS (credentials are not asked for)
+		}
+		l.fds = append(l.fds, fds...)
+	}
+	if len(l.fds) > maxFDs {
+		return fmt.Errorf("egress: control frame carried more than %d descriptors", maxFDs)
+	}
+	return nil
+}
+
+// takeFDs hands the descriptors received so far to the caller.
+func (l *link) takeFDs() []int {
+	fds := l.fds
+	l.fds = nil
+	return fds
+}
+
+// close ends the connection and closes descriptors nobody claimed.
+func (l *link) close() {
+	closeFDs(l.takeFDs())
+	l.c.Close()
+}
+
+func closeFDs(fds []int) {
+	for _, fd := range fds {
+		unix.Close(fd)
+	}
+}
+
+// readFrame reads one frame into v, strictly: unknown fields and anything
+// after the JSON value are errors. The buffer is cleared afterwards, since
+// a config frame holds credentials.
+func (l *link) readFrame(v any) error {
+	var hdr [4]byte
+	if _, err := io.ReadFull(l, hdr[:]); err != nil {
+		return err
+	}
+	n := binary.BigEndian.Uint32(hdr[:])
+	if n == 0 || n > MaxFrame {
+		return fmt.Errorf("egress: control frame of %d bytes, want 1 to %d", n, MaxFrame)
+	}
+	buf := make([]byte, n)
+	defer clear(buf)
+	if _, err := io.ReadFull(l, buf); err != nil {
+		return fmt.Errorf("egress: control frame cut short: %w", err)
+	}
+	return decodeStrict(buf, v)
+}
+
+func decodeStrict(buf []byte, v any) error {
+	dec := json.NewDecoder(bytes.NewReader(buf))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return fmt.Errorf("egress: control frame: %w", err)
+	}
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		return errors.New("egress: control frame: data after the JSON value")
+	}
+	return nil
+}
+
+// writeFrame sends v as one frame; fds, when given, ride on its first
+// byte as SCM_RIGHTS (the caller keeps them open until it returns).
+func (l *link) writeFrame(v any, fds ...int) error {
+	body, err := json.Marshal(v)
+	if err != nil {
+		return fmt.Errorf("egress: control frame: %w", err)
+	}
+	if len(body) > MaxFrame {
+		return fmt.Errorf("egress: control frame of %d bytes is over the %d limit", len(body), MaxFrame)
+	}
+	frame := make([]byte, 4+len(body))
+	binary.BigEndian.PutUint32(frame, uint32(len(body)))
+	copy(frame[4:], body)
+	clear(body)
+	defer clear(frame)
+	var oob []byte
+	if len(fds) > 0 {
+		oob = unix.UnixRights(fds...)
+	}
+	n, _, err := l.c.WriteMsgUnix(frame, oob, nil)
+	if err == nil && n < len(frame) {
+		_, err = l.c.Write(frame[n:])
+	}
+	if err != nil {
+		return fmt.Errorf("egress: send control frame: %w", err)
+	}
+	return nil
+}
+
+// fileFD is f's descriptor without (*os.File).Fd, which would switch the
+// socket to blocking mode: that flag belongs to the open file description,
+// which SCM_RIGHTS shares with the egress process, whose accept loop must
+// stay non-blocking. The caller keeps f alive while it uses the number.
+func fileFD(f *os.File) (int, error) {
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return -1, err
+	}
+	fd := -1
+	if err := rc.Control(func(u uintptr) { fd = int(u) }); err != nil {
+		return -1, err
+	}
+	return fd, nil
+}

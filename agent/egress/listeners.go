@@ -1,0 +1,145 @@
+package egress
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"os"
+
+	"golang.org/x/sys/unix"
+)
+
+// installListeners takes the node's TCP listener and DNS socket (fds, in
+// that order, owned by the caller until this returns) and starts serving
+// them. They are checked first: a plain listener would lose the original
+// destination of every connection.
+func (s *Server) installListeners(fds []int) error {
+	if len(fds) != listenerFDsCount {
+		return fmt.Errorf("egress: listeners: got %d descriptors, want %d (the TCP listener, then the DNS socket)", len(fds), listenerFDsCount)
+	}
+	if err := checkTCPListener(fds[0]); err != nil {
+		return err
+	}
+	if err := checkDNSSocket(fds[1]); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	switch {
+	case s.draining:
+		return errors.New("egress: listeners: this process is draining: send them to the newer generation")
+	case s.tcp != nil:
+		return errors.New("egress: listeners: this process has its listeners already")
+	}
+	tcpFile, err := dupFile(fds[0], "egress-tcp-listener")
+	if err != nil {
+		return err
+	}
+	udpFile, err := dupFile(fds[1], "egress-dns-socket")
+	if err != nil {
+		tcpFile.Close()
+		return err
+	}
+	ln, err := net.FileListener(tcpFile)
+	if err != nil {
+		tcpFile.Close()
+		udpFile.Close()
+		return fmt.Errorf("egress: listeners: TCP listener: %w", err)
+	}
+	pc, err := net.FilePacketConn(udpFile)
+	if err != nil {
+		ln.Close()
+		tcpFile.Close()
+		udpFile.Close()
+		return fmt.Errorf("egress: listeners: DNS socket: %w", err)
+	}
+	s.tcpFile, s.udpFile = tcpFile, udpFile
+	s.tcp, s.udp = ln.(*net.TCPListener), pc.(*net.UDPConn)
+	s.log.Info("egress listening", "tcp", s.tcp.Addr().String(), "dns", s.udp.LocalAddr().String())
+	go s.acceptLoop(s.tcp)
+	s.dns.Add(1)
+	go s.dnsLoop(s.udp)
+	return nil
+}
+
+// takeListeners returns duplicates of the sockets for the caller to send
+// and close: the node moves them to a newer generation with them.
+func (s *Server) takeListeners() ([]int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.tcpFile == nil {
+		if s.draining {
+			return nil, errors.New("egress: take-listeners: this process is draining and has let its listeners go")
+		}
+		return nil, errors.New("egress: take-listeners: this process has no listeners yet")
+	}
+	var fds []int
+	for _, f := range []*os.File{s.tcpFile, s.udpFile} {
+		fd, err := fileFD(f)
+		if err == nil {
+			fd, err = unix.FcntlInt(uintptr(fd), unix.F_DUPFD_CLOEXEC, 0)
+		}
+		if err != nil {
+			closeFDs(fds)
+			return nil, fmt.Errorf("egress: take-listeners: %w", err)
+		}
+		fds = append(fds, fd)
+	}
+	return fds, nil
+}
+
+// dupFile wraps a copy of fd, leaving fd to its owner.
+func dupFile(fd int, name string) (*os.File, error) {
+	nfd, err := unix.FcntlInt(uintptr(fd), unix.F_DUPFD_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("egress: listeners: %s: %w", name, err)
+	}
+	return os.NewFile(uintptr(nfd), name), nil
+}
+
+func sockOpt(fd, level, opt int) (int, error) { return unix.GetsockoptInt(fd, level, opt) }
+
+// checkTCPListener wants an IPv4 TCP socket that listens with
+// IP_TRANSPARENT: ListenTransparentTCP.
+func checkTCPListener(fd int) error {
+	const what = "egress: listeners: the first descriptor (TCP listener)"
+	if err := checkSocket(fd, unix.SOCK_STREAM, what); err != nil {
+		return err
+	}
+	if v, err := sockOpt(fd, unix.SOL_SOCKET, unix.SO_ACCEPTCONN); err != nil || v != 1 {
+		return fmt.Errorf("%s does not listen: make it with ListenTransparentTCP", what)
+	}
+	if v, err := sockOpt(fd, unix.SOL_IP, unix.IP_TRANSPARENT); err != nil || v != 1 {
+		return fmt.Errorf("%s lacks IP_TRANSPARENT: TPROXYed connections would not reach it; make it with ListenTransparentTCP", what)
+	}
+	return nil
+}
+
+// checkDNSSocket wants an IPv4 UDP socket bound to a specific address:
+// answers must leave from the address the Instance namespaces DNAT to.
+func checkDNSSocket(fd int) error {
+	const what = "egress: listeners: the second descriptor (DNS socket)"
+	if err := checkSocket(fd, unix.SOCK_DGRAM, what); err != nil {
+		return err
+	}
+	sa, err := unix.Getsockname(fd)
+	in4, ok := sa.(*unix.SockaddrInet4)
+	if err != nil || !ok || in4.Port == 0 || in4.Addr == [4]byte{} {
+		return fmt.Errorf("%s is not bound to a specific IPv4 address and port: make it with ListenDNS", what)
+	}
+	return nil
+}
+
+func checkSocket(fd, typ int, what string) error {
+	t, err := sockOpt(fd, unix.SOL_SOCKET, unix.SO_TYPE)
+	if err != nil {
+		return fmt.Errorf("%s is not a socket: %w", what, err)
+	}
+	if t != typ {
+		return fmt.Errorf("%s is a socket of type %d, want %d", what, t, typ)
+	}
+	if d, err := sockOpt(fd, unix.SOL_SOCKET, unix.SO_DOMAIN); err != nil || d != unix.AF_INET {
+		return fmt.Errorf("%s is not an IPv4 socket", what)
+	}
+	return nil
+}

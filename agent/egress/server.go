@@ -1,0 +1,310 @@
+package egress
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Options configure the process; Config (the routes) comes later over the
+// control socket.
+type Options struct {
+	// SocketDir holds the control socket. The node makes it, owned by the
+	// process's user, mode 0700; the process refuses another.
+	SocketDir string
+	// Generation numbers this process among the node's egress processes.
+	Generation uint64
+	// HandshakeTimeout bounds reaching the proxy and its SOCKS5 handshake
+	// for one connection; zero means 10 s.
+	HandshakeTimeout time.Duration
+	// MaxConnections bounds the connections carried at once; zero means
+	// 16384. Past it new ones are refused.
+	MaxConnections int
+	// WarmConnections is how many greeted, authenticated connections are
+	// kept ready per proxy revision once a guest used it (warm.go); zero
+	// or negative: none. Off by default: it saves round trips to the
+	// proxy, which the test lab (no added latency) cannot show, and it
+	// keeps idle connections open on the caller's proxy.
+	WarmConnections int
+	Logger          *slog.Logger
+}
+
+// maxDNSInFlight bounds the queries being answered at once.
+const maxDNSInFlight = 512
+
+// Server is the egress process's core: the control socket, the sockets the
+// node handed over and the connections and queries carried.
+type Server struct {
+	opts  Options
+	log   *slog.Logger
+	lines lineLimiter
+	ready chan struct{}
+
+	table atomic.Pointer[table]
+	names nameCache
+
+	mu         sync.Mutex
+	tcpFile    *os.File // the node's sockets as received, for take-listeners
+	udpFile    *os.File
+	tcp        *net.TCPListener
+	udp        *net.UDPConn
+	configured bool
+	draining   bool
+	conns      map[*relay]struct{}
+	deadline   *time.Timer
+	session    *net.UnixConn // the node's control connection, if any
+	slot       chan struct{} // held by the one control session
+
+	connGone   chan struct{} // signalled whenever a carried connection ended
+	acceptDone chan struct{} // closed when the accept loop returned
+	dns        sync.WaitGroup
+	dnsSlots   chan struct{}
+	dnsCtx     context.Context // ends on a hard stop: queries are abandoned
+	dnsCancel  context.CancelFunc
+	drained    chan struct{} // closed once draining has nothing left
+
+	active                                 atomic.Int64
+	accepted, refused, failed, closed      atomic.Uint64
+	dnsAnswered, dnsFailed, dnsDroppedStat atomic.Uint64
+}
+
+// New checks opts; Run starts serving.
+func New(opts Options) (*Server, error) {
+	if opts.SocketDir == "" {
+		return nil, errors.New("egress: no socket directory: pass --socket-dir DIR")
+	}
+	if opts.Generation == 0 {
+		return nil, errors.New("egress: no generation: pass --generation N (N ≥ 1, from the node)")
+	}
+	if opts.HandshakeTimeout <= 0 {
+		opts.HandshakeTimeout = 10 * time.Second
+	}
+	if opts.MaxConnections <= 0 {
+		opts.MaxConnections = 16384
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	dnsCtx, cancel := context.WithCancel(context.Background())
+	s := &Server{
+		opts:       opts,
+		log:        opts.Logger.With("generation", opts.Generation),
+		lines:      lineLimiter{perSecond: 20, burst: 50},
+		ready:      make(chan struct{}),
+		conns:      map[*relay]struct{}{},
+		slot:       make(chan struct{}, 1),
+		connGone:   make(chan struct{}, 1),
+		acceptDone: make(chan struct{}),
+		dnsSlots:   make(chan struct{}, maxDNSInFlight),
+		dnsCtx:     dnsCtx,
+		dnsCancel:  cancel,
+		drained:    make(chan struct{}),
+	}
+	s.table.Store(emptyTable)
+	return s, nil
+}
+
+// Ready is closed once the control socket listens.
+func (s *Server) Ready() <-chan struct{} { return s.ready }
+
+// Drained is closed once a drain has nothing left: Run returns then.
+func (s *Server) Drained() <-chan struct{} { return s.drained }
+
+// Run serves until a drain has ended every connection (then it returns
+// nil) or ctx ends (then everything is closed at once).
+func (s *Server) Run(ctx context.Context) error {
+	ctl, err := listenControl(s.opts.SocketDir, s.opts.Generation)
+	if err != nil {
+		return err
+	}
+	path := ControlSocket(s.opts.SocketDir, s.opts.Generation)
+	s.log.Info("egress control socket listening", "control", path, "pid", os.Getpid())
+	close(s.ready)
+	var loops sync.WaitGroup
+	loops.Go(func() { s.serveControl(ctl) })
+
+	select {
+	case <-s.drained:
+	case <-ctx.Done():
+		s.log.Info("egress stopping at once", "reason", context.Cause(ctx))
+		s.dnsCancel()
+		s.Drain(time.Now())
+		<-s.drained
+	}
+	ctl.Close()
+	os.Remove(path)
+	s.mu.Lock()
+	if s.session != nil {
+		s.session.Close()
+	}
+	s.mu.Unlock()
+	loops.Wait()
+	s.dnsCancel()
+	s.log.Info("egress drained", "accepted", s.accepted.Load(), "closed_at_deadline", s.closed.Load())
+	return nil
+}
+
+// Drain stops accepting connections and reading queries, drops the
+// routes and their credentials, answers queries already read within
+// DNSAnswerWindow and closes the connections still open at deadline. A
+// later call moves the deadline.
+func (s *Server) Drain(deadline time.Time) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.draining {
+		s.draining = true
+		closePools(s.table.Swap(emptyTable), emptyTable)
+		s.names.reset()
+		if s.tcp != nil {
+			s.tcp.Close()
+		} else {
+			close(s.acceptDone)
+		}
+		if s.udp != nil {
+			// Not closed yet: answers to queries already read leave from it.
+			s.udp.SetReadDeadline(time.Unix(1, 0))
+		}
+		s.releaseFiles()
+		s.log.Info("egress draining", "deadline", deadline, "connections", len(s.conns))
+		go s.finishDrain()
+	}
+	if s.deadline != nil {
+		s.deadline.Stop()
+	}
+	s.deadline = time.AfterFunc(time.Until(deadline), s.closeAll)
+}
+
+// finishDrain waits for the accept loop, the queries and the connections,
+// then closes the DNS socket and marks the server drained.
+func (s *Server) finishDrain() {
+	<-s.acceptDone
+	s.dns.Wait()
+	s.mu.Lock()
+	if s.udp != nil {
+		s.udp.Close()
+	}
+	s.mu.Unlock()
+	for {
+		s.mu.Lock()
+		n := len(s.conns)
+		s.mu.Unlock()
+		if n == 0 {
+			break
+		}
+		<-s.connGone
+	}
+	s.mu.Lock()
+	if s.deadline != nil {
+		s.deadline.Stop()
+	}
+	s.mu.Unlock()
+	close(s.drained)
+}
+
+// closeAll ends every carried connection (the drain deadline).
+func (s *Server) closeAll() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := 0
+	for r := range s.conns {
+		r.kill()
+		n++
+	}
+	s.closed.Add(uint64(n))
+	if n > 0 {
+		s.log.Info("egress connections closed at the drain deadline", "closed", n)
+	}
+}
+
+// releaseFiles closes the received sockets kept for take-listeners (mu
+// held): after a drain nobody may get them from this process.
+func (s *Server) releaseFiles() {
+	for _, f := range []**os.File{&s.tcpFile, &s.udpFile} {
+		if *f != nil {
+			(*f).Close()
+			*f = nil
+		}
+	}
+}
+
+// applyConfig installs c whole; a draining process takes none, since that
+// would bring credentials back.
+func (s *Server) applyConfig(c Config) error {
+	t, err := compile(c)
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.draining {
+		return errors.New("egress: this process is draining: send the config to the newer generation")
+	}
+	// A proxy revision that stays keeps its warm pool.
+	old := s.table.Load()
+	for k, p := range t.proxies {
+		if prev, ok := old.proxies[k]; ok {
+			p.warm = prev.warm
+		} else {
+			p.warm = newWarmPool(p, s.opts.WarmConnections)
+		}
+	}
+	s.table.Store(t)
+	closePools(old, t)
+	s.names.reset()
+	s.configured = true
+	s.log.Info("egress config applied", "routes", len(t.routes), "resolvers", len(t.resolvers))
+	return nil
+}
+
+// closePools closes the warm pools of old that new does not carry on.
+func closePools(old, new *table) {
+	for k, p := range old.proxies {
+		if q, ok := new.proxies[k]; !ok || q.warm != p.warm {
+			p.warm.close()
+		}
+	}
+}
+
+// Stats reports the state and counters.
+func (s *Server) Stats() Stats {
+	s.mu.Lock()
+	st := Stats{Listening: s.tcp != nil && !s.draining, Configured: s.configured, Draining: s.draining}
+	s.mu.Unlock()
+	st.Routes = len(s.table.Load().routes)
+	st.Active = s.active.Load()
+	st.Accepted, st.Refused, st.Failed, st.Closed = s.accepted.Load(), s.refused.Load(), s.failed.Load(), s.closed.Load()
+	st.DNSAnswered, st.DNSFailed, st.DNSDropped = s.dnsAnswered.Load(), s.dnsFailed.Load(), s.dnsDroppedStat.Load()
+	return st
+}
+
+// track registers a connection to carry; an error says why it is refused.
+func (s *Server) track(r *relay) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.draining {
+		return errors.New("draining")
+	}
+	if len(s.conns) >= s.opts.MaxConnections {
+		return fmt.Errorf("%d connections carried already", len(s.conns))
+	}
+	s.conns[r] = struct{}{}
+	s.active.Add(1)
+	return nil
+}
+
+func (s *Server) untrack(r *relay) {
+	s.mu.Lock()
+	delete(s.conns, r)
+	s.mu.Unlock()
+	s.active.Add(-1)
+	select {
+	case s.connGone <- struct{}{}:
+	default:
+	}
+}

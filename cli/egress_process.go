@@ -1,0 +1,35 @@
+package cli
+
+import (
+	"log/slog"
+	"time"
+
+	"github.com/kibotos/kibotos/agent/egress"
+)
+
+// EgressServeCmd is the egress process (internal role, `kibotos egress
+// serve`: `kibo egress` is the operator's Egress objects). The node starts it as
+// its own systemd unit under the kibotos-egress user without capabilities,
+// then hands it its sockets, routes and credentials over the control
+// socket (package agent/egress documents the protocol and what the node
+// sets up).
+type EgressServeCmd struct {
+	SocketDir  string        `name:"socket-dir" required:"" help:"Directory of the control socket, made by the node: owned by this user, mode 0700."`
+	Generation uint64        `name:"generation" required:"" help:"Generation number given by the node."`
+	Grace      time.Duration `name:"grace" default:"10s" help:"On SIGTERM: how long carried connections may go on before they are closed."`
+	Warm       int           `name:"warm-connections" default:"0" help:"Greeted, authenticated connections kept ready per proxy revision once used (0: none)."`
+	AllowRoot  bool          `name:"allow-root" hidden:"" help:"Run as root or with capabilities (tests only)."`
+	LogLevel   string        `name:"log-level" default:"info" enum:"debug,info,warn,error" help:"Log level (debug, info, warn, error)."`
+}
+
+func (c *EgressServeCmd) Run(g *Globals) error {
+	if !c.AllowRoot {
+		if err := egress.CheckUnprivileged(); err != nil {
+			return err
+		}
+	}
+	var lvl slog.Level
+	lvl.UnmarshalText([]byte(c.LogLevel))
+	log := slog.New(slog.NewTextHandler(g.stderr, &slog.HandlerOptions{Level: lvl}))
+	return egress.RunProcess(g.ctx, egress.Options{SocketDir: c.SocketDir, Generation: c.Generation, WarmConnections: c.Warm, Logger: log}, c.Grace)
+}
