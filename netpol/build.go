@@ -63,11 +63,6 @@ func buildLayout(spec TableSpec, v int) (*Table, error) {
 		nftables.ChainPriorityNATDest, nftables.ChainPolicyAccept)
 	b.rule(pre, "dns-udp", fromGuest(), ipv4(), udp(), thDport(expr.CmpOpEq, dnsPort), dnat(s.Resolver))
 	b.rule(pre, "dns-tcp", fromGuest(), ipv4(), tcp(), thDport(expr.CmpOpEq, dnsPort), dnat(s.Resolver))
-	if s.Egress == EgressProxy {
-		// Every other guest TCP connection goes to the egress process's
-		// transparent listener; it reaches it through the input chain.
-		b.rule(pre, "proxy-tcp", fromGuest(), ipv4(), tcp(), thDport(expr.CmpOpNeq, dnsPort), redirect(s.ProxyPort))
-	}
 
 	// The guest's own traffic is decided in a chain of its own (input and
 	// forward each jump to theirs), which starts by dropping IPv6: every
@@ -88,19 +83,15 @@ func buildLayout(spec TableSpec, v int) (*Table, error) {
 		b.rule(c, "spoofed", ipSaddrNot(s.Guest), countDenied(), drop())
 	}
 
-	// The namespace itself is no destination for the guest, except the
-	// egress listener and a resolver that lives in the namespace (the
-	// egress process's). What comes from the node is answers to the
-	// namespace's own connections.
+	// The namespace itself is no destination for the guest, except a
+	// resolver that lives in the namespace. What comes from the node is
+	// answers to the namespace's own connections.
 	guestIn := b.regularChain(chainGuestInput)
 	// Not counted: the guest kernel's router solicitations and MLD reports
 	// would read as denied connections.
 	b.rule(guestIn, "ipv6", ipv6(), drop())
 	spoofed(guestIn)
 	dnsAccept(guestIn)
-	if s.Egress == EgressProxy {
-		b.rule(guestIn, "proxy", tcp(), ctStatus(ctStatusDNAT), thDport(expr.CmpOpEq, s.ProxyPort), accept())
-	}
 	b.rule(guestIn, "rest", countDenied(), drop())
 
 	in := b.chain(chainInput, nftables.ChainTypeFilter, nftables.ChainHookInput,
@@ -123,8 +114,13 @@ func buildLayout(spec TableSpec, v int) (*Table, error) {
 	if len(s.allow) > 0 {
 		b.rule(guestFwd, "not-allowed", ipDaddrNotIn(allow), countDenied(), drop())
 	}
-	if s.Egress == EgressPublic {
+	switch s.Egress {
+	case EgressPublic:
 		b.rule(guestFwd, "egress-public", oifname(VethName), accept())
+	case EgressProxy:
+		// TCP leaves unchanged: the node TPROXYs it by the guest's
+		// source address to the egress process, and never forwards it.
+		b.rule(guestFwd, "egress-proxy", tcp(), oifname(VethName), accept())
 	}
 	// A guest packet that no rule accepts is counted before it is dropped.
 	b.rule(guestFwd, "rest", countDenied(), drop())

@@ -32,9 +32,6 @@ func testSpec(egress string) TableSpec {
 		Management: pfx("10.10.0.0/16", "10.20.0.0/16", "10.21.0.0/16"),
 		Pools:      pfx("10.240.0.0/20"),
 	}
-	if egress == EgressProxy {
-		s.ProxyPort = 15001
-	}
 	return s
 }
 
@@ -157,8 +154,6 @@ func TestBuildRejects(t *testing.T) {
 		{"resolver without port", func(s *TableSpec) { s.Resolver = netip.MustParseAddrPort("10.0.0.53:0") }, "resolver"},
 		{"unknown egress", func(s *TableSpec) { s.Egress = "socks" }, `egress "socks"`},
 		{"empty egress", func(s *TableSpec) { s.Egress = "" }, `egress ""`},
-		{"proxy without port", func(s *TableSpec) { s.Egress = EgressProxy; s.ProxyPort = 0 }, "without a proxy port"},
-		{"port without proxy", func(s *TableSpec) { s.ProxyPort = 3128 }, "proxy port 3128"},
 		{"invalid prefix", func(s *TableSpec) { s.Management = append(s.Management, netip.Prefix{}) }, "management prefix"},
 		{"ipv6 allow", func(s *TableSpec) { s.Allow = pfx("2001:db8::/32") }, "allow prefix 2001:db8::/32"},
 		{"4in6 deny", func(s *TableSpec) { s.Deny = pfx("::ffff:10.0.0.0/104") }, "write IPv4 prefixes as IPv4"},

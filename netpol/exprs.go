@@ -173,13 +173,29 @@ func snat(to netip.Addr) []expr.Any {
 	}
 }
 
-// redirect sends the packet to the namespace itself (the address of the
-// interface it came in on) at port p.
-func redirect(p uint16) []expr.Any {
+// tproxy hands the packet to the node's transparent listener at port p
+// (the socket keeps the original destination) and marks it, so the policy
+// route of the mark delivers it locally.
+func tproxy(p uint16, mark uint32) []expr.Any {
 	return []expr.Any{
+		&expr.Immediate{Register: reg1, Data: binaryutil.NativeEndian.PutUint32(mark)},
+		&expr.Meta{Key: expr.MetaKeyMARK, SourceRegister: true, Register: reg1},
 		&expr.Immediate{Register: reg1, Data: port(p)},
-		&expr.Redir{RegisterProtoMin: reg1},
+		&expr.TProxy{Family: unix.NFPROTO_IPV4, TableFamily: unix.NFPROTO_INET, RegPort: reg1},
 	}
+}
+
+// metaMarkNot matches packets whose mark is not m.
+func metaMarkNot(m uint32) []expr.Any {
+	return []expr.Any{
+		&expr.Meta{Key: expr.MetaKeyMARK, Register: reg1},
+		&expr.Cmp{Op: expr.CmpOpNeq, Register: reg1, Data: binaryutil.NativeEndian.PutUint32(m)},
+	}
+}
+
+// tcpReset rejects with a TCP reset, so a connect fails at once.
+func tcpReset() []expr.Any {
+	return []expr.Any{&expr.Reject{Type: unix.NFT_REJECT_TCP_RST}}
 }
 
 func masquerade() []expr.Any { return []expr.Any{&expr.Masq{}} }

@@ -18,8 +18,19 @@ const NodeVethPrefix = "kb-"
 
 // Chains of the node's own table.
 const (
+	chainHostPrerouting  = "prerouting"
+	chainHostInput       = "input"
 	chainHostForward     = "forward"
 	chainHostPostrouting = "postrouting"
+	setProxied           = "proxied_v4"
+)
+
+// ProxyMark marks TPROXYed guest TCP; the node's policy route for it
+// (PolicyRoute, table ProxyRouteTable) delivers it locally. Both are
+// values no stock system uses ("kb" in ASCII).
+const (
+	ProxyMark       = 0x6b62
+	ProxyRouteTable = 0x6b62
 )
 
 // HostSpec is what the node's own table (in the node's namespace, beside
@@ -36,6 +47,12 @@ type HostSpec struct {
 	// UplinkAddr, when set, is the source address Instance traffic is
 	// SNATed to instead of masqueraded.
 	UplinkAddr netip.Addr
+	// Proxied are the guests whose policy names an Egress: their TCP is
+	// TPROXYed to ProxyPort (the egress process's transparent listener)
+	// with ProxyMark, for which the node routes everything locally
+	// (PolicyRoute), and is never forwarded.
+	Proxied   []netip.Addr
+	ProxyPort uint16
 	// Resolvers are the addresses Instance tables DNAT guest DNS to (the
 	// deployment resolver and any egress resolvers). The node's conntrack
 	// never sees the Instance namespace's DNAT, so "DNATed DNS" is matched
@@ -76,10 +93,26 @@ func buildHostLayout(h HostSpec, v int) (*Table, error) {
 	slices.SortFunc(resolvers, func(a, b netip.AddrPort) int { return a.Compare(b) })
 	resolvers = slices.Compact(resolvers)
 
+	if len(h.Proxied) > 0 && h.ProxyPort == 0 {
+		return nil, fmt.Errorf("netpol: host spec: %d proxied guests but no proxy port", len(h.Proxied))
+	}
+	var proxied []netip.Prefix
+	for _, a := range h.Proxied {
+		if !a.Is4() {
+			return nil, fmt.Errorf("netpol: host spec: proxied guest %s: want an IPv4 address", a)
+		}
+		proxied = append(proxied, netip.PrefixFrom(a, 32))
+	}
+	proxiedRanges, err := ipv4Ranges("host spec", "proxied", proxied, false)
+	if err != nil {
+		return nil, err
+	}
+
 	b := newBuilder(v)
 	b.t.Counters = nil
 	poolSet := b.set(setPools, pools)
 	mgmtSet := b.set(setManagement, management)
+	proxiedSet := b.set(setProxied, proxiedRanges)
 
 	fromInstances := func() []expr.Any { return iifnamePrefix(NodeVethPrefix) }
 	// Policy accept: the node's namespace carries traffic that is not the
@@ -96,6 +129,9 @@ func buildHostLayout(h HostSpec, v int) (*Table, error) {
 				ipDaddr(r.Addr()), thDport(expr.CmpOpEq, r.Port()), accept())
 		}
 	}
+	// Proxied guests' TCP never leaves directly: without an egress
+	// process to take it, a connect fails at once.
+	b.rule(fwd, "proxied-tcp", fromInstances(), ipv4(), ipSaddrIn(proxiedSet), l4proto(unix.IPPROTO_TCP), tcpReset())
 	b.rule(fwd, "blocked-management", fromInstances(), ipv4(), ipDaddrIn(mgmtSet), drop())
 	b.rule(fwd, "guest-to-guest", fromInstances(), oifnamePrefix(NodeVethPrefix, expr.CmpOpEq), drop())
 	if h.UplinkIface != "" {
@@ -106,6 +142,24 @@ func buildHostLayout(h HostSpec, v int) (*Table, error) {
 	b.rule(fwd, "from-instances", fromInstances(), drop())
 	b.rule(fwd, "to-instances-established", oifnamePrefix(NodeVethPrefix, expr.CmpOpEq), ctState(ctStateEstablished|ctStateRelated), accept())
 	b.rule(fwd, "to-instances", oifnamePrefix(NodeVethPrefix, expr.CmpOpEq), drop())
+
+	// Before routing: proxied guests' TCP (but DNS to a resolver, which
+	// forward accepts above) goes to the egress process's listener.
+	pre := b.chain(chainHostPrerouting, nftables.ChainTypeFilter, nftables.ChainHookPrerouting,
+		nftables.ChainPriorityMangle, nftables.ChainPolicyAccept)
+	for _, r := range resolvers {
+		b.rule(pre, fmt.Sprintf("dns-tcp-%s", r), fromInstances(), ipv4(), l4proto(unix.IPPROTO_TCP),
+			ipDaddr(r.Addr()), thDport(expr.CmpOpEq, r.Port()), accept())
+	}
+	if h.ProxyPort != 0 {
+		b.rule(pre, "proxied-tcp", fromInstances(), ipv4(), ipSaddrIn(proxiedSet), l4proto(unix.IPPROTO_TCP),
+			tproxy(h.ProxyPort, ProxyMark), accept())
+		// The listener is bound to every address: only TPROXYed packets
+		// may reach it, not connections to the node's own addresses.
+		in := b.chain(chainHostInput, nftables.ChainTypeFilter, nftables.ChainHookInput,
+			nftables.ChainPriorityFilter, nftables.ChainPolicyAccept)
+		b.rule(in, "proxy-listener", ipv4(), l4proto(unix.IPPROTO_TCP), thDport(expr.CmpOpEq, h.ProxyPort), metaMarkNot(ProxyMark), drop())
+	}
 
 	post := b.chain(chainHostPostrouting, nftables.ChainTypeNAT, nftables.ChainHookPostrouting,
 		nftables.ChainPriorityNATSource, nftables.ChainPolicyAccept)

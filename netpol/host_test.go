@@ -20,12 +20,16 @@ func TestBuildHostGolden(t *testing.T) {
 	byAddr := testHostSpec()
 	byAddr.UplinkIface = ""
 	byAddr.UplinkAddr = netip.MustParseAddr("192.0.2.10")
+	proxied := testHostSpec()
+	proxied.Proxied = []netip.Addr{netip.MustParseAddr("10.240.0.9"), netip.MustParseAddr("10.240.0.3")}
+	proxied.ProxyPort = 15001
 	for _, c := range []struct {
 		name string
 		spec HostSpec
 	}{
 		{"host-uplink-iface", testHostSpec()},
 		{"host-uplink-addr", byAddr},
+		{"host-proxied", proxied},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			tbl, err := BuildHost(c.spec)

@@ -255,6 +255,7 @@ const (
 	kindPort
 	kindCtState
 	kindCtStatus
+	kindMark
 )
 
 // operand is what a register holds while a rule is decompiled.
@@ -283,7 +284,12 @@ func renderExprs(exprs []expr.Any) string {
 		switch e := e.(type) {
 		case *expr.Meta:
 			if e.SourceRegister {
-				out = append(out, fmt.Sprintf("meta %s set %s", metaName(e.Key), get(e.Register).value()))
+				v := get(e.Register)
+				val := v.value()
+				if e.Key == expr.MetaKeyMARK && len(v.imm) == 4 {
+					val = fmt.Sprintf("%#x", binary.NativeEndian.Uint32(v.imm)) // host byte order
+				}
+				out = append(out, fmt.Sprintf("%s set %s", metaName(e.Key), val))
 				continue
 			}
 			regs[e.Register] = metaOperand(e.Key)
@@ -337,6 +343,23 @@ func renderExprs(exprs []expr.Any) string {
 				s += fmt.Sprintf(" flags 0x%x", f)
 			}
 			out = append(out, s)
+		case *expr.TProxy:
+			s := "tproxy"
+			if e.Family == unix.NFPROTO_IPV4 {
+				s += " ip"
+			}
+			if e.RegAddr != 0 {
+				s += " to " + get(e.RegAddr).value()
+			} else {
+				s += " to "
+			}
+			out = append(out, s+":"+get(e.RegPort).portValue())
+		case *expr.Reject:
+			if e.Type == unix.NFT_REJECT_TCP_RST {
+				out = append(out, "reject with tcp reset")
+			} else {
+				out = append(out, fmt.Sprintf("reject type %d code %d", e.Type, e.Code))
+			}
 		case *expr.Masq:
 			s := "masquerade"
 			if e.ToPorts {
@@ -453,6 +476,8 @@ func metaOperand(k expr.MetaKey) operand {
 		op.kind = kindNfproto
 	case expr.MetaKeyL4PROTO:
 		op.kind = kindL4proto
+	case expr.MetaKeyMARK:
+		op.kind = kindMark
 	}
 	return op
 }
@@ -610,6 +635,10 @@ func (op operand) format(data []byte) string {
 	case kindPort:
 		if len(data) == 2 {
 			return strconv.Itoa(int(binary.BigEndian.Uint16(data)))
+		}
+	case kindMark:
+		if len(data) == 4 {
+			return fmt.Sprintf("%#x", binary.NativeEndian.Uint32(data)) // host byte order
 		}
 	}
 	return "0x" + hex.EncodeToString(data)

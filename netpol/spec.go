@@ -6,7 +6,9 @@ import (
 )
 
 // Egress modes of a rule table. A named Egress object of the FSM is
-// EgressProxy here: every guest TCP connection goes to the egress process.
+// EgressProxy here: every guest TCP connection leaves the namespace
+// unchanged and the node TPROXYs it to the egress process (HostSpec
+// Proxied); nothing else but DNS leaves.
 const (
 	EgressNone   = "none"
 	EgressPublic = "public"
@@ -48,10 +50,7 @@ type TableSpec struct {
 	// Allow and Deny narrow public egress: with Allow non-empty only those
 	// ranges are reachable; Deny always wins over Allow.
 	Allow []netip.Prefix
-	Deny  []netip.Prefix
-	// ProxyPort is the egress process's transparent listener in the
-	// namespace (EgressProxy): guest TCP is redirected to it.
-	ProxyPort uint16
+	Deny []netip.Prefix
 }
 
 // checkedSpec is a TableSpec that passed validation, with its address lists
@@ -83,14 +82,7 @@ func (s TableSpec) check() (checkedSpec, error) {
 		return c, fmt.Errorf("netpol: table spec: resolver %q: want an IPv4 address and port", s.Resolver)
 	}
 	switch s.Egress {
-	case EgressNone, EgressPublic:
-		if s.ProxyPort != 0 {
-			return c, fmt.Errorf("netpol: table spec: proxy port %d with egress %q: only egress %q has a proxy", s.ProxyPort, s.Egress, EgressProxy)
-		}
-	case EgressProxy:
-		if s.ProxyPort == 0 {
-			return c, fmt.Errorf("netpol: table spec: egress %q without a proxy port", EgressProxy)
-		}
+	case EgressNone, EgressPublic, EgressProxy:
 	default:
 		return c, fmt.Errorf("netpol: table spec: egress %q: want %q, %q or %q", s.Egress, EgressNone, EgressPublic, EgressProxy)
 	}
