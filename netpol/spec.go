@@ -50,7 +50,7 @@ type TableSpec struct {
 	// Allow and Deny narrow public egress: with Allow non-empty only those
 	// ranges are reachable; Deny always wins over Allow.
 	Allow []netip.Prefix
-	Deny []netip.Prefix
+	Deny  []netip.Prefix
 }
 
 // checkedSpec is a TableSpec that passed validation, with its address lists
