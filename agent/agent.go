@@ -41,6 +41,9 @@ var ErrStale = errors.New("a newer incarnation of this node is running")
 type Config struct {
 	DataDir datadir.Dir
 	NodeID  string
+	// FetchEgressCredentials asks ctrl, with the node's member
+	// certificate, for one Egress revision's credentials.
+	FetchEgressCredentials func(ctx context.Context, name string, rev uint64) (*api.EgressCredentials, error)
 	// Capacity is what the host gives to VMs ([resources] in the config).
 	Capacity api.Resources
 	// CtrlAddrs lists ctrl API addresses, best first.

@@ -9,10 +9,11 @@ import (
 	"github.com/kibotos/kibotos/api"
 )
 
-// runtimePolicy is the policy ctrl sent in the form the runtime enforces.
-// ctrl validated it, but the node checks again what it would otherwise
-// enforce wrongly: a rule it cannot read, or a Resolver it cannot use yet.
-func runtimePolicy(p api.NetworkPolicy) (runtime.NetworkPolicy, error) {
+// runtimePolicy is the policy ctrl sent in the form the runtime enforces,
+// with the Egress and Resolver objects the task carries. ctrl validated it,
+// but the node checks again what it would otherwise enforce wrongly: a rule
+// it cannot read, an object the task does not carry.
+func runtimePolicy(p api.NetworkPolicy, eg *api.TaskEgress, res *api.TaskResolver) (runtime.NetworkPolicy, error) {
 	var out runtime.NetworkPolicy
 	switch p.Egress {
 	case "", api.EgressNone:
@@ -20,11 +21,17 @@ func runtimePolicy(p api.NetworkPolicy) (runtime.NetworkPolicy, error) {
 	case api.EgressPublic:
 		out.Egress = api.EgressPublic
 	default:
-		// An Egress object; its revision comes with the objects themselves.
-		out.Egress = "egress:" + p.Egress
+		if eg == nil || eg.Name != p.Egress || eg.Revision == 0 || eg.SOCKS5 == "" {
+			return out, fmt.Errorf("egress %s: the task does not carry it (ctrl and node disagree on the protocol; upgrade them to one release)", p.Egress)
+		}
+		out.Egress = runtime.EgressProxyMode
+		out.Proxy = &runtime.EgressProxy{Name: eg.Name, Revision: eg.Revision, SOCKS5: eg.SOCKS5, Credentials: eg.Credentials}
 	}
 	if p.Resolver != "" {
-		return out, fmt.Errorf("resolver %s: this node cannot forward DNS to a Resolver object yet; upgrade it", p.Resolver)
+		if res == nil || res.Name != p.Resolver || len(res.Upstreams) == 0 {
+			return out, fmt.Errorf("resolver %s: the task does not carry it (ctrl and node disagree on the protocol; upgrade them to one release)", p.Resolver)
+		}
+		out.Resolver = &runtime.ResolverRoute{Name: res.Name, Upstreams: append([]string(nil), res.Upstreams...)}
 	}
 	var err error
 	if out.Allow, err = prefixes("allow", p.Allow); err != nil {
@@ -62,12 +69,39 @@ func (a *Agent) updateNetwork(ctx context.Context, t api.WorkspaceTask) error {
 	if requested == nil {
 		return fmt.Errorf("network command %s for instance %s carries no policy: ctrl and node %s disagree on the protocol; upgrade them to one release", t.Command.CommandID, t.Command.InstanceID, a.cfg.NodeID)
 	}
-	p, err := runtimePolicy(*requested)
+	p, err := runtimePolicy(*requested, t.Egress, t.Resolver)
 	if err != nil {
 		return fmt.Errorf("instance %s: %w", t.Command.InstanceID, err)
+	}
+	if err := a.fetchEgressCredentials(ctx, p); err != nil {
+		return err
 	}
 	if err := rt.UpdateNetwork(ctx, t.Command.InstanceID, p); err != nil {
 		return fmt.Errorf("node %s: %w", a.cfg.NodeID, err)
 	}
 	return nil
+}
+
+// fetchEgressCredentials puts the credentials of the Egress revision a
+// policy uses on this node (asked from ctrl with the node's own identity),
+// unless they are there already.
+func (a *Agent) fetchEgressCredentials(ctx context.Context, p runtime.NetworkPolicy) error {
+	x := p.Proxy
+	if x == nil || !x.Credentials {
+		return nil
+	}
+	if a.cfg.Runtime.HasEgressCredentials(x.Name, x.Revision) {
+		return nil
+	}
+	if a.cfg.FetchEgressCredentials == nil {
+		return fmt.Errorf("egress %s revision %d: node %s cannot ask ctrl for its credentials", x.Name, x.Revision, a.cfg.NodeID)
+	}
+	c, err := a.cfg.FetchEgressCredentials(ctx, x.Name, x.Revision)
+	if err != nil {
+		return fmt.Errorf("egress %s revision %d: fetch its credentials from ctrl: %w", x.Name, x.Revision, err)
+	}
+	if c.Name != x.Name || c.Revision != x.Revision {
+		return fmt.Errorf("egress %s revision %d: ctrl answered with %s revision %d", x.Name, x.Revision, c.Name, c.Revision)
+	}
+	return a.cfg.Runtime.StoreEgressCredentials(runtime.EgressCredentials{Name: c.Name, Revision: c.Revision, SOCKS5: c.SOCKS5, Username: c.Username, Password: c.Password})
 }

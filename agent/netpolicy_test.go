@@ -17,6 +17,8 @@ func TestRuntimePolicy(t *testing.T) {
 	for _, c := range []struct {
 		name string
 		in   api.NetworkPolicy
+		eg   *api.TaskEgress
+		res  *api.TaskResolver
 		want runtime.NetworkPolicy
 		err  string
 	}{
@@ -24,12 +26,17 @@ func TestRuntimePolicy(t *testing.T) {
 		{name: "none", in: api.NetworkPolicy{Egress: "none"}, want: runtime.NetworkPolicy{Egress: "none"}},
 		{name: "public with lists", in: api.NetworkPolicy{Egress: "public", Allow: []string{"10.0.0.0/8", "2001:db8::/32"}, Deny: []string{"10.9.0.0/16"}},
 			want: runtime.NetworkPolicy{Egress: "public", Allow: []netip.Prefix{pfx("10.0.0.0/8"), pfx("2001:db8::/32")}, Deny: []netip.Prefix{pfx("10.9.0.0/16")}}},
-		{name: "egress object", in: api.NetworkPolicy{Egress: "corp"}, want: runtime.NetworkPolicy{Egress: "egress:corp"}},
-		{name: "resolver object", in: api.NetworkPolicy{Egress: "none", Resolver: "corp-dns"}, err: "resolver corp-dns: this node cannot forward DNS"},
+		{name: "egress object", in: api.NetworkPolicy{Egress: "corp"}, eg: &api.TaskEgress{Name: "corp", Revision: 2, SOCKS5: "10.0.0.9:1080", Credentials: true},
+			want: runtime.NetworkPolicy{Egress: "proxy", Proxy: &runtime.EgressProxy{Name: "corp", Revision: 2, SOCKS5: "10.0.0.9:1080", Credentials: true}}},
+		{name: "egress object not carried", in: api.NetworkPolicy{Egress: "corp"}, err: "egress corp: the task does not carry it"},
+		{name: "egress object of another name", in: api.NetworkPolicy{Egress: "corp"}, eg: &api.TaskEgress{Name: "other", Revision: 1, SOCKS5: "h:1"}, err: "egress corp: the task does not carry it"},
+		{name: "resolver object", in: api.NetworkPolicy{Egress: "none", Resolver: "corp-dns"}, res: &api.TaskResolver{Name: "corp-dns", Upstreams: []string{"10.0.0.53:53"}},
+			want: runtime.NetworkPolicy{Egress: "none", Resolver: &runtime.ResolverRoute{Name: "corp-dns", Upstreams: []string{"10.0.0.53:53"}}}},
+		{name: "resolver object not carried", in: api.NetworkPolicy{Egress: "none", Resolver: "corp-dns"}, err: "resolver corp-dns: the task does not carry it"},
 		{name: "bad rule", in: api.NetworkPolicy{Egress: "public", Deny: []string{"10.0.0.1"}}, err: `deny rule "10.0.0.1" is not a CIDR`},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			got, err := runtimePolicy(c.in)
+			got, err := runtimePolicy(c.in, c.eg, c.res)
 			if c.err != "" {
 				if err == nil || !strings.Contains(err.Error(), c.err) {
 					t.Fatalf("error %v, want %q", err, c.err)

@@ -215,8 +215,11 @@ func (a *Agent) startWorkspace(ctx context.Context, t api.WorkspaceTask) (refusa
 	}
 	// A start without a policy comes from a ctrl older than policies:
 	// egress none, as ctrl reads such records.
-	policy, err := runtimePolicy(t.Network.Effective())
+	policy, err := runtimePolicy(t.Network.Effective(), t.Egress, t.Resolver)
 	if err != nil {
+		return "", fmt.Errorf("instance %s: %w", id, err)
+	}
+	if err := a.fetchEgressCredentials(ctx, policy); err != nil {
 		return "", fmt.Errorf("instance %s: %w", id, err)
 	}
 	tpl, err := template.Get(a.cfg.DataDir.StorageRoot(), t.Template)

@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"context"
 	"net/http"
 	"strconv"
 
@@ -164,4 +165,37 @@ func withNetworkObjects(tx *bolt.Tx, t *api.WorkspaceTask) error {
 	var err error
 	t.Egress, t.Resolver, err = fsm.TaskNetwork(tx, t.Network)
 	return err
+}
+
+// EgressCredentials gets the credentials of one Egress revision for this
+// member's own node, which ctrl gives only while a Workspace of the node
+// uses that revision: from the FSM when this member leads ctrl, else with
+// a consistent read from the ctrl members (the task that named the
+// revision may be newer than this member's FSM).
+func (s *Server) EgressCredentials(ctx context.Context, name string, rev uint64) (*api.EgressCredentials, error) {
+	if s.fsm != nil && s.IsLeader() && s.raft.VerifyLeader().Error() == nil && s.consistentReady.Load() {
+		var out *api.EgressCredentials
+		err := s.fsm.View(func(tx *bolt.Tx) error {
+			var err error
+			out, err = fsm.EgressCredentials(tx, s.id.NodeID, name, rev)
+			return err
+		})
+		return out, err
+	}
+	path := api.EgressCredentialsPath(name, rev) + "?consistent=true"
+	var lastErr error = api.Errorf(api.CodeUnavailable, "no ctrl member is known to member %s", s.id.NodeID)
+	for _, addr := range s.ctrlAddrs() {
+		if addr == s.id.Advertise {
+			continue
+		}
+		var out api.EgressCredentials
+		lastErr = memberRequest(ctx, s.httpClient, http.MethodGet, addr, path, nil, &out)
+		if lastErr == nil {
+			return &out, nil
+		}
+		if api.CodeOf(lastErr) != api.CodeUnavailable {
+			return nil, lastErr
+		}
+	}
+	return nil, lastErr
 }

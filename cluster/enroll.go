@@ -297,8 +297,19 @@ func (s *Server) askToBeVoter() error {
 // memberCall posts body to another member and decodes the result into out
 // (may be nil). An unreachable member is unavailable, so callers try the next.
 func memberCall(ctx context.Context, c *http.Client, addr, path string, body []byte, out any) error {
-	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, "https://"+addr+path, bytes.NewReader(body))
-	req.Header.Set("Content-Type", "application/json")
+	return memberRequest(ctx, c, http.MethodPost, addr, path, body, out)
+}
+
+// memberRequest is memberCall with any method (GET: body nil).
+func memberRequest(ctx context.Context, c *http.Client, method, addr, path string, body []byte, out any) error {
+	var rd io.Reader
+	if body != nil {
+		rd = bytes.NewReader(body)
+	}
+	req, _ := http.NewRequestWithContext(ctx, method, "https://"+addr+path, rd)
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
 	resp, err := c.Do(req)
 	if err != nil {
 		return api.Errorf(api.CodeUnavailable, "member %s: %v", addr, err)

@@ -12,8 +12,13 @@ import (
 // told by ctrl and records with the Instance.
 type NetworkPolicy struct {
 	// Egress is "none" (only DNS), "public" (forwarded and masqueraded
-	// through the uplink) or "egress:<name>" for an Egress object.
-	Egress string `json:"egress"`
+	// through the uplink) or "proxy" (every TCP connection through Proxy,
+	// the Egress object the policy names).
+	Egress string       `json:"egress"`
+	Proxy  *EgressProxy `json:"proxy,omitempty"`
+	// Resolver, when set, answers the guest's DNS instead of the
+	// deployment resolver (through the egress process).
+	Resolver *ResolverRoute `json:"resolver,omitempty"`
 	// Allow and Deny narrow public egress (CIDRs).
 	Allow []netip.Prefix `json:"allow,omitempty"`
 	Deny  []netip.Prefix `json:"deny,omitempty"`
@@ -36,6 +41,10 @@ func (rt *Runtime) UpdateNetwork(ctx context.Context, id string, p NetworkPolicy
 	if in.rec.Network == nil {
 		return fmt.Errorf("runtime: instance %s has no network", id)
 	}
+	if err := rt.checkEgressPolicy(id, p); err != nil {
+		return err
+	}
+	wasEgress := usesEgressProcess(in.rec.Network.Policy)
 	rec := *in.rec
 	nr := *rec.Network
 	nr.Policy = p
@@ -66,5 +75,14 @@ func (rt *Runtime) UpdateNetwork(ctx context.Context, id string, p NetworkPolicy
 	}
 	in.rec = &rec
 	rt.log.Info("instance network policy changed", "instance_id", id, "egress", p.Egress, "allow", len(p.Allow), "deny", len(p.Deny))
+	if wasEgress || usesEgressProcess(p) {
+		// Unlocked: syncEgress reads every Instance's record.
+		in.mu.Unlock()
+		err := rt.syncEgress(ctx)
+		in.mu.Lock()
+		if err != nil {
+			return fmt.Errorf("runtime: instance %s: policy applied, but %w", id, err)
+		}
+	}
 	return nil
 }

@@ -51,6 +51,9 @@ type nodeNetwork struct {
 	mu sync.Mutex
 	// assigned are the guest addresses of Instances whose network exists.
 	assigned map[string]netip.Addr
+
+	// egressMu orders the egress process's routes and the node's table.
+	egressMu sync.Mutex
 }
 
 // openNodeNetwork prepares the node's namespace for guest traffic:
@@ -80,16 +83,32 @@ func openNodeNetwork(cfg *netpol.Config, hostNSPath string, t units.Target) (*no
 		n.hostNS.Close()
 		return nil, err
 	}
+	if err := netpol.SetUpProxyRouting(n.hostNS); err != nil {
+		n.hostNS.Close()
+		return nil, err
+	}
+	// No guest is proxied until takeover and starts say so.
+	if err := n.replaceHostTable(nil); err != nil {
+		n.hostNS.Close()
+		return nil, err
+	}
+	return n, nil
+}
+
+// replaceHostTable puts the node's own table in place, TPROXYing the
+// proxied guests' TCP to the egress process.
+func (n *nodeNetwork) replaceHostTable(proxied []netip.Addr) error {
+	cfg := n.cfg
 	host, err := netpol.BuildHost(netpol.HostSpec{Pools: []netip.Prefix{cfg.IPv4Pool}, Management: cfg.ManagementCIDRs,
-		UplinkIface: cfg.UplinkInterface(), UplinkAddr: cfg.UplinkAddr(), Resolvers: cfg.Resolvers})
+		UplinkIface: cfg.UplinkInterface(), UplinkAddr: cfg.UplinkAddr(), Resolvers: cfg.Resolvers,
+		Proxied: proxied, ProxyPort: EgressTCPPort})
 	if err == nil {
 		err = netpol.ReplaceHost(context.Background(), int(n.hostNS), host)
 	}
 	if err != nil {
-		n.hostNS.Close()
-		return nil, fmt.Errorf("runtime: the node's rule table: %w", err)
+		return fmt.Errorf("runtime: the node's rule table: %w", err)
 	}
-	return n, nil
+	return nil
 }
 
 func (n *nodeNetwork) close() {
@@ -134,17 +153,25 @@ func (n *nodeNetwork) tableSpec(nr *NetworkRecord) (netpol.TableSpec, error) {
 	egress := nr.Policy.Egress
 	switch egress {
 	case netpol.EgressNone, netpol.EgressPublic:
+	case netpol.EgressProxy:
+		if nr.Policy.Proxy == nil {
+			return netpol.TableSpec{}, errors.New("egress proxy without the Egress it names")
+		}
 	case "":
 		egress = netpol.EgressNone
 	default:
-		return netpol.TableSpec{}, fmt.Errorf("egress %q cannot be enforced by this build (egress through Egress objects is not built yet)", egress)
+		return netpol.TableSpec{}, fmt.Errorf("egress %q cannot be enforced by this build", egress)
+	}
+	resolver := n.cfg.Resolvers[0]
+	if nr.Policy.Resolver != nil {
+		resolver = EgressDNS
 	}
 	hostAddrs, err := netpol.HostAddrs(n.hostNS)
 	if err != nil {
 		return netpol.TableSpec{}, err
 	}
 	return netpol.TableSpec{
-		Guest: nr.Guest, Egress: egress, Resolver: n.cfg.Resolvers[0],
+		Guest: nr.Guest, Egress: egress, Resolver: resolver,
 		HostAddrs: hostAddrs, Management: n.cfg.ManagementCIDRs, Pools: []netip.Prefix{n.cfg.IPv4Pool},
 		Allow: nr.Policy.Allow, Deny: nr.Policy.Deny,
 	}, nil

@@ -82,6 +82,9 @@ type Config struct {
 	// traffic is routed and masqueraded; default this process's. Tests
 	// give their own.
 	HostNetNS string
+	// Egress runs the egress process for policies naming an Egress or a
+	// Resolver; nil: such policies are refused.
+	Egress EgressRouter
 
 	// unconfinedVMM launches QEMU the way builds before VMM confinement
 	// did (root, no seccomp, file console), so tests can make the
@@ -287,6 +290,11 @@ func Open(ctx context.Context, cfg Config) (*Runtime, error) {
 		return nil, err
 	}
 	ok = true
+	// The egress process (adopted, or started again) gets the routes of
+	// what was taken over.
+	if err := rt.syncEgress(ctx); err != nil {
+		rt.log.Error("egress routes not restored at takeover", "err", err)
+	}
 	rt.removeUnusedInstallations()
 	rt.wg.Add(1)
 	go rt.watch()

@@ -93,6 +93,11 @@ func (rt *Runtime) Start(ctx context.Context, spec Spec) (InstanceStatus, error)
 		in.state, in.err, in.how = StateFailed, err.Error(), "start failed"
 		in.notify()
 		in.mu.Unlock()
+		if spec.Network && usesEgressProcess(spec.Policy) {
+			if serr := rt.syncEgress(context.WithoutCancel(ctx)); serr != nil {
+				rt.log.Warn("egress routes not updated after a failed start", "instance_id", id, "err", serr)
+			}
+		}
 		rt.log.Error("instance start failed", "instance_id", id, "err", err)
 		return in.status(), fmt.Errorf("runtime: start instance %s: %w", id, err)
 	}
@@ -150,6 +155,9 @@ func (rt *Runtime) start(ctx context.Context, in *instance, spec Spec) error {
 			MemoryMax: memMax, TasksMax: tasksMax}
 	}
 	if spec.Network {
+		if err := rt.checkEgressPolicy(in.id, spec.Policy); err != nil {
+			return err
+		}
 		nr, err := rt.net.reserve(in.id, spec.Policy)
 		if err != nil {
 			return err
@@ -198,6 +206,12 @@ func (rt *Runtime) start(ctx context.Context, in *instance, spec Spec) error {
 			return err
 		}
 		us.NetworkNamespacePath = rt.net.ns.ManagerPath(rec.Network.Namespace)
+		if usesEgressProcess(spec.Policy) {
+			// Routes and TPROXY in place before the guest can connect.
+			if err := rt.syncEgress(ctx); err != nil {
+				return errors.Join(err, rt.deleteNetwork(context.WithoutCancel(ctx), in.id, rec.Network))
+			}
+		}
 	}
 	execPath := vmm[0]
 	if st, ok := rt.backend.(Stager); ok {

@@ -91,6 +91,11 @@ func (rt *Runtime) Stop(ctx context.Context, id string, grace time.Duration) err
 	in.notify()
 	in.mu.Unlock()
 	rt.log.Info("instance stopped", "instance_id", id, "unit", rec.Unit, "how", how, "took", time.Since(t0).Round(time.Millisecond))
+	if rec.Network != nil && usesEgressProcess(rec.Network.Policy) {
+		if err := rt.syncEgress(ctx); err != nil {
+			rt.log.Warn("egress routes not updated after a stop", "instance_id", id, "err", err)
+		}
+	}
 	return nil
 }
 
@@ -218,6 +223,13 @@ func (rt *Runtime) Delete(ctx context.Context, id string) error {
 	}
 	if err := rt.deleteNetwork(ctx, id, rec.Network); err != nil {
 		return err
+	}
+	if rec.Network != nil && usesEgressProcess(rec.Network.Policy) {
+		defer func() {
+			if err := rt.syncEgress(ctx); err != nil {
+				rt.log.Warn("egress routes not updated after a delete", "instance_id", id, "err", err)
+			}
+		}()
 	}
 	if st, ok := rt.backend.(Stager); ok {
 		if err := st.Release(id, in.paths); err != nil {
