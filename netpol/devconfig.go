@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 )
 
@@ -126,4 +127,67 @@ func containsAddrPort(list []netip.AddrPort, ap netip.AddrPort) bool {
 		}
 	}
 	return false
+}
+
+// CheckHost checks the configuration against the node's namespace: the
+// pool overlaps none of its addresses or routes (but its own routes to
+// guests) and no management range covers the uplink's addresses. An
+// uplink interface that does not exist (yet: a tunnel comes up later) is
+// a warning.
+func (c Config) CheckHost(hostNS netns.NsHandle) (warnings []string, err error) {
+	h, err := netlink.NewHandleAt(hostNS)
+	if err != nil {
+		return nil, fmt.Errorf("netpol: check [network]: %w", err)
+	}
+	defer h.Close()
+	links, err := h.LinkList()
+	if err != nil {
+		return nil, fmt.Errorf("netpol: check [network]: list links: %w", err)
+	}
+	var uplink netlink.Link
+	for _, l := range links {
+		name := l.Attrs().Name
+		if strings.HasPrefix(name, NodeVethPrefix) {
+			continue
+		}
+		if name == c.UplinkInterface() {
+			uplink = l
+		}
+		addrs, _ := h.AddrList(l, unix.AF_INET)
+		for _, a := range addrs {
+			p, ok := prefixOf(a.IPNet)
+			if !ok {
+				continue
+			}
+			if ip, _ := netip.AddrFromSlice(a.IP.To4()); c.IPv4Pool.Contains(ip) {
+				return nil, fmt.Errorf("network: ipv4_pool %s overlaps the node's address %s on %s: pick a pool this host does not use", c.IPv4Pool, a.IPNet, name)
+			}
+			if l == uplink {
+				for _, m := range c.ManagementCIDRs {
+					if m.Contains(p.Addr()) {
+						return nil, fmt.Errorf("network: management_cidrs entry %s covers the uplink %s's address %s: public egress would leave through the management network; narrow the range or pick another uplink", m, name, a.IP)
+					}
+				}
+			}
+		}
+	}
+	if c.UplinkInterface() != "" && uplink == nil {
+		warnings = append(warnings, fmt.Sprintf("uplink %q is not an interface of this node (yet): public egress goes nowhere until it exists", c.UplinkInterface()))
+	}
+	routes, err := h.RouteList(nil, unix.AF_INET)
+	if err != nil {
+		return nil, fmt.Errorf("netpol: check [network]: list routes: %w", err)
+	}
+	for _, r := range routes {
+		if r.Dst == nil {
+			continue
+		}
+		if l, err := h.LinkByIndex(r.LinkIndex); err == nil && strings.HasPrefix(l.Attrs().Name, NodeVethPrefix) {
+			continue
+		}
+		if p, ok := prefixOf(r.Dst); ok && p.Bits() > 0 && p.Overlaps(c.IPv4Pool) {
+			return nil, fmt.Errorf("network: ipv4_pool %s overlaps the node's route to %s: pick a pool this host does not route elsewhere", c.IPv4Pool, p)
+		}
+	}
+	return warnings, nil
 }

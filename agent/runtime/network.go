@@ -54,6 +54,8 @@ type nodeNetwork struct {
 
 	// egressMu orders the egress process's routes and the node's table.
 	egressMu sync.Mutex
+	// warnings of the configuration check, logged once the log is up.
+	warnings []string
 }
 
 // openNodeNetwork prepares the node's namespace for guest traffic:
@@ -79,6 +81,12 @@ func openNodeNetwork(cfg *netpol.Config, hostNSPath string, t units.Target) (*no
 	if cfg == nil {
 		return n, nil
 	}
+	warnings, err := cfg.CheckHost(n.hostNS)
+	if err != nil {
+		n.hostNS.Close()
+		return nil, fmt.Errorf("runtime: %w", err)
+	}
+	n.warnings = warnings
 	if err := netpol.EnableForwarding(n.hostNS); err != nil {
 		n.hostNS.Close()
 		return nil, err

@@ -283,6 +283,9 @@ func Open(ctx context.Context, cfg Config) (*Runtime, error) {
 	if rt.net, err = openNodeNetwork(cfg.Network, cfg.HostNetNS, rt.units.Target()); err != nil {
 		return nil, err
 	}
+	for _, w := range rt.net.warnings {
+		rt.log.Warn("network configuration", "warning", w)
+	}
 	rt.ctx, rt.cancel = context.WithCancel(context.Background())
 	if err := rt.takeover(ctx); err != nil {
 		rt.cancel()
