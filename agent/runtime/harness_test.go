@@ -109,6 +109,7 @@ func (h *harness) config() runtime.Config {
 		KeepInstallations: h.keep,
 		Network:           &h.network,
 		HostNetNS:         h.nodeNS,
+		DeniedInterval:    200 * time.Millisecond,
 	}
 }
 

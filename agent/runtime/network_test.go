@@ -111,6 +111,16 @@ func TestGuestNetwork(t *testing.T) {
 	}
 	defer listener.Close()
 	blocked("pub", noneAddr.String()+":9000")
+	// Every drop above was counted and logged, per Instance.
+	for _, id := range []string{"pub", "none"} {
+		waitFor(t, 30*time.Second, id+"'s denied packets", func() bool {
+			st, err := rt.Status(id)
+			return err == nil && st.DeniedPackets > 0
+		})
+	}
+	if len(h.logs.entries("guest connections denied")) == 0 {
+		t.Error("no log line for denied connections")
+	}
 
 	// A policy change applies without a restart.
 	deny := []netip.Prefix{netip.MustParsePrefix(labInternet + "/32")}

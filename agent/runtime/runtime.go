@@ -82,6 +82,9 @@ type Config struct {
 	// traffic is routed and masqueraded; default this process's. Tests
 	// give their own.
 	HostNetNS string
+	// DeniedInterval is how often denied counters are read (and the
+	// rate limit of their log line); default DefaultDeniedInterval.
+	DeniedInterval time.Duration
 	// Egress runs the egress process for policies naming an Egress or a
 	// Resolver; nil: such policies are refused.
 	Egress EgressRouter
@@ -170,6 +173,8 @@ type instance struct {
 	stopGuest  context.CancelFunc
 	guestDone  chan struct{}
 	logsCopied bool
+	// denied counts the packets its rule table dropped by policy.
+	denied deniedCount
 	// consoleDone is closed when the console reader ended; nil: none.
 	consoleDone chan struct{}
 }
@@ -196,6 +201,9 @@ type InstanceStatus struct {
 	// a takeover the node keeps retrying with backoff).
 	GuestResponding bool
 	Guest           *GuestRecord
+	// DeniedPackets are the packets of the guest its rule table dropped
+	// by policy, as the node last read them (every Config.DeniedInterval).
+	DeniedPackets uint64
 	// DataSocket is the host end of the guest agent's data-plane channel
 	// (absolute path), for the data-plane process to dial; "" when the
 	// backend gives the guest none or this launch of the VMM predates it.
@@ -226,6 +234,9 @@ func Open(ctx context.Context, cfg Config) (*Runtime, error) {
 	}
 	if cfg.ConsoleLogCap <= 0 {
 		cfg.ConsoleLogCap = DefaultConsoleLogCap
+	}
+	if cfg.DeniedInterval <= 0 {
+		cfg.DeniedInterval = DefaultDeniedInterval
 	}
 	rt := &Runtime{
 		cfg:          cfg,
@@ -299,8 +310,9 @@ func Open(ctx context.Context, cfg Config) (*Runtime, error) {
 		rt.log.Error("egress routes not restored at takeover", "err", err)
 	}
 	rt.removeUnusedInstallations()
-	rt.wg.Add(1)
+	rt.wg.Add(2)
 	go rt.watch()
+	go rt.watchDenied()
 	rt.log.Info("runtime opened", "instances", len(rt.instances), "took", time.Since(t0).Round(time.Microsecond))
 	return rt, nil
 }
@@ -407,6 +419,7 @@ func (in *instance) status() InstanceStatus {
 		MemoryMiB:       in.rec.MemoryMiB,
 		GuestResponding: in.guest != nil && in.responding,
 		Guest:           in.rec.Guest,
+		DeniedPackets:   in.denied.total,
 	}
 	if p := in.rec.Process; p != nil {
 		s.InvocationID, s.MainPID, s.HostPID = p.InvocationID, p.MainPID, p.HostPID
