@@ -20,6 +20,7 @@ type Client struct {
 	socket string
 	mu     sync.Mutex
 	l      *link
+	broken bool // the connection is closed: every later call fails
 }
 
 // Dial connects to the control socket at socketPath (ControlSocket) and
@@ -51,7 +52,16 @@ func (c *Client) Close() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.l.close()
+	c.broken = true
 	return nil
+}
+
+// Broken reports that the connection is gone (closed, or a call was cut
+// short): the process may be fine, and Dial would reach it again.
+func (c *Client) Broken() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.broken
 }
 
 // SendListeners hands over the transparent TCP listener and the DNS socket
@@ -143,13 +153,18 @@ func (c *Client) call(ctx context.Context, req request, fds ...int) (reply, []in
 	}
 	// A call cut short leaves half a frame on the stream: the connection
 	// is closed then, and later calls fail until the node dials again.
+	if c.broken {
+		return reply{}, nil, errors.New("the control connection is closed")
+	}
 	if err := c.l.writeFrame(req, fds...); err != nil {
 		c.l.close()
+		c.broken = true
 		return reply{}, nil, ctxErr(ctx, err)
 	}
 	var rep reply
 	if err := c.l.readFrame(&rep); err != nil {
 		c.l.close()
+		c.broken = true
 		return reply{}, nil, ctxErr(ctx, err)
 	}
 	got := c.l.takeFDs()

@@ -57,9 +57,12 @@
 // a Resolver-referencing guest is DNATed in its Instance namespace to the
 // ListenDNS address (netpol TableSpec.Resolver), source unchanged.
 //
-// The unit: User=kibotos-egress, no capabilities (CapabilityBoundingSet=
-// empty, NoNewPrivileges=yes), a read-only filesystem but the socket
-// directory, `kibotos egress serve --socket-dir DIR --generation N`. The
+// The unit (Supervisor starts it): kibotos-egress-<scope>-<generation>.service
+// in kibotos-egress.slice, User=kibotos-egress, no capabilities
+// (CapabilityBoundingSet= and AmbientCapabilities= empty,
+// NoNewPrivileges=yes), ProtectSystem=strict with only the socket
+// directory writable, the node's state directory inaccessible,
+// `kibotos egress serve --socket-dir DIR --generation N`. The
 // command refuses root and capabilities (CheckUnprivileged). SIGTERM
 // drains with --grace (10 s); the node normally drains over the control
 // socket with its own deadline. Proxies and upstreams are dialed from the
@@ -89,6 +92,12 @@
 // reconnects. If the process dies, its sockets die with it: new guest
 // connections then fail (they find no listener) until the node makes new
 // sockets for a new generation.
+//
+// Supervisor does all of this for the node: it starts a generation when
+// Apply brings the first routes, drains it when the last go, adopts the
+// running ones when it opens, replaces a serving one that dies (within a
+// watch interval, 500 ms, plus its start) and switches builds (Switch)
+// with at most two generations running.
 //
 // Config changes apply to new connections and queries; connections already
 // carried keep their proxy until they end, are drained or the process ends.

@@ -16,13 +16,18 @@ import (
 
 // The test binary doubles as the egress process (helperEnv=process) and as
 // a control client of another uid (helperEnv=dial), so tests can run the
-// real process under nsenter, as the nobody user, in a lab namespace.
+// real process under nsenter, as the nobody user, in a lab namespace; and
+// as `kibotos egress serve` (helperServe), the command a Supervisor's
+// units run.
 const (
 	helperEnv = "KIBOTOS_EGRESS_TEST_HELPER"
 	nobody    = 65534
 )
 
 func TestMain(m *testing.M) {
+	if len(os.Args) > 2 && os.Args[1] == "egress" && os.Args[2] == "serve" {
+		os.Exit(helperServe(os.Args[3:]))
+	}
 	switch os.Getenv(helperEnv) {
 	case "process":
 		os.Exit(helperProcess())

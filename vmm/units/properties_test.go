@@ -48,8 +48,39 @@ func TestVMMSpecProperties(t *testing.T) {
 	plain := Spec{Name: "kibotos-dataplane-x-1.service", Argv: []string{"/bin/kibotos"}, Slice: DataPlaneSlice}
 	for _, p := range plain.properties() {
 		switch p.Name {
-		case "User", "Group", "SupplementaryGroups", "NoNewPrivileges", "UMask", "LimitMEMLOCK", "MemoryMax", "TasksMax":
+		case "User", "Group", "SupplementaryGroups", "NoNewPrivileges", "UMask", "LimitMEMLOCK", "MemoryMax", "TasksMax",
+			"CapabilityBoundingSet", "AmbientCapabilities", "ProtectSystem", "ReadWritePaths", "InaccessiblePaths":
 			t.Errorf("unconfined spec sets %s=%v", p.Name, p.Value)
+		}
+	}
+}
+
+// TestSandboxSpecProperties: the egress unit's sandbox (no capabilities, a
+// read-only file system but its socket directory, the state directory
+// hidden) with the D-Bus types systemd expects: t for capability masks, s
+// for ProtectSystem, as for paths.
+func TestSandboxSpecProperties(t *testing.T) {
+	spec := Spec{
+		Name: "kibotos-egress-x-1.service", Argv: []string{"/bin/kibotos"}, Slice: EgressSlice,
+		NoCapabilities: true, ReadOnlyFilesystem: true,
+		ReadWritePaths: []string{"/run/kibotos/node-egress"}, InaccessiblePaths: []string{"/var/lib/kibotos/storage/state"},
+	}
+	got := map[string]godbus.Variant{}
+	for _, p := range spec.properties() {
+		got[p.Name] = p.Value
+	}
+	want := map[string]any{
+		"CapabilityBoundingSet": uint64(0), "AmbientCapabilities": uint64(0), "ProtectSystem": "strict",
+		"ReadWritePaths": []string{"/run/kibotos/node-egress"}, "InaccessiblePaths": []string{"/var/lib/kibotos/storage/state"},
+	}
+	for name, v := range want {
+		gv, ok := got[name]
+		if !ok {
+			t.Errorf("property %s missing", name)
+			continue
+		}
+		if !reflect.DeepEqual(gv.Value(), v) {
+			t.Errorf("property %s = %#v (%s), want %#v", name, gv.Value(), gv.Signature(), v)
 		}
 	}
 }

@@ -45,6 +45,10 @@ func (m *Manager) Get(ctx context.Context, name string) (Unit, error) {
 		u.MemoryMax, _ = tp["MemoryMax"].(uint64)
 		u.TasksMax, _ = tp["TasksMax"].(uint64)
 		u.LimitMEMLOCK, _ = tp["LimitMEMLOCK"].(uint64)
+		u.CapabilityBoundingSet, _ = tp["CapabilityBoundingSet"].(uint64)
+		u.ProtectSystem, _ = tp["ProtectSystem"].(string)
+		u.ReadWritePaths, _ = tp["ReadWritePaths"].([]string)
+		u.InaccessiblePaths, _ = tp["InaccessiblePaths"].([]string)
 	}
 	return u, nil
 }

@@ -51,6 +51,18 @@ type Spec struct {
 	// MemoryMax and TasksMax bound the unit's cgroup; 0: no limit set.
 	MemoryMax uint64
 	TasksMax  uint64
+	// NoCapabilities empties the capability bounding and ambient sets
+	// (CapabilityBoundingSet= and AmbientCapabilities= empty): with
+	// NoNewPrivileges nothing the service executes can regain any.
+	NoCapabilities bool
+	// ReadOnlyFilesystem mounts the whole file system read-only for the
+	// service (ProtectSystem=strict), but for ReadWritePaths. Systemd sets
+	// up a mount namespace for it, whatever PrivateMounts says.
+	ReadOnlyFilesystem bool
+	ReadWritePaths     []string
+	// InaccessiblePaths are hidden from the service (each must exist, or
+	// the start fails with status 226/NAMESPACE).
+	InaccessiblePaths []string
 }
 
 // StartVMM starts an Instance's VMM as a transient service in VMMSlice with
@@ -143,6 +155,18 @@ func (spec Spec) properties(extra ...sd.Property) []sd.Property {
 	}
 	if spec.TasksMax != 0 {
 		ps = append(ps, prop("TasksMax", spec.TasksMax))
+	}
+	if spec.NoCapabilities {
+		ps = append(ps, prop("CapabilityBoundingSet", uint64(0)), prop("AmbientCapabilities", uint64(0)))
+	}
+	if spec.ReadOnlyFilesystem {
+		ps = append(ps, prop("ProtectSystem", "strict"))
+	}
+	if len(spec.ReadWritePaths) > 0 {
+		ps = append(ps, prop("ReadWritePaths", spec.ReadWritePaths))
+	}
+	if len(spec.InaccessiblePaths) > 0 {
+		ps = append(ps, prop("InaccessiblePaths", spec.InaccessiblePaths))
 	}
 	return append(ps, extra...)
 }

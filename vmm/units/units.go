@@ -161,6 +161,12 @@ type Unit struct {
 	MemoryMax       uint64 // math.MaxUint64: infinity
 	TasksMax        uint64 // math.MaxUint64: infinity
 	LimitMEMLOCK    uint64 // math.MaxUint64: infinity
+	// CapabilityBoundingSet is a bit mask (bit n: capability n); 0 is
+	// none, systemd's default is all.
+	CapabilityBoundingSet uint64
+	ProtectSystem         string // "no", "yes", "full" or "strict"
+	ReadWritePaths        []string
+	InaccessiblePaths     []string
 }
 
 // Active reports whether the unit is running or about to.

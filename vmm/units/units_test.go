@@ -421,3 +421,64 @@ func TestStartVMMConfined(t *testing.T) {
 		}
 	}
 }
+
+// The sandbox a service gets from NoCapabilities, ReadOnlyFilesystem,
+// ReadWritePaths and InaccessiblePaths, seen from inside: it runs as root
+// so that only the sandbox (not file permissions) can deny it anything.
+func TestStartServiceSandboxed(t *testing.T) {
+	h := newHarness(t)
+	ctx := testCtx(t)
+	dir := t.TempDir()
+	rw, ro, hidden := filepath.Join(dir, "rw"), filepath.Join(dir, "ro"), filepath.Join(dir, "hidden")
+	for _, d := range []string{rw, ro, hidden} {
+		if err := os.Mkdir(d, 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(hidden, "secret"), []byte("x"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	script := fmt.Sprintf(`{ touch %[2]s/x 2>/dev/null && echo ro-writable || echo ro-denied
+cat %[3]s/secret >/dev/null 2>&1 && echo hidden-readable || echo hidden-denied
+touch %[1]s/x && echo rw-writable; } > %[1]s/result; exec sleep 300`, rw, ro, hidden)
+	const name = "kibotos-egress-sandbox-1.service"
+	u, err := h.m.StartService(ctx, units.Spec{
+		Name: name, Argv: []string{"/bin/sh", "-c", script}, Slice: units.EgressSlice,
+		NoNewPrivileges: true, NoCapabilities: true, ReadOnlyFilesystem: true,
+		ReadWritePaths: []string{rw}, InaccessiblePaths: []string{hidden},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.m.Stop(ctx, name)
+	if u.CapabilityBoundingSet != 0 || u.ProtectSystem != "strict" || !slices.Equal(u.ReadWritePaths, []string{rw}) || !slices.Equal(u.InaccessiblePaths, []string{hidden}) {
+		t.Errorf("read back CapabilityBoundingSet %#x ProtectSystem %q ReadWritePaths %q InaccessiblePaths %q", u.CapabilityBoundingSet, u.ProtectSystem, u.ReadWritePaths, u.InaccessiblePaths)
+	}
+	var result []byte
+	waitFor(t, 10*time.Second, "the sandboxed script's result", func() bool {
+		result, _ = os.ReadFile(filepath.Join(rw, "result"))
+		return strings.Count(string(result), "\n") == 3
+	})
+	if got, want := string(result), "ro-denied\nhidden-denied\nrw-writable\n"; got != want {
+		t.Errorf("inside the sandbox: %q, want %q", got, want)
+	}
+	// The script exec'd sleep: the main process is what systemd started.
+	pid := 0
+	waitFor(t, 10*time.Second, "sleep to be the main process", func() bool {
+		pid = mainHostPID(t, h, u)
+		comm, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid))
+		return strings.TrimSpace(string(comm)) == "sleep"
+	})
+	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"\nCapEff:\t0000000000000000\n", "\nCapPrm:\t0000000000000000\n", "\nCapBnd:\t0000000000000000\n", "\nCapAmb:\t0000000000000000\n", "\nNoNewPrivs:\t1\n"} {
+		if !strings.Contains(string(status), want) {
+			t.Errorf("/proc status of the main process lacks %q:\n%s", want, status)
+		}
+	}
+	if err := h.m.Stop(ctx, name); err != nil {
+		t.Fatal(err)
+	}
+}

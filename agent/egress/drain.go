@@ -1,0 +1,123 @@
+package egress
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"time"
+
+	"github.com/kibotos/kibotos/vmm/units"
+)
+
+const (
+	// endWait is how long a generation told to close everything gets to
+	// exit by itself (queries already read may still be answered) before
+	// its unit is stopped.
+	endWait = 5 * time.Second
+	// stopWait bounds stopping a unit that did not exit by itself.
+	stopWait = 20 * time.Second
+	// drainSettle is how long past its drain deadline a generation may
+	// still run before its unit is stopped.
+	drainSettle = 5 * time.Second
+)
+
+// maxGenerations is how many egress processes of a node run at once: one
+// serving and one draining.
+const maxGenerations = 2
+
+// drain makes g stop serving and finish its connections by DrainTimeout;
+// it exits by itself, and the watch loop sees it go (mu held, g no longer
+// current).
+func (s *Supervisor) drain(ctx context.Context, g *generation, reason string) {
+	deadline := time.Now().Add(s.cfg.DrainTimeout)
+	if err := s.call(ctx, g, func(c *Client) error { return c.Drain(ctx, deadline) }); err != nil {
+		s.end(ctx, g, "its drain failed: "+err.Error())
+		return
+	}
+	g.deadline = deadline
+	s.draining = append(s.draining, g)
+	s.log.Info("egress generation draining", "generation", g.num, "unit", g.unit, "deadline", deadline, "reason", reason)
+}
+
+// makeRoom ends the oldest draining generations until one more fits.
+func (s *Supervisor) makeRoom(ctx context.Context, reason string) {
+	for len(s.draining) > 0 && len(s.draining)+s.serving() >= maxGenerations {
+		s.endOldest(ctx, reason)
+	}
+}
+
+func (s *Supervisor) serving() int {
+	if s.current != nil {
+		return 1
+	}
+	return 0
+}
+
+func (s *Supervisor) endOldest(ctx context.Context, reason string) {
+	g := s.draining[0]
+	s.draining = s.draining[1:]
+	s.end(ctx, g, reason)
+}
+
+// end ends g at once (mu held, g tracked no more): its connections are
+// closed now, then it exits by itself or its unit is stopped.
+func (s *Supervisor) end(ctx context.Context, g *generation, reason string) {
+	if g.client != nil && !g.client.Broken() {
+		dctx, cancel := context.WithTimeout(ctx, time.Second)
+		g.client.Drain(dctx, time.Now())
+		cancel()
+	}
+	var stopErr error
+	if !s.waitGone(ctx, g.unit, endWait) {
+		sctx, cancel := context.WithTimeout(ctx, stopWait)
+		stopErr = s.cfg.Units.Stop(sctx, g.unit)
+		cancel()
+	}
+	attrs := []any{"generation", g.num, "unit", g.unit, "main_pid", g.mainPID, "reason", reason}
+	if stopErr != nil {
+		g.closeClient()
+		s.log.Error("egress generation ended", append(attrs, "err", stopErr)...)
+		return
+	}
+	s.ended(g, slog.LevelWarn, reason)
+}
+
+// ended forgets a generation whose processes are gone. A process that did
+// not exit cleanly left its control socket behind: no later generation
+// has its number, so the file is only litter.
+func (s *Supervisor) ended(g *generation, level slog.Level, reason string) {
+	g.closeClient()
+	os.Remove(ControlSocket(s.cfg.SocketDir, g.num))
+	s.log.Log(s.ctx, level, "egress generation ended", "generation", g.num, "unit", g.unit, "main_pid", g.mainPID, "reason", reason)
+}
+
+// waitGone waits up to d for unit to have no running process.
+func (s *Supervisor) waitGone(ctx context.Context, unit string, d time.Duration) bool {
+	deadline := time.Now().Add(d)
+	for {
+		if gone, _ := s.unitGone(ctx, unit); gone {
+			return true
+		}
+		if time.Now().After(deadline) || sleepCtx(ctx, 20*time.Millisecond) != nil {
+			return false
+		}
+	}
+}
+
+// unitGone reports whether unit has ended (collected, inactive or
+// failed: "deactivating" may still have processes), and how when the
+// manager still knows. An unanswered query is no verdict (false).
+func (s *Supervisor) unitGone(ctx context.Context, unit string) (bool, string) {
+	u, err := s.cfg.Units.Get(ctx, unit)
+	switch {
+	case errors.Is(err, units.ErrNotFound):
+		return true, "its unit is gone"
+	case err != nil:
+		return false, ""
+	case u.ActiveState == "inactive" || u.ActiveState == "failed":
+		return true, fmt.Sprintf("its unit is %s (result %s, exit status %d)", u.ActiveState, u.Result, u.ExecMainStatus)
+	}
+	return false, ""
+}

@@ -1,0 +1,126 @@
+package egress
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/kibotos/kibotos/datadir"
+)
+
+// Unit naming: kibotos-egress-<scope>-<generation>.service.
+const unitPrefix = "kibotos-egress-"
+
+// UnitName is the unit of generation gen of scope.
+func UnitName(scope string, gen uint64) string {
+	return unitPrefix + scope + "-" + strconv.FormatUint(gen, 10) + ".service"
+}
+
+// unitPattern lists every generation of scope (and, harmlessly, of scopes
+// that start with it: unitGeneration tells them apart).
+func unitPattern(scope string) string { return unitPrefix + scope + "-*.service" }
+
+// unitGeneration parses a unit name of scope; ok is false for other units.
+func unitGeneration(scope, name string) (uint64, bool) {
+	rest, ok := strings.CutPrefix(name, unitPrefix+scope+"-")
+	if !ok {
+		return 0, false
+	}
+	rest, ok = strings.CutSuffix(rest, ".service")
+	if !ok || rest == "" {
+		return 0, false
+	}
+	gen, err := strconv.ParseUint(rest, 10, 64)
+	return gen, err == nil && gen > 0
+}
+
+// GenerationFile is the egress generation counter in the node's state
+// directory. Unlike the data plane's it lives on persistent storage, next
+// to the credential files a restarted node restores egress from; a
+// counter that survives reboots never hands out a number twice.
+func GenerationFile(stateDir string) string { return filepath.Join(stateDir, "egress-generation") }
+
+func readGeneration(stateDir string) (uint64, error) {
+	path := GenerationFile(stateDir)
+	b, err := os.ReadFile(path)
+	if os.IsNotExist(err) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("egress: read generation counter: %w", err)
+	}
+	gen, err := strconv.ParseUint(strings.TrimSpace(string(b)), 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("egress: generation counter %s is corrupt (%q): remove it, the next start counts from the running units", path, b)
+	}
+	return gen, nil
+}
+
+// writeGeneration records gen before its unit starts, so a node that
+// crashes right after never reuses the number (the control socket of a
+// generation is found by its number).
+func writeGeneration(stateDir string, gen uint64) error {
+	if err := datadir.WriteFileAtomic(GenerationFile(stateDir), []byte(strconv.FormatUint(gen, 10)+"\n"), 0o600); err != nil {
+		return fmt.Errorf("egress: write generation counter: %w", err)
+	}
+	return nil
+}
+
+// generation is one egress process the Supervisor runs or adopted.
+type generation struct {
+	num      uint64
+	unit     string
+	mainPID  uint32
+	revision string
+	adopted  bool
+	deadline time.Time // of its drain; zero while it serves
+	client   *Client   // nil until dialed, or after a failed redial
+	misses   int       // control checks failed in a row (watch)
+}
+
+func (g *generation) describe() Generation {
+	return Generation{Number: g.num, Unit: g.unit, MainPID: g.mainPID, Revision: g.revision,
+		Adopted: g.adopted, Draining: !g.deadline.IsZero(), Deadline: g.deadline}
+}
+
+func (g *generation) closeClient() {
+	if g.client != nil {
+		g.client.Close()
+	}
+}
+
+// dial connects to g's control socket and checks it is g that answers.
+func (s *Supervisor) dial(ctx context.Context, g *generation) error {
+	c, err := Dial(ctx, ControlSocket(s.cfg.SocketDir, g.num))
+	if err != nil {
+		return err
+	}
+	if c.Hello.Generation != g.num {
+		c.Close()
+		return fmt.Errorf("egress: control socket of generation %d answers as generation %d", g.num, c.Hello.Generation)
+	}
+	g.closeClient()
+	g.client, g.revision = c, c.Hello.Revision
+	return nil
+}
+
+// call runs f (one idempotent request) on g's control connection. A
+// connection that broke (a call cut short, or an old one the process
+// already dropped) is dialed again once; an error the process answered
+// is returned as it is.
+func (s *Supervisor) call(ctx context.Context, g *generation, f func(*Client) error) error {
+	if g.client != nil && !g.client.Broken() {
+		err := f(g.client)
+		if err == nil || !g.client.Broken() || ctx.Err() != nil {
+			return err
+		}
+	}
+	if err := s.dial(ctx, g); err != nil {
+		return err
+	}
+	return f(g.client)
+}

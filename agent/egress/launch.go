@@ -1,0 +1,145 @@
+package egress
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"syscall"
+	"time"
+
+	"github.com/kibotos/kibotos/vmm/units"
+)
+
+// startTimeout bounds the wait for a new process to answer its control socket.
+const startTimeout = 15 * time.Second
+
+// listenWait is how long a busy address is tried again: a generation that
+// just drained still answers the queries it read (DNSAnswerWindow) from
+// its DNS socket before it closes it.
+const listenWait = DNSAnswerWindow + 2*time.Second
+
+// startServing starts a generation with new sockets and the config (mu
+// held, no generation serving).
+func (s *Supervisor) startServing(ctx context.Context) error {
+	s.makeRoom(ctx, "a new generation is starting")
+	tcp, udp, err := s.listen(ctx)
+	if err != nil {
+		return err
+	}
+	defer tcp.Close()
+	defer udp.Close()
+	g, err := s.launch(ctx, tcp, udp)
+	if err != nil {
+		return err
+	}
+	s.current = g
+	return nil
+}
+
+// listen makes the node's two sockets, as root in the node's network
+// namespace, trying a busy address again for listenWait.
+func (s *Supervisor) listen(ctx context.Context) (tcp, udp *os.File, err error) {
+	deadline := time.Now().Add(listenWait)
+	for {
+		tcp, err = ListenTransparentTCP(s.cfg.TCPListen)
+		if err == nil {
+			if udp, err = ListenDNS(s.cfg.DNSListen); err == nil {
+				return tcp, udp, nil
+			}
+			tcp.Close()
+		}
+		if !errors.Is(err, syscall.EADDRINUSE) || time.Now().After(deadline) {
+			return nil, nil, err
+		}
+		if serr := sleepCtx(ctx, 50*time.Millisecond); serr != nil {
+			return nil, nil, err
+		}
+	}
+}
+
+// launch starts the next generation's unit, hands it tcp and udp (the
+// caller closes its copies) and the config, and returns it serving. A
+// generation that fails on the way is ended.
+func (s *Supervisor) launch(ctx context.Context, tcp, udp *os.File) (*generation, error) {
+	num := s.lastGen + 1
+	if err := writeGeneration(s.cfg.StateDir, num); err != nil {
+		return nil, err
+	}
+	s.lastGen = num
+	g := &generation{num: num, unit: UnitName(s.cfg.Scope, num)}
+	u, err := s.cfg.Units.StartService(ctx, units.Spec{
+		Name:        g.unit,
+		Description: "kibotos egress (generation " + strconv.FormatUint(num, 10) + ")",
+		Argv: []string{s.cfg.Executable, "egress", "serve", "--socket-dir", s.cfg.SocketDir,
+			"--generation", strconv.FormatUint(num, 10)},
+		Slice: units.EgressSlice,
+		// Its group is the account's own (systemd's default for User=).
+		User:               s.acct.name,
+		NoNewPrivileges:    true,
+		NoCapabilities:     true,
+		ReadOnlyFilesystem: true,
+		ReadWritePaths:     []string{s.cfg.SocketDir},
+		InaccessiblePaths:  []string{s.cfg.StateDir},
+		UMask:              0o077,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("egress: start generation %d: %w", num, err)
+	}
+	g.mainPID = u.MainPID
+	if err := s.waitControl(ctx, g); err != nil {
+		s.end(ctx, g, "its start failed")
+		return nil, err
+	}
+	if err := g.client.SendListeners(ctx, tcp, udp); err != nil {
+		s.end(ctx, g, "its start failed")
+		return nil, fmt.Errorf("egress: start generation %d: %w", num, err)
+	}
+	if err := g.client.SetConfig(ctx, s.config); err != nil {
+		s.end(ctx, g, "its start failed")
+		return nil, fmt.Errorf("egress: start generation %d: %w", num, err)
+	}
+	s.log.Info("egress generation started", "generation", num, "unit", g.unit, "main_pid", g.mainPID,
+		"tcp", s.cfg.TCPListen, "dns", s.cfg.DNSListen, "routes", len(s.config.Routes))
+	return g, nil
+}
+
+// waitControl waits for g's control socket to answer: Type=exec returns
+// once the binary runs, not once it listens.
+func (s *Supervisor) waitControl(ctx context.Context, g *generation) error {
+	deadline := time.Now().Add(startTimeout)
+	for {
+		dctx, cancel := context.WithTimeout(ctx, time.Second)
+		err := s.dial(dctx, g)
+		cancel()
+		if err == nil {
+			return nil
+		}
+		u, gerr := s.cfg.Units.Get(ctx, g.unit)
+		if gerr != nil || !u.Active() {
+			state := "gone"
+			if gerr == nil {
+				state = fmt.Sprintf("%s/%s, result %s, exit status %d", u.ActiveState, u.SubState, u.Result, u.ExecMainStatus)
+			}
+			return fmt.Errorf("egress: generation %d (%s) exited at start (%s): its log says why (journalctl -u %s)", g.num, g.unit, state, g.unit)
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("egress: generation %d (%s) runs but its control socket does not answer after %v: %v (journalctl -u %s)", g.num, g.unit, startTimeout, err, g.unit)
+		}
+		if serr := sleepCtx(ctx, 20*time.Millisecond); serr != nil {
+			return fmt.Errorf("egress: generation %d (%s): waiting for its control socket: %w", g.num, g.unit, serr)
+		}
+	}
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return context.Cause(ctx)
+	}
+}

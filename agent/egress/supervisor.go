@@ -1,0 +1,304 @@
+package egress
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/kibotos/kibotos/buildinfo"
+	"github.com/kibotos/kibotos/vmm/units"
+)
+
+// SupervisorConfig is how the node runs its egress process.
+type SupervisorConfig struct {
+	// Units is the service manager (the host's systemd or a private one).
+	Units *units.Manager
+	// Executable is the kibotos binary (absolute), normally
+	// os.Executable(); the unit runs `<exe> egress serve --socket-dir DIR
+	// --generation N`. The egress user must be able to execute it.
+	Executable string
+	// SocketDir holds the control sockets, e.g. /run/kibotos/node-egress
+	// (the node's socket directory with "-egress" added). The supervisor
+	// makes it, owned by User, mode 0700; it is the only directory the
+	// process may write. Its parents must let User search them.
+	SocketDir string
+	// StateDir is <storage.root>/state: the generation counter lives
+	// there, and the process is not allowed to see it.
+	StateDir string
+	// Scope tells this node's units from other nodes' on the host, as the
+	// data plane's scope does.
+	Scope string
+	// User runs the process; DefaultUser when empty. It is created as a
+	// system account when missing.
+	User string
+	// TCPListen is the transparent listener (IPv4 ADDR:PORT, usually
+	// 0.0.0.0:PORT), the node's TPROXY target.
+	TCPListen string
+	// DNSListen is the DNS socket, a specific IPv4 ADDR:PORT of the node.
+	DNSListen string
+	// DrainTimeout is the deadline a generation gets for its connections
+	// once it stops serving (no more routes, or a newer generation took
+	// its sockets); DefaultDrainTimeout when zero.
+	DrainTimeout time.Duration
+	Logger       *slog.Logger
+	// Revision is the node's build revision (buildinfo.SourceRevision()
+	// when empty), to compare with Generation.Revision: a process of
+	// another build of the same release line is replaced with Switch.
+	Revision string
+}
+
+// DefaultDrainTimeout bounds a drain the node asks for.
+const DefaultDrainTimeout = 30 * time.Second
+
+// ReasonNewerDrains is the reason logged when a draining generation is
+// ended at once because a switch would make it the third.
+const ReasonNewerDrains = "a newer generation is about to drain"
+
+// Supervisor keeps an egress process running exactly while the node has
+// routes for it, replaces one that dies, and switches builds with at most
+// two generations at a time. Its methods may be called concurrently.
+type Supervisor struct {
+	cfg  SupervisorConfig
+	log  *slog.Logger
+	acct account
+
+	// ctx ends with Close: it bounds what the watch loop does.
+	ctx    context.Context
+	cancel context.CancelFunc
+	done   chan struct{} // closed when the watch loop returned
+
+	// mu serializes everything that starts, talks to or ends a
+	// generation, the watch loop included.
+	mu       sync.Mutex
+	closed   bool
+	lastGen  uint64 // the highest generation number handed out
+	current  *generation
+	draining []*generation // oldest first
+	config   Config
+	// known: config is what the node applied. An adopted process has a
+	// config this node cannot read back (credentials live only in its
+	// memory), so a replacement waits for the node's first Apply.
+	known   bool
+	retryAt time.Time // when the watch loop may try a failed start again
+	backoff time.Duration
+}
+
+// Generation describes one running egress process.
+type Generation struct {
+	Number   uint64
+	Unit     string
+	MainPID  uint32 // in the service manager's PID namespace
+	Revision string // the build it reports (Hello.Revision)
+	Adopted  bool   // found running when the Supervisor opened
+	Draining bool
+	Deadline time.Time // of its drain
+}
+
+var errClosed = errors.New("egress: supervisor closed")
+
+// OpenSupervisor prepares the account and socket directory and adopts
+// what runs already: the newest generation that answers and serves stays
+// the serving one, with its connections, a draining one goes on draining;
+// anything else of the scope is ended. It starts nothing: Apply does, once
+// there are routes.
+func OpenSupervisor(ctx context.Context, cfg SupervisorConfig) (*Supervisor, error) {
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	if cfg.User == "" {
+		cfg.User = DefaultUser
+	}
+	if cfg.DrainTimeout <= 0 {
+		cfg.DrainTimeout = DefaultDrainTimeout
+	}
+	if cfg.Revision == "" {
+		cfg.Revision = buildinfo.SourceRevision()
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	acct, err := ensureAccount(ctx, cfg.User)
+	if err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
+		return nil, fmt.Errorf("egress: state directory %s: %w", cfg.StateDir, err)
+	}
+	if err := acct.prepareSocketDir(cfg.SocketDir); err != nil {
+		return nil, err
+	}
+	for _, p := range []string{cfg.SocketDir, cfg.Executable} {
+		if err := acct.checkReach(p); err != nil {
+			return nil, err
+		}
+	}
+	s := &Supervisor{cfg: cfg, log: log, acct: acct, done: make(chan struct{})}
+	s.ctx, s.cancel = context.WithCancel(context.Background())
+	if err := s.adopt(ctx); err != nil {
+		s.cancel()
+		return nil, err
+	}
+	go s.watch()
+	return s, nil
+}
+
+func (cfg SupervisorConfig) validate() error {
+	switch {
+	case cfg.Units == nil:
+		return errors.New("egress: no unit manager: the node runtime is needed to run the egress process")
+	case !filepath.IsAbs(cfg.Executable):
+		return fmt.Errorf("egress: executable %q is not an absolute path: pass os.Executable()", cfg.Executable)
+	case !filepath.IsAbs(cfg.SocketDir):
+		return fmt.Errorf("egress: socket directory %q is not an absolute path", cfg.SocketDir)
+	case !filepath.IsAbs(cfg.StateDir):
+		return fmt.Errorf("egress: state directory %q is not an absolute path", cfg.StateDir)
+	case within(cfg.SocketDir, cfg.StateDir) || within(cfg.StateDir, cfg.SocketDir):
+		// The unit hides the state directory and may write only the
+		// socket directory: one inside the other cannot be both.
+		return fmt.Errorf("egress: socket directory %s and state directory %s must not contain each other", cfg.SocketDir, cfg.StateDir)
+	case cfg.Scope == "" || strings.ContainsAny(cfg.Scope, "/*?[ "):
+		return fmt.Errorf("egress: scope %q: want a plain name (the data plane's scope of this node)", cfg.Scope)
+	}
+	if err := checkIPv4(cfg.TCPListen, true); err != nil {
+		return fmt.Errorf("egress: transparent TCP listener %q: %w", cfg.TCPListen, err)
+	}
+	if err := checkIPv4(cfg.DNSListen, false); err != nil {
+		return fmt.Errorf("egress: DNS socket %q: %w", cfg.DNSListen, err)
+	}
+	return nil
+}
+
+// within reports whether path is dir or below it.
+func within(path, dir string) bool {
+	rel, err := filepath.Rel(filepath.Clean(dir), filepath.Clean(path))
+	return err == nil && rel != ".." && !strings.HasPrefix(rel, "../")
+}
+
+// Apply makes the process forward by cfg. With routes, a process is
+// started when none serves (new sockets, then cfg) or given cfg; without,
+// the serving one drains (DrainTimeout) and ends by itself once its
+// connections did. If the start or the push fails, the watch loop keeps
+// trying with cfg.
+func (s *Supervisor) Apply(ctx context.Context, cfg Config) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return errClosed
+	}
+	s.config, s.known = cfg, true
+	s.retryAt, s.backoff = time.Time{}, 0 // a new config is worth trying at once
+	if len(cfg.Routes) == 0 {
+		if s.current != nil {
+			g := s.current
+			s.current = nil
+			s.drain(ctx, g, "no policy on this node references an Egress or a Resolver")
+		}
+		return nil
+	}
+	if s.current == nil {
+		return s.startServing(ctx)
+	}
+	return s.call(ctx, s.current, func(c *Client) error { return c.SetConfig(ctx, cfg) })
+}
+
+// Switch replaces the serving generation with one of this build (a new
+// node binary of the same release line): the new one gets the old one's
+// sockets and the config, then the old one drains, so no connection is
+// refused and none is cut. A generation still draining from an earlier
+// switch is ended at once first: at most two run. Nothing serving, nothing
+// to switch.
+func (s *Supervisor) Switch(ctx context.Context) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return errClosed
+	}
+	old := s.current
+	if old == nil {
+		return nil
+	}
+	if !s.known {
+		return fmt.Errorf("egress: switch from generation %d: the node has not applied its config yet: Apply first, the new generation needs it", old.num)
+	}
+	for len(s.draining) > 0 {
+		s.endOldest(ctx, ReasonNewerDrains)
+	}
+	var tcp, udp *os.File
+	err := s.call(ctx, old, func(c *Client) (err error) {
+		tcp, udp, err = c.Listeners(ctx)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("egress: switch from generation %d: %w", old.num, err)
+	}
+	defer tcp.Close()
+	defer udp.Close()
+	g, err := s.launch(ctx, tcp, udp)
+	if err != nil {
+		return fmt.Errorf("egress: switch from generation %d: %w", old.num, err)
+	}
+	s.current = g
+	s.log.Info("egress generation switched", "from", old.num, "to", g.num, "unit", g.unit)
+	s.drain(ctx, old, "a newer generation took its sockets")
+	return nil
+}
+
+// Stats returns the serving generation's state and counters.
+func (s *Supervisor) Stats(ctx context.Context) (Stats, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.current == nil {
+		return Stats{}, errors.New("egress: no generation serves (the node has no routes for one)")
+	}
+	var st Stats
+	err := s.call(ctx, s.current, func(c *Client) (err error) {
+		st, err = c.Stats(ctx)
+		return err
+	})
+	return st, err
+}
+
+// Generations lists the running generations, oldest first; a serving one
+// is last.
+func (s *Supervisor) Generations() []Generation {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []Generation
+	for _, g := range s.draining {
+		out = append(out, g.describe())
+	}
+	if s.current != nil {
+		out = append(out, s.current.describe())
+	}
+	return out
+}
+
+// Close stops supervising. The processes keep running and serving (the
+// node is stopping or restarting): the next OpenSupervisor adopts them.
+func (s *Supervisor) Close() error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil
+	}
+	s.closed = true
+	s.mu.Unlock()
+	s.cancel()
+	<-s.done
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, g := range s.draining {
+		g.closeClient()
+	}
+	if s.current != nil {
+		s.current.closeClient()
+	}
+	return nil
+}
