@@ -5,9 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"runtime"
 	"strconv"
 	"syscall"
 	"time"
+
+	"github.com/vishvananda/netns"
 
 	"github.com/kibotos/kibotos/vmm/units"
 )
@@ -43,12 +46,18 @@ func (s *Supervisor) startServing(ctx context.Context) error {
 func (s *Supervisor) listen(ctx context.Context) (tcp, udp *os.File, err error) {
 	deadline := time.Now().Add(listenWait)
 	for {
-		tcp, err = ListenTransparentTCP(s.cfg.TCPListen)
-		if err == nil {
-			if udp, err = ListenDNS(s.cfg.DNSListen); err == nil {
-				return tcp, udp, nil
+		err = inNetNS(s.cfg.NetNS, func() error {
+			var err error
+			if tcp, err = ListenTransparentTCP(s.cfg.TCPListen); err != nil {
+				return err
 			}
-			tcp.Close()
+			if udp, err = ListenDNS(s.cfg.DNSListen); err != nil {
+				tcp.Close()
+			}
+			return err
+		})
+		if err == nil {
+			return tcp, udp, nil
 		}
 		if !errors.Is(err, syscall.EADDRINUSE) || time.Now().After(deadline) {
 			return nil, nil, err
@@ -83,6 +92,9 @@ func (s *Supervisor) launch(ctx context.Context, tcp, udp *os.File) (*generation
 		ReadWritePaths:     []string{s.cfg.SocketDir},
 		InaccessiblePaths:  []string{s.cfg.StateDir},
 		UMask:              0o077,
+		// Its connections to proxies and upstreams leave from the node's
+		// namespace.
+		NetworkNamespacePath: s.managerNetNS(),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("egress: start generation %d: %w", num, err)
@@ -142,4 +154,48 @@ func sleepCtx(ctx context.Context, d time.Duration) error {
 	case <-ctx.Done():
 		return context.Cause(ctx)
 	}
+}
+
+func (s *Supervisor) managerNetNS() string {
+	if s.cfg.ManagerNetNS != "" {
+		return s.cfg.ManagerNetNS
+	}
+	return s.cfg.NetNS
+}
+
+// inNetNS runs f on an OS thread in the network namespace at path (sockets
+// made there stay there); path "" runs it here.
+func inNetNS(path string, f func() error) error {
+	if path == "" {
+		return f()
+	}
+	ns, err := netns.GetFromPath(path)
+	if err != nil {
+		return fmt.Errorf("egress: network namespace %s: %w", path, err)
+	}
+	defer ns.Close()
+	done := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		orig, err := netns.Get()
+		if err != nil {
+			runtime.UnlockOSThread()
+			done <- err
+			return
+		}
+		defer orig.Close()
+		if err := netns.Set(ns); err != nil {
+			runtime.UnlockOSThread()
+			done <- fmt.Errorf("egress: join network namespace %s: %w", path, err)
+			return
+		}
+		ferr := f()
+		if err := netns.Set(orig); err != nil {
+			done <- err // the thread stays locked and ends with the goroutine
+			return
+		}
+		runtime.UnlockOSThread()
+		done <- ferr
+	}()
+	return <-done
 }

@@ -42,6 +42,11 @@ type SupervisorConfig struct {
 	TCPListen string
 	// DNSListen is the DNS socket, a specific IPv4 ADDR:PORT of the node.
 	DNSListen string
+	// NetNS, when set, is the node's network namespace as a path: the
+	// sockets are made there and the unit joins it (NetworkNamespacePath,
+	// as the service manager sees it: ManagerNetNS, default NetNS). Empty:
+	// this process's and the manager's own, which are the node's.
+	NetNS, ManagerNetNS string
 	// DrainTimeout is the deadline a generation gets for its connections
 	// once it stops serving (no more routes, or a newer generation took
 	// its sockets); DefaultDrainTimeout when zero.
