@@ -7,9 +7,12 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strconv"
 	"time"
 
 	"github.com/kibotos/kibotos/agent"
+	"github.com/kibotos/kibotos/agent/dataplane"
+	"github.com/kibotos/kibotos/agent/egress"
 	"github.com/kibotos/kibotos/agent/runtime"
 	"github.com/kibotos/kibotos/datadir"
 	"github.com/kibotos/kibotos/netpol"
@@ -92,14 +95,31 @@ func openNodeRuntime(ctx context.Context, d datadir.Dir, nodeID, mode string, ac
 	if ps, _ := platform.List(d.StorageRoot()); len(ps) > 0 {
 		keep = append(keep, ps[0].ID) // the newest Platform is the one new Instances use
 	}
-	rt, err := runtime.Open(ctx, runtime.Config{StorageRoot: d.StorageRoot(), NodeID: nodeID, Units: m, Accel: accel, Logger: log, KeepInstallations: keep, Network: network})
+	cfg := runtime.Config{StorageRoot: d.StorageRoot(), NodeID: nodeID, Units: m, Accel: accel, Logger: log, KeepInstallations: keep, Network: network}
+	var sup *egress.Supervisor
+	if network != nil {
+		// Without it the node runs, but refuses policies naming an Egress
+		// or a Resolver (and says why).
+		if sup, err = openEgress(ctx, d, m, log); err != nil {
+			log.Warn("egress process unavailable: Workspaces whose policy names an Egress or a Resolver cannot start here", "err", err)
+		} else {
+			cfg.Egress = sup
+		}
+	}
+	rt, err := runtime.Open(ctx, cfg)
 	if err != nil {
+		if sup != nil {
+			sup.Close()
+		}
 		m.Close()
 		cleanup()
 		return nil, nil, nil, err
 	}
 	return rt, m, func() {
 		rt.Close() // VMMs keep running; the next node process takes them over
+		if sup != nil {
+			sup.Close() // so does the egress process
+		}
 		m.Close()
 		cleanup()
 	}, nil
@@ -141,4 +161,32 @@ func devSystemd(ctx context.Context, d datadir.Dir) (*privsd.Instance, error) {
 		return nil, fmt.Errorf("node runtime: dev private systemd: %w", err)
 	}
 	return sd, nil
+}
+
+// openEgress prepares the node's egress process supervisor (it starts the
+// process only once a policy needs it). Its socket directory must be one
+// both this process and the service manager see at the same path, and the
+// kibotos-egress user can reach: /run/kibotos under the host's systemd; a
+// private systemd has its own /run, so the shared /tmp then.
+func openEgress(ctx context.Context, d datadir.Dir, m *units.Manager, log *slog.Logger) (*egress.Supervisor, error) {
+	exe, err := os.Executable()
+	if err != nil {
+		return nil, fmt.Errorf("locate the kibotos executable: %w", err)
+	}
+	scope := dataplane.ScopeFor(filepath.Join(d.NodeDir(), "dataplane"))
+	base := "/run/kibotos"
+	if m.Target().ManagerPID > 1 {
+		base = os.TempDir()
+	}
+	if err := os.MkdirAll(base, 0o755); err != nil {
+		return nil, err
+	}
+	return egress.OpenSupervisor(ctx, egress.SupervisorConfig{
+		Units: m, Executable: exe, Scope: scope,
+		SocketDir: filepath.Join(base, "kibotos-egress-"+scope),
+		StateDir:  filepath.Join(d.StorageRoot(), "state"),
+		TCPListen: "0.0.0.0:" + strconv.Itoa(runtime.EgressTCPPort),
+		DNSListen: runtime.EgressDNS.String(),
+		Logger:    log,
+	})
 }

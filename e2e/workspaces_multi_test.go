@@ -248,10 +248,11 @@ cpu = "2"
 memory = "2GiB"
 
 [network]
-# Guests of each host get their own range; the lab's subnet is the
-# management network they must never reach.
+# Guests of each host get their own range. The lab's hosts have one
+# interface, which is also the uplink, so the management range may not
+# cover their addresses (a node refuses that): the low end stands for it.
 ipv4_pool = %q
-management_cidrs = ["%s0/24"]
+management_cidrs = ["%s0/29"]
 resolvers = ["%s250"]
 uplink = "eth0"
 

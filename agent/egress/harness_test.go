@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -184,7 +185,11 @@ func startProcess(t testing.TB, nsPath string, uid int, gen uint64, grace time.D
 			t.Fatalf("egress process exited: %v\n%s", p.waitErr, p.log())
 		default:
 		}
-		_, err := os.Stat(p.socket)
+		// The file appears at bind, a moment before listen: dial it.
+		c, err := net.Dial("unix", p.socket)
+		if err == nil {
+			c.Close()
+		}
 		return err == nil
 	})
 	return p

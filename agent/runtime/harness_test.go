@@ -74,7 +74,9 @@ func newHarness(t *testing.T) *harness {
 	t.Cleanup(func() { os.RemoveAll(scratch) })
 	sd, m := runtimetest.Systemd(t, filepath.Join(scratch, "sd"))
 	h := &harness{root: filepath.Join(scratch, "s"), sd: sd, m: m, logs: &logBuffer{}, scratch: scratch}
-	h.lab = netlab.New(t, filepath.Join(scratch, "ns"))
+	// The lab's namespaces live in the private systemd's /run/netns, so
+	// a unit may join them (the egress process joins "node").
+	h.lab = netlab.New(t, sd.NetNSDir)
 	h.nodeNS = h.lab.Namespace("node")
 	network, err := netpol.ParseConfig(labPool, "", []string{labMgmtNode + "/24"}, []string{labInternet}, "up0")
 	if err != nil {

@@ -127,6 +127,54 @@ func (l *Lab) Wire(a, aName, aAddr, b, bName, bAddr string) {
 	}
 }
 
+// Addr adds an address (CIDR) to a link of a namespace.
+func (l *Lab) Addr(ns, link, cidr string) {
+	l.t.Helper()
+	h := l.open(ns)
+	defer h.Close()
+	nl, err := netlink.NewHandleAt(h)
+	if err != nil {
+		l.t.Fatal(err)
+	}
+	defer nl.Close()
+	lk, err := nl.LinkByName(link)
+	if err != nil {
+		l.t.Fatal(err)
+	}
+	ad, err := netlink.ParseAddr(cidr)
+	if err == nil {
+		err = nl.AddrAdd(lk, ad)
+	}
+	if err != nil {
+		l.t.Fatalf("netlab: address %s on %s in %s: %v", cidr, link, ns, err)
+	}
+}
+
+// Start runs argv in a namespace (nsenter execs it, so the PID is its
+// own) with its output in a file of the test, and kills that PID at
+// cleanup. It returns the output file's path.
+func (l *Lab) Start(ns string, argv ...string) string {
+	l.t.Helper()
+	out := filepath.Join(l.t.TempDir(), filepath.Base(argv[0])+".log")
+	f, err := os.Create(out)
+	if err != nil {
+		l.t.Fatal(err)
+	}
+	cmd := exec.Command("nsenter", append([]string{"--net=" + l.NS.Path(ns), "--"}, argv...)...)
+	cmd.Stdout, cmd.Stderr = f, f
+	if err := cmd.Start(); err != nil {
+		l.t.Fatalf("netlab: start %v in %s: %v", argv, ns, err)
+	}
+	exited := make(chan struct{})
+	go func() { cmd.Wait(); close(exited) }()
+	l.t.Cleanup(func() {
+		cmd.Process.Kill()
+		<-exited
+		f.Close()
+	})
+	return out
+}
+
 // Route adds a route in a namespace: dst (CIDR or "default") via gw.
 func (l *Lab) Route(ns, dst, gw string) {
 	l.t.Helper()

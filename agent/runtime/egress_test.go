@@ -1,0 +1,171 @@
+package runtime_test
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/kibotos/kibotos/agent/egress"
+	"github.com/kibotos/kibotos/agent/runtime"
+	"github.com/kibotos/kibotos/internal/testenv"
+	"github.com/kibotos/kibotos/vmm/guestproto"
+)
+
+// buildKibotos builds the kibotos binary into a directory other users may
+// read: the egress process runs it as kibotos-egress.
+func buildKibotos(t *testing.T) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "kbx-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	exe := filepath.Join(dir, "kibotos")
+	if out, err := exec.Command("go", "build", "-o", exe, "github.com/kibotos/kibotos").CombinedOutput(); err != nil {
+		t.Fatalf("go build kibotos: %v: %s", err, out)
+	}
+	return exe
+}
+
+// TestGuestEgress: a guest whose policy names an Egress reaches the
+// internet only through that SOCKS5 proxy (the server sees the proxy, the
+// proxy logs the connection), its DNS is answered by its Resolver's
+// upstream, the egress process runs as kibotos-egress without
+// capabilities, a killed one is replaced and nothing goes out directly
+// meanwhile, and it ends when no policy needs it.
+func TestGuestEgress(t *testing.T) {
+	h := newHarness(t)
+	inst := platformFixture(t)
+	microsocks := testenv.LookPath(t, "microsocks", "microsocks")
+	exe := buildKibotos(t)
+	lab := h.lab
+	lab.Namespace("inet")
+	lab.Wire("node", "up0", labUplinkNode+"/24", "inet", "eth0", labInternet+"/24")
+	const corpDNS = "198.51.100.4"
+	lab.Addr("inet", "eth0", corpDNS+"/24")
+	internet := lab.HTTP("inet", labInternet+":8080", "from the internet")
+	lab.DNS("inet", netip.MustParseAddr(labInternet), map[string]netip.Addr{"web.test": netip.MustParseAddr(labInternet)})
+	lab.DNS("inet", netip.MustParseAddr(corpDNS), map[string]netip.Addr{"corp.test": netip.MustParseAddr("10.1.2.3")})
+	socksLog := lab.Start("inet", microsocks, "-i", labInternet, "-p", "1080")
+
+	base, err := os.MkdirTemp("", "kbe-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(base) })
+	os.Chmod(base, 0o755)
+	ctx := testCtx(t, 5*time.Minute)
+	sup, err := egress.OpenSupervisor(ctx, egress.SupervisorConfig{
+		Units: h.m, Executable: exe, Scope: "rt-test",
+		SocketDir: filepath.Join(base, "sock"), StateDir: filepath.Join(h.root, "state"),
+		TCPListen: fmt.Sprintf("0.0.0.0:%d", runtime.EgressTCPPort), DNSListen: runtime.EgressDNS.String(),
+		NetNS: h.nodeNS, ManagerNetNS: "/run/netns/node", DrainTimeout: 5 * time.Second,
+		Logger: slog.New(slog.NewJSONHandler(h.logs, nil)),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		sup.Apply(context.Background(), egress.Config{}) // ends the process
+		sup.Close()
+	})
+	cfg := h.config()
+	cfg.Egress = sup
+	rt, err := runtime.Open(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { rt.Close() })
+
+	proxied := runtime.NetworkPolicy{Egress: runtime.EgressProxyMode,
+		Proxy:    &runtime.EgressProxy{Name: "corp", Revision: 1, SOCKS5: labInternet + ":1080"},
+		Resolver: &runtime.ResolverRoute{Name: "corp-dns", Upstreams: []string{corpDNS}}}
+	if _, err := rt.Start(ctx, runtime.Spec{InstanceID: "px", Installation: inst, VCPUs: 1, MemoryMiB: 256, Network: true, Policy: proxied}); err != nil {
+		t.Fatal(err)
+	}
+	sh := func(script string) (string, int) {
+		t.Helper()
+		r, err := run(ctx, rt, "px", guestproto.ExecRequest{Argv: []string{"/bin/sh", "-c", script}}, nil)
+		if err != nil {
+			t.Fatalf("exec %q: %v", script, err)
+		}
+		return r.stdout, r.exit.ExitCode
+	}
+	fetch := `printf 'GET / HTTP/1.0\r\nHost: x\r\n\r\n' | nc -w 5 ` + labInternet + ` 8080`
+	if out, _ := sh(fetch); !strings.Contains(out, "from the internet") {
+		t.Fatalf("proxied guest fetching %s:8080 got %q", labInternet, out)
+	}
+	if hits := internet.Hits(); len(hits) == 0 || !strings.HasPrefix(hits[len(hits)-1], labInternet+":") {
+		t.Errorf("internet server saw %v; want the SOCKS5 server's address %s, not the node's", hits, labInternet)
+	}
+	if b, _ := os.ReadFile(socksLog); !strings.Contains(string(b), labInternet) {
+		t.Errorf("microsocks log %q does not show the connection", b)
+	}
+	if out, _ := sh("nslookup corp.test"); !strings.Contains(out, "10.1.2.3") {
+		t.Errorf("nslookup corp.test through the Resolver: %q", out)
+	}
+
+	gens := sup.Generations()
+	if len(gens) != 1 {
+		t.Fatalf("egress generations %+v, want one", gens)
+	}
+	u, err := h.m.Get(ctx, gens[0].Unit)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid, err := h.m.MainHostPID(u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	status, _ := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	for _, want := range []string{"CapEff:\t0000000000000000", "CapBnd:\t0000000000000000", "NoNewPrivs:\t1"} {
+		if !strings.Contains(string(status), want) {
+			t.Errorf("egress process %d: want %q in its status:\n%s", pid, want, status)
+		}
+	}
+	if uid := statusField(string(status), "Uid:"); uid == "0" || uid == "" {
+		t.Errorf("egress process runs as uid %q", uid)
+	}
+
+	// Killed: new connections fail (never directly), then a new
+	// generation carries them again.
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 30*time.Second, "a new egress generation", func() bool {
+		g := sup.Generations()
+		return len(g) == 1 && g[0].Number > gens[0].Number
+	})
+	waitFor(t, 30*time.Second, "the proxied fetch to work again", func() bool {
+		out, _ := sh(fetch)
+		return strings.Contains(out, "from the internet")
+	})
+
+	// No policy needs it any more: it ends.
+	if err := rt.Delete(ctx, "px"); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 30*time.Second, "the egress process to end", func() bool { return len(sup.Generations()) == 0 })
+}
+
+func statusField(status, key string) string {
+	for _, l := range strings.Split(status, "\n") {
+		if strings.HasPrefix(l, key) {
+			if f := strings.Fields(strings.TrimPrefix(l, key)); len(f) > 0 {
+				return f[0]
+			}
+		}
+	}
+	return ""
+}
