@@ -85,6 +85,14 @@ func newLab(t *testing.T, n int) *lab {
 	l := &lab{t: t, prefix: "kbt-" + hex.EncodeToString(b), dir: t.TempDir()}
 	t.Cleanup(l.cleanup)
 	l.bin = buildBinary(t, filepath.Join(l.dir, "bin"))
+	// The egress process runs this binary as kibotos-egress: its
+	// directories must let that user through (the data directories stay
+	// root's alone).
+	for _, d := range []string{filepath.Dir(l.dir), l.dir} {
+		if err := os.Chmod(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
 
 	sw := l.prefix + "-sw"
 	l.addNetns(sw)

@@ -399,6 +399,9 @@ func TestWorkspacesTwoNodes(t *testing.T) {
 	var w1, w2 string
 	other := map[string]string{a.nodeID: b.nodeID, b.nodeID: a.nodeID}
 
+	// 0. A Workspace whose policy names an Egress leaves only through it.
+	t.Run("Egress", func(t *testing.T) { mhEgress(t, l, admin, a.nodeID) })
+
 	// 1. Placement spreads by free capacity; overcommit is respected.
 	t.Run("PlacementAndOvercommit", func(t *testing.T) {
 		t1 := time.Now()
