@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/kibotos/kibotos/api"
+	"github.com/kibotos/kibotos/datadir"
 	"github.com/kibotos/kibotos/internal/testenv"
 	"github.com/kibotos/kibotos/vmm/template"
 )
@@ -21,22 +22,32 @@ const (
 	labServer = subnetPrefix + "201"
 )
 
-// mhEgress: an Egress object through the CLI, a Workspace whose policy
-// names it on node, its wget reaching a server only through the SOCKS5
-// server (the server's log shows the proxy's address, not the node's),
-// and the Egress that a Workspace uses cannot be deleted.
+// mhEgress: an Egress object with credentials through the CLI, a
+// Workspace whose policy names it on node, its wget reaching a server only
+// through the SOCKS5 server, which wants those credentials (the server's
+// log shows the proxy's address, not the node's), and the Egress that a
+// Workspace uses cannot be deleted.
 func mhEgress(t *testing.T, l *lab, admin *host, node string) {
 	microsocks := testenv.LookPath(t, "microsocks", "microsocks")
 	busybox := testenv.LookPath(t, "busybox", "busybox-static")
 	sw := l.prefix + "-sw"
+	// The proxy reaches the server in its own namespace: over loopback.
+	l.ip("-n", sw, "link", "set", "lo", "up")
 	l.ip("-n", sw, "addr", "add", labSOCKS+"/24", "dev", "br0")
 	l.ip("-n", sw, "addr", "add", labServer+"/24", "dev", "br0")
 	www := t.TempDir()
 	os.WriteFile(filepath.Join(www, "index.html"), []byte("through the proxy\n"), 0o644)
 	httpdLog := l.startIn(t, sw, "httpd", busybox, "httpd", "-f", "-v", "-p", labServer+":8080", "-h", www)
-	l.startIn(t, sw, "microsocks", microsocks, "-i", labSOCKS, "-p", "1080")
+	l.startIn(t, sw, "microsocks", microsocks, "-i", labSOCKS, "-p", "1080", "-u", "kibo", "-P", "s3cret-pass")
+	pwFile := filepath.Join(t.TempDir(), "password")
+	os.WriteFile(pwFile, []byte("s3cret-pass\n"), 0o600)
 
-	mhMust(t, admin, cliTimeout, "egress", "create", "corp", "--socks5", labSOCKS+":1080")
+	// node fetches the revision's credentials from ctrl with its own
+	// certificate (on a node-only member: from the ctrl leader).
+	mhMust(t, admin, cliTimeout, "egress", "create", "corp", "--socks5", labSOCKS+":1080", "--username", "kibo", "--password-file", pwFile)
+	if r := mhMust(t, admin, cliTimeout, "egress", "get", "corp", "--json"); strings.Contains(r.stdout, "s3cret") {
+		t.Errorf("egress get shows the password: %s", r.stdout)
+	}
 	var ws api.Workspace
 	if err := decodeResult(mhMust(t, admin, mhBootTimeout, "workspace", "create", "--template", template.DefaultName, "--cpu", "1", "--memory", "256MiB",
 		"--node", node, "--egress", "corp", "--json"), &ws); err != nil {
@@ -45,9 +56,24 @@ func mhEgress(t *testing.T, l *lab, admin *host, node string) {
 	if ws.State != api.WorkspaceAvailable || ws.Network == nil || ws.Network.Egress != "corp" {
 		t.Fatalf("created %s", mhWSString(ws))
 	}
-	r := mhMust(t, admin, cliTimeout, "workspace", "exec", ws.WorkspaceID, "--", "wget", "-T", "5", "-t", "1", "-q", "-O-", "http://"+labServer+":8080/")
+	t.Cleanup(func() {
+		if t.Failed() {
+			logs, _ := filepath.Glob(filepath.Join(admin.dataDir, "*", "systemd", "systemd.log"))
+			for _, p := range logs {
+				b, _ := os.ReadFile(p)
+				t.Logf("%s:\n%s", p, trimTo(string(b), 6000))
+			}
+			b, _ := os.ReadFile(filepath.Join(l.dir, sw+"-microsocks.log"))
+			t.Logf("microsocks:\n%s", b)
+			out, _ := exec.Command("ip", "netns", "exec", admin.ns, "nft", "list", "ruleset").CombinedOutput()
+			t.Logf("ruleset of %s:\n%s", admin.ns, out)
+			out, _ = exec.Command("ip", "netns", "exec", admin.ns, "ss", "-tanp").CombinedOutput()
+			t.Logf("sockets of %s:\n%s", admin.ns, out)
+		}
+	})
+	r := admin.kibo("workspace", "exec", ws.WorkspaceID, "--", "wget", "-T", "5", "-t", "1", "-O-", "http://"+labServer+":8080/")
 	if r.stdout != "through the proxy\n" {
-		t.Errorf("wget through the Egress: %q", r.stdout)
+		t.Errorf("wget through the Egress: %s (stdout %q)", r, r.stdout)
 	}
 	waitLog := time.Now().Add(10 * time.Second)
 	for {
@@ -61,11 +87,28 @@ func mhEgress(t *testing.T, l *lab, admin *host, node string) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+	// The revision's credentials are root's alone on the node, one file.
+	var nodeHost *host
+	for _, h := range l.hosts {
+		if h.nodeID == node {
+			nodeHost = h
+		}
+	}
+	credDir := filepath.Join(datadir.Dir(nodeHost.dataDir).StorageRoot(), "state", "egress-credentials")
+	files, _ := filepath.Glob(filepath.Join(credDir, "*"))
+	if st, err := os.Stat(credDir); err != nil || st.Mode().Perm() != 0o700 || len(files) != 1 {
+		t.Errorf("credentials directory %s: %v %v, files %v; want 0700 with one file", credDir, st, err, files)
+	} else if st, err := os.Stat(files[0]); err != nil || st.Mode().Perm() != 0o600 {
+		t.Errorf("credentials file %s: %v %v; want 0600", files[0], st, err)
+	}
 	r = mhExpectExit(t, admin, api.ExitFailedPrecondition, "delete an Egress in use", "egress", "delete", "corp")
 	if !strings.Contains(r.stderr, ws.WorkspaceID) {
 		t.Errorf("refused delete names no Workspace: %s", r)
 	}
 	mhMust(t, admin, mhBootTimeout, "workspace", "delete", ws.WorkspaceID)
+	if files, _ := filepath.Glob(filepath.Join(credDir, "*")); len(files) != 0 {
+		t.Errorf("credentials no Instance uses are still on the node: %v", files)
+	}
 	mhMust(t, admin, cliTimeout, "egress", "delete", "corp")
 }
 

@@ -101,6 +101,11 @@ func TestCheckHost(t *testing.T) {
 	if w, err := check("10.213.0.0/16", nil, "eth0"); err != nil || len(w) != 0 {
 		t.Fatalf("a pool clear of the host: %v %v", w, err)
 	}
+	// A management range beside the uplink's address (in its subnet, not
+	// covering it) is fine.
+	if _, err := check("10.213.0.0/16", []string{"192.0.2.0/29"}, "eth0"); err != nil {
+		t.Fatalf("management range beside the uplink: %v", err)
+	}
 	for _, c := range []struct {
 		pool, want string
 		mgmt       []string
@@ -108,6 +113,7 @@ func TestCheckHost(t *testing.T) {
 		{"192.0.2.0/28", "overlaps the node's address 192.0.2.10/24 on eth0", nil},
 		{"10.50.4.0/24", "overlaps the node's route to 10.50.0.0/16", nil},
 		{"10.213.0.0/16", "covers the uplink eth0's address 192.0.2.10", []string{"192.0.2.0/24"}},
+		{"10.213.0.0/16", "covers the uplink eth0's address 192.0.2.10", []string{"192.0.2.10/32"}},
 	} {
 		if _, err := check(c.pool, c.mgmt, "eth0"); err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("pool %s management %v: %v, want %q", c.pool, c.mgmt, err, c.want)

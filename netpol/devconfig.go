@@ -155,16 +155,16 @@ func (c Config) CheckHost(hostNS netns.NsHandle) (warnings []string, err error) 
 		}
 		addrs, _ := h.AddrList(l, unix.AF_INET)
 		for _, a := range addrs {
-			p, ok := prefixOf(a.IPNet)
+			ip, ok := netip.AddrFromSlice(a.IP.To4())
 			if !ok {
 				continue
 			}
-			if ip, _ := netip.AddrFromSlice(a.IP.To4()); c.IPv4Pool.Contains(ip) {
+			if c.IPv4Pool.Contains(ip) {
 				return nil, fmt.Errorf("network: ipv4_pool %s overlaps the node's address %s on %s: pick a pool this host does not use", c.IPv4Pool, a.IPNet, name)
 			}
 			if l == uplink {
 				for _, m := range c.ManagementCIDRs {
-					if m.Contains(p.Addr()) {
+					if m.Contains(ip) {
 						return nil, fmt.Errorf("network: management_cidrs entry %s covers the uplink %s's address %s: public egress would leave through the management network; narrow the range or pick another uplink", m, name, a.IP)
 					}
 				}

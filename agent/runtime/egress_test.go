@@ -102,7 +102,9 @@ func TestGuestEgress(t *testing.T) {
 		}
 		return r.stdout, r.exit.ExitCode
 	}
-	fetch := `printf 'GET / HTTP/1.0\r\nHost: x\r\n\r\n' | nc -w 5 ` + labInternet + ` 8080`
+	// -w 20: an idle limit, not a retry: on a loaded machine the first
+	// connection (TPROXY, the egress process, SOCKS5) took over 5 s.
+	fetch := `printf 'GET / HTTP/1.0\r\nHost: x\r\n\r\n' | nc -w 20 ` + labInternet + ` 8080`
 	if out, _ := sh(fetch); !strings.Contains(out, "from the internet") {
 		t.Fatalf("proxied guest fetching %s:8080 got %q", labInternet, out)
 	}
