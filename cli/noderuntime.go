@@ -14,6 +14,7 @@ import (
 	"github.com/kibotos/kibotos/agent/dataplane"
 	"github.com/kibotos/kibotos/agent/egress"
 	"github.com/kibotos/kibotos/agent/runtime"
+	"github.com/kibotos/kibotos/buildinfo"
 	"github.com/kibotos/kibotos/datadir"
 	"github.com/kibotos/kibotos/netpol"
 	"github.com/kibotos/kibotos/vmm/platform"
@@ -115,6 +116,9 @@ func openNodeRuntime(ctx context.Context, d datadir.Dir, nodeID, mode string, ac
 		cleanup()
 		return nil, nil, nil, err
 	}
+	if sup != nil {
+		switchEgressBuild(ctx, sup, log)
+	}
 	return rt, m, func() {
 		rt.Close() // VMMs keep running; the next node process takes them over
 		if sup != nil {
@@ -189,4 +193,24 @@ func openEgress(ctx context.Context, d datadir.Dir, m *units.Manager, log *slog.
 		DNSListen: runtime.EgressDNS.String(),
 		Logger:    log,
 	})
+}
+
+// switchEgressBuild moves an adopted egress process of another build to a
+// new generation of this one, once the runtime gave it the routes: the new
+// one takes the sockets, the old one drains its connections. (Release
+// lines, which decide that an old process is ended instead, come with the
+// upgrade checks.)
+func switchEgressBuild(ctx context.Context, sup *egress.Supervisor, log *slog.Logger) {
+	gens := sup.Generations()
+	if len(gens) == 0 {
+		return
+	}
+	serving := gens[len(gens)-1]
+	if serving.Draining || serving.Revision == buildinfo.SourceRevision() {
+		return
+	}
+	log.Info("egress process of another build: switching to a new generation", "generation", serving.Number, "its_revision", serving.Revision, "revision", buildinfo.SourceRevision())
+	if err := sup.Switch(ctx); err != nil {
+		log.Error("egress generation switch failed; the old generation keeps serving", "err", err)
+	}
 }
