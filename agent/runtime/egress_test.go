@@ -106,7 +106,11 @@ func TestGuestEgress(t *testing.T) {
 	// connection (TPROXY, the egress process, SOCKS5) took over 5 s.
 	fetch := `printf 'GET / HTTP/1.0\r\nHost: x\r\n\r\n' | nc -w 20 ` + labInternet + ` 8080`
 	if out, _ := sh(fetch); !strings.Contains(out, "from the internet") {
-		t.Fatalf("proxied guest fetching %s:8080 got %q", labInternet, out)
+		st, err := sup.Stats(ctx)
+		socks, _ := os.ReadFile(socksLog)
+		console, _ := os.ReadFile(h.sd.LogPath)
+		t.Fatalf("proxied guest fetching %s:8080 got %q; egress stats %+v (%v); microsocks log %q; systemd console:\n%s",
+			labInternet, out, st, err, socks, console)
 	}
 	if hits := internet.Hits(); len(hits) == 0 || !strings.HasPrefix(hits[len(hits)-1], labInternet+":") {
 		t.Errorf("internet server saw %v; want the SOCKS5 server's address %s, not the node's", hits, labInternet)
