@@ -423,7 +423,12 @@ func TestWarmPool(t *testing.T) {
 	}
 	defer first.Close()
 	echo(t, first, "fresh")
-	waitFor(t, 10*time.Second, "the warm connection", func() bool { return socks.connections() == 2 })
+	// Ready in the pool (greeted and authenticated), not just accepted by
+	// the server.
+	waitFor(t, 10*time.Second, "the warm connection", func() bool {
+		st, err := c.Stats(ctx)
+		return err == nil && st.Warm == 1 && socks.connections() == 2
+	})
 	// The same revision pushed again keeps its pool.
 	if err := c.SetConfig(ctx, cfg); err != nil {
 		t.Fatal(err)

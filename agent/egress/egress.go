@@ -189,6 +189,7 @@ type Stats struct {
 	Refused  uint64 `json:"refused"`  // closed at once: no egress route, too many, draining
 	Failed   uint64 `json:"failed"`   // the proxy could not be reached or refused the connect
 	Closed   uint64 `json:"closed"`   // carried ones closed by the drain deadline
+	Warm     int    `json:"warm"`     // greeted proxy connections ready in the warm pools
 
 	DNSAnswered uint64 `json:"dns_answered"`
 	DNSFailed   uint64 `json:"dns_failed"`  // no upstream answered in time

@@ -276,7 +276,13 @@ func (s *Server) Stats() Stats {
 	s.mu.Lock()
 	st := Stats{Listening: s.tcp != nil && !s.draining, Configured: s.configured, Draining: s.draining}
 	s.mu.Unlock()
-	st.Routes = len(s.table.Load().routes)
+	t := s.table.Load()
+	st.Routes = len(t.routes)
+	for _, p := range t.proxies {
+		if p.warm != nil {
+			st.Warm += len(p.warm.conns)
+		}
+	}
 	st.Active = s.active.Load()
 	st.Accepted, st.Refused, st.Failed, st.Closed = s.accepted.Load(), s.refused.Load(), s.failed.Load(), s.closed.Load()
 	st.DNSAnswered, st.DNSFailed, st.DNSDropped = s.dnsAnswered.Load(), s.dnsFailed.Load(), s.dnsDroppedStat.Load()
