@@ -105,7 +105,8 @@ func TestGuestEgress(t *testing.T) {
 	// -w 20: an idle limit, not a retry: on a loaded machine the first
 	// connection (TPROXY, the egress process, SOCKS5) took over 5 s.
 	fetch := `printf 'GET / HTTP/1.0\r\nHost: x\r\n\r\n' | nc -w 20 ` + labInternet + ` 8080`
-	if out, _ := sh(fetch); !strings.Contains(out, "from the internet") {
+	if r, err := run(ctx, rt, "px", guestproto.ExecRequest{Argv: []string{"/bin/sh", "-c", fetch}}, nil); err != nil || !strings.Contains(r.stdout, "from the internet") {
+		out := fmt.Sprintf("%+v (%v)", r, err)
 		st, err := sup.Stats(ctx)
 		socks, _ := os.ReadFile(socksLog)
 		console, _ := os.ReadFile(h.sd.LogPath)
