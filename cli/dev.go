@@ -13,6 +13,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/vishvananda/netns"
+
 	"github.com/kibotos/kibotos/agent"
 	"github.com/kibotos/kibotos/agent/dataplane"
 	"github.com/kibotos/kibotos/agent/runtime"
@@ -325,13 +327,13 @@ func (c *DevDownCmd) Run(g *Globals) error {
 	return nil
 }
 
-// removeHostTable removes the node's nftables table from this process's
-// network namespace.
+// removeHostTable removes the node's nftables table and the routing of
+// proxied guests from this process's network namespace.
 func removeHostTable(ctx context.Context) error {
-	ns, err := os.Open("/proc/self/ns/net")
+	ns, err := netns.GetFromPath("/proc/self/ns/net")
 	if err != nil {
 		return err
 	}
 	defer ns.Close()
-	return netpol.RemoveHost(ctx, int(ns.Fd()))
+	return errors.Join(netpol.RemoveHost(ctx, int(ns)), netpol.RemoveProxyRouting(ns))
 }

@@ -996,6 +996,14 @@ func (d *wsDev) down() {
 		if _, err := os.Stat(d.dir); !errors.Is(err, os.ErrNotExist) {
 			t.Errorf("dev down --purge left %s (%v)", d.dir, err)
 		}
+		// The node's own table and the routing of proxied guests go with
+		// the last guest.
+		if out, _ := exec.Command("nft", "list", "table", "inet", "kibotos").CombinedOutput(); !strings.Contains(string(out), "No such file") {
+			t.Errorf("dev down left the node's nftables table: %s", trimTo(string(out), 300))
+		}
+		if out, _ := exec.Command("ip", "rule", "list", "fwmark", "0x6b62").CombinedOutput(); strings.TrimSpace(string(out)) != "" {
+			t.Errorf("dev down left the proxy policy rule: %s", out)
+		}
 	}
 	// Every process of this test mentions its directory: the VMMs (their
 	// disks), the data plane (its executable and socket directory), the

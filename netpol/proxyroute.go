@@ -59,3 +59,40 @@ func SetUpProxyRouting(hostNS netns.NsHandle) error {
 	}
 	return nil
 }
+
+// RemoveProxyRouting undoes SetUpProxyRouting, for a node that runs no
+// Instance any more and goes away (kibotos dev down); what is gone
+// already is fine.
+func RemoveProxyRouting(hostNS netns.NsHandle) error {
+	h, err := netlink.NewHandleAt(hostNS)
+	if err != nil {
+		return fmt.Errorf("netpol: proxy routing: %w", err)
+	}
+	defer h.Close()
+	var errs []error
+	rules, err := h.RuleList(unix.AF_INET)
+	if err != nil {
+		return fmt.Errorf("netpol: proxy routing: list rules: %w", err)
+	}
+	for _, r := range rules {
+		if r.Mark == ProxyMark && r.Table == ProxyRouteTable {
+			if err := h.RuleDel(&r); err != nil {
+				errs = append(errs, fmt.Errorf("netpol: proxy routing: delete rule fwmark %#x: %w", ProxyMark, err))
+			}
+		}
+	}
+	routes, err := h.RouteListFiltered(unix.AF_INET, &netlink.Route{Table: ProxyRouteTable}, netlink.RT_FILTER_TABLE)
+	if err == nil {
+		for _, r := range routes {
+			if err := h.RouteDel(&r); err != nil {
+				errs = append(errs, fmt.Errorf("netpol: proxy routing: delete route of table %d: %w", ProxyRouteTable, err))
+			}
+		}
+	}
+	if lo, err := h.LinkByName("lo"); err == nil {
+		if err := h.AddrDel(lo, &netlink.Addr{IPNet: hostNet(ServiceAddr)}); err != nil && !errors.Is(err, unix.EADDRNOTAVAIL) {
+			errs = append(errs, fmt.Errorf("netpol: proxy routing: remove %s from lo: %w", ServiceAddr, err))
+		}
+	}
+	return errors.Join(errs...)
+}

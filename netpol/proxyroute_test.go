@@ -52,6 +52,23 @@ func TestProxyRoutingAndHostTable(t *testing.T) {
 	if !found {
 		t.Errorf("service address %s not on lo: %v", ServiceAddr, addrs)
 	}
+	for i := 0; i < 2; i++ { // the second finds nothing to remove
+		if err := RemoveProxyRouting(ns); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rules, _ = h.RuleList(unix.AF_INET)
+	for _, r := range rules {
+		if r.Mark == ProxyMark {
+			t.Errorf("rule %+v left after RemoveProxyRouting", r)
+		}
+	}
+	addrs, _ = h.AddrList(lo, unix.AF_INET)
+	for _, a := range addrs {
+		if a.IP.String() == ServiceAddr.String() {
+			t.Errorf("service address left on lo")
+		}
+	}
 	if _, err := BuildHost(HostSpec{Pools: spec.Pools, UplinkIface: "eth0", Proxied: spec.Proxied}); err == nil {
 		t.Error("proxied guests without a proxy port were accepted")
 	}
