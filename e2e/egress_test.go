@@ -22,12 +22,14 @@ const (
 	labServer = subnetPrefix + "201"
 )
 
-// mhEgress: an Egress object with credentials through the CLI, a
-// Workspace whose policy names it on node, its wget reaching a server only
-// through the SOCKS5 server, which wants those credentials (the server's
-// log shows the proxy's address, not the node's), and the Egress that a
-// Workspace uses cannot be deleted.
-func mhEgress(t *testing.T, l *lab, admin *host, node string) {
+// mhEgress: an Egress object with credentials through the CLI; on each
+// of nodes (a ctrl member reads the credentials from its own FSM, a
+// node-only member asks the ctrl leader) a Workspace whose policy names it,
+// its wget reaching a server only through the SOCKS5 server, which wants
+// those credentials (the server's log shows the proxy, not the node), the
+// credentials root's alone on the node; the Egress that a Workspace uses
+// cannot be deleted.
+func mhEgress(t *testing.T, l *lab, admin *host, nodes ...string) {
 	microsocks := testenv.LookPath(t, "microsocks", "microsocks")
 	busybox := testenv.LookPath(t, "busybox", "busybox-static")
 	sw := l.prefix + "-sw"
@@ -42,72 +44,64 @@ func mhEgress(t *testing.T, l *lab, admin *host, node string) {
 	pwFile := filepath.Join(t.TempDir(), "password")
 	os.WriteFile(pwFile, []byte("s3cret-pass\n"), 0o600)
 
-	// node fetches the revision's credentials from ctrl with its own
-	// certificate (on a node-only member: from the ctrl leader).
 	mhMust(t, admin, cliTimeout, "egress", "create", "corp", "--socks5", labSOCKS+":1080", "--username", "kibo", "--password-file", pwFile)
 	if r := mhMust(t, admin, cliTimeout, "egress", "get", "corp", "--json"); strings.Contains(r.stdout, "s3cret") {
 		t.Errorf("egress get shows the password: %s", r.stdout)
 	}
-	var ws api.Workspace
-	if err := decodeResult(mhMust(t, admin, mhBootTimeout, "workspace", "create", "--template", template.DefaultName, "--cpu", "1", "--memory", "256MiB",
-		"--node", node, "--egress", "corp", "--json"), &ws); err != nil {
-		t.Fatal(err)
-	}
-	if ws.State != api.WorkspaceAvailable || ws.Network == nil || ws.Network.Egress != "corp" {
-		t.Fatalf("created %s", mhWSString(ws))
-	}
 	t.Cleanup(func() {
 		if t.Failed() {
-			logs, _ := filepath.Glob(filepath.Join(admin.dataDir, "*", "systemd", "systemd.log"))
-			for _, p := range logs {
-				b, _ := os.ReadFile(p)
-				t.Logf("%s:\n%s", p, trimTo(string(b), 6000))
-			}
 			b, _ := os.ReadFile(filepath.Join(l.dir, sw+"-microsocks.log"))
 			t.Logf("microsocks:\n%s", b)
-			out, _ := exec.Command("ip", "netns", "exec", admin.ns, "nft", "list", "ruleset").CombinedOutput()
-			t.Logf("ruleset of %s:\n%s", admin.ns, out)
-			out, _ = exec.Command("ip", "netns", "exec", admin.ns, "ss", "-tanp").CombinedOutput()
-			t.Logf("sockets of %s:\n%s", admin.ns, out)
 		}
 	})
-	r := admin.kibo("workspace", "exec", ws.WorkspaceID, "--", "wget", "-T", "5", "-t", "1", "-O-", "http://"+labServer+":8080/")
-	if r.stdout != "through the proxy\n" {
-		t.Errorf("wget through the Egress: %s (stdout %q)", r, r.stdout)
-	}
-	waitLog := time.Now().Add(10 * time.Second)
-	for {
-		b, _ := os.ReadFile(httpdLog)
-		if strings.Contains(string(b), labSOCKS) {
-			break
+	for _, node := range nodes {
+		var h *host
+		for _, x := range l.hosts {
+			if x.nodeID == node {
+				h = x
+			}
 		}
-		if time.Now().After(waitLog) {
-			t.Errorf("the server's log does not show the SOCKS5 server %s as the client:\n%s", labSOCKS, b)
-			break
+		var ws api.Workspace
+		if err := decodeResult(mhMust(t, admin, mhBootTimeout, "workspace", "create", "--template", template.DefaultName, "--cpu", "1", "--memory", "256MiB",
+			"--node", node, "--egress", "corp", "--json"), &ws); err != nil {
+			t.Fatal(err)
 		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	// The revision's credentials are root's alone on the node, one file.
-	var nodeHost *host
-	for _, h := range l.hosts {
-		if h.nodeID == node {
-			nodeHost = h
+		if ws.State != api.WorkspaceAvailable || ws.Network == nil || ws.Network.Egress != "corp" {
+			t.Fatalf("created %s", mhWSString(ws))
 		}
-	}
-	credDir := filepath.Join(datadir.Dir(nodeHost.dataDir).StorageRoot(), "state", "egress-credentials")
-	files, _ := filepath.Glob(filepath.Join(credDir, "*"))
-	if st, err := os.Stat(credDir); err != nil || st.Mode().Perm() != 0o700 || len(files) != 1 {
-		t.Errorf("credentials directory %s: %v %v, files %v; want 0700 with one file", credDir, st, err, files)
-	} else if st, err := os.Stat(files[0]); err != nil || st.Mode().Perm() != 0o600 {
-		t.Errorf("credentials file %s: %v %v; want 0600", files[0], st, err)
-	}
-	r = mhExpectExit(t, admin, api.ExitFailedPrecondition, "delete an Egress in use", "egress", "delete", "corp")
-	if !strings.Contains(r.stderr, ws.WorkspaceID) {
-		t.Errorf("refused delete names no Workspace: %s", r)
-	}
-	mhMust(t, admin, mhBootTimeout, "workspace", "delete", ws.WorkspaceID)
-	if files, _ := filepath.Glob(filepath.Join(credDir, "*")); len(files) != 0 {
-		t.Errorf("credentials no Instance uses are still on the node: %v", files)
+		before, _ := os.ReadFile(httpdLog)
+		r := admin.kibo("workspace", "exec", ws.WorkspaceID, "--", "wget", "-T", "5", "-t", "1", "-O-", "http://"+labServer+":8080/")
+		if r.stdout != "through the proxy\n" {
+			out, _ := exec.Command("ip", "netns", "exec", h.ns, "nft", "list", "ruleset").CombinedOutput()
+			t.Errorf("on %s, wget through the Egress: %s (stdout %q); ruleset of the node:\n%s", node, r, r.stdout, out)
+		}
+		waitLog := time.Now().Add(10 * time.Second)
+		for {
+			b, _ := os.ReadFile(httpdLog)
+			if strings.Contains(string(b[len(before):]), labSOCKS) {
+				break
+			}
+			if time.Now().After(waitLog) {
+				t.Errorf("on %s: the server's log does not show the SOCKS5 server %s as the client:\n%s", node, labSOCKS, b)
+				break
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		credDir := filepath.Join(datadir.Dir(h.dataDir).StorageRoot(), "state", "egress-credentials")
+		files, _ := filepath.Glob(filepath.Join(credDir, "*"))
+		if st, err := os.Stat(credDir); err != nil || st.Mode().Perm() != 0o700 || len(files) != 1 {
+			t.Errorf("on %s, credentials directory %s: %v %v, files %v; want 0700 with one file", node, credDir, st, err, files)
+		} else if st, err := os.Stat(files[0]); err != nil || st.Mode().Perm() != 0o600 {
+			t.Errorf("on %s, credentials file %s: %v %v; want 0600", node, files[0], st, err)
+		}
+		r = mhExpectExit(t, admin, api.ExitFailedPrecondition, "delete an Egress in use", "egress", "delete", "corp")
+		if !strings.Contains(r.stderr, ws.WorkspaceID) {
+			t.Errorf("refused delete names no Workspace: %s", r)
+		}
+		mhMust(t, admin, mhBootTimeout, "workspace", "delete", ws.WorkspaceID)
+		if files, _ := filepath.Glob(filepath.Join(credDir, "*")); len(files) != 0 {
+			t.Errorf("on %s, credentials no Instance uses are still on the node: %v", node, files)
+		}
 	}
 	mhMust(t, admin, cliTimeout, "egress", "delete", "corp")
 }

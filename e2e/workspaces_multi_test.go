@@ -400,7 +400,7 @@ func TestWorkspacesTwoNodes(t *testing.T) {
 	other := map[string]string{a.nodeID: b.nodeID, b.nodeID: a.nodeID}
 
 	// 0. A Workspace whose policy names an Egress leaves only through it.
-	t.Run("Egress", func(t *testing.T) { mhEgress(t, l, admin, b.nodeID) })
+	t.Run("Egress", func(t *testing.T) { mhEgress(t, l, admin, a.nodeID, b.nodeID) })
 
 	// 1. Placement spreads by free capacity; overcommit is respected.
 	t.Run("PlacementAndOvercommit", func(t *testing.T) {
