@@ -69,7 +69,7 @@ func Connect(hostNS, ns netns.NsHandle, l Link) error {
 	if l.TapOwner >= 0 {
 		tap.Owner, tap.Group = uint32(l.TapOwner), uint32(l.TapGroup)
 	}
-	if err := inNamespace(ns, func() error { return netlink.LinkAdd(tap) }); err != nil {
+	if err := InNamespace(ns, func() error { return netlink.LinkAdd(tap) }); err != nil {
 		return fail("tap "+TapName, err)
 	}
 	tapLink, err := inst.LinkByName(TapName)
@@ -125,12 +125,12 @@ func Connect(hostNS, ns netns.NsHandle, l Link) error {
 				IP: net.IP(l.Guest.AsSlice()), HardwareAddr: nsEnd.Attrs().HardwareAddr})
 		}},
 		{"forwarding in the namespace", func() error {
-			return inNamespace(ns, func() error { return writeSysctl("net/ipv4/ip_forward", "1") })
+			return InNamespace(ns, func() error { return writeSysctl("net/ipv4/ip_forward", "1") })
 		}},
 		{"no IPv6 on the guest's links", func() error {
 			// IPv6 guest addresses are not offered yet: no link-local
 			// addresses or router solicitations on the guest's links.
-			return inNamespace(ns, func() error { return writeSysctl("net/ipv6/conf/all/disable_ipv6", "1") })
+			return InNamespace(ns, func() error { return writeSysctl("net/ipv6/conf/all/disable_ipv6", "1") })
 		}},
 	}
 	for _, s := range steps {
@@ -166,7 +166,7 @@ func Disconnect(hostNS netns.NsHandle, hostVeth string) error {
 // EnableForwarding turns on IPv4 forwarding in the node's namespace; the
 // node's own rule table decides what it forwards for guests.
 func EnableForwarding(hostNS netns.NsHandle) error {
-	if err := inNamespace(hostNS, func() error { return writeSysctl("net/ipv4/ip_forward", "1") }); err != nil {
+	if err := InNamespace(hostNS, func() error { return writeSysctl("net/ipv4/ip_forward", "1") }); err != nil {
 		return fmt.Errorf("netpol: enable IPv4 forwarding on the node: %w", err)
 	}
 	return nil

@@ -122,7 +122,7 @@ func TestConnect(t *testing.T) {
 		t.Fatalf("namespace default route %+v, want via %s", routes, NodeHop)
 	}
 	var fwd string
-	if err := inNamespace(inst, func() error {
+	if err := InNamespace(inst, func() error {
 		b, err := os.ReadFile("/proc/sys/net/ipv4/ip_forward")
 		fwd = string(b)
 		return err

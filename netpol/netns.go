@@ -154,10 +154,11 @@ func validName(name string) error {
 	return nil
 }
 
-// inNamespace runs f on an OS thread that is in ns for the duration, e.g.
-// to write a sysctl under /proc/sys/net (which shows the namespace of the
-// thread that opens it).
-func inNamespace(ns netns.NsHandle, f func() error) error {
+// InNamespace runs f on an OS thread that is in ns for the duration: a
+// sysctl under /proc/sys/net (which shows the namespace of the thread that
+// opens it), a socket (which stays in the namespace it was made in), a
+// tap (made by an ioctl of the calling thread's namespace).
+func InNamespace(ns netns.NsHandle, f func() error) error {
 	done := make(chan error, 1)
 	go func() {
 		runtime.LockOSThread()

@@ -58,18 +58,7 @@ func testNetns(t testing.TB) int {
 
 // inNetns runs f on a thread that has joined the namespace. Sockets f
 // opens stay in that namespace wherever they are used afterwards.
-func inNetns(nsFD int, f func() error) error {
-	ch := make(chan error)
-	go func() {
-		runtime.LockOSThread() // never unlocked: the thread is discarded
-		if err := unix.Setns(nsFD, unix.CLONE_NEWNET); err != nil {
-			ch <- fmt.Errorf("setns: %w", err)
-			return
-		}
-		ch <- f()
-	}()
-	return <-ch
-}
+func inNetns(nsFD int, f func() error) error { return InNamespace(netns.NsHandle(nsFD), f) }
 
 // nsRun runs a command (nft, ip) inside the namespace and returns its
 // output; the test fails if it fails.

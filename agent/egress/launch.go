@@ -5,13 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"runtime"
 	"strconv"
 	"syscall"
 	"time"
 
 	"github.com/vishvananda/netns"
 
+	"github.com/kibotos/kibotos/netpol"
 	"github.com/kibotos/kibotos/vmm/units"
 )
 
@@ -174,28 +174,5 @@ func inNetNS(path string, f func() error) error {
 		return fmt.Errorf("egress: network namespace %s: %w", path, err)
 	}
 	defer ns.Close()
-	done := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		orig, err := netns.Get()
-		if err != nil {
-			runtime.UnlockOSThread()
-			done <- err
-			return
-		}
-		defer orig.Close()
-		if err := netns.Set(ns); err != nil {
-			runtime.UnlockOSThread()
-			done <- fmt.Errorf("egress: join network namespace %s: %w", path, err)
-			return
-		}
-		ferr := f()
-		if err := netns.Set(orig); err != nil {
-			done <- err // the thread stays locked and ends with the goroutine
-			return
-		}
-		runtime.UnlockOSThread()
-		done <- ferr
-	}()
-	return <-done
+	return netpol.InNamespace(ns, f)
 }

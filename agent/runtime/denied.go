@@ -21,27 +21,7 @@ type deniedCount struct {
 }
 
 // watchDenied reads the denied counters and logs increases.
-func (rt *Runtime) watchDenied() {
-	defer rt.wg.Done()
-	t := time.NewTicker(rt.cfg.DeniedInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-rt.ctx.Done():
-			return
-		case <-t.C:
-		}
-		rt.mu.Lock()
-		ins := make([]*instance, 0, len(rt.instances))
-		for _, in := range rt.instances {
-			ins = append(ins, in)
-		}
-		rt.mu.Unlock()
-		for _, in := range ins {
-			rt.readDenied(in)
-		}
-	}
-}
+func (rt *Runtime) watchDenied() { rt.everyInstance(rt.cfg.DeniedInterval, rt.readDenied) }
 
 func (rt *Runtime) readDenied(in *instance) {
 	in.mu.Lock()

@@ -16,9 +16,13 @@ import (
 const MachineLogTail = 64 << 10
 
 // watch notices VMMs that end without the node stopping them.
-func (rt *Runtime) watch() {
+func (rt *Runtime) watch() { rt.everyInstance(rt.cfg.WatchInterval, rt.check) }
+
+// everyInstance calls f on every Instance each interval until the runtime
+// closes (a goroutine counted in rt.wg).
+func (rt *Runtime) everyInstance(interval time.Duration, f func(*instance)) {
 	defer rt.wg.Done()
-	t := time.NewTicker(rt.cfg.WatchInterval)
+	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {
 		select {
@@ -33,7 +37,7 @@ func (rt *Runtime) watch() {
 		}
 		rt.mu.Unlock()
 		for _, in := range ins {
-			rt.check(in)
+			f(in)
 		}
 	}
 }

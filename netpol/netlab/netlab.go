@@ -14,7 +14,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -202,30 +201,7 @@ func (l *Lab) Route(ns, dst, gw string) {
 func (l *Lab) Do(ns string, f func() error) error {
 	h := l.open(ns)
 	defer h.Close()
-	done := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		orig, err := netns.Get()
-		if err != nil {
-			runtime.UnlockOSThread()
-			done <- err
-			return
-		}
-		defer orig.Close()
-		if err := netns.Set(h); err != nil {
-			runtime.UnlockOSThread()
-			done <- err
-			return
-		}
-		ferr := f()
-		if err := netns.Set(orig); err != nil {
-			done <- err // the thread stays locked and ends with the goroutine
-			return
-		}
-		runtime.UnlockOSThread()
-		done <- ferr
-	}()
-	return <-done
+	return netpol.InNamespace(h, f)
 }
 
 // Listen opens a TCP listener in a namespace (a socket stays in the
