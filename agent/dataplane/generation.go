@@ -6,31 +6,19 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strconv"
-	"strings"
+
+	"github.com/kibotos/kibotos/vmm/units"
 )
 
 // Unit naming: kibotos-dataplane-<scope>-<generation>.service.
 const unitPrefix = "kibotos-dataplane-"
 
 // UnitName is the unit of generation gen of scope.
-func UnitName(scope string, gen uint64) string {
-	return unitPrefix + scope + "-" + strconv.FormatUint(gen, 10) + ".service"
-}
+func UnitName(scope string, gen uint64) string { return units.GenerationUnit(unitPrefix, scope, gen) }
 
-// unitGeneration parses a unit name of scope; ok is false for other units
-// (including those of a scope that merely starts with this one).
+// unitGeneration parses a unit name of scope; ok is false for other units.
 func unitGeneration(scope, name string) (uint64, bool) {
-	rest, ok := strings.CutPrefix(name, unitPrefix+scope+"-")
-	if !ok {
-		return 0, false
-	}
-	rest, ok = strings.CutSuffix(rest, ".service")
-	if !ok || rest == "" {
-		return 0, false
-	}
-	gen, err := strconv.ParseUint(rest, 10, 64)
-	return gen, err == nil && gen > 0
+	return units.ParseGenerationUnit(unitPrefix, scope, name)
 }
 
 // ScopeFor is the scope of a node whose runtime (socket) directory is dir:
@@ -51,16 +39,9 @@ func ScopeFor(dir string) string {
 func generationFile(socketDir string) string { return filepath.Join(socketDir, "generation") }
 
 func readGeneration(socketDir string) (uint64, error) {
-	b, err := os.ReadFile(generationFile(socketDir))
-	if os.IsNotExist(err) {
-		return 0, nil
-	}
+	gen, err := units.ReadGenerationCounter(generationFile(socketDir))
 	if err != nil {
-		return 0, fmt.Errorf("dataplane: read generation counter: %w", err)
-	}
-	gen, err := strconv.ParseUint(strings.TrimSpace(string(b)), 10, 64)
-	if err != nil {
-		return 0, fmt.Errorf("dataplane: generation counter %s is corrupt (%q): remove it, the next start counts from the running units", generationFile(socketDir), b)
+		return 0, fmt.Errorf("dataplane: %w", err)
 	}
 	return gen, nil
 }
@@ -70,14 +51,8 @@ func writeGeneration(socketDir string, gen uint64) error {
 	if err := os.MkdirAll(socketDir, 0o700); err != nil {
 		return fmt.Errorf("dataplane: socket directory %s: %w", socketDir, err)
 	}
-	path := generationFile(socketDir)
-	tmp := path + "." + strconv.Itoa(os.Getpid()) + ".tmp"
-	if err := os.WriteFile(tmp, []byte(strconv.FormatUint(gen, 10)+"\n"), 0o600); err != nil {
-		return fmt.Errorf("dataplane: write generation counter: %w", err)
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		os.Remove(tmp)
-		return fmt.Errorf("dataplane: write generation counter: %w", err)
+	if err := units.WriteGenerationCounter(generationFile(socketDir), gen); err != nil {
+		return fmt.Errorf("dataplane: %w", err)
 	}
 	return nil
 }

@@ -5,37 +5,22 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strconv"
-	"strings"
 	"time"
 
-	"github.com/kibotos/kibotos/datadir"
+	"github.com/kibotos/kibotos/vmm/units"
 )
 
 // Unit naming: kibotos-egress-<scope>-<generation>.service.
 const unitPrefix = "kibotos-egress-"
 
 // UnitName is the unit of generation gen of scope.
-func UnitName(scope string, gen uint64) string {
-	return unitPrefix + scope + "-" + strconv.FormatUint(gen, 10) + ".service"
-}
+func UnitName(scope string, gen uint64) string { return units.GenerationUnit(unitPrefix, scope, gen) }
 
-// unitPattern lists every generation of scope (and, harmlessly, of scopes
-// that start with it: unitGeneration tells them apart).
-func unitPattern(scope string) string { return unitPrefix + scope + "-*.service" }
+func unitPattern(scope string) string { return units.GenerationPattern(unitPrefix, scope) }
 
 // unitGeneration parses a unit name of scope; ok is false for other units.
 func unitGeneration(scope, name string) (uint64, bool) {
-	rest, ok := strings.CutPrefix(name, unitPrefix+scope+"-")
-	if !ok {
-		return 0, false
-	}
-	rest, ok = strings.CutSuffix(rest, ".service")
-	if !ok || rest == "" {
-		return 0, false
-	}
-	gen, err := strconv.ParseUint(rest, 10, 64)
-	return gen, err == nil && gen > 0
+	return units.ParseGenerationUnit(unitPrefix, scope, name)
 }
 
 // GenerationFile is the egress generation counter in the node's state
@@ -45,17 +30,9 @@ func unitGeneration(scope, name string) (uint64, bool) {
 func GenerationFile(stateDir string) string { return filepath.Join(stateDir, "egress-generation") }
 
 func readGeneration(stateDir string) (uint64, error) {
-	path := GenerationFile(stateDir)
-	b, err := os.ReadFile(path)
-	if os.IsNotExist(err) {
-		return 0, nil
-	}
+	gen, err := units.ReadGenerationCounter(GenerationFile(stateDir))
 	if err != nil {
-		return 0, fmt.Errorf("egress: read generation counter: %w", err)
-	}
-	gen, err := strconv.ParseUint(strings.TrimSpace(string(b)), 10, 64)
-	if err != nil {
-		return 0, fmt.Errorf("egress: generation counter %s is corrupt (%q): remove it, the next start counts from the running units", path, b)
+		return 0, fmt.Errorf("egress: %w", err)
 	}
 	return gen, nil
 }
@@ -64,8 +41,11 @@ func readGeneration(stateDir string) (uint64, error) {
 // crashes right after never reuses the number (the control socket of a
 // generation is found by its number).
 func writeGeneration(stateDir string, gen uint64) error {
-	if err := datadir.WriteFileAtomic(GenerationFile(stateDir), []byte(strconv.FormatUint(gen, 10)+"\n"), 0o600); err != nil {
-		return fmt.Errorf("egress: write generation counter: %w", err)
+	if err := os.MkdirAll(stateDir, 0o700); err != nil {
+		return fmt.Errorf("egress: state directory %s: %w", stateDir, err)
+	}
+	if err := units.WriteGenerationCounter(GenerationFile(stateDir), gen); err != nil {
+		return fmt.Errorf("egress: %w", err)
 	}
 	return nil
 }
