@@ -59,12 +59,7 @@ func (l *Lab) Namespace(name string) string {
 	if err := l.NS.Create(name); err != nil {
 		l.t.Fatal(err)
 	}
-	h := l.open(name)
-	defer h.Close()
-	nl, err := netlink.NewHandleAt(h)
-	if err != nil {
-		l.t.Fatal(err)
-	}
+	nl := l.handle(name)
 	defer nl.Close()
 	lo, err := nl.LinkByName("lo")
 	if err == nil {
@@ -74,6 +69,19 @@ func (l *Lab) Namespace(name string) string {
 		l.t.Fatalf("netlab: %s: loopback up: %v", name, err)
 	}
 	return l.NS.Path(name)
+}
+
+// handle is a netlink handle into a namespace of the lab; the caller
+// closes it.
+func (l *Lab) handle(name string) *netlink.Handle {
+	l.t.Helper()
+	h := l.open(name)
+	defer h.Close()
+	nl, err := netlink.NewHandleAt(h)
+	if err != nil {
+		l.t.Fatalf("netlab: %s: netlink: %v", name, err)
+	}
+	return nl
 }
 
 func (l *Lab) open(name string) netns.NsHandle {
@@ -89,18 +97,10 @@ func (l *Lab) open(name string) netns.NsHandle {
 // with a veth pair; addresses are CIDRs such as 198.51.100.1/24.
 func (l *Lab) Wire(a, aName, aAddr, b, bName, bAddr string) {
 	l.t.Helper()
-	ha, hb := l.open(a), l.open(b)
-	defer ha.Close()
+	hb := l.open(b)
 	defer hb.Close()
-	na, err := netlink.NewHandleAt(ha)
-	if err != nil {
-		l.t.Fatal(err)
-	}
+	na, nb := l.handle(a), l.handle(b)
 	defer na.Close()
-	nb, err := netlink.NewHandleAt(hb)
-	if err != nil {
-		l.t.Fatal(err)
-	}
 	defer nb.Close()
 	if err := na.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: aName}, PeerName: bName, PeerNamespace: netlink.NsFd(int(hb))}); err != nil {
 		l.t.Fatalf("netlab: veth %s/%s - %s/%s: %v", a, aName, b, bName, err)
@@ -129,12 +129,7 @@ func (l *Lab) Wire(a, aName, aAddr, b, bName, bAddr string) {
 // Addr adds an address (CIDR) to a link of a namespace.
 func (l *Lab) Addr(ns, link, cidr string) {
 	l.t.Helper()
-	h := l.open(ns)
-	defer h.Close()
-	nl, err := netlink.NewHandleAt(h)
-	if err != nil {
-		l.t.Fatal(err)
-	}
+	nl := l.handle(ns)
 	defer nl.Close()
 	lk, err := nl.LinkByName(link)
 	if err != nil {
@@ -177,12 +172,7 @@ func (l *Lab) Start(ns string, argv ...string) string {
 // Route adds a route in a namespace: dst (CIDR or "default") via gw.
 func (l *Lab) Route(ns, dst, gw string) {
 	l.t.Helper()
-	h := l.open(ns)
-	defer h.Close()
-	nl, err := netlink.NewHandleAt(h)
-	if err != nil {
-		l.t.Fatal(err)
-	}
+	nl := l.handle(ns)
 	defer nl.Close()
 	r := &netlink.Route{Gw: net.ParseIP(gw)}
 	if dst != "default" {
