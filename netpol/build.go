@@ -15,6 +15,10 @@ const (
 	setLinkLocal  = "linklocal_v4"
 	setAllow      = "allow_v4"
 	setDeny       = "deny_v4"
+	// The learned sets hold the addresses the node's resolver answered for
+	// names of the policy's domain rules, each until its answer expires.
+	SetAllowNames = "allow_names_v4"
+	SetDenyNames  = "deny_names_v4"
 )
 
 // Chains of an Instance table.
@@ -50,6 +54,13 @@ func buildLayout(spec TableSpec, v int) (*Table, error) {
 	ll := b.set(setLinkLocal, s.linkLocal)
 	allow := b.set(setAllow, s.allow)
 	deny := b.set(setDeny, s.deny)
+	var allowNames, denyNames *Set
+	if s.AllowNames {
+		allowNames = b.learnedSet(SetAllowNames)
+	}
+	if s.DenyNames {
+		denyNames = b.learnedSet(SetDenyNames)
+	}
 
 	// Fragments are made afresh for every rule, so no two rules share an
 	// expression a caller could change under the other.
@@ -111,7 +122,14 @@ func buildLayout(spec TableSpec, v int) (*Table, error) {
 		b.rule(guestFwd, blocked.name, ipDaddrIn(blocked.set), countDenied(), drop())
 	}
 	b.rule(guestFwd, "deny", ipDaddrIn(deny), countDenied(), drop())
-	if len(s.allow) > 0 {
+	if denyNames != nil {
+		b.rule(guestFwd, "deny-names", ipDaddrIn(denyNames), countDenied(), drop())
+	}
+	if allowNames != nil {
+		// Only public egress has domain rules (check).
+		b.rule(guestFwd, "allowed-names", ipDaddrIn(allowNames), oifname(VethName), accept())
+	}
+	if len(s.allow) > 0 || allowNames != nil {
 		b.rule(guestFwd, "not-allowed", ipDaddrNotIn(allow), countDenied(), drop())
 	}
 	switch s.Egress {
@@ -160,6 +178,20 @@ func (b *builder) set(name string, rs []addrRange) *Set {
 		KeyType: nftables.TypeIPAddr,
 		Flags:   unix.NFT_SET_INTERVAL,
 		Ranges:  rs,
+		id:      uint32(len(b.t.Sets) + 1),
+	}
+	b.t.Sets = append(b.t.Sets, s)
+	return s
+}
+
+// learnedSet adds a set of single addresses whose elements expire: the
+// resolver fills it at run time, so a generated table holds it empty.
+func (b *builder) learnedSet(name string) *Set {
+	s := &Set{
+		Name:    name,
+		Comment: marker(b.v, "set/"+name),
+		KeyType: nftables.TypeIPAddr,
+		Flags:   unix.NFT_SET_TIMEOUT,
 		id:      uint32(len(b.t.Sets) + 1),
 	}
 	b.t.Sets = append(b.t.Sets, s)

@@ -77,6 +77,11 @@ func TestBuildGolden(t *testing.T) {
 	public := testSpec(EgressPublic)
 	public.Allow = pfx("203.0.113.0/24", "198.51.100.0/25", "198.51.100.128/25", "100.64.1.7/32")
 	public.Deny = pfx("203.0.113.128/26")
+	names := testSpec(EgressPublic)
+	names.Allow = pfx("203.0.113.0/24")
+	names.AllowNames, names.DenyNames = true, true
+	onlyNames := testSpec(EgressPublic)
+	onlyNames.AllowNames = true
 	for _, c := range []struct {
 		name string
 		spec TableSpec
@@ -84,6 +89,8 @@ func TestBuildGolden(t *testing.T) {
 		{"egress-none", testSpec(EgressNone)},
 		{"egress-public-allow-deny", public},
 		{"egress-proxy", testSpec(EgressProxy)},
+		{"egress-public-names", names},
+		{"egress-public-only-names", onlyNames},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			tbl, err := Build(c.spec)

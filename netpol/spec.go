@@ -51,6 +51,14 @@ type TableSpec struct {
 	// ranges are reachable; Deny always wins over Allow.
 	Allow []netip.Prefix
 	Deny  []netip.Prefix
+	// AllowNames and DenyNames say the policy has domain rules: the
+	// node's resolver (Resolver must be it) learns the addresses it
+	// answered for an allowed or a denied name into the table's learned
+	// sets (Learn), and only learned addresses of allowed names pass
+	// besides Allow, so dialling an address no allowed name resolved to
+	// gets nowhere. Public egress only.
+	AllowNames bool
+	DenyNames  bool
 }
 
 // checkedSpec is a TableSpec that passed validation, with its address lists
@@ -85,6 +93,9 @@ func (s TableSpec) check() (checkedSpec, error) {
 	case EgressNone, EgressPublic, EgressProxy:
 	default:
 		return c, fmt.Errorf("netpol: table spec: egress %q: want %q, %q or %q", s.Egress, EgressNone, EgressPublic, EgressProxy)
+	}
+	if (s.AllowNames || s.DenyNames) && s.Egress != EgressPublic {
+		return c, fmt.Errorf("netpol: table spec: domain rules apply to egress %q only, not %q", EgressPublic, s.Egress)
 	}
 	var err error
 	lists := []struct {

@@ -3,6 +3,7 @@ package netpol
 import (
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
+	"golang.org/x/sys/unix"
 )
 
 // TableName is the one table the node owns in every namespace it manages,
@@ -38,8 +39,10 @@ type Object struct {
 	Type nftables.ObjType
 }
 
-// Set is a named set of IPv4 ranges. Every set the node writes is an
-// interval set of ipv4_addr, so a prefix and a range cost one element.
+// Set is a named set of IPv4 ranges. Every set of configured addresses the
+// node writes is an interval set of ipv4_addr, so a prefix and a range cost
+// one element; a learned set (flags timeout) holds single addresses that
+// expire, which the node's resolver adds at run time.
 type Set struct {
 	Name string
 	// Comment is the set's UserData comment: the marker naming it ours.
@@ -90,6 +93,9 @@ type Rule struct {
 	// type here (read back only): such a rule is never one of ours.
 	undecoded []string
 }
+
+// learned says whether s is filled at run time (Learn), not by Build.
+func (s *Set) learned() bool { return s.Flags&unix.NFT_SET_TIMEOUT != 0 }
 
 // chain returns the chain named name, or nil.
 func (t *Table) chain(name string) *Chain {

@@ -393,3 +393,51 @@ func TestTrafficProxy(t *testing.T) {
 		return nil
 	})
 }
+
+// Domain rules: only addresses the resolver learned for an allowed name
+// pass (besides Allow), a learned denied address is dropped even inside
+// Allow, and Inspect still calls the table the node's with learned
+// elements in it.
+func TestTrafficLearnedNames(t *testing.T) {
+	n := newLineNet(t)
+	addr := func(a string) string { return a + ":" + echoPort }
+	spec := n.spec
+	spec.Allow = pfx(worldPublic + "/32")
+	spec.Deny = nil
+	spec.AllowNames, spec.DenyNames = true, true
+	n.replace(t, spec)
+	n.mustReach(t, addr(worldPublic))
+	n.mustNotReach(t, addr(worldNotAllowed), addr(worldDenied))
+
+	ctx := context.Background()
+	if err := Learn(ctx, n.instance, SetAllowNames, []netip.Addr{netip.MustParseAddr(worldNotAllowed)}, time.Second); err != nil {
+		t.Fatal(err)
+	}
+	n.mustReach(t, addr(worldNotAllowed))
+	n.mustNotReach(t, addr(worldDenied))
+	// Learning again refreshes; a denied name's address wins over Allow.
+	if err := Learn(ctx, n.instance, SetAllowNames, []netip.Addr{netip.MustParseAddr(worldNotAllowed)}, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	if err := Learn(ctx, n.instance, SetDenyNames, []netip.Addr{netip.MustParseAddr(worldPublic)}, 0); err != nil {
+		t.Fatal(err)
+	}
+	n.mustNotReach(t, addr(worldPublic))
+	n.mustReach(t, addr(worldNotAllowed))
+	got := readOurs(t, n.instance).set(SetAllowNames)
+	if got == nil || len(got.Ranges) != 1 || got.Ranges[0].String() != worldNotAllowed {
+		t.Errorf("learned allow set read back: %+v", got)
+	}
+	if f, err := Inspect(n.instance, spec); err != nil || f.Verdict != VerdictMatch {
+		t.Errorf("Inspect with learned elements: %+v, %v; want match", f, err)
+	}
+
+	// A table without learned sets refuses the element, and keeps itself.
+	n.replace(t, n.spec)
+	if err := Learn(ctx, n.instance, SetAllowNames, []netip.Addr{netip.MustParseAddr(worldNotAllowed)}, time.Minute); err == nil {
+		t.Error("Learn into a table without the set succeeded")
+	}
+	if err := Learn(ctx, n.instance, "pools_v4", []netip.Addr{netip.MustParseAddr(worldNotAllowed)}, time.Minute); err == nil {
+		t.Error("Learn into a set of configured addresses succeeded")
+	}
+}

@@ -144,8 +144,11 @@ func (x *txn) addTable(t *Table) error {
 
 func (x *txn) addSet(t *Table, s *Set, id uint32) error {
 	what := "set " + s.Name
-	if s.Flags&^unix.NFT_SET_INTERVAL != 0 {
-		return fmt.Errorf("%s: flags %s: only interval sets are written", what, setFlags(s.Flags))
+	if s.Flags != unix.NFT_SET_INTERVAL && s.Flags != unix.NFT_SET_TIMEOUT && s.Flags != 0 {
+		return fmt.Errorf("%s: flags %s: only interval sets and learned (timeout) sets are written", what, setFlags(s.Flags))
+	}
+	if s.learned() && len(s.Ranges) > 0 {
+		return fmt.Errorf("%s: a learned set is written empty (Learn fills it)", what)
 	}
 	// As nft writes it: the key's byte order (big endian), then the comment.
 	ud := userdata.AppendUint32(nil, userdata.NFTNL_UDATA_SET_KEYBYTEORDER, 2)
