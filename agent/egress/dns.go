@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/miekg/dns"
+
+	"github.com/kibotos/kibotos/internal/dnsx"
 )
 
 // maxQuery bounds a guest query; a larger datagram is cut and fails to
@@ -80,7 +82,7 @@ func (s *Server) answer(pc *net.UDPConn, src netip.AddrPort, q *dns.Msg, res *re
 			continue
 		}
 		for _, a := range addrs {
-			r, err = exchange(ctx, q, netip.AddrPortFrom(a, up.port), upstreamTimeout)
+			r, err = dnsx.Exchange(ctx, nil, q, netip.AddrPortFrom(a, up.port), upstreamTimeout)
 			if err == nil {
 				break
 			}

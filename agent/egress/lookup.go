@@ -5,11 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
-	"strings"
 	"sync"
 	"time"
 
 	"github.com/miekg/dns"
+
+	"github.com/kibotos/kibotos/internal/dnsx"
 )
 
 // Bounds of the hostname cache: names of proxies and upstreams are few,
@@ -100,7 +101,7 @@ func lookup(ctx context.Context, servers []netip.AddrPort, host string, qtype ui
 	q.SetQuestion(dns.Fqdn(host), qtype)
 	var last error
 	for _, srv := range servers {
-		r, err := exchange(ctx, q, srv, lookupTimeout)
+		r, err := dnsx.Exchange(ctx, nil, q, srv, lookupTimeout)
 		if err != nil {
 			last = fmt.Errorf("%s: %w", srv, err)
 			continue
@@ -133,37 +134,4 @@ func lookup(ctx context.Context, servers []netip.AddrPort, host string, qtype ui
 		return addrs, ttl, nil
 	}
 	return nil, 0, last
-}
-
-// exchange sends q to srv over UDP and, when the answer is truncated,
-// again over TCP, within timeout (and ctx). The answer must be for q.
-func exchange(ctx context.Context, q *dns.Msg, srv netip.AddrPort, timeout time.Duration) (*dns.Msg, error) {
-	ctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
-	c := &dns.Client{Net: "udp", Timeout: timeout}
-	r, _, err := c.ExchangeContext(ctx, q, srv.String())
-	if err == nil && r.Truncated {
-		c.Net = "tcp"
-		r, _, err = c.ExchangeContext(ctx, q, srv.String())
-	}
-	if err != nil {
-		return nil, err
-	}
-	if !sameQuestion(q, r) {
-		return nil, errors.New("the answer is for another question")
-	}
-	return r, nil
-}
-
-func sameQuestion(q, r *dns.Msg) bool {
-	if len(q.Question) != len(r.Question) {
-		return false
-	}
-	for i, a := range q.Question {
-		b := r.Question[i]
-		if a.Qtype != b.Qtype || a.Qclass != b.Qclass || !strings.EqualFold(a.Name, b.Name) {
-			return false
-		}
-	}
-	return true
 }
