@@ -34,25 +34,31 @@ func runtimePolicy(p api.NetworkPolicy, eg *api.TaskEgress, res *api.TaskResolve
 		out.Resolver = &runtime.ResolverRoute{Name: res.Name, Upstreams: append([]string(nil), res.Upstreams...)}
 	}
 	var err error
-	if out.Allow, err = prefixes("allow", p.Allow); err != nil {
+	if out.Allow, out.AllowNames, err = splitRules("allow", p.Allow); err != nil {
 		return out, err
 	}
-	if out.Deny, err = prefixes("deny", p.Deny); err != nil {
+	if out.Deny, out.DenyNames, err = splitRules("deny", p.Deny); err != nil {
 		return out, err
 	}
 	return out, nil
 }
 
-func prefixes(list string, rules []string) ([]netip.Prefix, error) {
-	var out []netip.Prefix
+// splitRules sorts a list into its CIDRs and its domain rules.
+func splitRules(list string, rules []string) ([]netip.Prefix, []string, error) {
+	var cidrs []netip.Prefix
+	var names []string
 	for _, r := range rules {
+		if name, ok := api.CanonicalDomainRule(r); ok {
+			names = append(names, name)
+			continue
+		}
 		p, err := netip.ParsePrefix(r)
 		if err != nil {
-			return nil, fmt.Errorf("%s rule %q is not a CIDR: %w", list, r, err)
+			return nil, nil, fmt.Errorf("%s rule %q is neither a CIDR nor a domain: %w", list, r, err)
 		}
-		out = append(out, p)
+		cidrs = append(cidrs, p)
 	}
-	return out, nil
+	return cidrs, names, nil
 }
 
 // updateNetwork applies a network command's policy to the running

@@ -33,7 +33,9 @@ func TestRuntimePolicy(t *testing.T) {
 		{name: "resolver object", in: api.NetworkPolicy{Egress: "none", Resolver: "corp-dns"}, res: &api.TaskResolver{Name: "corp-dns", Upstreams: []string{"10.0.0.53:53"}},
 			want: runtime.NetworkPolicy{Egress: "none", Resolver: &runtime.ResolverRoute{Name: "corp-dns", Upstreams: []string{"10.0.0.53:53"}}}},
 		{name: "resolver object not carried", in: api.NetworkPolicy{Egress: "none", Resolver: "corp-dns"}, err: "resolver corp-dns: the task does not carry it"},
-		{name: "bad rule", in: api.NetworkPolicy{Egress: "public", Deny: []string{"10.0.0.1"}}, err: `deny rule "10.0.0.1" is not a CIDR`},
+		{name: "domain rules beside CIDRs", in: api.NetworkPolicy{Egress: "public", Allow: []string{"*.example.com", "10.0.0.0/8", "pypi.org"}, Deny: []string{"evil.example.com"}},
+			want: runtime.NetworkPolicy{Egress: "public", Allow: []netip.Prefix{pfx("10.0.0.0/8")}, AllowNames: []string{"*.example.com", "pypi.org"}, DenyNames: []string{"evil.example.com"}}},
+		{name: "bad rule", in: api.NetworkPolicy{Egress: "public", Deny: []string{"10.0.0.1"}}, err: `deny rule "10.0.0.1" is neither a CIDR nor a domain`},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			got, err := runtimePolicy(c.in, c.eg, c.res)

@@ -1,6 +1,10 @@
 package api
 
-import "time"
+import (
+	"regexp"
+	"strings"
+	"time"
+)
 
 // Egress values of a network policy besides the name of an Egress object.
 const (
@@ -29,6 +33,10 @@ type NetworkPolicy struct {
 	// Resolver object DNS queries go to.
 	Resolver string `json:"resolver,omitempty"`
 	// Allow and Deny narrow public egress; they apply to public only.
+	// A rule is a CIDR or a domain rule (example.com, *.example.com):
+	// domains are enforced by the node's resolver, which lets through
+	// only the addresses it answered for an allowed name, and refuses to
+	// resolve a denied one (and drops its addresses, once answered).
 	Allow []string `json:"allow,omitempty"`
 	Deny  []string `json:"deny,omitempty"`
 }
@@ -90,4 +98,38 @@ type NetworkChangeResult struct {
 	At        time.Time `json:"at"`
 	// Requested is the policy that was not applied (failed only).
 	Requested *NetworkPolicy `json:"requested,omitempty"`
+}
+
+// domainRulePattern is a DNS name of at least two labels (example.com),
+// or one of at least two labels under "*." (*.example.com: any name below
+// example.com, at any depth, but not example.com itself). A wildcard over
+// a whole top-level domain is refused as the mistake it would be.
+var domainRulePattern = regexp.MustCompile(`^(\*\.)?([a-z0-9_]([a-z0-9_-]{0,61}[a-z0-9])?\.)+[a-z][a-z0-9-]{0,62}$`)
+
+// CanonicalDomainRule reads an allow/deny rule that names domains and
+// returns it lowercase without a trailing dot; ok is false when s is not
+// a domain rule.
+func CanonicalDomainRule(s string) (rule string, ok bool) {
+	c := strings.TrimSuffix(strings.ToLower(s), ".")
+	if len(c) > 253 || !domainRulePattern.MatchString(c) {
+		return "", false
+	}
+	return c, true
+}
+
+// IsDomainRule says whether a stored rule names domains rather than
+// addresses.
+func IsDomainRule(rule string) bool {
+	_, ok := CanonicalDomainRule(rule)
+	return ok
+}
+
+// DomainRuleMatches says whether a queried name (any case, trailing dot or
+// not) falls under a canonical domain rule.
+func DomainRuleMatches(rule, name string) bool {
+	name = strings.TrimSuffix(strings.ToLower(name), ".")
+	if suffix, ok := strings.CutPrefix(rule, "*"); ok {
+		return len(name) > len(suffix) && strings.HasSuffix(name, suffix)
+	}
+	return name == rule
 }

@@ -45,8 +45,8 @@ type WorkspaceCreateCmd struct {
 	Node      string            `name:"node" help:"Place on this node only; never falls back to another."`
 	Egress    string            `name:"egress" placeholder:"none|public|NAME" help:"Outbound traffic: none (default), public, or the name of an Egress object."`
 	Resolver  string            `name:"resolver" placeholder:"NAME" help:"Resolver object DNS queries go to; default: the deployment resolver."`
-	Allow     []string          `name:"allow" placeholder:"CIDR" help:"With --egress public: the allow list (repeat or comma-separate)."`
-	Deny      []string          `name:"deny" placeholder:"CIDR" help:"With --egress public: the deny list (repeat or comma-separate)."`
+	Allow     []string          `name:"allow" placeholder:"CIDR|DOMAIN" help:"With --egress public: the allow list of CIDRs and domains (example.com, *.example.com); repeat or comma-separate. With any allow rule only those are reachable."`
+	Deny      []string          `name:"deny" placeholder:"CIDR|DOMAIN" help:"With --egress public: the deny list of CIDRs and domains; repeat or comma-separate. Deny wins over allow."`
 	CommandID string            `name:"command-id" help:"Idempotency key: a retry with the same key and inputs returns the same Workspace."`
 	Quiet     bool              `short:"q" name:"quiet" help:"Print only the new Workspace ID."`
 	NoWait    bool              `name:"no-wait" help:"Return once ctrl accepted the Workspace instead of when it is AVAILABLE."`

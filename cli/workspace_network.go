@@ -12,8 +12,8 @@ type WorkspaceSetNetworkCmd struct {
 	ID              string   `arg:"" name:"workspace"`
 	Egress          *string  `name:"egress" placeholder:"none|public|NAME" help:"Outbound traffic: none, public, or the name of an Egress object."`
 	Resolver        *string  `name:"resolver" placeholder:"NAME|default" help:"Resolver object DNS queries go to; default: the deployment resolver."`
-	Allow           []string `name:"allow" placeholder:"CIDR" help:"Replace the allow list of public egress (repeat or comma-separate)."`
-	Deny            []string `name:"deny" placeholder:"CIDR" help:"Replace the deny list of public egress (repeat or comma-separate)."`
+	Allow           []string `name:"allow" placeholder:"CIDR|DOMAIN" help:"Replace the allow list of public egress: CIDRs and domains (example.com, *.example.com); repeat or comma-separate."`
+	Deny            []string `name:"deny" placeholder:"CIDR|DOMAIN" help:"Replace the deny list of public egress: CIDRs and domains; repeat or comma-separate."`
 	ClearAllow      bool     `name:"clear-allow" help:"Empty the allow list."`
 	ClearDeny       bool     `name:"clear-deny" help:"Empty the deny list."`
 	CommandID       string   `name:"command-id" help:"Idempotency key."`

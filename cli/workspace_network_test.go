@@ -78,7 +78,7 @@ func TestWorkspaceNetworkPolicy(t *testing.T) {
 	before := strings.Count(e.mustRun("workspace", "list", "--all", "-q"), "\n")
 	e.expectExit(api.ExitNotFound, "egress corp does not exist: create it with kibo egress create corp --socks5 HOST:PORT", create("--egress", "corp")...)
 	e.expectExit(api.ExitNotFound, "resolver corp-dns does not exist: create it with kibo resolver create corp-dns --upstream ADDR", create("--resolver", "corp-dns")...)
-	e.expectExit(api.ExitFailedPrecondition, "domain rules (*.example.com) are not supported yet; use CIDRs", create("--egress", "public", "--allow", "*.example.com")...)
+	e.expectExit(api.ExitInvalidArgument, `allow rule "*.com" is not a CIDR, an IP address or a domain`, create("--egress", "public", "--allow", "*.com")...)
 	e.expectExit(api.ExitInvalidArgument, `allow rule "10.0.0.300" is not a CIDR`, create("--egress", "public", "--allow", "10.0.0.300")...)
 	e.expectExit(api.ExitInvalidArgument, "allow/deny lists apply to public egress only", create("--deny", "10.0.0.0/8")...)
 	e.expectExit(api.ExitInvalidArgument, "use none, public or the name of an Egress object", create("--egress", "Public")...)

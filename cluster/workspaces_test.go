@@ -79,7 +79,7 @@ func TestWorkspaceNetworkOverHTTP(t *testing.T) {
 	refused(api.CodeVersionMismatch, "not the expected", api.WorkspaceNetworkRequest{WriteMeta: api.WriteMeta{ExpectedVersion: &ws.Version}, NetworkChange: api.NetworkChange{Allow: list()}})
 	refused(api.CodeNotFound, "egress corp does not exist: create it with kibo egress create corp --socks5 HOST:PORT", api.WorkspaceNetworkRequest{NetworkChange: api.NetworkChange{Egress: str("corp"), Allow: list(), Deny: list()}})
 	refused(api.CodeNotFound, "resolver corp-dns does not exist", api.WorkspaceNetworkRequest{NetworkChange: api.NetworkChange{Resolver: str("corp-dns")}})
-	refused(api.CodeFailedPrecondition, "domain rules (*.example.com) are not supported yet; use CIDRs", api.WorkspaceNetworkRequest{NetworkChange: api.NetworkChange{Allow: list("*.example.com")}})
+	refused(api.CodeInvalidArgument, `allow rule "*.com" is not a CIDR, an IP address or a domain`, api.WorkspaceNetworkRequest{NetworkChange: api.NetworkChange{Allow: list("*.com")}})
 	refused(api.CodeInvalidArgument, `allow rule "10.0.0.0/33" is not a CIDR`, api.WorkspaceNetworkRequest{NetworkChange: api.NetworkChange{Allow: list("10.0.0.0/33")}})
 	refused(api.CodeInvalidArgument, "apply to public egress only", api.WorkspaceNetworkRequest{NetworkChange: api.NetworkChange{Egress: str("none")}})
 	if _, err := cl.Do(ctx, "POST", "/v1/workspaces/ws-nope/network", api.WorkspaceNetworkRequest{}, nil); api.CodeOf(err) != api.CodeNotFound {

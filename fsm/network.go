@@ -2,7 +2,6 @@ package fsm
 
 import (
 	"net/netip"
-	"regexp"
 	"slices"
 	"time"
 
@@ -22,10 +21,6 @@ type WorkspaceNetworkArgs struct {
 	WorkspaceID string `json:"workspace_id"`
 	api.NetworkChange
 }
-
-// A rule that reads as a DNS name (example.com, *.example.com): a kind
-// of rule that will exist, not a typo of a CIDR.
-var domainRulePattern = regexp.MustCompile(`^(\*\.)?([A-Za-z0-9_]([A-Za-z0-9_-]{0,61}[A-Za-z0-9])?\.)+[A-Za-z][A-Za-z0-9-]{0,62}\.?$`)
 
 // normalizeNetwork checks the policy p asked for Workspace ws and returns
 // it as stored. Errors name the Workspace and are decided from p and the
@@ -50,6 +45,10 @@ func normalizeNetwork(tx *bolt.Tx, ws string, p api.NetworkPolicy) (api.NetworkP
 	}
 	if out.Deny, err = normalizeRules(ws, "deny", p.Deny); err != nil {
 		return out, err
+	}
+	if out.Resolver != "" && (slices.ContainsFunc(out.Allow, api.IsDomainRule) || slices.ContainsFunc(out.Deny, api.IsDomainRule)) {
+		return out, api.Errorf(api.CodeInvalidArgument,
+			"workspace %s: domain rules are enforced by the deployment resolver, not by resolver %s: drop --resolver, or use CIDRs", ws, out.Resolver)
 	}
 	if out.Egress != api.EgressPublic && (len(out.Allow) > 0 || len(out.Deny) > 0) {
 		return out, api.Errorf(api.CodeInvalidArgument,
@@ -108,8 +107,8 @@ func orNotFound(err error, format string, args ...any) error {
 	return api.Errorf(api.CodeNotFound, format, args...)
 }
 
-// normalizeRules returns the canonical CIDRs of one list, each once, in
-// the order given; nil for an empty list.
+// normalizeRules returns the canonical CIDRs and domain rules of one list,
+// each once, in the order given; nil for an empty list.
 func normalizeRules(ws, list string, rules []string) ([]string, error) {
 	if len(rules) > api.MaxNetworkRules {
 		return nil, api.Errorf(api.CodeInvalidArgument, "workspace %s: %d %s rules given: at most %d", ws, len(rules), list, api.MaxNetworkRules)
@@ -117,12 +116,12 @@ func normalizeRules(ws, list string, rules []string) ([]string, error) {
 	var out []string
 	for _, r := range rules {
 		c, ok := canonicalCIDR(r)
-		switch {
-		case !ok && domainRulePattern.MatchString(r):
-			return nil, api.Errorf(api.CodeFailedPrecondition, "workspace %s: domain rules (%s) are not supported yet; use CIDRs", ws, r)
-		case !ok:
+		if !ok {
+			c, ok = api.CanonicalDomainRule(r)
+		}
+		if !ok {
 			return nil, api.Errorf(api.CodeInvalidArgument,
-				"workspace %s: %s rule %q is not a CIDR or an IP address: write it as 10.0.0.0/8, 192.0.2.7 or 2001:db8::/32", ws, list, r)
+				"workspace %s: %s rule %q is not a CIDR, an IP address or a domain: write it as 10.0.0.0/8, 192.0.2.7, 2001:db8::/32, example.com or *.example.com", ws, list, clip(r))
 		}
 		if !slices.Contains(out, c) {
 			out = append(out, c)

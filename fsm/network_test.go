@@ -75,6 +75,9 @@ func TestWorkspaceCreateNetwork(t *testing.T) {
 		{name: "empty egress: none", setup: oneNode, entry: create(withNetwork(api.NetworkPolicy{})), check: wantPolicy(api.NetworkPolicy{Egress: api.EgressNone})},
 		{name: "none", setup: oneNode, entry: create(withNetwork(api.NetworkPolicy{Egress: "none"})), check: wantPolicy(api.NetworkPolicy{Egress: api.EgressNone})},
 		{name: "public without lists", setup: oneNode, entry: create(public(nil, nil)), check: wantPolicy(api.NetworkPolicy{Egress: api.EgressPublic})},
+		{name: "domain rules, stored canonical", setup: oneNode,
+			entry: create(public([]string{"*.Example.COM", "pypi.org.", "*.example.com", "10.0.0.0/8"}, []string{"Evil.example.com"})),
+			check: wantPolicy(api.NetworkPolicy{Egress: api.EgressPublic, Allow: []string{"*.example.com", "pypi.org", "10.0.0.0/8"}, Deny: []string{"evil.example.com"}})},
 		{name: "public with lists, stored canonical", setup: oneNode,
 			entry: create(public(
 				[]string{"10.1.2.3", "10.0.0.0/8", "10.1.2.3/32", "192.168.7.9/16", "2001:db8::1/32", "2001:DB8::7", "::ffff:192.0.2.1", "::ffff:198.51.100.0/120"},
@@ -103,22 +106,19 @@ func TestWorkspaceCreateNetwork(t *testing.T) {
 					t.Errorf("error %q, want %q", r.Error.Message, want)
 				}
 			}},
-		{name: "domain allow rule", setup: oneNode, entry: create(public([]string{"10.0.0.0/8", "*.example.com"}, nil)), code: api.CodeFailedPrecondition,
-			check: func(t *testing.T, h *harness, r Result) {
-				if want := "workspace " + id + ": domain rules (*.example.com) are not supported yet; use CIDRs"; r.Error.Message != want {
-					t.Errorf("error %q, want %q", r.Error.Message, want)
-				}
-			}},
-		{name: "domain deny rule", setup: oneNode, entry: create(public(nil, []string{"pypi.org"})), code: api.CodeFailedPrecondition,
-			check: says("domain rules (pypi.org)")},
+		{name: "domain rules with a resolver object", setup: func(h *harness) {
+			oneNode(h)
+			h.ok(OpResolverCreate, ResolverCreateArgs{Name: "corp-dns", Upstreams: []string{"10.0.0.53"}})
+		}, entry: create(withNetwork(api.NetworkPolicy{Egress: "public", Resolver: "corp-dns", Allow: []string{"*.example.com"}})), code: api.CodeInvalidArgument,
+			check: says("workspace "+id, "domain rules are enforced by the deployment resolver, not by resolver corp-dns")},
 		{name: "allow without public egress", setup: oneNode, entry: create(withNetwork(api.NetworkPolicy{Allow: []string{"10.0.0.0/8"}})), code: api.CodeInvalidArgument,
 			check: says("workspace "+id, "allow/deny lists apply to public egress only", "egress none", "--egress public")},
 		{name: "deny with an egress object", setup: oneNode, entry: create(withNetwork(api.NetworkPolicy{Egress: "corp", Deny: []string{"10.0.0.0/8"}})), code: api.CodeInvalidArgument,
 			check: says("apply to public egress only")},
 	}
-	for _, bad := range []string{"10.0.0.300", "10.0.0.0/33", "10.0.0.0/", "fe80::1%eth0", "", " 10.0.0.0/8", "10.0.0.0/8,10.1.0.0/16", "1.2.3", "*.com", "http://example.com"} {
+	for _, bad := range []string{"10.0.0.300", "10.0.0.0/33", "10.0.0.0/", "fe80::1%eth0", "", " 10.0.0.0/8", "10.0.0.0/8,10.1.0.0/16", "1.2.3", "*.com", "http://example.com", "*example.com", "a.*.example.com", "localhost", "-x.example.com", "example.com/24"} {
 		cases = append(cases, opCase{name: fmt.Sprintf("bad rule %q", bad), setup: oneNode, entry: create(public([]string{bad}, nil)),
-			code: api.CodeInvalidArgument, check: says("workspace "+id, fmt.Sprintf("allow rule %q is not a CIDR", bad))})
+			code: api.CodeInvalidArgument, check: says("workspace "+id, fmt.Sprintf("allow rule %q is not a CIDR, an IP address or a domain", bad))})
 	}
 	for _, bad := range []string{"Public", "NONE", "corp egress", "-x", strings.Repeat("e", 64)} {
 		cases = append(cases, opCase{name: fmt.Sprintf("bad egress %q", bad), setup: oneNode, entry: create(withNetwork(api.NetworkPolicy{Egress: bad})),
@@ -268,10 +268,6 @@ func TestWorkspaceSetNetwork(t *testing.T) {
 		{name: "bad rule", setup: stopped, entry: set(api.NetworkChange{Egress: str("public"), Deny: rules("10.0.0.0/33")}), code: api.CodeInvalidArgument,
 			check: func(t *testing.T, h *harness, r Result) {
 				says("workspace "+w.WorkspaceID, `deny rule "10.0.0.0/33"`)(t, h, r)
-			}},
-		{name: "domain rule", setup: available, entry: set(api.NetworkChange{Egress: str("public"), Allow: rules("*.example.com")}), code: api.CodeFailedPrecondition,
-			check: func(t *testing.T, h *harness, r Result) {
-				says("domain rules (*.example.com) are not supported yet; use CIDRs")(t, h, r)
 			}},
 		{name: "unknown egress", setup: stopped, entry: set(api.NetworkChange{Egress: str("corp")}), code: api.CodeNotFound,
 			check: says("egress corp does not exist: create it with kibo egress create corp --socks5 HOST:PORT")},

@@ -238,10 +238,10 @@ func (g *logGen) report(id string) api.Report {
 
 // networkPolicy draws a policy, valid more often than not: rules that
 // normalize (an address, host bits, a duplicate), and now and then a bad
-// CIDR, a domain rule, an unknown Egress or lists without public egress.
+// CIDR or domain, an unknown Egress or lists without public egress.
 func (g *logGen) networkPolicy() api.NetworkPolicy {
-	rules := []string{"10.0.0.0/8", "10.1.2.3", "192.168.7.1/16", "2001:db8::1/32", "10.0.0.0/8", "0.0.0.0/0"}
-	bad := []string{"10.0.0.300", "*.example.com", "fe80::1%eth0", "", "10.0.0.0/33"}
+	rules := []string{"10.0.0.0/8", "10.1.2.3", "192.168.7.1/16", "2001:db8::1/32", "10.0.0.0/8", "0.0.0.0/0", "*.Example.com", "pypi.org."}
+	bad := []string{"10.0.0.300", "*.com", "fe80::1%eth0", "", "10.0.0.0/33"}
 	pick := func() []string {
 		var out []string
 		for i := g.r.Intn(4); i > 0; i-- {

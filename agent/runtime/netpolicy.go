@@ -22,6 +22,11 @@ type NetworkPolicy struct {
 	// Allow and Deny narrow public egress (CIDRs).
 	Allow []netip.Prefix `json:"allow,omitempty"`
 	Deny  []netip.Prefix `json:"deny,omitempty"`
+	// AllowNames and DenyNames are its domain rules (example.com,
+	// *.example.com), canonical: the node's resolver answers the guest
+	// and learns the addresses into the Instance's table.
+	AllowNames []string `json:"allow_names,omitempty"`
+	DenyNames  []string `json:"deny_names,omitempty"`
 }
 
 // UpdateNetwork applies a changed policy to a running Instance without a
@@ -74,7 +79,9 @@ func (rt *Runtime) UpdateNetwork(ctx context.Context, id string, p NetworkPolicy
 		return fmt.Errorf("runtime: instance %s: %w", id, err)
 	}
 	in.rec = &rec
-	rt.log.Info("instance network policy changed", "instance_id", id, "egress", p.Egress, "allow", len(p.Allow), "deny", len(p.Deny))
+	rt.net.registerNames(ctx, id, &nr)
+	rt.log.Info("instance network policy changed", "instance_id", id, "egress", p.Egress,
+		"allow", len(p.Allow)+len(p.AllowNames), "deny", len(p.Deny)+len(p.DenyNames))
 	if wasEgress || usesEgressProcess(p) {
 		// Unlocked: syncEgress reads every Instance's record.
 		in.mu.Unlock()

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/netip"
 	"path/filepath"
 	"slices"
@@ -14,6 +15,7 @@ import (
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
+	"github.com/kibotos/kibotos/agent/dnsfilter"
 	"github.com/kibotos/kibotos/netpol"
 	"github.com/kibotos/kibotos/vmm/guestproto"
 	"github.com/kibotos/kibotos/vmm/units"
@@ -56,11 +58,14 @@ type nodeNetwork struct {
 	egressMu sync.Mutex
 	// warnings of the configuration check, logged once the log is up.
 	warnings []string
+	// names answers the DNS of guests whose policy has domain rules (nil
+	// without a configuration).
+	names *dnsfilter.Filter
 }
 
 // openNodeNetwork prepares the node's namespace for guest traffic:
 // forwarding on and its own rule table in place (with a configuration).
-func openNodeNetwork(cfg *netpol.Config, hostNSPath string, t units.Target) (*nodeNetwork, error) {
+func openNodeNetwork(cfg *netpol.Config, hostNSPath string, t units.Target, log *slog.Logger) (*nodeNetwork, error) {
 	n := &nodeNetwork{cfg: cfg, assigned: map[string]netip.Addr{},
 		ns: netpol.Namespaces{Dir: netpol.DefaultNamespaceDir}}
 	if t.NetNSDir != "" {
@@ -100,6 +105,10 @@ func openNodeNetwork(cfg *netpol.Config, hostNSPath string, t units.Target) (*no
 		n.hostNS.Close()
 		return nil, err
 	}
+	if err := n.openNames(log); err != nil {
+		n.hostNS.Close()
+		return nil, err
+	}
 	return n, nil
 }
 
@@ -120,6 +129,9 @@ func (n *nodeNetwork) replaceHostTable(proxied []netip.Addr) error {
 }
 
 func (n *nodeNetwork) close() {
+	if n.names != nil {
+		n.names.Close()
+	}
 	n.hostNS.Close()
 }
 
@@ -171,7 +183,16 @@ func (n *nodeNetwork) tableSpec(nr *NetworkRecord) (netpol.TableSpec, error) {
 		return netpol.TableSpec{}, fmt.Errorf("egress %q cannot be enforced by this build", egress)
 	}
 	resolver := n.cfg.Resolvers[0]
-	if nr.Policy.Resolver != nil {
+	names := hasNames(nr.Policy)
+	switch {
+	case names && nr.Policy.Resolver != nil:
+		return netpol.TableSpec{}, errors.New("domain rules with a Resolver cannot be enforced: the node's resolver learns the addresses")
+	case names:
+		if err := checkNames(nr.Policy); err != nil {
+			return netpol.TableSpec{}, err
+		}
+		resolver = NamesDNS
+	case nr.Policy.Resolver != nil:
 		resolver = EgressDNS
 	}
 	hostAddrs, err := netpol.HostAddrs(n.hostNS)
@@ -182,6 +203,7 @@ func (n *nodeNetwork) tableSpec(nr *NetworkRecord) (netpol.TableSpec, error) {
 		Guest: nr.Guest, Egress: egress, Resolver: resolver,
 		HostAddrs: hostAddrs, Management: n.cfg.ManagementCIDRs, Pools: []netip.Prefix{n.cfg.IPv4Pool},
 		Allow: nr.Policy.Allow, Deny: nr.Policy.Deny,
+		AllowNames: len(nr.Policy.AllowNames) > 0, DenyNames: len(nr.Policy.DenyNames) > 0,
 	}, nil
 }
 
@@ -199,7 +221,7 @@ func (rt *Runtime) createNetwork(ctx context.Context, id string, owner *vmmAccou
 	}
 	err := n.ns.Create(nr.Namespace)
 	if err == nil {
-		err = rt.setUpNetwork(owner, nr)
+		err = rt.setUpNetwork(id, owner, nr)
 	}
 	if err != nil {
 		return errors.Join(fmt.Errorf("runtime: instance %s: network: %w", id, err), rt.deleteNetwork(context.WithoutCancel(ctx), id, nr))
@@ -207,7 +229,7 @@ func (rt *Runtime) createNetwork(ctx context.Context, id string, owner *vmmAccou
 	return nil
 }
 
-func (rt *Runtime) setUpNetwork(owner *vmmAccount, nr *NetworkRecord) error {
+func (rt *Runtime) setUpNetwork(id string, owner *vmmAccount, nr *NetworkRecord) error {
 	n := rt.net
 	ns, err := n.ns.Open(nr.Namespace)
 	if err != nil {
@@ -229,7 +251,11 @@ func (rt *Runtime) setUpNetwork(owner *vmmAccount, nr *NetworkRecord) error {
 	if err != nil {
 		return err
 	}
-	return netpol.Replace(context.Background(), int(ns), table)
+	if err := netpol.Replace(context.Background(), int(ns), table); err != nil {
+		return err
+	}
+	n.registerNames(context.Background(), id, nr)
+	return nil
 }
 
 // deleteNetwork removes the Instance's namespace (and with it the tap and
@@ -239,6 +265,7 @@ func (rt *Runtime) deleteNetwork(ctx context.Context, id string, nr *NetworkReco
 		return nil
 	}
 	n := rt.net
+	n.forgetNames(nr.Guest)
 	err := errors.Join(netpol.Disconnect(n.hostNS, nr.HostVeth), n.ns.Delete(nr.Namespace))
 	if err != nil {
 		return fmt.Errorf("runtime: instance %s: remove its network: %w", id, err)
@@ -312,6 +339,7 @@ func (rt *Runtime) checkNetwork(rec *LaunchRecord) (rewritten []string, isolated
 	}
 	defer ns.Close()
 	isolate := func(why string) (rewritten []string, isolated string) {
+		n.forgetNames(nr.Guest)
 		if err := netpol.Isolate(int(ns)); err != nil {
 			why += fmt.Sprintf(" (isolating the network failed: %v)", err)
 		}
@@ -343,6 +371,7 @@ func (rt *Runtime) checkNetwork(rec *LaunchRecord) (rewritten []string, isolated
 	}
 	switch f.Verdict {
 	case netpol.VerdictMatch:
+		n.registerNames(context.Background(), rec.InstanceID, nr)
 		return nil, ""
 	case netpol.VerdictRewrite:
 		table, err := netpol.Build(spec)
@@ -352,6 +381,7 @@ func (rt *Runtime) checkNetwork(rec *LaunchRecord) (rewritten []string, isolated
 		if err != nil {
 			return isolate(fmt.Sprintf("rule table of network namespace %s could not be rewritten: %v", nr.Namespace, err))
 		}
+		n.registerNames(context.Background(), rec.InstanceID, nr)
 		return f.Differences, ""
 	default:
 		return isolate(strings.Join(f.Reasons, "; "))

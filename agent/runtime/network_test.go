@@ -31,8 +31,17 @@ func TestGuestNetwork(t *testing.T) {
 	internet := lab.HTTP("inet", labInternet+":8080", "from the internet")
 	lab.HTTP("mgmt", labMgmtHost+":8080", "from management")
 	lab.HTTP("node", labUplinkNode+":8081", "from the node")
+	// Two more internet addresses for domain rules: one no allowed name
+	// resolves to, one a deny rule names.
+	const labElsewhere, labDenied = "198.51.100.3", "198.51.100.4"
+	lab.Addr("inet", "eth0", labElsewhere+"/24")
+	lab.Addr("inet", "eth0", labDenied+"/24")
+	lab.HTTP("inet", labElsewhere+":8080", "from elsewhere")
+	lab.HTTP("inet", labDenied+":8080", "from a denied address")
 	lab.DNS("inet", netip.MustParseAddr(labInternet), map[string]netip.Addr{
-		"web.test": netip.MustParseAddr(labInternet), "mgmt.test": netip.MustParseAddr(labMgmtHost)})
+		"web.test": netip.MustParseAddr(labInternet), "mgmt.test": netip.MustParseAddr(labMgmtHost),
+		"allowed.test": netip.MustParseAddr(labInternet), "other.test": netip.MustParseAddr(labElsewhere),
+		"denied.test": netip.MustParseAddr(labDenied)})
 
 	rt := h.mustOpen(t)
 	ctx := testCtx(t, 5*time.Minute)
@@ -135,6 +144,46 @@ func TestGuestNetwork(t *testing.T) {
 	if got := recOf("none").Network.Policy.Egress; got != "public" {
 		t.Errorf("recorded policy after the change: egress %q", got)
 	}
+
+	// Domain rules: only what the node's resolver answered for an allowed
+	// name is reachable; a denied name does not resolve, and its address
+	// (and a denied CIDR) stays out.
+	names := runtime.NetworkPolicy{Egress: "public", AllowNames: []string{"allowed.test"}, DenyNames: []string{"denied.test"},
+		Deny: []netip.Prefix{netip.MustParsePrefix(labDenied + "/32")}}
+	if err := rt.UpdateNetwork(ctx, "none", names); err != nil {
+		t.Fatal(err)
+	}
+	blocked("none", labInternet+":8080") // not answered for an allowed name yet
+	reaches("none", "allowed.test:8080", "from the internet")
+	reaches("none", labInternet+":8080", "from the internet") // learned now
+	blocked("none", labElsewhere+":8080")                     // no allowed name resolves to it
+	blocked("none", labDenied+":8080")
+	notResolved := func(id, name string) {
+		t.Helper()
+		r, err := run(ctx, rt, id, guestproto.ExecRequest{Argv: []string{"/bin/nslookup", name}}, nil)
+		if err != nil || r.exit.ExitCode == 0 || strings.Contains(r.stdout, "198.51.100.") {
+			t.Errorf("guest %s: nslookup %s: %+v, %v; want it refused", id, name, r, err)
+		}
+	}
+	notResolved("none", "denied.test")
+	notResolved("none", "other.test")
+	if len(h.logs.entries("guest name refused")) == 0 {
+		t.Error("no log line for a refused name")
+	}
+	// A policy change replaces the table; what is still allowed is
+	// learned again, so the guest need not resolve it again.
+	names.DenyNames = nil
+	if err := rt.UpdateNetwork(ctx, "none", names); err != nil {
+		t.Fatal(err)
+	}
+	reaches("none", labInternet+":8080", "from the internet")
+	if got := recOf("none").Network.Policy.AllowNames; len(got) != 1 || got[0] != "allowed.test" {
+		t.Errorf("recorded allow names %v", got)
+	}
+	if err := rt.UpdateNetwork(ctx, "none", runtime.NetworkPolicy{Egress: "public"}); err != nil {
+		t.Fatal(err)
+	}
+	reaches("none", labElsewhere+":8080", "from elsewhere")
 
 	// An open connection from the guest: an echo the guest runs over a
 	// connection it made to the internet.

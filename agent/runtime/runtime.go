@@ -291,7 +291,7 @@ func Open(ctx context.Context, cfg Config) (*Runtime, error) {
 		}
 		rt.vmm = &a
 	}
-	if rt.net, err = openNodeNetwork(cfg.Network, cfg.HostNetNS, rt.units.Target()); err != nil {
+	if rt.net, err = openNodeNetwork(cfg.Network, cfg.HostNetNS, rt.units.Target(), rt.log); err != nil {
 		return nil, err
 	}
 	for _, w := range rt.net.warnings {
