@@ -15,6 +15,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"time"
 
@@ -55,6 +56,10 @@ type Config struct {
 	// session is established (only the leader accepts one).
 	OnLeader       func(addr string)
 	SessionTimeout time.Duration
+	// DeniedReportInterval is the least time between two reports pushed
+	// only because guests' denied counts changed (each report is a Raft
+	// entry); default DefaultDeniedReportInterval.
+	DeniedReportInterval time.Duration
 	Logger         *slog.Logger
 	// ClockSkew is added to every timestamp the node sends (tests of the
 	// 30 s clock rule; zero in production).
@@ -119,6 +124,9 @@ type Agent struct {
 func New(cfg Config) (*Agent, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
+	}
+	if cfg.DeniedReportInterval <= 0 {
+		cfg.DeniedReportInterval = DefaultDeniedReportInterval
 	}
 	if cfg.SessionTimeout == 0 {
 		cfg.SessionTimeout = 10 * time.Second
@@ -244,7 +252,7 @@ func (a *Agent) destroyAllInstances() {
 // watchInstances pushes a full report whenever what the node runs changes,
 // so ctrl's counts (drain, placement) do not wait for the next sync.
 func (a *Agent) watchInstances(ctx context.Context, last api.Report) {
-	lastStates := fmt.Sprint(last.InstanceStates, last.Templates)
+	lastStates, lastCounts, lastPush := reportedStates(last), deniedCounts(last), time.Now()
 	lastDataPlane := time.Now()
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
@@ -257,10 +265,14 @@ func (a *Agent) watchInstances(ctx context.Context, last api.Report) {
 		// Without the ended-Instance records: they are read from disk and
 		// travel with the report the change triggers anyway.
 		r := a.buildReport(false)
-		states := fmt.Sprint(r.InstanceStates, r.Templates)
-		if r.Instances != last.Instances || r.Allocated != last.Allocated || states != lastStates {
+		states := reportedStates(r)
+		changed := r.Instances != last.Instances || r.Allocated != last.Allocated || states != lastStates
+		// New denied counts alone are pushed, but not more often than
+		// the interval: each report is a Raft entry.
+		counts := deniedCounts(r)
+		if changed || counts != lastCounts && time.Since(lastPush) >= a.cfg.DeniedReportInterval {
 			if a.PushReport() {
-				last, lastStates = r, states
+				last, lastStates, lastCounts, lastPush = r, states, counts, time.Now()
 			}
 		}
 		// The seed: the node resends its state to the data plane at least
@@ -270,6 +282,30 @@ func (a *Agent) watchInstances(ctx context.Context, last api.Report) {
 			go a.updateDataPlane()
 		}
 	}
+}
+
+// reportedStates is what of a report is worth a push when it changes: the
+// Instances' states and the templates. Denied counts are not: they change
+// with every dropped packet and ride along with the next report.
+func reportedStates(r api.Report) string {
+	var b strings.Builder
+	for _, st := range r.InstanceStates {
+		fmt.Fprintf(&b, "%s %s %q;", st.InstanceID, st.State, st.Error)
+	}
+	fmt.Fprint(&b, r.Templates)
+	return b.String()
+}
+
+// DefaultDeniedReportInterval is Config.DeniedReportInterval's default.
+const DefaultDeniedReportInterval = 30 * time.Second
+
+// deniedCounts are a report's denied counts, to tell whether they changed.
+func deniedCounts(r api.Report) string {
+	var b strings.Builder
+	for _, st := range r.InstanceStates {
+		fmt.Fprintf(&b, "%s %d;", st.InstanceID, st.DeniedPackets)
+	}
+	return b.String()
 }
 
 func (a *Agent) now() int64 { return time.Now().Add(a.cfg.ClockSkew).UnixNano() }
@@ -448,7 +484,7 @@ func (a *Agent) buildReport(withEnded bool) api.Report {
 	}
 	if rt := a.cfg.Runtime; rt != nil {
 		for _, st := range rt.List() {
-			r.InstanceStates = append(r.InstanceStates, api.InstanceState{InstanceID: st.ID, State: string(st.State), Error: st.Error})
+			r.InstanceStates = append(r.InstanceStates, api.InstanceState{InstanceID: st.ID, State: string(st.State), Error: st.Error, DeniedPackets: st.DeniedPackets})
 			if st.State == runtime.StateStopped {
 				continue // a stopped Instance holds no CPU or memory
 			}

@@ -148,6 +148,10 @@ type InstanceState struct {
 	InstanceID string `json:"instance_id"`
 	State      string `json:"state"` // STARTING, RUNNING, STOPPING, STOPPED, FAILED
 	Error      string `json:"error,omitempty"`
+	// DeniedPackets are the guest's packets its rule table dropped since
+	// the Instance started. It travels with reports that are sent anyway
+	// (a state change, ctrl's periodic sync): a count alone sends none.
+	DeniedPackets uint64 `json:"denied_packets,omitempty"`
 }
 
 // DefaultPoolOf is the pool a node creates retained layers in.

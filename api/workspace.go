@@ -27,6 +27,13 @@ const (
 )
 
 // Workspace is one Workspace as ctrl stores it.
+// DeniedReport is a count of the current Instance's denied packets, as
+// of the node's report.
+type DeniedReport struct {
+	Packets    uint64    `json:"packets"`
+	ReportedAt time.Time `json:"reported_at"`
+}
+
 type Workspace struct {
 	WorkspaceID string            `json:"workspace_id"`
 	Version     uint64            `json:"version"`
@@ -55,6 +62,9 @@ type Workspace struct {
 	Failure *WorkspaceFailure `json:"failure,omitempty"`
 	// Pending is the command the node has not answered yet.
 	Pending *WorkspaceCommand `json:"pending,omitempty"`
+	// Denied is what the node last reported of the guest's denied
+	// packets; derived on read from the node's report, never stored.
+	Denied *DeniedReport `json:"denied,omitempty"`
 	// StopUnconfirmed marks a stop --force (or a release by ctrl) whose data
 	// was not confirmed to have reached disk.
 	StopUnconfirmed bool `json:"stop_unconfirmed,omitempty"`

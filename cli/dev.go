@@ -158,7 +158,10 @@ func (c *DevUpCmd) Run(g *Globals) error {
 		sdMode = systemdHost
 	}
 	return runMember(g, memberOptions{dir: d, level: "info", capacity: agent.DefaultCapacity(), timings: cluster.DefaultTimings(), onReady: onReady,
-		systemd: sdMode, accel: qemu.AccelAuto, network: network})
+		systemd: sdMode, accel: qemu.AccelAuto, network: network,
+		// One node on a laptop: a report every few seconds while a guest
+		// is denied costs nothing, and `workspace get` shows it soon.
+		deniedReport: 5 * time.Second})
 }
 
 // announceWhenReady waits for the dev node to be READY and tells the user

@@ -173,8 +173,9 @@ func (c *ServeCmd) Run(g *Globals) error {
 		return err
 	}
 	timings := cluster.DefaultTimings()
+	var deniedReport time.Duration
 	if c.TestTimings {
-		timings = cluster.TestTimings()
+		timings, deniedReport = cluster.TestTimings(), time.Second
 	}
 	dpListen := c.DataPlaneListen
 	if dpListen == "" {
@@ -188,7 +189,7 @@ func (c *ServeCmd) Run(g *Globals) error {
 	for _, p := range fc.Storage.Pools {
 		pools = append(pools, agent.PoolConfig{ID: p.ID, Path: p.Path, Shared: p.Shared})
 	}
-	return runMember(g, memberOptions{dir: datadir.Dir(dir), bind: bind, level: level, capacity: capacity, timings: timings, clockSkew: c.ClockSkew,
+	return runMember(g, memberOptions{dir: datadir.Dir(dir), bind: bind, level: level, capacity: capacity, timings: timings, deniedReport: deniedReport, clockSkew: c.ClockSkew,
 		systemd: c.Systemd, accel: qemu.Accel(c.Accel), dataPlaneListen: dpListen, pools: pools, defaultPool: fc.Storage.DefaultPool, network: network})
 }
 
@@ -263,6 +264,8 @@ type memberOptions struct {
 	// network is the node's [network]; nil: Workspaces cannot start here.
 	network     *netpol.Config
 	defaultPool string
+	// deniedReport is the agent's DeniedReportInterval; 0: its default.
+	deniedReport time.Duration
 }
 
 // runMember serves until SIGTERM/SIGINT. A node isolated by ctrl exits
@@ -313,7 +316,7 @@ func runMember(g *Globals, o memberOptions) error {
 		}
 		a, err := agent.New(agent.Config{DataDir: o.dir, NodeID: srv.NodeID(), Capacity: o.capacity, CtrlAddrs: srv.CtrlAddrs,
 			Dial: srv.SessionDial, OnLeader: srv.NoteLeader, SessionTimeout: o.timings.SessionTimeout, Logger: log, ClockSkew: o.clockSkew, Runtime: rt, DataPlane: dp,
-			Pools: o.pools, DefaultPool: o.defaultPool, FetchEgressCredentials: srv.EgressCredentials})
+			Pools: o.pools, DefaultPool: o.defaultPool, FetchEgressCredentials: srv.EgressCredentials, DeniedReportInterval: o.deniedReport})
 		if err != nil {
 			return err
 		}

@@ -271,6 +271,9 @@ func renderWorkspace(w io.Writer, ws *api.Workspace, wide bool) {
 	line("Resolver", "%s", resolver)
 	line("Allow", "%s", dash(strings.Join(pol.Allow, ",")))
 	line("Deny", "%s", dash(strings.Join(pol.Deny, ",")))
+	if d := ws.Denied; d != nil {
+		line("Denied packets", "%d (reported %s)", d.Packets, stamp(d.ReportedAt))
+	}
 	line("Node", "%s", dash(ws.NodeID))
 	if wide {
 		line("Instance", "%s", dash(ws.InstanceID))

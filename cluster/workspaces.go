@@ -105,7 +105,7 @@ const maxBlockingWait = time.Minute
 // member applies it instead of at their next poll.
 func (s *Server) handleWorkspaceGet(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("id")
-	get := func(tx *bolt.Tx) (any, error) { return fsm.GetWorkspace(tx, id) }
+	get := func(tx *bolt.Tx) (any, error) { return fsm.ViewWorkspace(tx, id) }
 	q := r.URL.Query()
 	if q.Get("wait_version") == "" {
 		s.view(w, get)

@@ -402,6 +402,19 @@ func (d *wsDev) testNetwork(id string) {
 		t.Errorf("egress after set-network %q, want public", got)
 	}
 	unreachable("egress public")
+	// The dropped connects are counted, and get shows the node's count.
+	waitFor(t, time.Minute, "denied packets in workspace get", func() (bool, string) {
+		var w struct {
+			Denied *api.DeniedReport `json:"denied"`
+		}
+		if err := decodeResult(d.must("workspace", "get", id, "--json"), &w); err != nil {
+			t.Fatal(err)
+		}
+		return w.Denied != nil && w.Denied.Packets > 0, fmt.Sprintf("denied %+v", w.Denied)
+	})
+	if out := d.must("workspace", "get", id).stdout; !regexp.MustCompile(`(?m)^Denied packets: +[1-9][0-9]* \(reported `).MatchString(out) {
+		t.Errorf("workspace get does not show the denied packets:\n%s", out)
+	}
 	d.must("workspace", "set-network", id, "--egress", "none")
 }
 

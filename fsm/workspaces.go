@@ -887,6 +887,25 @@ func GetWorkspace(tx *bolt.Tx, id string) (*api.Workspace, error) {
 	return mustWorkspace(tx, id)
 }
 
+// ViewWorkspace is GetWorkspace for a reader: with what its node last
+// reported of the current Instance (denied packets).
+func ViewWorkspace(tx *bolt.Tx, id string) (*api.Workspace, error) {
+	w, err := mustWorkspace(tx, id)
+	if err != nil || w.NodeID == "" || w.InstanceID == "" {
+		return w, err
+	}
+	n, err := getNode(tx, w.NodeID)
+	if err != nil || n == nil || n.Report == nil {
+		return w, err
+	}
+	for _, st := range n.Report.InstanceStates {
+		if st.InstanceID == w.InstanceID {
+			w.Denied = &api.DeniedReport{Packets: st.DeniedPackets, ReportedAt: n.Report.ReportedAt}
+		}
+	}
+	return w, nil
+}
+
 // WorkspaceFilter selects Workspaces for ListWorkspaces.
 type WorkspaceFilter struct {
 	States []string          // any of these states; empty: all but the stopped ones unless All

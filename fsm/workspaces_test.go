@@ -1413,3 +1413,37 @@ func TestWorkspaceEndedRecords(t *testing.T) {
 	}
 	checkIndex(t, h.f)
 }
+
+// A reader sees what the node last reported of the current Instance's
+// denied packets; the stored record never holds it.
+func TestViewWorkspaceDenied(t *testing.T) {
+	h := newHarness(t)
+	twoNodes(h)
+	a := h.running("c1", smallWS)
+	view := func() *api.Workspace {
+		t.Helper()
+		var w *api.Workspace
+		if err := h.f.View(func(tx *bolt.Tx) (err error) { w, err = ViewWorkspace(tx, a.WorkspaceID); return }); err != nil {
+			t.Fatal(err)
+		}
+		return w
+	}
+	if d := view().Denied; d != nil {
+		t.Errorf("denied before a report names the Instance: %+v", d)
+	}
+	h.advance(time.Second)
+	h.report(a.NodeID, sessOf(a.NodeID), api.Report{Capacity: api.Resources{CPU: 4000, MemoryBytes: 8 * gib}, Pools: defaultPoolAvailable, Templates: testTemplates,
+		InstanceStates: []api.InstanceState{{InstanceID: a.InstanceID, State: "RUNNING", DeniedPackets: 17}, {InstanceID: "inst-other", State: "RUNNING", DeniedPackets: 3}}})
+	if d := view().Denied; d == nil || d.Packets != 17 || !d.ReportedAt.Equal(h.now) {
+		t.Errorf("denied after the report: %+v, want 17 as of %s", d, h.now)
+	}
+	if stored := h.ws(a.WorkspaceID); stored.Denied != nil {
+		t.Errorf("the stored record holds a denied count: %+v", stored.Denied)
+	}
+	// Stopped: no current Instance, no count.
+	h.ok(OpWorkspaceStop, WorkspaceArgs{WorkspaceID: a.WorkspaceID})
+	h.answer(a.WorkspaceID, OutcomeOK, "")
+	if d := view().Denied; d != nil {
+		t.Errorf("denied of a stopped Workspace: %+v", d)
+	}
+}
