@@ -64,15 +64,15 @@ func (c *Client) Broken() bool {
 	return c.broken
 }
 
-// SendListeners hands over the transparent TCP listener and the DNS socket
-// (ListenTransparentTCP, ListenDNS). The process keeps its own copies: the
-// caller closes its files afterwards. A process takes them once.
-func (c *Client) SendListeners(ctx context.Context, tcp, udp *os.File) error {
-	if tcp == nil || udp == nil {
-		return errors.New("egress: send listeners: need both the TCP listener and the DNS socket")
-	}
-	fds := make([]int, 0, 2)
-	for _, f := range []*os.File{tcp, udp} {
+// SendListeners hands over the node's sockets (ListenSockets). The
+// process keeps its own copies: the caller closes its files afterwards. A
+// process takes them once.
+func (c *Client) SendListeners(ctx context.Context, socks Sockets) error {
+	fds := make([]int, 0, listenerFDsCount)
+	for _, f := range socks.files() {
+		if f == nil {
+			return errors.New("egress: send listeners: need the TCP listener and both DNS sockets")
+		}
 		fd, err := fileFD(f)
 		if err != nil {
 			return fmt.Errorf("egress: send listeners: %s: %w", f.Name(), err)
@@ -80,24 +80,27 @@ func (c *Client) SendListeners(ctx context.Context, tcp, udp *os.File) error {
 		fds = append(fds, fd)
 	}
 	_, _, err := c.call(ctx, request{Op: opListeners}, fds...)
-	runtime.KeepAlive(tcp)
-	runtime.KeepAlive(udp)
+	runtime.KeepAlive(socks)
 	return c.wrap("send listeners", err)
 }
 
-// Listeners gets copies of the process's TCP listener and DNS socket, to
-// hand to a newer generation before this one drains. The caller closes
-// them.
-func (c *Client) Listeners(ctx context.Context) (tcp, udp *os.File, err error) {
+// Listeners gets copies of the process's sockets, to hand to a newer
+// generation before this one drains. The caller closes them. A process of
+// an older build has no DNS TCP listener: DNSTCP is nil then.
+func (c *Client) Listeners(ctx context.Context) (Sockets, error) {
 	_, fds, err := c.call(ctx, request{Op: opTakeListeners})
-	if err == nil && len(fds) != listenerFDsCount {
+	if err == nil && len(fds) != listenerFDsCount && len(fds) != oldListenerFDs {
 		closeFDs(fds)
 		err = fmt.Errorf("the reply carried %d descriptors, want %d", len(fds), listenerFDsCount)
 	}
 	if err != nil {
-		return nil, nil, c.wrap("take listeners", err)
+		return Sockets{}, c.wrap("take listeners", err)
 	}
-	return os.NewFile(uintptr(fds[0]), "egress-tcp-listener"), os.NewFile(uintptr(fds[1]), "egress-dns-socket"), nil
+	socks := Sockets{TCP: os.NewFile(uintptr(fds[0]), "egress-tcp-listener"), DNS: os.NewFile(uintptr(fds[1]), "egress-dns-socket")}
+	if len(fds) == listenerFDsCount {
+		socks.DNSTCP = os.NewFile(uintptr(fds[2]), "egress-dns-tcp-listener")
+	}
+	return socks, nil
 }
 
 // SetConfig replaces the process's routes and resolvers whole; it returns

@@ -156,10 +156,10 @@ func TestControlDescriptors(t *testing.T) {
 	if rep := roundTrip(t, l, request{Op: opStats}, fd); !strings.Contains(rep.Error, `a "stats" request carried 1 descriptors`) {
 		t.Fatalf("stats with a descriptor: %+v", rep)
 	}
-	if rep := roundTrip(t, l, request{Op: opListeners}, fd); !strings.Contains(rep.Error, "got 1 descriptors, want 2") {
+	if rep := roundTrip(t, l, request{Op: opListeners}, fd); !strings.Contains(rep.Error, "got 1 descriptors, want 3") {
 		t.Fatalf("listeners with one descriptor: %+v", rep)
 	}
-	if rep := roundTrip(t, l, request{Op: opListeners}, fd, fd); !strings.Contains(rep.Error, "is not a socket") {
+	if rep := roundTrip(t, l, request{Op: opListeners}, fd, fd, fd); !strings.Contains(rep.Error, "is not a socket") {
 		t.Fatalf("listeners with files: %+v", rep)
 	}
 	// A plain listener would lose every original destination.
@@ -170,22 +170,30 @@ func TestControlDescriptors(t *testing.T) {
 	defer plain.Close()
 	pf, _ := plain.(*net.TCPListener).File()
 	defer pf.Close()
-	udp, err := ListenDNS("127.0.0.1:0")
-	if err == nil {
+	if _, err := ListenDNS("127.0.0.1:0"); err == nil {
 		t.Fatal("ListenDNS took port 0")
 	}
-	udp, err = ListenDNS(freeUDP(t))
+	if _, err := ListenDNSTCP("0.0.0.0:5300"); err == nil {
+		t.Fatal("ListenDNSTCP took the unspecified address")
+	}
+	good, err := ListenSockets(freeTCP(t), freeDNS(t))
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer udp.Close()
+	defer good.Close()
 	pfd, _ := fileFD(pf)
-	ufd, _ := fileFD(udp)
-	if rep := roundTrip(t, l, request{Op: opListeners}, pfd, ufd); !strings.Contains(rep.Error, "lacks IP_TRANSPARENT") {
+	tfd, _ := fileFD(good.TCP)
+	ufd, _ := fileFD(good.DNS)
+	dfd, _ := fileFD(good.DNSTCP)
+	if rep := roundTrip(t, l, request{Op: opListeners}, pfd, ufd, dfd); !strings.Contains(rep.Error, "lacks IP_TRANSPARENT") {
 		t.Fatalf("listeners with a plain TCP listener: %+v", rep)
 	}
-	if rep := roundTrip(t, l, request{Op: opListeners}, ufd, pfd); !strings.Contains(rep.Error, "is a socket of type 2, want 1") {
+	if rep := roundTrip(t, l, request{Op: opListeners}, ufd, tfd, dfd); !strings.Contains(rep.Error, "is a socket of type 2, want 1") {
 		t.Fatalf("listeners in the wrong order: %+v", rep)
+	}
+	// The DNS TCP listener must be on the DNS socket's address.
+	if rep := roundTrip(t, l, request{Op: opListeners}, tfd, ufd, pfd); !strings.Contains(rep.Error, "not bound to the DNS socket's address") {
+		t.Fatalf("listeners with a DNS TCP listener elsewhere: %+v", rep)
 	}
 	if st := s.Stats(); st.Listening {
 		t.Fatalf("listening after refused listeners: %+v", st)
@@ -200,6 +208,34 @@ func freeUDP(t testing.TB) string {
 	}
 	defer pc.Close()
 	return pc.LocalAddr().String()
+}
+
+// freeDNS is a loopback address whose port is free for UDP and TCP both.
+func freeDNS(t testing.TB) string {
+	t.Helper()
+	for range 100 {
+		addr := freeUDP(t)
+		if ln, err := net.Listen("tcp4", addr); err == nil {
+			ln.Close()
+			return addr
+		}
+	}
+	t.Fatal("no loopback port free for both UDP and TCP")
+	return ""
+}
+
+// sendSockets makes the node's sockets on tcpAddr and dnsAddr, hands them
+// to c and closes the test's copies.
+func sendSockets(t testing.TB, c *Client, tcpAddr, dnsAddr string) {
+	t.Helper()
+	socks, err := ListenSockets(tcpAddr, dnsAddr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer socks.Close()
+	if err := c.SendListeners(ctxT(t), socks); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // The whole client API against an in-process server: listeners are taken
@@ -219,39 +255,38 @@ func TestClientAPI(t *testing.T) {
 	if _, err := Dial(ctx, s.socket()); err == nil || !strings.Contains(err.Error(), "one at a time") {
 		t.Fatalf("second connection: %v", err)
 	}
-	tcp, err := ListenTransparentTCP("127.0.0.1:0")
-	if err == nil {
+	if _, err := ListenTransparentTCP("127.0.0.1:0"); err == nil {
 		t.Fatal("ListenTransparentTCP took port 0")
 	}
 	listen := freeTCP(t)
-	tcp, err = ListenTransparentTCP(listen)
+	sockets, err := ListenSockets(listen, freeDNS(t))
 	if err != nil {
 		t.Fatal(err)
 	}
-	udp, err := ListenDNS(freeUDP(t))
-	if err != nil {
+	if err := c.SendListeners(ctx, sockets); err != nil {
 		t.Fatal(err)
 	}
-	if err := c.SendListeners(ctx, tcp, udp); err != nil {
-		t.Fatal(err)
-	}
-	if err := c.SendListeners(ctx, tcp, udp); err == nil || !strings.Contains(err.Error(), "has its listeners already") {
+	if err := c.SendListeners(ctx, sockets); err == nil || !strings.Contains(err.Error(), "has its listeners already") {
 		t.Fatalf("second listeners: %v", err)
 	}
-	tcp.Close()
-	udp.Close()
-	t2, u2, err := c.Listeners(ctx)
+	sockets.Close()
+	copied, err := c.Listeners(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := checkTCPListener(mustFD(t, t2)); err != nil {
+	if err := checkTCPListener(mustFD(t, copied.TCP)); err != nil {
 		t.Fatalf("copied listener: %v", err)
 	}
-	if err := checkDNSSocket(mustFD(t, u2)); err != nil {
+	if err := checkDNSSocket(mustFD(t, copied.DNS)); err != nil {
 		t.Fatalf("copied DNS socket: %v", err)
 	}
-	t2.Close()
-	u2.Close()
+	if copied.DNSTCP == nil {
+		t.Fatal("no copy of the DNS TCP listener")
+	}
+	if err := checkDNSListener(mustFD(t, copied.DNSTCP), mustFD(t, copied.DNS)); err != nil {
+		t.Fatalf("copied DNS TCP listener: %v", err)
+	}
+	copied.Close()
 
 	bad := Config{Routes: []Route{{Guest: netip.MustParseAddr("10.0.0.2"), Egress: &Proxy{Name: "e1", Address: "socks.example"}}}}
 	if err := c.SetConfig(ctx, bad); err == nil || !strings.Contains(err.Error(), `egress e1: address "socks.example": want HOST:PORT`) {
@@ -290,7 +325,7 @@ func TestClientAPI(t *testing.T) {
 	if err := c.SetConfig(ctx, good); err == nil || !strings.Contains(err.Error(), "draining") {
 		t.Fatalf("config while draining: %v", err)
 	}
-	if _, _, err := c.Listeners(ctx); err == nil || !strings.Contains(err.Error(), "let its listeners go") {
+	if _, err := c.Listeners(ctx); err == nil || !strings.Contains(err.Error(), "let its listeners go") {
 		t.Fatalf("take listeners while draining: %v", err)
 	}
 	if r := s.table.Load(); len(r.routes) != 0 {
@@ -399,19 +434,7 @@ func TestWarmPool(t *testing.T) {
 	}
 	defer c.Close()
 	listen := freeTCP(t)
-	tcp, err := ListenTransparentTCP(listen)
-	if err != nil {
-		t.Fatal(err)
-	}
-	udp, err := ListenDNS(freeUDP(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := c.SendListeners(ctx, tcp, udp); err != nil {
-		t.Fatal(err)
-	}
-	tcp.Close()
-	udp.Close()
+	sendSockets(t, c, listen, freeDNS(t))
 	socks := newSocksServer(t, "u", "p")
 	cfg := Config{Routes: []Route{{Guest: netip.MustParseAddr("127.0.0.1"), Egress: &Proxy{Name: "e1", Revision: 1, Address: socks.addr(), Username: "u", Password: "p"}}}}
 	if err := c.SetConfig(ctx, cfg); err != nil {

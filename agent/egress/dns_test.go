@@ -53,20 +53,8 @@ func dnsServer(t *testing.T, upstreams ...string) string {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { c.Close() })
-	tcp, err := ListenTransparentTCP(freeTCP(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := freeUDP(t)
-	udp, err := ListenDNS(addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := c.SendListeners(ctx, tcp, udp); err != nil {
-		t.Fatal(err)
-	}
-	tcp.Close()
-	udp.Close()
+	addr := freeDNS(t)
+	sendSockets(t, c, freeTCP(t), addr)
 	cfg := Config{Routes: []Route{{Guest: netip.MustParseAddr("127.0.0.1"), Resolver: &Resolver{Name: "r1", Upstreams: upstreams}}}}
 	if err := c.SetConfig(ctx, cfg); err != nil {
 		t.Fatal(err)
@@ -76,12 +64,17 @@ func dnsServer(t *testing.T, upstreams ...string) string {
 
 func ask(t *testing.T, addr string, edns uint16) *dns.Msg {
 	t.Helper()
+	return askOver(t, "udp", addr, edns)
+}
+
+func askOver(t *testing.T, network, addr string, edns uint16) *dns.Msg {
+	t.Helper()
 	q := new(dns.Msg)
 	q.SetQuestion("big.test.", dns.TypeA)
 	if edns > 0 {
 		q.SetEdns0(edns, false)
 	}
-	r, _, err := (&dns.Client{Net: "udp", Timeout: 10 * time.Second}).Exchange(q, addr)
+	r, _, err := (&dns.Client{Net: network, Timeout: 10 * time.Second}).Exchange(q, addr)
 	if err != nil {
 		t.Fatalf("query through the egress DNS socket: %v", err)
 	}
@@ -100,6 +93,45 @@ func TestDNSTruncationAndTCPFallback(t *testing.T) {
 	r.Compress = true // as it came on the wire
 	if !r.Truncated || r.Len() > dns.MinMsgSize {
 		t.Fatalf("without EDNS: truncated %v, %d bytes; want TC within 512", r.Truncated, r.Len())
+	}
+	// The guest asks again over TCP, as resolvers do after TC, and gets
+	// it whole.
+	if r := askOver(t, "tcp", addr, 0); r.Truncated || len(r.Answer) != 40 {
+		t.Fatalf("over TCP: truncated %v, %d answers; want all 40", r.Truncated, len(r.Answer))
+	}
+}
+
+// A DNS TCP connection carries several queries, and a query over the
+// size bound ends it unanswered.
+func TestDNSOverTCPBounds(t *testing.T) {
+	addr := dnsServer(t, upstream(t))
+	c, err := dns.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	for range 3 {
+		q := new(dns.Msg)
+		q.SetQuestion("big.test.", dns.TypeA)
+		if err := c.WriteMsg(q); err != nil {
+			t.Fatal(err)
+		}
+		c.SetReadDeadline(time.Now().Add(10 * time.Second))
+		r, err := c.ReadMsg()
+		if err != nil || len(r.Answer) != 40 || r.Id != q.Id {
+			t.Fatalf("query on a kept connection: %v, %+v", err, r)
+		}
+	}
+	raw, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer raw.Close()
+	raw.Write([]byte{0x20, 0x00}) // 8 KiB announced
+	raw.Write(make([]byte, 100))
+	raw.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if n, err := raw.Read(make([]byte, 10)); err == nil {
+		t.Fatalf("an oversized query got %d bytes back; want the connection closed", n)
 	}
 }
 

@@ -22,7 +22,10 @@ const (
 	opConfig         = "config"
 	opDrain          = "drain"
 	opStats          = "stats"
-	listenerFDsCount = 2 // TCP listener, DNS socket, in that order
+	listenerFDsCount = 3 // TCP listener, DNS socket, DNS TCP listener, in that order
+	// oldListenerFDs is what a generation of a build before TCP DNS hands
+	// over: the node makes the DNS TCP listener itself then.
+	oldListenerFDs = 2
 )
 
 // request is one control request; only the field of its op may be set.

@@ -115,23 +115,19 @@ func newEgressLab(t testing.TB) *egressLab {
 	// The egress process runs in the node namespace as nobody, without
 	// capabilities; the node (this test, root) makes its sockets there.
 	e.proc = startProcess(t, lab.NS.Path("node"), nobody, 1, 2*time.Second)
-	var tcp, udp *os.File
+	var socks Sockets
 	if err := lab.Do("node", func() (err error) {
-		if tcp, err = ListenTransparentTCP(fmt.Sprintf("0.0.0.0:%d", labTPROXYPort)); err != nil {
-			return err
-		}
-		udp, err = ListenDNS(labDNS)
+		socks, err = ListenSockets(fmt.Sprintf("0.0.0.0:%d", labTPROXYPort), labDNS)
 		return err
 	}); err != nil {
 		t.Fatal(err)
 	}
 	e.client = e.proc.dial(t)
-	if err := e.client.SendListeners(ctxT(t), tcp, udp); err != nil {
+	if err := e.client.SendListeners(ctxT(t), socks); err != nil {
 		t.Fatal(err)
 	}
 	// The node keeps no copy: once the process is gone, so are the sockets.
-	tcp.Close()
-	udp.Close()
+	socks.Close()
 	if err := e.client.SetConfig(ctxT(t), e.config(Proxy{Name: "corp", Revision: 1, Address: "socks.test:1080"})); err != nil {
 		t.Fatal(err)
 	}
@@ -333,15 +329,14 @@ func TestEgressInNetlab(t *testing.T) {
 		// Made for the whole test: the drain below runs on it.
 		next := startProcess(outer, e.lab.NS.Path("node"), nobody, 2, 2*time.Second)
 		nextClient := next.dial(outer)
-		tcp, udp, err := oldClient.Listeners(ctxT(t))
+		socks, err := oldClient.Listeners(ctxT(t))
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := nextClient.SendListeners(ctxT(t), tcp, udp); err != nil {
+		if err := nextClient.SendListeners(ctxT(t), socks); err != nil {
 			t.Fatal(err)
 		}
-		tcp.Close()
-		udp.Close()
+		socks.Close()
 		if err := nextClient.SetConfig(ctxT(t), e.config(Proxy{Name: "corp", Revision: 4, Address: "socks.test:1080"})); err != nil {
 			t.Fatal(err)
 		}

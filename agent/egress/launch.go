@@ -27,13 +27,12 @@ const listenWait = DNSAnswerWindow + 2*time.Second
 // held, no generation serving).
 func (s *Supervisor) startServing(ctx context.Context) error {
 	s.makeRoom(ctx, "a new generation is starting")
-	tcp, udp, err := s.listen(ctx)
+	socks, err := s.listen(ctx)
 	if err != nil {
 		return err
 	}
-	defer tcp.Close()
-	defer udp.Close()
-	g, err := s.launch(ctx, tcp, udp)
+	defer socks.Close()
+	g, err := s.launch(ctx, socks)
 	if err != nil {
 		return err
 	}
@@ -41,37 +40,47 @@ func (s *Supervisor) startServing(ctx context.Context) error {
 	return nil
 }
 
-// listen makes the node's two sockets, as root in the node's network
+// listen makes the node's sockets, as root in the node's network
 // namespace, trying a busy address again for listenWait.
-func (s *Supervisor) listen(ctx context.Context) (tcp, udp *os.File, err error) {
+func (s *Supervisor) listen(ctx context.Context) (Sockets, error) {
+	var socks Sockets
+	err := s.retryBusy(ctx, func() (err error) {
+		socks, err = ListenSockets(s.cfg.TCPListen, s.cfg.DNSListen)
+		return err
+	})
+	return socks, err
+}
+
+// listenDNSTCP makes only the DNS TCP listener, for a generation whose
+// predecessor (an older build) had none to hand over.
+func (s *Supervisor) listenDNSTCP(ctx context.Context) (*os.File, error) {
+	var f *os.File
+	err := s.retryBusy(ctx, func() (err error) {
+		f, err = ListenDNSTCP(s.cfg.DNSListen)
+		return err
+	})
+	return f, err
+}
+
+// retryBusy runs listen in the node's namespace until it does not find
+// its address in use, for at most listenWait.
+func (s *Supervisor) retryBusy(ctx context.Context, listen func() error) error {
 	deadline := time.Now().Add(listenWait)
 	for {
-		err = inNetNS(s.cfg.NetNS, func() error {
-			var err error
-			if tcp, err = ListenTransparentTCP(s.cfg.TCPListen); err != nil {
-				return err
-			}
-			if udp, err = ListenDNS(s.cfg.DNSListen); err != nil {
-				tcp.Close()
-			}
+		err := inNetNS(s.cfg.NetNS, listen)
+		if err == nil || !errors.Is(err, syscall.EADDRINUSE) || time.Now().After(deadline) {
 			return err
-		})
-		if err == nil {
-			return tcp, udp, nil
-		}
-		if !errors.Is(err, syscall.EADDRINUSE) || time.Now().After(deadline) {
-			return nil, nil, err
 		}
 		if serr := sleepCtx(ctx, 50*time.Millisecond); serr != nil {
-			return nil, nil, err
+			return err
 		}
 	}
 }
 
-// launch starts the next generation's unit, hands it tcp and udp (the
-// caller closes its copies) and the config, and returns it serving. A
-// generation that fails on the way is ended.
-func (s *Supervisor) launch(ctx context.Context, tcp, udp *os.File) (*generation, error) {
+// launch starts the next generation's unit, hands it socks (the caller
+// closes its copies) and the config, and returns it serving. A generation
+// that fails on the way is ended.
+func (s *Supervisor) launch(ctx context.Context, socks Sockets) (*generation, error) {
 	num := s.lastGen + 1
 	if err := writeGeneration(s.cfg.StateDir, num); err != nil {
 		return nil, err
@@ -104,7 +113,7 @@ func (s *Supervisor) launch(ctx context.Context, tcp, udp *os.File) (*generation
 		s.end(ctx, g, "its start failed")
 		return nil, err
 	}
-	if err := g.client.SendListeners(ctx, tcp, udp); err != nil {
+	if err := g.client.SendListeners(ctx, socks); err != nil {
 		s.end(ctx, g, "its start failed")
 		return nil, fmt.Errorf("egress: start generation %d: %w", num, err)
 	}

@@ -50,10 +50,11 @@ type Server struct {
 	names nameCache
 
 	mu         sync.Mutex
-	tcpFile    *os.File // the node's sockets as received, for take-listeners
-	udpFile    *os.File
+	files      Sockets // the node's sockets as received, for take-listeners
 	tcp        *net.TCPListener
 	udp        *net.UDPConn
+	dnsTCP     *net.TCPListener
+	dnsConns   map[net.Conn]struct{} // guests' DNS TCP connections
 	configured bool
 	draining   bool
 	conns      map[*relay]struct{}
@@ -98,6 +99,7 @@ func New(opts Options) (*Server, error) {
 		lines:      lineLimiter{perSecond: 20, burst: 50},
 		ready:      make(chan struct{}),
 		conns:      map[*relay]struct{}{},
+		dnsConns:   map[net.Conn]struct{}{},
 		slot:       make(chan struct{}, 1),
 		connGone:   make(chan struct{}, 1),
 		acceptDone: make(chan struct{}),
@@ -170,6 +172,13 @@ func (s *Server) Drain(deadline time.Time) {
 			// Not closed yet: answers to queries already read leave from it.
 			s.udp.SetReadDeadline(time.Unix(1, 0))
 		}
+		if s.dnsTCP != nil {
+			s.dnsTCP.Close()
+			// Connections finish the query they are answering, no more.
+			for c := range s.dnsConns {
+				c.SetReadDeadline(time.Unix(1, 0))
+			}
+		}
 		s.releaseFiles()
 		s.log.Info("egress draining", "deadline", deadline, "connections", len(s.conns))
 		go s.finishDrain()
@@ -225,12 +234,8 @@ func (s *Server) closeAll() {
 // releaseFiles closes the received sockets kept for take-listeners (mu
 // held): after a drain nobody may get them from this process.
 func (s *Server) releaseFiles() {
-	for _, f := range []**os.File{&s.tcpFile, &s.udpFile} {
-		if *f != nil {
-			(*f).Close()
-			*f = nil
-		}
-	}
+	s.files.Close()
+	s.files = Sockets{}
 }
 
 // applyConfig installs c whole; a draining process takes none, since that

@@ -65,6 +65,62 @@ func ListenDNS(addr string) (*os.File, error) {
 	return f, nil
 }
 
+// ListenDNSTCP makes the TCP half of the DNS socket, on the same address
+// as ListenDNS: a guest whose answer came truncated over UDP asks again
+// over TCP, to the same DNATed address.
+func ListenDNSTCP(addr string) (*os.File, error) {
+	if err := checkIPv4(addr, false); err != nil {
+		return nil, fmt.Errorf("egress: DNS TCP listener %q: %w", addr, err)
+	}
+	ln, err := net.Listen("tcp4", addr)
+	if err != nil {
+		return nil, fmt.Errorf("egress: DNS TCP listener %s: %w", addr, err)
+	}
+	defer ln.Close()
+	f, err := ln.(*net.TCPListener).File()
+	if err != nil {
+		return nil, fmt.Errorf("egress: DNS TCP listener %s: %w", addr, err)
+	}
+	return f, nil
+}
+
+// Sockets are what the node makes for an egress process and hands over
+// (Client.SendListeners), in the order sent.
+type Sockets struct {
+	TCP    *os.File // ListenTransparentTCP: proxied guests' connections
+	DNS    *os.File // ListenDNS: Resolver guests' queries over UDP
+	DNSTCP *os.File // ListenDNSTCP: the same over TCP
+}
+
+// ListenSockets makes all three: the transparent listener on tcpAddr and
+// the DNS sockets on dnsAddr.
+func ListenSockets(tcpAddr, dnsAddr string) (Sockets, error) {
+	var s Sockets
+	var err error
+	if s.TCP, err = ListenTransparentTCP(tcpAddr); err != nil {
+		return s, err
+	}
+	if s.DNS, err = ListenDNS(dnsAddr); err == nil {
+		s.DNSTCP, err = ListenDNSTCP(dnsAddr)
+	}
+	if err != nil {
+		s.Close()
+		return Sockets{}, err
+	}
+	return s, nil
+}
+
+// Close closes the caller's copies.
+func (s Sockets) Close() {
+	for _, f := range s.files() {
+		if f != nil {
+			f.Close()
+		}
+	}
+}
+
+func (s Sockets) files() []*os.File { return []*os.File{s.TCP, s.DNS, s.DNSTCP} }
+
 func checkIPv4(addr string, anyOK bool) error {
 	ap, err := netip.ParseAddrPort(addr)
 	switch {

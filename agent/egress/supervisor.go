@@ -235,17 +235,22 @@ func (s *Supervisor) Switch(ctx context.Context) error {
 	for len(s.draining) > 0 {
 		s.endOldest(ctx, ReasonNewerDrains)
 	}
-	var tcp, udp *os.File
+	var socks Sockets
 	err := s.call(ctx, old, func(c *Client) (err error) {
-		tcp, udp, err = c.Listeners(ctx)
+		socks, err = c.Listeners(ctx)
 		return err
 	})
 	if err != nil {
 		return fmt.Errorf("egress: switch from generation %d: %w", old.num, err)
 	}
-	defer tcp.Close()
-	defer udp.Close()
-	g, err := s.launch(ctx, tcp, udp)
+	defer socks.Close()
+	if socks.DNSTCP == nil {
+		// An older build serves UDP only: nothing holds the TCP half.
+		if socks.DNSTCP, err = s.listenDNSTCP(ctx); err != nil {
+			return fmt.Errorf("egress: switch from generation %d: %w", old.num, err)
+		}
+	}
+	g, err := s.launch(ctx, socks)
 	if err != nil {
 		return fmt.Errorf("egress: switch from generation %d: %w", old.num, err)
 	}

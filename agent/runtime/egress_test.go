@@ -122,6 +122,14 @@ func TestGuestEgress(t *testing.T) {
 	if out, _ := sh("nslookup corp.test"); !strings.Contains(out, "10.1.2.3") {
 		t.Errorf("nslookup corp.test through the Resolver: %q", out)
 	}
+	// Over TCP too (what a resolver does after a truncated answer): a
+	// length-prefixed query for corp.test A, the answer's bytes in hex.
+	// TCP of this proxied guest to the DNS socket must not be TPROXYed.
+	tcpQuery := `printf '\000\033\113\102\001\000\000\001\000\000\000\000\000\000\004corp\004test\000\000\001\000\001' | nc -w 5 ` +
+		`169.254.100.1 53 | od -An -tx1 | tr -d ' \n'`
+	if out, _ := sh(tcpQuery); !strings.Contains(out, "0a010203") || !strings.HasPrefix(out[min(len(out), 4):], "4b42") {
+		t.Errorf("TCP DNS query for corp.test through the Resolver: answer %q, want one with 10.1.2.3 (0a010203) and id 4b42", out)
+	}
 
 	gens := sup.Generations()
 	if len(gens) != 1 {

@@ -116,8 +116,11 @@ func openNodeNetwork(cfg *netpol.Config, hostNSPath string, t units.Target, log 
 // proxied guests' TCP to the egress process.
 func (n *nodeNetwork) replaceHostTable(proxied []netip.Addr) error {
 	cfg := n.cfg
+	// The node's own DNS sockets count as resolvers: TCP DNS of proxied
+	// guests goes to them, not into the egress proxy.
+	resolvers := append(slices.Clone(cfg.Resolvers), EgressDNS, NamesDNS)
 	host, err := netpol.BuildHost(netpol.HostSpec{Pools: []netip.Prefix{cfg.IPv4Pool}, Management: cfg.ManagementCIDRs,
-		UplinkIface: cfg.UplinkInterface(), UplinkAddr: cfg.UplinkAddr(), Resolvers: cfg.Resolvers,
+		UplinkIface: cfg.UplinkInterface(), UplinkAddr: cfg.UplinkAddr(), Resolvers: resolvers,
 		Proxied: proxied, ProxyPort: EgressTCPPort})
 	if err == nil {
 		err = netpol.ReplaceHost(context.Background(), int(n.hostNS), host)
