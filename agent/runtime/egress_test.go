@@ -19,9 +19,44 @@ import (
 	"github.com/kibotos/kibotos/vmm/guestproto"
 )
 
+// openWithEgress opens the harness's runtime with an egress supervisor
+// that runs exe as the egress process in the lab's node namespace.
+func openWithEgress(t testing.TB, h *harness, exe string) (*runtime.Runtime, *egress.Supervisor) {
+	t.Helper()
+	base, err := os.MkdirTemp("", "kbe-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(base) })
+	os.Chmod(base, 0o755)
+	ctx := testCtx(t, time.Minute)
+	sup, err := egress.OpenSupervisor(ctx, egress.SupervisorConfig{
+		Units: h.m, Executable: exe, Scope: "rt-test",
+		SocketDir: filepath.Join(base, "sock"), StateDir: filepath.Join(h.root, "state"),
+		TCPListen: fmt.Sprintf("0.0.0.0:%d", runtime.EgressTCPPort), DNSListen: runtime.EgressDNS.String(),
+		NetNS: h.nodeNS, ManagerNetNS: "/run/netns/node", DrainTimeout: 5 * time.Second,
+		Logger: slog.New(slog.NewJSONHandler(h.logs, nil)),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		sup.Apply(context.Background(), egress.Config{}) // ends the process
+		sup.Close()
+	})
+	cfg := h.config()
+	cfg.Egress = sup
+	rt, err := runtime.Open(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { rt.Close() })
+	return rt, sup
+}
+
 // buildKibotos builds the kibotos binary into a directory other users may
 // read: the egress process runs it as kibotos-egress.
-func buildKibotos(t *testing.T) string {
+func buildKibotos(t testing.TB) string {
 	t.Helper()
 	dir, err := os.MkdirTemp("", "kbx-")
 	if err != nil {
@@ -59,34 +94,8 @@ func TestGuestEgress(t *testing.T) {
 	lab.DNS("inet", netip.MustParseAddr(corpDNS), map[string]netip.Addr{"corp.test": netip.MustParseAddr("10.1.2.3")})
 	socksLog := lab.Start("inet", microsocks, "-i", labInternet, "-p", "1080")
 
-	base, err := os.MkdirTemp("", "kbe-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(base) })
-	os.Chmod(base, 0o755)
 	ctx := testCtx(t, 5*time.Minute)
-	sup, err := egress.OpenSupervisor(ctx, egress.SupervisorConfig{
-		Units: h.m, Executable: exe, Scope: "rt-test",
-		SocketDir: filepath.Join(base, "sock"), StateDir: filepath.Join(h.root, "state"),
-		TCPListen: fmt.Sprintf("0.0.0.0:%d", runtime.EgressTCPPort), DNSListen: runtime.EgressDNS.String(),
-		NetNS: h.nodeNS, ManagerNetNS: "/run/netns/node", DrainTimeout: 5 * time.Second,
-		Logger: slog.New(slog.NewJSONHandler(h.logs, nil)),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		sup.Apply(context.Background(), egress.Config{}) // ends the process
-		sup.Close()
-	})
-	cfg := h.config()
-	cfg.Egress = sup
-	rt, err := runtime.Open(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { rt.Close() })
+	rt, sup := openWithEgress(t, h, exe)
 
 	proxied := runtime.NetworkPolicy{Egress: runtime.EgressProxyMode,
 		Proxy:    &runtime.EgressProxy{Name: "corp", Revision: 1, SOCKS5: labInternet + ":1080"},

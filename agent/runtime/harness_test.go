@@ -33,9 +33,9 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-func requireVMHost(t *testing.T) { runtimetest.RequireVMHost(t) }
+func requireVMHost(t testing.TB) { runtimetest.RequireVMHost(t) }
 
-func platformFixture(t *testing.T) *platform.Installation { return runtimetest.Platform(t) }
+func platformFixture(t testing.TB) *platform.Installation { return runtimetest.Platform(t) }
 
 // harness is a private systemd, a Manager connected to it and a short
 // storage root (unix socket paths must stay under 108 bytes).
@@ -64,7 +64,7 @@ const (
 	labMgmtHost   = "203.0.113.2"
 )
 
-func newHarness(t *testing.T) *harness {
+func newHarness(t testing.TB) *harness {
 	t.Helper()
 	requireVMHost(t)
 	scratch, err := os.MkdirTemp("/tmp", "kbr-")
@@ -232,7 +232,7 @@ func waitFor(t *testing.T, d time.Duration, what string, ok func() bool) time.Du
 	return time.Since(t0)
 }
 
-func testCtx(t *testing.T, d time.Duration) context.Context {
+func testCtx(t testing.TB, d time.Duration) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), d)
 	t.Cleanup(cancel)
 	return ctx
