@@ -60,7 +60,7 @@ type Config struct {
 	// only because guests' denied counts changed (each report is a Raft
 	// entry); default DefaultDeniedReportInterval.
 	DeniedReportInterval time.Duration
-	Logger         *slog.Logger
+	Logger               *slog.Logger
 	// ClockSkew is added to every timestamp the node sends (tests of the
 	// 30 s clock rule; zero in production).
 	ClockSkew time.Duration
@@ -118,6 +118,8 @@ type Agent struct {
 	templatesListed time.Time
 
 	tasks *tasks
+	// watched is what the report watcher last saw of each pool.
+	watched map[string]*watchedPool
 }
 
 // New starts a new incarnation of the node.
@@ -200,7 +202,9 @@ func (a *Agent) Run(ctx context.Context) error {
 	go a.sampler.Run(ctx)
 	// The baseline is what the first session's full report will carry at
 	// the latest, so the watcher pushes only later changes.
-	go a.watchInstances(ctx, a.buildReport(false))
+	first := a.buildReport(false)
+	a.notePools(first.Pools)
+	go a.watchInstances(ctx, first)
 	backoff := 200 * time.Millisecond
 	for {
 		err := a.connectOnce(ctx)
@@ -265,6 +269,7 @@ func (a *Agent) watchInstances(ctx context.Context, last api.Report) {
 		// Without the ended-Instance records: they are read from disk and
 		// travel with the report the change triggers anyway.
 		r := a.buildReport(false)
+		a.notePools(r.Pools)
 		states := reportedStates(r)
 		changed := r.Instances != last.Instances || r.Allocated != last.Allocated || states != lastStates
 		// New denied counts alone are pushed, but not more often than

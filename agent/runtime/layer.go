@@ -8,12 +8,16 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+
+	"github.com/kibotos/kibotos/storagepool"
 )
 
 // ensureLayer creates a Workspace's retained writable layer, a qcow2 file
 // whose backing file is the template image, unless it exists already (a
-// restart of the same Workspace keeps what it wrote).
-func ensureLayer(ctx context.Context, layer, base string) error {
+// restart of the same Workspace keeps what it wrote). It is made under a
+// temporary name of node's (the pool may be shared) and renamed once
+// qemu-img is done.
+func ensureLayer(ctx context.Context, node, layer, base string) error {
 	if _, err := os.Stat(layer); err == nil {
 		return nil
 	} else if !errors.Is(err, os.ErrNotExist) {
@@ -25,12 +29,14 @@ func ensureLayer(ctx context.Context, layer, base string) error {
 	if err := os.MkdirAll(filepath.Dir(layer), 0o700); err != nil {
 		return err
 	}
-	tmp := layer + ".tmp"
-	os.Remove(tmp)
+	tmp, err := storagepool.TempPath(filepath.Dir(layer), storagepool.Temp{Node: node, Purpose: "layer"})
+	if err != nil {
+		return err
+	}
 	out, err := exec.CommandContext(ctx, "qemu-img", "create", "-q", "-f", "qcow2", "-F", "raw", "-b", base, tmp).CombinedOutput()
 	if err != nil {
 		os.Remove(tmp)
 		return fmt.Errorf("create retained layer %s over %s: %v: %s (qemu-img is in the Debian package qemu-utils)", layer, base, err, strings.TrimSpace(string(out)))
 	}
-	return os.Rename(tmp, layer)
+	return storagepool.Commit(tmp, layer)
 }

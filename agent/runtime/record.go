@@ -1,16 +1,15 @@
 package runtime
 
 import (
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
 	"time"
+
+	"github.com/kibotos/kibotos/storagepool"
 )
 
 // RecordVersion is the format of launch and registry records this build
@@ -20,9 +19,6 @@ const RecordVersion = 1
 
 // LaunchRecordFile is the launch record's name in the Instance directory.
 const LaunchRecordFile = "systemd.json"
-
-// tmpSuffix ends every temporary file name; Open deletes them unread.
-const tmpSuffix = ".tmp"
 
 // LaunchRecord is systemd.json: written before the VMM unit starts, then
 // completed with what identifies the running process.
@@ -121,36 +117,10 @@ type EndedRecord struct {
 // ErrNewerRecord: the record was written by a newer kibotos.
 var ErrNewerRecord = errors.New("record format is newer than this kibotos reads")
 
-// writeFileAtomic writes data to a temporary file in the target's
-// directory, fsyncs it, renames it over path and fsyncs the directory.
+// writeFileAtomic writes a local record (0600) through a temporary file
+// (storagepool.WriteFile).
 func writeFileAtomic(path string, data []byte) error {
-	dir := filepath.Dir(path)
-	var rnd [4]byte
-	rand.Read(rnd[:])
-	tmp := filepath.Join(dir, "."+filepath.Base(path)+"-"+hex.EncodeToString(rnd[:])+tmpSuffix)
-	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
-	if err != nil {
-		return err
-	}
-	_, err = f.Write(data)
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp, path)
-	}
-	if err != nil {
-		os.Remove(tmp)
-		return err
-	}
-	if d, err := os.Open(dir); err == nil {
-		d.Sync()
-		d.Close()
-	}
-	return nil
+	return storagepool.WriteFile(path, data, 0o600, storagepool.Temp{Purpose: "record"})
 }
 
 func writeJSON(path string, v any) error {
@@ -229,39 +199,4 @@ func ReadEndedRecord(path string) (*EndedRecord, error) {
 		return nil, fmt.Errorf("ended-instance record %s names instance %q, but is the record of %q", path, r.InstanceID, want)
 	}
 	return &r, nil
-}
-
-// removeTempFiles deletes temporary files of interrupted writes (names
-// ending in .tmp) in the given directories and their direct subdirectories,
-// without reading them. It returns how many it removed.
-func removeTempFiles(dirs ...string) (int, error) {
-	n := 0
-	var errs []error
-	for _, dir := range dirs {
-		err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
-			if err != nil {
-				if errors.Is(err, fs.ErrNotExist) {
-					return nil
-				}
-				return err
-			}
-			if d.IsDir() {
-				if p != dir && strings.Count(strings.TrimPrefix(p, dir), string(filepath.Separator)) > 1 {
-					return fs.SkipDir
-				}
-				return nil
-			}
-			if strings.HasSuffix(d.Name(), tmpSuffix) && d.Type().IsRegular() {
-				if err := os.Remove(p); err != nil {
-					return err
-				}
-				n++
-			}
-			return nil
-		})
-		if err != nil {
-			errs = append(errs, fmt.Errorf("remove temporary files under %s: %w", dir, err))
-		}
-	}
-	return n, errors.Join(errs...)
 }

@@ -71,43 +71,6 @@ func TestLaunchRecordRefusals(t *testing.T) {
 	}
 }
 
-func TestRemoveTempFiles(t *testing.T) {
-	root := t.TempDir()
-	inst, reg := filepath.Join(root, "instances"), filepath.Join(root, "registry")
-	files := map[string]bool{ // path → removed
-		filepath.Join(inst, "vm-1", ".systemd.json-1234.tmp"): true,
-		filepath.Join(inst, "vm-1", LaunchRecordFile):         false,
-		filepath.Join(inst, ".x.tmp"):                         true,
-		filepath.Join(reg, ".record-2826134621.tmp"):          true,
-		filepath.Join(reg, "vm-0.json"):                       false,
-		// Deeper than an Instance directory: not ours to judge.
-		filepath.Join(inst, "vm-1", "sub", "deep.tmp"): false,
-	}
-	for p := range files {
-		os.MkdirAll(filepath.Dir(p), 0o700)
-		if err := os.WriteFile(p, []byte("x"), 0o600); err != nil {
-			t.Fatal(err)
-		}
-	}
-	n, err := removeTempFiles(inst, reg, filepath.Join(root, "missing"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	want := 0
-	for p, removed := range files {
-		_, err := os.Stat(p)
-		if removed {
-			want++
-		}
-		if removed != errors.Is(err, os.ErrNotExist) {
-			t.Errorf("%s: removed=%v, want %v", p, !removed, removed)
-		}
-	}
-	if n != want {
-		t.Errorf("removed %d, want %d", n, want)
-	}
-}
-
 func TestReadTail(t *testing.T) {
 	p := filepath.Join(t.TempDir(), "console.log")
 	os.WriteFile(p, []byte(strings.Repeat("a", 100)+"TAIL"), 0o600)

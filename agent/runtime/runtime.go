@@ -16,6 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kibotos/kibotos/netpol"
+	"github.com/kibotos/kibotos/storagepool"
 	"github.com/kibotos/kibotos/vmm/guestproto"
 	"github.com/kibotos/kibotos/vmm/qemu"
 	"github.com/kibotos/kibotos/vmm/units"
@@ -262,7 +263,7 @@ func Open(ctx context.Context, cfg Config) (*Runtime, error) {
 			rt.lock.Close()
 		}
 	}()
-	n, err := removeTempFiles(rt.instancesDir, rt.registryDir, rt.logsDir)
+	n, err := storagepool.SweepLocal(rt.instancesDir, rt.registryDir, rt.logsDir)
 	if err != nil {
 		return nil, fmt.Errorf("runtime: open: %w", err)
 	}

@@ -4,9 +4,10 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
+
+	"github.com/kibotos/kibotos/storagepool"
 )
 
 // A process the node replaces generation by generation (the data plane,
@@ -57,23 +58,7 @@ func ReadGenerationCounter(path string) (uint64, error) {
 // WriteGenerationCounter records gen (0600) atomically and durably, before
 // its unit starts: a node that crashes right after never reuses the number.
 func WriteGenerationCounter(path string, gen uint64) error {
-	tmp := filepath.Join(filepath.Dir(path), "."+filepath.Base(path)+"-"+strconv.Itoa(os.Getpid())+".tmp")
-	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
-	if err != nil {
-		return fmt.Errorf("write generation counter: %w", err)
-	}
-	_, err = f.WriteString(strconv.FormatUint(gen, 10) + "\n")
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp, path)
-	}
-	if err != nil {
-		os.Remove(tmp)
+	if err := storagepool.WriteFile(path, []byte(strconv.FormatUint(gen, 10)+"\n"), 0o600, storagepool.Temp{Purpose: "generation"}); err != nil {
 		return fmt.Errorf("write generation counter: %w", err)
 	}
 	return nil

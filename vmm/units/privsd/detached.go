@@ -14,6 +14,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/kibotos/kibotos/storagepool"
 	"github.com/kibotos/kibotos/vmm/units"
 )
 
@@ -84,11 +85,7 @@ func writePIDFile(dir string, pid int) error {
 	if err != nil {
 		return fmt.Errorf("privsd: private systemd PID %d: %w", pid, err)
 	}
-	tmp := filepath.Join(dir, pidFileName+".tmp")
-	if err := os.WriteFile(tmp, []byte(fmt.Sprintf("%d %d\n", pid, st)), 0o600); err != nil {
-		return err
-	}
-	return os.Rename(tmp, filepath.Join(dir, pidFileName))
+	return storagepool.WriteFile(filepath.Join(dir, pidFileName), []byte(fmt.Sprintf("%d %d\n", pid, st)), 0o600, storagepool.Temp{Purpose: "pid"})
 }
 
 // ErrNotRunning is returned by Attach when no detached instance runs for dir.
