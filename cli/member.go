@@ -18,6 +18,7 @@ import (
 	"github.com/kibotos/kibotos/buildinfo"
 	"github.com/kibotos/kibotos/cluster"
 	"github.com/kibotos/kibotos/datadir"
+	"github.com/kibotos/kibotos/metrics"
 	"github.com/kibotos/kibotos/netpol"
 	"github.com/kibotos/kibotos/vmm/qemu"
 )
@@ -127,6 +128,11 @@ type fileConfig struct {
 		Resolvers       []string `toml:"resolvers"`
 		Uplink          string   `toml:"uplink"`
 	} `toml:"network"`
+	Metrics struct {
+		// Listen is the plain-HTTP /metrics address; default
+		// 127.0.0.1:<advertised port+3>, "none" for no listener.
+		Listen string `toml:"listen"`
+	} `toml:"metrics"`
 	LogLevel  string `toml:"log_level"`
 	Resources struct {
 		CPU    string `toml:"cpu"`
@@ -136,7 +142,7 @@ type fileConfig struct {
 
 // ServeCmd runs a member.
 type ServeCmd struct {
-	Config          string        `name:"config" type:"existingfile" help:"TOML configuration file (data_dir, bind, log_level, [resources] cpu and memory, [dataplane] listen, [network] ipv4_pool, management_cidrs, resolvers and uplink, [storage] default_pool and [[storage.pools]] id, path, shared)."`
+	Config          string        `name:"config" type:"existingfile" help:"TOML configuration file (data_dir, bind, log_level, [resources] cpu and memory, [dataplane] listen, [network] ipv4_pool, management_cidrs, resolvers and uplink, [metrics] listen, [storage] default_pool and [[storage.pools]] id, path, shared)."`
 	Bind            string        `name:"bind" help:"Listen address (default: the advertised address)."`
 	DataPlaneListen string        `name:"dataplane-listen" help:"Data-plane address HOST:PORT (exec, terminal, cp, port-forward); default: the advertised host, port+2."`
 	LogLevel        string        `name:"log-level" default:"info" enum:"debug,info,warn,error" help:"Log level."`
@@ -190,7 +196,8 @@ func (c *ServeCmd) Run(g *Globals) error {
 		pools = append(pools, agent.PoolConfig{ID: p.ID, Path: p.Path, Shared: p.Shared})
 	}
 	return runMember(g, memberOptions{dir: datadir.Dir(dir), bind: bind, level: level, capacity: capacity, timings: timings, deniedReport: deniedReport, clockSkew: c.ClockSkew,
-		systemd: c.Systemd, accel: qemu.Accel(c.Accel), dataPlaneListen: dpListen, pools: pools, defaultPool: fc.Storage.DefaultPool, network: network})
+		systemd: c.Systemd, accel: qemu.Accel(c.Accel), dataPlaneListen: dpListen, pools: pools, defaultPool: fc.Storage.DefaultPool, network: network,
+		metricsListen: fc.Metrics.Listen})
 }
 
 // networkFrom reads [network]; a file without one gives nil (the node
@@ -266,6 +273,8 @@ type memberOptions struct {
 	defaultPool string
 	// deniedReport is the agent's DeniedReportInterval; 0: its default.
 	deniedReport time.Duration
+	// metricsListen is [metrics] listen: "" for the default, "none".
+	metricsListen string
 }
 
 // runMember serves until SIGTERM/SIGINT. A node isolated by ctrl exits
@@ -292,12 +301,16 @@ func runMember(g *Globals, o memberOptions) error {
 		o.onReady(srv)
 	}
 	agentErr := make(chan error, 1)
+	src := metrics.Sources{FSM: srv.FSM(), Raft: srv.Raft()}
 	if srv.Identity().HasRole(api.RoleNode) {
 		rt, m, closeRuntime, err := openNodeRuntime(ctx, o.dir, srv.NodeID(), o.systemd, o.accel, o.network, log)
 		if err != nil {
 			return err
 		}
 		defer closeRuntime()
+		if rt != nil {
+			src.Instances = rt.List
+		}
 		var dp agent.DataPlane
 		if m != nil {
 			listen := o.dataPlaneListen
@@ -321,6 +334,9 @@ func runMember(g *Globals, o memberOptions) error {
 			return err
 		}
 		go func() { agentErr <- a.Run(ctx) }()
+	}
+	if err := serveMetrics(ctx, srv, src, o.metricsListen, log); err != nil {
+		return err
 	}
 	select {
 	case <-ctx.Done():

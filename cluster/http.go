@@ -176,6 +176,9 @@ func (s *Server) ctrlLocal(h http.HandlerFunc) http.HandlerFunc {
 func (s *Server) routes() http.Handler {
 	m := http.NewServeMux()
 	m.HandleFunc("GET /v1/status", s.handleStatus)
+	// This member's own metrics, also on a node-only member (never
+	// misdirected): what Prometheus scrapes with an admin certificate.
+	m.HandleFunc("GET /metrics", operator(s.handleMetrics))
 	m.HandleFunc("POST /v1/join", s.onLeader(s.handleJoin))
 	m.HandleFunc("POST /v1/internal/raft/voter", member(s.onLeader(s.handleAddVoter)))
 	m.HandleFunc("POST /v1/internal/certs/renew", member(s.ctrlLocal(s.handleRenew)))
@@ -335,6 +338,19 @@ func decodeBody(r *http.Request, v any) error {
 	}
 	return nil
 }
+
+// handleMetrics serves the handler SetMetrics installed.
+func (s *Server) handleMetrics(w http.ResponseWriter, r *http.Request) {
+	h := s.metrics.Load()
+	if h == nil {
+		writeError(w, api.Errorf(api.CodeUnavailable, "member %s serves no metrics yet: it is still starting", s.id.NodeID))
+		return
+	}
+	(*h).ServeHTTP(w, r)
+}
+
+// SetMetrics installs what GET /metrics serves.
+func (s *Server) SetMetrics(h http.Handler) { s.metrics.Store(&h) }
 
 // misdirect answers a call that only ctrl serves on a node-only member:
 // 421 with the ctrl members' addresses (api.Client follows it).

@@ -83,9 +83,10 @@ type Config struct {
 
 // Server is one running member.
 type Server struct {
-	cfg Config
-	id  *datadir.Identity
-	log *slog.Logger
+	cfg     Config
+	metrics atomic.Pointer[http.Handler] // GET /metrics (SetMetrics)
+	id      *datadir.Identity
+	log     *slog.Logger
 
 	ca         *CA
 	pool       *x509.CertPool

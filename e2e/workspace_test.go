@@ -12,6 +12,7 @@ import (
 	"crypto/ed25519"
 	"crypto/rand"
 	"crypto/sha256"
+	"crypto/tls"
 	"crypto/x509"
 	"encoding/hex"
 	"errors"
@@ -39,7 +40,11 @@ import (
 	"github.com/kibotos/kibotos/agent/runtime/runtimetest"
 	"github.com/kibotos/kibotos/api"
 	"github.com/kibotos/kibotos/datadir"
+	"github.com/kibotos/kibotos/trust"
 	"github.com/kibotos/kibotos/vmm/guestproto"
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 )
 
 // wsDev is one `kibotos dev` cluster on this host and the CLI pointed at it.
@@ -62,7 +67,7 @@ func TestWorkspace(t *testing.T) {
 	tmp := t.TempDir() // registered first: removed after the cleanup below
 	d := &wsDev{t: t, tmp: tmp, dir: filepath.Join(tmp, "dev"), cache: filepath.Join(os.TempDir(), "kibotos-test-platform")}
 	d.bin = buildBinary(t, filepath.Join(tmp, "bin"))
-	port, err := hostprobe.FreePortTriple()
+	port, err := hostprobe.FreeMemberPorts()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -82,6 +87,7 @@ func TestWorkspace(t *testing.T) {
 	}{
 		{"Exec", d.testExec},
 		{"Network", d.testNetwork},
+		{"Metrics", d.testMetrics},
 		{"Files", d.testFiles},
 		{"PTY", d.testPTY},
 		{"Credentials", d.testCredentials},
@@ -416,6 +422,116 @@ func (d *wsDev) testNetwork(id string) {
 		t.Errorf("workspace get does not show the denied packets:\n%s", out)
 	}
 	d.must("workspace", "set-network", id, "--egress", "none")
+}
+
+// testMetrics scrapes the dev member as Prometheus would, on its loopback
+// listener (port+3) and on the API port with the admin certificate, and
+// checks the figures against what the CLI shows: one running Instance,
+// the Workspace AVAILABLE, this member the Raft leader.
+func (d *wsDev) testMetrics(id string) {
+	t := d.t
+	_, port, _ := net.SplitHostPort(d.addr)
+	p, _ := strconv.Atoi(port)
+	resp, err := http.Get("http://127.0.0.1:" + strconv.Itoa(p+3) + "/metrics")
+	if err != nil {
+		t.Fatalf("scrape the metrics listener: %v", err)
+	}
+	families := parseMetrics(t, resp)
+	value := func(fams map[string]*dto.MetricFamily, name string, labels ...string) float64 {
+		t.Helper()
+		f := fams[name]
+		if f == nil {
+			t.Fatalf("no metric %s in the scrape", name)
+		}
+	metric:
+		for _, m := range f.Metric {
+			for i := 0; i+1 < len(labels); i += 2 {
+				found := false
+				for _, l := range m.Label {
+					found = found || l.GetName() == labels[i] && l.GetValue() == labels[i+1]
+				}
+				if !found {
+					continue metric
+				}
+			}
+			switch {
+			case m.Gauge != nil:
+				return m.Gauge.GetValue()
+			case m.Counter != nil:
+				return m.Counter.GetValue()
+			}
+		}
+		t.Fatalf("no %s%v in the scrape", name, labels)
+		return 0
+	}
+	if v := value(families, "kibotos_node_instances", "state", "running"); v != 1 {
+		t.Errorf("kibotos_node_instances{state=running} = %v, want 1 (the Workspace's Instance)", v)
+	}
+	if v := value(families, "kibotos_node_instances", "state", "stopped"); v != 0 {
+		t.Errorf("kibotos_node_instances{state=stopped} = %v", v)
+	}
+	if v := value(families, "kibotos_workspaces", "state", "available"); v < 1 {
+		t.Errorf("kibotos_workspaces{state=available} = %v, want at least 1", v)
+	}
+	if v := value(families, "kibotos_nodes", "status", "ready"); v != 1 {
+		t.Errorf("kibotos_nodes{status=ready} = %v, want 1", v)
+	}
+	if v := value(families, "kibotos_raft_leader"); v != 1 {
+		t.Errorf("kibotos_raft_leader = %v on the one voter", v)
+	}
+	var w api.Workspace
+	if err := decodeResult(d.must("workspace", "get", id, "--json", "--wide"), &w); err != nil {
+		t.Fatal(err)
+	}
+	// The denied packets of testNetwork, per Instance, never below what
+	// ctrl was told.
+	if v := value(families, "kibotos_node_guest_denied_packets_total", "instance_id", w.InstanceID); w.Denied != nil && v < float64(w.Denied.Packets) {
+		t.Errorf("denied packets of %s: metrics %v, workspace get %d", w.InstanceID, v, w.Denied.Packets)
+	}
+
+	// The API port: an admin certificate only.
+	dir := datadir.Dir(d.dir)
+	tlsConf, err := dir.AdminClient()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ident, err := dir.LoadIdentity()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := trust.Want{Kind: trust.KindMember, NodeID: ident.NodeID}
+	c := &http.Client{Transport: tlsConf.HTTPTransport(want, 10*time.Second), Timeout: 30 * time.Second}
+	resp, err = c.Get("https://" + d.addr + "/metrics")
+	if err != nil {
+		t.Fatalf("scrape the API port: %v", err)
+	}
+	if v := value(parseMetrics(t, resp), "kibotos_node_instances", "state", "running"); v != 1 {
+		t.Errorf("API port: kibotos_node_instances{state=running} = %v", v)
+	}
+	anonymous := trust.Client{Pool: tlsConf.Pool, Cert: func() *tls.Certificate { return &tls.Certificate{} }}
+	plain := &http.Client{Transport: anonymous.HTTPTransport(want, 10*time.Second), Timeout: 30 * time.Second}
+	if resp, err := plain.Get("https://" + d.addr + "/metrics"); err == nil {
+		resp.Body.Close()
+		if resp.StatusCode == http.StatusOK {
+			t.Error("the API port served /metrics without a client certificate")
+		}
+	}
+}
+
+// parseMetrics reads one scrape in the text exposition format.
+func parseMetrics(t *testing.T, resp *http.Response) map[string]*dto.MetricFamily {
+	t.Helper()
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		b, _ := io.ReadAll(resp.Body)
+		t.Fatalf("scrape: %s: %s", resp.Status, b)
+	}
+	p := expfmt.NewTextParser(model.LegacyValidation)
+	fams, err := p.TextToMetricFamilies(resp.Body)
+	if err != nil {
+		t.Fatalf("scrape is not in the exposition format: %v", err)
+	}
+	return fams
 }
 
 // hostIPv4 is an IPv4 address of this host that is not loopback.

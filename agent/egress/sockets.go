@@ -133,3 +133,22 @@ func checkIPv4(addr string, anyOK bool) error {
 	}
 	return nil
 }
+
+// boundTo says whether the socket of f is bound to addr (IPv4 HOST:PORT).
+func boundTo(f *os.File, addr string) bool {
+	want, err := netip.ParseAddrPort(addr)
+	if err != nil {
+		return false
+	}
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return false
+	}
+	var sa unix.Sockaddr
+	var serr error
+	if err := rc.Control(func(fd uintptr) { sa, serr = unix.Getsockname(int(fd)) }); err != nil || serr != nil {
+		return false
+	}
+	in4, ok := sa.(*unix.SockaddrInet4)
+	return ok && netip.AddrPortFrom(netip.AddrFrom4(in4.Addr), uint16(in4.Port)) == want
+}

@@ -243,10 +243,22 @@ func (s *Supervisor) Switch(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("egress: switch from generation %d: %w", old.num, err)
 	}
-	defer socks.Close()
+	defer func() { socks.Close() }() // what socks holds at the end
 	if socks.DNSTCP == nil {
 		// An older build serves UDP only: nothing holds the TCP half.
 		if socks.DNSTCP, err = s.listenDNSTCP(ctx); err != nil {
+			return fmt.Errorf("egress: switch from generation %d: %w", old.num, err)
+		}
+	}
+	if !boundTo(socks.TCP, s.cfg.TCPListen) {
+		// An older build's listener port: the node's table TPROXYs to the
+		// configured one now, which nobody holds yet.
+		socks.TCP.Close()
+		if err := s.retryBusy(ctx, func() (err error) {
+			socks.TCP, err = ListenTransparentTCP(s.cfg.TCPListen)
+			return err
+		}); err != nil {
+			socks.TCP = nil
 			return fmt.Errorf("egress: switch from generation %d: %w", old.num, err)
 		}
 	}

@@ -21,7 +21,7 @@ import (
 // listener proxied guests' TCP is TPROXYed to, and the DNS socket Resolver
 // guests' DNS is DNATed to, on the node's service address.
 const (
-	EgressTCPPort = 7403
+	EgressTCPPort = 7473
 	EgressDNSPort = 5300
 )
 

@@ -620,7 +620,7 @@ func (b *bench) up() error {
 	if err := os.Symlink("kibotos", filepath.Join(b.bin, "kibo")); err != nil {
 		return err
 	}
-	port, err := hostprobe.FreePortTriple()
+	port, err := hostprobe.FreeMemberPorts()
 	if err != nil {
 		return err
 	}

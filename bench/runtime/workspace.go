@@ -310,7 +310,7 @@ func startDev(ctx context.Context, cl *cleaner, scratch string) (*devCluster, er
 		return nil, err
 	}
 	logf("built kibotos (static) in %v", time.Since(t0).Round(time.Millisecond))
-	port, err := hostprobe.FreePortTriple()
+	port, err := hostprobe.FreeMemberPorts()
 	if err != nil {
 		return nil, err
 	}

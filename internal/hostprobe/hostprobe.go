@@ -15,9 +15,10 @@ import (
 	"strings"
 )
 
-// FreePortTriple finds PORT with PORT, PORT+1 (TCP and UDP) and PORT+2
-// free on 127.0.0.1: a member's API, its gossip and its data plane.
-func FreePortTriple() (int, error) {
+// FreeMemberPorts finds PORT with PORT, PORT+1 (TCP and UDP), PORT+2 and
+// PORT+3 free on 127.0.0.1: a member's API, its gossip, its data plane and
+// its metrics.
+func FreeMemberPorts() (int, error) {
 	for i := 0; i < 50; i++ {
 		l, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
@@ -25,21 +26,21 @@ func FreePortTriple() (int, error) {
 		}
 		p := l.Addr().(*net.TCPAddr).Port
 		l.Close()
-		if p+2 <= 65535 && triplesFree(p) {
+		if p+3 <= 65535 && memberPortsFree(p) {
 			return p, nil
 		}
 	}
-	return 0, errors.New("no three free consecutive ports on 127.0.0.1")
+	return 0, errors.New("no four free consecutive ports on 127.0.0.1")
 }
 
-func triplesFree(p int) bool {
+func memberPortsFree(p int) bool {
 	var held []io.Closer
 	defer func() {
 		for _, c := range held {
 			c.Close()
 		}
 	}()
-	for _, q := range []int{p, p + 1, p + 2} {
+	for _, q := range []int{p, p + 1, p + 2, p + 3} {
 		l, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(q))
 		if err != nil {
 			return false

@@ -1,0 +1,208 @@
+// Package metrics is what a member shows Prometheus. Every collector reads
+// the member's live state at the scrape (the runtime's Instances, the
+// local FSM, Raft), so a figure never drifts from what `kibo` shows and
+// nothing has to be counted twice; the registry is served on a loopback
+// listener ([metrics] listen) and on the API port for admin certificates.
+package metrics
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/hashicorp/raft"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	bolt "go.etcd.io/bbolt"
+
+	"github.com/kibotos/kibotos/agent/runtime"
+	"github.com/kibotos/kibotos/api"
+	"github.com/kibotos/kibotos/fsm"
+)
+
+// Sources are the parts of a member the collectors read; a nil one is a
+// role the member does not have.
+type Sources struct {
+	// Instances lists the node's Instances (nil: the node runs no VMs).
+	Instances func() []runtime.InstanceStatus
+	// FSM is the member's replica (nil on node-only members).
+	FSM *fsm.FSM
+	// Raft is the member's Raft (nil on node-only members).
+	Raft *raft.Raft
+}
+
+// Registry makes the registry of a member: its collectors plus the Go
+// runtime's and the process's.
+func Registry(src Sources) *prometheus.Registry {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	if src.Instances != nil {
+		reg.MustRegister(nodeCollector{src.Instances})
+	}
+	if src.FSM != nil {
+		reg.MustRegister(ctrlCollector{src.FSM})
+	}
+	if src.Raft != nil {
+		reg.MustRegister(raftCollector{src.Raft})
+	}
+	return reg
+}
+
+// Handler serves reg in the exposition format.
+func Handler(reg *prometheus.Registry) http.Handler {
+	return promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorLog: nil, Timeout: 10 * time.Second})
+}
+
+// Serve serves reg on ln (plain HTTP: a loopback address, or the
+// operator's choice) at /metrics until ctx ends.
+func Serve(ctx context.Context, ln net.Listener, reg *prometheus.Registry, log *slog.Logger) error {
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", Handler(reg))
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second,
+		WriteTimeout: 30 * time.Second, IdleTimeout: time.Minute, MaxHeaderBytes: 16 << 10}
+	go func() {
+		<-ctx.Done()
+		srv.Close()
+	}()
+	log.Info("metrics listening", "address", ln.Addr().String())
+	if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		return err
+	}
+	return nil
+}
+
+// instanceStates are the node's Instance states as the upgrade seed's
+// kibotos_node_instances{state="stopped"} spells them; every one is
+// exposed, zeros included, so a sum over them is the node's total.
+var instanceStates = []runtime.State{runtime.StateStarting, runtime.StateRunning, runtime.StateStopping, runtime.StateStopped, runtime.StateFailed}
+
+var (
+	nodeInstances = prometheus.NewDesc("kibotos_node_instances",
+		"Instances the node holds, by state.", []string{"state"}, nil)
+	guestDenied = prometheus.NewDesc("kibotos_node_guest_denied_packets_total",
+		"Packets of an Instance's guest its rule table dropped, since the Instance started.", []string{"instance_id"}, nil)
+)
+
+type nodeCollector struct {
+	list func() []runtime.InstanceStatus
+}
+
+func (c nodeCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- nodeInstances
+	ch <- guestDenied
+}
+
+func (c nodeCollector) Collect(ch chan<- prometheus.Metric) {
+	counts := map[runtime.State]int{}
+	for _, st := range c.list() {
+		counts[st.State]++
+		if st.State != runtime.StateStopped {
+			ch <- prometheus.MustNewConstMetric(guestDenied, prometheus.CounterValue, float64(st.DeniedPackets), st.ID)
+		}
+	}
+	for _, s := range instanceStates {
+		ch <- prometheus.MustNewConstMetric(nodeInstances, prometheus.GaugeValue, float64(counts[s]), strings.ToLower(string(s)))
+	}
+}
+
+var workspaceStates = []string{api.WorkspaceCreating, api.WorkspaceStarting, api.WorkspaceAvailable, api.WorkspaceStopping,
+	api.WorkspaceStopped, api.WorkspaceFailed, api.WorkspaceDeleting}
+
+var nodeStatuses = []string{api.NodeReady, api.NodeNotReady, api.NodeDraining, api.NodeDrained, api.NodeIsolated, api.NodeRetired, api.NodeRevoked}
+
+var (
+	workspaces = prometheus.NewDesc("kibotos_workspaces",
+		"Workspaces in this member's replica, by state.", []string{"state"}, nil)
+	nodes = prometheus.NewDesc("kibotos_nodes",
+		"Registered nodes in this member's replica, by status.", []string{"status"}, nil)
+	clockOffset = prometheus.NewDesc("kibotos_node_clock_offset_seconds",
+		"The node's clock minus ctrl's, as last measured over its control session.", []string{"node_id"}, nil)
+	scrapeErrors = prometheus.NewDesc("kibotos_metrics_read_errors",
+		"1 when this scrape could not read the member's state (the figures above are then missing).", []string{"source"}, nil)
+)
+
+type ctrlCollector struct{ f *fsm.FSM }
+
+func (c ctrlCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- workspaces
+	ch <- nodes
+	ch <- clockOffset
+	ch <- scrapeErrors
+}
+
+func (c ctrlCollector) Collect(ch chan<- prometheus.Metric) {
+	var ws *api.WorkspaceList
+	var ns *api.NodeList
+	err := c.f.View(func(tx *bolt.Tx) (err error) {
+		if ws, err = fsm.ListWorkspaces(tx, fsm.WorkspaceFilter{All: true}, 0, ""); err != nil {
+			return err
+		}
+		ns, err = fsm.ListNodes(tx, 0, "")
+		return err
+	})
+	failed := 0.0
+	if err != nil {
+		failed = 1
+	}
+	ch <- prometheus.MustNewConstMetric(scrapeErrors, prometheus.GaugeValue, failed, "fsm")
+	if err != nil {
+		return
+	}
+	wsCount := map[string]int{}
+	for _, w := range ws.Workspaces {
+		wsCount[w.State]++
+	}
+	for _, s := range workspaceStates {
+		ch <- prometheus.MustNewConstMetric(workspaces, prometheus.GaugeValue, float64(wsCount[s]), strings.ToLower(s))
+	}
+	nCount := map[string]int{}
+	for _, n := range ns.Nodes {
+		nCount[n.Status]++
+		if s := n.Session; s != nil && s.Clock != nil {
+			ch <- prometheus.MustNewConstMetric(clockOffset, prometheus.GaugeValue, float64(s.Clock.OffsetNS)/1e9, n.NodeID)
+		}
+	}
+	for _, s := range nodeStatuses {
+		ch <- prometheus.MustNewConstMetric(nodes, prometheus.GaugeValue, float64(nCount[s]), strings.ToLower(s))
+	}
+}
+
+var (
+	raftLeader = prometheus.NewDesc("kibotos_raft_leader",
+		"1 while this member leads the Raft group.", nil, nil)
+	raftIndex = prometheus.NewDesc("kibotos_raft_index",
+		"Raft log positions of this member: last (in its log), commit and applied.", []string{"kind"}, nil)
+	raftPeers = prometheus.NewDesc("kibotos_raft_voters",
+		"Voters in the Raft configuration this member knows.", nil, nil)
+)
+
+type raftCollector struct{ r *raft.Raft }
+
+func (c raftCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- raftLeader
+	ch <- raftIndex
+	ch <- raftPeers
+}
+
+func (c raftCollector) Collect(ch chan<- prometheus.Metric) {
+	leader := 0.0
+	if c.r.State() == raft.Leader {
+		leader = 1
+	}
+	ch <- prometheus.MustNewConstMetric(raftLeader, prometheus.GaugeValue, leader)
+	stats := c.r.Stats()
+	for kind, key := range map[string]string{"last": "last_log_index", "commit": "commit_index", "applied": "applied_index"} {
+		if v, err := strconv.ParseUint(stats[key], 10, 64); err == nil {
+			ch <- prometheus.MustNewConstMetric(raftIndex, prometheus.GaugeValue, float64(v), kind)
+		}
+	}
+	if v, err := strconv.Atoi(stats["num_peers"]); err == nil {
+		ch <- prometheus.MustNewConstMetric(raftPeers, prometheus.GaugeValue, float64(v+1))
+	}
+}
