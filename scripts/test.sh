@@ -12,7 +12,7 @@ go test -count=1 -timeout 20m ./... "$@"
 # replays all of them without -race). Left out: e2e and every package that
 # starts QEMU or a private systemd.
 race_pkgs=(./fsm/... ./cluster/... ./trust/... ./cli/... ./credential/... ./ctrl/... ./api/... ./datadir/...
-	./netpol/... ./agent/hostusage/... ./agent/dnsfilter/... ./storagepool/... ./vmm/guest/... ./vmm/guestproto/... ./vmm/firecracker/... ./vmm/platform/... ./internal/...)
+	./netpol/... ./agent/hostusage/... ./agent/dnsfilter/... ./storagepool/... ./metrics/... ./vmm/guest/... ./vmm/guestproto/... ./vmm/firecracker/... ./vmm/platform/... ./internal/...)
 # TestUnknownOpHaltsEveryMember restarts three members that halted: twice,
 # under load, the race detector reported an access shared by a goroutine of
 # a member's first run and one of its restart; it did not recur in 15 runs
