@@ -553,6 +553,9 @@ func (a *Agent) PushReport() bool {
 }
 
 // hostUsage is the latest sample, nil before the first.
+// HostUsage is the latest host usage sample, nil before the first.
+func (a *Agent) HostUsage() *api.HostUsage { return a.hostUsage() }
+
 func (a *Agent) hostUsage() *api.HostUsage {
 	u := api.HostUsage(a.sampler.Latest())
 	if u.SampledAt.IsZero() {

@@ -302,6 +302,9 @@ func runMember(g *Globals, o memberOptions) error {
 	}
 	agentErr := make(chan error, 1)
 	src := metrics.Sources{FSM: srv.FSM(), Raft: srv.Raft()}
+	if srv.FSM() != nil {
+		src.ControlSessions = srv.ControlSessions
+	}
 	if srv.Identity().HasRole(api.RoleNode) {
 		rt, m, closeRuntime, err := openNodeRuntime(ctx, o.dir, srv.NodeID(), o.systemd, o.accel, o.network, log)
 		if err != nil {
@@ -333,6 +336,7 @@ func runMember(g *Globals, o memberOptions) error {
 		if err != nil {
 			return err
 		}
+		src.HostUsage = a.HostUsage
 		go func() { agentErr <- a.Run(ctx) }()
 	}
 	if err := serveMetrics(ctx, srv, src, o.metricsListen, log); err != nil {

@@ -403,6 +403,10 @@ func (s *Server) Raft() *raft.Raft { return s.raft }
 // FSM exposes the local state (nil on node-only members).
 func (s *Server) FSM() *fsm.FSM { return s.fsm }
 
+// ControlSessions counts the nodes' control sessions attached here (only
+// a leader has any).
+func (s *Server) ControlSessions() int { return s.sessions.count() }
+
 // IsLeader reports whether this member leads the Raft group.
 func (s *Server) IsLeader() bool { return s.raft != nil && s.raft.State() == raft.Leader }
 

@@ -40,6 +40,12 @@ func (r *sessionRegistry) kickAll() {
 	}
 }
 
+func (r *sessionRegistry) count() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.conns)
+}
+
 func newSessionRegistry() *sessionRegistry {
 	return &sessionRegistry{conns: map[string]*liveSession{}}
 }

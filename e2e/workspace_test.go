@@ -479,6 +479,16 @@ func (d *wsDev) testMetrics(id string) {
 	if v := value(families, "kibotos_raft_leader"); v != 1 {
 		t.Errorf("kibotos_raft_leader = %v on the one voter", v)
 	}
+	if v := value(families, "kibotos_control_sessions"); v != 1 {
+		t.Errorf("kibotos_control_sessions = %v, want the dev node's one", v)
+	}
+	if v := value(families, "kibotos_node_host", "item", "memory_total_bytes"); v <= 0 {
+		t.Errorf("kibotos_node_host{item=memory_total_bytes} = %v", v)
+	}
+	// What raft measures itself: the leader's commit time, a summary.
+	if f := families["kibotos_raft_commitTime"]; f == nil || len(f.Metric) == 0 || f.Metric[0].Summary.GetSampleCount() == 0 {
+		t.Errorf("no raft commit time in the scrape: %v", f)
+	}
 	var w api.Workspace
 	if err := decodeResult(d.must("workspace", "get", id, "--json", "--wide"), &w); err != nil {
 		t.Fatal(err)

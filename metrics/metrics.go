@@ -15,6 +15,8 @@ import (
 	"strings"
 	"time"
 
+	gometrics "github.com/armon/go-metrics"
+	gometricsprom "github.com/armon/go-metrics/prometheus"
 	"github.com/hashicorp/raft"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -35,6 +37,11 @@ type Sources struct {
 	FSM *fsm.FSM
 	// Raft is the member's Raft (nil on node-only members).
 	Raft *raft.Raft
+	// ControlSessions counts the nodes' control sessions attached to this
+	// member (nil on node-only members).
+	ControlSessions func() int
+	// HostUsage is the node's latest host usage sample (nil: no node).
+	HostUsage func() *api.HostUsage
 }
 
 // Registry makes the registry of a member: its collectors plus the Go
@@ -50,8 +57,33 @@ func Registry(src Sources) *prometheus.Registry {
 	}
 	if src.Raft != nil {
 		reg.MustRegister(raftCollector{src.Raft})
+		raftTelemetry(reg)
+	}
+	if src.ControlSessions != nil {
+		reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kibotos_control_sessions",
+			Help: "Nodes' control sessions attached to this member (the leader holds them all)."},
+			func() float64 { return float64(src.ControlSessions()) }))
+	}
+	if src.HostUsage != nil {
+		reg.MustRegister(hostCollector{src.HostUsage})
 	}
 	return reg
+}
+
+// raftTelemetry sends what hashicorp/raft measures itself (commit and
+// apply times, append-entries and snapshot durations, as summaries named
+// kibotos_raft_*) into reg: raft reports to go-metrics' global sink, so
+// one member per process gets them (every production process is one).
+func raftTelemetry(reg prometheus.Registerer) {
+	sink, err := gometricsprom.NewPrometheusSinkFrom(gometricsprom.PrometheusOpts{Registerer: reg, Expiration: 10 * time.Minute})
+	if err != nil {
+		return // registered already: an earlier member of this process has it
+	}
+	cfg := gometrics.DefaultConfig("kibotos")
+	cfg.EnableHostname = false
+	cfg.EnableRuntimeMetrics = false // the Go collector has them
+	cfg.EnableServiceLabel = false
+	gometrics.NewGlobal(cfg, sink)
 }
 
 // Handler serves reg in the exposition format.
@@ -205,4 +237,53 @@ func (c raftCollector) Collect(ch chan<- prometheus.Metric) {
 	if v, err := strconv.Atoi(stats["num_peers"]); err == nil {
 		ch <- prometheus.MustNewConstMetric(raftPeers, prometheus.GaugeValue, float64(v+1))
 	}
+}
+
+var (
+	hostGauge = prometheus.NewDesc("kibotos_node_host",
+		"The node's host usage as last sampled (every 10 s): vm_cpu_cores, vm_memory_bytes, memory_total_bytes, memory_available_bytes, cpu_idle_ratio, and PSI avg60 ratios; an item that could not be read is absent.",
+		[]string{"item"}, nil)
+	memoryTight = prometheus.NewDesc("kibotos_node_memory_tight",
+		"1 while the host's available memory is tight (below 10%, until above 15%): the node refuses new starts.", nil, nil)
+)
+
+type hostCollector struct{ usage func() *api.HostUsage }
+
+func (c hostCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- hostGauge
+	ch <- memoryTight
+}
+
+func (c hostCollector) Collect(ch chan<- prometheus.Metric) {
+	u := c.usage()
+	if u == nil {
+		return
+	}
+	item := func(name string, v float64) {
+		ch <- prometheus.MustNewConstMetric(hostGauge, prometheus.GaugeValue, v, name)
+	}
+	floats := []struct {
+		name string
+		v    *float64
+	}{{"vm_cpu_cores", u.VMCPUCores}, {"cpu_idle_ratio", u.CPUIdle},
+		{"cpu_pressure_some_ratio", u.CPUPressureSome}, {"cpu_pressure_full_ratio", u.CPUPressureFull},
+		{"memory_pressure_some_ratio", u.MemoryPressureSome}, {"memory_pressure_full_ratio", u.MemoryPressureFull}}
+	for _, f := range floats {
+		if f.v != nil {
+			item(f.name, *f.v)
+		}
+	}
+	for _, b := range []struct {
+		name string
+		v    *uint64
+	}{{"vm_memory_bytes", u.VMMemoryBytes}, {"memory_total_bytes", u.MemoryTotalBytes}, {"memory_available_bytes", u.MemoryAvailableBytes}} {
+		if b.v != nil {
+			item(b.name, float64(*b.v))
+		}
+	}
+	tight := 0.0
+	if u.MemoryTight {
+		tight = 1
+	}
+	ch <- prometheus.MustNewConstMetric(memoryTight, prometheus.GaugeValue, tight)
 }

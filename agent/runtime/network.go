@@ -59,8 +59,9 @@ type nodeNetwork struct {
 	// warnings of the configuration check, logged once the log is up.
 	warnings []string
 	// names answers the DNS of guests whose policy has domain rules (nil
-	// without a configuration).
-	names *dnsfilter.Filter
+	// without a configuration, or namesErr when it could not start).
+	names    *dnsfilter.Filter
+	namesErr error
 }
 
 // openNodeNetwork prepares the node's namespace for guest traffic:
@@ -105,9 +106,11 @@ func openNodeNetwork(cfg *netpol.Config, hostNSPath string, t units.Target, log 
 		n.hostNS.Close()
 		return nil, err
 	}
+	// Without its resolver the node still runs (and can take networks
+	// down): only policies with domain rules are refused (tableSpec).
 	if err := n.openNames(log); err != nil {
-		n.hostNS.Close()
-		return nil, err
+		n.namesErr = err
+		n.warnings = append(n.warnings, err.Error()+"; Workspaces with domain rules cannot start here")
 	}
 	return n, nil
 }
@@ -190,6 +193,8 @@ func (n *nodeNetwork) tableSpec(nr *NetworkRecord) (netpol.TableSpec, error) {
 	switch {
 	case names && nr.Policy.Resolver != nil:
 		return netpol.TableSpec{}, errors.New("domain rules with a Resolver cannot be enforced: the node's resolver learns the addresses")
+	case names && n.names == nil:
+		return netpol.TableSpec{}, fmt.Errorf("domain rules cannot be enforced: the node's resolver for them is not running (%v)", n.namesErr)
 	case names:
 		if err := checkNames(nr.Policy); err != nil {
 			return netpol.TableSpec{}, err
