@@ -306,7 +306,8 @@ func runMember(g *Globals, o memberOptions) error {
 		src.ControlSessions = srv.ControlSessions
 	}
 	if srv.Identity().HasRole(api.RoleNode) {
-		rt, m, closeRuntime, err := openNodeRuntime(ctx, o.dir, srv.NodeID(), o.systemd, o.accel, o.network, log)
+		src.Steps = metrics.NewSteps()
+		rt, m, closeRuntime, err := openNodeRuntime(ctx, o.dir, srv.NodeID(), o.systemd, o.accel, o.network, src.Steps, log)
 		if err != nil {
 			return err
 		}

@@ -485,6 +485,23 @@ func (d *wsDev) testMetrics(id string) {
 	if v := value(families, "kibotos_node_host", "item", "memory_total_bytes"); v <= 0 {
 		t.Errorf("kibotos_node_host{item=memory_total_bytes} = %v", v)
 	}
+	// The node's step histograms: one boot (the Workspace's start), one
+	// takeover (the runtime's open).
+	for _, step := range []string{"boot", "takeover"} {
+		n := uint64(0)
+		if f := families["kibotos_node_step_seconds"]; f != nil {
+			for _, m := range f.Metric {
+				for _, l := range m.Label {
+					if l.GetName() == "step" && l.GetValue() == step {
+						n = m.Histogram.GetSampleCount()
+					}
+				}
+			}
+		}
+		if n < 1 {
+			t.Errorf("kibotos_node_step_seconds{step=%s} has %d samples, want at least 1", step, n)
+		}
+	}
 	// What raft measures itself: the leader's commit time, a summary.
 	if f := families["kibotos_raft_commitTime"]; f == nil || len(f.Metric) == 0 || f.Metric[0].Summary.GetSampleCount() == 0 {
 		t.Errorf("no raft commit time in the scrape: %v", f)

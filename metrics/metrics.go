@@ -42,7 +42,26 @@ type Sources struct {
 	ControlSessions func() int
 	// HostUsage is the node's latest host usage sample (nil: no node).
 	HostUsage func() *api.HostUsage
+	// Steps are the node runtime's step durations (nil: no runtime).
+	Steps *Steps
 }
+
+// Steps are histograms of how long the node runtime's steps took; its
+// Observe is the runtime's Config.Observe.
+type Steps struct{ h *prometheus.HistogramVec }
+
+// NewSteps makes the histograms: boot (a start until the guest agent
+// answers) and takeover (the runtime's open at node start).
+func NewSteps() *Steps {
+	return &Steps{h: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "kibotos_node_step_seconds",
+		Help:    "How long node runtime steps took: boot (a start until the guest agent answers), takeover (opening the runtime at node start, adopting what runs).",
+		Buckets: []float64{0.05, 0.1, 0.25, 0.5, 1, 2, 3, 5, 8, 13, 21, 34, 60},
+	}, []string{"step"})}
+}
+
+// Observe records one step.
+func (s *Steps) Observe(step string, d time.Duration) { s.h.WithLabelValues(step).Observe(d.Seconds()) }
 
 // Registry makes the registry of a member: its collectors plus the Go
 // runtime's and the process's.
@@ -66,6 +85,9 @@ func Registry(src Sources) *prometheus.Registry {
 	}
 	if src.HostUsage != nil {
 		reg.MustRegister(hostCollector{src.HostUsage})
+	}
+	if src.Steps != nil {
+		reg.MustRegister(src.Steps.h)
 	}
 	return reg
 }

@@ -86,6 +86,10 @@ type Config struct {
 	// DeniedInterval is how often denied counters are read (and the
 	// rate limit of their log line); default DefaultDeniedInterval.
 	DeniedInterval time.Duration
+	// Observe, when set, is told how long steps took: StepBoot for each
+	// Start that ended with the guest agent answering, StepTakeover for
+	// Open (metrics histograms).
+	Observe func(step string, d time.Duration)
 	// Egress runs the egress process for policies naming an Egress or a
 	// Resolver; nil: such policies are refused.
 	Egress EgressRouter
@@ -314,6 +318,7 @@ func Open(ctx context.Context, cfg Config) (*Runtime, error) {
 	rt.wg.Add(2)
 	go rt.watch()
 	go rt.watchDenied()
+	rt.observe(StepTakeover, t0)
 	rt.log.Info("runtime opened", "instances", len(rt.instances), "took", time.Since(t0).Round(time.Microsecond))
 	return rt, nil
 }
@@ -330,6 +335,18 @@ func (rt *Runtime) acquireLock() error {
 	}
 	rt.lock = f
 	return nil
+}
+
+// Steps Config.Observe is told about.
+const (
+	StepBoot     = "boot"
+	StepTakeover = "takeover"
+)
+
+func (rt *Runtime) observe(step string, since time.Time) {
+	if rt.cfg.Observe != nil {
+		rt.cfg.Observe(step, time.Since(since))
+	}
 }
 
 // Close stops watching and closes guest sessions. VMMs keep running; a

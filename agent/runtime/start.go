@@ -87,6 +87,7 @@ func (rt *Runtime) Start(ctx context.Context, spec Spec) (InstanceStatus, error)
 	rt.instances[id] = in
 	rt.mu.Unlock()
 
+	t0 := time.Now()
 	err := rt.start(ctx, in, spec)
 	if err != nil {
 		in.mu.Lock()
@@ -101,6 +102,7 @@ func (rt *Runtime) Start(ctx context.Context, spec Spec) (InstanceStatus, error)
 		rt.log.Error("instance start failed", "instance_id", id, "err", err)
 		return in.status(), fmt.Errorf("runtime: start instance %s: %w", id, err)
 	}
+	rt.observe(StepBoot, t0)
 	return in.status(), nil
 }
 
