@@ -313,7 +313,7 @@ func runMember(g *Globals, o memberOptions) error {
 		}
 		defer closeRuntime()
 		if rt != nil {
-			src.Instances = rt.List
+			src.Instances, src.Egress, src.Names = rt.List, rt.EgressTotals, rt.NamesStats
 		}
 		var dp agent.DataPlane
 		if m != nil {

@@ -5,6 +5,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -87,6 +89,15 @@ func mhEgress(t *testing.T, l *lab, admin *host, nodes ...string) {
 			}
 			time.Sleep(50 * time.Millisecond)
 		}
+		// The node's metrics (its loopback listener, port+3) count the
+		// connection the egress process carried.
+		port, _ := strconv.Atoi(apiPort)
+		out, err := exec.Command("ip", "netns", "exec", h.ns, "wget", "-q", "-O-", "http://127.0.0.1:"+strconv.Itoa(port+3)+"/metrics").Output()
+		if err != nil {
+			t.Errorf("on %s, scrape the metrics listener: %v", node, err)
+		} else if !regexp.MustCompile(`(?m)^kibotos_node_egress_connections_total\{outcome="accepted"\} [1-9]`).Match(out) {
+			t.Errorf("on %s, the metrics show no egress connection accepted:\n%s", node, grepLines(out, "kibotos_node_egress"))
+		}
 		credDir := filepath.Join(datadir.Dir(h.dataDir).StorageRoot(), "state", "egress-credentials")
 		files, _ := filepath.Glob(filepath.Join(credDir, "*"))
 		if st, err := os.Stat(credDir); err != nil || st.Mode().Perm() != 0o700 || len(files) != 1 {
@@ -129,4 +140,15 @@ func (l *lab) startIn(t *testing.T, ns, name string, argv ...string) string {
 		f.Close()
 	})
 	return logPath
+}
+
+// grepLines are the lines of b that contain s.
+func grepLines(b []byte, s string) string {
+	var out []string
+	for _, l := range strings.Split(string(b), "\n") {
+		if strings.Contains(l, s) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
 }

@@ -23,6 +23,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	bolt "go.etcd.io/bbolt"
 
+	"github.com/kibotos/kibotos/agent/dnsfilter"
+	"github.com/kibotos/kibotos/agent/egress"
 	"github.com/kibotos/kibotos/agent/runtime"
 	"github.com/kibotos/kibotos/api"
 	"github.com/kibotos/kibotos/fsm"
@@ -44,6 +46,11 @@ type Sources struct {
 	HostUsage func() *api.HostUsage
 	// Steps are the node runtime's step durations (nil: no runtime).
 	Steps *Steps
+	// Egress sums the egress process's counters over its generations
+	// (ok false: none runs); nil: no runtime.
+	Egress func(ctx context.Context) (egress.Stats, bool)
+	// Names are the counters of the node's resolver for domain rules.
+	Names func() (dnsfilter.Stats, bool)
 }
 
 // Steps are histograms of how long the node runtime's steps took; its
@@ -88,6 +95,9 @@ func Registry(src Sources) *prometheus.Registry {
 	}
 	if src.Steps != nil {
 		reg.MustRegister(src.Steps.h)
+	}
+	if src.Egress != nil || src.Names != nil {
+		reg.MustRegister(egressCollector{src.Egress, src.Names})
 	}
 	return reg
 }
@@ -308,4 +318,58 @@ func (c hostCollector) Collect(ch chan<- prometheus.Metric) {
 		tight = 1
 	}
 	ch <- prometheus.MustNewConstMetric(memoryTight, prometheus.GaugeValue, tight)
+}
+
+var (
+	egressConns = prometheus.NewDesc("kibotos_node_egress_connections_total",
+		"Guest connections through the egress process, summed over its generations (never decreasing across a switch): accepted, refused (no route, too many, draining), failed (the proxy could not be reached or refused), closed (by a drain deadline).",
+		[]string{"outcome"}, nil)
+	egressActive = prometheus.NewDesc("kibotos_node_egress_active_connections",
+		"Guest connections the egress process carries now.", nil, nil)
+	egressDNS = prometheus.NewDesc("kibotos_node_egress_dns_queries_total",
+		"Resolver guests' DNS queries through the egress process: answered, failed (no upstream in time), dropped.", []string{"outcome"}, nil)
+	namesDNS = prometheus.NewDesc("kibotos_node_dns_filter_queries_total",
+		"DNS queries of guests with domain rules at the node's resolver: answered, refused (a denied or unallowed name, an unknown source), failed, dropped (too many in flight).",
+		[]string{"outcome"}, nil)
+)
+
+type egressCollector struct {
+	egress func(ctx context.Context) (egress.Stats, bool)
+	names  func() (dnsfilter.Stats, bool)
+}
+
+func (c egressCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- egressConns
+	ch <- egressActive
+	ch <- egressDNS
+	ch <- namesDNS
+}
+
+func (c egressCollector) Collect(ch chan<- prometheus.Metric) {
+	counter := func(d *prometheus.Desc, v uint64, label string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), label)
+	}
+	if c.egress != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		st, ok := c.egress(ctx)
+		cancel()
+		if ok {
+			counter(egressConns, st.Accepted, "accepted")
+			counter(egressConns, st.Refused, "refused")
+			counter(egressConns, st.Failed, "failed")
+			counter(egressConns, st.Closed, "closed")
+			ch <- prometheus.MustNewConstMetric(egressActive, prometheus.GaugeValue, float64(st.Active))
+			counter(egressDNS, st.DNSAnswered, "answered")
+			counter(egressDNS, st.DNSFailed, "failed")
+			counter(egressDNS, st.DNSDropped, "dropped")
+		}
+	}
+	if c.names != nil {
+		if st, ok := c.names(); ok {
+			counter(namesDNS, st.Answered, "answered")
+			counter(namesDNS, st.Refused, "refused")
+			counter(namesDNS, st.Failed, "failed")
+			counter(namesDNS, st.Dropped, "dropped")
+		}
+	}
 }

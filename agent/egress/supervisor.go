@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -92,6 +93,9 @@ type Supervisor struct {
 	known   bool
 	retryAt time.Time // when the watch loop may try a failed start again
 	backoff time.Duration
+	// seen are the counters last read from each generation this node has
+	// run, ended ones included: Totals sums them.
+	seen map[uint64]Stats
 }
 
 // Generation describes one running egress process.
@@ -285,6 +289,41 @@ func (s *Supervisor) Stats(ctx context.Context) (Stats, error) {
 		return err
 	})
 	return st, err
+}
+
+// Totals are the egress counters summed over every generation this node
+// process has talked to, as last read (now, for the running ones), so a
+// generation switch or a replaced process never makes them go down;
+// Active is the running ones' connections. A generation whose control
+// socket does not answer counts with what it said last.
+func (s *Supervisor) Totals(ctx context.Context) Stats {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.seen == nil {
+		s.seen = map[uint64]Stats{}
+	}
+	live := append(slices.Clone(s.draining), s.current)
+	var t Stats
+	for _, g := range live {
+		if g == nil {
+			continue
+		}
+		var st Stats
+		if err := s.call(ctx, g, func(c *Client) (err error) { st, err = c.Stats(ctx); return err }); err == nil {
+			s.seen[g.num] = st
+			t.Active += st.Active
+		}
+	}
+	for _, st := range s.seen {
+		t.Accepted += st.Accepted
+		t.Refused += st.Refused
+		t.Failed += st.Failed
+		t.Closed += st.Closed
+		t.DNSAnswered += st.DNSAnswered
+		t.DNSFailed += st.DNSFailed
+		t.DNSDropped += st.DNSDropped
+	}
+	return t
 }
 
 // Generations lists the running generations, oldest first; a serving one

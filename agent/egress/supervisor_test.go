@@ -246,6 +246,9 @@ func TestSupervisorSwitch(t *testing.T) {
 	}
 	g1 := serving(t, s)
 	c1 := h.connect(t, "on generation 1")
+	if tot := s.Totals(ctx); tot.Accepted != 1 || tot.Active != 1 {
+		t.Fatalf("totals before the switch %+v, want the one connection", tot)
+	}
 	if err := s.Switch(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -263,6 +266,11 @@ func TestSupervisorSwitch(t *testing.T) {
 	waitFor(t, 5*time.Second, "the supervisor to forget generation 1", func() bool { return len(s.Generations()) == 1 })
 	if !h.logLine("egress generation ended", "generation=1", "reason=\"drained") {
 		t.Errorf("no drained line for generation 1:\n%s", h.logs)
+	}
+	// Summed over both generations, the ended one included: counters
+	// never go down across a switch.
+	if tot := s.Totals(ctx); tot.Accepted != 2 || tot.Active != 1 {
+		t.Errorf("totals after generation 1 ended %+v, want both connections accepted, generation 2's active", tot)
 	}
 
 	// Generation 2 carries a connection; two switches in a row: 2 drains,

@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/kibotos/kibotos/agent/dnsfilter"
 	"github.com/kibotos/kibotos/agent/egress"
 	"github.com/kibotos/kibotos/netpol"
 )
@@ -33,6 +34,31 @@ var EgressDNS = netip.AddrPortFrom(netpol.ServiceAddr, EgressDNSPort)
 // no policy does): egress.Supervisor.
 type EgressRouter interface {
 	Apply(ctx context.Context, cfg egress.Config) error
+}
+
+// egressCounter is an EgressRouter that also sums the egress process's
+// counters over its generations (egress.Supervisor does).
+type egressCounter interface {
+	Totals(ctx context.Context) egress.Stats
+}
+
+// EgressTotals are the egress process's counters summed over its
+// generations; ok is false when this node runs no egress process.
+func (rt *Runtime) EgressTotals(ctx context.Context) (egress.Stats, bool) {
+	c, ok := rt.cfg.Egress.(egressCounter)
+	if !ok {
+		return egress.Stats{}, false
+	}
+	return c.Totals(ctx), true
+}
+
+// NamesStats are the counters of the node's resolver for domain rules;
+// ok is false when it does not run.
+func (rt *Runtime) NamesStats() (dnsfilter.Stats, bool) {
+	if rt.net == nil || rt.net.names == nil {
+		return dnsfilter.Stats{}, false
+	}
+	return rt.net.names.Stats(), true
 }
 
 // EgressProxy is the Egress revision a policy names: the SOCKS5 server
