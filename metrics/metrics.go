@@ -141,6 +141,13 @@ func Serve(ctx context.Context, ln net.Listener, reg *prometheus.Registry, log *
 	return nil
 }
 
+// describe sends a collector's descriptions.
+func describe(ch chan<- *prometheus.Desc, ds ...*prometheus.Desc) {
+	for _, d := range ds {
+		ch <- d
+	}
+}
+
 // instanceStates are the node's Instance states as the upgrade seed's
 // kibotos_node_instances{state="stopped"} spells them; every one is
 // exposed, zeros included, so a sum over them is the node's total.
@@ -157,10 +164,7 @@ type nodeCollector struct {
 	list func() []runtime.InstanceStatus
 }
 
-func (c nodeCollector) Describe(ch chan<- *prometheus.Desc) {
-	ch <- nodeInstances
-	ch <- guestDenied
-}
+func (c nodeCollector) Describe(ch chan<- *prometheus.Desc) { describe(ch, nodeInstances, guestDenied) }
 
 func (c nodeCollector) Collect(ch chan<- prometheus.Metric) {
 	counts := map[runtime.State]int{}
@@ -194,10 +198,7 @@ var (
 type ctrlCollector struct{ f *fsm.FSM }
 
 func (c ctrlCollector) Describe(ch chan<- *prometheus.Desc) {
-	ch <- workspaces
-	ch <- nodes
-	ch <- clockOffset
-	ch <- scrapeErrors
+	describe(ch, workspaces, nodes, clockOffset, scrapeErrors)
 }
 
 func (c ctrlCollector) Collect(ch chan<- prometheus.Metric) {
@@ -249,9 +250,7 @@ var (
 type raftCollector struct{ r *raft.Raft }
 
 func (c raftCollector) Describe(ch chan<- *prometheus.Desc) {
-	ch <- raftLeader
-	ch <- raftIndex
-	ch <- raftPeers
+	describe(ch, raftLeader, raftIndex, raftPeers)
 }
 
 func (c raftCollector) Collect(ch chan<- prometheus.Metric) {
@@ -281,10 +280,7 @@ var (
 
 type hostCollector struct{ usage func() *api.HostUsage }
 
-func (c hostCollector) Describe(ch chan<- *prometheus.Desc) {
-	ch <- hostGauge
-	ch <- memoryTight
-}
+func (c hostCollector) Describe(ch chan<- *prometheus.Desc) { describe(ch, hostGauge, memoryTight) }
 
 func (c hostCollector) Collect(ch chan<- prometheus.Metric) {
 	u := c.usage()
@@ -339,10 +335,7 @@ type egressCollector struct {
 }
 
 func (c egressCollector) Describe(ch chan<- *prometheus.Desc) {
-	ch <- egressConns
-	ch <- egressActive
-	ch <- egressDNS
-	ch <- namesDNS
+	describe(ch, egressConns, egressActive, egressDNS, namesDNS)
 }
 
 func (c egressCollector) Collect(ch chan<- prometheus.Metric) {
