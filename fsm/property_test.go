@@ -731,6 +731,7 @@ func TestPropertyReplicasAgree(t *testing.T) {
 				}
 				finalA := mustDump(t, a)
 				chk.summary()
+				checkSummarize(t, a)
 
 				// B: the same log in random batches.
 				b := openFSM(t)
@@ -1141,5 +1142,42 @@ func TestSnapshotRestoreRoundTrip(t *testing.T) {
 	// Command records travel with the snapshot.
 	if r := c.expectUnchanged(c.entry(OpNodeDrain, NodeArgs{NodeID: "node-a"}, withCommand("d"))); !r.Replayed {
 		t.Error("command record lost in the snapshot")
+	}
+}
+
+// checkSummarize: the counts a metrics scrape reads (Summarize, slim
+// records) are the ones the full lists give.
+func checkSummarize(t *testing.T, f *FSM) {
+	t.Helper()
+	err := f.View(func(tx *bolt.Tx) error {
+		s, err := Summarize(tx)
+		if err != nil {
+			return err
+		}
+		ws, err := ListWorkspaces(tx, WorkspaceFilter{All: true}, 0, "")
+		if err != nil {
+			return err
+		}
+		ns, err := ListNodes(tx, 0, "")
+		if err != nil {
+			return err
+		}
+		wantWS, wantNodes, wantClocks := map[string]int{}, map[string]int{}, map[string]int64{}
+		for _, w := range ws.Workspaces {
+			wantWS[w.State]++
+		}
+		for _, n := range ns.Nodes {
+			wantNodes[n.Status]++
+			if n.Session != nil && n.Session.Clock != nil {
+				wantClocks[n.NodeID] = n.Session.Clock.OffsetNS
+			}
+		}
+		if !reflect.DeepEqual(s.WorkspacesByState, wantWS) || !reflect.DeepEqual(s.NodesByStatus, wantNodes) || !reflect.DeepEqual(s.Clocks, wantClocks) {
+			t.Errorf("Summarize %+v; the lists give workspaces %v, nodes %v, clocks %v", s, wantWS, wantNodes, wantClocks)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
 	}
 }

@@ -202,15 +202,8 @@ func (c ctrlCollector) Describe(ch chan<- *prometheus.Desc) {
 }
 
 func (c ctrlCollector) Collect(ch chan<- prometheus.Metric) {
-	var ws *api.WorkspaceList
-	var ns *api.NodeList
-	err := c.f.View(func(tx *bolt.Tx) (err error) {
-		if ws, err = fsm.ListWorkspaces(tx, fsm.WorkspaceFilter{All: true}, 0, ""); err != nil {
-			return err
-		}
-		ns, err = fsm.ListNodes(tx, 0, "")
-		return err
-	})
+	var sum fsm.Summary
+	err := c.f.View(func(tx *bolt.Tx) (err error) { sum, err = fsm.Summarize(tx); return })
 	failed := 0.0
 	if err != nil {
 		failed = 1
@@ -219,22 +212,14 @@ func (c ctrlCollector) Collect(ch chan<- prometheus.Metric) {
 	if err != nil {
 		return
 	}
-	wsCount := map[string]int{}
-	for _, w := range ws.Workspaces {
-		wsCount[w.State]++
-	}
 	for _, s := range workspaceStates {
-		ch <- prometheus.MustNewConstMetric(workspaces, prometheus.GaugeValue, float64(wsCount[s]), strings.ToLower(s))
-	}
-	nCount := map[string]int{}
-	for _, n := range ns.Nodes {
-		nCount[n.Status]++
-		if s := n.Session; s != nil && s.Clock != nil {
-			ch <- prometheus.MustNewConstMetric(clockOffset, prometheus.GaugeValue, float64(s.Clock.OffsetNS)/1e9, n.NodeID)
-		}
+		ch <- prometheus.MustNewConstMetric(workspaces, prometheus.GaugeValue, float64(sum.WorkspacesByState[s]), strings.ToLower(s))
 	}
 	for _, s := range nodeStatuses {
-		ch <- prometheus.MustNewConstMetric(nodes, prometheus.GaugeValue, float64(nCount[s]), strings.ToLower(s))
+		ch <- prometheus.MustNewConstMetric(nodes, prometheus.GaugeValue, float64(sum.NodesByStatus[s]), strings.ToLower(s))
+	}
+	for id, off := range sum.Clocks {
+		ch <- prometheus.MustNewConstMetric(clockOffset, prometheus.GaugeValue, float64(off)/1e9, id)
 	}
 }
 
