@@ -39,6 +39,10 @@ type dataPlaneLink struct {
 	h         *dataplane.Handle
 	cert, key []byte
 	renewAt   time.Time
+	// seen are the counters last read from each generation, ended ones
+	// included: the seed's rule that an exited process's counts still
+	// count (Totals).
+	seen map[uint64]dataplane.Counters
 }
 
 // dataPlaneIssuer gets a data-plane certificate for a key from ctrl.
@@ -130,13 +134,44 @@ func (l *dataPlaneLink) Address() string {
 	return l.h.Address()
 }
 
-// Alive implements agent.DataPlane.
+// Alive implements agent.DataPlane. Every answer's counters are noted.
 func (l *dataPlaneLink) Alive(ctx context.Context) bool {
 	l.mu.Lock()
 	h := l.h
 	l.mu.Unlock()
-	_, err := h.Ping(ctx)
+	hello, err := h.Ping(ctx)
+	if err == nil {
+		l.note(hello)
+	}
 	return err == nil
+}
+
+func (l *dataPlaneLink) note(h dataplane.Hello) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.seen == nil {
+		l.seen = map[uint64]dataplane.Counters{}
+	}
+	l.seen[h.Generation] = h.Counters
+}
+
+// Totals are the data-plane counters summed over every generation this
+// node process has seen (read now for the serving one, as last read for
+// the others), so they never go down when a process is replaced.
+func (l *dataPlaneLink) Totals(ctx context.Context) dataplane.Counters {
+	l.Alive(ctx)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	t := dataplane.Counters{Refused: map[string]uint64{}}
+	for _, c := range l.seen {
+		t.Connections += c.Connections
+		t.BytesIn += c.BytesIn
+		t.BytesOut += c.BytesOut
+		for code, n := range c.Refused {
+			t.Refused[code] += n
+		}
+	}
+	return t
 }
 
 // Update implements agent.DataPlane. A process that is gone (not merely

@@ -329,7 +329,7 @@ func runMember(g *Globals, o memberOptions) error {
 			if err != nil {
 				return err
 			}
-			dp = link
+			dp, src.DataPlane = link, link.Totals
 		}
 		a, err := agent.New(agent.Config{DataDir: o.dir, NodeID: srv.NodeID(), Capacity: o.capacity, CtrlAddrs: srv.CtrlAddrs,
 			Dial: srv.SessionDial, OnLeader: srv.NoteLeader, SessionTimeout: o.timings.SessionTimeout, Logger: log, ClockSkew: o.clockSkew, Runtime: rt, DataPlane: dp,

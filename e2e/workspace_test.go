@@ -430,39 +430,10 @@ func (d *wsDev) testNetwork(id string) {
 // the Workspace AVAILABLE, this member the Raft leader.
 func (d *wsDev) testMetrics(id string) {
 	t := d.t
-	_, port, _ := net.SplitHostPort(d.addr)
-	p, _ := strconv.Atoi(port)
-	resp, err := http.Get("http://127.0.0.1:" + strconv.Itoa(p+3) + "/metrics")
-	if err != nil {
-		t.Fatalf("scrape the metrics listener: %v", err)
-	}
-	families := parseMetrics(t, resp)
+	families := d.scrape()
 	value := func(fams map[string]*dto.MetricFamily, name string, labels ...string) float64 {
 		t.Helper()
-		f := fams[name]
-		if f == nil {
-			t.Fatalf("no metric %s in the scrape", name)
-		}
-	metric:
-		for _, m := range f.Metric {
-			for i := 0; i+1 < len(labels); i += 2 {
-				found := false
-				for _, l := range m.Label {
-					found = found || l.GetName() == labels[i] && l.GetValue() == labels[i+1]
-				}
-				if !found {
-					continue metric
-				}
-			}
-			switch {
-			case m.Gauge != nil:
-				return m.Gauge.GetValue()
-			case m.Counter != nil:
-				return m.Counter.GetValue()
-			}
-		}
-		t.Fatalf("no %s%v in the scrape", name, labels)
-		return 0
+		return metricValue(t, fams, name, labels...)
 	}
 	if v := value(families, "kibotos_node_instances", "state", "running"); v != 1 {
 		t.Errorf("kibotos_node_instances{state=running} = %v, want 1 (the Workspace's Instance)", v)
@@ -478,6 +449,13 @@ func (d *wsDev) testMetrics(id string) {
 	}
 	if v := value(families, "kibotos_raft_leader"); v != 1 {
 		t.Errorf("kibotos_raft_leader = %v on the one voter", v)
+	}
+	// The execs so far went through the data plane.
+	if v := value(families, "kibotos_node_dataplane_connections_total"); v < 1 {
+		t.Errorf("kibotos_node_dataplane_connections_total = %v after the execs", v)
+	}
+	if v := value(families, "kibotos_node_dataplane_bytes_total", "direction", "out"); v < 1 {
+		t.Errorf("kibotos_node_dataplane_bytes_total{direction=out} = %v after the execs", v)
 	}
 	if v := value(families, "kibotos_control_sessions"); v != 1 {
 		t.Errorf("kibotos_control_sessions = %v, want the dev node's one", v)
@@ -528,7 +506,7 @@ func (d *wsDev) testMetrics(id string) {
 	}
 	want := trust.Want{Kind: trust.KindMember, NodeID: ident.NodeID}
 	c := &http.Client{Transport: tlsConf.HTTPTransport(want, 10*time.Second), Timeout: 30 * time.Second}
-	resp, err = c.Get("https://" + d.addr + "/metrics")
+	resp, err := c.Get("https://" + d.addr + "/metrics")
 	if err != nil {
 		t.Fatalf("scrape the API port: %v", err)
 	}
@@ -543,6 +521,49 @@ func (d *wsDev) testMetrics(id string) {
 			t.Error("the API port served /metrics without a client certificate")
 		}
 	}
+}
+
+// scrape reads the dev member's metrics listener (port+3).
+func (d *wsDev) scrape() map[string]*dto.MetricFamily {
+	t := d.t
+	t.Helper()
+	_, port, _ := net.SplitHostPort(d.addr)
+	p, _ := strconv.Atoi(port)
+	resp, err := http.Get("http://127.0.0.1:" + strconv.Itoa(p+3) + "/metrics")
+	if err != nil {
+		t.Fatalf("scrape the metrics listener: %v", err)
+	}
+	return parseMetrics(t, resp)
+}
+
+// metricValue is the value of the gauge or counter name whose labels
+// include the given name/value pairs.
+func metricValue(t *testing.T, fams map[string]*dto.MetricFamily, name string, labels ...string) float64 {
+	t.Helper()
+	f := fams[name]
+	if f == nil {
+		t.Fatalf("no metric %s in the scrape", name)
+	}
+metric:
+	for _, m := range f.Metric {
+		for i := 0; i+1 < len(labels); i += 2 {
+			found := false
+			for _, l := range m.Label {
+				found = found || l.GetName() == labels[i] && l.GetValue() == labels[i+1]
+			}
+			if !found {
+				continue metric
+			}
+		}
+		switch {
+		case m.Gauge != nil:
+			return m.Gauge.GetValue()
+		case m.Counter != nil:
+			return m.Counter.GetValue()
+		}
+	}
+	t.Fatalf("no %s%v in the scrape", name, labels)
+	return 0
 }
 
 // parseMetrics reads one scrape in the text exposition format.
@@ -772,6 +793,11 @@ func (d *wsDev) testDataPlaneKill(id string) {
 	if err != nil || pid <= 1 {
 		t.Fatalf("host pid of %s: %d, %v", u.Name, pid, err)
 	}
+	counted := func() (conns, out float64) {
+		fams := d.scrape()
+		return metricValue(t, fams, "kibotos_node_dataplane_connections_total"), metricValue(t, fams, "kibotos_node_dataplane_bytes_total", "direction", "out")
+	}
+	connsBefore, outBefore := counted()
 	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
 		t.Fatalf("kill data-plane pid %d: %v", pid, err)
 	}
@@ -788,6 +814,10 @@ func (d *wsDev) testDataPlaneKill(id string) {
 	}
 	if now, _ := os.ReadFile(filepath.Join(sockDir, "generation")); strings.TrimSpace(string(now)) == strings.TrimSpace(string(raw)) {
 		t.Errorf("exec works but the data-plane generation is still %s", raw)
+	}
+	// The killed process's counts still count: nothing went down.
+	if conns, out := counted(); conns <= connsBefore || out < outBefore {
+		t.Errorf("data-plane counters after the kill: connections %v (before %v), bytes out %v (before %v); want them never lower", conns, connsBefore, out, outBefore)
 	}
 }
 

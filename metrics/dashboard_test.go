@@ -33,7 +33,7 @@ func TestDashboardNamesExist(t *testing.T) {
 		"kibotos_raft_commitTime": true,
 	}
 	descs := make(chan *prometheus.Desc, 100)
-	for _, c := range []prometheus.Collector{nodeCollector{}, ctrlCollector{}, raftCollector{}, hostCollector{}, egressCollector{}, NewSteps().h,
+	for _, c := range []prometheus.Collector{nodeCollector{}, ctrlCollector{}, raftCollector{}, hostCollector{}, egressCollector{}, dataPlaneCollector{}, NewSteps().h,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kibotos_control_sessions"}, func() float64 { return 0 })} {
 		c.Describe(descs)
 	}

@@ -23,6 +23,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	bolt "go.etcd.io/bbolt"
 
+	"github.com/kibotos/kibotos/agent/dataplane"
 	"github.com/kibotos/kibotos/agent/dnsfilter"
 	"github.com/kibotos/kibotos/agent/egress"
 	"github.com/kibotos/kibotos/agent/runtime"
@@ -51,6 +52,9 @@ type Sources struct {
 	Egress func(ctx context.Context) (egress.Stats, bool)
 	// Names are the counters of the node's resolver for domain rules.
 	Names func() (dnsfilter.Stats, bool)
+	// DataPlane sums the data-plane processes' counters over their
+	// generations (nil: no data plane).
+	DataPlane func(ctx context.Context) dataplane.Counters
 }
 
 // Steps are histograms of how long the node runtime's steps took; its
@@ -95,6 +99,9 @@ func Registry(src Sources) *prometheus.Registry {
 	}
 	if src.Steps != nil {
 		reg.MustRegister(src.Steps.h)
+	}
+	if src.DataPlane != nil {
+		reg.MustRegister(dataPlaneCollector{src.DataPlane})
 	}
 	if src.Egress != nil || src.Names != nil {
 		reg.MustRegister(egressCollector{src.Egress, src.Names})
@@ -350,4 +357,31 @@ func (c egressCollector) Collect(ch chan<- prometheus.Metric) {
 			counter(namesDNS, st.Dropped, "dropped")
 		}
 	}
+}
+
+var (
+	dpConns = prometheus.NewDesc("kibotos_node_dataplane_connections_total",
+		"Client connections the data plane accepted (exec, terminal, cp, port-forward), summed over its processes: an exited one's still count.", nil, nil)
+	dpRefused = prometheus.NewDesc("kibotos_node_dataplane_refusals_total",
+		"Data-plane connections refused before a session, by code (malformed, forged, expired, wrong_node, no_target, unavailable, stopping).", []string{"code"}, nil)
+	dpBytes = prometheus.NewDesc("kibotos_node_dataplane_bytes_total",
+		"Stream bytes the data plane relayed: in (client to guest), out (guest to client).", []string{"direction"}, nil)
+)
+
+type dataPlaneCollector struct {
+	totals func(ctx context.Context) dataplane.Counters
+}
+
+func (c dataPlaneCollector) Describe(ch chan<- *prometheus.Desc) { describe(ch, dpConns, dpRefused, dpBytes) }
+
+func (c dataPlaneCollector) Collect(ch chan<- prometheus.Metric) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	t := c.totals(ctx)
+	ch <- prometheus.MustNewConstMetric(dpConns, prometheus.CounterValue, float64(t.Connections))
+	for _, code := range dataplane.RefusalCodes {
+		ch <- prometheus.MustNewConstMetric(dpRefused, prometheus.CounterValue, float64(t.Refused[code]), code)
+	}
+	ch <- prometheus.MustNewConstMetric(dpBytes, prometheus.CounterValue, float64(t.BytesIn), "in")
+	ch <- prometheus.MustNewConstMetric(dpBytes, prometheus.CounterValue, float64(t.BytesOut), "out")
 }

@@ -141,6 +141,9 @@ func (c *clientConn) refuse(w io.Writer, log interface{ Info(string, ...any) }, 
 	if !ok {
 		r = refuse(CodeUnavailable, "%v", err)
 	}
+	if n := c.s.refused[r.code]; n != nil {
+		n.Add(1)
+	}
 	log.Info("data-plane connection refused", "code", r.code, "reason", r.msg)
 	guestproto.WriteFrame(w, connectReply{Code: r.code, Message: r.msg})
 }
@@ -189,7 +192,7 @@ func (c *clientConn) stream(st net.Conn, guest *guestproto.Client) {
 		respondError(st, err)
 		return
 	}
-	relay(st, gs, c.killed)
+	relay(st, gs, c.killed, &c.s.bytesIn, &c.s.bytesOut)
 }
 
 func respondError(st net.Conn, err error) {

@@ -110,6 +110,7 @@ func (s *Server) hello() Hello {
 		Generation:   s.cfg.Generation,
 		PID:          os.Getpid(),
 		StateApplied: s.applied,
+		Counters:     s.counters(),
 	}
 }
 

@@ -56,7 +56,25 @@ type Hello struct {
 	PID        int    `json:"pid"`
 	// StateApplied is false until the first State push was applied.
 	StateApplied bool `json:"state_applied"`
+	// Counters are this process's since it started.
+	Counters Counters `json:"counters"`
 }
+
+// Counters are what a data-plane process carried. The node sums them over
+// generations (Supervisor.Totals), so they never go down for a scraper.
+type Counters struct {
+	Connections uint64 `json:"connections"` // accepted TCP connections
+	// Refused are connections refused before a session, by code
+	// (Code* constants).
+	Refused map[string]uint64 `json:"refused,omitempty"`
+	// BytesIn and BytesOut are the relayed stream bytes: client to guest,
+	// and guest to client.
+	BytesIn  uint64 `json:"bytes_in"`
+	BytesOut uint64 `json:"bytes_out"`
+}
+
+// RefusalCodes are the codes Counters.Refused counts by.
+var RefusalCodes = []string{CodeMalformed, CodeForged, CodeExpired, CodeWrongNode, CodeNoTarget, CodeUnavailable, CodeStopping}
 
 // Refusal codes a client can get instead of a session.
 const (

@@ -4,6 +4,7 @@ import (
 	"io"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -19,7 +20,9 @@ var relayBufs = sync.Pool{New: func() any { b := make([]byte, relayBufSize); ret
 // calls whose peer finishes sending first (file-write data, stdin, a
 // forwarded TCP connection) keep working. An error in either direction, or
 // abort closing, ends both streams at once.
-func relay(client, guest net.Conn, abort <-chan struct{}) {
+//
+// in and out count the bytes written to the guest and to the client.
+func relay(client, guest net.Conn, abort <-chan struct{}, in, out *atomic.Uint64) {
 	done := make(chan struct{})
 	defer close(done)
 	kill := sync.OnceFunc(func() {
@@ -38,21 +41,34 @@ func relay(client, guest net.Conn, abort <-chan struct{}) {
 		}
 	}()
 	errc := make(chan error, 2)
-	pipe := func(dst, src net.Conn) {
+	pipe := func(dst, src net.Conn, n *atomic.Uint64) {
 		bp := relayBufs.Get().(*[]byte)
 		defer relayBufs.Put(bp)
-		_, err := io.CopyBuffer(dst, src, *bp)
+		_, err := io.CopyBuffer(countingWriter{dst, n}, src, *bp)
 		if err == nil {
 			err = dst.Close() // pass the EOF on
 		}
 		errc <- err
 	}
-	go pipe(guest, client)
-	go pipe(client, guest)
+	go pipe(guest, client, in)
+	go pipe(client, guest, out)
 	for range 2 {
 		if err := <-errc; err != nil {
 			kill()
 		}
 	}
 	kill()
+}
+
+// countingWriter adds what it writes to n as it goes, so a long stream
+// shows in the counters while it runs.
+type countingWriter struct {
+	w net.Conn
+	n *atomic.Uint64
+}
+
+func (c countingWriter) Write(p []byte) (int, error) {
+	k, err := c.w.Write(p)
+	c.n.Add(uint64(k))
+	return k, err
 }

@@ -10,6 +10,7 @@ import (
 	"net"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -52,6 +53,9 @@ type Server struct {
 	connGone chan struct{} // signalled whenever a connection ended
 
 	handlers sync.WaitGroup
+
+	connections, bytesIn, bytesOut atomic.Uint64
+	refused                        map[string]*atomic.Uint64 // by code, fixed at New
 }
 
 // New checks cfg; Run starts serving.
@@ -74,6 +78,10 @@ func New(cfg Config) (*Server, error) {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
+	refused := map[string]*atomic.Uint64{}
+	for _, code := range RefusalCodes {
+		refused[code] = new(atomic.Uint64)
+	}
 	return &Server{
 		cfg:      cfg,
 		log:      cfg.Logger.With("generation", cfg.Generation),
@@ -82,6 +90,7 @@ func New(cfg Config) (*Server, error) {
 		links:    map[string]*guestLink{},
 		conns:    map[*clientConn]struct{}{},
 		connGone: make(chan struct{}, 1),
+		refused:  refused,
 	}, nil
 }
 
@@ -181,6 +190,7 @@ func (s *Server) accept(ctx context.Context, ln net.Listener) {
 			}
 			return
 		}
+		s.connections.Add(1)
 		c := s.track(raw)
 		if c == nil {
 			raw.Close()
@@ -210,6 +220,17 @@ func (s *Server) untrack(c *clientConn) {
 	case s.connGone <- struct{}{}:
 	default:
 	}
+}
+
+// counters reads what this process carried.
+func (s *Server) counters() Counters {
+	c := Counters{Connections: s.connections.Load(), BytesIn: s.bytesIn.Load(), BytesOut: s.bytesOut.Load(), Refused: map[string]uint64{}}
+	for code, n := range s.refused {
+		if v := n.Load(); v > 0 {
+			c.Refused[code] = v
+		}
+	}
+	return c
 }
 
 // Connections is the number of open client connections.

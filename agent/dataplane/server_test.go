@@ -184,6 +184,10 @@ func TestFileRoundTrip100MiB(t *testing.T) {
 	if fi.Size != size {
 		t.Fatalf("wrote %d bytes, want %d", fi.Size, size)
 	}
+	// Counted as relayed, client to guest: the file and its framing.
+	if in := s.counters().BytesIn; in < size {
+		t.Errorf("bytes in after a 100 MiB write: %d", in)
+	}
 	back := sha256.New()
 	t0 = time.Now()
 	if _, err := c.ReadFile(ctxT(t), path, back); err != nil {
@@ -273,6 +277,17 @@ func TestRefusedCredentials(t *testing.T) {
 	c := connect(t, p, p.cred(t, s.Addr(), "ws-a", "inst-a"))
 	if out, _, _ := run(t, c, nil, "echo", "ok"); out != "ok\n" {
 		t.Fatalf("echo: %q", out)
+	}
+	// Every refusal was counted by its code, and the hello carries it.
+	want := map[string]uint64{CodeForged: 2, CodeExpired: 1, CodeMalformed: 1, CodeNoTarget: 2, CodeWrongNode: 1}
+	got := s.hello().Counters
+	for code, n := range want {
+		if got.Refused[code] != n {
+			t.Errorf("refusals %s: %d, want %d (all: %v)", code, got.Refused[code], n, got.Refused)
+		}
+	}
+	if got.Connections < uint64(len(want)+1) || got.BytesOut == 0 {
+		t.Errorf("counters %+v: want every connection and the echo's output counted", got)
 	}
 }
 
