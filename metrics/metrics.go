@@ -372,7 +372,9 @@ type dataPlaneCollector struct {
 	totals func(ctx context.Context) dataplane.Counters
 }
 
-func (c dataPlaneCollector) Describe(ch chan<- *prometheus.Desc) { describe(ch, dpConns, dpRefused, dpBytes) }
+func (c dataPlaneCollector) Describe(ch chan<- *prometheus.Desc) {
+	describe(ch, dpConns, dpRefused, dpBytes)
+}
 
 func (c dataPlaneCollector) Collect(ch chan<- prometheus.Metric) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
