@@ -1,7 +1,6 @@
 package cli
 
 import (
-	"log/slog"
 	"os/signal"
 	"syscall"
 	"time"
@@ -18,12 +17,11 @@ type DataplaneCmd struct {
 	Generation uint64        `name:"generation" required:"" help:"Generation number given by the node."`
 	Grace      time.Duration `name:"grace" default:"10s" help:"How long connections may take to end after SIGTERM before they are closed."`
 	LogLevel   string        `name:"log-level" default:"info" enum:"debug,info,warn,error" help:"Log level (debug, info, warn, error)."`
+	LogFormat  string        `name:"log-format" default:"text" enum:"text,json" help:"Log format: text, or json (one object per line)."`
 }
 
 func (c *DataplaneCmd) Run(g *Globals) error {
-	var lvl slog.Level
-	lvl.UnmarshalText([]byte(c.LogLevel))
-	log := slog.New(slog.NewTextHandler(g.stderr, &slog.HandlerOptions{Level: lvl}))
+	log := newLogger(g.stderr, c.LogLevel, c.LogFormat)
 	ctx, stop := signal.NotifyContext(g.ctx, syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	srv, err := dataplane.New(dataplane.Config{

@@ -95,7 +95,7 @@ func defaultDataPlaneListen(advertise string) (string, error) {
 
 // startDataPlane ensures the node's data-plane process runs (adopting one
 // of this build) under m.
-func startDataPlane(ctx context.Context, d datadir.Dir, m *units.Manager, listen string, issue dataPlaneIssuer, log *slog.Logger) (*dataPlaneLink, error) {
+func startDataPlane(ctx context.Context, d datadir.Dir, m *units.Manager, listen string, issue dataPlaneIssuer, logFormat string, log *slog.Logger) (*dataPlaneLink, error) {
 	exe, err := os.Executable()
 	if err != nil {
 		return nil, fmt.Errorf("data plane: locate the kibotos executable: %w", err)
@@ -106,7 +106,7 @@ func startDataPlane(ctx context.Context, d datadir.Dir, m *units.Manager, listen
 	}
 	sockDir := filepath.Join(d.NodeDir(), "dataplane")
 	l := &dataPlaneLink{issue: issue, hosts: []string{host}, log: log, cfg: dataplane.SupervisorConfig{
-		Units: m, Executable: exe, Scope: dataplane.ScopeFor(sockDir), SocketDir: sockDir, Listen: listen, Logger: log,
+		Units: m, Executable: exe, Scope: dataplane.ScopeFor(sockDir), SocketDir: sockDir, Listen: listen, LogFormat: logFormat, Logger: log,
 	}}
 	// Without ctrl (a node restarting during a ctrl outage) the node still
 	// starts: an adopted process keeps serving with the certificate it

@@ -1,7 +1,6 @@
 package cli
 
 import (
-	"log/slog"
 	"time"
 
 	"github.com/kibotos/kibotos/agent/egress"
@@ -20,6 +19,7 @@ type EgressServeCmd struct {
 	Warm       int           `name:"warm-connections" default:"0" help:"Greeted, authenticated connections kept ready per proxy revision once used (0: none)."`
 	AllowRoot  bool          `name:"allow-root" hidden:"" help:"Run as root or with capabilities (tests only)."`
 	LogLevel   string        `name:"log-level" default:"info" enum:"debug,info,warn,error" help:"Log level (debug, info, warn, error)."`
+	LogFormat  string        `name:"log-format" default:"text" enum:"text,json" help:"Log format: text, or json (one object per line)."`
 }
 
 func (c *EgressServeCmd) Run(g *Globals) error {
@@ -28,8 +28,6 @@ func (c *EgressServeCmd) Run(g *Globals) error {
 			return err
 		}
 	}
-	var lvl slog.Level
-	lvl.UnmarshalText([]byte(c.LogLevel))
-	log := slog.New(slog.NewTextHandler(g.stderr, &slog.HandlerOptions{Level: lvl}))
+	log := newLogger(g.stderr, c.LogLevel, c.LogFormat)
 	return egress.RunProcess(g.ctx, egress.Options{SocketDir: c.SocketDir, Generation: c.Generation, WarmConnections: c.Warm, Logger: log}, c.Grace)
 }

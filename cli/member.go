@@ -3,7 +3,6 @@ package cli
 import (
 	"errors"
 	"fmt"
-	"log/slog"
 	"os"
 	"os/signal"
 	"strconv"
@@ -134,6 +133,7 @@ type fileConfig struct {
 		Listen string `toml:"listen"`
 	} `toml:"metrics"`
 	LogLevel  string `toml:"log_level"`
+	LogFormat string `toml:"log_format"`
 	Resources struct {
 		CPU    string `toml:"cpu"`
 		Memory string `toml:"memory"`
@@ -146,6 +146,7 @@ type ServeCmd struct {
 	Bind            string        `name:"bind" help:"Listen address (default: the advertised address)."`
 	DataPlaneListen string        `name:"dataplane-listen" help:"Data-plane address HOST:PORT (exec, terminal, cp, port-forward); default: the advertised host, port+2."`
 	LogLevel        string        `name:"log-level" default:"info" enum:"debug,info,warn,error" help:"Log level."`
+	LogFormat       string        `name:"log-format" default:"text" enum:"text,json" help:"Log format of the member and of the data-plane and egress processes it starts: text, or json (one object per line, for journald or Vector)."`
 	Systemd         string        `name:"systemd" default:"auto" enum:"auto,host,private,none" help:"Service manager for VMM units: auto (the host's systemd when PID 1 is systemd, else none), host, private (started by this process; VMs end with it) or none."`
 	Accel           string        `name:"accel" default:"auto" enum:"auto,kvm,tcg" help:"QEMU accelerator: auto picks KVM when it is usable (not PVM), else TCG."`
 	TestTimings     bool          `name:"test-timings" hidden:"" help:"Tight Raft and session timings (tests)."`
@@ -174,6 +175,13 @@ func (c *ServeCmd) Run(g *Globals) error {
 	if fc.LogLevel != "" && level == "info" {
 		level = fc.LogLevel
 	}
+	format := c.LogFormat
+	if fc.LogFormat != "" && format == logText {
+		if fc.LogFormat != logText && fc.LogFormat != logJSON {
+			return usagef("log_format %q in %s: want text or json", fc.LogFormat, c.Config)
+		}
+		format = fc.LogFormat
+	}
 	capacity, err := resourcesFrom(fc)
 	if err != nil {
 		return err
@@ -195,7 +203,7 @@ func (c *ServeCmd) Run(g *Globals) error {
 	for _, p := range fc.Storage.Pools {
 		pools = append(pools, agent.PoolConfig{ID: p.ID, Path: p.Path, Shared: p.Shared})
 	}
-	return runMember(g, memberOptions{dir: datadir.Dir(dir), bind: bind, level: level, capacity: capacity, timings: timings, deniedReport: deniedReport, clockSkew: c.ClockSkew,
+	return runMember(g, memberOptions{dir: datadir.Dir(dir), bind: bind, level: level, capacity: capacity, timings: timings, deniedReport: deniedReport, clockSkew: c.ClockSkew, logFormat: format,
 		systemd: c.Systemd, accel: qemu.Accel(c.Accel), dataPlaneListen: dpListen, pools: pools, defaultPool: fc.Storage.DefaultPool, network: network,
 		metricsListen: fc.Metrics.Listen})
 }
@@ -275,6 +283,8 @@ type memberOptions struct {
 	deniedReport time.Duration
 	// metricsListen is [metrics] listen: "" for the default, "none".
 	metricsListen string
+	// logFormat is text or json, for the member and the processes it starts.
+	logFormat string
 }
 
 // runMember serves until SIGTERM/SIGINT. A node isolated by ctrl exits
@@ -282,9 +292,7 @@ type memberOptions struct {
 // a member that halted because it cannot apply the Raft log (exit 13 when
 // it needs the leader's release, 1 for an internal failure).
 func runMember(g *Globals, o memberOptions) error {
-	var lvl slog.Level
-	lvl.UnmarshalText([]byte(o.level))
-	log := slog.New(slog.NewTextHandler(g.stderr, &slog.HandlerOptions{Level: lvl}))
+	log := newLogger(g.stderr, o.level, o.logFormat)
 	ctx, stop := signal.NotifyContext(g.ctx, syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	// Before anything else: no earlier member process may still run in
@@ -307,7 +315,7 @@ func runMember(g *Globals, o memberOptions) error {
 	}
 	if srv.Identity().HasRole(api.RoleNode) {
 		src.Steps = metrics.NewSteps()
-		rt, m, closeRuntime, err := openNodeRuntime(ctx, o.dir, srv.NodeID(), o.systemd, o.accel, o.network, src.Steps, log)
+		rt, m, closeRuntime, err := openNodeRuntime(ctx, o.dir, srv.NodeID(), o.systemd, o.accel, o.network, src.Steps, o.logFormat, log)
 		if err != nil {
 			return err
 		}
@@ -325,7 +333,7 @@ func runMember(g *Globals, o memberOptions) error {
 			}
 			// The data-plane process is never stopped with the node: its
 			// connections outlive a node restart.
-			link, err := startDataPlane(ctx, o.dir, m, listen, srv.DataPlaneCertificate, log)
+			link, err := startDataPlane(ctx, o.dir, m, listen, srv.DataPlaneCertificate, o.logFormat, log)
 			if err != nil {
 				return err
 			}

@@ -42,7 +42,7 @@ func hostHasSystemd() bool {
 // openNodeRuntime connects to the service manager chosen by mode and opens
 // the Instance runtime, taking over what a previous node process left
 // running. It returns nil, nil when the node runs without one.
-func openNodeRuntime(ctx context.Context, d datadir.Dir, nodeID, mode string, accel qemu.Accel, network *netpol.Config, steps *metrics.Steps, log *slog.Logger) (*runtime.Runtime, *units.Manager, func(), error) {
+func openNodeRuntime(ctx context.Context, d datadir.Dir, nodeID, mode string, accel qemu.Accel, network *netpol.Config, steps *metrics.Steps, logFormat string, log *slog.Logger) (*runtime.Runtime, *units.Manager, func(), error) {
 	if mode == systemdAuto {
 		mode = systemdNone
 		if hostHasSystemd() {
@@ -103,7 +103,7 @@ func openNodeRuntime(ctx context.Context, d datadir.Dir, nodeID, mode string, ac
 	if network != nil {
 		// Without it the node runs, but refuses policies naming an Egress
 		// or a Resolver (and says why).
-		if sup, err = openEgress(ctx, d, m, log); err != nil {
+		if sup, err = openEgress(ctx, d, m, logFormat, log); err != nil {
 			log.Warn("egress process unavailable: Workspaces whose policy names an Egress or a Resolver cannot start here", "err", err)
 		} else {
 			cfg.Egress = sup
@@ -174,7 +174,7 @@ func devSystemd(ctx context.Context, d datadir.Dir) (*privsd.Instance, error) {
 // both this process and the service manager see at the same path, and the
 // kibotos-egress user can reach: /run/kibotos under the host's systemd; a
 // private systemd has its own /run, so the shared /tmp then.
-func openEgress(ctx context.Context, d datadir.Dir, m *units.Manager, log *slog.Logger) (*egress.Supervisor, error) {
+func openEgress(ctx context.Context, d datadir.Dir, m *units.Manager, logFormat string, log *slog.Logger) (*egress.Supervisor, error) {
 	exe, err := os.Executable()
 	if err != nil {
 		return nil, fmt.Errorf("locate the kibotos executable: %w", err)
@@ -193,6 +193,7 @@ func openEgress(ctx context.Context, d datadir.Dir, m *units.Manager, log *slog.
 		StateDir:  filepath.Join(d.StorageRoot(), "state"),
 		TCPListen: "0.0.0.0:" + strconv.Itoa(runtime.EgressTCPPort),
 		DNSListen: runtime.EgressDNS.String(),
+		LogFormat: logFormat,
 		Logger:    log,
 	})
 }

@@ -98,6 +98,20 @@ func mhEgress(t *testing.T, l *lab, admin *host, nodes ...string) {
 		} else if !regexp.MustCompile(`(?m)^kibotos_node_egress_connections_total\{outcome="accepted"\} [1-9]`).Match(out) {
 			t.Errorf("on %s, the metrics show no egress connection accepted:\n%s", node, grepLines(out, "kibotos_node_egress"))
 		}
+		// log_format = "json": the member logs JSON objects, and starts
+		// its egress process (whose output has no journal here) with it.
+		if !logHasJSON(h.serveProc().log, "member serving") {
+			t.Errorf("on %s, no JSON log line \"member serving\" in %s", node, h.serveProc().log)
+		}
+		if argvs := egressArgvs(filepath.Join(l.bin, "kibotos")); len(argvs) == 0 {
+			t.Errorf("on %s, no egress process runs while a Workspace uses an Egress", node)
+		} else {
+			for _, a := range argvs {
+				if !strings.Contains(a, "--log-format json") {
+					t.Errorf("egress process %q does not log JSON", a)
+				}
+			}
+		}
 		credDir := filepath.Join(datadir.Dir(h.dataDir).StorageRoot(), "state", "egress-credentials")
 		files, _ := filepath.Glob(filepath.Join(credDir, "*"))
 		if st, err := os.Stat(credDir); err != nil || st.Mode().Perm() != 0o700 || len(files) != 1 {
@@ -151,4 +165,25 @@ func grepLines(b []byte, s string) string {
 		}
 	}
 	return strings.Join(out, "\n")
+}
+
+// egressArgvs are the command lines of the egress processes running exe
+// (this test's build: other tests' processes are not ours to judge).
+func egressArgvs(exe string) []string {
+	var out []string
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		if _, err := strconv.Atoi(e.Name()); err != nil {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err != nil {
+			continue
+		}
+		args := strings.Split(strings.TrimRight(string(b), "\x00"), "\x00")
+		if len(args) > 2 && args[0] == exe && args[1] == "egress" && args[2] == "serve" {
+			out = append(out, strings.Join(args, " "))
+		}
+	}
+	return out
 }

@@ -412,6 +412,32 @@ func waitFor(t *testing.T, d time.Duration, what string, cond func() (bool, stri
 	}
 }
 
+// logHasJSON reports whether the log at path has a JSON object line (as
+// slog's JSON handler writes, perhaps after a prefix) whose msg is msg.
+func logHasJSON(path, msg string) bool {
+	f, err := os.Open(path)
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		if i := strings.Index(line, "{"); i >= 0 {
+			var rec struct {
+				Msg   string `json:"msg"`
+				Level string `json:"level"`
+				Time  string `json:"time"`
+			}
+			if json.Unmarshal([]byte(line[i:]), &rec) == nil && rec.Msg == msg && rec.Level != "" && rec.Time != "" {
+				return true
+			}
+		}
+	}
+	return false
+}
+
 // logContains reports whether the process log has a line with s.
 func (p *proc) logContains(s string) bool {
 	f, err := os.Open(p.log)

@@ -242,6 +242,7 @@ func mhWriteConfig(t *testing.T, h *host, sharedPool string) string {
 	t.Helper()
 	path := filepath.Join(h.lab.dir, h.nodeID+".toml")
 	body := fmt.Sprintf(`log_level = "info"
+log_format = "json"          # the member and its egress/data-plane processes (checked in Egress)
 
 [resources]
 cpu = "2"

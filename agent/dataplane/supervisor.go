@@ -29,8 +29,10 @@ type SupervisorConfig struct {
 	Listen string
 	// Grace, when non-zero, is passed as --grace (tests); the process
 	// defaults to DefaultGrace.
-	Grace  time.Duration
-	Logger *slog.Logger
+	Grace time.Duration
+	// LogFormat, when set, is passed as --log-format (text or json).
+	LogFormat string
+	Logger    *slog.Logger
 }
 
 // PushTimeout is how long Push waits for the data plane's ack.
@@ -162,6 +164,9 @@ func start(ctx context.Context, cfg SupervisorConfig, gen uint64, log *slog.Logg
 		"--generation", strconv.FormatUint(gen, 10)}
 	if cfg.Grace > 0 {
 		argv = append(argv, "--grace", cfg.Grace.String())
+	}
+	if cfg.LogFormat != "" {
+		argv = append(argv, "--log-format", cfg.LogFormat)
 	}
 	u, err := cfg.Units.StartService(ctx, units.Spec{
 		Name:           name,

@@ -87,12 +87,16 @@ func (s *Supervisor) launch(ctx context.Context, socks Sockets) (*generation, er
 	}
 	s.lastGen = num
 	g := &generation{num: num, unit: UnitName(s.cfg.Scope, num)}
+	argv := []string{s.cfg.Executable, "egress", "serve", "--socket-dir", s.cfg.SocketDir,
+		"--generation", strconv.FormatUint(num, 10)}
+	if s.cfg.LogFormat != "" {
+		argv = append(argv, "--log-format", s.cfg.LogFormat)
+	}
 	u, err := s.cfg.Units.StartService(ctx, units.Spec{
 		Name:        g.unit,
 		Description: "kibotos egress (generation " + strconv.FormatUint(num, 10) + ")",
-		Argv: []string{s.cfg.Executable, "egress", "serve", "--socket-dir", s.cfg.SocketDir,
-			"--generation", strconv.FormatUint(num, 10)},
-		Slice: units.EgressSlice,
+		Argv:        argv,
+		Slice:       units.EgressSlice,
 		// Its group is the account's own (systemd's default for User=).
 		User:               s.acct.name,
 		NoNewPrivileges:    true,

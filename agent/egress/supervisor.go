@@ -52,7 +52,9 @@ type SupervisorConfig struct {
 	// once it stops serving (no more routes, or a newer generation took
 	// its sockets); DefaultDrainTimeout when zero.
 	DrainTimeout time.Duration
-	Logger       *slog.Logger
+	// LogFormat, when set, is passed as --log-format (text or json).
+	LogFormat string
+	Logger    *slog.Logger
 	// Revision is the node's build revision (buildinfo.SourceRevision()
 	// when empty), to compare with Generation.Revision: a process of
 	// another build of the same release line is replaced with Switch.
