@@ -412,9 +412,8 @@ func waitFor(t *testing.T, d time.Duration, what string, cond func() (bool, stri
 	}
 }
 
-// logHasJSON reports whether the log at path has a JSON object line (as
-// slog's JSON handler writes, perhaps after a prefix) whose msg is msg.
-func logHasJSON(path, msg string) bool {
+// anyLine reports whether a line of the log at path satisfies match.
+func anyLine(path string, match func(line string) bool) bool {
 	f, err := os.Open(path)
 	if err != nil {
 		return false
@@ -423,34 +422,31 @@ func logHasJSON(path, msg string) bool {
 	sc := bufio.NewScanner(f)
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
 	for sc.Scan() {
-		line := sc.Text()
-		if i := strings.Index(line, "{"); i >= 0 {
-			var rec struct {
-				Msg   string `json:"msg"`
-				Level string `json:"level"`
-				Time  string `json:"time"`
-			}
-			if json.Unmarshal([]byte(line[i:]), &rec) == nil && rec.Msg == msg && rec.Level != "" && rec.Time != "" {
-				return true
-			}
+		if match(sc.Text()) {
+			return true
 		}
 	}
 	return false
 }
 
+// logHasJSON reports whether the log at path has a JSON object line (as
+// slog's JSON handler writes, perhaps after a prefix) whose msg is msg.
+func logHasJSON(path, msg string) bool {
+	return anyLine(path, func(line string) bool {
+		i := strings.Index(line, "{")
+		if i < 0 {
+			return false
+		}
+		var rec struct {
+			Msg   string `json:"msg"`
+			Level string `json:"level"`
+			Time  string `json:"time"`
+		}
+		return json.Unmarshal([]byte(line[i:]), &rec) == nil && rec.Msg == msg && rec.Level != "" && rec.Time != ""
+	})
+}
+
 // logContains reports whether the process log has a line with s.
 func (p *proc) logContains(s string) bool {
-	f, err := os.Open(p.log)
-	if err != nil {
-		return false
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	for sc.Scan() {
-		if strings.Contains(sc.Text(), s) {
-			return true
-		}
-	}
-	return false
+	return anyLine(p.log, func(line string) bool { return strings.Contains(line, s) })
 }
