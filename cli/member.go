@@ -127,6 +127,11 @@ type fileConfig struct {
 		Resolvers       []string `toml:"resolvers"`
 		Uplink          string   `toml:"uplink"`
 	} `toml:"network"`
+	Logs struct {
+		// MachineLogsMaxBytes bounds machine-logs/ (ended machines' log
+		// tails); default 1 GiB.
+		MachineLogsMaxBytes int64 `toml:"machine_logs_max_bytes"`
+	} `toml:"logs"`
 	Metrics struct {
 		// Listen is the plain-HTTP /metrics address; default
 		// 127.0.0.1:<advertised port+3>, "none" for no listener.
@@ -142,7 +147,7 @@ type fileConfig struct {
 
 // ServeCmd runs a member.
 type ServeCmd struct {
-	Config          string        `name:"config" type:"existingfile" help:"TOML configuration file (data_dir, bind, log_level, [resources] cpu and memory, [dataplane] listen, [network] ipv4_pool, management_cidrs, resolvers and uplink, [metrics] listen, [storage] default_pool and [[storage.pools]] id, path, shared)."`
+	Config          string        `name:"config" type:"existingfile" help:"TOML configuration file (data_dir, bind, log_level, [resources] cpu and memory, [dataplane] listen, [network] ipv4_pool, management_cidrs, resolvers and uplink, [metrics] listen, [logs] machine_logs_max_bytes, [storage] default_pool and [[storage.pools]] id, path, shared)."`
 	Bind            string        `name:"bind" help:"Listen address (default: the advertised address)."`
 	DataPlaneListen string        `name:"dataplane-listen" help:"Data-plane address HOST:PORT (exec, terminal, cp, port-forward); default: the advertised host, port+2."`
 	LogLevel        string        `name:"log-level" default:"info" enum:"debug,info,warn,error" help:"Log level."`
@@ -175,6 +180,9 @@ func (c *ServeCmd) Run(g *Globals) error {
 	if fc.LogLevel != "" && level == "info" {
 		level = fc.LogLevel
 	}
+	if fc.Logs.MachineLogsMaxBytes < 0 {
+		return usagef("[logs] machine_logs_max_bytes = %d in %s: want a size in bytes (default 1073741824)", fc.Logs.MachineLogsMaxBytes, c.Config)
+	}
 	format := c.LogFormat
 	if fc.LogFormat != "" && format == logText {
 		if fc.LogFormat != logText && fc.LogFormat != logJSON {
@@ -205,7 +213,7 @@ func (c *ServeCmd) Run(g *Globals) error {
 	}
 	return runMember(g, memberOptions{dir: datadir.Dir(dir), bind: bind, level: level, capacity: capacity, timings: timings, deniedReport: deniedReport, clockSkew: c.ClockSkew, logFormat: format,
 		systemd: c.Systemd, accel: qemu.Accel(c.Accel), dataPlaneListen: dpListen, pools: pools, defaultPool: fc.Storage.DefaultPool, network: network,
-		metricsListen: fc.Metrics.Listen})
+		metricsListen: fc.Metrics.Listen, machineLogsMax: fc.Logs.MachineLogsMaxBytes})
 }
 
 // networkFrom reads [network]; a file without one gives nil (the node
@@ -285,6 +293,8 @@ type memberOptions struct {
 	metricsListen string
 	// logFormat is text or json, for the member and the processes it starts.
 	logFormat string
+	// machineLogsMax is [logs] machine_logs_max_bytes; 0: the default.
+	machineLogsMax int64
 }
 
 // runMember serves until SIGTERM/SIGINT. A node isolated by ctrl exits
@@ -315,7 +325,7 @@ func runMember(g *Globals, o memberOptions) error {
 	}
 	if srv.Identity().HasRole(api.RoleNode) {
 		src.Steps = metrics.NewSteps()
-		rt, m, closeRuntime, err := openNodeRuntime(ctx, o.dir, srv.NodeID(), o.systemd, o.accel, o.network, src.Steps, o.logFormat, log)
+		rt, m, closeRuntime, err := openNodeRuntime(ctx, o, srv.NodeID(), src.Steps, log)
 		if err != nil {
 			return err
 		}

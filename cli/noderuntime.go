@@ -17,9 +17,7 @@ import (
 	"github.com/kibotos/kibotos/buildinfo"
 	"github.com/kibotos/kibotos/datadir"
 	"github.com/kibotos/kibotos/metrics"
-	"github.com/kibotos/kibotos/netpol"
 	"github.com/kibotos/kibotos/vmm/platform"
-	"github.com/kibotos/kibotos/vmm/qemu"
 	"github.com/kibotos/kibotos/vmm/units"
 	"github.com/kibotos/kibotos/vmm/units/privsd"
 )
@@ -42,7 +40,8 @@ func hostHasSystemd() bool {
 // openNodeRuntime connects to the service manager chosen by mode and opens
 // the Instance runtime, taking over what a previous node process left
 // running. It returns nil, nil when the node runs without one.
-func openNodeRuntime(ctx context.Context, d datadir.Dir, nodeID, mode string, accel qemu.Accel, network *netpol.Config, steps *metrics.Steps, logFormat string, log *slog.Logger) (*runtime.Runtime, *units.Manager, func(), error) {
+func openNodeRuntime(ctx context.Context, o memberOptions, nodeID string, steps *metrics.Steps, log *slog.Logger) (*runtime.Runtime, *units.Manager, func(), error) {
+	d, mode, accel, network, logFormat := o.dir, o.systemd, o.accel, o.network, o.logFormat
 	if mode == systemdAuto {
 		mode = systemdNone
 		if hostHasSystemd() {
@@ -98,7 +97,7 @@ func openNodeRuntime(ctx context.Context, d datadir.Dir, nodeID, mode string, ac
 		keep = append(keep, ps[0].ID) // the newest Platform is the one new Instances use
 	}
 	cfg := runtime.Config{StorageRoot: d.StorageRoot(), NodeID: nodeID, Units: m, Accel: accel, Logger: log, KeepInstallations: keep, Network: network,
-		Observe: steps.Observe}
+		Observe: steps.Observe, MachineLogsMaxBytes: o.machineLogsMax}
 	var sup *egress.Supervisor
 	if network != nil {
 		// Without it the node runs, but refuses policies naming an Egress

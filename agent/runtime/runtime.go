@@ -72,6 +72,10 @@ type Config struct {
 	// VMMUser is the account QEMU VMMs run as, created when missing;
 	// default DefaultVMMUser.
 	VMMUser string
+	// MachineLogsMaxBytes bounds machine-logs/ (the log tails of ended
+	// machines): past it, whole Instances' tails go, oldest first;
+	// default DefaultMachineLogsMaxBytes.
+	MachineLogsMaxBytes int64
 	// ConsoleLogCap bounds the serial console kept per Instance (on disk,
 	// console.log and console.log.1 together); default DefaultConsoleLogCap.
 	ConsoleLogCap int64
@@ -243,6 +247,9 @@ func Open(ctx context.Context, cfg Config) (*Runtime, error) {
 	if cfg.DeniedInterval <= 0 {
 		cfg.DeniedInterval = DefaultDeniedInterval
 	}
+	if cfg.MachineLogsMaxBytes <= 0 {
+		cfg.MachineLogsMaxBytes = DefaultMachineLogsMaxBytes
+	}
 	rt := &Runtime{
 		cfg:          cfg,
 		log:          cfg.Logger,
@@ -267,6 +274,7 @@ func Open(ctx context.Context, cfg Config) (*Runtime, error) {
 			rt.lock.Close()
 		}
 	}()
+	rt.keepMachineLogsWithinQuota("")
 	n, err := storagepool.SweepLocal(rt.instancesDir, rt.registryDir, rt.logsDir)
 	if err != nil {
 		return nil, fmt.Errorf("runtime: open: %w", err)

@@ -131,6 +131,7 @@ func (rt *Runtime) copyMachineLogs(in *instance) error {
 	in.mu.Lock()
 	in.logsCopied = true
 	in.mu.Unlock()
+	rt.keepMachineLogsWithinQuota(in.id)
 	return errors.Join(errs...)
 }
 
