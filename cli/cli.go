@@ -81,6 +81,7 @@ func Main(ctx context.Context, name string, args []string, stdin *os.File, stdou
 		kong.Exit(func(c int) { panic(exitPanic{c}) }),
 		kong.UsageOnError(),
 		kong.ConfigureHelp(kong.HelpOptions{Compact: true}),
+		kong.Help(helpWithExamples),
 	)
 	if err != nil {
 		fmt.Fprintf(stderr, "%s: %v\n", name, err)

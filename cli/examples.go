@@ -1,0 +1,78 @@
+package cli
+
+import (
+	"fmt"
+
+	"github.com/alecthomas/kong"
+)
+
+// examples are shown under every verb's --help: what a user types first.
+// Keyed by the command's path; a test keeps every verb covered.
+var examples = map[string][]string{
+	"version": {"kibo version"},
+	"init":    {"kibotos init --advertise 10.0.0.1:7400 --node-id ctrl-1"},
+	"join": {"kibo enrollment grant node-b --roles node      # on a ctrl member: prints the grant",
+		"kibotos join --advertise 10.0.0.2:7400 --grant GRANT 10.0.0.1:7400"},
+	"serve":                       {"kibotos serve --config /etc/kibotos/kibotos.toml", "kibotos serve --data-dir /var/lib/kibotos --log-format json"},
+	"dev up":                      {"kibotos dev up", "kibotos dev up --advertise 127.0.0.1:7480"},
+	"dev down":                    {"kibotos dev down", "kibotos dev down --purge"},
+	"status":                      {"kibo status"},
+	"enrollment grant":            {"kibo enrollment grant node-b --roles node", "kibo enrollment grant ctrl-2 --roles ctrl,node --ttl 1h"},
+	"enrollment revoke":           {"kibo enrollment revoke node-b"},
+	"enrollment list":             {"kibo enrollment list"},
+	"node list":                   {"kibo node list", "kibo node list --wide"},
+	"node get":                    {"kibo node get node-b"},
+	"node drain":                  {"kibo node drain node-b", "kibo node drain node-b --wait"},
+	"node cancel-drain":           {"kibo node cancel-drain node-b"},
+	"node isolate":                {"kibo node isolate node-b    # only once the host is down or cut off from its pools"},
+	"node retire":                 {"kibo node retire node-b"},
+	"node overcommit get":         {"kibo node overcommit get"},
+	"node overcommit set-default": {"kibo node overcommit set-default --cpu 4 --memory 1.2"},
+	"node overcommit set":         {"kibo node overcommit set node-b --cpu 2"},
+	"platform build":              {"kibo platform build"},
+	"platform list":               {"kibo platform list"},
+	"template build":              {"kibo template build kibotos-coding", "kibo template build debian-12 --debootstrap --suite bookworm --include git,curl"},
+	"template list":               {"kibo template list"},
+	"template get":                {"kibo template get kibotos-coding"},
+	"template delete":             {"kibo template delete debian-12"},
+	"workspace create": {"kibo workspace create --template kibotos-coding --cpu 1 --memory 512MiB",
+		"kibo workspace create --template kibotos-coding --cpu 2 --memory 2GiB --egress public --allow '*.github.com,pypi.org'"},
+	"workspace start":  {"kibo workspace start WS", "kibo workspace start WS --node node-b"},
+	"workspace stop":   {"kibo workspace stop WS", "kibo workspace stop WS --force"},
+	"workspace delete": {"kibo workspace delete WS"},
+	"workspace get":    {"kibo workspace get WS", "kibo workspace get WS --json"},
+	"workspace list":   {"kibo workspace list", "kibo workspace list --all --label team=ml"},
+	"workspace move":   {"kibo workspace move WS --node node-b"},
+	"workspace set-network": {"kibo workspace set-network WS --egress public --deny 10.0.0.0/8",
+		"kibo workspace set-network WS --allow '*.example.com' --clear-deny"},
+	"workspace cleanup-status": {"kibo workspace cleanup-status WS"},
+	"workspace exec":           {"kibo workspace exec WS -- uname -a", "kibo workspace exec WS -- sh -c 'wget -qO- http://example.com/'"},
+	"workspace terminal":       {"kibo workspace terminal WS"},
+	"workspace cp":             {"kibo workspace cp ./data.csv WS:/workspace/data.csv", "kibo workspace cp WS:/workspace/out.tar ."},
+	"workspace port-forward":   {"kibo workspace port-forward WS 8080", "kibo workspace port-forward WS 9000:8080"},
+	"egress create":            {"kibo egress create corp --socks5 proxy.corp:1080 --username kibo --password-file ./pw"},
+	"egress update":            {"kibo egress update corp --socks5 proxy2.corp:1080"},
+	"egress list":              {"kibo egress list"},
+	"egress get":               {"kibo egress get corp"},
+	"egress delete":            {"kibo egress delete corp"},
+	"resolver create":          {"kibo resolver create corp-dns --upstream 10.0.0.53,dns.corp:5353"},
+	"resolver list":            {"kibo resolver list"},
+	"resolver get":             {"kibo resolver get corp-dns"},
+	"resolver delete":          {"kibo resolver delete corp-dns"},
+}
+
+// helpWithExamples is kong's help, then the verb's examples.
+func helpWithExamples(options kong.HelpOptions, ctx *kong.Context) error {
+	if err := kong.DefaultHelpPrinter(options, ctx); err != nil {
+		return err
+	}
+	n := ctx.Selected()
+	if n == nil || len(examples[n.Path()]) == 0 {
+		return nil
+	}
+	fmt.Fprintln(ctx.Stdout, "\nExamples:")
+	for _, e := range examples[n.Path()] {
+		fmt.Fprintln(ctx.Stdout, "  "+e)
+	}
+	return nil
+}
