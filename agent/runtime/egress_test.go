@@ -85,8 +85,7 @@ func TestGuestEgress(t *testing.T) {
 	microsocks := testenv.LookPath(t, "microsocks", "microsocks")
 	exe := buildKibotos(t)
 	lab := h.lab
-	lab.Namespace("inet")
-	lab.Wire("node", "up0", labUplinkNode+"/24", "inet", "eth0", labInternet+"/24")
+	h.wireInternet()
 	const corpDNS = "198.51.100.4"
 	lab.Addr("inet", "eth0", corpDNS+"/24")
 	internet := lab.HTTP("inet", labInternet+":8080", "from the internet")

@@ -91,6 +91,13 @@ func newHarness(t testing.TB) *harness {
 	return h
 }
 
+// wireInternet adds the lab's "internet": namespace inet on the node's
+// uplink up0, labInternet its address.
+func (h *harness) wireInternet() {
+	h.lab.Namespace("inet")
+	h.lab.Wire("node", "up0", labUplinkNode+"/24", "inet", "eth0", labInternet+"/24")
+}
+
 func (h *harness) open(t *testing.T) (*runtime.Runtime, error) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)

@@ -24,9 +24,8 @@ func TestGuestNetwork(t *testing.T) {
 	h := newHarness(t)
 	inst := platformFixture(t)
 	lab := h.lab
-	lab.Namespace("inet")
+	h.wireInternet()
 	lab.Namespace("mgmt")
-	lab.Wire("node", "up0", labUplinkNode+"/24", "inet", "eth0", labInternet+"/24")
 	lab.Wire("node", "mg0", labMgmtNode+"/24", "mgmt", "eth0", labMgmtHost+"/24")
 	internet := lab.HTTP("inet", labInternet+":8080", "from the internet")
 	lab.HTTP("mgmt", labMgmtHost+":8080", "from management")

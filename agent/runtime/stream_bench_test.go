@@ -31,8 +31,7 @@ func BenchmarkGuestStream(b *testing.B) {
 	microsocks := testenv.LookPath(b, "microsocks", "microsocks")
 	exe := buildKibotos(b)
 	lab := h.lab
-	lab.Namespace("inet")
-	lab.Wire("node", "up0", labUplinkNode+"/24", "inet", "eth0", labInternet+"/24")
+	h.wireInternet()
 	lab.Start("inet", microsocks, "-i", labInternet, "-p", "1080")
 	rt, _ := openWithEgress(b, h, exe)
 	ctx := testCtx(b, 30*time.Minute)
