@@ -8,6 +8,7 @@ import (
 	"os"
 	"time"
 
+	"github.com/kibotos/kibotos/internal/ctxsleep"
 	"github.com/kibotos/kibotos/vmm/units"
 )
 
@@ -100,7 +101,7 @@ func (s *Supervisor) waitGone(ctx context.Context, unit string, d time.Duration)
 		if gone, _ := s.unitGone(ctx, unit); gone {
 			return true
 		}
-		if time.Now().After(deadline) || sleepCtx(ctx, 20*time.Millisecond) != nil {
+		if time.Now().After(deadline) || ctxsleep.Sleep(ctx, 20*time.Millisecond) != nil {
 			return false
 		}
 	}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/vishvananda/netns"
 
+	"github.com/kibotos/kibotos/internal/ctxsleep"
 	"github.com/kibotos/kibotos/netpol"
 	"github.com/kibotos/kibotos/vmm/units"
 )
@@ -71,7 +72,7 @@ func (s *Supervisor) retryBusy(ctx context.Context, listen func() error) error {
 		if err == nil || !errors.Is(err, syscall.EADDRINUSE) || time.Now().After(deadline) {
 			return err
 		}
-		if serr := sleepCtx(ctx, 50*time.Millisecond); serr != nil {
+		if serr := ctxsleep.Sleep(ctx, 50*time.Millisecond); serr != nil {
 			return err
 		}
 	}
@@ -152,20 +153,9 @@ func (s *Supervisor) waitControl(ctx context.Context, g *generation) error {
 		if time.Now().After(deadline) {
 			return fmt.Errorf("egress: generation %d (%s) runs but its control socket does not answer after %v: %v (journalctl -u %s)", g.num, g.unit, startTimeout, err, g.unit)
 		}
-		if serr := sleepCtx(ctx, 20*time.Millisecond); serr != nil {
+		if serr := ctxsleep.Sleep(ctx, 20*time.Millisecond); serr != nil {
 			return fmt.Errorf("egress: generation %d (%s): waiting for its control socket: %w", g.num, g.unit, serr)
 		}
-	}
-}
-
-func sleepCtx(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return context.Cause(ctx)
 	}
 }
 

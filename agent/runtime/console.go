@@ -9,6 +9,8 @@ import (
 	"os"
 	"syscall"
 	"time"
+
+	"github.com/kibotos/kibotos/internal/ctxsleep"
 )
 
 // DefaultConsoleLogCap bounds what the node keeps of a guest's serial
@@ -114,7 +116,7 @@ func (rt *Runtime) startConsole(in *instance) {
 			var d net.Dialer
 			c, err := d.DialContext(rt.ctx, "unix", sock)
 			if err != nil {
-				if sleepCtx(rt.ctx, backoff) != nil {
+				if ctxsleep.Sleep(rt.ctx, backoff) != nil {
 					return
 				}
 				backoff = min(2*backoff, 500*time.Millisecond)

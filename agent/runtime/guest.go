@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/kibotos/kibotos/internal/ctxsleep"
 	"github.com/kibotos/kibotos/vmm/guestproto"
 )
 
@@ -88,7 +89,7 @@ func (rt *Runtime) guestLoop(ctx context.Context, in *instance, c *guestproto.Cl
 				in.mu.Unlock()
 				pending = true
 				rt.log.Warn("instance guest sync pending", "instance_id", in.id, "err", err, "retry_in", backoff)
-				if sleepCtx(ctx, backoff) != nil {
+				if ctxsleep.Sleep(ctx, backoff) != nil {
 					return
 				}
 				backoff = min(backoff*2, guestBackoffMax)
@@ -163,19 +164,8 @@ func (rt *Runtime) waitGuest(ctx context.Context, in *instance, alive func() boo
 		if !alive() {
 			return nil, fmt.Errorf("the VMM exited before the guest agent answered (last: %v)", last)
 		}
-		if err := sleepCtx(ctx, 50*time.Millisecond); err != nil {
+		if err := ctxsleep.Sleep(ctx, 50*time.Millisecond); err != nil {
 			return nil, fmt.Errorf("%w (last: %v)", err, last)
 		}
-	}
-}
-
-func sleepCtx(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/kibotos/kibotos/internal/ctxsleep"
 	"github.com/kibotos/kibotos/netpol"
 	"github.com/kibotos/kibotos/vmm/platform"
 	"github.com/kibotos/kibotos/vmm/units"
@@ -346,7 +347,7 @@ func (rt *Runtime) identify(ctx context.Context, u units.Unit, vmmBinary string)
 			}
 			return nil, fmt.Errorf("unit %s main process (host PID %d) still runs %s after 10s, not %s", u.Name, hostPID, exe, vmmBinary)
 		}
-		if err := sleepCtx(ctx, time.Millisecond); err != nil {
+		if err := ctxsleep.Sleep(ctx, time.Millisecond); err != nil {
 			return nil, err
 		}
 	}

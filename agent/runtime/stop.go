@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/kibotos/kibotos/internal/ctxsleep"
 	"github.com/kibotos/kibotos/vmm/units"
 )
 
@@ -106,7 +107,7 @@ func (rt *Runtime) waitProcessGone(ctx context.Context, p *ProcessRecord, d time
 		if st, err := procStartTime(p.HostPID); err != nil || st != p.StartTime {
 			return true
 		}
-		if time.Now().After(deadline) || sleepCtx(ctx, 5*time.Millisecond) != nil {
+		if time.Now().After(deadline) || ctxsleep.Sleep(ctx, 5*time.Millisecond) != nil {
 			return false
 		}
 	}
@@ -150,7 +151,7 @@ func (rt *Runtime) confirmEmpty(ctx context.Context, rec *LaunchRecord) error {
 		if time.Now().After(deadline) {
 			return fmt.Errorf("instance cleanup pending: cgroup %s still holds host PIDs %v (main process alive: %v)", cg, pids, mainAlive)
 		}
-		if err := sleepCtx(ctx, 5*time.Millisecond); err != nil {
+		if err := ctxsleep.Sleep(ctx, 5*time.Millisecond); err != nil {
 			return fmt.Errorf("waiting for cgroup %s to empty: %w", cg, err)
 		}
 	}

@@ -11,6 +11,8 @@ import (
 
 	sd "github.com/coreos/go-systemd/v22/dbus"
 	godbus "github.com/godbus/dbus/v5"
+
+	"github.com/kibotos/kibotos/internal/ctxsleep"
 )
 
 // Spec describes one transient service.
@@ -229,7 +231,7 @@ func (m *Manager) reclaim(ctx context.Context, name string) error {
 		if _, err := m.Get(ctx, name); isNotFound(err) {
 			return nil
 		}
-		if err := sleepCtx(ctx, 5*time.Millisecond); err != nil {
+		if err := ctxsleep.Sleep(ctx, 5*time.Millisecond); err != nil {
 			return fmt.Errorf("units: start unit %s: waiting for the finished unit to be collected: %w", name, err)
 		}
 	}
@@ -245,15 +247,4 @@ func isDBusError(err error, name string) bool {
 	}
 	var dep *godbus.Error
 	return errors.As(err, &dep) && dep.Name == name
-}
-
-func sleepCtx(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
 }

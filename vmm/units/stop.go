@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"syscall"
 	"time"
+
+	"github.com/kibotos/kibotos/internal/ctxsleep"
 )
 
 var errNoDevice = syscall.ENODEV // reading cgroup.procs of a cgroup being removed
@@ -70,7 +72,7 @@ func (m *Manager) Stop(ctx context.Context, name string) error {
 			return fmt.Errorf("units: stop unit %s: stop job done but after %v host PIDs %v remain (cgroup %s, main PID %d): inspect and kill them by PID",
 				name, settle.Round(time.Millisecond), left, m.CgroupPath(u), mainPID)
 		}
-		if err := sleepCtx(ctx, 2*time.Millisecond); err != nil {
+		if err := ctxsleep.Sleep(ctx, 2*time.Millisecond); err != nil {
 			return fmt.Errorf("units: stop unit %s: waiting for its processes to exit: %w", name, err)
 		}
 	}
