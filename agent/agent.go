@@ -114,6 +114,7 @@ type Agent struct {
 	lastAliveCheck time.Time
 	// templates as last listed, valid while the directory's mtime is templatesMod.
 	templates       []string
+	templateBytes   map[string]uint64
 	templatesMod    time.Time
 	templatesListed time.Time
 
@@ -165,18 +166,27 @@ func (a *Agent) SessionID() string {
 
 func defaultPoolPath(d datadir.Dir) string { return filepath.Join(d.StorageRoot(), "pools", "default") }
 
-// checkPools validates the configured pools: unique ids, absolute paths,
-// and a default pool that exists.
+// checkPools validates the configured pools: valid unique ids, absolute
+// paths, and a default pool that exists. Another node's private pool
+// ("node-a:default") may be declared: its disk was moved here.
 func checkPools(cfg *Config) error {
-	seen := map[string]bool{"default": true}
+	own := api.PrivatePoolID(cfg.NodeID)
+	seen := map[string]bool{api.LegacyPrivatePool: true, own: true}
 	for _, p := range cfg.Pools {
 		switch {
 		case p.ID == "" || seen[p.ID]:
-			return fmt.Errorf("storage pool %q: ids must be non-empty and unique (\"default\" is the node's own pool)", p.ID)
+			return fmt.Errorf("storage pool %q: ids must be non-empty and unique (\"default\" and %q are the node's own pool)", p.ID, own)
+		case api.ValidPoolID(p.ID) != nil:
+			return fmt.Errorf("storage pool %q: use 1-63 lowercase letters, digits, '.', '_' or '-' (or NODE:default for the moved private pool of another node)", p.ID)
+		case api.PrivatePoolOwner(p.ID) != "" && p.Shared:
+			return fmt.Errorf("storage pool %s: a node's private pool is never shared; remove shared = true", p.ID)
 		case !filepath.IsAbs(p.Path):
 			return fmt.Errorf("storage pool %s: path %q is not absolute", p.ID, p.Path)
 		}
 		seen[p.ID] = true
+	}
+	if cfg.DefaultPool == own {
+		cfg.DefaultPool = ""
 	}
 	if cfg.DefaultPool != "" && !seen[cfg.DefaultPool] {
 		return fmt.Errorf("default pool %q is not configured: add it under [[storage.pools]] or leave default_pool empty", cfg.DefaultPool)
@@ -186,7 +196,7 @@ func checkPools(cfg *Config) error {
 
 // poolPath is the directory of pool id, "" when the node has no such pool.
 func (a *Agent) poolPath(id string) string {
-	if id == "" || id == "default" {
+	if id == "" || id == api.LegacyPrivatePool || id == api.PrivatePoolID(a.cfg.NodeID) {
 		return defaultPoolPath(a.cfg.DataDir)
 	}
 	for _, p := range a.cfg.Pools {
@@ -290,14 +300,19 @@ func (a *Agent) watchInstances(ctx context.Context, last api.Report) {
 }
 
 // reportedStates is what of a report is worth a push when it changes: the
-// Instances' states and the templates. Denied counts are not: they change
-// with every dropped packet and ride along with the next report.
+// Instances' states, the templates and the pools' availability (ctrl
+// places nothing that needs an unavailable pool). Denied counts and free
+// bytes are not: they change all the time and ride along with the next
+// report.
 func reportedStates(r api.Report) string {
 	var b strings.Builder
 	for _, st := range r.InstanceStates {
 		fmt.Fprintf(&b, "%s %s %q;", st.InstanceID, st.State, st.Error)
 	}
-	fmt.Fprint(&b, r.Templates)
+	for _, p := range r.Pools {
+		fmt.Fprintf(&b, "%s %t;", p.PoolID, p.Available)
+	}
+	fmt.Fprint(&b, r.Templates, r.TemplateBytes)
 	return b.String()
 }
 
@@ -465,8 +480,8 @@ func (a *Agent) report() api.Report { return a.buildReport(true) }
 func (a *Agent) buildReport(withEnded bool) api.Report {
 	r := api.Report{
 		Capacity:    a.cfg.Capacity,
-		Pools:       []api.Pool{poolStatus("default", defaultPoolPath(a.cfg.DataDir))},
-		DefaultPool: a.cfg.DefaultPool,
+		Pools:       []api.Pool{poolStatus(api.PrivatePoolID(a.cfg.NodeID), defaultPoolPath(a.cfg.DataDir))},
+		DefaultPool: api.NormalizePoolID(a.cfg.NodeID, a.cfg.DefaultPool),
 	}
 	for _, p := range a.cfg.Pools {
 		st := poolStatus(p.ID, p.Path)
@@ -476,7 +491,7 @@ func (a *Agent) buildReport(withEnded bool) api.Report {
 	if dp := a.cfg.DataPlane; dp != nil {
 		r.DataPlaneAddress = dp.Address()
 	}
-	r.Templates = a.templateNames()
+	r.Templates, r.TemplateBytes = a.templateNames()
 	if rt := a.cfg.Runtime; rt != nil && withEnded {
 		// ctrl stores the cleanup conclusion of each, then has it deleted.
 		ended, err := rt.Ended(100)
@@ -509,16 +524,16 @@ func (a *Agent) buildReport(withEnded bool) api.Report {
 // Workspace only where its template is). The list is read again only when
 // the templates directory changed: a build or delete renames or removes
 // an entry there, and the report watcher asks every second.
-func (a *Agent) templateNames() []string {
+func (a *Agent) templateNames() ([]string, map[string]uint64) {
 	root := a.cfg.DataDir.StorageRoot()
 	st, statErr := os.Stat(template.Dir(root))
 	a.mu.Lock()
 	// Listed again at least every 10 s anyway: a file system with coarse
 	// timestamps can hide a change made in the second of the last listing.
 	if statErr == nil && st.ModTime().Equal(a.templatesMod) && time.Since(a.templatesListed) < 10*time.Second {
-		names := a.templates
+		names, sizes := a.templates, a.templateBytes
 		a.mu.Unlock()
-		return names
+		return names, sizes
 	}
 	a.mu.Unlock()
 	ts, err := template.List(root)
@@ -526,17 +541,25 @@ func (a *Agent) templateNames() []string {
 		a.log.Debug("templates not listed", "err", err)
 	}
 	var names []string
+	var sizes map[string]uint64
 	for _, t := range ts {
 		if len(names) == 0 || names[len(names)-1] != t.Name { // sorted by name
 			names = append(names, t.Name)
 		}
+		// A new layer goes over the latest build; charge the largest.
+		if t.ImageBytes > 0 {
+			if sizes == nil {
+				sizes = map[string]uint64{}
+			}
+			sizes[t.Name] = max(sizes[t.Name], uint64(t.ImageBytes))
+		}
 	}
 	if statErr == nil && err == nil {
 		a.mu.Lock()
-		a.templates, a.templatesMod, a.templatesListed = names, st.ModTime(), time.Now()
+		a.templates, a.templateBytes, a.templatesMod, a.templatesListed = names, sizes, st.ModTime(), time.Now()
 		a.mu.Unlock()
 	}
-	return names
+	return names, sizes
 }
 
 // PushReport sends a full report now instead of at the next sync, as the

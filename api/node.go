@@ -132,6 +132,9 @@ type Report struct {
 	// Templates are the names of the templates built on the node; ctrl
 	// places a Workspace only where its template is.
 	Templates []string `json:"templates,omitempty"`
+	// TemplateBytes is each template's image size: what a new retained
+	// layer over it may grow to, charged to the pool it goes to.
+	TemplateBytes map[string]uint64 `json:"template_bytes,omitempty"`
 	// DataPlaneAddress is where the node's data-plane process listens.
 	DataPlaneAddress string `json:"data_plane_address,omitempty"`
 }
@@ -154,25 +157,12 @@ type InstanceState struct {
 	DeniedPackets uint64 `json:"denied_packets,omitempty"`
 }
 
-// DefaultPoolOf is the pool a node creates retained layers in.
-func DefaultPoolOf(r *Report) string {
-	if r == nil || r.DefaultPool == "" {
-		return "default"
-	}
-	return r.DefaultPool
-}
-
-// SharedPool reports whether the report lists pool id as shared.
-func SharedPool(r *Report, id string) bool {
+// DefaultPoolOf is the pool node creates retained layers and Volumes in.
+func DefaultPoolOf(node string, r *Report) string {
 	if r == nil {
-		return false
+		return PrivatePoolID(node)
 	}
-	for _, p := range r.Pools {
-		if p.PoolID == id {
-			return p.Shared
-		}
-	}
-	return false
+	return NormalizePoolID(node, r.DefaultPool)
 }
 
 // Pool is a storage pool as a node reports it.

@@ -84,6 +84,12 @@ type LayerRight struct {
 	// Held is true while a node holds the use right (the layer is attached
 	// to an execution or being released); false once released.
 	Held bool `json:"held"`
+	// SizeBytes is what the layer may grow to (its template's image
+	// size), charged to the pool while the layer exists.
+	SizeBytes uint64 `json:"size_bytes,omitempty"`
+	// Lost: its pool was declared lost; the files are gone, the Workspace
+	// can only be deleted.
+	Lost bool `json:"lost,omitempty"`
 }
 
 // WorkspaceFailure says why a Workspace is FAILED.

@@ -178,6 +178,9 @@ func (c *DevUpCmd) announceWhenReady(g *Globals, d datadir.Dir, id *datadir.Iden
 		// acknowledged (ctrl places nothing on it before).
 		if _, err := cl.Do(g.ctx, "GET", "/v1/nodes/"+id.NodeID, nil, &n); err == nil && n.Status == api.NodeReady &&
 			n.Report != nil && n.Overcommit != nil && n.Overcommit.Acknowledged {
+			if err := devPoolCapacity(g, cl, &n); err != nil {
+				g.note("kibotos dev: %v\n", err)
+			}
 			kibo := kiboCommand()
 			g.note("\nkibotos dev: node %s is READY at %s.\n", id.NodeID, id.Advertise)
 			if runsVMs && !c.NoDemo {
@@ -193,6 +196,35 @@ func (c *DevUpCmd) announceWhenReady(g *Globals, d datadir.Dir, id *datadir.Iden
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
+}
+
+// devPoolCapacity gives the dev node's private pool a capacity the first
+// time (a pool without one takes no Workspace): the size of the file
+// system it is on, which kibo storage-pool set-capacity can change.
+func devPoolCapacity(g *Globals, cl *api.Client, n *api.Node) error {
+	id := api.PrivatePoolID(n.NodeID)
+	var p api.StoragePool
+	if _, err := cl.Do(g.ctx, "GET", poolPath(id), nil, &p); err != nil {
+		return fmt.Errorf("storage pool %s: %w", id, err)
+	}
+	if p.CapacityBytes != nil {
+		return nil
+	}
+	var size uint64
+	for _, rp := range n.Report.Pools {
+		if rp.PoolID == id {
+			size = rp.CapacityBytes
+		}
+	}
+	if size == 0 {
+		return fmt.Errorf("storage pool %s: its file system's size is unknown; set a capacity with kibo storage-pool set-capacity %s SIZE", id, id)
+	}
+	req := api.PoolCapacityRequest{WriteMeta: writeMeta("", &p.Version), CapacityBytes: min(size, api.MaxPoolCapacity)}
+	if _, err := cl.Do(g.ctx, "POST", poolPath(id, "capacity"), req, &p); err != nil {
+		return fmt.Errorf("storage pool %s: capacity not set: %w", id, err)
+	}
+	g.note("kibotos dev: storage pool %s capacity set to %s (its file system; change it with kibo storage-pool set-capacity)\n", id, formatBytes(*p.CapacityBytes))
+	return nil
 }
 
 // demo creates a Workspace when the cluster has none and runs echo hello

@@ -163,39 +163,68 @@ type EgressListCmd struct {
 }
 
 func (c *EgressListCmd) Run(g *Globals) error {
-	if c.PageSize < 0 {
+	var out api.EgressList
+	return runList(g, listCall{path: "/v1/egress", size: c.PageSize, token: c.PageToken, quiet: c.Quiet, what: "Egress objects"}, &out,
+		func() ([]string, string) {
+			names := make([]string, len(out.Egress))
+			for i, e := range out.Egress {
+				names[i] = e.Name
+			}
+			return names, out.NextPageToken
+		},
+		func() { c.table(g, &out) })
+}
+
+func (c *EgressListCmd) table(g *Globals, out *api.EgressList) {
+	header := []string{"NAME", "SOCKS5", "REVISION", "CREDENTIALS", "WORKSPACES"}
+	if c.Wide {
+		header = append(header, "USERNAME", "VERSION", "UPDATED")
+	}
+	t := newTable(g.stdout, header...)
+	for i := range out.Egress {
+		e := &out.Egress[i]
+		row := []string{e.Name, e.SOCKS5, strconv.FormatUint(e.Revision, 10), credentialsColumn(e), itoa(e.Workspaces)}
+		if c.Wide {
+			row = append(row, dash(e.Username), strconv.FormatUint(e.Version, 10), stamp(e.UpdatedAt))
+		}
+		t.row(row...)
+	}
+	t.flush()
+}
+
+// listCall is one page of an object list: where, which page, how shown.
+type listCall struct {
+	path  string
+	size  int
+	token string
+	quiet bool
+	what  string // "Egress objects": in the next-page note
+}
+
+// runList is the frame of the object lists: fetch one page into out,
+// print it as received (--json), its names (-q) or the table, and say
+// how to read the next one. names gives the page's names and next token.
+func runList(g *Globals, l listCall, out any, names func() ([]string, string), table func()) error {
+	if l.size < 0 {
 		return usagef("--page-size must be 0 or more")
 	}
-	var out api.EgressList
-	raw, err := g.call("GET", "/v1/egress"+pageQuery(c.PageSize, c.PageToken), nil, &out)
+	raw, err := g.call("GET", l.path+pageQuery(l.size, l.token), nil, out)
 	if err != nil {
 		return err
 	}
+	ids, next := names()
 	switch {
 	case g.JSON:
 		return g.printJSON(raw)
-	case c.Quiet:
-		for _, e := range out.Egress {
-			g.printf("%s\n", e.Name)
+	case l.quiet:
+		for _, id := range ids {
+			g.printf("%s\n", id)
 		}
 	default:
-		header := []string{"NAME", "SOCKS5", "REVISION", "CREDENTIALS", "WORKSPACES"}
-		if c.Wide {
-			header = append(header, "USERNAME", "VERSION", "UPDATED")
-		}
-		t := newTable(g.stdout, header...)
-		for i := range out.Egress {
-			e := &out.Egress[i]
-			row := []string{e.Name, e.SOCKS5, strconv.FormatUint(e.Revision, 10), credentialsColumn(e), itoa(e.Workspaces)}
-			if c.Wide {
-				row = append(row, dash(e.Username), strconv.FormatUint(e.Version, 10), stamp(e.UpdatedAt))
-			}
-			t.row(row...)
-		}
-		t.flush()
+		table()
 	}
-	if out.NextPageToken != "" {
-		g.note("more Egress objects: --page-token %s\n", out.NextPageToken)
+	if next != "" {
+		g.note("more %s: --page-token %s\n", l.what, next)
 	}
 	return nil
 }

@@ -13,16 +13,7 @@ import (
 )
 
 // formatBytes shows bytes in the largest binary unit with one decimal.
-func formatBytes(n uint64) string {
-	units := []string{"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"}
-	v := float64(n)
-	i := 0
-	for v >= 1024 && i < len(units)-1 {
-		v /= 1024
-		i++
-	}
-	return fmt.Sprintf("%.1f%s", v, units[i])
-}
+func formatBytes(n uint64) string { return api.FormatBytes(n) }
 
 // formatSkew shows a clock offset with its sign, in ms below a second.
 func formatSkew(ns int64) string {

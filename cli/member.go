@@ -118,6 +118,9 @@ type fileConfig struct {
 			ID     string `toml:"id"`
 			Path   string `toml:"path"`
 			Shared bool   `toml:"shared"`
+			// Capacity is refused: it is ctrl's attribute of the pool
+			// (earlier releases read it from here).
+			Capacity any `toml:"capacity"`
 		} `toml:"pools"`
 	} `toml:"storage"`
 	Network struct {
@@ -209,6 +212,9 @@ func (c *ServeCmd) Run(g *Globals) error {
 	}
 	var pools []agent.PoolConfig
 	for _, p := range fc.Storage.Pools {
+		if p.Capacity != nil {
+			return api.Errorf(api.CodeInvalidArgument, "configuration file %s: storage pool %s: capacity is no longer a node setting, pool capacity is ctrl's: delete the capacity line and set it with kibo storage-pool set-capacity %s SIZE", c.Config, p.ID, p.ID)
+		}
 		pools = append(pools, agent.PoolConfig{ID: p.ID, Path: p.Path, Shared: p.Shared})
 	}
 	return runMember(g, memberOptions{dir: datadir.Dir(dir), bind: bind, level: level, capacity: capacity, timings: timings, deniedReport: deniedReport, clockSkew: c.ClockSkew, logFormat: format,

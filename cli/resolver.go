@@ -53,32 +53,22 @@ type ResolverListCmd struct {
 }
 
 func (c *ResolverListCmd) Run(g *Globals) error {
-	if c.PageSize < 0 {
-		return usagef("--page-size must be 0 or more")
-	}
 	var out api.ResolverList
-	raw, err := g.call("GET", "/v1/resolvers"+pageQuery(c.PageSize, c.PageToken), nil, &out)
-	if err != nil {
-		return err
-	}
-	switch {
-	case g.JSON:
-		return g.printJSON(raw)
-	case c.Quiet:
-		for _, r := range out.Resolvers {
-			g.printf("%s\n", r.Name)
-		}
-	default:
-		t := newTable(g.stdout, "NAME", "UPSTREAMS", "WORKSPACES", "VERSION")
-		for _, r := range out.Resolvers {
-			t.row(r.Name, strings.Join(r.Upstreams, ","), itoa(r.Workspaces), strconv.FormatUint(r.Version, 10))
-		}
-		t.flush()
-	}
-	if out.NextPageToken != "" {
-		g.note("more Resolvers: --page-token %s\n", out.NextPageToken)
-	}
-	return nil
+	return runList(g, listCall{path: "/v1/resolvers", size: c.PageSize, token: c.PageToken, quiet: c.Quiet, what: "Resolvers"}, &out,
+		func() ([]string, string) {
+			names := make([]string, len(out.Resolvers))
+			for i, r := range out.Resolvers {
+				names[i] = r.Name
+			}
+			return names, out.NextPageToken
+		},
+		func() {
+			t := newTable(g.stdout, "NAME", "UPSTREAMS", "WORKSPACES", "VERSION")
+			for _, r := range out.Resolvers {
+				t.row(r.Name, strings.Join(r.Upstreams, ","), itoa(r.Workspaces), strconv.FormatUint(r.Version, 10))
+			}
+			t.flush()
+		})
 }
 
 // ResolverGetCmd is `resolver get`.

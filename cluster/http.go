@@ -216,6 +216,11 @@ func (s *Server) routes() http.Handler {
 	m.HandleFunc("GET /v1/resolvers/{name}", operator(s.reader(s.handleResolverGet)))
 	m.HandleFunc("POST /v1/resolvers/{name}/delete", operator(s.onLeader(s.objectDelete(fsm.OpResolverDelete, "resolver"))))
 
+	m.HandleFunc("GET /v1/storage-pools", operator(s.reader(s.handlePoolList)))
+	m.HandleFunc("GET /v1/storage-pools/{id}", operator(s.reader(s.handlePoolGet)))
+	m.HandleFunc("POST /v1/storage-pools/{id}/capacity", operator(s.onLeader(s.handlePoolSetCapacity)))
+	m.HandleFunc("POST /v1/storage-pools/{id}/declare-lost", operator(s.onLeader(s.handlePoolDeclareLost)))
+
 	m.HandleFunc("GET /v1/enrollment/grants", operator(s.reader(s.handleGrantList)))
 	m.HandleFunc("POST /v1/enrollment/grants", operator(s.onLeader(s.handleGrant)))
 	m.HandleFunc("POST /v1/enrollment/grants/{id}/revoke", operator(s.onLeader(s.handleRevoke)))

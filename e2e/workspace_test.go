@@ -180,7 +180,15 @@ func (d *wsDev) waitReady(after uint64) uint64 {
 		if n.Session != nil {
 			inc = n.Session.Incarnation
 		}
-		return ok, trimTo(r.stdout, 400)
+		if !ok {
+			return false, trimTo(r.stdout, 400)
+		}
+		// kibotos dev gives its pool a capacity once the node is ready.
+		var p api.StoragePool
+		if r := d.kibo(10*time.Second, nil, "storage-pool", "get", "dev:default", "--json"); r.code != 0 || decodeResult(r, &p) != nil || p.CapacityBytes == nil {
+			return false, "storage pool dev:default without a capacity: " + trimTo(r.String(), 400)
+		}
+		return true, ""
 	})
 	return inc
 }

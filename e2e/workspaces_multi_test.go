@@ -394,8 +394,17 @@ func TestWorkspacesTwoNodes(t *testing.T) {
 	for _, h := range l.hosts {
 		mhWaitNode(t, a, h.nodeID, 30*time.Second, "ready for Workspaces", mhReadyForWorkspaces)
 	}
-	t.Logf("cluster ready in %s", time.Since(t0).Round(time.Millisecond))
 	admin := a // the CLI runs in node-a's namespace with node-a's credentials
+	// The shared pool exists at ctrl with both hosts as members; its
+	// capacity is ctrl's to set, and without one it takes no layer.
+	if r := admin.kibo("workspace", "create", "--template", template.DefaultName, "--cpu", "1", "--memory", "256MiB", "--no-wait"); r.code != api.ExitResourceExhausted || !strings.Contains(r.stderr, "no capacity set") {
+		t.Fatalf("create before the shared pool has a capacity: %s", r)
+	}
+	mhMust(t, admin, cliTimeout, "storage-pool", "set-capacity", "shared", "100GiB")
+	if list := strings.Join(strings.Fields(mhMust(t, admin, cliTimeout, "storage-pool", "list").stdout), " "); !strings.Contains(list, "shared shared node-a,node-b 100.0GiB 0.0B 100.0GiB") {
+		t.Fatalf("storage-pool list:\n%s", list)
+	}
+	t.Logf("cluster ready in %s", time.Since(t0).Round(time.Millisecond))
 
 	var w1, w2 string
 	other := map[string]string{a.nodeID: b.nodeID, b.nodeID: a.nodeID}

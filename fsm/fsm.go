@@ -85,6 +85,8 @@ var handlers = map[string]handler{
 	OpEgressDelete:         applyEgressDelete,
 	OpResolverCreate:       applyResolverCreate,
 	OpResolverDelete:       applyResolverDelete,
+	OpPoolSetCapacity:      applyPoolSetCapacity,
+	OpPoolDeclareLost:      applyPoolDeclareLost,
 }
 
 // Open creates a fresh state file at path (any old file is replaced).

@@ -335,6 +335,7 @@ var allOps = []string{
 	OpWorkspaceCreate, OpWorkspaceStart, OpWorkspaceStop, OpWorkspaceDelete, OpWorkspaceResult,
 	OpWorkspaceSetNetwork,
 	OpEgressCreate, OpEgressUpdate, OpEgressDelete, OpResolverCreate, OpResolverDelete,
+	OpPoolSetCapacity, OpPoolDeclareLost,
 }
 
 func TestEveryOpHasAHandler(t *testing.T) {
@@ -749,7 +750,7 @@ func TestNodeReport(t *testing.T) {
 			}
 			n := h.node("node-a")
 			want := rep
-			want.ReportVersion, want.ReportedAt = 1, h.now
+			want.ReportVersion, want.ReportedAt, want.DefaultPool = 1, h.now, "node-a:default"
 			if !reflect.DeepEqual(*n.Report, want) {
 				t.Errorf("report %+v\nwant %+v", *n.Report, want)
 			}

@@ -165,6 +165,12 @@ func applyNodeReport(tx *bolt.Tx, e *Entry) (any, error) {
 		return nil, err
 	}
 	r := a.Report
+	if err := checkReportPools(n.NodeID, &r); err != nil {
+		return nil, err
+	}
+	if err := declarePools(tx, e, n.NodeID, n.Report, &r); err != nil {
+		return nil, err
+	}
 	r.ReportVersion = 1
 	if n.Report != nil {
 		r.ReportVersion = n.Report.ReportVersion + 1

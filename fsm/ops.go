@@ -34,6 +34,8 @@ const (
 	OpEgressDelete         = "egress.delete"
 	OpResolverCreate       = "resolver.create"
 	OpResolverDelete       = "resolver.delete"
+	OpPoolSetCapacity      = "storage_pool.set_capacity"
+	OpPoolDeclareLost      = "storage_pool.declare_lost"
 )
 
 // BootstrapArgs creates the cluster with its first member.

@@ -220,9 +220,16 @@ func (g *logGen) report(id string) api.Report {
 	}
 	if g.pct(85) {
 		r.Pools = []api.Pool{{PoolID: DefaultPool, Path: "/srv/p", Available: g.pct(90)}}
+		// Now and then a shared pool too, declared one way or the other.
+		if g.pct(30) {
+			r.Pools = append(r.Pools, api.Pool{PoolID: "shared-nfs", Path: "/srv/nfs", Available: g.pct(90), Shared: g.pct(85)})
+		}
 	}
 	if g.pct(90) {
 		r.Templates = testTemplates
+		if g.pct(80) {
+			r.TemplateBytes = map[string]uint64{"kibotos-coding": uint64(1+g.r.Intn(8)) << 30}
+		}
 	}
 	// Now and then an Instance of this node (or another) ended on its own.
 	if ws := g.workspaces(); len(ws) > 0 && g.pct(15) {
@@ -414,6 +421,11 @@ func (g *logGen) drawWorkspace(mk func(string, any, *uint64) Entry) Entry {
 					return mk(OpNodeReport, ReportArgs{NodeID: id, SessionID: node.Session.SessionID, Report: rep,
 						Clock: &ClockArgs{KernelSync: "synchronized"}}, nil)
 				}
+				var p *api.StoragePool
+				g.ref.View(func(tx *bolt.Tx) error { p, _ = GetStoragePool(tx, api.PrivatePoolID(id)); return nil })
+				if p != nil && (p.CapacityBytes == nil || *p.AvailableBytes < 8<<30) {
+					return mk(OpPoolSetCapacity, PoolCapacityArgs{PoolID: p.PoolID, CapacityBytes: p.UsedBytes + uint64(1+g.r.Intn(64))<<30}, nil)
+				}
 			}
 		}
 		a := WorkspaceCreateArgs{Template: "kibotos-coding", CPU: api.Milli(1000 * (1 + g.r.Intn(4))), MemoryBytes: uint64(64+g.r.Intn(4096)) << 20}
@@ -547,6 +559,9 @@ func (g *logGen) draw() Entry {
 	if g.pct(6) {
 		return g.drawObject(mk)
 	}
+	if g.pct(4) {
+		return g.drawPool(mk)
+	}
 	id := g.nodeID()
 	switch w := g.r.Intn(100); {
 	case w < 2:
@@ -640,6 +655,35 @@ func (g *logGen) draw() Entry {
 		raws := []string{`{`, `[]`, `{"node_id":1}`, `null`, `{}`, `{"node_id":"node-a","cpu":"x"}`, `{"before":"yesterday"}`}
 		return mk(ops[g.r.Intn(len(ops))], json.RawMessage(raws[g.r.Intn(len(raws))]), nil)
 	}
+}
+
+// drawPool draws a storage-pool op: capacities (some out of range, some
+// below what is used) and declare-lost, mostly of pools that still have
+// members (refused), sometimes of one whose nodes are gone.
+func (g *logGen) drawPool(mk func(string, any, *uint64) Entry) Entry {
+	var pools []api.StoragePool
+	g.ref.View(func(tx *bolt.Tx) error {
+		if l, err := ListStoragePools(tx, 0, ""); err == nil {
+			pools = l.Pools
+		}
+		return nil
+	})
+	id := "nowhere"
+	var version uint64
+	if len(pools) > 0 && g.pct(90) {
+		p := pools[g.r.Intn(len(pools))]
+		id, version = p.PoolID, p.Version
+	} else if g.pct(50) {
+		id = "Bad Pool"
+	}
+	if g.pct(70) {
+		size := uint64(g.r.Intn(64)) << 30
+		if g.pct(5) {
+			size = api.MaxPoolCapacity + 1
+		}
+		return mk(OpPoolSetCapacity, PoolCapacityArgs{PoolID: id, CapacityBytes: size}, g.expected(version))
+	}
+	return mk(OpPoolDeclareLost, PoolDeclareLostArgs{PoolID: id, ConfirmDataLost: g.pct(90)}, g.expected(version))
 }
 
 // applyInBatches applies log in random batch sizes (1..64) drawn from r.

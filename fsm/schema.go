@@ -35,8 +35,15 @@ var (
 	// name NUL workspace_id → nil: the Resolver each policy names
 	bucketResolverRefs = []byte("resolver_refs")
 
+	// pool_id → poolRecord: a storage pool some node declared
+	bucketPools = []byte("pools")
+	// pool_id → PoolUse: what ctrl's objects take of it
+	bucketPoolUse = []byte("pool_use")
+	// pool_id NUL node_id → poolDecl: the node's latest report declares it
+	bucketPoolMembers = []byte("pool_members")
+
 	allBuckets = [][]byte{bucketMeta, bucketNodes, bucketGrants, bucketCommands, bucketWorkspaces, bucketWorkspaceNodes, bucketNodeHolds, bucketWorkspaceTombstones, bucketInstanceOwners,
-		bucketEgress, bucketEgressRevisions, bucketEgressRefs, bucketResolvers, bucketResolverRefs}
+		bucketEgress, bucketEgressRevisions, bucketEgressRefs, bucketResolvers, bucketResolverRefs, bucketPools, bucketPoolUse, bucketPoolMembers}
 )
 
 // Keys of the meta bucket.

@@ -162,6 +162,9 @@ func putWorkspace(tx *bolt.Tx, e *Entry, old, w *api.Workspace) error {
 	if err := moveHolds(tx, old, w); err != nil {
 		return err
 	}
+	if err := movePoolUse(tx, old, w); err != nil {
+		return err
+	}
 	if err := moveRefs(tx, old, w); err != nil {
 		return err
 	}
@@ -188,6 +191,9 @@ func cloneWorkspace(w *api.Workspace) *api.Workspace {
 
 func deleteWorkspace(tx *bolt.Tx, e *Entry, w *api.Workspace) error {
 	if err := moveHolds(tx, w, nil); err != nil {
+		return err
+	}
+	if err := movePoolUse(tx, w, nil); err != nil {
 		return err
 	}
 	if err := moveRefs(tx, w, nil); err != nil {
@@ -398,19 +404,34 @@ func place(tx *bolt.Tx, w *api.Workspace, pin string, refused []string) (string,
 	// The node must reach the pool of the writable layer: the default pool
 	// it creates a new layer in, or the pool an existing one is in.
 	req := placement.Request{CPU: w.CPU, MemoryBytes: w.MemoryBytes, Node: pin, Exclude: refused, OwnDefaultPool: true, Template: w.Template}
-	if w.Layer != nil && w.Layer.Shared {
+	switch {
+	case w.Layer != nil && w.Layer.Lost:
+		return "", lostLayerError(w)
+	case w.Layer != nil && w.Layer.Shared:
 		// Any node reaching the shared pool can use the layer.
 		req.OwnDefaultPool = false
-		req.Pools = []string{w.Layer.PoolID}
-	} else if w.Layer != nil {
-		// A retained layer in a node's private pool can be used only there.
-		if pin != "" && pin != w.Layer.NodeID {
-			return "", api.Errorf(api.CodeFailedPrecondition,
-				"workspace %s: its writable layer is in pool %s of node %s, which node %s cannot reach; start it on %s", w.WorkspaceID, w.Layer.PoolID, w.Layer.NodeID, pin, w.Layer.NodeID)
-		}
-		req.Node = w.Layer.NodeID
+		req.Pools = []string{api.LayerPoolID(w.Layer)}
+	case w.Layer != nil:
+		// A retained layer in a standalone pool can be used only by the
+		// node that made it, unless the pool has moved: then by the
+		// members it has now.
+		pool := api.LayerPoolID(w.Layer)
 		req.OwnDefaultPool = false
-		req.Pools = []string{w.Layer.PoolID}
+		req.Pools = []string{pool}
+		moved, err := poolMoved(tx, pool, w.Layer.NodeID)
+		if err != nil {
+			return "", err
+		}
+		if !moved {
+			if pin != "" && pin != w.Layer.NodeID {
+				return "", api.Errorf(api.CodeFailedPrecondition,
+					"workspace %s: its writable layer is in pool %s of node %s, which node %s cannot reach; start it on %s", w.WorkspaceID, pool, w.Layer.NodeID, pin, w.Layer.NodeID)
+			}
+			req.Node = w.Layer.NodeID
+		}
+	default:
+		// A new layer goes to the node's default pool, which must have room.
+		req.Room = func(n *api.Node) string { return newLayerRoom(tx, n, w.Template) }
 	}
 	if pin != "" {
 		// candidates leaves out nodes without the node role; say so rather
@@ -455,17 +476,25 @@ func anyHasTemplate(nodes []api.Node, name string) bool {
 // command. A new layer goes to the node's default pool; the use right of a
 // layer in a shared pool moves with the execution.
 func beginExecution(tx *bolt.Tx, e *Entry, w *api.Workspace, node, state string) error {
-	if w.Layer == nil || w.Layer.Shared {
+	if w.Layer == nil {
 		n, err := mustNode(tx, node)
 		if err != nil {
 			return err
 		}
-		if w.Layer == nil {
-			pool := api.DefaultPoolOf(n.Report)
-			w.Layer = &api.LayerRight{PoolID: pool, Shared: api.SharedPool(n.Report, pool)}
+		pool := api.DefaultPoolOf(node, n.Report)
+		size := templateBytes(n, w.Template)
+		if err := poolRoom(tx, pool, "the writable layer of workspace "+w.WorkspaceID, size); err != nil {
+			return err
 		}
-		w.Layer.NodeID = node
+		rec, err := getPool(tx, pool)
+		if err != nil {
+			return err
+		}
+		w.Layer = &api.LayerRight{PoolID: pool, Shared: rec.Shared, SizeBytes: size}
 	}
+	// The use right goes with the execution (a layer in a shared or moved
+	// pool may start on another member).
+	w.Layer.NodeID = node
 	w.Instances++
 	w.NodeID = node
 	w.InstanceID = instanceIDFor(w.WorkspaceID, w.Instances)
@@ -629,9 +658,9 @@ func applyWorkspaceDelete(tx *bolt.Tx, e *Entry) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	if w.InstanceID == "" && (w.Layer == nil || n == nil || n.Isolated || n.Retired) {
-		// Nothing on a node to release: its layer never existed or went with
-		// an isolated host.
+	if w.InstanceID == "" && (w.Layer == nil || w.Layer.Lost || n == nil || n.Isolated || n.Retired) {
+		// Nothing on a node to release: its layer never existed, was lost
+		// with its pool or went with an isolated host.
 		if err := deleteWorkspace(tx, e, w); err != nil {
 			return nil, err
 		}

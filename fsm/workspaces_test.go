@@ -37,6 +37,19 @@ func (h *harness) schedNode(id string, inc uint64, cpu api.Milli, mem uint64) {
 	h.open(id, sessOf(id), inc)
 	h.ok(OpOvercommitAck, OvercommitAckArgs{NodeID: id, SessionID: sessOf(id), Values: api.Multipliers{CPU: 1000, Memory: 1000}})
 	h.report(id, sessOf(id), api.Report{Capacity: api.Resources{CPU: cpu, MemoryBytes: mem}, Pools: defaultPoolAvailable, Templates: testTemplates})
+	h.poolCapacity(api.PrivatePoolID(id), 1<<40)
+}
+
+// poolCapacity gives a declared pool a capacity unless it has one.
+func (h *harness) poolCapacity(pool string, size uint64) {
+	h.t.Helper()
+	var p *api.StoragePool
+	if err := h.f.View(func(tx *bolt.Tx) (err error) { p, err = GetStoragePool(tx, pool); return }); err != nil {
+		h.t.Fatalf("storage pool %s: %v", pool, err)
+	}
+	if p.CapacityBytes == nil {
+		h.ok(OpPoolSetCapacity, PoolCapacityArgs{PoolID: pool, CapacityBytes: size})
+	}
 }
 
 // oneNode: node-a with 4 CPU and 8 GiB is the only candidate.
@@ -218,7 +231,42 @@ func indexProblem(tx *bolt.Tx) error {
 	if !reflect.DeepEqual(gotHolds, wantHolds) {
 		return fmt.Errorf("node holds counters %+v, recounted from the records %+v", gotHolds, wantHolds)
 	}
+	if err := poolUseProblem(tx); err != nil {
+		return err
+	}
 	return refsProblem(tx)
+}
+
+// poolUseProblem recounts what the Workspaces' layers take of each pool.
+func poolUseProblem(tx *bolt.Tx) error {
+	want := map[string]PoolUse{}
+	if err := tx.Bucket(bucketWorkspaces).ForEach(func(k, _ []byte) error {
+		w, err := getWorkspace(tx, string(k))
+		if err != nil {
+			return err
+		}
+		if pool, c := layerCharge(w); pool != "" {
+			u := want[pool]
+			u.Layers += c.Layers
+			u.UsedBytes += c.UsedBytes
+			want[pool] = u
+		}
+		return nil
+	}); err != nil {
+		return err
+	}
+	got := map[string]PoolUse{}
+	if err := tx.Bucket(bucketPoolUse).ForEach(func(k, _ []byte) error {
+		u, err := poolUse(tx, string(k))
+		got[string(k)] = u
+		return err
+	}); err != nil {
+		return err
+	}
+	if !reflect.DeepEqual(got, want) {
+		return fmt.Errorf("pool use counters %+v, recounted from the records %+v", got, want)
+	}
+	return nil
 }
 
 func keys(m map[string]bool) []string {
@@ -264,7 +312,7 @@ func TestWorkspaceCreate(t *testing.T) {
 				want := api.Workspace{WorkspaceID: id, Version: 1, State: api.WorkspaceCreating, Template: "kibotos-coding",
 					CPU: 2000, MemoryBytes: 2 * gib, Labels: map[string]string{"team": "x"}, Network: &api.NetworkPolicy{Egress: api.EgressNone}, CreatedAt: h.now, UpdatedAt: h.now,
 					NodeID: "node-a", InstanceID: instanceIDFor(id, 1), Instances: 1,
-					Layer:   &api.LayerRight{NodeID: "node-a", PoolID: DefaultPool, Held: true},
+					Layer:   &api.LayerRight{NodeID: "node-a", PoolID: api.PrivatePoolID("node-a"), Held: true},
 					Pending: &api.WorkspaceCommand{Kind: api.WSCmdStart, CommandID: id + "/1", NodeID: "node-a", InstanceID: instanceIDFor(id, 1), IssuedAt: h.now}}
 				if !reflect.DeepEqual(w, want) {
 					t.Errorf("workspace\n %+v\nwant\n %+v", w, want)
@@ -502,7 +550,7 @@ func TestWorkspaceRefused(t *testing.T) {
 			got.InstanceID != instanceIDFor(w.WorkspaceID, 2) || got.Failure != nil {
 			t.Errorf("after refusal: %+v", got)
 		}
-		if *got.Layer != (api.LayerRight{NodeID: "node-b", PoolID: DefaultPool, Held: true}) {
+		if *got.Layer != (api.LayerRight{NodeID: "node-b", PoolID: api.PrivatePoolID("node-b"), Held: true}) {
 			t.Errorf("layer %+v", got.Layer)
 		}
 		if p := got.Pending; p == nil || p.Kind != api.WSCmdStart || p.NodeID != "node-b" || !reflect.DeepEqual(p.Refused, []string{"node-a"}) ||
@@ -538,7 +586,7 @@ func TestWorkspaceRefused(t *testing.T) {
 		got := h.answer(w.WorkspaceID, OutcomeRefused, "memory tight")
 		if got.State != api.WorkspaceCreating || got.NodeID != "node-c" || got.Instances != 3 ||
 			!reflect.DeepEqual(got.Pending.Refused, []string{"node-a", "node-b"}) ||
-			*got.Layer != (api.LayerRight{NodeID: "node-c", PoolID: DefaultPool, Held: true}) {
+			*got.Layer != (api.LayerRight{NodeID: "node-c", PoolID: api.PrivatePoolID("node-c"), Held: true}) {
 			t.Errorf("after two refusals: %+v pending %+v layer %+v", got, got.Pending, got.Layer)
 		}
 		got = h.answer(w.WorkspaceID, OutcomeRefused, "drained")
@@ -578,7 +626,7 @@ func TestWorkspaceRefused(t *testing.T) {
 		h.ok(OpWorkspaceStart, WorkspaceArgs{WorkspaceID: w.WorkspaceID})
 		got := h.answer(w.WorkspaceID, OutcomeRefused, "memory tight")
 		if got.State != api.WorkspaceFailed || got.Failure.Reason != api.FailureStart ||
-			*got.Layer != (api.LayerRight{NodeID: "node-a", PoolID: DefaultPool}) || got.NodeID != "" || got.Pending != nil {
+			*got.Layer != (api.LayerRight{NodeID: "node-a", PoolID: api.PrivatePoolID("node-a")}) || got.NodeID != "" || got.Pending != nil {
 			t.Errorf("after refusal: %+v layer %+v", got, got.Layer)
 		}
 		checkIndex(t, h.f)
@@ -594,7 +642,7 @@ func TestWorkspaceStartFailed(t *testing.T) {
 		got.NodeID != "" || got.InstanceID != "" || got.Pending != nil {
 		t.Errorf("after failed start: %+v", got)
 	}
-	if *got.Layer != (api.LayerRight{NodeID: "node-a", PoolID: DefaultPool}) {
+	if *got.Layer != (api.LayerRight{NodeID: "node-a", PoolID: api.PrivatePoolID("node-a")}) {
 		t.Errorf("layer %+v, want kept and not held", got.Layer)
 	}
 	if hd := h.holds("node-a"); hd != (Holds{}) {
@@ -679,7 +727,7 @@ func TestWorkspaceStopStart(t *testing.T) {
 	h.fail(api.CodeFailedPrecondition, OpWorkspaceStart, WorkspaceArgs{WorkspaceID: id})
 	got = h.answer(id, OutcomeOK, "")
 	if got.State != api.WorkspaceStopped || got.NodeID != "" || got.InstanceID != "" || got.Pending != nil || got.StopUnconfirmed ||
-		*got.Layer != (api.LayerRight{NodeID: "node-a", PoolID: DefaultPool}) {
+		*got.Layer != (api.LayerRight{NodeID: "node-a", PoolID: api.PrivatePoolID("node-a")}) {
 		t.Errorf("stopped: %+v layer %+v", got, got.Layer)
 	}
 	if hd := h.holds("node-a"); hd != (Holds{}) {
@@ -1075,7 +1123,7 @@ func TestWorkspaceIsolate(t *testing.T) {
 		got := h.ws(w.WorkspaceID)
 		if got.State != api.WorkspaceFailed || got.Failure == nil || got.Failure.Reason != api.FailureUnavailable || !got.Failure.At.Equal(h.now) ||
 			got.NodeID != "" || got.InstanceID != "" || got.Pending != nil || !got.StopUnconfirmed ||
-			*got.Layer != (api.LayerRight{NodeID: "node-a", PoolID: DefaultPool}) {
+			*got.Layer != (api.LayerRight{NodeID: "node-a", PoolID: api.PrivatePoolID("node-a")}) {
 			t.Errorf("%s after isolate: %+v layer %+v", w.WorkspaceID, got, got.Layer)
 		}
 	}
@@ -1309,6 +1357,7 @@ func TestWorkspaceSharedPool(t *testing.T) {
 		h.schedNode(n, 1, 4000, 8*gib)
 		h.report(n, sessOf(n), api.Report{Capacity: api.Resources{CPU: 4000, MemoryBytes: 8 * gib}, Pools: shared, DefaultPool: "shared", Templates: testTemplates})
 	}
+	h.poolCapacity("shared", 1<<40)
 	a := smallWS
 	a.NodeID = "node-a"
 	w := h.create("c1", a)

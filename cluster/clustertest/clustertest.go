@@ -63,6 +63,10 @@ type Options struct {
 	// Timings replace the tight test timings (benchmarks with the
 	// production ones).
 	Timings *cluster.Timings
+	// NoPoolCapacity leaves the nodes' private pools without a capacity
+	// (they take no objects); by default each gets 1 TiB once ready, as
+	// kibotos dev gives its own.
+	NoPoolCapacity bool
 }
 
 // New builds, joins and starts a cluster and waits until every node is READY.
@@ -98,7 +102,21 @@ func New(t testing.TB, o Options) *Cluster {
 		c.Members = append(c.Members, m)
 	}
 	c.WaitAllReady()
+	if !o.NoPoolCapacity {
+		for _, m := range c.Members {
+			c.SetPoolCapacity(api.PrivatePoolID(m.ID), 1<<40)
+		}
+	}
 	return c
+}
+
+// SetPoolCapacity sets a declared pool's capacity through the leader.
+func (c *Cluster) SetPoolCapacity(pool string, size uint64) {
+	c.t.Helper()
+	req := api.PoolCapacityRequest{WriteMeta: api.WriteMeta{CommandID: "test-capacity-" + pool + "-" + strconv.FormatUint(size, 10), Generated: true}, CapacityBytes: size}
+	if _, err := c.Client(c.WaitLeader()).Do(context.Background(), "POST", "/v1/storage-pools/"+pool+"/capacity", req, nil); err != nil {
+		c.t.Fatalf("storage pool %s capacity: %v", pool, err)
+	}
 }
 
 // FreeAddr returns a loopback address whose port and port+1 (gossip) are free.

@@ -35,6 +35,11 @@ type Request struct {
 	// Exclude are nodes that refused this placement (drained or memory
 	// tight by their own account): ctrl places elsewhere at once.
 	Exclude []string
+	// Room, when set, is the caller's last check of a node that passed
+	// every other (room in the pools the new objects would go to): the
+	// reason the node cannot take the request, or "". It must be a pure
+	// function of the records, like everything here.
+	Room func(n *api.Node) string
 }
 
 // Reasons a node is not a candidate, as shown in errors.
@@ -110,13 +115,16 @@ func Ineligible(n *api.Node, req Request) string {
 	if req.Template != "" && !HasTemplate(n, req.Template) {
 		return whyNoTemplate
 	}
-	if req.OwnDefaultPool && !hasPool(n, api.DefaultPoolOf(n.Report)) {
+	if req.OwnDefaultPool && !hasPool(n, api.DefaultPoolOf(n.NodeID, n.Report)) {
 		return whyNoPool
 	}
 	for _, want := range req.Pools {
 		if !hasPool(n, want) {
 			return whyNoPool
 		}
+	}
+	if req.Room != nil {
+		return req.Room(n)
 	}
 	return ""
 }
@@ -192,7 +200,7 @@ func Choose(nodes []api.Node, req Request) (string, error) {
 	}
 	if best == "" {
 		return "", api.Errorf(api.CodeResourceExhausted, "no admitted node is ready with room for %s CPU and %s memory%s; retry later or free capacity",
-			req.CPU, bytesString(req.MemoryBytes), summarize(why))
+			req.CPU, api.FormatBytes(req.MemoryBytes), summarize(why))
 	}
 	return best, nil
 }
@@ -207,14 +215,4 @@ func summarize(why map[string]int) string {
 	}
 	sort.Strings(parts)
 	return " (" + strings.Join(parts, ", ") + ")"
-}
-
-func bytesString(n uint64) string {
-	units := []string{"B", "KiB", "MiB", "GiB", "TiB"}
-	v, i := float64(n), 0
-	for v >= 1024 && i < len(units)-1 {
-		v /= 1024
-		i++
-	}
-	return fmt.Sprintf("%.1f%s", v, units[i])
 }

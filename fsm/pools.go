@@ -1,0 +1,499 @@
+package fsm
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+
+	"github.com/kibotos/kibotos/api"
+)
+
+// Storage pools. Nodes declare pools in their reports; the first
+// declaration of an id makes the pool's record, which holds what only ctrl
+// decides: the capacity and (in pool_use) what its objects take. Who is a
+// member is read from the declarations (the pool_members index) and the
+// nodes' records at read time, so a node retired, revoked or whose
+// configuration changed stops being one without a write here.
+
+// PoolCapacityArgs sets a pool's capacity.
+type PoolCapacityArgs struct {
+	PoolID        string `json:"pool_id"`
+	CapacityBytes uint64 `json:"capacity_bytes"`
+}
+
+// PoolDeclareLostArgs ends the objects of a pool without members.
+type PoolDeclareLostArgs struct {
+	PoolID          string `json:"pool_id"`
+	ConfirmDataLost bool   `json:"confirm_data_lost"`
+}
+
+// poolRecord is a pool as stored.
+type poolRecord struct {
+	PoolID        string    `json:"pool_id"`
+	Shared        bool      `json:"shared"`
+	CapacityBytes *uint64   `json:"capacity_bytes,omitempty"`
+	Version       uint64    `json:"version"`
+	CreatedAt     time.Time `json:"created_at"`
+	UpdatedAt     time.Time `json:"updated_at"`
+}
+
+// PoolUse is what the objects ctrl placed in a pool take.
+type PoolUse struct {
+	Layers    int    `json:"layers,omitempty"`
+	Volumes   int    `json:"volumes,omitempty"`
+	UsedBytes uint64 `json:"used_bytes,omitempty"`
+}
+
+// poolDecl is one node's declaration of a pool (the member index value).
+type poolDecl struct {
+	Shared bool `json:"shared,omitempty"`
+}
+
+func poolMemberKey(pool, node string) []byte { return []byte(pool + "\x00" + node) }
+
+func getPool(tx *bolt.Tx, id string) (*poolRecord, error) {
+	var p poolRecord
+	ok, err := getJSON(tx, bucketPools, []byte(id), &p)
+	if err != nil || !ok {
+		return nil, err
+	}
+	return &p, nil
+}
+
+func mustPool(tx *bolt.Tx, id string) (*poolRecord, error) {
+	if err := api.ValidPoolID(id); err != nil {
+		return nil, err
+	}
+	p, err := getPool(tx, id)
+	if err != nil {
+		return nil, err
+	}
+	if p == nil {
+		return nil, api.Errorf(api.CodeNotFound, "storage pool %s does not exist: no node declared it; check the id with kibo storage-pool list", id)
+	}
+	return p, nil
+}
+
+func poolUse(tx *bolt.Tx, id string) (PoolUse, error) {
+	var u PoolUse
+	_, err := getJSON(tx, bucketPoolUse, []byte(id), &u)
+	return u, err
+}
+
+// checkReportPools validates and normalizes the pools of a report: the
+// legacy private pool name becomes the node's private pool id.
+func checkReportPools(node string, r *api.Report) error {
+	if len(r.Pools) > api.MaxPoolsPerNode {
+		return api.Errorf(api.CodeInvalidArgument, "report of node %s lists %d storage pools: at most %d", node, len(r.Pools), api.MaxPoolsPerNode)
+	}
+	pools := make([]api.Pool, len(r.Pools))
+	for i, p := range r.Pools {
+		p.PoolID = api.NormalizePoolID(node, p.PoolID)
+		if err := api.ValidPoolID(p.PoolID); err != nil {
+			return api.Errorf(api.CodeInvalidArgument, "report of node %s: %v", node, err)
+		}
+		if len(p.Path) > 4096 || len(p.Reason) > 1024 {
+			return api.Errorf(api.CodeInvalidArgument, "report of node %s: storage pool %s has a path or reason over 4096/1024 bytes", node, p.PoolID)
+		}
+		for _, q := range pools[:i] {
+			if q.PoolID == p.PoolID {
+				return api.Errorf(api.CodeInvalidArgument, "report of node %s lists storage pool %s twice", node, p.PoolID)
+			}
+		}
+		pools[i] = p
+	}
+	r.Pools = pools
+	r.DefaultPool = api.NormalizePoolID(node, r.DefaultPool)
+	if len(r.TemplateBytes) > 1024 {
+		return api.Errorf(api.CodeInvalidArgument, "report of node %s sizes %d templates: at most 1024", node, len(r.TemplateBytes))
+	}
+	return nil
+}
+
+// declarePools brings the member index in step with the node's new report
+// (old: its previous one, may be nil) and makes the record of a pool
+// declared for the first time.
+func declarePools(tx *bolt.Tx, e *Entry, node string, old, r *api.Report) error {
+	idx := tx.Bucket(bucketPoolMembers)
+	if old != nil {
+		for _, p := range old.Pools {
+			if !reportsPool(r, p.PoolID) {
+				if err := idx.Delete(poolMemberKey(p.PoolID, node)); err != nil {
+					return err
+				}
+			}
+		}
+	}
+	for _, p := range r.Pools {
+		if err := putJSON(tx, bucketPoolMembers, poolMemberKey(p.PoolID, node), poolDecl{Shared: p.Shared}); err != nil {
+			return err
+		}
+		rec, err := getPool(tx, p.PoolID)
+		if err != nil {
+			return err
+		}
+		if rec == nil {
+			rec = &poolRecord{PoolID: p.PoolID, Shared: p.Shared, Version: 1, CreatedAt: *at(e), UpdatedAt: *at(e)}
+			if err := putJSON(tx, bucketPools, []byte(p.PoolID), rec); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+func reportsPool(r *api.Report, id string) bool {
+	if r == nil {
+		return false
+	}
+	for _, p := range r.Pools {
+		if p.PoolID == id {
+			return true
+		}
+	}
+	return false
+}
+
+// layerCharge is what w's retained layer takes of its pool ("" for none).
+func layerCharge(w *api.Workspace) (string, PoolUse) {
+	if w == nil || w.Layer == nil || w.Layer.Lost {
+		return "", PoolUse{}
+	}
+	return api.LayerPoolID(w.Layer), PoolUse{Layers: 1, UsedBytes: w.Layer.SizeBytes}
+}
+
+// movePoolUse replaces old's charge to its pool by w's (either may be nil).
+func movePoolUse(tx *bolt.Tx, old, w *api.Workspace) error {
+	op, ou := layerCharge(old)
+	np, nu := layerCharge(w)
+	if op == np && ou == nu {
+		return nil
+	}
+	if op != "" {
+		if err := addPoolUse(tx, op, ou, -1); err != nil {
+			return err
+		}
+	}
+	if np != "" {
+		return addPoolUse(tx, np, nu, +1)
+	}
+	return nil
+}
+
+func addPoolUse(tx *bolt.Tx, pool string, d PoolUse, sign int) error {
+	u, err := poolUse(tx, pool)
+	if err != nil {
+		return err
+	}
+	if sign > 0 {
+		u.Layers += d.Layers
+		u.Volumes += d.Volumes
+		u.UsedBytes += d.UsedBytes
+	} else {
+		u.Layers -= d.Layers
+		u.Volumes -= d.Volumes
+		u.UsedBytes -= d.UsedBytes
+	}
+	if u == (PoolUse{}) {
+		return tx.Bucket(bucketPoolUse).Delete([]byte(pool))
+	}
+	return putJSON(tx, bucketPoolUse, []byte(pool), u)
+}
+
+// poolRoom is nil when a new object of size bytes fits in pool id, else
+// the resource_exhausted error that says why.
+func poolRoom(tx *bolt.Tx, id, what string, size uint64) error {
+	rec, err := getPool(tx, id)
+	if err != nil {
+		return err
+	}
+	if rec == nil {
+		return api.Errorf(api.CodeResourceExhausted, "storage pool %s is not declared by any node and takes no objects", id)
+	}
+	u, err := poolUse(tx, id)
+	if err != nil {
+		return err
+	}
+	v := usageView(rec, u) // no member scan: placement asks per candidate
+	if v.AvailableBytes == nil || *v.AvailableBytes < size {
+		return api.PoolRoomError(v, what, size)
+	}
+	return nil
+}
+
+// usageView is the pool's record and use, without members.
+func usageView(rec *poolRecord, u PoolUse) *api.StoragePool {
+	v := &api.StoragePool{PoolID: rec.PoolID, Version: rec.Version, Shared: rec.Shared, CapacityBytes: rec.CapacityBytes,
+		UsedBytes: u.UsedBytes, Layers: u.Layers, Volumes: u.Volumes, Nodes: []api.PoolMember{}, CreatedAt: rec.CreatedAt, UpdatedAt: rec.UpdatedAt}
+	if rec.CapacityBytes != nil {
+		free := uint64(0)
+		if *rec.CapacityBytes > u.UsedBytes {
+			free = *rec.CapacityBytes - u.UsedBytes
+		}
+		v.AvailableBytes = &free
+	}
+	return v
+}
+
+// poolMember reports whether node is a member of pool rec.
+func poolMember(tx *bolt.Tx, rec *poolRecord, node string) (bool, error) {
+	var d poolDecl
+	ok, err := getJSON(tx, bucketPoolMembers, poolMemberKey(rec.PoolID, node), &d)
+	if err != nil || !ok || d.Shared != rec.Shared {
+		return false, err
+	}
+	n, err := getNode(tx, node)
+	if err != nil || n == nil {
+		return false, err
+	}
+	return n.Admission == api.Admitted && !n.Retired && reportsPool(n.Report, rec.PoolID), nil
+}
+
+// poolView derives the shown pool: members, use, availability.
+func poolView(tx *bolt.Tx, rec *poolRecord) (*api.StoragePool, error) {
+	u, err := poolUse(tx, rec.PoolID)
+	if err != nil {
+		return nil, err
+	}
+	v := usageView(rec, u)
+	prefix := []byte(rec.PoolID + "\x00")
+	c := tx.Bucket(bucketPoolMembers).Cursor()
+	for k, raw := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix); k, raw = c.Next() {
+		node := string(k[len(prefix):])
+		var d poolDecl
+		if err := json.Unmarshal(raw, &d); err != nil {
+			return nil, fmt.Errorf("state record %s/%q is corrupt: %w", bucketPoolMembers, k, err)
+		}
+		n, err := getNode(tx, node)
+		if err != nil {
+			return nil, err
+		}
+		if n == nil || n.Admission != api.Admitted || n.Retired || n.Report == nil {
+			continue
+		}
+		for _, p := range n.Report.Pools {
+			if p.PoolID != rec.PoolID {
+				continue
+			}
+			if d.Shared != rec.Shared {
+				v.Conflicting = append(v.Conflicting, node)
+				break
+			}
+			v.Nodes = append(v.Nodes, api.PoolMember{NodeID: node, Available: p.Available, Reason: p.Reason, Path: p.Path, FreeBytes: p.FreeBytes, ReportedAt: n.Report.ReportedAt})
+		}
+	}
+	return v, nil
+}
+
+func applyPoolSetCapacity(tx *bolt.Tx, e *Entry) (any, error) {
+	var a PoolCapacityArgs
+	if err := decodeArgs(e, &a); err != nil {
+		return nil, err
+	}
+	if err := CheckPoolCapacity(a); err != nil {
+		return nil, err
+	}
+	rec, err := mustPool(tx, a.PoolID)
+	if err != nil {
+		return nil, err
+	}
+	if err := checkVersion(e, rec.Version, "storage pool "+rec.PoolID); err != nil {
+		return nil, err
+	}
+	c := a.CapacityBytes
+	rec.CapacityBytes = &c
+	rec.Version++
+	rec.UpdatedAt = *at(e)
+	if err := putJSON(tx, bucketPools, []byte(rec.PoolID), rec); err != nil {
+		return nil, err
+	}
+	return poolView(tx, rec)
+}
+
+// CheckPoolCapacity validates set-capacity before it enters the log.
+func CheckPoolCapacity(a PoolCapacityArgs) error {
+	if err := api.ValidPoolID(a.PoolID); err != nil {
+		return err
+	}
+	if a.CapacityBytes == 0 || a.CapacityBytes > api.MaxPoolCapacity {
+		return api.Errorf(api.CodeInvalidArgument, "storage pool %s: capacity %d is out of range: give a size from 1B to 1EiB, such as 500GiB", a.PoolID, a.CapacityBytes)
+	}
+	return nil
+}
+
+// applyPoolDeclareLost ends every object of a pool that no node declares
+// any more (the disk is gone): its layers are lost, their Workspaces can
+// only be deleted, and the pool's record goes (a later declaration of the
+// id is a new, empty pool).
+func applyPoolDeclareLost(tx *bolt.Tx, e *Entry) (any, error) {
+	var a PoolDeclareLostArgs
+	if err := decodeArgs(e, &a); err != nil {
+		return nil, err
+	}
+	if !a.ConfirmDataLost {
+		return nil, api.Errorf(api.CodeInvalidArgument, "storage pool %s: declare-lost ends its objects for good; add --confirm-data-lost when the disk is really gone", a.PoolID)
+	}
+	rec, err := mustPool(tx, a.PoolID)
+	if err != nil {
+		return nil, err
+	}
+	if err := checkVersion(e, rec.Version, "storage pool "+rec.PoolID); err != nil {
+		return nil, err
+	}
+	v, err := poolView(tx, rec)
+	if err != nil {
+		return nil, err
+	}
+	if len(v.Nodes)+len(v.Conflicting) > 0 {
+		holders := append(memberIDs(v.Nodes), v.Conflicting...)
+		return nil, api.Errorf(api.CodeFailedPrecondition, "storage pool %s is still declared by node %s: declare-lost is for a pool no node has; retire or reconfigure those nodes first", rec.PoolID, holders[0])
+	}
+	// Every precondition before the first write.
+	var lost []*api.Workspace
+	err = tx.Bucket(bucketWorkspaces).ForEach(func(k, raw []byte) error {
+		var w api.Workspace
+		if err := json.Unmarshal(raw, &w); err != nil {
+			return fmt.Errorf("state record %s/%s is corrupt: %w", bucketWorkspaces, k, err)
+		}
+		if pool, _ := layerCharge(&w); pool != rec.PoolID {
+			return nil
+		}
+		if w.InstanceID != "" {
+			return api.Errorf(api.CodeFailedPrecondition, "workspace %s still has Instance %s on node %s with its layer in storage pool %s: stop it first (kibo workspace stop --force %s)", w.WorkspaceID, w.InstanceID, w.NodeID, rec.PoolID, w.WorkspaceID)
+		}
+		lost = append(lost, &w)
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	res := api.PoolLostResult{PoolID: rec.PoolID, Workspaces: []string{}}
+	for _, w := range lost {
+		old := cloneWorkspace(w)
+		w.Layer.Lost, w.Layer.Held = true, false
+		res.RetainedLayers++
+		res.Workspaces = append(res.Workspaces, w.WorkspaceID)
+		if w.State == api.WorkspaceDeleting {
+			// Its delete waited for a member to remove the files: there are none.
+			if err := deleteWorkspace(tx, e, old); err != nil {
+				return nil, err
+			}
+			continue
+		}
+		w.Pending = nil
+		if err := putWorkspace(tx, e, old, w); err != nil {
+			return nil, err
+		}
+	}
+	for _, b := range [][]byte{bucketPools, bucketPoolUse} {
+		if err := tx.Bucket(b).Delete([]byte(rec.PoolID)); err != nil {
+			return nil, err
+		}
+	}
+	prefix := []byte(rec.PoolID + "\x00")
+	c := tx.Bucket(bucketPoolMembers).Cursor()
+	for k, _ := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix); k, _ = c.Seek(prefix) {
+		if err := c.Delete(); err != nil {
+			return nil, err
+		}
+	}
+	return res, nil
+}
+
+func memberIDs(ms []api.PoolMember) []string {
+	out := make([]string, len(ms))
+	for i, m := range ms {
+		out[i] = m.NodeID
+	}
+	return out
+}
+
+// GetStoragePool returns one pool, or not_found.
+func GetStoragePool(tx *bolt.Tx, id string) (*api.StoragePool, error) {
+	rec, err := mustPool(tx, id)
+	if err != nil {
+		return nil, err
+	}
+	return poolView(tx, rec)
+}
+
+// ListStoragePools returns one page of pools, by id.
+func ListStoragePools(tx *bolt.Tx, pageSize int, pageToken string) (*api.StoragePoolList, error) {
+	out := &api.StoragePoolList{Pools: []api.StoragePool{}}
+	err := pageOf(tx, bucketPools, pageSize, pageToken, func(k, raw []byte) error {
+		var rec poolRecord
+		if err := json.Unmarshal(raw, &rec); err != nil {
+			return fmt.Errorf("state record %s/%s is corrupt: %w", bucketPools, k, err)
+		}
+		v, err := poolView(tx, &rec)
+		if err != nil {
+			return err
+		}
+		out.Pools = append(out.Pools, *v)
+		return nil
+	}, &out.NextPageToken)
+	return out, err
+}
+
+// templateBytes is what a new layer over template may grow to on node n
+// (0 when the node does not say: an older build).
+func templateBytes(n *api.Node, template string) uint64 {
+	if n.Report == nil {
+		return 0
+	}
+	return n.Report.TemplateBytes[template]
+}
+
+// newLayerRoom is placement's pool check of a Workspace's first start on
+// n: its default pool must take the layer. Reasons are counted across
+// nodes in the error, so they name no pool.
+func newLayerRoom(tx *bolt.Tx, n *api.Node, template string) string {
+	pool := api.DefaultPoolOf(n.NodeID, n.Report)
+	rec, err := getPool(tx, pool)
+	if err != nil || rec == nil {
+		return "its default storage pool is not declared yet"
+	}
+	if rec.CapacityBytes == nil {
+		return "its default storage pool has no capacity set (kibo storage-pool set-capacity POOL SIZE)"
+	}
+	if err := poolRoom(tx, pool, "a writable layer", templateBytes(n, template)); err != nil {
+		return "its default storage pool is full"
+	}
+	return ""
+}
+
+// poolMoved reports whether a standalone pool's layer made by node may
+// now be used by other members: node is no longer a member or is
+// isolated, and another host declares the pool (its disk was moved there).
+func poolMoved(tx *bolt.Tx, pool, node string) (bool, error) {
+	rec, err := getPool(tx, pool)
+	if err != nil || rec == nil {
+		return false, err
+	}
+	if ok, err := poolMember(tx, rec, node); err != nil {
+		return false, err
+	} else if ok {
+		n, err := getNode(tx, node)
+		if err != nil || !n.Isolated {
+			return false, err
+		}
+	}
+	v, err := poolView(tx, rec)
+	if err != nil {
+		return false, err
+	}
+	for _, m := range v.Nodes {
+		if m.NodeID != node {
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
+func lostLayerError(w *api.Workspace) error {
+	return api.Errorf(api.CodeFailedPrecondition, "workspace %s: its writable layer was lost with storage pool %s (declare-lost); it cannot start again, delete it with kibo workspace delete %s",
+		w.WorkspaceID, api.LayerPoolID(w.Layer), w.WorkspaceID)
+}
