@@ -70,7 +70,11 @@ type Workspace struct {
 	StopUnconfirmed bool `json:"stop_unconfirmed,omitempty"`
 	// Cleanup is the node's conclusion on the Workspace's latest ended
 	// Instance, stored by ctrl before the node deleted its record.
-	Cleanup   *CleanupConclusion `json:"cleanup,omitempty"`
+	Cleanup *CleanupConclusion `json:"cleanup,omitempty"`
+	// DeleteWaitsForPool: DELETING, and no node that can remove its files
+	// is a member of this pool yet (the pool's only host was isolated or
+	// retired); the delete goes to the first member that reports it.
+	DeleteWaitsForPool string `json:"delete_waits_for_pool,omitempty"`
 	DeletedAt *time.Time         `json:"deleted_at,omitempty"`
 }
 

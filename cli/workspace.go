@@ -280,12 +280,21 @@ func renderWorkspace(w io.Writer, ws *api.Workspace, wide bool) {
 	}
 	layer := "-"
 	if l := ws.Layer; l != nil {
-		layer = fmt.Sprintf("pool %s of node %s", l.PoolID, l.NodeID)
-		if l.Held {
+		layer = fmt.Sprintf("pool %s of node %s", api.LayerPoolID(l), l.NodeID)
+		switch {
+		case l.Lost:
+			layer = fmt.Sprintf("lost with pool %s (declare-lost): delete the Workspace", api.LayerPoolID(l))
+		case l.Held:
 			layer += " (in use)"
+		}
+		if l.SizeBytes > 0 {
+			layer += ", up to " + formatBytes(l.SizeBytes)
 		}
 	}
 	line("Writable layer", "%s", layer)
+	if p := ws.DeleteWaitsForPool; p != "" {
+		line("Delete waits", "for a node that reaches pool %s to remove the files (the node comes back, the pool's disk moves to another host, or kibo storage-pool declare-lost %s)", p, p)
+	}
 	if p := ws.Pending; p != nil {
 		line("Pending", "%s on node %s since %s", p.Kind, p.NodeID, stamp(p.IssuedAt))
 		if p.Network != nil {
@@ -457,8 +466,8 @@ func (c *WorkspaceMoveCmd) Run(g *Globals) error {
 		return printWorkspaceResult(g, nil, &ws, false, "already on the target")
 	}
 	// Check: the layer must be in a pool the target reaches.
-	if l := ws.Layer; l != nil && l.NodeID != c.Node && !poolShared(&target, l.PoolID) {
-		return exitError{api.ExitFailedPrecondition, fmt.Sprintf("workspace %s: its writable layer is in pool %s of node %s, which node %s cannot reach; the Workspace is unchanged", c.ID, l.PoolID, l.NodeID, c.Node)}
+	if l := ws.Layer; l != nil && l.NodeID != c.Node && !poolShared(&target, api.LayerPoolID(l)) {
+		return exitError{api.ExitFailedPrecondition, fmt.Sprintf("workspace %s: its writable layer is in pool %s of node %s, which node %s cannot reach; the Workspace is unchanged", c.ID, api.LayerPoolID(l), l.NodeID, c.Node)}
 	}
 	stopID, startID := "", ""
 	if c.CommandID != "" {

@@ -243,6 +243,10 @@ func cleanupStatus(ws *api.Workspace) api.CleanupStatus {
 	if runtime == api.CleanupPending {
 		residual = api.CleanupPending
 	}
+	if ws.DeleteWaitsForPool != "" {
+		// Its files wait for a node that reaches their pool.
+		residual, since = api.CleanupPending, &ws.UpdatedAt
+	}
 	item("RESIDUAL", residual, since)
 	return out
 }

@@ -193,6 +193,9 @@ func applyNodeReport(tx *bolt.Tx, e *Entry) (any, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := resumeDeletes(tx, e, n); err != nil {
+		return nil, err
+	}
 	// The ended records are the node's to keep until concluded, not part
 	// of its registration.
 	n.Report.Ended = nil

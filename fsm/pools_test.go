@@ -262,3 +262,55 @@ func TestPoolDeclareLost(t *testing.T) {
 		}},
 	})
 }
+
+// After isolate, a shared pool's files are removed by another member at
+// once; a standalone pool's wait (DELETING, cleanup pending) until a
+// member can, and declare-lost ends that wait with the pool.
+func TestPoolDeleteAfterIsolate(t *testing.T) {
+	h := newHarness(t)
+	twoNodes(h)
+	for _, n := range []string{"node-a", "node-b"} {
+		h.report(n, sessOf(n), poolReport("nfs", gib, nfsPool))
+	}
+	h.poolCapacity("nfs", 10*gib)
+	pinA := smallWS
+	pinA.NodeID = "node-a"
+	shared := h.running("c1", pinA)
+	h.ok(OpWorkspaceDelete, WorkspaceArgs{WorkspaceID: shared.WorkspaceID}) // waits for node-a
+	h.closeSession("node-a", sessOf("node-a"))
+	h.ok(OpNodeIsolate, NodeArgs{NodeID: "node-a"})
+	got := h.ws(shared.WorkspaceID)
+	if got.State != api.WorkspaceDeleting || got.Pending == nil || got.Pending.NodeID != "node-b" || got.Layer.NodeID != "node-b" || got.NodeID != "" {
+		t.Fatalf("shared pool delete after isolate: %+v pending %+v layer %+v", got, got.Pending, got.Layer)
+	}
+	h.answer(shared.WorkspaceID, OutcomeOK, "")
+	if err := h.wsErr(shared.WorkspaceID); api.CodeOf(err) != api.CodeNotFound {
+		t.Fatalf("after node-b removed the files: %v", err)
+	}
+	if p := h.pool("nfs"); p.Layers != 0 || p.UsedBytes != 0 {
+		t.Errorf("nfs after the delete: %+v", p)
+	}
+
+	// A standalone pool of node-c's alone.
+	h.schedNode("node-c", 1, 4000, 8*gib)
+	h.report("node-c", sessOf("node-c"), poolReport("usb", gib, usbPool))
+	h.poolCapacity("usb", 10*gib)
+	pinC := smallWS
+	pinC.NodeID = "node-c"
+	alone := h.stopped("c2", pinC)
+	h.closeSession("node-c", sessOf("node-c"))
+	h.ok(OpNodeIsolate, NodeArgs{NodeID: "node-c"})
+	h.advance(time.Second)
+	if got := decode[api.Workspace](t, h.ok(OpWorkspaceDelete, WorkspaceArgs{WorkspaceID: alone.WorkspaceID})); got.State != api.WorkspaceDeleting || got.Pending != nil || got.DeleteWaitsForPool != "usb" {
+		t.Fatalf("standalone delete after isolate: %+v", got)
+	}
+	h.ok(OpNodeRetire, NodeArgs{NodeID: "node-c"})
+	res := decode[api.PoolLostResult](t, h.ok(OpPoolDeclareLost, PoolDeclareLostArgs{PoolID: "usb", ConfirmDataLost: true}))
+	if res.RetainedLayers != 1 {
+		t.Errorf("declare-lost result %+v", res)
+	}
+	if err := h.wsErr(alone.WorkspaceID); api.CodeOf(err) != api.CodeNotFound {
+		t.Errorf("a delete waiting for a lost pool: %v", err)
+	}
+	checkIndex(t, h.f)
+}

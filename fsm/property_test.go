@@ -27,6 +27,7 @@ import (
 // other replicas.
 type logGen struct {
 	r        *rand.Rand
+	pools    *rand.Rand // storage-pool draws only (see poolPct)
 	ref      *FSM
 	now      time.Time
 	seq      int
@@ -36,10 +37,14 @@ type logGen struct {
 }
 
 func newLogGen(seed int64, ref *FSM) *logGen {
-	return &logGen{r: rand.New(rand.NewSource(seed)), ref: ref, now: t0, sessions: map[string][]string{}, inc: map[string]uint64{}}
+	return &logGen{r: rand.New(rand.NewSource(seed)), pools: rand.New(rand.NewSource(seed + 1)), ref: ref, now: t0, sessions: map[string][]string{}, inc: map[string]uint64{}}
 }
 
 func (g *logGen) pct(p int) bool { return g.r.Intn(100) < p }
+
+// poolPct draws from the storage-pool source: pool draws do not shift
+// the rest of the log, so its shape (and coverage) stays what it was.
+func (g *logGen) poolPct(p int) bool { return g.pools.Intn(100) < p }
 
 // nodeID draws a node id from a handful that slides as the log goes on:
 // retirement is terminal, so later parts of the log need fresh ids.
@@ -221,14 +226,14 @@ func (g *logGen) report(id string) api.Report {
 	if g.pct(85) {
 		r.Pools = []api.Pool{{PoolID: DefaultPool, Path: "/srv/p", Available: g.pct(90)}}
 		// Now and then a shared pool too, declared one way or the other.
-		if g.pct(30) {
-			r.Pools = append(r.Pools, api.Pool{PoolID: "shared-nfs", Path: "/srv/nfs", Available: g.pct(90), Shared: g.pct(85)})
+		if g.poolPct(30) {
+			r.Pools = append(r.Pools, api.Pool{PoolID: "shared-nfs", Path: "/srv/nfs", Available: g.poolPct(90), Shared: g.poolPct(85)})
 		}
 	}
 	if g.pct(90) {
 		r.Templates = testTemplates
-		if g.pct(80) {
-			r.TemplateBytes = map[string]uint64{"kibotos-coding": uint64(1+g.r.Intn(8)) << 30}
+		if g.poolPct(80) {
+			r.TemplateBytes = map[string]uint64{"kibotos-coding": uint64(1+g.pools.Intn(8)) << 30}
 		}
 	}
 	// Now and then an Instance of this node (or another) ended on its own.
@@ -400,7 +405,7 @@ func (g *logGen) workspace(pending bool) api.Workspace {
 
 func (g *logGen) drawWorkspace(mk func(string, any, *uint64) Entry) Entry {
 	switch n := g.r.Intn(20); {
-	case n < 5:
+	case n < 5 || n == 19 && g.poolPct(70):
 		// Steer towards a schedulable node: a live node that has not
 		// acknowledged its overcommit values or reported the default pool
 		// gets that first, so that creates are placed now and then.
@@ -424,7 +429,7 @@ func (g *logGen) drawWorkspace(mk func(string, any, *uint64) Entry) Entry {
 				var p *api.StoragePool
 				g.ref.View(func(tx *bolt.Tx) error { p, _ = GetStoragePool(tx, api.PrivatePoolID(id)); return nil })
 				if p != nil && (p.CapacityBytes == nil || *p.AvailableBytes < 8<<30) {
-					return mk(OpPoolSetCapacity, PoolCapacityArgs{PoolID: p.PoolID, CapacityBytes: p.UsedBytes + uint64(1+g.r.Intn(64))<<30}, nil)
+					return mk(OpPoolSetCapacity, PoolCapacityArgs{PoolID: p.PoolID, CapacityBytes: p.UsedBytes + uint64(256+g.r.Intn(1024))<<30}, nil)
 				}
 			}
 		}
@@ -559,7 +564,7 @@ func (g *logGen) draw() Entry {
 	if g.pct(6) {
 		return g.drawObject(mk)
 	}
-	if g.pct(4) {
+	if g.poolPct(4) {
 		return g.drawPool(mk)
 	}
 	id := g.nodeID()
@@ -670,20 +675,24 @@ func (g *logGen) drawPool(mk func(string, any, *uint64) Entry) Entry {
 	})
 	id := "nowhere"
 	var version uint64
-	if len(pools) > 0 && g.pct(90) {
-		p := pools[g.r.Intn(len(pools))]
+	if len(pools) > 0 && g.poolPct(90) {
+		p := pools[g.pools.Intn(len(pools))]
 		id, version = p.PoolID, p.Version
-	} else if g.pct(50) {
+	} else if g.poolPct(50) {
 		id = "Bad Pool"
 	}
-	if g.pct(70) {
-		size := uint64(g.r.Intn(64)) << 30
-		if g.pct(5) {
+	if g.poolPct(70) {
+		// Mostly room for many layers, now and then too little or none.
+		size := uint64(64+g.pools.Intn(1024)) << 30
+		switch {
+		case g.poolPct(5):
+			size = uint64(g.pools.Intn(8)) << 30
+		case g.poolPct(5):
 			size = api.MaxPoolCapacity + 1
 		}
 		return mk(OpPoolSetCapacity, PoolCapacityArgs{PoolID: id, CapacityBytes: size}, g.expected(version))
 	}
-	return mk(OpPoolDeclareLost, PoolDeclareLostArgs{PoolID: id, ConfirmDataLost: g.pct(90)}, g.expected(version))
+	return mk(OpPoolDeclareLost, PoolDeclareLostArgs{PoolID: id, ConfirmDataLost: g.poolPct(90)}, g.expected(version))
 }
 
 // applyInBatches applies log in random batch sizes (1..64) drawn from r.
@@ -967,8 +976,16 @@ func (c *invariantChecker) checkWorkspaces(i int, e Entry, f *FSM, nodes []api.N
 			}
 		case wantKind == nil && w.Pending != nil:
 			bad("pending command in a settled state")
+		case w.State == api.WorkspaceDeleting && w.Pending == nil:
+			// No node can remove its files yet: it waits for a pool member.
+			if w.DeleteWaitsForPool == "" || w.Layer == nil || api.LayerPoolID(w.Layer) != w.DeleteWaitsForPool {
+				bad("DELETING without a command, not waiting for its layer's pool")
+			}
 		case wantKind != nil && (w.Pending == nil || !containsString(wantKind, w.Pending.Kind)):
 			bad("no pending command of the right kind")
+		}
+		if w.DeleteWaitsForPool != "" && (w.State != api.WorkspaceDeleting || w.Pending != nil) {
+			bad("waits for a pool member while not a delete without a command")
 		}
 		switch w.State {
 		case api.WorkspaceCreating, api.WorkspaceStarting, api.WorkspaceAvailable, api.WorkspaceStopping:

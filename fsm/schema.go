@@ -41,9 +41,12 @@ var (
 	bucketPoolUse = []byte("pool_use")
 	// pool_id NUL node_id → poolDecl: the node's latest report declares it
 	bucketPoolMembers = []byte("pool_members")
+	// pool_id NUL workspace_id → nil: deletes waiting for a member of the
+	// pool to remove the Workspace's files
+	bucketPoolWaits = []byte("pool_waits")
 
 	allBuckets = [][]byte{bucketMeta, bucketNodes, bucketGrants, bucketCommands, bucketWorkspaces, bucketWorkspaceNodes, bucketNodeHolds, bucketWorkspaceTombstones, bucketInstanceOwners,
-		bucketEgress, bucketEgressRevisions, bucketEgressRefs, bucketResolvers, bucketResolverRefs, bucketPools, bucketPoolUse, bucketPoolMembers}
+		bucketEgress, bucketEgressRevisions, bucketEgressRefs, bucketResolvers, bucketResolverRefs, bucketPools, bucketPoolUse, bucketPoolMembers, bucketPoolWaits}
 )
 
 // Keys of the meta bucket.

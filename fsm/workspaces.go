@@ -165,6 +165,9 @@ func putWorkspace(tx *bolt.Tx, e *Entry, old, w *api.Workspace) error {
 	if err := movePoolUse(tx, old, w); err != nil {
 		return err
 	}
+	if err := movePoolWait(tx, old, w); err != nil {
+		return err
+	}
 	if err := moveRefs(tx, old, w); err != nil {
 		return err
 	}
@@ -194,6 +197,9 @@ func deleteWorkspace(tx *bolt.Tx, e *Entry, w *api.Workspace) error {
 		return err
 	}
 	if err := movePoolUse(tx, w, nil); err != nil {
+		return err
+	}
+	if err := movePoolWait(tx, w, nil); err != nil {
 		return err
 	}
 	if err := moveRefs(tx, w, nil); err != nil {
@@ -654,21 +660,24 @@ func applyWorkspaceDelete(tx *bolt.Tx, e *Entry) (any, error) {
 		return w, nil
 	}
 	old := cloneWorkspace(w)
-	n, err := getNode(tx, layerNode(w))
-	if err != nil {
-		return nil, err
-	}
-	if w.InstanceID == "" && (w.Layer == nil || w.Layer.Lost || n == nil || n.Isolated || n.Retired) {
-		// Nothing on a node to release: its layer never existed, was lost
-		// with its pool or went with an isolated host.
-		if err := deleteWorkspace(tx, e, w); err != nil {
+	if w.InstanceID == "" {
+		// Nothing runs: its layer's files go with a node that reaches
+		// their pool, or with nothing (never made, or lost with its pool).
+		files, err := deleteFiles(tx, e, w, "")
+		if err != nil {
 			return nil, err
 		}
-		w.State, w.DeletedAt = api.WorkspaceDeleting, at(e)
-		return w, nil
+		if !files {
+			if err := deleteWorkspace(tx, e, old); err != nil {
+				return nil, err
+			}
+			w.DeletedAt = at(e)
+			return w, nil
+		}
+	} else {
+		w.State = api.WorkspaceDeleting
+		setPending(e, w, api.WSCmdDelete, nil)
 	}
-	w.State = api.WorkspaceDeleting
-	setPending(e, w, api.WSCmdDelete, nil)
 	if err := putWorkspace(tx, e, old, w); err != nil {
 		return nil, err
 	}
@@ -865,15 +874,19 @@ func releaseIsolated(tx *bolt.Tx, e *Entry, node string, res *api.IsolateResult)
 			res.RetainedLayersReleased++
 			w.Layer.Held = false
 		}
-		if w.State == api.WorkspaceDeleting && w.Pending == nil {
+		if w.State == api.WorkspaceDeleting && w.Pending == nil && w.DeleteWaitsForPool == "" {
 			// Its delete waited for this node (running here, or the layer of
-			// a stopped Workspace): like a delete after the isolate, nothing
-			// is left to release, and a DELETING record without a pending
-			// command could never leave that state.
-			if err := deleteWorkspace(tx, e, old); err != nil {
+			// a stopped Workspace): the files go with another member of
+			// their pool, or wait for one.
+			w.NodeID, w.InstanceID = "", ""
+			if files, err := deleteFiles(tx, e, w, node); err != nil {
 				return err
+			} else if !files {
+				if err := deleteWorkspace(tx, e, old); err != nil {
+					return err
+				}
+				continue
 			}
-			continue
 		}
 		if w.NodeID == node {
 			w.NodeID, w.InstanceID = "", ""
@@ -892,20 +905,30 @@ func releaseIsolated(tx *bolt.Tx, e *Entry, node string, res *api.IsolateResult)
 	return nil
 }
 
-// releaseRetired drops the Workspaces whose delete waits for a node being
-// retired: their layer goes with the node (a delete issued after the
-// retirement removes the record at once too), and the node never answers.
-// A DRAINED or isolated node has no other pending commands.
+// releaseRetired hands the deletes waiting for a node being retired (it
+// never answers) to another member of the layer's pool, or makes them
+// wait for one. A DRAINED or isolated node has no other pending commands.
+// The caller has marked the node retired already.
 func releaseRetired(tx *bolt.Tx, e *Entry, node string) error {
 	ws, err := workspacesOnNode(tx, node)
 	if err != nil {
 		return err
 	}
 	for _, w := range ws {
-		if w.State == api.WorkspaceDeleting && w.Pending != nil && w.Pending.NodeID == node {
-			if err := deleteWorkspace(tx, e, w); err != nil {
+		if w.State != api.WorkspaceDeleting || w.Pending == nil || w.Pending.NodeID != node {
+			continue
+		}
+		old := cloneWorkspace(w)
+		if files, err := deleteFiles(tx, e, w, node); err != nil {
+			return err
+		} else if !files {
+			if err := deleteWorkspace(tx, e, old); err != nil {
 				return err
 			}
+			continue
+		}
+		if err := putWorkspace(tx, e, old, w); err != nil {
+			return err
 		}
 	}
 	return nil

@@ -239,6 +239,21 @@ func indexProblem(tx *bolt.Tx) error {
 
 // poolUseProblem recounts what the Workspaces' layers take of each pool.
 func poolUseProblem(tx *bolt.Tx) error {
+	waits := map[string]bool{}
+	if err := tx.Bucket(bucketWorkspaces).ForEach(func(k, _ []byte) error {
+		w, err := getWorkspace(tx, string(k))
+		if err == nil && w.DeleteWaitsForPool != "" {
+			waits[string(poolWaitKey(w.DeleteWaitsForPool, w.WorkspaceID))] = true
+		}
+		return err
+	}); err != nil {
+		return err
+	}
+	gotWaits := map[string]bool{}
+	tx.Bucket(bucketPoolWaits).ForEach(func(k, _ []byte) error { gotWaits[string(k)] = true; return nil })
+	if !reflect.DeepEqual(gotWaits, waits) {
+		return fmt.Errorf("pool waits index %q, want %q", keys(gotWaits), keys(waits))
+	}
 	want := map[string]PoolUse{}
 	if err := tx.Bucket(bucketWorkspaces).ForEach(func(k, _ []byte) error {
 		w, err := getWorkspace(tx, string(k))
@@ -1127,9 +1142,11 @@ func TestWorkspaceIsolate(t *testing.T) {
 			t.Errorf("%s after isolate: %+v layer %+v", w.WorkspaceID, got, got.Layer)
 		}
 	}
+	// Their files are in node-a's private pool: the deletes wait for a
+	// member of it (no record dropped, no file left behind).
 	for _, w := range []api.Workspace{delStopped, delRunning} {
-		if err := h.wsErr(w.WorkspaceID); api.CodeOf(err) != api.CodeNotFound {
-			t.Errorf("DELETING %s after isolate: %v %+v", w.WorkspaceID, err, h.ws(w.WorkspaceID))
+		if got := h.ws(w.WorkspaceID); got.State != api.WorkspaceDeleting || got.Pending != nil || got.NodeID != "" || got.DeleteWaitsForPool != "node-a:default" {
+			t.Errorf("DELETING %s after isolate: %+v", w.WorkspaceID, got)
 		}
 	}
 	if got := h.ws(other.WorkspaceID); !reflect.DeepEqual(*got, otherBefore) {
@@ -1157,8 +1174,18 @@ func TestWorkspaceIsolate(t *testing.T) {
 	if got := h.ws(stopping.WorkspaceID); got.State != api.WorkspaceStopped || got.Failure != nil || got.Pending != nil {
 		t.Errorf("stop after isolate: %+v", got)
 	}
-	// node-a comes back with a new incarnation.
+	// node-a comes back with a new incarnation: its first report hands it
+	// the waiting deletes.
 	h.schedNode("node-a", 2, 4000, 8*gib)
+	for _, w := range []api.Workspace{delStopped, delRunning} {
+		if got := h.ws(w.WorkspaceID); got.Pending == nil || got.Pending.Kind != api.WSCmdDelete || got.Pending.NodeID != "node-a" || got.DeleteWaitsForPool != "" {
+			t.Errorf("DELETING %s after node-a came back: %+v pending %+v", w.WorkspaceID, got, got.Pending)
+		}
+		h.answer(w.WorkspaceID, OutcomeOK, "")
+		if err := h.wsErr(w.WorkspaceID); api.CodeOf(err) != api.CodeNotFound {
+			t.Errorf("%s after node-a removed its files: %v", w.WorkspaceID, err)
+		}
+	}
 	h.advance(time.Second)
 	got := ptr(decode[api.Workspace](t, h.ok(OpWorkspaceStart, WorkspaceArgs{WorkspaceID: avail.WorkspaceID})))
 	if got.State != api.WorkspaceStarting || got.NodeID != "node-a" || got.StopUnconfirmed || got.Failure != nil || got.InstanceID == avail.InstanceID {
@@ -1316,8 +1343,9 @@ func TestWorkspaceSnapshotRoundTrip(t *testing.T) {
 }
 
 // A delete waiting for the layer's node when that node is retired: the
-// layer went with the node, so the Workspace is gone (like a delete issued
-// after the retirement), not DELETING forever.
+// files are still on the retired host's disk, so the delete waits for a
+// host that declares that pool (the disk moved there) or for declare-lost;
+// a delete issued after the retirement waits the same way.
 func TestWorkspaceRetireWithPendingDelete(t *testing.T) {
 	h := newHarness(t)
 	twoNodes(h)
@@ -1332,17 +1360,28 @@ func TestWorkspaceRetireWithPendingDelete(t *testing.T) {
 	}
 	h.advance(time.Second)
 	h.ok(OpNodeRetire, NodeArgs{NodeID: "node-a"})
-	if err := h.wsErr(w.WorkspaceID); api.CodeOf(err) != api.CodeNotFound {
-		t.Errorf("DELETING workspace after retire: %v %+v", err, h.ws(w.WorkspaceID))
+	if got := h.ws(w.WorkspaceID); got.State != api.WorkspaceDeleting || got.Pending != nil || got.DeleteWaitsForPool != "node-a:default" {
+		t.Errorf("DELETING workspace after retire: %+v", got)
 	}
 	if p := h.pendingOn("node-a"); len(p) != 0 {
 		t.Errorf("pending on the retired node: %v", p)
 	}
-	// A stopped Workspace whose layer was there can be deleted at once.
 	h.advance(time.Second)
-	h.ok(OpWorkspaceDelete, WorkspaceArgs{WorkspaceID: kept.WorkspaceID})
-	if err := h.wsErr(kept.WorkspaceID); api.CodeOf(err) != api.CodeNotFound {
-		t.Errorf("delete after retire: %v", err)
+	if got := decode[api.Workspace](t, h.ok(OpWorkspaceDelete, WorkspaceArgs{WorkspaceID: kept.WorkspaceID})); got.DeleteWaitsForPool != "node-a:default" || got.DeletedAt != nil {
+		t.Errorf("delete after retire: %+v", got)
+	}
+	checkIndex(t, h.f)
+	// node-b mounts node-a's disk and declares its pool: both deletes go there.
+	h.report("node-b", sessOf("node-b"), api.Report{Capacity: api.Resources{CPU: 4000, MemoryBytes: 8 * gib}, Templates: testTemplates,
+		Pools: append(append([]api.Pool{}, defaultPoolAvailable...), api.Pool{PoolID: "node-a:default", Path: "/mnt/node-a", Available: true})})
+	for _, id := range []string{w.WorkspaceID, kept.WorkspaceID} {
+		if got := h.ws(id); got.Pending == nil || got.Pending.NodeID != "node-b" || got.Layer.NodeID != "node-b" || api.LayerPoolID(got.Layer) != "node-a:default" {
+			t.Fatalf("%s after the pool moved to node-b: %+v", id, got)
+		}
+		h.answer(id, OutcomeOK, "")
+		if err := h.wsErr(id); api.CodeOf(err) != api.CodeNotFound {
+			t.Errorf("%s after node-b removed its files: %v", id, err)
+		}
 	}
 	checkIndex(t, h.f)
 }
