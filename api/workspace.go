@@ -74,8 +74,8 @@ type Workspace struct {
 	// DeleteWaitsForPool: DELETING, and no node that can remove its files
 	// is a member of this pool yet (the pool's only host was isolated or
 	// retired); the delete goes to the first member that reports it.
-	DeleteWaitsForPool string `json:"delete_waits_for_pool,omitempty"`
-	DeletedAt *time.Time         `json:"deleted_at,omitempty"`
+	DeleteWaitsForPool string     `json:"delete_waits_for_pool,omitempty"`
+	DeletedAt          *time.Time `json:"deleted_at,omitempty"`
 }
 
 // LayerRight is who may use a retained writable layer.
