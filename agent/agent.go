@@ -60,7 +60,13 @@ type Config struct {
 	// only because guests' denied counts changed (each report is a Raft
 	// entry); default DefaultDeniedReportInterval.
 	DeniedReportInterval time.Duration
-	Logger               *slog.Logger
+	// FenceInterval is how often the holder records of the Instances'
+	// layers are checked (default DefaultFenceInterval); HandoverWait how
+	// long a start waits after taking a layer over from another node
+	// (default three intervals).
+	FenceInterval time.Duration
+	HandoverWait  time.Duration
+	Logger        *slog.Logger
 	// ClockSkew is added to every timestamp the node sends (tests of the
 	// 30 s clock rule; zero in production).
 	ClockSkew time.Duration
@@ -130,6 +136,12 @@ func New(cfg Config) (*Agent, error) {
 	}
 	if cfg.DeniedReportInterval <= 0 {
 		cfg.DeniedReportInterval = DefaultDeniedReportInterval
+	}
+	if cfg.FenceInterval <= 0 {
+		cfg.FenceInterval = DefaultFenceInterval
+	}
+	if cfg.HandoverWait <= 0 {
+		cfg.HandoverWait = 3 * cfg.FenceInterval
 	}
 	if cfg.SessionTimeout == 0 {
 		cfg.SessionTimeout = 10 * time.Second
@@ -215,6 +227,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	first := a.buildReport(false)
 	a.notePools(first.Pools)
 	go a.watchInstances(ctx, first)
+	go a.watchHolders(ctx)
 	backoff := 200 * time.Millisecond
 	for {
 		err := a.connectOnce(ctx)

@@ -15,6 +15,7 @@ import (
 	"github.com/kibotos/kibotos/api"
 	"github.com/kibotos/kibotos/datadir"
 	"github.com/kibotos/kibotos/fsm"
+	"github.com/kibotos/kibotos/storagepool"
 	"github.com/kibotos/kibotos/vmm/guestproto"
 	"github.com/kibotos/kibotos/vmm/platform"
 	"github.com/kibotos/kibotos/vmm/template"
@@ -237,6 +238,9 @@ func (a *Agent) startWorkspace(ctx context.Context, t api.WorkspaceTask) (refusa
 	if err := os.MkdirAll(filepath.Dir(layer), 0o700); err != nil {
 		return "", err
 	}
+	if err := a.claimLayer(ctx, layer, id); err != nil {
+		return "", fmt.Errorf("instance %s: %w", id, err)
+	}
 	a.tasks.mu.Lock()
 	a.tasks.owners[id] = t.WorkspaceID
 	a.saveOwners()
@@ -337,6 +341,7 @@ func (a *Agent) endInstance(ctx context.Context, id string, grace time.Duration)
 	if err := rt.Delete(ctx, id); err != nil {
 		return err
 	}
+	a.releaseLayer(st.LayerPath, id)
 	a.tasks.mu.Lock()
 	delete(a.tasks.owners, id)
 	a.saveOwners()
@@ -351,6 +356,9 @@ func (a *Agent) removeLayer(t api.WorkspaceTask) error {
 	}
 	if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return fmt.Errorf("remove writable layer %s: %w", p, err)
+	}
+	if err := storagepool.RemoveHolder(p); err != nil {
+		return fmt.Errorf("remove the holder record of %s: %w", p, err)
 	}
 	return nil
 }

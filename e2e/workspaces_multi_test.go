@@ -558,9 +558,12 @@ func TestWorkspacesTwoNodes(t *testing.T) {
 		return
 	}
 
-	// 5. node-b dies with W1 on it: isolate releases W1's layer in the
-	// shared pool, and W1 starts on node-a with its data.
-	t.Run("IsolateDeadNode", func(t *testing.T) {
+	// 5. node-b is cut off with W1 running on it (its member and VM go on):
+	// isolate releases W1's layer in the shared pool, W1 starts on node-a
+	// with its data, and node-b, without any contact with ctrl, sees from
+	// the layer's holder record in the pool that it was handed over and
+	// stops its VM within seconds.
+	t.Run("IsolateCutOffNode", func(t *testing.T) {
 		t1 := time.Now()
 		mhWaitNode(t, admin, b.nodeID, 10*time.Second, "READY", func(n mhNode) bool { return n.Status == api.NodeReady })
 		if ws := mhWorkspace(t, admin, w1); ws.State != api.WorkspaceAvailable || ws.NodeID != b.nodeID {
@@ -569,13 +572,9 @@ func TestWorkspacesTwoNodes(t *testing.T) {
 		if len(mhQemuPIDs(b.dataDir)) == 0 {
 			t.Fatalf("no QEMU of %s runs although W1 is AVAILABLE there", b.nodeID)
 		}
-		b.crash()
+		// The guest keeps writing to its layer until it is stopped.
+		mhMust(t, admin, 60*time.Second, "workspace", "exec", w1, "--", "sh", "-c", "(while :; do date >> /root/writer; sync; sleep 0.2; done) >/dev/null 2>&1 &")
 		b.partition()
-		// Its private systemd dies with it and takes the VM along: as a dead
-		// host, nothing of node-b writes to the shared pool any more.
-		if left := mhWaitNoQemu(b.dataDir, 10*time.Second); len(left) > 0 {
-			t.Fatalf("QEMU of %s still runs 10s after its member was killed: %v", b.nodeID, left)
-		}
 		mhWaitNode(t, admin, b.nodeID, 20*time.Second, "NOT_READY with its session ended", func(n mhNode) bool {
 			return n.Status == api.NodeNotReady && n.Session != nil && !n.Session.Alive
 		})
@@ -591,8 +590,24 @@ func TestWorkspacesTwoNodes(t *testing.T) {
 		if ws.State != api.WorkspaceFailed || ws.Failure == nil || ws.Failure.Reason != api.FailureUnavailable || ws.NodeID != "" {
 			t.Fatalf("after isolate: want W1 FAILED (UNAVAILABLE) with no node, got %s", mhWSString(ws))
 		}
-		// No --node: the shared pool lets ctrl pick node-a.
-		mhMust(t, admin, mhBootTimeout, "workspace", "start", w1)
+		if len(mhQemuPIDs(b.dataDir)) == 0 {
+			t.Fatalf("the VM of cut-off %s ended before its layer was handed over", b.nodeID)
+		}
+		// No --node: the shared pool lets ctrl pick node-a, whose holder
+		// record of the layer is node-b's cue.
+		handover := time.Now()
+		started := make(chan result, 1)
+		go func() { started <- admin.kiboTimeout(mhBootTimeout, "workspace", "start", w1) }()
+		if left := mhWaitNoQemu(b.dataDir, 20*time.Second); len(left) > 0 {
+			t.Fatalf("QEMU of cut-off %s still runs 20s after W1 was handed to %s: %v", b.nodeID, a.nodeID, left)
+		}
+		t.Logf("TIMING handover to the old writer stopped: %s", time.Since(handover).Round(time.Millisecond))
+		if r := <-started; r.code != 0 {
+			t.Fatalf("start after isolate: %s", r)
+		}
+		if p := b.serveProc(); !p.logContains("storage object handed to another node") {
+			t.Errorf("%s's log has no line about its layer handed over:\n%s", b.nodeID, tail(p.log, 30))
+		}
 		ws = mhWorkspace(t, admin, w1)
 		if ws.State != api.WorkspaceAvailable || ws.NodeID != a.nodeID {
 			t.Fatalf("start after isolate: want AVAILABLE on %s, got %s", a.nodeID, mhWSString(ws))

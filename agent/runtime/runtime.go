@@ -218,6 +218,8 @@ type InstanceStatus struct {
 	// backend gives the guest none or this launch of the VMM predates it.
 	// The node itself never connects to it.
 	DataSocket string
+	// LayerPath is the retained writable layer the VMM writes ("" none).
+	LayerPath string
 }
 
 // Open prepares the runtime directories under cfg.StorageRoot, deletes
@@ -446,6 +448,7 @@ func (in *instance) status() InstanceStatus {
 		GuestResponding: in.guest != nil && in.responding,
 		Guest:           in.rec.Guest,
 		DeniedPackets:   in.denied.total,
+		LayerPath:       in.rec.LayerPath,
 	}
 	if p := in.rec.Process; p != nil {
 		s.InvocationID, s.MainPID, s.HostPID = p.InvocationID, p.MainPID, p.HostPID

@@ -180,6 +180,32 @@ func (rt *Runtime) ensureEnded(ctx context.Context, in *instance) error {
 	return nil
 }
 
+// Fence ends an Instance's VMM at once, without asking the guest: an
+// object it writes was handed to another node, and every further write
+// could corrupt it. The Instance is FAILED with reason (its record stays
+// until Delete, as when a VMM ends on its own); nothing is flushed.
+func (rt *Runtime) Fence(ctx context.Context, id, reason string) error {
+	in, err := rt.get(id)
+	if err != nil {
+		return err
+	}
+	in.mu.Lock()
+	if in.state == StateStopped {
+		in.mu.Unlock()
+		return nil
+	}
+	// FAILED first: the watch loop sees the VMM go and leaves it so.
+	in.state, in.err, in.how = StateFailed, reason, "fenced"
+	in.notify()
+	in.mu.Unlock()
+	t0 := time.Now()
+	if err := rt.ensureEnded(ctx, in); err != nil {
+		return err
+	}
+	rt.log.Warn("instance fenced", "instance_id", id, "reason", reason, "took", time.Since(t0).Round(time.Millisecond))
+	return nil
+}
+
 // Delete stops the Instance if needed, confirms its cgroup is empty, keeps
 // the console and VMM log tails, moves its record to the registry and
 // removes the Instance directory.
