@@ -153,8 +153,8 @@ func New(cfg Config) (*Agent, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := os.MkdirAll(defaultPoolPath(cfg.DataDir), 0o700); err != nil {
-		return nil, fmt.Errorf("default storage pool %s: %w", defaultPoolPath(cfg.DataDir), err)
+	if err := os.MkdirAll(DefaultPoolPath(cfg.DataDir), 0o700); err != nil {
+		return nil, fmt.Errorf("default storage pool %s: %w", DefaultPoolPath(cfg.DataDir), err)
 	}
 	if err := checkPools(&cfg); err != nil {
 		return nil, err
@@ -176,7 +176,8 @@ func (a *Agent) SessionID() string {
 	return a.sessionID
 }
 
-func defaultPoolPath(d datadir.Dir) string { return filepath.Join(d.StorageRoot(), "pools", "default") }
+// DefaultPoolPath is the directory of the node's private pool.
+func DefaultPoolPath(d datadir.Dir) string { return filepath.Join(d.StorageRoot(), "pools", "default") }
 
 // checkPools validates the configured pools: valid unique ids, absolute
 // paths, and a default pool that exists. Another node's private pool
@@ -209,7 +210,7 @@ func checkPools(cfg *Config) error {
 // poolPath is the directory of pool id, "" when the node has no such pool.
 func (a *Agent) poolPath(id string) string {
 	if id == "" || id == api.LegacyPrivatePool || id == api.PrivatePoolID(a.cfg.NodeID) {
-		return defaultPoolPath(a.cfg.DataDir)
+		return DefaultPoolPath(a.cfg.DataDir)
 	}
 	for _, p := range a.cfg.Pools {
 		if p.ID == id {
@@ -493,7 +494,7 @@ func (a *Agent) report() api.Report { return a.buildReport(true) }
 func (a *Agent) buildReport(withEnded bool) api.Report {
 	r := api.Report{
 		Capacity:    a.cfg.Capacity,
-		Pools:       []api.Pool{poolStatus(api.PrivatePoolID(a.cfg.NodeID), defaultPoolPath(a.cfg.DataDir))},
+		Pools:       []api.Pool{poolStatus(api.PrivatePoolID(a.cfg.NodeID), DefaultPoolPath(a.cfg.DataDir))},
 		DefaultPool: api.NormalizePoolID(a.cfg.NodeID, a.cfg.DefaultPool),
 	}
 	for _, p := range a.cfg.Pools {

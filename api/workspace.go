@@ -1,6 +1,9 @@
 package api
 
-import "time"
+import (
+	"strings"
+	"time"
+)
 
 // Workspace states. CREATING and STARTING mean ctrl has placed an execution
 // on a node and waits for it; DELETING until the node released everything.
@@ -98,9 +101,29 @@ type LayerRight struct {
 
 // WorkspaceFailure says why a Workspace is FAILED.
 type WorkspaceFailure struct {
-	Reason  string    `json:"reason"`
-	Message string    `json:"message"`
-	At      time.Time `json:"at"`
+	Reason  string `json:"reason"`
+	Message string `json:"message"`
+	// Stage is where the node's work on the Instance failed, when it says
+	// (PREPARING_RETAINED_LAYER, ATTACHING_VOLUME): the message begins
+	// with it.
+	Stage string    `json:"stage,omitempty"`
+	At    time.Time `json:"at"`
+}
+
+// Failure stages a node names at the start of an Instance's error.
+const (
+	StagePreparingRetainedLayer = "PREPARING_RETAINED_LAYER"
+	StageAttachingVolume        = "ATTACHING_VOLUME"
+)
+
+// FailureStage is the stage an Instance error begins with, "" for none.
+func FailureStage(msg string) string {
+	for _, s := range []string{StagePreparingRetainedLayer, StageAttachingVolume} {
+		if strings.HasPrefix(msg, s+": ") {
+			return s
+		}
+	}
+	return ""
 }
 
 // Workspace command kinds a node executes.

@@ -14,6 +14,7 @@ import (
 	"github.com/kibotos/kibotos/agent/dataplane"
 	"github.com/kibotos/kibotos/agent/egress"
 	"github.com/kibotos/kibotos/agent/runtime"
+	"github.com/kibotos/kibotos/api"
 	"github.com/kibotos/kibotos/buildinfo"
 	"github.com/kibotos/kibotos/datadir"
 	"github.com/kibotos/kibotos/metrics"
@@ -97,7 +98,11 @@ func openNodeRuntime(ctx context.Context, o memberOptions, nodeID string, steps 
 		keep = append(keep, ps[0].ID) // the newest Platform is the one new Instances use
 	}
 	cfg := runtime.Config{StorageRoot: d.StorageRoot(), NodeID: nodeID, Units: m, Accel: accel, Logger: log, KeepInstallations: keep, Network: network,
-		Observe: steps.Observe, MachineLogsMaxBytes: o.machineLogsMax}
+		Observe: steps.Observe, MachineLogsMaxBytes: o.machineLogsMax,
+		Pools: []runtime.PoolDir{{ID: api.PrivatePoolID(nodeID), Path: agent.DefaultPoolPath(d)}}}
+	for _, p := range o.pools {
+		cfg.Pools = append(cfg.Pools, runtime.PoolDir{ID: p.ID, Path: p.Path})
+	}
 	var sup *egress.Supervisor
 	if network != nil {
 		// Without it the node runs, but refuses policies naming an Egress

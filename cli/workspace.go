@@ -256,7 +256,11 @@ func renderWorkspace(w io.Writer, ws *api.Workspace, wide bool) {
 	line("ID", "%s", ws.WorkspaceID)
 	line("State", "%s", ws.State)
 	if f := ws.Failure; f != nil {
-		line("Failure", "%s: %s (%s)", f.Reason, f.Message, stamp(f.At))
+		if f.Stage != "" {
+			line("Failure", "%s at %s: %s (%s)", f.Reason, f.Stage, f.Message, stamp(f.At))
+		} else {
+			line("Failure", "%s: %s (%s)", f.Reason, f.Message, stamp(f.At))
+		}
 	}
 	line("Template", "%s", ws.Template)
 	line("CPU", "%s", ws.CPU)

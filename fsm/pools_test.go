@@ -314,3 +314,20 @@ func TestPoolDeleteAfterIsolate(t *testing.T) {
 	}
 	checkIndex(t, h.f)
 }
+
+// A node that could not take an Instance over because its layer's pool
+// did not open says so with the stage its error begins with; ctrl keeps
+// the stage with the failure.
+func TestPoolUnavailableAtTakeoverFailsWithStage(t *testing.T) {
+	h := newHarness(t)
+	oneNode(h)
+	w := h.running("c1", smallWS)
+	msg := "PREPARING_RETAINED_LAYER: storage pool is unavailable: pool node-a:default at /srv/default did not open for takeover"
+	rep := poolReport("", 0)
+	rep.InstanceStates = []api.InstanceState{{InstanceID: w.InstanceID, State: "FAILED", Error: msg}}
+	h.report("node-a", sessOf("node-a"), rep)
+	got := h.ws(w.WorkspaceID)
+	if got.State != api.WorkspaceFailed || got.Failure == nil || got.Failure.Stage != api.StagePreparingRetainedLayer || got.Failure.Message != msg || got.Failure.Reason != api.FailureNoLongerRunning {
+		t.Fatalf("after the report: %+v failure %+v", got, got.Failure)
+	}
+}

@@ -848,7 +848,7 @@ func failEndedInstances(tx *bolt.Tx, e *Entry, node string, states []api.Instanc
 		}
 		dropNetworkChange(e, w, "instance "+w.InstanceID+" ended before node "+node+" applied the change")
 		w.State = api.WorkspaceFailed
-		w.Failure = &api.WorkspaceFailure{Reason: api.FailureNoLongerRunning, Message: msg, At: *at(e)}
+		w.Failure = &api.WorkspaceFailure{Reason: api.FailureNoLongerRunning, Message: msg, Stage: api.FailureStage(msg), At: *at(e)}
 		if err := putWorkspace(tx, e, old, w); err != nil {
 			return err
 		}

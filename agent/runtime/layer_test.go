@@ -5,6 +5,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -95,8 +96,44 @@ func TestTemplateRootAndRetainedLayer(t *testing.T) {
 	if got := inRoot("ws-1-b", "cat /tmp/data.txt /etc/kibotos-template"); got != "kept\ncoding\n" {
 		t.Fatalf("after a new Instance on the same layer: %q; want the data written before", got)
 	}
+
+	// The node restarts while the layer's pool is gone (a filesystem not
+	// mounted yet): after waiting for it, the Instance is not taken over
+	// but FAILED at the retained-layer stage, its VMM left running; once
+	// the pool is back, a forced stop ends it.
+	rt.Close()
+	pool := filepath.Join(h.scratch, "layers")
+	if err := os.Rename(pool, pool+".away"); err != nil {
+		t.Fatal(err)
+	}
+	cfg := h.config()
+	cfg.Pools, cfg.PoolOpenWait = []runtime.PoolDir{{ID: "p1", Path: pool}}, time.Second
+	rt, err = runtime.Open(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { rt.Close() })
+	st, err := rt.Status("ws-1-b")
+	if err != nil || st.State != runtime.StateFailed || !strings.HasPrefix(st.Error, "PREPARING_RETAINED_LAYER: storage pool is unavailable: pool p1") {
+		t.Fatalf("taken over without its pool: %+v %v", st, err)
+	}
+	if vms := h.activeVMMs(t); len(vms) != 1 {
+		t.Fatalf("VMM units after the failed takeover: %v, want ws-1-b's still running", vms)
+	}
+	if e := h.logs.entries("storage pool not opened for takeover"); len(e) != 1 || e[0]["pool"] != "p1" {
+		t.Errorf("log entries %v", e)
+	}
+	if err := os.Rename(pool+".away", pool); err != nil {
+		t.Fatal(err)
+	}
+	if err := rt.Stop(ctx, "ws-1-b", 0); err != nil {
+		t.Fatal(err)
+	}
 	if err := rt.Delete(ctx, "ws-1-b"); err != nil {
 		t.Fatal(err)
+	}
+	if vms := h.activeVMMs(t); len(vms) != 0 {
+		t.Fatalf("VMM units after stop --force: %v", vms)
 	}
 	if fileSum(t, tpl.Image()) != before {
 		t.Fatal("the template image changed")

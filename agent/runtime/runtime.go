@@ -97,6 +97,12 @@ type Config struct {
 	// Egress runs the egress process for policies naming an Egress or a
 	// Resolver; nil: such policies are refused.
 	Egress EgressRouter
+	// Pools are the node's storage pool directories. At Open, a running
+	// Instance whose layer is in one is taken over only once the pool
+	// opens, waiting at most PoolOpenWait (default DefaultPoolOpenWait);
+	// past it the Instance is FAILED, its VMM left running.
+	Pools        []PoolDir
+	PoolOpenWait time.Duration
 
 	// unconfinedVMM launches QEMU the way builds before VMM confinement
 	// did (root, no seccomp, file console), so tests can make the

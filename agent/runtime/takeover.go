@@ -12,6 +12,14 @@ import (
 	"github.com/kibotos/kibotos/vmm/units"
 )
 
+// verdict is what takeover found of one launch record.
+type verdict struct {
+	rec   *LaunchRecord
+	state State
+	err   string
+	gone  bool // the machine ended while no node watched
+}
+
 // takeover matches every launch record with the running units. Nothing is
 // registered, connected or removed unless every record and every running
 // kibotos-vmm unit is accounted for.
@@ -49,12 +57,6 @@ func (rt *Runtime) takeover(ctx context.Context) error {
 		byName[u.Name] = u
 	}
 	claimed := map[string]bool{}
-	type verdict struct {
-		rec   *LaunchRecord
-		state State
-		err   string
-		gone  bool // the machine ended while no node watched
-	}
 	var verdicts []verdict
 	for _, rec := range recs {
 		path := filepath.Join(rt.instancesDir, rec.InstanceID, LaunchRecordFile)
@@ -105,18 +107,30 @@ func (rt *Runtime) takeover(ctx context.Context) error {
 		}
 		rt.log.Info("instance directory without launch record removed", "dir", dir)
 	}
+	unopened := rt.openPools(ctx, verdicts)
 	for i := range verdicts {
 		v := &verdicts[i]
+		poolDown := false
+		if p, ok := unopened[rt.poolOf(v.rec.LayerPath).ID]; ok && v.rec.LayerPath != "" && (v.state == StateRunning || v.state == StateStarting) {
+			// Its layer cannot be vouched for: the VMM keeps running (nothing
+			// of the guest is lost), the node does not take it over.
+			v.state, v.err, poolDown = StateFailed, StagePreparingLayer+": "+p, true
+			rt.log.Error("instance takeover failed", "instance_id", v.rec.InstanceID, "err", v.err)
+		}
 		if v.rec.Network != nil {
 			rt.net.assigned[v.rec.InstanceID] = v.rec.Network.Guest
 		}
-		if nr := v.rec.Network; nr != nil && (v.state == StateRunning || v.state == StateStarting) {
+		if nr := v.rec.Network; nr != nil && (v.state == StateRunning || v.state == StateStarting || poolDown) {
 			rewritten, isolated := rt.checkNetwork(v.rec)
 			switch {
 			case isolated != "":
 				// The VMM keeps running (nothing of the guest is lost), but
 				// without a table the node can vouch for it reaches nothing.
-				v.state, v.err = StateFailed, "network isolated: "+isolated
+				if poolDown {
+					v.err += "; network isolated: " + isolated
+				} else {
+					v.state, v.err = StateFailed, "network isolated: "+isolated
+				}
 				rt.log.Error("instance network isolated", "instance_id", v.rec.InstanceID, "namespace", nr.Namespace, "reason", isolated)
 			case len(rewritten) > 0:
 				rt.log.Warn("slot table rewritten from the recorded network policy", "instance_id", v.rec.InstanceID,
@@ -140,6 +154,8 @@ func (rt *Runtime) takeover(ctx context.Context) error {
 				in.how = "never started"
 			case v.gone:
 				in.how = "machine exited"
+			case poolDown:
+				in.how = "storage pool unavailable" // its VMM still runs
 			default:
 				in.how = "network isolated" // its VMM still runs
 			}
