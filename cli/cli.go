@@ -58,6 +58,7 @@ type CLI struct {
 	Egress      EgressCmd      `cmd:"" help:"Create, update, list, show and delete Egress objects (SOCKS5 exits a Workspace's policy names)."`
 	Resolver    ResolverCmd    `cmd:"" help:"Create, list, show and delete Resolver objects (DNS upstreams a Workspace's policy names)."`
 	StoragePool StoragePoolCmd `cmd:"" name:"storage-pool" help:"List and show storage pools, set their capacity, declare a pool whose disk is gone lost."`
+	Completion  CompletionCmd  `cmd:"" help:"Print the shell completion script for bash, zsh or fish."`
 }
 
 type exitPanic struct{ code int }
@@ -87,6 +88,14 @@ func Main(ctx context.Context, name string, args []string, stdin *os.File, stdou
 	if err != nil {
 		fmt.Fprintf(stderr, "%s: %v\n", name, err)
 		return api.ExitInternal
+	}
+	if len(args) > 0 && args[0] == completeCommand {
+		words := args[1:]
+		if len(words) > 0 && words[0] == "--" {
+			words = words[1:]
+		}
+		complete(parser.Model, words, stdout)
+		return api.ExitOK
 	}
 	kctx, err := parser.Parse(args)
 	if err != nil {

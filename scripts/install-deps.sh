@@ -13,8 +13,9 @@ need=()
 # wget, ca-certificates: the busybox template's wget and the CA bundle it
 # verifies with, copied from the host (busybox's wget crashes on -T);
 # dnsmasq-base (the binary alone, no service): the resolver of network tests;
-# microsocks: the SOCKS5 server egress tests carry guest connections through.
-for pkg in iproute2 nftables ca-certificates git qemu-system-x86 qemu-utils busybox-static lz4 cpio kmod systemd e2fsprogs file debootstrap debian-archive-keyring wget dnsmasq-base microsocks; do
+# microsocks: the SOCKS5 server egress tests carry guest connections through;
+# zsh, fish: the completion scripts are run by the real shells.
+for pkg in iproute2 nftables ca-certificates git qemu-system-x86 qemu-utils busybox-static lz4 cpio kmod systemd e2fsprogs file debootstrap debian-archive-keyring wget dnsmasq-base microsocks zsh fish; do
 	dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
 done
 if [ "${KIBOTOS_BENCH:-0}" = 1 ]; then
