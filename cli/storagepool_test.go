@@ -3,6 +3,7 @@ package cli
 import (
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/kibotos/kibotos/api"
 	"github.com/kibotos/kibotos/cluster/clustertest"
@@ -48,4 +49,23 @@ func TestStoragePoolCommands(t *testing.T) {
 	e.expectExit(api.ExitUsage, "add --confirm-data-lost", "storage-pool", "declare-lost", "node-1:default")
 	e.expectExit(api.ExitFailedPrecondition, "storage pool node-1:default is still declared by node node-1", "storage-pool", "declare-lost", "node-1:default", "--confirm-data-lost")
 	e.expectExit(api.ExitInvalidArgument, "storage pool id \"Bad Pool\" is not valid", "storage-pool", "get", "Bad Pool")
+}
+
+// move checks the layer's pool before it stops anything: a layer in
+// node-1's private pool cannot go to node-2, which does not reach it.
+func TestMoveChecksTheLayersPool(t *testing.T) {
+	e := newCLIEnv(t, clustertest.Options{Ctrl: 1, NodeOnly: 1, AdjustReport: func(_ string, r *api.Report) {
+		r.Templates = append(r.Templates, "kibotos-coding") // placed; the start fails: no VMs
+	}})
+	ws := strings.TrimSpace(e.mustRun("workspace", "create", "--template", "kibotos-coding", "--memory", "256MiB", "--node", "node-1", "--no-wait", "-q"))
+	clustertest.WaitFor(t, 15*time.Second, func() (bool, string) {
+		w := e.wsJSON(ws)
+		return w.State == api.WorkspaceFailed && w.Layer != nil, w.State
+	})
+	before := e.wsJSON(ws)
+	e.expectExit(api.ExitFailedPrecondition, "its writable layer is in pool node-1:default, which node node-2 does not report available; the Workspace is unchanged",
+		"workspace", "move", ws, "--node", "node-2")
+	if after := e.wsJSON(ws); after.Version != before.Version {
+		t.Errorf("a refused move changed the Workspace: version %d → %d", before.Version, after.Version)
+	}
 }

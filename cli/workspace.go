@@ -470,8 +470,10 @@ func (c *WorkspaceMoveCmd) Run(g *Globals) error {
 		return printWorkspaceResult(g, nil, &ws, false, "already on the target")
 	}
 	// Check: the layer must be in a pool the target reaches.
-	if l := ws.Layer; l != nil && l.NodeID != c.Node && !poolShared(&target, api.LayerPoolID(l)) {
-		return exitError{api.ExitFailedPrecondition, fmt.Sprintf("workspace %s: its writable layer is in pool %s of node %s, which node %s cannot reach; the Workspace is unchanged", c.ID, api.LayerPoolID(l), l.NodeID, c.Node)}
+	if l := ws.Layer; l != nil && l.NodeID != c.Node {
+		if err := c.checkLayerReach(g, &ws, &target); err != nil {
+			return err
+		}
 	}
 	stopID, startID := "", ""
 	if c.CommandID != "" {
@@ -497,14 +499,53 @@ func (c *WorkspaceMoveCmd) Run(g *Globals) error {
 }
 
 // poolShared reports whether node reports pool id as a shared pool it reaches.
-func poolShared(n *api.Node, id string) bool {
+// checkLayerReach refuses a move whose target cannot use the Workspace's
+// layer: the target must report its pool available, and the pool must be
+// shared or have moved there (its old host retired or isolated), as
+// ctrl's placement will require.
+func (c *WorkspaceMoveCmd) checkLayerReach(g *Globals, ws *api.Workspace, target *api.Node) error {
+	l := ws.Layer
+	pool := api.LayerPoolID(l)
+	refuse := func(why string) error {
+		return exitError{api.ExitFailedPrecondition, fmt.Sprintf("workspace %s: its writable layer is in pool %s, %s; the Workspace is unchanged", c.ID, pool, why)}
+	}
+	if l.Lost {
+		return refuse("which was declared lost")
+	}
+	if !poolAvailable(target, pool) {
+		return refuse("which node " + c.Node + " does not report available")
+	}
+	if l.Shared {
+		return nil
+	}
+	var p api.StoragePool
+	if _, err := g.call("GET", poolPath(pool), nil, &p); err != nil {
+		return err
+	}
+	for _, m := range p.Nodes {
+		if m.NodeID != l.NodeID {
+			continue
+		}
+		var maker api.Node
+		if _, err := g.call("GET", nodePath(l.NodeID), nil, &maker); err != nil {
+			return err
+		}
+		if !maker.Isolated {
+			return refuse("a standalone pool of node " + l.NodeID + ", which only it can use while it is a member")
+		}
+	}
+	return nil
+}
+
+func poolAvailable(n *api.Node, id string) bool {
 	if n.Report == nil {
 		return false
 	}
 	for _, p := range n.Report.Pools {
-		if p.PoolID == id && p.Available && p.Shared {
+		if p.PoolID == id && p.Available {
 			return true
 		}
 	}
 	return false
 }
+
