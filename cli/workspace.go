@@ -548,4 +548,3 @@ func poolAvailable(n *api.Node, id string) bool {
 	}
 	return false
 }
-
