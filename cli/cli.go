@@ -42,23 +42,24 @@ type Globals struct {
 type CLI struct {
 	Globals
 
-	Version     VersionCmd     `cmd:"" help:"Print the release, source revision and whether this is a released build."`
-	Init        InitCmd        `cmd:"" help:"Create a new cluster with this host as its first ctrl voter."`
-	Join        JoinCmd        `cmd:"" help:"Enroll this host into a cluster with an enrollment grant."`
-	Serve       ServeCmd       `cmd:"" help:"Run this member until SIGTERM."`
-	Dev         DevCmd         `cmd:"" help:"Run a one-voter development cluster with a node on this host, in the foreground."`
-	Status      StatusCmd      `cmd:"" help:"Show the member the CLI talks to and the ctrl leader."`
-	Enrollment  EnrollmentCmd  `cmd:"" help:"Grant, list and revoke enrollment grants."`
-	Node        NodeCmd        `cmd:"" help:"View nodes, drain, isolate, retire them and set overcommit."`
-	GuestAgent  GuestAgentCmd  `cmd:"" name:"guest-agent" hidden:"" help:"Run the guest agent (PID 1 inside a VM)."`
-	Dataplane   DataplaneCmd   `cmd:"" hidden:"" help:"Run the node's data-plane process (started by the node as its own unit)."`
-	Platform    PlatformCmd    `cmd:"" help:"Build and list Platforms (kernel + initramfs with the guest agent)."`
-	Template    TemplateCmd    `cmd:"" help:"Build, list, show and delete templates (Workspace root filesystems) on this node."`
-	Workspace   WorkspaceCmd   `cmd:"" help:"Create, start, stop, move and delete Workspaces; exec, terminal, cp and port-forward through the data plane."`
-	Egress      EgressCmd      `cmd:"" help:"Create, update, list, show and delete Egress objects (SOCKS5 exits a Workspace's policy names)."`
-	Resolver    ResolverCmd    `cmd:"" help:"Create, list, show and delete Resolver objects (DNS upstreams a Workspace's policy names)."`
-	StoragePool StoragePoolCmd `cmd:"" name:"storage-pool" help:"List and show storage pools, set their capacity, declare a pool whose disk is gone lost."`
-	Completion  CompletionCmd  `cmd:"" help:"Print the shell completion script for bash, zsh or fish."`
+	Version          VersionCmd          `cmd:"" help:"Print the release, source revision and whether this is a released build."`
+	Init             InitCmd             `cmd:"" help:"Create a new cluster with this host as its first ctrl voter."`
+	Join             JoinCmd             `cmd:"" help:"Enroll this host into a cluster with an enrollment grant."`
+	Serve            ServeCmd            `cmd:"" help:"Run this member until SIGTERM."`
+	Dev              DevCmd              `cmd:"" help:"Run a one-voter development cluster with a node on this host, in the foreground."`
+	Status           StatusCmd           `cmd:"" help:"Show the member the CLI talks to and the ctrl leader."`
+	Enrollment       EnrollmentCmd       `cmd:"" help:"Grant, list and revoke enrollment grants."`
+	Node             NodeCmd             `cmd:"" help:"View nodes, drain, isolate, retire them and set overcommit."`
+	GuestAgent       GuestAgentCmd       `cmd:"" name:"guest-agent" hidden:"" help:"Run the guest agent (PID 1 inside a VM)."`
+	Dataplane        DataplaneCmd        `cmd:"" hidden:"" help:"Run the node's data-plane process (started by the node as its own unit)."`
+	Platform         PlatformCmd         `cmd:"" help:"Build and list Platforms (kernel + initramfs with the guest agent)."`
+	Template         TemplateCmd         `cmd:"" help:"Build, list, show and delete templates (Workspace root filesystems) on this node."`
+	Workspace        WorkspaceCmd        `cmd:"" help:"Create, start, stop, move and delete Workspaces; exec, terminal, cp and port-forward through the data plane."`
+	Egress           EgressCmd           `cmd:"" help:"Create, update, list, show and delete Egress objects (SOCKS5 exits a Workspace's policy names)."`
+	Resolver         ResolverCmd         `cmd:"" help:"Create, list, show and delete Resolver objects (DNS upstreams a Workspace's policy names)."`
+	StoragePool      StoragePoolCmd      `cmd:"" name:"storage-pool" help:"List and show storage pools, set their capacity, declare a pool whose disk is gone lost."`
+	Completion       CompletionCmd       `cmd:"" help:"Print the shell completion script for bash, zsh or fish."`
+	CheckMaintenance CheckMaintenanceCmd `cmd:"" name:"check-maintenance" help:"With the node service stopped: may the program be replaced (--operation upgrade) or removed (--operation remove)? Only reads."`
 }
 
 type exitPanic struct{ code int }

@@ -62,6 +62,8 @@ var examples = map[string][]string{
 	"storage-pool list":         {"kibo storage-pool list", "kibo storage-pool list --wide"},
 	"storage-pool get":          {"kibo storage-pool get node-a:default"},
 	"storage-pool set-capacity": {"kibo storage-pool set-capacity nfs-1 2TiB", "kibo storage-pool set-capacity node-a:default 200GiB --expected-version 3"},
+	"check-maintenance": {"kibotos check-maintenance --config /etc/kibotos/kibotos.toml --operation upgrade",
+		"kibotos check-maintenance --config /etc/kibotos/kibotos.toml --operation remove"},
 	"completion":                {"kibo completion bash    # in ~/.bashrc: source <(kibo completion bash)", "kibo completion fish    # save it as ~/.config/fish/completions/kibo.fish"},
 	"storage-pool declare-lost": {"kibo storage-pool declare-lost usb-1 --confirm-data-lost    # only when the disk is gone"},
 }

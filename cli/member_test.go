@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/kibotos/kibotos/api"
+	"github.com/kibotos/kibotos/cluster/clustertest"
 )
 
 // A pool's capacity is ctrl's: a node configuration that still declares
@@ -29,4 +30,28 @@ func TestServeRefusesPoolCapacity(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(dir, "data")); !os.IsNotExist(err) {
 		t.Fatalf("the refused start touched the data directory: %v", err)
 	}
+}
+
+// check-maintenance from the CLI: a node that never ran a VMM may be
+// upgraded or removed (exit 0, nothing written); a data directory that is
+// not a member's is refused (13); a pool config with a capacity is
+// refused (11) like serve refuses it.
+func TestCheckMaintenanceCommand(t *testing.T) {
+	e := newCLIEnv(t, clustertest.Options{Ctrl: 1})
+	for _, op := range []string{"upgrade", "remove"} {
+		out, errs, code := e.run("check-maintenance", "--operation", op, "--systemd", "none")
+		if code != 0 || !strings.Contains(errs, "check-maintenance --operation "+op+": node node-1 may go ahead") {
+			t.Errorf("check-maintenance %s: exit %d: %s%s", op, code, out, errs)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(e.dataDir, "storage", "runtime")); !os.IsNotExist(err) {
+		t.Errorf("the check created the runtime directory: %v", err)
+	}
+	var out, errb bytes.Buffer
+	if code := Main(context.Background(), "kibotos", []string{"check-maintenance", "--operation", "upgrade", "--data-dir", t.TempDir()}, nil, &out, &errb); code != api.ExitFailedPrecondition {
+		t.Errorf("check-maintenance of an empty directory: exit %d: %s", code, errb.String())
+	}
+	config := filepath.Join(t.TempDir(), "kibotos.toml")
+	os.WriteFile(config, []byte("[[storage.pools]]\nid = \"nfs-1\"\npath = \"/srv/nfs\"\ncapacity = 100\n"), 0o600)
+	e.expectExit(api.ExitInvalidArgument, "kibo storage-pool set-capacity nfs-1 SIZE", "check-maintenance", "--operation", "upgrade", "--config", config, "--systemd", "none")
 }

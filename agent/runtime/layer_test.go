@@ -2,6 +2,7 @@ package runtime_test
 
 import (
 	"crypto/sha256"
+	"errors"
 	"io"
 	"os"
 	"path/filepath"
@@ -97,12 +98,41 @@ func TestTemplateRootAndRetainedLayer(t *testing.T) {
 		t.Fatalf("after a new Instance on the same layer: %q; want the data written before", got)
 	}
 
+	// check-maintenance: refused while a node holds the runtime; with it
+	// stopped, an upgrade may go ahead (the record matches its unit), a
+	// remove may not (an Instance runs, a layer is held).
+	pool := filepath.Join(h.scratch, "layers")
+	mcfg := h.config()
+	mcfg.Pools = []runtime.PoolDir{{ID: "p1", Path: h.scratch}} // its layers/ holds ws-1.qcow2
+	if _, err := runtime.CheckMaintenance(ctx, mcfg, runtime.OpUpgrade); !errors.Is(err, runtime.ErrRuntimeInUse) {
+		t.Fatalf("check-maintenance with the node running: %v", err)
+	}
+	rt.Close()
+	maintenance := func(op string) (bool, string) {
+		t.Helper()
+		rep, err := runtime.CheckMaintenance(ctx, mcfg, op)
+		if err != nil {
+			t.Fatalf("check-maintenance %s: %v", op, err)
+		}
+		var blocking []string
+		for _, it := range rep.Items {
+			if it.Blocking {
+				blocking = append(blocking, it.Object+": "+it.Detail)
+			}
+		}
+		return rep.OK, strings.Join(blocking, "\n")
+	}
+	if ok, why := maintenance(runtime.OpUpgrade); !ok {
+		t.Errorf("upgrade with a running Instance whose record matches: blocked by\n%s", why)
+	}
+	if ok, why := maintenance(runtime.OpRemove); ok || !strings.Contains(why, "node Instance ws-1-b is active or requires cleanup") || !strings.Contains(why, "ws-1.qcow2: writable layer in pool p1") {
+		t.Errorf("remove with a running Instance and a held layer: ok=%v, blocked by\n%s", ok, why)
+	}
+
 	// The node restarts while the layer's pool is gone (a filesystem not
 	// mounted yet): after waiting for it, the Instance is not taken over
 	// but FAILED at the retained-layer stage, its VMM left running; once
 	// the pool is back, a forced stop ends it.
-	rt.Close()
-	pool := filepath.Join(h.scratch, "layers")
 	if err := os.Rename(pool, pool+".away"); err != nil {
 		t.Fatal(err)
 	}
@@ -134,6 +164,16 @@ func TestTemplateRootAndRetainedLayer(t *testing.T) {
 	}
 	if vms := h.activeVMMs(t); len(vms) != 0 {
 		t.Fatalf("VMM units after stop --force: %v", vms)
+	}
+	rt.Close()
+	if ok, why := maintenance(runtime.OpRemove); ok || strings.Contains(why, "instance") || !strings.Contains(why, "ws-1.qcow2") {
+		t.Errorf("remove with only the layer left: ok=%v, blocked by\n%s", ok, why)
+	}
+	if err := os.Rename(layer, layer+".kept"); err != nil {
+		t.Fatal(err)
+	}
+	if ok, why := maintenance(runtime.OpRemove); !ok {
+		t.Errorf("remove with nothing left: blocked by\n%s", why)
 	}
 	if fileSum(t, tpl.Image()) != before {
 		t.Fatal("the template image changed")

@@ -29,8 +29,9 @@ const StagePreparingLayer = api.StagePreparingRetainedLayer
 
 // PoolDir is one storage pool of the node: its id and directory.
 type PoolDir struct {
-	ID   string
-	Path string
+	ID     string
+	Path   string
+	Shared bool
 }
 
 // poolOf is the pool a layer is in (the longest directory holding it);

@@ -24,13 +24,25 @@ type verdict struct {
 // registered, connected or removed unless every record and every running
 // kibotos-vmm unit is accounted for.
 func (rt *Runtime) takeover(ctx context.Context) error {
+	verdicts, noRecord, problems, err := rt.inspect(ctx)
+	if err != nil {
+		return err
+	}
+	if len(problems) > 0 {
+		return fmt.Errorf("runtime: takeover refused, nothing was changed: %w", errors.Join(problems...))
+	}
+	return rt.adopt(ctx, verdicts, noRecord)
+}
+
+// inspect reads every launch record and the running units, changing
+// nothing: a verdict per record, the Instance directories without a
+// record, and what the node cannot vouch for (problems).
+func (rt *Runtime) inspect(ctx context.Context) (verdicts []verdict, noRecord []string, problems []error, err error) {
 	ents, err := os.ReadDir(rt.instancesDir)
 	if err != nil {
-		return fmt.Errorf("runtime: open: %w", err)
+		return nil, nil, nil, fmt.Errorf("runtime: open: %w", err)
 	}
-	var problems []error
 	var recs []*LaunchRecord
-	var noRecord []string
 	for _, e := range ents {
 		if !e.IsDir() {
 			continue
@@ -48,16 +60,19 @@ func (rt *Runtime) takeover(ctx context.Context) error {
 		}
 		recs = append(recs, rec)
 	}
-	running, err := rt.units.List(ctx, UnitPrefix+"*")
-	if err != nil {
-		return fmt.Errorf("runtime: open: %w", err)
+	// Without a service manager (check-maintenance of a node whose
+	// private systemd ended with it) no VMM unit runs.
+	var running []units.Unit
+	if rt.units != nil {
+		if running, err = rt.units.List(ctx, UnitPrefix+"*"); err != nil {
+			return nil, nil, nil, fmt.Errorf("runtime: open: %w", err)
+		}
 	}
 	byName := map[string]units.Unit{}
 	for _, u := range running {
 		byName[u.Name] = u
 	}
 	claimed := map[string]bool{}
-	var verdicts []verdict
 	for _, rec := range recs {
 		path := filepath.Join(rt.instancesDir, rec.InstanceID, LaunchRecordFile)
 		u, present := byName[rec.Unit]
@@ -97,10 +112,12 @@ func (rt *Runtime) takeover(ctx context.Context) error {
 				u.Name, u.InvocationID, u.MainPID, rt.instancesDir, u.Name))
 		}
 	}
-	if len(problems) > 0 {
-		return fmt.Errorf("runtime: takeover refused, nothing was changed: %w", errors.Join(problems...))
-	}
+	return verdicts, noRecord, problems, nil
+}
 
+// adopt registers the inspected Instances and removes the directories
+// without a record.
+func (rt *Runtime) adopt(ctx context.Context, verdicts []verdict, noRecord []string) error {
 	for _, dir := range noRecord {
 		if err := os.RemoveAll(dir); err != nil {
 			return fmt.Errorf("runtime: open: remove instance directory %s without launch record: %w", dir, err)

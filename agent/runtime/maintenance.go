@@ -1,0 +1,144 @@
+package runtime
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"sort"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/kibotos/kibotos/storagepool"
+)
+
+// check-maintenance (process-model seed): with the node service stopped,
+// may the node program be replaced (upgrade) or removed (remove)? It only
+// reads: the exclusive lock (taken and released), launch records, units
+// and processes, the pools' layers and holder records. It repairs
+// nothing, bumps no incarnation and creates no directory.
+
+// Maintenance operations.
+const (
+	OpUpgrade = "upgrade"
+	OpRemove  = "remove"
+)
+
+// MaintenanceItem is one thing the check looked at.
+type MaintenanceItem struct {
+	Object   string `json:"object"`
+	State    string `json:"state"`
+	Blocking bool   `json:"blocking"`
+	Detail   string `json:"detail,omitempty"`
+}
+
+// MaintenanceReport is the check's conclusion.
+type MaintenanceReport struct {
+	Operation string            `json:"operation"`
+	OK        bool              `json:"ok"`
+	Items     []MaintenanceItem `json:"items"`
+}
+
+// ErrRuntimeInUse: a node process holds the runtime's lock.
+var ErrRuntimeInUse = errors.New("runtime is already in use")
+
+// CheckMaintenance checks this node's runtime for op. cfg needs
+// StorageRoot, NodeID, Units (the service manager the VMM units run
+// under; nil when none runs any more, as after a private systemd ended
+// with its node) and Pools.
+func CheckMaintenance(ctx context.Context, cfg Config, op string) (*MaintenanceReport, error) {
+	if op != OpUpgrade && op != OpRemove {
+		return nil, fmt.Errorf("operation %q: use upgrade or remove", op)
+	}
+	rep := &MaintenanceReport{Operation: op, Items: []MaintenanceItem{}}
+	rt := &Runtime{cfg: cfg, units: cfg.Units, instancesDir: filepath.Join(cfg.StorageRoot, "runtime", "instances")}
+	lockPath := filepath.Join(cfg.StorageRoot, "runtime", "lock")
+	switch f, err := os.OpenFile(lockPath, os.O_RDWR, 0); {
+	case errors.Is(err, fs.ErrNotExist):
+		// No node ever ran here: nothing it could have left behind.
+	case err != nil:
+		return nil, fmt.Errorf("runtime lock %s: %w", lockPath, err)
+	default:
+		defer f.Close()
+		if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+			return nil, fmt.Errorf("%w: %s is locked by a running node process: stop the node service first", ErrRuntimeInUse, lockPath)
+		}
+		defer unix.Flock(int(f.Fd()), unix.LOCK_UN)
+	}
+	if _, err := os.Stat(rt.instancesDir); err == nil {
+		verdicts, noRecord, problems, err := rt.inspect(ctx)
+		if err != nil {
+			return nil, err
+		}
+		for _, p := range problems {
+			rep.add(MaintenanceItem{Object: "runtime", State: "unclear ownership", Blocking: true, Detail: p.Error()})
+		}
+		for _, dir := range noRecord {
+			rep.add(MaintenanceItem{Object: dir, State: "leftover", Blocking: true, Detail: "instance directory without a launch record: no Instance owns it (the node removes it when it starts)"})
+		}
+		for _, v := range verdicts {
+			rep.add(instanceItem(v, op))
+		}
+	} else if !errors.Is(err, fs.ErrNotExist) {
+		return nil, err
+	}
+	if op == OpRemove {
+		for _, it := range layerItems(cfg) {
+			rep.add(it)
+		}
+	}
+	rep.OK = true
+	for _, it := range rep.Items {
+		rep.OK = rep.OK && !it.Blocking
+	}
+	return rep, nil
+}
+
+func (r *MaintenanceReport) add(it MaintenanceItem) { r.Items = append(r.Items, it) }
+
+// instanceItem judges one Instance's record for op.
+func instanceItem(v verdict, op string) MaintenanceItem {
+	it := MaintenanceItem{Object: "instance " + v.rec.InstanceID, State: string(v.state)}
+	switch {
+	case v.state == StateStarting:
+		it.Blocking, it.Detail = true, "a start is half-way done (its guest never answered): wait for it with the node running, or stop it"
+	case op == OpRemove && (v.state == StateRunning || v.state == StateFailed && !v.gone):
+		it.Blocking, it.Detail = true, fmt.Sprintf("node Instance %s is active or requires cleanup: delete or stop its Workspace through the control plane first", v.rec.InstanceID)
+	case op == OpRemove:
+		it.Blocking, it.Detail = true, fmt.Sprintf("node Instance %s is active or requires cleanup: its record is kept until its Workspace is deleted or started again", v.rec.InstanceID)
+	case v.state == StateRunning:
+		it.Detail = "record matches its running unit (unit, InvocationID, PID, start time, executable, cgroup, network namespace): the new node takes it over"
+	default:
+		it.Detail = "ended; the new node keeps its record"
+	}
+	return it
+}
+
+// layerItems lists the retained layers the node still holds in its pools
+// (a remove must not leave them ownerless): every layer of a standalone
+// pool and those of a shared pool whose holder record names this node;
+// a layer whose holder record names another node is that node's.
+func layerItems(cfg Config) []MaintenanceItem {
+	var out []MaintenanceItem
+	for _, p := range cfg.Pools {
+		layers, _ := filepath.Glob(filepath.Join(p.Path, "layers", "*.qcow2"))
+		sort.Strings(layers)
+		for _, l := range layers {
+			h, err := storagepool.ReadHolder(l)
+			switch {
+			case err != nil:
+				out = append(out, MaintenanceItem{Object: l, State: "unclear ownership", Blocking: true, Detail: err.Error()})
+			case h != nil && h.NodeID != cfg.NodeID:
+				continue // another node's now (a moved pool, or a shared one)
+			case h == nil && p.Shared:
+				continue // released: any member may use it next
+			default:
+				out = append(out, MaintenanceItem{Object: l, State: "retained layer", Blocking: true,
+					Detail: fmt.Sprintf("writable layer in pool %s held by this node: delete its Workspace, or move it to another node of a shared pool", p.ID)})
+			}
+		}
+	}
+	return out
+}

@@ -1,0 +1,129 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/BurntSushi/toml"
+
+	"github.com/kibotos/kibotos/agent"
+	"github.com/kibotos/kibotos/agent/runtime"
+	"github.com/kibotos/kibotos/api"
+	"github.com/kibotos/kibotos/datadir"
+	"github.com/kibotos/kibotos/vmm/units"
+	"github.com/kibotos/kibotos/vmm/units/privsd"
+)
+
+// CheckMaintenanceCmd is `kibotos check-maintenance`: run with the node
+// service stopped, before replacing (upgrade) or uninstalling (remove) the
+// program. It only reads; exit 0 when the operation may go ahead, 13 when
+// something blocks it (listed), or when a node process still runs.
+type CheckMaintenanceCmd struct {
+	Operation string `name:"operation" required:"" enum:"upgrade,remove" help:"upgrade: Instances may keep running if every record matches its unit; remove: nothing may run or be held."`
+	Config    string `name:"config" type:"existingfile" help:"The node's TOML configuration (data_dir, [[storage.pools]])."`
+	Systemd   string `name:"systemd" default:"auto" enum:"auto,host,dev,none" help:"Where the VMM units run: auto (the host's systemd when PID 1 is systemd, else kibotos dev's private one if it runs), host, dev, or none (they ended with a private systemd)."`
+}
+
+func (c *CheckMaintenanceCmd) Run(g *Globals) error {
+	var fc fileConfig
+	if c.Config != "" {
+		if _, err := toml.DecodeFile(c.Config, &fc); err != nil {
+			return api.Errorf(api.CodeInvalidArgument, "configuration file %s: %v", c.Config, err)
+		}
+	}
+	dir := g.DataDir
+	if dir == "" {
+		dir = fc.DataDir
+	}
+	if dir == "" {
+		dir = SystemDataDir
+	}
+	d := datadir.Dir(dir)
+	id, err := d.LoadIdentity()
+	if err != nil {
+		return api.Errorf(api.CodeFailedPrecondition, "data directory %s: %v: check --data-dir or data_dir in the configuration", dir, err)
+	}
+	cfg := runtime.Config{StorageRoot: d.StorageRoot(), NodeID: id.NodeID,
+		Pools: []runtime.PoolDir{{ID: api.PrivatePoolID(id.NodeID), Path: agent.DefaultPoolPath(d)}}}
+	for _, p := range fc.Storage.Pools {
+		if p.Capacity != nil {
+			return api.Errorf(api.CodeInvalidArgument, "configuration file %s: storage pool %s: capacity is no longer a node setting, pool capacity is ctrl's: delete the capacity line and set it with kibo storage-pool set-capacity %s SIZE", c.Config, p.ID, p.ID)
+		}
+		cfg.Pools = append(cfg.Pools, runtime.PoolDir{ID: p.ID, Path: p.Path, Shared: p.Shared})
+	}
+	ctx, cancel := context.WithTimeout(g.ctx, time.Minute)
+	defer cancel()
+	m, closeUnits, err := c.unitsOf(ctx, d)
+	if err != nil {
+		return err
+	}
+	defer closeUnits()
+	cfg.Units = m
+	rep, err := runtime.CheckMaintenance(ctx, cfg, c.Operation)
+	if errors.Is(err, runtime.ErrRuntimeInUse) {
+		return api.Errorf(api.CodeFailedPrecondition, "%v", err)
+	}
+	if err != nil {
+		return err
+	}
+	if g.JSON {
+		if err := g.printJSONValue(rep); err != nil {
+			return err
+		}
+	} else {
+		t := newTable(g.stdout, "OBJECT", "STATE", "BLOCKS", "DETAIL")
+		for _, it := range rep.Items {
+			blocks := "no"
+			if it.Blocking {
+				blocks = "yes"
+			}
+			t.row(it.Object, it.State, blocks, it.Detail)
+		}
+		t.flush()
+	}
+	if !rep.OK {
+		return exitError{api.ExitFailedPrecondition, fmt.Sprintf("check-maintenance --operation %s: node %s is not ready for it; deal with the items marked BLOCKS above first", c.Operation, id.NodeID)}
+	}
+	g.note("check-maintenance --operation %s: node %s may go ahead (%d items checked)\n", c.Operation, id.NodeID, len(rep.Items))
+	return nil
+}
+
+// unitsOf connects to the service manager the node's VMM units run
+// under, without starting one; nil when there is none.
+func (c *CheckMaintenanceCmd) unitsOf(ctx context.Context, d datadir.Dir) (*units.Manager, func(), error) {
+	none := func() {}
+	mode := c.Systemd
+	if mode == systemdAuto {
+		mode = systemdNone
+		if hostHasSystemd() {
+			mode = systemdHost
+		} else if sd, err := privsd.Attach(ctx, devSystemdDir(d)); err == nil {
+			return connectUnits(ctx, sd.Target())
+		}
+	}
+	switch mode {
+	case systemdHost:
+		t, err := units.HostTarget()
+		if err != nil {
+			return nil, none, err
+		}
+		return connectUnits(ctx, t)
+	case systemdDev:
+		sd, err := privsd.Attach(ctx, devSystemdDir(d))
+		if err != nil {
+			return nil, none, fmt.Errorf("kibotos dev's private systemd: %w", err)
+		}
+		return connectUnits(ctx, sd.Target())
+	}
+	return nil, none, nil
+}
+
+func connectUnits(ctx context.Context, t units.Target) (*units.Manager, func(), error) {
+	m, err := units.Connect(ctx, t)
+	if err != nil {
+		return nil, func() {}, err
+	}
+	return m, func() { m.Close() }, nil
+}
