@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/BurntSushi/toml"
-
 	"github.com/kibotos/kibotos/agent"
 	"github.com/kibotos/kibotos/agent/runtime"
 	"github.com/kibotos/kibotos/api"
@@ -27,30 +25,21 @@ type CheckMaintenanceCmd struct {
 }
 
 func (c *CheckMaintenanceCmd) Run(g *Globals) error {
-	var fc fileConfig
-	if c.Config != "" {
-		if _, err := toml.DecodeFile(c.Config, &fc); err != nil {
-			return api.Errorf(api.CodeInvalidArgument, "configuration file %s: %v", c.Config, err)
-		}
+	fc, d, err := loadNodeConfig(g, c.Config)
+	if err != nil {
+		return err
 	}
-	dir := g.DataDir
-	if dir == "" {
-		dir = fc.DataDir
+	pools, err := poolsFrom(c.Config, fc)
+	if err != nil {
+		return err
 	}
-	if dir == "" {
-		dir = SystemDataDir
-	}
-	d := datadir.Dir(dir)
 	id, err := d.LoadIdentity()
 	if err != nil {
-		return api.Errorf(api.CodeFailedPrecondition, "data directory %s: %v: check --data-dir or data_dir in the configuration", dir, err)
+		return api.Errorf(api.CodeFailedPrecondition, "data directory %s: %v: check --data-dir or data_dir in the configuration", d, err)
 	}
 	cfg := runtime.Config{StorageRoot: d.StorageRoot(), NodeID: id.NodeID,
 		Pools: []runtime.PoolDir{{ID: api.PrivatePoolID(id.NodeID), Path: agent.DefaultPoolPath(d)}}}
-	for _, p := range fc.Storage.Pools {
-		if p.Capacity != nil {
-			return api.Errorf(api.CodeInvalidArgument, "configuration file %s: storage pool %s: capacity is no longer a node setting, pool capacity is ctrl's: delete the capacity line and set it with kibo storage-pool set-capacity %s SIZE", c.Config, p.ID, p.ID)
-		}
+	for _, p := range pools {
 		cfg.Pools = append(cfg.Pools, runtime.PoolDir{ID: p.ID, Path: p.Path, Shared: p.Shared})
 	}
 	ctx, cancel := context.WithTimeout(g.ctx, time.Minute)

@@ -161,11 +161,13 @@ type ServeCmd struct {
 	ClockSkew       time.Duration `name:"test-clock-skew" hidden:"" help:"Pretend the node clock is off by this much (tests)."`
 }
 
-func (c *ServeCmd) Run(g *Globals) error {
+// loadNodeConfig reads the node's configuration file (none: defaults)
+// and the data directory it and the flags name.
+func loadNodeConfig(g *Globals, path string) (fileConfig, datadir.Dir, error) {
 	var fc fileConfig
-	if c.Config != "" {
-		if _, err := toml.DecodeFile(c.Config, &fc); err != nil {
-			return api.Errorf(api.CodeInvalidArgument, "configuration file %s: %v", c.Config, err)
+	if path != "" {
+		if _, err := toml.DecodeFile(path, &fc); err != nil {
+			return fc, "", api.Errorf(api.CodeInvalidArgument, "configuration file %s: %v", path, err)
 		}
 	}
 	dir := g.DataDir
@@ -174,6 +176,27 @@ func (c *ServeCmd) Run(g *Globals) error {
 	}
 	if dir == "" {
 		dir = SystemDataDir
+	}
+	return fc, datadir.Dir(dir), nil
+}
+
+// poolsFrom is [[storage.pools]]; a capacity key, which earlier releases
+// read, is refused: a pool's capacity is ctrl's.
+func poolsFrom(path string, fc fileConfig) ([]agent.PoolConfig, error) {
+	var pools []agent.PoolConfig
+	for _, p := range fc.Storage.Pools {
+		if p.Capacity != nil {
+			return nil, api.Errorf(api.CodeInvalidArgument, "configuration file %s: storage pool %s: capacity is no longer a node setting, pool capacity is ctrl's: delete the capacity line and set it with kibo storage-pool set-capacity %s SIZE", path, p.ID, p.ID)
+		}
+		pools = append(pools, agent.PoolConfig{ID: p.ID, Path: p.Path, Shared: p.Shared})
+	}
+	return pools, nil
+}
+
+func (c *ServeCmd) Run(g *Globals) error {
+	fc, dir, err := loadNodeConfig(g, c.Config)
+	if err != nil {
+		return err
 	}
 	bind := c.Bind
 	if bind == "" {
@@ -210,14 +233,11 @@ func (c *ServeCmd) Run(g *Globals) error {
 	if err != nil {
 		return err
 	}
-	var pools []agent.PoolConfig
-	for _, p := range fc.Storage.Pools {
-		if p.Capacity != nil {
-			return api.Errorf(api.CodeInvalidArgument, "configuration file %s: storage pool %s: capacity is no longer a node setting, pool capacity is ctrl's: delete the capacity line and set it with kibo storage-pool set-capacity %s SIZE", c.Config, p.ID, p.ID)
-		}
-		pools = append(pools, agent.PoolConfig{ID: p.ID, Path: p.Path, Shared: p.Shared})
+	pools, err := poolsFrom(c.Config, fc)
+	if err != nil {
+		return err
 	}
-	return runMember(g, memberOptions{dir: datadir.Dir(dir), bind: bind, level: level, capacity: capacity, timings: timings, deniedReport: deniedReport, clockSkew: c.ClockSkew, logFormat: format,
+	return runMember(g, memberOptions{dir: dir, bind: bind, level: level, capacity: capacity, timings: timings, deniedReport: deniedReport, clockSkew: c.ClockSkew, logFormat: format,
 		systemd: c.Systemd, accel: qemu.Accel(c.Accel), dataPlaneListen: dpListen, pools: pools, defaultPool: fc.Storage.DefaultPool, network: network,
 		metricsListen: fc.Metrics.Listen, machineLogsMax: fc.Logs.MachineLogsMaxBytes})
 }

@@ -101,7 +101,7 @@ func openNodeRuntime(ctx context.Context, o memberOptions, nodeID string, steps 
 		Observe: steps.Observe, MachineLogsMaxBytes: o.machineLogsMax,
 		Pools: []runtime.PoolDir{{ID: api.PrivatePoolID(nodeID), Path: agent.DefaultPoolPath(d)}}}
 	for _, p := range o.pools {
-		cfg.Pools = append(cfg.Pools, runtime.PoolDir{ID: p.ID, Path: p.Path})
+		cfg.Pools = append(cfg.Pools, runtime.PoolDir{ID: p.ID, Path: p.Path, Shared: p.Shared})
 	}
 	var sup *egress.Supervisor
 	if network != nil {
