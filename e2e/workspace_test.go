@@ -455,6 +455,14 @@ func (d *wsDev) testMetrics(id string) {
 	if v := value(families, "kibotos_nodes", "status", "ready"); v != 1 {
 		t.Errorf("kibotos_nodes{status=ready} = %v, want 1", v)
 	}
+	// kibotos dev gave its pool its file system's size; the Workspace's
+	// layer is charged its template's image size.
+	if v := value(families, "kibotos_storage_pool_capacity_bytes", "pool", "dev:default"); v < 1<<30 {
+		t.Errorf("kibotos_storage_pool_capacity_bytes{pool=dev:default} = %v", v)
+	}
+	if v := value(families, "kibotos_storage_pool_used_bytes", "pool", "dev:default"); v < 1<<20 {
+		t.Errorf("kibotos_storage_pool_used_bytes{pool=dev:default} = %v, want the layer's template size", v)
+	}
 	if v := value(families, "kibotos_raft_leader"); v != 1 {
 		t.Errorf("kibotos_raft_leader = %v on the one voter", v)
 	}

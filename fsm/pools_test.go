@@ -201,7 +201,7 @@ func TestPoolMovedToAnotherHost(t *testing.T) {
 	h := newHarness(t)
 	w := standaloneLayer(h)
 	h.schedNode("node-c", 1, 4000, 8*gib)
-	if err := h.fail(api.CodeFailedPrecondition, OpWorkspaceStart, WorkspaceArgs{WorkspaceID: w.WorkspaceID}); !strings.Contains(err.Message, "isolated") {
+	if err := h.fail(api.CodeFailedPrecondition, OpWorkspaceStart, WorkspaceArgs{WorkspaceID: w.WorkspaceID}); !strings.Contains(err.Message, "its writable layer is in standalone pool usb of node node-a, the only node that can start it, which cannot now: isolated;") {
 		t.Errorf("start before the pool moved: %v", err)
 	}
 	h.report("node-c", sessOf("node-c"), poolReport("", gib, usbPool))

@@ -1236,6 +1236,17 @@ func checkSummarize(t *testing.T, f *FSM) {
 		if !reflect.DeepEqual(s.WorkspacesByState, wantWS) || !reflect.DeepEqual(s.NodesByStatus, wantNodes) || !reflect.DeepEqual(s.Clocks, wantClocks) {
 			t.Errorf("Summarize %+v; the lists give workspaces %v, nodes %v, clocks %v", s, wantWS, wantNodes, wantClocks)
 		}
+		ps, err := ListStoragePools(tx, 0, "")
+		if err != nil {
+			return err
+		}
+		var wantPools []PoolSummary
+		for _, p := range ps.Pools {
+			wantPools = append(wantPools, PoolSummary{PoolID: p.PoolID, CapacityBytes: p.CapacityBytes, UsedBytes: p.UsedBytes})
+		}
+		if !reflect.DeepEqual(s.Pools, wantPools) {
+			t.Errorf("Summarize pools %+v; the list gives %+v", s.Pools, wantPools)
+		}
 		return nil
 	})
 	if err != nil {

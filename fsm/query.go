@@ -196,6 +196,15 @@ type Summary struct {
 	// Clocks are the nodes' clock offsets (node minus ctrl), by node id,
 	// for nodes whose session measured one.
 	Clocks map[string]int64
+	// Pools are the storage pools' capacity (nil: not set) and use, by id.
+	Pools []PoolSummary
+}
+
+// PoolSummary is one pool's figures for metrics.
+type PoolSummary struct {
+	PoolID        string
+	CapacityBytes *uint64
+	UsedBytes     uint64
 }
 
 // slimNode is the part of a node record its status and clock come from:
@@ -258,6 +267,18 @@ func Summarize(tx *bolt.Tx) (Summary, error) {
 		}
 		s.NodesByStatus[deriveStatus(n, h)]++
 		return nil
+	})
+	if err != nil {
+		return s, err
+	}
+	err = tx.Bucket(bucketPools).ForEach(func(k, v []byte) error {
+		var rec poolRecord
+		if err := json.Unmarshal(v, &rec); err != nil {
+			return err
+		}
+		u, err := poolUse(tx, rec.PoolID)
+		s.Pools = append(s.Pools, PoolSummary{PoolID: rec.PoolID, CapacityBytes: rec.CapacityBytes, UsedBytes: u.UsedBytes})
+		return err
 	})
 	return s, err
 }

@@ -9,6 +9,7 @@ import (
 	"regexp"
 	"sort"
 	"strconv"
+	"strings"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -456,6 +457,13 @@ func place(tx *bolt.Tx, w *api.Workspace, pin string, refused []string) (string,
 	if err != nil && api.CodeOf(err) == api.CodeResourceExhausted && anyReported(nodes) && !anyHasTemplate(nodes, w.Template) {
 		return "", api.Errorf(api.CodeFailedPrecondition,
 			"template %s is not built on any node: build it there with kibotos template build %s (kibo node get NODE lists a node's templates)", w.Template, w.Template)
+	}
+	if err != nil && pin == "" && req.Node != "" && api.CodeOf(err) == api.CodeFailedPrecondition {
+		// The layer pinned it, not --node: say so and what would help.
+		why := strings.TrimSuffix(strings.TrimPrefix(err.Error(), "node "+req.Node+" cannot take this Workspace: "), "; --node never places elsewhere")
+		return "", api.Errorf(api.CodeFailedPrecondition,
+			"workspace %s: its writable layer is in standalone pool %s of node %s, the only node that can start it, which cannot now: %s; start it once %s is back, or move the pool's disk to another host that declares %s",
+			w.WorkspaceID, api.LayerPoolID(w.Layer), req.Node, why, req.Node, api.LayerPoolID(w.Layer))
 	}
 	return node, err
 }

@@ -198,6 +198,10 @@ var (
 		"Registered nodes in this member's replica, by status.", []string{"status"}, nil)
 	clockOffset = prometheus.NewDesc("kibotos_node_clock_offset_seconds",
 		"The node's clock minus ctrl's, as last measured over its control session.", []string{"node_id"}, nil)
+	poolCapacity = prometheus.NewDesc("kibotos_storage_pool_capacity_bytes",
+		"The capacity ctrl set for the storage pool (absent while none is set: the pool takes no new objects).", []string{"pool"}, nil)
+	poolUsed = prometheus.NewDesc("kibotos_storage_pool_used_bytes",
+		"What the storage pool's objects take of its capacity (retained layers at their template's size, Volumes).", []string{"pool"}, nil)
 	scrapeErrors = prometheus.NewDesc("kibotos_metrics_read_errors",
 		"1 when this scrape could not read the member's state (the figures above are then missing).", []string{"source"}, nil)
 )
@@ -205,7 +209,7 @@ var (
 type ctrlCollector struct{ f *fsm.FSM }
 
 func (c ctrlCollector) Describe(ch chan<- *prometheus.Desc) {
-	describe(ch, workspaces, nodes, clockOffset, scrapeErrors)
+	describe(ch, workspaces, nodes, clockOffset, poolCapacity, poolUsed, scrapeErrors)
 }
 
 func (c ctrlCollector) Collect(ch chan<- prometheus.Metric) {
@@ -227,6 +231,12 @@ func (c ctrlCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	for id, off := range sum.Clocks {
 		ch <- prometheus.MustNewConstMetric(clockOffset, prometheus.GaugeValue, float64(off)/1e9, id)
+	}
+	for _, p := range sum.Pools {
+		if p.CapacityBytes != nil {
+			ch <- prometheus.MustNewConstMetric(poolCapacity, prometheus.GaugeValue, float64(*p.CapacityBytes), p.PoolID)
+		}
+		ch <- prometheus.MustNewConstMetric(poolUsed, prometheus.GaugeValue, float64(p.UsedBytes), p.PoolID)
 	}
 }
 
