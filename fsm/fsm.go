@@ -333,10 +333,15 @@ func (f *FSM) Restore(r io.Reader) error {
 	f.db = db
 	// A snapshot of an older release lacks the buckets added since.
 	return db.Update(func(tx *bolt.Tx) error {
+		hadPoolUse := tx.Bucket(bucketPoolUse) != nil
 		for _, b := range allBuckets {
 			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
 				return err
 			}
+		}
+		if !hadPoolUse {
+			// Its layers were placed before pools were counted.
+			return recountPoolUse(tx)
 		}
 		return nil
 	})

@@ -203,6 +203,21 @@ func addPoolUse(tx *bolt.Tx, pool string, d PoolUse, sign int) error {
 	return putJSON(tx, bucketPoolUse, []byte(pool), u)
 }
 
+// recountPoolUse rebuilds pool_use from the Workspaces' layers (a state
+// from a release that did not count them).
+func recountPoolUse(tx *bolt.Tx) error {
+	return tx.Bucket(bucketWorkspaces).ForEach(func(k, _ []byte) error {
+		w, err := getWorkspace(tx, string(k))
+		if err != nil {
+			return err
+		}
+		if pool, c := layerCharge(w); pool != "" {
+			return addPoolUse(tx, pool, c, +1)
+		}
+		return nil
+	})
+}
+
 // poolRoom is nil when a new object of size bytes fits in pool id, else
 // the resource_exhausted error that says why.
 func poolRoom(tx *bolt.Tx, id, what string, size uint64) error {

@@ -1,6 +1,9 @@
 package fsm
 
 import (
+	"bytes"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -330,4 +333,51 @@ func TestPoolUnavailableAtTakeoverFailsWithStage(t *testing.T) {
 	if got.State != api.WorkspaceFailed || got.Failure == nil || got.Failure.Stage != api.StagePreparingRetainedLayer || got.Failure.Message != msg || got.Failure.Reason != api.FailureNoLongerRunning {
 		t.Fatalf("after the report: %+v failure %+v", got, got.Failure)
 	}
+}
+
+// A snapshot of a release before pools were counted: restored, the
+// pools' use is recounted from the Workspaces' layers, so a later delete
+// does not drive a counter below zero.
+func TestRestoreRecountsPoolUse(t *testing.T) {
+	h := newHarness(t)
+	oneNode(h)
+	h.report("node-a", sessOf("node-a"), poolReport("", 2*gib))
+	w := h.stopped("c1", smallWS)
+	var buf bytes.Buffer
+	if err := h.f.Snapshot(&buf); err != nil {
+		t.Fatal(err)
+	}
+	// Make it an older release's: no pool buckets.
+	path := filepath.Join(t.TempDir(), "old.db")
+	os.WriteFile(path, buf.Bytes(), 0o600)
+	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	db.Update(func(tx *bolt.Tx) error {
+		for _, b := range [][]byte{bucketPools, bucketPoolUse, bucketPoolMembers, bucketPoolWaits} {
+			if err := tx.DeleteBucket(b); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	db.Close()
+	old, _ := os.ReadFile(path)
+	c := &harness{t: t, f: openFSM(t), now: h.now}
+	if err := c.f.Restore(bytes.NewReader(old)); err != nil {
+		t.Fatal(err)
+	}
+	checkIndex(t, c.f)
+	c.report("node-a", sessOf("node-a"), poolReport("", 2*gib)) // declares the pool again
+	if p := c.pool("node-a:default"); p.Layers != 1 || p.UsedBytes != 2*gib {
+		t.Fatalf("restored pool %+v", p)
+	}
+	c.advance(time.Second)
+	c.ok(OpWorkspaceDelete, WorkspaceArgs{WorkspaceID: w.WorkspaceID})
+	c.answer(w.WorkspaceID, OutcomeOK, "")
+	if p := c.pool("node-a:default"); p.Layers != 0 || p.UsedBytes != 0 {
+		t.Errorf("after the delete: %+v", p)
+	}
+	checkIndex(t, c.f)
 }
