@@ -51,8 +51,9 @@ func TestStoragePoolCommands(t *testing.T) {
 	e.expectExit(api.ExitInvalidArgument, "storage pool id \"Bad Pool\" is not valid", "storage-pool", "get", "Bad Pool")
 }
 
-// move checks the layer's pool before it stops anything: a layer in
-// node-1's private pool cannot go to node-2, which does not reach it.
+// workspace list --pool shows a pool's Workspaces; move checks the
+// layer's pool before it stops anything: a layer in node-1's private pool
+// cannot go to node-2, which does not reach it.
 func TestMoveChecksTheLayersPool(t *testing.T) {
 	e := newCLIEnv(t, clustertest.Options{Ctrl: 1, NodeOnly: 1, AdjustReport: func(_ string, r *api.Report) {
 		r.Templates = append(r.Templates, "kibotos-coding") // placed; the start fails: no VMs
@@ -63,6 +64,15 @@ func TestMoveChecksTheLayersPool(t *testing.T) {
 		return w.State == api.WorkspaceFailed && w.Layer != nil, w.State
 	})
 	before := e.wsJSON(ws)
+	// Which Workspaces a pool holds.
+	if ids := e.mustRun("workspace", "list", "--all", "--pool", "node-1:default", "-q"); strings.TrimSpace(ids) != ws {
+		t.Errorf("workspace list --pool node-1:default: %q, want %s", ids, ws)
+	}
+	if ids := e.mustRun("workspace", "list", "--all", "--pool", "node-2:default", "-q"); ids != "" {
+		t.Errorf("workspace list --pool node-2:default: %q, want none", ids)
+	}
+	e.expectExit(api.ExitInvalidArgument, `storage pool id "Bad" is not valid`, "workspace", "list", "--pool", "Bad")
+	e.expectExit(api.ExitUsage, "cannot be combined with --state, --label or --pool", "workspace", "list", "--node", "node-1", "--pool", "node-1:default")
 	e.expectExit(api.ExitFailedPrecondition, "its writable layer is in pool node-1:default, which node node-2 does not report available; the Workspace is unchanged",
 		"workspace", "move", ws, "--node", "node-2")
 	if after := e.wsJSON(ws); after.Version != before.Version {

@@ -333,6 +333,7 @@ func labelsColumn(l map[string]string) string {
 type WorkspaceListCmd struct {
 	State     []string          `name:"state" help:"Only these states (repeat or comma-separate)."`
 	Label     map[string]string `name:"label" help:"Only Workspaces with label KEY=VALUE; repeat: all must match."`
+	Pool      string            `name:"pool" help:"Only Workspaces whose writable layer is in this storage pool (kibo storage-pool list)."`
 	Node      string            `name:"node" help:"Only the Workspaces executing on this node (not combinable with filters)."`
 	Instance  string            `name:"instance" help:"Only the Workspace executing with this Instance (not combinable with filters)."`
 	All       bool              `name:"all" help:"Include STOPPED Workspaces, and read every page."`
@@ -346,8 +347,8 @@ func (c *WorkspaceListCmd) Run(g *Globals) error {
 	if c.Node != "" && c.Instance != "" {
 		return usagef("--node and --instance are exclusive: give one")
 	}
-	if (c.Node != "" || c.Instance != "") && (len(c.State) > 0 || len(c.Label) > 0) {
-		return usagef("--node and --instance cannot be combined with --state or --label")
+	if (c.Node != "" || c.Instance != "") && (len(c.State) > 0 || len(c.Label) > 0 || c.Pool != "") {
+		return usagef("--node and --instance cannot be combined with --state, --label or --pool")
 	}
 	q := url.Values{}
 	for _, s := range c.State {
@@ -366,6 +367,9 @@ func (c *WorkspaceListCmd) Run(g *Globals) error {
 	}
 	if c.Instance != "" {
 		q.Set("instance", c.Instance)
+	}
+	if c.Pool != "" {
+		q.Set("pool", c.Pool)
 	}
 	if c.All {
 		q.Set("all", "true")

@@ -149,7 +149,13 @@ func (s *Server) handleWorkspaceGet(w http.ResponseWriter, r *http.Request) {
 
 func (s *Server) handleWorkspaceList(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
-	f := fsm.WorkspaceFilter{NodeID: q.Get("node"), InstanceID: q.Get("instance"), All: q.Get("all") == "true"}
+	f := fsm.WorkspaceFilter{NodeID: q.Get("node"), InstanceID: q.Get("instance"), All: q.Get("all") == "true", PoolID: q.Get("pool")}
+	if f.PoolID != "" {
+		if err := api.ValidPoolID(f.PoolID); err != nil {
+			writeError(w, err)
+			return
+		}
+	}
 	for _, st := range q["state"] {
 		for _, one := range strings.Split(st, ",") {
 			one = strings.ToUpper(strings.TrimSpace(one))
@@ -175,8 +181,8 @@ func (s *Server) handleWorkspaceList(w http.ResponseWriter, r *http.Request) {
 		writeError(w, api.Errorf(api.CodeInvalidArgument, "--node and --instance are exclusive: give one"))
 		return
 	}
-	if (f.NodeID != "" || f.InstanceID != "") && (len(f.States) > 0 || len(f.Labels) > 0) {
-		writeError(w, api.Errorf(api.CodeInvalidArgument, "--node and --instance cannot be combined with --state or --label"))
+	if (f.NodeID != "" || f.InstanceID != "") && (len(f.States) > 0 || len(f.Labels) > 0 || f.PoolID != "") {
+		writeError(w, api.Errorf(api.CodeInvalidArgument, "--node and --instance cannot be combined with --state, --label or --pool"))
 		return
 	}
 	size := 0

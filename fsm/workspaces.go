@@ -971,6 +971,8 @@ type WorkspaceFilter struct {
 	States []string          // any of these states; empty: all but the stopped ones unless All
 	Labels map[string]string // every label must match
 	All    bool              // include STOPPED ones
+	// PoolID: only Workspaces whose retained layer is in this pool.
+	PoolID string
 	// NodeID and InstanceID select by current execution (exclusive with
 	// the filters above).
 	NodeID     string
@@ -999,6 +1001,9 @@ func (f *WorkspaceFilter) match(w *api.Workspace) bool {
 		if w.Labels[k] != v {
 			return false
 		}
+	}
+	if f.PoolID != "" && (w.Layer == nil || api.LayerPoolID(w.Layer) != f.PoolID) {
+		return false
 	}
 	return true
 }
