@@ -125,6 +125,15 @@ func TestTemplateRootAndRetainedLayer(t *testing.T) {
 	if ok, why := maintenance(runtime.OpUpgrade); !ok {
 		t.Errorf("upgrade with a running Instance whose record matches: blocked by\n%s", why)
 	}
+	// A pinned namespace of an Instance without a record: nobody owns it.
+	ghost := filepath.Join(h.sd.NetNSDir, runtime.NetNSName("ghost"))
+	if err := os.WriteFile(ghost, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if ok, why := maintenance(runtime.OpUpgrade); ok || !strings.Contains(why, "kibotos-ghost: network namespace of an Instance without a launch record") {
+		t.Errorf("upgrade with a namespace nobody owns: ok=%v, blocked by\n%s", ok, why)
+	}
+	os.Remove(ghost)
 	if ok, why := maintenance(runtime.OpRemove); ok || !strings.Contains(why, "node Instance ws-1-b is active or requires cleanup") || !strings.Contains(why, "ws-1.qcow2: writable layer in pool p1") {
 		t.Errorf("remove with a running Instance and a held layer: ok=%v, blocked by\n%s", ok, why)
 	}

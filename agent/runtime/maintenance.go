@@ -8,9 +8,11 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strings"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/kibotos/kibotos/netpol"
 	"github.com/kibotos/kibotos/storagepool"
 )
 
@@ -78,8 +80,13 @@ func CheckMaintenance(ctx context.Context, cfg Config, op string) (*MaintenanceR
 		for _, dir := range noRecord {
 			rep.add(MaintenanceItem{Object: dir, State: "leftover", Blocking: true, Detail: "instance directory without a launch record: no Instance owns it (the node removes it when it starts)"})
 		}
+		owned := map[string]bool{}
 		for _, v := range verdicts {
 			rep.add(instanceItem(v, op))
+			owned[NetNSName(v.rec.InstanceID)] = true
+		}
+		for _, it := range namespaceLeftovers(rt, owned) {
+			rep.add(it)
 		}
 	} else if !errors.Is(err, fs.ErrNotExist) {
 		return nil, err
@@ -97,6 +104,24 @@ func CheckMaintenance(ctx context.Context, cfg Config, op string) (*MaintenanceR
 }
 
 func (r *MaintenanceReport) add(it MaintenanceItem) { r.Items = append(r.Items, it) }
+
+// namespaceLeftovers lists the Instances' pinned network namespaces that
+// no launch record owns: nobody would clean them up.
+func namespaceLeftovers(rt *Runtime, owned map[string]bool) []MaintenanceItem {
+	dir := netpol.DefaultNamespaceDir
+	if rt.units != nil && rt.units.Target().NetNSDir != "" {
+		dir = rt.units.Target().NetNSDir
+	}
+	ents, _ := os.ReadDir(dir)
+	var out []MaintenanceItem
+	for _, e := range ents {
+		if name := e.Name(); strings.HasPrefix(name, NetNSName("")) && !owned[name] {
+			out = append(out, MaintenanceItem{Object: filepath.Join(dir, name), State: "leftover", Blocking: true,
+				Detail: "network namespace of an Instance without a launch record: nobody owns it; remove it with ip netns delete " + name + " once you know it is not in use"})
+		}
+	}
+	return out
+}
 
 // instanceItem judges one Instance's record for op.
 func instanceItem(v verdict, op string) MaintenanceItem {
