@@ -99,7 +99,8 @@ func BenchmarkPlaceWorkspaces(b *testing.B) {
 			}
 			es = es[:0]
 		}
-		rep := api.Report{Capacity: api.Resources{CPU: 64000, MemoryBytes: 256 << 30}, Pools: defaultPoolAvailable, Templates: testTemplates}
+		rep := api.Report{Capacity: api.Resources{CPU: 64000, MemoryBytes: 256 << 30}, Pools: defaultPoolAvailable, Templates: testTemplates,
+			TemplateBytes: map[string]uint64{"kibotos-base": 1 << 30}}
 		for i := 1; i <= nodes; i++ {
 			id := fmt.Sprintf("node-%04d", i)
 			es = append(es,
@@ -107,7 +108,8 @@ func BenchmarkPlaceWorkspaces(b *testing.B) {
 				h.entry(OpEnrollmentConsume, ConsumeArgs{NodeID: id, SecretHash: secretOf(id), Address: "addr-" + id}),
 				h.entry(OpSessionOpen, SessionOpenArgs{NodeID: id, SessionID: "s-" + id, Incarnation: 1}),
 				h.entry(OpOvercommitAck, OvercommitAckArgs{NodeID: id, SessionID: "s-" + id, Values: api.Multipliers{CPU: 1000, Memory: 1000}}),
-				h.entry(OpNodeReport, ReportArgs{NodeID: id, SessionID: "s-" + id, Report: rep}))
+				h.entry(OpNodeReport, ReportArgs{NodeID: id, SessionID: "s-" + id, Report: rep}),
+				h.entry(OpPoolSetCapacity, PoolCapacityArgs{PoolID: api.PrivatePoolID(id), CapacityBytes: 1 << 50}))
 			if len(es) >= 1000 {
 				flush()
 			}

@@ -128,8 +128,14 @@ func declarePools(tx *bolt.Tx, e *Entry, node string, old, r *api.Report) error 
 		}
 	}
 	for _, p := range r.Pools {
-		if err := putJSON(tx, bucketPoolMembers, poolMemberKey(p.PoolID, node), poolDecl{Shared: p.Shared}); err != nil {
+		// Written only when it changes: reports come every few seconds.
+		var d poolDecl
+		if ok, err := getJSON(tx, bucketPoolMembers, poolMemberKey(p.PoolID, node), &d); err != nil {
 			return err
+		} else if !ok || d.Shared != p.Shared {
+			if err := putJSON(tx, bucketPoolMembers, poolMemberKey(p.PoolID, node), poolDecl{Shared: p.Shared}); err != nil {
+				return err
+			}
 		}
 		rec, err := getPool(tx, p.PoolID)
 		if err != nil {
@@ -219,16 +225,24 @@ func recountPoolUse(tx *bolt.Tx) error {
 }
 
 // poolRoom is nil when a new object of size bytes fits in pool id, else
-// the resource_exhausted error that says why.
-func poolRoom(tx *bolt.Tx, id, what string, size uint64) error {
+// the resource_exhausted error that says why; it returns the pool.
+func poolRoom(tx *bolt.Tx, id, what string, size uint64) (*poolRecord, error) {
 	rec, err := getPool(tx, id)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if rec == nil {
-		return api.Errorf(api.CodeResourceExhausted, "storage pool %s is not declared by any node and takes no objects", id)
+		return nil, api.Errorf(api.CodeResourceExhausted, "storage pool %s is not declared by any node and takes no objects", id)
 	}
-	u, err := poolUse(tx, id)
+	return rec, recordRoom(tx, rec, what, size)
+}
+
+// recordRoom is poolRoom of an already-read pool.
+func recordRoom(tx *bolt.Tx, rec *poolRecord, what string, size uint64) error {
+	if rec.CapacityBytes == nil {
+		return api.PoolRoomError(usageView(rec, PoolUse{}), what, size)
+	}
+	u, err := poolUse(tx, rec.PoolID)
 	if err != nil {
 		return err
 	}
@@ -474,7 +488,7 @@ func newLayerRoom(tx *bolt.Tx, n *api.Node, template string) string {
 	if rec.CapacityBytes == nil {
 		return "its default storage pool has no capacity set (kibo storage-pool set-capacity POOL SIZE)"
 	}
-	if err := poolRoom(tx, pool, "a writable layer", templateBytes(n, template)); err != nil {
+	if err := recordRoom(tx, rec, "a writable layer", templateBytes(n, template)); err != nil {
 		return "its default storage pool is full"
 	}
 	return ""

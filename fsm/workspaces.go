@@ -497,10 +497,7 @@ func beginExecution(tx *bolt.Tx, e *Entry, w *api.Workspace, node, state string)
 		}
 		pool := api.DefaultPoolOf(node, n.Report)
 		size := templateBytes(n, w.Template)
-		if err := poolRoom(tx, pool, "the writable layer of workspace "+w.WorkspaceID, size); err != nil {
-			return err
-		}
-		rec, err := getPool(tx, pool)
+		rec, err := poolRoom(tx, pool, "the writable layer of workspace "+w.WorkspaceID, size)
 		if err != nil {
 			return err
 		}

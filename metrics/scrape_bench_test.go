@@ -56,6 +56,7 @@ func BenchmarkScrapeCtrl(b *testing.B) {
 			add(fsm.OpOvercommitAck, fsm.OvercommitAckArgs{NodeID: id, SessionID: "s-" + id, Values: api.Multipliers{CPU: 1000, Memory: 1000}})
 			add(fsm.OpNodeReport, fsm.ReportArgs{NodeID: id, SessionID: "s-" + id, Report: rep,
 				Clock: &fsm.ClockArgs{OffsetNS: 1e6, UncertaintyNS: 5e5, KernelSync: "synchronized"}})
+			add(fsm.OpPoolSetCapacity, fsm.PoolCapacityArgs{PoolID: api.PrivatePoolID(id), CapacityBytes: 1 << 40})
 		}
 		if len(es) >= 1000 {
 			flush()

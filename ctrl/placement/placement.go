@@ -82,6 +82,14 @@ func free(n *api.Node) (Free, bool) {
 
 // Ineligible says why a node cannot take the request, or "" if it can.
 func Ineligible(n *api.Node, req Request) string {
+	if why := ineligibleByRecord(n, req); why != "" || req.Room == nil {
+		return why
+	}
+	return req.Room(n)
+}
+
+// ineligibleByRecord is Ineligible without the caller's Room check.
+func ineligibleByRecord(n *api.Node, req Request) string {
 	switch {
 	case n.Admission != api.Admitted || n.Retired:
 		return whyNotAdmitted
@@ -122,9 +130,6 @@ func Ineligible(n *api.Node, req Request) string {
 		if !hasPool(n, want) {
 			return whyNoPool
 		}
-	}
-	if req.Room != nil {
-		return req.Room(n)
 	}
 	return ""
 }
@@ -185,17 +190,51 @@ func Choose(nodes []api.Node, req Request) (string, error) {
 		}
 		return "", api.Errorf(api.CodeNotFound, "node %s is not registered: check the id with kibo node list", req.Node)
 	}
-	best, bestScore := "", -1.0
+	// The caller's Room check reads more than the node record, so it runs
+	// only on the best candidates, in order, until one passes (usually the
+	// first): the choice is the same as checking every node first.
+	type candidate struct {
+		n     *api.Node
+		score float64
+	}
+	var eligible []candidate
 	why := map[string]int{}
 	for i := range nodes {
 		n := &nodes[i]
-		if r := Ineligible(n, req); r != "" {
+		if r := ineligibleByRecord(n, req); r != "" {
 			why[r]++
 			continue
 		}
-		s := score(n, req)
-		if s > bestScore || (s == bestScore && n.NodeID < best) {
-			best, bestScore = n.NodeID, s
+		eligible = append(eligible, candidate{n, score(n, req)})
+	}
+	better := func(a, b candidate) bool {
+		return a.score > b.score || (a.score == b.score && a.n.NodeID < b.n.NodeID)
+	}
+	best := ""
+	if len(eligible) > 0 {
+		// The best one first (one pass); the rest in order only when its
+		// Room check fails.
+		top := 0
+		for i := range eligible {
+			if better(eligible[i], eligible[top]) {
+				top = i
+			}
+		}
+		eligible[0], eligible[top] = eligible[top], eligible[0]
+		for i := 0; i < len(eligible); i++ {
+			c := eligible[i]
+			if req.Room != nil {
+				if r := req.Room(c.n); r != "" {
+					why[r]++
+					if i == 0 {
+						rest := eligible[1:]
+						sort.Slice(rest, func(i, j int) bool { return better(rest[i], rest[j]) })
+					}
+					continue
+				}
+			}
+			best = c.n.NodeID
+			break
 		}
 	}
 	if best == "" {

@@ -144,3 +144,36 @@ func BenchmarkPlace10kOn1k(b *testing.B) {
 	}
 	b.ReportMetric(float64(b.N)*10000/b.Elapsed().Seconds(), "placements/s")
 }
+
+// The caller's Room check decides among the eligible nodes in score order
+// and is asked only as far as needed: the emptiest node first; when its
+// pool is full the next one; when every pool is full, exhausted with the
+// reason counted per node.
+func TestRoomInScoreOrder(t *testing.T) {
+	busy := func(id string, cpu api.Milli) api.Node {
+		return with(id, func(n *api.Node) { n.Report.Allocated.CPU = cpu })
+	}
+	nodes := []api.Node{busy("a", 6000), busy("b", 0), busy("c", 3000)}
+	var asked []string
+	full := map[string]bool{}
+	req := small
+	req.Room = func(n *api.Node) string {
+		asked = append(asked, n.NodeID)
+		if full[n.NodeID] {
+			return "its default storage pool is full"
+		}
+		return ""
+	}
+	if got, err := Choose(nodes, req); got != "b" || err != nil || strings.Join(asked, ",") != "b" {
+		t.Fatalf("all pools with room: %q %v, asked %v", got, err, asked)
+	}
+	asked, full["b"] = nil, true
+	if got, err := Choose(nodes, req); got != "c" || err != nil || strings.Join(asked, ",") != "b,c" {
+		t.Fatalf("the emptiest node's pool full: %q %v, asked %v", got, err, asked)
+	}
+	full["a"], full["c"] = true, true
+	_, err := Choose(nodes, req)
+	if api.CodeOf(err) != api.CodeResourceExhausted || !strings.Contains(err.Error(), "3 its default storage pool is full") {
+		t.Fatalf("every pool full: %v", err)
+	}
+}
