@@ -22,6 +22,11 @@ import (
 // the objects its Instances write.
 const DefaultFenceInterval = time.Second
 
+// holder is this incarnation's holder record for Instance id.
+func (a *Agent) holder(id string) storagepool.Holder {
+	return storagepool.Holder{NodeID: a.cfg.NodeID, Incarnation: a.incarnation, Grant: id, WrittenAt: time.Now().UTC()}
+}
+
 // claimLayer writes this node's holder record of layer for Instance id.
 // When the record named another node, the start first waits HandoverWait
 // so that node, if it still runs a writer, sees the new record and stops.
@@ -31,7 +36,7 @@ func (a *Agent) claimLayer(ctx context.Context, layer, id string) error {
 		// Unreadable (a torn disk, another program): ctrl's grant is ours.
 		a.log.Warn("holder record unreadable, replaced", "object", layer, "err", err)
 	}
-	if err := storagepool.WriteHolder(layer, storagepool.Holder{NodeID: a.cfg.NodeID, Incarnation: a.incarnation, Grant: id, WrittenAt: time.Now().UTC()}); err != nil {
+	if err := storagepool.WriteHolder(layer, a.holder(id)); err != nil {
 		return fmt.Errorf("holder record of %s: %w", layer, err)
 	}
 	if prev != nil && prev.NodeID != a.cfg.NodeID {
@@ -89,7 +94,7 @@ func (a *Agent) checkHolder(ctx context.Context, st runtime.InstanceStatus) {
 		return
 	case h == nil:
 		// Started by a build before holder records: claim it now.
-		if err := storagepool.WriteHolder(st.LayerPath, storagepool.Holder{NodeID: a.cfg.NodeID, Incarnation: a.incarnation, Grant: st.ID, WrittenAt: time.Now().UTC()}); err != nil {
+		if err := storagepool.WriteHolder(st.LayerPath, a.holder(st.ID)); err != nil {
 			a.log.Warn("holder record not written", "object", st.LayerPath, "instance_id", st.ID, "err", err)
 		}
 		return

@@ -267,20 +267,6 @@ func usageView(rec *poolRecord, u PoolUse) *api.StoragePool {
 	return v
 }
 
-// poolMember reports whether node is a member of pool rec.
-func poolMember(tx *bolt.Tx, rec *poolRecord, node string) (bool, error) {
-	var d poolDecl
-	ok, err := getJSON(tx, bucketPoolMembers, poolMemberKey(rec.PoolID, node), &d)
-	if err != nil || !ok || d.Shared != rec.Shared {
-		return false, err
-	}
-	n, err := getNode(tx, node)
-	if err != nil || n == nil {
-		return false, err
-	}
-	return n.Admission == api.Admitted && !n.Retired && reportsPool(n.Report, rec.PoolID), nil
-}
-
 // poolView derives the shown pool: members, use, availability.
 func poolView(tx *bolt.Tx, rec *poolRecord) (*api.StoragePool, error) {
 	u, err := poolUse(tx, rec.PoolID)
@@ -502,24 +488,22 @@ func poolMoved(tx *bolt.Tx, pool, node string) (bool, error) {
 	if err != nil || rec == nil {
 		return false, err
 	}
-	if ok, err := poolMember(tx, rec, node); err != nil {
-		return false, err
-	} else if ok {
-		n, err := getNode(tx, node)
-		if err != nil || !n.Isolated {
-			return false, err
-		}
-	}
+	// Membership is poolView's rule, read once.
 	v, err := poolView(tx, rec)
 	if err != nil {
 		return false, err
 	}
+	others := false
 	for _, m := range v.Nodes {
 		if m.NodeID != node {
-			return true, nil
+			others = true
+			continue
+		}
+		if n, err := getNode(tx, node); err != nil || !n.Isolated {
+			return false, err // the maker is a member that can still use it
 		}
 	}
-	return false, nil
+	return others, nil
 }
 
 func lostLayerError(w *api.Workspace) error {

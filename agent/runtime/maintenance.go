@@ -129,10 +129,9 @@ func instanceItem(v verdict, op string) MaintenanceItem {
 	switch {
 	case v.state == StateStarting:
 		it.Blocking, it.Detail = true, "a start is half-way done (its guest never answered): wait for it with the node running, or stop it"
-	case op == OpRemove && (v.state == StateRunning || v.state == StateFailed && !v.gone):
-		it.Blocking, it.Detail = true, fmt.Sprintf("node Instance %s is active or requires cleanup: delete or stop its Workspace through the control plane first", v.rec.InstanceID)
 	case op == OpRemove:
-		it.Blocking, it.Detail = true, fmt.Sprintf("node Instance %s is active or requires cleanup: its record is kept until its Workspace is deleted or started again", v.rec.InstanceID)
+		// Running, failed or ended: its record waits for the control plane.
+		it.Blocking, it.Detail = true, fmt.Sprintf("node Instance %s is active or requires cleanup: delete or stop its Workspace through the control plane first", v.rec.InstanceID)
 	case v.state == StateRunning:
 		it.Detail = "record matches its running unit (unit, InvocationID, PID, start time, executable, cgroup, network namespace): the new node takes it over"
 	default:
