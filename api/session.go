@@ -29,6 +29,9 @@ type SessionMsg struct {
 	Draining   *bool                `json:"draining,omitempty"`
 	Task       *WorkspaceTask       `json:"task,omitempty"`
 	TaskResult *WorkspaceTaskResult `json:"task_result,omitempty"`
+	// VolumeTask (MsgVolumeTask) and VolumeResult (MsgVolumeResult).
+	VolumeTask   *VolumeTask       `json:"volume_task,omitempty"`
+	VolumeResult *VolumeTaskResult `json:"volume_result,omitempty"`
 }
 
 // WorkspaceTask is a Workspace command for the node, with what it needs to
@@ -49,6 +52,8 @@ type WorkspaceTask struct {
 	// Resolver is the Resolver object Network names (nil: the
 	// deployment resolver).
 	Resolver *TaskResolver `json:"resolver,omitempty"`
+	// Volumes (start) are the Workspace's Volumes, in mount order.
+	Volumes []TaskVolume `json:"volumes,omitempty"`
 }
 
 // WorkspaceTaskResult is the node's answer to a WorkspaceTask.
@@ -75,4 +80,6 @@ const (
 	MsgForget        = "forget"         // ctrl → node: delete these ended-Instance records
 	MsgTask          = "task"           // ctrl → node: execute a Workspace command
 	MsgTaskResult    = "task_result"    // node → ctrl: its outcome
+	MsgVolumeTask    = "volume_task"    // ctrl → node: execute a Volume command
+	MsgVolumeResult  = "volume_result"  // node → ctrl: its outcome
 )

@@ -61,7 +61,10 @@ type Workspace struct {
 	Instances uint64 `json:"instances"`
 	// Layer is the use right of the retained writable layer: the node and
 	// pool that hold it. Nil before the first start and after deletion.
-	Layer   *LayerRight       `json:"layer,omitempty"`
+	Layer *LayerRight `json:"layer,omitempty"`
+	// Volumes are attached to the Workspace and mounted by its guest; the
+	// use right of each goes with the layer's.
+	Volumes []VolumeMount     `json:"volumes,omitempty"`
 	Failure *WorkspaceFailure `json:"failure,omitempty"`
 	// Pending is the command the node has not answered yet.
 	Pending *WorkspaceCommand `json:"pending,omitempty"`
@@ -167,6 +170,10 @@ type WorkspaceCreateRequest struct {
 	NodeID      string            `json:"node_id,omitempty"`
 	// Network is the policy; nil: egress none.
 	Network *NetworkPolicy `json:"network,omitempty"`
+	// Volumes are existing Volumes to attach; NewVolumes are made along
+	// with the Workspace in its node's default pool.
+	Volumes    []VolumeAttach `json:"volumes,omitempty"`
+	NewVolumes []NewVolume    `json:"new_volumes,omitempty"`
 }
 
 // WorkspaceWriteRequest is start, stop, delete and move.

@@ -221,6 +221,12 @@ func (s *Server) routes() http.Handler {
 	m.HandleFunc("POST /v1/storage-pools/{id}/capacity", operator(s.onLeader(s.handlePoolSetCapacity)))
 	m.HandleFunc("POST /v1/storage-pools/{id}/declare-lost", operator(s.onLeader(s.handlePoolDeclareLost)))
 
+	m.HandleFunc("POST /v1/volumes", operator(s.onLeader(s.handleVolumeCreate)))
+	m.HandleFunc("GET /v1/volumes", operator(s.reader(s.handleVolumeList)))
+	m.HandleFunc("GET /v1/volumes/{ref}", operator(s.reader(s.handleVolumeGet)))
+	m.HandleFunc("POST /v1/volumes/{ref}/resize", operator(s.onLeader(s.handleVolumeResize)))
+	m.HandleFunc("POST /v1/volumes/{ref}/delete", operator(s.onLeader(s.handleVolumeDelete)))
+
 	m.HandleFunc("GET /v1/enrollment/grants", operator(s.reader(s.handleGrantList)))
 	m.HandleFunc("POST /v1/enrollment/grants", operator(s.onLeader(s.handleGrant)))
 	m.HandleFunc("POST /v1/enrollment/grants/{id}/revoke", operator(s.onLeader(s.handleRevoke)))

@@ -292,6 +292,12 @@ func (s *Server) runSession(ctx context.Context, sc *sessionConn, dec *json.Deco
 						s.log.Warn("workspace task result not stored", "peer_node_id", nodeID, "workspace_id", m.TaskResult.WorkspaceID, "err", err)
 					}
 				}
+			case api.MsgVolumeResult:
+				if m.VolumeResult != nil {
+					if err := s.applyVolumeResult(ctx, nodeID, sid, m.VolumeResult); err != nil {
+						s.log.Warn("volume task result not stored", "peer_node_id", nodeID, "volume_id", m.VolumeResult.VolumeID, "err", err)
+					}
+				}
 			case api.MsgOvercommitAck:
 				if m.Overcommit != nil {
 					res, err := s.ApplyOp(ctx, fsm.OpOvercommitAck, fsm.OvercommitAckArgs{NodeID: nodeID, SessionID: sid, Values: *m.Overcommit})

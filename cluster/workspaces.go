@@ -36,6 +36,7 @@ func (s *Server) handleWorkspaceCreate(w http.ResponseWriter, r *http.Request) {
 	}
 	s.workspaceWrite(w, r, fsm.OpWorkspaceCreate, req.WriteMeta, fsm.WorkspaceCreateArgs{
 		Template: req.Template, CPU: req.CPU, MemoryBytes: req.MemoryBytes, Labels: req.Labels, NodeID: req.NodeID, Network: req.Network,
+		Volumes: req.Volumes, NewVolumes: req.NewVolumes,
 	})
 }
 
@@ -100,12 +101,25 @@ func (rr *resultRecorder) WriteHeader(code int) {
 const maxBlockingWait = time.Minute
 
 // handleWorkspaceGet answers at once, or with ?wait_version=V&wait=30s as
-// a blocking read: when the Workspace's version passes V (or it is gone),
-// at the latest after the wait. Waiting CLIs see a change the moment this
-// member applies it instead of at their next poll.
+// a blocking read (see blockingGet).
 func (s *Server) handleWorkspaceGet(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("id")
-	get := func(tx *bolt.Tx) (any, error) { return fsm.ViewWorkspace(tx, id) }
+	s.blockingGet(w, r,
+		func(tx *bolt.Tx) (uint64, error) {
+			ws, err := fsm.GetWorkspace(tx, id)
+			if err != nil {
+				return 0, err
+			}
+			return ws.Version, nil
+		},
+		func(tx *bolt.Tx) (any, error) { return fsm.ViewWorkspace(tx, id) })
+}
+
+// blockingGet answers get at once, or with ?wait_version=V&wait=30s when
+// the object's version passes V (or it is gone: version fails), at the
+// latest after the wait. Waiting CLIs see a change the moment this member
+// applies it instead of at their next poll.
+func (s *Server) blockingGet(w http.ResponseWriter, r *http.Request, version func(tx *bolt.Tx) (uint64, error), get func(tx *bolt.Tx) (any, error)) {
 	q := r.URL.Query()
 	if q.Get("wait_version") == "" {
 		s.view(w, get)
@@ -127,9 +141,9 @@ func (s *Server) handleWorkspaceGet(w http.ResponseWriter, r *http.Request) {
 	defer deadline.Stop()
 	for {
 		changed := s.changed.next() // before the read: no change is missed
-		var ws *api.Workspace
-		err := s.fsm.View(func(tx *bolt.Tx) (err error) { ws, err = fsm.GetWorkspace(tx, id); return })
-		if err != nil || ws.Version > since {
+		var v uint64
+		err := s.fsm.View(func(tx *bolt.Tx) (err error) { v, err = version(tx); return })
+		if err != nil || v > since {
 			s.view(w, get)
 			return
 		}
@@ -241,7 +255,16 @@ func cleanupStatus(ws *api.Workspace) api.CleanupStatus {
 		runtime = api.CleanupHeld
 	}
 	item("RUNTIME", runtime, since)
-	item("VOLUME_ATTACHMENT", api.CleanupReleased, nil) // Volumes are not attached to Workspaces yet
+	attachment := api.CleanupReleased
+	switch {
+	case len(ws.Volumes) == 0:
+	case runtime == api.CleanupPending:
+		attachment = api.CleanupPending
+	case ws.Layer != nil && ws.Layer.Held:
+		// The Volumes' use right goes with the layer's.
+		attachment = api.CleanupHeld
+	}
+	item("VOLUME_ATTACHMENT", attachment, since)
 	residual := api.CleanupReleased
 	if ws.Layer != nil && ws.Layer.Held {
 		residual = api.CleanupHeld
@@ -348,6 +371,7 @@ const resendAfter = time.Minute
 
 func (d *dispatcher) run() error {
 	var tasks []*api.WorkspaceTask
+	var volTasks []*api.VolumeTask
 	var node *api.Node
 	err := d.s.fsm.View(func(tx *bolt.Tx) error {
 		var err error
@@ -355,6 +379,9 @@ func (d *dispatcher) run() error {
 			return err
 		}
 		pending, err := fsm.PendingCommands(tx, d.nodeID)
+		if err != nil {
+			return err
+		}
 		for i := range pending {
 			t := taskFor(&pending[i])
 			if err := withNetworkObjects(tx, t); err != nil {
@@ -363,7 +390,16 @@ func (d *dispatcher) run() error {
 				d.s.log.Warn("workspace task not sent", "peer_node_id", d.nodeID, "workspace_id", t.WorkspaceID, "command_id", t.Command.CommandID, "err", err)
 				continue
 			}
+			if t.Command.Kind == api.WSCmdStart {
+				if t.Volumes, err = fsm.TaskVolumes(tx, &pending[i]); err != nil {
+					return err
+				}
+			}
 			tasks = append(tasks, t)
+		}
+		vols, err := fsm.PendingVolumeCommands(tx, d.nodeID)
+		for i := range vols {
+			volTasks = append(volTasks, volumeTaskFor(&vols[i]))
 		}
 		return err
 	})
@@ -378,16 +414,27 @@ func (d *dispatcher) run() error {
 		d.sentDraining = &draining
 	}
 	live := map[string]bool{}
-	for _, task := range tasks {
-		p := task.Command
-		live[p.CommandID] = true
-		if t, ok := d.sent[p.CommandID]; ok && time.Since(t) < resendAfter {
-			continue
+	// send delivers one command unless it went out less than resendAfter ago.
+	send := func(id string, m api.SessionMsg) error {
+		live[id] = true
+		if t, ok := d.sent[id]; ok && time.Since(t) < resendAfter {
+			return nil
 		}
-		if err := d.sc.send(api.SessionMsg{Type: api.MsgTask, Task: task}); err != nil {
+		if err := d.sc.send(m); err != nil {
 			return err
 		}
-		d.sent[p.CommandID] = time.Now()
+		d.sent[id] = time.Now()
+		return nil
+	}
+	for _, task := range tasks {
+		if err := send(task.Command.CommandID, api.SessionMsg{Type: api.MsgTask, Task: task}); err != nil {
+			return err
+		}
+	}
+	for _, task := range volTasks {
+		if err := send(task.Command.CommandID, api.SessionMsg{Type: api.MsgVolumeTask, VolumeTask: task}); err != nil {
+			return err
+		}
 	}
 	for id := range d.sent {
 		if !live[id] {
@@ -415,6 +462,26 @@ func taskFor(w *api.Workspace) *api.WorkspaceTask {
 		task.Network = p.Network
 	}
 	return task
+}
+
+// volumeTaskFor is the Volume's pending command with what the node needs.
+func volumeTaskFor(v *api.Volume) *api.VolumeTask {
+	t := &api.VolumeTask{Command: *v.Pending, VolumeID: v.VolumeID, PoolID: v.PoolID}
+	if v.Pending.InstanceID != "" {
+		t.WorkspaceID, t.MountPath = v.WorkspaceID, v.MountPath
+	}
+	return t
+}
+
+// applyVolumeResult stores the node's answer to a Volume command.
+func (s *Server) applyVolumeResult(ctx context.Context, nodeID, sid string, r *api.VolumeTaskResult) error {
+	res, err := s.ApplyOp(ctx, fsm.OpVolumeResult, fsm.VolumeResultArgs{
+		NodeID: nodeID, SessionID: sid, VolumeID: r.VolumeID, CommandID: r.CommandID, Outcome: r.Outcome, Error: r.Error, FilesystemPending: r.FilesystemPending,
+	})
+	if err != nil {
+		return err
+	}
+	return res.Err()
 }
 
 // applyTaskResult stores the node's answer; a refusal re-places the

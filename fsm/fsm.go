@@ -87,6 +87,10 @@ var handlers = map[string]handler{
 	OpResolverDelete:       applyResolverDelete,
 	OpPoolSetCapacity:      applyPoolSetCapacity,
 	OpPoolDeclareLost:      applyPoolDeclareLost,
+	OpVolumeCreate:         applyVolumeCreate,
+	OpVolumeResize:         applyVolumeResize,
+	OpVolumeDelete:         applyVolumeDelete,
+	OpVolumeResult:         applyVolumeResult,
 }
 
 // Open creates a fresh state file at path (any old file is replaced).

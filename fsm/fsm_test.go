@@ -336,6 +336,7 @@ var allOps = []string{
 	OpWorkspaceSetNetwork,
 	OpEgressCreate, OpEgressUpdate, OpEgressDelete, OpResolverCreate, OpResolverDelete,
 	OpPoolSetCapacity, OpPoolDeclareLost,
+	OpVolumeCreate, OpVolumeResize, OpVolumeDelete, OpVolumeResult,
 }
 
 func TestEveryOpHasAHandler(t *testing.T) {

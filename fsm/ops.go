@@ -36,6 +36,10 @@ const (
 	OpResolverDelete       = "resolver.delete"
 	OpPoolSetCapacity      = "storage_pool.set_capacity"
 	OpPoolDeclareLost      = "storage_pool.declare_lost"
+	OpVolumeCreate         = "volume.create"
+	OpVolumeResize         = "volume.resize"
+	OpVolumeDelete         = "volume.delete"
+	OpVolumeResult         = "volume.node_result"
 )
 
 // BootstrapArgs creates the cluster with its first member.

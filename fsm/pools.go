@@ -209,15 +209,28 @@ func addPoolUse(tx *bolt.Tx, pool string, d PoolUse, sign int) error {
 	return putJSON(tx, bucketPoolUse, []byte(pool), u)
 }
 
-// recountPoolUse rebuilds pool_use from the Workspaces' layers (a state
-// from a release that did not count them).
+// recountPoolUse rebuilds pool_use from the Workspaces' layers and the
+// Volumes (a state from a release that did not count them).
 func recountPoolUse(tx *bolt.Tx) error {
-	return tx.Bucket(bucketWorkspaces).ForEach(func(k, _ []byte) error {
+	err := tx.Bucket(bucketWorkspaces).ForEach(func(k, _ []byte) error {
 		w, err := getWorkspace(tx, string(k))
 		if err != nil {
 			return err
 		}
 		if pool, c := layerCharge(w); pool != "" {
+			return addPoolUse(tx, pool, c, +1)
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	return tx.Bucket(bucketVolumes).ForEach(func(k, _ []byte) error {
+		v, err := getVolume(tx, string(k))
+		if err != nil {
+			return err
+		}
+		if pool, c := volumeCharge(v); pool != "" {
 			return addPoolUse(tx, pool, c, +1)
 		}
 		return nil
@@ -385,6 +398,9 @@ func applyPoolDeclareLost(tx *bolt.Tx, e *Entry) (any, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := volumeInUse(tx, rec.PoolID); err != nil {
+		return nil, err
+	}
 	res := api.PoolLostResult{PoolID: rec.PoolID, Workspaces: []string{}}
 	for _, w := range lost {
 		old := cloneWorkspace(w)
@@ -402,6 +418,9 @@ func applyPoolDeclareLost(tx *bolt.Tx, e *Entry) (any, error) {
 		if err := putWorkspace(tx, e, old, w); err != nil {
 			return nil, err
 		}
+	}
+	if err := loseVolumes(tx, e, rec.PoolID, &res); err != nil {
+		return nil, err
 	}
 	for _, b := range [][]byte{bucketPools, bucketPoolUse} {
 		if err := tx.Bucket(b).Delete([]byte(rec.PoolID)); err != nil {
@@ -462,10 +481,11 @@ func templateBytes(n *api.Node, template string) uint64 {
 	return n.Report.TemplateBytes[template]
 }
 
-// newLayerRoom is placement's pool check of a Workspace's first start on
-// n: its default pool must take the layer. Reasons are counted across
-// nodes in the error, so they name no pool.
-func newLayerRoom(tx *bolt.Tx, n *api.Node, template string) string {
+// defaultPoolRoom is placement's pool check of new objects on n (a first
+// start's layer and new Volumes, a new Volume): its default pool must
+// take size bytes. Reasons are counted across nodes in the error, so they
+// name no pool.
+func defaultPoolRoom(tx *bolt.Tx, n *api.Node, size uint64) string {
 	pool := api.DefaultPoolOf(n.NodeID, n.Report)
 	rec, err := getPool(tx, pool)
 	if err != nil || rec == nil {
@@ -474,7 +494,7 @@ func newLayerRoom(tx *bolt.Tx, n *api.Node, template string) string {
 	if rec.CapacityBytes == nil {
 		return "its default storage pool has no capacity set (kibo storage-pool set-capacity POOL SIZE)"
 	}
-	if err := recordRoom(tx, rec, "a writable layer", templateBytes(n, template)); err != nil {
+	if err := recordRoom(tx, rec, "new objects", size); err != nil {
 		return "its default storage pool is full"
 	}
 	return ""
@@ -623,6 +643,12 @@ func resumeDeletes(tx *bolt.Tx, e *Entry, n *api.Node) error {
 			ids = append(ids, string(k[len(prefix):]))
 		}
 		for _, id := range ids {
+			if api.IsVolumeID(id) {
+				if err := resumeVolumeDelete(tx, e, id, n.NodeID); err != nil {
+					return err
+				}
+				continue
+			}
 			w, err := getWorkspace(tx, id)
 			if err != nil {
 				return err

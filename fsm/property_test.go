@@ -28,16 +28,20 @@ import (
 type logGen struct {
 	r        *rand.Rand
 	pools    *rand.Rand // storage-pool draws only (see poolPct)
+	vols     *rand.Rand // Volume draws only (see volPct)
 	ref      *FSM
 	now      time.Time
 	seq      int
 	sessions map[string][]string // session ids opened per node id
 	inc      map[string]uint64   // highest incarnation drawn per node id
 	withID   []Entry             // entries that carried a command id
+	// volWeight is the percentage of entries drawn as Volume ops (and
+	// steers creates towards Volumes): the Volume-heavy logs raise it.
+	volWeight int
 }
 
 func newLogGen(seed int64, ref *FSM) *logGen {
-	return &logGen{r: rand.New(rand.NewSource(seed)), pools: rand.New(rand.NewSource(seed + 1)), ref: ref, now: t0, sessions: map[string][]string{}, inc: map[string]uint64{}}
+	return &logGen{r: rand.New(rand.NewSource(seed)), pools: rand.New(rand.NewSource(seed + 1)), vols: rand.New(rand.NewSource(seed + 2)), volWeight: 12, ref: ref, now: t0, sessions: map[string][]string{}, inc: map[string]uint64{}}
 }
 
 func (g *logGen) pct(p int) bool { return g.r.Intn(100) < p }
@@ -45,6 +49,9 @@ func (g *logGen) pct(p int) bool { return g.r.Intn(100) < p }
 // poolPct draws from the storage-pool source: pool draws do not shift
 // the rest of the log, so its shape (and coverage) stays what it was.
 func (g *logGen) poolPct(p int) bool { return g.pools.Intn(100) < p }
+
+// volPct draws from the Volume source, for the same reason as poolPct.
+func (g *logGen) volPct(p int) bool { return g.vols.Intn(100) < p }
 
 // nodeID draws a node id from a handful that slides as the log goes on:
 // retirement is terminal, so later parts of the log need fresh ids.
@@ -454,6 +461,7 @@ func (g *logGen) drawWorkspace(mk func(string, any, *uint64) Entry) Entry {
 			p := g.networkPolicy()
 			a.Network = &p
 		}
+		g.drawMounts(&a)
 		e := mk(OpWorkspaceCreate, a, nil)
 		if g.pct(95) {
 			e.CommandID = fmt.Sprintf("ws-cmd-%d", g.seq)
@@ -566,6 +574,9 @@ func (g *logGen) draw() Entry {
 	}
 	if g.poolPct(4) {
 		return g.drawPool(mk)
+	}
+	if g.volPct(g.volWeight) {
+		return g.drawVolume(mk)
 	}
 	id := g.nodeID()
 	switch w := g.r.Intn(100); {
@@ -695,6 +706,139 @@ func (g *logGen) drawPool(mk func(string, any, *uint64) Entry) Entry {
 	return mk(OpPoolDeclareLost, PoolDeclareLostArgs{PoolID: id, ConfirmDataLost: g.poolPct(90)}, g.expected(version))
 }
 
+// volumes lists every Volume of the reference FSM, by id.
+func (g *logGen) volumes() []api.Volume {
+	var out []api.Volume
+	g.ref.View(func(tx *bolt.Tx) error {
+		if l, err := ListVolumes(tx, VolumeFilter{}, 0, ""); err == nil {
+			out = l.Volumes
+		}
+		return nil
+	})
+	return out
+}
+
+// volume picks a Volume of the reference FSM (one with a pending command
+// when asked and there is one), or a made-up name.
+func (g *logGen) volume(pending bool) api.Volume {
+	vs := g.volumes()
+	if pending {
+		var p []api.Volume
+		for _, v := range vs {
+			if v.Pending != nil {
+				p = append(p, v)
+			}
+		}
+		if len(p) > 0 && g.volPct(90) {
+			return p[g.vols.Intn(len(p))]
+		}
+	}
+	if len(vs) == 0 || g.volPct(5) {
+		return api.Volume{Name: []string{"ghost", "Bad Name", "vol-" + strings.Repeat("a", 26)}[g.vols.Intn(3)]}
+	}
+	return vs[g.vols.Intn(len(vs))]
+}
+
+var volumeNames = []string{"data", "logs", "scratch", "cache"}
+
+// drawMounts now and then gives a create an existing Volume to attach
+// (free ones mostly) and a new one to make along, with paths that are
+// sometimes bad or overlapping.
+func (g *logGen) drawMounts(a *WorkspaceCreateArgs) {
+	paths := []string{"/data", "/srv/logs", "/data/sub", "/proc/x", "relative"}
+	path := func() string {
+		if g.volPct(90) {
+			return paths[g.vols.Intn(2)]
+		}
+		return paths[2+g.vols.Intn(3)]
+	}
+	if g.volPct(g.volWeight * 2) {
+		var free []api.Volume
+		for _, v := range g.volumes() {
+			if v.WorkspaceID == "" && v.State == api.VolumeAvailable {
+				free = append(free, v)
+			}
+		}
+		ref := g.volume(false).Name
+		if len(free) > 0 && g.volPct(80) {
+			ref = free[g.vols.Intn(len(free))].Name
+		}
+		a.Volumes = []api.VolumeAttach{{Volume: ref, Path: path()}}
+	}
+	if g.volPct(g.volWeight * 3 / 2) {
+		size := uint64(1+g.vols.Intn(4)) << 30
+		if g.volPct(5) {
+			size = 1000
+		}
+		p := path()
+		for _, v := range a.Volumes {
+			if v.Path == p && g.volPct(90) {
+				p = "/srv/new"
+			}
+		}
+		a.NewVolumes = []api.NewVolume{{SizeBytes: size, Path: p}}
+	}
+}
+
+// drawVolume draws a Volume op: creates in a node's private pool, the
+// shared pool or nowhere; resizes up, down and to bad sizes; deletes;
+// node answers to pending commands.
+func (g *logGen) drawVolume(mk func(string, any, *uint64) Entry) Entry {
+	switch x := g.vols.Intn(20); {
+	case x < 6:
+		a := VolumeCreateArgs{Name: volumeNames[g.vols.Intn(len(volumeNames))], SizeBytes: uint64(1+g.vols.Intn(8)) << 30}
+		switch y := g.vols.Intn(10); {
+		case y < 3:
+			a.PoolID = "shared-nfs"
+		case y < 6:
+			a.NodeID = g.liveNode()
+		case y == 6:
+			a.PoolID = []string{"nowhere", "Bad Pool"}[g.vols.Intn(2)]
+		case y == 7:
+			a.Name = "Bad Name"
+		case y == 8:
+			a.SizeBytes = uint64(g.vols.Intn(3)) << 19
+		}
+		e := mk(OpVolumeCreate, a, nil)
+		e.CommandID = fmt.Sprintf("vol-cmd-%d", g.vols.Intn(g.seq+1))
+		return e
+	case x < 10:
+		v := g.volume(false)
+		size := v.SizeBytes + uint64(1+g.vols.Intn(4))<<30
+		switch y := g.vols.Intn(10); {
+		case y == 0:
+			size = v.SizeBytes / 2
+		case y == 1:
+			size = v.SizeBytes + 1
+		case y == 2:
+			size = v.SizeBytes
+		}
+		return mk(OpVolumeResize, VolumeResizeArgs{Volume: v.Name, SizeBytes: size}, g.expected(v.Version))
+	case x < 13:
+		v := g.volume(false)
+		return mk(OpVolumeDelete, VolumeArgs{Volume: v.Name}, g.expected(v.Version))
+	default:
+		v := g.volume(true)
+		a := VolumeResultArgs{VolumeID: v.VolumeID, Outcome: OutcomeOK}
+		if v.Pending != nil {
+			a.NodeID, a.CommandID = v.Pending.NodeID, v.Pending.CommandID
+		} else {
+			a.NodeID, a.CommandID = g.nodeID(), fmt.Sprintf("%s/%d", v.VolumeID, g.vols.Intn(5))
+		}
+		if a.VolumeID == "" {
+			a.VolumeID = "not-a-volume"
+		}
+		a.SessionID = g.session(a.NodeID)
+		switch y := g.vols.Intn(10); {
+		case y < 2:
+			a.Outcome, a.Error = OutcomeFailed, "disk full"
+		case y < 4:
+			a.FilesystemPending, a.Error = true, "guest did not answer"
+		}
+		return mk(OpVolumeResult, a, nil)
+	}
+}
+
 // applyInBatches applies log in random batch sizes (1..64) drawn from r.
 func applyInBatches(r *rand.Rand, f *FSM, log []Entry) []Result {
 	var out []Result
@@ -745,9 +889,10 @@ func compareResults(t *testing.T, what string, log []Entry, got, want []Result) 
 const propertyEntries = 2000
 
 func TestPropertyReplicasAgree(t *testing.T) {
-	seeds := []int64{1, 2, 3, 42, 1234, 99991}
+	// Seeds of 1000 and above draw Volume-heavy logs.
+	seeds := []int64{1, 2, 3, 42, 1234, 99991, 1000, 1001}
 	if testing.Short() {
-		seeds = seeds[:2]
+		seeds = []int64{1, 2, 1000}
 	}
 	var mu sync.Mutex
 	okByOp := map[string]int{}
@@ -757,6 +902,9 @@ func TestPropertyReplicasAgree(t *testing.T) {
 				t.Parallel()
 				a := openFSM(t)
 				g := newLogGen(seed, a)
+				if seed >= 1000 && seed < 1100 {
+					g.volWeight = 35
+				}
 				mid := propertyEntries / 2
 				var (
 					log      []Entry
@@ -907,6 +1055,68 @@ func (c *invariantChecker) check(i int, e Entry, r Result, before string, f *FSM
 		}
 	}
 	c.checkWorkspaces(i, e, f, nodes)
+	c.checkVolumes(i, e, f, nodes)
+}
+
+// checkVolumes checks the Volume records against their state machine.
+func (c *invariantChecker) checkVolumes(i int, e Entry, f *FSM, nodes []api.Node) {
+	t := c.t
+	t.Helper()
+	byID := map[string]api.Node{}
+	for _, n := range nodes {
+		byID[n.NodeID] = n
+	}
+	var vs []api.Volume
+	f.View(func(tx *bolt.Tx) error {
+		l, err := ListVolumes(tx, VolumeFilter{}, 0, "")
+		if err != nil {
+			t.Fatalf("list volumes: %v", err)
+		}
+		vs = l.Volumes
+		return nil
+	})
+	for _, v := range vs {
+		bad := func(why string) {
+			t.Fatalf("entry %d (%s %s): volume %s %s: %s\n%+v\npending %+v expansion %+v", i, e.Op, e.Args, v.Name, v.State, why, v, v.Pending, v.Expansion)
+		}
+		if api.ValidVolumeName(v.Name) != nil && !strings.HasPrefix(v.Name, "ws-") {
+			bad("invalid name")
+		}
+		if v.PoolID == "" && v.Made {
+			bad("made without a pool")
+		}
+		if p := v.Pending; p != nil {
+			if n, ok := byID[p.NodeID]; !ok || n.Retired || n.Isolated {
+				bad("command pending on a node that can never answer")
+			}
+			want := map[string]string{api.VolCmdCreate: api.VolumeCreating, api.VolCmdResize: api.VolumeAvailable, api.VolCmdDelete: api.VolumeDeleting}[p.Kind]
+			if v.State != want {
+				bad("pending " + p.Kind + " in the wrong state")
+			}
+			if (p.Kind == api.VolCmdResize) != (v.Expansion != nil && !v.Expansion.FilesystemPending) {
+				bad("a resize in progress without its expansion, or the other way round")
+			}
+		}
+		switch v.State {
+		case api.VolumeCreating:
+			if v.Made || (v.Pending == nil && v.WorkspaceID == "" && v.PoolID == "") {
+				bad("creating, yet made or nowhere to be made")
+			}
+		case api.VolumeDeleting:
+			if (v.Pending == nil) == (v.DeleteWaitsForPool == "") || v.WorkspaceID != "" {
+				bad("deleting without exactly one of a command and a wait, or attached")
+			}
+		case api.VolumeAvailable, api.VolumeFailed, api.VolumeLost:
+			if v.State == api.VolumeLost && (v.Held || v.Pending != nil) {
+				bad("lost yet held or waiting for a node")
+			}
+		default:
+			bad("unknown state")
+		}
+		if v.SizeBytes < api.MinVolumeSize || v.SizeBytes > api.MaxVolumeSize || v.SizeBytes%api.VolumeSizeUnit != 0 {
+			bad("size out of range")
+		}
+	}
 }
 
 // checkWorkspaces checks the Workspace records against their state machine

@@ -40,7 +40,7 @@ func deriveStatus(n *api.Node, h Holds) string {
 // holdsNothing: no Instance running, no Volume or retained layer use right,
 // neither by the node's report nor by ctrl's own records.
 func holdsNothing(n *api.Node, h Holds) bool {
-	if h.Instances > 0 || h.Layers > 0 {
+	if h.Instances > 0 || h.Layers > 0 || h.Volumes > 0 {
 		return false
 	}
 	r := n.Report

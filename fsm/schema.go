@@ -41,12 +41,23 @@ var (
 	bucketPoolUse = []byte("pool_use")
 	// pool_id NUL node_id → poolDecl: the node's latest report declares it
 	bucketPoolMembers = []byte("pool_members")
-	// pool_id NUL workspace_id → nil: deletes waiting for a member of the
-	// pool to remove the Workspace's files
+	// pool_id NUL workspace_id|volume_id → nil: deletes waiting for a
+	// member of the pool to remove the Workspace's or Volume's files
 	bucketPoolWaits = []byte("pool_waits")
 
+	// volume_id → api.Volume
+	bucketVolumes = []byte("volumes")
+	// name → volume_id
+	bucketVolumeNames = []byte("volume_names")
+	// node_id NUL volume_id → nil: the Volumes whose pending command
+	// waits for the node
+	bucketVolumeCommands = []byte("volume_commands")
+	// volume_id → deletion time: an id is never used twice
+	bucketVolumeTombstones = []byte("volume_tombstones")
+
 	allBuckets = [][]byte{bucketMeta, bucketNodes, bucketGrants, bucketCommands, bucketWorkspaces, bucketWorkspaceNodes, bucketNodeHolds, bucketWorkspaceTombstones, bucketInstanceOwners,
-		bucketEgress, bucketEgressRevisions, bucketEgressRefs, bucketResolvers, bucketResolverRefs, bucketPools, bucketPoolUse, bucketPoolMembers, bucketPoolWaits}
+		bucketEgress, bucketEgressRevisions, bucketEgressRefs, bucketResolvers, bucketResolverRefs, bucketPools, bucketPoolUse, bucketPoolMembers, bucketPoolWaits,
+		bucketVolumes, bucketVolumeNames, bucketVolumeCommands, bucketVolumeTombstones}
 )
 
 // Keys of the meta bucket.

@@ -36,6 +36,9 @@ type WorkspaceCreateArgs struct {
 	NodeID      string            `json:"node_id,omitempty"`
 	// Network is the policy asked for; nil: egress none.
 	Network *api.NetworkPolicy `json:"network,omitempty"`
+	// Volumes to attach, and NewVolumes to make along with it.
+	Volumes    []api.VolumeAttach `json:"volumes,omitempty"`
+	NewVolumes []api.NewVolume    `json:"new_volumes,omitempty"`
 }
 
 // WorkspaceArgs names a Workspace, with the options of start and stop.
@@ -172,6 +175,9 @@ func putWorkspace(tx *bolt.Tx, e *Entry, old, w *api.Workspace) error {
 	if err := moveRefs(tx, old, w); err != nil {
 		return err
 	}
+	if err := syncVolumes(tx, e, old, w); err != nil {
+		return err
+	}
 	w.Version++
 	w.UpdatedAt = *at(e)
 	return putJSON(tx, bucketWorkspaces, wsKey(w.WorkspaceID), w)
@@ -190,6 +196,7 @@ func cloneWorkspace(w *api.Workspace) *api.Workspace {
 		p := *w.Pending
 		c.Pending = &p
 	}
+	c.Volumes = append([]api.VolumeMount(nil), w.Volumes...)
 	return &c
 }
 
@@ -204,6 +211,9 @@ func deleteWorkspace(tx *bolt.Tx, e *Entry, w *api.Workspace) error {
 		return err
 	}
 	if err := moveRefs(tx, w, nil); err != nil {
+		return err
+	}
+	if err := syncVolumes(tx, e, w, nil); err != nil {
 		return err
 	}
 	if err := tx.Bucket(bucketWorkspaceTombstones).Put(wsKey(w.WorkspaceID), []byte(at(e).Format(time.RFC3339))); err != nil {
@@ -239,6 +249,7 @@ func workspacesOnNode(tx *bolt.Tx, node string) ([]*api.Workspace, error) {
 type Holds struct {
 	Instances int           `json:"instances"`
 	Layers    int           `json:"layers"`
+	Volumes   int           `json:"volumes,omitempty"`
 	Allocated api.Resources `json:"allocated"`
 }
 
@@ -263,6 +274,7 @@ func holdsOf(w *api.Workspace, node string) Holds {
 	}
 	if w.Layer != nil && w.Layer.Held && w.Layer.NodeID == node {
 		h.Layers++
+		h.Volumes += len(attachedVolumes(w))
 	}
 	return h
 }
@@ -289,6 +301,7 @@ func moveHolds(tx *bolt.Tx, old, w *api.Workspace) error {
 		}
 		h.Instances += after.Instances - before.Instances
 		h.Layers += after.Layers - before.Layers
+		h.Volumes += after.Volumes - before.Volumes
 		h.Allocated.CPU += after.Allocated.CPU - before.Allocated.CPU
 		h.Allocated.MemoryBytes += after.Allocated.MemoryBytes - before.Allocated.MemoryBytes
 		if h == (Holds{}) {
@@ -336,6 +349,9 @@ func validateCreate(a *WorkspaceCreateArgs) error {
 	}
 	if a.MemoryBytes%(1<<20) != 0 {
 		return api.Errorf(api.CodeInvalidArgument, "--memory %d bytes is not a whole number of MiB", a.MemoryBytes)
+	}
+	if err := validateVolumeMounts(a); err != nil {
+		return err
 	}
 	if len(a.Labels) > 64 {
 		return api.Errorf(api.CodeInvalidArgument, "%d labels given: at most 64", len(a.Labels))
@@ -406,39 +422,71 @@ func candidateView(tx *bolt.Tx, d api.OvercommitDefault, n *api.Node) (*api.Node
 	return vn, nil
 }
 
-// place chooses the node of w's next execution.
-func place(tx *bolt.Tx, w *api.Workspace, pin string, refused []string) (string, error) {
-	// The node must reach the pool of the writable layer: the default pool
-	// it creates a new layer in, or the pool an existing one is in.
-	req := placement.Request{CPU: w.CPU, MemoryBytes: w.MemoryBytes, Node: pin, Exclude: refused, OwnDefaultPool: true, Template: w.Template}
-	switch {
-	case w.Layer != nil && w.Layer.Lost:
+// place chooses the node of w's next execution. The node must reach the
+// pool of every object the Workspace has (its retained layer and
+// Volumes); an object in a standalone pool pins it to the node that made
+// the object, unless the pool moved; new objects (the first start's layer
+// and Volumes made along with it) go to the node's default pool, which
+// must have room.
+func place(tx *bolt.Tx, w *api.Workspace, vols []*api.Volume, pin string, refused []string) (string, error) {
+	req := placement.Request{CPU: w.CPU, MemoryBytes: w.MemoryBytes, Node: pin, Exclude: refused, Template: w.Template}
+	if w.Layer != nil && w.Layer.Lost {
 		return "", lostLayerError(w)
-	case w.Layer != nil && w.Layer.Shared:
-		// Any node reaching the shared pool can use the layer.
-		req.OwnDefaultPool = false
-		req.Pools = []string{api.LayerPoolID(w.Layer)}
-	case w.Layer != nil:
-		// A retained layer in a standalone pool can be used only by the
-		// node that made it, unless the pool has moved: then by the
-		// members it has now.
-		pool := api.LayerPoolID(w.Layer)
-		req.OwnDefaultPool = false
-		req.Pools = []string{pool}
-		moved, err := poolMoved(tx, pool, w.Layer.NodeID)
+	}
+	fresh := newVolumes(w, vols)
+	var objs []placedObject
+	if w.Layer != nil {
+		objs = append(objs, placedObject{what: "its writable layer", pool: api.LayerPoolID(w.Layer), shared: w.Layer.Shared, maker: w.Layer.NodeID})
+	}
+	for _, v := range vols {
+		switch {
+		case v.State == api.VolumeLost:
+			return "", api.Errorf(api.CodeFailedPrecondition, "workspace %s: its volume %s was lost with storage pool %s (declare-lost); it cannot start with it, delete the Workspace with kibo workspace delete %s",
+				w.WorkspaceID, v.Name, v.PoolID, w.WorkspaceID)
+		case v.Pending != nil:
+			return "", api.Errorf(api.CodeFailedPrecondition, "workspace %s: %s", w.WorkspaceID, volumeBusy(v).Message)
+		case containsVolume(fresh, v):
+			continue
+		}
+		objs = append(objs, placedObject{what: "its volume " + v.Name, pool: v.PoolID, shared: v.Shared, maker: v.NodeID})
+	}
+	var pinnedBy *placedObject
+	for i := range objs {
+		o := &objs[i]
+		if !containsString(req.Pools, o.pool) {
+			req.Pools = append(req.Pools, o.pool)
+		}
+		if o.shared {
+			continue
+		}
+		// In a standalone pool only the node that made it can use it,
+		// unless the pool has moved: then the members it has now.
+		moved, err := poolMoved(tx, o.pool, o.maker)
 		if err != nil {
 			return "", err
 		}
-		if !moved {
-			if pin != "" && pin != w.Layer.NodeID {
-				return "", api.Errorf(api.CodeFailedPrecondition,
-					"workspace %s: its writable layer is in pool %s of node %s, which node %s cannot reach; start it on %s", w.WorkspaceID, pool, w.Layer.NodeID, pin, w.Layer.NodeID)
-			}
-			req.Node = w.Layer.NodeID
+		if moved {
+			continue
 		}
-	default:
-		// A new layer goes to the node's default pool, which must have room.
-		req.Room = func(n *api.Node) string { return newLayerRoom(tx, n, w.Template) }
+		switch {
+		case pin != "" && pin != o.maker:
+			return "", api.Errorf(api.CodeFailedPrecondition,
+				"workspace %s: %s is in pool %s of node %s, which node %s cannot reach; start it on %s", w.WorkspaceID, o.what, o.pool, o.maker, pin, o.maker)
+		case pinnedBy != nil && pinnedBy.maker != o.maker:
+			return "", api.Errorf(api.CodeFailedPrecondition,
+				"workspace %s: %s is in standalone pool %s of node %s and %s in standalone pool %s of node %s: no node reaches both",
+				w.WorkspaceID, pinnedBy.what, pinnedBy.pool, pinnedBy.maker, o.what, o.pool, o.maker)
+		}
+		pinnedBy = o
+		req.Node = o.maker
+	}
+	if w.Layer == nil {
+		// New objects go to the node's default pool, which must have room.
+		req.OwnDefaultPool = true
+		req.Room = func(n *api.Node) string {
+			pool := api.DefaultPoolOf(n.NodeID, n.Report)
+			return defaultPoolRoom(tx, n, newBytes(fresh, pool, templateBytes(n, w.Template)))
+		}
 	}
 	if pin != "" {
 		// candidates leaves out nodes without the node role; say so rather
@@ -458,14 +506,30 @@ func place(tx *bolt.Tx, w *api.Workspace, pin string, refused []string) (string,
 		return "", api.Errorf(api.CodeFailedPrecondition,
 			"template %s is not built on any node: build it there with kibotos template build %s (kibo node get NODE lists a node's templates)", w.Template, w.Template)
 	}
-	if err != nil && pin == "" && req.Node != "" && api.CodeOf(err) == api.CodeFailedPrecondition {
-		// The layer pinned it, not --node: say so and what would help.
+	if err != nil && pin == "" && pinnedBy != nil && api.CodeOf(err) == api.CodeFailedPrecondition {
+		// An object pinned it, not --node: say so and what would help.
 		why := strings.TrimSuffix(strings.TrimPrefix(err.Error(), "node "+req.Node+" cannot take this Workspace: "), "; --node never places elsewhere")
 		return "", api.Errorf(api.CodeFailedPrecondition,
-			"workspace %s: its writable layer is in standalone pool %s of node %s, the only node that can start it, which cannot now: %s; start it once %s is back, or move the pool's disk to another host that declares %s",
-			w.WorkspaceID, api.LayerPoolID(w.Layer), req.Node, why, req.Node, api.LayerPoolID(w.Layer))
+			"workspace %s: %s is in standalone pool %s of node %s, the only node that can start it, which cannot now: %s; start it once %s is back, or move the pool's disk to another host that declares %s",
+			w.WorkspaceID, pinnedBy.what, pinnedBy.pool, req.Node, why, req.Node, pinnedBy.pool)
 	}
 	return node, err
+}
+
+// placedObject is an object of a Workspace that already has a pool.
+type placedObject struct {
+	what, pool string
+	shared     bool
+	maker      string
+}
+
+func containsVolume(vols []*api.Volume, v *api.Volume) bool {
+	for _, x := range vols {
+		if x.VolumeID == v.VolumeID {
+			return true
+		}
+	}
+	return false
 }
 
 func anyReported(nodes []api.Node) bool {
@@ -487,9 +551,10 @@ func anyHasTemplate(nodes []api.Node, name string) bool {
 }
 
 // beginExecution records a new Instance of w on node and the start
-// command. A new layer goes to the node's default pool; the use right of a
-// layer in a shared pool moves with the execution.
-func beginExecution(tx *bolt.Tx, e *Entry, w *api.Workspace, node, state string) error {
+// command. A new layer and the new Volumes go to the node's default pool;
+// the use right of objects in a shared pool moves with the execution.
+func beginExecution(tx *bolt.Tx, e *Entry, w *api.Workspace, vols []*api.Volume, node, state string) error {
+	var fresh []*api.Volume
 	if w.Layer == nil {
 		n, err := mustNode(tx, node)
 		if err != nil {
@@ -497,14 +562,24 @@ func beginExecution(tx *bolt.Tx, e *Entry, w *api.Workspace, node, state string)
 		}
 		pool := api.DefaultPoolOf(node, n.Report)
 		size := templateBytes(n, w.Template)
-		rec, err := poolRoom(tx, pool, "the writable layer of workspace "+w.WorkspaceID, size)
+		fresh = newVolumes(w, vols)
+		what := "the writable layer of workspace " + w.WorkspaceID
+		if len(fresh) > 0 {
+			what += " and its new Volumes"
+		}
+		rec, err := poolRoom(tx, pool, what, newBytes(fresh, pool, size))
 		if err != nil {
 			return err
 		}
 		w.Layer = &api.LayerRight{PoolID: pool, Shared: rec.Shared, SizeBytes: size}
+		// Every check is done: the writes begin.
+		if err := homeNewVolumes(tx, e, fresh, node, pool, rec.Shared); err != nil {
+			return err
+		}
 	}
 	// The use right goes with the execution (a layer in a shared or moved
-	// pool may start on another member).
+	// pool may start on another member); putWorkspace hands it to the
+	// Volumes.
 	w.Layer.NodeID = node
 	w.Instances++
 	w.NodeID = node
@@ -559,11 +634,16 @@ func applyWorkspaceCreate(tx *bolt.Tx, e *Entry) (any, error) {
 		return nil, api.Errorf(api.CodeAlreadyExists, "workspace %s existed and was deleted at %s: use a new --command-id", id, at)
 	}
 	w := &api.Workspace{WorkspaceID: id, Template: a.Template, CPU: a.CPU, MemoryBytes: a.MemoryBytes, Labels: a.Labels, Network: &network, CreatedAt: *at(e)}
-	node, err := place(tx, w, a.NodeID, nil)
+	mounts, vols, err := workspaceVolumes(tx, e, id, &a)
 	if err != nil {
 		return nil, err
 	}
-	if err := beginExecution(tx, e, w, node, api.WorkspaceCreating); err != nil {
+	w.Volumes = mounts
+	node, err := place(tx, w, vols, a.NodeID, nil)
+	if err != nil {
+		return nil, err
+	}
+	if err := beginExecution(tx, e, w, vols, node, api.WorkspaceCreating); err != nil {
 		return nil, err
 	}
 	if err := putWorkspace(tx, e, nil, w); err != nil {
@@ -610,11 +690,15 @@ func applyWorkspaceStart(tx *bolt.Tx, e *Entry) (any, error) {
 	if err := latestEgressRevision(tx, w); err != nil {
 		return nil, err
 	}
-	node, err := place(tx, w, a.NodeID, nil)
+	vols, err := loadVolumes(tx, w)
 	if err != nil {
 		return nil, err
 	}
-	if err := beginExecution(tx, e, w, node, api.WorkspaceStarting); err != nil {
+	node, err := place(tx, w, vols, a.NodeID, nil)
+	if err != nil {
+		return nil, err
+	}
+	if err := beginExecution(tx, e, w, vols, node, api.WorkspaceStarting); err != nil {
 		return nil, err
 	}
 	if err := putWorkspace(tx, e, old, w); err != nil {
@@ -726,6 +810,9 @@ func applyWorkspaceResult(tx *bolt.Tx, e *Entry) (any, error) {
 		switch a.Outcome {
 		case OutcomeOK:
 			w.State = api.WorkspaceAvailable
+			if err := volumesMade(tx, e, w); err != nil {
+				return nil, err
+			}
 		case OutcomeRefused:
 			// The node turned it away (drained, memory tight): place
 			// elsewhere at once, unless the layer pins it there.
@@ -739,7 +826,11 @@ func applyWorkspaceResult(tx *bolt.Tx, e *Entry) (any, error) {
 			} else if w.Layer != nil {
 				w.Layer.Held = false
 			}
-			node, perr := place(tx, w, "", refused)
+			vols, err := loadVolumes(tx, w)
+			if err != nil {
+				return nil, err
+			}
+			node, perr := place(tx, w, vols, "", refused)
 			if perr != nil {
 				if w.Layer != nil {
 					w.Layer.Held = false
@@ -748,7 +839,7 @@ func applyWorkspaceResult(tx *bolt.Tx, e *Entry) (any, error) {
 				break
 			}
 			state := w.State
-			if err := beginExecution(tx, e, w, node, state); err != nil {
+			if err := beginExecution(tx, e, w, vols, node, state); err != nil {
 				return nil, err
 			}
 			w.Pending.Refused = refused
@@ -877,6 +968,7 @@ func releaseIsolated(tx *bolt.Tx, e *Entry, node string, res *api.IsolateResult)
 		}
 		if w.Layer != nil && w.Layer.Held && w.Layer.NodeID == node {
 			res.RetainedLayersReleased++
+			res.VolumesReleased += len(attachedVolumes(w))
 			w.Layer.Held = false
 		}
 		if w.State == api.WorkspaceDeleting && w.Pending == nil && w.DeleteWaitsForPool == "" {
@@ -907,7 +999,9 @@ func releaseIsolated(tx *bolt.Tx, e *Entry, node string, res *api.IsolateResult)
 			return err
 		}
 	}
-	return nil
+	n, err := releaseVolumeCommands(tx, e, node, "was isolated")
+	res.CommandsFailed += n
+	return err
 }
 
 // releaseRetired hands the deletes waiting for a node being retired (it
@@ -936,7 +1030,8 @@ func releaseRetired(tx *bolt.Tx, e *Entry, node string) error {
 			return err
 		}
 	}
-	return nil
+	_, err = releaseVolumeCommands(tx, e, node, "was retired")
+	return err
 }
 
 // GetWorkspace returns one Workspace, or not_found.

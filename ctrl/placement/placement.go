@@ -40,6 +40,9 @@ type Request struct {
 	// reason the node cannot take the request, or "". It must be a pure
 	// function of the records, like everything here.
 	Room func(n *api.Node) string
+	// What names the request in errors when it is not a Workspace's
+	// Instance (a new Volume); default: its CPU and memory.
+	What string
 }
 
 // Reasons a node is not a candidate, as shown in errors.
@@ -238,8 +241,11 @@ func Choose(nodes []api.Node, req Request) (string, error) {
 		}
 	}
 	if best == "" {
-		return "", api.Errorf(api.CodeResourceExhausted, "no admitted node is ready with room for %s CPU and %s memory%s; retry later or free capacity",
-			req.CPU, api.FormatBytes(req.MemoryBytes), summarize(why))
+		what := req.What
+		if what == "" {
+			what = fmt.Sprintf("room for %s CPU and %s memory", req.CPU, api.FormatBytes(req.MemoryBytes))
+		}
+		return "", api.Errorf(api.CodeResourceExhausted, "no admitted node is ready with %s%s; retry later or free capacity", what, summarize(why))
 	}
 	return best, nil
 }
