@@ -123,11 +123,11 @@ func (rt *Runtime) openPools(ctx context.Context, verdicts []verdict) map[string
 	return out
 }
 
-// poolDown is why a running Instance cannot be taken over with the pools
+// poolFailure is why a running Instance cannot be taken over with the pools
 // in unopened (openPools), beginning with its failure stage; "" when all
 // its pools opened. The layer's pool is named first: without its root
 // the guest is not running what the Workspace holds.
-func (rt *Runtime) poolDown(rec *LaunchRecord, unopened map[string]string) string {
+func (rt *Runtime) poolFailure(rec *LaunchRecord, unopened map[string]string) string {
 	if rec.LayerPath != "" {
 		if why, ok := unopened[rt.poolOf(rec.LayerPath).ID]; ok {
 			return StagePreparingLayer + ": " + why

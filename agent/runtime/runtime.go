@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -457,7 +458,7 @@ func (in *instance) status() InstanceStatus {
 		Guest:           in.rec.Guest,
 		DeniedPackets:   in.denied.total,
 		LayerPath:       in.rec.LayerPath,
-		Volumes:         in.rec.Volumes,
+		Volumes:         slices.Clone(in.rec.Volumes),
 	}
 	if p := in.rec.Process; p != nil {
 		s.InvocationID, s.MainPID, s.HostPID = p.InvocationID, p.MainPID, p.HostPID

@@ -128,7 +128,7 @@ func (rt *Runtime) adopt(ctx context.Context, verdicts []verdict, noRecord []str
 	for i := range verdicts {
 		v := &verdicts[i]
 		poolDown := false
-		if why := rt.poolDown(v.rec, unopened); why != "" && (v.state == StateRunning || v.state == StateStarting) {
+		if why := rt.poolFailure(v.rec, unopened); why != "" && (v.state == StateRunning || v.state == StateStarting) {
 			// Its layer or a Volume cannot be vouched for: the VMM keeps
 			// running (nothing of the guest is lost), the node does not
 			// take it over.

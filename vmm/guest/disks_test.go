@@ -95,6 +95,12 @@ func TestMountOptionsInvalid(t *testing.T) {
 	if _, err := os.Stat(target); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("a refused mount left %s: %v", target, err)
 	}
+	for path, want := range map[string]string{"/proc": "/proc is proc (proc): only ext4 grows online", "proc": `path "proc" is not absolute`} {
+		_, err := c.GrowFS(ctxT(t), guestproto.GrowFSRequest{Path: path})
+		if ge := guestErr(err); ge == nil || ge.Code != guestproto.CodeInvalid || ge.Message != want {
+			t.Errorf("grow-fs %s: %v; want invalid: %s", path, err, want)
+		}
+	}
 }
 
 // A Target below a mount point is reached through real directories only:

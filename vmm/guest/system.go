@@ -110,7 +110,11 @@ func (a *agent) mount(ctx context.Context, m guestproto.Mount) error {
 		}
 	}
 	if grow && (flags&unix.MS_BIND != 0 || m.FSType != "ext4") {
-		return &guestproto.Error{Code: guestproto.CodeInvalid, Message: fmt.Sprintf("mount %s: option %s grows ext4 filesystems only, not a bind mount nor %q", m.Target, guestproto.MountOptGrow, m.FSType)}
+		what := fmt.Sprintf("fstype %q", m.FSType)
+		if flags&unix.MS_BIND != 0 {
+			what = "a bind mount"
+		}
+		return &guestproto.Error{Code: guestproto.CodeInvalid, Message: fmt.Sprintf("mount %s: option %s grows ext4 only, not %s", m.Target, guestproto.MountOptGrow, what)}
 	}
 	if serial, ok := strings.CutPrefix(m.Source, guestproto.MountSerialPrefix); ok {
 		if flags&unix.MS_BIND != 0 {
