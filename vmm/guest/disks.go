@@ -198,9 +198,9 @@ func parseMountInfo(s string) ([]mountEntry, error) {
 		if len(f) < 6 || sep < 6 || len(f) < sep+3 {
 			return nil, fmt.Errorf("mountinfo line %q: not understood", line)
 		}
-		maj, min, ok := strings.Cut(f[2], ":")
-		ma, err1 := strconv.ParseUint(maj, 10, 32)
-		mi, err2 := strconv.ParseUint(min, 10, 32)
+		majStr, minStr, ok := strings.Cut(f[2], ":")
+		ma, err1 := strconv.ParseUint(majStr, 10, 32)
+		mi, err2 := strconv.ParseUint(minStr, 10, 32)
 		if !ok || err1 != nil || err2 != nil {
 			return nil, fmt.Errorf("mountinfo line %q: device %q", line, f[2])
 		}
@@ -299,20 +299,20 @@ func (a *agent) growFS(ctx context.Context, req guestproto.GrowFSRequest) (guest
 	return guestproto.GrowFSResult{DeviceBytes: size, FilesystemBytes: sb.blocks * sb.blockSize}, nil
 }
 
-// waitDeviceSize returns dev's size once it is at least min, waiting up
-// to DiskWait: the kernel learns of a resize asynchronously.
-func (a *agent) waitDeviceSize(ctx context.Context, dev *os.File, min uint64) (uint64, error) {
+// waitDeviceSize returns dev's size once it is at least minBytes, waiting
+// up to DiskWait: the kernel learns of a resize asynchronously.
+func (a *agent) waitDeviceSize(ctx context.Context, dev *os.File, minBytes uint64) (uint64, error) {
 	deadline := time.Now().Add(a.opts.DiskWait)
 	for {
 		var size uint64
 		if _, _, errno := unix.Syscall(unix.SYS_IOCTL, dev.Fd(), unix.BLKGETSIZE64, uintptr(unsafe.Pointer(&size))); errno != 0 {
 			return 0, fmt.Errorf("size of %s: %w", dev.Name(), errno)
 		}
-		if size >= min {
+		if size >= minBytes {
 			return size, nil
 		}
 		if time.Now().After(deadline) {
-			return 0, fmt.Errorf("device %s is %d bytes after %v, want at least %d: did the resize reach this disk?", dev.Name(), size, a.opts.DiskWait, min)
+			return 0, fmt.Errorf("device %s is %d bytes after %v, want at least %d: did the resize reach this disk?", dev.Name(), size, a.opts.DiskWait, minBytes)
 		}
 		select {
 		case <-ctx.Done():
