@@ -151,10 +151,13 @@ func (q *QEMU) Argv(spec Spec, p Paths) ([]string, error) {
 		cfg.Channels = append(cfg.Channels, qemu.Channel{Name: guestproto.DataPortName, Socket: p.DataSocket})
 	}
 	if p.Layer != "" {
-		cfg.Disks = append(cfg.Disks, qemu.Disk{ID: "layer", Path: p.Layer, Format: "qcow2", Backing: spec.RootImage})
+		cfg.Disks = append(cfg.Disks, qemu.Disk{ID: "layer", Path: p.Layer, Format: "qcow2", Backing: spec.RootImage, Serial: LayerSerial})
 	}
 	if p.Disk != "" {
 		cfg.Disks = append(cfg.Disks, qemu.Disk{ID: "writable", Path: p.Disk, Format: "raw"})
+	}
+	for _, v := range spec.Volumes {
+		cfg.Disks = append(cfg.Disks, qemu.Disk{ID: volumeDriveID(v.Serial), Path: v.Path, Format: "raw", Serial: v.Serial})
 	}
 	if p.Tap != "" {
 		cfg.NIC = &qemu.NIC{Tap: p.Tap}

@@ -2,6 +2,7 @@ package runtime
 
 import (
 	"context"
+	"fmt"
 	"net"
 
 	"github.com/kibotos/kibotos/vmm/firecracker"
@@ -38,6 +39,10 @@ func (b Firecracker) Name() string { return b.FC.Name() }
 
 // Argv implements Backend: the jailer, which execs Firecracker in its chroot.
 func (b Firecracker) Argv(spec Spec, p Paths) ([]string, error) {
+	if len(spec.Volumes) > 0 {
+		// Nothing would stage them in the jail: refused, not dropped.
+		return nil, fmt.Errorf("firecracker backend: instance %s: Volumes are not supported by this backend; use qemu", spec.InstanceID)
+	}
 	return b.FC.Argv(fcInstance(spec), fcFiles(p))
 }
 

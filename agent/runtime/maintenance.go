@@ -19,7 +19,7 @@ import (
 // check-maintenance (process-model seed): with the node service stopped,
 // may the node program be replaced (upgrade) or removed (remove)? It only
 // reads: the exclusive lock (taken and released), launch records, units
-// and processes, the pools' layers and holder records. It repairs
+// and processes, the pools' layers, Volume files and holder records. It repairs
 // nothing, bumps no incarnation and creates no directory.
 
 // Maintenance operations.
@@ -92,7 +92,7 @@ func CheckMaintenance(ctx context.Context, cfg Config, op string) (*MaintenanceR
 		return nil, err
 	}
 	if op == OpRemove {
-		for _, it := range layerItems(cfg) {
+		for _, it := range heldItems(cfg) {
 			rep.add(it)
 		}
 	}
@@ -140,28 +140,54 @@ func instanceItem(v verdict, op string) MaintenanceItem {
 	return it
 }
 
-// layerItems lists the retained layers the node still holds in its pools
-// (a remove must not leave them ownerless): every layer of a standalone
-// pool and those of a shared pool whose holder record names this node;
-// a layer whose holder record names another node is that node's.
-func layerItems(cfg Config) []MaintenanceItem {
+// heldItems lists the retained layers and Volume files the node still
+// holds in its pools (a remove must not leave them ownerless): every one
+// of a standalone pool and those of a shared pool whose holder record
+// names this node; one whose holder record names another node is that
+// node's.
+func heldItems(cfg Config) []MaintenanceItem {
 	var out []MaintenanceItem
 	for _, p := range cfg.Pools {
 		layers, _ := filepath.Glob(filepath.Join(p.Path, "layers", "*.qcow2"))
 		sort.Strings(layers)
 		for _, l := range layers {
-			h, err := storagepool.ReadHolder(l)
-			switch {
-			case err != nil:
-				out = append(out, MaintenanceItem{Object: l, State: "unclear ownership", Blocking: true, Detail: err.Error()})
-			case h != nil && h.NodeID != cfg.NodeID:
-				continue // another node's now (a moved pool, or a shared one)
-			case h == nil && p.Shared:
-				continue // released: any member may use it next
-			default:
-				out = append(out, MaintenanceItem{Object: l, State: "retained layer", Blocking: true,
-					Detail: fmt.Sprintf("writable layer in pool %s held by this node: delete its Workspace, or move it to another node of a shared pool", p.ID)})
-			}
+			out = appendHeld(out, cfg.NodeID, p, l, "retained layer",
+				"writable layer in pool %s held by this node: delete its Workspace, or move it to another node of a shared pool")
+		}
+		for _, v := range volumeFiles(p.Path) {
+			out = appendHeld(out, cfg.NodeID, p, v, "volume",
+				"Volume file in pool %s held by this node: delete its Volume, or move it to another node of a shared pool")
+		}
+	}
+	return out
+}
+
+// appendHeld adds the item of object, a file in pool p, unless another
+// node holds it or nobody does in a shared pool. detail takes the pool id.
+func appendHeld(out []MaintenanceItem, node string, p PoolDir, object, state, detail string) []MaintenanceItem {
+	h, err := storagepool.ReadHolder(object)
+	switch {
+	case err != nil:
+		return append(out, MaintenanceItem{Object: object, State: "unclear ownership", Blocking: true, Detail: err.Error()})
+	case h != nil && h.NodeID != node:
+		return out // another node's now (a moved pool, or a shared one)
+	case h == nil && p.Shared:
+		return out // released: any member may use it next
+	}
+	return append(out, MaintenanceItem{Object: object, State: state, Blocking: true, Detail: fmt.Sprintf(detail, p.ID)})
+}
+
+// volumeFiles are the Volume files of the pool at root, sorted: the
+// regular files of volumes/data but holder records and the temporary
+// files of unfinished writes.
+func volumeFiles(root string) []string {
+	dir := filepath.Join(root, "volumes", "data")
+	ents, _ := os.ReadDir(dir)
+	var out []string
+	for _, e := range ents {
+		name := e.Name()
+		if e.Type().IsRegular() && !strings.HasSuffix(name, storagepool.HolderSuffix) && !storagepool.IsTemp(name) {
+			out = append(out, filepath.Join(dir, name))
 		}
 	}
 	return out

@@ -12,12 +12,12 @@ import (
 	"github.com/kibotos/kibotos/internal/ctxsleep"
 )
 
-// Storage pools at takeover. A running Instance writes its layer in a
-// pool; after a node restart that pool may not be there yet (a network
-// filesystem still mounting). The node waits for it, once, and an
-// Instance whose pool does not open is not taken over: FAILED, its VMM
-// left running, until stop --force ends it (troubleshooting row of the
-// process-model seed).
+// Storage pools at takeover. A running Instance writes its layer and its
+// Volumes in pools; after a node restart a pool may not be there yet (a
+// network filesystem still mounting). The node waits for them, once, and
+// an Instance with a pool that does not open is not taken over: FAILED,
+// its VMM left running, until stop --force ends it (troubleshooting row
+// of the process-model seed).
 
 // DefaultPoolOpenWait bounds the wait for the pools of running Instances
 // at Open.
@@ -26,6 +26,10 @@ const DefaultPoolOpenWait = 5 * time.Minute
 // StagePreparingLayer is the failure stage of an Instance whose retained
 // layer's pool was unavailable when the node took it over.
 const StagePreparingLayer = api.StagePreparingRetainedLayer
+
+// StageAttachingVolume is the failure stage of an Instance whose layer
+// was fine but a Volume's pool was unavailable when the node took it over.
+const StageAttachingVolume = api.StageAttachingVolume
 
 // PoolDir is one storage pool of the node: its id and directory.
 type PoolDir struct {
@@ -59,17 +63,32 @@ func poolOpen(p PoolDir) string {
 	return ""
 }
 
-// openPools waits until every pool holding the layer of a running
-// Instance among verdicts opens, at most PoolOpenWait; it returns the
-// error of each pool that did not, by pool id.
+// poolFiles are the files in pools a launch writes: its layer, then its
+// Volumes.
+func poolFiles(rec *LaunchRecord) []string {
+	var files []string
+	if rec.LayerPath != "" {
+		files = append(files, rec.LayerPath)
+	}
+	for _, v := range rec.Volumes {
+		files = append(files, v.Path)
+	}
+	return files
+}
+
+// openPools waits until every pool holding the layer or a Volume of a
+// running Instance among verdicts opens, at most PoolOpenWait; it returns
+// the error of each pool that did not, by pool id.
 func (rt *Runtime) openPools(ctx context.Context, verdicts []verdict) map[string]string {
 	need := map[string]PoolDir{}
 	for _, v := range verdicts {
-		if v.rec.LayerPath == "" || (v.state != StateRunning && v.state != StateStarting) {
+		if v.state != StateRunning && v.state != StateStarting {
 			continue
 		}
-		if p := rt.poolOf(v.rec.LayerPath); p.ID != "" {
-			need[p.ID] = p
+		for _, f := range poolFiles(v.rec) {
+			if p := rt.poolOf(f); p.ID != "" {
+				need[p.ID] = p
+			}
 		}
 	}
 	wait := rt.cfg.PoolOpenWait
@@ -102,4 +121,22 @@ func (rt *Runtime) openPools(ctx context.Context, verdicts []verdict) map[string
 		out[id] = fmt.Sprintf("storage pool is unavailable: pool %s at %s did not open for takeover: %s; fix the storage, then kibo workspace stop --force and start", id, p.Path, why)
 	}
 	return out
+}
+
+// poolFailure is why a running Instance cannot be taken over with the pools
+// in unopened (openPools), beginning with its failure stage; "" when all
+// its pools opened. The layer's pool is named first: without its root
+// the guest is not running what the Workspace holds.
+func (rt *Runtime) poolFailure(rec *LaunchRecord, unopened map[string]string) string {
+	if rec.LayerPath != "" {
+		if why, ok := unopened[rt.poolOf(rec.LayerPath).ID]; ok {
+			return StagePreparingLayer + ": " + why
+		}
+	}
+	for _, v := range rec.Volumes {
+		if why, ok := unopened[rt.poolOf(v.Path).ID]; ok {
+			return StageAttachingVolume + ": " + why
+		}
+	}
+	return ""
 }

@@ -42,9 +42,11 @@ type LaunchRecord struct {
 	MemoryMiB       int      `json:"memory_mib"`
 	DiskMiB         int      `json:"disk_mib"`
 	// RootImage and LayerPath: the template image and the retained layer.
-	RootImage string    `json:"root_image,omitempty"`
-	LayerPath string    `json:"layer_path,omitempty"`
-	CreatedAt time.Time `json:"created_at"`
+	RootImage string `json:"root_image,omitempty"`
+	LayerPath string `json:"layer_path,omitempty"`
+	// Volumes are the Volume disks attached at launch.
+	Volumes   []VolumeDisk `json:"volumes,omitempty"`
+	CreatedAt time.Time    `json:"created_at"`
 
 	// Confinement is how the VMM was confined at launch. nil: a launch by
 	// a build from before VMM confinement (QEMU as root, no seccomp, serial

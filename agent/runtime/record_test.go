@@ -19,6 +19,7 @@ func TestLaunchRecordRoundTrip(t *testing.T) {
 		InstanceID: "vm-1", LaunchID: "abc", Unit: UnitName("vm-1"), Backend: "qemu",
 		Argv: []string{"/bin/sh", "-c", "x"}, VMMArgv: []string{"/usr/bin/qemu-system-x86_64"},
 		InstallationID: "sha256-1", CreatedAt: time.Unix(1, 0).UTC(),
+		Volumes: []VolumeDisk{{Serial: "vol-1", Path: "/pool/volumes/data/vol-1.img"}},
 		Process: &ProcessRecord{InvocationID: "0123", MainPID: 7, HostPID: 700, StartTime: 99, Exe: "/q", ExeDev: 1, ExeIno: 2, ControlGroup: "/cg"},
 	}
 	if err := WriteLaunchRecord(dir, rec); err != nil {

@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -226,6 +227,8 @@ type InstanceStatus struct {
 	DataSocket string
 	// LayerPath is the retained writable layer the VMM writes ("" none).
 	LayerPath string
+	// Volumes are the Volume disks the VMM was launched with.
+	Volumes []VolumeDisk
 }
 
 // Open prepares the runtime directories under cfg.StorageRoot, deletes
@@ -455,6 +458,7 @@ func (in *instance) status() InstanceStatus {
 		Guest:           in.rec.Guest,
 		DeniedPackets:   in.denied.total,
 		LayerPath:       in.rec.LayerPath,
+		Volumes:         slices.Clone(in.rec.Volumes),
 	}
 	if p := in.rec.Process; p != nil {
 		s.InvocationID, s.MainPID, s.HostPID = p.InvocationID, p.MainPID, p.HostPID

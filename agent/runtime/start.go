@@ -33,9 +33,13 @@ type Spec struct {
 	// RootImage is a template image (read-only base) and LayerPath the
 	// Workspace's retained writable layer on top of it, a qcow2 file that
 	// outlives the Instance (created here when missing). The layer is the
-	// guest's first disk, /dev/vda; the scratch disk (DiskMiB) comes after.
+	// guest's first disk, /dev/vda, with the serial LayerSerial (mount it
+	// as "serial:layer"); the scratch disk (DiskMiB) comes after.
 	RootImage string
 	LayerPath string
+	// Volumes are raw disks attached after the layer and the scratch
+	// disk, each found in the guest by its serial.
+	Volumes []VolumeDisk
 }
 
 // vmmLogEnv passes the VMM log path to the wrapper shell.
@@ -65,6 +69,9 @@ func (rt *Runtime) Start(ctx context.Context, spec Spec) (InstanceStatus, error)
 	}
 	if spec.DiskMiB < 0 {
 		return InstanceStatus{}, fmt.Errorf("runtime: start instance %s: disk of %d MiB", id, spec.DiskMiB)
+	}
+	if err := checkVolumes(spec.Volumes); err != nil {
+		return InstanceStatus{}, fmt.Errorf("runtime: start instance %s: %w", id, err)
 	}
 	dir := filepath.Join(rt.instancesDir, id)
 	paths := instancePaths(dir)
@@ -150,6 +157,7 @@ func (rt *Runtime) start(ctx context.Context, in *instance, spec Spec) error {
 		DiskMiB:         spec.DiskMiB,
 		RootImage:       spec.RootImage,
 		LayerPath:       spec.LayerPath,
+		Volumes:         spec.Volumes,
 		CreatedAt:       time.Now().UTC(),
 	}
 	memMax, tasksMax := vmmLimits(spec.MemoryMiB, spec.VCPUs)
@@ -389,7 +397,7 @@ func (rt *Runtime) prepareVMMDirs(p Paths) error {
 
 // grantVMMFiles gives the VMM account what QEMU opens by path and nothing
 // else: the installation's kernel and initramfs and the template image to
-// read, the disks to write, vmm.log to append to (the log wrapper runs as
+// read, the disks (layer, scratch disk, Volumes) to write, vmm.log to append to (the log wrapper runs as
 // the account); the directories above them searchable. The console log
 // stays the node's.
 func (rt *Runtime) grantVMMFiles(spec Spec, p Paths) error {
@@ -415,6 +423,9 @@ func (rt *Runtime) grantVMMFiles(spec Spec, p Paths) error {
 	}
 	if p.Layer != "" {
 		grants = append(grants, grant{p.Layer, 0o660}, grant{spec.RootImage, 0o640})
+	}
+	for _, v := range spec.Volumes {
+		grants = append(grants, grant{v.Path, 0o660})
 	}
 	for _, g := range grants {
 		if err := rt.vmm.grantFile(g.path, g.mode); err != nil {

@@ -128,10 +128,11 @@ func (rt *Runtime) adopt(ctx context.Context, verdicts []verdict, noRecord []str
 	for i := range verdicts {
 		v := &verdicts[i]
 		poolDown := false
-		if p, ok := unopened[rt.poolOf(v.rec.LayerPath).ID]; ok && v.rec.LayerPath != "" && (v.state == StateRunning || v.state == StateStarting) {
-			// Its layer cannot be vouched for: the VMM keeps running (nothing
-			// of the guest is lost), the node does not take it over.
-			v.state, v.err, poolDown = StateFailed, StagePreparingLayer+": "+p, true
+		if why := rt.poolFailure(v.rec, unopened); why != "" && (v.state == StateRunning || v.state == StateStarting) {
+			// Its layer or a Volume cannot be vouched for: the VMM keeps
+			// running (nothing of the guest is lost), the node does not
+			// take it over.
+			v.state, v.err, poolDown = StateFailed, why, true
 			rt.log.Error("instance takeover failed", "instance_id", v.rec.InstanceID, "err", v.err)
 		}
 		if v.rec.Network != nil {

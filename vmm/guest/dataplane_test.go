@@ -239,7 +239,8 @@ func TestDataChannel(t *testing.T) {
 			t.Errorf("data channel capabilities %v lack %s", di.Capabilities, c)
 		}
 	}
-	for _, c := range []string{guestproto.CapConfigure, guestproto.CapBindMount, guestproto.CapFreeze, guestproto.CapStop} {
+	for _, c := range []string{guestproto.CapConfigure, guestproto.CapBindMount, guestproto.CapFreeze, guestproto.CapStop,
+		guestproto.CapMountSerial, guestproto.CapGrowFS} {
 		if di.Has(c) {
 			t.Errorf("data channel announces %s, which it does not serve", c)
 		}
@@ -271,6 +272,7 @@ func TestDataChannel(t *testing.T) {
 	refused[guestproto.CallFreeze] = data.Freeze(ctx, missing)
 	refused[guestproto.CallThaw] = data.Thaw(ctx, missing)
 	_, refused[guestproto.CallStop] = data.Stop(ctx, time.Second)
+	_, refused[guestproto.CallGrowFS] = data.GrowFS(ctx, guestproto.GrowFSRequest{Path: missing})
 	for call, err := range refused {
 		ge := guestErr(err)
 		want := call + " is only served on the node channel"

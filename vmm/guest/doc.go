@@ -9,6 +9,8 @@
 //
 // The agent must never reap a process it did not start through its single
 // reaper (exec exit statuses are dispatched by pid), never trust the node's
-// bytes to be framed correctly, and never power off except through
-// Options.PowerOff.
+// bytes to be framed correctly, never power off except through
+// Options.PowerOff, and never mount a disk the node names by serial on a
+// path a Workspace's files could redirect (a symbolic link under the
+// Workspace root).
 package guest

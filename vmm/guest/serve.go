@@ -41,6 +41,13 @@ type Options struct {
 	// ResolvConf is where Configure writes DNS servers; default
 	// guestproto.ResolvConf.
 	ResolvConf string
+	// SysRoot and DevRoot are where a disk is looked up by its serial:
+	// SysRoot/block/<name>/serial, then DevRoot/<name>; default /sys and
+	// /dev. Tests give a fake sysfs.
+	SysRoot, DevRoot string
+	// DiskWait bounds the wait for a disk to appear (a serial: mount) and
+	// for a device to reach a size (grow-fs); zero means 10s.
+	DiskWait time.Duration
 }
 
 // errStopped ends Serve after a Stop call.
@@ -167,6 +174,15 @@ func newAgent(opts Options) *agent {
 	if opts.ResolvConf == "" {
 		opts.ResolvConf = guestproto.ResolvConf
 	}
+	if opts.SysRoot == "" {
+		opts.SysRoot = "/sys"
+	}
+	if opts.DevRoot == "" {
+		opts.DevRoot = "/dev"
+	}
+	if opts.DiskWait == 0 {
+		opts.DiskWait = 10 * time.Second
+	}
 	if opts.BootID == "" {
 		b, _ := os.ReadFile("/proc/sys/kernel/random/boot_id")
 		opts.BootID = strings.TrimSpace(string(b))
@@ -186,7 +202,7 @@ func newAgent(opts Options) *agent {
 	a.info = guestproto.GuestInfo{
 		Capabilities: []string{guestproto.CapExec, guestproto.CapPTY, guestproto.CapFiles,
 			guestproto.CapConfigure, guestproto.CapFreeze, guestproto.CapStop, guestproto.CapExecRoot,
-			guestproto.CapPortForward, guestproto.CapBindMount},
+			guestproto.CapPortForward, guestproto.CapBindMount, guestproto.CapMountSerial, guestproto.CapGrowFS},
 		BootID:       opts.BootID,
 		AgentVersion: opts.AgentVersion,
 	}
@@ -195,7 +211,8 @@ func newAgent(opts Options) *agent {
 
 // nodeOnlyCaps are the capabilities of calls the data channel refuses; it
 // does not announce them.
-var nodeOnlyCaps = map[string]bool{guestproto.CapConfigure: true, guestproto.CapBindMount: true, guestproto.CapFreeze: true, guestproto.CapStop: true}
+var nodeOnlyCaps = map[string]bool{guestproto.CapConfigure: true, guestproto.CapBindMount: true, guestproto.CapFreeze: true, guestproto.CapStop: true,
+	guestproto.CapMountSerial: true, guestproto.CapGrowFS: true}
 
 // infoFor is the GuestInfo a channel announces: the data channel's lists
 // only what it serves.
@@ -223,7 +240,7 @@ var dataCalls = func() map[string]bool {
 
 // nodeOnlyCalls are the known calls the data channel refuses by name.
 var nodeOnlyCalls = map[string]bool{guestproto.CallConfigure: true, guestproto.CallSync: true,
-	guestproto.CallFreeze: true, guestproto.CallThaw: true, guestproto.CallStop: true}
+	guestproto.CallFreeze: true, guestproto.CallThaw: true, guestproto.CallStop: true, guestproto.CallGrowFS: true}
 
 // shutdown ends what Serve started: running handlers and managed processes.
 func (a *agent) shutdown() {
@@ -417,6 +434,11 @@ func (a *agent) handle(ctx context.Context, ss session, s net.Conn) {
 		var r guestproto.FreezeRequest
 		if err = decodeArgs(req.Args, &r); err == nil {
 			err = freeze(r.Path, req.Call == guestproto.CallFreeze)
+		}
+	case guestproto.CallGrowFS:
+		var r guestproto.GrowFSRequest
+		if err = decodeArgs(req.Args, &r); err == nil {
+			res, err = a.growFS(ctx, r)
 		}
 	case guestproto.CallStop:
 		var r guestproto.StopRequest

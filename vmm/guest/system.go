@@ -57,7 +57,7 @@ func (a *agent) configure(ctx context.Context, req guestproto.ConfigureRequest) 
 		}
 	}
 	for _, m := range req.Mounts {
-		if err := mount(m); err != nil {
+		if err := a.mount(ctx, m); err != nil {
 			return err
 		}
 	}
@@ -93,16 +93,34 @@ func (a *agent) configure(ctx context.Context, req guestproto.ConfigureRequest) 
 // Source (a path of the agent's root) on Target and takes no other; the
 // Target of a file is made an empty regular file first, replacing a
 // symlink, which mount(2) would follow from the agent's root rather than
-// from the root the Target is in.
-func mount(m guestproto.Mount) error {
+// from the root the Target is in. A Source "serial:SERIAL" is a disk
+// mounted as mountDisk says.
+func (a *agent) mount(ctx context.Context, m guestproto.Mount) error {
 	var flags uintptr
 	var data []string
+	grow := false
 	for _, o := range m.Options {
-		if o == "bind" {
+		switch o {
+		case "bind":
 			flags |= unix.MS_BIND
-			continue
+		case guestproto.MountOptGrow:
+			grow = true
+		default:
+			data = append(data, o)
 		}
-		data = append(data, o)
+	}
+	if grow && (flags&unix.MS_BIND != 0 || m.FSType != "ext4") {
+		what := fmt.Sprintf("fstype %q", m.FSType)
+		if flags&unix.MS_BIND != 0 {
+			what = "a bind mount"
+		}
+		return &guestproto.Error{Code: guestproto.CodeInvalid, Message: fmt.Sprintf("mount %s: option %s grows ext4 only, not %s", m.Target, guestproto.MountOptGrow, what)}
+	}
+	if serial, ok := strings.CutPrefix(m.Source, guestproto.MountSerialPrefix); ok {
+		if flags&unix.MS_BIND != 0 {
+			return &guestproto.Error{Code: guestproto.CodeInvalid, Message: fmt.Sprintf("mount %s on %s: a disk is not bind-mounted", m.Source, m.Target)}
+		}
+		return a.mountDisk(ctx, serial, m.Target, m.FSType, strings.Join(data, ","), grow)
 	}
 	isFile := false
 	if flags&unix.MS_BIND != 0 {
@@ -124,6 +142,11 @@ func mount(m guestproto.Mount) error {
 	}
 	if err := unix.Mount(m.Source, m.Target, m.FSType, flags, strings.Join(data, ",")); err != nil {
 		return fmt.Errorf("mount %s on %s (%s): %w", m.Source, m.Target, m.FSType, err)
+	}
+	if grow {
+		if _, err := a.growFS(ctx, guestproto.GrowFSRequest{Path: m.Target}); err != nil {
+			return fmt.Errorf("mount %s on %s: mounted, but not grown to its device: %w", m.Source, m.Target, err)
+		}
 	}
 	return nil
 }

@@ -217,6 +217,15 @@ func (c *Client) Thaw(ctx context.Context, path string) error {
 	return c.call(ctx, CallThaw, FreezeRequest{Path: path}, nil)
 }
 
+// GrowFS grows the ext4 filesystem mounted at req.Path to fill its device,
+// once the device has at least req.MinBytes; a filesystem already filling
+// it is left as it is.
+func (c *Client) GrowFS(ctx context.Context, req GrowFSRequest) (GrowFSResult, error) {
+	var res GrowFSResult
+	err := c.call(ctx, CallGrowFS, req, &res)
+	return res, err
+}
+
 // Stop ends the guest's processes (SIGTERM, SIGKILL after grace), syncs and
 // powers the guest off. The result arrives before the poweroff.
 func (c *Client) Stop(ctx context.Context, grace time.Duration) (StopResult, error) {

@@ -24,6 +24,9 @@ const (
 	// CallPortForward connects to a TCP port of the guest: after the
 	// Response the stream carries the connection's bytes both ways.
 	CallPortForward = "port-forward"
+	// CallGrowFS grows the ext4 filesystem mounted at a path to fill its
+	// device (a Volume grown while its Workspace runs).
+	CallGrowFS = "grow-fs"
 )
 
 // DataPortName is the virtio-serial port of the data-plane channel. The
@@ -33,8 +36,8 @@ const (
 const DataPortName = "kibotos.data"
 
 // DataCalls are the calls served on the data-plane channel. Configure,
-// sync, freeze, thaw and stop change the guest as a whole and stay with the
-// node: the data channel answers them with CodeUnsupported.
+// sync, freeze, thaw, grow-fs and stop change the guest as a whole and stay
+// with the node: the data channel answers them with CodeUnsupported.
 var DataCalls = []string{CallGuestInfo, CallExec, CallExecAttach, CallFileRead, CallFileWrite, CallStat, CallPortForward}
 
 // Capabilities a guest agent announces in GuestInfo.
@@ -54,7 +57,28 @@ const (
 	// file or directory of the agent's root, is bind-mounted on Target
 	// (how a Workspace's root gets the agent's ResolvConf).
 	CapBindMount = "mount-bind"
+	// CapMountSerial: configure's Mounts take a Source "serial:SERIAL",
+	// the virtio-blk disk with that serial (MountSerialPrefix), and the
+	// option "x-grow" (MountOptGrow).
+	CapMountSerial = "mount-serial"
+	// CapGrowFS: CallGrowFS.
+	CapGrowFS = "grow-fs"
 )
+
+// MountSerialPrefix begins a Mount Source naming a virtio-blk disk by its
+// serial (qemu.Disk.Serial): the guest's vdX names follow the order the
+// kernel probes the disks in, which the node does not choose. The agent
+// waits for the disk to appear (probing may lag the agent's start), and
+// mounts it only on a Target reached without a symbolic link below the
+// mount the Target lies in: the files of a Workspace's root are its
+// user's, and must not redirect a Volume onto the agent's own root.
+const MountSerialPrefix = "serial:"
+
+// MountOptGrow is a Mount option the agent acts on and never passes to
+// mount(2): once mounted, an ext4 filesystem smaller than its device is
+// grown online to fill it (a Volume grown while its Workspace was
+// stopped shows its new size at the next start).
+const MountOptGrow = "x-grow"
 
 // ResolvConf is where configure writes the DNS servers, in the guest
 // agent's own root. It is rewritten in place, so a bind mount of it (a
@@ -141,7 +165,9 @@ type Route struct {
 	Gateway     string `json:"gateway,omitempty"`
 }
 
-// Mount is a filesystem to mount in the guest.
+// Mount is a filesystem to mount in the guest. Source is a path (a block
+// device, or with the option "bind" a file or directory of the agent's
+// root) or MountSerialPrefix and a disk serial.
 type Mount struct {
 	Source  string   `json:"source"`
 	Target  string   `json:"target"`
@@ -232,6 +258,24 @@ type FreezeRequest struct {
 type PortForwardRequest struct {
 	Port int    `json:"port"`
 	Host string `json:"host,omitempty"` // default 127.0.0.1 (the guest's loopback)
+}
+
+// GrowFSRequest names the mount point of an ext4 filesystem to grow.
+// MinBytes, if set, is the size the node gave its device: the guest
+// kernel learns a new capacity asynchronously (a virtio config-change
+// interrupt after QMP block_resize), so the agent waits for the device to
+// reach it before growing.
+type GrowFSRequest struct {
+	Path     string `json:"path"`
+	MinBytes uint64 `json:"min_bytes,omitempty"`
+}
+
+// GrowFSResult is the device's size and the filesystem's (block count
+// times block size) after the grow; an ext4 filesystem ends at a whole
+// block, so it may be a little smaller than its device.
+type GrowFSResult struct {
+	DeviceBytes     uint64 `json:"device_bytes"`
+	FilesystemBytes uint64 `json:"filesystem_bytes"`
 }
 
 // StopRequest stops the guest: managed processes get SIGTERM, then SIGKILL

@@ -3,6 +3,7 @@ package qemu_test
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -97,6 +98,19 @@ func TestBootPlatformUnderTCG(t *testing.T) {
 		t.Fatal(err)
 	}
 	console := filepath.Join(dir, "console.log")
+	// Three small raw disks with serials: which vdX each becomes, that the
+	// guest reads the serials back, and QMP block_resize of the last.
+	var disks []qemu.Disk
+	for _, serial := range []string{"layer", "scratch", "vol-0123456789abcdef"} {
+		path := filepath.Join(dir, serial+".img")
+		if err := os.WriteFile(path, nil, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Truncate(path, 8<<20); err != nil {
+			t.Fatal(err)
+		}
+		disks = append(disks, qemu.Disk{ID: "v-" + serial, Path: path, Serial: serial})
+	}
 	cfg := qemu.Config{
 		Accel:      choice.Accel,
 		TSCKHz:     khz,
@@ -105,6 +119,7 @@ func TestBootPlatformUnderTCG(t *testing.T) {
 		ConsoleLog: console,
 		// The port name is the default of `kibotos guest-agent --port-name`.
 		Channels:  []qemu.Channel{{Name: "kibotos.agent", Socket: filepath.Join(dir, "agent.sock")}},
+		Disks:     disks,
 		QMPSocket: filepath.Join(dir, "qmp.sock"),
 		NoReboot:  true,
 	}
@@ -170,6 +185,8 @@ func TestBootPlatformUnderTCG(t *testing.T) {
 	}
 	t.Logf("exec uname -r in the guest: %q in %v", strings.TrimSpace(string(out)), time.Since(t1).Round(time.Millisecond))
 
+	checkDisksAndResize(t, actx, c, cfg)
+
 	t2 := time.Now()
 	if _, err := c.Stop(actx, 2*time.Second); err != nil {
 		t.Fatalf("stop: %v", err)
@@ -186,6 +203,101 @@ func TestBootPlatformUnderTCG(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("QEMU still running 30s after the agent's stop")
 	}
+}
+
+// checkDisksAndResize finds cfg's disks in the guest by the serial each
+// shows in /sys/block/vdX/serial, grows the last one through QMP and waits
+// for the guest kernel to see its new capacity.
+func checkDisksAndResize(t *testing.T, ctx context.Context, c *guestproto.Client, cfg qemu.Config) {
+	t.Helper()
+	// serial -> "vdX <512-byte sectors>", polled: virtio-mmio probing may
+	// still be under way when the agent first answers.
+	blocks := func() map[string]string {
+		out := guestSh(t, ctx, c, `for d in /sys/block/vd*; do [ -e "$d" ] && echo "$(cat $d/serial) ${d##*/} $(cat $d/size)"; done; true`)
+		m := map[string]string{}
+		for _, l := range strings.Split(strings.TrimSpace(out), "\n") {
+			if f := strings.Fields(l); len(f) == 3 {
+				m[f[0]] = f[1] + " " + f[2]
+			}
+		}
+		return m
+	}
+	var m map[string]string
+	waitCond(t, 10*time.Second, "every disk in /sys/block", func() bool { m = blocks(); return len(m) == len(cfg.Disks) })
+	var order []string
+	for _, d := range cfg.Disks {
+		f := strings.Fields(m[d.Serial])
+		if len(f) != 2 || f[1] != "16384" {
+			t.Fatalf("disk %s (serial %s): guest shows %q; want a vdX of 16384 sectors (8 MiB); all: %v", d.ID, d.Serial, m[d.Serial], m)
+		}
+		order = append(order, d.Serial+"="+f[0])
+	}
+	t.Logf("guest names the disks given in this order: %s", strings.Join(order, " "))
+
+	last := cfg.Disks[len(cfg.Disks)-1]
+	dev := strings.Fields(m[last.Serial])[0]
+	t0 := time.Now()
+	q, err := qemu.DialQMP(ctx, cfg.QMPSocket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = q.BlockResize(ctx, last.ID, 24<<20)
+	q.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	tResize := time.Since(t0)
+	if fi, err := os.Stat(last.Path); err != nil || fi.Size() != 24<<20 {
+		t.Fatalf("image %s after block_resize to 24 MiB: %v, %v", last.Path, fi, err)
+	}
+	seen := waitCond(t, 10*time.Second, dev+" at 24 MiB in the guest", func() bool {
+		return strings.TrimSpace(guestSh(t, ctx, c, "cat /sys/block/"+dev+"/size")) == "49152"
+	})
+	t.Logf("QMP block_resize of %s to 24 MiB: %v; guest /sys/block/%s/size showed it %v later",
+		last.ID, tResize.Round(time.Millisecond), dev, seen.Round(time.Millisecond))
+	// An unknown drive is QEMU's error, named after the command.
+	q, err = qemu.DialQMP(ctx, cfg.QMPSocket)
+	if err != nil {
+		t.Fatalf("dial QMP a second time (one client at a time, the first closed): %v", err)
+	}
+	defer q.Close()
+	var qe *qemu.QMPError
+	if err := q.BlockResize(ctx, "v-nope", 24<<20); !errors.As(err, &qe) {
+		t.Fatalf("block_resize of an unknown drive: %v; want a QMPError", err)
+	}
+}
+
+// guestSh runs script under the initramfs's busybox sh and returns stdout.
+func guestSh(t *testing.T, ctx context.Context, c *guestproto.Client, script string) string {
+	t.Helper()
+	p, err := c.Exec(ctx, guestproto.ExecRequest{Argv: []string{"/bin/sh", "-c", script}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	var errb bytes.Buffer
+	done := make(chan struct{})
+	go func() { io.Copy(&errb, p.Stderr); close(done) }()
+	out, _ := io.ReadAll(p.Stdout)
+	<-done
+	if exit, err := p.Wait(); err != nil || exit.ExitCode != 0 {
+		t.Fatalf("guest sh -c %q: exit %+v, %v: %s", script, exit, err, errb.String())
+	}
+	return string(out)
+}
+
+// waitCond polls ok every 20ms until it holds, failing after d; it
+// returns how long that took.
+func waitCond(t *testing.T, d time.Duration, what string, ok func() bool) time.Duration {
+	t.Helper()
+	t0 := time.Now()
+	for !ok() {
+		if time.Since(t0) > d {
+			t.Fatalf("timed out after %v waiting for %s", d, what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return time.Since(t0)
 }
 
 // waitConsoleLine polls the console log for line until timeout, or until

@@ -1,8 +1,10 @@
 // Package qemu owns how Kibotos runs a micro-VM under QEMU: the
 // qemu-system-x86_64 -M microvm command line (Platform kernel + initramfs,
 // virtio-mmio devices, virtio-serial guest channels on host unix sockets,
-// QMP) and the choice of accelerator. It builds argv and reads host facts;
-// it never starts or kills processes by itself.
+// QMP) and the choice of accelerator, and a small QMP client for what the
+// node asks of a running VMM (block_resize). It builds argv, reads host
+// facts and talks to a QMP socket it is given; it never starts or kills
+// processes by itself.
 package qemu
 
 import (
@@ -63,12 +65,18 @@ type Channel struct {
 	Socket string
 }
 
-// Disk is a virtio-blk device; the guest sees them as vda, vdb, ... in order.
+// Disk is a virtio-blk device. The guest names them vda, vdb, ... in the
+// order the kernel probes the virtio-mmio slots, which is not the order
+// given here: a guest that must tell disks apart looks for their Serial.
 type Disk struct {
 	ID       string // default disk<N>
 	Path     string
 	Format   string // default raw
 	ReadOnly bool
+	// Serial, if set, is the disk's virtio-blk serial, which the guest
+	// reads from /sys/block/vdX/serial: 1 to MaxSerialLen characters of
+	// letters, digits, '.', '_' and '-'.
+	Serial string
 	// Backing, for a qcow2 disk, is its raw backing image, given on the
 	// command line so the path stored in the qcow2 header does not matter:
 	// a layer in a shared pool was created on another node, whose
@@ -87,9 +95,23 @@ type NIC struct {
 var BaseKernelArgs = []string{"console=ttyS0", "reboot=t", "panic=-1", "quiet"}
 
 var (
-	nameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$`)
-	macRE  = regexp.MustCompile(`^[0-9a-fA-F]{2}(:[0-9a-fA-F]{2}){5}$`)
+	nameRE   = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$`)
+	macRE    = regexp.MustCompile(`^[0-9a-fA-F]{2}(:[0-9a-fA-F]{2}){5}$`)
+	serialRE = regexp.MustCompile(`^[A-Za-z0-9._-]{1,20}$`)
 )
+
+// MaxSerialLen is the longest virtio-blk serial: the device answers the
+// guest's GET_ID with 20 bytes (VIRTIO_BLK_ID_BYTES) and QEMU silently
+// cuts a longer one, which would then match nothing the node asked for.
+const MaxSerialLen = 20
+
+// ValidSerial says what is wrong with a virtio-blk serial, nil if nothing.
+func ValidSerial(s string) error {
+	if !serialRE.MatchString(s) {
+		return fmt.Errorf("disk serial %q: want 1 to %d letters, digits, '.', '_' or '-'", s, MaxSerialLen)
+	}
+	return nil
+}
 
 // SandboxOptions is the -sandbox value of Config.Sandbox. QEMU 7.2 names
 // the obsolete-syscall group "obsolete" (not "obtain").
@@ -183,7 +205,11 @@ func (c *Config) Args() ([]string, error) {
 		if d.ReadOnly {
 			drive += ",readonly=on"
 		}
-		a = append(a, "-drive", drive, "-device", "virtio-blk-device,drive="+id)
+		dev := "virtio-blk-device,drive=" + id
+		if d.Serial != "" {
+			dev += ",serial=" + d.Serial
+		}
+		a = append(a, "-drive", drive, "-device", dev)
 	}
 	if c.NIC != nil {
 		a = append(a, "-netdev", "tap,id=net0,ifname="+c.NIC.Tap+",script=no,downscript=no")
@@ -251,7 +277,7 @@ func (c *Config) validate() error {
 		seen[ch.Name] = true
 		path("channel "+ch.Name+" socket", ch.Socket, true)
 	}
-	ids := map[string]bool{}
+	ids, serials := map[string]bool{}, map[string]bool{}
 	for i, d := range c.Disks {
 		if d.ID != "" && !nameRE.MatchString(d.ID) {
 			bad("disk id %q: want letters, digits, '.', '_' or '-'", d.ID)
@@ -264,6 +290,14 @@ func (c *Config) validate() error {
 			bad("disk id %q given twice", id)
 		}
 		ids[id] = true
+		if d.Serial != "" {
+			if err := ValidSerial(d.Serial); err != nil {
+				bad("disk %s: %v", id, err)
+			} else if serials[d.Serial] {
+				bad("disk %s: serial %q given twice", id, d.Serial)
+			}
+			serials[d.Serial] = true
+		}
 		if d.Format != "" && d.Format != "raw" && d.Format != "qcow2" {
 			bad("disk %s format %q: want raw or qcow2", id, d.Format)
 		}

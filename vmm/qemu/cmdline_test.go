@@ -23,7 +23,8 @@ func TestArgsFull(t *testing.T) {
 			{Name: "kibotos.node", Socket: "/i/node.sock"},
 			{Name: "kibotos.data", Socket: "/i/data.sock"},
 		},
-		Disks:     []Disk{{Path: "/i/rw.img"}, {ID: "vol1", Path: "/v/1.img", ReadOnly: true}},
+		Disks: []Disk{{Path: "/i/rw.img"}, {ID: "vol1", Path: "/v/1.img", ReadOnly: true},
+			{ID: "v-vol-0123456789abcdef", Path: "/v/2.img", Serial: "vol-0123456789abcdef"}},
 		NIC:       &NIC{Tap: "tap0", MAC: "52:54:00:AB:CD:EF"},
 		QMPSocket: "/i/qmp.sock",
 		NoReboot:  true,
@@ -49,6 +50,8 @@ func TestArgsFull(t *testing.T) {
 		"-device", "virtio-blk-device,drive=disk0",
 		"-drive", "file=/v/1.img,if=none,id=vol1,format=raw,readonly=on",
 		"-device", "virtio-blk-device,drive=vol1",
+		"-drive", "file=/v/2.img,if=none,id=v-vol-0123456789abcdef,format=raw",
+		"-device", "virtio-blk-device,drive=v-vol-0123456789abcdef,serial=vol-0123456789abcdef",
 		"-netdev", "tap,id=net0,ifname=tap0,script=no,downscript=no",
 		"-device", "virtio-net-device,netdev=net0,mac=52:54:00:ab:cd:ef",
 		"-qmp", "unix:/i/qmp.sock,server=on,wait=off",
@@ -97,8 +100,15 @@ func TestArgsInvalid(t *testing.T) {
 		"long socket": {func(c *Config) {
 			c.Channels = []Channel{{Name: "a", Socket: "/" + strings.Repeat("x", 120)}}
 		}, "unix socket path"},
-		"dup disk":     {func(c *Config) { c.Disks = []Disk{{ID: "disk1", Path: "a"}, {Path: "b"}} }, "disk id \"disk1\" given twice"},
-		"disk format":  {func(c *Config) { c.Disks = []Disk{{Path: "a", Format: "vmdk"}} }, "format"},
+		"dup disk":    {func(c *Config) { c.Disks = []Disk{{ID: "disk1", Path: "a"}, {Path: "b"}} }, "disk id \"disk1\" given twice"},
+		"disk format": {func(c *Config) { c.Disks = []Disk{{Path: "a", Format: "vmdk"}} }, "format"},
+		// 21 bytes: QEMU would cut it to 20 and the guest would see
+		// another serial than the one asked for.
+		"long serial":     {func(c *Config) { c.Disks = []Disk{{Path: "a", Serial: strings.Repeat("s", 21)}} }, "disk disk0: disk serial"},
+		"comma in serial": {func(c *Config) { c.Disks = []Disk{{Path: "a", Serial: "a,drive=x"}} }, "want 1 to 20 letters"},
+		"dup serial": {func(c *Config) {
+			c.Disks = []Disk{{Path: "a", Serial: "layer"}, {Path: "b", Serial: "layer"}}
+		}, "serial \"layer\" given twice"},
 		"long tap":     {func(c *Config) { c.NIC = &NIC{Tap: "tap-much-too-long-name"} }, "tap"},
 		"bad mac":      {func(c *Config) { c.NIC = &NIC{Tap: "tap0", MAC: "nope"} }, "mac"},
 		"space arg":    {func(c *Config) { c.KernelArgs = []string{"a b"} }, "whitespace"},
