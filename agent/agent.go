@@ -125,6 +125,8 @@ type Agent struct {
 	templatesListed time.Time
 
 	tasks *tasks
+	// volumes is volume-commands.json: the Volume commands run here.
+	volumes *volumeLog
 	// watched is what the report watcher last saw of each pool.
 	watched map[string]*watchedPool
 }
@@ -162,6 +164,9 @@ func New(cfg Config) (*Agent, error) {
 	a := &Agent{cfg: cfg, log: cfg.Logger.With("node_id", cfg.NodeID), incarnation: inc,
 		sampler: hostusage.NewSampler(hostusage.Config{Interval: cfg.SampleInterval, VMCgroup: "/sys/fs/cgroup/kibotos.slice/kibotos-vmm.slice"})}
 	a.initTasks()
+	if a.volumes, err = openVolumeLog(cfg.DataDir.StorageRoot()); err != nil {
+		return nil, fmt.Errorf("node %s: %w", cfg.NodeID, err)
+	}
 	a.log.Info("node starting", "incarnation", inc)
 	return a, nil
 }
@@ -466,6 +471,10 @@ func (a *Agent) session(ctx context.Context, addr string) (redirect string, err 
 			if m.Task != nil && (a.cfg.HoldTask == nil || !a.cfg.HoldTask(*m.Task)) {
 				a.handleTask(*m.Task)
 			}
+		case api.MsgVolumeTask:
+			if m.VolumeTask != nil {
+				a.handleVolumeTask(*m.VolumeTask)
+			}
 		case api.MsgRefused:
 			return "", a.refusal(m)
 		}
@@ -487,8 +496,8 @@ func (a *Agent) refusal(m api.SessionMsg) error {
 	}
 }
 
-// report is the node's full report: capacity, what its Instances hold, pools.
-// Volumes and retained layers arrive with Workspaces; until then they are zero.
+// report is the node's full report: capacity, what its Instances hold
+// (CPU, memory, retained layers, Volumes), pools.
 func (a *Agent) report() api.Report { return a.buildReport(true) }
 
 func (a *Agent) buildReport(withEnded bool) api.Report {
@@ -526,6 +535,11 @@ func (a *Agent) buildReport(withEnded bool) api.Report {
 			r.Instances++
 			r.Allocated.CPU += api.Milli(st.VCPUs * 1000)
 			r.Allocated.MemoryBytes += uint64(st.MemoryMiB) << 20
+			// So does it its objects: drain waits for them too.
+			r.Volumes += len(st.Volumes)
+			if st.LayerPath != "" {
+				r.RetainedLayers++
+			}
 		}
 	}
 	if a.cfg.AdjustReport != nil {

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"sort"
@@ -46,22 +47,36 @@ type DataPlane interface {
 	Alive(ctx context.Context) bool
 }
 
-// tasks runs Workspace commands: one at a time per Workspace, each command
-// id once. Results are kept so a command ctrl sends again (after a new
-// session) is answered without running it twice.
+// tasks runs the commands ctrl sends (Workspace and Volume commands): one
+// at a time per object, each command id once. Results are kept so a
+// command ctrl sends again (after a new session) is answered without
+// running it twice.
 type tasks struct {
 	mu      sync.Mutex
-	running map[string]string                  // workspace id → command id being executed
-	done    map[string]api.WorkspaceTaskResult // command id → result
-	order   []string                           // command ids in completion order, to bound done
-	owners  map[string]string                  // instance id → workspace id
-	waiting map[string]chan struct{}           // workspace id → closed when its task ends
+	running map[string]string        // object id → command id being executed
+	done    map[string]taskResult    // command id → result
+	order   []string                 // command ids in completion order, to bound done
+	owners  map[string]string        // instance id → workspace id
+	waiting map[string]chan struct{} // object id → closed when its task ends
+}
+
+// taskResult is the answer to one command: of a Workspace or of a Volume.
+type taskResult struct {
+	ws  *api.WorkspaceTaskResult
+	vol *api.VolumeTaskResult
+}
+
+func (r taskResult) outcome() (string, string) {
+	if r.vol != nil {
+		return r.vol.Outcome, r.vol.Error
+	}
+	return r.ws.Outcome, r.ws.Error
 }
 
 const keepResults = 1024
 
 func (a *Agent) initTasks() {
-	a.tasks = &tasks{running: map[string]string{}, done: map[string]api.WorkspaceTaskResult{}, owners: map[string]string{}, waiting: map[string]chan struct{}{}}
+	a.tasks = &tasks{running: map[string]string{}, done: map[string]taskResult{}, owners: map[string]string{}, waiting: map[string]chan struct{}{}}
 	if b, err := os.ReadFile(a.ownersFile()); err == nil {
 		json.Unmarshal(b, &a.tasks.owners)
 	}
@@ -80,47 +95,57 @@ func (a *Agent) saveOwners() {
 	}
 }
 
-// handleTask starts the command unless it runs or ran already.
+// handleTask starts the Workspace command unless it runs or ran already.
 func (a *Agent) handleTask(t api.WorkspaceTask) {
+	log := a.log.With("workspace_id", t.WorkspaceID, "command_id", t.Command.CommandID, "kind", t.Command.Kind, "instance_id", t.Command.InstanceID)
+	a.runTask(t.WorkspaceID, t.Command.CommandID, "workspace", log, func() taskResult {
+		r := a.execute(t)
+		return taskResult{ws: &r}
+	})
+}
+
+// runTask runs exec for command id of object key (a noun: workspace,
+// volume) in the background, after the object's earlier command, unless
+// it runs or ran already (then its result is sent again).
+func (a *Agent) runTask(key, id, noun string, log *slog.Logger, exec func() taskResult) {
 	ts := a.tasks
-	id := t.Command.CommandID
 	ts.mu.Lock()
 	if r, ok := ts.done[id]; ok {
 		ts.mu.Unlock()
 		a.sendResult(r)
 		return
 	}
-	if ts.running[t.WorkspaceID] == id {
+	if ts.running[key] == id {
 		ts.mu.Unlock()
 		return
 	}
-	prev := ts.waiting[t.WorkspaceID]
+	prev := ts.waiting[key]
 	ch := make(chan struct{})
-	ts.waiting[t.WorkspaceID] = ch
+	ts.waiting[key] = ch
 	ts.mu.Unlock()
 	go func() {
 		defer close(ch)
 		if prev != nil {
-			<-prev // an older command of this Workspace finishes first
+			<-prev // an older command of this object finishes first
 		}
 		ts.mu.Lock()
-		ts.running[t.WorkspaceID] = id
+		ts.running[key] = id
 		ts.mu.Unlock()
-		log := a.log.With("workspace_id", t.WorkspaceID, "command_id", id, "kind", t.Command.Kind, "instance_id", t.Command.InstanceID)
-		log.Info("workspace command started")
+		log.Info(noun + " command started")
 		start := time.Now()
-		r := a.execute(t)
-		log.Info("workspace command done", "outcome", r.Outcome, "err", r.Error, "duration", time.Since(start).Round(time.Millisecond))
+		r := exec()
+		outcome, err := r.outcome()
+		log.Info(noun+" command done", "outcome", outcome, "err", err, "duration", time.Since(start).Round(time.Millisecond))
 		ts.mu.Lock()
-		delete(ts.running, t.WorkspaceID)
+		delete(ts.running, key)
 		ts.done[id] = r
 		ts.order = append(ts.order, id)
 		if len(ts.order) > keepResults {
 			delete(ts.done, ts.order[0])
 			ts.order = ts.order[1:]
 		}
-		if ts.waiting[t.WorkspaceID] == ch {
-			delete(ts.waiting, t.WorkspaceID)
+		if ts.waiting[key] == ch {
+			delete(ts.waiting, key)
 		}
 		ts.mu.Unlock()
 		// The data plane learns of the change before ctrl does.
@@ -130,15 +155,20 @@ func (a *Agent) handleTask(t api.WorkspaceTask) {
 	}()
 }
 
-func (a *Agent) sendResult(r api.WorkspaceTaskResult) {
+func (a *Agent) sendResult(r taskResult) {
 	a.mu.Lock()
 	send := a.send
 	a.mu.Unlock()
-	if send != nil {
-		send(api.SessionMsg{Type: api.MsgTaskResult, TaskResult: &r})
+	if send == nil {
+		// The result waits: ctrl sends the command again on the next
+		// session and gets it from done.
+		return
 	}
-	// Without a session the result waits: ctrl sends the command again on
-	// the next session and gets it from done.
+	if r.vol != nil {
+		send(api.SessionMsg{Type: api.MsgVolumeResult, VolumeResult: r.vol})
+		return
+	}
+	send(api.SessionMsg{Type: api.MsgTaskResult, TaskResult: r.ws})
 }
 
 func (a *Agent) execute(t api.WorkspaceTask) api.WorkspaceTaskResult {
@@ -238,22 +268,27 @@ func (a *Agent) startWorkspace(ctx context.Context, t api.WorkspaceTask) (refusa
 	if err := os.MkdirAll(filepath.Dir(layer), 0o700); err != nil {
 		return "", err
 	}
-	if err := a.claimLayer(ctx, layer, id); err != nil {
+	if err := a.claimObject(ctx, layer, id); err != nil {
 		return "", fmt.Errorf("instance %s: %w", id, err)
+	}
+	volumes, err := a.prepareVolumes(ctx, t)
+	if err != nil {
+		a.releaseObjects(id, []string{layer})
+		return "", err
 	}
 	a.tasks.mu.Lock()
 	a.tasks.owners[id] = t.WorkspaceID
 	a.saveOwners()
 	a.tasks.mu.Unlock()
 	spec := runtime.Spec{InstanceID: id, Installation: plats[0], VCPUs: max(1, int(t.CPU/1000)), MemoryMiB: int(t.MemoryBytes >> 20),
-		Network: true, Policy: policy, RootImage: tpl.Image(), LayerPath: layer}
+		Network: true, Policy: policy, RootImage: tpl.Image(), LayerPath: layer, Volumes: volumes}
 	if _, err := rt.Start(ctx, spec); err != nil {
 		a.forget(ctx, id)
 		return "", fmt.Errorf("node %s: %w", a.cfg.NodeID, err)
 	}
-	if err := a.configureWorkspace(ctx, id, t.WorkspaceID); err != nil {
+	if err := a.configureWorkspace(ctx, id, t); err != nil {
 		a.forget(ctx, id)
-		return "", fmt.Errorf("configure instance %s: %w", id, err)
+		return "", err
 	}
 	return "", nil
 }
@@ -275,13 +310,35 @@ func (a *Agent) awaitStarted(ctx context.Context, id string) runtime.InstanceSta
 	}
 }
 
-// configureWorkspace mounts the Workspace filesystem in the guest.
-func (a *Agent) configureWorkspace(ctx context.Context, id, ws string) error {
+// configureWorkspace mounts the Workspace filesystem and its Volumes in
+// the guest.
+func (a *Agent) configureWorkspace(ctx context.Context, id string, t api.WorkspaceTask) error {
 	c, err := a.cfg.Runtime.Guest(id)
 	if err != nil {
 		return err
 	}
-	return c.Configure(ctx, WorkspaceConfigure(ws, c.Info()))
+	if err := c.Configure(ctx, WorkspaceConfigure(t.WorkspaceID, c.Info())); err != nil {
+		return fmt.Errorf("configure instance %s: %w", id, err)
+	}
+	if len(t.Volumes) == 0 {
+		return nil
+	}
+	if !c.Info().Has(guestproto.CapMountSerial) {
+		return fmt.Errorf("%s: the guest agent of instance %s cannot mount Volumes (its Platform is older than Volumes): build a new Platform with kibotos platform build", api.StageAttachingVolume, id)
+	}
+	var req guestproto.ConfigureRequest
+	for _, v := range t.Volumes {
+		m := guestproto.Mount{Source: guestproto.MountSerialPrefix + volumeSerial(v.VolumeID), Target: WorkspaceRoot + v.Path, FSType: "ext4"}
+		if c.Info().Has(guestproto.CapGrowFS) {
+			// A Volume grown while the Workspace was stopped shows its size.
+			m.Options = []string{guestproto.MountOptGrow}
+		}
+		req.Mounts = append(req.Mounts, m)
+	}
+	if err := c.Configure(ctx, req); err != nil {
+		return fmt.Errorf("%s: instance %s: mount the Volumes: %w", api.StageAttachingVolume, id, err)
+	}
+	return nil
 }
 
 // WorkspaceConfigure is the configure request that mounts a Workspace's
@@ -291,10 +348,15 @@ func (a *Agent) configureWorkspace(ctx context.Context, id, ws string) error {
 // there, and the DNS servers configure writes (now or later) must be the
 // ones they use, whatever the template's /etc/resolv.conf held.
 func WorkspaceConfigure(hostname string, guest guestproto.GuestInfo) guestproto.ConfigureRequest {
+	root := "/dev/vda"
+	if guest.Has(guestproto.CapMountSerial) {
+		// By serial: whatever order the guest enumerates its disks in.
+		root = guestproto.MountSerialPrefix + runtime.LayerSerial
+	}
 	req := guestproto.ConfigureRequest{
 		Hostname: hostname,
 		Mounts: []guestproto.Mount{
-			{Source: "/dev/vda", Target: WorkspaceRoot, FSType: "ext4"},
+			{Source: root, Target: WorkspaceRoot, FSType: "ext4"},
 			// What programs in the Workspace expect: /dev/null, /proc,
 			// ptys of their own.
 			{Source: "proc", Target: WorkspaceRoot + "/proc", FSType: "proc"},
@@ -313,8 +375,11 @@ func WorkspaceConfigure(hostname string, guest guestproto.GuestInfo) guestproto.
 
 // forget deletes a failed start's Instance; the layer stays.
 func (a *Agent) forget(ctx context.Context, id string) {
+	st, serr := a.cfg.Runtime.Status(id)
 	if err := a.cfg.Runtime.Delete(ctx, id); err != nil && !isUnknownInstance(err) {
 		a.log.Warn("failed instance not deleted", "instance_id", id, "err", err)
+	} else if serr == nil {
+		a.releaseObjects(id, objectsOf(st))
 	}
 	a.tasks.mu.Lock()
 	delete(a.tasks.owners, id)
@@ -341,7 +406,7 @@ func (a *Agent) endInstance(ctx context.Context, id string, grace time.Duration)
 	if err := rt.Delete(ctx, id); err != nil {
 		return err
 	}
-	a.releaseLayer(st.LayerPath, id)
+	a.releaseObjects(id, objectsOf(st))
 	a.tasks.mu.Lock()
 	delete(a.tasks.owners, id)
 	a.saveOwners()

@@ -58,6 +58,7 @@ type CLI struct {
 	Egress           EgressCmd           `cmd:"" help:"Create, update, list, show and delete Egress objects (SOCKS5 exits a Workspace's policy names)."`
 	Resolver         ResolverCmd         `cmd:"" help:"Create, list, show and delete Resolver objects (DNS upstreams a Workspace's policy names)."`
 	StoragePool      StoragePoolCmd      `cmd:"" name:"storage-pool" help:"List and show storage pools, set their capacity, declare a pool whose disk is gone lost."`
+	Volume           VolumeCmd           `cmd:"" help:"Create, list, show, grow and delete Volumes (block files in a storage pool that Workspaces mount)."`
 	Completion       CompletionCmd       `cmd:"" help:"Print the shell completion script for bash, zsh or fish."`
 	CheckMaintenance CheckMaintenanceCmd `cmd:"" name:"check-maintenance" help:"With the node service stopped: may the program be replaced (--operation upgrade) or removed (--operation remove)? Only reads."`
 }

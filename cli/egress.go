@@ -194,11 +194,12 @@ func (c *EgressListCmd) table(g *Globals, out *api.EgressList) {
 
 // listCall is one page of an object list: where, which page, how shown.
 type listCall struct {
-	path  string
-	size  int
-	token string
-	quiet bool
-	what  string // "Egress objects": in the next-page note
+	path   string
+	filter url.Values // more query parameters; may be nil
+	size   int
+	token  string
+	quiet  bool
+	what   string // "Egress objects": in the next-page note
 }
 
 // runList is the frame of the object lists: fetch one page into out,
@@ -208,7 +209,7 @@ func runList(g *Globals, l listCall, out any, names func() ([]string, string), t
 	if l.size < 0 {
 		return usagef("--page-size must be 0 or more")
 	}
-	raw, err := g.call("GET", l.path+pageQuery(l.size, l.token), nil, out)
+	raw, err := g.call("GET", l.path+pageQuery(l.filter, l.size, l.token), nil, out)
 	if err != nil {
 		return err
 	}
@@ -229,9 +230,13 @@ func runList(g *Globals, l listCall, out any, names func() ([]string, string), t
 	return nil
 }
 
-// pageQuery is ?page_size&page_token of a list, "" for neither.
-func pageQuery(size int, token string) string {
+// pageQuery is the query of a list: filter, page_size and page_token; ""
+// for none.
+func pageQuery(filter url.Values, size int, token string) string {
 	q := url.Values{}
+	for k, v := range filter {
+		q[k] = v
+	}
 	if size > 0 {
 		q.Set("page_size", strconv.Itoa(size))
 	}

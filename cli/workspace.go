@@ -47,6 +47,8 @@ type WorkspaceCreateCmd struct {
 	Resolver  string            `name:"resolver" placeholder:"NAME" help:"Resolver object DNS queries go to; default: the deployment resolver."`
 	Allow     []string          `name:"allow" placeholder:"CIDR|DOMAIN" help:"With --egress public: the allow list of CIDRs and domains (example.com, *.example.com); repeat or comma-separate. With any allow rule only those are reachable."`
 	Deny      []string          `name:"deny" placeholder:"CIDR|DOMAIN" help:"With --egress public: the deny list of CIDRs and domains; repeat or comma-separate. Deny wins over allow."`
+	Volume    []string          `name:"volume" placeholder:"VOLUME:/PATH" help:"Attach an existing Volume (name or ID) and mount it at PATH in the guest; repeat for more."`
+	NewVolume []string          `name:"new-volume" placeholder:"SIZE:/PATH" help:"Create a Volume of SIZE along with the Workspace, in its node's default pool, mounted at PATH; repeat for more. It outlives the Workspace."`
 	CommandID string            `name:"command-id" help:"Idempotency key: a retry with the same key and inputs returns the same Workspace."`
 	Quiet     bool              `short:"q" name:"quiet" help:"Print only the new Workspace ID."`
 	NoWait    bool              `name:"no-wait" help:"Return once ctrl accepted the Workspace instead of when it is AVAILABLE."`
@@ -60,9 +62,13 @@ func (c *WorkspaceCreateCmd) Run(g *Globals) error {
 	if c.CPU <= 0 {
 		return usagef("--cpu %d: give a whole number of cores of at least 1", c.CPU)
 	}
+	vols, fresh, err := parseMounts(c.Volume, c.NewVolume)
+	if err != nil {
+		return err
+	}
 	req := api.WorkspaceCreateRequest{WriteMeta: writeMeta(c.CommandID, nil), Template: c.Template,
 		CPU: api.Milli(c.CPU * 1000), MemoryBytes: mem, Labels: c.Label, NodeID: c.Node,
-		Network: createPolicy(c.Egress, c.Resolver, c.Allow, c.Deny)}
+		Network: createPolicy(c.Egress, c.Resolver, c.Allow, c.Deny), Volumes: vols, NewVolumes: fresh}
 	var ws api.Workspace
 	raw, err := g.call("POST", "/v1/workspaces", req, &ws)
 	if err != nil {
@@ -251,7 +257,10 @@ func (c *WorkspaceGetCmd) Run(g *Globals) error {
 
 func renderWorkspace(w io.Writer, ws *api.Workspace, wide bool) {
 	line := func(label, format string, args ...any) {
-		fmt.Fprintf(w, "%-18s %s\n", label+":", fmt.Sprintf(format, args...))
+		if label != "" {
+			label += ":"
+		}
+		fmt.Fprintf(w, "%-18s %s\n", label, fmt.Sprintf(format, args...))
 	}
 	line("ID", "%s", ws.WorkspaceID)
 	line("State", "%s", ws.State)
@@ -296,6 +305,11 @@ func renderWorkspace(w io.Writer, ws *api.Workspace, wide bool) {
 		}
 	}
 	line("Writable layer", "%s", layer)
+	label := "Volumes"
+	for _, m := range ws.Volumes {
+		line(label, "%s at %s (%s)", m.Name, m.Path, m.VolumeID)
+		label = "" // one label for the list
+	}
 	if p := ws.DeleteWaitsForPool; p != "" {
 		line("Delete waits", "for a node that reaches pool %s to remove the files (the node comes back, the pool's disk moves to another host, or kibo storage-pool declare-lost %s)", p, p)
 	}
@@ -473,11 +487,9 @@ func (c *WorkspaceMoveCmd) Run(g *Globals) error {
 	if ws.State == api.WorkspaceAvailable && ws.NodeID == c.Node {
 		return printWorkspaceResult(g, nil, &ws, false, "already on the target")
 	}
-	// Check: the layer must be in a pool the target reaches.
-	if l := ws.Layer; l != nil && l.NodeID != c.Node {
-		if err := c.checkLayerReach(g, &ws, &target); err != nil {
-			return err
-		}
+	// Check: every object must be in a pool the target reaches.
+	if err := c.checkReach(g, &ws, &target); err != nil {
+		return err
 	}
 	stopID, startID := "", ""
 	if c.CommandID != "" {
@@ -502,40 +514,70 @@ func (c *WorkspaceMoveCmd) Run(g *Globals) error {
 	return printWorkspaceResult(g, nil, final, false, "moved")
 }
 
-// poolShared reports whether node reports pool id as a shared pool it reaches.
-// checkLayerReach refuses a move whose target cannot use the Workspace's
-// layer: the target must report its pool available, and the pool must be
-// shared or have moved there (its old host retired or isolated), as
-// ctrl's placement will require.
-func (c *WorkspaceMoveCmd) checkLayerReach(g *Globals, ws *api.Workspace, target *api.Node) error {
-	l := ws.Layer
-	pool := api.LayerPoolID(l)
-	refuse := func(why string) error {
-		return exitError{api.ExitFailedPrecondition, fmt.Sprintf("workspace %s: its writable layer is in pool %s, %s; the Workspace is unchanged", c.ID, pool, why)}
-	}
-	if l.Lost {
-		return refuse("which was declared lost")
-	}
-	if !poolAvailable(target, pool) {
-		return refuse("which node " + c.Node + " does not report available")
-	}
-	if l.Shared {
-		return nil
-	}
-	var p api.StoragePool
-	if _, err := g.call("GET", poolPath(pool), nil, &p); err != nil {
-		return err
-	}
-	for _, m := range p.Nodes {
-		if m.NodeID != l.NodeID {
-			continue
+// movedObject is one object of a Workspace a move checks.
+type movedObject struct {
+	what, pool string
+	shared     bool
+	maker      string // the node that made it (and alone uses a standalone pool)
+}
+
+// checkReach refuses a move whose target cannot use one of the
+// Workspace's objects (its layer, its Volumes): the target must report
+// the object's pool available, and the pool must be shared or have moved
+// there (its old host retired or isolated), as ctrl's placement will
+// require; an object being resized or deleted is not moved.
+func (c *WorkspaceMoveCmd) checkReach(g *Globals, ws *api.Workspace, target *api.Node) error {
+	var objs []movedObject
+	if l := ws.Layer; l != nil {
+		if l.Lost {
+			return exitError{api.ExitFailedPrecondition, fmt.Sprintf("workspace %s: its writable layer was in pool %s, which was declared lost; the Workspace is unchanged", c.ID, api.LayerPoolID(l))}
 		}
-		var maker api.Node
-		if _, err := g.call("GET", nodePath(l.NodeID), nil, &maker); err != nil {
+		objs = append(objs, movedObject{what: "its writable layer", pool: api.LayerPoolID(l), shared: l.Shared, maker: l.NodeID})
+	}
+	for _, m := range ws.Volumes {
+		var v api.Volume
+		if _, err := g.call("GET", volumePath(m.VolumeID), nil, &v); err != nil {
 			return err
 		}
-		if !maker.Isolated {
-			return refuse("a standalone pool of node " + l.NodeID + ", which only it can use while it is a member")
+		what := "its volume " + v.Name
+		switch {
+		case v.State == api.VolumeLost:
+			return exitError{api.ExitFailedPrecondition, fmt.Sprintf("workspace %s: %s was in pool %s, which was declared lost; the Workspace is unchanged", c.ID, what, v.PoolID)}
+		case v.Pending != nil:
+			return exitError{api.ExitFailedPrecondition, fmt.Sprintf("workspace %s: %s has a %s in progress on node %s; move it once that completed; the Workspace is unchanged", c.ID, what, v.Pending.Kind, v.Pending.NodeID)}
+		case !v.Made && ws.Layer == nil:
+			continue // made where the Workspace first starts
+		}
+		objs = append(objs, movedObject{what: what, pool: v.PoolID, shared: v.Shared, maker: v.NodeID})
+	}
+	for _, o := range objs {
+		if o.maker == c.Node {
+			continue
+		}
+		refuse := func(why string) error {
+			return exitError{api.ExitFailedPrecondition, fmt.Sprintf("workspace %s: %s is in pool %s, %s; the Workspace is unchanged", c.ID, o.what, o.pool, why)}
+		}
+		if !poolAvailable(target, o.pool) {
+			return refuse("which node " + c.Node + " does not report available")
+		}
+		if o.shared {
+			continue
+		}
+		var p api.StoragePool
+		if _, err := g.call("GET", poolPath(o.pool), nil, &p); err != nil {
+			return err
+		}
+		for _, m := range p.Nodes {
+			if m.NodeID != o.maker {
+				continue
+			}
+			var maker api.Node
+			if _, err := g.call("GET", nodePath(o.maker), nil, &maker); err != nil {
+				return err
+			}
+			if !maker.Isolated {
+				return refuse("a standalone pool of node " + o.maker + ", which only it can use while it is a member")
+			}
 		}
 	}
 	return nil

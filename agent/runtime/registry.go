@@ -9,6 +9,15 @@ import (
 	"strings"
 )
 
+// VolumeCommandsFile is the node's record of the Volume commands it
+// executed, in the registry directory beside the ended-Instance records
+// (the process-model seed); the node's agent keeps it.
+const VolumeCommandsFile = "volume-commands.json"
+
+// RegistryDir is the directory of the ended-Instance records under a
+// storage root.
+func RegistryDir(storageRoot string) string { return filepath.Join(storageRoot, "runtime", "registry") }
+
 // Ended returns up to max records of ended Instances, oldest first: what
 // the node reports so ctrl can store each cleanup conclusion and then
 // have the record deleted (ForgetEnded).
@@ -21,7 +30,7 @@ func (rt *Runtime) Ended(max int) ([]EndedRecord, error) {
 	var errs []error
 	for _, e := range names {
 		n := e.Name()
-		if e.IsDir() || !strings.HasSuffix(n, ".json") || strings.HasPrefix(n, ".") {
+		if e.IsDir() || !strings.HasSuffix(n, ".json") || strings.HasPrefix(n, ".") || n == VolumeCommandsFile {
 			continue
 		}
 		r, err := ReadEndedRecord(filepath.Join(rt.registryDir, n))

@@ -267,7 +267,7 @@ func Open(ctx context.Context, cfg Config) (*Runtime, error) {
 		units:        cfg.Units,
 		backend:      cfg.Backend,
 		instancesDir: filepath.Join(cfg.StorageRoot, "runtime", "instances"),
-		registryDir:  filepath.Join(cfg.StorageRoot, "runtime", "registry"),
+		registryDir:  RegistryDir(cfg.StorageRoot),
 		logsDir:      filepath.Join(cfg.StorageRoot, "machine-logs"),
 		instances:    map[string]*instance{},
 	}

@@ -1,0 +1,363 @@
+package agent
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/kibotos/kibotos/agent/runtime"
+	"github.com/kibotos/kibotos/api"
+	"github.com/kibotos/kibotos/fsm"
+	"github.com/kibotos/kibotos/storagepool"
+	"github.com/kibotos/kibotos/vmm/guestproto"
+)
+
+// Volume commands on the node. Each is recorded in volume-commands.json
+// (runtime.VolumeCommandsFile) before it runs and again when it ended, and
+// kept there 24 hours: a command ctrl sends again after a node restart is
+// answered from the record instead of being run twice, and one the
+// restart interrupted runs again (every step is safe to repeat: a create
+// finds its file complete or makes it from scratch, a grow never
+// shrinks, a remove of a missing file is done).
+
+// volumeCommandsKeep is how long an ended command's record is kept.
+const volumeCommandsKeep = 24 * time.Hour
+
+// maxVolumeCommands bounds the records kept (the oldest ended go first).
+const maxVolumeCommands = 10000
+
+// maxVolumeCommandsBytes bounds what is read of the file.
+const maxVolumeCommandsBytes = 16 << 20
+
+// volumeCommandsFormat is the format version this build reads and writes.
+const volumeCommandsFormat = 1
+
+// Volume command record states.
+const (
+	volCmdRunning = "running"
+	volCmdOK      = "ok"
+	volCmdFailed  = "failed"
+)
+
+// volumeCommand is one record of volume-commands.json.
+type volumeCommand struct {
+	CommandID  string `json:"command_id"`
+	Kind       string `json:"kind"`
+	VolumeID   string `json:"volume_id"`
+	PoolID     string `json:"pool_id"`
+	Path       string `json:"path,omitempty"`
+	SizeBytes  uint64 `json:"size_bytes,omitempty"`
+	InstanceID string `json:"instance_id,omitempty"`
+	// WorkspaceID: a start made the Volume (--new-volume).
+	WorkspaceID       string     `json:"workspace_id,omitempty"`
+	State             string     `json:"state"`
+	Error             string     `json:"error,omitempty"`
+	FilesystemPending bool       `json:"filesystem_pending,omitempty"`
+	StartedAt         time.Time  `json:"started_at"`
+	EndedAt           *time.Time `json:"ended_at,omitempty"`
+}
+
+type volumeCommandsFile struct {
+	FormatVersion int             `json:"format_version"`
+	Commands      []volumeCommand `json:"commands"`
+}
+
+// volumeLog is the node's volume-commands.json.
+type volumeLog struct {
+	mu   sync.Mutex
+	path string
+	recs []volumeCommand
+}
+
+func openVolumeLog(storageRoot string) (*volumeLog, error) {
+	l := &volumeLog{path: filepath.Join(runtime.RegistryDir(storageRoot), runtime.VolumeCommandsFile)}
+	f, err := os.Open(l.path)
+	if errors.Is(err, os.ErrNotExist) {
+		return l, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, maxVolumeCommandsBytes+1))
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", l.path, err)
+	}
+	if len(b) > maxVolumeCommandsBytes {
+		return nil, fmt.Errorf("%s is over %d bytes: not a record this node wrote; move it aside", l.path, maxVolumeCommandsBytes)
+	}
+	var vf volumeCommandsFile
+	dec := json.NewDecoder(bytes.NewReader(b))
+	if err := dec.Decode(&vf); err != nil {
+		return nil, fmt.Errorf("%s is not valid: %v; move it aside (the node then runs commands ctrl sends again once more)", l.path, err)
+	}
+	if vf.FormatVersion != volumeCommandsFormat {
+		return nil, fmt.Errorf("%s has version %d, this build reads [%d]", l.path, vf.FormatVersion, volumeCommandsFormat)
+	}
+	l.recs = vf.Commands
+	return l, nil
+}
+
+func (l *volumeLog) find(id string) (volumeCommand, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, r := range l.recs {
+		if r.CommandID == id {
+			return r, true
+		}
+	}
+	return volumeCommand{}, false
+}
+
+// put records r (replacing the record of its command), drops ended
+// records past volumeCommandsKeep and writes the file.
+func (l *volumeLog) put(r volumeCommand) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	now := time.Now()
+	kept := l.recs[:0]
+	for _, x := range l.recs {
+		if x.CommandID == r.CommandID || (x.EndedAt != nil && now.Sub(*x.EndedAt) > volumeCommandsKeep) {
+			continue
+		}
+		kept = append(kept, x)
+	}
+	kept = append(kept, r)
+	if over := len(kept) - maxVolumeCommands; over > 0 {
+		kept = kept[over:]
+	}
+	l.recs = kept
+	b, err := json.MarshalIndent(volumeCommandsFile{FormatVersion: volumeCommandsFormat, Commands: l.recs}, "", " ")
+	if err != nil {
+		return err
+	}
+	// Made by the first command: a node that never ran one has none.
+	if err := os.MkdirAll(filepath.Dir(l.path), 0o700); err != nil {
+		return err
+	}
+	return storagepool.WriteFile(l.path, append(b, '\n'), 0o600, storagepool.Temp{Purpose: "volume-commands"})
+}
+
+// handleVolumeTask starts the Volume command unless it runs or ran already.
+func (a *Agent) handleVolumeTask(t api.VolumeTask) {
+	log := a.log.With("volume_id", t.VolumeID, "command_id", t.Command.CommandID, "kind", t.Command.Kind, "pool", t.PoolID)
+	a.runTask(t.VolumeID, t.Command.CommandID, "volume", log, func() taskResult {
+		r := a.executeVolume(t)
+		return taskResult{vol: &r}
+	})
+}
+
+func (a *Agent) executeVolume(t api.VolumeTask) api.VolumeTaskResult {
+	c := t.Command
+	r := api.VolumeTaskResult{VolumeID: t.VolumeID, CommandID: c.CommandID, Outcome: fsm.OutcomeOK}
+	if rec, ok := a.volumes.find(c.CommandID); ok && rec.State != volCmdRunning {
+		// Ran before the node restarted: the same answer again.
+		if rec.State == volCmdFailed {
+			r.Outcome = fsm.OutcomeFailed
+		}
+		r.Error, r.FilesystemPending = rec.Error, rec.FilesystemPending
+		return r
+	}
+	fail := func(err error) api.VolumeTaskResult {
+		r.Outcome, r.Error = fsm.OutcomeFailed, err.Error()
+		return r
+	}
+	path, err := a.volumePath(t.PoolID, t.VolumeID)
+	if err != nil {
+		return fail(err)
+	}
+	rec := volumeCommand{CommandID: c.CommandID, Kind: c.Kind, VolumeID: t.VolumeID, PoolID: t.PoolID, Path: path,
+		SizeBytes: c.SizeBytes, InstanceID: c.InstanceID, State: volCmdRunning, StartedAt: time.Now().UTC()}
+	if err := a.volumes.put(rec); err != nil {
+		return fail(fmt.Errorf("record the command in %s: %w", runtime.VolumeCommandsFile, err))
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	switch c.Kind {
+	case api.VolCmdCreate:
+		if err = api.ValidVolumeSize("volume "+t.VolumeID, c.SizeBytes); err == nil {
+			err = storagepool.CreateVolume(ctx, a.cfg.NodeID, path, c.SizeBytes)
+		}
+	case api.VolCmdResize:
+		if err = api.ValidVolumeSize("volume "+t.VolumeID, c.SizeBytes); err == nil {
+			err = storagepool.GrowVolume(path, c.SizeBytes)
+		}
+		if err == nil && c.InstanceID != "" {
+			if why := a.growOnline(ctx, t, path); why != "" {
+				r.FilesystemPending, r.Error = true, why
+			}
+		}
+	case api.VolCmdDelete:
+		if id := a.instanceWriting(path); id != "" {
+			err = fmt.Errorf("volume %s is attached to Instance %s on node %s, which still runs", t.VolumeID, id, a.cfg.NodeID)
+		} else {
+			err = storagepool.RemoveVolume(path)
+		}
+	default:
+		err = fmt.Errorf("volume command kind %q is unknown to node %s; upgrade it", c.Kind, a.cfg.NodeID)
+	}
+	if err != nil {
+		r.Outcome, r.Error = fsm.OutcomeFailed, err.Error()
+	}
+	now := time.Now().UTC()
+	rec.State, rec.Error, rec.FilesystemPending, rec.EndedAt = volCmdOK, r.Error, r.FilesystemPending, &now
+	if err != nil {
+		rec.State = volCmdFailed
+	}
+	if perr := a.volumes.put(rec); perr != nil {
+		a.log.Warn("volume command result not recorded", "volume_id", t.VolumeID, "command_id", c.CommandID, "err", perr)
+	}
+	return r
+}
+
+// volumePath is where the Volume's file is in one of this node's pools;
+// an error names a pool the node does not have or cannot use now.
+func (a *Agent) volumePath(pool, id string) (string, error) {
+	if !api.IsVolumeID(id) {
+		return "", fmt.Errorf("%q is not a volume id", id)
+	}
+	dir := a.poolPath(pool)
+	if dir == "" {
+		return "", fmt.Errorf("storage pool %s is not configured on node %s", pool, a.cfg.NodeID)
+	}
+	if st := poolStatus(pool, dir); !st.Available {
+		return "", fmt.Errorf("storage pool is unavailable: pool %s at %s on node %s: %s", pool, dir, a.cfg.NodeID, st.Reason)
+	}
+	return api.VolumeFilePath(dir, id), nil
+}
+
+// instanceWriting is the Instance of this node that has the file at path
+// attached and still runs, "" for none.
+func (a *Agent) instanceWriting(path string) string {
+	rt := a.cfg.Runtime
+	if rt == nil {
+		return ""
+	}
+	for _, st := range rt.List() {
+		if st.State != runtime.StateRunning && st.State != runtime.StateStarting {
+			continue
+		}
+		for _, v := range st.Volumes {
+			if v.Path == path {
+				return st.ID
+			}
+		}
+	}
+	return ""
+}
+
+// growOnline shows a grown Volume's new size to the running guest that
+// has it attached: QEMU resizes the block device, the guest agent grows
+// the filesystem. It returns why that did not complete ("" when it did);
+// the file has the new size either way, and the filesystem grows at the
+// guest's next mount of it.
+func (a *Agent) growOnline(ctx context.Context, t api.VolumeTask, path string) string {
+	rt := a.cfg.Runtime
+	id, size := t.Command.InstanceID, t.Command.SizeBytes
+	if rt == nil {
+		return "node " + a.cfg.NodeID + " runs no VMs"
+	}
+	st, err := rt.Status(id)
+	if err != nil || st.State != runtime.StateRunning {
+		return fmt.Sprintf("instance %s does not run on node %s any more", id, a.cfg.NodeID)
+	}
+	serial := ""
+	for _, v := range st.Volumes {
+		if v.Path == path {
+			serial = v.Serial
+		}
+	}
+	if serial == "" {
+		return fmt.Sprintf("instance %s does not have volume %s attached", id, t.VolumeID)
+	}
+	if err := rt.BlockResize(ctx, id, serial, size); err != nil {
+		return err.Error()
+	}
+	c, err := rt.Guest(id)
+	if err != nil {
+		return err.Error()
+	}
+	if !c.Info().Has(guestproto.CapGrowFS) {
+		return "the guest agent of instance " + id + " cannot grow a filesystem online (an older Platform)"
+	}
+	gctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if _, err := c.GrowFS(gctx, guestproto.GrowFSRequest{Path: WorkspaceRoot + t.MountPath, MinBytes: size}); err != nil {
+		return err.Error()
+	}
+	return ""
+}
+
+// volumeSerial is the virtio-blk serial a Volume's disk carries, by which
+// the guest finds it: 20 characters of its id (the most a serial holds).
+func volumeSerial(id string) string {
+	s := id[len(api.VolumeIDPrefix):]
+	return s[:min(len(s), 20)]
+}
+
+// prepareVolumes readies a start's Volumes on this node: each file is in
+// its pool (made now when the start is the one to create it, grown to
+// ctrl's size when shorter) and this node's holder record is written
+// before the VMM opens it. Errors begin with the ATTACHING_VOLUME stage.
+func (a *Agent) prepareVolumes(ctx context.Context, t api.WorkspaceTask) ([]runtime.VolumeDisk, error) {
+	id := t.Command.InstanceID
+	var disks []runtime.VolumeDisk
+	var claimed []string
+	for _, v := range t.Volumes {
+		stage := func(err error) error {
+			a.releaseObjects(id, claimed)
+			return fmt.Errorf("%s: volume %s: %w", api.StageAttachingVolume, v.VolumeID, err)
+		}
+		path, err := a.volumePath(v.PoolID, v.VolumeID)
+		if err != nil {
+			return nil, stage(err)
+		}
+		if v.Create {
+			if err := a.createForStart(ctx, t, v, path); err != nil {
+				return nil, stage(err)
+			}
+		} else if _, err := os.Lstat(path); err != nil {
+			return nil, stage(fmt.Errorf("its file is not in pool %s: %w", v.PoolID, err))
+		}
+		if err := storagepool.GrowVolume(path, v.SizeBytes); err != nil {
+			return nil, stage(err)
+		}
+		if err := a.claimObject(ctx, path, id); err != nil {
+			return nil, stage(err)
+		}
+		claimed = append(claimed, path)
+		disks = append(disks, runtime.VolumeDisk{Serial: volumeSerial(v.VolumeID), Path: path})
+	}
+	return disks, nil
+}
+
+// createForStart makes a Volume created along with its Workspace, as a
+// command of its own in volume-commands.json (the start's command id with
+// the Volume's).
+func (a *Agent) createForStart(ctx context.Context, t api.WorkspaceTask, v api.TaskVolume, path string) error {
+	rec := volumeCommand{CommandID: t.Command.CommandID + "/" + v.VolumeID, Kind: api.VolCmdCreate, VolumeID: v.VolumeID, PoolID: v.PoolID,
+		Path: path, SizeBytes: v.SizeBytes, WorkspaceID: t.WorkspaceID, State: volCmdRunning, StartedAt: time.Now().UTC()}
+	if err := a.volumes.put(rec); err != nil {
+		return err
+	}
+	err := api.ValidVolumeSize("volume "+v.VolumeID, v.SizeBytes)
+	if err == nil {
+		err = storagepool.CreateVolume(ctx, a.cfg.NodeID, path, v.SizeBytes)
+	}
+	now := time.Now().UTC()
+	rec.State, rec.EndedAt = volCmdOK, &now
+	if err != nil {
+		rec.State, rec.Error = volCmdFailed, err.Error()
+	}
+	if perr := a.volumes.put(rec); perr != nil {
+		a.log.Warn("volume command result not recorded", "volume_id", v.VolumeID, "command_id", rec.CommandID, "err", perr)
+	}
+	return err
+}
