@@ -7,6 +7,7 @@ package e2e
 
 import (
 	"context"
+	"crypto/sha256"
 	"fmt"
 	"os"
 	"os/exec"
@@ -107,6 +108,28 @@ func mhWorkspace(t *testing.T, admin *host, id string) api.Workspace {
 		t.Fatal(err)
 	}
 	return ws
+}
+
+func mhVolume(t *testing.T, admin *host, ref string) api.Volume {
+	t.Helper()
+	var v api.Volume
+	admin.mustKiboJSON(&v, "volume", "get", ref)
+	return v
+}
+
+// mhDataKiB is the size of the filesystem at /data in the Workspace, as
+// its df says (KiB).
+func mhDataKiB(t *testing.T, admin *host, ws string) int {
+	t.Helper()
+	r := mhMust(t, admin, 60*time.Second, "workspace", "exec", ws, "--", "df", "-k", "/data")
+	lines := strings.Split(strings.TrimSpace(r.stdout), "\n")
+	if f := strings.Fields(lines[len(lines)-1]); len(f) >= 2 {
+		if n, err := strconv.Atoi(f[1]); err == nil {
+			return n
+		}
+	}
+	t.Fatalf("df -k /data in %s: %q", ws, r.stdout)
+	return 0
 }
 
 func mhWSString(ws api.Workspace) string {
@@ -415,10 +438,13 @@ func TestWorkspacesTwoNodes(t *testing.T) {
 	// 1. Placement spreads by free capacity; overcommit is respected.
 	t.Run("PlacementAndOvercommit", func(t *testing.T) {
 		t1 := time.Now()
+		// Each with a Volume made along with it, in its node's default
+		// pool: the shared one.
 		create := func(cpu string) api.Workspace {
 			t.Helper()
 			var ws api.Workspace
-			if err := decodeResult(mhMust(t, admin, cliTimeout, "workspace", "create", "--template", template.DefaultName, "--cpu", cpu, "--memory", "256MiB", "--no-wait", "--json"), &ws); err != nil {
+			if err := decodeResult(mhMust(t, admin, cliTimeout, "workspace", "create", "--template", template.DefaultName, "--cpu", cpu, "--memory", "256MiB",
+				"--new-volume", "64MiB:/data", "--no-wait", "--json"), &ws); err != nil {
 				t.Fatal(err)
 			}
 			return ws
@@ -434,6 +460,9 @@ func TestWorkspacesTwoNodes(t *testing.T) {
 			got := mhWaitWorkspace(t, admin, ws.WorkspaceID, api.WorkspaceAvailable, mhBootTimeout)
 			if got.NodeID != ws.NodeID || got.Layer == nil || got.Layer.PoolID != "shared" || !got.Layer.Shared {
 				t.Fatalf("after boot: want on %s with its layer in the shared pool, got %s", ws.NodeID, mhWSString(got))
+			}
+			if v := mhVolume(t, admin, ws.WorkspaceID+"-1"); v.State != api.VolumeAvailable || v.PoolID != "shared" || !v.Held || v.NodeID != ws.NodeID {
+				t.Fatalf("the Volume made with %s: want AVAILABLE in the shared pool, held by %s, got %+v", ws.WorkspaceID, ws.NodeID, v)
 			}
 		}
 		t.Logf("W1 %s on %s, W2 %s on %s, both AVAILABLE in %s", w1, first.NodeID, w2, second.NodeID, time.Since(t1).Round(time.Millisecond))
@@ -511,7 +540,7 @@ func TestWorkspacesTwoNodes(t *testing.T) {
 	// then node-a drains.
 	t.Run("DrainWaitAndMove", func(t *testing.T) {
 		t1 := time.Now()
-		mhMust(t, admin, 60*time.Second, "workspace", "exec", w1, "--", "sh", "-c", "echo moved > /root/m; sync")
+		mhMust(t, admin, 60*time.Second, "workspace", "exec", w1, "--", "sh", "-c", "echo moved > /root/m; echo on-volume > /data/m; sync")
 		mhExpectExit(t, admin, api.ExitTimedOut, "drain --wait of a node running W1", "node", "drain", a.nodeID, "--wait", "--timeout", "5s")
 		var draining mhNode
 		admin.mustKiboJSON(&draining, "node", "get", a.nodeID, "--consistent")
@@ -530,10 +559,19 @@ func TestWorkspacesTwoNodes(t *testing.T) {
 			t.Fatalf("after move: want AVAILABLE on %s with a new Instance (was %s), got %s (%s)", b.nodeID, before.InstanceID, mhWSString(moved), r)
 		}
 		t.Logf("moved %s from %s to %s in %s", w1, a.nodeID, b.nodeID, time.Since(t1).Round(time.Millisecond))
-		got := mhMust(t, admin, 60*time.Second, "workspace", "exec", w1, "--", "cat", "/root/m")
-		if strings.TrimSpace(got.stdout) != "moved" {
-			t.Fatalf("after move: /root/m holds %q, want \"moved\"", got.stdout)
+		got := mhMust(t, admin, 60*time.Second, "workspace", "exec", w1, "--", "cat", "/root/m", "/data/m")
+		if got.stdout != "moved\non-volume\n" {
+			t.Fatalf("after move: /root/m and /data/m hold %q, want \"moved\" and \"on-volume\"", got.stdout)
 		}
+		// Grown online on node-b: the guest's filesystem shows it at once.
+		dfBefore := mhDataKiB(t, admin, w1)
+		t2 := time.Now()
+		mhMust(t, admin, 60*time.Second, "volume", "resize", w1+"-1", "--size", "256MiB")
+		after := mhDataKiB(t, admin, w1)
+		if dfBefore > 64<<10 || after < 200<<10 {
+			t.Fatalf("df /data in W1: %d KiB before the resize to 256MiB, %d KiB after", dfBefore, after)
+		}
+		t.Logf("online resize 64MiB -> 256MiB seen by df in the guest: %d KiB -> %d KiB (%s)", dfBefore, after, time.Since(t2).Round(time.Millisecond))
 		// The same command id again: already on the target, no stop/start.
 		mhMust(t, admin, mhBootTimeout, "workspace", "move", w1, "--node", b.nodeID, "--command-id", cmdID)
 		if again := mhWorkspace(t, admin, w1); again.Version != moved.Version || again.InstanceID != moved.InstanceID || again.State != api.WorkspaceAvailable {
@@ -573,7 +611,7 @@ func TestWorkspacesTwoNodes(t *testing.T) {
 			t.Fatalf("no QEMU of %s runs although W1 is AVAILABLE there", b.nodeID)
 		}
 		// The guest keeps writing to its layer until it is stopped.
-		mhMust(t, admin, 60*time.Second, "workspace", "exec", w1, "--", "sh", "-c", "(while :; do date >> /root/writer; sync; sleep 0.2; done) >/dev/null 2>&1 &")
+		mhMust(t, admin, 60*time.Second, "workspace", "exec", w1, "--", "sh", "-c", "(while :; do date >> /root/writer; date >> /data/writer; sync; sleep 0.2; done) >/dev/null 2>&1 &")
 		b.partition()
 		mhWaitNode(t, admin, b.nodeID, 20*time.Second, "NOT_READY with its session ended", func(n mhNode) bool {
 			return n.Status == api.NodeNotReady && n.Session != nil && !n.Session.Alive
@@ -583,8 +621,8 @@ func TestWorkspacesTwoNodes(t *testing.T) {
 		if err := decodeResult(r, &res); err != nil {
 			t.Fatal(err)
 		}
-		if res.WorkspacesFailed != 1 || res.RetainedLayersReleased != 1 {
-			t.Fatalf("isolate %s: want 1 Workspace failed and 1 retained layer released, got %+v", b.nodeID, res)
+		if res.WorkspacesFailed != 1 || res.RetainedLayersReleased != 1 || res.VolumesReleased != 1 {
+			t.Fatalf("isolate %s: want 1 Workspace failed, 1 retained layer and 1 Volume released, got %+v", b.nodeID, res)
 		}
 		ws := mhWorkspace(t, admin, w1)
 		if ws.State != api.WorkspaceFailed || ws.Failure == nil || ws.Failure.Reason != api.FailureUnavailable || ws.NodeID != "" {
@@ -612,11 +650,44 @@ func TestWorkspacesTwoNodes(t *testing.T) {
 		if ws.State != api.WorkspaceAvailable || ws.NodeID != a.nodeID {
 			t.Fatalf("start after isolate: want AVAILABLE on %s, got %s", a.nodeID, mhWSString(ws))
 		}
-		got := mhMust(t, admin, 60*time.Second, "workspace", "exec", w1, "--", "cat", "/root/m")
-		if strings.TrimSpace(got.stdout) != "moved" {
-			t.Fatalf("after the restart on %s: /root/m holds %q, want \"moved\"", a.nodeID, got.stdout)
+		got := mhMust(t, admin, 60*time.Second, "workspace", "exec", w1, "--", "cat", "/root/m", "/data/m")
+		if got.stdout != "moved\non-volume\n" {
+			t.Fatalf("after the restart on %s: /root/m and /data/m hold %q", a.nodeID, got.stdout)
 		}
-		t.Logf("isolate and restart on %s in %s", a.nodeID, time.Since(t1).Round(time.Millisecond))
+		// What node-b's writer put on the Volume is whole lines; stopped,
+		// the file on disk is what the guest read and the filesystem is
+		// clean: no write of the old holder came after the handover.
+		r = mhMust(t, admin, 60*time.Second, "workspace", "exec", w1, "--", "sh", "-c", "wc -l < /data/writer; grep -vc '^[A-Z][a-z][a-z] ' /data/writer; sha256sum /data/writer")
+		f := strings.Fields(r.stdout)
+		if len(f) < 3 || f[0] == "0" || f[1] != "0" {
+			t.Fatalf("/data/writer after the handover: lines, malformed lines, checksum: %q", r.stdout)
+		}
+		inGuest := f[2]
+		v1 := mhVolume(t, admin, w1+"-1")
+		mhMust(t, admin, mhBootTimeout, "workspace", "stop", w1)
+		img := api.VolumeFilePath(shared, v1.VolumeID)
+		if out, err := exec.Command("e2fsck", "-fn", img).CombinedOutput(); err != nil {
+			t.Fatalf("e2fsck -fn of W1's Volume after the handover: %v\n%s", err, out)
+		}
+		onDisk, err := exec.Command("debugfs", "-R", "cat /writer", img).Output()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := fmt.Sprintf("%x", sha256.Sum256(onDisk)); got != inGuest {
+			t.Fatalf("/data/writer: sha256 %s on disk, %s as the guest read it", got, inGuest)
+		}
+		t.Logf("isolate and restart on %s in %s; /data/writer: %s lines, clean filesystem", a.nodeID, time.Since(t1).Round(time.Millisecond), f[0])
+
+		// W2 (stopped; layer and Volume in the shared pool, last on node-b)
+		// is deleted by node-a without waiting for node-b: no file is left.
+		mhMust(t, admin, mhBootTimeout, "workspace", "delete", w2)
+		v2 := mhVolume(t, admin, w2+"-1")
+		mhMust(t, admin, 60*time.Second, "volume", "delete", v2.Name)
+		for _, f := range []string{api.VolumeFilePath(shared, v2.VolumeID), filepath.Join(shared, "layers", w2+".qcow2")} {
+			if _, err := os.Stat(f); !os.IsNotExist(err) {
+				t.Errorf("%s after W2 and its Volume were deleted on %s: %v", f, a.nodeID, err)
+			}
+		}
 	})
 	t.Logf("whole test %s", time.Since(t0).Round(time.Millisecond))
 }

@@ -1,0 +1,51 @@
+package cluster_test
+
+import (
+	"context"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/kibotos/kibotos/api"
+	"github.com/kibotos/kibotos/cluster/clustertest"
+)
+
+// Volumes over the API: an operator's alone (a member certificate calls
+// none of the endpoints); names, sizes and pools are checked before the
+// entry enters the log; an unknown Volume is not_found.
+func TestVolumeEndpoints(t *testing.T) {
+	c := clustertest.New(t, clustertest.Options{Ctrl: 1, NodeOnly: 1})
+	ctrl, worker := c.Members[0], c.Members[1]
+	cl := c.Client(ctrl)
+	ctx := context.Background()
+	for _, call := range []struct{ method, path string }{
+		{"GET", "/v1/volumes"}, {"GET", "/v1/volumes/data"}, {"POST", "/v1/volumes"},
+		{"POST", "/v1/volumes/data/resize"}, {"POST", "/v1/volumes/data/delete"},
+	} {
+		if status, e := rawCall(t, ctrl, memberCert(t, worker), ctrl.Addr, call.method, call.path, struct{}{}, nil); status != http.StatusForbidden || e == nil || !strings.Contains(e.Message, "is not an operator") {
+			t.Errorf("member certificate on %s %s: %d %v, want 403", call.method, call.path, status, e)
+		}
+	}
+	for _, bad := range []struct {
+		path string
+		body any
+		want string
+	}{
+		{"/v1/volumes", api.VolumeCreateRequest{Name: "Bad Name", SizeBytes: 1 << 30}, `volume name "Bad Name" is not valid`},
+		{"/v1/volumes", api.VolumeCreateRequest{Name: "data", SizeBytes: 1 << 30, PoolID: "Bad Pool"}, `storage pool id "Bad Pool" is not valid`},
+		{"/v1/volumes", api.VolumeCreateRequest{Name: "data", SizeBytes: 1000}, "give whole MiB"},
+		{"/v1/volumes/data/resize", api.VolumeResizeRequest{SizeBytes: 1}, "give whole MiB"},
+		{"/v1/volumes/Bad%20Name/delete", api.WriteMeta{}, `volume name "Bad Name" is not valid`},
+	} {
+		if _, err := cl.Do(ctx, "POST", bad.path, bad.body, nil); api.CodeOf(err) != api.CodeInvalidArgument || !strings.Contains(err.Error(), bad.want) {
+			t.Errorf("POST %s %+v: %v, want invalid_argument %q", bad.path, bad.body, err, bad.want)
+		}
+	}
+	if _, err := cl.Do(ctx, "GET", "/v1/volumes/nope", nil, nil); api.CodeOf(err) != api.CodeNotFound {
+		t.Errorf("get of an unknown Volume: %v", err)
+	}
+	var l api.VolumeList
+	if _, err := cl.Do(ctx, "GET", "/v1/volumes", nil, &l); err != nil || len(l.Volumes) != 0 {
+		t.Errorf("list %+v %v", l, err)
+	}
+}
