@@ -253,9 +253,14 @@ func (d *wsDev) testCreate() string {
 	t := d.t
 	t.Helper()
 	before := d.must("workspace", "list", "--all", "-q").stdout
+	// The Workspace mounts a Volume at /data (StopStart and
+	// ForceStopDelete check it).
+	if r := d.must("volume", "create", "data", "--size", "64MiB"); !strings.Contains(r.stdout, "created: AVAILABLE, 64.0MiB in pool dev:default") {
+		t.Fatalf("volume create: %s", r)
+	}
 	cmdID := "e2e-create-" + hex.EncodeToString(randBytes(t, 4))
 	t0 := time.Now()
-	r := d.kibo(3*time.Minute, nil, "workspace", "create", "--template", "kibotos-base", "-q", "--command-id", cmdID)
+	r := d.kibo(3*time.Minute, nil, "workspace", "create", "--template", "kibotos-base", "--volume", "data:/data", "-q", "--command-id", cmdID)
 	if r.code != 0 || !wsIDRe.MatchString(r.stdout) || r.stderr != "" {
 		t.Fatalf("create -q must print only a Workspace id: %s (stdout %q)", r, r.stdout)
 	}
@@ -268,7 +273,7 @@ func (d *wsDev) testCreate() string {
 	}
 
 	// The same command id again: the same Workspace, nothing new.
-	r = d.must("workspace", "create", "--template", "kibotos-base", "-q", "--command-id", cmdID)
+	r = d.must("workspace", "create", "--template", "kibotos-base", "--volume", "data:/data", "-q", "--command-id", cmdID)
 	if strings.TrimSpace(r.stdout) != id {
 		t.Errorf("create retried with --command-id %s: got %q, want %s", cmdID, r.stdout, id)
 	}
@@ -994,9 +999,11 @@ func (d *wsDev) track(cmd *exec.Cmd) {
 func (d *wsDev) testStopStart(id string) {
 	t := d.t
 	before := d.get(id)
-	d.must("workspace", "exec", id, "--", "sh", "-c", "echo kept > /root/f; sync")
+	d.must("workspace", "exec", id, "--", "sh", "-c", "echo kept > /root/f; echo on-volume > /data/f; sync")
 	t0 := time.Now()
 	d.must("workspace", "stop", id)
+	// Grown while stopped: the guest grows the filesystem when it mounts it.
+	d.must("volume", "resize", "data", "--size", "128MiB")
 	t.Logf("TIMING stop: %s", time.Since(t0).Round(time.Millisecond))
 	if w := d.get(id); w.State != api.WorkspaceStopped || w.InstanceID != "" {
 		t.Errorf("after stop: %+v, want STOPPED without an instance", w)
@@ -1017,9 +1024,26 @@ func (d *wsDev) testStopStart(id string) {
 	if after.State != api.WorkspaceAvailable || after.NodeID != "dev" || after.InstanceID == "" || after.InstanceID == before.InstanceID {
 		t.Errorf("after start: %+v; want AVAILABLE on dev with a new instance (was %s)", after, before.InstanceID)
 	}
-	if r := d.must("workspace", "exec", id, "--", "cat", "/root/f"); r.stdout != "kept\n" {
-		t.Errorf("the file written before the stop: %q, want %q", r.stdout, "kept\n")
+	if r := d.must("workspace", "exec", id, "--", "cat", "/root/f", "/data/f"); r.stdout != "kept\non-volume\n" {
+		t.Errorf("the files written before the stop: %q, want %q", r.stdout, "kept\non-volume\n")
 	}
+	if kib := dfKiB(t, d.must("workspace", "exec", id, "--", "df", "-k", "/data").stdout); kib < 100<<10 {
+		t.Errorf("df -k /data after the Volume grew to 128MiB while stopped: %d KiB", kib)
+	}
+}
+
+// dfKiB is the size in KiB df -k reports for the one filesystem it was
+// asked about.
+func dfKiB(t *testing.T, out string) int {
+	t.Helper()
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	if f := strings.Fields(lines[len(lines)-1]); len(f) >= 2 {
+		if n, err := strconv.Atoi(f[1]); err == nil {
+			return n
+		}
+	}
+	t.Fatalf("df -k: %q", out)
+	return 0
 }
 
 // testNodeKill kills the node process with SIGKILL while an exec streams:
@@ -1124,7 +1148,7 @@ func (d *wsDev) testForceStopDelete(id string) {
 		if err := decodeResult(d.must("workspace", "cleanup-status", id, "--json"), &st); err != nil {
 			t.Fatal(err)
 		}
-		left, _ := filepath.Glob(filepath.Join(registry, "*.json"))
+		left, _ := filepath.Glob(filepath.Join(registry, "inst-*.json"))
 		if len(st.Items) == 3 && st.Items[0].Source == "node" && len(left) == 0 {
 			break
 		}
@@ -1144,6 +1168,15 @@ func (d *wsDev) testForceStopDelete(id string) {
 	}
 	if _, err := os.Stat(layer); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("the writable layer %s after delete: %v, want it gone", layer, err)
+	}
+	// The Volume outlived its Workspace; deleted, its file goes.
+	var v api.Volume
+	if err := decodeResult(d.must("volume", "get", "data", "--json"), &v); err != nil || v.WorkspaceID != "" || v.State != api.VolumeAvailable {
+		t.Fatalf("the Volume after its Workspace was deleted: %+v %v", v, err)
+	}
+	d.must("volume", "delete", "data")
+	if _, err := os.Stat(api.VolumeFilePath(filepath.Join(datadir.Dir(d.dir).StorageRoot(), "pools", "default"), v.VolumeID)); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the Volume's file after volume delete: %v, want it gone", err)
 	}
 }
 

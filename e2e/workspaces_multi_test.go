@@ -121,15 +121,7 @@ func mhVolume(t *testing.T, admin *host, ref string) api.Volume {
 // its df says (KiB).
 func mhDataKiB(t *testing.T, admin *host, ws string) int {
 	t.Helper()
-	r := mhMust(t, admin, 60*time.Second, "workspace", "exec", ws, "--", "df", "-k", "/data")
-	lines := strings.Split(strings.TrimSpace(r.stdout), "\n")
-	if f := strings.Fields(lines[len(lines)-1]); len(f) >= 2 {
-		if n, err := strconv.Atoi(f[1]); err == nil {
-			return n
-		}
-	}
-	t.Fatalf("df -k /data in %s: %q", ws, r.stdout)
-	return 0
+	return dfKiB(t, mhMust(t, admin, 60*time.Second, "workspace", "exec", ws, "--", "df", "-k", "/data").stdout)
 }
 
 func mhWSString(ws api.Workspace) string {
@@ -259,9 +251,9 @@ func mhInstallArtifacts(t *testing.T, src string, h *host) {
 	}
 }
 
-// mhWriteConfig writes the serve configuration of h: small resources and
-// the shared pool as the default one.
-func mhWriteConfig(t *testing.T, h *host, sharedPool string) string {
+// mhWriteConfig writes the serve configuration of h: small resources, the
+// shared pool as the default one, and standalone pools (id → path).
+func mhWriteConfig(t *testing.T, h *host, sharedPool string, standalone ...[2]string) string {
 	t.Helper()
 	path := filepath.Join(h.lab.dir, h.nodeID+".toml")
 	body := fmt.Sprintf(`log_level = "info"
@@ -288,6 +280,9 @@ id = "shared"
 path = %q
 shared = true
 `, guestPool(h), subnetPrefix, subnetPrefix, sharedPool)
+	for _, p := range standalone {
+		body += fmt.Sprintf("\n[[storage.pools]]\nid = %q\npath = %q\n", p[0], p[1])
+	}
 	if err := os.WriteFile(path, []byte(body), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -403,7 +398,17 @@ func TestWorkspacesTwoNodes(t *testing.T) {
 		t.Fatal(r)
 	}
 	mhInstallArtifacts(t, artifacts, a)
-	mhStartServe(a, mhWriteConfig(t, a, shared))
+	// "mobile" is a standalone pool whose disk is on node-b first and
+	// moves to node-a (its directory renamed) after node-b's isolate;
+	// node-a declares it from the start, unavailable until then. "gone"
+	// is node-b's alone, and its disk is lost.
+	aMobile, bMobile, bGone := filepath.Join(root, "a-mobile"), filepath.Join(root, "b-mobile"), filepath.Join(root, "b-gone")
+	for _, d := range []string{bMobile, bGone} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mhStartServe(a, mhWriteConfig(t, a, shared, [2]string{"mobile", aMobile}))
 	(&cluster{lab: l}).waitFollowsLeader(t, a)
 	grant := a.kibo("enrollment", "grant", b.nodeID, "--roles", b.roles)
 	if grant.code != 0 {
@@ -413,7 +418,7 @@ func TestWorkspacesTwoNodes(t *testing.T) {
 		t.Fatal(r)
 	}
 	mhInstallArtifacts(t, artifacts, b)
-	mhStartServe(b, mhWriteConfig(t, b, shared))
+	mhStartServe(b, mhWriteConfig(t, b, shared, [2]string{"mobile", bMobile}, [2]string{"gone", bGone}))
 	for _, h := range l.hosts {
 		mhWaitNode(t, a, h.nodeID, 30*time.Second, "ready for Workspaces", mhReadyForWorkspaces)
 	}
@@ -596,6 +601,36 @@ func TestWorkspacesTwoNodes(t *testing.T) {
 		return
 	}
 
+	// Volumes in node-b's standalone pools: its private one, "mobile"
+	// (stamped with a marker file) and "gone". A Workspace with one can
+	// start on node-b alone.
+	var solo, mv api.Volume
+	t.Run("StandaloneVolumes", func(t *testing.T) {
+		for _, pool := range []string{"mobile", "gone", b.nodeID + ":default"} {
+			mhMust(t, admin, cliTimeout, "storage-pool", "set-capacity", pool, "1GiB")
+		}
+		mhMust(t, admin, 60*time.Second, "volume", "create", "mv", "--size", "32MiB", "--pool", "mobile", "--node", b.nodeID)
+		mhMust(t, admin, 60*time.Second, "volume", "create", "gv", "--size", "32MiB", "--pool", "gone")
+		mhMust(t, admin, 60*time.Second, "volume", "create", "solo", "--size", "32MiB", "--pool", b.nodeID+":default")
+		solo, mv = mhVolume(t, admin, "solo"), mhVolume(t, admin, "mv")
+		if solo.PoolID != b.nodeID+":default" || mv.NodeID != b.nodeID || mhVolume(t, admin, "gv").NodeID != b.nodeID {
+			t.Fatalf("volumes: solo %+v, mv %+v", solo, mv)
+		}
+		marker := filepath.Join(root, "marker")
+		os.WriteFile(marker, []byte("moved disk\n"), 0o644)
+		if out, err := exec.Command("debugfs", "-w", "-R", "write "+marker+" marker", api.VolumeFilePath(bMobile, mv.VolumeID)).CombinedOutput(); err != nil {
+			t.Fatalf("debugfs write into mv: %v: %s", err, out)
+		}
+		r := mhExpectExit(t, admin, api.ExitFailedPrecondition, "create --node node-a with a Volume of node-b's standalone pool",
+			"workspace", "create", "--template", template.DefaultName, "--memory", "256MiB", "--volume", "mv:/mv", "--node", a.nodeID, "--no-wait")
+		if !strings.Contains(r.stderr, "its volume mv is in pool mobile of node "+b.nodeID) {
+			t.Errorf("refusal: %s", r)
+		}
+	})
+	if t.Failed() {
+		return
+	}
+
 	// 5. node-b is cut off with W1 running on it (its member and VM go on):
 	// isolate releases W1's layer in the shared pool, W1 starts on node-a
 	// with its data, and node-b, without any contact with ctrl, sees from
@@ -687,6 +722,82 @@ func TestWorkspacesTwoNodes(t *testing.T) {
 			if _, err := os.Stat(f); !os.IsNotExist(err) {
 				t.Errorf("%s after W2 and its Volume were deleted on %s: %v", f, a.nodeID, err)
 			}
+		}
+	})
+	if t.Failed() {
+		return
+	}
+
+	// 6. node-b's standalone pools after its isolate: the delete of a
+	// Volume in its private pool waits until node-b is back, then leaves
+	// no file; "mobile", whose disk moved to node-a, serves a Workspace
+	// there with its data; "gone", whose disk is lost, is declared lost.
+	t.Run("PoolsAfterIsolate", func(t *testing.T) {
+		var v api.Volume
+		if err := decodeResult(mhMust(t, admin, cliTimeout, "volume", "delete", "solo", "--json"), &v); err != nil {
+			t.Fatal(err)
+		}
+		if v.State != api.VolumeDeleting || v.Pending != nil || v.DeleteWaitsForPool != b.nodeID+":default" {
+			t.Fatalf("delete of solo after isolate: want DELETING, waiting for pool %s:default, got %+v", b.nodeID, v)
+		}
+		soloFile := api.VolumeFilePath(filepath.Join(datadir.Dir(b.dataDir).StorageRoot(), "pools", "default"), solo.VolumeID)
+		if _, err := os.Stat(soloFile); err != nil {
+			t.Fatalf("solo's file while its delete waits: %v", err)
+		}
+
+		// The disk of "mobile" moves to node-a.
+		if err := os.Rename(bMobile, aMobile); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, 20*time.Second, "node-a reports pool mobile available", func() (bool, string) {
+			var p api.StoragePool
+			admin.mustKiboJSON(&p, "storage-pool", "get", "mobile")
+			for _, m := range p.Nodes {
+				if m.NodeID == a.nodeID && m.Available {
+					return true, ""
+				}
+			}
+			return false, fmt.Sprintf("%+v", p.Nodes)
+		})
+		r := mhMust(t, admin, mhBootTimeout, "workspace", "create", "--template", template.DefaultName, "--memory", "256MiB", "--volume", "mv:/mv", "-q")
+		w3 := strings.TrimSpace(r.stdout)
+		if ws := mhWorkspace(t, admin, w3); ws.NodeID != a.nodeID {
+			t.Fatalf("the Workspace with mv: want it on %s, got %s", a.nodeID, mhWSString(ws))
+		}
+		if got := mhMust(t, admin, 60*time.Second, "workspace", "exec", w3, "--", "cat", "/mv/marker"); got.stdout != "moved disk\n" {
+			t.Fatalf("/mv/marker on %s: %q", a.nodeID, got.stdout)
+		}
+		mhMust(t, admin, mhBootTimeout, "workspace", "delete", w3)
+
+		// The disk of "gone" is lost; node-b comes back without it.
+		os.RemoveAll(bGone)
+		p := b.serveProc()
+		b.heal()
+		if _, ok := p.waitExit(60 * time.Second); !ok {
+			t.Fatalf("isolated %s did not exit once it reached ctrl again:\n%s", b.nodeID, tail(p.log, 20))
+		}
+		mhStartServe(b, mhWriteConfig(t, b, shared))
+		mhWaitNode(t, admin, b.nodeID, 60*time.Second, "READY with a new incarnation", func(n mhNode) bool { return n.Status == api.NodeReady && !n.Isolated })
+		waitFor(t, 30*time.Second, "solo deleted by node-b", func() (bool, string) {
+			r := admin.kibo("volume", "get", "solo")
+			return r.code == api.ExitNotFound, r.String()
+		})
+		if _, err := os.Stat(soloFile); !os.IsNotExist(err) {
+			t.Errorf("solo's file after node-b came back and deleted it: %v", err)
+		}
+
+		var lost api.PoolLostResult
+		if err := decodeResult(mhMust(t, admin, cliTimeout, "storage-pool", "declare-lost", "gone", "--confirm-data-lost", "--json"), &lost); err != nil {
+			t.Fatal(err)
+		}
+		if lost.Volumes != 1 {
+			t.Errorf("declare-lost gone: %+v, want 1 Volume lost", lost)
+		}
+		if v := mhVolume(t, admin, "gv"); v.State != api.VolumeLost {
+			t.Errorf("gv after declare-lost: %+v", v)
+		}
+		if out := mhMust(t, admin, cliTimeout, "volume", "delete", "gv").stdout; !strings.Contains(out, "deleted") {
+			t.Errorf("delete of a lost Volume: %q", out)
 		}
 	})
 	t.Logf("whole test %s", time.Since(t0).Round(time.Millisecond))

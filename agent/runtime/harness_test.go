@@ -98,7 +98,7 @@ func (h *harness) wireInternet() {
 	h.lab.Wire("node", "up0", labUplinkNode+"/24", "inet", "eth0", labInternet+"/24")
 }
 
-func (h *harness) open(t *testing.T) (*runtime.Runtime, error) {
+func (h *harness) open(t testing.TB) (*runtime.Runtime, error) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -122,7 +122,7 @@ func (h *harness) config() runtime.Config {
 	}
 }
 
-func (h *harness) mustOpen(t *testing.T) *runtime.Runtime {
+func (h *harness) mustOpen(t testing.TB) *runtime.Runtime {
 	t.Helper()
 	rt, err := h.open(t)
 	if err != nil {

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"io"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -13,6 +12,7 @@ import (
 	"time"
 
 	"github.com/kibotos/kibotos/agent/runtime"
+	"github.com/kibotos/kibotos/storagepool"
 	"github.com/kibotos/kibotos/vmm/guestproto"
 	"github.com/kibotos/kibotos/vmm/template"
 )
@@ -64,7 +64,9 @@ func TestTemplateRootAndRetainedLayer(t *testing.T) {
 	layer := filepath.Join(h.scratch, "layers", "ws-1.qcow2")
 	volPool := filepath.Join(h.scratch, "volumes")
 	vol := runtime.VolumeDisk{Serial: "vol-1", Path: filepath.Join(volPool, "data", "vol-1.img")}
-	makeVolume(t, vol.Path, 32<<20)
+	if err := storagepool.CreateVolume(ctx, "node-a", vol.Path, 32<<20); err != nil {
+		t.Fatal(err)
+	}
 
 	boot := func(id string) *guestproto.Client {
 		t.Helper()
@@ -279,23 +281,5 @@ func TestTemplateRootAndRetainedLayer(t *testing.T) {
 	}
 	if fileSum(t, tpl.Image()) != before {
 		t.Fatal("the template image changed")
-	}
-}
-
-// makeVolume creates a raw ext4 Volume file of size bytes, as the node
-// does.
-func makeVolume(t *testing.T, path string, size int64) {
-	t.Helper()
-	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(path, nil, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Truncate(path, size); err != nil {
-		t.Fatal(err)
-	}
-	if out, err := exec.Command("mkfs.ext4", "-q", "-F", "-m", "0", "-E", "lazy_itable_init=1,lazy_journal_init=1", path).CombinedOutput(); err != nil {
-		t.Fatalf("mkfs.ext4 %s: %v: %s (Debian package e2fsprogs)", path, err, out)
 	}
 }
