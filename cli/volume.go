@@ -5,7 +5,6 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
-	"time"
 
 	"github.com/kibotos/kibotos/api"
 )
@@ -85,46 +84,15 @@ func printVolumeResult(g *Globals, raw []byte, v *api.Volume, quiet bool, verb s
 }
 
 // pollVolume reads the Volume until settled says it is done (v is nil
-// once it no longer exists) and gives up after --timeout (exit 16); reads
-// block on the member until the version passes the one seen.
+// once it no longer exists) and gives up after --timeout (exit 16).
 func pollVolume(g *Globals, ref string, settled func(v *api.Volume) (bool, error)) (*api.Volume, error) {
-	deadline := time.Now().Add(g.Timeout)
-	var seen uint64
-	for {
-		var v api.Volume
-		wait := min(time.Until(deadline), 30*time.Second).Round(time.Millisecond)
-		path := volumePath(ref)
-		if seen > 0 {
-			path += fmt.Sprintf("?wait_version=%d&wait=%s", seen, max(wait, 0))
+	return pollObject(g, volumePath(ref), func(v *api.Volume) uint64 { return v.Version }, settled, func(v *api.Volume) error {
+		still := v.State
+		if p := v.Pending; p != nil {
+			still += fmt.Sprintf(" with its %s pending on node %s", p.Kind, p.NodeID)
 		}
-		_, err := g.call("GET", path, nil, &v)
-		cur := &v
-		if api.CodeOf(err) == api.CodeNotFound {
-			cur = nil
-		} else if err != nil {
-			return nil, err
-		}
-		done, serr := settled(cur)
-		switch {
-		case serr != nil:
-			return nil, serr
-		case done:
-			return cur, nil
-		case cur == nil:
-			return nil, err
-		}
-		if !time.Now().Before(deadline) {
-			still := v.State
-			if p := v.Pending; p != nil {
-				still += fmt.Sprintf(" with its %s pending on node %s", p.Kind, p.NodeID)
-			}
-			return nil, exitError{api.ExitTimedOut, fmt.Sprintf("volume %s is still %s after %s; it goes on in the background: check with kibo volume get %s", ref, still, g.Timeout, ref)}
-		}
-		if g.ctx.Err() != nil {
-			return nil, g.ctx.Err()
-		}
-		seen = v.Version
-	}
+		return exitError{api.ExitTimedOut, fmt.Sprintf("volume %s is still %s after %s; it goes on in the background: check with kibo volume get %s", ref, still, g.Timeout, ref)}
+	})
 }
 
 // VolumeListCmd is `volume list`.

@@ -132,20 +132,33 @@ func failedError(ws *api.Workspace) error {
 
 // pollWorkspace reads the Workspace until settled says it is done (ws is
 // nil once it no longer exists) or fails, and gives up after --timeout
-// (exit 16). Reads block on the member until the version passes the one
-// seen, so a change is seen the moment the member applies it.
+// (exit 16).
 func pollWorkspace(g *Globals, id string, settled func(ws *api.Workspace) (bool, error)) (*api.Workspace, error) {
+	return pollObject(g, workspacePath(id), func(ws *api.Workspace) uint64 { return ws.Version }, settled, func(ws *api.Workspace) error {
+		still := ws.State
+		if p := ws.Pending; p != nil && p.Kind == api.WSCmdNetwork {
+			still += " with its network change pending on node " + p.NodeID
+		}
+		return exitError{api.ExitTimedOut, fmt.Sprintf("workspace %s is still %s after %s; it goes on in the background: check with kibo workspace get %s", id, still, g.Timeout, id)}
+	})
+}
+
+// pollObject reads the object at path until settled says it is done (nil
+// once it no longer exists) or fails, and gives up after --timeout with
+// timedOut's error. Reads block on the member until the version passes
+// the one seen, so a change is seen the moment the member applies it.
+func pollObject[T any](g *Globals, path string, version func(*T) uint64, settled func(*T) (bool, error), timedOut func(*T) error) (*T, error) {
 	deadline := time.Now().Add(g.Timeout)
 	var seen uint64
 	for {
-		var ws api.Workspace
+		var obj T
 		wait := min(time.Until(deadline), 30*time.Second).Round(time.Millisecond)
-		path := fmt.Sprintf("%s?wait_version=%d&wait=%s", workspacePath(id), seen, max(wait, 0))
+		get := fmt.Sprintf("%s?wait_version=%d&wait=%s", path, seen, max(wait, 0))
 		if seen == 0 {
-			path = workspacePath(id)
+			get = path
 		}
-		_, err := g.call("GET", path, nil, &ws)
-		cur := &ws
+		_, err := g.call("GET", get, nil, &obj)
+		cur := &obj
 		if api.CodeOf(err) == api.CodeNotFound {
 			cur = nil
 		} else if err != nil {
@@ -161,16 +174,12 @@ func pollWorkspace(g *Globals, id string, settled func(ws *api.Workspace) (bool,
 			return nil, err // gone, and the caller waited for something else
 		}
 		if !time.Now().Before(deadline) {
-			still := ws.State
-			if p := ws.Pending; p != nil && p.Kind == api.WSCmdNetwork {
-				still += " with its network change pending on node " + p.NodeID
-			}
-			return nil, exitError{api.ExitTimedOut, fmt.Sprintf("workspace %s is still %s after %s; it goes on in the background: check with kibo workspace get %s", id, still, g.Timeout, id)}
+			return nil, timedOut(cur)
 		}
 		if g.ctx.Err() != nil {
 			return nil, g.ctx.Err()
 		}
-		seen = ws.Version
+		seen = version(cur)
 	}
 }
 
