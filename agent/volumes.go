@@ -264,6 +264,9 @@ func (a *Agent) growOnline(ctx context.Context, t api.VolumeTask, path string) s
 	if rt == nil {
 		return "node " + a.cfg.NodeID + " runs no VMs"
 	}
+	if err := api.ValidMountPath(t.MountPath); err != nil {
+		return err.Error()
+	}
 	st, err := rt.Status(id)
 	if err != nil || st.State != runtime.StateRunning {
 		return fmt.Sprintf("instance %s does not run on node %s any more", id, a.cfg.NodeID)
@@ -314,6 +317,9 @@ func (a *Agent) prepareVolumes(ctx context.Context, t api.WorkspaceTask) ([]runt
 		stage := func(err error) error {
 			a.releaseObjects(id, claimed)
 			return fmt.Errorf("%s: volume %s: %w", api.StageAttachingVolume, v.VolumeID, err)
+		}
+		if err := api.ValidMountPath(v.Path); err != nil {
+			return nil, stage(err)
 		}
 		path, err := a.volumePath(v.PoolID, v.VolumeID)
 		if err != nil {

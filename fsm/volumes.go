@@ -420,13 +420,6 @@ func applyVolumeResize(tx *bolt.Tx, e *Entry) (any, error) {
 	if err := recordRoom(tx, rec, "the growth of volume "+v.Name, a.SizeBytes-v.SizeBytes); err != nil {
 		return nil, err
 	}
-	old := cloneVolume(v)
-	v.Error = ""
-	if !v.Made {
-		// No file yet: it is made at the new size.
-		v.SizeBytes = a.SizeBytes
-		return v, putVolume(tx, e, old, v)
-	}
 	node, instance := "", ""
 	if v.WorkspaceID != "" {
 		w, err := getWorkspace(tx, v.WorkspaceID)
@@ -434,11 +427,19 @@ func applyVolumeResize(tx *bolt.Tx, e *Entry) (any, error) {
 			return nil, err
 		}
 		if w != nil && w.InstanceID != "" {
+			// A start in flight may be making or opening the file.
 			if w.State != api.WorkspaceAvailable {
 				return nil, api.Errorf(api.CodeFailedPrecondition, "workspace %s of volume %s is %s: resize the Volume when the Workspace is AVAILABLE (grown online) or STOPPED", w.WorkspaceID, v.Name, w.State)
 			}
 			node, instance = w.NodeID, w.InstanceID
 		}
+	}
+	old := cloneVolume(v)
+	v.Error = ""
+	if !v.Made {
+		// No file yet: it is made at the new size.
+		v.SizeBytes = a.SizeBytes
+		return v, putVolume(tx, e, old, v)
 	}
 	if node == "" {
 		if node, err = deleteNode(tx, v.PoolID, v.NodeID, ""); err != nil {

@@ -255,8 +255,10 @@ func TestWorkspaceVolumes(t *testing.T) {
 	other := smallWS
 	other.Volumes = []api.VolumeAttach{{Volume: "data", Path: "/data"}}
 	h.fail(api.CodeFailedPrecondition, OpWorkspaceCreate, other, withCommand("c2"))
-	// Resizing while the start is in flight waits for AVAILABLE.
+	// Resizing while the start is in flight (which makes or opens the
+	// files) waits for AVAILABLE.
 	h.fail(api.CodeFailedPrecondition, OpVolumeResize, VolumeResizeArgs{Volume: "data", SizeBytes: 4 * gib})
+	h.fail(api.CodeFailedPrecondition, OpVolumeResize, VolumeResizeArgs{Volume: newName, SizeBytes: 2 * gib})
 
 	h.answer(w.WorkspaceID, OutcomeOK, "")
 	if nv := h.vol(newName); nv.State != api.VolumeAvailable || !nv.Made {
