@@ -181,6 +181,7 @@ func (s *Server) routes() http.Handler {
 	m.HandleFunc("GET /metrics", operator(s.handleMetrics))
 	m.HandleFunc("POST /v1/join", s.onLeader(s.handleJoin))
 	m.HandleFunc("POST /v1/internal/raft/voter", member(s.onLeader(s.handleAddVoter)))
+	m.HandleFunc("GET /v1/internal/member-level", member(s.handleMemberLevel))
 	m.HandleFunc("POST /v1/internal/certs/renew", member(s.ctrlLocal(s.handleRenew)))
 	m.HandleFunc("POST /v1/internal/certs/dataplane", member(s.ctrlLocal(s.handleDataPlaneCert)))
 	m.HandleFunc("POST /v1/internal/admission", member(s.ctrlLocal(s.handleAdmission)))

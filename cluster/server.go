@@ -79,6 +79,9 @@ type Config struct {
 	Logger  *slog.Logger
 	// NoFsync turns off fsync of the Raft log (benchmarks only).
 	NoFsync bool
+	// FeatureLevel, when set, is the level this member claims instead of
+	// its build's (tests of a mixed-version cluster).
+	FeatureLevel int
 }
 
 // Server is one running member.
@@ -120,6 +123,9 @@ type Server struct {
 	// consistentReady is set while this member leads and has applied every
 	// entry of earlier terms (its leadership barrier went through).
 	consistentReady atomic.Bool
+	// levelsAsked is when the voters' feature levels were last asked
+	// after a refusal (unix nanoseconds).
+	levelsAsked atomic.Int64
 
 	sessions *sessionRegistry
 	// changed wakes blocking reads when the local state changed.
@@ -430,6 +436,9 @@ func (s *Server) Apply(ctx context.Context, e fsm.Entry) (fsm.Result, error) {
 	// be sent (a commit nobody waits for) nor hang.
 	if err := ctx.Err(); err != nil {
 		return fsm.Result{}, outOfTime(e, err)
+	}
+	if err := s.checkOpLevel(ctx, e.Op); err != nil {
+		return fsm.Result{}, err
 	}
 	timeout := 30 * time.Second
 	if dl, ok := ctx.Deadline(); ok {

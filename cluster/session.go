@@ -393,6 +393,8 @@ func (s *Server) lead(ctx context.Context) {
 	s.log.Info("leading ctrl")
 	since := time.Now()
 	lastExpiry := time.Now()
+	s.refreshLevels(ctx)
+	lastLevels := time.Now()
 	tick := time.NewTicker(t.SessionPing)
 	defer tick.Stop()
 	for {
@@ -409,6 +411,10 @@ func (s *Server) lead(ctx context.Context) {
 			s.ApplyOp(ctx, fsm.OpCommandsExpire, fsm.CommandsExpireArgs{Before: time.Now().Add(-fsm.CommandRetentionHours * time.Hour).UTC()})
 		}
 		s.reconcileVoters()
+		if time.Since(lastLevels) > levelRefresh {
+			lastLevels = time.Now()
+			s.refreshLevels(ctx)
+		}
 	}
 }
 

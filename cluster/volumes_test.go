@@ -2,9 +2,11 @@ package cluster_test
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/kibotos/kibotos/api"
 	"github.com/kibotos/kibotos/cluster/clustertest"
@@ -48,4 +50,41 @@ func TestVolumeEndpoints(t *testing.T) {
 	if _, err := cl.Do(ctx, "GET", "/v1/volumes", nil, &l); err != nil || len(l.Volumes) != 0 {
 		t.Errorf("list %+v %v", l, err)
 	}
+}
+
+// In a rolling upgrade a voter of an older build cannot apply a newer op:
+// the leader refuses it before the log, naming the voter, while older ops
+// go on; once that voter runs the new build the op is accepted.
+func TestNewOpWaitsForEveryVoter(t *testing.T) {
+	o := clustertest.Options{Ctrl: 3, FeatureLevels: map[string]int{"node-3": 1}}
+	c := clustertest.New(t, o)
+	leader := c.WaitLeader()
+	cl := c.Client(leader)
+	ctx := context.Background()
+	create := api.VolumeCreateRequest{Name: "data", SizeBytes: 64 << 20, WriteMeta: api.WriteMeta{CommandID: "v1"}}
+	_, err := cl.Do(ctx, "POST", "/v1/volumes", create, nil)
+	if api.CodeOf(err) != api.CodeFailedPrecondition || !strings.Contains(err.Error(), "voter node-3 runs unreleased at level 1") {
+		t.Fatalf("volume create with a level-1 voter: %v", err)
+	}
+	if _, err := cl.Do(ctx, "GET", "/v1/volumes/data", nil, nil); api.CodeOf(err) != api.CodeNotFound {
+		t.Fatalf("the refused create left a Volume: %v", err)
+	}
+	// A level-1 write goes on.
+	if _, err := cl.Do(ctx, "POST", "/v1/storage-pools/node-1:default/capacity", api.PoolCapacityRequest{CapacityBytes: 2 << 40}, nil); err != nil {
+		t.Fatalf("a level-1 write in the mixed cluster: %v", err)
+	}
+	// node-3 now runs the new build.
+	var m3 *clustertest.Member
+	for _, m := range c.Members {
+		if m.ID == "node-3" {
+			m3 = m
+		}
+	}
+	o.FeatureLevels = nil
+	m3.Stop()
+	m3.Restart(o)
+	clustertest.WaitFor(t, 20*time.Second, func() (bool, string) {
+		_, err := c.Client(c.WaitLeader()).Do(ctx, "POST", "/v1/volumes", create, nil)
+		return err == nil, fmt.Sprint(err)
+	})
 }

@@ -91,6 +91,7 @@ var handlers = map[string]handler{
 	OpVolumeResize:         applyVolumeResize,
 	OpVolumeDelete:         applyVolumeDelete,
 	OpVolumeResult:         applyVolumeResult,
+	OpMemberLevel:          applyMemberLevel,
 }
 
 // Open creates a fresh state file at path (any old file is replaced).

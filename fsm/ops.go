@@ -40,6 +40,8 @@ const (
 	OpVolumeResize         = "volume.resize"
 	OpVolumeDelete         = "volume.delete"
 	OpVolumeResult         = "volume.node_result"
+	// OpMemberLevel is proposed with IgnoreUnknown (see levels.go).
+	OpMemberLevel = "cluster.member_level"
 )
 
 // BootstrapArgs creates the cluster with its first member.

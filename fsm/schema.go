@@ -55,9 +55,12 @@ var (
 	// volume_id → deletion time: an id is never used twice
 	bucketVolumeTombstones = []byte("volume_tombstones")
 
+	// node_id → MemberLevel: the feature level of a ctrl member's build
+	bucketMemberLevels = []byte("member_levels")
+
 	allBuckets = [][]byte{bucketMeta, bucketNodes, bucketGrants, bucketCommands, bucketWorkspaces, bucketWorkspaceNodes, bucketNodeHolds, bucketWorkspaceTombstones, bucketInstanceOwners,
 		bucketEgress, bucketEgressRevisions, bucketEgressRefs, bucketResolvers, bucketResolverRefs, bucketPools, bucketPoolUse, bucketPoolMembers, bucketPoolWaits,
-		bucketVolumes, bucketVolumeNames, bucketVolumeCommands, bucketVolumeTombstones}
+		bucketVolumes, bucketVolumeNames, bucketVolumeCommands, bucketVolumeTombstones, bucketMemberLevels}
 )
 
 // Keys of the meta bucket.

@@ -465,3 +465,29 @@ func TestDeclareLostEndsVolumes(t *testing.T) {
 	}
 	checkIndex(t, h.f)
 }
+
+// The leader records each ctrl member's feature level; an op above a
+// voter's level is refused for it; a member without a record is level 1.
+func TestMemberLevels(t *testing.T) {
+	h := newHarness(t)
+	twoNodes(h) // node-b has the node role only
+	h.fail(api.CodeInvalidArgument, OpMemberLevel, MemberLevelArgs{NodeID: ctrlID, Level: 0})
+	h.fail(api.CodeNotFound, OpMemberLevel, MemberLevelArgs{NodeID: "nobody", Level: 2})
+	h.fail(api.CodeFailedPrecondition, OpMemberLevel, MemberLevelArgs{NodeID: "node-b", Level: 2})
+	h.ok(OpMemberLevel, MemberLevelArgs{NodeID: ctrlID, Level: FeatureLevel, Release: "v0.2.0"}, withIgnoreUnknown())
+	var levels []MemberLevel
+	h.f.View(func(tx *bolt.Tx) (err error) { levels, err = MemberLevels(tx, []string{ctrlID, "ctrl-2"}); return })
+	if len(levels) != 2 || levels[0].Level != FeatureLevel || levels[0].Release != "v0.2.0" || levels[1].NodeID != "ctrl-2" || levels[1].Level != 1 {
+		t.Fatalf("levels %+v", levels)
+	}
+	if err := CheckOpLevel(OpWorkspaceCreate, levels); err != nil {
+		t.Errorf("a level-1 op: %v", err)
+	}
+	err := CheckOpLevel(OpVolumeCreate, levels)
+	if api.CodeOf(err) != api.CodeFailedPrecondition || !strings.Contains(err.Error(), "voter ctrl-2 runs a build from before feature levels at level 1") {
+		t.Errorf("a level-2 op with a level-1 voter: %v", err)
+	}
+	if err := CheckOpLevel(OpVolumeCreate, levels[:1]); err != nil {
+		t.Errorf("a level-2 op with every voter at level 2: %v", err)
+	}
+}

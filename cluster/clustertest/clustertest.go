@@ -67,6 +67,9 @@ type Options struct {
 	// (they take no objects); by default each gets 1 TiB once ready, as
 	// kibotos dev gives its own.
 	NoPoolCapacity bool
+	// FeatureLevels makes members claim a lower feature level than their
+	// build's (a voter of an older build in a rolling upgrade).
+	FeatureLevels map[string]int
 }
 
 // New builds, joins and starts a cluster and waits until every node is READY.
@@ -157,7 +160,7 @@ func (m *Member) start(o Options) {
 	if o.Timings != nil {
 		tm = *o.Timings
 	}
-	srv, err := cluster.Open(context.Background(), cluster.Config{DataDir: m.Dir, Timings: tm, Logger: log})
+	srv, err := cluster.Open(context.Background(), cluster.Config{DataDir: m.Dir, Timings: tm, Logger: log, FeatureLevel: o.FeatureLevels[m.ID]})
 	if err != nil {
 		m.t.Fatalf("serve %s: %v", m.ID, err)
 	}

@@ -1,0 +1,137 @@
+package cluster
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"time"
+
+	"github.com/hashicorp/raft"
+	bolt "go.etcd.io/bbolt"
+
+	"github.com/kibotos/kibotos/api"
+	"github.com/kibotos/kibotos/buildinfo"
+	"github.com/kibotos/kibotos/fsm"
+)
+
+// Feature levels in a mixed-version cluster (see fsm/levels.go): every
+// member answers what its build applies; the leader asks every voter at
+// the start of its leadership and every minute, records what changed, and
+// refuses before the log an op some voter could not apply. A voter it
+// cannot reach keeps its recorded level; one that answers "not found" is
+// a build from before levels: level 1.
+
+// levelRefresh is how often the leader asks the voters again.
+const levelRefresh = time.Minute
+
+// MemberLevel is what GET /v1/internal/member-level answers.
+type MemberLevel struct {
+	NodeID  string `json:"node_id"`
+	Level   int    `json:"level"`
+	Release string `json:"release"`
+}
+
+// featureLevel is this member's level (a test may claim a lower one).
+func (s *Server) featureLevel() int {
+	if s.cfg.FeatureLevel > 0 {
+		return s.cfg.FeatureLevel
+	}
+	return fsm.FeatureLevel
+}
+
+// handleMemberLevel answers this member's build level (member certificates).
+func (s *Server) handleMemberLevel(w http.ResponseWriter, r *http.Request) {
+	writeResult(w, MemberLevel{NodeID: s.id.NodeID, Level: s.featureLevel(), Release: buildinfo.ReleaseName()})
+}
+
+// voters are the ids and addresses of the Raft configuration's voters.
+func (s *Server) voters() ([]raft.Server, error) {
+	f := s.raft.GetConfiguration()
+	if err := f.Error(); err != nil {
+		return nil, err
+	}
+	var out []raft.Server
+	for _, srv := range f.Configuration().Servers {
+		if srv.Suffrage == raft.Voter {
+			out = append(out, srv)
+		}
+	}
+	return out, nil
+}
+
+// checkOpLevel refuses, before the log, an op a voter could not apply.
+// A refusal asks the voters again first (at most every few seconds): a
+// voter that just joined or was just upgraded is not refused for what the
+// records do not know yet.
+func (s *Server) checkOpLevel(ctx context.Context, op string) error {
+	if fsm.OpLevel(op) <= 1 {
+		return nil
+	}
+	err := s.levelsAllow(op)
+	if err == nil || api.CodeOf(err) != api.CodeFailedPrecondition {
+		return err
+	}
+	if last := s.levelsAsked.Load(); last != 0 && time.Since(time.Unix(0, last)) < 2*time.Second {
+		return err
+	}
+	s.levelsAsked.Store(time.Now().UnixNano())
+	s.refreshLevels(ctx)
+	return s.levelsAllow(op)
+}
+
+// levelsAllow checks op against the recorded levels of the voters.
+func (s *Server) levelsAllow(op string) error {
+	vs, err := s.voters()
+	if err != nil {
+		return api.Errorf(api.CodeUnavailable, "ctrl could not read its voters: %v; retry", err)
+	}
+	ids := make([]string, len(vs))
+	for i, v := range vs {
+		ids[i] = string(v.ID)
+	}
+	var levels []fsm.MemberLevel
+	if err := s.fsm.View(func(tx *bolt.Tx) (err error) { levels, err = fsm.MemberLevels(tx, ids); return }); err != nil {
+		return err
+	}
+	return fsm.CheckOpLevel(op, levels)
+}
+
+// refreshLevels asks every voter its level and records what changed.
+func (s *Server) refreshLevels(ctx context.Context) {
+	vs, err := s.voters()
+	if err != nil {
+		return
+	}
+	for _, v := range vs {
+		got := MemberLevel{NodeID: string(v.ID), Level: s.featureLevel(), Release: buildinfo.ReleaseName()}
+		if got.NodeID != s.id.NodeID {
+			cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			err := memberRequest(cctx, s.httpClient, http.MethodGet, string(v.Address), "/v1/internal/member-level", nil, &got)
+			cancel()
+			switch {
+			case api.CodeOf(err) == api.CodeNotFound:
+				got = MemberLevel{NodeID: string(v.ID), Level: 1, Release: ""}
+			case err != nil || got.NodeID != string(v.ID):
+				continue // unreachable now: its recorded level stands
+			}
+		}
+		var rec []fsm.MemberLevel
+		if err := s.fsm.View(func(tx *bolt.Tx) (err error) { rec, err = fsm.MemberLevels(tx, []string{got.NodeID}); return }); err != nil {
+			continue
+		}
+		if rec[0].Level == got.Level && rec[0].Release == got.Release && !rec[0].RecordedAt.IsZero() {
+			continue
+		}
+		raw, _ := json.Marshal(fsm.MemberLevelArgs{NodeID: got.NodeID, Level: got.Level, Release: got.Release})
+		// A build from before levels skips it.
+		res, err := s.Apply(ctx, fsm.Entry{Op: fsm.OpMemberLevel, Args: raw, Actor: "member:" + s.id.NodeID, IgnoreUnknown: true})
+		if err == nil {
+			err = res.Err()
+		}
+		if err != nil {
+			s.log.Warn("feature level of a ctrl member not recorded", "member", got.NodeID, "level", got.Level, "err", err)
+			continue
+		}
+		s.log.Info("feature level of a ctrl member recorded", "member", got.NodeID, "level", got.Level, "release", got.Release)
+	}
+}
