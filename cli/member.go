@@ -17,6 +17,7 @@ import (
 	"github.com/kibotos/kibotos/buildinfo"
 	"github.com/kibotos/kibotos/cluster"
 	"github.com/kibotos/kibotos/datadir"
+	"github.com/kibotos/kibotos/fsm"
 	"github.com/kibotos/kibotos/metrics"
 	"github.com/kibotos/kibotos/netpol"
 	"github.com/kibotos/kibotos/vmm/qemu"
@@ -26,15 +27,23 @@ import (
 type VersionCmd struct{}
 
 func (c *VersionCmd) Run(g *Globals) error {
-	v := map[string]any{"release": buildinfo.ReleaseName(), "revision": buildinfo.SourceRevision(), "released": buildinfo.Released()}
+	line := ""
+	if v, err := buildinfo.ParseRelease(buildinfo.ReleaseName()); err == nil {
+		line = v.Line()
+	}
+	v := map[string]any{"release": buildinfo.ReleaseName(), "revision": buildinfo.SourceRevision(), "released": buildinfo.Released(),
+		"release_line": line, "feature_level": fsm.FeatureLevel}
 	if g.JSON {
 		return printResult(g, v)
 	}
-	rel := "unreleased build"
-	if buildinfo.Released() {
-		rel = "released build"
+	rel := "unreleased build: on no release line"
+	switch {
+	case line != "":
+		rel = "release line " + line
+	case buildinfo.Released():
+		rel = "pre-release: on no release line"
 	}
-	g.printf("kibotos %s (revision %s, %s)\n", buildinfo.ReleaseName(), buildinfo.SourceRevision(), rel)
+	g.printf("kibotos %s (revision %s, %s, feature level %d)\n", buildinfo.ReleaseName(), buildinfo.SourceRevision(), rel, fsm.FeatureLevel)
 	return nil
 }
 
