@@ -346,6 +346,11 @@ func (c *DevDownCmd) Run(g *Globals) error {
 		if err := sd.Stop(); err != nil {
 			return err
 		}
+		// Its egress processes ended with it; their socket directory is
+		// in the shared temporary directory.
+		if err := os.RemoveAll(EgressSocketDir(d, true)); err != nil {
+			return err
+		}
 	}
 	g.printf("kibotos dev: %d VM(s) ended, %d data-plane process(es) stopped", deleted, dpStopped)
 	if sd != nil {

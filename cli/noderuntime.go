@@ -173,6 +173,17 @@ func devSystemd(ctx context.Context, d datadir.Dir) (*privsd.Instance, error) {
 	return sd, nil
 }
 
+// EgressSocketDir is the socket directory of the node's egress processes:
+// under /run/kibotos with the host's systemd; a private systemd has its
+// own /run, so the shared temporary directory then.
+func EgressSocketDir(d datadir.Dir, privateSystemd bool) string {
+	base := "/run/kibotos"
+	if privateSystemd {
+		base = os.TempDir()
+	}
+	return filepath.Join(base, "kibotos-egress-"+dataplane.ScopeFor(filepath.Join(d.NodeDir(), "dataplane")))
+}
+
 // openEgress prepares the node's egress process supervisor (it starts the
 // process only once a policy needs it). Its socket directory must be one
 // both this process and the service manager see at the same path, and the
@@ -184,16 +195,13 @@ func openEgress(ctx context.Context, d datadir.Dir, m *units.Manager, logFormat 
 		return nil, fmt.Errorf("locate the kibotos executable: %w", err)
 	}
 	scope := dataplane.ScopeFor(filepath.Join(d.NodeDir(), "dataplane"))
-	base := "/run/kibotos"
-	if m.Target().ManagerPID > 1 {
-		base = os.TempDir()
-	}
-	if err := os.MkdirAll(base, 0o755); err != nil {
+	socketDir := EgressSocketDir(d, m.Target().ManagerPID > 1)
+	if err := os.MkdirAll(filepath.Dir(socketDir), 0o755); err != nil {
 		return nil, err
 	}
 	return egress.OpenSupervisor(ctx, egress.SupervisorConfig{
 		Units: m, Executable: exe, Scope: scope,
-		SocketDir: filepath.Join(base, "kibotos-egress-"+scope),
+		SocketDir: socketDir,
 		StateDir:  filepath.Join(d.StorageRoot(), "state"),
 		TCPListen: "0.0.0.0:" + strconv.Itoa(runtime.EgressTCPPort),
 		DNSListen: runtime.EgressDNS.String(),

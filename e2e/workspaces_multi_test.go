@@ -21,6 +21,7 @@ import (
 
 	"github.com/kibotos/kibotos/agent/runtime/runtimetest"
 	"github.com/kibotos/kibotos/api"
+	"github.com/kibotos/kibotos/cli"
 	"github.com/kibotos/kibotos/datadir"
 	"github.com/kibotos/kibotos/internal/testenv"
 	"github.com/kibotos/kibotos/vmm/platform"
@@ -362,8 +363,15 @@ func TestWorkspacesTwoNodes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { os.RemoveAll(root) })
 	a.dataDir, b.dataDir = filepath.Join(root, "a"), filepath.Join(root, "b")
+	t.Cleanup(func() {
+		os.RemoveAll(root)
+		// The members' egress socket directories (their private systemd
+		// has its own /run, so these are in the shared /tmp).
+		for _, h := range l.hosts {
+			os.RemoveAll(cli.EgressSocketDir(datadir.Dir(h.dataDir), true))
+		}
+	})
 
 	// Runs before the lab's cleanup (registered first) and the removal of
 	// root: stop both members (their private systemd ends their VMs) and

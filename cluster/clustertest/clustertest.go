@@ -82,8 +82,9 @@ func New(t testing.TB, o Options) *Cluster {
 		o.Capacity = api.Resources{CPU: 2000, MemoryBytes: 4 << 30}
 	}
 	c := &Cluster{t: t}
-	t.Cleanup(c.stopAll)
+	// Made first so it is removed last: after every member stopped writing.
 	base := t.TempDir()
+	t.Cleanup(c.stopAll)
 	first := &Member{t: t, ID: "node-1", Dir: datadir.Dir(base + "/node-1"), Addr: FreeAddr(t)}
 	if _, err := cluster.Init(context.Background(), cluster.InitOptions{DataDir: first.Dir, NodeID: first.ID, Advertise: first.Addr, Roles: []string{api.RoleCtrl, api.RoleNode}}); err != nil {
 		t.Fatalf("init: %v", err)
