@@ -137,6 +137,8 @@ type Report struct {
 	TemplateBytes map[string]uint64 `json:"template_bytes,omitempty"`
 	// DataPlaneAddress is where the node's data-plane process listens.
 	DataPlaneAddress string `json:"data_plane_address,omitempty"`
+	// Resume is what the node's VMM can restore (paused Workspaces).
+	Resume *ResumeInfo `json:"resume,omitempty"`
 }
 
 // EndedInstance is the node's record of an Instance it released.

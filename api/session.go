@@ -54,6 +54,17 @@ type WorkspaceTask struct {
 	Resolver *TaskResolver `json:"resolver,omitempty"`
 	// Volumes (start) are the Workspace's Volumes, in mount order.
 	Volumes []TaskVolume `json:"volumes,omitempty"`
+	// Snapshot (start): restore the Workspace's snapshot instead of
+	// booting; (stop, delete) remove its files.
+	Snapshot *TaskSnapshot `json:"snapshot,omitempty"`
+}
+
+// TaskSnapshot is a Workspace's snapshot as a command needs it.
+type TaskSnapshot struct {
+	PoolID string         `json:"pool_id"`
+	Compat SnapshotCompat `json:"compat"`
+	// Discard: remove the files (a start then boots the guest afresh).
+	Discard bool `json:"discard,omitempty"`
 }
 
 // WorkspaceTaskResult is the node's answer to a WorkspaceTask.
@@ -62,6 +73,14 @@ type WorkspaceTaskResult struct {
 	CommandID   string `json:"command_id"`
 	Outcome     string `json:"outcome"` // ok, refused, failed
 	Error       string `json:"error,omitempty"`
+	// Snapshot (pause ok) is the snapshot the node saved.
+	Snapshot *SnapshotReport `json:"snapshot,omitempty"`
+	// InstanceGone (pause failed): the VMM ended and the node removed the
+	// Instance; otherwise the guest runs on.
+	InstanceGone bool `json:"instance_gone,omitempty"`
+	// SnapshotDiscarded (resume failed): the snapshot could not be
+	// restored (torn, incompatible) and the node removed it.
+	SnapshotDiscarded bool `json:"snapshot_discarded,omitempty"`
 }
 
 // Session message types.

@@ -74,6 +74,12 @@ type Workspace struct {
 	// StopUnconfirmed marks a stop --force (or a release by ctrl) whose data
 	// was not confirmed to have reached disk.
 	StopUnconfirmed bool `json:"stop_unconfirmed,omitempty"`
+	// Snapshot is the saved guest of a PAUSED Workspace (kept while a
+	// resume is in flight); nil otherwise.
+	Snapshot *Snapshot `json:"snapshot,omitempty"`
+	// LastError is why the latest command that left the Workspace as it
+	// was failed (a pause that could not save the guest: it runs on).
+	LastError *WorkspaceFailure `json:"last_error,omitempty"`
 	// Cleanup is the node's conclusion on the Workspace's latest ended
 	// Instance, stored by ctrl before the node deleted its record.
 	Cleanup *CleanupConclusion `json:"cleanup,omitempty"`

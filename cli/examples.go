@@ -46,6 +46,8 @@ var examples = map[string][]string{
 	"workspace start":  {"kibo workspace start WS", "kibo workspace start WS --node node-b"},
 	"workspace stop":   {"kibo workspace stop WS", "kibo workspace stop WS --force"},
 	"workspace delete": {"kibo workspace delete WS"},
+	"workspace pause":  {"kibo workspace pause WS"},
+	"workspace resume": {"kibo workspace resume WS", "kibo workspace resume WS --node node-b    # a node that reaches the pool"},
 	"workspace get":    {"kibo workspace get WS", "kibo workspace get WS --json"},
 	"workspace list":   {"kibo workspace list", "kibo workspace list --all --label team=ml"},
 	"workspace move":   {"kibo workspace move WS --node node-b"},

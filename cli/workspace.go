@@ -16,6 +16,8 @@ type WorkspaceCmd struct {
 	Create        WorkspaceCreateCmd        `cmd:"" help:"Create a Workspace from a template and start it on a node the scheduler picks (or --node)."`
 	Start         WorkspaceStartCmd         `cmd:"" help:"Start a STOPPED or FAILED Workspace; each start gets a new Instance."`
 	Stop          WorkspaceStopCmd          `cmd:"" help:"Stop a Workspace; its writable layer is kept. --force ends its Instance without a clean guest stop."`
+	Pause         WorkspacePauseCmd         `cmd:"" help:"Save a running Workspace's memory and devices beside its writable layer and end its VM; resume brings it back as it was."`
+	Resume        WorkspaceResumeCmd        `cmd:"" help:"Resume a PAUSED Workspace on its node or any node that reaches its pool and can restore it."`
 	Delete        WorkspaceDeleteCmd        `cmd:"" help:"Delete a Workspace with its writable layer."`
 	Get           WorkspaceGetCmd           `cmd:"" help:"Show one Workspace; the Node line is where it runs."`
 	List          WorkspaceListCmd          `cmd:"" help:"List Workspaces (without --all: not the STOPPED ones)."`
@@ -314,6 +316,16 @@ func renderWorkspace(w io.Writer, ws *api.Workspace, wide bool) {
 		}
 	}
 	line("Writable layer", "%s", layer)
+	if s := ws.Snapshot; s != nil {
+		if s.Discarded {
+			line("Snapshot", "discarded by a stop; its files in pool %s go with the next start or the delete", s.PoolID)
+		} else {
+			line("Snapshot", "%s in pool %s, taken on node %s at %s (QEMU %s, %s, %d MiB)", formatBytes(s.SizeBytes), s.PoolID, s.NodeID, stamp(s.TakenAt), s.Compat.QEMUVersion, s.Compat.Accel, s.Compat.MemoryMiB)
+		}
+	}
+	if e := ws.LastError; e != nil {
+		line("Last error", "%s failed at %s: %s", e.Reason, stamp(e.At), e.Message)
+	}
 	label := "Volumes"
 	for _, m := range ws.Volumes {
 		line(label, "%s at %s (%s)", m.Name, m.Path, m.VolumeID)

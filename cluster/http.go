@@ -203,6 +203,7 @@ func (s *Server) routes() http.Handler {
 	m.HandleFunc("GET /v1/workspaces/{id}/cleanup-status", operator(s.reader(s.handleCleanupStatus)))
 	m.HandleFunc("POST /v1/workspaces/{id}/start", operator(s.onLeader(s.workspaceOp(fsm.OpWorkspaceStart))))
 	m.HandleFunc("POST /v1/workspaces/{id}/stop", operator(s.onLeader(s.workspaceOp(fsm.OpWorkspaceStop))))
+	m.HandleFunc("POST /v1/workspaces/{id}/pause", operator(s.onLeader(s.workspaceOp(fsm.OpWorkspacePause))))
 	m.HandleFunc("POST /v1/workspaces/{id}/delete", operator(s.onLeader(s.workspaceOp(fsm.OpWorkspaceDelete))))
 	m.HandleFunc("POST /v1/workspaces/{id}/network", operator(s.onLeader(s.handleWorkspaceSetNetwork)))
 	m.HandleFunc("POST /v1/workspaces/{id}/credentials", operator(s.onLeader(s.handleCredential)))

@@ -174,7 +174,7 @@ func (s *Server) handleWorkspaceList(w http.ResponseWriter, r *http.Request) {
 		for _, one := range strings.Split(st, ",") {
 			one = strings.ToUpper(strings.TrimSpace(one))
 			if !validWorkspaceState(one) {
-				writeError(w, api.Errorf(api.CodeInvalidArgument, "state %q is unknown: use CREATING, STARTING, AVAILABLE, STOPPING, STOPPED, FAILED or DELETING", one))
+				writeError(w, api.Errorf(api.CodeInvalidArgument, "state %q is unknown: use CREATING, STARTING, AVAILABLE, PAUSING, PAUSED, STOPPING, STOPPED, FAILED or DELETING", one))
 				return
 			}
 			f.States = append(f.States, one)
@@ -215,7 +215,7 @@ func (s *Server) handleWorkspaceList(w http.ResponseWriter, r *http.Request) {
 func validWorkspaceState(s string) bool {
 	switch s {
 	case api.WorkspaceCreating, api.WorkspaceStarting, api.WorkspaceAvailable, api.WorkspaceStopping,
-		api.WorkspaceStopped, api.WorkspaceFailed, api.WorkspaceDeleting:
+		api.WorkspaceStopped, api.WorkspaceFailed, api.WorkspaceDeleting, api.WorkspacePausing, api.WorkspacePaused:
 		return true
 	}
 	return false
@@ -450,7 +450,7 @@ func (d *dispatcher) run() error {
 // withNetworkObjects adds the objects the policy names.
 func taskFor(w *api.Workspace) *api.WorkspaceTask {
 	p := w.Pending
-	task := &api.WorkspaceTask{Command: *p, WorkspaceID: w.WorkspaceID, Template: w.Template, CPU: w.CPU, MemoryBytes: w.MemoryBytes}
+	task := &api.WorkspaceTask{Command: *p, WorkspaceID: w.WorkspaceID, Template: w.Template, CPU: w.CPU, MemoryBytes: w.MemoryBytes, Snapshot: fsm.TaskSnapshot(w)}
 	if w.Layer != nil {
 		task.LayerPool = w.Layer.PoolID
 	}
@@ -489,6 +489,7 @@ func (s *Server) applyVolumeResult(ctx context.Context, nodeID, sid string, r *a
 func (s *Server) applyTaskResult(ctx context.Context, nodeID, sid string, r *api.WorkspaceTaskResult) error {
 	res, err := s.ApplyOp(ctx, fsm.OpWorkspaceResult, fsm.WorkspaceResultArgs{
 		NodeID: nodeID, SessionID: sid, WorkspaceID: r.WorkspaceID, CommandID: r.CommandID, Outcome: r.Outcome, Error: r.Error,
+		Snapshot: r.Snapshot, InstanceGone: r.InstanceGone, SnapshotDiscarded: r.SnapshotDiscarded,
 	})
 	if err != nil {
 		return err

@@ -92,6 +92,7 @@ var handlers = map[string]handler{
 	OpVolumeDelete:         applyVolumeDelete,
 	OpVolumeResult:         applyVolumeResult,
 	OpMemberLevel:          applyMemberLevel,
+	OpWorkspacePause:       applyWorkspacePause,
 }
 
 // Open creates a fresh state file at path (any old file is replaced).

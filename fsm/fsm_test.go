@@ -336,7 +336,7 @@ var allOps = []string{
 	OpWorkspaceSetNetwork,
 	OpEgressCreate, OpEgressUpdate, OpEgressDelete, OpResolverCreate, OpResolverDelete,
 	OpPoolSetCapacity, OpPoolDeclareLost,
-	OpVolumeCreate, OpVolumeResize, OpVolumeDelete, OpVolumeResult, OpMemberLevel,
+	OpVolumeCreate, OpVolumeResize, OpVolumeDelete, OpVolumeResult, OpMemberLevel, OpWorkspacePause,
 }
 
 func TestEveryOpHasAHandler(t *testing.T) {

@@ -19,11 +19,12 @@ import (
 // a record counts as level 1.
 
 // FeatureLevel is the level of this build.
-const FeatureLevel = 2
+const FeatureLevel = 3
 
 // opLevels are the ops above level 1, by the level that introduced them.
 var opLevels = map[string]int{
 	OpVolumeCreate: 2, OpVolumeResize: 2, OpVolumeDelete: 2, OpVolumeResult: 2,
+	OpWorkspacePause: 3,
 }
 
 // OpLevel is the level an op needs of every voter.

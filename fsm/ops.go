@@ -40,6 +40,7 @@ const (
 	OpVolumeResize         = "volume.resize"
 	OpVolumeDelete         = "volume.delete"
 	OpVolumeResult         = "volume.node_result"
+	OpWorkspacePause       = "workspace.pause"
 	// OpMemberLevel is proposed with IgnoreUnknown (see levels.go).
 	OpMemberLevel = "cluster.member_level"
 )

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"sort"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -171,20 +172,68 @@ func layerCharge(w *api.Workspace) (string, PoolUse) {
 	return api.LayerPoolID(w.Layer), PoolUse{Layers: 1, UsedBytes: w.Layer.SizeBytes}
 }
 
-// movePoolUse replaces old's charge to its pool by w's (either may be nil).
-func movePoolUse(tx *bolt.Tx, old, w *api.Workspace) error {
-	op, ou := layerCharge(old)
-	np, nu := layerCharge(w)
-	if op == np && ou == nu {
-		return nil
+// snapshotCharge is what w's snapshot takes of its pool: the snapshot's
+// size, or, while a pause runs, the guest memory it may grow to (reserved
+// when ctrl accepted the pause). "" for none.
+func snapshotCharge(w *api.Workspace) (string, PoolUse) {
+	switch {
+	case w == nil || w.Layer == nil || w.Layer.Lost:
+		return "", PoolUse{}
+	case w.Snapshot != nil:
+		return w.Snapshot.PoolID, PoolUse{UsedBytes: w.Snapshot.SizeBytes}
+	case w.State == api.WorkspacePausing:
+		return api.LayerPoolID(w.Layer), PoolUse{UsedBytes: w.MemoryBytes}
 	}
-	if op != "" {
-		if err := addPoolUse(tx, op, ou, -1); err != nil {
-			return err
+	return "", PoolUse{}
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// workspaceCharges is what w takes of each pool: its layer and snapshot.
+func workspaceCharges(w *api.Workspace) map[string]PoolUse {
+	out := map[string]PoolUse{}
+	for _, f := range []func(*api.Workspace) (string, PoolUse){layerCharge, snapshotCharge} {
+		if pool, c := f(w); pool != "" {
+			u := out[pool]
+			u.Layers += c.Layers
+			u.UsedBytes += c.UsedBytes
+			out[pool] = u
 		}
 	}
-	if np != "" {
-		return addPoolUse(tx, np, nu, +1)
+	return out
+}
+
+// movePoolUse replaces old's charges to pools by w's (either may be nil).
+func movePoolUse(tx *bolt.Tx, old, w *api.Workspace) error {
+	before, after := workspaceCharges(old), workspaceCharges(w)
+	// Sorted: the order of the writes must not depend on map order.
+	pools := sortedKeys(before)
+	for _, p := range sortedKeys(after) {
+		if _, ok := before[p]; !ok {
+			pools = append(pools, p)
+		}
+	}
+	for _, p := range pools {
+		if before[p] == after[p] {
+			continue
+		}
+		if u, ok := before[p]; ok {
+			if err := addPoolUse(tx, p, u, -1); err != nil {
+				return err
+			}
+		}
+		if u, ok := after[p]; ok {
+			if err := addPoolUse(tx, p, u, +1); err != nil {
+				return err
+			}
+		}
 	}
 	return nil
 }
@@ -217,8 +266,11 @@ func recountPoolUse(tx *bolt.Tx) error {
 		if err != nil {
 			return err
 		}
-		if pool, c := layerCharge(w); pool != "" {
-			return addPoolUse(tx, pool, c, +1)
+		charges := workspaceCharges(w)
+		for _, pool := range sortedKeys(charges) {
+			if err := addPoolUse(tx, pool, charges[pool], +1); err != nil {
+				return err
+			}
 		}
 		return nil
 	})
@@ -415,6 +467,11 @@ func applyPoolDeclareLost(tx *bolt.Tx, e *Entry) (any, error) {
 			continue
 		}
 		w.Pending = nil
+		// A snapshot beside the layer is gone with it.
+		w.Snapshot = nil
+		if w.State == api.WorkspacePaused {
+			w.State = api.WorkspaceStopped
+		}
 		if err := putWorkspace(tx, e, old, w); err != nil {
 			return nil, err
 		}

@@ -237,6 +237,9 @@ func (g *logGen) report(id string) api.Report {
 			r.Pools = append(r.Pools, api.Pool{PoolID: "shared-nfs", Path: "/srv/nfs", Available: g.poolPct(90), Shared: g.poolPct(85)})
 		}
 	}
+	if g.volPct(70) {
+		r.Resume = &api.ResumeInfo{QEMUVersion: []string{"7.2.9", "7.2.9", "8.0.0"}[g.vols.Intn(3)], Accel: "tcg", CPUModel: "max", Installations: []string{"sha256-a"}}
+	}
 	if g.pct(90) {
 		r.Templates = testTemplates
 		if g.poolPct(80) {
@@ -519,6 +522,18 @@ func (g *logGen) drawWorkspace(mk func(string, any, *uint64) Entry) Entry {
 		case x < 4:
 			a.Outcome, a.Error = OutcomeFailed, "boom"
 		}
+		if w.Pending != nil && (w.Pending.Kind == api.WSCmdPause || w.Snapshot != nil) {
+			// Pause and resume answers, from the Volume source.
+			switch y := g.vols.Intn(10); {
+			case y < 6:
+				a.Snapshot = &api.SnapshotReport{SizeBytes: uint64(1+g.vols.Intn(4)) << 28, Compat: api.SnapshotCompat{InstallationID: "sha256-a",
+					QEMUVersion: "7.2.9", Accel: "tcg", CPUModel: "max", MemoryMiB: 256, VCPUs: 1, Devices: []string{"layer", "net"}}}
+			case y < 8:
+				a.InstanceGone = true
+			default:
+				a.SnapshotDiscarded = true
+			}
+		}
 		return mk(OpWorkspaceResult, a, nil)
 	}
 }
@@ -577,6 +592,18 @@ func (g *logGen) draw() Entry {
 	}
 	if g.volPct(g.volWeight) {
 		return g.drawVolume(mk)
+	}
+	if g.volPct(4) {
+		w := g.workspace(false)
+		if g.volPct(80) {
+			for _, c := range g.workspaces() {
+				if c.State == api.WorkspaceAvailable && c.Pending == nil {
+					w = c
+					break
+				}
+			}
+		}
+		return mk(OpWorkspacePause, WorkspaceArgs{WorkspaceID: w.WorkspaceID}, g.expected(w.Version))
 	}
 	if g.volPct(2) {
 		// A member's feature level, as the leader records it.
@@ -896,9 +923,9 @@ const propertyEntries = 2000
 
 func TestPropertyReplicasAgree(t *testing.T) {
 	// Seeds of 1000 and above draw Volume-heavy logs.
-	seeds := []int64{1, 2, 3, 42, 1234, 99991, 1001, 1003}
+	seeds := []int64{1, 4, 3, 42, 1234, 99991, 1001, 1003}
 	if testing.Short() {
-		seeds = []int64{1, 2, 1003}
+		seeds = []int64{1, 4, 1003}
 	}
 	var mu sync.Mutex
 	okByOp := map[string]int{}
@@ -1182,7 +1209,18 @@ func (c *invariantChecker) checkWorkspaces(i int, e Entry, f *FSM, nodes []api.N
 		wantKind := map[string][]string{
 			api.WorkspaceCreating: {api.WSCmdStart}, api.WorkspaceStarting: {api.WSCmdStart},
 			api.WorkspaceStopping: {api.WSCmdStop, api.WSCmdStopForce}, api.WorkspaceDeleting: {api.WSCmdDelete},
+			api.WorkspacePausing: {api.WSCmdPause},
 		}[w.State]
+		if s := w.Snapshot; s != nil {
+			if w.Layer == nil || s.PoolID != api.LayerPoolID(w.Layer) || s.Compat.Check() != nil {
+				bad("a snapshot away from its layer, or without its compatibility")
+			}
+			if (w.State == api.WorkspaceAvailable || w.State == api.WorkspacePausing || w.State == api.WorkspaceCreating) || (w.State == api.WorkspacePaused && s.Discarded) {
+				bad("a snapshot in a state that has none, or a PAUSED one discarded")
+			}
+		} else if w.State == api.WorkspacePaused {
+			bad("PAUSED without a snapshot")
+		}
 		switch {
 		case w.State == api.WorkspaceAvailable && w.Pending != nil:
 			// A running Workspace waits only for a policy change, which
@@ -1204,9 +1242,13 @@ func (c *invariantChecker) checkWorkspaces(i int, e Entry, f *FSM, nodes []api.N
 			bad("waits for a pool member while not a delete without a command")
 		}
 		switch w.State {
-		case api.WorkspaceCreating, api.WorkspaceStarting, api.WorkspaceAvailable, api.WorkspaceStopping:
+		case api.WorkspaceCreating, api.WorkspaceStarting, api.WorkspaceAvailable, api.WorkspaceStopping, api.WorkspacePausing:
 			if !running {
 				bad("no execution")
+			}
+		case api.WorkspacePaused:
+			if running || w.Failure != nil || w.Pending != nil {
+				bad("paused with an execution, a failure or a command")
 			}
 		case api.WorkspaceStopped:
 			if running || w.Failure != nil {

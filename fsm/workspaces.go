@@ -64,6 +64,10 @@ type WorkspaceResultArgs struct {
 	CommandID   string `json:"command_id"`
 	Outcome     string `json:"outcome"`
 	Error       string `json:"error,omitempty"`
+	// Pause and resume answers (see api.WorkspaceTaskResult).
+	Snapshot          *api.SnapshotReport `json:"snapshot,omitempty"`
+	InstanceGone      bool                `json:"instance_gone,omitempty"`
+	SnapshotDiscarded bool                `json:"snapshot_discarded,omitempty"`
 }
 
 // DefaultPool is the pool a node creates retained layers in.
@@ -480,6 +484,10 @@ func place(tx *bolt.Tx, w *api.Workspace, vols []*api.Volume, pin string, refuse
 		pinnedBy = o
 		req.Node = o.maker
 	}
+	if s := w.Snapshot; s != nil && !s.Discarded {
+		// Only a node whose VMM can restore the snapshot resumes it.
+		req.Room = resumeRoom(s)
+	}
 	if w.Layer == nil {
 		// New objects go to the node's default pool, which must have room.
 		req.OwnDefaultPool = true
@@ -677,6 +685,7 @@ func applyWorkspaceStart(tx *bolt.Tx, e *Entry) (any, error) {
 	switch {
 	case w.State == api.WorkspaceAvailable && (a.NodeID == "" || a.NodeID == w.NodeID):
 		return w, nil // already running where asked
+	case w.State == api.WorkspacePaused: // resumed
 	case w.State == api.WorkspaceStopped:
 	case w.State == api.WorkspaceFailed && w.InstanceID == "":
 	case w.State == api.WorkspaceFailed:
@@ -686,6 +695,7 @@ func applyWorkspaceStart(tx *bolt.Tx, e *Entry) (any, error) {
 		return nil, api.Errorf(api.CodeFailedPrecondition, "workspace %s is %s: start needs STOPPED or FAILED; stop it first", w.WorkspaceID, w.State)
 	}
 	old := cloneWorkspace(w)
+	w.LastError = nil
 	// A start uses the latest revision of the Egress its policy names.
 	if err := latestEgressRevision(tx, w); err != nil {
 		return nil, err
@@ -718,10 +728,16 @@ func applyWorkspaceStop(tx *bolt.Tx, e *Entry) (any, error) {
 		return w, nil
 	case w.State == api.WorkspaceDeleting:
 		return nil, api.Errorf(api.CodeFailedPrecondition, "workspace %s is being deleted", w.WorkspaceID)
+	case w.State == api.WorkspacePausing:
+		return nil, api.Errorf(api.CodeFailedPrecondition, "workspace %s is being paused: stop it once it is PAUSED (which discards the snapshot) or AVAILABLE again", w.WorkspaceID)
 	case w.InstanceID == "":
-		// Nothing runs (FAILED after its node was isolated): stopping is
-		// only bookkeeping.
-		w.State, w.Pending, w.Failure = api.WorkspaceStopped, nil, nil
+		// Nothing runs (FAILED after its node was isolated, PAUSED):
+		// stopping is only bookkeeping; a snapshot's files go with the
+		// next start or the delete.
+		w.State, w.Pending, w.Failure, w.LastError = api.WorkspaceStopped, nil, nil, nil
+		if w.Snapshot != nil {
+			w.Snapshot.Discarded = true
+		}
 	case a.Force:
 		w.State = api.WorkspaceStopping
 		setPending(e, w, api.WSCmdStopForce, nil)
@@ -806,10 +822,13 @@ func applyWorkspaceResult(tx *bolt.Tx, e *Entry) (any, error) {
 		w.Failure = &api.WorkspaceFailure{Reason: reason, Message: msg, At: *at(e)}
 	}
 	switch p.Kind {
+	case api.WSCmdPause:
+		pauseResult(e, w, p, &a)
 	case api.WSCmdStart:
 		switch a.Outcome {
 		case OutcomeOK:
 			w.State = api.WorkspaceAvailable
+			w.Snapshot = nil // restored (or its files removed by a fresh boot)
 			if err := volumesMade(tx, e, w); err != nil {
 				return nil, err
 			}
@@ -849,7 +868,9 @@ func applyWorkspaceResult(tx *bolt.Tx, e *Entry) (any, error) {
 			if w.Layer != nil {
 				w.Layer.Held = false
 			}
-			fail(api.FailureStart, a.Error)
+			if !resumeFailed(e, w, &a) {
+				fail(api.FailureStart, a.Error)
+			}
 		}
 	case api.WSCmdStop, api.WSCmdStopForce:
 		if a.Outcome != OutcomeOK {
@@ -858,6 +879,10 @@ func applyWorkspaceResult(tx *bolt.Tx, e *Entry) (any, error) {
 		}
 		w.State, w.NodeID, w.InstanceID, w.Failure = api.WorkspaceStopped, "", "", nil
 		w.StopUnconfirmed = p.Kind == api.WSCmdStopForce
+		if w.Snapshot != nil {
+			// A resume in flight stopped: its snapshot is not restored.
+			w.Snapshot.Discarded = true
+		}
 		if w.Layer != nil {
 			w.Layer.Held = false
 		}

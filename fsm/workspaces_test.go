@@ -273,7 +273,7 @@ func poolUseProblem(tx *bolt.Tx) error {
 		if err != nil {
 			return err
 		}
-		if pool, c := layerCharge(w); pool != "" {
+		for pool, c := range workspaceCharges(w) {
 			u := want[pool]
 			u.Layers += c.Layers
 			u.UsedBytes += c.UsedBytes
