@@ -515,6 +515,10 @@ func (a *Agent) buildReport(withEnded bool) api.Report {
 		r.DataPlaneAddress = dp.Address()
 	}
 	r.Templates, r.TemplateBytes = a.templateNames()
+	if withEnded {
+		// Full reports only: the watcher's look every second needs none.
+		r.Resume = a.resumeInfo()
+	}
 	if rt := a.cfg.Runtime; rt != nil && withEnded {
 		// ctrl stores the cleanup conclusion of each, then has it deleted.
 		ended, err := rt.Ended(100)

@@ -184,13 +184,19 @@ func (a *Agent) execute(t api.WorkspaceTask) api.WorkspaceTaskResult {
 			r.Outcome, r.Error = fsm.OutcomeRefused, refusal
 			return r
 		}
+		if err != nil && t.Snapshot != nil && !t.Snapshot.Discard {
+			a.failedResume(t, &r, err)
+			return r
+		}
+	case api.WSCmdPause:
+		err = a.pauseWorkspace(ctx, t, &r)
 	case api.WSCmdStop:
 		err = a.endInstance(ctx, t.Command.InstanceID, stopGrace)
 	case api.WSCmdStopForce:
 		err = a.endInstance(ctx, t.Command.InstanceID, 0)
 	case api.WSCmdDelete:
 		if err = a.endInstance(ctx, t.Command.InstanceID, stopGrace); err == nil {
-			err = a.removeLayer(t)
+			err = errors.Join(a.removeLayer(t), a.removeSnapshot(t))
 		}
 	case api.WSCmdNetwork:
 		err = a.updateNetwork(ctx, t)
@@ -261,6 +267,24 @@ func (a *Agent) startWorkspace(ctx context.Context, t api.WorkspaceTask) (refusa
 	if err != nil || len(plats) == 0 {
 		return "", fmt.Errorf("node %s has no Platform: run kibotos platform build on it", a.cfg.NodeID)
 	}
+	installation := plats[0]
+	var restore *runtime.RestoreSpec
+	switch s := t.Snapshot; {
+	case s != nil && s.Discard:
+		// Stopped while paused: boots afresh; the old snapshot goes first.
+		if err := a.removeSnapshot(t); err != nil {
+			return "", err
+		}
+	case s != nil:
+		if installation, err = a.restoreInstallation(s); err != nil {
+			return "", err
+		}
+		dir, err := a.snapshotDir(s.PoolID, t.WorkspaceID)
+		if err != nil {
+			return "", err
+		}
+		restore = &runtime.RestoreSpec{Dir: dir}
+	}
 	layer, err := a.layerPath(t.LayerPool, t.WorkspaceID)
 	if err != nil {
 		return "", err
@@ -280,11 +304,19 @@ func (a *Agent) startWorkspace(ctx context.Context, t api.WorkspaceTask) (refusa
 	a.tasks.owners[id] = t.WorkspaceID
 	a.saveOwners()
 	a.tasks.mu.Unlock()
-	spec := runtime.Spec{InstanceID: id, Installation: plats[0], VCPUs: max(1, int(t.CPU/1000)), MemoryMiB: int(t.MemoryBytes >> 20),
-		Network: true, Policy: policy, RootImage: tpl.Image(), LayerPath: layer, Volumes: volumes}
+	spec := runtime.Spec{InstanceID: id, Installation: installation, VCPUs: max(1, int(t.CPU/1000)), MemoryMiB: int(t.MemoryBytes >> 20),
+		Network: true, Policy: policy, RootImage: tpl.Image(), LayerPath: layer, Volumes: volumes, Restore: restore}
 	if _, err := rt.Start(ctx, spec); err != nil {
 		a.forget(ctx, id)
 		return "", fmt.Errorf("node %s: %w", a.cfg.NodeID, err)
+	}
+	if restore != nil {
+		// The restored guest has its filesystems mounted already; its
+		// snapshot is spent.
+		if err := a.removeSnapshot(t); err != nil {
+			a.log.Warn("restored snapshot not removed", "workspace_id", t.WorkspaceID, "err", err)
+		}
+		return "", nil
 	}
 	if err := a.configureWorkspace(ctx, id, t); err != nil {
 		a.forget(ctx, id)

@@ -144,6 +144,7 @@ func (q *QEMU) Argv(spec Spec, p Paths) ([]string, error) {
 		Channels:      []qemu.Channel{{Name: AgentPortName, Socket: p.AgentSocket}},
 		QMPSocket:     p.Control,
 		NoReboot:      true,
+		Incoming:      spec.Restore != nil,
 	}
 	// The data plane's channel; InstanceStatus reports its socket because
 	// it is on this command line.

@@ -10,3 +10,10 @@ func UnconfinedVMM(c Config) Config {
 
 // VMMLimits is vmmLimits for tests.
 var VMMLimits = vmmLimits
+
+// BeforeSave runs f during every pause just before QEMU saves the guest
+// (to kill the VMM mid-pause).
+func BeforeSave(c Config, f func(hostPID int)) Config {
+	c.beforeSave = f
+	return c
+}

@@ -109,6 +109,9 @@ type Config struct {
 	// did (root, no seccomp, file console), so tests can make the
 	// Instances an upgraded node must take over.
 	unconfinedVMM bool
+	// beforeSave, when set (tests), runs during a pause just before QEMU
+	// saves the guest: the VMM's host PID.
+	beforeSave func(hostPID int)
 }
 
 // Overheads of a confined QEMU VMM beside its guest, for the unit's
@@ -158,6 +161,9 @@ type Runtime struct {
 	vmm *vmmAccount
 	// net is the node side of Instance networks.
 	net *nodeNetwork
+	// qemuVersion is the QEMU binary's version ("" for another backend),
+	// what a snapshot records and a restore must match.
+	qemuVersion string
 
 	instancesDir, registryDir, logsDir string
 	lock                               *os.File
@@ -314,6 +320,12 @@ func Open(ctx context.Context, cfg Config) (*Runtime, error) {
 			rt.log.Warn("VMM device permissions set to the udev defaults", "devices", changed, "vmm_user", a.name)
 		}
 		rt.vmm = &a
+	}
+	if q, ok := rt.backend.(*QEMU); ok {
+		if rt.qemuVersion, err = binaryVersion(q.Binary); err != nil {
+			// Nothing can be paused or resumed here; the rest runs.
+			rt.log.Warn("QEMU version unknown: no pause or resume on this node", "err", err)
+		}
 	}
 	if rt.net, err = openNodeNetwork(cfg.Network, cfg.HostNetNS, rt.units.Target(), rt.log); err != nil {
 		return nil, err

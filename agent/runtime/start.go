@@ -13,6 +13,7 @@ import (
 
 	"github.com/kibotos/kibotos/internal/ctxsleep"
 	"github.com/kibotos/kibotos/netpol"
+	"github.com/kibotos/kibotos/vmm/guestproto"
 	"github.com/kibotos/kibotos/vmm/platform"
 	"github.com/kibotos/kibotos/vmm/units"
 )
@@ -40,6 +41,9 @@ type Spec struct {
 	// Volumes are raw disks attached after the layer and the scratch
 	// disk, each found in the guest by its serial.
 	Volumes []VolumeDisk
+	// Restore, when set, restores a snapshot (Pause) instead of booting:
+	// the same command line must be what the snapshot was saved from.
+	Restore *RestoreSpec
 }
 
 // vmmLogEnv passes the VMM log path to the wrapper shell.
@@ -182,6 +186,15 @@ func (rt *Runtime) start(ctx context.Context, in *instance, spec Spec) error {
 	in.mu.Lock()
 	in.rec = rec
 	in.mu.Unlock()
+	if spec.Restore != nil {
+		// Checked whole before QEMU reads a byte of it.
+		if err := rt.checkRestore(rec, spec.Restore.Dir); err != nil {
+			return errors.Join(fmt.Errorf("runtime: instance %s: %w", in.id, err), rt.deleteNetwork(context.WithoutCancel(ctx), in.id, rec.Network))
+		}
+		if _, err := os.Stat(spec.LayerPath); spec.LayerPath != "" && err != nil {
+			return errors.Join(fmt.Errorf("runtime: instance %s: the writable layer the snapshot needs: %w", in.id, err), rt.deleteNetwork(context.WithoutCancel(ctx), in.id, rec.Network))
+		}
+	}
 	if p.Disk != "" {
 		if err := createDisk(ctx, p.Disk, spec.DiskMiB); err != nil {
 			return err
@@ -252,14 +265,37 @@ func (rt *Runtime) start(ctx context.Context, in *instance, spec Spec) error {
 	if p.ConsoleSocket != "" {
 		rt.startConsole(in)
 	}
+	if spec.Restore != nil {
+		tRestore := time.Now()
+		if err := rt.restore(ctx, p.Control, spec.Restore.Dir); err != nil {
+			return errors.Join(fmt.Errorf("runtime: instance %s: %w", in.id, err), rt.abortLaunch(ctx, rec.Unit, proc.InvocationID))
+		}
+		rt.log.Info("instance restored", "instance_id", in.id, "snapshot", spec.Restore.Dir, "took", time.Since(tRestore).Round(time.Millisecond))
+	}
 
 	if err := rt.awaitGuest(ctx, in, true); err != nil {
 		return err
 	}
+	if spec.Restore != nil {
+		// The saved guest's clock stopped with it.
+		if c, err := rt.Guest(in.id); err == nil && c.Info().Has(guestproto.CapSetTime) {
+			if err := c.SetTime(ctx, time.Now()); err != nil {
+				rt.log.Warn("restored guest's clock not set", "instance_id", in.id, "err", err)
+			}
+		}
+	}
 	if spec.Network {
 		c, err := rt.Guest(in.id)
 		if err == nil {
-			err = c.Configure(ctx, guestNetwork(rec.Network))
+			req := guestNetwork(rec.Network)
+			if spec.Restore != nil {
+				// A restored guest still has the addresses of the VM it
+				// was saved from.
+				for i := range req.Interfaces {
+					req.Interfaces[i].Flush = true
+				}
+			}
+			err = c.Configure(ctx, req)
 		}
 		if err != nil {
 			return errors.Join(fmt.Errorf("runtime: instance %s: configure the guest network: %w", in.id, err), rt.abortLaunch(ctx, rec.Unit, proc.InvocationID))

@@ -202,7 +202,7 @@ func newAgent(opts Options) *agent {
 	a.info = guestproto.GuestInfo{
 		Capabilities: []string{guestproto.CapExec, guestproto.CapPTY, guestproto.CapFiles,
 			guestproto.CapConfigure, guestproto.CapFreeze, guestproto.CapStop, guestproto.CapExecRoot,
-			guestproto.CapPortForward, guestproto.CapBindMount, guestproto.CapMountSerial, guestproto.CapGrowFS},
+			guestproto.CapPortForward, guestproto.CapBindMount, guestproto.CapMountSerial, guestproto.CapGrowFS, guestproto.CapSetTime},
 		BootID:       opts.BootID,
 		AgentVersion: opts.AgentVersion,
 	}
@@ -212,7 +212,7 @@ func newAgent(opts Options) *agent {
 // nodeOnlyCaps are the capabilities of calls the data channel refuses; it
 // does not announce them.
 var nodeOnlyCaps = map[string]bool{guestproto.CapConfigure: true, guestproto.CapBindMount: true, guestproto.CapFreeze: true, guestproto.CapStop: true,
-	guestproto.CapMountSerial: true, guestproto.CapGrowFS: true}
+	guestproto.CapMountSerial: true, guestproto.CapGrowFS: true, guestproto.CapSetTime: true}
 
 // infoFor is the GuestInfo a channel announces: the data channel's lists
 // only what it serves.
@@ -240,7 +240,7 @@ var dataCalls = func() map[string]bool {
 
 // nodeOnlyCalls are the known calls the data channel refuses by name.
 var nodeOnlyCalls = map[string]bool{guestproto.CallConfigure: true, guestproto.CallSync: true,
-	guestproto.CallFreeze: true, guestproto.CallThaw: true, guestproto.CallStop: true, guestproto.CallGrowFS: true}
+	guestproto.CallFreeze: true, guestproto.CallThaw: true, guestproto.CallStop: true, guestproto.CallGrowFS: true, guestproto.CallSetTime: true}
 
 // shutdown ends what Serve started: running handlers and managed processes.
 func (a *agent) shutdown() {
@@ -430,6 +430,11 @@ func (a *agent) handle(ctx context.Context, ss session, s net.Conn) {
 		}
 	case guestproto.CallSync:
 		syncAll()
+	case guestproto.CallSetTime:
+		var r guestproto.SetTimeRequest
+		if err = decodeArgs(req.Args, &r); err == nil {
+			err = setTime(r)
+		}
 	case guestproto.CallFreeze, guestproto.CallThaw:
 		var r guestproto.FreezeRequest
 		if err = decodeArgs(req.Args, &r); err == nil {

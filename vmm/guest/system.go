@@ -37,6 +37,18 @@ func freeze(path string, on bool) error {
 
 func syncAll() { unix.Sync() }
 
+// setTime sets CLOCK_REALTIME (a restored guest's is behind).
+func setTime(r guestproto.SetTimeRequest) error {
+	if r.UnixNano <= 0 {
+		return &guestproto.Error{Code: guestproto.CodeInvalid, Message: "set-time: no time given"}
+	}
+	ts := unix.NsecToTimespec(r.UnixNano)
+	if err := unix.ClockSettime(unix.CLOCK_REALTIME, &ts); err != nil {
+		return fmt.Errorf("set the clock: %w", err)
+	}
+	return nil
+}
+
 // configure applies hostname, DNS, mounts and network. Network setup runs
 // the Platform's `ip` (busybox) so the agent needs no netlink code.
 func (a *agent) configure(ctx context.Context, req guestproto.ConfigureRequest) error {
@@ -67,6 +79,9 @@ func (a *agent) configure(ctx context.Context, req guestproto.ConfigureRequest) 
 			return &guestproto.Error{Code: guestproto.CodeInvalid, Message: "interface without a name"}
 		}
 		cmds := [][]string{{"link", "set", name, "up"}}
+		if ifc.Flush {
+			cmds = append(cmds, []string{"addr", "flush", "dev", name, "scope", "global"})
+		}
 		if ifc.MTU > 0 {
 			cmds = append(cmds, []string{"link", "set", name, "mtu", fmt.Sprint(ifc.MTU)})
 		}

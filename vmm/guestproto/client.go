@@ -207,6 +207,11 @@ func (c *Client) Stat(ctx context.Context, path string) (FileInfo, error) {
 // Sync flushes all guest filesystems.
 func (c *Client) Sync(ctx context.Context) error { return c.call(ctx, CallSync, nil, nil) }
 
+// SetTime sets the guest's clock to t.
+func (c *Client) SetTime(ctx context.Context, t time.Time) error {
+	return c.call(ctx, CallSetTime, SetTimeRequest{UnixNano: t.UnixNano()}, nil)
+}
+
 // Freeze freezes the filesystem mounted at path (FIFREEZE).
 func (c *Client) Freeze(ctx context.Context, path string) error {
 	return c.call(ctx, CallFreeze, FreezeRequest{Path: path}, nil)

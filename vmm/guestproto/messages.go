@@ -21,6 +21,9 @@ const (
 	CallFreeze     = "freeze"
 	CallThaw       = "thaw"
 	CallStop       = "stop"
+	// CallSetTime sets the guest's clock (after a restore it is behind by
+	// the time the guest was saved).
+	CallSetTime = "set-time"
 	// CallPortForward connects to a TCP port of the guest: after the
 	// Response the stream carries the connection's bytes both ways.
 	CallPortForward = "port-forward"
@@ -79,6 +82,14 @@ const MountSerialPrefix = "serial:"
 // grown online to fill it (a Volume grown while its Workspace was
 // stopped shows its new size at the next start).
 const MountOptGrow = "x-grow"
+
+// CapSetTime: CallSetTime, and configure's Interface.Flush.
+const CapSetTime = "set-time"
+
+// SetTimeRequest is the time to set, Unix nanoseconds of the node's clock.
+type SetTimeRequest struct {
+	UnixNano int64 `json:"unix_nano"`
+}
 
 // ResolvConf is where configure writes the DNS servers, in the guest
 // agent's own root. It is rewritten in place, so a bind mount of it (a
@@ -157,6 +168,9 @@ type Interface struct {
 	Addresses []string `json:"addresses,omitempty"` // CIDR, e.g. 10.0.0.2/24
 	Routes    []Route  `json:"routes,omitempty"`
 	MTU       int      `json:"mtu,omitempty"`
+	// Flush removes the interface's global addresses first (a restored
+	// guest still has those of the VM it was saved from).
+	Flush bool `json:"flush,omitempty"`
 }
 
 // Route is a route via an interface; Destination "default" or a CIDR.

@@ -57,6 +57,10 @@ type Config struct {
 	// NoReboot makes QEMU exit when the guest reboots or panics
 	// (panic=-1 reboot=t turn a panic into a reset).
 	NoReboot bool
+	// Incoming makes QEMU wait for a saved state (-incoming defer) instead
+	// of booting: QMP.Restore loads it. The devices must be those of the
+	// saved VM, in the same order.
+	Incoming bool
 }
 
 // Channel is one guest channel.
@@ -222,6 +226,9 @@ func (c *Config) Args() ([]string, error) {
 	if c.QMPSocket != "" {
 		a = append(a, "-qmp", "unix:"+c.QMPSocket+",server=on,wait=off")
 	}
+	if c.Incoming {
+		a = append(a, "-incoming", "defer")
+	}
 	return a, nil
 }
 
@@ -319,6 +326,8 @@ func (c *Config) validate() error {
 	}
 	if c.QMPSocket != "" {
 		path("qmp socket", c.QMPSocket, true)
+	} else if c.Incoming {
+		bad("incoming: a restore is loaded over QMP; give a QMP socket")
 	}
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("qemu config: %w", err)

@@ -92,7 +92,24 @@ func (q *QMP) Execute(ctx context.Context, command string, args, result any) err
 	if err != nil {
 		return fmt.Errorf("qmp %s: encode arguments: %w", command, err)
 	}
-	return q.exchange(ctx, command, append(b, '\n'), func() error {
+	return q.exchange(ctx, command, append(b, '\n'), q.readReturn(command, result))
+}
+
+// exchangeWith is exchange for a request written by write (a message with
+// descriptors), whose reply is read like Execute's.
+func (q *QMP) exchangeWith(ctx context.Context, what string, write func() error, command string) error {
+	read := q.readReturn(command, nil)
+	return q.exchange(ctx, what, nil, func() error {
+		if err := write(); err != nil {
+			return err
+		}
+		return read()
+	})
+}
+
+// readReturn reads the reply to command, skipping events, into result.
+func (q *QMP) readReturn(command string, result any) func() error {
+	return func() error {
 		for {
 			line, err := q.readLine()
 			if err != nil {
@@ -123,7 +140,7 @@ func (q *QMP) Execute(ctx context.Context, command string, args, result any) err
 			}
 			return nil
 		}
-	})
+	}
 }
 
 // BlockResize sets the size of the drive with id device (the -drive id),

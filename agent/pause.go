@@ -1,0 +1,127 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"github.com/kibotos/kibotos/agent/runtime"
+	"github.com/kibotos/kibotos/api"
+	"github.com/kibotos/kibotos/fsm"
+	"github.com/kibotos/kibotos/vmm/platform"
+)
+
+// Pause and resume on the node: a pause saves the Instance's guest into
+// the snapshot directory beside the Workspace's layer in its pool and
+// ends the Instance; a start that carries a snapshot restores it (the
+// installation it ran, the same devices), and removes the files once the
+// guest runs again. A snapshot the runtime finds unusable is removed and
+// said so: ctrl then boots the Workspace afresh.
+
+// snapshotDir is where a Workspace's snapshot lives in a pool.
+func (a *Agent) snapshotDir(pool, ws string) (string, error) {
+	dir := a.poolPath(pool)
+	if dir == "" {
+		return "", fmt.Errorf("storage pool %s is not configured on node %s", pool, a.cfg.NodeID)
+	}
+	return filepath.Join(dir, "snapshots", ws), nil
+}
+
+// pauseWorkspace saves the Workspace's running Instance and ends it.
+func (a *Agent) pauseWorkspace(ctx context.Context, t api.WorkspaceTask, r *api.WorkspaceTaskResult) error {
+	rt := a.cfg.Runtime
+	id := t.Command.InstanceID
+	if rt == nil {
+		return fmt.Errorf("node %s runs no VMs", a.cfg.NodeID)
+	}
+	dir, err := a.snapshotDir(t.LayerPool, t.WorkspaceID)
+	if err != nil {
+		return err
+	}
+	st, err := rt.Status(id)
+	if err != nil {
+		return fmt.Errorf("instance %s is not on node %s: %w", id, a.cfg.NodeID, err)
+	}
+	meta, err := rt.Pause(ctx, id, dir)
+	if errors.Is(err, runtime.ErrVMMGone) {
+		// Nothing of the guest is left: the Instance goes, the layer stays.
+		r.InstanceGone = true
+		a.forget(ctx, id)
+		return err
+	}
+	if err != nil {
+		return err
+	}
+	if err := rt.Delete(ctx, id); err != nil {
+		a.log.Warn("paused instance not deleted", "instance_id", id, "err", err)
+	}
+	a.releaseObjects(id, objectsOf(st))
+	a.tasks.mu.Lock()
+	delete(a.tasks.owners, id)
+	a.saveOwners()
+	a.tasks.mu.Unlock()
+	r.Snapshot = &api.SnapshotReport{SizeBytes: meta.StateBytes, Compat: meta.Compat}
+	return nil
+}
+
+// restoreInstallation is the runtime installation a snapshot needs, which
+// must be on this node.
+func (a *Agent) restoreInstallation(s *api.TaskSnapshot) (*platform.Installation, error) {
+	plats, err := platform.List(a.cfg.DataDir.StorageRoot())
+	if err != nil {
+		return nil, err
+	}
+	for _, p := range plats {
+		if p.ID == s.Compat.InstallationID {
+			return p, nil
+		}
+	}
+	return nil, fmt.Errorf("%w: node %s lacks its runtime installation %s", runtime.ErrSnapshotUnusable, a.cfg.NodeID, s.Compat.InstallationID)
+}
+
+// removeSnapshot removes a Workspace's snapshot files, if any.
+func (a *Agent) removeSnapshot(t api.WorkspaceTask) error {
+	if t.Snapshot == nil {
+		return nil
+	}
+	dir, err := a.snapshotDir(t.Snapshot.PoolID, t.WorkspaceID)
+	if err != nil {
+		return err
+	}
+	if err := os.RemoveAll(dir); err != nil {
+		return fmt.Errorf("remove the snapshot %s: %w", dir, err)
+	}
+	return nil
+}
+
+// resumeInfo is what the node's VMM can restore, for its report.
+func (a *Agent) resumeInfo() *api.ResumeInfo {
+	rt := a.cfg.Runtime
+	if rt == nil {
+		return nil
+	}
+	r := rt.ResumeInfo()
+	if r.QEMUVersion == "" {
+		return nil
+	}
+	plats, _ := platform.List(a.cfg.DataDir.StorageRoot())
+	for _, p := range plats {
+		r.Installations = append(r.Installations, p.ID)
+	}
+	return &r
+}
+
+// failedResume is the answer to a start whose restore failed: an unusable
+// snapshot is removed and said so.
+func (a *Agent) failedResume(t api.WorkspaceTask, r *api.WorkspaceTaskResult, err error) {
+	r.Outcome, r.Error = fsm.OutcomeFailed, err.Error()
+	if errors.Is(err, runtime.ErrSnapshotUnusable) {
+		if rerr := a.removeSnapshot(t); rerr != nil {
+			a.log.Warn("unusable snapshot not removed", "workspace_id", t.WorkspaceID, "err", rerr)
+			return
+		}
+		r.SnapshotDiscarded = true
+	}
+}

@@ -1,0 +1,109 @@
+package qemu
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"os"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// Saving and restoring a VM through QEMU's migration stream. The stream
+// goes to or comes from a file the caller opened and hands QEMU over the
+// QMP socket (getfd): a sandboxed QEMU may not open files or start
+// programs itself, and the caller decides where the file lives and how
+// it is made durable.
+
+// SendFD hands QEMU an open file under name (QMP getfd); a later command
+// refers to it as "fd:<name>". QEMU keeps its own copy of the descriptor.
+func (q *QMP) SendFD(ctx context.Context, name string, f *os.File) error {
+	uc, ok := q.conn.(*net.UnixConn)
+	if !ok {
+		return fmt.Errorf("qmp getfd on %s: not a unix socket", q.socket)
+	}
+	b, err := json.Marshal(map[string]any{"execute": "getfd", "arguments": map[string]string{"fdname": name}})
+	if err != nil {
+		return err
+	}
+	return q.exchangeWith(ctx, "getfd", func() error {
+		_, _, err := uc.WriteMsgUnix(append(b, '\n'), unix.UnixRights(int(f.Fd())), nil)
+		return err
+	}, "getfd")
+}
+
+// Version is QEMU's version, "MAJOR.MINOR.MICRO".
+func (q *QMP) Version(ctx context.Context) (string, error) {
+	var v struct {
+		QEMU struct{ Major, Minor, Micro int } `json:"qemu"`
+	}
+	if err := q.Execute(ctx, "query-version", nil, &v); err != nil {
+		return "", err
+	}
+	return fmt.Sprintf("%d.%d.%d", v.QEMU.Major, v.QEMU.Minor, v.QEMU.Micro), nil
+}
+
+// Save stops the guest's vCPUs and writes the VM's whole state (memory
+// and devices) to f, returning once QEMU completed the stream (the
+// caller fsyncs f). The VM stays stopped; Cont resumes it when the save
+// is to be abandoned. QEMU's bandwidth cap (meant for live migration over
+// a network) is lifted: the stream goes to a local file.
+func (q *QMP) Save(ctx context.Context, f *os.File) error {
+	if err := q.Execute(ctx, "migrate-set-parameters", map[string]any{"max-bandwidth": int64(1) << 40}, nil); err != nil {
+		return err
+	}
+	if err := q.Execute(ctx, "stop", nil, nil); err != nil {
+		return err
+	}
+	if err := q.SendFD(ctx, "kibotos-save", f); err != nil {
+		return err
+	}
+	if err := q.Execute(ctx, "migrate", map[string]any{"uri": "fd:kibotos-save"}, nil); err != nil {
+		return err
+	}
+	return q.waitMigration(ctx, "save")
+}
+
+// Restore loads the state a Save wrote from f into a QEMU started with
+// Config.Incoming, and starts the guest's vCPUs.
+func (q *QMP) Restore(ctx context.Context, f *os.File) error {
+	if err := q.SendFD(ctx, "kibotos-restore", f); err != nil {
+		return err
+	}
+	if err := q.Execute(ctx, "migrate-incoming", map[string]any{"uri": "fd:kibotos-restore"}, nil); err != nil {
+		return err
+	}
+	if err := q.waitMigration(ctx, "restore"); err != nil {
+		return err
+	}
+	return q.Cont(ctx)
+}
+
+// Cont starts the guest's vCPUs.
+func (q *QMP) Cont(ctx context.Context) error { return q.Execute(ctx, "cont", nil, nil) }
+
+// waitMigration polls the migration until it completed or failed.
+func (q *QMP) waitMigration(ctx context.Context, what string) error {
+	for {
+		var st struct {
+			Status string `json:"status"`
+			Error  string `json:"error-desc"`
+		}
+		if err := q.Execute(ctx, "query-migrate", nil, &st); err != nil {
+			return err
+		}
+		switch st.Status {
+		case "completed":
+			return nil
+		case "failed", "cancelled":
+			return fmt.Errorf("qmp %s of %s: migration %s: %s", what, q.socket, st.Status, st.Error)
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("qmp %s of %s: %w", what, q.socket, ctx.Err())
+		case <-time.After(2 * time.Millisecond):
+		}
+	}
+}
