@@ -155,12 +155,28 @@ func runInWorkspace(g *Globals, id string, argv []string, tty bool, dir string, 
 	exit, err := p.Wait()
 	wg.Wait()
 	if err != nil {
-		return 0, fmt.Errorf("workspace %s: %w", id, err)
+		return 0, lostExec(g, id, err)
 	}
 	if exit.Signal != 0 {
 		return 128 + exit.Signal, nil
 	}
 	return exit.ExitCode, nil
+}
+
+// lostExec is the error of an exec whose stream broke: when the
+// Workspace was paused or stopped meanwhile, that is what the user needs
+// to hear.
+func lostExec(g *Globals, id string, err error) error {
+	var ws api.Workspace
+	if _, gerr := g.call("GET", workspacePath(id), nil, &ws); gerr == nil {
+		switch ws.State {
+		case api.WorkspacePausing, api.WorkspacePaused:
+			return exitError{api.ExitFailedPrecondition, fmt.Sprintf("workspace %s was paused while the command ran: its process is paused with the guest and goes on, without this stream, after kibo workspace resume %s", id, id)}
+		case api.WorkspaceStopping, api.WorkspaceStopped, api.WorkspaceDeleting, api.WorkspaceFailed:
+			return exitError{api.ExitFailedPrecondition, fmt.Sprintf("workspace %s is %s: the command ended with its guest (%v)", id, ws.State, err)}
+		}
+	}
+	return fmt.Errorf("workspace %s: %w", id, err)
 }
 
 // forwardSignals passes SIGINT/SIGTERM/SIGHUP to the guest process while

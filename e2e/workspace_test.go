@@ -93,6 +93,7 @@ func TestWorkspace(t *testing.T) {
 		{"Credentials", d.testCredentials},
 		{"PortForward", d.testPortForward},
 		{"StopStart", d.testStopStart},
+		{"PauseResume", d.testPauseResume},
 		{"NodeKill", d.testNodeKill},
 		{"DataPlaneKill", d.testDataPlaneKill},
 		{"ForceStopDelete", d.testForceStopDelete},
@@ -233,6 +234,9 @@ type wsView struct {
 	InstanceID      string `json:"instance_id"`
 	Version         uint64 `json:"version"`
 	StopUnconfirmed bool   `json:"stop_unconfirmed"`
+	Snapshot        *struct {
+		NodeID string `json:"node_id"`
+	} `json:"snapshot"`
 }
 
 func (d *wsDev) get(id string) wsView {
@@ -1044,6 +1048,80 @@ func dfKiB(t *testing.T, out string) int {
 	}
 	t.Fatalf("df -k: %q", out)
 	return 0
+}
+
+// testPauseResume pauses the Workspace with a process counting in it and
+// an exec streaming: the exec ends with an error, the node's CPU and
+// memory are free, exec is refused while PAUSED; resumed, the same process
+// counts on from where it was, its open file and the Volume's mount are
+// there, the guest's clock is right.
+func (d *wsDev) testPauseResume(id string) {
+	t := d.t
+	d.must("workspace", "exec", id, "--", "sh", "-c", "(i=0; exec 3>/tmp/held; while :; do i=$((i+1)); echo $i > /tmp/count; echo $i >&3; sleep 0.1; done) >/dev/null 2>&1 & echo $! > /tmp/counter.pid")
+	pid := strings.TrimSpace(d.must("workspace", "exec", id, "--", "cat", "/tmp/counter.pid").stdout)
+	stream := exec.Command(filepath.Join(d.bin, "kibo"), "workspace", "exec", id, "--", "sh", "-c", "while :; do echo tick; sleep 0.2; done")
+	stream.Env = d.env()
+	stream.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	var streamErr lockedBuf
+	stream.Stderr = &streamErr
+	out, err := stream.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := stream.Start(); err != nil {
+		t.Fatal(err)
+	}
+	d.track(stream)
+	bufio.NewReader(out).ReadString('\n') // the stream runs
+	go io.Copy(io.Discard, out)
+
+	t0 := time.Now()
+	d.must("workspace", "pause", id)
+	t.Logf("TIMING pause (CLI, to PAUSED): %s", time.Since(t0).Round(time.Millisecond))
+	w := d.get(id)
+	if w.State != api.WorkspacePaused || w.InstanceID != "" {
+		t.Fatalf("after pause: %+v", w)
+	}
+	done := make(chan error, 1)
+	go func() { done <- stream.Wait() }()
+	select {
+	case err := <-done:
+		if err == nil || !strings.Contains(streamErr.String(), "was paused while the command ran") {
+			t.Errorf("the exec streaming across the pause: exit %v, stderr %q; want it to say the Workspace was paused", err, streamErr.String())
+		}
+		t.Logf("the exec streaming across the pause ended: %v: %s", err, strings.TrimSpace(streamErr.String()))
+	case <-time.After(30 * time.Second):
+		t.Errorf("the exec streaming across the pause still runs 30 s after it")
+	}
+	if got := d.must("workspace", "get", id).stdout; !strings.Contains(got, "Snapshot:") || !strings.Contains(got, "PAUSED") {
+		t.Errorf("workspace get of a paused Workspace:\n%s", got)
+	}
+	if r := d.expect(api.ExitFailedPrecondition, "workspace", "exec", id, "--", "true"); !strings.Contains(r.stderr, "PAUSED") {
+		t.Errorf("exec on a paused Workspace: %s", r)
+	}
+	t0 = time.Now()
+	d.must("workspace", "resume", id)
+	tResume := time.Since(t0)
+	got := d.must("workspace", "exec", id, "--", "sh", "-c", "cat /tmp/count; kill -0 $(cat /tmp/counter.pid) && echo alive; ls /proc/$(cat /tmp/counter.pid)/fd/3 >/dev/null && echo held; cat /data/f; date +%s")
+	t.Logf("TIMING resume (CLI, to AVAILABLE): %s, to the first exec answer: %s", tResume.Round(time.Millisecond), time.Since(t0).Round(time.Millisecond))
+	lines := strings.Split(strings.TrimSpace(got.stdout), "\n")
+	if len(lines) != 5 || lines[1] != "alive" || lines[2] != "held" || lines[3] != "on-volume" {
+		t.Fatalf("after resume: %q; want the count, alive, held, the Volume's file, the date", got.stdout)
+	}
+	count, _ := strconv.Atoi(lines[0])
+	if count < 3 {
+		t.Errorf("the counter after resume is %d: it did not count on", count)
+	}
+	if now, _ := strconv.ParseInt(lines[4], 10, 64); time.Now().Unix()-now > 3 || now-time.Now().Unix() > 3 {
+		t.Errorf("the guest's clock after resume: %d, the host's %d", now, time.Now().Unix())
+	}
+	if again := strings.TrimSpace(d.must("workspace", "exec", id, "--", "cat", "/tmp/counter.pid").stdout); again != pid {
+		t.Errorf("the counting process is %s after resume, was %s", again, pid)
+	}
+	if w := d.get(id); w.State != api.WorkspaceAvailable || w.Snapshot != nil {
+		t.Errorf("after resume: %+v", w)
+	}
+	d.must("workspace", "exec", id, "--", "sh", "-c", "kill $(cat /tmp/counter.pid)")
 }
 
 // testNodeKill kills the node process with SIGKILL while an exec streams:
