@@ -52,7 +52,8 @@ const (
 )
 
 // LearnFunc puts addrs into the guest's learned set (netpol.SetAllowNames
-// or netpol.SetDenyNames), expiring after ttl (clamped by netpol).
+// or netpol.SetDenyNames; IPv6 addresses into its IPv6 twin, as
+// netpol.Learn does), expiring after ttl (clamped by netpol).
 type LearnFunc func(ctx context.Context, set string, addrs []netip.Addr, ttl time.Duration) error
 
 // Policy is one guest's domain rules, canonical (api.CanonicalDomainRule).
@@ -65,7 +66,11 @@ type Policy struct {
 	// name no rule allows is refused, unless every address it has is
 	// inside these (the guest may reach them anyway).
 	AllowCIDRs []netip.Prefix
-	Learn      LearnFunc
+	// IPv6 says the guest has an IPv6 address: the addresses of AAAA
+	// records are learned (and ruled on) like those of A records. Without
+	// it they are passed on untouched, as the guest cannot reach them.
+	IPv6  bool
+	Learn LearnFunc
 }
 
 // restricted says whether the policy has allow rules: then names must be
@@ -280,7 +285,7 @@ func (f *Filter) answer(g *guest, src netip.Addr, q *dns.Msg) *dns.Msg {
 		}
 		return reply(q, dns.RcodeServerFailure)
 	}
-	addrs, ttl := addressesOf(up)
+	addrs, ttl := addressesOf(up, p.IPv6)
 	switch {
 	case denied:
 		// Learned so that an address the guest finds another way is
@@ -309,7 +314,7 @@ func (f *Filter) answer(g *guest, src netip.Addr, q *dns.Msg) *dns.Msg {
 }
 
 // learn puts one answer's addresses into the guest's set and remembers it
-// for Set. An answer without IPv4 addresses learns nothing.
+// for Set. An answer without addresses learns nothing.
 func (f *Filter) learn(ctx context.Context, g *guest, p Policy, set, name string, addrs []netip.Addr, ttl time.Duration) error {
 	if len(addrs) == 0 {
 		return nil
@@ -383,21 +388,27 @@ func (f *Filter) exchange(ctx context.Context, q *dns.Msg) (*dns.Msg, error) {
 }
 
 // addressesOf are the IPv4 addresses of an answer (the records of its
-// CNAME chain included) and the shortest TTL among them.
-func addressesOf(r *dns.Msg) ([]netip.Addr, time.Duration) {
+// CNAME chain included), and with ipv6 its IPv6 ones, and the shortest TTL
+// among them.
+func addressesOf(r *dns.Msg, ipv6 bool) ([]netip.Addr, time.Duration) {
 	var out []netip.Addr
 	var ttl uint32
 	for _, rr := range r.Answer {
-		a, ok := rr.(*dns.A)
-		if !ok {
-			continue
+		var addr netip.Addr
+		var ok bool
+		switch rr := rr.(type) {
+		case *dns.A:
+			addr, ok = netip.AddrFromSlice(rr.A.To4())
+		case *dns.AAAA:
+			if ipv6 && rr.AAAA.To4() == nil {
+				addr, ok = netip.AddrFromSlice(rr.AAAA.To16())
+			}
 		}
-		addr, ok := netip.AddrFromSlice(a.A.To4())
 		if !ok || slices.Contains(out, addr) {
 			continue
 		}
-		if len(out) == 0 || a.Hdr.Ttl < ttl {
-			ttl = a.Hdr.Ttl
+		if h := rr.Header(); len(out) == 0 || h.Ttl < ttl {
+			ttl = h.Ttl
 		}
 		out = append(out, addr)
 	}

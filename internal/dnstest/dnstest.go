@@ -21,9 +21,10 @@ type Responder struct {
 	asked []string
 }
 
-// Serve answers on pc until it is closed: A records for names (fully
-// qualified, e.g. "web.example."), no records for their other types, and
-// NXDOMAIN for every other name.
+// Serve answers on pc until it is closed: A records for the names
+// (fully qualified, e.g. "web.example.") of IPv4 addresses, AAAA records
+// for those of IPv6 ones, no records for their other types, and NXDOMAIN
+// for every other name.
 func Serve(pc net.PacketConn, names map[string]netip.Addr) *Responder {
 	r := &Responder{a: map[string]netip.Addr{}}
 	for n, a := range names {
@@ -85,6 +86,14 @@ func (r *Responder) answer(query []byte) ([]byte, error) {
 			return nil, err
 		}
 		if err := b.AResource(dnsmessage.ResourceHeader{Name: q.Name, Type: dnsmessage.TypeA, Class: dnsmessage.ClassINET, TTL: 60}, dnsmessage.AResource{A: addr.As4()}); err != nil {
+			return nil, err
+		}
+	}
+	if known && q.Type == dnsmessage.TypeAAAA && addr.Is6() {
+		if err := b.StartAnswers(); err != nil {
+			return nil, err
+		}
+		if err := b.AAAAResource(dnsmessage.ResourceHeader{Name: q.Name, Type: dnsmessage.TypeAAAA, Class: dnsmessage.ClassINET, TTL: 60}, dnsmessage.AAAAResource{AAAA: addr.As16()}); err != nil {
 			return nil, err
 		}
 	}
