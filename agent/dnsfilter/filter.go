@@ -38,8 +38,8 @@ const (
 	// maxInFlight bounds the queries being answered at once, over all
 	// guests; a query beyond it is dropped (the guest retries).
 	maxInFlight = 256
-	// maxLearnedNames bounds the names remembered per guest for
-	// re-learning after a policy change.
+	// maxLearnedNames bounds the answers (of a name and a family)
+	// remembered per guest for re-learning after a policy change.
 	maxLearnedNames = 1024
 	// answerWindow bounds one query's answer; a guest resolver gives up
 	// after about 5 s.
@@ -118,8 +118,11 @@ type guest struct {
 }
 
 // learnedName is an answer the filter learned, kept to learn it again
-// when the guest's table is replaced.
+// when the guest's table is replaced. The cache holds one per name and
+// address family (key "name A" or "name AAAA"): a name's A and AAAA
+// answers come apart and each replaces only its own.
 type learnedName struct {
+	name  string
 	set   string
 	addrs []netip.Addr
 	until time.Time
@@ -190,20 +193,20 @@ func (f *Filter) Set(ctx context.Context, addr netip.Addr, p Policy) {
 	g.policy = p
 	now := time.Now()
 	// In name order, so what is learned again does not depend on map order.
-	for _, name := range slices.Sorted(maps.Keys(g.learned)) {
-		l := g.learned[name]
-		set := learnSet(p, name)
+	for _, key := range slices.Sorted(maps.Keys(g.learned)) {
+		l := g.learned[key]
+		set := learnSet(p, l.name)
 		if set == "" || !l.until.After(now) {
-			delete(g.learned, name)
+			delete(g.learned, key)
 			continue
 		}
 		if err := p.Learn(ctx, set, l.addrs, l.until.Sub(now)); err != nil {
-			f.log.Warn("dns filter could not learn a name again after a policy change", "instance_id", p.Instance, "name", name, "err", err)
-			delete(g.learned, name)
+			f.log.Warn("dns filter could not learn a name again after a policy change", "instance_id", p.Instance, "name", l.name, "err", err)
+			delete(g.learned, key)
 			continue
 		}
 		l.set = set
-		g.learned[name] = l
+		g.learned[key] = l
 	}
 }
 
@@ -327,11 +330,27 @@ func (f *Filter) learn(ctx context.Context, g *guest, p Policy, set, name string
 	if err := p.Learn(ctx, set, addrs, ttl); err != nil {
 		return err
 	}
-	key := strings.ToLower(strings.TrimSuffix(name, "."))
-	if _, ok := g.learned[key]; !ok && len(g.learned) >= maxLearnedNames {
-		g.forgetOne()
+	name = strings.ToLower(strings.TrimSuffix(name, "."))
+	until := time.Now().Add(netpol.LearnedTimeout(ttl))
+	for _, fam := range []struct {
+		rr string
+		is func(netip.Addr) bool
+	}{{"A", netip.Addr.Is4}, {"AAAA", netip.Addr.Is6}} {
+		var part []netip.Addr
+		for _, a := range addrs {
+			if fam.is(a) {
+				part = append(part, a)
+			}
+		}
+		if len(part) == 0 {
+			continue
+		}
+		key := name + " " + fam.rr
+		if _, ok := g.learned[key]; !ok && len(g.learned) >= maxLearnedNames {
+			g.forgetOne()
+		}
+		g.learned[key] = learnedName{name: name, set: set, addrs: part, until: until}
 	}
-	g.learned[key] = learnedName{set: set, addrs: addrs, until: time.Now().Add(netpol.LearnedTimeout(ttl))}
 	return nil
 }
 

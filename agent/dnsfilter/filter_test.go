@@ -73,9 +73,10 @@ func newFilter(t *testing.T, upstreams ...netip.AddrPort) (*Filter, netip.AddrPo
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { pc.Close() })
-		dnstest.Serve(pc, map[string]netip.Addr{
-			"web.example.com.": webAddr, "cdn.example.net.": cdnAddr, "evil.example.com.": evilAddr, "inside.test.": webAddr,
-			"web6.example.com.": web6Addr, "evil6.example.com.": evil6Addr, "cdn6.example.net.": web6Addr,
+		dnstest.ServeRecords(pc, map[string][]netip.Addr{
+			"web.example.com.": {webAddr}, "cdn.example.net.": {cdnAddr}, "evil.example.com.": {evilAddr}, "inside.test.": {webAddr},
+			"web6.example.com.": {web6Addr}, "evil6.example.com.": {evil6Addr}, "cdn6.example.net.": {web6Addr},
+			"dual.example.com.": {webAddr, web6Addr},
 		})
 		upstreams = []netip.AddrPort{netip.MustParseAddrPort(pc.LocalAddr().String())}
 	}
@@ -226,6 +227,20 @@ func TestFilterIPv6(t *testing.T) {
 	f.Set(context.Background(), guestAddr, Policy{AllowNames: []string{"web6.example.com"}, IPv6: true, Learn: rec.learn})
 	if got := rec.take(); len(got) != 1 || !slices.Equal(got[0].addrs, []netip.Addr{web6Addr}) {
 		t.Errorf("learned again %+v, want web6's address", got)
+	}
+	// A name's A and AAAA answers are remembered apart: the later does
+	// not make the earlier forgotten.
+	f.Set(context.Background(), guestAddr, Policy{AllowNames: []string{"dual.example.com"}, IPv6: true, Learn: rec.learn})
+	answers(t, ask(t, srv, "udp", "dual.example.com"), webAddr)
+	answers(t, askType(t, srv, "udp", "dual.example.com", dns.TypeAAAA), web6Addr)
+	rec.take()
+	f.Set(context.Background(), guestAddr, Policy{AllowNames: []string{"*.example.com"}, IPv6: true, Learn: rec.learn})
+	var again []netip.Addr
+	for _, l := range rec.take() {
+		again = append(again, l.addrs...)
+	}
+	if !slices.Contains(again, webAddr) || !slices.Contains(again, web6Addr) {
+		t.Errorf("learned again %v, want both of dual's addresses", again)
 	}
 
 	// Without IPv6 the guest gets the answer as it is, and nothing is learned.
