@@ -121,10 +121,7 @@ func Connect(hostNS, ns netns.NsHandle, l Link) error {
 
 	// Namespace: the guest behind the tap, everything else via the node.
 	hop := netip.MustParseAddr(NodeHop)
-	steps := []struct {
-		what string
-		do   func() error
-	}{
+	steps := []linkStep{
 		{"route to the guest", func() error {
 			return inst.RouteReplace(&netlink.Route{LinkIndex: tapLink.Attrs().Index, Dst: hostNet(l.Guest), Scope: unix.RT_SCOPE_LINK})
 		}},
@@ -149,10 +146,7 @@ func Connect(hostNS, ns netns.NsHandle, l Link) error {
 	if l.Guest6.IsValid() {
 		steps = append(steps, connect6(host, inst, ns, tapLink, nsEnd, hostEnd, l.Guest6)...)
 	} else {
-		steps = append(steps, struct {
-			what string
-			do   func() error
-		}{"no IPv6 on the guest's links", func() error {
+		steps = append(steps, linkStep{"no IPv6 on the guest's links", func() error {
 			// The guest has no IPv6 address: no link-local addresses or
 			// router solicitations on its links either.
 			return InNamespace(ns, func() error { return writeSysctl("net/ipv6/conf/all/disable_ipv6", "1") })
@@ -166,21 +160,21 @@ func Connect(hostNS, ns netns.NsHandle, l Link) error {
 	return nil
 }
 
+// linkStep is one step of Connect, named for its error.
+type linkStep struct {
+	what string
+	do   func() error
+}
+
 // connect6 are the IPv6 steps of Connect, the IPv4 ones' twins: the
 // namespace's link-local TapAddr6 on the tap (the guest's gateway, found
 // by neighbour discovery on the tap's link), the guest's /128 routed both
 // ways, and permanent neighbour entries on the veth (NodeHop6 in the
 // namespace, the guest on the node), so the veth needs no address and no
 // proxy NDP.
-func connect6(host, inst *netlink.Handle, ns netns.NsHandle, tap, nsEnd, hostEnd netlink.Link, guest netip.Addr) []struct {
-	what string
-	do   func() error
-} {
+func connect6(host, inst *netlink.Handle, ns netns.NsHandle, tap, nsEnd, hostEnd netlink.Link, guest netip.Addr) []linkStep {
 	hop := netip.MustParseAddr(NodeHop6)
-	return []struct {
-		what string
-		do   func() error
-	}{
+	return []linkStep{
 		{"IPv6 address of " + TapName, func() error {
 			// No duplicate address detection: the tap's link holds the
 			// guest and this namespace only.
