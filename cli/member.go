@@ -159,7 +159,7 @@ type fileConfig struct {
 
 // ServeCmd runs a member.
 type ServeCmd struct {
-	Config          string        `name:"config" type:"existingfile" help:"TOML configuration file (data_dir, bind, log_level, [resources] cpu and memory, [dataplane] listen, [network] ipv4_pool, management_cidrs, resolvers and uplink, [metrics] listen, [logs] machine_logs_max_bytes, [storage] default_pool and [[storage.pools]] id, path, shared)."`
+	Config          string        `name:"config" type:"existingfile" help:"TOML configuration file (data_dir, bind, log_level, [resources] cpu and memory, [dataplane] listen, [network] ipv4_pool, ipv6_pool, management_cidrs, resolvers and uplink, [metrics] listen, [logs] machine_logs_max_bytes, [storage] default_pool and [[storage.pools]] id, path, shared)."`
 	Bind            string        `name:"bind" help:"Listen address (default: the advertised address)."`
 	DataPlaneListen string        `name:"dataplane-listen" help:"Data-plane address HOST:PORT (exec, terminal, cp, port-forward); default: the advertised host, port+2."`
 	LogLevel        string        `name:"log-level" default:"info" enum:"debug,info,warn,error" help:"Log level."`

@@ -55,3 +55,30 @@ func TestCheckMaintenanceCommand(t *testing.T) {
 	os.WriteFile(config, []byte("[[storage.pools]]\nid = \"nfs-1\"\npath = \"/srv/nfs\"\ncapacity = 100\n"), 0o600)
 	e.expectExit(api.ExitInvalidArgument, "kibo storage-pool set-capacity nfs-1 SIZE", "check-maintenance", "--operation", "upgrade", "--config", config, "--systemd", "none")
 }
+
+// [network] ipv6_pool: a good one reaches the node's configuration, a bad
+// one stops serve before anything is started, in one line naming it.
+func TestServeNetworkIPv6Pool(t *testing.T) {
+	var fc fileConfig
+	fc.Network.IPv4Pool, fc.Network.IPv6Pool = "10.213.0.0/16", "fd6b:6b00:1::/64"
+	fc.Network.ManagementCIDRs, fc.Network.Resolvers, fc.Network.Uplink = []string{"2001:db8:10::/48"}, []string{"10.0.0.2"}, "eth0"
+	n, err := networkFrom("kibotos.toml", fc)
+	if err != nil || n.IPv6Pool.String() != "fd6b:6b00:1::/64" {
+		t.Fatalf("networkFrom = %+v, %v", n, err)
+	}
+
+	dir := t.TempDir()
+	config := filepath.Join(dir, "kibotos.toml")
+	os.WriteFile(config, []byte("[network]\nipv4_pool = \"10.213.0.0/16\"\nipv6_pool = \"fe80::/64\"\nresolvers = [\"10.0.0.2\"]\nuplink = \"eth0\"\n"), 0o600)
+	var out, errb bytes.Buffer
+	code := Main(context.Background(), "kibotos", []string{"serve", "--config", config, "--data-dir", filepath.Join(dir, "data")}, nil, &out, &errb)
+	if code != api.ExitInvalidArgument {
+		t.Fatalf("exit %d, want %d: %s", code, api.ExitInvalidArgument, errb.String())
+	}
+	if msg := strings.TrimSpace(errb.String()); !strings.Contains(msg, "[network] ipv6_pool fe80::/64 is link-local") || strings.Contains(msg, "\n") {
+		t.Fatalf("message: %q", msg)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "data")); !os.IsNotExist(err) {
+		t.Fatalf("the refused start touched the data directory: %v", err)
+	}
+}

@@ -6,8 +6,8 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// Sets of an Instance table. The _v4 suffix leaves room for the IPv6 sets a
-// later layout adds beside them.
+// Sets of an Instance table: the IPv4 ones, and their _v6 twins in the
+// table of a guest with an IPv6 address.
 const (
 	setHost       = "host_v4"
 	setManagement = "management_v4"
@@ -19,6 +19,15 @@ const (
 	// names of the policy's domain rules, each until its answer expires.
 	SetAllowNames = "allow_names_v4"
 	SetDenyNames  = "deny_names_v4"
+
+	setHost6       = "host_v6"
+	setManagement6 = "management_v6"
+	setPools6      = "pools_v6"
+	setLinkLocal6  = "linklocal_v6"
+	setAllow6      = "allow_v6"
+	setDeny6       = "deny_v6"
+	SetAllowNames6 = "allow_names_v6"
+	SetDenyNames6  = "deny_names_v6"
 )
 
 // Chains of an Instance table.
@@ -29,6 +38,8 @@ const (
 	// the guest's traffic to the namespace and through it
 	chainGuestInput   = "guest-input"
 	chainGuestForward = "guest-forward"
+	// the guest's IPv6 traffic through the namespace
+	chainGuestForward6 = "guest-forward-v6"
 )
 
 const dnsPort = 53
@@ -56,11 +67,30 @@ func buildLayout(spec TableSpec, v int) (*Table, error) {
 	deny := b.set(setDeny, s.deny)
 	var allowNames, denyNames *Set
 	if s.AllowNames {
-		allowNames = b.learnedSet(SetAllowNames)
+		allowNames = b.learnedSet(SetAllowNames, nftables.TypeIPAddr)
 	}
 	if s.DenyNames {
-		denyNames = b.learnedSet(SetDenyNames)
+		denyNames = b.learnedSet(SetDenyNames, nftables.TypeIPAddr)
 	}
+	// IPv6 twins, after every IPv4 set: a table without IPv6 stays what a
+	// node without IPv6 writes.
+	var host6, management6, pools6, ll6, allow6, deny6, allowNames6, denyNames6 *Set
+	if s.ipv6() {
+		host6 = b.set6(setHost6, s.host6)
+		management6 = b.set6(setManagement6, s.management6)
+		pools6 = b.set6(setPools6, s.pools6)
+		ll6 = b.set6(setLinkLocal6, s.linkLocal6)
+		allow6 = b.set6(setAllow6, s.allow6)
+		deny6 = b.set6(setDeny6, s.deny6)
+		if s.AllowNames {
+			allowNames6 = b.learnedSet(SetAllowNames6, nftables.TypeIP6Addr)
+		}
+		if s.DenyNames {
+			denyNames6 = b.learnedSet(SetDenyNames6, nftables.TypeIP6Addr)
+		}
+	}
+	// Allow restricts both families whichever family its ranges are of.
+	restricted := len(s.allow)+len(s.allow6) > 0 || s.AllowNames
 
 	// Fragments are made afresh for every rule, so no two rules share an
 	// expression a caller could change under the other.
@@ -98,6 +128,18 @@ func buildLayout(spec TableSpec, v int) (*Table, error) {
 	// resolver that lives in the namespace. What comes from the node is
 	// answers to the namespace's own connections.
 	guestIn := b.regularChain(chainGuestInput)
+	if s.ipv6() {
+		// The guest resolves its IPv6 gateway (TapAddr6) and answers the
+		// namespace's solicitations for its address: neighbour discovery
+		// on the tap's link is all the IPv6 the namespace itself takes
+		// (the kernel takes it only with hop limit 255, so from this link).
+		for _, nd := range []struct {
+			name string
+			typ  byte
+		}{{"ndp-solicit", icmpv6NeighborSolicit}, {"ndp-advert", icmpv6NeighborAdvert}} {
+			b.rule(guestIn, nd.name, ipv6(), l4proto(unix.IPPROTO_ICMPV6), icmpv6Type(nd.typ), accept())
+		}
+	}
 	// Not counted: the guest kernel's router solicitations and MLD reports
 	// would read as denied connections.
 	b.rule(guestIn, "ipv6", ipv6(), drop())
@@ -112,7 +154,11 @@ func buildLayout(spec TableSpec, v int) (*Table, error) {
 	b.rule(in, "guest", fromGuest(), jump(chainGuestInput))
 
 	guestFwd := b.regularChain(chainGuestForward)
-	b.rule(guestFwd, "ipv6", ipv6(), countDenied(), drop())
+	if s.ipv6() {
+		b.rule(guestFwd, "ipv6", ipv6(), goTo(chainGuestForward6))
+	} else {
+		b.rule(guestFwd, "ipv6", ipv6(), countDenied(), drop())
+	}
 	spoofed(guestFwd)
 	dnsAccept(guestFwd)
 	for _, blocked := range []struct {
@@ -129,7 +175,7 @@ func buildLayout(spec TableSpec, v int) (*Table, error) {
 		// Only public egress has domain rules (check).
 		b.rule(guestFwd, "allowed-names", ipDaddrIn(allowNames), oifname(VethName), accept())
 	}
-	if len(s.allow) > 0 || allowNames != nil {
+	if restricted {
 		b.rule(guestFwd, "not-allowed", ipDaddrNotIn(allow), countDenied(), drop())
 	}
 	switch s.Egress {
@@ -142,6 +188,43 @@ func buildLayout(spec TableSpec, v int) (*Table, error) {
 	}
 	// A guest packet that no rule accepts is counted before it is dropped.
 	b.rule(guestFwd, "rest", countDenied(), drop())
+
+	if s.ipv6() {
+		// The same decisions for IPv6, in a chain of its own that sees
+		// IPv6 only (guest-forward goes to it).
+		g6 := b.regularChain(chainGuestForward6)
+		b.rule(g6, "spoofed", ip6SaddrNot(s.Guest6), countDenied(), drop())
+		// DNS goes to the deployment resolver over IPv4 (DNATed there
+		// whatever the address); over IPv6 it would pass it by.
+		b.rule(g6, "dns-udp", udp(), thDport(expr.CmpOpEq, dnsPort), countDenied(), drop())
+		b.rule(g6, "dns-tcp", tcp(), thDport(expr.CmpOpEq, dnsPort), countDenied(), drop())
+		for _, blocked := range []struct {
+			name string
+			set  *Set
+		}{{"blocked-host", host6}, {"blocked-management", management6}, {"blocked-pools", pools6}, {"blocked-linklocal", ll6}} {
+			b.rule(g6, blocked.name, ip6DaddrIn(blocked.set), countDenied(), drop())
+		}
+		b.rule(g6, "deny", ip6DaddrIn(deny6), countDenied(), drop())
+		if denyNames6 != nil {
+			b.rule(g6, "deny-names", ip6DaddrIn(denyNames6), countDenied(), drop())
+		}
+		if allowNames6 != nil {
+			b.rule(g6, "allowed-names", ip6DaddrIn(allowNames6), oifname(VethName), accept())
+		}
+		if restricted {
+			b.rule(g6, "not-allowed", ip6DaddrNotIn(allow6), countDenied(), drop())
+		}
+		switch s.Egress {
+		case EgressPublic:
+			b.rule(g6, "egress-public", oifname(VethName), accept())
+		case EgressProxy:
+			// The egress process takes IPv4 only, and IPv6 never
+			// leaves directly: a reset at once makes a client that
+			// tries IPv6 first fall back to IPv4.
+			b.rule(g6, "egress-proxy", tcp(), countDenied(), tcpReset())
+		}
+		b.rule(g6, "rest", countDenied(), drop())
+	}
 
 	// Conntrack is kept across a Replace, so established connections
 	// survive it; everything new is decided here.
@@ -184,13 +267,20 @@ func (b *builder) set(name string, rs []addrRange) *Set {
 	return s
 }
 
+// set6 adds an interval set of IPv6 ranges.
+func (b *builder) set6(name string, rs []addrRange) *Set {
+	s := b.set(name, rs)
+	s.KeyType = nftables.TypeIP6Addr
+	return s
+}
+
 // learnedSet adds a set of single addresses whose elements expire: the
 // resolver fills it at run time, so a generated table holds it empty.
-func (b *builder) learnedSet(name string) *Set {
+func (b *builder) learnedSet(name string, key nftables.SetDatatype) *Set {
 	s := &Set{
 		Name:    name,
 		Comment: marker(b.v, "set/"+name),
-		KeyType: nftables.TypeIPAddr,
+		KeyType: key,
 		Flags:   unix.NFT_SET_TIMEOUT,
 		id:      uint32(len(b.t.Sets) + 1),
 	}

@@ -35,6 +35,18 @@ func testSpec(egress string) TableSpec {
 	return s
 }
 
+// testSpec6 is testSpec for a guest with an IPv6 address, on a node with
+// an IPv6 pool, IPv6 management ranges and two IPv6 addresses (one a
+// link-local, which the link-local set covers anyway).
+func testSpec6(egress string) TableSpec {
+	s := testSpec(egress)
+	s.Guest6 = netip.MustParseAddr("fd6b:6b00:240::2")
+	s.HostAddrs = append(s.HostAddrs, pfx("2001:db8::11/128", "fe80::1234/128")...)
+	s.Management = append(s.Management, pfx("2001:db8:10::/48", "2001:db8:10:ff::/64", "fd00:10::/32")...)
+	s.Pools = append(s.Pools, pfx("fd6b:6b00:240::/64")...)
+	return s
+}
+
 func golden(t *testing.T, name, got string) {
 	t.Helper()
 	path := filepath.Join("testdata", name+".golden")
@@ -82,6 +94,16 @@ func TestBuildGolden(t *testing.T) {
 	names.AllowNames, names.DenyNames = true, true
 	onlyNames := testSpec(EgressPublic)
 	onlyNames.AllowNames = true
+	// IPv6 ranges in a policy of a guest without IPv6 make no sets, but an
+	// IPv6-only Allow still leaves IPv4 nothing but what it allows.
+	v6AllowNoV6 := testSpec(EgressPublic)
+	v6AllowNoV6.Allow = pfx("2001:db8:77::/48")
+	v6AllowNoV6.Deny = pfx("2001:db8:77:1::/64")
+	v6Public := testSpec6(EgressPublic)
+	v6Public.Allow = pfx("203.0.113.0/24", "2001:db8:77::/48", "2001:db8:78::/48")
+	v6Public.Deny = pfx("203.0.113.128/26", "2001:db8:77:1::/64")
+	v6Names := testSpec6(EgressPublic)
+	v6Names.AllowNames, v6Names.DenyNames = true, true
 	for _, c := range []struct {
 		name string
 		spec TableSpec
@@ -91,6 +113,11 @@ func TestBuildGolden(t *testing.T) {
 		{"egress-proxy", testSpec(EgressProxy)},
 		{"egress-public-names", names},
 		{"egress-public-only-names", onlyNames},
+		{"egress-public-ipv6-allow-without-ipv6", v6AllowNoV6},
+		{"ipv6-egress-none", testSpec6(EgressNone)},
+		{"ipv6-egress-public-allow-deny", v6Public},
+		{"ipv6-egress-proxy", testSpec6(EgressProxy)},
+		{"ipv6-egress-public-names", v6Names},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			tbl, err := Build(c.spec)
@@ -131,7 +158,7 @@ func TestBuildDeterministic(t *testing.T) {
 // Rule names are what Inspect pairs rules by: unique within a chain.
 func TestBuildRuleNamesUnique(t *testing.T) {
 	for _, e := range []string{EgressNone, EgressPublic, EgressProxy} {
-		s := testSpec(e)
+		s := testSpec6(e)
 		s.Allow = pfx("8.8.8.8/32")
 		tbl, err := Build(s)
 		if err != nil {
@@ -162,8 +189,11 @@ func TestBuildRejects(t *testing.T) {
 		{"unknown egress", func(s *TableSpec) { s.Egress = "socks" }, `egress "socks"`},
 		{"empty egress", func(s *TableSpec) { s.Egress = "" }, `egress ""`},
 		{"invalid prefix", func(s *TableSpec) { s.Management = append(s.Management, netip.Prefix{}) }, "management prefix"},
-		{"ipv6 allow", func(s *TableSpec) { s.Allow = pfx("2001:db8::/32") }, "allow prefix 2001:db8::/32"},
 		{"4in6 deny", func(s *TableSpec) { s.Deny = pfx("::ffff:10.0.0.0/104") }, "write IPv4 prefixes as IPv4"},
+		{"ipv4 as ipv6 guest", func(s *TableSpec) { s.Guest6 = netip.MustParseAddr("10.240.0.3") }, "guest IPv6 address"},
+		{"4in6 ipv6 guest", func(s *TableSpec) { s.Guest6 = netip.MustParseAddr("::ffff:10.240.0.3") }, "guest IPv6 address"},
+		{"link-local ipv6 guest", func(s *TableSpec) { s.Guest6 = netip.MustParseAddr("fe80::2") }, "guest IPv6 address"},
+		{"unspecified ipv6 guest", func(s *TableSpec) { s.Guest6 = netip.IPv6Unspecified() }, "guest IPv6 address"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			s := testSpec(EgressPublic)
@@ -192,10 +222,40 @@ func TestRanges(t *testing.T) {
 	for _, rs := range [][]addrRange{got, rangesOf(pfx("224.0.0.0/3", "1.2.3.4/32"))} {
 		elems := setElements(rs)
 		slices.Reverse(elems)
-		back, err := rangesFromElements(elems)
+		back, err := rangesFromElements(elems, 4)
 		if err != nil || fmtRanges(back) != fmtRanges(rs) {
 			t.Errorf("round trip of %v = %v, %v", rs, back, err)
 		}
+	}
+}
+
+func TestRanges6(t *testing.T) {
+	got := rangesOf(pfx("2001:db8::/33", "2001:db8:8000::/33", "2001:db9::/128", "fd00::/8", "fd00::1/128"))
+	if s := fmtRanges(got); s != "[2001:db8::-2001:db9:: fd00::/8]" {
+		t.Errorf("merged ranges = %s", s)
+	}
+	if s := fmtRanges(rangesOf(pfx("::/0", "2001:db8::/32"))); s != "[::/0]" {
+		t.Errorf("merge with ::/0 = %s", s)
+	}
+	// a range to the top of the space has no end element
+	top := rangesOf(pfx("ff00::/8", "fe80::/10", "2001:db8::5/128"))
+	for _, rs := range [][]addrRange{got, top} {
+		elems := setElements(rs)
+		slices.Reverse(elems)
+		back, err := rangesFromElements(elems, 16)
+		if err != nil || fmtRanges(back) != fmtRanges(rs) {
+			t.Errorf("round trip of %v = %v, %v", rs, back, err)
+		}
+	}
+	if n := len(setElements(top)); n != 5 {
+		t.Errorf("%d elements for %v, want 5 (no end after ff00::/8)", n, top)
+	}
+	// the families never merge, and a key of the other length is refused
+	if s := fmtRanges(rangesOf(pfx("255.255.255.255/32", "::/128"))); s != "[255.255.255.255 ::]" {
+		t.Errorf("mixed families = %s", s)
+	}
+	if _, err := rangesFromElements(setElements(top), 4); err == nil {
+		t.Error("IPv6 elements decoded as IPv4")
 	}
 }
 

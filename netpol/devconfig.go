@@ -70,11 +70,18 @@ func DevConfig() (Config, error) {
 }
 
 func prefixOf(n *net.IPNet) (netip.Prefix, bool) {
-	a, ok := netip.AddrFromSlice(n.IP.To4())
+	ip := n.IP
+	if v4 := ip.To4(); v4 != nil && len(n.Mask) == net.IPv4len {
+		ip = v4
+	}
+	a, ok := netip.AddrFromSlice(ip)
 	if !ok {
 		return netip.Prefix{}, false
 	}
-	ones, _ := n.Mask.Size()
+	ones, bits := n.Mask.Size()
+	if bits != a.BitLen() {
+		return netip.Prefix{}, false
+	}
 	return netip.PrefixFrom(a, ones).Masked(), true
 }
 
@@ -153,16 +160,26 @@ func (c Config) CheckHost(hostNS netns.NsHandle) (warnings []string, err error) 
 		if name == c.UplinkInterface() {
 			uplink = l
 		}
-		addrs, _ := h.AddrList(l, unix.AF_INET)
+		family := unix.AF_INET
+		if c.IPv6Pool.IsValid() {
+			family = unix.AF_UNSPEC
+		}
+		addrs, _ := h.AddrList(l, family)
 		for _, a := range addrs {
-			ip, ok := netip.AddrFromSlice(a.IP.To4())
+			ip, ok := netip.AddrFromSlice(a.IP)
 			if !ok {
 				continue
 			}
-			if c.IPv4Pool.Contains(ip) {
-				return nil, fmt.Errorf("network: ipv4_pool %s overlaps the node's address %s on %s: pick a pool this host does not use", c.IPv4Pool, a.IPNet, name)
+			ip = ip.Unmap()
+			for _, pool := range []struct {
+				name string
+				p    netip.Prefix
+			}{{"ipv4_pool", c.IPv4Pool}, {"ipv6_pool", c.IPv6Pool}} {
+				if pool.p.IsValid() && pool.p.Contains(ip) {
+					return nil, fmt.Errorf("network: %s %s overlaps the node's address %s on %s: pick a pool this host does not use", pool.name, pool.p, a.IPNet, name)
+				}
 			}
-			if l == uplink {
+			if l == uplink && !ip.IsLinkLocalUnicast() {
 				for _, m := range c.ManagementCIDRs {
 					if m.Contains(ip) {
 						return nil, fmt.Errorf("network: management_cidrs entry %s covers the uplink %s's address %s: public egress would leave through the management network; narrow the range or pick another uplink", m, name, a.IP)
@@ -174,19 +191,45 @@ func (c Config) CheckHost(hostNS netns.NsHandle) (warnings []string, err error) 
 	if c.UplinkInterface() != "" && uplink == nil {
 		warnings = append(warnings, fmt.Sprintf("uplink %q is not an interface of this node (yet): public egress goes nowhere until it exists", c.UplinkInterface()))
 	}
-	routes, err := h.RouteList(nil, unix.AF_INET)
-	if err != nil {
-		return nil, fmt.Errorf("netpol: check [network]: list routes: %w", err)
+	pools := []struct {
+		name   string
+		p      netip.Prefix
+		family int
+	}{{"ipv4_pool", c.IPv4Pool, unix.AF_INET}}
+	if c.IPv6Pool.IsValid() {
+		pools = append(pools, struct {
+			name   string
+			p      netip.Prefix
+			family int
+		}{"ipv6_pool", c.IPv6Pool, unix.AF_INET6})
 	}
-	for _, r := range routes {
-		if r.Dst == nil {
-			continue
+	for _, pool := range pools {
+		routes, err := h.RouteList(nil, pool.family)
+		if err != nil {
+			return nil, fmt.Errorf("netpol: check [network]: list routes: %w", err)
 		}
-		if l, err := h.LinkByIndex(r.LinkIndex); err == nil && strings.HasPrefix(l.Attrs().Name, NodeVethPrefix) {
-			continue
+		for _, r := range routes {
+			if r.Dst == nil {
+				continue
+			}
+			if l, err := h.LinkByIndex(r.LinkIndex); err == nil && strings.HasPrefix(l.Attrs().Name, NodeVethPrefix) {
+				continue
+			}
+			if p, ok := prefixOf(r.Dst); ok && p.Bits() > 0 && p.Overlaps(pool.p) {
+				return nil, fmt.Errorf("network: %s %s overlaps the node's route to %s: pick a pool this host does not route elsewhere", pool.name, pool.p, p)
+			}
 		}
-		if p, ok := prefixOf(r.Dst); ok && p.Bits() > 0 && p.Overlaps(c.IPv4Pool) {
-			return nil, fmt.Errorf("network: ipv4_pool %s overlaps the node's route to %s: pick a pool this host does not route elsewhere", c.IPv4Pool, p)
+	}
+	if c.IPv6Pool.IsValid() && uplink != nil {
+		// The node forwards IPv6 (EnableForwarding6): the kernel then
+		// ignores router advertisements where accept_ra is 1.
+		var ra []byte
+		InNamespace(hostNS, func() (err error) {
+			ra, err = os.ReadFile("/proc/sys/net/ipv6/conf/" + uplink.Attrs().Name + "/accept_ra")
+			return err
+		})
+		if strings.TrimSpace(string(ra)) == "1" {
+			warnings = append(warnings, fmt.Sprintf("uplink %s has accept_ra 1, and with ipv6_pool the node forwards IPv6, so its kernel ignores router advertisements there from now on: if the node's IPv6 default route comes from them, set net.ipv6.conf.%s.accept_ra = 2", uplink.Attrs().Name, uplink.Attrs().Name))
 		}
 	}
 	return warnings, nil

@@ -14,5 +14,10 @@
 //
 // The path of a guest packet: guest eth0 -> tap kt0 (Instance namespace,
 // where the rule table filters and DNATs DNS) -> veth ve0 / kb-<hash> (node
-// namespace, which routes and masquerades it) -> the uplink.
+// namespace, which routes and masquerades it) -> the uplink. A guest of a
+// node with an ipv6_pool has an IPv6 address too, routed the same way (its
+// gateway the tap's fe80::1) and filtered by the IPv4 rules' IPv6 twins;
+// without one, guest IPv6 is dropped and every table is what it was before
+// IPv6 (both are layout v1: the IPv6 part comes with the spec, not with a
+// layout).
 package netpol

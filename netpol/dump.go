@@ -195,8 +195,10 @@ func (d *dumper) sets(t *nftables.Table) ([]*Set, error) {
 const udataSetComment = 7
 
 func keyDatatype(magic, length uint32) nftables.SetDatatype {
-	if ip := nftables.TypeIPAddr; magic == ip.GetNFTMagic() && length == ip.Bytes {
-		return ip
+	for _, ip := range []nftables.SetDatatype{nftables.TypeIPAddr, nftables.TypeIP6Addr} {
+		if magic == ip.GetNFTMagic() && length == ip.Bytes {
+			return ip
+		}
 	}
 	dt := nftables.SetDatatype{Name: fmt.Sprintf("type-%d-len-%d", magic, length), Bytes: length}
 	dt.SetNFTMagic(magic)

@@ -66,22 +66,35 @@ func l4proto(p byte) []expr.Any {
 	return metaCmp(expr.MetaKeyL4PROTO, expr.CmpOpEq, []byte{p})
 }
 
-// Offsets of the IPv4 header fields and of the destination port, which is
-// at the same place in the TCP and UDP headers (nft's "th dport").
+// Offsets of the IPv4 and IPv6 header fields and of the destination port,
+// which is at the same place in the TCP and UDP headers (nft's "th
+// dport"); the ICMPv6 type is the transport header's first byte.
 const (
 	offIPv4Saddr = 12
 	offIPv4Daddr = 16
+	offIPv6Saddr = 8
+	offIPv6Daddr = 24
 	offThDport   = 2
+	offICMPType  = 0
+)
+
+// ICMPv6 neighbour discovery messages (RFC 4861).
+const (
+	icmpv6NeighborSolicit = 135
+	icmpv6NeighborAdvert  = 136
 )
 
 func payload(base expr.PayloadBase, offset, length uint32) *expr.Payload {
 	return &expr.Payload{DestRegister: reg1, Base: base, Offset: offset, Len: length}
 }
 
+// ipAddrCmp compares the address at offset of the network header, of
+// a's length, with a.
 func ipAddrCmp(offset uint32, op expr.CmpOp, a netip.Addr) []expr.Any {
+	data := a.AsSlice()
 	return []expr.Any{
-		payload(expr.PayloadBaseNetworkHeader, offset, 4),
-		&expr.Cmp{Op: op, Register: reg1, Data: a.AsSlice()},
+		payload(expr.PayloadBaseNetworkHeader, offset, uint32(len(data))),
+		&expr.Cmp{Op: op, Register: reg1, Data: data},
 	}
 }
 
@@ -89,18 +102,35 @@ func ipDaddr(a netip.Addr) []expr.Any { return ipAddrCmp(offIPv4Daddr, expr.CmpO
 
 func ipSaddrNot(a netip.Addr) []expr.Any { return ipAddrCmp(offIPv4Saddr, expr.CmpOpNeq, a) }
 
-func ipAddrLookup(offset uint32, s *Set, invert bool) []expr.Any {
+func ip6SaddrNot(a netip.Addr) []expr.Any { return ipAddrCmp(offIPv6Saddr, expr.CmpOpNeq, a) }
+
+// ipAddrLookup looks the address of length bytes at offset up in s.
+func ipAddrLookup(offset, length uint32, s *Set, invert bool) []expr.Any {
 	return []expr.Any{
-		payload(expr.PayloadBaseNetworkHeader, offset, 4),
+		payload(expr.PayloadBaseNetworkHeader, offset, length),
 		&expr.Lookup{SourceRegister: reg1, SetName: s.Name, SetID: s.id, Invert: invert},
 	}
 }
 
-func ipDaddrIn(s *Set) []expr.Any { return ipAddrLookup(offIPv4Daddr, s, false) }
+func ipDaddrIn(s *Set) []expr.Any { return ipAddrLookup(offIPv4Daddr, 4, s, false) }
 
-func ipDaddrNotIn(s *Set) []expr.Any { return ipAddrLookup(offIPv4Daddr, s, true) }
+func ipDaddrNotIn(s *Set) []expr.Any { return ipAddrLookup(offIPv4Daddr, 4, s, true) }
 
-func ipSaddrIn(s *Set) []expr.Any { return ipAddrLookup(offIPv4Saddr, s, false) }
+func ipSaddrIn(s *Set) []expr.Any { return ipAddrLookup(offIPv4Saddr, 4, s, false) }
+
+func ip6DaddrIn(s *Set) []expr.Any { return ipAddrLookup(offIPv6Daddr, 16, s, false) }
+
+func ip6DaddrNotIn(s *Set) []expr.Any { return ipAddrLookup(offIPv6Daddr, 16, s, true) }
+
+func ip6SaddrIn(s *Set) []expr.Any { return ipAddrLookup(offIPv6Saddr, 16, s, false) }
+
+// icmpv6Type matches the ICMPv6 type; the caller has matched the protocol.
+func icmpv6Type(t byte) []expr.Any {
+	return []expr.Any{
+		payload(expr.PayloadBaseTransportHeader, offICMPType, 1),
+		&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: []byte{t}},
+	}
+}
 
 func port(p uint16) []byte { return binary.BigEndian.AppendUint16(nil, p) }
 
@@ -153,6 +183,10 @@ func countDenied() []expr.Any {
 
 func jump(chain string) []expr.Any {
 	return []expr.Any{&expr.Verdict{Kind: expr.VerdictJump, Chain: chain}}
+}
+
+func goTo(chain string) []expr.Any {
+	return []expr.Any{&expr.Verdict{Kind: expr.VerdictGoto, Chain: chain}}
 }
 
 func accept() []expr.Any { return []expr.Any{&expr.Verdict{Kind: expr.VerdictAccept}} }

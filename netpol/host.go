@@ -37,7 +37,10 @@ const (
 // whatever else runs there) is generated from: the node's [network]
 // configuration.
 type HostSpec struct {
-	// Pools are the node's guest address pools: what is masqueraded.
+	// Pools are the node's guest address pools: what is masqueraded. With
+	// an IPv6 pool the table forwards and masquerades guest IPv6 too
+	// (always masquerade: UplinkAddr is IPv4); without one it is exactly
+	// the table of a node without IPv6.
 	Pools []netip.Prefix
 	// Management are the management_cidrs no Instance may reach.
 	Management []netip.Prefix
@@ -67,14 +70,15 @@ func BuildHost(h HostSpec) (*Table, error) {
 }
 
 func buildHostLayout(h HostSpec, v int) (*Table, error) {
-	pools, err := ipv4Ranges("host spec", "pool", h.Pools, true)
+	pools, pools6, err := familyRanges("host spec", "pool", h.Pools)
 	if err != nil {
 		return nil, err
 	}
-	management, err := ipv4Ranges("host spec", "management", h.Management, true)
+	management, management6, err := familyRanges("host spec", "management", h.Management)
 	if err != nil {
 		return nil, err
 	}
+	v6 := len(pools6) > 0
 	if h.UplinkIface == "" && !h.UplinkAddr.IsValid() {
 		return nil, fmt.Errorf("netpol: host spec: no uplink: set an uplink interface or an uplink source address")
 	}
@@ -103,16 +107,18 @@ func buildHostLayout(h HostSpec, v int) (*Table, error) {
 		}
 		proxied = append(proxied, netip.PrefixFrom(a, 32))
 	}
-	proxiedRanges, err := ipv4Ranges("host spec", "proxied", proxied, false)
-	if err != nil {
-		return nil, err
-	}
+	proxiedRanges := rangesOf(proxied)
 
 	b := newBuilder(v)
 	b.t.Counters = nil
 	poolSet := b.set(setPools, pools)
 	mgmtSet := b.set(setManagement, management)
 	proxiedSet := b.set(setProxied, proxiedRanges)
+	var poolSet6, mgmtSet6 *Set
+	if v6 {
+		poolSet6 = b.set6(setPools6, pools6)
+		mgmtSet6 = b.set6(setManagement6, management6)
+	}
 
 	fromInstances := func() []expr.Any { return iifnamePrefix(NodeVethPrefix) }
 	// Policy accept: the node's namespace carries traffic that is not the
@@ -133,11 +139,17 @@ func buildHostLayout(h HostSpec, v int) (*Table, error) {
 	// process to take it, a connect fails at once.
 	b.rule(fwd, "proxied-tcp", fromInstances(), ipv4(), ipSaddrIn(proxiedSet), l4proto(unix.IPPROTO_TCP), tcpReset())
 	b.rule(fwd, "blocked-management", fromInstances(), ipv4(), ipDaddrIn(mgmtSet), drop())
+	if v6 {
+		b.rule(fwd, "blocked-management-v6", fromInstances(), ipv6(), ip6DaddrIn(mgmtSet6), drop())
+	}
 	b.rule(fwd, "guest-to-guest", fromInstances(), oifnamePrefix(NodeVethPrefix, expr.CmpOpEq), drop())
+	toUplinkIface := func() []expr.Any { return nil }
 	if h.UplinkIface != "" {
-		b.rule(fwd, "uplink", fromInstances(), oifname(h.UplinkIface), ipv4(), accept())
-	} else {
-		b.rule(fwd, "uplink", fromInstances(), ipv4(), accept())
+		toUplinkIface = func() []expr.Any { return oifname(h.UplinkIface) }
+	}
+	b.rule(fwd, "uplink", fromInstances(), toUplinkIface(), ipv4(), accept())
+	if v6 {
+		b.rule(fwd, "uplink-v6", fromInstances(), toUplinkIface(), ipv6(), accept())
 	}
 	b.rule(fwd, "from-instances", fromInstances(), drop())
 	b.rule(fwd, "to-instances-established", oifnamePrefix(NodeVethPrefix, expr.CmpOpEq), ctState(ctStateEstablished|ctStateRelated), accept())
@@ -151,14 +163,24 @@ func buildHostLayout(h HostSpec, v int) (*Table, error) {
 		b.rule(pre, fmt.Sprintf("dns-tcp-%s", r), fromInstances(), ipv4(), l4proto(unix.IPPROTO_TCP),
 			ipDaddr(r.Addr()), thDport(expr.CmpOpEq, r.Port()), accept())
 	}
+	var in *Chain
+	if h.ProxyPort != 0 || v6 {
+		in = b.chain(chainHostInput, nftables.ChainTypeFilter, nftables.ChainHookInput,
+			nftables.ChainPriorityFilter, nftables.ChainPolicyAccept)
+	}
 	if h.ProxyPort != 0 {
 		b.rule(pre, "proxied-tcp", fromInstances(), ipv4(), ipSaddrIn(proxiedSet), l4proto(unix.IPPROTO_TCP),
 			tproxy(h.ProxyPort, ProxyMark), accept())
 		// The listener is bound to every address: only TPROXYed packets
 		// may reach it, not connections to the node's own addresses.
-		in := b.chain(chainHostInput, nftables.ChainTypeFilter, nftables.ChainHookInput,
-			nftables.ChainPriorityFilter, nftables.ChainPolicyAccept)
 		b.rule(in, "proxy-listener", ipv4(), l4proto(unix.IPPROTO_TCP), thDport(expr.CmpOpEq, h.ProxyPort), metaMarkNot(ProxyMark), drop())
+	}
+	if v6 {
+		// Guests reach nothing of the node over IPv6 (their DNS and the
+		// node's services are IPv4), so every node address is out of
+		// reach here, also one added after their tables were written
+		// (temporary addresses come and go).
+		b.rule(in, "instances-v6", fromInstances(), ipv6(), drop())
 	}
 
 	post := b.chain(chainHostPostrouting, nftables.ChainTypeNAT, nftables.ChainHookPostrouting,
@@ -168,6 +190,11 @@ func buildHostLayout(h HostSpec, v int) (*Table, error) {
 		b.rule(post, "snat", toUplink, snat(h.UplinkAddr))
 	} else {
 		b.rule(post, "masquerade", toUplink, masquerade())
+	}
+	if v6 {
+		// NAT66: the node's address on the way out, as for IPv4; most
+		// hosts have one global address, not a routed prefix for guests.
+		b.rule(post, "masquerade-v6", ipv6(), ip6SaddrIn(poolSet6), oifnamePrefix(NodeVethPrefix, expr.CmpOpNeq), masquerade())
 	}
 	return b.t, nil
 }

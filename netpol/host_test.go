@@ -7,10 +7,12 @@ import (
 	"testing"
 )
 
+// testHostSpec is a node without an IPv6 pool: its IPv6 management range
+// is left out (guest IPv6 goes nowhere).
 func testHostSpec() HostSpec {
 	return HostSpec{
-		Pools:       pfx("10.240.0.0/20", "2001:db8:240::/48"),
-		Management:  pfx("10.10.0.0/16", "10.20.0.0/16"),
+		Pools:       pfx("10.240.0.0/20"),
+		Management:  pfx("10.10.0.0/16", "10.20.0.0/16", "2001:db8:10::/48"),
 		UplinkIface: "eth0",
 		Resolvers:   []netip.AddrPort{netip.MustParseAddrPort("10.10.0.53:53"), netip.MustParseAddrPort("10.10.0.53:53")},
 	}
@@ -23,6 +25,10 @@ func TestBuildHostGolden(t *testing.T) {
 	proxied := testHostSpec()
 	proxied.Proxied = []netip.Addr{netip.MustParseAddr("10.240.0.9"), netip.MustParseAddr("10.240.0.3")}
 	proxied.ProxyPort = 15001
+	v6 := proxied
+	v6.Pools = append(pfx("fd6b:6b00:240::/64"), v6.Pools...)
+	v6byAddr := byAddr
+	v6byAddr.Pools = append(pfx("fd6b:6b00:240::/64"), v6byAddr.Pools...)
 	for _, c := range []struct {
 		name string
 		spec HostSpec
@@ -30,6 +36,8 @@ func TestBuildHostGolden(t *testing.T) {
 		{"host-uplink-iface", testHostSpec()},
 		{"host-uplink-addr", byAddr},
 		{"host-proxied", proxied},
+		{"host-ipv6-proxied", v6},
+		{"host-ipv6-uplink-addr", v6byAddr},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			tbl, err := BuildHost(c.spec)

@@ -198,7 +198,7 @@ func compareSets(f *Finding, want, got *Table, perItemVersions bool) {
 			f.reason("set %s is not in layout v%d", g.Name, layoutVersion)
 			continue
 		case g.elemErr != "":
-			f.reason("set %s: elements are not IPv4 ranges: %s", g.Name, g.elemErr)
+			f.reason("set %s: elements are not address ranges: %s", g.Name, g.elemErr)
 			continue
 		}
 		// A learned set's elements are the resolver's answers, not the

@@ -68,7 +68,38 @@ func TestInspectMatch(t *testing.T) {
 		spec.Allow = pfx("198.51.100.0/24")
 		ns := replaced(t, spec)
 		expect(t, inspect(t, ns, spec), VerdictMatch)
+		spec6 := testSpec6(e)
+		spec6.Allow = pfx("198.51.100.0/24", "2001:db8:77::/48")
+		if e == EgressPublic {
+			spec6.AllowNames, spec6.DenyNames = true, true
+		}
+		ns = replaced(t, spec6)
+		expect(t, inspect(t, ns, spec6), VerdictMatch)
 	}
+}
+
+// IPv6 sets are the spec's like IPv4 ones: a changed IPv6 management range
+// or pool isolates, a table without the IPv6 part (or with one the spec
+// does not have) does not hold the policy, and a hand-added element in an
+// IPv6 set isolates.
+func TestInspectIPv6(t *testing.T) {
+	spec := testSpec6(EgressPublic)
+	ns := replaced(t, spec)
+
+	moved := spec
+	moved.Management = pfx("10.10.0.0/16", "10.20.0.0/16", "10.21.0.0/16", "2001:db8:10::/48")
+	expect(t, inspect(t, ns, moved), VerdictIsolate, "set management_v6 does not match the spec: unexpected fd00:10::/32")
+	moved = spec
+	moved.Pools = pfx("10.240.0.0/20", "fd6b:6b00:241::/64")
+	moved.Guest6 = netip.MustParseAddr("fd6b:6b00:241::2")
+	expect(t, inspect(t, ns, moved), VerdictIsolate, "set pools_v6 does not match the spec: missing fd6b:6b00:241::/64; unexpected fd6b:6b00:240::/64")
+
+	expect(t, inspect(t, ns, testSpec(EgressPublic)), VerdictIsolate, "set host_v6 is not in layout v1")
+	ns4 := replaced(t, testSpec(EgressPublic))
+	expect(t, inspect(t, ns4, spec), VerdictIsolate, "set host_v6 is missing")
+
+	nsRun(t, ns, "nft", "add", "element", "inet", "kibotos", "allow_v6", "{ 2001:db8:99::/48 }")
+	expect(t, inspect(t, ns, spec), VerdictIsolate, "set allow_v6 does not match the spec: unexpected 2001:db8:99::/48")
 }
 
 func TestInspectIsolateCases(t *testing.T) {

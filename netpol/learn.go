@@ -28,14 +28,22 @@ func LearnedTimeout(ttl time.Duration) time.Duration {
 	return min(max(ttl, MinLearnedTimeout), MaxLearnedTimeout)
 }
 
-// Learn puts addrs into the learned set (SetAllowNames or SetDenyNames) of
-// the namespace's table, each expiring after timeout (clamped to the
-// bounds above) from now: an address there already gets the new timeout.
-// It is one transaction, so a refresh never leaves an address out for a
-// moment. A table without that set (the policy changed) is an error and
-// changes nothing.
+// Learn puts addrs into a learned list of the namespace's table, the
+// IPv4 ones into set (SetAllowNames or SetDenyNames) and the IPv6 ones
+// into its IPv6 twin (SetAllowNames6, SetDenyNames6), each expiring after
+// timeout (clamped to the bounds above) from now: an address there
+// already gets the new timeout. It is one transaction, so a refresh never
+// leaves an address out for a moment. A table without a set the
+// addresses need (the policy changed, or the guest has no IPv6) is an
+// error and changes nothing.
 func Learn(ctx context.Context, nsFD int, set string, addrs []netip.Addr, timeout time.Duration) error {
-	if set != SetAllowNames && set != SetDenyNames {
+	var set4, set6 string
+	switch set {
+	case SetAllowNames, SetAllowNames6:
+		set4, set6 = SetAllowNames, SetAllowNames6
+	case SetDenyNames, SetDenyNames6:
+		set4, set6 = SetDenyNames, SetDenyNames6
+	default:
 		return fmt.Errorf("netpol: learn: %q is not a learned set", set)
 	}
 	if len(addrs) == 0 {
@@ -44,9 +52,15 @@ func Learn(ctx context.Context, nsFD int, set string, addrs []netip.Addr, timeou
 	if len(addrs) > maxLearn {
 		return fmt.Errorf("netpol: learn into %s: %d addresses, at most %d", set, len(addrs), maxLearn)
 	}
+	var v4, v6 []netip.Addr
 	for _, a := range addrs {
-		if !a.Is4() {
-			return fmt.Errorf("netpol: learn into %s: %s is not an IPv4 address", set, a)
+		switch {
+		case a.Is4():
+			v4 = append(v4, a)
+		case a.Is6() && !a.Is4In6() && a.Zone() == "":
+			v6 = append(v6, a)
+		default:
+			return fmt.Errorf("netpol: learn into %s: %s is not an IPv4 or IPv6 address", set, a)
 		}
 	}
 	ms := uint64(LearnedTimeout(timeout).Milliseconds())
@@ -58,8 +72,16 @@ func Learn(ctx context.Context, nsFD int, set string, addrs []netip.Addr, timeou
 		msg     int
 		timeout bool
 	}{{unix.NFT_MSG_NEWSETELEM, true}, {unix.NFT_MSG_DELSETELEM, false}, {unix.NFT_MSG_NEWSETELEM, true}} {
-		if err := x.setElems(step.msg, set, addrs, step.timeout, ms); err != nil {
-			return fmt.Errorf("netpol: learn into %s: %w", set, err)
+		for _, part := range []struct {
+			set   string
+			addrs []netip.Addr
+		}{{set4, v4}, {set6, v6}} {
+			if len(part.addrs) == 0 {
+				continue
+			}
+			if err := x.setElems(step.msg, part.set, part.addrs, step.timeout, ms); err != nil {
+				return fmt.Errorf("netpol: learn into %s: %w", part.set, err)
+			}
 		}
 	}
 	if err := x.commit(ctx, nsFD); err != nil {

@@ -25,6 +25,9 @@ func HostVethName(instanceID string) string {
 type Link struct {
 	// Guest is the guest's address, routed to the namespace.
 	Guest netip.Addr
+	// Guest6 is the guest's IPv6 address, routed the same way; without
+	// one the namespace has no IPv6 at all.
+	Guest6 netip.Addr
 	// HostVeth is the node-side veth.
 	HostVeth string
 	// TapOwner, TapGroup own the tap, so the VMM running as them may attach
@@ -41,6 +44,9 @@ type Link struct {
 func Connect(hostNS, ns netns.NsHandle, l Link) error {
 	if !l.Guest.Is4() {
 		return fmt.Errorf("netpol: link %s: guest address %v is not IPv4", l.HostVeth, l.Guest)
+	}
+	if l.Guest6.IsValid() && (!l.Guest6.Is6() || l.Guest6.Is4In6()) {
+		return fmt.Errorf("netpol: link %s: guest address %v is not IPv6", l.HostVeth, l.Guest6)
 	}
 	host, err := netlink.NewHandleAt(hostNS)
 	if err != nil {
@@ -92,10 +98,22 @@ func Connect(hostNS, ns netns.NsHandle, l Link) error {
 	if err != nil {
 		return fail("veth "+VethName, err)
 	}
-	for _, up := range []struct {
-		h *netlink.Handle
-		l netlink.Link
-	}{{inst, tapLink}, {inst, nsEnd}, {host, hostEnd}} {
+	links := []struct {
+		ns netns.NsHandle
+		h  *netlink.Handle
+		l  netlink.Link
+	}{{ns, inst, tapLink}, {ns, inst, nsEnd}, {hostNS, host, hostEnd}}
+	if l.Guest6.IsValid() {
+		// IPv6 on, but no address of the kernel's making (no link-local,
+		// so no duplicate address detection or solicitations on them):
+		// set before the links come up.
+		for _, k := range links {
+			if err := linkIPv6(k.ns, k.l.Attrs().Name); err != nil {
+				return fail("IPv6 on "+k.l.Attrs().Name, err)
+			}
+		}
+	}
+	for _, up := range links {
 		if err := up.h.LinkSetUp(up.l); err != nil {
 			return fail("link "+up.l.Attrs().Name+" up", err)
 		}
@@ -103,10 +121,7 @@ func Connect(hostNS, ns netns.NsHandle, l Link) error {
 
 	// Namespace: the guest behind the tap, everything else via the node.
 	hop := netip.MustParseAddr(NodeHop)
-	steps := []struct {
-		what string
-		do   func() error
-	}{
+	steps := []linkStep{
 		{"route to the guest", func() error {
 			return inst.RouteReplace(&netlink.Route{LinkIndex: tapLink.Attrs().Index, Dst: hostNet(l.Guest), Scope: unix.RT_SCOPE_LINK})
 		}},
@@ -127,11 +142,15 @@ func Connect(hostNS, ns netns.NsHandle, l Link) error {
 		{"forwarding in the namespace", func() error {
 			return InNamespace(ns, func() error { return writeSysctl("net/ipv4/ip_forward", "1") })
 		}},
-		{"no IPv6 on the guest's links", func() error {
-			// IPv6 guest addresses are not offered yet: no link-local
-			// addresses or router solicitations on the guest's links.
+	}
+	if l.Guest6.IsValid() {
+		steps = append(steps, connect6(host, inst, ns, tapLink, nsEnd, hostEnd, l.Guest6)...)
+	} else {
+		steps = append(steps, linkStep{"no IPv6 on the guest's links", func() error {
+			// The guest has no IPv6 address: no link-local addresses or
+			// router solicitations on its links either.
 			return InNamespace(ns, func() error { return writeSysctl("net/ipv6/conf/all/disable_ipv6", "1") })
-		}},
+		}})
 	}
 	for _, s := range steps {
 		if err := s.do(); err != nil {
@@ -139,6 +158,63 @@ func Connect(hostNS, ns netns.NsHandle, l Link) error {
 		}
 	}
 	return nil
+}
+
+// linkStep is one step of Connect, named for its error.
+type linkStep struct {
+	what string
+	do   func() error
+}
+
+// connect6 are the IPv6 steps of Connect, the IPv4 ones' twins: the
+// namespace's link-local TapAddr6 on the tap (the guest's gateway, found
+// by neighbour discovery on the tap's link), the guest's /128 routed both
+// ways, and permanent neighbour entries on the veth (NodeHop6 in the
+// namespace, the guest on the node), so the veth needs no address and no
+// proxy NDP.
+func connect6(host, inst *netlink.Handle, ns netns.NsHandle, tap, nsEnd, hostEnd netlink.Link, guest netip.Addr) []linkStep {
+	hop := netip.MustParseAddr(NodeHop6)
+	return []linkStep{
+		{"IPv6 address of " + TapName, func() error {
+			// No duplicate address detection: the tap's link holds the
+			// guest and this namespace only.
+			a := &netlink.Addr{IPNet: &net.IPNet{IP: net.ParseIP(TapAddr6), Mask: net.CIDRMask(64, 128)}, Scope: unix.RT_SCOPE_LINK, Flags: unix.IFA_F_NODAD}
+			return inst.AddrAdd(tap, a)
+		}},
+		{"IPv6 route to the guest", func() error {
+			return inst.RouteReplace(&netlink.Route{LinkIndex: tap.Attrs().Index, Dst: hostNet(guest), Scope: unix.RT_SCOPE_LINK})
+		}},
+		{"IPv6 neighbour entry of the node", func() error {
+			return inst.NeighSet(&netlink.Neigh{LinkIndex: nsEnd.Attrs().Index, Family: unix.AF_INET6, State: netlink.NUD_PERMANENT,
+				IP: net.IP(hop.AsSlice()), HardwareAddr: hostEnd.Attrs().HardwareAddr})
+		}},
+		{"IPv6 default route", func() error {
+			_, all, _ := net.ParseCIDR("::/0")
+			return inst.RouteReplace(&netlink.Route{LinkIndex: nsEnd.Attrs().Index, Dst: all, Gw: net.IP(hop.AsSlice())})
+		}},
+		{"IPv6 route to the guest on the node", func() error {
+			return host.RouteReplace(&netlink.Route{LinkIndex: hostEnd.Attrs().Index, Dst: hostNet(guest), Scope: unix.RT_SCOPE_LINK})
+		}},
+		{"IPv6 neighbour entry of the guest on the node", func() error {
+			return host.NeighSet(&netlink.Neigh{LinkIndex: hostEnd.Attrs().Index, Family: unix.AF_INET6, State: netlink.NUD_PERMANENT,
+				IP: net.IP(guest.AsSlice()), HardwareAddr: nsEnd.Attrs().HardwareAddr})
+		}},
+		{"IPv6 forwarding in the namespace", func() error {
+			return InNamespace(ns, func() error { return writeSysctl("net/ipv6/conf/all/forwarding", "1") })
+		}},
+	}
+}
+
+// linkIPv6 turns IPv6 on for one link of the namespace ns, whatever the
+// namespace's defaults, without addresses of the kernel's making
+// (addr_gen_mode 1: none).
+func linkIPv6(ns netns.NsHandle, name string) error {
+	return InNamespace(ns, func() error {
+		if err := writeSysctl("net/ipv6/conf/"+name+"/disable_ipv6", "0"); err != nil {
+			return err
+		}
+		return writeSysctl("net/ipv6/conf/"+name+"/addr_gen_mode", "1")
+	})
 }
 
 // Disconnect removes the node side of an Instance's links (its route goes
@@ -172,25 +248,43 @@ func EnableForwarding(hostNS netns.NsHandle) error {
 	return nil
 }
 
-// HostAddrs are the node's own addresses (IPv4, every interface), which
-// guests must never reach.
+// EnableForwarding6 turns on IPv6 forwarding in the node's namespace, for
+// a node with an ipv6_pool. The kernel then ignores router advertisements
+// on interfaces whose accept_ra is 1 (CheckHost warns about the uplink).
+func EnableForwarding6(hostNS netns.NsHandle) error {
+	if err := InNamespace(hostNS, func() error { return writeSysctl("net/ipv6/conf/all/forwarding", "1") }); err != nil {
+		return fmt.Errorf("netpol: enable IPv6 forwarding on the node: %w", err)
+	}
+	return nil
+}
+
+// HostAddrs are the node's own addresses (every interface, both
+// families), which guests must never reach. IPv6 link-local addresses are
+// left out (guests never reach link-local ranges at all), and so are
+// temporary (privacy) addresses, which come and go by the hour and would
+// read as a changed node at takeover: the node's own table keeps guests'
+// IPv6 from every node address anyway.
 func HostAddrs(hostNS netns.NsHandle) ([]netip.Prefix, error) {
 	h, err := netlink.NewHandleAt(hostNS)
 	if err != nil {
 		return nil, fmt.Errorf("netpol: node addresses: %w", err)
 	}
 	defer h.Close()
-	addrs, err := h.AddrList(nil, unix.AF_INET)
+	addrs, err := h.AddrList(nil, unix.AF_UNSPEC)
 	if err != nil {
 		return nil, fmt.Errorf("netpol: node addresses: %w", err)
 	}
 	var out []netip.Prefix
 	for _, a := range addrs {
-		ip, ok := netip.AddrFromSlice(a.IP.To4())
+		ip, ok := netip.AddrFromSlice(a.IP)
 		if !ok {
 			continue
 		}
-		out = append(out, netip.PrefixFrom(ip, 32))
+		ip = ip.Unmap()
+		if ip.Is6() && (ip.IsLinkLocalUnicast() || a.Flags&unix.IFA_F_TEMPORARY != 0) {
+			continue
+		}
+		out = append(out, netip.PrefixFrom(ip, ip.BitLen()))
 	}
 	return out, nil
 }

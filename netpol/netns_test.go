@@ -150,6 +150,9 @@ func (l *link) addr(name, cidr string) {
 	if err != nil {
 		l.t.Fatal(err)
 	}
+	if a.IP.To4() == nil {
+		a.Flags |= unix.IFA_F_NODAD // usable at once
+	}
 	if err := l.h.AddrAdd(l.get(name), a); err != nil {
 		l.t.Fatalf("address %s on %s: %v", cidr, name, err)
 	}
@@ -168,6 +171,26 @@ func (l *link) route(dst, gw string) {
 	}
 	if err := l.h.RouteAdd(r); err != nil {
 		l.t.Fatalf("route %s via %s: %v", dst, gw, err)
+	}
+}
+
+// neighbour adds a permanent neighbour entry for ip on link name: the
+// MAC of the other end's link peer.
+func (l *link) neighbour(name, ip string, other *link, peer string) {
+	l.t.Helper()
+	if err := l.h.NeighSet(&netlink.Neigh{LinkIndex: l.get(name).Attrs().Index, Family: unix.AF_INET6, State: netlink.NUD_PERMANENT,
+		IP: net.ParseIP(ip), HardwareAddr: other.get(peer).Attrs().HardwareAddr}); err != nil {
+		l.t.Fatalf("neighbour %s on %s: %v", ip, name, err)
+	}
+}
+
+// forwarding6 turns IPv6 forwarding on.
+func (l *link) forwarding6() {
+	l.t.Helper()
+	if err := inNetns(l.ns, func() error {
+		return os.WriteFile("/proc/sys/net/ipv6/conf/all/forwarding", []byte("1"), 0o644)
+	}); err != nil {
+		l.t.Fatalf("IPv6 forwarding: %v", err)
 	}
 }
 

@@ -1,45 +1,39 @@
 package netpol
 
 import (
-	"cmp"
-	"encoding/binary"
 	"fmt"
-	"math/bits"
 	"net/netip"
 	"slices"
 
 	"github.com/google/nftables"
 )
 
-// addrRange is an inclusive range of IPv4 addresses: the unit an interval
-// set stores. Prefixes from the spec are turned into ranges and merged, so
-// two overlapping prefixes (the kernel refuses overlapping intervals) and
-// a set read back after someone added an adjacent element compare equal
-// when they cover the same addresses.
+// addrRange is an inclusive range of addresses of one family: the unit an
+// interval set stores. Prefixes from the spec are turned into ranges and
+// merged, so two overlapping prefixes (the kernel refuses overlapping
+// intervals) and a set read back after someone added an adjacent element
+// compare equal when they cover the same addresses.
 type addrRange struct {
-	from, to uint32
-}
-
-func u32(a netip.Addr) uint32 {
-	b := a.As4()
-	return binary.BigEndian.Uint32(b[:])
-}
-
-func addr4(v uint32) netip.Addr {
-	var b [4]byte
-	binary.BigEndian.PutUint32(b[:], v)
-	return netip.AddrFrom4(b)
+	from, to netip.Addr
 }
 
 func rangeOf(p netip.Prefix) addrRange {
 	p = p.Masked()
-	from := u32(p.Addr())
-	host := uint32(1<<(32-p.Bits()) - 1) // 1<<32 wraps to 0 for /0: all ones
-	return addrRange{from: from, to: from | host}
+	return addrRange{from: p.Addr(), to: lastAddr(p)}
 }
 
-// rangesOf turns IPv4 prefixes into merged, sorted ranges. Callers have
-// validated the prefixes and dropped IPv6 ones.
+// lastAddr is the highest address of p.
+func lastAddr(p netip.Prefix) netip.Addr {
+	b := p.Masked().Addr().AsSlice()
+	for i := p.Bits(); i < len(b)*8; i++ {
+		b[i/8] |= 0x80 >> (i % 8)
+	}
+	a, _ := netip.AddrFromSlice(b)
+	return a
+}
+
+// rangesOf turns prefixes of one family into merged, sorted ranges.
+// Callers have validated the prefixes and split them by family.
 func rangesOf(ps ...[]netip.Prefix) []addrRange {
 	var rs []addrRange
 	for _, list := range ps {
@@ -55,12 +49,18 @@ func rangesOf(ps ...[]netip.Prefix) []addrRange {
 func mergeRanges(rs []addrRange) []addrRange {
 	rs = slices.Clone(rs)
 	slices.SortFunc(rs, func(a, b addrRange) int {
-		return cmp.Or(cmp.Compare(a.from, b.from), cmp.Compare(a.to, b.to))
+		if c := a.from.Compare(b.from); c != 0 {
+			return c
+		}
+		return a.to.Compare(b.to)
 	})
 	var out []addrRange
 	for _, r := range rs {
-		if n := len(out); n > 0 && (r.from <= out[n-1].to || r.from == out[n-1].to+1) {
-			out[n-1].to = max(out[n-1].to, r.to)
+		if n := len(out); n > 0 && r.from.BitLen() == out[n-1].to.BitLen() &&
+			(r.from.Compare(out[n-1].to) <= 0 || r.from == out[n-1].to.Next()) {
+			if r.to.Compare(out[n-1].to) > 0 {
+				out[n-1].to = r.to
+			}
 			continue
 		}
 		out = append(out, r)
@@ -70,60 +70,74 @@ func mergeRanges(rs []addrRange) []addrRange {
 
 // prefixBits is the prefix length when r is exactly one prefix, else -1.
 func (r addrRange) prefixBits() int {
-	size := uint64(r.to) - uint64(r.from) + 1
-	if size&(size-1) != 0 {
-		return -1
+	for bits := 0; bits <= r.from.BitLen(); bits++ {
+		p := netip.PrefixFrom(r.from, bits)
+		if p.Masked().Addr() == r.from && lastAddr(p) == r.to {
+			return bits
+		}
 	}
-	hostBits := bits.TrailingZeros64(size)
-	if hostBits < 32 && r.from&(1<<hostBits-1) != 0 {
-		return -1
-	}
-	return 32 - hostBits
+	return -1
 }
 
 // String renders r the way nft lists an interval element.
 func (r addrRange) String() string {
 	switch n := r.prefixBits(); {
-	case n == 32:
-		return addr4(r.from).String()
+	case n == r.from.BitLen():
+		return r.from.String()
 	case n >= 0:
-		return netip.PrefixFrom(addr4(r.from), n).String()
+		return netip.PrefixFrom(r.from, n).String()
 	}
-	return addr4(r.from).String() + "-" + addr4(r.to).String()
+	return r.from.String() + "-" + r.to.String()
 }
 
 // setElements encodes ranges as the kernel's interval elements: a start
 // element and an end element one past the range, which is left out when the
-// range runs to 255.255.255.255 (nft does the same).
+// range runs to the top of its address space (nft does the same).
 func setElements(rs []addrRange) []nftables.SetElement {
 	var out []nftables.SetElement
 	for _, r := range rs {
-		out = append(out, nftables.SetElement{Key: addr4(r.from).AsSlice()})
-		if r.to != ^uint32(0) {
-			out = append(out, nftables.SetElement{Key: addr4(r.to + 1).AsSlice(), IntervalEnd: true})
+		out = append(out, nftables.SetElement{Key: r.from.AsSlice()})
+		if next := r.to.Next(); next.IsValid() {
+			out = append(out, nftables.SetElement{Key: next.AsSlice(), IntervalEnd: true})
 		}
 	}
 	return out
 }
 
-// rangesFromElements decodes interval elements as the kernel lists them
-// (in any order; a start without an end runs to the top of the space; an
-// end without a start, as older nft versions wrote at 0.0.0.0, is nothing).
-func rangesFromElements(elems []nftables.SetElement) ([]addrRange, error) {
+// elementAddr decodes a set element's key of keyLen bytes (4 or 16).
+func elementAddr(key []byte, keyLen int) (netip.Addr, error) {
+	if len(key) != keyLen || (keyLen != 4 && keyLen != 16) {
+		return netip.Addr{}, fmt.Errorf("element key of %d bytes, want an address of %d", len(key), keyLen)
+	}
+	a, _ := netip.AddrFromSlice(key)
+	return a, nil
+}
+
+// topAddr is the highest address of the family of a.
+func topAddr(a netip.Addr) netip.Addr {
+	return lastAddr(netip.PrefixFrom(a, 0))
+}
+
+// rangesFromElements decodes interval elements of keys of keyLen bytes as
+// the kernel lists them (in any order; a start without an end runs to the
+// top of the space; an end without a start, as older nft versions wrote at
+// the bottom of the space, is nothing).
+func rangesFromElements(elems []nftables.SetElement, keyLen int) ([]addrRange, error) {
 	type edge struct {
-		at  uint32
+		at  netip.Addr
 		end bool
 	}
 	edges := make([]edge, 0, len(elems))
 	for _, e := range elems {
-		if len(e.Key) != 4 {
-			return nil, fmt.Errorf("element key of %d bytes, want an IPv4 address", len(e.Key))
+		a, err := elementAddr(e.Key, keyLen)
+		if err != nil {
+			return nil, err
 		}
-		edges = append(edges, edge{at: binary.BigEndian.Uint32(e.Key), end: e.IntervalEnd})
+		edges = append(edges, edge{at: a, end: e.IntervalEnd})
 	}
 	// at equal addresses an end closes the range before a start opens the next
 	slices.SortFunc(edges, func(a, b edge) int {
-		if c := cmp.Compare(a.at, b.at); c != 0 {
+		if c := a.at.Compare(b.at); c != 0 {
 			return c
 		}
 		switch {
@@ -135,36 +149,36 @@ func rangesFromElements(elems []nftables.SetElement) ([]addrRange, error) {
 		return 1
 	})
 	var out []addrRange
-	open, start := false, uint32(0)
+	open, start := false, netip.Addr{}
 	for _, e := range edges {
 		switch {
 		case !e.end && !open:
 			open, start = true, e.at
 		case !e.end && open:
-			return nil, fmt.Errorf("two interval starts without an end at %s", addr4(e.at))
+			return nil, fmt.Errorf("two interval starts without an end at %s", e.at)
 		case e.end && open:
 			if e.at == start {
-				return nil, fmt.Errorf("empty interval at %s", addr4(e.at))
+				return nil, fmt.Errorf("empty interval at %s", e.at)
 			}
-			out = append(out, addrRange{from: start, to: e.at - 1})
+			out = append(out, addrRange{from: start, to: e.at.Prev()})
 			open = false
 		}
 	}
 	if open {
-		out = append(out, addrRange{from: start, to: ^uint32(0)})
+		out = append(out, addrRange{from: start, to: topAddr(start)})
 	}
 	return mergeRanges(out), nil
 }
 
 // singleAddrs decodes the elements of a set without intervals: one address
-// each.
-func singleAddrs(elems []nftables.SetElement) ([]addrRange, error) {
+// of keyLen bytes each.
+func singleAddrs(elems []nftables.SetElement, keyLen int) ([]addrRange, error) {
 	var out []addrRange
 	for _, e := range elems {
-		if len(e.Key) != 4 {
-			return nil, fmt.Errorf("element key of %d bytes, want an IPv4 address", len(e.Key))
+		a, err := elementAddr(e.Key, keyLen)
+		if err != nil {
+			return nil, err
 		}
-		a := binary.BigEndian.Uint32(e.Key)
 		out = append(out, addrRange{from: a, to: a})
 	}
 	return mergeRanges(out), nil

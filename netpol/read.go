@@ -62,7 +62,7 @@ func readNamespace(nsFD int, family nftables.TableFamily, name string) (namespac
 		return nt, fmt.Errorf("table %s: list sets: %w", name, err)
 	}
 	for _, s := range t.Sets {
-		if s.KeyType.Name != nftables.TypeIPAddr.Name || s.Flags&unix.NFT_SET_MAP != 0 {
+		if (s.KeyType.Name != nftables.TypeIPAddr.Name && s.KeyType.Name != nftables.TypeIP6Addr.Name) || s.Flags&unix.NFT_SET_MAP != 0 {
 			continue // not a set of addresses: its shape alone tells it from ours
 		}
 		elems, err := c.GetSetElements(&nftables.Set{Table: kt, Name: s.Name})
@@ -70,9 +70,9 @@ func readNamespace(nsFD int, family nftables.TableFamily, name string) (namespac
 			return nt, fmt.Errorf("table %s: set %s: list elements: %w", name, s.Name, err)
 		}
 		if s.Flags&unix.NFT_SET_INTERVAL == 0 {
-			s.Ranges, err = singleAddrs(elems)
+			s.Ranges, err = singleAddrs(elems, int(s.KeyType.Bytes))
 		} else {
-			s.Ranges, err = rangesFromElements(elems)
+			s.Ranges, err = rangesFromElements(elems, int(s.KeyType.Bytes))
 		}
 		if err != nil {
 			s.elemErr = err.Error()

@@ -252,6 +252,8 @@ const (
 	kindNfproto
 	kindL4proto
 	kindIPv4
+	kindIPv6
+	kindICMPv6Type
 	kindPort
 	kindCtState
 	kindCtStatus
@@ -274,6 +276,9 @@ type operand struct {
 func renderExprs(exprs []expr.Any) string {
 	regs := map[uint32]operand{}
 	var out []string
+	// icmpv6 is set once the rule matched the ICMPv6 protocol: then the
+	// transport header's first byte is its type.
+	icmpv6 := false
 	get := func(r uint32) operand {
 		if op, ok := regs[r]; ok {
 			return op
@@ -298,7 +303,7 @@ func renderExprs(exprs []expr.Any) string {
 				out = append(out, fmt.Sprintf("%s set %s csum %d,%d,%d", payloadField(e.Base, e.Offset, e.Len), get(e.SourceRegister).value(), e.CsumType, e.CsumOffset, e.CsumFlags))
 				continue
 			}
-			regs[e.DestRegister] = payloadOperand(e.Base, e.Offset, e.Len)
+			regs[e.DestRegister] = payloadOperand(e.Base, e.Offset, e.Len, icmpv6)
 		case *expr.Ct:
 			if e.SourceRegister {
 				out = append(out, fmt.Sprintf("ct key %d set %s", e.Key, get(e.Register).value()))
@@ -316,7 +321,11 @@ func renderExprs(exprs []expr.Any) string {
 		case *expr.Immediate:
 			regs[e.Register] = operand{what: "0x" + hex.EncodeToString(e.Data), imm: e.Data}
 		case *expr.Cmp:
-			out = append(out, get(e.Register).compare(e.Op, e.Data))
+			op := get(e.Register)
+			if op.kind == kindL4proto && e.Op == expr.CmpOpEq && len(e.Data) == 1 && e.Data[0] == unix.IPPROTO_ICMPV6 && op.mask == nil {
+				icmpv6 = true
+			}
+			out = append(out, op.compare(e.Op, e.Data))
 		case *expr.Lookup:
 			op := get(e.SourceRegister)
 			not := ""
@@ -488,6 +497,10 @@ func payloadField(base expr.PayloadBase, offset, length uint32) string {
 		return "ip saddr"
 	case base == expr.PayloadBaseNetworkHeader && offset == offIPv4Daddr && length == 4:
 		return "ip daddr"
+	case base == expr.PayloadBaseNetworkHeader && offset == offIPv6Saddr && length == 16:
+		return "ip6 saddr"
+	case base == expr.PayloadBaseNetworkHeader && offset == offIPv6Daddr && length == 16:
+		return "ip6 daddr"
 	case base == expr.PayloadBaseTransportHeader && offset == 0 && length == 2:
 		return "th sport"
 	case base == expr.PayloadBaseTransportHeader && offset == offThDport && length == 2:
@@ -505,11 +518,16 @@ func payloadField(base expr.PayloadBase, offset, length uint32) string {
 	return fmt.Sprintf("%s,%d,%d", name, offset*8, length*8)
 }
 
-func payloadOperand(base expr.PayloadBase, offset, length uint32) operand {
+func payloadOperand(base expr.PayloadBase, offset, length uint32, icmpv6 bool) operand {
+	if icmpv6 && base == expr.PayloadBaseTransportHeader && offset == offICMPType && length == 1 {
+		return operand{what: "icmpv6 type", kind: kindICMPv6Type}
+	}
 	op := operand{what: payloadField(base, offset, length)}
 	switch op.what {
 	case "ip saddr", "ip daddr":
 		op.kind = kindIPv4
+	case "ip6 saddr", "ip6 daddr":
+		op.kind = kindIPv6
 	case "th sport", "th dport":
 		op.kind = kindPort
 	}
@@ -581,8 +599,9 @@ func (op operand) value() string {
 	if op.imm == nil {
 		return op.what
 	}
-	if len(op.imm) == 4 {
-		return netip.AddrFrom4([4]byte(op.imm)).String()
+	if len(op.imm) == 4 || len(op.imm) == 16 {
+		a, _ := netip.AddrFromSlice(op.imm)
+		return a.String()
 	}
 	return "0x" + hex.EncodeToString(op.imm)
 }
@@ -631,6 +650,20 @@ func (op operand) format(data []byte) string {
 	case kindIPv4:
 		if len(data) == 4 {
 			return netip.AddrFrom4([4]byte(data)).String()
+		}
+	case kindIPv6:
+		if len(data) == 16 {
+			return netip.AddrFrom16([16]byte(data)).String()
+		}
+	case kindICMPv6Type:
+		if len(data) == 1 {
+			switch data[0] {
+			case icmpv6NeighborSolicit:
+				return "nd-neighbor-solicit"
+			case icmpv6NeighborAdvert:
+				return "nd-neighbor-advert"
+			}
+			return strconv.Itoa(int(data[0]))
 		}
 	case kindPort:
 		if len(data) == 2 {

@@ -9,14 +9,24 @@ import (
 )
 
 // benchTable is an Instance table of realistic size: a public policy with
-// a few dozen allowed and denied ranges.
-func benchTable(b testing.TB) *Table {
+// a few dozen allowed and denied ranges; with ipv6, of a guest with an IPv6
+// address and as many IPv6 ranges again.
+func benchTable(b testing.TB, ipv6 bool) *Table {
 	spec := testSpec(EgressPublic)
+	if ipv6 {
+		spec = testSpec6(EgressPublic)
+	}
 	for i := range 40 {
 		spec.Allow = append(spec.Allow, pfx(fmt.Sprintf("198.%d.%d.0/24", 18+i%2, i))...)
+		if ipv6 {
+			spec.Allow = append(spec.Allow, pfx(fmt.Sprintf("2001:db8:%x::/48", 0x100+2*i))...)
+		}
 	}
 	for i := range 10 {
 		spec.Deny = append(spec.Deny, pfx(fmt.Sprintf("198.18.%d.128/28", i))...)
+		if ipv6 {
+			spec.Deny = append(spec.Deny, pfx(fmt.Sprintf("2001:db8:%x:8000::/64", 0x100+2*i))...)
+		}
 	}
 	t, err := Build(spec)
 	if err != nil {
@@ -44,15 +54,17 @@ func reportLatency(b *testing.B, ds []time.Duration) {
 // "isolated" times a replace alone: it waits, untimed, for the previous
 // replace's socket to finish closing (an RCU grace period in the kernel,
 // under the namespace's nftables lock). "back-to-back" does not, so every
-// replace also waits for the previous one's close.
+// replace also waits for the previous one's close. "isolated-ipv6" is
+// "isolated" with a guest's IPv6 sets and rules besides (about twice the
+// messages), in the same run for a ratio.
 func BenchmarkReplace(b *testing.B) {
 	for _, c := range []struct {
-		name string
-		wait bool
-	}{{"isolated", true}, {"back-to-back", false}} {
+		name       string
+		wait, ipv6 bool
+	}{{"isolated", true, false}, {"back-to-back", false, false}, {"isolated-ipv6", true, true}} {
 		b.Run(c.name, func(b *testing.B) {
 			ns := testNetns(b)
-			t := benchTable(b)
+			t := benchTable(b, c.ipv6)
 			ctx := context.Background()
 			ds := make([]time.Duration, 0, b.N)
 			for b.Loop() {
@@ -77,7 +89,7 @@ func BenchmarkReplace(b *testing.B) {
 // namespaces and tables around must not slow a replace down.
 func BenchmarkReplace100Namespaces(b *testing.B) {
 	nss := make([]int, 100)
-	t := benchTable(b)
+	t := benchTable(b, false)
 	ctx := context.Background()
 	for i := range nss {
 		nss[i] = testNetns(b)

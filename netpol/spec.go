@@ -27,6 +27,12 @@ const (
 	// permanent neighbour entry maps it to the node-side veth's MAC, so the
 	// node side needs no address and no proxy ARP.
 	NodeHop = "169.254.100.254"
+	// TapAddr6 is the namespace's IPv6 address on the tap, the guest's
+	// IPv6 gateway (link-local: it never leaves the tap's link).
+	TapAddr6 = "fe80::1"
+	// NodeHop6 is NodeHop's IPv6 twin: a permanent neighbour entry on the
+	// namespace's veth, no address on either end.
+	NodeHop6 = "fe80::fe"
 )
 
 // TableSpec is everything a rule table is generated from: the Instance's
@@ -35,6 +41,11 @@ const (
 type TableSpec struct {
 	// Guest is the guest's IPv4 address (from the node's pool).
 	Guest netip.Addr
+	// Guest6 is the guest's IPv6 address (from the node's ipv6_pool), or
+	// none: then guest IPv6 is dropped whole and the table is exactly what
+	// a node without IPv6 writes. With it, every IPv4 set and rule below
+	// has an IPv6 twin (the lists may mix families).
+	Guest6 netip.Addr
 	// Egress is EgressNone, EgressPublic or EgressProxy.
 	Egress string
 	// Resolver is where guest DNS (udp/tcp 53 to any address) is DNATed:
@@ -48,7 +59,8 @@ type TableSpec struct {
 	Management []netip.Prefix
 	Pools      []netip.Prefix
 	// Allow and Deny narrow public egress: with Allow non-empty only those
-	// ranges are reachable; Deny always wins over Allow.
+	// ranges are reachable (of either family: an Allow of IPv6 ranges only
+	// leaves no IPv4 destination but learned names); Deny always wins.
 	Allow []netip.Prefix
 	Deny  []netip.Prefix
 	// AllowNames and DenyNames say the policy has domain rules: the
@@ -62,11 +74,16 @@ type TableSpec struct {
 }
 
 // checkedSpec is a TableSpec that passed validation, with its address lists
-// as the merged IPv4 ranges the sets hold.
+// as the merged ranges the sets hold, per family.
 type checkedSpec struct {
 	TableSpec
-	host, management, pools, linkLocal, allow, deny []addrRange
+	host, management, pools, linkLocal, allow, deny       []addrRange
+	host6, management6, pools6, linkLocal6, allow6, deny6 []addrRange
 }
+
+// ipv6 says whether the guest has an IPv6 address: then the table has
+// IPv6 sets and rules.
+func (c checkedSpec) ipv6() bool { return c.Guest6.IsValid() }
 
 // linkLocal are the ranges every guest is kept from besides the node's:
 // link-local (where cloud metadata services live), Alibaba's metadata
@@ -77,14 +94,33 @@ var linkLocal = []netip.Prefix{
 	netip.MustParsePrefix("224.0.0.0/3"),
 }
 
-// check validates s. The blocked lists may hold IPv6 prefixes (a node's
-// own addresses usually do): they are left out because guest IPv6 is
-// dropped whole. Allow and Deny may not, since leaving an IPv6-only Allow
-// out would turn "only these" into "everything".
+// linkLocal6 are linkLocal's IPv6 twins: link-local (what NDP with the
+// namespace needs is accepted before, on the tap only), multicast, the
+// cloud metadata services' IPv6 addresses (AWS, GCP), the NAT64 prefixes
+// (a NAT64 gateway on the node's network would carry a guest to IPv4
+// ranges the IPv4 rules keep it from) and IPv4-mapped addresses.
+var linkLocal6 = []netip.Prefix{
+	netip.MustParsePrefix("fe80::/10"),
+	netip.MustParsePrefix("ff00::/8"),
+	netip.MustParsePrefix("fd00:ec2::254/128"),
+	netip.MustParsePrefix("fd20:ce::254/128"),
+	netip.MustParsePrefix("64:ff9b::/96"),
+	netip.MustParsePrefix("64:ff9b:1::/48"),
+	netip.MustParsePrefix("::ffff:0:0/96"),
+}
+
+// check validates s. The lists may hold prefixes of either family; the
+// IPv6 ones only make sets when the guest has an IPv6 address (without
+// one, guest IPv6 is dropped whole), but an Allow of IPv6 ranges still
+// restricts IPv4: leaving it out would turn "only these" into "everything".
 func (s TableSpec) check() (checkedSpec, error) {
 	c := checkedSpec{TableSpec: s}
 	if !s.Guest.Is4() || s.Guest.IsUnspecified() {
 		return c, fmt.Errorf("netpol: table spec: guest address %q: want an IPv4 address", s.Guest)
+	}
+	if s.Guest6.IsValid() && (!s.Guest6.Is6() || s.Guest6.Is4In6() || s.Guest6.IsUnspecified() || s.Guest6.Zone() != "" ||
+		s.Guest6.IsLinkLocalUnicast() || s.Guest6.IsMulticast()) {
+		return c, fmt.Errorf("netpol: table spec: guest IPv6 address %q: want a global or unique-local IPv6 address", s.Guest6)
 	}
 	if !s.Resolver.IsValid() || !s.Resolver.Addr().Is4() || s.Resolver.Addr().IsUnspecified() || s.Resolver.Port() == 0 {
 		return c, fmt.Errorf("netpol: table spec: resolver %q: want an IPv4 address and port", s.Resolver)
@@ -99,42 +135,41 @@ func (s TableSpec) check() (checkedSpec, error) {
 	}
 	var err error
 	lists := []struct {
-		name   string
-		in     []netip.Prefix
-		out    *[]addrRange
-		skipV6 bool
+		name      string
+		in        []netip.Prefix
+		out, out6 *[]addrRange
 	}{
-		{"host address", s.HostAddrs, &c.host, true},
-		{"management", s.Management, &c.management, true},
-		{"pool", s.Pools, &c.pools, true},
-		{"allow", s.Allow, &c.allow, false},
-		{"deny", s.Deny, &c.deny, false},
+		{"host address", s.HostAddrs, &c.host, &c.host6},
+		{"management", s.Management, &c.management, &c.management6},
+		{"pool", s.Pools, &c.pools, &c.pools6},
+		{"allow", s.Allow, &c.allow, &c.allow6},
+		{"deny", s.Deny, &c.deny, &c.deny6},
 	}
 	for _, l := range lists {
-		if *l.out, err = ipv4Ranges("table spec", l.name, l.in, l.skipV6); err != nil {
+		if *l.out, *l.out6, err = familyRanges("table spec", l.name, l.in); err != nil {
 			return c, err
 		}
 	}
 	c.linkLocal = rangesOf(linkLocal)
+	c.linkLocal6 = rangesOf(linkLocal6)
 	return c, nil
 }
 
-// ipv4Ranges validates the prefixes of one list of spec (named in errors
-// as what) and returns its IPv4 part as ranges; IPv6 prefixes are left out
-// when skipV6, else refused.
-func ipv4Ranges(spec, what string, in []netip.Prefix, skipV6 bool) ([]addrRange, error) {
-	var v4 []netip.Prefix
+// familyRanges validates the prefixes of one list of spec (named in errors
+// as what) and returns them as ranges, IPv4 and IPv6 apart.
+func familyRanges(spec, what string, in []netip.Prefix) (v4, v6 []addrRange, err error) {
+	var p4, p6 []netip.Prefix
 	for _, p := range in {
 		switch {
 		case !p.IsValid():
-			return nil, fmt.Errorf("netpol: %s: %s prefix %q: not a valid prefix", spec, what, p)
+			return nil, nil, fmt.Errorf("netpol: %s: %s prefix %q: not a valid prefix", spec, what, p)
 		case p.Addr().Is4():
-			v4 = append(v4, p)
+			p4 = append(p4, p)
 		case p.Addr().Is4In6():
-			return nil, fmt.Errorf("netpol: %s: %s prefix %s: write IPv4 prefixes as IPv4", spec, what, p)
-		case !skipV6:
-			return nil, fmt.Errorf("netpol: %s: %s prefix %s: IPv6 egress policy is not supported yet (guest IPv6 is dropped)", spec, what, p)
+			return nil, nil, fmt.Errorf("netpol: %s: %s prefix %s: write IPv4 prefixes as IPv4", spec, what, p)
+		default:
+			p6 = append(p6, p)
 		}
 	}
-	return rangesOf(v4), nil
+	return rangesOf(p4), rangesOf(p6), nil
 }

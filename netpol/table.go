@@ -39,10 +39,11 @@ type Object struct {
 	Type nftables.ObjType
 }
 
-// Set is a named set of IPv4 ranges. Every set of configured addresses the
-// node writes is an interval set of ipv4_addr, so a prefix and a range cost
-// one element; a learned set (flags timeout) holds single addresses that
-// expire, which the node's resolver adds at run time.
+// Set is a named set of address ranges of one family. Every set of
+// configured addresses the node writes is an interval set of ipv4_addr or
+// ipv6_addr, so a prefix and a range cost one element; a learned set
+// (flags timeout) holds single addresses that expire, which the node's
+// resolver adds at run time.
 type Set struct {
 	Name string
 	// Comment is the set's UserData comment: the marker naming it ours.
@@ -54,7 +55,7 @@ type Set struct {
 	// Ranges are the elements, merged and sorted.
 	Ranges []addrRange
 	// elemErr says why the elements of a set read back could not be
-	// decoded as IPv4 ranges.
+	// decoded as address ranges.
 	elemErr string
 	// id ties lookups to the set inside one batch (the kernel resolves a
 	// set created in the same transaction by id); assigned by Build.

@@ -9,6 +9,7 @@ import (
 	"net/netip"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -19,7 +20,10 @@ import (
 //
 // The instance namespace holds the Instance table, the node namespace the
 // node's table; world has the public, management, denied and not-allowed
-// addresses and a resolver in the management range.
+// addresses and a resolver in the management range, each also in IPv6.
+// The IPv6 line routes by global addresses (the node's Connect uses
+// link-local gateways; real guests test that), so the guest's neighbour
+// discovery with the instance namespace passes the table's NDP rules.
 
 const (
 	worldPublic     = "198.51.100.10"
@@ -29,13 +33,26 @@ const (
 	nodeUplink      = "198.51.100.1"
 	echoPort        = "8080"
 
+	guest6           = "fd6b:6b00:240::2"
+	pool6            = "fd6b:6b00:240::/64"
+	worldPublic6     = "2001:db8:100::10"
+	worldManagement6 = "2001:db8:100::20"
+	worldDenied6     = "2001:db8:100::30"
+	worldNotAllowed6 = "2001:db8:113::5"
+	nodeUplink6      = "2001:db8:100::1"
+	// nodeLater6 is a node address the Instance table does not know (one
+	// added after it was written): the node's own table keeps it out.
+	nodeLater6 = "2001:db8:100::99"
+
 	// a denied connect is a dropped SYN: the dial times out
 	deniedDialTimeout = 500 * time.Millisecond
 )
 
 type lineNet struct {
 	guest, instance, node, world int
-	spec                         TableSpec
+	// spec is a guest without IPv6; spec6 the same with an IPv6 address
+	// and IPv6 ranges in every list.
+	spec, spec6 TableSpec
 }
 
 func newLineNet(t *testing.T) *lineNet {
@@ -61,6 +78,31 @@ func newLineNet(t *testing.T) *lineNet {
 	for _, a := range []string{worldPublic, worldManagement, worldDenied, worldNotAllowed} {
 		w.addr("eth0", a+"/32")
 	}
+
+	g.addr("eth0", guest6+"/64")
+	// a source the guest may not use, deprecated so that the kernel picks
+	// it only when told to
+	nsRun(t, n.guest, "ip", "-6", "addr", "add", "fd6b:6b00:240::99/64", "dev", "eth0", "nodad", "preferred_lft", "0")
+	g.route("::/0", "fd6b:6b00:240::1")
+	i.addr(TapName, "fd6b:6b00:240::1/64")
+	i.addr(VethName, "fd00:31::1/64")
+	i.route("::/0", "fd00:31::2")
+	i.forwarding6()
+	nd.addr(NodeVethPrefix+"test", "fd00:31::2/64")
+	nd.addr("up0", nodeUplink6+"/64")
+	// deprecated, so that masquerading picks nodeUplink6
+	nsRun(t, n.node, "ip", "-6", "addr", "add", nodeLater6+"/128", "dev", "up0", "nodad", "preferred_lft", "0")
+	nd.route(pool6, "fd00:31::1")
+	// As Connect does: no neighbour discovery on the veth, whose node end
+	// takes no IPv6 from Instances (the node's table drops it).
+	i.neighbour(VethName, "fd00:31::2", nd, NodeVethPrefix+"test")
+	nd.neighbour(NodeVethPrefix+"test", "fd00:31::1", i, VethName)
+	nd.route("2001:db8:113::/64", "2001:db8:100::2")
+	nd.forwarding6()
+	w.addr("eth0", "2001:db8:100::2/64")
+	for _, a := range []string{worldPublic6, worldManagement6, worldDenied6, worldNotAllowed6} {
+		w.addr("eth0", a+"/128")
+	}
 	// world answers the node's address only: masquerading is tested by
 	// world having no route back to the guests
 
@@ -74,9 +116,16 @@ func newLineNet(t *testing.T) *lineNet {
 		Allow:      pfx("198.51.100.0/24"),
 		Deny:       pfx(worldDenied + "/32"),
 	}
+	n.spec6 = n.spec
+	n.spec6.Guest6 = netip.MustParseAddr(guest6)
+	n.spec6.HostAddrs = append(pfx(nodeUplink6+"/128", "fd00:31::2/128"), n.spec.HostAddrs...)
+	n.spec6.Management = append(pfx(worldManagement6+"/128"), n.spec.Management...)
+	n.spec6.Pools = append(pfx(pool6), n.spec.Pools...)
+	n.spec6.Allow = append(pfx("2001:db8:100::/64"), n.spec.Allow...)
+	n.spec6.Deny = append(pfx(worldDenied6+"/128"), n.spec.Deny...)
 	host, err := BuildHost(HostSpec{
-		Pools:       pfx("10.240.0.0/24"),
-		Management:  pfx(worldManagement + "/32"),
+		Pools:       pfx("10.240.0.0/24", pool6),
+		Management:  pfx(worldManagement+"/32", worldManagement6+"/128"),
 		UplinkIface: "up0",
 		Resolvers:   []netip.AddrPort{n.spec.Resolver},
 	})
@@ -88,7 +137,10 @@ func newLineNet(t *testing.T) *lineNet {
 	}
 	serveEcho(t, n.world, "0.0.0.0:"+echoPort)
 	serveEcho(t, n.node, "0.0.0.0:"+echoPort)
+	serveEcho(t, n.world, "[::]:"+echoPort)
+	serveEcho(t, n.node, "[::]:"+echoPort)
 	serveUDPEcho(t, n.world, worldManagement+":53")
+	serveUDPEcho(t, n.world, "["+worldPublic6+"]:53")
 	return n
 }
 
@@ -108,8 +160,12 @@ func (n *lineNet) replace(t *testing.T, spec TableSpec) {
 func serveEcho(t *testing.T, nsFD int, addr string) {
 	t.Helper()
 	var ln net.Listener
+	network := "tcp4"
+	if strings.HasPrefix(addr, "[") {
+		network = "tcp6"
+	}
 	if err := inNetns(nsFD, func() (err error) {
-		ln, err = net.Listen("tcp4", addr)
+		ln, err = net.Listen(network, addr)
 		return err
 	}); err != nil {
 		t.Fatalf("listen %s: %v", addr, err)
@@ -165,8 +221,12 @@ func serveEcho(t *testing.T, nsFD int, addr string) {
 func serveUDPEcho(t *testing.T, nsFD int, addr string) {
 	t.Helper()
 	var pc net.PacketConn
+	network := "udp4"
+	if strings.HasPrefix(addr, "[") {
+		network = "udp6"
+	}
 	if err := inNetns(nsFD, func() (err error) {
-		pc, err = net.ListenPacket("udp4", addr)
+		pc, err = net.ListenPacket(network, addr)
 		return err
 	}); err != nil {
 		t.Fatalf("listen udp %s: %v", addr, err)
@@ -195,9 +255,19 @@ type conn struct {
 }
 
 func (n *lineNet) dial(addr string, timeout time.Duration) (*conn, error) {
+	return n.dialFrom("", addr, timeout)
+}
+
+// dialFrom dials from a given source address of the guest ("" for the
+// kernel's choice).
+func (n *lineNet) dialFrom(src, addr string, timeout time.Duration) (*conn, error) {
 	var c net.Conn
+	d := net.Dialer{Timeout: timeout}
+	if src != "" {
+		d.LocalAddr = &net.TCPAddr{IP: net.ParseIP(src)}
+	}
 	if err := inNetns(n.guest, func() (err error) {
-		c, err = net.DialTimeout("tcp4", addr, timeout)
+		c, err = d.Dial("tcp", addr)
 		return err
 	}); err != nil {
 		return nil, err
@@ -250,13 +320,18 @@ func (n *lineNet) mustReach(t *testing.T, addr string) *conn {
 // refused), all at once to spend one timeout.
 func (n *lineNet) mustNotReach(t *testing.T, addrs ...string) {
 	t.Helper()
+	n.mustNotReachFrom(t, "", addrs...)
+}
+
+func (n *lineNet) mustNotReachFrom(t *testing.T, src string, addrs ...string) {
+	t.Helper()
 	errs := make([]error, len(addrs))
 	var wg sync.WaitGroup
 	for i, a := range addrs {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			c, err := n.dial(a, deniedDialTimeout)
+			c, err := n.dialFrom(src, a, deniedDialTimeout)
 			if err == nil {
 				c.c.Close()
 				errs[i] = fmt.Errorf("guest connected to %s (seen as %s)", a, c.seenAs)
@@ -342,6 +417,113 @@ func TestTrafficEgress(t *testing.T) {
 	n.replace(t, open)
 	n.mustNotReach(t, addr(worldManagement))
 	n.mustReach(t, addr(worldPublic))
+}
+
+func addr6(a string) string { return "[" + a + "]:" + echoPort }
+
+// IPv6: a guest without an IPv6 address reaches nothing over IPv6; with
+// one, the IPv4 rules' twins hold: public egress is masqueraded to the
+// node's IPv6 address and never reaches the node (nor an address of it
+// the table does not name), management, denied or not-allowed ranges, or
+// leaves from a source not the guest's; none lets no IPv6 out; IPv6 DNS
+// goes nowhere; the node's table keeps management out by itself.
+func TestTrafficEgress6(t *testing.T) {
+	n := newLineNet(t)
+	n.replace(t, n.spec)
+	n.mustReach(t, worldPublic+":"+echoPort)
+	n.mustNotReach(t, addr6(worldPublic6))
+
+	none := n.spec6
+	none.Egress = EgressNone
+	n.replace(t, none)
+	n.mustNotReach(t, addr6(worldPublic6))
+	n.mustResolve(t)
+	// The guest may still be resolving its gateway, which the table before
+	// did not let it: the connect leaves it late, but is counted.
+	waitFor(t, "the dropped IPv6 connect counted as denied", 5*time.Second, func() error {
+		if denied(t, n.instance) == 0 {
+			return errors.New("not counted")
+		}
+		return nil
+	})
+
+	n.replace(t, n.spec6)
+	c := n.mustReach(t, addr6(worldPublic6))
+	if c.seenAs != nodeUplink6 {
+		t.Errorf("world saw the guest as %s, want the node's uplink %s (masquerade)", c.seenAs, nodeUplink6)
+	}
+	n.mustReach(t, worldPublic+":"+echoPort)
+	before := denied(t, n.instance)
+	n.mustNotReach(t, addr6(worldManagement6), addr6(worldDenied6), addr6(worldNotAllowed6), addr6(nodeUplink6), addr6(nodeLater6))
+	n.mustNotReachFrom(t, "fd6b:6b00:240::99", addr6(worldPublic6))
+	// nodeLater6 is dropped by the node's table, not counted here
+	if d := denied(t, n.instance) - before; d < 5 {
+		t.Errorf("denied counter counted %d of five dropped IPv6 connects", d)
+	}
+	n.mustNotResolve6(t)
+
+	// The node's table keeps management ranges out by itself.
+	open := n.spec6
+	open.Management, open.Allow = nil, nil
+	n.replace(t, open)
+	n.mustNotReach(t, addr6(worldManagement6))
+	n.mustReach(t, addr6(worldNotAllowed6))
+}
+
+// mustNotResolve6 sends a DNS-port datagram to a public IPv6 address that
+// answers one, and expects no answer and the drop counted: DNS goes to
+// the deployment resolver over IPv4 only.
+func (n *lineNet) mustNotResolve6(t *testing.T) {
+	t.Helper()
+	var uc net.Conn
+	if err := inNetns(n.guest, func() (err error) {
+		uc, err = net.Dial("udp6", "["+worldPublic6+"]:53")
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer uc.Close()
+	before := denied(t, n.instance)
+	uc.SetDeadline(time.Now().Add(deniedDialTimeout))
+	uc.Write([]byte("query"))
+	if k, err := uc.Read(make([]byte, 64)); err == nil {
+		t.Fatalf("IPv6 DNS got an answer of %d bytes", k)
+	}
+	if denied(t, n.instance) <= before {
+		t.Error("IPv6 DNS was not counted as denied")
+	}
+}
+
+// With a proxy, guest IPv6 TCP is reset at once (so a client falls back
+// to IPv4 without waiting) and counted; IPv4 TCP leaves as before.
+func TestTrafficProxy6(t *testing.T) {
+	n := newLineNet(t)
+	proxy := n.spec6
+	proxy.Egress, proxy.Allow = EgressProxy, nil
+	n.replace(t, proxy)
+	n.mustReach(t, worldNotAllowed+":"+echoPort)
+	before := denied(t, n.instance)
+	var took time.Duration
+	waitFor(t, "an IPv6 connect refused at once", 10*time.Second, func() error {
+		t0 := time.Now()
+		c, err := n.dial(addr6(worldPublic6), 5*time.Second)
+		took = time.Since(t0)
+		if err == nil {
+			c.c.Close()
+			return fmt.Errorf("guest connected to %s (seen as %s)", worldPublic6, c.seenAs)
+		}
+		if !errors.Is(err, syscall.ECONNREFUSED) {
+			return err
+		}
+		return nil
+	})
+	if took > time.Second {
+		t.Errorf("the refused IPv6 connect took %v", took)
+	}
+	if denied(t, n.instance) <= before {
+		t.Error("the refused IPv6 connect was not counted")
+	}
+	n.mustNotReach(t, addr6(worldManagement6))
 }
 
 // An established connection survives a Replace (conntrack is kept), and
@@ -439,5 +621,52 @@ func TestTrafficLearnedNames(t *testing.T) {
 	}
 	if err := Learn(ctx, n.instance, "pools_v4", []netip.Addr{netip.MustParseAddr(worldNotAllowed)}, time.Minute); err == nil {
 		t.Error("Learn into a set of configured addresses succeeded")
+	}
+}
+
+// Domain rules over IPv6: Learn puts each address into the set of its
+// family in one call, only learned IPv6 addresses of allowed names pass
+// besides Allow, and a table of a guest without IPv6 refuses IPv6
+// addresses.
+func TestTrafficLearnedNames6(t *testing.T) {
+	n := newLineNet(t)
+	ctx := context.Background()
+	spec := n.spec6
+	spec.Allow = pfx(worldPublic6 + "/128")
+	spec.Deny = nil
+	spec.AllowNames, spec.DenyNames = true, true
+	n.replace(t, spec)
+	n.mustReach(t, addr6(worldPublic6))
+	n.mustNotReach(t, addr6(worldNotAllowed6), worldPublic+":"+echoPort)
+
+	both := []netip.Addr{netip.MustParseAddr(worldNotAllowed6), netip.MustParseAddr(worldPublic)}
+	if err := Learn(ctx, n.instance, SetAllowNames, both, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	n.mustReach(t, addr6(worldNotAllowed6))
+	n.mustReach(t, worldPublic+":"+echoPort)
+	if err := Learn(ctx, n.instance, SetDenyNames6, []netip.Addr{netip.MustParseAddr(worldPublic6)}, 0); err != nil {
+		t.Fatal(err)
+	}
+	n.mustNotReach(t, addr6(worldPublic6))
+	got := readOurs(t, n.instance)
+	if s := got.set(SetAllowNames6); s == nil || len(s.Ranges) != 1 || s.Ranges[0].String() != worldNotAllowed6 {
+		t.Errorf("learned IPv6 allow set read back: %+v", s)
+	}
+	if s := got.set(SetAllowNames); s == nil || len(s.Ranges) != 1 || s.Ranges[0].String() != worldPublic {
+		t.Errorf("learned IPv4 allow set read back: %+v", s)
+	}
+	if f, err := Inspect(n.instance, spec); err != nil || f.Verdict != VerdictMatch {
+		t.Errorf("Inspect with learned IPv6 elements: %+v, %v; want match", f, err)
+	}
+
+	noV6 := n.spec
+	noV6.AllowNames = true
+	n.replace(t, noV6)
+	if err := Learn(ctx, n.instance, SetAllowNames, both, time.Minute); err == nil {
+		t.Error("Learn of an IPv6 address into the table of a guest without IPv6 succeeded")
+	}
+	if got := readOurs(t, n.instance).set(SetAllowNames); got == nil || len(got.Ranges) != 0 {
+		t.Errorf("a refused Learn changed the IPv4 set: %+v", got)
 	}
 }

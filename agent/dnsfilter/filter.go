@@ -38,8 +38,8 @@ const (
 	// maxInFlight bounds the queries being answered at once, over all
 	// guests; a query beyond it is dropped (the guest retries).
 	maxInFlight = 256
-	// maxLearnedNames bounds the names remembered per guest for
-	// re-learning after a policy change.
+	// maxLearnedNames bounds the answers (of a name and a family)
+	// remembered per guest for re-learning after a policy change.
 	maxLearnedNames = 1024
 	// answerWindow bounds one query's answer; a guest resolver gives up
 	// after about 5 s.
@@ -52,7 +52,8 @@ const (
 )
 
 // LearnFunc puts addrs into the guest's learned set (netpol.SetAllowNames
-// or netpol.SetDenyNames), expiring after ttl (clamped by netpol).
+// or netpol.SetDenyNames; IPv6 addresses into its IPv6 twin, as
+// netpol.Learn does), expiring after ttl (clamped by netpol).
 type LearnFunc func(ctx context.Context, set string, addrs []netip.Addr, ttl time.Duration) error
 
 // Policy is one guest's domain rules, canonical (api.CanonicalDomainRule).
@@ -65,7 +66,11 @@ type Policy struct {
 	// name no rule allows is refused, unless every address it has is
 	// inside these (the guest may reach them anyway).
 	AllowCIDRs []netip.Prefix
-	Learn      LearnFunc
+	// IPv6 says the guest has an IPv6 address: the addresses of AAAA
+	// records are learned (and ruled on) like those of A records. Without
+	// it they are passed on untouched, as the guest cannot reach them.
+	IPv6  bool
+	Learn LearnFunc
 }
 
 // restricted says whether the policy has allow rules: then names must be
@@ -113,8 +118,11 @@ type guest struct {
 }
 
 // learnedName is an answer the filter learned, kept to learn it again
-// when the guest's table is replaced.
+// when the guest's table is replaced. The cache holds one per name and
+// address family (key "name A" or "name AAAA"): a name's A and AAAA
+// answers come apart and each replaces only its own.
 type learnedName struct {
+	name  string
 	set   string
 	addrs []netip.Addr
 	until time.Time
@@ -185,20 +193,20 @@ func (f *Filter) Set(ctx context.Context, addr netip.Addr, p Policy) {
 	g.policy = p
 	now := time.Now()
 	// In name order, so what is learned again does not depend on map order.
-	for _, name := range slices.Sorted(maps.Keys(g.learned)) {
-		l := g.learned[name]
-		set := learnSet(p, name)
+	for _, key := range slices.Sorted(maps.Keys(g.learned)) {
+		l := g.learned[key]
+		set := learnSet(p, l.name)
 		if set == "" || !l.until.After(now) {
-			delete(g.learned, name)
+			delete(g.learned, key)
 			continue
 		}
 		if err := p.Learn(ctx, set, l.addrs, l.until.Sub(now)); err != nil {
-			f.log.Warn("dns filter could not learn a name again after a policy change", "instance_id", p.Instance, "name", name, "err", err)
-			delete(g.learned, name)
+			f.log.Warn("dns filter could not learn a name again after a policy change", "instance_id", p.Instance, "name", l.name, "err", err)
+			delete(g.learned, key)
 			continue
 		}
 		l.set = set
-		g.learned[name] = l
+		g.learned[key] = l
 	}
 }
 
@@ -280,7 +288,7 @@ func (f *Filter) answer(g *guest, src netip.Addr, q *dns.Msg) *dns.Msg {
 		}
 		return reply(q, dns.RcodeServerFailure)
 	}
-	addrs, ttl := addressesOf(up)
+	addrs, ttl := addressesOf(up, p.IPv6)
 	switch {
 	case denied:
 		// Learned so that an address the guest finds another way is
@@ -309,7 +317,7 @@ func (f *Filter) answer(g *guest, src netip.Addr, q *dns.Msg) *dns.Msg {
 }
 
 // learn puts one answer's addresses into the guest's set and remembers it
-// for Set. An answer without IPv4 addresses learns nothing.
+// for Set. An answer without addresses learns nothing.
 func (f *Filter) learn(ctx context.Context, g *guest, p Policy, set, name string, addrs []netip.Addr, ttl time.Duration) error {
 	if len(addrs) == 0 {
 		return nil
@@ -322,11 +330,27 @@ func (f *Filter) learn(ctx context.Context, g *guest, p Policy, set, name string
 	if err := p.Learn(ctx, set, addrs, ttl); err != nil {
 		return err
 	}
-	key := strings.ToLower(strings.TrimSuffix(name, "."))
-	if _, ok := g.learned[key]; !ok && len(g.learned) >= maxLearnedNames {
-		g.forgetOne()
+	name = strings.ToLower(strings.TrimSuffix(name, "."))
+	until := time.Now().Add(netpol.LearnedTimeout(ttl))
+	for _, fam := range []struct {
+		rr string
+		is func(netip.Addr) bool
+	}{{"A", netip.Addr.Is4}, {"AAAA", netip.Addr.Is6}} {
+		var part []netip.Addr
+		for _, a := range addrs {
+			if fam.is(a) {
+				part = append(part, a)
+			}
+		}
+		if len(part) == 0 {
+			continue
+		}
+		key := name + " " + fam.rr
+		if _, ok := g.learned[key]; !ok && len(g.learned) >= maxLearnedNames {
+			g.forgetOne()
+		}
+		g.learned[key] = learnedName{name: name, set: set, addrs: part, until: until}
 	}
-	g.learned[key] = learnedName{set: set, addrs: addrs, until: time.Now().Add(netpol.LearnedTimeout(ttl))}
 	return nil
 }
 
@@ -383,21 +407,27 @@ func (f *Filter) exchange(ctx context.Context, q *dns.Msg) (*dns.Msg, error) {
 }
 
 // addressesOf are the IPv4 addresses of an answer (the records of its
-// CNAME chain included) and the shortest TTL among them.
-func addressesOf(r *dns.Msg) ([]netip.Addr, time.Duration) {
+// CNAME chain included), and with ipv6 its IPv6 ones, and the shortest TTL
+// among them.
+func addressesOf(r *dns.Msg, ipv6 bool) ([]netip.Addr, time.Duration) {
 	var out []netip.Addr
 	var ttl uint32
 	for _, rr := range r.Answer {
-		a, ok := rr.(*dns.A)
-		if !ok {
-			continue
+		var addr netip.Addr
+		var ok bool
+		switch rr := rr.(type) {
+		case *dns.A:
+			addr, ok = netip.AddrFromSlice(rr.A.To4())
+		case *dns.AAAA:
+			if ipv6 && rr.AAAA.To4() == nil {
+				addr, ok = netip.AddrFromSlice(rr.AAAA.To16())
+			}
 		}
-		addr, ok := netip.AddrFromSlice(a.A.To4())
 		if !ok || slices.Contains(out, addr) {
 			continue
 		}
-		if len(out) == 0 || a.Hdr.Ttl < ttl {
-			ttl = a.Hdr.Ttl
+		if h := rr.Header(); len(out) == 0 || h.Ttl < ttl {
+			ttl = h.Ttl
 		}
 		out = append(out, addr)
 	}

@@ -58,6 +58,8 @@ var (
 	webAddr   = netip.MustParseAddr("198.51.100.7")
 	cdnAddr   = netip.MustParseAddr("203.0.113.9")
 	evilAddr  = netip.MustParseAddr("192.0.2.66")
+	web6Addr  = netip.MustParseAddr("2001:db8:7::7")
+	evil6Addr = netip.MustParseAddr("2001:db8:66::66")
 )
 
 // newFilter serves a filter on loopback, with a responder as the
@@ -71,8 +73,10 @@ func newFilter(t *testing.T, upstreams ...netip.AddrPort) (*Filter, netip.AddrPo
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { pc.Close() })
-		dnstest.Serve(pc, map[string]netip.Addr{
-			"web.example.com.": webAddr, "cdn.example.net.": cdnAddr, "evil.example.com.": evilAddr, "inside.test.": webAddr,
+		dnstest.ServeRecords(pc, map[string][]netip.Addr{
+			"web.example.com.": {webAddr}, "cdn.example.net.": {cdnAddr}, "evil.example.com.": {evilAddr}, "inside.test.": {webAddr},
+			"web6.example.com.": {web6Addr}, "evil6.example.com.": {evil6Addr}, "cdn6.example.net.": {web6Addr},
+			"dual.example.com.": {webAddr, web6Addr},
 		})
 		upstreams = []netip.AddrPort{netip.MustParseAddrPort(pc.LocalAddr().String())}
 	}
@@ -94,8 +98,13 @@ func newFilter(t *testing.T, upstreams ...netip.AddrPort) (*Filter, netip.AddrPo
 
 func ask(t *testing.T, srv netip.AddrPort, network, name string) *dns.Msg {
 	t.Helper()
+	return askType(t, srv, network, name, dns.TypeA)
+}
+
+func askType(t *testing.T, srv netip.AddrPort, network, name string, qtype uint16) *dns.Msg {
+	t.Helper()
 	q := new(dns.Msg)
-	q.SetQuestion(dns.Fqdn(name), dns.TypeA)
+	q.SetQuestion(dns.Fqdn(name), qtype)
 	c := &dns.Client{Net: network, Timeout: 5 * time.Second}
 	r, _, err := c.Exchange(q, srv.String())
 	if err != nil {
@@ -106,7 +115,7 @@ func ask(t *testing.T, srv netip.AddrPort, network, name string) *dns.Msg {
 
 func answers(t *testing.T, r *dns.Msg, want netip.Addr) {
 	t.Helper()
-	addrs, _ := addressesOf(r)
+	addrs, _ := addressesOf(r, true)
 	if r.Rcode != dns.RcodeSuccess || len(addrs) != 1 || addrs[0] != want {
 		t.Errorf("answer %s %v, want %s", dns.RcodeToString[r.Rcode], addrs, want)
 	}
@@ -190,6 +199,58 @@ func TestFilterDecisions(t *testing.T) {
 	refused(t, ask(t, srv, "udp", "web.example.com"))
 	if s := f.Stats(); s.Answered == 0 || s.Refused == 0 || s.Failed == 0 {
 		t.Errorf("stats %+v: every kind happened", s)
+	}
+}
+
+// AAAA answers: for a guest with IPv6 their addresses are learned (into
+// the list's IPv6 set, by netpol.Learn) and ruled on like A answers'; for
+// a guest without, they pass untouched and nothing is learned.
+func TestFilterIPv6(t *testing.T) {
+	f, srv := newFilter(t)
+	rec := &recorder{}
+	f.Set(context.Background(), guestAddr, Policy{AllowNames: []string{"*.example.com"}, DenyNames: []string{"evil6.example.com"},
+		AllowCIDRs: []netip.Prefix{netip.MustParsePrefix("2001:db8:7::/48")}, IPv6: true, Learn: rec.learn})
+	answers(t, askType(t, srv, "udp", "web6.example.com", dns.TypeAAAA), web6Addr)
+	if got := rec.take(); len(got) != 1 || got[0].set != netpol.SetAllowNames || !slices.Equal(got[0].addrs, []netip.Addr{web6Addr}) {
+		t.Errorf("learned %+v, want web6's address in the allow list", got)
+	}
+	refused(t, askType(t, srv, "udp", "evil6.example.com", dns.TypeAAAA))
+	if got := rec.take(); len(got) != 1 || got[0].set != netpol.SetDenyNames || !slices.Equal(got[0].addrs, []netip.Addr{evil6Addr}) {
+		t.Errorf("learned %+v, want evil6's address in the deny list", got)
+	}
+	// Not allowed by name, but every address inside the allow CIDRs.
+	answers(t, askType(t, srv, "udp", "cdn6.example.net", dns.TypeAAAA), web6Addr)
+	if got := rec.take(); len(got) != 0 {
+		t.Errorf("learned %+v for a name no rule names", got)
+	}
+	// A policy change learns the IPv6 answer again.
+	f.Set(context.Background(), guestAddr, Policy{AllowNames: []string{"web6.example.com"}, IPv6: true, Learn: rec.learn})
+	if got := rec.take(); len(got) != 1 || !slices.Equal(got[0].addrs, []netip.Addr{web6Addr}) {
+		t.Errorf("learned again %+v, want web6's address", got)
+	}
+	// A name's A and AAAA answers are remembered apart: the later does
+	// not make the earlier forgotten.
+	f.Set(context.Background(), guestAddr, Policy{AllowNames: []string{"dual.example.com"}, IPv6: true, Learn: rec.learn})
+	answers(t, ask(t, srv, "udp", "dual.example.com"), webAddr)
+	answers(t, askType(t, srv, "udp", "dual.example.com", dns.TypeAAAA), web6Addr)
+	rec.take()
+	f.Set(context.Background(), guestAddr, Policy{AllowNames: []string{"*.example.com"}, IPv6: true, Learn: rec.learn})
+	var again []netip.Addr
+	for _, l := range rec.take() {
+		again = append(again, l.addrs...)
+	}
+	if !slices.Contains(again, webAddr) || !slices.Contains(again, web6Addr) {
+		t.Errorf("learned again %v, want both of dual's addresses", again)
+	}
+
+	// Without IPv6 the guest gets the answer as it is, and nothing is learned.
+	f.Set(context.Background(), guestAddr, Policy{AllowNames: []string{"*.example.com"}, Learn: rec.learn})
+	rec.take()
+	if r := askType(t, srv, "udp", "web6.example.com", dns.TypeAAAA); r.Rcode != dns.RcodeSuccess || len(r.Answer) != 1 {
+		t.Errorf("AAAA for a guest without IPv6: %s with %d records, want the answer", dns.RcodeToString[r.Rcode], len(r.Answer))
+	}
+	if got := rec.take(); len(got) != 0 {
+		t.Errorf("learned %+v for a guest without IPv6", got)
 	}
 }
 

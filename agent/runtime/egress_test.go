@@ -75,12 +75,14 @@ func buildKibotos(t testing.TB) string {
 
 // TestGuestEgress: a guest whose policy names an Egress reaches the
 // internet only through that SOCKS5 proxy (the server sees the proxy, the
-// proxy logs the connection), its DNS is answered by its Resolver's
-// upstream, the egress process runs as kibotos-egress without
-// capabilities, a killed one is replaced and nothing goes out directly
-// meanwhile, and it ends when no policy needs it.
+// proxy logs the connection), its IPv6 TCP is refused at once (the egress
+// process carries IPv4; a client falls back to it), its DNS is answered
+// by its Resolver's upstream, the egress process runs as kibotos-egress
+// without capabilities, a killed one is replaced and nothing goes out
+// directly meanwhile, and it ends when no policy needs it.
 func TestGuestEgress(t *testing.T) {
 	h := newHarness(t)
+	h.withIPv6(t)
 	inst := platformFixture(t)
 	microsocks := testenv.LookPath(t, "microsocks", "microsocks")
 	exe := buildKibotos(t)
@@ -89,6 +91,7 @@ func TestGuestEgress(t *testing.T) {
 	const corpDNS = "198.51.100.4"
 	lab.Addr("inet", "eth0", corpDNS+"/24")
 	internet := lab.HTTP("inet", labInternet+":8080", "from the internet")
+	internet6 := lab.HTTP("inet", hostPort(labInternet6, 8080), "from the internet")
 	lab.DNS("inet", netip.MustParseAddr(labInternet), map[string]netip.Addr{"web.test": netip.MustParseAddr(labInternet)})
 	lab.DNS("inet", netip.MustParseAddr(corpDNS), map[string]netip.Addr{"corp.test": netip.MustParseAddr("10.1.2.3")})
 	socksLog := lab.Start("inet", microsocks, "-i", labInternet, "-p", "1080")
@@ -126,6 +129,16 @@ func TestGuestEgress(t *testing.T) {
 	}
 	if b, _ := os.ReadFile(socksLog); !strings.Contains(string(b), labInternet) {
 		t.Errorf("microsocks log %q does not show the connection", b)
+	}
+	t0 := time.Now()
+	out, _ := sh(`printf 'GET / HTTP/1.0\r\nHost: x\r\n\r\n' | nc -w 20 ` + labInternet6 + ` 8080 2>&1; echo "exit $?"`)
+	if took := time.Since(t0); strings.Contains(out, "from the internet") || !strings.Contains(out, "refused") || took > 5*time.Second {
+		t.Errorf("proxied guest's IPv6 connect: %q after %v; want it refused at once", out, took)
+	} else {
+		t.Logf("proxied guest's IPv6 connect, exec included: %v: %q", took, strings.TrimSpace(out))
+	}
+	if hits := internet6.Hits(); len(hits) != 0 {
+		t.Errorf("internet server saw %v over IPv6 from a proxied guest", hits)
 	}
 	if out, _ := sh("nslookup corp.test"); !strings.Contains(out, "10.1.2.3") {
 		t.Errorf("nslookup corp.test through the Resolver: %q", out)

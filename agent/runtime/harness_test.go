@@ -55,13 +55,20 @@ type harness struct {
 
 // The lab's addresses (documentation ranges): the node's uplink up0 to an
 // "internet" namespace, and mg0 to a management network guests must never
-// reach.
+// reach; each in IPv6 too (withIPv6 gives the node an ipv6_pool).
 const (
 	labPool       = "10.213.0.0/24"
 	labUplinkNode = "198.51.100.1"
 	labInternet   = "198.51.100.2"
 	labMgmtNode   = "203.0.113.1"
 	labMgmtHost   = "203.0.113.2"
+
+	labPool6       = "fd6b:6b00:213::/64"
+	labUplinkNode6 = "2001:db8:100::1"
+	labInternet6   = "2001:db8:100::2"
+	labMgmtNode6   = "2001:db8:203::1"
+	labMgmtHost6   = "2001:db8:203::2"
+	labMgmtNet6    = "2001:db8:203::/64"
 )
 
 func newHarness(t testing.TB) *harness {
@@ -91,11 +98,24 @@ func newHarness(t testing.TB) *harness {
 	return h
 }
 
+// withIPv6 gives the node an ipv6_pool (labPool6) and the lab's IPv6
+// management network as a management range, before the runtime opens.
+func (h *harness) withIPv6(t testing.TB) {
+	t.Helper()
+	network, err := netpol.ParseConfig(labPool, labPool6, []string{labMgmtNode + "/24", labMgmtNet6}, []string{labInternet}, "up0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.network = network
+}
+
 // wireInternet adds the lab's "internet": namespace inet on the node's
-// uplink up0, labInternet its address.
+// uplink up0, labInternet and labInternet6 its addresses.
 func (h *harness) wireInternet() {
 	h.lab.Namespace("inet")
 	h.lab.Wire("node", "up0", labUplinkNode+"/24", "inet", "eth0", labInternet+"/24")
+	h.lab.Addr("node", "up0", labUplinkNode6+"/64")
+	h.lab.Addr("inet", "eth0", labInternet6+"/64")
 }
 
 func (h *harness) open(t testing.TB) (*runtime.Runtime, error) {

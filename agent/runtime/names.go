@@ -90,7 +90,7 @@ func (n *nodeNetwork) registerNames(ctx context.Context, id string, nr *NetworkR
 	}
 	namespace := nr.Namespace
 	n.names.Set(ctx, nr.Guest, dnsfilter.Policy{
-		Instance: id, AllowNames: p.AllowNames, DenyNames: p.DenyNames, AllowCIDRs: p.Allow,
+		Instance: id, AllowNames: p.AllowNames, DenyNames: p.DenyNames, AllowCIDRs: p.Allow, IPv6: nr.Guest6.IsValid(),
 		Learn: func(ctx context.Context, set string, addrs []netip.Addr, ttl time.Duration) error {
 			ns, err := n.ns.Open(namespace)
 			if err != nil {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net/netip"
 	"path/filepath"
 	"slices"
@@ -23,7 +24,8 @@ import (
 
 // Every Instance with a network has its own network namespace,
 // kibotos-<instance>, holding the tap the VMM's virtio-net device uses and a
-// veth to the node (netpol). The guest gets one address of the node's pool.
+// veth to the node (netpol). The guest gets one address of the node's pool,
+// and one of its IPv6 pool when it has one.
 const guestIface = "eth0"
 
 // NetNSName is the network namespace of an Instance.
@@ -32,13 +34,18 @@ func NetNSName(instanceID string) string { return "kibotos-" + instanceID }
 // NetworkRecord is an Instance's network as launched: what takeover
 // regenerates its rule table from and checks the namespace against.
 type NetworkRecord struct {
-	Namespace string         `json:"namespace"`
-	Guest     netip.Addr     `json:"guest_ipv4"`
-	HostVeth  string         `json:"host_veth"`
-	Policy    NetworkPolicy  `json:"policy"`
-	Pool      netip.Prefix   `json:"ipv4_pool"`
-	Uplink    string         `json:"uplink"`
-	Resolver  netip.AddrPort `json:"resolver"`
+	Namespace string     `json:"namespace"`
+	Guest     netip.Addr `json:"guest_ipv4"`
+	// Guest6 and Pool6 are the guest's IPv6 address and the node's
+	// ipv6_pool at launch; absent (a node without ipv6_pool, or a record
+	// of a build before IPv6) the guest has no IPv6.
+	Guest6   netip.Addr     `json:"guest_ipv6,omitzero"`
+	HostVeth string         `json:"host_veth"`
+	Policy   NetworkPolicy  `json:"policy"`
+	Pool     netip.Prefix   `json:"ipv4_pool"`
+	Pool6    netip.Prefix   `json:"ipv6_pool,omitzero"`
+	Uplink   string         `json:"uplink"`
+	Resolver netip.AddrPort `json:"resolver"`
 	// Management is the node's management_cidrs at launch.
 	Management []netip.Prefix `json:"management_cidrs"`
 }
@@ -51,8 +58,9 @@ type nodeNetwork struct {
 	hostNS netns.NsHandle
 
 	mu sync.Mutex
-	// assigned are the guest addresses of Instances whose network exists.
-	assigned map[string]netip.Addr
+	// assigned and assigned6 are the guest addresses of Instances whose
+	// network exists.
+	assigned, assigned6 map[string]netip.Addr
 
 	// egressMu orders the egress process's routes and the node's table.
 	egressMu sync.Mutex
@@ -67,7 +75,7 @@ type nodeNetwork struct {
 // openNodeNetwork prepares the node's namespace for guest traffic:
 // forwarding on and its own rule table in place (with a configuration).
 func openNodeNetwork(cfg *netpol.Config, hostNSPath string, t units.Target, log *slog.Logger) (*nodeNetwork, error) {
-	n := &nodeNetwork{cfg: cfg, assigned: map[string]netip.Addr{},
+	n := &nodeNetwork{cfg: cfg, assigned: map[string]netip.Addr{}, assigned6: map[string]netip.Addr{},
 		ns: netpol.Namespaces{Dir: netpol.DefaultNamespaceDir}}
 	if t.NetNSDir != "" {
 		// A private systemd's /run/netns is a host directory it shares.
@@ -97,6 +105,12 @@ func openNodeNetwork(cfg *netpol.Config, hostNSPath string, t units.Target, log 
 		n.hostNS.Close()
 		return nil, err
 	}
+	if cfg.IPv6Pool.IsValid() {
+		if err := netpol.EnableForwarding6(n.hostNS); err != nil {
+			n.hostNS.Close()
+			return nil, err
+		}
+	}
 	if err := netpol.SetUpProxyRouting(n.hostNS); err != nil {
 		n.hostNS.Close()
 		return nil, err
@@ -122,7 +136,7 @@ func (n *nodeNetwork) replaceHostTable(proxied []netip.Addr) error {
 	// The node's own DNS sockets count as resolvers: TCP DNS of proxied
 	// guests goes to them, not into the egress proxy.
 	resolvers := append(slices.Clone(cfg.Resolvers), EgressDNS, NamesDNS)
-	host, err := netpol.BuildHost(netpol.HostSpec{Pools: []netip.Prefix{cfg.IPv4Pool}, Management: cfg.ManagementCIDRs,
+	host, err := netpol.BuildHost(netpol.HostSpec{Pools: cfg.Pools(), Management: cfg.ManagementCIDRs,
 		UplinkIface: cfg.UplinkInterface(), UplinkAddr: cfg.UplinkAddr(), Resolvers: resolvers,
 		Proxied: proxied, ProxyPort: EgressTCPPort})
 	if err == nil {
@@ -141,32 +155,48 @@ func (n *nodeNetwork) close() {
 	n.hostNS.Close()
 }
 
-// reserve picks the guest address of a new Instance.
+// reserve picks the guest addresses of a new Instance.
 func (n *nodeNetwork) reserve(id string, p NetworkPolicy) (*NetworkRecord, error) {
 	if n.cfg == nil {
 		return nil, noNetworkConfig(id)
 	}
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	used := make([]netip.Addr, 0, len(n.assigned))
-	for _, a := range n.assigned {
-		used = append(used, a)
-	}
-	addr, err := n.cfg.Allocate(used)
+	addr, err := n.cfg.Allocate(slices.Collect(maps.Values(n.assigned)))
 	if err != nil {
 		return nil, fmt.Errorf("runtime: instance %s: %w", id, err)
 	}
-	n.assigned[id] = addr
-	return &NetworkRecord{
+	nr := &NetworkRecord{
 		Namespace: NetNSName(id), Guest: addr, HostVeth: netpol.HostVethName(id), Policy: p,
 		Pool: n.cfg.IPv4Pool, Uplink: n.cfg.Uplink, Resolver: n.cfg.Resolvers[0],
 		Management: slices.Clone(n.cfg.ManagementCIDRs),
-	}, nil
+	}
+	if n.cfg.IPv6Pool.IsValid() {
+		if nr.Guest6, err = n.cfg.Allocate6(slices.Collect(maps.Values(n.assigned6))); err != nil {
+			return nil, fmt.Errorf("runtime: instance %s: %w", id, err)
+		}
+		nr.Pool6 = n.cfg.IPv6Pool
+		n.assigned6[id] = nr.Guest6
+	}
+	n.assigned[id] = addr
+	return nr, nil
+}
+
+// hold marks a recorded network's addresses as taken (takeover, a start
+// that replaces a stale namespace).
+func (n *nodeNetwork) hold(id string, nr *NetworkRecord) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.assigned[id] = nr.Guest
+	if nr.Guest6.IsValid() {
+		n.assigned6[id] = nr.Guest6
+	}
 }
 
 func (n *nodeNetwork) release(id string) {
 	n.mu.Lock()
 	delete(n.assigned, id)
+	delete(n.assigned6, id)
 	n.mu.Unlock()
 }
 
@@ -203,13 +233,16 @@ func (n *nodeNetwork) tableSpec(nr *NetworkRecord) (netpol.TableSpec, error) {
 	case nr.Policy.Resolver != nil:
 		resolver = EgressDNS
 	}
+	if nr.Guest6.IsValid() && !n.cfg.IPv6Pool.Contains(nr.Guest6) {
+		return netpol.TableSpec{}, fmt.Errorf("guest IPv6 address %s is not of the node's ipv6_pool %s", nr.Guest6, poolOrNone(n.cfg.IPv6Pool))
+	}
 	hostAddrs, err := netpol.HostAddrs(n.hostNS)
 	if err != nil {
 		return netpol.TableSpec{}, err
 	}
 	return netpol.TableSpec{
-		Guest: nr.Guest, Egress: egress, Resolver: resolver,
-		HostAddrs: hostAddrs, Management: n.cfg.ManagementCIDRs, Pools: []netip.Prefix{n.cfg.IPv4Pool},
+		Guest: nr.Guest, Guest6: nr.Guest6, Egress: egress, Resolver: resolver,
+		HostAddrs: hostAddrs, Management: n.cfg.ManagementCIDRs, Pools: n.cfg.Pools(),
 		Allow: nr.Policy.Allow, Deny: nr.Policy.Deny,
 		AllowNames: len(nr.Policy.AllowNames) > 0, DenyNames: len(nr.Policy.DenyNames) > 0,
 	}, nil
@@ -223,9 +256,7 @@ func (rt *Runtime) createNetwork(ctx context.Context, id string, owner *vmmAccou
 		if err := rt.deleteNetwork(ctx, id, nr); err != nil {
 			return fmt.Errorf("runtime: instance %s: remove stale network namespace: %w", id, err)
 		}
-		n.mu.Lock()
-		n.assigned[id] = nr.Guest
-		n.mu.Unlock()
+		n.hold(id, nr)
 	}
 	err := n.ns.Create(nr.Namespace)
 	if err == nil {
@@ -244,7 +275,7 @@ func (rt *Runtime) setUpNetwork(id string, owner *vmmAccount, nr *NetworkRecord)
 		return err
 	}
 	defer ns.Close()
-	link := netpol.Link{Guest: nr.Guest, HostVeth: nr.HostVeth, TapOwner: -1, TapGroup: -1}
+	link := netpol.Link{Guest: nr.Guest, Guest6: nr.Guest6, HostVeth: nr.HostVeth, TapOwner: -1, TapGroup: -1}
 	if owner != nil {
 		link.TapOwner, link.TapGroup = owner.uid, owner.gid
 	}
@@ -311,18 +342,22 @@ func (rt *Runtime) netnsMismatch(hostPID int, recorded string) string {
 }
 
 // guestNetwork is the guest side of the Instance's link: its address, the
-// namespace as gateway and nameserver (DNS to it is DNATed to the resolver).
+// namespace as gateway and nameserver (DNS to it is DNATed to the resolver);
+// with IPv6, its IPv6 address and the namespace's link-local address as
+// its IPv6 gateway (DNS stays IPv4).
 func guestNetwork(nr *NetworkRecord) guestproto.ConfigureRequest {
-	return guestproto.ConfigureRequest{
-		Interfaces: []guestproto.Interface{{
-			Name: guestIface, Addresses: []string{netip.PrefixFrom(nr.Guest, 32).String()},
-			Routes: []guestproto.Route{
-				{Destination: netpol.TapAddr + "/32"},
-				{Destination: "default", Gateway: netpol.TapAddr},
-			},
-		}},
-		DNS: []string{netpol.TapAddr},
+	ifc := guestproto.Interface{
+		Name: guestIface, Addresses: []string{netip.PrefixFrom(nr.Guest, 32).String()},
+		Routes: []guestproto.Route{
+			{Destination: netpol.TapAddr + "/32"},
+			{Destination: "default", Gateway: netpol.TapAddr},
+		},
 	}
+	if nr.Guest6.IsValid() {
+		ifc.Addresses = append(ifc.Addresses, netip.PrefixFrom(nr.Guest6, 128).String())
+		ifc.Routes = append(ifc.Routes, guestproto.Route{Destination: "::/0", Gateway: netpol.TapAddr6})
+	}
+	return guestproto.ConfigureRequest{Interfaces: []guestproto.Interface{ifc}, DNS: []string{netpol.TapAddr}}
 }
 
 // noNetworkConfig is the error of a start that needs a network on a node
@@ -366,6 +401,11 @@ func (rt *Runtime) checkNetwork(rec *LaunchRecord) (rewritten []string, isolated
 	if nr.Pool != n.cfg.IPv4Pool {
 		changed = append(changed, fmt.Sprintf("ipv4_pool changed since launch (recorded %s, now %s)", nr.Pool, n.cfg.IPv4Pool))
 	}
+	// A guest launched without IPv6 stays without it under a node that
+	// has an ipv6_pool now: its table drops IPv6 as it did.
+	if nr.Guest6.IsValid() && nr.Pool6 != n.cfg.IPv6Pool {
+		changed = append(changed, fmt.Sprintf("ipv6_pool changed since launch (recorded %s, now %s)", poolOrNone(nr.Pool6), poolOrNone(n.cfg.IPv6Pool)))
+	}
 	if len(changed) > 0 {
 		return isolate(strings.Join(changed, "; "))
 	}
@@ -394,6 +434,13 @@ func (rt *Runtime) checkNetwork(rec *LaunchRecord) (rewritten []string, isolated
 	default:
 		return isolate(strings.Join(f.Reasons, "; "))
 	}
+}
+
+func poolOrNone(p netip.Prefix) string {
+	if !p.IsValid() {
+		return "none"
+	}
+	return p.String()
 }
 
 func prefixes(ps []netip.Prefix) string {

@@ -1,7 +1,9 @@
 package runtime
 
 import (
+	"encoding/json"
 	"errors"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -34,6 +36,34 @@ func TestLaunchRecordRoundTrip(t *testing.T) {
 	}
 	if ents, _ := os.ReadDir(dir); len(ents) != 1 {
 		t.Errorf("directory holds %d entries after an atomic write, want 1 (no temp file left)", len(ents))
+	}
+}
+
+// The network section of a record: one written before IPv6 (no IPv6
+// keys) reads as a guest without IPv6, a record without IPv6 is written
+// without them (as that build wrote it), and one with IPv6 round-trips.
+func TestNetworkRecordIPv6(t *testing.T) {
+	old := `{"namespace":"kibotos-vm-1","guest_ipv4":"10.213.0.1","host_veth":"kb-0123456789ab","policy":{"egress":"public"},` +
+		`"ipv4_pool":"10.213.0.0/16","uplink":"eth0","resolver":"10.0.0.2:53","management_cidrs":["10.0.0.0/24"]}`
+	var nr NetworkRecord
+	if err := json.Unmarshal([]byte(old), &nr); err != nil {
+		t.Fatal(err)
+	}
+	if nr.Guest6.IsValid() || nr.Pool6.IsValid() || nr.Guest != netip.MustParseAddr("10.213.0.1") {
+		t.Fatalf("record of a build before IPv6 read as %+v", nr)
+	}
+	b, err := json.Marshal(nr)
+	if err != nil || string(b) != old {
+		t.Fatalf("written again as %s (%v), want the same bytes", b, err)
+	}
+	nr.Guest6, nr.Pool6 = netip.MustParseAddr("fd6b:6b00:1::1"), netip.MustParsePrefix("fd6b:6b00:1::/64")
+	b, _ = json.Marshal(nr)
+	var back NetworkRecord
+	if err := json.Unmarshal(b, &back); err != nil || !reflect.DeepEqual(back, nr) {
+		t.Fatalf("IPv6 record %s read back as %+v, %v", b, back, err)
+	}
+	if !strings.Contains(string(b), `"guest_ipv6":"fd6b:6b00:1::1"`) || !strings.Contains(string(b), `"ipv6_pool":"fd6b:6b00:1::/64"`) {
+		t.Errorf("IPv6 record written as %s", b)
 	}
 }
 

@@ -136,7 +136,7 @@ func (rt *Runtime) adopt(ctx context.Context, verdicts []verdict, noRecord []str
 			rt.log.Error("instance takeover failed", "instance_id", v.rec.InstanceID, "err", v.err)
 		}
 		if v.rec.Network != nil {
-			rt.net.assigned[v.rec.InstanceID] = v.rec.Network.Guest
+			rt.net.hold(v.rec.InstanceID, v.rec.Network)
 		}
 		if nr := v.rec.Network; nr != nil && (v.state == StateRunning || v.state == StateStarting || poolDown) {
 			rewritten, isolated := rt.checkNetwork(v.rec)

@@ -1,6 +1,6 @@
 // Package dnstest is a DNS responder for tests that check name resolution
-// of a guest or a template: it answers A questions for the names it is
-// given and remembers every question, so a test can also tell what was
+// of a guest or a template: it answers A and AAAA questions for the names
+// it is given and remembers every question, so a test can also tell what was
 // never asked. It is no resolver: nothing is forwarded.
 package dnstest
 
@@ -16,18 +16,28 @@ import (
 
 // Responder answers on one packet connection.
 type Responder struct {
-	a     map[string]netip.Addr // fully qualified, lower case
+	a     map[string][]netip.Addr // fully qualified, lower case
 	mu    sync.Mutex
 	asked []string
 }
 
-// Serve answers on pc until it is closed: A records for names (fully
-// qualified, e.g. "web.example."), no records for their other types, and
-// NXDOMAIN for every other name.
+// Serve answers on pc until it is closed: A records for the names
+// (fully qualified, e.g. "web.example.") of IPv4 addresses, AAAA records
+// for those of IPv6 ones, no records for their other types, and NXDOMAIN
+// for every other name.
 func Serve(pc net.PacketConn, names map[string]netip.Addr) *Responder {
-	r := &Responder{a: map[string]netip.Addr{}}
+	multi := map[string][]netip.Addr{}
 	for n, a := range names {
-		r.a[strings.ToLower(n)] = a
+		multi[n] = []netip.Addr{a}
+	}
+	return ServeRecords(pc, multi)
+}
+
+// ServeRecords is Serve with any number of addresses per name.
+func ServeRecords(pc net.PacketConn, names map[string][]netip.Addr) *Responder {
+	r := &Responder{a: map[string][]netip.Addr{}}
+	for n, as := range names {
+		r.a[strings.ToLower(n)] = append(r.a[strings.ToLower(n)], as...)
 	}
 	go r.serve(pc)
 	return r
@@ -67,7 +77,7 @@ func (r *Responder) answer(query []byte) ([]byte, error) {
 	r.mu.Lock()
 	r.asked = append(r.asked, name+" "+q.Type.String())
 	r.mu.Unlock()
-	addr, known := r.a[name]
+	addrs, known := r.a[name]
 	rh := dnsmessage.Header{ID: h.ID, Response: true, Authoritative: true, RecursionDesired: h.RecursionDesired, RecursionAvailable: true}
 	if !known {
 		rh.RCode = dnsmessage.RCodeNameError
@@ -80,11 +90,18 @@ func (r *Responder) answer(query []byte) ([]byte, error) {
 	if err := b.Question(q); err != nil {
 		return nil, err
 	}
-	if known && q.Type == dnsmessage.TypeA && addr.Is4() {
-		if err := b.StartAnswers(); err != nil {
-			return nil, err
+	if err := b.StartAnswers(); err != nil {
+		return nil, err
+	}
+	for _, addr := range addrs {
+		var err error
+		switch {
+		case q.Type == dnsmessage.TypeA && addr.Is4():
+			err = b.AResource(dnsmessage.ResourceHeader{Name: q.Name, Type: dnsmessage.TypeA, Class: dnsmessage.ClassINET, TTL: 60}, dnsmessage.AResource{A: addr.As4()})
+		case q.Type == dnsmessage.TypeAAAA && addr.Is6():
+			err = b.AAAAResource(dnsmessage.ResourceHeader{Name: q.Name, Type: dnsmessage.TypeAAAA, Class: dnsmessage.ClassINET, TTL: 60}, dnsmessage.AAAAResource{AAAA: addr.As16()})
 		}
-		if err := b.AResource(dnsmessage.ResourceHeader{Name: q.Name, Type: dnsmessage.TypeA, Class: dnsmessage.ClassINET, TTL: 60}, dnsmessage.AResource{A: addr.As4()}); err != nil {
+		if err != nil {
 			return nil, err
 		}
 	}

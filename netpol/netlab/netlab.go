@@ -20,6 +20,7 @@ import (
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
 
 	"github.com/kibotos/kibotos/internal/testenv"
 	"github.com/kibotos/kibotos/netpol"
@@ -94,7 +95,8 @@ func (l *Lab) open(name string) netns.NsHandle {
 }
 
 // Wire joins namespace a (link aName, address aAddr) to b (bName, bAddr)
-// with a veth pair; addresses are CIDRs such as 198.51.100.1/24.
+// with a veth pair; addresses are CIDRs such as 198.51.100.1/24 (IPv6 ones
+// usable at once: no duplicate address detection).
 func (l *Lab) Wire(a, aName, aAddr, b, bName, bAddr string) {
 	l.t.Helper()
 	hb := l.open(b)
@@ -113,7 +115,7 @@ func (l *Lab) Wire(a, aName, aAddr, b, bName, bAddr string) {
 		if err != nil {
 			l.t.Fatal(err)
 		}
-		ad, err := netlink.ParseAddr(side.addr)
+		ad, err := parseAddr(side.addr)
 		if err != nil {
 			l.t.Fatal(err)
 		}
@@ -135,13 +137,23 @@ func (l *Lab) Addr(ns, link, cidr string) {
 	if err != nil {
 		l.t.Fatal(err)
 	}
-	ad, err := netlink.ParseAddr(cidr)
+	ad, err := parseAddr(cidr)
 	if err == nil {
 		err = nl.AddrAdd(lk, ad)
 	}
 	if err != nil {
 		l.t.Fatalf("netlab: address %s on %s in %s: %v", cidr, link, ns, err)
 	}
+}
+
+// parseAddr parses a CIDR; an IPv6 one skips duplicate address detection,
+// which would leave it unusable for a second or two.
+func parseAddr(cidr string) (*netlink.Addr, error) {
+	a, err := netlink.ParseAddr(cidr)
+	if err == nil && a.IP.To4() == nil {
+		a.Flags |= unix.IFA_F_NODAD
+	}
+	return a, err
 }
 
 // Start runs argv in a namespace (nsenter execs it, so the PID is its
@@ -257,13 +269,26 @@ func (s *Server) Hits() []string {
 // of records with its address and refusing to forward anything else.
 func (l *Lab) DNS(ns string, addr netip.Addr, records map[string]netip.Addr) {
 	l.t.Helper()
+	multi := map[string][]netip.Addr{}
+	for name, a := range records {
+		multi[name] = []netip.Addr{a}
+	}
+	l.DNSRecords(ns, addr, multi)
+}
+
+// DNSRecords is DNS with any number of addresses per name: IPv4 ones
+// answer A questions, IPv6 ones AAAA questions.
+func (l *Lab) DNSRecords(ns string, addr netip.Addr, records map[string][]netip.Addr) {
+	l.t.Helper()
 	bin := testenv.LookPath(l.t, "dnsmasq", "dnsmasq")
 	dir := l.t.TempDir()
 	args := []string{"--net=" + l.NS.Path(ns), bin, "--keep-in-foreground", "--no-resolv", "--no-hosts", "--no-poll",
 		"--bind-interfaces", "--listen-address=" + addr.String(), "--except-interface=lo", "--user=root", "--group=root",
 		"--pid-file=" + filepath.Join(dir, "pid"), "--conf-file=/dev/null", "--log-facility=" + filepath.Join(dir, "log"), "--log-queries"}
-	for name, a := range records {
-		args = append(args, "--address=/"+name+"/"+a.String())
+	for name, addrs := range records {
+		for _, a := range addrs {
+			args = append(args, "--address=/"+name+"/"+a.String())
+		}
 	}
 	cmd := exec.Command("nsenter", args...)
 	out, err := os.Create(filepath.Join(dir, "out"))

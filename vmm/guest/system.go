@@ -86,6 +86,14 @@ func (a *agent) configure(ctx context.Context, req guestproto.ConfigureRequest) 
 			cmds = append(cmds, []string{"link", "set", name, "mtu", fmt.Sprint(ifc.MTU)})
 		}
 		for _, addr := range ifc.Addresses {
+			if strings.Contains(addr, ":") {
+				// The node's namespace and this guest are alone on the
+				// link: duplicate address detection would only keep the
+				// address unusable for a second or two after configure.
+				if err := noDAD(name); err != nil {
+					return fmt.Errorf("interface %s: IPv6 address %s: %w", name, addr, err)
+				}
+			}
 			cmds = append(cmds, []string{"addr", "replace", addr, "dev", name})
 		}
 		for _, r := range ifc.Routes {
@@ -100,6 +108,25 @@ func (a *agent) configure(ctx context.Context, req guestproto.ConfigureRequest) 
 				return fmt.Errorf("interface %s: ip %s: %v: %s", name, strings.Join(args, " "), err, strings.TrimSpace(out))
 			}
 		}
+	}
+	return nil
+}
+
+// noDAD turns off IPv6 duplicate address detection on an interface.
+func noDAD(ifname string) error {
+	if ifname == "." || ifname == ".." || strings.Contains(ifname, "/") {
+		return &guestproto.Error{Code: guestproto.CodeInvalid, Message: fmt.Sprintf("interface name %q", ifname)}
+	}
+	f, err := os.OpenFile("/proc/sys/net/ipv6/conf/"+ifname+"/accept_dad", os.O_WRONLY, 0)
+	if err != nil {
+		return fmt.Errorf("turn off duplicate address detection: %w", err)
+	}
+	_, err = f.WriteString("0")
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("turn off duplicate address detection: %w", err)
 	}
 	return nil
 }
