@@ -609,6 +609,33 @@ func TestWorkspacesTwoNodes(t *testing.T) {
 		return
 	}
 
+	// 4b. W1 paused on node-b resumes on node-a through the shared pool
+	// (its process counting on), then back on node-b.
+	t.Run("PauseResumeAcrossHosts", func(t *testing.T) {
+		mhMust(t, admin, 60*time.Second, "workspace", "exec", w1, "--", "sh", "-c", "(i=0; while :; do i=$((i+1)); echo $i > /tmp/count; sleep 0.1; done) >/dev/null 2>&1 & echo $! > /tmp/counter.pid")
+		pid := strings.TrimSpace(mhMust(t, admin, 60*time.Second, "workspace", "exec", w1, "--", "cat", "/tmp/counter.pid").stdout)
+		for _, to := range []string{a.nodeID, b.nodeID} {
+			from := mhWorkspace(t, admin, w1).NodeID
+			t1 := time.Now()
+			mhMust(t, admin, 60*time.Second, "workspace", "pause", w1)
+			tPause := time.Since(t1)
+			if ws := mhWorkspace(t, admin, w1); ws.State != api.WorkspacePaused || ws.Snapshot == nil || ws.Snapshot.NodeID != from || ws.Snapshot.PoolID != "shared" {
+				t.Fatalf("after pause on %s: %s", from, mhWSString(ws))
+			}
+			t1 = time.Now()
+			mhMust(t, admin, mhBootTimeout, "workspace", "resume", w1, "--node", to)
+			got := mhMust(t, admin, 60*time.Second, "workspace", "exec", w1, "--", "sh", "-c", "kill -0 "+pid+" && echo alive; cat /data/m")
+			t.Logf("paused on %s in %s, resumed on %s to the first exec answer in %s", from, tPause.Round(time.Millisecond), to, time.Since(t1).Round(time.Millisecond))
+			if ws := mhWorkspace(t, admin, w1); ws.State != api.WorkspaceAvailable || ws.NodeID != to || got.stdout != "alive\non-volume\n" {
+				t.Fatalf("resumed on %s: %s, exec %q", to, mhWSString(ws), got.stdout)
+			}
+		}
+		mhMust(t, admin, 60*time.Second, "workspace", "exec", w1, "--", "kill", pid)
+	})
+	if t.Failed() {
+		return
+	}
+
 	// Volumes in node-b's standalone pools: its private one, "mobile"
 	// (stamped with a marker file) and "gone". A Workspace with one can
 	// start on node-b alone.
