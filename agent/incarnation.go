@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -9,7 +10,18 @@ import (
 	"strings"
 
 	"github.com/kibotos/kibotos/datadir"
+	"github.com/kibotos/kibotos/internal/recordfmt"
 )
+
+// incarnationRange is the formats of the incarnation record this build
+// reads: 0 is the bare number builds before format versions wrote (read,
+// and written back as 1), 1 is {"format_version":1,"incarnation":N}.
+var incarnationRange = recordfmt.Range{Min: 0, Max: 1}
+
+type incarnationRecord struct {
+	FormatVersion int    `json:"format_version"`
+	Incarnation   uint64 `json:"incarnation"`
+}
 
 // nextIncarnation increments and persists the node's incarnation: every
 // start of the node process is a new incarnation, so ctrl can tell a
@@ -20,17 +32,34 @@ func nextIncarnation(dir string) (uint64, error) {
 	raw, err := os.ReadFile(path)
 	switch {
 	case err == nil:
-		cur, err = strconv.ParseUint(strings.TrimSpace(string(raw)), 10, 64)
-		if err != nil {
-			return 0, fmt.Errorf("incarnation record %s is corrupt (%q); it must hold one number", path, raw)
+		if cur, err = readIncarnation(path, raw); err != nil {
+			return 0, err
 		}
 	case errors.Is(err, os.ErrNotExist):
 	default:
 		return 0, fmt.Errorf("incarnation record %s: %w", path, err)
 	}
-	next := cur + 1
-	if err := datadir.WriteFileAtomic(path, []byte(strconv.FormatUint(next, 10)+"\n"), 0o600); err != nil {
+	b, _ := json.Marshal(incarnationRecord{FormatVersion: incarnationRange.Max, Incarnation: cur + 1})
+	if err := datadir.WriteFileAtomic(path, append(b, '\n'), 0o600); err != nil {
 		return 0, fmt.Errorf("incarnation record %s: %w", path, err)
 	}
-	return next, nil
+	return cur + 1, nil
+}
+
+func readIncarnation(path string, raw []byte) (uint64, error) {
+	text := strings.TrimSpace(string(raw))
+	if n, err := strconv.ParseUint(text, 10, 64); err == nil {
+		return n, nil // format 0
+	}
+	if !strings.HasPrefix(text, "{") {
+		return 0, fmt.Errorf("incarnation record %s is corrupt (%q): it must hold a number or its JSON record", path, raw)
+	}
+	if err := incarnationRange.CheckJSON(path, raw, 0); err != nil {
+		return 0, fmt.Errorf("incarnation record %w", err)
+	}
+	var r incarnationRecord
+	if err := json.Unmarshal(raw, &r); err != nil {
+		return 0, fmt.Errorf("incarnation record %s is corrupt: %w", path, err)
+	}
+	return r.Incarnation, nil
 }

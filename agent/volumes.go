@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/kibotos/kibotos/internal/recordfmt"
 	"io"
 	"os"
 	"path/filepath"
@@ -98,8 +99,8 @@ func openVolumeLog(storageRoot string) (*volumeLog, error) {
 	if err := dec.Decode(&vf); err != nil {
 		return nil, fmt.Errorf("%s is not valid: %v; move it aside (the node then runs commands ctrl sends again once more)", l.path, err)
 	}
-	if vf.FormatVersion != volumeCommandsFormat {
-		return nil, fmt.Errorf("%s has version %d, this build reads [%d]", l.path, vf.FormatVersion, volumeCommandsFormat)
+	if err := recordfmt.Current(volumeCommandsFormat).Check(l.path, vf.FormatVersion); err != nil {
+		return nil, err
 	}
 	l.recs = vf.Commands
 	return l, nil

@@ -212,9 +212,8 @@ func openEgress(ctx context.Context, d datadir.Dir, m *units.Manager, logFormat 
 
 // switchEgressBuild moves an adopted egress process of another build to a
 // new generation of this one, once the runtime gave it the routes: the new
-// one takes the sockets, the old one drains its connections. (Release
-// lines, which decide that an old process is ended instead, come with the
-// upgrade checks.)
+// one takes the sockets; the old one drains its connections when both
+// builds are on one release line, else it is ended at once.
 func switchEgressBuild(ctx context.Context, sup *egress.Supervisor, log *slog.Logger) {
 	gens := sup.Generations()
 	if len(gens) == 0 {
@@ -224,8 +223,14 @@ func switchEgressBuild(ctx context.Context, sup *egress.Supervisor, log *slog.Lo
 	if serving.Draining || serving.Revision == buildinfo.SourceRevision() {
 		return
 	}
-	log.Info("egress process of another build: switching to a new generation", "generation", serving.Number, "its_revision", serving.Revision, "revision", buildinfo.SourceRevision())
-	if err := sup.Switch(ctx); err != nil {
+	sameLine := buildinfo.SameLine(serving.Release, buildinfo.ReleaseName())
+	log.Info("egress process of another build: switching to a new generation", "generation", serving.Number, "its_revision", serving.Revision,
+		"its_release", serving.Release, "revision", buildinfo.SourceRevision(), "release", buildinfo.ReleaseName(), "same_release_line", sameLine)
+	switchTo := sup.Switch
+	if !sameLine {
+		switchTo = sup.Replace
+	}
+	if err := switchTo(ctx); err != nil {
 		log.Error("egress generation switch failed; the old generation keeps serving", "err", err)
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/kibotos/kibotos/internal/recordfmt"
 	"os"
 	"path/filepath"
 	"syscall"
@@ -39,6 +40,9 @@ func (d Dir) LockFile() string     { return d.path("lock") }
 
 // Identity is who this member is in which cluster.
 type Identity struct {
+	// FormatVersion of identity.json; files of builds before it had one
+	// are version 1.
+	FormatVersion int      `json:"format_version"`
 	ClusterID     string   `json:"cluster_id"`
 	NodeID        string   `json:"node_id"`
 	Roles         []string `json:"roles"`
@@ -75,6 +79,9 @@ func (d Dir) LoadIdentity() (*Identity, error) {
 	if err != nil {
 		return nil, fmt.Errorf("data directory %s: %w", d, err)
 	}
+	if err := identityRange.CheckJSON(d.IdentityFile(), raw, 1); err != nil {
+		return nil, fmt.Errorf("identity file %w", err)
+	}
 	var id Identity
 	if err := json.Unmarshal(raw, &id); err != nil {
 		return nil, fmt.Errorf("identity file %s is corrupt: %w", d.IdentityFile(), err)
@@ -82,8 +89,12 @@ func (d Dir) LoadIdentity() (*Identity, error) {
 	return &id, nil
 }
 
+// identityRange is the formats of identity.json this build reads.
+var identityRange = recordfmt.Current(1)
+
 // SaveIdentity writes identity.json.
 func (d Dir) SaveIdentity(id *Identity) error {
+	id.FormatVersion = identityRange.Max
 	raw, err := json.MarshalIndent(id, "", "  ")
 	if err != nil {
 		return err

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/kibotos/kibotos/internal/recordfmt"
 	"io"
 	"os"
 	"time"
@@ -22,14 +23,20 @@ import (
 // HolderSuffix ends a holder record's name: <object>.holder.
 const HolderSuffix = ".holder"
 
+// holderRange is the formats of holder records this build reads.
+var holderRange = recordfmt.Current(1)
+
 // maxHolderBytes bounds what is read of a holder record: it comes from a
 // disk another host writes.
 const maxHolderBytes = 4096
 
 // Holder is who holds the use right of an object.
 type Holder struct {
-	NodeID      string `json:"node_id"`
-	Incarnation uint64 `json:"incarnation"`
+	// FormatVersion of the record; records of builds before it had one
+	// are version 1.
+	FormatVersion int    `json:"format_version"`
+	NodeID        string `json:"node_id"`
+	Incarnation   uint64 `json:"incarnation"`
 	// Grant is ctrl's grant of the use right: the Instance that uses the
 	// object (a new one for every start).
 	Grant     string    `json:"grant"`
@@ -52,6 +59,7 @@ func WriteHolder(object string, h Holder) error {
 	if h.NodeID == "" || h.Grant == "" {
 		return fmt.Errorf("storagepool: holder record of %s: node and grant are required", object)
 	}
+	h.FormatVersion = holderRange.Max
 	b, err := json.Marshal(h)
 	if err != nil {
 		return err
@@ -77,7 +85,11 @@ func ReadHolder(object string) (*Holder, error) {
 	if len(b) > maxHolderBytes {
 		return nil, fmt.Errorf("storagepool: holder record %s is over %d bytes: not one of ours", HolderPath(object), maxHolderBytes)
 	}
-	// Unknown fields are a newer build's: what this one needs is there.
+	if err := holderRange.CheckJSON(HolderPath(object), b, 1); err != nil {
+		return nil, fmt.Errorf("storagepool: holder record %w", err)
+	}
+	// Unknown fields of the same version are a newer build's: what this
+	// one needs is there.
 	var h Holder
 	if err := json.NewDecoder(bytes.NewReader(b)).Decode(&h); err != nil || h.NodeID == "" || h.Grant == "" {
 		return nil, fmt.Errorf("storagepool: holder record %s is not valid: %v", HolderPath(object), err)

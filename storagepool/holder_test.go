@@ -58,3 +58,23 @@ func TestHolderRecord(t *testing.T) {
 		t.Errorf("removing twice: %v", err)
 	}
 }
+
+// Holder records carry their format: one without (an older build's) is
+// read, a newer one refused.
+func TestHolderRecordFormats(t *testing.T) {
+	obj := filepath.Join(t.TempDir(), "layer.qcow2")
+	os.WriteFile(HolderPath(obj), []byte(`{"node_id":"node-a","incarnation":3,"grant":"inst-1"}`), 0o600)
+	if h, err := ReadHolder(obj); err != nil || h.NodeID != "node-a" {
+		t.Fatalf("a record without a version: %+v, %v", h, err)
+	}
+	os.WriteFile(HolderPath(obj), []byte(`{"format_version":2,"node_id":"node-a","incarnation":3,"grant":"inst-1"}`), 0o600)
+	if _, err := ReadHolder(obj); err == nil || !strings.Contains(err.Error(), "has version 2, this build reads [1]") {
+		t.Fatalf("a newer record: %v", err)
+	}
+	if err := WriteHolder(obj, Holder{NodeID: "node-b", Grant: "inst-2"}); err != nil {
+		t.Fatal(err)
+	}
+	if b, _ := os.ReadFile(HolderPath(obj)); !strings.Contains(string(b), `"format_version":1`) {
+		t.Fatalf("written record %s", b)
+	}
+}

@@ -139,7 +139,7 @@ func (s *Server) handle(req request, fds []int) (rep reply, out []int) {
 	var err error
 	switch req.Op {
 	case opHello:
-		return reply{Hello: &Hello{Protocol: ProtocolVersion, Revision: buildinfo.SourceRevision(), Generation: s.opts.Generation, PID: os.Getpid()}}, nil
+		return reply{Hello: &Hello{Protocol: ProtocolVersion, Revision: buildinfo.SourceRevision(), Release: buildinfo.ReleaseName(), Generation: s.opts.Generation, PID: os.Getpid()}}, nil
 	case opListeners:
 		err = s.installListeners(fds)
 	case opTakeListeners:

@@ -173,6 +173,8 @@ type Resolver struct {
 type Hello struct {
 	Protocol   int    `json:"protocol"`
 	Revision   string `json:"revision"` // source revision of its build
+	// Release of its build ("" from builds before release lines counted).
+	Release string `json:"release,omitempty"`
 	Generation uint64 `json:"generation"`
 	PID        int    `json:"pid"`
 }

@@ -56,6 +56,7 @@ type generation struct {
 	unit     string
 	mainPID  uint32
 	revision string
+	release  string
 	adopted  bool
 	deadline time.Time // of its drain; zero while it serves
 	client   *Client   // nil until dialed, or after a failed redial
@@ -63,7 +64,7 @@ type generation struct {
 }
 
 func (g *generation) describe() Generation {
-	return Generation{Number: g.num, Unit: g.unit, MainPID: g.mainPID, Revision: g.revision,
+	return Generation{Number: g.num, Unit: g.unit, MainPID: g.mainPID, Revision: g.revision, Release: g.release,
 		Adopted: g.adopted, Draining: !g.deadline.IsZero(), Deadline: g.deadline}
 }
 
@@ -84,7 +85,7 @@ func (s *Supervisor) dial(ctx context.Context, g *generation) error {
 		return fmt.Errorf("egress: control socket of generation %d answers as generation %d", g.num, c.Hello.Generation)
 	}
 	g.closeClient()
-	g.client, g.revision = c, c.Hello.Revision
+	g.client, g.revision, g.release = c, c.Hello.Revision, c.Hello.Release
 	return nil
 }
 

@@ -106,6 +106,7 @@ type Generation struct {
 	Unit     string
 	MainPID  uint32 // in the service manager's PID namespace
 	Revision string // the build it reports (Hello.Revision)
+	Release  string // and its release (Hello.Release)
 	Adopted  bool   // found running when the Supervisor opened
 	Draining bool
 	Deadline time.Time // of its drain
@@ -225,7 +226,17 @@ func (s *Supervisor) Apply(ctx context.Context, cfg Config) error {
 // refused and none is cut. A generation still draining from an earlier
 // switch is ended at once first: at most two run. Nothing serving, nothing
 // to switch.
-func (s *Supervisor) Switch(ctx context.Context) error {
+func (s *Supervisor) Switch(ctx context.Context) error { return s.switchTo(ctx, true) }
+
+// Replace is Switch for a build of another release line: the new
+// generation takes the sockets, and the old one is ended at once instead
+// of draining (the seed: across release lines the old one is ended).
+func (s *Supervisor) Replace(ctx context.Context) error { return s.switchTo(ctx, false) }
+
+// ReasonOtherLine is the reason logged when Replace ends a generation.
+const ReasonOtherLine = "a build of another release line took over"
+
+func (s *Supervisor) switchTo(ctx context.Context, drainOld bool) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
@@ -273,8 +284,12 @@ func (s *Supervisor) Switch(ctx context.Context) error {
 		return fmt.Errorf("egress: switch from generation %d: %w", old.num, err)
 	}
 	s.current = g
-	s.log.Info("egress generation switched", "from", old.num, "to", g.num, "unit", g.unit)
-	s.drain(ctx, old, "a newer generation took its sockets")
+	s.log.Info("egress generation switched", "from", old.num, "to", g.num, "unit", g.unit, "old_drains", drainOld)
+	if drainOld {
+		s.drain(ctx, old, "a newer generation took its sockets")
+	} else {
+		s.end(ctx, old, ReasonOtherLine)
+	}
 	return nil
 }
 

@@ -301,6 +301,34 @@ func TestSupervisorSwitch(t *testing.T) {
 // A node restart while a switch's old generation drains: the new
 // Supervisor adopts both, and the draining one still ends with its last
 // connection.
+// A build of another release line takes the sockets and ends the old
+// generation at once (its open connection closed), no drain.
+func TestSupervisorReplace(t *testing.T) {
+	h := newSupHarness(t)
+	ctx := ctxT(t)
+	s := h.open(t)
+	if err := s.Apply(ctx, h.routes(1)); err != nil {
+		t.Fatal(err)
+	}
+	g1 := serving(t, s)
+	if g1.Release == "" {
+		t.Errorf("generation 1 reports no release: %+v", g1)
+	}
+	c1 := h.connect(t, "on generation 1")
+	if err := s.Replace(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if gs := s.Generations(); len(gs) != 1 || gs[0].Number != 2 || gs[0].Draining {
+		t.Fatalf("after the replace %+v: want generation 2 alone", gs)
+	}
+	h.ended(t, g1, 10*time.Second)
+	closed(t, c1, 5*time.Second)
+	if !h.logLine("egress generation ended", "generation=1", "reason=\""+ReasonOtherLine+"\"") {
+		t.Errorf("no line for generation 1 ended:\n%s", h.logs)
+	}
+	h.connect(t, "on generation 2")
+}
+
 func TestSupervisorAdoptsADrainingGeneration(t *testing.T) {
 	h := newSupHarness(t)
 	ctx := ctxT(t)

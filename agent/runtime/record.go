@@ -2,13 +2,13 @@ package runtime
 
 import (
 	"encoding/json"
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 	"time"
 
+	"github.com/kibotos/kibotos/internal/recordfmt"
 	"github.com/kibotos/kibotos/storagepool"
 )
 
@@ -116,8 +116,12 @@ type EndedRecord struct {
 	Launch        LaunchRecord `json:"launch"`
 }
 
-// ErrNewerRecord: the record was written by a newer kibotos.
-var ErrNewerRecord = errors.New("record format is newer than this kibotos reads")
+// ErrNewerRecord: the record's format is one this build does not read
+// (a newer kibotos wrote it).
+var ErrNewerRecord = recordfmt.ErrOutOfRange
+
+// recordRange is the formats of launch and registry records this build reads.
+var recordRange = recordfmt.Current(RecordVersion)
 
 // writeFileAtomic writes a local record (0600) through a temporary file
 // (storagepool.WriteFile).
@@ -155,12 +159,11 @@ func ReadLaunchRecord(path string) (*LaunchRecord, error) {
 	if err := json.Unmarshal(raw, &head); err != nil {
 		return nil, fmt.Errorf("launch record %s is corrupt: %w; keep it and inspect the unit it names", path, err)
 	}
-	if head.FormatVersion > RecordVersion {
-		return nil, fmt.Errorf("launch record %s has format version %d, this kibotos reads up to %d: %w; run the newer kibotos",
-			path, head.FormatVersion, RecordVersion, ErrNewerRecord)
-	}
 	if head.FormatVersion < 1 {
 		return nil, fmt.Errorf("launch record %s has no format version: it is corrupt", path)
+	}
+	if err := recordRange.Check(path, head.FormatVersion); err != nil {
+		return nil, fmt.Errorf("launch record %w", err)
 	}
 	var r LaunchRecord
 	if err := json.Unmarshal(raw, &r); err != nil {
@@ -190,12 +193,11 @@ func ReadEndedRecord(path string) (*EndedRecord, error) {
 	if err := json.Unmarshal(raw, &r); err != nil {
 		return nil, fmt.Errorf("ended-instance record %s is corrupt: %w", path, err)
 	}
-	if r.FormatVersion > RecordVersion {
-		return nil, fmt.Errorf("ended-instance record %s has format version %d, this kibotos reads up to %d: %w",
-			path, r.FormatVersion, RecordVersion, ErrNewerRecord)
-	}
 	if r.FormatVersion < 1 {
 		return nil, fmt.Errorf("ended-instance record %s has no format version: it is corrupt", path)
+	}
+	if err := recordRange.Check(path, r.FormatVersion); err != nil {
+		return nil, fmt.Errorf("ended-instance record %w", err)
 	}
 	if want := strings.TrimSuffix(filepath.Base(path), ".json"); r.InstanceID != want {
 		return nil, fmt.Errorf("ended-instance record %s names instance %q, but is the record of %q", path, r.InstanceID, want)

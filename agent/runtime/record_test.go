@@ -75,7 +75,7 @@ func TestLaunchRecordRefusals(t *testing.T) {
 		name, body, want string
 		newer            bool
 	}{
-		{"newer", `{"format_version": 2, "instance_id": "vm-2", "launch_id": "x", "unit": "u"}`, "format version 2", true},
+		{"newer", `{"format_version": 2, "instance_id": "vm-2", "launch_id": "x", "unit": "u"}`, "has version 2, this build reads [1]", true},
 		{"foreign unit", `{"format_version": 1, "instance_id": "vm-2", "launch_id": "x", "unit": "kibotos-vmm-other.service"}`, "names unit", false},
 		{"corrupt", `{"format_version": 1,`, "corrupt", false},
 		{"no version", `{"instance_id": "vm-2", "launch_id": "x", "unit": "u"}`, "no format version", false},

@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/kibotos/kibotos/internal/recordfmt"
 	"io"
 	"os"
 	"os/exec"
@@ -231,8 +232,8 @@ func ReadSnapshot(dir string) (SnapshotMeta, error) {
 	if err := json.NewDecoder(bytes.NewReader(b)).Decode(&m); err != nil {
 		return unusable("%s: %v", SnapshotMetaFile, err)
 	}
-	if m.FormatVersion != snapshotFormat {
-		return unusable("%s has version %d, this build reads [%d]", filepath.Join(dir, SnapshotMetaFile), m.FormatVersion, snapshotFormat)
+	if err := recordfmt.Current(snapshotFormat).Check(filepath.Join(dir, SnapshotMetaFile), m.FormatVersion); err != nil {
+		return unusable("%v", err)
 	}
 	if err := m.Compat.Check(); err != nil {
 		return unusable("%v", err)

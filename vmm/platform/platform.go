@@ -19,6 +19,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/kibotos/kibotos/internal/recordfmt"
 	"io"
 	"log/slog"
 	"os"
@@ -390,8 +391,8 @@ func Load(dir string) (*Installation, error) {
 	if in.Kind != Kind {
 		return nil, fmt.Errorf("installation %s is a %q, not a platform", dir, in.Kind)
 	}
-	if in.FormatVersion > FormatVersion {
-		return nil, fmt.Errorf("platform %s has format %d; this kibotos reads up to %d", dir, in.FormatVersion, FormatVersion)
+	if err := recordfmt.Current(FormatVersion).Check(filepath.Join(dir, ManifestFile), in.FormatVersion); err != nil {
+		return nil, fmt.Errorf("platform %w", err)
 	}
 	if in.ID != filepath.Base(dir) || in.ID != contentID(in.Files) {
 		return nil, fmt.Errorf("platform %s: id %s does not match its directory or files", dir, in.ID)

@@ -15,6 +15,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/kibotos/kibotos/internal/recordfmt"
 	"io"
 	"io/fs"
 	"os"
@@ -215,12 +216,12 @@ func Load(dir string) (*Template, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := recordfmt.Current(FormatVersion).CheckJSON(dir, raw, 0); err != nil {
+		return nil, fmt.Errorf("template record %w", err)
+	}
 	var t Template
 	if err := json.Unmarshal(raw, &t); err != nil {
 		return nil, fmt.Errorf("template record %s is corrupt: %w", dir, err)
-	}
-	if t.FormatVersion > FormatVersion {
-		return nil, fmt.Errorf("template record %s has format %d, newer than this kibotos reads (%d)", dir, t.FormatVersion, FormatVersion)
 	}
 	t.Dir = dir
 	if _, err := os.Stat(t.Image()); err != nil {
