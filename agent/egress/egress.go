@@ -171,10 +171,10 @@ type Resolver struct {
 
 // Hello is what a process says about itself when a node connects.
 type Hello struct {
-	Protocol   int    `json:"protocol"`
-	Revision   string `json:"revision"` // source revision of its build
+	Protocol int    `json:"protocol"`
+	Revision string `json:"revision"` // source revision of its build
 	// Release of its build ("" from builds before release lines counted).
-	Release string `json:"release,omitempty"`
+	Release    string `json:"release,omitempty"`
 	Generation uint64 `json:"generation"`
 	PID        int    `json:"pid"`
 }
