@@ -80,6 +80,10 @@ type Config struct {
 	// of a command its node has not answered yet, and what the task
 	// carried.
 	HoldTask func(api.WorkspaceTask) bool
+	// PlatformAgent is the digest of the guest agent of the Platform new
+	// Instances start on; "" is this executable's (platform.SelfSHA256).
+	// Tests whose node is not the agent binary give the fixture's.
+	PlatformAgent string
 	// Runtime runs this node's Instances; nil on a node without a service
 	// manager for VMMs (no Instances are counted or destroyed then).
 	Runtime *runtime.Runtime

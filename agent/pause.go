@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/kibotos/kibotos/buildinfo"
 	"os"
 	"path/filepath"
 
@@ -74,11 +75,42 @@ func (a *Agent) restoreInstallation(s *api.TaskSnapshot) (*platform.Installation
 		return nil, err
 	}
 	for _, p := range plats {
-		if p.ID == s.Compat.InstallationID {
-			return p, nil
+		if p.ID != s.Compat.InstallationID {
+			continue
 		}
+		// The restored guest's agent is the snapshot's: this build must
+		// drive it like one it took over.
+		if why := runtime.InstallationProblem(p.Dir, a.ownPlatformID(), buildinfo.Release); why != "" {
+			return nil, fmt.Errorf("%w: node %s cannot drive its runtime installation: %s", runtime.ErrSnapshotUnusable, a.cfg.NodeID, why)
+		}
+		return p, nil
 	}
 	return nil, fmt.Errorf("%w: node %s lacks its runtime installation %s", runtime.ErrSnapshotUnusable, a.cfg.NodeID, s.Compat.InstallationID)
+}
+
+// ownPlatform is the Platform new Instances start on: the one whose
+// guest agent is this node's own executable, never merely the newest
+// (another binary's agent may speak a protocol this build does not).
+func (a *Agent) ownPlatform() (*platform.Installation, error) {
+	sha := a.cfg.PlatformAgent
+	if sha == "" {
+		var err error
+		if sha, err = platform.SelfSHA256(); err != nil {
+			return nil, fmt.Errorf("node %s: %w", a.cfg.NodeID, err)
+		}
+	}
+	if in := platform.Own(a.cfg.DataDir.StorageRoot(), sha); in != nil {
+		return in, nil
+	}
+	return nil, fmt.Errorf("node %s has no Platform whose guest agent is its own kibotos executable (sha256 %.12s): run kibotos platform build on it with the kibotos it runs", a.cfg.NodeID, sha)
+}
+
+// ownPlatformID is ownPlatform's id, "" when there is none.
+func (a *Agent) ownPlatformID() string {
+	if in, err := a.ownPlatform(); err == nil {
+		return in.ID
+	}
+	return ""
 }
 
 // removeSnapshot removes a Workspace's snapshot files, if any.
@@ -106,9 +138,14 @@ func (a *Agent) resumeInfo() *api.ResumeInfo {
 	if r.QEMUVersion == "" {
 		return nil
 	}
+	// Only installations this build drives: a snapshot of another is no
+	// use here. Load checked sizes; digests are checked at the restore.
 	plats, _ := platform.List(a.cfg.DataDir.StorageRoot())
+	own := a.ownPlatformID()
 	for _, p := range plats {
-		r.Installations = append(r.Installations, p.ID)
+		if platform.Drivable(p, own, buildinfo.Release) == nil {
+			r.Installations = append(r.Installations, p.ID)
+		}
 	}
 	return &r
 }

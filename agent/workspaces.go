@@ -18,7 +18,6 @@ import (
 	"github.com/kibotos/kibotos/fsm"
 	"github.com/kibotos/kibotos/storagepool"
 	"github.com/kibotos/kibotos/vmm/guestproto"
-	"github.com/kibotos/kibotos/vmm/platform"
 	"github.com/kibotos/kibotos/vmm/template"
 )
 
@@ -263,11 +262,10 @@ func (a *Agent) startWorkspace(ctx context.Context, t api.WorkspaceTask) (refusa
 	if err != nil {
 		return "", fmt.Errorf("template %s is not on node %s: build it there with kibotos template build %s --from-dir DIR", t.Template, a.cfg.NodeID, t.Template)
 	}
-	plats, err := platform.List(a.cfg.DataDir.StorageRoot())
-	if err != nil || len(plats) == 0 {
-		return "", fmt.Errorf("node %s has no Platform: run kibotos platform build on it", a.cfg.NodeID)
+	installation, err := a.ownPlatform()
+	if err != nil {
+		return "", err
 	}
-	installation := plats[0]
 	var restore *runtime.RestoreSpec
 	switch s := t.Snapshot; {
 	case s != nil && s.Discard:

@@ -93,11 +93,15 @@ func openNodeRuntime(ctx context.Context, o memberOptions, nodeID string, steps 
 		cleanup()
 		return nil, nil, nil, fmt.Errorf("node runtime: %w", err)
 	}
-	var keep []string
-	if ps, _ := platform.List(d.StorageRoot()); len(ps) > 0 {
-		keep = append(keep, ps[0].ID) // the newest Platform is the one new Instances use
+	own := ""
+	if sha, err := platform.SelfSHA256(); err != nil {
+		log.Warn("own executable unreadable: no Platform is this node's own", "err", err)
+	} else if in := platform.Own(d.StorageRoot(), sha); in != nil {
+		own = in.ID
+	} else {
+		log.Warn("no Platform has this kibotos as its guest agent: Workspaces cannot start here until kibotos platform build runs with it", "agent_sha256", sha)
 	}
-	cfg := runtime.Config{StorageRoot: d.StorageRoot(), NodeID: nodeID, Units: m, Accel: accel, Logger: log, KeepInstallations: keep, Network: network,
+	cfg := runtime.Config{StorageRoot: d.StorageRoot(), NodeID: nodeID, Units: m, Accel: accel, Logger: log, OwnInstallation: own, Network: network,
 		Observe: steps.Observe, MachineLogsMaxBytes: o.machineLogsMax,
 		Pools: []runtime.PoolDir{{ID: api.PrivatePoolID(nodeID), Path: agent.DefaultPoolPath(d)}}}
 	for _, p := range o.pools {

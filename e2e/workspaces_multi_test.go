@@ -196,15 +196,12 @@ func mhExpectExit(t *testing.T, h *host, code int, what string, args ...string) 
 // package comes from the cache runtimetest shares, so nothing is
 // downloaded twice) and the busybox template. It returns their storage
 // root; mhInstallArtifacts hard-links them into each node's.
-func mhBuildArtifacts(t *testing.T, dir string) string {
+func mhBuildArtifacts(t *testing.T, dir, binDir string) string {
 	t.Helper()
 	t0 := time.Now()
-	bin := filepath.Join(dir, "static", "kibotos")
-	cmd := exec.Command("go", "build", "-trimpath", "-o", bin, "github.com/kibotos/kibotos")
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("go build static kibotos: %v\n%s", err, out)
-	}
+	// The nodes' own executable is the guest agent: a node starts new
+	// Instances only on the Platform its own executable is the agent of.
+	bin := filepath.Join(binDir, "kibotos")
 	root := filepath.Join(dir, "artifacts")
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
@@ -394,7 +391,7 @@ func TestWorkspacesTwoNodes(t *testing.T) {
 		}
 	})
 
-	artifacts := mhBuildArtifacts(t, root)
+	artifacts := mhBuildArtifacts(t, root, l.bin)
 	shared := filepath.Join(root, "shared")
 	if err := os.MkdirAll(shared, 0o700); err != nil {
 		t.Fatal(err)

@@ -136,6 +136,7 @@ func (h *harness) config() runtime.Config {
 		Logger:      slog.New(slog.NewJSONHandler(h.logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
 
 		KeepInstallations: h.keep,
+		OwnInstallation:   runtimetest.PlatformID(),
 		Network:           &h.network,
 		HostNetNS:         h.nodeNS,
 		DeniedInterval:    200 * time.Millisecond,

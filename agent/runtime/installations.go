@@ -1,12 +1,58 @@
 package runtime
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 
+	"github.com/kibotos/kibotos/buildinfo"
 	"github.com/kibotos/kibotos/vmm/platform"
 )
+
+// ErrInstallationUnavailable ends the error of an Instance whose runtime
+// installation this build cannot keep (process-model seed).
+const ErrInstallationUnavailable = "compatible runtime installation unavailable"
+
+// release is the build release installations are judged against.
+func (rt *Runtime) release() string {
+	if rt.cfg.Release != nil {
+		return *rt.cfg.Release
+	}
+	return buildinfo.Release
+}
+
+// InstallationProblem says why a node of release whose own Platform is
+// ownID cannot keep the runtime installation in dir: it is missing or
+// broken, a file's digest differs from installation.json, or its guest
+// agent is of a release outside what the build drives. "" when it can.
+func InstallationProblem(dir, ownID, release string) string {
+	in, err := platform.Load(dir)
+	if err != nil {
+		return err.Error()
+	}
+	if err := in.Verify(); err != nil {
+		return err.Error()
+	}
+	if err := platform.Drivable(in, ownID, release); err != nil {
+		return fmt.Sprintf("platform %s: %v", in.ID, err)
+	}
+	return ""
+}
+
+// installationFailures judges the installations of the running Instances
+// among verdicts, each installation once: dir -> why not ("" when kept).
+func (rt *Runtime) installationFailures(verdicts []verdict) map[string]string {
+	out := map[string]string{}
+	for _, v := range verdicts {
+		dir := v.rec.InstallationDir
+		if _, seen := out[dir]; seen || dir == "" || (v.state != StateRunning && v.state != StateStarting) {
+			continue
+		}
+		out[dir] = InstallationProblem(dir, rt.cfg.OwnInstallation, rt.release())
+	}
+	return out
+}
 
 // removeUnusedInstallations deletes runtime installations that no Instance
 // record references and the caller did not ask to keep. It runs after
@@ -19,7 +65,7 @@ func (rt *Runtime) removeUnusedInstallations() {
 		return // no installations yet
 	}
 	used := map[string]bool{}
-	for _, id := range rt.cfg.KeepInstallations {
+	for _, id := range append(rt.cfg.KeepInstallations, rt.cfg.OwnInstallation) {
 		used[id] = true
 	}
 	rt.mu.Lock()

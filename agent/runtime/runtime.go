@@ -70,6 +70,16 @@ type Config struct {
 	// when no Instance uses them, e.g. the Platform new Instances will use.
 	// Every other installation no record references is removed.
 	KeepInstallations []string
+	// OwnInstallation is the id of the node's own Platform, the one its
+	// executable is the guest agent of and new Instances start on (kept
+	// like KeepInstallations). An Instance taken over on another Platform
+	// keeps running only when that one is whole and of a release this
+	// build drives (platform.Drivable); else it is FAILED, its VMM left
+	// running for stop --force.
+	OwnInstallation string
+	// Release is this build's release for that judgement; default
+	// buildinfo.Release (tests give another).
+	Release *string
 	// VMMUser is the account QEMU VMMs run as, created when missing;
 	// default DefaultVMMUser.
 	VMMUser string

@@ -125,26 +125,35 @@ func (rt *Runtime) adopt(ctx context.Context, verdicts []verdict, noRecord []str
 		rt.log.Info("instance directory without launch record removed", "dir", dir)
 	}
 	unopened := rt.openPools(ctx, verdicts)
+	installations := rt.installationFailures(verdicts)
 	for i := range verdicts {
 		v := &verdicts[i]
-		poolDown := false
-		if why := rt.poolFailure(v.rec, unopened); why != "" && (v.state == StateRunning || v.state == StateStarting) {
-			// Its layer or a Volume cannot be vouched for: the VMM keeps
-			// running (nothing of the guest is lost), the node does not
-			// take it over.
-			v.state, v.err, poolDown = StateFailed, why, true
+		// kept: FAILED, but its VMM runs on (nothing of the guest is
+		// lost) until stop --force; how says why.
+		kept, how := false, ""
+		live := v.state == StateRunning || v.state == StateStarting
+		if why := rt.poolFailure(v.rec, unopened); why != "" && live {
+			// Its layer or a Volume cannot be vouched for: the node does
+			// not take it over.
+			v.state, v.err, kept, how = StateFailed, why, true, "storage pool unavailable"
 			rt.log.Error("instance takeover failed", "instance_id", v.rec.InstanceID, "err", v.err)
+		} else if why := installations[v.rec.InstallationDir]; why != "" && live {
+			// This build cannot keep driving the Platform it started on.
+			v.state, kept, how = StateFailed, true, "runtime installation unavailable"
+			v.err = fmt.Sprintf("recover instance process: runtime installation %s: %s: %s", v.rec.InstallationID, why, ErrInstallationUnavailable)
+			rt.log.Error("earlier runtime installation cannot be retained", "instance_id", v.rec.InstanceID,
+				"installation", v.rec.InstallationID, "reason", why)
 		}
 		if v.rec.Network != nil {
 			rt.net.hold(v.rec.InstanceID, v.rec.Network)
 		}
-		if nr := v.rec.Network; nr != nil && (v.state == StateRunning || v.state == StateStarting || poolDown) {
+		if nr := v.rec.Network; nr != nil && (v.state == StateRunning || v.state == StateStarting || kept) {
 			rewritten, isolated := rt.checkNetwork(v.rec)
 			switch {
 			case isolated != "":
 				// The VMM keeps running (nothing of the guest is lost), but
 				// without a table the node can vouch for it reaches nothing.
-				if poolDown {
+				if kept {
 					v.err += "; network isolated: " + isolated
 				} else {
 					v.state, v.err = StateFailed, "network isolated: "+isolated
@@ -172,8 +181,8 @@ func (rt *Runtime) adopt(ctx context.Context, verdicts []verdict, noRecord []str
 				in.how = "never started"
 			case v.gone:
 				in.how = "machine exited"
-			case poolDown:
-				in.how = "storage pool unavailable" // its VMM still runs
+			case kept:
+				in.how = how // its VMM still runs
 			default:
 				in.how = "network isolated" // its VMM still runs
 			}

@@ -73,7 +73,8 @@ func runNode() int {
 	t0 := time.Now()
 	rt, err := runtime.Open(ctx, runtime.Config{
 		StorageRoot: os.Getenv(envRoot), NodeID: "node-a", Units: m, Accel: qemu.AccelAuto,
-		Logger: slog.New(slog.NewJSONHandler(os.Stderr, nil)),
+		Logger:          slog.New(slog.NewJSONHandler(os.Stderr, nil)),
+		OwnInstallation: filepath.Base(os.Getenv(envPlatform)),
 	})
 	if err != nil {
 		return fail(err)

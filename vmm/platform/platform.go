@@ -35,12 +35,21 @@ import (
 
 // Files of a Platform installation.
 const (
-	KernelFile    = "vmlinux"
-	InitrdFile    = "initramfs.cpio.gz"
-	ManifestFile  = "installation.json"
-	Kind          = "platform"
-	FormatVersion = 1
+	KernelFile   = "vmlinux"
+	InitrdFile   = "initramfs.cpio.gz"
+	ManifestFile = "installation.json"
+	Kind         = "platform"
+	// FormatVersion 2 added the agent's release and digest; a version 1
+	// manifest is read (its agent is then of an unknown release) and
+	// rewritten as version 2 by the next build of the same content.
+	FormatVersion = 2
+	// contentScheme versions how the id is computed from the files,
+	// which the manifest's format does not change.
+	contentScheme = 1
 )
+
+// Formats are the manifest versions this build reads.
+var Formats = recordfmt.Range{Min: 1, Max: FormatVersion}
 
 // Paths inside the initramfs that the guest agent relies on.
 const (
@@ -83,16 +92,22 @@ type Options struct {
 
 // Installation is a built Platform as recorded in installation.json.
 type Installation struct {
-	FormatVersion        int       `json:"format_version"`
-	ID                   string    `json:"id"`
-	Kind                 string    `json:"kind"`
-	KernelPackage        string    `json:"kernel_package"`
-	KernelPackageVersion string    `json:"kernel_package_version"`
-	KernelVersion        string    `json:"kernel_version"`
-	AgentRevision        string    `json:"agent_revision"`
-	Modules              []string  `json:"modules"`
-	CreatedAt            time.Time `json:"created_at"`
-	Files                []File    `json:"files"`
+	FormatVersion        int    `json:"format_version"`
+	ID                   string `json:"id"`
+	Kind                 string `json:"kind"`
+	KernelPackage        string `json:"kernel_package"`
+	KernelPackageVersion string `json:"kernel_package_version"`
+	KernelVersion        string `json:"kernel_version"`
+	AgentRevision        string `json:"agent_revision"`
+	// AgentRelease is the kibotos release of the guest agent
+	// ("unreleased", or "" when unknown: a version 1 manifest).
+	AgentRelease string `json:"agent_release,omitempty"`
+	// AgentSHA256 is the digest of the kibotos executable shipped as the
+	// guest agent: the node whose executable has it uses this Platform.
+	AgentSHA256 string    `json:"agent_sha256,omitempty"`
+	Modules     []string  `json:"modules"`
+	CreatedAt   time.Time `json:"created_at"`
+	Files       []File    `json:"files"`
 
 	// Dir is where the installation was loaded from.
 	Dir string `json:"-"`
@@ -132,7 +147,7 @@ func contentID(files []File) string {
 	fs := append([]File(nil), files...)
 	sort.Slice(fs, func(i, j int) bool { return fs[i].Name < fs[j].Name })
 	h := sha256.New()
-	fmt.Fprintf(h, "kibotos-platform v%d\n", FormatVersion)
+	fmt.Fprintf(h, "kibotos-platform v%d\n", contentScheme)
 	for _, f := range fs {
 		fmt.Fprintf(h, "%s %s %d\n", f.Name, f.SHA256, f.Size)
 	}
@@ -179,6 +194,11 @@ func Build(ctx context.Context, o Options) (*Installation, error) {
 		return nil, err
 	}
 	revision := agentRevision(o.AgentBinary, self)
+	agentSHA, err := fileSHA256(o.AgentBinary)
+	if err != nil {
+		return nil, fmt.Errorf("platform build: agent binary: %w", err)
+	}
+	release := agentRelease(ctx, o.AgentBinary, self)
 
 	k, err := fetchKernel(ctx, o.KernelPackage, o.CacheDir, log)
 	if err != nil {
@@ -237,6 +257,8 @@ func Build(ctx context.Context, o Options) (*Installation, error) {
 		KernelPackageVersion: k.Version,
 		KernelVersion:        k.Release,
 		AgentRevision:        revision,
+		AgentRelease:         release,
+		AgentSHA256:          agentSHA,
 		Modules:              guestPaths(mods),
 		CreatedAt:            o.Now().UTC().Truncate(time.Second),
 		Files:                []File{kf, rf},
@@ -245,16 +267,12 @@ func Build(ctx context.Context, o Options) (*Installation, error) {
 	final := filepath.Join(instDir, in.ID)
 	if existing, err := Load(final); err == nil {
 		log.Info("platform already installed", "id", in.ID, "dir", final)
+		if existing.FormatVersion < FormatVersion {
+			return migrate(existing, in, log)
+		}
 		return existing, nil
 	}
-	raw, err := json.MarshalIndent(in, "", "  ")
-	if err != nil {
-		return nil, err
-	}
-	if _, err := writeContent(filepath.Join(tmp, ManifestFile), func(w io.Writer) error {
-		_, err := w.Write(append(raw, '\n'))
-		return err
-	}); err != nil {
+	if err := writeManifest(tmp, ManifestFile, in); err != nil {
 		return nil, fmt.Errorf("platform %s: %w", in.ID, err)
 	}
 	if err := os.Chmod(tmp, 0o755); err != nil {
@@ -391,7 +409,7 @@ func Load(dir string) (*Installation, error) {
 	if in.Kind != Kind {
 		return nil, fmt.Errorf("installation %s is a %q, not a platform", dir, in.Kind)
 	}
-	if err := recordfmt.Current(FormatVersion).Check(filepath.Join(dir, ManifestFile), in.FormatVersion); err != nil {
+	if err := Formats.Check(filepath.Join(dir, ManifestFile), in.FormatVersion); err != nil {
 		return nil, fmt.Errorf("platform %w", err)
 	}
 	if in.ID != filepath.Base(dir) || in.ID != contentID(in.Files) {

@@ -88,6 +88,15 @@ func Platform(t testing.TB) *platform.Installation {
 	return fixture.inst
 }
 
+// PlatformID is the id of the Platform fixture once Platform built it,
+// else "": the runtime's OwnInstallation in tests.
+func PlatformID() string {
+	if fixture.inst == nil {
+		return ""
+	}
+	return fixture.inst.ID
+}
+
 // Cleanup removes the Platform fixture; call it from TestMain after m.Run.
 func Cleanup() {
 	if fixture.dir != "" {
