@@ -63,3 +63,22 @@ func readIncarnation(path string, raw []byte) (uint64, error) {
 	}
 	return r.Incarnation, nil
 }
+
+// CheckNodeRecords reads the records the node agent keeps, refusing any
+// of a format this build does not read (check-upgrade): the incarnation
+// record and volume-commands.json. Absent ones are fine.
+func CheckNodeRecords(d datadir.Dir) []error {
+	var errs []error
+	path := filepath.Join(d.NodeDir(), "incarnation")
+	if raw, err := os.ReadFile(path); err == nil {
+		if _, err := readIncarnation(path, raw); err != nil {
+			errs = append(errs, err)
+		}
+	} else if !errors.Is(err, os.ErrNotExist) {
+		errs = append(errs, fmt.Errorf("incarnation record %s: %w", path, err))
+	}
+	if _, err := openVolumeLog(d.StorageRoot()); err != nil {
+		errs = append(errs, err)
+	}
+	return errs
+}

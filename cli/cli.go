@@ -61,6 +61,7 @@ type CLI struct {
 	Volume           VolumeCmd           `cmd:"" help:"Create, list, show, grow and delete Volumes (block files in a storage pool that Workspaces mount)."`
 	Completion       CompletionCmd       `cmd:"" help:"Print the shell completion script for bash, zsh or fish."`
 	CheckMaintenance CheckMaintenanceCmd `cmd:"" name:"check-maintenance" help:"With the node service stopped: may the program be replaced (--operation upgrade) or removed (--operation remove)? Only reads."`
+	CheckUpgrade     CheckUpgradeCmd     `cmd:"" name:"check-upgrade" help:"Run with the target build before it replaces the node's program: can it take this node over? Only reads; --preview beside a live node."`
 }
 
 type exitPanic struct{ code int }

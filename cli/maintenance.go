@@ -25,32 +25,22 @@ type CheckMaintenanceCmd struct {
 }
 
 func (c *CheckMaintenanceCmd) Run(g *Globals) error {
-	fc, d, err := loadNodeConfig(g, c.Config)
+	cfg, d, id, err := checkRuntimeConfig(g, c.Config)
 	if err != nil {
 		return err
 	}
-	pools, err := poolsFrom(c.Config, fc)
-	if err != nil {
-		return err
-	}
-	id, err := d.LoadIdentity()
-	if err != nil {
-		return api.Errorf(api.CodeFailedPrecondition, "data directory %s: %v: check --data-dir or data_dir in the configuration", d, err)
-	}
-	cfg := runtime.Config{StorageRoot: d.StorageRoot(), NodeID: id.NodeID,
-		Pools: []runtime.PoolDir{{ID: api.PrivatePoolID(id.NodeID), Path: agent.DefaultPoolPath(d)}}}
-	for _, p := range pools {
-		cfg.Pools = append(cfg.Pools, runtime.PoolDir{ID: p.ID, Path: p.Path, Shared: p.Shared})
+	if id == nil {
+		return api.Errorf(api.CodeFailedPrecondition, "data directory %s: %v: check --data-dir or data_dir in the configuration", d, cfg.identityErr)
 	}
 	ctx, cancel := context.WithTimeout(g.ctx, time.Minute)
 	defer cancel()
-	m, closeUnits, err := c.unitsOf(ctx, d)
+	m, closeUnits, err := unitsOf(ctx, d, c.Systemd)
 	if err != nil {
 		return err
 	}
 	defer closeUnits()
 	cfg.Units = m
-	rep, err := runtime.CheckMaintenance(ctx, cfg, c.Operation)
+	rep, err := runtime.CheckMaintenance(ctx, cfg.Config, c.Operation)
 	if errors.Is(err, runtime.ErrRuntimeInUse) {
 		return api.Errorf(api.CodeFailedPrecondition, "%v", err)
 	}
@@ -79,11 +69,42 @@ func (c *CheckMaintenanceCmd) Run(g *Globals) error {
 	return nil
 }
 
+// checkConfig is the runtime configuration a check reads, and why the
+// node's identity could not be read (id nil).
+type checkConfig struct {
+	runtime.Config
+	identityErr error
+}
+
+// checkRuntimeConfig loads what the checks read of a node: its data
+// directory, identity and pools. An unreadable identity is returned as
+// identityErr with a nil id (check-upgrade reports it as an item).
+func checkRuntimeConfig(g *Globals, config string) (checkConfig, datadir.Dir, *datadir.Identity, error) {
+	fc, d, err := loadNodeConfig(g, config)
+	if err != nil {
+		return checkConfig{}, d, nil, err
+	}
+	pools, err := poolsFrom(config, fc)
+	if err != nil {
+		return checkConfig{}, d, nil, err
+	}
+	id, idErr := d.LoadIdentity()
+	nodeID := ""
+	if id != nil {
+		nodeID = id.NodeID
+	}
+	cfg := runtime.Config{StorageRoot: d.StorageRoot(), NodeID: nodeID,
+		Pools: []runtime.PoolDir{{ID: api.PrivatePoolID(nodeID), Path: agent.DefaultPoolPath(d)}}}
+	for _, p := range pools {
+		cfg.Pools = append(cfg.Pools, runtime.PoolDir{ID: p.ID, Path: p.Path, Shared: p.Shared})
+	}
+	return checkConfig{Config: cfg, identityErr: idErr}, d, id, nil
+}
+
 // unitsOf connects to the service manager the node's VMM units run
-// under, without starting one; nil when there is none.
-func (c *CheckMaintenanceCmd) unitsOf(ctx context.Context, d datadir.Dir) (*units.Manager, func(), error) {
+// under (mode: --systemd), without starting one; nil when there is none.
+func unitsOf(ctx context.Context, d datadir.Dir, mode string) (*units.Manager, func(), error) {
 	none := func() {}
-	mode := c.Systemd
 	if mode == systemdAuto {
 		mode = systemdNone
 		if hostHasSystemd() {

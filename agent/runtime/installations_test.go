@@ -20,28 +20,10 @@ import (
 // running, and a node that can drive it again takes it over unharmed.
 func TestTakeoverWithEarlierInstallation(t *testing.T) {
 	h := newHarness(t)
-	fixture := platformFixture(t)
-	// The Instance's own copy of the Platform, so its files can be changed.
-	dir := filepath.Join(h.root, "installations", fixture.ID)
-	os.MkdirAll(filepath.Dir(dir), 0o755)
-	if out, err := exec.Command("cp", "-a", fixture.Dir, dir).CombinedOutput(); err != nil {
-		t.Fatalf("copy the Platform: %v %s", err, out)
-	}
 	// Its agent is release 0.3.2 (the manifest field is not part of the
 	// content id).
-	manifest := filepath.Join(dir, platform.ManifestFile)
-	raw, _ := os.ReadFile(manifest)
-	var m map[string]any
-	json.Unmarshal(raw, &m)
-	m["agent_release"] = "0.3.2"
-	raw, _ = json.Marshal(m)
-	if err := os.WriteFile(manifest, raw, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	inst, err := platform.Load(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
+	inst := copyPlatform(t, h, "0.3.2")
+	dir := inst.Dir
 	ctx := testCtx(t, 3*time.Minute)
 	const id = "older"
 	open := func(own, release string) *runtime.Runtime {
@@ -107,4 +89,33 @@ func TestTakeoverWithEarlierInstallation(t *testing.T) {
 	if err := rt.Stop(ctx, id, 5*time.Second); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// copyPlatform copies the Platform fixture into the harness's
+// installations (so a file of it can be changed without touching the
+// shared fixture), its agent's release set to release when not "".
+func copyPlatform(t *testing.T, h *harness, release string) *platform.Installation {
+	t.Helper()
+	fixture := platformFixture(t)
+	dir := filepath.Join(h.root, "installations", fixture.ID)
+	os.MkdirAll(filepath.Dir(dir), 0o755)
+	if out, err := exec.Command("cp", "-a", fixture.Dir, dir).CombinedOutput(); err != nil {
+		t.Fatalf("copy the Platform: %v %s", err, out)
+	}
+	if release != "" {
+		manifest := filepath.Join(dir, platform.ManifestFile)
+		raw, _ := os.ReadFile(manifest)
+		var m map[string]any
+		json.Unmarshal(raw, &m)
+		m["agent_release"] = release
+		raw, _ = json.Marshal(m)
+		if err := os.WriteFile(manifest, raw, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	inst, err := platform.Load(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return inst
 }

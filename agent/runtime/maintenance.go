@@ -12,6 +12,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/kibotos/kibotos/internal/recordfmt"
 	"github.com/kibotos/kibotos/netpol"
 	"github.com/kibotos/kibotos/storagepool"
 )
@@ -54,28 +55,51 @@ func CheckMaintenance(ctx context.Context, cfg Config, op string) (*MaintenanceR
 	if op != OpUpgrade && op != OpRemove {
 		return nil, fmt.Errorf("operation %q: use upgrade or remove", op)
 	}
-	rep := &MaintenanceReport{Operation: op, Items: []MaintenanceItem{}}
 	rt := &Runtime{cfg: cfg, units: cfg.Units, instancesDir: filepath.Join(cfg.StorageRoot, "runtime", "instances")}
+	unlock, err := lockForCheck(cfg)
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	return checkMaintenanceLocked(ctx, rt, cfg, op)
+}
+
+// lockForCheck takes the runtime's exclusive lock the way a node would,
+// without creating it: a check must not run beside a node process.
+func lockForCheck(cfg Config) (unlock func(), err error) {
 	lockPath := filepath.Join(cfg.StorageRoot, "runtime", "lock")
-	switch f, err := os.OpenFile(lockPath, os.O_RDWR, 0); {
+	f, err := os.OpenFile(lockPath, os.O_RDWR, 0)
+	switch {
 	case errors.Is(err, fs.ErrNotExist):
 		// No node ever ran here: nothing it could have left behind.
+		return func() {}, nil
 	case err != nil:
 		return nil, fmt.Errorf("runtime lock %s: %w", lockPath, err)
-	default:
-		defer f.Close()
-		if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
-			return nil, fmt.Errorf("%w: %s is locked by a running node process: stop the node service first", ErrRuntimeInUse, lockPath)
-		}
-		defer unix.Flock(int(f.Fd()), unix.LOCK_UN)
 	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("%w: %s is locked by a running node process: stop the node service first", ErrRuntimeInUse, lockPath)
+	}
+	return func() {
+		unix.Flock(int(f.Fd()), unix.LOCK_UN)
+		f.Close()
+	}, nil
+}
+
+// checkMaintenanceLocked is CheckMaintenance once the lock is held.
+func checkMaintenanceLocked(ctx context.Context, rt *Runtime, cfg Config, op string) (*MaintenanceReport, error) {
+	rep := &MaintenanceReport{Operation: op, Items: []MaintenanceItem{}}
 	if _, err := os.Stat(rt.instancesDir); err == nil {
 		verdicts, noRecord, problems, err := rt.inspect(ctx)
 		if err != nil {
 			return nil, err
 		}
 		for _, p := range problems {
-			rep.add(MaintenanceItem{Object: "runtime", State: "unclear ownership", Blocking: true, Detail: p.Error()})
+			state := "unclear ownership"
+			if errors.Is(p, recordfmt.ErrOutOfRange) {
+				state = "record format"
+			}
+			rep.add(MaintenanceItem{Object: "runtime", State: state, Blocking: true, Detail: p.Error()})
 		}
 		for _, dir := range noRecord {
 			rep.add(MaintenanceItem{Object: dir, State: "leftover", Blocking: true, Detail: "instance directory without a launch record: no Instance owns it (the node removes it when it starts)"})

@@ -200,9 +200,7 @@ func newAgent(opts Options) *agent {
 		a.reaper = pidReaper{}
 	}
 	a.info = guestproto.GuestInfo{
-		Capabilities: []string{guestproto.CapExec, guestproto.CapPTY, guestproto.CapFiles,
-			guestproto.CapConfigure, guestproto.CapFreeze, guestproto.CapStop, guestproto.CapExecRoot,
-			guestproto.CapPortForward, guestproto.CapBindMount, guestproto.CapMountSerial, guestproto.CapGrowFS, guestproto.CapSetTime},
+		Capabilities: append([]string(nil), guestproto.Capabilities...),
 		BootID:       opts.BootID,
 		AgentVersion: opts.AgentVersion,
 	}

@@ -86,6 +86,12 @@ const MountOptGrow = "x-grow"
 // CapSetTime: CallSetTime, and configure's Interface.Flush.
 const CapSetTime = "set-time"
 
+// Capabilities are every capability this build's guest agent announces
+// and its node may use. A guest of an earlier build lacking some is still
+// driven; only the calls that need those fail until it restarts.
+var Capabilities = []string{CapExec, CapPTY, CapFiles, CapConfigure, CapFreeze, CapStop, CapExecRoot,
+	CapPortForward, CapBindMount, CapMountSerial, CapGrowFS, CapSetTime}
+
 // SetTimeRequest is the time to set, Unix nanoseconds of the node's clock.
 type SetTimeRequest struct {
 	UnixNano int64 `json:"unix_nano"`
