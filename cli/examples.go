@@ -72,6 +72,8 @@ var examples = map[string][]string{
 	"storage-pool set-capacity": {"kibo storage-pool set-capacity nfs-1 2TiB", "kibo storage-pool set-capacity node-a:default 200GiB --expected-version 3"},
 	"check-maintenance": {"kibotos check-maintenance --config /etc/kibotos/kibotos.toml --operation upgrade",
 		"kibotos check-maintenance --config /etc/kibotos/kibotos.toml --operation remove"},
+	"check-upgrade": {"kibotos check-upgrade --config /etc/kibotos/kibotos.toml --runtime-dir /var/lib/kibotos/storage/installations/sha256-... --preview    # the target build, beside the live node",
+		"kibotos check-upgrade --config /etc/kibotos/kibotos.toml --runtime-dir /var/lib/kibotos/storage/installations/sha256-...    # the target build, node stopped"},
 	"completion":                {"kibo completion bash    # in ~/.bashrc: source <(kibo completion bash)", "kibo completion fish    # save it as ~/.config/fish/completions/kibo.fish"},
 	"storage-pool declare-lost": {"kibo storage-pool declare-lost usb-1 --confirm-data-lost    # only when the disk is gone"},
 }

@@ -21,7 +21,7 @@ func TestHolderRecord(t *testing.T) {
 		t.Fatal(err)
 	}
 	h, err := ReadHolder(layer)
-	if err != nil || h == nil || *h != (Holder{NodeID: "node-a", Incarnation: 3, Grant: "inst-1", WrittenAt: at}) {
+	if err != nil || h == nil || *h != (Holder{FormatVersion: 1, NodeID: "node-a", Incarnation: 3, Grant: "inst-1", WrittenAt: at}) {
 		t.Fatalf("read back %+v %v", h, err)
 	}
 	if !h.Names("node-a", "inst-1") || h.Names("node-b", "inst-1") || h.Names("node-a", "inst-2") {
