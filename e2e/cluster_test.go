@@ -99,7 +99,8 @@ type status struct {
 
 // formCluster creates the cluster on the first host and enrolls the others
 // with grants, one at a time: a ctrl member becomes a voter when it first
-// serves, so each waits until the leader replicates to it.
+// serves, so each waits until the leader replicates to it. The first three
+// hosts are ctrl members, a fourth one is node-only.
 func formCluster(t *testing.T, l *lab) *cluster {
 	c := &cluster{lab: l}
 	for i, h := range l.hosts {
@@ -131,11 +132,12 @@ func formCluster(t *testing.T, l *lab) *cluster {
 			c.waitFollowsLeader(t, h)
 		}
 	}
-	waitFor(t, 20*time.Second, "4 READY nodes in node list", func() (bool, string) {
+	n := len(l.hosts)
+	waitFor(t, 20*time.Second, fmt.Sprintf("%d READY nodes in node list", n), func() (bool, string) {
 		var list struct {
 			Nodes []nodeView `json:"nodes"`
 		}
-		if err := c.node.kiboJSON(&list, "node", "list"); err != nil {
+		if err := l.hosts[n-1].kiboJSON(&list, "node", "list"); err != nil {
 			return false, err.Error()
 		}
 		ready := 0
@@ -146,7 +148,7 @@ func formCluster(t *testing.T, l *lab) *cluster {
 				ready++
 			}
 		}
-		return ready == 4 && len(list.Nodes) == 4, strings.Join(seen, " ")
+		return ready == n && len(list.Nodes) == n, strings.Join(seen, " ")
 	})
 	return c
 }
@@ -404,6 +406,12 @@ func (m *members) pick(rng *rand.Rand) *host {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return m.hosts[rng.IntN(len(m.hosts))]
+}
+
+func (m *members) add(h *host) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.hosts = append(m.hosts, h)
 }
 
 func (m *members) remove(h *host) {

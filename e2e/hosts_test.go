@@ -66,6 +66,9 @@ type host struct {
 	index   int // position in the lab
 	roles   string
 	dataDir string
+	// bin, when set, holds the kibotos (and kibo) this host runs instead
+	// of the lab's: another build, for upgrades.
+	bin string
 
 	mu    sync.Mutex
 	serve *proc // the current serve process; nil before the first start
@@ -73,6 +76,23 @@ type host struct {
 }
 
 func (h *host) addr() string { return h.ip + ":" + apiPort }
+
+// binDir is the directory of the kibotos this host runs.
+func (h *host) binDir() string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.bin != "" {
+		return h.bin
+	}
+	return h.lab.bin
+}
+
+// setBin makes the host run the kibotos in dir from its next start on.
+func (h *host) setBin(dir string) {
+	h.mu.Lock()
+	h.bin = dir
+	h.mu.Unlock()
+}
 
 // newLab builds the kibotos binary and n hosts on one switch.
 func newLab(t *testing.T, n int) *lab {
@@ -227,7 +247,7 @@ func (h *host) start(logName string, args ...string) *proc {
 	if err != nil {
 		l.t.Fatal(err)
 	}
-	cmd := exec.Command("nsenter", append([]string{"--net=/run/netns/" + h.ns, filepath.Join(l.bin, "kibotos")}, args...)...)
+	cmd := exec.Command("nsenter", append([]string{"--net=/run/netns/" + h.ns, filepath.Join(h.binDir(), "kibotos")}, args...)...)
 	cmd.Env = hostprobe.CleanEnv()
 	p, err := startProc(cmd, f, logPath)
 	if err != nil {
@@ -292,6 +312,17 @@ func (h *host) crash() {
 	}
 }
 
+// stop ends the member with SIGTERM, as stopping its service would, and
+// reaps it.
+func (h *host) stop() {
+	h.lab.t.Helper()
+	p := h.serveProc()
+	p.cmd.Process.Signal(syscall.SIGTERM)
+	if _, ok := p.waitExit(30 * time.Second); !ok {
+		h.lab.t.Fatalf("member %s (pid %d) did not stop within 30s of SIGTERM", h.nodeID, p.cmd.Process.Pid)
+	}
+}
+
 // partition cuts the host off the switch; heal reconnects it. Addresses
 // stay configured, so the member's sockets survive the cut.
 func (h *host) partition() { h.lab.ip("-n", h.ns, "link", "set", hostIface, "down") }
@@ -334,7 +365,7 @@ func (h *host) kibotos(args ...string) result {
 func (h *host) run(timeout time.Duration, name string, args ...string) result {
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, "ip", append([]string{"netns", "exec", h.ns, filepath.Join(h.lab.bin, name)}, args...)...)
+	cmd := exec.CommandContext(ctx, "ip", append([]string{"netns", "exec", h.ns, filepath.Join(h.binDir(), name)}, args...)...)
 	cmd.Env = hostprobe.CleanEnv()
 	return runResult(ctx, timeout, cmd, args)
 }
