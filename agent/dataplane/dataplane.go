@@ -13,6 +13,13 @@
 // Everything the process needs (targets, verification key, TLS certificate)
 // is pushed by the node over a unix control socket; the process never reads
 // the node's state directory.
+//
+// Each start is a generation. A node of another build on the same release
+// line, or with other TLS settings, hands the listening socket of the
+// running generation to a new one (Ensure, handover.go) and the old one
+// drains: it accepts nothing more and exits once its connections ended,
+// lending its guest sessions to the new one meanwhile (lend.go). At most
+// two generations run. Across release lines the old one is ended first.
 package dataplane
 
 import (
