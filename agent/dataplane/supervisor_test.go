@@ -86,9 +86,6 @@ func TestSupervisorAdoptsAndStops(t *testing.T) {
 	if err := privsd.Available(); err != nil {
 		testenv.Skipf(t, "%v", err)
 	}
-	if testing.Short() {
-		t.Skip("-short: builds kibotos and runs a private systemd")
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	dir := t.TempDir()

@@ -38,9 +38,6 @@ func newSwitchEnv(t *testing.T) *switchEnv {
 	if err := privsd.Available(); err != nil {
 		testenv.Skipf(t, "%v", err)
 	}
-	if testing.Short() {
-		t.Skip("-short: builds kibotos binaries and runs a private systemd")
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	t.Cleanup(cancel)
 	dir := t.TempDir()
