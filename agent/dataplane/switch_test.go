@@ -167,13 +167,25 @@ func TestSupervisorHandOver(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Four clients connect in a loop; lp is one of them.
 	lp := startLoop(t, e.p, func() string { return addr }, "ws-a", "inst-1")
+	var others []*loop
+	for range 3 {
+		others = append(others, startLoop(t, e.p, func() string { return addr }, "ws-a", "inst-1"))
+	}
 	lp.waitMore(t, 20)
 
 	// Another build of the line: generation 2 takes the socket over.
-	t0 := time.Now()
+	rounds := func() int {
+		n := lp.count()
+		for _, o := range others {
+			n += o.count()
+		}
+		return n
+	}
+	t0, before := time.Now(), rounds()
 	h2 := e.ensure(b)
-	took := time.Since(t0)
+	took, during := time.Since(t0), rounds()-before
 	if h2.Adopted || h2.Generation != 2 || h2.Address() != addr || !strings.Contains(h2.Switched, "another build on the release line") {
 		t.Fatalf("Ensure with another build of the line: %+v (switched %q), want generation 2 on %s", h2, h2.Switched, addr)
 	}
@@ -181,6 +193,11 @@ func TestSupervisorHandOver(t *testing.T) {
 		t.Fatalf("draining after the switch: %+v, want generation 1", d)
 	}
 	e.wantUnits("while generation 1 drains", 1, 2)
+	// A node restart meanwhile adopts generation 2 and leaves generation
+	// 1 draining.
+	if h := e.ensure(b); !h.Adopted || h.Generation != 2 || len(h.Draining()) != 1 || h.Draining()[0].Generation != 1 {
+		t.Fatalf("Ensure while generation 1 drains: %+v, draining %+v", h, h.Draining())
+	}
 	// The node reads both generations' counters (it sums them for
 	// /metrics): generation 1's connections still count.
 	if hs := h2.Hellos(e.ctx); len(hs) != 2 || hs[1].Generation != 1 || !hs[1].Draining || hs[1].Counters.Connections == 0 {
@@ -200,8 +217,12 @@ func TestSupervisorHandOver(t *testing.T) {
 	e.wantUnits("after generation 1's last connection ended", 2)
 	lp.waitMore(t, 30)
 	ok, failed, slowest := lp.finish()
-	t.Logf("same-line hand-over: Ensure took %v; generation 1 exited %v after its last connection; client loop: %d connections, %d refused or failed, slowest %v",
-		took.Round(time.Millisecond), gone1.Round(time.Millisecond), ok+len(failed), len(failed), slowest.Round(time.Millisecond))
+	for _, o := range others {
+		n, f, sl := o.finish()
+		ok, failed, slowest = ok+n, append(failed, f...), max(slowest, sl)
+	}
+	t.Logf("same-line hand-over: Ensure took %v (%d loop connections finished meanwhile); generation 1 exited %v after its last connection; 4 client loops: %d connections, %d refused or failed, slowest %v",
+		took.Round(time.Millisecond), during, gone1.Round(time.Millisecond), ok+len(failed), len(failed), slowest.Round(time.Millisecond))
 	if len(failed) > 0 {
 		t.Fatalf("connections refused or failed during the hand-over: %q", failed)
 	}
@@ -388,5 +409,42 @@ func TestTLSSettingsServed(t *testing.T) {
 		if h, _ := AskHello(ctxT(t), s.dir, s.gen); h.TLS == nil || !h.TLS.Equal(c.settings) {
 			t.Errorf("%s: hello says %+v", c.settings, h.TLS)
 		}
+	}
+}
+
+// TestSupervisorServingDiesWhileOneDrains: the serving generation goes
+// away while an older one drains; the node starts a new one on the
+// address, which borrows the draining one's guest session, and the
+// draining one's connection is unaffected.
+func TestSupervisorServingDiesWhileOneDrains(t *testing.T) {
+	e := newSwitchEnv(t)
+	a := e.build("0.2.0", "dataplane-test-a")
+	a.Listen = freePort(t)
+	b := e.build("0.2.1", "dataplane-test-b")
+	b.Listen = a.Listen
+	e.ensure(a)
+	held := e.connect(a.Listen)
+	h2 := e.ensure(b)
+	if h2.Generation != 2 {
+		t.Fatalf("switch: %+v", h2)
+	}
+	if err := e.m.Stop(e.ctx, h2.Unit); err != nil {
+		t.Fatal(err)
+	}
+	h3 := e.ensure(b)
+	if h3.Generation != 3 || h3.Adopted || h3.Address() != a.Listen || len(h3.Draining()) != 1 || h3.Draining()[0].Generation != 1 {
+		t.Fatalf("Ensure after the serving generation died: %+v, draining %+v", h3, h3.Draining())
+	}
+	e.wantUnits("generation 3 serves, 1 drains", 1, 3)
+	if err := echoOnce(e.p.cred(t, a.Listen, "ws-a", "inst-1"), e.p.pool, "new"); err != nil {
+		t.Fatalf("a new connection while generation 1 holds the guest: %v", err)
+	}
+	if err := echoOn(e.ctx, held, "held"); err != nil {
+		t.Fatal(err)
+	}
+	held.Close()
+	e.waitGone(UnitName(e.base.Scope, 1), 15*time.Second)
+	if err := echoOnce(e.p.cred(t, a.Listen, "ws-a", "inst-1"), e.p.pool, "after"); err != nil {
+		t.Fatal(err)
 	}
 }
