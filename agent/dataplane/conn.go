@@ -190,20 +190,21 @@ func (c *clientConn) session(ctx context.Context) (guestSession, error) {
 }
 
 // open opens a stream to the guest for req, on the link's next session
-// when a lent one was retired meanwhile.
-func (c *clientConn) open(ctx context.Context, req guestproto.Request) (guestSession, net.Conn, func(), error) {
-	for range 3 {
-		g, err := c.session(ctx)
-		if err != nil {
-			return nil, nil, nil, err
-		}
-		st, release, err := g.open(ctx, req)
-		if errors.Is(err, errRetired) {
-			continue
-		}
-		return g, st, release, err
+// when a lent one was retired meanwhile (its Done is closed by then, so a
+// second try finds the next one).
+func (c *clientConn) open(ctx context.Context, req guestproto.Request) (net.Conn, func(), error) {
+	g, err := c.session(ctx)
+	if err != nil {
+		return nil, nil, err
 	}
-	return nil, nil, nil, errRetired
+	st, release, err := g.open(ctx, req)
+	if errors.Is(err, errRetired) {
+		if g, err = c.session(ctx); err != nil {
+			return nil, nil, err
+		}
+		st, release, err = g.open(ctx, req)
+	}
+	return st, release, err
 }
 
 // refuse answers a refused connection with its code and message.
@@ -267,7 +268,7 @@ func (c *clientConn) stream(st net.Conn) {
 		writeResult(st, dataInfo(info))
 		return
 	}
-	_, gs, release, err := c.open(ctx, req)
+	gs, release, err := c.open(ctx, req)
 	if err != nil {
 		respondError(st, err)
 		return

@@ -227,7 +227,11 @@ func (ld *lender) borrow(ctx context.Context, instanceID string) (*lentSession, 
 		cc.close()
 		return nil, err
 	}
-	ls := &lentSession{sess: sess, info: *rep.Lend}
+	ls := &lentSession{sess: sess, info: *rep.Lend, done: make(chan struct{})}
+	go func() {
+		<-sess.CloseChan()
+		ls.finish()
+	}()
 	watch, err := sess.OpenStream()
 	if err == nil {
 		err = guestproto.WriteFrame(watch, guestproto.Request{Call: callWatch})
@@ -253,6 +257,11 @@ type lentSession struct {
 	sess *yamux.Session
 	info guestproto.GuestInfo
 
+	// done closes when the session ended, or was retired: then at once,
+	// so the link and the connections move on before yamux closed.
+	done     chan struct{}
+	doneOnce sync.Once
+
 	mu        sync.Mutex
 	inflight  int
 	ownerGone bool
@@ -260,8 +269,9 @@ type lentSession struct {
 }
 
 func (ls *lentSession) Info() guestproto.GuestInfo { return ls.info }
-func (ls *lentSession) Done() <-chan struct{}      { return ls.sess.CloseChan() }
+func (ls *lentSession) Done() <-chan struct{}      { return ls.done }
 func (ls *lentSession) close()                     { ls.sess.Close() }
+func (ls *lentSession) finish()                    { ls.doneOnce.Do(func() { close(ls.done) }) }
 
 func (ls *lentSession) retired() bool {
 	ls.mu.Lock()
@@ -314,6 +324,7 @@ func (ls *lentSession) markOwnerGone() {
 func (ls *lentSession) maybeRetire() {
 	if ls.ownerGone && ls.inflight == 0 && !ls.isRetired {
 		ls.isRetired = true
+		ls.finish()
 		go ls.sess.Close()
 	}
 }
