@@ -93,8 +93,10 @@ func defaultDataPlaneListen(advertise string) (string, error) {
 	return net.JoinHostPort(host, strconv.Itoa(p+2)), nil
 }
 
-// startDataPlane ensures the node's data-plane process runs (adopting one
-// of this build) under m.
+// startDataPlane ensures the node's data-plane process runs under m:
+// adopted when it is this build, handed over to a new generation of this
+// build when it is another build of the release line, replaced otherwise
+// (dataplane.Ensure).
 func startDataPlane(ctx context.Context, d datadir.Dir, m *units.Manager, listen string, issue dataPlaneIssuer, logFormat string, log *slog.Logger) (*dataPlaneLink, error) {
 	exe, err := os.Executable()
 	if err != nil {
@@ -119,10 +121,13 @@ func startDataPlane(ctx context.Context, d datadir.Dir, m *units.Manager, listen
 		return nil, err
 	}
 	how := "started"
-	if h.Adopted {
+	switch {
+	case h.Adopted:
 		how = "adopted"
+	case h.Switched != "":
+		how = "switched to a new generation"
 	}
-	log.Info("data-plane process "+how, "unit", h.Unit, "generation", h.Generation, "address", h.Address())
+	log.Info("data-plane process "+how, "unit", h.Unit, "generation", h.Generation, "address", h.Address(), "draining", len(h.Draining()))
 	l.h = h
 	return l, nil
 }
@@ -156,10 +161,16 @@ func (l *dataPlaneLink) note(h dataplane.Hello) {
 }
 
 // Totals are the data-plane counters summed over every generation this
-// node process has seen (read now for the serving one, as last read for
-// the others), so they never go down when a process is replaced.
+// node process has seen (read now for the running ones, the serving one
+// and one draining after a switch, as last read for the others), so they
+// never go down when a process is replaced or hands over.
 func (l *dataPlaneLink) Totals(ctx context.Context) dataplane.Counters {
-	l.Alive(ctx)
+	l.mu.Lock()
+	h := l.h
+	l.mu.Unlock()
+	for _, hello := range h.Hellos(ctx) {
+		l.note(hello)
+	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	t := dataplane.Counters{Refused: map[string]uint64{}}

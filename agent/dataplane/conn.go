@@ -32,6 +32,11 @@ type clientConn struct {
 	workspaceID, instanceID string
 	link                    *guestLink
 
+	// guest is the session streams are relayed to: the link's, which
+	// changes when a lent one is retired.
+	gmu   sync.Mutex
+	guest guestSession
+
 	// ctx ends when the connection is killed; killed is its Done.
 	ctx      context.Context
 	cancel   context.CancelFunc
@@ -87,6 +92,7 @@ func (c *clientConn) serve() {
 	if err := guestproto.WriteFrame(tc, connectReply{OK: true}); err != nil {
 		return
 	}
+	c.setGuest(guest)
 	// The client now talks to us as to its guest: same info, the calls we
 	// do not relay taken out, and exactly the protocol of our session with
 	// the guest, which is what relayed streams speak.
@@ -110,17 +116,7 @@ func (c *clientConn) serve() {
 		return
 	}
 	defer sess.Close()
-	go func() {
-		// The session lives as long as the client, the guest session it
-		// relays to and the target (kill).
-		select {
-		case <-sess.CloseChan():
-		case <-guest.Done():
-		case <-c.killed:
-		}
-		sess.Close()
-		c.kill()
-	}()
+	go c.watch(sess, guest)
 	log.Info("data-plane connection opened")
 	var streams sync.WaitGroup
 	for {
@@ -128,11 +124,87 @@ func (c *clientConn) serve() {
 		if err != nil {
 			break
 		}
-		streams.Go(func() { c.stream(st, guest) })
+		streams.Go(func() { c.stream(st) })
 	}
 	c.kill()
 	streams.Wait()
 	log.Info("data-plane connection ended")
+}
+
+// watch ends the connection with the client's session, with the guest
+// session it relays to, and with its target (kill). The end of a lent
+// guest session is no end when the link's next session reaches the same
+// guest boot: the lent one was given back (retired), or its lender was
+// ended by a newer switch, which drops only the streams that ran on it.
+func (c *clientConn) watch(sess *yamux.Session, g guestSession) {
+	defer func() {
+		sess.Close()
+		c.kill()
+	}()
+	for {
+		select {
+		case <-sess.CloseChan():
+			return
+		case <-c.killed:
+			return
+		case <-g.Done():
+			if _, lent := g.(*lentSession); !lent {
+				return
+			}
+			ctx, cancel := context.WithTimeout(c.ctx, c.s.cfg.GuestTimeout)
+			next, err := c.link.get(ctx)
+			cancel()
+			if err == nil && next.Info().BootID != g.Info().BootID {
+				err = fmt.Errorf("the guest restarted (boot %s, now %s)", g.Info().BootID, next.Info().BootID)
+			}
+			if err != nil {
+				c.s.log.Info("data-plane connection lost its guest with a lent session", "workspace", c.workspaceID, "instance", c.instanceID, "retired", g.retired(), "err", err)
+				return
+			}
+			c.setGuest(next)
+			g = next
+		}
+	}
+}
+
+func (c *clientConn) setGuest(g guestSession) {
+	c.gmu.Lock()
+	c.guest = g
+	c.gmu.Unlock()
+}
+
+// session is the guest session a new stream goes to: the link's next one
+// once a lent one ended.
+func (c *clientConn) session(ctx context.Context) (guestSession, error) {
+	c.gmu.Lock()
+	g := c.guest
+	c.gmu.Unlock()
+	if _, lent := g.(*lentSession); lent {
+		select {
+		case <-g.Done():
+			return c.link.get(ctx)
+		default:
+		}
+	}
+	return g, nil
+}
+
+// open opens a stream to the guest for req, on the link's next session
+// when a lent one was retired meanwhile (its Done is closed by then, so a
+// second try finds the next one).
+func (c *clientConn) open(ctx context.Context, req guestproto.Request) (net.Conn, func(), error) {
+	g, err := c.session(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	st, release, err := g.open(ctx, req)
+	if errors.Is(err, errRetired) {
+		if g, err = c.session(ctx); err != nil {
+			return nil, nil, err
+		}
+		st, release, err = g.open(ctx, req)
+	}
+	return st, release, err
 }
 
 // refuse answers a refused connection with its code and message.
@@ -163,7 +235,7 @@ func dataInfo(info guestproto.GuestInfo) guestproto.GuestInfo {
 }
 
 // stream serves one client stream: one call, relayed to the guest.
-func (c *clientConn) stream(st net.Conn, guest *guestproto.Client) {
+func (c *clientConn) stream(st net.Conn) {
 	st.SetReadDeadline(time.Now().Add(30 * time.Second))
 	var req guestproto.Request
 	if err := guestproto.ReadFrame(st, &req); err != nil {
@@ -179,7 +251,16 @@ func (c *clientConn) stream(st net.Conn, guest *guestproto.Client) {
 		return
 	}
 	if req.Call == guestproto.CallGuestInfo {
-		info, err := guest.GuestInfo(ctx)
+		g, err := c.session(ctx)
+		var info guestproto.GuestInfo
+		if err == nil {
+			info, err = guestInfo(ctx, g)
+		}
+		if errors.Is(err, errRetired) {
+			if g, err = c.session(ctx); err == nil {
+				info, err = guestInfo(ctx, g)
+			}
+		}
 		if err != nil {
 			respondError(st, err)
 			return
@@ -187,11 +268,12 @@ func (c *clientConn) stream(st net.Conn, guest *guestproto.Client) {
 		writeResult(st, dataInfo(info))
 		return
 	}
-	gs, err := guest.OpenRaw(ctx, req)
+	gs, release, err := c.open(ctx, req)
 	if err != nil {
 		respondError(st, err)
 		return
 	}
+	defer release()
 	relay(st, gs, c.killed, &c.s.bytesIn, &c.s.bytesOut)
 }
 

@@ -1,6 +1,7 @@
 package dataplane
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
@@ -12,34 +13,58 @@ import (
 	"strconv"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/kibotos/kibotos/buildinfo"
+	"github.com/kibotos/kibotos/vmm/guestproto"
 )
 
-// The control socket carries JSON requests and replies, one after the
-// other on a connection. Each generation has its own socket, so an old
-// process waiting for its connections to end and its successor can both be
-// reached.
+// The control socket carries JSON requests and replies, one per line, one
+// after the other on a connection. Each generation has its own socket, so
+// an old process waiting for its connections to end and its successor can
+// both be reached. A listening socket rides on the line that carries it as
+// SCM_RIGHTS. A lend request turns its connection into a guest session
+// (lend.go).
 type controlRequest struct {
-	Op    string `json:"op"` // "hello" or "state"
-	State *State `json:"state,omitempty"`
+	Op         string `json:"op"`
+	State      *State `json:"state,omitempty"`
+	InstanceID string `json:"instance_id,omitempty"` // lend
 }
 
 type controlReply struct {
 	Error string `json:"error,omitempty"`
-	Hello *Hello `json:"hello,omitempty"`
+	// Code says, with Error, what the caller can do about it (lend:
+	// codeNotHeld, dial the guest yourself).
+	Code  string                `json:"code,omitempty"`
+	Hello *Hello                `json:"hello,omitempty"`
+	State *State                `json:"state,omitempty"` // export-state
+	Lend  *guestproto.GuestInfo `json:"lend,omitempty"`  // lend: the handshake of the lent session
 }
 
 const (
-	opHello = "hello"
-	opState = "state"
+	opHello        = "hello"
+	opState        = "state"
+	opExportState  = "export-state"  // the state last applied, for a successor
+	opTakeListener = "take-listener" // reply: a copy of the listening socket
+	opListener     = "listener"      // request: the listening socket to serve
+	opDrain        = "drain"         // stop accepting; exit once the connections ended
+	opEnd          = "end"           // close every connection now and exit
+	opLend         = "lend"          // become a guest session of one Instance (lend.go)
 )
+
+// maxControlLine bounds one request or reply (a state with every target,
+// the certificate and the key is a few KiB per hundred targets).
+const maxControlLine = 16 << 20
+
+// maxControlFDs is how many descriptors one line may carry.
+const maxControlFDs = 2
 
 // ControlSocket is the control socket of generation gen in socketDir.
 func ControlSocket(socketDir string, gen uint64) string {
 	return filepath.Join(socketDir, "control-"+strconv.FormatUint(gen, 10)+".sock")
 }
 
-func listenControl(dir string, gen uint64) (net.Listener, error) {
+func listenControl(dir string, gen uint64) (*net.UnixListener, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("dataplane: socket directory %s: %w", dir, err)
 	}
@@ -53,16 +78,109 @@ func listenControl(dir string, gen uint64) (net.Listener, error) {
 	if fi, err := os.Lstat(path); err == nil && fi.Mode().Type() == fs.ModeSocket {
 		os.Remove(path)
 	}
-	ln, err := net.Listen("unix", path)
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
 	if err != nil {
 		return nil, fmt.Errorf("dataplane: control socket: %w", err)
 	}
+	ln.SetUnlinkOnClose(false) // Run removes it, after the last reply
 	return ln, nil
 }
 
-func (s *Server) serveControl(ln net.Listener) {
+// ctlConn is one end of a control connection: lines out, with optional
+// descriptors, and lines in, collecting the descriptors that came along.
+type ctlConn struct {
+	c   *net.UnixConn
+	br  *bufio.Reader
+	oob []byte
+	fds []int // received, not yet taken
+}
+
+func newCtlConn(c *net.UnixConn) *ctlConn {
+	cc := &ctlConn{c: c, oob: make([]byte, unix.CmsgSpace(4*maxControlFDs))}
+	cc.br = bufio.NewReader(fdReader{cc})
+	return cc
+}
+
+// fdReader reads bytes and keeps the descriptors riding on them.
+type fdReader struct{ cc *ctlConn }
+
+func (r fdReader) Read(p []byte) (int, error) {
+	n, oobn, flags, _, err := r.cc.c.ReadMsgUnix(p, r.cc.oob)
+	n = max(n, 0) // -1 with some errors (a deadline)
+	if oobn > 0 {
+		msgs, perr := unix.ParseSocketControlMessage(r.cc.oob[:oobn])
+		if perr != nil {
+			return n, fmt.Errorf("dataplane: control line: ancillary data: %w", perr)
+		}
+		for _, m := range msgs {
+			if fds, ferr := unix.ParseUnixRights(&m); ferr == nil {
+				r.cc.fds = append(r.cc.fds, fds...)
+			}
+		}
+	}
+	if flags&unix.MSG_CTRUNC != 0 || len(r.cc.fds) > maxControlFDs {
+		return n, fmt.Errorf("dataplane: control line carried more than %d descriptors", maxControlFDs)
+	}
+	return n, err
+}
+
+func (cc *ctlConn) read(v any) error {
+	var line []byte
 	for {
-		conn, err := ln.Accept()
+		frag, err := cc.br.ReadSlice('\n')
+		line = append(line, frag...)
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, bufio.ErrBufferFull) {
+			return err
+		}
+		if len(line) > maxControlLine {
+			return fmt.Errorf("dataplane: control line longer than %d bytes", maxControlLine)
+		}
+	}
+	return json.Unmarshal(line, v)
+}
+
+// write sends v as one line; fds ride on it (the caller keeps them open
+// until write returns).
+func (cc *ctlConn) write(v any, fds ...int) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	b = append(b, '\n')
+	if len(fds) == 0 {
+		_, err = cc.c.Write(b)
+		return err
+	}
+	n, _, err := cc.c.WriteMsgUnix(b, unix.UnixRights(fds...), nil)
+	if err == nil && n < len(b) {
+		_, err = cc.c.Write(b[n:])
+	}
+	return err
+}
+
+func (cc *ctlConn) takeFDs() []int {
+	fds := cc.fds
+	cc.fds = nil
+	return fds
+}
+
+func (cc *ctlConn) close() {
+	closeFDs(cc.takeFDs())
+	cc.c.Close()
+}
+
+func closeFDs(fds []int) {
+	for _, fd := range fds {
+		unix.Close(fd)
+	}
+}
+
+func (s *Server) serveControl(ln *net.UnixListener) {
+	for {
+		conn, err := ln.AcceptUnix()
 		if err != nil {
 			return
 		}
@@ -70,71 +188,134 @@ func (s *Server) serveControl(ln net.Listener) {
 	}
 }
 
-func (s *Server) controlConn(conn net.Conn) {
-	defer conn.Close()
-	dec := json.NewDecoder(conn)
-	enc := json.NewEncoder(conn)
+func (s *Server) controlConn(conn *net.UnixConn) {
+	cc := newCtlConn(conn)
+	lent := false
+	defer func() {
+		if !lent {
+			cc.close()
+		}
+	}()
 	for {
 		var req controlRequest
-		if err := dec.Decode(&req); err != nil {
+		if err := cc.read(&req); err != nil {
 			return
 		}
-		var rep controlReply
-		switch req.Op {
-		case opHello:
-			h := s.hello()
-			rep.Hello = &h
-		case opState:
-			if req.State == nil {
-				rep.Error = "dataplane: state request without state"
-			} else if err := s.apply(*req.State); err != nil {
-				rep.Error = err.Error()
-				s.log.Error("data-plane state refused", "err", err)
-			}
-		default:
-			rep.Error = fmt.Sprintf("dataplane: unknown control op %q (this is generation %d, revision %s)", req.Op, s.cfg.Generation, buildinfo.SourceRevision())
+		fds := cc.takeFDs()
+		if req.Op == opLend {
+			closeFDs(fds)
+			lent = true
+			s.lend(cc, req.InstanceID) // the connection is the session's now
+			return
 		}
-		if err := enc.Encode(rep); err != nil {
+		rep, out := s.handleControl(req, fds)
+		err := cc.write(rep, out...)
+		closeFDs(out)
+		if err != nil {
 			return
 		}
 	}
 }
 
+// handleControl answers one request. fds came with it and are closed
+// here (installListener keeps copies); out are descriptors to send back,
+// closed by the caller.
+func (s *Server) handleControl(req controlRequest, fds []int) (rep controlReply, out []int) {
+	defer closeFDs(fds)
+	if len(fds) > 0 && req.Op != opListener {
+		return controlReply{Error: fmt.Sprintf("dataplane: a %q request carried %d descriptors: only %q carries one", req.Op, len(fds), opListener)}, nil
+	}
+	var err error
+	switch req.Op {
+	case opHello:
+		h := s.hello()
+		rep.Hello = &h
+	case opState:
+		if req.State == nil {
+			err = errors.New("dataplane: state request without state")
+		} else if err = s.apply(*req.State); err != nil {
+			s.log.Error("data-plane state refused", "err", err)
+		}
+	case opExportState:
+		rep.State, err = s.exportState()
+	case opTakeListener:
+		out, err = s.takeListener()
+	case opListener:
+		err = s.installListener(fds)
+	case opDrain:
+		err = s.drainForSuccessor()
+	case opEnd:
+		s.end()
+	default:
+		err = fmt.Errorf("dataplane: unknown control op %q (this is generation %d, revision %s, protocol %d)", req.Op, s.cfg.Generation, buildinfo.SourceRevision(), ControlProtocol)
+	}
+	if err != nil {
+		return controlReply{Error: err.Error()}, nil
+	}
+	return rep, out
+}
+
 func (s *Server) hello() Hello {
+	tls := s.cfg.TLS
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return Hello{
 		Revision:     buildinfo.SourceRevision(),
+		Release:      buildinfo.ReleaseName(),
+		Protocol:     ControlProtocol,
 		Listen:       s.cfg.Listen,
 		Address:      s.addr,
 		Generation:   s.cfg.Generation,
 		PID:          os.Getpid(),
+		TLS:          &tls,
+		Listening:    s.ln != nil,
+		Draining:     s.draining,
+		Connections:  len(s.conns),
 		StateApplied: s.applied,
 		Counters:     s.counters(),
 	}
 }
 
-// control sends one request on a fresh connection to a control socket.
-func control(ctx context.Context, socket string, req controlRequest) (controlReply, error) {
+// controlError is an error a process answered, with its code.
+type controlError struct{ code, msg string }
+
+func (e *controlError) Error() string { return e.msg }
+
+// dialControl connects to a control socket; ctx bounds the whole
+// conversation on it (until stop is called).
+func dialControl(ctx context.Context, socket string) (cc *ctlConn, stop func() bool, err error) {
 	var d net.Dialer
 	conn, err := d.DialContext(ctx, "unix", socket)
 	if err != nil {
-		return controlReply{}, err
+		return nil, nil, err
 	}
-	defer conn.Close()
-	stop := context.AfterFunc(ctx, func() { conn.SetDeadline(time.Unix(1, 0)) })
+	cc = newCtlConn(conn.(*net.UnixConn))
+	stop = context.AfterFunc(ctx, func() { conn.SetDeadline(time.Unix(1, 0)) })
+	return cc, stop, nil
+}
+
+// control sends one request (with fds) on a fresh connection to a control
+// socket and returns the reply with the descriptors that came with it.
+func control(ctx context.Context, socket string, req controlRequest, fds ...int) (controlReply, []int, error) {
+	cc, stop, err := dialControl(ctx, socket)
+	if err != nil {
+		return controlReply{}, nil, err
+	}
+	defer cc.close()
 	defer stop()
-	if err := json.NewEncoder(conn).Encode(req); err != nil {
-		return controlReply{}, ctxErr(ctx, err)
+	if err := cc.write(req, fds...); err != nil {
+		return controlReply{}, nil, ctxErr(ctx, err)
 	}
 	var rep controlReply
-	if err := json.NewDecoder(conn).Decode(&rep); err != nil {
-		return controlReply{}, ctxErr(ctx, err)
+	if err := cc.read(&rep); err != nil {
+		return controlReply{}, nil, ctxErr(ctx, err)
 	}
+	got := cc.takeFDs()
 	if rep.Error != "" {
-		return rep, errors.New(rep.Error)
+		closeFDs(got)
+		return rep, nil, &controlError{code: rep.Code, msg: rep.Error}
 	}
-	return rep, nil
+	return rep, got, nil
 }
 
 func ctxErr(ctx context.Context, err error) error {
@@ -146,7 +327,7 @@ func ctxErr(ctx context.Context, err error) error {
 
 // AskHello asks the data-plane process of generation gen for its Hello.
 func AskHello(ctx context.Context, socketDir string, gen uint64) (Hello, error) {
-	rep, err := control(ctx, ControlSocket(socketDir, gen), controlRequest{Op: opHello})
+	rep, _, err := control(ctx, ControlSocket(socketDir, gen), controlRequest{Op: opHello})
 	if err != nil {
 		return Hello{}, fmt.Errorf("dataplane: ask generation %d for its hello: %w", gen, err)
 	}
@@ -159,8 +340,82 @@ func AskHello(ctx context.Context, socketDir string, gen uint64) (Hello, error) 
 // PushState delivers st to the data-plane process of generation gen and
 // waits until it was applied (or ctx ends).
 func PushState(ctx context.Context, socketDir string, gen uint64, st State) error {
-	if _, err := control(ctx, ControlSocket(socketDir, gen), controlRequest{Op: opState, State: &st}); err != nil {
+	if _, _, err := control(ctx, ControlSocket(socketDir, gen), controlRequest{Op: opState, State: &st}); err != nil {
 		return fmt.Errorf("dataplane: push state to generation %d: %w", gen, err)
 	}
 	return nil
+}
+
+// ExportState returns the state generation gen applied last; ok is false
+// when it has none yet.
+func ExportState(ctx context.Context, socketDir string, gen uint64) (st State, ok bool, err error) {
+	rep, _, err := control(ctx, ControlSocket(socketDir, gen), controlRequest{Op: opExportState})
+	if err != nil {
+		return State{}, false, fmt.Errorf("dataplane: export the state of generation %d: %w", gen, err)
+	}
+	if rep.State == nil {
+		return State{}, false, nil
+	}
+	return *rep.State, true, nil
+}
+
+// TakeListener gets a copy of generation gen's listening socket, for a
+// newer generation. The caller closes it. It must not call Fd on it: that
+// would make the socket blocking under both processes' accept loops (the
+// flag belongs to the socket, which the copy shares).
+func TakeListener(ctx context.Context, socketDir string, gen uint64) (*os.File, error) {
+	_, fds, err := control(ctx, ControlSocket(socketDir, gen), controlRequest{Op: opTakeListener})
+	if err == nil && len(fds) != 1 {
+		closeFDs(fds)
+		err = fmt.Errorf("the reply carried %d descriptors, want 1", len(fds))
+	}
+	if err != nil {
+		return nil, fmt.Errorf("dataplane: take the listening socket of generation %d: %w", gen, err)
+	}
+	return os.NewFile(uintptr(fds[0]), "dataplane-listener"), nil
+}
+
+// SendListener hands ln (TakeListener's) to generation gen, which was
+// started to wait for it, and returns once it accepts on it. The caller
+// closes its copy afterwards.
+func SendListener(ctx context.Context, socketDir string, gen uint64, ln *os.File) error {
+	fd, err := fileFD(ln)
+	if err == nil {
+		_, _, err = control(ctx, ControlSocket(socketDir, gen), controlRequest{Op: opListener}, fd)
+	}
+	if err != nil {
+		return fmt.Errorf("dataplane: hand the listening socket to generation %d: %w", gen, err)
+	}
+	return nil
+}
+
+// Drain makes generation gen stop accepting; it exits by itself once its
+// connections ended. It returns once the process no longer accepts.
+func Drain(ctx context.Context, socketDir string, gen uint64) error {
+	if _, _, err := control(ctx, ControlSocket(socketDir, gen), controlRequest{Op: opDrain}); err != nil {
+		return fmt.Errorf("dataplane: drain generation %d: %w", gen, err)
+	}
+	return nil
+}
+
+// End makes generation gen close every connection now and exit.
+func End(ctx context.Context, socketDir string, gen uint64) error {
+	if _, _, err := control(ctx, ControlSocket(socketDir, gen), controlRequest{Op: opEnd}); err != nil {
+		return fmt.Errorf("dataplane: end generation %d: %w", gen, err)
+	}
+	return nil
+}
+
+// fileFD is f's descriptor without (*os.File).Fd, which would switch the
+// socket to blocking mode. The caller keeps f alive while it uses it.
+func fileFD(f *os.File) (int, error) {
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return -1, err
+	}
+	fd := -1
+	if err := rc.Control(func(u uintptr) { fd = int(u) }); err != nil {
+		return -1, err
+	}
+	return fd, nil
 }

@@ -13,6 +13,13 @@
 // Everything the process needs (targets, verification key, TLS certificate)
 // is pushed by the node over a unix control socket; the process never reads
 // the node's state directory.
+//
+// Each start is a generation. A node of another build on the same release
+// line, or with other TLS settings, hands the listening socket of the
+// running generation to a new one (Ensure, handover.go) and the old one
+// drains: it accepts nothing more and exits once its connections ended,
+// lending its guest sessions to the new one meanwhile (lend.go). At most
+// two generations run. Across release lines the old one is ended first.
 package dataplane
 
 import (
@@ -46,19 +53,57 @@ type State struct {
 	KeyPEM    []byte            `json:"key_pem"`
 }
 
-// Hello is what a running data-plane process says about itself; the node
-// adopts a process whose Revision and Listen match its own.
+// Hello is what a running data-plane process says about itself. The node
+// decides from it what to do with the process (Ensure): adopt it, hand its
+// listening socket to a new generation, or end it.
 type Hello struct {
-	Revision   string `json:"revision"`
+	Revision string `json:"revision"`
+	// Release is the build's release (buildinfo.ReleaseName()). Processes
+	// of builds before generations could hand over do not send it: such a
+	// process counts as another release line, unless its Revision is the
+	// node's (then it is the same build, which cannot lack the field).
+	Release string `json:"release,omitempty"`
+	// Protocol is the control protocol the process speaks: ControlProtocol
+	// has the hand-over requests; 0 (not sent) has only hello and state.
+	Protocol   int    `json:"protocol,omitempty"`
 	Listen     string `json:"listen"`  // as given with --listen
 	Address    string `json:"address"` // bound address (differs when Listen has port 0)
 	Generation uint64 `json:"generation"`
 	PID        int    `json:"pid"`
+	// TLS are the settings it serves with; nil from an earlier build,
+	// which served DefaultTLS.
+	TLS *TLSSettings `json:"tls,omitempty"`
+	// Listening: it accepts connections. A generation started to take
+	// over a listening socket is not listening until the node handed it
+	// one; a draining one listens no more.
+	Listening bool `json:"listening,omitempty"`
+	// Draining: it stopped accepting and exits once its connections (and
+	// the guest sessions it lends to its successor) ended.
+	Draining bool `json:"draining,omitempty"`
+	// Connections is the number of open client connections.
+	Connections int `json:"connections"`
 	// StateApplied is false until the first State push was applied.
 	StateApplied bool `json:"state_applied"`
 	// Counters are this process's since it started.
 	Counters Counters `json:"counters"`
 }
+
+// ControlProtocol is the control protocol of this build: 1 added the
+// hand-over (export-state, take-listener, listener, drain, end, lend).
+const ControlProtocol = 1
+
+// tlsOf is the TLS settings a hello reports, DefaultTLS for a process
+// that does not say.
+func (h Hello) tlsOf() TLSSettings {
+	if h.TLS == nil {
+		return DefaultTLS()
+	}
+	return *h.TLS
+}
+
+// listening says whether the process accepts connections; a process of
+// protocol 0 always did once it answered.
+func (h Hello) listening() bool { return h.Listening || h.Protocol == 0 }
 
 // Counters are what a data-plane process carried. The node sums them over
 // generations (Supervisor.Totals), so they never go down for a scraper.

@@ -2,13 +2,47 @@ package dataplane
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"sync"
 	"time"
 
+	"github.com/kibotos/kibotos/internal/ctxsleep"
 	"github.com/kibotos/kibotos/vmm/guestproto"
 )
+
+// guestSession is what a client connection relays to: a session with the
+// guest agent of its Instance, either this process's own (direct) or one
+// the previous generation lends while its own connections still hold the
+// Instance's data channel (lentSession).
+type guestSession interface {
+	Info() guestproto.GuestInfo
+	// Done is closed when the session ended.
+	Done() <-chan struct{}
+	// open opens a stream for req; release is called when the relay on
+	// it ended.
+	open(ctx context.Context, req guestproto.Request) (st net.Conn, release func(), err error)
+	// retired: the session ended because the link moves on to a direct
+	// one, not because the guest or the lender went away.
+	retired() bool
+	close()
+}
+
+// directSession is this process's own session with a guest agent.
+type directSession struct{ *guestproto.Client }
+
+func (d directSession) open(ctx context.Context, req guestproto.Request) (net.Conn, func(), error) {
+	st, err := d.OpenRaw(ctx, req)
+	return st, func() {}, err
+}
+
+func (directSession) retired() bool { return false }
+func (d directSession) close()      { d.Close() }
+
+// errRetired: a lent session moved on; the link has (or dials) the
+// direct one.
+var errRetired = errors.New("the lent guest session was retired")
 
 // guestLink is the one guest agent session of an Instance's data socket.
 // The VMM serves that socket to one client at a time, so every client
@@ -17,16 +51,22 @@ import (
 type guestLink struct {
 	instanceID string
 	socket     string
+	// lender is the draining generation to borrow the session from while
+	// it holds the data socket; nil when there is none (any more).
+	lender *lender
 	// gone ends dials in progress when the target goes away.
 	gone     context.Context
 	markGone context.CancelFunc
 
 	mu      sync.Mutex // held while dialling: one dial at a time
-	client  *guestproto.Client
+	client  guestSession
 	closed  bool
 	backoff time.Duration
 	lastErr error
 	lastTry time.Time
+
+	curMu sync.Mutex
+	cur   *guestproto.Client // the live direct session, for lending
 }
 
 // Backoff of redials after a failed dial.
@@ -35,13 +75,17 @@ const (
 	maxRedial = 2 * time.Second
 )
 
-func newGuestLink(instanceID, socket string) *guestLink {
+func (s *Server) newLink(instanceID, socket string) *guestLink {
 	gone, markGone := context.WithCancel(context.Background())
-	return &guestLink{instanceID: instanceID, socket: socket, gone: gone, markGone: markGone}
+	l := &guestLink{instanceID: instanceID, socket: socket, gone: gone, markGone: markGone}
+	if s.cfg.Predecessor != 0 {
+		l.lender = &lender{socketDir: s.cfg.SocketDir, gen: s.cfg.Predecessor, log: s.log}
+	}
+	return l
 }
 
 // get returns a live session, dialling until ctx ends if there is none.
-func (l *guestLink) get(ctx context.Context) (*guestproto.Client, error) {
+func (l *guestLink) get(ctx context.Context) (guestSession, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	defer context.AfterFunc(l.gone, cancel)()
@@ -54,7 +98,7 @@ func (l *guestLink) get(ctx context.Context) (*guestproto.Client, error) {
 		if l.client != nil {
 			select {
 			case <-l.client.Done():
-				l.client = nil
+				l.setClient(nil)
 			default:
 				return l.client, nil
 			}
@@ -72,7 +116,8 @@ func (l *guestLink) get(ctx context.Context) (*guestproto.Client, error) {
 		l.lastTry = time.Now()
 		c, err := l.dial(ctx)
 		if err == nil {
-			l.client, l.backoff, l.lastErr = c, 0, nil
+			l.setClient(c)
+			l.backoff, l.lastErr = 0, nil
 			return c, nil
 		}
 		l.lastErr = err
@@ -83,6 +128,31 @@ func (l *guestLink) get(ctx context.Context) (*guestproto.Client, error) {
 	}
 }
 
+// setClient replaces the session (l.mu held).
+func (l *guestLink) setClient(c guestSession) {
+	l.client = c
+	d, _ := c.(directSession)
+	l.curMu.Lock()
+	l.cur = d.Client
+	l.curMu.Unlock()
+}
+
+// current is the live direct session, or nil; it does not wait for a
+// dial in progress.
+func (l *guestLink) current() *guestproto.Client {
+	l.curMu.Lock()
+	defer l.curMu.Unlock()
+	if l.cur == nil {
+		return nil
+	}
+	select {
+	case <-l.cur.Done():
+		return nil
+	default:
+		return l.cur
+	}
+}
+
 func (l *guestLink) unreachable(ctx context.Context) error {
 	if l.lastErr != nil {
 		return fmt.Errorf("guest agent of instance %s does not answer on %s: %v", l.instanceID, l.socket, l.lastErr)
@@ -90,11 +160,31 @@ func (l *guestLink) unreachable(ctx context.Context) error {
 	return fmt.Errorf("guest agent of instance %s: %w", l.instanceID, context.Cause(ctx))
 }
 
-func (l *guestLink) dial(ctx context.Context) (*guestproto.Client, error) {
+// dial borrows the previous generation's session while that one needs the
+// data socket, and otherwise connects to the socket. A lender that is gone
+// (it drained and exited), or that lets go of the socket, is not asked
+// again: a draining lender never takes the socket back. A lender that is
+// busy (it may need the socket but has no session this moment) is asked
+// again, and the socket left to it.
+func (l *guestLink) dial(ctx context.Context) (guestSession, error) {
 	// One attempt never takes all of ctx: a socket whose other client has
 	// not let go yet is retried.
 	actx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
+	for l.lender != nil {
+		ls, err := l.lender.borrow(actx, l.instanceID)
+		if err == nil {
+			return ls, nil
+		}
+		var ce *controlError
+		if !errors.As(err, &ce) || ce.code != codeBusy {
+			l.lender = nil
+			break
+		}
+		if err := ctxsleep.Sleep(actx, lenderRetry); err != nil {
+			return nil, ce
+		}
+	}
 	var d net.Dialer
 	conn, err := d.DialContext(actx, "unix", l.socket)
 	if err != nil {
@@ -104,8 +194,11 @@ func (l *guestLink) dial(ctx context.Context) (*guestproto.Client, error) {
 	if err != nil {
 		return nil, err
 	}
-	return c, nil
+	return directSession{c}, nil
 }
+
+// lenderRetry is how often a busy lender is asked again.
+const lenderRetry = 20 * time.Millisecond
 
 // close ends the session for good (the target went away).
 func (l *guestLink) close() {
@@ -114,7 +207,7 @@ func (l *guestLink) close() {
 	defer l.mu.Unlock()
 	l.closed = true
 	if l.client != nil {
-		l.client.Close()
-		l.client = nil
+		l.client.close()
+		l.setClient(nil)
 	}
 }

@@ -143,14 +143,14 @@ type dpServer struct {
 	cancel context.CancelFunc
 	done   chan error
 	dir    string
+	gen    uint64
 	logs   *lockedBuffer
 }
 
 func startServer(t testing.TB, grace time.Duration, opts ...func(*Config)) *dpServer {
 	t.Helper()
 	logs := &lockedBuffer{}
-	dir := filepath.Join(t.TempDir(), "dp")
-	cfg := Config{Listen: "127.0.0.1:0", SocketDir: dir, Generation: 1, Grace: grace,
+	cfg := Config{Listen: "127.0.0.1:0", SocketDir: filepath.Join(t.TempDir(), "dp"), Generation: 1, Grace: grace,
 		Logger: slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))}
 	for _, o := range opts {
 		o(&cfg)
@@ -160,7 +160,7 @@ func startServer(t testing.TB, grace time.Duration, opts ...func(*Config)) *dpSe
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	s := &dpServer{Server: srv, cancel: cancel, done: make(chan error, 1), dir: dir, logs: logs}
+	s := &dpServer{Server: srv, cancel: cancel, done: make(chan error, 1), dir: cfg.SocketDir, gen: cfg.Generation, logs: logs}
 	go func() { s.done <- srv.Run(ctx) }()
 	select {
 	case <-srv.Ready():
@@ -170,20 +170,46 @@ func startServer(t testing.TB, grace time.Duration, opts ...func(*Config)) *dpSe
 	t.Cleanup(func() {
 		cancel()
 		select {
-		case <-s.done:
+		case err := <-s.done:
+			s.done <- err
 		case <-time.After(grace + 15*time.Second):
 			t.Error("server did not stop")
 		}
 		if t.Failed() {
-			t.Logf("data-plane log:\n%s", logs.String())
+			t.Logf("data-plane log (generation %d):\n%s", s.gen, logs.String())
 		}
 	})
 	return s
 }
 
+// returned waits up to within for Run to return by itself.
+func (s *dpServer) returned(t testing.TB, within time.Duration, what string) {
+	t.Helper()
+	select {
+	case err := <-s.done:
+		s.done <- err
+		if err != nil {
+			t.Fatalf("%s: Run: %v", what, err)
+		}
+	case <-time.After(within):
+		t.Fatalf("timed out after %v waiting for %s", within, what)
+	}
+}
+
+// running reports whether Run has not returned.
+func (s *dpServer) running() bool {
+	select {
+	case err := <-s.done:
+		s.done <- err
+		return false
+	default:
+		return true
+	}
+}
+
 func (s *dpServer) push(t testing.TB, st State) {
 	t.Helper()
-	if err := PushState(ctxT(t), s.dir, 1, st); err != nil {
+	if err := PushState(ctxT(t), s.dir, s.gen, st); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -375,15 +375,7 @@ func TestGracefulStop(t *testing.T) {
 	if el := time.Since(t0); el < grace {
 		t.Fatalf("the remaining connection was closed after %v, before the grace of %v", el, grace)
 	}
-	select {
-	case err := <-s.done:
-		if err != nil {
-			t.Fatal(err)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("Run did not return after the grace")
-	}
-	s.done <- nil // for the cleanup
+	s.returned(t, 10*time.Second, "Run to return after the grace")
 	logs := s.logs.String()
 	if !strings.Contains(logs, `msg="data-plane connections closed"`) || !strings.Contains(logs, "closed=1 ") {
 		t.Fatalf("log does not report one closed connection:\n%s", logs)

@@ -45,6 +45,7 @@ func (s *Server) apply(st State) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.applied, s.nodeID, s.pub, s.cert, s.targets = true, nodeID, st.PublicKey, &cert, targets
+	s.certPEM, s.keyPEM = st.CertPEM, st.KeyPEM
 	sockets := map[string]string{} // instance → data socket
 	for _, t := range targets {
 		sockets[t.InstanceID] = t.DataSocket
@@ -57,10 +58,11 @@ func (s *Server) apply(st State) error {
 	}
 	// Dial new targets now, not at their first connection: the node pushes
 	// a target right before it tells ctrl the Workspace is AVAILABLE, so
-	// the first exec finds the guest session ready.
+	// the first exec finds the guest session ready. A draining process
+	// dials nothing: the guest's one data channel is its successor's.
 	for id, sock := range sockets {
-		if s.links[id] == nil {
-			l := newGuestLink(id, sock)
+		if s.links[id] == nil && !s.draining {
+			l := s.newLink(id, sock)
 			s.links[id] = l
 			go func() {
 				ctx, cancel := context.WithTimeout(context.Background(), s.cfg.GuestTimeout)
@@ -79,6 +81,7 @@ func (s *Server) apply(st State) error {
 			closed++
 		}
 	}
+	s.settleLocked()
 	s.log.Info("data-plane state applied", "node", nodeID, "targets", len(targets), "connections_closed", closed)
 	return nil
 }
@@ -98,7 +101,7 @@ func refuse(code, format string, args ...any) *refusal {
 func (s *Server) authorize(c *clientConn, token string) (*guestLink, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.stopping {
+	if s.stopping || s.ended {
 		return nil, refuse(CodeStopping, "this data-plane process is stopping: retry, the node starts a new one")
 	}
 	if !s.applied {
@@ -125,9 +128,10 @@ func (s *Server) authorize(c *clientConn, token string) (*guestLink, error) {
 	}
 	l := s.links[t.InstanceID]
 	if l == nil {
-		l = newGuestLink(t.InstanceID, t.DataSocket)
+		l = s.newLink(t.InstanceID, t.DataSocket)
 		s.links[t.InstanceID] = l
 	}
 	c.workspaceID, c.instanceID, c.link = claims.WorkspaceID, claims.InstanceID, l
+	s.settleLocked() // one connection fewer that might need any Instance
 	return l, nil
 }

@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -23,16 +24,55 @@ import (
 // process, so the node side and the unit are "the same build".
 const testRevision = "dataplane-supervisor-test"
 
-func buildKibotos(t *testing.T, dir string) string {
+// builds caches kibotos binaries by release and revision for the package's
+// tests (TestMain removes them): linking one takes seconds.
+var builds struct {
+	sync.Mutex
+	dir  string
+	bins map[string]string
+}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if builds.dir != "" {
+		os.RemoveAll(builds.dir)
+	}
+	os.Exit(code)
+}
+
+// buildKibotos builds this tree as the build of testRevision.
+func buildKibotos(t *testing.T, _ string) string { return buildRelease(t, "", testRevision) }
+
+// buildRelease builds this tree stamped with release (empty: unreleased)
+// and revision, as scripts/build.sh stamps a release.
+func buildRelease(t *testing.T, release, revision string) string {
 	t.Helper()
-	out := filepath.Join(dir, "kibotos")
-	cmd := exec.Command("go", "build", "-trimpath", "-buildvcs=false",
-		"-ldflags", "-X github.com/kibotos/kibotos/buildinfo.Revision="+testRevision,
-		"-o", out, "github.com/kibotos/kibotos")
+	builds.Lock()
+	defer builds.Unlock()
+	key := release + "@" + revision
+	if bin, ok := builds.bins[key]; ok {
+		return bin
+	}
+	if builds.dir == "" {
+		dir, err := os.MkdirTemp("", "kibotos-dataplane-test-")
+		if err != nil {
+			t.Fatal(err)
+		}
+		builds.dir, builds.bins = dir, map[string]string{}
+	}
+	out := filepath.Join(builds.dir, fmt.Sprintf("kibotos-%d", len(builds.bins)))
+	ldflags := "-X github.com/kibotos/kibotos/buildinfo.Revision=" + revision
+	if release != "" {
+		ldflags += " -X github.com/kibotos/kibotos/buildinfo.Release=" + release
+	}
+	cmd := exec.Command("go", "build", "-trimpath", "-buildvcs=false", "-ldflags", ldflags, "-o", out, "github.com/kibotos/kibotos")
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if b, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("go build kibotos: %v\n%s", err, b)
+		t.Fatalf("go build kibotos %s: %v\n%s", key, err, b)
 	}
+	// The private systemd's units run it; the temporary directory's
+	// parents must let root reach it, which they do.
+	builds.bins[key] = out
 	return out
 }
 
@@ -155,7 +195,8 @@ func TestSupervisorAdoptsAndStops(t *testing.T) {
 		t.Fatalf("push to a missing generation: %v; log:\n%s", err, logs.String())
 	}
 
-	// Another build: generation 2 is stopped, generation 3 started.
+	// Another build, unreleased (on no release line): generation 2 is
+	// ended, generation 3 started.
 	setRevision(t, "another-build")
 	h3, err := Ensure(ctx, cfg)
 	if err != nil {
