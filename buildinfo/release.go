@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"regexp"
 	"strconv"
+	"strings"
 )
 
 // Releases are semantic versions, MAJOR.MINOR.PATCH with an optional
@@ -64,4 +65,48 @@ func SameLine(a, b string) bool {
 		return false
 	}
 	return va.Line() != "" && va.Line() == vb.Line()
+}
+
+// Compare orders releases: -1 when v is older than w, 0 when equal, 1
+// when newer. A pre-release comes before its final release, alpha before
+// beta, then by number.
+func (v Version) Compare(w Version) int {
+	for _, d := range [][2]int{{v.Major, w.Major}, {v.Minor, w.Minor}, {v.Patch, w.Patch}} {
+		if d[0] != d[1] {
+			return cmpInt(d[0], d[1])
+		}
+	}
+	switch {
+	case v.Pre == w.Pre:
+		return 0
+	case v.Pre == "":
+		return 1
+	case w.Pre == "":
+		return -1
+	}
+	vk, vn := splitPre(v.Pre)
+	wk, wn := splitPre(w.Pre)
+	if vk != wk {
+		if vk < wk { // "alpha" < "beta"
+			return -1
+		}
+		return 1
+	}
+	return cmpInt(vn, wn)
+}
+
+func splitPre(p string) (string, int) {
+	kind, num, _ := strings.Cut(p, ".")
+	n, _ := strconv.Atoi(num)
+	return kind, n
+}
+
+func cmpInt(a, b int) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
 }

@@ -31,3 +31,16 @@ func TestReleaseLines(t *testing.T) {
 		t.Errorf("ParseRelease: %+v %v", v, err)
 	}
 }
+
+func TestReleaseCompare(t *testing.T) {
+	order := []string{"0.1.0", "0.2.0-alpha.1", "0.2.0-alpha.2", "0.2.0-beta.1", "0.2.0", "0.2.1", "0.10.0", "1.0.0"}
+	for i := range order {
+		for j := range order {
+			a, _ := ParseRelease(order[i])
+			b, _ := ParseRelease(order[j])
+			if got, want := a.Compare(b), cmpInt(i, j); got != want {
+				t.Errorf("%s vs %s: %d, want %d", order[i], order[j], got, want)
+			}
+		}
+	}
+}

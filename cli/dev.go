@@ -19,6 +19,7 @@ import (
 	"github.com/kibotos/kibotos/agent/dataplane"
 	"github.com/kibotos/kibotos/agent/runtime"
 	"github.com/kibotos/kibotos/api"
+	"github.com/kibotos/kibotos/buildinfo"
 	"github.com/kibotos/kibotos/cluster"
 	"github.com/kibotos/kibotos/datadir"
 	"github.com/kibotos/kibotos/netpol"
@@ -130,6 +131,9 @@ func (c *DevUpCmd) Run(g *Globals) error {
 	id, err := d.LoadIdentity()
 	if err != nil {
 		return err
+	}
+	if err := d.CheckRelease(buildinfo.Release); err != nil {
+		return err // before the Platform is built for it
 	}
 	runsVMs := privsd.Available() == nil || hostHasSystemd()
 	if runsVMs && !c.NoBuild {

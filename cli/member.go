@@ -345,11 +345,18 @@ func runMember(g *Globals, o memberOptions) error {
 	if err := serviceCgroupCheck(); err != nil {
 		return err
 	}
+	// Nor may an older release run on what a newer one wrote.
+	if err := o.dir.CheckRelease(buildinfo.Release); err != nil {
+		return err
+	}
 	srv, err := cluster.Open(ctx, cluster.Config{DataDir: o.dir, Bind: o.bind, Timings: o.timings, Logger: log})
 	if err != nil {
 		return err
 	}
 	defer srv.Shutdown()
+	if err := o.dir.RecordRelease(buildinfo.Release); err != nil {
+		return fmt.Errorf("data directory %s: record the release: %w", o.dir, err)
+	}
 	if o.onReady != nil {
 		o.onReady(srv)
 	}

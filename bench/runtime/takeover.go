@@ -79,6 +79,8 @@ func runNode() int {
 	rt, err := runtime.Open(ctx, runtime.Config{
 		StorageRoot: os.Getenv(envRoot), NodeID: "bench", Units: m, Accel: qemu.AccelAuto,
 		Logger: slog.New(slog.NewJSONHandler(os.Stderr, nil)),
+		// The VMs run on the Platform the bench built: the node's own.
+		OwnInstallation: filepath.Base(os.Getenv(envPlatform)),
 	})
 	if err != nil {
 		return fail(err)
