@@ -224,8 +224,8 @@ func switchEgressBuild(ctx context.Context, sup *egress.Supervisor, log *slog.Lo
 		return
 	}
 	serving := gens[len(gens)-1]
-	if serving.Draining || serving.Revision == buildinfo.SourceRevision() {
-		return
+	if serving.Draining || (serving.Revision == buildinfo.SourceRevision() && serving.Release == buildinfo.ReleaseName()) {
+		return // the node's own build (two releases stamped on one revision are two)
 	}
 	sameLine := buildinfo.SameLine(serving.Release, buildinfo.ReleaseName())
 	log.Info("egress process of another build: switching to a new generation", "generation", serving.Number, "its_revision", serving.Revision,

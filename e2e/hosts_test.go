@@ -137,15 +137,23 @@ func newLab(t *testing.T, n int) *lab {
 }
 
 // buildBinary builds kibotos into dir and adds the kibo symlink.
-func buildBinary(t *testing.T, dir string) string {
+func buildBinary(t *testing.T, dir string) string { return buildRelease(t, dir, "") }
+
+// buildRelease is buildBinary with a release stamped ("": unreleased), as
+// scripts/build.sh does with KIBOTOS_RELEASE.
+func buildRelease(t *testing.T, dir, release string) string {
 	t.Helper()
 	// Static, as scripts/build.sh builds it: kibotos dev ships this
 	// executable as the guest agent of its Platform.
-	cmd := exec.Command("go", "build", "-o", filepath.Join(dir, "kibotos"), "github.com/kibotos/kibotos")
+	args := []string{"build", "-o", filepath.Join(dir, "kibotos")}
+	if release != "" {
+		args = append(args, "-ldflags", "-X github.com/kibotos/kibotos/buildinfo.Release="+release)
+	}
+	cmd := exec.Command("go", append(args, "github.com/kibotos/kibotos")...)
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	out, err := cmd.CombinedOutput()
 	if err != nil {
-		t.Fatalf("build kibotos: %v\n%s", err, out)
+		t.Fatalf("build kibotos %s: %v\n%s", release, err, out)
 	}
 	if err := os.Symlink("kibotos", filepath.Join(dir, "kibo")); err != nil {
 		t.Fatal(err)

@@ -96,6 +96,7 @@ func TestWorkspace(t *testing.T) {
 		{"PauseResume", d.testPauseResume},
 		{"NodeKill", d.testNodeKill},
 		{"DataPlaneKill", d.testDataPlaneKill},
+		{"Upgrade", d.testUpgrade},
 		{"ForceStopDelete", d.testForceStopDelete},
 	}
 	for _, s := range steps {

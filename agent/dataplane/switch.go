@@ -61,12 +61,13 @@ const (
 // decide reads the startup table for a serving process that said h. The
 // reason says why it is not adopted.
 //
-// A process of the node's revision is the node's build whatever its
-// release says (an unreleased build is on no release line, but it can hand
-// over to itself). A process without a release (a build before hand-overs)
-// of another revision counts as another line.
+// A process of the node's revision and release is the node's build (an
+// unreleased build is on no release line, but it can hand over to
+// itself); two releases stamped on one revision are two builds. A process
+// without a release (a build before hand-overs) of another revision
+// counts as another line.
 func decide(h Hello, cfg SupervisorConfig) (plan, string) {
-	sameBuild := h.Revision == cfg.Revision
+	sameBuild := h.Revision == cfg.Revision && (h.Release == "" || h.Release == cfg.Release)
 	sameTLS := h.tlsOf().Equal(cfg.TLS)
 	if sameBuild && h.Listen == cfg.Listen && sameTLS {
 		return planAdopt, ""

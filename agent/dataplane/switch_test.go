@@ -357,6 +357,8 @@ func TestDecide(t *testing.T) {
 		{"same build, address and TLS", same, planAdopt, ""},
 		{"an earlier build of this revision says no TLS settings: the default", with(func(h *Hello) { h.TLS = nil }), planAdopt, ""},
 		{"another build of the line", with(func(h *Hello) { h.Release, h.Revision = "0.2.0", "rev-a" }), planHandOver, "another build on the release line"},
+		{"another release stamped on the same revision", with(func(h *Hello) { h.Release = "0.2.0" }), planHandOver, "another build on the release line: it runs 0.2.0 (revision rev-b)"},
+		{"across MINOR on the same revision", with(func(h *Hello) { h.Release = "0.3.0" }), planReplace, "another release line: it runs 0.3.0 (revision rev-b)"},
 		{"new TLS settings", with(func(h *Hello) { h.TLS = &TLSSettings{MinVersion: "1.2"} }), planHandOver, "TLS settings changed from min 1.2 to min 1.3"},
 		{"another build and new TLS settings", with(func(h *Hello) { h.Revision, h.TLS = "rev-a", &TLSSettings{MinVersion: "1.2"} }), planHandOver, "release line: it runs 0.2.1 (revision rev-a), this node 0.2.1 (revision rev-b); the TLS settings changed"},
 		{"new address", with(func(h *Hello) { h.Listen = "10.0.0.1:7003" }), planMove, "listen address changed from 10.0.0.1:7003 to 10.0.0.1:7002"},
@@ -365,13 +367,18 @@ func TestDecide(t *testing.T) {
 		{"a pre-release", with(func(h *Hello) { h.Release, h.Revision = "0.2.2-beta.1", "rev-d" }), planReplace, "another release line"},
 		{"unreleased builds", with(func(h *Hello) { h.Release, h.Revision = "unreleased", "rev-e" }), planReplace, "another release line"},
 		{"an earlier build without a release", with(func(h *Hello) { h.Release, h.Revision, h.Protocol = "", "rev-f", 0 }), planReplace, "it runs a build without a release"},
-		{"this revision unreleased, new address: it hands over to itself", with(func(h *Hello) { h.Release, h.Listen = "unreleased", "10.0.0.1:7003" }), planMove, "listen address changed"},
 		{"this revision without the hand-over protocol", with(func(h *Hello) { h.Release, h.Protocol, h.Listen = "", 0, "10.0.0.1:7003" }), planReplace, "cannot hand over its listening socket (control protocol 0)"},
 	} {
 		got, why := decide(c.h, node)
 		if got != c.want || !strings.Contains(why, c.says) {
 			t.Errorf("%s: plan %d (%q), want %d saying %q", c.name, got, why, c.want, c.says)
 		}
+	}
+	// An unreleased build hands over to itself, here for a new address.
+	unreleased := node
+	unreleased.Release = "unreleased"
+	if got, why := decide(with(func(h *Hello) { h.Release, h.Listen = "unreleased", "10.0.0.1:7003" }), unreleased); got != planMove || !strings.Contains(why, "listen address changed") {
+		t.Errorf("this revision unreleased, new address: plan %d (%q), want %d", got, why, planMove)
 	}
 }
 

@@ -9,7 +9,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"sync"
 	"time"
 
 	kbuildinfo "github.com/kibotos/kibotos/buildinfo"
@@ -26,24 +25,8 @@ import (
 // its agent's release is one the node drives: its own, an earlier release
 // of its release line, or any release of the previous MINOR.
 
-var self struct {
-	once sync.Once
-	sha  string
-	err  error
-}
-
 // SelfSHA256 is the digest of the running executable, computed once.
-func SelfSHA256() (string, error) {
-	self.once.Do(func() {
-		exe, err := os.Executable()
-		if err != nil {
-			self.err = fmt.Errorf("find own executable: %w", err)
-			return
-		}
-		self.sha, self.err = fileSHA256(exe)
-	})
-	return self.sha, self.err
-}
+func SelfSHA256() (string, error) { return kbuildinfo.ExecutableSHA256() }
 
 // agentRelease is the kibotos release of the agent binary: ours when we
 // ship ourselves, else what the binary says of itself; "" when it does
