@@ -18,8 +18,32 @@ type rounds struct {
 	base api.Report
 }
 
-func newRounds(h *harness) *rounds {
+// newRounds makes a harness with node-a as the only node.
+func newRounds(t *testing.T) *rounds {
+	h := newHarness(t)
+	oneNode(h)
 	return &rounds{h: h, base: api.Report{Capacity: api.Resources{CPU: 4000, MemoryBytes: 8 * gib}, Pools: defaultPoolAvailable, Templates: testTemplates}}
+}
+
+// running starts a Workspace and reports its Instance in a round.
+func (r *rounds) running(cmd string) api.Workspace {
+	r.h.t.Helper()
+	w := r.h.running(cmd, smallWS)
+	r.round([]string{w.InstanceID})
+	return w
+}
+
+// stoppedRecords stops n Workspaces and returns their records and ids.
+func stoppedRecords(h *harness, n int) ([]api.EndedInstance, []string) {
+	h.t.Helper()
+	var ended []api.EndedInstance
+	var ids []string
+	for i := range n {
+		w := h.stopped(fmt.Sprintf("c%d", i), smallWS)
+		id := LatestInstanceID(&w)
+		ended, ids = append(ended, endedRec(id)), append(ids, id)
+	}
+	return ended, ids
 }
 
 // report applies a report of node-a holding running (RUNNING); round
@@ -59,12 +83,10 @@ func (h *harness) owned(instance string) bool {
 // and its Workspace has no command in progress; the entry that lets the
 // node delete it is the one that stored the conclusion.
 func TestEndedRoundConcludesBeforeForget(t *testing.T) {
-	h := newHarness(t)
-	oneNode(h)
-	r := newRounds(h)
-	w := h.running("c1", smallWS)
+	r := newRounds(t)
+	h := r.h
+	w := r.running("c1")
 	first := w.InstanceID
-	r.round([]string{first})
 
 	// The stop is not answered yet: the record waits.
 	h.ok(OpWorkspaceStop, WorkspaceArgs{WorkspaceID: w.WorkspaceID})
@@ -112,9 +134,8 @@ func TestEndedRoundConcludesBeforeForget(t *testing.T) {
 // A record whose Instance has no Allocation stays on the node: it is
 // named unrecognized, never forgotten, and changes nothing.
 func TestEndedRoundKeepsOwnerless(t *testing.T) {
-	h := newHarness(t)
-	oneNode(h)
-	r := newRounds(h)
+	r := newRounds(t)
+	h := r.h
 	w := h.stopped("c1", smallWS)
 	for range 2 {
 		res := r.round(nil, endedRec("inst-not-ours"))
@@ -130,16 +151,8 @@ func TestEndedRoundKeepsOwnerless(t *testing.T) {
 // A round looks at 100 records at most; the rest wait for the next one,
 // and a list cut short is not taken as complete.
 func TestEndedRoundCap(t *testing.T) {
-	h := newHarness(t)
-	oneNode(h)
-	r := newRounds(h)
-	var ended []api.EndedInstance
-	var ids []string
-	for i := range EndedRoundMax + 1 {
-		w := h.stopped(fmt.Sprintf("c%d", i), smallWS)
-		id := LatestInstanceID(&w)
-		ended, ids = append(ended, endedRec(id)), append(ids, id)
-	}
+	r := newRounds(t)
+	ended, ids := stoppedRecords(r.h, EndedRoundMax+1)
 	res := r.round(nil, ended...)
 	if !slices.Equal(res.Forget, ids[:EndedRoundMax]) {
 		t.Fatalf("forget %d records, want the first %d", len(res.Forget), EndedRoundMax)
@@ -153,9 +166,8 @@ func TestEndedRoundCap(t *testing.T) {
 // Rounds of a node are a minute apart by entry time: a report marked as
 // a round sooner (a leader whose clock is behind) concludes nothing.
 func TestEndedRoundOncePerMinute(t *testing.T) {
-	h := newHarness(t)
-	oneNode(h)
-	r := newRounds(h)
+	r := newRounds(t)
+	h := r.h
 	r.round(nil)
 	last := h.now
 	w := h.stopped("c1", smallWS)
@@ -175,12 +187,10 @@ func TestEndedRoundOncePerMinute(t *testing.T) {
 // record, the conclusion is stored as unknown. An incomplete list, or an
 // Instance still current, proves nothing.
 func TestEndedRoundDeletedRecordUnknown(t *testing.T) {
-	h := newHarness(t)
-	oneNode(h)
-	r := newRounds(h)
-	w := h.running("c1", smallWS)
+	r := newRounds(t)
+	h := r.h
+	w := r.running("c1")
 	id := w.InstanceID
-	r.round([]string{id})
 	if res := r.round(nil); h.ws(w.WorkspaceID).Cleanup != nil || len(res.Forget) != 0 {
 		t.Fatalf("a running Instance missing from the list was concluded: %+v", h.ws(w.WorkspaceID).Cleanup)
 	}
@@ -214,13 +224,7 @@ func TestEndedRoundDeletedRecordUnknown(t *testing.T) {
 func TestEndedRecordsOldEntries(t *testing.T) {
 	h := newHarness(t)
 	oneNode(h)
-	var ended []api.EndedInstance
-	var ids []string
-	for i := range EndedRoundMax + 1 {
-		w := h.stopped(fmt.Sprintf("c%d", i), smallWS)
-		id := LatestInstanceID(&w)
-		ended, ids = append(ended, endedRec(id)), append(ids, id)
-	}
+	ended, ids := stoppedRecords(h, EndedRoundMax+1)
 	ended = append(ended, endedRec("inst-not-ours"))
 	ids = append(ids, "inst-not-ours")
 	old := api.Report{Capacity: api.Resources{CPU: 4000, MemoryBytes: 8 * gib}, Pools: defaultPoolAvailable, Templates: testTemplates, Ended: ended}
