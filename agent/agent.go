@@ -133,6 +133,8 @@ type Agent struct {
 	volumes *volumeLog
 	// watched is what the report watcher last saw of each pool.
 	watched map[string]*watchedPool
+	// ended: what ctrl is told of the ended-Instance records.
+	ended endedRecords
 }
 
 // New starts a new incarnation of the node.
@@ -444,8 +446,9 @@ func (a *Agent) session(ctx context.Context, addr string) (redirect string, err 
 		case api.MsgPing:
 			err = send(api.SessionMsg{Type: api.MsgPong, T1: m.T1, T2: recv, T3: a.now()})
 		case api.MsgSync:
-			rep := a.report()
-			err = send(api.SessionMsg{Type: api.MsgReport, Report: &rep, HostUsage: a.hostUsage(), KernelSync: kernelSync(), T1: m.T1, T2: recv, T3: a.now()})
+			err = a.sendReport(send, func(r *api.SessionMsg) {
+				r.KernelSync, r.T1, r.T2, r.T3 = kernelSync(), m.T1, recv, a.now()
+			})
 		case api.MsgOvercommit:
 			if m.Overcommit != nil {
 				a.mu.Lock()
@@ -461,6 +464,7 @@ func (a *Agent) session(ctx context.Context, addr string) (redirect string, err 
 					a.log.Warn("ended-instance records not deleted", "err", err)
 				}
 			}
+			a.keepUnrecognized(m.Unrecognized)
 		case api.MsgNodeState:
 			if m.Draining != nil {
 				a.mu.Lock()
@@ -500,10 +504,9 @@ func (a *Agent) refusal(m api.SessionMsg) error {
 	}
 }
 
-// report is the node's full report: capacity, what its Instances hold
-// (CPU, memory, retained layers, Volumes), pools.
-func (a *Agent) report() api.Report { return a.buildReport(true) }
-
+// buildReport is the node's report: capacity, what its Instances hold
+// (CPU, memory, retained layers, Volumes), pools; a full one (withEnded,
+// sent by sendReport only) also the ended-Instance records.
 func (a *Agent) buildReport(withEnded bool) api.Report {
 	r := api.Report{
 		Capacity:    a.cfg.Capacity,
@@ -523,15 +526,9 @@ func (a *Agent) buildReport(withEnded bool) api.Report {
 		// Full reports only: the watcher's look every second needs none.
 		r.Resume = a.resumeInfo()
 	}
-	if rt := a.cfg.Runtime; rt != nil && withEnded {
+	if withEnded {
 		// ctrl stores the cleanup conclusion of each, then has it deleted.
-		ended, err := rt.Ended(100)
-		if err != nil {
-			a.log.Warn("ended-instance records not all readable", "err", err)
-		}
-		for _, e := range ended {
-			r.Ended = append(r.Ended, api.EndedInstance{InstanceID: e.InstanceID, EndedAt: e.EndedAt, How: e.How})
-		}
+		r.Ended, r.EndedComplete = a.endedReport()
 	}
 	if rt := a.cfg.Runtime; rt != nil {
 		for _, st := range rt.List() {
@@ -607,8 +604,7 @@ func (a *Agent) PushReport() bool {
 	if send == nil {
 		return false
 	}
-	rep := a.report()
-	return send(api.SessionMsg{Type: api.MsgReport, Report: &rep, HostUsage: a.hostUsage()}) == nil
+	return a.sendReport(send, nil) == nil
 }
 
 // hostUsage is the latest sample, nil before the first.

@@ -167,6 +167,10 @@ func (a *Agent) sendResult(r taskResult) {
 		send(api.SessionMsg{Type: api.MsgVolumeResult, VolumeResult: r.vol})
 		return
 	}
+	// After a report that listed the records, or before one that lists
+	// this command's (see endedRecords.order).
+	a.ended.order.Lock()
+	defer a.ended.order.Unlock()
 	send(api.SessionMsg{Type: api.MsgTaskResult, TaskResult: r.ws})
 }
 

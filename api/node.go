@@ -129,6 +129,11 @@ type Report struct {
 	// Ended lists Instances that ended on the node and whose records it
 	// keeps until ctrl stored the cleanup conclusion (at most 100).
 	Ended []EndedInstance `json:"ended,omitempty"`
+	// EndedComplete: Ended is every record the node keeps, but those ctrl
+	// said it does not recognize, and the list was taken after every
+	// answer the node sent before this report; ctrl then takes the record
+	// of a released Instance missing from it as deleted.
+	EndedComplete bool `json:"ended_complete,omitempty"`
 	// Templates are the names of the templates built on the node; ctrl
 	// places a Workspace only where its template is.
 	Templates []string `json:"templates,omitempty"`

@@ -25,6 +25,10 @@ type SessionMsg struct {
 	CredentialKey []byte `json:"credential_key,omitempty"`
 	// Forget (MsgForget) lists ended-Instance records ctrl has concluded.
 	Forget []string `json:"forget,omitempty"`
+	// Unrecognized (MsgForget) lists ended-Instance records ctrl does not
+	// recognize (no Allocation): they stay, and the node need not report
+	// them again.
+	Unrecognized []string `json:"unrecognized,omitempty"`
 	// Draining (MsgNodeState): the node rejects new Workspaces itself.
 	Draining   *bool                `json:"draining,omitempty"`
 	Task       *WorkspaceTask       `json:"task,omitempty"`
@@ -96,7 +100,7 @@ const (
 	MsgOvercommit    = "overcommit"     // ctrl → node: new effective multipliers
 	MsgOvercommitAck = "overcommit_ack" // node → ctrl: applied
 	MsgNodeState     = "node_state"     // ctrl → node: its drain request changed
-	MsgForget        = "forget"         // ctrl → node: delete these ended-Instance records
+	MsgForget        = "forget"         // ctrl → node: delete these ended-Instance records (and keep those unrecognized)
 	MsgTask          = "task"           // ctrl → node: execute a Workspace command
 	MsgTaskResult    = "task_result"    // node → ctrl: its outcome
 	MsgVolumeTask    = "volume_task"    // ctrl → node: execute a Volume command

@@ -198,6 +198,9 @@ type CleanupConclusion struct {
 	NodeID     string    `json:"node_id"`
 	ObservedAt time.Time `json:"observed_at"`
 	How        string    `json:"how"`
+	// Unknown: the node's record was gone before ctrl stored its
+	// conclusion; what the node released is not known.
+	Unknown bool `json:"unknown,omitempty"`
 }
 
 // CleanupItem states.

@@ -80,7 +80,11 @@ func (s *Server) checkOpLevel(ctx context.Context, op string) error {
 }
 
 // levelsAllow checks op against the recorded levels of the voters.
-func (s *Server) levelsAllow(op string) error {
+func (s *Server) levelsAllow(op string) error { return s.levelsReach(op, fsm.OpLevel(op)) }
+
+// levelsReach checks that every voter's recorded level reaches need, for
+// what (an op, or a new rule of one).
+func (s *Server) levelsReach(what string, need int) error {
 	vs, err := s.voters()
 	if err != nil {
 		return api.Errorf(api.CodeUnavailable, "ctrl could not read its voters: %v; retry", err)
@@ -93,7 +97,7 @@ func (s *Server) levelsAllow(op string) error {
 	if err := s.fsm.View(func(tx *bolt.Tx) (err error) { levels, err = fsm.MemberLevels(tx, ids); return }); err != nil {
 		return err
 	}
-	return fsm.CheckOpLevel(op, levels)
+	return fsm.CheckLevel(what, need, levels)
 }
 
 // refreshLevels asks every voter its level and records what changed.

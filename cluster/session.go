@@ -212,6 +212,7 @@ func (s *Server) runSession(ctx context.Context, sc *sessionConn, dec *json.Deco
 	defer syncT.Stop()
 	var pendingAck *api.Multipliers
 	var pendingSince time.Time
+	var roundSync time.Time // a sync postponed to the round due then
 	// pushOvercommit sends values the node has not acknowledged; it returns
 	// why the session must end, or "".
 	pushOvercommit := func(n *api.Node) string {
@@ -249,6 +250,10 @@ func (s *Server) runSession(ctx context.Context, sc *sessionConn, dec *json.Deco
 		case <-s.stop:
 			return "ctrl member stopping"
 		case <-syncT.C:
+			if at, ok := s.endedRoundSoon(nodeID, time.Now(), t.SyncInterval/2); ok {
+				roundSync = at // the ping after it sends the sync
+				continue
+			}
 			if requestSync() != nil {
 				return "connection lost"
 			}
@@ -270,6 +275,13 @@ func (s *Server) runSession(ctx context.Context, sc *sessionConn, dec *json.Deco
 			}
 			if why := pushOvercommit(n); why != "" {
 				return why
+			}
+			if !roundSync.IsZero() && !time.Now().Before(roundSync) {
+				roundSync = time.Time{}
+				syncT.Reset(t.SyncInterval)
+				if requestSync() != nil {
+					return "connection lost"
+				}
 			}
 			if sc.send(api.SessionMsg{Type: api.MsgPing, T1: time.Now().UnixNano()}) != nil {
 				return "connection lost"
@@ -317,6 +329,7 @@ func (s *Server) applyReport(ctx context.Context, sc *sessionConn, nodeID, sid s
 		return nil
 	}
 	args := fsm.ReportArgs{NodeID: nodeID, SessionID: sid, Report: *m.Report, HostUsage: m.HostUsage}
+	s.markEndedRound(&args, time.Now())
 	if m.T1 != 0 && m.T2 != 0 && m.T3 != 0 {
 		offset := ((m.T2 - m.T1) + (m.T3 - t4)) / 2
 		uncertainty := ((t4 - m.T1) - (m.T3 - m.T2)) / 2
@@ -332,10 +345,11 @@ func (s *Server) applyReport(ctx context.Context, sc *sessionConn, nodeID, sid s
 	if err := res.Err(); err != nil {
 		return err
 	}
-	// ctrl stored the conclusions: the node may delete those records.
+	// ctrl stored the conclusions: the node may delete those records, and
+	// keeps those ctrl does not recognize without sending them again.
 	var rr fsm.ReportResult
-	if json.Unmarshal(res.Value, &rr) == nil && len(rr.Forget) > 0 {
-		return sc.send(api.SessionMsg{Type: api.MsgForget, Forget: rr.Forget})
+	if json.Unmarshal(res.Value, &rr) == nil && (len(rr.Forget) > 0 || len(rr.Unrecognized) > 0) {
+		return sc.send(api.SessionMsg{Type: api.MsgForget, Forget: rr.Forget, Unrecognized: rr.Unrecognized})
 	}
 	return nil
 }

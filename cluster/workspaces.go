@@ -237,14 +237,22 @@ func (s *Server) handleCleanupStatus(w http.ResponseWriter, r *http.Request) {
 func cleanupStatus(ws *api.Workspace) api.CleanupStatus {
 	out := api.CleanupStatus{WorkspaceID: ws.WorkspaceID, InstanceID: ws.InstanceID, NodeID: ws.NodeID}
 	observed, source := ws.UpdatedAt, "control-plane"
-	if c := ws.Cleanup; c != nil && ws.InstanceID == "" && ws.Pending == nil {
+	unknown := false
+	if c := ws.Cleanup; c != nil && ws.InstanceID == "" && ws.Pending == nil && c.InstanceID == fsm.LatestInstanceID(ws) {
 		// Nothing runs: the latest execution's release as its node
-		// observed it (ctrl stored it before the node dropped its record).
+		// observed it (ctrl stored it before the node dropped its record),
+		// or unknown when the record was gone before that.
 		out.InstanceID, out.NodeID = c.InstanceID, c.NodeID
-		observed, source = c.ObservedAt, "node"
+		observed, source, unknown = c.ObservedAt, "node", c.Unknown
 	}
 	item := func(name, state string, since *time.Time) {
-		out.Items = append(out.Items, api.CleanupItem{Item: name, State: state, Source: source, ObservedAt: &observed, Since: since})
+		it := api.CleanupItem{Item: name, State: state, Source: source, ObservedAt: &observed, Since: since}
+		if unknown && state == api.CleanupReleased {
+			// Only the node's record could say it was released; what ctrl
+			// itself still waits for (a delete waiting for its pool) stands.
+			it.State, it.ObservedAt = api.CleanupUnknown, nil
+		}
+		out.Items = append(out.Items, it)
 	}
 	runtime := api.CleanupReleased
 	var since *time.Time

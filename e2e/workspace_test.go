@@ -40,6 +40,7 @@ import (
 	"github.com/kibotos/kibotos/agent/runtime/runtimetest"
 	"github.com/kibotos/kibotos/api"
 	"github.com/kibotos/kibotos/datadir"
+	"github.com/kibotos/kibotos/fsm"
 	"github.com/kibotos/kibotos/trust"
 	"github.com/kibotos/kibotos/vmm/guestproto"
 	dto "github.com/prometheus/client_model/go"
@@ -1220,9 +1221,10 @@ func (d *wsDev) testForceStopDelete(id string) {
 	}
 	// The node's own observation of the release replaces ctrl's view once
 	// ctrl stored it; the node then deletes its ended-Instance record.
+	// ctrl checks a node's records once a minute.
 	registry := filepath.Join(datadir.Dir(d.dir).StorageRoot(), "runtime", "registry")
 	var st api.CleanupStatus
-	deadline := time.Now().Add(20 * time.Second)
+	deadline := time.Now().Add(fsm.EndedRoundInterval + 30*time.Second)
 	for {
 		if err := decodeResult(d.must("workspace", "cleanup-status", id, "--json"), &st); err != nil {
 			t.Fatal(err)

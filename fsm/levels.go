@@ -17,9 +17,24 @@ import (
 // each voter's level with OpMemberLevel, which it proposes with
 // IgnoreUnknown: a build from before levels skips it, and a voter without
 // a record counts as level 1.
+//
+// A level may also change what an existing op does. Its entries then say
+// so with a field the leader sets only when every voter reaches the
+// level, and entries without it apply exactly as before: they are in the
+// logs and snapshots of older builds, and an older voter applies them so.
+//
+//	2  Volumes: OpVolumeCreate, OpVolumeResize, OpVolumeDelete, OpVolumeResult
+//	3  pause and resume: OpWorkspacePause
+//	4  rounds of ended-Instance records (LevelEndedRounds): a report
+//	   entry with ReportArgs.Rounds concludes a node's records at most once
+//	   a minute, keeps those ctrl does not recognize on the node, and
+//	   concludes a record deleted before its conclusion as unknown (ended.go)
 
 // FeatureLevel is the level of this build.
-const FeatureLevel = 3
+const FeatureLevel = 4
+
+// LevelEndedRounds is the level of ReportArgs.Rounds.
+const LevelEndedRounds = 4
 
 // opLevels are the ops above level 1, by the level that introduced them.
 var opLevels = map[string]int{
@@ -89,7 +104,12 @@ func MemberLevels(tx *bolt.Tx, ids []string) ([]MemberLevel, error) {
 // CheckOpLevel refuses op while a member among levels is below the level
 // op needs: that voter could not apply it.
 func CheckOpLevel(op string, levels []MemberLevel) error {
-	need := OpLevel(op)
+	return CheckLevel(op, OpLevel(op), levels)
+}
+
+// CheckLevel refuses what (an op, or a new rule of one) while a member
+// among levels is below need.
+func CheckLevel(what string, need int, levels []MemberLevel) error {
 	for _, m := range levels {
 		if m.Level < need {
 			rel := m.Release
@@ -97,7 +117,7 @@ func CheckOpLevel(op string, levels []MemberLevel) error {
 				rel = "a build from before feature levels"
 			}
 			return api.Errorf(api.CodeFailedPrecondition,
-				"%s needs every ctrl voter at feature level %d, and voter %s runs %s at level %d: finish the rolling upgrade of the ctrl members, then retry", op, need, m.NodeID, rel, m.Level)
+				"%s needs every ctrl voter at feature level %d, and voter %s runs %s at level %d: finish the rolling upgrade of the ctrl members, then retry", what, need, m.NodeID, rel, m.Level)
 		}
 	}
 	return nil

@@ -189,7 +189,12 @@ func applyNodeReport(tx *bolt.Tx, e *Entry) (any, error) {
 	if err := failEndedInstances(tx, e, n.NodeID, r.InstanceStates); err != nil {
 		return nil, err
 	}
-	forget, err := concludeEnded(tx, e, n.NodeID, r.Ended)
+	var forget, unrecognized []string
+	if a.Rounds {
+		forget, unrecognized, err = endedRound(tx, e, n.NodeID, &a)
+	} else {
+		forget, err = concludeEnded(tx, e, n.NodeID, r.Ended)
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -198,8 +203,8 @@ func applyNodeReport(tx *bolt.Tx, e *Entry) (any, error) {
 	}
 	// The ended records are the node's to keep until concluded, not part
 	// of its registration.
-	n.Report.Ended = nil
-	return ReportResult{ReportVersion: r.ReportVersion, Forget: forget}, putNode(tx, n)
+	n.Report.Ended, n.Report.EndedComplete = nil, false
+	return ReportResult{ReportVersion: r.ReportVersion, Forget: forget, Unrecognized: unrecognized}, putNode(tx, n)
 }
 
 func applyNodeDrain(tx *bolt.Tx, e *Entry) (any, error) {

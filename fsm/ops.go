@@ -121,6 +121,15 @@ type ReportArgs struct {
 	Report    api.Report     `json:"report"`
 	HostUsage *api.HostUsage `json:"host_usage,omitempty"`
 	Clock     *ClockArgs     `json:"clock,omitempty"`
+	// Rounds is set by a leader whose voters all reach LevelEndedRounds:
+	// the report's ended records count only in a round (Round) and its
+	// Instances are noted for the check of deleted records (ended.go).
+	// An entry without it concludes every record it carries at once, as
+	// before that level.
+	Rounds bool `json:"ended_rounds,omitempty"`
+	// Round: the leader found the node's round due; the FSM checks it
+	// again by the entry's time.
+	Round bool `json:"ended_round,omitempty"`
 }
 
 // ReportResult is the outcome of a report: its version and the ended-
@@ -128,6 +137,9 @@ type ReportArgs struct {
 type ReportResult struct {
 	ReportVersion uint64   `json:"report_version"`
 	Forget        []string `json:"forget,omitempty"`
+	// Unrecognized (rounds only) are records of Instances ctrl has no
+	// Allocation for: they stay on the node, which need not send them again.
+	Unrecognized []string `json:"unrecognized,omitempty"`
 }
 
 // OvercommitDefaultArgs changes the given items of the cluster default.

@@ -258,6 +258,27 @@ func (g *logGen) report(id string) api.Report {
 	return r
 }
 
+// endedRecords adds ended-Instance records to a report now and then: of
+// the Workspaces' latest or earlier Instances and of made-up ones, in the
+// form of the levels before rounds or as a round (due or not, complete or
+// not).
+func (g *logGen) endedRecords(a *ReportArgs) {
+	if !g.pct(30) {
+		return
+	}
+	a.Rounds, a.Round = g.pct(70), g.pct(60)
+	a.Report.EndedComplete = a.Round && g.pct(70)
+	ws := g.workspaces()
+	for range g.r.Intn(4) {
+		inst := fmt.Sprintf("inst-made-up-%d", g.r.Intn(3))
+		if len(ws) > 0 && g.pct(80) {
+			w := ws[g.r.Intn(len(ws))]
+			inst = instanceIDFor(w.WorkspaceID, w.Instances-uint64(g.r.Intn(2)))
+		}
+		a.Report.Ended = append(a.Report.Ended, api.EndedInstance{InstanceID: inst, EndedAt: g.now.Add(-time.Second), How: "stopped"})
+	}
+}
+
 // networkPolicy draws a policy, valid more often than not: rules that
 // normalize (an address, host bits, a duplicate), and now and then a bad
 // CIDR or domain, an unknown Egress or lists without public egress.
@@ -657,6 +678,7 @@ func (g *logGen) draw() Entry {
 		if g.pct(40) {
 			a.Clock = &ClockArgs{OffsetNS: int64(g.r.Intn(80)-40) * int64(time.Second), UncertaintyNS: int64(g.r.Intn(2000)) * int64(time.Millisecond), KernelSync: "synchronized"}
 		}
+		g.endedRecords(&a)
 		return mk(OpNodeReport, a, nil)
 	case w < 65:
 		return mk(OpNodeDrain, NodeArgs{NodeID: id}, g.expected(g.nodeVersion(id)))

@@ -17,10 +17,15 @@ func getJSON(tx *bolt.Tx, bucket, key []byte, v any) (bool, error) {
 	if raw == nil {
 		return false, nil
 	}
+	return true, jsonRecord(bucket, key, raw, v)
+}
+
+// jsonRecord decodes the stored record raw of bucket/key.
+func jsonRecord(bucket, key, raw []byte, v any) error {
 	if err := json.Unmarshal(raw, v); err != nil {
-		return false, fmt.Errorf("state record %s/%s is corrupt: %w", bucket, key, err)
+		return fmt.Errorf("state record %s/%s is corrupt: %w", bucket, key, err)
 	}
-	return true, nil
+	return nil
 }
 
 func putJSON(tx *bolt.Tx, bucket, key []byte, v any) error {

@@ -18,7 +18,9 @@ var (
 	bucketWorkspaceTombstones = []byte("workspace_tombstones")
 
 	// instance_id → workspace_id of every Instance whose cleanup ctrl has
-	// not concluded yet (the node still keeps its ended record)
+	// not concluded yet (the node still keeps its ended record); from
+	// LevelEndedRounds on, kept after the conclusion until the node's
+	// complete list no longer has the record (ended.go)
 	bucketInstanceOwners = []byte("instance_owners")
 
 	// name → egressRecord: an Egress object as of its latest revision,
@@ -58,9 +60,16 @@ var (
 	// node_id → MemberLevel: the feature level of a ctrl member's build
 	bucketMemberLevels = []byte("member_levels")
 
+	// node_id → entry time (RFC 3339) of the node's latest round of
+	// ended-Instance records (ended.go; written from LevelEndedRounds on)
+	bucketEndedRounds = []byte("ended_rounds")
+	// node_id NUL instance_id → endedWatch: an Instance the node reported
+	// holding, whose record ctrl expects there until it is deleted
+	bucketEndedWatch = []byte("ended_watch")
+
 	allBuckets = [][]byte{bucketMeta, bucketNodes, bucketGrants, bucketCommands, bucketWorkspaces, bucketWorkspaceNodes, bucketNodeHolds, bucketWorkspaceTombstones, bucketInstanceOwners,
 		bucketEgress, bucketEgressRevisions, bucketEgressRefs, bucketResolvers, bucketResolverRefs, bucketPools, bucketPoolUse, bucketPoolMembers, bucketPoolWaits,
-		bucketVolumes, bucketVolumeNames, bucketVolumeCommands, bucketVolumeTombstones, bucketMemberLevels}
+		bucketVolumes, bucketVolumeNames, bucketVolumeCommands, bucketVolumeTombstones, bucketMemberLevels, bucketEndedRounds, bucketEndedWatch}
 )
 
 // Keys of the meta bucket.

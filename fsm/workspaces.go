@@ -904,41 +904,6 @@ func applyWorkspaceResult(tx *bolt.Tx, e *Entry) (any, error) {
 	return map[string]bool{"applied": true}, nil
 }
 
-// concludeEnded stores, for each ended Instance the node reports, the
-// node's cleanup conclusion on its Workspace, once ctrl no longer waits
-// for anything of that Instance; it returns the records the node may
-// delete now (records of Instances ctrl never placed included).
-func concludeEnded(tx *bolt.Tx, e *Entry, node string, ended []api.EndedInstance) ([]string, error) {
-	var forget []string
-	owners := tx.Bucket(bucketInstanceOwners)
-	for _, ei := range ended {
-		wsID := owners.Get([]byte(ei.InstanceID))
-		if wsID == nil {
-			forget = append(forget, ei.InstanceID)
-			continue
-		}
-		w, err := getWorkspace(tx, string(wsID))
-		if err != nil {
-			return nil, err
-		}
-		if w != nil {
-			if w.InstanceID == ei.InstanceID || (w.Pending != nil && w.Pending.InstanceID == ei.InstanceID) {
-				continue // ctrl has not taken the stop's answer yet
-			}
-			old := cloneWorkspace(w)
-			w.Cleanup = &api.CleanupConclusion{InstanceID: ei.InstanceID, NodeID: node, ObservedAt: ei.EndedAt.UTC(), How: ei.How}
-			if err := putWorkspace(tx, e, old, w); err != nil {
-				return nil, err
-			}
-		}
-		if err := owners.Delete([]byte(ei.InstanceID)); err != nil {
-			return nil, err
-		}
-		forget = append(forget, ei.InstanceID)
-	}
-	return forget, nil
-}
-
 // failEndedInstances fails AVAILABLE Workspaces whose Instance the node
 // reports FAILED (its VMM ended without the node stopping it).
 func failEndedInstances(tx *bolt.Tx, e *Entry, node string, states []api.InstanceState) error {
