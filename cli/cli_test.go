@@ -70,7 +70,7 @@ var normalizers = []struct {
 	{regexp.MustCompile(`[+-]\d+\.\dm?s\b`), "<SKEW>"},
 	{regexp.MustCompile(`\d+\.\d%`), "<PCT>"},
 	{regexp.MustCompile(`\b\d+\.\d(B|KiB|MiB|GiB|TiB) (free )?of \d+\.\d(B|KiB|MiB|GiB|TiB)`), "<USAGE>"},
-	{regexp.MustCompile(`revision [0-9a-f]{7,}|revision unknown`), "revision <REV>"},
+	{regexp.MustCompile(`revision ([0-9a-f]{7,}|unknown)(\+dirty)?(\.[0-9a-f]{12})?`), "revision <REV>"},
 	{regexp.MustCompile(`127\.0\.0\.1:\d+`), "<ADDR>"},
 	{regexp.MustCompile(`uncertainty \S+,`), "uncertainty <U>,"},
 	{regexp.MustCompile(`(Registration|Report) version:\s+\d+`), "$1 version: <N>"},
