@@ -41,6 +41,13 @@ func (s *Server) markEndedRound(args *fsm.ReportArgs, now time.Time) {
 		// An older voter knows no completeness: an entry carrying it would
 		// be stored differently there.
 		r.EndedComplete = false
+		if !s.levelsRecorded() {
+			// Whether every voter applies rounds is not known yet (a new
+			// cluster or voter, asked at the start of the leadership):
+			// the records wait rather than meet the earlier rules, which
+			// forget the records ctrl does not know.
+			r.Ended = nil
+		}
 		return
 	}
 	args.Rounds = true

@@ -85,19 +85,42 @@ func (s *Server) levelsAllow(op string) error { return s.levelsReach(op, fsm.OpL
 // levelsReach checks that every voter's recorded level reaches need, for
 // what (an op, or a new rule of one).
 func (s *Server) levelsReach(what string, need int) error {
+	levels, err := s.voterLevels()
+	if err != nil {
+		return err
+	}
+	return fsm.CheckLevel(what, need, levels)
+}
+
+// voterLevels are the recorded levels of the voters (level 1, not
+// recorded, for one never asked).
+func (s *Server) voterLevels() ([]fsm.MemberLevel, error) {
 	vs, err := s.voters()
 	if err != nil {
-		return api.Errorf(api.CodeUnavailable, "ctrl could not read its voters: %v; retry", err)
+		return nil, api.Errorf(api.CodeUnavailable, "ctrl could not read its voters: %v; retry", err)
 	}
 	ids := make([]string, len(vs))
 	for i, v := range vs {
 		ids[i] = string(v.ID)
 	}
 	var levels []fsm.MemberLevel
-	if err := s.fsm.View(func(tx *bolt.Tx) (err error) { levels, err = fsm.MemberLevels(tx, ids); return }); err != nil {
-		return err
+	err = s.fsm.View(func(tx *bolt.Tx) (err error) { levels, err = fsm.MemberLevels(tx, ids); return })
+	return levels, err
+}
+
+// levelsRecorded reports whether every voter's level has been asked and
+// recorded (the leader does at the start of its leadership).
+func (s *Server) levelsRecorded() bool {
+	levels, err := s.voterLevels()
+	if err != nil {
+		return false
 	}
-	return fsm.CheckLevel(what, need, levels)
+	for _, l := range levels {
+		if l.RecordedAt.IsZero() {
+			return false
+		}
+	}
+	return true
 }
 
 // refreshLevels asks every voter its level and records what changed.
