@@ -11,11 +11,16 @@ import (
 )
 
 // Backoff of guest reconnects after a takeover or a lost session. An
-// attempt is short: a hello can be lost in the guest (its agent drops what
-// a session's in-flight read had consumed when the old node vanished), and
-// only a new connection with a fresh hello recovers from that.
+// attempt starts short: a hello can be lost in the guest (its agent drops
+// what a session's in-flight read had consumed when the old node
+// vanished), and only a new connection with a fresh hello recovers from
+// that. It grows with each failed attempt, up to guestAttemptMax: a guest
+// slowed down (a loaded host under TCG) that needs longer than an attempt
+// to answer would otherwise never be reached, each answer arriving after
+// its attempt gave up.
 const (
 	guestAttemptTimeout = 2 * time.Second
+	guestAttemptMax     = 30 * time.Second
 	guestBackoffMin     = 100 * time.Millisecond
 	guestBackoffMax     = 5 * time.Second
 )
@@ -51,7 +56,7 @@ func (rt *Runtime) startGuestLoop(in *instance, first *guestproto.Client) {
 }
 
 func (rt *Runtime) guestLoop(ctx context.Context, in *instance, c *guestproto.Client) {
-	backoff := guestBackoffMin
+	backoff, attempt := guestBackoffMin, guestAttemptTimeout
 	pending := false
 	for {
 		if c == nil {
@@ -61,7 +66,7 @@ func (rt *Runtime) guestLoop(ctx context.Context, in *instance, c *guestproto.Cl
 			if state != StateRunning {
 				return // stopping or ended: nothing to reconnect to
 			}
-			actx, cancel := context.WithTimeout(ctx, guestAttemptTimeout)
+			actx, cancel := context.WithTimeout(ctx, attempt)
 			var err error
 			c, err = rt.dialGuest(actx, in)
 			cancel()
@@ -92,7 +97,7 @@ func (rt *Runtime) guestLoop(ctx context.Context, in *instance, c *guestproto.Cl
 				if ctxsleep.Sleep(ctx, backoff) != nil {
 					return
 				}
-				backoff = min(backoff*2, guestBackoffMax)
+				backoff, attempt = min(backoff*2, guestBackoffMax), min(attempt*2, guestAttemptMax)
 				continue
 			}
 			info := c.Info()
@@ -105,7 +110,7 @@ func (rt *Runtime) guestLoop(ctx context.Context, in *instance, c *guestproto.Cl
 				rt.log.Info("instance guest sync pending", "instance_id", in.id, "recovered", true)
 				pending = false
 			}
-			backoff = guestBackoffMin
+			backoff, attempt = guestBackoffMin, guestAttemptTimeout
 		}
 		in.mu.Lock()
 		in.guest, in.responding = c, true
