@@ -2,9 +2,11 @@ package runtime
 
 import (
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 
 	"github.com/kibotos/kibotos/buildinfo"
 	"github.com/kibotos/kibotos/vmm/platform"
@@ -40,10 +42,54 @@ func InstallationProblem(dir, ownID, release string) string {
 	return ""
 }
 
+// installationChecks are InstallationProblem of the installations the
+// launch records of running Instances name, each computed once and in
+// parallel: dir -> why not ("" when kept).
+type installationChecks struct {
+	done    chan struct{}
+	results map[string]string
+}
+
+// startInstallationChecks starts checking the installation of every
+// launch record that says its VMM runs. Records it cannot read are left
+// to takeover, which reports them.
+func (rt *Runtime) startInstallationChecks() *installationChecks {
+	c := &installationChecks{done: make(chan struct{}), results: map[string]string{}}
+	dirs := map[string]bool{}
+	ents, _ := os.ReadDir(rt.instancesDir)
+	for _, e := range ents {
+		rec, err := ReadLaunchRecord(filepath.Join(rt.instancesDir, e.Name(), LaunchRecordFile))
+		if err == nil && rec.Process != nil && rec.Stopped == nil && rec.InstallationDir != "" {
+			dirs[rec.InstallationDir] = true
+		}
+	}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for dir := range dirs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			why := InstallationProblem(dir, rt.cfg.OwnInstallation, rt.release())
+			mu.Lock()
+			c.results[dir] = why
+			mu.Unlock()
+		}()
+	}
+	go func() {
+		wg.Wait()
+		close(c.done)
+	}()
+	return c
+}
+
 // installationFailures judges the installations of the running Instances
 // among verdicts, each installation once: dir -> why not ("" when kept).
 func (rt *Runtime) installationFailures(verdicts []verdict) map[string]string {
 	out := map[string]string{}
+	if c := rt.installations; c != nil {
+		<-c.done
+		maps.Copy(out, c.results)
+	}
 	for _, v := range verdicts {
 		dir := v.rec.InstallationDir
 		if _, seen := out[dir]; seen || dir == "" || (v.state != StateRunning && v.state != StateStarting) {

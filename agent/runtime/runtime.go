@@ -166,6 +166,9 @@ type Runtime struct {
 	log     *slog.Logger
 	units   *units.Manager
 	backend Backend
+	// installations are Open's checks of the running Instances'
+	// installations, started before takeover needs them.
+	installations *installationChecks
 	// vmm is the account confined VMMs run as; nil: VMMs run unconfined
 	// (a backend without it, or the test hook).
 	vmm *vmmAccount
@@ -295,6 +298,9 @@ func Open(ctx context.Context, cfg Config) (*Runtime, error) {
 	if err := rt.acquireLock(); err != nil {
 		return nil, err
 	}
+	// The running Instances' installations are verified (every file
+	// hashed) while the rest of Open goes on; takeover waits for them.
+	rt.installations = rt.startInstallationChecks()
 	ok := false
 	defer func() {
 		if !ok {

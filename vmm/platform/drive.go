@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sync"
 	"time"
 
 	kbuildinfo "github.com/kibotos/kibotos/buildinfo"
@@ -89,24 +90,41 @@ func migrate(existing, built *Installation, log *slog.Logger) (*Installation, er
 }
 
 // Verify reads every file of the installation and compares its size and
-// digest with installation.json.
+// digest with installation.json; the files are hashed in parallel.
 func (in *Installation) Verify() error {
-	for _, f := range in.Files {
-		path := filepath.Join(in.Dir, f.Name)
-		st, err := os.Stat(path)
+	errs := make([]error, len(in.Files))
+	var wg sync.WaitGroup
+	for i, f := range in.Files {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = in.verifyFile(f)
+		}()
+	}
+	wg.Wait()
+	for _, err := range errs {
 		if err != nil {
-			return fmt.Errorf("platform %s: %w", in.ID, err)
+			return err // one line: the first file that differs
 		}
-		if st.Size() != f.Size {
-			return fmt.Errorf("platform %s: %s is %d bytes, %s records %d", in.ID, f.Name, st.Size(), ManifestFile, f.Size)
-		}
-		sum, err := fileSHA256(path)
-		if err != nil {
-			return fmt.Errorf("platform %s: %w", in.ID, err)
-		}
-		if sum != f.SHA256 {
-			return fmt.Errorf("platform %s: %s has sha256 %s, %s records %s", in.ID, f.Name, sum, ManifestFile, f.SHA256)
-		}
+	}
+	return nil
+}
+
+func (in *Installation) verifyFile(f File) error {
+	path := filepath.Join(in.Dir, f.Name)
+	st, err := os.Stat(path)
+	if err != nil {
+		return fmt.Errorf("platform %s: %w", in.ID, err)
+	}
+	if st.Size() != f.Size {
+		return fmt.Errorf("platform %s: %s is %d bytes, %s records %d", in.ID, f.Name, st.Size(), ManifestFile, f.Size)
+	}
+	sum, err := fileSHA256(path)
+	if err != nil {
+		return fmt.Errorf("platform %s: %w", in.ID, err)
+	}
+	if sum != f.SHA256 {
+		return fmt.Errorf("platform %s: %s has sha256 %s, %s records %s", in.ID, f.Name, sum, ManifestFile, f.SHA256)
 	}
 	return nil
 }
