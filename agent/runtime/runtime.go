@@ -175,8 +175,10 @@ type Runtime struct {
 	// net is the node side of Instance networks.
 	net *nodeNetwork
 	// qemuVersion is the QEMU binary's version ("" for another backend),
-	// what a snapshot records and a restore must match.
-	qemuVersion string
+	// what a restore must match: asked (`--version`, a few hundred ms on
+	// a loaded host) beside Open's other work, read through version().
+	qemuVersion     string
+	qemuVersionDone chan struct{}
 
 	instancesDir, registryDir, logsDir string
 	lock                               *os.File
@@ -337,11 +339,19 @@ func Open(ctx context.Context, cfg Config) (*Runtime, error) {
 		}
 		rt.vmm = &a
 	}
+	rt.qemuVersionDone = make(chan struct{})
 	if q, ok := rt.backend.(*QEMU); ok {
-		if rt.qemuVersion, err = binaryVersion(q.Binary); err != nil {
-			// Nothing can be paused or resumed here; the rest runs.
-			rt.log.Warn("QEMU version unknown: no pause or resume on this node", "err", err)
-		}
+		go func() {
+			defer close(rt.qemuVersionDone)
+			v, err := binaryVersion(q.Binary)
+			if err != nil {
+				// Nothing can be paused or resumed here; the rest runs.
+				rt.log.Warn("QEMU version unknown: no pause or resume on this node", "err", err)
+			}
+			rt.qemuVersion = v
+		}()
+	} else {
+		close(rt.qemuVersionDone)
 	}
 	if rt.net, err = openNodeNetwork(cfg.Network, cfg.HostNetNS, rt.units.Target(), rt.log); err != nil {
 		return nil, err

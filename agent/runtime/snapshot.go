@@ -279,7 +279,13 @@ func deviceLayout(rec *LaunchRecord) []string {
 }
 
 // ResumeInfo is what this node's VMM can restore.
-func (rt *Runtime) ResumeInfo() api.ResumeInfo { return rt.resume(rt.qemuVersion) }
+func (rt *Runtime) ResumeInfo() api.ResumeInfo { return rt.resume(rt.version()) }
+
+// version is the QEMU binary's version, once Open's question answered.
+func (rt *Runtime) version() string {
+	<-rt.qemuVersionDone
+	return rt.qemuVersion
+}
 
 func (rt *Runtime) resume(version string) api.ResumeInfo {
 	r := api.ResumeInfo{QEMUVersion: version}
@@ -331,7 +337,7 @@ func (rt *Runtime) checkRestore(rec *LaunchRecord, dir string) error {
 	if err != nil {
 		return err
 	}
-	want := rt.compatOf(rec, rt.qemuVersion)
+	want := rt.compatOf(rec, rt.version())
 	got := m.Compat
 	switch {
 	case got.InstallationID != want.InstallationID:
