@@ -73,7 +73,7 @@ type UpgradeTarget struct {
 	// accepts; Capabilities every capability it may use.
 	MinProtocol, MaxProtocol int
 	Capabilities             []string
-	// GuestTimeout bounds each guest's GuestInfo; default 5s.
+	// GuestTimeout bounds each guest's GuestInfo; default 20s.
 	GuestTimeout time.Duration
 	Preview      bool
 }
@@ -86,7 +86,7 @@ var DefaultExecutables = []string{"qemu-system-x86_64", "qemu-img", "mkfs.ext4"}
 // CheckMaintenance.
 func CheckUpgrade(ctx context.Context, cfg Config, t UpgradeTarget) (*UpgradeReport, error) {
 	if t.GuestTimeout == 0 {
-		t.GuestTimeout = 5 * time.Second
+		t.GuestTimeout = 20 * time.Second
 	}
 	rep := &UpgradeReport{Preview: t.Preview, Items: []UpgradeItem{}}
 	rt := &Runtime{cfg: cfg, units: cfg.Units, instancesDir: filepath.Join(cfg.StorageRoot, "runtime", "instances"),
@@ -321,14 +321,32 @@ func (r *UpgradeReport) liveInstances(ctx context.Context, rt *Runtime, t Upgrad
 	return nil
 }
 
-// askGuest performs one guest agent handshake through the Instance's own
+// askGuest performs a guest agent handshake through the Instance's own
 // VMM, offering the target's protocol range, and closes it: the agent
-// goes back to waiting for its node, nothing of the guest changes.
+// goes back to waiting for its node, nothing of the guest changes. Like
+// the node's reconnects it tries again on a new connection with a fresh
+// hello, each attempt longer than the last (the first hello after a
+// node's session ended can be lost in the guest, and a loaded host slows
+// the answer), within t.GuestTimeout.
 func askGuest(ctx context.Context, dir string, rec *LaunchRecord, t UpgradeTarget) (guestproto.GuestInfo, error) {
 	ctx, cancel := context.WithTimeout(ctx, t.GuestTimeout)
 	defer cancel()
+	attempt := guestAttemptTimeout
+	for {
+		info, err := askGuestOnce(ctx, attempt, pathsOf(dir, rec).AgentSocket, t)
+		var verr *guestproto.VersionError
+		if err == nil || errors.As(err, &verr) || ctx.Err() != nil {
+			return info, err
+		}
+		attempt = min(attempt*2, guestAttemptMax)
+	}
+}
+
+func askGuestOnce(ctx context.Context, attempt time.Duration, socket string, t UpgradeTarget) (guestproto.GuestInfo, error) {
+	ctx, cancel := context.WithTimeout(ctx, attempt)
+	defer cancel()
 	var d net.Dialer
-	conn, err := d.DialContext(ctx, "unix", pathsOf(dir, rec).AgentSocket)
+	conn, err := d.DialContext(ctx, "unix", socket)
 	if err != nil {
 		return guestproto.GuestInfo{}, err
 	}
