@@ -63,7 +63,9 @@ func (c *EnrollmentRevokeCmd) Run(g *Globals) error {
 }
 
 // EnrollmentListCmd lists grants.
-type EnrollmentListCmd struct{}
+type EnrollmentListCmd struct {
+	Quiet bool `short:"q" name:"quiet" help:"Print only the node ids of the grants."`
+}
 
 func (c *EnrollmentListCmd) Run(g *Globals) error {
 	var out []api.Grant
@@ -73,6 +75,12 @@ func (c *EnrollmentListCmd) Run(g *Globals) error {
 	}
 	if g.JSON {
 		return g.printJSON(raw)
+	}
+	if c.Quiet {
+		for _, gr := range out {
+			g.printf("%s\n", gr.NodeID)
+		}
+		return nil
 	}
 	t := newTable(g.stdout, "NODE_ID", "ROLES", "STATE", "ISSUED", "EXPIRES")
 	for _, gr := range out {

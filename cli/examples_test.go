@@ -83,3 +83,29 @@ func splitExample(s string) []string {
 	}
 	return out
 }
+
+// Every list verb takes -q (ids or names only, one per line) besides the
+// global --json, as workspace list does.
+func TestEveryListTakesQuiet(t *testing.T) {
+	var root CLI
+	p, err := kong.New(&root, kong.Name("kibo"), kong.Exit(func(int) {}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var walk func(n *kong.Node)
+	walk = func(n *kong.Node) {
+		if n.Type == kong.CommandNode && n.Name == "list" && !n.Hidden {
+			quiet := false
+			for _, f := range n.Flags {
+				quiet = quiet || (f.Name == "quiet" && f.Short == 'q')
+			}
+			if !quiet {
+				t.Errorf("%s has no -q/--quiet", n.Path())
+			}
+		}
+		for _, c := range n.Children {
+			walk(c)
+		}
+	}
+	walk(p.Model.Node)
+}

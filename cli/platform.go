@@ -55,6 +55,7 @@ func (c *PlatformBuildCmd) Run(g *Globals) error {
 // PlatformListCmd lists the installed Platforms, newest first.
 type PlatformListCmd struct {
 	StorageRoot string `name:"storage-root" help:"Storage root holding installations/; default: <data-dir>/storage."`
+	Quiet       bool   `short:"q" name:"quiet" help:"Print only the Platform ids."`
 }
 
 func (c *PlatformListCmd) Run(g *Globals) error {
@@ -69,6 +70,12 @@ func (c *PlatformListCmd) Run(g *Globals) error {
 	if g.JSON {
 		if perr := printResult(g, ins); perr != nil {
 			return perr
+		}
+		return err
+	}
+	if c.Quiet {
+		for _, in := range ins {
+			g.printf("%s\n", in.ID)
 		}
 		return err
 	}

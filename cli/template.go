@@ -129,6 +129,7 @@ func buildDebian(g *Globals, o template.DebootstrapOptions, progress bool) (*tem
 // TemplateListCmd lists templates.
 type TemplateListCmd struct {
 	templateRoot `embed:""`
+	Quiet        bool `short:"q" name:"quiet" help:"Print only the template names."`
 }
 
 func (c *TemplateListCmd) Run(g *Globals) error {
@@ -141,6 +142,12 @@ func (c *TemplateListCmd) Run(g *Globals) error {
 			all = []*template.Template{}
 		}
 		return printResult(g, all)
+	}
+	if c.Quiet {
+		for _, tp := range all {
+			g.printf("%s\n", tp.Name)
+		}
+		return nil
 	}
 	t := newTable(g.stdout, "NAME", "ID", "FILES", "CONTENT", "IMAGE", "CREATED")
 	for _, tp := range all {
