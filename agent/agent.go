@@ -332,7 +332,7 @@ func (a *Agent) watchInstances(ctx context.Context, last api.Report) {
 func reportedStates(r api.Report) string {
 	var b strings.Builder
 	for _, st := range r.InstanceStates {
-		fmt.Fprintf(&b, "%s %s %q;", st.InstanceID, st.State, st.Error)
+		fmt.Fprintf(&b, "%s %s %q %t;", st.InstanceID, st.State, st.Error, st.GuestNotResponding)
 	}
 	for _, p := range r.Pools {
 		fmt.Fprintf(&b, "%s %t;", p.PoolID, p.Available)
@@ -532,7 +532,9 @@ func (a *Agent) buildReport(withEnded bool) api.Report {
 	}
 	if rt := a.cfg.Runtime; rt != nil {
 		for _, st := range rt.List() {
-			r.InstanceStates = append(r.InstanceStates, api.InstanceState{InstanceID: st.ID, State: string(st.State), Error: st.Error, DeniedPackets: st.DeniedPackets})
+			r.InstanceStates = append(r.InstanceStates, api.InstanceState{InstanceID: st.ID, State: string(st.State), Error: st.Error, DeniedPackets: st.DeniedPackets,
+				OOMKilled:          st.State == runtime.StateFailed && st.Error == runtime.ErrOOMKilled,
+				GuestNotResponding: st.State == runtime.StateRunning && !st.GuestResponding})
 			if st.State == runtime.StateStopped {
 				continue // a stopped Instance holds no CPU or memory
 			}

@@ -194,11 +194,16 @@ func (a *Agent) execute(t api.WorkspaceTask) api.WorkspaceTaskResult {
 	case api.WSCmdPause:
 		err = a.pauseWorkspace(ctx, t, &r)
 	case api.WSCmdStop:
-		err = a.endInstance(ctx, t.Command.InstanceID, stopGrace)
+		err = a.endInstance(ctx, t.Command.InstanceID, endPrepared)
 	case api.WSCmdStopForce:
-		err = a.endInstance(ctx, t.Command.InstanceID, 0)
+		if rt := a.cfg.Runtime; rt != nil && t.Command.InstanceID != "" && isUnknownInstance(statusErr(rt, t.Command.InstanceID)) {
+			// Not taken over (or never started here): ctrl releases what
+			// it held, and the Workspace stays FAILED, startable.
+			r.NotOnNode = true
+		}
+		err = a.endInstance(ctx, t.Command.InstanceID, endForced)
 	case api.WSCmdDelete:
-		if err = a.endInstance(ctx, t.Command.InstanceID, stopGrace); err == nil {
+		if err = a.endInstance(ctx, t.Command.InstanceID, endForDelete); err == nil {
 			err = errors.Join(a.removeLayer(t), a.removeSnapshot(t))
 		}
 	case api.WSCmdNetwork:
@@ -421,9 +426,25 @@ func (a *Agent) forget(ctx context.Context, id string) {
 	a.tasks.mu.Unlock()
 }
 
-// endInstance stops (grace 0: at once) and deletes an Instance; one that
-// is already gone is fine.
-func (a *Agent) endInstance(ctx context.Context, id string, grace time.Duration) error {
+// endMode says how endInstance ends a running Instance.
+type endMode int
+
+const (
+	// endPrepared: a stop. The guest must prepare it (its processes end,
+	// the writable layer and Volumes are synced and frozen); when it
+	// cannot, the VMM keeps running and the error (prepare guest stop:
+	// ...) leaves the Workspace FAILED until stop --force.
+	endPrepared endMode = iota
+	// endForced: stop --force. One short guest sync, then the VMM ends.
+	endForced
+	// endForDelete: a delete. Prepared when the guest can, forced when
+	// not: the writable layer goes anyway.
+	endForDelete
+)
+
+// endInstance stops and deletes an Instance; one that is already gone is
+// fine.
+func (a *Agent) endInstance(ctx context.Context, id string, mode endMode) error {
 	rt := a.cfg.Runtime
 	if rt == nil || id == "" {
 		return nil
@@ -433,8 +454,14 @@ func (a *Agent) endInstance(ctx context.Context, id string, grace time.Duration)
 		return nil // not on this node (any more)
 	}
 	if st.State == runtime.StateRunning {
-		if err := rt.Stop(ctx, id, grace); err != nil {
-			return fmt.Errorf("prepare guest stop: %w", err)
+		switch mode {
+		case endPrepared:
+			err = rt.Stop(ctx, id, stopGrace)
+		case endForced:
+			err = rt.ForceStop(ctx, id)
+		}
+		if err != nil {
+			return err
 		}
 	}
 	if err := rt.Delete(ctx, id); err != nil {
@@ -460,6 +487,11 @@ func (a *Agent) removeLayer(t api.WorkspaceTask) error {
 		return fmt.Errorf("remove the holder record of %s: %w", p, err)
 	}
 	return nil
+}
+
+func statusErr(rt *runtime.Runtime, id string) error {
+	_, err := rt.Status(id)
+	return err
 }
 
 func isUnknownInstance(err error) bool {

@@ -162,6 +162,13 @@ type InstanceState struct {
 	// the Instance started. It travels with reports that are sent anyway
 	// (a state change, ctrl's periodic sync): a count alone sends none.
 	DeniedPackets uint64 `json:"denied_packets,omitempty"`
+	// OOMKilled (FAILED): host OOM killed the VMM (its unit's result
+	// oom-kill), as opposed to any other unexpected exit.
+	OOMKilled bool `json:"oom_killed,omitempty"`
+	// GuestNotResponding (RUNNING): the node has no session with the guest
+	// agent, or has not yet handed it this run's configuration (after a
+	// takeover); it retries with backoff.
+	GuestNotResponding bool `json:"guest_not_responding,omitempty"`
 }
 
 // DefaultPoolOf is the pool node creates retained layers and Volumes in.

@@ -82,6 +82,10 @@ type WorkspaceTaskResult struct {
 	// InstanceGone (pause failed): the VMM ended and the node removed the
 	// Instance; otherwise the guest runs on.
 	InstanceGone bool `json:"instance_gone,omitempty"`
+	// NotOnNode (stop --force ok): the node did not have the Instance (it
+	// was not taken over): nothing was stopped; a FAILED Workspace stays
+	// FAILED, released.
+	NotOnNode bool `json:"not_on_node,omitempty"`
 	// SnapshotDiscarded (resume failed): the snapshot could not be
 	// restored (torn, incompatible) and the node removed it.
 	SnapshotDiscarded bool `json:"snapshot_discarded,omitempty"`

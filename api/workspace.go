@@ -71,6 +71,10 @@ type Workspace struct {
 	// Denied is what the node last reported of the guest's denied
 	// packets; derived on read from the node's report, never stored.
 	Denied *DeniedReport `json:"denied,omitempty"`
+	// GuestNotResponding: the node's last report says its guest agent
+	// does not answer, or has not yet taken this run's configuration
+	// after a takeover (the node retries); derived on read, never stored.
+	GuestNotResponding bool `json:"guest_not_responding,omitempty"`
 	// StopUnconfirmed marks a stop --force (or a release by ctrl) whose data
 	// was not confirmed to have reached disk.
 	StopUnconfirmed bool `json:"stop_unconfirmed,omitempty"`

@@ -295,6 +295,9 @@ func renderWorkspace(w io.Writer, ws *api.Workspace, wide bool) {
 	line("Resolver", "%s", resolver)
 	line("Allow", "%s", dash(strings.Join(pol.Allow, ",")))
 	line("Deny", "%s", dash(strings.Join(pol.Deny, ",")))
+	if ws.GuestNotResponding {
+		line("Guest", "not responding (the node retries and reconfigures it once it answers; if it never does: kibo workspace stop --force %s, then start)", ws.WorkspaceID)
+	}
 	if d := ws.Denied; d != nil {
 		line("Denied packets", "%d (reported %s)", d.Packets, stamp(d.ReportedAt))
 	}

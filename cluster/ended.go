@@ -22,6 +22,13 @@ const roundsRule = "rounds of ended-Instance records"
 // endedRounds reports whether every voter applies rounds.
 func (s *Server) endedRounds() bool { return s.levelsReach(roundsRule, fsm.LevelEndedRounds) == nil }
 
+// troubleshootingRules reports whether every voter applies the rules of
+// fsm.LevelTroubleshooting (an OOM-killed VMM stops its Workspace; stop
+// --force of an Instance its node no longer has keeps it FAILED).
+func (s *Server) troubleshootingRules() bool {
+	return s.levelsReach("troubleshooting rules", fsm.LevelTroubleshooting) == nil
+}
+
 // endedRoundDue is when the node's next round is due; zero when it has
 // had none.
 func (s *Server) endedRoundDue(node string) (time.Time, error) {

@@ -498,6 +498,7 @@ func (s *Server) applyTaskResult(ctx context.Context, nodeID, sid string, r *api
 	res, err := s.ApplyOp(ctx, fsm.OpWorkspaceResult, fsm.WorkspaceResultArgs{
 		NodeID: nodeID, SessionID: sid, WorkspaceID: r.WorkspaceID, CommandID: r.CommandID, Outcome: r.Outcome, Error: r.Error,
 		Snapshot: r.Snapshot, InstanceGone: r.InstanceGone, SnapshotDiscarded: r.SnapshotDiscarded,
+		NotOnNode: r.NotOnNode && s.troubleshootingRules(),
 	})
 	if err != nil {
 		return err

@@ -98,6 +98,9 @@ func TestWorkspace(t *testing.T) {
 		{"NodeKill", d.testNodeKill},
 		{"DataPlaneKill", d.testDataPlaneKill},
 		{"Upgrade", d.testUpgrade},
+		{"GuestNotResponding", d.testGuestNotResponding},
+		{"StopNotPrepared", d.testStopNotPrepared},
+		{"OOMKill", d.testOOMKill},
 		{"ForceStopDelete", d.testForceStopDelete},
 	}
 	for _, s := range steps {
@@ -236,7 +239,9 @@ type wsView struct {
 	InstanceID      string `json:"instance_id"`
 	Version         uint64 `json:"version"`
 	StopUnconfirmed bool   `json:"stop_unconfirmed"`
-	Snapshot        *struct {
+	// GuestNotResponding: see api.Workspace.
+	GuestNotResponding bool `json:"guest_not_responding"`
+	Snapshot           *struct {
 		NodeID string `json:"node_id"`
 	} `json:"snapshot"`
 }

@@ -29,9 +29,19 @@ import (
 //	   entry with ReportArgs.Rounds concludes a node's records at most once
 //	   a minute, keeps those ctrl does not recognize on the node, and
 //	   concludes a record deleted before its conclusion as unknown (ended.go)
+//	5  rows of the process-model seed's troubleshooting table
+//	   (LevelTroubleshooting): a report entry with ReportArgs.OOMStops
+//	   stops a Workspace whose VMM host OOM killed (STOPPED, startable)
+//	   instead of failing it; a stop --force result with
+//	   WorkspaceResultArgs.NotOnNode releases a FAILED Workspace whose node
+//	   no longer has the Instance and leaves it FAILED (startable)
 
 // FeatureLevel is the level of this build.
-const FeatureLevel = 4
+const FeatureLevel = 5
+
+// LevelTroubleshooting is the level of ReportArgs.OOMStops and
+// WorkspaceResultArgs.NotOnNode.
+const LevelTroubleshooting = 5
 
 // LevelEndedRounds is the level of ReportArgs.Rounds.
 const LevelEndedRounds = 4

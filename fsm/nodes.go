@@ -186,7 +186,7 @@ func applyNodeReport(tx *bolt.Tx, e *Entry) (any, error) {
 			Over: api.ClockOver(a.Clock.OffsetNS, a.Clock.UncertaintyNS), KernelSync: a.Clock.KernelSync,
 		}
 	}
-	if err := failEndedInstances(tx, e, n.NodeID, r.InstanceStates); err != nil {
+	if err := failEndedInstances(tx, e, n.NodeID, r.InstanceStates, a.OOMStops); err != nil {
 		return nil, err
 	}
 	var forget, unrecognized []string

@@ -130,6 +130,11 @@ type ReportArgs struct {
 	// Round: the leader found the node's round due; the FSM checks it
 	// again by the entry's time.
 	Round bool `json:"ended_round,omitempty"`
+	// OOMStops is set by a leader whose voters all reach
+	// LevelTroubleshooting: an Instance reported FAILED with OOMKilled
+	// stops its Workspace (ctrl ends the Instance, STOPPED) rather than
+	// failing it. Without it every ended Instance fails its Workspace.
+	OOMStops bool `json:"oom_stops,omitempty"`
 }
 
 // ReportResult is the outcome of a report: its version and the ended-

@@ -65,9 +65,12 @@ type WorkspaceResultArgs struct {
 	Outcome     string `json:"outcome"`
 	Error       string `json:"error,omitempty"`
 	// Pause and resume answers (see api.WorkspaceTaskResult).
-	Snapshot          *api.SnapshotReport `json:"snapshot,omitempty"`
-	InstanceGone      bool                `json:"instance_gone,omitempty"`
-	SnapshotDiscarded bool                `json:"snapshot_discarded,omitempty"`
+	Snapshot     *api.SnapshotReport `json:"snapshot,omitempty"`
+	InstanceGone bool                `json:"instance_gone,omitempty"`
+	// NotOnNode (stop --force, set by a leader whose voters all reach
+	// LevelTroubleshooting): the node did not have the Instance.
+	NotOnNode         bool `json:"not_on_node,omitempty"`
+	SnapshotDiscarded bool `json:"snapshot_discarded,omitempty"`
 }
 
 // DefaultPool is the pool a node creates retained layers in.
@@ -877,6 +880,16 @@ func applyWorkspaceResult(tx *bolt.Tx, e *Entry) (any, error) {
 			fail(api.FailureStop, a.Error) // still running: stop --force ends it
 			break
 		}
+		if p.Kind == api.WSCmdStopForce && a.NotOnNode && w.Failure != nil {
+			// The node no longer had the Instance: ctrl releases what it
+			// held; the Workspace stays FAILED with its error and can be
+			// started (as the seed's troubleshooting table says).
+			w.State, w.NodeID, w.InstanceID, w.StopUnconfirmed = api.WorkspaceFailed, "", "", true
+			if w.Layer != nil {
+				w.Layer.Held = false
+			}
+			break
+		}
 		w.State, w.NodeID, w.InstanceID, w.Failure = api.WorkspaceStopped, "", "", nil
 		w.StopUnconfirmed = p.Kind == api.WSCmdStopForce
 		if w.Snapshot != nil {
@@ -905,15 +918,20 @@ func applyWorkspaceResult(tx *bolt.Tx, e *Entry) (any, error) {
 }
 
 // failEndedInstances fails AVAILABLE Workspaces whose Instance the node
-// reports FAILED (its VMM ended without the node stopping it).
-func failEndedInstances(tx *bolt.Tx, e *Entry, node string, states []api.InstanceState) error {
+// reports FAILED (its VMM ended without the node stopping it). With
+// oomStops, one whose VMM host OOM killed is stopped instead: ctrl has the
+// node end the Instance, and the Workspace ends STOPPED, startable (the
+// overcommit section of the node-operations seed).
+func failEndedInstances(tx *bolt.Tx, e *Entry, node string, states []api.InstanceState, oomStops bool) error {
 	if len(states) == 0 {
 		return nil
 	}
 	failed := map[string]string{}
+	oom := map[string]bool{}
 	for _, s := range states {
 		if s.State == "FAILED" {
 			failed[s.InstanceID] = s.Error
+			oom[s.InstanceID] = s.OOMKilled && oomStops
 		}
 	}
 	if len(failed) == 0 {
@@ -933,6 +951,15 @@ func failEndedInstances(tx *bolt.Tx, e *Entry, node string, states []api.Instanc
 			msg = "node reports the Instance as no longer running"
 		}
 		dropNetworkChange(e, w, "instance "+w.InstanceID+" ended before node "+node+" applied the change")
+		if oom[w.InstanceID] {
+			w.State = api.WorkspaceStopping
+			w.LastError = &api.WorkspaceFailure{Reason: api.FailureNoLongerRunning, Message: msg + "; ctrl stopped the Workspace: start it again", At: *at(e)}
+			setPending(e, w, api.WSCmdStopForce, nil)
+			if err := putWorkspace(tx, e, old, w); err != nil {
+				return err
+			}
+			continue
+		}
 		w.State = api.WorkspaceFailed
 		w.Failure = &api.WorkspaceFailure{Reason: api.FailureNoLongerRunning, Message: msg, Stage: api.FailureStage(msg), At: *at(e)}
 		if err := putWorkspace(tx, e, old, w); err != nil {
@@ -1043,6 +1070,7 @@ func ViewWorkspace(tx *bolt.Tx, id string) (*api.Workspace, error) {
 	for _, st := range n.Report.InstanceStates {
 		if st.InstanceID == w.InstanceID {
 			w.Denied = &api.DeniedReport{Packets: st.DeniedPackets, ReportedAt: n.Report.ReportedAt}
+			w.GuestNotResponding = st.GuestNotResponding && st.State == "RUNNING"
 		}
 	}
 	return w, nil

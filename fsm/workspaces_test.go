@@ -964,6 +964,78 @@ func TestWorkspaceFailedWithInstance(t *testing.T) {
 	}
 }
 
+// stop --force of a FAILED Workspace whose node no longer has the Instance
+// (not taken over after a restart): ctrl releases what it held, the
+// Workspace stays FAILED with its error and starts directly.
+func TestWorkspaceStopForceInstanceGone(t *testing.T) {
+	h := newHarness(t)
+	twoNodes(h)
+	w := h.running("c1", smallWS)
+	id := w.WorkspaceID
+	h.ok(OpWorkspaceStop, WorkspaceArgs{WorkspaceID: id})
+	h.answer(id, OutcomeFailed, "prepare guest stop: deadline_exceeded: the guest agent did not answer")
+	h.advance(time.Second)
+	h.ok(OpWorkspaceStop, WorkspaceArgs{WorkspaceID: id, Force: true})
+	h.advance(time.Second)
+	res := h.resultArgs(id, OutcomeOK, "")
+	res.NotOnNode = true
+	h.ok(OpWorkspaceResult, res)
+	got := h.ws(id)
+	if got.State != api.WorkspaceFailed || got.Failure == nil || !strings.HasPrefix(got.Failure.Message, "prepare guest stop:") ||
+		got.InstanceID != "" || got.NodeID != "" || got.Layer.Held || !got.StopUnconfirmed || got.Pending != nil {
+		t.Fatalf("after stop --force with the Instance gone from its node: %+v", got)
+	}
+	if hd := h.holds("node-a"); hd.Instances != 0 || hd.Layers != 0 {
+		t.Errorf("holds after the release: %+v", hd)
+	}
+	h.advance(time.Second)
+	h.ok(OpWorkspaceStart, WorkspaceArgs{WorkspaceID: id})
+	if got := h.ws(id); got.State != api.WorkspaceStarting {
+		t.Errorf("start of the released FAILED Workspace: %+v", got)
+	}
+	checkIndex(t, h.f)
+}
+
+// A VMM that host OOM killed: with OOMStops (every voter at
+// LevelTroubleshooting) ctrl stops the Workspace itself (STOPPING with a
+// stop --force for the node, then STOPPED and startable); an entry
+// without it fails the Workspace as before the level, and so does any
+// other unexpected exit.
+func TestWorkspaceOOMKilledStops(t *testing.T) {
+	for _, c := range []struct {
+		name            string
+		oomKilled, rule bool
+	}{{"oom with the rule", true, true}, {"oom below the level", true, false}, {"other exit", false, true}} {
+		t.Run(c.name, func(t *testing.T) {
+			h := newHarness(t)
+			twoNodes(h)
+			w := h.running("c1", smallWS)
+			h.advance(time.Second)
+			h.ok(OpNodeReport, ReportArgs{NodeID: "node-a", SessionID: sessOf("node-a"), OOMStops: c.rule,
+				Report: api.Report{Capacity: api.Resources{CPU: 4000, MemoryBytes: 8 * gib}, Pools: defaultPoolAvailable, Templates: testTemplates,
+					InstanceStates: []api.InstanceState{{InstanceID: w.InstanceID, State: "FAILED", Error: "node reports the Instance as no longer running: host OOM killed the VMM", OOMKilled: c.oomKilled}}}})
+			got := h.ws(w.WorkspaceID)
+			if !(c.oomKilled && c.rule) {
+				if got.State != api.WorkspaceFailed || got.Failure == nil || got.Failure.Reason != api.FailureNoLongerRunning {
+					t.Fatalf("%+v; want FAILED no longer running", got)
+				}
+				return
+			}
+			if got.State != api.WorkspaceStopping || got.Pending == nil || got.Pending.Kind != api.WSCmdStopForce || got.Pending.InstanceID != w.InstanceID ||
+				got.Failure != nil || got.LastError == nil || !strings.Contains(got.LastError.Message, "host OOM killed the VMM") {
+				t.Fatalf("after the OOM kill: %+v; want STOPPING by ctrl's own stop --force, the reason as last error", got)
+			}
+			got = h.answer(w.WorkspaceID, OutcomeOK, "")
+			if got.State != api.WorkspaceStopped || got.InstanceID != "" || got.Layer.Held || !got.StopUnconfirmed || got.LastError == nil {
+				t.Fatalf("after the node ended the Instance: %+v; want STOPPED, the reason kept", got)
+			}
+			h.advance(time.Second)
+			h.ok(OpWorkspaceStart, WorkspaceArgs{WorkspaceID: w.WorkspaceID})
+			checkIndex(t, h.f)
+		})
+	}
+}
+
 func TestWorkspaceInstanceFailedReport(t *testing.T) {
 	h := newHarness(t)
 	twoNodes(h)

@@ -88,6 +88,20 @@ func (rt *Runtime) guestLoop(ctx context.Context, in *instance, c *guestproto.Cl
 				rt.log.Error("instance guest refused", "instance_id", in.id, "err", err)
 				return
 			}
+			if err == nil {
+				info := c.Info()
+				in.mu.Lock()
+				if g := in.rec.Guest; g != nil && g.BootID != info.BootID {
+					rt.log.Warn("instance guest restarted while not connected", "instance_id", in.id, "boot_id", info.BootID, "recorded_boot_id", g.BootID)
+				}
+				in.mu.Unlock()
+				// Answering is not enough: until the guest has this run's
+				// configuration it shows as not responding.
+				if err = rt.syncGuest(ctx, in, c, attempt); err != nil {
+					c.Close()
+					c = nil
+				}
+			}
 			if err != nil {
 				in.mu.Lock()
 				in.responding = false
@@ -100,12 +114,6 @@ func (rt *Runtime) guestLoop(ctx context.Context, in *instance, c *guestproto.Cl
 				backoff, attempt = min(backoff*2, guestBackoffMax), min(attempt*2, guestAttemptMax)
 				continue
 			}
-			info := c.Info()
-			in.mu.Lock()
-			if g := in.rec.Guest; g != nil && g.BootID != info.BootID {
-				rt.log.Warn("instance guest restarted while not connected", "instance_id", in.id, "boot_id", info.BootID, "recorded_boot_id", g.BootID)
-			}
-			in.mu.Unlock()
 			if pending {
 				rt.log.Info("instance guest sync pending", "instance_id", in.id, "recovered", true)
 				pending = false
@@ -136,6 +144,28 @@ func (rt *Runtime) guestLoop(ctx context.Context, in *instance, c *guestproto.Cl
 			return
 		}
 	}
+}
+
+// syncGuest hands a guest reached again (after a takeover, a lost session)
+// its launch-time configuration: the network the launch record holds and
+// this run's DNS (the namespace's address, which the node's resolver
+// answers on). Each request is idempotent (addresses and routes replaced,
+// resolv.conf rewritten in place), so a guest that kept them is not
+// disturbed. A guest reboot ends the VMM (-no-reboot): one that answers
+// was not rebooted, and its mounts are as the node left them.
+func (rt *Runtime) syncGuest(ctx context.Context, in *instance, c *guestproto.Client, timeout time.Duration) error {
+	in.mu.Lock()
+	rec := in.rec
+	in.mu.Unlock()
+	if rec.Network == nil {
+		return nil
+	}
+	sctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	if err := c.Configure(sctx, guestNetwork(rec.Network)); err != nil {
+		return fmt.Errorf("configure the guest network again: %w", err)
+	}
+	return nil
 }
 
 // stopGuestLoop ends the guest loop of in and waits for it.

@@ -38,6 +38,15 @@ const (
 // the node stopping it (the seeds quote it verbatim).
 const ErrNoLongerRunning = "node reports the Instance as no longer running"
 
+// ErrOOMKilled is the error of an Instance whose VMM host OOM killed (its
+// unit's result oom-kill): ctrl stops such a Workspace rather than
+// failing it (InstanceStatus.OOMKilled).
+const ErrOOMKilled = "node reports the Instance as no longer running: host OOM killed the VMM"
+
+// unitResultOOM is the result systemd gives a unit the kernel's OOM
+// killer ended (OOMPolicy=kill ends the whole unit).
+const unitResultOOM = "oom-kill"
+
 // ErrUnknownInstance is the error of a call naming an Instance this node
 // does not have.
 var ErrUnknownInstance = errors.New("not found on this node")

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/kibotos/kibotos/internal/ctxsleep"
+	"github.com/kibotos/kibotos/vmm/guestproto"
 	"github.com/kibotos/kibotos/vmm/units"
 )
 
@@ -16,57 +17,172 @@ import (
 // stop a running Instance.
 const DefaultGrace = 10 * time.Second
 
-// Stop stops a running Instance: gracefully through the guest agent (the
-// guest powers off and the VMM exits), by stopping the unit when the agent
-// does not answer, and returns once the unit's cgroup is empty.
+// Stop stops a running Instance gracefully: the guest ends its processes
+// (grace, then SIGKILL), syncs and freezes the writable layer and Volumes
+// and powers off; the VMM exits and Stop returns once the unit's cgroup is
+// empty. When the guest cannot prepare the stop (it does not answer, its
+// processes do not end, a filesystem cannot be synced or frozen) nothing
+// confirms that the data reached disk: Stop returns a *PrepareError and
+// leaves the VMM running (the Instance RUNNING); ForceStop ends it.
 func (rt *Runtime) Stop(ctx context.Context, id string, grace time.Duration) error {
-	in, err := rt.get(id)
-	if err != nil {
+	in, done, err := rt.beginStop(ctx, id)
+	if done || err != nil {
 		return err
 	}
 	in.mu.Lock()
-	state := in.state
-	switch state {
+	rec := in.rec
+	in.mu.Unlock()
+	t0 := time.Now()
+	how := "stopped"
+	perr := rt.prepareStop(ctx, in, grace)
+	if perr == nil && !rt.waitProcessGone(ctx, rec.Process, 30*time.Second) {
+		// The data is on disk; only the VMM did not exit after the
+		// poweroff.
+		rt.log.Warn("instance VMM still running after the guest powered off, stopping the unit", "instance_id", id)
+		how = "forced"
+	}
+	if perr != nil {
+		in.mu.Lock()
+		in.state = StateRunning
+		in.notify()
+		in.mu.Unlock()
+		rt.log.Error("instance stop not prepared by the guest; the VMM keeps running", "instance_id", id, "unit", rec.Unit, "err", perr.Error())
+		return perr
+	}
+	return rt.endUnit(ctx, in, how, t0)
+}
+
+// ForceStop ends a running Instance without a prepared guest stop: the
+// guest is asked for one short sync (when it answers), then the unit is
+// stopped. What the guest wrote is not confirmed to be on disk.
+func (rt *Runtime) ForceStop(ctx context.Context, id string) error {
+	in, done, err := rt.beginStop(ctx, id)
+	if done || err != nil {
+		return err
+	}
+	t0 := time.Now()
+	in.mu.Lock()
+	c := in.guest
+	in.mu.Unlock()
+	if c != nil {
+		sctx, cancel := context.WithTimeout(ctx, ForceSyncTimeout)
+		err := c.Sync(sctx)
+		cancel()
+		rt.log.Info("instance force stop: guest sync", "instance_id", id, "err", err)
+	}
+	return rt.endUnit(ctx, in, "forced", t0)
+}
+
+// ForceSyncTimeout bounds ForceStop's one guest sync.
+const ForceSyncTimeout = 3 * time.Second
+
+// guestConnectWait is how long a stop waits for a guest agent that is
+// reconnecting (after a node restart, a broken session).
+const guestConnectWait = 10 * time.Second
+
+// beginStop moves a RUNNING Instance to STOPPING. done: nothing is left to
+// do (STOPPED, or FAILED and its VMM ended now).
+func (rt *Runtime) beginStop(ctx context.Context, id string) (in *instance, done bool, err error) {
+	in, err = rt.get(id)
+	if err != nil {
+		return nil, false, err
+	}
+	in.mu.Lock()
+	switch in.state {
 	case StateStopped:
 		in.mu.Unlock()
-		return nil
+		return in, true, nil
 	case StateStopping:
 		in.mu.Unlock()
-		return fmt.Errorf("runtime: stop instance %s: already stopping", id)
+		return nil, false, fmt.Errorf("runtime: stop instance %s: already stopping", id)
 	case StateStarting:
 		in.mu.Unlock()
-		return fmt.Errorf("runtime: stop instance %s: it is starting; retry once Start returned", id)
+		return nil, false, fmt.Errorf("runtime: stop instance %s: it is starting; retry once Start returned", id)
 	case StateFailed:
 		in.mu.Unlock()
 		// The VMM may still run (guest refused, start failed): end it.
-		if err := rt.ensureEnded(ctx, in); err != nil {
-			return err
-		}
-		return nil
+		return in, true, rt.ensureEnded(ctx, in)
 	}
 	in.state = StateStopping
 	in.notify()
-	c := in.guest
-	rec := in.rec
 	in.mu.Unlock()
+	return in, false, nil
+}
 
-	how := "stopped"
-	t0 := time.Now()
+// PrepareError is a stop the guest did not prepare; its text begins with
+// "prepare guest stop:" as the seed's troubleshooting table quotes it.
+type PrepareError struct {
+	Code    string // guestproto.CodeDeadlineExceeded, or "" for a filesystem failure
+	Message string
+}
+
+func (e *PrepareError) Error() string {
+	if e.Code != "" {
+		return "prepare guest stop: " + e.Code + ": " + e.Message
+	}
+	return "prepare guest stop: " + e.Message
+}
+
+// prepareStop asks the guest to prepare the stop and power off.
+func (rt *Runtime) prepareStop(ctx context.Context, in *instance, grace time.Duration) *PrepareError {
+	c := rt.connectedGuest(ctx, in)
 	if c == nil {
-		how = "forced"
-	} else {
-		sctx, cancel := context.WithTimeout(ctx, grace+15*time.Second)
-		_, err := c.Stop(sctx, grace)
-		cancel()
-		if err != nil {
-			rt.log.Warn("instance graceful stop failed, stopping the unit", "instance_id", id, "err", err)
-			how = "forced"
-		} else if !rt.waitProcessGone(ctx, rec.Process, 30*time.Second) {
-			rt.log.Warn("instance VMM still running after the guest powered off, stopping the unit", "instance_id", id)
-			how = "forced"
+		return &PrepareError{Code: guestproto.CodeDeadlineExceeded, Message: fmt.Sprintf("the guest agent of instance %s did not answer within %s", in.id, guestConnectWait)}
+	}
+	// The guest's own bound (grace, then its SIGKILL wait) and a margin.
+	wait := grace + 15*time.Second
+	sctx, cancel := context.WithTimeout(ctx, wait)
+	res, err := c.Stop(sctx, grace)
+	cancel()
+	var ge *guestproto.Error
+	switch {
+	case err == nil:
+		rt.log.Info("instance guest stop prepared", "instance_id", in.id, "terminated", res.Terminated, "killed", res.Killed, "frozen", res.Frozen)
+		return nil
+	case errors.As(err, &ge) && ge.Code == guestproto.CodeDeadlineExceeded:
+		return &PrepareError{Code: ge.Code, Message: ge.Message}
+	case errors.As(err, &ge) && ge.Code == guestproto.CodeFailed:
+		return &PrepareError{Message: ge.Message}
+	case errors.As(err, &ge):
+		return &PrepareError{Code: ge.Code, Message: ge.Message}
+	case sctx.Err() != nil:
+		return &PrepareError{Code: guestproto.CodeDeadlineExceeded, Message: fmt.Sprintf("the guest agent of instance %s did not answer the stop within %s", in.id, wait)}
+	default:
+		return &PrepareError{Code: "unavailable", Message: fmt.Sprintf("instance %s: %v", in.id, err)}
+	}
+}
+
+// connectedGuest is the Instance's guest client, waiting a little for one
+// that is reconnecting; nil if none.
+func (rt *Runtime) connectedGuest(ctx context.Context, in *instance) *guestproto.Client {
+	deadline := time.NewTimer(guestConnectWait)
+	defer deadline.Stop()
+	for {
+		in.mu.Lock()
+		c, changed := in.guest, in.changed
+		in.mu.Unlock()
+		if c != nil {
+			return c
+		}
+		select {
+		case <-changed:
+		case <-deadline.C:
+			return nil
+		case <-ctx.Done():
+			return nil
 		}
 	}
+}
+
+// endUnit stops the Instance's unit (after the guest powered off, or to
+// force it), confirms its cgroup is empty and records the Instance
+// STOPPED.
+func (rt *Runtime) endUnit(ctx context.Context, in *instance, how string, t0 time.Time) error {
+	id := in.id
 	in.stopGuestLoop()
+	in.mu.Lock()
+	rec := in.rec
+	in.mu.Unlock()
 	if err := rt.forceStop(ctx, rec.Unit, rec.Process.InvocationID); err != nil {
 		in.mu.Lock()
 		in.state, in.err = StateFailed, "stop: "+err.Error()
@@ -219,7 +335,15 @@ func (rt *Runtime) Delete(ctx context.Context, id string) error {
 	in.mu.Unlock()
 	switch state {
 	case StateRunning:
-		if err := rt.Stop(ctx, id, DefaultGrace); err != nil {
+		// What is deleted needs no confirmed flush: a guest that cannot
+		// prepare the stop is ended anyway.
+		err := rt.Stop(ctx, id, DefaultGrace)
+		var perr *PrepareError
+		if errors.As(err, &perr) {
+			rt.log.Warn("instance deleted without a prepared guest stop", "instance_id", id, "err", perr.Error())
+			err = rt.ForceStop(ctx, id)
+		}
+		if err != nil {
 			return err
 		}
 	case StateStarting, StateStopping:

@@ -89,6 +89,8 @@ func (rt *Runtime) inspect(ctx context.Context) (verdicts []verdict, noRecord []
 				path, rec.Unit, u.InvocationID, u.MainPID, rec.Unit))
 		case rec.Process == nil:
 			verdicts = append(verdicts, verdict{rec: rec, state: StateFailed, err: "start interrupted before the VMM was recorded as running"})
+		case !active && ((present && u.Result == unitResultOOM) || oomKilled(rec.Process, pathsOf(filepath.Join(rt.instancesDir, rec.InstanceID), rec).VMMLog)):
+			verdicts = append(verdicts, verdict{rec: rec, state: StateFailed, err: ErrOOMKilled, gone: true})
 		case !active:
 			verdicts = append(verdicts, verdict{rec: rec, state: StateFailed, err: ErrNoLongerRunning, gone: true})
 		default:

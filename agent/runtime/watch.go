@@ -83,12 +83,17 @@ func (rt *Runtime) check(in *instance) {
 	if err := rt.copyMachineLogs(in); err != nil {
 		rt.log.Warn("instance machine logs not kept", "instance_id", in.id, "err", err)
 	}
+	why, how := ErrNoLongerRunning, "machine exited"
+	if (err == nil && u.Result == unitResultOOM) || oomKilled(p, in.paths.VMMLog) {
+		why, how = ErrOOMKilled, "oom-killed"
+		exit += " (OOM killer)"
+	}
 	in.mu.Lock()
 	if in.state != StateRunning {
 		in.mu.Unlock()
 		return
 	}
-	in.state, in.err, in.how = StateFailed, ErrNoLongerRunning, "machine exited"
+	in.state, in.err, in.how = StateFailed, why, how
 	in.notify()
 	in.mu.Unlock()
 	in.stopGuestLoop()

@@ -48,7 +48,7 @@ type Request struct {
 // Reasons a node is not a candidate, as shown in errors.
 const (
 	whyNotAdmitted   = "not admitted"
-	whyNotReady      = "not ready"
+	whyNotReady      = "not ready (no live session)"
 	whyDrained       = "drained"
 	whyIsolated      = "isolated"
 	whyClock         = "clock skew over 30s"

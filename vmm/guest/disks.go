@@ -48,6 +48,7 @@ func (a *agent) mountDisk(ctx context.Context, serial, target, fstype, data stri
 	if err != nil {
 		return fmt.Errorf("mount serial:%s (%s) on %s (%s): %w", serial, dev, target, fstype, err)
 	}
+	a.retain(target)
 	if grow {
 		if _, err := a.growFS(ctx, guestproto.GrowFSRequest{Path: target}); err != nil {
 			return fmt.Errorf("mount serial:%s on %s: mounted, but not grown to its device: %w", serial, target, err)

@@ -62,10 +62,15 @@ type agent struct {
 	procsMu sync.Mutex
 	procs   map[int]*managed
 	stopped bool // no new execs once Stop began
-	stopCh  chan struct{}
-	stopErr error
-	wg      sync.WaitGroup // stream handlers
-	execs   sync.WaitGroup // running execs, until their exit was reported
+	// retained are the mount points of disks configure mounted (the
+	// Workspace's writable layer, its Volumes), in mount order: what a
+	// stop must sync and freeze before the guest powers off.
+	retainedMu sync.Mutex
+	retained   []string
+	stopCh     chan struct{}
+	stopErr    error
+	wg         sync.WaitGroup // stream handlers
+	execs      sync.WaitGroup // running execs, until their exit was reported
 }
 
 // Opener opens one channel (a virtio-serial port). It may wait for the

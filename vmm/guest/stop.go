@@ -1,7 +1,10 @@
 package guest
 
 import (
+	"errors"
+	"fmt"
 	"io"
+	"slices"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -9,8 +12,19 @@ import (
 	"github.com/kibotos/kibotos/vmm/guestproto"
 )
 
-// stop ends the managed processes (SIGTERM to their process groups, SIGKILL
-// after the grace period), syncs, answers the node and then powers off.
+// killWait is how long processes get to end after SIGKILL before a stop
+// gives up on them: one still there is stuck in the kernel (most often
+// waiting on a disk), and its data cannot be confirmed.
+const killWait = 5 * time.Second
+
+// stop prepares the guest's end and powers it off: the managed processes
+// get SIGTERM, SIGKILL after the grace period; the filesystems are synced,
+// and those of the node's disks (retained) are frozen, so that what the
+// Workspace wrote is on its disks before the VMM goes. When a step fails
+// the guest answers the error and keeps running: the node must not end a
+// VM whose data it cannot confirm. Filesystems frozen before the failure
+// stay frozen (they take no more writes); only a later stop thaws nothing
+// and freezes what is left.
 func (a *agent) stop(s io.Writer, req guestproto.StopRequest) {
 	a.procsMu.Lock()
 	already := a.stopped
@@ -25,23 +39,15 @@ func (a *agent) stop(s io.Writer, req guestproto.StopRequest) {
 		grace = 10 * time.Second
 	}
 	a.log.Info("guest agent stopping", "grace", grace)
-	var res guestproto.StopResult
-	n := a.killAll(unix.SIGTERM)
-	if a.opts.KillAll {
-		unix.Kill(-1, unix.SIGTERM)
+	res, err := a.prepareStop(grace)
+	if err != nil {
+		a.log.Error("guest stop not prepared; the guest keeps running", "err", err)
+		a.procsMu.Lock()
+		a.stopped = false
+		a.procsMu.Unlock()
+		respond(s, nil, err)
+		return
 	}
-	if !a.waitProcs(grace) {
-		left := a.killAll(unix.SIGKILL)
-		res.Killed = left
-		a.waitProcs(5 * time.Second)
-	}
-	if a.opts.KillAll {
-		unix.Kill(-1, unix.SIGKILL)
-	}
-	res.Terminated = n - res.Killed
-	// Let every exec report its exit before the session goes away.
-	waitTimeout(&a.execs, outputDelay+time.Second)
-	syncAll()
 	respond(s, res, nil)
 	if a.opts.PowerOff != nil {
 		a.log.Info("guest agent powering off")
@@ -51,4 +57,83 @@ func (a *agent) stop(s io.Writer, req guestproto.StopRequest) {
 		}
 	}
 	close(a.stopCh)
+}
+
+// prepareStop ends the managed processes, syncs, and syncs and freezes the
+// retained filesystems.
+func (a *agent) prepareStop(grace time.Duration) (guestproto.StopResult, error) {
+	var res guestproto.StopResult
+	n := a.killAll(unix.SIGTERM)
+	if a.opts.KillAll {
+		unix.Kill(-1, unix.SIGTERM)
+	}
+	if !a.waitProcs(grace) {
+		res.Killed = a.killAll(unix.SIGKILL)
+		if a.opts.KillAll {
+			unix.Kill(-1, unix.SIGKILL)
+		}
+		if !a.waitProcs(killWait) {
+			left := a.killAll(0)
+			return res, &guestproto.Error{Code: guestproto.CodeDeadlineExceeded,
+				Message: fmt.Sprintf("%d managed processes did not end within %s of SIGTERM and %s of SIGKILL (stuck in the kernel, most often on a disk)", left, grace, killWait)}
+		}
+	} else if a.opts.KillAll {
+		unix.Kill(-1, unix.SIGKILL)
+	}
+	res.Terminated = n - res.Killed
+	// Let every exec report its exit before the session goes away.
+	waitTimeout(&a.execs, outputDelay+time.Second)
+	syncAll()
+	frozen, err := a.freezeRetained()
+	res.Frozen = frozen
+	return res, err
+}
+
+// retain notes a mount point of a node's disk.
+func (a *agent) retain(target string) {
+	a.retainedMu.Lock()
+	defer a.retainedMu.Unlock()
+	if !slices.Contains(a.retained, target) {
+		a.retained = append(a.retained, target)
+	}
+}
+
+// freezeRetained syncs and freezes every retained filesystem, the last
+// mounted first (a Volume before the root it is mounted in). Every one is
+// tried; the first failure is returned. One frozen already (by a stop
+// that failed before) counts as frozen.
+func (a *agent) freezeRetained() ([]string, error) {
+	a.retainedMu.Lock()
+	targets := slices.Clone(a.retained)
+	a.retainedMu.Unlock()
+	var frozen []string
+	var first error
+	for i := len(targets) - 1; i >= 0; i-- {
+		err := syncAndFreeze(targets[i])
+		if err == nil {
+			frozen = append(frozen, targets[i])
+			continue
+		}
+		if first == nil {
+			first = err
+		}
+	}
+	return frozen, first
+}
+
+// syncAndFreeze flushes one filesystem (syncfs reports a writeback error
+// the filesystem met since it was opened) and freezes it.
+func syncAndFreeze(path string) error {
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return &guestproto.Error{Code: guestproto.CodeFailed, Message: fmt.Sprintf("retained filesystem sync failed: %s: %v", path, err)}
+	}
+	defer unix.Close(fd)
+	if err := unix.Syncfs(fd); err != nil {
+		return &guestproto.Error{Code: guestproto.CodeFailed, Message: fmt.Sprintf("retained filesystem sync failed: %s: %v", path, err)}
+	}
+	if err := unix.IoctlSetInt(fd, ioctlFIFREEZE, 0); err != nil && !errors.Is(err, unix.EBUSY) {
+		return &guestproto.Error{Code: guestproto.CodeFailed, Message: fmt.Sprintf("retained filesystem freeze failed: %s: %v", path, err)}
+	}
+	return nil
 }

@@ -185,6 +185,9 @@ func (a *agent) mount(ctx context.Context, m guestproto.Mount) error {
 	if err := unix.Mount(m.Source, m.Target, m.FSType, flags, strings.Join(data, ",")); err != nil {
 		return fmt.Errorf("mount %s on %s (%s): %w", m.Source, m.Target, m.FSType, err)
 	}
+	if flags&unix.MS_BIND == 0 && strings.HasPrefix(m.Source, "/dev/vd") {
+		a.retain(m.Target) // an older node's Workspace root: /dev/vda
+	}
 	if grow {
 		if _, err := a.growFS(ctx, guestproto.GrowFSRequest{Path: m.Target}); err != nil {
 			return fmt.Errorf("mount %s on %s: mounted, but not grown to its device: %w", m.Source, m.Target, err)

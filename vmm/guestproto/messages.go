@@ -86,11 +86,18 @@ const MountOptGrow = "x-grow"
 // CapSetTime: CallSetTime, and configure's Interface.Flush.
 const CapSetTime = "set-time"
 
+// CapStopPrepare: stop prepares before it powers off: every filesystem of
+// a disk mounted by configure (the Workspace's writable layer, its
+// Volumes) is synced and frozen, and a stop whose processes do not end or
+// whose filesystems cannot be synced or frozen fails (CodeDeadlineExceeded
+// or CodeFailed) and leaves the guest running, those filesystems frozen.
+const CapStopPrepare = "stop-prepare"
+
 // Capabilities are every capability this build's guest agent announces
 // and its node may use. A guest of an earlier build lacking some is still
 // driven; only the calls that need those fail until it restarts.
 var Capabilities = []string{CapExec, CapPTY, CapFiles, CapConfigure, CapFreeze, CapStop, CapExecRoot,
-	CapPortForward, CapBindMount, CapMountSerial, CapGrowFS, CapSetTime}
+	CapPortForward, CapBindMount, CapMountSerial, CapGrowFS, CapSetTime, CapStopPrepare}
 
 // SetTimeRequest is the time to set, Unix nanoseconds of the node's clock.
 type SetTimeRequest struct {
@@ -120,6 +127,8 @@ const (
 	CodeNotFound    = "not_found"
 	CodeUnsupported = "unsupported"
 	CodeFailed      = "failed"
+	// CodeDeadlineExceeded: the managed processes did not end in time.
+	CodeDeadlineExceeded = "deadline_exceeded"
 )
 
 // Error is a call that failed in the guest.
@@ -308,4 +317,6 @@ type StopRequest struct {
 type StopResult struct {
 	Terminated int `json:"terminated"` // ended after SIGTERM
 	Killed     int `json:"killed"`     // needed SIGKILL
+	// Frozen are the retained filesystems synced and frozen (CapStopPrepare).
+	Frozen []string `json:"frozen,omitempty"`
 }

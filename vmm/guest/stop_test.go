@@ -1,0 +1,115 @@
+package guest
+
+import (
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/kibotos/kibotos/vmm/guestproto"
+)
+
+// A stop the guest cannot prepare leaves the guest running and says why
+// in the seed's words: a retained filesystem that cannot be frozen (a
+// tmpfs mounted over the Volume), then a process stuck in the kernel on a
+// frozen filesystem (deadline_exceeded). Once nothing is in the way the
+// same agent stops: the disk's filesystem frozen, the guest powered off.
+func TestStopPrepare(t *testing.T) {
+	dev, _ := loopDisk(t, 16<<20)
+	sys := fakeSys(t, map[string]string{filepath.Base(dev): "vol-1"})
+	var powerOffs atomic.Int32
+	h := startAgent(t, Options{SysRoot: sys, DiskWait: 2 * time.Second, PowerOff: func() error {
+		powerOffs.Add(1)
+		return nil
+	}})
+	c := h.dial()
+	ctx := ctxT(t)
+	target := filepath.Join(t.TempDir(), "rootfs", "data")
+	t.Cleanup(func() {
+		freeze(target, false)
+		for unix.Unmount(target, unix.MNT_DETACH) == nil {
+		}
+	})
+	m := guestproto.Mount{Source: "serial:vol-1", Target: target, FSType: "ext4"}
+	if err := c.Configure(ctx, guestproto.ConfigureRequest{Mounts: []guestproto.Mount{m}}); err != nil {
+		t.Fatalf("mount by serial: %v", err)
+	}
+	if !c.Info().Has(guestproto.CapStopPrepare) {
+		t.Fatalf("capabilities %v lack %s", c.Info().Capabilities, guestproto.CapStopPrepare)
+	}
+
+	// Something mounted over the Volume that cannot be frozen.
+	if err := unix.Mount("tmpfs", target, "tmpfs", 0, ""); err != nil {
+		t.Fatal(err)
+	}
+	_, err := c.Stop(ctx, 100*time.Millisecond)
+	if ge := guestErr(err); ge == nil || ge.Code != guestproto.CodeFailed || !strings.HasPrefix(ge.Message, "retained filesystem freeze failed: "+target+": ") {
+		t.Fatalf("stop with a tmpfs over the Volume: %v; want retained filesystem freeze failed", err)
+	}
+	if r, _, _ := run(t, c, nil, "echo", "alive"); r != "alive\n" || powerOffs.Load() != 0 {
+		t.Fatalf("after a stop that was not prepared: exec %q, %d poweroffs; want the guest running", r, powerOffs.Load())
+	}
+	if err := unix.Unmount(target, 0); err != nil {
+		t.Fatal(err)
+	}
+
+	// A process writing to the frozen filesystem is stuck in the kernel:
+	// neither SIGTERM nor SIGKILL ends it.
+	if err := freeze(target, true); err != nil {
+		t.Fatal(err)
+	}
+	stuck, err := c.Exec(ctx, guestproto.ExecRequest{Argv: []string{"sh", "-c", "echo x > " + filepath.Join(target, "f")}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the writer blocked on the frozen filesystem", func() bool { return procState(stuck.PID) == "D" })
+	_, err = c.Stop(ctx, 100*time.Millisecond)
+	if ge := guestErr(err); ge == nil || ge.Code != guestproto.CodeDeadlineExceeded || !strings.Contains(ge.Message, "1 managed processes did not end") {
+		t.Fatalf("stop with a process stuck on a frozen filesystem: %v; want deadline_exceeded", err)
+	}
+	if powerOffs.Load() != 0 {
+		t.Fatal("the guest powered off after a stop that was not prepared")
+	}
+	// Thawed, the writer meets the signals sent to it.
+	if err := freeze(target, false); err != nil {
+		t.Fatal(err)
+	}
+	if exit, err := stuck.Wait(); err != nil || exit.Signal == 0 {
+		t.Fatalf("the writer after the thaw: %+v, %v", exit, err)
+	}
+	res, err := c.Stop(ctx, 100*time.Millisecond)
+	if err != nil || len(res.Frozen) != 1 || res.Frozen[0] != target {
+		t.Fatalf("stop with nothing in the way: %+v, %v; want %s frozen", res, err, target)
+	}
+	if err := freeze(target, false); err != nil {
+		t.Errorf("thaw after the stop (was it frozen?): %v", err)
+	}
+	select {
+	case <-h.done:
+		h.done <- nil
+	case <-time.After(20 * time.Second):
+		t.Fatal("Serve did not return after Stop")
+	}
+	if powerOffs.Load() != 1 {
+		t.Fatalf("poweroff called %d times, want 1", powerOffs.Load())
+	}
+}
+
+// procState is the state letter of /proc/PID/stat ("" once it is gone).
+func procState(pid int) string {
+	b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "stat"))
+	if err != nil {
+		return ""
+	}
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	if i < 0 || i+2 >= len(s) {
+		return ""
+	}
+	return s[i+2 : i+3]
+}
