@@ -14,7 +14,7 @@ var examples = map[string][]string{
 	"join": {"kibo enrollment grant node-b --roles node      # on a ctrl member: prints the grant",
 		"kibotos join --advertise 10.0.0.2:7400 --grant GRANT 10.0.0.1:7400"},
 	"serve":                       {"kibotos serve --config /etc/kibotos/kibotos.toml", "kibotos serve --data-dir /var/lib/kibotos --log-format json"},
-	"dev up":                      {"kibotos dev up", "kibotos dev up --advertise 127.0.0.1:7480"},
+	"dev up":                      {"kibotos dev up", "kibotos dev up --advertise 127.0.0.1:7480", "kibotos dev up --log-format json"},
 	"dev down":                    {"kibotos dev down", "kibotos dev down --purge"},
 	"status":                      {"kibo status"},
 	"enrollment grant":            {"kibo enrollment grant node-b --roles node", "kibo enrollment grant ctrl-2 --roles ctrl,node --ttl 1h"},
