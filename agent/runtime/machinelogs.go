@@ -2,6 +2,7 @@ package runtime
 
 import (
 	"errors"
+	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -93,4 +94,78 @@ func (rt *Runtime) keepMachineLogsWithinQuota(keep string) {
 	if err != nil {
 		rt.log.Warn("machine logs not all pruned", "err", err)
 	}
+}
+
+// ErrNoMachineLog: the node neither holds the Instance nor keeps its log
+// tails (it never ran here, or the quota pruned them).
+var ErrNoMachineLog = errors.New("no machine log on this node")
+
+// MachineLog is what the node has of one Instance's logs.
+type MachineLog struct {
+	// Live: read from the Instance the node holds; else from the tails
+	// kept in machine-logs/ when it was removed.
+	Live         bool
+	Console, VMM LogTail
+}
+
+// LogTail is the end of one log.
+type LogTail struct {
+	Data []byte
+	// Truncated: the log holds more than Data.
+	Truncated bool
+}
+
+// ReadMachineLog returns the last max bytes of an Instance's console and
+// VMM logs: the live files while the node holds the Instance, else the
+// tails it kept. id names a directory, so it must be an Instance id
+// (idRE: no separators, no dots).
+func (rt *Runtime) ReadMachineLog(id string, max int64) (MachineLog, error) {
+	if !idRE.MatchString(id) {
+		return MachineLog{}, fmt.Errorf("runtime: machine log of %q: not an Instance id", id)
+	}
+	if max < 1 {
+		return MachineLog{}, fmt.Errorf("runtime: machine log of instance %s: read %d bytes: want at least 1", id, max)
+	}
+	rt.mu.Lock()
+	in := rt.instances[id]
+	rt.mu.Unlock()
+	if in != nil {
+		l, err := readMachineLog(in.paths.Console, in.paths.VMMLog, max)
+		l.Live = true
+		if !errors.Is(err, ErrNoMachineLog) {
+			return l, err
+		}
+		// Removed meanwhile: its tails are kept by now.
+	}
+	dir := filepath.Join(rt.logsDir, id)
+	return readMachineLog(filepath.Join(dir, "console.log"), filepath.Join(dir, "vmm.log"), max)
+}
+
+// readMachineLog reads both logs; ErrNoMachineLog when neither exists.
+func readMachineLog(console, vmm string, max int64) (MachineLog, error) {
+	var l MachineLog
+	var missing int
+	for _, r := range []struct {
+		path string
+		read func(string, int64) ([]byte, error)
+		out  *LogTail
+	}{{console, readConsoleTail, &l.Console}, {vmm, readTail, &l.VMM}} {
+		// One byte more than asked tells whether there is more.
+		b, err := r.read(r.path, max+1)
+		if errors.Is(err, fs.ErrNotExist) {
+			missing++
+			continue
+		}
+		if err != nil {
+			return l, fmt.Errorf("runtime: %w", err)
+		}
+		if int64(len(b)) > max {
+			b, r.out.Truncated = b[int64(len(b))-max:], true
+		}
+		r.out.Data = b
+	}
+	if missing == 2 {
+		return l, ErrNoMachineLog
+	}
+	return l, nil
 }
