@@ -27,19 +27,27 @@ type MachineLog struct {
 	// Live: read from the Instance the node still holds (running, or
 	// ended and not yet removed); else from the tails the node kept in
 	// machine-logs/ when it removed the Instance.
-	Live    bool   `json:"live"`
+	Live bool `json:"live"`
+	// Running: the Instance is starting or running; its console may grow.
+	Running bool   `json:"running"`
 	Console string `json:"console"`
 	// ConsoleTruncated: the node has more of the console than this.
 	ConsoleTruncated bool   `json:"console_truncated,omitempty"`
 	VMM              string `json:"vmm"`
 	VMMTruncated     bool   `json:"vmm_truncated,omitempty"`
+	// ConsoleCursor (live only) is where this read of the console ended:
+	// a read with after= it returns only what the guest wrote since
+	// (--follow). Opaque to the caller.
+	ConsoleCursor string `json:"console_cursor,omitempty"`
 }
 
 // MachineLogQuery is what a read asks for: the last MaxBytes of each log,
-// then of that the last Lines lines (0: all).
+// then of that the last Lines lines (0: all); with After (a
+// ConsoleCursor of an earlier read) only the console written since.
 type MachineLogQuery struct {
 	MaxBytes int64
 	Lines    int
+	After    string
 }
 
 // Values encodes the query for a URL.
@@ -50,6 +58,9 @@ func (q MachineLogQuery) Values() url.Values {
 	}
 	if q.Lines != 0 {
 		v.Set("tail", strconv.Itoa(q.Lines))
+	}
+	if q.After != "" {
+		v.Set("after", q.After)
 	}
 	return v
 }
@@ -71,6 +82,12 @@ func ParseMachineLogQuery(v url.Values) (MachineLogQuery, error) {
 			return q, Errorf(CodeInvalidArgument, "tail %q: give a number of lines from 0 (all) to %d", s, MachineLogMaxLines)
 		}
 		q.Lines = n
+	}
+	if s := v.Get("after"); s != "" {
+		if !cursorPattern.MatchString(s) {
+			return q, Errorf(CodeInvalidArgument, "after %q is not a console cursor of an earlier read", s)
+		}
+		q.After = s
 	}
 	return q, nil
 }
@@ -113,6 +130,9 @@ func lastLines(s string, n int) (string, bool) {
 // instanceIDPattern is what ctrl makes Instance ids of ("inst-" and 26
 // base32 characters); anything else names no Instance, and never a path.
 var instanceIDPattern = regexp.MustCompile(`^inst-[a-z2-7]{26}$`)
+
+// cursorPattern is a console cursor's form (an inode and an offset).
+var cursorPattern = regexp.MustCompile(`^[0-9]{1,20}\.[0-9]{1,19}$`)
 
 // ValidInstanceID reports whether s has the form of an Instance id.
 func ValidInstanceID(s string) bool { return instanceIDPattern.MatchString(s) }

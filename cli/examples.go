@@ -54,7 +54,7 @@ var examples = map[string][]string{
 	"workspace set-network": {"kibo workspace set-network WS --egress public --deny 10.0.0.0/8",
 		"kibo workspace set-network WS --allow '*.example.com' --clear-deny"},
 	"workspace cleanup-status":  {"kibo workspace cleanup-status WS"},
-	"workspace logs":            {"kibo workspace logs WS --tail 50", "kibo workspace logs WS --instance inst-... --vmm    # an ended Instance (kibo workspace cleanup-status WS names the latest)"},
+	"workspace logs":            {"kibo workspace logs WS --tail 50", "kibo workspace logs WS -f", "kibo workspace logs WS --instance inst-... --vmm    # an ended Instance (kibo workspace cleanup-status WS names the latest)"},
 	"workspace exec":            {"kibo workspace exec WS -- uname -a", "kibo workspace exec WS -- sh -c 'wget -qO- http://example.com/'"},
 	"workspace terminal":        {"kibo workspace terminal WS"},
 	"workspace cp":              {"kibo workspace cp ./data.csv WS:/workspace/data.csv", "kibo workspace cp WS:/workspace/out.tar ."},

@@ -26,8 +26,9 @@ import (
 // on an internal route. Both ends bound the read (api.MachineLogMaxBytes).
 
 // MachineLogReader reads one Instance's machine logs on this node within
-// max bytes each; an *api.Error not_found when the node has none.
-type MachineLogReader func(instanceID string, max int64) (api.MachineLog, error)
+// q.MaxBytes each (q.After: the console since that cursor); an
+// *api.Error not_found when the node has none.
+type MachineLogReader func(instanceID string, q api.MachineLogQuery) (api.MachineLog, error)
 
 // SetMachineLogs installs this node's reader (the node runtime).
 func (s *Server) SetMachineLogs(r MachineLogReader) { s.machineLogs.Store(&r) }
@@ -218,7 +219,8 @@ func (s *Server) readMachineLog(inst string, q api.MachineLogQuery) (api.Machine
 	if !api.ValidInstanceID(inst) {
 		return api.MachineLog{}, api.Errorf(api.CodeInvalidArgument, "instance %q is not an Instance id", inst)
 	}
-	l, err := (*read)(inst, min(q.MaxBytes, api.MachineLogMaxBytes))
+	q.MaxBytes = min(q.MaxBytes, api.MachineLogMaxBytes)
+	l, err := (*read)(inst, q)
 	if err != nil {
 		var e *api.Error
 		if errors.As(err, &e) {

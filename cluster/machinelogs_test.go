@@ -37,9 +37,12 @@ func TestWorkspaceLogsOverHTTP(t *testing.T) {
 	}
 	console := lines.String()
 	var asked atomic.Int64
+	var after atomic.Value
 	var gone atomic.Bool
-	node.Server.SetMachineLogs(func(id string, max int64) (api.MachineLog, error) {
+	node.Server.SetMachineLogs(func(id string, q api.MachineLogQuery) (api.MachineLog, error) {
+		max := q.MaxBytes
 		asked.Store(max)
+		after.Store(q.After)
 		if gone.Load() {
 			return api.MachineLog{}, api.Errorf(api.CodeNotFound, "this node has no machine log of instance %s", id)
 		}
@@ -83,6 +86,11 @@ func TestWorkspaceLogsOverHTTP(t *testing.T) {
 		t.Fatalf("100 bytes via node-2: %d bytes (node asked for %d), %v", len(l.Console), asked.Load(), err)
 	}
 
+	// A follow read hands the node the cursor of the one before.
+	if _, err := logs(cl, url.Values{"after": {"1234.56"}}); err != nil || after.Load() != "1234.56" {
+		t.Fatalf("after a cursor: the node got %q, %v", after.Load(), err)
+	}
+
 	refused := func(q url.Values, code api.Code, msg string) {
 		t.Helper()
 		_, err := logs(cl, q)
@@ -93,6 +101,7 @@ func TestWorkspaceLogsOverHTTP(t *testing.T) {
 	refused(url.Values{"max_bytes": {fmt.Sprint(api.MachineLogMaxBytes + 1)}}, api.CodeInvalidArgument, "give a count from 1 to 1048576")
 	refused(url.Values{"tail": {"-1"}}, api.CodeInvalidArgument, "tail \"-1\"")
 	refused(url.Values{"instance": {"../../../etc/passwd"}}, api.CodeInvalidArgument, "is not an Instance id")
+	refused(url.Values{"after": {"../1"}}, api.CodeInvalidArgument, "is not a console cursor")
 	refused(url.Values{"instance": {"inst-aaaaaaaaaaaaaaaaaaaaaaaaaa"}}, api.CodeNotFound, "workspace "+ws.WorkspaceID+" has no instance inst-aaaaaaaaaaaaaaaaaaaaaaaaaa")
 	if _, err := cl.Do(ctx, "GET", "/v1/workspaces/ws-nosuch/logs", nil, nil); api.CodeOf(err) != api.CodeNotFound {
 		t.Errorf("unknown Workspace: %v, want not_found", err)

@@ -1001,7 +1001,8 @@ func (d *wsDev) testStopStart(id string) {
 	t := d.t
 	before := d.get(id)
 	var marker string
-	d.step("LogsLive", func() { marker = d.testLogsLive(id, before.InstanceID) })
+	var follow *logFollower
+	d.step("LogsLive", func() { marker, follow = d.testLogsLive(id, before.InstanceID) })
 	d.must("workspace", "exec", id, "--", "sh", "-c", "echo kept > /root/f; echo on-volume > /data/f; sync")
 	t0 := time.Now()
 	d.must("workspace", "stop", id)
@@ -1034,7 +1035,7 @@ func (d *wsDev) testStopStart(id string) {
 		t.Errorf("df -k /data after the Volume grew to 128MiB while stopped: %d KiB", kib)
 	}
 	if marker != "" {
-		d.step("LogsEnded", func() { d.testLogsEnded(id, before.InstanceID, marker) })
+		d.step("LogsEnded", func() { d.testLogsEnded(id, before.InstanceID, marker, follow) })
 	}
 }
 
@@ -1057,12 +1058,32 @@ type machineLogView struct {
 	VMM        string `json:"vmm"`
 }
 
+// logFollower is a `kibo workspace logs --follow` running meanwhile.
+type logFollower struct {
+	cmd            *exec.Cmd
+	stdout, stderr lockedBuf
+}
+
 // testLogsLive: `kibo workspace logs` shows the running guest's console,
 // from its boot (the guest agent's first session) to a line written to
-// /dev/console now, bounded by --tail. It returns that line.
-func (d *wsDev) testLogsLive(id, inst string) string {
+// /dev/console now, bounded by --tail; --follow prints that line as it
+// comes. It returns the line and the follower, still running.
+func (d *wsDev) testLogsLive(id, inst string) (string, *logFollower) {
 	t := d.t
 	marker := "kibotos-logs-marker-" + inst
+	f := &logFollower{cmd: exec.Command(filepath.Join(d.bin, "kibo"), "workspace", "logs", id, "--follow", "--tail", "1")}
+	f.cmd.Env = d.env()
+	f.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	f.cmd.Stdout, f.cmd.Stderr = &f.stdout, &f.stderr
+	if err := f.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	d.track(f.cmd)
+	// It has read the console once (printed its last line) before the
+	// line is written, so the line comes through the follow reads.
+	waitFor(t, 30*time.Second, "kibo workspace logs --follow printing the last line", func() (bool, string) {
+		return strings.Count(f.stdout.String(), "\n") >= 1, f.stderr.String()
+	})
 	d.must("workspace", "exec", id, "--", "sh", "-c", "echo "+marker+" > /dev/console")
 	var r result
 	waitFor(t, 30*time.Second, "the console line in kibo workspace logs", func() (bool, string) {
@@ -1089,13 +1110,29 @@ func (d *wsDev) testLogsLive(id, inst string) string {
 	if r := d.expect(api.ExitInvalidArgument, "workspace", "logs", id, "--instance", "../../../etc"); !strings.Contains(r.stderr, "not an Instance id") {
 		t.Errorf("a path as the Instance: %s", r)
 	}
-	return marker
+	waitFor(t, 30*time.Second, "the console line from kibo workspace logs --follow", func() (bool, string) {
+		return strings.Contains(f.stdout.String(), marker), trimTo(f.stdout.String()+f.stderr.String(), 600)
+	})
+	return marker, f
 }
 
-// testLogsEnded: after a stop and start, --instance shows the ended
-// Instance's console tail the node kept, and the default is the new one.
-func (d *wsDev) testLogsEnded(id, ended, marker string) {
+// testLogsEnded: the follower of the stopped Instance ended by itself;
+// after a stop and start, --instance shows the ended Instance's console
+// tail the node kept, and the default is the new one.
+func (d *wsDev) testLogsEnded(id, ended, marker string, f *logFollower) {
 	t := d.t
+	done := make(chan error, 1)
+	go func() { done <- f.cmd.Wait() }()
+	select {
+	case err := <-done:
+		if err != nil || !strings.Contains(f.stderr.String(), "instance "+ended+" no longer runs") {
+			t.Errorf("kibo workspace logs --follow after the stop: %v, stderr %q; want exit 0 saying the Instance no longer runs", err, f.stderr.String())
+		}
+	case <-time.After(30 * time.Second):
+		f.cmd.Process.Kill()
+		<-done
+		t.Errorf("kibo workspace logs --follow still runs 30 s after its Instance stopped; stderr %q", f.stderr.String())
+	}
 	r := d.must("workspace", "logs", id, "--instance", ended)
 	if !strings.Contains(r.stdout, marker) || !strings.Contains(r.stderr, "instance "+ended+" has ended") {
 		t.Errorf("--instance %s (ended): want its console with %q and a note that it ended: %s", ended, marker, trimTo(r.String(), 2000))
