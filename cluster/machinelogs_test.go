@@ -3,6 +3,7 @@ package cluster_test
 import (
 	"context"
 	"fmt"
+	"net/http"
 	"net/url"
 	"strings"
 	"sync/atomic"
@@ -107,9 +108,22 @@ func TestWorkspaceLogsOverHTTP(t *testing.T) {
 		t.Errorf("unknown Workspace: %v, want not_found", err)
 	}
 
-	// The node's internal route takes ctrl members only, not operators.
-	if _, err := c.Client(node).Do(ctx, "GET", "/v1/internal/machine-logs/"+ws.InstanceID, nil, nil); api.CodeOf(err) != api.CodePermissionDenied {
+	// The node's internal route takes ctrl members only, as themselves:
+	// not operators, not node members, not a ctrl member speaking for
+	// someone else.
+	internal := "/v1/internal/machine-logs/" + ws.InstanceID
+	if _, err := c.Client(node).Do(ctx, "GET", internal, nil, nil); api.CodeOf(err) != api.CodePermissionDenied {
 		t.Errorf("operator on the node's internal route: %v, want permission_denied", err)
+	}
+	if status, e := rawCall(t, node, memberCert(t, node), node.Addr, "GET", internal, nil, nil); status != http.StatusForbidden || e == nil || !strings.Contains(e.Message, "is not a ctrl member") {
+		t.Errorf("node member certificate on the internal route: %d %v, want 403", status, e)
+	}
+	admin := map[string]string{"X-Kibotos-Actor": "admin@" + ctrl.ID, "X-Kibotos-Actor-Kind": "admin", "X-Kibotos-Actor-Node": ctrl.ID, "X-Kibotos-Actor-Admitted": "0"}
+	if status, e := rawCall(t, node, memberCert(t, ctrl), node.Addr, "GET", internal, nil, admin); status != http.StatusForbidden {
+		t.Errorf("ctrl member certificate speaking for an operator on the internal route: %d %v, want 403", status, e)
+	}
+	if status, e := rawCall(t, node, memberCert(t, ctrl), node.Addr, "GET", internal, nil, nil); status != http.StatusOK {
+		t.Errorf("ctrl member certificate on the internal route: %d %v, want 200", status, e)
 	}
 
 	gone.Store(true)
