@@ -165,7 +165,10 @@ func readConsoleTail(path string, n int64) ([]byte, error) {
 
 // ConsoleCursor is where a read of a console ring ended: the file (its
 // inode, which a rotation's rename keeps) and the offset in it. It stays
-// valid across node restarts and one rotation of the ring.
+// valid across node restarts and one rotation of the ring. After two
+// rotations (the guest wrote the whole cap since) the file is gone and a
+// new console.log may reuse its inode: a read then misses that file's
+// first Off bytes without saying so.
 type ConsoleCursor struct {
 	Ino uint64
 	Off int64
