@@ -66,6 +66,7 @@ type DevUpCmd struct {
 	// PlatformCache lets several dev clusters (and tests) share one
 	// download of the kernel package.
 	PlatformCache string `name:"platform-cache-dir" env:"KIBOTOS_PLATFORM_CACHE" help:"Where the kernel package of the Platform is downloaded and unpacked; default: <storage root>/cache/platform."`
+	LogFormat     string `name:"log-format" default:"text" enum:"text,json" help:"Log format of the dev member and of the data-plane and egress processes it starts: text, or json (one object per line, for journald or Vector)."`
 }
 
 // ensureDevArtifacts builds what a Workspace needs on this host when it is
@@ -162,7 +163,7 @@ func (c *DevUpCmd) Run(g *Globals) error {
 		sdMode = systemdHost
 	}
 	return runMember(g, memberOptions{dir: d, level: "info", capacity: agent.DefaultCapacity(), timings: cluster.DefaultTimings(), onReady: onReady,
-		systemd: sdMode, accel: qemu.AccelAuto, network: network,
+		systemd: sdMode, accel: qemu.AccelAuto, network: network, logFormat: c.LogFormat,
 		// One node on a laptop: a report every few seconds while a guest
 		// is denied costs nothing, and `workspace get` shows it soon.
 		deniedReport: 5 * time.Second})

@@ -16,6 +16,7 @@ import (
 	"github.com/kibotos/kibotos/agent/runtime"
 	"github.com/kibotos/kibotos/api"
 	"github.com/kibotos/kibotos/buildinfo"
+	"github.com/kibotos/kibotos/cluster"
 	"github.com/kibotos/kibotos/datadir"
 	"github.com/kibotos/kibotos/metrics"
 	"github.com/kibotos/kibotos/vmm/platform"
@@ -236,5 +237,24 @@ func switchEgressBuild(ctx context.Context, sup *egress.Supervisor, log *slog.Lo
 	}
 	if err := switchTo(ctx); err != nil {
 		log.Error("egress generation switch failed; the old generation keeps serving", "err", err)
+	}
+}
+
+// machineLogReader serves `workspace logs` on this node from its runtime.
+func machineLogReader(rt *runtime.Runtime) cluster.MachineLogReader {
+	return func(id string, q api.MachineLogQuery) (api.MachineLog, error) {
+		from, err := runtime.ParseConsoleCursor(q.After)
+		if err != nil {
+			return api.MachineLog{}, api.Errorf(api.CodeInvalidArgument, "%v", err)
+		}
+		l, err := rt.ReadMachineLog(id, from, q.MaxBytes)
+		if errors.Is(err, runtime.ErrNoMachineLog) {
+			return api.MachineLog{}, api.Errorf(api.CodeNotFound, "this node has no machine log of instance %s", id)
+		}
+		if err != nil {
+			return api.MachineLog{}, err
+		}
+		return api.MachineLog{InstanceID: id, Live: l.Live, Running: l.Running, Console: string(l.Console.Data), ConsoleTruncated: l.Console.Truncated,
+			VMM: string(l.VMM.Data), VMMTruncated: l.VMM.Truncated, ConsoleCursor: l.Cursor.String()}, nil
 	}
 }

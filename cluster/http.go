@@ -186,6 +186,7 @@ func (s *Server) routes() http.Handler {
 	m.HandleFunc("POST /v1/internal/certs/dataplane", member(s.ctrlLocal(s.handleDataPlaneCert)))
 	m.HandleFunc("POST /v1/internal/admission", member(s.ctrlLocal(s.handleAdmission)))
 	m.HandleFunc("GET /v1/internal/egress/{name}/revisions/{rev}", member(s.reader(s.handleEgressCredentials)))
+	m.HandleFunc("GET /v1/internal/machine-logs/{instance}", s.handleNodeMachineLog)
 
 	m.HandleFunc("GET /v1/nodes", operator(s.reader(s.handleNodeList)))
 	m.HandleFunc("GET /v1/nodes/{id}", operator(s.reader(s.handleNodeGet)))
@@ -201,6 +202,7 @@ func (s *Server) routes() http.Handler {
 	m.HandleFunc("GET /v1/workspaces", operator(s.reader(s.handleWorkspaceList)))
 	m.HandleFunc("GET /v1/workspaces/{id}", operator(s.reader(s.handleWorkspaceGet)))
 	m.HandleFunc("GET /v1/workspaces/{id}/cleanup-status", operator(s.reader(s.handleCleanupStatus)))
+	m.HandleFunc("GET /v1/workspaces/{id}/logs", operator(s.reader(s.handleMachineLog)))
 	m.HandleFunc("POST /v1/workspaces/{id}/start", operator(s.onLeader(s.workspaceOp(fsm.OpWorkspaceStart))))
 	m.HandleFunc("POST /v1/workspaces/{id}/stop", operator(s.onLeader(s.workspaceOp(fsm.OpWorkspaceStop))))
 	m.HandleFunc("POST /v1/workspaces/{id}/pause", operator(s.onLeader(s.workspaceOp(fsm.OpWorkspacePause))))

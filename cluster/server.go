@@ -88,8 +88,10 @@ type Config struct {
 type Server struct {
 	cfg     Config
 	metrics atomic.Pointer[http.Handler] // GET /metrics (SetMetrics)
-	id      *datadir.Identity
-	log     *slog.Logger
+	// machineLogs reads this node's machine logs (SetMachineLogs).
+	machineLogs atomic.Pointer[MachineLogReader]
+	id          *datadir.Identity
+	log         *slog.Logger
 
 	ca         *CA
 	pool       *x509.CertPool

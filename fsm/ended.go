@@ -81,14 +81,6 @@ func EndedRoundDue(last, t time.Time) bool {
 	return last.IsZero() || !t.Before(last.Add(EndedRoundInterval))
 }
 
-// LatestInstanceID is the id of w's latest execution, "" before its first.
-func LatestInstanceID(w *api.Workspace) string {
-	if w.Instances == 0 {
-		return ""
-	}
-	return instanceIDFor(w.WorkspaceID, w.Instances)
-}
-
 // concludeEnded stores, for each ended Instance the node reports, the
 // node's cleanup conclusion on its Workspace, once ctrl no longer waits
 // for anything of that Instance; it returns the records the node may

@@ -93,11 +93,6 @@ func WorkspaceIDFor(commandID string) string {
 	return "ws-" + hashID("workspace\x00"+commandID)
 }
 
-// instanceIDFor is the id of a Workspace's n-th execution.
-func instanceIDFor(wsID string, n uint64) string {
-	return "inst-" + hashID("instance\x00"+wsID+"\x00"+strconv.FormatUint(n, 10))
-}
-
 func hashID(s string) string {
 	h := sha256.Sum256([]byte(s))
 	return idEncoding.EncodeToString(h[:])[:26]

@@ -5,8 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"net"
 	"os"
+	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -156,19 +159,114 @@ func (in *instance) awaitConsole(d time.Duration) {
 
 // readConsoleTail is the last n bytes of console.log.1 followed by console.log.
 func readConsoleTail(path string, n int64) ([]byte, error) {
-	cur, err := readTail(path, n)
+	b, _, _, err := readConsoleSince(path, ConsoleCursor{}, n)
+	return b, err
+}
+
+// ConsoleCursor is where a read of a console ring ended: the file (its
+// inode, which a rotation's rename keeps) and the offset in it. It stays
+// valid across node restarts and one rotation of the ring. After two
+// rotations (the guest wrote the whole cap since) the file is gone and a
+// new console.log may reuse its inode: a read then misses that file's
+// first Off bytes without saying so.
+type ConsoleCursor struct {
+	Ino uint64
+	Off int64
+}
+
+// String is the cursor as the API carries it ("" for none).
+func (c ConsoleCursor) String() string {
+	if c == (ConsoleCursor{}) {
+		return ""
+	}
+	return strconv.FormatUint(c.Ino, 10) + "." + strconv.FormatInt(c.Off, 10)
+}
+
+// ParseConsoleCursor reads String's form ("" is the zero cursor).
+func ParseConsoleCursor(s string) (ConsoleCursor, error) {
+	if s == "" {
+		return ConsoleCursor{}, nil
+	}
+	i, o, ok := strings.Cut(s, ".")
+	ino, err1 := strconv.ParseUint(i, 10, 64)
+	off, err2 := strconv.ParseInt(o, 10, 64)
+	if !ok || err1 != nil || err2 != nil || off < 0 {
+		return ConsoleCursor{}, fmt.Errorf("console cursor %q: want INODE.OFFSET", s)
+	}
+	return ConsoleCursor{Ino: ino, Off: off}, nil
+}
+
+// readConsoleSince reads the ring at path (console.log, console.log.1)
+// after from, or all of it from the zero cursor, keeping the last limit
+// bytes; cut says that bytes before those were left out (also when from
+// is older than the ring's oldest half). next is the cursor of the end.
+func readConsoleSince(path string, from ConsoleCursor, limit int64) (b []byte, cut bool, next ConsoleCursor, err error) {
+	cur, err := os.Open(path)
 	if err != nil {
-		return nil, err
+		return nil, false, next, err
 	}
-	if int64(len(cur)) >= n {
-		return cur, nil
-	}
-	old, err := readTail(path+".1", n-int64(len(cur)))
-	if errors.Is(err, os.ErrNotExist) {
-		return cur, nil
-	}
+	defer cur.Close()
+	ino, size, err := inodeSize(cur)
 	if err != nil {
-		return nil, err
+		return nil, false, next, err
 	}
-	return append(old, cur...), nil
+	next = ConsoleCursor{Ino: ino, Off: size}
+	parts := []*io.SectionReader{}
+	if from.Ino == ino && from.Off <= size {
+		parts = append(parts, io.NewSectionReader(cur, from.Off, size-from.Off))
+	} else {
+		start := int64(0)
+		old, err := os.Open(path + ".1")
+		switch {
+		case err == nil:
+			defer old.Close()
+			oino, osize, err := inodeSize(old)
+			if err != nil {
+				return nil, false, next, err
+			}
+			if from.Ino == oino && from.Off <= osize {
+				start = from.Off
+			} else {
+				cut = from != (ConsoleCursor{})
+			}
+			parts = append(parts, io.NewSectionReader(old, start, osize-start))
+		case errors.Is(err, fs.ErrNotExist):
+			cut = from != (ConsoleCursor{})
+		default:
+			return nil, false, next, err
+		}
+		parts = append(parts, io.NewSectionReader(cur, 0, size))
+	}
+	var total int64
+	for _, p := range parts {
+		total += p.Size()
+	}
+	skip := max(total-limit, 0)
+	cut = cut || skip > 0
+	for _, p := range parts {
+		n := p.Size()
+		if skip >= n {
+			skip -= n
+			continue
+		}
+		chunk := make([]byte, n-skip)
+		if _, err := p.ReadAt(chunk, skip); err != nil && !errors.Is(err, io.EOF) {
+			return nil, false, next, err
+		}
+		skip = 0
+		b = append(b, chunk...)
+	}
+	return b, cut, next, nil
+}
+
+func inodeSize(f *os.File) (uint64, int64, error) {
+	st, err := f.Stat()
+	if err != nil {
+		return 0, 0, err
+	}
+	sys, ok := st.Sys().(*syscall.Stat_t)
+	if !ok {
+		return 0, 0, fmt.Errorf("%s: no inode", f.Name())
+	}
+	return sys.Ino, st.Size(), nil
 }
