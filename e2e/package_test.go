@@ -113,6 +113,7 @@ func TestPackage(t *testing.T) {
 		dReady.Round(time.Millisecond), dCreate.Round(time.Millisecond), dExec.Round(time.Millisecond))
 	vm := p.vmUnit()
 	p.checkNoStopDependency(vm)
+	p.checkMainPIDRefused()
 
 	// systemctl restart: the member goes, the VM stays.
 	before := p.unitRun(vm)
@@ -394,4 +395,31 @@ func (p *pkgHost) checkNoStopDependency(vm string) {
 	if strings.Contains(r.stdout, "kibotos.service") || !strings.Contains(r.stdout, "Slice=kibotos-vmm.slice") {
 		p.t.Errorf("VMM unit %s depends on kibotos.service or is outside kibotos-vmm.slice:\n%s", vm, r.stdout)
 	}
+}
+
+// checkMainPIDRefused: a member that is not its service's main process (a
+// wrapper shell stays the MainPID) refuses to start, before it touches
+// anything, naming the unit and both PIDs.
+func (p *pkgHost) checkMainPIDRefused() {
+	p.t.Helper()
+	unit := "kibotos-wrapped.service"
+	body := "[Service]\nType=exec\nExecStart=/bin/sh -c '/usr/bin/kibotos serve --config /etc/kibotos/kibotos.toml; exit $?'\n"
+	if err := os.WriteFile(p.h.Path("/etc/systemd/system/"+unit), []byte(body), 0o644); err != nil {
+		p.t.Fatal(err)
+	}
+	p.must(30*time.Second, "systemctl", "daemon-reload")
+	p.must(30*time.Second, "systemctl", "start", unit)
+	waitFor(p.t, time.Minute, "the wrapped member to refuse its start", func() (bool, string) {
+		r := p.run(10*time.Second, "journalctl", "--no-pager", "-o", "cat", "-u", unit)
+		for _, line := range strings.Split(r.stdout, "\n") {
+			if strings.Contains(line, "start-up check: "+unit+" has MainPID") && strings.Contains(line, "(/bin/sh -c") {
+				p.t.Logf("%s under systemd: %s", unit, line)
+				return true, ""
+			}
+		}
+		return false, trimTo(r.stdout, 600)
+	})
+	p.run(30*time.Second, "systemctl", "stop", unit)
+	os.Remove(p.h.Path("/etc/systemd/system/" + unit))
+	p.must(30*time.Second, "systemctl", "daemon-reload")
 }
