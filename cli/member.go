@@ -340,9 +340,10 @@ func runMember(g *Globals, o memberOptions) error {
 	log := newLogger(g.stderr, o.level, o.logFormat)
 	ctx, stop := signal.NotifyContext(g.ctx, syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
-	// Before anything else: no earlier member process may still run in
-	// this service (then cluster.Open takes the data directory's lock).
-	if err := serviceCgroupCheck(); err != nil {
+	// Before anything else: under systemd this process must be its
+	// service's MainPID, and no earlier member process may still run in
+	// the service (then cluster.Open takes the data directory's lock).
+	if err := serviceCgroupCheck(ctx); err != nil {
 		return err
 	}
 	// Nor may an older release run on what a newer one wrote.

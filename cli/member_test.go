@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/BurntSushi/toml"
+
 	"github.com/kibotos/kibotos/api"
 	"github.com/kibotos/kibotos/cluster/clustertest"
 )
@@ -80,5 +82,42 @@ func TestServeNetworkIPv6Pool(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(dir, "data")); !os.IsNotExist(err) {
 		t.Fatalf("the refused start touched the data directory: %v", err)
+	}
+}
+
+// The Debian package's /etc/kibotos/kibotos.toml is what serve reads: as
+// shipped it loads with data_dir /var/lib/kibotos and no [network]; with
+// every commented setting switched on, every key is one serve knows and
+// the values pass its checks.
+func TestPackagedConfig(t *testing.T) {
+	raw, err := os.ReadFile("../packaging/kibotos.toml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var fc fileConfig
+	md, err := toml.Decode(string(raw), &fc)
+	if err != nil || fc.DataDir != SystemDataDir || len(md.Undecoded()) > 0 {
+		t.Fatalf("as shipped: data_dir %q, unknown keys %v, %v", fc.DataDir, md.Undecoded(), err)
+	}
+	var on []string
+	for _, line := range strings.Split(string(raw), "\n") {
+		if s, ok := strings.CutPrefix(line, "# "); ok && (strings.HasPrefix(s, "[") || strings.Contains(s, " = ")) {
+			line = s
+		}
+		on = append(on, line)
+	}
+	fc = fileConfig{}
+	md, err = toml.Decode(strings.Join(on, "\n"), &fc)
+	if err != nil || len(md.Undecoded()) > 0 {
+		t.Fatalf("with every setting on: unknown keys %v, %v", md.Undecoded(), err)
+	}
+	if _, err := networkFrom("kibotos.toml", fc); err != nil {
+		t.Errorf("[network] of the example: %v", err)
+	}
+	if _, err := resourcesFrom(fc); err != nil {
+		t.Errorf("[resources] of the example: %v", err)
+	}
+	if pools, err := poolsFrom("kibotos.toml", fc); err != nil || len(pools) != 1 {
+		t.Errorf("[[storage.pools]] of the example: %v, %v", pools, err)
 	}
 }

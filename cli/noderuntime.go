@@ -140,9 +140,9 @@ func openNodeRuntime(ctx context.Context, o memberOptions, nodeID string, steps 
 	}, nil
 }
 
-// serviceCgroupCheck runs the node's start-up check of its own service
-// cgroup when the host runs systemd.
-func serviceCgroupCheck() error {
+// serviceCgroupCheck runs the node's start-up check of its own MainPID and
+// service cgroup when the host runs systemd.
+func serviceCgroupCheck(ctx context.Context) error {
 	if !hostHasSystemd() {
 		return nil
 	}
@@ -154,7 +154,29 @@ func serviceCgroupCheck() error {
 	if err != nil {
 		return nil
 	}
-	return agent.CheckServiceCgroup(root, string(self), os.Getpid())
+	return agent.CheckServiceCgroup(root, string(self), os.Getpid(), func(unit string) (int, error) {
+		return hostMainPID(ctx, unit)
+	})
+}
+
+// hostMainPID asks the host's systemd for the MainPID of unit.
+func hostMainPID(ctx context.Context, unit string) (int, error) {
+	t, err := units.HostTarget()
+	if err != nil {
+		return 0, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	m, err := units.Connect(ctx, t)
+	if err != nil {
+		return 0, err
+	}
+	defer m.Close()
+	u, err := m.Get(ctx, unit)
+	if err != nil {
+		return 0, err
+	}
+	return int(u.MainPID), nil
 }
 
 // devSystemdDir is where the dev cluster's private systemd lives.

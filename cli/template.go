@@ -14,7 +14,7 @@ import (
 // TemplateCmd groups the template commands. Templates are kept on the node
 // that built them for now; the cluster registry comes with Workspaces.
 type TemplateCmd struct {
-	Build  TemplateBuildCmd  `cmd:"" help:"Build a template (ext4 root filesystem image) from a directory, a rootfs tarball or a Debian release (debootstrap)."`
+	Build  TemplateBuildCmd  `cmd:"" help:"Build a template (ext4 root filesystem image) from a directory, a rootfs tarball, a Debian release (debootstrap) or busybox."`
 	List   TemplateListCmd   `cmd:"" help:"List the templates on this node."`
 	Get    TemplateGetCmd    `cmd:"" help:"Show one template."`
 	Delete TemplateDeleteCmd `cmd:"" help:"Delete every build of a template on this node."`
@@ -38,6 +38,7 @@ type TemplateBuildCmd struct {
 	FromDir      string   `name:"from-dir" type:"existingdir" help:"Directory holding the root filesystem."`
 	FromTar      string   `name:"from-tar" type:"existingfile" help:"Rootfs tarball (any compression tar reads)."`
 	Debootstrap  bool     `name:"debootstrap" help:"Build a Debian root filesystem with debootstrap (Debian package debootstrap; needs root)."`
+	Busybox      bool     `name:"busybox" help:"Build the small busybox system kibotos dev builds as kibotos-base: the static busybox of the Debian package busybox-static (a shell, nc and the usual tools) with GNU wget; 1 GiB file system."`
 	Suite        string   `name:"suite" help:"With --debootstrap: the Debian release; default bookworm."`
 	Mirror       string   `name:"mirror" help:"With --debootstrap: the Debian archive URL; default: the one apt uses on this host (/etc/apt/sources.list{,.d})."`
 	Include      []string `name:"include" sep:"," help:"With --debootstrap: extra packages, e.g. --include git,curl,python3."`
@@ -47,13 +48,13 @@ type TemplateBuildCmd struct {
 
 func (c *TemplateBuildCmd) Run(g *Globals) error {
 	n := 0
-	for _, set := range []bool{c.FromDir != "", c.FromTar != "", c.Debootstrap} {
+	for _, set := range []bool{c.FromDir != "", c.FromTar != "", c.Debootstrap, c.Busybox} {
 		if set {
 			n++
 		}
 	}
 	if n != 1 {
-		return api.Errorf(api.CodeInvalidArgument, "template %s: give exactly one of --from-dir DIR, --from-tar FILE and --debootstrap", c.Name)
+		return api.Errorf(api.CodeInvalidArgument, "template %s: give exactly one of --from-dir DIR, --from-tar FILE, --debootstrap and --busybox", c.Name)
 	}
 	if !c.Debootstrap && (c.Suite != "" || c.Mirror != "" || len(c.Include) > 0 || c.Variant != "") {
 		return api.Errorf(api.CodeInvalidArgument, "template %s: --suite, --mirror, --include and --variant go with --debootstrap", c.Name)
@@ -69,7 +70,16 @@ func (c *TemplateBuildCmd) Run(g *Globals) error {
 	if c.Debootstrap {
 		return c.runDebootstrap(g, o.SizeMiB)
 	}
-	t, err := template.Build(g.ctx, o)
+	var t *template.Template
+	var err error
+	if c.Busybox {
+		if c.Size != "" {
+			return api.Errorf(api.CodeInvalidArgument, "template %s: --size goes with --from-dir, --from-tar or --debootstrap; a --busybox template is %d MiB", c.Name, template.BusyboxSizeMiB)
+		}
+		t, err = template.BuildBusybox(g.ctx, o.StorageRoot, c.Name, "")
+	} else {
+		t, err = template.Build(g.ctx, o)
+	}
 	if err != nil {
 		return api.Errorf(api.CodeInvalidArgument, "%v", err)
 	}

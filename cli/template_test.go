@@ -55,7 +55,9 @@ func TestTemplateBuildSourceFlags(t *testing.T) {
 		args []string
 		want string
 	}{
-		{[]string{"kibotos-coding"}, "give exactly one of --from-dir DIR, --from-tar FILE and --debootstrap"},
+		{[]string{"kibotos-coding"}, "give exactly one of --from-dir DIR, --from-tar FILE, --debootstrap and --busybox"},
+		{[]string{"kibotos-coding", "--busybox", "--debootstrap"}, "give exactly one of"},
+		{[]string{"kibotos-coding", "--busybox", "--size", "2GiB"}, "--size goes with --from-dir, --from-tar or --debootstrap"},
 		{[]string{"kibotos-coding", "--from-dir", src, "--debootstrap"}, "give exactly one of"},
 		{[]string{"kibotos-coding", "--from-dir", src, "--suite", "trixie"}, "--suite, --mirror, --include and --variant go with --debootstrap"},
 		{[]string{"kibotos-coding", "--from-dir", src, "--include", "git"}, "go with --debootstrap"},
@@ -69,5 +71,22 @@ func TestTemplateBuildSourceFlags(t *testing.T) {
 		if code != api.ExitInvalidArgument || !strings.Contains(errs, c.want) || strings.Count(strings.TrimSpace(errs), "\n") > 0 {
 			t.Errorf("%v: exit %d, %q; want exit %d saying %q on one line", c.args, code, errs, api.ExitInvalidArgument, c.want)
 		}
+	}
+}
+
+// --busybox builds the template kibotos dev builds, on a host where only
+// the package is installed (no kibotos dev), and lists it like any other.
+func TestTemplateBuildBusybox(t *testing.T) {
+	testenv.LookPath(t, "mkfs.ext4", "e2fsprogs")
+	if _, err := os.Stat("/bin/busybox"); err != nil {
+		testenv.Skipf(t, "missing /bin/busybox (Debian package busybox-static)")
+	}
+	root := t.TempDir()
+	out, errs, code := runCLI("template", "build", "kibotos-base", "--busybox", "--storage-root", root)
+	if code != 0 || !strings.HasPrefix(out, "sha256-") {
+		t.Fatalf("template build --busybox: exit %d: %s%s", code, out, errs)
+	}
+	if out, _, _ := runCLI("template", "list", "--storage-root", root, "-q"); strings.TrimSpace(out) != "kibotos-base" {
+		t.Fatalf("template list -q: %q", out)
 	}
 }

@@ -2,6 +2,7 @@
 # Builds bin/kibotos (static, with the source revision stamped) and the
 # bin/kibo alias. KIBOTOS_RELEASE=0.2.0 (or 0.3.0-beta.1) stamps a release;
 # without it the build is "unreleased" and on no release line.
+# KIBOTOS_BIN_DIR=DIR builds into DIR instead of bin/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH=/usr/local/go/bin:$PATH
@@ -14,7 +15,8 @@ if [ -n "${KIBOTOS_RELEASE:-}" ]; then
 	fi
 	flags="$flags -X github.com/kibotos/kibotos/buildinfo.Release=${KIBOTOS_RELEASE#v}"
 fi
-mkdir -p bin
-CGO_ENABLED=0 go build -trimpath -ldflags "$flags" -o bin/kibotos .
-ln -sf kibotos bin/kibo
-echo "built bin/kibotos $(bin/kibotos version)"
+out=${KIBOTOS_BIN_DIR:-bin}
+mkdir -p "$out"
+CGO_ENABLED=0 go build -trimpath -ldflags "$flags" -o "$out/kibotos" .
+ln -sf kibotos "$out/kibo"
+echo "built $out/kibotos $("$out/kibotos" version)"

@@ -14,8 +14,10 @@ need=()
 # verifies with, copied from the host (busybox's wget crashes on -T);
 # dnsmasq-base (the binary alone, no service): the resolver of network tests;
 # microsocks: the SOCKS5 server egress tests carry guest connections through;
-# zsh, fish: the completion scripts are run by the real shells.
-for pkg in iproute2 nftables ca-certificates git qemu-system-x86 qemu-utils busybox-static lz4 cpio kmod systemd e2fsprogs file debootstrap debian-archive-keyring wget dnsmasq-base microsocks zsh fish; do
+# zsh, fish: the completion scripts are run by the real shells; dpkg, apt,
+# passwd, util-linux (nsenter): the Debian package test installs, upgrades
+# and removes the package under a booted systemd.
+for pkg in dpkg apt passwd util-linux iproute2 nftables ca-certificates git qemu-system-x86 qemu-utils busybox-static lz4 cpio kmod systemd e2fsprogs file debootstrap debian-archive-keyring wget dnsmasq-base microsocks zsh fish; do
 	dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
 done
 if [ "${KIBOTOS_BENCH:-0}" = 1 ]; then
@@ -36,3 +38,6 @@ fi
 export PATH=/usr/local/go/bin:$PATH
 go version
 go mod download
+# nfpm for scripts/package.sh, built from the module proxy (not in go.mod:
+# only packaging uses it).
+(cd / && go run github.com/goreleaser/nfpm/v2/cmd/nfpm@v2.45.2 --version >/dev/null)

@@ -6,9 +6,12 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
+
+	"golang.org/x/sys/unix"
 )
 
 // Cgroup2Mount finds the host's cgroup2 mount: /sys/fs/cgroup on a unified
@@ -170,4 +173,44 @@ func procStart(pid int) uint64 {
 	}
 	v, _ := strconv.ParseUint(f[19], 10, 64)
 	return v
+}
+
+// RemoveCgroup removes a cgroup directory and its children, deepest first
+// (cgroup directories go with rmdir only); an absent one is fine.
+func RemoveCgroup(dir string) error {
+	var dirs []string
+	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			if errors.Is(err, fs.ErrNotExist) {
+				return nil
+			}
+			return err
+		}
+		if d.IsDir() {
+			dirs = append(dirs, p)
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	for k := len(dirs) - 1; k >= 0; k-- {
+		if err := unix.Rmdir(dirs[k]); err != nil && !errors.Is(err, unix.ENOENT) {
+			return fmt.Errorf("rmdir %s: %w", dirs[k], err)
+		}
+	}
+	return nil
+}
+
+// StartInCgroup starts cmd straight in the cgroup directory dir (clone3
+// with CLONE_INTO_CGROUP): with CLONE_NEWCGROUP in its clone flags, that
+// cgroup is the root of its cgroup namespace. cmd.SysProcAttr must be set.
+func StartInCgroup(cmd *exec.Cmd, dir string) error {
+	fd, err := unix.Open(dir, unix.O_DIRECTORY|unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("open cgroup %s: %w", dir, err)
+	}
+	defer unix.Close(fd)
+	cmd.SysProcAttr.UseCgroupFD, cmd.SysProcAttr.CgroupFD = true, fd
+	return cmd.Start()
 }

@@ -12,8 +12,6 @@ import (
 	"syscall"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/kibotos/kibotos/storagepool"
 	"github.com/kibotos/kibotos/vmm/units"
 )
@@ -30,11 +28,6 @@ func consoleFileFor(o Options, dir string) string {
 // spawnDetached starts the private systemd without tying it to this
 // process: it is reparented when we exit, and its console is the log file.
 func (i *Instance) spawnDetached(cfg []byte) error {
-	cgfd, err := unix.Open(i.CgroupRoot, unix.O_DIRECTORY|unix.O_RDONLY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return fmt.Errorf("privsd: open cgroup %s: %w", i.CgroupRoot, err)
-	}
-	defer unix.Close(cgfd)
 	logf, err := os.OpenFile(i.LogPath, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o644)
 	if err != nil {
 		return fmt.Errorf("privsd: %w", err)
@@ -45,12 +38,10 @@ func (i *Instance) spawnDetached(cfg []byte) error {
 	cmd.Env = []string{initEnv + "=" + string(cfg)}
 	cmd.Stdout, cmd.Stderr = logf, logf // stdin: /dev/null
 	cmd.SysProcAttr = &syscall.SysProcAttr{
-		Cloneflags:  syscall.CLONE_NEWPID | syscall.CLONE_NEWNS | syscall.CLONE_NEWUTS | syscall.CLONE_NEWCGROUP,
-		Setsid:      true,
-		UseCgroupFD: true,
-		CgroupFD:    cgfd,
+		Cloneflags: syscall.CLONE_NEWPID | syscall.CLONE_NEWNS | syscall.CLONE_NEWUTS | syscall.CLONE_NEWCGROUP,
+		Setsid:     true,
 	}
-	if err := cmd.Start(); err != nil {
+	if err := units.StartInCgroup(cmd, i.CgroupRoot); err != nil {
 		return fmt.Errorf("privsd: start the private systemd: %w", err)
 	}
 	i.cmd, i.PID = cmd, cmd.Process.Pid

@@ -21,7 +21,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -193,7 +192,7 @@ func StartWith(ctx context.Context, dir string, o Options) (*Instance, error) {
 		if len(pids) > 0 {
 			return nil, fmt.Errorf("privsd: a private systemd for %s seems to run already: cgroup %s holds host PIDs %v; stop it first", dir, cg, pids)
 		}
-		if err := removeTree(cg); err != nil {
+		if err := units.RemoveCgroup(cg); err != nil {
 			return nil, fmt.Errorf("privsd: remove the empty cgroup %s of a previous instance: %w", cg, err)
 		}
 	}
@@ -253,7 +252,7 @@ func StartWith(ctx context.Context, dir string, o Options) (*Instance, error) {
 		spawn = inst.spawnDetached
 	}
 	if err := spawn(cfg); err != nil {
-		_ = removeTree(cg)
+		_ = units.RemoveCgroup(cg)
 		return nil, errors.Join(err, unmountTree(netnsDir))
 	}
 	if err := inst.waitReady(ctx); err != nil {
@@ -298,11 +297,6 @@ func writeUnits(unitDir string, bins binaries) error {
 // (clone3 CLONE_INTO_CGROUP), so that cgroup becomes its cgroup namespace
 // root, with a pty as console.
 func (i *Instance) spawn(cfg []byte) error {
-	cgfd, err := unix.Open(i.CgroupRoot, unix.O_DIRECTORY|unix.O_RDONLY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return fmt.Errorf("privsd: open cgroup %s: %w", i.CgroupRoot, err)
-	}
-	defer unix.Close(cgfd)
 	ptmx, pts, err := openPTY()
 	if err != nil {
 		return fmt.Errorf("privsd: console pty: %w", err)
@@ -318,15 +312,13 @@ func (i *Instance) spawn(cfg []byte) error {
 	cmd.Env = []string{initEnv + "=" + string(cfg)}
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = pts, pts, pts
 	cmd.SysProcAttr = &syscall.SysProcAttr{
-		Cloneflags:  syscall.CLONE_NEWPID | syscall.CLONE_NEWNS | syscall.CLONE_NEWUTS | syscall.CLONE_NEWCGROUP,
-		Setsid:      true,
-		Setctty:     true,
-		Ctty:        0,
-		UseCgroupFD: true,
-		CgroupFD:    cgfd,
-		Pdeathsig:   syscall.SIGKILL,
+		Cloneflags: syscall.CLONE_NEWPID | syscall.CLONE_NEWNS | syscall.CLONE_NEWUTS | syscall.CLONE_NEWCGROUP,
+		Setsid:     true,
+		Setctty:    true,
+		Ctty:       0,
+		Pdeathsig:  syscall.SIGKILL,
 	}
-	if err := cmd.Start(); err != nil {
+	if err := units.StartInCgroup(cmd, i.CgroupRoot); err != nil {
 		ptmx.Close()
 		pts.Close()
 		logf.Close()
@@ -458,7 +450,7 @@ func (i *Instance) stop() error {
 	}
 	if len(pids) > 0 {
 		errs = append(errs, fmt.Errorf("privsd: cgroup %s still holds host PIDs %v after the private systemd exited", i.CgroupRoot, pids))
-	} else if err := removeTree(i.CgroupRoot); err != nil {
+	} else if err := units.RemoveCgroup(i.CgroupRoot); err != nil {
 		errs = append(errs, fmt.Errorf("privsd: remove cgroup %s: %w", i.CgroupRoot, err))
 	}
 	return errors.Join(errs...)
@@ -540,34 +532,7 @@ func sweepStaleCgroups(cgMount string) {
 			continue
 		}
 		if pids, err := units.CgroupPIDs(d); err == nil && len(pids) == 0 {
-			_ = removeTree(d)
+			_ = units.RemoveCgroup(d)
 		}
 	}
-}
-
-// removeTree removes a cgroup directory and its children, deepest first
-// (cgroup directories go with rmdir only).
-func removeTree(dir string) error {
-	var dirs []string
-	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
-		if err != nil {
-			if errors.Is(err, fs.ErrNotExist) {
-				return nil
-			}
-			return err
-		}
-		if d.IsDir() {
-			dirs = append(dirs, p)
-		}
-		return nil
-	})
-	if err != nil {
-		return err
-	}
-	for k := len(dirs) - 1; k >= 0; k-- {
-		if err := unix.Rmdir(dirs[k]); err != nil && !errors.Is(err, unix.ENOENT) {
-			return fmt.Errorf("rmdir %s: %w", dirs[k], err)
-		}
-	}
-	return nil
 }
