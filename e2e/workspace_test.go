@@ -1355,6 +1355,10 @@ func (d *wsDev) testForceStopDelete(id string) {
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
+	// The records concluded and deleted: none is counted as destroyed.
+	if v := metricValue(t, d.scrape(), "kibotos_node_instances", "state", "destroyed"); v != 0 {
+		t.Errorf("kibotos_node_instances{state=destroyed} = %v after the node deleted its records, want 0", v)
+	}
 	for _, it := range st.Items {
 		if it.State != api.CleanupReleased || it.ObservedAt == nil || it.Source != "node" {
 			t.Errorf("after stop --force, cleanup item %+v: want RELEASED as observed by the node", it)

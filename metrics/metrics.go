@@ -36,6 +36,9 @@ import (
 type Sources struct {
 	// Instances lists the node's Instances (nil: the node runs no VMs).
 	Instances func() []runtime.InstanceStatus
+	// Destroyed counts the records of destroyed Instances the node keeps
+	// until ctrl concluded them (nil: none).
+	Destroyed func() int
 	// FSM is the member's replica (nil on node-only members).
 	FSM *fsm.FSM
 	// Raft is the member's Raft (nil on node-only members).
@@ -80,7 +83,7 @@ func Registry(src Sources) *prometheus.Registry {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	if src.Instances != nil {
-		reg.MustRegister(nodeCollector{src.Instances})
+		reg.MustRegister(nodeCollector{src.Instances, src.Destroyed})
 	}
 	if src.FSM != nil {
 		reg.MustRegister(ctrlCollector{src.FSM})
@@ -168,7 +171,8 @@ var (
 )
 
 type nodeCollector struct {
-	list func() []runtime.InstanceStatus
+	list      func() []runtime.InstanceStatus
+	destroyed func() int
 }
 
 func (c nodeCollector) Describe(ch chan<- *prometheus.Desc) { describe(ch, nodeInstances, guestDenied) }
@@ -184,6 +188,13 @@ func (c nodeCollector) Collect(ch chan<- prometheus.Metric) {
 	for _, s := range instanceStates {
 		ch <- prometheus.MustNewConstMetric(nodeInstances, prometheus.GaugeValue, float64(counts[s]), strings.ToLower(string(s)))
 	}
+	// Destroyed Instances are gone from the runtime; their records wait
+	// in the registry until ctrl stored each one's conclusion.
+	destroyed := 0
+	if c.destroyed != nil {
+		destroyed = c.destroyed()
+	}
+	ch <- prometheus.MustNewConstMetric(nodeInstances, prometheus.GaugeValue, float64(destroyed), "destroyed")
 }
 
 var workspaceStates = []string{api.WorkspaceCreating, api.WorkspaceStarting, api.WorkspaceAvailable, api.WorkspaceStopping,

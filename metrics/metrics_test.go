@@ -21,10 +21,11 @@ func TestNodeCollector(t *testing.T) {
 			{ID: "d", State: runtime.StateFailed},
 		}
 	}
-	reg := Registry(Sources{Instances: list})
+	reg := Registry(Sources{Instances: list, Destroyed: func() int { return 4 }})
 	want := `
 # HELP kibotos_node_instances Instances the node holds, by state.
 # TYPE kibotos_node_instances gauge
+kibotos_node_instances{state="destroyed"} 4
 kibotos_node_instances{state="failed"} 1
 kibotos_node_instances{state="running"} 2
 kibotos_node_instances{state="starting"} 0

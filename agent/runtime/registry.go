@@ -52,6 +52,23 @@ func (rt *Runtime) Ended(max int) ([]EndedRecord, error) {
 	return out, errors.Join(errs...)
 }
 
+// EndedCount is how many ended-Instance records wait in the registry for
+// ctrl to conclude them (the upgrade seed's
+// kibotos_node_instances{state="destroyed"}); only names are read.
+func (rt *Runtime) EndedCount() int {
+	names, err := os.ReadDir(rt.registryDir)
+	if err != nil {
+		return 0
+	}
+	n := 0
+	for _, e := range names {
+		if name := e.Name(); !e.IsDir() && strings.HasSuffix(name, ".json") && !strings.HasPrefix(name, ".") && name != VolumeCommandsFile {
+			n++
+		}
+	}
+	return n
+}
+
 // ForgetEnded deletes the records of ended Instances once ctrl stored
 // their cleanup conclusion. Unknown ids are ignored.
 func (rt *Runtime) ForgetEnded(ids []string) error {

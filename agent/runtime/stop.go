@@ -138,6 +138,12 @@ func (rt *Runtime) prepareStop(ctx context.Context, in *instance, grace time.Dur
 	switch {
 	case err == nil:
 		rt.log.Info("instance guest stop prepared", "instance_id", in.id, "terminated", res.Terminated, "killed", res.Killed, "frozen", res.Frozen)
+		if !c.Info().Has(guestproto.CapStopPrepare) {
+			// A guest agent of an earlier Platform syncs but freezes
+			// nothing: what it wrote may still be in the host's page
+			// cache when the VMM ends (the upgrade seed's line).
+			rt.log.Warn("stop did not confirm the host flush", "instance_id", in.id, "reason", "the VMM's runtime release does not flush on stop")
+		}
 		return nil
 	case errors.As(err, &ge) && ge.Code == guestproto.CodeDeadlineExceeded:
 		return &PrepareError{Code: ge.Code, Message: ge.Message}
