@@ -249,32 +249,93 @@ func (rt *Runtime) forceStop(ctx context.Context, unit, invocation string) error
 		return fmt.Errorf("stop instance process this node did not take over: unit %s runs invocation %s, the launch record has %s; inspect it with systemctl show %s",
 			unit, u.InvocationID, invocation, unit)
 	}
-	return rt.units.Stop(ctx, unit)
+	err = rt.units.Stop(ctx, unit)
+	var remain *units.RemainError
+	if errors.As(err, &remain) {
+		return nil // the unit ended; confirmEmpty waits for what is left
+	}
+	return err
 }
 
-// confirmEmpty waits until the recorded cgroup holds no process and the
-// recorded main process is gone (systemd may report a stop before reaping).
-func (rt *Runtime) confirmEmpty(ctx context.Context, rec *LaunchRecord) error {
+// CleanupPendingError is a VMM unit that ended while its cgroup still
+// holds processes (stuck in the kernel, most often on storage): the node
+// waits for them as long as it takes.
+type CleanupPendingError struct {
+	Cgroup    string
+	PIDs      []int
+	MainAlive bool
+}
+
+func (e *CleanupPendingError) Error() string {
+	return fmt.Sprintf("instance cleanup pending: cgroup %s still holds host PIDs %v (main process alive: %v)", e.Cgroup, e.PIDs, e.MainAlive)
+}
+
+// checkEmpty is one look at the recorded cgroup and main process.
+func (rt *Runtime) checkEmpty(rec *LaunchRecord) error {
 	if rec.Process == nil {
 		return nil
 	}
 	cg := rt.units.CgroupPath(units.Unit{ControlGroup: rec.Process.ControlGroup})
+	pids, err := units.CgroupPIDs(cg)
+	if err != nil {
+		return fmt.Errorf("read cgroup %s: %w", cg, err)
+	}
+	st, serr := procStartTime(rec.Process.HostPID)
+	mainAlive := serr == nil && st == rec.Process.StartTime
+	if len(pids) == 0 && !mainAlive {
+		return nil
+	}
+	return &CleanupPendingError{Cgroup: cg, PIDs: pids, MainAlive: mainAlive}
+}
+
+// confirmEmpty waits until the recorded cgroup holds no process and the
+// recorded main process is gone (systemd may report a stop before
+// reaping), for units.StopSettle; then for as long as it takes while the
+// node logs "instance cleanup pending" (the seed's troubleshooting row):
+// processes stuck in the kernel end once their storage answers, and only
+// then is the Instance's VMM really gone. It gives up only when the
+// runtime closes.
+func (rt *Runtime) confirmEmpty(ctx context.Context, rec *LaunchRecord) error {
 	deadline := time.Now().Add(units.StopSettle)
 	for {
-		pids, err := units.CgroupPIDs(cg)
-		if err != nil {
-			return fmt.Errorf("read cgroup %s: %w", cg, err)
-		}
-		st, serr := procStartTime(rec.Process.HostPID)
-		mainAlive := serr == nil && st == rec.Process.StartTime
-		if len(pids) == 0 && !mainAlive {
-			return nil
+		err := rt.checkEmpty(rec)
+		var pending *CleanupPendingError
+		if err == nil || !errors.As(err, &pending) {
+			return err
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("instance cleanup pending: cgroup %s still holds host PIDs %v (main process alive: %v)", cg, pids, mainAlive)
+			return rt.awaitCleanup(rec, pending)
 		}
 		if err := ctxsleep.Sleep(ctx, 5*time.Millisecond); err != nil {
-			return fmt.Errorf("waiting for cgroup %s to empty: %w", cg, err)
+			return fmt.Errorf("waiting for cgroup %s to empty: %w", pending.Cgroup, err)
+		}
+	}
+}
+
+// Backoff of the checks of a pending cleanup.
+const (
+	cleanupRetryMin = time.Second
+	cleanupRetryMax = 30 * time.Second
+)
+
+// awaitCleanup retries a pending cleanup with backoff until the cgroup is
+// empty; the runtime's context (not a command's) bounds it.
+func (rt *Runtime) awaitCleanup(rec *LaunchRecord, pending *CleanupPendingError) error {
+	since, delay := time.Now(), cleanupRetryMin
+	for {
+		rt.log.Warn("instance cleanup pending", "instance_id", rec.InstanceID, "unit", rec.Unit, "since", since.UTC().Format(time.RFC3339),
+			"cgroup", pending.Cgroup, "host_pids", pending.PIDs, "main_alive", pending.MainAlive, "retry_in", delay)
+		if err := ctxsleep.Sleep(rt.ctx, delay); err != nil {
+			return fmt.Errorf("%w; the node is closing: the next start of the node checks again", pending)
+		}
+		delay = min(delay*2, cleanupRetryMax)
+		err := rt.checkEmpty(rec)
+		if err == nil {
+			rt.log.Info("instance cleanup done", "instance_id", rec.InstanceID, "unit", rec.Unit, "pending_for", time.Since(since).Round(time.Millisecond))
+			return nil
+		}
+		if !errors.As(err, &pending) {
+			return err
 		}
 	}
 }

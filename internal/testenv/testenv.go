@@ -10,6 +10,8 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"strconv"
+	"strings"
 	"testing"
 )
 
@@ -43,4 +45,19 @@ func LookPath(t testing.TB, tool, debianPackage string) string {
 		Skipf(t, "missing %s (Debian package %s)", tool, debianPackage)
 	}
 	return p
+}
+
+// ProcState is the state letter of /proc/PID/stat ("D": uninterruptible
+// sleep), or "" once the process is gone.
+func ProcState(pid int) string {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return ""
+	}
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	if i < 0 || i+2 >= len(s) {
+		return ""
+	}
+	return s[i+2 : i+3]
 }

@@ -1,9 +1,7 @@
 package guest
 
 import (
-	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -11,6 +9,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/kibotos/kibotos/internal/testenv"
 	"github.com/kibotos/kibotos/vmm/guestproto"
 )
 
@@ -67,7 +66,7 @@ func TestStopPrepare(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the writer blocked on the frozen filesystem", func() bool { return procState(stuck.PID) == "D" })
+	waitFor(t, "the writer blocked on the frozen filesystem", func() bool { return testenv.ProcState(stuck.PID) == "D" })
 	_, err = c.Stop(ctx, 100*time.Millisecond)
 	if ge := guestErr(err); ge == nil || ge.Code != guestproto.CodeDeadlineExceeded || !strings.Contains(ge.Message, "1 managed processes did not end") {
 		t.Fatalf("stop with a process stuck on a frozen filesystem: %v; want deadline_exceeded", err)
@@ -98,18 +97,4 @@ func TestStopPrepare(t *testing.T) {
 	if powerOffs.Load() != 1 {
 		t.Fatalf("poweroff called %d times, want 1", powerOffs.Load())
 	}
-}
-
-// procState is the state letter of /proc/PID/stat ("" once it is gone).
-func procState(pid int) string {
-	b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "stat"))
-	if err != nil {
-		return ""
-	}
-	s := string(b)
-	i := strings.LastIndexByte(s, ')')
-	if i < 0 || i+2 >= len(s) {
-		return ""
-	}
-	return s[i+2 : i+3]
 }

@@ -67,13 +67,20 @@ type Spec struct {
 	InaccessiblePaths []string
 }
 
+// VMMStopTimeout is a VMM unit's TimeoutStopSec.
+const VMMStopTimeout = 5 * time.Second
+
 // StartVMM starts an Instance's VMM as a transient service in VMMSlice with
 // the properties of the process model: Type=exec, Restart=no,
 // KillMode=control-group, OOMPolicy=kill. It returns once the VMM has been
 // exec'd, with the InvocationID, MainPID and ControlGroup read back.
 func (m *Manager) StartVMM(ctx context.Context, spec Spec) (Unit, error) {
 	spec.Slice = VMMSlice
-	return m.start(ctx, spec, prop("OOMPolicy", "kill"))
+	// A VMM ends within moments of SIGTERM; one that does not is stuck
+	// (most often on storage), and waiting systemd's default 90 s twice
+	// (SIGTERM, then the final SIGKILL) only delays the node's own wait
+	// for the cgroup to empty ("instance cleanup pending").
+	return m.start(ctx, spec, prop("OOMPolicy", "kill"), prop("TimeoutStopUSec", uint64(VMMStopTimeout/time.Microsecond)))
 }
 
 // StartService starts any other kibotos service (data plane, egress) through

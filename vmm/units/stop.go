@@ -11,6 +11,22 @@ import (
 
 var errNoDevice = syscall.ENODEV // reading cgroup.procs of a cgroup being removed
 
+// RemainError is a stop whose job ended while processes of the unit
+// remain (stuck in the kernel: SIGKILL takes effect only once they leave
+// it).
+type RemainError struct {
+	Unit    string
+	Settle  time.Duration
+	PIDs    []int
+	Cgroup  string
+	MainPID int
+}
+
+func (e *RemainError) Error() string {
+	return fmt.Sprintf("units: stop unit %s: stop job done but after %v host PIDs %v remain (cgroup %s, main PID %d): inspect and kill them by PID",
+		e.Unit, e.Settle.Round(time.Millisecond), e.PIDs, e.Cgroup, e.MainPID)
+}
+
 // Stop stops a unit and returns once the stop job is done, the unit's cgroup
 // holds no process and its main process is gone. A unit that is not loaded
 // is already stopped. If processes remain after StopSettle (or the ctx
@@ -37,10 +53,13 @@ func (m *Manager) Stop(ctx context.Context, name string) error {
 		}
 		close(ch) // collected meanwhile: still wait for its processes below
 	}
+	var jobErr error
 	select {
 	case result, ok := <-ch:
 		if ok && result != "done" {
-			return fmt.Errorf("units: stop unit %s: stop job %s: check the unit with systemctl status %s", name, result, name)
+			// A job that timed out (processes stuck after the final
+			// SIGKILL) still ended the unit: what is left decides below.
+			jobErr = fmt.Errorf("units: stop unit %s: stop job %s: check the unit with systemctl status %s", name, result, name)
 		}
 	case <-ctx.Done():
 		return fmt.Errorf("units: stop unit %s: waiting for the stop job: %w", name, ctx.Err())
@@ -63,14 +82,13 @@ func (m *Manager) Stop(ctx context.Context, name string) error {
 		}
 		mainAlive := mainPID != 0 && procStart(mainPID) == mainStart
 		if len(left) == 0 && !mainAlive {
-			return nil
+			return jobErr
 		}
 		if time.Now().After(deadline) {
 			if mainAlive {
 				left = append(left, mainPID)
 			}
-			return fmt.Errorf("units: stop unit %s: stop job done but after %v host PIDs %v remain (cgroup %s, main PID %d): inspect and kill them by PID",
-				name, settle.Round(time.Millisecond), left, m.CgroupPath(u), mainPID)
+			return &RemainError{Unit: name, Settle: settle, PIDs: left, Cgroup: m.CgroupPath(u), MainPID: mainPID}
 		}
 		if err := ctxsleep.Sleep(ctx, 2*time.Millisecond); err != nil {
 			return fmt.Errorf("units: stop unit %s: waiting for its processes to exit: %w", name, err)
