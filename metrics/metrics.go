@@ -213,6 +213,12 @@ var (
 		"The capacity ctrl set for the storage pool (absent while none is set: the pool takes no new objects).", []string{"pool"}, nil)
 	poolUsed = prometheus.NewDesc("kibotos_storage_pool_used_bytes",
 		"What the storage pool's objects take of its capacity (retained layers at their template's size, Volumes).", []string{"pool"}, nil)
+	placements = prometheus.NewDesc("kibotos_placements_total",
+		"Placements of Workspace Instances (create, start, resume, a re-placement after a node refused) counted in the replicated state, so equal on every ctrl member: placed, or refused (no node could take it).",
+		[]string{"outcome"}, nil)
+	placementRefusals = prometheus.NewDesc("kibotos_placement_refusals_total",
+		"Refused placements by each reason that kept a node out (once per refused placement and reason, so the reasons add up to at least the refusals).",
+		[]string{"reason"}, nil)
 	scrapeErrors = prometheus.NewDesc("kibotos_metrics_read_errors",
 		"1 when this scrape could not read the member's state (the figures above are then missing).", []string{"source"}, nil)
 )
@@ -220,7 +226,7 @@ var (
 type ctrlCollector struct{ f *fsm.FSM }
 
 func (c ctrlCollector) Describe(ch chan<- *prometheus.Desc) {
-	describe(ch, workspaces, nodes, clockOffset, poolCapacity, poolUsed, scrapeErrors)
+	describe(ch, workspaces, nodes, clockOffset, poolCapacity, poolUsed, placements, placementRefusals, scrapeErrors)
 }
 
 func (c ctrlCollector) Collect(ch chan<- prometheus.Metric) {
@@ -248,6 +254,11 @@ func (c ctrlCollector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(poolCapacity, prometheus.GaugeValue, float64(*p.CapacityBytes), p.PoolID)
 		}
 		ch <- prometheus.MustNewConstMetric(poolUsed, prometheus.GaugeValue, float64(p.UsedBytes), p.PoolID)
+	}
+	ch <- prometheus.MustNewConstMetric(placements, prometheus.CounterValue, float64(sum.Placements.Placed), "placed")
+	ch <- prometheus.MustNewConstMetric(placements, prometheus.CounterValue, float64(sum.Placements.Refused), "refused")
+	for reason, n := range sum.Placements.Refusals {
+		ch <- prometheus.MustNewConstMetric(placementRefusals, prometheus.CounterValue, float64(n), reason)
 	}
 }
 
