@@ -53,6 +53,9 @@ type Sources struct {
 	// Egress sums the egress process's counters over its generations
 	// (ok false: none runs); nil: no runtime.
 	Egress func(ctx context.Context) (egress.Stats, bool)
+	// EgressByInstance are the egress process's connection counters of
+	// each Instance it routes, by Instance id (ok false: none runs).
+	EgressByInstance func(ctx context.Context) (map[string]egress.GuestStats, bool)
 	// Names are the counters of the node's resolver for domain rules.
 	Names func() (dnsfilter.Stats, bool)
 	// DataPlane sums the data-plane processes' counters over their
@@ -106,8 +109,8 @@ func Registry(src Sources) *prometheus.Registry {
 	if src.DataPlane != nil {
 		reg.MustRegister(dataPlaneCollector{src.DataPlane})
 	}
-	if src.Egress != nil || src.Names != nil {
-		reg.MustRegister(egressCollector{src.Egress, src.Names})
+	if src.Egress != nil || src.EgressByInstance != nil || src.Names != nil {
+		reg.MustRegister(egressCollector{src.Egress, src.EgressByInstance, src.Names})
 	}
 	return reg
 }
@@ -344,6 +347,9 @@ var (
 	egressConns = prometheus.NewDesc("kibotos_node_egress_connections_total",
 		"Guest connections through the egress process, summed over its generations (never decreasing across a switch): accepted, refused (no route, too many, draining), failed (the proxy could not be reached or refused), closed (by a drain deadline).",
 		[]string{"outcome"}, nil)
+	egressInstanceConns = prometheus.NewDesc("kibotos_node_egress_instance_connections_total",
+		"An Instance's guest connections through the egress process, by outcome as kibotos_node_egress_connections_total, while the Instance runs (its series ends with it; a guest not yet counted by an egress process of an earlier build shows none).",
+		[]string{"instance_id", "outcome"}, nil)
 	egressActive = prometheus.NewDesc("kibotos_node_egress_active_connections",
 		"Guest connections the egress process carries now.", nil, nil)
 	egressDNS = prometheus.NewDesc("kibotos_node_egress_dns_queries_total",
@@ -354,22 +360,35 @@ var (
 )
 
 type egressCollector struct {
-	egress func(ctx context.Context) (egress.Stats, bool)
-	names  func() (dnsfilter.Stats, bool)
+	egress     func(ctx context.Context) (egress.Stats, bool)
+	byInstance func(ctx context.Context) (map[string]egress.GuestStats, bool)
+	names      func() (dnsfilter.Stats, bool)
 }
 
 func (c egressCollector) Describe(ch chan<- *prometheus.Desc) {
-	describe(ch, egressConns, egressActive, egressDNS, namesDNS)
+	describe(ch, egressConns, egressInstanceConns, egressActive, egressDNS, namesDNS)
 }
 
 func (c egressCollector) Collect(ch chan<- prometheus.Metric) {
 	counter := func(d *prometheus.Desc, v uint64, label string) {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), label)
 	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if c.byInstance != nil {
+		if by, ok := c.byInstance(ctx); ok {
+			for id, st := range by {
+				for _, o := range []struct {
+					outcome string
+					v       uint64
+				}{{"accepted", st.Accepted}, {"refused", st.Refused}, {"failed", st.Failed}, {"closed", st.Closed}} {
+					ch <- prometheus.MustNewConstMetric(egressInstanceConns, prometheus.CounterValue, float64(o.v), id, o.outcome)
+				}
+			}
+		}
+	}
 	if c.egress != nil {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		st, ok := c.egress(ctx)
-		cancel()
 		if ok {
 			counter(egressConns, st.Accepted, "accepted")
 			counter(egressConns, st.Refused, "refused")

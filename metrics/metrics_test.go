@@ -1,6 +1,7 @@
 package metrics
 
 import (
+	"context"
 	"encoding/json"
 	"strings"
 	"testing"
@@ -8,6 +9,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/kibotos/kibotos/agent/egress"
 	"github.com/kibotos/kibotos/agent/runtime"
 	"github.com/kibotos/kibotos/api"
 	"github.com/kibotos/kibotos/fsm"
@@ -76,6 +78,26 @@ kibotos_placement_refusals_total{reason="not enough CPU"} 1
 kibotos_placement_refusals_total{reason="not ready"} 1
 `
 	if err := testutil.GatherAndCompare(Registry(Sources{FSM: f}), strings.NewReader(want), "kibotos_placements_total", "kibotos_placement_refusals_total"); err != nil {
+		t.Error(err)
+	}
+}
+
+// An Instance's egress connections by outcome, for the Instances the
+// egress process routes (an ended one is not in the map, so its series
+// ends).
+func TestEgressByInstance(t *testing.T) {
+	by := func(context.Context) (map[string]egress.GuestStats, bool) {
+		return map[string]egress.GuestStats{"inst-a": {Accepted: 5, Refused: 1, Failed: 2}}, true
+	}
+	want := `
+# HELP kibotos_node_egress_instance_connections_total An Instance's guest connections through the egress process, by outcome as kibotos_node_egress_connections_total, while the Instance runs (its series ends with it; a guest not yet counted by an egress process of an earlier build shows none).
+# TYPE kibotos_node_egress_instance_connections_total counter
+kibotos_node_egress_instance_connections_total{instance_id="inst-a",outcome="accepted"} 5
+kibotos_node_egress_instance_connections_total{instance_id="inst-a",outcome="closed"} 0
+kibotos_node_egress_instance_connections_total{instance_id="inst-a",outcome="failed"} 2
+kibotos_node_egress_instance_connections_total{instance_id="inst-a",outcome="refused"} 1
+`
+	if err := testutil.GatherAndCompare(Registry(Sources{EgressByInstance: by}), strings.NewReader(want), "kibotos_node_egress_instance_connections_total"); err != nil {
 		t.Error(err)
 	}
 }
