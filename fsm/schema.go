@@ -67,9 +67,14 @@ var (
 	// holding, whose record ctrl expects there until it is deleted
 	bucketEndedWatch = []byte("ended_watch")
 
+	// placed, refused, refused/<reason label> → 8-byte big-endian count
+	// of placements (placements.go; written from LevelPlacementCounts on)
+	bucketPlacements = []byte("placements")
+
 	allBuckets = [][]byte{bucketMeta, bucketNodes, bucketGrants, bucketCommands, bucketWorkspaces, bucketWorkspaceNodes, bucketNodeHolds, bucketWorkspaceTombstones, bucketInstanceOwners,
 		bucketEgress, bucketEgressRevisions, bucketEgressRefs, bucketResolvers, bucketResolverRefs, bucketPools, bucketPoolUse, bucketPoolMembers, bucketPoolWaits,
-		bucketVolumes, bucketVolumeNames, bucketVolumeCommands, bucketVolumeTombstones, bucketMemberLevels, bucketEndedRounds, bucketEndedWatch}
+		bucketVolumes, bucketVolumeNames, bucketVolumeCommands, bucketVolumeTombstones, bucketMemberLevels, bucketEndedRounds, bucketEndedWatch,
+		bucketPlacements}
 )
 
 // Keys of the meta bucket.
