@@ -131,9 +131,21 @@ func TestPackage(t *testing.T) {
 	}
 	p.exec(ws, "after restart")
 
-	// dpkg -i of the newer release with the VM running.
+	// dpkg -i of the newer release with the VM running, while the
+	// installed build's check-maintenance refuses the upgrade (an Instance
+	// directory without a launch record, which the node removes when it
+	// starts): the seed's dpkg row, the old pre-removal script fails and
+	// dpkg runs the new package's, which only stops the member.
+	leftover := "/var/lib/kibotos/storage/runtime/instances/inst-leftover"
+	p.must(time.Minute, "mkdir", "-p", leftover)
 	r := p.must(3*time.Minute, "dpkg", "-i", pkgDebs+"/kibotos_"+pkgNew+"_amd64.deb")
+	if out := r.stdout + r.stderr; !strings.Contains(out, "trying script from the new package instead") || !strings.Contains(out, "instance directory without a launch record") {
+		t.Errorf("dpkg -i %s with the installed build's check refusing: want the old prerm's refusal and dpkg trying the new package's script:\n%s", pkgNew, trimTo(out, 3000))
+	}
 	p.waitNodeReady(inc)
+	if r := p.run(time.Minute, "test", "-e", leftover); r.code == 0 {
+		t.Errorf("the new member did not remove the leftover %s", leftover)
+	}
 	if st := p.status(); st.Release != pkgNew {
 		t.Errorf("after dpkg -i %s the member runs release %s\n%s", pkgNew, st.Release, r.stdout)
 	}
