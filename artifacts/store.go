@@ -155,26 +155,26 @@ func Open(rawURL, node string) (Store, error) {
 // ParseURL checks an [artifacts] url.
 func ParseURL(rawURL string) (*url.URL, error) {
 	if len(rawURL) > 4096 {
-		return nil, api.Errorf(api.CodeInvalidArgument, "artifact store url is %d bytes long: give at most 4096", len(rawURL))
+		return nil, api.Errorf(api.CodeInvalidArgument, "[artifacts] url is %d bytes long: give at most 4096", len(rawURL))
 	}
 	u, err := url.Parse(rawURL)
 	if err != nil {
-		return nil, api.Errorf(api.CodeInvalidArgument, "artifact store url %q is not a URL: %v; give file:///absolute/directory", rawURL, err)
+		return nil, api.Errorf(api.CodeInvalidArgument, "[artifacts] url %q is not a URL: %v; give file:///absolute/directory", rawURL, err)
 	}
 	switch u.Scheme {
 	case "file":
 		switch {
 		case u.Host != "" && u.Host != "localhost":
-			return nil, api.Errorf(api.CodeInvalidArgument, "artifact store url %q names host %q: a file:// store is a local (or mounted) directory, give file:///absolute/directory", rawURL, u.Host)
+			return nil, api.Errorf(api.CodeInvalidArgument, "[artifacts] url %q names host %q: a file:// store is a local (or mounted) directory, give file:///absolute/directory", rawURL, u.Host)
 		case u.RawQuery != "" || u.Fragment != "" || u.User != nil:
-			return nil, api.Errorf(api.CodeInvalidArgument, "artifact store url %q has a user, query or fragment: give file:///absolute/directory", rawURL)
+			return nil, api.Errorf(api.CodeInvalidArgument, "[artifacts] url %q has a user, query or fragment: give file:///absolute/directory", rawURL)
 		case !filepath.IsAbs(u.Path) || filepath.Clean(u.Path) != u.Path || u.Path == "/":
-			return nil, api.Errorf(api.CodeInvalidArgument, "artifact store url %q: the directory must be an absolute, clean path other than /, e.g. file:///srv/kibotos/artifacts", rawURL)
+			return nil, api.Errorf(api.CodeInvalidArgument, "[artifacts] url %q: the directory must be an absolute, clean path other than /, e.g. file:///srv/kibotos/artifacts", rawURL)
 		}
 		return u, nil
 	case "s3":
-		return nil, api.Errorf(api.CodeInvalidArgument, "artifact store url %q: s3:// stores are not supported yet; use a directory on a shared file system (file:///srv/kibotos/artifacts)", rawURL)
+		return nil, api.Errorf(api.CodeInvalidArgument, "[artifacts] url %q: s3:// stores are not supported yet; use a directory on a shared file system (file:///srv/kibotos/artifacts)", rawURL)
 	default:
-		return nil, api.Errorf(api.CodeInvalidArgument, "artifact store url %q: scheme %q is not supported; give file:///absolute/directory", rawURL, u.Scheme)
+		return nil, api.Errorf(api.CodeInvalidArgument, "[artifacts] url %q: scheme %q is not supported; give file:///absolute/directory", rawURL, u.Scheme)
 	}
 }
