@@ -93,6 +93,7 @@ var handlers = map[string]handler{
 	OpVolumeResult:         applyVolumeResult,
 	OpMemberLevel:          applyMemberLevel,
 	OpWorkspacePause:       applyWorkspacePause,
+	OpTemplatePublish:      applyTemplatePublish,
 }
 
 // Open creates a fresh state file at path (any old file is replaced).

@@ -35,6 +35,9 @@ import (
 //	   instead of failing it; a stop --force result with
 //	   WorkspaceResultArgs.NotOnNode releases a FAILED Workspace whose node
 //	   no longer has the Instance and leaves it FAILED (startable)
+//	5  the template catalog (LevelArtifacts, templates.go):
+//	   OpTemplatePublish; a report's TemplateDigests, which the leader
+//	   leaves out below it
 
 // FeatureLevel is the level of this build.
 const FeatureLevel = 5
@@ -49,7 +52,8 @@ const LevelEndedRounds = 4
 // opLevels are the ops above level 1, by the level that introduced them.
 var opLevels = map[string]int{
 	OpVolumeCreate: 2, OpVolumeResize: 2, OpVolumeDelete: 2, OpVolumeResult: 2,
-	OpWorkspacePause: 3,
+	OpWorkspacePause:  3,
+	OpTemplatePublish: LevelArtifacts,
 }
 
 // OpLevel is the level an op needs of every voter.

@@ -41,6 +41,7 @@ const (
 	OpVolumeDelete         = "volume.delete"
 	OpVolumeResult         = "volume.node_result"
 	OpWorkspacePause       = "workspace.pause"
+	OpTemplatePublish      = "template.publish"
 	// OpMemberLevel is proposed with IgnoreUnknown (see levels.go).
 	OpMemberLevel = "cluster.member_level"
 )

@@ -77,9 +77,8 @@ type WorkspaceResultArgs struct {
 const DefaultPool = "default"
 
 var (
-	templateNamePattern = regexp.MustCompile(`^[a-z0-9][a-z0-9.-]{0,62}$`)
-	labelKeyPattern     = regexp.MustCompile(`^[A-Za-z0-9]([A-Za-z0-9._/-]{0,61}[A-Za-z0-9])?$`)
-	idEncoding          = base32.NewEncoding("abcdefghijklmnopqrstuvwxyz234567").WithPadding(base32.NoPadding)
+	labelKeyPattern = regexp.MustCompile(`^[A-Za-z0-9]([A-Za-z0-9._/-]{0,61}[A-Za-z0-9])?$`)
+	idEncoding      = base32.NewEncoding("abcdefghijklmnopqrstuvwxyz234567").WithPadding(base32.NoPadding)
 )
 
 // Limits of one Workspace.
@@ -340,8 +339,8 @@ func layerHolder(w *api.Workspace) string {
 }
 
 func validateCreate(a *WorkspaceCreateArgs) error {
-	if !templateNamePattern.MatchString(a.Template) {
-		return api.Errorf(api.CodeInvalidArgument, "template %q is not a valid name: use 1-63 lowercase letters, digits, '.' or '-'; see kibo template list", a.Template)
+	if err := api.ValidTemplateName(a.Template); err != nil {
+		return err
 	}
 	if a.CPU <= 0 || a.CPU > MaxWorkspaceCPU || a.CPU%1000 != 0 {
 		return api.Errorf(api.CodeInvalidArgument, "--cpu %s is not valid: give a whole number of cores from 1 to %s", a.CPU, MaxWorkspaceCPU)
