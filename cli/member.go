@@ -385,9 +385,9 @@ func runMember(g *Globals, o memberOptions) error {
 	if o.onReady != nil {
 		o.onReady(srv)
 	}
+	var store artifacts.Store
 	if o.artifactsURL != "" {
-		store, err := artifacts.Open(o.artifactsURL, srv.NodeID())
-		if err != nil {
+		if store, err = artifacts.Open(o.artifactsURL, srv.NodeID()); err != nil {
 			return err
 		}
 		log.Info("artifact store", "url", store.String())
@@ -424,13 +424,14 @@ func runMember(g *Globals, o memberOptions) error {
 			}
 			dp, src.DataPlane = link, link.Totals
 		}
-		a, err := agent.New(agent.Config{DataDir: o.dir, NodeID: srv.NodeID(), Capacity: o.capacity, CtrlAddrs: srv.CtrlAddrs,
+		a, err := agent.New(agent.Config{DataDir: o.dir, NodeID: srv.NodeID(), Artifacts: store, Capacity: o.capacity, CtrlAddrs: srv.CtrlAddrs,
 			Dial: srv.SessionDial, OnLeader: srv.NoteLeader, SessionTimeout: o.timings.SessionTimeout, Logger: log, ClockSkew: o.clockSkew, Runtime: rt, DataPlane: dp,
 			Pools: o.pools, DefaultPool: o.defaultPool, FetchEgressCredentials: srv.EgressCredentials, DeniedReportInterval: o.deniedReport})
 		if err != nil {
 			return err
 		}
 		src.HostUsage = a.HostUsage
+		srv.SetTemplatePublisher(a.PublishTemplate)
 		go func() { agentErr <- a.Run(ctx) }()
 	}
 	if err := serveMetrics(ctx, srv, src, o.metricsListen, log); err != nil {
