@@ -127,6 +127,8 @@ type Agent struct {
 	draining bool
 	// lastAliveCheck of the data-plane process.
 	lastAliveCheck time.Time
+	// fetchMu serializes fetches of templates from the artifact store.
+	fetchMu sync.Mutex
 	// templates as last listed, valid while the directory's mtime is templatesMod.
 	templates       localTemplates
 	templatesMod    time.Time

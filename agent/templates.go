@@ -62,3 +62,45 @@ func publishTemplate(ctx context.Context, store artifacts.Store, storageRoot, na
 	}
 	return api.TemplateImage{Name: t.Name, TemplateID: t.ID, Digest: string(o.Digest), SizeBytes: o.Size, ImageFormat: api.ImageFormatExt4}, nil
 }
+
+// templateFor is the template a start boots: the node's own build, else
+// the published one, fetched from the artifact store (progress in the
+// log). A store this node cannot read is a refusal, so ctrl places the
+// Workspace elsewhere; an object that does not verify is an error.
+func (a *Agent) templateFor(ctx context.Context, t api.WorkspaceTask) (*template.Template, string, error) {
+	root := a.cfg.DataDir.StorageRoot()
+	if tpl, err := template.Get(root, t.Template); err == nil {
+		return tpl, "", nil
+	}
+	p := t.Published
+	if p == nil || p.Name != t.Template {
+		return nil, "", fmt.Errorf("template %s is not on node %s: build it there with kibotos template build %s --from-dir DIR, or publish it from a node that has it (kibo template publish %s)", t.Template, a.cfg.NodeID, t.Template, t.Template)
+	}
+	if a.cfg.Artifacts == nil {
+		return nil, fmt.Sprintf("template %s is not on node %s, which has no artifact store to fetch it from: set [artifacts] url in its configuration", t.Template, a.cfg.NodeID), nil
+	}
+	a.fetchMu.Lock()
+	defer a.fetchMu.Unlock()
+	log := a.log.With("template", p.Name, "digest", p.Digest, "store", a.cfg.Artifacts.String())
+	log.Info("template fetch started", "bytes", p.SizeBytes)
+	start, lastTenth := time.Now(), int64(-1)
+	progress := func(done, total int64) {
+		if tenth := done * 10 / max(total, 1); tenth != lastTenth {
+			lastTenth = tenth
+			log.Info("template fetch progress", "done_bytes", done, "total_bytes", total)
+		}
+	}
+	tpl, err := template.Install(ctx, root, template.Published{Name: p.Name, ID: p.TemplateID, Digest: p.Digest, SizeBytes: p.SizeBytes}, func(ctx context.Context, img string) error {
+		return artifacts.Fetch(ctx, a.cfg.Artifacts, artifacts.Object{Digest: artifacts.Digest(p.Digest), Size: p.SizeBytes}, img, progress)
+	})
+	if err != nil {
+		log.Warn("template fetch failed", "err", err)
+		if api.CodeOf(err) == api.CodeUnavailable || api.CodeOf(err) == api.CodeNotFound {
+			return nil, fmt.Sprintf("template %s could not be fetched: %v", p.Name, err), nil
+		}
+		return nil, "", fmt.Errorf("template %s: %w", p.Name, err)
+	}
+	log.Info("template fetched", "seconds", time.Since(start).Seconds())
+	a.templatesChanged()
+	return tpl, "", nil
+}

@@ -31,6 +31,7 @@ const progressStep = 16 << 20
 // torn write) is fetched again from the start once. progress, if set, is
 // told the bytes done of the total as they grow. Concurrent fetches of
 // the same dst wait for one another; one that finds dst there is done.
+// Nothing but dst is left behind by a fetch that completed.
 func Fetch(ctx context.Context, s Store, want Object, dst string, progress func(done, total int64)) error {
 	if _, err := ParseDigest(string(want.Digest)); err != nil {
 		return err
@@ -39,13 +40,16 @@ func Fetch(ctx context.Context, s Store, want Object, dst string, progress func(
 	if want.Size < 0 || want.Size > MaxObjectBytes {
 		return api.Errorf(api.CodeInvalidArgument, "%s: size %d is out of range", name, want.Size)
 	}
+	if _, err := os.Stat(dst); err == nil {
+		return nil
+	}
 	unlock, err := lockFile(dst + LockSuffix)
 	if err != nil {
 		return err
 	}
 	defer unlock()
 	if _, err := os.Stat(dst); err == nil {
-		return nil
+		return nil // a concurrent fetch completed it
 	}
 	got, err := s.Stat(ctx, want.Digest)
 	if err != nil {
@@ -58,7 +62,13 @@ func Fetch(ctx context.Context, s Store, want Object, dst string, progress func(
 	for attempt := 0; ; attempt++ {
 		err := fetchOnce(ctx, s, want, partial, progress)
 		if err == nil {
-			return storagepool.Commit(partial, dst)
+			if err := storagepool.Commit(partial, dst); err != nil {
+				return err
+			}
+			// Whoever waits on it finds dst and is done; later fetches
+			// find dst before they lock.
+			os.Remove(dst + LockSuffix)
+			return nil
 		}
 		if !errors.Is(err, ErrCorrupt) {
 			return err // the partial file stays for the next fetch to continue

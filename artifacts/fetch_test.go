@@ -77,8 +77,10 @@ func TestFetchResumesWhereItStopped(t *testing.T) {
 	if last := reports[len(reports)-1]; last != [2]int64{o.Size, o.Size} || len(reports) < 2 {
 		t.Fatalf("progress reports %v", reports)
 	}
-	if _, err := os.Stat(dst + PartialSuffix); !os.IsNotExist(err) {
-		t.Fatal("partial file left after a complete fetch")
+	for _, p := range []string{dst + PartialSuffix, dst + LockSuffix} {
+		if _, err := os.Stat(p); !os.IsNotExist(err) {
+			t.Fatalf("%s left after a complete fetch", p)
+		}
 	}
 }
 

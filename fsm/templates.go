@@ -97,13 +97,33 @@ func GetCatalogTemplate(tx *bolt.Tx, name string) (*api.CatalogTemplate, error) 
 	if err := api.ValidTemplateName(name); err != nil {
 		return nil, err
 	}
-	var rec catalogRecord
-	if ok, err := getJSON(tx, bucketTemplates, []byte(name), &rec); err != nil {
+	rec, err := catalogEntry(tx, name)
+	if err != nil {
 		return nil, err
-	} else if !ok {
+	}
+	if rec == nil {
 		return nil, api.Errorf(api.CodeNotFound, "template %s is not in the catalog: publish it with kibo template publish %s", name, name)
 	}
-	return catalogView(tx, &rec)
+	return catalogView(tx, rec)
+}
+
+// TaskTemplate is the catalog entry of the template a start names, nil
+// when it was never published.
+func TaskTemplate(tx *bolt.Tx, name string) (*api.TemplateImage, error) {
+	rec, err := catalogEntry(tx, name)
+	if err != nil || rec == nil {
+		return nil, err
+	}
+	return &rec.TemplateImage, nil
+}
+
+// catalogEntry is the catalog record of name, nil when there is none.
+func catalogEntry(tx *bolt.Tx, name string) (*catalogRecord, error) {
+	var rec catalogRecord
+	if ok, err := getJSON(tx, bucketTemplates, []byte(name), &rec); err != nil || !ok {
+		return nil, err
+	}
+	return &rec, nil
 }
 
 // ListCatalogTemplates is a page of the catalog, by name.

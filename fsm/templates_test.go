@@ -78,3 +78,33 @@ func TestTemplatePublishLevel(t *testing.T) {
 		t.Fatalf("OpTemplatePublish at level %d, build at %d", OpLevel(OpTemplatePublish), FeatureLevel)
 	}
 }
+
+// A published template starts on a node without it (which fetches it,
+// its layer charged the image's size) when no holder can take it, and
+// on a holder when one can, even the busier one.
+func TestPublishedTemplatePlacement(t *testing.T) {
+	h := newHarness(t)
+	twoNodes(h)
+	only := func(id string, templates []string, sizes map[string]uint64, cpu api.Milli) {
+		h.report(id, sessOf(id), api.Report{Capacity: api.Resources{CPU: 4000, MemoryBytes: 8 * gib}, Allocated: api.Resources{CPU: cpu}, Pools: defaultPoolAvailable, Templates: templates, TemplateBytes: sizes})
+	}
+	only("node-a", []string{"kibotos-base"}, nil, 0)
+	only("node-b", []string{"kibotos-base", "solo"}, map[string]uint64{"solo": 3 * gib}, 2000)
+	solo := smallWS
+	solo.Template = "solo"
+	solo.NodeID = "node-a"
+	h.fail(api.CodeFailedPrecondition, OpWorkspaceCreate, solo, withCommand("c0"))
+
+	pub := publishArgs("solo", 'a')
+	pub.NodeID, pub.SizeBytes = "node-b", 2<<30
+	h.ok(OpTemplatePublish, pub)
+	solo.NodeID = ""
+	if w := h.create("c1", solo); w.NodeID != "node-b" {
+		t.Fatalf("solo placed on %s, want node-b, which holds it, though busier", w.NodeID)
+	}
+	h.ok(OpNodeDrain, NodeArgs{NodeID: "node-b"})
+	w := h.create("c2", solo)
+	if w.NodeID != "node-a" || w.Layer == nil || w.Layer.SizeBytes != 2*gib {
+		t.Fatalf("solo with its holder drained: node %s, layer %+v; want node-a fetching it, charged the image's 2 GiB", w.NodeID, w.Layer)
+	}
+}

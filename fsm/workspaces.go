@@ -431,6 +431,14 @@ func candidateView(tx *bolt.Tx, d api.OvercommitDefault, n *api.Node) (*api.Node
 // must have room.
 func place(tx *bolt.Tx, w *api.Workspace, vols []*api.Volume, pin string, refused []string) (string, error) {
 	req := placement.Request{CPU: w.CPU, MemoryBytes: w.MemoryBytes, Node: pin, Exclude: refused, Template: w.Template}
+	// A published template may start on a node that fetches it first.
+	// Only builds from LevelArtifacts on have catalog entries, so older
+	// voters place as before.
+	pub, err := catalogEntry(tx, w.Template)
+	if err != nil {
+		return "", err
+	}
+	req.Published = pub != nil
 	if w.Layer != nil && w.Layer.Lost {
 		return "", lostLayerError(w)
 	}
@@ -490,7 +498,7 @@ func place(tx *bolt.Tx, w *api.Workspace, vols []*api.Volume, pin string, refuse
 		req.OwnDefaultPool = true
 		req.Room = func(n *api.Node) string {
 			pool := api.DefaultPoolOf(n.NodeID, n.Report)
-			return defaultPoolRoom(tx, n, newBytes(fresh, pool, templateBytes(n, w.Template)))
+			return defaultPoolRoom(tx, n, newBytes(fresh, pool, templateBytes(n, w.Template, pub)))
 		}
 	}
 	if pin != "" {
@@ -507,7 +515,7 @@ func place(tx *bolt.Tx, w *api.Workspace, vols []*api.Volume, pin string, refuse
 		return "", err
 	}
 	node, err := placement.Choose(nodes, req)
-	if err != nil && api.CodeOf(err) == api.CodeResourceExhausted && anyReported(nodes) && !anyHasTemplate(nodes, w.Template) {
+	if err != nil && api.CodeOf(err) == api.CodeResourceExhausted && !req.Published && anyReported(nodes) && !anyHasTemplate(nodes, w.Template) {
 		return "", api.Errorf(api.CodeFailedPrecondition,
 			"template %s is not built on any node: build it there with kibotos template build %s (kibo node get NODE lists a node's templates)", w.Template, w.Template)
 	}
@@ -566,7 +574,11 @@ func beginExecution(tx *bolt.Tx, e *Entry, w *api.Workspace, vols []*api.Volume,
 			return err
 		}
 		pool := api.DefaultPoolOf(node, n.Report)
-		size := templateBytes(n, w.Template)
+		pub, err := catalogEntry(tx, w.Template)
+		if err != nil {
+			return err
+		}
+		size := templateBytes(n, w.Template, pub)
 		fresh = newVolumes(w, vols)
 		what := "the writable layer of workspace " + w.WorkspaceID
 		if len(fresh) > 0 {
