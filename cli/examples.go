@@ -35,7 +35,7 @@ var examples = map[string][]string{
 	"template list":               {"kibo template list", "kibo template list --local"},
 	"template publish":            {"kibo template publish kibotos-coding", "kibo template publish debian-12 --from-node node-b"},
 	"template get":                {"kibo template get kibotos-coding"},
-	"template delete":             {"kibo template delete debian-12"},
+	"template delete":             {"kibo template delete debian-12", "kibo template delete debian-12 --local"},
 	"workspace create": {"kibo workspace create --template kibotos-coding --cpu 1 --memory 512MiB",
 		"kibo workspace create --template kibotos-coding --cpu 2 --memory 2GiB --egress public --allow '*.github.com,pypi.org'",
 		"kibo workspace create --template kibotos-coding --volume data:/data --new-volume 10GiB:/scratch"},

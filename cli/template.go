@@ -2,6 +2,7 @@ package cli
 
 import (
 	"errors"
+	"net/url"
 	"os/signal"
 	"strings"
 	"syscall"
@@ -19,7 +20,7 @@ type TemplateCmd struct {
 	Publish TemplatePublishCmd `cmd:"" help:"Put a template a node built into the artifact store and record it in the cluster's catalog."`
 	List    TemplateListCmd    `cmd:"" help:"List the cluster's template catalog (--local: the templates built on this host)."`
 	Get     TemplateGetCmd     `cmd:"" help:"Show one template."`
-	Delete  TemplateDeleteCmd  `cmd:"" help:"Delete every build of a template on this node."`
+	Delete  TemplateDeleteCmd  `cmd:"" help:"Delete a template from the catalog, refused while Workspaces use it (--local: every build on this host)."`
 }
 
 type templateRoot struct {
@@ -228,17 +229,31 @@ func (c *TemplateGetCmd) Run(g *Globals) error {
 	return nil
 }
 
-// TemplateDeleteCmd deletes a template.
+// TemplateDeleteCmd deletes a catalog entry, or this host's builds.
 type TemplateDeleteCmd struct {
-	templateRoot `embed:""`
-	Name         string `arg:"" name:"name"`
+	templateRoot    `embed:""`
+	Name            string  `arg:"" name:"name"`
+	Local           bool    `name:"local" help:"Delete every build of the template on this host (its storage root) instead of the catalog entry; implied by --storage-root."`
+	CommandID       string  `name:"command-id" help:"Idempotency key."`
+	ExpectedVersion *uint64 `name:"expected-version" help:"Version the catalog entry must still be at."`
 }
 
 func (c *TemplateDeleteCmd) Run(g *Globals) error {
-	n, err := template.Delete(c.root(g), c.Name)
-	if err != nil {
-		return api.Errorf(api.CodeNotFound, "%v", err)
+	if c.Local || c.StorageRoot != "" {
+		n, err := template.Delete(c.root(g), c.Name)
+		if err != nil {
+			return api.Errorf(api.CodeNotFound, "%v", err)
+		}
+		g.printf("template %s: %d build(s) deleted\n", c.Name, n)
+		return nil
 	}
-	g.printf("template %s: %d build(s) deleted\n", c.Name, n)
+	raw, err := g.call("POST", "/v1/templates/"+url.PathEscape(c.Name)+"/delete", writeMeta(c.CommandID, c.ExpectedVersion), nil)
+	if err != nil {
+		return err
+	}
+	if g.JSON {
+		return g.printJSON(raw)
+	}
+	g.printf("template %s deleted from the catalog (the image stays in the artifact store and on the nodes that hold it)\n", c.Name)
 	return nil
 }

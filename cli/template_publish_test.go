@@ -112,6 +112,16 @@ func TestTemplatePublishAndCatalog(t *testing.T) {
 	if out := e.mustRun("template", "publish", "kibotos-coding", "--from-node", "node-2"); !strings.Contains(out, "published from node node-2") {
 		t.Fatalf("publish --from-node: %q", out)
 	}
+	// A catalog entry a Workspace uses stays; the refusal names it.
+	id := strings.TrimSpace(e.mustRun("workspace", "create", "--template", "solo", "--cpu", "1", "--memory", "256MiB", "-q", "--no-wait"))
+	e.expectExit(api.ExitFailedPrecondition, "template solo is used by workspaces "+id+": delete them first", "template", "delete", "solo")
+	e.expectExit(api.ExitNotFound, "template nope is not in the catalog", "template", "delete", "nope")
+	if out := e.mustRun("template", "delete", "kibotos-coding"); !strings.Contains(out, "template kibotos-coding deleted from the catalog") {
+		t.Fatalf("delete: %q", out)
+	}
+	if q := e.mustRun("template", "list", "-q"); q != "solo\n" {
+		t.Fatalf("catalog after the delete: %q", q)
+	}
 	// Local builds are still listed with --local.
 	if out := e.mustRun("template", "list", "--local", "--storage-root", n3.Dir.StorageRoot()); !strings.Contains(out, "solo") || !strings.Contains(out, "kibotos-coding") {
 		t.Fatalf("list --local: %q", out)

@@ -94,6 +94,7 @@ var handlers = map[string]handler{
 	OpMemberLevel:          applyMemberLevel,
 	OpWorkspacePause:       applyWorkspacePause,
 	OpTemplatePublish:      applyTemplatePublish,
+	OpTemplateDelete:       applyTemplateDelete,
 }
 
 // Open creates a fresh state file at path (any old file is replaced).

@@ -36,7 +36,7 @@ import (
 //	   WorkspaceResultArgs.NotOnNode releases a FAILED Workspace whose node
 //	   no longer has the Instance and leaves it FAILED (startable)
 //	5  the template catalog (LevelArtifacts, templates.go):
-//	   OpTemplatePublish; a report's TemplateDigests, which the leader
+//	   OpTemplatePublish, OpTemplateDelete; a report's TemplateDigests, which the leader
 //	   leaves out below it
 
 // FeatureLevel is the level of this build.
@@ -53,7 +53,7 @@ const LevelEndedRounds = 4
 var opLevels = map[string]int{
 	OpVolumeCreate: 2, OpVolumeResize: 2, OpVolumeDelete: 2, OpVolumeResult: 2,
 	OpWorkspacePause:  3,
-	OpTemplatePublish: LevelArtifacts,
+	OpTemplatePublish: LevelArtifacts, OpTemplateDelete: LevelArtifacts,
 }
 
 // OpLevel is the level an op needs of every voter.

@@ -42,6 +42,7 @@ const (
 	OpVolumeResult         = "volume.node_result"
 	OpWorkspacePause       = "workspace.pause"
 	OpTemplatePublish      = "template.publish"
+	OpTemplateDelete       = "template.delete"
 	// OpMemberLevel is proposed with IgnoreUnknown (see levels.go).
 	OpMemberLevel = "cluster.member_level"
 )

@@ -65,7 +65,7 @@ func (g *logGen) tmplDigest() string {
 	return testDigest("abc"[g.tmpls.Intn(3)])
 }
 
-// drawTemplate draws a publish: of a known node or not, a name, digest,
+// drawTemplate draws a publish or a delete: of a known node or not, a name, digest,
 // size and format mostly valid, with or without an expected version.
 func (g *logGen) drawTemplate() Entry {
 	a := TemplatePublishArgs{TemplateImage: api.TemplateImage{Name: []string{"kibotos-coding", "debian-12", "Bad Name"}[g.tmpls.Intn(3)], TemplateID: "sha256-" + strings.Repeat("e", 64),
@@ -76,7 +76,11 @@ func (g *logGen) drawTemplate() Entry {
 		n := uint64(g.tmpls.Intn(3))
 		v = &n
 	}
-	e := makeEntry(g.now, OpTemplatePublish, a)
+	op, args := OpTemplatePublish, any(a)
+	if g.tmplPct(30) {
+		op, args = OpTemplateDelete, ObjectArgs{Name: a.Name}
+	}
+	e := makeEntry(g.now, op, args)
 	e.ExpectedVersion, e.Actor = v, "op"
 	return e
 }

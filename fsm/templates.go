@@ -15,7 +15,7 @@ import (
 // image's digest and size) and who published it when; which nodes hold a
 // verified copy is read from their latest reports (TemplateDigests).
 
-// LevelArtifacts is the level of OpTemplatePublish and of
+// LevelArtifacts is the level of OpTemplatePublish, OpTemplateDelete and of
 // Report.TemplateDigests (which the leader leaves out of reports below it).
 const LevelArtifacts = 5
 
@@ -90,6 +90,49 @@ func applyTemplatePublish(tx *bolt.Tx, e *Entry) (any, error) {
 		return nil, err
 	}
 	return catalogView(tx, &rec)
+}
+
+// applyTemplateDelete removes a catalog entry no Workspace references (a
+// Workspace's next start on a node without the template would need it).
+// The image stays in the artifact store and on the nodes that hold it.
+func applyTemplateDelete(tx *bolt.Tx, e *Entry) (any, error) {
+	var a ObjectArgs
+	if err := decodeArgs(e, &a); err != nil {
+		return nil, err
+	}
+	out, err := GetCatalogTemplate(tx, a.Name)
+	if err != nil {
+		return nil, err
+	}
+	if err := checkVersion(e, out.Version, "template "+a.Name); err != nil {
+		return nil, err
+	}
+	users, err := templateUsers(tx, a.Name)
+	if err != nil {
+		return nil, err
+	}
+	if err := inUse("template", a.Name, users, "delete them first (kibo workspace delete ID)"); err != nil {
+		return nil, err
+	}
+	return out, tx.Bucket(bucketTemplates).Delete([]byte(a.Name))
+}
+
+// templateUsers are the Workspaces of template name, by id.
+func templateUsers(tx *bolt.Tx, name string) ([]string, error) {
+	var out []string
+	err := tx.Bucket(bucketWorkspaces).ForEach(func(k, v []byte) error {
+		var w struct {
+			Template string `json:"template"`
+		}
+		if err := jsonRecord(bucketWorkspaces, k, v, &w); err != nil {
+			return err
+		}
+		if w.Template == name {
+			out = append(out, string(k))
+		}
+		return nil
+	})
+	return out, err
 }
 
 // GetCatalogTemplate is one catalog entry.

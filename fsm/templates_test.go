@@ -108,3 +108,25 @@ func TestPublishedTemplatePlacement(t *testing.T) {
 		t.Fatalf("solo with its holder drained: node %s, layer %+v; want node-a fetching it, charged the image's 2 GiB", w.NodeID, w.Layer)
 	}
 }
+
+// A catalog entry goes only when no Workspace references its template:
+// the refusal names them; --expected-version applies.
+func TestTemplateDelete(t *testing.T) {
+	h := newHarness(t)
+	oneNode(h)
+	pub := publishArgs("kibotos-coding", 'a')
+	h.ok(OpTemplatePublish, pub)
+	w := h.create("c1", smallWS)
+	err := h.fail(api.CodeFailedPrecondition, OpTemplateDelete, ObjectArgs{Name: "kibotos-coding"})
+	if !strings.Contains(err.Message, "template kibotos-coding is used by workspaces "+w.WorkspaceID+": delete them first") {
+		t.Fatalf("delete of a used template: %v", err)
+	}
+	h.fail(api.CodeNotFound, OpTemplateDelete, ObjectArgs{Name: "nope"})
+	h.fail(api.CodeInvalidArgument, OpTemplateDelete, ObjectArgs{Name: "../x"})
+	h.ok(OpTemplatePublish, publishArgs("solo", 'b'))
+	h.fail(api.CodeVersionMismatch, OpTemplateDelete, ObjectArgs{Name: "solo"}, withVersion(7))
+	h.ok(OpTemplateDelete, ObjectArgs{Name: "solo"}, withVersion(1))
+	if got := h.catalog(); len(got) != 1 || got[0].Name != "kibotos-coding" {
+		t.Fatalf("catalog after the delete: %+v", got)
+	}
+}
