@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -157,5 +158,50 @@ func TestTemplatePublishNeedsLevel(t *testing.T) {
 	e.expectExit(api.ExitFailedPrecondition, "template publish needs every ctrl voter at feature level 5", "template", "publish", "solo")
 	if entries, _ := os.ReadDir(store); len(entries) != 0 {
 		t.Fatalf("a refused publish wrote %v into the store", entries)
+	}
+}
+
+// A published template is placed on the node that holds it, and when
+// that node cannot take it, on one that lacks it, whose start task
+// carries the catalog entry to fetch the image by.
+func TestPublishedTemplatePlacedAndCarried(t *testing.T) {
+	testenv.LookPath(t, "mkfs.ext4", "e2fsprogs")
+	var mu sync.Mutex
+	tasks := map[string]api.WorkspaceTask{} // by node
+	e := newCLIEnv(t, clustertest.Options{Ctrl: 1, NodeOnly: 1, Artifacts: t.TempDir(), HoldTask: func(node string, task api.WorkspaceTask) bool {
+		mu.Lock()
+		defer mu.Unlock()
+		tasks[node] = task
+		return true
+	}})
+	n1 := e.c.Members[0]
+	buildOn(t, n1, "solo")
+	clustertest.WaitFor(t, 15*time.Second, func() (bool, string) {
+		n1.Agent.PushReport()
+		n, err := e.c.Node(n1, "node-1")
+		return err == nil && len(n.Report.Templates) == 1, "template not reported yet"
+	})
+	e.expectExit(api.ExitFailedPrecondition, "node node-2 cannot take this Workspace: the template is not built there", "workspace", "create", "--template", "solo", "--node", "node-2", "--no-wait")
+	e.mustRun("template", "publish", "solo")
+	pub := e.catalogEntry("solo")
+	taskOn := func(node string) api.WorkspaceTask {
+		var task api.WorkspaceTask
+		clustertest.WaitFor(t, 15*time.Second, func() (bool, string) {
+			mu.Lock()
+			defer mu.Unlock()
+			task = tasks[node]
+			return task.Template == "solo", "no start task on " + node
+		})
+		return task
+	}
+	e.mustRun("workspace", "create", "--template", "solo", "--no-wait")
+	if task := taskOn("node-1"); task.Published == nil || task.Published.Digest != pub.Digest {
+		t.Fatalf("start task on the holder: %+v", task.Published)
+	}
+	e.mustRun("node", "drain", "node-1")
+	e.mustRun("workspace", "create", "--template", "solo", "--no-wait")
+	task := taskOn("node-2")
+	if p := task.Published; p == nil || p.Digest != pub.Digest || p.SizeBytes != pub.SizeBytes || p.TemplateID != pub.TemplateID {
+		t.Fatalf("start task on node-2, which lacks solo: %+v, want the catalog entry %+v", p, pub.TemplateImage)
 	}
 }
