@@ -13,23 +13,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kibotos/kibotos/agent/runtime/runtimetest"
 	"github.com/kibotos/kibotos/api"
 	"github.com/kibotos/kibotos/datadir"
-	"github.com/kibotos/kibotos/internal/testenv"
 	"github.com/kibotos/kibotos/vmm/template"
 )
 
 func TestTemplateFetchedFromArtifactStore(t *testing.T) {
-	requireLab(t)
-	runtimetest.RequireVMHost(t)
-	testenv.LookPath(t, "qemu-img", "qemu-utils") // retained layers
-	l := newLab(t, 2)
-	a, b := l.hosts[0], l.hosts[1]
-	a.nodeID, a.roles = "node-a", "ctrl,node"
-	b.nodeID, b.roles = "node-b", "node"
-	root := mhRoot(t, l)
-	a.dataDir, b.dataDir = filepath.Join(root, "a"), filepath.Join(root, "b")
+	l, a, b, root := mhTwoHosts(t)
 	built := mhBuildArtifacts(t, root, l.bin)
 	shared, store := filepath.Join(root, "shared"), filepath.Join(root, "store")
 	for _, d := range []string{shared, store} {

@@ -339,6 +339,22 @@ func mhWaitNoQemu(dir string, d time.Duration) []int {
 	}
 }
 
+// mhTwoHosts is a lab of two hosts that boot VMs: node-a (ctrl,node) and
+// node-b (node only), their data directories under root (mhRoot).
+func mhTwoHosts(t *testing.T) (l *lab, a, b *host, root string) {
+	t.Helper()
+	requireLab(t)
+	runtimetest.RequireVMHost(t)
+	testenv.LookPath(t, "qemu-img", "qemu-utils") // retained layers
+	l = newLab(t, 2)
+	a, b = l.hosts[0], l.hosts[1]
+	a.nodeID, a.roles = "node-a", "ctrl,node"
+	b.nodeID, b.roles = "node-b", "node"
+	root = mhRoot(t, l)
+	a.dataDir, b.dataDir = filepath.Join(root, "a"), filepath.Join(root, "b")
+	return l, a, b, root
+}
+
 // mhRoot is a short directory for the hosts' data directories, removed
 // at the end with what the members left in /tmp; before that, the members
 // are stopped (their private systemd ends their VMs) and no QEMU may be
@@ -389,17 +405,8 @@ func mhRoot(t *testing.T, l *lab) string {
 // and isolate of a dead node whose Workspace then starts on the other.
 // Four VM boots in all.
 func TestWorkspacesTwoNodes(t *testing.T) {
-	requireLab(t)
-	runtimetest.RequireVMHost(t)
-	testenv.LookPath(t, "qemu-img", "qemu-utils") // retained layers
 	t0 := time.Now()
-	l := newLab(t, 2)
-	a, b := l.hosts[0], l.hosts[1]
-	a.nodeID, a.roles = "node-a", "ctrl,node"
-	b.nodeID, b.roles = "node-b", "node"
-
-	root := mhRoot(t, l)
-	a.dataDir, b.dataDir = filepath.Join(root, "a"), filepath.Join(root, "b")
+	l, a, b, root := mhTwoHosts(t)
 
 	artifacts := mhBuildArtifacts(t, root, l.bin)
 	shared := filepath.Join(root, "shared")
