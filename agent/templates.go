@@ -90,11 +90,15 @@ func (a *Agent) templateFor(ctx context.Context, t api.WorkspaceTask) (*template
 			log.Info("template fetch progress", "done_bytes", done, "total_bytes", total)
 		}
 	}
-	tpl, err := template.Install(ctx, root, template.Published{Name: p.Name, ID: p.TemplateID, Digest: p.Digest, SizeBytes: p.SizeBytes}, func(ctx context.Context, img string) error {
+	tp := template.Published{Name: p.Name, ID: p.TemplateID, Digest: p.Digest, SizeBytes: p.SizeBytes}
+	tpl, err := template.Install(ctx, root, tp, func(ctx context.Context, img string) error {
 		return artifacts.Fetch(ctx, a.cfg.Artifacts, artifacts.Object{Digest: artifacts.Digest(p.Digest), Size: p.SizeBytes}, img, progress)
 	})
 	if err != nil {
 		log.Warn("template fetch failed", "err", err)
+		if errors.Is(err, artifacts.ErrCorrupt) {
+			os.RemoveAll(template.FetchDir(root, tp)) // nothing worth continuing
+		}
 		if api.CodeOf(err) == api.CodeUnavailable || api.CodeOf(err) == api.CodeNotFound {
 			return nil, fmt.Sprintf("template %s could not be fetched: %v", p.Name, err), nil
 		}

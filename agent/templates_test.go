@@ -98,4 +98,7 @@ func TestTemplateFetchOnStart(t *testing.T) {
 	if _, err := template.Get(d.cfg.DataDir.StorageRoot(), "solo"); err == nil {
 		t.Fatal("a damaged object was installed")
 	}
+	if entries, _ := os.ReadDir(template.Dir(d.cfg.DataDir.StorageRoot())); len(entries) != 0 {
+		t.Fatalf("a refused fetch left %v", entries)
+	}
 }
