@@ -92,6 +92,12 @@ func (s *Server) levelsReach(what string, need int) error {
 	return fsm.CheckLevel(what, need, levels)
 }
 
+// countsPlacements reports whether every voter counts placements
+// (fsm.LevelPlacementCounts): only then may an entry ask for it.
+func (s *Server) countsPlacements() bool {
+	return s.levelsReach("placement counts", fsm.LevelPlacementCounts) == nil
+}
+
 // voterLevels are the recorded levels of the voters (level 1, not
 // recorded, for one never asked).
 func (s *Server) voterLevels() ([]fsm.MemberLevel, error) {

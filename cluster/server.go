@@ -444,6 +444,7 @@ func (s *Server) Apply(ctx context.Context, e fsm.Entry) (fsm.Result, error) {
 	if err := s.checkOpLevel(ctx, e.Op); err != nil {
 		return fsm.Result{}, err
 	}
+	e.CountPlacements = fsm.CountsPlacements(e.Op) && s.countsPlacements()
 	timeout := 30 * time.Second
 	if dl, ok := ctx.Deadline(); ok {
 		if timeout = time.Until(dl); timeout <= 0 {

@@ -4,12 +4,16 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
 
+	bolt "go.etcd.io/bbolt"
+
 	"github.com/kibotos/kibotos/api"
 	"github.com/kibotos/kibotos/cluster/clustertest"
+	"github.com/kibotos/kibotos/fsm"
 )
 
 // Volumes over the API: an operator's alone (a member certificate calls
@@ -54,7 +58,9 @@ func TestVolumeEndpoints(t *testing.T) {
 
 // In a rolling upgrade a voter of an older build cannot apply a newer op:
 // the leader refuses it before the log, naming the voter, while older ops
-// go on; once that voter runs the new build the op is accepted.
+// go on; once that voter runs the new build the op is accepted. A new
+// rule of an old op waits the same way: placements count only once every
+// voter counts them, and then equally on every member.
 func TestNewOpWaitsForEveryVoter(t *testing.T) {
 	o := clustertest.Options{Ctrl: 3, FeatureLevels: map[string]int{"node-3": 1}}
 	c := clustertest.New(t, o)
@@ -73,6 +79,15 @@ func TestNewOpWaitsForEveryVoter(t *testing.T) {
 	if _, err := cl.Do(ctx, "POST", "/v1/storage-pools/node-1:default/capacity", api.PoolCapacityRequest{CapacityBytes: 2 << 40}, nil); err != nil {
 		t.Fatalf("a level-1 write in the mixed cluster: %v", err)
 	}
+	// A placement no node can take (none has the template) is refused,
+	// and not counted.
+	huge := api.WorkspaceCreateRequest{Template: "kibotos-coding", CPU: 64000, MemoryBytes: 256 << 20}
+	if _, err := cl.Do(ctx, "POST", "/v1/workspaces", huge, nil); api.CodeOf(err) != api.CodeFailedPrecondition {
+		t.Fatalf("a create no node can take: %v", err)
+	}
+	if p := placements(t, leader); p.Placed+p.Refused != 0 || len(p.Refusals) != 0 {
+		t.Fatalf("placements counted with a voter at level 1: %+v", p)
+	}
 	// node-3 now runs the new build.
 	var m3 *clustertest.Member
 	for _, m := range c.Members {
@@ -87,4 +102,24 @@ func TestNewOpWaitsForEveryVoter(t *testing.T) {
 		_, err := c.Client(c.WaitLeader()).Do(ctx, "POST", "/v1/volumes", create, nil)
 		return err == nil, fmt.Sprint(err)
 	})
+	if _, err := c.Client(c.WaitLeader()).Do(ctx, "POST", "/v1/workspaces", huge, nil); api.CodeOf(err) != api.CodeFailedPrecondition {
+		t.Fatalf("a create no node can take: %v", err)
+	}
+	want := fsm.PlacementCounts{Refused: 1, Refusals: map[string]uint64{"not enough CPU": 1}}
+	for _, m := range c.Members {
+		clustertest.WaitFor(t, 20*time.Second, func() (bool, string) {
+			p := placements(t, m)
+			return reflect.DeepEqual(p, want), fmt.Sprintf("member %s counts %+v, want %+v", m.ID, p, want)
+		})
+	}
+}
+
+// placements are the placement counts in m's replica.
+func placements(t *testing.T, m *clustertest.Member) fsm.PlacementCounts {
+	t.Helper()
+	var s fsm.Summary
+	if err := m.Server.FSM().View(func(tx *bolt.Tx) (err error) { s, err = fsm.Summarize(tx); return }); err != nil {
+		t.Fatalf("member %s: %v", m.ID, err)
+	}
+	return s.Placements
 }

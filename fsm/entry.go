@@ -19,6 +19,14 @@ type Entry struct {
 	// IgnoreUnknown lets an older FSM skip an op it does not know instead of
 	// stopping; only for ops whose loss cannot change any other decision.
 	IgnoreUnknown bool `json:"ignore_unknown,omitempty"`
+	// CountPlacements: the apply counts its placement decisions in the
+	// state (placements.go). The leader sets it on the ops that may place
+	// (CountsPlacements) once every voter reaches LevelPlacementCounts;
+	// an entry without it counts nothing, as an older build applies it.
+	CountPlacements bool `json:"count_placements,omitempty"`
+
+	// tally is what this apply decided (CountPlacements), never encoded.
+	tally *placementTally
 }
 
 // Result is the outcome of one entry.

@@ -140,8 +140,9 @@ func (f *FSM) Close() error {
 
 // ApplyBatch applies entries in order in one bbolt transaction (group
 // commit) and returns one result per entry. A rejected entry changes
-// nothing but the FSM clock (see clampIssuedAt): every apply function
-// checks all its preconditions before its first write.
+// nothing but the FSM clock (see clampIssuedAt) and the placement counts
+// (placements.go): every apply function checks all its preconditions
+// before its first write.
 //
 // When the batch cannot be applied as on every other replica (see
 // HaltError) it returns a *HaltError, no results, and nothing of the batch
@@ -241,11 +242,22 @@ func applyOne(tx *bolt.Tx, e *Entry) (Result, error) {
 		}
 		return Result{}, &HaltError{Op: e.Op, Unknown: true}
 	}
+	if e.CountPlacements {
+		e.tally = &placementTally{}
+	}
 	v, err := h(tx, e)
 	if err != nil {
 		if ae, ok := err.(*api.Error); ok {
+			// The handler wrote nothing; what its placement decided
+			// still counts.
+			if err := e.tally.write(tx, false); err != nil {
+				return Result{}, err
+			}
 			return Result{Error: ae}, nil
 		}
+		return Result{}, err
+	}
+	if err := e.tally.write(tx, true); err != nil {
 		return Result{}, err
 	}
 	raw, err := json.Marshal(v)

@@ -34,10 +34,13 @@ import (
 //	   stops a Workspace whose VMM host OOM killed (STOPPED, startable)
 //	   instead of failing it; a stop --force result with
 //	   WorkspaceResultArgs.NotOnNode releases a FAILED Workspace whose node
-//	   no longer has the Instance and leaves it FAILED (startable)
+//	   no longer has the Instance and leaves it FAILED (startable);
+//	   placement counts (LevelPlacementCounts): an entry with
+//	   Entry.CountPlacements counts its placements in the state
+//	   (placements.go)
 //	5  the template catalog (LevelArtifacts, templates.go):
-//	   OpTemplatePublish, OpTemplateDelete; a report's TemplateDigests, which the leader
-//	   leaves out below it
+//	   OpTemplatePublish, OpTemplateDelete; a report's TemplateDigests,
+//	   which the leader leaves out below it
 
 // FeatureLevel is the level of this build.
 const FeatureLevel = 5
@@ -45,6 +48,10 @@ const FeatureLevel = 5
 // LevelTroubleshooting is the level of ReportArgs.OOMStops and
 // WorkspaceResultArgs.NotOnNode.
 const LevelTroubleshooting = 5
+
+// LevelPlacementCounts is the level of Entry.CountPlacements (released
+// with LevelTroubleshooting).
+const LevelPlacementCounts = 5
 
 // LevelEndedRounds is the level of ReportArgs.Rounds.
 const LevelEndedRounds = 4

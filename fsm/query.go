@@ -188,8 +188,8 @@ func Admission(tx *bolt.Tx, nodeID string) (a NodeAdmission, ok bool, err error)
 	return a, ok, err
 }
 
-// Summary is what a metrics scrape needs of the replica: counts by state
-// and each node's last clock measurement.
+// Summary is what a metrics scrape needs of the replica: counts by state,
+// each node's last clock measurement and the placement counts.
 type Summary struct {
 	WorkspacesByState map[string]int
 	NodesByStatus     map[string]int
@@ -198,6 +198,8 @@ type Summary struct {
 	Clocks map[string]int64
 	// Pools are the storage pools' capacity (nil: not set) and use, by id.
 	Pools []PoolSummary
+	// Placements are the placement counts (placements.go).
+	Placements PlacementCounts
 }
 
 // PoolSummary is one pool's figures for metrics.
@@ -280,5 +282,9 @@ func Summarize(tx *bolt.Tx) (Summary, error) {
 		s.Pools = append(s.Pools, PoolSummary{PoolID: rec.PoolID, CapacityBytes: rec.CapacityBytes, UsedBytes: u.UsedBytes})
 		return err
 	})
+	if err != nil {
+		return s, err
+	}
+	s.Placements, err = placementCounts(tx)
 	return s, err
 }

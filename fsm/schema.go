@@ -67,13 +67,17 @@ var (
 	// holding, whose record ctrl expects there until it is deleted
 	bucketEndedWatch = []byte("ended_watch")
 
+	// placed, refused, refused/<reason label> → 8-byte big-endian count
+	// of placements (placements.go; written from LevelPlacementCounts on)
+	bucketPlacements = []byte("placements")
+
 	// name → catalogRecord: a template published to the artifact store
 	bucketTemplates = []byte("templates")
 
 	allBuckets = [][]byte{bucketMeta, bucketNodes, bucketGrants, bucketCommands, bucketWorkspaces, bucketWorkspaceNodes, bucketNodeHolds, bucketWorkspaceTombstones, bucketInstanceOwners,
 		bucketEgress, bucketEgressRevisions, bucketEgressRefs, bucketResolvers, bucketResolverRefs, bucketPools, bucketPoolUse, bucketPoolMembers, bucketPoolWaits,
 		bucketVolumes, bucketVolumeNames, bucketVolumeCommands, bucketVolumeTombstones, bucketMemberLevels, bucketEndedRounds, bucketEndedWatch,
-		bucketTemplates}
+		bucketPlacements, bucketTemplates}
 )
 
 // Keys of the meta bucket.

@@ -429,7 +429,7 @@ func candidateView(tx *bolt.Tx, d api.OvercommitDefault, n *api.Node) (*api.Node
 // the object, unless the pool moved; new objects (the first start's layer
 // and Volumes made along with it) go to the node's default pool, which
 // must have room.
-func place(tx *bolt.Tx, w *api.Workspace, vols []*api.Volume, pin string, refused []string) (string, error) {
+func place(tx *bolt.Tx, e *Entry, w *api.Workspace, vols []*api.Volume, pin string, refused []string) (string, error) {
 	req := placement.Request{CPU: w.CPU, MemoryBytes: w.MemoryBytes, Node: pin, Exclude: refused, Template: w.Template}
 	// A published template may start on a node that fetches it first.
 	// Only builds from LevelArtifacts on have catalog entries, so older
@@ -514,7 +514,9 @@ func place(tx *bolt.Tx, w *api.Workspace, vols []*api.Volume, pin string, refuse
 	if err != nil {
 		return "", err
 	}
-	node, err := placement.Choose(nodes, req)
+	d := placement.Decide(nodes, req)
+	e.tally.add(d)
+	node, err := d.Node, d.Err
 	if err != nil && api.CodeOf(err) == api.CodeResourceExhausted && !req.Published && anyReported(nodes) && !anyHasTemplate(nodes, w.Template) {
 		return "", api.Errorf(api.CodeFailedPrecondition,
 			"template %s is not built on any node: build it there with kibotos template build %s (kibo node get NODE lists a node's templates)", w.Template, w.Template)
@@ -656,7 +658,7 @@ func applyWorkspaceCreate(tx *bolt.Tx, e *Entry) (any, error) {
 		return nil, err
 	}
 	w.Volumes = mounts
-	node, err := place(tx, w, vols, a.NodeID, nil)
+	node, err := place(tx, e, w, vols, a.NodeID, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -713,7 +715,7 @@ func applyWorkspaceStart(tx *bolt.Tx, e *Entry) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	node, err := place(tx, w, vols, a.NodeID, nil)
+	node, err := place(tx, e, w, vols, a.NodeID, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -858,7 +860,7 @@ func applyWorkspaceResult(tx *bolt.Tx, e *Entry) (any, error) {
 			if err != nil {
 				return nil, err
 			}
-			node, perr := place(tx, w, vols, "", refused)
+			node, perr := place(tx, e, w, vols, "", refused)
 			if perr != nil {
 				if w.Layer != nil {
 					w.Layer.Held = false

@@ -53,6 +53,9 @@ type Sources struct {
 	// Egress sums the egress process's counters over its generations
 	// (ok false: none runs); nil: no runtime.
 	Egress func(ctx context.Context) (egress.Stats, bool)
+	// EgressByInstance are the egress process's connection counters of
+	// each Instance it routes, by Instance id (ok false: none runs).
+	EgressByInstance func(ctx context.Context) (map[string]egress.GuestStats, bool)
 	// Names are the counters of the node's resolver for domain rules.
 	Names func() (dnsfilter.Stats, bool)
 	// DataPlane sums the data-plane processes' counters over their
@@ -106,8 +109,8 @@ func Registry(src Sources) *prometheus.Registry {
 	if src.DataPlane != nil {
 		reg.MustRegister(dataPlaneCollector{src.DataPlane})
 	}
-	if src.Egress != nil || src.Names != nil {
-		reg.MustRegister(egressCollector{src.Egress, src.Names})
+	if src.Egress != nil || src.EgressByInstance != nil || src.Names != nil {
+		reg.MustRegister(egressCollector{src.Egress, src.EgressByInstance, src.Names})
 	}
 	return reg
 }
@@ -213,6 +216,12 @@ var (
 		"The capacity ctrl set for the storage pool (absent while none is set: the pool takes no new objects).", []string{"pool"}, nil)
 	poolUsed = prometheus.NewDesc("kibotos_storage_pool_used_bytes",
 		"What the storage pool's objects take of its capacity (retained layers at their template's size, Volumes).", []string{"pool"}, nil)
+	placements = prometheus.NewDesc("kibotos_placements_total",
+		"Placements of Workspace Instances (create, start, resume, a re-placement after a node refused) counted in the replicated state, so equal on every ctrl member: placed, or refused (no node could take it).",
+		[]string{"outcome"}, nil)
+	placementRefusals = prometheus.NewDesc("kibotos_placement_refusals_total",
+		"Refused placements by each reason that kept a node out (once per refused placement and reason, so the reasons add up to at least the refusals).",
+		[]string{"reason"}, nil)
 	scrapeErrors = prometheus.NewDesc("kibotos_metrics_read_errors",
 		"1 when this scrape could not read the member's state (the figures above are then missing).", []string{"source"}, nil)
 )
@@ -220,7 +229,7 @@ var (
 type ctrlCollector struct{ f *fsm.FSM }
 
 func (c ctrlCollector) Describe(ch chan<- *prometheus.Desc) {
-	describe(ch, workspaces, nodes, clockOffset, poolCapacity, poolUsed, scrapeErrors)
+	describe(ch, workspaces, nodes, clockOffset, poolCapacity, poolUsed, placements, placementRefusals, scrapeErrors)
 }
 
 func (c ctrlCollector) Collect(ch chan<- prometheus.Metric) {
@@ -248,6 +257,11 @@ func (c ctrlCollector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(poolCapacity, prometheus.GaugeValue, float64(*p.CapacityBytes), p.PoolID)
 		}
 		ch <- prometheus.MustNewConstMetric(poolUsed, prometheus.GaugeValue, float64(p.UsedBytes), p.PoolID)
+	}
+	ch <- prometheus.MustNewConstMetric(placements, prometheus.CounterValue, float64(sum.Placements.Placed), "placed")
+	ch <- prometheus.MustNewConstMetric(placements, prometheus.CounterValue, float64(sum.Placements.Refused), "refused")
+	for reason, n := range sum.Placements.Refusals {
+		ch <- prometheus.MustNewConstMetric(placementRefusals, prometheus.CounterValue, float64(n), reason)
 	}
 }
 
@@ -333,6 +347,9 @@ var (
 	egressConns = prometheus.NewDesc("kibotos_node_egress_connections_total",
 		"Guest connections through the egress process, summed over its generations (never decreasing across a switch): accepted, refused (no route, too many, draining), failed (the proxy could not be reached or refused), closed (by a drain deadline).",
 		[]string{"outcome"}, nil)
+	egressInstanceConns = prometheus.NewDesc("kibotos_node_egress_instance_connections_total",
+		"An Instance's guest connections through the egress process, by outcome as kibotos_node_egress_connections_total, while the Instance runs (its series ends with it; a guest not yet counted by an egress process of an earlier build shows none).",
+		[]string{"instance_id", "outcome"}, nil)
 	egressActive = prometheus.NewDesc("kibotos_node_egress_active_connections",
 		"Guest connections the egress process carries now.", nil, nil)
 	egressDNS = prometheus.NewDesc("kibotos_node_egress_dns_queries_total",
@@ -343,22 +360,35 @@ var (
 )
 
 type egressCollector struct {
-	egress func(ctx context.Context) (egress.Stats, bool)
-	names  func() (dnsfilter.Stats, bool)
+	egress     func(ctx context.Context) (egress.Stats, bool)
+	byInstance func(ctx context.Context) (map[string]egress.GuestStats, bool)
+	names      func() (dnsfilter.Stats, bool)
 }
 
 func (c egressCollector) Describe(ch chan<- *prometheus.Desc) {
-	describe(ch, egressConns, egressActive, egressDNS, namesDNS)
+	describe(ch, egressConns, egressInstanceConns, egressActive, egressDNS, namesDNS)
 }
 
 func (c egressCollector) Collect(ch chan<- prometheus.Metric) {
 	counter := func(d *prometheus.Desc, v uint64, label string) {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), label)
 	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if c.byInstance != nil {
+		if by, ok := c.byInstance(ctx); ok {
+			for id, st := range by {
+				for _, o := range []struct {
+					outcome string
+					v       uint64
+				}{{"accepted", st.Accepted}, {"refused", st.Refused}, {"failed", st.Failed}, {"closed", st.Closed}} {
+					ch <- prometheus.MustNewConstMetric(egressInstanceConns, prometheus.CounterValue, float64(o.v), id, o.outcome)
+				}
+			}
+		}
+	}
 	if c.egress != nil {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		st, ok := c.egress(ctx)
-		cancel()
 		if ok {
 			counter(egressConns, st.Accepted, "accepted")
 			counter(egressConns, st.Refused, "refused")

@@ -1,12 +1,18 @@
 package metrics
 
 import (
+	"context"
+	"encoding/json"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/kibotos/kibotos/agent/egress"
 	"github.com/kibotos/kibotos/agent/runtime"
+	"github.com/kibotos/kibotos/api"
+	"github.com/kibotos/kibotos/fsm"
 )
 
 // The node's figures from a list of Instances (the e2e dev test scrapes a
@@ -38,6 +44,60 @@ kibotos_node_guest_denied_packets_total{instance_id="b"} 0
 kibotos_node_guest_denied_packets_total{instance_id="d"} 0
 `
 	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "kibotos_node_instances", "kibotos_node_guest_denied_packets_total"); err != nil {
+		t.Error(err)
+	}
+}
+
+// The placement counts of a ctrl member's replica: the creates of the
+// replica placed; of two creates no node can take, only the one whose
+// entry counts placements is counted, once for each reason that kept a
+// node out.
+func TestCtrlCollectorPlacements(t *testing.T) {
+	f := replica(t, 4, 2, 3)
+	huge, err := json.Marshal(fsm.WorkspaceCreateArgs{Template: "kibotos-base", CPU: 64000, MemoryBytes: 1 << 30})
+	if err != nil {
+		t.Fatal(err)
+	}
+	at := time.Date(2026, 12, 2, 0, 1, 0, 0, time.UTC)
+	for i, r := range f.Apply([]fsm.Entry{
+		{Op: fsm.OpWorkspaceCreate, CommandID: "huge-counted", IssuedAt: at, Args: huge, CountPlacements: true},
+		{Op: fsm.OpWorkspaceCreate, CommandID: "huge-not-counted", IssuedAt: at, Args: huge},
+	}) {
+		if r.Error == nil || r.Error.Code != api.CodeResourceExhausted {
+			t.Fatalf("huge create %d: %+v, want resource_exhausted", i, r)
+		}
+	}
+	want := `
+# HELP kibotos_placements_total Placements of Workspace Instances (create, start, resume, a re-placement after a node refused) counted in the replicated state, so equal on every ctrl member: placed, or refused (no node could take it).
+# TYPE kibotos_placements_total counter
+kibotos_placements_total{outcome="placed"} 3
+kibotos_placements_total{outcome="refused"} 1
+# HELP kibotos_placement_refusals_total Refused placements by each reason that kept a node out (once per refused placement and reason, so the reasons add up to at least the refusals).
+# TYPE kibotos_placement_refusals_total counter
+kibotos_placement_refusals_total{reason="not enough CPU"} 1
+kibotos_placement_refusals_total{reason="not ready"} 1
+`
+	if err := testutil.GatherAndCompare(Registry(Sources{FSM: f}), strings.NewReader(want), "kibotos_placements_total", "kibotos_placement_refusals_total"); err != nil {
+		t.Error(err)
+	}
+}
+
+// An Instance's egress connections by outcome, for the Instances the
+// egress process routes (an ended one is not in the map, so its series
+// ends).
+func TestEgressByInstance(t *testing.T) {
+	by := func(context.Context) (map[string]egress.GuestStats, bool) {
+		return map[string]egress.GuestStats{"inst-a": {Accepted: 5, Refused: 1, Failed: 2}}, true
+	}
+	want := `
+# HELP kibotos_node_egress_instance_connections_total An Instance's guest connections through the egress process, by outcome as kibotos_node_egress_connections_total, while the Instance runs (its series ends with it; a guest not yet counted by an egress process of an earlier build shows none).
+# TYPE kibotos_node_egress_instance_connections_total counter
+kibotos_node_egress_instance_connections_total{instance_id="inst-a",outcome="accepted"} 5
+kibotos_node_egress_instance_connections_total{instance_id="inst-a",outcome="closed"} 0
+kibotos_node_egress_instance_connections_total{instance_id="inst-a",outcome="failed"} 2
+kibotos_node_egress_instance_connections_total{instance_id="inst-a",outcome="refused"} 1
+`
+	if err := testutil.GatherAndCompare(Registry(Sources{EgressByInstance: by}), strings.NewReader(want), "kibotos_node_egress_instance_connections_total"); err != nil {
 		t.Error(err)
 	}
 }

@@ -16,30 +16,53 @@ import (
 
 // BenchmarkScrapeCtrl is one scrape of a ctrl member whose replica holds
 // 10,000 nodes (1,000 with live sessions and reports) and 1,000
-// Workspaces: gathering every collector and writing the exposition format,
-// as promhttp does.
+// Workspaces, their placements counted: gathering every collector and
+// writing the exposition format, as promhttp does.
 //
 //	go test ./metrics -run X -bench ScrapeCtrl -benchtime 20x
 func BenchmarkScrapeCtrl(b *testing.B) {
-	const total, live, workspaces = 10_000, 1_000, 1_000
-	f, err := fsm.Open(filepath.Join(b.TempDir(), "fsm.db"))
-	if err != nil {
-		b.Fatal(err)
+	f := replica(b, 10_000, 1_000, 1_000)
+	reg := Registry(Sources{FSM: f})
+	b.ReportAllocs()
+	for b.Loop() {
+		fams, err := reg.Gather()
+		if err != nil {
+			b.Fatal(err)
+		}
+		enc := expfmt.NewEncoder(io.Discard, expfmt.NewFormat(expfmt.TypeTextPlain))
+		for _, mf := range fams {
+			if err := enc.Encode(mf); err != nil {
+				b.Fatal(err)
+			}
+		}
 	}
-	b.Cleanup(func() { f.Close() })
+	b.ReportMetric(b.Elapsed().Seconds()*1000/float64(b.N), "ms/scrape")
+}
+
+// replica is the state of a ctrl member: the bootstrap member (ctrl and
+// node, no session), total-1 more nodes of which the first live are
+// schedulable (a live session, a report of 64 cores and 256 GiB, the
+// template, a default pool with a capacity), and workspaces Workspaces of
+// 1 core and 1 GiB created by entries that count their placements.
+func replica(tb testing.TB, total, live, workspaces int) *fsm.FSM {
+	f, err := fsm.Open(filepath.Join(tb.TempDir(), "fsm.db"))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { f.Close() })
 	now := time.Date(2026, 12, 2, 0, 0, 0, 0, time.UTC)
 	var es []fsm.Entry
 	add := func(op string, args any) {
 		raw, err := json.Marshal(args)
 		if err != nil {
-			b.Fatal(err)
+			tb.Fatal(err)
 		}
 		es = append(es, fsm.Entry{Op: op, IssuedAt: now, Args: raw})
 	}
 	flush := func() {
 		for i, r := range f.Apply(es) {
 			if r.Error != nil {
-				b.Fatalf("setup entry %d (%s): %v", i, es[i].Op, r.Error)
+				tb.Fatalf("setup entry %d (%s): %v", i, es[i].Op, r.Error)
 			}
 		}
 		es = es[:0]
@@ -66,24 +89,11 @@ func BenchmarkScrapeCtrl(b *testing.B) {
 	for i := 0; i < workspaces; i++ {
 		add(fsm.OpWorkspaceCreate, fsm.WorkspaceCreateArgs{Template: "kibotos-base", CPU: 1000, MemoryBytes: 1 << 30})
 		es[len(es)-1].CommandID = fmt.Sprintf("create-%d", i)
+		es[len(es)-1].CountPlacements = true
 		if len(es) == 64 {
 			flush()
 		}
 	}
 	flush()
-	reg := Registry(Sources{FSM: f})
-	b.ReportAllocs()
-	for b.Loop() {
-		fams, err := reg.Gather()
-		if err != nil {
-			b.Fatal(err)
-		}
-		enc := expfmt.NewEncoder(io.Discard, expfmt.NewFormat(expfmt.TypeTextPlain))
-		for _, mf := range fams {
-			if err := enc.Encode(mf); err != nil {
-				b.Fatal(err)
-			}
-		}
-	}
-	b.ReportMetric(b.Elapsed().Seconds()*1000/float64(b.N), "ms/scrape")
+	return f
 }

@@ -7,7 +7,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH=/usr/local/go/bin:$PATH
 go vet ./...
-go test -count=1 -timeout 20m ./... "$@"
+# e2e runs on its own after the rest: its VMs and agent/runtime's under TCG
+# on two cores at once made timing-sensitive guests (egress through a
+# SOCKS5 proxy) miss their windows.
+go test -count=1 -timeout 20m $(go list ./... | grep -v '/e2e$') "$@"
+go test -count=1 -timeout 20m ./e2e "$@"
 # -short: the FSM property test replays 2 seeds instead of 6 (the run above
 # replays all of them without -race). Left out: e2e and every package that
 # starts QEMU; of those that start a private systemd only agent/dataplane

@@ -54,6 +54,7 @@ type resolverRoute struct {
 type route struct {
 	proxy    *proxyRoute
 	resolver *resolverRoute
+	count    *guestCount // set by the server (guests.go)
 }
 
 // table is a checked Config. It is never changed once built: a new Config

@@ -151,6 +151,9 @@ func (s *Server) handle(req request, fds []int) (rep reply, out []int) {
 	case opStats:
 		st := s.Stats()
 		return reply{Stats: &st}, nil
+	case opGuestStats:
+		gs := s.GuestStats()
+		return reply{Guests: &gs}, nil
 	default:
 		err = fmt.Errorf("egress: unknown control request %q (this is generation %d, protocol %d, revision %s)", req.Op, s.opts.Generation, ProtocolVersion, buildinfo.SourceRevision())
 	}

@@ -238,6 +238,21 @@ func sendSockets(t testing.TB, c *Client, tcpAddr, dnsAddr string) {
 	}
 }
 
+// listeningServer is an in-process server with the node's sockets, its
+// node's client and the transparent listener's address.
+func listeningServer(t testing.TB, opts Options) (*Server, *Client, string) {
+	t.Helper()
+	s := startServer(t, opts)
+	c, err := Dial(ctxT(t), s.socket())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	listen := freeTCP(t)
+	sendSockets(t, c, listen, freeDNS(t))
+	return s, c, listen
+}
+
 // The whole client API against an in-process server: listeners are taken
 // once and can be copied out again for a newer generation; a config is
 // checked whole; one node connection at a time.
@@ -426,15 +441,8 @@ func TestCheckPeer(t *testing.T) {
 // and authenticated beforehand: here the proxy stops accepting after the
 // first, and the second guest connection still goes through.
 func TestWarmPool(t *testing.T) {
-	s := startServer(t, Options{WarmConnections: 1})
+	_, c, listen := listeningServer(t, Options{WarmConnections: 1})
 	ctx := ctxT(t)
-	c, err := Dial(ctx, s.socket())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	listen := freeTCP(t)
-	sendSockets(t, c, listen, freeDNS(t))
 	socks := newSocksServer(t, "u", "p")
 	cfg := Config{Routes: []Route{{Guest: netip.MustParseAddr("127.0.0.1"), Egress: &Proxy{Name: "e1", Revision: 1, Address: socks.addr(), Username: "u", Password: "p"}}}}
 	if err := c.SetConfig(ctx, cfg); err != nil {

@@ -80,7 +80,9 @@
 // hello, listeners (the TCP listener and the DNS socket ride on that frame
 // as SCM_RIGHTS, in that order), take-listeners (copies of them come back
 // with the reply), config (replaces the whole Config), drain (a deadline),
-// stats.
+// stats, guest-stats (the counters by routed guest, guests.go; a process
+// of an earlier build answers it with an error, and the node then counts
+// none of its guests).
 //
 // # Replacing a generation
 //

@@ -39,14 +39,15 @@ func (s *Server) carry(c *net.TCPConn) {
 	guest := addrPort(c.RemoteAddr()).Addr()
 	dst := addrPort(c.LocalAddr())
 	rt := s.table.Load().routes[guest]
+	rt.count.inc(outAccepted)
 	if rt.proxy == nil {
-		s.refuse(c, guest, dst, "no egress route for this guest")
+		s.refuse(c, rt.count, guest, dst, "no egress route for this guest")
 		return
 	}
-	r := &relay{guest: c}
+	r := &relay{guest: c, count: rt.count}
 	r.ctx, r.cancel = context.WithCancel(context.Background())
 	if err := s.track(r); err != nil {
-		s.refuse(c, guest, dst, err.Error())
+		s.refuse(c, rt.count, guest, dst, err.Error())
 		return
 	}
 	defer s.untrack(r)
@@ -55,6 +56,7 @@ func (s *Server) carry(c *net.TCPConn) {
 	up, err := s.dialProxy(r.ctx, p, dst)
 	if err != nil {
 		s.failed.Add(1)
+		rt.count.inc(outFailed)
 		s.connLog("egress connection failed", "guest", guest, "destination", dst, "egress", p.name, "revision", p.revision, "err", err)
 		c.SetLinger(0) // a reset tells the guest at once
 		return
@@ -65,8 +67,9 @@ func (s *Server) carry(c *net.TCPConn) {
 	r.pump()
 }
 
-func (s *Server) refuse(c *net.TCPConn, guest netip.Addr, dst netip.AddrPort, why string) {
+func (s *Server) refuse(c *net.TCPConn, g *guestCount, guest netip.Addr, dst netip.AddrPort, why string) {
 	s.refused.Add(1)
+	g.inc(outRefused)
 	s.connLog("egress connection refused", "guest", guest, "destination", dst, "reason", why)
 	c.SetLinger(0)
 	c.Close()
@@ -85,6 +88,7 @@ func addrPort(a net.Addr) netip.AddrPort {
 // yes, the proxy's.
 type relay struct {
 	guest  *net.TCPConn
+	count  *guestCount     // its guest's counters (nil: none)
 	ctx    context.Context // ends when killed: aborts the dial and handshake
 	cancel context.CancelFunc
 

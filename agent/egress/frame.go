@@ -22,6 +22,7 @@ const (
 	opConfig         = "config"
 	opDrain          = "drain"
 	opStats          = "stats"
+	opGuestStats     = "guest-stats"
 	listenerFDsCount = 3 // TCP listener, DNS socket, DNS TCP listener, in that order
 	// oldListenerFDs is what a generation of a build before TCP DNS hands
 	// over: the node makes the DNS TCP listener itself then.
@@ -40,6 +41,9 @@ type reply struct {
 	Error string `json:"error,omitempty"`
 	Hello *Hello `json:"hello,omitempty"`
 	Stats *Stats `json:"stats,omitempty"`
+	// Guests answers opGuestStats alone (a node of an earlier build never
+	// asks, so never decodes it).
+	Guests *[]GuestStats `json:"guests,omitempty"`
 }
 
 // maxFDs bounds the descriptors a frame may bring: more is an error, and

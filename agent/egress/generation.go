@@ -61,6 +61,9 @@ type generation struct {
 	deadline time.Time // of its drain; zero while it serves
 	client   *Client   // nil until dialed, or after a failed redial
 	misses   int       // control checks failed in a row (watch)
+	// noGuests: it refused guest-stats (a build before them); it is not
+	// asked again, which would log a warning there at every scrape.
+	noGuests bool
 }
 
 func (g *generation) describe() Generation {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/netip"
 	"os"
 	"sync"
 	"sync/atomic"
@@ -73,6 +74,7 @@ type Server struct {
 	active                                 atomic.Int64
 	accepted, refused, failed, closed      atomic.Uint64
 	dnsAnswered, dnsFailed, dnsDroppedStat atomic.Uint64
+	guests                                 map[netip.Addr]*guestCount // mu; by the last Config (guests.go)
 }
 
 // New checks opts; Run starts serving.
@@ -223,6 +225,7 @@ func (s *Server) closeAll() {
 	n := 0
 	for r := range s.conns {
 		r.kill()
+		r.count.inc(outClosed)
 		n++
 	}
 	s.closed.Add(uint64(n))
@@ -259,6 +262,7 @@ func (s *Server) applyConfig(c Config) error {
 			p.warm = newWarmPool(p, s.opts.WarmConnections)
 		}
 	}
+	s.countGuests(t)
 	s.table.Store(t)
 	closePools(old, t)
 	s.names.reset()

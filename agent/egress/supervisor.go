@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"slices"
@@ -98,6 +99,9 @@ type Supervisor struct {
 	// seen are the counters last read from each generation this node has
 	// run, ended ones included: Totals sums them.
 	seen map[uint64]Stats
+	// seenGuests are the same by guest, of the guests config routes
+	// (GuestTotals).
+	seenGuests map[uint64][]GuestStats
 }
 
 // Generation describes one running egress process.
@@ -319,18 +323,15 @@ func (s *Supervisor) Totals(ctx context.Context) Stats {
 	if s.seen == nil {
 		s.seen = map[uint64]Stats{}
 	}
-	live := append(slices.Clone(s.draining), s.current)
 	var t Stats
-	for _, g := range live {
-		if g == nil {
-			continue
-		}
-		var st Stats
-		if err := s.call(ctx, g, func(c *Client) (err error) { st, err = c.Stats(ctx); return err }); err == nil {
+	s.eachLive(ctx, func(g *generation, c *Client) error {
+		st, err := c.Stats(ctx)
+		if err == nil {
 			s.seen[g.num] = st
 			t.Active += st.Active
 		}
-	}
+		return err
+	})
 	for _, st := range s.seen {
 		t.Accepted += st.Accepted
 		t.Refused += st.Refused
@@ -341,6 +342,60 @@ func (s *Supervisor) Totals(ctx context.Context) Stats {
 		t.DNSDropped += st.DNSDropped
 	}
 	return t
+}
+
+// eachLive calls read with every running generation's client (mu held).
+func (s *Supervisor) eachLive(ctx context.Context, read func(g *generation, c *Client) error) {
+	for _, g := range append(slices.Clone(s.draining), s.current) {
+		if g != nil {
+			s.call(ctx, g, func(c *Client) error { return read(g, c) })
+		}
+	}
+}
+
+// GuestTotals are Totals by guest, for the guests the node's Config
+// routes now: a guest it no longer routes is forgotten (its Instance
+// ended), so the figures stay bounded by the node's Instances. A
+// generation of a build before guest counters adds nothing.
+func (s *Supervisor) GuestTotals(ctx context.Context) map[netip.Addr]GuestStats {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.seenGuests == nil {
+		s.seenGuests = map[uint64][]GuestStats{}
+	}
+	s.eachLive(ctx, func(g *generation, c *Client) error {
+		if g.noGuests {
+			return nil
+		}
+		gs, err := c.GuestStats(ctx)
+		switch {
+		case err == nil:
+			s.seenGuests[g.num] = gs
+		case !c.Broken():
+			g.noGuests = true // the process answered: it has none
+		}
+		return err
+	})
+	routed := map[netip.Addr]bool{}
+	for _, r := range s.config.Routes {
+		routed[r.Guest] = true
+	}
+	out := map[netip.Addr]GuestStats{}
+	for num, gs := range s.seenGuests {
+		kept := gs[:0]
+		for _, x := range gs {
+			if !routed[x.Guest] {
+				continue
+			}
+			kept = append(kept, x)
+			sum := out[x.Guest]
+			sum.Guest = x.Guest
+			sum.add(x)
+			out[x.Guest] = sum
+		}
+		s.seenGuests[num] = kept
+	}
+	return out
 }
 
 // Generations lists the running generations, oldest first; a serving one

@@ -2,8 +2,10 @@ package egress
 
 import (
 	"fmt"
+	"net/netip"
 	"os"
 	"os/user"
+	"reflect"
 	"slices"
 	"strconv"
 	"strings"
@@ -249,6 +251,10 @@ func TestSupervisorSwitch(t *testing.T) {
 	if tot := s.Totals(ctx); tot.Accepted != 1 || tot.Active != 1 {
 		t.Fatalf("totals before the switch %+v, want the one connection", tot)
 	}
+	guest := netip.MustParseAddr("127.0.0.1")
+	if gt := s.GuestTotals(ctx); !reflect.DeepEqual(gt, map[netip.Addr]GuestStats{guest: {Guest: guest, Accepted: 1}}) {
+		t.Fatalf("guest totals before the switch %+v, want the one connection", gt)
+	}
 	if err := s.Switch(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -271,6 +277,9 @@ func TestSupervisorSwitch(t *testing.T) {
 	// never go down across a switch.
 	if tot := s.Totals(ctx); tot.Accepted != 2 || tot.Active != 1 {
 		t.Errorf("totals after generation 1 ended %+v, want both connections accepted, generation 2's active", tot)
+	}
+	if gt := s.GuestTotals(ctx); !reflect.DeepEqual(gt, map[netip.Addr]GuestStats{guest: {Guest: guest, Accepted: 2}}) {
+		t.Errorf("guest totals after generation 1 ended %+v, want both connections of the guest", gt)
 	}
 
 	// Generation 2 carries a connection; two switches in a row: 2 drains,
@@ -295,6 +304,15 @@ func TestSupervisorSwitch(t *testing.T) {
 	h.connect(t, "on generation 4")
 	if b, _ := os.ReadFile(GenerationFile(h.cfg.StateDir)); string(b) != "4\n" {
 		t.Errorf("generation counter %q, want 4", b)
+	}
+	// A guest the node no longer routes (its Instance ended) is forgotten,
+	// also in the generations that carried it.
+	other := netip.MustParseAddr("10.0.0.3")
+	if err := s.Apply(ctx, Config{Routes: []Route{{Guest: other, Resolver: &Resolver{Name: "r1", Upstreams: []string{"192.0.2.1"}}}}}); err != nil {
+		t.Fatal(err)
+	}
+	if gt := s.GuestTotals(ctx); !reflect.DeepEqual(gt, map[netip.Addr]GuestStats{other: {Guest: other}}) {
+		t.Errorf("guest totals once only %s is routed: %+v", other, gt)
 	}
 }
 

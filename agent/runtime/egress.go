@@ -184,6 +184,52 @@ func (rt *Runtime) checkEgressPolicy(id string, p NetworkPolicy) error {
 	return nil
 }
 
+// egressInstance is an Instance the egress process routes.
+type egressInstance struct {
+	id  string
+	rec *LaunchRecord
+}
+
+// egressInstances are the running or starting Instances whose policy
+// needs the egress process.
+func (rt *Runtime) egressInstances() []egressInstance {
+	var out []egressInstance
+	for _, in := range rt.all() {
+		in.mu.Lock()
+		rec, state := in.rec, in.state
+		in.mu.Unlock()
+		if rec == nil || rec.Network == nil || (state != StateRunning && state != StateStarting) || !usesEgressProcess(rec.Network.Policy) {
+			continue
+		}
+		out = append(out, egressInstance{in.id, rec})
+	}
+	return out
+}
+
+// egressGuestCounter is an EgressRouter that also counts connections by
+// guest (egress.Supervisor does).
+type egressGuestCounter interface {
+	GuestTotals(ctx context.Context) map[netip.Addr]egress.GuestStats
+}
+
+// EgressByInstance are the egress process's connection counters of each
+// Instance it routes, by Instance id: an Instance that ended is not in
+// it; ok is false when this node runs no egress process.
+func (rt *Runtime) EgressByInstance(ctx context.Context) (map[string]egress.GuestStats, bool) {
+	c, ok := rt.cfg.Egress.(egressGuestCounter)
+	if !ok {
+		return nil, false
+	}
+	byGuest := c.GuestTotals(ctx)
+	out := map[string]egress.GuestStats{}
+	for _, in := range rt.egressInstances() {
+		if st, ok := byGuest[in.rec.Network.Guest]; ok {
+			out[in.id] = st
+		}
+	}
+	return out, true
+}
+
 // syncEgress gives the egress process the routes of every running or
 // starting Instance that needs it, puts the node's table (which TPROXYs
 // proxied guests) in step, and removes credential files no Instance uses.
@@ -198,23 +244,8 @@ func (rt *Runtime) syncEgress(ctx context.Context) error {
 	var proxied []netip.Addr
 	keep := map[string]bool{}
 	var errs []error
-	rt.mu.Lock()
-	ins := make([]*instance, 0, len(rt.instances))
-	for _, in := range rt.instances {
-		ins = append(ins, in)
-	}
-	rt.mu.Unlock()
-	for _, in := range ins {
-		in.mu.Lock()
-		rec, state := in.rec, in.state
-		in.mu.Unlock()
-		if rec == nil || rec.Network == nil || (state != StateRunning && state != StateStarting) {
-			continue
-		}
-		p := rec.Network.Policy
-		if !usesEgressProcess(p) {
-			continue
-		}
+	for _, in := range rt.egressInstances() {
+		rec, p := in.rec, in.rec.Network.Policy
 		r := egress.Route{Guest: rec.Network.Guest}
 		if x := p.Proxy; x != nil {
 			proxied = append(proxied, rec.Network.Guest)

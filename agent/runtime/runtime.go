@@ -449,14 +449,20 @@ func (rt *Runtime) get(id string) (*instance, error) {
 	return in, nil
 }
 
-// List returns every Instance with its state, sorted by ID.
-func (rt *Runtime) List() []InstanceStatus {
+// all are the Instances now, for a caller that then locks each one alone.
+func (rt *Runtime) all() []*instance {
 	rt.mu.Lock()
+	defer rt.mu.Unlock()
 	ins := make([]*instance, 0, len(rt.instances))
 	for _, in := range rt.instances {
 		ins = append(ins, in)
 	}
-	rt.mu.Unlock()
+	return ins
+}
+
+// List returns every Instance with its state, sorted by ID.
+func (rt *Runtime) List() []InstanceStatus {
+	ins := rt.all()
 	out := make([]InstanceStatus, 0, len(ins))
 	for _, in := range ins {
 		out = append(out, in.status())

@@ -30,13 +30,7 @@ func (rt *Runtime) everyInstance(interval time.Duration, f func(*instance)) {
 			return
 		case <-t.C:
 		}
-		rt.mu.Lock()
-		ins := make([]*instance, 0, len(rt.instances))
-		for _, in := range rt.instances {
-			ins = append(ins, in)
-		}
-		rt.mu.Unlock()
-		for _, in := range ins {
+		for _, in := range rt.all() {
 			f(in)
 		}
 	}

@@ -12,6 +12,7 @@ package placement
 
 import (
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 
@@ -41,7 +42,9 @@ type Request struct {
 	// Room, when set, is the caller's last check of a node that passed
 	// every other (room in the pools the new objects would go to): the
 	// reason the node cannot take the request, or "". It must be a pure
-	// function of the records, like everything here.
+	// function of the records, like everything here. Its text up to the
+	// first ": " or " (" is a metric label (see Label): keep that part one
+	// of a fixed set and put names and figures after it.
 	Room func(n *api.Node) string
 	// What names the request in errors when it is not a Workspace's
 	// Instance (a new Volume); default: its CPU and memory.
@@ -63,6 +66,9 @@ const (
 	whyNoTemplate    = "the template is not built there"
 	whyRefused       = "refused this placement"
 	whyNotSchedKnown = "no report yet"
+	// A refusal that passed over no node.
+	whyNoNodes       = "no nodes"
+	whyNotRegistered = "pinned node not registered"
 )
 
 // Free is what a node has left for new Instances.
@@ -183,6 +189,34 @@ func score(n *api.Node, req Request) float64 {
 // resource_exhausted when no node can. Ties go to the smallest node id, so
 // the choice depends only on the records.
 func Choose(nodes []api.Node, req Request) (string, error) {
+	d := Decide(nodes, req)
+	return d.Node, d.Err
+}
+
+// Decision is Choose's answer with, for a refusal, why.
+type Decision struct {
+	Node string
+	Err  error
+	// Why, when Err is set, are the labels (see Label) of the reasons
+	// nodes were passed over, each once, sorted: every node was checked.
+	// A refusal that passed over none says "no nodes" or, pinned to an
+	// unknown node, "pinned node not registered".
+	Why []string
+}
+
+// Label is the part of a reason a metric may carry as a label: its text
+// up to the first ": " or " (" (the rest names objects or gives figures).
+func Label(reason string) string {
+	for _, sep := range []string{": ", " ("} {
+		if i := strings.Index(reason, sep); i >= 0 {
+			reason = reason[:i]
+		}
+	}
+	return reason
+}
+
+// Decide is Choose, saying why it refused.
+func Decide(nodes []api.Node, req Request) Decision {
 	if req.Node != "" {
 		for i := range nodes {
 			n := &nodes[i]
@@ -190,11 +224,13 @@ func Choose(nodes []api.Node, req Request) (string, error) {
 				continue
 			}
 			if why := Ineligible(n, req); why != "" {
-				return "", api.Errorf(api.CodeFailedPrecondition, "node %s cannot take this Workspace: %s; --node never places elsewhere", n.NodeID, why)
+				return Decision{Err: api.Errorf(api.CodeFailedPrecondition, "node %s cannot take this Workspace: %s; --node never places elsewhere", n.NodeID, why),
+					Why: []string{Label(why)}}
 			}
-			return n.NodeID, nil
+			return Decision{Node: n.NodeID}
 		}
-		return "", api.Errorf(api.CodeNotFound, "node %s is not registered: check the id with kibo node list", req.Node)
+		return Decision{Err: api.Errorf(api.CodeNotFound, "node %s is not registered: check the id with kibo node list", req.Node),
+			Why: []string{whyNotRegistered}}
 	}
 	// The caller's Room check reads more than the node record, so it runs
 	// only on the best candidates, in order, until one passes (usually the
@@ -252,9 +288,25 @@ func Choose(nodes []api.Node, req Request) (string, error) {
 		if what == "" {
 			what = fmt.Sprintf("room for %s CPU and %s memory", req.CPU, api.FormatBytes(req.MemoryBytes))
 		}
-		return "", api.Errorf(api.CodeResourceExhausted, "no admitted node is ready with %s%s; retry later or free capacity", what, summarize(why))
+		return Decision{Err: api.Errorf(api.CodeResourceExhausted, "no admitted node is ready with %s%s; retry later or free capacity", what, summarize(why)),
+			Why: labels(why)}
 	}
-	return best, nil
+	return Decision{Node: best}
+}
+
+// labels are the labels of the reasons in why, each once, sorted.
+func labels(why map[string]int) []string {
+	if len(why) == 0 {
+		return []string{whyNoNodes}
+	}
+	out := make([]string, 0, len(why))
+	for r := range why {
+		if l := Label(r); !slices.Contains(out, l) {
+			out = append(out, l)
+		}
+	}
+	sort.Strings(out)
+	return out
 }
 
 func summarize(why map[string]int) string {

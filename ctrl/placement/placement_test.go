@@ -2,6 +2,7 @@ package placement
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 
@@ -115,6 +116,35 @@ func TestExhaustedSaysWhy(t *testing.T) {
 	_, err := Choose(nodes, small)
 	if api.CodeOf(err) != api.CodeResourceExhausted || !strings.Contains(err.Error(), "1 drained") || !strings.Contains(err.Error(), "1 not enough CPU") {
 		t.Fatalf("%v", err)
+	}
+}
+
+// TestDecideSaysWhyByLabel: a refusal names each reason once, cut to its
+// label, whatever the number of nodes it kept out; a placement names none.
+func TestDecideSaysWhyByLabel(t *testing.T) {
+	room := func(n *api.Node) string { return "it cannot resume the snapshot: " + n.NodeID + " has QEMU 8.2" }
+	nodes := []api.Node{with("a", func(n *api.Node) { n.DrainRequested = true }), with("b", func(n *api.Node) { n.DrainRequested = true }),
+		with("c", func(n *api.Node) { n.HostUsage.MemoryTight = true }), ready("d"), ready("e")}
+	cases := []struct {
+		name  string
+		nodes []api.Node
+		req   Request
+		node  string
+		why   []string
+	}{
+		{"placed", nodes, small, "d", nil},
+		{"room refuses the rest", nodes, Request{CPU: 1000, MemoryBytes: gib, Room: room}, "", []string{"drained", "it cannot resume the snapshot", "memory tight"}},
+		{"no nodes", nil, small, "", []string{"no nodes"}},
+		{"pinned", nodes, Request{CPU: 1000, MemoryBytes: gib, Node: "c"}, "", []string{"memory tight"}},
+		{"pinned unknown", nodes, Request{CPU: 1000, MemoryBytes: gib, Node: "z"}, "", []string{"pinned node not registered"}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			d := Decide(c.nodes, c.req)
+			if d.Node != c.node || (d.Err != nil) != (c.node == "") || !slices.Equal(d.Why, c.why) {
+				t.Fatalf("Decide = %q, %v, why %q; want %q, why %q", d.Node, d.Err, d.Why, c.node, c.why)
+			}
+		})
 	}
 }
 
