@@ -15,6 +15,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -24,6 +25,7 @@ import (
 	"github.com/kibotos/kibotos/agent/hostusage"
 	"github.com/kibotos/kibotos/agent/runtime"
 	"github.com/kibotos/kibotos/api"
+	"github.com/kibotos/kibotos/artifacts"
 	"github.com/kibotos/kibotos/buildinfo"
 	"github.com/kibotos/kibotos/datadir"
 	"github.com/kibotos/kibotos/fsm"
@@ -42,6 +44,9 @@ var ErrStale = errors.New("a newer incarnation of this node is running")
 type Config struct {
 	DataDir datadir.Dir
 	NodeID  string
+	// Artifacts is the cluster's artifact store ([artifacts] url); nil:
+	// templates stay where they were built.
+	Artifacts artifacts.Store
 	// FetchEgressCredentials asks ctrl, with the node's member
 	// certificate, for one Egress revision's credentials.
 	FetchEgressCredentials func(ctx context.Context, name string, rev uint64) (*api.EgressCredentials, error)
@@ -122,9 +127,10 @@ type Agent struct {
 	draining bool
 	// lastAliveCheck of the data-plane process.
 	lastAliveCheck time.Time
+	// fetchMu serializes fetches of templates from the artifact store.
+	fetchMu sync.Mutex
 	// templates as last listed, valid while the directory's mtime is templatesMod.
-	templates       []string
-	templateBytes   map[string]uint64
+	templates       localTemplates
 	templatesMod    time.Time
 	templatesListed time.Time
 
@@ -337,7 +343,7 @@ func reportedStates(r api.Report) string {
 	for _, p := range r.Pools {
 		fmt.Fprintf(&b, "%s %t;", p.PoolID, p.Available)
 	}
-	fmt.Fprint(&b, r.Templates, r.TemplateBytes)
+	fmt.Fprint(&b, r.Templates, r.TemplateBytes, r.TemplateDigests)
 	return b.String()
 }
 
@@ -521,7 +527,8 @@ func (a *Agent) buildReport(withEnded bool) api.Report {
 	if dp := a.cfg.DataPlane; dp != nil {
 		r.DataPlaneAddress = dp.Address()
 	}
-	r.Templates, r.TemplateBytes = a.templateNames()
+	l := a.templateNames()
+	r.Templates, r.TemplateBytes, r.TemplateDigests = l.names, l.sizes, l.digests
 	if withEnded {
 		// Full reports only: the watcher's look every second needs none.
 		r.Resume = a.resumeInfo()
@@ -559,42 +566,53 @@ func (a *Agent) buildReport(withEnded bool) api.Report {
 // Workspace only where its template is). The list is read again only when
 // the templates directory changed: a build or delete renames or removes
 // an entry there, and the report watcher asks every second.
-func (a *Agent) templateNames() ([]string, map[string]uint64) {
+func (a *Agent) templateNames() localTemplates {
 	root := a.cfg.DataDir.StorageRoot()
 	st, statErr := os.Stat(template.Dir(root))
 	a.mu.Lock()
 	// Listed again at least every 10 s anyway: a file system with coarse
 	// timestamps can hide a change made in the second of the last listing.
 	if statErr == nil && st.ModTime().Equal(a.templatesMod) && time.Since(a.templatesListed) < 10*time.Second {
-		names, sizes := a.templates, a.templateBytes
+		l := a.templates
 		a.mu.Unlock()
-		return names, sizes
+		return l
 	}
 	a.mu.Unlock()
 	ts, err := template.List(root)
 	if err != nil && len(ts) == 0 {
 		a.log.Debug("templates not listed", "err", err)
 	}
-	var names []string
-	var sizes map[string]uint64
+	var l localTemplates
 	for _, t := range ts {
-		if len(names) == 0 || names[len(names)-1] != t.Name { // sorted by name
-			names = append(names, t.Name)
+		if len(l.names) == 0 || l.names[len(l.names)-1] != t.Name { // sorted by name
+			l.names = append(l.names, t.Name)
 		}
 		// A new layer goes over the latest build; charge the largest.
 		if t.ImageBytes > 0 {
-			if sizes == nil {
-				sizes = map[string]uint64{}
+			if l.sizes == nil {
+				l.sizes = map[string]uint64{}
 			}
-			sizes[t.Name] = max(sizes[t.Name], uint64(t.ImageBytes))
+			l.sizes[t.Name] = max(l.sizes[t.Name], uint64(t.ImageBytes))
+		}
+		if t.ImageDigest != "" && !slices.Contains(l.digests, t.ImageDigest) && len(l.digests) < api.MaxNodeTemplateDigests {
+			l.digests = append(l.digests, t.ImageDigest)
 		}
 	}
 	if statErr == nil && err == nil {
 		a.mu.Lock()
-		a.templates, a.templateBytes, a.templatesMod, a.templatesListed = names, sizes, st.ModTime(), time.Now()
+		a.templates, a.templatesMod, a.templatesListed = l, st.ModTime(), time.Now()
 		a.mu.Unlock()
 	}
-	return names, sizes
+	return l
+}
+
+// localTemplates is what a report says of the node's templates: names,
+// image sizes, and the digests of the images it holds verified copies of
+// (published or fetched through the artifact store).
+type localTemplates struct {
+	names   []string
+	sizes   map[string]uint64
+	digests []string
 }
 
 // PushReport sends a full report now instead of at the next sync, as the

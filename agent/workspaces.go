@@ -18,7 +18,6 @@ import (
 	"github.com/kibotos/kibotos/fsm"
 	"github.com/kibotos/kibotos/storagepool"
 	"github.com/kibotos/kibotos/vmm/guestproto"
-	"github.com/kibotos/kibotos/vmm/template"
 )
 
 // WorkspaceRoot is where the node mounts a Workspace's filesystem (the
@@ -267,9 +266,9 @@ func (a *Agent) startWorkspace(ctx context.Context, t api.WorkspaceTask) (refusa
 	if err := a.fetchEgressCredentials(ctx, policy); err != nil {
 		return "", fmt.Errorf("instance %s: %w", id, err)
 	}
-	tpl, err := template.Get(a.cfg.DataDir.StorageRoot(), t.Template)
-	if err != nil {
-		return "", fmt.Errorf("template %s is not on node %s: build it there with kibotos template build %s --from-dir DIR", t.Template, a.cfg.NodeID, t.Template)
+	tpl, refusal, err := a.templateFor(ctx, t)
+	if tpl == nil {
+		return refusal, err
 	}
 	installation, err := a.ownPlatform()
 	if err != nil {

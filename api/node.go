@@ -140,6 +140,10 @@ type Report struct {
 	// TemplateBytes is each template's image size: what a new retained
 	// layer over it may grow to, charged to the pool it goes to.
 	TemplateBytes map[string]uint64 `json:"template_bytes,omitempty"`
+	// TemplateDigests are the image digests of the templates the node
+	// holds a verified copy of (published or fetched through the artifact
+	// store): the catalog's NODES.
+	TemplateDigests []string `json:"template_digests,omitempty"`
 	// DataPlaneAddress is where the node's data-plane process listens.
 	DataPlaneAddress string `json:"data_plane_address,omitempty"`
 	// Resume is what the node's VMM can restore (paused Workspaces).

@@ -61,6 +61,9 @@ type WorkspaceTask struct {
 	// Snapshot (start): restore the Workspace's snapshot instead of
 	// booting; (stop, delete) remove its files.
 	Snapshot *TaskSnapshot `json:"snapshot,omitempty"`
+	// Published (start) is Template's catalog entry, if it was published:
+	// a node that lacks the template fetches it from the artifact store.
+	Published *TemplateImage `json:"published,omitempty"`
 }
 
 // TaskSnapshot is a Workspace's snapshot as a command needs it.

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -19,6 +20,7 @@ import (
 	"github.com/kibotos/kibotos/agent/dataplane"
 	"github.com/kibotos/kibotos/agent/runtime"
 	"github.com/kibotos/kibotos/api"
+	"github.com/kibotos/kibotos/artifacts"
 	"github.com/kibotos/kibotos/buildinfo"
 	"github.com/kibotos/kibotos/cluster"
 	"github.com/kibotos/kibotos/datadir"
@@ -162,11 +164,32 @@ func (c *DevUpCmd) Run(g *Globals) error {
 	if hostHasSystemd() {
 		sdMode = systemdHost
 	}
+	store, err := devArtifactsURL(d)
+	if err != nil {
+		return err
+	}
 	return runMember(g, memberOptions{dir: d, level: "info", capacity: agent.DefaultCapacity(), timings: cluster.DefaultTimings(), onReady: onReady,
-		systemd: sdMode, accel: qemu.AccelAuto, network: network, logFormat: c.LogFormat,
+		systemd: sdMode, accel: qemu.AccelAuto, network: network, logFormat: c.LogFormat, artifactsURL: store,
 		// One node on a laptop: a report every few seconds while a guest
 		// is denied costs nothing, and `workspace get` shows it soon.
 		deniedReport: 5 * time.Second})
+}
+
+// devArtifactsURL is the dev cluster's artifact store: a directory in its
+// data directory, created here.
+func devArtifactsURL(d datadir.Dir) (string, error) {
+	dir, err := filepath.Abs(d.ArtifactsDir())
+	if err != nil {
+		return "", err
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return "", fmt.Errorf("kibotos dev: artifact store: %w", err)
+	}
+	u := (&url.URL{Scheme: "file", Path: dir}).String()
+	if _, err := artifacts.ParseURL(u); err != nil {
+		return "", fmt.Errorf("kibotos dev: %w", err)
+	}
+	return u, nil
 }
 
 // announceWhenReady waits for the dev node to be READY and tells the user

@@ -14,6 +14,7 @@ import (
 
 	"github.com/kibotos/kibotos/agent"
 	"github.com/kibotos/kibotos/api"
+	"github.com/kibotos/kibotos/artifacts"
 	"github.com/kibotos/kibotos/buildinfo"
 	"github.com/kibotos/kibotos/cluster"
 	"github.com/kibotos/kibotos/datadir"
@@ -144,6 +145,12 @@ type fileConfig struct {
 		// tails); default 1 GiB.
 		MachineLogsMaxBytes int64 `toml:"machine_logs_max_bytes"`
 	} `toml:"logs"`
+	Artifacts struct {
+		// URL is the cluster's artifact store (file:///absolute/dir,
+		// the same on every member); none: templates stay where they
+		// were built.
+		URL string `toml:"url"`
+	} `toml:"artifacts"`
 	Metrics struct {
 		// Listen is the plain-HTTP /metrics address; default
 		// 127.0.0.1:<advertised port+3>, "none" for no listener.
@@ -159,7 +166,7 @@ type fileConfig struct {
 
 // ServeCmd runs a member.
 type ServeCmd struct {
-	Config          string        `name:"config" type:"existingfile" help:"TOML configuration file (data_dir, bind, log_level, [resources] cpu and memory, [dataplane] listen, [network] ipv4_pool, ipv6_pool, management_cidrs, resolvers and uplink, [metrics] listen, [logs] machine_logs_max_bytes, [storage] default_pool and [[storage.pools]] id, path, shared)."`
+	Config          string        `name:"config" type:"existingfile" help:"TOML configuration file (data_dir, bind, log_level, [resources] cpu and memory, [dataplane] listen, [network] ipv4_pool, ipv6_pool, management_cidrs, resolvers and uplink, [metrics] listen, [logs] machine_logs_max_bytes, [artifacts] url, [storage] default_pool and [[storage.pools]] id, path, shared)."`
 	Bind            string        `name:"bind" help:"Listen address (default: the advertised address)."`
 	DataPlaneListen string        `name:"dataplane-listen" help:"Data-plane address HOST:PORT (exec, terminal, cp, port-forward); default: the advertised host, port+2."`
 	LogLevel        string        `name:"log-level" default:"info" enum:"debug,info,warn,error" help:"Log level."`
@@ -246,9 +253,24 @@ func (c *ServeCmd) Run(g *Globals) error {
 	if err != nil {
 		return err
 	}
+	store, err := artifactsFrom(c.Config, fc)
+	if err != nil {
+		return err
+	}
 	return runMember(g, memberOptions{dir: dir, bind: bind, level: level, capacity: capacity, timings: timings, deniedReport: deniedReport, clockSkew: c.ClockSkew, logFormat: format,
 		systemd: c.Systemd, accel: qemu.Accel(c.Accel), dataPlaneListen: dpListen, pools: pools, defaultPool: fc.Storage.DefaultPool, network: network,
-		metricsListen: fc.Metrics.Listen, machineLogsMax: fc.Logs.MachineLogsMaxBytes})
+		metricsListen: fc.Metrics.Listen, machineLogsMax: fc.Logs.MachineLogsMaxBytes, artifactsURL: store})
+}
+
+// artifactsFrom is [artifacts] url, checked: "" when there is none.
+func artifactsFrom(path string, fc fileConfig) (string, error) {
+	if fc.Artifacts.URL == "" {
+		return "", nil
+	}
+	if _, err := artifacts.ParseURL(fc.Artifacts.URL); err != nil {
+		return "", api.Errorf(api.CodeInvalidArgument, "configuration file %s: %v", path, err)
+	}
+	return fc.Artifacts.URL, nil
 }
 
 // networkFrom reads [network]; a file without one gives nil (the node
@@ -330,6 +352,8 @@ type memberOptions struct {
 	logFormat string
 	// machineLogsMax is [logs] machine_logs_max_bytes; 0: the default.
 	machineLogsMax int64
+	// artifactsURL is [artifacts] url (checked); "": no artifact store.
+	artifactsURL string
 }
 
 // runMember serves until SIGTERM/SIGINT. A node isolated by ctrl exits
@@ -360,6 +384,13 @@ func runMember(g *Globals, o memberOptions) error {
 	}
 	if o.onReady != nil {
 		o.onReady(srv)
+	}
+	var store artifacts.Store
+	if o.artifactsURL != "" {
+		if store, err = artifacts.Open(o.artifactsURL, srv.NodeID()); err != nil {
+			return err
+		}
+		log.Info("artifact store", "url", store.String())
 	}
 	agentErr := make(chan error, 1)
 	src := metrics.Sources{FSM: srv.FSM(), Raft: srv.Raft()}
@@ -393,13 +424,14 @@ func runMember(g *Globals, o memberOptions) error {
 			}
 			dp, src.DataPlane = link, link.Totals
 		}
-		a, err := agent.New(agent.Config{DataDir: o.dir, NodeID: srv.NodeID(), Capacity: o.capacity, CtrlAddrs: srv.CtrlAddrs,
+		a, err := agent.New(agent.Config{DataDir: o.dir, NodeID: srv.NodeID(), Artifacts: store, Capacity: o.capacity, CtrlAddrs: srv.CtrlAddrs,
 			Dial: srv.SessionDial, OnLeader: srv.NoteLeader, SessionTimeout: o.timings.SessionTimeout, Logger: log, ClockSkew: o.clockSkew, Runtime: rt, DataPlane: dp,
 			Pools: o.pools, DefaultPool: o.defaultPool, FetchEgressCredentials: srv.EgressCredentials, DeniedReportInterval: o.deniedReport})
 		if err != nil {
 			return err
 		}
 		src.HostUsage = a.HostUsage
+		srv.SetTemplatePublisher(a.PublishTemplate)
 		go func() { agentErr <- a.Run(ctx) }()
 	}
 	if err := serveMetrics(ctx, srv, src, o.metricsListen, log); err != nil {

@@ -12,6 +12,7 @@ import (
 
 	"github.com/kibotos/kibotos/api"
 	"github.com/kibotos/kibotos/cluster/clustertest"
+	"github.com/kibotos/kibotos/datadir"
 )
 
 // A pool's capacity is ctrl's: a node configuration that still declares
@@ -119,5 +120,54 @@ func TestPackagedConfig(t *testing.T) {
 	}
 	if pools, err := poolsFrom("kibotos.toml", fc); err != nil || len(pools) != 1 {
 		t.Errorf("[[storage.pools]] of the example: %v, %v", pools, err)
+	}
+	if u, err := artifactsFrom("kibotos.toml", fc); err != nil || u == "" {
+		t.Errorf("[artifacts] of the example: %q, %v", u, err)
+	}
+}
+
+// [artifacts] url: a directory URL reaches the member; s3:// and a
+// relative path stop serve before anything is started, in one line naming
+// the setting and what to give instead.
+func TestServeArtifactsURL(t *testing.T) {
+	var fc fileConfig
+	fc.Artifacts.URL = "file:///srv/kibotos/artifacts"
+	if u, err := artifactsFrom("kibotos.toml", fc); err != nil || u != fc.Artifacts.URL {
+		t.Fatalf("artifactsFrom = %q, %v", u, err)
+	}
+	for url, says := range map[string]string{
+		"s3://bucket/kibotos":    "s3:// stores are not supported yet",
+		"file://srv/artifacts":   "give file:///absolute/directory",
+		"/srv/kibotos/artifacts": "give file:///absolute/directory",
+	} {
+		dir := t.TempDir()
+		config := filepath.Join(dir, "kibotos.toml")
+		os.WriteFile(config, []byte("[artifacts]\nurl = \""+url+"\"\n"), 0o600)
+		var out, errb bytes.Buffer
+		code := Main(context.Background(), "kibotos", []string{"serve", "--config", config, "--data-dir", filepath.Join(dir, "data")}, nil, &out, &errb)
+		msg := strings.TrimSpace(errb.String())
+		if code != api.ExitInvalidArgument || !strings.Contains(msg, "[artifacts] url") || !strings.Contains(msg, says) || strings.Contains(msg, "\n") {
+			t.Errorf("url %s: exit %d, message %q; want %d saying %q", url, code, msg, api.ExitInvalidArgument, says)
+		}
+		if _, err := os.Stat(filepath.Join(dir, "data")); !os.IsNotExist(err) {
+			t.Errorf("url %s: the refused start touched the data directory: %v", url, err)
+		}
+	}
+}
+
+// kibotos dev keeps its artifact store in its data directory, also when
+// --data-dir is relative.
+func TestDevArtifactsURL(t *testing.T) {
+	t.Chdir(t.TempDir())
+	u, err := devArtifactsURL(datadir.Dir("dev-data"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	abs, _ := filepath.Abs(filepath.Join("dev-data", "artifacts"))
+	if u != "file://"+abs {
+		t.Fatalf("dev artifact store %q, want file://%s", u, abs)
+	}
+	if fi, err := os.Stat(abs); err != nil || !fi.IsDir() {
+		t.Fatalf("dev artifact store directory: %v", err)
 	}
 }

@@ -2,6 +2,7 @@ package cli
 
 import (
 	"errors"
+	"net/url"
 	"os/signal"
 	"strings"
 	"syscall"
@@ -11,13 +12,15 @@ import (
 	"github.com/kibotos/kibotos/vmm/template"
 )
 
-// TemplateCmd groups the template commands. Templates are kept on the node
-// that built them for now; the cluster registry comes with Workspaces.
+// TemplateCmd groups the template commands. A template is built on a node;
+// published, it is in the cluster's catalog and any node can fetch it
+// from the artifact store.
 type TemplateCmd struct {
-	Build  TemplateBuildCmd  `cmd:"" help:"Build a template (ext4 root filesystem image) from a directory, a rootfs tarball, a Debian release (debootstrap) or busybox."`
-	List   TemplateListCmd   `cmd:"" help:"List the templates on this node."`
-	Get    TemplateGetCmd    `cmd:"" help:"Show one template."`
-	Delete TemplateDeleteCmd `cmd:"" help:"Delete every build of a template on this node."`
+	Build   TemplateBuildCmd   `cmd:"" help:"Build a template (ext4 root filesystem image) from a directory, a rootfs tarball, a Debian release (debootstrap) or busybox."`
+	Publish TemplatePublishCmd `cmd:"" help:"Put a template a node built into the artifact store and record it in the cluster's catalog."`
+	List    TemplateListCmd    `cmd:"" help:"List the cluster's template catalog (--local: the templates built on this host)."`
+	Get     TemplateGetCmd     `cmd:"" help:"Show one template."`
+	Delete  TemplateDeleteCmd  `cmd:"" help:"Delete a template from the catalog, refused while Workspaces use it (--local: every build on this host)."`
 }
 
 type templateRoot struct {
@@ -136,13 +139,38 @@ func buildDebian(g *Globals, o template.DebootstrapOptions, progress bool) (*tem
 	}
 }
 
-// TemplateListCmd lists templates.
+// TemplateListCmd lists the catalog, or this host's builds.
 type TemplateListCmd struct {
 	templateRoot `embed:""`
-	Quiet        bool `short:"q" name:"quiet" help:"Print only the template names."`
+	Local        bool   `name:"local" help:"List the templates built on this host (its storage root) instead of the catalog; implied by --storage-root."`
+	PageSize     int    `name:"page-size" default:"0" help:"Catalog entries per page (0: all)."`
+	PageToken    string `name:"page-token" help:"Continue after a previous page."`
+	Quiet        bool   `short:"q" name:"quiet" help:"Print only the template names."`
 }
 
 func (c *TemplateListCmd) Run(g *Globals) error {
+	if c.Local || c.StorageRoot != "" {
+		return c.runLocal(g)
+	}
+	var out api.CatalogTemplateList
+	return runList(g, listCall{path: "/v1/templates", size: c.PageSize, token: c.PageToken, quiet: c.Quiet, what: "templates"}, &out,
+		func() ([]string, string) {
+			names := make([]string, len(out.Templates))
+			for i, t := range out.Templates {
+				names[i] = t.Name
+			}
+			return names, out.NextPageToken
+		},
+		func() {
+			t := newTable(g.stdout, "NAME", "DIGEST", "SIZE", "PUBLISHED", "NODES")
+			for _, e := range out.Templates {
+				t.row(e.Name, shortDigest(e.Digest), formatBytes(uint64(e.SizeBytes)), stamp(e.PublishedAt)+" by "+e.PublishedBy, dash(strings.Join(e.Nodes, ",")))
+			}
+			t.flush()
+		})
+}
+
+func (c *TemplateListCmd) runLocal(g *Globals) error {
 	all, err := template.List(c.root(g))
 	if err != nil {
 		return err
@@ -165,6 +193,14 @@ func (c *TemplateListCmd) Run(g *Globals) error {
 	}
 	t.flush()
 	return nil
+}
+
+// shortDigest is sha256: and 12 hex digits.
+func shortDigest(d string) string {
+	if len(d) > 19 && strings.HasPrefix(d, "sha256:") {
+		return d[:19]
+	}
+	return d
 }
 
 func shortID(id string) string {
@@ -193,17 +229,31 @@ func (c *TemplateGetCmd) Run(g *Globals) error {
 	return nil
 }
 
-// TemplateDeleteCmd deletes a template.
+// TemplateDeleteCmd deletes a catalog entry, or this host's builds.
 type TemplateDeleteCmd struct {
-	templateRoot `embed:""`
-	Name         string `arg:"" name:"name"`
+	templateRoot    `embed:""`
+	Name            string  `arg:"" name:"name"`
+	Local           bool    `name:"local" help:"Delete every build of the template on this host (its storage root) instead of the catalog entry; implied by --storage-root."`
+	CommandID       string  `name:"command-id" help:"Idempotency key."`
+	ExpectedVersion *uint64 `name:"expected-version" help:"Version the catalog entry must still be at."`
 }
 
 func (c *TemplateDeleteCmd) Run(g *Globals) error {
-	n, err := template.Delete(c.root(g), c.Name)
-	if err != nil {
-		return api.Errorf(api.CodeNotFound, "%v", err)
+	if c.Local || c.StorageRoot != "" {
+		n, err := template.Delete(c.root(g), c.Name)
+		if err != nil {
+			return api.Errorf(api.CodeNotFound, "%v", err)
+		}
+		g.printf("template %s: %d build(s) deleted\n", c.Name, n)
+		return nil
 	}
-	g.printf("template %s: %d build(s) deleted\n", c.Name, n)
+	raw, err := g.call("POST", "/v1/templates/"+url.PathEscape(c.Name)+"/delete", writeMeta(c.CommandID, c.ExpectedVersion), nil)
+	if err != nil {
+		return err
+	}
+	if g.JSON {
+		return g.printJSON(raw)
+	}
+	g.printf("template %s deleted from the catalog (the image stays in the artifact store and on the nodes that hold it)\n", c.Name)
 	return nil
 }

@@ -71,8 +71,9 @@ func (s *Server) handleEgressUpdate(w http.ResponseWriter, r *http.Request) {
 	s.write(w, r, fsm.OpEgressUpdate, req.WriteMeta, args)
 }
 
-// objectDelete serves egress and resolver delete.
-func (s *Server) objectDelete(op, kind string) http.HandlerFunc {
+// objectDelete serves the deletes of objects known by name (egress,
+// resolver, template); valid checks the name.
+func (s *Server) objectDelete(op string, valid func(name string) error) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		var req api.WriteMeta
 		if err := decodeBody(r, &req); err != nil {
@@ -80,12 +81,17 @@ func (s *Server) objectDelete(op, kind string) http.HandlerFunc {
 			return
 		}
 		name := r.PathValue("name")
-		if err := fsm.ValidObjectName(kind, name); err != nil {
+		if err := valid(name); err != nil {
 			writeError(w, err)
 			return
 		}
 		s.write(w, r, op, req, fsm.ObjectArgs{Name: name})
 	}
+}
+
+// objectName checks the name of an Egress or Resolver.
+func objectName(kind string) func(string) error {
+	return func(name string) error { return fsm.ValidObjectName(kind, name) }
 }
 
 func (s *Server) handleEgressList(w http.ResponseWriter, r *http.Request) {

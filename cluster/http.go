@@ -187,6 +187,7 @@ func (s *Server) routes() http.Handler {
 	m.HandleFunc("POST /v1/internal/admission", member(s.ctrlLocal(s.handleAdmission)))
 	m.HandleFunc("GET /v1/internal/egress/{name}/revisions/{rev}", member(s.reader(s.handleEgressCredentials)))
 	m.HandleFunc("GET /v1/internal/machine-logs/{instance}", s.handleNodeMachineLog)
+	m.HandleFunc("POST /v1/internal/templates/{name}/upload", s.handleNodeTemplateUpload)
 
 	m.HandleFunc("GET /v1/nodes", operator(s.reader(s.handleNodeList)))
 	m.HandleFunc("GET /v1/nodes/{id}", operator(s.reader(s.handleNodeGet)))
@@ -214,11 +215,16 @@ func (s *Server) routes() http.Handler {
 	m.HandleFunc("GET /v1/egress", operator(s.reader(s.handleEgressList)))
 	m.HandleFunc("GET /v1/egress/{name}", operator(s.reader(s.handleEgressGet)))
 	m.HandleFunc("POST /v1/egress/{name}/update", operator(s.onLeader(s.handleEgressUpdate)))
-	m.HandleFunc("POST /v1/egress/{name}/delete", operator(s.onLeader(s.objectDelete(fsm.OpEgressDelete, "egress"))))
+	m.HandleFunc("POST /v1/egress/{name}/delete", operator(s.onLeader(s.objectDelete(fsm.OpEgressDelete, objectName("egress")))))
 	m.HandleFunc("POST /v1/resolvers", operator(s.onLeader(s.handleResolverCreate)))
 	m.HandleFunc("GET /v1/resolvers", operator(s.reader(s.handleResolverList)))
 	m.HandleFunc("GET /v1/resolvers/{name}", operator(s.reader(s.handleResolverGet)))
-	m.HandleFunc("POST /v1/resolvers/{name}/delete", operator(s.onLeader(s.objectDelete(fsm.OpResolverDelete, "resolver"))))
+	m.HandleFunc("POST /v1/resolvers/{name}/delete", operator(s.onLeader(s.objectDelete(fsm.OpResolverDelete, objectName("resolver")))))
+
+	m.HandleFunc("GET /v1/templates", operator(s.reader(s.handleTemplateList)))
+	m.HandleFunc("GET /v1/templates/{name}", operator(s.reader(s.handleTemplateGet)))
+	m.HandleFunc("POST /v1/templates/{name}/publish", operator(s.onLeader(s.handleTemplatePublish)))
+	m.HandleFunc("POST /v1/templates/{name}/delete", operator(s.onLeader(s.objectDelete(fsm.OpTemplateDelete, api.ValidTemplateName))))
 
 	m.HandleFunc("GET /v1/storage-pools", operator(s.reader(s.handlePoolList)))
 	m.HandleFunc("GET /v1/storage-pools/{id}", operator(s.reader(s.handlePoolGet)))

@@ -2,10 +2,8 @@ package cluster
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"net/url"
 	"slices"
@@ -15,7 +13,6 @@ import (
 
 	"github.com/kibotos/kibotos/api"
 	"github.com/kibotos/kibotos/fsm"
-	"github.com/kibotos/kibotos/trust"
 )
 
 // `workspace logs` reads an Instance's machine logs (guest console, VMM
@@ -150,52 +147,18 @@ func (s *Server) machineLogOf(ctx context.Context, n *api.Node, inst string, q a
 	if n.NodeID == s.id.NodeID {
 		return s.readMachineLog(inst, q)
 	}
-	if n.Address == "" {
-		return api.MachineLog{}, api.Errorf(api.CodeUnavailable, "node %s has no address registered", n.NodeID)
-	}
-	tr := s.client.HTTPTransport(trust.Want{Kind: trust.KindMember, NodeID: n.NodeID, Role: trust.RoleNode}, 3*time.Second)
-	defer tr.CloseIdleConnections()
-	hc := &http.Client{Transport: tr, Timeout: 30 * time.Second}
-	u := "https://" + n.Address + "/v1/internal/machine-logs/" + url.PathEscape(inst) + "?" + q.Values().Encode()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
-	if err != nil {
-		return api.MachineLog{}, err
-	}
-	resp, err := hc.Do(req)
-	if err != nil {
-		return api.MachineLog{}, api.Errorf(api.CodeUnavailable, "%v", err)
-	}
-	defer resp.Body.Close()
-	var out struct {
-		Result api.MachineLog `json:"result"`
-		Error  *api.Error     `json:"error"`
-	}
-	if err := json.NewDecoder(io.LimitReader(resp.Body, machineLogAnswerMax)).Decode(&out); err != nil {
-		return api.MachineLog{}, api.Errorf(api.CodeUnavailable, "answer of member %s (%s) unreadable: %v", n.NodeID, resp.Status, err)
-	}
-	if out.Error != nil {
-		return api.MachineLog{}, out.Error
-	}
-	if resp.StatusCode != http.StatusOK {
-		return api.MachineLog{}, api.Errorf(api.CodeUnavailable, "member %s answered %s", n.NodeID, resp.Status)
-	}
-	return out.Result, nil
+	var l api.MachineLog
+	err := s.nodeCall(ctx, n, http.MethodGet, "/v1/internal/machine-logs/"+url.PathEscape(inst)+"?"+q.Values().Encode(), 30*time.Second, machineLogAnswerMax, &l)
+	return l, err
 }
 
 // handleNodeMachineLog is GET /v1/internal/machine-logs/{instance} on the
 // node: only ctrl members ask (they authorized the operator), as
 // themselves.
 func (s *Server) handleNodeMachineLog(w http.ResponseWriter, r *http.Request) {
-	c := callerOf(r)
-	if c.kind != trust.KindMember || !c.id.HasRole(trust.RoleCtrl) || c.viaHop {
-		writeError(w, api.Errorf(api.CodePermissionDenied, "%s is not a ctrl member: machine logs are read through ctrl (kibo workspace logs)", c.name))
+	if err := s.fromCtrl(r, "machine logs are read through ctrl (kibo workspace logs)"); err != nil {
+		writeError(w, err)
 		return
-	}
-	if s.fsm == nil {
-		if err := s.admittedByCtrl(c.id); err != nil {
-			writeError(w, err)
-			return
-		}
 	}
 	q, err := api.ParseMachineLogQuery(r.URL.Query())
 	if err != nil {

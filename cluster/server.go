@@ -90,8 +90,10 @@ type Server struct {
 	metrics atomic.Pointer[http.Handler] // GET /metrics (SetMetrics)
 	// machineLogs reads this node's machine logs (SetMachineLogs).
 	machineLogs atomic.Pointer[MachineLogReader]
-	id          *datadir.Identity
-	log         *slog.Logger
+	// templatePublisher uploads this node's templates (SetTemplatePublisher).
+	templatePublisher atomic.Pointer[TemplatePublisher]
+	id                *datadir.Identity
+	log               *slog.Logger
 
 	ca         *CA
 	pool       *x509.CertPool

@@ -331,6 +331,9 @@ func (s *Server) applyReport(ctx context.Context, sc *sessionConn, nodeID, sid s
 	args := fsm.ReportArgs{NodeID: nodeID, SessionID: sid, Report: *m.Report, HostUsage: m.HostUsage}
 	s.markEndedRound(&args, time.Now())
 	args.OOMStops = s.troubleshootingRules()
+	if len(args.Report.TemplateDigests) > 0 && s.levelsReach("template catalog", fsm.LevelArtifacts) != nil {
+		args.Report.TemplateDigests = nil // a voter below the level would not store them
+	}
 	if m.T1 != 0 && m.T2 != 0 && m.T3 != 0 {
 		offset := ((m.T2 - m.T1) + (m.T3 - t4)) / 2
 		uncertainty := ((t4 - m.T1) - (m.T3 - m.T2)) / 2

@@ -402,6 +402,9 @@ func (d *dispatcher) run() error {
 				if t.Volumes, err = fsm.TaskVolumes(tx, &pending[i]); err != nil {
 					return err
 				}
+				if t.Published, err = fsm.TaskTemplate(tx, t.Template); err != nil {
+					return err
+				}
 			}
 			tasks = append(tasks, t)
 		}

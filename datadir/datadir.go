@@ -38,6 +38,10 @@ func (d Dir) NodeDir() string      { return d.path("node") }
 func (d Dir) StorageRoot() string  { return d.path("storage") }
 func (d Dir) LockFile() string     { return d.path("lock") }
 
+// ArtifactsDir is the artifact store of a one-host cluster (kibotos dev);
+// a cluster of several hosts configures a shared one ([artifacts] url).
+func (d Dir) ArtifactsDir() string { return d.path("artifacts") }
+
 // Identity is who this member is in which cluster.
 type Identity struct {
 	// FormatVersion of identity.json; files of builds before it had one

@@ -339,20 +339,28 @@ func mhWaitNoQemu(dir string, d time.Duration) []int {
 	}
 }
 
-// TestWorkspacesTwoNodes: placement by free capacity and overcommit, --node
-// on a drained node, workspace move across a shared pool, drain --wait,
-// and isolate of a dead node whose Workspace then starts on the other.
-// Four VM boots in all.
-func TestWorkspacesTwoNodes(t *testing.T) {
+// mhTwoHosts is a lab of two hosts that boot VMs: node-a (ctrl,node) and
+// node-b (node only), their data directories under root (mhRoot).
+func mhTwoHosts(t *testing.T) (l *lab, a, b *host, root string) {
+	t.Helper()
 	requireLab(t)
 	runtimetest.RequireVMHost(t)
 	testenv.LookPath(t, "qemu-img", "qemu-utils") // retained layers
-	t0 := time.Now()
-	l := newLab(t, 2)
-	a, b := l.hosts[0], l.hosts[1]
+	l = newLab(t, 2)
+	a, b = l.hosts[0], l.hosts[1]
 	a.nodeID, a.roles = "node-a", "ctrl,node"
 	b.nodeID, b.roles = "node-b", "node"
+	root = mhRoot(t, l)
+	a.dataDir, b.dataDir = filepath.Join(root, "a"), filepath.Join(root, "b")
+	return l, a, b, root
+}
 
+// mhRoot is a short directory for the hosts' data directories, removed
+// at the end with what the members left in /tmp; before that, the members
+// are stopped (their private systemd ends their VMs) and no QEMU may be
+// left.
+func mhRoot(t *testing.T, l *lab) string {
+	t.Helper()
 	// Short data directories: a VM's unix sockets live under the storage
 	// root, and t.TempDir() paths would make them longer than the 107
 	// bytes a unix socket path may have (the runtime refuses such a start).
@@ -360,7 +368,6 @@ func TestWorkspacesTwoNodes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	a.dataDir, b.dataDir = filepath.Join(root, "a"), filepath.Join(root, "b")
 	t.Cleanup(func() {
 		os.RemoveAll(root)
 		// The members' egress socket directories (their private systemd
@@ -390,6 +397,16 @@ func TestWorkspacesTwoNodes(t *testing.T) {
 			}
 		}
 	})
+	return root
+}
+
+// TestWorkspacesTwoNodes: placement by free capacity and overcommit, --node
+// on a drained node, workspace move across a shared pool, drain --wait,
+// and isolate of a dead node whose Workspace then starts on the other.
+// Four VM boots in all.
+func TestWorkspacesTwoNodes(t *testing.T) {
+	t0 := time.Now()
+	l, a, b, root := mhTwoHosts(t)
 
 	artifacts := mhBuildArtifacts(t, root, l.bin)
 	shared := filepath.Join(root, "shared")

@@ -44,7 +44,7 @@ type EgressUpdateArgs struct {
 	ClearCredentials bool    `json:"clear_credentials,omitempty"`
 }
 
-// ObjectArgs names an Egress or Resolver object (delete).
+// ObjectArgs names an Egress, Resolver or catalog template (delete).
 type ObjectArgs struct {
 	Name string `json:"name"`
 }
@@ -383,8 +383,11 @@ func usersOf(tx *bolt.Tx, bucket []byte, name string) []string {
 	return out
 }
 
-// inUse refuses to delete an object Workspaces still name.
-func inUse(kind, name string, users []string) error {
+const changePolicyFirst = "change their network policy first"
+
+// inUse refuses to delete an object Workspaces still name; fix says what
+// to do about them.
+func inUse(kind, name string, users []string, fix string) error {
 	if len(users) == 0 {
 		return nil
 	}
@@ -393,7 +396,7 @@ func inUse(kind, name string, users []string) error {
 	if len(list) > 10 {
 		list, more = list[:10], fmt.Sprintf(" and %d more", len(users)-10)
 	}
-	return api.Errorf(api.CodeFailedPrecondition, "%s %s is used by workspaces %s%s: change their network policy first", kind, name, strings.Join(list, ", "), more)
+	return api.Errorf(api.CodeFailedPrecondition, "%s %s is used by workspaces %s%s: %s", kind, name, strings.Join(list, ", "), more, fix)
 }
 
 func egressView(tx *bolt.Tx, r *egressRecord) *api.Egress {
@@ -512,7 +515,7 @@ func applyEgressDelete(tx *bolt.Tx, e *Entry) (any, error) {
 	if err := checkVersion(e, r.Version, "egress "+r.Name); err != nil {
 		return nil, err
 	}
-	if err := inUse(kindEgress, r.Name, usersOf(tx, bucketEgressRefs, r.Name)); err != nil {
+	if err := inUse(kindEgress, r.Name, usersOf(tx, bucketEgressRefs, r.Name), changePolicyFirst); err != nil {
 		return nil, err
 	}
 	out := egressView(tx, r)
@@ -572,7 +575,7 @@ func applyResolverDelete(tx *bolt.Tx, e *Entry) (any, error) {
 	if err := checkVersion(e, r.Version, "resolver "+r.Name); err != nil {
 		return nil, err
 	}
-	if err := inUse(kindResolver, r.Name, usersOf(tx, bucketResolverRefs, r.Name)); err != nil {
+	if err := inUse(kindResolver, r.Name, usersOf(tx, bucketResolverRefs, r.Name), changePolicyFirst); err != nil {
 		return nil, err
 	}
 	out := resolverView(tx, r)

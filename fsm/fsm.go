@@ -93,6 +93,8 @@ var handlers = map[string]handler{
 	OpVolumeResult:         applyVolumeResult,
 	OpMemberLevel:          applyMemberLevel,
 	OpWorkspacePause:       applyWorkspacePause,
+	OpTemplatePublish:      applyTemplatePublish,
+	OpTemplateDelete:       applyTemplateDelete,
 }
 
 // Open creates a fresh state file at path (any old file is replaced).

@@ -337,6 +337,7 @@ var allOps = []string{
 	OpEgressCreate, OpEgressUpdate, OpEgressDelete, OpResolverCreate, OpResolverDelete,
 	OpPoolSetCapacity, OpPoolDeclareLost,
 	OpVolumeCreate, OpVolumeResize, OpVolumeDelete, OpVolumeResult, OpMemberLevel, OpWorkspacePause,
+	OpTemplatePublish, OpTemplateDelete,
 }
 
 func TestEveryOpHasAHandler(t *testing.T) {

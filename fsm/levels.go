@@ -38,6 +38,9 @@ import (
 //	   placement counts (LevelPlacementCounts): an entry with
 //	   Entry.CountPlacements counts its placements in the state
 //	   (placements.go)
+//	5  the template catalog (LevelArtifacts, templates.go):
+//	   OpTemplatePublish, OpTemplateDelete; a report's TemplateDigests,
+//	   which the leader leaves out below it
 
 // FeatureLevel is the level of this build.
 const FeatureLevel = 5
@@ -56,7 +59,8 @@ const LevelEndedRounds = 4
 // opLevels are the ops above level 1, by the level that introduced them.
 var opLevels = map[string]int{
 	OpVolumeCreate: 2, OpVolumeResize: 2, OpVolumeDelete: 2, OpVolumeResult: 2,
-	OpWorkspacePause: 3,
+	OpWorkspacePause:  3,
+	OpTemplatePublish: LevelArtifacts, OpTemplateDelete: LevelArtifacts,
 }
 
 // OpLevel is the level an op needs of every voter.

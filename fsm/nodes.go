@@ -168,6 +168,9 @@ func applyNodeReport(tx *bolt.Tx, e *Entry) (any, error) {
 	if err := checkReportPools(n.NodeID, &r); err != nil {
 		return nil, err
 	}
+	if err := checkReportDigests(n.NodeID, &r); err != nil {
+		return nil, err
+	}
 	if err := declarePools(tx, e, n.NodeID, n.Report, &r); err != nil {
 		return nil, err
 	}

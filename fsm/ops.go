@@ -41,6 +41,8 @@ const (
 	OpVolumeDelete         = "volume.delete"
 	OpVolumeResult         = "volume.node_result"
 	OpWorkspacePause       = "workspace.pause"
+	OpTemplatePublish      = "template.publish"
+	OpTemplateDelete       = "template.delete"
 	// OpMemberLevel is proposed with IgnoreUnknown (see levels.go).
 	OpMemberLevel = "cluster.member_level"
 )

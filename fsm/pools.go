@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"sort"
 	"time"
 
@@ -530,12 +531,19 @@ func ListStoragePools(tx *bolt.Tx, pageSize int, pageToken string) (*api.Storage
 }
 
 // templateBytes is what a new layer over template may grow to on node n
-// (0 when the node does not say: an older build).
-func templateBytes(n *api.Node, template string) uint64 {
-	if n.Report == nil {
-		return 0
+// (0 when the node does not say: an older build); on a node without the
+// template, which fetches the published image pub, the image's size.
+func templateBytes(n *api.Node, template string, pub *catalogRecord) uint64 {
+	if n.Report != nil {
+		if size, ok := n.Report.TemplateBytes[template]; ok {
+			return size
+		}
 	}
-	return n.Report.TemplateBytes[template]
+	// A node that fetches the published image: the catalog's size.
+	if pub != nil && (n.Report == nil || !slices.Contains(n.Report.Templates, template)) {
+		return uint64(pub.SizeBytes)
+	}
+	return 0
 }
 
 // defaultPoolRoom is placement's pool check of new objects on n (a first

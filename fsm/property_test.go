@@ -29,6 +29,7 @@ type logGen struct {
 	r        *rand.Rand
 	pools    *rand.Rand // storage-pool draws only (see poolPct)
 	vols     *rand.Rand // Volume draws only (see volPct)
+	tmpls    *rand.Rand // template catalog draws only (see tmplPct)
 	ref      *FSM
 	now      time.Time
 	seq      int
@@ -41,7 +42,7 @@ type logGen struct {
 }
 
 func newLogGen(seed int64, ref *FSM) *logGen {
-	return &logGen{r: rand.New(rand.NewSource(seed)), pools: rand.New(rand.NewSource(seed + 1)), vols: rand.New(rand.NewSource(seed + 2)), volWeight: 12, ref: ref, now: t0, sessions: map[string][]string{}, inc: map[string]uint64{}}
+	return &logGen{r: rand.New(rand.NewSource(seed)), pools: rand.New(rand.NewSource(seed + 1)), vols: rand.New(rand.NewSource(seed + 2)), tmpls: rand.New(rand.NewSource(seed + 3)), volWeight: 12, ref: ref, now: t0, sessions: map[string][]string{}, inc: map[string]uint64{}}
 }
 
 func (g *logGen) pct(p int) bool { return g.r.Intn(100) < p }
@@ -52,6 +53,37 @@ func (g *logGen) poolPct(p int) bool { return g.pools.Intn(100) < p }
 
 // volPct draws from the Volume source, for the same reason as poolPct.
 func (g *logGen) volPct(p int) bool { return g.vols.Intn(100) < p }
+
+// tmplPct draws from the template catalog source, for the same reason.
+func (g *logGen) tmplPct(p int) bool { return g.tmpls.Intn(100) < p }
+
+// tmplDigest draws an image digest, now and then not one.
+func (g *logGen) tmplDigest() string {
+	if g.tmplPct(5) {
+		return "sha256:NOT-HEX"
+	}
+	return testDigest("abc"[g.tmpls.Intn(3)])
+}
+
+// drawTemplate draws a publish or a delete: of a known node or not, a name, digest,
+// size and format mostly valid, with or without an expected version.
+func (g *logGen) drawTemplate() Entry {
+	a := TemplatePublishArgs{TemplateImage: api.TemplateImage{Name: []string{"kibotos-coding", "debian-12", "Bad Name"}[g.tmpls.Intn(3)], TemplateID: "sha256-" + strings.Repeat("e", 64),
+		Digest: g.tmplDigest(), SizeBytes: int64(g.tmpls.Intn(4)) << 30, ImageFormat: []string{api.ImageFormatExt4, api.ImageFormatExt4, "raw"}[g.tmpls.Intn(3)]},
+		NodeID: []string{ctrlID, "node-01", "node-02", "bad/id"}[g.tmpls.Intn(4)]}
+	var v *uint64
+	if g.tmplPct(30) {
+		n := uint64(g.tmpls.Intn(3))
+		v = &n
+	}
+	op, args := OpTemplatePublish, any(a)
+	if g.tmplPct(30) {
+		op, args = OpTemplateDelete, ObjectArgs{Name: a.Name}
+	}
+	e := makeEntry(g.now, op, args)
+	e.ExpectedVersion, e.Actor = v, "op"
+	return e
+}
 
 // nodeID draws a node id from a handful that slides as the log goes on:
 // retirement is terminal, so later parts of the log need fresh ids.
@@ -239,6 +271,9 @@ func (g *logGen) report(id string) api.Report {
 	}
 	if g.volPct(70) {
 		r.Resume = &api.ResumeInfo{QEMUVersion: []string{"7.2.9", "7.2.9", "8.0.0"}[g.vols.Intn(3)], Accel: "tcg", CPUModel: "max", Installations: []string{"sha256-a"}}
+	}
+	if g.tmplPct(40) {
+		r.TemplateDigests = []string{g.tmplDigest()}
 	}
 	if g.pct(90) {
 		r.Templates = testTemplates
@@ -561,6 +596,11 @@ func (g *logGen) drawWorkspace(mk func(string, any, *uint64) Entry) Entry {
 
 // next draws one entry at the generator's clock.
 func (g *logGen) next() Entry {
+	if g.tmplPct(3) {
+		// Between the other entries, drawing nothing from their source,
+		// so they stay what they were.
+		return g.drawTemplate()
+	}
 	g.seq++
 	switch {
 	case g.pct(3):

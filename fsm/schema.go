@@ -71,10 +71,13 @@ var (
 	// of placements (placements.go; written from LevelPlacementCounts on)
 	bucketPlacements = []byte("placements")
 
+	// name → catalogRecord: a template published to the artifact store
+	bucketTemplates = []byte("templates")
+
 	allBuckets = [][]byte{bucketMeta, bucketNodes, bucketGrants, bucketCommands, bucketWorkspaces, bucketWorkspaceNodes, bucketNodeHolds, bucketWorkspaceTombstones, bucketInstanceOwners,
 		bucketEgress, bucketEgressRevisions, bucketEgressRefs, bucketResolvers, bucketResolverRefs, bucketPools, bucketPoolUse, bucketPoolMembers, bucketPoolWaits,
 		bucketVolumes, bucketVolumeNames, bucketVolumeCommands, bucketVolumeTombstones, bucketMemberLevels, bucketEndedRounds, bucketEndedWatch,
-		bucketPlacements}
+		bucketPlacements, bucketTemplates}
 )
 
 // Keys of the meta bucket.

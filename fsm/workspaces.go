@@ -77,9 +77,8 @@ type WorkspaceResultArgs struct {
 const DefaultPool = "default"
 
 var (
-	templateNamePattern = regexp.MustCompile(`^[a-z0-9][a-z0-9.-]{0,62}$`)
-	labelKeyPattern     = regexp.MustCompile(`^[A-Za-z0-9]([A-Za-z0-9._/-]{0,61}[A-Za-z0-9])?$`)
-	idEncoding          = base32.NewEncoding("abcdefghijklmnopqrstuvwxyz234567").WithPadding(base32.NoPadding)
+	labelKeyPattern = regexp.MustCompile(`^[A-Za-z0-9]([A-Za-z0-9._/-]{0,61}[A-Za-z0-9])?$`)
+	idEncoding      = base32.NewEncoding("abcdefghijklmnopqrstuvwxyz234567").WithPadding(base32.NoPadding)
 )
 
 // Limits of one Workspace.
@@ -340,8 +339,8 @@ func layerHolder(w *api.Workspace) string {
 }
 
 func validateCreate(a *WorkspaceCreateArgs) error {
-	if !templateNamePattern.MatchString(a.Template) {
-		return api.Errorf(api.CodeInvalidArgument, "template %q is not a valid name: use 1-63 lowercase letters, digits, '.' or '-'; see kibo template list", a.Template)
+	if err := api.ValidTemplateName(a.Template); err != nil {
+		return err
 	}
 	if a.CPU <= 0 || a.CPU > MaxWorkspaceCPU || a.CPU%1000 != 0 {
 		return api.Errorf(api.CodeInvalidArgument, "--cpu %s is not valid: give a whole number of cores from 1 to %s", a.CPU, MaxWorkspaceCPU)
@@ -432,6 +431,14 @@ func candidateView(tx *bolt.Tx, d api.OvercommitDefault, n *api.Node) (*api.Node
 // must have room.
 func place(tx *bolt.Tx, e *Entry, w *api.Workspace, vols []*api.Volume, pin string, refused []string) (string, error) {
 	req := placement.Request{CPU: w.CPU, MemoryBytes: w.MemoryBytes, Node: pin, Exclude: refused, Template: w.Template}
+	// A published template may start on a node that fetches it first.
+	// Only builds from LevelArtifacts on have catalog entries, so older
+	// voters place as before.
+	pub, err := catalogEntry(tx, w.Template)
+	if err != nil {
+		return "", err
+	}
+	req.Published = pub != nil
 	if w.Layer != nil && w.Layer.Lost {
 		return "", lostLayerError(w)
 	}
@@ -491,7 +498,7 @@ func place(tx *bolt.Tx, e *Entry, w *api.Workspace, vols []*api.Volume, pin stri
 		req.OwnDefaultPool = true
 		req.Room = func(n *api.Node) string {
 			pool := api.DefaultPoolOf(n.NodeID, n.Report)
-			return defaultPoolRoom(tx, n, newBytes(fresh, pool, templateBytes(n, w.Template)))
+			return defaultPoolRoom(tx, n, newBytes(fresh, pool, templateBytes(n, w.Template, pub)))
 		}
 	}
 	if pin != "" {
@@ -510,7 +517,7 @@ func place(tx *bolt.Tx, e *Entry, w *api.Workspace, vols []*api.Volume, pin stri
 	d := placement.Decide(nodes, req)
 	e.tally.add(d)
 	node, err := d.Node, d.Err
-	if err != nil && api.CodeOf(err) == api.CodeResourceExhausted && anyReported(nodes) && !anyHasTemplate(nodes, w.Template) {
+	if err != nil && api.CodeOf(err) == api.CodeResourceExhausted && !req.Published && anyReported(nodes) && !anyHasTemplate(nodes, w.Template) {
 		return "", api.Errorf(api.CodeFailedPrecondition,
 			"template %s is not built on any node: build it there with kibotos template build %s (kibo node get NODE lists a node's templates)", w.Template, w.Template)
 	}
@@ -569,7 +576,11 @@ func beginExecution(tx *bolt.Tx, e *Entry, w *api.Workspace, vols []*api.Volume,
 			return err
 		}
 		pool := api.DefaultPoolOf(node, n.Report)
-		size := templateBytes(n, w.Template)
+		pub, err := catalogEntry(tx, w.Template)
+		if err != nil {
+			return err
+		}
+		size := templateBytes(n, w.Template, pub)
 		fresh = newVolumes(w, vols)
 		what := "the writable layer of workspace " + w.WorkspaceID
 		if len(fresh) > 0 {

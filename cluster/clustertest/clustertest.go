@@ -20,6 +20,7 @@ import (
 	"github.com/kibotos/kibotos/agent"
 	"github.com/kibotos/kibotos/agent/runtime"
 	"github.com/kibotos/kibotos/api"
+	"github.com/kibotos/kibotos/artifacts"
 	"github.com/kibotos/kibotos/cluster"
 	"github.com/kibotos/kibotos/datadir"
 )
@@ -70,6 +71,9 @@ type Options struct {
 	// FeatureLevels makes members claim a lower feature level than their
 	// build's (a voter of an older build in a rolling upgrade).
 	FeatureLevels map[string]int
+	// Artifacts is the directory of the cluster's artifact store, the
+	// same for every member (a shared file system); "": none.
+	Artifacts string
 }
 
 // New builds, joins and starts a cluster and waits until every node is READY.
@@ -176,11 +180,18 @@ func (m *Member) start(o Options) {
 		id := m.ID
 		hold = func(t api.WorkspaceTask) bool { return o.HoldTask(id, t) }
 	}
-	a, err := agent.New(agent.Config{DataDir: m.Dir, NodeID: m.ID, Capacity: o.Capacity, CtrlAddrs: srv.CtrlAddrs, Dial: srv.SessionDial, OnLeader: srv.NoteLeader,
+	var store artifacts.Store
+	if o.Artifacts != "" {
+		if store, err = artifacts.NewDir(o.Artifacts, m.ID); err != nil {
+			m.t.Fatalf("artifact store of %s: %v", m.ID, err)
+		}
+	}
+	a, err := agent.New(agent.Config{DataDir: m.Dir, NodeID: m.ID, Artifacts: store, Capacity: o.Capacity, CtrlAddrs: srv.CtrlAddrs, Dial: srv.SessionDial, OnLeader: srv.NoteLeader,
 		SessionTimeout: tm.SessionTimeout, Logger: log, SampleInterval: time.Second, AdjustReport: adjust, HoldTask: hold, ClockSkew: o.ClockSkew[m.ID], Runtime: o.Runtimes[m.ID]})
 	if err != nil {
 		m.t.Fatalf("agent %s: %v", m.ID, err)
 	}
+	srv.SetTemplatePublisher(a.PublishTemplate)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- a.Run(ctx) }()

@@ -26,8 +26,11 @@ type Request struct {
 	// Pools are the pools holding the Workspace's Volumes and retained
 	// layer; the node must report each one available. Empty: any node.
 	Pools []string
-	// Template must be built on the node ("": any node).
+	// Template must be built on the node ("": any node), unless Published.
 	Template string
+	// Published: Template is in the cluster's catalog, so a node without
+	// it fetches it; nodes that hold it are still preferred.
+	Published bool
 	// OwnDefaultPool: the node must report its own default pool (where it
 	// creates a new retained layer) available.
 	OwnDefaultPool bool
@@ -129,7 +132,7 @@ func ineligibleByRecord(n *api.Node, req Request) string {
 	case f.MemoryBytes < req.MemoryBytes:
 		return whyNoMemory
 	}
-	if req.Template != "" && !HasTemplate(n, req.Template) {
+	if req.Template != "" && !req.Published && !HasTemplate(n, req.Template) {
 		return whyNoTemplate
 	}
 	if req.OwnDefaultPool && !hasPool(n, api.DefaultPoolOf(n.NodeID, n.Report)) {
@@ -234,6 +237,7 @@ func Decide(nodes []api.Node, req Request) Decision {
 	// first): the choice is the same as checking every node first.
 	type candidate struct {
 		n     *api.Node
+		holds bool // holds the template: no fetch before the start
 		score float64
 	}
 	var eligible []candidate
@@ -244,9 +248,12 @@ func Decide(nodes []api.Node, req Request) Decision {
 			why[r]++
 			continue
 		}
-		eligible = append(eligible, candidate{n, score(n, req)})
+		eligible = append(eligible, candidate{n, req.Template == "" || HasTemplate(n, req.Template), score(n, req)})
 	}
 	better := func(a, b candidate) bool {
+		if a.holds != b.holds {
+			return a.holds
+		}
 		return a.score > b.score || (a.score == b.score && a.n.NodeID < b.n.NodeID)
 	}
 	best := ""

@@ -207,3 +207,24 @@ func TestRoomInScoreOrder(t *testing.T) {
 		t.Fatalf("every pool full: %v", err)
 	}
 }
+
+// A published template may go to a node without it (which fetches it),
+// but a node that holds it wins over one with more room.
+func TestPublishedTemplatePrefersHolders(t *testing.T) {
+	holder := with("b", func(n *api.Node) {
+		n.Report.Templates = []string{"kibotos-coding"}
+		n.Report.Allocated = api.Resources{CPU: 6000, MemoryBytes: 12 * gib}
+	})
+	lacking := ready("a")
+	req := Request{CPU: 1000, MemoryBytes: gib, Template: "kibotos-coding"}
+	if why := Ineligible(&lacking, req); why != whyNoTemplate {
+		t.Fatalf("unpublished template on a node without it: %q, want %q", why, whyNoTemplate)
+	}
+	req.Published = true
+	if got, err := Choose([]api.Node{lacking, holder}, req); err != nil || got != "b" {
+		t.Fatalf("Choose = %q, %v; want b, which holds the template", got, err)
+	}
+	if got, err := Choose([]api.Node{lacking, with("b", func(n *api.Node) { n.DrainRequested = true })}, req); err != nil || got != "a" {
+		t.Fatalf("Choose without an eligible holder = %q, %v; want a, which fetches it", got, err)
+	}
+}

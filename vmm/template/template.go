@@ -26,6 +26,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/kibotos/kibotos/storagepool"
 )
 
 // FormatVersion of template.json.
@@ -46,6 +48,28 @@ type Template struct {
 	CreatedAt     time.Time `json:"created_at"`
 	// Dir is where it lives (not stored).
 	Dir string `json:"-"`
+	// ImageDigest is the image's digest in the artifact store (sha256:),
+	// once it was published from here or fetched here and verified;
+	// kept in ImageDigestFile beside the image.
+	ImageDigest string `json:"-"`
+}
+
+// ImageDigestFile holds a template's ImageDigest.
+const ImageDigestFile = "image.sha256"
+
+var imageDigestRE = regexp.MustCompile(`^sha256:[0-9a-f]{64}$`)
+
+// SetImageDigest records the digest the image hashed to as it was put
+// into or fetched from the artifact store.
+func (t *Template) SetImageDigest(digest string) error {
+	if !imageDigestRE.MatchString(digest) {
+		return fmt.Errorf("template %s: image digest %.80q is not sha256: and 64 hex digits", t.Name, digest)
+	}
+	if err := storagepool.WriteFile(filepath.Join(t.Dir, ImageDigestFile), []byte(digest+"\n"), 0o400, storagepool.Temp{Purpose: "record"}); err != nil {
+		return fmt.Errorf("template %s: %w", t.Name, err)
+	}
+	t.ImageDigest = digest
+	return nil
 }
 
 // Image is the path of the ext4 image.
@@ -226,6 +250,11 @@ func Load(dir string) (*Template, error) {
 	t.Dir = dir
 	if _, err := os.Stat(t.Image()); err != nil {
 		return nil, fmt.Errorf("template %s: image missing: %w", t.Name, err)
+	}
+	// A digest file that is not one is ignored: the node then holds no
+	// verified copy, and a fetch or publish writes it again.
+	if raw, err := os.ReadFile(filepath.Join(dir, ImageDigestFile)); err == nil && imageDigestRE.MatchString(strings.TrimSpace(string(raw))) {
+		t.ImageDigest = strings.TrimSpace(string(raw))
 	}
 	return &t, nil
 }

@@ -98,3 +98,30 @@ func TestBuildRefusesBadInput(t *testing.T) {
 		t.Fatalf("failed builds left %v", left)
 	}
 }
+
+// The image digest recorded at publish or fetch comes back with the
+// template; a damaged digest file reads as none (no verified copy).
+func TestImageDigestRecord(t *testing.T) {
+	requireMkfs(t)
+	root := t.TempDir()
+	tp, err := Build(context.Background(), Options{StorageRoot: root, Name: "kibotos-coding", FromDir: tree(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tp.SetImageDigest("sha256:../../etc"); err == nil {
+		t.Fatal("a digest that is not one was recorded")
+	}
+	d := "sha256:" + strings.Repeat("ab", 32)
+	if err := tp.SetImageDigest(d); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := Get(root, "kibotos-coding"); err != nil || got.ImageDigest != d {
+		t.Fatalf("loaded digest %q, %v", got.ImageDigest, err)
+	}
+	p := filepath.Join(tp.Dir, ImageDigestFile)
+	os.Chmod(p, 0o600)
+	os.WriteFile(p, []byte("sha256:zz\n"), 0o600)
+	if got, err := Get(root, "kibotos-coding"); err != nil || got.ImageDigest != "" {
+		t.Fatalf("damaged digest file read as %q, %v", got.ImageDigest, err)
+	}
+}

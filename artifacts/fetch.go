@@ -1,0 +1,161 @@
+package artifacts
+
+import (
+	"context"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"syscall"
+
+	"github.com/kibotos/kibotos/api"
+	"github.com/kibotos/kibotos/storagepool"
+)
+
+// PartialSuffix ends the file a fetch writes into; LockSuffix the file it
+// holds a lock on while it does.
+const (
+	PartialSuffix = ".partial"
+	LockSuffix    = ".lock"
+)
+
+// progressStep is how often (in bytes) Fetch reports progress.
+const progressStep = 16 << 20
+
+// Fetch copies object want from s to the local file dst. An interrupted
+// fetch leaves dst.partial behind and the next continues it from where it
+// stopped; the whole file is verified before it is renamed to dst, and a
+// partial file that does not verify (a byte flipped on the local disk, a
+// torn write) is fetched again from the start once. progress, if set, is
+// told the bytes done of the total as they grow. Concurrent fetches of
+// the same dst wait for one another; one that finds dst there is done.
+// Nothing but dst is left behind by a fetch that completed.
+func Fetch(ctx context.Context, s Store, want Object, dst string, progress func(done, total int64)) error {
+	if _, err := ParseDigest(string(want.Digest)); err != nil {
+		return err
+	}
+	name := objectName(s, want.Digest)
+	if want.Size < 0 || want.Size > MaxObjectBytes {
+		return api.Errorf(api.CodeInvalidArgument, "%s: size %d is out of range", name, want.Size)
+	}
+	if _, err := os.Stat(dst); err == nil {
+		return nil
+	}
+	unlock, err := lockFile(dst + LockSuffix)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	if _, err := os.Stat(dst); err == nil {
+		return nil // a concurrent fetch completed it
+	}
+	got, err := s.Stat(ctx, want.Digest)
+	if err != nil {
+		return err
+	}
+	if got.Size != want.Size {
+		return fmt.Errorf("%s is %d bytes, %d expected (truncated or overwritten): %w; publish it again from a node that holds it", name, got.Size, want.Size, ErrCorrupt)
+	}
+	partial := dst + PartialSuffix
+	for attempt := 0; ; attempt++ {
+		err := fetchOnce(ctx, s, want, partial, progress)
+		if err == nil {
+			if err := storagepool.Commit(partial, dst); err != nil {
+				return err
+			}
+			// Whoever waits on it finds dst and is done; later fetches
+			// find dst before they lock.
+			os.Remove(dst + LockSuffix)
+			return nil
+		}
+		if !errors.Is(err, ErrCorrupt) {
+			return err // the partial file stays for the next fetch to continue
+		}
+		os.Remove(partial)
+		if attempt == 1 {
+			return fmt.Errorf("%w; fetched twice from the start: the object in the store is damaged, publish it again from a node that holds it", err)
+		}
+	}
+}
+
+// fetchOnce continues partial from its length and verifies all of it.
+func fetchOnce(ctx context.Context, s Store, want Object, partial string, progress func(done, total int64)) (err error) {
+	f, err := os.OpenFile(partial, os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return fmt.Errorf("fetch %s: %w", want.Digest, err)
+	}
+	defer func() {
+		if cerr := f.Close(); err == nil {
+			err = cerr
+		}
+	}()
+	h := sha256.New()
+	have, err := io.Copy(h, f) // what an earlier fetch left, hashed again
+	if err != nil {
+		return fmt.Errorf("fetch %s: read %s: %w", want.Digest, partial, err)
+	}
+	if have > want.Size {
+		if err := f.Truncate(0); err != nil {
+			return err
+		}
+		h.Reset()
+		if have, err = f.Seek(0, io.SeekStart); err != nil {
+			return err
+		}
+	}
+	if have < want.Size {
+		rc, err := s.OpenAt(ctx, want.Digest, have)
+		if err != nil {
+			return err
+		}
+		defer rc.Close()
+		w := &progressWriter{w: io.MultiWriter(f, h), done: have, total: want.Size, report: progress}
+		n, err := io.Copy(w, io.LimitReader(rc, want.Size-have+1))
+		have += n
+		if err != nil {
+			return fmt.Errorf("fetch %s from %s: %w (kept %d of %d bytes; the next fetch continues)", want.Digest, s, err, have, want.Size)
+		}
+	}
+	if err := check(objectName(s, want.Digest)+" fetched to "+partial, want, have, h); err != nil {
+		return err
+	}
+	if progress != nil {
+		progress(have, want.Size)
+	}
+	return f.Sync()
+}
+
+type progressWriter struct {
+	w           io.Writer
+	done, total int64
+	last        int64
+	report      func(done, total int64)
+}
+
+func (p *progressWriter) Write(b []byte) (int, error) {
+	n, err := p.w.Write(b)
+	p.done += int64(n)
+	if p.report != nil && p.done-p.last >= progressStep {
+		p.last = p.done
+		p.report(p.done, p.total)
+	}
+	return n, err
+}
+
+// lockFile takes an exclusive lock on path (created if need be).
+func lockFile(path string) (func(), error) {
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return nil, err
+	}
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("lock %s: %w", path, err)
+	}
+	return func() { f.Close() }, nil
+}

@@ -1,0 +1,68 @@
+package cluster
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"time"
+
+	"github.com/kibotos/kibotos/api"
+	"github.com/kibotos/kibotos/trust"
+)
+
+// Calls ctrl makes of a node's member on its internal routes: over mTLS
+// as this member (a ctrl member), to the node's registered address, which
+// must present that node's certificate. The node checks the caller with
+// fromCtrl.
+
+// nodeCall is one such call: method and path on node n, whose answer
+// ({"result": ...} or {"error": ...}) is read within maxAnswer bytes into
+// out. timeout bounds the whole call.
+func (s *Server) nodeCall(ctx context.Context, n *api.Node, method, path string, timeout time.Duration, maxAnswer int64, out any) error {
+	if n.Address == "" {
+		return api.Errorf(api.CodeUnavailable, "node %s has no address registered", n.NodeID)
+	}
+	tr := s.client.HTTPTransport(trust.Want{Kind: trust.KindMember, NodeID: n.NodeID, Role: trust.RoleNode}, 3*time.Second)
+	defer tr.CloseIdleConnections()
+	hc := &http.Client{Transport: tr, Timeout: timeout}
+	req, err := http.NewRequestWithContext(ctx, method, "https://"+n.Address+path, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := hc.Do(req)
+	if err != nil {
+		return api.Errorf(api.CodeUnavailable, "%v", err)
+	}
+	defer resp.Body.Close()
+	var body struct {
+		Result json.RawMessage `json:"result"`
+		Error  *api.Error      `json:"error"`
+	}
+	if err := json.NewDecoder(io.LimitReader(resp.Body, maxAnswer)).Decode(&body); err != nil {
+		return api.Errorf(api.CodeUnavailable, "answer of member %s (%s) unreadable: %v", n.NodeID, resp.Status, err)
+	}
+	if body.Error != nil {
+		return body.Error
+	}
+	if resp.StatusCode != http.StatusOK {
+		return api.Errorf(api.CodeUnavailable, "member %s answered %s", n.NodeID, resp.Status)
+	}
+	if err := json.Unmarshal(body.Result, out); err != nil {
+		return api.Errorf(api.CodeUnavailable, "answer of member %s unreadable: %v", n.NodeID, err)
+	}
+	return nil
+}
+
+// fromCtrl admits only ctrl members calling as themselves (they
+// authorized the operator); what refuses says what the route is for.
+func (s *Server) fromCtrl(r *http.Request, refuse string) error {
+	c := callerOf(r)
+	if c.kind != trust.KindMember || !c.id.HasRole(trust.RoleCtrl) || c.viaHop {
+		return api.Errorf(api.CodePermissionDenied, "%s is not a ctrl member: %s", c.name, refuse)
+	}
+	if s.fsm == nil {
+		return s.admittedByCtrl(c.id)
+	}
+	return nil
+}

@@ -1,0 +1,185 @@
+package cluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/url"
+	"strings"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+
+	"github.com/kibotos/kibotos/api"
+	"github.com/kibotos/kibotos/ctrl/placement"
+	"github.com/kibotos/kibotos/fsm"
+)
+
+// `template publish` puts a template a node built into the artifact store
+// and records it in the catalog. The operator asks ctrl (the leader); ctrl
+// picks the node (--from-node, else the one node that reports the
+// template), asks that node's member to upload on an internal route, as
+// for machine logs, and records the entry from the node's answer.
+
+// TemplatePublisher uploads this node's build of a template to the
+// artifact store (the node runtime; agent.PublishTemplate).
+type TemplatePublisher func(ctx context.Context, name string) (api.TemplateImage, error)
+
+// SetTemplatePublisher installs this node's publisher.
+func (s *Server) SetTemplatePublisher(p TemplatePublisher) { s.templatePublisher.Store(&p) }
+
+// templateUploadTimeout bounds one upload: an image of a few GiB to a
+// shared file system.
+const templateUploadTimeout = 30 * time.Minute
+
+// handleTemplatePublish is POST /v1/templates/{name}/publish.
+func (s *Server) handleTemplatePublish(w http.ResponseWriter, r *http.Request) {
+	var req api.TemplatePublishRequest
+	if err := decodeBody(r, &req); err != nil {
+		writeError(w, err)
+		return
+	}
+	name := r.PathValue("name")
+	if err := api.ValidTemplateName(name); err != nil {
+		writeError(w, err)
+		return
+	}
+	if req.FromNode != "" {
+		if err := fsm.ValidNodeID(req.FromNode); err != nil {
+			writeError(w, err)
+			return
+		}
+	}
+	// Before the upload: a refused write must not have moved gigabytes.
+	if err := s.levelsReach("template publish", fsm.LevelArtifacts); err != nil {
+		writeError(w, err)
+		return
+	}
+	var n *api.Node
+	err := s.fsm.View(func(tx *bolt.Tx) (err error) {
+		n, err = publishingNode(tx, name, req.FromNode)
+		return err
+	})
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	img, err := s.templateUpload(r.Context(), n, name)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	args := fsm.TemplatePublishArgs{TemplateImage: img, NodeID: n.NodeID}
+	if img.Name != name {
+		err = api.Errorf(api.CodeInternal, "node %s uploaded template %q when asked for %s", n.NodeID, img.Name, name)
+	} else {
+		err = fsm.CheckTemplatePublish(args)
+	}
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	s.write(w, r, fsm.OpTemplatePublish, req.WriteMeta, args)
+}
+
+// publishingNode is the node whose build of name is published: from, or
+// the one node (not retired) that reports it.
+func publishingNode(tx *bolt.Tx, name, from string) (*api.Node, error) {
+	if from != "" {
+		n, err := fsm.GetNode(tx, from)
+		if err != nil {
+			return nil, err
+		}
+		if n.Retired || !placement.HasTemplate(n, name) {
+			return nil, api.Errorf(api.CodeFailedPrecondition, "node %s does not report template %s: build it there first (kibotos template build %s), or give another --from-node (kibo node get NODE lists a node's templates)", from, name, name)
+		}
+		return n, nil
+	}
+	nodes, err := fsm.ListNodes(tx, 0, "")
+	if err != nil {
+		return nil, err
+	}
+	var have []*api.Node
+	for i := range nodes.Nodes {
+		if n := &nodes.Nodes[i]; !n.Retired && placement.HasTemplate(n, name) {
+			have = append(have, n)
+		}
+	}
+	switch len(have) {
+	case 0:
+		return nil, api.Errorf(api.CodeNotFound, "template %s is not built on any node: build it on one with kibotos template build %s, then publish it", name, name)
+	case 1:
+		return have[0], nil
+	}
+	ids := make([]string, len(have))
+	for i, n := range have {
+		ids[i] = n.NodeID
+	}
+	return nil, api.Errorf(api.CodeFailedPrecondition, "template %s is built on nodes %s: say whose build to publish with --from-node NODE", name, strings.Join(ids, ", "))
+}
+
+// templateUpload asks node n to upload its build of name: this member's
+// own publisher when it is that node, else the node's member.
+func (s *Server) templateUpload(ctx context.Context, n *api.Node, name string) (api.TemplateImage, error) {
+	var img api.TemplateImage
+	var err error
+	if n.NodeID == s.id.NodeID {
+		img, err = s.publishTemplate(ctx, name)
+	} else {
+		err = s.nodeCall(ctx, n, http.MethodPost, "/v1/internal/templates/"+url.PathEscape(name)+"/upload", templateUploadTimeout, 64<<10, &img)
+	}
+	var e *api.Error
+	switch {
+	case err == nil:
+		return img, nil
+	case errors.As(err, &e) && e.Code != api.CodeUnavailable:
+		return img, e
+	}
+	return img, api.Errorf(api.CodeUnavailable, "template %s: node %s did not upload it: %v; retry once it is back (kibo node get %s)", name, n.NodeID, err, n.NodeID)
+}
+
+// handleNodeTemplateUpload is POST /v1/internal/templates/{name}/upload
+// on the node.
+func (s *Server) handleNodeTemplateUpload(w http.ResponseWriter, r *http.Request) {
+	if err := s.fromCtrl(r, "templates are published through ctrl (kibo template publish)"); err != nil {
+		writeError(w, err)
+		return
+	}
+	img, err := s.publishTemplate(r.Context(), r.PathValue("name"))
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	writeResult(w, img)
+}
+
+func (s *Server) publishTemplate(ctx context.Context, name string) (api.TemplateImage, error) {
+	if err := api.ValidTemplateName(name); err != nil {
+		return api.TemplateImage{}, err
+	}
+	p := s.templatePublisher.Load()
+	if p == nil {
+		return api.TemplateImage{}, api.Errorf(api.CodeFailedPrecondition, "member %s runs no node runtime: it holds no templates to publish", s.id.NodeID)
+	}
+	img, err := (*p)(ctx, name)
+	var e *api.Error
+	if err != nil && !errors.As(err, &e) {
+		err = fmt.Errorf("member %s: %w", s.id.NodeID, err)
+	}
+	return img, err
+}
+
+func (s *Server) handleTemplateList(w http.ResponseWriter, r *http.Request) {
+	size, token, err := pageParams(r)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	s.view(w, func(tx *bolt.Tx) (any, error) { return fsm.ListCatalogTemplates(tx, size, token) })
+}
+
+func (s *Server) handleTemplateGet(w http.ResponseWriter, r *http.Request) {
+	name := r.PathValue("name")
+	s.view(w, func(tx *bolt.Tx) (any, error) { return fsm.GetCatalogTemplate(tx, name) })
+}

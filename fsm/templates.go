@@ -1,0 +1,239 @@
+package fsm
+
+import (
+	"encoding/json"
+	"slices"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+
+	"github.com/kibotos/kibotos/api"
+)
+
+// The template catalog: templates a node built and published to the
+// artifact store, by name. The entry records what was published (the
+// image's digest and size) and who published it when; which nodes hold a
+// verified copy is read from their latest reports (TemplateDigests).
+
+// LevelArtifacts is the level of OpTemplatePublish, OpTemplateDelete and of
+// Report.TemplateDigests (which the leader leaves out of reports below it).
+const LevelArtifacts = 5
+
+// TemplatePublishArgs records a template the node NodeID put into the
+// artifact store.
+type TemplatePublishArgs struct {
+	api.TemplateImage
+	NodeID string `json:"node_id"`
+}
+
+// maxImageBytes bounds a published image (artifacts.MaxObjectBytes).
+const maxImageBytes = 1 << 40
+
+// catalogRecord is a catalog entry as stored.
+type catalogRecord struct {
+	api.TemplateImage
+	PublishedBy string    `json:"published_by"`
+	PublishedAt time.Time `json:"published_at"`
+	Version     uint64    `json:"version"`
+}
+
+// CheckTemplatePublish validates a publish as the FSM will.
+func CheckTemplatePublish(a TemplatePublishArgs) error {
+	if err := api.ValidTemplateName(a.Name); err != nil {
+		return err
+	}
+	if err := ValidNodeID(a.NodeID); err != nil {
+		return err
+	}
+	switch {
+	case !api.ValidTemplateID(a.TemplateID):
+		return api.Errorf(api.CodeInvalidArgument, "template %s: build id %.80q is not sha256- and 64 hex digits", a.Name, a.TemplateID)
+	case !api.ValidImageDigest(a.Digest):
+		return api.Errorf(api.CodeInvalidArgument, "template %s: image digest %.80q is not sha256: and 64 hex digits", a.Name, a.Digest)
+	case a.SizeBytes <= 0 || a.SizeBytes > maxImageBytes:
+		return api.Errorf(api.CodeInvalidArgument, "template %s: image size %d is out of range (1 byte to 1 TiB)", a.Name, a.SizeBytes)
+	case a.ImageFormat != api.ImageFormatExt4:
+		return api.Errorf(api.CodeInvalidArgument, "template %s: image format %.20q is not %s", a.Name, a.ImageFormat, api.ImageFormatExt4)
+	}
+	return nil
+}
+
+func applyTemplatePublish(tx *bolt.Tx, e *Entry) (any, error) {
+	var a TemplatePublishArgs
+	if err := decodeArgs(e, &a); err != nil {
+		return nil, err
+	}
+	if err := CheckTemplatePublish(a); err != nil {
+		return nil, err
+	}
+	if _, err := mustNode(tx, a.NodeID); err != nil {
+		return nil, err
+	}
+	var old catalogRecord
+	exists, err := getJSON(tx, bucketTemplates, []byte(a.Name), &old)
+	if err != nil {
+		return nil, err
+	}
+	rec := catalogRecord{TemplateImage: a.TemplateImage, PublishedBy: a.NodeID, PublishedAt: *at(e), Version: 1}
+	if exists {
+		if err := checkVersion(e, old.Version, "template "+a.Name); err != nil {
+			return nil, err
+		}
+		if old.Digest == a.Digest {
+			return catalogView(tx, &old)
+		}
+		rec.Version = old.Version + 1
+	} else if countAtMost(tx, bucketTemplates, api.MaxCatalogTemplates) >= api.MaxCatalogTemplates {
+		return nil, api.Errorf(api.CodeResourceExhausted, "template %s: the catalog keeps at most %d templates", a.Name, api.MaxCatalogTemplates)
+	}
+	if err := putJSON(tx, bucketTemplates, []byte(a.Name), rec); err != nil {
+		return nil, err
+	}
+	return catalogView(tx, &rec)
+}
+
+// applyTemplateDelete removes a catalog entry no Workspace references (a
+// Workspace's next start on a node without the template would need it).
+// The image stays in the artifact store and on the nodes that hold it.
+func applyTemplateDelete(tx *bolt.Tx, e *Entry) (any, error) {
+	var a ObjectArgs
+	if err := decodeArgs(e, &a); err != nil {
+		return nil, err
+	}
+	out, err := GetCatalogTemplate(tx, a.Name)
+	if err != nil {
+		return nil, err
+	}
+	if err := checkVersion(e, out.Version, "template "+a.Name); err != nil {
+		return nil, err
+	}
+	users, err := templateUsers(tx, a.Name)
+	if err != nil {
+		return nil, err
+	}
+	if err := inUse("template", a.Name, users, "delete them first (kibo workspace delete ID)"); err != nil {
+		return nil, err
+	}
+	return out, tx.Bucket(bucketTemplates).Delete([]byte(a.Name))
+}
+
+// templateUsers are the Workspaces of template name, by id.
+func templateUsers(tx *bolt.Tx, name string) ([]string, error) {
+	var out []string
+	err := tx.Bucket(bucketWorkspaces).ForEach(func(k, v []byte) error {
+		var w struct {
+			Template string `json:"template"`
+		}
+		if err := jsonRecord(bucketWorkspaces, k, v, &w); err != nil {
+			return err
+		}
+		if w.Template == name {
+			out = append(out, string(k))
+		}
+		return nil
+	})
+	return out, err
+}
+
+// GetCatalogTemplate is one catalog entry.
+func GetCatalogTemplate(tx *bolt.Tx, name string) (*api.CatalogTemplate, error) {
+	if err := api.ValidTemplateName(name); err != nil {
+		return nil, err
+	}
+	rec, err := catalogEntry(tx, name)
+	if err != nil {
+		return nil, err
+	}
+	if rec == nil {
+		return nil, api.Errorf(api.CodeNotFound, "template %s is not in the catalog: publish it with kibo template publish %s", name, name)
+	}
+	return catalogView(tx, rec)
+}
+
+// TaskTemplate is the catalog entry of the template a start names, nil
+// when it was never published.
+func TaskTemplate(tx *bolt.Tx, name string) (*api.TemplateImage, error) {
+	rec, err := catalogEntry(tx, name)
+	if err != nil || rec == nil {
+		return nil, err
+	}
+	return &rec.TemplateImage, nil
+}
+
+// catalogEntry is the catalog record of name, nil when there is none.
+func catalogEntry(tx *bolt.Tx, name string) (*catalogRecord, error) {
+	var rec catalogRecord
+	if ok, err := getJSON(tx, bucketTemplates, []byte(name), &rec); err != nil || !ok {
+		return nil, err
+	}
+	return &rec, nil
+}
+
+// ListCatalogTemplates is a page of the catalog, by name.
+func ListCatalogTemplates(tx *bolt.Tx, pageSize int, pageToken string) (*api.CatalogTemplateList, error) {
+	out := &api.CatalogTemplateList{Templates: []api.CatalogTemplate{}}
+	holders, err := digestHolders(tx)
+	if err != nil {
+		return nil, err
+	}
+	err = pageOf(tx, bucketTemplates, pageSize, pageToken, func(k, v []byte) error {
+		var rec catalogRecord
+		if err := jsonRecord(bucketTemplates, k, v, &rec); err != nil {
+			return err
+		}
+		out.Templates = append(out.Templates, rec.view(holders[rec.Digest]))
+		return nil
+	}, &out.NextPageToken)
+	return out, err
+}
+
+func catalogView(tx *bolt.Tx, rec *catalogRecord) (*api.CatalogTemplate, error) {
+	holders, err := digestHolders(tx)
+	if err != nil {
+		return nil, err
+	}
+	v := rec.view(holders[rec.Digest])
+	return &v, nil
+}
+
+func (r *catalogRecord) view(nodes []string) api.CatalogTemplate {
+	if nodes == nil {
+		nodes = []string{}
+	}
+	return api.CatalogTemplate{TemplateImage: r.TemplateImage, PublishedBy: r.PublishedBy, PublishedAt: r.PublishedAt, Version: r.Version, Nodes: nodes}
+}
+
+// digestHolders maps each image digest nodes report holding to those
+// nodes, in node id order; retired nodes hold nothing.
+func digestHolders(tx *bolt.Tx) (map[string][]string, error) {
+	out := map[string][]string{}
+	err := tx.Bucket(bucketNodes).ForEach(func(k, v []byte) error {
+		var n api.Node
+		if err := json.Unmarshal(v, &n); err != nil {
+			return err
+		}
+		if n.Retired || n.Report == nil {
+			return nil
+		}
+		for _, d := range n.Report.TemplateDigests {
+			if !slices.Contains(out[d], n.NodeID) {
+				out[d] = append(out[d], n.NodeID)
+			}
+		}
+		return nil
+	})
+	return out, err
+}
+
+// checkReportDigests bounds and checks the digests a report lists.
+func checkReportDigests(node string, r *api.Report) error {
+	if len(r.TemplateDigests) > api.MaxNodeTemplateDigests {
+		return api.Errorf(api.CodeInvalidArgument, "report of node %s lists %d template digests: at most %d", node, len(r.TemplateDigests), api.MaxNodeTemplateDigests)
+	}
+	for _, d := range r.TemplateDigests {
+		if !api.ValidImageDigest(d) {
+			return api.Errorf(api.CodeInvalidArgument, "report of node %s: template digest %.80q is not sha256: and 64 hex digits", node, d)
+		}
+	}
+	return nil
+}
