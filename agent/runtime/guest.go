@@ -146,8 +146,8 @@ func (rt *Runtime) guestLoop(ctx context.Context, in *instance, c *guestproto.Cl
 	}
 }
 
-// syncGuest hands a guest reached again (after a takeover, a lost session)
-// its launch-time configuration: the network the launch record holds and
+// syncGuest hands a guest taken over (its first session of this node
+// run) its launch-time configuration: the network the launch record holds and
 // this run's DNS (the namespace's address, which the node's resolver
 // answers on). Each request is idempotent (addresses and routes replaced,
 // resolv.conf rewritten in place), so a guest that kept them is not
@@ -155,9 +155,11 @@ func (rt *Runtime) guestLoop(ctx context.Context, in *instance, c *guestproto.Cl
 // was not rebooted, and its mounts are as the node left them.
 func (rt *Runtime) syncGuest(ctx context.Context, in *instance, c *guestproto.Client, timeout time.Duration) error {
 	in.mu.Lock()
-	rec := in.rec
+	rec, done := in.rec, in.configured
 	in.mu.Unlock()
-	if rec.Network == nil {
+	if done || rec.Network == nil {
+		// A session lost within this node run: the guest kept what it
+		// was given (a reboot would have ended the VMM).
 		return nil
 	}
 	sctx, cancel := context.WithTimeout(ctx, timeout)
@@ -165,6 +167,9 @@ func (rt *Runtime) syncGuest(ctx context.Context, in *instance, c *guestproto.Cl
 	if err := c.Configure(sctx, guestNetwork(rec.Network)); err != nil {
 		return fmt.Errorf("configure the guest network again: %w", err)
 	}
+	in.mu.Lock()
+	in.configured = true
+	in.mu.Unlock()
 	return nil
 }
 

@@ -219,6 +219,9 @@ type instance struct {
 	stopGuest  context.CancelFunc
 	guestDone  chan struct{}
 	logsCopied bool
+	// configured: the guest has this node run's configuration (Start
+	// gave it; after a takeover syncGuest does, once).
+	configured bool
 	// denied counts the packets its rule table dropped by policy.
 	denied deniedCount
 	// consoleDone is closed when the console reader ended; nil: none.

@@ -337,7 +337,7 @@ func (rt *Runtime) awaitGuest(ctx context.Context, in *instance, stopOnCancel bo
 	}
 	in.mu.Lock()
 	in.rec, in.state = &ready, StateRunning
-	in.guest, in.responding = c, true
+	in.guest, in.responding, in.configured = c, true, true
 	in.notify()
 	in.mu.Unlock()
 	rt.startGuestLoop(in, c)
