@@ -181,7 +181,7 @@ func (a *Agent) execute(t api.WorkspaceTask) api.WorkspaceTaskResult {
 	switch t.Command.Kind {
 	case api.WSCmdStart:
 		var refusal string
-		refusal, err = a.startWorkspace(ctx, t)
+		refusal, err = a.startWorkspace(ctx, t, &r)
 		if refusal != "" {
 			r.Outcome, r.Error = fsm.OutcomeRefused, refusal
 			return r
@@ -225,9 +225,10 @@ func (a *Agent) layerPath(pool, ws string) (string, error) {
 	return filepath.Join(dir, "layers", ws+".qcow2"), nil
 }
 
-// startWorkspace starts the Workspace's Instance; a non-empty refusal means
-// the node does not take new Workspaces now and ctrl should place elsewhere.
-func (a *Agent) startWorkspace(ctx context.Context, t api.WorkspaceTask) (refusal string, err error) {
+// startWorkspace starts the Workspace's Instance and names its Platform in
+// r; a non-empty refusal means the node does not take new Workspaces now
+// and ctrl should place elsewhere.
+func (a *Agent) startWorkspace(ctx context.Context, t api.WorkspaceTask, r *api.WorkspaceTaskResult) (refusal string, err error) {
 	rt := a.cfg.Runtime
 	if rt == nil {
 		return "", fmt.Errorf("node %s runs no VMs: it has no service manager for VMM units (run it with systemd, or --systemd private)", a.cfg.NodeID)
@@ -270,9 +271,9 @@ func (a *Agent) startWorkspace(ctx context.Context, t api.WorkspaceTask) (refusa
 	if tpl == nil {
 		return refusal, err
 	}
-	installation, err := a.ownPlatform()
-	if err != nil {
-		return "", err
+	installation, refusal, err := a.platformFor(ctx, t)
+	if installation == nil {
+		return refusal, err
 	}
 	var restore *runtime.RestoreSpec
 	switch s := t.Snapshot; {
@@ -316,6 +317,7 @@ func (a *Agent) startWorkspace(ctx context.Context, t api.WorkspaceTask) (refusa
 		a.forget(ctx, id)
 		return "", fmt.Errorf("node %s: %w", a.cfg.NodeID, err)
 	}
+	r.Platform = installation.ID
 	if restore != nil {
 		// The restored guest has its filesystems mounted already; its
 		// snapshot is spent.

@@ -64,6 +64,10 @@ type WorkspaceTask struct {
 	// Published (start) is Template's catalog entry, if it was published:
 	// a node that lacks the template fetches it from the artifact store.
 	Published *TemplateImage `json:"published,omitempty"`
+	// Platforms (start) are the approved defaults the node may start on,
+	// in the order to try; empty while the catalog approves none (the
+	// node starts on its own Platform).
+	Platforms []PlatformImage `json:"platforms,omitempty"`
 }
 
 // TaskSnapshot is a Workspace's snapshot as a command needs it.
@@ -92,6 +96,8 @@ type WorkspaceTaskResult struct {
 	// SnapshotDiscarded (resume failed): the snapshot could not be
 	// restored (torn, incompatible) and the node removed it.
 	SnapshotDiscarded bool `json:"snapshot_discarded,omitempty"`
+	// Platform (start ok) is the id of the Platform the Instance runs on.
+	Platform string `json:"platform,omitempty"`
 }
 
 // Session message types.

@@ -57,6 +57,10 @@ type Workspace struct {
 	// Workspace has none (stopped, deleted or not placed yet).
 	NodeID     string `json:"node_id,omitempty"`
 	InstanceID string `json:"instance_id,omitempty"`
+	// Platform is the Platform its latest Instance started on (recorded
+	// from the feature level of the Platform catalog on); a stopped
+	// Workspace's next start prefers the default of its kernel series.
+	Platform string `json:"platform,omitempty"`
 	// Instances counts the executions so far; each start gets a new one.
 	Instances uint64 `json:"instances"`
 	// Layer is the use right of the retained writable layer: the node and

@@ -432,6 +432,7 @@ func runMember(g *Globals, o memberOptions) error {
 		}
 		src.HostUsage = a.HostUsage
 		srv.SetTemplatePublisher(a.PublishTemplate)
+		srv.SetPlatformPublisher(a.PublishPlatform)
 		go func() { agentErr <- a.Run(ctx) }()
 	}
 	if err := serveMetrics(ctx, srv, src, o.metricsListen, log); err != nil {

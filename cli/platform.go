@@ -8,11 +8,15 @@ import (
 	"github.com/kibotos/kibotos/vmm/platform"
 )
 
-// PlatformCmd groups the Platform commands. They work on this host's
-// storage root only and need no running member.
+// PlatformCmd groups the Platform commands. build and list --local work
+// on this host's storage root and need no running member; the others work
+// on the cluster's catalog.
 type PlatformCmd struct {
-	Build PlatformBuildCmd `cmd:"" help:"Build a Platform from the Debian cloud kernel, busybox-static and this kibotos executable."`
-	List  PlatformListCmd  `cmd:"" help:"List the Platforms installed under the storage root."`
+	Build    PlatformBuildCmd    `cmd:"" help:"Build a Platform from the Debian cloud kernel, busybox-static and this kibotos executable."`
+	Publish  PlatformPublishCmd  `cmd:"" help:"Put a node's Platform into the artifact store and record it in the cluster's catalog."`
+	Approve  PlatformApproveCmd  `cmd:"" help:"Approve a published Platform: it becomes the default of its kernel series, which new Instances start on."`
+	Withdraw PlatformWithdrawCmd `cmd:"" help:"Remove a Platform from the catalog; refused for the default of a kernel series and while Workspaces run on it."`
+	List     PlatformListCmd     `cmd:"" help:"List the cluster's Platform catalog (--local: the Platforms installed on this host)."`
 }
 
 // PlatformBuildCmd builds (or finds) the Platform for this executable.
@@ -52,13 +56,18 @@ func (c *PlatformBuildCmd) Run(g *Globals) error {
 	return nil
 }
 
-// PlatformListCmd lists the installed Platforms, newest first.
+// PlatformListCmd lists the catalog, or the installed Platforms, newest
+// first.
 type PlatformListCmd struct {
-	StorageRoot string `name:"storage-root" help:"Storage root holding installations/; default: <data-dir>/storage."`
+	StorageRoot string `name:"storage-root" help:"Storage root holding installations/; default: <data-dir>/storage. Implies --local."`
+	Local       bool   `name:"local" help:"List the Platforms installed on this host (its storage root) instead of the catalog."`
 	Quiet       bool   `short:"q" name:"quiet" help:"Print only the Platform ids."`
 }
 
 func (c *PlatformListCmd) Run(g *Globals) error {
+	if !c.Local && c.StorageRoot == "" {
+		return c.runCatalog(g)
+	}
 	root := c.StorageRoot
 	if root == "" {
 		root = g.dir().StorageRoot()

@@ -71,9 +71,10 @@ func (s *Server) handleEgressUpdate(w http.ResponseWriter, r *http.Request) {
 	s.write(w, r, fsm.OpEgressUpdate, req.WriteMeta, args)
 }
 
-// objectDelete serves the deletes of objects known by name (egress,
-// resolver, template); valid checks the name.
-func (s *Server) objectDelete(op string, valid func(name string) error) http.HandlerFunc {
+// objectWrite serves the writes that name one object and carry nothing
+// else: deletes of an egress, resolver or template, and the approval and
+// withdrawal of a Platform; valid checks the name.
+func (s *Server) objectWrite(op string, valid func(name string) error) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		var req api.WriteMeta
 		if err := decodeBody(r, &req); err != nil {

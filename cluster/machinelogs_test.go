@@ -125,17 +125,22 @@ func TestWorkspaceLogsOverHTTP(t *testing.T) {
 	if status, e := rawCall(t, node, memberCert(t, ctrl), node.Addr, "GET", internal, nil, nil); status != http.StatusOK {
 		t.Errorf("ctrl member certificate on the internal route: %d %v, want 200", status, e)
 	}
-	// The node's template upload route (kibo template publish) is guarded
-	// the same way, and refuses a name that is not a template name.
-	upload := "/v1/internal/templates/kibotos-coding/upload"
-	if _, err := c.Client(node).Do(ctx, "POST", upload, nil, nil); api.CodeOf(err) != api.CodePermissionDenied {
-		t.Errorf("operator on the node's upload route: %v, want permission_denied", err)
-	}
-	if status, e := rawCall(t, node, memberCert(t, node), node.Addr, "POST", upload, nil, nil); status != http.StatusForbidden || e == nil || !strings.Contains(e.Message, "is not a ctrl member") {
-		t.Errorf("node member certificate on the upload route: %d %v, want 403", status, e)
-	}
-	if status, e := rawCall(t, node, memberCert(t, ctrl), node.Addr, "POST", "/v1/internal/templates/Bad.Name!/upload", nil, nil); status != http.StatusBadRequest || e == nil || e.Code != api.CodeInvalidArgument {
-		t.Errorf("ctrl member uploading a template with a bad name: %d %v, want 400 invalid_argument", status, e)
+	// The node's upload routes (kibo template publish, kibo platform
+	// publish) are guarded the same way, and refuse a name that is not a
+	// template name or Platform id.
+	for _, route := range []struct{ upload, bad string }{
+		{"/v1/internal/templates/kibotos-coding/upload", "/v1/internal/templates/Bad.Name!/upload"},
+		{"/v1/internal/platforms/own/upload", "/v1/internal/platforms/sha256-x/upload"},
+	} {
+		if _, err := c.Client(node).Do(ctx, "POST", route.upload, nil, nil); api.CodeOf(err) != api.CodePermissionDenied {
+			t.Errorf("operator on the node's upload route %s: %v, want permission_denied", route.upload, err)
+		}
+		if status, e := rawCall(t, node, memberCert(t, node), node.Addr, "POST", route.upload, nil, nil); status != http.StatusForbidden || e == nil || !strings.Contains(e.Message, "is not a ctrl member") {
+			t.Errorf("node member certificate on the upload route %s: %d %v, want 403", route.upload, status, e)
+		}
+		if status, e := rawCall(t, node, memberCert(t, ctrl), node.Addr, "POST", route.bad, nil, nil); status != http.StatusBadRequest || e == nil || e.Code != api.CodeInvalidArgument {
+			t.Errorf("ctrl member on %s: %d %v, want 400 invalid_argument", route.bad, status, e)
+		}
 	}
 
 	gone.Store(true)

@@ -92,6 +92,8 @@ type Server struct {
 	machineLogs atomic.Pointer[MachineLogReader]
 	// templatePublisher uploads this node's templates (SetTemplatePublisher).
 	templatePublisher atomic.Pointer[TemplatePublisher]
+	// platformPublisher uploads this node's Platforms (SetPlatformPublisher).
+	platformPublisher atomic.Pointer[PlatformPublisher]
 	id                *datadir.Identity
 	log               *slog.Logger
 

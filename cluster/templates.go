@@ -119,55 +119,70 @@ func publishingNode(tx *bolt.Tx, name, from string) (*api.Node, error) {
 	return nil, api.Errorf(api.CodeFailedPrecondition, "template %s is built on nodes %s: say whose build to publish with --from-node NODE", name, strings.Join(ids, ", "))
 }
 
-// templateUpload asks node n to upload its build of name: this member's
-// own publisher when it is that node, else the node's member.
+// templateUpload asks node n to upload its build of name.
 func (s *Server) templateUpload(ctx context.Context, n *api.Node, name string) (api.TemplateImage, error) {
-	var img api.TemplateImage
+	return nodeUpload(ctx, s, n, "template "+name, "/v1/internal/templates/"+url.PathEscape(name)+"/upload",
+		func(ctx context.Context) (api.TemplateImage, error) { return s.publishTemplate(ctx, name) })
+}
+
+// nodeUpload asks node n to upload what and answer with what it put into
+// the artifact store: this member's own uploader (self) when it is that
+// node, else the node's member on path.
+func nodeUpload[T any](ctx context.Context, s *Server, n *api.Node, what, path string, self func(context.Context) (T, error)) (T, error) {
+	var out T
 	var err error
 	if n.NodeID == s.id.NodeID {
-		img, err = s.publishTemplate(ctx, name)
+		out, err = self(ctx)
 	} else {
-		err = s.nodeCall(ctx, n, http.MethodPost, "/v1/internal/templates/"+url.PathEscape(name)+"/upload", templateUploadTimeout, 64<<10, &img)
+		err = s.nodeCall(ctx, n, http.MethodPost, path, templateUploadTimeout, 64<<10, &out)
 	}
 	var e *api.Error
 	switch {
 	case err == nil:
-		return img, nil
+		return out, nil
 	case errors.As(err, &e) && e.Code != api.CodeUnavailable:
-		return img, e
+		return out, e
 	}
-	return img, api.Errorf(api.CodeUnavailable, "template %s: node %s did not upload it: %v; retry once it is back (kibo node get %s)", name, n.NodeID, err, n.NodeID)
+	return out, api.Errorf(api.CodeUnavailable, "%s: node %s did not upload it: %v; retry once it is back (kibo node get %s)", what, n.NodeID, err, n.NodeID)
 }
 
-// handleNodeTemplateUpload is POST /v1/internal/templates/{name}/upload
-// on the node.
-func (s *Server) handleNodeTemplateUpload(w http.ResponseWriter, r *http.Request) {
-	if err := s.fromCtrl(r, "templates are published through ctrl (kibo template publish)"); err != nil {
-		writeError(w, err)
-		return
+// nodeUploadRoute serves an internal upload route on the node (ctrl
+// asks, for a publish): publish(the path's name).
+func nodeUploadRoute[T any](s *Server, refuse string, publish func(context.Context, string) (T, error)) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if err := s.fromCtrl(r, refuse); err != nil {
+			writeError(w, err)
+			return
+		}
+		out, err := publish(r.Context(), r.PathValue("name"))
+		if err != nil {
+			writeError(w, err)
+			return
+		}
+		writeResult(w, out)
 	}
-	img, err := s.publishTemplate(r.Context(), r.PathValue("name"))
-	if err != nil {
-		writeError(w, err)
-		return
-	}
-	writeResult(w, img)
 }
 
 func (s *Server) publishTemplate(ctx context.Context, name string) (api.TemplateImage, error) {
 	if err := api.ValidTemplateName(name); err != nil {
 		return api.TemplateImage{}, err
 	}
-	p := s.templatePublisher.Load()
+	return runPublisher(s, s.templatePublisher.Load(), "templates", ctx, name)
+}
+
+// runPublisher runs this node's publisher p (nil: the member runs no node
+// runtime, so it holds no such things to publish).
+func runPublisher[T any, P ~func(context.Context, string) (T, error)](s *Server, p *P, holds string, ctx context.Context, name string) (T, error) {
 	if p == nil {
-		return api.TemplateImage{}, api.Errorf(api.CodeFailedPrecondition, "member %s runs no node runtime: it holds no templates to publish", s.id.NodeID)
+		var zero T
+		return zero, api.Errorf(api.CodeFailedPrecondition, "member %s runs no node runtime: it holds no %s to publish", s.id.NodeID, holds)
 	}
-	img, err := (*p)(ctx, name)
+	out, err := (*p)(ctx, name)
 	var e *api.Error
 	if err != nil && !errors.As(err, &e) {
 		err = fmt.Errorf("member %s: %w", s.id.NodeID, err)
 	}
-	return img, err
+	return out, err
 }
 
 func (s *Server) handleTemplateList(w http.ResponseWriter, r *http.Request) {

@@ -405,6 +405,9 @@ func (d *dispatcher) run() error {
 				if t.Published, err = fsm.TaskTemplate(tx, t.Template); err != nil {
 					return err
 				}
+				if t.Platforms, err = fsm.TaskPlatforms(tx, &pending[i]); err != nil {
+					return err
+				}
 			}
 			tasks = append(tasks, t)
 		}
@@ -502,6 +505,7 @@ func (s *Server) applyTaskResult(ctx context.Context, nodeID, sid string, r *api
 		NodeID: nodeID, SessionID: sid, WorkspaceID: r.WorkspaceID, CommandID: r.CommandID, Outcome: r.Outcome, Error: r.Error,
 		Snapshot: r.Snapshot, InstanceGone: r.InstanceGone, SnapshotDiscarded: r.SnapshotDiscarded,
 		NotOnNode: r.NotOnNode && s.troubleshootingRules(),
+		Platform:  s.platformOfResult(r.Platform),
 	})
 	if err != nil {
 		return err

@@ -1,9 +1,10 @@
 package e2e
 
-// Issue 16's first slice on two hosts: a template built on node-a only is
-// published to the artifact store (a directory both reach), and a
-// Workspace of it starts on node-b, which fetches the image by digest
-// first. One VM boot.
+// Issue 16 on two hosts: a template and a Platform built on node-a only
+// are published to the artifact store (a directory both reach), the
+// Platform approved, and a Workspace starts on node-b, which fetches both
+// by digest first; a damaged object in the store is detected, and
+// fetched again once publishing repaired it. One VM boot.
 
 import (
 	"fmt"
@@ -15,6 +16,7 @@ import (
 
 	"github.com/kibotos/kibotos/api"
 	"github.com/kibotos/kibotos/datadir"
+	"github.com/kibotos/kibotos/vmm/platform"
 	"github.com/kibotos/kibotos/vmm/template"
 )
 
@@ -48,10 +50,12 @@ func TestTemplateFetchedFromArtifactStore(t *testing.T) {
 	if r := b.kibotos("join", "--data-dir", b.dataDir, "--advertise", b.addr(), "--grant", strings.TrimSpace(grant.stdout), a.addr()); r.code != 0 {
 		t.Fatal(r)
 	}
-	// node-b gets the Platform, not the templates.
-	mhInstallArtifacts(t, built, b)
-	if err := os.RemoveAll(template.Dir(datadir.Dir(b.dataDir).StorageRoot())); err != nil {
-		t.Fatal(err)
+	// node-b gets neither the Platform nor the templates: both come
+	// from the artifact store.
+	for _, dir := range []string{template.Dir(datadir.Dir(b.dataDir).StorageRoot()), platform.InstallationsDir(datadir.Dir(b.dataDir).StorageRoot())} {
+		if err := os.RemoveAll(dir); err != nil {
+			t.Fatal(err)
+		}
 	}
 	mhStartServe(b, config(b))
 	for _, h := range l.hosts {
@@ -70,24 +74,72 @@ func TestTemplateFetchedFromArtifactStore(t *testing.T) {
 	}
 	t.Logf("published in %s: %s", time.Since(t0).Round(time.Millisecond), strings.TrimSpace(pub.stdout))
 
-	t1 := time.Now()
+	// A flipped byte in the store: node-b's fetch detects it and the
+	// start fails naming the object; publishing again repairs the
+	// object and the next start fetches it afresh.
+	var catalog api.CatalogTemplateList
+	if err := decodeResult(mhMust(t, admin, cliTimeout, "template", "list", "--json"), &catalog); err != nil || len(catalog.Templates) != 1 {
+		t.Fatalf("template list --json: %v %+v", err, catalog)
+	}
+	pubd := catalog.Templates[0]
+	obj := filepath.Join(store, "objects", "sha256", strings.TrimPrefix(pubd.Digest, "sha256:"))
+	flipByte(t, obj, 1<<20)
 	var ws api.Workspace
-	if err := decodeResult(mhMust(t, admin, 5*time.Minute, "workspace", "create", "--template", name, "--node", "node-b", "--cpu", "1", "--memory", "256MiB", "--json"), &ws); err != nil {
+	if err := decodeResult(mhMust(t, admin, 5*time.Minute, "workspace", "create", "--template", name, "--node", "node-b", "--cpu", "1", "--memory", "256MiB", "--no-wait", "--json"), &ws); err != nil {
 		t.Fatal(err)
 	}
+	ws = mhWaitWorkspace(t, admin, ws.WorkspaceID, api.WorkspaceFailed, 5*time.Minute)
+	if ws.Failure == nil || !strings.Contains(ws.Failure.Message, "does not match its digest") || !strings.Contains(ws.Failure.Message, pubd.Digest) {
+		t.Fatalf("start from a damaged object: %+v", ws.Failure)
+	}
+	mhMust(t, admin, 5*time.Minute, "template", "publish", name)
+
+	// Platforms: none is approved, so node-b, which has none of its own,
+	// cannot start; node-a's, published and approved, it fetches.
+	if out := mhMust(t, admin, cliTimeout, "platform", "list").stdout; strings.Count(strings.TrimSpace(out), "\n") != 0 {
+		t.Fatalf("platform list before a publish:\n%s", out)
+	}
+	mhExpectExit(t, admin, api.ExitInvalidArgument, "platform publish without --from-node in a cluster of two", "platform", "publish")
+	id := strings.TrimSpace(mhMust(t, admin, 5*time.Minute, "platform", "publish", "--from-node", "node-a").stdout)
+	if err := api.ValidPlatformID(id); err != nil {
+		t.Fatalf("platform publish printed %q", id)
+	}
+	row := func() []string {
+		for _, line := range strings.Split(mhMust(t, admin, cliTimeout, "platform", "list").stdout, "\n") {
+			if f := strings.Fields(line); len(f) > 4 && f[0] == id {
+				return f[:4]
+			}
+		}
+		t.Fatalf("platform list lacks %s", id)
+		return nil
+	}
+	if got := strings.Join(row(), " "); !strings.HasSuffix(got, " no no") {
+		t.Fatalf("published, not approved: %q", got)
+	}
+	mhMust(t, admin, cliTimeout, "platform", "approve", id)
+	if got := row(); got[2] != "yes" || got[3] != "yes" || !strings.Contains(got[1], ".") {
+		t.Fatalf("approved: %q, want ID, KERNEL SERIES, APPROVED yes, DEFAULT yes", got)
+	}
+	mhExpectExit(t, admin, api.ExitFailedPrecondition, "withdraw of a series' default", "platform", "withdraw", id)
+
+	t1 := time.Now()
+	mhMust(t, admin, 5*time.Minute, "workspace", "start", ws.WorkspaceID, "--node", "node-b")
 	ws = mhWaitWorkspace(t, admin, ws.WorkspaceID, api.WorkspaceAvailable, 5*time.Minute)
-	t.Logf("workspace on node-b AVAILABLE %s after the create (fetch and boot)", time.Since(t1).Round(time.Millisecond))
+	t.Logf("workspace on node-b AVAILABLE %s after the start (template and Platform fetched, boot)", time.Since(t1).Round(time.Millisecond))
+	if ws.Platform != id {
+		t.Errorf("workspace records Platform %q, want %s", ws.Platform, id)
+	}
 	if out := mhMust(t, admin, 60*time.Second, "workspace", "exec", ws.WorkspaceID, "--", "echo", "fetched-and-booted").stdout; !strings.Contains(out, "fetched-and-booted") {
 		t.Fatalf("exec: %q", out)
 	}
 	log, _ := os.ReadFile(filepath.Join(l.dir, "logs", "node-b-serve-1.log"))
-	for _, line := range []string{"template fetch started", "template fetched"} {
+	for _, line := range []string{"template fetch started", "template fetched", "template fetch failed", "platform fetch started", "platform fetched"} {
 		if !strings.Contains(string(log), line) {
 			t.Errorf("node-b's log lacks %q", line)
 		}
 	}
 	for _, line := range strings.Split(string(log), "\n") {
-		if strings.Contains(line, "template fetched") {
+		if strings.Contains(line, "template fetched") || strings.Contains(line, "platform fetched") {
 			t.Logf("node-b: %s", line)
 		}
 	}
@@ -96,4 +148,22 @@ func TestTemplateFetchedFromArtifactStore(t *testing.T) {
 		return strings.Contains(r.stdout, "node-a,node-b"), r.stdout
 	})
 	mhExpectExit(t, admin, api.ExitFailedPrecondition, "delete of a template a Workspace uses", "template", "delete", name)
+}
+
+// flipByte inverts the byte at off of the file at path.
+func flipByte(t *testing.T, path string, off int64) {
+	t.Helper()
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	b := make([]byte, 1)
+	if _, err := f.ReadAt(b, off); err != nil {
+		t.Fatal(err)
+	}
+	b[0] ^= 0xff
+	if _, err := f.WriteAt(b, off); err != nil {
+		t.Fatal(err)
+	}
 }

@@ -95,6 +95,9 @@ var handlers = map[string]handler{
 	OpWorkspacePause:       applyWorkspacePause,
 	OpTemplatePublish:      applyTemplatePublish,
 	OpTemplateDelete:       applyTemplateDelete,
+	OpPlatformPublish:      applyPlatformPublish,
+	OpPlatformApprove:      applyPlatformApprove,
+	OpPlatformWithdraw:     applyPlatformWithdraw,
 }
 
 // Open creates a fresh state file at path (any old file is replaced).

@@ -337,7 +337,7 @@ var allOps = []string{
 	OpEgressCreate, OpEgressUpdate, OpEgressDelete, OpResolverCreate, OpResolverDelete,
 	OpPoolSetCapacity, OpPoolDeclareLost,
 	OpVolumeCreate, OpVolumeResize, OpVolumeDelete, OpVolumeResult, OpMemberLevel, OpWorkspacePause,
-	OpTemplatePublish, OpTemplateDelete,
+	OpTemplatePublish, OpTemplateDelete, OpPlatformPublish, OpPlatformApprove, OpPlatformWithdraw,
 }
 
 func TestEveryOpHasAHandler(t *testing.T) {

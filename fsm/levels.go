@@ -40,7 +40,10 @@ import (
 //	   (placements.go)
 //	5  the template catalog (LevelArtifacts, templates.go):
 //	   OpTemplatePublish, OpTemplateDelete; a report's TemplateDigests,
-//	   which the leader leaves out below it
+//	   which the leader leaves out below it; the Platform catalog
+//	   (platforms.go): OpPlatformPublish, OpPlatformApprove,
+//	   OpPlatformWithdraw, and WorkspaceResultArgs.Platform, which the
+//	   leader sets only from this level on
 
 // FeatureLevel is the level of this build.
 const FeatureLevel = 5
@@ -61,6 +64,7 @@ var opLevels = map[string]int{
 	OpVolumeCreate: 2, OpVolumeResize: 2, OpVolumeDelete: 2, OpVolumeResult: 2,
 	OpWorkspacePause:  3,
 	OpTemplatePublish: LevelArtifacts, OpTemplateDelete: LevelArtifacts,
+	OpPlatformPublish: LevelArtifacts, OpPlatformApprove: LevelArtifacts, OpPlatformWithdraw: LevelArtifacts,
 }
 
 // OpLevel is the level an op needs of every voter.

@@ -43,6 +43,9 @@ const (
 	OpWorkspacePause       = "workspace.pause"
 	OpTemplatePublish      = "template.publish"
 	OpTemplateDelete       = "template.delete"
+	OpPlatformPublish      = "platform.publish"
+	OpPlatformApprove      = "platform.approve"
+	OpPlatformWithdraw     = "platform.withdraw"
 	// OpMemberLevel is proposed with IgnoreUnknown (see levels.go).
 	OpMemberLevel = "cluster.member_level"
 )

@@ -68,6 +68,9 @@ func (g *logGen) tmplDigest() string {
 // drawTemplate draws a publish or a delete: of a known node or not, a name, digest,
 // size and format mostly valid, with or without an expected version.
 func (g *logGen) drawTemplate() Entry {
+	if g.tmplPct(50) {
+		return g.drawPlatform()
+	}
 	a := TemplatePublishArgs{TemplateImage: api.TemplateImage{Name: []string{"kibotos-coding", "debian-12", "Bad Name"}[g.tmpls.Intn(3)], TemplateID: "sha256-" + strings.Repeat("e", 64),
 		Digest: g.tmplDigest(), SizeBytes: int64(g.tmpls.Intn(4)) << 30, ImageFormat: []string{api.ImageFormatExt4, api.ImageFormatExt4, "raw"}[g.tmpls.Intn(3)]},
 		NodeID: []string{ctrlID, "node-01", "node-02", "bad/id"}[g.tmpls.Intn(4)]}
@@ -82,6 +85,27 @@ func (g *logGen) drawTemplate() Entry {
 	}
 	e := makeEntry(g.now, op, args)
 	e.ExpectedVersion, e.Actor = v, "op"
+	return e
+}
+
+// drawPlatform draws a publish, approval or withdrawal of one of three
+// Platforms (two of kernel series 6.1), now and then with bad input.
+func (g *logGen) drawPlatform() Entry {
+	c := "abc"[g.tmpls.Intn(3)]
+	a := platformArgs(c, map[byte]string{'a': "6.1.0-28-cloud-amd64", 'b': "6.1.0-30-cloud-amd64", 'c': "6.12.9-cloud-amd64"}[c])
+	a.NodeID = []string{ctrlID, "node-01", "node-02", "bad/id"}[g.tmpls.Intn(4)]
+	if g.tmplPct(5) {
+		a.KernelSeries = "9.9"
+	}
+	op, args := OpPlatformPublish, any(a)
+	switch x := g.tmpls.Intn(10); {
+	case x < 4:
+		op, args = OpPlatformApprove, ObjectArgs{Name: a.PlatformID}
+	case x < 6:
+		op, args = OpPlatformWithdraw, ObjectArgs{Name: a.PlatformID}
+	}
+	e := makeEntry(g.now, op, args)
+	e.Actor = "op"
 	return e
 }
 
@@ -577,6 +601,9 @@ func (g *logGen) drawWorkspace(mk func(string, any, *uint64) Entry) Entry {
 			a.Outcome, a.Error = OutcomeRefused, "memory tight"
 		case x < 4:
 			a.Outcome, a.Error = OutcomeFailed, "boom"
+		}
+		if a.Outcome == OutcomeOK && g.tmplPct(50) {
+			a.Platform = platformID("abc"[g.tmpls.Intn(3)])
 		}
 		if w.Pending != nil && (w.Pending.Kind == api.WSCmdPause || w.Snapshot != nil) {
 			// Pause and resume answers, from the Volume source.

@@ -73,11 +73,14 @@ var (
 
 	// name → catalogRecord: a template published to the artifact store
 	bucketTemplates = []byte("templates")
+	// platform id → platformRecord: a Platform published to the
+	// artifact store (platforms.go)
+	bucketPlatforms = []byte("platforms")
 
 	allBuckets = [][]byte{bucketMeta, bucketNodes, bucketGrants, bucketCommands, bucketWorkspaces, bucketWorkspaceNodes, bucketNodeHolds, bucketWorkspaceTombstones, bucketInstanceOwners,
 		bucketEgress, bucketEgressRevisions, bucketEgressRefs, bucketResolvers, bucketResolverRefs, bucketPools, bucketPoolUse, bucketPoolMembers, bucketPoolWaits,
 		bucketVolumes, bucketVolumeNames, bucketVolumeCommands, bucketVolumeTombstones, bucketMemberLevels, bucketEndedRounds, bucketEndedWatch,
-		bucketPlacements, bucketTemplates}
+		bucketPlacements, bucketTemplates, bucketPlatforms}
 )
 
 // Keys of the meta bucket.

@@ -71,6 +71,9 @@ type WorkspaceResultArgs struct {
 	// LevelTroubleshooting): the node did not have the Instance.
 	NotOnNode         bool `json:"not_on_node,omitempty"`
 	SnapshotDiscarded bool `json:"snapshot_discarded,omitempty"`
+	// Platform (start ok, set by a leader whose voters all reach
+	// LevelArtifacts) is the Platform the Instance runs on.
+	Platform string `json:"platform,omitempty"`
 }
 
 // DefaultPool is the pool a node creates retained layers in.
@@ -815,6 +818,11 @@ func applyWorkspaceResult(tx *bolt.Tx, e *Entry) (any, error) {
 	if err := decodeArgs(e, &a); err != nil {
 		return nil, err
 	}
+	if a.Platform != "" {
+		if err := api.ValidPlatformID(a.Platform); err != nil {
+			return nil, err
+		}
+	}
 	if _, err := currentSession(tx, a.NodeID, a.SessionID); err != nil {
 		return nil, err
 	}
@@ -840,6 +848,9 @@ func applyWorkspaceResult(tx *bolt.Tx, e *Entry) (any, error) {
 		case OutcomeOK:
 			w.State = api.WorkspaceAvailable
 			w.Snapshot = nil // restored (or its files removed by a fresh boot)
+			if a.Platform != "" {
+				w.Platform = a.Platform
+			}
 			if err := volumesMade(tx, e, w); err != nil {
 				return nil, err
 			}

@@ -192,6 +192,7 @@ func (m *Member) start(o Options) {
 		m.t.Fatalf("agent %s: %v", m.ID, err)
 	}
 	srv.SetTemplatePublisher(a.PublishTemplate)
+	srv.SetPlatformPublisher(a.PublishPlatform)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- a.Run(ctx) }()
