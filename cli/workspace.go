@@ -284,6 +284,9 @@ func renderWorkspace(w io.Writer, ws *api.Workspace, wide bool) {
 		}
 	}
 	line("Template", "%s", ws.Template)
+	if ws.Platform != "" {
+		line("Platform", "%s", ws.Platform)
+	}
 	line("CPU", "%s", ws.CPU)
 	line("Memory", "%s", formatBytes(ws.MemoryBytes))
 	line("Labels", "%s", dash(labelsColumn(ws.Labels)))
