@@ -122,6 +122,19 @@ func (s *Dir) OpenAt(ctx context.Context, d Digest, offset int64) (io.ReadCloser
 	return readCloser{ctxReader{ctx, f}, f}, nil
 }
 
+func (s *Dir) Delete(ctx context.Context, d Digest) error {
+	p, err := s.path(d)
+	if err != nil {
+		return err
+	}
+	if err := os.Remove(p); err != nil {
+		if err := s.openErr(d, err); api.CodeOf(err) != api.CodeNotFound {
+			return err
+		}
+	}
+	return nil
+}
+
 func (s *Dir) openErr(d Digest, err error) error {
 	if errors.Is(err, fs.ErrNotExist) {
 		if _, rerr := os.Stat(s.root); rerr != nil {

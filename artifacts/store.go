@@ -1,13 +1,16 @@
 // Package artifacts is the cluster's artifact store: content-addressed
 // objects (sha256) that nodes put and fetch, such as template images a
 // node built and another node boots. The store is configured once for the
-// cluster ([artifacts] url); the directory backend (file://, e.g. on a
-// shared file system) is the first, others (S3) implement the same Store.
+// cluster ([artifacts] url): a directory (file://, e.g. on a shared file
+// system, Dir) or an S3-compatible bucket (s3://, S3); both implement
+// Store and pass the same behaviour tests.
 //
 // An object is never trusted as it is read: every read is checked against
 // its digest, and a mismatch is an error naming the object, never data.
-// Objects appear whole (written to a temporary file, then renamed) and a
-// fetch to a local file resumes where an interrupted one stopped.
+// Objects appear whole (a directory renames a temporary file into place; a
+// bucket completes an upload or copy only once its digest is known) and a
+// fetch to a local file resumes where an interrupted one stopped. A store's
+// credentials never appear in a message or a log line.
 //
 // It knows nothing of consensus or of what the objects are; the catalog
 // of what was published lives in the FSM.
@@ -81,6 +84,9 @@ type Store interface {
 	// OpenAt reads an object's raw bytes from offset on, unchecked: the
 	// caller verifies (Get and Fetch do).
 	OpenAt(ctx context.Context, d Digest, offset int64) (io.ReadCloser, error)
+	// Delete removes an object; one that is not there is no error, so
+	// a collector or a transfer that stopped halfway can run again.
+	Delete(ctx context.Context, d Digest) error
 	// String names the store in messages (its URL).
 	String() string
 }
@@ -141,25 +147,55 @@ func digestOf(h hash.Hash) Digest { return Digest(digestPrefix + hex.EncodeToStr
 
 func objectName(s Store, d Digest) string { return "object " + string(d) + " in " + s.String() }
 
-// Open makes the store a URL names: file:///absolute/dir for now. node
-// names this member in the names of temporary files (a shared directory's
-// other writers keep their hands off them).
-func Open(rawURL, node string) (Store, error) {
-	u, err := ParseURL(rawURL)
+// Config is the [artifacts] section of a member's configuration file.
+type Config struct {
+	// URL is the store: file:///absolute/dir or s3://bucket/prefix.
+	URL string
+	// Endpoint, Region and CredentialsFile are an s3:// store's (see
+	// S3Config); a file:// store refuses them.
+	Endpoint        string
+	Region          string
+	CredentialsFile string
+}
+
+// Check refuses a Config Open would refuse, so a member stops on a bad
+// [artifacts] section before it starts anything.
+func (c Config) Check() error {
+	_, err := Open(c, "")
+	return err
+}
+
+// Open makes the store c names. node names this member in the names of
+// temporary files and staging keys (a shared store's other writers keep
+// their hands off them). Nothing is asked of the store yet: a store that
+// is down fails its first operation, not the member's start.
+func Open(c Config, node string) (Store, error) {
+	u, err := ParseURL(c.URL)
 	if err != nil {
 		return nil, err
+	}
+	if u.Scheme == "s3" {
+		sc, err := parseS3Config(u, c)
+		if err != nil {
+			return nil, err
+		}
+		return newS3(sc, node)
+	}
+	if c.Endpoint != "" || c.Region != "" || c.CredentialsFile != "" {
+		return nil, api.Errorf(api.CodeInvalidArgument, "[artifacts] endpoint, region and credentials_file are an s3:// store's: delete them for url %q", c.URL)
 	}
 	return NewDir(u.Path, node)
 }
 
-// ParseURL checks an [artifacts] url.
+// ParseURL checks an [artifacts] url: file:///absolute/dir or
+// s3://bucket/prefix (the prefix optional).
 func ParseURL(rawURL string) (*url.URL, error) {
 	if len(rawURL) > 4096 {
 		return nil, api.Errorf(api.CodeInvalidArgument, "[artifacts] url is %d bytes long: give at most 4096", len(rawURL))
 	}
 	u, err := url.Parse(rawURL)
 	if err != nil {
-		return nil, api.Errorf(api.CodeInvalidArgument, "[artifacts] url %q is not a URL: %v; give file:///absolute/directory", rawURL, err)
+		return nil, api.Errorf(api.CodeInvalidArgument, "[artifacts] url %q is not a URL: %v; give file:///absolute/directory or s3://bucket/prefix", rawURL, err)
 	}
 	switch u.Scheme {
 	case "file":
@@ -173,8 +209,11 @@ func ParseURL(rawURL string) (*url.URL, error) {
 		}
 		return u, nil
 	case "s3":
-		return nil, api.Errorf(api.CodeInvalidArgument, "[artifacts] url %q: s3:// stores are not supported yet; use a directory on a shared file system (file:///srv/kibotos/artifacts)", rawURL)
+		if _, _, err := bucketAndPrefix(u); err != nil {
+			return nil, err
+		}
+		return u, nil
 	default:
-		return nil, api.Errorf(api.CodeInvalidArgument, "[artifacts] url %q: scheme %q is not supported; give file:///absolute/directory", rawURL, u.Scheme)
+		return nil, api.Errorf(api.CodeInvalidArgument, "[artifacts] url %q: scheme %q is not supported; give file:///absolute/directory or s3://bucket/prefix", rawURL, u.Scheme)
 	}
 }

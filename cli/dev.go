@@ -169,7 +169,7 @@ func (c *DevUpCmd) Run(g *Globals) error {
 		return err
 	}
 	return runMember(g, memberOptions{dir: d, level: "info", capacity: agent.DefaultCapacity(), timings: cluster.DefaultTimings(), onReady: onReady,
-		systemd: sdMode, accel: qemu.AccelAuto, network: network, logFormat: c.LogFormat, artifactsURL: store,
+		systemd: sdMode, accel: qemu.AccelAuto, network: network, logFormat: c.LogFormat, artifacts: artifacts.Config{URL: store},
 		// One node on a laptop: a report every few seconds while a guest
 		// is denied costs nothing, and `workspace get` shows it soon.
 		deniedReport: 5 * time.Second})

@@ -146,10 +146,16 @@ type fileConfig struct {
 		MachineLogsMaxBytes int64 `toml:"machine_logs_max_bytes"`
 	} `toml:"logs"`
 	Artifacts struct {
-		// URL is the cluster's artifact store (file:///absolute/dir,
-		// the same on every member); none: templates stay where they
-		// were built.
+		// URL is the cluster's artifact store (file:///absolute/dir or
+		// s3://bucket/prefix, the same on every member); none:
+		// templates stay where they were built.
 		URL string `toml:"url"`
+		// Endpoint, Region and CredentialsFile are an s3:// store's:
+		// the S3 API's URL (default https://s3.amazonaws.com), its
+		// region, and a file (mode 600) holding the keys.
+		Endpoint        string `toml:"endpoint"`
+		Region          string `toml:"region"`
+		CredentialsFile string `toml:"credentials_file"`
 	} `toml:"artifacts"`
 	Metrics struct {
 		// Listen is the plain-HTTP /metrics address; default
@@ -166,7 +172,7 @@ type fileConfig struct {
 
 // ServeCmd runs a member.
 type ServeCmd struct {
-	Config          string        `name:"config" type:"existingfile" help:"TOML configuration file (data_dir, bind, log_level, [resources] cpu and memory, [dataplane] listen, [network] ipv4_pool, ipv6_pool, management_cidrs, resolvers and uplink, [metrics] listen, [logs] machine_logs_max_bytes, [artifacts] url, [storage] default_pool and [[storage.pools]] id, path, shared)."`
+	Config          string        `name:"config" type:"existingfile" help:"TOML configuration file (data_dir, bind, log_level, [resources] cpu and memory, [dataplane] listen, [network] ipv4_pool, ipv6_pool, management_cidrs, resolvers and uplink, [metrics] listen, [logs] machine_logs_max_bytes, [artifacts] url, endpoint, region and credentials_file, [storage] default_pool and [[storage.pools]] id, path, shared)."`
 	Bind            string        `name:"bind" help:"Listen address (default: the advertised address)."`
 	DataPlaneListen string        `name:"dataplane-listen" help:"Data-plane address HOST:PORT (exec, terminal, cp, port-forward); default: the advertised host, port+2."`
 	LogLevel        string        `name:"log-level" default:"info" enum:"debug,info,warn,error" help:"Log level."`
@@ -259,18 +265,24 @@ func (c *ServeCmd) Run(g *Globals) error {
 	}
 	return runMember(g, memberOptions{dir: dir, bind: bind, level: level, capacity: capacity, timings: timings, deniedReport: deniedReport, clockSkew: c.ClockSkew, logFormat: format,
 		systemd: c.Systemd, accel: qemu.Accel(c.Accel), dataPlaneListen: dpListen, pools: pools, defaultPool: fc.Storage.DefaultPool, network: network,
-		metricsListen: fc.Metrics.Listen, machineLogsMax: fc.Logs.MachineLogsMaxBytes, artifactsURL: store})
+		metricsListen: fc.Metrics.Listen, machineLogsMax: fc.Logs.MachineLogsMaxBytes, artifacts: store})
 }
 
-// artifactsFrom is [artifacts] url, checked: "" when there is none.
-func artifactsFrom(path string, fc fileConfig) (string, error) {
-	if fc.Artifacts.URL == "" {
-		return "", nil
+// artifactsFrom is [artifacts], checked (an s3:// store's credentials
+// file read): URL "" when there is none.
+func artifactsFrom(path string, fc fileConfig) (artifacts.Config, error) {
+	a := fc.Artifacts
+	c := artifacts.Config{URL: a.URL, Endpoint: a.Endpoint, Region: a.Region, CredentialsFile: a.CredentialsFile}
+	if c.URL == "" {
+		if c != (artifacts.Config{}) {
+			return c, api.Errorf(api.CodeInvalidArgument, "configuration file %s: [artifacts] has no url: give url, or delete the section", path)
+		}
+		return c, nil
 	}
-	if _, err := artifacts.ParseURL(fc.Artifacts.URL); err != nil {
-		return "", api.Errorf(api.CodeInvalidArgument, "configuration file %s: %v", path, err)
+	if err := c.Check(); err != nil {
+		return c, api.Errorf(api.CodeInvalidArgument, "configuration file %s: %v", path, err)
 	}
-	return fc.Artifacts.URL, nil
+	return c, nil
 }
 
 // networkFrom reads [network]; a file without one gives nil (the node
@@ -352,8 +364,8 @@ type memberOptions struct {
 	logFormat string
 	// machineLogsMax is [logs] machine_logs_max_bytes; 0: the default.
 	machineLogsMax int64
-	// artifactsURL is [artifacts] url (checked); "": no artifact store.
-	artifactsURL string
+	// artifacts is [artifacts] (checked); URL "": no artifact store.
+	artifacts artifacts.Config
 }
 
 // runMember serves until SIGTERM/SIGINT. A node isolated by ctrl exits
@@ -386,8 +398,8 @@ func runMember(g *Globals, o memberOptions) error {
 		o.onReady(srv)
 	}
 	var store artifacts.Store
-	if o.artifactsURL != "" {
-		if store, err = artifacts.Open(o.artifactsURL, srv.NodeID()); err != nil {
+	if o.artifacts.URL != "" {
+		if store, err = artifacts.Open(o.artifacts, srv.NodeID()); err != nil {
 			return err
 		}
 		log.Info("artifact store", "url", store.String())

@@ -11,6 +11,7 @@ import (
 	"github.com/BurntSushi/toml"
 
 	"github.com/kibotos/kibotos/api"
+	"github.com/kibotos/kibotos/artifacts"
 	"github.com/kibotos/kibotos/cluster/clustertest"
 	"github.com/kibotos/kibotos/datadir"
 )
@@ -121,36 +122,68 @@ func TestPackagedConfig(t *testing.T) {
 	if pools, err := poolsFrom("kibotos.toml", fc); err != nil || len(pools) != 1 {
 		t.Errorf("[[storage.pools]] of the example: %v, %v", pools, err)
 	}
-	if u, err := artifactsFrom("kibotos.toml", fc); err != nil || u == "" {
-		t.Errorf("[artifacts] of the example: %q, %v", u, err)
+	// The example's credentials file is the operator's to write.
+	if fc.Artifacts.CredentialsFile != "/etc/kibotos/s3-credentials.toml" {
+		t.Errorf("[artifacts] credentials_file of the example: %q", fc.Artifacts.CredentialsFile)
+	}
+	fc.Artifacts.CredentialsFile = credentialsFile(t, 0o600)
+	if c, err := artifactsFrom("kibotos.toml", fc); err != nil || c.URL == "" {
+		t.Errorf("[artifacts] of the example: %+v, %v", c, err)
 	}
 }
 
-// [artifacts] url: a directory URL reaches the member; s3:// and a
-// relative path stop serve before anything is started, in one line naming
-// the setting and what to give instead.
+// credentialsFile writes an [artifacts] credentials_file with mode.
+func credentialsFile(t *testing.T, mode os.FileMode) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "s3-credentials.toml")
+	if err := os.WriteFile(p, []byte("access_key_id = \"AKIDEXAMPLE\"\nsecret_access_key = \"kibotos-test-secret\"\n"), mode); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(p, mode); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// [artifacts]: a directory URL or a bucket reaches the member; a bad
+// url, endpoint or credentials file stops serve before anything is
+// started, in one line naming the setting and what to give instead, and
+// never showing the secret key.
 func TestServeArtifactsURL(t *testing.T) {
 	var fc fileConfig
 	fc.Artifacts.URL = "file:///srv/kibotos/artifacts"
-	if u, err := artifactsFrom("kibotos.toml", fc); err != nil || u != fc.Artifacts.URL {
-		t.Fatalf("artifactsFrom = %q, %v", u, err)
+	if c, err := artifactsFrom("kibotos.toml", fc); err != nil || c != (artifacts.Config{URL: fc.Artifacts.URL}) {
+		t.Fatalf("artifactsFrom = %+v, %v", c, err)
 	}
-	for url, says := range map[string]string{
-		"s3://bucket/kibotos":    "s3:// stores are not supported yet",
-		"file://srv/artifacts":   "give file:///absolute/directory",
-		"/srv/kibotos/artifacts": "give file:///absolute/directory",
+	good, loose := credentialsFile(t, 0o600), credentialsFile(t, 0o644)
+	s3 := artifacts.Config{URL: "s3://kibotos-artifacts/cluster-a", Endpoint: "http://127.0.0.1:9000", Region: "eu-west-1", CredentialsFile: good}
+	fc.Artifacts.URL, fc.Artifacts.Endpoint, fc.Artifacts.Region, fc.Artifacts.CredentialsFile = s3.URL, s3.Endpoint, s3.Region, s3.CredentialsFile
+	if c, err := artifactsFrom("kibotos.toml", fc); err != nil || c != s3 {
+		t.Fatalf("artifactsFrom = %+v, %v", c, err)
+	}
+	for section, says := range map[string]string{
+		`url = "s3://Bucket/kibotos"`:                                         "[artifacts] url \"s3://Bucket/kibotos\": bucket \"Bucket\" is not an S3 bucket name",
+		`url = "s3://bucket/a/../b"`:                                          "none of them . or ..",
+		`url = "s3://bucket/a?x=1"`:                                           "query",
+		`url = "s3://bucket/kibotos"`:                                         "[artifacts] url \"s3://bucket/kibotos\" is an s3:// store: give credentials_file",
+		`url = "file://srv/artifacts"`:                                        "[artifacts] url \"file://srv/artifacts\" names host",
+		`url = "/srv/kibotos/artifacts"`:                                      "[artifacts] url \"/srv/kibotos/artifacts\": scheme \"\" is not supported; give file:///absolute/directory or s3://bucket/prefix",
+		"url = \"s3://bucket/kibotos\"\ncredentials_file = \"" + loose + "\"": "[artifacts] credentials_file " + loose + " is open to group or others (mode 0644): chmod 600 " + loose,
+		"url = \"s3://bucket/kibotos\"\nendpoint = \"http://10.0.0.5:9000\"\ncredentials_file = \"" + good + "\"": "[artifacts] endpoint \"http://10.0.0.5:9000\" is plain http to a host other than this one",
+		"url = \"file:///srv/a\"\nregion = \"eu-west-1\"":                                                         "[artifacts] endpoint, region and credentials_file are an s3:// store's",
+		`endpoint = "https://s3.example.net"`:                                                                     "[artifacts] has no url",
 	} {
 		dir := t.TempDir()
 		config := filepath.Join(dir, "kibotos.toml")
-		os.WriteFile(config, []byte("[artifacts]\nurl = \""+url+"\"\n"), 0o600)
+		os.WriteFile(config, []byte("[artifacts]\n"+section+"\n"), 0o600)
 		var out, errb bytes.Buffer
 		code := Main(context.Background(), "kibotos", []string{"serve", "--config", config, "--data-dir", filepath.Join(dir, "data")}, nil, &out, &errb)
 		msg := strings.TrimSpace(errb.String())
-		if code != api.ExitInvalidArgument || !strings.Contains(msg, "[artifacts] url") || !strings.Contains(msg, says) || strings.Contains(msg, "\n") {
-			t.Errorf("url %s: exit %d, message %q; want %d saying %q", url, code, msg, api.ExitInvalidArgument, says)
+		if code != api.ExitInvalidArgument || !strings.Contains(msg, says) || strings.Contains(msg, "\n") || strings.Contains(msg, "kibotos-test-secret") {
+			t.Errorf("%s: exit %d, message %q; want %d saying %q", section, code, msg, api.ExitInvalidArgument, says)
 		}
 		if _, err := os.Stat(filepath.Join(dir, "data")); !os.IsNotExist(err) {
-			t.Errorf("url %s: the refused start touched the data directory: %v", url, err)
+			t.Errorf("%s: the refused start touched the data directory: %v", section, err)
 		}
 	}
 }
