@@ -68,6 +68,9 @@ type WorkspaceTask struct {
 	// in the order to try; empty while the catalog approves none (the
 	// node starts on its own Platform).
 	Platforms []PlatformImage `json:"platforms,omitempty"`
+	// Import (start) is the archive to unpack into a layer and Volumes
+	// that do not exist yet (transfer import).
+	Import *WorkspaceImport `json:"import,omitempty"`
 }
 
 // TaskSnapshot is a Workspace's snapshot as a command needs it.

@@ -61,6 +61,12 @@ type Workspace struct {
 	// from the feature level of the Platform catalog on); a stopped
 	// Workspace's next start prefers the default of its kernel series.
 	Platform string `json:"platform,omitempty"`
+	// Exporting is the Transfer writing its layer and Volumes out; it
+	// neither starts nor is deleted meanwhile.
+	Exporting string `json:"exporting,omitempty"`
+	// Import is the archive its first start unpacks (transfer import);
+	// cleared once a start succeeded.
+	Import *WorkspaceImport `json:"import,omitempty"`
 	// Instances counts the executions so far; each start gets a new one.
 	Instances uint64 `json:"instances"`
 	// Layer is the use right of the retained writable layer: the node and

@@ -408,6 +408,7 @@ func (d *dispatcher) run() error {
 				if t.Platforms, err = fsm.TaskPlatforms(tx, &pending[i]); err != nil {
 					return err
 				}
+				t.Import = pending[i].Import
 			}
 			tasks = append(tasks, t)
 		}

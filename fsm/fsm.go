@@ -98,6 +98,9 @@ var handlers = map[string]handler{
 	OpPlatformPublish:      applyPlatformPublish,
 	OpPlatformApprove:      applyPlatformApprove,
 	OpPlatformWithdraw:     applyPlatformWithdraw,
+	OpTransferExport:       applyTransferExport,
+	OpTransferResult:       applyTransferResult,
+	OpTransferDelete:       applyTransferDelete,
 }
 
 // Open creates a fresh state file at path (any old file is replaced).

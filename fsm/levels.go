@@ -43,7 +43,9 @@ import (
 //	   which the leader leaves out below it; the Platform catalog
 //	   (platforms.go): OpPlatformPublish, OpPlatformApprove,
 //	   OpPlatformWithdraw, and WorkspaceResultArgs.Platform, which the
-//	   leader sets only from this level on
+//	   leader sets only from this level on; Transfers (transfers.go):
+//	   OpTransferExport, OpTransferResult, OpTransferDelete, and
+//	   WorkspaceCreateArgs.Import, refused below it
 
 // FeatureLevel is the level of this build.
 const FeatureLevel = 5
@@ -65,6 +67,7 @@ var opLevels = map[string]int{
 	OpWorkspacePause:  3,
 	OpTemplatePublish: LevelArtifacts, OpTemplateDelete: LevelArtifacts,
 	OpPlatformPublish: LevelArtifacts, OpPlatformApprove: LevelArtifacts, OpPlatformWithdraw: LevelArtifacts,
+	OpTransferExport: LevelArtifacts, OpTransferResult: LevelArtifacts, OpTransferDelete: LevelArtifacts,
 }
 
 // OpLevel is the level an op needs of every voter.

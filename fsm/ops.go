@@ -46,6 +46,9 @@ const (
 	OpPlatformPublish      = "platform.publish"
 	OpPlatformApprove      = "platform.approve"
 	OpPlatformWithdraw     = "platform.withdraw"
+	OpTransferExport       = "transfer.export"
+	OpTransferResult       = "transfer.result"
+	OpTransferDelete       = "transfer.delete"
 	// OpMemberLevel is proposed with IgnoreUnknown (see levels.go).
 	OpMemberLevel = "cluster.member_level"
 )

@@ -68,6 +68,9 @@ func (g *logGen) tmplDigest() string {
 // drawTemplate draws a publish or a delete: of a known node or not, a name, digest,
 // size and format mostly valid, with or without an expected version.
 func (g *logGen) drawTemplate() Entry {
+	if g.tmplPct(20) {
+		return g.drawTransfer()
+	}
 	if g.tmplPct(50) {
 		return g.drawPlatform()
 	}
@@ -106,6 +109,60 @@ func (g *logGen) drawPlatform() Entry {
 	}
 	e := makeEntry(g.now, op, args)
 	e.Actor = "op"
+	return e
+}
+
+// drawTransfer draws an export of a Workspace (STOPPED ones most often),
+// the exporting node's answer to one in flight, or a delete.
+func (g *logGen) drawTransfer() Entry {
+	var stopped, all []api.Workspace
+	for _, w := range g.workspaces() {
+		all = append(all, w)
+		if w.State == api.WorkspaceStopped {
+			stopped = append(stopped, w)
+		}
+	}
+	var transfers []api.Transfer
+	g.ref.View(func(tx *bolt.Tx) error {
+		if l, err := ListTransfers(tx, 0, ""); err == nil {
+			transfers = l.Transfers
+		}
+		return nil
+	})
+	pick := func(ws []api.Workspace) string {
+		if len(ws) == 0 {
+			return "ws-none"
+		}
+		return ws[g.tmpls.Intn(len(ws))].WorkspaceID
+	}
+	var exporting []api.Transfer
+	for _, tr := range transfers {
+		if tr.State == api.TransferExporting {
+			exporting = append(exporting, tr)
+		}
+	}
+	var op string
+	var args any
+	switch x := g.tmpls.Intn(10); {
+	case len(exporting) > 0:
+		// Answer soon: an export holds its Workspace's starts and deletes.
+		tr := exporting[g.tmpls.Intn(len(exporting))]
+		a := TransferResultArgs{TransferID: tr.TransferID, NodeID: tr.NodeID, Outcome: OutcomeOK, Digest: testDigest('a'), SizeBytes: 1 << 20}
+		if g.tmplPct(30) {
+			a.Outcome, a.Digest, a.SizeBytes, a.Error = OutcomeFailed, "", 0, "boom"
+		}
+		op, args = OpTransferResult, a
+	case x < 5 || len(transfers) == 0:
+		id := pick(stopped)
+		if g.tmplPct(20) {
+			id = pick(all)
+		}
+		op, args = OpTransferExport, TransferExportArgs{WorkspaceID: id, Namespace: []string{"default", "default", "Bad"}[g.tmpls.Intn(3)]}
+	default:
+		op, args = OpTransferDelete, ObjectArgs{Name: transfers[g.tmpls.Intn(len(transfers))].TransferID}
+	}
+	e := makeEntry(g.now, op, args)
+	e.Actor, e.CommandID = "op", fmt.Sprintf("tr-cmd-%d", g.tmpls.Intn(1<<30))
 	return e
 }
 

@@ -76,11 +76,13 @@ var (
 	// platform id → platformRecord: a Platform published to the
 	// artifact store (platforms.go)
 	bucketPlatforms = []byte("platforms")
+	// transfer id → transferRecord: an export (transfers.go)
+	bucketTransfers = []byte("transfers")
 
 	allBuckets = [][]byte{bucketMeta, bucketNodes, bucketGrants, bucketCommands, bucketWorkspaces, bucketWorkspaceNodes, bucketNodeHolds, bucketWorkspaceTombstones, bucketInstanceOwners,
 		bucketEgress, bucketEgressRevisions, bucketEgressRefs, bucketResolvers, bucketResolverRefs, bucketPools, bucketPoolUse, bucketPoolMembers, bucketPoolWaits,
 		bucketVolumes, bucketVolumeNames, bucketVolumeCommands, bucketVolumeTombstones, bucketMemberLevels, bucketEndedRounds, bucketEndedWatch,
-		bucketPlacements, bucketTemplates, bucketPlatforms}
+		bucketPlacements, bucketTemplates, bucketPlatforms, bucketTransfers}
 )
 
 // Keys of the meta bucket.

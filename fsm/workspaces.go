@@ -39,6 +39,9 @@ type WorkspaceCreateArgs struct {
 	// Volumes to attach, and NewVolumes to make along with it.
 	Volumes    []api.VolumeAttach `json:"volumes,omitempty"`
 	NewVolumes []api.NewVolume    `json:"new_volumes,omitempty"`
+	// Import (transfer import; ctrl sends it only at LevelArtifacts) is
+	// the archive the first start unpacks into the layer and NewVolumes.
+	Import *api.WorkspaceImport `json:"import,omitempty"`
 }
 
 // WorkspaceArgs names a Workspace, with the options of start and stop.
@@ -655,7 +658,12 @@ func applyWorkspaceCreate(tx *bolt.Tx, e *Entry) (any, error) {
 	if at := tx.Bucket(bucketWorkspaceTombstones).Get(wsKey(id)); at != nil {
 		return nil, api.Errorf(api.CodeAlreadyExists, "workspace %s existed and was deleted at %s: use a new --command-id", id, at)
 	}
-	w := &api.Workspace{WorkspaceID: id, Template: a.Template, CPU: a.CPU, MemoryBytes: a.MemoryBytes, Labels: a.Labels, Network: &network, CreatedAt: *at(e)}
+	if a.Import != nil {
+		if err := a.Import.Check(); err != nil {
+			return nil, err
+		}
+	}
+	w := &api.Workspace{WorkspaceID: id, Template: a.Template, CPU: a.CPU, MemoryBytes: a.MemoryBytes, Labels: a.Labels, Network: &network, CreatedAt: *at(e), Import: a.Import}
 	mounts, vols, err := workspaceVolumes(tx, e, id, &a)
 	if err != nil {
 		return nil, err
@@ -694,6 +702,9 @@ func workspaceWrite(tx *bolt.Tx, e *Entry) (*WorkspaceArgs, *api.Workspace, erro
 func applyWorkspaceStart(tx *bolt.Tx, e *Entry) (any, error) {
 	a, w, err := workspaceWrite(tx, e)
 	if err != nil {
+		return nil, err
+	}
+	if err := notExporting(w, "start"); err != nil {
 		return nil, err
 	}
 	switch {
@@ -775,6 +786,9 @@ func applyWorkspaceDelete(tx *bolt.Tx, e *Entry) (any, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := notExporting(w, "delete"); err != nil {
+		return nil, err
+	}
 	if w.State == api.WorkspaceDeleting {
 		return w, nil
 	}
@@ -801,6 +815,15 @@ func applyWorkspaceDelete(tx *bolt.Tx, e *Entry) (any, error) {
 		return nil, err
 	}
 	return w, nil
+}
+
+// notExporting refuses what of a Workspace an export reads from: its node
+// copies the layer and Volumes as they are.
+func notExporting(w *api.Workspace, what string) error {
+	if w.Exporting == "" {
+		return nil
+	}
+	return api.Errorf(api.CodeFailedPrecondition, "workspace %s is being exported (transfer %s): %s it once the Transfer is READY or FAILED (kibo transfer get %s)", w.WorkspaceID, w.Exporting, what, w.Exporting)
 }
 
 func layerNode(w *api.Workspace) string {
@@ -851,6 +874,7 @@ func applyWorkspaceResult(tx *bolt.Tx, e *Entry) (any, error) {
 			if a.Platform != "" {
 				w.Platform = a.Platform
 			}
+			w.Import = nil // unpacked into the layer and Volumes
 			if err := volumesMade(tx, e, w); err != nil {
 				return nil, err
 			}
