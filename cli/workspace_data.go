@@ -104,7 +104,14 @@ func runInWorkspace(g *Globals, id string, argv []string, tty bool, dir string, 
 	defer c.Close()
 	in := g.stdin
 	inIsTerm := in != nil && isTerminal(in.Fd())
-	req := guestproto.ExecRequest{Argv: argv, Root: agent.WorkspaceRoot, Dir: dir, Env: append(append([]string(nil), guestEnv...), env...)}
+	req := guestproto.ExecRequest{Argv: argv, Root: agent.WorkspaceRoot, Dir: dir, Env: append([]string(nil), env...)}
+	if c.Info().Has(guestproto.CapExecImageConfig) {
+		// Only the user's -e are explicit: a template built from an OCI
+		// image replaces these defaults with the image's Env.
+		req.DefaultEnv = guestEnv
+	} else {
+		req.Env = append(append([]string(nil), guestEnv...), env...)
+	}
 	// A terminal's stdin is forwarded only with -t (it would never end);
 	// a pipe or file is always forwarded.
 	req.Stdin = in != nil && (tty || !inIsTerm)
