@@ -408,13 +408,19 @@ func (g *Globals) progress(want bool, name string, total int64) *progressBar {
 	return &progressBar{g: g, on: on, name: name, total: total, start: time.Now()}
 }
 
-func (p *progressBar) add(n int) {
+func (p *progressBar) add(n int) { p.update(func() { p.n += int64(n) }) }
+
+// set replaces the label and the count, for work that reports how far it
+// is rather than what it added.
+func (p *progressBar) set(name string, n int64) { p.update(func() { p.name, p.n = name, n }) }
+
+func (p *progressBar) update(change func()) {
 	if !p.on {
 		return
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.n += int64(n)
+	change()
 	if time.Since(p.lastOut) > 100*time.Millisecond {
 		p.lastOut = time.Now()
 		p.draw()
@@ -442,6 +448,20 @@ func (p *progressBar) done() {
 	p.draw()
 	p.mu.Unlock()
 	fmt.Fprintln(p.g.stderr)
+}
+
+// abandon ends a bar without drawing it again: after a failure, the error
+// starts on a line of its own.
+func (p *progressBar) abandon() {
+	if !p.on {
+		return
+	}
+	p.mu.Lock()
+	drawn := !p.lastOut.IsZero()
+	p.mu.Unlock()
+	if drawn {
+		fmt.Fprintln(p.g.stderr)
+	}
 }
 
 type countingReader struct {

@@ -129,7 +129,9 @@ func BuildOCI(ctx context.Context, o OCIOptions) (*Template, error) {
 	if err != nil {
 		return nil, o.imageErr(what, "read the layer list", readError{err})
 	}
-	flat := mutate.Extract(countedImage{Image: img, c: &layerCount{layers: len(layers), report: o.Progress}})
+	count := &layerCount{layers: len(layers), report: o.Progress}
+	defer count.stop()
+	flat := mutate.Extract(countedImage{Image: img, c: count})
 	defer flat.Close()
 	if err := u.unpack(ctx, flat); err != nil {
 		return nil, o.imageErr(what, "unpack", err)
@@ -410,25 +412,36 @@ type countedImage struct {
 }
 
 type layerCount struct {
-	mu     sync.Mutex
-	layers int
-	done   int
-	bytes  int64
-	report func(OCIProgress)
+	mu      sync.Mutex
+	layers  int
+	done    int
+	bytes   int64
+	report  func(OCIProgress)
+	stopped bool
 }
 
+// add counts n bytes read and reports, under the lock, so that once stop
+// returned no report is running or comes later (mutate.Extract may still
+// be reading when BuildOCI returns an error).
 func (c *layerCount) add(n int, finished bool) {
 	if c.report == nil {
 		return
 	}
 	c.mu.Lock()
+	defer c.mu.Unlock()
 	c.bytes += int64(n)
 	if finished {
 		c.done++
 	}
-	p := OCIProgress{Layers: c.layers, LayersDone: c.done, Bytes: c.bytes}
+	if !c.stopped {
+		c.report(OCIProgress{Layers: c.layers, LayersDone: c.done, Bytes: c.bytes})
+	}
+}
+
+func (c *layerCount) stop() {
+	c.mu.Lock()
+	c.stopped = true
 	c.mu.Unlock()
-	c.report(p)
 }
 
 func (i countedImage) Layers() ([]v1.Layer, error) {
