@@ -158,7 +158,7 @@ func (st *stdio) resize(ws *guestproto.WinSize) {
 func (a *agent) runExec(ctl net.Conn, req guestproto.ExecRequest, streams [3]net.Conn) {
 	setup, err := setupExec(a.log, req)
 	if err != nil {
-		respond(ctl, nil, &guestproto.Error{Code: guestproto.CodeInvalid, Message: fmt.Sprintf("exec %s: %v", req.Argv[0], err)})
+		respond(ctl, nil, &guestproto.Error{Code: guestproto.CodeInvalid, Message: err.Error()})
 		return
 	}
 	path, err := lookPath(req.Root, req.Argv[0], setup.env)
