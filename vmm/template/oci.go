@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -186,7 +187,8 @@ func (o OCIOptions) registryImage(ctx context.Context) (v1.Image, string, error)
 	if err != nil {
 		return nil, "", fmt.Errorf("template %s: %q is not an image reference such as localhost:5000/app:1 or docker.io/library/debian:12: %v", o.Name, o.Registry, err)
 	}
-	img, err := remote.Image(ref, remote.WithContext(ctx), remote.WithAuthFromKeychain(authn.DefaultKeychain), remote.WithPlatform(workspacePlatform))
+	img, err := remote.Image(ref, remote.WithContext(ctx), remote.WithAuthFromKeychain(authn.DefaultKeychain), remote.WithPlatform(workspacePlatform),
+		remote.WithTransport(loopbackHTTPOnly{remote.DefaultTransport}))
 	if err != nil {
 		return nil, "", registryErr(fmt.Errorf("template %s: image %s: %w", o.Name, ref, err))
 	}
@@ -200,6 +202,20 @@ func (o OCIOptions) registryImage(ctx context.Context) (v1.Image, string, error)
 		source += "@" + digest.String()
 	}
 	return img, source, nil
+}
+
+// loopbackHTTPOnly refuses plain http except to a loopback address:
+// go-containerregistry also falls back to it for private (RFC 1918) and
+// .local registries, where whoever is on the way could then hand out
+// another image for a tag.
+type loopbackHTTPOnly struct{ http.RoundTripper }
+
+func (t loopbackHTTPOnly) RoundTrip(req *http.Request) (*http.Response, error) {
+	h := req.URL.Hostname()
+	if ip := net.ParseIP(h); req.URL.Scheme == "http" && h != "localhost" && (ip == nil || !ip.IsLoopback()) {
+		return nil, fmt.Errorf("plain http to %s refused: only a registry on a loopback address is spoken to without TLS", req.URL.Host)
+	}
+	return t.RoundTripper.RoundTrip(req)
 }
 
 // fileImage opens an image file: a docker save tarball is read in place;

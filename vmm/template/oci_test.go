@@ -9,6 +9,7 @@ import (
 	"io"
 	"log"
 	"net"
+	"net/http"
 	"net/http/httptest"
 	"os"
 	"os/exec"
@@ -433,3 +434,21 @@ func TestUnpackerRefusesAndBounds(t *testing.T) {
 		}
 	}
 }
+
+// Plain http goes to a loopback registry only.
+func TestLoopbackHTTPOnly(t *testing.T) {
+	rt := loopbackHTTPOnly{roundTripFunc(func(*http.Request) (*http.Response, error) { return &http.Response{StatusCode: 200}, nil })}
+	for url, ok := range map[string]bool{
+		"http://127.0.0.1:5000/v2/": true, "http://localhost:5000/v2/": true, "http://[::1]:5000/v2/": true,
+		"https://10.0.0.5/v2/": true, "http://10.0.0.5:5000/v2/": false, "http://registry.local/v2/": false, "http://127.0.0.1.example.com/v2/": false,
+	} {
+		req, _ := http.NewRequest("GET", url, nil)
+		if _, err := rt.RoundTrip(req); (err == nil) != ok {
+			t.Errorf("%s: %v, want allowed %v", url, err, ok)
+		}
+	}
+}
+
+type roundTripFunc func(*http.Request) (*http.Response, error)
+
+func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
