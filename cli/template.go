@@ -2,6 +2,7 @@ package cli
 
 import (
 	"errors"
+	"fmt"
 	"net/url"
 	"os/signal"
 	"strings"
@@ -16,7 +17,7 @@ import (
 // published, it is in the cluster's catalog and any node can fetch it
 // from the artifact store.
 type TemplateCmd struct {
-	Build   TemplateBuildCmd   `cmd:"" help:"Build a template (ext4 root filesystem image) from a directory, a rootfs tarball, a Debian release (debootstrap) or busybox."`
+	Build   TemplateBuildCmd   `cmd:"" help:"Build a template (ext4 root filesystem image) from a directory, a rootfs tarball, an OCI/Docker image (a file or a registry), a Debian release (debootstrap) or busybox."`
 	Publish TemplatePublishCmd `cmd:"" help:"Put a template a node built into the artifact store and record it in the cluster's catalog."`
 	List    TemplateListCmd    `cmd:"" help:"List the cluster's template catalog (--local: the templates built on this host)."`
 	Get     TemplateGetCmd     `cmd:"" help:"Show one template."`
@@ -40,27 +41,33 @@ type TemplateBuildCmd struct {
 	Name         string   `arg:"" name:"name" help:"Template name, e.g. kibotos-coding."`
 	FromDir      string   `name:"from-dir" type:"existingdir" help:"Directory holding the root filesystem."`
 	FromTar      string   `name:"from-tar" type:"existingfile" help:"Rootfs tarball (any compression tar reads)."`
+	FromOCI      string   `name:"from-oci" type:"existingfile" help:"OCI/Docker image file: a docker save tarball or an OCI image-layout archive (uncompressed). Its layers are flattened; its Env, WorkingDir and User become the defaults of workspace exec."`
+	OCIRef       string   `name:"oci-ref" help:"With --from-oci: the image of a file that holds several, by tag (app:1) or OCI ref name."`
+	FromRegistry string   `name:"from-registry" help:"Image reference to pull, e.g. docker.io/library/debian:12 or localhost:5000/app:1 (linux/amd64; credentials from ~/.docker/config.json; a registry on a loopback address over plain http). As --from-oci otherwise."`
 	Debootstrap  bool     `name:"debootstrap" help:"Build a Debian root filesystem with debootstrap (Debian package debootstrap; needs root)."`
 	Busybox      bool     `name:"busybox" help:"Build the small busybox system kibotos dev builds as kibotos-base: the static busybox of the Debian package busybox-static (a shell, nc and the usual tools) with GNU wget; 1 GiB file system."`
 	Suite        string   `name:"suite" help:"With --debootstrap: the Debian release; default bookworm."`
 	Mirror       string   `name:"mirror" help:"With --debootstrap: the Debian archive URL; default: the one apt uses on this host (/etc/apt/sources.list{,.d})."`
 	Include      []string `name:"include" sep:"," help:"With --debootstrap: extra packages, e.g. --include git,curl,python3."`
 	Variant      string   `name:"variant" help:"With --debootstrap: minbase (default: essential packages and apt), buildd (plus build-essential) or standard (required and important packages)."`
-	Size         string   `name:"size" help:"Image size, e.g. 2GiB; default: the content plus half again plus 64 MiB (--debootstrap: the content plus 2 GiB, at least 4 GiB; the image is sparse)."`
+	Size         string   `name:"size" help:"Image size, e.g. 2GiB; default: the content plus half again plus 64 MiB (--debootstrap: the content plus 2 GiB, at least 4 GiB; the image is sparse). With --from-oci and --from-registry it also bounds the image's files (default bound 64 GiB)."`
 }
 
 func (c *TemplateBuildCmd) Run(g *Globals) error {
 	n := 0
-	for _, set := range []bool{c.FromDir != "", c.FromTar != "", c.Debootstrap, c.Busybox} {
+	for _, set := range []bool{c.FromDir != "", c.FromTar != "", c.FromOCI != "", c.FromRegistry != "", c.Debootstrap, c.Busybox} {
 		if set {
 			n++
 		}
 	}
 	if n != 1 {
-		return api.Errorf(api.CodeInvalidArgument, "template %s: give exactly one of --from-dir DIR, --from-tar FILE, --debootstrap and --busybox", c.Name)
+		return api.Errorf(api.CodeInvalidArgument, "template %s: give exactly one of --from-dir DIR, --from-tar FILE, --from-oci FILE, --from-registry REF, --debootstrap and --busybox", c.Name)
 	}
 	if !c.Debootstrap && (c.Suite != "" || c.Mirror != "" || len(c.Include) > 0 || c.Variant != "") {
 		return api.Errorf(api.CodeInvalidArgument, "template %s: --suite, --mirror, --include and --variant go with --debootstrap", c.Name)
+	}
+	if c.OCIRef != "" && c.FromOCI == "" {
+		return api.Errorf(api.CodeInvalidArgument, "template %s: --oci-ref goes with --from-oci (a registry reference names its image itself)", c.Name)
 	}
 	o := template.Options{StorageRoot: c.root(g), Name: c.Name, FromDir: c.FromDir, FromTar: c.FromTar}
 	if c.Size != "" {
@@ -73,11 +80,14 @@ func (c *TemplateBuildCmd) Run(g *Globals) error {
 	if c.Debootstrap {
 		return c.runDebootstrap(g, o.SizeMiB)
 	}
+	if c.FromOCI != "" || c.FromRegistry != "" {
+		return c.runOCI(g, o.SizeMiB)
+	}
 	var t *template.Template
 	var err error
 	if c.Busybox {
 		if c.Size != "" {
-			return api.Errorf(api.CodeInvalidArgument, "template %s: --size goes with --from-dir, --from-tar or --debootstrap; a --busybox template is %d MiB", c.Name, template.BusyboxSizeMiB)
+			return api.Errorf(api.CodeInvalidArgument, "template %s: --size goes with --from-dir, --from-tar, --from-oci, --from-registry or --debootstrap; a --busybox template is %d MiB", c.Name, template.BusyboxSizeMiB)
 		}
 		t, err = template.BuildBusybox(g.ctx, o.StorageRoot, c.Name, "")
 	} else {
@@ -113,6 +123,41 @@ func (c *TemplateBuildCmd) runDebootstrap(g *Globals, sizeMiB int) error {
 	}
 	printBuilt(g, t)
 	g.note("template %s: built with debootstrap in %s\n", t.Name, time.Since(start).Round(time.Second))
+	return nil
+}
+
+// runOCI builds from an image file or a registry, with the layers' progress
+// on stderr when it is a terminal. Ctrl-C or SIGTERM stops the build and
+// removes what it unpacked.
+func (c *TemplateBuildCmd) runOCI(g *Globals, sizeMiB int) error {
+	o := template.OCIOptions{StorageRoot: c.root(g), Name: c.Name, File: c.FromOCI, Ref: c.OCIRef, Registry: c.FromRegistry, SizeMiB: sizeMiB}
+	pb := g.progress(true, "template "+c.Name, -1)
+	if pb.on {
+		o.Progress = func(p template.OCIProgress) {
+			pb.set(fmt.Sprintf("template %s: layer %d/%d", c.Name, min(p.LayersDone+1, p.Layers), p.Layers), p.Bytes)
+		}
+	}
+	ctx, stop := signal.NotifyContext(g.ctx, syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	t, err := template.BuildOCI(ctx, o)
+	if err != nil {
+		pb.abandon()
+	} else {
+		pb.done()
+	}
+	switch {
+	case err == nil:
+	case errors.Is(err, template.ErrImageUnavailable):
+		return api.Errorf(api.CodeUnavailable, "%v", err)
+	case errors.Is(err, template.ErrImageNotFound):
+		return api.Errorf(api.CodeNotFound, "%v", err)
+	default:
+		return api.Errorf(api.CodeInvalidArgument, "%v", err)
+	}
+	if g.JSON {
+		return printResult(g, t)
+	}
+	printBuilt(g, t)
 	return nil
 }
 

@@ -1,12 +1,24 @@
 package cli
 
 import (
+	"archive/tar"
 	"bytes"
 	"context"
+	"encoding/json"
+	"io"
+	"log"
+	"net"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/google/go-containerregistry/pkg/name"
+	"github.com/google/go-containerregistry/pkg/registry"
+	"github.com/google/go-containerregistry/pkg/v1/empty"
+	"github.com/google/go-containerregistry/pkg/v1/mutate"
+	"github.com/google/go-containerregistry/pkg/v1/tarball"
 
 	"github.com/kibotos/kibotos/api"
 	"github.com/kibotos/kibotos/internal/testenv"
@@ -55,9 +67,13 @@ func TestTemplateBuildSourceFlags(t *testing.T) {
 		args []string
 		want string
 	}{
-		{[]string{"kibotos-coding"}, "give exactly one of --from-dir DIR, --from-tar FILE, --debootstrap and --busybox"},
+		{[]string{"kibotos-coding"}, "give exactly one of --from-dir DIR, --from-tar FILE, --from-oci FILE, --from-registry REF, --debootstrap and --busybox"},
+		{[]string{"kibotos-coding", "--from-registry", "localhost:5000/app:1", "--from-dir", src}, "give exactly one of"},
+		{[]string{"kibotos-coding", "--from-registry", "localhost:5000/app:1", "--oci-ref", "app:1"}, "--oci-ref goes with --from-oci"},
+		{[]string{"kibotos-coding", "--from-registry", "Not A Ref"}, "is not an image reference"},
+		{[]string{"kibotos-coding", "--from-oci", "/dev/null"}, "neither a docker save tarball (manifest.json) nor an OCI image-layout archive"},
 		{[]string{"kibotos-coding", "--busybox", "--debootstrap"}, "give exactly one of"},
-		{[]string{"kibotos-coding", "--busybox", "--size", "2GiB"}, "--size goes with --from-dir, --from-tar or --debootstrap"},
+		{[]string{"kibotos-coding", "--busybox", "--size", "2GiB"}, "--size goes with --from-dir, --from-tar, --from-oci, --from-registry or --debootstrap"},
 		{[]string{"kibotos-coding", "--from-dir", src, "--debootstrap"}, "give exactly one of"},
 		{[]string{"kibotos-coding", "--from-dir", src, "--suite", "trixie"}, "--suite, --mirror, --include and --variant go with --debootstrap"},
 		{[]string{"kibotos-coding", "--from-dir", src, "--include", "git"}, "go with --debootstrap"},
@@ -88,5 +104,48 @@ func TestTemplateBuildBusybox(t *testing.T) {
 	}
 	if out, _, _ := runCLI("template", "list", "--storage-root", root, "-q"); strings.TrimSpace(out) != "kibotos-base" {
 		t.Fatalf("template list -q: %q", out)
+	}
+}
+
+// --from-oci builds from a docker save tarball and prints the template
+// as other builds do; no progress when stderr is no terminal. A registry
+// that is not there is unavailable, a tag it lacks not found.
+func TestTemplateBuildOCI(t *testing.T) {
+	testenv.LookPath(t, "mkfs.ext4", "e2fsprogs")
+	root := t.TempDir()
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	tw.WriteHeader(&tar.Header{Name: "hello.txt", Mode: 0o644, Size: 6, Typeflag: tar.TypeReg})
+	tw.Write([]byte("hello\n"))
+	tw.Close()
+	layer, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(buf.Bytes())), nil })
+	if err != nil {
+		t.Fatal(err)
+	}
+	img, err := mutate.AppendLayers(empty.Image, layer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	saved := filepath.Join(t.TempDir(), "hello.tar")
+	if err := tarball.WriteToFile(saved, name.MustParseReference("hello:1"), img); err != nil {
+		t.Fatal(err)
+	}
+	out, errs, code := runCLI("template", "build", "hello", "--from-oci", saved, "--size", "16MiB", "--storage-root", root, "--json")
+	var res struct{ Result struct{ ID, Source string } }
+	if code != 0 || json.Unmarshal([]byte(out), &res) != nil || !strings.HasPrefix(res.Result.ID, "sha256-") || res.Result.Source != "oci:"+saved || errs != "" {
+		t.Fatalf("build --from-oci --json: exit %d, %q %q", code, out, errs)
+	}
+
+	srv := httptest.NewServer(registry.New(registry.Logger(log.New(io.Discard, "", 0))))
+	defer srv.Close()
+	missing := strings.TrimPrefix(srv.URL, "http://") + "/hello:2"
+	if _, errs, code := runCLI("template", "build", "hello", "--from-registry", missing, "--storage-root", root); code != api.ExitNotFound || strings.Count(strings.TrimSpace(errs), "\n") > 0 {
+		t.Errorf("a tag the registry lacks: exit %d, %q; want %d on one line", code, errs, api.ExitNotFound)
+	}
+	ln, _ := net.Listen("tcp", "127.0.0.1:0")
+	gone := ln.Addr().String() + "/hello:1"
+	ln.Close()
+	if _, errs, code := runCLI("template", "build", "hello", "--from-registry", gone, "--storage-root", root); code != api.ExitUnavailable || !strings.Contains(errs, "template hello: ") {
+		t.Errorf("a registry that is not there: exit %d, %q; want %d", code, errs, api.ExitUnavailable)
 	}
 }

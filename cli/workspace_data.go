@@ -104,7 +104,14 @@ func runInWorkspace(g *Globals, id string, argv []string, tty bool, dir string, 
 	defer c.Close()
 	in := g.stdin
 	inIsTerm := in != nil && isTerminal(in.Fd())
-	req := guestproto.ExecRequest{Argv: argv, Root: agent.WorkspaceRoot, Dir: dir, Env: append(append([]string(nil), guestEnv...), env...)}
+	req := guestproto.ExecRequest{Argv: argv, Root: agent.WorkspaceRoot, Dir: dir, Env: append([]string(nil), env...)}
+	if c.Info().Has(guestproto.CapExecImageConfig) {
+		// Only the user's -e are explicit: a template built from an OCI
+		// image replaces these defaults with the image's Env.
+		req.DefaultEnv = guestEnv
+	} else {
+		req.Env = append(append([]string(nil), guestEnv...), env...)
+	}
 	// A terminal's stdin is forwarded only with -t (it would never end);
 	// a pipe or file is always forwarded.
 	req.Stdin = in != nil && (tty || !inIsTerm)
@@ -401,13 +408,19 @@ func (g *Globals) progress(want bool, name string, total int64) *progressBar {
 	return &progressBar{g: g, on: on, name: name, total: total, start: time.Now()}
 }
 
-func (p *progressBar) add(n int) {
+func (p *progressBar) add(n int) { p.update(func() { p.n += int64(n) }) }
+
+// set replaces the label and the count, for work that reports how far it
+// is rather than what it added.
+func (p *progressBar) set(name string, n int64) { p.update(func() { p.name, p.n = name, n }) }
+
+func (p *progressBar) update(change func()) {
 	if !p.on {
 		return
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.n += int64(n)
+	change()
 	if time.Since(p.lastOut) > 100*time.Millisecond {
 		p.lastOut = time.Now()
 		p.draw()
@@ -435,6 +448,20 @@ func (p *progressBar) done() {
 	p.draw()
 	p.mu.Unlock()
 	fmt.Fprintln(p.g.stderr)
+}
+
+// abandon ends a bar without drawing it again: after a failure, the error
+// starts on a line of its own.
+func (p *progressBar) abandon() {
+	if !p.on {
+		return
+	}
+	p.mu.Lock()
+	drawn := !p.lastOut.IsZero()
+	p.mu.Unlock()
+	if drawn {
+		fmt.Fprintln(p.g.stderr)
+	}
 }
 
 type countingReader struct {

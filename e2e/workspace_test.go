@@ -2,8 +2,9 @@ package e2e
 
 // The one-host Workspace lifecycle through the real CLI: `kibotos dev`
 // (a one-voter cluster whose node runs QEMU micro-VMs under a private
-// systemd) and `kibo workspace ...`. One Workspace serves every check, so
-// the test boots two VMs in all (create, start).
+// systemd) and `kibo workspace ...`. One Workspace serves every check but
+// the last (a template from an OCI image needs a Workspace of its own), so
+// the test boots three VMs in all (create, start, the OCI Workspace).
 
 import (
 	"bufio"
@@ -102,6 +103,9 @@ func TestWorkspace(t *testing.T) {
 		{"StopNotPrepared", d.testStopNotPrepared},
 		{"OOMKill", d.testOOMKill},
 		{"ForceStopDelete", d.testForceStopDelete},
+		// Last: its own Workspace, deleted again, so no step above
+		// counts its Instance.
+		{"OCITemplate", d.testOCITemplate},
 	}
 	for _, s := range steps {
 		if !d.step(s.name, func() { s.f(ws) }) {
@@ -356,6 +360,11 @@ func (d *wsDev) testExec(id string) {
 	}
 	if r := d.kibo(time.Minute, nil, "workspace", "exec", id, "--", "sh", "-c", "test -c /dev/null && test -r /proc/self/stat"); r.code != 0 {
 		t.Errorf("the Workspace lacks /dev or /proc: %s", r)
+	}
+	// A template without an image config (not built from an OCI image):
+	// the node's defaults, root, the top of the root.
+	if r := d.kibo(time.Minute, nil, "workspace", "exec", id, "--", "sh", "-c", `echo "$LANG $HOME $(id -u) $(pwd)"`); r.code != 0 || r.stdout != "C.UTF-8 /root 0 /\n" {
+		t.Errorf("exec defaults without an image config: %s (stdout %q), want \"C.UTF-8 /root 0 /\"", r, r.stdout)
 	}
 	in := randBytes(t, 1<<20)
 	t0 = time.Now()

@@ -156,14 +156,12 @@ func (st *stdio) resize(ws *guestproto.WinSize) {
 }
 
 func (a *agent) runExec(ctl net.Conn, req guestproto.ExecRequest, streams [3]net.Conn) {
-	env := req.Env
-	if len(env) == 0 {
-		env = []string{"PATH=" + defaultPath, "HOME=/root"}
-		if req.PTY != nil {
-			env = append(env, "TERM=xterm")
-		}
+	setup, err := setupExec(a.log, req)
+	if err != nil {
+		respond(ctl, nil, &guestproto.Error{Code: guestproto.CodeInvalid, Message: err.Error()})
+		return
 	}
-	path, err := lookPath(req.Root, req.Argv[0], env)
+	path, err := lookPath(req.Root, req.Argv[0], setup.env)
 	if err != nil {
 		respond(ctl, nil, &guestproto.Error{Code: guestproto.CodeNotFound, Message: err.Error()})
 		return
@@ -174,12 +172,7 @@ func (a *agent) runExec(ctl net.Conn, req guestproto.ExecRequest, streams [3]net
 			f.Close()
 		}
 	}()
-	sys := &syscall.SysProcAttr{Setsid: true, Chroot: req.Root}
-	if req.Root != "" && req.Dir == "" {
-		// The agent's own directory means nothing inside the new root
-		// (shells complain they cannot find it): start at its top.
-		req.Dir = "/"
-	}
+	sys := &syscall.SysProcAttr{Setsid: true, Chroot: req.Root, Credential: setup.cred}
 	if req.PTY != nil {
 		err = st.openPTY(req.PTY, streams)
 		sys.Setctty, sys.Ctty = true, 0
@@ -198,7 +191,7 @@ func (a *agent) runExec(ctl net.Conn, req guestproto.ExecRequest, streams [3]net
 		respond(ctl, nil, &guestproto.Error{Code: guestproto.CodeFailed, Message: "the guest is stopping"})
 		return
 	}
-	proc, exited, err := a.reaper.start(path, req.Argv, &os.ProcAttr{Dir: req.Dir, Env: env, Files: st.child, Sys: sys})
+	proc, exited, err := a.reaper.start(path, req.Argv, &os.ProcAttr{Dir: setup.dir, Env: setup.env, Files: st.child, Sys: sys})
 	if err != nil {
 		a.procsMu.Unlock()
 		st.closeAll()

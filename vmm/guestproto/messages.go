@@ -93,11 +93,17 @@ const CapSetTime = "set-time"
 // or CodeFailed) and leaves the guest running, those filesystems frozen.
 const CapStopPrepare = "stop-prepare"
 
+// CapExecImageConfig: an exec with Root takes its defaults from the
+// root's ImageConfigPath when the file is there (a template built from an
+// OCI image), and takes ExecRequest.DefaultEnv. A guest without it reads
+// only Env: send it the defaults in Env.
+const CapExecImageConfig = "exec-image-config"
+
 // Capabilities are every capability this build's guest agent announces
 // and its node may use. A guest of an earlier build lacking some is still
 // driven; only the calls that need those fail until it restarts.
 var Capabilities = []string{CapExec, CapPTY, CapFiles, CapConfigure, CapFreeze, CapStop, CapExecRoot,
-	CapPortForward, CapBindMount, CapMountSerial, CapGrowFS, CapSetTime, CapStopPrepare}
+	CapPortForward, CapBindMount, CapMountSerial, CapGrowFS, CapSetTime, CapStopPrepare, CapExecImageConfig}
 
 // SetTimeRequest is the time to set, Unix nanoseconds of the node's clock.
 type SetTimeRequest struct {
@@ -216,8 +222,17 @@ type WinSize struct {
 type ExecRequest struct {
 	ID   string   `json:"id"`
 	Argv []string `json:"argv"`
-	Env  []string `json:"env,omitempty"`
-	Dir  string   `json:"dir,omitempty"`
+	// Env are the variables the caller asks for. With DefaultEnv they are
+	// the user's own and override any default by name.
+	Env []string `json:"env,omitempty"`
+	// DefaultEnv is the caller's idea of a base environment (PATH, HOME,
+	// LANG). Without an image config it comes first, then Env, as if both
+	// were sent in Env; an image config's env takes its place (needs
+	// CapExecImageConfig).
+	DefaultEnv []string `json:"default_env,omitempty"`
+	// Dir is the working directory; "" is the image config's working
+	// directory under Root, else the top of Root.
+	Dir string `json:"dir,omitempty"`
 	// Root, if set, is a directory of the guest the process is chrooted to
 	// before Dir and Argv[0] are resolved (needs CapExecRoot).
 	Root  string   `json:"root,omitempty"`
