@@ -147,6 +147,43 @@ func digestOf(h hash.Hash) Digest { return Digest(digestPrefix + hex.EncodeToStr
 
 func objectName(s Store, d Digest) string { return "object " + string(d) + " in " + s.String() }
 
+// ref is what an operation is on, for its errors (an object by its
+// digest).
+type ref struct {
+	id   string // the digest
+	name string // "object sha256:… in s3://…"
+	// lost and damaged say what to do when it is not there, or when
+	// it does not match what its reader recorded.
+	lost, damaged string
+}
+
+func digestRef(s Store, d Digest) ref {
+	return ref{id: string(d), name: objectName(s, d),
+		lost: "publish it again (kibo template publish)", damaged: "publish it again from a node that holds it"}
+}
+
+// loc is where an object lies in a store (a path, an S3 key) and how
+// errors name it. err, if set, is why it can lie nowhere (not a digest),
+// and every operation on it answers that.
+type loc struct {
+	at string
+	ref
+	err error
+}
+
+// missing is the error for r not being there.
+func (r ref) missing() error {
+	return api.Errorf(api.CodeNotFound, "%s is not there: %s", r.name, r.lost)
+}
+
+// checkOffset refuses a read of r from before its start.
+func (r ref) checkOffset(offset int64) error {
+	if offset < 0 {
+		return api.Errorf(api.CodeInvalidArgument, "read %s from offset %d: give an offset of 0 or more", r.name, offset)
+	}
+	return nil
+}
+
 // Config is the [artifacts] section of a member's configuration file.
 type Config struct {
 	// URL is the store: file:///absolute/dir or s3://bucket/prefix.
