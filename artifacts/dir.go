@@ -8,15 +8,17 @@ import (
 	"io"
 	"io/fs"
 	"os"
+	"path"
 	"path/filepath"
 
 	"github.com/kibotos/kibotos/api"
 	"github.com/kibotos/kibotos/storagepool"
 )
 
-// Dir is the directory backend: objects/sha256/<hex> under its root, each
-// written to a temporary file beside it (named after the writing node) and
-// renamed into place, so a reader on any host sees a whole object or none.
+// Dir is the directory backend: objects/sha256/<hex> and named/<key>
+// under its root, each written to a temporary file beside it (named after
+// the writing node) and renamed into place, so a reader on any host sees
+// a whole object or none.
 type Dir struct {
 	root string
 	node string
@@ -44,6 +46,15 @@ func (s *Dir) object(d Digest) loc {
 	return loc{filepath.Join(s.objects(), d.Hex()), digestRef(s, d), err}
 }
 
+func (s *Dir) named() string { return filepath.Join(s.root, "named") }
+
+// namedObject is where key lies (l.err if it is not a key): named/ keeps
+// a listing out of objects/.
+func (s *Dir) namedObject(key string) loc {
+	err := checkKey(s, key)
+	return loc{filepath.Join(s.named(), filepath.FromSlash(key)), keyRef(s, key), err}
+}
+
 func (s *Dir) Put(ctx context.Context, r io.Reader, want Digest) (Object, error) {
 	if want != "" {
 		if _, err := ParseDigest(string(want)); err != nil {
@@ -58,6 +69,37 @@ func (s *Dir) Put(ctx context.Context, r io.Reader, want Digest) (Object, error)
 		// and repairs one that was damaged in place.
 		return s.object(o.Digest).at, nil
 	})
+}
+
+func (s *Dir) PutNamed(ctx context.Context, key string, r io.Reader) (Object, error) {
+	l := s.namedObject(key)
+	if l.err != nil {
+		return Object{}, l.err
+	}
+	o, err := s.write(ctx, filepath.Dir(l.at), r, func(Object) (string, error) { return l.at, nil })
+	if err != nil && api.CodeOf(err) == api.CodeUnavailable {
+		if cerr := s.keyConflict(key); cerr != nil {
+			return Object{}, cerr
+		}
+	}
+	if err != nil {
+		return Object{}, fmt.Errorf("put %s: %w", l.name, err) // the errors above name the temporary file
+	}
+	return o, nil
+}
+
+// keyConflict explains a put that failed because a file stands where
+// key needs a directory, or a directory where it needs a file.
+func (s *Dir) keyConflict(key string) error {
+	if fi, err := os.Lstat(filepath.Join(s.named(), filepath.FromSlash(key))); err == nil && fi.IsDir() {
+		return api.Errorf(api.CodeFailedPrecondition, "artifact store %s: key %s is the prefix of other named objects: a directory store cannot hold it as an object too; choose another key", s, key)
+	}
+	for up := path.Dir(key); up != "."; up = path.Dir(up) {
+		if fi, err := os.Lstat(filepath.Join(s.named(), filepath.FromSlash(up))); err == nil && !fi.IsDir() {
+			return api.Errorf(api.CodeFailedPrecondition, "artifact store %s: key %s lies under named object %s: a directory store cannot hold both; choose another key or delete %s", s, key, up, up)
+		}
+	}
+	return nil
 }
 
 // write copies what r yields to a temporary file in dir, named after this
@@ -111,11 +153,23 @@ func (s *Dir) Stat(ctx context.Context, d Digest) (Object, error) {
 	return Object{Digest: d, Size: size}, nil
 }
 
+func (s *Dir) StatNamed(ctx context.Context, key string) (int64, error) {
+	return s.stat(s.namedObject(key))
+}
+
 func (s *Dir) OpenAt(ctx context.Context, d Digest, offset int64) (io.ReadCloser, error) {
 	return s.open(ctx, s.object(d), offset)
 }
 
+func (s *Dir) OpenNamed(ctx context.Context, key string, offset int64) (io.ReadCloser, error) {
+	return s.open(ctx, s.namedObject(key), offset)
+}
+
 func (s *Dir) Delete(ctx context.Context, d Digest) error { return s.remove(s.object(d)) }
+
+func (s *Dir) DeleteNamed(ctx context.Context, key string) error {
+	return s.remove(s.namedObject(key))
+}
 
 func (s *Dir) stat(l loc) (int64, error) {
 	if l.err != nil {
@@ -129,7 +183,7 @@ func (s *Dir) stat(l loc) (int64, error) {
 }
 
 // regular is the size of the file fi describes if it is an object: a
-// directory is not.
+// directory is not (on a named path it holds other named objects).
 func regular(l loc, fi fs.FileInfo) (int64, error) {
 	if fi.IsDir() {
 		return 0, l.missing()
@@ -168,7 +222,7 @@ func (s *Dir) open(ctx context.Context, l loc, offset int64) (io.ReadCloser, err
 }
 
 // remove deletes the object at l; one that is not there, or a directory
-// (no object), is no error.
+// (no object: the prefix of others), is no error.
 func (s *Dir) remove(l loc) error {
 	if l.err != nil {
 		return l.err
@@ -182,6 +236,45 @@ func (s *Dir) remove(l loc) error {
 		}
 	}
 	return nil
+}
+
+func (s *Dir) ListNamed(ctx context.Context, prefix string) ([]Named, error) {
+	if err := checkPrefix(s, prefix); err != nil {
+		return nil, err
+	}
+	if _, err := os.Stat(s.root); err != nil {
+		return nil, s.unavailable("list "+prefix, err)
+	}
+	l := listing{s: s, prefix: prefix}
+	top := filepath.Join(s.named(), filepath.FromSlash(prefix))
+	err := filepath.WalkDir(top, func(p string, e fs.DirEntry, err error) error {
+		switch {
+		case errors.Is(err, fs.ErrNotExist):
+			return nil // nothing was ever stored under it, or it went meanwhile
+		case err != nil:
+			return err
+		case ctx.Err() != nil:
+			return ctx.Err()
+		case !e.Type().IsRegular():
+			return nil
+		}
+		fi, err := e.Info()
+		if err != nil {
+			return nil // deleted meanwhile
+		}
+		rel, _ := filepath.Rel(s.named(), p)
+		return l.add(filepath.ToSlash(rel), fi.Size())
+	})
+	if api.CodeOf(err) == api.CodeResourceExhausted {
+		return nil, err
+	}
+	if cerr := ctx.Err(); cerr != nil {
+		return nil, cerr
+	}
+	if err != nil {
+		return nil, s.unavailable("list "+prefix, err)
+	}
+	return l.sorted(), nil
 }
 
 func (s *Dir) openErr(r ref, err error) error {

@@ -46,8 +46,22 @@ func Fetch(ctx context.Context, s Store, want Object, dst string, progress func(
 	}, want, dst, progress)
 }
 
-// source is what a fetch reads: its name in errors, its size and its
-// bytes from an offset on.
+// FetchNamed is Fetch of the object stored under key, which its writer
+// recorded as want: what is fetched is verified against want, as Fetch
+// verifies an object against its digest.
+func FetchNamed(ctx context.Context, s Store, key string, want Object, dst string, progress func(done, total int64)) error {
+	if err := checkKey(s, key); err != nil {
+		return err
+	}
+	return fetch(ctx, source{
+		ref:   keyRef(s, key),
+		store: s,
+		size:  func(ctx context.Context) (int64, error) { return s.StatNamed(ctx, key) },
+		open:  func(ctx context.Context, offset int64) (io.ReadCloser, error) { return s.OpenNamed(ctx, key, offset) },
+	}, want, dst, progress)
+}
+
+// source is what a fetch reads: an object by its digest or by its key.
 type source struct {
 	ref
 	store Store

@@ -28,10 +28,11 @@ import (
 	"github.com/kibotos/kibotos/storagepool"
 )
 
-// S3 is the bucket backend: objects/sha256/<hex> under its prefix in an
-// S3-compatible bucket. An object appears whole because S3 shows a key
-// only once the single request or multipart upload that writes it
-// completes; Put completes one only for content whose digest it checked.
+// S3 is the bucket backend: objects/sha256/<hex> and named/<key> under
+// its prefix in an S3-compatible bucket. An object appears whole because
+// S3 shows a key only once the single request or multipart upload that
+// writes it completes; Put completes one only for content whose digest it
+// checked.
 type S3 struct {
 	client *minio.Client
 	bucket string
@@ -40,6 +41,9 @@ type S3 struct {
 	// partSize is what Put buffers and sends per request (tests lower it
 	// to reach many parts with small objects).
 	partSize uint64
+	// listPage is how many keys ListNamed asks for per request (0: the
+	// endpoint's default, 1000 on S3; tests lower it to reach many pages).
+	listPage int
 }
 
 // DefaultS3Endpoint is [artifacts] endpoint when none is given.
@@ -282,6 +286,20 @@ func (s *S3) object(d Digest) loc {
 	return loc{s.key("objects", "sha256", d.Hex()), digestRef(s, d), err}
 }
 
+// namedObject is where key lies (l.err if it is not a key, or too long
+// for S3 with the store's prefix): under named/, so a listing never
+// reaches objects/ or staging/.
+func (s *S3) namedObject(key string) loc {
+	l := loc{s.key("named", key), keyRef(s, key), checkKey(s, key)}
+	if l.err == nil && len(l.at) > s3KeyBytes {
+		l.err = api.Errorf(api.CodeInvalidArgument, "artifact store %s: key %s makes the S3 key %d bytes long with the store's prefix, S3 allows %d: choose a shorter key or [artifacts] url prefix", s, key, len(l.at), s3KeyBytes)
+	}
+	return l
+}
+
+// s3KeyBytes is the longest key S3 takes.
+const s3KeyBytes = 1024
+
 // Put streams what r yields into the bucket. With want, straight to the
 // object's key: the reader fails instead of ending when the content does
 // not match, so the upload is aborted and the key never appears. Without
@@ -297,6 +315,21 @@ func (s *S3) Put(ctx context.Context, r io.Reader, want Digest) (Object, error) 
 		return s.upload(ctx, l.at, r, want)
 	}
 	return s.staged(ctx, r, func(o Object) string { return s.object(o.Digest).at })
+}
+
+// PutNamed writes as Put does without a digest, through a staging key:
+// one write path for both, and the key changes only when the copy of a
+// complete, counted upload does (what was there stays until then).
+func (s *S3) PutNamed(ctx context.Context, key string, r io.Reader) (Object, error) {
+	l := s.namedObject(key)
+	if l.err != nil {
+		return Object{}, l.err
+	}
+	o, err := s.staged(ctx, r, func(Object) string { return l.at })
+	if err != nil {
+		return Object{}, fmt.Errorf("put %s: %w", l.name, err) // the errors above name the staging key
+	}
+	return o, nil
 }
 
 // staged uploads what r yields to a staging key of this node and copies
@@ -399,11 +432,23 @@ func (s *S3) Stat(ctx context.Context, d Digest) (Object, error) {
 	return Object{Digest: d, Size: size}, nil
 }
 
+func (s *S3) StatNamed(ctx context.Context, key string) (int64, error) {
+	return s.stat(ctx, s.namedObject(key))
+}
+
 func (s *S3) OpenAt(ctx context.Context, d Digest, offset int64) (io.ReadCloser, error) {
 	return s.open(ctx, s.object(d), offset)
 }
 
+func (s *S3) OpenNamed(ctx context.Context, key string, offset int64) (io.ReadCloser, error) {
+	return s.open(ctx, s.namedObject(key), offset)
+}
+
 func (s *S3) Delete(ctx context.Context, d Digest) error { return s.remove(ctx, s.object(d)) }
+
+func (s *S3) DeleteNamed(ctx context.Context, key string) error {
+	return s.remove(ctx, s.namedObject(key))
+}
 
 func (s *S3) stat(ctx context.Context, l loc) (int64, error) {
 	if l.err != nil {
@@ -448,6 +493,29 @@ func (s *S3) remove(ctx context.Context, l loc) error {
 		}
 	}
 	return nil
+}
+
+// ListNamed pages through the listing (minio-go asks for the next page
+// until the answer is complete).
+func (s *S3) ListNamed(ctx context.Context, prefix string) ([]Named, error) {
+	if err := checkPrefix(s, prefix); err != nil {
+		return nil, err
+	}
+	// Cancelled on return: minio-go lists in a goroutine that stops
+	// only so when the loop below stops early.
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	root := s.key("named") + "/"
+	l := listing{s: s, prefix: prefix}
+	for o := range s.client.ListObjects(ctx, s.bucket, minio.ListObjectsOptions{Prefix: root + prefix, Recursive: true, MaxKeys: s.listPage}) {
+		if o.Err != nil {
+			return nil, s.fail(ctx, "list "+prefix, nil, o.Err)
+		}
+		if err := l.add(strings.TrimPrefix(o.Key, root), o.Size); err != nil {
+			return nil, err
+		}
+	}
+	return l.sorted(), nil
 }
 
 // fail turns what the endpoint or the network said about r (or about
