@@ -141,9 +141,15 @@ func newS3Store(t testing.TB, bucket string) *S3 {
 // would: fn gets its bytes and returns the new ones.
 func damage(t *testing.T, s Store, d Digest, fn func([]byte) []byte) {
 	t.Helper()
+	damageAt(t, s, objectPath(d), fn)
+}
+
+// damageAt is damage of what lies at rel (as stored names it).
+func damageAt(t *testing.T, s Store, rel string, fn func([]byte) []byte) {
+	t.Helper()
 	switch s := s.(type) {
 	case *Dir:
-		p, _ := s.path(d)
+		p := filepath.Join(s.root, filepath.FromSlash(rel))
 		b, err := os.ReadFile(p)
 		if err != nil {
 			t.Fatal(err)
@@ -153,7 +159,7 @@ func damage(t *testing.T, s Store, d Digest, fn func([]byte) []byte) {
 		}
 	case *S3:
 		ctx := context.Background()
-		key, _ := s.objectKey(d)
+		key := s.key(rel)
 		obj, err := s.client.GetObject(ctx, s.bucket, key, minio.GetObjectOptions{})
 		if err != nil {
 			t.Fatal(err)

@@ -33,12 +33,48 @@ const progressStep = 16 << 20
 // the same dst wait for one another; one that finds dst there is done.
 // Nothing but dst is left behind by a fetch that completed.
 func Fetch(ctx context.Context, s Store, want Object, dst string, progress func(done, total int64)) error {
+	return fetch(ctx, source{
+		ref:   digestRef(s, want.Digest),
+		store: s,
+		size: func(ctx context.Context) (int64, error) {
+			o, err := s.Stat(ctx, want.Digest)
+			return o.Size, err
+		},
+		open: func(ctx context.Context, offset int64) (io.ReadCloser, error) {
+			return s.OpenAt(ctx, want.Digest, offset)
+		},
+	}, want, dst, progress)
+}
+
+// FetchNamed is Fetch of the object stored under key, which its writer
+// recorded as want: what is fetched is verified against want, as Fetch
+// verifies an object against its digest.
+func FetchNamed(ctx context.Context, s Store, key string, want Object, dst string, progress func(done, total int64)) error {
+	if err := checkKey(s, key); err != nil {
+		return err
+	}
+	return fetch(ctx, source{
+		ref:   keyRef(s, key),
+		store: s,
+		size:  func(ctx context.Context) (int64, error) { return s.StatNamed(ctx, key) },
+		open:  func(ctx context.Context, offset int64) (io.ReadCloser, error) { return s.OpenNamed(ctx, key, offset) },
+	}, want, dst, progress)
+}
+
+// source is what a fetch reads: an object by its digest or by its key.
+type source struct {
+	ref
+	store Store
+	size  func(ctx context.Context) (int64, error)
+	open  func(ctx context.Context, offset int64) (io.ReadCloser, error)
+}
+
+func fetch(ctx context.Context, src source, want Object, dst string, progress func(done, total int64)) error {
 	if _, err := ParseDigest(string(want.Digest)); err != nil {
 		return err
 	}
-	name := objectName(s, want.Digest)
 	if want.Size < 0 || want.Size > MaxObjectBytes {
-		return api.Errorf(api.CodeInvalidArgument, "%s: size %d is out of range", name, want.Size)
+		return api.Errorf(api.CodeInvalidArgument, "%s: size %d is out of range", src.name, want.Size)
 	}
 	if _, err := os.Stat(dst); err == nil {
 		return nil
@@ -51,16 +87,16 @@ func Fetch(ctx context.Context, s Store, want Object, dst string, progress func(
 	if _, err := os.Stat(dst); err == nil {
 		return nil // a concurrent fetch completed it
 	}
-	got, err := s.Stat(ctx, want.Digest)
+	size, err := src.size(ctx)
 	if err != nil {
 		return err
 	}
-	if got.Size != want.Size {
-		return fmt.Errorf("%s is %d bytes, %d expected (truncated or overwritten): %w; publish it again from a node that holds it", name, got.Size, want.Size, ErrCorrupt)
+	if size != want.Size {
+		return fmt.Errorf("%s is %d bytes, %d expected (truncated or overwritten): %w; %s", src.name, size, want.Size, ErrCorrupt, src.damaged)
 	}
 	partial := dst + PartialSuffix
 	for attempt := 0; ; attempt++ {
-		err := fetchOnce(ctx, s, want, partial, progress)
+		err := fetchOnce(ctx, src, want, partial, progress)
 		if err == nil {
 			if err := storagepool.Commit(partial, dst); err != nil {
 				return err
@@ -75,16 +111,16 @@ func Fetch(ctx context.Context, s Store, want Object, dst string, progress func(
 		}
 		os.Remove(partial)
 		if attempt == 1 {
-			return fmt.Errorf("%w; fetched twice from the start: the object in the store is damaged, publish it again from a node that holds it", err)
+			return fmt.Errorf("%w; fetched twice from the start: the object in the store is damaged, %s", err, src.damaged)
 		}
 	}
 }
 
 // fetchOnce continues partial from its length and verifies all of it.
-func fetchOnce(ctx context.Context, s Store, want Object, partial string, progress func(done, total int64)) (err error) {
+func fetchOnce(ctx context.Context, src source, want Object, partial string, progress func(done, total int64)) (err error) {
 	f, err := os.OpenFile(partial, os.O_RDWR|os.O_CREATE, 0o600)
 	if err != nil {
-		return fmt.Errorf("fetch %s: %w", want.Digest, err)
+		return fmt.Errorf("fetch %s: %w", src.id, err)
 	}
 	defer func() {
 		if cerr := f.Close(); err == nil {
@@ -94,7 +130,7 @@ func fetchOnce(ctx context.Context, s Store, want Object, partial string, progre
 	h := sha256.New()
 	have, err := io.Copy(h, f) // what an earlier fetch left, hashed again
 	if err != nil {
-		return fmt.Errorf("fetch %s: read %s: %w", want.Digest, partial, err)
+		return fmt.Errorf("fetch %s: read %s: %w", src.id, partial, err)
 	}
 	if have > want.Size {
 		if err := f.Truncate(0); err != nil {
@@ -106,7 +142,7 @@ func fetchOnce(ctx context.Context, s Store, want Object, partial string, progre
 		}
 	}
 	if have < want.Size {
-		rc, err := s.OpenAt(ctx, want.Digest, have)
+		rc, err := src.open(ctx, have)
 		if err != nil {
 			return err
 		}
@@ -115,10 +151,10 @@ func fetchOnce(ctx context.Context, s Store, want Object, partial string, progre
 		n, err := io.Copy(w, io.LimitReader(rc, want.Size-have+1))
 		have += n
 		if err != nil {
-			return fmt.Errorf("fetch %s from %s: %w (kept %d of %d bytes; the next fetch continues)", want.Digest, s, err, have, want.Size)
+			return fmt.Errorf("fetch %s from %s: %w (kept %d of %d bytes; the next fetch continues)", src.id, src.store, err, have, want.Size)
 		}
 	}
-	if err := check(objectName(s, want.Digest)+" fetched to "+partial, want, have, h); err != nil {
+	if err := check(src.name+" fetched to "+partial, want, have, h); err != nil {
 		return err
 	}
 	if progress != nil {

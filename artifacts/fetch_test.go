@@ -26,10 +26,19 @@ type breaking struct {
 var errLost = errors.New("connection lost")
 
 func (b *breaking) OpenAt(ctx context.Context, d Digest, off int64) (io.ReadCloser, error) {
+	return b.cut(off, func() (io.ReadCloser, error) { return b.Store.OpenAt(ctx, d, off) })
+}
+
+func (b *breaking) OpenNamed(ctx context.Context, key string, off int64) (io.ReadCloser, error) {
+	return b.cut(off, func() (io.ReadCloser, error) { return b.Store.OpenNamed(ctx, key, off) })
+}
+
+// cut records a read from off and breaks what open opens.
+func (b *breaking) cut(off int64, open func() (io.ReadCloser, error)) (io.ReadCloser, error) {
 	b.mu.Lock()
 	b.offsets = append(b.offsets, off)
 	b.mu.Unlock()
-	rc, err := b.Store.OpenAt(ctx, d, off)
+	rc, err := open()
 	if err != nil || b.limit < 0 {
 		return rc, err
 	}

@@ -28,10 +28,11 @@ import (
 	"github.com/kibotos/kibotos/storagepool"
 )
 
-// S3 is the bucket backend: objects/sha256/<hex> under its prefix in an
-// S3-compatible bucket. An object appears whole because S3 shows a key
-// only once the single request or multipart upload that writes it
-// completes; Put completes one only for content whose digest it checked.
+// S3 is the bucket backend: objects/sha256/<hex> and named/<key> under
+// its prefix in an S3-compatible bucket. An object appears whole because
+// S3 shows a key only once the single request or multipart upload that
+// writes it completes; Put completes one only for content whose digest it
+// checked.
 type S3 struct {
 	client *minio.Client
 	bucket string
@@ -40,6 +41,9 @@ type S3 struct {
 	// partSize is what Put buffers and sends per request (tests lower it
 	// to reach many parts with small objects).
 	partSize uint64
+	// listPage is how many keys ListNamed asks for per request (0: the
+	// endpoint's default, 1000 on S3; tests lower it to reach many pages).
+	listPage int
 }
 
 // DefaultS3Endpoint is [artifacts] endpoint when none is given.
@@ -276,35 +280,91 @@ func (s *S3) String() string {
 
 func (s *S3) key(parts ...string) string { return path.Join(append([]string{s.prefix}, parts...)...) }
 
-// objectKey of a checked digest only.
-func (s *S3) objectKey(d Digest) (string, error) {
-	if _, err := ParseDigest(string(d)); err != nil {
-		return "", err
-	}
-	return s.key("objects", "sha256", d.Hex()), nil
+// object is where d lies (l.err if d is not a digest).
+func (s *S3) object(d Digest) loc {
+	_, err := ParseDigest(string(d))
+	return loc{s.key("objects", "sha256", d.Hex()), digestRef(s, d), err}
 }
+
+// namedObject is where key lies (l.err if it is not a key, or too long
+// for S3 with the store's prefix): under named/, so a listing never
+// reaches objects/ or staging/.
+func (s *S3) namedObject(key string) loc {
+	l := loc{s.key("named", key), keyRef(s, key), checkKey(s, key)}
+	if l.err == nil && len(l.at) > s3KeyBytes {
+		l.err = api.Errorf(api.CodeInvalidArgument, "artifact store %s: key %s makes the S3 key %d bytes long with the store's prefix, S3 allows %d: choose a shorter key or [artifacts] url prefix", s, key, len(l.at), s3KeyBytes)
+	}
+	return l
+}
+
+// s3KeyBytes is the longest key S3 takes.
+const s3KeyBytes = 1024
 
 // Put streams what r yields into the bucket. With want, straight to the
 // object's key: the reader fails instead of ending when the content does
 // not match, so the upload is aborted and the key never appears. Without
-// want, the digest (and so the key) is known only at the end: to a
-// staging key first, then copied server-side to the object's key. Like
-// Dir it always writes, so a Put repairs an object damaged in place.
+// want, the digest (and so the key) is known only at the end: through a
+// staging key (staged). Like Dir it always writes, so a Put repairs an
+// object damaged in place.
 func (s *S3) Put(ctx context.Context, r io.Reader, want Digest) (Object, error) {
-	key := ""
 	if want != "" {
-		var err error
-		if key, err = s.objectKey(want); err != nil {
-			return Object{}, err
+		l := s.object(want)
+		if l.err != nil {
+			return Object{}, l.err
 		}
-	} else {
-		var b [8]byte
-		rand.Read(b[:])
-		key = s.key("staging", s.node+"."+hex.EncodeToString(b[:]))
-		// Also when the upload or the copy failed: a staging key is
-		// never read, only left behind.
-		defer s.client.RemoveObject(context.WithoutCancel(ctx), s.bucket, key, minio.RemoveObjectOptions{})
+		return s.upload(ctx, l.at, r, want)
 	}
+	return s.staged(ctx, r, func(o Object) string { return s.object(o.Digest).at })
+}
+
+// PutNamed writes as Put does without a digest, through a staging key:
+// one write path for both, and the key changes only when the copy of a
+// complete, counted upload does (what was there stays until then).
+func (s *S3) PutNamed(ctx context.Context, key string, r io.Reader) (Object, error) {
+	l := s.namedObject(key)
+	if l.err != nil {
+		return Object{}, l.err
+	}
+	o, err := s.staged(ctx, r, func(Object) string { return l.at })
+	if err != nil {
+		return Object{}, fmt.Errorf("put %s: %w", l.name, err) // the errors above name the staging key
+	}
+	return o, nil
+}
+
+// staged uploads what r yields to a staging key of this node and copies
+// it server-side to the key final names from its digest and size, where
+// it appears whole once the copy completes.
+func (s *S3) staged(ctx context.Context, r io.Reader, final func(Object) string) (Object, error) {
+	var b [8]byte
+	rand.Read(b[:])
+	key := s.key("staging", s.node+"."+hex.EncodeToString(b[:]))
+	// Also when the upload or the copy failed: a staging key is never
+	// read, only left behind.
+	defer s.client.RemoveObject(context.WithoutCancel(ctx), s.bucket, key, minio.RemoveObjectOptions{})
+	o, err := s.upload(ctx, key, r, "")
+	if err != nil {
+		return Object{}, err
+	}
+	dstKey := final(o)
+	dst, src := minio.CopyDestOptions{Bucket: s.bucket, Object: dstKey}, minio.CopySrcOptions{Bucket: s.bucket, Object: key}
+	if o.Size <= s3CopyBytes {
+		_, err = s.client.CopyObject(ctx, dst, src)
+	} else {
+		// In parts (UploadPartCopy), which S3 requires past 5 GiB;
+		// minio-go copies even a small object so, in three requests.
+		_, err = s.client.ComposeObject(ctx, dst, src)
+	}
+	if err != nil {
+		return Object{}, s.fail(ctx, "copy "+key+" to "+dstKey, nil, err)
+	}
+	return o, nil
+}
+
+// upload streams what r yields to key and returns its digest and size;
+// with want, content that hashes otherwise fails the reader, so the
+// upload is aborted and key never appears.
+func (s *S3) upload(ctx context.Context, key string, r io.Reader, want Digest) (Object, error) {
 	br := bufio.NewReader(ctxReader{ctx, r}) // large reads pass it by
 	hr := &hashingReader{r: br, h: sha256.New(), want: want, name: s}
 	size := int64(-1) // unknown: a multipart upload, whose parts may not be empty
@@ -326,25 +386,9 @@ func (s *S3) Put(ctx context.Context, r io.Reader, want Digest) (Object, error) 
 		return Object{}, hr.err
 	}
 	if err != nil {
-		return Object{}, s.fail(ctx, "upload "+key, "", err)
+		return Object{}, s.fail(ctx, "upload "+key, nil, err)
 	}
-	o := Object{Digest: digestOf(hr.h), Size: hr.n}
-	if want != "" {
-		return o, nil
-	}
-	final, _ := s.objectKey(o.Digest)
-	dst, src := minio.CopyDestOptions{Bucket: s.bucket, Object: final}, minio.CopySrcOptions{Bucket: s.bucket, Object: key}
-	if o.Size <= s3CopyBytes {
-		_, err = s.client.CopyObject(ctx, dst, src)
-	} else {
-		// In parts (UploadPartCopy), which S3 requires past 5 GiB;
-		// minio-go copies even a small object so, in three requests.
-		_, err = s.client.ComposeObject(ctx, dst, src)
-	}
-	if err != nil {
-		return Object{}, s.fail(ctx, "copy "+key+" to "+final, "", err)
-	}
-	return o, nil
+	return Object{Digest: digestOf(hr.h), Size: hr.n}, nil
 }
 
 // hashingReader hashes and counts what passes through; at the end it
@@ -381,64 +425,117 @@ func (hr *hashingReader) Read(p []byte) (int, error) {
 }
 
 func (s *S3) Stat(ctx context.Context, d Digest) (Object, error) {
-	key, err := s.objectKey(d)
+	size, err := s.stat(ctx, s.object(d))
 	if err != nil {
 		return Object{}, err
 	}
-	info, err := s.client.StatObject(ctx, s.bucket, key, minio.StatObjectOptions{})
-	if err != nil {
-		return Object{}, s.fail(ctx, "stat", d, err)
-	}
-	return Object{Digest: d, Size: info.Size}, nil
+	return Object{Digest: d, Size: size}, nil
+}
+
+func (s *S3) StatNamed(ctx context.Context, key string) (int64, error) {
+	return s.stat(ctx, s.namedObject(key))
 }
 
 func (s *S3) OpenAt(ctx context.Context, d Digest, offset int64) (io.ReadCloser, error) {
-	key, err := s.objectKey(d)
+	return s.open(ctx, s.object(d), offset)
+}
+
+func (s *S3) OpenNamed(ctx context.Context, key string, offset int64) (io.ReadCloser, error) {
+	return s.open(ctx, s.namedObject(key), offset)
+}
+
+func (s *S3) Delete(ctx context.Context, d Digest) error { return s.remove(ctx, s.object(d)) }
+
+func (s *S3) DeleteNamed(ctx context.Context, key string) error {
+	return s.remove(ctx, s.namedObject(key))
+}
+
+func (s *S3) stat(ctx context.Context, l loc) (int64, error) {
+	if l.err != nil {
+		return 0, l.err
+	}
+	info, err := s.client.StatObject(ctx, s.bucket, l.at, minio.StatObjectOptions{})
 	if err != nil {
+		return 0, s.fail(ctx, "stat", &l.ref, err)
+	}
+	return info.Size, nil
+}
+
+func (s *S3) open(ctx context.Context, l loc, offset int64) (io.ReadCloser, error) {
+	if l.err != nil {
+		return nil, l.err
+	}
+	if err := l.checkOffset(offset); err != nil {
 		return nil, err
 	}
 	var opts minio.GetObjectOptions
 	if offset > 0 {
 		opts.SetRange(offset, 0)
 	}
-	body, _, _, err := minio.Core{Client: s.client}.GetObject(ctx, s.bucket, key, opts)
+	body, _, _, err := minio.Core{Client: s.client}.GetObject(ctx, s.bucket, l.at, opts)
 	if err != nil {
 		if minio.ToErrorResponse(err).Code == "InvalidRange" {
 			return io.NopCloser(strings.NewReader("")), nil // at or past the end, as a file reads
 		}
-		return nil, s.fail(ctx, "read", d, err)
+		return nil, s.fail(ctx, "read", &l.ref, err)
 	}
 	return body, nil
 }
 
-func (s *S3) Delete(ctx context.Context, d Digest) error {
-	key, err := s.objectKey(d)
-	if err != nil {
-		return err
+// remove deletes the object at l; one that is not there is no error.
+func (s *S3) remove(ctx context.Context, l loc) error {
+	if l.err != nil {
+		return l.err
 	}
-	if err := s.client.RemoveObject(ctx, s.bucket, key, minio.RemoveObjectOptions{}); err != nil {
-		if err := s.fail(ctx, "delete", d, err); api.CodeOf(err) != api.CodeNotFound {
+	if err := s.client.RemoveObject(ctx, s.bucket, l.at, minio.RemoveObjectOptions{}); err != nil {
+		if err := s.fail(ctx, "delete", &l.ref, err); api.CodeOf(err) != api.CodeNotFound {
 			return err
 		}
 	}
 	return nil
 }
 
-// fail turns what the endpoint or the network said about object d (or
-// about what, when d is empty) into one line saying what to do.
-func (s *S3) fail(ctx context.Context, what string, d Digest, err error) error {
-	if d != "" {
-		what += " " + string(d)
+// ListNamed pages through the listing (minio-go asks for the next page
+// until the answer is complete).
+func (s *S3) ListNamed(ctx context.Context, prefix string) ([]Named, error) {
+	if err := checkPrefix(s, prefix); err != nil {
+		return nil, err
+	}
+	// Cancelled on return: minio-go lists in a goroutine that stops
+	// only so when the loop below stops early.
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	root := s.key("named") + "/"
+	l := listing{s: s, prefix: prefix}
+	for o := range s.client.ListObjects(ctx, s.bucket, minio.ListObjectsOptions{Prefix: root + prefix, Recursive: true, MaxKeys: s.listPage}) {
+		if o.Err != nil {
+			return nil, s.fail(ctx, "list "+prefix, nil, o.Err)
+		}
+		if err := l.add(strings.TrimPrefix(o.Key, root), o.Size); err != nil {
+			return nil, err
+		}
+	}
+	return l.sorted(), nil
+}
+
+// fail turns what the endpoint or the network said about r (or about
+// what alone, when r is nil) into one line saying what to do.
+func (s *S3) fail(ctx context.Context, what string, r *ref, err error) error {
+	if r != nil {
+		what += " " + r.id
 	}
 	resp := minio.ToErrorResponse(err)
 	switch {
-	case resp.Code == "NoSuchKey" || (resp.StatusCode == http.StatusNotFound && resp.Code != "NoSuchBucket" && d != ""):
+	case resp.Code == "NoSuchKey" || (resp.StatusCode == http.StatusNotFound && resp.Code != "NoSuchBucket" && r != nil):
 		// A HEAD answer has no body: a missing bucket reads as a
 		// missing key until asked.
 		if ok, berr := s.client.BucketExists(ctx, s.bucket); berr == nil && !ok {
-			return s.fail(ctx, what, "", minio.ErrorResponse{Code: "NoSuchBucket", StatusCode: http.StatusNotFound})
+			return s.fail(ctx, what, nil, minio.ErrorResponse{Code: "NoSuchBucket", StatusCode: http.StatusNotFound})
 		}
-		return api.Errorf(api.CodeNotFound, "%s is not there: publish it again (kibo template publish)", objectName(s, d))
+		if r == nil {
+			return api.Errorf(api.CodeNotFound, "artifact store %s: %s: not there (another writer removed it?); try again", s, what)
+		}
+		return r.missing()
 	case resp.Code == "NoSuchBucket":
 		return api.Errorf(api.CodeUnavailable, "artifact store %s: %s: bucket %s does not exist at %s: create it, or correct [artifacts] url and endpoint", s, what, s.bucket, s.client.EndpointURL().Host)
 	case resp.StatusCode == http.StatusForbidden || resp.Code == "InvalidAccessKeyId" || resp.Code == "SignatureDoesNotMatch" || resp.Code == "AccessDenied":

@@ -246,3 +246,18 @@ func TestS3DeadEndpoint(t *testing.T) {
 		t.Fatalf("Fetch from a stalled endpoint = %v after %v, want the context's end", err, time.Since(start))
 	}
 }
+
+// A key ParseKey takes may not fit S3's 1024 bytes behind a long prefix:
+// refused before any request, saying what to shorten.
+func TestS3NamedKeyTooLongForThePrefix(t *testing.T) {
+	prefix := strings.Repeat("p", 255) + "/" + strings.Repeat("q", 255)
+	st, err := Open(Config{URL: "s3://" + testBucket + "/" + prefix, Endpoint: newFakeS3(t).url, CredentialsFile: writeCredentials(t, accessKey, 0o600)}, "node-a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = st.PutNamed(context.Background(), strings.Repeat("k", MaxKeyBytes), strings.NewReader("x"))
+	if api.CodeOf(err) != api.CodeInvalidArgument || !strings.Contains(err.Error(), "S3 allows 1024: choose a shorter key or [artifacts] url prefix") {
+		t.Fatalf("PutNamed of a key too long behind the prefix = %v", err)
+	}
+	putNamed(t, st, strings.Repeat("k", 400), []byte("x"))
+}

@@ -12,6 +12,12 @@
 // fetch to a local file resumes where an interrupted one stopped. A store's
 // credentials never appear in a message or a log line.
 //
+// Besides them the store holds named objects (PutNamed): objects under a
+// key their writer chooses, lists by prefix and deletes, such as the
+// workspace archives of a transfer under kibotos-transfer/v1/<namespace>/.
+// They appear whole as objects do, and a reader verifies one against the
+// digest its writer recorded (FetchNamed).
+//
 // It knows nothing of consensus or of what the objects are; the catalog
 // of what was published lives in the FSM.
 package artifacts
@@ -26,9 +32,12 @@ import (
 	"io"
 	"net/url"
 	"path/filepath"
+	"regexp"
+	"slices"
 	"strings"
 
 	"github.com/kibotos/kibotos/api"
+	"github.com/kibotos/kibotos/storagepool"
 )
 
 // Digest names an object by its content: "sha256:" and 64 lower-case hex
@@ -87,6 +96,28 @@ type Store interface {
 	// Delete removes an object; one that is not there is no error, so
 	// a collector or a transfer that stopped halfway can run again.
 	Delete(ctx context.Context, d Digest) error
+
+	// PutNamed stores what r yields under key (see ParseKey), replacing
+	// what was there, and returns its digest and size. Readers see the
+	// old object or the new one, whole, never a part. On a directory
+	// store a key cannot also be the prefix of another (a/b and a/b/c):
+	// the first is a file, the second needs it to be a directory.
+	PutNamed(ctx context.Context, key string, r io.Reader) (Object, error)
+	// StatNamed tells a named object's size without reading it.
+	StatNamed(ctx context.Context, key string) (int64, error)
+	// OpenNamed reads a named object's raw bytes from offset on; the
+	// caller verifies them against the digest it recorded (FetchNamed
+	// does).
+	OpenNamed(ctx context.Context, key string, offset int64) (io.ReadCloser, error)
+	// ListNamed is every named object whose key starts with prefix
+	// (which ends in "/"), sorted by key: objects being written are not
+	// among them. More than 100,000 is an error, not a partial list, so
+	// a collector never mistakes the first part for all of it.
+	ListNamed(ctx context.Context, prefix string) ([]Named, error)
+	// DeleteNamed removes a named object; one that is not there is no
+	// error.
+	DeleteNamed(ctx context.Context, key string) error
+
 	// String names the store in messages (its URL).
 	String() string
 }
@@ -146,6 +177,153 @@ func check(name string, want Object, n int64, h hash.Hash) error {
 func digestOf(h hash.Hash) Digest { return Digest(digestPrefix + hex.EncodeToString(h.Sum(nil))) }
 
 func objectName(s Store, d Digest) string { return "object " + string(d) + " in " + s.String() }
+
+// ref is what an operation is on, for its errors: an object by its
+// digest or a named object by its key.
+type ref struct {
+	id   string // the digest or the key
+	name string // "object sha256:… in s3://…", "named object k in file://…"
+	// lost and damaged say what to do when it is not there, or when
+	// it does not match what its reader recorded.
+	lost, damaged string
+}
+
+func digestRef(s Store, d Digest) ref {
+	return ref{id: string(d), name: objectName(s, d),
+		lost: "publish it again (kibo template publish)", damaged: "publish it again from a node that holds it"}
+}
+
+func keyRef(s Store, key string) ref {
+	return ref{id: key, name: "named object " + key + " in " + s.String(),
+		lost: "put it again, or list its prefix to see what is there", damaged: "put it again from its source"}
+}
+
+// loc is where an object lies in a store (a path, an S3 key) and how
+// errors name it. err, if set, is why it can lie nowhere (not a digest,
+// not a key), and every operation on it answers that.
+type loc struct {
+	at string
+	ref
+	err error
+}
+
+// missing is the error for r not being there.
+func (r ref) missing() error {
+	return api.Errorf(api.CodeNotFound, "%s is not there: %s", r.name, r.lost)
+}
+
+// checkOffset refuses a read of r from before its start.
+func (r ref) checkOffset(offset int64) error {
+	if offset < 0 {
+		return api.Errorf(api.CodeInvalidArgument, "read %s from offset %d: give an offset of 0 or more", r.name, offset)
+	}
+	return nil
+}
+
+// Named is an object stored under a key of its writer's choosing (a
+// workspace archive under kibotos-transfer/v1/<namespace>/), which its
+// writer lists by prefix and deletes.
+type Named struct {
+	Key  string `json:"key"`
+	Size int64  `json:"size"`
+}
+
+// MaxKeyBytes bounds a key.
+const MaxKeyBytes = 512
+
+// maxListed bounds what ListNamed answers: its caller holds the list in
+// memory (a variable so tests can reach it).
+var maxListed = 100_000
+
+var keySegment = regexp.MustCompile(`^[A-Za-z0-9._-]+$`)
+
+// reservedAreas are the first segments a key may not have: the
+// content-addressed objects and S3's staging keys live there, and a key
+// must never be mistaken for (or made to read as) one of them.
+var reservedAreas = []string{"objects", "staging"}
+
+const keyRules = "give 1 to 512 bytes: segments of letters, digits, '.', '_' and '-' between single '/', none of them . or .., the first neither objects nor staging, e.g. kibotos-transfer/v1/team-a/ws-1.tar"
+
+// ParseKey checks key may name an object; nothing else ever becomes a
+// path or an S3 key.
+func ParseKey(key string) error {
+	if why := keyProblem(key); why != "" {
+		return api.Errorf(api.CodeInvalidArgument, "key %.80q %s: %s", key, why, keyRules)
+	}
+	return nil
+}
+
+// keyProblem says what is wrong with key, or "" if nothing is.
+func keyProblem(key string) string {
+	if key == "" || len(key) > MaxKeyBytes {
+		return fmt.Sprintf("is %d bytes long", len(key))
+	}
+	segs := strings.Split(key, "/")
+	if slices.Contains(reservedAreas, segs[0]) {
+		return "has " + segs[0] + " for its first segment, an area the store keeps for itself"
+	}
+	for _, seg := range segs {
+		switch {
+		case seg == "":
+			return "has an empty segment (a leading, trailing or double /)"
+		case seg == "." || seg == "..":
+			return "has a segment . or .."
+		case !keySegment.MatchString(seg):
+			return "has a character other than letters, digits, '.', '_', '-' and '/'"
+		case storagepool.IsTemp(seg):
+			// A directory store writes an object to such a file
+			// beside it: a listing must tell the two apart.
+			return "has a segment named as a temporary file (.name.tmp)"
+		}
+	}
+	return ""
+}
+
+// checkKey is ParseKey for an operation on s: its refusal names s.
+func checkKey(s Store, key string) error {
+	if err := ParseKey(key); err != nil {
+		return api.Errorf(api.CodeInvalidArgument, "artifact store %s: %v", s, err)
+	}
+	return nil
+}
+
+// checkPrefix checks a ListNamed prefix: a key's first segments and "/".
+func checkPrefix(s Store, prefix string) error {
+	body, ok := strings.CutSuffix(prefix, "/")
+	why := "does not end in /"
+	if ok {
+		why = keyProblem(body)
+	}
+	if why != "" {
+		return api.Errorf(api.CodeInvalidArgument, "artifact store %s: list prefix %.80q %s: give a key's leading segments and /, e.g. kibotos-transfer/v1/team-a/", s, prefix, why)
+	}
+	return nil
+}
+
+// listing gathers what a ListNamed finds, bounded and sorted.
+type listing struct {
+	s      Store
+	prefix string
+	found  []Named
+}
+
+// add takes key if it is a named object's under the prefix: a temporary
+// file, or anything a hand put there under another name, is not one.
+func (l *listing) add(key string, size int64) error {
+	if !strings.HasPrefix(key, l.prefix) || keyProblem(key) != "" {
+		return nil
+	}
+	if len(l.found) == maxListed {
+		return api.Errorf(api.CodeResourceExhausted, "artifact store %s: more than %d named objects under %s: list a longer prefix, or delete what is no longer needed", l.s, maxListed, l.prefix)
+	}
+	l.found = append(l.found, Named{Key: key, Size: size})
+	return nil
+}
+
+func (l *listing) sorted() []Named {
+	slices.SortFunc(l.found, func(a, b Named) int { return strings.Compare(a.Key, b.Key) })
+	return l.found
+}
 
 // Config is the [artifacts] section of a member's configuration file.
 type Config struct {
