@@ -129,6 +129,8 @@ type Agent struct {
 	lastAliveCheck time.Time
 	// fetchMu serializes fetches of templates from the artifact store.
 	fetchMu sync.Mutex
+	// exports are the Transfer exports in progress (transfers.go).
+	exports exports
 	// templates as last listed, valid while the directory's mtime is templatesMod.
 	templates       localTemplates
 	templatesMod    time.Time

@@ -310,7 +310,7 @@ func volumeSerial(id string) string {
 // its pool (made now when the start is the one to create it, grown to
 // ctrl's size when shorter) and this node's holder record is written
 // before the VMM opens it. Errors begin with the ATTACHING_VOLUME stage.
-func (a *Agent) prepareVolumes(ctx context.Context, t api.WorkspaceTask) ([]runtime.VolumeDisk, error) {
+func (a *Agent) prepareVolumes(ctx context.Context, t api.WorkspaceTask, im *imported) ([]runtime.VolumeDisk, error) {
 	id := t.Command.InstanceID
 	var disks []runtime.VolumeDisk
 	var claimed []string
@@ -327,7 +327,11 @@ func (a *Agent) prepareVolumes(ctx context.Context, t api.WorkspaceTask) ([]runt
 			return nil, stage(err)
 		}
 		if v.Create {
-			if err := a.createForStart(ctx, t, v, path); err != nil {
+			var staged string
+			if im != nil {
+				staged = im.volumes[v.Path]
+			}
+			if err := a.createForStart(ctx, t, v, path, staged); err != nil {
 				return nil, stage(err)
 			}
 		} else if _, err := os.Lstat(path); err != nil {
@@ -347,15 +351,18 @@ func (a *Agent) prepareVolumes(ctx context.Context, t api.WorkspaceTask) ([]runt
 
 // createForStart makes a Volume created along with its Workspace, as a
 // command of its own in volume-commands.json (the start's command id with
-// the Volume's).
-func (a *Agent) createForStart(ctx context.Context, t api.WorkspaceTask, v api.TaskVolume, path string) error {
+// the Volume's); from the staged image of an imported Transfer, if any.
+func (a *Agent) createForStart(ctx context.Context, t api.WorkspaceTask, v api.TaskVolume, path, staged string) error {
 	rec := volumeCommand{CommandID: t.Command.CommandID + "/" + v.VolumeID, Kind: api.VolCmdCreate, VolumeID: v.VolumeID, PoolID: v.PoolID,
 		Path: path, SizeBytes: v.SizeBytes, WorkspaceID: t.WorkspaceID, State: volCmdRunning, StartedAt: time.Now().UTC()}
 	if err := a.volumes.put(rec); err != nil {
 		return err
 	}
 	err := api.ValidVolumeSize("volume "+v.VolumeID, v.SizeBytes)
-	if err == nil {
+	switch {
+	case err == nil && staged != "":
+		err = storagepool.ImportVolume(ctx, a.cfg.NodeID, path, v.SizeBytes, staged)
+	case err == nil:
 		err = storagepool.CreateVolume(ctx, a.cfg.NodeID, path, v.SizeBytes)
 	}
 	now := time.Now().UTC()

@@ -299,10 +299,17 @@ func (a *Agent) startWorkspace(ctx context.Context, t api.WorkspaceTask, r *api.
 	if err := os.MkdirAll(filepath.Dir(layer), 0o700); err != nil {
 		return "", err
 	}
+	var im *imported
+	if t.Import != nil && restore == nil {
+		if im, err = a.importTransfer(ctx, t, tpl, layer); err != nil {
+			return "", err
+		}
+		defer im.cleanup()
+	}
 	if err := a.claimObject(ctx, layer, id); err != nil {
 		return "", fmt.Errorf("instance %s: %w", id, err)
 	}
-	volumes, err := a.prepareVolumes(ctx, t)
+	volumes, err := a.prepareVolumes(ctx, t, im)
 	if err != nil {
 		a.releaseObjects(id, []string{layer})
 		return "", err

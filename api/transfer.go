@@ -78,11 +78,11 @@ type TransferShape struct {
 	// TemplateID is the build the layer was written over; the importing
 	// node must boot the same build (published templates keep their
 	// publisher's id on every node).
-	TemplateID  string           `json:"template_id,omitempty"`
-	CPU         Milli            `json:"cpu"`
-	MemoryBytes uint64           `json:"memory_bytes"`
+	TemplateID  string            `json:"template_id,omitempty"`
+	CPU         Milli             `json:"cpu"`
+	MemoryBytes uint64            `json:"memory_bytes"`
 	Labels      map[string]string `json:"labels,omitempty"`
-	Volumes     []TransferVolume `json:"volumes,omitempty"`
+	Volumes     []TransferVolume  `json:"volumes,omitempty"`
 }
 
 // Check bounds a shape read from the store or a node.

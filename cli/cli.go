@@ -52,6 +52,7 @@ type CLI struct {
 	Node             NodeCmd             `cmd:"" help:"View nodes, drain, isolate, retire them and set overcommit."`
 	GuestAgent       GuestAgentCmd       `cmd:"" name:"guest-agent" hidden:"" help:"Run the guest agent (PID 1 inside a VM)."`
 	Dataplane        DataplaneCmd        `cmd:"" hidden:"" help:"Run the node's data-plane process (started by the node as its own unit)."`
+	Transfer         TransferCmd         `cmd:"" help:"Export a stopped Workspace into the artifact store, and import it as a new Workspace here or in another cluster."`
 	Platform         PlatformCmd         `cmd:"" help:"Build and list Platforms (kernel + initramfs with the guest agent)."`
 	Template         TemplateCmd         `cmd:"" help:"Build, list, show and delete templates (Workspace root filesystems) on this node."`
 	Workspace        WorkspaceCmd        `cmd:"" help:"Create, start, stop, move and delete Workspaces; exec, terminal, cp and port-forward through the data plane."`

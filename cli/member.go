@@ -403,6 +403,7 @@ func runMember(g *Globals, o memberOptions) error {
 			return err
 		}
 		log.Info("artifact store", "url", store.String())
+		srv.SetArtifacts(store)
 	}
 	agentErr := make(chan error, 1)
 	src := metrics.Sources{FSM: srv.FSM(), Raft: srv.Raft()}
@@ -445,6 +446,7 @@ func runMember(g *Globals, o memberOptions) error {
 		src.HostUsage = a.HostUsage
 		srv.SetTemplatePublisher(a.PublishTemplate)
 		srv.SetPlatformPublisher(a.PublishPlatform)
+		srv.SetTransferExporter(a.ExportTransfer)
 		go func() { agentErr <- a.Run(ctx) }()
 	}
 	if err := serveMetrics(ctx, srv, src, o.metricsListen, log); err != nil {

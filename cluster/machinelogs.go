@@ -148,7 +148,7 @@ func (s *Server) machineLogOf(ctx context.Context, n *api.Node, inst string, q a
 		return s.readMachineLog(inst, q)
 	}
 	var l api.MachineLog
-	err := s.nodeCall(ctx, n, http.MethodGet, "/v1/internal/machine-logs/"+url.PathEscape(inst)+"?"+q.Values().Encode(), 30*time.Second, machineLogAnswerMax, &l)
+	err := s.nodeCall(ctx, n, http.MethodGet, "/v1/internal/machine-logs/"+url.PathEscape(inst)+"?"+q.Values().Encode(), nil, 30*time.Second, machineLogAnswerMax, &l)
 	return l, err
 }
 

@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"io"
@@ -18,15 +19,23 @@ import (
 
 // nodeCall is one such call: method and path on node n, whose answer
 // ({"result": ...} or {"error": ...}) is read within maxAnswer bytes into
-// out. timeout bounds the whole call.
-func (s *Server) nodeCall(ctx context.Context, n *api.Node, method, path string, timeout time.Duration, maxAnswer int64, out any) error {
+// out. body, if not nil, is sent as JSON. timeout bounds the whole call.
+func (s *Server) nodeCall(ctx context.Context, n *api.Node, method, path string, body any, timeout time.Duration, maxAnswer int64, out any) error {
 	if n.Address == "" {
 		return api.Errorf(api.CodeUnavailable, "node %s has no address registered", n.NodeID)
 	}
 	tr := s.client.HTTPTransport(trust.Want{Kind: trust.KindMember, NodeID: n.NodeID, Role: trust.RoleNode}, 3*time.Second)
 	defer tr.CloseIdleConnections()
 	hc := &http.Client{Transport: tr, Timeout: timeout}
-	req, err := http.NewRequestWithContext(ctx, method, "https://"+n.Address+path, nil)
+	var in io.Reader
+	if body != nil {
+		raw, err := json.Marshal(body)
+		if err != nil {
+			return err
+		}
+		in = bytes.NewReader(raw)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, "https://"+n.Address+path, in)
 	if err != nil {
 		return err
 	}
@@ -35,20 +44,20 @@ func (s *Server) nodeCall(ctx context.Context, n *api.Node, method, path string,
 		return api.Errorf(api.CodeUnavailable, "%v", err)
 	}
 	defer resp.Body.Close()
-	var body struct {
+	var answer struct {
 		Result json.RawMessage `json:"result"`
 		Error  *api.Error      `json:"error"`
 	}
-	if err := json.NewDecoder(io.LimitReader(resp.Body, maxAnswer)).Decode(&body); err != nil {
+	if err := json.NewDecoder(io.LimitReader(resp.Body, maxAnswer)).Decode(&answer); err != nil {
 		return api.Errorf(api.CodeUnavailable, "answer of member %s (%s) unreadable: %v", n.NodeID, resp.Status, err)
 	}
-	if body.Error != nil {
-		return body.Error
+	if answer.Error != nil {
+		return answer.Error
 	}
 	if resp.StatusCode != http.StatusOK {
 		return api.Errorf(api.CodeUnavailable, "member %s answered %s", n.NodeID, resp.Status)
 	}
-	if err := json.Unmarshal(body.Result, out); err != nil {
+	if err := json.Unmarshal(answer.Result, out); err != nil {
 		return api.Errorf(api.CodeUnavailable, "answer of member %s unreadable: %v", n.NodeID, err)
 	}
 	return nil

@@ -29,6 +29,7 @@ import (
 	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
 
 	"github.com/kibotos/kibotos/api"
+	"github.com/kibotos/kibotos/artifacts"
 	"github.com/kibotos/kibotos/buildinfo"
 	"github.com/kibotos/kibotos/datadir"
 	"github.com/kibotos/kibotos/fsm"
@@ -94,8 +95,14 @@ type Server struct {
 	templatePublisher atomic.Pointer[TemplatePublisher]
 	// platformPublisher uploads this node's Platforms (SetPlatformPublisher).
 	platformPublisher atomic.Pointer[PlatformPublisher]
-	id                *datadir.Identity
-	log               *slog.Logger
+	// transferExporter writes this node's Transfer archives
+	// (SetTransferExporter); artifacts is the cluster's store
+	// (SetArtifacts); transferKick wakes the leader's transfer driver.
+	transferExporter atomic.Pointer[TransferExporter]
+	artifacts        atomic.Pointer[artifacts.Store]
+	transferKick     chan struct{}
+	id               *datadir.Identity
+	log              *slog.Logger
 
 	ca         *CA
 	pool       *x509.CertPool
@@ -174,7 +181,7 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Server{cfg: cfg, id: id, log: cfg.Logger.With("node_id", id.NodeID), release: release, stop: make(chan struct{}), sessions: newSessionRegistry(), changed: newBroadcaster(),
+	s := &Server{cfg: cfg, id: id, log: cfg.Logger.With("node_id", id.NodeID), release: release, stop: make(chan struct{}), transferKick: make(chan struct{}, 1), sessions: newSessionRegistry(), changed: newBroadcaster(),
 		conns: newConnWatch(), joinLimit: newJoinLimiter(), revokePending: map[string]bool{}, revokeKick: make(chan struct{}, 1), admissionCache: map[string]admissionAnswer{},
 		opened: make(chan struct{}), halted: make(chan struct{})}
 	defer close(s.opened)

@@ -409,6 +409,8 @@ func (s *Server) lead(ctx context.Context) {
 	s.consistentReady.Store(true)
 	defer s.consistentReady.Store(false)
 	s.log.Info("leading ctrl")
+	s.wg.Add(1)
+	go func() { defer s.wg.Done(); s.driveTransfers(ctx) }()
 	since := time.Now()
 	lastExpiry := time.Now()
 	s.refreshLevels(ctx)

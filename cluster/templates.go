@@ -134,7 +134,7 @@ func nodeUpload[T any](ctx context.Context, s *Server, n *api.Node, what, path s
 	if n.NodeID == s.id.NodeID {
 		out, err = self(ctx)
 	} else {
-		err = s.nodeCall(ctx, n, http.MethodPost, path, templateUploadTimeout, 64<<10, &out)
+		err = s.nodeCall(ctx, n, http.MethodPost, path, nil, templateUploadTimeout, 64<<10, &out)
 	}
 	var e *api.Error
 	switch {

@@ -85,7 +85,7 @@ func TestTemplateFetchedFromArtifactStore(t *testing.T) {
 	obj := filepath.Join(store, "objects", "sha256", strings.TrimPrefix(pubd.Digest, "sha256:"))
 	flipByte(t, obj, 1<<20)
 	var ws api.Workspace
-	if err := decodeResult(mhMust(t, admin, 5*time.Minute, "workspace", "create", "--template", name, "--node", "node-b", "--cpu", "1", "--memory", "256MiB", "--no-wait", "--json"), &ws); err != nil {
+	if err := decodeResult(mhMust(t, admin, 5*time.Minute, "workspace", "create", "--template", name, "--node", "node-b", "--cpu", "1", "--memory", "256MiB", "--new-volume", "64MiB:/data", "--no-wait", "--json"), &ws); err != nil {
 		t.Fatal(err)
 	}
 	ws = mhWaitWorkspace(t, admin, ws.WorkspaceID, api.WorkspaceFailed, 5*time.Minute)
@@ -148,6 +148,44 @@ func TestTemplateFetchedFromArtifactStore(t *testing.T) {
 		return strings.Contains(r.stdout, "node-a,node-b"), r.stdout
 	})
 	mhExpectExit(t, admin, api.ExitFailedPrecondition, "delete of a template a Workspace uses", "template", "delete", name)
+
+	// A Transfer: what the Workspace wrote, in its layer and its Volume,
+	// exported from node-b and imported as a new Workspace on node-a.
+	sums := func(ws string) string {
+		return mhMust(t, admin, 2*time.Minute, "workspace", "exec", ws, "--", "sh", "-c", "sync; sha256sum /root/written /data/written").stdout
+	}
+	mhMust(t, admin, 2*time.Minute, "workspace", "exec", ws.WorkspaceID, "--", "sh", "-c",
+		"dd if=/dev/urandom of=/root/written bs=1M count=8 2>/dev/null && dd if=/dev/urandom of=/data/written bs=1M count=8 2>/dev/null")
+	want := sums(ws.WorkspaceID)
+	mhExpectExit(t, admin, api.ExitFailedPrecondition, "export of a running Workspace", "transfer", "export", ws.WorkspaceID)
+	mhMust(t, admin, 2*time.Minute, "workspace", "stop", ws.WorkspaceID)
+	t2 := time.Now()
+	var tr api.Transfer
+	if err := decodeResult(mhMust(t, admin, 5*time.Minute, "transfer", "export", ws.WorkspaceID, "--json"), &tr); err != nil {
+		t.Fatal(err)
+	}
+	if tr.State != api.TransferReady || tr.NodeID != "node-b" || len(tr.Shape.Volumes) != 1 || tr.Shape.TemplateID != pubd.TemplateID {
+		t.Fatalf("export: %+v", tr)
+	}
+	t.Logf("exported in %s: %s, %d bytes", time.Since(t2).Round(time.Millisecond), tr.TransferID, tr.SizeBytes)
+	archive := filepath.Join(store, "named", api.TransferArchiveKey("default", tr.TransferID))
+	if _, err := os.Stat(archive); err != nil {
+		t.Fatalf("archive not in the store: %v", err)
+	}
+	if out := mhMust(t, admin, cliTimeout, "transfer", "list", "-q").stdout; strings.TrimSpace(out) != tr.TransferID {
+		t.Fatalf("transfer list -q: %q", out)
+	}
+	t3 := time.Now()
+	imported := strings.TrimSpace(mhMust(t, admin, 5*time.Minute, "transfer", "import", tr.TransferID, "--node", "node-a", "-q").stdout)
+	t.Logf("imported on node-a, AVAILABLE in %s: %s", time.Since(t3).Round(time.Millisecond), imported)
+	if got := sums(imported); got != want {
+		t.Fatalf("files after the import:\n%s\nwant\n%s", got, want)
+	}
+	mhMust(t, admin, 2*time.Minute, "workspace", "delete", imported)
+	mhMust(t, admin, cliTimeout, "transfer", "delete", tr.TransferID)
+	if _, err := os.Stat(archive); !os.IsNotExist(err) {
+		t.Fatalf("archive after transfer delete: %v", err)
+	}
 }
 
 // flipByte inverts the byte at off of the file at path.

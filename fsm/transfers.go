@@ -232,7 +232,10 @@ type TransferWork struct {
 	Exports []api.TransferExportTask
 	// ExportNodes are the nodes of Exports, by transfer id.
 	ExportNodes map[string]string
-	Expired     []api.Transfer
+	// Failed Transfers' archives are removed (a node may have written
+	// one before it failed); Expired ones go with theirs.
+	Failed  []api.Transfer
+	Expired []api.Transfer
 }
 
 // PendingTransferWork reads TransferWork as of now.
@@ -250,6 +253,8 @@ func PendingTransferWork(tx *bolt.Tx, now time.Time) (*TransferWork, error) {
 			out.ExportNodes[rec.TransferID] = rec.NodeID
 		case now.After(rec.ExpiresAt):
 			out.Expired = append(out.Expired, rec.Transfer)
+		case rec.State == api.TransferFailed:
+			out.Failed = append(out.Failed, rec.Transfer)
 		}
 		return nil
 	})

@@ -23,6 +23,35 @@ import (
 // made under a temporary name of node's (.node-a.create-vol-<id>-N.tmp;
 // the pool may be shared) and renamed without replacing anything.
 func CreateVolume(ctx context.Context, node, path string, size uint64) error {
+	return placeVolume(node, path, func(tmp string) error { return makeFilesystem(ctx, tmp, size) })
+}
+
+// ImportVolume makes the Volume file at path from a qcow2 image (a
+// Transfer's, checked to stand alone by the caller), size bytes long, as
+// CreateVolume makes a new one: under a temporary name, then renamed.
+func ImportVolume(ctx context.Context, node, path string, size uint64, qcow string) error {
+	return placeVolume(node, path, func(tmp string) error {
+		out, err := exec.CommandContext(ctx, "qemu-img", "convert", "-f", "qcow2", "-O", "raw", qcow, tmp).CombinedOutput()
+		if err != nil {
+			return fmt.Errorf("import volume from %s: qemu-img convert: %v: %s", qcow, err, strings.TrimSpace(string(out)))
+		}
+		if err := GrowVolume(tmp, size); err != nil {
+			return err
+		}
+		f, err := os.OpenFile(tmp, os.O_WRONLY, 0)
+		if err != nil {
+			return err
+		}
+		err = f.Sync()
+		if cerr := f.Close(); err == nil {
+			err = cerr
+		}
+		return err
+	})
+}
+
+// placeVolume makes the Volume file at path with fill, unless it exists.
+func placeVolume(node, path string, fill func(tmp string) error) error {
 	if st, err := os.Lstat(path); err == nil {
 		if !st.Mode().IsRegular() {
 			return fmt.Errorf("volume file %s is a %v, not a regular file: remove it by hand", path, st.Mode().Type())
@@ -40,7 +69,7 @@ func CreateVolume(ctx context.Context, node, path string, size uint64) error {
 	if err != nil {
 		return err
 	}
-	if err := makeFilesystem(ctx, tmp, size); err != nil {
+	if err := fill(tmp); err != nil {
 		os.Remove(tmp)
 		return err
 	}

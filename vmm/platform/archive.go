@@ -9,7 +9,8 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"time"
+
+	"github.com/kibotos/kibotos/internal/tarfile"
 )
 
 // A published Platform travels through the artifact store as a tar of its
@@ -30,29 +31,11 @@ func WriteArchive(in *Installation, w io.Writer) error {
 		names = append(names, f.Name)
 	}
 	for _, name := range names {
-		if err := addArchiveFile(tw, filepath.Join(in.Dir, name), name); err != nil {
+		if err := tarfile.Add(tw, name, filepath.Join(in.Dir, name), 0o644); err != nil {
 			return fmt.Errorf("platform %s: archive %s: %w", in.ID, name, err)
 		}
 	}
 	return tw.Close()
-}
-
-func addArchiveFile(tw *tar.Writer, path, name string) error {
-	f, err := os.Open(path)
-	if err != nil {
-		return err
-	}
-	defer f.Close()
-	st, err := f.Stat()
-	if err != nil {
-		return err
-	}
-	hdr := &tar.Header{Typeflag: tar.TypeReg, Name: name, Mode: 0o644, Size: st.Size(), ModTime: time.Unix(0, 0), Format: tar.FormatPAX}
-	if err := tw.WriteHeader(hdr); err != nil {
-		return err
-	}
-	_, err = io.Copy(tw, f)
-	return err
 }
 
 // FetchDir is where the archive of Platform id is fetched and unpacked
@@ -146,7 +129,7 @@ func unpackArchive(archive, dir string) error {
 			return fmt.Errorf("holds %s of %d bytes: at most %d", hdr.Name, hdr.Size, int64(maxArchiveFile))
 		}
 		seen[hdr.Name] = true
-		if err := writeArchiveFile(filepath.Join(dir, hdr.Name), tr, hdr.Size); err != nil {
+		if err := tarfile.Extract(tr, hdr.Size, filepath.Join(dir, hdr.Name), 0o644); err != nil {
 			return fmt.Errorf("file %s: %w", hdr.Name, err)
 		}
 	}
@@ -154,22 +137,4 @@ func unpackArchive(archive, dir string) error {
 		return fmt.Errorf("lacks %s", ManifestFile)
 	}
 	return nil
-}
-
-func writeArchiveFile(path string, r io.Reader, size int64) error {
-	out, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
-	if err != nil {
-		return err
-	}
-	n, err := io.Copy(out, io.LimitReader(r, size))
-	if err == nil && n != size {
-		err = fmt.Errorf("truncated at %d of %d bytes", n, size)
-	}
-	if err == nil {
-		err = out.Sync()
-	}
-	if cerr := out.Close(); err == nil {
-		err = cerr
-	}
-	return err
 }

@@ -1,0 +1,411 @@
+package cluster
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"sync"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+
+	"github.com/kibotos/kibotos/api"
+	"github.com/kibotos/kibotos/artifacts"
+	"github.com/kibotos/kibotos/ctrl/placement"
+	"github.com/kibotos/kibotos/fsm"
+)
+
+// Transfers on ctrl: `transfer export` records the Transfer; the leader's
+// transfer driver asks the exporting node to write the archive (an
+// internal route, as for template uploads) and records its answer; it
+// removes the archives of failed Transfers, and expired Transfers with
+// theirs. `transfer delete` removes the archive, then the record: when the
+// store refuses, the Transfer stays listed and the log says
+// "transfer archive cleanup did not finish" (upgrade seed). `transfer
+// import` is a Workspace create whose first start unpacks the archive.
+
+// TransferExporter writes a Workspace's archive (the node runtime;
+// agent.ExportTransfer).
+type TransferExporter func(ctx context.Context, t api.TransferExportTask) (api.TransferExportResult, error)
+
+// SetTransferExporter installs this node's exporter.
+func (s *Server) SetTransferExporter(e TransferExporter) { s.transferExporter.Store(&e) }
+
+// SetArtifacts gives ctrl the cluster's artifact store ([artifacts] url):
+// it removes Transfer archives and reads other clusters' manifests.
+func (s *Server) SetArtifacts(store artifacts.Store) {
+	if store != nil {
+		s.artifacts.Store(&store)
+	}
+}
+
+// Timings of the driver.
+const (
+	transferTick = 2 * time.Second
+	// exportTimeout bounds one export call (copying a layer and Volumes
+	// of some GiB into the store).
+	exportTimeout = time.Hour
+	// exportRetry is how long after an unanswered call the node is asked
+	// again; exportGiveUp after the export began it is failed instead.
+	exportRetry  = 10 * time.Second
+	exportGiveUp = 2 * time.Hour
+	// cleanupRetry spaces the attempts (and log lines) of one cleanup.
+	cleanupRetry = time.Minute
+)
+
+func (s *Server) store() artifacts.Store {
+	if p := s.artifacts.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
+
+func (s *Server) needStore(what string) (artifacts.Store, error) {
+	st := s.store()
+	if st == nil {
+		return nil, api.Errorf(api.CodeFailedPrecondition, "%s: this member has no artifact store: set [artifacts] url in the configuration of every member and restart them", what)
+	}
+	return st, nil
+}
+
+// handleTransferExport is POST /v1/transfers.
+func (s *Server) handleTransferExport(w http.ResponseWriter, r *http.Request) {
+	var req api.TransferExportRequest
+	if err := decodeBody(r, &req); err != nil {
+		writeError(w, err)
+		return
+	}
+	if req.Namespace == "" {
+		req.Namespace = api.DefaultTransferNamespace
+	}
+	if err := api.ValidTransferNamespace(req.Namespace); err != nil {
+		writeError(w, err)
+		return
+	}
+	if _, err := s.needStore("transfer export of workspace " + req.WorkspaceID); err != nil {
+		writeError(w, err)
+		return
+	}
+	if err := s.levelsReach("transfer export", fsm.LevelArtifacts); err != nil {
+		writeError(w, err)
+		return
+	}
+	s.write(w, r, fsm.OpTransferExport, req.WriteMeta, fsm.TransferExportArgs{WorkspaceID: req.WorkspaceID, Namespace: req.Namespace, TTLSeconds: req.TTLSeconds})
+	s.kickTransfers()
+}
+
+func (s *Server) handleTransferList(w http.ResponseWriter, r *http.Request) {
+	size, token, err := pageParams(r)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	s.view(w, func(tx *bolt.Tx) (any, error) { return fsm.ListTransfers(tx, size, token) })
+}
+
+// handleTransferGet answers at once, or as a blocking read (blockingGet).
+func (s *Server) handleTransferGet(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("name")
+	s.blockingGet(w, r,
+		func(tx *bolt.Tx) (uint64, error) {
+			tr, err := fsm.GetTransfer(tx, id)
+			if err != nil {
+				return 0, err
+			}
+			return tr.Version, nil
+		},
+		func(tx *bolt.Tx) (any, error) { return fsm.GetTransfer(tx, id) })
+}
+
+// handleTransferDelete is POST /v1/transfers/{name}/delete: the archive
+// goes first, so a Transfer is never unlisted while its archive stays.
+func (s *Server) handleTransferDelete(w http.ResponseWriter, r *http.Request) {
+	var req api.WriteMeta
+	if err := decodeBody(r, &req); err != nil {
+		writeError(w, err)
+		return
+	}
+	id := r.PathValue("name")
+	var tr *api.Transfer
+	err := s.fsm.View(func(tx *bolt.Tx) (err error) { tr, err = fsm.GetTransfer(tx, id); return })
+	if err == nil && tr.State == api.TransferExporting {
+		err = api.Errorf(api.CodeFailedPrecondition, "transfer %s is still EXPORTING on node %s: delete it once it is READY or FAILED", tr.TransferID, tr.NodeID)
+	}
+	if err == nil {
+		err = s.removeArchive(r.Context(), tr)
+	}
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	s.write(w, r, fsm.OpTransferDelete, req, fsm.ObjectArgs{Name: id})
+}
+
+// removeArchive deletes a Transfer's archive and manifest from the store.
+func (s *Server) removeArchive(ctx context.Context, tr *api.Transfer) error {
+	st, err := s.needStore("transfer " + tr.TransferID)
+	if err == nil {
+		err = errors.Join(st.DeleteNamed(ctx, tr.ArchiveKey()), st.DeleteNamed(ctx, api.TransferManifestKey(tr.Namespace, tr.TransferID)))
+	}
+	if err != nil {
+		s.log.Warn("transfer archive cleanup did not finish", "transfer_id", tr.TransferID, "key", tr.ArchiveKey(), "err", err)
+		return api.Errorf(api.CodeUnavailable, "transfer %s: its archive %s could not be removed from the artifact store (%v): the Transfer stays listed; retry once ctrl can write to the store", tr.TransferID, tr.ArchiveKey(), err)
+	}
+	return nil
+}
+
+// handleTransferImport is POST /v1/transfers/{name}/import: a Workspace
+// create from the Transfer's shape whose first start unpacks its archive.
+// A Transfer this cluster has no record of is read from its manifest in
+// the store (exported by another cluster), in the namespace given.
+func (s *Server) handleTransferImport(w http.ResponseWriter, r *http.Request) {
+	var req api.TransferImportRequest
+	if err := decodeBody(r, &req); err != nil {
+		writeError(w, err)
+		return
+	}
+	id := r.PathValue("name")
+	if err := api.ValidTransferID(id); err != nil {
+		writeError(w, err)
+		return
+	}
+	if req.NodeID != "" {
+		if err := fsm.ValidNodeID(req.NodeID); err != nil {
+			writeError(w, err)
+			return
+		}
+	}
+	if err := s.levelsReach("transfer import", fsm.LevelArtifacts); err != nil {
+		writeError(w, err)
+		return
+	}
+	m, err := s.importSource(r.Context(), id, req.Namespace)
+	if err == nil {
+		err = s.fsm.View(func(tx *bolt.Tx) error { return templateAvailable(tx, id, m.Shape) })
+	}
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	ns := req.Namespace
+	if ns == "" {
+		ns = api.DefaultTransferNamespace
+	}
+	args := fsm.WorkspaceCreateArgs{Template: m.Shape.Template, CPU: m.Shape.CPU, MemoryBytes: m.Shape.MemoryBytes, Labels: m.Shape.Labels, NodeID: req.NodeID,
+		Import: &api.WorkspaceImport{TransferID: id, Key: m.key, Digest: m.Digest, SizeBytes: m.SizeBytes, TemplateID: m.Shape.TemplateID}}
+	for _, v := range m.Shape.Volumes {
+		args.NewVolumes = append(args.NewVolumes, api.NewVolume{SizeBytes: v.SizeBytes, Path: v.Path})
+	}
+	s.write(w, r, fsm.OpWorkspaceCreate, req.WriteMeta, args)
+}
+
+// importManifest is a Transfer's manifest and the key of its archive.
+type importManifest struct {
+	api.TransferManifest
+	key string
+}
+
+// importSource is what an import of Transfer id unpacks: this cluster's
+// READY Transfer, else the manifest another cluster wrote into the store.
+func (s *Server) importSource(ctx context.Context, id, ns string) (*importManifest, error) {
+	var tr *api.Transfer
+	err := s.fsm.View(func(tx *bolt.Tx) (err error) { tr, err = fsm.GetTransfer(tx, id); return })
+	switch {
+	case err == nil && tr.State != api.TransferReady:
+		return nil, api.Errorf(api.CodeFailedPrecondition, "transfer %s is %s: an import needs it READY (kibo transfer get %s)", id, tr.State, id)
+	case err == nil:
+		return &importManifest{key: tr.ArchiveKey(), TransferManifest: api.TransferManifest{TransferID: id, WorkspaceID: tr.WorkspaceID, Shape: tr.Shape, Digest: tr.Digest, SizeBytes: tr.SizeBytes}}, nil
+	case api.CodeOf(err) != api.CodeNotFound:
+		return nil, err
+	}
+	if ns == "" {
+		ns = api.DefaultTransferNamespace
+	}
+	if err := api.ValidTransferNamespace(ns); err != nil {
+		return nil, err
+	}
+	st, err := s.needStore("transfer import of " + id)
+	if err != nil {
+		return nil, err
+	}
+	key := api.TransferManifestKey(ns, id)
+	rc, err := st.OpenNamed(ctx, key, 0)
+	if api.CodeOf(err) == api.CodeNotFound {
+		return nil, api.Errorf(api.CodeNotFound, "transfer %s is neither in this cluster nor in namespace %s of the artifact store %s: check the id and --namespace", id, ns, st)
+	}
+	if err != nil {
+		return nil, err
+	}
+	defer rc.Close()
+	raw, err := io.ReadAll(io.LimitReader(rc, 64<<10))
+	if err != nil {
+		return nil, api.Errorf(api.CodeUnavailable, "transfer %s: read its manifest %s: %v", id, key, err)
+	}
+	var m api.TransferManifest
+	if err := json.Unmarshal(raw, &m); err != nil || m.FormatVersion != api.TransferFormat || m.TransferID != id {
+		return nil, api.Errorf(api.CodeFailedPrecondition, "transfer %s: its manifest %s in %s is not one this build reads (format %d): export it again", id, key, st, m.FormatVersion)
+	}
+	if err := m.Shape.Check("transfer " + id); err != nil {
+		return nil, err
+	}
+	return &importManifest{key: api.TransferArchiveKey(ns, id), TransferManifest: m}, nil
+}
+
+// templateAvailable refuses an import into a cluster that has neither
+// published nor built the Transfer's template, naming it.
+func templateAvailable(tx *bolt.Tx, id string, shape api.TransferShape) error {
+	if pub, err := fsm.TaskTemplate(tx, shape.Template); err != nil || pub != nil {
+		if pub != nil && shape.TemplateID != "" && pub.TemplateID != shape.TemplateID {
+			return api.Errorf(api.CodeFailedPrecondition, "transfer %s was exported over build %s of template %s, and this cluster's catalog has build %s: publish the build it was made with", id, shape.TemplateID, shape.Template, pub.TemplateID)
+		}
+		return err
+	}
+	nodes, err := fsm.ListNodes(tx, 0, "")
+	if err != nil {
+		return err
+	}
+	for i := range nodes.Nodes {
+		if placement.HasTemplate(&nodes.Nodes[i], shape.Template) {
+			return nil
+		}
+	}
+	return api.Errorf(api.CodeFailedPrecondition, "transfer %s needs template %s (build %s), which this cluster lacks: build or publish it here first", id, shape.Template, shape.TemplateID)
+}
+
+// handleNodeTransferExport is POST /v1/internal/transfers/export on the
+// node.
+func (s *Server) handleNodeTransferExport(w http.ResponseWriter, r *http.Request) {
+	if err := s.fromCtrl(r, "exports go through ctrl (kibo transfer export)"); err != nil {
+		writeError(w, err)
+		return
+	}
+	var t api.TransferExportTask
+	if err := decodeBody(r, &t); err != nil {
+		writeError(w, err)
+		return
+	}
+	if err := api.ValidTransferID(t.TransferID); err != nil {
+		writeError(w, err)
+		return
+	}
+	e := s.transferExporter.Load()
+	if e == nil {
+		writeError(w, api.Errorf(api.CodeFailedPrecondition, "member %s runs no node runtime: it holds no Workspaces to export", s.id.NodeID))
+		return
+	}
+	res, err := (*e)(r.Context(), t)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	writeResult(w, res)
+}
+
+func (s *Server) kickTransfers() {
+	select {
+	case s.transferKick <- struct{}{}:
+	default:
+	}
+}
+
+// driveTransfers is the leader's transfer work while it leads.
+func (s *Server) driveTransfers(ctx context.Context) {
+	var mu sync.Mutex
+	inflight, retryAt, cleaned := map[string]bool{}, map[string]time.Time{}, map[string]time.Time{}
+	tick := time.NewTicker(transferTick)
+	defer tick.Stop()
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		case <-s.transferKick:
+		}
+		now := time.Now()
+		var work *fsm.TransferWork
+		if err := s.fsm.View(func(tx *bolt.Tx) (err error) { work, err = fsm.PendingTransferWork(tx, now); return }); err != nil {
+			continue
+		}
+		for _, t := range work.Exports {
+			mu.Lock()
+			busy := inflight[t.TransferID] || now.Before(retryAt[t.TransferID])
+			if !busy {
+				inflight[t.TransferID] = true
+			}
+			mu.Unlock()
+			if busy {
+				continue
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				retry := s.driveExport(ctx, t, work.ExportNodes[t.TransferID])
+				mu.Lock()
+				delete(inflight, t.TransferID)
+				if retry {
+					retryAt[t.TransferID] = time.Now().Add(exportRetry)
+				}
+				mu.Unlock()
+			}()
+		}
+		for _, tr := range append(work.Failed, work.Expired...) {
+			if now.Sub(cleaned[tr.TransferID]) < cleanupRetry {
+				continue
+			}
+			cleaned[tr.TransferID] = now
+			if err := s.removeArchive(ctx, &tr); err != nil || tr.State == api.TransferFailed && !now.After(tr.ExpiresAt) {
+				continue // a failed one stays listed (with its error) until it expires or is deleted
+			}
+			s.ApplyOp(ctx, fsm.OpTransferDelete, fsm.ObjectArgs{Name: tr.TransferID})
+		}
+	}
+}
+
+// driveExport asks the node to export and records its answer; true when
+// the node did not answer and should be asked again later.
+func (s *Server) driveExport(ctx context.Context, t api.TransferExportTask, nodeID string) bool {
+	var n *api.Node
+	if err := s.fsm.View(func(tx *bolt.Tx) (err error) { n, err = fsm.GetNode(tx, nodeID); return }); err != nil {
+		return true
+	}
+	var res api.TransferExportResult
+	var err error
+	if nodeID == s.id.NodeID {
+		if e := s.transferExporter.Load(); e != nil {
+			res, err = (*e)(ctx, t)
+		} else {
+			err = api.Errorf(api.CodeFailedPrecondition, "member %s runs no node runtime", s.id.NodeID)
+		}
+	} else {
+		err = s.nodeCall(ctx, n, http.MethodPost, "/v1/internal/transfers/export", t, exportTimeout, 64<<10, &res)
+	}
+	args := fsm.TransferResultArgs{TransferID: t.TransferID, NodeID: nodeID, Outcome: fsm.OutcomeOK, Digest: res.Digest, SizeBytes: res.SizeBytes, TemplateID: res.TemplateID}
+	if err != nil {
+		if api.CodeOf(err) == api.CodeUnavailable && ctx.Err() == nil {
+			var created time.Time
+			s.fsm.View(func(tx *bolt.Tx) error {
+				if tr, err := fsm.GetTransfer(tx, t.TransferID); err == nil {
+					created = tr.CreatedAt
+				}
+				return nil
+			})
+			if time.Since(created) < exportGiveUp {
+				s.log.Warn("transfer export not answered", "transfer_id", t.TransferID, "peer_node_id", nodeID, "err", err)
+				return true
+			}
+		}
+		if ctx.Err() != nil {
+			return false // the next leader drives it
+		}
+		args = fsm.TransferResultArgs{TransferID: t.TransferID, NodeID: nodeID, Outcome: fsm.OutcomeFailed, Error: fmt.Sprintf("node %s: %v", nodeID, err)}
+	}
+	if _, err := s.ApplyOp(ctx, fsm.OpTransferResult, args); err != nil {
+		return true
+	}
+	return false
+}
