@@ -105,9 +105,7 @@ func (a *Agent) exportTransfer(ctx context.Context, t api.TransferExportTask) (a
 	if err != nil {
 		return api.TransferExportResult{}, err
 	}
-	if inst := a.instanceWriting(layer); inst != "" {
-		return api.TransferExportResult{}, fmt.Errorf("transfer %s: the layer of workspace %s is in use by instance %s: stop it first", t.TransferID, t.WorkspaceID, inst)
-	}
+	running := a.instanceWriting(layer)
 	info, err := qcowInfo(ctx, layer)
 	if err != nil {
 		return api.TransferExportResult{}, fmt.Errorf("transfer %s: layer of workspace %s: %w", t.TransferID, t.WorkspaceID, err)
@@ -128,28 +126,62 @@ func (a *Agent) exportTransfer(ctx context.Context, t api.TransferExportTask) (a
 			os.Remove(p)
 		}
 	}()
-	for i, v := range t.Volumes {
-		src, err := a.volumePath(v.PoolID, v.VolumeID)
-		if err != nil {
-			return api.TransferExportResult{}, err
+	stage := func(purpose string) (string, error) {
+		dst, err := storagepool.TempPath(staging, storagepool.Temp{Node: a.cfg.NodeID, Purpose: purpose})
+		if err == nil {
+			staged = append(staged, dst)
 		}
-		if inst := a.instanceWriting(src); inst != "" {
-			return api.TransferExportResult{}, fmt.Errorf("transfer %s: volume %s is in use by instance %s: stop it first", t.TransferID, v.VolumeID, inst)
+		return dst, err
+	}
+	// copyDisks stages each Volume as a qcow2 image, and the layer too
+	// when a running guest keeps writing it (a stopped one's stays put:
+	// ctrl starts nothing of the Workspace while it exports).
+	layerSrc, volumes := layer, []string{}
+	copyDisks := func() error {
+		if running != "" {
+			dst, err := stage("export-layer")
+			if err != nil {
+				return err
+			}
+			// The file as it is: QEMU flushed it when it stopped the
+			// guest, and a copy of the file is all of what it wrote.
+			if out, err := exec.CommandContext(ctx, "cp", "--reflink=auto", "--sparse=always", layer, dst).CombinedOutput(); err != nil {
+				return fmt.Errorf("layer: cp: %v: %s", err, strings.TrimSpace(string(out)))
+			}
+			layerSrc = dst
 		}
-		dst, err := storagepool.TempPath(staging, storagepool.Temp{Node: a.cfg.NodeID, Purpose: fmt.Sprintf("export-%d", i)})
-		if err != nil {
-			return api.TransferExportResult{}, err
+		for i, v := range t.Volumes {
+			src, err := a.volumePath(v.PoolID, v.VolumeID)
+			if err != nil {
+				return err
+			}
+			if inst := a.instanceWriting(src); inst != "" && inst != running {
+				return fmt.Errorf("volume %s is in use by instance %s, which is not this Workspace's", v.VolumeID, inst)
+			}
+			dst, err := stage(fmt.Sprintf("export-%d", i))
+			if err != nil {
+				return err
+			}
+			if err := qemuImg(ctx, "convert", "-U", "-f", "raw", "-O", "qcow2", src, dst); err != nil {
+				return fmt.Errorf("volume %s: %w", v.VolumeID, err)
+			}
+			volumes = append(volumes, dst)
 		}
-		staged = append(staged, dst)
-		if err := qemuImg(ctx, "convert", "-f", "raw", "-O", "qcow2", src, dst); err != nil {
-			return api.TransferExportResult{}, fmt.Errorf("transfer %s: volume %s: %w", t.TransferID, v.VolumeID, err)
-		}
+		return nil
+	}
+	if running != "" && a.cfg.Runtime != nil {
+		err = a.cfg.Runtime.WhilePaused(ctx, running, copyDisks)
+	} else {
+		err = copyDisks()
+	}
+	if err != nil {
+		return api.TransferExportResult{}, fmt.Errorf("transfer %s: %w", t.TransferID, err)
 	}
 	shape := t.Shape
 	shape.TemplateID = tmplID
 	manifest := api.TransferManifest{FormatVersion: api.TransferFormat, TransferID: t.TransferID, WorkspaceID: t.WorkspaceID, Shape: shape}
-	members := []archiveMember{{name: transferLayerName, path: layer}}
-	for i, p := range staged {
+	members := []archiveMember{{name: transferLayerName, path: layerSrc}}
+	for i, p := range volumes {
 		members = append(members, archiveMember{name: fmt.Sprintf("%s%d.qcow2", transferVolumeDir, i), path: p})
 	}
 	pr, pw := io.Pipe()

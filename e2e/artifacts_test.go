@@ -157,8 +157,7 @@ func TestTemplateFetchedFromArtifactStore(t *testing.T) {
 	mhMust(t, admin, 2*time.Minute, "workspace", "exec", ws.WorkspaceID, "--", "sh", "-c",
 		"dd if=/dev/urandom of=/root/written bs=1M count=8 2>/dev/null && dd if=/dev/urandom of=/data/written bs=1M count=8 2>/dev/null")
 	want := sums(ws.WorkspaceID)
-	mhExpectExit(t, admin, api.ExitFailedPrecondition, "export of a running Workspace", "transfer", "export", ws.WorkspaceID)
-	mhMust(t, admin, 2*time.Minute, "workspace", "stop", ws.WorkspaceID)
+	// Exported while it runs: node-b pauses the guest while it copies.
 	t2 := time.Now()
 	var tr api.Transfer
 	if err := decodeResult(mhMust(t, admin, 5*time.Minute, "transfer", "export", ws.WorkspaceID, "--json"), &tr); err != nil {
@@ -181,11 +180,20 @@ func TestTemplateFetchedFromArtifactStore(t *testing.T) {
 	if got := sums(imported); got != want {
 		t.Fatalf("files after the import:\n%s\nwant\n%s", got, want)
 	}
+	if out := mhMust(t, admin, 60*time.Second, "workspace", "exec", ws.WorkspaceID, "--", "echo", "still-running").stdout; !strings.Contains(out, "still-running") {
+		t.Fatalf("the exported Workspace after its export: %q", out)
+	}
 	mhMust(t, admin, 2*time.Minute, "workspace", "delete", imported)
 	mhMust(t, admin, cliTimeout, "transfer", "delete", tr.TransferID)
 	if _, err := os.Stat(archive); !os.IsNotExist(err) {
 		t.Fatalf("archive after transfer delete: %v", err)
 	}
+	// A stopped one is exported from its files as they are.
+	mhMust(t, admin, 2*time.Minute, "workspace", "stop", ws.WorkspaceID)
+	if err := decodeResult(mhMust(t, admin, 5*time.Minute, "transfer", "export", ws.WorkspaceID, "--json"), &tr); err != nil || tr.State != api.TransferReady {
+		t.Fatalf("export of the stopped Workspace: %v %+v", err, tr)
+	}
+	mhMust(t, admin, cliTimeout, "transfer", "delete", tr.TransferID)
 }
 
 // flipByte inverts the byte at off of the file at path.

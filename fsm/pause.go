@@ -24,6 +24,9 @@ func applyWorkspacePause(tx *bolt.Tx, e *Entry) (any, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := notExporting(w, "pause"); err != nil {
+		return nil, err
+	}
 	switch {
 	case w.State == api.WorkspacePausing || w.State == api.WorkspacePaused:
 		return w, nil

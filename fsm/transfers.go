@@ -8,10 +8,12 @@ import (
 	"github.com/kibotos/kibotos/api"
 )
 
-// Transfers: an export writes a stopped Workspace's layer, Volumes and
-// shape into the artifact store. The export op records the Transfer
-// (EXPORTING) and marks the Workspace, which then neither starts nor is
-// deleted until the exporting node's answer (the result op) makes the
+// Transfers: an export writes a Workspace's layer, Volumes and shape into
+// the artifact store: a STOPPED one's as they are, an AVAILABLE one's
+// while its node pauses the guest. The export op records the Transfer
+// (EXPORTING) and marks the Workspace, which then neither starts, stops
+// (but for --force), pauses nor is deleted until the exporting node's
+// answer (the result op) makes the
 // Transfer READY or FAILED. ctrl drives the node and removes archives; the
 // FSM only records. An import is a Workspace create with an Import: its
 // first start unpacks the archive (workspaces.go).
@@ -79,15 +81,21 @@ func applyTransferExport(tx *bolt.Tx, e *Entry) (any, error) {
 	if err := checkVersion(e, w.Version, "workspace "+w.WorkspaceID); err != nil {
 		return nil, err
 	}
+	node := ""
 	switch {
 	case w.Exporting != "":
 		return nil, api.Errorf(api.CodeFailedPrecondition, "workspace %s is being exported already (transfer %s): wait for it (kibo transfer get %s)", w.WorkspaceID, w.Exporting, w.Exporting)
+	case w.State == api.WorkspaceAvailable && w.Pending == nil && w.InstanceID != "":
+		// Its node pauses the guest while it copies the disks.
+		node = w.NodeID
 	case w.State != api.WorkspaceStopped:
-		return nil, api.Errorf(api.CodeFailedPrecondition, "workspace %s is %s: export needs it STOPPED; stop it first (kibo workspace stop %s)", w.WorkspaceID, w.State, w.WorkspaceID)
+		return nil, api.Errorf(api.CodeFailedPrecondition, "workspace %s is %s: export needs it STOPPED, or AVAILABLE with no command in flight; wait for it or stop it (kibo workspace stop %s)", w.WorkspaceID, w.State, w.WorkspaceID)
 	case w.Layer == nil:
 		return nil, api.Errorf(api.CodeFailedPrecondition, "workspace %s has never run: it has no layer to export; create a new Workspace from its template instead", w.WorkspaceID)
 	case w.Layer.Lost:
 		return nil, lostLayerError(w)
+	default:
+		node = w.Layer.NodeID
 	}
 	if countAtMost(tx, bucketTransfers, api.MaxTransfers) >= api.MaxTransfers {
 		return nil, api.Errorf(api.CodeResourceExhausted, "transfer of workspace %s: the cluster keeps at most %d Transfers: delete old ones first (kibo transfer delete ID)", w.WorkspaceID, api.MaxTransfers)
@@ -98,7 +106,7 @@ func applyTransferExport(tx *bolt.Tx, e *Entry) (any, error) {
 	}
 	now := *at(e)
 	rec := &transferRecord{LayerPool: w.Layer.PoolID, Volumes: vols, Transfer: api.Transfer{TransferID: id, Version: 1, State: api.TransferExporting,
-		Namespace: a.Namespace, WorkspaceID: w.WorkspaceID, NodeID: w.Layer.NodeID, CreatedAt: now, UpdatedAt: now, ExpiresAt: now.Add(ttl),
+		Namespace: a.Namespace, WorkspaceID: w.WorkspaceID, NodeID: node, CreatedAt: now, UpdatedAt: now, ExpiresAt: now.Add(ttl),
 		Shape: api.TransferShape{Template: w.Template, CPU: w.CPU, MemoryBytes: w.MemoryBytes, Labels: w.Labels}}}
 	for _, v := range vols {
 		rec.Shape.Volumes = append(rec.Shape.Volumes, api.TransferVolume{Path: v.Path, SizeBytes: v.SizeBytes})

@@ -27,9 +27,23 @@ func TestTransferExport(t *testing.T) {
 	oneNode(h)
 	w := h.running("c1", smallWS)
 	exp := TransferExportArgs{WorkspaceID: w.WorkspaceID, Namespace: "default"}
-	h.fail(api.CodeFailedPrecondition, OpTransferExport, exp, withCommand("x0"))
 	fresh := h.create("c2", smallWS)
 	h.fail(api.CodeFailedPrecondition, OpTransferExport, TransferExportArgs{WorkspaceID: fresh.WorkspaceID, Namespace: "default"}, withCommand("x1"))
+	// A running one is exported where it runs; it is not stopped (but
+	// by --force) or paused meanwhile.
+	live := decode[api.Transfer](t, h.ok(OpTransferExport, exp, withCommand("x0")))
+	if live.NodeID != w.NodeID {
+		t.Fatalf("running export on %s, want %s", live.NodeID, w.NodeID)
+	}
+	for _, op := range []string{OpWorkspaceStop, OpWorkspacePause} {
+		if err := h.fail(api.CodeFailedPrecondition, op, WorkspaceArgs{WorkspaceID: w.WorkspaceID}); !strings.Contains(err.Message, "is being exported") {
+			t.Fatalf("%s while exporting: %v", op, err)
+		}
+	}
+	h.ok(OpTransferResult, TransferResultArgs{TransferID: live.TransferID, NodeID: w.NodeID, Outcome: OutcomeFailed, Error: "boom"})
+	if got := h.transfer(live.TransferID); got.State != api.TransferFailed || got.Error != "boom" {
+		t.Fatalf("failed export %+v", got)
+	}
 	h.ok(OpWorkspaceStop, WorkspaceArgs{WorkspaceID: w.WorkspaceID})
 	h.answer(w.WorkspaceID, OutcomeOK, "")
 	h.fail(api.CodeInvalidArgument, OpTransferExport, TransferExportArgs{WorkspaceID: w.WorkspaceID, Namespace: "Bad NS"}, withCommand("x2"))

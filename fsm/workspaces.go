@@ -747,6 +747,12 @@ func applyWorkspaceStop(tx *bolt.Tx, e *Entry) (any, error) {
 	if err != nil {
 		return nil, err
 	}
+	if !a.Force {
+		// stop --force still ends it: the export then fails.
+		if err := notExporting(w, "stop"); err != nil {
+			return nil, err
+		}
+	}
 	old := cloneWorkspace(w)
 	switch {
 	case w.State == api.WorkspaceStopped:

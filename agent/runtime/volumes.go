@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"time"
 
 	"github.com/kibotos/kibotos/vmm/qemu"
 )
@@ -119,4 +120,51 @@ func (rt *Runtime) BlockResize(ctx context.Context, instanceID, serial string, s
 	}
 	rt.log.Info("volume resized", "instance_id", instanceID, "serial", serial, "path", vol.Path, "bytes", sizeBytes)
 	return nil
+}
+
+// WhilePaused runs fn with the Instance's vCPUs stopped: its guest synced
+// first (best effort: a guest that does not answer is paused as it is),
+// then QEMU's stop, which drains and flushes every disk, so fn reads the
+// layer and Volume files as a consistent whole. The guest runs on when fn
+// returns, whatever fn did. A Transfer of a running Workspace copies its
+// files here.
+func (rt *Runtime) WhilePaused(ctx context.Context, id string, fn func() error) error {
+	in, err := rt.get(id)
+	if err != nil {
+		return err
+	}
+	in.mu.Lock()
+	state, rec, control := in.state, in.rec, in.paths.Control
+	in.mu.Unlock()
+	fail := func(err error) error { return fmt.Errorf("runtime: instance %s: pause to copy its disks: %w", id, err) }
+	switch {
+	case state != StateRunning:
+		return fail(fmt.Errorf("it is %s", state))
+	case rec.Backend != (&QEMU{}).Name():
+		return fail(fmt.Errorf("backend %s cannot pause a VM", rec.Backend))
+	}
+	if g, err := rt.Guest(id); err == nil {
+		sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		if err := g.Sync(sctx); err != nil {
+			rt.log.Warn("guest not synced before a pause", "instance_id", id, "err", err)
+		}
+		cancel()
+	}
+	q, err := qemu.DialQMP(ctx, control)
+	if err != nil {
+		return fail(err)
+	}
+	defer q.Close()
+	if err := q.Execute(ctx, "stop", nil, nil); err != nil {
+		return fail(err)
+	}
+	t0 := time.Now()
+	ferr := fn()
+	cctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := q.Cont(cctx); err != nil {
+		return fail(fmt.Errorf("the guest stays paused: %w", errors.Join(ferr, err)))
+	}
+	rt.log.Info("instance paused to copy its disks", "instance_id", id, "seconds", time.Since(t0).Seconds())
+	return ferr
 }
