@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"slices"
@@ -12,7 +13,10 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/kibotos/kibotos/api"
+	"github.com/kibotos/kibotos/internal/testenv"
 )
 
 // transfers is the prefix the product documents for workspace archives.
@@ -339,4 +343,35 @@ func TestDirKeyThatIsAlsoAPrefix(t *testing.T) {
 	if got := stored(t, s); !slices.Equal(got, []string{"named/a/b"}) {
 		t.Fatalf("store holds %v", got)
 	}
+}
+
+// A store that fills up fails the write and shows nothing of it: no key,
+// no temporary file (a Transfer's archive to a full store fails its
+// export with nothing half-listed).
+func TestPutNamedToAFullStore(t *testing.T) {
+	if os.Getuid() != 0 {
+		testenv.Skipf(t, "mounting a small tmpfs needs root")
+	}
+	root := t.TempDir()
+	if err := unix.Mount("tmpfs", root, "tmpfs", 0, "size=1m"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Unmount(root, unix.MNT_DETACH) })
+	s, err := NewDir(filepath.Join(root, "store"), "node-a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := "kibotos-transfer/v1/default/tr-x.tar"
+	if _, err := s.PutNamed(context.Background(), key, bytes.NewReader(make([]byte, 2<<20))); err == nil {
+		t.Fatal("a 2 MiB put into a 1 MiB store succeeded")
+	}
+	if l, err := s.ListNamed(context.Background(), "kibotos-transfer/"); err != nil || len(l) != 0 {
+		t.Fatalf("listing after the failed put: %v %v", l, err)
+	}
+	filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
+		if err == nil && !d.IsDir() {
+			t.Errorf("left behind: %s", p)
+		}
+		return nil
+	})
 }
