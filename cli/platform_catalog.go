@@ -18,7 +18,9 @@ type PlatformPublishCmd struct {
 func (c *PlatformPublishCmd) Run(g *Globals) error {
 	var p api.CatalogPlatform
 	req := api.PlatformPublishRequest{WriteMeta: writeMeta(c.CommandID, c.ExpectedVersion), FromNode: c.FromNode, PlatformID: c.Platform}
+	stop := g.elapsed("platform: publishing")
 	raw, err := g.call("POST", "/v1/platforms/publish", req, &p)
+	stop()
 	if err != nil {
 		return err
 	}

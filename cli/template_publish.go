@@ -17,7 +17,9 @@ type TemplatePublishCmd struct {
 func (c *TemplatePublishCmd) Run(g *Globals) error {
 	var t api.CatalogTemplate
 	req := api.TemplatePublishRequest{WriteMeta: writeMeta(c.CommandID, c.ExpectedVersion), FromNode: c.FromNode}
+	stop := g.elapsed("template " + c.Name + ": publishing")
 	raw, err := g.call("POST", "/v1/templates/"+url.PathEscape(c.Name)+"/publish", req, &t)
+	stop()
 	if err != nil {
 		return err
 	}

@@ -68,8 +68,8 @@ func sizeNote(tr *api.Transfer) string {
 // waitTransfer polls until the Transfer is READY; FAILED is exit 13 with
 // its error. On a terminal the time so far is shown on stderr.
 func waitTransfer(g *Globals, id string) (*api.Transfer, error) {
-	start := time.Now()
-	progress := g.progress(true, id, 0).on
+	stop := g.elapsed("transfer " + id + ": exporting")
+	defer stop()
 	tr, err := pollObject(g, "/v1/transfers/"+url.PathEscape(id), func(t *api.Transfer) uint64 { return t.Version },
 		func(t *api.Transfer) (bool, error) {
 			switch {
@@ -80,17 +80,11 @@ func waitTransfer(g *Globals, id string) (*api.Transfer, error) {
 			case t.State == api.TransferFailed:
 				return false, exitError{api.ExitFailedPrecondition, fmt.Sprintf("transfer %s FAILED: %s", id, t.Error)}
 			}
-			if progress {
-				g.note("\rtransfer %s: exporting on node %s, %s", id, t.NodeID, time.Since(start).Round(time.Second))
-			}
 			return false, nil
 		},
 		func(t *api.Transfer) error {
 			return exitError{api.ExitTimedOut, fmt.Sprintf("transfer %s is still %s after %s; it goes on in the background: check with kibo transfer get %s", id, t.State, g.Timeout, id)}
 		})
-	if progress {
-		g.note("\n")
-	}
 	return tr, err
 }
 
@@ -188,7 +182,9 @@ func (c *TransferImportCmd) Run(g *Globals) error {
 		return err
 	}
 	if !c.NoWait {
+		stop := g.elapsed("workspace " + ws.WorkspaceID + ": importing " + c.Transfer)
 		final, err := waitWorkspace(g, ws.WorkspaceID, api.WorkspaceAvailable)
+		stop()
 		if err != nil {
 			return err
 		}
