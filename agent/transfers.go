@@ -99,6 +99,12 @@ func (a *Agent) exportTransfer(ctx context.Context, t api.TransferExportTask) (a
 	if err := api.ValidTransferNamespace(t.Namespace); err != nil {
 		return api.TransferExportResult{}, err
 	}
+	if !api.IsWorkspaceID(t.WorkspaceID) {
+		return api.TransferExportResult{}, api.Errorf(api.CodeInvalidArgument, "transfer %s: %.80q is not a Workspace id", t.TransferID, t.WorkspaceID)
+	}
+	if err := t.Shape.Check("transfer " + t.TransferID); err != nil {
+		return api.TransferExportResult{}, err
+	}
 	log := a.log.With("transfer_id", t.TransferID, "workspace_id", t.WorkspaceID)
 	start := time.Now()
 	layer, err := a.layerPath(t.LayerPool, t.WorkspaceID)

@@ -45,6 +45,12 @@ var (
 	namespacePattern  = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,62}$`)
 )
 
+var workspaceIDPattern = regexp.MustCompile(`^ws-[a-z2-7]{26}$`)
+
+// IsWorkspaceID says whether s is a Workspace id (ws- and 26 base32
+// letters), before it names a file.
+func IsWorkspaceID(s string) bool { return workspaceIDPattern.MatchString(s) }
+
 // ValidTransferID checks a Transfer id (tr- and 26 base32 letters).
 func ValidTransferID(id string) error {
 	if !transferIDPattern.MatchString(id) {

@@ -131,6 +131,7 @@ func TestWorkspaceLogsOverHTTP(t *testing.T) {
 	for _, route := range []struct{ upload, bad string }{
 		{"/v1/internal/templates/kibotos-coding/upload", "/v1/internal/templates/Bad.Name!/upload"},
 		{"/v1/internal/platforms/own/upload", "/v1/internal/platforms/sha256-x/upload"},
+		{"/v1/internal/transfers/export", "/v1/internal/transfers/export"},
 	} {
 		if _, err := c.Client(node).Do(ctx, "POST", route.upload, nil, nil); api.CodeOf(err) != api.CodePermissionDenied {
 			t.Errorf("operator on the node's upload route %s: %v, want permission_denied", route.upload, err)

@@ -358,8 +358,14 @@ func (s *Server) driveTransfers(ctx context.Context) {
 				continue
 			}
 			cleaned[tr.TransferID] = now
-			if err := s.removeArchive(ctx, &tr); err != nil || tr.State == api.TransferFailed && !now.After(tr.ExpiresAt) {
-				continue // a failed one stays listed (with its error) until it expires or is deleted
+			if err := s.removeArchive(ctx, &tr); err != nil {
+				continue
+			}
+			if tr.State == api.TransferFailed && !now.After(tr.ExpiresAt) {
+				// Listed (with its error) until it expires or is deleted;
+				// its archive is gone, so it is not cleaned again.
+				cleaned[tr.TransferID] = tr.ExpiresAt
+				continue
 			}
 			s.ApplyOp(ctx, fsm.OpTransferDelete, fsm.ObjectArgs{Name: tr.TransferID})
 		}
