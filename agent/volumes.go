@@ -235,7 +235,7 @@ func (a *Agent) volumePath(pool, id string) (string, error) {
 }
 
 // instanceWriting is the Instance of this node that has the file at path
-// attached and still runs, "" for none.
+// attached (a Volume, or its retained layer) and still runs, "" for none.
 func (a *Agent) instanceWriting(path string) string {
 	rt := a.cfg.Runtime
 	if rt == nil {
@@ -244,6 +244,9 @@ func (a *Agent) instanceWriting(path string) string {
 	for _, st := range rt.List() {
 		if st.State != runtime.StateRunning && st.State != runtime.StateStarting {
 			continue
+		}
+		if st.LayerPath == path {
+			return st.ID
 		}
 		for _, v := range st.Volumes {
 			if v.Path == path {

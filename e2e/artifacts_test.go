@@ -9,6 +9,7 @@ package e2e
 import (
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -167,6 +168,17 @@ func TestTemplateFetchedFromArtifactStore(t *testing.T) {
 		t.Fatalf("export: %+v", tr)
 	}
 	t.Logf("exported in %s: %s, %d bytes", time.Since(t2).Round(time.Millisecond), tr.TransferID, tr.SizeBytes)
+	paused := ""
+	logB, _ := os.ReadFile(filepath.Join(l.dir, "logs", "node-b-serve-1.log"))
+	for _, line := range strings.Split(string(logB), "\n") {
+		if strings.Contains(line, "instance paused to copy its disks") {
+			paused = line
+		}
+	}
+	if paused == "" {
+		t.Fatal("node-b's log does not say it paused the guest to copy its disks")
+	}
+	t.Logf("node-b: %s", paused)
 	archive := filepath.Join(store, "named", api.TransferArchiveKey("default", tr.TransferID))
 	if _, err := os.Stat(archive); err != nil {
 		t.Fatalf("archive not in the store: %v", err)
@@ -184,6 +196,28 @@ func TestTemplateFetchedFromArtifactStore(t *testing.T) {
 		t.Fatalf("the exported Workspace after its export: %q", out)
 	}
 	mhMust(t, admin, 2*time.Minute, "workspace", "delete", imported)
+	// A store that refuses the removal (read-only here): the Transfer
+	// stays listed and ctrl's log says so (upgrade seed).
+	named := filepath.Join(store, "named")
+	if out, err := exec.Command("mount", "--bind", "-o", "ro", named, named).CombinedOutput(); err != nil {
+		t.Fatalf("read-only bind mount of the store: %v %s", err, out)
+	}
+	mounted := true
+	unmount := func() {
+		if mounted {
+			exec.Command("umount", named).Run()
+			mounted = false
+		}
+	}
+	t.Cleanup(unmount)
+	mhExpectExit(t, admin, api.ExitUnavailable, "transfer delete with a read-only store", "transfer", "delete", tr.TransferID)
+	unmount()
+	if out := mhMust(t, admin, cliTimeout, "transfer", "list", "-q").stdout; strings.TrimSpace(out) != tr.TransferID {
+		t.Fatalf("transfer list -q after a refused delete: %q", out)
+	}
+	if log, _ := os.ReadFile(filepath.Join(l.dir, "logs", "node-a-serve-1.log")); !strings.Contains(string(log), "transfer archive cleanup did not finish") {
+		t.Errorf("ctrl's log lacks %q", "transfer archive cleanup did not finish")
+	}
 	mhMust(t, admin, cliTimeout, "transfer", "delete", tr.TransferID)
 	if _, err := os.Stat(archive); !os.IsNotExist(err) {
 		t.Fatalf("archive after transfer delete: %v", err)
