@@ -27,6 +27,7 @@ func (c *NodeDrainCmd) Run(g *Globals) error {
 			return g.printJSON(raw)
 		}
 		g.printf("node %s: drain requested; status %s, registration_version %d\n", n.NodeID, n.Status, n.RegistrationVersion)
+		g.note("%s\n", emptyNodeHint(n.NodeID))
 		return nil
 	}
 	final, err := c.wait(g, &n)
@@ -57,8 +58,8 @@ func (c *NodeDrainCmd) wait(g *Globals, n *api.Node) (*api.Node, error) {
 			if n.Report != nil {
 				instances, volumes = n.Report.Instances, n.Report.Volumes
 			}
-			return nil, exitError{api.ExitTimedOut, fmt.Sprintf("node %s is still %s after %s (%d Instances, %d Volumes left); the drain request stays in place: empty the node and check with kibo node get %s",
-				n.NodeID, n.Status, g.Timeout, instances, volumes, n.NodeID)}
+			return nil, exitError{api.ExitTimedOut, fmt.Sprintf("node %s is still %s after %s (%d Instances, %d Volumes left); the drain request stays in place; %s, and check with kibo node get %s",
+				n.NodeID, n.Status, g.Timeout, instances, volumes, emptyNodeHint(n.NodeID), n.NodeID)}
 		}
 		select {
 		case <-g.ctx.Done():
@@ -94,4 +95,11 @@ func (c *NodeCancelDrainCmd) Run(g *Globals) error {
 	}
 	g.printf("node %s: drain cancelled; status %s, registration_version %d\n", n.NodeID, n.Status, n.RegistrationVersion)
 	return nil
+}
+
+// emptyNodeHint says how an operator empties a node: drain moves nothing
+// (node-operations seed), so each Workspace is stopped, deleted or moved
+// through a Transfer.
+func emptyNodeHint(node string) string {
+	return fmt.Sprintf("to empty it, list its Workspaces with kibo workspace list --node %s --all -q, then stop or delete each, or move it: kibo transfer export WS, kibo transfer import TRANSFER --node OTHER, kibo workspace delete WS", node)
 }
