@@ -13,6 +13,7 @@ import (
 	"regexp"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/kibotos/kibotos/api"
@@ -58,6 +59,21 @@ type exportRun struct {
 	done chan struct{}
 	res  api.TransferExportResult
 	err  error
+	// written of total bytes of the archive are in the store's hands.
+	written, total atomic.Int64
+}
+
+// ExportProgress is how far the export of a Transfer in progress here is;
+// false when none is.
+func (a *Agent) ExportProgress(id string) (api.TransferProgress, bool) {
+	a.exports.mu.Lock()
+	run, ok := a.exports.running[id]
+	a.exports.mu.Unlock()
+	if !ok {
+		return api.TransferProgress{}, false
+	}
+	total := run.total.Load()
+	return api.TransferProgress{DoneBytes: min(run.written.Load(), total), TotalBytes: total}, true
 }
 
 // ExportTransfer writes the archive of a stopped Workspace's layer and
@@ -75,7 +91,7 @@ func (a *Agent) ExportTransfer(ctx context.Context, t api.TransferExportTask) (a
 			// Not the caller's context: an export outlives one call.
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Hour)
 			defer cancel()
-			run.res, run.err = a.exportTransfer(ctx, t)
+			run.res, run.err = a.exportTransfer(ctx, t, run)
 			close(run.done)
 			a.exports.mu.Lock()
 			delete(a.exports.running, t.TransferID)
@@ -91,7 +107,7 @@ func (a *Agent) ExportTransfer(ctx context.Context, t api.TransferExportTask) (a
 	}
 }
 
-func (a *Agent) exportTransfer(ctx context.Context, t api.TransferExportTask) (api.TransferExportResult, error) {
+func (a *Agent) exportTransfer(ctx context.Context, t api.TransferExportTask, run *exportRun) (api.TransferExportResult, error) {
 	store := a.cfg.Artifacts
 	if store == nil {
 		return api.TransferExportResult{}, api.Errorf(api.CodeFailedPrecondition, "transfer %s: node %s has no artifact store: set [artifacts] url in its configuration file and restart it", t.TransferID, a.cfg.NodeID)
@@ -190,8 +206,15 @@ func (a *Agent) exportTransfer(ctx context.Context, t api.TransferExportTask) (a
 	for i, p := range volumes {
 		members = append(members, archiveMember{name: fmt.Sprintf("%s%d.qcow2", transferVolumeDir, i), path: p})
 	}
+	var total int64
+	for _, mb := range members {
+		if st, err := os.Stat(mb.path); err == nil {
+			total += st.Size()
+		}
+	}
+	run.total.Store(total)
 	pr, pw := io.Pipe()
-	go func() { pw.CloseWithError(writeTransferArchive(pw, manifest, members)) }()
+	go func() { pw.CloseWithError(writeTransferArchive(countingWriter{pw, &run.written}, manifest, members)) }()
 	key := api.TransferArchiveKey(t.Namespace, t.TransferID)
 	o, err := store.PutNamed(ctx, key, pr)
 	pr.CloseWithError(errors.New("upload ended"))
@@ -208,6 +231,18 @@ func (a *Agent) exportTransfer(ctx context.Context, t api.TransferExportTask) (a
 }
 
 type archiveMember struct{ name, path string }
+
+// countingWriter counts what passes into n.
+type countingWriter struct {
+	w io.Writer
+	n *atomic.Int64
+}
+
+func (c countingWriter) Write(p []byte) (int, error) {
+	n, err := c.w.Write(p)
+	c.n.Add(int64(n))
+	return n, err
+}
 
 func writeTransferArchive(w io.Writer, m api.TransferManifest, members []archiveMember) error {
 	tw := tar.NewWriter(w)

@@ -137,12 +137,16 @@ type Transfer struct {
 	NodeID      string        `json:"node_id"`
 	Shape       TransferShape `json:"shape"`
 	// Digest and SizeBytes are the archive's, once READY.
-	Digest    string    `json:"digest,omitempty"`
-	SizeBytes int64     `json:"size_bytes,omitempty"`
-	Error     string    `json:"error,omitempty"`
-	CreatedAt time.Time `json:"created_at"`
-	UpdatedAt time.Time `json:"updated_at"`
-	ExpiresAt time.Time `json:"expires_at"`
+	Digest    string `json:"digest,omitempty"`
+	SizeBytes int64  `json:"size_bytes,omitempty"`
+	// DoneBytes of TotalBytes are written while EXPORTING, as the node
+	// last said (every few seconds).
+	DoneBytes  int64     `json:"done_bytes,omitempty"`
+	TotalBytes int64     `json:"total_bytes,omitempty"`
+	Error      string    `json:"error,omitempty"`
+	CreatedAt  time.Time `json:"created_at"`
+	UpdatedAt  time.Time `json:"updated_at"`
+	ExpiresAt  time.Time `json:"expires_at"`
 }
 
 // ArchiveKey is the key of the Transfer's archive.
@@ -205,6 +209,12 @@ type TransferExportTask struct {
 	// Volumes are the Workspace's, in mount order, with their pools.
 	Volumes []TaskVolume  `json:"volumes,omitempty"`
 	Shape   TransferShape `json:"shape"`
+}
+
+// TransferProgress is how far a node's export is.
+type TransferProgress struct {
+	DoneBytes  int64 `json:"done_bytes"`
+	TotalBytes int64 `json:"total_bytes"`
 }
 
 // TransferExportResult is the node's answer.

@@ -446,7 +446,7 @@ func runMember(g *Globals, o memberOptions) error {
 		src.HostUsage = a.HostUsage
 		srv.SetTemplatePublisher(a.PublishTemplate)
 		srv.SetPlatformPublisher(a.PublishPlatform)
-		srv.SetTransferExporter(a.ExportTransfer)
+		srv.SetTransferExporter(a)
 		go func() { agentErr <- a.Run(ctx) }()
 	}
 	if err := serveMetrics(ctx, srv, src, o.metricsListen, log); err != nil {

@@ -66,19 +66,26 @@ func sizeNote(tr *api.Transfer) string {
 }
 
 // waitTransfer polls until the Transfer is READY; FAILED is exit 13 with
-// its error. On a terminal the time so far is shown on stderr.
+// its error. On a terminal a bar shows the bytes its node wrote so far.
 func waitTransfer(g *Globals, id string) (*api.Transfer, error) {
-	stop := g.elapsed("transfer " + id + ": exporting")
-	defer stop()
+	bar := g.progress(true, "transfer "+id, 0)
 	tr, err := pollObject(g, "/v1/transfers/"+url.PathEscape(id), func(t *api.Transfer) uint64 { return t.Version },
 		func(t *api.Transfer) (bool, error) {
 			switch {
 			case t == nil:
 				return false, api.Errorf(api.CodeNotFound, "transfer %s is gone", id)
 			case t.State == api.TransferReady:
+				bar.total = t.SizeBytes
+				bar.set(bar.name, t.SizeBytes)
+				bar.done()
 				return true, nil
 			case t.State == api.TransferFailed:
+				bar.abandon()
 				return false, exitError{api.ExitFailedPrecondition, fmt.Sprintf("transfer %s FAILED: %s", id, t.Error)}
+			}
+			if t.TotalBytes > 0 {
+				bar.total = t.TotalBytes
+				bar.set(bar.name, t.DoneBytes)
 			}
 			return false, nil
 		},
@@ -117,6 +124,9 @@ func (c *TransferGetCmd) Run(g *Globals) error {
 		t.line("Volume", "%s %s", v.Path, formatBytes(v.SizeBytes))
 	}
 	t.line("Archive", "%s", tr.ArchiveKey())
+	if tr.State == api.TransferExporting && tr.TotalBytes > 0 {
+		t.line("Progress", "%s", progressText(&tr))
+	}
 	if tr.State == api.TransferReady {
 		t.line("Size", "%s", formatBytes(uint64(tr.SizeBytes)))
 		t.line("Digest", "%s", tr.Digest)
@@ -155,8 +165,11 @@ func (c *TransferListCmd) Run(g *Globals) error {
 			t := newTable(g.stdout, "ID", "STATE", "WORKSPACE", "NODE", "TEMPLATE", "SIZE", "CREATED", "EXPIRES")
 			for _, tr := range out.Transfers {
 				size := "-"
-				if tr.State == api.TransferReady {
+				switch {
+				case tr.State == api.TransferReady:
 					size = formatBytes(uint64(tr.SizeBytes))
+				case tr.TotalBytes > 0:
+					size = progressText(&tr)
 				}
 				t.row(tr.TransferID, tr.State, tr.WorkspaceID, tr.NodeID, tr.Shape.Template, size, stamp(tr.CreatedAt), stamp(tr.ExpiresAt))
 			}
@@ -210,4 +223,9 @@ func (c *TransferDeleteCmd) Run(g *Globals) error {
 	}
 	g.printf("transfer %s deleted with its archive\n", c.Transfer)
 	return nil
+}
+
+// progressText is an export's "42% of 1.2GiB".
+func progressText(tr *api.Transfer) string {
+	return fmt.Sprintf("%d%% of %s", tr.DoneBytes*100/tr.TotalBytes, formatBytes(uint64(tr.TotalBytes)))
 }

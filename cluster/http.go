@@ -189,6 +189,7 @@ func (s *Server) routes() http.Handler {
 	m.HandleFunc("GET /v1/internal/machine-logs/{instance}", s.handleNodeMachineLog)
 	m.HandleFunc("POST /v1/internal/templates/{name}/upload", nodeUploadRoute(s, "templates are published through ctrl (kibo template publish)", s.publishTemplate))
 	m.HandleFunc("POST /v1/internal/transfers/export", s.handleNodeTransferExport)
+	m.HandleFunc("GET /v1/internal/transfers/{name}/progress", s.handleNodeTransferProgress)
 	m.HandleFunc("POST /v1/internal/platforms/{name}/upload", nodeUploadRoute(s, "Platforms are published through ctrl (kibo platform publish)", s.publishPlatform))
 
 	m.HandleFunc("GET /v1/nodes", operator(s.reader(s.handleNodeList)))

@@ -144,6 +144,19 @@ func TestWorkspaceLogsOverHTTP(t *testing.T) {
 		}
 	}
 
+	// How far an export is: ctrl members only, a Transfer id, and only
+	// while the node exports it.
+	progress := "/v1/internal/transfers/tr-" + strings.Repeat("a", 26) + "/progress"
+	if _, err := c.Client(node).Do(ctx, "GET", progress, nil, nil); api.CodeOf(err) != api.CodePermissionDenied {
+		t.Errorf("operator on the node's progress route: %v, want permission_denied", err)
+	}
+	if status, e := rawCall(t, node, memberCert(t, ctrl), node.Addr, "GET", progress, nil, nil); status != http.StatusNotFound || e == nil || !strings.Contains(e.Message, "is not being exported") {
+		t.Errorf("progress of a Transfer the node does not export: %d %v, want 404", status, e)
+	}
+	if status, e := rawCall(t, node, memberCert(t, ctrl), node.Addr, "GET", "/v1/internal/transfers/x/progress", nil, nil); status != http.StatusBadRequest || e == nil {
+		t.Errorf("progress of a bad id: %d %v, want 400", status, e)
+	}
+
 	gone.Store(true)
 	refused(url.Values{}, api.CodeNotFound, "machine log of instance "+ws.InstanceID+" (workspace "+ws.WorkspaceID+") is gone: node node-2 no longer keeps it")
 

@@ -27,12 +27,19 @@ import (
 // "transfer archive cleanup did not finish" (upgrade seed). `transfer
 // import` is a Workspace create whose first start unpacks the archive.
 
-// TransferExporter writes a Workspace's archive (the node runtime;
-// agent.ExportTransfer).
-type TransferExporter func(ctx context.Context, t api.TransferExportTask) (api.TransferExportResult, error)
+// TransferExporter writes Workspaces' archives and says how far one in
+// progress is (the node runtime, *agent.Agent).
+type TransferExporter interface {
+	ExportTransfer(ctx context.Context, t api.TransferExportTask) (api.TransferExportResult, error)
+	ExportProgress(id string) (api.TransferProgress, bool)
+}
 
 // SetTransferExporter installs this node's exporter.
 func (s *Server) SetTransferExporter(e TransferExporter) { s.transferExporter.Store(&e) }
+
+// progressEvery is how often the leader asks an exporting node how far
+// it is and records the answer (a Raft write while it changes).
+const progressEvery = 3 * time.Second
 
 // SetArtifacts gives ctrl the cluster's artifact store ([artifacts] url):
 // it removes Transfer archives and reads other clusters' manifests.
@@ -296,12 +303,39 @@ func (s *Server) handleNodeTransferExport(w http.ResponseWriter, r *http.Request
 		writeError(w, api.Errorf(api.CodeFailedPrecondition, "member %s runs no node runtime: it holds no Workspaces to export", s.id.NodeID))
 		return
 	}
-	res, err := (*e)(r.Context(), t)
+	res, err := (*e).ExportTransfer(r.Context(), t)
 	if err != nil {
 		writeError(w, err)
 		return
 	}
 	writeResult(w, res)
+}
+
+// handleNodeTransferProgress is GET /v1/internal/transfers/{name}/progress
+// on the node.
+func (s *Server) handleNodeTransferProgress(w http.ResponseWriter, r *http.Request) {
+	if err := s.fromCtrl(r, "progress is read through ctrl (kibo transfer get)"); err != nil {
+		writeError(w, err)
+		return
+	}
+	p, err := s.localProgress(r.PathValue("name"))
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	writeResult(w, p)
+}
+
+func (s *Server) localProgress(id string) (api.TransferProgress, error) {
+	if err := api.ValidTransferID(id); err != nil {
+		return api.TransferProgress{}, err
+	}
+	if e := s.transferExporter.Load(); e != nil {
+		if p, ok := (*e).ExportProgress(id); ok {
+			return p, nil
+		}
+	}
+	return api.TransferProgress{}, api.Errorf(api.CodeNotFound, "transfer %s is not being exported on member %s", id, s.id.NodeID)
 }
 
 func (s *Server) kickTransfers() {
@@ -381,9 +415,11 @@ func (s *Server) driveExport(ctx context.Context, t api.TransferExportTask, node
 	}
 	var res api.TransferExportResult
 	var err error
+	stop := s.followProgress(ctx, n, t.TransferID)
+	defer stop()
 	if nodeID == s.id.NodeID {
 		if e := s.transferExporter.Load(); e != nil {
-			res, err = (*e)(ctx, t)
+			res, err = (*e).ExportTransfer(ctx, t)
 		} else {
 			err = api.Errorf(api.CodeFailedPrecondition, "member %s runs no node runtime", s.id.NodeID)
 		}
@@ -414,4 +450,37 @@ func (s *Server) driveExport(ctx context.Context, t api.TransferExportTask, node
 		return true
 	}
 	return false
+}
+
+// followProgress records how far node n's export of a Transfer is, every
+// progressEvery, until the returned stop is called.
+func (s *Server) followProgress(ctx context.Context, n *api.Node, id string) (stop func()) {
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		tick := time.NewTicker(progressEvery)
+		defer tick.Stop()
+		var last api.TransferProgress
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+			}
+			var p api.TransferProgress
+			var err error
+			if n.NodeID == s.id.NodeID {
+				p, err = s.localProgress(id)
+			} else {
+				err = s.nodeCall(ctx, n, http.MethodGet, "/v1/internal/transfers/"+id+"/progress", nil, 10*time.Second, 4<<10, &p)
+			}
+			if err != nil || p == last {
+				continue
+			}
+			last = p
+			s.ApplyOp(ctx, fsm.OpTransferProgress, fsm.TransferProgressArgs{TransferID: id, NodeID: n.NodeID, TransferProgress: p})
+		}
+	}()
+	return func() { cancel(); <-done }
 }

@@ -101,6 +101,7 @@ var handlers = map[string]handler{
 	OpTransferExport:       applyTransferExport,
 	OpTransferResult:       applyTransferResult,
 	OpTransferDelete:       applyTransferDelete,
+	OpTransferProgress:     applyTransferProgress,
 }
 
 // Open creates a fresh state file at path (any old file is replaced).

@@ -338,7 +338,7 @@ var allOps = []string{
 	OpPoolSetCapacity, OpPoolDeclareLost,
 	OpVolumeCreate, OpVolumeResize, OpVolumeDelete, OpVolumeResult, OpMemberLevel, OpWorkspacePause,
 	OpTemplatePublish, OpTemplateDelete, OpPlatformPublish, OpPlatformApprove, OpPlatformWithdraw,
-	OpTransferExport, OpTransferResult, OpTransferDelete,
+	OpTransferExport, OpTransferResult, OpTransferDelete, OpTransferProgress,
 }
 
 func TestEveryOpHasAHandler(t *testing.T) {

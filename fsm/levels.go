@@ -44,7 +44,8 @@ import (
 //	   (platforms.go): OpPlatformPublish, OpPlatformApprove,
 //	   OpPlatformWithdraw, and WorkspaceResultArgs.Platform, which the
 //	   leader sets only from this level on; Transfers (transfers.go):
-//	   OpTransferExport, OpTransferResult, OpTransferDelete, and
+//	   OpTransferExport, OpTransferResult, OpTransferDelete,
+//	   OpTransferProgress, and
 //	   WorkspaceCreateArgs.Import, refused below it
 
 // FeatureLevel is the level of this build.
@@ -67,7 +68,7 @@ var opLevels = map[string]int{
 	OpWorkspacePause:  3,
 	OpTemplatePublish: LevelArtifacts, OpTemplateDelete: LevelArtifacts,
 	OpPlatformPublish: LevelArtifacts, OpPlatformApprove: LevelArtifacts, OpPlatformWithdraw: LevelArtifacts,
-	OpTransferExport: LevelArtifacts, OpTransferResult: LevelArtifacts, OpTransferDelete: LevelArtifacts,
+	OpTransferExport: LevelArtifacts, OpTransferResult: LevelArtifacts, OpTransferDelete: LevelArtifacts, OpTransferProgress: LevelArtifacts,
 }
 
 // OpLevel is the level an op needs of every voter.

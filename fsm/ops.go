@@ -49,6 +49,7 @@ const (
 	OpTransferExport       = "transfer.export"
 	OpTransferResult       = "transfer.result"
 	OpTransferDelete       = "transfer.delete"
+	OpTransferProgress     = "transfer.progress"
 	// OpMemberLevel is proposed with IgnoreUnknown (see levels.go).
 	OpMemberLevel = "cluster.member_level"
 )

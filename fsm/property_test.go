@@ -152,6 +152,10 @@ func (g *logGen) drawTransfer() Entry {
 			a.Outcome, a.Digest, a.SizeBytes, a.Error = OutcomeFailed, "", 0, "boom"
 		}
 		op, args = OpTransferResult, a
+		if g.tmplPct(30) {
+			total := int64(1+g.tmpls.Intn(8)) << 20
+			op, args = OpTransferProgress, TransferProgressArgs{TransferID: tr.TransferID, NodeID: tr.NodeID, TransferProgress: api.TransferProgress{DoneBytes: total / 2, TotalBytes: total}}
+		}
 	case x < 5 || len(transfers) == 0:
 		id := pick(stopped)
 		if g.tmplPct(20) {

@@ -140,8 +140,10 @@ func applyTransferResult(tx *bolt.Tx, e *Entry) (any, error) {
 			return nil, api.Errorf(api.CodeInvalidArgument, "transfer %s: the node's archive digest, size or template build is out of range", a.TransferID)
 		}
 		rec.State, rec.Digest, rec.SizeBytes, rec.Shape.TemplateID = api.TransferReady, a.Digest, a.SizeBytes, a.TemplateID
+		rec.DoneBytes, rec.TotalBytes = 0, 0
 	case OutcomeFailed:
 		rec.State, rec.Error = api.TransferFailed, truncate(a.Error, 1024)
+		rec.DoneBytes, rec.TotalBytes = 0, 0
 	default:
 		return nil, api.Errorf(api.CodeInvalidArgument, "transfer %s: outcome %.20q is not ok or failed", a.TransferID, a.Outcome)
 	}
@@ -156,6 +158,39 @@ func applyTransferResult(tx *bolt.Tx, e *Entry) (any, error) {
 			return nil, err
 		}
 	}
+	return &rec.Transfer, putJSON(tx, bucketTransfers, []byte(rec.TransferID), rec)
+}
+
+// TransferProgressArgs is how far the exporting node is, relayed by ctrl.
+type TransferProgressArgs struct {
+	TransferID string `json:"transfer_id"`
+	NodeID     string `json:"node_id"`
+	api.TransferProgress
+}
+
+// applyTransferProgress records how far an export is; a late report (the
+// Transfer ended meanwhile) changes nothing.
+func applyTransferProgress(tx *bolt.Tx, e *Entry) (any, error) {
+	var a TransferProgressArgs
+	if err := decodeArgs(e, &a); err != nil {
+		return nil, err
+	}
+	if err := api.ValidTransferID(a.TransferID); err != nil {
+		return nil, err
+	}
+	if a.DoneBytes < 0 || a.TotalBytes < 0 || a.DoneBytes > a.TotalBytes || a.TotalBytes > maxImageBytes {
+		return nil, api.Errorf(api.CodeInvalidArgument, "transfer %s: progress %d of %d bytes is out of range", a.TransferID, a.DoneBytes, a.TotalBytes)
+	}
+	rec, err := mustTransfer(tx, a.TransferID)
+	if err != nil {
+		return nil, err
+	}
+	if rec.State != api.TransferExporting || rec.NodeID != a.NodeID {
+		return &rec.Transfer, nil
+	}
+	rec.DoneBytes, rec.TotalBytes = a.DoneBytes, a.TotalBytes
+	rec.Version++
+	rec.UpdatedAt = *at(e)
 	return &rec.Transfer, putJSON(tx, bucketTransfers, []byte(rec.TransferID), rec)
 }
 

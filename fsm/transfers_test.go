@@ -69,6 +69,11 @@ func TestTransferExport(t *testing.T) {
 	if got := h.transfer(tr.TransferID); got.State != api.TransferExporting {
 		t.Fatalf("after foreign and bad answers: %+v", got)
 	}
+	h.ok(OpTransferProgress, TransferProgressArgs{TransferID: tr.TransferID, NodeID: "node-a", TransferProgress: api.TransferProgress{DoneBytes: 5, TotalBytes: 10}})
+	if got := h.transfer(tr.TransferID); got.DoneBytes != 5 || got.TotalBytes != 10 {
+		t.Fatalf("progress %+v", got)
+	}
+	h.fail(api.CodeInvalidArgument, OpTransferProgress, TransferProgressArgs{TransferID: tr.TransferID, NodeID: "node-a", TransferProgress: api.TransferProgress{DoneBytes: 11, TotalBytes: 10}})
 	tmplID := "sha256-" + strings.Repeat("e", 64)
 	h.ok(OpTransferResult, TransferResultArgs{TransferID: tr.TransferID, NodeID: "node-a", Outcome: OutcomeOK, Digest: testDigest('a'), SizeBytes: 10, TemplateID: tmplID})
 	got := h.transfer(tr.TransferID)

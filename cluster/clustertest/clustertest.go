@@ -193,7 +193,7 @@ func (m *Member) start(o Options) {
 	}
 	srv.SetTemplatePublisher(a.PublishTemplate)
 	srv.SetPlatformPublisher(a.PublishPlatform)
-	srv.SetTransferExporter(a.ExportTransfer)
+	srv.SetTransferExporter(a)
 	srv.SetArtifacts(store)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
