@@ -6,6 +6,7 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"crypto/tls"
+	"crypto/x509"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -75,6 +76,8 @@ type s3Config struct {
 	// address, never the secret key.
 	creds *credentials.Credentials
 	stall time.Duration
+	// roots replace the host's trust store for the endpoint (ca_file).
+	roots *x509.CertPool
 }
 
 var (
@@ -135,7 +138,33 @@ func parseS3Config(u *url.URL, c Config) (s3Config, error) {
 	if sc.creds, err = readCredentials(c.CredentialsFile); err != nil {
 		return s3Config{}, err
 	}
+	if c.CAFile != "" {
+		if sc.endpoint.Scheme != "https" {
+			return s3Config{}, api.Errorf(api.CodeInvalidArgument, "[artifacts] ca_file %s goes with an https:// endpoint, and the endpoint is %s", c.CAFile, sc.endpoint)
+		}
+		if sc.roots, err = readCAFile(c.CAFile); err != nil {
+			return s3Config{}, err
+		}
+	}
 	return sc, nil
+}
+
+// readCAFile reads the PEM certificates of a private CA (bounded).
+func readCAFile(path string) (*x509.CertPool, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, api.Errorf(api.CodeInvalidArgument, "[artifacts] ca_file %s: %v", path, err)
+	}
+	defer f.Close()
+	raw, err := io.ReadAll(io.LimitReader(f, 1<<20))
+	if err != nil {
+		return nil, api.Errorf(api.CodeInvalidArgument, "[artifacts] ca_file %s: %v", path, err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(raw) {
+		return nil, api.Errorf(api.CodeInvalidArgument, "[artifacts] ca_file %s holds no PEM certificate: give the CA certificate(s) that signed the endpoint's", path)
+	}
+	return pool, nil
 }
 
 // parseEndpoint checks [artifacts] endpoint: https, or http to this host
@@ -215,7 +244,7 @@ func newS3(sc s3Config, node string) (*S3, error) {
 		Creds:      sc.creds,
 		Secure:     secure,
 		Region:     sc.region,
-		Transport:  stallTransport(sc.stall, secure),
+		Transport:  stallTransport(sc.stall, secure, sc.roots),
 		MaxRetries: s3Retries,
 	})
 	if err != nil {
@@ -226,7 +255,7 @@ func newS3(sc s3Config, node string) (*S3, error) {
 
 // stallTransport fails a connection that makes no progress for stall,
 // whatever it waits on.
-func stallTransport(stall time.Duration, secure bool) *http.Transport {
+func stallTransport(stall time.Duration, secure bool, roots *x509.CertPool) *http.Transport {
 	dialer := &net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second}
 	tr := &http.Transport{
 		Proxy: http.ProxyFromEnvironment,
@@ -247,7 +276,7 @@ func stallTransport(stall time.Duration, secure bool) *http.Transport {
 		DisableCompression: true,
 	}
 	if secure {
-		tr.TLSClientConfig = &tls.Config{MinVersion: tls.VersionTLS12}
+		tr.TLSClientConfig = &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: roots}
 	}
 	return tr
 }

@@ -3,14 +3,20 @@ package artifacts
 import (
 	"bytes"
 	"context"
+	"encoding/pem"
 	"fmt"
+	"io"
 	"net"
+	"net/http/httptest"
 	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/johannesboyne/gofakes3"
+	"github.com/johannesboyne/gofakes3/backend/s3mem"
 
 	"github.com/kibotos/kibotos/api"
 )
@@ -260,4 +266,59 @@ func TestS3NamedKeyTooLongForThePrefix(t *testing.T) {
 		t.Fatalf("PutNamed of a key too long behind the prefix = %v", err)
 	}
 	putNamed(t, st, strings.Repeat("k", 400), []byte("x"))
+}
+
+// An https endpoint signed by a private CA: refused against the host's
+// trust store, reached with ca_file naming that CA; ca_file must hold a
+// certificate and goes with https only.
+func TestS3PrivateCA(t *testing.T) {
+	mem := s3mem.New()
+	if err := mem.CreateBucket(testBucket); err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewTLSServer(gofakes3.New(mem).Server())
+	t.Cleanup(srv.Close)
+	ca := filepath.Join(t.TempDir(), "ca.pem")
+	if err := os.WriteFile(ca, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: srv.Certificate().Raw}), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	creds := writeCredentials(t, accessKey, 0o600)
+	open := func(caFile string) (Store, error) {
+		return Open(Config{URL: "s3://" + testBucket + "/" + testPrefix, Endpoint: srv.URL, CredentialsFile: creds, CAFile: caFile}, "node-a")
+	}
+	ctx := context.Background()
+	untrusted, err := open("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := untrusted.Put(ctx, strings.NewReader("hello"), ""); api.CodeOf(err) != api.CodeUnavailable || !strings.Contains(err.Error(), "certificate") {
+		t.Fatalf("put to an endpoint of an unknown CA: %v, want unavailable naming the certificate", err)
+	}
+	trusted, err := open(ca)
+	if err != nil {
+		t.Fatal(err)
+	}
+	o, err := trusted.Put(ctx, strings.NewReader("hello"), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc, _, err := Get(ctx, trusted, o.Digest)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rc.Close()
+	if b, err := io.ReadAll(rc); err != nil || string(b) != "hello" {
+		t.Fatalf("read back %q %v", b, err)
+	}
+	notPEM := filepath.Join(t.TempDir(), "ca.pem")
+	os.WriteFile(notPEM, []byte("not a certificate"), 0o644)
+	if _, err := open(notPEM); err == nil || !strings.Contains(err.Error(), "holds no PEM certificate") {
+		t.Errorf("ca_file without a certificate: %v", err)
+	}
+	if err := (Config{URL: "s3://" + testBucket + "/p", Endpoint: "http://127.0.0.1:9000", CredentialsFile: creds, CAFile: ca}).Check(); err == nil || !strings.Contains(err.Error(), "goes with an https:// endpoint") {
+		t.Errorf("ca_file with http: %v", err)
+	}
+	if err := (Config{URL: "file:///srv/artifacts", CAFile: ca}).Check(); err == nil {
+		t.Error("ca_file for a file:// store accepted")
+	}
 }

@@ -329,11 +329,14 @@ func (l *listing) sorted() []Named {
 type Config struct {
 	// URL is the store: file:///absolute/dir or s3://bucket/prefix.
 	URL string
-	// Endpoint, Region and CredentialsFile are an s3:// store's (see
-	// S3Config); a file:// store refuses them.
+	// Endpoint, Region, CredentialsFile and CAFile are an s3:// store's
+	// (see S3Config); a file:// store refuses them.
 	Endpoint        string
 	Region          string
 	CredentialsFile string
+	// CAFile holds the PEM certificates an https endpoint's chain is
+	// checked against instead of the host's trust store (a private CA).
+	CAFile string
 }
 
 // Check refuses a Config Open would refuse, so a member stops on a bad
@@ -359,8 +362,8 @@ func Open(c Config, node string) (Store, error) {
 		}
 		return newS3(sc, node)
 	}
-	if c.Endpoint != "" || c.Region != "" || c.CredentialsFile != "" {
-		return nil, api.Errorf(api.CodeInvalidArgument, "[artifacts] endpoint, region and credentials_file are an s3:// store's: delete them for url %q", c.URL)
+	if c.Endpoint != "" || c.Region != "" || c.CredentialsFile != "" || c.CAFile != "" {
+		return nil, api.Errorf(api.CodeInvalidArgument, "[artifacts] endpoint, region, credentials_file and ca_file are an s3:// store's: delete them for url %q", c.URL)
 	}
 	return NewDir(u.Path, node)
 }

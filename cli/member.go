@@ -156,6 +156,9 @@ type fileConfig struct {
 		Endpoint        string `toml:"endpoint"`
 		Region          string `toml:"region"`
 		CredentialsFile string `toml:"credentials_file"`
+		// CAFile is the PEM CA an https endpoint's certificate is
+		// checked against instead of the host's trust store.
+		CAFile string `toml:"ca_file"`
 	} `toml:"artifacts"`
 	Metrics struct {
 		// Listen is the plain-HTTP /metrics address; default
@@ -172,7 +175,7 @@ type fileConfig struct {
 
 // ServeCmd runs a member.
 type ServeCmd struct {
-	Config          string        `name:"config" type:"existingfile" help:"TOML configuration file (data_dir, bind, log_level, [resources] cpu and memory, [dataplane] listen, [network] ipv4_pool, ipv6_pool, management_cidrs, resolvers and uplink, [metrics] listen, [logs] machine_logs_max_bytes, [artifacts] url, endpoint, region and credentials_file, [storage] default_pool and [[storage.pools]] id, path, shared)."`
+	Config          string        `name:"config" type:"existingfile" help:"TOML configuration file (data_dir, bind, log_level, [resources] cpu and memory, [dataplane] listen, [network] ipv4_pool, ipv6_pool, management_cidrs, resolvers and uplink, [metrics] listen, [logs] machine_logs_max_bytes, [artifacts] url, endpoint, region, credentials_file and ca_file, [storage] default_pool and [[storage.pools]] id, path, shared)."`
 	Bind            string        `name:"bind" help:"Listen address (default: the advertised address)."`
 	DataPlaneListen string        `name:"dataplane-listen" help:"Data-plane address HOST:PORT (exec, terminal, cp, port-forward); default: the advertised host, port+2."`
 	LogLevel        string        `name:"log-level" default:"info" enum:"debug,info,warn,error" help:"Log level."`
@@ -272,7 +275,7 @@ func (c *ServeCmd) Run(g *Globals) error {
 // file read): URL "" when there is none.
 func artifactsFrom(path string, fc fileConfig) (artifacts.Config, error) {
 	a := fc.Artifacts
-	c := artifacts.Config{URL: a.URL, Endpoint: a.Endpoint, Region: a.Region, CredentialsFile: a.CredentialsFile}
+	c := artifacts.Config{URL: a.URL, Endpoint: a.Endpoint, Region: a.Region, CredentialsFile: a.CredentialsFile, CAFile: a.CAFile}
 	if c.URL == "" {
 		if c != (artifacts.Config{}) {
 			return c, api.Errorf(api.CodeInvalidArgument, "configuration file %s: [artifacts] has no url: give url, or delete the section", path)

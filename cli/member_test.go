@@ -127,6 +127,11 @@ func TestPackagedConfig(t *testing.T) {
 		t.Errorf("[artifacts] credentials_file of the example: %q", fc.Artifacts.CredentialsFile)
 	}
 	fc.Artifacts.CredentialsFile = credentialsFile(t, 0o600)
+	// So is its CA file (package artifacts reads real ones).
+	if fc.Artifacts.CAFile != "/etc/kibotos/s3-ca.pem" {
+		t.Errorf("[artifacts] ca_file of the example: %q", fc.Artifacts.CAFile)
+	}
+	fc.Artifacts.CAFile = ""
 	if c, err := artifactsFrom("kibotos.toml", fc); err != nil || c.URL == "" {
 		t.Errorf("[artifacts] of the example: %+v, %v", c, err)
 	}
@@ -170,7 +175,7 @@ func TestServeArtifactsURL(t *testing.T) {
 		`url = "/srv/kibotos/artifacts"`:                                      "[artifacts] url \"/srv/kibotos/artifacts\": scheme \"\" is not supported; give file:///absolute/directory or s3://bucket/prefix",
 		"url = \"s3://bucket/kibotos\"\ncredentials_file = \"" + loose + "\"": "[artifacts] credentials_file " + loose + " is open to group or others (mode 0644): chmod 600 " + loose,
 		"url = \"s3://bucket/kibotos\"\nendpoint = \"http://10.0.0.5:9000\"\ncredentials_file = \"" + good + "\"": "[artifacts] endpoint \"http://10.0.0.5:9000\" is plain http to a host other than this one",
-		"url = \"file:///srv/a\"\nregion = \"eu-west-1\"":                                                         "[artifacts] endpoint, region and credentials_file are an s3:// store's",
+		"url = \"file:///srv/a\"\nregion = \"eu-west-1\"":                                                         "[artifacts] endpoint, region, credentials_file and ca_file are an s3:// store's",
 		`endpoint = "https://s3.example.net"`:                                                                     "[artifacts] has no url",
 	} {
 		dir := t.TempDir()
