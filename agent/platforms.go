@@ -39,11 +39,7 @@ func (a *Agent) PublishPlatform(ctx context.Context, id string) (api.PlatformIma
 	o, err := a.cfg.Artifacts.Put(ctx, pr, "")
 	pr.CloseWithError(errors.New("upload ended"))
 	if err != nil {
-		var e *api.Error
-		if errors.As(err, &e) {
-			return api.PlatformImage{}, api.Errorf(e.Code, "platform %s: %s", in.ID, e.Message)
-		}
-		return api.PlatformImage{}, fmt.Errorf("platform %s: %w", in.ID, err)
+		return api.PlatformImage{}, namedErr("platform "+in.ID, err)
 	}
 	img := api.PlatformImage{PlatformID: in.ID, KernelSeries: api.KernelSeriesOf(in.KernelVersion), KernelVersion: in.KernelVersion,
 		AgentRelease: in.AgentRelease, AgentSHA256: in.AgentSHA256, Digest: string(o.Digest), SizeBytes: o.Size}

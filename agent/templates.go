@@ -51,11 +51,7 @@ func publishTemplate(ctx context.Context, store artifacts.Store, storageRoot, na
 	defer f.Close()
 	o, err := store.Put(ctx, f, "")
 	if err != nil {
-		var e *api.Error
-		if errors.As(err, &e) {
-			return api.TemplateImage{}, api.Errorf(e.Code, "template %s: %s", name, e.Message)
-		}
-		return api.TemplateImage{}, fmt.Errorf("template %s: %w", name, err)
+		return api.TemplateImage{}, namedErr("template "+name, err)
 	}
 	if err := t.SetImageDigest(string(o.Digest)); err != nil {
 		return api.TemplateImage{}, err
@@ -107,4 +103,14 @@ func (a *Agent) templateFor(ctx context.Context, t api.WorkspaceTask) (*template
 	log.Info("template fetched", "seconds", time.Since(start).Seconds())
 	a.templatesChanged()
 	return tpl, "", nil
+}
+
+// namedErr puts what (the template or Platform being published) before a
+// store's error, keeping its code (unavailable, resource exhausted...).
+func namedErr(what string, err error) error {
+	var e *api.Error
+	if errors.As(err, &e) {
+		return api.Errorf(e.Code, "%s: %s", what, e.Message)
+	}
+	return fmt.Errorf("%s: %w", what, err)
 }

@@ -137,11 +137,15 @@ func (c *TransferGetCmd) Run(g *Globals) error {
 	return nil
 }
 
-// kv prints label: value lines, as workspace get does.
+// kv prints the "label: value" lines of workspace get and transfer get;
+// an empty label continues the line above.
 type kv struct{ w io.Writer }
 
 func (k kv) line(label, format string, args ...any) {
-	fmt.Fprintf(k.w, "%-18s %s\n", label+":", fmt.Sprintf(format, args...))
+	if label != "" {
+		label += ":"
+	}
+	fmt.Fprintf(k.w, "%-18s %s\n", label, fmt.Sprintf(format, args...))
 }
 
 // TransferListCmd is `transfer list`.

@@ -268,12 +268,7 @@ func (c *WorkspaceGetCmd) Run(g *Globals) error {
 }
 
 func renderWorkspace(w io.Writer, ws *api.Workspace, wide bool) {
-	line := func(label, format string, args ...any) {
-		if label != "" {
-			label += ":"
-		}
-		fmt.Fprintf(w, "%-18s %s\n", label, fmt.Sprintf(format, args...))
-	}
+	line := kv{w}.line
 	line("ID", "%s", ws.WorkspaceID)
 	line("State", "%s", ws.State)
 	if f := ws.Failure; f != nil {

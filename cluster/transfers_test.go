@@ -3,6 +3,7 @@ package cluster_test
 import (
 	"context"
 	"encoding/json"
+	"net/http"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -62,6 +63,16 @@ func TestImportFromAnotherCluster(t *testing.T) {
 	lacking.Template = "other"
 	put("team-b", api.TransferManifest{FormatVersion: api.TransferFormat, TransferID: other, Shape: lacking, Digest: "sha256:" + strings.Repeat("a", 64), SizeBytes: 1 << 20})
 	refused(other, "team-b", api.CodeFailedPrecondition, "needs template other (build "+shape.TemplateID+"), which this cluster lacks")
+	// The catalog and Transfer routes are operators' only: a member's
+	// own certificate is refused on each.
+	pid := "sha256-" + strings.Repeat("e", 64)
+	for _, r := range [][2]string{{"GET", "/v1/transfers"}, {"POST", "/v1/transfers"}, {"POST", "/v1/transfers/" + id + "/import"},
+		{"POST", "/v1/transfers/" + id + "/delete"}, {"GET", "/v1/platforms"}, {"POST", "/v1/platforms/publish"},
+		{"POST", "/v1/platforms/" + pid + "/approve"}, {"POST", "/v1/platforms/" + pid + "/withdraw"}} {
+		if status, e := rawCall(t, m, memberCert(t, m), m.Addr, r[0], r[1], struct{}{}, nil); status != http.StatusForbidden || e == nil || e.Code != api.CodePermissionDenied {
+			t.Errorf("member certificate on %s %s: %d %v, want 403 permission_denied", r[0], r[1], status, e)
+		}
+	}
 	future := "tr-" + strings.Repeat("n", 26)
 	put("team-b", api.TransferManifest{FormatVersion: 9, TransferID: future, Shape: shape})
 	refused(future, "team-b", api.CodeFailedPrecondition, "is not one this build reads (format 9)")
