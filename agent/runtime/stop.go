@@ -35,7 +35,14 @@ func (rt *Runtime) Stop(ctx context.Context, id string, grace time.Duration) err
 	t0 := time.Now()
 	how := "stopped"
 	perr := rt.prepareStop(ctx, in, grace)
-	if perr == nil && !rt.waitProcessGone(ctx, rec.Process, 30*time.Second) {
+	if perr != nil && perr.Code == codeConnectionLost && rt.waitProcessGone(ctx, rec.Process, guestConnectWait) {
+		// The guest's connection ended without the stop's answer and the
+		// VMM exited: the guest powered off (its answer lost) or died.
+		// Nothing is left to keep running, but nothing confirmed the data
+		// either.
+		rt.log.Warn("instance guest connection ended without the stop's answer and the VMM exited; the stop is not confirmed", "instance_id", id, "err", perr.Error())
+		perr, how = nil, "forced"
+	} else if perr == nil && !rt.waitProcessGone(ctx, rec.Process, 30*time.Second) {
 		// The data is on disk; only the VMM did not exit after the
 		// poweroff.
 		rt.log.Warn("instance VMM still running after the guest powered off, stopping the unit", "instance_id", id)
@@ -123,6 +130,10 @@ func (e *PrepareError) Error() string {
 	return "prepare guest stop: " + e.Message
 }
 
+// codeConnectionLost is a stop whose guest connection ended (or the
+// caller gave up) before an answer.
+const codeConnectionLost = "unavailable"
+
 // prepareStop asks the guest to prepare the stop and power off.
 func (rt *Runtime) prepareStop(ctx context.Context, in *instance, grace time.Duration) *PrepareError {
 	c := rt.connectedGuest(ctx, in)
@@ -133,6 +144,7 @@ func (rt *Runtime) prepareStop(ctx context.Context, in *instance, grace time.Dur
 	wait := grace + 15*time.Second
 	sctx, cancel := context.WithTimeout(ctx, wait)
 	res, err := c.Stop(sctx, grace)
+	timedOut := errors.Is(sctx.Err(), context.DeadlineExceeded)
 	cancel()
 	var ge *guestproto.Error
 	switch {
@@ -151,10 +163,10 @@ func (rt *Runtime) prepareStop(ctx context.Context, in *instance, grace time.Dur
 		return &PrepareError{Message: ge.Message}
 	case errors.As(err, &ge):
 		return &PrepareError{Code: ge.Code, Message: ge.Message}
-	case sctx.Err() != nil:
+	case timedOut:
 		return &PrepareError{Code: guestproto.CodeDeadlineExceeded, Message: fmt.Sprintf("the guest agent of instance %s did not answer the stop within %s", in.id, wait)}
 	default:
-		return &PrepareError{Code: "unavailable", Message: fmt.Sprintf("instance %s: %v", in.id, err)}
+		return &PrepareError{Code: codeConnectionLost, Message: fmt.Sprintf("instance %s: %v", in.id, err)}
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"slices"
 	"time"
 
@@ -17,6 +18,13 @@ import (
 // waiting on a disk), and its data cannot be confirmed.
 const killWait = 5 * time.Second
 
+// stopAnswerWait bounds how long a prepared stop waits for the node to read
+// its answer (the node closes the call's stream once it has) before the
+// poweroff. Powering off at once can lose the answer still in the guest's
+// transmit queue: the node then sees its connection end without one and
+// cannot tell a prepared stop from a crash.
+const stopAnswerWait = 3 * time.Second
+
 // stop prepares the guest's end and powers it off: the managed processes
 // get SIGTERM, SIGKILL after the grace period; the filesystems are synced,
 // and those of the node's disks (retained) are frozen, so that what the
@@ -25,7 +33,7 @@ const killWait = 5 * time.Second
 // VM whose data it cannot confirm. Filesystems frozen before the failure
 // stay frozen (they take no more writes); only a later stop thaws nothing
 // and freezes what is left.
-func (a *agent) stop(s io.Writer, req guestproto.StopRequest) {
+func (a *agent) stop(s net.Conn, req guestproto.StopRequest) {
 	a.procsMu.Lock()
 	already := a.stopped
 	a.stopped = true
@@ -49,6 +57,8 @@ func (a *agent) stop(s io.Writer, req guestproto.StopRequest) {
 		return
 	}
 	respond(s, res, nil)
+	a.log.Info("guest stop prepared; waiting for the node to read the answer", "wait", stopAnswerWait)
+	waitClosed(s, stopAnswerWait)
 	if a.opts.PowerOff != nil {
 		a.log.Info("guest agent powering off")
 		if err := a.opts.PowerOff(); err != nil {
@@ -57,6 +67,13 @@ func (a *agent) stop(s io.Writer, req guestproto.StopRequest) {
 		}
 	}
 	close(a.stopCh)
+}
+
+// waitClosed waits until the peer closed s (or anything else ends the
+// stream) or d passed; whatever the peer still sends is discarded.
+func waitClosed(s net.Conn, d time.Duration) {
+	s.SetReadDeadline(time.Now().Add(d))
+	io.Copy(io.Discard, io.LimitReader(s, 1<<20))
 }
 
 // prepareStop ends the managed processes, syncs, and syncs and freezes the

@@ -1,8 +1,10 @@
 package guest
 
 import (
+	"net"
 	"path/filepath"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -97,4 +99,61 @@ func TestStopPrepare(t *testing.T) {
 	if powerOffs.Load() != 1 {
 		t.Fatalf("poweroff called %d times, want 1", powerOffs.Load())
 	}
+}
+
+// A prepared stop powers the guest off only once the node has read the
+// answer (it closes the call's stream): powering off at once could lose
+// the answer in the guest's transmit queue, and the node would see its
+// connection end with no answer, as after a crash. Here the node's reads
+// are held back after the answer was written; the guest waits for them.
+func TestStopAnswerReadBeforePowerOff(t *testing.T) {
+	var powerOffs atomic.Int32
+	h := startAgent(t, Options{PowerOff: func() error {
+		powerOffs.Add(1)
+		return nil
+	}})
+	conn := &heldConn{Conn: h.plug()}
+	c := h.dialOn(conn)
+	ctx := ctxT(t)
+
+	release := conn.hold()
+	t.Cleanup(release) // a failed test must not leave the node's reads held
+	stopped := make(chan error, 1)
+	go func() {
+		_, err := c.Stop(ctx, 100*time.Millisecond)
+		stopped <- err
+	}()
+	waitFor(t, "the stop's answer written", func() bool {
+		return strings.Contains(h.logs.String(), "waiting for the node to read the answer")
+	})
+	if n := powerOffs.Load(); n != 0 {
+		t.Fatalf("the guest powered off (%d) before the node read the stop's answer", n)
+	}
+	release()
+	if err := <-stopped; err != nil {
+		t.Fatalf("stop: %v", err)
+	}
+	waitFor(t, "the poweroff after the node read the answer", func() bool { return powerOffs.Load() == 1 })
+}
+
+// heldConn is a node-side connection whose reads can be held back: what
+// arrives while held is read from the socket but returned only once
+// released.
+type heldConn struct {
+	net.Conn
+	gate atomic.Pointer[chan struct{}]
+}
+
+func (c *heldConn) hold() (release func()) {
+	ch := make(chan struct{})
+	c.gate.Store(&ch)
+	return sync.OnceFunc(func() { close(ch) })
+}
+
+func (c *heldConn) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	if g := c.gate.Load(); g != nil {
+		<-*g
+	}
+	return n, err
 }
