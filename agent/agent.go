@@ -29,6 +29,7 @@ import (
 	"github.com/kibotos/kibotos/buildinfo"
 	"github.com/kibotos/kibotos/datadir"
 	"github.com/kibotos/kibotos/fsm"
+	"github.com/kibotos/kibotos/internal/progress"
 	"github.com/kibotos/kibotos/vmm/template"
 )
 
@@ -131,6 +132,9 @@ type Agent struct {
 	fetchMu sync.Mutex
 	// exports are the Transfer exports in progress (transfers.go).
 	exports exports
+	// transfers are the publishes, fetches and imports running here, for
+	// the operator's progress bars (Progress).
+	transfers progress.Board
 	// templates as last listed, valid while the directory's mtime is templatesMod.
 	templates       localTemplates
 	templatesMod    time.Time

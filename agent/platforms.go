@@ -34,9 +34,11 @@ func (a *Agent) PublishPlatform(ctx context.Context, id string) (api.PlatformIma
 	if in.AgentSHA256 == "" {
 		return api.PlatformImage{}, api.Errorf(api.CodeFailedPrecondition, "platform %s was built before Platforms recorded their guest agent: rebuild it with kibotos platform build", in.ID)
 	}
+	c, end := a.transfers.Begin(api.PlatformPublishProgressKey(id), "platform publish", -1)
+	defer end()
 	pr, pw := io.Pipe()
 	go func() { pw.CloseWithError(platform.WriteArchive(in, pw)) }()
-	o, err := a.cfg.Artifacts.Put(ctx, pr, "")
+	o, err := a.cfg.Artifacts.Put(ctx, c.Reader(pr), "")
 	pr.CloseWithError(errors.New("upload ended"))
 	if err != nil {
 		return api.PlatformImage{}, namedErr("platform "+in.ID, err)
@@ -90,7 +92,7 @@ func (a *Agent) platformFor(ctx context.Context, t api.WorkspaceTask) (*platform
 			why = append(why, fmt.Sprintf("%s: %v", p.Describe(), err))
 			continue
 		}
-		in, err := a.installPlatform(ctx, p)
+		in, err := a.installPlatform(ctx, t.WorkspaceID, p)
 		if err == nil {
 			return in, "", nil
 		}
@@ -119,7 +121,7 @@ func (a *Agent) drives(p api.PlatformImage) error {
 
 // installPlatform is p as installed here, fetched from the artifact store
 // first when it is not (progress in the log).
-func (a *Agent) installPlatform(ctx context.Context, p api.PlatformImage) (*platform.Installation, error) {
+func (a *Agent) installPlatform(ctx context.Context, ws string, p api.PlatformImage) (*platform.Installation, error) {
 	root := a.cfg.DataDir.StorageRoot()
 	if in, err := platform.Load(filepath.Join(platform.InstallationsDir(root), p.PlatformID)); err == nil {
 		return in, nil
@@ -127,13 +129,15 @@ func (a *Agent) installPlatform(ctx context.Context, p api.PlatformImage) (*plat
 	if a.cfg.Artifacts == nil {
 		return nil, errors.New("not installed here, and the node has no artifact store to fetch it from: set [artifacts] url in its configuration")
 	}
+	c, end := a.transfers.Begin(api.WorkspaceProgressKey(ws), "platform fetch", p.SizeBytes)
+	defer end()
 	a.fetchMu.Lock()
 	defer a.fetchMu.Unlock()
 	log := a.log.With("platform", p.PlatformID, "digest", p.Digest, "store", a.cfg.Artifacts.String())
 	log.Info("platform fetch started", "bytes", p.SizeBytes)
 	start := time.Now()
 	in, err := platform.Install(ctx, root, p.PlatformID, func(ctx context.Context, archive string) error {
-		return artifacts.Fetch(ctx, a.cfg.Artifacts, artifacts.Object{Digest: artifacts.Digest(p.Digest), Size: p.SizeBytes}, archive, nil)
+		return artifacts.Fetch(ctx, a.cfg.Artifacts, artifacts.Object{Digest: artifacts.Digest(p.Digest), Size: p.SizeBytes}, archive, c.Set)
 	})
 	if err != nil {
 		log.Warn("platform fetch failed", "err", err)

@@ -4,11 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"time"
 
 	"github.com/kibotos/kibotos/api"
 	"github.com/kibotos/kibotos/artifacts"
+	"github.com/kibotos/kibotos/internal/progress"
 	"github.com/kibotos/kibotos/vmm/template"
 )
 
@@ -17,7 +19,9 @@ import (
 // node reports holding a verified copy (at once). ctrl asks for it
 // (template publish) and records the catalog entry from the answer.
 func (a *Agent) PublishTemplate(ctx context.Context, name string) (api.TemplateImage, error) {
-	img, err := publishTemplate(ctx, a.cfg.Artifacts, a.cfg.DataDir.StorageRoot(), name)
+	c, end := a.transfers.Begin(api.TemplatePublishProgressKey(name), "template publish", -1)
+	defer end()
+	img, err := publishTemplate(ctx, a.cfg.Artifacts, a.cfg.DataDir.StorageRoot(), name, c)
 	if err == nil {
 		a.templatesChanged()
 	}
@@ -33,7 +37,7 @@ func (a *Agent) templatesChanged() {
 	a.PushReport()
 }
 
-func publishTemplate(ctx context.Context, store artifacts.Store, storageRoot, name string) (api.TemplateImage, error) {
+func publishTemplate(ctx context.Context, store artifacts.Store, storageRoot, name string, c *progress.Counter) (api.TemplateImage, error) {
 	if err := api.ValidTemplateName(name); err != nil {
 		return api.TemplateImage{}, err
 	}
@@ -49,7 +53,14 @@ func publishTemplate(ctx context.Context, store artifacts.Store, storageRoot, na
 		return api.TemplateImage{}, fmt.Errorf("template %s: %w", name, err)
 	}
 	defer f.Close()
-	o, err := store.Put(ctx, f, "")
+	var r io.Reader = f
+	if c != nil {
+		if fi, err := f.Stat(); err == nil && fi.Mode().IsRegular() {
+			c.Set(0, fi.Size())
+		}
+		r = c.Reader(f)
+	}
+	o, err := store.Put(ctx, r, "")
 	if err != nil {
 		return api.TemplateImage{}, namedErr("template "+name, err)
 	}
@@ -75,12 +86,15 @@ func (a *Agent) templateFor(ctx context.Context, t api.WorkspaceTask) (*template
 	if a.cfg.Artifacts == nil {
 		return nil, fmt.Sprintf("template %s is not on node %s, which has no artifact store to fetch it from: set [artifacts] url in its configuration", t.Template, a.cfg.NodeID), nil
 	}
+	c, end := a.transfers.Begin(api.WorkspaceProgressKey(t.WorkspaceID), "template fetch", p.SizeBytes)
+	defer end()
 	a.fetchMu.Lock()
 	defer a.fetchMu.Unlock()
 	log := a.log.With("template", p.Name, "digest", p.Digest, "store", a.cfg.Artifacts.String())
 	log.Info("template fetch started", "bytes", p.SizeBytes)
 	start, lastTenth := time.Now(), int64(-1)
 	progress := func(done, total int64) {
+		c.Set(done, total)
 		if tenth := done * 10 / max(total, 1); tenth != lastTenth {
 			lastTenth = tenth
 			log.Info("template fetch progress", "done_bytes", done, "total_bytes", total)
@@ -114,3 +128,7 @@ func namedErr(what string, err error) error {
 	}
 	return fmt.Errorf("%s: %w", what, err)
 }
+
+// Progress is how far the publish, fetch or import listed under key
+// (api.ProgressKey...) is; false when none runs here.
+func (a *Agent) Progress(key string) (api.ByteProgress, bool) { return a.transfers.Get(key) }

@@ -320,7 +320,10 @@ func (a *Agent) importTransfer(ctx context.Context, t api.WorkspaceTask, tpl *te
 	log := a.log.With("transfer_id", imp.TransferID, "workspace_id", t.WorkspaceID)
 	log.Info("transfer import started", "key", imp.Key, "bytes", imp.SizeBytes)
 	start := time.Now()
-	if err := artifacts.FetchNamed(ctx, store, imp.Key, artifacts.Object{Digest: artifacts.Digest(imp.Digest), Size: imp.SizeBytes}, archive, nil); err != nil {
+	c, end := a.transfers.Begin(api.WorkspaceProgressKey(t.WorkspaceID), "transfer import", imp.SizeBytes)
+	err = artifacts.FetchNamed(ctx, store, imp.Key, artifacts.Object{Digest: artifacts.Digest(imp.Digest), Size: imp.SizeBytes}, archive, c.Set)
+	end()
+	if err != nil {
 		return fail(fmt.Errorf("transfer %s: %w", imp.TransferID, err))
 	}
 	f, err := os.Open(archive)

@@ -450,6 +450,7 @@ func runMember(g *Globals, o memberOptions) error {
 		srv.SetTemplatePublisher(a.PublishTemplate)
 		srv.SetPlatformPublisher(a.PublishPlatform)
 		srv.SetTransferExporter(a)
+		srv.SetProgress(a.Progress)
 		go func() { agentErr <- a.Run(ctx) }()
 	}
 	if err := serveMetrics(ctx, srv, src, o.metricsListen, log); err != nil {

@@ -18,7 +18,14 @@ type PlatformPublishCmd struct {
 func (c *PlatformPublishCmd) Run(g *Globals) error {
 	var p api.CatalogPlatform
 	req := api.PlatformPublishRequest{WriteMeta: writeMeta(c.CommandID, c.ExpectedVersion), FromNode: c.FromNode, PlatformID: c.Platform}
-	stop := g.elapsed("platform: publishing")
+	q := url.Values{}
+	if c.FromNode != "" {
+		q.Set("from_node", c.FromNode)
+	}
+	if c.Platform != "" {
+		q.Set("platform", c.Platform)
+	}
+	stop := g.following("platform", "platform: publishing", "/v1/platforms/publish-progress?"+q.Encode())
 	raw, err := g.call("POST", "/v1/platforms/publish", req, &p)
 	stop()
 	if err != nil {

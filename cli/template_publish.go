@@ -17,7 +17,11 @@ type TemplatePublishCmd struct {
 func (c *TemplatePublishCmd) Run(g *Globals) error {
 	var t api.CatalogTemplate
 	req := api.TemplatePublishRequest{WriteMeta: writeMeta(c.CommandID, c.ExpectedVersion), FromNode: c.FromNode}
-	stop := g.elapsed("template " + c.Name + ": publishing")
+	progress := "/v1/templates/" + url.PathEscape(c.Name) + "/publish-progress"
+	if c.FromNode != "" {
+		progress += "?" + url.Values{"from_node": {c.FromNode}}.Encode()
+	}
+	stop := g.following("template "+c.Name, "template "+c.Name+": publishing", progress)
 	raw, err := g.call("POST", "/v1/templates/"+url.PathEscape(c.Name)+"/publish", req, &t)
 	stop()
 	if err != nil {

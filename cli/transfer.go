@@ -199,9 +199,7 @@ func (c *TransferImportCmd) Run(g *Globals) error {
 		return err
 	}
 	if !c.NoWait {
-		stop := g.elapsed("workspace " + ws.WorkspaceID + ": importing " + c.Transfer)
 		final, err := waitWorkspace(g, ws.WorkspaceID, api.WorkspaceAvailable)
-		stop()
 		if err != nil {
 			return err
 		}

@@ -111,6 +111,12 @@ func printWorkspaceResult(g *Globals, raw []byte, ws *api.Workspace, quiet bool,
 // waitWorkspace polls until the Workspace is in want (or gone when want
 // is ""), fails on FAILED, and gives up after --timeout (exit 16).
 func waitWorkspace(g *Globals, id, want string) (*api.Workspace, error) {
+	if want == api.WorkspaceAvailable {
+		// A start may first fetch the template or Platform, or the
+		// archive it imports: a bar on a terminal while it does.
+		stop := g.following("workspace "+id, "", workspacePath(id, "progress"))
+		defer stop()
+	}
 	return pollWorkspace(g, id, func(ws *api.Workspace) (bool, error) {
 		switch {
 		case ws == nil:

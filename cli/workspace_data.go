@@ -578,29 +578,3 @@ func relay(a, b net.Conn) {
 	go half(b, a)
 	wg.Wait()
 }
-
-// elapsed shows "what: 12s" on a terminal, once a second, until the
-// returned stop is called: for waits whose work (an upload, a fetch, an
-// export) runs on a member that reports no byte counts to the CLI.
-func (g *Globals) elapsed(what string) (stop func()) {
-	if !g.progress(true, what, 0).on {
-		return func() {}
-	}
-	done, finished := make(chan struct{}), make(chan struct{})
-	start := time.Now()
-	go func() {
-		defer close(finished)
-		tick := time.NewTicker(time.Second)
-		defer tick.Stop()
-		for {
-			select {
-			case <-done:
-				g.note("\r%s: %s\n", what, time.Since(start).Round(time.Second))
-				return
-			case <-tick.C:
-				g.note("\r%s: %s", what, time.Since(start).Round(time.Second))
-			}
-		}
-	}()
-	return func() { close(done); <-finished }
-}

@@ -190,6 +190,7 @@ func (s *Server) routes() http.Handler {
 	m.HandleFunc("POST /v1/internal/templates/{name}/upload", nodeUploadRoute(s, "templates are published through ctrl (kibo template publish)", s.publishTemplate))
 	m.HandleFunc("POST /v1/internal/transfers/export", s.handleNodeTransferExport)
 	m.HandleFunc("GET /v1/internal/transfers/{name}/progress", s.handleNodeTransferProgress)
+	m.HandleFunc("GET /v1/internal/progress/{key}", s.handleNodeProgress)
 	m.HandleFunc("POST /v1/internal/platforms/{name}/upload", nodeUploadRoute(s, "Platforms are published through ctrl (kibo platform publish)", s.publishPlatform))
 
 	m.HandleFunc("GET /v1/nodes", operator(s.reader(s.handleNodeList)))
@@ -207,6 +208,7 @@ func (s *Server) routes() http.Handler {
 	m.HandleFunc("GET /v1/workspaces/{id}", operator(s.reader(s.handleWorkspaceGet)))
 	m.HandleFunc("GET /v1/workspaces/{id}/cleanup-status", operator(s.reader(s.handleCleanupStatus)))
 	m.HandleFunc("GET /v1/workspaces/{id}/logs", operator(s.reader(s.handleMachineLog)))
+	m.HandleFunc("GET /v1/workspaces/{id}/progress", operator(s.reader(s.handleWorkspaceProgress)))
 	m.HandleFunc("POST /v1/workspaces/{id}/start", operator(s.onLeader(s.workspaceOp(fsm.OpWorkspaceStart))))
 	m.HandleFunc("POST /v1/workspaces/{id}/stop", operator(s.onLeader(s.workspaceOp(fsm.OpWorkspaceStop))))
 	m.HandleFunc("POST /v1/workspaces/{id}/pause", operator(s.onLeader(s.workspaceOp(fsm.OpWorkspacePause))))
@@ -227,6 +229,7 @@ func (s *Server) routes() http.Handler {
 	m.HandleFunc("GET /v1/templates", operator(s.reader(s.handleTemplateList)))
 	m.HandleFunc("GET /v1/templates/{name}", operator(s.reader(s.handleTemplateGet)))
 	m.HandleFunc("POST /v1/templates/{name}/publish", operator(s.onLeader(s.handleTemplatePublish)))
+	m.HandleFunc("GET /v1/templates/{name}/publish-progress", operator(s.reader(s.handleTemplatePublishProgress)))
 	m.HandleFunc("POST /v1/templates/{name}/delete", operator(s.onLeader(s.objectWrite(fsm.OpTemplateDelete, api.ValidTemplateName))))
 	m.HandleFunc("GET /v1/transfers", operator(s.reader(s.handleTransferList)))
 	m.HandleFunc("GET /v1/transfers/{name}", operator(s.reader(s.handleTransferGet)))
@@ -236,6 +239,7 @@ func (s *Server) routes() http.Handler {
 	m.HandleFunc("GET /v1/platforms", operator(s.reader(s.handlePlatformList)))
 	m.HandleFunc("GET /v1/platforms/{name}", operator(s.reader(s.handlePlatformGet)))
 	m.HandleFunc("POST /v1/platforms/publish", operator(s.onLeader(s.handlePlatformPublish)))
+	m.HandleFunc("GET /v1/platforms/publish-progress", operator(s.reader(s.handlePlatformPublishProgress)))
 	m.HandleFunc("POST /v1/platforms/{name}/approve", operator(s.onLeader(s.objectWrite(fsm.OpPlatformApprove, api.ValidPlatformID))))
 	m.HandleFunc("POST /v1/platforms/{name}/withdraw", operator(s.onLeader(s.objectWrite(fsm.OpPlatformWithdraw, api.ValidPlatformID))))
 

@@ -157,6 +157,28 @@ func TestWorkspaceLogsOverHTTP(t *testing.T) {
 		t.Errorf("progress of a bad id: %d %v, want 400", status, e)
 	}
 
+	// How far a publish, fetch or import is: the same guard, and only the
+	// keys a node lists its transfers under.
+	wsProgress := "/v1/internal/progress/" + url.PathEscape(api.WorkspaceProgressKey(ws.WorkspaceID))
+	if _, err := c.Client(node).Do(ctx, "GET", wsProgress, nil, nil); api.CodeOf(err) != api.CodePermissionDenied {
+		t.Errorf("operator on the node's progress route: %v, want permission_denied", err)
+	}
+	if status, e := rawCall(t, node, memberCert(t, node), node.Addr, "GET", wsProgress, nil, nil); status != http.StatusForbidden {
+		t.Errorf("node member certificate on the progress route: %d %v, want 403", status, e)
+	}
+	if status, e := rawCall(t, node, memberCert(t, ctrl), node.Addr, "GET", wsProgress, nil, nil); status != http.StatusNotFound || e == nil || !strings.Contains(e.Message, "nothing runs under workspace/"+ws.WorkspaceID) {
+		t.Errorf("progress of a Workspace the node fetches nothing for: %d %v, want 404", status, e)
+	}
+	for _, bad := range []string{"workspace%2F..%2Fetc", "template-publish%2FBad.Name!", "other%2Fx", "workspace"} {
+		if status, e := rawCall(t, node, memberCert(t, ctrl), node.Addr, "GET", "/v1/internal/progress/"+bad, nil, nil); status != http.StatusBadRequest || e == nil || e.Code != api.CodeInvalidArgument {
+			t.Errorf("progress key %s: %d %v, want 400 invalid_argument", bad, status, e)
+		}
+	}
+	// Through ctrl, an operator asks by Workspace.
+	if _, err := cl.Do(ctx, "GET", "/v1/workspaces/"+ws.WorkspaceID+"/progress", nil, nil); api.CodeOf(err) != api.CodeNotFound || !strings.Contains(err.Error(), "nothing runs under workspace/"+ws.WorkspaceID+" on member node-2") {
+		t.Errorf("workspace progress through ctrl: %v, want not_found from node-2", err)
+	}
+
 	gone.Store(true)
 	refused(url.Values{}, api.CodeNotFound, "machine log of instance "+ws.InstanceID+" (workspace "+ws.WorkspaceID+") is gone: node node-2 no longer keeps it")
 

@@ -99,10 +99,12 @@ type Server struct {
 	// (SetTransferExporter); artifacts is the cluster's store
 	// (SetArtifacts); transferKick wakes the leader's transfer driver.
 	transferExporter atomic.Pointer[TransferExporter]
-	artifacts        atomic.Pointer[artifacts.Store]
-	transferKick     chan struct{}
-	id               *datadir.Identity
-	log              *slog.Logger
+	// progress lists this node's publishes, fetches and imports running.
+	progress     atomic.Pointer[ProgressFunc]
+	artifacts    atomic.Pointer[artifacts.Store]
+	transferKick chan struct{}
+	id           *datadir.Identity
+	log          *slog.Logger
 
 	ca         *CA
 	pool       *x509.CertPool

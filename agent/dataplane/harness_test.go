@@ -1,7 +1,6 @@
 package dataplane
 
 import (
-	"bytes"
 	"context"
 	"crypto/ecdsa"
 	"crypto/ed25519"
@@ -22,6 +21,7 @@ import (
 
 	"github.com/kibotos/kibotos/api"
 	"github.com/kibotos/kibotos/credential"
+	"github.com/kibotos/kibotos/internal/testenv"
 	"github.com/kibotos/kibotos/trust"
 	"github.com/kibotos/kibotos/vmm/guest"
 	"github.com/kibotos/kibotos/vmm/guestproto"
@@ -144,12 +144,12 @@ type dpServer struct {
 	done   chan error
 	dir    string
 	gen    uint64
-	logs   *lockedBuffer
+	logs   *testenv.Buffer
 }
 
 func startServer(t testing.TB, grace time.Duration, opts ...func(*Config)) *dpServer {
 	t.Helper()
-	logs := &lockedBuffer{}
+	logs := &testenv.Buffer{}
 	cfg := Config{Listen: "127.0.0.1:0", SocketDir: filepath.Join(t.TempDir(), "dp"), Generation: 1, Grace: grace,
 		Logger: slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))}
 	for _, o := range opts {
@@ -228,23 +228,6 @@ func ctxT(t testing.TB) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	t.Cleanup(cancel)
 	return ctx
-}
-
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }
 
 // waitFor polls cond until it holds or 20 s passed.

@@ -92,7 +92,7 @@ func TestSupervisorAdoptsAndStops(t *testing.T) {
 	bin := buildKibotos(t, dir)
 	_, m := runtimetest.Systemd(t, filepath.Join(dir, "sd"))
 	setRevision(t, testRevision)
-	logs := &lockedBuffer{}
+	logs := &testenv.Buffer{}
 	const grace = 3 * time.Second
 	cfg := SupervisorConfig{Units: m, Executable: bin, Scope: ScopeFor(filepath.Join(dir, "run")),
 		SocketDir: filepath.Join(dir, "dp"), Listen: "127.0.0.1:0", Grace: grace,

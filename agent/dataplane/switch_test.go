@@ -27,7 +27,7 @@ type switchEnv struct {
 	ctx   context.Context
 	m     *units.Manager
 	dir   string
-	logs  *lockedBuffer
+	logs  *testenv.Buffer
 	base  SupervisorConfig
 	p     *pki
 	state State
@@ -42,7 +42,7 @@ func newSwitchEnv(t *testing.T) *switchEnv {
 	t.Cleanup(cancel)
 	dir := t.TempDir()
 	_, m := runtimetest.Systemd(t, filepath.Join(dir, "sd"))
-	e := &switchEnv{t: t, ctx: ctx, m: m, dir: dir, logs: &lockedBuffer{}, p: newPKI(t, "node-a")}
+	e := &switchEnv{t: t, ctx: ctx, m: m, dir: dir, logs: &testenv.Buffer{}, p: newPKI(t, "node-a")}
 	e.base = SupervisorConfig{Units: m, Scope: ScopeFor(filepath.Join(dir, "run")), SocketDir: filepath.Join(dir, "dp"),
 		Listen: "127.0.0.1:0", Grace: 3 * time.Second, Logger: slog.New(slog.NewTextHandler(e.logs, nil))}
 	e.state = e.p.state(Target{WorkspaceID: "ws-a", InstanceID: "inst-1", DataSocket: startGuest(t, dir, "inst-1")})

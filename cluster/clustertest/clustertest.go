@@ -194,6 +194,7 @@ func (m *Member) start(o Options) {
 	srv.SetTemplatePublisher(a.PublishTemplate)
 	srv.SetPlatformPublisher(a.PublishPlatform)
 	srv.SetTransferExporter(a)
+	srv.SetProgress(a.Progress)
 	srv.SetArtifacts(store)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)

@@ -1,18 +1,17 @@
 package guest
 
 import (
-	"bytes"
 	"context"
 	"io"
 	"log/slog"
 	"net"
 	"os"
-	"sync"
 	"testing"
 	"time"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/kibotos/kibotos/internal/testenv"
 	"github.com/kibotos/kibotos/vmm/guestproto"
 )
 
@@ -25,13 +24,13 @@ type harness struct {
 	ports     chan io.ReadWriteCloser // the node channel
 	dataPorts chan io.ReadWriteCloser // the data-plane channel
 	done      chan error
-	logs      *lockedBuffer
+	logs      *testenv.Buffer
 }
 
 func startAgent(t *testing.T, opts Options) *harness {
 	t.Helper()
 	h := &harness{t: t, ports: make(chan io.ReadWriteCloser, 4), dataPorts: make(chan io.ReadWriteCloser, 4),
-		done: make(chan error, 1), logs: &lockedBuffer{}}
+		done: make(chan error, 1), logs: &testenv.Buffer{}}
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.NewTextHandler(h.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	}
@@ -125,26 +124,9 @@ func ctxT(t *testing.T) context.Context {
 	return ctx
 }
 
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 // collect reads r into a buffer in the background.
-func collect(r io.Reader) (*lockedBuffer, <-chan struct{}) {
-	b := &lockedBuffer{}
+func collect(r io.Reader) (*testenv.Buffer, <-chan struct{}) {
+	b := &testenv.Buffer{}
 	done := make(chan struct{})
 	go func() {
 		io.Copy(b, r)

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kibotos/kibotos/internal/testenv"
 	"github.com/kibotos/kibotos/vmm/guestproto"
 )
 
@@ -289,9 +290,9 @@ func (p *fakePort) get(f func(p *fakePort) bool) bool {
 }
 
 // startAgentOnPort runs Serve with the fake port as its channel.
-func startAgentOnPort(t *testing.T, port *fakePort) *lockedBuffer {
+func startAgentOnPort(t *testing.T, port *fakePort) *testenv.Buffer {
 	t.Helper()
-	logs := &lockedBuffer{}
+	logs := &testenv.Buffer{}
 	opts := Options{BootID: "test-boot", ReapOrphans: false,
 		Logger: slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))}
 	ctx, cancel := context.WithCancel(context.Background())

@@ -1,0 +1,126 @@
+package cluster
+
+import (
+	"net/http"
+	"net/url"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+
+	"github.com/kibotos/kibotos/api"
+	"github.com/kibotos/kibotos/fsm"
+)
+
+// Progress of a node's long byte transfers, for the operator's bars: a
+// publish, and what a Workspace's start fetches or imports, run on one
+// node while the CLI waits on a member. That member finds the node as the
+// write does and asks it how far it is; the node answers from what its
+// runtime lists (agent.Progress).
+
+// ProgressFunc is how far the transfer under a key is on this node.
+type ProgressFunc func(key string) (api.ByteProgress, bool)
+
+// SetProgress installs this node's progress source.
+func (s *Server) SetProgress(f ProgressFunc) { s.progress.Store(&f) }
+
+// handleTemplatePublishProgress is GET /v1/templates/{name}/publish-progress
+// (?from_node=, as the publish names it).
+func (s *Server) handleTemplatePublishProgress(w http.ResponseWriter, r *http.Request) {
+	name := r.PathValue("name")
+	if err := api.ValidTemplateName(name); err != nil {
+		writeError(w, err)
+		return
+	}
+	s.progressOf(w, r, api.TemplatePublishProgressKey(name), func(tx *bolt.Tx) (*api.Node, error) {
+		return publishingNode(tx, name, r.URL.Query().Get("from_node"))
+	})
+}
+
+// handlePlatformPublishProgress is GET /v1/platforms/publish-progress
+// (?from_node=&platform=, as the publish names them).
+func (s *Server) handlePlatformPublishProgress(w http.ResponseWriter, r *http.Request) {
+	id := r.URL.Query().Get("platform")
+	if id == "" {
+		id = OwnPlatform
+	}
+	s.progressOf(w, r, api.PlatformPublishProgressKey(id), func(tx *bolt.Tx) (*api.Node, error) {
+		return platformNode(tx, r.URL.Query().Get("from_node"))
+	})
+}
+
+// handleWorkspaceProgress is GET /v1/workspaces/{id}/progress: what the
+// node starting the Workspace fetches or imports for it.
+func (s *Server) handleWorkspaceProgress(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("id")
+	s.progressOf(w, r, api.WorkspaceProgressKey(id), func(tx *bolt.Tx) (*api.Node, error) {
+		ws, err := fsm.GetWorkspace(tx, id)
+		if err != nil {
+			return nil, err
+		}
+		node := ws.NodeID
+		if p := ws.Pending; p != nil && p.NodeID != "" {
+			node = p.NodeID
+		}
+		if node == "" {
+			return nil, api.Errorf(api.CodeNotFound, "workspace %s is on no node: nothing is fetched for it", id)
+		}
+		return fsm.GetNode(tx, node)
+	})
+}
+
+// progressOf answers how far the transfer under key is on the node that
+// nodeOf finds.
+func (s *Server) progressOf(w http.ResponseWriter, r *http.Request, key string, nodeOf func(*bolt.Tx) (*api.Node, error)) {
+	if err := api.CheckProgressKey(key); err != nil {
+		writeError(w, err)
+		return
+	}
+	var n *api.Node
+	if err := s.fsm.View(func(tx *bolt.Tx) (err error) {
+		n, err = nodeOf(tx)
+		return err
+	}); err != nil {
+		writeError(w, err)
+		return
+	}
+	var p api.ByteProgress
+	var err error
+	if n.NodeID == s.id.NodeID {
+		p, err = s.localTransferProgress(key)
+	} else {
+		err = s.nodeCall(r.Context(), n, http.MethodGet, "/v1/internal/progress/"+url.PathEscape(key), nil, 10*time.Second, 4<<10, &p)
+	}
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	writeResult(w, p)
+}
+
+// handleNodeProgress is GET /v1/internal/progress/{key} on the node.
+func (s *Server) handleNodeProgress(w http.ResponseWriter, r *http.Request) {
+	if err := s.fromCtrl(r, "progress is read through ctrl"); err != nil {
+		writeError(w, err)
+		return
+	}
+	key := r.PathValue("key")
+	if err := api.CheckProgressKey(key); err != nil {
+		writeError(w, err)
+		return
+	}
+	p, err := s.localTransferProgress(key)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	writeResult(w, p)
+}
+
+func (s *Server) localTransferProgress(key string) (api.ByteProgress, error) {
+	if f := s.progress.Load(); f != nil {
+		if p, ok := (*f)(key); ok {
+			return p, nil
+		}
+	}
+	return api.ByteProgress{}, api.Errorf(api.CodeNotFound, "nothing runs under %s on member %s", key, s.id.NodeID)
+}
