@@ -14,16 +14,21 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/kibotos/kibotos/internal/hostprobe"
-	"github.com/kibotos/kibotos/internal/testenv"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/kibotos/kibotos/internal/hostprobe"
+	"github.com/kibotos/kibotos/internal/testenv"
 )
 
 const (
@@ -166,6 +171,40 @@ func (l *lab) addNetns(name string) {
 	l.mu.Lock()
 	l.nss = append(l.nss, name)
 	l.mu.Unlock()
+}
+
+// listenIn opens a TCP listener on addr inside the namespace ns, for a
+// server of the test process that the hosts reach (a socket stays in the
+// namespace it was made in). Only a thread of its own enters ns: the
+// goroutine ends locked to it, so Go ends the thread and no other
+// goroutine ever runs in ns.
+func (l *lab) listenIn(ns, addr string) net.Listener {
+	l.t.Helper()
+	type listened struct {
+		ln  net.Listener
+		err error
+	}
+	done := make(chan listened, 1)
+	go func() {
+		runtime.LockOSThread()
+		f, err := os.Open("/run/netns/" + ns)
+		if err != nil {
+			done <- listened{err: err}
+			return
+		}
+		defer f.Close()
+		if err := unix.Setns(int(f.Fd()), unix.CLONE_NEWNET); err != nil {
+			done <- listened{err: fmt.Errorf("setns %s: %w", ns, err)}
+			return
+		}
+		ln, err := net.Listen("tcp", addr)
+		done <- listened{ln, err}
+	}()
+	r := <-done
+	if r.err != nil {
+		l.t.Fatalf("listen on %s in namespace %s: %v", addr, ns, r.err)
+	}
+	return r.ln
 }
 
 // ip runs one iproute2 command and fails the test if it fails.
