@@ -17,6 +17,8 @@ import (
 	"github.com/johannesboyne/gofakes3"
 	"github.com/johannesboyne/gofakes3/backend/s3mem"
 	"github.com/minio/minio-go/v7"
+
+	"github.com/kibotos/kibotos/internal/s3test"
 )
 
 // backend is a kind of store the behaviour tests run against.
@@ -85,12 +87,7 @@ func newFakeS3(t testing.TB) *fakeS3 {
 	}
 	h := gofakes3.New(mem).Server()
 	f := &fakeS3{}
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if !strings.Contains(r.Header.Get("Authorization"), "Credential="+accessKey+"/") {
-			w.WriteHeader(http.StatusForbidden)
-			io.WriteString(w, `<?xml version="1.0" encoding="UTF-8"?><Error><Code>InvalidAccessKeyId</Code><Message>The AWS Access Key Id you provided does not exist in our records.</Message></Error>`)
-			return
-		}
+	srv := httptest.NewServer(s3test.KeyChecked(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		what := "object"
 		switch q := r.URL.Query(); {
 		case q.Has("partNumber"):
@@ -102,7 +99,7 @@ func newFakeS3(t testing.TB) *fakeS3 {
 		f.log = append(f.log, r.Method+" "+what)
 		f.mu.Unlock()
 		h.ServeHTTP(w, r)
-	}))
+	}), accessKey))
 	t.Cleanup(srv.Close)
 	f.url = srv.URL
 	return f

@@ -105,9 +105,14 @@ func newServer(t testing.TB) *Server {
 
 // handler is gofakes3 behind the access key id check.
 func (s *Server) handler() http.Handler {
-	h := gofakes3.New(s.mem).Server()
+	return KeyChecked(gofakes3.New(s.mem).Server(), accessKeyID)
+}
+
+// KeyChecked serves h only the requests signed with access key id, and
+// answers the others as S3 does an unknown key (gofakes3 checks none).
+func KeyChecked(h http.Handler, id string) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if !strings.Contains(r.Header.Get("Authorization"), "Credential="+accessKeyID+"/") {
+		if !strings.Contains(r.Header.Get("Authorization"), "Credential="+id+"/") {
 			w.WriteHeader(http.StatusForbidden)
 			io.WriteString(w, `<?xml version="1.0" encoding="UTF-8"?><Error><Code>InvalidAccessKeyId</Code><Message>The AWS Access Key Id you provided does not exist in our records.</Message></Error>`)
 			return
