@@ -120,9 +120,13 @@ func (s *Dir) write(ctx context.Context, dir string, r io.Reader, final func(Obj
 		return Object{}, s.unavailable("write "+tmp, err)
 	}
 	h := sha256.New()
-	n, err := io.Copy(io.MultiWriter(f, h), io.LimitReader(ctxReader{ctx, r}, MaxObjectBytes+1))
+	hw := &holeWriter{f: f}
+	n, err := io.Copy(io.MultiWriter(hw, h), io.LimitReader(ctxReader{ctx, r}, MaxObjectBytes+1))
 	if err == nil && n > MaxObjectBytes {
 		err = api.Errorf(api.CodeInvalidArgument, "object for %s is larger than %d bytes", s, int64(MaxObjectBytes))
+	}
+	if err == nil {
+		err = hw.finish()
 	}
 	if err == nil {
 		err = f.Sync()

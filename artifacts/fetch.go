@@ -147,9 +147,13 @@ func fetchOnce(ctx context.Context, src source, want Object, partial string, pro
 			return err
 		}
 		defer rc.Close()
-		w := &progressWriter{w: io.MultiWriter(f, h), done: have, total: want.Size, report: progress}
+		hw := &holeWriter{f: f, off: have}
+		w := &progressWriter{w: io.MultiWriter(hw, h), done: have, total: want.Size, report: progress}
 		n, err := io.Copy(w, io.LimitReader(rc, want.Size-have+1))
 		have += n
+		if ferr := hw.finish(); err == nil {
+			err = ferr // what was received, holes included, is kept for the next fetch
+		}
 		if err != nil {
 			return fmt.Errorf("fetch %s from %s: %w (kept %d of %d bytes; the next fetch continues)", src.id, src.store, err, have, want.Size)
 		}

@@ -362,7 +362,7 @@ func TestPutNamedToAFullStore(t *testing.T) {
 		t.Fatal(err)
 	}
 	key := "kibotos-transfer/v1/default/tr-x.tar"
-	if _, err := s.PutNamed(context.Background(), key, bytes.NewReader(make([]byte, 2<<20))); err == nil {
+	if _, err := s.PutNamed(context.Background(), key, bytes.NewReader(content(t, 2<<20))); err == nil { // data: zeros would be holes
 		t.Fatal("a 2 MiB put into a 1 MiB store succeeded")
 	}
 	if l, err := s.ListNamed(context.Background(), "kibotos-transfer/"); err != nil || len(l) != 0 {
