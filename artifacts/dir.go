@@ -242,6 +242,33 @@ func (s *Dir) remove(l loc) error {
 	return nil
 }
 
+func (s *Dir) List(ctx context.Context) ([]Listed, error) {
+	entries, err := os.ReadDir(s.objects())
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		if _, err := os.Stat(s.root); err != nil {
+			return nil, s.unavailable("list objects", err)
+		}
+		return nil, nil // nothing was ever stored
+	case err != nil:
+		return nil, s.unavailable("list objects", err)
+	}
+	l := objectListing{s: s}
+	for _, e := range entries {
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		fi, err := e.Info()
+		if err != nil || !fi.Mode().IsRegular() {
+			continue // deleted meanwhile, or not an object
+		}
+		if err := l.add(e.Name(), fi.Size(), fi.ModTime()); err != nil {
+			return nil, err
+		}
+	}
+	return l.sorted(), nil
+}
+
 func (s *Dir) ListNamed(ctx context.Context, prefix string) ([]Named, error) {
 	if err := checkPrefix(s, prefix); err != nil {
 		return nil, err

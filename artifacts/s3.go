@@ -526,6 +526,22 @@ func (s *S3) remove(ctx context.Context, l loc) error {
 
 // ListNamed pages through the listing (minio-go asks for the next page
 // until the answer is complete).
+func (s *S3) List(ctx context.Context) ([]Listed, error) {
+	ctx, cancel := context.WithCancel(ctx) // see ListNamed
+	defer cancel()
+	root := s.key("objects", "sha256") + "/"
+	l := objectListing{s: s}
+	for o := range s.client.ListObjects(ctx, s.bucket, minio.ListObjectsOptions{Prefix: root, Recursive: true, MaxKeys: s.listPage}) {
+		if o.Err != nil {
+			return nil, s.fail(ctx, "list objects", nil, o.Err)
+		}
+		if err := l.add(strings.TrimPrefix(o.Key, root), o.Size, o.LastModified); err != nil {
+			return nil, err
+		}
+	}
+	return l.sorted(), nil
+}
+
 func (s *S3) ListNamed(ctx context.Context, prefix string) ([]Named, error) {
 	if err := checkPrefix(s, prefix); err != nil {
 		return nil, err

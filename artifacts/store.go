@@ -35,6 +35,7 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/kibotos/kibotos/api"
 	"github.com/kibotos/kibotos/storagepool"
@@ -96,6 +97,10 @@ type Store interface {
 	// Delete removes an object; one that is not there is no error, so
 	// a collector or a transfer that stopped halfway can run again.
 	Delete(ctx context.Context, d Digest) error
+	// List is every content-addressed object, sorted by digest, with
+	// when it was last written: objects being written are not among
+	// them. More than 100,000 is an error, as for ListNamed.
+	List(ctx context.Context) ([]Listed, error)
 
 	// PutNamed stores what r yields under key (see ParseKey), replacing
 	// what was there, and returns its digest and size. Readers see the
@@ -226,6 +231,37 @@ func (r ref) checkOffset(offset int64) error {
 type Named struct {
 	Key  string `json:"key"`
 	Size int64  `json:"size"`
+}
+
+// Listed is an object as List finds it.
+type Listed struct {
+	Object
+	Modified time.Time `json:"modified"`
+}
+
+// objectListing collects what List finds.
+type objectListing struct {
+	s     Store
+	found []Listed
+}
+
+// add takes name if it is an object's (64 hex digits): a temporary file,
+// or anything a hand put there, is not one.
+func (l *objectListing) add(name string, size int64, mod time.Time) error {
+	d, err := ParseDigest(digestPrefix + name)
+	if err != nil {
+		return nil
+	}
+	if len(l.found) == maxListed {
+		return api.Errorf(api.CodeResourceExhausted, "artifact store %s: more than %d objects: delete what is no longer needed", l.s, maxListed)
+	}
+	l.found = append(l.found, Listed{Object: Object{Digest: d, Size: size}, Modified: mod})
+	return nil
+}
+
+func (l *objectListing) sorted() []Listed {
+	slices.SortFunc(l.found, func(a, b Listed) int { return strings.Compare(string(a.Digest), string(b.Digest)) })
+	return l.found
 }
 
 // MaxKeyBytes bounds a key.

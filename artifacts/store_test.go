@@ -8,10 +8,13 @@ import (
 	"encoding/hex"
 	"errors"
 	"io"
+	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/kibotos/kibotos/api"
 )
@@ -261,4 +264,38 @@ func TestDeleteFromAnUnreachableStore(t *testing.T) {
 			}
 		})
 	}
+}
+
+// List finds every object with its digest, size and when it was written,
+// sorted by digest, and nothing else: not an upload's temporary file, not
+// a named object.
+func TestList(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, s Store) {
+		ctx := context.Background()
+		if l, err := s.List(ctx); err != nil || len(l) != 0 {
+			t.Fatalf("List of an empty store: %v, %v", l, err)
+		}
+		before := time.Now().Add(-time.Minute)
+		a, b := put(t, s, []byte("first object")), put(t, s, content(t, 6<<20))
+		if _, err := s.PutNamed(ctx, "kibotos-transfer/v1/default/tr-x.tar", strings.NewReader("named")); err != nil {
+			t.Fatal(err)
+		}
+		if d, ok := s.(*Dir); ok {
+			os.WriteFile(filepath.Join(d.objects(), ".node-a.put-1.tmp"), []byte("half"), 0o640)
+		}
+		l, err := s.List(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := []Object{a, b}
+		slices.SortFunc(want, func(x, y Object) int { return strings.Compare(string(x.Digest), string(y.Digest)) })
+		if len(l) != 2 || l[0].Object != want[0] || l[1].Object != want[1] {
+			t.Fatalf("List = %+v, want %+v", l, want)
+		}
+		for _, o := range l {
+			if o.Modified.Before(before) || o.Modified.After(time.Now().Add(time.Minute)) {
+				t.Errorf("object %s modified %s, want about now", o.Digest.Short(), o.Modified)
+			}
+		}
+	})
 }

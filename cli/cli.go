@@ -54,6 +54,7 @@ type CLI struct {
 	Dataplane        DataplaneCmd        `cmd:"" hidden:"" help:"Run the node's data-plane process (started by the node as its own unit)."`
 	Transfer         TransferCmd         `cmd:"" help:"Export a stopped Workspace into the artifact store, and import it as a new Workspace here or in another cluster."`
 	Platform         PlatformCmd         `cmd:"" help:"Build and list Platforms (kernel + initramfs with the guest agent)."`
+	Artifacts        ArtifactsCmd        `cmd:"" help:"Collect the artifact store's objects the catalog no longer references."`
 	Template         TemplateCmd         `cmd:"" help:"Build, list, show and delete templates (Workspace root filesystems) on this node."`
 	Workspace        WorkspaceCmd        `cmd:"" help:"Create, start, stop, move and delete Workspaces; exec, terminal, cp and port-forward through the data plane."`
 	Egress           EgressCmd           `cmd:"" help:"Create, update, list, show and delete Egress objects (SOCKS5 exits a Workspace's policy names)."`

@@ -236,6 +236,7 @@ func (s *Server) routes() http.Handler {
 	m.HandleFunc("POST /v1/transfers", operator(s.onLeader(s.handleTransferExport)))
 	m.HandleFunc("POST /v1/transfers/{name}/delete", operator(s.onLeader(s.handleTransferDelete)))
 	m.HandleFunc("POST /v1/transfers/{name}/import", operator(s.onLeader(s.handleTransferImport)))
+	m.HandleFunc("POST /v1/artifacts/gc", operator(s.onLeader(s.handleArtifactsGC)))
 	m.HandleFunc("GET /v1/platforms", operator(s.reader(s.handlePlatformList)))
 	m.HandleFunc("GET /v1/platforms/{name}", operator(s.reader(s.handlePlatformGet)))
 	m.HandleFunc("POST /v1/platforms/publish", operator(s.onLeader(s.handlePlatformPublish)))

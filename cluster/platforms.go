@@ -54,6 +54,8 @@ func (s *Server) handlePlatformPublish(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
+	s.publishing.RLock()
+	defer s.publishing.RUnlock()
 	var n *api.Node
 	err := s.fsm.View(func(tx *bolt.Tx) (err error) {
 		n, err = platformNode(tx, req.FromNode)

@@ -100,8 +100,12 @@ type Server struct {
 	// (SetArtifacts); transferKick wakes the leader's transfer driver.
 	transferExporter atomic.Pointer[TransferExporter]
 	// progress lists this node's publishes, fetches and imports running.
-	progress     atomic.Pointer[ProgressFunc]
-	artifacts    atomic.Pointer[artifacts.Store]
+	progress  atomic.Pointer[ProgressFunc]
+	artifacts atomic.Pointer[artifacts.Store]
+	// publishing is held (shared) by a publish from its upload until its
+	// entry is applied, and whole by artifacts gc, so the collector never
+	// removes an object a publish has just put (both run on the leader).
+	publishing   sync.RWMutex
 	transferKick chan struct{}
 	id           *datadir.Identity
 	log          *slog.Logger

@@ -56,6 +56,8 @@ func (s *Server) handleTemplatePublish(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
+	s.publishing.RLock()
+	defer s.publishing.RUnlock()
 	var n *api.Node
 	err := s.fsm.View(func(tx *bolt.Tx) (err error) {
 		n, err = publishingNode(tx, name, req.FromNode)

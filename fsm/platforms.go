@@ -304,3 +304,29 @@ func TaskPlatforms(tx *bolt.Tx, w *api.Workspace) ([]api.PlatformImage, error) {
 	}
 	return out, nil
 }
+
+// CatalogDigests maps every artifact-store object the catalog references
+// to what references it ("template NAME", "platform ID"): what a collector
+// of the store must keep.
+func CatalogDigests(tx *bolt.Tx) (map[string]string, error) {
+	out := map[string]string{}
+	err := tx.Bucket(bucketTemplates).ForEach(func(k, v []byte) error {
+		var rec catalogRecord
+		if err := jsonRecord(bucketTemplates, k, v, &rec); err != nil {
+			return err
+		}
+		out[rec.Digest] = "template " + rec.Name
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	all, err := platformRecords(tx)
+	if err != nil {
+		return nil, err
+	}
+	for _, p := range all {
+		out[p.Digest] = "platform " + p.PlatformID
+	}
+	return out, nil
+}
