@@ -3,11 +3,14 @@ package guest
 import (
 	"context"
 	"fmt"
+	"net"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 
+	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
 	"github.com/kibotos/kibotos/vmm/guestproto"
@@ -74,42 +77,107 @@ func (a *agent) configure(ctx context.Context, req guestproto.ConfigureRequest) 
 		}
 	}
 	for _, ifc := range req.Interfaces {
-		name := ifc.Name
-		if name == "" {
-			return &guestproto.Error{Code: guestproto.CodeInvalid, Message: "interface without a name"}
-		}
-		cmds := [][]string{{"link", "set", name, "up"}}
-		if ifc.Flush {
-			cmds = append(cmds, []string{"addr", "flush", "dev", name, "scope", "global"})
-		}
-		if ifc.MTU > 0 {
-			cmds = append(cmds, []string{"link", "set", name, "mtu", fmt.Sprint(ifc.MTU)})
-		}
-		for _, addr := range ifc.Addresses {
-			if strings.Contains(addr, ":") {
-				// The node's namespace and this guest are alone on the
-				// link: duplicate address detection would only keep the
-				// address unusable for a second or two after configure.
-				if err := noDAD(name); err != nil {
-					return fmt.Errorf("interface %s: IPv6 address %s: %w", name, addr, err)
-				}
-			}
-			cmds = append(cmds, []string{"addr", "replace", addr, "dev", name})
-		}
-		for _, r := range ifc.Routes {
-			args := []string{"route", "replace", r.Destination}
-			if r.Gateway != "" {
-				args = append(args, "via", r.Gateway)
-			}
-			cmds = append(cmds, append(args, "dev", name))
-		}
-		for _, args := range cmds {
-			if out, err := a.runQuiet(ctx, "ip", args...); err != nil {
-				return fmt.Errorf("interface %s: ip %s: %v: %s", name, strings.Join(args, " "), err, strings.TrimSpace(out))
-			}
+		if err := configureInterface(ifc); err != nil {
+			return err
 		}
 	}
 	return nil
+}
+
+// configureInterface brings one interface up with its addresses and
+// routes, as `ip link set up`, `ip addr flush scope global`, `ip addr
+// replace` and `ip route replace` would, over netlink: each `ip` run is a
+// process start, and under TCG the five of a guest's network took about
+// 0.2 s of every start and resume.
+func configureInterface(ifc guestproto.Interface) error {
+	name := ifc.Name
+	if name == "" {
+		return &guestproto.Error{Code: guestproto.CodeInvalid, Message: "interface without a name"}
+	}
+	fail := func(what string, err error) error { return fmt.Errorf("interface %s: %s: %w", name, what, err) }
+	l, err := netlink.LinkByName(name)
+	if err != nil {
+		return fail("find it", err)
+	}
+	if err := netlink.LinkSetUp(l); err != nil {
+		return fail("set it up", err)
+	}
+	if ifc.Flush {
+		addrs, err := netlink.AddrList(l, netlink.FAMILY_ALL)
+		if err != nil {
+			return fail("list addresses", err)
+		}
+		for _, a := range addrs {
+			if a.Scope == unix.RT_SCOPE_UNIVERSE {
+				if err := netlink.AddrDel(l, &a); err != nil {
+					return fail("remove address "+a.IPNet.String(), err)
+				}
+			}
+		}
+	}
+	if ifc.MTU > 0 {
+		if err := netlink.LinkSetMTU(l, ifc.MTU); err != nil {
+			return fail(fmt.Sprintf("set MTU %d", ifc.MTU), err)
+		}
+	}
+	for _, s := range ifc.Addresses {
+		a, err := netlink.ParseAddr(s)
+		if err != nil {
+			return &guestproto.Error{Code: guestproto.CodeInvalid, Message: fmt.Sprintf("interface %s: address %q: %v", name, s, err)}
+		}
+		if a.IP.To4() == nil {
+			// The node's namespace and this guest are alone on the
+			// link: duplicate address detection would only keep the
+			// address unusable for a second or two after configure.
+			if err := noDAD(name); err != nil {
+				return fail("IPv6 address "+s, err)
+			}
+		}
+		if err := netlink.AddrReplace(l, a); err != nil {
+			return fail("address "+s, err)
+		}
+	}
+	for _, r := range ifc.Routes {
+		route, err := guestRoute(l.Attrs().Index, r)
+		if err != nil {
+			return &guestproto.Error{Code: guestproto.CodeInvalid, Message: fmt.Sprintf("interface %s: %v", name, err)}
+		}
+		if err := netlink.RouteReplace(route); err != nil {
+			return fail(fmt.Sprintf("route %s via %q", r.Destination, r.Gateway), err)
+		}
+	}
+	return nil
+}
+
+// guestRoute is r on the link: "default" or a prefix, through a gateway
+// or, without one, on the link itself.
+func guestRoute(link int, r guestproto.Route) (*netlink.Route, error) {
+	route := &netlink.Route{LinkIndex: link, Scope: netlink.SCOPE_UNIVERSE}
+	if r.Gateway != "" {
+		gw, err := netip.ParseAddr(r.Gateway)
+		if err != nil {
+			return nil, fmt.Errorf("route %s: gateway %q: %v", r.Destination, r.Gateway, err)
+		}
+		route.Gw = gw.AsSlice()
+	} else {
+		route.Scope = netlink.SCOPE_LINK
+	}
+	dst := r.Destination
+	if dst == "default" {
+		dst = "0.0.0.0/0"
+		if route.Gw != nil && route.Gw.To4() == nil {
+			dst = "::/0"
+		}
+	}
+	p, err := netip.ParsePrefix(dst)
+	if err != nil {
+		return nil, fmt.Errorf("route destination %q: give default or a prefix: %v", r.Destination, err)
+	}
+	if route.Gw != nil && (route.Gw.To4() == nil) != p.Addr().Is6() {
+		return nil, fmt.Errorf("route %s: gateway %s is of the other address family", r.Destination, r.Gateway)
+	}
+	route.Dst = &net.IPNet{IP: p.Masked().Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}
+	return route, nil
 }
 
 // noDAD turns off IPv6 duplicate address detection on an interface.
