@@ -68,6 +68,13 @@ sim_ready() {
 wait_until 600 "$NODES simulated nodes READY" sim_ready
 log "nodesim: $(grep '"stage":"ready"' "$BENCH_TMP/logs/nodesim.log")"
 
+# What the sessions alone cost: pings every 2 s, each followed by a
+# dispatcher pass on the leader.
+i0=$(cpu_ticks "${KIB_PIDS[@]}")
+sleep 5
+i1=$(cpu_ticks "${KIB_PIDS[@]}")
+log "members idle with $NODES sessions: $(((i1 - i0) * 100 / TCK / 5))% of a core (5 s)"
+
 RESULTS="$BENCH_TMP/results.jsonl"
 : >"$RESULTS"
 for run in $(seq 1 "$REPEAT"); do
