@@ -4,6 +4,7 @@
 //
 //	loadgen -target kibotos -data-dir DIR -addrs a,b,c -clients 64 -duration 15s
 //	loadgen -target etcd -endpoints http://a,http://b -clients 64 -duration 15s
+//	loadgen -target create -data-dir DIR -addrs a,b,c -clients 64 -duration 15s
 //
 // Every client is one goroutine with its own connection that sends one write,
 // waits for the answer and sends the next. Client i talks to address
@@ -15,6 +16,14 @@
 // gateway (POST /v3/kv/put, base64 key and value); the gateway is used
 // instead of go.etcd.io/etcd/client/v3 so the kibotos module takes no gRPC
 // dependency (see bench/README.md for its measured overhead).
+//
+// create: each op is a Workspace create as `kibo workspace create` does it:
+// POST /v1/workspaces (one Raft entry whose apply places the Workspace, then
+// the start goes over the chosen node's control session), then blocking
+// reads GET /v1/workspaces/ID?wait_version=V until it is AVAILABLE (the
+// node's answer, another Raft entry, applied on the member read). The
+// latency is from the POST to the read that shows AVAILABLE; accept_* is
+// the POST alone (placed, CREATING). A FAILED Workspace is an error.
 package main
 
 import (
@@ -55,10 +64,20 @@ type result struct {
 	FirstErr string  `json:"first_error,omitempty"`
 	// ClientCPU is this process's user+system CPU time over its whole run.
 	ClientCPU float64 `json:"client_cpu_s"`
+	// AcceptP50ms and AcceptP99ms (create): the POST alone, of the ops
+	// counted above.
+	AcceptP50ms float64 `json:"accept_p50_ms,omitempty"`
+	AcceptP99ms float64 `json:"accept_p99_ms,omitempty"`
+	// StaleReads (create): reads right after a create that found no
+	// Workspace because the member read had not applied the create yet;
+	// the client reads again (the CLI would fail, see bench/README.md).
+	StaleReads int64 `json:"stale_reads,omitempty"`
 }
 
-// op sends one write; worker is the client index, seq its write number.
-type op func(ctx context.Context, seq int) error
+// op sends one write; seq is its number in the client's sequence. It
+// returns how long its first stage took when it has stages (create: the
+// POST), else 0.
+type op func(ctx context.Context, seq int) (time.Duration, error)
 
 func main() {
 	target := flag.String("target", "", "kibotos or etcd")
@@ -68,6 +87,9 @@ func main() {
 	endpoints := flag.String("endpoints", "", "etcd: comma-separated client URLs (http://HOST:PORT)")
 	valueSize := flag.Int("value-size", 256, "etcd: bytes per value")
 	keys := flag.Int("keys", 10000, "etcd: size of each client's key space")
+	template := flag.String("template", "bench", "create: template of the Workspaces")
+	cpu := flag.Int("cpu", 1, "create: cores per Workspace")
+	memMiB := flag.Int("memory-mib", 1024, "create: memory per Workspace, MiB")
 	clients := flag.Int("clients", 1, "concurrent closed-loop clients")
 	duration := flag.Duration("duration", 15*time.Second, "measured time")
 	warmup := flag.Duration("warmup", time.Second, "unmeasured time before it (connections, leader caches)")
@@ -82,8 +104,10 @@ func main() {
 		makeOp = kibotosOps(*dataDir, *addrs, *nodes)
 	case "etcd":
 		makeOp = etcdOps(*endpoints, *valueSize, *keys)
+	case "create":
+		makeOp = createOps(*dataDir, *addrs, *template, *cpu, *memMiB)
 	default:
-		fatalf("-target must be kibotos or etcd")
+		fatalf("-target must be kibotos, etcd or create")
 	}
 
 	ops := make([]op, *clients)
@@ -109,6 +133,7 @@ func run(target string, ops []op, warmup, duration time.Duration) result {
 	measureFrom := start.Add(warmup)
 	end := measureFrom.Add(duration)
 	lat := make([][]time.Duration, len(ops))
+	stage := make([][]time.Duration, len(ops))
 	var errs atomic.Int64
 	var firstErr atomic.Value
 	var wg sync.WaitGroup
@@ -117,13 +142,14 @@ func run(target string, ops []op, warmup, duration time.Duration) result {
 		go func(i int) {
 			defer wg.Done()
 			l := make([]time.Duration, 0, 4096)
+			var sl []time.Duration
 			for seq := 0; ; seq++ {
 				t0 := time.Now()
 				if !t0.Before(end) {
 					break
 				}
 				octx, ocancel := context.WithTimeout(ctx, 30*time.Second)
-				err := ops[i](octx, seq)
+				first, err := ops[i](octx, seq)
 				ocancel()
 				t1 := time.Now()
 				if t0.Before(measureFrom) {
@@ -139,17 +165,22 @@ func run(target string, ops []op, warmup, duration time.Duration) result {
 				// Count only writes that started and finished in the window.
 				if t1.Before(end) {
 					l = append(l, t1.Sub(t0))
+					if first > 0 {
+						sl = append(sl, first)
+					}
 				}
 			}
-			lat[i] = l
+			lat[i], stage[i] = l, sl
 		}(i)
 	}
 	wg.Wait()
-	var all []time.Duration
-	for _, l := range lat {
+	var all, firsts []time.Duration
+	for i, l := range lat {
 		all = append(all, l...)
+		firsts = append(firsts, stage[i]...)
 	}
 	slices.Sort(all)
+	slices.Sort(firsts)
 	res := result{Target: target, Clients: len(ops), Ops: len(all), Errors: errs.Load(), Seconds: duration.Seconds()}
 	if s, ok := firstErr.Load().(string); ok {
 		res.FirstErr = s
@@ -164,6 +195,11 @@ func run(target string, ops []op, warmup, duration time.Duration) result {
 		res.P99ms = ms(pct(all, 0.99))
 		res.MeanMs = ms(sum / time.Duration(len(all)))
 		res.MaxMs = ms(all[len(all)-1])
+	}
+	res.StaleReads = staleReads.Load()
+	if len(firsts) > 0 {
+		res.AcceptP50ms = ms(pct(firsts, 0.50))
+		res.AcceptP99ms = ms(pct(firsts, 0.99))
 	}
 	return res
 }
@@ -238,13 +274,13 @@ func kibotosOps(dataDir, addrList, nodeList string) func(int) op {
 		c := api.NewClient(as[i%len(as)], tlsConf)
 		node := ids[i%len(ids)]
 		path := "/v1/nodes/" + node + "/overcommit"
-		return func(ctx context.Context, seq int) error {
+		return func(ctx context.Context, seq int) (time.Duration, error) {
 			// Cycle through 0.001 … 16.000 (documented range 0–16, three places);
 			// the worker index shifts the cycle so concurrent writes differ.
 			m := 1 + (seq*7+i*131)%16000
 			v := fmt.Sprintf("%d.%03d", m/1000, m%1000)
 			_, err := c.Do(ctx, "POST", path, api.OvercommitSetRequest{CPU: &v}, nil)
-			return err
+			return 0, err
 		}
 	}
 }
@@ -265,7 +301,7 @@ func etcdOps(endpointList string, valueSize, keys int) func(int) op {
 			DisableCompression:  true,
 		}}
 		url := strings.TrimRight(eps[i%len(eps)], "/") + "/v3/kv/put"
-		return func(ctx context.Context, seq int) error {
+		put := func(ctx context.Context, seq int) error {
 			key := fmt.Sprintf("bench/%03d/%06d", i, seq%keys)
 			body := `{"key":"` + base64.StdEncoding.EncodeToString([]byte(key)) + `","value":"` + val64 + `"}`
 			req, err := http.NewRequestWithContext(ctx, "POST", url, bytes.NewReader([]byte(body)))
@@ -289,6 +325,80 @@ func etcdOps(endpointList string, valueSize, keys int) func(int) op {
 				return errors.New("etcd put: answer has no header: " + string(raw))
 			}
 			return nil
+		}
+		return func(ctx context.Context, seq int) (time.Duration, error) { return 0, put(ctx, seq) }
+	}
+}
+
+// staleReads counts reads of a just-created Workspace that its member had
+// not applied yet (create only).
+var staleReads atomic.Int64
+
+// createOps: Workspace creates, each waited for until AVAILABLE, with the
+// admin credentials of dataDir. Client i talks to address i mod len(addrs)
+// for both the create (a follower forwards it to the leader) and the reads.
+func createOps(dataDir, addrList, template string, cpu, memMiB int) func(int) op {
+	if dataDir == "" {
+		fatalf("-target create needs -data-dir")
+	}
+	d := datadir.Dir(dataDir)
+	tlsConf, err := d.AdminClient()
+	if err != nil {
+		fatalf("admin credentials: %v", err)
+	}
+	as := split(addrList)
+	if len(as) == 0 {
+		id, err := d.LoadIdentity()
+		if err != nil {
+			fatalf("%v", err)
+		}
+		as = []string{id.Advertise}
+	}
+	run := make([]byte, 4)
+	rand.Read(run)
+	runID := fmt.Sprintf("%x", run) // command ids differ between runs on one cluster
+	return func(i int) op {
+		c := api.NewClient(as[i%len(as)], tlsConf)
+		return func(ctx context.Context, seq int) (time.Duration, error) {
+			t0 := time.Now()
+			req := api.WorkspaceCreateRequest{
+				WriteMeta: api.WriteMeta{CommandID: fmt.Sprintf("bench-%s-%d-%d", runID, i, seq), Generated: true},
+				Template:  template, CPU: api.Milli(cpu * 1000), MemoryBytes: uint64(memMiB) << 20,
+				Labels: map[string]string{"bench": runID},
+			}
+			var ws api.Workspace
+			if _, err := c.Do(ctx, "POST", "/v1/workspaces", req, &ws); err != nil {
+				return 0, err
+			}
+			accepted := time.Since(t0)
+			for {
+				switch ws.State {
+				case api.WorkspaceAvailable:
+					return accepted, nil
+				case api.WorkspaceFailed:
+					msg := "workspace " + ws.WorkspaceID + " FAILED"
+					if f := ws.Failure; f != nil {
+						msg += ": " + f.Message
+					}
+					return 0, errors.New(msg)
+				}
+				// As the CLI waits: a read that blocks until the version
+				// passes the one seen.
+				path := fmt.Sprintf("/v1/workspaces/%s?wait_version=%d&wait=30s", ws.WorkspaceID, ws.Version)
+				var got api.Workspace
+				_, err := c.Do(ctx, "GET", path, nil, &got)
+				if api.CodeOf(err) == api.CodeNotFound && ws.State == api.WorkspaceCreating {
+					// A follower answers the forwarded create before it
+					// has applied it itself: read again once it has.
+					staleReads.Add(1)
+					time.Sleep(2 * time.Millisecond)
+					continue
+				}
+				if err != nil {
+					return 0, err
+				}
+				ws = got
+			}
 		}
 	}
 }
