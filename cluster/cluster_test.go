@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"encoding/base64"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -41,6 +42,31 @@ func drain(t *testing.T, c *clustertest.Cluster, via *clustertest.Member, node, 
 	var rb api.ResultBody
 	json.Unmarshal(raw, &rb)
 	return &n, rb.Replayed, nil
+}
+
+// A client that wrote through a follower reads its write there at once:
+// the follower answers the forwarded write only once it has applied it
+// too (before, a read right after a create could say not_found).
+func TestFollowerReadsItsForwardedWrites(t *testing.T) {
+	c := clustertest.New(t, clustertest.Options{Ctrl: 3})
+	c.WaitLeader()
+	f := follower(c)
+	cl := c.Client(f)
+	ctx := context.Background()
+	for i := range 100 {
+		cpu := fmt.Sprintf("%d.5", 1+i%2)
+		var set api.Node
+		if _, err := cl.Do(ctx, "POST", "/v1/nodes/node-2/overcommit", api.OvercommitSetRequest{CPU: &cpu}, &set); err != nil {
+			t.Fatal(err)
+		}
+		var got api.Node
+		if _, err := cl.Do(ctx, "GET", "/v1/nodes/node-2", nil, &got); err != nil {
+			t.Fatal(err)
+		}
+		if got.RegistrationVersion < set.RegistrationVersion {
+			t.Fatalf("write %d through follower %s answered version %d; a read there right after sees %d", i, f.ID, set.RegistrationVersion, got.RegistrationVersion)
+		}
+	}
 }
 
 // A write sent to a follower commits through the leader, also after the

@@ -28,6 +28,7 @@ const (
 	hdrActorRoles    = "X-Kibotos-Actor-Roles"    // a member actor's roles
 	hdrActorAdmitted = "X-Kibotos-Actor-Admitted" // admission time in the actor's certificate (unix ns)
 	hdrForwarded     = "X-Kibotos-Forwarded"      // hop count of a forwarded request
+	hdrApplied       = "X-Kibotos-Applied"        // the leader's applied index when it answered a forwarded write
 	hdrLeader        = "X-Kibotos-Leader"         // ctrl members name the leader they know in every answer
 	maxHops          = 3
 	maxBody          = 4 << 20
@@ -265,10 +266,77 @@ func (s *Server) routes() http.Handler {
 func (s *Server) onLeader(h http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		if s.IsLeader() {
+			if r.Header.Get(hdrForwarded) != "" {
+				w = &appliedHeader{ResponseWriter: w, s: s}
+			}
 			h(w, r)
 			return
 		}
 		s.forward(w, r)
+	}
+}
+
+// appliedHeader tells the member that forwarded a write how far the
+// leader had applied the log when it answered: the entry of the write is
+// at or below it, and the member answers its client only once it has
+// applied as far, so the client reads its own write there.
+type appliedHeader struct {
+	http.ResponseWriter
+	s     *Server
+	wrote bool
+}
+
+func (a *appliedHeader) WriteHeader(status int) {
+	if !a.wrote {
+		a.wrote = true
+		a.Header().Set(hdrApplied, strconv.FormatUint(a.s.appliedIndex(), 10))
+	}
+	a.ResponseWriter.WriteHeader(status)
+}
+
+// Unwrap lets http.ResponseController reach the connection's writer.
+func (a *appliedHeader) Unwrap() http.ResponseWriter { return a.ResponseWriter }
+
+func (a *appliedHeader) Write(b []byte) (int, error) {
+	if !a.wrote {
+		a.WriteHeader(http.StatusOK)
+	}
+	return a.ResponseWriter.Write(b)
+}
+
+// appliedWait bounds how long a member holds a forwarded write's answer
+// for its own state to catch up (a member cut off from the leader answers
+// anyway, and says so in its log).
+const appliedWait = 5 * time.Second
+
+// appliedIndex is how far this member's state has applied the log.
+func (s *Server) appliedIndex() uint64 {
+	if s.raft == nil || s.rfsm == nil {
+		return 0
+	}
+	return max(s.rfsm.applied.Load(), s.raft.AppliedIndex())
+}
+
+// awaitApplied waits until this member applied the log up to index, at
+// most d: a forwarded write is answered once the client can read it here.
+func (s *Server) awaitApplied(ctx context.Context, index uint64, d time.Duration) {
+	deadline := time.NewTimer(d)
+	defer deadline.Stop()
+	for {
+		changed := s.changed.next() // before the check: no change is missed
+		if s.appliedIndex() >= index {
+			return
+		}
+		select {
+		case <-changed:
+		case <-deadline.C:
+			s.log.Warn("forwarded write answered before this member applied it", "index", index, "applied", s.appliedIndex())
+			return
+		case <-ctx.Done():
+			return
+		case <-s.stop:
+			return
+		}
 	}
 }
 
@@ -337,6 +405,9 @@ func (s *Server) forward(w http.ResponseWriter, r *http.Request) {
 		if err != nil {
 			lastErr = err
 			continue
+		}
+		if index, err := strconv.ParseUint(resp.Header.Get(hdrApplied), 10, 64); err == nil && s.fsm != nil {
+			s.awaitApplied(r.Context(), index, appliedWait)
 		}
 		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(resp.StatusCode)

@@ -25,6 +25,9 @@ type raftFSM struct {
 	// changed, when set, learns of every applied batch and restore
 	// (blocking reads wait on it).
 	changed *broadcaster
+	// applied is the index of the last entry applied (0 until one is, and
+	// not moved by a restore: Raft's AppliedIndex covers that).
+	applied atomic.Uint64
 	// admission, when set, learns which nodes' admission a batch may have
 	// changed (all after a restore): open connections of revoked nodes end.
 	admission func(nodes []string, all bool)
@@ -100,6 +103,9 @@ func (r *raftFSM) ApplyBatch(logs []*raft.Log) []interface{} {
 	}
 	for j, res := range results {
 		out[index[j]] = res
+	}
+	if len(logs) > 0 {
+		r.applied.Store(logs[len(logs)-1].Index)
 	}
 	r.changed.notify()
 	if nodes := admissionChanges(entries); len(nodes) > 0 && r.admission != nil {

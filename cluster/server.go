@@ -99,6 +99,9 @@ type Server struct {
 	// (SetTransferExporter); artifacts is the cluster's store
 	// (SetArtifacts); transferKick wakes the leader's transfer driver.
 	transferExporter atomic.Pointer[TransferExporter]
+	// rfsm is the Raft FSM adapter (its applied index); nil before Raft
+	// starts and on members without a state.
+	rfsm *raftFSM
 	// progress lists this node's publishes, fetches and imports running.
 	progress  atomic.Pointer[ProgressFunc]
 	artifacts atomic.Pointer[artifacts.Store]
@@ -303,6 +306,7 @@ func (s *Server) startRaft() error {
 		Logger: s.hclog("raft-net", hclog.Error),
 	})
 	rf := &raftFSM{f: s.fsm, changed: s.changed, admission: s.noteAdmissionChanges, halt: s.halt, stopped: s.stop}
+	s.rfsm = rf
 	// The leader replicates recent entries from memory instead of reading
 	// them back from the log store.
 	logs, err := raft.NewLogCache(1024, s.logStore)
