@@ -36,6 +36,7 @@ var examples = map[string][]string{
 	"transfer list":               {"kibo transfer list", "kibo transfer list -q"},
 	"transfer import":             {"kibo transfer import tr-7h3q…", "kibo transfer import tr-7h3q… --node node-b -q"},
 	"transfer delete":             {"kibo transfer delete tr-7h3q…"},
+	"artifacts gc":                {"kibo artifacts gc --dry-run", "kibo artifacts gc --older-than 168h -q"},
 	"platform publish":            {"kibo platform publish --from-node node-a"},
 	"platform approve":            {"kibo platform approve sha256-5f0c…"},
 	"platform withdraw":           {"kibo platform withdraw sha256-5f0c…"},

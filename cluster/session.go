@@ -33,10 +33,25 @@ func (r *sessionRegistry) kickAll() {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for _, ls := range r.conns {
-		select {
-		case ls.kick <- struct{}{}:
-		default:
+		ls.wake()
+	}
+}
+
+// kick wakes the dispatchers of the named nodes' sessions.
+func (r *sessionRegistry) kick(nodes []string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, n := range nodes {
+		if ls := r.conns[n]; ls != nil {
+			ls.wake()
 		}
+	}
+}
+
+func (ls *liveSession) wake() {
+	select {
+	case ls.kick <- struct{}{}:
+	default:
 	}
 }
 
