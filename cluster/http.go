@@ -309,12 +309,18 @@ func (a *appliedHeader) Write(b []byte) (int, error) {
 // anyway, and says so in its log).
 const appliedWait = 5 * time.Second
 
-// appliedIndex is how far this member's state has applied the log.
+// appliedIndex is how far this member's state has applied the log: the
+// FSM's own count, since Raft's AppliedIndex moves when a batch is handed
+// to the FSM, before it is applied. Until an entry is applied here (after
+// a restart or a snapshot restore) Raft's is all there is.
 func (s *Server) appliedIndex() uint64 {
 	if s.raft == nil || s.rfsm == nil {
 		return 0
 	}
-	return max(s.rfsm.applied.Load(), s.raft.AppliedIndex())
+	if n := s.rfsm.applied.Load(); n > 0 {
+		return n
+	}
+	return s.raft.AppliedIndex()
 }
 
 // awaitApplied waits until this member applied the log up to index, at
