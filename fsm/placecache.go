@@ -19,6 +19,7 @@ import (
 // fresh decode would give, so replicas stay identical with or without it.
 type placeCache struct {
 	decoded map[string]decodedNode
+	holds   map[string]decodedHolds
 
 	// Per batch.
 	list  []api.Node
@@ -32,8 +33,13 @@ type decodedNode struct {
 	node api.Node
 }
 
+type decodedHolds struct {
+	raw   []byte
+	holds Holds
+}
+
 func newPlaceCache() *placeCache {
-	return &placeCache{decoded: map[string]decodedNode{}}
+	return &placeCache{decoded: map[string]decodedNode{}, holds: map[string]decodedHolds{}}
 }
 
 // txCaches finds the cache of the batch a write transaction applies; the
@@ -72,6 +78,23 @@ func markAllNodesChanged(tx *bolt.Tx) {
 	}
 }
 
+// nodeHolds is nodeHolds, reusing the last decode of the same bytes: a
+// placement reads every node's, and few change between two batches.
+func (c *placeCache) nodeHolds(tx *bolt.Tx, id string) (Holds, error) {
+	raw := tx.Bucket(bucketNodeHolds).Get([]byte(id))
+	if d, ok := c.holds[id]; ok && bytes.Equal(d.raw, raw) {
+		return d.holds, nil
+	}
+	var h Holds
+	if raw != nil {
+		if err := jsonRecord(bucketNodeHolds, []byte(id), raw, &h); err != nil {
+			return h, err
+		}
+	}
+	c.holds[id] = decodedHolds{raw: bytes.Clone(raw), holds: h}
+	return h, nil
+}
+
 // node decodes a node record, reusing the last decode of the same bytes.
 func (c *placeCache) node(id string, raw []byte) (api.Node, error) {
 	if d, ok := c.decoded[id]; ok && bytes.Equal(d.raw, raw) {
@@ -95,7 +118,7 @@ func (c *placeCache) candidates(tx *bolt.Tx) ([]api.Node, error) {
 		if err != nil {
 			return nil, err
 		}
-		return candidateView(tx, d, &n)
+		return candidateViewWith(d, &n, func() (Holds, error) { return c.nodeHolds(tx, id) })
 	}
 	if c.list != nil && !c.all {
 		for id := range c.dirty {

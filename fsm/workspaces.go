@@ -412,10 +412,16 @@ func candidates(tx *bolt.Tx) ([]api.Node, error) {
 // node role: allocations are raised to what ctrl itself has placed there
 // but the node has not reported yet.
 func candidateView(tx *bolt.Tx, d api.OvercommitDefault, n *api.Node) (*api.Node, error) {
+	return candidateViewWith(d, n, func() (Holds, error) { return nodeHolds(tx, n.NodeID) })
+}
+
+// candidateViewWith is candidateView with the node's holds read by holds
+// (placeCache reuses their decode).
+func candidateViewWith(d api.OvercommitDefault, n *api.Node, holds func() (Holds, error)) (*api.Node, error) {
 	if !n.HasRole(api.RoleNode) {
 		return nil, nil
 	}
-	h, err := nodeHolds(tx, n.NodeID)
+	h, err := holds()
 	if err != nil {
 		return nil, err
 	}
