@@ -132,6 +132,15 @@ type Agent struct {
 	fetchMu sync.Mutex
 	// exports are the Transfer exports in progress (transfers.go).
 	exports exports
+	// sent is the last report a session took, whoever pushed it: the
+	// watcher pushes only what changed since (a task's answer is
+	// followed by a report of its own, and a second one a moment later
+	// was one more Raft entry per task).
+	sent struct {
+		sync.Mutex
+		report api.Report
+		at     time.Time
+	}
 	// transfers are the publishes, fetches and imports running here, for
 	// the operator's progress bars (Progress).
 	transfers progress.Board
@@ -302,8 +311,8 @@ func (a *Agent) destroyAllInstances() {
 
 // watchInstances pushes a full report whenever what the node runs changes,
 // so ctrl's counts (drain, placement) do not wait for the next sync.
-func (a *Agent) watchInstances(ctx context.Context, last api.Report) {
-	lastStates, lastCounts, lastPush := reportedStates(last), deniedCounts(last), time.Now()
+func (a *Agent) watchInstances(ctx context.Context, first api.Report) {
+	a.noteSent(first)
 	lastDataPlane := time.Now()
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
@@ -317,15 +326,12 @@ func (a *Agent) watchInstances(ctx context.Context, last api.Report) {
 		// travel with the report the change triggers anyway.
 		r := a.buildReport(false)
 		a.notePools(r.Pools)
-		states := reportedStates(r)
-		changed := r.Instances != last.Instances || r.Allocated != last.Allocated || states != lastStates
+		last, lastPush := a.lastSent()
+		changed := r.Instances != last.Instances || r.Allocated != last.Allocated || reportedStates(r) != reportedStates(last)
 		// New denied counts alone are pushed, but not more often than
 		// the interval: each report is a Raft entry.
-		counts := deniedCounts(r)
-		if changed || counts != lastCounts && time.Since(lastPush) >= a.cfg.DeniedReportInterval {
-			if a.PushReport() {
-				last, lastStates, lastCounts, lastPush = r, states, counts, time.Now()
-			}
+		if changed || deniedCounts(r) != deniedCounts(last) && time.Since(lastPush) >= a.cfg.DeniedReportInterval {
+			a.PushReport() // one that fails is tried again at the next tick
 		}
 		// The seed: the node resends its state to the data plane at least
 		// every 15 seconds (a restarted data plane gets it that way).
@@ -631,6 +637,20 @@ func (a *Agent) PushReport() bool {
 		return false
 	}
 	return a.sendReport(send, nil) == nil
+}
+
+// noteSent records r as the last report a session took.
+func (a *Agent) noteSent(r api.Report) {
+	a.sent.Lock()
+	a.sent.report, a.sent.at = r, time.Now()
+	a.sent.Unlock()
+}
+
+// lastSent is the last report a session took and when.
+func (a *Agent) lastSent() (api.Report, time.Time) {
+	a.sent.Lock()
+	defer a.sent.Unlock()
+	return a.sent.report, a.sent.at
 }
 
 // hostUsage is the latest sample, nil before the first.

@@ -91,5 +91,9 @@ func (a *Agent) sendReport(send func(api.SessionMsg) error, fill func(m *api.Ses
 	if fill != nil {
 		fill(&m)
 	}
-	return send(m)
+	if err := send(m); err != nil {
+		return err
+	}
+	a.noteSent(rep)
+	return nil
 }

@@ -22,8 +22,8 @@
 //     Instance is then RUNNING), stop, delete and network; after each
 //     answer a full report, as runTask does (PushReport); with -watch
 //     (default), also the real agent's once-a-second watcher, which pushes
-//     another full report when the Instances changed since its own last
-//     push.
+//     another full report when the Instances changed since the last report
+//     sent.
 //
 // Before it says ready, it waits until every node is READY with a report
 // and acknowledged overcommit values, then sets each node's private pool
@@ -353,6 +353,7 @@ type node struct {
 	done      map[string]*api.WorkspaceTaskResult // by command id: a resent command gets its answer again
 	send      func(api.SessionMsg) error          // nil between sessions
 	changes   uint64                              // bumped when the Instances change
+	sent      uint64                              // changes when the last report went
 }
 
 // run keeps a session open until ctx ends, reconnecting as the agent does.
@@ -524,13 +525,9 @@ func (n *node) handleTask(send func(api.SessionMsg) error, t api.WorkspaceTask) 
 }
 
 // watchInstances is the agent's watcher (agent.watchInstances): once a
-// second, a full report when the Instances changed since the watcher's own
-// last push. The pushes after each task do not count as its own, so a busy
-// node sends one more report per second, as a real one does.
+// second, a full report when the Instances changed since the last report
+// any push sent (the one after each task counts).
 func (n *node) watchInstances(ctx context.Context) {
-	n.mu.Lock()
-	last := n.changes
-	n.mu.Unlock()
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
 	for {
@@ -540,20 +537,22 @@ func (n *node) watchInstances(ctx context.Context) {
 		case <-tick.C:
 		}
 		n.mu.Lock()
-		cur, send := n.changes, n.send
+		changed, send := n.changes != n.sent, n.send
 		n.mu.Unlock()
-		if cur == last || send == nil {
+		if !changed || send == nil {
 			continue
 		}
 		if n.sendReport(send, nil) == nil {
 			n.f.stats.watchReports.Add(1)
-			last = cur
 		}
 	}
 }
 
 // sendReport sends a full report; fill completes it (a sync's timestamps).
 func (n *node) sendReport(send func(api.SessionMsg) error, fill func(*api.SessionMsg)) error {
+	n.mu.Lock()
+	at := n.changes
+	n.mu.Unlock()
 	rep, usage := n.report()
 	m := api.SessionMsg{Type: api.MsgReport, Report: &rep, HostUsage: usage}
 	if fill != nil {
@@ -562,6 +561,9 @@ func (n *node) sendReport(send func(api.SessionMsg) error, fill func(*api.Sessio
 	if err := send(m); err != nil {
 		return err
 	}
+	n.mu.Lock()
+	n.sent = max(n.sent, at)
+	n.mu.Unlock()
 	n.f.stats.reports.Add(1)
 	return nil
 }
