@@ -63,12 +63,13 @@ func TestImportFromAnotherCluster(t *testing.T) {
 	lacking.Template = "other"
 	put("team-b", api.TransferManifest{FormatVersion: api.TransferFormat, TransferID: other, Shape: lacking, Digest: "sha256:" + strings.Repeat("a", 64), SizeBytes: 1 << 20})
 	refused(other, "team-b", api.CodeFailedPrecondition, "needs template other (build "+shape.TemplateID+"), which this cluster lacks")
-	// The catalog and Transfer routes are operators' only: a member's
+	// The catalog, Transfer, progress and gc routes are operators' only: a member's
 	// own certificate is refused on each.
 	pid := "sha256-" + strings.Repeat("e", 64)
 	for _, r := range [][2]string{{"GET", "/v1/transfers"}, {"POST", "/v1/transfers"}, {"POST", "/v1/transfers/" + id + "/import"},
 		{"POST", "/v1/transfers/" + id + "/delete"}, {"GET", "/v1/platforms"}, {"POST", "/v1/platforms/publish"},
-		{"POST", "/v1/platforms/" + pid + "/approve"}, {"POST", "/v1/platforms/" + pid + "/withdraw"}} {
+		{"POST", "/v1/platforms/" + pid + "/approve"}, {"POST", "/v1/platforms/" + pid + "/withdraw"},
+		{"POST", "/v1/artifacts/gc"}, {"GET", "/v1/templates/x/publish-progress"}, {"GET", "/v1/platforms/publish-progress"}} {
 		if status, e := rawCall(t, m, memberCert(t, m), m.Addr, r[0], r[1], struct{}{}, nil); status != http.StatusForbidden || e == nil || e.Code != api.CodePermissionDenied {
 			t.Errorf("member certificate on %s %s: %d %v, want 403 permission_denied", r[0], r[1], status, e)
 		}

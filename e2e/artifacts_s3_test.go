@@ -42,42 +42,16 @@ func TestArtifactStoreS3AcrossHosts(t *testing.T) {
 	if !strings.HasPrefix(s3.Endpoint, "https://"+labS3+":") {
 		t.Fatalf("S3 endpoint %s, want https on %s", s3.Endpoint, labS3)
 	}
-	config := func(h *host) string {
-		p := mhWriteConfig(t, h, shared)
-		f, err := os.OpenFile(p, os.O_APPEND|os.O_WRONLY, 0)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer f.Close()
-		if _, err := fmt.Fprintf(f, "\n[artifacts]\nurl = %q\nendpoint = %q\ncredentials_file = %q\nca_file = %q\n",
-			s3.URL(prefix), s3.Endpoint, s3.CredentialsFile, s3.CAFile); err != nil {
-			t.Fatal(err)
-		}
-		return p
-	}
-
-	if r := a.kibotos("init", "--data-dir", a.dataDir, "--advertise", a.addr(), "--node-id", a.nodeID, "--roles", a.roles); r.code != 0 {
-		t.Fatal(r)
-	}
-	mhInstallArtifacts(t, built, a)
-	mhStartServe(a, config(a))
-	(&cluster{lab: l}).waitFollowsLeader(t, a)
-	grant := mhMust(t, a, cliTimeout, "enrollment", "grant", b.nodeID, "--roles", b.roles)
-	if r := b.kibotos("join", "--data-dir", b.dataDir, "--advertise", b.addr(), "--grant", strings.TrimSpace(grant.stdout), a.addr()); r.code != 0 {
-		t.Fatal(r)
-	}
 	// node-b has the Platform (TestTemplateFetchedFromArtifactStore
 	// fetches one) but no template: it comes from the bucket.
-	mhInstallArtifacts(t, built, b)
-	if err := os.RemoveAll(template.Dir(datadir.Dir(b.dataDir).StorageRoot())); err != nil {
-		t.Fatal(err)
-	}
-	mhStartServe(b, config(b))
-	for _, h := range l.hosts {
-		mhWaitNode(t, a, h.nodeID, 30*time.Second, "ready for Workspaces", mhReadyForWorkspaces)
-	}
+	mhArtifactsPair(t, l, a, b, built, shared, fmt.Sprintf("url = %q\nendpoint = %q\ncredentials_file = %q\nca_file = %q\n",
+		s3.URL(prefix), s3.Endpoint, s3.CredentialsFile, s3.CAFile), func() {
+		mhInstallArtifacts(t, built, b)
+		if err := os.RemoveAll(template.Dir(datadir.Dir(b.dataDir).StorageRoot())); err != nil {
+			t.Fatal(err)
+		}
+	})
 	admin := a
-	mhMust(t, admin, cliTimeout, "storage-pool", "set-capacity", "shared", "100GiB")
 	name := template.DefaultName
 	t.Logf("cluster of two up in %s", time.Since(t0).Round(time.Millisecond))
 

@@ -30,40 +30,16 @@ func TestTemplateFetchedFromArtifactStore(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	config := func(h *host) string {
-		p := mhWriteConfig(t, h, shared)
-		f, err := os.OpenFile(p, os.O_APPEND|os.O_WRONLY, 0)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer f.Close()
-		fmt.Fprintf(f, "\n[artifacts]\nurl = %q\n", "file://"+store)
-		return p
-	}
-
-	if r := a.kibotos("init", "--data-dir", a.dataDir, "--advertise", a.addr(), "--node-id", a.nodeID, "--roles", a.roles); r.code != 0 {
-		t.Fatal(r)
-	}
-	mhInstallArtifacts(t, built, a)
-	mhStartServe(a, config(a))
-	(&cluster{lab: l}).waitFollowsLeader(t, a)
-	grant := mhMust(t, a, cliTimeout, "enrollment", "grant", b.nodeID, "--roles", b.roles)
-	if r := b.kibotos("join", "--data-dir", b.dataDir, "--advertise", b.addr(), "--grant", strings.TrimSpace(grant.stdout), a.addr()); r.code != 0 {
-		t.Fatal(r)
-	}
 	// node-b gets neither the Platform nor the templates: both come
 	// from the artifact store.
-	for _, dir := range []string{template.Dir(datadir.Dir(b.dataDir).StorageRoot()), platform.InstallationsDir(datadir.Dir(b.dataDir).StorageRoot())} {
-		if err := os.RemoveAll(dir); err != nil {
-			t.Fatal(err)
+	mhArtifactsPair(t, l, a, b, built, shared, fmt.Sprintf("url = %q\n", "file://"+store), func() {
+		for _, dir := range []string{template.Dir(datadir.Dir(b.dataDir).StorageRoot()), platform.InstallationsDir(datadir.Dir(b.dataDir).StorageRoot())} {
+			if err := os.RemoveAll(dir); err != nil {
+				t.Fatal(err)
+			}
 		}
-	}
-	mhStartServe(b, config(b))
-	for _, h := range l.hosts {
-		mhWaitNode(t, a, h.nodeID, 30*time.Second, "ready for Workspaces", mhReadyForWorkspaces)
-	}
+	})
 	admin := a
-	mhMust(t, admin, cliTimeout, "storage-pool", "set-capacity", "shared", "100GiB")
 	name := template.DefaultName
 
 	mhExpectExit(t, admin, api.ExitFailedPrecondition, "a start on node-b before the template is published",
@@ -236,6 +212,43 @@ func TestTemplateFetchedFromArtifactStore(t *testing.T) {
 		t.Fatalf("export of the stopped Workspace: %v %+v", err, tr)
 	}
 	mhMust(t, admin, cliTimeout, "transfer", "delete", tr.TransferID)
+}
+
+// mhArtifactsPair makes node-a the first voter and joins node-b, the
+// lines artifacts in the [artifacts] section of both; between node-b's
+// join and its start, prepareB sets what node-b holds (built holds the
+// Platform and templates). Both are then ready for Workspaces and the
+// shared pool has its capacity.
+func mhArtifactsPair(t *testing.T, l *lab, a, b *host, built, shared, artifacts string, prepareB func()) {
+	t.Helper()
+	config := func(h *host) string {
+		p := mhWriteConfig(t, h, shared)
+		f, err := os.OpenFile(p, os.O_APPEND|os.O_WRONLY, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		if _, err := fmt.Fprintf(f, "\n[artifacts]\n%s", artifacts); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	if r := a.kibotos("init", "--data-dir", a.dataDir, "--advertise", a.addr(), "--node-id", a.nodeID, "--roles", a.roles); r.code != 0 {
+		t.Fatal(r)
+	}
+	mhInstallArtifacts(t, built, a)
+	mhStartServe(a, config(a))
+	(&cluster{lab: l}).waitFollowsLeader(t, a)
+	grant := mhMust(t, a, cliTimeout, "enrollment", "grant", b.nodeID, "--roles", b.roles)
+	if r := b.kibotos("join", "--data-dir", b.dataDir, "--advertise", b.addr(), "--grant", strings.TrimSpace(grant.stdout), a.addr()); r.code != 0 {
+		t.Fatal(r)
+	}
+	prepareB()
+	mhStartServe(b, config(b))
+	for _, h := range l.hosts {
+		mhWaitNode(t, a, h.nodeID, 30*time.Second, "ready for Workspaces", mhReadyForWorkspaces)
+	}
+	mhMust(t, a, cliTimeout, "storage-pool", "set-capacity", "shared", "100GiB")
 }
 
 // flipByte inverts the byte at off of the file at path.

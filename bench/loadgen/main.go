@@ -48,6 +48,7 @@ import (
 
 	"github.com/kibotos/kibotos/api"
 	"github.com/kibotos/kibotos/datadir"
+	"github.com/kibotos/kibotos/trust"
 )
 
 type result struct {
@@ -236,11 +237,9 @@ func split(s string) []string {
 	return out
 }
 
-// kibotosOps: overcommit-set writes with the admin credentials of dataDir.
-func kibotosOps(dataDir, addrList, nodeList string) func(int) op {
-	if dataDir == "" {
-		fatalf("-target kibotos needs -data-dir")
-	}
+// adminOf is the admin credentials of dataDir and the member addresses
+// to talk to: addrList, or the data dir's member.
+func adminOf(dataDir, addrList string) (trust.Client, []string) {
 	d := datadir.Dir(dataDir)
 	tlsConf, err := d.AdminClient()
 	if err != nil {
@@ -254,6 +253,15 @@ func kibotosOps(dataDir, addrList, nodeList string) func(int) op {
 		}
 		as = []string{id.Advertise}
 	}
+	return tlsConf, as
+}
+
+// kibotosOps: overcommit-set writes with the admin credentials of dataDir.
+func kibotosOps(dataDir, addrList, nodeList string) func(int) op {
+	if dataDir == "" {
+		fatalf("-target kibotos needs -data-dir")
+	}
+	tlsConf, as := adminOf(dataDir, addrList)
 	ids := split(nodeList)
 	if len(ids) == 0 {
 		var l api.NodeList
@@ -341,19 +349,7 @@ func createOps(dataDir, addrList, template string, cpu, memMiB int) func(int) op
 	if dataDir == "" {
 		fatalf("-target create needs -data-dir")
 	}
-	d := datadir.Dir(dataDir)
-	tlsConf, err := d.AdminClient()
-	if err != nil {
-		fatalf("admin credentials: %v", err)
-	}
-	as := split(addrList)
-	if len(as) == 0 {
-		id, err := d.LoadIdentity()
-		if err != nil {
-			fatalf("%v", err)
-		}
-		as = []string{id.Advertise}
-	}
+	tlsConf, as := adminOf(dataDir, addrList)
 	run := make([]byte, 4)
 	rand.Read(run)
 	runID := fmt.Sprintf("%x", run) // command ids differ between runs on one cluster

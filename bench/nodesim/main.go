@@ -219,6 +219,31 @@ func enroll(ctx context.Context, c *api.Client, count, conc int, prefix string) 
 	keyPEM := pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: der})
 	pub := pubPEM(key)
 	nodes := make([]*node, count)
+	err = inParallel(ctx, count, conc, func(i int) error {
+		id := fmt.Sprintf("%s%05d", prefix, i)
+		var gr api.GrantResponse
+		_, err := c.Do(ctx, "POST", "/v1/enrollment/grants", api.GrantRequest{NodeID: id, Roles: []string{api.RoleNode}, TTL: "24h"}, &gr)
+		var jr api.JoinResponse
+		if err == nil {
+			// The advertised address is only recorded: nothing
+			// dials a node while Workspaces are placed on it.
+			_, err = c.Do(ctx, "POST", "/v1/join", api.JoinRequest{Token: gr.Token,
+				Advertise: fmt.Sprintf("127.0.0.2:%d", 30000+i), MemberKey: pub, AdminKey: pub}, &jr)
+		}
+		if err == nil {
+			nodes[i], err = newNode(id, jr, keyPEM)
+		}
+		if err != nil {
+			return fmt.Errorf("node %s: %w", id, err)
+		}
+		return nil
+	})
+	return nodes, err
+}
+
+// inParallel runs do(0) to do(count-1) on conc goroutines and stops at
+// the first error, which it returns (or ctx's).
+func inParallel(ctx context.Context, count, conc int, do func(i int) error) error {
 	var next atomic.Int64
 	var once sync.Once
 	var firstErr error
@@ -232,26 +257,11 @@ func enroll(ctx context.Context, c *api.Client, count, conc int, prefix string) 
 				if i >= count || ctx.Err() != nil {
 					return
 				}
-				id := fmt.Sprintf("%s%05d", prefix, i)
-				var gr api.GrantResponse
-				_, err := c.Do(ctx, "POST", "/v1/enrollment/grants", api.GrantRequest{NodeID: id, Roles: []string{api.RoleNode}, TTL: "24h"}, &gr)
-				var jr api.JoinResponse
-				if err == nil {
-					// The advertised address is only recorded: nothing
-					// dials a node while Workspaces are placed on it.
-					_, err = c.Do(ctx, "POST", "/v1/join", api.JoinRequest{Token: gr.Token,
-						Advertise: fmt.Sprintf("127.0.0.2:%d", 30000+i), MemberKey: pub, AdminKey: pub}, &jr)
-				}
-				var n *node
-				if err == nil {
-					n, err = newNode(id, jr, keyPEM)
-				}
-				if err != nil {
-					once.Do(func() { firstErr = fmt.Errorf("node %s: %w", id, err) })
+				if err := do(i); err != nil {
+					once.Do(func() { firstErr = err })
 					next.Store(int64(count))
 					return
 				}
-				nodes[i] = n
 			}
 		}()
 	}
@@ -259,7 +269,7 @@ func enroll(ctx context.Context, c *api.Client, count, conc int, prefix string) 
 	if firstErr == nil {
 		firstErr = ctx.Err()
 	}
-	return nodes, firstErr
+	return firstErr
 }
 
 func newNode(id string, jr api.JoinResponse, keyPEM []byte) (*node, error) {
@@ -308,29 +318,13 @@ func waitReady(ctx context.Context, c *api.Client, nodes []*node) error {
 }
 
 func setPoolCapacity(ctx context.Context, c *api.Client, nodes []*node, size uint64, conc int) error {
-	var next atomic.Int64
-	var once sync.Once
-	var firstErr error
-	var wg sync.WaitGroup
-	for range conc {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for {
-				i := int(next.Add(1) - 1)
-				if i >= len(nodes) {
-					return
-				}
-				p := nodes[i].pool
-				if _, err := c.Do(ctx, "POST", "/v1/storage-pools/"+p+"/capacity", api.PoolCapacityRequest{CapacityBytes: size}, nil); err != nil {
-					once.Do(func() { firstErr = fmt.Errorf("storage pool %s: %w", p, err) })
-					return
-				}
-			}
-		}()
-	}
-	wg.Wait()
-	return firstErr
+	return inParallel(ctx, len(nodes), conc, func(i int) error {
+		p := nodes[i].pool
+		if _, err := c.Do(ctx, "POST", "/v1/storage-pools/"+p+"/capacity", api.PoolCapacityRequest{CapacityBytes: size}, nil); err != nil {
+			return fmt.Errorf("storage pool %s: %w", p, err)
+		}
+		return nil
+	})
 }
 
 // instance is a simulated Instance: it runs from its start to its stop.
