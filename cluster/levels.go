@@ -92,6 +92,31 @@ func (s *Server) levelsReach(what string, need int) error {
 	return fsm.CheckLevel(what, need, levels)
 }
 
+// encodeEntry writes e in the binary format once every voter reads it,
+// and in JSON until then.
+func (s *Server) encodeEntry(e *fsm.Entry) ([]byte, error) {
+	if s.entryFormatBinary() {
+		return fsm.EncodeEntry(e), nil
+	}
+	return fsm.EncodeEntryJSON(e)
+}
+
+// entryFormatBinary reports whether every voter reaches
+// fsm.LevelEntryFormat. Asking the voters' recorded levels takes a trip
+// through Raft's loop, so the answer is kept for a second; a voter added
+// meanwhile clears it (handleAddVoter), and until the new voter's level is
+// recorded it counts as level 1.
+func (s *Server) entryFormatBinary() bool {
+	now := time.Now().UnixNano()
+	if at := s.binaryEntriesAt.Load(); at != 0 && now-at < int64(time.Second) {
+		return s.binaryEntries.Load()
+	}
+	ok := s.levelsReach("the binary entry format", fsm.LevelEntryFormat) == nil
+	s.binaryEntries.Store(ok)
+	s.binaryEntriesAt.Store(now)
+	return ok
+}
+
 // countsPlacements reports whether every voter counts placements
 // (fsm.LevelPlacementCounts): only then may an entry ask for it.
 func (s *Server) countsPlacements() bool {
@@ -165,6 +190,7 @@ func (s *Server) refreshLevels(ctx context.Context) {
 			s.log.Warn("feature level of a ctrl member not recorded", "member", got.NodeID, "level", got.Level, "err", err)
 			continue
 		}
+		s.binaryEntriesAt.Store(0) // decide the entry format again
 		s.log.Info("feature level of a ctrl member recorded", "member", got.NodeID, "level", got.Level, "release", got.Release)
 	}
 }

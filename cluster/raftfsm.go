@@ -1,7 +1,6 @@
 package cluster
 
 import (
-	"encoding/json"
 	"errors"
 	"io"
 	"sync"
@@ -88,8 +87,8 @@ func (r *raftFSM) ApplyBatch(logs []*raft.Log) []interface{} {
 		if l.Type != raft.LogCommand {
 			continue
 		}
-		var e fsm.Entry
-		if err := json.Unmarshal(l.Data, &e); err != nil {
+		e, err := fsm.DecodeEntry(l.Data)
+		if err != nil {
 			out[i] = fsm.Result{Error: api.Errorf(api.CodeInternal, "log entry %d is not a kibotos command: %v", l.Index, err)}
 			continue
 		}

@@ -148,6 +148,11 @@ type Server struct {
 	// levelsAsked is when the voters' feature levels were last asked
 	// after a refusal (unix nanoseconds).
 	levelsAsked atomic.Int64
+	// binaryEntries caches whether every voter reads the binary entry
+	// format (see entryFormatBinary); binaryEntriesAt is when it was
+	// decided, 0 to decide again.
+	binaryEntries   atomic.Bool
+	binaryEntriesAt atomic.Int64
 
 	sessions *sessionRegistry
 	// changed wakes blocking reads when the local state changed.
@@ -471,7 +476,7 @@ func (s *Server) Apply(ctx context.Context, e fsm.Entry) (fsm.Result, error) {
 		}
 	}
 	e.IssuedAt = time.Now().UTC()
-	data, err := json.Marshal(e)
+	data, err := s.encodeEntry(&e)
 	if err != nil {
 		return fsm.Result{}, err
 	}

@@ -4,15 +4,19 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"path/filepath"
 	"reflect"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/hashicorp/raft"
+	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
 	bolt "go.etcd.io/bbolt"
 
 	"github.com/kibotos/kibotos/api"
 	"github.com/kibotos/kibotos/cluster/clustertest"
+	"github.com/kibotos/kibotos/datadir"
 	"github.com/kibotos/kibotos/fsm"
 )
 
@@ -97,11 +101,18 @@ func TestNewOpWaitsForEveryVoter(t *testing.T) {
 	}
 	o.FeatureLevels = nil
 	m3.Stop()
+	// Below fsm.LevelEntryFormat on one voter, the leader wrote JSON.
+	if js, bin := logFormats(t, m3); js == 0 || bin != 0 {
+		t.Fatalf("with a voter at level 1, node-3's log holds %d JSON and %d binary entries", js, bin)
+	}
 	m3.Restart(o)
 	clustertest.WaitFor(t, 20*time.Second, func() (bool, string) {
 		_, err := c.Client(c.WaitLeader()).Do(ctx, "POST", "/v1/volumes", create, nil)
 		return err == nil, fmt.Sprint(err)
 	})
+	// node-3's refusal must be the one under test, not that its session
+	// is still coming back.
+	c.WaitAllReady()
 	if _, err := c.Client(c.WaitLeader()).Do(ctx, "POST", "/v1/workspaces", huge, nil); api.CodeOf(err) != api.CodeFailedPrecondition {
 		t.Fatalf("a create no node can take: %v", err)
 	}
@@ -112,6 +123,42 @@ func TestNewOpWaitsForEveryVoter(t *testing.T) {
 			return reflect.DeepEqual(p, want), fmt.Sprintf("member %s counts %+v, want %+v", m.ID, p, want)
 		})
 	}
+	// Every voter now reads the binary format: the last entries use it.
+	m3.Stop()
+	if _, bin := logFormats(t, m3); bin == 0 {
+		t.Fatal("with every voter at this build's level, no entry in node-3's log is binary")
+	}
+}
+
+// logFormats counts the command entries of a stopped member's Raft log by
+// format: JSON (level 5 and before) and binary (fsm.LevelEntryFormat).
+func logFormats(t *testing.T, m *clustertest.Member) (js, bin int) {
+	t.Helper()
+	store, err := raftboltdb.New(raftboltdb.Options{Path: filepath.Join(datadir.Dir(m.Dir).RaftDir(), "raft.db"), BoltOptions: &bolt.Options{ReadOnly: true, Timeout: 5 * time.Second}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Close()
+	first, _ := store.FirstIndex()
+	last, _ := store.LastIndex()
+	for i := first; i <= last && i > 0; i++ {
+		var l raft.Log
+		if err := store.GetLog(i, &l); err != nil {
+			t.Fatalf("log entry %d: %v", i, err)
+		}
+		if l.Type != raft.LogCommand {
+			continue
+		}
+		if _, err := fsm.DecodeEntry(l.Data); err != nil {
+			t.Fatalf("log entry %d: %v", i, err)
+		}
+		if l.Data[0] == '{' {
+			js++
+		} else {
+			bin++
+		}
+	}
+	return js, bin
 }
 
 // placements are the placement counts in m's replica.

@@ -2,7 +2,6 @@ package fsm
 
 import (
 	"bytes"
-	"encoding/json"
 	"fmt"
 	"net"
 	"net/netip"
@@ -13,6 +12,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	json "github.com/segmentio/encoding/json"
 	bolt "go.etcd.io/bbolt"
 
 	"github.com/kibotos/kibotos/api"

@@ -1,8 +1,9 @@
 package fsm
 
 import (
-	"encoding/json"
 	"time"
+
+	json "github.com/segmentio/encoding/json"
 
 	"github.com/kibotos/kibotos/api"
 )

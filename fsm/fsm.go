@@ -26,7 +26,7 @@ import (
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
-	"encoding/json"
+	stdjson "encoding/json"
 	"fmt"
 	"io"
 	"os"
@@ -35,6 +35,7 @@ import (
 	"sync"
 	"time"
 
+	json "github.com/segmentio/encoding/json"
 	bolt "go.etcd.io/bbolt"
 
 	"github.com/kibotos/kibotos/api"
@@ -299,7 +300,9 @@ func inputHash(e *Entry) string {
 
 func compactJSON(b []byte) []byte {
 	var buf bytes.Buffer
-	if err := json.Compact(&buf, b); err != nil {
+	// The standard library's: the hash is stored in command records and
+	// compared by every later build, so its bytes must never change.
+	if err := stdjson.Compact(&buf, b); err != nil {
 		return b
 	}
 	return buf.Bytes()

@@ -47,9 +47,11 @@ import (
 //	   OpTransferExport, OpTransferResult, OpTransferDelete,
 //	   OpTransferProgress, and
 //	   WorkspaceCreateArgs.Import, refused below it
+//	6  the binary entry format (LevelEntryFormat, entrycodec.go): the
+//	   leader writes entries with EncodeEntry instead of JSON
 
 // FeatureLevel is the level of this build.
-const FeatureLevel = 5
+const FeatureLevel = 6
 
 // LevelTroubleshooting is the level of ReportArgs.OOMStops and
 // WorkspaceResultArgs.NotOnNode.

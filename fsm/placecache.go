@@ -2,10 +2,10 @@ package fsm
 
 import (
 	"bytes"
-	"encoding/json"
 	"fmt"
 	"sync"
 
+	json "github.com/segmentio/encoding/json"
 	bolt "go.etcd.io/bbolt"
 
 	"github.com/kibotos/kibotos/api"

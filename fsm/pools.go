@@ -2,12 +2,12 @@ package fsm
 
 import (
 	"bytes"
-	"encoding/json"
 	"fmt"
 	"slices"
 	"sort"
 	"time"
 
+	json "github.com/segmentio/encoding/json"
 	bolt "go.etcd.io/bbolt"
 
 	"github.com/kibotos/kibotos/api"

@@ -1,9 +1,9 @@
 package fsm
 
 import (
-	"encoding/json"
 	"time"
 
+	json "github.com/segmentio/encoding/json"
 	bolt "go.etcd.io/bbolt"
 
 	"github.com/kibotos/kibotos/api"

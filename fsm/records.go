@@ -2,16 +2,21 @@ package fsm
 
 import (
 	"encoding/binary"
-	"encoding/json"
 	"fmt"
 	"regexp"
 	"time"
 
+	json "github.com/segmentio/encoding/json"
 	bolt "go.etcd.io/bbolt"
 
 	"github.com/kibotos/kibotos/api"
 )
 
+// Records, arguments and results are JSON, encoded and decoded with
+// segmentio/encoding/json: the standard library's format and rules (it
+// runs the standard library's tests) at about twice the speed, which is
+// most of an apply's CPU. Every replica decodes what a Marshal wrote, so
+// the two libraries agree on every byte the FSM reads.
 func getJSON(tx *bolt.Tx, bucket, key []byte, v any) (bool, error) {
 	raw := tx.Bucket(bucket).Get(key)
 	if raw == nil {

@@ -1,10 +1,10 @@
 package fsm
 
 import (
-	"encoding/json"
 	"slices"
 	"time"
 
+	json "github.com/segmentio/encoding/json"
 	bolt "go.etcd.io/bbolt"
 
 	"github.com/kibotos/kibotos/api"
