@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"os"
@@ -20,7 +21,6 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/raft"
-	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
 
 	"github.com/kibotos/kibotos/api"
 	"github.com/kibotos/kibotos/datadir"
@@ -163,7 +163,7 @@ func bootstrapRaft(ctx context.Context, d datadir.Dir, id *datadir.Identity, adm
 	if err := os.MkdirAll(d.RaftDir(), 0o700); err != nil {
 		return err
 	}
-	store, err := raftboltdb.New(raftboltdb.Options{Path: filepath.Join(d.RaftDir(), "raft.db")})
+	store, err := openLogStore(d.RaftDir(), slog.New(slog.DiscardHandler), hclog.NewNullLogger())
 	if err != nil {
 		return err
 	}

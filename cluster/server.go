@@ -17,7 +17,6 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -26,7 +25,6 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/memberlist"
 	"github.com/hashicorp/raft"
-	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
 
 	"github.com/kibotos/kibotos/api"
 	"github.com/kibotos/kibotos/artifacts"
@@ -78,8 +76,6 @@ type Config struct {
 	Bind    string
 	Timings Timings
 	Logger  *slog.Logger
-	// NoFsync turns off fsync of the Raft log (benchmarks only).
-	NoFsync bool
 	// FeatureLevel, when set, is the level this member claims instead of
 	// its build's (tests of a mixed-version cluster).
 	FeatureLevel int
@@ -134,7 +130,7 @@ type Server struct {
 
 	raft      *raft.Raft
 	fsm       *fsm.FSM
-	logStore  *raftboltdb.BoltStore
+	logStore  logStore
 	transport *raft.NetworkTransport
 
 	gossip *memberlist.Memberlist
@@ -293,9 +289,8 @@ func (s *Server) startRaft() error {
 	if s.fsm, err = fsm.Open(d.StateFile()); err != nil {
 		return err
 	}
-	s.logStore, err = raftboltdb.New(raftboltdb.Options{Path: filepath.Join(d.RaftDir(), "raft.db"), NoSync: s.cfg.NoFsync})
-	if err != nil {
-		return fmt.Errorf("raft log %s: %w", d.RaftDir(), err)
+	if s.logStore, err = openLogStore(d.RaftDir(), s.log, s.hclog("raft-wal", hclog.Warn)); err != nil {
+		return err
 	}
 	snaps, err := raft.NewFileSnapshotStoreWithLogger(d.RaftDir(), 2, s.hclog("snapshot", hclog.Warn))
 	if err != nil {

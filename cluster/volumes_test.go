@@ -3,18 +3,19 @@ package cluster_test
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"net/http"
-	"path/filepath"
 	"reflect"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/raft"
-	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
 	bolt "go.etcd.io/bbolt"
 
 	"github.com/kibotos/kibotos/api"
+	"github.com/kibotos/kibotos/cluster"
 	"github.com/kibotos/kibotos/cluster/clustertest"
 	"github.com/kibotos/kibotos/datadir"
 	"github.com/kibotos/kibotos/fsm"
@@ -134,7 +135,7 @@ func TestNewOpWaitsForEveryVoter(t *testing.T) {
 // format: JSON (level 5 and before) and binary (fsm.LevelEntryFormat).
 func logFormats(t *testing.T, m *clustertest.Member) (js, bin int) {
 	t.Helper()
-	store, err := raftboltdb.New(raftboltdb.Options{Path: filepath.Join(datadir.Dir(m.Dir).RaftDir(), "raft.db"), BoltOptions: &bolt.Options{ReadOnly: true, Timeout: 5 * time.Second}})
+	store, err := cluster.OpenLogStore(datadir.Dir(m.Dir).RaftDir(), slog.New(slog.DiscardHandler), hclog.NewNullLogger())
 	if err != nil {
 		t.Fatal(err)
 	}

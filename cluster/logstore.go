@@ -1,0 +1,153 @@
+package cluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/hashicorp/raft"
+	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
+	wal "github.com/hashicorp/raft-wal"
+	"github.com/hashicorp/raft-wal/metadb"
+	"github.com/hashicorp/raft-wal/migrate"
+)
+
+// logStore is a member's Raft log and stable store (term and vote).
+type logStore interface {
+	raft.LogStore
+	raft.StableStore
+	io.Closer
+}
+
+// Where a member's Raft log lives, under its Raft directory.
+const (
+	walDirName  = "wal"     // raft-wal segments and meta (this build)
+	boltLogName = "raft.db" // raft-boltdb (builds before it)
+)
+
+// walSegmentBytes is the size of one log segment file. A member keeps
+// about TrailingLogs entries after a snapshot, a few MiB; segments are
+// preallocated, so a smaller one costs less disk on small members.
+const walSegmentBytes = 16 << 20
+
+// openLogStore opens the member's Raft log: a write-ahead log (raft-wal),
+// whose append is one write and one fsync, where raft-boltdb's commit
+// costs two fdatasyncs (data pages, then meta page). hashicorp/raft
+// stores the leader's batch before it replicates and the follower stores
+// it before it answers, so those syncs are in series on every write.
+// The durability is the same: an append returns once the entries are on
+// disk.
+//
+// A member whose log is still raft-boltdb's is migrated once, before Raft
+// starts: every entry and the term and vote are copied into a new WAL
+// beside it, which becomes the log by a rename; raft.db is removed only
+// after. A crash at any point leaves either the old log whole or the new
+// one renamed into place.
+func openLogStore(raftDir string, log *slog.Logger, hl hclog.Logger) (logStore, error) {
+	dir := filepath.Join(raftDir, walDirName)
+	bolt := filepath.Join(raftDir, boltLogName)
+	if _, err := os.Stat(dir); err == nil {
+		// A migration that renamed the WAL into place but crashed before
+		// removing the old file.
+		if err := os.Remove(bolt); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return nil, fmt.Errorf("raft log: remove the migrated raft-boltdb log %s: %w", bolt, err)
+		}
+		return openWAL(dir, hl)
+	}
+	if _, err := os.Stat(bolt); err == nil {
+		if err := migrateBoltLog(bolt, dir, log, hl); err != nil {
+			return nil, err
+		}
+		return openWAL(dir, hl)
+	}
+	return openWAL(dir, hl)
+}
+
+func openWAL(dir string, hl hclog.Logger) (logStore, error) {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("raft log directory %s: %w", dir, err)
+	}
+	meta := &metadb.BoltMetaDB{}
+	w, err := wal.Open(dir, wal.WithSegmentSize(walSegmentBytes), wal.WithMetaStore(meta), wal.WithLogger(hl))
+	if err != nil {
+		meta.Close()
+		return nil, fmt.Errorf("raft log %s: %w", dir, err)
+	}
+	return &walStore{WAL: w, meta: meta}, nil
+}
+
+// walStore closes the WAL's meta store too: raft-wal v0.4.0's Close
+// leaves it open, and its file lock then blocks the next open of the same
+// log (a migration's reopen, a member restarted in one process).
+type walStore struct {
+	*wal.WAL
+	meta *metadb.BoltMetaDB
+}
+
+func (w *walStore) Close() error {
+	err := w.WAL.Close()
+	if merr := w.meta.Close(); err == nil {
+		err = merr
+	}
+	return err
+}
+
+// migrateBoltLog copies the raft-boltdb log at bolt into a WAL at dir.
+func migrateBoltLog(bolt, dir string, log *slog.Logger, hl hclog.Logger) error {
+	start := time.Now()
+	tmp := dir + ".migrating"
+	if err := os.RemoveAll(tmp); err != nil { // an earlier attempt's
+		return fmt.Errorf("raft log migration: remove %s: %w", tmp, err)
+	}
+	src, err := raftboltdb.New(raftboltdb.Options{Path: bolt})
+	if err != nil {
+		return fmt.Errorf("raft log migration: open %s: %w", bolt, err)
+	}
+	dst, err := openWAL(tmp, hl)
+	if err != nil {
+		src.Close()
+		return fmt.Errorf("raft log migration: %w", err)
+	}
+	ctx := context.Background()
+	err = migrate.CopyStable(ctx, dst, src, nil, nil, nil)
+	if err == nil {
+		err = migrate.CopyLogs(ctx, dst, src, 1<<20, nil)
+	}
+	first, _ := src.FirstIndex()
+	last, _ := src.LastIndex()
+	if cerr := dst.Close(); err == nil {
+		err = cerr
+	}
+	src.Close()
+	if err != nil {
+		os.RemoveAll(tmp)
+		return fmt.Errorf("raft log migration from %s: %w; the old log is untouched: fix the cause and start again", bolt, err)
+	}
+	if err := os.Rename(tmp, dir); err != nil {
+		return fmt.Errorf("raft log migration: %w", err)
+	}
+	if err := syncDir(filepath.Dir(dir)); err != nil {
+		return fmt.Errorf("raft log migration: %w", err)
+	}
+	if err := os.Remove(bolt); err != nil {
+		return fmt.Errorf("raft log migration: remove %s: %w", bolt, err)
+	}
+	log.Info("raft log moved from raft-boltdb to the write-ahead log", "first_index", first, "last_index", last, "seconds", time.Since(start).Seconds())
+	return nil
+}
+
+// syncDir makes a rename or removal in dir durable.
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
+}

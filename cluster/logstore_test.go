@@ -1,0 +1,116 @@
+package cluster
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/hashicorp/raft"
+	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
+)
+
+// A member whose Raft log is raft-boltdb's (every build before the WAL)
+// starts with the same log, term and vote in the WAL, and raft.db gone;
+// the next start opens the WAL as it is.
+func TestLogStoreMigratesBoltLog(t *testing.T) {
+	dir := t.TempDir()
+	bolt := filepath.Join(dir, boltLogName)
+	old, err := raftboltdb.New(raftboltdb.Options{Path: bolt})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A log whose head was truncated by a snapshot, as a member's is.
+	var logs []*raft.Log
+	for i := uint64(101); i <= 400; i++ {
+		logs = append(logs, &raft.Log{Index: i, Term: 3 + i/200, Type: raft.LogCommand, Data: []byte(fmt.Sprintf(`{"op":"op-%d"}`, i))})
+	}
+	if err := old.StoreLogs(logs); err != nil {
+		t.Fatal(err)
+	}
+	for k, v := range map[string]uint64{"CurrentTerm": 5, "LastVoteTerm": 5} {
+		if err := old.SetUint64([]byte(k), v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := old.Set([]byte("LastVoteCand"), []byte("node-2")); err != nil {
+		t.Fatal(err)
+	}
+	old.Close()
+
+	quiet, hq := slog.New(slog.DiscardHandler), hclog.NewNullLogger()
+	wantLast := uint64(400)
+	for start := 1; start <= 2; start++ {
+		s, err := openLogStore(dir, quiet, hq)
+		if err != nil {
+			t.Fatalf("start %d: %v", start, err)
+		}
+		if _, err := os.Stat(bolt); !errors.Is(err, os.ErrNotExist) {
+			t.Fatalf("start %d: raft.db still there: %v", start, err)
+		}
+		first, _ := s.FirstIndex()
+		last, _ := s.LastIndex()
+		if first != 101 || last != wantLast {
+			t.Fatalf("start %d: log holds %d..%d, want 101..%d", start, first, last, wantLast)
+		}
+		for _, want := range []*raft.Log{logs[0], logs[150], logs[299]} {
+			var got raft.Log
+			if err := s.GetLog(want.Index, &got); err != nil || got.Term != want.Term || !bytes.Equal(got.Data, want.Data) {
+				t.Fatalf("start %d: entry %d is %+v (%v), want %+v", start, want.Index, got, err, want)
+			}
+		}
+		term, _ := s.GetUint64([]byte("CurrentTerm"))
+		cand, _ := s.Get([]byte("LastVoteCand"))
+		if term != 5 || string(cand) != "node-2" {
+			t.Fatalf("start %d: term %d, vote %q", start, term, cand)
+		}
+		// The log goes on where it was.
+		if err := s.StoreLogs([]*raft.Log{{Index: last + 1, Term: 5, Type: raft.LogCommand, Data: []byte("x")}}); err != nil {
+			t.Fatalf("start %d: append: %v", start, err)
+		}
+		wantLast++
+		s.Close()
+	}
+	if _, err := os.Stat(filepath.Join(dir, walDirName+".migrating")); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("the migration's temporary WAL is left: %v", err)
+	}
+}
+
+// A migration that renamed the WAL into place and then crashed leaves
+// raft.db beside it: the WAL is the log, and the old file goes.
+func TestLogStoreRemovesMigratedBoltLog(t *testing.T) {
+	dir := t.TempDir()
+	quiet, hq := slog.New(slog.DiscardHandler), hclog.NewNullLogger()
+	s, err := openLogStore(dir, quiet, hq)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.StoreLogs([]*raft.Log{{Index: 1, Term: 1, Type: raft.LogCommand, Data: []byte("wal")}}); err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	old, err := raftboltdb.New(raftboltdb.Options{Path: filepath.Join(dir, boltLogName)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := old.StoreLogs([]*raft.Log{{Index: 1, Term: 1, Type: raft.LogCommand, Data: []byte("bolt")}, {Index: 2, Term: 1, Type: raft.LogCommand}}); err != nil {
+		t.Fatal(err)
+	}
+	old.Close()
+	s, err = openLogStore(dir, quiet, hq)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	var l raft.Log
+	if last, _ := s.LastIndex(); last != 1 || s.GetLog(1, &l) != nil || string(l.Data) != "wal" {
+		t.Fatalf("the log is not the WAL: last %d, entry %+v", last, l)
+	}
+	if _, err := os.Stat(filepath.Join(dir, boltLogName)); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("raft.db left beside the WAL: %v", err)
+	}
+}
