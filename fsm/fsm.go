@@ -190,6 +190,7 @@ func (f *FSM) ApplyBatch(entries []Entry) ([]Result, error) {
 		return nil
 	})
 	if err != nil {
+		f.cache.invalidate() // nothing of the batch committed
 		if h, ok := err.(*HaltError); ok {
 			return nil, h
 		}
@@ -345,6 +346,7 @@ func (f *FSM) Restore(r io.Reader) error {
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	f.cache.invalidate()
 	if err := f.db.Close(); err != nil {
 		return fmt.Errorf("restore state: close %s: %w", f.path, err)
 	}

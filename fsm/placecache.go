@@ -12,16 +12,22 @@ import (
 )
 
 // placeCache spares placement from decoding every node record for every
-// create: within one Apply batch it keeps the candidate list and refreshes
-// only the nodes a write of the batch changed; across batches it keeps the
-// decoded record of every node, reused while the stored bytes are the same.
-// It holds nothing the state does not: a cached answer is always the one a
-// fresh decode would give, so replicas stay identical with or without it.
+// create: it keeps the candidate list from batch to batch and refreshes
+// only the nodes a committed write changed since, and it keeps the decoded
+// record of every node, reused while the stored bytes are the same. It
+// holds nothing the state does not: a cached answer is always the one a
+// fresh decode would give, so replicas stay identical with or without it
+// (TestPropertyReplicasAgree compares with a replica that rebuilds the
+// list every batch). That rests on every write of a node record or its
+// holds marking the node (putNode, moveHolds), and on dropping the list
+// whenever the state changes behind the cache's back: a batch rolled back
+// (its views may hold writes that never committed) and a restore.
 type placeCache struct {
 	decoded map[string]decodedNode
 	holds   map[string]decodedHolds
 
-	// Per batch.
+	// The candidate list, by node position, and what changed since it
+	// was last brought up to date.
 	list  []api.Node
 	pos   map[string]int
 	dirty map[string]bool
@@ -54,13 +60,20 @@ func cacheFor(tx *bolt.Tx) *placeCache {
 }
 
 // beginBatch attaches c to tx for one Apply; the returned func detaches it.
+// A batch that does not commit must be followed by invalidate.
 func (c *placeCache) beginBatch(tx *bolt.Tx) func() {
-	c.list, c.pos, c.dirty, c.all = nil, nil, map[string]bool{}, false
-	txCaches.Store(tx, c)
-	return func() {
-		txCaches.Delete(tx)
-		c.list, c.pos = nil, nil
+	if c.dirty == nil {
+		c.dirty = map[string]bool{}
 	}
+	txCaches.Store(tx, c)
+	return func() { txCaches.Delete(tx) }
+}
+
+// invalidate drops the candidate list: the state changed in a way the
+// cache did not see.
+func (c *placeCache) invalidate() {
+	c.list, c.pos, c.all = nil, nil, false
+	clear(c.dirty)
 }
 
 // markNodeChanged: the node's record or holds changed in this batch.

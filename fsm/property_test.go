@@ -1058,11 +1058,21 @@ func (g *logGen) drawVolume(mk func(string, any, *uint64) Entry) Entry {
 
 // applyInBatches applies log in random batch sizes (1..64) drawn from r.
 func applyInBatches(r *rand.Rand, f *FSM, log []Entry) []Result {
+	return applyBatches(r, f, log, false)
+}
+
+// applyBatches applies log in random batches; uncached drops the
+// placement cache's candidate list before each, as if every batch ran on
+// a freshly started replica.
+func applyBatches(r *rand.Rand, f *FSM, log []Entry, uncached bool) []Result {
 	var out []Result
 	for len(log) > 0 {
 		n := 1 + r.Intn(64)
 		if n > len(log) {
 			n = len(log)
+		}
+		if uncached {
+			f.cache.invalidate()
 		}
 		out = append(out, f.Apply(log[:n])...)
 		log = log[n:]
@@ -1160,6 +1170,15 @@ func TestPropertyReplicasAgree(t *testing.T) {
 				compareResults(t, "batched replica", log, resB, resA)
 				if d := mustDump(t, b); d != finalA {
 					t.Fatalf("batched replica state differs:\n%s", diffLines(finalA, d))
+				}
+
+				// D: the same, its candidate list rebuilt for every batch:
+				// what the cache keeps changes no decision.
+				d := openFSM(t)
+				resD := applyBatches(rand.New(rand.NewSource(seed*7+3)), d, log, true)
+				compareResults(t, "replica without a kept candidate list", log, resD, resA)
+				if dump := mustDump(t, d); dump != finalA {
+					t.Fatalf("replica without a kept candidate list differs:\n%s", diffLines(finalA, dump))
 				}
 
 				// C: restored from A's snapshot at mid, then the rest of the log.
