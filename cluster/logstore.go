@@ -114,13 +114,12 @@ func migrateBoltLog(bolt, dir string, log *slog.Logger, hl hclog.Logger) error {
 		src.Close()
 		return fmt.Errorf("raft log migration: %w", err)
 	}
-	ctx := context.Background()
-	err = migrate.CopyStable(ctx, dst, src, nil, nil, nil)
-	if err == nil {
-		err = migrate.CopyLogs(ctx, dst, src, 1<<20, nil)
-	}
+	err = copyStable(dst, src)
 	first, _ := src.FirstIndex()
 	last, _ := src.LastIndex()
+	if err == nil && last > 0 { // an empty log has no entry 0 to copy
+		err = migrate.CopyLogs(context.Background(), dst, src, 1<<20, nil)
+	}
 	if cerr := dst.Close(); err == nil {
 		err = cerr
 	}
@@ -139,6 +138,36 @@ func migrateBoltLog(bolt, dir string, log *slog.Logger, hl hclog.Logger) error {
 		return fmt.Errorf("raft log migration: remove %s: %w", bolt, err)
 	}
 	log.Info("raft log moved from raft-boltdb to the write-ahead log", "first_index", first, "last_index", last, "seconds", time.Since(start).Seconds())
+	return nil
+}
+
+// copyStable copies what hashicorp/raft keeps in its stable store: the
+// current term, and the term and candidate of the last vote, which a
+// member that never voted does not have (raft-wal's migrate.CopyStable
+// fails on those).
+func copyStable(dst, src raft.StableStore) error {
+	for _, k := range []string{"CurrentTerm", "LastVoteTerm"} {
+		v, err := src.GetUint64([]byte(k))
+		if errors.Is(err, raftboltdb.ErrKeyNotFound) {
+			continue
+		}
+		if err == nil {
+			err = dst.SetUint64([]byte(k), v)
+		}
+		if err != nil {
+			return fmt.Errorf("stable key %s: %w", k, err)
+		}
+	}
+	v, err := src.Get([]byte("LastVoteCand"))
+	if errors.Is(err, raftboltdb.ErrKeyNotFound) {
+		return nil
+	}
+	if err == nil {
+		err = dst.Set([]byte("LastVoteCand"), v)
+	}
+	if err != nil {
+		return fmt.Errorf("stable key LastVoteCand: %w", err)
+	}
 	return nil
 }
 

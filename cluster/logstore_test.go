@@ -41,6 +41,31 @@ func TestLogStoreMigratesBoltLog(t *testing.T) {
 		t.Fatal(err)
 	}
 	old.Close()
+	// A member that never voted, and one whose log is still empty (it
+	// joined and stopped before the leader sent anything), move too.
+	for _, keys := range [][]string{{"CurrentTerm"}, nil} {
+		d := t.TempDir()
+		b, err := raftboltdb.New(raftboltdb.Options{Path: filepath.Join(d, boltLogName)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, k := range keys {
+			if err := b.SetUint64([]byte(k), 2); err != nil {
+				t.Fatal(err)
+			}
+		}
+		b.Close()
+		s, err := openLogStore(d, slog.New(slog.DiscardHandler), hclog.NewNullLogger())
+		if err != nil {
+			t.Fatalf("stable keys %v, empty log: %v", keys, err)
+		}
+		term, _ := s.GetUint64([]byte("CurrentTerm"))
+		vote, _ := s.GetUint64([]byte("LastVoteTerm"))
+		if last, _ := s.LastIndex(); last != 0 || term != uint64(2*len(keys)) || vote != 0 {
+			t.Fatalf("stable keys %v: last index %d, term %d, vote term %d", keys, last, term, vote)
+		}
+		s.Close()
+	}
 
 	quiet, hq := slog.New(slog.DiscardHandler), hclog.NewNullLogger()
 	wantLast := uint64(400)
