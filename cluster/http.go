@@ -15,6 +15,7 @@ import (
 
 	"github.com/kibotos/kibotos/api"
 	"github.com/kibotos/kibotos/fsm"
+	"github.com/kibotos/kibotos/internal/ctxsleep"
 	"github.com/kibotos/kibotos/trust"
 )
 
@@ -265,6 +266,7 @@ func (s *Server) routes() http.Handler {
 // onLeader runs h on the leader; elsewhere the request is forwarded there.
 func (s *Server) onLeader(h http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
+		s.awaitLeader(r.Context())
 		if s.IsLeader() {
 			if r.Header.Get(hdrForwarded) != "" {
 				w = &appliedHeader{ResponseWriter: w, s: s}
@@ -273,6 +275,28 @@ func (s *Server) onLeader(h http.HandlerFunc) http.HandlerFunc {
 			return
 		}
 		s.forward(w, r)
+	}
+}
+
+// leaderWait bounds how long a request waits for an election's outcome.
+const leaderWait = 5 * time.Second
+
+// awaitLeader waits, at most leaderWait and never past the request, until
+// this ctrl member leads or knows who does: a write that reaches a member
+// in the middle of an election (the old leader gone, no heartbeat from
+// the new one yet) waits for its outcome instead of failing at once.
+func (s *Server) awaitLeader(ctx context.Context) {
+	if s.raft == nil {
+		return // not a ctrl member: forward says where to go
+	}
+	deadline := time.Now().Add(leaderWait)
+	for !s.IsLeader() {
+		if l := s.leaderAddr(); l != "" && l != s.id.Advertise {
+			return
+		}
+		if time.Now().After(deadline) || ctxsleep.Sleep(ctx, 20*time.Millisecond) != nil {
+			return
+		}
 	}
 }
 

@@ -102,9 +102,11 @@ func TestNewOpWaitsForEveryVoter(t *testing.T) {
 	}
 	o.FeatureLevels = nil
 	m3.Stop()
-	// Below fsm.LevelEntryFormat on one voter, the leader wrote JSON.
-	if js, bin := logFormats(t, m3); js == 0 || bin != 0 {
-		t.Fatalf("with a voter at level 1, node-3's log holds %d JSON and %d binary entries", js, bin)
+	// Below fsm.LevelEntryFormat on one voter, the leader writes JSON.
+	// (Entries from before node-3 was a voter may be binary: a voter
+	// joins with a build at the cluster's level.)
+	if last := lastEntryFormat(t, m3); last != '{' {
+		t.Fatalf("with a voter at level 1, the last entry of node-3's log starts with %q, not JSON", last)
 	}
 	m3.Restart(o)
 	clustertest.WaitFor(t, 20*time.Second, func() (bool, string) {
@@ -124,16 +126,17 @@ func TestNewOpWaitsForEveryVoter(t *testing.T) {
 			return reflect.DeepEqual(p, want), fmt.Sprintf("member %s counts %+v, want %+v", m.ID, p, want)
 		})
 	}
-	// Every voter now reads the binary format: the last entries use it.
+	// Every voter now reads the binary format: the last entry uses it.
 	m3.Stop()
-	if _, bin := logFormats(t, m3); bin == 0 {
-		t.Fatal("with every voter at this build's level, no entry in node-3's log is binary")
+	if last := lastEntryFormat(t, m3); last == '{' {
+		t.Fatal("with every voter at this build's level, the last entry of node-3's log is JSON")
 	}
 }
 
-// logFormats counts the command entries of a stopped member's Raft log by
-// format: JSON (level 5 and before) and binary (fsm.LevelEntryFormat).
-func logFormats(t *testing.T, m *clustertest.Member) (js, bin int) {
+// lastEntryFormat is the first byte of the last command entry of a stopped
+// member's Raft log: '{' for JSON (level 5 and before), else the binary
+// format's version (fsm.LevelEntryFormat). Every entry must decode.
+func lastEntryFormat(t *testing.T, m *clustertest.Member) byte {
 	t.Helper()
 	store, err := cluster.OpenLogStore(datadir.Dir(m.Dir).RaftDir(), slog.New(slog.DiscardHandler), hclog.NewNullLogger())
 	if err != nil {
@@ -142,6 +145,7 @@ func logFormats(t *testing.T, m *clustertest.Member) (js, bin int) {
 	defer store.Close()
 	first, _ := store.FirstIndex()
 	last, _ := store.LastIndex()
+	var format byte
 	for i := first; i <= last && i > 0; i++ {
 		var l raft.Log
 		if err := store.GetLog(i, &l); err != nil {
@@ -153,13 +157,12 @@ func logFormats(t *testing.T, m *clustertest.Member) (js, bin int) {
 		if _, err := fsm.DecodeEntry(l.Data); err != nil {
 			t.Fatalf("log entry %d: %v", i, err)
 		}
-		if l.Data[0] == '{' {
-			js++
-		} else {
-			bin++
-		}
+		format = l.Data[0]
 	}
-	return js, bin
+	if format == 0 {
+		t.Fatalf("node %s's log holds no command entry", m.ID)
+	}
+	return format
 }
 
 // placements are the placement counts in m's replica.
