@@ -17,6 +17,11 @@
 #                    seconds (60) for the CPU to be this % idle (80)
 #   BENCH_MAX_OTHER  redo a run (up to BENCH_RETRIES=3 times) when other
 #                    processes used more than this % of the CPU during it (10)
+#   BENCH_VALUE_SIZE bytes each write carries (default: etcd 256-byte values,
+#                    kibotos its plain overcommit write); set, etcd puts
+#                    values of this size and each kibotos client writes
+#                    overcommit values to a node of its own with a command id
+#                    of this size (stored by every member with the result)
 #   BENCH_OUT        also append the result JSON lines to this file
 #   BENCH_KEEP=1     keep the temp directory (data dirs, member logs)
 #   BENCH_PPROF_DIR  run the members with pprof (bench/kibotos-pprof) and save
@@ -102,7 +107,7 @@ wait_until 60 "etcd cluster health" env ETCDCTL_API=3 etcdctl --endpoints "$endp
 log "etcd cluster ready: $endpoints"
 for r in $(seq 1 "$REPEAT"); do
 	for n in $CLIENTS; do
-		run_load "${ETCD_PIDS[*]}" -target etcd -clients "$n" -endpoints "$endpoints"
+		run_load "${ETCD_PIDS[*]}" -target etcd -clients "$n" -endpoints "$endpoints" -value-size "${BENCH_VALUE_SIZE:-256}"
 	done
 done
 for pid in "${ETCD_PIDS[@]}"; do stop_pid "$pid"; done
@@ -112,13 +117,13 @@ kib_cluster 3 $((BASE + 100))
 addrs=$(IFS=,; echo "${KIB_ADDRS[*]}")
 for r in $(seq 1 "$REPEAT"); do
 	for n in $CLIENTS; do
-		run_load "${KIB_PIDS[*]}" -target kibotos -clients "$n" -data-dir "${KIB_DIRS[0]}" -addrs "$addrs" -nodes m1,m2,m3
+		run_load "${KIB_PIDS[*]}" -target kibotos -clients "$n" -data-dir "${KIB_DIRS[0]}" -addrs "$addrs" -nodes m1,m2,m3 ${BENCH_VALUE_SIZE:+-value-size "$BENCH_VALUE_SIZE"}
 	done
 done
 
 # --- table -----------------------------------------------------------------
 echo
-echo "kibotos $BENCH_REV vs $(etcd --version | head -1); ${SECS}s per run; median of the $REPEAT run(s),"
+echo "kibotos $BENCH_REV vs $(etcd --version | head -1); ${SECS}s per run; median of the $REPEAT run(s)${BENCH_VALUE_SIZE:+; ${BENCH_VALUE_SIZE}-byte values},"
 echo "of only those where other processes took <= ${BENCH_MAX_OTHER:-10}% of the CPU when there are any; latencies in ms"
 printf '%-7s %10s %10s %9s %8s %8s %8s %8s %8s %9s %9s %7s\n' clients etcd_ops/s ours_ops/s thr_ratio etcd_p50 ours_p50 etcd_p99 ours_p99 p99_ratio etcd_cpu ours_cpu other%
 for n in $CLIENTS; do

@@ -29,9 +29,13 @@ package main
 import (
 	"bytes"
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
 	"crypto/rand"
+	"crypto/x509"
 	"encoding/base64"
 	"encoding/json"
+	"encoding/pem"
 	"errors"
 	"flag"
 	"fmt"
@@ -86,7 +90,7 @@ func main() {
 	addrs := flag.String("addrs", "", "kibotos: comma-separated API addresses (HOST:PORT); default: the member of -data-dir")
 	nodes := flag.String("nodes", "", "kibotos: comma-separated node ids to write to; default: every node of GET /v1/nodes")
 	endpoints := flag.String("endpoints", "", "etcd: comma-separated client URLs (http://HOST:PORT)")
-	valueSize := flag.Int("value-size", 256, "etcd: bytes per value")
+	valueSize := flag.Int("value-size", 256, "etcd: bytes per value; kibotos, when given: each write carries a command id of this many bytes (see kibotosValueOps)")
 	keys := flag.Int("keys", 10000, "etcd: size of each client's key space")
 	template := flag.String("template", "bench", "create: template of the Workspaces")
 	cpu := flag.Int("cpu", 1, "create: cores per Workspace")
@@ -103,6 +107,11 @@ func main() {
 	switch *target {
 	case "kibotos":
 		makeOp = kibotosOps(*dataDir, *addrs, *nodes)
+		flag.Visit(func(f *flag.Flag) {
+			if f.Name == "value-size" && *valueSize > 0 {
+				makeOp = kibotosValueOps(*dataDir, *addrs, *valueSize)
+			}
+		})
 	case "etcd":
 		makeOp = etcdOps(*endpoints, *valueSize, *keys)
 	case "create":
@@ -289,6 +298,53 @@ func kibotosOps(dataDir, addrList, nodeList string) func(int) op {
 			v := fmt.Sprintf("%d.%03d", m/1000, m%1000)
 			_, err := c.Do(ctx, "POST", path, api.OvercommitSetRequest{CPU: &v}, nil)
 			return 0, err
+		}
+	}
+}
+
+// kibotosValueOps: overcommit writes that carry size bytes each, for a
+// comparison with etcd puts of values that size. The bytes are the write's
+// command id: the leader replicates it in the entry and every member
+// stores it with the write's result in its command log, as etcd stores a
+// value. A write with a command id must name the version it expects and
+// both multipliers (so a replay has the same inputs), so each client first
+// registers a node of its own (grant + join, before the measured time) and
+// is the one writer of it, counting its versions.
+func kibotosValueOps(dataDir, addrList string, size int) func(int) op {
+	tlsConf, as := adminOf(dataDir, addrList)
+	run := time.Now().UnixNano() // ids differ from any run before on the cluster
+	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	der, _ := x509.MarshalPKIXPublicKey(&key.PublicKey)
+	pub := string(pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: der}))
+	return func(i int) op {
+		c := api.NewClient(as[i%len(as)], tlsConf)
+		ctx := context.Background()
+		node := fmt.Sprintf("load-%x-%d", run%(1<<32), i)
+		var gr api.GrantResponse
+		if _, err := c.Do(ctx, "POST", "/v1/enrollment/grants", api.GrantRequest{NodeID: node, Roles: []string{api.RoleNode}, TTL: "1h"}, &gr); err != nil {
+			fatalf("grant %s: %v", node, err)
+		}
+		if _, err := c.Do(ctx, "POST", "/v1/join", api.JoinRequest{Token: gr.Token, Advertise: fmt.Sprintf("127.0.0.1:%d", 40000+i), MemberKey: pub, AdminKey: pub}, nil); err != nil {
+			fatalf("join %s: %v", node, err)
+		}
+		var n api.Node
+		if _, err := c.Do(ctx, "GET", "/v1/nodes/"+node, nil, &n); err != nil {
+			fatalf("node %s: %v", node, err)
+		}
+		version := n.RegistrationVersion
+		path := "/v1/nodes/" + node + "/overcommit"
+		return func(ctx context.Context, seq int) (time.Duration, error) {
+			m := 1 + (seq*7+i*131)%16000
+			v := fmt.Sprintf("%d.%03d", m/1000, m%1000)
+			id := fmt.Sprintf("load-%x-%d-%d-", run, i, seq)
+			req := api.OvercommitSetRequest{CPU: &v, Memory: &v, WriteMeta: api.WriteMeta{
+				CommandID: id + strings.Repeat("x", max(size-len(id), 0)), ExpectedVersion: &version}}
+			var got api.Node
+			if _, err := c.Do(ctx, "POST", path, req, &got); err != nil {
+				return 0, err
+			}
+			version = got.RegistrationVersion
+			return 0, nil
 		}
 	}
 }
