@@ -47,9 +47,12 @@ import (
 //	   OpTransferExport, OpTransferResult, OpTransferDelete,
 //	   OpTransferProgress, and
 //	   WorkspaceCreateArgs.Import, refused below it
+//	6  forks of a paused Workspace (LevelForks, forks.go):
+//	   WorkspaceCreateArgs.From, which the leader refuses below it (an
+//	   older voter would ignore it and create a Workspace that boots)
 
 // FeatureLevel is the level of this build.
-const FeatureLevel = 5
+const FeatureLevel = 6
 
 // LevelTroubleshooting is the level of ReportArgs.OOMStops and
 // WorkspaceResultArgs.NotOnNode.

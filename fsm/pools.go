@@ -180,6 +180,9 @@ func snapshotCharge(w *api.Workspace) (string, PoolUse) {
 	switch {
 	case w == nil || w.Layer == nil || w.Layer.Lost:
 		return "", PoolUse{}
+	case w.Snapshot != nil && w.Snapshot.From != "":
+		// A fork's names of its source's state file: no more room.
+		return "", PoolUse{}
 	case w.Snapshot != nil:
 		return w.Snapshot.PoolID, PoolUse{UsedBytes: w.Snapshot.SizeBytes}
 	case w.State == api.WorkspacePausing:
