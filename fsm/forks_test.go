@@ -1,9 +1,13 @@
 package fsm
 
 import (
+	"fmt"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
+
+	bolt "go.etcd.io/bbolt"
 
 	"github.com/kibotos/kibotos/api"
 )
@@ -120,6 +124,7 @@ func TestFork(t *testing.T) {
 	if got := h.ws(src.WorkspaceID); got.State != api.WorkspacePaused || got.Snapshot == nil || got.Snapshot.Discarded {
 		t.Fatalf("the source after a fork: %+v", got)
 	}
+	checkIndex(t, h.f)
 	// Its files are read by the fork's start: the source waits.
 	for _, op := range []string{OpWorkspaceStart, OpWorkspaceStop, OpWorkspaceDelete} {
 		h.advance(time.Second)
@@ -174,4 +179,23 @@ func TestForkRefusedEverywhere(t *testing.T) {
 	h.advance(time.Second)
 	h.ok(OpWorkspaceStart, WorkspaceArgs{WorkspaceID: src.WorkspaceID})
 	checkIndex(t, h.f)
+}
+
+// forksProblem recounts the forks bucket from the Workspaces.
+func forksProblem(tx *bolt.Tx) error {
+	want, got := map[string]bool{}, map[string]bool{}
+	if err := tx.Bucket(bucketWorkspaces).ForEach(func(k, _ []byte) error {
+		w, err := getWorkspace(tx, string(k))
+		if src := forkSource(w); err == nil && src != "" {
+			want[string(forkKey(src, w.WorkspaceID))] = true
+		}
+		return err
+	}); err != nil {
+		return err
+	}
+	tx.Bucket(bucketForks).ForEach(func(k, _ []byte) error { got[string(k)] = true; return nil })
+	if !reflect.DeepEqual(got, want) {
+		return fmt.Errorf("forks index %q, want %q", keys(got), keys(want))
+	}
+	return nil
 }
