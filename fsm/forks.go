@@ -39,20 +39,14 @@ func forkSource(w *api.Workspace) string {
 // moveForks keeps the forks bucket in step with w (old before, either
 // may be nil).
 func moveForks(tx *bolt.Tx, old, w *api.Workspace) error {
-	before, after := forkSource(old), forkSource(w)
-	if before == after {
-		return nil
+	var from, to []byte
+	if before := forkSource(old); before != "" {
+		from = forkKey(before, old.WorkspaceID)
 	}
-	b := tx.Bucket(bucketForks)
-	if before != "" {
-		if err := b.Delete(forkKey(before, old.WorkspaceID)); err != nil {
-			return err
-		}
+	if after := forkSource(w); after != "" {
+		to = forkKey(after, w.WorkspaceID)
 	}
-	if after != "" {
-		return b.Put(forkKey(after, w.WorkspaceID), nil)
-	}
-	return nil
+	return moveKey(tx.Bucket(bucketForks), from, to)
 }
 
 // notForking refuses what of a source while a fork's first start reads

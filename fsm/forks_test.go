@@ -166,10 +166,7 @@ func TestFork(t *testing.T) {
 // A fork refused by the only node that can restore its snapshot fails,
 // and its source no longer waits for it.
 func TestForkRefusedEverywhere(t *testing.T) {
-	h := newHarness(t)
-	oneNode(h)
-	h.resumer("node-a", canResume)
-	h.poolCapacity("nfs", 100*gib)
+	h := resumeHarness(t)
 	src := h.pausedWS("c1", smallWS)
 	f := h.create("f1", fork(src.WorkspaceID))
 	got := h.answer(f.WorkspaceID, OutcomeRefused, "host memory is tight")
