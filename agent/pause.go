@@ -113,6 +113,22 @@ func (a *Agent) ownPlatformID() string {
 	return ""
 }
 
+// prepareFork makes a fork's layer and snapshot directory from its
+// source's (t.Snapshot.From), in the pool both share.
+func (a *Agent) prepareFork(ctx context.Context, t api.WorkspaceTask, layer, dir string) error {
+	s := t.Snapshot
+	srcLayer, err := a.layerPath(t.LayerPool, s.From)
+	if err != nil {
+		return err
+	}
+	srcDir, err := a.snapshotDir(s.PoolID, s.From)
+	if err != nil {
+		return err
+	}
+	return runtime.PrepareFork(ctx, a.cfg.NodeID, runtime.ForkFiles{Source: s.From, Fork: t.WorkspaceID, SourceInstance: s.FromInstance,
+		SourceLayer: srcLayer, SourceSnapshot: srcDir, Layer: layer, Snapshot: dir})
+}
+
 // removeSnapshot removes a Workspace's snapshot files, if any.
 func (a *Agent) removeSnapshot(t api.WorkspaceTask) error {
 	if t.Snapshot == nil {

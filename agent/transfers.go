@@ -16,6 +16,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/kibotos/kibotos/agent/runtime"
 	"github.com/kibotos/kibotos/api"
 	"github.com/kibotos/kibotos/artifacts"
 	"github.com/kibotos/kibotos/internal/tarfile"
@@ -131,6 +132,9 @@ func (a *Agent) exportTransfer(ctx context.Context, t api.TransferExportTask, ru
 	info, err := qcowInfo(ctx, layer)
 	if err != nil {
 		return api.TransferExportResult{}, fmt.Errorf("transfer %s: layer of workspace %s: %w", t.TransferID, t.WorkspaceID, err)
+	}
+	if runtime.OverBase(info.BackingFilename) {
+		return api.TransferExportResult{}, api.Errorf(api.CodeFailedPrecondition, "transfer %s: the layer of workspace %s is over the frozen layer of a fork (kibo workspace create --from): an export of a fork or of a forked source is not supported yet", t.TransferID, t.WorkspaceID)
 	}
 	// The layer is written over the template build whose directory holds
 	// its backing image: the importing node must boot the same build.

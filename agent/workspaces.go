@@ -276,6 +276,7 @@ func (a *Agent) startWorkspace(ctx context.Context, t api.WorkspaceTask, r *api.
 		return refusal, err
 	}
 	var restore *runtime.RestoreSpec
+	var identity *runtime.Identity
 	switch s := t.Snapshot; {
 	case s != nil && s.Discard:
 		// Stopped while paused: boots afresh; the old snapshot goes first.
@@ -299,6 +300,12 @@ func (a *Agent) startWorkspace(ctx context.Context, t api.WorkspaceTask, r *api.
 	if err := os.MkdirAll(filepath.Dir(layer), 0o700); err != nil {
 		return "", err
 	}
+	if s := t.Snapshot; restore != nil && s.From != "" {
+		if err := a.prepareFork(ctx, t, layer, restore.Dir); err != nil {
+			return "", err
+		}
+		identity = &runtime.Identity{Hostname: t.WorkspaceID, Roots: []string{WorkspaceRoot}}
+	}
 	var im *imported
 	if t.Import != nil && restore == nil {
 		if im, err = a.importTransfer(ctx, t, tpl, layer); err != nil {
@@ -319,7 +326,7 @@ func (a *Agent) startWorkspace(ctx context.Context, t api.WorkspaceTask, r *api.
 	a.saveOwners()
 	a.tasks.mu.Unlock()
 	spec := runtime.Spec{InstanceID: id, Installation: installation, VCPUs: max(1, int(t.CPU/1000)), MemoryMiB: int(t.MemoryBytes >> 20),
-		Network: true, Policy: policy, RootImage: tpl.Image(), LayerPath: layer, Volumes: volumes, Restore: restore}
+		Network: true, Policy: policy, RootImage: tpl.Image(), LayerPath: layer, Volumes: volumes, Restore: restore, Identity: identity}
 	if _, err := rt.Start(ctx, spec); err != nil {
 		a.forget(ctx, id)
 		return "", fmt.Errorf("node %s: %w", a.cfg.NodeID, err)
@@ -488,8 +495,10 @@ func (a *Agent) removeLayer(t api.WorkspaceTask) error {
 	if err != nil {
 		return err
 	}
-	if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return fmt.Errorf("remove writable layer %s: %w", p, err)
+	// A base under it (a fork's or a forked source's) goes with the last
+	// layer over it.
+	if err := runtime.RemoveLayer(p, t.WorkspaceID); err != nil {
+		return err
 	}
 	if err := storagepool.RemoveHolder(p); err != nil {
 		return fmt.Errorf("remove the holder record of %s: %w", p, err)

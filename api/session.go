@@ -79,6 +79,11 @@ type TaskSnapshot struct {
 	Compat SnapshotCompat `json:"compat"`
 	// Discard: remove the files (a start then boots the guest afresh).
 	Discard bool `json:"discard,omitempty"`
+	// From (a fork's first start) is the paused source Workspace whose
+	// snapshot and layer the node forks (agent/runtime.PrepareFork), and
+	// FromInstance the source's Instance the snapshot was saved from.
+	From         string `json:"from,omitempty"`
+	FromInstance string `json:"from_instance,omitempty"`
 }
 
 // WorkspaceTaskResult is the node's answer to a WorkspaceTask.

@@ -59,6 +59,10 @@ type Snapshot struct {
 	// Discarded: the Workspace was stopped while paused; the node of its
 	// next start or delete removes the files.
 	Discarded bool `json:"discarded,omitempty"`
+	// From (a fork's, until its first start is over) is the Workspace
+	// whose snapshot this is: the node makes the fork's files from its
+	// (InstanceID names the source's paused Instance).
+	From string `json:"from,omitempty"`
 }
 
 // SnapshotReport is what a node's answer to a pause says of the snapshot.

@@ -100,8 +100,10 @@ type Workspace struct {
 	// DeleteWaitsForPool: DELETING, and no node that can remove its files
 	// is a member of this pool yet (the pool's only host was isolated or
 	// retired); the delete goes to the first member that reports it.
-	DeleteWaitsForPool string     `json:"delete_waits_for_pool,omitempty"`
-	DeletedAt          *time.Time `json:"deleted_at,omitempty"`
+	DeleteWaitsForPool string `json:"delete_waits_for_pool,omitempty"`
+	// ForkedFrom is the Workspace this one was forked from (create --from).
+	ForkedFrom string     `json:"forked_from,omitempty"`
+	DeletedAt  *time.Time `json:"deleted_at,omitempty"`
 }
 
 // LayerRight is who may use a retained writable layer.
@@ -194,6 +196,9 @@ type WorkspaceCreateRequest struct {
 	// with the Workspace in its node's default pool.
 	Volumes    []VolumeAttach `json:"volumes,omitempty"`
 	NewVolumes []NewVolume    `json:"new_volumes,omitempty"`
+	// From forks this PAUSED Workspace: Template, CPU and MemoryBytes are
+	// its and may be left out.
+	From string `json:"from,omitempty"`
 }
 
 // WorkspaceWriteRequest is start, stop, delete and move.

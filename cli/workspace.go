@@ -41,9 +41,10 @@ func workspacePath(id string, verb ...string) string {
 
 // WorkspaceCreateCmd is `workspace create`.
 type WorkspaceCreateCmd struct {
-	Template  string            `name:"template" required:"" help:"Template name (kibotos template list)."`
-	CPU       int               `name:"cpu" default:"1" help:"Cores."`
-	Memory    string            `name:"memory" default:"512MiB" help:"Guest memory, e.g. 512MiB or 2GiB."`
+	Template  string            `name:"template" help:"Template name (kibotos template list); required unless --from."`
+	From      string            `name:"from" placeholder:"WORKSPACE" help:"Fork this PAUSED Workspace: the new one restores its snapshot (copy-on-write of its writable layer and memory) with a new hostname, machine id and random state, on a node that can resume it; template, CPU and memory are the source's. The source stays PAUSED. Not for a Workspace with Volumes."`
+	CPU       int               `name:"cpu" help:"Cores (default 1; a fork has its source's)."`
+	Memory    string            `name:"memory" help:"Guest memory, e.g. 512MiB or 2GiB (default 512MiB; a fork has its source's)."`
 	Label     map[string]string `name:"label" help:"Label KEY=VALUE; repeat for more."`
 	Node      string            `name:"node" help:"Place on this node only; never falls back to another."`
 	Egress    string            `name:"egress" placeholder:"none|public|NAME" help:"Outbound traffic: none (default), public, or the name of an Egress object."`
@@ -58,20 +59,10 @@ type WorkspaceCreateCmd struct {
 }
 
 func (c *WorkspaceCreateCmd) Run(g *Globals) error {
-	mem, err := parseSize(c.Memory)
-	if err != nil {
-		return usagef("--memory %q: %v", c.Memory, err)
-	}
-	if c.CPU <= 0 {
-		return usagef("--cpu %d: give a whole number of cores of at least 1", c.CPU)
-	}
-	vols, fresh, err := parseMounts(c.Volume, c.NewVolume)
+	req, err := c.request()
 	if err != nil {
 		return err
 	}
-	req := api.WorkspaceCreateRequest{WriteMeta: writeMeta(c.CommandID, nil), Template: c.Template,
-		CPU: api.Milli(c.CPU * 1000), MemoryBytes: mem, Labels: c.Label, NodeID: c.Node,
-		Network: createPolicy(c.Egress, c.Resolver, c.Allow, c.Deny), Volumes: vols, NewVolumes: fresh}
 	var ws api.Workspace
 	raw, err := g.call("POST", "/v1/workspaces", req, &ws)
 	if err != nil {
@@ -86,6 +77,46 @@ func (c *WorkspaceCreateCmd) Run(g *Globals) error {
 		raw = nil
 	}
 	return printWorkspaceResult(g, raw, &ws, c.Quiet, "created")
+}
+
+// request is the create request the flags ask for: a fork takes its
+// template, CPU and memory from its source.
+func (c *WorkspaceCreateCmd) request() (api.WorkspaceCreateRequest, error) {
+	req := api.WorkspaceCreateRequest{WriteMeta: writeMeta(c.CommandID, nil), Labels: c.Label, NodeID: c.Node,
+		Network: createPolicy(c.Egress, c.Resolver, c.Allow, c.Deny), From: c.From}
+	if c.From != "" {
+		switch {
+		case c.Template != "":
+			return req, usagef("--template with --from: a fork runs its source's template; leave --template out")
+		case c.CPU != 0 || c.Memory != "":
+			return req, usagef("--cpu or --memory with --from: a snapshot restores only into the vCPUs and memory it was saved with; leave them out")
+		case len(c.Volume) > 0 || len(c.NewVolume) > 0:
+			return req, usagef("--volume or --new-volume with --from: a restored guest must have the devices it was saved with; attach none")
+		}
+		return req, nil
+	}
+	if c.Template == "" {
+		return req, usagef("--template is required (or --from WORKSPACE to fork a paused one)")
+	}
+	if c.CPU == 0 {
+		c.CPU = 1
+	}
+	if c.Memory == "" {
+		c.Memory = "512MiB"
+	}
+	mem, err := parseSize(c.Memory)
+	if err != nil {
+		return req, usagef("--memory %q: %v", c.Memory, err)
+	}
+	if c.CPU < 0 {
+		return req, usagef("--cpu %d: give a whole number of cores of at least 1", c.CPU)
+	}
+	vols, fresh, err := parseMounts(c.Volume, c.NewVolume)
+	if err != nil {
+		return req, err
+	}
+	req.Template, req.CPU, req.MemoryBytes, req.Volumes, req.NewVolumes = c.Template, api.Milli(c.CPU*1000), mem, vols, fresh
+	return req, nil
 }
 
 // printWorkspaceResult prints the outcome of a write: the ID with -q, the
@@ -285,6 +316,9 @@ func renderWorkspace(w io.Writer, ws *api.Workspace, wide bool) {
 		}
 	}
 	line("Template", "%s", ws.Template)
+	if ws.ForkedFrom != "" {
+		line("Forked from", "%s", ws.ForkedFrom)
+	}
 	if ws.Platform != "" {
 		line("Platform", "%s", ws.Platform)
 	}
@@ -325,9 +359,12 @@ func renderWorkspace(w io.Writer, ws *api.Workspace, wide bool) {
 	}
 	line("Writable layer", "%s", layer)
 	if s := ws.Snapshot; s != nil {
-		if s.Discarded {
+		switch {
+		case s.Discarded:
 			line("Snapshot", "discarded by a stop; its files in pool %s go with the next start or the delete", s.PoolID)
-		} else {
+		case s.From != "":
+			line("Snapshot", "of workspace %s (%s in pool %s, taken at %s): the first start restores it", s.From, formatBytes(s.SizeBytes), s.PoolID, stamp(s.TakenAt))
+		default:
 			line("Snapshot", "%s in pool %s, taken on node %s at %s (QEMU %s, %s, %d MiB)", formatBytes(s.SizeBytes), s.PoolID, s.NodeID, stamp(s.TakenAt), s.Compat.QEMUVersion, s.Compat.Accel, s.Compat.MemoryMiB)
 		}
 	}

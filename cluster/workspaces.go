@@ -37,9 +37,16 @@ func (s *Server) handleWorkspaceCreate(w http.ResponseWriter, r *http.Request) {
 		// do not retry need not invent one.
 		req.WriteMeta = api.WriteMeta{CommandID: "api-" + newSessionID()[5:], Generated: true}
 	}
+	if req.From != "" {
+		// An older voter would not know From and boot a new Workspace.
+		if err := s.levelsReach("workspace create --from", fsm.LevelForks); err != nil {
+			writeError(w, err)
+			return
+		}
+	}
 	s.workspaceWrite(w, r, fsm.OpWorkspaceCreate, req.WriteMeta, fsm.WorkspaceCreateArgs{
 		Template: req.Template, CPU: req.CPU, MemoryBytes: req.MemoryBytes, Labels: req.Labels, NodeID: req.NodeID, Network: req.Network,
-		Volumes: req.Volumes, NewVolumes: req.NewVolumes,
+		Volumes: req.Volumes, NewVolumes: req.NewVolumes, From: req.From,
 	})
 }
 

@@ -103,8 +103,9 @@ func TestWorkspace(t *testing.T) {
 		{"StopNotPrepared", d.testStopNotPrepared},
 		{"OOMKill", d.testOOMKill},
 		{"ForceStopDelete", d.testForceStopDelete},
-		// Last: its own Workspace, deleted again, so no step above
-		// counts its Instance.
+		// Last: their own Workspaces, deleted again, so no step above
+		// counts their Instances.
+		{"Fork", d.testFork},
 		{"OCITemplate", d.testOCITemplate},
 	}
 	for _, s := range steps {

@@ -49,6 +49,9 @@ import (
 //	   WorkspaceCreateArgs.Import, refused below it
 //	6  the binary entry format (LevelEntryFormat, entrycodec.go): the
 //	   leader writes entries with EncodeEntry instead of JSON
+//	6  forks of a paused Workspace (LevelForks, forks.go):
+//	   WorkspaceCreateArgs.From, which the leader refuses below it (an
+//	   older voter would ignore it and create a Workspace that boots)
 
 // FeatureLevel is the level of this build.
 const FeatureLevel = 6

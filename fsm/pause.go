@@ -120,7 +120,12 @@ func taskSnapshot(w *api.Workspace) *api.TaskSnapshot {
 	if s == nil {
 		return nil
 	}
-	return &api.TaskSnapshot{PoolID: s.PoolID, Compat: s.Compat, Discard: s.Discarded || w.Pending == nil || w.Pending.Kind != api.WSCmdStart}
+	t := &api.TaskSnapshot{PoolID: s.PoolID, Compat: s.Compat, Discard: s.Discarded || w.Pending == nil || w.Pending.Kind != api.WSCmdStart}
+	if !t.Discard && s.From != "" {
+		// A fork's first start: its files are made from the source's.
+		t.From, t.FromInstance = s.From, s.InstanceID
+	}
+	return t
 }
 
 // TaskSnapshot is taskSnapshot for the dispatcher.

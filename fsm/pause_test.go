@@ -20,6 +20,16 @@ func (h *harness) resumer(node string, r *api.ResumeInfo) {
 
 var canResume = &api.ResumeInfo{QEMUVersion: "7.2.9", Accel: "tcg", CPUModel: "max", Installations: []string{"sha256-a"}}
 
+// resumeHarness: node-a alone, whose VMM restores testCompat snapshots,
+// and the shared pool nfs of 100 GiB.
+func resumeHarness(t *testing.T) *harness {
+	h := newHarness(t)
+	oneNode(h)
+	h.resumer("node-a", canResume)
+	h.poolCapacity("nfs", 100*gib)
+	return h
+}
+
 // pauseAnswer answers the pending pause with a snapshot of 300 MiB.
 func (h *harness) pauseAnswer(id string) *api.Workspace {
 	h.t.Helper()
@@ -125,10 +135,7 @@ func TestPauseResume(t *testing.T) {
 // A VMM killed during the pause: the Workspace can start again at once
 // (cold); a resume whose snapshot the node found torn boots afresh next.
 func TestPauseAndResumeFailures(t *testing.T) {
-	h := newHarness(t)
-	oneNode(h)
-	h.resumer("node-a", canResume)
-	h.poolCapacity("nfs", 100*gib)
+	h := resumeHarness(t)
 	w := h.running("c1", smallWS)
 	h.advance(time.Second)
 	h.ok(OpWorkspacePause, WorkspaceArgs{WorkspaceID: w.WorkspaceID})

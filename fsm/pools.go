@@ -180,6 +180,9 @@ func snapshotCharge(w *api.Workspace) (string, PoolUse) {
 	switch {
 	case w == nil || w.Layer == nil || w.Layer.Lost:
 		return "", PoolUse{}
+	case w.Snapshot != nil && w.Snapshot.From != "":
+		// A fork's names of its source's state file: no more room.
+		return "", PoolUse{}
 	case w.Snapshot != nil:
 		return w.Snapshot.PoolID, PoolUse{UsedBytes: w.Snapshot.SizeBytes}
 	case w.State == api.WorkspacePausing:
@@ -614,19 +617,14 @@ func movePoolWait(tx *bolt.Tx, old, w *api.Workspace) error {
 	if w != nil {
 		after = w.DeleteWaitsForPool
 	}
-	if before == after {
-		return nil
-	}
-	b := tx.Bucket(bucketPoolWaits)
+	var from, to []byte
 	if before != "" {
-		if err := b.Delete(poolWaitKey(before, old.WorkspaceID)); err != nil {
-			return err
-		}
+		from = poolWaitKey(before, old.WorkspaceID)
 	}
 	if after != "" {
-		return b.Put(poolWaitKey(after, w.WorkspaceID), nil)
+		to = poolWaitKey(after, w.WorkspaceID)
 	}
-	return nil
+	return moveKey(tx.Bucket(bucketPoolWaits), from, to)
 }
 
 // canAnswer: the node may still execute a command (it may be offline now).

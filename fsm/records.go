@@ -1,6 +1,7 @@
 package fsm
 
 import (
+	"bytes"
 	"encoding/binary"
 	"fmt"
 	"regexp"
@@ -92,6 +93,23 @@ func checkVersion(e *Entry, current uint64, object string) error {
 	if e.ExpectedVersion != nil && *e.ExpectedVersion != current {
 		return api.Errorf(api.CodeVersionMismatch,
 			"%s is at version %d, not the expected %d: read it again and retry with the current version", object, current, *e.ExpectedVersion)
+	}
+	return nil
+}
+
+// moveKey moves an index entry from before to after (nil: none), as a
+// record's indexed value changed.
+func moveKey(b *bolt.Bucket, before, after []byte) error {
+	if bytes.Equal(before, after) {
+		return nil
+	}
+	if before != nil {
+		if err := b.Delete(before); err != nil {
+			return err
+		}
+	}
+	if after != nil {
+		return b.Put(after, nil)
 	}
 	return nil
 }

@@ -79,10 +79,14 @@ var (
 	// transfer id → transferRecord: an export (transfers.go)
 	bucketTransfers = []byte("transfers")
 
+	// bucketForks: source\x00fork for each fork whose first start still
+	// reads its source's files (forks.go).
+	bucketForks = []byte("forks")
+
 	allBuckets = [][]byte{bucketMeta, bucketNodes, bucketGrants, bucketCommands, bucketWorkspaces, bucketWorkspaceNodes, bucketNodeHolds, bucketWorkspaceTombstones, bucketInstanceOwners,
 		bucketEgress, bucketEgressRevisions, bucketEgressRefs, bucketResolvers, bucketResolverRefs, bucketPools, bucketPoolUse, bucketPoolMembers, bucketPoolWaits,
 		bucketVolumes, bucketVolumeNames, bucketVolumeCommands, bucketVolumeTombstones, bucketMemberLevels, bucketEndedRounds, bucketEndedWatch,
-		bucketPlacements, bucketTemplates, bucketPlatforms, bucketTransfers}
+		bucketPlacements, bucketTemplates, bucketPlatforms, bucketTransfers, bucketForks}
 )
 
 // Keys of the meta bucket.

@@ -202,18 +202,14 @@ func moveVolumeIndexes(tx *bolt.Tx, old, v *api.Volume) error {
 		}
 		return x.DeleteWaitsForPool
 	}
-	if before, after := waits(old), waits(v); before != after {
-		b := tx.Bucket(bucketPoolWaits)
-		if before != "" {
-			if err := b.Delete(poolWaitKey(before, old.VolumeID)); err != nil {
-				return err
-			}
-		}
-		if after != "" {
-			return b.Put(poolWaitKey(after, v.VolumeID), nil)
-		}
+	var from, to []byte
+	if before := waits(old); before != "" {
+		from = poolWaitKey(before, old.VolumeID)
 	}
-	return nil
+	if after := waits(v); after != "" {
+		to = poolWaitKey(after, v.VolumeID)
+	}
+	return moveKey(tx.Bucket(bucketPoolWaits), from, to)
 }
 
 // setVolumePending records the command a node must execute on v next. Its

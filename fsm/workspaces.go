@@ -42,6 +42,10 @@ type WorkspaceCreateArgs struct {
 	// Import (transfer import; ctrl sends it only at LevelArtifacts) is
 	// the archive the first start unpacks into the layer and NewVolumes.
 	Import *api.WorkspaceImport `json:"import,omitempty"`
+	// From (LevelForks: the leader sends it only when every voter reaches
+	// it) forks this PAUSED Workspace (forks.go): Template, CPU and
+	// MemoryBytes are the source's and may be left out.
+	From string `json:"from,omitempty"`
 }
 
 // WorkspaceArgs names a Workspace, with the options of start and stop.
@@ -182,6 +186,9 @@ func putWorkspace(tx *bolt.Tx, e *Entry, old, w *api.Workspace) error {
 	if err := moveRefs(tx, old, w); err != nil {
 		return err
 	}
+	if err := moveForks(tx, old, w); err != nil {
+		return err
+	}
 	if err := syncVolumes(tx, e, old, w); err != nil {
 		return err
 	}
@@ -190,8 +197,8 @@ func putWorkspace(tx *bolt.Tx, e *Entry, old, w *api.Workspace) error {
 	return putJSON(tx, bucketWorkspaces, wsKey(w.WorkspaceID), w)
 }
 
-// cloneWorkspace copies w deeply enough that changing the copy's Layer or
-// Pending does not change w: putWorkspace needs the old record as it was to
+// cloneWorkspace copies w deeply enough that changing the copy's Layer,
+// Pending or Snapshot does not change w: putWorkspace needs the old record as it was to
 // remove its node index entries.
 func cloneWorkspace(w *api.Workspace) *api.Workspace {
 	c := *w
@@ -202,6 +209,11 @@ func cloneWorkspace(w *api.Workspace) *api.Workspace {
 	if w.Pending != nil {
 		p := *w.Pending
 		c.Pending = &p
+	}
+	if w.Snapshot != nil {
+		// Discarded changes in place; moveForks compares before and after.
+		s := *w.Snapshot
+		c.Snapshot = &s
 	}
 	c.Volumes = append([]api.VolumeMount(nil), w.Volumes...)
 	return &c
@@ -218,6 +230,9 @@ func deleteWorkspace(tx *bolt.Tx, e *Entry, w *api.Workspace) error {
 		return err
 	}
 	if err := moveRefs(tx, w, nil); err != nil {
+		return err
+	}
+	if err := moveForks(tx, w, nil); err != nil {
 		return err
 	}
 	if err := syncVolumes(tx, e, w, nil); err != nil {
@@ -648,6 +663,14 @@ func applyWorkspaceCreate(tx *bolt.Tx, e *Entry) (any, error) {
 	if e.CommandID == "" {
 		return nil, api.Errorf(api.CodeInvalidArgument, "workspace create needs a command id (the Workspace id is derived from it)")
 	}
+	var src *api.Workspace
+	if a.From != "" {
+		var err error
+		if src, err = forkOf(tx, &a); err != nil {
+			return nil, err
+		}
+		a.Template, a.CPU, a.MemoryBytes = src.Template, src.CPU, src.MemoryBytes
+	}
 	if err := validateCreate(&a); err != nil {
 		return nil, err
 	}
@@ -670,11 +693,18 @@ func applyWorkspaceCreate(tx *bolt.Tx, e *Entry) (any, error) {
 		}
 	}
 	w := &api.Workspace{WorkspaceID: id, Template: a.Template, CPU: a.CPU, MemoryBytes: a.MemoryBytes, Labels: a.Labels, Network: &network, CreatedAt: *at(e), Import: a.Import}
-	mounts, vols, err := workspaceVolumes(tx, e, id, &a)
-	if err != nil {
-		return nil, err
+	var vols []*api.Volume
+	if src != nil {
+		if w, err = newFork(tx, e, id, &a, src); err != nil {
+			return nil, err
+		}
+	} else {
+		mounts, vs, err := workspaceVolumes(tx, e, id, &a)
+		if err != nil {
+			return nil, err
+		}
+		w.Volumes, vols = mounts, vs
 	}
-	w.Volumes = mounts
 	node, err := place(tx, e, w, vols, a.NodeID, nil)
 	if err != nil {
 		return nil, err
@@ -711,6 +741,9 @@ func applyWorkspaceStart(tx *bolt.Tx, e *Entry) (any, error) {
 		return nil, err
 	}
 	if err := notExporting(w, "start"); err != nil {
+		return nil, err
+	}
+	if err := notForking(tx, w, "start"); err != nil {
 		return nil, err
 	}
 	switch {
@@ -759,6 +792,9 @@ func applyWorkspaceStop(tx *bolt.Tx, e *Entry) (any, error) {
 			return nil, err
 		}
 	}
+	if err := notForking(tx, w, "stop"); err != nil {
+		return nil, err
+	}
 	old := cloneWorkspace(w)
 	switch {
 	case w.State == api.WorkspaceStopped:
@@ -799,6 +835,9 @@ func applyWorkspaceDelete(tx *bolt.Tx, e *Entry) (any, error) {
 		return nil, err
 	}
 	if err := notExporting(w, "delete"); err != nil {
+		return nil, err
+	}
+	if err := notForking(tx, w, "delete"); err != nil {
 		return nil, err
 	}
 	if w.State == api.WorkspaceDeleting {
@@ -896,9 +935,10 @@ func applyWorkspaceResult(tx *bolt.Tx, e *Entry) (any, error) {
 			refused := append(append([]string(nil), p.Refused...), a.NodeID)
 			sort.Strings(refused)
 			w.NodeID, w.InstanceID = "", ""
-			if w.State == api.WorkspaceCreating {
+			if w.State == api.WorkspaceCreating && w.ForkedFrom == "" {
 				// No start of a CREATING Workspace has succeeded, so no node
-				// created its layer (also after earlier refusals).
+				// created its layer (also after earlier refusals). A fork's
+				// layer right is its source's pool from the start.
 				w.Layer = nil
 			} else if w.Layer != nil {
 				w.Layer.Held = false
@@ -913,6 +953,10 @@ func applyWorkspaceResult(tx *bolt.Tx, e *Entry) (any, error) {
 					w.Layer.Held = false
 				}
 				fail(api.FailureStart, fmt.Sprintf("node %s refused it (%s) and no other node can take it: %s", a.NodeID, a.Error, perr.Error()))
+				if forkSource(w) != "" {
+					// Its source need not wait for it any longer.
+					w.Snapshot.Discarded = true
+				}
 				break
 			}
 			state := w.State
@@ -926,7 +970,10 @@ func applyWorkspaceResult(tx *bolt.Tx, e *Entry) (any, error) {
 			if w.Layer != nil {
 				w.Layer.Held = false
 			}
-			if !resumeFailed(e, w, &a) {
+			switch {
+			case forkSource(w) != "":
+				forkStartFailed(e, w, &a)
+			case !resumeFailed(e, w, &a):
 				fail(api.FailureStart, a.Error)
 			}
 		}

@@ -238,6 +238,9 @@ func indexProblem(tx *bolt.Tx) error {
 	if err := volumesProblem(tx); err != nil {
 		return err
 	}
+	if err := forksProblem(tx); err != nil {
+		return err
+	}
 	return refsProblem(tx)
 }
 

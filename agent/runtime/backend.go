@@ -47,6 +47,9 @@ type Paths struct {
 	Disk        string // writable raw disk
 	Tap         string // tap in the Instance's network namespace; "" for none
 	Layer       string // retained writable layer (qcow2 over a template image); "" for none
+	// LayerBases are the frozen qcow2 bases between Layer and its template
+	// image, nearest first (a fork's or its source's layer; see fork.go).
+	LayerBases []string
 	// DataSocket is the guest agent's data-plane channel. The node never
 	// connects to it: the data-plane process is its one client (a QEMU
 	// socket chardev serves one client at a time).
@@ -152,7 +155,7 @@ func (q *QEMU) Argv(spec Spec, p Paths) ([]string, error) {
 		cfg.Channels = append(cfg.Channels, qemu.Channel{Name: guestproto.DataPortName, Socket: p.DataSocket})
 	}
 	if p.Layer != "" {
-		cfg.Disks = append(cfg.Disks, qemu.Disk{ID: "layer", Path: p.Layer, Format: "qcow2", Backing: spec.RootImage, Serial: LayerSerial})
+		cfg.Disks = append(cfg.Disks, qemu.Disk{ID: "layer", Path: p.Layer, Format: "qcow2", Backing: spec.RootImage, Bases: p.LayerBases, Serial: LayerSerial})
 	}
 	if p.Disk != "" {
 		cfg.Disks = append(cfg.Disks, qemu.Disk{ID: "writable", Path: p.Disk, Format: "raw"})

@@ -1,6 +1,7 @@
 package runtime_test
 
 import (
+	"context"
 	"crypto/sha256"
 	"errors"
 	"io"
@@ -16,6 +17,30 @@ import (
 	"github.com/kibotos/kibotos/vmm/guestproto"
 	"github.com/kibotos/kibotos/vmm/template"
 )
+
+// busyboxTemplate builds a template of busybox with the given applets and
+// etc/kibotos-template holding "coding".
+func busyboxTemplate(ctx context.Context, t *testing.T, h *harness, applets ...string) *template.Template {
+	t.Helper()
+	tree := filepath.Join(h.scratch, "tree")
+	for _, d := range []string{"bin", "etc", "tmp"} {
+		os.MkdirAll(filepath.Join(tree, d), 0o755)
+	}
+	bb, err := os.ReadFile("/bin/busybox")
+	if err != nil {
+		t.Fatalf("busybox for the template: %v (Debian package busybox-static)", err)
+	}
+	os.WriteFile(filepath.Join(tree, "bin", "busybox"), bb, 0o755)
+	for _, a := range applets {
+		os.Symlink("busybox", filepath.Join(tree, "bin", a))
+	}
+	os.WriteFile(filepath.Join(tree, "etc", "kibotos-template"), []byte("coding\n"), 0o644)
+	tpl, err := template.Build(ctx, template.Options{StorageRoot: filepath.Join(h.scratch, "tpl"), Name: "kibotos-coding", FromDir: tree})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tpl
+}
 
 func fileSum(t *testing.T, path string) [32]byte {
 	t.Helper()
@@ -43,23 +68,7 @@ func TestTemplateRootAndRetainedLayer(t *testing.T) {
 	rt := h.mustOpen(t)
 	ctx := testCtx(t, 3*time.Minute)
 
-	tree := filepath.Join(h.scratch, "tree")
-	for _, d := range []string{"bin", "etc", "tmp"} {
-		os.MkdirAll(filepath.Join(tree, d), 0o755)
-	}
-	bb, err := os.ReadFile("/bin/busybox")
-	if err != nil {
-		t.Fatalf("busybox for the template: %v (Debian package busybox-static)", err)
-	}
-	os.WriteFile(filepath.Join(tree, "bin", "busybox"), bb, 0o755)
-	for _, a := range []string{"sh", "cat", "sync"} {
-		os.Symlink("busybox", filepath.Join(tree, "bin", a))
-	}
-	os.WriteFile(filepath.Join(tree, "etc", "kibotos-template"), []byte("coding\n"), 0o644)
-	tpl, err := template.Build(ctx, template.Options{StorageRoot: filepath.Join(h.scratch, "tpl"), Name: "kibotos-coding", FromDir: tree})
-	if err != nil {
-		t.Fatal(err)
-	}
+	tpl := busyboxTemplate(ctx, t, h, "sh", "cat", "sync")
 	before := fileSum(t, tpl.Image())
 	layer := filepath.Join(h.scratch, "layers", "ws-1.qcow2")
 	volPool := filepath.Join(h.scratch, "volumes")

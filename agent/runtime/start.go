@@ -44,6 +44,10 @@ type Spec struct {
 	// Restore, when set, restores a snapshot (Pause) instead of booting:
 	// the same command line must be what the snapshot was saved from.
 	Restore *RestoreSpec
+	// Identity, with Restore, makes the restored guest a fork of the one
+	// saved: its own random state, hostname and machine id, set before
+	// anything else is asked of it (fork.go).
+	Identity *Identity
 }
 
 // vmmLogEnv passes the VMM log path to the wrapper shell.
@@ -129,6 +133,11 @@ func (rt *Runtime) start(ctx context.Context, in *instance, spec Spec) error {
 			return fmt.Errorf("runtime: instance %s: a root image needs a layer path", in.id)
 		}
 		p.Layer = spec.LayerPath
+		bases, err := LayerBases(spec.LayerPath)
+		if err != nil {
+			return fmt.Errorf("runtime: instance %s: %w", in.id, err)
+		}
+		p.LayerBases = bases
 	}
 	if err := rt.prepareVMMDirs(p); err != nil {
 		return fmt.Errorf("runtime: instance %s: %w", in.id, err)
@@ -275,6 +284,15 @@ func (rt *Runtime) start(ctx context.Context, in *instance, spec Spec) error {
 
 	if err := rt.awaitGuest(ctx, in, true); err != nil {
 		return err
+	}
+	if spec.Restore != nil && spec.Identity != nil {
+		c, err := rt.Guest(in.id)
+		if err == nil {
+			err = newIdentity(ctx, c, spec.Identity)
+		}
+		if err != nil {
+			return errors.Join(fmt.Errorf("runtime: instance %s: a fork's new identity: %w", in.id, err), rt.abortLaunch(ctx, rec.Unit, proc.InvocationID))
+		}
 	}
 	if spec.Restore != nil {
 		// The saved guest's clock stopped with it.
@@ -459,6 +477,9 @@ func (rt *Runtime) grantVMMFiles(spec Spec, p Paths) error {
 	}
 	if p.Layer != "" {
 		grants = append(grants, grant{p.Layer, 0o660}, grant{spec.RootImage, 0o640})
+	}
+	for _, b := range p.LayerBases {
+		grants = append(grants, grant{b, 0o640})
 	}
 	for _, v := range spec.Volumes {
 		grants = append(grants, grant{v.Path, 0o660})

@@ -189,7 +189,11 @@ func newAgent(opts Options) *agent {
 		opts.DiskWait = 10 * time.Second
 	}
 	if opts.BootID == "" {
-		b, _ := os.ReadFile("/proc/sys/kernel/random/boot_id")
+		// Never the kernel's boot_id: the kernel makes it on its first
+		// read and never again, so reading it here would fix it before
+		// any pause, and every fork of the paused guest would share it.
+		// uuid is a new random id on each read.
+		b, _ := os.ReadFile("/proc/sys/kernel/random/uuid")
 		opts.BootID = strings.TrimSpace(string(b))
 	}
 	a := &agent{
@@ -215,7 +219,7 @@ func newAgent(opts Options) *agent {
 // nodeOnlyCaps are the capabilities of calls the data channel refuses; it
 // does not announce them.
 var nodeOnlyCaps = map[string]bool{guestproto.CapConfigure: true, guestproto.CapBindMount: true, guestproto.CapFreeze: true, guestproto.CapStop: true,
-	guestproto.CapMountSerial: true, guestproto.CapGrowFS: true, guestproto.CapSetTime: true}
+	guestproto.CapMountSerial: true, guestproto.CapGrowFS: true, guestproto.CapSetTime: true, guestproto.CapIdentity: true}
 
 // infoFor is the GuestInfo a channel announces: the data channel's lists
 // only what it serves.
@@ -243,7 +247,8 @@ var dataCalls = func() map[string]bool {
 
 // nodeOnlyCalls are the known calls the data channel refuses by name.
 var nodeOnlyCalls = map[string]bool{guestproto.CallConfigure: true, guestproto.CallSync: true,
-	guestproto.CallFreeze: true, guestproto.CallThaw: true, guestproto.CallStop: true, guestproto.CallGrowFS: true, guestproto.CallSetTime: true}
+	guestproto.CallFreeze: true, guestproto.CallThaw: true, guestproto.CallStop: true, guestproto.CallGrowFS: true, guestproto.CallSetTime: true,
+	guestproto.CallIdentity: true}
 
 // shutdown ends what Serve started: running handlers and managed processes.
 func (a *agent) shutdown() {
@@ -437,6 +442,11 @@ func (a *agent) handle(ctx context.Context, ss session, s net.Conn) {
 		var r guestproto.SetTimeRequest
 		if err = decodeArgs(req.Args, &r); err == nil {
 			err = setTime(r)
+		}
+	case guestproto.CallIdentity:
+		var r guestproto.IdentityRequest
+		if err = decodeArgs(req.Args, &r); err == nil {
+			err = setIdentity(r)
 		}
 	case guestproto.CallFreeze, guestproto.CallThaw:
 		var r guestproto.FreezeRequest

@@ -212,6 +212,12 @@ func (c *Client) SetTime(ctx context.Context, t time.Time) error {
 	return c.call(ctx, CallSetTime, SetTimeRequest{UnixNano: t.UnixNano()}, nil)
 }
 
+// SetIdentity gives a restored fork its own random state, hostname and
+// machine id (CapIdentity).
+func (c *Client) SetIdentity(ctx context.Context, req IdentityRequest) error {
+	return c.call(ctx, CallIdentity, req, nil)
+}
+
 // Freeze freezes the filesystem mounted at path (FIFREEZE).
 func (c *Client) Freeze(ctx context.Context, path string) error {
 	return c.call(ctx, CallFreeze, FreezeRequest{Path: path}, nil)

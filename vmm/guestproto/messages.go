@@ -30,6 +30,8 @@ const (
 	// CallGrowFS grows the ext4 filesystem mounted at a path to fill its
 	// device (a Volume grown while its Workspace runs).
 	CallGrowFS = "grow-fs"
+	// CallIdentity gives a restored fork its own identity (CapIdentity).
+	CallIdentity = "identity"
 )
 
 // DataPortName is the virtio-serial port of the data-plane channel. The
@@ -99,11 +101,40 @@ const CapStopPrepare = "stop-prepare"
 // only Env: send it the defaults in Env.
 const CapExecImageConfig = "exec-image-config"
 
+// CapIdentity: CallIdentity. A fork of a paused Workspace is restored from
+// the same memory as its source and its other forks: the same kernel
+// random state, hostname and machine id. The call reseeds the kernel's
+// CRNG with the node's random bytes (credited: RNDADDENTROPY, then
+// RNDRESEEDCRNG) before it does anything else, then sets the hostname and
+// writes a new machine id. The agent never reads the kernel's boot_id
+// itself (GuestInfo.BootID is its own random id), so the kernel makes
+// boot_id on its first read in the guest: after a fork's reseed, its own.
+const CapIdentity = "identity"
+
+// IdentityRequest is a fork's new identity.
+type IdentityRequest struct {
+	// Entropy is random bytes of the node, mixed into the kernel's pool
+	// and credited (MinIdentityEntropy to MaxIdentityEntropy bytes).
+	Entropy []byte `json:"entropy"`
+	// Hostname, when set, replaces the kernel's hostname.
+	Hostname string `json:"hostname,omitempty"`
+	// MachineID (32 lowercase hex digits) is written to etc/machine-id
+	// of each of Roots ("/" is the agent's own) whose etc is a directory.
+	MachineID string   `json:"machine_id,omitempty"`
+	Roots     []string `json:"roots,omitempty"`
+}
+
+// Bounds of IdentityRequest.Entropy: 32 bytes reseed the CRNG fully.
+const (
+	MinIdentityEntropy = 32
+	MaxIdentityEntropy = 512
+)
+
 // Capabilities are every capability this build's guest agent announces
 // and its node may use. A guest of an earlier build lacking some is still
 // driven; only the calls that need those fail until it restarts.
 var Capabilities = []string{CapExec, CapPTY, CapFiles, CapConfigure, CapFreeze, CapStop, CapExecRoot,
-	CapPortForward, CapBindMount, CapMountSerial, CapGrowFS, CapSetTime, CapStopPrepare, CapExecImageConfig}
+	CapPortForward, CapBindMount, CapMountSerial, CapGrowFS, CapSetTime, CapStopPrepare, CapExecImageConfig, CapIdentity}
 
 // SetTimeRequest is the time to set, Unix nanoseconds of the node's clock.
 type SetTimeRequest struct {

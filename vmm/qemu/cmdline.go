@@ -86,6 +86,10 @@ type Disk struct {
 	// a layer in a shared pool was created on another node, whose
 	// template images live under another storage root.
 	Backing string
+	// Bases, for a qcow2 disk with Backing, are qcow2 images between the
+	// disk and Backing, nearest first: the frozen layer a fork of a
+	// paused Workspace and its source both write over.
+	Bases []string
 }
 
 // NIC is a virtio-net device on an existing tap.
@@ -204,7 +208,12 @@ func (c *Config) Args() ([]string, error) {
 		}
 		drive := "file=" + d.Path + ",if=none,id=" + id + ",format=" + format
 		if d.Backing != "" {
-			drive += ",backing.driver=raw,backing.file.filename=" + d.Backing
+			prefix := ",backing."
+			for _, b := range d.Bases {
+				drive += prefix + "driver=qcow2" + prefix + "file.filename=" + b
+				prefix += "backing."
+			}
+			drive += prefix + "driver=raw" + prefix + "file.filename=" + d.Backing
 		}
 		if d.ReadOnly {
 			drive += ",readonly=on"
@@ -314,6 +323,12 @@ func (c *Config) validate() error {
 				bad("disk %s: a backing image needs format qcow2", id)
 			}
 			path("disk "+id+" backing", d.Backing, false)
+		}
+		if len(d.Bases) > 0 && d.Backing == "" {
+			bad("disk %s: bases need a backing image", id)
+		}
+		for _, b := range d.Bases {
+			path("disk "+id+" base", b, false)
 		}
 	}
 	if c.NIC != nil {

@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -168,5 +169,27 @@ func TestSandboxOptionsAccepted(t *testing.T) {
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		t.Fatalf("%s -sandbox %s: %v: %s", bin, SandboxOptions, err, out)
+	}
+}
+
+// A fork's layer is over frozen bases, then the raw template image: each
+// named on the command line, nested, so no path in a qcow2 header counts.
+func TestArgsLayerOverBases(t *testing.T) {
+	c := Config{Accel: AccelTCG, TSCKHz: 1, Kernel: "k", Initrd: "i", ConsoleLog: "c",
+		Disks: []Disk{{ID: "layer", Path: "/p/layers/f.qcow2", Format: "qcow2", Backing: "/t/root.img", Bases: []string{"/p/bases/b2.qcow2", "/p/bases/b1.qcow2"}}}}
+	got, err := c.Argv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := "file=/p/layers/f.qcow2,if=none,id=layer,format=qcow2" +
+		",backing.driver=qcow2,backing.file.filename=/p/bases/b2.qcow2" +
+		",backing.backing.driver=qcow2,backing.backing.file.filename=/p/bases/b1.qcow2" +
+		",backing.backing.backing.driver=raw,backing.backing.backing.file.filename=/t/root.img"
+	if !slices.Contains(got, want) {
+		t.Errorf("argv %q lacks the drive %q", got, want)
+	}
+	c.Disks[0].Backing = ""
+	if _, err := c.Argv(); err == nil || !strings.Contains(err.Error(), "bases need a backing image") {
+		t.Errorf("bases without a backing image: %v", err)
 	}
 }

@@ -1,0 +1,125 @@
+package runtime_test
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/kibotos/kibotos/agent/runtime"
+	"github.com/kibotos/kibotos/internal/testenv"
+)
+
+// The files of forks, without a VM: the source's layer becomes a base
+// both it and every fork of the pause write over, each with its own
+// reference; a second fork of the same pause and a retry reuse it; the
+// state file is linked, never copied; a source paused again and forked
+// again chains a second base; deleting the source first leaves its
+// forks' bases, which go with the last layer over them.
+func TestForkFiles(t *testing.T) {
+	testenv.LookPath(t, "qemu-img", "qemu-utils")
+	ctx := context.Background()
+	pool := t.TempDir()
+	layer := func(ws string) string { return filepath.Join(pool, "layers", ws+".qcow2") }
+	snap := func(ws string) string { return filepath.Join(pool, "snapshots", ws) }
+	tpl := filepath.Join(t.TempDir(), "root.img")
+	img := func(args ...string) {
+		t.Helper()
+		if out, err := exec.Command("qemu-img", append([]string{"create", "-q"}, args...)...).CombinedOutput(); err != nil {
+			t.Fatalf("qemu-img create %v: %v: %s", args, err, out)
+		}
+	}
+	img("-f", "raw", tpl, "16M")
+	os.MkdirAll(filepath.Join(pool, "layers"), 0o700)
+	img("-f", "qcow2", "-F", "raw", "-b", tpl, layer("src"))
+	paused := func(inst string) {
+		os.MkdirAll(snap("src"), 0o700)
+		os.WriteFile(filepath.Join(snap("src"), runtime.SnapshotStateFile), []byte("memory of "+inst), 0o600)
+		os.WriteFile(filepath.Join(snap("src"), runtime.SnapshotMetaFile), []byte(`{"instance_id":"`+inst+`"}`), 0o600)
+	}
+	forkOf := func(ws, inst string) {
+		t.Helper()
+		f := runtime.ForkFiles{Source: "src", Fork: ws, SourceInstance: inst, SourceLayer: layer("src"), SourceSnapshot: snap("src"), Layer: layer(ws), Snapshot: snap(ws)}
+		if err := runtime.PrepareFork(ctx, "node-a", f); err != nil {
+			t.Fatal(err)
+		}
+	}
+	bases := func() string { return strings.Join(dirEntries(t, filepath.Join(pool, "bases")), " ") }
+	refs := func(base string) string {
+		return strings.Join(dirEntries(t, filepath.Join(pool, "bases", base+".refs")), " ")
+	}
+	chain := func(ws string) string {
+		t.Helper()
+		b, err := runtime.LayerBases(layer(ws))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := range b {
+			b[i] = filepath.Base(b[i])
+		}
+		return strings.Join(b, " ")
+	}
+
+	paused("i1")
+	forkOf("f1", "i1")
+	forkOf("f2", "i1")
+	forkOf("f2", "i1") // a retry: nothing new
+	if got := bases(); got != "src@i1.qcow2 src@i1.qcow2.refs" {
+		t.Fatalf("bases: %s", got)
+	}
+	if got := refs("src@i1.qcow2"); got != "f1 f2 src" {
+		t.Errorf("references to the base: %s", got)
+	}
+	for _, ws := range []string{"src", "f1", "f2"} {
+		if got := chain(ws); got != "src@i1.qcow2" {
+			t.Errorf("bases under %s: %q", ws, got)
+		}
+	}
+	st1, _ := os.Stat(filepath.Join(snap("src"), runtime.SnapshotStateFile))
+	st2, _ := os.Stat(filepath.Join(snap("f2"), runtime.SnapshotStateFile))
+	if !os.SameFile(st1, st2) {
+		t.Error("the fork's state file is not a link to the source's")
+	}
+	if b, _ := os.ReadFile(filepath.Join(snap("f1"), runtime.SnapshotMetaFile)); !strings.Contains(string(b), "i1") {
+		t.Errorf("the fork's snapshot.json: %s", b)
+	}
+
+	// Resumed, paused again, forked again: a second base over the first.
+	os.RemoveAll(snap("src"))
+	paused("i2")
+	forkOf("f3", "i2")
+	if got := chain("f3"); got != "src@i2.qcow2 src@i1.qcow2" {
+		t.Errorf("bases under a fork of the second pause: %q", got)
+	}
+	if got := refs("src@i1.qcow2"); got != "f1 f2 src" {
+		t.Errorf("references to the first base after the second: %s", got)
+	}
+
+	// The source goes first: every base stays for the forks over it.
+	if err := runtime.RemoveLayer(layer("src"), "src"); err != nil {
+		t.Fatal(err)
+	}
+	if got := refs("src@i2.qcow2"); got != "f3" {
+		t.Errorf("references to the second base without the source: %s", got)
+	}
+	for _, ws := range []string{"f3", "f1"} {
+		if err := runtime.RemoveLayer(layer(ws), ws); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// f3's base went with it and dropped its reference (as src's layer).
+	if got := bases(); got != "src@i1.qcow2 src@i1.qcow2.refs" || refs("src@i1.qcow2") != "f2" {
+		t.Errorf("after f3 and f1: bases %s, references %s", got, refs("src@i1.qcow2"))
+	}
+	if err := runtime.RemoveLayer(layer("f2"), "f2"); err != nil {
+		t.Fatal(err)
+	}
+	if got := bases(); got != "" {
+		t.Errorf("bases after every layer went: %s", got)
+	}
+	if err := runtime.RemoveLayer(layer("f2"), "f2"); err != nil {
+		t.Errorf("a layer removed twice: %v", err)
+	}
+}
