@@ -471,6 +471,7 @@ func (s *Server) Apply(ctx context.Context, e fsm.Entry) (fsm.Result, error) {
 		}
 	}
 	e.IssuedAt = time.Now().UTC()
+	e.CommandDigest = e.CommandID != "" && s.entryFormatBinary()
 	data, err := s.encodeEntry(&e)
 	if err != nil {
 		return fsm.Result{}, err

@@ -25,6 +25,10 @@ type Entry struct {
 	// (CountsPlacements) once every voter reaches LevelPlacementCounts;
 	// an entry without it counts nothing, as an older build applies it.
 	CountPlacements bool `json:"count_placements,omitempty"`
+	// CommandDigest: the command record is keyed by a digest of
+	// CommandID (commands.go). The leader sets it on entries with a
+	// command id once every voter reaches LevelEntryFormat.
+	CommandDigest bool `json:"command_digest,omitempty"`
 
 	// tally is what this apply decided (CountPlacements), never encoded.
 	tally *placementTally

@@ -12,7 +12,8 @@ import (
 // LevelEntryFormat is the level of the binary entry format: the leader
 // writes entries with EncodeEntry only once every voter reaches it, and
 // JSON before (an older build reads only JSON). DecodeEntry reads both,
-// so logs and snapshots from before stay readable.
+// so logs and snapshots from before stay readable. Entries of that level
+// also key their command records by digest (Entry.CommandDigest).
 const LevelEntryFormat = 6
 
 // entryFormatV1 is the first byte of a version-1 binary entry. A JSON
@@ -27,7 +28,8 @@ const (
 	flagExpectedVersion byte = 1 << iota
 	flagIgnoreUnknown
 	flagCountPlacements
-	knownEntryFlags = flagExpectedVersion | flagIgnoreUnknown | flagCountPlacements
+	flagCommandDigest
+	knownEntryFlags = flagExpectedVersion | flagIgnoreUnknown | flagCountPlacements | flagCommandDigest
 )
 
 // EncodeEntry writes e in the binary format (version 1):
@@ -49,6 +51,9 @@ func EncodeEntry(e *Entry) []byte {
 	}
 	if e.CountPlacements {
 		flags |= flagCountPlacements
+	}
+	if e.CommandDigest {
+		flags |= flagCommandDigest
 	}
 	b := make([]byte, 0, 2+3*binary.MaxVarintLen64+len(e.CommandID)+len(e.Actor)+len(e.Op)+len(e.Args))
 	b = append(b, entryFormatV1, flags)
@@ -94,6 +99,7 @@ func DecodeEntry(data []byte) (Entry, error) {
 	}
 	e.IgnoreUnknown = flags&flagIgnoreUnknown != 0
 	e.CountPlacements = flags&flagCountPlacements != 0
+	e.CommandDigest = flags&flagCommandDigest != 0
 	e.CommandID = d.string()
 	e.Actor = d.string()
 	e.Op = d.string()

@@ -15,7 +15,7 @@ func sampleEntries() []Entry {
 	at := time.Date(2026, 12, 3, 1, 2, 3, 456789012, time.UTC)
 	return []Entry{
 		{Op: OpNodeDrain, IssuedAt: at, Args: json.RawMessage(`{"node_id":"node-1"}`)},
-		{CommandID: "cmd-1", ExpectedVersion: &v, IssuedAt: at, Actor: "admin:alice", Op: OpOvercommitSet, Args: json.RawMessage(`{"node_id":"n","cpu":{"value":"2"}}`)},
+		{CommandID: "cmd-1", ExpectedVersion: &v, CommandDigest: true, IssuedAt: at, Actor: "admin:alice", Op: OpOvercommitSet, Args: json.RawMessage(`{"node_id":"n","cpu":{"value":"2"}}`)},
 		{ExpectedVersion: &zero, IssuedAt: at, Op: OpMemberLevel, IgnoreUnknown: true, Args: json.RawMessage(`{}`)},
 		{IssuedAt: at, Op: OpWorkspaceCreate, CountPlacements: true, Actor: "ünïcode \x00 actor", Args: json.RawMessage(`{"template":"t","labels":{"a":"\u00e9"}}`)},
 		{IssuedAt: time.Unix(0, 0).UTC(), Op: "op.without.args"},
@@ -72,7 +72,7 @@ func TestDecodeEntryRefuses(t *testing.T) {
 	}
 	flagged := append([]byte(nil), bin...)
 	flagged[1] |= 0x80
-	if _, err := DecodeEntry(flagged); err == nil || !strings.Contains(err.Error(), "flags 0x81 are unknown") {
+	if _, err := DecodeEntry(flagged); err == nil || !strings.Contains(err.Error(), "flags 0x89 are unknown") {
 		t.Fatalf("unknown flag: %v", err)
 	}
 	// A length beyond the entry is an error, not an allocation.

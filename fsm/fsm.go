@@ -227,7 +227,7 @@ func applyOne(tx *bolt.Tx, e *Entry) (Result, error) {
 			return Result{Error: api.Errorf(api.CodeInvalidArgument, "command id is %d bytes long; use at most %d", len(e.CommandID), bolt.MaxKeySize)}, nil
 		}
 		hash = inputHash(e)
-		rec, err := getCommand(tx, e.CommandID)
+		rec, err := findCommand(tx, e)
 		if err != nil {
 			return Result{}, err
 		}
@@ -275,7 +275,7 @@ func applyOne(tx *bolt.Tx, e *Entry) (Result, error) {
 	}
 	res := Result{Value: raw}
 	if e.CommandID != "" {
-		if err := putCommand(tx, e.CommandID, commandRecord{Op: e.Op, InputHash: hash, AppliedAt: e.IssuedAt, Result: res}); err != nil {
+		if err := putCommand(tx, e, commandRecord{Op: e.Op, InputHash: hash, AppliedAt: e.IssuedAt, Result: res}); err != nil {
 			return Result{}, fmt.Errorf("record command %s: %w", e.CommandID, err)
 		}
 	}

@@ -2,6 +2,7 @@ package fsm
 
 import (
 	"bytes"
+	"crypto/sha256"
 	"encoding/json"
 	"fmt"
 	"reflect"
@@ -1579,5 +1580,48 @@ func TestOpsBeforeBootstrapRefused(t *testing.T) {
 	}
 	if before != h.dump() {
 		t.Fatal("refused ops before bootstrap changed the state")
+	}
+}
+
+func withCommandDigest() entryOpt { return func(e *Entry) { e.CommandDigest = true } }
+
+// An entry with CommandDigest keys its command record by the id's digest,
+// never by the id (a long id made a deep page path of every insert); it
+// still finds a record the same command left under the id before every
+// voter reached the level, refuses the id with other inputs, and expires
+// like any other.
+func TestCommandRecordsByDigest(t *testing.T) {
+	h := newHarness(t)
+	readyNode(h)
+	long := strings.Repeat("k", 1024)
+	keys := func() (ids []string) {
+		h.f.View(func(tx *bolt.Tx) error {
+			return tx.Bucket(bucketCommands).ForEach(func(k, _ []byte) error { ids = append(ids, fmt.Sprintf("%x", k)); return nil })
+		})
+		return ids
+	}
+	drain := h.entry(OpNodeDrain, NodeArgs{NodeID: "node-a"}, withCommand(long), withCommandDigest())
+	h.expect("", drain)
+	sum := sha256.Sum256([]byte(long))
+	if got, want := keys(), []string{fmt.Sprintf("00%x", sum)}; !reflect.DeepEqual(got, want) {
+		t.Fatalf("command keys %v, want %v", got, want)
+	}
+	if r := h.expectUnchanged(drain); !r.Replayed {
+		t.Fatal("the digest-keyed command did not replay")
+	}
+	if e := h.fail(api.CodeFailedPrecondition, OpNodeCancelDrain, NodeArgs{NodeID: "node-a"}, withCommand(long), withCommandDigest()); !strings.Contains(e.Message, "already used for node.drain") {
+		t.Fatalf("the id with other inputs: %v", e)
+	}
+
+	// Applied under the id (below the level), replayed with the digest.
+	h.expect("", h.entry(OpNodeCancelDrain, NodeArgs{NodeID: "node-a"}, withCommand("old-1")))
+	if r := h.expectUnchanged(h.entry(OpNodeCancelDrain, NodeArgs{NodeID: "node-a"}, withCommand("old-1"), withCommandDigest())); !r.Replayed {
+		t.Fatal("a command recorded under its id did not replay with CommandDigest")
+	}
+
+	h.advance(time.Hour)
+	h.ok(OpCommandsExpire, CommandsExpireArgs{Before: h.now})
+	if got := keys(); len(got) != 0 {
+		t.Fatalf("commands left after expire: %v", got)
 	}
 }
