@@ -92,15 +92,6 @@ func (s *Server) levelsReach(what string, need int) error {
 	return fsm.CheckLevel(what, need, levels)
 }
 
-// encodeEntry writes e in the binary format once every voter reads it,
-// and in JSON until then.
-func (s *Server) encodeEntry(e *fsm.Entry) ([]byte, error) {
-	if s.entryFormatBinary() {
-		return fsm.EncodeEntry(e), nil
-	}
-	return fsm.EncodeEntryJSON(e)
-}
-
 // entryFormatBinary reports whether every voter reaches
 // fsm.LevelEntryFormat. Asking the voters' recorded levels takes a trip
 // through Raft's loop, so the answer is kept for a second; a voter added

@@ -471,9 +471,15 @@ func (s *Server) Apply(ctx context.Context, e fsm.Entry) (fsm.Result, error) {
 		}
 	}
 	e.IssuedAt = time.Now().UTC()
-	e.CommandDigest = e.CommandID != "" && s.entryFormatBinary()
-	data, err := s.encodeEntry(&e)
-	if err != nil {
+	// The binary format once every voter reads it, JSON until then.
+	var (
+		data []byte
+		err  error
+	)
+	if s.entryFormatBinary() {
+		e.CommandDigest = e.CommandID != ""
+		data = fsm.EncodeEntry(&e)
+	} else if data, err = fsm.EncodeEntryJSON(&e); err != nil {
 		return fsm.Result{}, err
 	}
 	f := s.raft.Apply(data, timeout)

@@ -39,14 +39,12 @@ func forkSource(w *api.Workspace) string {
 // moveForks keeps the forks bucket in step with w (old before, either
 // may be nil).
 func moveForks(tx *bolt.Tx, old, w *api.Workspace) error {
-	var from, to []byte
-	if before := forkSource(old); before != "" {
-		from = forkKey(before, old.WorkspaceID)
-	}
-	if after := forkSource(w); after != "" {
-		to = forkKey(after, w.WorkspaceID)
-	}
-	return moveKey(tx.Bucket(bucketForks), from, to)
+	return moveIndex(tx.Bucket(bucketForks), old, w, func(x *api.Workspace) []byte {
+		if src := forkSource(x); src != "" {
+			return forkKey(src, x.WorkspaceID)
+		}
+		return nil
+	})
 }
 
 // notForking refuses what of a source while a fork's first start reads

@@ -610,21 +610,12 @@ func poolWaitKey(pool, ws string) []byte { return []byte(pool + "\x00" + ws) }
 
 // movePoolWait keeps the pool_waits index in step with w (either may be nil).
 func movePoolWait(tx *bolt.Tx, old, w *api.Workspace) error {
-	var before, after string
-	if old != nil {
-		before = old.DeleteWaitsForPool
-	}
-	if w != nil {
-		after = w.DeleteWaitsForPool
-	}
-	var from, to []byte
-	if before != "" {
-		from = poolWaitKey(before, old.WorkspaceID)
-	}
-	if after != "" {
-		to = poolWaitKey(after, w.WorkspaceID)
-	}
-	return moveKey(tx.Bucket(bucketPoolWaits), from, to)
+	return moveIndex(tx.Bucket(bucketPoolWaits), old, w, func(x *api.Workspace) []byte {
+		if x.DeleteWaitsForPool == "" {
+			return nil
+		}
+		return poolWaitKey(x.DeleteWaitsForPool, x.WorkspaceID)
+	})
 }
 
 // canAnswer: the node may still execute a command (it may be offline now).

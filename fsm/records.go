@@ -97,9 +97,17 @@ func checkVersion(e *Entry, current uint64, object string) error {
 	return nil
 }
 
-// moveKey moves an index entry from before to after (nil: none), as a
-// record's indexed value changed.
-func moveKey(b *bolt.Bucket, before, after []byte) error {
+// moveIndex keeps a record's entry in the index bucket b in step as the
+// record goes from old to now (either may be nil): key is the record's
+// entry, nil when it has none.
+func moveIndex[T any](b *bolt.Bucket, old, now *T, key func(*T) []byte) error {
+	var before, after []byte
+	if old != nil {
+		before = key(old)
+	}
+	if now != nil {
+		after = key(now)
+	}
 	if bytes.Equal(before, after) {
 		return nil
 	}

@@ -196,20 +196,12 @@ func moveVolumeIndexes(tx *bolt.Tx, old, v *api.Volume) error {
 			}
 		}
 	}
-	waits := func(x *api.Volume) string {
-		if x == nil {
-			return ""
+	return moveIndex(tx.Bucket(bucketPoolWaits), old, v, func(x *api.Volume) []byte {
+		if x.DeleteWaitsForPool == "" {
+			return nil
 		}
-		return x.DeleteWaitsForPool
-	}
-	var from, to []byte
-	if before := waits(old); before != "" {
-		from = poolWaitKey(before, old.VolumeID)
-	}
-	if after := waits(v); after != "" {
-		to = poolWaitKey(after, v.VolumeID)
-	}
-	return moveKey(tx.Bucket(bucketPoolWaits), from, to)
+		return poolWaitKey(x.DeleteWaitsForPool, x.VolumeID)
+	})
 }
 
 // setVolumePending records the command a node must execute on v next. Its

@@ -273,6 +273,9 @@ func TestDataChannel(t *testing.T) {
 	refused[guestproto.CallThaw] = data.Thaw(ctx, missing)
 	_, refused[guestproto.CallStop] = data.Stop(ctx, time.Second)
 	_, refused[guestproto.CallGrowFS] = data.GrowFS(ctx, guestproto.GrowFSRequest{Path: missing})
+	// Too little entropy: served by mistake, it would be refused for that
+	// and touch nothing.
+	refused[guestproto.CallIdentity] = data.SetIdentity(ctx, guestproto.IdentityRequest{Entropy: make([]byte, 8)})
 	for call, err := range refused {
 		ge := guestErr(err)
 		want := call + " is only served on the node channel"
