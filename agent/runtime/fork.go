@@ -266,6 +266,16 @@ type Identity struct {
 	Roots []string
 }
 
+// NewIdentity gives a running Instance a new identity: random state,
+// and what id names of hostname and machine id.
+func (rt *Runtime) NewIdentity(ctx context.Context, id string, ident Identity) error {
+	c, err := rt.Guest(id)
+	if err != nil {
+		return err
+	}
+	return newIdentity(ctx, c, &ident)
+}
+
 // newIdentity gives a restored fork its own random state, hostname and
 // machine id, before anything else is asked of the guest.
 func newIdentity(ctx context.Context, c *guestproto.Client, id *Identity) error {

@@ -20,7 +20,7 @@ import (
 
 // busyboxTemplate builds a template of busybox with the given applets and
 // etc/kibotos-template holding "coding".
-func busyboxTemplate(ctx context.Context, t *testing.T, h *harness, applets ...string) *template.Template {
+func busyboxTemplate(ctx context.Context, t testing.TB, h *harness, applets ...string) *template.Template {
 	t.Helper()
 	tree := filepath.Join(h.scratch, "tree")
 	for _, d := range []string{"bin", "etc", "tmp"} {

@@ -1,6 +1,7 @@
 package runtime_test
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/kibotos/kibotos/agent/runtime"
 	"github.com/kibotos/kibotos/vmm/guestproto"
+	"github.com/kibotos/kibotos/vmm/platform"
 )
 
 // BenchmarkPauseResume measures on one node, with the same Platform and a
@@ -24,14 +26,7 @@ import (
 //
 //	go test ./agent/runtime -run X -bench PauseResume -benchtime 3x
 func BenchmarkPauseResume(b *testing.B) {
-	h := newHarness(b)
-	inst := platformFixture(b)
-	rt, err := runtime.Open(testCtx(b, time.Minute), h.config())
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { rt.Close() })
-	ctx := testCtx(b, 30*time.Minute)
+	h, inst, rt, ctx := benchRuntime(b)
 	exec := func(id, script string) {
 		b.Helper()
 		r, err := run(ctx, rt, id, guestproto.ExecRequest{Argv: []string{"/bin/sh", "-c", script}}, nil)
@@ -79,14 +74,29 @@ func BenchmarkPauseResume(b *testing.B) {
 		os.RemoveAll(dir)
 		b.StartTimer()
 	}
-	ms := func(d []time.Duration) float64 {
-		slices.Sort(d)
-		return float64(d[len(d)/2]) / float64(time.Millisecond)
-	}
-	c, p, r := ms(cold), ms(pause), ms(resume)
+	c, p, r := median(cold), median(pause), median(resume)
 	b.ReportMetric(c, "cold-ms")
 	b.ReportMetric(p, "pause-ms")
 	b.ReportMetric(r, "resume-ms")
 	b.ReportMetric(r/c, "resume/cold")
 	b.ReportMetric(float64(state)/(1<<20), "state-MiB")
+}
+
+// median of durations, in ms.
+func median(d []time.Duration) float64 {
+	slices.Sort(d)
+	return float64(d[len(d)/2]) / float64(time.Millisecond)
+}
+
+// benchRuntime is a node runtime of its own for a VM benchmark, with the
+// Platform fixture and a context for the whole run.
+func benchRuntime(b *testing.B) (*harness, *platform.Installation, *runtime.Runtime, context.Context) {
+	h := newHarness(b)
+	inst := platformFixture(b)
+	rt, err := runtime.Open(testCtx(b, time.Minute), h.config())
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { rt.Close() })
+	return h, inst, rt, testCtx(b, 30*time.Minute)
 }

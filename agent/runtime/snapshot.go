@@ -75,6 +75,10 @@ var ErrVMMGone = errors.New("the VMM ended")
 // RestoreSpec asks Start to restore a snapshot instead of booting.
 type RestoreSpec struct {
 	Dir string // the snapshot directory
+	// FreshLayer: the snapshot is a warm guest's, saved over a new empty
+	// layer it never mounted; the start creates the Workspace's layer,
+	// which must not exist yet.
+	FreshLayer bool
 }
 
 // Pause saves Instance id into the snapshot directory dir and ends its

@@ -200,7 +200,13 @@ func (rt *Runtime) start(ctx context.Context, in *instance, spec Spec) error {
 		if err := rt.checkRestore(rec, spec.Restore.Dir); err != nil {
 			return errors.Join(fmt.Errorf("runtime: instance %s: %w", in.id, err), rt.deleteNetwork(context.WithoutCancel(ctx), in.id, rec.Network))
 		}
-		if _, err := os.Stat(spec.LayerPath); spec.LayerPath != "" && err != nil {
+		_, err := os.Stat(spec.LayerPath)
+		switch {
+		case spec.LayerPath == "":
+		case spec.Restore.FreshLayer && err == nil:
+			// The guest's caches may hold blocks of a new layer only.
+			return errors.Join(fmt.Errorf("runtime: instance %s: a warm guest restores over a new layer, and %s exists", in.id, spec.LayerPath), rt.deleteNetwork(context.WithoutCancel(ctx), in.id, rec.Network))
+		case !spec.Restore.FreshLayer && err != nil:
 			return errors.Join(fmt.Errorf("runtime: instance %s: the writable layer the snapshot needs: %w", in.id, err), rt.deleteNetwork(context.WithoutCancel(ctx), in.id, rec.Network))
 		}
 	}
