@@ -100,6 +100,8 @@ type Config struct {
 	// the storage root); DefaultPool names the one new layers go to.
 	Pools       []PoolConfig
 	DefaultPool string
+	// Warm asks for warm guests ([templates.NAME] warm = N).
+	Warm []WarmConfig
 }
 
 // PoolConfig is a configured storage pool. A shared pool is the same
@@ -156,6 +158,8 @@ type Agent struct {
 	watched map[string]*watchedPool
 	// ended: what ctrl is told of the ended-Instance records.
 	ended endedRecords
+	// warm: the warm guests' counts (warm.go).
+	warm warmState
 }
 
 // New starts a new incarnation of the node.
@@ -191,6 +195,9 @@ func New(cfg Config) (*Agent, error) {
 	a := &Agent{cfg: cfg, log: cfg.Logger.With("node_id", cfg.NodeID), incarnation: inc,
 		sampler: hostusage.NewSampler(hostusage.Config{Interval: cfg.SampleInterval, VMCgroup: "/sys/fs/cgroup/kibotos.slice/kibotos-vmm.slice"})}
 	a.initTasks()
+	if err := a.initWarm(); err != nil {
+		return nil, fmt.Errorf("node %s: %w", cfg.NodeID, err)
+	}
 	if a.volumes, err = openVolumeLog(cfg.DataDir.StorageRoot()); err != nil {
 		return nil, fmt.Errorf("node %s: %w", cfg.NodeID, err)
 	}
@@ -261,6 +268,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	a.notePools(first.Pools)
 	go a.watchInstances(ctx, first)
 	go a.watchHolders(ctx)
+	go a.runWarm(ctx)
 	backoff := 200 * time.Millisecond
 	for {
 		err := a.connectOnce(ctx)
@@ -327,7 +335,8 @@ func (a *Agent) watchInstances(ctx context.Context, first api.Report) {
 		r := a.buildReport(false)
 		a.notePools(r.Pools)
 		last, lastPush := a.lastSent()
-		changed := r.Instances != last.Instances || r.Allocated != last.Allocated || reportedStates(r) != reportedStates(last)
+		changed := r.Instances != last.Instances || r.Allocated != last.Allocated || reportedStates(r) != reportedStates(last) ||
+			!slices.Equal(r.Warm, last.Warm)
 		// New denied counts alone are pushed, but not more often than
 		// the interval: each report is a Raft entry.
 		if changed || deniedCounts(r) != deniedCounts(last) && time.Since(lastPush) >= a.cfg.DeniedReportInterval {
@@ -545,12 +554,16 @@ func (a *Agent) buildReport(withEnded bool) api.Report {
 		// Full reports only: the watcher's look every second needs none.
 		r.Resume = a.resumeInfo()
 	}
+	r.Warm = a.warmReport()
 	if withEnded {
 		// ctrl stores the cleanup conclusion of each, then has it deleted.
 		r.Ended, r.EndedComplete = a.endedReport()
 	}
 	if rt := a.cfg.Runtime; rt != nil {
 		for _, st := range rt.List() {
+			if runtime.IsWarm(st.ID) {
+				continue // no Workspace's, and ended within seconds
+			}
 			r.InstanceStates = append(r.InstanceStates, api.InstanceState{InstanceID: st.ID, State: string(st.State), Error: st.Error, DeniedPackets: st.DeniedPackets,
 				OOMKilled:          st.State == runtime.StateFailed && st.Error == runtime.ErrOOMKilled,
 				GuestNotResponding: st.State == runtime.StateRunning && !st.GuestResponding})

@@ -92,7 +92,7 @@ func (a *Agent) watchHolders(ctx context.Context) {
 		case <-tick.C:
 		}
 		for _, st := range rt.List() {
-			if st.State != runtime.StateRunning && st.State != runtime.StateStarting {
+			if st.State != runtime.StateRunning && st.State != runtime.StateStarting || runtime.IsWarm(st.ID) {
 				continue
 			}
 			for _, object := range objectsOf(st) {

@@ -313,6 +313,8 @@ func (a *Agent) startWorkspace(ctx context.Context, t api.WorkspaceTask, r *api.
 		}
 		defer im.cleanup()
 	}
+	_, statErr := os.Stat(layer)
+	freshLayer := errors.Is(statErr, os.ErrNotExist)
 	if err := a.claimObject(ctx, layer, id); err != nil {
 		return "", fmt.Errorf("instance %s: %w", id, err)
 	}
@@ -327,9 +329,33 @@ func (a *Agent) startWorkspace(ctx context.Context, t api.WorkspaceTask, r *api.
 	a.tasks.mu.Unlock()
 	spec := runtime.Spec{InstanceID: id, Installation: installation, VCPUs: max(1, int(t.CPU/1000)), MemoryMiB: int(t.MemoryBytes >> 20),
 		Network: true, Policy: policy, RootImage: tpl.Image(), LayerPath: layer, Volumes: volumes, Restore: restore, Identity: identity}
-	if _, err := rt.Start(ctx, spec); err != nil {
-		a.forget(ctx, id)
-		return "", fmt.Errorf("node %s: %w", a.cfg.NodeID, err)
+	var warm string
+	if restore == nil && im == nil && len(volumes) == 0 && freshLayer {
+		warm = a.takeWarm(spec, tpl, t.Template)
+	}
+	if warm != "" {
+		spec.Restore = &runtime.RestoreSpec{Dir: warm, FreshLayer: true}
+		spec.Identity = &runtime.Identity{Hostname: t.WorkspaceID}
+		_, err := rt.Start(ctx, spec)
+		a.warmTaken(t.Template, warm, err == nil)
+		if err != nil {
+			// The warm guest was only a shortcut: boot instead.
+			a.log.Warn("warm guest not restored; booting", "workspace_id", t.WorkspaceID, "instance_id", id, "err", err)
+			if derr := rt.Delete(ctx, id); derr != nil && !isUnknownInstance(derr) {
+				a.forget(ctx, id)
+				return "", fmt.Errorf("node %s: %w", a.cfg.NodeID, errors.Join(err, derr))
+			}
+			rt.ForgetEnded([]string{id})
+			spec.Restore, spec.Identity, warm = nil, nil, ""
+		} else {
+			a.log.Info("instance restored from a warm guest", "workspace_id", t.WorkspaceID, "instance_id", id, "template", t.Template)
+		}
+	}
+	if warm == "" {
+		if _, err := rt.Start(ctx, spec); err != nil {
+			a.forget(ctx, id)
+			return "", fmt.Errorf("node %s: %w", a.cfg.NodeID, err)
+		}
 	}
 	r.Platform = installation.ID
 	if restore != nil {
@@ -343,6 +369,15 @@ func (a *Agent) startWorkspace(ctx context.Context, t api.WorkspaceTask, r *api.
 	if err := a.configureWorkspace(ctx, id, t); err != nil {
 		a.forget(ctx, id)
 		return "", err
+	}
+	if warm != "" {
+		// Its own machine id in its filesystem, now mounted: every
+		// Workspace restored from warm guests of one template would
+		// otherwise share the template's.
+		if err := rt.NewIdentity(ctx, id, runtime.Identity{Roots: []string{WorkspaceRoot}}); err != nil {
+			a.forget(ctx, id)
+			return "", fmt.Errorf("instance %s: %w", id, err)
+		}
 	}
 	return "", nil
 }

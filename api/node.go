@@ -148,6 +148,47 @@ type Report struct {
 	DataPlaneAddress string `json:"data_plane_address,omitempty"`
 	// Resume is what the node's VMM can restore (paused Workspaces).
 	Resume *ResumeInfo `json:"resume,omitempty"`
+	// Warm are the node's warm guests, by template ([templates.NAME]
+	// warm = N in its configuration).
+	Warm []WarmGuests `json:"warm,omitempty"`
+}
+
+// WarmGuests are one template's warm guests on a node: pre-booted,
+// paused guests the first start of a Workspace of that template and size
+// restores instead of booting.
+type WarmGuests struct {
+	Template    string `json:"template"`
+	Wanted      int    `json:"wanted"`
+	Ready       int    `json:"ready"`
+	CPU         Milli  `json:"cpu"`
+	MemoryBytes uint64 `json:"memory_bytes"`
+	// Starts counts the starts that restored one since the node started.
+	Starts uint64 `json:"starts"`
+	// Error says why none can be made now (no template here yet, the
+	// last boot failed).
+	Error string `json:"error,omitempty"`
+}
+
+// Bounds of a node's warm guests.
+const (
+	MaxWarmTemplates = 64
+	MaxWarmGuests    = 64
+)
+
+// CheckWarm bounds what a report says of warm guests.
+func CheckWarm(node string, warm []WarmGuests) error {
+	if len(warm) > MaxWarmTemplates {
+		return Errorf(CodeInvalidArgument, "report of node %s lists warm guests of %d templates: at most %d", node, len(warm), MaxWarmTemplates)
+	}
+	for _, w := range warm {
+		if err := ValidTemplateName(w.Template); err != nil {
+			return Errorf(CodeInvalidArgument, "report of node %s: warm guests of template %.80q: %v", node, w.Template, err)
+		}
+		if w.Wanted < 0 || w.Wanted > MaxWarmGuests || w.Ready < 0 || w.Ready > MaxWarmGuests || len(w.Error) > 1024 {
+			return Errorf(CodeInvalidArgument, "report of node %s: warm guests of template %s: %d wanted, %d ready, an error of %d bytes: out of bounds", node, w.Template, w.Wanted, w.Ready, len(w.Error))
+		}
+	}
+	return nil
 }
 
 // EndedInstance is the node's record of an Instance it released.

@@ -7,10 +7,12 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -69,6 +71,8 @@ type DevUpCmd struct {
 	// download of the kernel package.
 	PlatformCache string `name:"platform-cache-dir" env:"KIBOTOS_PLATFORM_CACHE" help:"Where the kernel package of the Platform is downloaded and unpacked; default: <storage root>/cache/platform."`
 	LogFormat     string `name:"log-format" default:"text" enum:"text,json" help:"Log format of the dev member and of the data-plane and egress processes it starts: text, or json (one object per line, for journald or Vector)."`
+	// Warm is serve's [templates.NAME] warm = N, at a create's default size.
+	Warm map[string]int `name:"warm" placeholder:"TEMPLATE=N" help:"Keep N pre-booted, paused guests of the template, so that a create of it with the default CPU and memory restores one instead of booting (serve: [templates.NAME] warm = N); repeatable."`
 }
 
 // ensureDevArtifacts builds what a Workspace needs on this host when it is
@@ -168,7 +172,15 @@ func (c *DevUpCmd) Run(g *Globals) error {
 	if err != nil {
 		return err
 	}
-	return runMember(g, memberOptions{dir: d, level: "info", capacity: agent.DefaultCapacity(), timings: cluster.DefaultTimings(), onReady: onReady,
+	var warm []agent.WarmConfig
+	for _, name := range slices.Sorted(maps.Keys(c.Warm)) {
+		w, err := warmConfig(name, c.Warm[name], 0, "")
+		if err != nil {
+			return usagef("--warm %s=%d: %v", name, c.Warm[name], err)
+		}
+		warm = append(warm, w)
+	}
+	return runMember(g, memberOptions{dir: d, level: "info", capacity: agent.DefaultCapacity(), timings: cluster.DefaultTimings(), onReady: onReady, warm: warm,
 		systemd: sdMode, accel: qemu.AccelAuto, network: network, logFormat: c.LogFormat, artifacts: artifacts.Config{URL: store},
 		// One node on a laptop: a report every few seconds while a guest
 		// is denied costs nothing, and `workspace get` shows it soon.

@@ -1,10 +1,13 @@
 package cli
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"os/signal"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -171,11 +174,54 @@ type fileConfig struct {
 		CPU    string `toml:"cpu"`
 		Memory string `toml:"memory"`
 	} `toml:"resources"`
+	// Templates are per-template node settings: [templates.NAME] warm = N
+	// keeps N pre-booted, paused guests of the template for creates of
+	// cpu cores and memory (default 1 and 512MiB, a create's defaults).
+	Templates map[string]struct {
+		Warm   int    `toml:"warm"`
+		CPU    int    `toml:"cpu"`
+		Memory string `toml:"memory"`
+	} `toml:"templates"`
+}
+
+// warmFrom is [templates.NAME]'s warm guests, by template name.
+func warmFrom(path string, fc fileConfig) ([]agent.WarmConfig, error) {
+	var out []agent.WarmConfig
+	for _, name := range slices.Sorted(maps.Keys(fc.Templates)) {
+		t := fc.Templates[name]
+		w, err := warmConfig(name, t.Warm, t.CPU, t.Memory)
+		if err != nil {
+			return nil, api.Errorf(api.CodeInvalidArgument, "configuration file %s: [templates.%s] %v", path, name, err)
+		}
+		out = append(out, w)
+	}
+	return out, nil
+}
+
+// warmConfig checks one template's warm guests; cpu 0 and memory "" are
+// a create's defaults.
+func warmConfig(name string, count, cpu int, memory string) (agent.WarmConfig, error) {
+	w := agent.WarmConfig{Template: name, Count: count, VCPUs: cmp.Or(cpu, 1)}
+	mem, err := parseSize(cmp.Or(memory, "512MiB"))
+	switch {
+	case api.ValidTemplateName(name) != nil:
+		return w, api.ValidTemplateName(name)
+	case count < 0 || count > api.MaxWarmGuests:
+		return w, fmt.Errorf("warm = %d: want 0 to %d", count, api.MaxWarmGuests)
+	case cpu < 0:
+		return w, fmt.Errorf("cpu = %d: want whole cores, at least 1", cpu)
+	case err != nil:
+		return w, fmt.Errorf("memory %q: %v", memory, err)
+	case mem%(1<<20) != 0 || mem < 64<<20:
+		return w, fmt.Errorf("memory %q: want whole MiB, at least 64MiB", memory)
+	}
+	w.MemoryMiB = int(mem >> 20)
+	return w, nil
 }
 
 // ServeCmd runs a member.
 type ServeCmd struct {
-	Config          string        `name:"config" type:"existingfile" help:"TOML configuration file (data_dir, bind, log_level, [resources] cpu and memory, [dataplane] listen, [network] ipv4_pool, ipv6_pool, management_cidrs, resolvers and uplink, [metrics] listen, [logs] machine_logs_max_bytes, [artifacts] url, endpoint, region, credentials_file and ca_file, [storage] default_pool and [[storage.pools]] id, path, shared)."`
+	Config          string        `name:"config" type:"existingfile" help:"TOML configuration file (data_dir, bind, log_level, [resources] cpu and memory, [dataplane] listen, [network] ipv4_pool, ipv6_pool, management_cidrs, resolvers and uplink, [metrics] listen, [logs] machine_logs_max_bytes, [artifacts] url, endpoint, region, credentials_file and ca_file, [storage] default_pool, [[storage.pools]] id, path, shared, and [templates.NAME] warm, cpu, memory)."`
 	Bind            string        `name:"bind" help:"Listen address (default: the advertised address)."`
 	DataPlaneListen string        `name:"dataplane-listen" help:"Data-plane address HOST:PORT (exec, terminal, cp, port-forward); default: the advertised host, port+2."`
 	LogLevel        string        `name:"log-level" default:"info" enum:"debug,info,warn,error" help:"Log level."`
@@ -266,9 +312,13 @@ func (c *ServeCmd) Run(g *Globals) error {
 	if err != nil {
 		return err
 	}
+	warm, err := warmFrom(c.Config, fc)
+	if err != nil {
+		return err
+	}
 	return runMember(g, memberOptions{dir: dir, bind: bind, level: level, capacity: capacity, timings: timings, deniedReport: deniedReport, clockSkew: c.ClockSkew, logFormat: format,
 		systemd: c.Systemd, accel: qemu.Accel(c.Accel), dataPlaneListen: dpListen, pools: pools, defaultPool: fc.Storage.DefaultPool, network: network,
-		metricsListen: fc.Metrics.Listen, machineLogsMax: fc.Logs.MachineLogsMaxBytes, artifacts: store})
+		metricsListen: fc.Metrics.Listen, machineLogsMax: fc.Logs.MachineLogsMaxBytes, artifacts: store, warm: warm})
 }
 
 // artifactsFrom is [artifacts], checked (an s3:// store's credentials
@@ -369,6 +419,8 @@ type memberOptions struct {
 	machineLogsMax int64
 	// artifacts is [artifacts] (checked); URL "": no artifact store.
 	artifacts artifacts.Config
+	// warm are the warm guests of [templates.NAME] (dev: --warm).
+	warm []agent.WarmConfig
 }
 
 // runMember serves until SIGTERM/SIGINT. A node isolated by ctrl exits
@@ -442,11 +494,11 @@ func runMember(g *Globals, o memberOptions) error {
 		}
 		a, err := agent.New(agent.Config{DataDir: o.dir, NodeID: srv.NodeID(), Artifacts: store, Capacity: o.capacity, CtrlAddrs: srv.CtrlAddrs,
 			Dial: srv.SessionDial, OnLeader: srv.NoteLeader, SessionTimeout: o.timings.SessionTimeout, Logger: log, ClockSkew: o.clockSkew, Runtime: rt, DataPlane: dp,
-			Pools: o.pools, DefaultPool: o.defaultPool, FetchEgressCredentials: srv.EgressCredentials, DeniedReportInterval: o.deniedReport})
+			Pools: o.pools, DefaultPool: o.defaultPool, FetchEgressCredentials: srv.EgressCredentials, DeniedReportInterval: o.deniedReport, Warm: o.warm})
 		if err != nil {
 			return err
 		}
-		src.HostUsage = a.HostUsage
+		src.HostUsage, src.Warm = a.HostUsage, a.WarmGuests
 		srv.SetTemplatePublisher(a.PublishTemplate)
 		srv.SetPlatformPublisher(a.PublishPlatform)
 		srv.SetTransferExporter(a)

@@ -10,6 +10,7 @@ import (
 
 	"github.com/BurntSushi/toml"
 
+	"github.com/kibotos/kibotos/agent"
 	"github.com/kibotos/kibotos/api"
 	"github.com/kibotos/kibotos/artifacts"
 	"github.com/kibotos/kibotos/cluster/clustertest"
@@ -122,6 +123,9 @@ func TestPackagedConfig(t *testing.T) {
 	if pools, err := poolsFrom("kibotos.toml", fc); err != nil || len(pools) != 1 {
 		t.Errorf("[[storage.pools]] of the example: %v, %v", pools, err)
 	}
+	if w, err := warmFrom("kibotos.toml", fc); err != nil || len(w) != 1 || w[0] != (agent.WarmConfig{Template: "kibotos-coding", Count: 2, VCPUs: 1, MemoryMiB: 512}) {
+		t.Errorf("[templates.kibotos-coding] of the example: %+v, %v", w, err)
+	}
 	// The example's credentials file is the operator's to write.
 	if fc.Artifacts.CredentialsFile != "/etc/kibotos/s3-credentials.toml" {
 		t.Errorf("[artifacts] credentials_file of the example: %q", fc.Artifacts.CredentialsFile)
@@ -207,5 +211,40 @@ func TestDevArtifactsURL(t *testing.T) {
 	}
 	if fi, err := os.Stat(abs); err != nil || !fi.IsDir() {
 		t.Fatalf("dev artifact store directory: %v", err)
+	}
+}
+
+// [templates.NAME] warm = N: the sizes default to a create's; a count,
+// size or name out of bounds stops serve in one line naming the section
+// and the setting.
+func TestServeWarmConfig(t *testing.T) {
+	var fc fileConfig
+	if _, err := toml.Decode("[templates.a]\nwarm = 1\n[templates.b]\nwarm = 3\ncpu = 2\nmemory = \"1GiB\"\n", &fc); err != nil {
+		t.Fatal(err)
+	}
+	w, err := warmFrom("kibotos.toml", fc)
+	want := []agent.WarmConfig{{Template: "a", Count: 1, VCPUs: 1, MemoryMiB: 512}, {Template: "b", Count: 3, VCPUs: 2, MemoryMiB: 1024}}
+	if err != nil || len(w) != 2 || w[0] != want[0] || w[1] != want[1] {
+		t.Errorf("warmFrom = %+v, %v; want %+v", w, err, want)
+	}
+	for _, c := range []struct{ toml, msg string }{
+		{"[templates.a]\nwarm = -1\n", "[templates.a] warm = -1: want 0 to 64"},
+		{"[templates.a]\nwarm = 65\n", "[templates.a] warm = 65: want 0 to 64"},
+		{"[templates.a]\nwarm = 1\ncpu = -2\n", "[templates.a] cpu = -2: want whole cores"},
+		{"[templates.a]\nwarm = 1\nmemory = \"1.5MiB\"\n", "[templates.a] memory \"1.5MiB\": want whole MiB"},
+		{"[templates.a]\nwarm = 1\nmemory = \"lots\"\n", "[templates.a] memory \"lots\""},
+		{"[templates.\"Bad Name\"]\nwarm = 1\n", "[templates.Bad Name]"},
+	} {
+		dir := t.TempDir()
+		config := filepath.Join(dir, "kibotos.toml")
+		os.WriteFile(config, []byte(c.toml), 0o600)
+		var out, errb bytes.Buffer
+		code := Main(context.Background(), "kibotos", []string{"serve", "--config", config, "--data-dir", filepath.Join(dir, "data")}, nil, &out, &errb)
+		if code != api.ExitInvalidArgument || !strings.Contains(errb.String(), c.msg) || strings.Count(strings.TrimSpace(errb.String()), "\n") != 0 {
+			t.Errorf("%q: exit %d, %q; want %d and %q in one line", c.toml, code, errb.String(), api.ExitInvalidArgument, c.msg)
+		}
+		if _, err := os.Stat(filepath.Join(dir, "data")); !os.IsNotExist(err) {
+			t.Errorf("%q: the refused start touched the data directory: %v", c.toml, err)
+		}
 	}
 }

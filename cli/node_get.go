@@ -121,6 +121,13 @@ func renderNode(w io.Writer, n *api.Node, wide bool) {
 		sub.line("Retained layers", "%d", r.RetainedLayers)
 		sub.line("Templates", "%s", dash(strings.Join(r.Templates, ", ")))
 		sub.line("Data plane", "%s", dash(r.DataPlaneAddress))
+		for _, w := range r.Warm {
+			v := fmt.Sprintf("%d of %d ready (cpu %s, memory %s), %d starts from them", w.Ready, w.Wanted, w.CPU, formatBytes(w.MemoryBytes), w.Starts)
+			if w.Error != "" {
+				v += "; " + w.Error
+			}
+			sub.line("Warm "+w.Template, "%s", v)
+		}
 		for _, p := range r.Pools {
 			kind := ""
 			if p.Shared {

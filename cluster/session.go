@@ -349,6 +349,9 @@ func (s *Server) applyReport(ctx context.Context, sc *sessionConn, nodeID, sid s
 	if len(args.Report.TemplateDigests) > 0 && s.levelsReach("template catalog", fsm.LevelArtifacts) != nil {
 		args.Report.TemplateDigests = nil // a voter below the level would not store them
 	}
+	if len(args.Report.Warm) > 0 && s.levelsReach("warm guests", fsm.LevelWarm) != nil {
+		args.Report.Warm = nil
+	}
 	if m.T1 != 0 && m.T2 != 0 && m.T3 != 0 {
 		offset := ((m.T2 - m.T1) + (m.T3 - t4)) / 2
 		uncertainty := ((t4 - m.T1) - (m.T3 - m.T2)) / 2

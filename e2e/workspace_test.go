@@ -106,6 +106,7 @@ func TestWorkspace(t *testing.T) {
 		// Last: their own Workspaces, deleted again, so no step above
 		// counts their Instances.
 		{"Fork", d.testFork},
+		{"Warm", d.testWarm},
 		{"OCITemplate", d.testOCITemplate},
 	}
 	for _, s := range steps {
@@ -131,7 +132,7 @@ func (d *wsDev) up() {
 	if err != nil {
 		d.t.Fatal(err)
 	}
-	cmd := exec.Command(filepath.Join(d.bin, "kibotos"), "dev", "--data-dir", d.dir, "--advertise", d.addr, "--no-demo")
+	cmd := exec.Command(filepath.Join(d.bin, "kibotos"), "dev", "--data-dir", d.dir, "--advertise", d.addr, "--no-demo", "--warm", warmTemplate+"=1")
 	cmd.Env = d.env()
 	p, err := startProc(cmd, f, logPath)
 	if err != nil {

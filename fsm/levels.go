@@ -52,9 +52,14 @@ import (
 //	6  forks of a paused Workspace (LevelForks, forks.go):
 //	   WorkspaceCreateArgs.From, which the leader refuses below it (an
 //	   older voter would ignore it and create a Workspace that boots)
+//	7  warm guests (LevelWarm): a report's Warm, checked (api.CheckWarm)
+//	   and stored; the leader leaves it out below the level
 
 // FeatureLevel is the level of this build.
-const FeatureLevel = 6
+const FeatureLevel = 7
+
+// LevelWarm is the level of Report.Warm.
+const LevelWarm = 7
 
 // LevelTroubleshooting is the level of ReportArgs.OOMStops and
 // WorkspaceResultArgs.NotOnNode.

@@ -235,5 +235,5 @@ func checkReportDigests(node string, r *api.Report) error {
 			return api.Errorf(api.CodeInvalidArgument, "report of node %s: template digest %.80q is not sha256: and 64 hex digits", node, d)
 		}
 	}
-	return nil
+	return api.CheckWarm(node, r.Warm)
 }

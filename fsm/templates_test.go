@@ -1,6 +1,7 @@
 package fsm
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -71,6 +72,40 @@ func TestTemplatePublishRefusesBadInput(t *testing.T) {
 		h.fail(code, OpTemplatePublish, a)
 	}
 	h.fail(api.CodeInvalidArgument, OpNodeReport, ReportArgs{NodeID: "node-a", SessionID: "s1", Report: api.Report{TemplateDigests: []string{"sha256:../../x"}}})
+}
+
+// A report's warm guests are stored as the node says them, within bounds;
+// out of them the report changes nothing.
+func TestReportWarm(t *testing.T) {
+	h := newHarness(t)
+	readyNode(h)
+	if LevelWarm > FeatureLevel {
+		t.Fatalf("LevelWarm %d above this build's level %d", LevelWarm, FeatureLevel)
+	}
+	w := api.WarmGuests{Template: "kibotos-coding", Wanted: 2, Ready: 1, CPU: 1000, MemoryBytes: 512 << 20, Starts: 7}
+	h.report("node-a", "s1", api.Report{Warm: []api.WarmGuests{w}})
+	n := h.node("node-a")
+	if n.Report == nil || len(n.Report.Warm) != 1 || n.Report.Warm[0] != w {
+		t.Fatalf("stored report %+v", n.Report)
+	}
+	many := make([]api.WarmGuests, api.MaxWarmTemplates+1)
+	for i := range many {
+		many[i] = api.WarmGuests{Template: fmt.Sprintf("t%d", i)}
+	}
+	for name, bad := range map[string][]api.WarmGuests{
+		"name":      {{Template: "../x"}},
+		"wanted":    {{Template: "a", Wanted: api.MaxWarmGuests + 1}},
+		"ready":     {{Template: "a", Ready: -1}},
+		"error":     {{Template: "a", Error: strings.Repeat("x", 1025)}},
+		"templates": many,
+	} {
+		if err := h.fail(api.CodeInvalidArgument, OpNodeReport, ReportArgs{NodeID: "node-a", SessionID: "s1", Report: api.Report{Warm: bad}}); !strings.Contains(err.Message, "report of node node-a") {
+			t.Errorf("%s: %s", name, err.Message)
+		}
+	}
+	if n := h.node("node-a"); len(n.Report.Warm) != 1 || n.Report.Warm[0] != w {
+		t.Errorf("after refused reports: %+v", n.Report.Warm)
+	}
 }
 
 func TestTemplatePublishLevel(t *testing.T) {

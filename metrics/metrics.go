@@ -61,6 +61,8 @@ type Sources struct {
 	// DataPlane sums the data-plane processes' counters over their
 	// generations (nil: no data plane).
 	DataPlane func(ctx context.Context) dataplane.Counters
+	// Warm lists the node's warm guests by template (nil: no node).
+	Warm func() []api.WarmGuests
 }
 
 // Steps are histograms of how long the node runtime's steps took; its
@@ -105,6 +107,9 @@ func Registry(src Sources) *prometheus.Registry {
 	}
 	if src.Steps != nil {
 		reg.MustRegister(src.Steps.h)
+	}
+	if src.Warm != nil {
+		reg.MustRegister(warmCollector{src.Warm})
 	}
 	if src.DataPlane != nil {
 		reg.MustRegister(dataPlaneCollector{src.DataPlane})
@@ -437,4 +442,23 @@ func (c dataPlaneCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	ch <- prometheus.MustNewConstMetric(dpBytes, prometheus.CounterValue, float64(t.BytesIn), "in")
 	ch <- prometheus.MustNewConstMetric(dpBytes, prometheus.CounterValue, float64(t.BytesOut), "out")
+}
+
+var (
+	warmGuests = prometheus.NewDesc("kibotos_node_warm_guests",
+		"The node's warm guests of a template ([templates.NAME] warm): ready (paused, waiting for a create) and wanted.", []string{"template", "state"}, nil)
+	warmStarts = prometheus.NewDesc("kibotos_node_warm_starts_total",
+		"Workspace starts that restored a warm guest of the template instead of booting, since the node started.", []string{"template"}, nil)
+)
+
+type warmCollector struct{ list func() []api.WarmGuests }
+
+func (c warmCollector) Describe(ch chan<- *prometheus.Desc) { describe(ch, warmGuests, warmStarts) }
+
+func (c warmCollector) Collect(ch chan<- prometheus.Metric) {
+	for _, w := range c.list() {
+		ch <- prometheus.MustNewConstMetric(warmGuests, prometheus.GaugeValue, float64(w.Ready), w.Template, "ready")
+		ch <- prometheus.MustNewConstMetric(warmGuests, prometheus.GaugeValue, float64(w.Wanted), w.Template, "wanted")
+		ch <- prometheus.MustNewConstMetric(warmStarts, prometheus.CounterValue, float64(w.Starts), w.Template)
+	}
 }

@@ -48,6 +48,26 @@ kibotos_node_guest_denied_packets_total{instance_id="d"} 0
 	}
 }
 
+// A node's warm guests, by template: ready and wanted, and the starts
+// that restored one.
+func TestWarmCollector(t *testing.T) {
+	reg := Registry(Sources{Warm: func() []api.WarmGuests {
+		return []api.WarmGuests{{Template: "kibotos-coding", Wanted: 2, Ready: 1, Starts: 5}}
+	}})
+	want := `
+# HELP kibotos_node_warm_guests The node's warm guests of a template ([templates.NAME] warm): ready (paused, waiting for a create) and wanted.
+# TYPE kibotos_node_warm_guests gauge
+kibotos_node_warm_guests{state="ready",template="kibotos-coding"} 1
+kibotos_node_warm_guests{state="wanted",template="kibotos-coding"} 2
+# HELP kibotos_node_warm_starts_total Workspace starts that restored a warm guest of the template instead of booting, since the node started.
+# TYPE kibotos_node_warm_starts_total counter
+kibotos_node_warm_starts_total{template="kibotos-coding"} 5
+`
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "kibotos_node_warm_guests", "kibotos_node_warm_starts_total"); err != nil {
+		t.Error(err)
+	}
+}
+
 // The placement counts of a ctrl member's replica: the creates of the
 // replica placed; of two creates no node can take, only the one whose
 // entry counts placements is counted, once for each reason that kept a

@@ -1,0 +1,275 @@
+package agent
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"maps"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/kibotos/kibotos/agent/runtime"
+	"github.com/kibotos/kibotos/api"
+	"github.com/kibotos/kibotos/vmm/template"
+)
+
+// Warm guests ([templates.NAME] warm = N): the node keeps up to N paused,
+// pre-booted guests of each such template, and the first start of a
+// Workspace of that template and size restores one instead of booting
+// (runtime/warm.go has the files). A warm guest costs disk only (its
+// snapshot) while it waits; booting one costs what a boot costs, one at a
+// time, never while the host's memory is tight or the node drains.
+
+// WarmConfig asks for warm guests of one template.
+type WarmConfig struct {
+	Template  string
+	Count     int
+	VCPUs     int
+	MemoryMiB int
+}
+
+// warmRetry is the least time before a template whose warm boot failed
+// is tried again (doubling to warmRetryMax).
+const (
+	warmRetry    = 30 * time.Second
+	warmRetryMax = 10 * time.Minute
+	warmLook     = 5 * time.Second
+)
+
+// warmState is what the node reports of its warm guests.
+type warmState struct {
+	mu     sync.Mutex
+	wake   chan struct{}
+	status map[string]*api.WarmGuests
+	// retryAt: no boot for the template before then (after a failure).
+	retryAt map[string]time.Time
+	backoff map[string]time.Duration
+	bootErr map[string]string // the last boot's failure
+}
+
+// warmRoot holds a directory of warm guests per template.
+func (a *Agent) warmRoot() string { return filepath.Join(a.cfg.DataDir.StorageRoot(), "warm") }
+
+func (a *Agent) warmDir(tpl string) string { return filepath.Join(a.warmRoot(), tpl) }
+
+// warmFor is the configuration of a template's warm guests, nil if none.
+func (a *Agent) warmFor(tpl string) *WarmConfig {
+	for i := range a.cfg.Warm {
+		if a.cfg.Warm[i].Template == tpl {
+			return &a.cfg.Warm[i]
+		}
+	}
+	return nil
+}
+
+// warmKey is the key of the warm guests a template's configuration asks
+// for now; ok false when they cannot be made (no template or Platform
+// here), with why.
+func (a *Agent) warmKey(w WarmConfig) (runtime.WarmSpec, string) {
+	tpl, err := template.Get(a.cfg.DataDir.StorageRoot(), w.Template)
+	if err != nil {
+		return runtime.WarmSpec{}, fmt.Sprintf("template %s is not on node %s yet", w.Template, a.cfg.NodeID)
+	}
+	inst, err := a.ownPlatform()
+	if err != nil {
+		return runtime.WarmSpec{}, err.Error()
+	}
+	return runtime.WarmSpec{WarmKey: runtime.WarmKey{Template: w.Template, TemplateID: tpl.ID, InstallationID: inst.ID, VCPUs: w.VCPUs, MemoryMiB: w.MemoryMiB},
+		Image: tpl.Image(), Installation: inst}, ""
+}
+
+// runWarm keeps the configured warm guests until ctx ends.
+func (a *Agent) runWarm(ctx context.Context) {
+	rt := a.cfg.Runtime
+	w := &a.warm
+	if rt == nil {
+		return
+	}
+	// What a crash left: warm guests mid-boot, slots taken by starts that
+	// did not finish, the guests of templates no longer configured.
+	for _, st := range rt.List() {
+		if runtime.IsWarm(st.ID) {
+			if err := rt.Delete(ctx, st.ID); err != nil {
+				a.log.Warn("unfinished warm guest not deleted", "instance_id", st.ID, "err", err)
+			}
+			rt.ForgetEnded([]string{st.ID})
+		}
+	}
+	if entries, err := os.ReadDir(a.warmRoot()); err == nil {
+		for _, e := range entries {
+			if a.warmFor(e.Name()) == nil {
+				os.RemoveAll(filepath.Join(a.warmRoot(), e.Name()))
+			}
+		}
+	}
+	startup := true
+	tick := time.NewTicker(warmLook)
+	defer tick.Stop()
+	for {
+		booted := false
+		for _, c := range a.cfg.Warm {
+			if ctx.Err() != nil {
+				return
+			}
+			if a.fillWarm(ctx, c, startup) {
+				booted = true
+			}
+		}
+		startup = false
+		if booted {
+			continue // another may be wanted at once
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		case <-w.wake:
+		}
+	}
+}
+
+// fillWarm drops a template's slots of another key and boots one guest
+// when fewer than wanted are ready; it says whether it booted one.
+func (a *Agent) fillWarm(ctx context.Context, c WarmConfig, startup bool) bool {
+	w := &a.warm
+	dir := a.warmDir(c.Template)
+	spec, why := a.warmKey(c)
+	removed, err := runtime.CleanWarm(dir, func(m runtime.WarmMeta) bool { return why == "" && m.WarmKey == spec.WarmKey }, startup)
+	if removed > 0 {
+		a.log.Info("warm guests removed: of another template build, Platform or size, or unfinished", "template", c.Template, "removed", removed)
+	}
+	if err != nil {
+		a.log.Warn("warm guests not all removed", "template", c.Template, "err", err)
+	}
+	slots, _ := runtime.WarmSlots(dir)
+	// More than wanted (the count was lowered): the rest go.
+	for _, slot := range slices.Sorted(maps.Keys(slots))[:max(len(slots)-c.Count, 0)] {
+		if err := os.RemoveAll(slot); err != nil {
+			a.log.Warn("warm guest beyond the count not removed", "slot", slot, "err", err)
+		}
+		delete(slots, slot)
+	}
+	ready := len(slots)
+	w.mu.Lock()
+	st := w.status[c.Template]
+	st.Ready, st.Error = ready, truncate(cmp.Or(why, w.bootErr[c.Template]), 1000)
+	retryAt := w.retryAt[c.Template]
+	w.mu.Unlock()
+	if why != "" || ready >= c.Count || time.Now().Before(retryAt) {
+		return false
+	}
+	a.mu.Lock()
+	draining := a.draining
+	a.mu.Unlock()
+	if draining || a.sampler.Latest().MemoryTight {
+		return false
+	}
+	t0 := time.Now()
+	slot, err := a.cfg.Runtime.BootWarm(ctx, dir, spec)
+	w.mu.Lock()
+	if err != nil {
+		b := min(max(2*w.backoff[c.Template], warmRetry), warmRetryMax)
+		w.backoff[c.Template], w.retryAt[c.Template], w.bootErr[c.Template] = b, time.Now().Add(b), err.Error()
+		st.Error = truncate(err.Error(), 1000)
+	} else {
+		delete(w.backoff, c.Template)
+		delete(w.retryAt, c.Template)
+		delete(w.bootErr, c.Template)
+		st.Ready, st.Error = ready+1, ""
+	}
+	w.mu.Unlock()
+	if err != nil {
+		if ctx.Err() == nil {
+			a.log.Error("warm guest not made", "template", c.Template, "err", err)
+		}
+		return false
+	}
+	a.log.Info("warm guest ready", "template", c.Template, "slot", filepath.Base(slot), "ready", ready+1, "wanted", c.Count, "took", time.Since(t0).Round(time.Millisecond))
+	return true
+}
+
+// takeWarm claims a warm guest for the first start of a Workspace that
+// would boot spec's template, Platform and size; "" when there is none.
+func (a *Agent) takeWarm(spec runtime.Spec, tpl *template.Template, name string) string {
+	if a.warmFor(name) == nil {
+		return ""
+	}
+	key := runtime.WarmKey{Template: name, TemplateID: tpl.ID, InstallationID: spec.Installation.ID, VCPUs: spec.VCPUs, MemoryMiB: spec.MemoryMiB}
+	slot, err := runtime.TakeWarm(a.warmDir(name), key)
+	if err != nil {
+		a.log.Warn("warm guests not read", "template", name, "err", err)
+	}
+	return slot
+}
+
+// warmTaken counts a start that restored a warm guest and has another made.
+func (a *Agent) warmTaken(name string, slot string, started bool) {
+	if err := os.RemoveAll(slot); err != nil {
+		a.log.Warn("spent warm guest not removed", "slot", slot, "err", err)
+	}
+	w := &a.warm
+	w.mu.Lock()
+	if st := w.status[name]; st != nil {
+		st.Ready = max(st.Ready-1, 0)
+		if started {
+			st.Starts++
+		}
+	}
+	w.mu.Unlock()
+	select {
+	case w.wake <- struct{}{}:
+	default:
+	}
+}
+
+// WarmGuests are the node's warm guests, by template (metrics).
+func (a *Agent) WarmGuests() []api.WarmGuests { return a.warmReport() }
+
+// warmReport is the report's list of warm guests, by template.
+func (a *Agent) warmReport() []api.WarmGuests {
+	w := &a.warm
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	var out []api.WarmGuests
+	for _, st := range w.status {
+		out = append(out, *st)
+	}
+	slices.SortFunc(out, func(x, y api.WarmGuests) int { return strings.Compare(x.Template, y.Template) })
+	return out
+}
+
+// initWarm checks the configuration and sets up the report's entries.
+func (a *Agent) initWarm() error {
+	w := &a.warm
+	w.wake = make(chan struct{}, 1)
+	w.status, w.retryAt, w.backoff, w.bootErr = map[string]*api.WarmGuests{}, map[string]time.Time{}, map[string]time.Duration{}, map[string]string{}
+	for _, c := range a.cfg.Warm {
+		switch {
+		case api.ValidTemplateName(c.Template) != nil:
+			return fmt.Errorf("warm guests of template %q: %w", c.Template, api.ValidTemplateName(c.Template))
+		case w.status[c.Template] != nil:
+			return fmt.Errorf("warm guests of template %s: configured twice", c.Template)
+		case c.Count < 0 || c.Count > api.MaxWarmGuests:
+			return fmt.Errorf("warm guests of template %s: warm = %d: want 0 to %d", c.Template, c.Count, api.MaxWarmGuests)
+		case c.VCPUs < 1 || c.MemoryMiB < 64:
+			return fmt.Errorf("warm guests of template %s: %d vCPUs and %d MiB: want at least 1 and 64 MiB", c.Template, c.VCPUs, c.MemoryMiB)
+		}
+		w.status[c.Template] = &api.WarmGuests{Template: c.Template, Wanted: c.Count, CPU: api.Milli(c.VCPUs * 1000), MemoryBytes: uint64(c.MemoryMiB) << 20}
+	}
+	if len(a.cfg.Warm) > api.MaxWarmTemplates {
+		return fmt.Errorf("warm guests of %d templates: at most %d", len(a.cfg.Warm), api.MaxWarmTemplates)
+	}
+	return nil
+}
+
+// truncate cuts s to at most n bytes (a report bounds its errors).
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return strings.ToValidUTF8(s[:n], "") + "…"
+}

@@ -1,0 +1,129 @@
+package e2e
+
+import (
+	"strings"
+	"time"
+
+	"github.com/kibotos/kibotos/api"
+	"github.com/kibotos/kibotos/vmm/platform"
+)
+
+// warmTemplate is the template dev keeps a warm guest of in TestWorkspace
+// (kibotos dev --warm kibotos-coding=1).
+const warmTemplate = "kibotos-coding"
+
+// bootMarker is what the guest's init writes to the console as it starts:
+// a restored guest's console has none of its boot.
+const bootMarker = platform.InitStartedLine
+
+// testWarm creates Workspaces of the template dev keeps a warm guest of:
+// one of the default size restores the warm guest (the node's count of
+// starts from warm guests goes up, its console has no boot), is its own
+// Workspace (hostname, machine id, boot_id, random bytes differ between
+// two of them) and keeps what it writes across a stop and start; the
+// node makes the next warm guest; a create of another size boots. Its
+// own Workspaces, all deleted again.
+func (d *wsDev) testWarm(string) {
+	t := d.t
+	warm := func() api.WarmGuests {
+		t.Helper()
+		var n struct {
+			Report *api.Report `json:"report"`
+		}
+		if err := decodeResult(d.must("node", "get", "dev", "--json"), &n); err != nil {
+			t.Fatal(err)
+		}
+		if n.Report != nil {
+			for _, w := range n.Report.Warm {
+				if w.Template == warmTemplate {
+					return w
+				}
+			}
+		}
+		return api.WarmGuests{}
+	}
+	awaitWarm := func(what string, ok func(api.WarmGuests) bool) api.WarmGuests {
+		t.Helper()
+		var w api.WarmGuests
+		waitFor(t, 2*time.Minute, what, func() (bool, string) {
+			w = warm()
+			return ok(w), "node dev reports " + trimTo(strings.ReplaceAll(d.must("node", "get", "dev").stdout, "\n", "; "), 3000)
+		})
+		return w
+	}
+	create := func(args ...string) string {
+		t.Helper()
+		r := d.kibo(3*time.Minute, nil, append([]string{"workspace", "create", "-q", "--template", warmTemplate}, args...)...)
+		if r.code != 0 {
+			t.Fatalf("%s", r)
+		}
+		return strings.TrimSpace(r.stdout)
+	}
+	console := func(id string) string {
+		t.Helper()
+		var l machineLogView
+		if err := decodeResult(d.must("workspace", "logs", id, "--json"), &l); err != nil {
+			t.Fatal(err)
+		}
+		return l.Console
+	}
+	type ident struct{ hostname, machineID, bootID, random string }
+	identity := func(id string) ident {
+		t.Helper()
+		out := d.must("workspace", "exec", id, "--", "sh", "-c",
+			"hostname; cat /etc/machine-id; cat /proc/sys/kernel/random/boot_id; head -c 16 /dev/urandom | od -An -tx1 | tr -d ' '").stdout
+		l := strings.Split(strings.TrimSpace(out), "\n")
+		if len(l) != 4 {
+			t.Fatalf("%s: %q", id, out)
+		}
+		return ident{l[0], l[1], l[2], l[3]}
+	}
+
+	var made []string
+	seen := map[string]ident{}
+	for i := range 2 {
+		before := awaitWarm("a warm guest of "+warmTemplate+" ready on node dev", func(w api.WarmGuests) bool { return w.Ready == 1 && w.Wanted == 1 })
+		id := create()
+		made = append(made, id)
+		awaitWarm("the start of "+id+" counted as one from a warm guest", func(w api.WarmGuests) bool { return w.Starts == before.Starts+1 })
+		if c := console(id); strings.Contains(c, bootMarker) {
+			t.Errorf("Workspace %d (%s) booted, its console shows the guest's init starting:\n%s", i+1, id, trimTo(c, 1500))
+		}
+		seen[id] = identity(id)
+		if s := seen[id]; s.hostname != id || len(s.machineID) != 32 {
+			t.Errorf("Workspace %s restored from a warm guest: %+v; want its own hostname and a machine id", id, s)
+		}
+	}
+	a, b := seen[made[0]], seen[made[1]]
+	if a.machineID == b.machineID || a.bootID == b.bootID || a.random == b.random {
+		t.Errorf("two Workspaces restored from warm guests share an identity: %+v and %+v", a, b)
+	}
+	if out := d.must("node", "get", "dev").stdout; !strings.Contains(out, "Warm "+warmTemplate+":") {
+		t.Errorf("kibo node get dev does not show the warm guests:\n%s", out)
+	}
+
+	// Its layer is its own: what it writes stays across a (cold) start.
+	d.must("workspace", "exec", made[0], "--", "sh", "-c", "echo kept > /warm.txt && sync")
+	d.must("workspace", "stop", made[0])
+	d.must("workspace", "start", made[0])
+	if got := strings.TrimSpace(d.must("workspace", "exec", made[0], "--", "sh", "-c", "cat /warm.txt; cat /etc/machine-id").stdout); got != "kept\n"+a.machineID {
+		t.Errorf("after stop and start: %q; want the file and machine id it had", got)
+	}
+
+	// Another size boots: the warm guest is 512MiB. (dev's two CPUs: one
+	// of the two goes first.)
+	d.must("workspace", "delete", made[1])
+	made = made[:1]
+	ready := awaitWarm("the next warm guest ready", func(w api.WarmGuests) bool { return w.Ready == 1 })
+	other := create("--memory", "256MiB")
+	made = append(made, other)
+	if c := console(other); !strings.Contains(c, bootMarker) {
+		t.Errorf("a Workspace of 256MiB: its console lacks the guest's init starting (%s):\n%s", bootMarker, trimTo(c, 1500))
+	}
+	if w := warm(); w.Starts != ready.Starts || w.Ready != 1 {
+		t.Errorf("after a create of another size: %+v; want %d starts and the warm guest still ready", w, ready.Starts)
+	}
+	for _, id := range made {
+		d.must("workspace", "delete", id)
+	}
+}
