@@ -268,7 +268,12 @@ func (a *Agent) Run(ctx context.Context) error {
 	a.notePools(first.Pools)
 	go a.watchInstances(ctx, first)
 	go a.watchHolders(ctx)
-	go a.runWarm(ctx)
+	// A warm guest being made when ctx ends is ended with it, before Run
+	// returns and the caller closes the runtime (which leaves VMMs
+	// running): no Workspace's, it would outlive the node.
+	warmDone := make(chan struct{})
+	go func() { defer close(warmDone); a.runWarm(ctx) }()
+	defer func() { <-warmDone }()
 	backoff := 200 * time.Millisecond
 	for {
 		err := a.connectOnce(ctx)

@@ -138,7 +138,9 @@ func (a *Agent) fillWarm(ctx context.Context, c WarmConfig, startup bool) bool {
 	w := &a.warm
 	dir := a.warmDir(c.Template)
 	spec, why := a.warmKey(c)
-	removed, err := runtime.CleanWarm(dir, func(m runtime.WarmMeta) bool { return why == "" && m.WarmKey == spec.WarmKey }, startup)
+	// Without a key now (the template or Platform unreadable for the
+	// moment) no complete slot is judged stale.
+	removed, err := runtime.CleanWarm(dir, func(m runtime.WarmMeta) bool { return why != "" || m.WarmKey == spec.WarmKey }, startup)
 	if removed > 0 {
 		a.log.Info("warm guests removed: of another template build, Platform or size, or unfinished", "template", c.Template, "removed", removed)
 	}

@@ -461,6 +461,7 @@ func runMember(g *Globals, o memberOptions) error {
 		srv.SetArtifacts(store)
 	}
 	agentErr := make(chan error, 1)
+	agentRunning := false
 	src := metrics.Sources{FSM: srv.FSM(), Raft: srv.Raft()}
 	if srv.FSM() != nil {
 		src.ControlSessions = srv.ControlSessions
@@ -503,6 +504,7 @@ func runMember(g *Globals, o memberOptions) error {
 		srv.SetPlatformPublisher(a.PublishPlatform)
 		srv.SetTransferExporter(a)
 		srv.SetProgress(a.Progress)
+		agentRunning = true
 		go func() { agentErr <- a.Run(ctx) }()
 	}
 	if err := serveMetrics(ctx, srv, src, o.metricsListen, log); err != nil {
@@ -511,6 +513,14 @@ func runMember(g *Globals, o memberOptions) error {
 	select {
 	case <-ctx.Done():
 		log.Info("member stopping")
+		if agentRunning {
+			// The node ends what it was making (a warm guest) first.
+			select {
+			case <-agentErr:
+			case <-time.After(30 * time.Second):
+				log.Warn("node did not stop within 30s; stopping anyway")
+			}
+		}
 		return nil
 	case <-srv.Halted():
 		// The member stopped applying the Raft log (a newer release's

@@ -1438,7 +1438,8 @@ func (d *wsDev) down() {
 			// The Workspace is deleted by then; the data-plane process
 			// outlives the node by design, so dev down must end it.
 			if !t.Failed() && !strings.Contains(string(out), "0 VM(s) ended, 1 data-plane process(es) stopped") {
-				t.Errorf("dev down after the Workspace was deleted: %q, want 0 VM(s) ended, 1 data-plane process(es) stopped", out)
+				t.Errorf("dev down after the Workspace was deleted: %q, want 0 VM(s) ended, 1 data-plane process(es) stopped; last lines of dev-%d.log:\n%s",
+					out, d.runs, tail(filepath.Join(d.tmp, fmt.Sprintf("dev-%d.log", d.runs)), 60))
 			}
 		}
 		if _, err := os.Stat(d.dir); !errors.Is(err, os.ErrNotExist) {
