@@ -271,9 +271,10 @@ func (a *Agent) Run(ctx context.Context) error {
 	// A warm guest being made when ctx ends is ended with it, before Run
 	// returns and the caller closes the runtime (which leaves VMMs
 	// running): no Workspace's, it would outlive the node.
+	warmCtx, stopWarm := context.WithCancel(ctx)
 	warmDone := make(chan struct{})
-	go func() { defer close(warmDone); a.runWarm(ctx) }()
-	defer func() { <-warmDone }()
+	go func() { defer close(warmDone); a.runWarm(warmCtx) }()
+	defer func() { stopWarm(); <-warmDone }()
 	backoff := 200 * time.Millisecond
 	for {
 		err := a.connectOnce(ctx)
