@@ -89,16 +89,9 @@ func (a *Agent) runWarm(ctx context.Context) {
 	if rt == nil {
 		return
 	}
-	// What a crash left: warm guests mid-boot, slots taken by starts that
-	// did not finish, the guests of templates no longer configured.
-	for _, st := range rt.List() {
-		if runtime.IsWarm(st.ID) {
-			if err := rt.Delete(ctx, st.ID); err != nil {
-				a.log.Warn("unfinished warm guest not deleted", "instance_id", st.ID, "err", err)
-			}
-			rt.ForgetEnded([]string{st.ID})
-		}
-	}
+	// What a crash left: slots taken by starts that did not finish, the
+	// guests of templates no longer configured (warm guests mid-boot:
+	// endStrayWarm).
 	if entries, err := os.ReadDir(a.warmRoot()); err == nil {
 		for _, e := range entries {
 			if a.warmFor(e.Name()) == nil {
@@ -110,6 +103,7 @@ func (a *Agent) runWarm(ctx context.Context) {
 	tick := time.NewTicker(warmLook)
 	defer tick.Stop()
 	for {
+		a.endStrayWarm(ctx)
 		booted := false
 		for _, c := range a.cfg.Warm {
 			if ctx.Err() != nil {
@@ -129,6 +123,25 @@ func (a *Agent) runWarm(ctx context.Context) {
 		case <-tick.C:
 		case <-w.wake:
 		}
+	}
+}
+
+// endStrayWarm deletes the warm guests a node process before this one was
+// making when it ended (taken over with its VMs). runWarm makes one at a
+// time and not while this runs, so every warm Instance here is such a
+// stray; one still STARTING is deleted at a later pass, once it booted.
+func (a *Agent) endStrayWarm(ctx context.Context) {
+	rt := a.cfg.Runtime
+	for _, st := range rt.List() {
+		if !runtime.IsWarm(st.ID) || st.State == runtime.StateStarting || st.State == runtime.StateStopping {
+			continue
+		}
+		if err := rt.Delete(ctx, st.ID); err != nil {
+			a.log.Warn("unfinished warm guest not deleted", "instance_id", st.ID, "err", err)
+			continue
+		}
+		rt.ForgetEnded([]string{st.ID})
+		a.log.Info("unfinished warm guest of an earlier node process deleted", "instance_id", st.ID)
 	}
 }
 
