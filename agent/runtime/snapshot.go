@@ -31,8 +31,9 @@ import (
 // ends the VMM; the disks (layer, Volumes) are flushed by QEMU as the
 // stream completes. A restore starts the same VMM command line with
 // -incoming defer, checks the snapshot against what this node would run
-// (the compatibility tuple) and the state file against its checksum
-// before QEMU reads a byte, loads it and starts the vCPUs. A snapshot
+// (the compatibility tuple) before QEMU starts, loads it while it checks
+// the state file against its checksum, and starts the vCPUs once that
+// matched. A snapshot
 // directory holds:
 //
 //	state          the migration stream (written under a temporary name
@@ -176,16 +177,24 @@ func (rt *Runtime) save(ctx context.Context, in *instance, rec *LaunchRecord, co
 	if h := rt.cfg.beforeSave; h != nil {
 		h(rec.Process.HostPID)
 	}
+	digest, err := followDigest(sctx, tmp)
+	if err != nil {
+		return undo(err)
+	}
+	defer digest.stop()
 	if err := q.Save(sctx, f); err != nil {
+		return undo(err)
+	}
+	if meta.StateBytes, meta.StateSHA256, err = digest.finish(); err != nil {
 		return undo(err)
 	}
 	if err := f.Sync(); err != nil {
 		return undo(err)
 	}
-	if err := f.Close(); err != nil {
-		return undo(err)
+	if st, err := f.Stat(); err != nil || uint64(st.Size()) != meta.StateBytes {
+		return undo(fmt.Errorf("the state file changed while it was hashed (%d bytes hashed): %v", meta.StateBytes, err))
 	}
-	if meta.StateBytes, meta.StateSHA256, err = fileDigest(tmp); err != nil {
+	if err := f.Close(); err != nil {
 		return undo(err)
 	}
 	if err := storagepool.Commit(tmp, filepath.Join(dir, SnapshotStateFile)); err != nil {
@@ -201,25 +210,11 @@ func (rt *Runtime) save(ctx context.Context, in *instance, rec *LaunchRecord, co
 	return meta, nil
 }
 
-// fileDigest is the size and sha256 of a file.
-func fileDigest(path string) (uint64, string, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return 0, "", err
-	}
-	defer f.Close()
-	h := sha256.New()
-	n, err := io.Copy(h, f)
-	if err != nil {
-		return 0, "", err
-	}
-	return uint64(n), hex.EncodeToString(h.Sum(nil)), nil
-}
-
-// ReadSnapshot reads and checks the snapshot in dir: snapshot.json in this
-// build's format, and the state file whole (its size and checksum).
-// Anything else is ErrSnapshotUnusable.
-func ReadSnapshot(dir string) (SnapshotMeta, error) {
+// readSnapshotMeta reads and checks snapshot.json in dir: this build's
+// format, a valid compatibility tuple. Anything else is
+// ErrSnapshotUnusable. The state file is checked against it by
+// checkState.
+func readSnapshotMeta(dir string) (SnapshotMeta, error) {
 	unusable := func(format string, args ...any) (SnapshotMeta, error) {
 		return SnapshotMeta{}, fmt.Errorf("%w: %s: %s", ErrSnapshotUnusable, dir, fmt.Sprintf(format, args...))
 	}
@@ -241,13 +236,6 @@ func ReadSnapshot(dir string) (SnapshotMeta, error) {
 	}
 	if err := m.Compat.Check(); err != nil {
 		return unusable("%v", err)
-	}
-	size, sum, err := fileDigest(filepath.Join(dir, SnapshotStateFile))
-	switch {
-	case err != nil:
-		return unusable("%v", err)
-	case size != m.StateBytes || sum != m.StateSHA256:
-		return unusable("the state file is %d bytes with sha256 %s, the snapshot says %d bytes with %s: torn or changed", size, sum, m.StateBytes, m.StateSHA256)
 	}
 	return m, nil
 }
@@ -335,30 +323,35 @@ func binaryVersion(binary string) (string, error) {
 }
 
 // checkRestore is the check of a launch that restores: the snapshot is
-// whole and this launch is what it needs.
-func (rt *Runtime) checkRestore(rec *LaunchRecord, dir string) error {
-	m, err := ReadSnapshot(dir)
+// complete and this launch is what it needs. Its state file is checked
+// apart (checkState).
+func (rt *Runtime) checkRestore(rec *LaunchRecord, dir string) (SnapshotMeta, error) {
+	m, err := readSnapshotMeta(dir)
 	if err != nil {
-		return err
+		return m, err
 	}
 	want := rt.compatOf(rec, rt.version())
 	got := m.Compat
+	why := got.Incompatible(&api.ResumeInfo{QEMUVersion: want.QEMUVersion, Accel: want.Accel, CPUModel: want.CPUModel, CPUFlags: want.CPUFlags, Installations: []string{want.InstallationID}})
 	switch {
 	case got.InstallationID != want.InstallationID:
-		return fmt.Errorf("%w: it ran installation %s, this launch %s", ErrSnapshotUnusable, got.InstallationID, want.InstallationID)
-	case got.Incompatible(&api.ResumeInfo{QEMUVersion: want.QEMUVersion, Accel: want.Accel, CPUModel: want.CPUModel, CPUFlags: want.CPUFlags, Installations: []string{want.InstallationID}}) != "":
-		return fmt.Errorf("%w: this node cannot restore it: %s", ErrSnapshotUnusable, got.Incompatible(&api.ResumeInfo{QEMUVersion: want.QEMUVersion, Accel: want.Accel, CPUModel: want.CPUModel, CPUFlags: want.CPUFlags, Installations: []string{want.InstallationID}}))
+		err = fmt.Errorf("%w: it ran installation %s, this launch %s", ErrSnapshotUnusable, got.InstallationID, want.InstallationID)
+	case why != "":
+		err = fmt.Errorf("%w: this node cannot restore it: %s", ErrSnapshotUnusable, why)
 	case got.MemoryMiB != want.MemoryMiB || got.VCPUs != want.VCPUs:
-		return fmt.Errorf("%w: it has %d MiB and %d vCPUs, this launch %d MiB and %d", ErrSnapshotUnusable, got.MemoryMiB, got.VCPUs, want.MemoryMiB, want.VCPUs)
+		err = fmt.Errorf("%w: it has %d MiB and %d vCPUs, this launch %d MiB and %d", ErrSnapshotUnusable, got.MemoryMiB, got.VCPUs, want.MemoryMiB, want.VCPUs)
 	case !slices.Equal(got.Devices, want.Devices):
-		return fmt.Errorf("%w: its devices are %v, this launch's %v", ErrSnapshotUnusable, got.Devices, want.Devices)
+		err = fmt.Errorf("%w: its devices are %v, this launch's %v", ErrSnapshotUnusable, got.Devices, want.Devices)
 	}
-	return nil
+	return m, err
 }
 
 // restore loads the snapshot into the launched VMM (started with
-// -incoming defer) and starts the guest's vCPUs.
-func (rt *Runtime) restore(ctx context.Context, control, dir string) error {
+// -incoming defer) and starts the guest's vCPUs once the state file
+// passed its check, which runs meanwhile: QEMU may have parsed a torn
+// stream (and failed, or loaded garbage into a VM that never runs), but
+// no guest ever runs from one.
+func (rt *Runtime) restore(ctx context.Context, control, dir string, stateOK *stateCheck) error {
 	rctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
 	var q *qemu.QMP
@@ -378,8 +371,12 @@ func (rt *Runtime) restore(ctx context.Context, control, dir string) error {
 		return fmt.Errorf("%w: %v", ErrSnapshotUnusable, err)
 	}
 	defer f.Close()
-	if err := q.Restore(rctx, f); err != nil {
-		return fmt.Errorf("%w: %v", ErrSnapshotUnusable, err)
+	loadErr := q.Load(rctx, f)
+	if err := stateOK.wait(); err != nil {
+		return err
 	}
-	return nil
+	if loadErr != nil {
+		return fmt.Errorf("%w: %v", ErrSnapshotUnusable, loadErr)
+	}
+	return q.Cont(rctx)
 }

@@ -195,12 +195,14 @@ func (rt *Runtime) start(ctx context.Context, in *instance, spec Spec) error {
 	in.mu.Lock()
 	in.rec = rec
 	in.mu.Unlock()
+	var stateOK *stateCheck
 	if spec.Restore != nil {
-		// Checked whole before QEMU reads a byte of it.
-		if err := rt.checkRestore(rec, spec.Restore.Dir); err != nil {
+		// What QEMU is started with is checked before it starts.
+		m, err := rt.checkRestore(rec, spec.Restore.Dir)
+		if err != nil {
 			return errors.Join(fmt.Errorf("runtime: instance %s: %w", in.id, err), rt.deleteNetwork(context.WithoutCancel(ctx), in.id, rec.Network))
 		}
-		_, err := os.Stat(spec.LayerPath)
+		_, err = os.Stat(spec.LayerPath)
 		switch {
 		case spec.LayerPath == "":
 		case spec.Restore.FreshLayer && err == nil:
@@ -209,6 +211,9 @@ func (rt *Runtime) start(ctx context.Context, in *instance, spec Spec) error {
 		case !spec.Restore.FreshLayer && err != nil:
 			return errors.Join(fmt.Errorf("runtime: instance %s: the writable layer the snapshot needs: %w", in.id, err), rt.deleteNetwork(context.WithoutCancel(ctx), in.id, rec.Network))
 		}
+		// The state file is hashed while the VMM starts and loads it.
+		stateOK = checkStateAsync(ctx, spec.Restore.Dir, m)
+		defer stateOK.stop()
 	}
 	if p.Disk != "" {
 		if err := createDisk(ctx, p.Disk, spec.DiskMiB); err != nil {
@@ -282,7 +287,7 @@ func (rt *Runtime) start(ctx context.Context, in *instance, spec Spec) error {
 	}
 	if spec.Restore != nil {
 		tRestore := time.Now()
-		if err := rt.restore(ctx, p.Control, spec.Restore.Dir); err != nil {
+		if err := rt.restore(ctx, p.Control, spec.Restore.Dir, stateOK); err != nil {
 			return errors.Join(fmt.Errorf("runtime: instance %s: %w", in.id, err), rt.abortLaunch(ctx, rec.Unit, proc.InvocationID))
 		}
 		rt.log.Info("instance restored", "instance_id", in.id, "snapshot", spec.Restore.Dir, "took", time.Since(tRestore).Round(time.Millisecond))

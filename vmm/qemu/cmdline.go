@@ -58,8 +58,8 @@ type Config struct {
 	// (panic=-1 reboot=t turn a panic into a reset).
 	NoReboot bool
 	// Incoming makes QEMU wait for a saved state (-incoming defer) instead
-	// of booting: QMP.Restore loads it. The devices must be those of the
-	// saved VM, in the same order.
+	// of booting: QMP.Load loads it and QMP.Cont starts its vCPUs (-S).
+	// The devices must be those of the saved VM, in the same order.
 	Incoming bool
 }
 
@@ -236,7 +236,9 @@ func (c *Config) Args() ([]string, error) {
 		a = append(a, "-qmp", "unix:"+c.QMPSocket+",server=on,wait=off")
 	}
 	if c.Incoming {
-		a = append(a, "-incoming", "defer")
+		// -S: the vCPUs wait for a cont once the state is loaded, which
+		// the caller sends when it trusts the state.
+		a = append(a, "-S", "-incoming", "defer")
 	}
 	return a, nil
 }

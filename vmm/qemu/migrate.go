@@ -66,19 +66,16 @@ func (q *QMP) Save(ctx context.Context, f *os.File) error {
 	return q.waitMigration(ctx, "save")
 }
 
-// Restore loads the state a Save wrote from f into a QEMU started with
-// Config.Incoming, and starts the guest's vCPUs.
-func (q *QMP) Restore(ctx context.Context, f *os.File) error {
+// Load loads the state a Save wrote from f into a QEMU started with
+// Config.Incoming, which leaves the guest's vCPUs stopped (-S) until Cont.
+func (q *QMP) Load(ctx context.Context, f *os.File) error {
 	if err := q.SendFD(ctx, "kibotos-restore", f); err != nil {
 		return err
 	}
 	if err := q.Execute(ctx, "migrate-incoming", map[string]any{"uri": "fd:kibotos-restore"}, nil); err != nil {
 		return err
 	}
-	if err := q.waitMigration(ctx, "restore"); err != nil {
-		return err
-	}
-	return q.Cont(ctx)
+	return q.waitMigration(ctx, "restore")
 }
 
 // Cont starts the guest's vCPUs.
