@@ -346,6 +346,11 @@ func (a *Agent) startWorkspace(ctx context.Context, t api.WorkspaceTask, r *api.
 				return "", fmt.Errorf("node %s: %w", a.cfg.NodeID, errors.Join(err, derr))
 			}
 			rt.ForgetEnded([]string{id})
+			// The boot starts over a new layer, as it would have.
+			if rerr := os.Remove(layer); rerr != nil && !errors.Is(rerr, os.ErrNotExist) {
+				a.forget(ctx, id)
+				return "", fmt.Errorf("node %s: %w", a.cfg.NodeID, errors.Join(err, rerr))
+			}
 			spec.Restore, spec.Identity, warm = nil, nil, ""
 		} else {
 			a.log.Info("instance restored from a warm guest", "workspace_id", t.WorkspaceID, "instance_id", id, "template", t.Template)

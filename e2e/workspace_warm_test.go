@@ -1,9 +1,12 @@
 package e2e
 
 import (
+	"os"
+	"path/filepath"
 	"strings"
 	"time"
 
+	"github.com/kibotos/kibotos/agent/runtime"
 	"github.com/kibotos/kibotos/api"
 	"github.com/kibotos/kibotos/vmm/platform"
 )
@@ -21,8 +24,9 @@ const bootMarker = platform.InitStartedLine
 // starts from warm guests goes up, its console has no boot), is its own
 // Workspace (hostname, machine id, boot_id, random bytes differ between
 // two of them) and keeps what it writes across a stop and start; the
-// node makes the next warm guest; a create of another size boots. Its
-// own Workspaces, all deleted again.
+// node makes the next warm guest; a create of another size boots, and so
+// does one whose warm guest is damaged on disk. Its own Workspaces, all
+// deleted again.
 func (d *wsDev) testWarm(string) {
 	t := d.t
 	warm := func() api.WarmGuests {
@@ -123,6 +127,30 @@ func (d *wsDev) testWarm(string) {
 	if w := warm(); w.Starts != ready.Starts || w.Ready != 1 {
 		t.Errorf("after a create of another size: %+v; want %d starts and the warm guest still ready", w, ready.Starts)
 	}
+
+	// A warm guest whose state is damaged on disk is not restored: the
+	// start boots instead, and the node makes another warm guest.
+	slots, _ := filepath.Glob(filepath.Join(d.dir, "storage", "warm", warmTemplate, "warm-*", runtime.SnapshotStateFile))
+	if len(slots) != 1 {
+		t.Fatalf("warm guest state files: %v; want one", slots)
+	}
+	st, err := os.Stat(slots[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	flipByte(t, slots[0], st.Size()/2)
+	booted := create()
+	made = append(made, booted)
+	if c := console(booted); !strings.Contains(c, bootMarker) {
+		t.Errorf("a Workspace whose warm guest was damaged: its console lacks the guest's init starting:\n%s", trimTo(c, 1500))
+	}
+	if !d.devProc().logContains("warm guest not restored; booting") {
+		t.Errorf("the node's log does not say the damaged warm guest was not restored")
+	}
+	if got := identity(booted); got.hostname != booted {
+		t.Errorf("the Workspace booted instead of a damaged warm guest: %+v", got)
+	}
+	awaitWarm("a new warm guest after the damaged one", func(w api.WarmGuests) bool { return w.Ready == 1 && w.Starts == ready.Starts })
 	for _, id := range made {
 		d.must("workspace", "delete", id)
 	}

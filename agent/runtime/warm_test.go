@@ -2,6 +2,7 @@ package runtime_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	osexec "os/exec"
@@ -233,4 +234,62 @@ func BenchmarkWarmCreate(b *testing.B) {
 	b.ReportMetric(c, "cold-ms")
 	b.ReportMetric(w, "warm-ms")
 	b.ReportMetric(w/c, "warm/cold")
+}
+
+// Slots a crash, another build or a bad disk left (warm.json missing,
+// unreadable, too large, of another format) are never taken and are
+// removed by the next clean; a taken slot only at startup.
+func TestWarmSlotsSkipUnreadable(t *testing.T) {
+	dir := t.TempDir()
+	key := runtime.WarmKey{Template: "tpl", TemplateID: "t1", InstallationID: "i1", VCPUs: 1, MemoryMiB: 512}
+	good, err := json.Marshal(runtime.WarmMeta{FormatVersion: 1, WarmKey: key})
+	if err != nil {
+		t.Fatal(err)
+	}
+	future := strings.Replace(string(good), `"format_version":1`, `"format_version":2`, 1)
+	for slot, meta := range map[string]string{
+		"warm-good":    string(good),
+		"warm-corrupt": `{"format_version":1,"template":`,
+		"warm-future":  future,
+		"warm-large":   `{"format_version":1,"template":"` + strings.Repeat("x", 70<<10) + `"}`,
+		"warm-partial": "",
+		"other":        string(good),
+	} {
+		if err := os.MkdirAll(filepath.Join(dir, slot), 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if meta != "" {
+			if err := os.WriteFile(filepath.Join(dir, slot, runtime.WarmMetaFile), []byte(meta), 0o600); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	os.WriteFile(filepath.Join(dir, "warm-partial.qcow2"), nil, 0o600) // a boot's layer
+
+	slots, err := runtime.WarmSlots(dir)
+	if err != nil || len(slots) != 1 || slots[filepath.Join(dir, "warm-good")].WarmKey != key {
+		t.Fatalf("slots %v (%v), want warm-good alone", slots, err)
+	}
+	other := key
+	other.MemoryMiB = 1024
+	if slot, err := runtime.TakeWarm(dir, other); slot != "" || err != nil {
+		t.Fatalf("take of another size: %q %v", slot, err)
+	}
+	taken, err := runtime.TakeWarm(dir, key)
+	if err != nil || filepath.Base(taken) != ".taken-warm-good" {
+		t.Fatalf("take: %q %v", taken, err)
+	}
+	if slot, err := runtime.TakeWarm(dir, key); slot != "" || err != nil {
+		t.Fatalf("second take: %q %v", slot, err)
+	}
+	keepAll := func(runtime.WarmMeta) bool { return true }
+	if n, err := runtime.CleanWarm(dir, keepAll, false); err != nil || n != 6 {
+		t.Fatalf("clean removed %d (%v), want the 6 unreadable or foreign entries", n, err)
+	}
+	if got := dirEntries(t, dir); !slices.Equal(got, []string{".taken-warm-good"}) {
+		t.Fatalf("after a clean: %v, want the taken slot alone", got)
+	}
+	if n, err := runtime.CleanWarm(dir, keepAll, true); err != nil || n != 1 || len(dirEntries(t, dir)) != 0 {
+		t.Fatalf("clean at startup removed %d (%v), left %v", n, err, dirEntries(t, dir))
+	}
 }
