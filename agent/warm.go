@@ -40,15 +40,21 @@ const (
 	warmLook     = 5 * time.Second
 )
 
-// warmState is what the node reports of its warm guests.
+// warmState is what the node knows of its warm guests, by template.
 type warmState struct {
-	mu     sync.Mutex
-	wake   chan struct{}
-	status map[string]*api.WarmGuests
-	// retryAt: no boot for the template before then (after a failure).
-	retryAt map[string]time.Time
-	backoff map[string]time.Duration
-	bootErr map[string]string // the last boot's failure
+	mu        sync.Mutex
+	wake      chan struct{}
+	templates map[string]*warmTemplate
+}
+
+// warmTemplate is the warm guests of one template: what the report says
+// of them, and when a boot may be tried again after a failure (whose
+// error is the report's until a boot works).
+type warmTemplate struct {
+	api.WarmGuests
+	retryAt time.Time
+	backoff time.Duration
+	bootErr string
 }
 
 // warmRoot holds a directory of warm guests per template.
@@ -66,10 +72,10 @@ func (a *Agent) warmFor(tpl string) *WarmConfig {
 	return nil
 }
 
-// warmKey is the key of the warm guests a template's configuration asks
-// for now; ok false when they cannot be made (no template or Platform
-// here), with why.
-func (a *Agent) warmKey(w WarmConfig) (runtime.WarmSpec, string) {
+// warmSpec is what the warm guests a template's configuration asks for
+// are made as now; when they cannot be made (the template or Platform is
+// not here), why not instead.
+func (a *Agent) warmSpec(w WarmConfig) (runtime.WarmSpec, string) {
 	tpl, err := template.Get(a.cfg.DataDir.StorageRoot(), w.Template)
 	if err != nil {
 		return runtime.WarmSpec{}, fmt.Sprintf("template %s is not on node %s yet", w.Template, a.cfg.NodeID)
@@ -78,8 +84,13 @@ func (a *Agent) warmKey(w WarmConfig) (runtime.WarmSpec, string) {
 	if err != nil {
 		return runtime.WarmSpec{}, err.Error()
 	}
-	return runtime.WarmSpec{WarmKey: runtime.WarmKey{Template: w.Template, TemplateID: tpl.ID, InstallationID: inst.ID, VCPUs: w.VCPUs, MemoryMiB: w.MemoryMiB},
-		Image: tpl.Image(), Installation: inst}, ""
+	return runtime.WarmSpec{WarmKey: warmKey(tpl, inst.ID, w.VCPUs, w.MemoryMiB), Image: tpl.Image(), Installation: inst}, ""
+}
+
+// warmKey is what a guest of tpl on installation inst at a size is made
+// as, for the warm guests made and for the starts that take them alike.
+func warmKey(tpl *template.Template, inst string, vcpus, memoryMiB int) runtime.WarmKey {
+	return runtime.WarmKey{Template: tpl.Name, TemplateID: tpl.ID, InstallationID: inst, VCPUs: vcpus, MemoryMiB: memoryMiB}
 }
 
 // runWarm keeps the configured warm guests until ctx ends.
@@ -150,7 +161,7 @@ func (a *Agent) endStrayWarm(ctx context.Context) {
 func (a *Agent) fillWarm(ctx context.Context, c WarmConfig, startup bool) bool {
 	w := &a.warm
 	dir := a.warmDir(c.Template)
-	spec, why := a.warmKey(c)
+	spec, why := a.warmSpec(c)
 	// Without a key now (the template or Platform unreadable for the
 	// moment) no complete slot is judged stale.
 	removed, err := runtime.CleanWarm(dir, func(m runtime.WarmMeta) bool { return why != "" || m.WarmKey == spec.WarmKey }, startup)
@@ -170,9 +181,9 @@ func (a *Agent) fillWarm(ctx context.Context, c WarmConfig, startup bool) bool {
 	}
 	ready := len(slots)
 	w.mu.Lock()
-	st := w.status[c.Template]
-	st.Ready, st.Error = ready, truncate(cmp.Or(why, w.bootErr[c.Template]), 1000)
-	retryAt := w.retryAt[c.Template]
+	st := w.templates[c.Template]
+	st.Ready, st.Error = ready, truncate(cmp.Or(why, st.bootErr), 1000)
+	retryAt := st.retryAt
 	w.mu.Unlock()
 	if why != "" || ready >= c.Count || time.Now().Before(retryAt) {
 		return false
@@ -187,13 +198,11 @@ func (a *Agent) fillWarm(ctx context.Context, c WarmConfig, startup bool) bool {
 	slot, err := a.cfg.Runtime.BootWarm(ctx, dir, spec)
 	w.mu.Lock()
 	if err != nil {
-		b := min(max(2*w.backoff[c.Template], warmRetry), warmRetryMax)
-		w.backoff[c.Template], w.retryAt[c.Template], w.bootErr[c.Template] = b, time.Now().Add(b), err.Error()
-		st.Error = truncate(err.Error(), 1000)
+		st.backoff = min(max(2*st.backoff, warmRetry), warmRetryMax)
+		st.retryAt, st.bootErr = time.Now().Add(st.backoff), err.Error()
+		st.Error = truncate(st.bootErr, 1000)
 	} else {
-		delete(w.backoff, c.Template)
-		delete(w.retryAt, c.Template)
-		delete(w.bootErr, c.Template)
+		st.backoff, st.retryAt, st.bootErr = 0, time.Time{}, ""
 		st.Ready, st.Error = ready+1, ""
 	}
 	w.mu.Unlock()
@@ -209,14 +218,13 @@ func (a *Agent) fillWarm(ctx context.Context, c WarmConfig, startup bool) bool {
 
 // takeWarm claims a warm guest for the first start of a Workspace that
 // would boot spec's template, Platform and size; "" when there is none.
-func (a *Agent) takeWarm(spec runtime.Spec, tpl *template.Template, name string) string {
-	if a.warmFor(name) == nil {
+func (a *Agent) takeWarm(spec runtime.Spec, tpl *template.Template) string {
+	if a.warmFor(tpl.Name) == nil {
 		return ""
 	}
-	key := runtime.WarmKey{Template: name, TemplateID: tpl.ID, InstallationID: spec.Installation.ID, VCPUs: spec.VCPUs, MemoryMiB: spec.MemoryMiB}
-	slot, err := runtime.TakeWarm(a.warmDir(name), key)
+	slot, err := runtime.TakeWarm(a.warmDir(tpl.Name), warmKey(tpl, spec.Installation.ID, spec.VCPUs, spec.MemoryMiB))
 	if err != nil {
-		a.log.Warn("warm guests not read", "template", name, "err", err)
+		a.log.Warn("warm guests not read", "template", tpl.Name, "err", err)
 	}
 	return slot
 }
@@ -228,7 +236,7 @@ func (a *Agent) warmTaken(name string, slot string, started bool) {
 	}
 	w := &a.warm
 	w.mu.Lock()
-	if st := w.status[name]; st != nil {
+	if st := w.templates[name]; st != nil {
 		st.Ready = max(st.Ready-1, 0)
 		if started {
 			st.Starts++
@@ -250,8 +258,8 @@ func (a *Agent) warmReport() []api.WarmGuests {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	var out []api.WarmGuests
-	for _, st := range w.status {
-		out = append(out, *st)
+	for _, st := range w.templates {
+		out = append(out, st.WarmGuests)
 	}
 	slices.SortFunc(out, func(x, y api.WarmGuests) int { return strings.Compare(x.Template, y.Template) })
 	return out
@@ -261,19 +269,19 @@ func (a *Agent) warmReport() []api.WarmGuests {
 func (a *Agent) initWarm() error {
 	w := &a.warm
 	w.wake = make(chan struct{}, 1)
-	w.status, w.retryAt, w.backoff, w.bootErr = map[string]*api.WarmGuests{}, map[string]time.Time{}, map[string]time.Duration{}, map[string]string{}
+	w.templates = map[string]*warmTemplate{}
 	for _, c := range a.cfg.Warm {
 		switch {
 		case api.ValidTemplateName(c.Template) != nil:
 			return fmt.Errorf("warm guests of template %q: %w", c.Template, api.ValidTemplateName(c.Template))
-		case w.status[c.Template] != nil:
+		case w.templates[c.Template] != nil:
 			return fmt.Errorf("warm guests of template %s: configured twice", c.Template)
 		case c.Count < 0 || c.Count > api.MaxWarmGuests:
 			return fmt.Errorf("warm guests of template %s: warm = %d: want 0 to %d", c.Template, c.Count, api.MaxWarmGuests)
 		case c.VCPUs < 1 || c.MemoryMiB < 64:
 			return fmt.Errorf("warm guests of template %s: %d vCPUs and %d MiB: want at least 1 and 64 MiB", c.Template, c.VCPUs, c.MemoryMiB)
 		}
-		w.status[c.Template] = &api.WarmGuests{Template: c.Template, Wanted: c.Count, CPU: api.Milli(c.VCPUs * 1000), MemoryBytes: uint64(c.MemoryMiB) << 20}
+		w.templates[c.Template] = &warmTemplate{WarmGuests: api.WarmGuests{Template: c.Template, Wanted: c.Count, CPU: api.Milli(c.VCPUs * 1000), MemoryBytes: uint64(c.MemoryMiB) << 20}}
 	}
 	if len(a.cfg.Warm) > api.MaxWarmTemplates {
 		return fmt.Errorf("warm guests of %d templates: at most %d", len(a.cfg.Warm), api.MaxWarmTemplates)

@@ -331,7 +331,7 @@ func (a *Agent) startWorkspace(ctx context.Context, t api.WorkspaceTask, r *api.
 		Network: true, Policy: policy, RootImage: tpl.Image(), LayerPath: layer, Volumes: volumes, Restore: restore, Identity: identity}
 	var warm string
 	if restore == nil && im == nil && len(volumes) == 0 && freshLayer {
-		warm = a.takeWarm(spec, tpl, t.Template)
+		warm = a.takeWarm(spec, tpl)
 	}
 	if warm != "" {
 		spec.Restore = &runtime.RestoreSpec{Dir: warm, FreshLayer: true}
