@@ -375,11 +375,17 @@ func (a *Agent) startWorkspace(ctx context.Context, t api.WorkspaceTask, r *api.
 		a.forget(ctx, id)
 		return "", err
 	}
-	if warm != "" {
-		// Its own machine id in its filesystem, now mounted: every
-		// Workspace restored from warm guests of one template would
-		// otherwise share the template's.
-		if err := rt.NewIdentity(ctx, id, runtime.Identity{Roots: []string{WorkspaceRoot}}); err != nil {
+	if freshLayer {
+		// Its first start: a machine id of its own in its filesystem, now
+		// mounted, whether it booted or restored a warm guest. Every
+		// Workspace of a template would otherwise share the template's
+		// (or have none). A booted guest of a Platform older than forks
+		// cannot take one and goes without.
+		c, err := rt.Guest(id)
+		if err == nil && (warm != "" || c.Info().Has(guestproto.CapIdentity)) {
+			err = rt.NewIdentity(ctx, id, runtime.Identity{Roots: []string{WorkspaceRoot}})
+		}
+		if err != nil {
 			a.forget(ctx, id)
 			return "", fmt.Errorf("instance %s: %w", id, err)
 		}

@@ -23,10 +23,10 @@ const bootMarker = platform.InitStartedLine
 // one of the default size restores the warm guest (the node's count of
 // starts from warm guests goes up, its console has no boot), is its own
 // Workspace (hostname, machine id, boot_id, random bytes differ between
-// two of them) and keeps what it writes across a stop and start; the
-// node makes the next warm guest; a create of another size boots, and so
-// does one whose warm guest is damaged on disk. Its own Workspaces, all
-// deleted again.
+// two of them; the machine id from a booted one's too) and keeps what it
+// writes across a stop and start; the node makes the next warm guest; a
+// create of another size boots, and so does one whose warm guest is
+// damaged on disk. Its own Workspaces, all deleted again.
 func (d *wsDev) testWarm(string) {
 	t := d.t
 	warm := func() api.WarmGuests {
@@ -123,6 +123,10 @@ func (d *wsDev) testWarm(string) {
 	made = append(made, other)
 	if c := console(other); !strings.Contains(c, bootMarker) {
 		t.Errorf("a Workspace of 256MiB: its console lacks the guest's init starting (%s):\n%s", bootMarker, trimTo(c, 1500))
+	}
+	// A booted Workspace has a machine id of its own too.
+	if s := identity(other); len(s.machineID) != 32 || s.machineID == a.machineID || s.machineID == b.machineID {
+		t.Errorf("a booted Workspace's identity %+v; want a machine id of its own (the warm ones: %s, %s)", s, a.machineID, b.machineID)
 	}
 	if w := warm(); w.Starts != ready.Starts || w.Ready != 1 {
 		t.Errorf("after a create of another size: %+v; want %d starts and the warm guest still ready", w, ready.Starts)
