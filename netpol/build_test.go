@@ -9,6 +9,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/google/nftables"
 )
 
 var update = flag.Bool("update", false, "rewrite testdata/*.golden from the current output")
@@ -257,6 +259,15 @@ func TestRanges6(t *testing.T) {
 	if _, err := rangesFromElements(setElements(top), 4); err == nil {
 		t.Error("IPv6 elements decoded as IPv4")
 	}
+}
+
+// setElements are ranges as the kernel lists their interval elements.
+func setElements(rs []addrRange) []nftables.SetElement {
+	var out []nftables.SetElement
+	for _, e := range intervalEdges(rs) {
+		out = append(out, nftables.SetElement{Key: e.at.AsSlice(), IntervalEnd: e.end})
+	}
+	return out
 }
 
 func fmtRanges(rs []addrRange) string {

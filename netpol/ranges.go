@@ -90,15 +90,22 @@ func (r addrRange) String() string {
 	return r.from.String() + "-" + r.to.String()
 }
 
-// setElements encodes ranges as the kernel's interval elements: a start
+// edge is one interval element of a set: the first address of a range,
+// or (end) the first address past it.
+type edge struct {
+	at  netip.Addr
+	end bool
+}
+
+// intervalEdges are ranges as the kernel's interval elements: a start
 // element and an end element one past the range, which is left out when the
 // range runs to the top of its address space (nft does the same).
-func setElements(rs []addrRange) []nftables.SetElement {
-	var out []nftables.SetElement
+func intervalEdges(rs []addrRange) []edge {
+	out := make([]edge, 0, 2*len(rs))
 	for _, r := range rs {
-		out = append(out, nftables.SetElement{Key: r.from.AsSlice()})
+		out = append(out, edge{at: r.from})
 		if next := r.to.Next(); next.IsValid() {
-			out = append(out, nftables.SetElement{Key: next.AsSlice(), IntervalEnd: true})
+			out = append(out, edge{at: next, end: true})
 		}
 	}
 	return out
@@ -123,10 +130,6 @@ func topAddr(a netip.Addr) netip.Addr {
 // top of the space; an end without a start, as older nft versions wrote at
 // the bottom of the space, is nothing).
 func rangesFromElements(elems []nftables.SetElement, keyLen int) ([]addrRange, error) {
-	type edge struct {
-		at  netip.Addr
-		end bool
-	}
 	edges := make([]edge, 0, len(elems))
 	for _, e := range elems {
 		a, err := elementAddr(e.Key, keyLen)
