@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 
 	"github.com/kibotos/kibotos/api"
+	"github.com/kibotos/kibotos/internal/ctxio"
 	"github.com/kibotos/kibotos/storagepool"
 )
 
@@ -121,7 +122,7 @@ func (s *Dir) write(ctx context.Context, dir string, r io.Reader, final func(Obj
 	}
 	h := sha256.New()
 	hw := &holeWriter{f: f}
-	n, err := io.Copy(io.MultiWriter(hw, h), io.LimitReader(ctxReader{ctx, r}, MaxObjectBytes+1))
+	n, err := io.Copy(io.MultiWriter(hw, h), io.LimitReader(ctxio.Reader(ctx, r), MaxObjectBytes+1))
 	if err == nil && n > MaxObjectBytes {
 		err = api.Errorf(api.CodeInvalidArgument, "object for %s is larger than %d bytes", s, int64(MaxObjectBytes))
 	}
@@ -222,7 +223,7 @@ func (s *Dir) open(ctx context.Context, l loc, offset int64) (io.ReadCloser, err
 		f.Close()
 		return nil, err
 	}
-	return readCloser{ctxReader{ctx, f}, f}, nil
+	return readCloser{ctxio.Reader(ctx, f), f}, nil
 }
 
 // remove deletes the object at l; one that is not there, or a directory
@@ -320,19 +321,6 @@ func (s *Dir) openErr(r ref, err error) error {
 
 func (s *Dir) unavailable(what string, err error) error {
 	return api.Errorf(api.CodeUnavailable, "artifact store %s: %s: %v; check that the directory is mounted and writable on this host", s, what, err)
-}
-
-// ctxReader stops a long copy when its context ends.
-type ctxReader struct {
-	ctx context.Context
-	r   io.Reader
-}
-
-func (c ctxReader) Read(p []byte) (int, error) {
-	if err := c.ctx.Err(); err != nil {
-		return 0, err
-	}
-	return c.r.Read(p)
 }
 
 type readCloser struct {

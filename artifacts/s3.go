@@ -26,6 +26,7 @@ import (
 	"github.com/minio/minio-go/v7/pkg/credentials"
 
 	"github.com/kibotos/kibotos/api"
+	"github.com/kibotos/kibotos/internal/ctxio"
 	"github.com/kibotos/kibotos/storagepool"
 )
 
@@ -394,7 +395,7 @@ func (s *S3) staged(ctx context.Context, r io.Reader, final func(Object) string)
 // with want, content that hashes otherwise fails the reader, so the
 // upload is aborted and key never appears.
 func (s *S3) upload(ctx context.Context, key string, r io.Reader, want Digest) (Object, error) {
-	br := bufio.NewReader(ctxReader{ctx, r}) // large reads pass it by
+	br := bufio.NewReader(ctxio.Reader(ctx, r)) // large reads pass it by
 	hr := &hashingReader{r: br, h: sha256.New(), want: want, name: s}
 	size := int64(-1) // unknown: a multipart upload, whose parts may not be empty
 	if _, err := br.Peek(1); err == io.EOF {

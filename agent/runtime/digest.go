@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/kibotos/kibotos/internal/ctxio"
 )
 
 // Checksums of snapshot state files, taken off the critical path: a
@@ -29,24 +31,11 @@ func fileDigest(ctx context.Context, path string) (uint64, string, error) {
 	}
 	defer f.Close()
 	h := sha256.New()
-	n, err := io.Copy(h, ctxReader{ctx, f})
+	n, err := io.Copy(h, ctxio.Reader(ctx, f))
 	if err != nil {
 		return 0, "", err
 	}
 	return uint64(n), hex.EncodeToString(h.Sum(nil)), nil
-}
-
-// ctxReader stops a long read once ctx is done.
-type ctxReader struct {
-	ctx context.Context
-	r   io.Reader
-}
-
-func (c ctxReader) Read(p []byte) (int, error) {
-	if err := c.ctx.Err(); err != nil {
-		return 0, err
-	}
-	return c.r.Read(p)
 }
 
 // digestFollower hashes a file another process appends to, chasing the
