@@ -164,6 +164,9 @@ func (c *stateCheck) stop() { c.cancel() }
 func checkState(ctx context.Context, dir string, m SnapshotMeta) error {
 	size, sum, err := fileDigest(ctx, filepath.Join(dir, SnapshotStateFile))
 	switch {
+	case ctx.Err() != nil:
+		// Abandoned (the start was), not unusable: the snapshot is kept.
+		return fmt.Errorf("check the state file in %s: %w", dir, ctx.Err())
 	case err != nil:
 		return fmt.Errorf("%w: %s: %v", ErrSnapshotUnusable, dir, err)
 	case size != m.StateBytes || sum != m.StateSHA256:

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -88,5 +89,20 @@ func TestCheckState(t *testing.T) {
 		if err := checkStateAsync(ctx, dir, m).wait(); err == nil {
 			t.Errorf("state %q passed as %q", content, "the saved machine")
 		}
+	}
+}
+
+// A check abandoned with its start does not call the snapshot unusable:
+// the agent removes unusable snapshots.
+func TestCheckStateCancelledIsNotUnusable(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, SnapshotStateFile), []byte("the saved machine"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	err := checkState(ctx, dir, SnapshotMeta{StateBytes: 17, StateSHA256: "whatever"})
+	if err == nil || errors.Is(err, ErrSnapshotUnusable) || !errors.Is(err, context.Canceled) {
+		t.Fatalf("check with its context cancelled: %v; want context.Canceled, not unusable", err)
 	}
 }

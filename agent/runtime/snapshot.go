@@ -375,7 +375,12 @@ func (rt *Runtime) restore(ctx context.Context, control, dir string, stateOK *st
 	if err := stateOK.wait(); err != nil {
 		return err
 	}
-	if loadErr != nil {
+	switch {
+	case loadErr != nil && rctx.Err() != nil:
+		// Cut short (the start was cancelled, or the load took over
+		// the limit): nothing says the snapshot is bad; it is kept.
+		return fmt.Errorf("load the snapshot: %w", loadErr)
+	case loadErr != nil:
 		return fmt.Errorf("%w: %v", ErrSnapshotUnusable, loadErr)
 	}
 	return q.Cont(rctx)
