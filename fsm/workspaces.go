@@ -252,17 +252,28 @@ func deleteWorkspace(tx *bolt.Tx, e *Entry, w *api.Workspace) error {
 
 // workspacesOnNode returns the Workspaces a node occupies, by id.
 func workspacesOnNode(tx *bolt.Tx, node string) ([]*api.Workspace, error) {
+	return workspacesOnNodeIf(tx, node, nil)
+}
+
+// workspacesOnNodeIf is workspacesOnNode for the records whose stored
+// bytes maybe says may be wanted (nil: all): a filter cheaper than a
+// decode, for callers that need few of a node's Workspaces.
+func workspacesOnNodeIf(tx *bolt.Tx, node string, maybe func(raw []byte) bool) ([]*api.Workspace, error) {
 	var out []*api.Workspace
 	prefix := []byte(node + "\x00")
+	records := tx.Bucket(bucketWorkspaces)
 	c := tx.Bucket(bucketWorkspaceNodes).Cursor()
 	for k, _ := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix); k, _ = c.Next() {
-		w, err := getWorkspace(tx, string(k[len(prefix):]))
-		if err != nil {
+		key := wsKey(string(k[len(prefix):]))
+		raw := records.Get(key)
+		if raw == nil || (maybe != nil && !maybe(raw)) {
+			continue
+		}
+		var w api.Workspace
+		if err := jsonRecord(bucketWorkspaces, key, raw, &w); err != nil {
 			return nil, err
 		}
-		if w != nil {
-			out = append(out, w)
-		}
+		out = append(out, &w)
 	}
 	return out, nil
 }
@@ -1255,9 +1266,15 @@ func ListWorkspaces(tx *bolt.Tx, f WorkspaceFilter, pageSize int, pageToken stri
 	return out, nil
 }
 
+// pendingKey is how api.Workspace.Pending starts in a stored record.
+var pendingKey = []byte(`"pending":`)
+
 // PendingCommands returns the Workspaces with a command waiting for node.
+// A node's session reads it at every wake: only the records that have a
+// "pending" key anywhere are decoded (a label named so costs a decode, no
+// more), not every Workspace the node runs or holds a layer of.
 func PendingCommands(tx *bolt.Tx, node string) ([]api.Workspace, error) {
-	ws, err := workspacesOnNode(tx, node)
+	ws, err := workspacesOnNodeIf(tx, node, func(raw []byte) bool { return bytes.Contains(raw, pendingKey) })
 	if err != nil {
 		return nil, err
 	}

@@ -1134,6 +1134,20 @@ func TestWorkspaceDelete(t *testing.T) {
 		}
 		checkIndex(t, h.f)
 	})
+	t.Run("a label named pending is no pending command", func(t *testing.T) {
+		h := newHarness(t)
+		twoNodes(h)
+		args := smallWS
+		args.Labels = map[string]string{"pending": `"pending":{"node_id":"node-a"}`}
+		w := h.stopped("c1", args)
+		if p := h.pendingOn("node-a"); len(p) != 0 {
+			t.Errorf("pending on node-a %v; the Workspace is stopped, no command waits", p)
+		}
+		h.ok(OpWorkspaceDelete, WorkspaceArgs{WorkspaceID: w.WorkspaceID})
+		if p := h.pendingOn("node-a"); !reflect.DeepEqual(p, []string{w.WorkspaceID}) {
+			t.Errorf("pending on node-a %v after the delete", p)
+		}
+	})
 	t.Run("never placed: gone at once", func(t *testing.T) {
 		h := newHarness(t)
 		oneNode(h)
