@@ -128,3 +128,30 @@ func BenchmarkPlaceWorkspaces(b *testing.B) {
 	}
 	b.ReportMetric(float64(b.N*workspaces)/b.Elapsed().Seconds(), "workspaces/s")
 }
+
+// BenchmarkPendingCommands reads the pending commands of a node that runs
+// 200 Workspaces, one of which has a command waiting (a stop): what the
+// node's control session reads at every wake.
+//
+//	go test ./fsm -run X -bench PendingCommands
+func BenchmarkPendingCommands(b *testing.B) {
+	h := newHarness(b)
+	h.bootstrap()
+	h.schedNode("node-a", 1, 400_000, 1<<40)
+	var last api.Workspace
+	for i := range 200 {
+		last = h.running(fmt.Sprintf("c%d", i), wsArgs(1000, gib))
+	}
+	h.ok(OpWorkspaceStop, WorkspaceArgs{WorkspaceID: last.WorkspaceID})
+	for b.Loop() {
+		if err := h.f.View(func(tx *bolt.Tx) error {
+			ws, err := PendingCommands(tx, "node-a")
+			if err == nil && len(ws) != 1 {
+				err = fmt.Errorf("%d pending, want 1", len(ws))
+			}
+			return err
+		}); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
