@@ -1,6 +1,9 @@
 package api
 
-import "time"
+import (
+	"strings"
+	"time"
+)
 
 // Node statuses derived by ctrl from the registration record.
 const (
@@ -222,6 +225,15 @@ func DefaultPoolOf(node string, r *Report) string {
 		return PrivatePoolID(node)
 	}
 	return NormalizePoolID(node, r.DefaultPool)
+}
+
+// IsDefaultPoolOf says whether id is DefaultPoolOf(node, r), without
+// building that (placement asks it of every node for every Workspace).
+func IsDefaultPoolOf(id, node string, r *Report) bool {
+	if r != nil && r.DefaultPool != "" && r.DefaultPool != LegacyPrivatePool {
+		return id == r.DefaultPool
+	}
+	return len(id) == len(node)+len(privatePoolSuffix) && strings.HasPrefix(id, node) && strings.HasSuffix(id, privatePoolSuffix)
 }
 
 // Pool is a storage pool as a node reports it.

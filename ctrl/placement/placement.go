@@ -102,6 +102,12 @@ func Ineligible(n *api.Node, req Request) string {
 
 // ineligibleByRecord is Ineligible without the caller's Room check.
 func ineligibleByRecord(n *api.Node, req Request) string {
+	return ineligibleHolding(n, req, req.Template == "" || HasTemplate(n, req.Template))
+}
+
+// ineligibleHolding is ineligibleByRecord given whether n holds the
+// request's template (Decide looks it up once per node).
+func ineligibleHolding(n *api.Node, req Request, holds bool) string {
 	switch {
 	case n.Admission != api.Admitted || n.Retired:
 		return whyNotAdmitted
@@ -132,10 +138,10 @@ func ineligibleByRecord(n *api.Node, req Request) string {
 	case f.MemoryBytes < req.MemoryBytes:
 		return whyNoMemory
 	}
-	if req.Template != "" && !req.Published && !HasTemplate(n, req.Template) {
+	if !holds && !req.Published {
 		return whyNoTemplate
 	}
-	if req.OwnDefaultPool && !hasPool(n, api.DefaultPoolOf(n.NodeID, n.Report)) {
+	if req.OwnDefaultPool && !hasDefaultPool(n) {
 		return whyNoPool
 	}
 	for _, want := range req.Pools {
@@ -153,6 +159,17 @@ func HasTemplate(n *api.Node, name string) bool {
 	}
 	for _, t := range n.Report.Templates {
 		if t == name {
+			return true
+		}
+	}
+	return false
+}
+
+// hasDefaultPool is hasPool of the node's default pool, without building
+// its id for every node of every placement.
+func hasDefaultPool(n *api.Node) bool {
+	for _, p := range n.Report.Pools {
+		if p.Available && api.IsDefaultPoolOf(p.PoolID, n.NodeID, n.Report) {
 			return true
 		}
 	}
@@ -240,15 +257,16 @@ func Decide(nodes []api.Node, req Request) Decision {
 		holds bool // holds the template: no fetch before the start
 		score float64
 	}
-	var eligible []candidate
+	eligible := make([]candidate, 0, len(nodes))
 	why := map[string]int{}
 	for i := range nodes {
 		n := &nodes[i]
-		if r := ineligibleByRecord(n, req); r != "" {
+		holds := req.Template == "" || HasTemplate(n, req.Template)
+		if r := ineligibleHolding(n, req, holds); r != "" {
 			why[r]++
 			continue
 		}
-		eligible = append(eligible, candidate{n, req.Template == "" || HasTemplate(n, req.Template), score(n, req)})
+		eligible = append(eligible, candidate{n, holds, score(n, req)})
 	}
 	better := func(a, b candidate) bool {
 		if a.holds != b.holds {
