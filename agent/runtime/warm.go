@@ -98,6 +98,13 @@ func (rt *Runtime) BootWarm(ctx context.Context, dir string, s WarmSpec) (string
 		_, err = rt.Pause(ctx, id, slot)
 	}
 	dctx := context.WithoutCancel(ctx)
+	if err != nil {
+		// A warm guest has nothing to flush: no graceful stop (a node
+		// that stops mid-boot waits for this).
+		if ferr := rt.ForceStop(dctx, id); ferr != nil && !errors.Is(ferr, ErrUnknownInstance) {
+			rt.log.Warn("warm guest not force-stopped", "instance_id", id, "err", ferr)
+		}
+	}
 	if derr := rt.Delete(dctx, id); derr != nil && !errors.Is(derr, ErrUnknownInstance) {
 		err = errors.Join(err, derr)
 	}

@@ -3,6 +3,7 @@ package qemu
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -63,7 +64,17 @@ func (q *QMP) Save(ctx context.Context, f *os.File) error {
 	if err := q.Execute(ctx, "migrate", map[string]any{"uri": "fd:kibotos-save"}, nil); err != nil {
 		return err
 	}
-	return q.waitMigration(ctx, "save")
+	if err := q.waitMigration(ctx, "save"); err != nil {
+		// Given up on (ctx ended): QEMU would go on saving behind the
+		// caller's back, and a cont would wait for it to finish.
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		if cerr := q.Execute(cctx, "migrate_cancel", nil, nil); cerr != nil {
+			err = errors.Join(err, fmt.Errorf("cancel the save: %w", cerr))
+		}
+		return err
+	}
+	return nil
 }
 
 // Load loads the state a Save wrote from f into a QEMU started with
