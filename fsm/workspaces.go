@@ -255,9 +255,9 @@ func workspacesOnNode(tx *bolt.Tx, node string) ([]*api.Workspace, error) {
 	return workspacesOnNodeIf(tx, node, nil)
 }
 
-// workspacesOnNodeIf is workspacesOnNode for the records whose stored
-// bytes maybe says may be wanted (nil: all): a filter cheaper than a
-// decode, for callers that need few of a node's Workspaces.
+// workspacesOnNodeIf is workspacesOnNode restricted to the records whose
+// stored bytes pass maybe (nil: all), a test cheaper than a decode for
+// callers that want few of a node's Workspaces.
 func workspacesOnNodeIf(tx *bolt.Tx, node string, maybe func(raw []byte) bool) ([]*api.Workspace, error) {
 	var out []*api.Workspace
 	prefix := []byte(node + "\x00")

@@ -6,7 +6,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"hash"
 	"io"
 	"os"
 	"path/filepath"
@@ -87,7 +86,8 @@ func (d *digestFollower) follow(ctx context.Context, f *os.File) (uint64, string
 		// nothing beyond what it returns.
 		done := isClosed(d.writerDone)
 		n, err := f.ReadAt(buf, off)
-		off += int64(writeAll(h, buf[:n]))
+		h.Write(buf[:n]) // a hash never fails
+		off += int64(n)
 		if off-flushed >= followWriteback {
 			// A hint: the fsync at the end is what makes it durable.
 			_ = unix.SyncFileRange(int(f.Fd()), flushed, off-flushed, unix.SYNC_FILE_RANGE_WRITE)
@@ -129,12 +129,6 @@ func isClosed(c chan struct{}) bool {
 	default:
 		return false
 	}
-}
-
-// writeAll feeds a hash, which never fails.
-func writeAll(h hash.Hash, p []byte) int {
-	n, _ := h.Write(p)
-	return n
 }
 
 // stateCheck verifies a snapshot's state file against its snapshot.json
