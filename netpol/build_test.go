@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/google/nftables"
+	"golang.org/x/sys/unix"
 )
 
 var update = flag.Bool("update", false, "rewrite testdata/*.golden from the current output")
@@ -276,4 +277,21 @@ func fmtRanges(rs []addrRange) string {
 		ss = append(ss, r.String())
 	}
 	return "[" + strings.Join(ss, " ") + "]"
+}
+
+// A set too large for one netlink attribute is refused with the set named,
+// before anything reaches the kernel.
+func TestAddSetRefusesOversizedElements(t *testing.T) {
+	var rs []addrRange
+	for i := range 3000 {
+		a := netip.AddrFrom4([4]byte{10, byte(i >> 8), byte(i), 0})
+		rs = append(rs, addrRange{from: a, to: a})
+	}
+	tbl := &Table{Family: nftables.TableFamilyIPv4, Name: "t"}
+	s := &Set{Name: "big", KeyType: nftables.TypeIPAddr, Flags: unix.NFT_SET_INTERVAL, Ranges: rs}
+	var x txn
+	err := x.addSet(tbl, s, 1)
+	if err == nil || !strings.Contains(err.Error(), "set big") || !strings.Contains(err.Error(), "at most 65535") {
+		t.Fatalf("a set of %d ranges: %v", len(rs), err)
+	}
 }
