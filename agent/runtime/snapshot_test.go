@@ -192,8 +192,18 @@ func TestPauseRestore(t *testing.T) {
 	if names := dirEntries(t, dir5); len(names) != 0 {
 		t.Errorf("a pause given up on left %v", names)
 	}
-	before5, _ := strconv.Atoi(sh("p-5", "cat /tmp/count"))
-	waitGuest(t, func() bool { n, _ := strconv.Atoi(sh("p-5", "cat /tmp/count")); return n > before5 })
+	// The guest session may be reconnecting: asked until it answers.
+	count5 := func() int {
+		r, err := run(ctx, rt, "p-5", guestproto.ExecRequest{Argv: []string{"/bin/sh", "-c", "cat /tmp/count"}}, nil)
+		if err != nil || r.exit.ExitCode != 0 {
+			return -1
+		}
+		n, _ := strconv.Atoi(strings.TrimSpace(r.stdout))
+		return n
+	}
+	before5 := -1
+	waitGuest(t, func() bool { before5 = count5(); return before5 > 0 })
+	waitGuest(t, func() bool { return count5() > before5 })
 	if st, err := rt.Status("p-5"); err != nil || st.State != runtime.StateRunning {
 		t.Errorf("after a pause given up on: %+v, %v; want it running", st, err)
 	}
