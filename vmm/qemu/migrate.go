@@ -70,7 +70,12 @@ func (q *QMP) Save(ctx context.Context, f *os.File) error {
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 		defer cancel()
 		if cerr := q.Execute(cctx, "migrate_cancel", nil, nil); cerr != nil {
-			err = errors.Join(err, fmt.Errorf("cancel the save: %w", cerr))
+			return errors.Join(err, fmt.Errorf("cancel the save: %w", cerr))
+		}
+		// The migration thread must be done before a cont: one sent
+		// while it still runs can leave the vCPUs stopped.
+		if werr := q.waitMigrationEnded(cctx); werr != nil {
+			err = errors.Join(err, werr)
 		}
 		return err
 	}
@@ -91,6 +96,27 @@ func (q *QMP) Load(ctx context.Context, f *os.File) error {
 
 // Cont starts the guest's vCPUs.
 func (q *QMP) Cont(ctx context.Context) error { return q.Execute(ctx, "cont", nil, nil) }
+
+// waitMigrationEnded polls the migration until it is over, however.
+func (q *QMP) waitMigrationEnded(ctx context.Context) error {
+	for {
+		var st struct {
+			Status string `json:"status"`
+		}
+		if err := q.Execute(ctx, "query-migrate", nil, &st); err != nil {
+			return err
+		}
+		switch st.Status {
+		case "", "none", "completed", "failed", "cancelled":
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("qmp save of %s: still %s after migrate_cancel: %w", q.socket, st.Status, ctx.Err())
+		case <-time.After(2 * time.Millisecond):
+		}
+	}
+}
 
 // waitMigration polls the migration until it completed or failed.
 func (q *QMP) waitMigration(ctx context.Context, what string) error {
