@@ -167,7 +167,7 @@ func (rt *Runtime) save(ctx context.Context, in *instance, rec *LaunchRecord, co
 		os.Remove(filepath.Join(dir, SnapshotStateFile))
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 		defer cancel()
-		if cerr := q.Cont(cctx); cerr != nil {
+		if cerr := q.Abandon(cctx); cerr != nil {
 			err = errors.Join(err, fmt.Errorf("start the guest's vCPUs again: %w", cerr))
 		}
 		return SnapshotMeta{}, err

@@ -3,7 +3,6 @@ package qemu
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -48,9 +47,10 @@ func (q *QMP) Version(ctx context.Context) (string, error) {
 
 // Save stops the guest's vCPUs and writes the VM's whole state (memory
 // and devices) to f, returning once QEMU completed the stream (the
-// caller fsyncs f). The VM stays stopped; Cont resumes it when the save
-// is to be abandoned. QEMU's bandwidth cap (meant for live migration over
-// a network) is lifted: the stream goes to a local file.
+// caller fsyncs f). The VM stays stopped; a save that failed or is to be
+// given up on is undone with Abandon. QEMU's bandwidth cap (meant for
+// live migration over a network) is lifted: the stream goes to a local
+// file.
 func (q *QMP) Save(ctx context.Context, f *os.File) error {
 	if err := q.Execute(ctx, "migrate-set-parameters", map[string]any{"max-bandwidth": int64(1) << 40}, nil); err != nil {
 		return err
@@ -64,22 +64,29 @@ func (q *QMP) Save(ctx context.Context, f *os.File) error {
 	if err := q.Execute(ctx, "migrate", map[string]any{"uri": "fd:kibotos-save"}, nil); err != nil {
 		return err
 	}
-	if err := q.waitMigration(ctx, "save"); err != nil {
-		// Given up on (ctx ended): QEMU would go on saving behind the
-		// caller's back, and a cont would wait for it to finish.
-		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		defer cancel()
-		if cerr := q.Execute(cctx, "migrate_cancel", nil, nil); cerr != nil {
-			return errors.Join(err, fmt.Errorf("cancel the save: %w", cerr))
+	return q.waitMigration(ctx, "save")
+}
+
+// Abandon undoes a Save that failed or was given up on at any step: the
+// migration QEMU may still be running is cancelled (QEMU would otherwise
+// go on saving behind the caller's back) and waited out, then the
+// guest's vCPUs start again. A Save cut short by its context leaves the
+// connection mid-exchange, unusable: it is dialed again first.
+func (q *QMP) Abandon(ctx context.Context) error {
+	if q.isBroken() {
+		if err := q.redial(ctx); err != nil {
+			return fmt.Errorf("qmp undo the save of %s: %w", q.socket, err)
 		}
-		// The migration thread must be done before a cont: one sent
-		// while it still runs can leave the vCPUs stopped.
-		if werr := q.waitMigrationEnded(cctx); werr != nil {
-			err = errors.Join(err, werr)
-		}
+	}
+	if err := q.Execute(ctx, "migrate_cancel", nil, nil); err != nil {
 		return err
 	}
-	return nil
+	// The migration thread must be done before a cont: one sent while it
+	// still runs can leave the vCPUs stopped.
+	if err := q.waitMigrationEnded(ctx); err != nil {
+		return err
+	}
+	return q.Cont(ctx)
 }
 
 // Load loads the state a Save wrote from f into a QEMU started with

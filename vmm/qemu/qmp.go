@@ -77,6 +77,28 @@ func DialQMP(ctx context.Context, socket string) (*QMP, error) {
 	return q, nil
 }
 
+// isBroken is whether an earlier call left the connection unusable.
+func (q *QMP) isBroken() bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.broken != nil
+}
+
+// redial replaces a connection an earlier call left unusable with a new
+// one. The old one is closed first: QEMU serves the next client only
+// once it is gone.
+func (q *QMP) redial(ctx context.Context) error {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.conn.Close()
+	n, err := DialQMP(ctx, q.socket)
+	if err != nil {
+		return err
+	}
+	q.conn, q.sc, q.broken = n.conn, n.sc, nil
+	return nil
+}
+
 // Close ends the connection, which lets QEMU serve the next client.
 func (q *QMP) Close() error { return q.conn.Close() }
 

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"net"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -16,9 +17,9 @@ import (
 
 const qmpGreeting = `{"QMP": {"version": {"qemu": {"micro": 19, "minor": 2, "major": 7}, "package": "Debian 1:7.2+dfsg-7"}, "capabilities": ["oob"]}}`
 
-// fakeQMP serves one connection on a unix socket like QEMU's monitor:
-// greeting first, then for each command the lines answer returns.
-// Commands it received are sent to got.
+// fakeQMP serves connections on a unix socket like QEMU's monitor, one
+// at a time: greeting first, then for each command the lines answer
+// returns. Commands it received are sent to got.
 type fakeQMP struct {
 	socket string
 	got    chan map[string]any
@@ -36,15 +37,11 @@ func startFakeQMP(t *testing.T, greeting string, answer func(cmd string, args ma
 		l.Close()
 		<-done
 	})
-	go func() {
-		defer close(done)
-		conn, err := l.Accept()
-		if err != nil {
-			return
-		}
+	serve := func(conn net.Conn) {
 		defer conn.Close()
 		// Unblock the reads below when the test ends.
-		go func() { <-t.Context().Done(); conn.Close() }()
+		stop := context.AfterFunc(t.Context(), func() { conn.Close() })
+		defer stop()
 		w := bufio.NewWriter(conn)
 		send := func(lines ...string) {
 			for _, s := range lines {
@@ -63,6 +60,16 @@ func startFakeQMP(t *testing.T, greeting string, answer func(cmd string, args ma
 			cmd, _ := req["execute"].(string)
 			args, _ := req["arguments"].(map[string]any)
 			send(answer(cmd, args)...)
+		}
+	}
+	go func() {
+		defer close(done)
+		for {
+			conn, err := l.Accept()
+			if err != nil {
+				return
+			}
+			serve(conn)
 		}
 	}()
 	return f
@@ -191,5 +198,54 @@ func TestQMPDeadline(t *testing.T) {
 	}
 	if err := q.Execute(t.Context(), "query-status", nil, nil); err == nil || !strings.Contains(err.Error(), "dial again") {
 		t.Errorf("call after a timed-out one: %v; want it refused", err)
+	}
+}
+
+// A save given up on mid-exchange leaves its connection unusable;
+// Abandon dials again, cancels the migration, waits for it to end and
+// only then starts the vCPUs.
+func TestQMPAbandonGivenUpSave(t *testing.T) {
+	cancelled := false
+	f := startFakeQMP(t, qmpGreeting, func(cmd string, _ map[string]any) []string {
+		switch {
+		case cmd == "migrate_cancel":
+			cancelled = true
+		case cmd == "query-migrate" && !cancelled:
+			return nil // QEMU busy saving: the answer comes after the caller gave up
+		case cmd == "query-migrate":
+			return []string{`{"return": {"status": "cancelled"}}`}
+		}
+		return ok(cmd, nil)
+	})
+	q := dialFake(t, f)
+	ctx, cancel := context.WithCancel(t.Context())
+	go func() {
+		for got := range f.got {
+			if got["execute"] == "query-migrate" {
+				cancel()
+				return
+			}
+		}
+	}()
+	err := q.Save(ctx, os.Stdin)
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("save given up on: %v", err)
+	}
+	var sent []string
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for got := range f.got {
+			if sent = append(sent, got["execute"].(string)); got["execute"] == "cont" {
+				return
+			}
+		}
+	}()
+	if err := q.Abandon(t.Context()); err != nil {
+		t.Fatalf("abandon: %v", err)
+	}
+	<-done
+	if want := "qmp_capabilities migrate_cancel query-migrate cont"; strings.Join(sent, " ") != want {
+		t.Errorf("abandon sent %v; want %s", sent, want)
 	}
 }
