@@ -155,14 +155,21 @@ func (rt *Runtime) WhilePaused(ctx context.Context, id string, fn func() error) 
 		return fail(err)
 	}
 	defer q.Close()
+	cont := func() error {
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+		defer cancel()
+		return q.Cont(cctx)
+	}
 	if err := q.Execute(ctx, "stop", nil, nil); err != nil {
+		// Cut short, the stop may have reached QEMU all the same.
+		if cerr := cont(); cerr != nil {
+			err = fmt.Errorf("%w; the guest may stay paused: %w", err, cerr)
+		}
 		return fail(err)
 	}
 	t0 := time.Now()
 	ferr := fn()
-	cctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	if err := q.Cont(cctx); err != nil {
+	if err := cont(); err != nil {
 		return fail(fmt.Errorf("the guest stays paused: %w", errors.Join(ferr, err)))
 	}
 	rt.log.Info("instance paused to copy its disks", "instance_id", id, "seconds", time.Since(t0).Seconds())

@@ -73,10 +73,8 @@ func (q *QMP) Save(ctx context.Context, f *os.File) error {
 // guest's vCPUs start again. A Save cut short by its context leaves the
 // connection mid-exchange, unusable: it is dialed again first.
 func (q *QMP) Abandon(ctx context.Context) error {
-	if q.isBroken() {
-		if err := q.redial(ctx); err != nil {
-			return fmt.Errorf("qmp undo the save of %s: %w", q.socket, err)
-		}
+	if err := q.redialIfBroken(ctx); err != nil {
+		return err
 	}
 	if err := q.Execute(ctx, "migrate_cancel", nil, nil); err != nil {
 		return err
@@ -101,8 +99,15 @@ func (q *QMP) Load(ctx context.Context, f *os.File) error {
 	return q.waitMigration(ctx, "restore")
 }
 
-// Cont starts the guest's vCPUs.
-func (q *QMP) Cont(ctx context.Context) error { return q.Execute(ctx, "cont", nil, nil) }
+// Cont starts the guest's vCPUs. It is how a caller undoes its stop
+// whatever became of its other calls, so a connection a cancelled call
+// left unusable is dialed again first.
+func (q *QMP) Cont(ctx context.Context) error {
+	if err := q.redialIfBroken(ctx); err != nil {
+		return err
+	}
+	return q.Execute(ctx, "cont", nil, nil)
+}
 
 // waitMigrationEnded polls the migration until it is over, however.
 func (q *QMP) waitMigrationEnded(ctx context.Context) error {

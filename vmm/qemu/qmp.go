@@ -77,23 +77,19 @@ func DialQMP(ctx context.Context, socket string) (*QMP, error) {
 	return q, nil
 }
 
-// isBroken is whether an earlier call left the connection unusable.
-func (q *QMP) isBroken() bool {
+// redialIfBroken replaces a connection an earlier call left unusable
+// with a new one. The old one is closed first: QEMU serves the next
+// client only once it is gone.
+func (q *QMP) redialIfBroken(ctx context.Context) error {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	return q.broken != nil
-}
-
-// redial replaces a connection an earlier call left unusable with a new
-// one. The old one is closed first: QEMU serves the next client only
-// once it is gone.
-func (q *QMP) redial(ctx context.Context) error {
-	q.mu.Lock()
-	defer q.mu.Unlock()
+	if q.broken == nil {
+		return nil
+	}
 	q.conn.Close()
 	n, err := DialQMP(ctx, q.socket)
 	if err != nil {
-		return err
+		return fmt.Errorf("qmp dial again after %v: %w", q.broken, err)
 	}
 	q.conn, q.sc, q.broken = n.conn, n.sc, nil
 	return nil

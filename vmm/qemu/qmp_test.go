@@ -177,7 +177,8 @@ func TestQMPBadPeers(t *testing.T) {
 }
 
 // A QEMU that does not answer holds a call no longer than ctx; what is
-// then on the wire is unknown, so the connection refuses further calls.
+// then on the wire is unknown, so the connection refuses further calls
+// (but cont, which dials again).
 func TestQMPDeadline(t *testing.T) {
 	f := startFakeQMP(t, qmpGreeting, func(cmd string, _ map[string]any) []string {
 		if cmd == "block_resize" {
@@ -198,6 +199,11 @@ func TestQMPDeadline(t *testing.T) {
 	}
 	if err := q.Execute(t.Context(), "query-status", nil, nil); err == nil || !strings.Contains(err.Error(), "dial again") {
 		t.Errorf("call after a timed-out one: %v; want it refused", err)
+	}
+	// Starting the vCPUs is how a caller undoes its stop whatever became
+	// of its other calls: it dials again.
+	if err := q.Cont(t.Context()); err != nil {
+		t.Errorf("cont after a timed-out call: %v; want it sent on a new connection", err)
 	}
 }
 
