@@ -67,7 +67,7 @@ func (s *Server) serveControl(ln *net.UnixListener) {
 			c.Close()
 			continue
 		}
-		go s.admit(c)
+		s.sessions.Go(func() { s.admit(c) })
 	}
 }
 
@@ -90,11 +90,16 @@ func (s *Server) admit(c *net.UnixConn) {
 		l.close()
 		return
 	}
+	defer func() { <-s.slot }()
 	s.mu.Lock()
+	if s.ending {
+		s.mu.Unlock()
+		c.Close()
+		return
+	}
 	s.session = c
 	s.mu.Unlock()
 	s.serveSession(c)
-	<-s.slot
 }
 
 func (s *Server) serveSession(c *net.UnixConn) {

@@ -62,6 +62,8 @@ type Server struct {
 	deadline   *time.Timer
 	session    *net.UnixConn // the node's control connection, if any
 	slot       chan struct{} // held by the one control session
+	sessions   sync.WaitGroup
+	ending     bool // Run is returning: a session admitted now is closed
 
 	connGone   chan struct{} // signalled whenever a carried connection ended
 	acceptDone chan struct{} // closed when the accept loop returned
@@ -144,11 +146,17 @@ func (s *Server) Run(ctx context.Context) error {
 	ctl.Close()
 	os.Remove(path)
 	s.mu.Lock()
+	s.ending = true
 	if s.session != nil {
-		s.session.Close()
+		// Reads end, but the reply to the request in hand still goes
+		// out: often the drain that left nothing to carry, which the node
+		// would otherwise take for a failed one.
+		s.session.CloseRead()
+		s.session.SetWriteDeadline(time.Now().Add(sessionWait))
 	}
 	s.mu.Unlock()
 	loops.Wait()
+	s.sessions.Wait()
 	s.dnsCancel()
 	s.log.Info("egress drained", "accepted", s.accepted.Load(), "closed_at_deadline", s.closed.Load())
 	return nil
