@@ -6,11 +6,13 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"hash"
 	"io"
 	"os"
 	"path/filepath"
 	"time"
 
+	"github.com/zeebo/xxh3"
 	"golang.org/x/sys/unix"
 
 	"github.com/kibotos/kibotos/internal/ctxio"
@@ -22,14 +24,41 @@ import (
 // after (pause) or before (restore) QEMU's own, about 0.15-0.2 s of a
 // pause or resume on these machines.
 
-// fileDigest is the size and sha256 of a file.
-func fileDigest(ctx context.Context, path string) (uint64, string, error) {
+// stateHash is the checksum of a snapshot's state file in snapshot
+// format v. It detects a torn or damaged file, not a forged one: it sits
+// beside the state, in the same pool, where whoever could change the one
+// could change the other. Format 2's xxh3-128 checks at memory speed
+// (7.0 GB/s on these machines, sha256 1.4 GB/s with SHA-NI): a resume's
+// vCPUs wait for the check, which for a 232 MiB state took 0.21-0.24 s
+// with sha256, longer than QEMU's load beside it. Format 1 used sha256.
+func stateHash(format int) hash.Hash {
+	if format == 1 {
+		return sha256.New()
+	}
+	return xxh3.New128()
+}
+
+// stateSum is the state's checksum snapshot.json records, checked for
+// its format's hash.
+func (m SnapshotMeta) stateSum() (string, error) {
+	field, sum := "state_xxh3", m.StateXXH3
+	if m.FormatVersion == 1 {
+		field, sum = "state_sha256", m.StateSHA256
+	}
+	if b, err := hex.DecodeString(sum); err != nil || len(b) != stateHash(m.FormatVersion).Size() {
+		return "", fmt.Errorf("format %d wants %s, %d hex digits: got %q", m.FormatVersion, field, 2*stateHash(m.FormatVersion).Size(), sum)
+	}
+	return sum, nil
+}
+
+// fileDigest is the size and checksum of a file for snapshot format v.
+func fileDigest(ctx context.Context, path string, format int) (uint64, string, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return 0, "", err
 	}
 	defer f.Close()
-	h := sha256.New()
+	h := stateHash(format)
 	n, err := io.Copy(h, ctxio.Reader(ctx, f))
 	if err != nil {
 		return 0, "", err
@@ -78,7 +107,7 @@ func followDigest(ctx context.Context, path string) (*digestFollower, error) {
 }
 
 func (d *digestFollower) follow(ctx context.Context, f *os.File) (uint64, string, error) {
-	h := sha256.New()
+	h := stateHash(snapshotFormat)
 	buf := make([]byte, followChunk)
 	var off, flushed int64
 	for {
@@ -111,7 +140,7 @@ func (d *digestFollower) follow(ctx context.Context, f *os.File) (uint64, string
 }
 
 // finish is called once the writer wrote its last byte: the size and
-// sha256 of the whole file.
+// checksum (this build's format) of the whole file.
 func (d *digestFollower) finish() (uint64, string, error) {
 	close(d.writerDone)
 	r := <-d.result
@@ -156,15 +185,19 @@ func (c *stateCheck) stop() { c.cancel() }
 
 // checkState compares the state file with what snapshot.json says of it.
 func checkState(ctx context.Context, dir string, m SnapshotMeta) error {
-	size, sum, err := fileDigest(ctx, filepath.Join(dir, SnapshotStateFile))
+	want, err := m.stateSum()
+	if err != nil {
+		return fmt.Errorf("%w: %s: %s: %v", ErrSnapshotUnusable, dir, SnapshotMetaFile, err)
+	}
+	size, sum, err := fileDigest(ctx, filepath.Join(dir, SnapshotStateFile), m.FormatVersion)
 	switch {
 	case ctx.Err() != nil:
 		// Abandoned (the start was), not unusable: the snapshot is kept.
 		return fmt.Errorf("check the state file in %s: %w", dir, ctx.Err())
 	case err != nil:
 		return fmt.Errorf("%w: %s: %v", ErrSnapshotUnusable, dir, err)
-	case size != m.StateBytes || sum != m.StateSHA256:
-		return fmt.Errorf("%w: %s: the state file is %d bytes with sha256 %s, the snapshot says %d bytes with %s: torn or changed", ErrSnapshotUnusable, dir, size, sum, m.StateBytes, m.StateSHA256)
+	case size != m.StateBytes || sum != want:
+		return fmt.Errorf("%w: %s: the state file is %d bytes with checksum %s, the snapshot says %d bytes with %s: torn or changed", ErrSnapshotUnusable, dir, size, sum, m.StateBytes, want)
 	}
 	return nil
 }

@@ -5,9 +5,11 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 )
 
@@ -27,7 +29,7 @@ func TestDigestFollowerChasesWriter(t *testing.T) {
 			t.Fatal(err)
 		}
 		r := rand.New(rand.NewPCG(uint64(run), 1))
-		h := sha256.New()
+		h := stateHash(snapshotFormat)
 		var total uint64
 		for range 40 {
 			chunk := make([]byte, r.IntN(3*followChunk))
@@ -45,7 +47,7 @@ func TestDigestFollowerChasesWriter(t *testing.T) {
 		if err != nil || size != total || sum != hex.EncodeToString(h.Sum(nil)) {
 			t.Fatalf("run %d: follower %d bytes %s (%v), file %d bytes %x", run, size, sum, err, total, h.Sum(nil))
 		}
-		if fsize, fsum, err := fileDigest(ctx, path); err != nil || fsize != size || fsum != sum {
+		if fsize, fsum, err := fileDigest(ctx, path, snapshotFormat); err != nil || fsize != size || fsum != sum {
 			t.Fatalf("run %d: fileDigest %d %s %v, follower %d %s", run, fsize, fsum, err, size, sum)
 		}
 	}
@@ -68,26 +70,40 @@ func TestDigestFollowerStops(t *testing.T) {
 }
 
 // A state file that differs from its snapshot.json in a byte or in its
-// size is unusable.
+// size is unusable, in this build's format and in format 1 (sha256),
+// which snapshots taken before the upgrade are in.
 func TestCheckState(t *testing.T) {
 	ctx := context.Background()
 	dir := t.TempDir()
 	state := filepath.Join(dir, SnapshotStateFile)
-	if err := os.WriteFile(state, []byte("the saved machine"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	size, sum, err := fileDigest(ctx, state)
-	if err != nil {
-		t.Fatal(err)
-	}
-	m := SnapshotMeta{StateBytes: size, StateSHA256: sum}
-	if err := checkState(ctx, dir, m); err != nil {
-		t.Fatalf("the file as saved: %v", err)
-	}
-	for _, content := range []string{"the saved machinE", "the saved machin"} {
-		os.WriteFile(state, []byte(content), 0o600)
-		if err := checkStateAsync(ctx, dir, m).wait(); err == nil {
-			t.Errorf("state %q passed as %q", content, "the saved machine")
+	for _, format := range []int{snapshotFormat, 1} {
+		if err := os.WriteFile(state, []byte("the saved machine"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		size, sum, err := fileDigest(ctx, state, format)
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := SnapshotMeta{FormatVersion: format, StateBytes: size, StateXXH3: sum}
+		if format == 1 {
+			m.StateXXH3, m.StateSHA256 = "", sum
+			if want := sha256.Sum256([]byte("the saved machine")); sum != hex.EncodeToString(want[:]) {
+				t.Fatalf("format 1 checksum %s; want the sha256 format 1 recorded", sum)
+			}
+		}
+		if err := checkState(ctx, dir, m); err != nil {
+			t.Fatalf("format %d: the file as saved: %v", format, err)
+		}
+		for _, content := range []string{"the saved machinE", "the saved machin"} {
+			os.WriteFile(state, []byte(content), 0o600)
+			if err := checkStateAsync(ctx, dir, m).wait(); !errors.Is(err, ErrSnapshotUnusable) {
+				t.Errorf("format %d: state %q passed as %q: %v", format, content, "the saved machine", err)
+			}
+		}
+		// A checksum of the other format's length is not one.
+		m.StateXXH3, m.StateSHA256 = m.StateSHA256, m.StateXXH3
+		if err := checkState(ctx, dir, m); !errors.Is(err, ErrSnapshotUnusable) || !strings.Contains(err.Error(), "hex digits") {
+			t.Errorf("format %d with the other format's checksum: %v", format, err)
 		}
 	}
 }
@@ -101,8 +117,32 @@ func TestCheckStateCancelledIsNotUnusable(t *testing.T) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	err := checkState(ctx, dir, SnapshotMeta{StateBytes: 17, StateSHA256: "whatever"})
+	err := checkState(ctx, dir, SnapshotMeta{FormatVersion: snapshotFormat, StateBytes: 17, StateXXH3: "00112233445566778899aabbccddeeff"})
 	if err == nil || errors.Is(err, ErrSnapshotUnusable) || !errors.Is(err, context.Canceled) {
 		t.Fatalf("check with its context cancelled: %v; want context.Canceled, not unusable", err)
+	}
+}
+
+// A snapshot.json of a format this build does not read is refused
+// before anything of it is used; one a newer build wrote is whole for
+// that build and not called unusable (the agent removes unusable ones).
+func TestReadSnapshotMetaFormats(t *testing.T) {
+	for _, c := range []struct {
+		format     int
+		unusable   bool
+		wantSubstr string
+	}{
+		{0, true, "this build reads [1 2]"},
+		{snapshotFormat + 1, false, "a newer kibotos wrote it"},
+	} {
+		dir := t.TempDir()
+		b := fmt.Appendf(nil, `{"format_version": %d, "instance_id": "vm-a", "state_bytes": 17, "state_xxh3": "00112233445566778899aabbccddeeff"}`, c.format)
+		if err := os.WriteFile(filepath.Join(dir, SnapshotMetaFile), b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		_, err := readSnapshotMeta(dir)
+		if err == nil || errors.Is(err, ErrSnapshotUnusable) != c.unusable || !strings.Contains(err.Error(), c.wantSubstr) {
+			t.Errorf("format %d: %v; want unusable %v and %q", c.format, err, c.unusable, c.wantSubstr)
+		}
 	}
 }

@@ -48,9 +48,12 @@ const (
 	SnapshotMetaFile  = "snapshot.json"
 )
 
-// snapshotFormat is the format version of snapshot.json this build reads
-// and writes.
-const snapshotFormat = 1
+// snapshotFormat is the format version of snapshot.json this build
+// writes; snapshotFormats, those it reads. Format 1 recorded the state's
+// sha256; format 2 records its xxh3-128 (stateHash).
+const snapshotFormat = 2
+
+var snapshotFormats = recordfmt.Range{Min: 1, Max: snapshotFormat}
 
 // maxSnapshotMeta bounds what is read of snapshot.json (from a pool).
 const maxSnapshotMeta = 64 << 10
@@ -62,7 +65,8 @@ type SnapshotMeta struct {
 	NodeID        string             `json:"node_id"`
 	Compat        api.SnapshotCompat `json:"compat"`
 	StateBytes    uint64             `json:"state_bytes"`
-	StateSHA256   string             `json:"state_sha256"`
+	StateSHA256   string             `json:"state_sha256,omitempty"` // format 1
+	StateXXH3     string             `json:"state_xxh3,omitempty"`   // format 2
 	TakenAt       time.Time          `json:"taken_at"`
 }
 
@@ -185,7 +189,7 @@ func (rt *Runtime) save(ctx context.Context, in *instance, rec *LaunchRecord, co
 	if err := q.Save(sctx, f); err != nil {
 		return undo(err)
 	}
-	if meta.StateBytes, meta.StateSHA256, err = digest.finish(); err != nil {
+	if meta.StateBytes, meta.StateXXH3, err = digest.finish(); err != nil {
 		return undo(err)
 	}
 	if err := f.Sync(); err != nil {
@@ -210,10 +214,11 @@ func (rt *Runtime) save(ctx context.Context, in *instance, rec *LaunchRecord, co
 	return meta, nil
 }
 
-// readSnapshotMeta reads and checks snapshot.json in dir: this build's
-// format, a valid compatibility tuple. Anything else is
-// ErrSnapshotUnusable. The state file is checked against it by
-// checkState.
+// readSnapshotMeta reads and checks snapshot.json in dir: a format this
+// build reads, with its checksum, and a valid compatibility tuple.
+// Anything else is ErrSnapshotUnusable, but a newer build's format: that
+// snapshot is whole for the build that wrote it. The state file is
+// checked against it by checkState.
 func readSnapshotMeta(dir string) (SnapshotMeta, error) {
 	unusable := func(format string, args ...any) (SnapshotMeta, error) {
 		return SnapshotMeta{}, fmt.Errorf("%w: %s: %s", ErrSnapshotUnusable, dir, fmt.Sprintf(format, args...))
@@ -231,8 +236,15 @@ func readSnapshotMeta(dir string) (SnapshotMeta, error) {
 	if err := json.NewDecoder(bytes.NewReader(b)).Decode(&m); err != nil {
 		return unusable("%s: %v", SnapshotMetaFile, err)
 	}
-	if err := recordfmt.Current(snapshotFormat).Check(filepath.Join(dir, SnapshotMetaFile), m.FormatVersion); err != nil {
+	if err := snapshotFormats.Check(filepath.Join(dir, SnapshotMetaFile), m.FormatVersion); err != nil {
+		if m.FormatVersion > snapshotFormats.Max {
+			// A newer build's snapshot is whole for that build: kept.
+			return SnapshotMeta{}, fmt.Errorf("snapshot %s: %w", dir, err)
+		}
 		return unusable("%v", err)
+	}
+	if _, err := m.stateSum(); err != nil {
+		return unusable("%s: %v", SnapshotMetaFile, err)
 	}
 	if err := m.Compat.Check(); err != nil {
 		return unusable("%v", err)

@@ -305,14 +305,22 @@ func (rt *Runtime) start(ctx context.Context, in *instance, spec Spec) error {
 			return errors.Join(fmt.Errorf("runtime: instance %s: a fork's new identity: %w", in.id, err), rt.abortLaunch(ctx, rec.Unit, proc.InvocationID))
 		}
 	}
-	if spec.Restore != nil {
-		// The saved guest's clock stopped with it.
+	clockSet := make(chan struct{})
+	go func() {
+		// The saved guest's clock stopped with it. Set beside the network:
+		// under TCG each call into a restored guest runs its code afresh,
+		// and the two calls do not wait for each other's round trip.
+		defer close(clockSet)
+		if spec.Restore == nil {
+			return
+		}
 		if c, err := rt.Guest(in.id); err == nil && c.Info().Has(guestproto.CapSetTime) {
 			if err := c.SetTime(ctx, time.Now()); err != nil {
 				rt.log.Warn("restored guest's clock not set", "instance_id", in.id, "err", err)
 			}
 		}
-	}
+	}()
+	defer func() { <-clockSet }()
 	if spec.Network {
 		c, err := rt.Guest(in.id)
 		if err == nil {

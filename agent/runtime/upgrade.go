@@ -249,7 +249,7 @@ func checkSnapshotFormat(path string) error {
 	if len(raw) > maxSnapshotMeta {
 		return fmt.Errorf("%s is over %d bytes", path, maxSnapshotMeta)
 	}
-	return recordfmt.Current(snapshotFormat).CheckJSON(path, raw, 0)
+	return snapshotFormats.CheckJSON(path, raw, 0)
 }
 
 // previewInstances judges the Instances of a live node from their launch
