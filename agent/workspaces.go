@@ -329,6 +329,11 @@ func (a *Agent) startWorkspace(ctx context.Context, t api.WorkspaceTask, r *api.
 	a.tasks.mu.Unlock()
 	spec := runtime.Spec{InstanceID: id, Installation: installation, VCPUs: max(1, int(t.CPU/1000)), MemoryMiB: int(t.MemoryBytes >> 20),
 		Network: true, Policy: policy, RootImage: tpl.Image(), LayerPath: layer, Volumes: volumes, Restore: restore, Identity: identity}
+	if restore == nil {
+		// Booted or restored from a warm guest: its filesystem is mounted
+		// beside its network. (A paused guest has it mounted already.)
+		spec.Configure = func(g guestproto.GuestInfo) guestproto.ConfigureRequest { return WorkspaceConfigure(t.WorkspaceID, g) }
+	}
 	var warm string
 	if restore == nil && im == nil && len(volumes) == 0 && freshLayer {
 		warm = a.takeWarm(spec, tpl)
@@ -371,7 +376,7 @@ func (a *Agent) startWorkspace(ctx context.Context, t api.WorkspaceTask, r *api.
 		}
 		return "", nil
 	}
-	if err := a.configureWorkspace(ctx, id, t); err != nil {
+	if err := a.mountVolumes(ctx, id, t); err != nil {
 		a.forget(ctx, id)
 		return "", err
 	}
@@ -410,18 +415,15 @@ func (a *Agent) awaitStarted(ctx context.Context, id string) runtime.InstanceSta
 	}
 }
 
-// configureWorkspace mounts the Workspace filesystem and its Volumes in
-// the guest.
-func (a *Agent) configureWorkspace(ctx context.Context, id string, t api.WorkspaceTask) error {
+// mountVolumes mounts the Workspace's Volumes in the guest, under its
+// filesystem the start mounted.
+func (a *Agent) mountVolumes(ctx context.Context, id string, t api.WorkspaceTask) error {
+	if len(t.Volumes) == 0 {
+		return nil
+	}
 	c, err := a.cfg.Runtime.Guest(id)
 	if err != nil {
 		return err
-	}
-	if err := c.Configure(ctx, WorkspaceConfigure(t.WorkspaceID, c.Info())); err != nil {
-		return fmt.Errorf("configure instance %s: %w", id, err)
-	}
-	if len(t.Volumes) == 0 {
-		return nil
 	}
 	if !c.Info().Has(guestproto.CapMountSerial) {
 		return fmt.Errorf("%s: the guest agent of instance %s cannot mount Volumes (its Platform is older than Volumes): build a new Platform with kibotos platform build", api.StageAttachingVolume, id)

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sync"
 	"time"
 
 	"github.com/kibotos/kibotos/internal/ctxsleep"
@@ -48,6 +49,10 @@ type Spec struct {
 	// saved: its own random state, hostname and machine id, set before
 	// anything else is asked of it (fork.go).
 	Identity *Identity
+	// Configure, when set, is what the guest is configured with once it
+	// answered, beside its network (which must not depend on it): a
+	// Workspace's filesystem mounts. Its failure fails the start.
+	Configure func(guestproto.GuestInfo) guestproto.ConfigureRequest
 }
 
 // vmmLogEnv passes the VMM log path to the wrapper shell.
@@ -305,42 +310,61 @@ func (rt *Runtime) start(ctx context.Context, in *instance, spec Spec) error {
 			return errors.Join(fmt.Errorf("runtime: instance %s: a fork's new identity: %w", in.id, err), rt.abortLaunch(ctx, rec.Unit, proc.InvocationID))
 		}
 	}
-	clockSet := make(chan struct{})
-	go func() {
-		// The saved guest's clock stopped with it. Set beside the network:
-		// under TCG each call into a restored guest runs its code afresh,
-		// and the two calls do not wait for each other's round trip.
-		defer close(clockSet)
-		if spec.Restore == nil {
-			return
-		}
-		if c, err := rt.Guest(in.id); err == nil && c.Info().Has(guestproto.CapSetTime) {
-			if err := c.SetTime(ctx, time.Now()); err != nil {
-				rt.log.Warn("restored guest's clock not set", "instance_id", in.id, "err", err)
-			}
-		}
-	}()
-	defer func() { <-clockSet }()
-	if spec.Network {
-		c, err := rt.Guest(in.id)
-		if err == nil {
-			req := guestNetwork(rec.Network)
-			if spec.Restore != nil {
-				// A restored guest still has the addresses of the VM it
-				// was saved from.
-				for i := range req.Interfaces {
-					req.Interfaces[i].Flush = true
-				}
-			}
-			err = c.Configure(ctx, req)
-		}
-		if err != nil {
-			return errors.Join(fmt.Errorf("runtime: instance %s: configure the guest network: %w", in.id, err), rt.abortLaunch(ctx, rec.Unit, proc.InvocationID))
-		}
+	if err := rt.tellGuest(ctx, in, spec, rec); err != nil {
+		return errors.Join(fmt.Errorf("runtime: instance %s: %w", in.id, err), rt.abortLaunch(ctx, rec.Unit, proc.InvocationID))
 	}
 	rt.log.Info("instance started", "instance_id", in.id, "unit", rec.Unit, "invocation_id", proc.InvocationID,
 		"host_pid", proc.HostPID, "unit_started_in", tUnit.Round(time.Microsecond), "guest_answered_in", time.Since(t0).Round(time.Millisecond))
 	return nil
+}
+
+// tellGuest makes a guest that answered what spec asks: a restored one's
+// clock set (it stopped with the VM), its network, then the spec's own
+// configure. The calls go out together: under TCG a guest, a restored one
+// most, runs the code of each afresh, and none of them waits for
+// another's round trip.
+func (rt *Runtime) tellGuest(ctx context.Context, in *instance, spec Spec, rec *LaunchRecord) error {
+	if spec.Restore == nil && !spec.Network && spec.Configure == nil {
+		return nil
+	}
+	c, err := rt.Guest(in.id)
+	if err != nil {
+		return err
+	}
+	var wg sync.WaitGroup
+	var netErr, cfgErr error
+	if spec.Restore != nil && c.Info().Has(guestproto.CapSetTime) {
+		wg.Go(func() {
+			if err := c.SetTime(ctx, time.Now()); err != nil {
+				rt.log.Warn("restored guest's clock not set", "instance_id", in.id, "err", err)
+			}
+		})
+	}
+	if spec.Network {
+		req := guestNetwork(rec.Network)
+		if spec.Restore != nil {
+			// A restored guest still has the addresses of the VM it was
+			// saved from.
+			for i := range req.Interfaces {
+				req.Interfaces[i].Flush = true
+			}
+		}
+		wg.Go(func() {
+			if err := c.Configure(ctx, req); err != nil {
+				netErr = fmt.Errorf("configure the guest network: %w", err)
+			}
+		})
+	}
+	if spec.Configure != nil {
+		req := spec.Configure(c.Info())
+		wg.Go(func() {
+			if err := c.Configure(ctx, req); err != nil {
+				cfgErr = fmt.Errorf("configure the guest: %w", err)
+			}
+		})
+	}
+	wg.Wait()
+	return errors.Join(netErr, cfgErr)
 }
 
 // awaitGuest is the readiness check of a launch: it waits for the guest

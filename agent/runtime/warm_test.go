@@ -26,23 +26,17 @@ import (
 func warmCreate(ctx context.Context, rt *runtime.Runtime, spec runtime.Spec, slot, ws string) error {
 	spec.Restore = &runtime.RestoreSpec{Dir: slot, FreshLayer: true}
 	spec.Identity = &runtime.Identity{Hostname: ws}
+	spec.Configure = workspaceConfigure(ws)
 	if _, err := rt.Start(ctx, spec); err != nil {
 		return err
 	}
 	os.RemoveAll(slot)
-	if err := configureWorkspace(ctx, rt, spec.InstanceID, ws); err != nil {
-		return err
-	}
 	return rt.NewIdentity(ctx, spec.InstanceID, runtime.Identity{Roots: []string{agent.WorkspaceRoot}})
 }
 
-// configureWorkspace mounts the Workspace's filesystem as the node does.
-func configureWorkspace(ctx context.Context, rt *runtime.Runtime, id, ws string) error {
-	c, err := rt.Guest(id)
-	if err != nil {
-		return err
-	}
-	return c.Configure(ctx, agent.WorkspaceConfigure(ws, c.Info()))
+// workspaceConfigure mounts the Workspace's filesystem as the node does.
+func workspaceConfigure(ws string) func(guestproto.GuestInfo) guestproto.ConfigureRequest {
+	return func(g guestproto.GuestInfo) guestproto.ConfigureRequest { return agent.WorkspaceConfigure(ws, g) }
 }
 
 func warmSpec(tpl *template.Template, inst *platform.Installation, mib int) runtime.WarmSpec {
@@ -136,10 +130,8 @@ func TestWarmGuest(t *testing.T) {
 	}
 	// The layer is the Workspace's: a cold start of it reads what it wrote.
 	spec.InstanceID = "w-2"
+	spec.Configure = workspaceConfigure("ws-a")
 	if _, err := rt.Start(ctx, spec); err != nil {
-		t.Fatal(err)
-	}
-	if err := configureWorkspace(ctx, rt, "w-2", "ws-a"); err != nil {
 		t.Fatal(err)
 	}
 	r, err := run(ctx, rt, "w-2", guestproto.ExecRequest{Root: agent.WorkspaceRoot, Argv: []string{"cat", "/data.txt"}}, nil)
@@ -191,11 +183,9 @@ func BenchmarkWarmCreate(b *testing.B) {
 			return runtime.Spec{InstanceID: id, Installation: inst, VCPUs: 1, MemoryMiB: 512, Network: true, RootImage: tpl.Image(), LayerPath: filepath.Join(layers, id+".qcow2")}
 		}
 		c := spec(fmt.Sprintf("c-%d", i))
+		c.Configure = workspaceConfigure(c.InstanceID)
 		t0 := time.Now()
 		if _, err := rt.Start(ctx, c); err != nil {
-			b.Fatal(err)
-		}
-		if err := configureWorkspace(ctx, rt, c.InstanceID, c.InstanceID); err != nil {
 			b.Fatal(err)
 		}
 		exec(c.InstanceID)
