@@ -185,13 +185,21 @@ func (in *instance) stopGuestLoop() {
 	}
 }
 
-// waitGuest is Start's readiness check: it dials the guest agent until it
-// answers, the VMM exits or ctx ends.
+// waitGuest is the readiness check of a start or a takeover: it dials
+// the guest agent until it answers, the VMM exits or ctx ends, each
+// attempt on a new connection with a fresh hello and longer than the last
+// (as the guest loop's: a takeover's first hello can be lost in the
+// guest, and a booting guest answers only once its agent runs).
 func (rt *Runtime) waitGuest(ctx context.Context, in *instance, alive func() bool) (*guestproto.Client, error) {
 	var last error
+	attempt := guestAttemptTimeout
 	for {
-		actx, cancel := context.WithTimeout(ctx, 15*time.Second)
+		actx, cancel := context.WithTimeout(ctx, attempt)
 		c, err := rt.dialGuest(actx, in)
+		if actx.Err() != nil {
+			// Unanswered (a socket not there yet fails at once).
+			attempt = min(attempt*2, guestAttemptMax)
+		}
 		cancel()
 		if err == nil {
 			return c, nil
