@@ -1,5 +1,7 @@
 package runtime
 
+import "net"
+
 // UnconfinedVMM makes the Runtime launch VMMs as builds before VMM
 // confinement did (root, no seccomp, file console): the Instances an
 // upgraded node has to take over.
@@ -15,5 +17,12 @@ var VMMLimits = vmmLimits
 // (to kill the VMM mid-pause).
 func BeforeSave(c Config, f func(hostPID int)) Config {
 	c.beforeSave = f
+	return c
+}
+
+// GuestConn puts f between the node and each new connection to a guest
+// agent's channel.
+func GuestConn(c Config, f func(net.Conn) net.Conn) Config {
+	c.guestConn = f
 	return c
 }

@@ -31,6 +31,9 @@ func (rt *Runtime) dialGuest(ctx context.Context, in *instance) (*guestproto.Cli
 	if err != nil {
 		return nil, err
 	}
+	if w := rt.cfg.guestConn; w != nil {
+		conn = w(conn)
+	}
 	return guestproto.Dial(ctx, conn)
 }
 
@@ -63,9 +66,15 @@ func (rt *Runtime) guestLoop(ctx context.Context, in *instance, c *guestproto.Cl
 			in.mu.Lock()
 			state := in.state
 			in.mu.Unlock()
-			if state != StateRunning {
-				return // stopping or ended: nothing to reconnect to
+			if state != StateRunning && state != StateStopping {
+				return // ended: nothing to reconnect to
 			}
+			// A stop waits for the guest to prepare it: reconnecting goes
+			// on until the stop ends this loop (endUnit), or fails and the
+			// Instance is RUNNING again. (A stop right after a takeover
+			// whose first hello was lost waited for a loop that had
+			// ended.)
+			stopping := state == StateStopping
 			actx, cancel := context.WithTimeout(ctx, attempt)
 			var err error
 			c, err = rt.dialGuest(actx, in)
@@ -107,7 +116,12 @@ func (rt *Runtime) guestLoop(ctx context.Context, in *instance, c *guestproto.Cl
 				in.responding = false
 				in.mu.Unlock()
 				pending = true
-				rt.log.Warn("instance guest sync pending", "instance_id", in.id, "err", err, "retry_in", backoff)
+				if stopping {
+					// A guest powering off no longer answers: expected.
+					rt.log.Debug("instance guest not reached while stopping", "instance_id", in.id, "err", err, "retry_in", backoff)
+				} else {
+					rt.log.Warn("instance guest sync pending", "instance_id", in.id, "err", err, "retry_in", backoff)
+				}
 				if ctxsleep.Sleep(ctx, backoff) != nil {
 					return
 				}

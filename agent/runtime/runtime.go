@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -131,6 +132,9 @@ type Config struct {
 	// beforeSave, when set (tests), runs during a pause just before QEMU
 	// saves the guest: the VMM's host PID.
 	beforeSave func(hostPID int)
+	// guestConn, when set (tests), stands between the node and each new
+	// connection to a guest agent's channel (to lose a hello).
+	guestConn func(net.Conn) net.Conn
 }
 
 // Overheads of a confined QEMU VMM beside its guest, for the unit's

@@ -7,11 +7,13 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -271,3 +273,49 @@ func TestTakeoverAfterKill9(t *testing.T) {
 		t.Errorf("VMM units after Delete: %+v", l)
 	}
 }
+
+// A takeover whose first hello is lost in the guest (its agent's port
+// closed just as it arrived) reaches the guest on a new connection
+// within seconds: a stop right after it, which waits up to 10 s for the
+// guest session to prepare the guest, succeeds. (With one 15 s attempt
+// it failed: "prepare guest stop: ... did not answer within 10s".)
+func TestTakeoverLostHello(t *testing.T) {
+	h := newHarness(t)
+	inst := platformFixture(t)
+	ctx := testCtx(t, 3*time.Minute)
+	rt, err := runtime.Open(ctx, h.config())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := rt.Start(ctx, runtime.Spec{InstanceID: "lh", Installation: inst, VCPUs: 1, MemoryMiB: 256}); err != nil {
+		rt.Close()
+		t.Fatal(err)
+	}
+	rt.Close()
+	var lost atomic.Bool
+	cfg := runtime.GuestConn(h.config(), func(c net.Conn) net.Conn {
+		if lost.CompareAndSwap(false, true) {
+			return helloSink{c}
+		}
+		return c
+	})
+	rt, err = runtime.Open(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { rt.Close() })
+	if err := rt.Stop(ctx, "lh", 5*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if !lost.Load() {
+		t.Error("no connection to the guest was made to lose a hello on")
+	}
+	if err := rt.Delete(ctx, "lh"); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// helloSink is a connection to a guest agent whose writes never arrive.
+type helloSink struct{ net.Conn }
+
+func (helloSink) Write(p []byte) (int, error) { return len(p), nil }
