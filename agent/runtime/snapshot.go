@@ -169,7 +169,8 @@ func (rt *Runtime) save(ctx context.Context, in *instance, rec *LaunchRecord, co
 		f.Close()
 		os.Remove(tmp)
 		os.Remove(filepath.Join(dir, SnapshotStateFile))
-		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		// Under load QEMU may take seconds to end its migration.
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 		defer cancel()
 		if cerr := q.Abandon(cctx); cerr != nil {
 			err = errors.Join(err, fmt.Errorf("start the guest's vCPUs again: %w", cerr))

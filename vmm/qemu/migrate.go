@@ -3,6 +3,7 @@ package qemu
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -80,11 +81,15 @@ func (q *QMP) Abandon(ctx context.Context) error {
 		return err
 	}
 	// The migration thread must be done before a cont: one sent while it
-	// still runs can leave the vCPUs stopped.
-	if err := q.waitMigrationEnded(ctx); err != nil {
-		return err
+	// still runs can leave the vCPUs stopped. A cont is sent even when the
+	// wait failed: without one the guest stays stopped for certain.
+	werr := q.waitMigrationEnded(ctx)
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	if err := q.Cont(cctx); err != nil {
+		return errors.Join(werr, err)
 	}
-	return q.Cont(ctx)
+	return werr
 }
 
 // Load loads the state a Save wrote from f into a QEMU started with
