@@ -152,11 +152,8 @@ func (c *clientConn) watch(sess *yamux.Session, g guestSession) {
 				return
 			}
 			ctx, cancel := context.WithTimeout(c.ctx, c.s.cfg.GuestTimeout)
-			next, err := c.link.get(ctx)
+			next, err := c.after(ctx, g)
 			cancel()
-			if err == nil && next.Info().BootID != g.Info().BootID {
-				err = fmt.Errorf("the guest restarted (boot %s, now %s)", g.Info().BootID, next.Info().BootID)
-			}
 			if err != nil {
 				c.s.log.Info("data-plane connection lost its guest with a lent session", "workspace", c.workspaceID, "instance", c.instanceID, "retired", g.retired(), "err", err)
 				return
@@ -174,7 +171,8 @@ func (c *clientConn) setGuest(g guestSession) {
 }
 
 // session is the guest session a new stream goes to: the link's next one
-// once a lent one ended.
+// once a lent one ended, if it reaches the same guest boot (the
+// connection's watch ends the connection otherwise).
 func (c *clientConn) session(ctx context.Context) (guestSession, error) {
 	c.gmu.Lock()
 	g := c.guest
@@ -182,23 +180,33 @@ func (c *clientConn) session(ctx context.Context) (guestSession, error) {
 	if _, lent := g.(*lentSession); lent {
 		select {
 		case <-g.Done():
-			return c.link.get(ctx)
+			return c.after(ctx, g)
 		default:
 		}
 	}
 	return g, nil
 }
 
+// after is the link's session that follows the ended lent session g, if
+// it reaches the same guest boot.
+func (c *clientConn) after(ctx context.Context, g guestSession) (guestSession, error) {
+	next, err := c.link.get(ctx)
+	if err == nil && next.Info().BootID != g.Info().BootID {
+		err = fmt.Errorf("the guest restarted (boot %s, now %s)", g.Info().BootID, next.Info().BootID)
+	}
+	return next, err
+}
+
 // open opens a stream to the guest for req, on the link's next session
-// when a lent one was retired meanwhile (its Done is closed by then, so a
-// second try finds the next one).
+// when a lent one was retired or lost its lender meanwhile (its Done is
+// closed by then, so a second try finds the next one).
 func (c *clientConn) open(ctx context.Context, req guestproto.Request) (net.Conn, func(), error) {
 	g, err := c.session(ctx)
 	if err != nil {
 		return nil, nil, err
 	}
 	st, release, err := g.open(ctx, req)
-	if errors.Is(err, errRetired) {
+	if movedOn(err) {
 		if g, err = c.session(ctx); err != nil {
 			return nil, nil, err
 		}
@@ -251,16 +259,7 @@ func (c *clientConn) stream(st net.Conn) {
 		return
 	}
 	if req.Call == guestproto.CallGuestInfo {
-		g, err := c.session(ctx)
-		var info guestproto.GuestInfo
-		if err == nil {
-			info, err = guestInfo(ctx, g)
-		}
-		if errors.Is(err, errRetired) {
-			if g, err = c.session(ctx); err == nil {
-				info, err = guestInfo(ctx, g)
-			}
-		}
+		info, err := guestInfo(ctx, c.open)
 		if err != nil {
 			respondError(st, err)
 			return

@@ -44,6 +44,17 @@ func (d directSession) close()      { d.Close() }
 // direct one.
 var errRetired = errors.New("the lent guest session was retired")
 
+// errLentEnded: a lent session ended with its lender; the link dials its
+// next session, which may reach the same guest boot.
+var errLentEnded = errors.New("the lent guest session ended with its lender")
+
+// movedOn: err says a lent session is over and a stream may be opened
+// again on the link's next session.
+func movedOn(err error) bool { return errors.Is(err, errRetired) || errors.Is(err, errLentEnded) }
+
+// opener opens a stream to the guest for req.
+type opener func(ctx context.Context, req guestproto.Request) (st net.Conn, release func(), err error)
+
 // guestLink is the one guest agent session of an Instance's data socket.
 // The VMM serves that socket to one client at a time, so every client
 // connection to the Instance shares this session. It is dialled when a

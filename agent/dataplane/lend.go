@@ -296,6 +296,13 @@ func (ls *lentSession) open(ctx context.Context, req guestproto.Request) (net.Co
 	st, err := ls.sess.OpenStream()
 	if err != nil {
 		release()
+		if ls.sess.IsClosed() {
+			// The lender ended (a newer switch ended it) before the
+			// watcher of CloseChan closed done: say so now, so the
+			// caller moves on to the link's next session.
+			ls.finish()
+			return nil, nil, fmt.Errorf("guest agent (lent session): %s: %w", req.Call, errLentEnded)
+		}
 		return nil, nil, fmt.Errorf("guest agent (lent session): %s: open stream: %w", req.Call, err)
 	}
 	stop := context.AfterFunc(ctx, func() { st.SetDeadline(time.Unix(1, 0)) })
@@ -351,8 +358,8 @@ func (x rwc) Write(p []byte) (int, error) { return x.c.Write(p) }
 func (x rwc) Close() error                { return x.c.Close() }
 
 // guestInfo answers a guest-info call on g.
-func guestInfo(ctx context.Context, g guestSession) (guestproto.GuestInfo, error) {
-	st, release, err := g.open(ctx, guestproto.Request{Call: guestproto.CallGuestInfo})
+func guestInfo(ctx context.Context, open opener) (guestproto.GuestInfo, error) {
+	st, release, err := open(ctx, guestproto.Request{Call: guestproto.CallGuestInfo})
 	if err != nil {
 		return guestproto.GuestInfo{}, err
 	}
