@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"slices"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -116,44 +117,48 @@ func (q *QMP) Cont(ctx context.Context) error {
 
 // waitMigrationEnded polls the migration until it is over, however.
 func (q *QMP) waitMigrationEnded(ctx context.Context) error {
-	for {
-		var st struct {
-			Status string `json:"status"`
-		}
-		if err := q.Execute(ctx, "query-migrate", nil, &st); err != nil {
-			return err
-		}
-		switch st.Status {
-		case "", "none", "completed", "failed", "cancelled":
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("qmp save of %s: still %s after migrate_cancel: %w", q.socket, st.Status, ctx.Err())
-		case <-time.After(2 * time.Millisecond):
-		}
+	st, err := q.pollMigration(ctx, "", "none", "completed", "failed", "cancelled")
+	if err != nil && ctx.Err() != nil {
+		return fmt.Errorf("qmp save of %s: still %s after migrate_cancel: %w", q.socket, st.Status, ctx.Err())
 	}
+	return err
 }
 
 // waitMigration polls the migration until it completed or failed.
 func (q *QMP) waitMigration(ctx context.Context, what string) error {
+	st, err := q.pollMigration(ctx, "completed", "failed", "cancelled")
+	switch {
+	case err != nil && ctx.Err() != nil:
+		return fmt.Errorf("qmp %s of %s: %w", what, q.socket, ctx.Err())
+	case err != nil:
+		return err
+	case st.Status != "completed":
+		return fmt.Errorf("qmp %s of %s: migration %s: %s", what, q.socket, st.Status, st.Error)
+	}
+	return nil
+}
+
+// migrationStatus is what query-migrate says of the migration.
+type migrationStatus struct {
+	Status string `json:"status"`
+	Error  string `json:"error-desc"`
+}
+
+// pollMigration asks for the migration's status until it is one of ends
+// (polled: this client reads replies and skips QEMU's events); with ctx
+// ended it returns the last status seen.
+func (q *QMP) pollMigration(ctx context.Context, ends ...string) (migrationStatus, error) {
 	for {
-		var st struct {
-			Status string `json:"status"`
-			Error  string `json:"error-desc"`
-		}
+		var st migrationStatus
 		if err := q.Execute(ctx, "query-migrate", nil, &st); err != nil {
-			return err
+			return st, err
 		}
-		switch st.Status {
-		case "completed":
-			return nil
-		case "failed", "cancelled":
-			return fmt.Errorf("qmp %s of %s: migration %s: %s", what, q.socket, st.Status, st.Error)
+		if slices.Contains(ends, st.Status) {
+			return st, nil
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("qmp %s of %s: %w", what, q.socket, ctx.Err())
+			return st, ctx.Err()
 		case <-time.After(2 * time.Millisecond):
 		}
 	}
