@@ -1,6 +1,7 @@
 package fsm
 
 import (
+	"bytes"
 	"fmt"
 	"testing"
 	"time"
@@ -12,7 +13,14 @@ import (
 
 // BenchmarkApplyBatch applies batches of 64 node.report entries (the group
 // commit of a busy leader) spread over 16 nodes with live sessions.
-func BenchmarkApplyBatch(b *testing.B) {
+func BenchmarkApplyBatch(b *testing.B) { benchApplyBatch(b, false) }
+
+// BenchmarkApplyBatchCommands is BenchmarkApplyBatch with a command id on
+// every entry (as a client's write with --command-id): each apply also
+// stores the command's record and its place in the time index.
+func BenchmarkApplyBatchCommands(b *testing.B) { benchApplyBatch(b, true) }
+
+func benchApplyBatch(b *testing.B, commands bool) {
 	const nodes, batch = 16, 64
 	h := newHarness(b)
 	h.bootstrap()
@@ -30,11 +38,14 @@ func BenchmarkApplyBatch(b *testing.B) {
 	clock := &ClockArgs{OffsetNS: 1e6, UncertaintyNS: 5e5, KernelSync: "synchronized"}
 	entries := make([]Entry, batch)
 	b.ReportAllocs()
-	for b.Loop() {
+	for i := 0; b.Loop(); i++ {
 		h.advance(time.Second)
 		for j := range entries {
 			id := fmt.Sprintf("node-%02d", j%nodes)
 			entries[j] = h.entry(OpNodeReport, ReportArgs{NodeID: id, SessionID: "s-" + id, Report: rep, Clock: clock})
+			if commands {
+				entries[j].CommandID, entries[j].CommandDigest = fmt.Sprintf("cmd-%d-%d", i, j), true
+			}
 		}
 		for j, r := range h.f.Apply(entries) {
 			if r.Error != nil {
@@ -154,4 +165,58 @@ func BenchmarkPendingCommands(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
+}
+
+// BenchmarkCommandsExpire is the leader's periodic commands.expire on a
+// state holding 100,000 command records (about 20 minutes of writes at
+// the write benchmark's 64-client rate, all with a 24-hour retention
+// still to run) of which the oldest 1,000 are past it: what every member
+// stalls its apply for, every CommandExpiry. restore-ms is the restore of
+// that state from a snapshot, outside the timing.
+//
+//	go test ./fsm -run X -bench CommandsExpire -benchtime 5x
+func BenchmarkCommandsExpire(b *testing.B) {
+	const total, expired, batch = 100_000, 1_000, 1_000
+	h := newHarness(b)
+	readyNode(h)
+	entries := make([]Entry, 0, batch)
+	for i := 0; i < total; i++ {
+		entries = append(entries, h.entry(OpNodeDrain, NodeArgs{NodeID: "node-a"}, withCommand(fmt.Sprintf("cmd-%07d", i)), withCommandDigest()))
+		if i == expired-1 {
+			h.apply(entries...)
+			entries = entries[:0]
+			h.advance(time.Hour)
+		}
+		if len(entries) == batch {
+			h.apply(entries...)
+			entries = entries[:0]
+		}
+	}
+	h.apply(entries...)
+	cutoff := h.now.Add(-time.Minute)
+	var snap bytes.Buffer
+	if err := h.f.Snapshot(&snap); err != nil {
+		b.Fatal(err)
+	}
+	f := openFSM(b)
+	var restore time.Duration
+	for b.Loop() {
+		b.StopTimer()
+		t0 := time.Now()
+		if err := f.Restore(bytes.NewReader(snap.Bytes())); err != nil {
+			b.Fatal(err)
+		}
+		restore += time.Since(t0)
+		b.StartTimer()
+		r := f.Apply([]Entry{makeEntry(h.now, OpCommandsExpire, CommandsExpireArgs{Before: cutoff})})[0]
+		if r.Error != nil {
+			b.Fatal(r.Error)
+		}
+		if n := decode[map[string]int](b, r)["expired"]; n != expired {
+			b.Fatalf("expired %d records, want %d", n, expired)
+		}
+	}
+	// The restore of the snapshot (not timed above), which builds the
+	// time index since the expiry reads it.
+	b.ReportMetric(float64(restore.Milliseconds())/float64(b.N), "restore-ms")
 }

@@ -43,5 +43,8 @@ func putClock(tx *bolt.Tx, t time.Time) error {
 	if err != nil {
 		return fmt.Errorf("state record %s/%s: %w", bucketMeta, keyClock, err)
 	}
-	return tx.Bucket(bucketMeta).Put(keyClock, raw)
+	if err := tx.Bucket(bucketMeta).Put(keyClock, raw); err != nil {
+		return err
+	}
+	return markCommandTimes(tx, raw)
 }

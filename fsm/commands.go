@@ -1,10 +1,18 @@
 package fsm
 
 import (
+	"bytes"
 	"crypto/sha256"
+	"encoding/binary"
+	"errors"
+	"slices"
 	"time"
 
+	json "github.com/segmentio/encoding/json"
 	bolt "go.etcd.io/bbolt"
+	bolterrors "go.etcd.io/bbolt/errors"
+
+	"github.com/kibotos/kibotos/api"
 )
 
 // commandRecord is the stored outcome of a command with a command id.
@@ -50,31 +58,157 @@ func getCommand(tx *bolt.Tx, key []byte) (*commandRecord, error) {
 }
 
 func putCommand(tx *bolt.Tx, e *Entry, rec commandRecord) error {
-	return putJSON(tx, bucketCommands, commandKey(e), rec)
+	key := commandKey(e)
+	if err := putJSON(tx, bucketCommands, key, rec); err != nil {
+		return err
+	}
+	return tx.Bucket(bucketCommandTimes).Put(commandTimeKey(rec.AppliedAt, key), key)
+}
+
+// commandTimeKey is the key of a command record's entry in the time
+// index. The key's digest, not the key, follows the time: a command id
+// may be as long as bbolt's longest key. The FSM clock never goes back,
+// so records are appended at the index's end.
+func commandTimeKey(appliedAt time.Time, key []byte) []byte {
+	sum := sha256.Sum256(key)
+	return append(binary.BigEndian.AppendUint64(make([]byte, 0, 8+len(sum)), indexTime(appliedAt)), sum[:]...)
+}
+
+// indexTime orders times in the index; none is before 1970 but the zero
+// time of a record without one, which sorts first.
+func indexTime(t time.Time) uint64 {
+	if t.Before(time.Unix(0, 0)) {
+		return 0
+	}
+	return uint64(t.UnixNano())
+}
+
+// The time index is this build's: an older build neither reads nor
+// writes it, yet may carry it in its snapshots and state while it adds and
+// drops command records (a follower not yet upgraded that installed a
+// snapshot of an upgraded leader, or a downgrade). So the index says as
+// of which FSM clock it matched the records (keyCommandTimesAt, written
+// with every advance of the clock, by this build only), and Restore
+// builds it anew unless that is the state's clock and both buckets hold
+// as many keys.
+
+// markCommandTimes records that the index matches the records as of
+// the clock whose stored form is clock.
+func markCommandTimes(tx *bolt.Tx, clock []byte) error {
+	return tx.Bucket(bucketMeta).Put(keyCommandTimesAt, clock)
+}
+
+// checkCommandTimes keeps the index a restored state brings if it is
+// marked at the state's clock and as long as the records, and builds it
+// anew otherwise.
+func checkCommandTimes(tx *bolt.Tx) error {
+	meta := tx.Bucket(bucketMeta)
+	clock, mark := meta.Get(keyClock), meta.Get(keyCommandTimesAt)
+	if mark != nil && bytes.Equal(clock, mark) &&
+		tx.Bucket(bucketCommands).Stats().KeyN == tx.Bucket(bucketCommandTimes).Stats().KeyN {
+		return nil
+	}
+	if err := rebuildCommandTimes(tx); err != nil {
+		return err
+	}
+	if clock == nil {
+		return meta.Delete(keyCommandTimesAt)
+	}
+	return markCommandTimes(tx, bytes.Clone(clock))
+}
+
+// rebuildCommandTimes makes the time index anew from the command
+// records. A record that does not decode gets no entry: the scan of
+// older builds skips it too.
+func rebuildCommandTimes(tx *bolt.Tx) error {
+	if err := tx.DeleteBucket(bucketCommandTimes); err != nil && !errors.Is(err, bolterrors.ErrBucketNotFound) {
+		return err
+	}
+	idx, err := tx.CreateBucket(bucketCommandTimes)
+	if err != nil {
+		return err
+	}
+	type entry struct {
+		at  time.Time
+		key []byte
+	}
+	var entries []entry
+	err = tx.Bucket(bucketCommands).ForEach(func(k, v []byte) error {
+		var rec struct {
+			AppliedAt time.Time `json:"applied_at"`
+		}
+		if json.Unmarshal(v, &rec) != nil {
+			return nil
+		}
+		entries = append(entries, entry{rec.AppliedAt, bytes.Clone(k)})
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	// In time order, so that pages fill once, as the index's appends do.
+	slices.SortFunc(entries, func(a, b entry) int { return a.at.Compare(b.at) })
+	idx.FillPercent = 1
+	for _, e := range entries {
+		if err := idx.Put(commandTimeKey(e.at, e.key), e.key); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // applyCommandsExpire forgets results older than the retention window; the
-// leader computes Before from its clock, so replicas agree.
+// leader computes Before from its clock, so replicas agree. It reads the
+// time index from its oldest entry, so its work is what it drops (a scan
+// of every record, as older builds make, took 3.5 µs a record: seconds
+// on a busy cluster's 24 hours of records, every CommandExpiry, on every
+// member); Limit bounds it further, and the leader applies again while
+// More.
 func applyCommandsExpire(tx *bolt.Tx, e *Entry) (any, error) {
 	var a CommandsExpireArgs
 	if err := decodeArgs(e, &a); err != nil {
 		return nil, err
 	}
-	var drop [][]byte
-	c := tx.Bucket(bucketCommands).Cursor()
-	for k, _ := c.First(); k != nil; k, _ = c.Next() {
-		rec, err := getCommand(tx, k)
-		if err != nil || rec == nil {
-			continue
-		}
-		if rec.AppliedAt.Before(a.Before) {
-			drop = append(drop, append([]byte(nil), k...))
-		}
+	// Oldest first, up to Before: the same records the scan of every
+	// record that older builds make drops.
+	if a.Limit < 0 {
+		return nil, api.Errorf(api.CodeInvalidArgument, "%s: limit %d is negative", e.Op, a.Limit)
 	}
-	for _, k := range drop {
-		if err := tx.Bucket(bucketCommands).Delete(k); err != nil {
+	idx := tx.Bucket(bucketCommandTimes)
+	before := indexTime(a.Before)
+	var res CommandsExpireResult
+	c := idx.Cursor()
+	seen := 0
+	for k, key := c.First(); k != nil; k, key = c.First() {
+		if len(k) == 8+sha256.Size && binary.BigEndian.Uint64(k) >= before {
+			break
+		}
+		// Each entry looked at counts: the limit bounds the apply's work.
+		if a.Limit > 0 && seen == a.Limit {
+			res.More = true
+			break
+		}
+		seen++
+		key = bytes.Clone(key) // the entry's memory goes with it
+		// An entry whose record is gone or unreadable only goes itself:
+		// the scan older builds make keeps an unreadable record.
+		rec, err := getCommand(tx, key)
+		if err == nil && rec != nil && rec.AppliedAt.Before(a.Before) {
+			if err := tx.Bucket(bucketCommands).Delete(key); err != nil {
+				return nil, err
+			}
+			res.Expired++
+		}
+		if err := c.Delete(); err != nil {
 			return nil, err
 		}
+		if err == nil && rec != nil && !rec.AppliedAt.Before(a.Before) {
+			// The entry was not this record's: give it its own, later
+			// than Before, so a coming expiry finds it.
+			if err := idx.Put(commandTimeKey(rec.AppliedAt, key), key); err != nil {
+				return nil, err
+			}
+		}
 	}
-	return map[string]int{"expired": len(drop)}, nil
+	return res, nil
 }

@@ -373,9 +373,11 @@ func (f *FSM) Restore(r io.Reader) error {
 		}
 		if !hadPoolUse {
 			// Its layers were placed before pools were counted.
-			return recountPoolUse(tx)
+			if err := recountPoolUse(tx); err != nil {
+				return err
+			}
 		}
-		return nil
+		return checkCommandTimes(tx)
 	})
 }
 
@@ -451,12 +453,12 @@ func withoutSection(dump string, bucket []byte) string {
 func withoutClock(dump string) string {
 	var out strings.Builder
 	section := ""
-	clockLine := fmt.Sprintf("%q=", keyClock)
+	clockLine, markLine := fmt.Sprintf("%q=", keyClock), fmt.Sprintf("%q=", keyCommandTimesAt)
 	for _, line := range strings.SplitAfter(dump, "\n") {
 		if strings.HasPrefix(line, "[") {
 			section = line
 		}
-		if section == "["+string(bucketMeta)+"]\n" && strings.HasPrefix(line, clockLine) {
+		if section == "["+string(bucketMeta)+"]\n" && (strings.HasPrefix(line, clockLine) || strings.HasPrefix(line, markLine)) {
 			continue
 		}
 		out.WriteString(line)

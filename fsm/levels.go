@@ -54,9 +54,16 @@ import (
 //	   older voter would ignore it and create a Workspace that boots)
 //	7  warm guests (LevelWarm): a report's Warm, checked (api.CheckWarm)
 //	   and stored; the leader leaves it out below the level
+//	8  bounded command expiry (LevelExpireLimit): CommandsExpireArgs.Limit,
+//	   which the leader sets only from this level on (an older voter would
+//	   drop every old record at once, and until the last bounded entry a
+//	   retry could replay on one voter and run again on another)
 
 // FeatureLevel is the level of this build.
-const FeatureLevel = 7
+const FeatureLevel = 8
+
+// LevelExpireLimit is the level of CommandsExpireArgs.Limit.
+const LevelExpireLimit = 8
 
 // LevelWarm is the level of Report.Warm.
 const LevelWarm = 7

@@ -182,7 +182,16 @@ type OvercommitAckArgs struct {
 	Values    api.Multipliers `json:"values"`
 }
 
-// CommandsExpireArgs drops command records applied before Before.
+// CommandsExpireArgs drops command records applied before Before, the
+// oldest first, at most Limit of them (0: all; LevelExpireLimit).
 type CommandsExpireArgs struct {
 	Before time.Time `json:"before"`
+	Limit  int       `json:"limit,omitempty"`
+}
+
+// CommandsExpireResult is what an expiry dropped; More: it stopped at its
+// Limit with older records left.
+type CommandsExpireResult struct {
+	Expired int  `json:"expired"`
+	More    bool `json:"more,omitempty"`
 }

@@ -6,6 +6,11 @@ var (
 	bucketNodes    = []byte("nodes")    // node_id → api.Node (stored fields only)
 	bucketGrants   = []byte("grants")   // node_id → grant (one pending grant per node id)
 	bucketCommands = []byte("commands") // command_id → commandRecord (idempotency)
+	// applied_at (Unix ns, 8 bytes big-endian) ‖ sha256(command key) →
+	// command key: every command record oldest first, so that expiry
+	// reads only what it drops (commands.go). Derived from bucketCommands:
+	// rebuilt from it at every Restore.
+	bucketCommandTimes = []byte("command_times")
 	// workspace_id → api.Workspace
 	bucketWorkspaces = []byte("workspaces")
 	// node_id NUL workspace_id → nil: the Workspaces a node runs or holds a layer of
@@ -83,7 +88,7 @@ var (
 	// reads its source's files (forks.go).
 	bucketForks = []byte("forks")
 
-	allBuckets = [][]byte{bucketMeta, bucketNodes, bucketGrants, bucketCommands, bucketWorkspaces, bucketWorkspaceNodes, bucketNodeHolds, bucketWorkspaceTombstones, bucketInstanceOwners,
+	allBuckets = [][]byte{bucketMeta, bucketNodes, bucketGrants, bucketCommands, bucketCommandTimes, bucketWorkspaces, bucketWorkspaceNodes, bucketNodeHolds, bucketWorkspaceTombstones, bucketInstanceOwners,
 		bucketEgress, bucketEgressRevisions, bucketEgressRefs, bucketResolvers, bucketResolverRefs, bucketPools, bucketPoolUse, bucketPoolMembers, bucketPoolWaits,
 		bucketVolumes, bucketVolumeNames, bucketVolumeCommands, bucketVolumeTombstones, bucketMemberLevels, bucketEndedRounds, bucketEndedWatch,
 		bucketPlacements, bucketTemplates, bucketPlatforms, bucketTransfers, bucketForks}
@@ -96,6 +101,9 @@ var (
 	keyOvercommit    = []byte("overcommit_default")
 	// the latest IssuedAt applied (see clampIssuedAt)
 	keyClock = []byte("clock")
+	// the clock as of which bucketCommandTimes matched bucketCommands
+	// (commands.go)
+	keyCommandTimesAt = []byte("command_times_at")
 )
 
 // SchemaVersion is the version of the state layout this binary reads and
