@@ -190,19 +190,20 @@ func applyCommandsExpire(tx *bolt.Tx, e *Entry) (any, error) {
 		}
 		seen++
 		key = bytes.Clone(key) // the entry's memory goes with it
-		// An entry whose record is gone or unreadable only goes itself:
-		// the scan older builds make keeps an unreadable record.
-		rec, err := getCommand(tx, key)
-		if err == nil && rec != nil && rec.AppliedAt.Before(a.Before) {
+		rec, rerr := getCommand(tx, key)
+		if err := c.Delete(); err != nil {
+			return nil, err
+		}
+		switch {
+		case rerr != nil || rec == nil:
+			// Its record is gone, or unreadable: the scan older builds
+			// make keeps an unreadable record, so only the entry goes.
+		case rec.AppliedAt.Before(a.Before):
 			if err := tx.Bucket(bucketCommands).Delete(key); err != nil {
 				return nil, err
 			}
 			res.Expired++
-		}
-		if err := c.Delete(); err != nil {
-			return nil, err
-		}
-		if err == nil && rec != nil && !rec.AppliedAt.Before(a.Before) {
+		default:
 			// The entry was not this record's: give it its own, later
 			// than Before, so a coming expiry finds it.
 			if err := idx.Put(commandTimeKey(rec.AppliedAt, key), key); err != nil {

@@ -145,20 +145,22 @@ type migrationStatus struct {
 }
 
 // pollMigration asks for the migration's status until it is one of ends
-// (polled: this client reads replies and skips QEMU's events); with ctx
-// ended it returns the last status seen.
+// (polled: this client reads replies and skips QEMU's events); when it
+// fails or ctx ends it returns the last status seen.
 func (q *QMP) pollMigration(ctx context.Context, ends ...string) (migrationStatus, error) {
+	var last migrationStatus
 	for {
 		var st migrationStatus
 		if err := q.Execute(ctx, "query-migrate", nil, &st); err != nil {
-			return st, err
+			return last, err
 		}
 		if slices.Contains(ends, st.Status) {
 			return st, nil
 		}
+		last = st
 		select {
 		case <-ctx.Done():
-			return st, ctx.Err()
+			return last, ctx.Err()
 		case <-time.After(2 * time.Millisecond):
 		}
 	}
