@@ -9,6 +9,7 @@ import (
 	bolt "go.etcd.io/bbolt"
 
 	"github.com/kibotos/kibotos/api"
+	"github.com/kibotos/kibotos/ctrl/placement"
 )
 
 // placeCache spares placement from decoding every node record for every
@@ -29,6 +30,7 @@ type placeCache struct {
 	// The candidate list, by node position, and what changed since it
 	// was last brought up to date.
 	list  []api.Node
+	cands []placement.Candidate // of list, element by element
 	pos   map[string]int
 	dirty map[string]bool
 	all   bool // rebuild the whole list
@@ -72,7 +74,7 @@ func (c *placeCache) beginBatch(tx *bolt.Tx) func() {
 // invalidate drops the candidate list: the state changed in a way the
 // cache did not see.
 func (c *placeCache) invalidate() {
-	c.list, c.pos, c.all = nil, nil, false
+	c.list, c.cands, c.pos, c.all = nil, nil, nil, false
 	clear(c.dirty)
 }
 
@@ -121,10 +123,10 @@ func (c *placeCache) node(id string, raw []byte) (api.Node, error) {
 	return n, nil
 }
 
-func (c *placeCache) candidates(tx *bolt.Tx) ([]api.Node, error) {
+func (c *placeCache) candidates(tx *bolt.Tx) ([]api.Node, []placement.Candidate, error) {
 	d, err := getOvercommitDefault(tx)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	view := func(id string, raw []byte) (*api.Node, error) {
 		n, err := c.node(id, raw)
@@ -142,7 +144,7 @@ func (c *placeCache) candidates(tx *bolt.Tx) ([]api.Node, error) {
 			}
 			vn, err := view(id, tx.Bucket(bucketNodes).Get([]byte(id)))
 			if err != nil {
-				return nil, err
+				return nil, nil, err
 			}
 			if vn == nil {
 				// No longer a candidate (it lost the node role, e.g.
@@ -151,6 +153,7 @@ func (c *placeCache) candidates(tx *bolt.Tx) ([]api.Node, error) {
 				break
 			}
 			c.list[i] = *vn
+			c.cands[i] = placement.NewCandidate(&c.list[i])
 		}
 	}
 	if c.list == nil || c.all {
@@ -166,10 +169,11 @@ func (c *placeCache) candidates(tx *bolt.Tx) ([]api.Node, error) {
 		})
 		if err != nil {
 			c.list = nil
-			return nil, err
+			return nil, nil, err
 		}
+		c.cands = placement.Candidates(c.list)
 	}
 	clear(c.dirty)
 	c.all = false
-	return c.list, nil
+	return c.list, c.cands, nil
 }

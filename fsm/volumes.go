@@ -350,14 +350,14 @@ func volumeHome(tx *bolt.Tx, a *VolumeCreateArgs) (node, pool string, err error)
 		}
 		return "", "", api.Errorf(api.CodeFailedPrecondition, "storage pool %s has no member node that reports it available and takes new Volumes; check it with kibo storage-pool get %s", p.PoolID, p.PoolID)
 	}
-	nodes, err := candidates(tx)
+	_, cands, err := candidates(tx)
 	if err != nil {
 		return "", "", err
 	}
 	size := a.SizeBytes
-	node, err = placement.Choose(nodes, placement.Request{OwnDefaultPool: true, What: "room for volume " + a.Name + " of " + api.FormatBytes(size) + " in its default storage pool",
+	d := placement.DecideAmong(cands, placement.Request{OwnDefaultPool: true, What: "room for volume " + a.Name + " of " + api.FormatBytes(size) + " in its default storage pool",
 		Room: func(n *api.Node) string { return defaultPoolRoom(tx, n, size) }})
-	if err != nil {
+	if node, err = d.Node, d.Err; err != nil {
 		return "", "", err
 	}
 	n, err := mustNode(tx, node)

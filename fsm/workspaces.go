@@ -409,14 +409,14 @@ func validateCreate(a *WorkspaceCreateArgs) error {
 
 // candidates returns every node as placement sees it, with allocations
 // raised to what ctrl itself has placed there but the node has not
-// reported yet.
-func candidates(tx *bolt.Tx) ([]api.Node, error) {
+// reported yet, and the nodes' placement.Candidates.
+func candidates(tx *bolt.Tx) ([]api.Node, []placement.Candidate, error) {
 	if c := cacheFor(tx); c != nil {
 		return c.candidates(tx)
 	}
 	d, err := getOvercommitDefault(tx)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	var out []api.Node
 	err = tx.Bucket(bucketNodes).ForEach(func(k, v []byte) error {
@@ -431,7 +431,10 @@ func candidates(tx *bolt.Tx) ([]api.Node, error) {
 		out = append(out, *vn)
 		return nil
 	})
-	return out, err
+	if err != nil {
+		return nil, nil, err
+	}
+	return out, placement.Candidates(out), nil
 }
 
 // candidateView is a node as placement sees it, nil for a node without the
@@ -548,11 +551,11 @@ func place(tx *bolt.Tx, e *Entry, w *api.Workspace, vols []*api.Volume, pin stri
 			return "", api.Errorf(api.CodeFailedPrecondition, "node %s has no node role and runs no Workspaces; --node never places elsewhere", pin)
 		}
 	}
-	nodes, err := candidates(tx)
+	nodes, cands, err := candidates(tx)
 	if err != nil {
 		return "", err
 	}
-	d := placement.Decide(nodes, req)
+	d := placement.DecideAmong(cands, req)
 	e.tally.add(d)
 	node, err := d.Node, d.Err
 	if err != nil && api.CodeOf(err) == api.CodeResourceExhausted && !req.Published && anyReported(nodes) && !anyHasTemplate(nodes, w.Template) {
