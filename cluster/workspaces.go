@@ -455,10 +455,10 @@ const resendAfter = time.Minute
 func (d *dispatcher) run() error {
 	var tasks []*api.WorkspaceTask
 	var volTasks []*api.VolumeTask
-	var node *api.Node
+	var draining bool
 	err := d.s.fsm.View(func(tx *bolt.Tx) error {
 		var err error
-		if node, err = fsm.GetNode(tx, d.nodeID); err != nil {
+		if draining, err = fsm.NodeDrainRequested(tx, d.nodeID); err != nil {
 			return err
 		}
 		pending, err := fsm.PendingCommands(tx, d.nodeID)
@@ -496,8 +496,7 @@ func (d *dispatcher) run() error {
 	if err != nil {
 		return nil
 	}
-	if d.sentDraining == nil || *d.sentDraining != node.DrainRequested {
-		draining := node.DrainRequested
+	if d.sentDraining == nil || *d.sentDraining != draining {
 		if err := d.sc.send(api.SessionMsg{Type: api.MsgNodeState, Draining: &draining}); err != nil {
 			return err
 		}

@@ -156,8 +156,14 @@ func (h *harness) node(id string) *api.Node {
 	var n *api.Node
 	if err := h.f.View(func(tx *bolt.Tx) error {
 		var err error
-		n, err = GetNode(tx, id)
-		return err
+		if n, err = GetNode(tx, id); err != nil {
+			return err
+		}
+		// The control sessions' shortcut reads the same.
+		if d, err := NodeDrainRequested(tx, id); err != nil || d != n.DrainRequested {
+			h.t.Errorf("node %s: NodeDrainRequested %v, %v; the record says %v", id, d, err, n.DrainRequested)
+		}
+		return nil
 	}); err != nil {
 		h.t.Fatalf("get node %s: %v", id, err)
 	}
@@ -167,6 +173,9 @@ func (h *harness) node(id string) *api.Node {
 func (h *harness) nodeErr(id string) error {
 	return h.f.View(func(tx *bolt.Tx) error {
 		_, err := GetNode(tx, id)
+		if _, derr := NodeDrainRequested(tx, id); api.CodeOf(derr) != api.CodeOf(err) || (err == nil) != (derr == nil) {
+			h.t.Errorf("node %s: NodeDrainRequested says %v, GetNode %v", id, derr, err)
+		}
 		return err
 	})
 }
