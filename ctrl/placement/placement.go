@@ -15,6 +15,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"unique"
 
 	"github.com/kibotos/kibotos/api"
 )
@@ -95,7 +96,7 @@ func free(n *api.Node) (Free, bool) {
 // Ineligible says why a node cannot take the request, or "" if it can.
 func Ineligible(n *api.Node, req Request) string {
 	c := NewCandidate(n)
-	if why := c.ineligible(req, c.holds(req.Template)); why != "" || req.Room == nil {
+	if why := c.ineligible(req, c.holds(templateHandle(req.Template))); why != "" || req.Room == nil {
 		return why
 	}
 	return req.Room(n)
@@ -111,7 +112,10 @@ type Candidate struct {
 	always      string
 	known       bool // it has a report and schedulable values
 	free, sched Free
-	templates   []string
+	// The templates it holds, as handles: comparing one is comparing a
+	// pointer, where comparing the names read each node's own copy.
+	template0   unique.Handle[string]
+	templates   []unique.Handle[string] // after the first
 	defaultPool bool
 }
 
@@ -137,7 +141,13 @@ func NewCandidate(n *api.Node) Candidate {
 	c.free, c.known = free(n)
 	if c.known {
 		c.sched = Free{CPU: n.Schedulable.CPU, MemoryBytes: n.Schedulable.MemoryBytes}
-		c.templates = n.Report.Templates
+		for i, t := range n.Report.Templates {
+			if i == 0 {
+				c.template0 = unique.Make(t)
+			} else {
+				c.templates = append(c.templates, unique.Make(t))
+			}
+		}
 		c.defaultPool = hasDefaultPool(n)
 	}
 	return c
@@ -152,8 +162,18 @@ func Candidates(nodes []api.Node) []Candidate {
 	return out
 }
 
-func (c *Candidate) holds(template string) bool {
-	return template == "" || slices.Contains(c.templates, template)
+// holds says whether the node holds the template; the zero handle (no
+// template asked for) is held everywhere.
+func (c *Candidate) holds(template unique.Handle[string]) bool {
+	return template == unique.Handle[string]{} || (c.known && (template == c.template0 || slices.Contains(c.templates, template)))
+}
+
+// templateHandle is the handle of a request's template, zero for none.
+func templateHandle(name string) unique.Handle[string] {
+	if name == "" {
+		return unique.Handle[string]{}
+	}
+	return unique.Make(name)
 }
 
 func (c *Candidate) ineligible(req Request, holds bool) string {
@@ -315,10 +335,11 @@ func DecideAmong(cands []Candidate, req Request) Decision {
 		return false
 	}
 	// The best one in one pass, without a list: usually it is the answer.
+	template := templateHandle(req.Template)
 	var top candidate
 	for i := range cands {
 		c := &cands[i]
-		holds := c.holds(req.Template)
+		holds := c.holds(template)
 		if !passed(c.ineligible(req, holds)) {
 			continue
 		}
@@ -336,7 +357,7 @@ func DecideAmong(cands []Candidate, req Request) Decision {
 		var rest []candidate
 		for i := range cands {
 			c := &cands[i]
-			holds := c.holds(req.Template)
+			holds := c.holds(template)
 			if c.node != top.n && c.ineligible(req, holds) == "" {
 				rest = append(rest, candidate{c.node, holds, c.score(req)})
 			}
