@@ -198,6 +198,21 @@ func standaloneLayer(h *harness) api.Workspace {
 	return w
 }
 
+// A standalone pool's only host that is up but full says so, as a lack of
+// room (15), not as a node to wait for.
+func TestStandaloneHostFull(t *testing.T) {
+	h := newHarness(t)
+	oneNode(h)
+	h.report("node-a", sessOf("node-a"), poolReport("usb", gib, usbPool))
+	h.poolCapacity("usb", 10*gib)
+	w := h.stopped("c1", smallWS)
+	h.running("c2", wsArgs(4000, gib)) // every CPU of node-a
+	err := h.fail(api.CodeResourceExhausted, OpWorkspaceStart, WorkspaceArgs{WorkspaceID: w.WorkspaceID})
+	if want := "its writable layer is in standalone pool usb of node node-a, the only node that can start it, which has no room for it now: not enough CPU; free room on node-a"; !strings.Contains(err.Message, want) {
+		t.Errorf("start on a full host: %v, want %q", err, want)
+	}
+}
+
 // A standalone pool whose only host is gone waits for it, or for another
 // host that declares the same pool id (its disk moved there).
 func TestPoolMovedToAnotherHost(t *testing.T) {

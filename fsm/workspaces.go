@@ -565,6 +565,13 @@ func place(tx *bolt.Tx, e *Entry, w *api.Workspace, vols []*api.Volume, pin stri
 	if err != nil && pin == "" && pinnedBy != nil && api.CodeOf(err) == api.CodeFailedPrecondition {
 		// An object pinned it, not --node: say so and what would help.
 		why := strings.TrimSuffix(strings.TrimPrefix(err.Error(), "node "+req.Node+" cannot take this Workspace: "), "; --node never places elsewhere")
+		if placement.ForRoom(why) {
+			// The node is there but full: waiting for it to come back
+			// would not help, freeing room on it does.
+			return "", api.Errorf(api.CodeResourceExhausted,
+				"workspace %s: %s is in standalone pool %s of node %s, the only node that can start it, which has no room for it now: %s; free room on %s (stop, pause or delete a Workspace there) and retry, or move the pool's disk to another host that declares %s",
+				w.WorkspaceID, pinnedBy.what, pinnedBy.pool, req.Node, why, req.Node, pinnedBy.pool)
+		}
 		return "", api.Errorf(api.CodeFailedPrecondition,
 			"workspace %s: %s is in standalone pool %s of node %s, the only node that can start it, which cannot now: %s; start it once %s is back, or move the pool's disk to another host that declares %s",
 			w.WorkspaceID, pinnedBy.what, pinnedBy.pool, req.Node, why, req.Node, pinnedBy.pool)

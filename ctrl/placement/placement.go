@@ -286,6 +286,16 @@ func Label(reason string) string {
 	return reason
 }
 
+// ForRoom says whether a reason (or its label) is a lack of room on the
+// node: it passes when Workspaces there stop, unlike a node that is away.
+func ForRoom(reason string) bool {
+	switch Label(reason) {
+	case whyNoCPU, whyNoMemory, whyMemoryTight:
+		return true
+	}
+	return false
+}
+
 // Decide is Choose, saying why it refused.
 func Decide(nodes []api.Node, req Request) Decision {
 	return DecideAmong(Candidates(nodes), req)
