@@ -145,6 +145,44 @@ func TestIdempotentReplayAcrossLeaderChange(t *testing.T) {
 	}
 }
 
+// A command id answers retries with its first result for the retention
+// time, and after it is a new request: the leader expires the records in
+// bounded entries (3 records each here, 2,000 in production) until none
+// past the retention is left.
+func TestCommandsExpireAfterRetention(t *testing.T) {
+	tm := cluster.TestTimings()
+	tm.CommandExpiry = 200 * time.Millisecond
+	tm.CommandRetention = 4 * time.Second
+	tm.CommandExpiryBatch = 3
+	c := clustertest.New(t, clustertest.Options{Ctrl: 3, Timings: &tm})
+	c.WaitLeader()
+	f := follower(c)
+	ids := map[string]bool{}
+	for i := range 10 {
+		id := fmt.Sprintf("drain-%d", i)
+		if _, replayed, err := drain(t, c, f, "node-2", id, nil); err != nil || replayed {
+			t.Fatalf("drain %s: replayed=%v err=%v", id, replayed, err)
+		}
+		// Within the retention the same request is answered, not applied.
+		if _, replayed, err := drain(t, c, f, "node-2", id, nil); err != nil || !replayed {
+			t.Fatalf("retry of %s at once: replayed=%v err=%v", id, replayed, err)
+		}
+		ids[id] = true
+	}
+	clustertest.WaitFor(t, 30*time.Second, func() (bool, string) {
+		for id := range ids {
+			_, replayed, err := drain(t, c, f, "node-2", id, nil)
+			if err != nil {
+				return false, err.Error()
+			}
+			if !replayed {
+				delete(ids, id) // applied anew: its record had expired
+			}
+		}
+		return len(ids) == 0, fmt.Sprintf("still answered from their records: %v", ids)
+	})
+}
+
 // A grant admits one host once; refused joins leave no data directory.
 func TestJoinRefusals(t *testing.T) {
 	c := clustertest.New(t, clustertest.Options{Ctrl: 1})

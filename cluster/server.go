@@ -49,6 +49,12 @@ type Timings struct {
 	// CertLifetime, when set, replaces the lifetimes of the certificates
 	// this member signs (tests of renewal and expiry).
 	CertLifetime time.Duration
+	// CommandRetention and CommandExpiryBatch, when set, replace how long
+	// a command's result answers retries (fsm.CommandRetentionHours) and
+	// how many records one expiry entry drops (commandExpiryBatch): tests
+	// of expiry.
+	CommandRetention   time.Duration
+	CommandExpiryBatch int
 }
 
 // DefaultTimings are the production timings.

@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -466,9 +467,11 @@ const commandExpiryBatch = 2000
 // bounded entries until budget when every voter takes a limit; it
 // reports whether old records are left for the next tick.
 func (s *Server) expireCommands(ctx context.Context, budget time.Time) bool {
-	args := fsm.CommandsExpireArgs{Before: time.Now().Add(-fsm.CommandRetentionHours * time.Hour).UTC()}
+	t := s.cfg.Timings
+	retention := cmp.Or(t.CommandRetention, fsm.CommandRetentionHours*time.Hour)
+	args := fsm.CommandsExpireArgs{Before: time.Now().Add(-retention).UTC()}
 	if s.levelsReach("bounded command expiry", fsm.LevelExpireLimit) == nil {
-		args.Limit = commandExpiryBatch
+		args.Limit = cmp.Or(t.CommandExpiryBatch, commandExpiryBatch)
 	}
 	for {
 		res, err := s.ApplyOp(ctx, fsm.OpCommandsExpire, args)
