@@ -236,7 +236,7 @@ func (s *Server) handleAddVoter(w http.ResponseWriter, r *http.Request) {
 		writeError(w, api.Errorf(api.CodeUnavailable, "add voter %s: %v", req.NodeID, err))
 		return
 	}
-	s.binaryEntriesAt.Store(0) // the new voter's level is not known yet
+	s.forgetLevels() // the new voter's level is not known yet
 	writeResult(w, map[string]string{"node_id": req.NodeID, "address": req.Address})
 }
 

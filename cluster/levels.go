@@ -93,19 +93,10 @@ func (s *Server) levelsReach(what string, need int) error {
 }
 
 // entryFormatBinary reports whether every voter reaches
-// fsm.LevelEntryFormat. Asking the voters' recorded levels takes a trip
-// through Raft's loop, so the answer is kept for a second; a voter added
-// meanwhile clears it (handleAddVoter), and until the new voter's level is
-// recorded it counts as level 1.
+// fsm.LevelEntryFormat; until a new voter's level is recorded it counts as
+// level 1.
 func (s *Server) entryFormatBinary() bool {
-	now := time.Now().UnixNano()
-	if at := s.binaryEntriesAt.Load(); at != 0 && now-at < int64(time.Second) {
-		return s.binaryEntries.Load()
-	}
-	ok := s.levelsReach("the binary entry format", fsm.LevelEntryFormat) == nil
-	s.binaryEntries.Store(ok)
-	s.binaryEntriesAt.Store(now)
-	return ok
+	return s.levelsReach("the binary entry format", fsm.LevelEntryFormat) == nil
 }
 
 // countsPlacements reports whether every voter counts placements
@@ -116,7 +107,38 @@ func (s *Server) countsPlacements() bool {
 
 // voterLevels are the recorded levels of the voters (level 1, not
 // recorded, for one never asked).
+//
+// Asking them takes a trip through Raft's loop and a read of the state,
+// and writes ask several times each (a node's report three), so the
+// answer is kept for levelsCacheFor; adding a voter and recording a level
+// drop it (forgetLevels), also when they happen while it is being asked.
+// Callers must not change the slice.
 func (s *Server) voterLevels() ([]fsm.MemberLevel, error) {
+	now, gen := time.Now().UnixNano(), s.levelsGen.Load()
+	if c := s.levelsCache.Load(); c != nil && c.gen == gen && now-c.at < int64(levelsCacheFor) {
+		return c.levels, nil
+	}
+	levels, err := s.askVoterLevels()
+	if err == nil {
+		s.levelsCache.Store(&cachedLevels{at: now, gen: gen, levels: levels})
+	}
+	return levels, err
+}
+
+// levelsCacheFor is how long voterLevels keeps an answer.
+const levelsCacheFor = time.Second
+
+type cachedLevels struct {
+	at     int64 // unix nanoseconds
+	gen    uint64
+	levels []fsm.MemberLevel
+}
+
+// forgetLevels drops the kept voterLevels: the voters or their levels
+// changed.
+func (s *Server) forgetLevels() { s.levelsGen.Add(1) }
+
+func (s *Server) askVoterLevels() ([]fsm.MemberLevel, error) {
 	vs, err := s.voters()
 	if err != nil {
 		return nil, api.Errorf(api.CodeUnavailable, "ctrl could not read its voters: %v; retry", err)
@@ -181,7 +203,7 @@ func (s *Server) refreshLevels(ctx context.Context) {
 			s.log.Warn("feature level of a ctrl member not recorded", "member", got.NodeID, "level", got.Level, "err", err)
 			continue
 		}
-		s.binaryEntriesAt.Store(0) // decide the entry format again
+		s.forgetLevels()
 		s.log.Info("feature level of a ctrl member recorded", "member", got.NodeID, "level", got.Level, "release", got.Release)
 	}
 }

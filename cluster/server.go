@@ -150,11 +150,12 @@ type Server struct {
 	// levelsAsked is when the voters' feature levels were last asked
 	// after a refusal (unix nanoseconds).
 	levelsAsked atomic.Int64
-	// binaryEntries caches whether every voter reads the binary entry
-	// format (see entryFormatBinary); binaryEntriesAt is when it was
-	// decided, 0 to decide again.
-	binaryEntries   atomic.Bool
-	binaryEntriesAt atomic.Int64
+	// levelsCache keeps voterLevels for a second (levelsCacheFor);
+	// levelsGen moves whenever the voters or their recorded levels may
+	// have changed, and an answer cached in an earlier generation is not
+	// used.
+	levelsCache atomic.Pointer[cachedLevels]
+	levelsGen   atomic.Uint64
 
 	sessions *sessionRegistry
 	// changed wakes blocking reads when the local state changed.

@@ -432,6 +432,7 @@ func (s *Server) lead(ctx context.Context) {
 	go func() { defer s.wg.Done(); s.driveTransfers(ctx) }()
 	since := time.Now()
 	lastExpiry, expiring := time.Now(), false
+	s.forgetLevels() // what this member kept may be from an earlier leadership
 	s.refreshLevels(ctx)
 	lastLevels := time.Now()
 	tick := time.NewTicker(t.SessionPing)
