@@ -421,10 +421,14 @@ func (s *Server) leaderLoop() {
 // drop retired or revoked ctrl members from the voters.
 func (s *Server) lead(ctx context.Context) {
 	t := s.cfg.Timings
+	// The voters' levels this member kept may be from an earlier
+	// leadership, and the previous leader may have recorded others.
+	s.forgetLevels()
 	if err := s.raft.Barrier(30 * time.Second).Error(); err != nil {
 		return
 	}
 	// Everything the previous leader acknowledged is now applied here.
+	s.forgetLevels()
 	s.consistentReady.Store(true)
 	defer s.consistentReady.Store(false)
 	s.log.Info("leading ctrl")
@@ -432,7 +436,6 @@ func (s *Server) lead(ctx context.Context) {
 	go func() { defer s.wg.Done(); s.driveTransfers(ctx) }()
 	since := time.Now()
 	lastExpiry, expiring := time.Now(), false
-	s.forgetLevels() // what this member kept may be from an earlier leadership
 	s.refreshLevels(ctx)
 	lastLevels := time.Now()
 	tick := time.NewTicker(t.SessionPing)
