@@ -301,15 +301,6 @@ func (rt *Runtime) start(ctx context.Context, in *instance, spec Spec) error {
 	if err := rt.awaitGuest(ctx, in, true); err != nil {
 		return err
 	}
-	if spec.Restore != nil && spec.Identity != nil {
-		c, err := rt.Guest(in.id)
-		if err == nil {
-			err = newIdentity(ctx, c, spec.Identity)
-		}
-		if err != nil {
-			return errors.Join(fmt.Errorf("runtime: instance %s: a fork's new identity: %w", in.id, err), rt.abortLaunch(ctx, rec.Unit, proc.InvocationID))
-		}
-	}
 	if err := rt.tellGuest(ctx, in, spec, rec); err != nil {
 		return errors.Join(fmt.Errorf("runtime: instance %s: %w", in.id, err), rt.abortLaunch(ctx, rec.Unit, proc.InvocationID))
 	}
@@ -318,11 +309,13 @@ func (rt *Runtime) start(ctx context.Context, in *instance, spec Spec) error {
 	return nil
 }
 
-// tellGuest makes a guest that answered what spec asks: a restored one's
-// clock set (it stopped with the VM), its network, then the spec's own
-// configure. The calls go out together: under TCG a guest, a restored one
-// most, runs the code of each afresh, and none of them waits for
-// another's round trip.
+// tellGuest makes a guest that answered what spec asks: a restored fork's
+// new identity, a restored one's clock set (it stopped with the VM), its
+// network, and the spec's own configure. The calls go out together: under
+// TCG a guest, a restored one most, runs the code of each afresh, and
+// none of them waits for another's round trip. Only the spec's configure
+// waits for the identity: what it starts must not draw on the random
+// state every restore of the same memory shares.
 func (rt *Runtime) tellGuest(ctx context.Context, in *instance, spec Spec, rec *LaunchRecord) error {
 	if spec.Restore == nil && !spec.Network && spec.Configure == nil {
 		return nil
@@ -332,7 +325,18 @@ func (rt *Runtime) tellGuest(ctx context.Context, in *instance, spec Spec, rec *
 		return err
 	}
 	var wg sync.WaitGroup
-	var netErr, cfgErr error
+	var idErr, netErr, cfgErr error
+	identified := make(chan struct{})
+	if spec.Restore != nil && spec.Identity != nil {
+		wg.Go(func() {
+			defer close(identified)
+			if err := newIdentity(ctx, c, spec.Identity); err != nil {
+				idErr = fmt.Errorf("a fork's new identity: %w", err)
+			}
+		})
+	} else {
+		close(identified)
+	}
 	if spec.Restore != nil && c.Info().Has(guestproto.CapSetTime) {
 		wg.Go(func() {
 			if err := c.SetTime(ctx, time.Now()); err != nil {
@@ -358,13 +362,16 @@ func (rt *Runtime) tellGuest(ctx context.Context, in *instance, spec Spec, rec *
 	if spec.Configure != nil {
 		req := spec.Configure(c.Info())
 		wg.Go(func() {
+			if <-identified; idErr != nil {
+				return
+			}
 			if err := c.Configure(ctx, req); err != nil {
 				cfgErr = fmt.Errorf("configure the guest: %w", err)
 			}
 		})
 	}
 	wg.Wait()
-	return errors.Join(netErr, cfgErr)
+	return errors.Join(idErr, netErr, cfgErr)
 }
 
 // awaitGuest is the readiness check of a launch: it waits for the guest
