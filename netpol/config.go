@@ -209,21 +209,26 @@ var linkLocalRange = netip.MustParsePrefix("169.254.0.0/16")
 var ErrPoolFull = errors.New("address pool is full")
 
 // Allocate returns the lowest address of the IPv4 pool that is not in
-// used, skipping the network and broadcast addresses.
-func (c Config) Allocate(used []netip.Addr) (netip.Addr, error) {
-	return allocate("ipv4_pool", c.IPv4Pool, lastAddr(c.IPv4Pool).Prev(), used)
+// used, skipping the network and broadcast addresses; prefer instead when
+// it is one of those and free (a restored guest keeps its address, and
+// with it its connections and its configuration).
+func (c Config) Allocate(used []netip.Addr, prefer netip.Addr) (netip.Addr, error) {
+	return allocate("ipv4_pool", c.IPv4Pool, lastAddr(c.IPv4Pool).Prev(), used, prefer)
 }
 
-// Allocate6 returns the lowest address of the IPv6 pool that is not in
-// used, skipping the subnet-router anycast address (the pool's first).
-func (c Config) Allocate6(used []netip.Addr) (netip.Addr, error) {
+// Allocate6 is Allocate of the IPv6 pool, skipping the subnet-router
+// anycast address (the pool's first).
+func (c Config) Allocate6(used []netip.Addr, prefer netip.Addr) (netip.Addr, error) {
 	if !c.IPv6Pool.IsValid() {
 		return netip.Addr{}, errors.New("network: no ipv6_pool")
 	}
-	return allocate("ipv6_pool", c.IPv6Pool, lastAddr(c.IPv6Pool), used)
+	return allocate("ipv6_pool", c.IPv6Pool, lastAddr(c.IPv6Pool), used, prefer)
 }
 
-func allocate(name string, pool netip.Prefix, last netip.Addr, used []netip.Addr) (netip.Addr, error) {
+func allocate(name string, pool netip.Prefix, last netip.Addr, used []netip.Addr, prefer netip.Addr) (netip.Addr, error) {
+	if prefer.IsValid() && pool.Contains(prefer) && prefer.Compare(pool.Addr()) > 0 && prefer.Compare(last) <= 0 && !slices.Contains(used, prefer) {
+		return prefer, nil
+	}
 	taken := slices.Clone(used)
 	slices.SortFunc(taken, func(a, b netip.Addr) int { return a.Compare(b) })
 	i := 0

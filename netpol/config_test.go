@@ -82,7 +82,7 @@ func TestParseConfigIPv6(t *testing.T) {
 
 func TestAllocate6(t *testing.T) {
 	c := Config{IPv4Pool: netip.MustParsePrefix("10.213.0.0/30"), IPv6Pool: netip.MustParsePrefix("fd6b:6b00:1::ff00/120")}
-	a, err := c.Allocate6(nil)
+	a, err := c.Allocate6(nil, netip.Addr{})
 	if err != nil || a != netip.MustParseAddr("fd6b:6b00:1::ff01") {
 		t.Fatalf("first address %v %v (the subnet-router anycast address is never handed out)", a, err)
 	}
@@ -90,34 +90,52 @@ func TestAllocate6(t *testing.T) {
 	for a := netip.MustParseAddr("fd6b:6b00:1::ff01"); used == nil || a.IsValid() && a.Compare(netip.MustParseAddr("fd6b:6b00:1::ffff")) <= 0; a = a.Next() {
 		used = append(used, a)
 	}
-	if _, err := c.Allocate6(used); !errors.Is(err, ErrPoolFull) || !strings.Contains(err.Error(), "ipv6_pool fd6b:6b00:1::ff00/120") {
+	if _, err := c.Allocate6(used, netip.Addr{}); !errors.Is(err, ErrPoolFull) || !strings.Contains(err.Error(), "ipv6_pool fd6b:6b00:1::ff00/120") {
 		t.Fatalf("full pool: %v", err)
 	}
-	if got, _ := c.Allocate6(used[1:]); got != used[0] {
+	if got, _ := c.Allocate6(used[1:], netip.Addr{}); got != used[0] {
 		t.Fatalf("after a release got %v, want %v", got, used[0])
 	}
-	if _, err := (Config{IPv4Pool: c.IPv4Pool}).Allocate6(nil); err == nil {
+	if _, err := (Config{IPv4Pool: c.IPv4Pool}).Allocate6(nil, netip.Addr{}); err == nil {
 		t.Fatal("Allocate6 without an ipv6_pool")
 	}
 }
 
 func TestAllocate(t *testing.T) {
 	c := Config{IPv4Pool: netip.MustParsePrefix("10.213.0.0/30")}
-	a, err := c.Allocate(nil)
+	a, err := c.Allocate(nil, netip.Addr{})
 	if err != nil || a != netip.MustParseAddr("10.213.0.1") {
 		t.Fatalf("first address %v %v", a, err)
 	}
-	b, err := c.Allocate([]netip.Addr{a})
+	b, err := c.Allocate([]netip.Addr{a}, netip.Addr{})
 	if err != nil || b != netip.MustParseAddr("10.213.0.2") {
 		t.Fatalf("second address %v %v", b, err)
 	}
 	// Network and broadcast addresses are never handed out.
-	if _, err := c.Allocate([]netip.Addr{a, b}); !errors.Is(err, ErrPoolFull) || !strings.Contains(err.Error(), "10.213.0.0/30") {
+	if _, err := c.Allocate([]netip.Addr{a, b}, netip.Addr{}); !errors.Is(err, ErrPoolFull) || !strings.Contains(err.Error(), "10.213.0.0/30") {
 		t.Fatalf("full pool: %v", err)
 	}
 	// A freed address is used again, lowest first.
-	if got, _ := c.Allocate([]netip.Addr{b}); got != a {
+	if got, _ := c.Allocate([]netip.Addr{b}, netip.Addr{}); got != a {
 		t.Fatalf("after a release got %v, want %v", got, a)
+	}
+	// A preferred address is given when it is usable and free, else the
+	// lowest free one.
+	for _, tc := range []struct{ used, prefer, want string }{
+		{"", "10.213.0.2", "10.213.0.2"},
+		{"10.213.0.2", "10.213.0.2", "10.213.0.1"},
+		{"", "10.213.0.3", "10.213.0.1"}, // broadcast
+		{"", "10.213.0.0", "10.213.0.1"}, // network
+		{"", "10.214.0.2", "10.213.0.1"}, // another pool's
+		{"", "fd6b::2", "10.213.0.1"},
+	} {
+		var used []netip.Addr
+		if tc.used != "" {
+			used = append(used, netip.MustParseAddr(tc.used))
+		}
+		if got, err := c.Allocate(used, netip.MustParseAddr(tc.prefer)); err != nil || got != netip.MustParseAddr(tc.want) {
+			t.Errorf("used %q, prefer %s: %v %v, want %s", tc.used, tc.prefer, got, err, tc.want)
+		}
 	}
 }
 

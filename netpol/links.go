@@ -82,6 +82,10 @@ func Connect(hostNS, ns netns.NsHandle, l Link) error {
 	if err != nil {
 		return fail("tap "+TapName, err)
 	}
+	mac, _ := net.ParseMAC(TapMAC)
+	if err := inst.LinkSetHardwareAddr(tapLink, mac); err != nil {
+		return fail("hardware address of "+TapName, err)
+	}
 	if err := inst.AddrAdd(tapLink, &netlink.Addr{IPNet: hostNet(netip.MustParseAddr(TapAddr)), Scope: unix.RT_SCOPE_LINK}); err != nil {
 		return fail("address of "+TapName, err)
 	}

@@ -23,6 +23,10 @@ const (
 	// TapAddr is the namespace's address on the tap: the guest's gateway and
 	// the nameserver its resolv.conf names (DNS to it is DNATed).
 	TapAddr = "169.254.100.1"
+	// TapMAC is the tap's hardware address, the same in every namespace
+	// (each tap is alone on its link): a restored guest's neighbour entry
+	// for its gateway stays right on the tap of its new Instance.
+	TapMAC = "02:6b:62:00:00:01"
 	// NodeHop is the symbolic next hop of the namespace towards the node: a
 	// permanent neighbour entry maps it to the node-side veth's MAC, so the
 	// node side needs no address and no proxy ARP.

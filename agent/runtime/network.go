@@ -48,6 +48,9 @@ type NetworkRecord struct {
 	Resolver netip.AddrPort `json:"resolver"`
 	// Management is the node's management_cidrs at launch.
 	Management []netip.Prefix `json:"management_cidrs"`
+	// TapMAC is the tap's hardware address (netpol.TapMAC); empty in a
+	// record of a build whose taps had random ones.
+	TapMAC string `json:"tap_mac,omitempty"`
 }
 
 // nodeNetwork is the node side of every Instance network. Without a
@@ -156,23 +159,29 @@ func (n *nodeNetwork) close() {
 }
 
 // reserve picks the guest addresses of a new Instance.
-func (n *nodeNetwork) reserve(id string, p NetworkPolicy) (*NetworkRecord, error) {
+// A restored guest's addresses (prefer, nil for none) are given again
+// where they are in the pools and free.
+func (n *nodeNetwork) reserve(id string, p NetworkPolicy, prefer *SnapshotNetwork) (*NetworkRecord, error) {
 	if n.cfg == nil {
 		return nil, noNetworkConfig(id)
 	}
+	var want, want6 netip.Addr
+	if prefer != nil {
+		want, want6 = prefer.Guest, prefer.Guest6
+	}
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	addr, err := n.cfg.Allocate(slices.Collect(maps.Values(n.assigned)))
+	addr, err := n.cfg.Allocate(slices.Collect(maps.Values(n.assigned)), want)
 	if err != nil {
 		return nil, fmt.Errorf("runtime: instance %s: %w", id, err)
 	}
 	nr := &NetworkRecord{
 		Namespace: NetNSName(id), Guest: addr, HostVeth: netpol.HostVethName(id), Policy: p,
 		Pool: n.cfg.IPv4Pool, Uplink: n.cfg.Uplink, Resolver: n.cfg.Resolvers[0],
-		Management: slices.Clone(n.cfg.ManagementCIDRs),
+		Management: slices.Clone(n.cfg.ManagementCIDRs), TapMAC: netpol.TapMAC,
 	}
 	if n.cfg.IPv6Pool.IsValid() {
-		if nr.Guest6, err = n.cfg.Allocate6(slices.Collect(maps.Values(n.assigned6))); err != nil {
+		if nr.Guest6, err = n.cfg.Allocate6(slices.Collect(maps.Values(n.assigned6)), want6); err != nil {
 			return nil, fmt.Errorf("runtime: instance %s: %w", id, err)
 		}
 		nr.Pool6 = n.cfg.IPv6Pool

@@ -8,11 +8,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/kibotos/kibotos/internal/recordfmt"
 	"io"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
 	"regexp"
 	"slices"
 	"strings"
@@ -20,6 +21,7 @@ import (
 
 	"github.com/kibotos/kibotos/api"
 	"github.com/kibotos/kibotos/internal/ctxsleep"
+	"github.com/kibotos/kibotos/internal/recordfmt"
 	"github.com/kibotos/kibotos/storagepool"
 	"github.com/kibotos/kibotos/vmm/guestproto"
 	"github.com/kibotos/kibotos/vmm/qemu"
@@ -68,6 +70,37 @@ type SnapshotMeta struct {
 	StateSHA256   string             `json:"state_sha256,omitempty"` // format 1
 	StateXXH3     string             `json:"state_xxh3,omitempty"`   // format 2
 	TakenAt       time.Time          `json:"taken_at"`
+	// Network is the guest's network when it was saved; absent for a
+	// guest without one or saved by a build before it was recorded.
+	Network *SnapshotNetwork `json:"network,omitempty"`
+}
+
+// SnapshotNetwork is a saved guest's network: a restore that gets the
+// same addresses on a tap of the same hardware address need not
+// configure it again (under TCG that call alone was a third of a resume),
+// and the guest's connections go on.
+type SnapshotNetwork struct {
+	Guest  netip.Addr `json:"guest_ipv4"`
+	Guest6 netip.Addr `json:"guest_ipv6,omitzero"`
+	TapMAC string     `json:"tap_mac"`
+	// Configured is what the guest was told.
+	Configured guestproto.ConfigureRequest `json:"configured"`
+}
+
+// snapshotNetwork is the SnapshotNetwork of a launch, nil when its tap's
+// hardware address was not fixed.
+func snapshotNetwork(nr *NetworkRecord) *SnapshotNetwork {
+	if nr == nil || nr.TapMAC == "" {
+		return nil
+	}
+	return &SnapshotNetwork{Guest: nr.Guest, Guest6: nr.Guest6, TapMAC: nr.TapMAC, Configured: guestNetwork(nr)}
+}
+
+// keeps says whether a guest saved with network s, restored onto nr, is
+// configured already.
+func (s *SnapshotNetwork) keeps(nr *NetworkRecord) bool {
+	return s != nil && nr != nil && s.TapMAC != "" && s.TapMAC == nr.TapMAC && s.Guest == nr.Guest && s.Guest6 == nr.Guest6 &&
+		reflect.DeepEqual(s.Configured, guestNetwork(nr))
 }
 
 // ErrSnapshotUnusable marks a restore that failed because of the snapshot
@@ -153,7 +186,8 @@ func (rt *Runtime) save(ctx context.Context, in *instance, rec *LaunchRecord, co
 	if err != nil {
 		return SnapshotMeta{}, err
 	}
-	meta := SnapshotMeta{FormatVersion: snapshotFormat, InstanceID: in.id, NodeID: rt.cfg.NodeID, Compat: rt.compatOf(rec, version), TakenAt: time.Now().UTC()}
+	meta := SnapshotMeta{FormatVersion: snapshotFormat, InstanceID: in.id, NodeID: rt.cfg.NodeID, Compat: rt.compatOf(rec, version), TakenAt: time.Now().UTC(),
+		Network: snapshotNetwork(rec.Network)}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return SnapshotMeta{}, err
 	}

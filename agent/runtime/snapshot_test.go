@@ -16,7 +16,8 @@ import (
 
 // TestPauseRestore: a paused guest comes back as it was: the same boot
 // (boot_id), a process counting on and a file it holds open, its clock
-// set right, its network address that of the new Instance; the snapshot
+// set right, its network address that of the new Instance (its own again,
+// not configured anew, when that is free); the snapshot
 // is checked before it is restored (a flipped byte refuses it); a VMM
 // killed during the pause leaves no snapshot behind.
 func TestPauseRestore(t *testing.T) {
@@ -118,12 +119,47 @@ func TestPauseRestore(t *testing.T) {
 		t.Errorf("eth0 after the restore: %q; want only %s (was %s)", addr, addr2, addr1)
 	}
 
-	// A second pause, then a flipped byte in the state: refused, nothing runs.
-	dir2 := filepath.Join(h.scratch, "pool", "snapshots", "ws-2")
-	if _, err := rt.Pause(ctx, "p-2", dir2); err != nil {
+	// Paused again and restored with its address free: the guest keeps
+	// its address and is not configured again. Every tap has the same
+	// hardware address, so what the guest learnt of its gateway holds.
+	sh("p-2", "ping -c 1 -W 1 169.254.100.1 >/dev/null 2>&1; true") // learn it
+	gateway := func(id string) string { return sh(id, "ip neigh show 169.254.100.1 dev eth0") }
+	if got := gateway("p-2"); !strings.Contains(got, "02:6b:62:00:00:01") {
+		t.Fatalf("the gateway as the guest knows it: %q", got)
+	}
+	dir3 := filepath.Join(h.scratch, "pool", "snapshots", "ws-3")
+	if _, err := rt.Pause(ctx, "p-2", dir3); err != nil {
 		t.Fatal(err)
 	}
 	rt.Delete(ctx, "p-2")
+	s4 := spec("p-4")
+	s4.Restore = &runtime.RestoreSpec{Dir: dir3}
+	if _, err := rt.Start(ctx, s4); err != nil {
+		t.Fatal(err)
+	}
+	if got := guestAddr("p-4"); got != addr2 {
+		t.Errorf("restored with its address free: %s, want %s again", got, addr2)
+	}
+	kept := false
+	for _, l := range strings.Split(h.logs.String(), "\n") {
+		kept = kept || strings.Contains(l, `"instance restored","instance_id":"p-4"`) && strings.Contains(l, `"network_kept":true`)
+	}
+	if !kept {
+		t.Error(`no "instance restored" of p-4 with network_kept=true`)
+	}
+	if addr := sh("p-4", "ip -4 -o addr show dev eth0 scope global"); !strings.Contains(addr, addr2+"/") {
+		t.Errorf("eth0 after a restore that kept it: %q, want %s", addr, addr2)
+	}
+	if got := gateway("p-4"); !strings.Contains(got, "02:6b:62:00:00:01") || strings.Contains(got, "FAILED") {
+		t.Errorf("the gateway after the restore: %q", got)
+	}
+
+	// A second pause, then a flipped byte in the state: refused, nothing runs.
+	dir2 := filepath.Join(h.scratch, "pool", "snapshots", "ws-2")
+	if _, err := rt.Pause(ctx, "p-4", dir2); err != nil {
+		t.Fatal(err)
+	}
+	rt.Delete(ctx, "p-4")
 	state := filepath.Join(dir2, runtime.SnapshotStateFile)
 	b, _ := os.ReadFile(state)
 	b[len(b)/2] ^= 0xff

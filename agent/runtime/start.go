@@ -187,7 +187,14 @@ func (rt *Runtime) start(ctx context.Context, in *instance, spec Spec) error {
 		if err := rt.checkEgressPolicy(in.id, spec.Policy); err != nil {
 			return err
 		}
-		nr, err := rt.net.reserve(in.id, spec.Policy)
+		// A restored guest keeps its addresses where they are free.
+		var prefer *SnapshotNetwork
+		if spec.Restore != nil {
+			if m, err := readSnapshotMeta(spec.Restore.Dir); err == nil {
+				prefer = m.Network
+			}
+		}
+		nr, err := rt.net.reserve(in.id, spec.Policy, prefer)
 		if err != nil {
 			return err
 		}
@@ -201,9 +208,11 @@ func (rt *Runtime) start(ctx context.Context, in *instance, spec Spec) error {
 	in.rec = rec
 	in.mu.Unlock()
 	var stateOK *stateCheck
+	var netKept bool // a restored guest's network is as it was saved
 	if spec.Restore != nil {
 		// What QEMU is started with is checked before it starts.
 		m, err := rt.checkRestore(rec, spec.Restore.Dir)
+		netKept = err == nil && m.Network.keeps(rec.Network)
 		if err != nil {
 			return errors.Join(fmt.Errorf("runtime: instance %s: %w", in.id, err), rt.deleteNetwork(context.WithoutCancel(ctx), in.id, rec.Network))
 		}
@@ -295,13 +304,13 @@ func (rt *Runtime) start(ctx context.Context, in *instance, spec Spec) error {
 		if err := rt.restore(ctx, p.Control, spec.Restore.Dir, stateOK); err != nil {
 			return errors.Join(fmt.Errorf("runtime: instance %s: %w", in.id, err), rt.abortLaunch(ctx, rec.Unit, proc.InvocationID))
 		}
-		rt.log.Info("instance restored", "instance_id", in.id, "snapshot", spec.Restore.Dir, "took", time.Since(tRestore).Round(time.Millisecond))
+		rt.log.Info("instance restored", "instance_id", in.id, "snapshot", spec.Restore.Dir, "took", time.Since(tRestore).Round(time.Millisecond), "network_kept", netKept)
 	}
 
 	if err := rt.awaitGuest(ctx, in, true); err != nil {
 		return err
 	}
-	if err := rt.tellGuest(ctx, in, spec, rec); err != nil {
+	if err := rt.tellGuest(ctx, in, spec, rec, netKept); err != nil {
 		return errors.Join(fmt.Errorf("runtime: instance %s: %w", in.id, err), rt.abortLaunch(ctx, rec.Unit, proc.InvocationID))
 	}
 	rt.log.Info("instance started", "instance_id", in.id, "unit", rec.Unit, "invocation_id", proc.InvocationID,
@@ -316,7 +325,10 @@ func (rt *Runtime) start(ctx context.Context, in *instance, spec Spec) error {
 // none of them waits for another's round trip. Only the spec's configure
 // waits for the identity: what it starts must not draw on the random
 // state every restore of the same memory shares.
-func (rt *Runtime) tellGuest(ctx context.Context, in *instance, spec Spec, rec *LaunchRecord) error {
+//
+// A restored guest whose network is as it was saved (netKept: same
+// addresses on a tap of the same hardware address) is not told it again.
+func (rt *Runtime) tellGuest(ctx context.Context, in *instance, spec Spec, rec *LaunchRecord, netKept bool) error {
 	if spec.Restore == nil && !spec.Network && spec.Configure == nil {
 		return nil
 	}
@@ -344,7 +356,7 @@ func (rt *Runtime) tellGuest(ctx context.Context, in *instance, spec Spec, rec *
 			}
 		})
 	}
-	if spec.Network {
+	if spec.Network && !netKept {
 		req := guestNetwork(rec.Network)
 		if spec.Restore != nil {
 			// A restored guest still has the addresses of the VM it was
