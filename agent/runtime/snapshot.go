@@ -76,9 +76,9 @@ type SnapshotMeta struct {
 }
 
 // SnapshotNetwork is a saved guest's network: a restore that gets the
-// same addresses on a tap of the same hardware address need not
-// configure it again (under TCG that call alone was a third of a resume),
-// and the guest's connections go on.
+// same addresses on a tap of the same hardware address finds the guest
+// configured already, and leaves its addresses and configuration as they
+// were instead of flushing them for new ones.
 type SnapshotNetwork struct {
 	Guest  netip.Addr `json:"guest_ipv4"`
 	Guest6 netip.Addr `json:"guest_ipv6,omitzero"`
