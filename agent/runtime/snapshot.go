@@ -369,14 +369,11 @@ func binaryVersion(binary string) (string, error) {
 	return string(m[1]), nil
 }
 
-// checkRestore is the check of a launch that restores: the snapshot is
-// complete and this launch is what it needs. Its state file is checked
-// apart (checkState).
-func (rt *Runtime) checkRestore(rec *LaunchRecord, dir string) (SnapshotMeta, error) {
-	m, err := readSnapshotMeta(dir)
-	if err != nil {
-		return m, err
-	}
+// checkRestore is the check of a launch that restores: the snapshot's
+// record m (readSnapshotMeta) says this launch is what it needs. Its
+// state file is checked apart (checkState).
+func (rt *Runtime) checkRestore(rec *LaunchRecord, m SnapshotMeta) error {
+	var err error
 	want := rt.compatOf(rec, rt.version())
 	got := m.Compat
 	why := got.Incompatible(&api.ResumeInfo{QEMUVersion: want.QEMUVersion, Accel: want.Accel, CPUModel: want.CPUModel, CPUFlags: want.CPUFlags, Installations: []string{want.InstallationID}})
@@ -390,7 +387,7 @@ func (rt *Runtime) checkRestore(rec *LaunchRecord, dir string) (SnapshotMeta, er
 	case !slices.Equal(got.Devices, want.Devices):
 		err = fmt.Errorf("%w: its devices are %v, this launch's %v", ErrSnapshotUnusable, got.Devices, want.Devices)
 	}
-	return m, err
+	return err
 }
 
 // restore loads the snapshot into the launched VMM (started with

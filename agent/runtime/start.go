@@ -183,18 +183,19 @@ func (rt *Runtime) start(ctx context.Context, in *instance, spec Spec) error {
 		rec.Confinement = &Confinement{User: rt.vmm.name, UID: rt.vmm.uid, GID: rt.vmm.gid, Seccomp: true, Console: "socket",
 			MemoryMax: memMax, TasksMax: tasksMax}
 	}
+	// A snapshot's record, read once: its network steers the addresses,
+	// and it is checked against the launch below.
+	var meta SnapshotMeta
+	var metaErr error
+	if spec.Restore != nil {
+		meta, metaErr = readSnapshotMeta(spec.Restore.Dir)
+	}
 	if spec.Network {
 		if err := rt.checkEgressPolicy(in.id, spec.Policy); err != nil {
 			return err
 		}
 		// A restored guest keeps its addresses where they are free.
-		var prefer *SnapshotNetwork
-		if spec.Restore != nil {
-			if m, err := readSnapshotMeta(spec.Restore.Dir); err == nil {
-				prefer = m.Network
-			}
-		}
-		nr, err := rt.net.reserve(in.id, spec.Policy, prefer)
+		nr, err := rt.net.reserve(in.id, spec.Policy, meta.Network)
 		if err != nil {
 			return err
 		}
@@ -211,8 +212,11 @@ func (rt *Runtime) start(ctx context.Context, in *instance, spec Spec) error {
 	var netKept bool // a restored guest's network is as it was saved
 	if spec.Restore != nil {
 		// What QEMU is started with is checked before it starts.
-		m, err := rt.checkRestore(rec, spec.Restore.Dir)
-		netKept = err == nil && m.Network.keeps(rec.Network)
+		err := metaErr
+		if err == nil {
+			err = rt.checkRestore(rec, meta)
+		}
+		netKept = err == nil && meta.Network.keeps(rec.Network)
 		if err != nil {
 			return errors.Join(fmt.Errorf("runtime: instance %s: %w", in.id, err), rt.deleteNetwork(context.WithoutCancel(ctx), in.id, rec.Network))
 		}
@@ -226,7 +230,7 @@ func (rt *Runtime) start(ctx context.Context, in *instance, spec Spec) error {
 			return errors.Join(fmt.Errorf("runtime: instance %s: the writable layer the snapshot needs: %w", in.id, err), rt.deleteNetwork(context.WithoutCancel(ctx), in.id, rec.Network))
 		}
 		// The state file is hashed while the VMM starts and loads it.
-		stateOK = checkStateAsync(ctx, spec.Restore.Dir, m)
+		stateOK = checkStateAsync(ctx, spec.Restore.Dir, meta)
 		defer stateOK.stop()
 	}
 	if p.Disk != "" {
