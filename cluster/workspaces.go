@@ -388,7 +388,7 @@ func (s *Server) handleCredential(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if ws.State != api.WorkspaceAvailable || ws.InstanceID == "" {
-		writeError(w, api.Errorf(api.CodeFailedPrecondition, "workspace %s is %s: exec, terminal, cp and port-forward need AVAILABLE; start it with kibo workspace start %s", id, ws.State, id))
+		writeError(w, api.Errorf(api.CodeFailedPrecondition, "workspace %s is %s: exec, terminal, cp and port-forward need AVAILABLE; %s", id, ws.State, untilAvailable(ws)))
 		return
 	}
 	if node == nil || node.Report == nil || node.Report.DataPlaneAddress == "" {
@@ -596,4 +596,20 @@ func (s *Server) applyTaskResult(ctx context.Context, nodeID, sid string, r *api
 	})
 	s.sessions.kick(nodes)
 	return res.Err()
+}
+
+// untilAvailable says what makes ws AVAILABLE again, for an error that
+// needs it so.
+func untilAvailable(ws *api.Workspace) string {
+	id := ws.WorkspaceID
+	switch ws.State {
+	case api.WorkspacePaused:
+		return "resume it with kibo workspace resume " + id
+	case api.WorkspaceStopped, api.WorkspaceFailed:
+		return "start it with kibo workspace start " + id
+	case api.WorkspaceDeleting:
+		return "it is being deleted"
+	default:
+		return "wait until kibo workspace get " + id + " shows AVAILABLE"
+	}
 }

@@ -1226,8 +1226,8 @@ func (d *wsDev) testPauseResume(id string) {
 	if got := d.must("workspace", "get", id).stdout; !strings.Contains(got, "Snapshot:") || !strings.Contains(got, "PAUSED") {
 		t.Errorf("workspace get of a paused Workspace:\n%s", got)
 	}
-	if r := d.expect(api.ExitFailedPrecondition, "workspace", "exec", id, "--", "true"); !strings.Contains(r.stderr, "PAUSED") {
-		t.Errorf("exec on a paused Workspace: %s", r)
+	if r := d.expect(api.ExitFailedPrecondition, "workspace", "exec", id, "--", "true"); !strings.Contains(r.stderr, "is PAUSED") || !strings.Contains(r.stderr, "kibo workspace resume "+id) {
+		t.Errorf("exec on a paused Workspace: %s; want it to say PAUSED and how to resume it", r)
 	}
 	t0 = time.Now()
 	d.must("workspace", "resume", id)

@@ -353,6 +353,12 @@ func TestVolumePlacementPins(t *testing.T) {
 	if err := h.fail(api.CodeFailedPrecondition, OpWorkspaceCreate, pinA, withCommand("c1")); !strings.Contains(err.Message, "its volume on-b is in pool node-b:default of node node-b, which node node-a cannot reach") {
 		t.Errorf("pinned elsewhere: %v", err)
 	}
+	// A node that does not exist is named as such, before any pool.
+	pinGhost := a
+	pinGhost.NodeID = "node-ghost"
+	if err := h.fail(api.CodeNotFound, OpWorkspaceCreate, pinGhost, withCommand("c0")); !strings.Contains(err.Message, "node node-ghost is not registered") {
+		t.Errorf("pinned to an unknown node: %v", err)
+	}
 	w := h.create("c1", a)
 	if w.NodeID != "node-b" || w.Layer.PoolID != "node-b:default" {
 		t.Fatalf("placed on %s layer %+v", w.NodeID, w.Layer)
