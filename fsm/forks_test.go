@@ -76,6 +76,20 @@ func TestForkRefusals(t *testing.T) {
 	checkIndex(t, h.f)
 }
 
+// A fork refused for room is named by its source: the fork's own id was
+// never shown to its user.
+func TestForkOnFullHost(t *testing.T) {
+	h := resumeHarness(t)
+	h.report("node-a", sessOf("node-a"), poolReport("usb", gib, usbPool))
+	h.poolCapacity("usb", 10*gib)
+	src := h.pausedWS("c1", smallWS)
+	h.running("c2", wsArgs(4000, gib)) // every CPU of node-a
+	err := h.fail(api.CodeResourceExhausted, OpWorkspaceCreate, fork(src.WorkspaceID), withCommand("f1"))
+	if want := "a fork of workspace " + src.WorkspaceID + ": the layer it forks is in standalone pool usb of node node-a, the only node that can start it, which has no room for it now: not enough CPU"; !strings.HasPrefix(err.Message, want) {
+		t.Errorf("fork on a full host: %v, want %q", err, want)
+	}
+}
+
 // The level the leader checks before it proposes a create --from.
 func TestForkLevel(t *testing.T) {
 	if LevelForks > FeatureLevel {

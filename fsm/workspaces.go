@@ -494,9 +494,10 @@ func place(tx *bolt.Tx, e *Entry, w *api.Workspace, vols []*api.Volume, pin stri
 		return "", lostLayerError(w)
 	}
 	fresh := newVolumes(w, vols)
+	subject, layer := placeSubject(w)
 	var objs []placedObject
 	if w.Layer != nil {
-		objs = append(objs, placedObject{what: "its writable layer", pool: api.LayerPoolID(w.Layer), shared: w.Layer.Shared, maker: w.Layer.NodeID})
+		objs = append(objs, placedObject{what: layer, pool: api.LayerPoolID(w.Layer), shared: w.Layer.Shared, maker: w.Layer.NodeID})
 	}
 	for _, v := range vols {
 		switch {
@@ -504,7 +505,7 @@ func place(tx *bolt.Tx, e *Entry, w *api.Workspace, vols []*api.Volume, pin stri
 			return "", api.Errorf(api.CodeFailedPrecondition, "workspace %s: its volume %s was lost with storage pool %s (declare-lost); it cannot start with it, delete the Workspace with kibo workspace delete %s",
 				w.WorkspaceID, v.Name, v.PoolID, w.WorkspaceID)
 		case v.Pending != nil:
-			return "", api.Errorf(api.CodeFailedPrecondition, "workspace %s: %s", w.WorkspaceID, volumeBusy(v).Message)
+			return "", api.Errorf(api.CodeFailedPrecondition, "%s: %s", subject, volumeBusy(v).Message)
 		case containsVolume(fresh, v):
 			continue
 		}
@@ -531,11 +532,11 @@ func place(tx *bolt.Tx, e *Entry, w *api.Workspace, vols []*api.Volume, pin stri
 		switch {
 		case pin != "" && pin != o.maker:
 			return "", api.Errorf(api.CodeFailedPrecondition,
-				"workspace %s: %s is in pool %s of node %s, which node %s cannot reach; start it on %s", w.WorkspaceID, o.what, o.pool, o.maker, pin, o.maker)
+				"%s: %s is in pool %s of node %s, which node %s cannot reach; start it on %s", subject, o.what, o.pool, o.maker, pin, o.maker)
 		case pinnedBy != nil && pinnedBy.maker != o.maker:
 			return "", api.Errorf(api.CodeFailedPrecondition,
-				"workspace %s: %s is in standalone pool %s of node %s and %s in standalone pool %s of node %s: no node reaches both",
-				w.WorkspaceID, pinnedBy.what, pinnedBy.pool, pinnedBy.maker, o.what, o.pool, o.maker)
+				"%s: %s is in standalone pool %s of node %s and %s in standalone pool %s of node %s: no node reaches both",
+				subject, pinnedBy.what, pinnedBy.pool, pinnedBy.maker, o.what, o.pool, o.maker)
 		}
 		pinnedBy = o
 		req.Node = o.maker
@@ -570,14 +571,28 @@ func place(tx *bolt.Tx, e *Entry, w *api.Workspace, vols []*api.Volume, pin stri
 			// The node is there but full: waiting for it to come back
 			// would not help, freeing room on it does.
 			return "", api.Errorf(api.CodeResourceExhausted,
-				"workspace %s: %s is in standalone pool %s of node %s, the only node that can start it, which has no room for it now: %s; free room on %s (stop, pause or delete a Workspace there) and retry, or move the pool's disk to another host that declares %s",
-				w.WorkspaceID, pinnedBy.what, pinnedBy.pool, req.Node, why, req.Node, pinnedBy.pool)
+				"%s: %s is in standalone pool %s of node %s, the only node that can start it, which has no room for it now: %s; free room on %s (stop, pause or delete a Workspace there) and retry, or move the pool's disk to another host that declares %s",
+				subject, pinnedBy.what, pinnedBy.pool, req.Node, why, req.Node, pinnedBy.pool)
 		}
 		return "", api.Errorf(api.CodeFailedPrecondition,
-			"workspace %s: %s is in standalone pool %s of node %s, the only node that can start it, which cannot now: %s; start it once %s is back, or move the pool's disk to another host that declares %s",
-			w.WorkspaceID, pinnedBy.what, pinnedBy.pool, req.Node, why, req.Node, pinnedBy.pool)
+			"%s: %s is in standalone pool %s of node %s, the only node that can start it, which cannot now: %s; start it once %s is back, or move the pool's disk to another host that declares %s",
+			subject, pinnedBy.what, pinnedBy.pool, req.Node, why, req.Node, pinnedBy.pool)
 	}
 	return node, err
+}
+
+// placeSubject names w and its writable layer in placement errors. A
+// Workspace being created (version 0) has an id its user has not seen
+// yet, and a fork's layer is made in the pool of the layer it forks.
+func placeSubject(w *api.Workspace) (subject, layer string) {
+	switch {
+	case w.Version > 0:
+		return "workspace " + w.WorkspaceID, "its writable layer"
+	case w.ForkedFrom != "":
+		return "a fork of workspace " + w.ForkedFrom, "the layer it forks"
+	default:
+		return "the new workspace", "its writable layer"
+	}
 }
 
 // placedObject is an object of a Workspace that already has a pool.
