@@ -84,7 +84,7 @@ func (a *Agent) warmSpec(w WarmConfig) (runtime.WarmSpec, string) {
 	if err != nil {
 		return runtime.WarmSpec{}, err.Error()
 	}
-	return runtime.WarmSpec{WarmKey: warmKey(tpl, inst.ID, w.VCPUs, w.MemoryMiB), Image: tpl.Image(), Installation: inst}, ""
+	return runtime.WarmSpec{WarmKey: warmKey(tpl, inst.ID, w.VCPUs, w.MemoryMiB), Image: tpl.Image(), Installation: inst, Mounts: TemplateMounts}, ""
 }
 
 // warmKey is what a guest of tpl on installation inst at a size is made
@@ -218,15 +218,15 @@ func (a *Agent) fillWarm(ctx context.Context, c WarmConfig, startup bool) bool {
 
 // takeWarm claims a warm guest for the first start of a Workspace that
 // would boot spec's template, Platform and size; "" when there is none.
-func (a *Agent) takeWarm(spec runtime.Spec, tpl *template.Template) string {
+func (a *Agent) takeWarm(spec runtime.Spec, tpl *template.Template) (string, runtime.WarmMeta) {
 	if a.warmFor(tpl.Name) == nil {
-		return ""
+		return "", runtime.WarmMeta{}
 	}
-	slot, err := runtime.TakeWarm(a.warmDir(tpl.Name), warmKey(tpl, spec.Installation.ID, spec.VCPUs, spec.MemoryMiB))
+	slot, m, err := runtime.TakeWarm(a.warmDir(tpl.Name), warmKey(tpl, spec.Installation.ID, spec.VCPUs, spec.MemoryMiB))
 	if err != nil {
 		a.log.Warn("warm guests not read", "template", tpl.Name, "err", err)
 	}
-	return slot
+	return slot, m
 }
 
 // warmTaken counts a start that restored a warm guest and has another made.

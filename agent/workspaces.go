@@ -335,12 +335,15 @@ func (a *Agent) startWorkspace(ctx context.Context, t api.WorkspaceTask, r *api.
 		spec.Configure = func(g guestproto.GuestInfo) guestproto.ConfigureRequest { return WorkspaceConfigure(t.WorkspaceID, g) }
 	}
 	var warm string
+	var warmID bool // the warm guest's identity call wrote the machine id
 	if restore == nil && im == nil && len(volumes) == 0 && freshLayer {
-		warm = a.takeWarm(spec, tpl)
+		var m runtime.WarmMeta
+		if warm, m = a.takeWarm(spec, tpl); warm != "" {
+			runtime.WarmRestore(&spec, warm, m, t.WorkspaceID, []string{WorkspaceRoot})
+			warmID = len(spec.Identity.Roots) > 0
+		}
 	}
 	if warm != "" {
-		spec.Restore = &runtime.RestoreSpec{Dir: warm, FreshLayer: true}
-		spec.Identity = &runtime.Identity{Hostname: t.WorkspaceID}
 		_, err := rt.Start(ctx, spec)
 		a.warmTaken(t.Template, warm, err == nil)
 		if err != nil {
@@ -356,7 +359,8 @@ func (a *Agent) startWorkspace(ctx context.Context, t api.WorkspaceTask, r *api.
 				a.forget(ctx, id)
 				return "", fmt.Errorf("node %s: %w", a.cfg.NodeID, errors.Join(err, rerr))
 			}
-			spec.Restore, spec.Identity, warm = nil, nil, ""
+			spec.Restore, spec.Identity, warm, warmID = nil, nil, "", false
+			spec.Configure = func(g guestproto.GuestInfo) guestproto.ConfigureRequest { return WorkspaceConfigure(t.WorkspaceID, g) }
 		} else {
 			a.log.Info("instance restored from a warm guest", "workspace_id", t.WorkspaceID, "instance_id", id, "template", t.Template)
 		}
@@ -380,9 +384,10 @@ func (a *Agent) startWorkspace(ctx context.Context, t api.WorkspaceTask, r *api.
 		a.forget(ctx, id)
 		return "", err
 	}
-	if freshLayer {
+	if freshLayer && !warmID {
 		// Its first start: a machine id of its own in its filesystem, now
-		// mounted, whether it booted or restored a warm guest. Every
+		// mounted, whether it booted or restored a warm guest (one that
+		// had it mounted was given it with its identity). Every
 		// Workspace of a template would otherwise share the template's
 		// (or have none). A booted guest of a Platform older than forks
 		// cannot take one and goes without.
@@ -443,6 +448,26 @@ func (a *Agent) mountVolumes(ctx context.Context, id string, t api.WorkspaceTask
 	return nil
 }
 
+// TemplateMounts are the mounts of WorkspaceConfigure that every
+// Workspace of a template has the same (a warm guest makes them ahead):
+// its filesystem at WorkspaceRoot, with the pseudo filesystems under it.
+func TemplateMounts(guest guestproto.GuestInfo) []guestproto.Mount {
+	root := "/dev/vda"
+	if guest.Has(guestproto.CapMountSerial) {
+		// By serial: whatever order the guest enumerates its disks in.
+		root = guestproto.MountSerialPrefix + runtime.LayerSerial
+	}
+	return []guestproto.Mount{
+		{Source: root, Target: WorkspaceRoot, FSType: "ext4"},
+		// What programs in the Workspace expect: /dev/null, /proc, ptys
+		// of their own.
+		{Source: "proc", Target: WorkspaceRoot + "/proc", FSType: "proc"},
+		{Source: "sysfs", Target: WorkspaceRoot + "/sys", FSType: "sysfs"},
+		{Source: "devtmpfs", Target: WorkspaceRoot + "/dev", FSType: "devtmpfs", Options: []string{"mode=0755"}},
+		{Source: "devpts", Target: WorkspaceRoot + "/dev/pts", FSType: "devpts", Options: []string{"gid=5", "mode=620", "ptmxmode=666"}},
+	}
+}
+
 // WorkspaceConfigure is the configure request that mounts a Workspace's
 // filesystem at WorkspaceRoot in its guest, with the pseudo filesystems
 // under it, and, when the guest agent can bind-mount, the agent's
@@ -450,23 +475,7 @@ func (a *Agent) mountVolumes(ctx context.Context, id string, t api.WorkspaceTask
 // there, and the DNS servers configure writes (now or later) must be the
 // ones they use, whatever the template's /etc/resolv.conf held.
 func WorkspaceConfigure(hostname string, guest guestproto.GuestInfo) guestproto.ConfigureRequest {
-	root := "/dev/vda"
-	if guest.Has(guestproto.CapMountSerial) {
-		// By serial: whatever order the guest enumerates its disks in.
-		root = guestproto.MountSerialPrefix + runtime.LayerSerial
-	}
-	req := guestproto.ConfigureRequest{
-		Hostname: hostname,
-		Mounts: []guestproto.Mount{
-			{Source: root, Target: WorkspaceRoot, FSType: "ext4"},
-			// What programs in the Workspace expect: /dev/null, /proc,
-			// ptys of their own.
-			{Source: "proc", Target: WorkspaceRoot + "/proc", FSType: "proc"},
-			{Source: "sysfs", Target: WorkspaceRoot + "/sys", FSType: "sysfs"},
-			{Source: "devtmpfs", Target: WorkspaceRoot + "/dev", FSType: "devtmpfs", Options: []string{"mode=0755"}},
-			{Source: "devpts", Target: WorkspaceRoot + "/dev/pts", FSType: "devpts", Options: []string{"gid=5", "mode=620", "ptmxmode=666"}},
-		},
-	}
+	req := guestproto.ConfigureRequest{Hostname: hostname, Mounts: TemplateMounts(guest)}
 	// An older agent would mkdir the target and fail the start; its
 	// Workspaces keep the template's resolv.conf.
 	if guest.Has(guestproto.CapBindMount) {

@@ -113,10 +113,12 @@ var ErrVMMGone = errors.New("the VMM ended")
 // RestoreSpec asks Start to restore a snapshot instead of booting.
 type RestoreSpec struct {
 	Dir string // the snapshot directory
-	// FreshLayer: the snapshot is a warm guest's, saved over a new empty
-	// layer it never mounted; the start creates the Workspace's layer,
-	// which must not exist yet.
-	FreshLayer bool
+	// Layer, when set, is the writable layer the snapshot was saved with
+	// (a warm guest's, its filesystem mounted): the start copies it to
+	// the Instance's LayerPath, which must not exist yet, and restores
+	// over the copy. The guest's memory holds that filesystem's state,
+	// so no other disk will do.
+	Layer string
 }
 
 // Pause saves Instance id into the snapshot directory dir and ends its

@@ -223,10 +223,11 @@ func (rt *Runtime) start(ctx context.Context, in *instance, spec Spec) error {
 		_, err = os.Stat(spec.LayerPath)
 		switch {
 		case spec.LayerPath == "":
-		case spec.Restore.FreshLayer && err == nil:
-			// The guest's caches may hold blocks of a new layer only.
-			return errors.Join(fmt.Errorf("runtime: instance %s: a warm guest restores over a new layer, and %s exists", in.id, spec.LayerPath), rt.deleteNetwork(context.WithoutCancel(ctx), in.id, rec.Network))
-		case !spec.Restore.FreshLayer && err != nil:
+		case spec.Restore.Layer != "" && err == nil:
+			// The guest's memory holds the state of the layer saved with
+			// it, which the start copies into place.
+			return errors.Join(fmt.Errorf("runtime: instance %s: a warm guest restores over a copy of its own layer, and %s exists", in.id, spec.LayerPath), rt.deleteNetwork(context.WithoutCancel(ctx), in.id, rec.Network))
+		case spec.Restore.Layer == "" && err != nil:
 			return errors.Join(fmt.Errorf("runtime: instance %s: the writable layer the snapshot needs: %w", in.id, err), rt.deleteNetwork(context.WithoutCancel(ctx), in.id, rec.Network))
 		}
 		// The state file is hashed while the VMM starts and loads it.
@@ -236,6 +237,11 @@ func (rt *Runtime) start(ctx context.Context, in *instance, spec Spec) error {
 	if p.Disk != "" {
 		if err := createDisk(ctx, p.Disk, spec.DiskMiB); err != nil {
 			return err
+		}
+	}
+	if spec.Restore != nil && spec.Restore.Layer != "" {
+		if err := copyLayer(rt.cfg.NodeID, spec.Restore.Layer, spec.LayerPath); err != nil {
+			return errors.Join(fmt.Errorf("runtime: instance %s: %w", in.id, err), rt.deleteNetwork(context.WithoutCancel(ctx), in.id, rec.Network))
 		}
 	}
 	if spec.RootImage != "" {

@@ -10,23 +10,29 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
 	"github.com/kibotos/kibotos/api"
 	"github.com/kibotos/kibotos/storagepool"
+	"github.com/kibotos/kibotos/vmm/guestproto"
 	"github.com/kibotos/kibotos/vmm/platform"
 )
 
 // Warm guests: a guest of a template booted ahead of any Workspace and
 // paused, so that a create restores it instead of booting one (a node's
 // [templates.NAME] warm = N). A warm guest boots with egress none and a
-// new empty layer over the template image, which it never mounts (the
-// Workspace's filesystem is mounted by the configure that follows a
-// start), so a new empty layer over the same image is the same disk to
-// it. Its snapshot is kept in a slot directory:
+// new layer over the template image, and mounts what every Workspace of
+// the template mounts the same way (WarmSpec.Mounts: the template's
+// filesystem with /proc, /sys and /dev in it); under TCG the mount of an
+// ext4 filesystem is a fifth of a warm start. Mounting writes to the
+// layer, and the guest's memory then holds that filesystem's state: the
+// layer is kept with the snapshot, and a start restores over a copy of
+// it (RestoreSpec.Layer). Nothing of any Workspace is in either. A slot:
 //
 //	<dir>/<slot>/state, snapshot.json   the snapshot, as Pause writes it
+//	<dir>/<slot>/layer.qcow2            the layer, as the guest left it
 //	<dir>/<slot>/warm.json              written last: the slot is complete
 //
 // A slot is restored once: TakeWarm moves it to a name no other take
@@ -37,8 +43,14 @@ import (
 // WarmMetaFile completes a warm slot.
 const WarmMetaFile = "warm.json"
 
-// warmFormat is the format version of warm.json.
-const warmFormat = 1
+// WarmLayerFile is a slot's layer.
+const WarmLayerFile = "layer.qcow2"
+
+// warmFormat is the format version of warm.json. Format 1 slots (a
+// layer never mounted, not kept) are not read: an older build removes
+// the slots of this one, which it would restore over a new layer the
+// guest's memory does not match, and this build removes theirs.
+const warmFormat = 2
 
 // warmPrefix starts the Instance ids of warm guests (ctrl's start "inst-").
 const warmPrefix = "warm-"
@@ -67,6 +79,9 @@ type WarmMeta struct {
 	FormatVersion int `json:"format_version"`
 	WarmKey
 	BootedAt time.Time `json:"booted_at"`
+	// Mounts are what the warm guest mounted: a start leaves them out of
+	// its configure.
+	Mounts []guestproto.Mount `json:"mounts,omitempty"`
 }
 
 // WarmSpec is a warm guest to make.
@@ -74,6 +89,9 @@ type WarmSpec struct {
 	WarmKey
 	Image        string // the template image
 	Installation *platform.Installation
+	// Mounts, when set, says what the warm guest mounts once it answers:
+	// only what every Workspace of the template mounts the same way.
+	Mounts func(guestproto.GuestInfo) []guestproto.Mount
 }
 
 // BootWarm boots a warm guest of s, saves it into a new slot under dir and
@@ -93,9 +111,21 @@ func (rt *Runtime) BootWarm(ctx context.Context, dir string, s WarmSpec) (string
 	}
 	spec := Spec{InstanceID: id, Installation: s.Installation, VCPUs: s.VCPUs, MemoryMiB: s.MemoryMiB,
 		Network: true, Policy: NetworkPolicy{Egress: api.EgressNone}, RootImage: s.Image, LayerPath: layer}
+	var mounts []guestproto.Mount
+	if s.Mounts != nil {
+		spec.Configure = func(g guestproto.GuestInfo) guestproto.ConfigureRequest {
+			mounts = s.Mounts(g)
+			return guestproto.ConfigureRequest{Mounts: mounts}
+		}
+	}
 	_, err := rt.Start(ctx, spec)
 	if err == nil {
 		_, err = rt.Pause(ctx, id, slot)
+	}
+	if err == nil {
+		// The layer as the saved guest left it, on disk before the slot
+		// is complete.
+		err = keepLayer(layer, filepath.Join(slot, WarmLayerFile))
 	}
 	dctx := context.WithoutCancel(ctx)
 	if err != nil {
@@ -112,7 +142,7 @@ func (rt *Runtime) BootWarm(ctx context.Context, dir string, s WarmSpec) (string
 	err = errors.Join(err, rt.ForgetEnded([]string{id}))
 	os.Remove(layer)
 	if err == nil {
-		m := WarmMeta{FormatVersion: warmFormat, WarmKey: s.WarmKey, BootedAt: time.Now().UTC()}
+		m := WarmMeta{FormatVersion: warmFormat, WarmKey: s.WarmKey, BootedAt: time.Now().UTC(), Mounts: mounts}
 		var j []byte
 		if j, err = json.MarshalIndent(m, "", "  "); err == nil {
 			err = storagepool.WriteFile(filepath.Join(slot, WarmMetaFile), append(j, '\n'), 0o600, storagepool.Temp{Node: rt.cfg.NodeID, Purpose: "warm"})
@@ -124,6 +154,22 @@ func (rt *Runtime) BootWarm(ctx context.Context, dir string, s WarmSpec) (string
 	}
 	os.RemoveAll(filepath.Join(rt.logsDir, id)) // a warm boot's logs would crowd out the Workspaces'
 	return slot, nil
+}
+
+// keepLayer fsyncs a saved guest's layer and moves it to path.
+func keepLayer(layer, path string) error {
+	f, err := os.OpenFile(layer, os.O_RDWR, 0)
+	if err != nil {
+		return err
+	}
+	err = f.Sync()
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("keep layer %s: %w", layer, err)
+	}
+	return storagepool.Commit(layer, path)
 }
 
 // ReadWarm reads a slot's warm.json; an incomplete slot is an error.
@@ -173,12 +219,12 @@ func WarmSlots(dir string) (map[string]WarmMeta, error) {
 }
 
 // TakeWarm claims a complete slot under dir made as key, "" when there is
-// none. The caller restores it (RestoreSpec.FreshLayer) and then removes
-// it, whether the start worked or not.
-func TakeWarm(dir string, key WarmKey) (string, error) {
+// none. The caller restores it (WarmRestore) and then removes it, whether
+// the start worked or not.
+func TakeWarm(dir string, key WarmKey) (string, WarmMeta, error) {
 	slots, err := WarmSlots(dir)
 	if err != nil {
-		return "", err
+		return "", WarmMeta{}, err
 	}
 	for slot, m := range slots {
 		if m.WarmKey != key {
@@ -187,14 +233,42 @@ func TakeWarm(dir string, key WarmKey) (string, error) {
 		taken := filepath.Join(dir, takenPrefix+filepath.Base(slot))
 		switch err := os.Rename(slot, taken); {
 		case err == nil:
-			return taken, nil
+			return taken, m, nil
 		case errors.Is(err, os.ErrNotExist):
 			continue // another start took it first
 		default:
-			return "", err
+			return "", WarmMeta{}, err
 		}
 	}
-	return "", nil
+	return "", WarmMeta{}, nil
+}
+
+// WarmRestore makes spec, a first start with its Workspace's configure,
+// the restore of the warm guest taken into slot: over a copy of the
+// guest's layer, with a new identity (hostname, and a machine id in
+// roots, where the guest has them mounted), and a configure without what
+// the guest mounted already.
+func WarmRestore(spec *Spec, slot string, m WarmMeta, hostname string, roots []string) {
+	spec.Restore = &RestoreSpec{Dir: slot, Layer: filepath.Join(slot, WarmLayerFile)}
+	spec.Identity = &Identity{Hostname: hostname}
+	for _, r := range roots {
+		if slices.ContainsFunc(m.Mounts, func(x guestproto.Mount) bool { return x.Target == r }) {
+			spec.Identity.Roots = append(spec.Identity.Roots, r)
+		}
+	}
+	if cfg := spec.Configure; cfg != nil && len(m.Mounts) > 0 {
+		spec.Configure = func(g guestproto.GuestInfo) guestproto.ConfigureRequest {
+			req := cfg(g)
+			req.Mounts = slices.DeleteFunc(slices.Clone(req.Mounts), func(x guestproto.Mount) bool {
+				return slices.ContainsFunc(m.Mounts, func(y guestproto.Mount) bool { return sameMount(x, y) })
+			})
+			return req
+		}
+	}
+}
+
+func sameMount(a, b guestproto.Mount) bool {
+	return a.Source == b.Source && a.Target == b.Target && a.FSType == b.FSType && slices.Equal(a.Options, b.Options)
 }
 
 // CleanWarm removes under dir, while no warm boot runs, the complete

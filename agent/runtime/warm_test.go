@@ -20,18 +20,19 @@ import (
 )
 
 // warmCreate is what a node does for the first start of a Workspace that
-// finds a warm guest: restore it over a new layer with a new identity,
-// configure its network, mount the Workspace's filesystem and give that
-// its own machine id (agent.startWorkspace).
-func warmCreate(ctx context.Context, rt *runtime.Runtime, spec runtime.Spec, slot, ws string) error {
-	spec.Restore = &runtime.RestoreSpec{Dir: slot, FreshLayer: true}
-	spec.Identity = &runtime.Identity{Hostname: ws}
+// finds a warm guest (agent.startWorkspace): restore it over a copy of
+// its layer with a new identity (its machine id written into the
+// Workspace's filesystem the guest has mounted), and configure what it
+// has not mounted yet.
+func warmCreate(ctx context.Context, rt *runtime.Runtime, spec runtime.Spec, slot string, m runtime.WarmMeta, ws string) error {
 	spec.Configure = workspaceConfigure(ws)
-	if _, err := rt.Start(ctx, spec); err != nil {
-		return err
+	runtime.WarmRestore(&spec, slot, m, ws, []string{agent.WorkspaceRoot})
+	if !slices.Equal(spec.Identity.Roots, []string{agent.WorkspaceRoot}) {
+		return fmt.Errorf("warm guest of slot %s: its identity goes to roots %q; want the Workspace's, mounted by the warm guest (%+v)", slot, spec.Identity.Roots, m.Mounts)
 	}
+	_, err := rt.Start(ctx, spec)
 	os.RemoveAll(slot)
-	return rt.NewIdentity(ctx, spec.InstanceID, runtime.Identity{Roots: []string{agent.WorkspaceRoot}})
+	return err
 }
 
 // workspaceConfigure mounts the Workspace's filesystem as the node does.
@@ -41,15 +42,15 @@ func workspaceConfigure(ws string) func(guestproto.GuestInfo) guestproto.Configu
 
 func warmSpec(tpl *template.Template, inst *platform.Installation, mib int) runtime.WarmSpec {
 	return runtime.WarmSpec{WarmKey: runtime.WarmKey{Template: tpl.Name, TemplateID: tpl.ID, InstallationID: inst.ID, VCPUs: 1, MemoryMiB: mib},
-		Image: tpl.Image(), Installation: inst}
+		Image: tpl.Image(), Installation: inst, Mounts: agent.TemplateMounts}
 }
 
-// A warm guest: booted over a layer it never mounts and paused into a
-// slot; only a start of the same template build, Platform and size takes
-// it, and only once; restored over the Workspace's new layer it is that
-// Workspace (its hostname, its filesystem, a machine id of its own), and
-// a restore over a layer that exists already is refused before QEMU
-// starts.
+// A warm guest: booted, its template's filesystem mounted, and paused
+// with its layer into a slot; only a start of the same template build,
+// Platform and size takes it, and only once; restored over a copy of its
+// layer as the Workspace's it is that Workspace (its hostname, its
+// filesystem mounted once, a machine id of its own), and a restore over
+// a layer that exists already is refused before QEMU starts.
 func TestWarmGuest(t *testing.T) {
 	h := newHarness(t)
 	inst := platformFixture(t)
@@ -65,7 +66,7 @@ func TestWarmGuest(t *testing.T) {
 	if got := dirEntries(t, dir); !slices.Equal(got, []string{filepath.Base(slot)}) {
 		t.Errorf("warm directory after a boot: %v; want the slot alone (no layer)", got)
 	}
-	if got := dirEntries(t, slot); strings.Join(got, " ") != "snapshot.json state warm.json" {
+	if got := dirEntries(t, slot); strings.Join(got, " ") != "layer.qcow2 snapshot.json state warm.json" {
 		t.Errorf("slot %s holds %v", slot, got)
 	}
 	if l := rt.List(); len(l) != 0 {
@@ -76,19 +77,22 @@ func TestWarmGuest(t *testing.T) {
 	}
 	other := ws.WarmKey
 	other.MemoryMiB = 512
-	if s, err := runtime.TakeWarm(dir, other); s != "" || err != nil {
+	if s, _, err := runtime.TakeWarm(dir, other); s != "" || err != nil {
 		t.Errorf("take of another size: %q, %v", s, err)
 	}
 	other = ws.WarmKey
 	other.TemplateID = "another-build"
-	if s, err := runtime.TakeWarm(dir, other); s != "" || err != nil {
+	if s, _, err := runtime.TakeWarm(dir, other); s != "" || err != nil {
 		t.Errorf("take of another template build: %q, %v", s, err)
 	}
-	taken, err := runtime.TakeWarm(dir, ws.WarmKey)
+	taken, meta, err := runtime.TakeWarm(dir, ws.WarmKey)
 	if err != nil || taken == "" {
 		t.Fatalf("take: %q, %v", taken, err)
 	}
-	if s, _ := runtime.TakeWarm(dir, ws.WarmKey); s != "" {
+	if len(meta.Mounts) != 5 || meta.Mounts[0].Target != agent.WorkspaceRoot {
+		t.Errorf("the warm guest mounted %+v; want the template's filesystem and the pseudo filesystems in it", meta.Mounts)
+	}
+	if s, _, _ := runtime.TakeWarm(dir, ws.WarmKey); s != "" {
 		t.Errorf("a slot taken twice: %s", s)
 	}
 
@@ -100,14 +104,14 @@ func TestWarmGuest(t *testing.T) {
 	}
 	refused := spec
 	refused.InstanceID = "w-0"
-	refused.Restore = &runtime.RestoreSpec{Dir: taken, FreshLayer: true}
-	if _, err := rt.Start(ctx, refused); err == nil || !strings.Contains(err.Error(), "a warm guest restores over a new layer, and "+spec.LayerPath+" exists") {
+	refused.Restore = &runtime.RestoreSpec{Dir: taken, Layer: filepath.Join(taken, runtime.WarmLayerFile)}
+	if _, err := rt.Start(ctx, refused); err == nil || !strings.Contains(err.Error(), "a warm guest restores over a copy of its own layer, and "+spec.LayerPath+" exists") {
 		t.Errorf("restore of a warm guest over an existing layer: %v", err)
 	}
 	rt.Delete(ctx, "w-0")
 	os.Remove(spec.LayerPath)
 
-	if err := warmCreate(ctx, rt, spec, taken, "ws-a"); err != nil {
+	if err := warmCreate(ctx, rt, spec, taken, meta, "ws-a"); err != nil {
 		t.Fatal(err)
 	}
 	sh := func(script string) string {
@@ -120,6 +124,10 @@ func TestWarmGuest(t *testing.T) {
 	}
 	if got := sh("hostname; cat /etc/kibotos-template; cat /etc/machine-id"); !strings.HasPrefix(got, "ws-a\ncoding\n") || len(got) != len("ws-a\ncoding\n")+32 {
 		t.Errorf("restored warm guest: hostname, template marker, machine id %q", got)
+	}
+	// Mounted once, by the warm guest, not again over it by the start.
+	if got := sh("grep -c ' / ext4 ' /proc/mounts; grep -c ' /proc proc ' /proc/mounts; grep -c ' /dev/pts devpts ' /proc/mounts"); got != "1\n1\n1" {
+		t.Errorf("mounts of the Workspace's root, its /proc and /dev/pts: %q, want each once", got)
 	}
 	sh("echo kept > /data.txt && sync")
 	if err := rt.Stop(ctx, "w-1", runtime.DefaultGrace); err != nil {
@@ -151,8 +159,9 @@ func TestWarmGuest(t *testing.T) {
 // template and a 512 MiB, 1-vCPU guest, what a node does for the first
 // start of a Workspace, to the first exec answer in its filesystem: a
 // cold boot (a new layer, boot, mount) against the restore of a warm
-// guest (take the slot, restore over a new layer with a new identity,
-// network, mount, machine id). The warm guest is made before each
+// guest (take the slot, restore over a copy of its layer, its filesystem
+// mounted, with a new identity and machine id). The warm guest is made
+// before each
 // iteration's timings and is not in them. It reports the medians in ms
 // and warm/cold, the ratio the issue sets at ≤ 0.15. What ctrl adds to a
 // create (the write, placement, the session) is the same for both.
@@ -199,11 +208,11 @@ func BenchmarkWarmCreate(b *testing.B) {
 
 		w := spec(fmt.Sprintf("w-%d", i))
 		t0 = time.Now()
-		slot, err := runtime.TakeWarm(dir, ws.WarmKey)
+		slot, m, err := runtime.TakeWarm(dir, ws.WarmKey)
 		if err != nil || slot == "" {
 			b.Fatalf("take: %q, %v", slot, err)
 		}
-		if err := warmCreate(ctx, rt, w, slot, w.InstanceID); err != nil {
+		if err := warmCreate(ctx, rt, w, slot, m, w.InstanceID); err != nil {
 			b.Fatal(err)
 		}
 		exec(w.InstanceID)
@@ -232,13 +241,16 @@ func BenchmarkWarmCreate(b *testing.B) {
 func TestWarmSlotsSkipUnreadable(t *testing.T) {
 	dir := t.TempDir()
 	key := runtime.WarmKey{Template: "tpl", TemplateID: "t1", InstallationID: "i1", VCPUs: 1, MemoryMiB: 512}
-	good, err := json.Marshal(runtime.WarmMeta{FormatVersion: 1, WarmKey: key})
+	good, err := json.Marshal(runtime.WarmMeta{FormatVersion: 2, WarmKey: key})
 	if err != nil {
 		t.Fatal(err)
 	}
-	future := strings.Replace(string(good), `"format_version":1`, `"format_version":2`, 1)
+	future := strings.Replace(string(good), `"format_version":2`, `"format_version":3`, 1)
+	// Format 1: a guest that never mounted its layer, which is not kept.
+	old := strings.Replace(string(good), `"format_version":2`, `"format_version":1`, 1)
 	for slot, meta := range map[string]string{
 		"warm-good":    string(good),
+		"warm-old":     old,
 		"warm-corrupt": `{"format_version":1,"template":`,
 		"warm-future":  future,
 		"warm-large":   `{"format_version":1,"template":"` + strings.Repeat("x", 70<<10) + `"}`,
@@ -262,19 +274,19 @@ func TestWarmSlotsSkipUnreadable(t *testing.T) {
 	}
 	other := key
 	other.MemoryMiB = 1024
-	if slot, err := runtime.TakeWarm(dir, other); slot != "" || err != nil {
+	if slot, _, err := runtime.TakeWarm(dir, other); slot != "" || err != nil {
 		t.Fatalf("take of another size: %q %v", slot, err)
 	}
-	taken, err := runtime.TakeWarm(dir, key)
+	taken, _, err := runtime.TakeWarm(dir, key)
 	if err != nil || filepath.Base(taken) != ".taken-warm-good" {
 		t.Fatalf("take: %q %v", taken, err)
 	}
-	if slot, err := runtime.TakeWarm(dir, key); slot != "" || err != nil {
+	if slot, _, err := runtime.TakeWarm(dir, key); slot != "" || err != nil {
 		t.Fatalf("second take: %q %v", slot, err)
 	}
 	keepAll := func(runtime.WarmMeta) bool { return true }
-	if n, err := runtime.CleanWarm(dir, keepAll, false); err != nil || n != 6 {
-		t.Fatalf("clean removed %d (%v), want the 6 unreadable or foreign entries", n, err)
+	if n, err := runtime.CleanWarm(dir, keepAll, false); err != nil || n != 7 {
+		t.Fatalf("clean removed %d (%v), want the 7 unreadable, older, newer or foreign entries", n, err)
 	}
 	if got := dirEntries(t, dir); !slices.Equal(got, []string{".taken-warm-good"}) {
 		t.Fatalf("after a clean: %v, want the taken slot alone", got)
