@@ -448,16 +448,20 @@ func (a *Agent) mountVolumes(ctx context.Context, id string, t api.WorkspaceTask
 	return nil
 }
 
-// TemplateMounts are the mounts of WorkspaceConfigure that every
+// TemplateMounts are the mounts of WorkspaceConfigure, which every
 // Workspace of a template has the same (a warm guest makes them ahead):
-// its filesystem at WorkspaceRoot, with the pseudo filesystems under it.
+// its filesystem at WorkspaceRoot, with the pseudo filesystems under it,
+// and, when the guest agent can bind-mount, the agent's resolv.conf over
+// the root's: the Workspace's commands run chrooted there, and the DNS
+// servers configure writes (now or later, in place) must be the ones
+// they use, whatever the template's /etc/resolv.conf held.
 func TemplateMounts(guest guestproto.GuestInfo) []guestproto.Mount {
 	root := "/dev/vda"
 	if guest.Has(guestproto.CapMountSerial) {
 		// By serial: whatever order the guest enumerates its disks in.
 		root = guestproto.MountSerialPrefix + runtime.LayerSerial
 	}
-	return []guestproto.Mount{
+	mounts := []guestproto.Mount{
 		{Source: root, Target: WorkspaceRoot, FSType: "ext4"},
 		// What programs in the Workspace expect: /dev/null, /proc, ptys
 		// of their own.
@@ -466,22 +470,18 @@ func TemplateMounts(guest guestproto.GuestInfo) []guestproto.Mount {
 		{Source: "devtmpfs", Target: WorkspaceRoot + "/dev", FSType: "devtmpfs", Options: []string{"mode=0755"}},
 		{Source: "devpts", Target: WorkspaceRoot + "/dev/pts", FSType: "devpts", Options: []string{"gid=5", "mode=620", "ptmxmode=666"}},
 	}
-}
-
-// WorkspaceConfigure is the configure request that mounts a Workspace's
-// filesystem at WorkspaceRoot in its guest, with the pseudo filesystems
-// under it, and, when the guest agent can bind-mount, the agent's
-// resolv.conf over the root's: the Workspace's commands run chrooted
-// there, and the DNS servers configure writes (now or later) must be the
-// ones they use, whatever the template's /etc/resolv.conf held.
-func WorkspaceConfigure(hostname string, guest guestproto.GuestInfo) guestproto.ConfigureRequest {
-	req := guestproto.ConfigureRequest{Hostname: hostname, Mounts: TemplateMounts(guest)}
 	// An older agent would mkdir the target and fail the start; its
 	// Workspaces keep the template's resolv.conf.
 	if guest.Has(guestproto.CapBindMount) {
-		req.Mounts = append(req.Mounts, guestproto.Mount{Source: guestproto.ResolvConf, Target: WorkspaceRoot + guestproto.ResolvConf, Options: []string{"bind"}})
+		mounts = append(mounts, guestproto.Mount{Source: guestproto.ResolvConf, Target: WorkspaceRoot + guestproto.ResolvConf, Options: []string{"bind"}})
 	}
-	return req
+	return mounts
+}
+
+// WorkspaceConfigure is the configure request of a Workspace's start: its
+// hostname and TemplateMounts.
+func WorkspaceConfigure(hostname string, guest guestproto.GuestInfo) guestproto.ConfigureRequest {
+	return guestproto.ConfigureRequest{Hostname: hostname, Mounts: TemplateMounts(guest)}
 }
 
 // forget deletes a failed start's Instance; the layer stays.

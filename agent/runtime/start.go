@@ -381,8 +381,8 @@ func (rt *Runtime) tellGuest(ctx context.Context, in *instance, spec Spec, rec *
 			}
 		})
 	}
-	if spec.Configure != nil {
-		req := spec.Configure(c.Info())
+	// A warm guest's may have nothing left to do: it mounted everything.
+	if req := configureOf(spec, c.Info()); !emptyConfigure(req) {
 		wg.Go(func() {
 			if <-identified; idErr != nil {
 				return
@@ -394,6 +394,19 @@ func (rt *Runtime) tellGuest(ctx context.Context, in *instance, spec Spec, rec *
 	}
 	wg.Wait()
 	return errors.Join(idErr, netErr, cfgErr)
+}
+
+// configureOf is spec's own configure of a guest g, empty without one.
+func configureOf(spec Spec, g guestproto.GuestInfo) guestproto.ConfigureRequest {
+	if spec.Configure == nil {
+		return guestproto.ConfigureRequest{}
+	}
+	return spec.Configure(g)
+}
+
+// emptyConfigure says whether a configure would change nothing.
+func emptyConfigure(r guestproto.ConfigureRequest) bool {
+	return r.Hostname == "" && len(r.Interfaces) == 0 && len(r.DNS) == 0 && len(r.Mounts) == 0
 }
 
 // awaitGuest is the readiness check of a launch: it waits for the guest

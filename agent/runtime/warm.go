@@ -247,7 +247,8 @@ func TakeWarm(dir string, key WarmKey) (string, WarmMeta, error) {
 // the restore of the warm guest taken into slot: over a copy of the
 // guest's layer, with a new identity (hostname, and a machine id in
 // roots, where the guest has them mounted), and a configure without what
-// the guest mounted already.
+// the guest mounted already or the identity does (none at all when that
+// is everything).
 func WarmRestore(spec *Spec, slot string, m WarmMeta, hostname string, roots []string) {
 	spec.Restore = &RestoreSpec{Dir: slot, Layer: filepath.Join(slot, WarmLayerFile)}
 	spec.Identity = &Identity{Hostname: hostname}
@@ -256,12 +257,15 @@ func WarmRestore(spec *Spec, slot string, m WarmMeta, hostname string, roots []s
 			spec.Identity.Roots = append(spec.Identity.Roots, r)
 		}
 	}
-	if cfg := spec.Configure; cfg != nil && len(m.Mounts) > 0 {
+	if cfg := spec.Configure; cfg != nil {
 		spec.Configure = func(g guestproto.GuestInfo) guestproto.ConfigureRequest {
 			req := cfg(g)
 			req.Mounts = slices.DeleteFunc(slices.Clone(req.Mounts), func(x guestproto.Mount) bool {
 				return slices.ContainsFunc(m.Mounts, func(y guestproto.Mount) bool { return sameMount(x, y) })
 			})
+			if req.Hostname == hostname {
+				req.Hostname = "" // the identity sets it
+			}
 			return req
 		}
 	}

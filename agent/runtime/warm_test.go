@@ -89,8 +89,8 @@ func TestWarmGuest(t *testing.T) {
 	if err != nil || taken == "" {
 		t.Fatalf("take: %q, %v", taken, err)
 	}
-	if len(meta.Mounts) != 5 || meta.Mounts[0].Target != agent.WorkspaceRoot {
-		t.Errorf("the warm guest mounted %+v; want the template's filesystem and the pseudo filesystems in it", meta.Mounts)
+	if len(meta.Mounts) != 6 || meta.Mounts[0].Target != agent.WorkspaceRoot || meta.Mounts[5].Target != agent.WorkspaceRoot+guestproto.ResolvConf {
+		t.Errorf("the warm guest mounted %+v; want the template's filesystem, the pseudo filesystems and resolv.conf in it", meta.Mounts)
 	}
 	if s, _, _ := runtime.TakeWarm(dir, ws.WarmKey); s != "" {
 		t.Errorf("a slot taken twice: %s", s)
@@ -126,8 +126,12 @@ func TestWarmGuest(t *testing.T) {
 		t.Errorf("restored warm guest: hostname, template marker, machine id %q", got)
 	}
 	// Mounted once, by the warm guest, not again over it by the start.
-	if got := sh("grep -c ' / ext4 ' /proc/mounts; grep -c ' /proc proc ' /proc/mounts; grep -c ' /dev/pts devpts ' /proc/mounts"); got != "1\n1\n1" {
-		t.Errorf("mounts of the Workspace's root, its /proc and /dev/pts: %q, want each once", got)
+	if got := sh("grep -c ' / ext4 ' /proc/mounts; grep -c ' /proc proc ' /proc/mounts; grep -c ' /dev/pts devpts ' /proc/mounts; grep -c ' /etc/resolv.conf ' /proc/mounts"); got != "1\n1\n1\n1" {
+		t.Errorf("mounts of the Workspace's root, its /proc, /dev/pts and resolv.conf: %q, want each once", got)
+	}
+	// The agent's resolv.conf, written in place by the network configure.
+	if got := sh("cat /etc/resolv.conf"); !strings.HasPrefix(got, "nameserver ") {
+		t.Errorf("the Workspace's resolv.conf: %q, want the guest's nameserver", got)
 	}
 	sh("echo kept > /data.txt && sync")
 	if err := rt.Stop(ctx, "w-1", runtime.DefaultGrace); err != nil {
