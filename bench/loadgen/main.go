@@ -44,6 +44,7 @@ import (
 	"net/http"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -69,6 +70,12 @@ type result struct {
 	FirstErr string  `json:"first_error,omitempty"`
 	// ClientCPU is this process's user+system CPU time over its whole run.
 	ClientCPU float64 `json:"client_cpu_s"`
+	// With -server-pids, CPU over the measured window alone (not the
+	// setup before it, such as registering a node per client, or the
+	// warm-up): the servers', this process's and the machine's busy and
+	// total CPU time, in seconds (/proc, sampled at the window's start
+	// and end).
+	Window *windowCPU `json:"window,omitempty"`
 	// AcceptP50ms and AcceptP99ms (create): the POST alone, of the ops
 	// counted above.
 	AcceptP50ms float64 `json:"accept_p50_ms,omitempty"`
@@ -98,7 +105,16 @@ func main() {
 	clients := flag.Int("clients", 1, "concurrent closed-loop clients")
 	duration := flag.Duration("duration", 15*time.Second, "measured time")
 	warmup := flag.Duration("warmup", time.Second, "unmeasured time before it (connections, leader caches)")
+	serverPIDs := flag.String("server-pids", "", "comma-separated PIDs of the servers, whose CPU time over the measured window is reported")
 	flag.Parse()
+	var pids []int
+	for _, p := range split(*serverPIDs) {
+		pid, err := strconv.Atoi(p)
+		if err != nil || pid <= 0 {
+			fatalf("-server-pids: %q is not a PID", p)
+		}
+		pids = append(pids, pid)
+	}
 	if *clients < 1 {
 		fatalf("-clients must be at least 1")
 	}
@@ -124,7 +140,7 @@ func main() {
 	for i := range ops {
 		ops[i] = makeOp(i)
 	}
-	res := run(*target, ops, *warmup, *duration)
+	res := run(*target, ops, *warmup, *duration, pids)
 	var ru syscall.Rusage
 	if syscall.Getrusage(syscall.RUSAGE_SELF, &ru) == nil {
 		res.ClientCPU = round(time.Duration(ru.Utime.Nano()+ru.Stime.Nano()).Seconds(), 3)
@@ -136,12 +152,18 @@ func main() {
 	}
 }
 
-func run(target string, ops []op, warmup, duration time.Duration) result {
+func run(target string, ops []op, warmup, duration time.Duration, pids []int) result {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	start := time.Now()
 	measureFrom := start.Add(warmup)
 	end := measureFrom.Add(duration)
+	window := make(chan *windowCPU, 1)
+	if len(pids) > 0 {
+		go func() { window <- measureWindow(pids, measureFrom, end) }()
+	} else {
+		window <- nil
+	}
 	lat := make([][]time.Duration, len(ops))
 	stage := make([][]time.Duration, len(ops))
 	var errs atomic.Int64
@@ -191,7 +213,7 @@ func run(target string, ops []op, warmup, duration time.Duration) result {
 	}
 	slices.Sort(all)
 	slices.Sort(firsts)
-	res := result{Target: target, Clients: len(ops), Ops: len(all), Errors: errs.Load(), Seconds: duration.Seconds()}
+	res := result{Target: target, Clients: len(ops), Ops: len(all), Errors: errs.Load(), Seconds: duration.Seconds(), Window: <-window}
 	if s, ok := firstErr.Load().(string); ok {
 		res.FirstErr = s
 	}
@@ -212,6 +234,78 @@ func run(target string, ops []op, warmup, duration time.Duration) result {
 		res.AcceptP99ms = ms(pct(firsts, 0.99))
 	}
 	return res
+}
+
+// windowCPU is CPU time over the measured window, in seconds.
+type windowCPU struct {
+	Servers      float64 `json:"server_cpu_s"`
+	Client       float64 `json:"client_cpu_s"`
+	MachineBusy  float64 `json:"machine_busy_s"`
+	MachineTotal float64 `json:"machine_total_s"`
+}
+
+// cpuSample is one reading of the CPU counters windowCPU is made of.
+type cpuSample struct{ servers, client, busy, total float64 }
+
+// userHZ is the unit of /proc's CPU times (USER_HZ, 100 on Linux).
+const userHZ = 100
+
+// measureWindow samples the counters at from and at end.
+func measureWindow(pids []int, from, end time.Time) *windowCPU {
+	time.Sleep(time.Until(from))
+	a, err := sampleCPU(pids)
+	if err != nil {
+		fatalf("%v", err)
+	}
+	time.Sleep(time.Until(end))
+	b, err := sampleCPU(pids)
+	if err != nil {
+		fatalf("%v", err)
+	}
+	return &windowCPU{Servers: round(b.servers-a.servers, 3), Client: round(b.client-a.client, 3),
+		MachineBusy: round(b.busy-a.busy, 3), MachineTotal: round(b.total-a.total, 3)}
+}
+
+func sampleCPU(pids []int) (cpuSample, error) {
+	var s cpuSample
+	for _, pid := range pids {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if err != nil {
+			return s, fmt.Errorf("server %d: %w", pid, err)
+		}
+		// utime and stime are the 12th and 13th fields after the
+		// command, which may hold spaces and ends at the last ')'.
+		f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:]))
+		if len(f) < 13 {
+			return s, fmt.Errorf("server %d: /proc/%d/stat has %d fields after the command", pid, pid, len(f))
+		}
+		u, _ := strconv.ParseFloat(f[11], 64)
+		k, _ := strconv.ParseFloat(f[12], 64)
+		s.servers += (u + k) / userHZ
+	}
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return s, err
+	}
+	s.client = time.Duration(ru.Utime.Nano() + ru.Stime.Nano()).Seconds()
+	b, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return s, err
+	}
+	// cpu user nice system idle iowait irq softirq steal ...
+	line, _, _ := strings.Cut(string(b), "\n")
+	f := strings.Fields(line)
+	if len(f) < 9 || f[0] != "cpu" {
+		return s, fmt.Errorf("/proc/stat: first line %q", line)
+	}
+	for i := 1; i <= 8; i++ {
+		v, _ := strconv.ParseFloat(f[i], 64)
+		s.total += v / userHZ
+		if i != 4 && i != 5 { // idle, iowait
+			s.busy += v / userHZ
+		}
+	}
+	return s, nil
 }
 
 // pct is the nearest-rank percentile of sorted durations.
