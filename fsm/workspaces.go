@@ -472,16 +472,6 @@ func candidateViewWith(d api.OvercommitDefault, n *api.Node, holds func() (Holds
 // must have room.
 func place(tx *bolt.Tx, e *Entry, w *api.Workspace, vols []*api.Volume, pin string, refused []string) (string, error) {
 	req := placement.Request{CPU: w.CPU, MemoryBytes: w.MemoryBytes, Node: pin, Exclude: refused, Template: w.Template}
-	if pin != "" {
-		// Before anything is checked against the pinned node: a typo in
-		// --node is "not registered", not "cannot reach the layer".
-		// candidates leaves out nodes without the node role; say so too.
-		if n, err := mustNode(tx, pin); err != nil {
-			return "", err
-		} else if !n.HasRole(api.RoleNode) {
-			return "", api.Errorf(api.CodeFailedPrecondition, "node %s has no node role and runs no Workspaces; --node never places elsewhere", pin)
-		}
-	}
 	// A published template may start on a node that fetches it first.
 	// Only builds from LevelArtifacts on have catalog entries, so older
 	// voters place as before.
@@ -531,6 +521,12 @@ func place(tx *bolt.Tx, e *Entry, w *api.Workspace, vols []*api.Volume, pin stri
 		}
 		switch {
 		case pin != "" && pin != o.maker:
+			// A typo in --node is "not registered", not "cannot reach".
+			// (Only the error differs: this refusal was never counted
+			// as a placement, on any build.)
+			if _, err := mustNode(tx, pin); err != nil {
+				return "", err
+			}
 			return "", api.Errorf(api.CodeFailedPrecondition,
 				"%s: %s is in pool %s of node %s, which node %s cannot reach; start it on %s", subject, o.what, o.pool, o.maker, pin, o.maker)
 		case pinnedBy != nil && pinnedBy.maker != o.maker:
@@ -551,6 +547,15 @@ func place(tx *bolt.Tx, e *Entry, w *api.Workspace, vols []*api.Volume, pin stri
 		req.Room = func(n *api.Node) string {
 			pool := api.DefaultPoolOf(n.NodeID, n.Report)
 			return defaultPoolRoom(tx, n, newBytes(fresh, pool, templateBytes(n, w.Template, pub)))
+		}
+	}
+	if pin != "" {
+		// candidates leaves out nodes without the node role; say so rather
+		// than "not registered".
+		if n, err := getNode(tx, pin); err != nil {
+			return "", err
+		} else if n != nil && !n.HasRole(api.RoleNode) {
+			return "", api.Errorf(api.CodeFailedPrecondition, "node %s has no node role and runs no Workspaces; --node never places elsewhere", pin)
 		}
 	}
 	nodes, cands, err := candidates(tx)

@@ -25,8 +25,9 @@ import (
 // [templates.NAME] warm = N). A warm guest boots with egress none and a
 // new layer over the template image, and mounts what every Workspace of
 // the template mounts the same way (WarmSpec.Mounts: the template's
-// filesystem with /proc, /sys and /dev in it); under TCG the mount of an
-// ext4 filesystem is a fifth of a warm start. Mounting writes to the
+// filesystem with /proc, /sys, /dev and resolv.conf in it), so that a
+// start sends it no configure: under TCG every call a restored guest
+// serves first translates its code afresh. Mounting writes to the
 // layer, and the guest's memory then holds that filesystem's state: the
 // layer is kept with the snapshot, and a start restores over a copy of
 // it (RestoreSpec.Layer). Nothing of any Workspace is in either. A slot:
