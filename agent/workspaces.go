@@ -336,6 +336,7 @@ func (a *Agent) startWorkspace(ctx context.Context, t api.WorkspaceTask, r *api.
 	}
 	var warm string
 	var warmID bool // the warm guest's identity call wrote the machine id
+	boot := spec    // what a failed warm restore falls back to
 	if restore == nil && im == nil && len(volumes) == 0 && freshLayer {
 		var m runtime.WarmMeta
 		if warm, m = a.takeWarm(spec, tpl); warm != "" {
@@ -359,8 +360,7 @@ func (a *Agent) startWorkspace(ctx context.Context, t api.WorkspaceTask, r *api.
 				a.forget(ctx, id)
 				return "", fmt.Errorf("node %s: %w", a.cfg.NodeID, errors.Join(err, rerr))
 			}
-			spec.Restore, spec.Identity, warm, warmID = nil, nil, "", false
-			spec.Configure = func(g guestproto.GuestInfo) guestproto.ConfigureRequest { return WorkspaceConfigure(t.WorkspaceID, g) }
+			spec, warm, warmID = boot, "", false
 		} else {
 			a.log.Info("instance restored from a warm guest", "workspace_id", t.WorkspaceID, "instance_id", id, "template", t.Template)
 		}

@@ -123,6 +123,20 @@ func Commit(tmp, path string) error {
 	return nil
 }
 
+// SyncFile fsyncs the file at path, which another program wrote (QEMU,
+// qemu-img), before it is committed.
+func SyncFile(path string) error {
+	f, err := os.OpenFile(path, os.O_WRONLY, 0)
+	if err != nil {
+		return err
+	}
+	err = f.Sync()
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
+
 // TempPath is a fresh temporary file path in dir for a program that
 // writes the file itself; Commit puts it in place.
 func TempPath(dir string, t Temp) (string, error) {

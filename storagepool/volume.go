@@ -38,15 +38,7 @@ func ImportVolume(ctx context.Context, node, path string, size uint64, qcow stri
 		if err := GrowVolume(tmp, size); err != nil {
 			return err
 		}
-		f, err := os.OpenFile(tmp, os.O_WRONLY, 0)
-		if err != nil {
-			return err
-		}
-		err = f.Sync()
-		if cerr := f.Close(); err == nil {
-			err = cerr
-		}
-		return err
+		return SyncFile(tmp)
 	})
 }
 

@@ -159,15 +159,7 @@ func (rt *Runtime) BootWarm(ctx context.Context, dir string, s WarmSpec) (string
 
 // keepLayer fsyncs a saved guest's layer and moves it to path.
 func keepLayer(layer, path string) error {
-	f, err := os.OpenFile(layer, os.O_RDWR, 0)
-	if err != nil {
-		return err
-	}
-	err = f.Sync()
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
+	if err := storagepool.SyncFile(layer); err != nil {
 		return fmt.Errorf("keep layer %s: %w", layer, err)
 	}
 	return storagepool.Commit(layer, path)
