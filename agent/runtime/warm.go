@@ -157,8 +157,15 @@ func (rt *Runtime) BootWarm(ctx context.Context, dir string, s WarmSpec) (string
 	return slot, nil
 }
 
-// keepLayer fsyncs a saved guest's layer and moves it to path.
+// keepLayer moves a saved guest's layer to path, root's alone (the VMM
+// account had it while the guest ran) and on disk.
 func keepLayer(layer, path string) error {
+	if err := os.Chown(layer, 0, 0); err != nil {
+		return fmt.Errorf("keep layer %s: %w", layer, err)
+	}
+	if err := os.Chmod(layer, 0o600); err != nil {
+		return fmt.Errorf("keep layer %s: %w", layer, err)
+	}
 	if err := storagepool.SyncFile(layer); err != nil {
 		return fmt.Errorf("keep layer %s: %w", layer, err)
 	}

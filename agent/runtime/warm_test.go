@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -68,6 +69,11 @@ func TestWarmGuest(t *testing.T) {
 	}
 	if got := dirEntries(t, slot); strings.Join(got, " ") != "layer.qcow2 snapshot.json state warm.json" {
 		t.Errorf("slot %s holds %v", slot, got)
+	}
+	// The kept layer is root's alone while it waits (the VMM account had
+	// it while the guest ran).
+	if st, err := os.Stat(filepath.Join(slot, runtime.WarmLayerFile)); err != nil || st.Mode().Perm() != 0o600 || st.Sys().(*syscall.Stat_t).Uid != 0 || st.Sys().(*syscall.Stat_t).Gid != 0 {
+		t.Errorf("the slot's layer: %v, %v; want 0600 root:root", st.Mode(), err)
 	}
 	if l := rt.List(); len(l) != 0 {
 		t.Errorf("instances after a warm boot: %+v", l)
