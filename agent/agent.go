@@ -192,8 +192,13 @@ func New(cfg Config) (*Agent, error) {
 	if err := checkPools(&cfg); err != nil {
 		return nil, err
 	}
+	// A node without a runtime has no VMs to count.
+	var vmCgroup string
+	if cfg.Runtime != nil {
+		vmCgroup = cfg.Runtime.VMSliceCgroup()
+	}
 	a := &Agent{cfg: cfg, log: cfg.Logger.With("node_id", cfg.NodeID), incarnation: inc,
-		sampler: hostusage.NewSampler(hostusage.Config{Interval: cfg.SampleInterval, VMCgroup: "/sys/fs/cgroup/kibotos.slice/kibotos-vmm.slice"})}
+		sampler: hostusage.NewSampler(hostusage.Config{Interval: cfg.SampleInterval, VMCgroup: vmCgroup})}
 	a.initTasks()
 	if err := a.initWarm(); err != nil {
 		return nil, fmt.Errorf("node %s: %w", cfg.NodeID, err)

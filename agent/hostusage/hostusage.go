@@ -47,7 +47,8 @@ type Usage struct {
 type Config struct {
 	ProcRoot string // default "/proc"; tests point it at a fake tree
 	// VMCgroup is the absolute path of the VM slice cgroup directory, e.g.
-	// /sys/fs/cgroup/kibotos.slice/kibotos-vmm.slice. Empty or missing
+	// /sys/fs/cgroup/kibotos.slice/kibotos-vmm.slice under the host's
+	// systemd (runtime.Runtime.VMSliceCgroup). Empty or missing
 	// means the VM items are nil.
 	VMCgroup string
 	Interval time.Duration    // default 10 s

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kibotos/kibotos/agent/hostusage"
 	"github.com/kibotos/kibotos/agent/runtime"
 	"github.com/kibotos/kibotos/vmm/guestproto"
 	"github.com/kibotos/kibotos/vmm/units"
@@ -47,9 +48,22 @@ func TestLifecycle(t *testing.T) {
 		t.Errorf("launch record %+v (process %+v) does not describe unit %+v", rec, rec.Process, u)
 	}
 
+	// The node's host usage counts this VM: its unit is in the VM slice
+	// the runtime names, under whichever systemd runs it (a private one
+	// here, whose tree is not at the cgroup2 mount's root).
+	slice := rt.VMSliceCgroup()
+	if got := filepath.Dir(h.m.CgroupPath(u)); got != slice {
+		t.Errorf("VMM unit's cgroup is in %s; the runtime names %s as the VM slice", got, slice)
+	}
+	usage := hostusage.NewSampler(hostusage.Config{VMCgroup: slice})
+	usage.Sample()
+
 	r, err := run(ctx, rt, id, guestproto.ExecRequest{Argv: []string{"/bin/uname", "-a"}}, nil)
 	if err != nil || r.exit.ExitCode != 0 || !strings.Contains(r.stdout, inst.KernelVersion) {
 		t.Errorf("uname -a: %+v, %v; want the Platform kernel %s", r, err, inst.KernelVersion)
+	}
+	if u := usage.Sample(); u.VMCPUCores == nil || *u.VMCPUCores <= 0 {
+		t.Errorf("host usage VM CPU while the guest ran uname: %v; want a share of a core", u.VMCPUCores)
 	}
 	in := "hello kibotos\nsecond line\n"
 	r, err = run(ctx, rt, id, guestproto.ExecRequest{Argv: []string{"/bin/sh", "-c", "cat; exit 3"}}, &in)

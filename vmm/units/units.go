@@ -15,6 +15,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strconv"
 	"time"
 
@@ -126,6 +127,14 @@ func dialPrivate(socket string) (*godbus.Conn, error) {
 
 // Target returns the target the manager was connected with.
 func (m *Manager) Target() Target { return m.target }
+
+// SliceCgroupPath is the host path of one of the kibotos slices' cgroup
+// under this manager: systemd nests a slice under its dash-prefix
+// (kibotos-vmm.slice in kibotos.slice), and a private manager's tree is
+// not at the cgroup2 mount's root.
+func (m *Manager) SliceCgroupPath(slice string) string {
+	return filepath.Join(m.target.CgroupRoot, "kibotos.slice", slice)
+}
 
 // Close closes the bus connection. Units keep running.
 func (m *Manager) Close() { m.conn.Close() }
