@@ -135,6 +135,17 @@ func TestWarmGuest(t *testing.T) {
 	if got := sh("grep -c ' / ext4 ' /proc/mounts; grep -c ' /proc proc ' /proc/mounts; grep -c ' /dev/pts devpts ' /proc/mounts; grep -c ' /etc/resolv.conf ' /proc/mounts"); got != "1\n1\n1\n1" {
 		t.Errorf("mounts of the Workspace's root, its /proc, /dev/pts and resolv.conf: %q, want each once", got)
 	}
+	// A terminal in the Workspace has a name there (tmux, ssh need it):
+	// its pair comes from the Workspace's own devpts.
+	named := func(id string) {
+		t.Helper()
+		r, err := run(ctx, rt, id, guestproto.ExecRequest{Root: agent.WorkspaceRoot, PTY: &guestproto.WinSize{Rows: 24, Cols: 80},
+			Argv: []string{"/bin/sh", "-c", `t=$(tty) && test -c "$t" && echo "$t"`}}, nil)
+		if got := strings.TrimSpace(r.stdout); err != nil || r.exit.ExitCode != 0 || !strings.HasPrefix(got, "/dev/pts/") {
+			t.Errorf("tty in a terminal of %s: %q, exit %+v, %v; want its /dev/pts name", id, got, r.exit, err)
+		}
+	}
+	named("w-1")
 	// The agent's resolv.conf, written in place by the network configure.
 	if got := sh("cat /etc/resolv.conf"); !strings.HasPrefix(got, "nameserver ") {
 		t.Errorf("the Workspace's resolv.conf: %q, want the guest's nameserver", got)
@@ -156,6 +167,7 @@ func TestWarmGuest(t *testing.T) {
 	if err != nil || strings.TrimSpace(r.stdout) != "kept" {
 		t.Errorf("the layer after a cold start: %+v, %v", r, err)
 	}
+	named("w-2")
 	if err := rt.Delete(ctx, "w-2"); err != nil {
 		t.Fatal(err)
 	}

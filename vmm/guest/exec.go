@@ -174,7 +174,7 @@ func (a *agent) runExec(ctl net.Conn, req guestproto.ExecRequest, streams [3]net
 	}()
 	sys := &syscall.SysProcAttr{Setsid: true, Chroot: req.Root, Credential: setup.cred}
 	if req.PTY != nil {
-		err = st.openPTY(req.PTY, streams)
+		err = st.openPTY(req.Root, req.PTY, streams)
 		sys.Setctty, sys.Ctty = true, 0
 	} else {
 		err = st.openPipes(streams)
@@ -266,8 +266,8 @@ func (a *agent) execControl(ctl net.Conn, proc *os.Process, pid int, st *stdio) 
 	}
 }
 
-func (st *stdio) openPTY(size *guestproto.WinSize, streams [3]net.Conn) error {
-	master, slave, err := pty.Open()
+func (st *stdio) openPTY(root string, size *guestproto.WinSize, streams [3]net.Conn) error {
+	master, slave, err := openPTYIn(root)
 	if err != nil {
 		return fmt.Errorf("open pty: %w", err)
 	}
