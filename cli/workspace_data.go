@@ -228,10 +228,17 @@ func forwardResize(f *os.File, p *guestproto.Process) func() {
 	return func() { signal.Stop(ch); close(done) }
 }
 
+// termSize is f's window size. A terminal that does not know its size
+// (script(1), a serial line) says 0x0, which the guest would take as a
+// size: programs then refuse to draw (stty size: "standard input"), so it
+// is an error here and the caller keeps what it had.
 func termSize(f *os.File) (rows, cols uint16, err error) {
 	ws, err := unix.IoctlGetWinsize(int(f.Fd()), unix.TIOCGWINSZ)
 	if err != nil {
 		return 0, 0, err
+	}
+	if ws.Row == 0 || ws.Col == 0 {
+		return 0, 0, errors.New("the terminal does not know its size")
 	}
 	return ws.Row, ws.Col, nil
 }

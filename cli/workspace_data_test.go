@@ -1,0 +1,31 @@
+package cli
+
+import (
+	"testing"
+
+	"github.com/creack/pty"
+)
+
+// A terminal that does not know its size (0x0, as under script(1)) gives
+// no size, so a Workspace terminal keeps 24x80 instead of a size programs
+// in the guest refuse; a known size is passed on.
+func TestTermSize(t *testing.T) {
+	master, tty, err := pty.Open()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer master.Close()
+	defer tty.Close()
+	if err := pty.Setsize(master, &pty.Winsize{}); err != nil {
+		t.Fatal(err)
+	}
+	if r, c, err := termSize(tty); err == nil {
+		t.Errorf("size of a 0x0 terminal: %dx%d; want an error", r, c)
+	}
+	if err := pty.Setsize(master, &pty.Winsize{Rows: 30, Cols: 100}); err != nil {
+		t.Fatal(err)
+	}
+	if r, c, err := termSize(tty); err != nil || r != 30 || c != 100 {
+		t.Errorf("size of a 30x100 terminal: %dx%d, %v", r, c, err)
+	}
+}
