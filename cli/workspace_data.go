@@ -280,12 +280,24 @@ func splitRemote(s string) (ws, p string, ok bool) {
 	return s[:i], s[i+1:], true
 }
 
-// guestPath is a Workspace path as the guest agent sees it.
-func guestPath(p string) string {
+// inWorkspace is p as an absolute path in the Workspace (relative to
+// /root, as a shell there would take it).
+func inWorkspace(p string) string {
 	if !path.IsAbs(p) {
 		p = "/root/" + p
 	}
-	return path.Join(agent.WorkspaceRoot, path.Clean(p))
+	return path.Clean(p)
+}
+
+// guestPath is a Workspace path as the guest agent sees it.
+func guestPath(p string) string {
+	return path.Join(agent.WorkspaceRoot, inWorkspace(p))
+}
+
+// guestNotFound says whether err is the guest's "no such file".
+func guestNotFound(err error) bool {
+	var ge *guestproto.Error
+	return errors.As(err, &ge) && ge.Code == guestproto.CodeNotFound
 }
 
 func (c *WorkspaceCpCmd) Run(g *Globals) error {
@@ -330,14 +342,29 @@ func (c *WorkspaceCpCmd) upload(g *Globals, local, ws, remote string) error {
 	if strings.HasSuffix(remote, "/") && local != "-" {
 		remote += path.Base(local)
 	}
+	// Where it goes, told before a byte is sent and in the Workspace's
+	// terms: into a directory as cp(1) does, and never under a directory
+	// that is not there.
+	fi, err := client.Stat(g.ctx, guestPath(remote))
+	switch {
+	case err == nil && fi.Mode.IsDir() && local == "-":
+		return usagef("workspace cp: %s:%s is a directory; name the file to write in it", ws, inWorkspace(remote))
+	case err == nil && fi.Mode.IsDir():
+		remote = path.Join(inWorkspace(remote), path.Base(local))
+	case guestNotFound(err):
+		dir := path.Dir(inWorkspace(remote))
+		if _, err := client.Stat(g.ctx, guestPath(dir)); guestNotFound(err) {
+			return api.Errorf(api.CodeNotFound, "workspace %s: directory %s does not exist: make it first (kibo workspace exec %s -- mkdir -p %s)", ws, dir, ws, dir)
+		}
+	}
 	pb := g.progress(c.Progress, "upload "+path.Base(local), size)
-	fi, err := client.WriteFile(g.ctx, guestPath(remote), os.FileMode(mode), pb.reader(r))
+	fi, err = client.WriteFile(g.ctx, guestPath(remote), os.FileMode(mode), pb.reader(r))
 	pb.done()
 	if err != nil {
 		return fmt.Errorf("workspace %s: write %s: %w", ws, remote, err)
 	}
 	if !g.JSON {
-		g.note("%s: %d bytes written to %s:%s\n", path.Base(local), fi.Size, ws, remote)
+		g.note("%s: %d bytes written to %s:%s\n", path.Base(local), fi.Size, ws, inWorkspace(remote))
 	}
 	return nil
 }
@@ -351,11 +378,13 @@ func (c *WorkspaceCpCmd) download(g *Globals, ws, remote, local string) error {
 	gp := guestPath(remote)
 	var size int64 = -1
 	fi, err := client.Stat(g.ctx, gp)
-	var ge *guestproto.Error
 	switch {
+	case err == nil && fi.Mode.IsDir():
+		dir := inWorkspace(remote)
+		return usagef("workspace cp: %s:%s is a directory; copy files one at a time (or tar them: kibo workspace exec %s -- tar c -C %s . > dir.tar)", ws, dir, ws, dir)
 	case err == nil:
 		size = fi.Size
-	case errors.As(err, &ge) && ge.Code == guestproto.CodeNotFound:
+	case guestNotFound(err):
 		// Said before a local file is created, and without the guest's
 		// mount point in the path.
 		return api.Errorf(api.CodeNotFound, "workspace %s: %s: no such file or directory", ws, remote)

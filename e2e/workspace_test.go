@@ -682,6 +682,27 @@ func (d *wsDev) testFiles(id string) {
 	if _, err := os.Stat(missing); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("cp of a missing file left %s behind (%v)", missing, err)
 	}
+
+	// Into a directory that is not there: said in the Workspace's terms,
+	// before anything is sent. Onto a directory: into it, as cp(1) does.
+	// Out of a directory: refused with the way to do it.
+	small := filepath.Join(d.tmp, "small.txt")
+	os.WriteFile(small, []byte("small\n"), 0o600)
+	r = d.kibo(time.Minute, nil, "workspace", "cp", small, id+":/nosuchdir/x")
+	if r.code != api.ExitNotFound || !strings.Contains(r.stderr, "directory /nosuchdir does not exist: make it first (kibo workspace exec "+id+" -- mkdir -p /nosuchdir)") {
+		t.Errorf("cp into a missing directory: want exit 12 naming it: %s", r)
+	}
+	if r := d.kibo(time.Minute, nil, "workspace", "cp", small, id+":/root"); r.code != 0 || !strings.Contains(r.stderr, id+":/root/small.txt") {
+		t.Errorf("cp onto a directory: want it written in it: %s", r)
+	}
+	if r := d.must("workspace", "exec", id, "--", "cat", "/root/small.txt"); r.stdout != "small\n" {
+		t.Errorf("the file copied onto /root: %q", r.stdout)
+	}
+	r = d.kibo(time.Minute, nil, "workspace", "cp", id+":/root", filepath.Join(d.tmp, "rootdir"))
+	if r.code != 2 || !strings.Contains(r.stderr, id+":/root is a directory; copy files one at a time (or tar them: kibo workspace exec "+id+" -- tar c -C /root . > dir.tar)") {
+		t.Errorf("cp of a directory out: want exit 2 and the way to do it: %s", r)
+	}
+	d.must("workspace", "exec", id, "--", "rm", "/root/small.txt")
 }
 
 func wsFileSHA256(t *testing.T, path string) string {
