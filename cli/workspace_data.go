@@ -56,7 +56,30 @@ type WorkspaceExecCmd struct {
 	Command []string `arg:"" name:"command" passthrough:"" help:"The command and its arguments (after --)."`
 	TTY     bool     `short:"t" name:"tty" help:"Run in a pseudo-terminal (resized with this terminal)."`
 	Dir     string   `name:"workdir" short:"w" help:"Working directory in the Workspace."`
-	Env     []string `name:"env" short:"e" help:"Environment KEY=VALUE; repeat for more."`
+	Env     []string `name:"env" short:"e" help:"Environment KEY=VALUE (KEY alone: its value here); repeat for more."`
+}
+
+// execEnv is -e as the guest takes it: KEY=VALUE, or KEY alone for the
+// value it has in kibo's environment (as docker exec -e does), which must
+// then be set.
+func execEnv(env []string) ([]string, error) {
+	out := make([]string, 0, len(env))
+	for _, e := range env {
+		k, _, hasValue := strings.Cut(e, "=")
+		switch {
+		case k == "" || strings.ContainsRune(e, 0):
+			return nil, usagef("-e %q: want KEY=VALUE with a KEY", e)
+		case hasValue:
+			out = append(out, e)
+		default:
+			v, ok := os.LookupEnv(k)
+			if !ok {
+				return nil, usagef("-e %s: %s is not set here; give its value: -e %s=VALUE", k, k, k)
+			}
+			out = append(out, k+"="+v)
+		}
+	}
+	return out, nil
 }
 
 func (c *WorkspaceExecCmd) Run(g *Globals) error {
@@ -67,7 +90,11 @@ func (c *WorkspaceExecCmd) Run(g *Globals) error {
 	if len(argv) == 0 {
 		return usagef("workspace exec %s: give the command after --, e.g. kibo workspace exec %s -- uname -a", c.ID, c.ID)
 	}
-	code, err := runInWorkspace(g, c.ID, argv, c.TTY, c.Dir, c.Env)
+	env, err := execEnv(c.Env)
+	if err != nil {
+		return err
+	}
+	code, err := runInWorkspace(g, c.ID, argv, c.TTY, c.Dir, env)
 	if err != nil {
 		return err
 	}
@@ -134,7 +161,7 @@ func runInWorkspace(g *Globals, id string, argv []string, tty bool, dir string, 
 	p, err := c.Exec(ctx, req)
 	cancel()
 	if err != nil {
-		return 0, fmt.Errorf("workspace %s: exec %s: %w", id, argv[0], err)
+		return 0, execStartError(id, argv[0], err)
 	}
 	if tty && inIsTerm {
 		if restore, err = makeRaw(in); err != nil {
@@ -168,6 +195,21 @@ func runInWorkspace(g *Globals, id string, argv []string, tty bool, dir string, 
 		return 128 + exit.Signal, nil
 	}
 	return exit.ExitCode, nil
+}
+
+// execStartError is the error of a command the guest did not start, with
+// the exit code a shell gives it: 127 when the command is not found, 126
+// when it cannot run (not executable, its working directory missing).
+func execStartError(id, name string, err error) error {
+	var ge *guestproto.Error
+	if !errors.As(err, &ge) {
+		return fmt.Errorf("workspace %s: exec %s: %w", id, name, err)
+	}
+	code := 126
+	if ge.Code == guestproto.CodeNotFound {
+		code = 127
+	}
+	return exitError{code, fmt.Sprintf("workspace %s: %s", id, ge.Message)}
 }
 
 // lostExec is the error of an exec whose stream broke: when the

@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"slices"
 	"testing"
 
 	"github.com/creack/pty"
@@ -27,5 +28,20 @@ func TestTermSize(t *testing.T) {
 	}
 	if r, c, err := termSize(tty); err != nil || r != 30 || c != 100 {
 		t.Errorf("size of a 30x100 terminal: %dx%d, %v", r, c, err)
+	}
+}
+
+// -e takes KEY=VALUE, or KEY alone for kibo's own value, which must be
+// set; a KEY is required.
+func TestExecEnv(t *testing.T) {
+	t.Setenv("KIBO_TEST_SET", "from here")
+	got, err := execEnv([]string{"A=1", "B=", "KIBO_TEST_SET", "C=x=y"})
+	if want := []string{"A=1", "B=", "KIBO_TEST_SET=from here", "C=x=y"}; err != nil || !slices.Equal(got, want) {
+		t.Errorf("execEnv: %q, %v; want %q", got, err, want)
+	}
+	for _, bad := range []string{"KIBO_TEST_UNSET_X", "=v", "", "A=\x00"} {
+		if _, err := execEnv([]string{bad}); err == nil {
+			t.Errorf("execEnv(%q): no error", bad)
+		}
 	}
 }

@@ -360,6 +360,20 @@ func (d *wsDev) testExec(id string) {
 	if r := d.kibo(time.Minute, nil, "workspace", "exec", id, "--", "sh", "-c", "kill -TERM $$"); r.code != 128+int(syscall.SIGTERM) {
 		t.Errorf("exec of a process killed by SIGTERM: want exit 143, got %s", r)
 	}
+	// A command that does not start exits as a shell says: 127 not
+	// found, 126 cannot run (here: its working directory is missing).
+	if r := d.kibo(time.Minute, nil, "workspace", "exec", id, "--", "no-such-command"); r.code != 127 || !strings.Contains(r.stderr, "workspace "+id+": no-such-command: command not found in PATH ") {
+		t.Errorf("exec of a missing command: want exit 127 and the PATH searched: %s", r)
+	}
+	if r := d.kibo(time.Minute, nil, "workspace", "exec", "-w", "/no-such-dir", id, "--", "pwd"); r.code != 126 || !strings.Contains(r.stderr, "workspace "+id+": working directory /no-such-dir: no such directory") {
+		t.Errorf("exec in a missing working directory: want exit 126 naming it: %s", r)
+	}
+	if r := d.kibo(time.Minute, nil, "workspace", "exec", "-e", "KIBOTOS_E2E_UNSET", id, "--", "true"); r.code != 2 || !strings.Contains(r.stderr, "-e KIBOTOS_E2E_UNSET: KIBOTOS_E2E_UNSET is not set here") {
+		t.Errorf("exec -e of a variable not set: want exit 2: %s", r)
+	}
+	if r := d.kibo(time.Minute, nil, "workspace", "exec", "-e", "KIBOTOS_DATA_DIR", id, "--", "sh", "-c", `echo "$KIBOTOS_DATA_DIR"`); r.code != 0 || r.stdout != d.dir+"\n" {
+		t.Errorf("exec -e KEY passes kibo's value: %s (stdout %q)", r, r.stdout)
+	}
 	if r := d.kibo(time.Minute, nil, "workspace", "exec", id, "--", "sh", "-c", "test -c /dev/null && test -r /proc/self/stat"); r.code != 0 {
 		t.Errorf("the Workspace lacks /dev or /proc: %s", r)
 	}

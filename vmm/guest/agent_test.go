@@ -85,8 +85,13 @@ func TestExec(t *testing.T) {
 
 			_, err := c.Exec(ctxT(t), guestproto.ExecRequest{Argv: []string{"no-such-command-kibotos"}})
 			var ge *guestproto.Error
-			if !errors.As(err, &ge) || ge.Code != guestproto.CodeNotFound {
+			if !errors.As(err, &ge) || ge.Code != guestproto.CodeNotFound || !strings.HasPrefix(ge.Message, "no-such-command-kibotos: command not found in PATH ") {
 				t.Fatalf("missing command: %v", err)
+			}
+			// A missing working directory is named, not the program.
+			_, err = c.Exec(ctxT(t), guestproto.ExecRequest{Argv: []string{"true"}, Dir: "/no-such-dir-kibotos"})
+			if !errors.As(err, &ge) || ge.Code != guestproto.CodeFailed || ge.Message != "working directory /no-such-dir-kibotos: no such directory" {
+				t.Fatalf("missing working directory: %v", err)
 			}
 		})
 	}

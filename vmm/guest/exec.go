@@ -3,6 +3,7 @@ package guest
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -195,7 +196,7 @@ func (a *agent) runExec(ctl net.Conn, req guestproto.ExecRequest, streams [3]net
 	if err != nil {
 		a.procsMu.Unlock()
 		st.closeAll()
-		respond(ctl, nil, &guestproto.Error{Code: guestproto.CodeFailed, Message: fmt.Sprintf("start %s: %v", req.Argv[0], err)})
+		respond(ctl, nil, &guestproto.Error{Code: guestproto.CodeFailed, Message: startFailure(req.Root, setup.dir, req.Argv[0], err)})
 		return
 	}
 	m := &managed{proc: proc, done: make(chan struct{})}
@@ -392,7 +393,21 @@ func lookPath(root, name string, env []string) (string, error) {
 			return p, nil
 		}
 	}
-	return "", fmt.Errorf("%s: not found in PATH %s", name, path)
+	return "", fmt.Errorf("%s: command not found in PATH %s", name, path)
+}
+
+// startFailure says why a process did not start. The kernel's ENOENT
+// names no culprit and Go's error names the program, so a working
+// directory that is missing in the root is told as such; it is looked at
+// only after the failure, so an unusual root (a symlink the agent would
+// resolve differently) never stops a start that would work.
+func startFailure(root, dir, name string, err error) string {
+	if dir != "" && errors.Is(err, syscall.ENOENT) {
+		if fi, serr := os.Stat(filepath.Join(root, dir)); errors.Is(serr, os.ErrNotExist) || (serr == nil && !fi.IsDir()) {
+			return fmt.Sprintf("working directory %s: no such directory", dir)
+		}
+	}
+	return fmt.Sprintf("start %s: %v", name, err)
 }
 
 // killAll signals the process group of every managed process.
