@@ -212,6 +212,11 @@ func (c *TemplateListCmd) Run(g *Globals) error {
 				t.row(e.Name, shortDigest(e.Digest), formatBytes(uint64(e.SizeBytes)), stamp(e.PublishedAt)+" by "+e.PublishedBy, dash(strings.Join(e.Nodes, ",")))
 			}
 			t.flush()
+			if len(out.Templates) == 0 && c.PageToken == "" {
+				// Workspaces are created from a node's own builds too
+				// (kibotos dev's): an empty catalog is not "no templates".
+				g.note("no template is published to the catalog (kibo template publish NAME --from-node NODE); the templates built on a node are in kibo node get NODE, or kibo template list --local on that host\n")
+			}
 		})
 }
 

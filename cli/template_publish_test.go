@@ -69,8 +69,10 @@ func TestTemplatePublishAndCatalog(t *testing.T) {
 		b, err3 := e.c.Node(e.c.Members[0], "node-3")
 		return err2 == nil && err3 == nil && len(a.Report.Templates) == 1 && len(b.Report.Templates) == 2, "templates not reported yet"
 	})
-	if out := e.mustRun("template", "list"); strings.Count(strings.TrimSpace(out), "\n") != 0 || !strings.HasPrefix(out, "NAME") {
-		t.Fatalf("empty catalog: %q", out)
+	// An empty catalog says where the nodes' own builds are listed.
+	if out, errs, code := e.run("template", "list"); code != 0 || strings.Count(strings.TrimSpace(out), "\n") != 0 || !strings.HasPrefix(out, "NAME") ||
+		!strings.Contains(errs, "no template is published to the catalog (kibo template publish NAME --from-node NODE); the templates built on a node are in kibo node get NODE") {
+		t.Fatalf("empty catalog: exit %d, %q, stderr %q", code, out, errs)
 	}
 
 	out := e.mustRun("template", "publish", "solo")
