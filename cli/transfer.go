@@ -13,7 +13,7 @@ import (
 // Volumes and shape as one archive in the artifact store, from which a new
 // Workspace is made in this or another cluster that reaches the store.
 type TransferCmd struct {
-	Export TransferExportCmd `cmd:"" help:"Write a STOPPED Workspace's layer, Volumes and shape into the artifact store as a Transfer."`
+	Export TransferExportCmd `cmd:"" help:"Write a Workspace's layer, Volumes and shape into the artifact store as a Transfer: a STOPPED one as it is, an AVAILABLE one paused while its disks are copied."`
 	Get    TransferGetCmd    `cmd:"" help:"Show one Transfer."`
 	List   TransferListCmd   `cmd:"" help:"List the Transfers."`
 	Import TransferImportCmd `cmd:"" help:"Make a new Workspace from a Transfer (this cluster's, or another's in the same store: --namespace)."`
