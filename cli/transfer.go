@@ -22,7 +22,7 @@ type TransferCmd struct {
 
 // TransferExportCmd is `transfer export`.
 type TransferExportCmd struct {
-	Workspace       string        `arg:"" name:"workspace" help:"The Workspace (STOPPED)."`
+	Workspace       string        `arg:"" name:"workspace" help:"The Workspace (STOPPED, or AVAILABLE: paused while its disks are copied)."`
 	Namespace       string        `name:"namespace" help:"Namespace of the archive in the store (kibotos-transfer/v1/<namespace>/); default: default."`
 	TTL             time.Duration `name:"ttl" help:"How long the Transfer and its archive are kept; default 168h (7 days), at most 2160h."`
 	CommandID       string        `name:"command-id" help:"Idempotency key (the Transfer id is derived from it)."`
