@@ -784,6 +784,14 @@ func TestNodeReport(t *testing.T) {
 				t.Errorf("node %+v", n)
 			}
 		}},
+		{name: "host usage not shown once the session ended", setup: func(h *harness) {
+			readyNode(h)
+			h.ok(OpNodeReport, ReportArgs{NodeID: "node-a", SessionID: "s1", Report: rep, HostUsage: &api.HostUsage{SampledAt: t0, CPUIdle: &f1}})
+		}, entry: ent(OpSessionClose, SessionCloseArgs{NodeID: "node-a", SessionID: "s1", Reason: "lost"}), check: func(t *testing.T, h *harness, r Result) {
+			if n := h.node("node-a"); n.HostUsage != nil {
+				t.Errorf("host usage of a node without a session: %+v", *n.HostUsage)
+			}
+		}},
 		{name: "report version continues across sessions", setup: func(h *harness) { readyNode(h); h.report("node-a", "s1", rep); h.open("node-a", "s2", 2) },
 			entry: report("node-a", "s2"), check: func(t *testing.T, h *harness, r Result) {
 				if got := decode[map[string]uint64](t, r)["report_version"]; got != 2 {

@@ -64,6 +64,12 @@ func view(tx *bolt.Tx, n *api.Node) (*api.Node, error) {
 func viewWithHolds(d api.OvercommitDefault, n *api.Node, h Holds) *api.Node {
 	out := *n
 	out.Status = deriveStatus(n, h)
+	// Host usage is what the node sampled while its control session is
+	// alive: without one it is history, shown as unknown (the record
+	// keeps it; placement never uses a node without a session).
+	if n.Session == nil || !n.Session.Alive {
+		out.HostUsage = nil
+	}
 	o := &api.Overcommit{CPU: d.CPU, CPUSource: "default", Memory: d.Memory, MemorySource: "default"}
 	if n.OvercommitOverride != nil {
 		if c := n.OvercommitOverride.CPU; c != nil {
