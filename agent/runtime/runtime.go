@@ -422,14 +422,14 @@ func (rt *Runtime) observe(step string, since time.Time) {
 	}
 }
 
-// Close stops watching and closes guest sessions. VMMs keep running; a
-// later Open takes them over.
 // VMSliceCgroup is the host path of the cgroup every VMM unit of this
 // node runs in (the host usage's VM items read it).
 func (rt *Runtime) VMSliceCgroup() string {
 	return rt.cfg.Units.SliceCgroupPath(units.VMMSlice)
 }
 
+// Close stops watching and closes guest sessions. VMMs keep running; a
+// later Open takes them over.
 func (rt *Runtime) Close() error {
 	rt.closeOnce.Do(func() { rt.closeErr = rt.close() })
 	return rt.closeErr

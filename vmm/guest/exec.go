@@ -177,6 +177,11 @@ func (a *agent) runExec(ctl net.Conn, req guestproto.ExecRequest, streams [3]net
 	if req.PTY != nil {
 		err = st.openPTY(req.Root, req.PTY, streams)
 		sys.Setctty, sys.Ctty = true, 0
+		if err == nil && setup.cred != nil {
+			// The image's user owns its terminal, as on a login: it can
+			// open it again by name (script, ssh, a pager on /dev/tty).
+			err = st.child[0].Chown(int(setup.cred.Uid), -1)
+		}
 	} else {
 		err = st.openPipes(streams)
 	}

@@ -67,4 +67,17 @@ func TestExecPTYChrooted(t *testing.T) {
 	if got := term(bare); !strings.Contains(got, "24 80\n") {
 		t.Errorf("a terminal in a root without a devpts: %q; want one of 24 80", got)
 	}
+
+	// An image's user owns its terminal and can open it by name.
+	writeTestFile(t, filepath.Join(root, guestproto.ImageConfigPath), `{"user":"app"}`)
+	p, err := c.Exec(ctxT(t), guestproto.ExecRequest{Root: root, PTY: &guestproto.WinSize{Rows: 24, Cols: 80},
+		Argv: []string{"/bin/busybox", "sh", "-c", `t=$(/bin/busybox tty); /bin/busybox stat -c %u "$t"; echo hi > "$t"`}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	out, _ := io.ReadAll(p.Stdout)
+	if exit, err := p.Wait(); err != nil || exit.ExitCode != 0 || strings.ReplaceAll(string(out), "\r", "") != "1000\nhi\n" {
+		t.Errorf("the image user's terminal: %q, exit %+v, %v; want owner 1000 and a write by name", out, exit, err)
+	}
 }
