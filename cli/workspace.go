@@ -14,7 +14,7 @@ import (
 // WorkspaceCmd groups the Workspace commands.
 type WorkspaceCmd struct {
 	Create        WorkspaceCreateCmd        `cmd:"" help:"Create a Workspace from a template and start it on a node the scheduler picks (or --node)."`
-	Start         WorkspaceStartCmd         `cmd:"" help:"Start a STOPPED or FAILED Workspace; each start gets a new Instance."`
+	Start         WorkspaceStartCmd         `cmd:"" help:"Start a STOPPED or FAILED Workspace (a PAUSED one is resumed); each start gets a new Instance."`
 	Stop          WorkspaceStopCmd          `cmd:"" help:"Stop a Workspace; its writable layer is kept. --force ends its Instance without a clean guest stop."`
 	Pause         WorkspacePauseCmd         `cmd:"" help:"Save a running Workspace's memory and devices beside its writable layer and end its VM; resume brings it back as it was."`
 	Resume        WorkspaceResumeCmd        `cmd:"" help:"Resume a PAUSED Workspace on its node or any node that reaches its pool and can restore it."`
