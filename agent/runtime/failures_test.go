@@ -183,6 +183,9 @@ func TestInstanceFailures(t *testing.T) {
 		if err := rt.Delete(ctx, id); err != nil {
 			t.Fatal(err)
 		}
+		if e := h.logs.entries("instance machine exited"); len(e) != 1 || e[0]["level"] != "ERROR" {
+			t.Errorf("'instance machine exited' entries after the delete: %v, want still the one error", e)
+		}
 		if _, err := os.Stat(h.m.CgroupPath(u)); !errors.Is(err, os.ErrNotExist) {
 			t.Errorf("cgroup %s after Delete: %v", h.m.CgroupPath(u), err)
 		}

@@ -161,6 +161,12 @@ func TestLifecycle(t *testing.T) {
 	if b, err := os.ReadFile(filepath.Join(h.root, "machine-logs", id, "console.log")); err != nil || len(b) == 0 {
 		t.Errorf("console tail kept: %d bytes, %v", len(b), err)
 	}
+	// One node-log entry for the end, as for a machine that exits on its
+	// own, but not an error: the node stopped it.
+	if e := h.logs.entries("instance machine exited"); len(e) != 1 || e[0]["instance_id"] != id || e[0]["exit"] != "stopped" || e[0]["level"] != "INFO" ||
+		e[0]["machine_logs"] != filepath.Join(h.root, "machine-logs", id) {
+		t.Errorf("log entries 'instance machine exited': %v; want one at INFO with exit stopped and the machine logs", e)
+	}
 	// The guest powered off and QEMU exited 0.
 	if b, err := os.ReadFile(filepath.Join(h.root, "machine-logs", id, "vmm.log")); err != nil || !strings.Contains(string(b), runtime.VMMExitedLine+" result=success code=exited status=0") {
 		t.Errorf("VMM log tail %q, %v; want QEMU to have exited 0", b, err)

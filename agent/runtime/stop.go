@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"time"
@@ -439,6 +440,10 @@ func (rt *Runtime) Delete(ctx context.Context, id string) error {
 		if err := rt.copyMachineLogs(in); err != nil {
 			rt.log.Warn("instance machine logs not kept", "instance_id", id, "err", err)
 		}
+		// Every end has its one entry, with where the tails are: one
+		// that ended on its own had it (an error) when it did; one the
+		// node ended (a stop, a pause, a fence) has it now.
+		rt.machineExited(in, slog.LevelInfo, how)
 	}
 	ended := &EndedRecord{
 		FormatVersion: RecordVersion,

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
@@ -196,7 +197,7 @@ func (rt *Runtime) adopt(ctx context.Context, verdicts []verdict, noRecord []str
 				if err := rt.copyMachineLogs(in); err != nil {
 					rt.log.Warn("instance machine logs not kept", "instance_id", in.id, "err", err)
 				}
-				rt.machineExited(in, "unit "+v.rec.Unit+" gone while the node was down")
+				rt.machineExited(in, slog.LevelError, "unit "+v.rec.Unit+" gone while the node was down")
 			} else {
 				in.logsCopied = true
 			}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"time"
@@ -91,13 +92,13 @@ func (rt *Runtime) check(in *instance) {
 	in.notify()
 	in.mu.Unlock()
 	in.stopGuestLoop()
-	rt.machineExited(in, exit)
+	rt.machineExited(in, slog.LevelError, exit)
 }
 
-// machineExited writes the one log entry of an Instance whose machine
-// ended on its own (its log tails are already kept).
-func (rt *Runtime) machineExited(in *instance, exit string) {
-	rt.log.Error("instance machine exited", "instance_id", in.id, "unit", in.rec.Unit, "exit", exit,
+// machineExited writes the one log entry of an Instance's end (its log
+// tails are already kept): an error when the machine ended on its own.
+func (rt *Runtime) machineExited(in *instance, level slog.Level, exit string) {
+	rt.log.Log(context.Background(), level, "instance machine exited", "instance_id", in.id, "unit", in.rec.Unit, "exit", exit,
 		"machine_logs", filepath.Join(rt.logsDir, in.id))
 }
 
