@@ -216,7 +216,7 @@ func ValidVolumeRef(s string) error {
 // ValidVolumeSize checks a size to create or grow a Volume to.
 func ValidVolumeSize(what string, n uint64) error {
 	if n < MinVolumeSize || n > MaxVolumeSize || n%VolumeSizeUnit != 0 {
-		return Errorf(CodeInvalidArgument, "%s: size %d bytes is not valid: give whole MiB from 16MiB to 16TiB, such as 10GiB", what, n)
+		return Errorf(CodeInvalidArgument, "%s: size %d bytes (%s) is not valid: give whole MiB from 16MiB to 16TiB, such as 10GiB", what, n, FormatBytes(n))
 	}
 	return nil
 }

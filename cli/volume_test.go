@@ -60,7 +60,7 @@ func TestVolumeCommands(t *testing.T) {
 	}
 
 	e.expectExit(api.ExitUsage, `--size "big": not a size`, "volume", "create", "x", "--size", "big")
-	e.expectExit(api.ExitInvalidArgument, "give whole MiB from 16MiB to 16TiB", "volume", "create", "x", "--size", "1MiB")
+	e.expectExit(api.ExitInvalidArgument, "size 1048576 bytes (1.0MiB) is not valid: give whole MiB from 16MiB to 16TiB", "volume", "create", "x", "--size", "1MiB")
 	e.expectExit(api.ExitInvalidArgument, `volume name "Bad" is not valid`, "volume", "create", "Bad", "--size", "1GiB")
 	e.expectExit(api.ExitAlreadyExists, "volume name data is taken by "+v.VolumeID, "volume", "create", "data", "--size", "1GiB")
 	e.expectExit(api.ExitNotFound, "storage pool nowhere does not exist", "volume", "create", "x", "--size", "1GiB", "--pool", "nowhere")
