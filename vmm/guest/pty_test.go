@@ -22,16 +22,7 @@ func TestExecPTYChrooted(t *testing.T) {
 	if os.Geteuid() != 0 {
 		testenv.Skipf(t, "chroot and a devpts mount need root")
 	}
-	bb, err := os.ReadFile("/bin/busybox")
-	if err != nil {
-		testenv.Skipf(t, "no /bin/busybox (Debian package busybox-static)")
-	}
-	root := imageRoot(t, nil)
-	writeTestFile(t, filepath.Join(root, "bin/busybox"), string(bb))
-	os.Chmod(filepath.Join(root, "bin/busybox"), 0o755)
-	bare := imageRoot(t, nil)
-	writeTestFile(t, filepath.Join(bare, "bin/busybox"), string(bb))
-	os.Chmod(filepath.Join(bare, "bin/busybox"), 0o755)
+	root, bare := busyboxRoot(t), busyboxRoot(t)
 
 	pts := filepath.Join(root, "dev", "pts")
 	os.MkdirAll(pts, 0o755)
@@ -80,4 +71,20 @@ func TestExecPTYChrooted(t *testing.T) {
 	if exit, err := p.Wait(); err != nil || exit.ExitCode != 0 || strings.ReplaceAll(string(out), "\r", "") != "1000\nhi\n" {
 		t.Errorf("the image user's terminal: %q, exit %+v, %v; want owner 1000 and a write by name", out, exit, err)
 	}
+}
+
+// busyboxRoot is an image root (imageRoot) holding the host's static
+// busybox as /bin/busybox.
+func busyboxRoot(t *testing.T) string {
+	t.Helper()
+	bb, err := os.ReadFile("/bin/busybox")
+	if err != nil {
+		testenv.Skipf(t, "no /bin/busybox (Debian package busybox-static)")
+	}
+	root := imageRoot(t, nil)
+	writeTestFile(t, filepath.Join(root, "bin/busybox"), string(bb))
+	if err := os.Chmod(filepath.Join(root, "bin/busybox"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return root
 }
