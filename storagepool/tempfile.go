@@ -124,7 +124,7 @@ func Commit(tmp, path string) error {
 }
 
 // SyncFile fsyncs the file at path, which another program wrote (QEMU,
-// qemu-img), before it is committed.
+// mkfs.ext4), before it is committed.
 func SyncFile(path string) error {
 	f, err := os.OpenFile(path, os.O_WRONLY, 0)
 	if err != nil {

@@ -102,15 +102,7 @@ func makeFilesystem(ctx context.Context, tmp string, size uint64) error {
 	if err != nil {
 		return fmt.Errorf("make the volume's filesystem: mkfs.ext4: %v: %s", err, strings.TrimSpace(string(out)))
 	}
-	f, err = os.OpenFile(tmp, os.O_WRONLY, 0)
-	if err != nil {
-		return err
-	}
-	err = f.Sync()
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	return err
+	return SyncFile(tmp)
 }
 
 // GrowVolume makes the file at path size bytes long when it is shorter;
