@@ -136,7 +136,7 @@ func TestGuestEgress(t *testing.T) {
 	}
 	t0 := time.Now()
 	out, _ := sh(`printf 'GET / HTTP/1.0\r\nHost: x\r\n\r\n' | nc -w 20 ` + labInternet6 + ` 8080 2>&1; echo "exit $?"`)
-	if took := time.Since(t0); strings.Contains(out, "from the internet") || !strings.Contains(out, "refused") || took > 5*time.Second {
+	if took := time.Since(t0); strings.Contains(out, "from the internet") || !strings.Contains(out, "refused") || took > 15*time.Second { // refused, not dropped: a drop waits out nc -w 20
 		t.Errorf("proxied guest's IPv6 connect: %q after %v; want it refused at once", out, took)
 	} else {
 		t.Logf("proxied guest's IPv6 connect, exec included: %v: %q", took, strings.TrimSpace(out))
