@@ -52,7 +52,7 @@ func normalizeNetwork(tx *bolt.Tx, ws string, p api.NetworkPolicy) (api.NetworkP
 	}
 	if out.Egress != api.EgressPublic && (len(out.Allow) > 0 || len(out.Deny) > 0) {
 		return out, api.Errorf(api.CodeInvalidArgument,
-			"workspace %s: allow/deny lists apply to public egress only, not to egress %s: give --egress public, or drop the lists", ws, out.Egress)
+			"workspace %s: allow/deny lists apply to public egress only, not to egress %s: give --egress public, or empty the lists (kibo workspace set-network %s --egress %s --clear-allow --clear-deny)", ws, out.Egress, ws, out.Egress)
 	}
 	if out.Egress != api.EgressNone && out.Egress != api.EgressPublic {
 		r, err := getEgress(tx, out.Egress)

@@ -276,6 +276,20 @@ func TestWorkspaceSetNetwork(t *testing.T) {
 		// Lists on a Workspace whose egress stays none.
 		{name: "lists without public egress", setup: stopped, entry: set(api.NetworkChange{Allow: rules("10.0.0.0/8")}), code: api.CodeInvalidArgument,
 			check: says("allow/deny lists apply to public egress only")},
+		// Leaving public egress: the stored lists must be emptied in the
+		// same change, and the refusal says how.
+		{name: "leaving public, the lists kept", setup: func(h *harness) { stopped(h); h.ok(OpWorkspaceSetNetwork, setNet(w.WorkspaceID, toPublic)) },
+			entry: set(api.NetworkChange{Egress: str("none")}), code: api.CodeInvalidArgument,
+			check: func(t *testing.T, h *harness, r Result) {
+				says("not to egress none", "kibo workspace set-network "+w.WorkspaceID+" --egress none --clear-allow --clear-deny")(t, h, r)
+			}},
+		{name: "leaving public, the lists emptied", setup: func(h *harness) { stopped(h); h.ok(OpWorkspaceSetNetwork, setNet(w.WorkspaceID, toPublic)) },
+			entry: set(api.NetworkChange{Egress: str("none"), Allow: rules(), Deny: rules()}),
+			check: func(t *testing.T, h *harness, r Result) {
+				if got := decode[api.Workspace](t, r).Network; got.Egress != api.EgressNone || len(got.Allow)+len(got.Deny) != 0 {
+					t.Errorf("after leaving public with the lists emptied: %+v", got)
+				}
+			}},
 		{name: "validation before the state", setup: func(h *harness) { oneNode(h); w = h.create("c1", smallWS) },
 			entry: set(api.NetworkChange{Egress: str("corp")}), code: api.CodeNotFound},
 		{name: "malformed arguments", setup: stopped, entry: func(h *harness) Entry {
