@@ -142,7 +142,7 @@ func TestEgressCommands(t *testing.T) {
 	if !strings.Contains(squash(e.mustRun("egress", "list")), "corp proxy2.corp.example:1080 2 set 1") {
 		t.Errorf("list does not count the Workspace:\n%s", e.mustRun("egress", "list"))
 	}
-	e.expectExit(api.ExitFailedPrecondition, "egress corp is used by workspaces "+id+": change their network policy first", "egress", "delete", "corp")
+	e.expectExit(api.ExitFailedPrecondition, "egress corp is used by workspaces "+id+": change their network policy first (kibo workspace set-network WS --egress none", "egress", "delete", "corp")
 	e.mustRun("egress", "get", "corp")
 	clustertest.WaitFor(t, 15*time.Second, func() (bool, string) {
 		st := e.wsJSON(id).State
@@ -185,7 +185,7 @@ func TestResolverCommands(t *testing.T) {
 	if got := lineOf(t, e.mustRun("workspace", "get", id), "Resolver"); got != "Resolver: corp-dns" {
 		t.Errorf("workspace get: %q", got)
 	}
-	e.expectExit(api.ExitFailedPrecondition, "resolver corp-dns is used by workspaces "+id+": change their network policy first", "resolver", "delete", "corp-dns")
+	e.expectExit(api.ExitFailedPrecondition, "resolver corp-dns is used by workspaces "+id+": change their network policy first (kibo workspace set-network WS --resolver default", "resolver", "delete", "corp-dns")
 	e.mustRun("workspace", "delete", id)
 	if out := e.mustRun("resolver", "delete", "corp-dns", "--command-id", "rd-1"); out != "resolver corp-dns deleted\n" {
 		t.Fatalf("delete: %q", out)

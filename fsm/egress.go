@@ -383,7 +383,12 @@ func usersOf(tx *bolt.Tx, bucket []byte, name string) []string {
 	return out
 }
 
-const changePolicyFirst = "change their network policy first"
+// What to do about the Workspaces that name an Egress or a Resolver
+// being deleted: the change that lets go of it.
+const (
+	egressUsersFix   = "change their network policy first (kibo workspace set-network WS --egress none, public or another Egress)"
+	resolverUsersFix = "change their network policy first (kibo workspace set-network WS --resolver default, or another Resolver)"
+)
 
 // inUse refuses to delete an object Workspaces still name; fix says what
 // to do about them.
@@ -515,7 +520,7 @@ func applyEgressDelete(tx *bolt.Tx, e *Entry) (any, error) {
 	if err := checkVersion(e, r.Version, "egress "+r.Name); err != nil {
 		return nil, err
 	}
-	if err := inUse(kindEgress, r.Name, usersOf(tx, bucketEgressRefs, r.Name), changePolicyFirst); err != nil {
+	if err := inUse(kindEgress, r.Name, usersOf(tx, bucketEgressRefs, r.Name), egressUsersFix); err != nil {
 		return nil, err
 	}
 	out := egressView(tx, r)
@@ -575,7 +580,7 @@ func applyResolverDelete(tx *bolt.Tx, e *Entry) (any, error) {
 	if err := checkVersion(e, r.Version, "resolver "+r.Name); err != nil {
 		return nil, err
 	}
-	if err := inUse(kindResolver, r.Name, usersOf(tx, bucketResolverRefs, r.Name), changePolicyFirst); err != nil {
+	if err := inUse(kindResolver, r.Name, usersOf(tx, bucketResolverRefs, r.Name), resolverUsersFix); err != nil {
 		return nil, err
 	}
 	out := resolverView(tx, r)

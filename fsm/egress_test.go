@@ -415,14 +415,14 @@ func TestEgressDelete(t *testing.T) {
 		}},
 		{name: "used by two", setup: usedBy(2), entry: ent(OpEgressDelete, ObjectArgs{Name: "corp"}), code: api.CodeFailedPrecondition,
 			check: func(t *testing.T, h *harness, r Result) {
-				want := "egress corp is used by workspaces " + strings.Join(ids(2), ", ") + ": change their network policy first"
+				want := "egress corp is used by workspaces " + strings.Join(ids(2), ", ") + ": " + egressUsersFix
 				if r.Error.Message != want {
 					t.Errorf("error %q\nwant  %q", r.Error.Message, want)
 				}
 			}},
 		{name: "used by twelve", setup: usedBy(12), entry: ent(OpEgressDelete, ObjectArgs{Name: "corp"}), code: api.CodeFailedPrecondition,
 			check: func(t *testing.T, h *harness, r Result) {
-				want := "egress corp is used by workspaces " + strings.Join(ids(12)[:10], ", ") + " and 2 more: change their network policy first"
+				want := "egress corp is used by workspaces " + strings.Join(ids(12)[:10], ", ") + " and 2 more: " + egressUsersFix
 				if r.Error.Message != want {
 					t.Errorf("error %q\nwant  %q", r.Error.Message, want)
 				}
@@ -515,7 +515,7 @@ func TestResolverDelete(t *testing.T) {
 			withDNS(h)
 			h.create("c1", withNetwork(api.NetworkPolicy{Resolver: "corp-dns"}))
 		}, entry: ent(OpResolverDelete, ObjectArgs{Name: "corp-dns"}), code: api.CodeFailedPrecondition,
-			check: says("resolver corp-dns is used by workspaces " + WorkspaceIDFor("c1") + ": change their network policy first")},
+			check: says("resolver corp-dns is used by workspaces " + WorkspaceIDFor("c1") + ": change their network policy first (kibo workspace set-network WS --resolver default")},
 		{name: "another version expected", setup: withDNS, entry: ent(OpResolverDelete, ObjectArgs{Name: "corp-dns"}, withVersion(2)), code: api.CodeVersionMismatch},
 		{name: "unknown", setup: oneNode, entry: ent(OpResolverDelete, ObjectArgs{Name: "corp-dns"}), code: api.CodeNotFound,
 			check: says("resolver corp-dns does not exist: check the name with kibo resolver list")},
