@@ -165,18 +165,18 @@ func buildLayout(spec TableSpec, v int) (*Table, error) {
 		name string
 		set  *Set
 	}{{"blocked-host", host}, {"blocked-management", management}, {"blocked-pools", pools}, {"blocked-linklocal", ll}} {
-		b.rule(guestFwd, blocked.name, ipDaddrIn(blocked.set), countDenied(), drop())
+		b.rule(guestFwd, blocked.name, ipDaddrIn(blocked.set), countDenied(), refuse())
 	}
-	b.rule(guestFwd, "deny", ipDaddrIn(deny), countDenied(), drop())
+	b.rule(guestFwd, "deny", ipDaddrIn(deny), countDenied(), refuse())
 	if denyNames != nil {
-		b.rule(guestFwd, "deny-names", ipDaddrIn(denyNames), countDenied(), drop())
+		b.rule(guestFwd, "deny-names", ipDaddrIn(denyNames), countDenied(), refuse())
 	}
 	if allowNames != nil {
 		// Only public egress has domain rules (check).
 		b.rule(guestFwd, "allowed-names", ipDaddrIn(allowNames), oifname(VethName), accept())
 	}
 	if restricted {
-		b.rule(guestFwd, "not-allowed", ipDaddrNotIn(allow), countDenied(), drop())
+		b.rule(guestFwd, "not-allowed", ipDaddrNotIn(allow), countDenied(), refuse())
 	}
 	switch s.Egress {
 	case EgressPublic:
@@ -186,8 +186,8 @@ func buildLayout(spec TableSpec, v int) (*Table, error) {
 		// source address to the egress process, and never forwards it.
 		b.rule(guestFwd, "egress-proxy", tcp(), oifname(VethName), accept())
 	}
-	// A guest packet that no rule accepts is counted before it is dropped.
-	b.rule(guestFwd, "rest", countDenied(), drop())
+	// A guest packet that no rule accepts is counted, then refused.
+	b.rule(guestFwd, "rest", countDenied(), refuse())
 
 	if s.ipv6() {
 		// The same decisions for IPv6, in a chain of its own that sees
@@ -202,17 +202,17 @@ func buildLayout(spec TableSpec, v int) (*Table, error) {
 			name string
 			set  *Set
 		}{{"blocked-host", host6}, {"blocked-management", management6}, {"blocked-pools", pools6}, {"blocked-linklocal", ll6}} {
-			b.rule(g6, blocked.name, ip6DaddrIn(blocked.set), countDenied(), drop())
+			b.rule(g6, blocked.name, ip6DaddrIn(blocked.set), countDenied(), refuse6())
 		}
-		b.rule(g6, "deny", ip6DaddrIn(deny6), countDenied(), drop())
+		b.rule(g6, "deny", ip6DaddrIn(deny6), countDenied(), refuse6())
 		if denyNames6 != nil {
-			b.rule(g6, "deny-names", ip6DaddrIn(denyNames6), countDenied(), drop())
+			b.rule(g6, "deny-names", ip6DaddrIn(denyNames6), countDenied(), refuse6())
 		}
 		if allowNames6 != nil {
 			b.rule(g6, "allowed-names", ip6DaddrIn(allowNames6), oifname(VethName), accept())
 		}
 		if restricted {
-			b.rule(g6, "not-allowed", ip6DaddrNotIn(allow6), countDenied(), drop())
+			b.rule(g6, "not-allowed", ip6DaddrNotIn(allow6), countDenied(), refuse6())
 		}
 		switch s.Egress {
 		case EgressPublic:
@@ -223,7 +223,7 @@ func buildLayout(spec TableSpec, v int) (*Table, error) {
 			// tries IPv6 first fall back to IPv4.
 			b.rule(g6, "egress-proxy", tcp(), countDenied(), tcpReset())
 		}
-		b.rule(g6, "rest", countDenied(), drop())
+		b.rule(g6, "rest", countDenied(), refuse6())
 	}
 
 	// Conntrack is kept across a Replace, so established connections

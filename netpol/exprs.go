@@ -227,6 +227,20 @@ func metaMarkNot(m uint32) []expr.Any {
 	}
 }
 
+// refuse answers a denied guest IPv4 packet with "administratively
+// prohibited": the guest's connect fails at once with "No route to
+// host" instead of retrying SYNs for minutes, and the error cannot be
+// taken for a peer's refusal (a reset), so it says the policy stopped it.
+func refuse() []expr.Any {
+	return []expr.Any{&expr.Reject{Type: unix.NFT_REJECT_ICMPX_UNREACH, Code: unix.NFT_REJECT_ICMPX_ADMIN_PROHIBITED}}
+}
+
+// refuse6 is refuse for IPv6: a TCP reset, since a connecting Linux
+// socket was measured to wait out its timeout despite the ICMPv6
+// administratively-prohibited error (the guest counts it as received);
+// other IPv6 packets it matches are dropped, as before.
+func refuse6() []expr.Any { return tcpReset() }
+
 // tcpReset rejects with a TCP reset, so a connect fails at once.
 func tcpReset() []expr.Any {
 	return []expr.Any{&expr.Reject{Type: unix.NFT_REJECT_TCP_RST}}

@@ -364,9 +364,12 @@ func renderExprs(exprs []expr.Any) string {
 			}
 			out = append(out, s+":"+get(e.RegPort).portValue())
 		case *expr.Reject:
-			if e.Type == unix.NFT_REJECT_TCP_RST {
+			switch {
+			case e.Type == unix.NFT_REJECT_TCP_RST:
 				out = append(out, "reject with tcp reset")
-			} else {
+			case e.Type == unix.NFT_REJECT_ICMPX_UNREACH && e.Code == unix.NFT_REJECT_ICMPX_ADMIN_PROHIBITED:
+				out = append(out, "reject with icmpx admin-prohibited")
+			default:
 				out = append(out, fmt.Sprintf("reject type %d code %d", e.Type, e.Code))
 			}
 		case *expr.Masq:

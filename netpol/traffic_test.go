@@ -44,7 +44,9 @@ const (
 	// added after it was written): the node's own table keeps it out.
 	nodeLater6 = "2001:db8:100::99"
 
-	// a denied connect is a dropped SYN: the dial times out
+	// a denied connect is refused at once ("administratively
+	// prohibited"); a dropped one (spoofed, or stopped by the node's own
+	// table) times out after this
 	deniedDialTimeout = 500 * time.Millisecond
 )
 
@@ -316,14 +318,24 @@ func (n *lineNet) mustReach(t *testing.T, addr string) *conn {
 	return c
 }
 
-// mustNotReach checks that connects to addrs time out (dropped, not
-// refused), all at once to spend one timeout.
+// mustNotReach checks that the Instance's table refuses connects to
+// addrs: each fails at once (IPv4 "no route to host", administratively
+// prohibited; IPv6 a reset), not after a timeout. All at once, to spend
+// one timeout when one does time out.
 func (n *lineNet) mustNotReach(t *testing.T, addrs ...string) {
 	t.Helper()
-	n.mustNotReachFrom(t, "", addrs...)
+	n.mustNotReachFrom(t, "", true, addrs...)
 }
 
-func (n *lineNet) mustNotReachFrom(t *testing.T, src string, addrs ...string) {
+// mustBeDropped checks that connects to addrs from src ("" for the
+// guest's own address) time out: a dropped SYN, as for a spoofed source
+// or what the node's own table stops.
+func (n *lineNet) mustBeDropped(t *testing.T, src string, addrs ...string) {
+	t.Helper()
+	n.mustNotReachFrom(t, src, false, addrs...)
+}
+
+func (n *lineNet) mustNotReachFrom(t *testing.T, src string, refused bool, addrs ...string) {
 	t.Helper()
 	errs := make([]error, len(addrs))
 	var wg sync.WaitGroup
@@ -337,7 +349,14 @@ func (n *lineNet) mustNotReachFrom(t *testing.T, src string, addrs ...string) {
 				errs[i] = fmt.Errorf("guest connected to %s (seen as %s)", a, c.seenAs)
 				return
 			}
-			if ne := net.Error(nil); !errors.As(err, &ne) || !ne.Timeout() {
+			ne := net.Error(nil)
+			timedOut := errors.As(err, &ne) && ne.Timeout()
+			switch {
+			// IPv4: administratively prohibited, "no route to host";
+			// IPv6 TCP: a reset, "connection refused".
+			case refused && !errors.Is(err, syscall.EHOSTUNREACH) && !errors.Is(err, syscall.ECONNREFUSED):
+				errs[i] = fmt.Errorf("connect to %s: %v, want it refused at once", a, err)
+			case !refused && !timedOut:
 				errs[i] = fmt.Errorf("connect to %s: %v, want a timeout (a dropped SYN)", a, err)
 			}
 		}()
@@ -415,7 +434,7 @@ func TestTrafficEgress(t *testing.T) {
 	open := n.spec
 	open.Management, open.Allow = nil, nil
 	n.replace(t, open)
-	n.mustNotReach(t, addr(worldManagement))
+	n.mustBeDropped(t, "", addr(worldManagement))
 	n.mustReach(t, addr(worldPublic))
 }
 
@@ -431,21 +450,29 @@ func TestTrafficEgress6(t *testing.T) {
 	n := newLineNet(t)
 	n.replace(t, n.spec)
 	n.mustReach(t, worldPublic+":"+echoPort)
-	n.mustNotReach(t, addr6(worldPublic6))
+	n.mustBeDropped(t, "", addr6(worldPublic6))
 
 	none := n.spec6
 	none.Egress = EgressNone
 	n.replace(t, none)
-	n.mustNotReach(t, addr6(worldPublic6))
-	n.mustResolve(t)
 	// The guest may still be resolving its gateway, which the table before
-	// did not let it: the connect leaves it late, but is counted.
-	waitFor(t, "the dropped IPv6 connect counted as denied", 5*time.Second, func() error {
-		if denied(t, n.instance) == 0 {
-			return errors.New("not counted")
+	// did not let it: the connect leaves it late, then is refused and
+	// counted.
+	waitFor(t, "the IPv6 connect refused", 5*time.Second, func() error {
+		c, err := n.dial(addr6(worldPublic6), 2*time.Second)
+		if err == nil {
+			c.c.Close()
+			return fmt.Errorf("guest connected to %s (seen as %s)", worldPublic6, c.seenAs)
+		}
+		if !errors.Is(err, syscall.ECONNREFUSED) {
+			return err
 		}
 		return nil
 	})
+	n.mustResolve(t)
+	if denied(t, n.instance) == 0 {
+		t.Error("the refused IPv6 connect was not counted as denied")
+	}
 
 	n.replace(t, n.spec6)
 	c := n.mustReach(t, addr6(worldPublic6))
@@ -454,8 +481,9 @@ func TestTrafficEgress6(t *testing.T) {
 	}
 	n.mustReach(t, worldPublic+":"+echoPort)
 	before := denied(t, n.instance)
-	n.mustNotReach(t, addr6(worldManagement6), addr6(worldDenied6), addr6(worldNotAllowed6), addr6(nodeUplink6), addr6(nodeLater6))
-	n.mustNotReachFrom(t, "fd6b:6b00:240::99", addr6(worldPublic6))
+	n.mustNotReach(t, addr6(worldManagement6), addr6(worldDenied6), addr6(worldNotAllowed6), addr6(nodeUplink6))
+	n.mustBeDropped(t, "", addr6(nodeLater6))
+	n.mustBeDropped(t, "fd6b:6b00:240::99", addr6(worldPublic6))
 	// nodeLater6 is dropped by the node's table, not counted here
 	if d := denied(t, n.instance) - before; d < 5 {
 		t.Errorf("denied counter counted %d of five dropped IPv6 connects", d)
@@ -466,7 +494,7 @@ func TestTrafficEgress6(t *testing.T) {
 	open := n.spec6
 	open.Management, open.Allow = nil, nil
 	n.replace(t, open)
-	n.mustNotReach(t, addr6(worldManagement6))
+	n.mustBeDropped(t, "", addr6(worldManagement6))
 	n.mustReach(t, addr6(worldNotAllowed6))
 }
 
