@@ -204,7 +204,7 @@ func validCredentials(name, user, pass string) error {
 		return api.Errorf(api.CodeInvalidArgument, "egress %s: the password is %d bytes: SOCKS5 (RFC 1929) allows at most %d", name, len(pass), api.MaxCredentialBytes)
 	case (user == "") != (pass == ""):
 		return api.Errorf(api.CodeInvalidArgument,
-			"egress %s: SOCKS5 authentication (RFC 1929) needs both a username and a password: give both, or neither for a proxy without authentication", name)
+			"egress %s: SOCKS5 authentication (RFC 1929) needs both a username and a password: give both, or neither for a proxy without authentication (kibo egress update %s --clear-credentials drops those it has)", name, name)
 	case !utf8.ValidString(user) || !utf8.ValidString(pass):
 		return api.Errorf(api.CodeInvalidArgument, "egress %s: the username and the password must be UTF-8", name)
 	case strings.IndexFunc(user, func(r rune) bool { return r < 0x20 || r == 0x7f }) >= 0:

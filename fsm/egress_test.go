@@ -349,7 +349,7 @@ func TestEgressUpdate(t *testing.T) {
 			h.ok(OpEgressCreate, EgressCreateArgs{Name: "corp", SOCKS5: "proxy:1080"})
 		}, entry: upd(EgressUpdateArgs{Username: str("u")}), code: api.CodeInvalidArgument, check: says("needs both a username and a password")},
 		{name: "an empty password", setup: withCorp, entry: upd(EgressUpdateArgs{Password: str("")}), code: api.CodeInvalidArgument,
-			check: says("needs both a username and a password")},
+			check: says("needs both a username and a password", "kibo egress update corp --clear-credentials")},
 		{name: "the values it has: no new revision", setup: withCorp,
 			entry: upd(EgressUpdateArgs{SOCKS5: str("PROXY.corp.example:1080"), Password: str(testPassword)}), unchanged: true,
 			check: func(t *testing.T, h *harness, r Result) {
