@@ -124,9 +124,10 @@ func buildLayout(spec TableSpec, v int) (*Table, error) {
 		b.rule(c, "spoofed", ipSaddrNot(s.Guest), countDenied(), drop())
 	}
 
-	// The namespace itself is no destination for the guest, except a
-	// resolver that lives in the namespace. What comes from the node is
-	// answers to the namespace's own connections.
+	// The namespace itself is no destination for the guest (refused, as
+	// every denied connection), except a resolver that lives in the
+	// namespace. What comes from the node is answers to the namespace's
+	// own connections.
 	guestIn := b.regularChain(chainGuestInput)
 	if s.ipv6() {
 		// The guest resolves its IPv6 gateway (TapAddr6) and answers the
@@ -145,7 +146,7 @@ func buildLayout(spec TableSpec, v int) (*Table, error) {
 	b.rule(guestIn, "ipv6", ipv6(), drop())
 	spoofed(guestIn)
 	dnsAccept(guestIn)
-	b.rule(guestIn, "rest", countDenied(), drop())
+	b.rule(guestIn, "rest", countDenied(), refuse())
 
 	in := b.chain(chainInput, nftables.ChainTypeFilter, nftables.ChainHookInput,
 		nftables.ChainPriorityFilter, nftables.ChainPolicyDrop)

@@ -412,7 +412,8 @@ func TestTrafficEgress(t *testing.T) {
 	none := n.spec
 	none.Egress = EgressNone
 	n.replace(t, none)
-	n.mustNotReach(t, addr(worldPublic))
+	// The namespace itself (the guest's gateway) refuses as well.
+	n.mustNotReach(t, addr(worldPublic), addr("10.240.0.1"))
 	// DNS works without egress, to a resolver in a management range
 	n.mustResolve(t)
 	if denied(t, n.instance) == 0 {
