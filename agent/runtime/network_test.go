@@ -97,8 +97,8 @@ func TestGuestNetwork(t *testing.T) {
 	}
 
 	// fetch makes an HTTP request from a guest with busybox nc and returns
-	// the body it got ("" when the connection failed).
-	fetch := func(id, addr string) string {
+	// the body it got ("" when the connection failed) and what nc said.
+	fetchSays := func(id, addr string) (body, stderr string) {
 		t.Helper()
 		host, port, _ := net.SplitHostPort(addr)
 		r, err := run(ctx, rt, id, guestproto.ExecRequest{Argv: []string{"/bin/sh", "-c",
@@ -107,9 +107,14 @@ func TestGuestNetwork(t *testing.T) {
 			t.Fatalf("%s: fetch %s: %v", id, addr, err)
 		}
 		if _, body, ok := strings.Cut(r.stdout, "\r\n\r\n"); ok {
-			return body
+			return body, r.stderr
 		}
-		return ""
+		return "", r.stderr
+	}
+	fetch := func(id, addr string) string {
+		t.Helper()
+		body, _ := fetchSays(id, addr)
+		return body
 	}
 	reaches := func(id, addr, want string) {
 		t.Helper()
@@ -117,10 +122,16 @@ func TestGuestNetwork(t *testing.T) {
 			t.Errorf("guest %s fetching %s got %q, want %q", id, addr, got, want)
 		}
 	}
+	// blocked: the node refuses the connect at once, as the guest's nc
+	// says (IPv4: administratively prohibited, "No route to host"; IPv6:
+	// a reset), rather than letting it time out.
 	blocked := func(id, addr string) {
 		t.Helper()
-		if got := fetch(id, addr); got != "" {
+		got, said := fetchSays(id, addr)
+		if got != "" {
 			t.Errorf("guest %s reached %s (%q): it must be blocked", id, addr, got)
+		} else if !strings.Contains(said, "No route to host") && !strings.Contains(said, "Connection refused") {
+			t.Errorf("guest %s connecting to %s: nc said %q; want it refused at once (No route to host, or Connection refused over IPv6)", id, addr, said)
 		}
 	}
 	resolves := func(id, name, want string) {
