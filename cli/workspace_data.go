@@ -461,7 +461,13 @@ func (c *WorkspaceCpCmd) download(g *Globals, ws, remote, local string) error {
 		if err := f.Close(); err != nil {
 			return err
 		}
-		return os.Rename(tmp, local)
+		if err := os.Rename(tmp, local); err != nil {
+			return err
+		}
+		// Said as an upload says it; not for stdout, which is the data.
+		if st, err := os.Stat(local); err == nil {
+			g.note("%s:%s: %d bytes written to %s\n", ws, inWorkspace(remote), st.Size(), local)
+		}
 	}
 	return nil
 }

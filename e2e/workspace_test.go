@@ -679,6 +679,9 @@ func (d *wsDev) testFiles(id string) {
 	if r.code != 0 {
 		t.Fatalf("cp out: %s", r)
 	}
+	if note := fmt.Sprintf("%s:/root/big: %d bytes written to %s", id, size, back); !strings.Contains(r.stderr, note) {
+		t.Errorf("cp out said %q; want %q", r.stderr, note)
+	}
 	if got := wsFileSHA256(t, back); got != want {
 		t.Errorf("cp in and back out: sha256 %s, want %s", got, want)
 	}
