@@ -100,7 +100,7 @@ func newFork(tx *bolt.Tx, e *Entry, id string, a *WorkspaceCreateArgs, src *api.
 	if a.Network == nil && src.Network != nil {
 		p = *src.Network
 	}
-	network, err := normalizeNetwork(tx, id, p)
+	network, err := normalizeNetwork(tx, id, p, false)
 	if err != nil {
 		return nil, err
 	}

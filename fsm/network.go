@@ -1,6 +1,7 @@
 package fsm
 
 import (
+	"fmt"
 	"net/netip"
 	"slices"
 	"time"
@@ -24,8 +25,10 @@ type WorkspaceNetworkArgs struct {
 
 // normalizeNetwork checks the policy p asked for Workspace ws and returns
 // it as stored. Errors name the Workspace and are decided from p and the
-// state only (rules in the order given), so replicas agree.
-func normalizeNetwork(tx *bolt.Tx, ws string, p api.NetworkPolicy) (api.NetworkPolicy, error) {
+// state only (rules in the order given), so replicas agree. stored says p
+// is a change over the Workspace's stored policy (set-network), whose
+// lists the caller may not have given in this request.
+func normalizeNetwork(tx *bolt.Tx, ws string, p api.NetworkPolicy, stored bool) (api.NetworkPolicy, error) {
 	// EgressRevision is ctrl's to set: whatever the caller sent is dropped.
 	out := api.NetworkPolicy{Egress: p.Egress, Resolver: p.Resolver}
 	if out.Egress == "" {
@@ -51,8 +54,12 @@ func normalizeNetwork(tx *bolt.Tx, ws string, p api.NetworkPolicy) (api.NetworkP
 			"workspace %s: domain rules are enforced by the deployment resolver, not by resolver %s: drop --resolver, or use CIDRs", ws, out.Resolver)
 	}
 	if out.Egress != api.EgressPublic && (len(out.Allow) > 0 || len(out.Deny) > 0) {
+		fix := "leave out --allow and --deny"
+		if stored {
+			fix = fmt.Sprintf("empty the lists (kibo workspace set-network %s --egress %s --clear-allow --clear-deny)", ws, out.Egress)
+		}
 		return out, api.Errorf(api.CodeInvalidArgument,
-			"workspace %s: allow/deny lists apply to public egress only, not to egress %s: give --egress public, or empty the lists (kibo workspace set-network %s --egress %s --clear-allow --clear-deny)", ws, out.Egress, ws, out.Egress)
+			"workspace %s: allow/deny lists apply to public egress only, not to egress %s: give --egress public, or %s", ws, out.Egress, fix)
 	}
 	if out.Egress != api.EgressNone && out.Egress != api.EgressPublic {
 		r, err := getEgress(tx, out.Egress)
@@ -172,7 +179,7 @@ func applyWorkspaceSetNetwork(tx *bolt.Tx, e *Entry) (any, error) {
 		return nil, err
 	}
 	cur := w.Network.Effective()
-	want, err := normalizeNetwork(tx, w.WorkspaceID, a.Apply(cur))
+	want, err := normalizeNetwork(tx, w.WorkspaceID, a.Apply(cur), true)
 	if err != nil {
 		return nil, err
 	}

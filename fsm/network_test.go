@@ -112,7 +112,7 @@ func TestWorkspaceCreateNetwork(t *testing.T) {
 		}, entry: create(withNetwork(api.NetworkPolicy{Egress: "public", Resolver: "corp-dns", Allow: []string{"*.example.com"}})), code: api.CodeInvalidArgument,
 			check: says("workspace "+id, "domain rules are enforced by the deployment resolver, not by resolver corp-dns")},
 		{name: "allow without public egress", setup: oneNode, entry: create(withNetwork(api.NetworkPolicy{Allow: []string{"10.0.0.0/8"}})), code: api.CodeInvalidArgument,
-			check: says("workspace "+id, "allow/deny lists apply to public egress only", "egress none", "--egress public")},
+			check: says("workspace "+id, "allow/deny lists apply to public egress only", "egress none", "--egress public, or leave out --allow and --deny")},
 		{name: "deny with an egress object", setup: oneNode, entry: create(withNetwork(api.NetworkPolicy{Egress: "corp", Deny: []string{"10.0.0.0/8"}})), code: api.CodeInvalidArgument,
 			check: says("apply to public egress only")},
 	}

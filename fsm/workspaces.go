@@ -717,7 +717,7 @@ func applyWorkspaceCreate(tx *bolt.Tx, e *Entry) (any, error) {
 		return nil, err
 	}
 	id := WorkspaceIDFor(e.CommandID)
-	network, err := normalizeNetwork(tx, id, a.Network.Effective())
+	network, err := normalizeNetwork(tx, id, a.Network.Effective(), false)
 	if err != nil {
 		return nil, err
 	}
