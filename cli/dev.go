@@ -376,7 +376,7 @@ func (c *DevDownCmd) Run(g *Globals) error {
 		rt.Close()
 		// The data-plane process outlives the node by design; on the host's
 		// systemd nothing else would end it.
-		dpStopped, err = dataplane.StopScope(g.ctx, m, dataplane.ScopeFor(filepath.Join(d.NodeDir(), "dataplane")))
+		dpStopped, err = dataplane.StopScope(g.ctx, m, nodeScope(d))
 		m.Close()
 		if err != nil {
 			return err
@@ -388,7 +388,7 @@ func (c *DevDownCmd) Run(g *Globals) error {
 		}
 		// Its egress processes ended with it; their socket directory is
 		// in the shared temporary directory.
-		if err := os.RemoveAll(EgressSocketDir(d, true)); err != nil {
+		if err := RemoveEgressSocketDirs(d); err != nil {
 			return err
 		}
 	}

@@ -200,15 +200,50 @@ func devSystemd(ctx context.Context, d datadir.Dir) (*privsd.Instance, error) {
 	return sd, nil
 }
 
+// NodeSocketDir is the node's socket directory, /run/kibotos/node by
+// default as the process-model documentation has it. Another node on the
+// same host (a data directory other than the system one) gets
+// /run/kibotos/node-<scope>. A private systemd has its own /run, so
+// there it is in the shared temporary directory: <tmp>/kibotos-<scope>/node.
+func NodeSocketDir(d datadir.Dir, privateSystemd bool) string {
+	scope := nodeScope(d)
+	switch {
+	case privateSystemd:
+		return filepath.Join(os.TempDir(), "kibotos-"+scope, "node")
+	case filepath.Clean(string(d)) == SystemDataDir:
+		return "/run/kibotos/node"
+	}
+	return "/run/kibotos/node-" + scope
+}
+
 // EgressSocketDir is the socket directory of the node's egress processes:
-// under /run/kibotos with the host's systemd; a private systemd has its
-// own /run, so the shared temporary directory then.
+// the node's socket directory with "-egress" added.
 func EgressSocketDir(d datadir.Dir, privateSystemd bool) string {
+	return NodeSocketDir(d, privateSystemd) + "-egress"
+}
+
+// earlierEgressSocketDir is where builds before the node socket
+// directory kept the egress control sockets: an egress process they
+// started is adopted there.
+func earlierEgressSocketDir(d datadir.Dir, privateSystemd bool) string {
 	base := "/run/kibotos"
 	if privateSystemd {
 		base = os.TempDir()
 	}
-	return filepath.Join(base, "kibotos-egress-"+dataplane.ScopeFor(filepath.Join(d.NodeDir(), "dataplane")))
+	return filepath.Join(base, "kibotos-egress-"+nodeScope(d))
+}
+
+// RemoveEgressSocketDirs removes the egress socket directories of a
+// private systemd's node (its processes ended with it), the temporary
+// directory holding them and an earlier build's.
+func RemoveEgressSocketDirs(d datadir.Dir) error {
+	return errors.Join(os.RemoveAll(filepath.Dir(NodeSocketDir(d, true))), os.RemoveAll(earlierEgressSocketDir(d, true)))
+}
+
+// nodeScope tells this node's units and directories from other nodes' on
+// the host (the data plane's scope).
+func nodeScope(d datadir.Dir) string {
+	return dataplane.ScopeFor(filepath.Join(d.NodeDir(), "dataplane"))
 }
 
 // openEgress prepares the node's egress process supervisor (it starts the
@@ -221,19 +256,20 @@ func openEgress(ctx context.Context, d datadir.Dir, m *units.Manager, logFormat 
 	if err != nil {
 		return nil, fmt.Errorf("locate the kibotos executable: %w", err)
 	}
-	scope := dataplane.ScopeFor(filepath.Join(d.NodeDir(), "dataplane"))
-	socketDir := EgressSocketDir(d, m.Target().ManagerPID > 1)
+	private := m.Target().ManagerPID > 1
+	socketDir := EgressSocketDir(d, private)
 	if err := os.MkdirAll(filepath.Dir(socketDir), 0o755); err != nil {
 		return nil, err
 	}
 	return egress.OpenSupervisor(ctx, egress.SupervisorConfig{
-		Units: m, Executable: exe, Scope: scope,
-		SocketDir: socketDir,
-		StateDir:  filepath.Join(d.StorageRoot(), "state"),
-		TCPListen: "0.0.0.0:" + strconv.Itoa(runtime.EgressTCPPort),
-		DNSListen: runtime.EgressDNS.String(),
-		LogFormat: logFormat,
-		Logger:    log,
+		Units: m, Executable: exe, Scope: nodeScope(d),
+		SocketDir:         socketDir,
+		EarlierSocketDirs: []string{earlierEgressSocketDir(d, private)},
+		StateDir:          filepath.Join(d.StorageRoot(), "state"),
+		TCPListen:         "0.0.0.0:" + strconv.Itoa(runtime.EgressTCPPort),
+		DNSListen:         runtime.EgressDNS.String(),
+		LogFormat:         logFormat,
+		Logger:            log,
 	})
 }
 

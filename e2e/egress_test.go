@@ -4,14 +4,18 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"os/user"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/kibotos/kibotos/api"
+	"github.com/kibotos/kibotos/cli"
 	"github.com/kibotos/kibotos/datadir"
 	"github.com/kibotos/kibotos/internal/testenv"
 	"github.com/kibotos/kibotos/vmm/template"
@@ -112,6 +116,16 @@ func mhEgress(t *testing.T, l *lab, admin *host, nodes ...string) {
 				}
 			}
 		}
+		// Its socket directory is the node's with "-egress" added (under
+		// a private systemd, in the shared temporary directory), its
+		// own, 0700, and the only one it is given to write.
+		sockDir := cli.EgressSocketDir(datadir.Dir(h.dataDir), true)
+		if filepath.Base(sockDir) != "node-egress" || !slices.ContainsFunc(egressArgvs(filepath.Join(l.bin, "kibotos")), func(a string) bool { return strings.Contains(a, "--socket-dir "+sockDir+" ") }) {
+			t.Errorf("on %s, egress socket directory %s: not node-egress, or not the running process's (%q)", node, sockDir, egressArgvs(filepath.Join(l.bin, "kibotos")))
+		}
+		if st, err := os.Stat(sockDir); err != nil || st.Mode().Perm() != 0o700 || !ownedBy(st, "kibotos-egress") {
+			t.Errorf("on %s, egress socket directory %s: %v %v; want 0700, owned by kibotos-egress", node, sockDir, st, err)
+		}
 		credDir := filepath.Join(datadir.Dir(h.dataDir).StorageRoot(), "state", "egress-credentials")
 		files, _ := filepath.Glob(filepath.Join(credDir, "*"))
 		if st, err := os.Stat(credDir); err != nil || st.Mode().Perm() != 0o700 || len(files) != 1 {
@@ -186,4 +200,14 @@ func egressArgvs(exe string) []string {
 		}
 	}
 	return out
+}
+
+// ownedBy says whether the file st describes belongs to the account name.
+func ownedBy(st os.FileInfo, name string) bool {
+	u, err := user.Lookup(name)
+	if err != nil {
+		return false
+	}
+	sys, ok := st.Sys().(*syscall.Stat_t)
+	return ok && strconv.FormatUint(uint64(sys.Uid), 10) == u.Uid
 }

@@ -373,7 +373,7 @@ func mhRoot(t *testing.T, l *lab) string {
 		// The members' egress socket directories (their private systemd
 		// has its own /run, so these are in the shared /tmp).
 		for _, h := range l.hosts {
-			os.RemoveAll(cli.EgressSocketDir(datadir.Dir(h.dataDir), true))
+			cli.RemoveEgressSocketDirs(datadir.Dir(h.dataDir))
 		}
 	})
 

@@ -34,7 +34,9 @@ func (s *Supervisor) adopt(ctx context.Context) error {
 		}
 		maxGen = max(maxGen, num)
 		if u.Active() {
-			running = append(running, &generation{num: num, unit: u.Name, mainPID: u.MainPID, adopted: true})
+			g := &generation{num: num, unit: u.Name, mainPID: u.MainPID, adopted: true}
+			s.findSocketDir(g)
+			running = append(running, g)
 		}
 	}
 	s.lastGen = maxGen

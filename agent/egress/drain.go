@@ -90,7 +90,12 @@ func (s *Supervisor) end(ctx context.Context, g *generation, reason string) {
 // has its number, so the file is only litter.
 func (s *Supervisor) ended(g *generation, level slog.Level, reason string) {
 	g.closeClient()
-	os.Remove(ControlSocket(s.cfg.SocketDir, g.num))
+	os.Remove(s.controlSocket(g))
+	if g.socketDir != "" && g.socketDir != s.cfg.SocketDir {
+		// The directory of an earlier build goes with its last process
+		// (removing one that still holds another's socket fails).
+		os.Remove(g.socketDir)
+	}
 	s.log.Log(s.ctx, level, "egress generation ended", "generation", g.num, "unit", g.unit, "main_pid", g.mainPID, "reason", reason)
 }
 

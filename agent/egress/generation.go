@@ -1,6 +1,7 @@
 package egress
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"os"
@@ -58,9 +59,12 @@ type generation struct {
 	revision string
 	release  string
 	adopted  bool
-	deadline time.Time // of its drain; zero while it serves
-	client   *Client   // nil until dialed, or after a failed redial
-	misses   int       // control checks failed in a row (watch)
+	// socketDir holds its control socket: the supervisor's SocketDir,
+	// or for one adopted from an earlier build one of EarlierSocketDirs.
+	socketDir string
+	deadline  time.Time // of its drain; zero while it serves
+	client    *Client   // nil until dialed, or after a failed redial
+	misses    int       // control checks failed in a row (watch)
 	// noGuests: it refused guest-stats (a build before them); it is not
 	// asked again, which would log a warning there at every scrape.
 	noGuests bool
@@ -77,9 +81,28 @@ func (g *generation) closeClient() {
 	}
 }
 
+// controlSocket is the path of g's control socket.
+func (s *Supervisor) controlSocket(g *generation) string {
+	return ControlSocket(cmp.Or(g.socketDir, s.cfg.SocketDir), g.num)
+}
+
+// findSocketDir sets where an adopted generation's control socket is:
+// SocketDir, else the first of EarlierSocketDirs that has it (a process
+// an earlier build started); SocketDir when none has, for the dial to
+// say what is missing.
+func (s *Supervisor) findSocketDir(g *generation) {
+	g.socketDir = s.cfg.SocketDir
+	for _, dir := range append([]string{s.cfg.SocketDir}, s.cfg.EarlierSocketDirs...) {
+		if _, err := os.Lstat(ControlSocket(dir, g.num)); err == nil {
+			g.socketDir = dir
+			return
+		}
+	}
+}
+
 // dial connects to g's control socket and checks it is g that answers.
 func (s *Supervisor) dial(ctx context.Context, g *generation) error {
-	c, err := Dial(ctx, ControlSocket(s.cfg.SocketDir, g.num))
+	c, err := Dial(ctx, s.controlSocket(g))
 	if err != nil {
 		return err
 	}

@@ -30,6 +30,12 @@ type SupervisorConfig struct {
 	// makes it, owned by User, mode 0700; it is the only directory the
 	// process may write. Its parents must let User search them.
 	SocketDir string
+	// EarlierSocketDirs are where builds before this one put the control
+	// sockets: a generation adopted at open whose socket is not in
+	// SocketDir is reached there, so an upgrade that moved the directory
+	// still drains the running process instead of cutting its
+	// connections. New generations always use SocketDir.
+	EarlierSocketDirs []string
 	// StateDir is <storage.root>/state: the generation counter lives
 	// there, and the process is not allowed to see it.
 	StateDir string

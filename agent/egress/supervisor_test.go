@@ -1,10 +1,12 @@
 package egress
 
 import (
+	"errors"
 	"fmt"
 	"net/netip"
 	"os"
 	"os/user"
+	"path/filepath"
 	"reflect"
 	"slices"
 	"strconv"
@@ -186,6 +188,67 @@ func TestSupervisorAdoptsAfterClose(t *testing.T) {
 	h.connect(t, "a new connection after the restart")
 	if !h.logLine("egress generation adopted", "generation=1") {
 		t.Errorf("no adoption line in the log:\n%s", h.logs)
+	}
+}
+
+// An upgrade that moved the socket directory: the node restarted with
+// a new SocketDir still adopts the running process, whose control socket
+// is in the earlier build's directory, and a switch drains it there (its
+// open connection goes on) while the new generation uses the new one;
+// nothing of it is left in the earlier directory.
+func TestSupervisorAdoptsFromAnEarlierSocketDir(t *testing.T) {
+	h := newSupHarness(t)
+	ctx := ctxT(t)
+	earlier := h.cfg.SocketDir
+	h.cfg.SocketDir = filepath.Join(filepath.Dir(earlier), "kibotos-egress-suptest")
+	s := h.open(t)
+	if err := s.Apply(ctx, h.routes(1)); err != nil {
+		t.Fatal(err)
+	}
+	before := serving(t, s)
+	c := h.connect(t, "before the upgrade")
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	h.cfg.SocketDir, h.cfg.EarlierSocketDirs = earlier, []string{h.cfg.SocketDir}
+	s2 := h.open(t)
+	if g := serving(t, s2); g.Number != before.Number || g.MainPID != before.MainPID || !g.Adopted {
+		t.Fatalf("after the upgrade %+v, want generation %d (PID %d) adopted", s2.Generations(), before.Number, before.MainPID)
+	}
+	echo(t, c, "after the upgrade")
+	// As the node does: its routes first, then the switch to its build.
+	if err := s2.Apply(ctx, h.routes(1)); err != nil {
+		t.Fatal(err)
+	}
+	if err := s2.Switch(ctx); err != nil {
+		t.Fatal(err)
+	}
+	g2 := serving(t, s2)
+	if g2.Number != before.Number+1 {
+		t.Fatalf("after the switch %+v, want generation %d serving", s2.Generations(), before.Number+1)
+	}
+	if _, err := os.Stat(ControlSocket(earlier, g2.Number)); err != nil {
+		t.Errorf("the new generation's control socket is not in the socket directory %s: %v", earlier, err)
+	}
+	h.connect(t, "on the new generation")
+	echo(t, c, "on the adopted generation while it drains")
+	c.Close()
+	h.ended(t, before, 10*time.Second)
+	waitFor(t, 5*time.Second, "the supervisor to forget the adopted generation", func() bool { return len(s2.Generations()) == 1 })
+	if !h.logLine("egress generation ended", fmt.Sprintf("generation=%d", before.Number), "reason=\"drained") {
+		t.Errorf("no drained line for the adopted generation:\n%s", h.logs)
+	}
+	// Its directory goes with its last socket when nothing else is left
+	// there: here the test binary's own log (serve-N.log) stays.
+	left, err := os.ReadDir(h.cfg.EarlierSocketDirs[0])
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		t.Fatal(err)
+	}
+	for _, e := range left {
+		if !strings.HasPrefix(e.Name(), "serve-") {
+			t.Errorf("the earlier build's socket directory still holds %s", e.Name())
+		}
 	}
 }
 
