@@ -107,7 +107,8 @@ func mhEgress(t *testing.T, l *lab, admin *host, nodes ...string) {
 		if !logHasJSON(h.serveProc().log, "member serving") {
 			t.Errorf("on %s, no JSON log line \"member serving\" in %s", node, h.serveProc().log)
 		}
-		if argvs := egressArgvs(filepath.Join(l.bin, "kibotos")); len(argvs) == 0 {
+		argvs := egressArgvs(filepath.Join(l.bin, "kibotos"))
+		if len(argvs) == 0 {
 			t.Errorf("on %s, no egress process runs while a Workspace uses an Egress", node)
 		} else {
 			for _, a := range argvs {
@@ -120,8 +121,8 @@ func mhEgress(t *testing.T, l *lab, admin *host, nodes ...string) {
 		// a private systemd, in the shared temporary directory), its
 		// own, 0700, and the only one it is given to write.
 		sockDir := cli.EgressSocketDir(datadir.Dir(h.dataDir), true)
-		if filepath.Base(sockDir) != "node-egress" || !slices.ContainsFunc(egressArgvs(filepath.Join(l.bin, "kibotos")), func(a string) bool { return strings.Contains(a, "--socket-dir "+sockDir+" ") }) {
-			t.Errorf("on %s, egress socket directory %s: not node-egress, or not the running process's (%q)", node, sockDir, egressArgvs(filepath.Join(l.bin, "kibotos")))
+		if filepath.Base(sockDir) != "node-egress" || !slices.ContainsFunc(argvs, func(a string) bool { return strings.Contains(a, "--socket-dir "+sockDir+" ") }) {
+			t.Errorf("on %s, egress socket directory %s: not node-egress, or not the running process's (%q)", node, sockDir, argvs)
 		}
 		if st, err := os.Stat(sockDir); err != nil || st.Mode().Perm() != 0o700 || !ownedBy(st, "kibotos-egress") {
 			t.Errorf("on %s, egress socket directory %s: %v %v; want 0700, owned by kibotos-egress", node, sockDir, st, err)
