@@ -80,14 +80,7 @@ func newFilter(t *testing.T, upstreams ...netip.AddrPort) (*Filter, netip.AddrPo
 		})
 		upstreams = []netip.AddrPort{netip.MustParseAddrPort(pc.LocalAddr().String())}
 	}
-	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln, err := net.Listen("tcp", pc.LocalAddr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
+	pc, ln := dnstest.ListenUDPTCP(t)
 	f, err := Serve(pc, ln, upstreams, nil, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err != nil {
 		t.Fatal(err)

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/miekg/dns"
+
+	"github.com/kibotos/kibotos/internal/dnstest"
 )
 
 // upstream is a DNS server on loopback, UDP and TCP on one port, that
@@ -15,14 +17,7 @@ import (
 // answer is truncated and the full one comes over TCP.
 func upstream(t *testing.T) string {
 	t.Helper()
-	pc, err := net.ListenPacket("udp4", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln, err := net.Listen("tcp4", pc.LocalAddr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
+	pc, ln := dnstest.ListenUDPTCP(t)
 	h := dns.HandlerFunc(func(w dns.ResponseWriter, q *dns.Msg) {
 		r := new(dns.Msg)
 		r.SetReply(q)

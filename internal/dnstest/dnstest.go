@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"testing"
 
 	"golang.org/x/net/dns/dnsmessage"
 )
@@ -106,4 +107,27 @@ func (r *Responder) answer(query []byte) ([]byte, error) {
 		}
 	}
 	return b.Finish()
+}
+
+// ListenUDPTCP gives a loopback UDP socket and a TCP listener on the same
+// port, as a DNS server has, closed when t ends. The UDP port is picked
+// by the kernel and may be taken for TCP by another test running beside
+// this one, so it picks again until both are bound.
+func ListenUDPTCP(t testing.TB) (net.PacketConn, net.Listener) {
+	t.Helper()
+	for range 100 {
+		pc, err := net.ListenPacket("udp4", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		ln, err := net.Listen("tcp4", pc.LocalAddr().String())
+		if err != nil {
+			pc.Close()
+			continue
+		}
+		t.Cleanup(func() { ln.Close(); pc.Close() })
+		return pc, ln
+	}
+	t.Fatal("no loopback port free for both UDP and TCP")
+	return nil, nil
 }
