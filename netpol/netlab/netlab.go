@@ -107,24 +107,23 @@ func (l *Lab) Wire(a, aName, aAddr, b, bName, bAddr string) {
 	if err := na.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: aName}, PeerName: bName, PeerNamespace: netlink.NsFd(int(hb))}); err != nil {
 		l.t.Fatalf("netlab: veth %s/%s - %s/%s: %v", a, aName, b, bName, err)
 	}
-	for _, side := range []struct {
-		h          *netlink.Handle
-		name, addr string
-	}{{na, aName, aAddr}, {nb, bName, bAddr}} {
-		link, err := side.h.LinkByName(side.name)
-		if err != nil {
-			l.t.Fatal(err)
-		}
-		ad, err := parseAddr(side.addr)
-		if err != nil {
-			l.t.Fatal(err)
-		}
-		if err := side.h.AddrAdd(link, ad); err != nil {
-			l.t.Fatalf("netlab: address %s on %s: %v", side.addr, side.name, err)
-		}
-		if err := side.h.LinkSetUp(link); err != nil {
-			l.t.Fatal(err)
-		}
+	l.configure(a, aName, aAddr)
+	l.configure(b, bName, bAddr)
+}
+
+// configure gives a link of namespace ns its address (a CIDR) and brings
+// it up.
+func (l *Lab) configure(ns, link, cidr string) {
+	l.t.Helper()
+	l.Addr(ns, link, cidr)
+	nl := l.handle(ns)
+	defer nl.Close()
+	lk, err := nl.LinkByName(link)
+	if err == nil {
+		err = nl.LinkSetUp(lk)
+	}
+	if err != nil {
+		l.t.Fatalf("netlab: %s up in %s: %v", link, ns, err)
 	}
 }
 
@@ -219,6 +218,21 @@ func (l *Lab) Listen(ns string, addr string) net.Listener {
 	}
 	l.t.Cleanup(func() { ln.Close() })
 	return ln
+}
+
+// Echo serves TCP echo on addr in a namespace until cleanup.
+func (l *Lab) Echo(ns, addr string) {
+	l.t.Helper()
+	ln := l.Listen(ns, addr)
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() { defer c.Close(); io.Copy(c, c) }()
+		}
+	}()
 }
 
 // Dial connects from a namespace.
