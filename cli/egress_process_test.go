@@ -7,6 +7,9 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/alecthomas/kong"
+
+	"github.com/kibotos/kibotos/agent/egress"
 	"github.com/kibotos/kibotos/api"
 )
 
@@ -29,5 +32,21 @@ func TestEgressCommandRefusesRootAndIsHidden(t *testing.T) {
 	out, code := run("egress", "serve", "--socket-dir", t.TempDir(), "--generation", "1")
 	if code != api.ExitInternal || !strings.Contains(out, "running as root") {
 		t.Fatalf("egress serve as root: exit %d: %s", code, out)
+	}
+}
+
+// The node starts `kibotos egress serve` without --warm-connections, so
+// the flag's default is the product's warm pool.
+func TestEgressServeWarmDefault(t *testing.T) {
+	var c EgressServeCmd
+	p, err := kong.New(&c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.Parse([]string{"--socket-dir", "/run/x", "--generation", "1"}); err != nil {
+		t.Fatal(err)
+	}
+	if c.Warm != egress.DefaultWarmConnections {
+		t.Fatalf("--warm-connections defaults to %d; egress.DefaultWarmConnections is %d", c.Warm, egress.DefaultWarmConnections)
 	}
 }

@@ -476,6 +476,40 @@ func TestWarmPool(t *testing.T) {
 	}
 }
 
+// A warm pool holds nothing open on the proxy once its route goes unused
+// for WarmIdle, and fills again with the next guest connection.
+func TestWarmPoolEmptiesWhenIdle(t *testing.T) {
+	_, c, listen := listeningServer(t, Options{WarmConnections: 1, WarmIdle: 300 * time.Millisecond})
+	ctx := ctxT(t)
+	socks := newSocksServer(t, "", "")
+	cfg := Config{Routes: []Route{{Guest: netip.MustParseAddr("127.0.0.1"), Egress: &Proxy{Name: "e1", Revision: 1, Address: socks.addr()}}}}
+	if err := c.SetConfig(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	warmAfter := func(what string) {
+		t.Helper()
+		g, err := net.Dial("tcp4", listen)
+		if err != nil {
+			t.Fatal(err)
+		}
+		echo(t, g, what)
+		g.Close()
+		waitFor(t, 10*time.Second, "a warm connection after the "+what+" one", func() bool {
+			st, err := c.Stats(ctx)
+			return err == nil && st.Warm == 1
+		})
+	}
+	warmAfter("first")
+	waitFor(t, 10*time.Second, "the idle pool closing its connection on the proxy", func() bool {
+		st, err := c.Stats(ctx)
+		return err == nil && st.Warm == 0 && socks.openConnections() == 0
+	})
+	warmAfter("next")
+	waitFor(t, 10*time.Second, "only the warm connection open on the proxy", func() bool {
+		return socks.openConnections() == 1
+	})
+}
+
 // A drain with nothing left to carry ends the server at once, and the
 // node still gets its answer: the supervisor takes a drain that was not
 // answered for a failed one and ends the generation. The reply raced the

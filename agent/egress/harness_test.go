@@ -51,9 +51,13 @@ func helperProcess() int {
 	}
 	gen, _ := strconv.ParseUint(os.Getenv("EGRESS_GENERATION"), 10, 64)
 	grace, _ := time.ParseDuration(os.Getenv("EGRESS_GRACE"))
-	// EGRESS_WARM (inherited from the go test environment) sets the warm
-	// pool size, e.g. 2 to measure BenchmarkConnect with it.
-	warm, _ := strconv.Atoi(os.Getenv("EGRESS_WARM"))
+	// The process's warm pool is the product's, as `kibotos egress serve`
+	// keeps; EGRESS_WARM (inherited from the go test environment) sets
+	// another, e.g. 0 to measure BenchmarkConnect without one.
+	warm := DefaultWarmConnections
+	if v, ok := os.LookupEnv("EGRESS_WARM"); ok {
+		warm, _ = strconv.Atoi(v)
+	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	if err := RunProcess(context.Background(), Options{SocketDir: os.Getenv("EGRESS_SOCKET_DIR"), Generation: gen, WarmConnections: warm, Logger: log}, grace); err != nil {
 		fmt.Fprintln(os.Stderr, err)

@@ -76,6 +76,14 @@ const nodeRules = `table ip kibotos_egress_test {
 
 func newEgressLab(t testing.TB) *egressLab {
 	t.Helper()
+	return newEgressLabAt(t, 0)
+}
+
+// newEgressLabAt is the lab with the internet (its servers and proxies)
+// oneWay away from the node: a delayed wire instead of a veth pair when
+// oneWay > 0.
+func newEgressLabAt(t testing.TB, oneWay time.Duration) *egressLab {
+	t.Helper()
 	testenv.LookPath(t, "nft", "nftables")
 	testenv.LookPath(t, "ip", "iproute2")
 	testenv.LookPath(t, "microsocks", "microsocks")
@@ -86,7 +94,11 @@ func newEgressLab(t testing.TB) *egressLab {
 	}
 	lab.Wire("node", "kbg0", labGuestGW+"/24", "guest", "eth0", labGuest+"/24")
 	lab.Wire("node", "kbg1", "10.201.0.1/24", "guest2", "eth0", labGuest2+"/24")
-	lab.Wire("node", "up0", labNodeUp+"/24", "internet", "eth0", labInternet+"/24")
+	if oneWay > 0 {
+		lab.WireDelayed("node", "up0", labNodeUp+"/24", "internet", "eth0", labInternet+"/24", oneWay)
+	} else {
+		lab.Wire("node", "up0", labNodeUp+"/24", "internet", "eth0", labInternet+"/24")
+	}
 	lab.Route("guest", "default", labGuestGW)
 	lab.Route("guest2", "default", "10.201.0.1")
 	lab.Route("internet", "10.200.0.0/15", labNodeUp)
@@ -101,7 +113,7 @@ func newEgressLab(t testing.TB) *egressLab {
 	e.sh(t, "node", "ip", "route", "add", "local", "0.0.0.0/0", "dev", "lo", "table", "100")
 
 	e.http = lab.HTTP("internet", labInternet+":80", labHTTPBody)
-	serveEcho(lab.Listen("internet", labInternet+":7"))
+	lab.Echo("internet", labInternet+":7")
 	serveFirstByte(lab.Listen("internet", fmt.Sprintf("%s:%d", labInternet, directPort)))
 	serveFirstByte(lab.Listen("internet", fmt.Sprintf("%s:%d", labInternet, firstBytePort)))
 	lab.DNS("internet", netip.MustParseAddr(labInternet), map[string]netip.Addr{
@@ -145,18 +157,6 @@ func (e *egressLab) config(p Proxy) Config {
 			Resolver: &Resolver{Name: "corp-dns", Upstreams: []string{labInternet}},
 		}},
 	}
-}
-
-func serveEcho(ln net.Listener) {
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() { defer c.Close(); io.Copy(c, c) }()
-		}
-	}()
 }
 
 // serveFirstByte answers every connection with one byte and closes it.

@@ -28,13 +28,22 @@ type Options struct {
 	// 16384. Past it new ones are refused.
 	MaxConnections int
 	// WarmConnections is how many greeted, authenticated connections are
-	// kept ready per proxy revision once a guest used it (warm.go); zero
-	// or negative: none. Off by default: it saves round trips to the
-	// proxy, which the test lab (no added latency) cannot show, and it
-	// keeps idle connections open on the caller's proxy.
+	// kept ready per proxy revision while guests use it (warm.go); zero
+	// or negative: none. `kibotos egress serve` keeps
+	// DefaultWarmConnections: a guest's connection then costs one round
+	// trip to the proxy instead of three or four.
 	WarmConnections int
-	Logger          *slog.Logger
+	// WarmIdle is how long a proxy revision's warm connections are kept
+	// after the last guest connection through it; zero means a minute.
+	WarmIdle time.Duration
+	Logger   *slog.Logger
 }
+
+// DefaultWarmConnections is the warm pool of `kibotos egress serve` per
+// proxy revision in use: enough for a guest opening connections one after
+// the other (each take refills), few enough to weigh nothing on the
+// caller's proxy, and none held by a route unused for WarmIdle.
+const DefaultWarmConnections = 2
 
 // maxDNSInFlight bounds the queries being answered at once.
 const maxDNSInFlight = 512
@@ -92,6 +101,9 @@ func New(opts Options) (*Server, error) {
 	}
 	if opts.MaxConnections <= 0 {
 		opts.MaxConnections = 16384
+	}
+	if opts.WarmIdle <= 0 {
+		opts.WarmIdle = time.Minute
 	}
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
@@ -267,7 +279,7 @@ func (s *Server) applyConfig(c Config) error {
 		if prev, ok := old.proxies[k]; ok {
 			p.warm = prev.warm
 		} else {
-			p.warm = newWarmPool(p, s.opts.WarmConnections)
+			p.warm = newWarmPool(p, s.opts.WarmConnections, s.opts.WarmIdle)
 		}
 	}
 	s.countGuests(t)

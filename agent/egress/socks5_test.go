@@ -26,6 +26,7 @@ type socksServer struct {
 	mu         sync.Mutex
 	seen       [][]byte
 	accepted   int
+	open       int // connections not yet closed by either side
 }
 
 func newSocksServer(t testing.TB, user, pass string) *socksServer {
@@ -44,6 +45,7 @@ func newSocksServer(t testing.TB, user, pass string) *socksServer {
 			}
 			s.mu.Lock()
 			s.accepted++
+			s.open++
 			s.mu.Unlock()
 			go s.serve(c)
 		}
@@ -59,6 +61,12 @@ func (s *socksServer) connections() int {
 	return s.accepted
 }
 
+func (s *socksServer) openConnections() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.open
+}
+
 func (s *socksServer) handshakes() [][]byte {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -66,7 +74,12 @@ func (s *socksServer) handshakes() [][]byte {
 }
 
 func (s *socksServer) serve(c net.Conn) {
-	defer c.Close()
+	defer func() {
+		c.Close()
+		s.mu.Lock()
+		s.open--
+		s.mu.Unlock()
+	}()
 	var rec bytes.Buffer
 	r := io.TeeReader(c, &rec)
 	read := func(n int) []byte {

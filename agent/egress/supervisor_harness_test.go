@@ -41,7 +41,7 @@ func helperServe(args []string) int {
 		out = f
 	}
 	log := slog.New(slog.NewTextHandler(out, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	if err := RunProcess(context.Background(), Options{SocketDir: *dir, Generation: *gen, Logger: log}, 10*time.Second); err != nil {
+	if err := RunProcess(context.Background(), Options{SocketDir: *dir, Generation: *gen, WarmConnections: DefaultWarmConnections, Logger: log}, 10*time.Second); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
