@@ -25,6 +25,10 @@ type Spec struct {
 	Installation *platform.Installation
 	VCPUs        int
 	MemoryMiB    int
+	// Background runs the VMM at the lowest CPU and I/O priority
+	// (units.Spec.Background): a warm guest's boot, which no user waits
+	// for, then never slows a Workspace that is starting or running.
+	Background bool
 	// DiskMiB is the size of the writable raw disk (virtio-blk); 0: none.
 	DiskMiB int
 	// Network gives the Instance its own network namespace with a tap for
@@ -260,6 +264,7 @@ func (rt *Runtime) start(ctx context.Context, in *instance, spec Spec) error {
 		Environment: []string{vmmLogEnv + "=" + p.VMMLog},
 		// How the VMM ended goes into its log, which outlives the unit.
 		ExecStopPost: []string{sh, "-c", `echo "` + VMMExitedLine + ` result=$SERVICE_RESULT code=$EXIT_CODE status=$EXIT_STATUS" >>"$` + vmmLogEnv + `"`},
+		Background:   spec.Background,
 	}
 	if c := rec.Confinement; c != nil {
 		us.User, us.Group, us.SupplementaryGroups = c.User, c.User, []string{KVMGroup}

@@ -110,7 +110,7 @@ func (rt *Runtime) BootWarm(ctx context.Context, dir string, s WarmSpec) (string
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return "", err
 	}
-	spec := Spec{InstanceID: id, Installation: s.Installation, VCPUs: s.VCPUs, MemoryMiB: s.MemoryMiB,
+	spec := Spec{InstanceID: id, Installation: s.Installation, VCPUs: s.VCPUs, MemoryMiB: s.MemoryMiB, Background: true,
 		Network: true, Policy: NetworkPolicy{Egress: api.EgressNone}, RootImage: s.Image, LayerPath: layer}
 	var mounts []guestproto.Mount
 	if s.Mounts != nil {

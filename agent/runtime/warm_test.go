@@ -8,6 +8,7 @@ import (
 	osexec "os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -15,9 +16,11 @@ import (
 
 	"github.com/kibotos/kibotos/agent"
 	"github.com/kibotos/kibotos/agent/runtime"
+	"github.com/kibotos/kibotos/internal/testenv"
 	"github.com/kibotos/kibotos/vmm/guestproto"
 	"github.com/kibotos/kibotos/vmm/platform"
 	"github.com/kibotos/kibotos/vmm/template"
+	"github.com/kibotos/kibotos/vmm/units"
 )
 
 // warmCreate is what a node does for the first start of a Workspace that
@@ -60,9 +63,31 @@ func TestWarmGuest(t *testing.T) {
 	tpl := busyboxTemplate(ctx, t, h, "sh", "cat", "echo", "sync", "hostname")
 	dir := filepath.Join(h.scratch, "warm", tpl.Name)
 	ws := warmSpec(tpl, inst, 256)
+	// The warm guest's VMM runs at the lowest priority while it boots:
+	// nobody waits for it.
+	bootNice := make(chan string, 1)
+	go func() {
+		for ctx.Err() == nil {
+			for _, i := range rt.List() {
+				if runtime.IsWarm(i.ID) && i.HostPID != 0 {
+					bootNice <- testenv.ProcStatField(i.HostPID, 19)
+					return
+				}
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}()
 	slot, err := rt.BootWarm(ctx, dir, ws)
 	if err != nil {
 		t.Fatal(err)
+	}
+	select {
+	case n := <-bootNice:
+		if n != strconv.Itoa(units.BackgroundNice) {
+			t.Errorf("nice of the warm guest's VMM while it booted: %s; want %d", n, units.BackgroundNice)
+		}
+	default:
+		t.Error("the warm guest's VMM was not seen while it booted")
 	}
 	if got := dirEntries(t, dir); !slices.Equal(got, []string{filepath.Base(slot)}) {
 		t.Errorf("warm directory after a boot: %v; want the slot alone (no layer)", got)
@@ -119,6 +144,10 @@ func TestWarmGuest(t *testing.T) {
 
 	if err := warmCreate(ctx, rt, spec, taken, meta, "ws-a"); err != nil {
 		t.Fatal(err)
+	}
+	// The Workspace restored from it is not background work.
+	if st, err := rt.Status("w-1"); err != nil || testenv.ProcStatField(st.HostPID, 19) != "0" {
+		t.Errorf("nice of the restored Workspace's VMM: %q (%v); want 0", testenv.ProcStatField(st.HostPID, 19), err)
 	}
 	sh := func(script string) string {
 		t.Helper()

@@ -49,15 +49,24 @@ func LookPath(t testing.TB, tool, debianPackage string) string {
 
 // ProcState is the state letter of /proc/PID/stat ("D": uninterruptible
 // sleep), or "" once the process is gone.
-func ProcState(pid int) string {
+func ProcState(pid int) string { return ProcStatField(pid, 3) }
+
+// ProcStatField is field n (1-based, as proc(5) numbers them: 3 is the
+// state, 19 the nice value) of /proc/PID/stat, or "" once the process is
+// gone.
+func ProcStatField(pid, n int) string {
 	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
 	if err != nil {
 		return ""
 	}
 	s := string(b)
 	i := strings.LastIndexByte(s, ')')
-	if i < 0 || i+2 >= len(s) {
+	if i < 0 || n < 3 {
 		return ""
 	}
-	return s[i+2 : i+3]
+	f := strings.Fields(s[i+1:])
+	if n-3 >= len(f) {
+		return ""
+	}
+	return f[n-3]
 }

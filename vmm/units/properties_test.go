@@ -18,6 +18,7 @@ func TestVMMSpecProperties(t *testing.T) {
 		User:                 "kibotos-vmm", Group: "kibotos-vmm", SupplementaryGroups: []string{"kvm"},
 		NoNewPrivileges: true, UMask: 0o077,
 		MemoryMax: 640 << 20, TasksMax: 66,
+		Background: true,
 	}
 	got := map[string]godbus.Variant{}
 	for _, p := range spec.properties(prop("OOMPolicy", "kill")) {
@@ -32,6 +33,7 @@ func TestVMMSpecProperties(t *testing.T) {
 		"User": "kibotos-vmm", "Group": "kibotos-vmm", "SupplementaryGroups": []string{"kvm"},
 		"NoNewPrivileges": true, "UMask": uint32(0o077),
 		"LimitMEMLOCK": uint64(math.MaxUint64), "MemoryMax": uint64(640 << 20), "TasksMax": uint64(66),
+		"Nice": int32(19), "CPUWeight": uint64(1), "IOWeight": uint64(1),
 	}
 	for name, v := range want {
 		gv, ok := got[name]
@@ -49,7 +51,8 @@ func TestVMMSpecProperties(t *testing.T) {
 	for _, p := range plain.properties() {
 		switch p.Name {
 		case "User", "Group", "SupplementaryGroups", "NoNewPrivileges", "UMask", "LimitMEMLOCK", "MemoryMax", "TasksMax",
-			"CapabilityBoundingSet", "AmbientCapabilities", "ProtectSystem", "ReadWritePaths", "InaccessiblePaths":
+			"CapabilityBoundingSet", "AmbientCapabilities", "ProtectSystem", "ReadWritePaths", "InaccessiblePaths",
+			"Nice", "CPUWeight", "IOWeight":
 			t.Errorf("unconfined spec sets %s=%v", p.Name, p.Value)
 		}
 	}

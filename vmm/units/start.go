@@ -65,7 +65,18 @@ type Spec struct {
 	// InaccessiblePaths are hidden from the service (each must exist, or
 	// the start fails with status 226/NAMESPACE).
 	InaccessiblePaths []string
+
+	// Background runs the service at the lowest CPU and I/O priority
+	// (Nice=BackgroundNice, CPUWeight=1, IOWeight=1): work nobody waits
+	// for, such as booting a warm guest, must not slow the VMs users wait
+	// on. The weights count where systemd has the cpu and io controllers
+	// (each service is a cgroup of its own, where a nice value only ranks
+	// the cgroup's own processes); the nice value counts everywhere else.
+	Background bool
 }
+
+// BackgroundNice is the nice value of a Background service.
+const BackgroundNice = 19
 
 // VMMStopTimeout is a VMM unit's TimeoutStopSec.
 const VMMStopTimeout = 5 * time.Second
@@ -176,6 +187,9 @@ func (spec Spec) properties(extra ...sd.Property) []sd.Property {
 	}
 	if len(spec.InaccessiblePaths) > 0 {
 		ps = append(ps, prop("InaccessiblePaths", spec.InaccessiblePaths))
+	}
+	if spec.Background {
+		ps = append(ps, prop("Nice", int32(BackgroundNice)), prop("CPUWeight", uint64(1)), prop("IOWeight", uint64(1)))
 	}
 	return append(ps, extra...)
 }

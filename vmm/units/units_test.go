@@ -422,6 +422,24 @@ func TestStartVMMConfined(t *testing.T) {
 	}
 }
 
+// A Background VMM (a warm guest's boot) runs at the lowest priority:
+// the nice value shows in its main process; systemd takes the weights
+// even where it has no cpu or io controller to apply them.
+func TestStartVMMBackground(t *testing.T) {
+	h := newHarness(t)
+	ctx := testCtx(t)
+	spec := sleepSpec("kibotos-vmm-background.service")
+	spec.Background = true
+	u, err := h.m.StartVMM(ctx, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.m.Stop(ctx, spec.Name)
+	if nice := testenv.ProcStatField(mainHostPID(t, h, u), 19); nice != strconv.Itoa(units.BackgroundNice) {
+		t.Fatalf("nice of the main process: %q; want %d", nice, units.BackgroundNice)
+	}
+}
+
 // The sandbox a service gets from NoCapabilities, ReadOnlyFilesystem,
 // ReadWritePaths and InaccessiblePaths, seen from inside: it runs as root
 // so that only the sandbox (not file permissions) can deny it anything.
