@@ -20,6 +20,7 @@ import (
 
 	"github.com/kibotos/kibotos/agent"
 	"github.com/kibotos/kibotos/agent/dataplane"
+	"github.com/kibotos/kibotos/agent/egress"
 	"github.com/kibotos/kibotos/agent/runtime"
 	"github.com/kibotos/kibotos/api"
 	"github.com/kibotos/kibotos/artifacts"
@@ -181,7 +182,7 @@ func (c *DevUpCmd) Run(g *Globals) error {
 		warm = append(warm, w)
 	}
 	return runMember(g, memberOptions{dir: d, level: "info", capacity: agent.DefaultCapacity(), timings: cluster.DefaultTimings(), onReady: onReady, warm: warm,
-		systemd: sdMode, accel: qemu.AccelAuto, network: network, logFormat: c.LogFormat, artifacts: artifacts.Config{URL: store},
+		systemd: sdMode, accel: qemu.AccelAuto, network: network, egressWarm: egress.DefaultWarmConnections, logFormat: c.LogFormat, artifacts: artifacts.Config{URL: store},
 		// One node on a laptop: a report every few seconds while a guest
 		// is denied costs nothing, and `workspace get` shows it soon.
 		deniedReport: 5 * time.Second})

@@ -16,6 +16,7 @@ import (
 	"github.com/BurntSushi/toml"
 
 	"github.com/kibotos/kibotos/agent"
+	"github.com/kibotos/kibotos/agent/egress"
 	"github.com/kibotos/kibotos/api"
 	"github.com/kibotos/kibotos/artifacts"
 	"github.com/kibotos/kibotos/buildinfo"
@@ -142,6 +143,9 @@ type fileConfig struct {
 		ManagementCIDRs []string `toml:"management_cidrs"`
 		Resolvers       []string `toml:"resolvers"`
 		Uplink          string   `toml:"uplink"`
+		// EgressWarmConnections is the egress process's warm pool per
+		// proxy revision in use (--warm-connections); unset: the default.
+		EgressWarmConnections *int `toml:"egress_warm_connections"`
 	} `toml:"network"`
 	Logs struct {
 		// MachineLogsMaxBytes bounds machine-logs/ (ended machines' log
@@ -316,9 +320,13 @@ func (c *ServeCmd) Run(g *Globals) error {
 	if err != nil {
 		return err
 	}
+	egressWarm, err := egressWarmFrom(c.Config, fc)
+	if err != nil {
+		return err
+	}
 	return runMember(g, memberOptions{dir: dir, bind: bind, level: level, capacity: capacity, timings: timings, deniedReport: deniedReport, clockSkew: c.ClockSkew, logFormat: format,
 		systemd: c.Systemd, accel: qemu.Accel(c.Accel), dataPlaneListen: dpListen, pools: pools, defaultPool: fc.Storage.DefaultPool, network: network,
-		metricsListen: fc.Metrics.Listen, machineLogsMax: fc.Logs.MachineLogsMaxBytes, artifacts: store, warm: warm})
+		metricsListen: fc.Metrics.Listen, machineLogsMax: fc.Logs.MachineLogsMaxBytes, artifacts: store, warm: warm, egressWarm: egressWarm})
 }
 
 // artifactsFrom is [artifacts], checked (an s3:// store's credentials
@@ -350,6 +358,18 @@ func networkFrom(path string, fc fileConfig) (*netpol.Config, error) {
 		return nil, api.Errorf(api.CodeInvalidArgument, "configuration file %s: [network] %s", path, strings.TrimPrefix(err.Error(), "network: "))
 	}
 	return &c, nil
+}
+
+// egressWarmFrom is [network] egress_warm_connections, checked.
+func egressWarmFrom(path string, fc fileConfig) (int, error) {
+	n := fc.Network.EgressWarmConnections
+	if n == nil {
+		return egress.DefaultWarmConnections, nil
+	}
+	if *n < 0 || *n > egress.MaxWarmConnections {
+		return 0, api.Errorf(api.CodeInvalidArgument, "configuration file %s: [network] egress_warm_connections = %d: want 0 (none) to %d", path, *n, egress.MaxWarmConnections)
+	}
+	return *n, nil
 }
 
 func resourcesFrom(fc fileConfig) (api.Resources, error) {
@@ -407,7 +427,9 @@ type memberOptions struct {
 	dataPlaneListen string
 	pools           []agent.PoolConfig
 	// network is the node's [network]; nil: Workspaces cannot start here.
-	network     *netpol.Config
+	network *netpol.Config
+	// egressWarm is [network] egress_warm_connections (dev: the default).
+	egressWarm  int
 	defaultPool string
 	// deniedReport is the agent's DeniedReportInterval; 0: its default.
 	deniedReport time.Duration

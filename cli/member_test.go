@@ -3,6 +3,7 @@ package cli
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -11,6 +12,7 @@ import (
 	"github.com/BurntSushi/toml"
 
 	"github.com/kibotos/kibotos/agent"
+	"github.com/kibotos/kibotos/agent/egress"
 	"github.com/kibotos/kibotos/api"
 	"github.com/kibotos/kibotos/artifacts"
 	"github.com/kibotos/kibotos/cluster/clustertest"
@@ -245,6 +247,28 @@ func TestServeWarmConfig(t *testing.T) {
 		}
 		if _, err := os.Stat(filepath.Join(dir, "data")); !os.IsNotExist(err) {
 			t.Errorf("%q: the refused start touched the data directory: %v", c.toml, err)
+		}
+	}
+}
+
+// [network] egress_warm_connections: unset is the egress process's
+// default, 0 to 16 are taken, anything else stops serve in one line.
+func TestEgressWarmConnectionsConfig(t *testing.T) {
+	var fc fileConfig
+	if n, err := egressWarmFrom("kibotos.toml", fc); n != egress.DefaultWarmConnections || err != nil {
+		t.Errorf("unset: %d, %v; want %d", n, err, egress.DefaultWarmConnections)
+	}
+	for _, v := range []int{0, 5, egress.MaxWarmConnections} {
+		fc.Network.EgressWarmConnections = &v
+		if n, err := egressWarmFrom("kibotos.toml", fc); n != v || err != nil {
+			t.Errorf("%d: %d, %v", v, n, err)
+		}
+	}
+	for _, v := range []int{-1, egress.MaxWarmConnections + 1} {
+		fc.Network.EgressWarmConnections = &v
+		_, err := egressWarmFrom("kibotos.toml", fc)
+		if want := fmt.Sprintf("configuration file kibotos.toml: [network] egress_warm_connections = %d: want 0 (none) to 16", v); err == nil || err.Error() != want || api.CodeOf(err) != api.CodeInvalidArgument {
+			t.Errorf("%d: %v; want %q", v, err, want)
 		}
 	}
 }

@@ -112,7 +112,7 @@ func openNodeRuntime(ctx context.Context, o memberOptions, nodeID string, steps 
 	if network != nil {
 		// Without it the node runs, but refuses policies naming an Egress
 		// or a Resolver (and says why).
-		if sup, err = openEgress(ctx, d, m, logFormat, log); err != nil {
+		if sup, err = openEgress(ctx, d, m, logFormat, o.egressWarm, log); err != nil {
 			log.Warn("egress process unavailable: Workspaces whose policy names an Egress or a Resolver cannot start here", "err", err)
 		} else {
 			cfg.Egress = sup
@@ -251,7 +251,7 @@ func nodeScope(d datadir.Dir) string {
 // both this process and the service manager see at the same path, and the
 // kibotos-egress user can reach: /run/kibotos under the host's systemd; a
 // private systemd has its own /run, so the shared /tmp then.
-func openEgress(ctx context.Context, d datadir.Dir, m *units.Manager, logFormat string, log *slog.Logger) (*egress.Supervisor, error) {
+func openEgress(ctx context.Context, d datadir.Dir, m *units.Manager, logFormat string, warm int, log *slog.Logger) (*egress.Supervisor, error) {
 	exe, err := os.Executable()
 	if err != nil {
 		return nil, fmt.Errorf("locate the kibotos executable: %w", err)
@@ -269,6 +269,7 @@ func openEgress(ctx context.Context, d datadir.Dir, m *units.Manager, logFormat 
 		TCPListen:         "0.0.0.0:" + strconv.Itoa(runtime.EgressTCPPort),
 		DNSListen:         runtime.EgressDNS.String(),
 		LogFormat:         logFormat,
+		WarmConnections:   warm,
 		Logger:            log,
 	})
 }

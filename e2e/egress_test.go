@@ -115,6 +115,10 @@ func mhEgress(t *testing.T, l *lab, admin *host, nodes ...string) {
 				if !strings.Contains(a, "--log-format json") {
 					t.Errorf("egress process %q does not log JSON", a)
 				}
+				// [network] egress_warm_connections = 3 of the config.
+				if !strings.Contains(a, "--warm-connections 3") {
+					t.Errorf("egress process %q does not keep the configured 3 warm connections", a)
+				}
 			}
 		}
 		// Its socket directory is the node's with "-egress" added (under

@@ -269,6 +269,7 @@ ipv4_pool = %q
 management_cidrs = ["%s0/29"]
 resolvers = ["%s250"]
 uplink = "eth0"
+egress_warm_connections = 3  # checked in Egress (the default is 2)
 
 [storage]
 default_pool = "shared"

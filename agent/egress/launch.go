@@ -89,7 +89,7 @@ func (s *Supervisor) launch(ctx context.Context, socks Sockets) (*generation, er
 	s.lastGen = num
 	g := &generation{num: num, unit: UnitName(s.cfg.Scope, num)}
 	argv := []string{s.cfg.Executable, "egress", "serve", "--socket-dir", s.cfg.SocketDir,
-		"--generation", strconv.FormatUint(num, 10)}
+		"--generation", strconv.FormatUint(num, 10), "--warm-connections", strconv.Itoa(s.cfg.WarmConnections)}
 	if s.cfg.LogFormat != "" {
 		argv = append(argv, "--log-format", s.cfg.LogFormat)
 	}

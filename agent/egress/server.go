@@ -45,6 +45,9 @@ type Options struct {
 // caller's proxy, and none held by a route unused for WarmIdle.
 const DefaultWarmConnections = 2
 
+// MaxWarmConnections bounds a node's egress_warm_connections.
+const MaxWarmConnections = 16
+
 // maxDNSInFlight bounds the queries being answered at once.
 const maxDNSInFlight = 512
 

@@ -61,7 +61,11 @@ type SupervisorConfig struct {
 	DrainTimeout time.Duration
 	// LogFormat, when set, is passed as --log-format (text or json).
 	LogFormat string
-	Logger    *slog.Logger
+	// WarmConnections is passed as --warm-connections: greeted proxy
+	// connections kept per revision in use (0: none). The node gives
+	// [network] egress_warm_connections, DefaultWarmConnections unless set.
+	WarmConnections int
+	Logger          *slog.Logger
 	// Revision is the node's build revision (buildinfo.SourceRevision()
 	// when empty), to compare with Generation.Revision: a process of
 	// another build of the same release line is replaced with Switch.

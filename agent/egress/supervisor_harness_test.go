@@ -28,6 +28,7 @@ func helperServe(args []string) int {
 	fs := flag.NewFlagSet("egress serve", flag.ContinueOnError)
 	dir := fs.String("socket-dir", "", "")
 	gen := fs.Uint64("generation", 0, "")
+	warm := fs.Int("warm-connections", 0, "")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -41,7 +42,7 @@ func helperServe(args []string) int {
 		out = f
 	}
 	log := slog.New(slog.NewTextHandler(out, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	if err := RunProcess(context.Background(), Options{SocketDir: *dir, Generation: *gen, WarmConnections: DefaultWarmConnections, Logger: log}, 10*time.Second); err != nil {
+	if err := RunProcess(context.Background(), Options{SocketDir: *dir, Generation: *gen, WarmConnections: *warm, Logger: log}, 10*time.Second); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
@@ -87,7 +88,9 @@ func newSupHarness(t *testing.T) *supHarness {
 		TCPListen:    freeTCP(t),
 		DNSListen:    freeUDP(t),
 		DrainTimeout: 20 * time.Second,
-		Logger:       slog.New(slog.NewTextHandler(io.MultiWriter(h.logs, &testWriter{t: t}), &slog.HandlerOptions{Level: slog.LevelDebug})),
+		// What the node gives without egress_warm_connections.
+		WarmConnections: DefaultWarmConnections,
+		Logger:          slog.New(slog.NewTextHandler(io.MultiWriter(h.logs, &testWriter{t: t}), &slog.HandlerOptions{Level: slog.LevelDebug})),
 	}
 	t.Cleanup(func() {
 		if !t.Failed() {
