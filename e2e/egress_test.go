@@ -96,11 +96,26 @@ func mhEgress(t *testing.T, l *lab, admin *host, nodes ...string) {
 		// The node's metrics (its loopback listener, port+3) count the
 		// connection the egress process carried.
 		port, _ := strconv.Atoi(apiPort)
-		out, err := exec.Command("ip", "netns", "exec", h.ns, "wget", "-q", "-O-", "http://127.0.0.1:"+strconv.Itoa(port+3)+"/metrics").Output()
+		scrape := func() ([]byte, error) {
+			return exec.Command("ip", "netns", "exec", h.ns, "wget", "-q", "-O-", "http://127.0.0.1:"+strconv.Itoa(port+3)+"/metrics").Output()
+		}
+		out, err := scrape()
 		if err != nil {
 			t.Errorf("on %s, scrape the metrics listener: %v", node, err)
 		} else if !regexp.MustCompile(`(?m)^kibotos_node_egress_connections_total\{outcome="accepted"\} [1-9]`).Match(out) {
 			t.Errorf("on %s, the metrics show no egress connection accepted:\n%s", node, grepLines(out, "kibotos_node_egress"))
+		}
+		// Once the Egress carried a connection, the egress process holds
+		// the configured warm connections to its SOCKS5 server.
+		for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+			out, err := scrape()
+			if err == nil && regexp.MustCompile(`(?m)^kibotos_node_egress_warm_connections 3$`).Match(out) {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Errorf("on %s, the metrics do not show the 3 warm connections of egress_warm_connections (%v):\n%s", node, err, grepLines(out, "kibotos_node_egress"))
+				break
+			}
 		}
 		// log_format = "json": the member logs JSON objects, and starts
 		// its egress process (whose output has no journal here) with it.

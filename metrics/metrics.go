@@ -357,6 +357,8 @@ var (
 		[]string{"instance_id", "outcome"}, nil)
 	egressActive = prometheus.NewDesc("kibotos_node_egress_active_connections",
 		"Guest connections the egress process carries now.", nil, nil)
+	egressWarm = prometheus.NewDesc("kibotos_node_egress_warm_connections",
+		"Connections to Egress SOCKS5 servers the egress process holds greeted and authenticated for the next guest connections ([network] egress_warm_connections per revision in use).", nil, nil)
 	egressDNS = prometheus.NewDesc("kibotos_node_egress_dns_queries_total",
 		"Resolver guests' DNS queries through the egress process: answered, failed (no upstream in time), dropped.", []string{"outcome"}, nil)
 	namesDNS = prometheus.NewDesc("kibotos_node_dns_filter_queries_total",
@@ -371,7 +373,7 @@ type egressCollector struct {
 }
 
 func (c egressCollector) Describe(ch chan<- *prometheus.Desc) {
-	describe(ch, egressConns, egressInstanceConns, egressActive, egressDNS, namesDNS)
+	describe(ch, egressConns, egressInstanceConns, egressActive, egressWarm, egressDNS, namesDNS)
 }
 
 func (c egressCollector) Collect(ch chan<- prometheus.Metric) {
@@ -400,6 +402,7 @@ func (c egressCollector) Collect(ch chan<- prometheus.Metric) {
 			counter(egressConns, st.Failed, "failed")
 			counter(egressConns, st.Closed, "closed")
 			ch <- prometheus.MustNewConstMetric(egressActive, prometheus.GaugeValue, float64(st.Active))
+			ch <- prometheus.MustNewConstMetric(egressWarm, prometheus.GaugeValue, float64(st.Warm))
 			counter(egressDNS, st.DNSAnswered, "answered")
 			counter(egressDNS, st.DNSFailed, "failed")
 			counter(egressDNS, st.DNSDropped, "dropped")

@@ -121,3 +121,16 @@ kibotos_node_egress_instance_connections_total{instance_id="inst-a",outcome="ref
 		t.Error(err)
 	}
 }
+
+// The warm pools' connections are a gauge of the egress process's now.
+func TestEgressWarmConnections(t *testing.T) {
+	src := func(context.Context) (egress.Stats, bool) { return egress.Stats{Active: 1, Warm: 3}, true }
+	want := `
+# HELP kibotos_node_egress_warm_connections Connections to Egress SOCKS5 servers the egress process holds greeted and authenticated for the next guest connections ([network] egress_warm_connections per revision in use).
+# TYPE kibotos_node_egress_warm_connections gauge
+kibotos_node_egress_warm_connections 3
+`
+	if err := testutil.GatherAndCompare(Registry(Sources{Egress: src}), strings.NewReader(want), "kibotos_node_egress_warm_connections"); err != nil {
+		t.Error(err)
+	}
+}

@@ -325,7 +325,7 @@ func (s *Supervisor) Stats(ctx context.Context) (Stats, error) {
 // Totals are the egress counters summed over every generation this node
 // process has talked to, as last read (now, for the running ones), so a
 // generation switch or a replaced process never makes them go down;
-// Active is the running ones' connections. A generation whose control
+// Active and Warm are the running ones' connections. A generation whose control
 // socket does not answer counts with what it said last.
 func (s *Supervisor) Totals(ctx context.Context) Stats {
 	s.mu.Lock()
@@ -339,6 +339,7 @@ func (s *Supervisor) Totals(ctx context.Context) Stats {
 		if err == nil {
 			s.seen[g.num] = st
 			t.Active += st.Active
+			t.Warm += st.Warm
 		}
 		return err
 	})
