@@ -532,3 +532,24 @@ func TestDrainWithNothingLeftIsAnswered(t *testing.T) {
 		}
 	}
 }
+
+// What the node passes is checked again by the process: a warm pool past
+// MaxWarmConnections would have it dial that many connections at once.
+func TestNewChecksOptions(t *testing.T) {
+	dir := t.TempDir()
+	for _, c := range []struct {
+		opts Options
+		want string
+	}{
+		{Options{Generation: 1}, "egress: no socket directory: pass --socket-dir DIR"},
+		{Options{SocketDir: dir}, "egress: no generation: pass --generation N (N ≥ 1, from the node)"},
+		{Options{SocketDir: dir, Generation: 1, WarmConnections: MaxWarmConnections + 1}, "egress: --warm-connections 17: want 0 (none) to 16"},
+	} {
+		if _, err := New(c.opts); err == nil || err.Error() != c.want {
+			t.Errorf("New(%+v) = %v; want %q", c.opts, err, c.want)
+		}
+	}
+	if s, err := New(Options{SocketDir: dir, Generation: 1, WarmConnections: MaxWarmConnections}); err != nil || s == nil {
+		t.Errorf("New with %d warm connections: %v", MaxWarmConnections, err)
+	}
+}

@@ -99,6 +99,9 @@ func New(opts Options) (*Server, error) {
 	if opts.Generation == 0 {
 		return nil, errors.New("egress: no generation: pass --generation N (N ≥ 1, from the node)")
 	}
+	if opts.WarmConnections > MaxWarmConnections {
+		return nil, fmt.Errorf("egress: --warm-connections %d: want 0 (none) to %d", opts.WarmConnections, MaxWarmConnections)
+	}
 	if opts.HandshakeTimeout <= 0 {
 		opts.HandshakeTimeout = 10 * time.Second
 	}
