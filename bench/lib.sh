@@ -31,6 +31,9 @@ bench_cleanup() {
 		fi
 		wait "$pid" 2>/dev/null || true
 	done
+	if [[ -n "${BENCH_PAGE_REPORTING_ORDER:-}" ]]; then
+		echo "$BENCH_PAGE_REPORTING_ORDER" >"$PAGE_REPORTING_ORDER" || log "page_reporting_order not put back to $BENCH_PAGE_REPORTING_ORDER"
+	fi
 	if [[ -n "$BENCH_TMP" && -d "$BENCH_TMP" ]]; then
 		if [[ "${BENCH_KEEP:-0}" == 1 ]]; then
 			log "kept $BENCH_TMP (BENCH_KEEP=1)"
@@ -47,6 +50,24 @@ bench_init() {
 	trap bench_cleanup EXIT
 	trap 'exit 130' INT
 	trap 'exit 143' TERM
+}
+
+# host_page_reporting: with BENCH_PAGE_REPORTING=off, pause this host's
+# free page reporting for the run; bench_cleanup puts it back. A VM host
+# with it (these machines: virtio-balloon free page reporting) hands the
+# memory a process freed back to its hypervisor after about a second, and
+# touching that memory again costs several times more: a VM restore's
+# load then measures the hypervisor (150-300 ms within a second of the
+# previous VM's exit, 550-1,160 ms after a few seconds). A host without a
+# hypervisor underneath does not do this.
+PAGE_REPORTING_ORDER=/sys/module/page_reporting/parameters/page_reporting_order
+host_page_reporting() {
+	[[ "${BENCH_PAGE_REPORTING:-on}" == off ]] || return 0
+	[[ -w "$PAGE_REPORTING_ORDER" ]] || die "BENCH_PAGE_REPORTING=off: $PAGE_REPORTING_ORDER is not writable (no free page reporting here, or not root)"
+	BENCH_PAGE_REPORTING_ORDER=$(cat "$PAGE_REPORTING_ORDER")
+	# Above the largest block the page allocator has: nothing is reported.
+	echo 11 >"$PAGE_REPORTING_ORDER"
+	log "free page reporting paused for this run (page_reporting_order $BENCH_PAGE_REPORTING_ORDER -> 11)"
 }
 
 # start_bg NAME CMD ARGS...: run in the background, output to logs/NAME.log.

@@ -12,6 +12,7 @@
 #
 #   bench/warm.sh                  # 5 pairs
 #   BENCH_RUNS=9 bench/warm.sh
+#   BENCH_PAGE_REPORTING=off bench/warm.sh   # this VM host's free page reporting paused (lib.sh)
 #
 # Needs root, QEMU, jq and what scripts/install-deps.sh installs; the
 # Platform is built once into $KIBOTOS_PLATFORM_CACHE (default the tests'
@@ -20,6 +21,7 @@ set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 need jq "apt-get install jq"
 bench_init
+host_page_reporting
 runs=${BENCH_RUNS:-5}
 log "building kibotos (static, as the Platform's guest agent must be)"
 KIBOTOS_BIN_DIR="$BENCH_TMP/bin" bash "$BENCH_ROOT/scripts/build.sh" >/dev/null
