@@ -35,8 +35,8 @@ func TestEgressCommandRefusesRootAndIsHidden(t *testing.T) {
 	}
 }
 
-// The node starts `kibotos egress serve` without --warm-connections, so
-// the flag's default is the product's warm pool.
+// Started without --warm-connections (by hand, or by a node that does not
+// pass it), the process keeps the product's warm pool.
 func TestEgressServeWarmDefault(t *testing.T) {
 	var c EgressServeCmd
 	p, err := kong.New(&c)

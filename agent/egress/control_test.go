@@ -544,6 +544,7 @@ func TestNewChecksOptions(t *testing.T) {
 		{Options{Generation: 1}, "egress: no socket directory: pass --socket-dir DIR"},
 		{Options{SocketDir: dir}, "egress: no generation: pass --generation N (N ≥ 1, from the node)"},
 		{Options{SocketDir: dir, Generation: 1, WarmConnections: MaxWarmConnections + 1}, "egress: --warm-connections 17: want 0 (none) to 16"},
+		{Options{SocketDir: dir, Generation: 1, WarmConnections: -1}, "egress: --warm-connections -1: want 0 (none) to 16"},
 	} {
 		if _, err := New(c.opts); err == nil || err.Error() != c.want {
 			t.Errorf("New(%+v) = %v; want %q", c.opts, err, c.want)

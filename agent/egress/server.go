@@ -28,8 +28,8 @@ type Options struct {
 	// 16384. Past it new ones are refused.
 	MaxConnections int
 	// WarmConnections is how many greeted, authenticated connections are
-	// kept ready per proxy revision while guests use it (warm.go); zero
-	// or negative: none. `kibotos egress serve` keeps
+	// kept ready per proxy revision while guests use it (warm.go), 0 (none)
+	// to MaxWarmConnections. `kibotos egress serve` keeps
 	// DefaultWarmConnections: a guest's connection then costs one round
 	// trip to the proxy instead of three or four.
 	WarmConnections int
@@ -99,7 +99,7 @@ func New(opts Options) (*Server, error) {
 	if opts.Generation == 0 {
 		return nil, errors.New("egress: no generation: pass --generation N (N ≥ 1, from the node)")
 	}
-	if opts.WarmConnections > MaxWarmConnections {
+	if opts.WarmConnections < 0 || opts.WarmConnections > MaxWarmConnections {
 		return nil, fmt.Errorf("egress: --warm-connections %d: want 0 (none) to %d", opts.WarmConnections, MaxWarmConnections)
 	}
 	if opts.HandshakeTimeout <= 0 {

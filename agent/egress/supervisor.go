@@ -325,8 +325,8 @@ func (s *Supervisor) Stats(ctx context.Context) (Stats, error) {
 // Totals are the egress counters summed over every generation this node
 // process has talked to, as last read (now, for the running ones), so a
 // generation switch or a replaced process never makes them go down;
-// Active and Warm are the running ones' connections. A generation whose control
-// socket does not answer counts with what it said last.
+// Active and Warm are the running ones' connections. A generation whose
+// control socket does not answer counts with what it said last.
 func (s *Supervisor) Totals(ctx context.Context) Stats {
 	s.mu.Lock()
 	defer s.mu.Unlock()
