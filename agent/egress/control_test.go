@@ -476,6 +476,31 @@ func TestWarmPool(t *testing.T) {
 	}
 }
 
+// A warm pool dials its connections in parallel: here the proxy answers
+// no greeting until four wait at once (the guest's own dial, the pool
+// empty, and the pool's three), so a pool filled one by one would leave
+// the guest unanswered.
+func TestWarmPoolFillsInParallel(t *testing.T) {
+	_, c, listen := listeningServer(t, Options{WarmConnections: 3})
+	ctx := ctxT(t)
+	socks := newSocksServer(t, "", "")
+	socks.holdUntil(t, 4)
+	cfg := Config{Routes: []Route{{Guest: netip.MustParseAddr("127.0.0.1"), Egress: &Proxy{Name: "e1", Revision: 1, Address: socks.addr()}}}}
+	if err := c.SetConfig(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	g, err := net.Dial("tcp4", listen)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	echo(t, g, "through a proxy that answers four greetings at once")
+	waitFor(t, 10*time.Second, "the pool's three connections", func() bool {
+		st, err := c.Stats(ctx)
+		return err == nil && st.Warm == 3
+	})
+}
+
 // A warm pool holds nothing open on the proxy once its route goes unused
 // for WarmIdle, and fills again with the next guest connection.
 func TestWarmPoolEmptiesWhenIdle(t *testing.T) {

@@ -27,6 +27,42 @@ type socksServer struct {
 	seen       [][]byte
 	accepted   int
 	open       int // connections not yet closed by either side
+	// holdGreetings, when set, holds every greeting's answer until that
+	// many greetings are waiting at once (see holdUntil).
+	holdGreetings int
+	greeted       int
+	held          *sync.Cond // on mu
+}
+
+// holdUntil makes s answer no greeting until n of them wait at once: a
+// client that dials one at a time never gets an answer.
+func (s *socksServer) holdUntil(t testing.TB, n int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.holdGreetings, s.held = n, sync.NewCond(&s.mu)
+	t.Cleanup(func() { // let the held ones go
+		s.mu.Lock()
+		s.holdGreetings = 0
+		s.held.Broadcast()
+		s.mu.Unlock()
+	})
+}
+
+// waitGreetings blocks while s holds greetings.
+func (s *socksServer) waitGreetings() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.held == nil {
+		return
+	}
+	s.greeted++
+	if s.greeted >= s.holdGreetings {
+		s.holdGreetings = 0
+		s.held.Broadcast()
+	}
+	for s.holdGreetings > 0 {
+		s.held.Wait()
+	}
 }
 
 func newSocksServer(t testing.TB, user, pass string) *socksServer {
@@ -94,6 +130,7 @@ func (s *socksServer) serve(c net.Conn) {
 		return
 	}
 	methods := read(int(hdr[1]))
+	s.waitGreetings()
 	want := byte(socksNoAuth)
 	if s.user != "" {
 		want = socksUserPass
