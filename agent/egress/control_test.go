@@ -444,16 +444,8 @@ func TestWarmPool(t *testing.T) {
 	_, c, listen := listeningServer(t, Options{WarmConnections: 1})
 	ctx := ctxT(t)
 	socks := newSocksServer(t, "u", "p")
-	cfg := Config{Routes: []Route{{Guest: netip.MustParseAddr("127.0.0.1"), Egress: &Proxy{Name: "e1", Revision: 1, Address: socks.addr(), Username: "u", Password: "p"}}}}
-	if err := c.SetConfig(ctx, cfg); err != nil {
-		t.Fatal(err)
-	}
-	first, err := net.Dial("tcp4", listen)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer first.Close()
-	echo(t, first, "fresh")
+	cfg := warmRoute(t, c, socks)
+	echo(t, dialGuest(t, listen), "fresh")
 	// Ready in the pool (greeted and authenticated), not just accepted by
 	// the server.
 	waitFor(t, 10*time.Second, "the warm connection", func() bool {
@@ -465,12 +457,7 @@ func TestWarmPool(t *testing.T) {
 		t.Fatal(err)
 	}
 	socks.ln.Close()
-	second, err := net.Dial("tcp4", listen)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer second.Close()
-	echo(t, second, "warm")
+	echo(t, dialGuest(t, listen), "warm")
 	if got := socks.handshakes(); len(got) != 2 || !bytes.Equal(got[0], got[1]) {
 		t.Fatalf("handshakes %v; want two identical ones (greeting, credentials, CONNECT)", got)
 	}
@@ -485,16 +472,8 @@ func TestWarmPoolFillsInParallel(t *testing.T) {
 	ctx := ctxT(t)
 	socks := newSocksServer(t, "", "")
 	socks.holdUntil(t, 4)
-	cfg := Config{Routes: []Route{{Guest: netip.MustParseAddr("127.0.0.1"), Egress: &Proxy{Name: "e1", Revision: 1, Address: socks.addr()}}}}
-	if err := c.SetConfig(ctx, cfg); err != nil {
-		t.Fatal(err)
-	}
-	g, err := net.Dial("tcp4", listen)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer g.Close()
-	echo(t, g, "through a proxy that answers four greetings at once")
+	warmRoute(t, c, socks)
+	echo(t, dialGuest(t, listen), "through a proxy that answers four greetings at once")
 	waitFor(t, 10*time.Second, "the pool's three connections", func() bool {
 		st, err := c.Stats(ctx)
 		return err == nil && st.Warm == 3
@@ -507,16 +486,10 @@ func TestWarmPoolEmptiesWhenIdle(t *testing.T) {
 	_, c, listen := listeningServer(t, Options{WarmConnections: 1, WarmIdle: 300 * time.Millisecond})
 	ctx := ctxT(t)
 	socks := newSocksServer(t, "", "")
-	cfg := Config{Routes: []Route{{Guest: netip.MustParseAddr("127.0.0.1"), Egress: &Proxy{Name: "e1", Revision: 1, Address: socks.addr()}}}}
-	if err := c.SetConfig(ctx, cfg); err != nil {
-		t.Fatal(err)
-	}
+	warmRoute(t, c, socks)
 	warmAfter := func(what string) {
 		t.Helper()
-		g, err := net.Dial("tcp4", listen)
-		if err != nil {
-			t.Fatal(err)
-		}
+		g := dialGuest(t, listen)
 		echo(t, g, what)
 		g.Close()
 		waitFor(t, 10*time.Second, "a warm connection after the "+what+" one", func() bool {
@@ -533,6 +506,28 @@ func TestWarmPoolEmptiesWhenIdle(t *testing.T) {
 	waitFor(t, 10*time.Second, "only the warm connection open on the proxy", func() bool {
 		return socks.openConnections() == 1
 	})
+}
+
+// warmRoute routes the loopback "guest" of a listening server through
+// socks (with its credentials) and returns the config pushed.
+func warmRoute(t testing.TB, c *Client, socks *socksServer) Config {
+	t.Helper()
+	cfg := Config{Routes: []Route{{Guest: netip.MustParseAddr("127.0.0.1"), Egress: &Proxy{Name: "e1", Revision: 1, Address: socks.addr(), Username: socks.user, Password: socks.pass}}}}
+	if err := c.SetConfig(ctxT(t), cfg); err != nil {
+		t.Fatal(err)
+	}
+	return cfg
+}
+
+// dialGuest connects to the server's transparent listener as the guest.
+func dialGuest(t testing.TB, listen string) net.Conn {
+	t.Helper()
+	g, err := net.Dial("tcp4", listen)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { g.Close() })
+	return g
 }
 
 // A drain with nothing left to carry ends the server at once, and the
