@@ -115,14 +115,9 @@ func (l *Lab) Wire(a, aName, aAddr, b, bName, bAddr string) {
 // it up.
 func (l *Lab) configure(ns, link, cidr string) {
 	l.t.Helper()
-	l.Addr(ns, link, cidr)
 	nl := l.handle(ns)
 	defer nl.Close()
-	lk, err := nl.LinkByName(link)
-	if err == nil {
-		err = nl.LinkSetUp(lk)
-	}
-	if err != nil {
+	if err := nl.LinkSetUp(l.addAddr(nl, ns, link, cidr)); err != nil {
 		l.t.Fatalf("netlab: %s up in %s: %v", link, ns, err)
 	}
 }
@@ -132,6 +127,13 @@ func (l *Lab) Addr(ns, link, cidr string) {
 	l.t.Helper()
 	nl := l.handle(ns)
 	defer nl.Close()
+	l.addAddr(nl, ns, link, cidr)
+}
+
+// addAddr adds an address to a link through nl (a handle into ns) and
+// returns the link.
+func (l *Lab) addAddr(nl *netlink.Handle, ns, link, cidr string) netlink.Link {
+	l.t.Helper()
 	lk, err := nl.LinkByName(link)
 	if err != nil {
 		l.t.Fatal(err)
@@ -143,6 +145,7 @@ func (l *Lab) Addr(ns, link, cidr string) {
 	if err != nil {
 		l.t.Fatalf("netlab: address %s on %s in %s: %v", cidr, link, ns, err)
 	}
+	return lk
 }
 
 // parseAddr parses a CIDR; an IPv6 one skips duplicate address detection,
