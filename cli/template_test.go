@@ -7,7 +7,6 @@ import (
 	"encoding/json"
 	"io"
 	"log"
-	"net"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
@@ -142,9 +141,7 @@ func TestTemplateBuildOCI(t *testing.T) {
 	if _, errs, code := runCLI("template", "build", "hello", "--from-registry", missing, "--storage-root", root); code != api.ExitNotFound || strings.Count(strings.TrimSpace(errs), "\n") > 0 {
 		t.Errorf("a tag the registry lacks: exit %d, %q; want %d on one line", code, errs, api.ExitNotFound)
 	}
-	ln, _ := net.Listen("tcp", "127.0.0.1:0")
-	gone := ln.Addr().String() + "/hello:1"
-	ln.Close()
+	gone := testenv.LoopbackAddr(t) + "/hello:1" // nothing listens
 	if _, errs, code := runCLI("template", "build", "hello", "--from-registry", gone, "--storage-root", root); code != api.ExitUnavailable || !strings.Contains(errs, "template hello: ") {
 		t.Errorf("a registry that is not there: exit %d, %q; want %d", code, errs, api.ExitUnavailable)
 	}

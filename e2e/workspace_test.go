@@ -20,6 +20,7 @@ import (
 	"fmt"
 	"github.com/kibotos/kibotos/credential"
 	"github.com/kibotos/kibotos/internal/hostprobe"
+	"github.com/kibotos/kibotos/internal/testenv"
 	"github.com/kibotos/kibotos/vmm/units"
 	"github.com/kibotos/kibotos/vmm/units/privsd"
 	"io"
@@ -69,11 +70,7 @@ func TestWorkspace(t *testing.T) {
 	tmp := t.TempDir() // registered first: removed after the cleanup below
 	d := &wsDev{t: t, tmp: tmp, dir: filepath.Join(tmp, "dev"), cache: filepath.Join(os.TempDir(), "kibotos-test-platform")}
 	d.bin = buildBinary(t, filepath.Join(tmp, "bin"))
-	port, err := hostprobe.FreeMemberPorts()
-	if err != nil {
-		t.Fatal(err)
-	}
-	d.addr = "127.0.0.1:" + strconv.Itoa(port)
+	d.addr = "127.0.0.1:" + strconv.Itoa(testenv.Ports(t, 4)) // API, gossip, data plane, metrics
 	t.Cleanup(d.down)
 	d.up()
 	inc := d.waitReady(0)

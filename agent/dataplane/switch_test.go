@@ -270,29 +270,18 @@ func TestSupervisorHandOver(t *testing.T) {
 	}
 }
 
-// freePort is a TCP port of 127.0.0.1 nobody listens on.
-func freePort(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
-}
-
 // TestSupervisorAddressChange: the same release line on a new address.
 // The new generation binds it; the old one stops accepting on the old
 // address but serves its connection there until it ends, then exits.
 func TestSupervisorAddressChange(t *testing.T) {
 	e := newSwitchEnv(t)
 	a := e.build("0.2.0", "dataplane-test-a")
-	a.Listen = freePort(t)
+	a.Listen = testenv.LoopbackAddr(t)
 	h1 := e.ensure(a)
 	held := e.connect(h1.Address())
 
 	moved := a
-	moved.Listen = freePort(t)
+	moved.Listen = testenv.LoopbackAddr(t)
 	h2 := e.ensure(moved)
 	if h2.Generation != 2 || h2.Address() != moved.Listen || !strings.Contains(h2.Switched, "the listen address changed") {
 		t.Fatalf("Ensure on a new address: %+v (switched %q)", h2, h2.Switched)
@@ -318,7 +307,7 @@ func TestSupervisorAddressChange(t *testing.T) {
 func TestSupervisorAcrossLines(t *testing.T) {
 	e := newSwitchEnv(t)
 	a := e.build("0.2.0", "dataplane-test-a")
-	a.Listen = freePort(t)
+	a.Listen = testenv.LoopbackAddr(t)
 	h1 := e.ensure(a)
 	held := e.connect(h1.Address())
 
@@ -426,7 +415,7 @@ func TestTLSSettingsServed(t *testing.T) {
 func TestSupervisorServingDiesWhileOneDrains(t *testing.T) {
 	e := newSwitchEnv(t)
 	a := e.build("0.2.0", "dataplane-test-a")
-	a.Listen = freePort(t)
+	a.Listen = testenv.LoopbackAddr(t)
 	b := e.build("0.2.1", "dataplane-test-b")
 	b.Listen = a.Listen
 	e.ensure(a)

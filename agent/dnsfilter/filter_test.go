@@ -15,6 +15,7 @@ import (
 	"github.com/miekg/dns"
 
 	"github.com/kibotos/kibotos/internal/dnstest"
+	"github.com/kibotos/kibotos/internal/testenv"
 	"github.com/kibotos/kibotos/netpol"
 )
 
@@ -249,12 +250,7 @@ func TestFilterIPv6(t *testing.T) {
 
 // A dead deployment resolver gives SERVFAIL within the window, not silence.
 func TestFilterUpstreamDown(t *testing.T) {
-	dead, err := net.ListenPacket("udp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	deadAddr := netip.MustParseAddrPort(dead.LocalAddr().String())
-	dead.Close()
+	deadAddr := netip.MustParseAddrPort(testenv.LoopbackAddr(t)) // nothing listens
 	f, srv := newFilter(t, deadAddr)
 	rec := &recorder{}
 	f.Set(context.Background(), guestAddr, Policy{AllowNames: []string{"*.example.com"}, Learn: rec.learn})

@@ -12,6 +12,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kibotos/kibotos/internal/testenv"
 )
 
 // rawLink is a control connection the test drives frame by frame.
@@ -176,7 +178,7 @@ func TestControlDescriptors(t *testing.T) {
 	if _, err := ListenDNSTCP("0.0.0.0:5300"); err == nil {
 		t.Fatal("ListenDNSTCP took the unspecified address")
 	}
-	good, err := ListenSockets(freeTCP(t), freeDNS(t))
+	good, err := ListenSockets(testenv.LoopbackAddr(t), testenv.LoopbackAddr(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -198,30 +200,6 @@ func TestControlDescriptors(t *testing.T) {
 	if st := s.Stats(); st.Listening {
 		t.Fatalf("listening after refused listeners: %+v", st)
 	}
-}
-
-func freeUDP(t testing.TB) string {
-	t.Helper()
-	pc, err := net.ListenPacket("udp4", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pc.Close()
-	return pc.LocalAddr().String()
-}
-
-// freeDNS is a loopback address whose port is free for UDP and TCP both.
-func freeDNS(t testing.TB) string {
-	t.Helper()
-	for range 100 {
-		addr := freeUDP(t)
-		if ln, err := net.Listen("tcp4", addr); err == nil {
-			ln.Close()
-			return addr
-		}
-	}
-	t.Fatal("no loopback port free for both UDP and TCP")
-	return ""
 }
 
 // sendSockets makes the node's sockets on tcpAddr and dnsAddr, hands them
@@ -248,8 +226,8 @@ func listeningServer(t testing.TB, opts Options) (*Server, *Client, string) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { c.Close() })
-	listen := freeTCP(t)
-	sendSockets(t, c, listen, freeDNS(t))
+	listen := testenv.LoopbackAddr(t)
+	sendSockets(t, c, listen, testenv.LoopbackAddr(t))
 	return s, c, listen
 }
 
@@ -273,8 +251,8 @@ func TestClientAPI(t *testing.T) {
 	if _, err := ListenTransparentTCP("127.0.0.1:0"); err == nil {
 		t.Fatal("ListenTransparentTCP took port 0")
 	}
-	listen := freeTCP(t)
-	sockets, err := ListenSockets(listen, freeDNS(t))
+	listen := testenv.LoopbackAddr(t)
+	sockets, err := ListenSockets(listen, testenv.LoopbackAddr(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -383,16 +361,6 @@ func mustFD(t *testing.T, f *os.File) int {
 		t.Fatal(err)
 	}
 	return fd
-}
-
-func freeTCP(t testing.TB) string {
-	t.Helper()
-	ln, err := net.Listen("tcp4", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
 }
 
 // A peer that is not root is refused by its SO_PEERCRED uid, even when

@@ -10,6 +10,7 @@ import (
 	"github.com/miekg/dns"
 
 	"github.com/kibotos/kibotos/internal/dnstest"
+	"github.com/kibotos/kibotos/internal/testenv"
 )
 
 // upstream is a DNS server on loopback, UDP and TCP on one port, that
@@ -48,8 +49,8 @@ func dnsServer(t *testing.T, upstreams ...string) string {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { c.Close() })
-	addr := freeDNS(t)
-	sendSockets(t, c, freeTCP(t), addr)
+	addr := testenv.LoopbackAddr(t)
+	sendSockets(t, c, testenv.LoopbackAddr(t), addr)
 	cfg := Config{Routes: []Route{{Guest: netip.MustParseAddr("127.0.0.1"), Resolver: &Resolver{Name: "r1", Upstreams: upstreams}}}}
 	if err := c.SetConfig(ctx, cfg); err != nil {
 		t.Fatal(err)
@@ -133,7 +134,7 @@ func TestDNSOverTCPBounds(t *testing.T) {
 // Upstreams are tried in order; when none answers the guest gets
 // SERVFAIL rather than a silent timeout.
 func TestDNSUpstreamOrderAndFailure(t *testing.T) {
-	dead := freeUDP(t) // nothing listens: ICMP refuses at once
+	dead := testenv.LoopbackAddr(t) // nothing listens: ICMP refuses at once
 	addr := dnsServer(t, dead, upstream(t))
 	if r := ask(t, addr, 4096); r.Rcode != dns.RcodeSuccess || len(r.Answer) != 40 {
 		t.Fatalf("with a dead first upstream: %s, %d answers", dns.RcodeToString[r.Rcode], len(r.Answer))

@@ -9,6 +9,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/kibotos/kibotos/internal/testenv"
 )
 
 // A routed guest's connections count apart, by outcome, for as long as
@@ -69,7 +71,7 @@ func TestGuestStats(t *testing.T) {
 	configure(proxied, resolverOnly)
 	connect("carried")
 	dead := proxied
-	dead.Egress = &Proxy{Name: "e1", Revision: 2, Address: freeTCP(t)} // nothing listens
+	dead.Egress = &Proxy{Name: "e1", Revision: 2, Address: testenv.LoopbackAddr(t)} // nothing listens
 	configure(dead, resolverOnly)
 	connect("")
 	configure(Route{Guest: guest, Resolver: resolverOnly.Resolver}, resolverOnly)

@@ -339,7 +339,7 @@ func TestSocksAgainstMicrosocks(t *testing.T) {
 		name, user, pass string
 	}{{"no auth", "", ""}, {"user/pass", "alice", "s3cret"}} {
 		t.Run(tc.name, func(t *testing.T) {
-			port := freePort(t)
+			port := testenv.Ports(t, 1)
 			m := startMicrosocks(t, "", "127.0.0.1", port, tc.user, tc.pass, "")
 			c, err := net.Dial("tcp", m.addr)
 			if err != nil {
@@ -368,14 +368,4 @@ func TestSocksAgainstMicrosocks(t *testing.T) {
 			}
 		})
 	}
-}
-
-func freePort(t testing.TB) int {
-	t.Helper()
-	ln, err := net.Listen("tcp4", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
 }

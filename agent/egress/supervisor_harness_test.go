@@ -85,8 +85,8 @@ func newSupHarness(t *testing.T) *supHarness {
 		SocketDir:    filepath.Join(base, "run", "node-egress"),
 		StateDir:     filepath.Join(base, "storage", "state"),
 		Scope:        "suptest",
-		TCPListen:    freeTCP(t),
-		DNSListen:    freeUDP(t),
+		TCPListen:    testenv.LoopbackAddr(t),
+		DNSListen:    testenv.LoopbackAddr(t),
 		DrainTimeout: 20 * time.Second,
 		// What the node gives without egress_warm_connections.
 		WarmConnections: DefaultWarmConnections,

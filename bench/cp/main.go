@@ -103,6 +103,7 @@ type bench struct {
 	tmp, bin, dir, addr string
 	dev                 *exec.Cmd
 	devDone             chan struct{}
+	releasePorts        func() // the reservation of addr's ports, kept while dev runs
 	ws, instance        string
 	dataSock            string
 	size                int64
@@ -620,10 +621,11 @@ func (b *bench) up() error {
 	if err := os.Symlink("kibotos", filepath.Join(b.bin, "kibo")); err != nil {
 		return err
 	}
-	port, err := hostprobe.FreeMemberPorts()
+	port, release, err := hostprobe.ReservePorts(4) // API, gossip, data plane, metrics
 	if err != nil {
 		return err
 	}
+	b.releasePorts = release
 	b.addr = "127.0.0.1:" + strconv.Itoa(port)
 	logf, err := os.Create(filepath.Join(b.tmp, "dev.log"))
 	if err != nil {
@@ -713,6 +715,7 @@ func (b *bench) down() {
 	out, err := cmd.CombinedOutput()
 	fmt.Printf("kibotos dev down --purge: %s %v\n", strings.TrimSpace(string(out)), errOrNil(err))
 	b.dev = nil
+	b.releasePorts()
 }
 
 func errOrNil(err error) string {

@@ -72,6 +72,7 @@ type devCluster struct {
 	bin, dir, addr, cache, log string
 	cmd                        *exec.Cmd
 	done                       chan struct{}
+	releasePorts               func() // the reservation of addr's ports
 }
 
 // workspaceMode runs -mode workspace. It needs no Platform or private systemd
@@ -310,17 +311,18 @@ func startDev(ctx context.Context, cl *cleaner, scratch string) (*devCluster, er
 		return nil, err
 	}
 	logf("built kibotos (static) in %v", time.Since(t0).Round(time.Millisecond))
-	port, err := hostprobe.FreeMemberPorts()
+	port, release, err := hostprobe.ReservePorts(4) // API, gossip, data plane, metrics
 	if err != nil {
 		return nil, err
 	}
 	d := &devCluster{
 		bin: binDir, dir: filepath.Join(scratch, "dev"), addr: "127.0.0.1:" + strconv.Itoa(port),
 		cache: filepath.Join(os.TempDir(), "kibotos-test-platform"), log: filepath.Join(scratch, "dev.log"),
-		done: make(chan struct{}),
+		done: make(chan struct{}), releasePorts: release,
 	}
 	f, err := os.Create(d.log)
 	if err != nil {
+		release()
 		return nil, err
 	}
 	d.cmd = exec.Command(filepath.Join(binDir, "kibotos"), "dev", "--data-dir", d.dir, "--advertise", d.addr, "--no-demo", "--platform-cache-dir", d.cache)
@@ -330,6 +332,7 @@ func startDev(ctx context.Context, cl *cleaner, scratch string) (*devCluster, er
 	d.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	if err := d.cmd.Start(); err != nil {
 		f.Close()
+		release()
 		return nil, err
 	}
 	go func() { d.cmd.Wait(); f.Close(); close(d.done) }()
@@ -353,6 +356,7 @@ func (d *devCluster) env() []string { return append(hostprobe.CleanEnv(), "KIBOT
 // `kibotos dev down --purge` ends the VMs, the data-plane process and the
 // private systemd and removes the data directory.
 func (d *devCluster) down(scratch string) error {
+	defer d.releasePorts()
 	var errs []error
 	if !d.exited() {
 		d.cmd.Process.Signal(syscall.SIGINT)

@@ -10,8 +10,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"math/rand/v2"
-	"net"
 	"strconv"
 	"sync"
 	"testing"
@@ -23,6 +21,7 @@ import (
 	"github.com/kibotos/kibotos/artifacts"
 	"github.com/kibotos/kibotos/cluster"
 	"github.com/kibotos/kibotos/datadir"
+	"github.com/kibotos/kibotos/internal/testenv"
 )
 
 // Cluster is a set of in-process members.
@@ -127,31 +126,11 @@ func (c *Cluster) SetPoolCapacity(pool string, size uint64) {
 	}
 }
 
-// FreeAddr returns a loopback address whose port and port+1 (gossip) are free.
+// FreeAddr returns a loopback address whose port and port+1 (gossip) are
+// reserved for the rest of t.
 func FreeAddr(t testing.TB) string {
-	// Below the kernel's ephemeral range (32768+): a port the kernel hands
-	// out to any outgoing connection or listener on port 0 of another test
-	// process is never one of these, so the pair stays free between this
-	// check and the member's listen. Random, so parallel test packages do
-	// not pick the same pair.
-	for i := 0; i < 200; i++ {
-		port := 10000 + 2*rand.IntN(10000)
-		addr, next := "127.0.0.1:"+strconv.Itoa(port), "127.0.0.1:"+strconv.Itoa(port+1)
-		l, err := net.Listen("tcp", addr)
-		if err != nil {
-			continue
-		}
-		l.Close()
-		if l2, err := net.Listen("tcp", next); err == nil {
-			l2.Close()
-			if u, err := net.ListenPacket("udp", next); err == nil {
-				u.Close()
-				return addr
-			}
-		}
-	}
-	t.Fatal("no free port pair")
-	return ""
+	t.Helper()
+	return "127.0.0.1:" + strconv.Itoa(testenv.Ports(t, 2))
 }
 
 func (m *Member) start(o Options) {

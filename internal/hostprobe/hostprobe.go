@@ -1,59 +1,16 @@
 // Package hostprobe holds the small host facts that tests and benchmarks
-// driving real kibotos processes need alike: free ports for a member, an
+// driving real kibotos processes need alike: ports reserved for a member, an
 // environment that does not steer the CLI elsewhere, and which processes
 // still mention a scratch directory after cleanup.
 package hostprobe
 
 import (
-	"errors"
 	"fmt"
-	"io"
-	"net"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
 )
-
-// FreeMemberPorts finds PORT with PORT, PORT+1 (TCP and UDP), PORT+2 and
-// PORT+3 free on 127.0.0.1: a member's API, its gossip, its data plane and
-// its metrics.
-func FreeMemberPorts() (int, error) {
-	for i := 0; i < 50; i++ {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return 0, err
-		}
-		p := l.Addr().(*net.TCPAddr).Port
-		l.Close()
-		if p+3 <= 65535 && memberPortsFree(p) {
-			return p, nil
-		}
-	}
-	return 0, errors.New("no four free consecutive ports on 127.0.0.1")
-}
-
-func memberPortsFree(p int) bool {
-	var held []io.Closer
-	defer func() {
-		for _, c := range held {
-			c.Close()
-		}
-	}()
-	for _, q := range []int{p, p + 1, p + 2, p + 3} {
-		l, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(q))
-		if err != nil {
-			return false
-		}
-		held = append(held, l)
-	}
-	u, err := net.ListenPacket("udp", "127.0.0.1:"+strconv.Itoa(p+1))
-	if err != nil {
-		return false
-	}
-	held = append(held, u)
-	return true
-}
 
 // CleanEnv is this process's environment without KIBOTOS_* variables, so
 // the outer environment cannot steer a CLI or member elsewhere.

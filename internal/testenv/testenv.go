@@ -13,6 +13,8 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/kibotos/kibotos/internal/hostprobe"
 )
 
 // RequireAllEnv names the switch: "1" turns every missing prerequisite
@@ -69,4 +71,24 @@ func ProcStatField(pid, n int) string {
 		return ""
 	}
 	return f[n-3]
+}
+
+// Ports reserves n consecutive free ports of 127.0.0.1 for the rest of
+// t (hostprobe.ReservePorts) and returns the first.
+func Ports(t testing.TB, n int) int {
+	t.Helper()
+	first, release, err := hostprobe.ReservePorts(n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(release)
+	return first
+}
+
+// LoopbackAddr is 127.0.0.1 with a port reserved for the rest of t, free
+// for TCP and UDP: for a listener the code under test opens later, or an
+// address nothing listens on.
+func LoopbackAddr(t testing.TB) string {
+	t.Helper()
+	return "127.0.0.1:" + strconv.Itoa(Ports(t, 1))
 }

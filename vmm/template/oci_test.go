@@ -8,7 +8,6 @@ import (
 	"errors"
 	"io"
 	"log"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -29,6 +28,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 
+	"github.com/kibotos/kibotos/internal/testenv"
 	"github.com/kibotos/kibotos/vmm/guestproto"
 )
 
@@ -282,9 +282,7 @@ func TestBuildOCIFromRegistry(t *testing.T) {
 	if !errors.Is(err, ErrImageNotFound) {
 		t.Errorf("a tag the registry lacks: %v, want ErrImageNotFound", err)
 	}
-	ln, _ := net.Listen("tcp", "127.0.0.1:0")
-	closed := ln.Addr().String()
-	ln.Close()
+	closed := testenv.LoopbackAddr(t) // nothing listens
 	_, err = BuildOCI(ctx, OCIOptions{StorageRoot: t.TempDir(), Name: "app", Registry: closed + "/app:1"})
 	if !errors.Is(err, ErrImageUnavailable) || !strings.HasPrefix(err.Error(), "template app: ") {
 		t.Errorf("a registry that is not there: %v, want ErrImageUnavailable", err)
