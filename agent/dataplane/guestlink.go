@@ -1,9 +1,11 @@
 package dataplane
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"sync"
 	"time"
@@ -62,6 +64,7 @@ type opener func(ctx context.Context, req guestproto.Request) (st net.Conn, rele
 type guestLink struct {
 	instanceID string
 	socket     string
+	log        *slog.Logger
 	// lender is the draining generation to borrow the session from while
 	// it holds the data socket; nil when there is none (any more).
 	lender *lender
@@ -73,6 +76,7 @@ type guestLink struct {
 	client  guestSession
 	closed  bool
 	backoff time.Duration
+	attempt time.Duration // the next dial's time limit; 0: firstAttempt
 	lastErr error
 	lastTry time.Time
 
@@ -86,9 +90,21 @@ const (
 	maxRedial = 2 * time.Second
 )
 
+// How long one dial may wait for the guest's answer. A hello can be lost
+// without trace: a guest agent that closes its port (it does so while no
+// host is connected, e.g. right after a restore) drops what the port had
+// buffered. Waiting the whole of a connection's budget on one attempt
+// then fails the exec; a new connection is answered, so the first
+// attempt is short, and the limit doubles up to lastAttempt for a guest
+// that is merely slow (a restored TCG guest answers in 0.1-0.5 s here).
+const (
+	firstAttempt = time.Second
+	lastAttempt  = 5 * time.Second
+)
+
 func (s *Server) newLink(instanceID, socket string) *guestLink {
 	gone, markGone := context.WithCancel(context.Background())
-	l := &guestLink{instanceID: instanceID, socket: socket, gone: gone, markGone: markGone}
+	l := &guestLink{instanceID: instanceID, socket: socket, gone: gone, markGone: markGone, log: s.log}
 	if s.cfg.Predecessor != 0 {
 		l.lender = &lender{socketDir: s.cfg.SocketDir, gen: s.cfg.Predecessor, log: s.log}
 	}
@@ -125,14 +141,17 @@ func (l *guestLink) get(ctx context.Context) (guestSession, error) {
 			}
 		}
 		l.lastTry = time.Now()
-		c, err := l.dial(ctx)
+		limit := cmp.Or(l.attempt, firstAttempt)
+		c, err := l.dial(ctx, limit)
 		if err == nil {
 			l.setClient(c)
-			l.backoff, l.lastErr = 0, nil
+			l.backoff, l.attempt, l.lastErr = 0, 0, nil
 			return c, nil
 		}
 		l.lastErr = err
 		l.backoff = min(max(2*l.backoff, minRedial), maxRedial)
+		l.attempt = min(2*limit, lastAttempt)
+		l.log.Info("guest session dial failed", "instance", l.instanceID, "err", err, "limit", limit, "redial_in", l.backoff)
 		if ctx.Err() != nil {
 			return nil, l.unreachable(ctx)
 		}
@@ -177,10 +196,10 @@ func (l *guestLink) unreachable(ctx context.Context) error {
 // again: a draining lender never takes the socket back. A lender that is
 // busy (it may need the socket but has no session this moment) is asked
 // again, and the socket left to it.
-func (l *guestLink) dial(ctx context.Context) (guestSession, error) {
+func (l *guestLink) dial(ctx context.Context, limit time.Duration) (guestSession, error) {
 	// One attempt never takes all of ctx: a socket whose other client has
-	// not let go yet is retried.
-	actx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	// not let go yet, or a hello that was lost, is retried.
+	actx, cancel := context.WithTimeout(ctx, limit)
 	defer cancel()
 	for l.lender != nil {
 		ls, err := l.lender.borrow(actx, l.instanceID)

@@ -2,6 +2,7 @@ package dataplane
 
 import (
 	"bytes"
+	"context"
 	"crypto/sha256"
 	"errors"
 	"io"
@@ -15,6 +16,7 @@ import (
 	"time"
 
 	"github.com/kibotos/kibotos/credential"
+	"github.com/kibotos/kibotos/vmm/guest"
 	"github.com/kibotos/kibotos/vmm/guestproto"
 )
 
@@ -411,5 +413,49 @@ func TestGuestRestartRedials(t *testing.T) {
 	}
 	if out, _, _ := run(t, c2, nil, "echo", "two"); out != "two\n" {
 		t.Fatalf("exec after the guest came back: %q", out)
+	}
+}
+
+// A hello the guest never answers (a guest agent that closed its port
+// drops what the port held) costs one short attempt, not the
+// connection: the data plane dials again and the guest answers that.
+func TestLostHelloRedials(t *testing.T) {
+	p := newPKI(t, "node-a")
+	path := filepath.Join(t.TempDir(), "inst-1.sock")
+	ln, err := net.Listen("unix", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	swallowed := make(chan int64, 1)
+	first := true // the agent opens its channel from one goroutine
+	opener := func() (io.ReadWriteCloser, error) {
+		if first {
+			// The first connection: read it all, answer nothing.
+			first = false
+			c, err := ln.Accept()
+			if err != nil {
+				return nil, err
+			}
+			n, _ := io.Copy(io.Discard, c)
+			swallowed <- n
+		}
+		return ln.Accept()
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- guest.Serve(ctx, opener, guest.Options{BootID: "boot-1"}) }()
+	t.Cleanup(func() { cancel(); ln.Close(); <-done })
+	// Shorter than one attempt used to wait on a silent guest (5 s).
+	s := startServer(t, time.Second, func(c *Config) { c.GuestTimeout = 4 * time.Second })
+	s.push(t, p.state(Target{WorkspaceID: "ws-a", InstanceID: "inst-1", DataSocket: path}))
+	c := connect(t, p, p.cred(t, s.Addr(), "ws-a", "inst-1"))
+	if out, _, _ := run(t, c, nil, "echo", "answered"); out != "answered\n" {
+		t.Fatalf("exec: %q", out)
+	}
+	if n := <-swallowed; n == 0 {
+		t.Error("the first connection carried no hello")
+	}
+	if logs := s.logs.String(); !strings.Contains(logs, `msg="guest session dial failed"`) || !strings.Contains(logs, "instance=inst-1 ") {
+		t.Errorf("no line for the attempt that got no answer:\n%s", s.logs.String())
 	}
 }
