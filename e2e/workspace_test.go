@@ -1469,6 +1469,12 @@ func (d *wsDev) down() {
 				t.Logf("---- last lines of %s ----\n%s", filepath.Base(log), tail(log, 40))
 			}
 			d.mu.Unlock()
+			// The data-plane and egress processes log to their units'
+			// files (the private systemd has no journal).
+			logs, _ := filepath.Glob(filepath.Join(datadir.Dir(d.dir).NodeDir(), "systemd", "logs", "kibotos-[de]*.log"))
+			for _, log := range logs {
+				t.Logf("---- last lines of %s ----\n%s", filepath.Base(log), tail(log, 40))
+			}
 		}
 	}
 	if _, err := os.Stat(d.dir); err == nil {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"os"
 	"path/filepath"
 	"strings"
 	"time"
@@ -197,6 +198,17 @@ func (spec Spec) properties(extra ...sd.Property) []sd.Property {
 func (m *Manager) start(ctx context.Context, spec Spec, extra ...sd.Property) (Unit, error) {
 	if err := spec.validate(); err != nil {
 		return Unit{}, err
+	}
+	// A VMM's output goes to its Instance's own log (the runtime's
+	// machine logs), which outlives the unit.
+	if dir := m.target.LogDir; dir != "" && spec.Slice != VMMSlice {
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			return Unit{}, fmt.Errorf("units: start unit %s: its log directory: %w", spec.Name, err)
+		}
+		// Opened by the manager before the service runs: a service on a
+		// read-only file system, or not root, still writes it.
+		out := filepath.Join(dir, spec.Name+".log")
+		extra = append(extra, prop("StandardOutputFileToAppend", out), prop("StandardErrorFileToAppend", out))
 	}
 	props := spec.properties(extra...)
 	ch := make(chan string, 1)

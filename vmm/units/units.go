@@ -57,6 +57,11 @@ type Target struct {
 	// NetNSDir is the host directory that is the manager's /run/netns
 	// (a private systemd has its own /run); empty for the host's systemd.
 	NetNSDir string
+	// LogDir, when set, receives the standard output and error of each
+	// unit but the VMMs, appended to <LogDir>/<unit>.log. A private systemd has no journal:
+	// without it what the data-plane and egress processes log is lost.
+	// Empty for the host's systemd, whose journal keeps it.
+	LogDir string
 }
 
 // HostTarget is the host's own systemd (PID 1).

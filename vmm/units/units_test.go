@@ -500,3 +500,40 @@ touch %[1]s/x && echo rw-writable; } > %[1]s/result; exec sleep 300`, rw, ro, hi
 		t.Fatal(err)
 	}
 }
+
+// A private systemd has no journal: what a unit writes to its standard
+// output and error is appended to its file in the target's LogDir, also
+// when it runs as another user on a read-only file system.
+func TestStartServiceLogsToLogDir(t *testing.T) {
+	h := newHarness(t)
+	ctx := testCtx(t)
+	const name = "kibotos-dataplane-logs-1.service"
+	spec := units.Spec{Name: name, Slice: units.DataPlaneSlice, User: "nobody", ReadOnlyFilesystem: true,
+		Argv: []string{"/bin/sh", "-c", "echo to stdout; echo to stderr >&2; exec sleep 300"}}
+	log := filepath.Join(h.inst.UnitLogDir(), name+".log")
+	for run := 1; run <= 2; run++ {
+		if _, err := h.m.StartService(ctx, spec); err != nil {
+			t.Fatal(err)
+		}
+		want := strings.Repeat("to stdout\nto stderr\n", run)
+		waitFor(t, 10*time.Second, "the unit's lines in "+log, func() bool {
+			b, _ := os.ReadFile(log)
+			return string(b) == want
+		})
+		if err := h.m.Stop(ctx, name); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if fi, err := os.Stat(h.inst.UnitLogDir()); err != nil || fi.Mode().Perm() != 0o700 {
+		t.Errorf("log directory: %v, %v; want mode 0700", fi, err)
+	}
+	// A VMM's output has its Instance's own log: no file here.
+	vmm := sleepSpec("kibotos-vmm-logs.service")
+	if _, err := h.m.StartVMM(ctx, vmm); err != nil {
+		t.Fatal(err)
+	}
+	defer h.m.Stop(ctx, vmm.Name)
+	if _, err := os.Stat(filepath.Join(h.inst.UnitLogDir(), vmm.Name+".log")); !os.IsNotExist(err) {
+		t.Errorf("a VMM unit got a log file in the log directory: %v", err)
+	}
+}

@@ -69,7 +69,8 @@ type Instance struct {
 	// CgroupRoot is the host cgroup2 directory that is the root of the
 	// private systemd's cgroup namespace.
 	CgroupRoot string
-	// Dir holds run/ (its /run), units/, and systemd.log (its console).
+	// Dir holds run/ (its /run), units/, systemd.log (its console) and
+	// logs/ (UnitLogDir).
 	Dir string
 	// NetNSDir is the host directory that is the manager's /run/netns, a
 	// shared mount: a network namespace pinned there from the host
@@ -91,7 +92,16 @@ type Instance struct {
 
 // Target is the units.Target for this instance.
 func (i *Instance) Target() units.Target {
-	return units.Target{Socket: i.BusSocket, CgroupRoot: i.CgroupRoot, ManagerPID: i.PID, NetNSDir: i.NetNSDir}
+	return units.Target{Socket: i.BusSocket, CgroupRoot: i.CgroupRoot, ManagerPID: i.PID, NetNSDir: i.NetNSDir, LogDir: i.UnitLogDir()}
+}
+
+// UnitLogDir holds a log file per unit this systemd ran (units.Target
+// LogDir): it has no journal.
+func (i *Instance) UnitLogDir() string {
+	if i.Dir == "" {
+		return ""
+	}
+	return filepath.Join(i.Dir, "logs")
 }
 
 type binaries struct {
