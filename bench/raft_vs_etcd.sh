@@ -22,6 +22,11 @@
 #                    values of this size and each kibotos client writes
 #                    overcommit values to a node of its own with a command id
 #                    of this size (stored by every member with the result)
+#   BENCH_ETCD_TLS=1 run etcd as kibotos always runs: TLS with client
+#                    certificates on its client and peer ports (a CA, server
+#                    and client certificates made with openssl for the run;
+#                    ECDSA P-256 and TLS 1.3, as kibotos's). Default: plain
+#                    HTTP, the reference the issue measured
 #   BENCH_OUT        also append the result JSON lines to this file
 #   BENCH_KEEP=1     keep the temp directory (data dirs, member logs)
 #   BENCH_PPROF_DIR  run the members with pprof (bench/kibotos-pprof) and save
@@ -45,6 +50,7 @@ need etcd "apt-get update && apt-get install -y etcd-server etcd-client"
 need etcdctl "apt-get update && apt-get install -y etcd-server etcd-client"
 need jq "apt-get install -y jq"
 need curl "apt-get install -y curl"
+[[ "${BENCH_ETCD_TLS:-0}" != 1 ]] || need openssl "apt-get install -y openssl"
 bench_init
 build_bins
 RESULTS="$BENCH_TMP/results.jsonl"
@@ -96,27 +102,53 @@ run_load() {
 
 # --- etcd ------------------------------------------------------------------
 log "$(etcd --version | head -1)"
+# etcd_tls DIR: a CA, a certificate both ways (server and client) for the
+# members' ports on 127.0.0.1, and one for loadgen and etcdctl.
+etcd_tls() {
+	local d=$1 n
+	mkdir -p "$d"
+	openssl ecparam -name prime256v1 -genkey -noout -out "$d/ca-key.pem"
+	openssl req -x509 -new -key "$d/ca-key.pem" -subj /CN=bench-etcd-ca -days 2 -out "$d/ca.pem"
+	for n in server client; do
+		openssl ecparam -name prime256v1 -genkey -noout -out "$d/$n-key.pem"
+		openssl req -new -key "$d/$n-key.pem" -subj "/CN=bench-etcd-$n" -out "$d/$n.csr"
+		printf 'subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth,clientAuth\n' >"$d/$n.ext"
+		openssl x509 -req -in "$d/$n.csr" -CA "$d/ca.pem" -CAkey "$d/ca-key.pem" -CAcreateserial -days 2 -extfile "$d/$n.ext" -out "$d/$n.pem" 2>/dev/null
+	done
+	chmod 600 "$d"/*-key.pem
+}
+scheme=http ETCD_TLS_FLAGS=() ETCDCTL_TLS=() LOADGEN_TLS=()
+if [[ "${BENCH_ETCD_TLS:-0}" == 1 ]]; then
+	tls=$BENCH_TMP/etcd-tls
+	etcd_tls "$tls"
+	scheme=https
+	ETCD_TLS_FLAGS=(--cert-file "$tls/server.pem" --key-file "$tls/server-key.pem" --trusted-ca-file "$tls/ca.pem" --client-cert-auth
+		--peer-cert-file "$tls/server.pem" --peer-key-file "$tls/server-key.pem" --peer-trusted-ca-file "$tls/ca.pem" --peer-client-cert-auth)
+	ETCDCTL_TLS=(--cacert "$tls/ca.pem" --cert "$tls/client.pem" --key "$tls/client-key.pem")
+	LOADGEN_TLS=(-etcd-tls "$tls")
+	log "etcd with TLS and client certificates on its client and peer ports"
+fi
 ETCD_PIDS=()
 cluster="" endpoints=""
 for i in 1 2 3; do
-	cluster+="${cluster:+,}e$i=http://127.0.0.1:$((BASE + (i - 1) * 10 + 1))"
-	endpoints+="${endpoints:+,}http://127.0.0.1:$((BASE + (i - 1) * 10))"
+	cluster+="${cluster:+,}e$i=$scheme://127.0.0.1:$((BASE + (i - 1) * 10 + 1))"
+	endpoints+="${endpoints:+,}$scheme://127.0.0.1:$((BASE + (i - 1) * 10))"
 done
 for i in 1 2 3; do
 	c=$((BASE + (i - 1) * 10)) p=$((BASE + (i - 1) * 10 + 1))
 	# Default durability: every raft entry is fsynced (no --unsafe-no-fsync).
 	start_bg "etcd-e$i" etcd --name "e$i" --data-dir "$BENCH_TMP/etcd/e$i" \
-		--listen-client-urls "http://127.0.0.1:$c" --advertise-client-urls "http://127.0.0.1:$c" \
-		--listen-peer-urls "http://127.0.0.1:$p" --initial-advertise-peer-urls "http://127.0.0.1:$p" \
+		--listen-client-urls "$scheme://127.0.0.1:$c" --advertise-client-urls "$scheme://127.0.0.1:$c" \
+		--listen-peer-urls "$scheme://127.0.0.1:$p" --initial-advertise-peer-urls "$scheme://127.0.0.1:$p" \
 		--initial-cluster "$cluster" --initial-cluster-token kibotos-bench --initial-cluster-state new \
-		--logger zap --log-level warn
+		--logger zap --log-level warn "${ETCD_TLS_FLAGS[@]}"
 	ETCD_PIDS+=("$!")
 done
-wait_until 60 "etcd cluster health" env ETCDCTL_API=3 etcdctl --endpoints "$endpoints" endpoint health
+wait_until 60 "etcd cluster health" env ETCDCTL_API=3 etcdctl "${ETCDCTL_TLS[@]}" --endpoints "$endpoints" endpoint health
 log "etcd cluster ready: $endpoints"
 for r in $(seq 1 "$REPEAT"); do
 	for n in $CLIENTS; do
-		run_load "${ETCD_PIDS[*]}" -target etcd -clients "$n" -endpoints "$endpoints" -value-size "${BENCH_VALUE_SIZE:-256}"
+		run_load "${ETCD_PIDS[*]}" -target etcd -clients "$n" -endpoints "$endpoints" "${LOADGEN_TLS[@]}" -value-size "${BENCH_VALUE_SIZE:-256}"
 	done
 done
 for pid in "${ETCD_PIDS[@]}"; do stop_pid "$pid"; done
@@ -132,7 +164,7 @@ done
 
 # --- table -----------------------------------------------------------------
 echo
-echo "kibotos $BENCH_REV vs $(etcd --version | head -1); ${SECS}s per run; median of the $REPEAT run(s)${BENCH_VALUE_SIZE:+; ${BENCH_VALUE_SIZE}-byte values},"
+echo "kibotos $BENCH_REV vs $(etcd --version | head -1)$([[ "${BENCH_ETCD_TLS:-0}" == 1 ]] && echo " with TLS"); ${SECS}s per run; median of the $REPEAT run(s)${BENCH_VALUE_SIZE:+; ${BENCH_VALUE_SIZE}-byte values},"
 echo "of only those where other processes took <= ${BENCH_MAX_OTHER:-10}% of the CPU when there are any; latencies in ms"
 printf '%-7s %10s %10s %9s %8s %8s %8s %8s %8s %9s %9s %7s\n' clients etcd_ops/s ours_ops/s thr_ratio etcd_p50 ours_p50 etcd_p99 ours_p99 p99_ratio etcd_cpu ours_cpu other%
 for n in $CLIENTS; do

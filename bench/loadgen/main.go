@@ -32,6 +32,7 @@ import (
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
+	"crypto/tls"
 	"crypto/x509"
 	"encoding/base64"
 	"encoding/json"
@@ -43,6 +44,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -96,7 +98,8 @@ func main() {
 	dataDir := flag.String("data-dir", "", "kibotos: data directory of a member (admin credentials)")
 	addrs := flag.String("addrs", "", "kibotos: comma-separated API addresses (HOST:PORT); default: the member of -data-dir")
 	nodes := flag.String("nodes", "", "kibotos: comma-separated node ids to write to; default: every node of GET /v1/nodes")
-	endpoints := flag.String("endpoints", "", "etcd: comma-separated client URLs (http://HOST:PORT)")
+	endpoints := flag.String("endpoints", "", "etcd: comma-separated client URLs (http://HOST:PORT, or https:// with -etcd-tls)")
+	etcdTLS := flag.String("etcd-tls", "", "etcd: directory with ca.pem, client.pem and client-key.pem; the client authenticates with that certificate")
 	valueSize := flag.Int("value-size", 256, "etcd: bytes per value; kibotos, when given: each write carries a command id of this many bytes (see kibotosValueOps)")
 	keys := flag.Int("keys", 10000, "etcd: size of each client's key space")
 	template := flag.String("template", "bench", "create: template of the Workspaces")
@@ -129,7 +132,7 @@ func main() {
 			}
 		})
 	case "etcd":
-		makeOp = etcdOps(*endpoints, *valueSize, *keys)
+		makeOp = etcdOps(*endpoints, *etcdTLS, *valueSize, *keys)
 	case "create":
 		makeOp = createOps(*dataDir, *addrs, *template, *cpu, *memMiB)
 	default:
@@ -443,11 +446,16 @@ func kibotosValueOps(dataDir, addrList string, size int) func(int) op {
 	}
 }
 
-// etcdOps: puts of valueSize random bytes through the HTTP/JSON gateway.
-func etcdOps(endpointList string, valueSize, keys int) func(int) op {
+// etcdOps: puts of valueSize random bytes through the HTTP/JSON gateway,
+// over TLS with a client certificate when tlsDir is given.
+func etcdOps(endpointList, tlsDir string, valueSize, keys int) func(int) op {
 	eps := split(endpointList)
 	if len(eps) == 0 {
 		fatalf("-target etcd needs -endpoints")
+	}
+	var tlsConf *tls.Config
+	if tlsDir != "" {
+		tlsConf = etcdClientTLS(tlsDir)
 	}
 	value := make([]byte, valueSize)
 	rand.Read(value)
@@ -457,6 +465,7 @@ func etcdOps(endpointList string, valueSize, keys int) func(int) op {
 			DialContext:         (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
 			MaxIdleConnsPerHost: 1,
 			DisableCompression:  true,
+			TLSClientConfig:     tlsConf,
 		}}
 		url := strings.TrimRight(eps[i%len(eps)], "/") + "/v3/kv/put"
 		put := func(ctx context.Context, seq int) error {
@@ -486,6 +495,24 @@ func etcdOps(endpointList string, valueSize, keys int) func(int) op {
 		}
 		return func(ctx context.Context, seq int) (time.Duration, error) { return 0, put(ctx, seq) }
 	}
+}
+
+// etcdClientTLS is the client side of an etcd cluster run with TLS and
+// client certificates: the cluster's CA and a certificate it trusts.
+func etcdClientTLS(dir string) *tls.Config {
+	cert, err := tls.LoadX509KeyPair(filepath.Join(dir, "client.pem"), filepath.Join(dir, "client-key.pem"))
+	if err != nil {
+		fatalf("-etcd-tls: %v", err)
+	}
+	ca, err := os.ReadFile(filepath.Join(dir, "ca.pem"))
+	if err != nil {
+		fatalf("-etcd-tls: %v", err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(ca) {
+		fatalf("-etcd-tls: %s/ca.pem holds no certificate", dir)
+	}
+	return &tls.Config{RootCAs: pool, Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS13}
 }
 
 // staleReads counts reads of a just-created Workspace that its member had
