@@ -106,9 +106,17 @@ func startDataPlane(ctx context.Context, d datadir.Dir, m *units.Manager, listen
 	if err != nil {
 		return nil, fmt.Errorf("data plane: listen address %q is not HOST:PORT", listen)
 	}
-	sockDir := filepath.Join(d.NodeDir(), "dataplane")
+	// The socket directory both this process and the service manager see
+	// at the same path (see NodeSocketDir); the scope stays what it was
+	// when the directory was under the node's state directory, so the
+	// units of earlier builds are still this node's.
+	sockDir := DataPlaneSocketDir(d, m.Target().ManagerPID > 1)
+	if err := os.MkdirAll(filepath.Dir(sockDir), 0o755); err != nil {
+		return nil, fmt.Errorf("data plane: %w", err)
+	}
 	l := &dataPlaneLink{issue: issue, hosts: []string{host}, log: log, cfg: dataplane.SupervisorConfig{
-		Units: m, Executable: exe, Scope: dataplane.ScopeFor(sockDir), SocketDir: sockDir, Listen: listen, LogFormat: logFormat, Logger: log,
+		Units: m, Executable: exe, Scope: NodeScope(d), SocketDir: sockDir, EarlierSocketDirs: []string{earlierDataPlaneSocketDir(d)},
+		Listen: listen, LogFormat: logFormat, Logger: log,
 	}}
 	// Without ctrl (a node restarting during a ctrl outage) the node still
 	// starts: an adopted process keeps serving with the certificate it

@@ -377,7 +377,7 @@ func (c *DevDownCmd) Run(g *Globals) error {
 		rt.Close()
 		// The data-plane process outlives the node by design; on the host's
 		// systemd nothing else would end it.
-		dpStopped, err = dataplane.StopScope(g.ctx, m, nodeScope(d))
+		dpStopped, err = dataplane.StopScope(g.ctx, m, NodeScope(d))
 		m.Close()
 		if err != nil {
 			return err

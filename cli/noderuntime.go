@@ -206,7 +206,7 @@ func devSystemd(ctx context.Context, d datadir.Dir) (*privsd.Instance, error) {
 // /run/kibotos/node-<scope>. A private systemd has its own /run, so
 // there it is in the shared temporary directory: <tmp>/kibotos-<scope>/node.
 func NodeSocketDir(d datadir.Dir, privateSystemd bool) string {
-	scope := nodeScope(d)
+	scope := NodeScope(d)
 	switch {
 	case privateSystemd:
 		return filepath.Join(os.TempDir(), "kibotos-"+scope, "node")
@@ -222,6 +222,21 @@ func EgressSocketDir(d datadir.Dir, privateSystemd bool) string {
 	return NodeSocketDir(d, privateSystemd) + "-egress"
 }
 
+// DataPlaneSocketDir is the socket directory of the node's data-plane
+// processes: dataplane/ in the node's socket directory, never the node's
+// state directory (process-model documentation).
+func DataPlaneSocketDir(d datadir.Dir, privateSystemd bool) string {
+	return filepath.Join(NodeSocketDir(d, privateSystemd), "dataplane")
+}
+
+// earlierDataPlaneSocketDir is where builds before the node socket
+// directory kept the data plane's control sockets and generation counter:
+// a data-plane process they started is adopted there. It also names the
+// node's scope (NodeScope), which did not move with it.
+func earlierDataPlaneSocketDir(d datadir.Dir) string {
+	return filepath.Join(d.NodeDir(), "dataplane")
+}
+
 // earlierEgressSocketDir is where builds before the node socket
 // directory kept the egress control sockets: an egress process they
 // started is adopted there.
@@ -230,20 +245,21 @@ func earlierEgressSocketDir(d datadir.Dir, privateSystemd bool) string {
 	if privateSystemd {
 		base = os.TempDir()
 	}
-	return filepath.Join(base, "kibotos-egress-"+nodeScope(d))
+	return filepath.Join(base, "kibotos-egress-"+NodeScope(d))
 }
 
 // RemoveEgressSocketDirs removes the egress socket directories of a
 // private systemd's node (its processes ended with it), the temporary
-// directory holding them and an earlier build's.
+// directory holding them (and the data plane's, in the node socket
+// directory there) and an earlier build's.
 func RemoveEgressSocketDirs(d datadir.Dir) error {
 	return errors.Join(os.RemoveAll(filepath.Dir(NodeSocketDir(d, true))), os.RemoveAll(earlierEgressSocketDir(d, true)))
 }
 
-// nodeScope tells this node's units and directories from other nodes' on
+// NodeScope tells this node's units and directories from other nodes' on
 // the host (the data plane's scope).
-func nodeScope(d datadir.Dir) string {
-	return dataplane.ScopeFor(filepath.Join(d.NodeDir(), "dataplane"))
+func NodeScope(d datadir.Dir) string {
+	return dataplane.ScopeFor(earlierDataPlaneSocketDir(d))
 }
 
 // openEgress prepares the node's egress process supervisor (it starts the
@@ -262,7 +278,7 @@ func openEgress(ctx context.Context, d datadir.Dir, m *units.Manager, logFormat 
 		return nil, err
 	}
 	return egress.OpenSupervisor(ctx, egress.SupervisorConfig{
-		Units: m, Executable: exe, Scope: nodeScope(d),
+		Units: m, Executable: exe, Scope: NodeScope(d),
 		SocketDir:         socketDir,
 		EarlierSocketDirs: []string{earlierEgressSocketDir(d, private)},
 		StateDir:          filepath.Join(d.StorageRoot(), "state"),

@@ -24,6 +24,7 @@ import (
 	"github.com/kibotos/kibotos/vmm/units"
 	"github.com/kibotos/kibotos/vmm/units/privsd"
 	"io"
+	"io/fs"
 	"net"
 	"net/http"
 	"os"
@@ -41,6 +42,7 @@ import (
 	"github.com/kibotos/kibotos/agent/dataplane"
 	"github.com/kibotos/kibotos/agent/runtime/runtimetest"
 	"github.com/kibotos/kibotos/api"
+	"github.com/kibotos/kibotos/cli"
 	"github.com/kibotos/kibotos/datadir"
 	"github.com/kibotos/kibotos/fsm"
 	"github.com/kibotos/kibotos/trust"
@@ -836,7 +838,16 @@ func (d *wsDev) testCredentials(id string) {
 // new generation within seconds and exec works again.
 func (d *wsDev) testDataPlaneKill(id string) {
 	t := d.t
-	sockDir := filepath.Join(datadir.Dir(d.dir).NodeDir(), "dataplane")
+	// Where the process-model documentation puts it: dataplane/ in the
+	// node's socket directory, mode 0700, and nothing in the state
+	// directory.
+	sockDir := cli.DataPlaneSocketDir(datadir.Dir(d.dir), true)
+	if st, err := os.Stat(sockDir); err != nil || st.Mode().Perm() != 0o700 {
+		t.Errorf("data-plane socket directory %s: %v, %v; want mode 0700", sockDir, st, err)
+	}
+	if _, err := os.Stat(filepath.Join(datadir.Dir(d.dir).NodeDir(), "dataplane")); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("the node's state directory has a data-plane directory: %v", err)
+	}
 	raw, err := os.ReadFile(filepath.Join(sockDir, "generation"))
 	if err != nil {
 		t.Fatal(err)
@@ -858,7 +869,7 @@ func (d *wsDev) testDataPlaneKill(id string) {
 		t.Fatal(err)
 	}
 	defer m.Close()
-	u, err := m.Get(ctx, dataplane.UnitName(dataplane.ScopeFor(sockDir), gen))
+	u, err := m.Get(ctx, dataplane.UnitName(cli.NodeScope(datadir.Dir(d.dir)), gen))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -25,6 +25,13 @@ type SupervisorConfig struct {
 	// SocketDir is the data plane's socket directory, e.g.
 	// /run/kibotos/node/dataplane.
 	SocketDir string
+	// EarlierSocketDirs are where builds before this one put the control
+	// sockets and the generation counter. A generation they started is
+	// reached through a link in SocketDir (linkEarlier), so an upgrade
+	// that moved the directory still adopts it or hands over from it with
+	// its connections; its numbers are never handed out again. New
+	// generations always use SocketDir.
+	EarlierSocketDirs []string
 	// Listen is the node's data-plane address.
 	Listen string
 	// TLS are the settings the process serves; the zero value is
@@ -69,8 +76,9 @@ type Handle struct {
 	// Hello is the process's answer when Ensure returned.
 	Hello Hello
 
-	socketDir string
-	log       *slog.Logger
+	socketDir   string
+	earlierDirs []string
+	log         *slog.Logger
 
 	mu       sync.Mutex
 	draining []DrainingGeneration // oldest first; at most one
@@ -286,6 +294,7 @@ func (h *Handle) checkDraining(ctx context.Context, d DrainingGeneration, err er
 	h.mu.Unlock()
 	if forgot {
 		h.log.Info("data-plane generation ended", "generation", d.Generation, "unit", d.Unit, "main_pid", d.MainPID, "reason", "its connections ended")
+		forgetEarlier(h.socketDir, h.earlierDirs, d.Generation)
 	}
 }
 
@@ -358,6 +367,13 @@ func (sv *supervisor) running(ctx context.Context) ([]*proc, error) {
 	if err != nil {
 		return nil, err
 	}
+	for _, dir := range cfg.EarlierSocketDirs {
+		earlier, err := readGeneration(dir)
+		if err != nil {
+			return nil, err
+		}
+		maxGen = max(maxGen, earlier)
+	}
 	var running []*proc
 	for _, u := range listed {
 		gen, ok := unitGeneration(cfg.Scope, u.Name)
@@ -371,12 +387,15 @@ func (sv *supervisor) running(ctx context.Context) ([]*proc, error) {
 	}
 	sv.lastGen = maxGen
 	slices.SortFunc(running, func(a, b *proc) int { return cmp.Compare(b.gen, a.gen) })
+	if err := linkEarlier(cfg.SocketDir, cfg.EarlierSocketDirs, running, sv.log); err != nil {
+		return nil, err
+	}
 	return running, nil
 }
 
 // handle is the Handle of serving p with draining d (newest first).
 func (sv *supervisor) handle(p *proc, d []*proc) *Handle {
-	h := &Handle{Unit: p.unit, Generation: p.gen, MainPID: p.mainPID, Hello: *p.hello, socketDir: sv.cfg.SocketDir, log: sv.log}
+	h := &Handle{Unit: p.unit, Generation: p.gen, MainPID: p.mainPID, Hello: *p.hello, socketDir: sv.cfg.SocketDir, earlierDirs: sv.cfg.EarlierSocketDirs, log: sv.log}
 	for i := len(d) - 1; i >= 0; i-- {
 		h.draining = append(h.draining, DrainingGeneration{Unit: d[i].unit, Generation: d[i].gen, MainPID: d[i].mainPID})
 	}

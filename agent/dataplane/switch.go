@@ -295,6 +295,10 @@ func (sv *supervisor) end(ctx context.Context, p *proc, reason string) {
 	// A process that did not exit cleanly left its control socket: no
 	// later generation has its number, so the file is only litter.
 	os.Remove(ControlSocket(sv.cfg.SocketDir, p.gen))
+	for _, dir := range sv.cfg.EarlierSocketDirs {
+		os.Remove(ControlSocket(dir, p.gen))
+	}
+	forgetEarlier(sv.cfg.SocketDir, sv.cfg.EarlierSocketDirs, p.gen)
 	sv.log.Warn("data-plane generation ended", attrs...)
 }
 

@@ -4,8 +4,10 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
+	"io/fs"
 	"log/slog"
 	"net"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -130,6 +132,21 @@ func (e *switchEnv) connect(addr string) *guestproto.Client {
 	return c
 }
 
+// finishOld checks that a connection to the generation a switch made
+// drain still answers, and that the process started on it before the
+// switch reads its input and exits 0.
+func (e *switchEnv) finishOld(held *guestproto.Client, proc *guestproto.Process) {
+	e.t.Helper()
+	if err := echoOn(e.ctx, held, "during"); err != nil {
+		e.t.Fatalf("the old generation's connection after the switch: %v", err)
+	}
+	proc.Stdin.Write([]byte("it\n"))
+	proc.Stdin.Close()
+	if exit, err := proc.Wait(); err != nil || exit.ExitCode != 0 {
+		e.t.Fatalf("the process started before the switch: %+v, %v", exit, err)
+	}
+}
+
 func (e *switchEnv) logHas(t *testing.T, parts ...string) {
 	t.Helper()
 	for _, line := range strings.Split(e.logs.String(), "\n") {
@@ -204,14 +221,7 @@ func TestSupervisorHandOver(t *testing.T) {
 		t.Fatalf("hellos while generation 1 drains: %+v", hs)
 	}
 	lp.waitMore(t, 50)
-	if err := echoOn(e.ctx, held1, "during"); err != nil {
-		t.Fatalf("the old generation's connection after the switch: %v", err)
-	}
-	proc.Stdin.Write([]byte("it\n"))
-	proc.Stdin.Close()
-	if exit, err := proc.Wait(); err != nil || exit.ExitCode != 0 {
-		t.Fatalf("the process started before the switch: %+v, %v", exit, err)
-	}
+	e.finishOld(held1, proc)
 	held1.Close()
 	gone1 := e.waitGone(h1.Unit, 15*time.Second)
 	e.wantUnits("after generation 1's last connection ended", 2)
@@ -442,5 +452,64 @@ func TestSupervisorServingDiesWhileOneDrains(t *testing.T) {
 	e.waitGone(UnitName(e.base.Scope, 1), 15*time.Second)
 	if err := echoOnce(e.p.cred(t, a.Listen, "ws-a", "inst-1"), e.p.pool, "after"); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestSupervisorAdoptsFromAnEarlierSocketDir: an upgrade that moved the
+// socket directory. A generation an earlier build started in the old
+// directory, with an exec open through it, is handed over from there to
+// a generation of this build in the new directory: the new one takes the
+// listening socket, the old one's open connection goes on, the numbers go
+// on from the old counter, and once the old generation exits by itself
+// neither its link nor the old directory is left.
+func TestSupervisorAdoptsFromAnEarlierSocketDir(t *testing.T) {
+	e := newSwitchEnv(t)
+	old := e.build("0.2.0", "dataplane-test-a")
+	h1 := e.ensure(old)
+	addr := h1.Address()
+	held := e.connect(addr)
+	proc, err := held.Exec(e.ctx, guestproto.ExecRequest{Argv: []string{"sh", "-c", "read x; echo got $x"}, Stdin: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	cur := e.build("0.2.1", "dataplane-test-b")
+	earlier := cur.SocketDir
+	cur.SocketDir, cur.EarlierSocketDirs = filepath.Join(e.dir, "run", "dataplane"), []string{earlier}
+	h2 := e.ensure(cur)
+	if h2.Adopted || h2.Generation != 2 || h2.Address() != addr || !strings.Contains(h2.Switched, "another build on the release line") {
+		t.Fatalf("Ensure of this build with the moved directory: %+v (switched %q), want generation 2 taking over %s", h2, h2.Switched, addr)
+	}
+	if d := h2.Draining(); len(d) != 1 || d[0].Generation != 1 {
+		t.Fatalf("draining after the switch: %+v, want generation 1", d)
+	}
+	e.logHas(t, "data-plane generation found in an earlier socket directory", "generation=1")
+	if _, err := os.Stat(ControlSocket(cur.SocketDir, 2)); err != nil {
+		t.Fatalf("generation 2's control socket is not in the new directory: %v", err)
+	}
+	if gen, err := readGeneration(cur.SocketDir); err != nil || gen != 2 {
+		t.Fatalf("the new directory's generation counter: %d, %v; want 2", gen, err)
+	}
+	e.connect(h2.Address()).Close()
+
+	// The old generation's connection and exec go on, then end, and the
+	// generation with them.
+	e.finishOld(held, proc)
+	held.Close()
+	e.waitGone(h1.Unit, 15*time.Second)
+	// The node learns it at its next look at its generations.
+	h2.Hellos(e.ctx)
+	if d := h2.Draining(); len(d) != 0 {
+		t.Fatalf("draining once generation 1 exited: %+v", d)
+	}
+	if _, err := os.Lstat(ControlSocket(cur.SocketDir, 1)); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("the link to generation 1's control socket is left: %v", err)
+	}
+	if _, err := os.Stat(earlier); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("the earlier socket directory is left: %v", err)
+	}
+	// A node restart adopts generation 2 there, and numbers on from it.
+	if h := e.ensure(cur); !h.Adopted || h.Generation != 2 {
+		t.Fatalf("Ensure after the upgrade: %+v", h)
 	}
 }
