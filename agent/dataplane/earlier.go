@@ -6,6 +6,7 @@ import (
 	"io/fs"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"strings"
 )
 
@@ -28,6 +29,19 @@ func linkEarlier(socketDir string, earlier []string, running []*proc, log *slog.
 	}
 	if err := os.MkdirAll(socketDir, 0o700); err != nil {
 		return fmt.Errorf("dataplane: socket directory %s: %w", socketDir, err)
+	}
+	// A link whose generation no longer runs is litter a node that
+	// stopped before it saw that generation end left behind.
+	runs := map[string]bool{}
+	for _, p := range running {
+		runs[filepath.Base(ControlSocket(socketDir, p.gen))] = true
+	}
+	if entries, err := os.ReadDir(socketDir); err == nil {
+		for _, e := range entries {
+			if e.Type() == fs.ModeSymlink && !runs[e.Name()] {
+				os.Remove(filepath.Join(socketDir, e.Name()))
+			}
+		}
 	}
 	for _, p := range running {
 		name := ControlSocket(socketDir, p.gen)

@@ -508,8 +508,16 @@ func TestSupervisorAdoptsFromAnEarlierSocketDir(t *testing.T) {
 	if _, err := os.Stat(earlier); !errors.Is(err, fs.ErrNotExist) {
 		t.Errorf("the earlier socket directory is left: %v", err)
 	}
-	// A node restart adopts generation 2 there, and numbers on from it.
+	// A node restart adopts generation 2 there, and removes a link a
+	// node that stopped before its generation ended left behind.
+	stray := ControlSocket(cur.SocketDir, 1)
+	if err := os.Symlink(ControlSocket(earlier, 1), stray); err != nil {
+		t.Fatal(err)
+	}
 	if h := e.ensure(cur); !h.Adopted || h.Generation != 2 {
 		t.Fatalf("Ensure after the upgrade: %+v", h)
+	}
+	if _, err := os.Lstat(stray); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("a link to an ended generation's control socket is left after Ensure: %v", err)
 	}
 }
