@@ -3,6 +3,7 @@ package runtime_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -61,17 +62,26 @@ func TestPauseGivenUp(t *testing.T) {
 			time.Sleep(time.Millisecond)
 		}
 	}
-	if _, err := rt.Pause(pctx, "g-1", dir); !errors.Is(err, context.Canceled) {
-		t.Fatalf("pause given up on: %v", err)
+	_, err = rt.Pause(pctx, "g-1", dir)
+	if !errors.Is(err, context.Canceled) || strings.Contains(err.Error(), "start the guest's vCPUs again") {
+		t.Fatalf("pause given up on: %v; want it cancelled, and the guest's vCPUs started again", err)
 	}
 	giveUp = nil
 	if names := dirEntries(t, dir); len(names) != 0 {
 		t.Errorf("a pause given up on left %v", names)
 	}
 	// The guest session may be reconnecting: asked until it answers.
+	var last string // the last exec that did not answer, for a failure
+	defer func() {
+		if t.Failed() {
+			st, err := rt.Status("g-1")
+			t.Logf("last exec that did not answer: %s; instance: %+v, %v", last, st, err)
+		}
+	}()
 	count := func() int {
 		r, err := run(ctx, rt, "g-1", guestproto.ExecRequest{Argv: []string{"/bin/sh", "-c", "cat /tmp/count"}}, nil)
 		if err != nil || r.exit.ExitCode != 0 {
+			last = fmt.Sprintf("%s: %+v, %v", time.Now().Format("15:04:05.000"), r, err)
 			return -1
 		}
 		n, _ := strconv.Atoi(strings.TrimSpace(r.stdout))

@@ -208,8 +208,12 @@ func (rt *Runtime) save(ctx context.Context, in *instance, rec *LaunchRecord, co
 		// Under load QEMU may take seconds to end its migration.
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 		defer cancel()
+		t0 := time.Now()
 		if cerr := q.Abandon(cctx); cerr != nil {
+			rt.log.Error("pause not undone: the guest may stay stopped", "instance_id", in.id, "err", cerr, "took", time.Since(t0).Round(time.Millisecond))
 			err = errors.Join(err, fmt.Errorf("start the guest's vCPUs again: %w", cerr))
+		} else {
+			rt.log.Info("pause undone: the guest runs on", "instance_id", in.id, "why", err, "took", time.Since(t0).Round(time.Millisecond))
 		}
 		return SnapshotMeta{}, err
 	}
