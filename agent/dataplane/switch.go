@@ -292,13 +292,14 @@ func (sv *supervisor) end(ctx context.Context, p *proc, reason string) {
 		sv.log.Error("data-plane generation ended", append(attrs, "err", stopErr)...)
 		return
 	}
-	// A process that did not exit cleanly left its control socket: no
-	// later generation has its number, so the file is only litter.
+	// A process that did not exit cleanly left its control socket (and,
+	// for an earlier build's, the link to it): no later generation has
+	// its number, so both are only litter.
 	os.Remove(ControlSocket(sv.cfg.SocketDir, p.gen))
 	for _, dir := range sv.cfg.EarlierSocketDirs {
 		os.Remove(ControlSocket(dir, p.gen))
 	}
-	forgetEarlier(sv.cfg.SocketDir, sv.cfg.EarlierSocketDirs, p.gen)
+	tidyEarlier(sv.cfg.EarlierSocketDirs)
 	sv.log.Warn("data-plane generation ended", attrs...)
 }
 
