@@ -27,17 +27,29 @@ func procStartTime(pid int) (uint64, error) {
 	return strconv.ParseUint(f[19], 10, 64)
 }
 
-// procExe is the executable of pid: its path and dev:ino.
+// procExe is the executable of pid: its path and dev:ino. The link is
+// read between two looks at its dev:ino: a process that execs in between
+// (the log wrapper becoming the VMM) would otherwise pair one binary's
+// path with the other's dev:ino. An exec happens once per launch, so the
+// few retries only ever cover a process that keeps exec'ing.
 func procExe(pid int) (path string, dev, ino uint64, err error) {
 	link := "/proc/" + strconv.Itoa(pid) + "/exe"
-	if path, err = os.Readlink(link); err != nil {
-		return "", 0, 0, err
+	for range 100 {
+		var before, after syscall.Stat_t
+		if err := syscall.Stat(link, &before); err != nil {
+			return "", 0, 0, err
+		}
+		if path, err = os.Readlink(link); err != nil {
+			return "", 0, 0, err
+		}
+		if err := syscall.Stat(link, &after); err != nil {
+			return "", 0, 0, err
+		}
+		if before.Dev == after.Dev && before.Ino == after.Ino {
+			return path, after.Dev, after.Ino, nil
+		}
 	}
-	var st syscall.Stat_t
-	if err := syscall.Stat(link, &st); err != nil {
-		return "", 0, 0, err
-	}
-	return path, st.Dev, st.Ino, nil
+	return "", 0, 0, fmt.Errorf("%s: the process keeps executing other binaries", link)
 }
 
 // fileID is the dev:ino of a file.
