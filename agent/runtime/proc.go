@@ -28,14 +28,16 @@ func procStartTime(pid int) (uint64, error) {
 }
 
 // procExe is the executable of pid: its path and dev:ino. The link is
-// read between two looks at its dev:ino: a process that execs in between
-// (the log wrapper becoming the VMM) would otherwise pair one binary's
-// path with the other's dev:ino. An exec happens once per launch, so the
-// few retries only ever cover a process that keeps exec'ing.
+// read between two looks at its dev:ino, and the path it names must be
+// that file (unless the file was deleted since the exec): a process that
+// execs meanwhile (the log wrapper becoming the VMM) would otherwise
+// pair one binary's path with the other's dev:ino. An exec happens once
+// per launch, so the retries only ever cover a process that keeps
+// exec'ing.
 func procExe(pid int) (path string, dev, ino uint64, err error) {
 	link := "/proc/" + strconv.Itoa(pid) + "/exe"
 	for range 100 {
-		var before, after syscall.Stat_t
+		var before, after, named syscall.Stat_t
 		if err := syscall.Stat(link, &before); err != nil {
 			return "", 0, 0, err
 		}
@@ -45,7 +47,11 @@ func procExe(pid int) (path string, dev, ino uint64, err error) {
 		if err := syscall.Stat(link, &after); err != nil {
 			return "", 0, 0, err
 		}
-		if before.Dev == after.Dev && before.Ino == after.Ino {
+		same := before.Dev == after.Dev && before.Ino == after.Ino
+		if same && strings.HasSuffix(path, " (deleted)") {
+			return path, after.Dev, after.Ino, nil
+		}
+		if same && syscall.Stat(path, &named) == nil && named.Dev == after.Dev && named.Ino == after.Ino {
 			return path, after.Dev, after.Ino, nil
 		}
 	}
