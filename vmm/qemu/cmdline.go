@@ -61,7 +61,17 @@ type Config struct {
 	// of booting: QMP.Load loads it and QMP.Cont starts its vCPUs (-S).
 	// The devices must be those of the saved VM, in the same order.
 	Incoming bool
+	// MemoryFile backs the guest's RAM with a file mapped shared (on a
+	// tmpfs: it is the guest's memory, not a copy of it), which outlives
+	// QEMU. A save with SaveOptions.MemoryInFile leaves the RAM out of
+	// the stream, and a QEMU started on the same file loads the rest.
+	MemoryFile string
 }
+
+// RAMBlockID is the id of the guest's RAM in the migration stream: the
+// one microvm gives the RAM of -m, so a stream of a VM whose RAM was a
+// MemoryFile loads into one without, and back.
+const RAMBlockID = "microvm.ram"
 
 // Channel is one guest channel.
 type Channel struct {
@@ -177,6 +187,10 @@ func (c *Config) Args() ([]string, error) {
 		"-initrd", c.Initrd,
 		"-append", c.KernelCmdline(),
 	}
+	if c.MemoryFile != "" {
+		a = append(a, "-object", "memory-backend-file,id="+RAMBlockID+",size="+strconv.Itoa(mem)+"M,mem-path="+c.MemoryFile+",share=on,x-use-canonical-path-for-ramblock-id=off",
+			"-machine", "memory-backend="+RAMBlockID)
+	}
 	if c.ConsoleSocket != "" {
 		a = append(a, "-chardev", "socket,id=console,path="+c.ConsoleSocket+",server=on,wait=off", "-serial", "chardev:console")
 	} else {
@@ -271,6 +285,9 @@ func (c *Config) validate() error {
 	}
 	path("kernel", c.Kernel, false)
 	path("initrd", c.Initrd, false)
+	if c.MemoryFile != "" {
+		path("memory file", c.MemoryFile, false)
+	}
 	switch {
 	case c.ConsoleSocket != "" && c.ConsoleLog != "":
 		bad("console: give a console socket or a console log file, not both")
