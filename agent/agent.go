@@ -592,6 +592,13 @@ func (a *Agent) buildReport(withEnded bool) api.Report {
 			}
 		}
 	}
+	// Ready warm guests hold their memory (their memory files) until a
+	// start maps it as a Workspace's: placement must not count it free.
+	if rt := a.cfg.Runtime; rt != nil && rt.KeepsWarmMemory() {
+		for _, w := range r.Warm {
+			r.Allocated.MemoryBytes += uint64(w.Ready) * w.MemoryBytes
+		}
+	}
 	if a.cfg.AdjustReport != nil {
 		a.cfg.AdjustReport(&r)
 	}

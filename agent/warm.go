@@ -20,9 +20,11 @@ import (
 // Warm guests ([templates.NAME] warm = N): the node keeps up to N paused,
 // pre-booted guests of each such template, and the first start of a
 // Workspace of that template and size restores one instead of booting
-// (runtime/warm.go has the files). A warm guest costs disk only (its
-// snapshot) while it waits; booting one costs what a boot costs, one at a
-// time, never while the host's memory is tight or the node drains.
+// (runtime/warm.go has the files). A warm guest costs its memory (its
+// RAM kept in a memory file, so a start maps it instead of loading it)
+// and a little disk (its device state and layer) while it waits; booting
+// one costs what a boot costs, one at a time, never while the host's
+// memory is tight or the node drains.
 
 // WarmConfig asks for warm guests of one template.
 type WarmConfig struct {
@@ -106,7 +108,7 @@ func (a *Agent) runWarm(ctx context.Context) {
 	if entries, err := os.ReadDir(a.warmRoot()); err == nil {
 		for _, e := range entries {
 			if a.warmFor(e.Name()) == nil {
-				os.RemoveAll(filepath.Join(a.warmRoot(), e.Name()))
+				rt.WarmStore(filepath.Join(a.warmRoot(), e.Name())).RemoveAll()
 			}
 		}
 	}
@@ -164,17 +166,18 @@ func (a *Agent) fillWarm(ctx context.Context, c WarmConfig, startup bool) bool {
 	spec, why := a.warmSpec(c)
 	// Without a key now (the template or Platform unreadable for the
 	// moment) no complete slot is judged stale.
-	removed, err := runtime.CleanWarm(dir, func(m runtime.WarmMeta) bool { return why != "" || m.WarmKey == spec.WarmKey }, startup)
+	store := a.cfg.Runtime.WarmStore(dir)
+	removed, err := store.Clean(func(m runtime.WarmMeta) bool { return why != "" || m.WarmKey == spec.WarmKey }, startup)
 	if removed > 0 {
 		a.log.Info("warm guests removed: of another template build, Platform or size, or unfinished", "template", c.Template, "removed", removed)
 	}
 	if err != nil {
 		a.log.Warn("warm guests not all removed", "template", c.Template, "err", err)
 	}
-	slots, _ := runtime.WarmSlots(dir)
+	slots, _ := store.Slots()
 	// More than wanted (the count was lowered): the rest go.
 	for _, slot := range slices.Sorted(maps.Keys(slots))[:max(len(slots)-c.Count, 0)] {
-		if err := os.RemoveAll(slot); err != nil {
+		if err := store.Remove(slot); err != nil {
 			a.log.Warn("warm guest beyond the count not removed", "slot", slot, "err", err)
 		}
 		delete(slots, slot)
@@ -222,7 +225,7 @@ func (a *Agent) takeWarm(spec runtime.Spec, tpl *template.Template) (string, run
 	if a.warmFor(tpl.Name) == nil {
 		return "", runtime.WarmMeta{}
 	}
-	slot, m, err := runtime.TakeWarm(a.warmDir(tpl.Name), warmKey(tpl, spec.Installation.ID, spec.VCPUs, spec.MemoryMiB))
+	slot, m, err := a.cfg.Runtime.WarmStore(a.warmDir(tpl.Name)).Take(warmKey(tpl, spec.Installation.ID, spec.VCPUs, spec.MemoryMiB))
 	if err != nil {
 		a.log.Warn("warm guests not read", "template", tpl.Name, "err", err)
 	}
@@ -231,7 +234,7 @@ func (a *Agent) takeWarm(spec runtime.Spec, tpl *template.Template) (string, run
 
 // warmTaken counts a start that restored a warm guest and has another made.
 func (a *Agent) warmTaken(name string, slot string, started bool) {
-	if err := os.RemoveAll(slot); err != nil {
+	if err := a.cfg.Runtime.WarmStore(a.warmDir(name)).Remove(slot); err != nil {
 		a.log.Warn("spent warm guest not removed", "slot", slot, "err", err)
 	}
 	w := &a.warm

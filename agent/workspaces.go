@@ -340,7 +340,7 @@ func (a *Agent) startWorkspace(ctx context.Context, t api.WorkspaceTask, r *api.
 	if restore == nil && im == nil && len(volumes) == 0 && freshLayer {
 		var m runtime.WarmMeta
 		if warm, m = a.takeWarm(spec, tpl); warm != "" {
-			runtime.WarmRestore(&spec, warm, m, t.WorkspaceID, []string{WorkspaceRoot})
+			rt.WarmStore(a.warmDir(tpl.Name)).Restore(&spec, warm, m, t.WorkspaceID, []string{WorkspaceRoot})
 			warmID = len(spec.Identity.Roots) > 0
 		}
 	}

@@ -393,6 +393,11 @@ func (c *DevDownCmd) Run(g *Globals) error {
 			return err
 		}
 	}
+	// Warm guests' memory is host memory on a tmpfs: a cluster that is
+	// down holds none (its slots are incomplete without it, and go).
+	if err := os.RemoveAll(WarmMemoryDir(d)); err != nil {
+		return err
+	}
 	g.printf("kibotos dev: %d VM(s) ended, %d data-plane process(es) stopped", deleted, dpStopped)
 	if sd != nil {
 		g.printf(", private systemd stopped")

@@ -103,7 +103,7 @@ func openNodeRuntime(ctx context.Context, o memberOptions, nodeID string, steps 
 		log.Warn("no Platform has this kibotos as its guest agent: Workspaces cannot start here until kibotos platform build runs with it", "agent_sha256", sha)
 	}
 	cfg := runtime.Config{StorageRoot: d.StorageRoot(), NodeID: nodeID, Units: m, Accel: accel, Logger: log, OwnInstallation: own, Network: network,
-		Observe: steps.Observe, MachineLogsMaxBytes: o.machineLogsMax,
+		Observe: steps.Observe, MachineLogsMaxBytes: o.machineLogsMax, WarmMemoryDir: WarmMemoryDir(d),
 		Pools: []runtime.PoolDir{{ID: api.PrivatePoolID(nodeID), Path: agent.DefaultPoolPath(d)}}}
 	for _, p := range o.pools {
 		cfg.Pools = append(cfg.Pools, runtime.PoolDir{ID: p.ID, Path: p.Path, Shared: p.Shared})
@@ -254,6 +254,15 @@ func earlierEgressSocketDir(d datadir.Dir, privateSystemd bool) string {
 // directory there) and an earlier build's.
 func RemoveEgressSocketDirs(d datadir.Dir) error {
 	return errors.Join(os.RemoveAll(filepath.Dir(NodeSocketDir(d, true))), os.RemoveAll(earlierEgressSocketDir(d, true)))
+}
+
+// WarmMemoryDir is where the node's warm guests keep their RAM while they
+// wait: /dev/shm/kibotos-<scope>-warm, root's alone. /dev/shm is a tmpfs
+// every host has, seen alike by this process, the host's systemd and a
+// private one (which does not see what this process mounts after it
+// started).
+func WarmMemoryDir(d datadir.Dir) string {
+	return filepath.Join("/dev/shm", "kibotos-"+NodeScope(d)+"-warm")
 }
 
 // NodeScope tells this node's units and directories from other nodes' on

@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -8,6 +9,8 @@ import (
 
 	"github.com/kibotos/kibotos/agent/runtime"
 	"github.com/kibotos/kibotos/api"
+	"github.com/kibotos/kibotos/cli"
+	"github.com/kibotos/kibotos/datadir"
 	"github.com/kibotos/kibotos/vmm/platform"
 )
 
@@ -83,6 +86,38 @@ func (d *wsDev) testWarm(string) {
 		return ident{l[0], l[1], l[2], l[3]}
 	}
 
+	// A ready warm guest's memory is allocated on the node: placement
+	// does not count it free.
+	allocated := func() (got, want uint64) {
+		t.Helper()
+		var n struct {
+			Report *api.Report `json:"report"`
+		}
+		var l struct {
+			Workspaces []api.Workspace `json:"workspaces"`
+		}
+		if err := decodeResult(d.must("node", "get", "dev", "--json"), &n); err != nil || n.Report == nil {
+			t.Fatalf("node dev: %+v %v", n, err)
+		}
+		if err := decodeResult(d.must("workspace", "list", "--json"), &l); err != nil {
+			t.Fatal(err)
+		}
+		for _, w := range n.Report.Warm {
+			want += uint64(w.Ready) * w.MemoryBytes
+		}
+		for _, w := range l.Workspaces {
+			if w.NodeID == "dev" && w.State == api.WorkspaceAvailable {
+				want += w.MemoryBytes
+			}
+		}
+		return n.Report.Allocated.MemoryBytes, want
+	}
+	awaitWarm("a warm guest of "+warmTemplate+" ready on node dev", func(w api.WarmGuests) bool { return w.Ready == 1 })
+	waitFor(t, 30*time.Second, "node dev's allocated memory to hold its running Workspaces' and its ready warm guest's", func() (bool, string) {
+		got, want := allocated()
+		return got == want, fmt.Sprintf("allocated %d bytes, want %d", got, want)
+	})
+
 	var made []string
 	seen := map[string]ident{}
 	for i := range 2 {
@@ -139,6 +174,11 @@ func (d *wsDev) testWarm(string) {
 	slots, _ := filepath.Glob(filepath.Join(d.dir, "storage", "warm", warmTemplate, "warm-*", runtime.SnapshotStateFile))
 	if len(slots) != 1 {
 		t.Fatalf("warm guest state files: %v; want one", slots)
+	}
+	// Its RAM waits in its memory file, the node's alone.
+	mem, _ := filepath.Glob(filepath.Join(cli.WarmMemoryDir(datadir.Dir(d.dir)), warmTemplate, "*"))
+	if len(mem) != 1 || filepath.Base(mem[0]) != filepath.Base(filepath.Dir(slots[0]))+runtime.WarmMemorySuffix {
+		t.Errorf("warm guest memory files: %v; want the slot's (%s) alone", mem, slots[0])
 	}
 	st, err := os.Stat(slots[0])
 	if err != nil {

@@ -148,6 +148,7 @@ func (q *QEMU) Argv(spec Spec, p Paths) ([]string, error) {
 		QMPSocket:     p.Control,
 		NoReboot:      true,
 		Incoming:      spec.Restore != nil,
+		MemoryFile:    spec.MemoryFile,
 	}
 	// The data plane's channel; InstanceStatus reports its socket because
 	// it is on this command line.

@@ -124,6 +124,11 @@ type Config struct {
 	// past it the Instance is FAILED, its VMM left running.
 	Pools        []PoolDir
 	PoolOpenWait time.Duration
+	// WarmMemoryDir, when set, is a directory on a tmpfs (made root's
+	// alone when missing) where warm guests keep their RAM while they
+	// wait, so that a start maps it instead of loading it (warm.go);
+	// "": a warm guest's RAM is in its state file, on disk.
+	WarmMemoryDir string
 
 	// unconfinedVMM launches QEMU the way builds before VMM confinement
 	// did (root, no seccomp, file console), so tests can make the

@@ -16,7 +16,9 @@ import (
 	"github.com/kibotos/kibotos/netpol"
 	"github.com/kibotos/kibotos/vmm/guestproto"
 	"github.com/kibotos/kibotos/vmm/platform"
+	"github.com/kibotos/kibotos/vmm/qemu"
 	"github.com/kibotos/kibotos/vmm/units"
+	"golang.org/x/sys/unix"
 )
 
 // Spec describes an Instance to start.
@@ -53,6 +55,13 @@ type Spec struct {
 	// saved: its own random state, hostname and machine id, set before
 	// anything else is asked of it (fork.go).
 	Identity *Identity
+	// MemoryFile, when set, is the guest's RAM: a file on a tmpfs,
+	// root's alone and allocated whole at the guest's size beforehand
+	// (BootWarm), mapped shared, so it outlives the VMM. A warm guest is saved without its RAM
+	// (SnapshotMeta.MemoryInFile), and the Instance restored from it
+	// runs on the same file: its memory is never copied. With Restore,
+	// it must be the snapshot's RestoreSpec.MemoryFile.
+	MemoryFile string
 	// Configure, when set, is what the guest is configured with once it
 	// answered, beside its network (which must not depend on it): a
 	// Workspace's filesystem mounts. Its failure fails the start.
@@ -221,6 +230,12 @@ func (rt *Runtime) start(ctx context.Context, in *instance, spec Spec) error {
 			err = rt.checkRestore(rec, meta)
 		}
 		netKept = err == nil && meta.Network.keeps(rec.Network)
+		if err == nil && meta.MemoryInFile != (spec.Restore.MemoryFile != "") {
+			err = fmt.Errorf("%w: memory kept apart %v, a memory file given %v", ErrSnapshotUnusable, meta.MemoryInFile, spec.Restore.MemoryFile != "")
+		}
+		if err == nil && spec.Restore.MemoryFile != spec.MemoryFile {
+			err = fmt.Errorf("the snapshot's memory file %s is not the launch's (%s)", spec.Restore.MemoryFile, spec.MemoryFile)
+		}
 		if err != nil {
 			return errors.Join(fmt.Errorf("runtime: instance %s: %w", in.id, err), rt.deleteNetwork(context.WithoutCancel(ctx), in.id, rec.Network))
 		}
@@ -237,6 +252,11 @@ func (rt *Runtime) start(ctx context.Context, in *instance, spec Spec) error {
 		// The state file is hashed while the VMM starts and loads it.
 		stateOK = checkStateAsync(ctx, spec.Restore.Dir, meta)
 		defer stateOK.stop()
+	}
+	if spec.MemoryFile != "" {
+		if err := checkMemoryFile(spec.MemoryFile, spec.MemoryMiB); err != nil {
+			return errors.Join(fmt.Errorf("runtime: instance %s: %w", in.id, err), rt.deleteNetwork(context.WithoutCancel(ctx), in.id, rec.Network))
+		}
 	}
 	if p.Disk != "" {
 		if err := createDisk(ctx, p.Disk, spec.DiskMiB); err != nil {
@@ -316,7 +336,14 @@ func (rt *Runtime) start(ctx context.Context, in *instance, spec Spec) error {
 	}
 	if spec.Restore != nil {
 		tRestore := time.Now()
-		if err := rt.restore(ctx, p.Control, spec.Restore.Dir, stateOK); err != nil {
+		err := rt.restore(ctx, p.Control, spec.Restore.Dir, qemu.SaveOptions{MemoryInFile: meta.MemoryInFile}, stateOK)
+		if spec.Restore.MemoryFile != "" {
+			// The VMM has mapped it (or failed): no other may, ever.
+			if rerr := os.Remove(spec.Restore.MemoryFile); rerr != nil {
+				rt.log.Warn("restored guest's memory file not unlinked", "instance_id", in.id, "err", rerr)
+			}
+		}
+		if err != nil {
 			return errors.Join(fmt.Errorf("runtime: instance %s: %w", in.id, err), rt.abortLaunch(ctx, rec.Unit, proc.InvocationID))
 		}
 		rt.log.Info("instance restored", "instance_id", in.id, "snapshot", spec.Restore.Dir, "took", time.Since(tRestore).Round(time.Millisecond), "network_kept", netKept)
@@ -574,6 +601,9 @@ func (rt *Runtime) grantVMMFiles(spec Spec, p Paths) error {
 	for _, v := range spec.Volumes {
 		grants = append(grants, grant{v.Path, 0o660})
 	}
+	if spec.MemoryFile != "" {
+		grants = append(grants, grant{spec.MemoryFile, 0o660})
+	}
 	for _, g := range grants {
 		if err := rt.vmm.grantFile(g.path, g.mode); err != nil {
 			return err
@@ -588,4 +618,29 @@ func confinedOwner(a *vmmAccount, rec *LaunchRecord) *vmmAccount {
 		return nil
 	}
 	return a
+}
+
+// checkMemoryFile checks a guest's memory file (Spec.MemoryFile) before
+// its VMM maps it: allocated whole, at the guest's size, root's alone
+// until the launch grants it, on a tmpfs (a file on a disk would have
+// the guest's every write written back to it).
+func checkMemoryFile(path string, memoryMiB int) error {
+	if err := checkRootOnly(path, false); err != nil {
+		return fmt.Errorf("memory file: %w", err)
+	}
+	var fs unix.Statfs_t
+	if err := unix.Statfs(path, &fs); err != nil {
+		return fmt.Errorf("memory file: %w", err)
+	}
+	if fs.Type != unix.TMPFS_MAGIC {
+		return fmt.Errorf("memory file %s is not on a tmpfs (file system type %#x); keep warm guests' memory in one", path, fs.Type)
+	}
+	var st unix.Stat_t
+	if err := unix.Stat(path, &st); err != nil {
+		return fmt.Errorf("memory file: %w", err)
+	}
+	if want := int64(memoryMiB) << 20; st.Size != want || st.Blocks*512 < want {
+		return fmt.Errorf("memory file %s has %d bytes, %d allocated; want %d MiB, all allocated", path, st.Size, st.Blocks*512, memoryMiB)
+	}
+	return nil
 }

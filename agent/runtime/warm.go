@@ -12,12 +12,16 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/kibotos/kibotos/api"
 	"github.com/kibotos/kibotos/storagepool"
 	"github.com/kibotos/kibotos/vmm/guestproto"
 	"github.com/kibotos/kibotos/vmm/platform"
+	"github.com/kibotos/kibotos/vmm/qemu"
 )
 
 // Warm guests: a guest of a template booted ahead of any Workspace and
@@ -30,16 +34,28 @@ import (
 // serves first translates its code afresh. Mounting writes to the
 // layer, and the guest's memory then holds that filesystem's state: the
 // layer is kept with the snapshot, and a start restores over a copy of
-// it (RestoreSpec.Layer). Nothing of any Workspace is in either. A slot:
+// it (RestoreSpec.Layer). Nothing of any Workspace is in either.
+//
+// With Config.WarmMemoryDir (a tmpfs) a warm guest runs on a memory file
+// there (Spec.MemoryFile), allocated whole before it boots, and is saved
+// without its RAM: the Instance restored from it maps that file as its
+// own RAM instead of loading a copy from the state file into fresh pages,
+// which on a host that hands freed memory back to its hypervisor was
+// most of a warm create. A waiting warm guest then costs its memory, not
+// only disk. A slot:
 //
 //	<dir>/<slot>/state, snapshot.json   the snapshot, as Pause writes it
 //	<dir>/<slot>/layer.qcow2            the layer, as the guest left it
 //	<dir>/<slot>/warm.json              written last: the slot is complete
+//	<memory dir>/<template>/<slot>.ram  its RAM (with WarmMemoryDir)
 //
-// A slot is restored once: TakeWarm moves it to a name no other take
-// lists, and whoever took it removes it after the start. Every restore
-// of a warm guest is given a new identity (random state, hostname, machine
-// id), as a fork is.
+// A slot is restored once: Take moves it to a name no other take lists,
+// the start unlinks its memory file once the VMM has it, and whoever
+// took it removes it after the start. Every restore of a warm guest is
+// given a new identity (random state, hostname, machine id), as a fork
+// is. The slot's files, its memory file too, are root's alone while it
+// waits: the VMM account (every VMM's) has them only while a guest runs
+// on them.
 
 // WarmMetaFile completes a warm slot.
 const WarmMetaFile = "warm.json"
@@ -47,11 +63,15 @@ const WarmMetaFile = "warm.json"
 // WarmLayerFile is a slot's layer.
 const WarmLayerFile = "layer.qcow2"
 
-// warmFormat is the format version of warm.json. Format 1 slots (a
-// layer never mounted, not kept) are not read: an older build removes
-// the slots of this one, which it would restore over a new layer the
-// guest's memory does not match, and this build removes theirs.
-const warmFormat = 2
+// WarmMemorySuffix ends a slot's memory file.
+const WarmMemorySuffix = ".ram"
+
+// warmFormat is the format version of warm.json. Earlier formats are not
+// read, nor this one by earlier builds, and each removes the other's
+// slots: format 1 (a layer never mounted, not kept) would be restored
+// over a new layer the guest's memory does not match, format 2 had no
+// memory file, which an earlier build would not map.
+const warmFormat = 3
 
 // warmPrefix starts the Instance ids of warm guests (ctrl's start "inst-").
 const warmPrefix = "warm-"
@@ -80,6 +100,8 @@ type WarmMeta struct {
 	FormatVersion int `json:"format_version"`
 	WarmKey
 	BootedAt time.Time `json:"booted_at"`
+	// MemoryInFile: the guest's RAM is its memory file, not in its state.
+	MemoryInFile bool `json:"memory_in_file,omitempty"`
 	// Mounts are what the warm guest mounted: a start leaves them out of
 	// its configure.
 	Mounts []guestproto.Mount `json:"mounts,omitempty"`
@@ -95,6 +117,33 @@ type WarmSpec struct {
 	Mounts func(guestproto.GuestInfo) []guestproto.Mount
 }
 
+// WarmStore is where a template's warm guests are: their slots in Dir,
+// their memory files in MemoryDir ("" when they keep their RAM in their
+// state file).
+type WarmStore struct {
+	Dir       string
+	MemoryDir string
+}
+
+// WarmStore is the store of the warm guests whose slots are in dir (one
+// directory per template).
+func (rt *Runtime) WarmStore(dir string) WarmStore {
+	s := WarmStore{Dir: dir}
+	if rt.cfg.WarmMemoryDir != "" {
+		s.MemoryDir = filepath.Join(rt.cfg.WarmMemoryDir, filepath.Base(dir))
+	}
+	return s
+}
+
+// KeepsWarmMemory says whether warm guests keep their RAM in memory files
+// while they wait (Config.WarmMemoryDir): host memory they hold.
+func (rt *Runtime) KeepsWarmMemory() bool { return rt.cfg.WarmMemoryDir != "" }
+
+// memoryFile is the memory file of the slot (taken or not) named slot.
+func (s WarmStore) memoryFile(slot string) string {
+	return filepath.Join(s.MemoryDir, strings.TrimPrefix(filepath.Base(slot), takenPrefix)+WarmMemorySuffix)
+}
+
 // BootWarm boots a warm guest of s, saves it into a new slot under dir and
 // ends it; it returns the slot. Nothing of a failed one is left but its
 // machine logs.
@@ -102,6 +151,7 @@ func (rt *Runtime) BootWarm(ctx context.Context, dir string, s WarmSpec) (string
 	if s.Installation == nil || s.Installation.ID != s.InstallationID {
 		return "", fmt.Errorf("runtime: warm guest of template %s: installation %s not given", s.Template, s.InstallationID)
 	}
+	store := rt.WarmStore(dir)
 	var b [8]byte
 	rand.Read(b[:])
 	id := warmPrefix + hex.EncodeToString(b[:])
@@ -112,6 +162,12 @@ func (rt *Runtime) BootWarm(ctx context.Context, dir string, s WarmSpec) (string
 	}
 	spec := Spec{InstanceID: id, Installation: s.Installation, VCPUs: s.VCPUs, MemoryMiB: s.MemoryMiB, Background: true,
 		Network: true, Policy: NetworkPolicy{Egress: api.EgressNone}, RootImage: s.Image, LayerPath: layer}
+	var save qemu.SaveOptions
+	var err error
+	if store.MemoryDir != "" {
+		spec.MemoryFile, save.MemoryInFile = store.memoryFile(slot), true
+		err = allocateMemoryFile(store.MemoryDir, spec.MemoryFile, s.MemoryMiB)
+	}
 	var mounts []guestproto.Mount
 	if s.Mounts != nil {
 		spec.Configure = func(g guestproto.GuestInfo) guestproto.ConfigureRequest {
@@ -119,52 +175,120 @@ func (rt *Runtime) BootWarm(ctx context.Context, dir string, s WarmSpec) (string
 			return guestproto.ConfigureRequest{Mounts: mounts}
 		}
 	}
-	_, err := rt.Start(ctx, spec)
+	started := false
 	if err == nil {
-		_, err = rt.Pause(ctx, id, slot)
+		_, err = rt.Start(ctx, spec)
+		started = true
+	}
+	if err == nil {
+		_, err = rt.pause(ctx, id, slot, save)
 	}
 	if err == nil {
 		// The layer as the saved guest left it, on disk before the slot
 		// is complete.
 		err = keepLayer(layer, filepath.Join(slot, WarmLayerFile))
 	}
+	if err == nil && spec.MemoryFile != "" {
+		err = keepRootOnly(spec.MemoryFile)
+	}
 	dctx := context.WithoutCancel(ctx)
-	if err != nil {
+	if err != nil && started {
 		// A warm guest has nothing to flush: no graceful stop (a node
 		// that stops mid-boot waits for this).
 		if ferr := rt.ForceStop(dctx, id); ferr != nil && !errors.Is(ferr, ErrUnknownInstance) {
 			rt.log.Warn("warm guest not force-stopped", "instance_id", id, "err", ferr)
 		}
 	}
-	if derr := rt.Delete(dctx, id); derr != nil && !errors.Is(derr, ErrUnknownInstance) {
-		err = errors.Join(err, derr)
+	if started {
+		if derr := rt.Delete(dctx, id); derr != nil && !errors.Is(derr, ErrUnknownInstance) {
+			err = errors.Join(err, derr)
+		}
+		// No Workspace's: nobody asks for its record.
+		err = errors.Join(err, rt.ForgetEnded([]string{id}))
 	}
-	// No Workspace's: nobody asks for its record.
-	err = errors.Join(err, rt.ForgetEnded([]string{id}))
 	os.Remove(layer)
 	if err == nil {
-		m := WarmMeta{FormatVersion: warmFormat, WarmKey: s.WarmKey, BootedAt: time.Now().UTC(), Mounts: mounts}
+		m := WarmMeta{FormatVersion: warmFormat, WarmKey: s.WarmKey, BootedAt: time.Now().UTC(), Mounts: mounts, MemoryInFile: save.MemoryInFile}
 		var j []byte
 		if j, err = json.MarshalIndent(m, "", "  "); err == nil {
 			err = storagepool.WriteFile(filepath.Join(slot, WarmMetaFile), append(j, '\n'), 0o600, storagepool.Temp{Node: rt.cfg.NodeID, Purpose: "warm"})
 		}
 	}
 	if err != nil {
-		os.RemoveAll(slot)
+		store.Remove(slot)
 		return "", fmt.Errorf("runtime: warm guest of template %s: %w", s.Template, err)
 	}
 	os.RemoveAll(filepath.Join(rt.logsDir, id)) // a warm boot's logs would crowd out the Workspaces'
 	return slot, nil
 }
 
+// allocateMemoryFile makes a warm guest's memory file, root's alone, in
+// dir (made root's alone when missing) and allocates all of it: the
+// guest's RAM is then never short of tmpfs space, which would end its
+// VMM (SIGBUS) instead of being refused here.
+func allocateMemoryFile(dir, path string, memoryMiB int) error {
+	// Each directory is checked before anything is made in it.
+	for _, d := range []string{filepath.Dir(dir), dir} {
+		if err := os.Mkdir(d, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
+			return err
+		}
+		if err := checkRootOnly(d, true); err != nil {
+			return err
+		}
+	}
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	if err := unix.Fallocate(int(f.Fd()), 0, 0, int64(memoryMiB)<<20); err != nil {
+		os.Remove(path)
+		return fmt.Errorf("memory file %s: allocate %d MiB: %w", path, memoryMiB, err)
+	}
+	return nil
+}
+
+// checkRootOnly refuses what is not root's alone: a directory or a
+// regular file owned by root, no symbolic link, that nobody else may
+// read or write (a directory may let the VMM account search it: its ACL
+// entry shows as the group's x). A memory file's directory on a shared
+// tmpfs (/dev/shm) may have been made by someone else first.
+func checkRootOnly(path string, dir bool) error {
+	st, err := os.Lstat(path)
+	if err != nil {
+		return err
+	}
+	kind, others := "regular file", os.FileMode(0o077)
+	if dir {
+		kind, others = "directory", 0o066
+	}
+	sys, ok := st.Sys().(*syscall.Stat_t)
+	switch {
+	case dir != st.IsDir() || !dir && !st.Mode().IsRegular():
+		return fmt.Errorf("%s is not a %s (mode %v); remove it", path, kind, st.Mode())
+	case !ok || sys.Uid != 0 || st.Mode().Perm()&others != 0:
+		return fmt.Errorf("%s has owner %d and mode %#o; want a %s of root's alone: remove it", path, sys.Uid, st.Mode().Perm(), kind)
+	}
+	return nil
+}
+
+// keepRootOnly makes path root's alone (the VMM account had it while the
+// guest ran).
+func keepRootOnly(path string) error {
+	if err := os.Chown(path, 0, 0); err != nil {
+		return fmt.Errorf("keep %s: %w", path, err)
+	}
+	if err := os.Chmod(path, 0o600); err != nil {
+		return fmt.Errorf("keep %s: %w", path, err)
+	}
+	return nil
+}
+
 // keepLayer moves a saved guest's layer to path, root's alone (the VMM
 // account had it while the guest ran) and on disk.
 func keepLayer(layer, path string) error {
-	if err := os.Chown(layer, 0, 0); err != nil {
-		return fmt.Errorf("keep layer %s: %w", layer, err)
-	}
-	if err := os.Chmod(layer, 0o600); err != nil {
-		return fmt.Errorf("keep layer %s: %w", layer, err)
+	if err := keepRootOnly(layer); err != nil {
+		return err
 	}
 	if err := storagepool.SyncFile(layer); err != nil {
 		return fmt.Errorf("keep layer %s: %w", layer, err)
@@ -196,9 +320,27 @@ func ReadWarm(slot string) (WarmMeta, error) {
 	return m, nil
 }
 
-// WarmSlots lists the complete slots under dir with what they hold.
-func WarmSlots(dir string) (map[string]WarmMeta, error) {
-	entries, err := os.ReadDir(dir)
+// read reads a slot's warm.json and, for a guest whose RAM is its memory
+// file, checks that file: root's alone and of the guest's size. A slot
+// whose memory file is gone (the host restarted: a tmpfs) or that this
+// store cannot map is incomplete.
+func (s WarmStore) read(slot string) (WarmMeta, error) {
+	m, err := ReadWarm(slot)
+	if err != nil || !m.MemoryInFile {
+		return m, err
+	}
+	if s.MemoryDir == "" {
+		return m, fmt.Errorf("warm slot %s: its memory is in a memory file, and this node keeps none", slot)
+	}
+	if err := checkMemoryFile(s.memoryFile(slot), m.MemoryMiB); err != nil {
+		return m, fmt.Errorf("warm slot %s: %w", slot, err)
+	}
+	return m, nil
+}
+
+// Slots lists the complete slots with what they hold.
+func (s WarmStore) Slots() (map[string]WarmMeta, error) {
+	entries, err := os.ReadDir(s.Dir)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, nil
 	}
@@ -210,19 +352,19 @@ func WarmSlots(dir string) (map[string]WarmMeta, error) {
 		if !e.IsDir() || !IsWarm(e.Name()) {
 			continue
 		}
-		slot := filepath.Join(dir, e.Name())
-		if m, err := ReadWarm(slot); err == nil {
+		slot := filepath.Join(s.Dir, e.Name())
+		if m, err := s.read(slot); err == nil {
 			out[slot] = m
 		}
 	}
 	return out, nil
 }
 
-// TakeWarm claims a complete slot under dir made as key, "" when there is
-// none. The caller restores it (WarmRestore) and then removes it, whether
-// the start worked or not.
-func TakeWarm(dir string, key WarmKey) (string, WarmMeta, error) {
-	slots, err := WarmSlots(dir)
+// Take claims a complete slot made as key, "" when there is none. The
+// caller restores it (Restore) and then removes it (Remove), whether the
+// start worked or not.
+func (s WarmStore) Take(key WarmKey) (string, WarmMeta, error) {
+	slots, err := s.Slots()
 	if err != nil {
 		return "", WarmMeta{}, err
 	}
@@ -230,7 +372,7 @@ func TakeWarm(dir string, key WarmKey) (string, WarmMeta, error) {
 		if m.WarmKey != key {
 			continue
 		}
-		taken := filepath.Join(dir, takenPrefix+filepath.Base(slot))
+		taken := filepath.Join(s.Dir, takenPrefix+filepath.Base(slot))
 		switch err := os.Rename(slot, taken); {
 		case err == nil:
 			return taken, m, nil
@@ -243,14 +385,38 @@ func TakeWarm(dir string, key WarmKey) (string, WarmMeta, error) {
 	return "", WarmMeta{}, nil
 }
 
-// WarmRestore makes spec, a first start with its Workspace's configure,
-// the restore of the warm guest taken into slot: over a copy of the
-// guest's layer, with a new identity (hostname, and a machine id in
-// roots, where the guest has them mounted), and a configure without what
-// the guest mounted already or the identity does (none at all when that
-// is everything).
-func WarmRestore(spec *Spec, slot string, m WarmMeta, hostname string, roots []string) {
+// Remove removes a slot, taken or not, with its memory file.
+func (s WarmStore) Remove(slot string) error {
+	err := os.RemoveAll(slot)
+	if s.MemoryDir != "" {
+		if merr := os.Remove(s.memoryFile(slot)); merr != nil && !errors.Is(merr, os.ErrNotExist) {
+			err = errors.Join(err, merr)
+		}
+	}
+	return err
+}
+
+// RemoveAll removes every slot and memory file of the store.
+func (s WarmStore) RemoveAll() error {
+	err := os.RemoveAll(s.Dir)
+	if s.MemoryDir != "" {
+		err = errors.Join(err, os.RemoveAll(s.MemoryDir))
+	}
+	return err
+}
+
+// Restore makes spec, a first start with its Workspace's configure, the
+// restore of the warm guest taken into slot: over a copy of the guest's
+// layer and on its memory file, with a new identity (hostname, and a
+// machine id in roots, where the guest has them mounted), and a
+// configure without what the guest mounted already or the identity does
+// (none at all when that is everything).
+func (s WarmStore) Restore(spec *Spec, slot string, m WarmMeta, hostname string, roots []string) {
 	spec.Restore = &RestoreSpec{Dir: slot, Layer: filepath.Join(slot, WarmLayerFile)}
+	if m.MemoryInFile {
+		spec.MemoryFile = s.memoryFile(slot)
+		spec.Restore.MemoryFile = spec.MemoryFile
+	}
 	spec.Identity = &Identity{Hostname: hostname}
 	for _, r := range roots {
 		if slices.ContainsFunc(m.Mounts, func(x guestproto.Mount) bool { return x.Target == r }) {
@@ -275,34 +441,48 @@ func sameMount(a, b guestproto.Mount) bool {
 	return a.Source == b.Source && a.Target == b.Target && a.FSType == b.FSType && slices.Equal(a.Options, b.Options)
 }
 
-// CleanWarm removes under dir, while no warm boot runs, the complete
-// slots keep does not want, incomplete ones and the layers of boots that
-// did not finish; taken slots too at startup, before any start can have
-// taken one.
-func CleanWarm(dir string, keep func(WarmMeta) bool, startup bool) (removed int, err error) {
-	entries, err := os.ReadDir(dir)
-	if errors.Is(err, os.ErrNotExist) {
-		return 0, nil
-	}
-	if err != nil {
+// Clean removes, while no warm boot runs, the complete slots keep does
+// not want, incomplete ones, the layers of boots that did not finish and
+// memory files without a slot; taken slots too at startup, before any
+// start can have taken one.
+func (s WarmStore) Clean(keep func(WarmMeta) bool, startup bool) (removed int, err error) {
+	entries, err := os.ReadDir(s.Dir)
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
 		return 0, err
 	}
 	var errs []error
+	kept := map[string]bool{}
 	for _, e := range entries {
-		p := filepath.Join(dir, e.Name())
+		p := filepath.Join(s.Dir, e.Name())
 		if strings.HasPrefix(e.Name(), takenPrefix) && !startup {
+			kept[strings.TrimPrefix(e.Name(), takenPrefix)] = true
 			continue
 		}
 		if e.IsDir() && IsWarm(e.Name()) {
-			if m, err := ReadWarm(p); err == nil && keep(m) {
+			if m, err := s.read(p); err == nil && keep(m) {
+				kept[e.Name()] = true
 				continue
 			}
 		}
-		if err := os.RemoveAll(p); err != nil {
+		if err := s.Remove(p); err != nil {
 			errs = append(errs, err)
 			continue
 		}
 		removed++
+	}
+	if s.MemoryDir != "" {
+		files, err := os.ReadDir(s.MemoryDir)
+		if err != nil && !errors.Is(err, os.ErrNotExist) {
+			errs = append(errs, err)
+		}
+		for _, f := range files {
+			if id, ok := strings.CutSuffix(f.Name(), WarmMemorySuffix); ok && kept[id] {
+				continue
+			}
+			if err := os.RemoveAll(filepath.Join(s.MemoryDir, f.Name())); err != nil {
+				errs = append(errs, err)
+			}
+		}
 	}
 	return removed, errors.Join(errs...)
 }
