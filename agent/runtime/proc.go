@@ -48,7 +48,7 @@ func procExe(pid int) (path string, dev, ino uint64, err error) {
 			return "", 0, 0, err
 		}
 		same := before.Dev == after.Dev && before.Ino == after.Ino
-		if same && strings.HasSuffix(path, " (deleted)") {
+		if same && strings.HasSuffix(path, deletedSuffix) {
 			return path, after.Dev, after.Ino, nil
 		}
 		if same && syscall.Stat(path, &named) == nil && named.Dev == after.Dev && named.Ino == after.Ino {
@@ -57,6 +57,10 @@ func procExe(pid int) (path string, dev, ino uint64, err error) {
 	}
 	return "", 0, 0, fmt.Errorf("%s: the process keeps executing other binaries", link)
 }
+
+// deletedSuffix ends /proc/<pid>/exe of a process whose executable has
+// been unlinked since it was exec'd.
+const deletedSuffix = " (deleted)"
 
 // fileID is the dev:ino of a file.
 func fileID(path string) (dev, ino uint64, err error) {

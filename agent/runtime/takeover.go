@@ -256,9 +256,11 @@ func (rt *Runtime) mismatch(rec *LaunchRecord, u units.Unit) string {
 	} else if st != p.StartTime {
 		why = append(why, fmt.Sprintf("process start time %d, recorded %d", st, p.StartTime))
 	}
+	// An executable unlinked since the launch (a package upgrade renamed
+	// a new binary over it) is still the one launched: dev:ino say so.
 	if exe, dev, ino, err := procExe(hostPID); err != nil {
 		why = append(why, fmt.Sprintf("executable of host PID %d unreadable (%v), recorded %s %d:%d", hostPID, err, p.Exe, p.ExeDev, p.ExeIno))
-	} else if dev != p.ExeDev || ino != p.ExeIno || exe != p.Exe {
+	} else if dev != p.ExeDev || ino != p.ExeIno || strings.TrimSuffix(exe, deletedSuffix) != p.Exe {
 		why = append(why, fmt.Sprintf("executable %s dev:ino %d:%d, recorded %s %d:%d", exe, dev, ino, p.Exe, p.ExeDev, p.ExeIno))
 	}
 	// A launch from before VMM confinement runs as root; a confined one

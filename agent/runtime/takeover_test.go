@@ -319,3 +319,80 @@ func TestTakeoverLostHello(t *testing.T) {
 type helloSink struct{ net.Conn }
 
 func (helloSink) Write(p []byte) (int, error) { return len(p), nil }
+
+// A VMM binary replaced on disk while its VMs run (a QEMU package
+// upgrade renames the new file over the old) leaves each running VMM's
+// executable deleted, the same dev:ino it was launched as: a node that
+// restarts then takes them over, and the guests never notice.
+func TestTakeoverAfterVMMBinaryReplaced(t *testing.T) {
+	h := newHarness(t)
+	inst := platformFixture(t)
+	ctx := testCtx(t, 3*time.Minute)
+	system, err := exec.LookPath(qemu.DefaultBinary)
+	if err != nil {
+		t.Fatal(err)
+	}
+	system, err = filepath.EvalSymlinks(system)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A prefix of its own, whose modules and data are the system's: QEMU
+	// finds them relative to its executable.
+	prefix, systemPrefix := filepath.Join(h.scratch, "qemu"), filepath.Dir(filepath.Dir(system))
+	bin := filepath.Join(prefix, "bin", qemu.DefaultBinary)
+	shared, _ := filepath.Glob(filepath.Join(systemPrefix, "lib", "*", "qemu"))
+	for _, d := range append(shared, filepath.Join(systemPrefix, "share", "qemu")) {
+		rel, _ := filepath.Rel(systemPrefix, d)
+		os.MkdirAll(filepath.Dir(filepath.Join(prefix, rel)), 0o755)
+		if err := os.Symlink(d, filepath.Join(prefix, rel)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	install := func() {
+		t.Helper()
+		os.MkdirAll(filepath.Dir(bin), 0o755)
+		b, err := os.ReadFile(system)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// As a package manager does: a new file renamed over the old.
+		if err := os.WriteFile(bin+".new", b, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(bin+".new", bin); err != nil {
+			t.Fatal(err)
+		}
+	}
+	install()
+	cfg := h.config()
+	cfg.QEMUBinary = bin
+	rt, err := runtime.Open(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := rt.Start(ctx, runtime.Spec{InstanceID: "rb", Installation: inst, VCPUs: 1, MemoryMiB: 256}); err != nil {
+		rt.Close()
+		t.Fatal(err)
+	}
+	if r, err := run(ctx, rt, "rb", guestproto.ExecRequest{Argv: []string{"/bin/sh", "-c", "echo before > /tmp/mark"}}, nil); err != nil || r.exit.ExitCode != 0 {
+		rt.Close()
+		t.Fatalf("mark: %+v %v", r, err)
+	}
+	rt.Close()
+	install()
+	rt, err = runtime.Open(ctx, cfg)
+	if err != nil {
+		t.Fatalf("takeover after the VMM binary was replaced: %v", err)
+	}
+	defer rt.Close()
+	if st, err := rt.Status("rb"); err != nil || st.State != runtime.StateRunning {
+		t.Fatalf("after the takeover: %+v %v", st, err)
+	}
+	waitFor(t, 30*time.Second, "guest session", func() bool { st, _ := rt.Status("rb"); return st.GuestResponding })
+	if r, err := run(ctx, rt, "rb", guestproto.ExecRequest{Argv: []string{"/bin/cat", "/tmp/mark"}}, nil); err != nil || r.stdout != "before\n" {
+		t.Fatalf("after the takeover: %+v %v", r, err)
+	}
+	if err := rt.Stop(ctx, "rb", 5*time.Second); err != nil {
+		t.Fatal(err)
+	}
+}
