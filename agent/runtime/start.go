@@ -55,9 +55,9 @@ type Spec struct {
 	// saved: its own random state, hostname and machine id, set before
 	// anything else is asked of it (fork.go).
 	Identity *Identity
-	// MemoryFile, when set, is the guest's RAM: a file on a tmpfs,
-	// root's alone and allocated whole at the guest's size beforehand
-	// (BootWarm), mapped shared, so it outlives the VMM. A warm guest is saved without its RAM
+	// MemoryFile, when set, is the guest's RAM: a file on a tmpfs, root's
+	// alone, mapped shared, so it outlives the VMM. A boot's is empty and
+	// its VMM allocates it whole (BootWarm makes it). A warm guest is saved without its RAM
 	// (SnapshotMeta.MemoryInFile), and the Instance restored from it
 	// runs on the same file: its memory is never copied. With Restore,
 	// it must be the snapshot's RestoreSpec.MemoryFile.
@@ -254,7 +254,11 @@ func (rt *Runtime) start(ctx context.Context, in *instance, spec Spec) error {
 		defer stateOK.stop()
 	}
 	if spec.MemoryFile != "" {
-		if err := checkMemoryFile(spec.MemoryFile, spec.MemoryMiB); err != nil {
+		check := checkMemoryFile
+		if spec.Restore == nil {
+			check = checkNewMemoryFile
+		}
+		if err := check(spec.MemoryFile, spec.MemoryMiB); err != nil {
 			return errors.Join(fmt.Errorf("runtime: instance %s: %w", in.id, err), rt.deleteNetwork(context.WithoutCancel(ctx), in.id, rec.Network))
 		}
 	}
@@ -620,27 +624,47 @@ func confinedOwner(a *vmmAccount, rec *LaunchRecord) *vmmAccount {
 	return a
 }
 
-// checkMemoryFile checks a guest's memory file (Spec.MemoryFile) before
-// its VMM maps it: allocated whole, at the guest's size, root's alone
-// until the launch grants it, on a tmpfs (a file on a disk would have
-// the guest's every write written back to it).
+// checkMemoryFile checks a saved guest's memory file (Spec.MemoryFile of
+// a restore) before its VMM maps it: root's alone until the launch
+// grants it, on a tmpfs, allocated whole at the guest's size.
 func checkMemoryFile(path string, memoryMiB int) error {
-	if err := checkRootOnly(path, false); err != nil {
-		return fmt.Errorf("memory file: %w", err)
-	}
-	var fs unix.Statfs_t
-	if err := unix.Statfs(path, &fs); err != nil {
-		return fmt.Errorf("memory file: %w", err)
-	}
-	if fs.Type != unix.TMPFS_MAGIC {
-		return fmt.Errorf("memory file %s is not on a tmpfs (file system type %#x); keep warm guests' memory in one", path, fs.Type)
-	}
-	var st unix.Stat_t
-	if err := unix.Stat(path, &st); err != nil {
-		return fmt.Errorf("memory file: %w", err)
+	st, err := memoryFileStat(path)
+	if err != nil {
+		return err
 	}
 	if want := int64(memoryMiB) << 20; st.Size != want || st.Blocks*512 < want {
 		return fmt.Errorf("memory file %s has %d bytes, %d allocated; want %d MiB, all allocated", path, st.Size, st.Blocks*512, memoryMiB)
 	}
 	return nil
+}
+
+// checkNewMemoryFile checks the memory file of a boot: as
+// checkMemoryFile, but empty (the VMM allocates it).
+func checkNewMemoryFile(path string, _ int) error {
+	st, err := memoryFileStat(path)
+	if err == nil && st.Size != 0 {
+		err = fmt.Errorf("memory file %s of a boot has %d bytes; want a new, empty one", path, st.Size)
+	}
+	return err
+}
+
+// memoryFileStat is what the checks of a memory file share: root's alone
+// and on a tmpfs (a file on a disk would have the guest's every write
+// written back to it).
+func memoryFileStat(path string) (unix.Stat_t, error) {
+	var st unix.Stat_t
+	if err := checkRootOnly(path, false); err != nil {
+		return st, fmt.Errorf("memory file: %w", err)
+	}
+	var fs unix.Statfs_t
+	if err := unix.Statfs(path, &fs); err != nil {
+		return st, fmt.Errorf("memory file: %w", err)
+	}
+	if fs.Type != unix.TMPFS_MAGIC {
+		return st, fmt.Errorf("memory file %s is not on a tmpfs (file system type %#x); keep warm guests' memory in one", path, fs.Type)
+	}
+	if err := unix.Stat(path, &st); err != nil {
+		return st, fmt.Errorf("memory file: %w", err)
+	}
+	return st, nil
 }

@@ -15,8 +15,6 @@ import (
 	"syscall"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/kibotos/kibotos/api"
 	"github.com/kibotos/kibotos/storagepool"
 	"github.com/kibotos/kibotos/vmm/guestproto"
@@ -37,7 +35,7 @@ import (
 // it (RestoreSpec.Layer). Nothing of any Workspace is in either.
 //
 // With Config.WarmMemoryDir (a tmpfs) a warm guest runs on a memory file
-// there (Spec.MemoryFile), allocated whole before it boots, and is saved
+// there (Spec.MemoryFile), allocated whole as its VMM starts, and is saved
 // without its RAM: the Instance restored from it maps that file as its
 // own RAM instead of loading a copy from the state file into fresh pages,
 // which on a host that hands freed memory back to its hypervisor was
@@ -166,7 +164,7 @@ func (rt *Runtime) BootWarm(ctx context.Context, dir string, s WarmSpec) (string
 	var err error
 	if store.MemoryDir != "" {
 		spec.MemoryFile, save.MemoryInFile = store.memoryFile(slot), true
-		err = allocateMemoryFile(store.MemoryDir, spec.MemoryFile, s.MemoryMiB)
+		err = makeMemoryFile(store.MemoryDir, spec.MemoryFile)
 	}
 	var mounts []guestproto.Mount
 	if s.Mounts != nil {
@@ -189,7 +187,11 @@ func (rt *Runtime) BootWarm(ctx context.Context, dir string, s WarmSpec) (string
 		err = keepLayer(layer, filepath.Join(slot, WarmLayerFile))
 	}
 	if err == nil && spec.MemoryFile != "" {
-		err = keepRootOnly(spec.MemoryFile)
+		// Whole, and the very file (a VMM that saw another file system
+		// at that path would have left it empty).
+		if err = keepRootOnly(spec.MemoryFile); err == nil {
+			err = checkMemoryFile(spec.MemoryFile, s.MemoryMiB)
+		}
 	}
 	dctx := context.WithoutCancel(ctx)
 	if err != nil && started {
@@ -222,11 +224,11 @@ func (rt *Runtime) BootWarm(ctx context.Context, dir string, s WarmSpec) (string
 	return slot, nil
 }
 
-// allocateMemoryFile makes a warm guest's memory file, root's alone, in
-// dir (made root's alone when missing) and allocates all of it: the
-// guest's RAM is then never short of tmpfs space, which would end its
-// VMM (SIGBUS) instead of being refused here.
-func allocateMemoryFile(dir, path string, memoryMiB int) error {
+// makeMemoryFile makes a warm guest's memory file, empty and root's
+// alone, in dir (made root's alone when missing): its VMM allocates it
+// whole as it starts (qemu.Config.MemoryPrealloc), charged to the VMMs'
+// cgroups rather than the node's.
+func makeMemoryFile(dir, path string) error {
 	// Each directory is checked before anything is made in it.
 	for _, d := range []string{filepath.Dir(dir), dir} {
 		if err := os.Mkdir(d, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
@@ -240,12 +242,7 @@ func allocateMemoryFile(dir, path string, memoryMiB int) error {
 	if err != nil {
 		return err
 	}
-	defer f.Close()
-	if err := unix.Fallocate(int(f.Fd()), 0, 0, int64(memoryMiB)<<20); err != nil {
-		os.Remove(path)
-		return fmt.Errorf("memory file %s: allocate %d MiB: %w", path, memoryMiB, err)
-	}
-	return nil
+	return f.Close()
 }
 
 // checkRootOnly refuses what is not root's alone: a directory or a

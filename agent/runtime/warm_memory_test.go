@@ -8,27 +8,52 @@ import (
 	"testing"
 )
 
-// A memory file is made only in directories of root's alone (the VMM
-// account may search them, as every boot lets it), allocated whole; a
-// directory someone else made, or that others may read or write, or a
-// link in its place, is refused with what to do.
-func TestAllocateMemoryFile(t *testing.T) {
+// A memory file is made empty, for its VMM to allocate, only in
+// directories of root's alone (the VMM account may search them, as every
+// boot lets it); a directory someone else made, or that others may read
+// or write, or a link in its place, is refused with what to do. A boot
+// takes only an empty one, a restore only one allocated whole at the
+// guest's size, and neither one on a disk.
+func TestMemoryFiles(t *testing.T) {
 	base := "/dev/shm/" + filepath.Base(t.TempDir()) + "-warm"
 	t.Cleanup(func() { os.RemoveAll(base) })
 	dir := filepath.Join(base, "tpl")
-	if err := allocateMemoryFile(dir, filepath.Join(dir, "warm-1.ram"), 2); err != nil {
+	file := filepath.Join(dir, "warm-1.ram")
+	if err := makeMemoryFile(dir, file); err != nil {
 		t.Fatal(err)
 	}
-	if err := checkMemoryFile(filepath.Join(dir, "warm-1.ram"), 2); err != nil {
-		t.Fatalf("a fresh memory file: %v", err)
+	if err := checkNewMemoryFile(file, 2); err != nil {
+		t.Errorf("a new memory file for a boot: %v", err)
+	}
+	if err := checkMemoryFile(file, 2); err == nil || !strings.Contains(err.Error(), "want 2 MiB, all allocated") {
+		t.Errorf("an empty memory file for a restore: %v", err)
+	}
+	if err := syscall.Truncate(file, 2<<20); err != nil {
+		t.Fatal(err)
+	}
+	if err := checkMemoryFile(file, 2); err == nil || !strings.Contains(err.Error(), "all allocated") {
+		t.Errorf("a sparse memory file for a restore: %v", err)
+	}
+	f, _ := os.OpenFile(file, os.O_RDWR, 0)
+	syscall.Fallocate(int(f.Fd()), 0, 0, 2<<20)
+	f.Close()
+	if err := checkMemoryFile(file, 2); err != nil {
+		t.Errorf("a whole memory file for a restore: %v", err)
+	}
+	if err := checkNewMemoryFile(file, 2); err == nil {
+		t.Error("a boot took a memory file that is not empty")
+	}
+	os.Chmod(file, 0o640)
+	if err := checkMemoryFile(file, 2); err == nil || !strings.Contains(err.Error(), "remove it") {
+		t.Errorf("a memory file others may read: %v", err)
 	}
 	// Searchable by the VMM account after a boot: still root's.
 	os.Chmod(base, 0o710)
 	os.Chmod(dir, 0o710)
-	if err := allocateMemoryFile(dir, filepath.Join(dir, "warm-2.ram"), 2); err != nil {
+	if err := makeMemoryFile(dir, filepath.Join(dir, "warm-2.ram")); err != nil {
 		t.Fatalf("in directories the VMM account may search: %v", err)
 	}
-	if err := allocateMemoryFile(dir, filepath.Join(dir, "warm-2.ram"), 2); err == nil {
+	if err := makeMemoryFile(dir, filepath.Join(dir, "warm-2.ram")); err == nil {
 		t.Error("a memory file made twice")
 	}
 	for name, spoil := range map[string]func(){
@@ -38,7 +63,7 @@ func TestAllocateMemoryFile(t *testing.T) {
 		"a link":             func() { os.RemoveAll(base); os.Symlink(t.TempDir(), base) },
 	} {
 		spoil()
-		err := allocateMemoryFile(dir, filepath.Join(dir, "warm-3.ram"), 2)
+		err := makeMemoryFile(dir, filepath.Join(dir, "warm-3.ram"))
 		if err == nil || !strings.Contains(err.Error(), "remove it") {
 			t.Errorf("%s: %v; want a refusal that says to remove it", name, err)
 		}
@@ -47,11 +72,9 @@ func TestAllocateMemoryFile(t *testing.T) {
 		os.Mkdir(dir, 0o700)
 	}
 	// Not on a tmpfs: a guest's writes would go to a disk.
-	disk := t.TempDir()
-	f := filepath.Join(disk, "warm-4.ram")
-	os.WriteFile(f, nil, 0o600)
-	syscall.Truncate(f, 2<<20)
-	if err := checkMemoryFile(f, 2); err == nil || !strings.Contains(err.Error(), "is not on a tmpfs") {
+	disk := filepath.Join(t.TempDir(), "warm-4.ram")
+	os.WriteFile(disk, nil, 0o600)
+	if err := checkNewMemoryFile(disk, 2); err == nil || !strings.Contains(err.Error(), "is not on a tmpfs") {
 		t.Errorf("a memory file on a disk: %v", err)
 	}
 }

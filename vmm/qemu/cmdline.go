@@ -66,6 +66,11 @@ type Config struct {
 	// QEMU. A save with SaveOptions.MemoryInFile leaves the RAM out of
 	// the stream, and a QEMU started on the same file loads the rest.
 	MemoryFile string
+	// MemoryPrealloc has QEMU allocate every page of MemoryFile as it
+	// starts (charged to its own cgroup), so the guest can never find
+	// its tmpfs full later, which would end QEMU with SIGBUS; QEMU fails
+	// to start instead.
+	MemoryPrealloc bool
 }
 
 // RAMBlockID is the id of the guest's RAM in the migration stream: the
@@ -188,8 +193,11 @@ func (c *Config) Args() ([]string, error) {
 		"-append", c.KernelCmdline(),
 	}
 	if c.MemoryFile != "" {
-		a = append(a, "-object", "memory-backend-file,id="+RAMBlockID+",size="+strconv.Itoa(mem)+"M,mem-path="+c.MemoryFile+",share=on,x-use-canonical-path-for-ramblock-id=off",
-			"-machine", "memory-backend="+RAMBlockID)
+		backend := "memory-backend-file,id=" + RAMBlockID + ",size=" + strconv.Itoa(mem) + "M,mem-path=" + c.MemoryFile + ",share=on,x-use-canonical-path-for-ramblock-id=off"
+		if c.MemoryPrealloc {
+			backend += ",prealloc=on"
+		}
+		a = append(a, "-object", backend, "-machine", "memory-backend="+RAMBlockID)
 	}
 	if c.ConsoleSocket != "" {
 		a = append(a, "-chardev", "socket,id=console,path="+c.ConsoleSocket+",server=on,wait=off", "-serial", "chardev:console")

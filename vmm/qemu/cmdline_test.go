@@ -210,4 +210,8 @@ func TestArgsMemoryFile(t *testing.T) {
 			t.Errorf("argv %q lacks %q", got, w)
 		}
 	}
+	c.MemoryPrealloc = true
+	if got, _ := c.Args(); !slices.Contains(got, want[3]+",prealloc=on") {
+		t.Errorf("argv with the memory preallocated: %q", got)
+	}
 }
