@@ -201,3 +201,19 @@ func TestInstanceFailures(t *testing.T) {
 		}
 	})
 }
+
+// A VMM that exits as it starts (here: memory it cannot have) fails the
+// start with QEMU's own words, not only that the guest never answered.
+func TestStartSaysWhyTheVMMExited(t *testing.T) {
+	h := newHarness(t)
+	inst := platformFixture(t)
+	ctx := testCtx(t, time.Minute)
+	rt := h.mustOpen(t)
+	_, err := rt.Start(ctx, runtime.Spec{InstanceID: "vm-big", Installation: inst, VCPUs: 1, MemoryMiB: 1 << 30})
+	if err == nil || !strings.Contains(err.Error(), "VMM log tail:") || !strings.Contains(err.Error(), "cannot set up guest memory") {
+		t.Fatalf("start of a VMM that cannot have its memory: %v; want QEMU's reason from its log", err)
+	}
+	if err := rt.Delete(ctx, "vm-big"); err != nil {
+		t.Fatal(err)
+	}
+}

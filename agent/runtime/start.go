@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"sync"
 	"time"
 
@@ -324,7 +325,7 @@ func (rt *Runtime) start(ctx context.Context, in *instance, spec Spec) error {
 	tUnit := time.Since(t0)
 	proc, err := rt.identify(ctx, u, execPath)
 	if err != nil {
-		return errors.Join(err, rt.abortLaunch(ctx, rec.Unit, u.InvocationID))
+		return errors.Join(fmt.Errorf("%w; VMM log tail:\n%s", err, vmmLogTail(p.VMMLog)), rt.abortLaunch(ctx, rec.Unit, u.InvocationID))
 	}
 	rec2 := *rec
 	rec2.Process = proc
@@ -465,7 +466,7 @@ func (rt *Runtime) awaitGuest(ctx context.Context, in *instance, stopOnCancel bo
 		return err
 	}
 	if err != nil {
-		return errors.Join(fmt.Errorf("guest agent did not answer within %v: %w; console tail:\n%s", rt.cfg.GuestTimeout, err, consoleTail(in.paths.Console, 2048)),
+		return errors.Join(fmt.Errorf("guest agent did not answer within %v: %w; console tail:\n%s\nVMM log tail:\n%s", rt.cfg.GuestTimeout, err, consoleTail(in.paths.Console, 2048), vmmLogTail(in.paths.VMMLog)),
 			rt.abortLaunch(ctx, rec.Unit, proc.InvocationID))
 	}
 	ready := *rec
@@ -667,4 +668,14 @@ func memoryFileStat(path string) (unix.Stat_t, error) {
 		return st, fmt.Errorf("memory file: %w", err)
 	}
 	return st, nil
+}
+
+// vmmLogTail is the end of the VMM's own output: why a VMM that exited at
+// once did (memory it could not allocate, a file it could not open).
+func vmmLogTail(path string) string {
+	b, err := readTail(path, 1024)
+	if err != nil {
+		return "(" + err.Error() + ")"
+	}
+	return strings.TrimSpace(string(b))
 }
