@@ -466,7 +466,8 @@ func (rt *Runtime) awaitGuest(ctx context.Context, in *instance, stopOnCancel bo
 		return err
 	}
 	if err != nil {
-		return errors.Join(fmt.Errorf("guest agent did not answer within %v: %w; console tail:\n%s\nVMM log tail:\n%s", rt.cfg.GuestTimeout, err, consoleTail(in.paths.Console, 2048), vmmLogTail(in.paths.VMMLog)),
+		// The VMM's words first: a report keeps the first 1,000 bytes.
+		return errors.Join(fmt.Errorf("guest agent did not answer within %v: %w; VMM log tail:\n%s\nconsole tail:\n%s", rt.cfg.GuestTimeout, err, vmmLogTail(in.paths.VMMLog), consoleTail(in.paths.Console, 2048)),
 			rt.abortLaunch(ctx, rec.Unit, proc.InvocationID))
 	}
 	ready := *rec
