@@ -37,7 +37,7 @@ func procStartTime(pid int) (uint64, error) {
 func procExe(pid int) (path string, dev, ino uint64, err error) {
 	link := "/proc/" + strconv.Itoa(pid) + "/exe"
 	for range 100 {
-		var before, after, named syscall.Stat_t
+		var before, after syscall.Stat_t
 		if err := syscall.Stat(link, &before); err != nil {
 			return "", 0, 0, err
 		}
@@ -51,7 +51,7 @@ func procExe(pid int) (path string, dev, ino uint64, err error) {
 		if same && strings.HasSuffix(path, deletedSuffix) {
 			return path, after.Dev, after.Ino, nil
 		}
-		if same && syscall.Stat(path, &named) == nil && named.Dev == after.Dev && named.Ino == after.Ino {
+		if d, i, err := fileID(path); same && err == nil && d == after.Dev && i == after.Ino {
 			return path, after.Dev, after.Ino, nil
 		}
 	}
