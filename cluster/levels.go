@@ -99,6 +99,12 @@ func (s *Server) entryFormatBinary() bool {
 	return s.levelsReach("the binary entry format", fsm.LevelEntryFormat) == nil
 }
 
+// commandLog reports whether every voter keeps command records in the
+// command log (fsm.LevelCommandLog): only then may an entry ask for it.
+func (s *Server) commandLog() bool {
+	return s.levelsReach("the command log", fsm.LevelCommandLog) == nil
+}
+
 // countsPlacements reports whether every voter counts placements
 // (fsm.LevelPlacementCounts): only then may an entry ask for it.
 func (s *Server) countsPlacements() bool {

@@ -485,6 +485,7 @@ func (s *Server) Apply(ctx context.Context, e fsm.Entry) (fsm.Result, error) {
 	)
 	if s.entryFormatBinary() {
 		e.CommandDigest = e.CommandID != ""
+		e.CommandLog = e.CommandDigest && s.commandLog()
 		data = fsm.EncodeEntry(&e)
 	} else if data, err = fsm.EncodeEntryJSON(&e); err != nil {
 		return fsm.Result{}, err

@@ -105,8 +105,8 @@ func TestNewOpWaitsForEveryVoter(t *testing.T) {
 	// Below fsm.LevelEntryFormat on one voter, the leader writes JSON.
 	// (Entries from before node-3 was a voter may be binary: a voter
 	// joins with a build at the cluster's level.)
-	if last := lastEntryFormat(t, m3); last != '{' {
-		t.Fatalf("with a voter at level 1, the last entry of node-3's log starts with %q, not JSON", last)
+	if last, withID := lastEntryFormat(t, m3); last != '{' || withID.CommandLog {
+		t.Fatalf("with a voter at level 1, the last entry of node-3's log starts with %q, not JSON, or its last command %s asks for the command log", last, withID.CommandID)
 	}
 	m3.Restart(o)
 	clustertest.WaitFor(t, 20*time.Second, func() (bool, string) {
@@ -126,17 +126,23 @@ func TestNewOpWaitsForEveryVoter(t *testing.T) {
 			return reflect.DeepEqual(p, want), fmt.Sprintf("member %s counts %+v, want %+v", m.ID, p, want)
 		})
 	}
-	// Every voter now reads the binary format: the last entry uses it.
+	// Every voter now reads the binary format: the last entry uses it,
+	// and the last create's command goes to the command log.
 	m3.Stop()
-	if last := lastEntryFormat(t, m3); last == '{' {
+	last, withID := lastEntryFormat(t, m3)
+	if last == '{' {
 		t.Fatal("with every voter at this build's level, the last entry of node-3's log is JSON")
+	}
+	if !withID.CommandDigest || !withID.CommandLog {
+		t.Fatalf("with every voter at this build's level, the last command in node-3's log (%s %s) does not go to the command log", withID.Op, withID.CommandID)
 	}
 }
 
 // lastEntryFormat is the first byte of the last command entry of a stopped
 // member's Raft log: '{' for JSON (level 5 and before), else the binary
-// format's version (fsm.LevelEntryFormat). Every entry must decode.
-func lastEntryFormat(t *testing.T, m *clustertest.Member) byte {
+// format's version (fsm.LevelEntryFormat); and the last entry with a
+// command id. Every entry must decode.
+func lastEntryFormat(t *testing.T, m *clustertest.Member) (byte, fsm.Entry) {
 	t.Helper()
 	store, err := cluster.OpenLogStore(datadir.Dir(m.Dir).RaftDir(), slog.New(slog.DiscardHandler), hclog.NewNullLogger())
 	if err != nil {
@@ -145,7 +151,10 @@ func lastEntryFormat(t *testing.T, m *clustertest.Member) byte {
 	defer store.Close()
 	first, _ := store.FirstIndex()
 	last, _ := store.LastIndex()
-	var format byte
+	var (
+		format byte
+		withID fsm.Entry
+	)
 	for i := first; i <= last && i > 0; i++ {
 		var l raft.Log
 		if err := store.GetLog(i, &l); err != nil {
@@ -154,15 +163,19 @@ func lastEntryFormat(t *testing.T, m *clustertest.Member) byte {
 		if l.Type != raft.LogCommand {
 			continue
 		}
-		if _, err := fsm.DecodeEntry(l.Data); err != nil {
+		e, err := fsm.DecodeEntry(l.Data)
+		if err != nil {
 			t.Fatalf("log entry %d: %v", i, err)
 		}
 		format = l.Data[0]
+		if e.CommandID != "" {
+			withID = e
+		}
 	}
 	if format == 0 {
 		t.Fatalf("node %s's log holds no command entry", m.ID)
 	}
-	return format
+	return format, withID
 }
 
 // placements are the placement counts in m's replica.

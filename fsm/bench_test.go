@@ -13,14 +13,28 @@ import (
 
 // BenchmarkApplyBatch applies batches of 64 node.report entries (the group
 // commit of a busy leader) spread over 16 nodes with live sessions.
-func BenchmarkApplyBatch(b *testing.B) { benchApplyBatch(b, false) }
+func BenchmarkApplyBatch(b *testing.B) { benchApplyBatch(b, nil) }
 
 // BenchmarkApplyBatchCommands is BenchmarkApplyBatch with a command id on
 // every entry (as a client's write with --command-id): each apply also
-// stores the command's record and its place in the time index.
-func BenchmarkApplyBatchCommands(b *testing.B) { benchApplyBatch(b, true) }
+// stores the command's record, in each layout (commandLayouts). The
+// records are kept for the whole run, so a longer run applies over a
+// larger log, as a cluster's 24 hours of records make it.
+func BenchmarkApplyBatchCommands(b *testing.B) {
+	for _, l := range commandLayouts {
+		b.Run("layout="+l.name, func(b *testing.B) { benchApplyBatch(b, l.opt) })
+	}
+}
 
-func benchApplyBatch(b *testing.B, commands bool) {
+// commandLayouts are where an entry with a command id keeps its record:
+// the command log the leader asks for from LevelCommandLog on, and the
+// bucket keyed by the id's digest before it.
+var commandLayouts = []struct {
+	name string
+	opt  entryOpt
+}{{"log", withCommandLog()}, {"digest", withCommandDigest()}}
+
+func benchApplyBatch(b *testing.B, command entryOpt) {
 	const nodes, batch = 16, 64
 	h := newHarness(b)
 	h.bootstrap()
@@ -43,8 +57,9 @@ func benchApplyBatch(b *testing.B, commands bool) {
 		for j := range entries {
 			id := fmt.Sprintf("node-%02d", j%nodes)
 			entries[j] = h.entry(OpNodeReport, ReportArgs{NodeID: id, SessionID: "s-" + id, Report: rep, Clock: clock})
-			if commands {
-				entries[j].CommandID, entries[j].CommandDigest = fmt.Sprintf("cmd-%d-%d", i, j), true
+			if command != nil {
+				entries[j].CommandID = fmt.Sprintf("cmd-%d-%d", i, j)
+				command(&entries[j])
 			}
 		}
 		for j, r := range h.f.Apply(entries) {
@@ -176,12 +191,18 @@ func BenchmarkPendingCommands(b *testing.B) {
 //
 //	go test ./fsm -run X -bench CommandsExpire -benchtime 5x
 func BenchmarkCommandsExpire(b *testing.B) {
+	for _, l := range commandLayouts {
+		b.Run("layout="+l.name, func(b *testing.B) { benchCommandsExpire(b, l.opt) })
+	}
+}
+
+func benchCommandsExpire(b *testing.B, layout entryOpt) {
 	const total, expired, batch = 100_000, 1_000, 1_000
 	h := newHarness(b)
 	readyNode(h)
 	entries := make([]Entry, 0, batch)
 	for i := 0; i < total; i++ {
-		entries = append(entries, h.entry(OpNodeDrain, NodeArgs{NodeID: "node-a"}, withCommand(fmt.Sprintf("cmd-%07d", i)), withCommandDigest()))
+		entries = append(entries, h.entry(OpNodeDrain, NodeArgs{NodeID: "node-a"}, withCommand(fmt.Sprintf("cmd-%07d", i)), layout))
 		if i == expired-1 {
 			h.apply(entries...)
 			entries = entries[:0]
@@ -217,6 +238,6 @@ func BenchmarkCommandsExpire(b *testing.B) {
 		}
 	}
 	// The restore of the snapshot (not timed above), which builds the
-	// time index since the expiry reads it.
+	// time index or the command log's index.
 	b.ReportMetric(float64(restore.Milliseconds())/float64(b.N), "restore-ms")
 }

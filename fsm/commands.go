@@ -29,20 +29,35 @@ type commandRecord struct {
 // long leave three or four to a page of the command bucket, so every
 // insert rewrote a deep path of pages (a 1 KiB id doubled a write's CPU).
 // An entry without it keys by the id itself, as every older build does.
+// Entries with CommandLog always have the digest.
 func commandKey(e *Entry) []byte {
-	if !e.CommandDigest {
+	if !e.CommandDigest && !e.CommandLog {
 		return []byte(e.CommandID)
 	}
 	sum := sha256.Sum256([]byte(e.CommandID))
 	return append([]byte{0}, sum[:]...)
 }
 
-// findCommand is e's command record, nil when the command is new. With
-// CommandDigest the id itself is looked up too: the command may have been
-// applied before every voter reached the level.
+// findCommand is e's command record, nil when the command is new. An
+// entry with Entry.CommandLog looks in the command log first; every entry
+// looks where entries without it keep theirs, and with CommandDigest
+// under the id itself too: the command may have been applied before
+// every voter reached the level. Those two lookups are skipped once the
+// last such record expired. An entry without CommandLog does not see the
+// log, as an older voter, which applies it too, does not.
 func findCommand(tx *bolt.Tx, e *Entry) (*commandRecord, error) {
-	rec, err := getCommand(tx, commandKey(e))
-	if rec == nil && err == nil && e.CommandDigest {
+	key := commandKey(e)
+	if e.CommandLog {
+		rec, err := findLoggedCommand(tx, key)
+		if rec != nil || err != nil {
+			return rec, err
+		}
+	}
+	if k, _ := tx.Bucket(bucketCommands).Cursor().First(); k == nil {
+		return nil, nil
+	}
+	rec, err := getCommand(tx, key)
+	if rec == nil && err == nil && (e.CommandDigest || e.CommandLog) {
 		rec, err = getCommand(tx, []byte(e.CommandID))
 	}
 	return rec, err
@@ -59,6 +74,9 @@ func getCommand(tx *bolt.Tx, key []byte) (*commandRecord, error) {
 
 func putCommand(tx *bolt.Tx, e *Entry, rec commandRecord) error {
 	key := commandKey(e)
+	if e.CommandLog {
+		return putLoggedCommand(tx, key, rec)
+	}
 	if err := putJSON(tx, bucketCommands, key, rec); err != nil {
 		return err
 	}
@@ -211,5 +229,20 @@ func applyCommandsExpire(tx *bolt.Tx, e *Entry) (any, error) {
 			}
 		}
 	}
+	if res.More {
+		return res, nil
+	}
+	// Then the command log, with what is left of the limit (the older
+	// layout's records are older).
+	budget := -1
+	if a.Limit > 0 {
+		budget = a.Limit - seen
+	}
+	n, more, err := expireLoggedCommands(tx, before, budget)
+	if err != nil {
+		return nil, err
+	}
+	res.Expired += n
+	res.More = more
 	return res, nil
 }

@@ -29,6 +29,11 @@ type Entry struct {
 	// CommandID (commands.go). The leader sets it on entries with a
 	// command id once every voter reaches LevelEntryFormat.
 	CommandDigest bool `json:"command_digest,omitempty"`
+	// CommandLog: the command record goes to the command log
+	// (commandlog.go), keyed by its time and the id's digest. The leader
+	// sets it on entries with a command id once every voter reaches
+	// LevelCommandLog.
+	CommandLog bool `json:"command_log,omitempty"`
 
 	// tally is what this apply decided (CountPlacements), never encoded.
 	tally *placementTally

@@ -29,7 +29,8 @@ const (
 	flagIgnoreUnknown
 	flagCountPlacements
 	flagCommandDigest
-	knownEntryFlags = flagExpectedVersion | flagIgnoreUnknown | flagCountPlacements | flagCommandDigest
+	flagCommandLog
+	knownEntryFlags = flagExpectedVersion | flagIgnoreUnknown | flagCountPlacements | flagCommandDigest | flagCommandLog
 )
 
 // EncodeEntry writes e in the binary format (version 1):
@@ -54,6 +55,9 @@ func EncodeEntry(e *Entry) []byte {
 	}
 	if e.CommandDigest {
 		flags |= flagCommandDigest
+	}
+	if e.CommandLog {
+		flags |= flagCommandLog
 	}
 	b := make([]byte, 0, 2+3*binary.MaxVarintLen64+len(e.CommandID)+len(e.Actor)+len(e.Op)+len(e.Args))
 	b = append(b, entryFormatV1, flags)
@@ -100,6 +104,7 @@ func DecodeEntry(data []byte) (Entry, error) {
 	e.IgnoreUnknown = flags&flagIgnoreUnknown != 0
 	e.CountPlacements = flags&flagCountPlacements != 0
 	e.CommandDigest = flags&flagCommandDigest != 0
+	e.CommandLog = flags&flagCommandLog != 0
 	e.CommandID = d.string()
 	e.Actor = d.string()
 	e.Op = d.string()

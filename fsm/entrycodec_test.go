@@ -20,6 +20,7 @@ func sampleEntries() []Entry {
 		{IssuedAt: at, Op: OpWorkspaceCreate, CountPlacements: true, Actor: "ünïcode \x00 actor", Args: json.RawMessage(`{"template":"t","labels":{"a":"\u00e9"}}`)},
 		{IssuedAt: time.Unix(0, 0).UTC(), Op: "op.without.args"},
 		{IssuedAt: time.Date(1960, 1, 1, 0, 0, 0, 1, time.UTC), Op: OpBootstrap, Args: json.RawMessage(`[1,2,3]`)},
+		{CommandID: "cmd-2", CommandDigest: true, CommandLog: true, IssuedAt: at, Op: OpNodeDrain, Args: json.RawMessage(`{"node_id":"node-1"}`)},
 	}
 }
 

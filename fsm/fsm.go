@@ -50,7 +50,8 @@ type FSM struct {
 	mu sync.RWMutex // guards db against Restore swapping it
 	db *bolt.DB
 
-	cache *placeCache // derived from the state, never part of it
+	cache    *placeCache   // derived from the state, never part of it
+	commands *commandIndex // derived from the state, never part of it
 
 	// beforeCommit, when set (tests), runs after the last entry of a batch;
 	// its error fails the batch as a failed commit would.
@@ -128,7 +129,7 @@ func Open(path string) (*FSM, error) {
 		db.Close()
 		return nil, fmt.Errorf("state file %s: %w", path, err)
 	}
-	return &FSM{path: path, db: db, cache: newPlaceCache()}, nil
+	return &FSM{path: path, db: db, cache: newPlaceCache(), commands: newCommandIndex()}, nil
 }
 
 func openDB(path string) (*bolt.DB, error) {
@@ -161,6 +162,11 @@ func (f *FSM) ApplyBatch(entries []Entry) ([]Result, error) {
 	results := make([]Result, len(entries))
 	err := f.db.Update(func(tx *bolt.Tx) error {
 		defer f.cache.beginBatch(tx)()
+		detach, err := f.commands.beginBatch(tx)
+		defer detach()
+		if err != nil {
+			return &HaltError{Pos: -1, Err: err}
+		}
 		clock, err := getClock(tx)
 		if err != nil {
 			return &HaltError{Pos: -1, Err: err}
@@ -190,7 +196,9 @@ func (f *FSM) ApplyBatch(entries []Entry) ([]Result, error) {
 		return nil
 	})
 	if err != nil {
-		f.cache.invalidate() // nothing of the batch committed
+		// Nothing of the batch committed.
+		f.cache.invalidate()
+		f.commands.invalidate()
 		if h, ok := err.(*HaltError); ok {
 			return nil, h
 		}
@@ -347,6 +355,7 @@ func (f *FSM) Restore(r io.Reader) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.cache.invalidate()
+	f.commands.invalidate()
 	if err := f.db.Close(); err != nil {
 		return fmt.Errorf("restore state: close %s: %w", f.path, err)
 	}
@@ -377,7 +386,10 @@ func (f *FSM) Restore(r io.Reader) error {
 				return err
 			}
 		}
-		return checkCommandTimes(tx)
+		if err := checkCommandTimes(tx); err != nil {
+			return err
+		}
+		return f.commands.rebuild(tx)
 	})
 }
 

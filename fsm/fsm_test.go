@@ -1602,6 +1602,11 @@ func TestOpsBeforeBootstrapRefused(t *testing.T) {
 
 func withCommandDigest() entryOpt { return func(e *Entry) { e.CommandDigest = true } }
 
+// withCommandLog flags an entry as a leader of LevelCommandLog does.
+func withCommandLog() entryOpt {
+	return func(e *Entry) { e.CommandDigest, e.CommandLog = true, true }
+}
+
 // An entry with CommandDigest keys its command record by the id's digest,
 // never by the id (a long id made a deep page path of every insert); it
 // still finds a record the same command left under the id before every

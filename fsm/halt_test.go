@@ -216,27 +216,39 @@ func TestInternalErrorHalts(t *testing.T) {
 }
 
 // A batch whose transaction does not commit halts as a whole: no entry of
-// it gets a result.
+// it gets a result, and its command is not recorded in either layout (the
+// command log's index forgets what the batch added).
 func TestCommitFailureHalts(t *testing.T) {
-	h := newHarness(t)
-	readyNode(h)
-	h.f.beforeCommit = func(*bolt.Tx) error { return errors.New("no space left on device") }
-	h.advance(time.Minute)
-	he := mustHalt(t, h.f, []Entry{
-		h.entry(OpNodeDrain, NodeArgs{NodeID: "node-a"}, withCommand("d1")),
-		h.entry(OpNodeCancelDrain, NodeArgs{NodeID: "node-a"}),
-	}, -1)
-	if he.Unknown || !strings.Contains(he.Error(), "no space left on device") {
-		t.Errorf("halt %v", he)
-	}
-	// Apply (tests, benchmarks) reports it on every entry.
-	for i, r := range h.f.Apply([]Entry{h.entry(OpNodeDrain, NodeArgs{NodeID: "node-a"})}) {
-		if resultCode(r) != "internal" {
-			t.Errorf("entry %d: %+v, want internal", i, r)
-		}
-	}
-	h.f.beforeCommit = nil
-	if r := h.ok(OpNodeDrain, NodeArgs{NodeID: "node-a"}, withCommand("d1")); r.Replayed {
-		t.Error("the failed batch recorded its command")
+	for _, layout := range []struct {
+		name string
+		opts []entryOpt
+	}{{"id", nil}, {"log", []entryOpt{withCommandLog()}}} {
+		t.Run(layout.name, func(t *testing.T) {
+			h := newHarness(t)
+			readyNode(h)
+			d1 := append([]entryOpt{withCommand("d1")}, layout.opts...)
+			h.f.beforeCommit = func(*bolt.Tx) error { return errors.New("no space left on device") }
+			h.advance(time.Minute)
+			he := mustHalt(t, h.f, []Entry{
+				h.entry(OpNodeDrain, NodeArgs{NodeID: "node-a"}, d1...),
+				h.entry(OpNodeCancelDrain, NodeArgs{NodeID: "node-a"}),
+			}, -1)
+			if he.Unknown || !strings.Contains(he.Error(), "no space left on device") {
+				t.Errorf("halt %v", he)
+			}
+			// Apply (tests, benchmarks) reports it on every entry.
+			for i, r := range h.f.Apply([]Entry{h.entry(OpNodeDrain, NodeArgs{NodeID: "node-a"})}) {
+				if resultCode(r) != "internal" {
+					t.Errorf("entry %d: %+v, want internal", i, r)
+				}
+			}
+			h.f.beforeCommit = nil
+			if r := h.ok(OpNodeDrain, NodeArgs{NodeID: "node-a"}, d1...); r.Replayed {
+				t.Error("the failed batch recorded its command")
+			}
+			if r := h.expectUnchanged(h.entry(OpNodeDrain, NodeArgs{NodeID: "node-a"}, d1...)); !r.Replayed {
+				t.Error("the command applied after the failed batch did not replay")
+			}
+		})
 	}
 }

@@ -58,9 +58,13 @@ import (
 //	   which the leader sets only from this level on (an older voter would
 //	   drop every old record at once, and until the last bounded entry a
 //	   retry could replay on one voter and run again on another)
+//	9  the command log (LevelCommandLog, commandlog.go): an entry with
+//	   Entry.CommandLog appends its command record to bucketCommandLog
+//	   and finds records there through an index derived from it (an
+//	   older voter stops at an entry with a flag it does not know)
 
 // FeatureLevel is the level of this build.
-const FeatureLevel = 8
+const FeatureLevel = 9
 
 // LevelExpireLimit is the level of CommandsExpireArgs.Limit.
 const LevelExpireLimit = 8

@@ -11,6 +11,10 @@ var (
 	// reads only what it drops (commands.go). Derived from bucketCommands:
 	// rebuilt from it at every Restore.
 	bucketCommandTimes = []byte("command_times")
+	// applied_at (Unix ns, 8 bytes big-endian) ‖ sha256(command key) →
+	// commandRecord: the command log, where entries with
+	// Entry.CommandLog keep their records (commandlog.go)
+	bucketCommandLog = []byte("command_log")
 	// workspace_id → api.Workspace
 	bucketWorkspaces = []byte("workspaces")
 	// node_id NUL workspace_id → nil: the Workspaces a node runs or holds a layer of
@@ -88,7 +92,7 @@ var (
 	// reads its source's files (forks.go).
 	bucketForks = []byte("forks")
 
-	allBuckets = [][]byte{bucketMeta, bucketNodes, bucketGrants, bucketCommands, bucketCommandTimes, bucketWorkspaces, bucketWorkspaceNodes, bucketNodeHolds, bucketWorkspaceTombstones, bucketInstanceOwners,
+	allBuckets = [][]byte{bucketMeta, bucketNodes, bucketGrants, bucketCommands, bucketCommandTimes, bucketCommandLog, bucketWorkspaces, bucketWorkspaceNodes, bucketNodeHolds, bucketWorkspaceTombstones, bucketInstanceOwners,
 		bucketEgress, bucketEgressRevisions, bucketEgressRefs, bucketResolvers, bucketResolverRefs, bucketPools, bucketPoolUse, bucketPoolMembers, bucketPoolWaits,
 		bucketVolumes, bucketVolumeNames, bucketVolumeCommands, bucketVolumeTombstones, bucketMemberLevels, bucketEndedRounds, bucketEndedWatch,
 		bucketPlacements, bucketTemplates, bucketPlatforms, bucketTransfers, bucketForks}
