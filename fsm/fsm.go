@@ -308,6 +308,12 @@ func inputHash(e *Entry) string {
 }
 
 func compactJSON(b []byte) []byte {
+	// Compact only drops whitespace, so JSON without any (what the
+	// leader's encoder writes) is its own compact form, and invalid JSON
+	// is returned as it is either way.
+	if bytes.IndexAny(b, " \t\r\n") < 0 {
+		return b
+	}
 	var buf bytes.Buffer
 	// The standard library's: the hash is stored in command records and
 	// compared by every later build, so its bytes must never change.
