@@ -379,7 +379,7 @@ func (f *FSM) Restore(r io.Reader) error {
 	}
 	f.db = db
 	// A snapshot of an older release lacks the buckets added since.
-	return db.Update(func(tx *bolt.Tx) error {
+	err = db.Update(func(tx *bolt.Tx) error {
 		hadPoolUse := tx.Bucket(bucketPoolUse) != nil
 		for _, b := range allBuckets {
 			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
@@ -397,6 +397,10 @@ func (f *FSM) Restore(r io.Reader) error {
 		}
 		return f.commands.rebuild(tx)
 	})
+	if err != nil {
+		f.commands.invalidate() // built from a transaction that did not commit
+	}
+	return err
 }
 
 func checkSchemaFile(path string) error {
