@@ -1480,10 +1480,7 @@ func (d *wsDev) down() {
 				t.Logf("---- last lines of %s ----\n%s", filepath.Base(log), tail(log, 40))
 			}
 			d.mu.Unlock()
-			// The data-plane and egress processes log to their units'
-			// files (the private systemd has no journal).
-			logs, _ := filepath.Glob(filepath.Join(datadir.Dir(d.dir).NodeDir(), "systemd", "logs", "kibotos-[de]*.log"))
-			for _, log := range logs {
+			for _, log := range unitLogs(datadir.Dir(d.dir)) {
 				t.Logf("---- last lines of %s ----\n%s", filepath.Base(log), tail(log, 40))
 			}
 		}
@@ -1537,4 +1534,11 @@ func (d *wsDev) down() {
 	if len(left) > 0 {
 		t.Errorf("processes of this test still run after dev down:\n%s", strings.Join(left, "\n"))
 	}
+}
+
+// unitLogs are the logs of a member's data-plane and egress processes:
+// their units' files, since the private systemd has no journal.
+func unitLogs(d datadir.Dir) []string {
+	logs, _ := filepath.Glob(filepath.Join(d.NodeDir(), "systemd", "logs", "kibotos-[de]*.log"))
+	return logs
 }

@@ -391,6 +391,11 @@ func mhRoot(t *testing.T, l *lab) string {
 				}
 			}
 		}
+		if t.Failed() {
+			for _, h := range l.hosts {
+				mhDumpHostLogs(t, h)
+			}
+		}
 		if left := mhWaitNoQemu(root, 15*time.Second); len(left) > 0 {
 			t.Errorf("QEMU processes of this test left after its members ended: %v", left)
 			for _, pid := range left {
@@ -399,6 +404,18 @@ func mhRoot(t *testing.T, l *lab) string {
 		}
 	})
 	return root
+}
+
+// mhDumpHostLogs shows, for a failed test, what the member's own log
+// does not: its data-plane and egress processes' logs, and each VM's
+// console and VMM log.
+func mhDumpHostLogs(t *testing.T, h *host) {
+	d := datadir.Dir(h.dataDir)
+	machines, _ := filepath.Glob(filepath.Join(d.StorageRoot(), "machine-logs", "*", "*.log"))
+	for _, log := range append(unitLogs(d), machines...) {
+		rel, _ := filepath.Rel(h.dataDir, log)
+		t.Logf("---- last lines of %s of host %d ----\n%s", rel, h.index, tail(log, 25))
+	}
 }
 
 // TestWorkspacesTwoNodes: placement by free capacity and overcommit, --node
