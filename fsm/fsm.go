@@ -132,8 +132,22 @@ func Open(path string) (*FSM, error) {
 	return &FSM{path: path, db: db, cache: newPlaceCache(), commands: newCommandIndex()}, nil
 }
 
+// stateMmapSize is how much of the state file bbolt maps from the start
+// (address space, not memory): see openDB.
+const stateMmapSize = 1 << 30
+
+// openDB opens the state file. It is scratch (see FSM), so nothing of it
+// is ever synced: not its commits (NoSync), its freelist (NoFreelistSync)
+// nor its growth (NoGrowSync: otherwise bbolt fsyncs the whole file, every
+// commit's pages still dirty in the page cache, each time the file grows
+// by its AllocSize, which under a steady write load stalled applies every
+// few seconds). And a Raft snapshot holds a read transaction for as long
+// as it writes the state out, while bbolt remaps only once every read
+// transaction ended: mapped large from the start (as etcd maps its
+// backend), a file that grows does not make the applies wait for the
+// snapshot.
 func openDB(path string) (*bolt.DB, error) {
-	db, err := bolt.Open(path, 0o600, &bolt.Options{NoSync: true, NoFreelistSync: true, Timeout: time.Second})
+	db, err := bolt.Open(path, 0o600, &bolt.Options{NoSync: true, NoFreelistSync: true, NoGrowSync: true, InitialMmapSize: stateMmapSize, Timeout: time.Second})
 	if err != nil {
 		return nil, fmt.Errorf("open state file %s: %w", path, err)
 	}
