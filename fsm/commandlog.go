@@ -74,15 +74,12 @@ func (ix *commandIndex) invalidate() { ix.stale = true }
 // position at the log's start.
 func (ix *commandIndex) rebuild(tx *bolt.Tx) error {
 	clear(ix.at)
-	b := tx.Bucket(bucketCommandLog)
-	if b == nil {
-		ix.stale = false
-		return nil
-	}
-	c := b.Cursor()
-	for k, _ := c.First(); k != nil; k, _ = c.Next() {
-		if len(k) == commandLogKeyLen {
-			ix.at[[sha256.Size]byte(k[8:])] = binary.BigEndian.Uint64(k)
+	if b := tx.Bucket(bucketCommandLog); b != nil {
+		c := b.Cursor()
+		for k, _ := c.First(); k != nil; k, _ = c.Next() {
+			if len(k) == commandLogKeyLen {
+				ix.at[[sha256.Size]byte(k[8:])] = binary.BigEndian.Uint64(k)
+			}
 		}
 	}
 	ix.stale = false
@@ -108,8 +105,7 @@ func findLoggedCommand(tx *bolt.Tx, key []byte) (*commandRecord, error) {
 		return nil, nil
 	}
 	var rec commandRecord
-	logKey := append(binary.BigEndian.AppendUint64(make([]byte, 0, commandLogKeyLen), at), sum[:]...)
-	ok, err = getJSON(tx, bucketCommandLog, logKey, &rec)
+	ok, err = getJSON(tx, bucketCommandLog, timeDigestKey(at, sum), &rec)
 	if err == nil && !ok {
 		err = fmt.Errorf("command log: the index names a record at %d that is not there", at)
 	}

@@ -88,8 +88,13 @@ func putCommand(tx *bolt.Tx, e *Entry, rec commandRecord) error {
 // may be as long as bbolt's longest key. The FSM clock never goes back,
 // so records are appended at the index's end.
 func commandTimeKey(appliedAt time.Time, key []byte) []byte {
-	sum := sha256.Sum256(key)
-	return append(binary.BigEndian.AppendUint64(make([]byte, 0, 8+len(sum)), indexTime(appliedAt)), sum[:]...)
+	return timeDigestKey(indexTime(appliedAt), sha256.Sum256(key))
+}
+
+// timeDigestKey is a time (indexTime) followed by a command key's digest:
+// the key of the time index and of the command log.
+func timeDigestKey(at uint64, sum [sha256.Size]byte) []byte {
+	return append(binary.BigEndian.AppendUint64(make([]byte, 0, 8+len(sum)), at), sum[:]...)
 }
 
 // indexTime orders times in the index; none is before 1970 but the zero

@@ -3,6 +3,7 @@ package fsm
 import (
 	"bytes"
 	"fmt"
+	"io"
 	"strings"
 	"testing"
 	"time"
@@ -65,8 +66,14 @@ func restored(t testing.TB, f *FSM) *FSM {
 	if err := f.Snapshot(&snap); err != nil {
 		t.Fatal(err)
 	}
+	return restoredFrom(t, &snap)
+}
+
+// restoredFrom is a new FSM restored from the snapshot snap.
+func restoredFrom(t testing.TB, snap io.Reader) *FSM {
+	t.Helper()
 	g := openFSM(t)
-	if err := g.Restore(&snap); err != nil {
+	if err := g.Restore(snap); err != nil {
 		t.Fatal(err)
 	}
 	return g

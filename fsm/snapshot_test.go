@@ -64,17 +64,7 @@ func TestApplyDoesNotWaitForASnapshot(t *testing.T) {
 	if err := write(&after); err != nil {
 		t.Fatal(err)
 	}
-	if b, a := restoredDump(t, &before), restoredDump(t, &after); a != b {
+	if b, a := mustDump(t, restoredFrom(t, &before)), mustDump(t, restoredFrom(t, &after)); a != b {
 		t.Fatalf("the snapshot's state changed under it:\n%s", diffLines(b, a))
 	}
-}
-
-// restoredDump is the dump of a new FSM restored from snap.
-func restoredDump(t *testing.T, snap *bytes.Buffer) string {
-	t.Helper()
-	f := openFSM(t)
-	if err := f.Restore(snap); err != nil {
-		t.Fatal(err)
-	}
-	return mustDump(t, f)
 }
