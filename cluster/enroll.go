@@ -237,6 +237,7 @@ func (s *Server) handleAddVoter(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.forgetLevels() // the new voter's level is not known yet
+	s.recordNewVoterLevel(r.Context(), raft.Server{ID: raft.ServerID(req.NodeID), Address: raft.ServerAddress(req.Address)})
 	writeResult(w, map[string]string{"node_id": req.NodeID, "address": req.Address})
 }
 

@@ -180,36 +180,71 @@ func (s *Server) refreshLevels(ctx context.Context) {
 		return
 	}
 	for _, v := range vs {
-		got := MemberLevel{NodeID: string(v.ID), Level: s.featureLevel(), Release: buildinfo.ReleaseName()}
-		if got.NodeID != s.id.NodeID {
-			cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-			err := memberRequest(cctx, s.httpClient, http.MethodGet, string(v.Address), "/v1/internal/member-level", nil, &got)
-			cancel()
-			switch {
-			case api.CodeOf(err) == api.CodeNotFound:
-				got = MemberLevel{NodeID: string(v.ID), Level: 1, Release: ""}
-			case err != nil || got.NodeID != string(v.ID):
-				continue // unreachable now: its recorded level stands
-			}
-		}
-		var rec []fsm.MemberLevel
-		if err := s.fsm.View(func(tx *bolt.Tx) (err error) { rec, err = fsm.MemberLevels(tx, []string{got.NodeID}); return }); err != nil {
-			continue
-		}
-		if rec[0].Level == got.Level && rec[0].Release == got.Release && !rec[0].RecordedAt.IsZero() {
-			continue
-		}
-		raw, _ := json.Marshal(fsm.MemberLevelArgs{NodeID: got.NodeID, Level: got.Level, Release: got.Release})
-		// A build from before levels skips it.
-		res, err := s.Apply(ctx, fsm.Entry{Op: fsm.OpMemberLevel, Args: raw, Actor: "member:" + s.id.NodeID, IgnoreUnknown: true})
-		if err == nil {
-			err = res.Err()
-		}
-		if err != nil {
-			s.log.Warn("feature level of a ctrl member not recorded", "member", got.NodeID, "level", got.Level, "err", err)
-			continue
-		}
-		s.forgetLevels()
-		s.log.Info("feature level of a ctrl member recorded", "member", got.NodeID, "level", got.Level, "release", got.Release)
+		s.recordLevel(ctx, v)
 	}
 }
+
+// recordLevel asks one voter its level and records it if it changed or
+// was never recorded. It reports whether the record now holds the
+// voter's answer; a voter it cannot reach keeps its recorded level.
+func (s *Server) recordLevel(ctx context.Context, v raft.Server) bool {
+	got := MemberLevel{NodeID: string(v.ID), Level: s.featureLevel(), Release: buildinfo.ReleaseName()}
+	if got.NodeID != s.id.NodeID {
+		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		err := memberRequest(cctx, s.httpClient, http.MethodGet, string(v.Address), "/v1/internal/member-level", nil, &got)
+		cancel()
+		switch {
+		case api.CodeOf(err) == api.CodeNotFound:
+			got = MemberLevel{NodeID: string(v.ID), Level: 1, Release: ""}
+		case err != nil || got.NodeID != string(v.ID):
+			return false
+		}
+	}
+	var rec []fsm.MemberLevel
+	if err := s.fsm.View(func(tx *bolt.Tx) (err error) { rec, err = fsm.MemberLevels(tx, []string{got.NodeID}); return }); err != nil {
+		return false
+	}
+	if rec[0].Level == got.Level && rec[0].Release == got.Release && !rec[0].RecordedAt.IsZero() {
+		return true
+	}
+	raw, _ := json.Marshal(fsm.MemberLevelArgs{NodeID: got.NodeID, Level: got.Level, Release: got.Release})
+	// A build from before levels skips it.
+	res, err := s.Apply(ctx, fsm.Entry{Op: fsm.OpMemberLevel, Args: raw, Actor: "member:" + s.id.NodeID, IgnoreUnknown: true})
+	if err == nil {
+		err = res.Err()
+	}
+	if err != nil {
+		s.log.Warn("feature level of a ctrl member not recorded", "member", got.NodeID, "level", got.Level, "err", err)
+		return false
+	}
+	s.forgetLevels()
+	s.log.Info("feature level of a ctrl member recorded", "member", got.NodeID, "level", got.Level, "release", got.Release)
+	return true
+}
+
+// recordNewVoterLevel records the level of a voter just added. Until it
+// is recorded the voter counts as level 1, so the leader writes for the
+// oldest build (JSON entries, command records keyed by their ids: about
+// half the write rate of a cluster at this build's level), and the next
+// refresh may be a minute away. The voter serves already (it asked to be
+// added from its server); quick tries cover a slow first answer, and the
+// minute refresh anything longer.
+func (s *Server) recordNewVoterLevel(ctx context.Context, v raft.Server) {
+	ctx, cancel := context.WithTimeout(ctx, newVoterLevelWithin)
+	defer cancel()
+	for {
+		if s.recordLevel(ctx, v) {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			s.log.Warn("feature level of a new ctrl voter not known yet; asking again within a minute", "member", v.ID)
+			return
+		case <-time.After(250 * time.Millisecond):
+		}
+	}
+}
+
+// newVoterLevelWithin bounds how long adding a voter waits for its level,
+// well inside the 35 s the joining member waits for the answer.
+const newVoterLevelWithin = 3 * time.Second

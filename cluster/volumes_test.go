@@ -138,6 +138,51 @@ func TestNewOpWaitsForEveryVoter(t *testing.T) {
 	}
 }
 
+// A ctrl member's feature level is recorded as it is added as a voter,
+// not at the leader's refresh a minute later: until it is, the leader
+// writes for level 1 (JSON entries, command records keyed by their ids),
+// which halved a fresh cluster's first minute of writes.
+func TestNewVoterLevelRecordedAtOnce(t *testing.T) {
+	start := time.Now()
+	// Without pool capacities: a write refused for its level would ask
+	// the voters too, and hide what is under test.
+	c := clustertest.New(t, clustertest.Options{Ctrl: 3, NoPoolCapacity: true})
+	leader := c.WaitLeader()
+	ids := []string{"node-1", "node-2", "node-3"}
+	clustertest.WaitFor(t, 10*time.Second, func() (bool, string) {
+		var levels []fsm.MemberLevel
+		if err := leader.Server.FSM().View(func(tx *bolt.Tx) (err error) { levels, err = fsm.MemberLevels(tx, ids); return }); err != nil {
+			return false, err.Error()
+		}
+		for _, l := range levels {
+			if l.RecordedAt.IsZero() || l.Level != fsm.FeatureLevel {
+				return false, fmt.Sprintf("member %s: level %d recorded at %v", l.NodeID, l.Level, l.RecordedAt)
+			}
+		}
+		return true, ""
+	})
+	if d := time.Since(start); d > 50*time.Second {
+		t.Fatalf("the cluster took %v to form: the leader's minute refresh may have recorded the levels", d)
+	}
+	// A write with a command id now goes out in this build's format.
+	ctx := context.Background()
+	cl := c.Client(leader)
+	n, err := c.Node(leader, "node-2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	v := "2"
+	req := api.OvercommitSetRequest{CPU: &v, Memory: &v, WriteMeta: api.WriteMeta{CommandID: "oc-1", ExpectedVersion: &n.RegistrationVersion}}
+	if _, err := cl.Do(ctx, "POST", "/v1/nodes/node-2/overcommit", req, nil); err != nil {
+		t.Fatalf("overcommit write: %v", err)
+	}
+	m3 := c.Members[2]
+	m3.Stop()
+	if last, withID := lastEntryFormat(t, m3); last == '{' || withID.CommandID != "oc-1" || !withID.CommandLog {
+		t.Fatalf("the write right after the cluster formed: entry format %q, command %q with the command log %v", last, withID.CommandID, withID.CommandLog)
+	}
+}
+
 // lastEntryFormat is the first byte of the last command entry of a stopped
 // member's Raft log: '{' for JSON (level 5 and before), else the binary
 // format's version (fsm.LevelEntryFormat); and the last entry with a
