@@ -232,12 +232,19 @@ func (s *Server) handleAddVoter(w http.ResponseWriter, r *http.Request) {
 		writeError(w, api.Errorf(api.CodeFailedPrecondition, "node %s is not an admitted ctrl member", req.NodeID))
 		return
 	}
-	if err := s.raft.AddVoter(raft.ServerID(req.NodeID), raft.ServerAddress(req.Address), 0, 30*time.Second).Error(); err != nil {
+	voter := raft.Server{ID: raft.ServerID(req.NodeID), Address: raft.ServerAddress(req.Address)}
+	if !s.isVoter(voter.ID) {
+		if err := s.refuseOlderVoter(r.Context(), voter); err != nil {
+			writeError(w, err)
+			return
+		}
+	}
+	if err := s.raft.AddVoter(voter.ID, voter.Address, 0, 30*time.Second).Error(); err != nil {
 		writeError(w, api.Errorf(api.CodeUnavailable, "add voter %s: %v", req.NodeID, err))
 		return
 	}
 	s.forgetLevels() // the new voter's level is not known yet
-	s.recordNewVoterLevel(r.Context(), raft.Server{ID: raft.ServerID(req.NodeID), Address: raft.ServerAddress(req.Address)})
+	s.recordNewVoterLevel(r.Context(), voter)
 	writeResult(w, map[string]string{"node_id": req.NodeID, "address": req.Address})
 }
 
@@ -272,6 +279,20 @@ func (s *Server) inRaftConfig() bool {
 	}
 	for _, srv := range f.Configuration().Servers {
 		if srv.ID == raft.ServerID(s.id.NodeID) {
+			return true
+		}
+	}
+	return false
+}
+
+// isVoter reports whether id is a voter of the Raft configuration.
+func (s *Server) isVoter(id raft.ServerID) bool {
+	vs, err := s.voters()
+	if err != nil {
+		return false
+	}
+	for _, v := range vs {
+		if v.ID == id {
 			return true
 		}
 	}

@@ -3,6 +3,7 @@ package cluster
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"time"
 
@@ -188,17 +189,9 @@ func (s *Server) refreshLevels(ctx context.Context) {
 // was never recorded. It reports whether the record now holds the
 // voter's answer; a voter it cannot reach keeps its recorded level.
 func (s *Server) recordLevel(ctx context.Context, v raft.Server) bool {
-	got := MemberLevel{NodeID: string(v.ID), Level: s.featureLevel(), Release: buildinfo.ReleaseName()}
-	if got.NodeID != s.id.NodeID {
-		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		err := memberRequest(cctx, s.httpClient, http.MethodGet, string(v.Address), "/v1/internal/member-level", nil, &got)
-		cancel()
-		switch {
-		case api.CodeOf(err) == api.CodeNotFound:
-			got = MemberLevel{NodeID: string(v.ID), Level: 1, Release: ""}
-		case err != nil || got.NodeID != string(v.ID):
-			return false
-		}
+	got, err := s.askLevel(ctx, v)
+	if err != nil {
+		return false
 	}
 	var rec []fsm.MemberLevel
 	if err := s.fsm.View(func(tx *bolt.Tx) (err error) { rec, err = fsm.MemberLevels(tx, []string{got.NodeID}); return }); err != nil {
@@ -220,6 +213,61 @@ func (s *Server) recordLevel(ctx context.Context, v raft.Server) bool {
 	s.forgetLevels()
 	s.log.Info("feature level of a ctrl member recorded", "member", got.NodeID, "level", got.Level, "release", got.Release)
 	return true
+}
+
+// askLevel asks a member its build's level; a build from before levels
+// answers "not found": level 1.
+func (s *Server) askLevel(ctx context.Context, v raft.Server) (MemberLevel, error) {
+	if string(v.ID) == s.id.NodeID {
+		return MemberLevel{NodeID: s.id.NodeID, Level: s.featureLevel(), Release: buildinfo.ReleaseName()}, nil
+	}
+	var got MemberLevel
+	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	err := memberRequest(cctx, s.httpClient, http.MethodGet, string(v.Address), "/v1/internal/member-level", nil, &got)
+	switch {
+	case api.CodeOf(err) == api.CodeNotFound:
+		return MemberLevel{NodeID: string(v.ID), Level: 1, Release: ""}, nil
+	case err != nil:
+		return got, err
+	case got.NodeID != string(v.ID):
+		return got, fmt.Errorf("member at %s answered as %s, not %s", v.Address, got.NodeID, v.ID)
+	case got.Level < 1 || len(got.Release) > 64:
+		return got, fmt.Errorf("member %s answered feature level %d, release of %d bytes: not a level", v.ID, got.Level, len(got.Release))
+	}
+	return got, nil
+}
+
+// refuseOlderVoter refuses to add a voter whose build is below the level
+// every current voter runs: the leader writes for that level, so the new
+// voter could not apply the log it would be sent (it halts) or would not
+// see what the state holds at that level (a command log it does not
+// know, for one). A voter that is not reachable is unavailable; one whose
+// level was never recorded counts as level 1, which refuses nothing.
+func (s *Server) refuseOlderVoter(ctx context.Context, v raft.Server) error {
+	got, err := s.askLevel(ctx, v)
+	if err != nil {
+		return api.Errorf(api.CodeUnavailable, "ctrl could not ask member %s its feature level: %v; retry", v.ID, err)
+	}
+	levels, err := s.voterLevels()
+	if err != nil {
+		return err
+	}
+	cluster := 0
+	for _, l := range levels {
+		if l.NodeID != got.NodeID && (cluster == 0 || l.Level < cluster) {
+			cluster = l.Level
+		}
+	}
+	if got.Level >= cluster {
+		return nil
+	}
+	rel := got.Release
+	if rel == "" {
+		rel = "a build from before feature levels"
+	}
+	return api.Errorf(api.CodeFailedPrecondition,
+		"member %s runs %s at feature level %d, below level %d that every ctrl voter runs: install the cluster's release on %s (kibotos version on a voter shows it), then start it again", got.NodeID, rel, got.Level, cluster, got.NodeID)
 }
 
 // recordNewVoterLevel records the level of a voter just added. Until it

@@ -183,6 +183,46 @@ func TestNewVoterLevelRecordedAtOnce(t *testing.T) {
 	}
 }
 
+// A member whose build is below the level every ctrl voter runs is not
+// made a voter: the leader writes for that level, so the member could
+// not apply the log it would be sent. Once it runs the cluster's build,
+// it is.
+func TestOlderBuildNotMadeVoter(t *testing.T) {
+	c := clustertest.New(t, clustertest.Options{Ctrl: 1, NoPoolCapacity: true})
+	leader := c.WaitLeader()
+	older := fsm.LevelCommandLog - 1
+	m2 := c.AddMember("node-2", []string{api.RoleCtrl, api.RoleNode}, clustertest.Options{FeatureLevels: map[string]int{"node-2": older}})
+	voters := func() int {
+		f := leader.Server.Raft().GetConfiguration()
+		if err := f.Error(); err != nil {
+			t.Fatal(err)
+		}
+		n := 0
+		for _, s := range f.Configuration().Servers {
+			if s.Suffrage == raft.Voter {
+				n++
+			}
+		}
+		return n
+	}
+	// The member asks to be a voter as it starts, and asks again until it
+	// is; the same request answers why not.
+	want := fmt.Sprintf("member node-2 runs unreleased at feature level %d, below level %d that every ctrl voter runs: install the cluster's release on node-2", older, fsm.FeatureLevel)
+	status, e := rawCall(t, leader, memberCert(t, m2), leader.Addr, "POST", "/v1/internal/raft/voter", api.AddVoterRequest{NodeID: "node-2", Address: m2.Addr}, nil)
+	if status != http.StatusPreconditionFailed || e == nil || !strings.Contains(e.Message, want) {
+		t.Fatalf("adding a voter of an older build: %d %v, want 412 %q", status, e, want)
+	}
+	if n := voters(); n != 1 {
+		t.Fatalf("the older build became a voter: %d voters", n)
+	}
+	m2.Stop()
+	m2.Restart(clustertest.Options{})
+	clustertest.WaitFor(t, 20*time.Second, func() (bool, string) {
+		n := voters()
+		return n == 2, fmt.Sprintf("%d voters", n)
+	})
+}
+
 // lastEntryFormat is the first byte of the last command entry of a stopped
 // member's Raft log: '{' for JSON (level 5 and before), else the binary
 // format's version (fsm.LevelEntryFormat); and the last entry with a

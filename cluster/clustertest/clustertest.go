@@ -7,7 +7,6 @@ package clustertest
 import (
 	"context"
 	"encoding/json"
-	"fmt"
 	"io"
 	"log/slog"
 	"strconv"
@@ -21,12 +20,14 @@ import (
 	"github.com/kibotos/kibotos/artifacts"
 	"github.com/kibotos/kibotos/cluster"
 	"github.com/kibotos/kibotos/datadir"
+	"github.com/kibotos/kibotos/fsm"
 	"github.com/kibotos/kibotos/internal/testenv"
 )
 
 // Cluster is a set of in-process members.
 type Cluster struct {
 	t       testing.TB
+	base    string // the members' data directories are under it
 	Members []*Member
 }
 
@@ -92,7 +93,9 @@ func New(t testing.TB, o Options) *Cluster {
 	if _, err := cluster.Init(context.Background(), cluster.InitOptions{DataDir: first.Dir, NodeID: first.ID, Advertise: first.Addr, Roles: []string{api.RoleCtrl, api.RoleNode}}); err != nil {
 		t.Fatalf("init: %v", err)
 	}
-	first.start(o)
+	c.base = base
+	form := rollingStart(o)
+	first.start(form)
 	c.Members = append(c.Members, first)
 	c.WaitLeader()
 	for i := 2; i <= o.Ctrl+o.NodeOnly; i++ {
@@ -100,21 +103,74 @@ func New(t testing.TB, o Options) *Cluster {
 		if i > o.Ctrl {
 			roles = []string{api.RoleNode}
 		}
-		m := &Member{t: t, ID: "node-" + strconv.Itoa(i), Dir: datadir.Dir(fmt.Sprintf("%s/node-%d", base, i)), Addr: FreeAddr(t)}
-		token := c.Grant(m.ID, roles)
-		if _, err := cluster.Join(context.Background(), cluster.JoinOptions{DataDir: m.Dir, Advertise: m.Addr, Grant: token, Member: first.Addr}); err != nil {
-			t.Fatalf("join %s: %v", m.ID, err)
-		}
-		m.start(o)
-		c.Members = append(c.Members, m)
+		c.AddMember("node-"+strconv.Itoa(i), roles, form)
 	}
 	c.WaitAllReady()
+	// Then the ctrl members of the newer build are upgraded, one by one.
+	for _, m := range c.Members {
+		if o.FeatureLevels[m.ID] != form.FeatureLevels[m.ID] {
+			m.Stop()
+			m.Restart(o)
+			c.WaitLeader()
+			c.WaitAllReady()
+		}
+	}
 	if !o.NoPoolCapacity {
 		for _, m := range c.Members {
 			c.SetPoolCapacity(api.PrivatePoolID(m.ID), 1<<40)
 		}
 	}
 	return c
+}
+
+// rollingStart is how a cluster whose ctrl members claim different
+// feature levels is formed: as a rolling upgrade leaves it. Every ctrl
+// member starts at the lowest level claimed among them, and New then
+// restarts the others at their own; a voter below the level of every
+// other voter is never added (cluster refuseOlderVoter).
+func rollingStart(o Options) Options {
+	low, differ := 0, false
+	for i := 1; i <= o.Ctrl; i++ {
+		l := o.FeatureLevels["node-"+strconv.Itoa(i)]
+		if l == 0 {
+			l = fsm.FeatureLevel
+		}
+		if low != 0 && l != low {
+			differ = true
+		}
+		if low == 0 || l < low {
+			low = l
+		}
+	}
+	if !differ {
+		return o
+	}
+	form := o
+	form.FeatureLevels = map[string]int{}
+	for id, l := range o.FeatureLevels {
+		form.FeatureLevels[id] = l
+	}
+	for i := 1; i <= o.Ctrl; i++ {
+		form.FeatureLevels["node-"+strconv.Itoa(i)] = low
+	}
+	return form
+}
+
+// AddMember joins a member with roles to the cluster and starts it with
+// o (its capacity defaults as New's).
+func (c *Cluster) AddMember(id string, roles []string, o Options) *Member {
+	c.t.Helper()
+	if o.Capacity.CPU == 0 {
+		o.Capacity = api.Resources{CPU: 2000, MemoryBytes: 4 << 30}
+	}
+	m := &Member{t: c.t, ID: id, Dir: datadir.Dir(c.base + "/" + id), Addr: FreeAddr(c.t)}
+	token := c.Grant(m.ID, roles)
+	if _, err := cluster.Join(context.Background(), cluster.JoinOptions{DataDir: m.Dir, Advertise: m.Addr, Grant: token, Member: c.Members[0].Addr}); err != nil {
+		c.t.Fatalf("join %s: %v", m.ID, err)
+	}
+	m.start(o)
+	c.Members = append(c.Members, m)
+	return m
 }
 
 // SetPoolCapacity sets a declared pool's capacity through the leader.
