@@ -270,6 +270,41 @@ func (s *Server) refuseOlderVoter(ctx context.Context, v raft.Server) error {
 		"member %s runs %s at feature level %d, below level %d that every ctrl voter runs: install the cluster's release on %s (kibotos version on a voter shows it), then start it again", got.NodeID, rel, got.Level, cluster, got.NodeID)
 }
 
+// checkStateLevel refuses to start a build below the level every voter
+// ran when this member's replicated state was saved (a downgrade): the
+// state may hold what this build does not know, and would read as if it
+// were not there (a command log, for one). There is no rollback. A voter
+// whose level was never recorded counts as level 1, which refuses
+// nothing; a log entry this build cannot read halts it as it applies.
+func (s *Server) checkStateLevel() error {
+	vs, err := s.voters()
+	if err != nil || len(vs) == 0 {
+		return nil
+	}
+	ids := make([]string, len(vs))
+	for i, v := range vs {
+		ids[i] = string(v.ID)
+	}
+	var levels []fsm.MemberLevel
+	if err := s.fsm.View(func(tx *bolt.Tx) (err error) { levels, err = fsm.MemberLevels(tx, ids); return }); err != nil {
+		return err
+	}
+	low := 0
+	for _, l := range levels {
+		if l.RecordedAt.IsZero() {
+			return nil
+		}
+		if low == 0 || l.Level < low {
+			low = l.Level
+		}
+	}
+	if low <= s.featureLevel() {
+		return nil
+	}
+	return api.Errorf(api.CodeFailedPrecondition,
+		"member %s: its replicated state was saved while every ctrl voter ran feature level %d, and this build (%s) applies level %d: run that release again (there is no rollback)", s.id.NodeID, low, buildinfo.ReleaseName(), s.featureLevel())
+}
+
 // recordNewVoterLevel records the level of a voter just added. Until it
 // is recorded the voter counts as level 1, so the leader writes for the
 // oldest build (JSON entries, command records keyed by their ids: about

@@ -328,7 +328,7 @@ func (s *Server) startRaft() error {
 		return fmt.Errorf("start raft in %s: %w", d.RaftDir(), err)
 	}
 	s.raft = r
-	return nil
+	return s.checkStateLevel()
 }
 
 // halt stops a member that cannot apply the log as the others do (see

@@ -223,6 +223,37 @@ func TestOlderBuildNotMadeVoter(t *testing.T) {
 	})
 }
 
+// A member whose build is below the level every voter ran when its
+// replicated state was saved does not start: the state may hold what the
+// build does not know. The release it ran starts again.
+func TestOlderBuildRefusedOverNewerState(t *testing.T) {
+	c := clustertest.New(t, clustertest.Options{Ctrl: 1, NoPoolCapacity: true})
+	m := c.WaitLeader()
+	clustertest.WaitFor(t, 10*time.Second, func() (bool, string) {
+		var l []fsm.MemberLevel
+		if err := m.Server.FSM().View(func(tx *bolt.Tx) (err error) { l, err = fsm.MemberLevels(tx, []string{m.ID}); return }); err != nil {
+			return false, err.Error()
+		}
+		return !l[0].RecordedAt.IsZero(), "node-1's level is not recorded"
+	})
+	if err := m.Server.Raft().Snapshot().Error(); err != nil {
+		t.Fatalf("snapshot: %v", err)
+	}
+	m.Stop()
+	older := fsm.FeatureLevel - 1
+	srv, err := cluster.Open(context.Background(), cluster.Config{DataDir: m.Dir, Logger: slog.New(slog.DiscardHandler), FeatureLevel: older})
+	if srv != nil {
+		srv.Shutdown()
+	}
+	want := fmt.Sprintf("member node-1: its replicated state was saved while every ctrl voter ran feature level %d, and this build (unreleased) applies level %d: run that release again (there is no rollback)", fsm.FeatureLevel, older)
+	if api.CodeOf(err) != api.CodeFailedPrecondition || err.Error() != want {
+		t.Fatalf("an older build over a newer state: %v, want %q", err, want)
+	}
+	m.Restart(clustertest.Options{})
+	c.WaitLeader()
+	c.WaitAllReady()
+}
+
 // lastEntryFormat is the first byte of the last command entry of a stopped
 // member's Raft log: '{' for JSON (level 5 and before), else the binary
 // format's version (fsm.LevelEntryFormat); and the last entry with a
