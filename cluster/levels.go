@@ -253,13 +253,8 @@ func (s *Server) refuseOlderVoter(ctx context.Context, v raft.Server) error {
 	if err != nil {
 		return err
 	}
-	cluster := 0
-	for _, l := range levels {
-		if l.NodeID != got.NodeID && (cluster == 0 || l.Level < cluster) {
-			cluster = l.Level
-		}
-	}
-	if got.Level >= cluster {
+	lowest := lowestLevel(levels, got.NodeID)
+	if got.Level >= lowest {
 		return nil
 	}
 	rel := got.Release
@@ -267,7 +262,19 @@ func (s *Server) refuseOlderVoter(ctx context.Context, v raft.Server) error {
 		rel = "a build from before feature levels"
 	}
 	return api.Errorf(api.CodeFailedPrecondition,
-		"member %s runs %s at feature level %d, below level %d that every ctrl voter runs: install the cluster's release on %s (kibotos version on a voter shows it), then start it again", got.NodeID, rel, got.Level, cluster, got.NodeID)
+		"member %s runs %s at feature level %d, below level %d that every ctrl voter runs: install the cluster's release on %s (kibotos version on a voter shows it), then start it again", got.NodeID, rel, got.Level, lowest, got.NodeID)
+}
+
+// lowestLevel is the lowest level among levels but member except's; 0
+// for none. A member never recorded is level 1 (fsm.MemberLevels).
+func lowestLevel(levels []fsm.MemberLevel, except string) int {
+	lowest := 0
+	for _, l := range levels {
+		if l.NodeID != except && (lowest == 0 || l.Level < lowest) {
+			lowest = l.Level
+		}
+	}
+	return lowest
 }
 
 // checkStateLevel refuses to start a build below the level every voter
@@ -289,15 +296,7 @@ func (s *Server) checkStateLevel() error {
 	if err := s.fsm.View(func(tx *bolt.Tx) (err error) { levels, err = fsm.MemberLevels(tx, ids); return }); err != nil {
 		return err
 	}
-	low := 0
-	for _, l := range levels {
-		if l.RecordedAt.IsZero() {
-			return nil
-		}
-		if low == 0 || l.Level < low {
-			low = l.Level
-		}
-	}
+	low := lowestLevel(levels, "")
 	if low <= s.featureLevel() {
 		return nil
 	}
