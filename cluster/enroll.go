@@ -233,18 +233,23 @@ func (s *Server) handleAddVoter(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	voter := raft.Server{ID: raft.ServerID(req.NodeID), Address: raft.ServerAddress(req.Address)}
+	var level *MemberLevel // what a new voter answered
 	if !s.isVoter(voter.ID) {
-		if err := s.refuseOlderVoter(r.Context(), voter); err != nil {
+		got, err := s.refuseOlderVoter(r.Context(), voter)
+		if err != nil {
 			writeError(w, err)
 			return
 		}
+		level = &got
 	}
 	if err := s.raft.AddVoter(voter.ID, voter.Address, 0, 30*time.Second).Error(); err != nil {
 		writeError(w, api.Errorf(api.CodeUnavailable, "add voter %s: %v", req.NodeID, err))
 		return
 	}
-	s.forgetLevels() // the new voter's level is not known yet
-	s.recordNewVoterLevel(r.Context(), voter)
+	s.forgetLevels() // the voters changed
+	if level != nil {
+		s.recordAnswer(r.Context(), *level)
+	}
 	writeResult(w, map[string]string{"node_id": req.NodeID, "address": req.Address})
 }
 

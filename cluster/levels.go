@@ -193,6 +193,12 @@ func (s *Server) recordLevel(ctx context.Context, v raft.Server) bool {
 	if err != nil {
 		return false
 	}
+	return s.recordAnswer(ctx, got)
+}
+
+// recordAnswer records a member's answered level if it changed or was
+// never recorded, and reports whether the record now holds it.
+func (s *Server) recordAnswer(ctx context.Context, got MemberLevel) bool {
 	var rec []fsm.MemberLevel
 	if err := s.fsm.View(func(tx *bolt.Tx) (err error) { rec, err = fsm.MemberLevels(tx, []string{got.NodeID}); return }); err != nil {
 		return false
@@ -243,25 +249,30 @@ func (s *Server) askLevel(ctx context.Context, v raft.Server) (MemberLevel, erro
 // voter could not apply the log it would be sent (it halts) or would not
 // see what the state holds at that level (a command log it does not
 // know, for one). A voter that is not reachable is unavailable; one whose
-// level was never recorded counts as level 1, which refuses nothing.
-func (s *Server) refuseOlderVoter(ctx context.Context, v raft.Server) error {
+// level was never recorded counts as level 1, which refuses nothing. It
+// returns the level the member answered, for the leader to record once
+// the member is a voter: until then the voter would count as level 1, and
+// the leader write for the oldest build (JSON entries, command records
+// keyed by their ids: about half the write rate of a cluster at this
+// build's level) until its next refresh, a minute away.
+func (s *Server) refuseOlderVoter(ctx context.Context, v raft.Server) (MemberLevel, error) {
 	got, err := s.askLevel(ctx, v)
 	if err != nil {
-		return api.Errorf(api.CodeUnavailable, "ctrl could not ask member %s its feature level: %v; retry", v.ID, err)
+		return got, api.Errorf(api.CodeUnavailable, "ctrl could not ask member %s its feature level: %v; retry", v.ID, err)
 	}
 	levels, err := s.voterLevels()
 	if err != nil {
-		return err
+		return got, err
 	}
 	lowest := lowestLevel(levels, got.NodeID)
 	if got.Level >= lowest {
-		return nil
+		return got, nil
 	}
 	rel := got.Release
 	if rel == "" {
 		rel = "a build from before feature levels"
 	}
-	return api.Errorf(api.CodeFailedPrecondition,
+	return got, api.Errorf(api.CodeFailedPrecondition,
 		"member %s runs %s at feature level %d, below level %d that every ctrl voter runs: install the cluster's release on %s (kibotos version on a voter shows it), then start it again", got.NodeID, rel, got.Level, lowest, got.NodeID)
 }
 
@@ -284,16 +295,8 @@ func lowestLevel(levels []fsm.MemberLevel, except string) int {
 // whose level was never recorded counts as level 1, which refuses
 // nothing; a log entry this build cannot read halts it as it applies.
 func (s *Server) checkStateLevel() error {
-	vs, err := s.voters()
-	if err != nil || len(vs) == 0 {
-		return nil
-	}
-	ids := make([]string, len(vs))
-	for i, v := range vs {
-		ids[i] = string(v.ID)
-	}
-	var levels []fsm.MemberLevel
-	if err := s.fsm.View(func(tx *bolt.Tx) (err error) { levels, err = fsm.MemberLevels(tx, ids); return }); err != nil {
+	levels, err := s.askVoterLevels()
+	if err != nil {
 		return err
 	}
 	low := lowestLevel(levels, "")
@@ -303,30 +306,3 @@ func (s *Server) checkStateLevel() error {
 	return api.Errorf(api.CodeFailedPrecondition,
 		"member %s: its replicated state was saved while every ctrl voter ran feature level %d, and this build (%s) applies level %d: run that release again (there is no rollback)", s.id.NodeID, low, buildinfo.ReleaseName(), s.featureLevel())
 }
-
-// recordNewVoterLevel records the level of a voter just added. Until it
-// is recorded the voter counts as level 1, so the leader writes for the
-// oldest build (JSON entries, command records keyed by their ids: about
-// half the write rate of a cluster at this build's level), and the next
-// refresh may be a minute away. The voter serves already (it asked to be
-// added from its server); quick tries cover a slow first answer, and the
-// minute refresh anything longer.
-func (s *Server) recordNewVoterLevel(ctx context.Context, v raft.Server) {
-	ctx, cancel := context.WithTimeout(ctx, newVoterLevelWithin)
-	defer cancel()
-	for {
-		if s.recordLevel(ctx, v) {
-			return
-		}
-		select {
-		case <-ctx.Done():
-			s.log.Warn("feature level of a new ctrl voter not known yet; asking again within a minute", "member", v.ID)
-			return
-		case <-time.After(250 * time.Millisecond):
-		}
-	}
-}
-
-// newVoterLevelWithin bounds how long adding a voter waits for its level,
-// well inside the 35 s the joining member waits for the answer.
-const newVoterLevelWithin = 3 * time.Second
