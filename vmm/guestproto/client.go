@@ -33,12 +33,20 @@ type DialOptions struct {
 	// KeepAlive is how often the node pings the guest to notice a dead
 	// session; zero means 15s.
 	KeepAlive time.Duration
+	// PingTimeout is how long a keepalive ping (or a write) may go
+	// unanswered before the session ends; zero means yamux's 10s.
+	PingTimeout time.Duration
 }
 
 // Client is the node's side of one guest agent session.
 type Client struct {
 	sess *yamux.Session
 	info GuestInfo
+
+	// pingMu is held across a keepalive ping; held says the keepalive is
+	// paused (Hold).
+	pingMu sync.Mutex
+	held   bool
 }
 
 // Dial performs the handshake over conn and starts the session. Dial owns
@@ -93,7 +101,11 @@ func DialWith(ctx context.Context, conn io.ReadWriteCloser, opts DialOptions) (*
 	}
 	cfg := yamux.DefaultConfig()
 	cfg.LogOutput = io.Discard
-	cfg.KeepAliveInterval = opts.KeepAlive
+	// The client pings itself (keepAlive), so that Hold can pause it.
+	cfg.EnableKeepAlive = false
+	if opts.PingTimeout > 0 {
+		cfg.ConnectionWriteTimeout = opts.PingTimeout
+	}
 	cfg.MaxStreamWindowSize = HostStreamWindow
 	sess, err := yamux.Client(struct {
 		io.Reader
@@ -104,7 +116,50 @@ func DialWith(ctx context.Context, conn io.ReadWriteCloser, opts DialOptions) (*
 		conn.Close()
 		return nil, fmt.Errorf("guestproto: start session: %w", err)
 	}
-	return &Client{sess: sess, info: info}, nil
+	c := &Client{sess: sess, info: info}
+	go c.keepAlive(opts.KeepAlive)
+	return c, nil
+}
+
+// keepAlive pings the guest every interval and ends the session when a
+// ping goes unanswered (yamux's own keepalive, which cannot pause), until
+// the session ends.
+func (c *Client) keepAlive(every time.Duration) {
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-c.sess.CloseChan():
+			return
+		case <-t.C:
+		}
+		c.pingMu.Lock()
+		var err error
+		if !c.held {
+			_, err = c.sess.Ping()
+		}
+		c.pingMu.Unlock()
+		if err != nil {
+			c.sess.Close()
+			return
+		}
+	}
+}
+
+// Hold pauses the session's keepalive until Release, waiting for a ping
+// in flight: for a guest whose vCPUs the node stops on purpose (a warm
+// guest kept ready), which cannot answer and is not dead.
+func (c *Client) Hold() {
+	c.pingMu.Lock()
+	c.held = true
+	c.pingMu.Unlock()
+}
+
+// Release resumes the keepalive Hold paused.
+func (c *Client) Release() {
+	c.pingMu.Lock()
+	c.held = false
+	c.pingMu.Unlock()
 }
 
 // Info is the GuestInfo of the handshake.
