@@ -7,11 +7,13 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
 	sd "github.com/coreos/go-systemd/v22/dbus"
 	godbus "github.com/godbus/dbus/v5"
+	"golang.org/x/sys/unix"
 
 	"github.com/kibotos/kibotos/internal/ctxsleep"
 )
@@ -280,4 +282,33 @@ func isDBusError(err error, name string) bool {
 	}
 	var dep *godbus.Error
 	return errors.As(err, &dep) && dep.Name == name
+}
+
+// Foreground gives a running Background service the priorities of any
+// other (a warm guest a Workspace now owns): its CPU and I/O weights
+// systemd's default again, every thread of its processes nice 0.
+func (m *Manager) Foreground(ctx context.Context, u Unit) error {
+	if err := m.conn.SetUnitPropertiesContext(ctx, u.Name, true, prop("CPUWeight", uint64(100)), prop("IOWeight", uint64(100))); err != nil {
+		return fmt.Errorf("units: weights of unit %s: %w", u.Name, err)
+	}
+	ps, err := m.Processes(u)
+	if err != nil {
+		return err
+	}
+	for _, p := range ps {
+		tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", p.HostPID))
+		if err != nil {
+			continue // ended meanwhile
+		}
+		for _, t := range tasks {
+			tid, err := strconv.Atoi(t.Name())
+			if err != nil {
+				continue
+			}
+			if err := unix.Setpriority(unix.PRIO_PROCESS, tid, 0); err != nil && !errors.Is(err, unix.ESRCH) {
+				return fmt.Errorf("units: nice value of thread %d of unit %s: %w", tid, u.Name, err)
+			}
+		}
+	}
+	return nil
 }
