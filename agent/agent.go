@@ -273,9 +273,9 @@ func (a *Agent) Run(ctx context.Context) error {
 	a.notePools(first.Pools)
 	go a.watchInstances(ctx, first)
 	go a.watchHolders(ctx)
-	// A warm guest being made when ctx ends is ended with it, before Run
+	// Warm guests, ready or being made, end when ctx ends, before Run
 	// returns and the caller closes the runtime (which leaves VMMs
-	// running): no Workspace's, it would outlive the node.
+	// running): no Workspace's, they would outlive the node.
 	warmCtx, stopWarm := context.WithCancel(ctx)
 	warmDone := make(chan struct{})
 	go func() { defer close(warmDone); a.runWarm(warmCtx) }()
@@ -571,10 +571,7 @@ func (a *Agent) buildReport(withEnded bool) api.Report {
 		r.Ended, r.EndedComplete = a.endedReport()
 	}
 	if rt := a.cfg.Runtime; rt != nil {
-		for _, st := range rt.List() {
-			if runtime.IsWarm(st.ID) {
-				continue // no Workspace's, and ended within seconds
-			}
+		for _, st := range rt.Owned() {
 			r.InstanceStates = append(r.InstanceStates, api.InstanceState{InstanceID: st.ID, State: string(st.State), Error: st.Error, DeniedPackets: st.DeniedPackets,
 				OOMKilled:          st.State == runtime.StateFailed && st.Error == runtime.ErrOOMKilled,
 				GuestNotResponding: st.State == runtime.StateRunning && !st.GuestResponding})
@@ -592,9 +589,9 @@ func (a *Agent) buildReport(withEnded bool) api.Report {
 			}
 		}
 	}
-	// Ready warm guests hold their memory (their memory files) until a
-	// start maps it as a Workspace's: placement must not count it free.
-	if rt := a.cfg.Runtime; rt != nil && rt.KeepsWarmMemory() {
+	// Ready warm guests hold their memory until a start adopts one as a
+	// Workspace's: placement must not count it free.
+	if rt := a.cfg.Runtime; rt != nil {
 		for _, w := range r.Warm {
 			r.Allocated.MemoryBytes += uint64(w.Ready) * w.MemoryBytes
 		}

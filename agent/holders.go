@@ -91,8 +91,8 @@ func (a *Agent) watchHolders(ctx context.Context) {
 			return
 		case <-tick.C:
 		}
-		for _, st := range rt.List() {
-			if st.State != runtime.StateRunning && st.State != runtime.StateStarting || runtime.IsWarm(st.ID) {
+		for _, st := range rt.Owned() {
+			if st.State != runtime.StateRunning && st.State != runtime.StateStarting {
 				continue
 			}
 			for _, object := range objectsOf(st) {

@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"context"
 	"fmt"
-	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -17,14 +16,15 @@ import (
 	"github.com/kibotos/kibotos/vmm/template"
 )
 
-// Warm guests ([templates.NAME] warm = N): the node keeps up to N paused,
-// pre-booted guests of each such template, and the first start of a
-// Workspace of that template and size restores one instead of booting
-// (runtime/warm.go has the files). A warm guest costs its memory (its
-// RAM kept in a memory file, so a start maps it instead of loading it)
-// and a little disk (its device state and layer) while it waits; booting
-// one costs what a boot costs, one at a time, never while the host's
-// memory is tight or the node drains.
+// Warm guests ([templates.NAME] warm = N): the node keeps up to N
+// pre-booted guests of each such template, their vCPUs stopped, and the
+// first start of a Workspace of that template and size adopts one
+// instead of booting (runtime/resident.go). A warm guest costs its
+// memory and a stopped VMM process while it waits, no CPU; booting one
+// costs what a boot costs, one at a time, at the lowest priority, never
+// while the host's memory is tight or the node drains. A node process
+// keeps only the warm guests it booted: those of an earlier one are
+// ended and made again.
 
 // WarmConfig asks for warm guests of one template.
 type WarmConfig struct {
@@ -102,17 +102,20 @@ func (a *Agent) runWarm(ctx context.Context) {
 	if rt == nil {
 		return
 	}
-	// What a crash left: slots taken by starts that did not finish, the
-	// guests of templates no longer configured (warm guests mid-boot:
-	// endStrayWarm).
-	if entries, err := os.ReadDir(a.warmRoot()); err == nil {
-		for _, e := range entries {
-			if a.warmFor(e.Name()) == nil {
-				rt.WarmStore(filepath.Join(a.warmRoot(), e.Name())).RemoveAll()
+	// Saved warm guests of builds before resident ones.
+	if err := os.RemoveAll(a.warmRoot()); err != nil {
+		a.log.Warn("saved warm guests of an earlier build not removed", "dir", a.warmRoot(), "err", err)
+	}
+	// Warm guests end with the node process: no other would adopt them.
+	defer func() {
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+		defer cancel()
+		for _, r := range rt.Residents() {
+			if err := rt.EndResident(ctx, r); err != nil {
+				a.log.Warn("warm guest not ended", "instance_id", r.ID, "err", err)
 			}
 		}
-	}
-	startup := true
+	}()
 	tick := time.NewTicker(warmLook)
 	defer tick.Stop()
 	for {
@@ -122,11 +125,10 @@ func (a *Agent) runWarm(ctx context.Context) {
 			if ctx.Err() != nil {
 				return
 			}
-			if a.fillWarm(ctx, c, startup) {
+			if a.fillWarm(ctx, c) {
 				booted = true
 			}
 		}
-		startup = false
 		if booted {
 			continue // another may be wanted at once
 		}
@@ -139,50 +141,52 @@ func (a *Agent) runWarm(ctx context.Context) {
 	}
 }
 
-// endStrayWarm deletes the warm guests a node process before this one was
-// making when it ended (taken over with its VMs). runWarm makes one at a
-// time and not while this runs, so every warm Instance here is such a
-// stray; one still STARTING is deleted at a later pass, once it booted.
+// endStrayWarm ends the warm guests that are not kept ready: those a
+// node process before this one made (taken over with its VMs), and ones
+// whose VMM ended. runWarm makes one at a time and not while this runs;
+// one still STARTING is ended at a later pass, once it booted.
 func (a *Agent) endStrayWarm(ctx context.Context) {
 	rt := a.cfg.Runtime
+	kept := map[string]bool{}
+	for _, r := range rt.Residents() {
+		kept[r.ID] = true
+	}
 	for _, st := range rt.List() {
-		if !runtime.IsWarm(st.ID) || st.State == runtime.StateStarting || st.State == runtime.StateStopping {
+		if !runtime.IsWarm(st.ID) || kept[st.ID] || st.State == runtime.StateStarting || st.State == runtime.StateStopping {
 			continue
 		}
-		if err := rt.Delete(ctx, st.ID); err != nil {
-			a.log.Warn("unfinished warm guest not deleted", "instance_id", st.ID, "err", err)
+		if err := rt.EndResident(ctx, runtime.Resident{ID: st.ID}); err != nil {
+			a.log.Warn("warm guest not ended", "instance_id", st.ID, "err", err)
 			continue
 		}
-		rt.ForgetEnded([]string{st.ID})
-		a.log.Info("unfinished warm guest of an earlier node process deleted", "instance_id", st.ID)
+		a.log.Info("warm guest not kept ready ended", "instance_id", st.ID, "state", st.State)
 	}
 }
 
-// fillWarm drops a template's slots of another key and boots one guest
-// when fewer than wanted are ready; it says whether it booted one.
-func (a *Agent) fillWarm(ctx context.Context, c WarmConfig, startup bool) bool {
+// fillWarm ends a template's warm guests of another key, or beyond the
+// count, and boots one when fewer than wanted are ready; it says whether
+// it booted one.
+func (a *Agent) fillWarm(ctx context.Context, c WarmConfig) bool {
 	w := &a.warm
-	dir := a.warmDir(c.Template)
+	rt := a.cfg.Runtime
 	spec, why := a.warmSpec(c)
-	// Without a key now (the template or Platform unreadable for the
-	// moment) no complete slot is judged stale.
-	store := a.cfg.Runtime.WarmStore(dir)
-	removed, err := store.Clean(func(m runtime.WarmMeta) bool { return why != "" || m.WarmKey == spec.WarmKey }, startup)
-	if removed > 0 {
-		a.log.Info("warm guests removed: of another template build, Platform or size, or unfinished", "template", c.Template, "removed", removed)
-	}
-	if err != nil {
-		a.log.Warn("warm guests not all removed", "template", c.Template, "err", err)
-	}
-	slots, _ := store.Slots()
-	// More than wanted (the count was lowered): the rest go.
-	for _, slot := range slices.Sorted(maps.Keys(slots))[:max(len(slots)-c.Count, 0)] {
-		if err := store.Remove(slot); err != nil {
-			a.log.Warn("warm guest beyond the count not removed", "slot", slot, "err", err)
+	ready := 0
+	for _, r := range rt.Residents() {
+		switch {
+		case r.Template != c.Template:
+		case why == "" && r.WarmKey != spec.WarmKey || ready >= c.Count:
+			// Of another template build, Platform or size (without a
+			// key now, the template or Platform unreadable for the
+			// moment, none is judged stale), or beyond a lowered count.
+			if err := rt.EndResident(ctx, r); err != nil {
+				a.log.Warn("warm guest not ended", "instance_id", r.ID, "err", err)
+			} else {
+				a.log.Info("warm guest ended: of another template build, Platform or size, or beyond the count", "template", c.Template, "instance_id", r.ID)
+			}
+		default:
+			ready++
 		}
-		delete(slots, slot)
 	}
-	ready := len(slots)
 	w.mu.Lock()
 	st := w.templates[c.Template]
 	st.Ready, st.Error = ready, truncate(cmp.Or(why, st.bootErr), 1000)
@@ -198,7 +202,7 @@ func (a *Agent) fillWarm(ctx context.Context, c WarmConfig, startup bool) bool {
 		return false
 	}
 	t0 := time.Now()
-	slot, err := a.cfg.Runtime.BootWarm(ctx, dir, spec)
+	r, err := rt.BootResident(ctx, spec)
 	w.mu.Lock()
 	if err != nil {
 		st.backoff = min(max(2*st.backoff, warmRetry), warmRetryMax)
@@ -215,28 +219,23 @@ func (a *Agent) fillWarm(ctx context.Context, c WarmConfig, startup bool) bool {
 		}
 		return false
 	}
-	a.log.Info("warm guest ready", "template", c.Template, "slot", filepath.Base(slot), "ready", ready+1, "wanted", c.Count, "took", time.Since(t0).Round(time.Millisecond))
+	a.log.Info("warm guest ready", "template", c.Template, "instance_id", r.ID, "ready", ready+1, "wanted", c.Count, "took", time.Since(t0).Round(time.Millisecond))
 	return true
 }
 
-// takeWarm claims a warm guest for the first start of a Workspace that
-// would boot spec's template, Platform and size; "" when there is none.
-func (a *Agent) takeWarm(spec runtime.Spec, tpl *template.Template) (string, runtime.WarmMeta) {
+// warmGuestsFor lists the warm guests ready for the first start of a Workspace that
+// would boot spec's template, Platform and size.
+func (a *Agent) warmGuestsFor(spec runtime.Spec, tpl *template.Template) []runtime.Resident {
 	if a.warmFor(tpl.Name) == nil {
-		return "", runtime.WarmMeta{}
+		return nil
 	}
-	slot, m, err := a.cfg.Runtime.WarmStore(a.warmDir(tpl.Name)).Take(warmKey(tpl, spec.Installation.ID, spec.VCPUs, spec.MemoryMiB))
-	if err != nil {
-		a.log.Warn("warm guests not read", "template", tpl.Name, "err", err)
-	}
-	return slot, m
+	key := warmKey(tpl, spec.Installation.ID, spec.VCPUs, spec.MemoryMiB)
+	return slices.DeleteFunc(a.cfg.Runtime.Residents(), func(r runtime.Resident) bool { return r.WarmKey != key })
 }
 
-// warmTaken counts a start that restored a warm guest and has another made.
-func (a *Agent) warmTaken(name string, slot string, started bool) {
-	if err := a.cfg.Runtime.WarmStore(a.warmDir(name)).Remove(slot); err != nil {
-		a.log.Warn("spent warm guest not removed", "slot", slot, "err", err)
-	}
+// warmTaken counts a start that adopted a warm guest (or failed to) and
+// has another made.
+func (a *Agent) warmTaken(name string, started bool) {
 	w := &a.warm
 	w.mu.Lock()
 	if st := w.templates[name]; st != nil {

@@ -330,26 +330,28 @@ func (a *Agent) startWorkspace(ctx context.Context, t api.WorkspaceTask, r *api.
 	spec := runtime.Spec{InstanceID: id, Installation: installation, VCPUs: max(1, int(t.CPU/1000)), MemoryMiB: int(t.MemoryBytes >> 20),
 		Network: true, Policy: policy, RootImage: tpl.Image(), LayerPath: layer, Volumes: volumes, Restore: restore, Identity: identity}
 	if restore == nil {
-		// Booted or restored from a warm guest: its filesystem is mounted
+		// Booted or adopting a warm guest: its filesystem is mounted
 		// beside its network. (A paused guest has it mounted already.)
 		spec.Configure = func(g guestproto.GuestInfo) guestproto.ConfigureRequest { return WorkspaceConfigure(t.WorkspaceID, g) }
 	}
-	var warm string
-	var warmID bool // the warm guest's identity call wrote the machine id
-	boot := spec    // what a failed warm restore falls back to
+	warm := false   // started from a warm guest
+	warmID := false // whose identity call wrote the machine id
 	if restore == nil && im == nil && len(volumes) == 0 && freshLayer {
-		var m runtime.WarmMeta
-		if warm, m = a.takeWarm(spec, tpl); warm != "" {
-			rt.WarmStore(a.warmDir(tpl.Name)).Restore(&spec, warm, m, t.WorkspaceID, []string{WorkspaceRoot})
-			warmID = len(spec.Identity.Roots) > 0
-		}
-	}
-	if warm != "" {
-		_, err := rt.Start(ctx, spec)
-		a.warmTaken(t.Template, warm, err == nil)
-		if err != nil {
+		for _, r := range a.warmGuestsFor(spec, tpl) {
+			_, err := rt.Adopt(ctx, r, spec, t.WorkspaceID, []string{WorkspaceRoot})
+			if errors.Is(err, runtime.ErrNotAdoptable) {
+				// Another start took it, or it cannot be this one.
+				a.log.Info("warm guest not adopted", "workspace_id", t.WorkspaceID, "instance_id", id, "warm_guest", r.ID, "why", err)
+				continue
+			}
+			a.warmTaken(t.Template, err == nil)
+			if err == nil {
+				warm, warmID = true, r.Mounted(WorkspaceRoot)
+				a.log.Info("instance started from a warm guest", "workspace_id", t.WorkspaceID, "instance_id", id, "template", t.Template, "warm_guest", r.ID)
+				break
+			}
 			// The warm guest was only a shortcut: boot instead.
-			a.log.Warn("warm guest not restored; booting", "workspace_id", t.WorkspaceID, "instance_id", id, "err", err)
+			a.log.Warn("warm guest not adopted; booting", "workspace_id", t.WorkspaceID, "instance_id", id, "warm_guest", r.ID, "err", err)
 			if derr := rt.Delete(ctx, id); derr != nil && !isUnknownInstance(derr) {
 				a.forget(ctx, id)
 				return "", fmt.Errorf("node %s: %w", a.cfg.NodeID, errors.Join(err, derr))
@@ -360,12 +362,10 @@ func (a *Agent) startWorkspace(ctx context.Context, t api.WorkspaceTask, r *api.
 				a.forget(ctx, id)
 				return "", fmt.Errorf("node %s: %w", a.cfg.NodeID, errors.Join(err, rerr))
 			}
-			spec, warm, warmID = boot, "", false
-		} else {
-			a.log.Info("instance restored from a warm guest", "workspace_id", t.WorkspaceID, "instance_id", id, "template", t.Template)
+			break
 		}
 	}
-	if warm == "" {
+	if !warm {
 		if _, err := rt.Start(ctx, spec); err != nil {
 			a.forget(ctx, id)
 			return "", fmt.Errorf("node %s: %w", a.cfg.NodeID, err)
@@ -386,13 +386,13 @@ func (a *Agent) startWorkspace(ctx context.Context, t api.WorkspaceTask, r *api.
 	}
 	if freshLayer && !warmID {
 		// Its first start: a machine id of its own in its filesystem, now
-		// mounted, whether it booted or restored a warm guest (one that
+		// mounted, whether it booted or adopted a warm guest (one that
 		// had it mounted was given it with its identity). Every
 		// Workspace of a template would otherwise share the template's
 		// (or have none). A booted guest of a Platform older than forks
 		// cannot take one and goes without.
 		c, err := rt.Guest(id)
-		if err == nil && (warm != "" || c.Info().Has(guestproto.CapIdentity)) {
+		if err == nil && (warm || c.Info().Has(guestproto.CapIdentity)) {
 			err = rt.NewIdentity(ctx, id, runtime.Identity{Roots: []string{WorkspaceRoot}})
 		}
 		if err != nil {

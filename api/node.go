@@ -165,7 +165,7 @@ type WarmGuests struct {
 	Ready       int    `json:"ready"`
 	CPU         Milli  `json:"cpu"`
 	MemoryBytes uint64 `json:"memory_bytes"`
-	// Starts counts the starts that restored one since the node started.
+	// Starts counts the starts that adopted one since the node started.
 	Starts uint64 `json:"starts"`
 	// Error says why none can be made now (no template here yet, the
 	// last boot failed).

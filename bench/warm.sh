@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Issue 15's warm-start figure through the whole product: from `kibo
 # workspace create` to the answer of its first `kibo workspace exec`, for a
-# Workspace that restores a warm guest against one that boots, alternating
+# Workspace that adopts a warm guest against one that boots, alternating
 # in one `kibotos dev --warm kibotos-coding=1` cluster. In dev the
 # templates kibotos-base and kibotos-coding are the same busybox system, so
 # the warm guest is the only difference; both at a create's default size

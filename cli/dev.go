@@ -73,7 +73,7 @@ type DevUpCmd struct {
 	PlatformCache string `name:"platform-cache-dir" env:"KIBOTOS_PLATFORM_CACHE" help:"Where the kernel package of the Platform is downloaded and unpacked; default: <storage root>/cache/platform."`
 	LogFormat     string `name:"log-format" default:"text" enum:"text,json" help:"Log format of the dev member and of the data-plane and egress processes it starts: text, or json (one object per line, for journald or Vector)."`
 	// Warm is serve's [templates.NAME] warm = N, at a create's default size.
-	Warm map[string]int `name:"warm" placeholder:"TEMPLATE=N" help:"Keep N pre-booted, paused guests of the template, so that a create of it with the default CPU and memory restores one instead of booting (serve: [templates.NAME] warm = N); repeatable."`
+	Warm map[string]int `name:"warm" placeholder:"TEMPLATE=N" help:"Keep N pre-booted, paused guests of the template, so that a create of it with the default CPU and memory adopts one instead of booting (serve: [templates.NAME] warm = N); repeatable."`
 }
 
 // ensureDevArtifacts builds what a Workspace needs on this host when it is
@@ -392,11 +392,6 @@ func (c *DevDownCmd) Run(g *Globals) error {
 		if err := RemoveEgressSocketDirs(d); err != nil {
 			return err
 		}
-	}
-	// Warm guests' memory is host memory on a tmpfs: a cluster that is
-	// down holds none (its slots are incomplete without it, and go).
-	if err := os.RemoveAll(WarmMemoryDir(d)); err != nil {
-		return err
 	}
 	g.printf("kibotos dev: %d VM(s) ended, %d data-plane process(es) stopped", deleted, dpStopped)
 	if sd != nil {

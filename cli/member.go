@@ -496,7 +496,7 @@ func runMember(g *Globals, o memberOptions) error {
 		}
 		defer closeRuntime()
 		if rt != nil {
-			src.Instances, src.Destroyed, src.Egress, src.EgressByInstance, src.Names = rt.List, rt.EndedCount, rt.EgressTotals, rt.EgressByInstance, rt.NamesStats
+			src.Instances, src.Destroyed, src.Egress, src.EgressByInstance, src.Names = rt.Owned, rt.EndedCount, rt.EgressTotals, rt.EgressByInstance, rt.NamesStats
 			srv.SetMachineLogs(machineLogReader(rt))
 		}
 		var dp agent.DataPlane

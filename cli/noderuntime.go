@@ -102,8 +102,11 @@ func openNodeRuntime(ctx context.Context, o memberOptions, nodeID string, steps 
 	} else {
 		log.Warn("no Platform has this kibotos as its guest agent: Workspaces cannot start here until kibotos platform build runs with it", "agent_sha256", sha)
 	}
+	if err := os.RemoveAll(earlierWarmMemoryDir(d)); err != nil {
+		log.Warn("memory of an earlier build's warm guests not freed", "dir", earlierWarmMemoryDir(d), "err", err)
+	}
 	cfg := runtime.Config{StorageRoot: d.StorageRoot(), NodeID: nodeID, Units: m, Accel: accel, Logger: log, OwnInstallation: own, Network: network,
-		Observe: steps.Observe, MachineLogsMaxBytes: o.machineLogsMax, WarmMemoryDir: WarmMemoryDir(d),
+		Observe: steps.Observe, MachineLogsMaxBytes: o.machineLogsMax,
 		Pools: []runtime.PoolDir{{ID: api.PrivatePoolID(nodeID), Path: agent.DefaultPoolPath(d)}}}
 	for _, p := range o.pools {
 		cfg.Pools = append(cfg.Pools, runtime.PoolDir{ID: p.ID, Path: p.Path, Shared: p.Shared})
@@ -256,12 +259,11 @@ func RemoveEgressSocketDirs(d datadir.Dir) error {
 	return errors.Join(os.RemoveAll(filepath.Dir(NodeSocketDir(d, true))), os.RemoveAll(earlierEgressSocketDir(d, true)))
 }
 
-// WarmMemoryDir is where the node's warm guests keep their RAM while they
-// wait: /dev/shm/kibotos-<scope>-warm, root's alone. /dev/shm is a tmpfs
-// every host has, seen alike by this process, the host's systemd and a
-// private one (which does not see what this process mounts after it
-// started).
-func WarmMemoryDir(d datadir.Dir) string {
+// earlierWarmMemoryDir is where the node's warm guests kept their RAM
+// while they waited saved, before warm guests were kept running
+// (/dev/shm/kibotos-<scope>-warm): host memory the node frees as it
+// starts.
+func earlierWarmMemoryDir(d datadir.Dir) string {
 	return filepath.Join("/dev/shm", "kibotos-"+NodeScope(d)+"-warm")
 }
 

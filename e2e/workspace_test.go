@@ -1505,11 +1505,6 @@ func (d *wsDev) down() {
 		if _, err := os.Stat(d.dir); !errors.Is(err, os.ErrNotExist) {
 			t.Errorf("dev down --purge left %s (%v)", d.dir, err)
 		}
-		// A cluster that is down holds no host memory for warm guests.
-		mem := cli.WarmMemoryDir(datadir.Dir(d.dir))
-		if _, err := os.Stat(mem); !errors.Is(err, os.ErrNotExist) {
-			t.Errorf("dev down --purge left the warm guests' memory directory %s (%v)", mem, err)
-		}
 		// The node's own table and the routing of proxied guests go with
 		// the last guest.
 		if out, _ := exec.Command("nft", "list", "table", "inet", "kibotos").CombinedOutput(); !strings.Contains(string(out), "No such file") {

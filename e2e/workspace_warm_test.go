@@ -2,15 +2,13 @@ package e2e
 
 import (
 	"fmt"
-	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/kibotos/kibotos/agent/runtime"
 	"github.com/kibotos/kibotos/api"
-	"github.com/kibotos/kibotos/cli"
-	"github.com/kibotos/kibotos/datadir"
 	"github.com/kibotos/kibotos/vmm/platform"
 )
 
@@ -18,18 +16,17 @@ import (
 // (kibotos dev --warm kibotos-coding=1).
 const warmTemplate = "kibotos-coding"
 
-// bootMarker is what the guest's init writes to the console as it starts:
-// a restored guest's console has none of its boot.
+// bootMarker is what the guest's init writes to the console as it starts.
 const bootMarker = platform.InitStartedLine
 
 // testWarm creates Workspaces of the template dev keeps a warm guest of:
-// one of the default size restores the warm guest (the node's count of
-// starts from warm guests goes up, its console has no boot), is its own
-// Workspace (hostname, machine id, boot_id, random bytes differ between
-// two of them; the machine id from a booted one's too) and keeps what it
-// writes across a stop and start; the node makes the next warm guest; a
-// create of another size boots, and so does one whose warm guest is
-// damaged on disk. Its own Workspaces, all deleted again.
+// one of the default size adopts the warm guest (the node's count of
+// starts from warm guests goes up, and it says so), is its own Workspace
+// (hostname, machine id, boot_id, random bytes differ between two of
+// them; the machine id from a booted one's too) and keeps what it writes
+// across a stop and start; the node makes the next warm guest; a create of another size boots, and so
+// does one whose warm guest's VMM was killed. Its own Workspaces, all
+// deleted again.
 func (d *wsDev) testWarm(string) {
 	t := d.t
 	warm := func() api.WarmGuests {
@@ -125,8 +122,8 @@ func (d *wsDev) testWarm(string) {
 		id := create()
 		made = append(made, id)
 		awaitWarm("the start of "+id+" counted as one from a warm guest", func(w api.WarmGuests) bool { return w.Starts == before.Starts+1 })
-		if c := console(id); strings.Contains(c, bootMarker) {
-			t.Errorf("Workspace %d (%s) booted, its console shows the guest's init starting:\n%s", i+1, id, trimTo(c, 1500))
+		if !d.devProc().logContains(`msg="instance started from a warm guest" node_id=dev workspace_id=` + id + ` `) {
+			t.Errorf("Workspace %d (%s): the node's log does not say it started from a warm guest", i+1, id)
 		}
 		seen[id] = identity(id)
 		if s := seen[id]; s.hostname != id || len(s.machineID) != 32 {
@@ -167,36 +164,34 @@ func (d *wsDev) testWarm(string) {
 		t.Errorf("after a create of another size: %+v; want %d starts and the warm guest still ready", w, ready.Starts)
 	}
 
-	// A warm guest whose state is damaged on disk is not restored: the
-	// start boots instead, and the node makes another warm guest.
+	// A warm guest whose VMM was killed is not adopted: the start boots instead, and the node ends
+	// what is left of it and makes another warm guest.
 	d.must("workspace", "delete", other)
 	made = made[:1]
-	slots, _ := filepath.Glob(filepath.Join(d.dir, "storage", "warm", warmTemplate, "warm-*", runtime.SnapshotStateFile))
-	if len(slots) != 1 {
-		t.Fatalf("warm guest state files: %v; want one", slots)
+	instances := filepath.Join(d.dir, "storage", "runtime", "instances")
+	records, _ := filepath.Glob(filepath.Join(instances, "warm-*", runtime.LaunchRecordFile))
+	if len(records) != 1 {
+		t.Fatalf("warm guests' launch records: %v; want one", records)
 	}
-	// Its RAM waits in its memory file, the node's alone.
-	mem, _ := filepath.Glob(filepath.Join(cli.WarmMemoryDir(datadir.Dir(d.dir)), warmTemplate, "*"))
-	if len(mem) != 1 || filepath.Base(mem[0]) != filepath.Base(filepath.Dir(slots[0]))+runtime.WarmMemorySuffix {
-		t.Errorf("warm guest memory files: %v; want the slot's (%s) alone", mem, slots[0])
+	rec, err := runtime.ReadLaunchRecord(records[0])
+	if err != nil || rec.Process == nil {
+		t.Fatalf("warm guest's launch record: %+v, %v", rec, err)
 	}
-	st, err := os.Stat(slots[0])
-	if err != nil {
+	if err := syscall.Kill(rec.Process.HostPID, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	flipByte(t, slots[0], st.Size()/2)
 	booted := create()
 	made = append(made, booted)
 	if c := console(booted); !strings.Contains(c, bootMarker) {
-		t.Errorf("a Workspace whose warm guest was damaged: its console lacks the guest's init starting:\n%s", trimTo(c, 1500))
-	}
-	if !d.devProc().logContains("warm guest not restored; booting") {
-		t.Errorf("the node's log does not say the damaged warm guest was not restored")
+		t.Errorf("a Workspace whose warm guest was killed: its console lacks the guest's init starting:\n%s", trimTo(c, 1500))
 	}
 	if got := strings.TrimSpace(d.must("workspace", "exec", booted, "--", "hostname").stdout); got != booted {
-		t.Errorf("the Workspace booted instead of a damaged warm guest has hostname %q", got)
+		t.Errorf("the Workspace booted instead of a killed warm guest has hostname %q", got)
 	}
-	awaitWarm("a new warm guest after the damaged one", func(w api.WarmGuests) bool { return w.Ready == 1 && w.Starts == ready.Starts })
+	awaitWarm("a new warm guest after the killed one", func(w api.WarmGuests) bool { return w.Ready == 1 && w.Starts == ready.Starts })
+	if left, _ := filepath.Glob(filepath.Join(instances, "warm-*")); len(left) != 1 || left[0] == filepath.Dir(records[0]) {
+		t.Errorf("warm guests' directories after the killed one was replaced: %v; want the new one's alone", left)
+	}
 	for _, id := range made {
 		d.must("workspace", "delete", id)
 	}

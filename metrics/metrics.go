@@ -451,7 +451,7 @@ var (
 	warmGuests = prometheus.NewDesc("kibotos_node_warm_guests",
 		"The node's warm guests of a template ([templates.NAME] warm): ready (paused, waiting for a create) and wanted.", []string{"template", "state"}, nil)
 	warmStarts = prometheus.NewDesc("kibotos_node_warm_starts_total",
-		"Workspace starts that restored a warm guest of the template instead of booting, since the node started.", []string{"template"}, nil)
+		"Workspace starts that adopted a warm guest of the template instead of booting, since the node started.", []string{"template"}, nil)
 )
 
 type warmCollector struct{ list func() []api.WarmGuests }

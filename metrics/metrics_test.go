@@ -49,7 +49,7 @@ kibotos_node_guest_denied_packets_total{instance_id="d"} 0
 }
 
 // A node's warm guests, by template: ready and wanted, and the starts
-// that restored one.
+// that adopted one.
 func TestWarmCollector(t *testing.T) {
 	reg := Registry(Sources{Warm: func() []api.WarmGuests {
 		return []api.WarmGuests{{Template: "kibotos-coding", Wanted: 2, Ready: 1, Starts: 5}}
@@ -59,7 +59,7 @@ func TestWarmCollector(t *testing.T) {
 # TYPE kibotos_node_warm_guests gauge
 kibotos_node_warm_guests{state="ready",template="kibotos-coding"} 1
 kibotos_node_warm_guests{state="wanted",template="kibotos-coding"} 2
-# HELP kibotos_node_warm_starts_total Workspace starts that restored a warm guest of the template instead of booting, since the node started.
+# HELP kibotos_node_warm_starts_total Workspace starts that adopted a warm guest of the template instead of booting, since the node started.
 # TYPE kibotos_node_warm_starts_total counter
 kibotos_node_warm_starts_total{template="kibotos-coding"} 5
 `

@@ -148,9 +148,6 @@ func (q *QEMU) Argv(spec Spec, p Paths) ([]string, error) {
 		QMPSocket:     p.Control,
 		NoReboot:      true,
 		Incoming:      spec.Restore != nil,
-		MemoryFile:    spec.MemoryFile,
-		// A boot allocates the file whole; a restore finds it so.
-		MemoryPrealloc: spec.MemoryFile != "" && spec.Restore == nil,
 	}
 	// The data plane's channel; InstanceStatus reports its socket because
 	// it is on this command line.

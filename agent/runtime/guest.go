@@ -153,8 +153,14 @@ func (rt *Runtime) guestLoop(ctx context.Context, in *instance, c *guestproto.Cl
 				in.guest, in.responding = nil, false
 				in.notify()
 			}
+			keep := in.keepSession
+			if keep {
+				in.held = c
+			}
 			in.mu.Unlock()
-			c.Close()
+			if !keep {
+				c.Close()
+			}
 			return
 		}
 	}
@@ -185,6 +191,18 @@ func (rt *Runtime) syncGuest(ctx context.Context, in *instance, c *guestproto.Cl
 	in.configured = true
 	in.mu.Unlock()
 	return nil
+}
+
+// detachGuest ends the guest loop of in but keeps its session open, and
+// returns it: nil when the loop had none.
+func (in *instance) detachGuest() *guestproto.Client {
+	in.mu.Lock()
+	in.keepSession = true
+	in.mu.Unlock()
+	in.stopGuestLoop()
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	return in.held
 }
 
 // stopGuestLoop ends the guest loop of in and waits for it.

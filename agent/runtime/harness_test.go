@@ -51,9 +51,6 @@ type harness struct {
 	lab     *netlab.Lab
 	nodeNS  string
 	network netpol.Config
-	// warmMemory is the runtime's WarmMemoryDir, on /dev/shm as the
-	// node's: a directory of its own per test.
-	warmMemory string
 }
 
 // The lab's addresses (documentation ranges): the node's uplink up0 to an
@@ -93,8 +90,6 @@ func newHarness(t testing.TB) *harness {
 		t.Fatal(err)
 	}
 	h.network = network
-	h.warmMemory = "/dev/shm/" + filepath.Base(scratch) + "-warm"
-	t.Cleanup(func() { os.RemoveAll(h.warmMemory) })
 	t.Cleanup(func() {
 		if t.Failed() {
 			t.Logf("runtime log:\n%s", h.logs.String())
@@ -145,7 +140,6 @@ func (h *harness) config() runtime.Config {
 		Network:           &h.network,
 		HostNetNS:         h.nodeNS,
 		DeniedInterval:    200 * time.Millisecond,
-		WarmMemoryDir:     h.warmMemory,
 	}
 }
 

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -40,22 +39,4 @@ func ensureLayer(ctx context.Context, node, layer, base string) error {
 		return fmt.Errorf("create retained layer %s over %s: %v: %s (qemu-img is in the Debian package qemu-utils)", layer, base, err, strings.TrimSpace(string(out)))
 	}
 	return storagepool.Commit(tmp, layer)
-}
-
-// copyLayer puts a copy of the layer file src at layer (a new file,
-// fsynced before it is renamed into place). A warm guest's layer holds a
-// few clusters over its template image: the copy is small.
-func copyLayer(node, src, layer string) error {
-	in, err := os.Open(src)
-	if err != nil {
-		return fmt.Errorf("copy layer %s: %w", src, err)
-	}
-	defer in.Close()
-	if err := os.MkdirAll(filepath.Dir(layer), 0o700); err != nil {
-		return err
-	}
-	return storagepool.Write(layer, 0o600, storagepool.Temp{Node: node, Purpose: "layer"}, func(f *os.File) error {
-		_, err := io.Copy(f, in)
-		return err
-	})
 }

@@ -107,7 +107,7 @@ func checkMaintenanceLocked(ctx context.Context, rt *Runtime, cfg Config, op str
 		owned := map[string]bool{}
 		for _, v := range verdicts {
 			rep.add(instanceItem(v, op))
-			owned[NetNSName(v.rec.InstanceID)] = true
+			owned[NetNSName(v.rec.dirName())] = true
 		}
 		for _, it := range namespaceLeftovers(rt, owned) {
 			rep.add(it)

@@ -54,25 +54,12 @@ func (rt *Runtime) UpdateNetwork(ctx context.Context, id string, p NetworkPolicy
 	nr := *rec.Network
 	nr.Policy = p
 	rec.Network = &nr
-	spec, err := rt.net.tableSpec(&nr)
-	if err != nil {
-		return fmt.Errorf("runtime: instance %s: %w", id, err)
-	}
-	table, err := netpol.Build(spec)
-	if err != nil {
-		return fmt.Errorf("runtime: instance %s: %w", id, err)
-	}
-	ns, err := rt.net.ns.Open(nr.Namespace)
-	if err != nil {
-		return fmt.Errorf("runtime: instance %s: %w", id, err)
-	}
-	defer ns.Close()
 	// Record first: a node that dies between the two finds table and
 	// record disagreeing at takeover and isolates rather than guesses.
 	if err := WriteLaunchRecord(in.paths.Dir, &rec); err != nil {
 		return err
 	}
-	if err := netpol.Replace(ctx, int(ns), table); err != nil {
+	if err := rt.replaceTable(ctx, &nr); err != nil {
 		if werr := WriteLaunchRecord(in.paths.Dir, in.rec); werr != nil {
 			rt.log.Error("instance launch record not restored after a failed policy change", "instance_id", id, "err", werr)
 		}
@@ -92,4 +79,23 @@ func (rt *Runtime) UpdateNetwork(ctx context.Context, id string, p NetworkPolicy
 		}
 	}
 	return nil
+}
+
+// replaceTable puts the rule table of a recorded network in place, in one
+// transaction.
+func (rt *Runtime) replaceTable(ctx context.Context, nr *NetworkRecord) error {
+	spec, err := rt.net.tableSpec(nr)
+	if err != nil {
+		return err
+	}
+	table, err := netpol.Build(spec)
+	if err != nil {
+		return err
+	}
+	ns, err := rt.net.ns.Open(nr.Namespace)
+	if err != nil {
+		return err
+	}
+	defer ns.Close()
+	return netpol.Replace(ctx, int(ns), table)
 }

@@ -202,6 +202,20 @@ func (n *nodeNetwork) hold(id string, nr *NetworkRecord) {
 	}
 }
 
+// rekey moves the addresses reserved for Instance from to Instance to.
+func (n *nodeNetwork) rekey(from, to string) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if a, ok := n.assigned[from]; ok {
+		n.assigned[to] = a
+		delete(n.assigned, from)
+	}
+	if a, ok := n.assigned6[from]; ok {
+		n.assigned6[to] = a
+		delete(n.assigned6, from)
+	}
+}
+
 func (n *nodeNetwork) release(id string) {
 	n.mu.Lock()
 	delete(n.assigned, id)

@@ -30,7 +30,10 @@ type LaunchRecord struct {
 	// LaunchID is unique per launch of the Instance.
 	LaunchID string `json:"launch_id"`
 	Unit     string `json:"unit"`
-	Backend  string `json:"backend"`
+	// Host, when set, is the warm guest this Instance was made from
+	// (Adopt): its unit, directory and network keep that guest's names.
+	Host    string `json:"host,omitempty"`
+	Backend string `json:"backend"`
 	// Argv is the command the unit runs (ExecStart).
 	Argv []string `json:"argv"`
 	// VMMArgv is the VMM's own command line, what the main process runs
@@ -172,13 +175,25 @@ func ReadLaunchRecord(path string) (*LaunchRecord, error) {
 	if r.InstanceID == "" || r.Unit == "" || r.LaunchID == "" {
 		return nil, fmt.Errorf("launch record %s is incomplete: instance id %q, unit %q, launch id %q", path, r.InstanceID, r.Unit, r.LaunchID)
 	}
-	if r.Unit != UnitName(r.InstanceID) {
-		return nil, fmt.Errorf("launch record %s names unit %q, but instance %s runs as %s", path, r.Unit, r.InstanceID, UnitName(r.InstanceID))
+	if r.Host != "" && (!IsWarm(r.Host) || !idRE.MatchString(r.Host)) {
+		return nil, fmt.Errorf("launch record %s says instance %s was made from %q, which is not a warm guest's id", path, r.InstanceID, r.Host)
 	}
-	if want := filepath.Base(filepath.Dir(path)); r.InstanceID != want {
-		return nil, fmt.Errorf("launch record %s names instance %q, but lives in the directory of %q", path, r.InstanceID, want)
+	if r.Unit != UnitName(r.dirName()) {
+		return nil, fmt.Errorf("launch record %s names unit %q, but instance %s runs as %s", path, r.Unit, r.InstanceID, UnitName(r.dirName()))
+	}
+	if want := filepath.Base(filepath.Dir(path)); r.dirName() != want {
+		return nil, fmt.Errorf("launch record %s names instance %q, but lives in the directory of %q", path, r.dirName(), want)
 	}
 	return &r, nil
+}
+
+// dirName names the Instance's directory and unit: its own id, or the
+// warm guest's it was made from.
+func (r *LaunchRecord) dirName() string {
+	if r.Host != "" {
+		return r.Host
+	}
+	return r.InstanceID
 }
 
 // ReadEndedRecord reads a registry record, <instance id>.json, refusing

@@ -124,11 +124,6 @@ type Config struct {
 	// past it the Instance is FAILED, its VMM left running.
 	Pools        []PoolDir
 	PoolOpenWait time.Duration
-	// WarmMemoryDir, when set, is a directory on a tmpfs (made root's
-	// alone when missing) where warm guests keep their RAM while they
-	// wait, so that a start maps it instead of loading it (warm.go);
-	// "": a warm guest's RAM is in its state file, on disk.
-	WarmMemoryDir string
 
 	// unconfinedVMM launches QEMU the way builds before VMM confinement
 	// did (root, no seccomp, file console), so tests can make the
@@ -235,6 +230,12 @@ type instance struct {
 	denied deniedCount
 	// consoleDone is closed when the console reader ended; nil: none.
 	consoleDone chan struct{}
+	// keepSession: the guest loop leaves its session open as it ends, in
+	// held (a resident warm guest's, for the Instance that adopts it).
+	keepSession bool
+	held        *guestproto.Client
+	// resident: a warm guest kept with its vCPUs stopped (BootResident).
+	resident *Resident
 }
 
 // notify wakes waiters on guest or state changes; in.mu must be held.
@@ -487,6 +488,11 @@ func (rt *Runtime) List() []InstanceStatus {
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
 	return out
+}
+
+// Owned is List without the warm guests, which no Workspace owns.
+func (rt *Runtime) Owned() []InstanceStatus {
+	return slices.DeleteFunc(rt.List(), func(st InstanceStatus) bool { return IsWarm(st.ID) })
 }
 
 // Status is List for one Instance.

@@ -52,16 +52,12 @@ const (
 
 // snapshotFormat is the format version of snapshot.json this build
 // writes; snapshotFormats, those it reads. Format 1 recorded the state's
-// sha256; format 2 records its xxh3-128 (stateHash).
-// Format 3 is a snapshot whose RAM is not in the state file
-// (MemoryInFile): an earlier build, which would restore the stream as a
-// whole VM, does not read it.
-const (
-	snapshotFormat             = 2
-	snapshotFormatMemoryInFile = 3
-)
+// sha256; format 2 records its xxh3-128 (stateHash). Format 3 was a warm
+// guest's, saved without its RAM (kept in a memory file): this build
+// keeps warm guests running instead, and reads it no more.
+const snapshotFormat = 2
 
-var snapshotFormats = recordfmt.Range{Min: 1, Max: snapshotFormatMemoryInFile}
+var snapshotFormats = recordfmt.Range{Min: 1, Max: snapshotFormat}
 
 // maxSnapshotMeta bounds what is read of snapshot.json (from a pool).
 const maxSnapshotMeta = 64 << 10
@@ -79,10 +75,6 @@ type SnapshotMeta struct {
 	// Network is the guest's network when it was saved; absent for a
 	// guest without one or saved by a build before it was recorded.
 	Network *SnapshotNetwork `json:"network,omitempty"`
-	// MemoryInFile: the guest's RAM is not in the state file but in the
-	// memory file it ran on (a warm guest's, Spec.MemoryFile), which a
-	// restore maps as its RAM (RestoreSpec.MemoryFile). Format 3.
-	MemoryInFile bool `json:"memory_in_file,omitempty"`
 }
 
 // SnapshotNetwork is a saved guest's network: a restore that gets the
@@ -123,16 +115,6 @@ var ErrVMMGone = errors.New("the VMM ended")
 // RestoreSpec asks Start to restore a snapshot instead of booting.
 type RestoreSpec struct {
 	Dir string // the snapshot directory
-	// Layer, when set, is the writable layer the snapshot was saved with
-	// (a warm guest's, its filesystem mounted): the start copies it to
-	// the Instance's LayerPath, which must not exist yet, and restores
-	// over the copy. The guest's memory holds that filesystem's state,
-	// so no other disk will do.
-	Layer string
-	// MemoryFile is the guest's RAM for a snapshot saved without it
-	// (SnapshotMeta.MemoryInFile): the restored guest runs on it, as
-	// Spec.MemoryFile, so it is restored once.
-	MemoryFile string
 }
 
 // Pause saves Instance id into the snapshot directory dir and ends its
@@ -141,11 +123,6 @@ type RestoreSpec struct {
 // again) and no file of it behind; one during which the VMM ended is
 // ErrVMMGone.
 func (rt *Runtime) Pause(ctx context.Context, id, dir string) (SnapshotMeta, error) {
-	return rt.pause(ctx, id, dir, qemu.SaveOptions{})
-}
-
-// pause is Pause, the stream written as o says.
-func (rt *Runtime) pause(ctx context.Context, id, dir string, o qemu.SaveOptions) (SnapshotMeta, error) {
 	in, err := rt.get(id)
 	if err != nil {
 		return SnapshotMeta{}, err
@@ -163,7 +140,7 @@ func (rt *Runtime) pause(ctx context.Context, id, dir string, o qemu.SaveOptions
 		return fail(fmt.Errorf("backend %s cannot save a VM", rec.Backend))
 	}
 	t0 := time.Now()
-	meta, err := rt.save(ctx, in, rec, control, dir, o)
+	meta, err := rt.save(ctx, in, rec, control, dir)
 	if err != nil {
 		// A VMM killed mid-save may take a moment to be reaped.
 		if rt.waitProcessGone(ctx, rec.Process, time.Second) {
@@ -197,7 +174,7 @@ func (rt *Runtime) pause(ctx context.Context, id, dir string, o qemu.SaveOptions
 
 // save writes the snapshot of a running Instance; on failure the guest
 // runs on and nothing of the snapshot is left.
-func (rt *Runtime) save(ctx context.Context, in *instance, rec *LaunchRecord, control, dir string, o qemu.SaveOptions) (SnapshotMeta, error) {
+func (rt *Runtime) save(ctx context.Context, in *instance, rec *LaunchRecord, control, dir string) (SnapshotMeta, error) {
 	q, err := qemu.DialQMP(ctx, control)
 	if err != nil {
 		return SnapshotMeta{}, err
@@ -208,11 +185,7 @@ func (rt *Runtime) save(ctx context.Context, in *instance, rec *LaunchRecord, co
 		return SnapshotMeta{}, err
 	}
 	meta := SnapshotMeta{FormatVersion: snapshotFormat, InstanceID: in.id, NodeID: rt.cfg.NodeID, Compat: rt.compatOf(rec, version), TakenAt: time.Now().UTC(),
-		Network: snapshotNetwork(rec.Network), MemoryInFile: o.MemoryInFile}
-	if o.MemoryInFile {
-		// Older builds would load the stream as a whole VM's.
-		meta.FormatVersion = snapshotFormatMemoryInFile
-	}
+		Network: snapshotNetwork(rec.Network)}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return SnapshotMeta{}, err
 	}
@@ -250,7 +223,7 @@ func (rt *Runtime) save(ctx context.Context, in *instance, rec *LaunchRecord, co
 		return undo(err)
 	}
 	defer digest.stop()
-	if err := q.Save(sctx, f, o); err != nil {
+	if err := q.Save(sctx, f); err != nil {
 		return undo(err)
 	}
 	if meta.StateBytes, meta.StateXXH3, err = digest.finish(); err != nil {
@@ -309,9 +282,6 @@ func readSnapshotMeta(dir string) (SnapshotMeta, error) {
 	}
 	if _, err := m.stateSum(); err != nil {
 		return unusable("%s: %v", SnapshotMetaFile, err)
-	}
-	if m.MemoryInFile != (m.FormatVersion == snapshotFormatMemoryInFile) {
-		return unusable("%s: format %d with memory_in_file %v; a snapshot of format %d, and it alone, keeps its memory apart", SnapshotMetaFile, m.FormatVersion, m.MemoryInFile, snapshotFormatMemoryInFile)
 	}
 	if err := m.Compat.Check(); err != nil {
 		return unusable("%v", err)
@@ -427,7 +397,7 @@ func (rt *Runtime) checkRestore(rec *LaunchRecord, m SnapshotMeta) error {
 // passed its check, which runs meanwhile: QEMU may have parsed a torn
 // stream (and failed, or loaded garbage into a VM that never runs), but
 // no guest ever runs from one.
-func (rt *Runtime) restore(ctx context.Context, control, dir string, o qemu.SaveOptions, stateOK *stateCheck) error {
+func (rt *Runtime) restore(ctx context.Context, control, dir string, stateOK *stateCheck) error {
 	rctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
 	var q *qemu.QMP
@@ -447,7 +417,7 @@ func (rt *Runtime) restore(ctx context.Context, control, dir string, o qemu.Save
 		return fmt.Errorf("%w: %v", ErrSnapshotUnusable, err)
 	}
 	defer f.Close()
-	loadErr := q.Load(rctx, f, o)
+	loadErr := q.Load(rctx, f)
 	if err := stateOK.wait(); err != nil {
 		return err
 	}

@@ -17,9 +17,7 @@ import (
 	"github.com/kibotos/kibotos/netpol"
 	"github.com/kibotos/kibotos/vmm/guestproto"
 	"github.com/kibotos/kibotos/vmm/platform"
-	"github.com/kibotos/kibotos/vmm/qemu"
 	"github.com/kibotos/kibotos/vmm/units"
-	"golang.org/x/sys/unix"
 )
 
 // Spec describes an Instance to start.
@@ -56,13 +54,6 @@ type Spec struct {
 	// saved: its own random state, hostname and machine id, set before
 	// anything else is asked of it (fork.go).
 	Identity *Identity
-	// MemoryFile, when set, is the guest's RAM: a file on a tmpfs, root's
-	// alone, mapped shared, so it outlives the VMM. A boot's is empty and
-	// its VMM allocates it whole (BootWarm makes it). A warm guest is saved without its RAM
-	// (SnapshotMeta.MemoryInFile), and the Instance restored from it
-	// runs on the same file: its memory is never copied. With Restore,
-	// it must be the snapshot's RestoreSpec.MemoryFile.
-	MemoryFile string
 	// Configure, when set, is what the guest is configured with once it
 	// answered, beside its network (which must not depend on it): a
 	// Workspace's filesystem mounts. Its failure fails the start.
@@ -231,46 +222,19 @@ func (rt *Runtime) start(ctx context.Context, in *instance, spec Spec) error {
 			err = rt.checkRestore(rec, meta)
 		}
 		netKept = err == nil && meta.Network.keeps(rec.Network)
-		if err == nil && meta.MemoryInFile != (spec.Restore.MemoryFile != "") {
-			err = fmt.Errorf("%w: memory kept apart %v, a memory file given %v", ErrSnapshotUnusable, meta.MemoryInFile, spec.Restore.MemoryFile != "")
-		}
-		if err == nil && spec.Restore.MemoryFile != spec.MemoryFile {
-			err = fmt.Errorf("the snapshot's memory file %s is not the launch's (%s)", spec.Restore.MemoryFile, spec.MemoryFile)
-		}
 		if err != nil {
 			return errors.Join(fmt.Errorf("runtime: instance %s: %w", in.id, err), rt.deleteNetwork(context.WithoutCancel(ctx), in.id, rec.Network))
 		}
-		_, err = os.Stat(spec.LayerPath)
-		switch {
-		case spec.LayerPath == "":
-		case spec.Restore.Layer != "" && err == nil:
-			// The guest's memory holds the state of the layer saved with
-			// it, which the start copies into place.
-			return errors.Join(fmt.Errorf("runtime: instance %s: a warm guest restores over a copy of its own layer, and %s exists", in.id, spec.LayerPath), rt.deleteNetwork(context.WithoutCancel(ctx), in.id, rec.Network))
-		case spec.Restore.Layer == "" && err != nil:
+		if _, err := os.Stat(spec.LayerPath); spec.LayerPath != "" && err != nil {
 			return errors.Join(fmt.Errorf("runtime: instance %s: the writable layer the snapshot needs: %w", in.id, err), rt.deleteNetwork(context.WithoutCancel(ctx), in.id, rec.Network))
 		}
 		// The state file is hashed while the VMM starts and loads it.
 		stateOK = checkStateAsync(ctx, spec.Restore.Dir, meta)
 		defer stateOK.stop()
 	}
-	if spec.MemoryFile != "" {
-		check := checkMemoryFile
-		if spec.Restore == nil {
-			check = checkNewMemoryFile
-		}
-		if err := check(spec.MemoryFile, spec.MemoryMiB); err != nil {
-			return errors.Join(fmt.Errorf("runtime: instance %s: %w", in.id, err), rt.deleteNetwork(context.WithoutCancel(ctx), in.id, rec.Network))
-		}
-	}
 	if p.Disk != "" {
 		if err := createDisk(ctx, p.Disk, spec.DiskMiB); err != nil {
 			return err
-		}
-	}
-	if spec.Restore != nil && spec.Restore.Layer != "" {
-		if err := copyLayer(rt.cfg.NodeID, spec.Restore.Layer, spec.LayerPath); err != nil {
-			return errors.Join(fmt.Errorf("runtime: instance %s: %w", in.id, err), rt.deleteNetwork(context.WithoutCancel(ctx), in.id, rec.Network))
 		}
 	}
 	if spec.RootImage != "" {
@@ -341,13 +305,7 @@ func (rt *Runtime) start(ctx context.Context, in *instance, spec Spec) error {
 	}
 	if spec.Restore != nil {
 		tRestore := time.Now()
-		err := rt.restore(ctx, p.Control, spec.Restore.Dir, qemu.SaveOptions{MemoryInFile: meta.MemoryInFile}, stateOK)
-		if spec.Restore.MemoryFile != "" {
-			// The VMM has mapped it (or failed): no other may, ever.
-			if rerr := os.Remove(spec.Restore.MemoryFile); rerr != nil {
-				rt.log.Warn("restored guest's memory file not unlinked", "instance_id", in.id, "err", rerr)
-			}
-		}
+		err := rt.restore(ctx, p.Control, spec.Restore.Dir, stateOK)
 		if err != nil {
 			return errors.Join(fmt.Errorf("runtime: instance %s: %w", in.id, err), rt.abortLaunch(ctx, rec.Unit, proc.InvocationID))
 		}
@@ -357,7 +315,7 @@ func (rt *Runtime) start(ctx context.Context, in *instance, spec Spec) error {
 	if err := rt.awaitGuest(ctx, in, true); err != nil {
 		return err
 	}
-	if err := rt.tellGuest(ctx, in, spec, rec, netKept); err != nil {
+	if err := rt.tellGuest(ctx, in, spec, rec, spec.Restore != nil, netKept); err != nil {
 		return errors.Join(fmt.Errorf("runtime: instance %s: %w", in.id, err), rt.abortLaunch(ctx, rec.Unit, proc.InvocationID))
 	}
 	rt.log.Info("instance started", "instance_id", in.id, "unit", rec.Unit, "invocation_id", proc.InvocationID,
@@ -375,8 +333,10 @@ func (rt *Runtime) start(ctx context.Context, in *instance, spec Spec) error {
 //
 // A restored guest whose network is as it was saved (netKept: same
 // addresses on a tap of the same hardware address) is not told it again.
-func (rt *Runtime) tellGuest(ctx context.Context, in *instance, spec Spec, rec *LaunchRecord, netKept bool) error {
-	if spec.Restore == nil && !spec.Network && spec.Configure == nil {
+// resumed: the guest ran before and its clock stood still (a restore, a
+// resident warm guest's adoption); only such a guest takes spec.Identity.
+func (rt *Runtime) tellGuest(ctx context.Context, in *instance, spec Spec, rec *LaunchRecord, resumed, netKept bool) error {
+	if !resumed && !spec.Network && spec.Configure == nil {
 		return nil
 	}
 	c, err := rt.Guest(in.id)
@@ -386,7 +346,7 @@ func (rt *Runtime) tellGuest(ctx context.Context, in *instance, spec Spec, rec *
 	var wg sync.WaitGroup
 	var idErr, netErr, cfgErr error
 	identified := make(chan struct{})
-	if spec.Restore != nil && spec.Identity != nil {
+	if resumed && spec.Identity != nil {
 		wg.Go(func() {
 			defer close(identified)
 			if err := newIdentity(ctx, c, spec.Identity); err != nil {
@@ -396,7 +356,7 @@ func (rt *Runtime) tellGuest(ctx context.Context, in *instance, spec Spec, rec *
 	} else {
 		close(identified)
 	}
-	if spec.Restore != nil && c.Info().Has(guestproto.CapSetTime) {
+	if resumed && c.Info().Has(guestproto.CapSetTime) {
 		wg.Go(func() {
 			if err := c.SetTime(ctx, time.Now()); err != nil {
 				rt.log.Warn("restored guest's clock not set", "instance_id", in.id, "err", err)
@@ -405,7 +365,7 @@ func (rt *Runtime) tellGuest(ctx context.Context, in *instance, spec Spec, rec *
 	}
 	if spec.Network && !netKept {
 		req := guestNetwork(rec.Network)
-		if spec.Restore != nil {
+		if resumed {
 			// A restored guest still has the addresses of the VM it was
 			// saved from.
 			for i := range req.Interfaces {
@@ -607,9 +567,6 @@ func (rt *Runtime) grantVMMFiles(spec Spec, p Paths) error {
 	for _, v := range spec.Volumes {
 		grants = append(grants, grant{v.Path, 0o660})
 	}
-	if spec.MemoryFile != "" {
-		grants = append(grants, grant{spec.MemoryFile, 0o660})
-	}
 	for _, g := range grants {
 		if err := rt.vmm.grantFile(g.path, g.mode); err != nil {
 			return err
@@ -624,51 +581,6 @@ func confinedOwner(a *vmmAccount, rec *LaunchRecord) *vmmAccount {
 		return nil
 	}
 	return a
-}
-
-// checkMemoryFile checks a saved guest's memory file (Spec.MemoryFile of
-// a restore) before its VMM maps it: root's alone until the launch
-// grants it, on a tmpfs, allocated whole at the guest's size.
-func checkMemoryFile(path string, memoryMiB int) error {
-	st, err := memoryFileStat(path)
-	if err != nil {
-		return err
-	}
-	if want := int64(memoryMiB) << 20; st.Size != want || st.Blocks*512 < want {
-		return fmt.Errorf("memory file %s has %d bytes, %d allocated; want %d MiB, all allocated", path, st.Size, st.Blocks*512, memoryMiB)
-	}
-	return nil
-}
-
-// checkNewMemoryFile checks the memory file of a boot: as
-// checkMemoryFile, but empty (the VMM allocates it).
-func checkNewMemoryFile(path string, _ int) error {
-	st, err := memoryFileStat(path)
-	if err == nil && st.Size != 0 {
-		err = fmt.Errorf("memory file %s of a boot has %d bytes; want a new, empty one", path, st.Size)
-	}
-	return err
-}
-
-// memoryFileStat is what the checks of a memory file share: root's alone
-// and on a tmpfs (a file on a disk would have the guest's every write
-// written back to it).
-func memoryFileStat(path string) (unix.Stat_t, error) {
-	var st unix.Stat_t
-	if err := checkRootOnly(path, false); err != nil {
-		return st, fmt.Errorf("memory file: %w", err)
-	}
-	var fs unix.Statfs_t
-	if err := unix.Statfs(path, &fs); err != nil {
-		return st, fmt.Errorf("memory file: %w", err)
-	}
-	if fs.Type != unix.TMPFS_MAGIC {
-		return st, fmt.Errorf("memory file %s is not on a tmpfs (file system type %#x); keep warm guests' memory in one", path, fs.Type)
-	}
-	if err := unix.Stat(path, &st); err != nil {
-		return st, fmt.Errorf("memory file: %w", err)
-	}
-	return st, nil
 }
 
 // vmmLogTail is the end of the VMM's own output: why a VMM that exited at

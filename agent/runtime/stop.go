@@ -416,8 +416,14 @@ func (rt *Runtime) Delete(ctx context.Context, id string) error {
 	switch state {
 	case StateRunning:
 		// What is deleted needs no confirmed flush: a guest that cannot
-		// prepare the stop is ended anyway.
-		err := rt.Stop(ctx, id, DefaultGrace)
+		// prepare the stop is ended anyway. A warm guest has nothing to
+		// flush, and one kept ready cannot answer.
+		var err error
+		if !IsWarm(id) {
+			err = rt.Stop(ctx, id, DefaultGrace)
+		} else {
+			err = rt.ForceStop(ctx, id)
+		}
 		var perr *PrepareError
 		if errors.As(err, &perr) {
 			rt.log.Warn("instance deleted without a prepared guest stop", "instance_id", id, "err", perr.Error())

@@ -75,7 +75,7 @@ func (rt *Runtime) inspect(ctx context.Context) (verdicts []verdict, noRecord []
 	}
 	claimed := map[string]bool{}
 	for _, rec := range recs {
-		path := filepath.Join(rt.instancesDir, rec.InstanceID, LaunchRecordFile)
+		path := filepath.Join(rt.instancesDir, rec.dirName(), LaunchRecordFile)
 		u, present := byName[rec.Unit]
 		active := present && u.Active()
 		claimed[rec.Unit] = true
@@ -90,7 +90,7 @@ func (rt *Runtime) inspect(ctx context.Context) (verdicts []verdict, noRecord []
 				path, rec.Unit, u.InvocationID, u.MainPID, rec.Unit))
 		case rec.Process == nil:
 			verdicts = append(verdicts, verdict{rec: rec, state: StateFailed, err: "start interrupted before the VMM was recorded as running"})
-		case !active && ((present && u.Result == unitResultOOM) || oomKilled(rec.Process, pathsOf(filepath.Join(rt.instancesDir, rec.InstanceID), rec).VMMLog)):
+		case !active && ((present && u.Result == unitResultOOM) || oomKilled(rec.Process, pathsOf(filepath.Join(rt.instancesDir, rec.dirName()), rec).VMMLog)):
 			verdicts = append(verdicts, verdict{rec: rec, state: StateFailed, err: ErrOOMKilled, gone: true})
 		case !active:
 			verdicts = append(verdicts, verdict{rec: rec, state: StateFailed, err: ErrNoLongerRunning, gone: true})
@@ -169,7 +169,7 @@ func (rt *Runtime) adopt(ctx context.Context, verdicts []verdict, noRecord []str
 		}
 		in := &instance{
 			id:      v.rec.InstanceID,
-			paths:   pathsOf(filepath.Join(rt.instancesDir, v.rec.InstanceID), v.rec),
+			paths:   pathsOf(filepath.Join(rt.instancesDir, v.rec.dirName()), v.rec),
 			rec:     v.rec,
 			state:   v.state,
 			err:     v.err,

@@ -306,7 +306,7 @@ func (r *UpgradeReport) liveInstances(ctx context.Context, rt *Runtime, t Upgrad
 			continue // starting ones are blocked by the maintenance items
 		}
 		obj := "instance " + v.rec.InstanceID
-		info, err := askGuest(ctx, filepath.Join(rt.instancesDir, v.rec.InstanceID), v.rec, t)
+		info, err := askGuest(ctx, filepath.Join(rt.instancesDir, v.rec.dirName()), v.rec, t)
 		var verr *guestproto.VersionError
 		switch {
 		case errors.As(err, &verr):

@@ -61,22 +61,7 @@ type Config struct {
 	// of booting: QMP.Load loads it and QMP.Cont starts its vCPUs (-S).
 	// The devices must be those of the saved VM, in the same order.
 	Incoming bool
-	// MemoryFile backs the guest's RAM with a file mapped shared (on a
-	// tmpfs: it is the guest's memory, not a copy of it), which outlives
-	// QEMU. A save with SaveOptions.MemoryInFile leaves the RAM out of
-	// the stream, and a QEMU started on the same file loads the rest.
-	MemoryFile string
-	// MemoryPrealloc has QEMU allocate every page of MemoryFile as it
-	// starts (charged to its own cgroup), so the guest can never find
-	// its tmpfs full later, which would end QEMU with SIGBUS; QEMU fails
-	// to start instead.
-	MemoryPrealloc bool
 }
-
-// RAMBlockID is the id of the guest's RAM in the migration stream: the
-// one microvm gives the RAM of -m, so a stream of a VM whose RAM was a
-// MemoryFile loads into one without, and back.
-const RAMBlockID = "microvm.ram"
 
 // Channel is one guest channel.
 type Channel struct {
@@ -192,13 +177,6 @@ func (c *Config) Args() ([]string, error) {
 		"-initrd", c.Initrd,
 		"-append", c.KernelCmdline(),
 	}
-	if c.MemoryFile != "" {
-		backend := "memory-backend-file,id=" + RAMBlockID + ",size=" + strconv.Itoa(mem) + "M,mem-path=" + c.MemoryFile + ",share=on,x-use-canonical-path-for-ramblock-id=off"
-		if c.MemoryPrealloc {
-			backend += ",prealloc=on"
-		}
-		a = append(a, "-object", backend, "-machine", "memory-backend="+RAMBlockID)
-	}
 	if c.ConsoleSocket != "" {
 		a = append(a, "-chardev", "socket,id=console,path="+c.ConsoleSocket+",server=on,wait=off", "-serial", "chardev:console")
 	} else {
@@ -293,9 +271,6 @@ func (c *Config) validate() error {
 	}
 	path("kernel", c.Kernel, false)
 	path("initrd", c.Initrd, false)
-	if c.MemoryFile != "" {
-		path("memory file", c.MemoryFile, false)
-	}
 	switch {
 	case c.ConsoleSocket != "" && c.ConsoleLog != "":
 		bad("console: give a console socket or a console log file, not both")

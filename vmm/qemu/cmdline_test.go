@@ -110,11 +110,10 @@ func TestArgsInvalid(t *testing.T) {
 		"dup serial": {func(c *Config) {
 			c.Disks = []Disk{{Path: "a", Serial: "layer"}, {Path: "b", Serial: "layer"}}
 		}, "serial \"layer\" given twice"},
-		"long tap":             {func(c *Config) { c.NIC = &NIC{Tap: "tap-much-too-long-name"} }, "tap"},
-		"bad mac":              {func(c *Config) { c.NIC = &NIC{Tap: "tap0", MAC: "nope"} }, "mac"},
-		"space arg":            {func(c *Config) { c.KernelArgs = []string{"a b"} }, "whitespace"},
-		"two consoles":         {func(c *Config) { c.ConsoleSocket = "/i/console.sock" }, "not both"},
-		"comma in memory file": {func(c *Config) { c.MemoryFile = "/m,share=off" }, "memory file \"/m,share=off\": path contains a comma"},
+		"long tap":     {func(c *Config) { c.NIC = &NIC{Tap: "tap-much-too-long-name"} }, "tap"},
+		"bad mac":      {func(c *Config) { c.NIC = &NIC{Tap: "tap0", MAC: "nope"} }, "mac"},
+		"space arg":    {func(c *Config) { c.KernelArgs = []string{"a b"} }, "whitespace"},
+		"two consoles": {func(c *Config) { c.ConsoleSocket = "/i/console.sock" }, "not both"},
 		"long console socket": {func(c *Config) {
 			c.ConsoleLog, c.ConsoleSocket = "", "/"+strings.Repeat("x", 120)
 		}, "console socket"},
@@ -192,26 +191,5 @@ func TestArgsLayerOverBases(t *testing.T) {
 	c.Disks[0].Backing = ""
 	if _, err := c.Argv(); err == nil || !strings.Contains(err.Error(), "bases need a backing image") {
 		t.Errorf("bases without a backing image: %v", err)
-	}
-}
-
-// A guest's RAM in a memory file: mapped shared, under the id microvm
-// gives the RAM of -m (so a stream of either loads into the other), and
-// named by its own id, not the object's path.
-func TestArgsMemoryFile(t *testing.T) {
-	c := Config{Accel: AccelTCG, TSCKHz: 1, Kernel: "k", Initrd: "i", ConsoleLog: "c", MemoryMiB: 512, MemoryFile: "/dev/shm/w/t/warm-1.ram"}
-	got, err := c.Args()
-	if err != nil {
-		t.Fatal(err)
-	}
-	want := []string{"-m", "512", "-object", "memory-backend-file,id=microvm.ram,size=512M,mem-path=/dev/shm/w/t/warm-1.ram,share=on,x-use-canonical-path-for-ramblock-id=off", "-machine", "memory-backend=microvm.ram"}
-	for _, w := range want {
-		if !slices.Contains(got, w) {
-			t.Errorf("argv %q lacks %q", got, w)
-		}
-	}
-	c.MemoryPrealloc = true
-	if got, _ := c.Args(); !slices.Contains(got, want[3]+",prealloc=on") {
-		t.Errorf("argv with the memory preallocated: %q", got)
 	}
 }

@@ -53,11 +53,8 @@ func (q *QMP) Version(ctx context.Context) (string, error) {
 // given up on is undone with Abandon. QEMU's bandwidth cap (meant for
 // live migration over a network) is lifted: the stream goes to a local
 // file.
-func (q *QMP) Save(ctx context.Context, f *os.File, o SaveOptions) error {
+func (q *QMP) Save(ctx context.Context, f *os.File) error {
 	if err := q.Execute(ctx, "migrate-set-parameters", map[string]any{"max-bandwidth": int64(1) << 40}, nil); err != nil {
-		return err
-	}
-	if err := q.memoryInFile(ctx, o.MemoryInFile); err != nil {
 		return err
 	}
 	if err := q.Execute(ctx, "stop", nil, nil); err != nil {
@@ -70,21 +67,6 @@ func (q *QMP) Save(ctx context.Context, f *os.File, o SaveOptions) error {
 		return err
 	}
 	return q.waitMigration(ctx, "save")
-}
-
-// SaveOptions are how a stream is written, and so how it is read.
-type SaveOptions struct {
-	// MemoryInFile leaves the guest's RAM out of the stream: it is in
-	// Config.MemoryFile, which the loading QEMU maps as its own RAM
-	// (QEMU's x-ignore-shared). Save and Load must agree: the stream
-	// has no room for the RAM, nor the loader for it.
-	MemoryInFile bool
-}
-
-// memoryInFile sets the x-ignore-shared capability, on or off.
-func (q *QMP) memoryInFile(ctx context.Context, on bool) error {
-	return q.Execute(ctx, "migrate-set-capabilities", map[string]any{
-		"capabilities": []map[string]any{{"capability": "x-ignore-shared", "state": on}}}, nil)
 }
 
 // Abandon undoes a Save that failed or was given up on at any step: the
@@ -113,10 +95,7 @@ func (q *QMP) Abandon(ctx context.Context) error {
 
 // Load loads the state a Save wrote from f into a QEMU started with
 // Config.Incoming, which leaves the guest's vCPUs stopped (-S) until Cont.
-func (q *QMP) Load(ctx context.Context, f *os.File, o SaveOptions) error {
-	if err := q.memoryInFile(ctx, o.MemoryInFile); err != nil {
-		return err
-	}
+func (q *QMP) Load(ctx context.Context, f *os.File) error {
 	if err := q.SendFD(ctx, "kibotos-restore", f); err != nil {
 		return err
 	}

@@ -233,7 +233,7 @@ func TestQMPAbandonGivenUpSave(t *testing.T) {
 			}
 		}
 	}()
-	err := q.Save(ctx, os.Stdin, qemu.SaveOptions{})
+	err := q.Save(ctx, os.Stdin)
 	if !errors.Is(err, context.Canceled) {
 		t.Fatalf("save given up on: %v", err)
 	}
