@@ -19,15 +19,16 @@ import (
 )
 
 // Resident warm guests: a warm guest kept as its running VMM with its
-// vCPUs stopped, instead of saved (BootWarm). A Workspace's first start
+// vCPUs stopped (earlier builds saved it and ended the VMM, and a start
+// restored it in a new one). A Workspace's first start
 // adopts one (Adopt): the VMM, its unit, network namespace and session
 // become the Workspace's Instance, whose layer the guest's becomes, and
 // the vCPUs run again. Nothing is loaded and no QEMU starts; under
 // TCG, what matters most is that the guest's translated code stays (a
 // restored guest translates every path it runs afresh). A waiting
 // resident costs its memory and a stopped VMM process, no CPU, and does
-// not outlive its node process: the agent deletes the residents it did
-// not make (a node restart makes new ones).
+// not outlive its node process: the agent ends the residents it did not
+// make (a node restart makes new ones).
 //
 // A resident boots as a Background service with egress none, mounts
 // what every Workspace of its template mounts (WarmSpec.Mounts), and is
@@ -188,7 +189,7 @@ func (rt *Runtime) Adopt(ctx context.Context, r Resident, spec Spec, hostname st
 	var c *guestproto.Client
 	if w != nil {
 		w.mu.Lock()
-		if w.resident != nil && w.state == StateRunning && w.rec.RootImage == spec.RootImage {
+		if w.resident != nil && w.state == StateRunning && w.held != nil && w.rec.Network != nil && w.rec.RootImage == spec.RootImage {
 			rec, c = w.rec, w.held
 		}
 		w.mu.Unlock()
