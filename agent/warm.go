@@ -59,10 +59,9 @@ type warmTemplate struct {
 	bootErr string
 }
 
-// warmRoot holds a directory of warm guests per template.
-func (a *Agent) warmRoot() string { return filepath.Join(a.cfg.DataDir.StorageRoot(), "warm") }
-
-func (a *Agent) warmDir(tpl string) string { return filepath.Join(a.warmRoot(), tpl) }
+// savedWarmRoot held the warm guests earlier builds saved, a directory
+// per template.
+func (a *Agent) savedWarmRoot() string { return filepath.Join(a.cfg.DataDir.StorageRoot(), "warm") }
 
 // warmFor is the configuration of a template's warm guests, nil if none.
 func (a *Agent) warmFor(tpl string) *WarmConfig {
@@ -103,8 +102,8 @@ func (a *Agent) runWarm(ctx context.Context) {
 		return
 	}
 	// Saved warm guests of builds before resident ones.
-	if err := os.RemoveAll(a.warmRoot()); err != nil {
-		a.log.Warn("saved warm guests of an earlier build not removed", "dir", a.warmRoot(), "err", err)
+	if err := os.RemoveAll(a.savedWarmRoot()); err != nil {
+		a.log.Warn("saved warm guests of an earlier build not removed", "dir", a.savedWarmRoot(), "err", err)
 	}
 	// Warm guests end with the node process: no other would adopt them.
 	defer func() {
@@ -223,8 +222,8 @@ func (a *Agent) fillWarm(ctx context.Context, c WarmConfig) bool {
 	return true
 }
 
-// warmGuestsFor lists the warm guests ready for the first start of a Workspace that
-// would boot spec's template, Platform and size.
+// warmGuestsFor lists the warm guests ready for the first start of a
+// Workspace that would boot spec's template, Platform and size.
 func (a *Agent) warmGuestsFor(spec runtime.Spec, tpl *template.Template) []runtime.Resident {
 	if a.warmFor(tpl.Name) == nil {
 		return nil
