@@ -88,19 +88,19 @@ func (rt *Runtime) BootResident(ctx context.Context, s WarmSpec) (Resident, erro
 	}
 	_, err := rt.Start(ctx, spec)
 	if err == nil {
-		err = rt.reside(ctx, id, &r)
+		r.BootedAt = time.Now().UTC()
+		err = rt.reside(ctx, id, r)
 	}
 	if err != nil {
 		rt.EndResident(context.WithoutCancel(ctx), r)
 		return Resident{}, fmt.Errorf("runtime: warm guest of template %s: %w", s.Template, err)
 	}
-	r.BootedAt = time.Now().UTC()
 	return r, nil
 }
 
 // reside stops the vCPUs of the running warm guest id, its session held
 // open for the Instance that adopts it.
-func (rt *Runtime) reside(ctx context.Context, id string, r *Resident) error {
+func (rt *Runtime) reside(ctx context.Context, id string, r Resident) error {
 	in, err := rt.get(id)
 	if err != nil {
 		return err
@@ -119,7 +119,7 @@ func (rt *Runtime) reside(ctx context.Context, id string, r *Resident) error {
 		return fmt.Errorf("stop its vCPUs: %w", err)
 	}
 	in.mu.Lock()
-	in.resident = r
+	in.resident = &r
 	in.mu.Unlock()
 	return nil
 }
@@ -211,17 +211,8 @@ func (rt *Runtime) Adopt(ctx context.Context, r Resident, spec Spec, hostname st
 
 	err := rt.becomeInstance(ctx, in, r, c, spec, hostname, roots)
 	if err != nil {
-		in.mu.Lock()
-		in.state, in.err, in.how = StateFailed, err.Error(), "start failed"
-		in.notify()
-		in.mu.Unlock()
 		err = errors.Join(err, rt.abortLaunch(ctx, rec.Unit, rec.Process.InvocationID))
-		if usesEgressProcess(spec.Policy) {
-			if serr := rt.syncEgress(context.WithoutCancel(ctx)); serr != nil {
-				rt.log.Warn("egress routes not updated after a failed start", "instance_id", id, "err", serr)
-			}
-		}
-		rt.log.Error("instance start failed", "instance_id", id, "warm_guest", r.ID, "err", err)
+		rt.startFailed(ctx, in, spec, err, "warm_guest", r.ID)
 		return in.status(), fmt.Errorf("runtime: start instance %s from warm guest %s: %w", id, r.ID, err)
 	}
 	rt.log.Info("instance started from a resident warm guest", "instance_id", id, "warm_guest", r.ID, "unit", rec.Unit,

@@ -116,20 +116,27 @@ func (rt *Runtime) Start(ctx context.Context, spec Spec) (InstanceStatus, error)
 	t0 := time.Now()
 	err := rt.start(ctx, in, spec)
 	if err != nil {
-		in.mu.Lock()
-		in.state, in.err, in.how = StateFailed, err.Error(), "start failed"
-		in.notify()
-		in.mu.Unlock()
-		if spec.Network && usesEgressProcess(spec.Policy) {
-			if serr := rt.syncEgress(context.WithoutCancel(ctx)); serr != nil {
-				rt.log.Warn("egress routes not updated after a failed start", "instance_id", id, "err", serr)
-			}
-		}
-		rt.log.Error("instance start failed", "instance_id", id, "err", err)
+		rt.startFailed(ctx, in, spec, err)
 		return in.status(), fmt.Errorf("runtime: start instance %s: %w", id, err)
 	}
 	rt.observe(StepBoot, t0)
 	return in.status(), nil
+}
+
+// startFailed makes in, whose start (or adoption) of spec failed with err,
+// FAILED, and takes its guest out of the egress routes; attrs are logged
+// with it.
+func (rt *Runtime) startFailed(ctx context.Context, in *instance, spec Spec, err error, attrs ...any) {
+	in.mu.Lock()
+	in.state, in.err, in.how = StateFailed, err.Error(), "start failed"
+	in.notify()
+	in.mu.Unlock()
+	if spec.Network && usesEgressProcess(spec.Policy) {
+		if serr := rt.syncEgress(context.WithoutCancel(ctx)); serr != nil {
+			rt.log.Warn("egress routes not updated after a failed start", "instance_id", in.id, "err", serr)
+		}
+	}
+	rt.log.Error("instance start failed", append([]any{"instance_id", in.id, "err", err}, attrs...)...)
 }
 
 func (rt *Runtime) start(ctx context.Context, in *instance, spec Spec) error {

@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"io"
 	"log/slog"
+	"maps"
 	"strconv"
 	"sync"
 	"testing"
@@ -146,10 +147,7 @@ func rollingStart(o Options) Options {
 		return o
 	}
 	form := o
-	form.FeatureLevels = map[string]int{}
-	for id, l := range o.FeatureLevels {
-		form.FeatureLevels[id] = l
-	}
+	form.FeatureLevels = maps.Clone(o.FeatureLevels) // levels differ: not nil
 	for i := 1; i <= o.Ctrl; i++ {
 		form.FeatureLevels["node-"+strconv.Itoa(i)] = low
 	}
