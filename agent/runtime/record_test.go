@@ -121,3 +121,34 @@ func TestWrapLog(t *testing.T) {
 		t.Errorf("wrapLog = %q", got)
 	}
 }
+
+// An Instance made from a warm guest (Adopt) keeps that guest's unit and
+// directory, and its record says so (host). Only a warm guest's id is a
+// host, and the unit and directory must be the host's.
+func TestLaunchRecordHost(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "warm-1")
+	os.Mkdir(dir, 0o700)
+	path := filepath.Join(dir, LaunchRecordFile)
+	rec := &LaunchRecord{InstanceID: "ws-a", Host: "warm-1", LaunchID: "x", Unit: UnitName("warm-1")}
+	if err := WriteLaunchRecord(dir, rec); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := ReadLaunchRecord(path); err != nil || got.InstanceID != "ws-a" || got.dirName() != "warm-1" {
+		t.Fatalf("record of an adopted Instance: %+v, %v", got, err)
+	}
+	for _, tc := range []struct{ name, body, want string }{
+		{"not a warm guest", `{"format_version": 1, "instance_id": "ws-a", "host": "vm-2", "launch_id": "x", "unit": "kibotos-vmm-vm-2.service"}`, `made from "vm-2", which is not a warm guest's id`},
+		{"path in host", `{"format_version": 1, "instance_id": "ws-a", "host": "warm-../../x", "launch_id": "x", "unit": "kibotos-vmm-warm-../../x.service"}`, "not a warm guest's id"},
+		{"own unit", `{"format_version": 1, "instance_id": "ws-a", "host": "warm-1", "launch_id": "x", "unit": "kibotos-vmm-ws-a.service"}`, "names unit"},
+		{"another warm guest", `{"format_version": 1, "instance_id": "ws-a", "host": "warm-2", "launch_id": "x", "unit": "kibotos-vmm-warm-2.service"}`, "directory"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if err := os.WriteFile(path, []byte(tc.body), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := ReadLaunchRecord(path); err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("ReadLaunchRecord: %v; want %q", err, tc.want)
+			}
+		})
+	}
+}
