@@ -34,7 +34,7 @@ func (d *wsDev) testFork(string) {
 	if r := d.expect(api.ExitUsage, "workspace", "create", "--from", src, "--memory", "1GiB"); !strings.Contains(r.stderr, "--cpu or --memory with --from") {
 		t.Errorf("fork with --memory: %s", r)
 	}
-	d.must("workspace", "exec", src, "--", "sh", "-c", "echo source > /fork.txt && sync; (i=0; while :; do i=$((i+1)); echo $i > /tmp/count; sleep 0.1; done) >/dev/null 2>&1 &")
+	d.must("workspace", "exec", src, "--", "sh", "-c", "echo source > /fork.txt && sync; (i=0; while :; do i=$((i+1)); echo $i > /tmp/count.new; mv -f /tmp/count.new /tmp/count; sleep 0.1; done) >/dev/null 2>&1 &")
 	d.must("workspace", "pause", src)
 
 	type ident struct{ file, count, machineID, bootID, random, hostname string }

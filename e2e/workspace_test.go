@@ -1233,7 +1233,9 @@ func dfKiB(t *testing.T, out string) int {
 // there, the guest's clock is right.
 func (d *wsDev) testPauseResume(id string) {
 	t := d.t
-	d.must("workspace", "exec", id, "--", "sh", "-c", "(i=0; exec 3>/tmp/held; while :; do i=$((i+1)); echo $i > /tmp/count; echo $i >&3; sleep 0.1; done) >/dev/null 2>&1 & echo $! > /tmp/counter.pid")
+	// The count is renamed into place: a read between the shell's
+	// truncate and its write would find the file empty.
+	d.must("workspace", "exec", id, "--", "sh", "-c", "(i=0; exec 3>/tmp/held; while :; do i=$((i+1)); echo $i > /tmp/count.new; mv -f /tmp/count.new /tmp/count; echo $i >&3; sleep 0.1; done) >/dev/null 2>&1 & echo $! > /tmp/counter.pid")
 	pid := strings.TrimSpace(d.must("workspace", "exec", id, "--", "cat", "/tmp/counter.pid").stdout)
 	stream := exec.Command(filepath.Join(d.bin, "kibo"), "workspace", "exec", id, "--", "sh", "-c", "while :; do echo tick; sleep 0.2; done")
 	stream.Env = d.env()

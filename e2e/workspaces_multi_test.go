@@ -644,7 +644,7 @@ func TestWorkspacesTwoNodes(t *testing.T) {
 	// 4b. W1 paused on node-b resumes on node-a through the shared pool
 	// (its process counting on), then back on node-b.
 	t.Run("PauseResumeAcrossHosts", func(t *testing.T) {
-		mhMust(t, admin, 60*time.Second, "workspace", "exec", w1, "--", "sh", "-c", "(i=0; while :; do i=$((i+1)); echo $i > /tmp/count; sleep 0.1; done) >/dev/null 2>&1 & echo $! > /tmp/counter.pid")
+		mhMust(t, admin, 60*time.Second, "workspace", "exec", w1, "--", "sh", "-c", "(i=0; while :; do i=$((i+1)); echo $i > /tmp/count.new; mv -f /tmp/count.new /tmp/count; sleep 0.1; done) >/dev/null 2>&1 & echo $! > /tmp/counter.pid")
 		pid := strings.TrimSpace(mhMust(t, admin, 60*time.Second, "workspace", "exec", w1, "--", "cat", "/tmp/counter.pid").stdout)
 		for _, to := range []string{a.nodeID, b.nodeID} {
 			from := mhWorkspace(t, admin, w1).NodeID
