@@ -124,6 +124,9 @@ type Agent struct {
 	overcommit *api.Multipliers
 	sessionID  string
 	send       func(api.SessionMsg) error // of the live session, nil when disconnected
+	// resultReports: the live session's leader takes the report owed
+	// after a task in the task's result message (api.SessionMsg).
+	resultReports bool
 	// credentialKey verifies data-plane credentials; ctrl sends it at welcome.
 	credentialKey []byte
 	// draining: ctrl requested a drain; new Workspaces are refused here too.
@@ -458,7 +461,7 @@ func (a *Agent) session(ctx context.Context, addr string) (redirect string, err 
 		return "", fmt.Errorf("unexpected %q from %s", first.Type, addr)
 	}
 	a.mu.Lock()
-	a.sessionID, a.send = first.SessionID, send
+	a.sessionID, a.send, a.resultReports = first.SessionID, send, first.ResultReports
 	if len(first.CredentialKey) > 0 {
 		a.credentialKey = first.CredentialKey
 	}
@@ -466,7 +469,7 @@ func (a *Agent) session(ctx context.Context, addr string) (redirect string, err 
 	go a.updateDataPlane()
 	defer func() {
 		a.mu.Lock()
-		a.sessionID, a.send = "", nil
+		a.sessionID, a.send, a.resultReports = "", nil, false
 		a.mu.Unlock()
 	}()
 	a.log.Info("control session established", "session_id", first.SessionID, "ctrl", addr, "incarnation", a.incarnation)

@@ -148,29 +148,41 @@ func (a *Agent) runTask(key, id, noun string, log *slog.Logger, exec func() task
 		ts.mu.Unlock()
 		// The data plane learns of the change before ctrl does.
 		a.updateDataPlane()
-		a.sendResult(r)
-		a.PushReport()
+		if !a.sendResult(r) {
+			a.PushReport()
+		}
 	}()
 }
 
-func (a *Agent) sendResult(r taskResult) {
+// sendResult sends a task's result. It reports whether the report the
+// node owes after the task went with it, in one message: a Workspace
+// result to a leader that takes them so (one Raft entry instead of two).
+func (a *Agent) sendResult(r taskResult) (reported bool) {
 	a.mu.Lock()
-	send := a.send
+	send, withReport := a.send, a.resultReports
 	a.mu.Unlock()
 	if send == nil {
 		// The result waits: ctrl sends the command again on the next
 		// session and gets it from done.
-		return
+		return false
 	}
 	if r.vol != nil {
 		send(api.SessionMsg{Type: api.MsgVolumeResult, VolumeResult: r.vol})
-		return
+		return false
+	}
+	if withReport {
+		// ctrl stores the result, then the report: the report lists
+		// this command's ended records, if any, after its result.
+		return a.sendReport(send, func(m *api.SessionMsg) {
+			m.Type, m.TaskResult = api.MsgTaskResult, r.ws
+		}) == nil
 	}
 	// After a report that listed the records, or before one that lists
 	// this command's (see endedRecords.order).
 	a.ended.order.Lock()
 	defer a.ended.order.Unlock()
 	send(api.SessionMsg{Type: api.MsgTaskResult, TaskResult: r.ws})
+	return false
 }
 
 func (a *Agent) execute(t api.WorkspaceTask) api.WorkspaceTaskResult {

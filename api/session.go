@@ -23,6 +23,11 @@ type SessionMsg struct {
 	// CredentialKey is the ed25519 public key data-plane credentials are
 	// verified with (welcome).
 	CredentialKey []byte `json:"credential_key,omitempty"`
+	// ResultReports (welcome): the leader takes a task_result that
+	// carries the full report the node owes after each task (Report,
+	// HostUsage), and stores the report after the result. A node whose
+	// leader does not say so sends the report as a message of its own.
+	ResultReports bool `json:"result_reports,omitempty"`
 	// Forget (MsgForget) lists ended-Instance records ctrl has concluded.
 	Forget []string `json:"forget,omitempty"`
 	// Unrecognized (MsgForget) lists ended-Instance records ctrl does not

@@ -192,7 +192,7 @@ func (s *Server) handleSession(c net.Conn) {
 func (s *Server) runSession(ctx context.Context, sc *sessionConn, dec *json.Decoder, ls *liveSession) string {
 	t := s.cfg.Timings
 	nodeID, sid := ls.nodeID, ls.sessionID
-	if err := sc.send(api.SessionMsg{Type: api.MsgWelcome, SessionID: sid, CredentialKey: s.CredentialPublicKey()}); err != nil {
+	if err := sc.send(api.SessionMsg{Type: api.MsgWelcome, SessionID: sid, CredentialKey: s.CredentialPublicKey(), ResultReports: true}); err != nil {
 		return "connection lost"
 	}
 	disp := &dispatcher{s: s, nodeID: nodeID, sc: sc, sent: map[string]time.Time{}}
@@ -315,9 +315,17 @@ func (s *Server) runSession(ctx context.Context, sc *sessionConn, dec *json.Deco
 					}
 				}
 			case api.MsgTaskResult:
-				if m.TaskResult != nil {
-					if err := s.applyTaskResult(ctx, nodeID, sid, m.TaskResult); err != nil {
-						s.log.Warn("workspace task result not stored", "peer_node_id", nodeID, "workspace_id", m.TaskResult.WorkspaceID, "err", err)
+				if m.TaskResult == nil {
+					break
+				}
+				resErr, repErr := s.applyTaskResult(ctx, sc, nodeID, sid, m)
+				if resErr != nil {
+					s.log.Warn("workspace task result not stored", "peer_node_id", nodeID, "workspace_id", m.TaskResult.WorkspaceID, "err", resErr)
+				}
+				if repErr != nil {
+					s.log.Warn("node report not stored", "peer_node_id", nodeID, "err", repErr)
+					if api.CodeOf(repErr) == api.CodeFailedPrecondition {
+						return "session replaced"
 					}
 				}
 			case api.MsgVolumeResult:
@@ -344,15 +352,7 @@ func (s *Server) applyReport(ctx context.Context, sc *sessionConn, nodeID, sid s
 	if m.Report == nil {
 		return nil
 	}
-	args := fsm.ReportArgs{NodeID: nodeID, SessionID: sid, Report: *m.Report, HostUsage: m.HostUsage}
-	s.markEndedRound(&args, time.Now())
-	args.OOMStops = s.troubleshootingRules()
-	if len(args.Report.TemplateDigests) > 0 && s.levelsReach("template catalog", fsm.LevelArtifacts) != nil {
-		args.Report.TemplateDigests = nil // a voter below the level would not store them
-	}
-	if len(args.Report.Warm) > 0 && s.levelsReach("warm guests", fsm.LevelWarm) != nil {
-		args.Report.Warm = nil
-	}
+	args := s.reportArgs(nodeID, sid, m)
 	if m.T1 != 0 && m.T2 != 0 && m.T3 != 0 {
 		offset := ((m.T2 - m.T1) + (m.T3 - t4)) / 2
 		uncertainty := ((t4 - m.T1) - (m.T3 - m.T2)) / 2
@@ -368,13 +368,36 @@ func (s *Server) applyReport(ctx context.Context, sc *sessionConn, nodeID, sid s
 	if err := res.Err(); err != nil {
 		return err
 	}
-	// ctrl stored the conclusions: the node may delete those records, and
-	// keeps those ctrl does not recognize without sending them again.
 	var rr fsm.ReportResult
-	if json.Unmarshal(res.Value, &rr) == nil && (len(rr.Forget) > 0 || len(rr.Unrecognized) > 0) {
-		return sc.send(api.SessionMsg{Type: api.MsgForget, Forget: rr.Forget, Unrecognized: rr.Unrecognized})
+	if json.Unmarshal(res.Value, &rr) == nil {
+		return sendForget(sc, rr)
 	}
 	return nil
+}
+
+// reportArgs is the entry's form of the report in m, with what the
+// voters' levels allow of it.
+func (s *Server) reportArgs(nodeID, sid string, m api.SessionMsg) fsm.ReportArgs {
+	args := fsm.ReportArgs{NodeID: nodeID, SessionID: sid, Report: *m.Report, HostUsage: m.HostUsage}
+	s.markEndedRound(&args, time.Now())
+	args.OOMStops = s.troubleshootingRules()
+	if len(args.Report.TemplateDigests) > 0 && s.levelsReach("template catalog", fsm.LevelArtifacts) != nil {
+		args.Report.TemplateDigests = nil // a voter below the level would not store them
+	}
+	if len(args.Report.Warm) > 0 && s.levelsReach("warm guests", fsm.LevelWarm) != nil {
+		args.Report.Warm = nil
+	}
+	return args
+}
+
+// sendForget tells the node what a stored report concluded: it may
+// delete those records, and keeps those ctrl does not recognize without
+// sending them again.
+func sendForget(sc *sessionConn, rr fsm.ReportResult) error {
+	if len(rr.Forget) == 0 && len(rr.Unrecognized) == 0 {
+		return nil
+	}
+	return sc.send(api.SessionMsg{Type: api.MsgForget, Forget: rr.Forget, Unrecognized: rr.Unrecognized})
 }
 
 func (s *Server) localNode(id string) (*api.Node, error) {

@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/ed25519"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"os"
 	"slices"
@@ -573,29 +574,63 @@ func (s *Server) applyVolumeResult(ctx context.Context, nodeID, sid string, r *a
 	return res.Err()
 }
 
-// applyTaskResult stores the node's answer; a refusal re-places the
-// Workspace, so every session is nudged to deliver what is now pending.
-func (s *Server) applyTaskResult(ctx context.Context, nodeID, sid string, r *api.WorkspaceTaskResult) error {
-	res, err := s.ApplyOp(ctx, fsm.OpWorkspaceResult, fsm.WorkspaceResultArgs{
+// applyTaskResult stores a node's answer to a Workspace command and the
+// report sent with it, if any (m.Report): in one entry where every voter
+// reaches fsm.LevelResultReports, else as a result entry and then a
+// report entry, in the order a node that sends them apart gives them.
+// It returns why the result, and why the report, was not stored. A
+// result refused with its report leaves the report to an entry of its
+// own, as before the level.
+func (s *Server) applyTaskResult(ctx context.Context, sc *sessionConn, nodeID, sid string, m api.SessionMsg) (resErr, repErr error) {
+	r := m.TaskResult
+	args := fsm.WorkspaceResultArgs{
 		NodeID: nodeID, SessionID: sid, WorkspaceID: r.WorkspaceID, CommandID: r.CommandID, Outcome: r.Outcome, Error: r.Error,
 		Snapshot: r.Snapshot, InstanceGone: r.InstanceGone, SnapshotDiscarded: r.SnapshotDiscarded,
 		NotOnNode: r.NotOnNode && s.troubleshootingRules(),
 		Platform:  s.platformOfResult(r.Platform),
-	})
-	if err != nil {
-		return err
 	}
+	apart := m.Report != nil
+	if apart && s.levelsReach("reports with task results", fsm.LevelResultReports) == nil {
+		rep := s.reportArgs(nodeID, sid, m)
+		args.Report, apart = &rep, false
+	}
+	res, err := s.ApplyOp(ctx, fsm.OpWorkspaceResult, args)
+	if err != nil {
+		return err, nil
+	}
+	s.kickAfterResult(nodeID, r.WorkspaceID)
+	resErr = res.Err()
+	switch {
+	case apart || args.Report != nil && resErr != nil:
+		repErr = s.applyReport(ctx, sc, nodeID, sid, m, 0) // a result carries no clock sample
+	case args.Report != nil:
+		var rr fsm.ResultReport
+		if err := json.Unmarshal(res.Value, &rr); err != nil {
+			return nil, fmt.Errorf("the outcome of a result with its report: %w", err)
+		}
+		if rr.ReportError != nil {
+			return nil, rr.ReportError
+		}
+		if rr.Report != nil {
+			repErr = sendForget(sc, *rr.Report)
+		}
+	}
+	return resErr, repErr
+}
+
+// kickAfterResult wakes the sessions a Workspace result concerns: a
+// refusal re-places the Workspace, so they deliver what is now pending.
+func (s *Server) kickAfterResult(nodeID, workspaceID string) {
 	// The answering node may have the next command, and a refusal may
 	// have placed the Workspace on another node.
 	nodes := []string{nodeID}
 	s.fsm.View(func(tx *bolt.Tx) error {
-		if ws, err := fsm.GetWorkspace(tx, r.WorkspaceID); err == nil {
+		if ws, err := fsm.GetWorkspace(tx, workspaceID); err == nil {
 			nodes = append(nodes, workspaceNodes(ws)...)
 		}
 		return nil
 	})
 	s.sessions.kick(nodes)
-	return res.Err()
 }
 
 // untilAvailable says what makes ws AVAILABLE again, for an error that

@@ -62,9 +62,17 @@ import (
 //	   Entry.CommandLog appends its command record to bucketCommandLog
 //	   and finds records there through an index derived from it (an
 //	   older voter stops at an entry with a flag it does not know)
+//	10 reports with task results (LevelResultReports):
+//	   WorkspaceResultArgs.Report, the report a node sends with a task's
+//	   result, stored after the result in the same entry; the leader
+//	   stores it as an entry of its own below the level (an older voter
+//	   would ignore the field and never store the report)
 
 // FeatureLevel is the level of this build.
-const FeatureLevel = 9
+const FeatureLevel = 10
+
+// LevelResultReports is the level of WorkspaceResultArgs.Report.
+const LevelResultReports = 10
 
 // LevelExpireLimit is the level of CommandsExpireArgs.Limit.
 const LevelExpireLimit = 8

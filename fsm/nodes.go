@@ -160,19 +160,30 @@ func applyNodeReport(tx *bolt.Tx, e *Entry) (any, error) {
 	if err := decodeArgs(e, &a); err != nil {
 		return nil, err
 	}
-	n, err := currentSession(tx, a.NodeID, a.SessionID)
+	rr, err := nodeReport(tx, e, &a)
 	if err != nil {
 		return nil, err
 	}
+	return rr, nil
+}
+
+// nodeReport stores a node's full report, from a report entry or with a
+// task result (WorkspaceResultArgs.Report). Like a handler, it writes
+// nothing when it returns an *api.Error.
+func nodeReport(tx *bolt.Tx, e *Entry, a *ReportArgs) (ReportResult, error) {
+	n, err := currentSession(tx, a.NodeID, a.SessionID)
+	if err != nil {
+		return ReportResult{}, err
+	}
 	r := a.Report
 	if err := checkReportPools(n.NodeID, &r); err != nil {
-		return nil, err
+		return ReportResult{}, err
 	}
 	if err := checkReportDigests(n.NodeID, &r); err != nil {
-		return nil, err
+		return ReportResult{}, err
 	}
 	if err := declarePools(tx, e, n.NodeID, n.Report, &r); err != nil {
-		return nil, err
+		return ReportResult{}, err
 	}
 	r.ReportVersion = 1
 	if n.Report != nil {
@@ -190,19 +201,19 @@ func applyNodeReport(tx *bolt.Tx, e *Entry) (any, error) {
 		}
 	}
 	if err := failEndedInstances(tx, e, n.NodeID, r.InstanceStates, a.OOMStops); err != nil {
-		return nil, err
+		return ReportResult{}, err
 	}
 	var forget, unrecognized []string
 	if a.Rounds {
-		forget, unrecognized, err = endedRound(tx, e, n.NodeID, &a)
+		forget, unrecognized, err = endedRound(tx, e, n.NodeID, a)
 	} else {
 		forget, err = concludeEnded(tx, e, n.NodeID, r.Ended)
 	}
 	if err != nil {
-		return nil, err
+		return ReportResult{}, err
 	}
 	if err := resumeDeletes(tx, e, n); err != nil {
-		return nil, err
+		return ReportResult{}, err
 	}
 	// The ended records are the node's to keep until concluded, not part
 	// of its registration.

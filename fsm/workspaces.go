@@ -81,6 +81,21 @@ type WorkspaceResultArgs struct {
 	// Platform (start ok, set by a leader whose voters all reach
 	// LevelArtifacts) is the Platform the Instance runs on.
 	Platform string `json:"platform,omitempty"`
+	// Report (set by a leader whose voters all reach
+	// LevelResultReports) is the full report the node sent with this
+	// result, which it owes after every task: it is stored right after
+	// the result, in the same entry, as a report entry of its own would
+	// be. Below the level it is an entry of its own.
+	Report *ReportArgs `json:"report,omitempty"`
+}
+
+// ResultReport is the outcome of a result that carried its node's
+// report: the result's own outcome, then the report's, or why the report
+// was not stored (it wrote nothing; the result stands).
+type ResultReport struct {
+	Result      any           `json:"result"`
+	Report      *ReportResult `json:"report,omitempty"`
+	ReportError *api.Error    `json:"report_error,omitempty"`
 }
 
 // DefaultPool is the pool a node creates retained layers in.
@@ -934,6 +949,29 @@ func applyWorkspaceResult(tx *bolt.Tx, e *Entry) (any, error) {
 	if err := decodeArgs(e, &a); err != nil {
 		return nil, err
 	}
+	if r := a.Report; r != nil && (r.NodeID != a.NodeID || r.SessionID != a.SessionID) {
+		return nil, api.Errorf(api.CodeInvalidArgument, "workspace %s: a result of node %s (session %s) carries a report of node %s (session %s); a node sends only its own report with its results",
+			a.WorkspaceID, a.NodeID, a.SessionID, r.NodeID, r.SessionID)
+	}
+	v, err := workspaceResult(tx, e, &a)
+	if err != nil || a.Report == nil {
+		return v, err
+	}
+	out := ResultReport{Result: v}
+	rr, err := nodeReport(tx, e, a.Report)
+	if ae, ok := err.(*api.Error); ok {
+		out.ReportError = ae
+	} else if err != nil {
+		return nil, err
+	} else {
+		out.Report = &rr
+	}
+	return out, nil
+}
+
+// workspaceResult applies a node's answer to a Workspace's pending
+// command.
+func workspaceResult(tx *bolt.Tx, e *Entry, a *WorkspaceResultArgs) (any, error) {
 	if a.Platform != "" {
 		if err := api.ValidPlatformID(a.Platform); err != nil {
 			return nil, err
@@ -958,7 +996,7 @@ func applyWorkspaceResult(tx *bolt.Tx, e *Entry) (any, error) {
 	}
 	switch p.Kind {
 	case api.WSCmdPause:
-		pauseResult(e, w, p, &a)
+		pauseResult(e, w, p, a)
 	case api.WSCmdStart:
 		switch a.Outcome {
 		case OutcomeOK:
@@ -1014,8 +1052,8 @@ func applyWorkspaceResult(tx *bolt.Tx, e *Entry) (any, error) {
 			}
 			switch {
 			case forkSource(w) != "":
-				forkStartFailed(e, w, &a)
-			case !resumeFailed(e, w, &a):
+				forkStartFailed(e, w, a)
+			case !resumeFailed(e, w, a):
 				fail(api.FailureStart, a.Error)
 			}
 		}
@@ -1044,7 +1082,7 @@ func applyWorkspaceResult(tx *bolt.Tx, e *Entry) (any, error) {
 			w.Layer.Held = false
 		}
 	case api.WSCmdNetwork:
-		applyNetworkResult(e, w, p, &a)
+		applyNetworkResult(e, w, p, a)
 	case api.WSCmdDelete:
 		if a.Outcome != OutcomeOK {
 			fail(api.FailureStop, "delete: "+a.Error)

@@ -644,6 +644,63 @@ func TestWorkspaceStartResult(t *testing.T) {
 	checkIndex(t, h.f)
 }
 
+// A result that carries the node's report (level 10) leaves the state a
+// result entry and then a report entry would: the same Workspace, the
+// same node record, report version and time. A report of another node or
+// session is refused with the result, and a report the FSM refuses leaves
+// the result applied and says why.
+func TestWorkspaceResultWithReport(t *testing.T) {
+	started := func() (*harness, WorkspaceResultArgs, ReportArgs) {
+		h := newHarness(t)
+		twoNodes(h)
+		w := h.create("c1", smallWS)
+		h.advance(time.Second)
+		rep := ReportArgs{NodeID: "node-a", SessionID: sessOf("node-a"), Report: api.Report{
+			Capacity: api.Resources{CPU: 4000, MemoryBytes: 8 * gib}, Pools: defaultPoolAvailable, Templates: testTemplates,
+			Allocated: api.Resources{CPU: 1000, MemoryBytes: gib}, Instances: 1,
+			InstanceStates: []api.InstanceState{{InstanceID: w.InstanceID, State: "RUNNING"}},
+		}}
+		return h, h.resultArgs(w.WorkspaceID, OutcomeOK, ""), rep
+	}
+	apart, res, rep := started()
+	apart.ok(OpWorkspaceResult, res)
+	apart.ok(OpNodeReport, rep)
+
+	together, res, rep := started()
+	res.Report = &rep
+	got := decode[ResultReport](t, together.ok(OpWorkspaceResult, res))
+	if got.ReportError != nil || got.Report == nil || got.Report.ReportVersion != apart.node("node-a").Report.ReportVersion {
+		t.Fatalf("outcome %+v, report %+v: want the report stored as version %d", got, got.Report, apart.node("node-a").Report.ReportVersion)
+	}
+	if a, b := apart.dump(), together.dump(); a != b {
+		t.Fatalf("a result with its report:\n%s\nthe two as entries of their own:\n%s", b, a)
+	}
+
+	for _, other := range []ReportArgs{
+		{NodeID: "node-b", SessionID: sessOf("node-b")},
+		{NodeID: "node-a", SessionID: "s-old"},
+	} {
+		h, res, rep := started()
+		rep.NodeID, rep.SessionID = other.NodeID, other.SessionID
+		res.Report = &rep
+		if err := h.fail(api.CodeInvalidArgument, OpWorkspaceResult, res); !strings.Contains(err.Message, "carries a report of node "+other.NodeID+" (session "+other.SessionID+")") {
+			t.Fatalf("a result with the report of %+v: %v", other, err)
+		}
+	}
+
+	h, res, rep := started()
+	before := h.node("node-a").Report.ReportVersion
+	rep.Report.Pools = append(rep.Report.Pools, rep.Report.Pools...)
+	res.Report = &rep
+	got = decode[ResultReport](t, h.ok(OpWorkspaceResult, res))
+	if got.ReportError == nil || !strings.Contains(got.ReportError.Message, "lists storage pool") || got.Report != nil {
+		t.Fatalf("a result with a report listing a pool twice: %+v", got)
+	}
+	if w := h.ws(res.WorkspaceID); w.State != api.WorkspaceAvailable || h.node("node-a").Report.ReportVersion != before {
+		t.Fatalf("after a refused report: workspace %s, report version %d (was %d): want the result applied and the report not", w.State, h.node("node-a").Report.ReportVersion, before)
+	}
+}
+
 func TestWorkspaceRefused(t *testing.T) {
 	t.Run("placed on the other node", func(t *testing.T) {
 		h := newHarness(t)
