@@ -27,6 +27,9 @@
 #                     pprof +5)
 #   BENCH_WATCH       0: nodes without the agent's once-a-second report
 #                     watcher (default 1, as a real node)
+#   BENCH_RESULT_REPORTS  0: nodes send the report owed after a task as a
+#                     message of its own, as before level 10 (default 1:
+#                     with the result, as the agent does)
 #   BENCH_WAIT_FILE   before each run, wait while this file exists (a CI
 #                     run on the same machine), polling every 20 s
 #   BENCH_PPROF_DIR   run the members with pprof and save a CPU profile of
@@ -59,7 +62,8 @@ log "leader: $LEADER"
 
 log "nodesim: enrolling $NODES nodes and opening their control sessions"
 start_bg nodesim "$BENCH_TMP/bin/nodesim" -data-dir "${KIB_DIRS[0]}" -addrs "$ADDRS" -nodes "$NODES" \
-	-watch="$([[ "${BENCH_WATCH:-1}" == 0 ]] && echo false || echo true)"
+	-watch="$([[ "${BENCH_WATCH:-1}" == 0 ]] && echo false || echo true)" \
+	-result-reports="$([[ "${BENCH_RESULT_REPORTS:-1}" == 0 ]] && echo false || echo true)"
 SIM_PID=$!
 sim_ready() {
 	kill -0 "$SIM_PID" 2>/dev/null || die "nodesim exited: $(tail -5 "$BENCH_TMP/logs/nodesim.log")"

@@ -74,6 +74,7 @@ func main() {
 	conc := flag.Int("concurrency", 16, "enrollment and pool-capacity workers")
 	dials := flag.Int("dials", 32, "sessions being opened at once")
 	watch := flag.Bool("watch", true, "mirror the agent's once-a-second report watcher")
+	resultReports := flag.Bool("result-reports", true, "send the report owed after a task with its result when the leader takes it, as the agent does")
 	flag.Parse()
 	if *dataDir == "" {
 		fatalf("-data-dir is required")
@@ -96,7 +97,7 @@ func main() {
 
 	start := time.Now()
 	api0 := api.NewClient(addrs[0], admin)
-	fleet := &fleet{addrs: addrs, template: *template, templateBytes: *templateBytes, watch: *watch,
+	fleet := &fleet{addrs: addrs, template: *template, templateBytes: *templateBytes, watch: *watch, resultReports: *resultReports,
 		capacity:    api.Resources{CPU: api.Milli(*cpu * 1000), MemoryBytes: uint64(*memGiB) << 30},
 		incarnation: uint64(time.Now().UnixNano())}
 	nodes, err := enroll(ctx, api0, *count, *conc, *prefix)
@@ -164,6 +165,7 @@ type fleet struct {
 	templateBytes uint64
 	capacity      api.Resources
 	watch         bool
+	resultReports bool         // -result-reports
 	incarnation   uint64       // one process: one incarnation for every node
 	leader        atomic.Value // string: the address the last redirect named
 	stats         stats
@@ -428,6 +430,7 @@ func (n *node) session(ctx context.Context, addr string) (string, error) {
 		n.send = nil
 		n.mu.Unlock()
 	}()
+	withReport := n.f.resultReports && first.ResultReports
 	if n.f.watch {
 		wctx, cancel := context.WithCancel(ctx)
 		defer cancel()
@@ -460,7 +463,7 @@ func (n *node) session(ctx context.Context, addr string) (string, error) {
 			}
 		case api.MsgTask:
 			if m.Task != nil {
-				err = n.handleTask(send, *m.Task)
+				err = n.handleTask(send, *m.Task, withReport)
 			}
 		case api.MsgVolumeTask:
 			if t := m.VolumeTask; t != nil {
@@ -477,8 +480,9 @@ func (n *node) session(ctx context.Context, addr string) (string, error) {
 }
 
 // handleTask answers a Workspace command at once, as if the VM work took
-// no time, then pushes a full report as the agent does after each task.
-func (n *node) handleTask(send func(api.SessionMsg) error, t api.WorkspaceTask) error {
+// no time, then pushes a full report as the agent does after each task:
+// withReport, in the result's message (agent.sendResult).
+func (n *node) handleTask(send func(api.SessionMsg) error, t api.WorkspaceTask, withReport bool) error {
 	n.f.stats.tasks.Add(1)
 	n.mu.Lock()
 	r, seen := n.done[t.Command.CommandID]
@@ -508,6 +512,13 @@ func (n *node) handleTask(send func(api.SessionMsg) error, t api.WorkspaceTask) 
 		n.changes++
 	}
 	n.mu.Unlock()
+	if withReport {
+		err := n.sendReport(send, func(m *api.SessionMsg) { m.Type, m.TaskResult = api.MsgTaskResult, r })
+		if err == nil {
+			n.f.stats.results.Add(1)
+		}
+		return err
+	}
 	if err := send(api.SessionMsg{Type: api.MsgTaskResult, TaskResult: r}); err != nil {
 		return err
 	}
