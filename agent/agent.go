@@ -434,7 +434,7 @@ func (a *Agent) session(ctx context.Context, addr string) (redirect string, err 
 	stop := context.AfterFunc(ctx, func() { conn.Close() })
 	defer stop()
 	enc := json.NewEncoder(conn)
-	dec := json.NewDecoder(conn)
+	dec := api.NewSessionDecoder(conn)
 	var wmu sync.Mutex
 	send := func(m api.SessionMsg) error {
 		wmu.Lock()

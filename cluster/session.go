@@ -139,7 +139,7 @@ func (s *Server) handleSession(c net.Conn) {
 	t := s.cfg.Timings
 	peer := c.(*watchedConn).id
 	sc := &sessionConn{c: c, enc: json.NewEncoder(c)}
-	dec := json.NewDecoder(c)
+	dec := api.NewSessionDecoder(c)
 	c.SetReadDeadline(time.Now().Add(t.SessionTimeout))
 	var hello api.SessionMsg
 	if err := dec.Decode(&hello); err != nil || hello.Type != api.MsgHello {
@@ -189,7 +189,7 @@ func (s *Server) handleSession(c net.Conn) {
 	}
 }
 
-func (s *Server) runSession(ctx context.Context, sc *sessionConn, dec *json.Decoder, ls *liveSession) string {
+func (s *Server) runSession(ctx context.Context, sc *sessionConn, dec *api.SessionDecoder, ls *liveSession) string {
 	t := s.cfg.Timings
 	nodeID, sid := ls.nodeID, ls.sessionID
 	if err := sc.send(api.SessionMsg{Type: api.MsgWelcome, SessionID: sid, CredentialKey: s.CredentialPublicKey(), ResultReports: true}); err != nil {

@@ -1,6 +1,7 @@
 package cluster_test
 
 import (
+	"bytes"
 	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
@@ -10,6 +11,7 @@ import (
 	"encoding/json"
 	"encoding/pem"
 	"io"
+	"net"
 	"net/http"
 	"strings"
 	"testing"
@@ -143,14 +145,21 @@ func TestEachChannelTakesOnlyItsRole(t *testing.T) {
 		}
 	})
 
-	t.Run("a session for another node", func(t *testing.T) {
+	// workerSession is a control-session connection to ctrl with the
+	// worker's member certificate, closed when the test ends.
+	workerSession := func(t *testing.T) net.Conn {
 		pool, _ := worker.Dir.CAPool()
 		tc := trust.Client{Pool: pool, Cert: trust.Static(memberCert(t, worker))}
 		conn, err := tc.Dial(context.Background(), datadir.ProtoSession, trust.Want{Role: trust.RoleCtrl}, ctrl.Addr, 5*time.Second)
 		if err != nil {
 			t.Fatal(err)
 		}
-		defer conn.Close()
+		t.Cleanup(func() { conn.Close() })
+		return conn
+	}
+
+	t.Run("a session for another node", func(t *testing.T) {
+		conn := workerSession(t)
 		json.NewEncoder(conn).Encode(api.SessionMsg{Type: api.MsgHello, NodeID: ctrl.ID, Incarnation: 99})
 		conn.SetReadDeadline(time.Now().Add(5 * time.Second))
 		var m api.SessionMsg
@@ -159,6 +168,27 @@ func TestEachChannelTakesOnlyItsRole(t *testing.T) {
 		}
 		if m.Type != api.MsgRefused || !strings.Contains(m.Message, "certificate of node "+worker.ID+" cannot open a control session for node") {
 			t.Fatalf("hello as %s with %s's certificate: %+v", ctrl.ID, worker.ID, m)
+		}
+	})
+
+	t.Run("a session message over the bound", func(t *testing.T) {
+		conn := workerSession(t)
+		// A hello that would be welcome but for its size.
+		go func() {
+			conn.Write([]byte(`{"type":"hello","node_id":"` + worker.ID + `","message":"`))
+			chunk := bytes.Repeat([]byte("x"), 1<<20)
+			for i := 0; i <= api.MaxSessionMessage>>20; i++ {
+				if _, err := conn.Write(chunk); err != nil {
+					return
+				}
+			}
+			conn.Write([]byte("\"}\n"))
+		}()
+		conn.SetReadDeadline(time.Now().Add(20 * time.Second))
+		var m api.SessionMsg
+		err := json.NewDecoder(conn).Decode(&m)
+		if ne, ok := err.(net.Error); err == nil || ok && ne.Timeout() {
+			t.Fatalf("a hello over %d bytes: %+v, %v; want the connection closed", api.MaxSessionMessage, m, err)
 		}
 	})
 

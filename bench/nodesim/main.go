@@ -393,7 +393,7 @@ func (n *node) session(ctx context.Context, addr string) (string, error) {
 	stop := context.AfterFunc(ctx, func() { conn.Close() })
 	defer stop()
 	enc := json.NewEncoder(conn)
-	dec := json.NewDecoder(conn)
+	dec := api.NewSessionDecoder(conn)
 	var wmu sync.Mutex
 	send := func(m api.SessionMsg) error {
 		wmu.Lock()
