@@ -594,10 +594,8 @@ func (a *Agent) buildReport(withEnded bool) api.Report {
 	}
 	// Ready warm guests hold their memory until a start adopts one as a
 	// Workspace's: placement must not count it free.
-	if rt := a.cfg.Runtime; rt != nil {
-		for _, w := range r.Warm {
-			r.Allocated.MemoryBytes += uint64(w.Ready) * w.MemoryBytes
-		}
+	for _, w := range r.Warm {
+		r.Allocated.MemoryBytes += uint64(w.Ready) * w.MemoryBytes
 	}
 	if a.cfg.AdjustReport != nil {
 		a.cfg.AdjustReport(&r)

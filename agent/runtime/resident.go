@@ -273,12 +273,12 @@ func (rt *Runtime) becomeInstance(ctx context.Context, in *instance, r Resident,
 	in.notify()
 	in.mu.Unlock()
 	rt.startGuestLoop(in, c)
-	warmIdentity(&spec, r.Mounts, hostname, roots)
+	warmIdentity(&spec, r, hostname, roots)
 	return rt.tellGuest(ctx, in, spec, &rec, true, true)
 }
 
 // sameDevice says whether directories a and b are on one file system (a
-// rename between them moves no data).
+// file in one can have a hard link in the other).
 func sameDevice(a, b string) bool {
 	sa, err1 := os.Stat(a)
 	sb, err2 := os.Stat(b)

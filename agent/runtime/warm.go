@@ -47,17 +47,18 @@ type WarmSpec struct {
 	Mounts func(guestproto.GuestInfo) []guestproto.Mount
 }
 
-// warmIdentity gives spec, the first start of a Workspace from a warm
-// guest that made mounts, a new identity (hostname, and a machine id in
-// roots, where the guest has them mounted), and a configure without what
-// the guest mounted already or the identity does.
-func warmIdentity(spec *Spec, mounts []guestproto.Mount, hostname string, roots []string) {
+// warmIdentity gives spec, the first start of a Workspace from warm
+// guest w, a new identity (hostname, and a machine id in roots, where the
+// guest has them mounted), and a configure without what the guest
+// mounted already or the identity does.
+func warmIdentity(spec *Spec, w Resident, hostname string, roots []string) {
 	spec.Identity = &Identity{Hostname: hostname}
 	for _, r := range roots {
-		if slices.ContainsFunc(mounts, func(x guestproto.Mount) bool { return x.Target == r }) {
+		if w.Mounted(r) {
 			spec.Identity.Roots = append(spec.Identity.Roots, r)
 		}
 	}
+	mounts := w.Mounts
 	if cfg := spec.Configure; cfg != nil {
 		spec.Configure = func(g guestproto.GuestInfo) guestproto.ConfigureRequest {
 			req := cfg(g)
