@@ -46,5 +46,8 @@ func putClock(tx *bolt.Tx, t time.Time) error {
 	if err := tx.Bucket(bucketMeta).Put(keyClock, raw); err != nil {
 		return err
 	}
-	return markCommandTimes(tx, raw)
+	if err := markCommandTimes(tx, raw); err != nil {
+		return err
+	}
+	return markWorkspaceCommands(tx, raw)
 }

@@ -125,19 +125,27 @@ func markCommandTimes(tx *bolt.Tx, clock []byte) error {
 // marked at the state's clock and as long as the records, and builds it
 // anew otherwise.
 func checkCommandTimes(tx *bolt.Tx) error {
+	return checkDerived(tx, keyCommandTimesAt, func() bool {
+		return tx.Bucket(bucketCommands).Stats().KeyN == tx.Bucket(bucketCommandTimes).Stats().KeyN
+	}, rebuildCommandTimes)
+}
+
+// checkDerived keeps a derived index a restored state brings if its mark
+// (a key of bucketMeta) is the state's clock and it agrees with its
+// records as far as agrees checks, and builds it anew otherwise.
+func checkDerived(tx *bolt.Tx, markKey []byte, agrees func() bool, rebuild func(*bolt.Tx) error) error {
 	meta := tx.Bucket(bucketMeta)
-	clock, mark := meta.Get(keyClock), meta.Get(keyCommandTimesAt)
-	if mark != nil && bytes.Equal(clock, mark) &&
-		tx.Bucket(bucketCommands).Stats().KeyN == tx.Bucket(bucketCommandTimes).Stats().KeyN {
+	clock, mark := meta.Get(keyClock), meta.Get(markKey)
+	if mark != nil && bytes.Equal(clock, mark) && agrees() {
 		return nil
 	}
-	if err := rebuildCommandTimes(tx); err != nil {
+	if err := rebuild(tx); err != nil {
 		return err
 	}
 	if clock == nil {
-		return meta.Delete(keyCommandTimesAt)
+		return meta.Delete(markKey)
 	}
-	return markCommandTimes(tx, bytes.Clone(clock))
+	return meta.Put(markKey, bytes.Clone(clock))
 }
 
 // rebuildCommandTimes makes the time index anew from the command

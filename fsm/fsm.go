@@ -409,6 +409,9 @@ func (f *FSM) Restore(r io.Reader) error {
 		if err := checkCommandTimes(tx); err != nil {
 			return err
 		}
+		if err := checkWorkspaceCommands(tx); err != nil {
+			return err
+		}
 		return f.commands.rebuild(tx)
 	})
 	if err != nil {
@@ -489,12 +492,12 @@ func withoutSection(dump string, bucket []byte) string {
 func withoutClock(dump string) string {
 	var out strings.Builder
 	section := ""
-	clockLine, markLine := fmt.Sprintf("%q=", keyClock), fmt.Sprintf("%q=", keyCommandTimesAt)
+	clockLine, markLine, pendingMarkLine := fmt.Sprintf("%q=", keyClock), fmt.Sprintf("%q=", keyCommandTimesAt), fmt.Sprintf("%q=", keyWorkspaceCommandsAt)
 	for _, line := range strings.SplitAfter(dump, "\n") {
 		if strings.HasPrefix(line, "[") {
 			section = line
 		}
-		if section == "["+string(bucketMeta)+"]\n" && (strings.HasPrefix(line, clockLine) || strings.HasPrefix(line, markLine)) {
+		if section == "["+string(bucketMeta)+"]\n" && (strings.HasPrefix(line, clockLine) || strings.HasPrefix(line, markLine) || strings.HasPrefix(line, pendingMarkLine)) {
 			continue
 		}
 		out.WriteString(line)

@@ -19,6 +19,11 @@ var (
 	bucketWorkspaces = []byte("workspaces")
 	// node_id NUL workspace_id → nil: the Workspaces a node runs or holds a layer of
 	bucketWorkspaceNodes = []byte("workspace_nodes")
+	// node_id NUL workspace_id → nil: the Workspaces whose pending command
+	// waits for the node, what its control session sends (pending.go).
+	// Derived from bucketWorkspaces: rebuilt from it at a Restore unless
+	// marked current (keyWorkspaceCommandsAt).
+	bucketWorkspaceCommands = []byte("workspace_commands")
 	// node_id → Holds: what the Workspaces' records hold on the node
 	bucketNodeHolds = []byte("node_holds")
 
@@ -92,7 +97,7 @@ var (
 	// reads its source's files (forks.go).
 	bucketForks = []byte("forks")
 
-	allBuckets = [][]byte{bucketMeta, bucketNodes, bucketGrants, bucketCommands, bucketCommandTimes, bucketCommandLog, bucketWorkspaces, bucketWorkspaceNodes, bucketNodeHolds, bucketWorkspaceTombstones, bucketInstanceOwners,
+	allBuckets = [][]byte{bucketMeta, bucketNodes, bucketGrants, bucketCommands, bucketCommandTimes, bucketCommandLog, bucketWorkspaces, bucketWorkspaceNodes, bucketWorkspaceCommands, bucketNodeHolds, bucketWorkspaceTombstones, bucketInstanceOwners,
 		bucketEgress, bucketEgressRevisions, bucketEgressRefs, bucketResolvers, bucketResolverRefs, bucketPools, bucketPoolUse, bucketPoolMembers, bucketPoolWaits,
 		bucketVolumes, bucketVolumeNames, bucketVolumeCommands, bucketVolumeTombstones, bucketMemberLevels, bucketEndedRounds, bucketEndedWatch,
 		bucketPlacements, bucketTemplates, bucketPlatforms, bucketTransfers, bucketForks}
@@ -108,6 +113,9 @@ var (
 	// the clock as of which bucketCommandTimes matched bucketCommands
 	// (commands.go)
 	keyCommandTimesAt = []byte("command_times_at")
+	// the clock as of which bucketWorkspaceCommands matched
+	// bucketWorkspaces (pending.go)
+	keyWorkspaceCommandsAt = []byte("workspace_commands_at")
 )
 
 // SchemaVersion is the version of the state layout this binary reads and

@@ -189,6 +189,9 @@ func putWorkspace(tx *bolt.Tx, e *Entry, old, w *api.Workspace) error {
 			return err
 		}
 	}
+	if err := movePending(tx, old, w); err != nil {
+		return err
+	}
 	if err := moveHolds(tx, old, w); err != nil {
 		return err
 	}
@@ -235,6 +238,9 @@ func cloneWorkspace(w *api.Workspace) *api.Workspace {
 }
 
 func deleteWorkspace(tx *bolt.Tx, e *Entry, w *api.Workspace) error {
+	if err := movePending(tx, w, nil); err != nil {
+		return err
+	}
 	if err := moveHolds(tx, w, nil); err != nil {
 		return err
 	}
@@ -267,21 +273,20 @@ func deleteWorkspace(tx *bolt.Tx, e *Entry, w *api.Workspace) error {
 
 // workspacesOnNode returns the Workspaces a node occupies, by id.
 func workspacesOnNode(tx *bolt.Tx, node string) ([]*api.Workspace, error) {
-	return workspacesOnNodeIf(tx, node, nil)
+	return workspacesIndexed(tx, bucketWorkspaceNodes, node)
 }
 
-// workspacesOnNodeIf is workspacesOnNode restricted to the records whose
-// stored bytes pass maybe (nil: all), a test cheaper than a decode for
-// callers that want few of a node's Workspaces.
-func workspacesOnNodeIf(tx *bolt.Tx, node string, maybe func(raw []byte) bool) ([]*api.Workspace, error) {
+// workspacesIndexed returns the Workspaces a node-keyed index (node_id
+// NUL workspace_id) lists under node, by id.
+func workspacesIndexed(tx *bolt.Tx, index []byte, node string) ([]*api.Workspace, error) {
 	var out []*api.Workspace
 	prefix := []byte(node + "\x00")
 	records := tx.Bucket(bucketWorkspaces)
-	c := tx.Bucket(bucketWorkspaceNodes).Cursor()
+	c := tx.Bucket(index).Cursor()
 	for k, _ := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix); k, _ = c.Next() {
 		key := wsKey(string(k[len(prefix):]))
 		raw := records.Get(key)
-		if raw == nil || (maybe != nil && !maybe(raw)) {
+		if raw == nil {
 			continue
 		}
 		var w api.Workspace
@@ -1331,27 +1336,6 @@ func ListWorkspaces(tx *bolt.Tx, f WorkspaceFilter, pageSize int, pageToken stri
 			break
 		}
 		out.Workspaces = append(out.Workspaces, w)
-	}
-	return out, nil
-}
-
-// pendingKey is how api.Workspace.Pending starts in a stored record.
-var pendingKey = []byte(`"pending":`)
-
-// PendingCommands returns the Workspaces with a command waiting for node.
-// A node's session reads it at every wake: only the records that have a
-// "pending" key anywhere are decoded (a label named so costs a decode, no
-// more), not every Workspace the node runs or holds a layer of.
-func PendingCommands(tx *bolt.Tx, node string) ([]api.Workspace, error) {
-	ws, err := workspacesOnNodeIf(tx, node, func(raw []byte) bool { return bytes.Contains(raw, pendingKey) })
-	if err != nil {
-		return nil, err
-	}
-	var out []api.Workspace
-	for _, w := range ws {
-		if w.Pending != nil && w.Pending.NodeID == node {
-			out = append(out, *w)
-		}
 	}
 	return out, nil
 }

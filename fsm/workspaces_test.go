@@ -189,7 +189,7 @@ func checkIndex(t testing.TB, f *FSM) {
 }
 
 func indexProblem(tx *bolt.Tx) error {
-	want := map[string]bool{}
+	want, wantPending := map[string]bool{}, map[string]bool{}
 	wantHolds := map[string]Holds{}
 	if err := tx.Bucket(bucketWorkspaces).ForEach(func(k, v []byte) error {
 		w, err := getWorkspace(tx, string(k))
@@ -198,6 +198,9 @@ func indexProblem(tx *bolt.Tx) error {
 		}
 		for _, n := range occupied(w) {
 			want[string(wsNodeKey(n, w.WorkspaceID))] = true
+		}
+		if n := pendingNode(w); n != "" {
+			wantPending[string(wsNodeKey(n, w.WorkspaceID))] = true
 		}
 		for _, n := range nodesOf(w) {
 			h, c := wantHolds[n], holdsOf(w, n)
@@ -219,6 +222,11 @@ func indexProblem(tx *bolt.Tx) error {
 	tx.Bucket(bucketWorkspaceNodes).ForEach(func(k, _ []byte) error { got[string(k)] = true; return nil })
 	if !reflect.DeepEqual(got, want) {
 		return fmt.Errorf("workspace node index %q, want %q", keys(got), keys(want))
+	}
+	gotPending := map[string]bool{}
+	tx.Bucket(bucketWorkspaceCommands).ForEach(func(k, _ []byte) error { gotPending[string(k)] = true; return nil })
+	if !reflect.DeepEqual(gotPending, wantPending) {
+		return fmt.Errorf("pending command index %q, want %q", keys(gotPending), keys(wantPending))
 	}
 	// The holds counters equal what the records hold, recounted.
 	gotHolds := map[string]Holds{}
