@@ -114,45 +114,103 @@ func BenchmarkPlaceWorkspaces(b *testing.B) {
 	const nodes, workspaces, batch = 1000, 10_000, 64
 	for b.Loop() {
 		b.StopTimer()
-		h := newHarness(b)
-		h.bootstrap()
-		var es []Entry
-		flush := func() {
-			for j, r := range h.f.Apply(es) {
-				if r.Error != nil {
-					b.Fatalf("entry %d (%s): %v", j, es[j].Op, r.Error)
-				}
-			}
-			es = es[:0]
-		}
-		rep := api.Report{Capacity: api.Resources{CPU: 64000, MemoryBytes: 256 << 30}, Pools: defaultPoolAvailable, Templates: testTemplates,
-			TemplateBytes: map[string]uint64{"kibotos-base": 1 << 30}}
-		for i := 1; i <= nodes; i++ {
-			id := fmt.Sprintf("node-%04d", i)
-			es = append(es,
-				h.entry(OpEnrollmentGrant, GrantArgs{NodeID: id, Roles: []string{"node"}, SecretHash: secretOf(id), TTL: time.Hour}),
-				h.entry(OpEnrollmentConsume, ConsumeArgs{NodeID: id, SecretHash: secretOf(id), Address: "addr-" + id}),
-				h.entry(OpSessionOpen, SessionOpenArgs{NodeID: id, SessionID: "s-" + id, Incarnation: 1}),
-				h.entry(OpOvercommitAck, OvercommitAckArgs{NodeID: id, SessionID: "s-" + id, Values: api.Multipliers{CPU: 1000, Memory: 1000}}),
-				h.entry(OpNodeReport, ReportArgs{NodeID: id, SessionID: "s-" + id, Report: rep}),
-				h.entry(OpPoolSetCapacity, PoolCapacityArgs{PoolID: api.PrivatePoolID(id), CapacityBytes: 1 << 50}))
-			if len(es) >= 1000 {
-				flush()
-			}
-		}
-		flush()
+		h, _ := placementCluster(b, nodes)
 		b.StartTimer()
+		var es []Entry
 		for i := 0; i < workspaces; i++ {
 			e := h.entry(OpWorkspaceCreate, WorkspaceCreateArgs{Template: "kibotos-base", CPU: 1000, MemoryBytes: 1 << 30})
 			e.CommandID = fmt.Sprintf("create-%d", i)
 			es = append(es, e)
 			if len(es) == batch {
-				flush()
+				applyAll(b, h, es)
+				es = es[:0]
 			}
 		}
-		flush()
+		applyAll(b, h, es)
 	}
 	b.ReportMetric(float64(b.N*workspaces)/b.Elapsed().Seconds(), "workspaces/s")
+}
+
+// BenchmarkCreateToAvailable is the FSM's part of a create through the
+// placement benchmark (bench/placement.sh), on every voter: 10,000 creates
+// on 1,000 nodes in batches of 64, each batch followed by a batch of the
+// nodes' answers, each answer carrying its node's report with the new
+// Instance (one entry per task, as from LevelResultReports).
+//
+//	go test ./fsm -run X -bench CreateToAvailable -benchtime 3x
+func BenchmarkCreateToAvailable(b *testing.B) {
+	const nodes, workspaces, batch = 1000, 10_000, 64
+	for b.Loop() {
+		b.StopTimer()
+		h, rep := placementCluster(b, nodes)
+		running := map[string][]api.InstanceState{}
+		b.StartTimer()
+		for i := 0; i < workspaces; i += batch {
+			var es []Entry
+			for j := i; j < min(i+batch, workspaces); j++ {
+				e := h.entry(OpWorkspaceCreate, WorkspaceCreateArgs{Template: "kibotos-base", CPU: 1000, MemoryBytes: 1 << 30})
+				e.CommandID = fmt.Sprintf("create-%d", j)
+				es = append(es, e)
+			}
+			created := applyAll(b, h, es)
+			es = es[:0]
+			for _, res := range created {
+				w := decode[api.Workspace](b, res)
+				p := w.Pending
+				running[p.NodeID] = append(running[p.NodeID], api.InstanceState{InstanceID: p.InstanceID, State: "RUNNING"})
+				nr := rep
+				nr.InstanceStates = running[p.NodeID]
+				nr.Instances = len(nr.InstanceStates)
+				nr.Allocated = api.Resources{CPU: api.Milli(nr.Instances * 1000), MemoryBytes: uint64(nr.Instances) << 30}
+				sess := "s-" + p.NodeID
+				es = append(es, h.entry(OpWorkspaceResult, WorkspaceResultArgs{NodeID: p.NodeID, SessionID: sess, WorkspaceID: w.WorkspaceID,
+					CommandID: p.CommandID, Outcome: OutcomeOK, Report: &ReportArgs{NodeID: p.NodeID, SessionID: sess, Report: nr}}))
+			}
+			for j, r := range applyAll(b, h, es) {
+				if rr := decode[ResultReport](b, r); rr.ReportError != nil || rr.Report == nil {
+					b.Fatalf("answer %d: report not stored: %+v", j, rr.ReportError)
+				}
+			}
+		}
+	}
+	b.ReportMetric(float64(b.N*workspaces)/b.Elapsed().Seconds(), "workspaces/s")
+}
+
+// placementCluster is a bootstrapped FSM with nodes schedulable nodes
+// (node-0001...) with live sessions, and the report each made.
+func placementCluster(b *testing.B, nodes int) (*harness, api.Report) {
+	h := newHarness(b)
+	h.bootstrap()
+	rep := api.Report{Capacity: api.Resources{CPU: 64000, MemoryBytes: 256 << 30}, Pools: defaultPoolAvailable, Templates: testTemplates,
+		TemplateBytes: map[string]uint64{"kibotos-base": 1 << 30}}
+	var es []Entry
+	for i := 1; i <= nodes; i++ {
+		id := fmt.Sprintf("node-%04d", i)
+		es = append(es,
+			h.entry(OpEnrollmentGrant, GrantArgs{NodeID: id, Roles: []string{"node"}, SecretHash: secretOf(id), TTL: time.Hour}),
+			h.entry(OpEnrollmentConsume, ConsumeArgs{NodeID: id, SecretHash: secretOf(id), Address: "addr-" + id}),
+			h.entry(OpSessionOpen, SessionOpenArgs{NodeID: id, SessionID: "s-" + id, Incarnation: 1}),
+			h.entry(OpOvercommitAck, OvercommitAckArgs{NodeID: id, SessionID: "s-" + id, Values: api.Multipliers{CPU: 1000, Memory: 1000}}),
+			h.entry(OpNodeReport, ReportArgs{NodeID: id, SessionID: "s-" + id, Report: rep}),
+			h.entry(OpPoolSetCapacity, PoolCapacityArgs{PoolID: api.PrivatePoolID(id), CapacityBytes: 1 << 50}))
+		if len(es) >= 1000 {
+			applyAll(b, h, es)
+			es = es[:0]
+		}
+	}
+	applyAll(b, h, es)
+	return h, rep
+}
+
+// applyAll applies es as one batch; each must succeed.
+func applyAll(b *testing.B, h *harness, es []Entry) []Result {
+	rs := h.f.Apply(es)
+	for j, r := range rs {
+		if r.Error != nil {
+			b.Fatalf("entry %d (%s): %v", j, es[j].Op, r.Error)
+		}
+	}
+	return rs
 }
 
 // BenchmarkPendingCommands reads the pending commands of a node that runs

@@ -149,10 +149,32 @@ func currentSession(tx *bolt.Tx, nodeID, sessionID string) (*api.Node, error) {
 	if err != nil {
 		return nil, err
 	}
-	if n.Session == nil || !n.Session.Alive || n.Session.SessionID != sessionID {
-		return nil, api.Errorf(api.CodeFailedPrecondition, "session %s of node %s is not the live control session; reconnect", sessionID, nodeID)
+	return n, liveSession(n.Session, nodeID, sessionID)
+}
+
+// checkSession is currentSession for a write that leaves the node's
+// record as it is (a task's result, a Volume's): it decodes the session
+// alone, not the node's whole report.
+func checkSession(tx *bolt.Tx, nodeID, sessionID string) error {
+	var n struct {
+		Session *api.Session `json:"session"`
 	}
-	return n, nil
+	ok, err := getJSON(tx, bucketNodes, []byte(nodeID), &n)
+	if err != nil {
+		return err
+	}
+	if !ok {
+		_, err := mustNode(tx, nodeID) // not_found, worded once
+		return err
+	}
+	return liveSession(n.Session, nodeID, sessionID)
+}
+
+func liveSession(s *api.Session, nodeID, sessionID string) error {
+	if s == nil || !s.Alive || s.SessionID != sessionID {
+		return api.Errorf(api.CodeFailedPrecondition, "session %s of node %s is not the live control session; reconnect", sessionID, nodeID)
+	}
+	return nil
 }
 
 func applyNodeReport(tx *bolt.Tx, e *Entry) (any, error) {

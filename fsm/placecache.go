@@ -123,6 +123,20 @@ func (c *placeCache) node(id string, raw []byte) (api.Node, error) {
 	return n, nil
 }
 
+// viewNode is mustNode for a caller that only reads the record and keeps
+// nothing of it past the apply (the decode is shared with the cache):
+// within a batch, a record placement has just decoded is not decoded
+// again while its bytes are the same.
+func viewNode(tx *bolt.Tx, id string) (*api.Node, error) {
+	c := cacheFor(tx)
+	raw := tx.Bucket(bucketNodes).Get([]byte(id))
+	if c == nil || raw == nil {
+		return mustNode(tx, id) // not_found, worded once
+	}
+	n, err := c.node(id, raw)
+	return &n, err
+}
+
 func (c *placeCache) candidates(tx *bolt.Tx) ([]api.Node, []placement.Candidate, error) {
 	d, err := getOvercommitDefault(tx)
 	if err != nil {

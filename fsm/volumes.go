@@ -508,7 +508,7 @@ func applyVolumeResult(tx *bolt.Tx, e *Entry) (any, error) {
 	if err := decodeArgs(e, &a); err != nil {
 		return nil, err
 	}
-	if _, err := currentSession(tx, a.NodeID, a.SessionID); err != nil {
+	if err := checkSession(tx, a.NodeID, a.SessionID); err != nil {
 		return nil, err
 	}
 	if !api.IsVolumeID(a.VolumeID) {

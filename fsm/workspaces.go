@@ -660,7 +660,7 @@ func anyHasTemplate(nodes []api.Node, name string) bool {
 func beginExecution(tx *bolt.Tx, e *Entry, w *api.Workspace, vols []*api.Volume, node, state string) error {
 	var fresh []*api.Volume
 	if w.Layer == nil {
-		n, err := mustNode(tx, node)
+		n, err := viewNode(tx, node)
 		if err != nil {
 			return err
 		}
@@ -982,7 +982,7 @@ func workspaceResult(tx *bolt.Tx, e *Entry, a *WorkspaceResultArgs) (any, error)
 			return nil, err
 		}
 	}
-	if _, err := currentSession(tx, a.NodeID, a.SessionID); err != nil {
+	if err := checkSession(tx, a.NodeID, a.SessionID); err != nil {
 		return nil, err
 	}
 	w, err := getWorkspace(tx, a.WorkspaceID)
