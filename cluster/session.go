@@ -231,11 +231,11 @@ func (s *Server) runSession(ctx context.Context, sc *sessionConn, dec *api.Sessi
 	var roundSync time.Time // a sync postponed to the round due then
 	// pushOvercommit sends values the node has not acknowledged; it returns
 	// why the session must end, or "".
-	pushOvercommit := func(n *api.Node) string {
-		if n.Overcommit == nil || n.Overcommit.Acknowledged {
+	pushOvercommit := func(o api.Overcommit) string {
+		if o.Acknowledged {
 			return ""
 		}
-		want := api.Multipliers{CPU: n.Overcommit.CPU, Memory: n.Overcommit.Memory}
+		want := api.Multipliers{CPU: o.CPU, Memory: o.Memory}
 		switch {
 		case pendingAck == nil || *pendingAck != want:
 			pendingAck, pendingSince = &want, time.Now()
@@ -251,8 +251,8 @@ func (s *Server) runSession(ctx context.Context, sc *sessionConn, dec *api.Sessi
 	}
 	// A new session gets the values at once: ctrl places nothing on the
 	// node until it acknowledged them.
-	if n, err := s.localNode(nodeID); err == nil {
-		if why := pushOvercommit(n); why != "" {
+	if c, err := s.sessionCheck(nodeID); err == nil {
+		if why := pushOvercommit(c.Overcommit); why != "" {
 			return why
 		}
 	}
@@ -281,15 +281,19 @@ func (s *Server) runSession(ctx context.Context, sc *sessionConn, dec *api.Sessi
 			if !s.IsLeader() {
 				return "leadership lost"
 			}
-			n, err := s.localNode(nodeID)
+			c, err := s.sessionCheck(nodeID)
 			if err != nil {
 				continue
 			}
-			if n.Admission != api.Admitted || n.Retired || n.Session == nil || n.Session.SessionID != sid {
-				sc.send(api.SessionMsg{Type: api.MsgRefused, Refusal: fsm.RefusalNotAdmitted, Message: "node " + nodeID + " is no longer admitted (" + n.Status + ")"})
-				return "node " + n.Status
+			if !c.Admitted || c.SessionID != sid {
+				status := "unknown"
+				if n, err := s.localNode(nodeID); err == nil {
+					status = n.Status
+				}
+				sc.send(api.SessionMsg{Type: api.MsgRefused, Refusal: fsm.RefusalNotAdmitted, Message: "node " + nodeID + " is no longer admitted (" + status + ")"})
+				return "node " + status
 			}
-			if why := pushOvercommit(n); why != "" {
+			if why := pushOvercommit(c.Overcommit); why != "" {
 				return why
 			}
 			if !roundSync.IsZero() && !time.Now().Before(roundSync) {
@@ -408,6 +412,18 @@ func (s *Server) localNode(id string) (*api.Node, error) {
 		return err
 	})
 	return n, err
+}
+
+// sessionCheck is what a control session checks of its node at every
+// ping, from the local state.
+func (s *Server) sessionCheck(id string) (fsm.SessionCheck, error) {
+	var c fsm.SessionCheck
+	err := s.fsm.View(func(tx *bolt.Tx) error {
+		var err error
+		c, err = fsm.GetSessionCheck(tx, id)
+		return err
+	})
+	return c, err
 }
 
 // leaderLoop watches leadership and runs the leader's duties while it lasts.

@@ -1294,6 +1294,16 @@ func (c *invariantChecker) check(i int, e Entry, r Result, before string, f *FSM
 		if (n.Report == nil) != (n.Schedulable == nil) {
 			t.Fatalf("entry %d: node %s schedulable without report", i, n.NodeID)
 		}
+		// A session's check at every ping says what GetNode says.
+		want := SessionCheck{Admitted: n.Admission == api.Admitted && !n.Retired, Overcommit: *n.Overcommit}
+		if n.Session != nil {
+			want.SessionID = n.Session.SessionID
+		}
+		var got SessionCheck
+		f.View(func(tx *bolt.Tx) (err error) { got, err = GetSessionCheck(tx, n.NodeID); return })
+		if got != want {
+			t.Fatalf("entry %d: node %s session check %+v, GetNode says %+v", i, n.NodeID, got, want)
+		}
 	}
 	for id := range c.versions {
 		if !seen[id] {

@@ -70,17 +70,8 @@ func viewWithHolds(d api.OvercommitDefault, n *api.Node, h Holds) *api.Node {
 	if n.Session == nil || !n.Session.Alive {
 		out.HostUsage = nil
 	}
-	o := &api.Overcommit{CPU: d.CPU, CPUSource: "default", Memory: d.Memory, MemorySource: "default"}
-	if n.OvercommitOverride != nil {
-		if c := n.OvercommitOverride.CPU; c != nil {
-			o.CPU, o.CPUSource = *c, "node"
-		}
-		if m := n.OvercommitOverride.Memory; m != nil {
-			o.Memory, o.MemorySource = *m, "node"
-		}
-	}
-	o.Acknowledged = n.OvercommitAck != nil && n.OvercommitAck.CPU == o.CPU && n.OvercommitAck.Memory == o.Memory
-	out.Overcommit = o
+	o := overcommitOf(d, n)
+	out.Overcommit = &o
 	if n.Report != nil {
 		out.Schedulable = &api.Resources{
 			CPU:         api.Milli(o.CPU.Scale(uint64(n.Report.Capacity.CPU))),
@@ -90,6 +81,22 @@ func viewWithHolds(d api.OvercommitDefault, n *api.Node, h Holds) *api.Node {
 	return &out
 }
 
+// overcommitOf is the node's overcommit: its override over the default,
+// and whether the node acknowledged it.
+func overcommitOf(d api.OvercommitDefault, n *api.Node) api.Overcommit {
+	o := api.Overcommit{CPU: d.CPU, CPUSource: "default", Memory: d.Memory, MemorySource: "default"}
+	if n.OvercommitOverride != nil {
+		if c := n.OvercommitOverride.CPU; c != nil {
+			o.CPU, o.CPUSource = *c, "node"
+		}
+		if m := n.OvercommitOverride.Memory; m != nil {
+			o.Memory, o.MemorySource = *m, "node"
+		}
+	}
+	o.Acknowledged = n.OvercommitAck != nil && n.OvercommitAck.CPU == o.CPU && n.OvercommitAck.Memory == o.Memory
+	return o
+}
+
 // GetNode returns one node with derived fields, or not_found.
 func GetNode(tx *bolt.Tx, id string) (*api.Node, error) {
 	n, err := mustNode(tx, id)
@@ -97,6 +104,45 @@ func GetNode(tx *bolt.Tx, id string) (*api.Node, error) {
 		return nil, err
 	}
 	return view(tx, n)
+}
+
+// SessionCheck is what a node's control session checks of the node at
+// every ping (cluster/session.go), read without the node's report.
+type SessionCheck struct {
+	// Admitted: admitted and not retired.
+	Admitted bool
+	// SessionID is the node's live or latest session, "" for none.
+	SessionID string
+	// Overcommit is derived as GetNode derives it.
+	Overcommit api.Overcommit
+}
+
+// GetSessionCheck is GetNode's answers to SessionCheck without decoding
+// the node's report and host usage, most of a node record: the leader
+// asks it for every node every ping interval.
+func GetSessionCheck(tx *bolt.Tx, id string) (SessionCheck, error) {
+	var n struct {
+		api.Node
+		// Shadow the embedded fields: skipped, not decoded.
+		Report    *struct{} `json:"report"`
+		HostUsage *struct{} `json:"host_usage"`
+	}
+	ok, err := getJSON(tx, bucketNodes, []byte(id), &n)
+	if err == nil && !ok {
+		_, err = mustNode(tx, id) // not_found, worded once
+	}
+	if err != nil {
+		return SessionCheck{}, err
+	}
+	d, err := getOvercommitDefault(tx)
+	if err != nil {
+		return SessionCheck{}, err
+	}
+	c := SessionCheck{Admitted: n.Admission == api.Admitted && !n.Retired, Overcommit: overcommitOf(d, &n.Node)}
+	if n.Session != nil {
+		c.SessionID = n.Session.SessionID
+	}
+	return c, nil
 }
 
 // NodeDrainRequested is GetNode's DrainRequested without decoding the rest
