@@ -46,8 +46,10 @@ func putClock(tx *bolt.Tx, t time.Time) error {
 	if err := tx.Bucket(bucketMeta).Put(keyClock, raw); err != nil {
 		return err
 	}
-	if err := markCommandTimes(tx, raw); err != nil {
-		return err
+	for _, mark := range derivedMarks {
+		if err := tx.Bucket(bucketMeta).Put(mark, raw); err != nil {
+			return err
+		}
 	}
-	return markWorkspaceCommands(tx, raw)
+	return nil
 }

@@ -115,12 +115,6 @@ func indexTime(t time.Time) uint64 {
 // builds it anew unless that is the state's clock and both buckets hold
 // as many keys.
 
-// markCommandTimes records that the index matches the records as of
-// the clock whose stored form is clock.
-func markCommandTimes(tx *bolt.Tx, clock []byte) error {
-	return tx.Bucket(bucketMeta).Put(keyCommandTimesAt, clock)
-}
-
 // checkCommandTimes keeps the index a restored state brings if it is
 // marked at the state's clock and as long as the records, and builds it
 // anew otherwise.
@@ -128,6 +122,19 @@ func checkCommandTimes(tx *bolt.Tx) error {
 	return checkDerived(tx, keyCommandTimesAt, func() bool {
 		return tx.Bucket(bucketCommands).Stats().KeyN == tx.Bucket(bucketCommandTimes).Stats().KeyN
 	}, rebuildCommandTimes)
+}
+
+// derivedMarks are the meta keys that say as of which clock a derived
+// index matched its records: this build writes each with every advance of
+// the clock (putClock).
+var derivedMarks = [][]byte{keyCommandTimesAt, keyWorkspaceCommandsAt}
+
+// freshBucket replaces a derived index's bucket with an empty one.
+func freshBucket(tx *bolt.Tx, name []byte) (*bolt.Bucket, error) {
+	if err := tx.DeleteBucket(name); err != nil && !errors.Is(err, bolterrors.ErrBucketNotFound) {
+		return nil, err
+	}
+	return tx.CreateBucket(name)
 }
 
 // checkDerived keeps a derived index a restored state brings if its mark
@@ -152,10 +159,7 @@ func checkDerived(tx *bolt.Tx, markKey []byte, agrees func() bool, rebuild func(
 // records. A record that does not decode gets no entry: the scan of
 // older builds skips it too.
 func rebuildCommandTimes(tx *bolt.Tx) error {
-	if err := tx.DeleteBucket(bucketCommandTimes); err != nil && !errors.Is(err, bolterrors.ErrBucketNotFound) {
-		return err
-	}
-	idx, err := tx.CreateBucket(bucketCommandTimes)
+	idx, err := freshBucket(tx, bucketCommandTimes)
 	if err != nil {
 		return err
 	}

@@ -31,6 +31,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -492,12 +493,15 @@ func withoutSection(dump string, bucket []byte) string {
 func withoutClock(dump string) string {
 	var out strings.Builder
 	section := ""
-	clockLine, markLine, pendingMarkLine := fmt.Sprintf("%q=", keyClock), fmt.Sprintf("%q=", keyCommandTimesAt), fmt.Sprintf("%q=", keyWorkspaceCommandsAt)
+	skip := []string{fmt.Sprintf("%q=", keyClock)}
+	for _, mark := range derivedMarks {
+		skip = append(skip, fmt.Sprintf("%q=", mark))
+	}
 	for _, line := range strings.SplitAfter(dump, "\n") {
 		if strings.HasPrefix(line, "[") {
 			section = line
 		}
-		if section == "["+string(bucketMeta)+"]\n" && (strings.HasPrefix(line, clockLine) || strings.HasPrefix(line, markLine) || strings.HasPrefix(line, pendingMarkLine)) {
+		if section == "["+string(bucketMeta)+"]\n" && slices.ContainsFunc(skip, func(p string) bool { return strings.HasPrefix(line, p) }) {
 			continue
 		}
 		out.WriteString(line)

@@ -159,15 +159,21 @@ func checkSession(tx *bolt.Tx, nodeID, sessionID string) error {
 	var n struct {
 		Session *api.Session `json:"session"`
 	}
-	ok, err := getJSON(tx, bucketNodes, []byte(nodeID), &n)
-	if err != nil {
-		return err
-	}
-	if !ok {
-		_, err := mustNode(tx, nodeID) // not_found, worded once
+	if err := nodeFields(tx, nodeID, &n); err != nil {
 		return err
 	}
 	return liveSession(n.Session, nodeID, sessionID)
+}
+
+// nodeFields decodes the fields of node id's record that v names, and
+// skips the rest (the report, most of a record): for reads on hot paths
+// that need a few fields. A node that is not registered is not_found.
+func nodeFields(tx *bolt.Tx, id string, v any) error {
+	ok, err := getJSON(tx, bucketNodes, []byte(id), v)
+	if err == nil && !ok {
+		_, err = mustNode(tx, id) // not_found, worded once
+	}
+	return err
 }
 
 func liveSession(s *api.Session, nodeID, sessionID string) error {

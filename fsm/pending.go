@@ -1,10 +1,7 @@
 package fsm
 
 import (
-	"errors"
-
 	bolt "go.etcd.io/bbolt"
-	bolterrors "go.etcd.io/bbolt/errors"
 
 	"github.com/kibotos/kibotos/api"
 )
@@ -66,12 +63,6 @@ func PendingCommands(tx *bolt.Tx, node string) ([]api.Workspace, error) {
 	return out, nil
 }
 
-// markWorkspaceCommands records that the index matches the records as of
-// the clock whose stored form is clock.
-func markWorkspaceCommands(tx *bolt.Tx, clock []byte) error {
-	return tx.Bucket(bucketMeta).Put(keyWorkspaceCommandsAt, clock)
-}
-
 // checkWorkspaceCommands keeps the index a restored state brings if it is
 // marked at the state's clock, and builds it anew otherwise.
 func checkWorkspaceCommands(tx *bolt.Tx) error {
@@ -82,10 +73,7 @@ func checkWorkspaceCommands(tx *bolt.Tx) error {
 // records. A record that does not decode gets no entry (and fails every
 // read of it as before) rather than failing the restore of the state.
 func rebuildWorkspaceCommands(tx *bolt.Tx) error {
-	if err := tx.DeleteBucket(bucketWorkspaceCommands); err != nil && !errors.Is(err, bolterrors.ErrBucketNotFound) {
-		return err
-	}
-	idx, err := tx.CreateBucket(bucketWorkspaceCommands)
+	idx, err := freshBucket(tx, bucketWorkspaceCommands)
 	if err != nil {
 		return err
 	}

@@ -127,11 +127,7 @@ func GetSessionCheck(tx *bolt.Tx, id string) (SessionCheck, error) {
 		Report    *struct{} `json:"report"`
 		HostUsage *struct{} `json:"host_usage"`
 	}
-	ok, err := getJSON(tx, bucketNodes, []byte(id), &n)
-	if err == nil && !ok {
-		_, err = mustNode(tx, id) // not_found, worded once
-	}
-	if err != nil {
+	if err := nodeFields(tx, id, &n); err != nil {
 		return SessionCheck{}, err
 	}
 	d, err := getOvercommitDefault(tx)
@@ -152,11 +148,8 @@ func NodeDrainRequested(tx *bolt.Tx, id string) (bool, error) {
 	var n struct {
 		DrainRequested bool `json:"drain_requested"`
 	}
-	if ok, err := getJSON(tx, bucketNodes, []byte(id), &n); err != nil || ok {
-		return n.DrainRequested, err
-	}
-	_, err := mustNode(tx, id) // not_found, worded once
-	return false, err
+	err := nodeFields(tx, id, &n)
+	return n.DrainRequested, err
 }
 
 // ListNodes returns up to pageSize nodes ordered by node id, starting after
