@@ -183,6 +183,19 @@ func liveSession(s *api.Session, nodeID, sessionID string) error {
 	return nil
 }
 
+// reportingNode is a node's record as a new report replaces its report:
+// of the old report only what the new one is numbered and checked
+// against is decoded, not its lists (Instances, templates), which grow
+// with the node and which every task's report replaces on every voter.
+type reportingNode struct {
+	api.Node
+	// Shadows the embedded Report.
+	Report *struct {
+		ReportVersion uint64     `json:"report_version"`
+		Pools         []api.Pool `json:"pools"`
+	} `json:"report"`
+}
+
 func applyNodeReport(tx *bolt.Tx, e *Entry) (any, error) {
 	var a ReportArgs
 	if err := decodeArgs(e, &a); err != nil {
@@ -199,8 +212,12 @@ func applyNodeReport(tx *bolt.Tx, e *Entry) (any, error) {
 // task result (WorkspaceResultArgs.Report). Like a handler, it writes
 // nothing when it returns an *api.Error.
 func nodeReport(tx *bolt.Tx, e *Entry, a *ReportArgs) (ReportResult, error) {
-	n, err := currentSession(tx, a.NodeID, a.SessionID)
-	if err != nil {
+	var rn reportingNode
+	if err := nodeFields(tx, a.NodeID, &rn); err != nil {
+		return ReportResult{}, err
+	}
+	n := &rn.Node
+	if err := liveSession(n.Session, a.NodeID, a.SessionID); err != nil {
 		return ReportResult{}, err
 	}
 	r := a.Report
@@ -210,12 +227,13 @@ func nodeReport(tx *bolt.Tx, e *Entry, a *ReportArgs) (ReportResult, error) {
 	if err := checkReportDigests(n.NodeID, &r); err != nil {
 		return ReportResult{}, err
 	}
-	if err := declarePools(tx, e, n.NodeID, n.Report, &r); err != nil {
-		return ReportResult{}, err
-	}
+	var oldPools []api.Pool
 	r.ReportVersion = 1
-	if n.Report != nil {
-		r.ReportVersion = n.Report.ReportVersion + 1
+	if old := rn.Report; old != nil {
+		oldPools, r.ReportVersion = old.Pools, old.ReportVersion+1
+	}
+	if err := declarePools(tx, e, n.NodeID, oldPools, &r); err != nil {
+		return ReportResult{}, err
 	}
 	r.ReportedAt = *at(e)
 	n.Report = &r
@@ -232,6 +250,7 @@ func nodeReport(tx *bolt.Tx, e *Entry, a *ReportArgs) (ReportResult, error) {
 		return ReportResult{}, err
 	}
 	var forget, unrecognized []string
+	var err error
 	if a.Rounds {
 		forget, unrecognized, err = endedRound(tx, e, n.NodeID, a)
 	} else {

@@ -116,16 +116,15 @@ func checkReportPools(node string, r *api.Report) error {
 }
 
 // declarePools brings the member index in step with the node's new report
-// (old: its previous one, may be nil) and makes the record of a pool
+// (old: the pools of its previous one, none before its first) and makes
+// the record of a pool
 // declared for the first time.
-func declarePools(tx *bolt.Tx, e *Entry, node string, old, r *api.Report) error {
+func declarePools(tx *bolt.Tx, e *Entry, node string, old []api.Pool, r *api.Report) error {
 	idx := tx.Bucket(bucketPoolMembers)
-	if old != nil {
-		for _, p := range old.Pools {
-			if !reportsPool(r, p.PoolID) {
-				if err := idx.Delete(poolMemberKey(p.PoolID, node)); err != nil {
-					return err
-				}
+	for _, p := range old {
+		if !reportsPool(r, p.PoolID) {
+			if err := idx.Delete(poolMemberKey(p.PoolID, node)); err != nil {
+				return err
 			}
 		}
 	}

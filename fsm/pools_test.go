@@ -86,6 +86,14 @@ func TestPoolMembership(t *testing.T) {
 	if p := h.pool("nfs"); members(p) != "" {
 		t.Fatalf("members %s after node-a stopped declaring it", members(p))
 	}
+	// Its member index entry goes with it (the view would hide a stale
+	// one, which would only cost every later read of the pool).
+	h.f.View(func(tx *bolt.Tx) error {
+		if tx.Bucket(bucketPoolMembers).Get(poolMemberKey("nfs", "node-a")) != nil {
+			t.Errorf("pool member index still lists node-a in nfs")
+		}
+		return nil
+	})
 	// Revoked: not a member of its own private pool either.
 	h.ok(OpEnrollmentRevoke, NodeArgs{NodeID: "node-b"})
 	if p := h.pool("node-b:default"); members(p) != "" {
