@@ -110,23 +110,39 @@ func (c *placeCache) nodeHolds(tx *bolt.Tx, id string) (Holds, error) {
 	return h, nil
 }
 
-// node decodes a node record, reusing the last decode of the same bytes.
+// node decodes a node record as placement reads it, reusing the last
+// decode of the same bytes. The report's Instance list is skipped:
+// neither placement nor a first start reads it, and it is as long as the
+// node's Instances and changes with every task's report.
 func (c *placeCache) node(id string, raw []byte) (api.Node, error) {
 	if d, ok := c.decoded[id]; ok && bytes.Equal(d.raw, raw) {
 		return d.node, nil
 	}
-	var n api.Node
-	if err := json.Unmarshal(raw, &n); err != nil {
-		return n, fmt.Errorf("state record nodes/%s is corrupt: %w", id, err)
+	var p placedNode
+	if err := json.Unmarshal(raw, &p); err != nil {
+		return api.Node{}, fmt.Errorf("state record nodes/%s is corrupt: %w", id, err)
+	}
+	n := p.Node
+	if p.Report != nil {
+		n.Report = &p.Report.Report
 	}
 	c.decoded[id] = decodedNode{raw: bytes.Clone(raw), node: n}
 	return n, nil
 }
 
-// viewNode is mustNode for a caller that only reads the record and keeps
-// nothing of it past the apply (the decode is shared with the cache):
-// within a batch, a record placement has just decoded is not decoded
-// again while its bytes are the same.
+// placedNode is a node record without its report's Instance list.
+type placedNode struct {
+	api.Node
+	Report *struct {
+		api.Report
+		InstanceStates []struct{} `json:"instance_states"` // skipped
+	} `json:"report"`
+}
+
+// viewNode is mustNode for a caller that only reads the record, not its
+// report's Instance list, and keeps nothing of it past the apply (the
+// decode is shared with the cache): within a batch, a record placement
+// has just decoded is not decoded again while its bytes are the same.
 func viewNode(tx *bolt.Tx, id string) (*api.Node, error) {
 	c := cacheFor(tx)
 	raw := tx.Bucket(bucketNodes).Get([]byte(id))

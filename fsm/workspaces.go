@@ -1250,8 +1250,15 @@ func ViewWorkspace(tx *bolt.Tx, id string) (*api.Workspace, error) {
 	if err != nil || w.NodeID == "" || w.InstanceID == "" {
 		return w, err
 	}
-	n, err := getNode(tx, w.NodeID)
-	if err != nil || n == nil || n.Report == nil {
+	// Of the node's record only its report's Instance states: a client
+	// waiting for a Workspace reads it at every change.
+	var n struct {
+		Report *struct {
+			ReportedAt     time.Time           `json:"reported_at"`
+			InstanceStates []api.InstanceState `json:"instance_states"`
+		} `json:"report"`
+	}
+	if ok, err := getJSON(tx, bucketNodes, []byte(w.NodeID), &n); err != nil || !ok || n.Report == nil {
 		return w, err
 	}
 	for _, st := range n.Report.InstanceStates {
