@@ -308,3 +308,35 @@ func benchCommandsExpire(b *testing.B, layout entryOpt) {
 	// time index or the command log's index.
 	b.ReportMetric(float64(restore.Milliseconds())/float64(b.N), "restore-ms")
 }
+
+// BenchmarkOvercommitSet applies batches of 64 node overcommit writes
+// (the write of bench/raft_vs_etcd.sh) spread over 3 nodes that report
+// 20 Instances each, as the members of a running cluster do.
+//
+//	go test ./fsm -run X -bench OvercommitSet
+func BenchmarkOvercommitSet(b *testing.B) {
+	const nodes, batch = 3, 64
+	h := newHarness(b)
+	h.bootstrap()
+	rep := api.Report{Capacity: api.Resources{CPU: 32000, MemoryBytes: 128 << 30}, Pools: defaultPoolAvailable, Templates: testTemplates,
+		TemplateBytes: map[string]uint64{"kibotos-base": 1 << 30}, Instances: 20}
+	for i := range rep.Instances {
+		rep.InstanceStates = append(rep.InstanceStates, api.InstanceState{InstanceID: fmt.Sprintf("inst-%026d", i), State: "RUNNING"})
+	}
+	for i := range nodes {
+		id := fmt.Sprintf("node-%02d", i)
+		h.join(id)
+		h.open(id, "s-"+id, 1)
+		h.ok(OpNodeReport, ReportArgs{NodeID: id, SessionID: "s-" + id, Report: rep})
+	}
+	entries := make([]Entry, batch)
+	b.ReportAllocs()
+	for i := 0; b.Loop(); i++ {
+		for j := range entries {
+			v := api.Milli(1000 + (i*batch+j)%1000)
+			entries[j] = h.entry(OpOvercommitSet, OvercommitSetArgs{NodeID: fmt.Sprintf("node-%02d", j%nodes), CPU: &MultiplierChange{Value: v}})
+		}
+		applyAll(b, h, entries)
+	}
+	b.ReportMetric(float64(b.N*batch)/b.Elapsed().Seconds(), "entries/s")
+}

@@ -36,7 +36,6 @@ import (
 	"sync"
 	"time"
 
-	json "github.com/segmentio/encoding/json"
 	bolt "go.etcd.io/bbolt"
 
 	"github.com/kibotos/kibotos/api"
@@ -292,7 +291,7 @@ func applyOne(tx *bolt.Tx, e *Entry) (Result, error) {
 	if err := e.tally.write(tx, true); err != nil {
 		return Result{}, err
 	}
-	raw, err := json.Marshal(v)
+	raw, err := encodeRecord(v)
 	if err != nil {
 		return Result{}, fmt.Errorf("encode the result: %w", err)
 	}

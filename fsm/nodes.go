@@ -3,6 +3,7 @@ package fsm
 import (
 	"fmt"
 
+	json "github.com/segmentio/encoding/json"
 	bolt "go.etcd.io/bbolt"
 
 	"github.com/kibotos/kibotos/api"
@@ -32,10 +33,19 @@ func mustNode(tx *bolt.Tx, id string) (*api.Node, error) {
 // putNode stores a node after bumping its registration version: every
 // accepted change to a registration is a new version.
 func putNode(tx *bolt.Tx, n *api.Node) error {
+	return putNodeRecord(tx, n, nil)
+}
+
+// putNodeRecord is putNode; a report given raw (adminNode) is stored as
+// it is in place of n.Report.
+func putNodeRecord(tx *bolt.Tx, n *api.Node, rawReport json.RawMessage) error {
 	markNodeChanged(tx, n.NodeID)
 	n.RegistrationVersion++
 	stored := *n
 	stored.Status, stored.Overcommit, stored.Schedulable = "", nil, nil
+	if rawReport != nil {
+		return putJSON(tx, bucketNodes, []byte(n.NodeID), &adminNode{Node: stored, Report: rawReport})
+	}
 	return putJSON(tx, bucketNodes, []byte(n.NodeID), &stored)
 }
 
@@ -286,14 +296,27 @@ func applyNodeCancelDrain(tx *bolt.Tx, e *Entry) (any, error) {
 
 // adminNodeChange is the common frame of an operator write on one node:
 // find it, refuse retired nodes, check the expected version, change, store.
-func adminNodeChange(tx *bolt.Tx, e *Entry, what string, change func(n *api.Node) error) (*api.Node, error) {
+// The answer is the node's view. change gets the node with a report that
+// holds only what the node's status and schedulable resources derive
+// from (adminNode).
+func adminNodeChange(tx *bolt.Tx, e *Entry, what string, change func(n *api.Node) error) (*adminNode, error) {
 	var a NodeArgs
 	if err := decodeArgs(e, &a); err != nil {
 		return nil, err
 	}
-	n, err := mustNode(tx, a.NodeID)
-	if err != nil {
+	var an adminNode
+	if err := nodeFields(tx, a.NodeID, &an); err != nil {
 		return nil, err
+	}
+	n := &an.Node
+	if len(an.Report) > 0 && string(an.Report) != "null" {
+		var c reportCounts
+		if err := jsonRecord(bucketNodes, []byte(a.NodeID), an.Report, &c); err != nil {
+			return nil, err
+		}
+		n.Report = &api.Report{Capacity: c.Capacity, Instances: c.Instances, Volumes: c.Volumes, RetainedLayers: c.RetainedLayers}
+	} else {
+		an.Report = nil
 	}
 	if err := notRetired(n, what); err != nil {
 		return nil, err
@@ -304,10 +327,32 @@ func adminNodeChange(tx *bolt.Tx, e *Entry, what string, change func(n *api.Node
 	if err := change(n); err != nil {
 		return nil, err
 	}
-	if err := putNode(tx, n); err != nil {
+	if err := putNodeRecord(tx, n, an.Report); err != nil {
 		return nil, err
 	}
-	return view(tx, n)
+	v, err := view(tx, n)
+	if err != nil {
+		return nil, err
+	}
+	return &adminNode{Node: *v, Report: an.Report}, nil
+}
+
+// adminNode is a node record as an operator write reads and stores it,
+// and its answer: the report, most of a running node's record and
+// replaced only by the node's own reports, is carried as stored instead
+// of being decoded and encoded again at every write.
+type adminNode struct {
+	api.Node
+	Report json.RawMessage `json:"report"` // shadows the embedded Report
+}
+
+// reportCounts decodes of a report what a node's view derives from: its
+// capacity (schedulable resources) and what it holds (DRAINED).
+type reportCounts struct {
+	Capacity       api.Resources `json:"capacity"`
+	Instances      int           `json:"instances"`
+	Volumes        int           `json:"volumes"`
+	RetainedLayers int           `json:"retained_layers"`
 }
 
 func applyNodeIsolate(tx *bolt.Tx, e *Entry) (any, error) {

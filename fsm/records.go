@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"regexp"
+	"sync"
 	"time"
 
 	json "github.com/segmentio/encoding/json"
@@ -35,7 +36,7 @@ func jsonRecord(bucket, key, raw []byte, v any) error {
 }
 
 func putJSON(tx *bolt.Tx, bucket, key []byte, v any) error {
-	raw, err := json.Marshal(v)
+	raw, err := encodeRecord(v)
 	if err != nil {
 		return err
 	}
@@ -121,3 +122,26 @@ func moveIndex[T any](b *bolt.Bucket, old, now *T, key func(*T) []byte) error {
 	}
 	return nil
 }
+
+// encodeRecord is how the FSM encodes what it stores and what it
+// answers: the standard library's format without its HTML escaping (no
+// record or answer is embedded in HTML), and with the json.RawMessage
+// parts copied as they are. Every RawMessage the FSM holds is valid JSON,
+// decoded by json.Unmarshal (which checks it) or encoded by this FSM;
+// json.Marshal parsed, compacted and escaped each again, a fifth of an
+// operator write on a node that carries its report through as stored
+// (adminNode, BenchmarkOvercommitSet). A RawMessage made of other bytes
+// must be checked before it reaches a record.
+func encodeRecord(v any) ([]byte, error) {
+	buf := recordBuffers.Get().(*[]byte)
+	defer recordBuffers.Put(buf)
+	b, err := json.Append((*buf)[:0], v, json.SortMapKeys|json.TrustRawMessage)
+	*buf = b[:0]
+	if err != nil {
+		return nil, err
+	}
+	return bytes.Clone(b), nil // the exact size, as json.Marshal
+}
+
+// recordBuffers are encodeRecord's buffers, reused from record to record.
+var recordBuffers = sync.Pool{New: func() any { return new([]byte) }}
