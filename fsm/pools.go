@@ -117,8 +117,7 @@ func checkReportPools(node string, r *api.Report) error {
 
 // declarePools brings the member index in step with the node's new report
 // (old: the pools of its previous one, none before its first) and makes
-// the record of a pool
-// declared for the first time.
+// the record of a pool declared for the first time.
 func declarePools(tx *bolt.Tx, e *Entry, node string, old []api.Pool, r *api.Report) error {
 	idx := tx.Bucket(bucketPoolMembers)
 	for _, p := range old {
