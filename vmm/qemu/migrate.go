@@ -2,7 +2,6 @@ package qemu
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
@@ -26,14 +25,14 @@ func (q *QMP) SendFD(ctx context.Context, name string, f *os.File) error {
 	if !ok {
 		return fmt.Errorf("qmp getfd on %s: not a unix socket", q.socket)
 	}
-	b, err := json.Marshal(map[string]any{"execute": "getfd", "arguments": map[string]string{"fdname": name}})
+	b, id, err := encodeRequest("getfd", map[string]string{"fdname": name})
 	if err != nil {
 		return err
 	}
 	return q.exchangeWith(ctx, "getfd", func() error {
-		_, _, err := uc.WriteMsgUnix(append(b, '\n'), unix.UnixRights(int(f.Fd())), nil)
+		_, _, err := uc.WriteMsgUnix(b, unix.UnixRights(int(f.Fd())), nil)
 		return err
-	}, "getfd")
+	}, "getfd", id)
 }
 
 // Version is QEMU's version, "MAJOR.MINOR.MICRO".

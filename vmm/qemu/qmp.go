@@ -7,8 +7,11 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"math/rand/v2"
 	"net"
+	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -54,19 +57,7 @@ func DialQMP(ctx context.Context, socket string) (*QMP, error) {
 	sc := bufio.NewScanner(conn)
 	sc.Buffer(make([]byte, 0, 4096), maxQMPLine)
 	q := &QMP{socket: socket, conn: conn, sc: sc}
-	err = q.exchange(ctx, "greeting", nil, func() error {
-		var greeting struct {
-			QMP *json.RawMessage `json:"QMP"`
-		}
-		line, err := q.readLine()
-		if err != nil {
-			return err
-		}
-		if json.Unmarshal(line, &greeting) != nil || greeting.QMP == nil {
-			return fmt.Errorf("not a QMP greeting: %.80q", line)
-		}
-		return nil
-	})
+	err = q.exchange(ctx, "greeting", nil, q.readGreeting)
 	if err == nil {
 		err = q.Execute(ctx, "qmp_capabilities", nil, nil)
 	}
@@ -75,6 +66,50 @@ func DialQMP(ctx context.Context, socket string) (*QMP, error) {
 		return nil, err
 	}
 	return q, nil
+}
+
+// maxLinesBeforeGreeting bounds what a new connection skips before
+// QEMU's greeting: stray replies and events (see readGreeting).
+const maxLinesBeforeGreeting = 64
+
+// readGreeting reads QEMU's greeting. A command whose client went away
+// mid-call (a call cut short by its context) still finishes, and QEMU
+// writes its reply to the next client, at times ahead of the greeting:
+// replies and events before it are skipped.
+func (q *QMP) readGreeting() error {
+	for range maxLinesBeforeGreeting {
+		line, err := q.readLine()
+		if err != nil {
+			return err
+		}
+		var m struct {
+			QMP, Return, Error *json.RawMessage
+			Event              string
+		}
+		if json.Unmarshal(line, &m) != nil {
+			return fmt.Errorf("not a QMP greeting: %.80q", line)
+		}
+		switch {
+		case m.QMP != nil:
+			return nil
+		case m.Return == nil && m.Error == nil && m.Event == "":
+			return fmt.Errorf("not a QMP greeting: %.80q", line)
+		}
+	}
+	return fmt.Errorf("no QMP greeting in the first %d lines", maxLinesBeforeGreeting)
+}
+
+// requestIDs numbers the commands this process sends; QEMU copies a
+// command's id into its reply. The prefix is drawn once per process so
+// that a reply meant for another process's connection (an agent that
+// restarted) cannot match either.
+var requestIDs = struct {
+	prefix string
+	n      atomic.Uint64
+}{prefix: fmt.Sprintf("kibotos-%016x-", rand.Uint64())}
+
+func nextRequestID() string {
+	return requestIDs.prefix + strconv.FormatUint(requestIDs.n.Add(1), 10)
 }
 
 // redialIfBroken replaces a connection an earlier call left unusable
@@ -102,21 +137,32 @@ func (q *QMP) Close() error { return q.conn.Close() }
 // into result (nil: ignored). Asynchronous events QEMU sends meanwhile
 // are skipped. A command QEMU refuses is a *QMPError.
 func (q *QMP) Execute(ctx context.Context, command string, args, result any) error {
+	b, id, err := encodeRequest(command, args)
+	if err != nil {
+		return err
+	}
+	return q.exchange(ctx, command, b, q.readReturn(command, id, result))
+}
+
+// encodeRequest is command's request line with args (nil: none) and the
+// id its reply will carry.
+func encodeRequest(command string, args any) ([]byte, string, error) {
 	req := struct {
 		Execute   string `json:"execute"`
 		Arguments any    `json:"arguments,omitempty"`
-	}{command, args}
+		ID        string `json:"id"`
+	}{command, args, nextRequestID()}
 	b, err := json.Marshal(req)
 	if err != nil {
-		return fmt.Errorf("qmp %s: encode arguments: %w", command, err)
+		return nil, "", fmt.Errorf("qmp %s: encode arguments: %w", command, err)
 	}
-	return q.exchange(ctx, command, append(b, '\n'), q.readReturn(command, result))
+	return append(b, '\n'), req.ID, nil
 }
 
-// exchangeWith is exchange for a request written by write (a message with
-// descriptors), whose reply is read like Execute's.
-func (q *QMP) exchangeWith(ctx context.Context, what string, write func() error, command string) error {
-	read := q.readReturn(command, nil)
+// exchangeWith is exchange for a request (with id) written by write (a
+// message with descriptors), whose reply is read like Execute's.
+func (q *QMP) exchangeWith(ctx context.Context, what string, write func() error, command, id string) error {
+	read := q.readReturn(command, id, nil)
 	return q.exchange(ctx, what, nil, func() error {
 		if err := write(); err != nil {
 			return err
@@ -125,8 +171,10 @@ func (q *QMP) exchangeWith(ctx context.Context, what string, write func() error,
 	})
 }
 
-// readReturn reads the reply to command, skipping events, into result.
-func (q *QMP) readReturn(command string, result any) func() error {
+// readReturn reads the reply to command, the one carrying id, into
+// result. Events are skipped, and so are replies with another id: they
+// were meant for an earlier connection (see readGreeting).
+func (q *QMP) readReturn(command, id string, result any) func() error {
 	return func() error {
 		for {
 			line, err := q.readLine()
@@ -134,6 +182,7 @@ func (q *QMP) readReturn(command string, result any) func() error {
 				return err
 			}
 			var resp struct {
+				ID     json.RawMessage `json:"id"`
 				Event  string          `json:"event"`
 				Return json.RawMessage `json:"return"`
 				Error  *struct {
@@ -147,6 +196,8 @@ func (q *QMP) readReturn(command string, result any) func() error {
 			switch {
 			case resp.Event != "":
 				continue
+			case !sameID(resp.ID, id):
+				continue
 			case resp.Error != nil:
 				return &QMPError{Command: command, Class: resp.Error.Class, Desc: resp.Error.Desc}
 			case resp.Return == nil:
@@ -159,6 +210,12 @@ func (q *QMP) readReturn(command string, result any) func() error {
 			return nil
 		}
 	}
+}
+
+// sameID is whether a reply's id (JSON) is id.
+func sameID(raw json.RawMessage, id string) bool {
+	var got string
+	return json.Unmarshal(raw, &got) == nil && got == id
 }
 
 // BlockResize sets the size of the drive with id device (the -drive id),

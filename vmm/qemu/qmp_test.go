@@ -19,7 +19,8 @@ const qmpGreeting = `{"QMP": {"version": {"qemu": {"micro": 19, "minor": 2, "maj
 
 // fakeQMP serves connections on a unix socket like QEMU's monitor, one
 // at a time: greeting first, then for each command the lines answer
-// returns. Commands it received are sent to got.
+// returns, the command's id copied into each reply that has none (as
+// QEMU does). Commands it received are sent to got.
 type fakeQMP struct {
 	socket string
 	got    chan map[string]any
@@ -59,7 +60,7 @@ func startFakeQMP(t *testing.T, greeting string, answer func(cmd string, args ma
 			f.got <- req
 			cmd, _ := req["execute"].(string)
 			args, _ := req["arguments"].(map[string]any)
-			send(answer(cmd, args)...)
+			send(withID(answer(cmd, args), req["id"])...)
 		}
 	}
 	go func() {
@@ -73,6 +74,23 @@ func startFakeQMP(t *testing.T, greeting string, answer func(cmd string, args ma
 		}
 	}()
 	return f
+}
+
+// withID copies id into the replies (return or error) among lines that
+// carry no id of their own.
+func withID(lines []string, id any) []string {
+	out := make([]string, len(lines))
+	for i, l := range lines {
+		var m map[string]any
+		out[i] = l
+		if json.Unmarshal([]byte(l), &m) != nil || m["id"] != nil || (m["return"] == nil && m["error"] == nil) {
+			continue
+		}
+		m["id"] = id
+		b, _ := json.Marshal(m)
+		out[i] = string(b)
+	}
+	return out
 }
 
 // ok answers every command with an empty return.
@@ -124,6 +142,30 @@ func TestQMPExecuteSkipsEvents(t *testing.T) {
 	args, _ := got["arguments"].(map[string]any)
 	if got["execute"] != "block_resize" || args["device"] != "v-vol-1" || args["size"] != float64(3<<30) {
 		t.Errorf("block_resize sent %v", got)
+	}
+}
+
+// A command whose client went away mid-call still finishes, and QEMU
+// writes its reply to the next client, at times before the greeting (seen
+// after a given-up save's query-migrate): such replies are not taken for
+// the greeting or for the reply to a command of this connection.
+func TestQMPStrayReplies(t *testing.T) {
+	stray := `{"return": {"status": "active", "expected-downtime": 300}, "id": "kibotos-0000000000000000-7"}`
+	f := startFakeQMP(t, stray+"\r\n"+qmpGreeting, func(cmd string, _ map[string]any) []string {
+		if cmd == "query-status" {
+			return []string{stray, `{"return": {"status": "running", "running": true}}`}
+		}
+		return ok(cmd, nil)
+	})
+	q := dialFake(t, f)
+	var st struct {
+		Status string `json:"status"`
+	}
+	if err := q.Execute(t.Context(), "query-status", nil, &st); err != nil || st.Status != "running" {
+		t.Fatalf("query-status: %+v, %v; want the reply to this command", st, err)
+	}
+	if got := <-f.got; got["id"] == nil {
+		t.Errorf("sent %v; want an id", got)
 	}
 }
 
