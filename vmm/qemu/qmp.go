@@ -172,8 +172,8 @@ func (q *QMP) exchangeWith(ctx context.Context, what string, write func() error,
 }
 
 // readReturn reads the reply to command, the one carrying id, into
-// result. Events are skipped, and so are replies with another id: they
-// were meant for an earlier connection (see readGreeting).
+// result. Events are skipped, and so are replies with another id or
+// none: they were meant for an earlier connection (see readGreeting).
 func (q *QMP) readReturn(command, id string, result any) func() error {
 	return func() error {
 		for {
@@ -196,6 +196,10 @@ func (q *QMP) readReturn(command, id string, result any) func() error {
 			switch {
 			case resp.Event != "":
 				continue
+			case (resp.ID == nil || string(resp.ID) == "null") && resp.Error != nil:
+				// QEMU's answer to a request it could not parse has no
+				// id: ours, as no request here goes without one.
+				return &QMPError{Command: command, Class: resp.Error.Class, Desc: resp.Error.Desc}
 			case !sameID(resp.ID, id):
 				continue
 			case resp.Error != nil:

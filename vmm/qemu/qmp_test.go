@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -20,10 +21,11 @@ const qmpGreeting = `{"QMP": {"version": {"qemu": {"micro": 19, "minor": 2, "maj
 // fakeQMP serves connections on a unix socket like QEMU's monitor, one
 // at a time: greeting first, then for each command the lines answer
 // returns, the command's id copied into each reply that has none (as
-// QEMU does). Commands it received are sent to got.
+// QEMU does) unless noIDs is set. Commands it received are sent to got.
 type fakeQMP struct {
 	socket string
 	got    chan map[string]any
+	noIDs  atomic.Bool // answer like QEMU to requests it could not parse
 }
 
 func startFakeQMP(t *testing.T, greeting string, answer func(cmd string, args map[string]any) []string) *fakeQMP {
@@ -60,7 +62,11 @@ func startFakeQMP(t *testing.T, greeting string, answer func(cmd string, args ma
 			f.got <- req
 			cmd, _ := req["execute"].(string)
 			args, _ := req["arguments"].(map[string]any)
-			send(withID(answer(cmd, args), req["id"])...)
+			if f.noIDs.Load() {
+				send(answer(cmd, args)...)
+			} else {
+				send(withID(answer(cmd, args), req["id"])...)
+			}
 		}
 	}
 	go func() {
@@ -77,13 +83,16 @@ func startFakeQMP(t *testing.T, greeting string, answer func(cmd string, args ma
 }
 
 // withID copies id into the replies (return or error) among lines that
-// carry no id of their own.
+// have no id key of their own.
 func withID(lines []string, id any) []string {
 	out := make([]string, len(lines))
 	for i, l := range lines {
 		var m map[string]any
 		out[i] = l
-		if json.Unmarshal([]byte(l), &m) != nil || m["id"] != nil || (m["return"] == nil && m["error"] == nil) {
+		if json.Unmarshal([]byte(l), &m) != nil || (m["return"] == nil && m["error"] == nil) {
+			continue
+		}
+		if _, has := m["id"]; has {
 			continue
 		}
 		m["id"] = id
@@ -166,6 +175,26 @@ func TestQMPStrayReplies(t *testing.T) {
 	}
 	if got := <-f.got; got["id"] == nil {
 		t.Errorf("sent %v; want an id", got)
+	}
+}
+
+// QEMU's answer to a request it could not parse carries no id; it is
+// taken as the answer, not waited past.
+func TestQMPErrorWithoutID(t *testing.T) {
+	f := startFakeQMP(t, qmpGreeting, func(cmd string, _ map[string]any) []string {
+		if cmd == "query-status" {
+			return []string{`{"error": {"class": "GenericError", "desc": "JSON parse error, expecting value"}}`}
+		}
+		return ok(cmd, nil)
+	})
+	q := dialFake(t, f)
+	f.noIDs.Store(true)
+	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+	defer cancel()
+	err := q.Execute(ctx, "query-status", nil, nil)
+	var qe *qemu.QMPError
+	if !errors.As(err, &qe) || qe.Class != "GenericError" {
+		t.Fatalf("err = %v; want the GenericError at once", err)
 	}
 }
 
