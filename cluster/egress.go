@@ -4,6 +4,7 @@ import (
 	"context"
 	"net/http"
 	"strconv"
+	"time"
 
 	bolt "go.etcd.io/bbolt"
 
@@ -178,9 +179,47 @@ func withNetworkObjects(tx *bolt.Tx, t *api.WorkspaceTask) error {
 // member's own node, which ctrl gives only while a Workspace of the node
 // uses that revision: from the FSM when this member leads ctrl, else with
 // a consistent read from the ctrl members (the task that named the
-// revision may be newer than this member's FSM).
+// revision may be newer than this member's FSM). A ctrl without a leader
+// or with one still catching up is waited for, up to egressFetchWait: the
+// first Workspace created right after a cluster (or a dev member) started
+// must not fail on it.
 func (s *Server) EgressCredentials(ctx context.Context, name string, rev uint64) (*api.EgressCredentials, error) {
-	if s.fsm != nil && s.IsLeader() && s.raft.VerifyLeader().Error() == nil && s.consistentReady.Load() {
+	ctx, cancel := context.WithTimeout(ctx, egressFetchWait)
+	defer cancel()
+	backoff := 50 * time.Millisecond
+	for {
+		out, err := s.egressCredentialsOnce(ctx, name, rev)
+		if err == nil || api.CodeOf(err) != api.CodeUnavailable {
+			return out, err
+		}
+		t := time.NewTimer(backoff)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil, err
+		case <-t.C:
+		}
+		backoff = min(2*backoff, time.Second)
+	}
+}
+
+// egressFetchWait bounds how long a node waits for ctrl to answer for
+// an Egress's credentials: an election and a new leader's catch-up.
+const egressFetchWait = 30 * time.Second
+
+func (s *Server) egressCredentialsOnce(ctx context.Context, name string, rev uint64) (*api.EgressCredentials, error) {
+	if s.fsm != nil && s.IsLeader() {
+		if err := s.raft.VerifyLeader().Error(); err != nil {
+			return nil, api.Errorf(api.CodeUnavailable, "member %s could not confirm it leads ctrl: %v", s.id.NodeID, err)
+		}
+		// A leader that has not applied what its predecessor acknowledged
+		// (its lead loop's barrier is not through) gets there itself.
+		if !s.consistentReady.Load() {
+			dl, _ := ctx.Deadline() // EgressCredentials set one
+			if err := s.raft.Barrier(time.Until(dl)).Error(); err != nil {
+				return nil, api.Errorf(api.CodeUnavailable, "member %s was just elected ctrl leader and is catching up: %v", s.id.NodeID, err)
+			}
+		}
 		var out *api.EgressCredentials
 		err := s.fsm.View(func(tx *bolt.Tx) error {
 			var err error

@@ -265,3 +265,28 @@ func TestEgressCredentialsOnlyToItsNode(t *testing.T) {
 }
 
 func ptr[T any](v T) *T { return &v }
+
+// A one-member cluster (kibotos dev) whose leader has not passed its
+// barrier yet still gives its own node the credentials: the first
+// Workspace with an Egress, created as soon as the node is ready, starts.
+func TestEgressCredentialsFromALeaderCatchingUp(t *testing.T) {
+	c := clustertest.New(t, clustertest.Options{Ctrl: 1,
+		AdjustReport: func(_ string, r *api.Report) { r.Templates = append(r.Templates, "kibotos-coding") },
+		HoldTask:     func(string, api.WorkspaceTask) bool { return true }})
+	dev := c.Members[0]
+	cl := c.Client(dev)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if _, err := cl.Do(ctx, "POST", "/v1/egress", api.EgressCreateRequest{Name: "corp", SOCKS5: "proxy.corp.example:1080", Username: "kibo", Password: egressPassword}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cl.Do(ctx, "POST", "/v1/workspaces", api.WorkspaceCreateRequest{Template: "kibotos-coding", CPU: 1000, MemoryBytes: 256 << 20,
+		Network: &api.NetworkPolicy{Egress: "corp"}}, nil); err != nil {
+		t.Fatal(err)
+	}
+	dev.Server.ForgetCaughtUp()
+	got, err := dev.Server.EgressCredentials(ctx, "corp", 1)
+	if err != nil || got.Password != egressPassword {
+		t.Fatalf("credentials from the only member, leading but not caught up: %+v %v", got, err)
+	}
+}
