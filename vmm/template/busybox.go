@@ -34,6 +34,46 @@ var (
 	hostCABundle = "/etc/ssl/certs/ca-certificates.crt"
 )
 
+// busyboxNohup is the template's nohup when busybox has none (Debian
+// 12's busybox-static is built without the applet): `nohup CMD &` is how
+// users leave a server running after their exec ends, and without it the
+// shell only says "nohup: not found" on an output they sent to /dev/null.
+// It does what POSIX asks of nohup: SIGHUP ignored (inherited across
+// exec), a terminal on standard output replaced by nohup.out (in the
+// working directory, else in $HOME), a terminal on standard error sent
+// where standard output goes, a terminal on standard input replaced by
+// /dev/null (as GNU nohup does), 125 when it fails itself, and the exec's
+// 126 or 127 when the command cannot run.
+const busyboxNohup = `#!/bin/sh
+# nohup: run a command immune to hangups (the busybox template's; see
+# kibotos vmm/template/busybox.go).
+[ "$1" = -- ] && shift
+if [ $# -eq 0 ] || [ "$1" = --help ]; then
+	echo "usage: nohup COMMAND [ARG]..." >&2
+	exit 125
+fi
+if [ -t 0 ]; then
+	exec </dev/null
+fi
+if [ -t 1 ]; then
+	out=nohup.out
+	if ! ( : >>"$out" ) 2>/dev/null; then
+		out="${HOME:-/}/nohup.out"
+		if ! ( : >>"$out" ) 2>/dev/null; then
+			echo "nohup: cannot open nohup.out here or in ${HOME:-/}: make one of them writable" >&2
+			exit 125
+		fi
+	fi
+	echo "nohup: ignoring input and appending output to '$out'" >&2
+	exec >>"$out"
+fi
+if [ -t 2 ]; then
+	exec 2>&1
+fi
+trap '' HUP
+exec "$@"
+`
+
 // busyboxEtc is the /etc of the busybox template.
 //
 // Name resolution needs no NSS modules: since glibc 2.34 the files and dns
@@ -139,6 +179,11 @@ func busyboxTree(ctx context.Context, tree, busybox string) error {
 	}
 	for p, content := range busyboxEtc {
 		if err := os.WriteFile(filepath.Join(tree, p), []byte(content), 0o644); err != nil {
+			return err
+		}
+	}
+	if !slices.Contains(applets, "nohup") {
+		if err := os.WriteFile(filepath.Join(tree, "usr/bin/nohup"), []byte(busyboxNohup), 0o755); err != nil {
 			return err
 		}
 	}

@@ -300,3 +300,30 @@ func loopbackUp() error {
 	}
 	return nil
 }
+
+// The template has a nohup that leaves its command immune to SIGHUP, as
+// users start servers that outlive their exec (`nohup CMD &`), and that
+// fails as nohup does when there is nothing to run.
+func TestBusyboxTreeNohup(t *testing.T) {
+	if os.Geteuid() != 0 {
+		testenv.Skipf(t, "chroot and a network namespace need root")
+	}
+	requireBusybox(t)
+	tree := t.TempDir()
+	if err := busyboxTree(context.Background(), tree, ""); err != nil {
+		t.Fatal(err)
+	}
+	ns := newNetNS(t)
+	out, err := ns.inTree(tree, "", "/bin/sh", "-c", `nohup sh -c 'kill -HUP $$; echo survived SIGHUP'`)
+	if err != nil || out != "survived SIGHUP\n" {
+		t.Errorf("nohup sh -c 'kill -HUP $$; ...': %v, output %q; want it to survive", err, out)
+	}
+	out, err = ns.inTree(tree, "", "/bin/sh", "-c", `sh -c 'kill -HUP $$; echo survived SIGHUP'; echo "without nohup: $?"`)
+	if err != nil || out != "without nohup: 129\n" {
+		t.Errorf("without nohup: %v, output %q; want the shell ended by SIGHUP (129)", err, out)
+	}
+	out, err = ns.inTree(tree, "", "/bin/sh", "-c", `nohup -- echo args kept; nohup; echo "no command: $?"; nohup /no/such/program 2>/dev/null; echo "missing: $?"`)
+	if err != nil || out != "args kept\nno command: 125\nmissing: 127\n" {
+		t.Errorf("nohup's exits: %v, output %q", err, out)
+	}
+}
