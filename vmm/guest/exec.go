@@ -14,7 +14,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/creack/pty"
 	"golang.org/x/sys/unix"
 
 	"github.com/kibotos/kibotos/vmm/guestproto"
@@ -152,7 +151,7 @@ func (st *stdio) resize(ws *guestproto.WinSize) {
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	if st.master != nil && !st.closed {
-		pty.Setsize(st.master, &pty.Winsize{Rows: ws.Rows, Cols: ws.Cols})
+		setWinSize(st.master, ws.Rows, ws.Cols)
 	}
 }
 
@@ -221,6 +220,11 @@ func (a *agent) runExec(ctl net.Conn, req guestproto.ExecRequest, streams [3]net
 	go func() {
 		defer close(controlDone)
 		a.execControl(ctl, proc, pid, st)
+		// The client went away (or its exit was reported, when this is
+		// a no-op): as sshd does, close the process's end of its output
+		// so it gets EPIPE/SIGPIPE, or its terminal's hangup, instead of
+		// blocking on output nobody reads.
+		st.closeAll()
 	}()
 
 	ws := <-exited
@@ -278,7 +282,7 @@ func (st *stdio) openPTY(root string, size *guestproto.WinSize, streams [3]net.C
 		return fmt.Errorf("open pty: %w", err)
 	}
 	if size.Rows > 0 && size.Cols > 0 {
-		pty.Setsize(master, &pty.Winsize{Rows: size.Rows, Cols: size.Cols})
+		setWinSize(master, size.Rows, size.Cols)
 	}
 	st.master = master
 	st.child = []*os.File{slave, slave, slave}

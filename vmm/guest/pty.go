@@ -8,7 +8,6 @@ import (
 	"strconv"
 	"syscall"
 
-	"github.com/creack/pty"
 	"golang.org/x/sys/unix"
 )
 
@@ -17,17 +16,20 @@ import (
 // instance of its own: a pair from the agent's /dev/pts has no name in a
 // Workspace's, so tty(1), ttyname(3) and what needs them (tmux, screen,
 // ssh, sudo) fail there with "not a tty". A root without a devpts of its
-// own, and no root, get the agent's.
+// own, and no root, get the agent's (/dev/ptmx).
+//
+// The master is always opened through the runtime poller: closing it must
+// end a read of it in progress, or an exec whose background job keeps the
+// terminal open would not end until that job does (creack/pty's Open
+// gives a blocking descriptor).
 func openPTYIn(root string) (master, slave *os.File, err error) {
-	if root == "" {
-		return pty.Open()
+	ptmx := "/dev/ptmx"
+	if root != "" {
+		ptmx = filepath.Join(root, "dev", "pts", "ptmx")
 	}
-	ptmx := filepath.Join(root, "dev", "pts", "ptmx")
-	// Opened through the runtime poller, as pty.Open does: closing the
-	// master must end a read of it in progress.
 	master, err = os.OpenFile(ptmx, os.O_RDWR|syscall.O_NOCTTY, 0)
-	if errors.Is(err, os.ErrNotExist) {
-		return pty.Open()
+	if root != "" && errors.Is(err, os.ErrNotExist) {
+		return openPTYIn("")
 	}
 	if err != nil {
 		return nil, nil, fmt.Errorf("open %s: %w", ptmx, err)
@@ -62,4 +64,22 @@ func openPTYIn(root string) (master, slave *os.File, err error) {
 		return nil, nil, fmt.Errorf("pty of %s: %w", ptmx, err)
 	}
 	return master, os.NewFile(uintptr(sfd), "/dev/pts/"+strconv.FormatUint(uint64(n), 10)), nil
+}
+
+// setWinSize sets a terminal's window size through the runtime poller's
+// descriptor: File.Fd (which pty.Setsize calls) would switch the master
+// to blocking mode for good, and closing it would then no longer end a
+// read in progress.
+func setWinSize(f *os.File, rows, cols uint16) error {
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var ioErr error
+	if err := rc.Control(func(fd uintptr) {
+		ioErr = unix.IoctlSetWinsize(int(fd), unix.TIOCSWINSZ, &unix.Winsize{Row: rows, Col: cols})
+	}); err != nil {
+		return err
+	}
+	return ioErr
 }
