@@ -60,8 +60,18 @@ type CatalogTemplate struct {
 
 // CatalogTemplateList is one page of the catalog, by name.
 type CatalogTemplateList struct {
-	Templates     []CatalogTemplate `json:"templates"`
-	NextPageToken string            `json:"next_page_token,omitempty"`
+	Templates []CatalogTemplate `json:"templates"`
+	// NodeTemplates (on the last page) are the templates nodes built
+	// themselves that the catalog does not name: placement uses each on
+	// the nodes that hold it only. Sorted by name.
+	NodeTemplates []NodeTemplate `json:"node_templates,omitempty"`
+	NextPageToken string         `json:"next_page_token,omitempty"`
+}
+
+// NodeTemplate is a template built on nodes and not published.
+type NodeTemplate struct {
+	Name  string   `json:"name"`
+	Nodes []string `json:"nodes"` // in node id order
 }
 
 // TemplatePublishRequest is `template publish`.

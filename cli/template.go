@@ -19,7 +19,7 @@ import (
 type TemplateCmd struct {
 	Build   TemplateBuildCmd   `cmd:"" help:"Build a template (ext4 root filesystem image) from a directory, a rootfs tarball, an OCI/Docker image (a file or a registry), a Debian release (debootstrap) or busybox."`
 	Publish TemplatePublishCmd `cmd:"" help:"Put a template a node built into the artifact store and record it in the cluster's catalog."`
-	List    TemplateListCmd    `cmd:"" help:"List the cluster's template catalog (--local: the templates built on this host)."`
+	List    TemplateListCmd    `cmd:"" help:"List the templates Workspaces can be created from: the cluster's catalog and those nodes built and did not publish (--local: the templates built on this host)."`
 	Get     TemplateGetCmd     `cmd:"" help:"Show one template."`
 	Delete  TemplateDeleteCmd  `cmd:"" help:"Delete a template from the catalog, refused while Workspaces use it (--local: every build on this host)."`
 }
@@ -200,22 +200,28 @@ func (c *TemplateListCmd) Run(g *Globals) error {
 	var out api.CatalogTemplateList
 	return runList(g, listCall{path: "/v1/templates", size: c.PageSize, token: c.PageToken, quiet: c.Quiet, what: "templates"}, &out,
 		func() ([]string, string) {
-			names := make([]string, len(out.Templates))
-			for i, t := range out.Templates {
-				names[i] = t.Name
+			names := make([]string, 0, len(out.Templates)+len(out.NodeTemplates))
+			for _, t := range out.Templates {
+				names = append(names, t.Name)
+			}
+			for _, t := range out.NodeTemplates {
+				names = append(names, t.Name)
 			}
 			return names, out.NextPageToken
 		},
 		func() {
-			t := newTable(g.stdout, "NAME", "DIGEST", "SIZE", "PUBLISHED", "NODES")
+			// SOURCE says where placement finds a template: the catalog
+			// (any node fetches it) or only the nodes that built it.
+			t := newTable(g.stdout, "NAME", "SOURCE", "DIGEST", "SIZE", "PUBLISHED", "NODES")
 			for _, e := range out.Templates {
-				t.row(e.Name, shortDigest(e.Digest), formatBytes(uint64(e.SizeBytes)), stamp(e.PublishedAt)+" by "+e.PublishedBy, dash(strings.Join(e.Nodes, ",")))
+				t.row(e.Name, "catalog", shortDigest(e.Digest), formatBytes(uint64(e.SizeBytes)), stamp(e.PublishedAt)+" by "+e.PublishedBy, dash(strings.Join(e.Nodes, ",")))
+			}
+			for _, e := range out.NodeTemplates {
+				t.row(e.Name, "node", "-", "-", "-", strings.Join(e.Nodes, ","))
 			}
 			t.flush()
-			if len(out.Templates) == 0 && c.PageToken == "" {
-				// Workspaces are created from a node's own builds too
-				// (kibotos dev's): an empty catalog is not "no templates".
-				g.note("no template is published to the catalog (kibo template publish NAME --from-node NODE); the templates built on a node are in kibo node get NODE, or kibo template list --local on that host\n")
+			if len(out.Templates)+len(out.NodeTemplates) == 0 && c.PageToken == "" {
+				g.note("no template is published to the catalog or built on a node: kibo template build NAME --busybox on a node, then kibo template publish NAME --from-node NODE\n")
 			}
 		})
 }

@@ -8,6 +8,8 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"reflect"
+	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -69,10 +71,17 @@ func TestTemplatePublishAndCatalog(t *testing.T) {
 		b, err3 := e.c.Node(e.c.Members[0], "node-3")
 		return err2 == nil && err3 == nil && len(a.Report.Templates) == 1 && len(b.Report.Templates) == 2, "templates not reported yet"
 	})
-	// An empty catalog says where the nodes' own builds are listed.
-	if out, errs, code := e.run("template", "list"); code != 0 || strings.Count(strings.TrimSpace(out), "\n") != 0 || !strings.HasPrefix(out, "NAME") ||
-		!strings.Contains(errs, "no template is published to the catalog (kibo template publish NAME --from-node NODE); the templates built on a node are in kibo node get NODE") {
+	// With an empty catalog the list shows what the nodes built, and where.
+	if out, errs, code := e.run("template", "list"); code != 0 || errs != "" || !regexp.MustCompile(
+		`^NAME +SOURCE +DIGEST +SIZE +PUBLISHED +NODES\nkibotos-coding +node +- +- +- +node-2,node-3\nsolo +node +- +- +- +node-3\n$`).MatchString(out) {
 		t.Fatalf("empty catalog: exit %d, %q, stderr %q", code, out, errs)
+	}
+	var listed struct {
+		Result api.CatalogTemplateList `json:"result"`
+	}
+	if err := json.Unmarshal([]byte(e.mustRun("template", "list", "--json")), &listed); err != nil || len(listed.Result.Templates) != 0 ||
+		!reflect.DeepEqual(listed.Result.NodeTemplates, []api.NodeTemplate{{Name: "kibotos-coding", Nodes: []string{"node-2", "node-3"}}, {Name: "solo", Nodes: []string{"node-3"}}}) {
+		t.Fatalf("template list --json of node builds: %+v %v", listed.Result, err)
 	}
 
 	out := e.mustRun("template", "publish", "solo")
@@ -101,7 +110,8 @@ func TestTemplatePublishAndCatalog(t *testing.T) {
 	if !strings.Contains(list, "solo") || !strings.Contains(list, digest[:19]) || !strings.Contains(list, "by node-3") || !strings.Contains(list, "node-3\n") {
 		t.Fatalf("list: %q", list)
 	}
-	if q := e.mustRun("template", "list", "-q"); q != "solo\n" {
+	// solo is in the catalog now; kibotos-coding is still the nodes' own.
+	if q := e.mustRun("template", "list", "-q"); q != "solo\nkibotos-coding\n" {
 		t.Fatalf("list -q: %q", q)
 	}
 
@@ -109,7 +119,7 @@ func TestTemplatePublishAndCatalog(t *testing.T) {
 	e.expectExit(api.ExitNotFound, "template nope is not built on any node", "template", "publish", "nope")
 	e.expectExit(api.ExitFailedPrecondition, "node node-2 does not report template solo", "template", "publish", "solo", "--from-node", "node-2")
 	e.expectExit(api.ExitInvalidArgument, "is not a valid name", "template", "publish", "../x")
-	if q := e.mustRun("template", "list", "-q"); q != "solo\n" {
+	if q := e.mustRun("template", "list", "-q"); q != "solo\nkibotos-coding\n" {
 		t.Fatalf("refused publishes changed the catalog: %q", q)
 	}
 	if out := e.mustRun("template", "publish", "kibotos-coding", "--from-node", "node-2"); !strings.Contains(out, "published from node node-2") {
@@ -122,8 +132,12 @@ func TestTemplatePublishAndCatalog(t *testing.T) {
 	if out := e.mustRun("template", "delete", "kibotos-coding"); !strings.Contains(out, "template kibotos-coding deleted from the catalog") {
 		t.Fatalf("delete: %q", out)
 	}
-	if q := e.mustRun("template", "list", "-q"); q != "solo\n" {
+	// Out of the catalog, still built on its nodes.
+	if q := e.mustRun("template", "list", "-q"); q != "solo\nkibotos-coding\n" {
 		t.Fatalf("catalog after the delete: %q", q)
+	}
+	if out := e.mustRun("template", "list"); !regexp.MustCompile(`\nkibotos-coding +node +- +- +- +node-2,node-3\n`).MatchString(out) {
+		t.Fatalf("list after the delete: %q", out)
 	}
 	// Local builds are still listed with --local.
 	if out := e.mustRun("template", "list", "--local", "--storage-root", n3.Dir.StorageRoot()); !strings.Contains(out, "solo") || !strings.Contains(out, "kibotos-coding") {

@@ -1,6 +1,7 @@
 package fsm
 
 import (
+	"maps"
 	"slices"
 	"time"
 
@@ -172,7 +173,7 @@ func catalogEntry(tx *bolt.Tx, name string) (*catalogRecord, error) {
 // ListCatalogTemplates is a page of the catalog, by name.
 func ListCatalogTemplates(tx *bolt.Tx, pageSize int, pageToken string) (*api.CatalogTemplateList, error) {
 	out := &api.CatalogTemplateList{Templates: []api.CatalogTemplate{}}
-	holders, err := digestHolders(tx)
+	holders, built, err := reportedTemplates(tx)
 	if err != nil {
 		return nil, err
 	}
@@ -184,7 +185,18 @@ func ListCatalogTemplates(tx *bolt.Tx, pageSize int, pageToken string) (*api.Cat
 		out.Templates = append(out.Templates, rec.view(holders[rec.Digest]))
 		return nil
 	}, &out.NextPageToken)
-	return out, err
+	if err != nil || out.NextPageToken != "" {
+		return out, err
+	}
+	// A newcomer's first look (kibotos dev builds its templates on the
+	// node and publishes none) must find what placement can use.
+	b := tx.Bucket(bucketTemplates)
+	for _, name := range slices.Sorted(maps.Keys(built)) {
+		if b.Get([]byte(name)) == nil {
+			out.NodeTemplates = append(out.NodeTemplates, api.NodeTemplate{Name: name, Nodes: built[name]})
+		}
+	}
+	return out, nil
 }
 
 func catalogView(tx *bolt.Tx, rec *catalogRecord) (*api.CatalogTemplate, error) {
@@ -206,8 +218,17 @@ func (r *catalogRecord) view(nodes []string) api.CatalogTemplate {
 // digestHolders maps each image digest nodes report holding to those
 // nodes, in node id order; retired nodes hold nothing.
 func digestHolders(tx *bolt.Tx) (map[string][]string, error) {
-	out := map[string][]string{}
-	err := tx.Bucket(bucketNodes).ForEach(func(k, v []byte) error {
+	holders, _, err := reportedTemplates(tx)
+	return holders, err
+}
+
+// reportedTemplates reads the nodes' reports once for what they hold:
+// each image digest with its holders, and each template name a node
+// built or fetched with the nodes that have it, both in node id order;
+// retired nodes hold nothing.
+func reportedTemplates(tx *bolt.Tx) (digests, names map[string][]string, err error) {
+	digests, names = map[string][]string{}, map[string][]string{}
+	err = tx.Bucket(bucketNodes).ForEach(func(k, v []byte) error {
 		var n api.Node
 		if err := json.Unmarshal(v, &n); err != nil {
 			return err
@@ -216,13 +237,18 @@ func digestHolders(tx *bolt.Tx) (map[string][]string, error) {
 			return nil
 		}
 		for _, d := range n.Report.TemplateDigests {
-			if !slices.Contains(out[d], n.NodeID) {
-				out[d] = append(out[d], n.NodeID)
+			if !slices.Contains(digests[d], n.NodeID) {
+				digests[d] = append(digests[d], n.NodeID)
+			}
+		}
+		for _, name := range n.Report.Templates {
+			if !slices.Contains(names[name], n.NodeID) {
+				names[name] = append(names[name], n.NodeID)
 			}
 		}
 		return nil
 	})
-	return out, err
+	return digests, names, err
 }
 
 // checkReportDigests bounds and checks the digests a report lists.
