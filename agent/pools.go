@@ -42,6 +42,11 @@ func (a *Agent) notePools(statuses []api.Pool) {
 		}
 		if st.Available && !w.swept {
 			n, err := storagepool.SweepPool(st.Path, st.Shared, a.cfg.NodeID)
+			if err == nil {
+				var k int
+				k, err = sweepImportArchives(st.Path, st.Shared, a.cfg.NodeID)
+				n += k
+			}
 			if err != nil {
 				a.log.Warn("temporary files in a storage pool not all removed", "pool", st.PoolID, "path", st.Path, "removed", n, "err", err)
 				continue

@@ -84,3 +84,58 @@ func TestPoolsSweptAndWatched(t *testing.T) {
 		t.Error("a running node's own temporary file was swept")
 	}
 }
+
+// An import interrupted mid-download or mid-unpack leaves its archive in
+// the pool's transfer staging (the process-model seed's
+// .node-a.download-import-<n>.tar), which the next attempt never reuses:
+// the start-up sweep deletes it and its fetch's partial and lock files,
+// in a shared pool only this node's (node-b may be importing).
+func TestPoolsSweepImportArchives(t *testing.T) {
+	root := t.TempDir()
+	standalone, shared := filepath.Join(root, "standalone"), filepath.Join(root, "shared")
+	put := func(p string) string {
+		t.Helper()
+		os.MkdirAll(filepath.Dir(p), 0o700)
+		if err := os.WriteFile(p, []byte("x"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	staged := func(pool, name string) string { return put(filepath.Join(pool, "volumes", "transfer-staging", name)) }
+	gone := []string{
+		staged(standalone, ".node-a.download-import-3170412187.tar"),
+		staged(standalone, ".node-b.download-import-11.tar"), // a standalone pool is this node's alone
+		staged(shared, ".node-a.download-import-3170412187.tar"),
+		staged(shared, ".node-a.download-import-42.tar.partial"),
+		staged(shared, ".node-a.download-import-42.tar.lock"),
+	}
+	kept := []string{
+		staged(shared, ".node-b.download-import-7.tar"),
+		staged(shared, ".node-b.download-import-8.tar.partial"),
+		staged(shared, ".node-ab.download-import-9.tar"),
+		staged(shared, "notes.tar"),
+	}
+	var logs bytes.Buffer
+	a := &Agent{cfg: Config{NodeID: "node-a", Pools: []PoolConfig{{ID: "local", Path: standalone}, {ID: "nfs", Path: shared, Shared: true}}},
+		log: slog.New(slog.NewTextHandler(&logs, nil))}
+	var statuses []api.Pool
+	for _, p := range a.cfg.Pools {
+		st := poolStatus(p.ID, p.Path)
+		st.Shared = p.Shared
+		statuses = append(statuses, st)
+	}
+	a.notePools(statuses)
+	for _, p := range gone {
+		if _, err := os.Stat(p); err == nil {
+			t.Errorf("%s was not swept", p)
+		}
+	}
+	for _, p := range kept {
+		if _, err := os.Stat(p); err != nil {
+			t.Errorf("%s was swept: %v", p, err)
+		}
+	}
+	if !strings.Contains(logs.String(), "pool=nfs path="+shared+" count=3") {
+		t.Errorf("the shared pool's sweep is not logged with its count:\n%s", logs.String())
+	}
+}

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -48,6 +49,43 @@ const (
 )
 
 var volumeMemberRE = regexp.MustCompile(`^volumes/([0-9]{1,2})\.qcow2$`)
+
+// importArchivePurpose names an import's archive in staging:
+// .<node>.download-import-<n>.tar, fetched through <that>.partial under
+// <that>.lock.
+const importArchivePurpose = "download-import"
+
+var importArchiveRE = regexp.MustCompile(`^\.[^.]+\.` + importArchivePurpose + `-[0-9]+\.tar(` +
+	regexp.QuoteMeta(artifacts.PartialSuffix) + `|` + regexp.QuoteMeta(artifacts.LockSuffix) + `)?$`)
+
+// sweepImportArchives deletes what interrupted imports left in the
+// staging directory of the pool at root, by the rule of its temporary
+// files (all of them in a standalone pool, only node's in a shared one,
+// where another member may be importing): the archive does not end in
+// .tmp, so storagepool's sweep passes it by, and the next attempt
+// fetches under a new name rather than continuing it.
+func sweepImportArchives(root string, shared bool, node string) (int, error) {
+	dir := filepath.Join(root, stagingDir)
+	entries, err := os.ReadDir(dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	for _, e := range entries {
+		name := e.Name()
+		if !e.Type().IsRegular() || !importArchiveRE.MatchString(name) || shared && !storagepool.WrittenBy(name, node) {
+			continue
+		}
+		if err := os.Remove(filepath.Join(dir, name)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return n, err
+		}
+		n++
+	}
+	return n, nil
+}
 
 // exports runs one export of a Transfer at a time: a new leader's driver
 // asking again waits for the one in progress.
@@ -311,7 +349,7 @@ func (a *Agent) importTransfer(ctx context.Context, t api.WorkspaceTask, tpl *te
 	if err != nil {
 		return nil, err
 	}
-	name, err := (storagepool.Temp{Node: a.cfg.NodeID, Purpose: "download-import"}).Name()
+	name, err := (storagepool.Temp{Node: a.cfg.NodeID, Purpose: importArchivePurpose}).Name()
 	if err != nil {
 		return nil, err
 	}

@@ -58,6 +58,10 @@ type Node struct {
 	// Derived on read.
 	Overcommit  *Overcommit `json:"overcommit,omitempty"`
 	Schedulable *Resources  `json:"schedulable,omitempty"`
+	// MemoryTight is HostUsage.MemoryTight in a node list, which leaves
+	// HostUsage out (only a node's get shows it); nil where HostUsage
+	// would be nil.
+	MemoryTight *bool `json:"memory_tight,omitempty"`
 }
 
 // HasRole reports whether the node has the role.

@@ -172,6 +172,25 @@ func TestNodeListAndGetShapes(t *testing.T) {
 	golden(t, "node_get", normalize(e.mustRun("node", "get", "node-2", "--consistent")))
 	golden(t, "node_get_wide", normalize(e.mustRun("node", "get", "node-2", "--wide", "--consistent")))
 	golden(t, "overcommit_get", normalize(e.mustRun("node", "overcommit", "get", "--consistent")))
+	// Host usage is a node's get's, not the list's (the product shows it
+	// only in get); the list's MEM_TIGHT reads memory_tight instead.
+	var list struct {
+		Result struct{ Nodes []map[string]any } `json:"result"`
+	}
+	if err := json.Unmarshal([]byte(e.mustRun("node", "list", "--json", "--consistent")), &list); err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range list.Result.Nodes {
+		if _, ok := n["host_usage"]; ok || n["memory_tight"] != false {
+			t.Errorf("node list --json: %s: host_usage %v, memory_tight %v; want none and false", n["node_id"], n["host_usage"], n["memory_tight"])
+		}
+	}
+	var get struct {
+		Result api.Node `json:"result"`
+	}
+	if err := json.Unmarshal([]byte(e.mustRun("node", "get", "node-2", "--json", "--consistent")), &get); err != nil || get.Result.HostUsage == nil {
+		t.Errorf("node get --json: no host_usage (%v)", err)
+	}
 
 	// Paging is done by the server: one node per page, token to the next.
 	out, errs, code := e.run("node", "list", "--page-size", "1", "--consistent")

@@ -127,15 +127,11 @@ type fileConfig struct {
 	Storage struct {
 		// DefaultPool is where new retained layers go; default "default",
 		// the node's private pool under its storage root.
-		DefaultPool string `toml:"default_pool"`
-		Pools       []struct {
-			ID     string `toml:"id"`
-			Path   string `toml:"path"`
-			Shared bool   `toml:"shared"`
-			// Capacity is refused: it is ctrl's attribute of the pool
-			// (earlier releases read it from here).
-			Capacity any `toml:"capacity"`
-		} `toml:"pools"`
+		DefaultPool string           `toml:"default_pool"`
+		Pools       []poolFileConfig `toml:"pools"`
+		// Pool is the product documentation's spelling of
+		// [[storage.pools]]; loadNodeConfig moves it into Pools.
+		Pool []poolFileConfig `toml:"pool"`
 	} `toml:"storage"`
 	Network struct {
 		IPv4Pool        string   `toml:"ipv4_pool"`
@@ -188,6 +184,16 @@ type fileConfig struct {
 	} `toml:"templates"`
 }
 
+// poolFileConfig is one [[storage.pools]] table.
+type poolFileConfig struct {
+	ID     string `toml:"id"`
+	Path   string `toml:"path"`
+	Shared bool   `toml:"shared"`
+	// Capacity is refused: it is ctrl's attribute of the pool
+	// (earlier releases read it from here).
+	Capacity any `toml:"capacity"`
+}
+
 // warmFrom is [templates.NAME]'s warm guests, by template name.
 func warmFrom(path string, fc fileConfig) ([]agent.WarmConfig, error) {
 	var out []agent.WarmConfig
@@ -225,7 +231,7 @@ func warmConfig(name string, count, cpu int, memory string) (agent.WarmConfig, e
 
 // ServeCmd runs a member.
 type ServeCmd struct {
-	Config          string        `name:"config" type:"existingfile" help:"TOML configuration file (data_dir, bind, log_level, [resources] cpu and memory, [dataplane] listen, [network] ipv4_pool, ipv6_pool, management_cidrs, resolvers and uplink, [metrics] listen, [logs] machine_logs_max_bytes, [artifacts] url, endpoint, region, credentials_file and ca_file, [storage] default_pool, [[storage.pools]] id, path, shared, and [templates.NAME] warm, cpu, memory)."`
+	Config          string        `name:"config" type:"existingfile" help:"TOML configuration file (data_dir, bind, log_level, [resources] cpu and memory, [dataplane] listen, [network] ipv4_pool, ipv6_pool, management_cidrs, resolvers and uplink, [metrics] listen, [logs] machine_logs_max_bytes, [artifacts] url, endpoint, region, credentials_file and ca_file, [storage] default_pool, [[storage.pools]] (or [[storage.pool]]) id, path, shared, and [templates.NAME] warm, cpu, memory)."`
 	Bind            string        `name:"bind" help:"Listen address (default: the advertised address)."`
 	DataPlaneListen string        `name:"dataplane-listen" help:"Data-plane address HOST:PORT (exec, terminal, cp, port-forward); default: the advertised host, port+2."`
 	LogLevel        string        `name:"log-level" default:"info" enum:"debug,info,warn,error" help:"Log level."`
@@ -241,9 +247,34 @@ type ServeCmd struct {
 func loadNodeConfig(g *Globals, path string) (fileConfig, datadir.Dir, error) {
 	var fc fileConfig
 	if path != "" {
-		if _, err := toml.DecodeFile(path, &fc); err != nil {
+		md, err := toml.DecodeFile(path, &fc)
+		if err != nil {
 			return fc, "", api.Errorf(api.CodeInvalidArgument, "configuration file %s: %v", path, err)
 		}
+		// A misspelt key would otherwise take its default without a
+		// word: a pool the node never declares, a network it never has.
+		if und := md.Undecoded(); len(und) > 0 {
+			var keys []string
+			for _, k := range und {
+				// An unknown table's own keys add nothing to its name.
+				if len(keys) > 0 && strings.HasPrefix(k.String(), keys[len(keys)-1]+".") {
+					continue
+				}
+				keys = append(keys, k.String())
+			}
+			what, it := "unknown key", "it"
+			if len(keys) > 1 {
+				what, it = "unknown keys", "them"
+			}
+			return fc, "", api.Errorf(api.CodeInvalidArgument, "configuration file %s: %s %s: correct or delete %s (kibotos serve --help lists the keys)", path, what, strings.Join(keys, ", "), it)
+		}
+		// Both spellings in one file are more likely a half-done edit
+		// than two lists meant to be joined.
+		if len(fc.Storage.Pool) > 0 && len(fc.Storage.Pools) > 0 {
+			return fc, "", api.Errorf(api.CodeInvalidArgument, "configuration file %s: both [[storage.pool]] and [[storage.pools]]: declare every pool under one of the two", path)
+		}
+		fc.Storage.Pools = append(fc.Storage.Pools, fc.Storage.Pool...)
+		fc.Storage.Pool = nil
 	}
 	dir := g.DataDir
 	if dir == "" {

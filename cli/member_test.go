@@ -39,6 +39,50 @@ func TestServeRefusesPoolCapacity(t *testing.T) {
 	}
 }
 
+// A key serve does not know stops it before anything is started, in one
+// line naming every such key: a misspelt one would otherwise take its
+// default without a word.
+func TestServeRefusesUnknownConfigKeys(t *testing.T) {
+	dir := t.TempDir()
+	config := filepath.Join(dir, "kibotos.toml")
+	os.WriteFile(config, []byte("log_levle = \"debug\"\n[[storage.pools]]\nid = \"nfs-1\"\npath = \"/srv/nfs\"\nshraed = true\n[netwrok]\nuplink = \"eth0\"\n"), 0o600)
+	var out, errb bytes.Buffer
+	code := Main(context.Background(), "kibotos", []string{"serve", "--config", config, "--data-dir", filepath.Join(dir, "data")}, nil, &out, &errb)
+	if code != api.ExitInvalidArgument {
+		t.Fatalf("exit %d, want %d: %s", code, api.ExitInvalidArgument, errb.String())
+	}
+	if msg := strings.TrimSpace(errb.String()); !strings.Contains(msg, "configuration file "+config+": unknown keys log_levle, storage.pools.shraed, netwrok: correct or delete them") || strings.Contains(msg, "\n") {
+		t.Fatalf("message: %q", msg)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "data")); !os.IsNotExist(err) {
+		t.Fatalf("the refused start touched the data directory: %v", err)
+	}
+}
+
+// The product documentation spells a pool [[storage.pool]]: a node
+// configured so declares the pool as [[storage.pools]] would; a file with
+// both spellings is refused rather than guessed at.
+func TestServeStoragePoolSpelling(t *testing.T) {
+	dir := t.TempDir()
+	config := filepath.Join(dir, "kibotos.toml")
+	os.WriteFile(config, []byte("[[storage.pool]]\nid = \"shared\"\npath = \"/srv/kibotos/shared\"\nshared = true\n"), 0o600)
+	fc, _, err := loadNodeConfig(&Globals{}, config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pools, err := poolsFrom(config, fc)
+	if err != nil || len(pools) != 1 || pools[0] != (agent.PoolConfig{ID: "shared", Path: "/srv/kibotos/shared", Shared: true}) {
+		t.Fatalf("[[storage.pool]]: pools %+v, %v", pools, err)
+	}
+
+	os.WriteFile(config, []byte("[[storage.pool]]\nid = \"shared\"\npath = \"/srv/kibotos/shared\"\n[[storage.pools]]\nid = \"nfs-1\"\npath = \"/srv/nfs\"\n"), 0o600)
+	var out, errb bytes.Buffer
+	code := Main(context.Background(), "kibotos", []string{"serve", "--config", config, "--data-dir", filepath.Join(dir, "data")}, nil, &out, &errb)
+	if code != api.ExitInvalidArgument || !strings.Contains(errb.String(), "both [[storage.pool]] and [[storage.pools]]") {
+		t.Fatalf("both spellings: exit %d: %s", code, errb.String())
+	}
+}
+
 // check-maintenance from the CLI: a node that never ran a VMM may be
 // upgraded or removed (exit 0, nothing written); a data directory that is
 // not a member's is refused (13); a pool config with a capacity is

@@ -64,9 +64,10 @@ func memColumn(n *api.Node) string {
 	return formatBytes(n.Report.Allocated.MemoryBytes) + "/" + formatBytes(n.Schedulable.MemoryBytes)
 }
 
+// memTightColumn reads the list's memory_tight: a list carries no host_usage.
 func memTightColumn(n *api.Node) string {
-	if n.HostUsage == nil {
+	if n.MemoryTight == nil {
 		return "-"
 	}
-	return yesNo(n.HostUsage.MemoryTight)
+	return yesNo(*n.MemoryTight)
 }

@@ -163,6 +163,22 @@ func (h *harness) node(id string) *api.Node {
 		if d, err := NodeDrainRequested(tx, id); err != nil || d != n.DrainRequested {
 			h.t.Errorf("node %s: NodeDrainRequested %v, %v; the record says %v", id, d, err, n.DrainRequested)
 		}
+		// A list reads the same, but of the host usage only whether
+		// memory is tight (the usage is the get's).
+		want := *n
+		if want.HostUsage != nil {
+			tight := want.HostUsage.MemoryTight
+			want.MemoryTight, want.HostUsage = &tight, nil
+		}
+		l, err := ListNodes(tx, 0, "")
+		if err != nil {
+			return err
+		}
+		for _, got := range l.Nodes {
+			if got.NodeID == id && !reflect.DeepEqual(got, want) {
+				h.t.Errorf("node %s listed %+v\nwant %+v", id, got, want)
+			}
+		}
 		return nil
 	}); err != nil {
 		h.t.Fatalf("get node %s: %v", id, err)

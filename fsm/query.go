@@ -153,7 +153,10 @@ func NodeDrainRequested(tx *bolt.Tx, id string) (bool, error) {
 }
 
 // ListNodes returns up to pageSize nodes ordered by node id, starting after
-// the node id in pageToken; NextPageToken is set when more remain.
+// the node id in pageToken; NextPageToken is set when more remain. A list
+// leaves host usage out (the product shows it in a node's get only) and
+// carries just whether memory is tight, its MEM_TIGHT column; of a record's
+// host usage it decodes only that.
 func ListNodes(tx *bolt.Tx, pageSize int, pageToken string) (*api.NodeList, error) {
 	out := &api.NodeList{Nodes: []api.Node{}}
 	c := tx.Bucket(bucketNodes).Cursor()
@@ -175,15 +178,31 @@ func ListNodes(tx *bolt.Tx, pageSize int, pageToken string) (*api.NodeList, erro
 			out.NextPageToken = string(out.Nodes[len(out.Nodes)-1].NodeID)
 			break
 		}
-		var n api.Node
-		if err := json.Unmarshal(v, &n); err != nil {
+		var rec struct {
+			api.Node
+			// Shadows the embedded field.
+			HostUsage *struct {
+				MemoryTight bool `json:"memory_tight"`
+			} `json:"host_usage"`
+		}
+		if err := json.Unmarshal(v, &rec); err != nil {
 			return nil, err
+		}
+		n := rec.Node
+		if rec.HostUsage != nil {
+			n.HostUsage = &api.HostUsage{MemoryTight: rec.HostUsage.MemoryTight}
 		}
 		h, err := nodeHolds(tx, n.NodeID)
 		if err != nil {
 			return nil, err
 		}
-		out.Nodes = append(out.Nodes, *viewWithHolds(d, &n, h))
+		vn := viewWithHolds(d, &n, h)
+		// After the view: it drops the usage of a node without a session.
+		if vn.HostUsage != nil {
+			tight := vn.HostUsage.MemoryTight
+			vn.MemoryTight, vn.HostUsage = &tight, nil
+		}
+		out.Nodes = append(out.Nodes, *vn)
 	}
 	return out, nil
 }
