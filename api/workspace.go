@@ -27,6 +27,11 @@ const (
 	FailureStart = "START_FAILED"
 	// FailureStop: the guest did not stop cleanly; stop --force ends it.
 	FailureStop = "STOP_FAILED"
+	// FailureResourceExhausted: the nodes it was placed on refused to
+	// start it (memory tight, draining) and no other node has room; it
+	// holds nothing and starts again once one has. The CLI exits with
+	// resource_exhausted.
+	FailureResourceExhausted = "RESOURCE_EXHAUSTED"
 )
 
 // Workspace is one Workspace as ctrl stores it.

@@ -161,13 +161,19 @@ func waitWorkspace(g *Globals, id, want string) (*api.Workspace, error) {
 	})
 }
 
-// failedError is exit 13 with why the Workspace is FAILED.
+// failedError is exit 13 with why the Workspace is FAILED; 15
+// (resource_exhausted) when the nodes refused to start it and no other
+// has room, as for a create or start ctrl can place nowhere.
 func failedError(ws *api.Workspace) error {
 	msg := "workspace " + ws.WorkspaceID + " is FAILED"
-	if f := ws.Failure; f != nil {
-		msg += " (" + f.Reason + "): " + f.Message
+	f := ws.Failure
+	if f == nil {
+		return exitError{api.ExitFailedPrecondition, msg}
 	}
-	return exitError{api.ExitFailedPrecondition, msg}
+	if f.Reason == api.FailureResourceExhausted {
+		return exitError{api.ExitResourceExhausted, "workspace " + ws.WorkspaceID + " has no node to run on (FAILED, " + f.Reason + "): " + f.Message}
+	}
+	return exitError{api.ExitFailedPrecondition, msg + " (" + f.Reason + "): " + f.Message}
 }
 
 // pollWorkspace reads the Workspace until settled says it is done (ws is

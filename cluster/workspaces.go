@@ -587,7 +587,9 @@ func (s *Server) applyTaskResult(ctx context.Context, sc *sessionConn, nodeID, s
 		NodeID: nodeID, SessionID: sid, WorkspaceID: r.WorkspaceID, CommandID: r.CommandID, Outcome: r.Outcome, Error: r.Error,
 		Snapshot: r.Snapshot, InstanceGone: r.InstanceGone, SnapshotDiscarded: r.SnapshotDiscarded,
 		NotOnNode: r.NotOnNode && s.troubleshootingRules(),
-		Platform:  s.platformOfResult(r.Platform),
+		// Asked only of refusals: the one answer it changes.
+		RefusalExhausts: r.Outcome == fsm.OutcomeRefused && s.levelsReach("refusals that exhaust", fsm.LevelRefusalExhausted) == nil,
+		Platform:        s.platformOfResult(r.Platform),
 	}
 	apart := m.Report != nil
 	if apart && s.levelsReach("reports with task results", fsm.LevelResultReports) == nil {

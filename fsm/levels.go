@@ -67,9 +67,18 @@ import (
 //	   result, stored after the result in the same entry; the leader
 //	   stores it as an entry of its own below the level (an older voter
 //	   would ignore the field and never store the report)
+//	11 refusals that exhaust (LevelRefusalExhausted): a refused start
+//	   with WorkspaceResultArgs.RefusalExhausts that no other node can
+//	   take, or that only the refusing node's standalone pool could
+//	   start, ends the Workspace FAILED with reason RESOURCE_EXHAUSTED,
+//	   the CLI's resource_exhausted (exit 15); without it START_FAILED
+//	   (exit 13), as before
 
 // FeatureLevel is the level of this build.
-const FeatureLevel = 10
+const FeatureLevel = 11
+
+// LevelRefusalExhausted is the level of WorkspaceResultArgs.RefusalExhausts.
+const LevelRefusalExhausted = 11
 
 // LevelResultReports is the level of WorkspaceResultArgs.Report.
 const LevelResultReports = 10

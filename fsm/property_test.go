@@ -690,6 +690,10 @@ func (g *logGen) drawWorkspace(mk func(string, any, *uint64) Entry) Entry {
 		switch x := g.r.Intn(10); {
 		case x < 2:
 			a.Outcome, a.Error = OutcomeRefused, "memory tight"
+			// A leader from LevelRefusalExhausted on, or an older one;
+			// drawn from nothing, so the rest of the log stays as it was.
+			// (Not in step with CountPlacements, which is g.seq%2.)
+			a.RefusalExhausts = g.seq/2%2 == 0
 		case x < 4:
 			a.Outcome, a.Error = OutcomeFailed, "boom"
 		}

@@ -2,6 +2,7 @@ package fsm
 
 import (
 	"bytes"
+	"cmp"
 	"crypto/sha256"
 	"encoding/base32"
 	"fmt"
@@ -78,6 +79,13 @@ type WorkspaceResultArgs struct {
 	// LevelTroubleshooting): the node did not have the Instance.
 	NotOnNode         bool `json:"not_on_node,omitempty"`
 	SnapshotDiscarded bool `json:"snapshot_discarded,omitempty"`
+	// RefusalExhausts (a refused start, set by a leader whose voters all
+	// reach LevelRefusalExhausted): a Workspace no other node can take
+	// has no room anywhere, and ends FAILED with reason
+	// RESOURCE_EXHAUSTED (the CLI's resource_exhausted), also when the
+	// only node that reaches its standalone pool refused it. Without it
+	// such a refusal ends START_FAILED, as older builds apply it.
+	RefusalExhausts bool `json:"refusal_exhausts,omitempty"`
 	// Platform (start ok, set by a leader whose voters all reach
 	// LevelArtifacts) is the Platform the Instance runs on.
 	Platform string `json:"platform,omitempty"`
@@ -489,8 +497,11 @@ func candidateViewWith(d api.OvercommitDefault, n *api.Node, holds func() (Holds
 // Volumes); an object in a standalone pool pins it to the node that made
 // the object, unless the pool moved; new objects (the first start's layer
 // and Volumes made along with it) go to the node's default pool, which
-// must have room.
-func place(tx *bolt.Tx, e *Entry, w *api.Workspace, vols []*api.Volume, pin string, refused []string) (string, error) {
+// must have room. refused are the nodes that refused this placement
+// (drained, memory tight by their own account); with refusalExhausts
+// (WorkspaceResultArgs.RefusalExhausts) a Workspace that only one of them
+// can start has no room, as when ctrl knows that node is full.
+func place(tx *bolt.Tx, e *Entry, w *api.Workspace, vols []*api.Volume, pin string, refused []string, refusalExhausts bool) (string, error) {
 	req := placement.Request{CPU: w.CPU, MemoryBytes: w.MemoryBytes, Node: pin, Exclude: refused, Template: w.Template}
 	// A published template may start on a node that fetches it first.
 	// Only builds from LevelArtifacts on have catalog entries, so older
@@ -592,6 +603,11 @@ func place(tx *bolt.Tx, e *Entry, w *api.Workspace, vols []*api.Volume, pin stri
 	if err != nil && pin == "" && pinnedBy != nil && api.CodeOf(err) == api.CodeFailedPrecondition {
 		// An object pinned it, not --node: say so and what would help.
 		why := strings.TrimSuffix(strings.TrimPrefix(err.Error(), "node "+req.Node+" cannot take this Workspace: "), "; --node never places elsewhere")
+		if refusalExhausts && placement.Refused(why) {
+			return "", api.Errorf(api.CodeResourceExhausted,
+				"%s: %s is in standalone pool %s of node %s, the only node that can start it, which refused it; retry once %s takes new Workspaces again, or move the pool's disk to another host that declares %s",
+				subject, pinnedBy.what, pinnedBy.pool, req.Node, req.Node, pinnedBy.pool)
+		}
 		if placement.ForRoom(why) {
 			// The node is there but full: waiting for it to come back
 			// would not help, freeing room on it does.
@@ -767,7 +783,7 @@ func applyWorkspaceCreate(tx *bolt.Tx, e *Entry) (any, error) {
 		}
 		w.Volumes, vols = mounts, vs
 	}
-	node, err := place(tx, e, w, vols, a.NodeID, nil)
+	node, err := place(tx, e, w, vols, a.NodeID, nil, false)
 	if err != nil {
 		return nil, err
 	}
@@ -830,7 +846,7 @@ func applyWorkspaceStart(tx *bolt.Tx, e *Entry) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	node, err := place(tx, e, w, vols, a.NodeID, nil)
+	node, err := place(tx, e, w, vols, a.NodeID, nil, false)
 	if err != nil {
 		return nil, err
 	}
@@ -1032,12 +1048,16 @@ func workspaceResult(tx *bolt.Tx, e *Entry, a *WorkspaceResultArgs) (any, error)
 			if err != nil {
 				return nil, err
 			}
-			node, perr := place(tx, e, w, vols, "", refused)
+			node, perr := place(tx, e, w, vols, "", refused, a.RefusalExhausts)
 			if perr != nil {
 				if w.Layer != nil {
 					w.Layer.Held = false
 				}
-				fail(api.FailureStart, fmt.Sprintf("node %s refused it (%s) and no other node can take it: %s", a.NodeID, a.Error, perr.Error()))
+				if a.RefusalExhausts && api.CodeOf(perr) == api.CodeResourceExhausted {
+					fail(api.FailureResourceExhausted, refusedEverywhere(w, refused, a, perr))
+				} else {
+					fail(api.FailureStart, fmt.Sprintf("node %s refused it (%s) and no other node can take it: %s", a.NodeID, a.Error, perr.Error()))
+				}
 				if forkSource(w) != "" {
 					// Its source need not wait for it any longer.
 					w.Snapshot.Discarded = true
@@ -1102,6 +1122,21 @@ func workspaceResult(tx *bolt.Tx, e *Entry, a *WorkspaceResultArgs) (any, error)
 		return nil, err
 	}
 	return map[string]bool{"applied": true}, nil
+}
+
+// refusedEverywhere is why a Workspace whose start the nodes in refused
+// turned away (a's node the last) has no node to run on: the nodes, the
+// last one's reason, the placement's and what to do.
+func refusedEverywhere(w *api.Workspace, refused []string, a *WorkspaceResultArgs, perr error) string {
+	who, why := "node "+a.NodeID, a.Error
+	if len(refused) > 1 {
+		who, why = "nodes "+strings.Join(refused, ", "), a.NodeID+": "+cmp.Or(a.Error, "refused")
+	}
+	if why != "" {
+		why = " (" + why + ")"
+	}
+	return fmt.Sprintf("%s refused to start it%s and no other node can take it: %s; nothing of it runs: kibo workspace start %s places it again, or delete it",
+		who, why, perr.Error(), w.WorkspaceID)
 }
 
 // failEndedInstances fails AVAILABLE Workspaces whose Instance the node

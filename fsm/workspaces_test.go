@@ -803,6 +803,134 @@ func TestWorkspaceRefused(t *testing.T) {
 	})
 }
 
+// refuse answers the pending start with the node's refusal; exhausts is
+// WorkspaceResultArgs.RefusalExhausts, which a leader sets from
+// LevelRefusalExhausted on.
+func (h *harness) refuse(id, why string, exhausts bool) *api.Workspace {
+	h.t.Helper()
+	h.advance(time.Second)
+	a := h.resultArgs(id, OutcomeRefused, why)
+	a.RefusalExhausts = exhausts
+	if r := h.ok(OpWorkspaceResult, a); !decode[map[string]bool](h.t, r)["applied"] {
+		h.t.Fatalf("refusal of %s not applied", id)
+	}
+	return h.ws(id)
+}
+
+// A node that refuses a start (memory tight, draining by its own, fresher
+// account) has ctrl place the Workspace on another node; where none can
+// take it, the Workspace has no room anywhere: FAILED with reason
+// RESOURCE_EXHAUSTED, which the CLI ends with resource_exhausted (exit
+// 15) like a create ctrl could place nowhere, not START_FAILED (13).
+// Entries without RefusalExhausts (written below the level) apply as
+// before.
+func TestWorkspaceRefusalExhausts(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		// setup returns the Workspace whose start is pending.
+		setup    func(h *harness) string
+		refusals []string // the successive nodes' reasons
+		exhausts bool
+		// wantNode: placed there (CREATING/STARTING); "" with wantReason:
+		// FAILED for that reason.
+		wantNode, wantReason string
+		wantMsg              []string
+	}{
+		{name: "create, no other node", setup: func(h *harness) string {
+			oneNode(h)
+			return h.create("c1", smallWS).WorkspaceID
+		}, refusals: []string{"host memory is tight"}, exhausts: true,
+			wantReason: api.FailureResourceExhausted,
+			wantMsg: []string{"node node-a refused to start it (host memory is tight) and no other node can take it: no admitted node is ready with room",
+				"1 refused this placement", "kibo workspace start " + WorkspaceIDFor("c1") + " places it again"}},
+		{name: "create, the other node drained", setup: func(h *harness) string {
+			twoNodes(h)
+			h.ok(OpNodeDrain, NodeArgs{NodeID: "node-b"})
+			return h.create("c1", smallWS).WorkspaceID
+		}, refusals: []string{"node node-a is draining"}, exhausts: true,
+			wantReason: api.FailureResourceExhausted,
+			wantMsg:    []string{"node node-a refused to start it (node node-a is draining)", "1 drained", "1 refused this placement"}},
+		{name: "create, another node fits", setup: func(h *harness) string {
+			twoNodes(h)
+			return h.create("c1", smallWS).WorkspaceID
+		}, refusals: []string{"host memory is tight"}, exhausts: true, wantNode: "node-b"},
+		{name: "create, refused by both nodes", setup: func(h *harness) string {
+			twoNodes(h)
+			return h.create("c1", smallWS).WorkspaceID
+		}, refusals: []string{"node node-a is draining", "host memory is tight"}, exhausts: true,
+			wantReason: api.FailureResourceExhausted,
+			wantMsg:    []string{"nodes node-a, node-b refused to start it (node-b: host memory is tight) and no other node can take it", "2 refused this placement"}},
+		{name: "start of a stopped Workspace, its layer in the refusing node's pool", setup: func(h *harness) string {
+			twoNodes(h)
+			w := h.stopped("c1", smallWS)
+			h.advance(time.Second)
+			h.ok(OpWorkspaceStart, WorkspaceArgs{WorkspaceID: w.WorkspaceID})
+			return w.WorkspaceID
+		}, refusals: []string{"host memory is tight"}, exhausts: true,
+			wantReason: api.FailureResourceExhausted,
+			wantMsg: []string{"node node-a refused to start it (host memory is tight)",
+				"standalone pool " + api.PrivatePoolID("node-a") + " of node node-a, the only node that can start it, which refused it"}},
+		{name: "a fork only its source's node can restore", setup: func(h *harness) string {
+			oneNode(h)
+			h.resumer("node-a", canResume)
+			h.poolCapacity("nfs", 100*gib)
+			src := h.pausedWS("c1", smallWS)
+			return h.create("f1", fork(src.WorkspaceID)).WorkspaceID
+		}, refusals: []string{"host memory is tight"}, exhausts: true,
+			wantReason: api.FailureResourceExhausted, wantMsg: []string{"node node-a refused to start it (host memory is tight)"}},
+		{name: "an entry from below the level: START_FAILED", setup: func(h *harness) string {
+			oneNode(h)
+			return h.create("c1", smallWS).WorkspaceID
+		}, refusals: []string{"host memory is tight"},
+			wantReason: api.FailureStart, wantMsg: []string{"node node-a refused it (host memory is tight) and no other node can take it"}},
+		{name: "a stopped one from below the level: START_FAILED", setup: func(h *harness) string {
+			twoNodes(h)
+			w := h.stopped("c1", smallWS)
+			h.advance(time.Second)
+			h.ok(OpWorkspaceStart, WorkspaceArgs{WorkspaceID: w.WorkspaceID})
+			return w.WorkspaceID
+		}, refusals: []string{"host memory is tight"},
+			wantReason: api.FailureStart, wantMsg: []string{"which cannot now: refused this placement"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t)
+			id := tc.setup(h)
+			var got *api.Workspace
+			for _, why := range tc.refusals {
+				got = h.refuse(id, why, tc.exhausts)
+			}
+			if tc.wantNode != "" {
+				if got.NodeID != tc.wantNode || got.Failure != nil || got.Pending == nil || got.Pending.NodeID != tc.wantNode ||
+					got.State != api.WorkspaceCreating {
+					t.Fatalf("after the refusal: %+v pending %+v, want CREATING on %s", got, got.Pending, tc.wantNode)
+				}
+				checkIndex(t, h.f)
+				return
+			}
+			if got.State != api.WorkspaceFailed || got.Failure == nil || got.Failure.Reason != tc.wantReason || !got.Failure.At.Equal(h.now) {
+				t.Fatalf("refused everywhere: %+v failure %+v, want FAILED %s", got, got.Failure, tc.wantReason)
+			}
+			for _, m := range tc.wantMsg {
+				if !strings.Contains(got.Failure.Message, m) {
+					t.Errorf("failure message %q lacks %q", got.Failure.Message, m)
+				}
+			}
+			if strings.ContainsAny(got.Failure.Message, "\r\n") {
+				t.Errorf("failure message is not one line: %q", got.Failure.Message)
+			}
+			if got.NodeID != "" || got.InstanceID != "" || got.Pending != nil || got.Layer != nil && got.Layer.Held {
+				t.Errorf("refused everywhere, it keeps %+v layer %+v", got, got.Layer)
+			}
+			for _, n := range []string{"node-a", "node-b"} {
+				if hd := h.holds(n); hd.Instances != 0 || hd.Layers != 0 || hd.Allocated != (api.Resources{}) {
+					t.Errorf("%s still holds %+v", n, hd)
+				}
+			}
+			checkIndex(t, h.f)
+		})
+	}
+}
+
 func TestWorkspaceStartFailed(t *testing.T) {
 	h := newHarness(t)
 	twoNodes(h)

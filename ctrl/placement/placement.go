@@ -296,6 +296,10 @@ func ForRoom(reason string) bool {
 	return false
 }
 
+// Refused says whether a reason (or its label) is the node's own refusal
+// of this placement (Request.Exclude).
+func Refused(reason string) bool { return Label(reason) == whyRefused }
+
 // Decide is Choose, saying why it refused.
 func Decide(nodes []api.Node, req Request) Decision {
 	cands := Candidates(nodes)
