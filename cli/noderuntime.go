@@ -117,6 +117,7 @@ func openNodeRuntime(ctx context.Context, o memberOptions, nodeID string, steps 
 		// or a Resolver (and says why).
 		if sup, err = openEgress(ctx, d, m, logFormat, o.egressWarm, log); err != nil {
 			log.Warn("egress process unavailable: Workspaces whose policy names an Egress or a Resolver cannot start here", "err", err)
+			cfg.EgressUnavailable = err
 		} else {
 			cfg.Egress = sup
 		}

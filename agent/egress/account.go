@@ -13,6 +13,8 @@ import (
 	"strings"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/kibotos/kibotos/internal/posixacl"
 )
 
 // DefaultUser is the account the egress process runs as.
@@ -22,6 +24,7 @@ const DefaultUser = "kibotos-egress"
 type account struct {
 	name     string
 	uid, gid int
+	groups   []uint32 // its primary group and its others
 }
 
 // ensureAccount looks the egress account up and creates it when missing:
@@ -44,6 +47,14 @@ func ensureAccount(ctx context.Context, name string) (account, error) {
 	a := account{name: name}
 	a.uid, _ = strconv.Atoi(u.Uid)
 	a.gid, _ = strconv.Atoi(u.Gid)
+	a.groups = []uint32{uint32(a.gid)}
+	if ids, err := u.GroupIds(); err == nil {
+		for _, id := range ids {
+			if g, err := strconv.ParseUint(id, 10, 32); err == nil && g != uint64(a.gid) {
+				a.groups = append(a.groups, uint32(g))
+			}
+		}
+	}
 	if a.uid == 0 || a.gid == 0 {
 		return account{}, fmt.Errorf("egress: account %s has uid %d gid %d: it must not be root; set another egress user", name, a.uid, a.gid)
 	}
@@ -78,20 +89,33 @@ func (a account) prepareSocketDir(dir string) error {
 }
 
 // checkReach says which directory keeps the account from path (a
-// directory to enter or a file to execute: the same x bit). The node only
-// checks, never grants: letting the account into a directory of the
-// node's (such as the data directory) would also let it near the state it
-// must never see. A directory with an ACL is trusted to allow it; the
-// start then says otherwise.
+// directory to enter or a file to execute: the same x bit), reading mode
+// bits and POSIX ACLs as the kernel does: a node's storage root under
+// /root gets an ACL entry for the VMM account only, which lets the egress
+// account in no more than before. The node only checks, never grants:
+// letting the account into a directory of the node's (such as the data
+// directory) would also let it near the state it must never see.
 func (a account) checkReach(path string) error {
 	for d := filepath.Clean(path); ; d = filepath.Dir(d) {
 		var st unix.Stat_t
 		if err := unix.Stat(d, &st); err != nil {
 			return fmt.Errorf("egress: %s: %w", d, err)
 		}
-		if !a.allowed(&st, 0o1) && !hasACL(d) {
-			return fmt.Errorf("egress: account %s cannot reach %s: %s (mode %#o, owner %d:%d) denies it; put it under a directory others can search, such as /run/kibotos",
-				a.name, path, d, st.Mode&0o7777, st.Uid, st.Gid)
+		ok, acl, err := a.allowed(d, &st, posixacl.Execute)
+		if err != nil {
+			return fmt.Errorf("egress: %w", err)
+		}
+		if !ok {
+			how := fmt.Sprintf("mode %#o, owner %d:%d", st.Mode&0o7777, st.Uid, st.Gid)
+			if acl {
+				how += ", an ACL without it"
+			}
+			what := "reach"
+			if d == filepath.Clean(path) {
+				what = "execute"
+			}
+			return fmt.Errorf("egress: account %s (uid %d) cannot %s %s: %s (%s) denies it; put it under a directory others can search, such as /run/kibotos or /usr/local/bin",
+				a.name, a.uid, what, path, d, how)
 		}
 		if d == "/" || d == "." {
 			return nil
@@ -99,18 +123,16 @@ func (a account) checkReach(path string) error {
 	}
 }
 
-// allowed reads the mode bits the way the kernel picks the class.
-func (a account) allowed(st *unix.Stat_t, bit uint32) bool {
-	switch {
-	case int(st.Uid) == a.uid:
-		return st.Mode&(bit<<6) != 0
-	case int(st.Gid) == a.gid:
-		return st.Mode&(bit<<3) != 0
+// allowed says whether the account gets bit of the file st describes, by
+// its ACL (acl true) or else its mode bits.
+func (a account) allowed(path string, st *unix.Stat_t, bit uint16) (ok, acl bool, err error) {
+	ents, err := posixacl.Get(path)
+	if err != nil {
+		return false, false, err
 	}
-	return st.Mode&bit != 0
-}
-
-func hasACL(path string) bool {
-	n, err := unix.Getxattr(path, "system.posix_acl_access", nil)
-	return err == nil && n > 0
+	acl = ents != nil
+	if !acl {
+		ents = posixacl.FromMode(st.Mode)
+	}
+	return posixacl.Allows(ents, st.Uid, st.Gid, uint32(a.uid), a.groups, bit), acl, nil
 }

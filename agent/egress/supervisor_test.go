@@ -15,6 +15,9 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
+	"github.com/kibotos/kibotos/internal/posixacl"
 	"github.com/kibotos/kibotos/vmm/units"
 )
 
@@ -53,7 +56,7 @@ func TestSupervisorReachCheck(t *testing.T) {
 	}
 	defer os.RemoveAll(base)
 	dir, sock := base+"/node", base+"/node/sock"
-	a := account{name: "someone", uid: 54321, gid: 54321}
+	a := account{name: "someone", uid: 54321, gid: 54321, groups: []uint32{54321}}
 	if err := os.Chmod(base, 0o755); err != nil {
 		t.Fatal(err)
 	}
@@ -72,6 +75,40 @@ func TestSupervisorReachCheck(t *testing.T) {
 	}
 	if err := a.checkReach(sock); err != nil {
 		t.Fatalf("reach through a searchable directory: %v", err)
+	}
+
+	// An ACL that lets another account in (the VMM's, which the node
+	// grants on a storage root under /root) does not let this one in;
+	// one that names it does.
+	if err := os.Chmod(dir, 0o710); err != nil {
+		t.Fatal(err)
+	}
+	setACL := func(ents ...posixacl.Entry) {
+		t.Helper()
+		ents = append(ents, posixacl.FromMode(0o710)...)
+		ents = append(ents, posixacl.Entry{Tag: posixacl.Mask, Perm: posixacl.Execute, ID: posixacl.NoID})
+		if err := unix.Setxattr(dir, posixacl.Xattr, posixacl.Encode(ents), 0); err != nil {
+			t.Fatalf("set an ACL on %s: %v", dir, err)
+		}
+	}
+	setACL(posixacl.Entry{Tag: posixacl.User, Perm: posixacl.Execute, ID: 54320})
+	err = a.checkReach(sock)
+	if err == nil || !strings.Contains(err.Error(), "cannot reach "+sock+": "+dir+" (mode 0710, owner 0:0, an ACL without it)") {
+		t.Fatalf("reach through a directory whose ACL names another account: %v", err)
+	}
+	setACL(posixacl.Entry{Tag: posixacl.User, Perm: posixacl.Execute, ID: 54320}, posixacl.Entry{Tag: posixacl.User, Perm: posixacl.Execute, ID: 54321})
+	if err := a.checkReach(sock); err != nil {
+		t.Fatalf("reach through a directory whose ACL names the account: %v", err)
+	}
+
+	// A program it may not execute is named as such.
+	exe := filepath.Join(base, "kibotos")
+	if err := os.WriteFile(exe, []byte("#!/bin/sh\n"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	err = a.checkReach(exe)
+	if err == nil || !strings.Contains(err.Error(), "account someone (uid 54321) cannot execute "+exe+": "+exe+" (mode 0700, owner 0:0)") {
+		t.Fatalf("a 0700 program: %v", err)
 	}
 }
 

@@ -174,7 +174,11 @@ func (rt *Runtime) checkEgressPolicy(id string, p NetworkPolicy) error {
 		return nil
 	}
 	if rt.cfg.Egress == nil {
-		return fmt.Errorf("runtime: instance %s: its policy needs the egress process, which this node does not run (no service manager for it)", id)
+		why := "no service manager for it"
+		if rt.cfg.EgressUnavailable != nil {
+			why = rt.cfg.EgressUnavailable.Error()
+		}
+		return fmt.Errorf("runtime: instance %s: its policy needs the egress process, which this node cannot run: %s", id, why)
 	}
 	if p.Proxy != nil && p.Proxy.Credentials {
 		if _, err := rt.loadEgressCredentials(p.Proxy.Name, p.Proxy.Revision); err != nil {

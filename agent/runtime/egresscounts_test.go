@@ -2,6 +2,7 @@ package runtime
 
 import (
 	"context"
+	"errors"
 	"net/netip"
 	"reflect"
 	"testing"
@@ -40,5 +41,16 @@ func TestEgressByInstance(t *testing.T) {
 	}
 	if _, ok := (&Runtime{}).EgressByInstance(context.Background()); ok {
 		t.Fatal("a node without an egress process has counters")
+	}
+}
+
+// A node that could not prepare its egress process refuses a policy that
+// needs it with why, not a guess.
+func TestEgressPolicyRefusedWithWhy(t *testing.T) {
+	why := errors.New("egress: account kibotos-egress (uid 995) cannot execute /root/kibotos/bin/kibotos: /root (mode 0710, owner 0:0, an ACL without it) denies it")
+	rt := &Runtime{cfg: Config{EgressUnavailable: why}}
+	err := rt.checkEgressPolicy("inst-1", NetworkPolicy{Egress: EgressProxyMode, Proxy: &EgressProxy{Name: "e1", Revision: 1, SOCKS5: "192.0.2.9:1080"}})
+	if err == nil || err.Error() != "runtime: instance inst-1: its policy needs the egress process, which this node cannot run: "+why.Error() {
+		t.Fatalf("refusal: %v", err)
 	}
 }

@@ -116,8 +116,10 @@ type Config struct {
 	// Open (metrics histograms).
 	Observe func(step string, d time.Duration)
 	// Egress runs the egress process for policies naming an Egress or a
-	// Resolver; nil: such policies are refused.
-	Egress EgressRouter
+	// Resolver; nil: such policies are refused, saying EgressUnavailable
+	// (why the node could not prepare it) when set.
+	Egress            EgressRouter
+	EgressUnavailable error
 	// Pools are the node's storage pool directories. At Open, a running
 	// Instance whose layer is in one is taken over only once the pool
 	// opens, waiting at most PoolOpenWait (default DefaultPoolOpenWait);

@@ -2,18 +2,17 @@ package runtime
 
 import (
 	"context"
-	"encoding/binary"
-	"errors"
 	"fmt"
 	"os"
 	"os/exec"
 	"os/user"
 	"path/filepath"
-	"sort"
 	"strconv"
 	"strings"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/kibotos/kibotos/internal/posixacl"
 )
 
 // DefaultVMMUser is the account QEMU runs as. All VMMs of a host share it:
@@ -127,75 +126,42 @@ func (a vmmAccount) searchableByMode(st *unix.Stat_t) bool {
 	return st.Mode&0o001 != 0
 }
 
-// POSIX ACL xattr format (linux/posix_acl_xattr.h).
-const (
-	aclXattr    = "system.posix_acl_access"
-	aclVersion  = 2
-	aclUserObj  = 0x01
-	aclUser     = 0x02
-	aclGroupObj = 0x04
-	aclGroup    = 0x08
-	aclMask     = 0x10
-	aclOther    = 0x20
-	aclNoID     = 0xffffffff
-	aclExecute  = 0x1
-)
-
-type aclEntry struct {
-	tag, perm uint16
-	id        uint32
-}
-
 // addSearchACL adds user:<uid>:x to dir's access ACL (made from the mode
 // bits when it has none) and x to its mask, so the entry is effective. It
 // writes nothing when the entry is there already.
 func addSearchACL(dir string, uid int, mode uint32) error {
-	buf := make([]byte, 4096)
-	n, err := unix.Getxattr(dir, aclXattr, buf)
-	var ents []aclEntry
-	switch {
-	case errors.Is(err, unix.ENODATA):
-		ents = []aclEntry{
-			{aclUserObj, uint16(mode>>6) & 7, aclNoID},
-			{aclGroupObj, uint16(mode>>3) & 7, aclNoID},
-			{aclOther, uint16(mode) & 7, aclNoID},
-		}
-	case err != nil:
-		return fmt.Errorf("read ACL: %w", err)
-	default:
-		b := buf[:n]
-		if len(b) < 4 || binary.LittleEndian.Uint32(b) != aclVersion || (len(b)-4)%8 != 0 {
-			return fmt.Errorf("ACL of %d bytes in an unknown format", n)
-		}
-		for b = b[4:]; len(b) > 0; b = b[8:] {
-			ents = append(ents, aclEntry{binary.LittleEndian.Uint16(b), binary.LittleEndian.Uint16(b[2:]), binary.LittleEndian.Uint32(b[4:])})
-		}
+	ents, err := posixacl.Get(dir)
+	if err != nil {
+		return err
+	}
+	if ents == nil {
+		ents = posixacl.FromMode(mode)
 	}
 	changed, found, groupClass := false, false, uint16(0)
 	for i := range ents {
 		e := &ents[i]
-		if e.tag == aclUser && e.id == uint32(uid) {
+		if e.Tag == posixacl.User && e.ID == uint32(uid) {
 			found = true
-			if e.perm&aclExecute == 0 {
-				e.perm |= aclExecute
+			if e.Perm&posixacl.Execute == 0 {
+				e.Perm |= posixacl.Execute
 				changed = true
 			}
 		}
-		if e.tag == aclUser || e.tag == aclGroup || e.tag == aclGroupObj {
-			groupClass |= e.perm
+		if e.Tag == posixacl.User || e.Tag == posixacl.Group || e.Tag == posixacl.GroupObj {
+			groupClass |= e.Perm
 		}
 	}
 	if !found {
-		ents = append(ents, aclEntry{aclUser, aclExecute, uint32(uid)})
-		groupClass |= aclExecute
+		ents = append(ents, posixacl.Entry{Tag: posixacl.User, Perm: posixacl.Execute, ID: uint32(uid)})
+		groupClass |= posixacl.Execute
 		changed = true
 	}
 	hasMask := false
 	for i := range ents {
-		if e := &ents[i]; e.tag == aclMask {
+		if e := &ents[i]; e.Tag == posixacl.Mask {
 			hasMask = true
-			if e.perm&aclExecute == 0 {
-				e.perm |= aclExecute
+			if e.Perm&posixacl.Execute == 0 {
+				e.Perm |= posixacl.Execute
 				changed = true
 			}
 		}
@@ -203,24 +169,12 @@ func addSearchACL(dir string, uid int, mode uint32) error {
 	if !hasMask {
 		// The mask of a new ACL is the union of the group class, so no
 		// existing entry loses or gains anything but the one added.
-		ents = append(ents, aclEntry{aclMask, groupClass, aclNoID})
+		ents = append(ents, posixacl.Entry{Tag: posixacl.Mask, Perm: groupClass, ID: posixacl.NoID})
 	}
 	if !changed {
 		return nil
 	}
-	sort.Slice(ents, func(i, j int) bool {
-		if ents[i].tag != ents[j].tag {
-			return ents[i].tag < ents[j].tag
-		}
-		return ents[i].id < ents[j].id
-	})
-	out := binary.LittleEndian.AppendUint32(nil, aclVersion)
-	for _, e := range ents {
-		out = binary.LittleEndian.AppendUint16(out, e.tag)
-		out = binary.LittleEndian.AppendUint16(out, e.perm)
-		out = binary.LittleEndian.AppendUint32(out, e.id)
-	}
-	if err := unix.Setxattr(dir, aclXattr, out, 0); err != nil {
+	if err := unix.Setxattr(dir, posixacl.Xattr, posixacl.Encode(ents), 0); err != nil {
 		return fmt.Errorf("write ACL: %w", err)
 	}
 	return nil
