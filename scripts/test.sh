@@ -18,7 +18,7 @@ go test -count=1 -timeout 20m ./e2e "$@"
 # (no VM, about 40 s under -race), whose generation hand-over is the
 # concurrency most worth checking.
 race_pkgs=(./fsm/... ./cluster/... ./trust/... ./cli/... ./credential/... ./ctrl/... ./api/... ./datadir/...
-	./netpol/... ./agent/hostusage/... ./agent/dnsfilter/... ./agent/dataplane/... ./storagepool/... ./metrics/... ./vmm/guest/... ./vmm/guestproto/... ./vmm/firecracker/... ./vmm/platform/... ./internal/...)
+	./netpol/... ./agent/hostusage/... ./agent/dnsfilter/... ./agent/dataplane/... ./storagepool/... ./metrics/... ./vmm/guest/... ./vmm/guestproto/... ./vmm/platform/... ./internal/...)
 # TestUnknownOpHaltsEveryMember restarts three members that halted: twice,
 # under load, the race detector reported an access shared by a goroutine of
 # a member's first run and one of its restart; it did not recur in 15 runs

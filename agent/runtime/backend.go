@@ -12,11 +12,8 @@ import (
 )
 
 // Backend is what differs between VMMs: the command line and how the node
-// reaches the guest agent. Only QEMU (microvm, virtio-serial channel) is
-// implemented. A Firecracker backend fits the same shape: Argv would run the
-// jailer with the API socket under Paths.Dir (the VM then being configured
-// over that socket before InstanceStart), and GuestConn would dial the hybrid
-// vsock socket and send "CONNECT <port>".
+// reaches the guest agent. QEMU (microvm, virtio-serial channel) is the
+// one implemented (README: why there is no Firecracker backend).
 type Backend interface {
 	// Name is recorded in the launch record.
 	Name() string
@@ -26,24 +23,13 @@ type Backend interface {
 	GuestConn(ctx context.Context, paths Paths) (net.Conn, error)
 }
 
-// Stager is implemented by backends that lay out files before the VMM unit
-// starts and remove them once it ended for good (Firecracker's jail), and
-// whose unit's main process ends up running another executable than
-// Argv[0] (the jailer execs Firecracker).
-type Stager interface {
-	Prepare(spec Spec, p Paths) error
-	Release(id string, p Paths) error
-	// ExecPath is the executable the main process runs once started.
-	ExecPath(spec Spec, p Paths) string
-}
-
 // Paths are the files of one Instance, all inside its directory.
 type Paths struct {
 	Dir         string
 	Console     string // guest serial console
 	VMMLog      string // the VMM's stdout and stderr
 	AgentSocket string // guest agent channel of the node
-	Control     string // VMM control socket (QMP; Firecracker's API socket)
+	Control     string // VMM control socket (QMP)
 	Disk        string // writable raw disk
 	Tap         string // tap in the Instance's network namespace; "" for none
 	Layer       string // retained writable layer (qcow2 over a template image); "" for none

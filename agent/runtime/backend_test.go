@@ -5,7 +5,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/kibotos/kibotos/vmm/firecracker"
 	"github.com/kibotos/kibotos/vmm/guestproto"
 	"github.com/kibotos/kibotos/vmm/platform"
 	"github.com/kibotos/kibotos/vmm/qemu"
@@ -39,20 +38,6 @@ func TestQEMUDataChannel(t *testing.T) {
 	old := slices.DeleteFunc(slices.Clone(argv), func(a string) bool { return strings.Contains(a, "data") })
 	if got := dataSocket(p.DataSocket, old); got != "" {
 		t.Errorf("dataSocket for a launch without the channel %q, want none", got)
-	}
-}
-
-// Firecracker has no data channel yet: its launches never carry the socket.
-func TestFirecrackerNoDataChannel(t *testing.T) {
-	p := instancePaths("/srv/kibotos/runtime/instances/i1")
-	fc := Firecracker{FC: &firecracker.Backend{Jailer: "/usr/bin/jailer", Firecracker: "/usr/bin/firecracker",
-		UID: 1000, GID: 1000, ChrootBaseDir: "/srv/jail", AgentPort: 1024}}
-	argv, err := fc.Argv(Spec{InstanceID: "i1", Installation: &platform.Installation{Dir: "/srv/p"}, VCPUs: 1, MemoryMiB: 256}, p)
-	if err != nil || len(argv) == 0 {
-		t.Fatalf("firecracker argv %q, %v", argv, err)
-	}
-	if got := dataSocket(p.DataSocket, argv); got != "" {
-		t.Errorf("firecracker argv %q carries the data socket", argv)
 	}
 }
 

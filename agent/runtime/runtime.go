@@ -507,9 +507,8 @@ func (rt *Runtime) Status(id string) (InstanceStatus, error) {
 }
 
 // dataSocket is sock if the VMM was launched with it on its command line:
-// backends without a data channel (Firecracker) never put it there, and an
-// Instance launched before its backend had one, and taken over since, has
-// none either.
+// an Instance launched before the backend had a data channel, and taken
+// over since, has none.
 func dataSocket(sock string, vmmArgv []string) string {
 	if sock == "" {
 		return ""

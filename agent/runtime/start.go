@@ -282,19 +282,12 @@ func (rt *Runtime) start(ctx context.Context, in *instance, spec Spec) error {
 			}
 		}
 	}
-	execPath := vmm[0]
-	if st, ok := rt.backend.(Stager); ok {
-		if err := st.Prepare(spec, p); err != nil {
-			return errors.Join(fmt.Errorf("runtime: instance %s: prepare %s: %w", in.id, rt.backend.Name(), err), rt.deleteNetwork(context.WithoutCancel(ctx), in.id, rec.Network))
-		}
-		execPath = st.ExecPath(spec, p)
-	}
 	u, err := rt.units.StartVMM(ctx, us)
 	if err != nil {
 		return errors.Join(err, rt.deleteNetwork(context.WithoutCancel(ctx), in.id, rec.Network))
 	}
 	tUnit := time.Since(t0)
-	proc, err := rt.identify(ctx, u, execPath)
+	proc, err := rt.identify(ctx, u, vmm[0])
 	if err != nil {
 		return errors.Join(fmt.Errorf("%w; VMM log tail:\n%s", err, vmmLogTail(p.VMMLog)), rt.abortLaunch(ctx, rec.Unit, u.InvocationID))
 	}
@@ -473,8 +466,6 @@ func (rt *Runtime) identify(ctx context.Context, u units.Unit, vmmBinary string)
 		if err != nil {
 			return nil, fmt.Errorf("unit %s main process (host PID %d) exited at once: %w; see %s", u.Name, hostPID, err, vmmBinary)
 		}
-		// Looked up each time: a staged executable (the jailer's copy of
-		// Firecracker) may appear only once the unit runs.
 		wantDev, wantIno, idErr := fileID(vmmBinary)
 		if idErr == nil && dev == wantDev && ino == wantIno {
 			st, err := procStartTime(hostPID)

@@ -472,11 +472,6 @@ func (rt *Runtime) Delete(ctx context.Context, id string) error {
 			}
 		}()
 	}
-	if st, ok := rt.backend.(Stager); ok {
-		if err := st.Release(id, in.paths); err != nil {
-			return fmt.Errorf("runtime: delete instance %s: %w", id, err)
-		}
-	}
 	if err := os.RemoveAll(in.paths.Dir); err != nil {
 		return fmt.Errorf("runtime: delete instance %s: remove %s: %w", id, in.paths.Dir, err)
 	}

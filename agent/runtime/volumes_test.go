@@ -6,7 +6,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/kibotos/kibotos/vmm/firecracker"
 	"github.com/kibotos/kibotos/vmm/platform"
 	"github.com/kibotos/kibotos/vmm/qemu"
 )
@@ -33,12 +32,6 @@ func TestQEMUVolumeDisks(t *testing.T) {
 	}, " ")
 	if !strings.Contains(cmd, want) {
 		t.Errorf("argv lacks the disks in order\n%s\nin\n%s", want, cmd)
-	}
-
-	fc := Firecracker{FC: &firecracker.Backend{Jailer: "/usr/bin/jailer", Firecracker: "/usr/bin/firecracker",
-		UID: 1000, GID: 1000, ChrootBaseDir: "/srv/jail", AgentPort: 1024}}
-	if _, err := fc.Argv(spec, p); err == nil || !strings.Contains(err.Error(), "Volumes are not supported") {
-		t.Errorf("firecracker with Volumes: %v; want them refused", err)
 	}
 }
 
