@@ -3,7 +3,9 @@ package runtime_test
 import (
 	"context"
 	"crypto/sha256"
+	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
@@ -254,6 +256,16 @@ func TestTemplateRootAndRetainedLayer(t *testing.T) {
 		if vms := h.activeVMMs(t); len(vms) != 1 {
 			t.Fatalf("VMM units after the failed takeover: %v, want ws-1-b's still running", vms)
 		}
+		// The product documentation's log line, with the Instance and why.
+		found := false
+		for _, e := range h.logs.entries("instance takeover failed") {
+			if e["instance_id"] == "ws-1-b" && e["level"] == "ERROR" && strings.HasPrefix(fmt.Sprint(e["err"]), wantErr) {
+				found = true
+			}
+		}
+		if !found {
+			t.Errorf("no ERROR entry instance takeover failed for ws-1-b beginning %q", wantErr)
+		}
 	}
 	takeOver("PREPARING_RETAINED_LAYER: storage pool is unavailable: pool p1")
 	if e := h.logs.entries("storage pool not opened for takeover"); len(e) != 2 {
@@ -265,6 +277,32 @@ func TestTemplateRootAndRetainedLayer(t *testing.T) {
 	}
 	takeOver("ATTACHING_VOLUME: storage pool is unavailable: pool p2")
 	if err := os.Rename(volPool+".away", volPool); err != nil {
+		t.Fatal(err)
+	}
+	// Not taken over, so the node checks ownership before it stops the
+	// service: a launch record that no longer names the process the node
+	// recorded (edited, or another's) stops nothing.
+	recPath := filepath.Join(h.root, "runtime", "instances", "ws-1-b", runtime.LaunchRecordFile)
+	orig, err := os.ReadFile(recPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var other map[string]any
+	if err := json.Unmarshal(orig, &other); err != nil {
+		t.Fatal(err)
+	}
+	other["process"].(map[string]any)["start_time"] = other["process"].(map[string]any)["start_time"].(float64) + 1
+	edited, _ := json.Marshal(other)
+	if err := os.WriteFile(recPath, edited, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := rt.Stop(ctx, "ws-1-b", 0); err == nil || !strings.Contains(err.Error(), "stop instance process this node did not take over: launch record "+recPath+" names process") {
+		t.Fatalf("stop with a launch record that names another process: %v", err)
+	}
+	if vms := h.activeVMMs(t); len(vms) != 1 {
+		t.Fatalf("VMM units after the refused stop: %v, want ws-1-b's still running", vms)
+	}
+	if err := os.WriteFile(recPath, orig, 0o600); err != nil {
 		t.Fatal(err)
 	}
 	if err := rt.Stop(ctx, "ws-1-b", 0); err != nil {

@@ -363,6 +363,17 @@ func (rt *Runtime) ensureEnded(ctx context.Context, in *instance) error {
 	inv := ""
 	if rec.Process != nil {
 		inv = rec.Process.InvocationID
+		// The VMM may never have been taken over (its pool or installation
+		// was missing): before stopping a service that still runs, the
+		// launch record, its unit binding, the node's own record and the
+		// actual service must all name the same process; any doubt leaves
+		// it running.
+		if u, err := rt.units.Get(ctx, rec.Unit); err == nil && u.Active() {
+			if why := rt.ownershipDoubt(in, rec, u); why != "" {
+				return fmt.Errorf("runtime: instance %s: stop instance process this node did not take over: %s; the service keeps running: inspect it with systemctl show %s",
+					in.id, why, rec.Unit)
+			}
+		}
 	} else if u, err := rt.units.Get(ctx, rec.Unit); err == nil && u.Active() {
 		return fmt.Errorf("runtime: instance %s: stop instance process this node did not take over: unit %s runs (invocation %s) but the launch record was never completed",
 			in.id, rec.Unit, u.InvocationID)
@@ -374,6 +385,45 @@ func (rt *Runtime) ensureEnded(ctx context.Context, in *instance) error {
 		return fmt.Errorf("runtime: instance %s: %w", in.id, err)
 	}
 	return nil
+}
+
+// ownershipDoubt says how the launch record on disk, the node's record
+// of the Instance (rec) and the running unit u disagree about the VMM
+// process, or "" when they name the same one.
+func (rt *Runtime) ownershipDoubt(in *instance, rec *LaunchRecord, u units.Unit) string {
+	path := filepath.Join(in.paths.Dir, LaunchRecordFile)
+	disk, err := ReadLaunchRecord(path)
+	switch {
+	case err != nil:
+		return fmt.Sprintf("launch record unreadable: %v", err)
+	case disk.Unit != rec.Unit:
+		return fmt.Sprintf("launch record %s binds unit %s, the node's record %s", path, disk.Unit, rec.Unit)
+	case !sameProcess(disk.Process, rec.Process):
+		return fmt.Sprintf("launch record %s names process %s, the node's record %s", path, describeProcess(disk.Process), describeProcess(rec.Process))
+	}
+	if why := rt.mismatch(rec, u); why != "" {
+		return fmt.Sprintf("unit %s does not match the records: %s", rec.Unit, why)
+	}
+	return ""
+}
+
+// sameProcess compares what identifies the process (StartedAt is this
+// node's clock reading, not the process's identity).
+func sameProcess(a, b *ProcessRecord) bool {
+	if a == nil || b == nil {
+		return a == b
+	}
+	x, y := *a, *b
+	x.StartedAt, y.StartedAt = time.Time{}, time.Time{}
+	return x == y
+}
+
+func describeProcess(p *ProcessRecord) string {
+	if p == nil {
+		return "none"
+	}
+	return fmt.Sprintf("(invocation %s, MainPID %d, host PID %d, start time %d, %s %d:%d, cgroup %s)",
+		p.InvocationID, p.MainPID, p.HostPID, p.StartTime, p.Exe, p.ExeDev, p.ExeIno, p.ControlGroup)
 }
 
 // Fence ends an Instance's VMM at once, without asking the guest: an
