@@ -128,6 +128,13 @@ func TestStartVMMTakeoverStop(t *testing.T) {
 	if got, err := h.m.MainHostPID(u); err != nil || got != hostPID {
 		t.Errorf("MainHostPID = %d, %v; want %d", got, err, hostPID)
 	}
+	// What systemd applied, read back: a VMM the kernel's OOM killer hits
+	// ends its whole unit, and the unit sees the node's mounts.
+	for prop, want := range map[string]any{"OOMPolicy": "kill", "PrivateMounts": false, "KillMode": "control-group", "Restart": "no", "Type": "exec"} {
+		if got, err := h.m.ServiceProperty(ctx, name, prop); err != nil || got != want {
+			t.Errorf("%s of %s: %v (%T), %v; want %v", prop, name, got, got, err, want)
+		}
+	}
 	vmmSlice, err := h.m.Get(ctx, units.VMMSlice)
 	if err != nil || vmmSlice.Slice != "kibotos.slice" || !vmmSlice.Active() {
 		t.Errorf("kibotos-vmm.slice: %+v, %v; want active with parent kibotos.slice", vmmSlice, err)
