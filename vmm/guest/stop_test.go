@@ -2,6 +2,7 @@ package guest
 
 import (
 	"net"
+	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -44,11 +45,25 @@ func TestStopPrepare(t *testing.T) {
 		t.Fatalf("capabilities %v lack %s", c.Info().Capabilities, guestproto.CapStopPrepare)
 	}
 
+	// The Volume's mount point moved away from where it was mounted: it
+	// cannot even be opened to sync.
+	root := filepath.Dir(target)
+	if err := os.Rename(root, root+".moved"); err != nil {
+		t.Fatal(err)
+	}
+	_, err := c.Stop(ctx, 100*time.Millisecond)
+	if err := os.Rename(root+".moved", root); err != nil {
+		t.Fatal(err)
+	}
+	if ge := guestErr(err); ge == nil || ge.Code != guestproto.CodeFailed || !strings.HasPrefix(ge.Message, "retained filesystem sync failed: "+target+": ") {
+		t.Fatalf("stop with the Volume's mount point moved: %v; want retained filesystem sync failed", err)
+	}
+
 	// Something mounted over the Volume that cannot be frozen.
 	if err := unix.Mount("tmpfs", target, "tmpfs", 0, ""); err != nil {
 		t.Fatal(err)
 	}
-	_, err := c.Stop(ctx, 100*time.Millisecond)
+	_, err = c.Stop(ctx, 100*time.Millisecond)
 	if ge := guestErr(err); ge == nil || ge.Code != guestproto.CodeFailed || !strings.HasPrefix(ge.Message, "retained filesystem freeze failed: "+target+": ") {
 		t.Fatalf("stop with a tmpfs over the Volume: %v; want retained filesystem freeze failed", err)
 	}
