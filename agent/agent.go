@@ -18,6 +18,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -116,6 +117,7 @@ type PoolConfig struct {
 // Agent is the running node side.
 type Agent struct {
 	cfg         Config
+	skew        atomic.Int64 // Config.ClockSkew, as SetClockSkew left it
 	log         *slog.Logger
 	incarnation uint64
 	sampler     *hostusage.Sampler
@@ -202,6 +204,7 @@ func New(cfg Config) (*Agent, error) {
 	}
 	a := &Agent{cfg: cfg, log: cfg.Logger.With("node_id", cfg.NodeID), incarnation: inc,
 		sampler: hostusage.NewSampler(hostusage.Config{Interval: cfg.SampleInterval, VMCgroup: vmCgroup})}
+	a.skew.Store(int64(cfg.ClockSkew))
 	a.initTasks()
 	if err := a.initWarm(); err != nil {
 		return nil, fmt.Errorf("node %s: %w", cfg.NodeID, err)
@@ -394,7 +397,11 @@ func deniedCounts(r api.Report) string {
 	return b.String()
 }
 
-func (a *Agent) now() int64 { return time.Now().Add(a.cfg.ClockSkew).UnixNano() }
+func (a *Agent) now() int64 { return time.Now().Add(time.Duration(a.skew.Load())).UnixNano() }
+
+// SetClockSkew changes Config.ClockSkew: tests of a clock that drifted
+// off and comes back.
+func (a *Agent) SetClockSkew(d time.Duration) { a.skew.Store(int64(d)) }
 
 // connectOnce finds the leader and runs one session; it returns when the
 // session ends.

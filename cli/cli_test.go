@@ -341,3 +341,30 @@ func TestClockOver(t *testing.T) {
 		t.Fatalf("node-1 marked over: %q", out)
 	}
 }
+
+// A node whose clock is over 30 s off takes no Workspace: --node to it is
+// refused, the others go elsewhere; once a later measurement is back
+// within 30 s it takes them again.
+func TestClockOverKeepsPlacementAway(t *testing.T) {
+	e := newCLIEnv(t, clustertest.Options{Ctrl: 1, NodeOnly: 1, SyncInterval: time.Second, Capacity: api.Resources{CPU: 8000, MemoryBytes: 8 << 30},
+		ClockSkew:    map[string]time.Duration{"node-2": 45 * time.Second},
+		AdjustReport: func(_ string, r *api.Report) { r.Templates = append(r.Templates, "kibotos-coding") },
+		HoldTask:     func(string, api.WorkspaceTask) bool { return true }})
+	create := []string{"workspace", "create", "--template", "kibotos-coding", "--cpu", "1", "--memory", "256MiB", "--no-wait", "-q"}
+	e.expectExit(api.ExitFailedPrecondition, "node node-2 cannot take this Workspace: clock skew over 30s", append(create, "--node", "node-2")...)
+	for range 3 {
+		id := strings.TrimSpace(e.mustRun(create...))
+		if n := e.wsJSON(id).NodeID; n != "node-1" {
+			t.Fatalf("workspace %s placed on %s while node-2's clock is over", id, n)
+		}
+	}
+	e.c.Members[1].Agent.SetClockSkew(0)
+	clustertest.WaitFor(t, 15*time.Second, func() (bool, string) {
+		n, err := e.c.Node(e.c.Members[0], "node-2")
+		return err == nil && n.Session != nil && n.Session.Clock != nil && !n.Session.Clock.Over, "node-2's clock still over"
+	})
+	id := strings.TrimSpace(e.mustRun(append(create, "--node", "node-2")...))
+	if n := e.wsJSON(id).NodeID; n != "node-2" {
+		t.Fatalf("workspace %s placed on %s once node-2's clock was back", id, n)
+	}
+}

@@ -58,8 +58,12 @@ type Options struct {
 	// HoldTask sees the tasks a node receives; one it returns true for the
 	// node neither executes nor answers (the command stays pending).
 	HoldTask func(nodeID string, t api.WorkspaceTask) bool
-	// ClockSkew pretends a node's clock is off (the 30 s rule).
+	// ClockSkew pretends a node's clock is off (the 30 s rule);
+	// Member.Agent.SetClockSkew changes it.
 	ClockSkew map[string]time.Duration
+	// SyncInterval replaces the test timings' minute between periodic
+	// syncs (full report and clock measurement).
+	SyncInterval time.Duration
 	// Runtimes gives nodes a real Instance runtime (the test owns it).
 	Runtimes map[string]*runtime.Runtime
 	// Timings replace the tight test timings (benchmarks with the
@@ -195,6 +199,9 @@ func (m *Member) start(o Options) {
 	}
 	log := slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: slog.LevelInfo})).With("member", m.ID)
 	tm := timings()
+	if o.SyncInterval > 0 {
+		tm.SyncInterval = o.SyncInterval
+	}
 	if o.Timings != nil {
 		tm = *o.Timings
 	}
