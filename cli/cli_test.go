@@ -299,6 +299,21 @@ func TestDrainWait(t *testing.T) {
 		t.Fatalf("wait cancelled by cancel-drain: exit %d, want 13", code)
 	}
 
+	// While it waits, the wait only reads: the drain is submitted once
+	// (one registration_version step), however long it polls.
+	go func() {
+		_, _, code := e.run("node", "drain", "node-2", "--wait", "--timeout", "1500ms", "--interval", "50ms")
+		done <- code
+	}()
+	clustertest.WaitFor(t, 5*time.Second, func() (bool, string) { return e.regVersion("node-2") > v, "third drain not applied" })
+	submitted := e.regVersion("node-2")
+	if code := <-done; code != api.ExitTimedOut {
+		t.Fatalf("wait past its timeout: exit %d, want 16", code)
+	}
+	if now := e.regVersion("node-2"); now != submitted {
+		t.Fatalf("registration_version %d after the wait, %d once the drain was applied: the wait submitted it again", now, submitted)
+	}
+
 	// Emptied while waiting: DRAINED, exit 0.
 	go func() {
 		_, _, code := e.run("node", "drain", "node-2", "--wait", "--timeout", "30s", "--interval", "50ms")
@@ -318,6 +333,32 @@ func TestDrainWait(t *testing.T) {
 	e.mustRun("node", "retire", "node-2", "--yes")
 	e.expectExit(api.ExitFailedPrecondition, "retired", "node", "drain", "node-2")
 	e.expectExit(api.ExitFailedPrecondition, "retired", "enrollment", "grant", "node-2")
+}
+
+// A node revoked while a drain waits for it ends the wait: exit 13,
+// saying so.
+func TestDrainWaitRevoked(t *testing.T) {
+	e := newCLIEnv(t, clustertest.Options{Ctrl: 1, NodeOnly: 1, AdjustReport: func(id string, r *api.Report) {
+		if id == "node-2" {
+			r.Instances = 1 // never empties
+		}
+	}})
+	v := e.regVersion("node-2")
+	type result struct {
+		errs string
+		code int
+	}
+	done := make(chan result, 1)
+	go func() {
+		_, errs, code := e.run("node", "drain", "node-2", "--wait", "--timeout", "30s", "--interval", "50ms")
+		done <- result{errs, code}
+	}()
+	clustertest.WaitFor(t, 5*time.Second, func() (bool, string) { return e.regVersion("node-2") > v, "drain not applied" })
+	e.mustRun("enrollment", "revoke", "node-2")
+	r := <-done
+	if r.code != api.ExitFailedPrecondition || !strings.Contains(r.errs, "node node-2 was REVOKED while waiting for DRAINED") {
+		t.Fatalf("wait for a node revoked meanwhile: exit %d, %q; want 13 saying it was revoked", r.code, r.errs)
+	}
 }
 
 // A node whose clock is off by more than 30 s (beyond the uncertainty) is
