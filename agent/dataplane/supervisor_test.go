@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -193,6 +194,29 @@ func TestSupervisorAdoptsAndStops(t *testing.T) {
 	gone := &Handle{Unit: "none", Generation: 99, socketDir: cfg.SocketDir, log: cfg.Logger}
 	if err := gone.Push(ctx, st); err == nil || !strings.Contains(logs.String(), "data-plane generation did not take the node's state before the reply") {
 		t.Fatalf("push to a missing generation: %v; log:\n%s", err, logs.String())
+	}
+	// A generation that is alive but does not answer (stopped here; a
+	// stalled process on a loaded host) holds the node's reply to ctrl
+	// for PushTimeout at most, then the push gives up.
+	u2, err := m.Get(ctx, h2.Unit)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid2, err := m.MainHostPID(u2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Kill(pid2, syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	continued := sync.OnceFunc(func() { syscall.Kill(pid2, syscall.SIGCONT) })
+	t.Cleanup(continued)
+	if err := h2.Push(ctx, st); !errors.Is(err, ErrNotAcknowledged) {
+		t.Fatalf("push to a stopped generation: %v; want ErrNotAcknowledged within PushTimeout", err)
+	}
+	continued()
+	if err := h2.Push(ctx, st); err != nil {
+		t.Fatalf("push once the generation runs again: %v", err)
 	}
 
 	// Another build, unreleased (on no release line): generation 2 is
