@@ -389,6 +389,22 @@ func (d *wsDev) testExec(id string) {
 	}
 	t.Logf("TIMING 1 MiB through exec cat: %s", time.Since(t0).Round(time.Millisecond))
 
+	// A server started with nohup in the background outlives its exec,
+	// as under docker exec or ssh (the busybox template has a nohup of
+	// its own): the loop still writes once the exec that started it
+	// ended.
+	d.must("workspace", "exec", id, "--", "sh", "-c", `nohup sh -c 'i=0; while :; do i=$((i+1)); echo $i > /tmp/alive.new; mv -f /tmp/alive.new /tmp/alive; sleep 0.2; done' >/dev/null 2>&1 & echo $! > /tmp/alive.pid`)
+	var seen string
+	waitFor(t, 30*time.Second, "the nohup loop to go on after its exec ended", func() (bool, string) {
+		now := d.kibo(time.Minute, nil, "workspace", "exec", id, "--", "cat", "/tmp/alive").stdout
+		if seen == "" || now == seen {
+			seen = now
+			return false, "count " + strings.TrimSpace(now)
+		}
+		return true, ""
+	})
+	d.must("workspace", "exec", id, "--", "sh", "-c", "kill $(cat /tmp/alive.pid)")
+
 	// A new user's first move is to fetch something: wget -T (which
 	// crashes busybox's wget), run directly and from sh, and nc; and
 	// /etc/resolv.conf is the guest agent's.
