@@ -25,7 +25,7 @@ func (a *Agent) handleVolumeTask(t api.VolumeTask) {
 func (a *Agent) executeVolume(t api.VolumeTask) api.VolumeTaskResult {
 	c := t.Command
 	r := api.VolumeTaskResult{VolumeID: t.VolumeID, CommandID: c.CommandID, Outcome: fsm.OutcomeOK}
-	if rec, ok := a.commands.find(c.CommandID); ok && rec.State != cmdRunning {
+	if rec, ok := a.commands.find(c.CommandID, c.Kind); ok && rec.State != cmdRunning {
 		// Ran before the node restarted: the same answer again.
 		if rec.State == cmdFailed {
 			r.Outcome = fsm.OutcomeFailed
@@ -42,7 +42,7 @@ func (a *Agent) executeVolume(t api.VolumeTask) api.VolumeTaskResult {
 		return fail(err)
 	}
 	rec := commandRecord{CommandID: c.CommandID, Kind: c.Kind, VolumeID: t.VolumeID, PoolID: t.PoolID, Path: path,
-		SizeBytes: c.SizeBytes, InstanceID: c.InstanceID, State: cmdRunning, StartedAt: time.Now().UTC()}
+		SizeBytes: c.SizeBytes, InstanceID: c.InstanceID, State: cmdRunning, StartedAt: a.commands.clock()}
 	if err := a.commands.put(rec); err != nil {
 		return fail(fmt.Errorf("record the command in %s: %w", runtime.VolumeCommandsFile, err))
 	}
@@ -74,7 +74,7 @@ func (a *Agent) executeVolume(t api.VolumeTask) api.VolumeTaskResult {
 	if err != nil {
 		r.Outcome, r.Error = fsm.OutcomeFailed, err.Error()
 	}
-	now := time.Now().UTC()
+	now := a.commands.clock()
 	rec.State, rec.Error, rec.FilesystemPending, rec.EndedAt = cmdOK, r.Error, r.FilesystemPending, &now
 	if err != nil {
 		rec.State = cmdFailed
@@ -224,7 +224,7 @@ func (a *Agent) prepareVolumes(ctx context.Context, t api.WorkspaceTask, im *imp
 // the Volume's); from the staged image of an imported Transfer, if any.
 func (a *Agent) createForStart(ctx context.Context, t api.WorkspaceTask, v api.TaskVolume, path, staged string) error {
 	rec := commandRecord{CommandID: t.Command.CommandID + "/" + v.VolumeID, Kind: api.VolCmdCreate, VolumeID: v.VolumeID, PoolID: v.PoolID,
-		Path: path, SizeBytes: v.SizeBytes, WorkspaceID: t.WorkspaceID, State: cmdRunning, StartedAt: time.Now().UTC()}
+		Path: path, SizeBytes: v.SizeBytes, WorkspaceID: t.WorkspaceID, State: cmdRunning, StartedAt: a.commands.clock()}
 	if err := a.commands.put(rec); err != nil {
 		return err
 	}
@@ -235,7 +235,7 @@ func (a *Agent) createForStart(ctx context.Context, t api.WorkspaceTask, v api.T
 	case err == nil:
 		err = storagepool.CreateVolume(ctx, a.cfg.NodeID, path, v.SizeBytes)
 	}
-	now := time.Now().UTC()
+	now := a.commands.clock()
 	rec.State, rec.EndedAt = cmdOK, &now
 	if err != nil {
 		rec.State, rec.Error = cmdFailed, err.Error()
