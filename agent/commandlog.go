@@ -40,7 +40,8 @@ import (
 // never names a step, so it keeps the other records (without the fields
 // it does not know) until they expire.
 
-// commandsKeep is how long a command's record is kept after it ended.
+// commandsKeep is how long a command's record is kept after it ended (or
+// started, while it has not ended).
 const commandsKeep = 24 * time.Hour
 
 // maxCommands bounds the records kept (the oldest ended go first).
@@ -188,11 +189,18 @@ func (l *commandLog) put(r commandRecord) error {
 	return storagepool.WriteFile(l.path, append(b, '\n'), 0o600, storagepool.Temp{Purpose: "volume-commands"})
 }
 
-// expired says whether r ended more than commandsKeep before now: it is
-// dropped at the next write, and answers nothing meanwhile (a node that
-// was down for days reads such records).
+// expired says whether r ended more than commandsKeep before now, or
+// started that long ago and never ended: it is dropped at the next write,
+// and answers nothing meanwhile (a node that was down for days reads such
+// records). A command the node's restart interrupted is run again when it
+// comes again, with a record or without; one that never comes again (a
+// start whose layer was made when the node stopped finds it there next
+// time and makes none) would otherwise stay in the file for good.
 func (r commandRecord) expired(now time.Time) bool {
-	return r.EndedAt != nil && now.Sub(*r.EndedAt) > commandsKeep
+	if r.EndedAt == nil {
+		return now.Sub(r.StartedAt) > commandsKeep
+	}
+	return now.Sub(*r.EndedAt) > commandsKeep
 }
 
 // answers says whether r answers its command when it comes again: it

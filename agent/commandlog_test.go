@@ -261,3 +261,34 @@ func TestTemplateFetchRecorded(t *testing.T) {
 		t.Fatalf("recorded %q after 24 h: want the new fetch and the expired refusal gone", got)
 	}
 }
+
+// Each entry of volume-commands.json is kept 24 hours (the process-model
+// seed), also one of a command the node's restart interrupted and ctrl
+// never sent again: it leaves the file 24 hours after it started.
+func TestInterruptedCommandRecordsExpire(t *testing.T) {
+	dir := t.TempDir()
+	clock := &testClock{now: time.Date(2026, 12, 5, 10, 0, 0, 0, time.UTC)}
+	root := datadir.Dir(dir).StorageRoot()
+	file := filepath.Join(runtime.RegistryDir(root), runtime.VolumeCommandsFile)
+	os.MkdirAll(filepath.Dir(file), 0o700)
+	started := func(ago time.Duration) string { return clock.now.Add(-ago).Format(time.RFC3339Nano) }
+	if err := os.WriteFile(file, []byte(`{"format_version":1,"commands":[
+ {"command_id":"ws-1/2/layer","kind":"layer_create","workspace_id":"ws-1","state":"running","started_at":"`+started(commandsKeep+time.Second)+`"},
+ {"command_id":"vol-1/2","kind":"resize","volume_id":"vol-1","pool_id":"default","state":"running","started_at":"`+started(time.Hour)+`"}
+]}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var logs bytes.Buffer
+	a := restarted(t, &Agent{cfg: Config{NodeID: "node-a", DataDir: datadir.Dir(dir)}}, clock, &logs)
+	layer, err := a.layerPath("", "ws-2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := a.execute(api.WorkspaceTask{WorkspaceID: "ws-2", Command: api.WorkspaceCommand{Kind: api.WSCmdDelete, CommandID: "ws-2/3"}}); r.Outcome != fsm.OutcomeOK {
+		t.Fatalf("delete of %s: %+v", layer, r)
+	}
+	got := onDisk(t, root)
+	if has(got, "ws-1/2/layer layer_create running") || !has(got, "vol-1/2 resize running") || !has(got, "ws-2/3/layer layer_delete ok") {
+		t.Fatalf("recorded %q: want the command interrupted 24 h ago gone, the one an hour ago kept", got)
+	}
+}
