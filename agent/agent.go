@@ -157,8 +157,9 @@ type Agent struct {
 	templatesListed time.Time
 
 	tasks *tasks
-	// volumes is volume-commands.json: the Volume commands run here.
-	volumes *volumeLog
+	// commands is volume-commands.json: the commands on storage objects
+	// run here.
+	commands *commandLog
 	// watched is what the report watcher last saw of each pool.
 	watched map[string]*watchedPool
 	// ended: what ctrl is told of the ended-Instance records.
@@ -209,7 +210,7 @@ func New(cfg Config) (*Agent, error) {
 	if err := a.initWarm(); err != nil {
 		return nil, fmt.Errorf("node %s: %w", cfg.NodeID, err)
 	}
-	if a.volumes, err = openVolumeLog(cfg.DataDir.StorageRoot()); err != nil {
+	if a.commands, err = openCommandLog(cfg.DataDir.StorageRoot()); err != nil {
 		return nil, fmt.Errorf("node %s: %w", cfg.NodeID, err)
 	}
 	a.log.Info("node starting", "incarnation", inc)

@@ -77,7 +77,7 @@ func CheckNodeRecords(d datadir.Dir) []error {
 	} else if !errors.Is(err, os.ErrNotExist) {
 		errs = append(errs, fmt.Errorf("incarnation record %s: %w", path, err))
 	}
-	if _, err := openVolumeLog(d.StorageRoot()); err != nil {
+	if _, err := openCommandLog(d.StorageRoot()); err != nil {
 		errs = append(errs, err)
 	}
 	return errs

@@ -38,7 +38,7 @@ func TestNodeRecordFormats(t *testing.T) {
 	vc := filepath.Join(runtime.RegistryDir(root), runtime.VolumeCommandsFile)
 	os.MkdirAll(filepath.Dir(vc), 0o700)
 	os.WriteFile(vc, []byte(`{"format_version":2,"commands":[]}`), 0o600)
-	if _, err := openVolumeLog(root); err == nil || err.Error() != vc+" has version 2, this build reads [1]: a newer kibotos wrote it; run that release again (there is no rollback)" {
+	if _, err := openCommandLog(root); err == nil || err.Error() != vc+" has version 2, this build reads [1]: a newer kibotos wrote it; run that release again (there is no rollback)" {
 		t.Fatalf("a newer volume-commands.json: %v", err)
 	}
 }

@@ -39,7 +39,7 @@ func TestNodesThroughAnS3Store(t *testing.T) {
 	}
 	dir := t.TempDir()
 	agentOf := func(node string) *Agent {
-		return &Agent{cfg: Config{NodeID: node, DataDir: datadir.Dir(filepath.Join(dir, node)), Artifacts: open(node)}, log: slog.New(slog.NewTextHandler(&bytes.Buffer{}, nil))}
+		return recording(t, &Agent{cfg: Config{NodeID: node, DataDir: datadir.Dir(filepath.Join(dir, node)), Artifacts: open(node)}, log: slog.New(slog.NewTextHandler(&bytes.Buffer{}, nil))})
 	}
 	a, b := agentOf("node-a"), agentOf("node-b")
 	ctx := context.Background()

@@ -72,8 +72,10 @@ func publishTemplate(ctx context.Context, store artifacts.Store, storageRoot, na
 
 // templateFor is the template a start boots: the node's own build, else
 // the published one, fetched from the artifact store (progress in the
-// log). A store this node cannot read is a refusal, so ctrl places the
-// Workspace elsewhere; an object that does not verify is an error.
+// log) as a step of the start recorded in volume-commands.json (the
+// start's command id with "/template"). A store this node cannot read is
+// a refusal, so ctrl places the Workspace elsewhere; an object that does
+// not verify is an error.
 func (a *Agent) templateFor(ctx context.Context, t api.WorkspaceTask) (*template.Template, string, error) {
 	root := a.cfg.DataDir.StorageRoot()
 	if tpl, err := template.Get(root, t.Template); err == nil {
@@ -86,7 +88,20 @@ func (a *Agent) templateFor(ctx context.Context, t api.WorkspaceTask) (*template
 	if a.cfg.Artifacts == nil {
 		return nil, fmt.Sprintf("template %s is not on node %s, which has no artifact store to fetch it from: set [artifacts] url in its configuration", t.Template, a.cfg.NodeID), nil
 	}
-	c, end := a.transfers.Begin(api.WorkspaceProgressKey(t.WorkspaceID), "template fetch", p.SizeBytes)
+	var tpl *template.Template
+	rec := commandRecord{CommandID: t.Command.CommandID + "/template", Kind: cmdTemplateFetch, WorkspaceID: t.WorkspaceID, Template: p.Name, Digest: p.Digest}
+	refusal, err := a.recorded(rec, func() (refusal string, err error) {
+		tpl, refusal, err = a.fetchTemplate(ctx, t.WorkspaceID, *p)
+		return refusal, err
+	})
+	return tpl, refusal, err
+}
+
+// fetchTemplate fetches published template p from the artifact store and
+// installs it, for a start of Workspace ws.
+func (a *Agent) fetchTemplate(ctx context.Context, ws string, p api.TemplateImage) (*template.Template, string, error) {
+	root := a.cfg.DataDir.StorageRoot()
+	c, end := a.transfers.Begin(api.WorkspaceProgressKey(ws), "template fetch", p.SizeBytes)
 	defer end()
 	a.fetchMu.Lock()
 	defer a.fetchMu.Unlock()

@@ -50,7 +50,7 @@ func TestTemplateFetchOnStart(t *testing.T) {
 	}
 	img, want := published(t, store, "solo")
 	var logs bytes.Buffer
-	a := &Agent{cfg: Config{NodeID: "node-b", DataDir: datadir.Dir(filepath.Join(dir, "data")), Artifacts: store}, log: slog.New(slog.NewTextHandler(&logs, nil))}
+	a := recording(t, &Agent{cfg: Config{NodeID: "node-b", DataDir: datadir.Dir(filepath.Join(dir, "data")), Artifacts: store}, log: slog.New(slog.NewTextHandler(&logs, nil))})
 
 	if _, _, err := a.templateFor(context.Background(), api.WorkspaceTask{Template: "solo"}); err == nil || !strings.Contains(err.Error(), "kibo template publish solo") {
 		t.Fatalf("unpublished template: %v", err)
@@ -77,7 +77,7 @@ func TestTemplateFetchOnStart(t *testing.T) {
 
 	// Another node: the store is not mounted there.
 	unmounted, _ := artifacts.NewDir(filepath.Join(dir, "not-mounted"), "node-c")
-	c := &Agent{cfg: Config{NodeID: "node-c", DataDir: datadir.Dir(filepath.Join(dir, "c")), Artifacts: unmounted}, log: slog.New(slog.DiscardHandler)}
+	c := recording(t, &Agent{cfg: Config{NodeID: "node-c", DataDir: datadir.Dir(filepath.Join(dir, "c")), Artifacts: unmounted}, log: slog.New(slog.DiscardHandler)})
 	if _, refusal, err := c.templateFor(context.Background(), api.WorkspaceTask{Template: "solo", Published: &img}); err != nil || !strings.Contains(refusal, "template solo could not be fetched") || !strings.Contains(refusal, "mounted") {
 		t.Fatalf("unreachable store: refusal %q, %v", refusal, err)
 	}
@@ -91,7 +91,7 @@ func TestTemplateFetchOnStart(t *testing.T) {
 	os.Chmod(p, 0o600)
 	want[len(want)/2] ^= 1
 	os.WriteFile(p, want, 0o600)
-	d := &Agent{cfg: Config{NodeID: "node-d", DataDir: datadir.Dir(filepath.Join(dir, "d")), Artifacts: store}, log: slog.New(slog.DiscardHandler)}
+	d := recording(t, &Agent{cfg: Config{NodeID: "node-d", DataDir: datadir.Dir(filepath.Join(dir, "d")), Artifacts: store}, log: slog.New(slog.DiscardHandler)})
 	if _, _, err := d.templateFor(context.Background(), api.WorkspaceTask{Template: "solo", Published: &img}); err == nil || !strings.Contains(err.Error(), img.Digest) {
 		t.Fatalf("damaged object: %v", err)
 	}

@@ -1,16 +1,9 @@
 package agent
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
-	"errors"
 	"fmt"
-	"github.com/kibotos/kibotos/internal/recordfmt"
-	"io"
 	"os"
-	"path/filepath"
-	"sync"
 	"time"
 
 	"github.com/kibotos/kibotos/agent/runtime"
@@ -19,132 +12,6 @@ import (
 	"github.com/kibotos/kibotos/storagepool"
 	"github.com/kibotos/kibotos/vmm/guestproto"
 )
-
-// Volume commands on the node. Each is recorded in volume-commands.json
-// (runtime.VolumeCommandsFile) before it runs and again when it ended, and
-// kept there 24 hours: a command ctrl sends again after a node restart is
-// answered from the record instead of being run twice, and one the
-// restart interrupted runs again (every step is safe to repeat: a create
-// finds its file complete or makes it from scratch, a grow never
-// shrinks, a remove of a missing file is done).
-
-// volumeCommandsKeep is how long an ended command's record is kept.
-const volumeCommandsKeep = 24 * time.Hour
-
-// maxVolumeCommands bounds the records kept (the oldest ended go first).
-const maxVolumeCommands = 10000
-
-// maxVolumeCommandsBytes bounds what is read of the file.
-const maxVolumeCommandsBytes = 16 << 20
-
-// volumeCommandsFormat is the format version this build reads and writes.
-const volumeCommandsFormat = 1
-
-// Volume command record states.
-const (
-	volCmdRunning = "running"
-	volCmdOK      = "ok"
-	volCmdFailed  = "failed"
-)
-
-// volumeCommand is one record of volume-commands.json.
-type volumeCommand struct {
-	CommandID  string `json:"command_id"`
-	Kind       string `json:"kind"`
-	VolumeID   string `json:"volume_id"`
-	PoolID     string `json:"pool_id"`
-	Path       string `json:"path,omitempty"`
-	SizeBytes  uint64 `json:"size_bytes,omitempty"`
-	InstanceID string `json:"instance_id,omitempty"`
-	// WorkspaceID: a start made the Volume (--new-volume).
-	WorkspaceID       string     `json:"workspace_id,omitempty"`
-	State             string     `json:"state"`
-	Error             string     `json:"error,omitempty"`
-	FilesystemPending bool       `json:"filesystem_pending,omitempty"`
-	StartedAt         time.Time  `json:"started_at"`
-	EndedAt           *time.Time `json:"ended_at,omitempty"`
-}
-
-type volumeCommandsFile struct {
-	FormatVersion int             `json:"format_version"`
-	Commands      []volumeCommand `json:"commands"`
-}
-
-// volumeLog is the node's volume-commands.json.
-type volumeLog struct {
-	mu   sync.Mutex
-	path string
-	recs []volumeCommand
-}
-
-func openVolumeLog(storageRoot string) (*volumeLog, error) {
-	l := &volumeLog{path: filepath.Join(runtime.RegistryDir(storageRoot), runtime.VolumeCommandsFile)}
-	f, err := os.Open(l.path)
-	if errors.Is(err, os.ErrNotExist) {
-		return l, nil
-	}
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	b, err := io.ReadAll(io.LimitReader(f, maxVolumeCommandsBytes+1))
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", l.path, err)
-	}
-	if len(b) > maxVolumeCommandsBytes {
-		return nil, fmt.Errorf("%s is over %d bytes: not a record this node wrote; move it aside", l.path, maxVolumeCommandsBytes)
-	}
-	var vf volumeCommandsFile
-	dec := json.NewDecoder(bytes.NewReader(b))
-	if err := dec.Decode(&vf); err != nil {
-		return nil, fmt.Errorf("%s is not valid: %v; move it aside (the node then runs commands ctrl sends again once more)", l.path, err)
-	}
-	if err := recordfmt.Current(volumeCommandsFormat).Check(l.path, vf.FormatVersion); err != nil {
-		return nil, err
-	}
-	l.recs = vf.Commands
-	return l, nil
-}
-
-func (l *volumeLog) find(id string) (volumeCommand, bool) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	for _, r := range l.recs {
-		if r.CommandID == id {
-			return r, true
-		}
-	}
-	return volumeCommand{}, false
-}
-
-// put records r (replacing the record of its command), drops ended
-// records past volumeCommandsKeep and writes the file.
-func (l *volumeLog) put(r volumeCommand) error {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	now := time.Now()
-	kept := l.recs[:0]
-	for _, x := range l.recs {
-		if x.CommandID == r.CommandID || (x.EndedAt != nil && now.Sub(*x.EndedAt) > volumeCommandsKeep) {
-			continue
-		}
-		kept = append(kept, x)
-	}
-	kept = append(kept, r)
-	if over := len(kept) - maxVolumeCommands; over > 0 {
-		kept = kept[over:]
-	}
-	l.recs = kept
-	b, err := json.MarshalIndent(volumeCommandsFile{FormatVersion: volumeCommandsFormat, Commands: l.recs}, "", " ")
-	if err != nil {
-		return err
-	}
-	// Made by the first command: a node that never ran one has none.
-	if err := os.MkdirAll(filepath.Dir(l.path), 0o700); err != nil {
-		return err
-	}
-	return storagepool.WriteFile(l.path, append(b, '\n'), 0o600, storagepool.Temp{Purpose: "volume-commands"})
-}
 
 // handleVolumeTask starts the Volume command unless it runs or ran already.
 func (a *Agent) handleVolumeTask(t api.VolumeTask) {
@@ -158,9 +25,9 @@ func (a *Agent) handleVolumeTask(t api.VolumeTask) {
 func (a *Agent) executeVolume(t api.VolumeTask) api.VolumeTaskResult {
 	c := t.Command
 	r := api.VolumeTaskResult{VolumeID: t.VolumeID, CommandID: c.CommandID, Outcome: fsm.OutcomeOK}
-	if rec, ok := a.volumes.find(c.CommandID); ok && rec.State != volCmdRunning {
+	if rec, ok := a.commands.find(c.CommandID, c.Kind); ok && rec.State != cmdRunning {
 		// Ran before the node restarted: the same answer again.
-		if rec.State == volCmdFailed {
+		if rec.State == cmdFailed {
 			r.Outcome = fsm.OutcomeFailed
 		}
 		r.Error, r.FilesystemPending = rec.Error, rec.FilesystemPending
@@ -174,9 +41,9 @@ func (a *Agent) executeVolume(t api.VolumeTask) api.VolumeTaskResult {
 	if err != nil {
 		return fail(err)
 	}
-	rec := volumeCommand{CommandID: c.CommandID, Kind: c.Kind, VolumeID: t.VolumeID, PoolID: t.PoolID, Path: path,
-		SizeBytes: c.SizeBytes, InstanceID: c.InstanceID, State: volCmdRunning, StartedAt: time.Now().UTC()}
-	if err := a.volumes.put(rec); err != nil {
+	rec := commandRecord{CommandID: c.CommandID, Kind: c.Kind, VolumeID: t.VolumeID, PoolID: t.PoolID, Path: path,
+		SizeBytes: c.SizeBytes, InstanceID: c.InstanceID, State: cmdRunning, StartedAt: a.commands.clock()}
+	if err := a.commands.put(rec); err != nil {
 		return fail(fmt.Errorf("record the command in %s: %w", runtime.VolumeCommandsFile, err))
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
@@ -207,12 +74,12 @@ func (a *Agent) executeVolume(t api.VolumeTask) api.VolumeTaskResult {
 	if err != nil {
 		r.Outcome, r.Error = fsm.OutcomeFailed, err.Error()
 	}
-	now := time.Now().UTC()
-	rec.State, rec.Error, rec.FilesystemPending, rec.EndedAt = volCmdOK, r.Error, r.FilesystemPending, &now
+	now := a.commands.clock()
+	rec.State, rec.Error, rec.FilesystemPending, rec.EndedAt = cmdOK, r.Error, r.FilesystemPending, &now
 	if err != nil {
-		rec.State = volCmdFailed
+		rec.State = cmdFailed
 	}
-	if perr := a.volumes.put(rec); perr != nil {
+	if perr := a.commands.put(rec); perr != nil {
 		a.log.Warn("volume command result not recorded", "volume_id", t.VolumeID, "command_id", c.CommandID, "err", perr)
 	}
 	return r
@@ -356,9 +223,9 @@ func (a *Agent) prepareVolumes(ctx context.Context, t api.WorkspaceTask, im *imp
 // command of its own in volume-commands.json (the start's command id with
 // the Volume's); from the staged image of an imported Transfer, if any.
 func (a *Agent) createForStart(ctx context.Context, t api.WorkspaceTask, v api.TaskVolume, path, staged string) error {
-	rec := volumeCommand{CommandID: t.Command.CommandID + "/" + v.VolumeID, Kind: api.VolCmdCreate, VolumeID: v.VolumeID, PoolID: v.PoolID,
-		Path: path, SizeBytes: v.SizeBytes, WorkspaceID: t.WorkspaceID, State: volCmdRunning, StartedAt: time.Now().UTC()}
-	if err := a.volumes.put(rec); err != nil {
+	rec := commandRecord{CommandID: t.Command.CommandID + "/" + v.VolumeID, Kind: api.VolCmdCreate, VolumeID: v.VolumeID, PoolID: v.PoolID,
+		Path: path, SizeBytes: v.SizeBytes, WorkspaceID: t.WorkspaceID, State: cmdRunning, StartedAt: a.commands.clock()}
+	if err := a.commands.put(rec); err != nil {
 		return err
 	}
 	err := api.ValidVolumeSize("volume "+v.VolumeID, v.SizeBytes)
@@ -368,12 +235,12 @@ func (a *Agent) createForStart(ctx context.Context, t api.WorkspaceTask, v api.T
 	case err == nil:
 		err = storagepool.CreateVolume(ctx, a.cfg.NodeID, path, v.SizeBytes)
 	}
-	now := time.Now().UTC()
-	rec.State, rec.EndedAt = volCmdOK, &now
+	now := a.commands.clock()
+	rec.State, rec.EndedAt = cmdOK, &now
 	if err != nil {
-		rec.State, rec.Error = volCmdFailed, err.Error()
+		rec.State, rec.Error = cmdFailed, err.Error()
 	}
-	if perr := a.volumes.put(rec); perr != nil {
+	if perr := a.commands.put(rec); perr != nil {
 		a.log.Warn("volume command result not recorded", "volume_id", v.VolumeID, "command_id", rec.CommandID, "err", perr)
 	}
 	return err

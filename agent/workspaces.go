@@ -378,6 +378,19 @@ func (a *Agent) startWorkspace(ctx context.Context, t api.WorkspaceTask, r *api.
 		}
 	}
 	if !warm {
+		// A restore needs the layer its snapshot was taken over: Start
+		// refuses one that is missing, and none is made here.
+		if freshLayer && restore == nil {
+			if err := a.createLayer(ctx, t, layer, tpl.Image()); err != nil {
+				a.forget(ctx, id)
+				objects := []string{layer}
+				for _, v := range volumes {
+					objects = append(objects, v.Path)
+				}
+				a.releaseObjects(id, objects)
+				return "", fmt.Errorf("instance %s: %w", id, err)
+			}
+		}
 		if _, err := rt.Start(ctx, spec); err != nil {
 			a.forget(ctx, id)
 			return "", fmt.Errorf("node %s: %w", a.cfg.NodeID, err)
@@ -559,20 +572,42 @@ func (a *Agent) endInstance(ctx context.Context, id string, mode endMode) error 
 	return nil
 }
 
+// layerStep is the record of a step of command t on its Workspace's layer
+// at path: the command's id with "/layer".
+func layerStep(t api.WorkspaceTask, kind, path string) commandRecord {
+	return commandRecord{CommandID: t.Command.CommandID + "/layer", Kind: kind, WorkspaceID: t.WorkspaceID, PoolID: t.LayerPool, Path: path}
+}
+
+// createLayer makes the new layer a start boots over (from the template
+// image), as a step recorded in volume-commands.json. A warm guest's layer
+// is not made by a command: the warm guest brought it. Start makes a
+// missing layer too, so an answer from the record leaves nothing undone.
+func (a *Agent) createLayer(ctx context.Context, t api.WorkspaceTask, layer, image string) error {
+	_, err := a.recorded(layerStep(t, cmdLayerCreate, layer), func() (string, error) {
+		return "", runtime.EnsureLayer(ctx, a.cfg.NodeID, layer, image)
+	})
+	return err
+}
+
+// removeLayer removes the Workspace's layer (a delete), as a step
+// recorded in volume-commands.json.
 func (a *Agent) removeLayer(t api.WorkspaceTask) error {
 	p, err := a.layerPath(t.LayerPool, t.WorkspaceID)
 	if err != nil {
 		return err
 	}
-	// A base under it (a fork's or a forked source's) goes with the last
-	// layer over it.
-	if err := runtime.RemoveLayer(p, t.WorkspaceID); err != nil {
-		return err
-	}
-	if err := storagepool.RemoveHolder(p); err != nil {
-		return fmt.Errorf("remove the holder record of %s: %w", p, err)
-	}
-	return nil
+	_, err = a.recorded(layerStep(t, cmdLayerDelete, p), func() (string, error) {
+		// A base under it (a fork's or a forked source's) goes with the
+		// last layer over it.
+		if err := runtime.RemoveLayer(p, t.WorkspaceID); err != nil {
+			return "", err
+		}
+		if err := storagepool.RemoveHolder(p); err != nil {
+			return "", fmt.Errorf("remove the holder record of %s: %w", p, err)
+		}
+		return "", nil
+	})
+	return err
 }
 
 func statusErr(rt *runtime.Runtime, id string) error {

@@ -12,12 +12,13 @@ import (
 	"github.com/kibotos/kibotos/storagepool"
 )
 
-// ensureLayer creates a Workspace's retained writable layer, a qcow2 file
+// EnsureLayer creates a Workspace's retained writable layer, a qcow2 file
 // whose backing file is the template image, unless it exists already (a
 // restart of the same Workspace keeps what it wrote). It is made under a
 // temporary name of node's (the pool may be shared) and renamed once
-// qemu-img is done.
-func ensureLayer(ctx context.Context, node, layer, base string) error {
+// qemu-img is done. Start calls it; the node's agent calls it first, to
+// record the layer's creation as a command of its own.
+func EnsureLayer(ctx context.Context, node, layer, base string) error {
 	if _, err := os.Stat(layer); err == nil {
 		return nil
 	} else if !errors.Is(err, os.ErrNotExist) {

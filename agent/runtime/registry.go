@@ -9,9 +9,10 @@ import (
 	"strings"
 )
 
-// VolumeCommandsFile is the node's record of the Volume commands it
-// executed, in the registry directory beside the ended-Instance records
-// (the process-model seed); the node's agent keeps it.
+// VolumeCommandsFile is the node's record of the Volume, writable layer
+// and Template preparation commands it executed, in the registry
+// directory beside the ended-Instance records (the process-model seed);
+// the node's agent keeps it.
 const VolumeCommandsFile = "volume-commands.json"
 
 // RegistryDir is the directory of the ended-Instance records under a

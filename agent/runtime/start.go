@@ -245,7 +245,7 @@ func (rt *Runtime) start(ctx context.Context, in *instance, spec Spec) error {
 		}
 	}
 	if spec.RootImage != "" {
-		if err := ensureLayer(ctx, rt.cfg.NodeID, spec.LayerPath, spec.RootImage); err != nil {
+		if err := EnsureLayer(ctx, rt.cfg.NodeID, spec.LayerPath, spec.RootImage); err != nil {
 			return fmt.Errorf("runtime: instance %s: %w", in.id, err)
 		}
 	}
