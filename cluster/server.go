@@ -241,13 +241,17 @@ func (s *Server) start(ctx context.Context) error {
 		return fmt.Errorf("listen on %s: %w; is another member using this port?", bind, err)
 	}
 	s.mux = newMux(ln, datadir.ServerTLS(s.pool, s.certs.memberCert), s.log, s.authorizeConn, s.conns)
-	go s.mux.serve()
-
 	if s.id.HasRole(api.RoleCtrl) {
 		if err := s.startRaft(); err != nil {
-			return err
+			return err // Open's Shutdown closes the mux and its listener
 		}
 	}
+	// Only now: authorizeConn reads the state and the Raft configuration
+	// startRaft sets up. Served earlier, a connection in that window was
+	// checked against no state at all (admitted as if on a node-only
+	// member), and the race detector saw the two meet; peers that dial
+	// meanwhile wait in the listen backlog.
+	go s.mux.serve()
 	// Requests are small and quick to send; answers may wait up to 30 s
 	// (blocking reads) and lists are megabytes.
 	s.httpSrv = &http.Server{Handler: s.routes(), ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 30 * time.Second,
