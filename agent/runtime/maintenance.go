@@ -15,6 +15,7 @@ import (
 	"github.com/kibotos/kibotos/internal/recordfmt"
 	"github.com/kibotos/kibotos/netpol"
 	"github.com/kibotos/kibotos/storagepool"
+	"github.com/kibotos/kibotos/vmm/units"
 )
 
 // check-maintenance (process-model seed): with the node service stopped,
@@ -67,7 +68,7 @@ func CheckMaintenance(ctx context.Context, cfg Config, op string) (*MaintenanceR
 // lockForCheck takes the runtime's exclusive lock the way a node would,
 // without creating it: a check must not run beside a node process.
 func lockForCheck(cfg Config) (unlock func(), err error) {
-	lockPath := filepath.Join(cfg.StorageRoot, "runtime", "lock")
+	lockPath := lockFile(cfg.StorageRoot)
 	f, err := os.OpenFile(lockPath, os.O_RDWR, 0)
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
@@ -115,6 +116,9 @@ func checkMaintenanceLocked(ctx context.Context, rt *Runtime, cfg Config, op str
 	} else if !errors.Is(err, fs.ErrNotExist) {
 		return nil, err
 	}
+	for _, it := range helperItems(cfg) {
+		rep.add(it)
+	}
 	if op == OpRemove {
 		for _, it := range heldItems(cfg) {
 			rep.add(it)
@@ -145,6 +149,46 @@ func namespaceLeftovers(rt *Runtime, owned map[string]bool) []MaintenanceItem {
 		}
 	}
 	return out
+}
+
+// helperItems judges the cgroup the node last ran in: a process still
+// there is a tool it started (mkfs.ext4, qemu-img, ...) that has not
+// finished, work the node left half done. Only a service of the node's
+// own says that; in a shell's or a test's cgroup the node's tools cannot
+// be told from the rest.
+func helperItems(cfg Config) []MaintenanceItem {
+	path := lockFile(cfg.StorageRoot)
+	h, err := readLockHolder(path)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return nil // no node ever ran here
+	case errors.Is(err, errNoLockHolder):
+		return []MaintenanceItem{{Object: path, State: "helper processes not checked",
+			Detail: err.Error() + " (a build before this check wrote it): processes the node started cannot be found; start and stop the node once to record its cgroup"}}
+	case errors.Is(err, recordfmt.ErrOutOfRange):
+		return []MaintenanceItem{{Object: path, State: "record format", Blocking: true, Detail: err.Error()}}
+	case err != nil:
+		return []MaintenanceItem{{Object: path, State: "corrupt record", Blocking: true, Detail: err.Error()}}
+	case h.CgroupDir == "" || !strings.HasSuffix(h.Cgroup, ".service"):
+		return []MaintenanceItem{{Object: path, State: "helper processes not checked",
+			Detail: fmt.Sprintf("node process %d ran in cgroup %q, not in a service of its own (a shell, a test, kibotos dev): what it started cannot be told from other processes there", h.PID, h.Cgroup)}}
+	}
+	pids, err := units.CgroupPIDs(h.CgroupDir)
+	if err != nil {
+		return []MaintenanceItem{{Object: h.CgroupDir, State: "helper processes", Blocking: true,
+			Detail: fmt.Sprintf("the cgroup node process %d ran in cannot be read: %v", h.PID, err)}}
+	}
+	if len(pids) == 0 {
+		return []MaintenanceItem{{Object: h.CgroupDir, State: "no helper processes", Detail: "nothing is left running in the cgroup the node ran in"}}
+	}
+	sort.Ints(pids)
+	var left []string
+	for _, pid := range pids {
+		left = append(left, fmt.Sprintf("%d (%s)", pid, procCommand(pid)))
+	}
+	return []MaintenanceItem{{Object: h.CgroupDir, State: "helper processes", Blocking: true,
+		Detail: fmt.Sprintf("host PIDs %s still run in the cgroup node process %d ran in: tools the node started have not finished; wait for them to end, or end them by PID once you know what they do, then check again",
+			strings.Join(left, ", "), h.PID)}}
 }
 
 // instanceItem judges one Instance's record for op.

@@ -1,0 +1,213 @@
+package runtime_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/kibotos/kibotos/agent/runtime"
+	"github.com/kibotos/kibotos/vmm/qemu"
+	"github.com/kibotos/kibotos/vmm/units"
+)
+
+// The node processes of the check-maintenance tests are this test binary
+// re-executed with maintenanceNodeEnv set to what they do; they serve
+// until the test kills them, leaving what a node killed at that moment
+// leaves.
+const (
+	maintenanceNodeEnv = "KBR_MAINTENANCE_NODE"
+	// envHelperFIFO: the "helper" node starts a tool that reads this FIFO
+	// until the test closes it.
+	envHelperFIFO = "KBR_HELPER_FIFO"
+)
+
+// helperStatus is what the "helper" node reports.
+type helperStatus struct {
+	PID, HelperPID int
+}
+
+// runMaintenanceNode is the child node of the check-maintenance tests.
+func runMaintenanceNode(mode string) int {
+	fail := func(err error) int {
+		fmt.Fprintf(os.Stderr, "test node (%s): %v\n", mode, err)
+		return 1
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	target, err := units.TargetFromEnv()
+	if err != nil {
+		return fail(err)
+	}
+	m, err := units.Connect(ctx, target)
+	if err != nil {
+		return fail(err)
+	}
+	cfg := runtime.Config{StorageRoot: os.Getenv(envRoot), NodeID: "node-a", Units: m, Accel: qemu.AccelAuto,
+		Logger: slog.New(slog.NewJSONHandler(os.Stderr, nil))}
+	var st any
+	switch mode {
+	case "helper":
+		if _, err := runtime.Open(ctx, cfg); err != nil {
+			return fail(err)
+		}
+		// A tool the node runs, as it runs mkfs.ext4 or qemu-img: a child
+		// process, in the node's cgroup.
+		helper := exec.Command("cat", os.Getenv(envHelperFIFO))
+		if err := helper.Start(); err != nil {
+			return fail(err)
+		}
+		st = helperStatus{PID: os.Getpid(), HelperPID: helper.Process.Pid}
+	default:
+		return fail(fmt.Errorf("unknown mode"))
+	}
+	if err := writeStatus(st); err != nil {
+		return fail(err)
+	}
+	for {
+		time.Sleep(time.Hour) // serve until killed
+	}
+}
+
+// writeStatus reports v to the test, whole or not at all.
+func writeStatus(v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	tmp := os.Getenv(envStatus) + ".part"
+	if err := os.WriteFile(tmp, b, 0o600); err != nil {
+		return err
+	}
+	return os.Rename(tmp, os.Getenv(envStatus))
+}
+
+// startMaintenanceNode starts a child node in mode, in the cgroup
+// directory cgroup when one is given, with env added.
+func startMaintenanceNode(t *testing.T, h *harness, n int, mode, cgroup string, env ...string) *child {
+	t.Helper()
+	c := &child{
+		exited: make(chan struct{}),
+		status: filepath.Join(h.scratch, fmt.Sprintf("status-%s-%d.json", mode, n)),
+		log:    filepath.Join(h.scratch, fmt.Sprintf("node-%s-%d.log", mode, n)),
+	}
+	logf, err := os.Create(c.log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer logf.Close()
+	c.cmd = exec.Command(os.Args[0], "-test.run=^$")
+	c.cmd.Env = append(os.Environ(), maintenanceNodeEnv+"="+mode, envRoot+"="+h.root, envStatus+"="+c.status)
+	c.cmd.Env = append(append(c.cmd.Env, h.sd.Target().Env()...), env...)
+	c.cmd.Stdout, c.cmd.Stderr = logf, logf
+	c.cmd.SysProcAttr = &syscall.SysProcAttr{}
+	if cgroup != "" {
+		err = units.StartInCgroup(c.cmd, cgroup)
+	} else {
+		err = c.cmd.Start()
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		c.cmd.Wait()
+		close(c.exited)
+	}()
+	// Only the process this test started, by its PID.
+	t.Cleanup(c.kill)
+	return c
+}
+
+// maintenance runs check-maintenance op and returns its blocking items.
+func maintenance(t *testing.T, cfg runtime.Config, op string) (ok bool, blocking []runtime.MaintenanceItem) {
+	t.Helper()
+	rep, err := runtime.CheckMaintenance(testCtx(t, time.Minute), cfg, op)
+	if err != nil {
+		t.Fatalf("check-maintenance %s: %v", op, err)
+	}
+	for _, it := range rep.Items {
+		if it.Blocking {
+			blocking = append(blocking, it)
+		}
+	}
+	return rep.OK, blocking
+}
+
+// TestCheckMaintenanceHelperProcesses: a tool the node started (as it
+// starts mkfs.ext4 or qemu-img) that still runs in the node service's
+// cgroup after the node ended blocks an upgrade and a removal, named by
+// its PID and command line; once it finished, the upgrade may go ahead.
+func TestCheckMaintenanceHelperProcesses(t *testing.T) {
+	h := newHarness(t)
+	mount, err := units.Cgroup2Mount()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The node's service: a cgroup of its own, as systemd makes one for
+	// kibotos.service.
+	service := filepath.Join(mount, fmt.Sprintf("kbr-node-%d.service", os.Getpid()))
+	if err := os.Mkdir(service, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	fifo := filepath.Join(h.scratch, "helper.fifo")
+	if err := unix.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	// finishHelper lets the tool end (end of its input) and waits for
+	// the service's cgroup to empty.
+	finishHelper := func() error {
+		deadline := time.Now().Add(30 * time.Second)
+		for {
+			if f, err := os.OpenFile(fifo, os.O_WRONLY|unix.O_NONBLOCK, 0); err == nil {
+				f.Close()
+			}
+			pids, err := units.CgroupPIDs(service)
+			if err != nil || len(pids) == 0 {
+				return err
+			}
+			if time.Now().After(deadline) {
+				return fmt.Errorf("cgroup %s still holds %v", service, pids)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	t.Cleanup(func() {
+		if err := errors.Join(finishHelper(), units.RemoveCgroup(service)); err != nil {
+			t.Errorf("clean up the node's service cgroup: %v", err)
+		}
+	})
+	c := startMaintenanceNode(t, h, 0, "helper", service, envHelperFIFO+"="+fifo)
+	var st helperStatus
+	c.waitJSON(t, time.Minute, &st)
+	c.kill() // the node ends; the tool it started runs on
+
+	want := fmt.Sprintf("%d (cat %s)", st.HelperPID, fifo)
+	for _, op := range []string{runtime.OpUpgrade, runtime.OpRemove} {
+		ok, blocking := maintenance(t, h.config(), op)
+		found := false
+		for _, it := range blocking {
+			found = found || (it.Object == service && it.State == "helper processes" && strings.Contains(it.Detail, want) &&
+				strings.Contains(it.Detail, fmt.Sprintf("node process %d", st.PID)))
+		}
+		if ok || !found {
+			t.Errorf("check-maintenance %s with a tool of the node still running: ok=%v, blocked by %+v; want %s named under %s", op, ok, blocking, want, service)
+		}
+	}
+
+	if err := finishHelper(); err != nil {
+		t.Fatal(err)
+	}
+	if ok, blocking := maintenance(t, h.config(), runtime.OpUpgrade); !ok {
+		t.Errorf("check-maintenance upgrade once the tool ended: blocked by %+v", blocking)
+	}
+}
