@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -197,6 +198,11 @@ func instanceItem(v verdict, op string) MaintenanceItem {
 	switch {
 	case v.state == StateStarting:
 		it.Blocking, it.Detail = true, "a start is half-way done (its guest never answered): wait for it with the node running, or stop it"
+	case v.state == StateRunning && v.rec.Network != nil && v.rec.Network.Switch != nil:
+		sw := v.rec.Network.Switch
+		it.State = sw.what() + " half done"
+		it.Blocking, it.Detail = true, fmt.Sprintf("a %s is half done (from %s to %s, started %s): start the node so it finishes it, then check again",
+			sw.what(), sw.From.describe(), v.rec.Network.Policy.describe(), sw.Started.Format(time.RFC3339))
 	case op == OpRemove:
 		// Running, failed or ended: its record waits for the control plane.
 		it.Blocking, it.Detail = true, fmt.Sprintf("node Instance %s is active or requires cleanup: delete or stop its Workspace through the control plane first", v.rec.InstanceID)

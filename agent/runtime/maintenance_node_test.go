@@ -10,13 +10,16 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/kibotos/kibotos/agent/egress"
 	"github.com/kibotos/kibotos/agent/runtime"
+	"github.com/kibotos/kibotos/netpol"
 	"github.com/kibotos/kibotos/vmm/qemu"
 	"github.com/kibotos/kibotos/vmm/units"
 )
@@ -30,7 +33,14 @@ const (
 	// envHelperFIFO: the "helper" node starts a tool that reads this FIFO
 	// until the test closes it.
 	envHelperFIFO = "KBR_HELPER_FIFO"
+	// envSwitch: the "switch" node applies this policy (JSON) to Instance
+	// switchInstance and is killed while the egress routes follow it;
+	// envNodeNS is the lab's node namespace.
+	envSwitch = "KBR_SWITCH_POLICY"
+	envNodeNS = "KBR_NODE_NS"
 )
+
+const switchInstance = "sw"
 
 // helperStatus is what the "helper" node reports.
 type helperStatus struct {
@@ -54,7 +64,7 @@ func runMaintenanceNode(mode string) int {
 		return fail(err)
 	}
 	cfg := runtime.Config{StorageRoot: os.Getenv(envRoot), NodeID: "node-a", Units: m, Accel: qemu.AccelAuto,
-		Logger: slog.New(slog.NewJSONHandler(os.Stderr, nil))}
+		Logger: slog.New(slog.NewJSONHandler(os.Stderr, nil)), OwnInstallation: filepath.Base(os.Getenv(envPlatform))}
 	var st any
 	switch mode {
 	case "helper":
@@ -68,6 +78,24 @@ func runMaintenanceNode(mode string) int {
 			return fail(err)
 		}
 		st = helperStatus{PID: os.Getpid(), HelperPID: helper.Process.Pid}
+	case "switch":
+		network, err := netpol.ParseConfig(labPool, "", []string{labMgmtNode + "/24"}, []string{labInternet}, "up0")
+		if err != nil {
+			return fail(err)
+		}
+		var p runtime.NetworkPolicy
+		if err := json.Unmarshal([]byte(os.Getenv(envSwitch)), &p); err != nil {
+			return fail(err)
+		}
+		router := &haltingRouter{}
+		cfg.Network, cfg.HostNetNS, cfg.Egress = &network, os.Getenv(envNodeNS), router
+		rt, err := runtime.Open(ctx, cfg)
+		if err != nil {
+			return fail(err)
+		}
+		router.halt.Store(true)
+		err = rt.UpdateNetwork(ctx, switchInstance, p)
+		return fail(fmt.Errorf("the switch returned (%v) instead of halting in the egress routes", err))
 	default:
 		return fail(fmt.Errorf("unknown mode"))
 	}
@@ -77,6 +105,21 @@ func runMaintenanceNode(mode string) int {
 	for {
 		time.Sleep(time.Hour) // serve until killed
 	}
+}
+
+// haltingRouter stands for the node's egress process: once halt is set,
+// an Apply reports the node's PID to the test and never returns, so the
+// test kills the node half-way through a policy change.
+type haltingRouter struct{ halt atomic.Bool }
+
+func (r *haltingRouter) Apply(ctx context.Context, cfg egress.Config) error {
+	if !r.halt.Load() {
+		return nil
+	}
+	if err := writeStatus(helperStatus{PID: os.Getpid()}); err != nil {
+		fmt.Fprintf(os.Stderr, "test node: %v\n", err)
+	}
+	select {}
 }
 
 // writeStatus reports v to the test, whole or not at all.
@@ -209,5 +252,73 @@ func TestCheckMaintenanceHelperProcesses(t *testing.T) {
 	}
 	if ok, blocking := maintenance(t, h.config(), runtime.OpUpgrade); !ok {
 		t.Errorf("check-maintenance upgrade once the tool ended: blocked by %+v", blocking)
+	}
+}
+
+// TestCheckMaintenanceNetworkSwitch: a node killed while it changes a
+// running Instance's policy leaves the switch half done (the record and
+// the table have the new policy, the egress routes not yet): an upgrade
+// is blocked naming the Instance and the switch, a network switch when
+// the policy changes, a target rotation when only the Egress it names
+// moves to a new revision; the next node's takeover finishes it, and
+// nothing blocks any more, as after a switch that completed.
+func TestCheckMaintenanceNetworkSwitch(t *testing.T) {
+	h := newHarness(t)
+	inst := platformFixture(t)
+	h.wireInternet()
+	ctx := testCtx(t, 5*time.Minute)
+	rt := h.mustOpen(t)
+	if _, err := rt.Start(ctx, runtime.Spec{InstanceID: switchInstance, Installation: inst, VCPUs: 1, MemoryMiB: 256, Network: true,
+		Policy: runtime.NetworkPolicy{Egress: "public"}}); err != nil {
+		t.Fatal(err)
+	}
+	rt.Close()
+
+	rev1 := runtime.NetworkPolicy{Egress: runtime.EgressProxyMode, Proxy: &runtime.EgressProxy{Name: "corp", Revision: 1, SOCKS5: labInternet + ":1080"}}
+	rev2 := runtime.NetworkPolicy{Egress: runtime.EgressProxyMode, Proxy: &runtime.EgressProxy{Name: "corp", Revision: 2, SOCKS5: labInternet + ":1081"}}
+	for n, c := range []struct {
+		to         runtime.NetworkPolicy
+		state, msg string
+	}{
+		{rev1, "network switch half done", "a network switch is half done (from egress public to egress proxy through corp revision 1 (" + labInternet + ":1080), started "},
+		{rev2, "target rotation half done", "a target rotation is half done (from egress proxy through corp revision 1 (" + labInternet + ":1080) to egress proxy through corp revision 2 (" + labInternet + ":1081), started "},
+	} {
+		policy, _ := json.Marshal(c.to)
+		node := startMaintenanceNode(t, h, n, "switch", "", envSwitch+"="+string(policy), envNodeNS+"="+h.nodeNS, envPlatform+"="+inst.Dir)
+		node.waitJSON(t, 2*time.Minute, &helperStatus{})
+		node.kill()
+
+		ok, blocking := maintenance(t, h.config(), runtime.OpUpgrade)
+		found := false
+		for _, it := range blocking {
+			found = found || (it.Object == "instance "+switchInstance && it.State == c.state && strings.Contains(it.Detail, c.msg) &&
+				strings.HasSuffix(it.Detail, "start the node so it finishes it, then check again"))
+		}
+		if ok || !found {
+			t.Errorf("check-maintenance upgrade after a node was killed mid-switch to %s: ok=%v, blocked by %+v; want instance %s: %s",
+				policy, ok, blocking, switchInstance, c.msg)
+		}
+
+		// The next node takes the Instance over and finishes the switch.
+		rt := h.mustOpen(t)
+		rt.Close()
+		if ok, blocking := maintenance(t, h.config(), runtime.OpUpgrade); !ok {
+			t.Errorf("check-maintenance upgrade once a node took the half-done switch over: blocked by %+v", blocking)
+		}
+	}
+
+	// A switch that completes leaves nothing behind.
+	rt = h.mustOpen(t)
+	if err := rt.UpdateNetwork(ctx, switchInstance, runtime.NetworkPolicy{Egress: "public"}); err != nil {
+		t.Fatal(err)
+	}
+	rt.Close()
+	if ok, blocking := maintenance(t, h.config(), runtime.OpUpgrade); !ok {
+		t.Errorf("check-maintenance upgrade after a switch that completed: blocked by %+v", blocking)
+	}
+
+	rt = h.mustOpen(t)
+	if err := rt.Delete(ctx, switchInstance); err != nil {
+		t.Fatal(err)
 	}
 }

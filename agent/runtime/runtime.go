@@ -395,6 +395,7 @@ func Open(ctx context.Context, cfg Config) (*Runtime, error) {
 	if err := rt.syncEgress(ctx); err != nil {
 		rt.log.Error("egress routes not restored at takeover", "err", err)
 	}
+	rt.finishNetworkSwitches()
 	rt.removeUnusedInstallations()
 	rt.wg.Add(2)
 	go rt.watch()
