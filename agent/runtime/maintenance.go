@@ -7,6 +7,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -108,7 +109,7 @@ func checkMaintenanceLocked(ctx context.Context, rt *Runtime, cfg Config, op str
 		}
 		owned := map[string]bool{}
 		for _, v := range verdicts {
-			rep.add(instanceItem(v, op))
+			rep.add(instanceItem(v, op, rt.processesLeft(v)))
 			owned[NetNSName(v.rec.dirName())] = true
 		}
 		for _, it := range namespaceLeftovers(rt, owned) {
@@ -182,20 +183,47 @@ func helperItems(cfg Config) []MaintenanceItem {
 	if len(pids) == 0 {
 		return []MaintenanceItem{{Object: h.CgroupDir, State: "no helper processes", Detail: "nothing is left running in the cgroup the node ran in"}}
 	}
-	sort.Ints(pids)
-	var left []string
-	for _, pid := range pids {
-		left = append(left, fmt.Sprintf("%d (%s)", pid, procCommand(pid)))
-	}
 	return []MaintenanceItem{{Object: h.CgroupDir, State: "helper processes", Blocking: true,
 		Detail: fmt.Sprintf("host PIDs %s still run in the cgroup node process %d ran in: tools the node started have not finished; wait for them to end, or end them by PID once you know what they do, then check again",
-			strings.Join(left, ", "), h.PID)}}
+			describePIDs(pids), h.PID)}}
 }
 
-// instanceItem judges one Instance's record for op.
-func instanceItem(v verdict, op string) MaintenanceItem {
+// describePIDs lists host PIDs with their command lines, for messages.
+func describePIDs(pids []int) string {
+	pids = slices.Sorted(slices.Values(pids))
+	var out []string
+	for _, pid := range pids {
+		out = append(out, fmt.Sprintf("%d (%s)", pid, procCommand(pid)))
+	}
+	return strings.Join(out, ", ")
+}
+
+// processesLeft is what is left of a VMM the node was ending, or saw
+// end, when it stopped: a unit no longer active whose cgroup still holds
+// processes, or whose main process still runs, is a shutdown the node
+// had not finished (it waits for them, logging "instance cleanup
+// pending"). Without a service manager nothing is left: a private
+// systemd took its processes with it.
+func (rt *Runtime) processesLeft(v verdict) error {
+	if rt.units == nil || v.rec.Process == nil || !(v.gone || v.state == StateStopped) {
+		return nil
+	}
+	return rt.checkEmpty(v.rec)
+}
+
+// instanceItem judges one Instance's record for op; left is what
+// processesLeft found of its VMM.
+func instanceItem(v verdict, op string, left error) MaintenanceItem {
 	it := MaintenanceItem{Object: "instance " + v.rec.InstanceID, State: string(v.state)}
+	var pending *CleanupPendingError
 	switch {
+	case errors.As(left, &pending):
+		it.State, it.Blocking = "shutdown half done", true
+		it.Detail = fmt.Sprintf("a shutdown is half done: unit %s is no longer active, but its cgroup %s still holds host PIDs %s (main process alive: %v): wait for them to end (most often they wait on storage that does not answer: fix it), then check again",
+			v.rec.Unit, pending.Cgroup, describePIDs(pending.PIDs), pending.MainAlive)
+	case left != nil:
+		it.State, it.Blocking = "shutdown half done", true
+		it.Detail = fmt.Sprintf("whether the shutdown of unit %s finished cannot be told: %v; inspect it with systemctl status %s, then check again", v.rec.Unit, left, v.rec.Unit)
 	case v.state == StateStarting:
 		it.Blocking, it.Detail = true, "a start is half-way done (its guest never answered): wait for it with the node running, or stop it"
 	case v.state == StateRunning && v.rec.Network != nil && v.rec.Network.Switch != nil:

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -19,6 +20,7 @@ import (
 
 	"github.com/kibotos/kibotos/agent/egress"
 	"github.com/kibotos/kibotos/agent/runtime"
+	"github.com/kibotos/kibotos/internal/testenv"
 	"github.com/kibotos/kibotos/netpol"
 	"github.com/kibotos/kibotos/vmm/qemu"
 	"github.com/kibotos/kibotos/vmm/units"
@@ -319,6 +321,73 @@ func TestCheckMaintenanceNetworkSwitch(t *testing.T) {
 
 	rt = h.mustOpen(t)
 	if err := rt.Delete(ctx, switchInstance); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestCheckMaintenanceShutdownHalfDone: the node stops while the stop of
+// an Instance waits for its VMM's cgroup to empty (a process stuck in the
+// kernel, as in TestCleanupPending): the shutdown is half done, and an
+// upgrade is blocked naming the Instance, its unit and the stuck process;
+// once that process could end, the ended Instance's record blocks no
+// upgrade.
+func TestCheckMaintenanceShutdownHalfDone(t *testing.T) {
+	h := newHarness(t)
+	inst := platformFixture(t)
+	ctx := testCtx(t, 3*time.Minute)
+	rt := h.mustOpen(t)
+	const id = "vm-s"
+	st, err := rt.Start(ctx, runtime.Spec{InstanceID: id, Installation: inst, MemoryMiB: 256})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mnt := frozenFS(t, h.scratch)
+	writer := exec.Command("/bin/sh", "-c", "echo x > "+filepath.Join(mnt, "f"))
+	if err := writer.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		thaw(mnt)
+		if writer.ProcessState == nil {
+			writer.Wait()
+		}
+	})
+	waitFor(t, 10*time.Second, "the writer blocked on the frozen filesystem", func() bool { return testenv.ProcState(writer.Process.Pid) == "D" })
+	u, err := h.m.Get(ctx, st.Unit)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(h.m.CgroupPath(u), "cgroup.procs"), []byte(strconv.Itoa(writer.Process.Pid)), 0o644); err != nil {
+		t.Fatalf("move the stuck writer into the VMM's cgroup: %v", err)
+	}
+	stopped := make(chan error, 1)
+	go func() { stopped <- rt.Stop(ctx, id, time.Second) }()
+	waitFor(t, 90*time.Second, "instance cleanup pending in the node log", func() bool { return strings.Contains(h.logs.String(), `"msg":"instance cleanup pending"`) })
+	rt.Close() // the node stops before the shutdown finished
+	if err := <-stopped; err == nil {
+		t.Fatal("the stop returned no error although the node closed before the VMM's cgroup emptied")
+	}
+
+	ok, blocking := maintenance(t, h.config(), runtime.OpUpgrade)
+	want := fmt.Sprintf("a shutdown is half done: unit %s is no longer active, but its cgroup %s still holds host PIDs %d (/bin/sh -c echo x > %s/f)",
+		st.Unit, h.m.CgroupPath(u), writer.Process.Pid, mnt)
+	found := false
+	for _, it := range blocking {
+		found = found || (it.Object == "instance "+id && it.State == "shutdown half done" && strings.HasPrefix(it.Detail, want))
+	}
+	if ok || !found {
+		t.Errorf("check-maintenance upgrade with the node stopped mid-shutdown: ok=%v, blocked by %+v; want instance %s: %s", ok, blocking, id, want)
+	}
+
+	thaw(mnt)
+	if err := writer.Wait(); err != nil {
+		t.Fatalf("the writer once its filesystem thawed: %v", err)
+	}
+	if ok, blocking := maintenance(t, h.config(), runtime.OpUpgrade); !ok {
+		t.Errorf("check-maintenance upgrade once the stuck process ended: blocked by %+v", blocking)
+	}
+	rt = h.mustOpen(t)
+	if err := rt.Delete(ctx, id); err != nil {
 		t.Fatal(err)
 	}
 }
