@@ -22,8 +22,9 @@ import (
 
 // check-maintenance (process-model seed): with the node service stopped,
 // may the node program be replaced (upgrade) or removed (remove)? It only
-// reads: the exclusive lock (taken and released), launch records, units
-// and processes, the pools' layers, Volume files and holder records. It repairs
+// reads: the exclusive lock (taken and released, and what it says of the
+// node's cgroup), launch records, units and processes, the pools' layers,
+// Volume files and holder records. It repairs
 // nothing, bumps no incarnation and creates no directory.
 
 // Maintenance operations.
