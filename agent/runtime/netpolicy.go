@@ -59,10 +59,10 @@ func (rt *Runtime) UpdateNetwork(ctx context.Context, id string, p NetworkPolicy
 	nr := *rec.Network
 	nr.Policy, nr.Switch = p, nil
 	rec.Network = &nr
-	// Record first, marked as begun: a node that dies before the table
-	// follows finds table and record disagreeing at takeover and
-	// isolates rather than guesses, and check-maintenance names the
-	// switch until a node finished it.
+	// Record first, marked as begun: the next node's takeover puts the
+	// table in step with the record (or isolates the guest when it
+	// cannot vouch for the table), and until a node finished the switch
+	// check-maintenance names it.
 	begun, bnr := rec, nr
 	bnr.Switch = &NetworkSwitch{Rotation: isRotation(from, p), From: from, Started: time.Now().UTC()}
 	begun.Network = &bnr
