@@ -6,6 +6,8 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+
+	"github.com/kibotos/kibotos/vmm/units"
 )
 
 // CheckServiceCgroup is the node's start-up check under systemd, before it
@@ -20,12 +22,7 @@ import (
 // cgroup2 mount, procSelfCgroup the content of /proc/self/cgroup, mainPID
 // asks systemd for a unit's MainPID (0: none).
 func CheckServiceCgroup(cgroupRoot, procSelfCgroup string, self int, mainPID func(unit string) (int, error)) error {
-	rel := ""
-	for _, line := range strings.Split(strings.TrimSpace(procSelfCgroup), "\n") {
-		if strings.HasPrefix(line, "0::") {
-			rel = strings.TrimPrefix(line, "0::")
-		}
-	}
+	rel := units.Cgroup2Path(procSelfCgroup)
 	if rel == "" || rel == "/" || !strings.HasSuffix(rel, ".service") {
 		return nil // not in a service of its own (a shell, a test, kibotos dev)
 	}

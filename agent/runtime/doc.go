@@ -5,7 +5,7 @@
 //
 // Layout under the storage root:
 //
-//	runtime/lock                        exclusive lock of the running node
+//	runtime/lock                        exclusive lock of the running node, naming its process and cgroup
 //	runtime/instances/<id>/systemd.json launch record (format RecordVersion)
 //	runtime/instances/<id>/...          disk, console.log, vmm.log, sockets
 //	runtime/registry/<id>.json          records of ended Instances

@@ -28,6 +28,9 @@ func TestMain(m *testing.M) {
 	if os.Getenv(nodeEnv) != "" {
 		os.Exit(runNode())
 	}
+	if mode := os.Getenv(maintenanceNodeEnv); mode != "" {
+		os.Exit(runMaintenanceNode(mode))
+	}
 	code := m.Run()
 	runtimetest.Cleanup()
 	os.Exit(code)

@@ -7,20 +7,24 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
+	"time"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/kibotos/kibotos/internal/recordfmt"
 	"github.com/kibotos/kibotos/netpol"
 	"github.com/kibotos/kibotos/storagepool"
+	"github.com/kibotos/kibotos/vmm/units"
 )
 
 // check-maintenance (process-model seed): with the node service stopped,
 // may the node program be replaced (upgrade) or removed (remove)? It only
-// reads: the exclusive lock (taken and released), launch records, units
-// and processes, the pools' layers, Volume files and holder records. It repairs
+// reads: the exclusive lock (taken and released, and what it says of the
+// node's cgroup), launch records, units and processes, the pools' layers,
+// Volume files and holder records. It repairs
 // nothing, bumps no incarnation and creates no directory.
 
 // Maintenance operations.
@@ -67,7 +71,7 @@ func CheckMaintenance(ctx context.Context, cfg Config, op string) (*MaintenanceR
 // lockForCheck takes the runtime's exclusive lock the way a node would,
 // without creating it: a check must not run beside a node process.
 func lockForCheck(cfg Config) (unlock func(), err error) {
-	lockPath := filepath.Join(cfg.StorageRoot, "runtime", "lock")
+	lockPath := lockFile(cfg.StorageRoot)
 	f, err := os.OpenFile(lockPath, os.O_RDWR, 0)
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
@@ -106,7 +110,7 @@ func checkMaintenanceLocked(ctx context.Context, rt *Runtime, cfg Config, op str
 		}
 		owned := map[string]bool{}
 		for _, v := range verdicts {
-			rep.add(instanceItem(v, op))
+			rep.add(instanceItem(v, op, rt.processesLeft(v)))
 			owned[NetNSName(v.rec.dirName())] = true
 		}
 		for _, it := range namespaceLeftovers(rt, owned) {
@@ -114,6 +118,9 @@ func checkMaintenanceLocked(ctx context.Context, rt *Runtime, cfg Config, op str
 		}
 	} else if !errors.Is(err, fs.ErrNotExist) {
 		return nil, err
+	}
+	for _, it := range helperItems(cfg) {
+		rep.add(it)
 	}
 	if op == OpRemove {
 		for _, it := range heldItems(cfg) {
@@ -147,12 +154,84 @@ func namespaceLeftovers(rt *Runtime, owned map[string]bool) []MaintenanceItem {
 	return out
 }
 
-// instanceItem judges one Instance's record for op.
-func instanceItem(v verdict, op string) MaintenanceItem {
-	it := MaintenanceItem{Object: "instance " + v.rec.InstanceID, State: string(v.state)}
+// helperItems judges the cgroup the node last ran in: a process still
+// there is a tool it started (mkfs.ext4, qemu-img, ...) that has not
+// finished, work the node left half done. Only a service of the node's
+// own says that; in a shell's or a test's cgroup the node's tools cannot
+// be told from the rest.
+func helperItems(cfg Config) []MaintenanceItem {
+	path := lockFile(cfg.StorageRoot)
+	h, err := readLockHolder(path)
 	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return nil // no node ever ran here
+	case errors.Is(err, errNoLockHolder):
+		return []MaintenanceItem{{Object: path, State: "helper processes not checked",
+			Detail: err.Error() + " (a build before this check wrote it): processes the node started cannot be found; start and stop the node once to record its cgroup"}}
+	case errors.Is(err, recordfmt.ErrOutOfRange):
+		return []MaintenanceItem{{Object: path, State: "record format", Blocking: true, Detail: err.Error()}}
+	case err != nil:
+		return []MaintenanceItem{{Object: path, State: "corrupt record", Blocking: true, Detail: err.Error()}}
+	case h.CgroupDir == "" || !strings.HasSuffix(h.Cgroup, ".service"):
+		return []MaintenanceItem{{Object: path, State: "helper processes not checked",
+			Detail: fmt.Sprintf("node process %d ran in cgroup %q, not in a service of its own (a shell, a test, kibotos dev): what it started cannot be told from other processes there", h.PID, h.Cgroup)}}
+	}
+	pids, err := units.CgroupPIDs(h.CgroupDir)
+	if err != nil {
+		return []MaintenanceItem{{Object: h.CgroupDir, State: "helper processes", Blocking: true,
+			Detail: fmt.Sprintf("the cgroup node process %d ran in cannot be read: %v", h.PID, err)}}
+	}
+	if len(pids) == 0 {
+		return []MaintenanceItem{{Object: h.CgroupDir, State: "no helper processes", Detail: "nothing is left running in the cgroup the node ran in"}}
+	}
+	return []MaintenanceItem{{Object: h.CgroupDir, State: "helper processes", Blocking: true,
+		Detail: fmt.Sprintf("host PIDs %s still run in the cgroup node process %d ran in: tools the node started have not finished; wait for them to end, or end them by PID once you know what they do, then check again",
+			describePIDs(pids), h.PID)}}
+}
+
+// describePIDs lists host PIDs with their command lines, for messages.
+func describePIDs(pids []int) string {
+	pids = slices.Sorted(slices.Values(pids))
+	var out []string
+	for _, pid := range pids {
+		out = append(out, fmt.Sprintf("%d (%s)", pid, procCommand(pid)))
+	}
+	return strings.Join(out, ", ")
+}
+
+// processesLeft is what is left of a VMM the node was ending, or saw
+// end, when it stopped: a unit no longer active whose cgroup still holds
+// processes, or whose main process still runs, is a shutdown the node
+// had not finished (it waits for them, logging "instance cleanup
+// pending"). Without a service manager nothing is left: a private
+// systemd took its processes with it.
+func (rt *Runtime) processesLeft(v verdict) error {
+	if rt.units == nil || v.rec.Process == nil || !(v.gone || v.state == StateStopped) {
+		return nil
+	}
+	return rt.checkEmpty(v.rec)
+}
+
+// instanceItem judges one Instance's record for op; left is what
+// processesLeft found of its VMM.
+func instanceItem(v verdict, op string, left error) MaintenanceItem {
+	it := MaintenanceItem{Object: "instance " + v.rec.InstanceID, State: string(v.state)}
+	var pending *CleanupPendingError
+	switch {
+	case errors.As(left, &pending):
+		it.State, it.Blocking = "shutdown half done", true
+		it.Detail = fmt.Sprintf("a shutdown is half done: unit %s is no longer active, but its cgroup %s still holds host PIDs %s (main process alive: %v): wait for them to end (most often they wait on storage that does not answer: fix it), then check again",
+			v.rec.Unit, pending.Cgroup, describePIDs(pending.PIDs), pending.MainAlive)
+	case left != nil:
+		it.State, it.Blocking = "shutdown half done", true
+		it.Detail = fmt.Sprintf("whether the shutdown of unit %s finished cannot be told: %v; inspect it with systemctl status %s, then check again", v.rec.Unit, left, v.rec.Unit)
 	case v.state == StateStarting:
 		it.Blocking, it.Detail = true, "a start is half-way done (its guest never answered): wait for it with the node running, or stop it"
+	case v.state == StateRunning && v.rec.Network != nil && v.rec.Network.Switch != nil:
+		sw := v.rec.Network.Switch
+		it.State = sw.what() + " half done"
+		it.Blocking, it.Detail = true, fmt.Sprintf("a %s is half done (from %s to %s, started %s): start the node so it finishes it, then check again",
+			sw.what(), sw.From.describe(), v.rec.Network.Policy.describe(), sw.Started.Format(time.RFC3339))
 	case op == OpRemove:
 		// Running, failed or ended: its record waits for the control plane.
 		it.Blocking, it.Detail = true, fmt.Sprintf("node Instance %s is active or requires cleanup: delete or stop its Workspace through the control plane first", v.rec.InstanceID)

@@ -51,6 +51,12 @@ type NetworkRecord struct {
 	// TapMAC is the tap's hardware address (netpol.TapMAC); empty in a
 	// record of a build whose taps had random ones.
 	TapMAC string `json:"tap_mac,omitempty"`
+	// Switch is set while UpdateNetwork applies Policy: written with it
+	// before the rule table is replaced, removed once the table and the
+	// egress routes follow it. A record that keeps it after the node
+	// ended is a switch left half done (check-maintenance names it); the
+	// next node's takeover finishes it.
+	Switch *NetworkSwitch `json:"switch,omitempty"`
 }
 
 // nodeNetwork is the node side of every Instance network. Without a

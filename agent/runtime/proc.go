@@ -86,3 +86,13 @@ func procUID(pid int) (int, error) {
 	}
 	return 0, fmt.Errorf("/proc/%d/status: no Uid line", pid)
 }
+
+// procCommand is the command line of pid, for messages; "" when it has
+// none to read (gone, or a kernel thread).
+func procCommand(pid int) string {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cmdline")
+	if err != nil {
+		return ""
+	}
+	return strings.TrimSpace(strings.ReplaceAll(string(b), "\x00", " "))
+}

@@ -395,6 +395,7 @@ func Open(ctx context.Context, cfg Config) (*Runtime, error) {
 	if err := rt.syncEgress(ctx); err != nil {
 		rt.log.Error("egress routes not restored at takeover", "err", err)
 	}
+	rt.finishNetworkSwitches()
 	rt.removeUnusedInstallations()
 	rt.wg.Add(2)
 	go rt.watch()
@@ -405,7 +406,7 @@ func Open(ctx context.Context, cfg Config) (*Runtime, error) {
 }
 
 func (rt *Runtime) acquireLock() error {
-	path := filepath.Join(rt.cfg.StorageRoot, "runtime", "lock")
+	path := lockFile(rt.cfg.StorageRoot)
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
 	if err != nil {
 		return fmt.Errorf("runtime: open lock %s: %w", path, err)
@@ -413,6 +414,10 @@ func (rt *Runtime) acquireLock() error {
 	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
 		f.Close()
 		return fmt.Errorf("runtime: %s is locked by another node process (%w): stop it first", path, err)
+	}
+	if err := writeLockHolder(f); err != nil {
+		f.Close()
+		return fmt.Errorf("runtime: record this node process in %s: %w", path, err)
 	}
 	rt.lock = f
 	return nil

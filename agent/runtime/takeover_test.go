@@ -173,14 +173,21 @@ func (c *child) kill() {
 
 func (c *child) wait(t *testing.T, d time.Duration) nodeStatus {
 	t.Helper()
+	var st nodeStatus
+	c.waitJSON(t, d, &st)
+	return st
+}
+
+// waitJSON waits for the child's status file and decodes it into v.
+func (c *child) waitJSON(t *testing.T, d time.Duration, v any) {
+	t.Helper()
 	deadline := time.After(d)
 	for {
 		if b, err := os.ReadFile(c.status); err == nil {
-			var st nodeStatus
-			if err := json.Unmarshal(b, &st); err != nil {
+			if err := json.Unmarshal(b, v); err != nil {
 				t.Fatal(err)
 			}
-			return st
+			return
 		}
 		select {
 		case <-c.exited:

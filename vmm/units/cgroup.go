@@ -47,6 +47,18 @@ func Cgroup2Mount() (string, error) {
 	return found[0], nil
 }
 
+// Cgroup2Path is the cgroup2 path in the content of a /proc/<pid>/cgroup
+// file (its "0::" line), relative to the cgroup2 mount of the reader's
+// cgroup namespace; "" when the process is in no cgroup2 hierarchy.
+func Cgroup2Path(procCgroup string) string {
+	for _, line := range strings.Split(strings.TrimSpace(procCgroup), "\n") {
+		if rel, ok := strings.CutPrefix(line, "0::"); ok {
+			return rel
+		}
+	}
+	return ""
+}
+
 // Process is one process of a unit.
 type Process struct {
 	HostPID int

@@ -12,16 +12,19 @@ const (
 	envSocket = "KIBOTOS_UNITS_SOCKET"
 	envCgroup = "KIBOTOS_UNITS_CGROUP"
 	envPID    = "KIBOTOS_UNITS_MANAGER_PID"
+	envNetNS  = "KIBOTOS_UNITS_NETNS_DIR"
+	envLogDir = "KIBOTOS_UNITS_LOG_DIR"
 )
 
 // Env is the target as environment entries for TargetFromEnv.
 func (t Target) Env() []string {
-	return []string{envSocket + "=" + t.Socket, envCgroup + "=" + t.CgroupRoot, envPID + "=" + strconv.Itoa(t.ManagerPID)}
+	return []string{envSocket + "=" + t.Socket, envCgroup + "=" + t.CgroupRoot, envPID + "=" + strconv.Itoa(t.ManagerPID),
+		envNetNS + "=" + t.NetNSDir, envLogDir + "=" + t.LogDir}
 }
 
 // TargetFromEnv reads a target handed over with Target.Env.
 func TargetFromEnv() (Target, error) {
-	t := Target{Socket: os.Getenv(envSocket), CgroupRoot: os.Getenv(envCgroup)}
+	t := Target{Socket: os.Getenv(envSocket), CgroupRoot: os.Getenv(envCgroup), NetNSDir: os.Getenv(envNetNS), LogDir: os.Getenv(envLogDir)}
 	pid, err := strconv.Atoi(os.Getenv(envPID))
 	if err != nil || t.Socket == "" || t.CgroupRoot == "" {
 		return Target{}, fmt.Errorf("units: no target in the environment (%s, %s, %s)", envSocket, envCgroup, envPID)
