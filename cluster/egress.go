@@ -10,6 +10,7 @@ import (
 
 	"github.com/kibotos/kibotos/api"
 	"github.com/kibotos/kibotos/fsm"
+	"github.com/kibotos/kibotos/internal/ctxsleep"
 )
 
 // Egress and Resolver objects over the API. Operator endpoints never
@@ -192,12 +193,8 @@ func (s *Server) EgressCredentials(ctx context.Context, name string, rev uint64)
 		if err == nil || api.CodeOf(err) != api.CodeUnavailable {
 			return out, err
 		}
-		t := time.NewTimer(backoff)
-		select {
-		case <-ctx.Done():
-			t.Stop()
+		if ctxsleep.Sleep(ctx, backoff) != nil {
 			return nil, err
-		case <-t.C:
 		}
 		backoff = min(2*backoff, time.Second)
 	}

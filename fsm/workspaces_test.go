@@ -790,17 +790,23 @@ func TestWorkspaceRefused(t *testing.T) {
 	})
 	t.Run("start of a stopped Workspace refused: its layer pins it", func(t *testing.T) {
 		h := newHarness(t)
-		twoNodes(h)
-		w := h.stopped("c1", smallWS)
-		h.advance(time.Second)
-		h.ok(OpWorkspaceStart, WorkspaceArgs{WorkspaceID: w.WorkspaceID})
-		got := h.answer(w.WorkspaceID, OutcomeRefused, "memory tight")
+		got := h.answer(startStoppedOnTwoNodes(h), OutcomeRefused, "memory tight")
 		if got.State != api.WorkspaceFailed || got.Failure.Reason != api.FailureStart ||
 			*got.Layer != (api.LayerRight{NodeID: "node-a", PoolID: api.PrivatePoolID("node-a")}) || got.NodeID != "" || got.Pending != nil {
 			t.Errorf("after refusal: %+v layer %+v", got, got.Layer)
 		}
 		checkIndex(t, h.f)
 	})
+}
+
+// startStoppedOnTwoNodes starts a stopped Workspace on two nodes, its
+// layer in node-a's private pool; it returns the Workspace.
+func startStoppedOnTwoNodes(h *harness) string {
+	twoNodes(h)
+	w := h.stopped("c1", smallWS)
+	h.advance(time.Second)
+	h.ok(OpWorkspaceStart, WorkspaceArgs{WorkspaceID: w.WorkspaceID})
+	return w.WorkspaceID
 }
 
 // refuse answers the pending start with the node's refusal; exhausts is
@@ -860,13 +866,7 @@ func TestWorkspaceRefusalExhausts(t *testing.T) {
 		}, refusals: []string{"node node-a is draining", "host memory is tight"}, exhausts: true,
 			wantReason: api.FailureResourceExhausted,
 			wantMsg:    []string{"nodes node-a, node-b refused to start it (node-b: host memory is tight) and no other node can take it", "2 refused this placement"}},
-		{name: "start of a stopped Workspace, its layer in the refusing node's pool", setup: func(h *harness) string {
-			twoNodes(h)
-			w := h.stopped("c1", smallWS)
-			h.advance(time.Second)
-			h.ok(OpWorkspaceStart, WorkspaceArgs{WorkspaceID: w.WorkspaceID})
-			return w.WorkspaceID
-		}, refusals: []string{"host memory is tight"}, exhausts: true,
+		{name: "start of a stopped Workspace, its layer in the refusing node's pool", setup: startStoppedOnTwoNodes, refusals: []string{"host memory is tight"}, exhausts: true,
 			wantReason: api.FailureResourceExhausted,
 			wantMsg: []string{"node node-a refused to start it (host memory is tight)",
 				"standalone pool " + api.PrivatePoolID("node-a") + " of node node-a, the only node that can start it, which refused it"}},
@@ -883,13 +883,7 @@ func TestWorkspaceRefusalExhausts(t *testing.T) {
 			return h.create("c1", smallWS).WorkspaceID
 		}, refusals: []string{"host memory is tight"},
 			wantReason: api.FailureStart, wantMsg: []string{"node node-a refused it (host memory is tight) and no other node can take it"}},
-		{name: "a stopped one from below the level: START_FAILED", setup: func(h *harness) string {
-			twoNodes(h)
-			w := h.stopped("c1", smallWS)
-			h.advance(time.Second)
-			h.ok(OpWorkspaceStart, WorkspaceArgs{WorkspaceID: w.WorkspaceID})
-			return w.WorkspaceID
-		}, refusals: []string{"host memory is tight"},
+		{name: "a stopped one from below the level: START_FAILED", setup: startStoppedOnTwoNodes, refusals: []string{"host memory is tight"},
 			wantReason: api.FailureStart, wantMsg: []string{"which cannot now: refused this placement"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

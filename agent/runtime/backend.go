@@ -13,7 +13,7 @@ import (
 
 // Backend is what differs between VMMs: the command line and how the node
 // reaches the guest agent. QEMU (microvm, virtio-serial channel) is the
-// one implemented (README: why there is no Firecracker backend).
+// one implemented (docs/vmm-backends.md: why there is no Firecracker).
 type Backend interface {
 	// Name is recorded in the launch record.
 	Name() string

@@ -1,6 +1,7 @@
 package runtime_test
 
 import (
+	"context"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/kibotos/kibotos/agent/runtime"
 	"github.com/kibotos/kibotos/internal/testenv"
+	"github.com/kibotos/kibotos/vmm/units"
 )
 
 // A VMM whose cgroup keeps a process stuck in the kernel after the unit
@@ -31,23 +33,7 @@ func TestCleanupPending(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	mnt := frozenFS(t, h.scratch)
-	writer := exec.Command("/bin/sh", "-c", "echo x > "+filepath.Join(mnt, "f"))
-	if err := writer.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		thaw(mnt)
-		writer.Wait()
-	})
-	waitFor(t, 10*time.Second, "the writer blocked on the frozen filesystem", func() bool { return testenv.ProcState(writer.Process.Pid) == "D" })
-	u, err := h.m.Get(ctx, st.Unit)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(h.m.CgroupPath(u), "cgroup.procs"), []byte(strconv.Itoa(writer.Process.Pid)), 0o644); err != nil {
-		t.Fatalf("move the stuck writer into the VMM's cgroup: %v", err)
-	}
+	_, mnt, _ := stuckInVMMCgroup(ctx, t, h, st.Unit)
 
 	stopped := make(chan error, 1)
 	t0 := time.Now()
@@ -82,6 +68,35 @@ func TestCleanupPending(t *testing.T) {
 	if err := rt.Delete(ctx, id); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// stuckInVMMCgroup starts a writer on a frozen filesystem, waits until it
+// is stuck in the kernel and moves it into the cgroup of the VMM unit
+// named unit: a process that unit's stop cannot end. It returns the
+// writer, the frozen mount and the unit; the test's end thaws the mount
+// and waits for the writer.
+func stuckInVMMCgroup(ctx context.Context, t *testing.T, h *harness, unit string) (*exec.Cmd, string, units.Unit) {
+	t.Helper()
+	mnt := frozenFS(t, h.scratch)
+	writer := exec.Command("/bin/sh", "-c", "echo x > "+filepath.Join(mnt, "f"))
+	if err := writer.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		thaw(mnt)
+		if writer.ProcessState == nil {
+			writer.Wait()
+		}
+	})
+	waitFor(t, 10*time.Second, "the writer blocked on the frozen filesystem", func() bool { return testenv.ProcState(writer.Process.Pid) == "D" })
+	u, err := h.m.Get(ctx, unit)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(h.m.CgroupPath(u), "cgroup.procs"), []byte(strconv.Itoa(writer.Process.Pid)), 0o644); err != nil {
+		t.Fatalf("move the stuck writer into the VMM's cgroup: %v", err)
+	}
+	return writer, mnt, u
 }
 
 // frozenFS mounts a small ext4 image under dir and freezes it: a write to

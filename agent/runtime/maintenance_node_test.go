@@ -9,7 +9,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -20,7 +19,6 @@ import (
 
 	"github.com/kibotos/kibotos/agent/egress"
 	"github.com/kibotos/kibotos/agent/runtime"
-	"github.com/kibotos/kibotos/internal/testenv"
 	"github.com/kibotos/kibotos/netpol"
 	"github.com/kibotos/kibotos/vmm/qemu"
 	"github.com/kibotos/kibotos/vmm/units"
@@ -57,11 +55,7 @@ func runMaintenanceNode(mode string) int {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	target, err := units.TargetFromEnv()
-	if err != nil {
-		return fail(err)
-	}
-	m, err := units.Connect(ctx, target)
+	m, err := units.ConnectFromEnv(ctx)
 	if err != nil {
 		return fail(err)
 	}
@@ -341,25 +335,7 @@ func TestCheckMaintenanceShutdownHalfDone(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	mnt := frozenFS(t, h.scratch)
-	writer := exec.Command("/bin/sh", "-c", "echo x > "+filepath.Join(mnt, "f"))
-	if err := writer.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		thaw(mnt)
-		if writer.ProcessState == nil {
-			writer.Wait()
-		}
-	})
-	waitFor(t, 10*time.Second, "the writer blocked on the frozen filesystem", func() bool { return testenv.ProcState(writer.Process.Pid) == "D" })
-	u, err := h.m.Get(ctx, st.Unit)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(h.m.CgroupPath(u), "cgroup.procs"), []byte(strconv.Itoa(writer.Process.Pid)), 0o644); err != nil {
-		t.Fatalf("move the stuck writer into the VMM's cgroup: %v", err)
-	}
+	writer, mnt, u := stuckInVMMCgroup(ctx, t, h, st.Unit)
 	stopped := make(chan error, 1)
 	go func() { stopped <- rt.Stop(ctx, id, time.Second) }()
 	waitFor(t, 90*time.Second, "instance cleanup pending in the node log", func() bool { return strings.Contains(h.logs.String(), `"msg":"instance cleanup pending"`) })

@@ -66,11 +66,7 @@ func runNode() int {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()
-	target, err := units.TargetFromEnv()
-	if err != nil {
-		return fail(err)
-	}
-	m, err := units.Connect(ctx, target)
+	m, err := units.ConnectFromEnv(ctx)
 	if err != nil {
 		return fail(err)
 	}

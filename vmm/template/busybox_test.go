@@ -84,14 +84,7 @@ func TestBuildBusyboxRefusesBusyboxWithoutNc(t *testing.T) {
 // resolv.conf names (a DNS responder on that namespace's 127.0.0.1:53),
 // and fetch over HTTPS only from a server the CA bundle vouches for.
 func TestBusyboxTreeFetchesAndResolves(t *testing.T) {
-	if os.Geteuid() != 0 {
-		testenv.Skipf(t, "chroot and a network namespace need root")
-	}
-	requireBusybox(t)
-	tree := t.TempDir()
-	if err := busyboxTree(context.Background(), tree, ""); err != nil {
-		t.Fatal(err)
-	}
+	tree := rootedBusyboxTree(t)
 	// What the guest agent's Configure writes; in a Workspace it is
 	// bind-mounted over the template's empty file.
 	if err := os.WriteFile(filepath.Join(tree, "etc/resolv.conf"), []byte("nameserver 127.0.0.1\n"), 0o644); err != nil {
@@ -301,10 +294,10 @@ func loopbackUp() error {
 	return nil
 }
 
-// The template has a nohup that leaves its command immune to SIGHUP, as
-// users start servers that outlive their exec (`nohup CMD &`), and that
-// fails as nohup does when there is nothing to run.
-func TestBusyboxTreeNohup(t *testing.T) {
+// rootedBusyboxTree is the template's tree in a temporary directory, for
+// tests that run it chrooted in a network namespace of their own (root).
+func rootedBusyboxTree(t *testing.T) string {
+	t.Helper()
 	if os.Geteuid() != 0 {
 		testenv.Skipf(t, "chroot and a network namespace need root")
 	}
@@ -313,6 +306,14 @@ func TestBusyboxTreeNohup(t *testing.T) {
 	if err := busyboxTree(context.Background(), tree, ""); err != nil {
 		t.Fatal(err)
 	}
+	return tree
+}
+
+// The template has a nohup that leaves its command immune to SIGHUP, as
+// users start servers that outlive their exec (`nohup CMD &`), and that
+// fails as nohup does when there is nothing to run.
+func TestBusyboxTreeNohup(t *testing.T) {
+	tree := rootedBusyboxTree(t)
 	ns := newNetNS(t)
 	out, err := ns.inTree(tree, "", "/bin/sh", "-c", `nohup sh -c 'kill -HUP $$; echo survived SIGHUP'`)
 	if err != nil || out != "survived SIGHUP\n" {

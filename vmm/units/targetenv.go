@@ -1,6 +1,7 @@
 package units
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"strconv"
@@ -31,4 +32,14 @@ func TargetFromEnv() (Target, error) {
 	}
 	t.ManagerPID = pid
 	return t, nil
+}
+
+// ConnectFromEnv connects to the service manager of a target handed over
+// with Target.Env (a child node of a test or a benchmark).
+func ConnectFromEnv(ctx context.Context) (*Manager, error) {
+	t, err := TargetFromEnv()
+	if err != nil {
+		return nil, err
+	}
+	return Connect(ctx, t)
 }
