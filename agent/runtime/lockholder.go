@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"github.com/kibotos/kibotos/internal/recordfmt"
 	"github.com/kibotos/kibotos/vmm/units"
@@ -84,6 +85,12 @@ func readLockHolder(path string) (*lockHolder, error) {
 	}
 	if err := lockHolderRange.Check(path, h.FormatVersion); err != nil {
 		return nil, fmt.Errorf("runtime lock %w", err)
+	}
+	// The check reads the processes of CgroupDir: only a clean absolute
+	// cgroup path, and its directory ending in it, are taken.
+	if h.PID <= 0 || (h.Cgroup != "" && (!filepath.IsAbs(h.Cgroup) || filepath.Clean(h.Cgroup) != h.Cgroup)) ||
+		(h.CgroupDir != "" && (h.Cgroup == "" || filepath.Clean(h.CgroupDir) != h.CgroupDir || !strings.HasSuffix(h.CgroupDir, h.Cgroup))) {
+		return nil, fmt.Errorf("runtime lock %s is corrupt: pid %d, cgroup %.200q in %.200q; stop every node process, then remove the file (the next node writes it again)", path, h.PID, h.Cgroup, h.CgroupDir)
 	}
 	return &h, nil
 }
