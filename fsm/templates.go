@@ -241,8 +241,14 @@ func reportedTemplates(tx *bolt.Tx) (digests, names map[string][]string, err err
 				digests[d] = append(digests[d], n.NodeID)
 			}
 		}
-		for _, name := range n.Report.Templates {
-			if !slices.Contains(names[name], n.NodeID) {
+		// Names are listed to operators: a report's own list is not
+		// checked when it is applied, so only valid names count, and at
+		// most as many per node as digests.
+		for i, name := range n.Report.Templates {
+			if i == api.MaxNodeTemplateDigests {
+				break
+			}
+			if api.ValidTemplateName(name) == nil && !slices.Contains(names[name], n.NodeID) {
 				names[name] = append(names[name], n.NodeID)
 			}
 		}

@@ -2,6 +2,7 @@ package fsm
 
 import (
 	"fmt"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -163,5 +164,23 @@ func TestTemplateDelete(t *testing.T) {
 	h.ok(OpTemplateDelete, ObjectArgs{Name: "solo"}, withVersion(1))
 	if got := h.catalog(); len(got) != 1 || got[0].Name != "kibotos-coding" {
 		t.Fatalf("catalog after the delete: %+v", got)
+	}
+}
+
+// The list names the templates nodes built and did not publish, with
+// their nodes, on its last page; a name a report carries that is not a
+// valid template name is not listed.
+func TestListNodeTemplates(t *testing.T) {
+	h := newHarness(t)
+	twoNodes(h)
+	h.report("node-b", sessOf("node-b"), api.Report{Capacity: api.Resources{CPU: 4000, MemoryBytes: 8 * gib}, Pools: defaultPoolAvailable,
+		Templates: []string{"kibotos-base", "Bad\x1b[31mName", "solo"}})
+	var l *api.CatalogTemplateList
+	if err := h.f.View(func(tx *bolt.Tx) (err error) { l, err = ListCatalogTemplates(tx, 0, ""); return }); err != nil {
+		t.Fatal(err)
+	}
+	want := []api.NodeTemplate{{Name: "kibotos-base", Nodes: []string{"node-a", "node-b"}}, {Name: "kibotos-coding", Nodes: []string{"node-a"}}, {Name: "solo", Nodes: []string{"node-b"}}}
+	if len(l.Templates) != 0 || !reflect.DeepEqual(l.NodeTemplates, want) {
+		t.Fatalf("list: catalog %+v, node templates %+v; want %+v", l.Templates, l.NodeTemplates, want)
 	}
 }
