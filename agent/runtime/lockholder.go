@@ -87,9 +87,11 @@ func readLockHolder(path string) (*lockHolder, error) {
 		return nil, fmt.Errorf("runtime lock %w", err)
 	}
 	// The check reads the processes of CgroupDir: only a clean absolute
-	// cgroup path, and its directory ending in it, are taken.
+	// cgroup path, and a directory that is a mount joined with it, are
+	// taken ("/" is the mount itself).
 	if h.PID <= 0 || (h.Cgroup != "" && (!filepath.IsAbs(h.Cgroup) || filepath.Clean(h.Cgroup) != h.Cgroup)) ||
-		(h.CgroupDir != "" && (h.Cgroup == "" || filepath.Clean(h.CgroupDir) != h.CgroupDir || !strings.HasSuffix(h.CgroupDir, h.Cgroup))) {
+		(h.CgroupDir != "" && (h.Cgroup == "" || filepath.Clean(h.CgroupDir) != h.CgroupDir ||
+			filepath.Join(strings.TrimSuffix(h.CgroupDir, h.Cgroup), h.Cgroup) != h.CgroupDir)) {
 		return nil, fmt.Errorf("runtime lock %s is corrupt: pid %d, cgroup %.200q in %.200q; stop every node process, then remove the file (the next node writes it again)", path, h.PID, h.Cgroup, h.CgroupDir)
 	}
 	return &h, nil

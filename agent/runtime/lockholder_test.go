@@ -17,7 +17,16 @@ func TestLockHolderRecordRefused(t *testing.T) {
 	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 		t.Fatal(err)
 	}
+	cg := filepath.Join(t.TempDir(), "k.service")
+	if err := os.Mkdir(cg, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(cg, "cgroup.procs"), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
 	for _, tc := range []struct{ name, content, state string }{
+		{"a node in a service, nothing left", `{"format_version":1,"pid":1,"cgroup":"/k.service","cgroup_dir":"` + cg + `"}`, "no helper processes"},
+		{"a node in the root cgroup", `{"format_version":1,"pid":1,"cgroup":"/","cgroup_dir":"/sys/fs/cgroup/unified"}`, "helper processes not checked"},
 		{"empty", "", "helper processes not checked"},
 		{"not JSON", "{pid", "corrupt record"},
 		{"a newer format", `{"format_version":99,"pid":1}`, "record format"},
@@ -30,7 +39,7 @@ func TestLockHolderRecordRefused(t *testing.T) {
 			t.Fatal(err)
 		}
 		items := helperItems(Config{StorageRoot: root})
-		if len(items) != 1 || items[0].State != tc.state || items[0].Blocking != (tc.state != "helper processes not checked") || strings.Count(items[0].Detail, "\n") > 0 {
+		if len(items) != 1 || items[0].State != tc.state || items[0].Blocking != (tc.state == "corrupt record" || tc.state == "record format") || strings.Count(items[0].Detail, "\n") > 0 {
 			t.Errorf("%s: %+v; want one item %q", tc.name, items, tc.state)
 		}
 	}
