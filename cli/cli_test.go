@@ -328,7 +328,6 @@ func TestDrainWaitRevoked(t *testing.T) {
 			r.Instances = 1 // never empties
 		}
 	}})
-	v := e.regVersion("node-2")
 	type result struct {
 		errs string
 		code int
@@ -338,7 +337,10 @@ func TestDrainWaitRevoked(t *testing.T) {
 		_, errs, code := e.run("node", "drain", "node-2", "--wait", "--timeout", "30s", "--interval", "50ms")
 		done <- result{errs, code}
 	}()
-	clustertest.WaitFor(t, 5*time.Second, func() (bool, string) { return e.regVersion("node-2") > v, "drain not applied" })
+	clustertest.WaitFor(t, 5*time.Second, func() (bool, string) {
+		n, err := e.c.Node(e.c.Members[0], "node-2")
+		return err == nil && n.DrainRequested, "drain not applied"
+	})
 	e.mustRun("enrollment", "revoke", "node-2")
 	r := <-done
 	if r.code != api.ExitFailedPrecondition || !strings.Contains(r.errs, "node node-2 was REVOKED while waiting for DRAINED") {
