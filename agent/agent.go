@@ -131,6 +131,8 @@ type Agent struct {
 	resultReports bool
 	// credentialKey verifies data-plane credentials; ctrl sends it at welcome.
 	credentialKey []byte
+	// dataPushed is the targets the data plane last took.
+	dataPushed []DataTarget
 	// draining: ctrl requested a drain; new Workspaces are refused here too.
 	draining bool
 	// lastAliveCheck of the data-plane process.
@@ -362,7 +364,7 @@ func (a *Agent) watchInstances(ctx context.Context, first api.Report) {
 		}
 		// The seed: the node resends its state to the data plane at least
 		// every 15 seconds (a restarted data plane gets it that way).
-		if time.Since(lastDataPlane) >= 15*time.Second || !a.dataPlaneAlive(ctx) {
+		if time.Since(lastDataPlane) >= 15*time.Second || !a.dataPlaneAlive(ctx) || a.dataTargetsChanged() {
 			lastDataPlane = time.Now()
 			go a.updateDataPlane()
 		}

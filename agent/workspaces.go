@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"sync"
 	"time"
@@ -32,6 +33,9 @@ type DataTarget struct {
 	WorkspaceID string
 	InstanceID  string
 	DataSocket  string
+	// GuestBoot is the guest boot the runtime claimed and configured: a
+	// guest that restarted is served once the node reconfigured it.
+	GuestBoot string
 }
 
 // DataPlane is the node's data-plane process as the agent sees it: it
@@ -467,7 +471,8 @@ func (a *Agent) mountVolumes(ctx context.Context, id string, t api.WorkspaceTask
 		}
 		req.Mounts = append(req.Mounts, m)
 	}
-	if err := c.Configure(ctx, req); err != nil {
+	// Recorded: a restart of the guest mounts them again.
+	if err := a.cfg.Runtime.Configure(ctx, id, req); err != nil {
 		return fmt.Errorf("%s: instance %s: mount the Volumes: %w", api.StageAttachingVolume, id, err)
 	}
 	return nil
@@ -637,7 +642,11 @@ func (a *Agent) dataTargets() []DataTarget {
 		if ws == "" || st.State != runtime.StateRunning || st.DataSocket == "" {
 			continue
 		}
-		out = append(out, DataTarget{WorkspaceID: ws, InstanceID: st.ID, DataSocket: st.DataSocket})
+		t := DataTarget{WorkspaceID: ws, InstanceID: st.ID, DataSocket: st.DataSocket}
+		if st.Guest != nil {
+			t.GuestBoot = st.Guest.BootID
+		}
+		out = append(out, t)
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].InstanceID < out[j].InstanceID })
 	return out
@@ -680,7 +689,22 @@ func (a *Agent) updateDataPlane() {
 	a.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Second)
 	defer cancel()
-	if err := dp.Update(ctx, a.dataTargets(), key); err != nil {
+	targets := a.dataTargets()
+	if err := dp.Update(ctx, targets, key); err != nil {
 		a.log.Warn("data-plane state not delivered", "err", err)
+		return
 	}
+	a.mu.Lock()
+	a.dataPushed = targets
+	a.mu.Unlock()
+}
+
+// dataTargetsChanged says whether the targets differ from those the data
+// plane last took (a guest that restarted and was reconfigured is served
+// once it has the new boot).
+func (a *Agent) dataTargetsChanged() bool {
+	now := a.dataTargets()
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return !slices.Equal(now, a.dataPushed)
 }

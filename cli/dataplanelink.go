@@ -203,7 +203,7 @@ func (l *dataPlaneLink) Update(ctx context.Context, targets []agent.DataTarget, 
 	}
 	st := dataplane.State{PublicKey: key, CertPEM: l.cert, KeyPEM: l.key, Targets: []dataplane.Target{}}
 	for _, t := range targets {
-		st.Targets = append(st.Targets, dataplane.Target{WorkspaceID: t.WorkspaceID, InstanceID: t.InstanceID, DataSocket: t.DataSocket})
+		st.Targets = append(st.Targets, dataplane.Target{WorkspaceID: t.WorkspaceID, InstanceID: t.InstanceID, DataSocket: t.DataSocket, GuestBoot: t.GuestBoot})
 	}
 	err := l.h.Push(ctx, st)
 	if err == nil || errors.Is(err, dataplane.ErrNotAcknowledged) {

@@ -95,6 +95,7 @@ func TestWorkspace(t *testing.T) {
 		{"PortForward", d.testPortForward},
 		{"StopStart", d.testStopStart},
 		{"PauseResume", d.testPauseResume},
+		{"Reboot", d.testReboot},
 		{"NodeKill", d.testNodeKill},
 		{"DataPlaneKill", d.testDataPlaneKill},
 		{"Upgrade", d.testUpgrade},
@@ -1327,6 +1328,41 @@ func (d *wsDev) testPauseResume(id string) {
 		t.Errorf("after resume: %+v", w)
 	}
 	d.must("workspace", "exec", id, "--", "sh", "-c", "kill $(cat /tmp/counter.pid)")
+}
+
+// testReboot reboots the guest from inside, right after a resume (so
+// the configuration it is told again came through the snapshot): the VMM
+// boots it again, and the node gives the new boot the launch-time
+// configuration, its filesystem, pseudo filesystems, DNS, Volume and
+// hostname. The Workspace stays AVAILABLE on the same Instance.
+func (d *wsDev) testReboot(id string) {
+	t := d.t
+	before := d.get(id)
+	const look = "cat /proc/sys/kernel/random/boot_id; hostname; cat /data/f /root/f; grep -c nameserver /etc/resolv.conf; ls /dev/null /proc/self/status"
+	boot := func(r result) string { b, _, _ := strings.Cut(r.stdout, "\n"); return b }
+	was := d.must("workspace", "exec", id, "--", "sh", "-c", look)
+	t0 := time.Now()
+	d.must("workspace", "exec", id, "--", "sh", "-c", "sync; (sleep 1; reboot -f) >/dev/null 2>&1 &")
+	var after result
+	waitFor(t, 3*time.Minute, "an exec on the rebooted guest", func() (bool, string) {
+		after = d.kibo(20*time.Second, nil, "workspace", "exec", id, "--", "sh", "-c", look)
+		return after.code == 0 && boot(after) != boot(was), after.String()
+	})
+	t.Logf("TIMING reboot from inside to an exec on the new boot: %s", time.Since(t0).Round(time.Millisecond))
+	if rest := strings.SplitN(after.stdout, "\n", 2)[1]; rest != strings.SplitN(was.stdout, "\n", 2)[1] {
+		t.Errorf("after the reboot the Workspace shows\n%s\nbefore it\n%s", rest, strings.SplitN(was.stdout, "\n", 2)[1])
+	}
+	// ctrl hears of the responding guest with the node's next report.
+	waitFor(t, 30*time.Second, "get to show the guest responding", func() (bool, string) {
+		w := d.get(id)
+		return !w.GuestNotResponding, fmt.Sprintf("%+v", w)
+	})
+	if w := d.get(id); w.State != api.WorkspaceAvailable || w.InstanceID != before.InstanceID {
+		t.Errorf("after the reboot: %+v; want AVAILABLE on instance %s", w, before.InstanceID)
+	}
+	if !d.devProc().logContains("instance guest restarted; reconfigured with the launch-time configuration") {
+		t.Errorf("the node did not log the reconfigured restart")
+	}
 }
 
 // testNodeKill kills the node process with SIGKILL while an exec streams:

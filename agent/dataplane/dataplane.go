@@ -41,6 +41,12 @@ type Target struct {
 	WorkspaceID string `json:"workspace_id"`
 	InstanceID  string `json:"instance_id"`
 	DataSocket  string `json:"data_socket"`
+	// GuestBoot is the guest agent boot the node claimed and configured.
+	// A guest that restarted answers with another one until the node has
+	// reconfigured it and pushed its new boot: nothing is sent to it
+	// before (its filesystem is not mounted yet). Empty: any boot (a
+	// node of a build before it was sent).
+	GuestBoot string `json:"guest_boot,omitempty"`
 }
 
 // State is what the node delivers. Each push replaces the previous state

@@ -82,6 +82,12 @@ type guestLink struct {
 
 	curMu sync.Mutex
 	cur   *guestproto.Client // the live direct session, for lending
+
+	// claimed is the guest boot the node configured (Target.GuestBoot),
+	// "" for any; reclaimed is closed when it changes.
+	claimMu   sync.Mutex
+	claimed   string
+	reclaimed chan struct{}
 }
 
 // Backoff of redials after a failed dial.
@@ -102,17 +108,60 @@ const (
 	lastAttempt  = 5 * time.Second
 )
 
-func (s *Server) newLink(instanceID, socket string) *guestLink {
+func (s *Server) newLink(instanceID, socket, boot string) *guestLink {
 	gone, markGone := context.WithCancel(context.Background())
-	l := &guestLink{instanceID: instanceID, socket: socket, gone: gone, markGone: markGone, log: s.log}
+	l := &guestLink{instanceID: instanceID, socket: socket, gone: gone, markGone: markGone, log: s.log,
+		claimed: boot, reclaimed: make(chan struct{})}
 	if s.cfg.Predecessor != 0 {
 		l.lender = &lender{socketDir: s.cfg.SocketDir, gen: s.cfg.Predecessor, log: s.log}
 	}
 	return l
 }
 
-// get returns a live session, dialling until ctx ends if there is none.
+// claim sets the guest boot the node configured.
+func (l *guestLink) claim(boot string) {
+	l.claimMu.Lock()
+	defer l.claimMu.Unlock()
+	if boot != l.claimed {
+		l.claimed = boot
+		close(l.reclaimed)
+		l.reclaimed = make(chan struct{})
+	}
+}
+
+// claimedBoot is the boot the node configured and a channel closed when
+// that changes.
+func (l *guestLink) claimedBoot() (string, <-chan struct{}) {
+	l.claimMu.Lock()
+	defer l.claimMu.Unlock()
+	return l.claimed, l.reclaimed
+}
+
+// get returns a live session of the guest boot the node configured,
+// dialling until ctx ends if there is none. A session of a guest that
+// restarted waits for the node to reconfigure it (and say so).
 func (l *guestLink) get(ctx context.Context) (guestSession, error) {
+	for {
+		g, err := l.session(ctx)
+		if err != nil {
+			return nil, err
+		}
+		claimed, reclaimed := l.claimedBoot()
+		boot := g.Info().BootID
+		if claimed == "" || boot == claimed {
+			return g, nil
+		}
+		select {
+		case <-reclaimed:
+		case <-g.Done():
+		case <-ctx.Done():
+			return nil, fmt.Errorf("the guest of instance %s restarted (boot %s) and its node has not reconfigured it yet: retry in a few seconds", l.instanceID, boot)
+		}
+	}
+}
+
+// session returns a live session, dialling until ctx ends if there is none.
+func (l *guestLink) session(ctx context.Context) (guestSession, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	defer context.AfterFunc(l.gone, cancel)()

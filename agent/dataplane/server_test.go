@@ -416,6 +416,51 @@ func TestGuestRestartRedials(t *testing.T) {
 	}
 }
 
+// A guest that restarted is not served until the node has reconfigured
+// it and pushed its new boot: its filesystem is not mounted before, and
+// an exec would find no shell. A connection that waits meanwhile is
+// served once the push comes.
+func TestRestartedGuestServedOnceReconfigured(t *testing.T) {
+	p := newPKI(t, "node-a")
+	path := filepath.Join(t.TempDir(), "inst-1.sock")
+	_, stopGuest := startGuestAt(t, path, "boot-1")
+	s := startServer(t, time.Second, func(c *Config) { c.GuestTimeout = 2 * time.Second })
+	target := Target{WorkspaceID: "ws-a", InstanceID: "inst-1", DataSocket: path, GuestBoot: "boot-1"}
+	s.push(t, p.state(target))
+	c1 := connect(t, p, p.cred(t, s.Addr(), "ws-a", "inst-1"))
+	if out, _, _ := run(t, c1, nil, "echo", "one"); out != "one\n" {
+		t.Fatalf("exec: %q", out)
+	}
+	stopGuest()
+	waitClosed(t, c1.Done(), 10*time.Second, "the connection to end with the guest session")
+	startGuestAt(t, path, "boot-2")
+	_, err := Connect(ctxT(t), p.cred(t, s.Addr(), "ws-a", "inst-1"), p.pool)
+	if re := (*RefusedError)(nil); !errors.As(err, &re) || re.Code != CodeUnavailable || !strings.Contains(err.Error(), "restarted (boot boot-2) and its node has not reconfigured it yet") {
+		t.Fatalf("connect to the restarted guest before the node reconfigured it = %v; want %s saying it restarted", err, CodeUnavailable)
+	}
+	// A connection waiting when the node pushes the new boot is served.
+	type connected struct {
+		c   *guestproto.Client
+		err error
+	}
+	waiting := make(chan connected, 1)
+	cred := p.cred(t, s.Addr(), "ws-a", "inst-1")
+	go func() {
+		c, err := Connect(ctxT(t), cred, p.pool)
+		waiting <- connected{c, err}
+	}()
+	target.GuestBoot = "boot-2"
+	s.push(t, p.state(target))
+	r := <-waiting
+	if r.err != nil {
+		t.Fatalf("connect across the push of the new boot: %v", r.err)
+	}
+	defer r.c.Close()
+	if out, _, _ := run(t, r.c, nil, "echo", "two"); out != "two\n" {
+		t.Fatalf("exec on the reconfigured guest: %q", out)
+	}
+}
+
 // A hello the guest never answers (a guest agent that closed its port
 // drops what the port held) costs one short attempt, not the
 // connection: the data plane dials again and the guest answers that.

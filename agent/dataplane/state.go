@@ -47,14 +47,17 @@ func (s *Server) apply(st State) error {
 	s.applied, s.nodeID, s.pub, s.cert, s.targets = true, nodeID, st.PublicKey, &cert, targets
 	s.certPEM, s.keyPEM = st.CertPEM, st.KeyPEM
 	sockets := map[string]string{} // instance → data socket
+	boots := map[string]string{}   // instance → the guest boot claimed
 	for _, t := range targets {
-		sockets[t.InstanceID] = t.DataSocket
+		sockets[t.InstanceID], boots[t.InstanceID] = t.DataSocket, t.GuestBoot
 	}
 	for id, l := range s.links {
 		if sockets[id] != l.socket {
 			l.close()
 			delete(s.links, id)
+			continue
 		}
+		l.claim(boots[id])
 	}
 	// Dial new targets now, not at their first connection: the node pushes
 	// a target right before it tells ctrl the Workspace is AVAILABLE, so
@@ -62,7 +65,7 @@ func (s *Server) apply(st State) error {
 	// dials nothing: the guest's one data channel is its successor's.
 	for id, sock := range sockets {
 		if s.links[id] == nil && !s.draining {
-			l := s.newLink(id, sock)
+			l := s.newLink(id, sock, boots[id])
 			s.links[id] = l
 			go func() {
 				ctx, cancel := context.WithTimeout(context.Background(), s.cfg.GuestTimeout)
@@ -128,7 +131,7 @@ func (s *Server) authorize(c *clientConn, token string) (*guestLink, error) {
 	}
 	l := s.links[t.InstanceID]
 	if l == nil {
-		l = s.newLink(t.InstanceID, t.DataSocket)
+		l = s.newLink(t.InstanceID, t.DataSocket, t.GuestBoot)
 		s.links[t.InstanceID] = l
 	}
 	c.workspaceID, c.instanceID, c.link = claims.WorkspaceID, claims.InstanceID, l

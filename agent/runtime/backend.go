@@ -132,7 +132,6 @@ func (q *QEMU) Argv(spec Spec, p Paths) ([]string, error) {
 		Sandbox:       p.ConsoleSocket != "",
 		Channels:      []qemu.Channel{{Name: AgentPortName, Socket: p.AgentSocket}},
 		QMPSocket:     p.Control,
-		NoReboot:      true,
 		Incoming:      spec.Restore != nil,
 	}
 	// The data plane's channel; InstanceStatus reports its socket because

@@ -98,12 +98,6 @@ func (rt *Runtime) guestLoop(ctx context.Context, in *instance, c *guestproto.Cl
 				return
 			}
 			if err == nil {
-				info := c.Info()
-				in.mu.Lock()
-				if g := in.rec.Guest; g != nil && g.BootID != info.BootID {
-					rt.log.Warn("instance guest restarted while not connected", "instance_id", in.id, "boot_id", info.BootID, "recorded_boot_id", g.BootID)
-				}
-				in.mu.Unlock()
 				// Answering is not enough: until the guest has this run's
 				// configuration it shows as not responding.
 				if err = rt.syncGuest(ctx, in, c, attempt); err != nil {
@@ -166,26 +160,34 @@ func (rt *Runtime) guestLoop(ctx context.Context, in *instance, c *guestproto.Cl
 	}
 }
 
-// syncGuest hands a guest taken over (its first session of this node
-// run) its launch-time configuration: the network the launch record holds and
-// this run's DNS (the namespace's address, which the node's resolver
-// answers on). Each request is idempotent (addresses and routes replaced,
-// resolv.conf rewritten in place), so a guest that kept them is not
-// disturbed. A guest reboot ends the VMM (-no-reboot): one that answers
-// was not rebooted, and its mounts are as the node left them.
+// syncGuest gives a guest its configuration once per node run, before
+// anything else reaches it. A guest that restarted (a new boot id: a
+// reboot or a panic, with or without a node running) is told its whole
+// launch-time configuration (reconfigureRestarted). One taken over (its
+// first session of this node run) is told the network the launch record
+// holds and this run's DNS (the namespace's address, which the node's
+// resolver answers on): each request is idempotent (addresses and routes
+// replaced, resolv.conf rewritten in place), so a guest that kept them is
+// not disturbed.
 func (rt *Runtime) syncGuest(ctx context.Context, in *instance, c *guestproto.Client, timeout time.Duration) error {
 	in.mu.Lock()
 	rec, done := in.rec, in.configured
 	in.mu.Unlock()
-	if done || rec.Network == nil {
-		// A session lost within this node run: the guest kept what it
-		// was given (a reboot would have ended the VMM).
-		return nil
-	}
 	sctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	if err := c.Configure(sctx, guestNetwork(rec.Network)); err != nil {
-		return fmt.Errorf("configure the guest network again: %w", err)
+	switch {
+	case restarted(rec, c):
+		if err := rt.reconfigureRestarted(sctx, in, c, rec); err != nil {
+			return err
+		}
+	case done || rec.Network == nil:
+		// A session lost within this node run: the guest kept what it
+		// was given.
+		return nil
+	default:
+		if err := c.Configure(sctx, guestNetwork(rec.Network)); err != nil {
+			return fmt.Errorf("configure the guest network again: %w", err)
+		}
 	}
 	in.mu.Lock()
 	in.configured = true

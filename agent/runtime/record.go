@@ -10,6 +10,7 @@ import (
 
 	"github.com/kibotos/kibotos/internal/recordfmt"
 	"github.com/kibotos/kibotos/storagepool"
+	"github.com/kibotos/kibotos/vmm/guestproto"
 )
 
 // RecordVersion is the format of launch and registry records this build
@@ -63,8 +64,14 @@ type LaunchRecord struct {
 	Network *NetworkRecord `json:"network,omitempty"`
 	// Process is set once the unit runs the VMM.
 	Process *ProcessRecord `json:"process,omitempty"`
-	// Guest is the guest claimed at the readiness check.
+	// Guest is the guest claimed at the readiness check, or the one a
+	// restart of it brought up (a new boot id) once it was reconfigured.
 	Guest *GuestRecord `json:"guest,omitempty"`
+	// Configured is the launch-time configuration beyond the network:
+	// the hostname and the mounts the guest was told since it booted
+	// (or, restored, since the guest it was saved from booted). A guest
+	// that restarts is told them again (syncGuest), after its network.
+	Configured *guestproto.ConfigureRequest `json:"configured,omitempty"`
 	// Stopped is set when the node stopped the VMM on purpose.
 	Stopped *time.Time `json:"stopped,omitempty"`
 }

@@ -75,6 +75,11 @@ type SnapshotMeta struct {
 	// Network is the guest's network when it was saved; absent for a
 	// guest without one or saved by a build before it was recorded.
 	Network *SnapshotNetwork `json:"network,omitempty"`
+	// Configured is the saved guest's launch-time configuration beyond
+	// its network (LaunchRecord.Configured), which a restart of a guest
+	// restored from it is told again; absent from a build before it was
+	// recorded.
+	Configured *guestproto.ConfigureRequest `json:"configured,omitempty"`
 }
 
 // SnapshotNetwork is a saved guest's network: a restore that gets the
@@ -185,7 +190,7 @@ func (rt *Runtime) save(ctx context.Context, in *instance, rec *LaunchRecord, co
 		return SnapshotMeta{}, err
 	}
 	meta := SnapshotMeta{FormatVersion: snapshotFormat, InstanceID: in.id, NodeID: rt.cfg.NodeID, Compat: rt.compatOf(rec, version), TakenAt: time.Now().UTC(),
-		Network: snapshotNetwork(rec.Network)}
+		Network: snapshotNetwork(rec.Network), Configured: rec.Configured}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return SnapshotMeta{}, err
 	}
@@ -285,6 +290,9 @@ func readSnapshotMeta(dir string) (SnapshotMeta, error) {
 	}
 	if err := m.Compat.Check(); err != nil {
 		return unusable("%v", err)
+	}
+	if err := checkConfigured(m.Configured); err != nil {
+		return unusable("%s: %v", SnapshotMetaFile, err)
 	}
 	return m, nil
 }

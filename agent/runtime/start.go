@@ -201,6 +201,8 @@ func (rt *Runtime) start(ctx context.Context, in *instance, spec Spec) error {
 	var metaErr error
 	if spec.Restore != nil {
 		meta, metaErr = readSnapshotMeta(spec.Restore.Dir)
+		// The restored guest booted with the saved one's configuration.
+		rec.Configured = meta.Configured
 	}
 	if spec.Network {
 		if err := rt.checkEgressPolicy(in.id, spec.Policy); err != nil {
@@ -379,7 +381,8 @@ func (rt *Runtime) tellGuest(ctx context.Context, in *instance, spec Spec, rec *
 		})
 	}
 	// A warm guest's may have nothing left to do: it mounted everything.
-	if req := configureOf(spec, c.Info()); !emptyConfigure(req) {
+	req := configureOf(spec, c.Info())
+	if !emptyConfigure(req) {
 		wg.Go(func() {
 			if <-identified; idErr != nil {
 				return
@@ -390,7 +393,14 @@ func (rt *Runtime) tellGuest(ctx context.Context, in *instance, spec Spec, rec *
 		})
 	}
 	wg.Wait()
-	return errors.Join(idErr, netErr, cfgErr)
+	if err := errors.Join(idErr, netErr, cfgErr); err != nil {
+		return err
+	}
+	// What a restart of the guest is told again.
+	if resumed && spec.Identity != nil && spec.Identity.Hostname != "" {
+		req.Hostname = spec.Identity.Hostname
+	}
+	return rt.recordConfigured(in, guestproto.ConfigureRequest{Hostname: req.Hostname, Mounts: req.Mounts})
 }
 
 // configureOf is spec's own configure of a guest g, empty without one.

@@ -154,7 +154,6 @@ func (e *benchEnv) rawBoot(ctx context.Context, backend *runtime.QEMU, spec runt
 		ConsoleLog: p.Console,
 		Channels:   []qemu.Channel{{Name: runtime.AgentPortName, Socket: p.AgentSocket}},
 		QMPSocket:  p.Control,
-		NoReboot:   true,
 	}
 	argv, err := cfg.Argv()
 	if err != nil {

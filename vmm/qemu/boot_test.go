@@ -121,7 +121,6 @@ func TestBootPlatformUnderTCG(t *testing.T) {
 		Channels:  []qemu.Channel{{Name: "kibotos.agent", Socket: filepath.Join(dir, "agent.sock")}},
 		Disks:     disks,
 		QMPSocket: filepath.Join(dir, "qmp.sock"),
-		NoReboot:  true,
 	}
 	argv, err := cfg.Argv()
 	if err != nil {

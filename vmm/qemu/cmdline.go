@@ -54,9 +54,6 @@ type Config struct {
 	NIC      *NIC
 	// QMPSocket, if set, is a unix socket QEMU listens on for QMP.
 	QMPSocket string
-	// NoReboot makes QEMU exit when the guest reboots or panics
-	// (panic=-1 reboot=t turn a panic into a reset).
-	NoReboot bool
 	// Incoming makes QEMU wait for a saved state (-incoming defer) instead
 	// of booting: QMP.Load loads it and QMP.Cont starts its vCPUs (-S).
 	// The devices must be those of the saved VM, in the same order.
@@ -99,7 +96,9 @@ type NIC struct {
 }
 
 // BaseKernelArgs start every guest command line: serial console, reboot by
-// triple fault and immediate reboot on panic (so QEMU with NoReboot exits).
+// triple fault and immediate reboot on panic. QEMU resets the VM and boots
+// the same kernel again: a guest restarts inside its VMM, and the node
+// tells the new boot its launch-time configuration.
 var BaseKernelArgs = []string{"console=ttyS0", "reboot=t", "panic=-1", "quiet"}
 
 var (
@@ -184,9 +183,6 @@ func (c *Config) Args() ([]string, error) {
 	}
 	if c.Sandbox {
 		a = append(a, "-sandbox", SandboxOptions)
-	}
-	if c.NoReboot {
-		a = append(a, "-no-reboot")
 	}
 	if len(c.Channels) > 0 {
 		a = append(a, "-device", "virtio-serial-device")

@@ -28,7 +28,6 @@ func TestArgsFull(t *testing.T) {
 			{ID: "v-vol-0123456789abcdef", Path: "/v/2.img", Serial: "vol-0123456789abcdef"}},
 		NIC:       &NIC{Tap: "tap0", MAC: "52:54:00:AB:CD:EF"},
 		QMPSocket: "/i/qmp.sock",
-		NoReboot:  true,
 	}
 	got, err := c.Argv()
 	if err != nil {
@@ -41,7 +40,6 @@ func TestArgsFull(t *testing.T) {
 		"-kernel", "/p/vmlinux", "-initrd", "/p/initramfs.cpio.gz",
 		"-append", "console=ttyS0 reboot=t panic=-1 quiet tsc_early_khz=2596140 kibotos.boot=1",
 		"-serial", "file:/i/console.log",
-		"-no-reboot",
 		"-device", "virtio-serial-device",
 		"-chardev", "socket,id=ch-kibotos.node,path=/i/node.sock,server=on,wait=off",
 		"-device", "virtserialport,chardev=ch-kibotos.node,name=kibotos.node",
