@@ -287,7 +287,9 @@ func TestDrainWait(t *testing.T) {
 		t.Fatal("drain_requested is not true after a timed-out wait")
 	}
 
-	// Cancelled while waiting: exit 13.
+	// Cancelled while waiting: exit 13, and the drain stays cancelled. A
+	// wait that submitted the drain again as it polled would undo the
+	// cancel: it would not end, or leave drain_requested true.
 	done := make(chan int, 1)
 	go func() {
 		_, _, code := e.run("node", "drain", "node-2", "--wait", "--timeout", "30s", "--interval", "50ms")
@@ -297,6 +299,9 @@ func TestDrainWait(t *testing.T) {
 	e.mustRun("node", "cancel-drain", "node-2")
 	if code := <-done; code != api.ExitFailedPrecondition {
 		t.Fatalf("wait cancelled by cancel-drain: exit %d, want 13", code)
+	}
+	if !strings.Contains(e.mustRun("node", "get", "node-2", "--json", "--consistent"), `"drain_requested": false`) {
+		t.Fatal("drain_requested is true after the cancelled wait: the wait submitted the drain again")
 	}
 
 	// Emptied while waiting: DRAINED, exit 0.
