@@ -29,7 +29,6 @@ import (
 	"github.com/kibotos/kibotos/artifacts"
 	"github.com/kibotos/kibotos/buildinfo"
 	"github.com/kibotos/kibotos/datadir"
-	"github.com/kibotos/kibotos/fsm"
 	"github.com/kibotos/kibotos/internal/progress"
 	"github.com/kibotos/kibotos/vmm/template"
 )
@@ -121,6 +120,7 @@ type Agent struct {
 	log         *slog.Logger
 	incarnation uint64
 	sampler     *hostusage.Sampler
+	bg          background // every goroutine the agent starts
 
 	mu         sync.Mutex
 	overcommit *api.Multipliers
@@ -274,20 +274,26 @@ func (a *Agent) poolPath(id string) string {
 }
 
 // Run holds the control session until ctx ends, reconnecting as needed.
+// It returns once every goroutine the agent started has returned: the
+// commands in flight are cancelled with it.
 func (a *Agent) Run(ctx context.Context) error {
-	go a.sampler.Run(ctx)
+	defer a.bg.end()
+	stop := context.AfterFunc(ctx, a.bg.stop)
+	defer stop()
+	a.bg.spawn(a.sampler.Run)
 	// The baseline is what the first session's full report will carry at
 	// the latest, so the watcher pushes only later changes.
 	first := a.buildReport(false)
 	a.notePools(first.Pools)
-	go a.watchInstances(ctx, first)
-	go a.watchHolders(ctx)
+	a.bg.spawn(func(ctx context.Context) { a.watchInstances(ctx, first) })
+	a.bg.spawn(a.watchHolders)
 	// Warm guests, ready or being made, end when ctx ends, before Run
 	// returns and the caller closes the runtime (which leaves VMMs
-	// running): no Workspace's, they would outlive the node.
+	// running): no Workspace's, they would outlive the node. They end
+	// first: each ends through the runtime.
 	warmCtx, stopWarm := context.WithCancel(ctx)
 	warmDone := make(chan struct{})
-	go func() { defer close(warmDone); a.runWarm(warmCtx) }()
+	a.bg.spawn(func(context.Context) { defer close(warmDone); a.runWarm(warmCtx) })
 	defer func() { stopWarm(); <-warmDone }()
 	backoff := 200 * time.Millisecond
 	for {
@@ -366,7 +372,7 @@ func (a *Agent) watchInstances(ctx context.Context, first api.Report) {
 		// every 15 seconds (a restarted data plane gets it that way).
 		if time.Since(lastDataPlane) >= 15*time.Second || !a.dataPlaneAlive(ctx) || a.dataTargetsChanged() {
 			lastDataPlane = time.Now()
-			go a.updateDataPlane()
+			a.bg.spawn(a.updateDataPlane)
 		}
 	}
 }
@@ -476,7 +482,7 @@ func (a *Agent) session(ctx context.Context, addr string) (redirect string, err 
 		a.credentialKey = first.CredentialKey
 	}
 	a.mu.Unlock()
-	go a.updateDataPlane()
+	a.bg.spawn(a.updateDataPlane)
 	defer func() {
 		a.mu.Lock()
 		a.sessionID, a.send, a.resultReports = "", nil, false
@@ -545,9 +551,9 @@ func (a *Agent) session(ctx context.Context, addr string) (redirect string, err 
 
 func (a *Agent) refusal(m api.SessionMsg) error {
 	switch m.Refusal {
-	case fsm.RefusalIsolated:
+	case api.RefusalIsolated:
 		return fmt.Errorf("%w: %s", ErrIsolated, m.Message)
-	case fsm.RefusalStale:
+	case api.RefusalStale:
 		return fmt.Errorf("%w: %s", ErrStale, m.Message)
 	default:
 		a.log.Warn("control session refused", "refusal", m.Refusal, "reason", m.Message)

@@ -121,7 +121,7 @@ func TestLayerCommandsRecorded(t *testing.T) {
 	del := func(id string) api.WorkspaceTask {
 		return api.WorkspaceTask{WorkspaceID: "ws-1", Command: api.WorkspaceCommand{Kind: api.WSCmdDelete, CommandID: id}}
 	}
-	r := a.execute(del("delete-1"))
+	r := a.execute(context.Background(), del("delete-1"))
 	if r.Outcome != fsm.OutcomeFailed || !strings.Contains(r.Error, "remove writable layer "+layer) {
 		t.Fatalf("delete over a directory: %+v", r)
 	}
@@ -138,7 +138,7 @@ func TestLayerCommandsRecorded(t *testing.T) {
 	}
 	logs.Reset()
 	b := restarted(t, a, clock, &logs)
-	if r := b.execute(del("delete-1")); r.Outcome != fsm.OutcomeFailed || r.Error != failure {
+	if r := b.execute(context.Background(), del("delete-1")); r.Outcome != fsm.OutcomeFailed || r.Error != failure {
 		t.Fatalf("the same delete after a restart: %+v, want failed %q as before", r, failure)
 	}
 	if _, err := os.Stat(layer); err != nil {
@@ -148,7 +148,7 @@ func TestLayerCommandsRecorded(t *testing.T) {
 		t.Errorf("node log lacks the answer from the record:\n%s", logs.String())
 	}
 	// A new command runs.
-	if r := b.execute(del("delete-2")); r.Outcome != fsm.OutcomeOK {
+	if r := b.execute(context.Background(), del("delete-2")); r.Outcome != fsm.OutcomeOK {
 		t.Fatalf("a new delete: %+v", r)
 	}
 	if _, err := os.Stat(layer); !os.IsNotExist(err) {
@@ -159,12 +159,12 @@ func TestLayerCommandsRecorded(t *testing.T) {
 	// it is gone: the command runs, and its old record leaves the file.
 	os.WriteFile(layer, []byte("layer"), 0o600)
 	clock.now = clock.now.Add(commandsKeep)
-	if r := restarted(t, a, clock, &logs).execute(del("delete-1")); r.Outcome != fsm.OutcomeFailed {
+	if r := restarted(t, a, clock, &logs).execute(context.Background(), del("delete-1")); r.Outcome != fsm.OutcomeFailed {
 		t.Fatalf("24 h after: %+v, want the recorded answer", r)
 	}
 	clock.now = clock.now.Add(time.Second)
 	c := restarted(t, a, clock, &logs)
-	if r := c.execute(del("delete-1")); r.Outcome != fsm.OutcomeOK {
+	if r := c.execute(context.Background(), del("delete-1")); r.Outcome != fsm.OutcomeOK {
 		t.Fatalf("24 h and 1 s after: %+v, want the delete run again", r)
 	}
 	if _, err := os.Stat(layer); !os.IsNotExist(err) {
@@ -284,7 +284,7 @@ func TestInterruptedCommandRecordsExpire(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if r := a.execute(api.WorkspaceTask{WorkspaceID: "ws-2", Command: api.WorkspaceCommand{Kind: api.WSCmdDelete, CommandID: "ws-2/3"}}); r.Outcome != fsm.OutcomeOK {
+	if r := a.execute(context.Background(), api.WorkspaceTask{WorkspaceID: "ws-2", Command: api.WorkspaceCommand{Kind: api.WSCmdDelete, CommandID: "ws-2/3"}}); r.Outcome != fsm.OutcomeOK {
 		t.Fatalf("delete of %s: %+v", layer, r)
 	}
 	got := onDisk(t, root)

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kibotos/kibotos/agent/hostusage"
 	"github.com/kibotos/kibotos/api"
 	"github.com/kibotos/kibotos/fsm"
 )
@@ -38,14 +39,18 @@ func (o *orderRecorder) Update(context.Context, []DataTarget, []byte) error {
 // result (AVAILABLE) is for a target the data plane serves already.
 func TestDataPlaneUpdatedBeforeTheResult(t *testing.T) {
 	rec := &orderRecorder{sent: make(chan struct{}, 1)}
-	a := &Agent{cfg: Config{NodeID: "node-x", DataPlane: rec}, log: slog.New(slog.DiscardHandler)}
-	a.tasks = &tasks{running: map[string]string{}, done: map[string]taskResult{}, owners: map[string]string{}, waiting: map[string]chan struct{}{}}
+	a := &Agent{cfg: Config{NodeID: "node-x", DataPlane: rec}, log: slog.New(slog.DiscardHandler),
+		sampler: hostusage.NewSampler(hostusage.Config{ProcRoot: t.TempDir()})}
+	a.initTasks()
 	a.send = func(m api.SessionMsg) error {
 		rec.note(m.Type)
-		rec.sent <- struct{}{}
+		select {
+		case rec.sent <- struct{}{}:
+		default:
+		}
 		return nil
 	}
-	a.runTask("ws-1", "ws-1/1", "workspace", a.log, func() taskResult {
+	a.runTask("ws-1", "ws-1/1", "workspace", a.log, func(context.Context) taskResult {
 		return taskResult{ws: &api.WorkspaceTaskResult{WorkspaceID: "ws-1", CommandID: "ws-1/1", Outcome: fsm.OutcomeOK}}
 	})
 	select {
@@ -53,9 +58,10 @@ func TestDataPlaneUpdatedBeforeTheResult(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("no result sent")
 	}
+	a.bg.end() // the report owed after the task, too
 	rec.mu.Lock()
 	defer rec.mu.Unlock()
-	if len(rec.events) != 2 || rec.events[0] != "data-plane update" || rec.events[1] != api.MsgTaskResult {
+	if len(rec.events) < 2 || rec.events[0] != "data-plane update" || rec.events[1] != api.MsgTaskResult {
 		t.Fatalf("the agent did %q; want the data-plane update, then the result", rec.events)
 	}
 }

@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"context"
 	"log/slog"
 	"net/netip"
 	"reflect"
@@ -59,17 +60,17 @@ func TestExecuteNetworkCommand(t *testing.T) {
 	a := &Agent{cfg: Config{NodeID: "node-x"}, log: slog.Default()}
 	task := api.WorkspaceTask{WorkspaceID: "ws-1", Command: api.WorkspaceCommand{Kind: api.WSCmdNetwork, CommandID: "ws-1/4", NodeID: "node-x", InstanceID: "inst-1",
 		Network: &api.NetworkPolicy{Egress: "public"}}}
-	r := a.execute(task)
+	r := a.execute(context.Background(), task)
 	if r.Outcome != fsm.OutcomeFailed || r.CommandID != "ws-1/4" || r.WorkspaceID != "ws-1" || !strings.Contains(r.Error, "node node-x runs no VMs") {
 		t.Fatalf("result %+v", r)
 	}
 	a.cfg.Runtime = &runtime.Runtime{} // never reached: the policy is checked first
 	task.Command.Network = nil
-	if r := a.execute(task); r.Outcome != fsm.OutcomeFailed || !strings.Contains(r.Error, "carries no policy") {
+	if r := a.execute(context.Background(), task); r.Outcome != fsm.OutcomeFailed || !strings.Contains(r.Error, "carries no policy") {
 		t.Fatalf("without a policy: %+v", r)
 	}
 	task.Network = &api.NetworkPolicy{Egress: "none", Resolver: "corp-dns"}
-	if r := a.execute(task); r.Outcome != fsm.OutcomeFailed || !strings.Contains(r.Error, "instance inst-1: resolver corp-dns") {
+	if r := a.execute(context.Background(), task); r.Outcome != fsm.OutcomeFailed || !strings.Contains(r.Error, "instance inst-1: resolver corp-dns") {
 		t.Fatalf("with a Resolver: %+v", r)
 	}
 }

@@ -10,7 +10,6 @@ import (
 
 	"github.com/kibotos/kibotos/agent/runtime"
 	"github.com/kibotos/kibotos/api"
-	"github.com/kibotos/kibotos/fsm"
 	"github.com/kibotos/kibotos/vmm/platform"
 )
 
@@ -169,7 +168,7 @@ func (a *Agent) resumeInfo() *api.ResumeInfo {
 // failedResume is the answer to a start whose restore failed: an unusable
 // snapshot is removed and said so.
 func (a *Agent) failedResume(t api.WorkspaceTask, r *api.WorkspaceTaskResult, err error) {
-	r.Outcome, r.Error = fsm.OutcomeFailed, err.Error()
+	r.Outcome, r.Error = api.OutcomeFailed, err.Error()
 	if errors.Is(err, runtime.ErrSnapshotUnusable) {
 		if rerr := a.removeSnapshot(t); rerr != nil {
 			a.log.Warn("unusable snapshot not removed", "workspace_id", t.WorkspaceID, "err", rerr)

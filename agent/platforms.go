@@ -36,10 +36,10 @@ func (a *Agent) PublishPlatform(ctx context.Context, id string) (api.PlatformIma
 	}
 	c, end := a.transfers.Begin(api.PlatformPublishProgressKey(id), "platform publish", -1)
 	defer end()
-	pr, pw := io.Pipe()
-	go func() { pw.CloseWithError(platform.WriteArchive(in, pw)) }()
+	pr, wait := pipeFrom(func(w io.Writer) error { return platform.WriteArchive(in, w) })
 	o, err := a.cfg.Artifacts.Put(ctx, c.Reader(pr), "")
 	pr.CloseWithError(errors.New("upload ended"))
+	wait()
 	if err != nil {
 		return api.PlatformImage{}, namedErr("platform "+in.ID, err)
 	}

@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"context"
 	"fmt"
 	"log/slog"
 	"os"
@@ -45,7 +46,7 @@ func TestStartRefusedWhenMemoryTightOrDraining(t *testing.T) {
 		a.mu.Lock()
 		a.draining = step.draining
 		a.mu.Unlock()
-		r := a.execute(task)
+		r := a.execute(context.Background(), task)
 		if r.WorkspaceID != "ws-1" || r.CommandID != "ws-1/1" {
 			t.Fatalf("step %d: result %+v", i, r)
 		}

@@ -126,16 +126,17 @@ func (a *Agent) ExportTransfer(ctx context.Context, t api.TransferExportTask) (a
 	if !ok {
 		run = &exportRun{done: make(chan struct{})}
 		a.exports.running[t.TransferID] = run
-		go func() {
-			// Not the caller's context: an export outlives one call.
-			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Hour)
+		a.bg.spawn(func(ctx context.Context) {
+			// Not the caller's context: an export outlives one call
+			// (but not the node).
+			ctx, cancel := context.WithTimeout(ctx, 2*time.Hour)
 			defer cancel()
 			run.res, run.err = a.exportTransfer(ctx, t, run)
 			close(run.done)
 			a.exports.mu.Lock()
 			delete(a.exports.running, t.TransferID)
 			a.exports.mu.Unlock()
-		}()
+		})
 	}
 	a.exports.mu.Unlock()
 	select {
@@ -255,11 +256,13 @@ func (a *Agent) exportTransfer(ctx context.Context, t api.TransferExportTask, ru
 		}
 	}
 	run.total.Store(total)
-	pr, pw := io.Pipe()
-	go func() { pw.CloseWithError(writeTransferArchive(countingWriter{pw, &run.written}, manifest, members)) }()
+	pr, wait := pipeFrom(func(w io.Writer) error {
+		return writeTransferArchive(countingWriter{w, &run.written}, manifest, members)
+	})
 	key := api.TransferArchiveKey(t.Namespace, t.TransferID)
 	o, err := store.PutNamed(ctx, key, pr)
 	pr.CloseWithError(errors.New("upload ended"))
+	wait()
 	if err != nil {
 		return api.TransferExportResult{}, fmt.Errorf("transfer %s: write %s: %w", t.TransferID, key, err)
 	}

@@ -8,7 +8,6 @@ import (
 
 	"github.com/kibotos/kibotos/agent/runtime"
 	"github.com/kibotos/kibotos/api"
-	"github.com/kibotos/kibotos/fsm"
 	"github.com/kibotos/kibotos/storagepool"
 	"github.com/kibotos/kibotos/vmm/guestproto"
 )
@@ -16,25 +15,25 @@ import (
 // handleVolumeTask starts the Volume command unless it runs or ran already.
 func (a *Agent) handleVolumeTask(t api.VolumeTask) {
 	log := a.log.With("volume_id", t.VolumeID, "command_id", t.Command.CommandID, "kind", t.Command.Kind, "pool", t.PoolID)
-	a.runTask(t.VolumeID, t.Command.CommandID, "volume", log, func() taskResult {
-		r := a.executeVolume(t)
+	a.runTask(t.VolumeID, t.Command.CommandID, "volume", log, func(ctx context.Context) taskResult {
+		r := a.executeVolume(ctx, t)
 		return taskResult{vol: &r}
 	})
 }
 
-func (a *Agent) executeVolume(t api.VolumeTask) api.VolumeTaskResult {
+func (a *Agent) executeVolume(ctx context.Context, t api.VolumeTask) api.VolumeTaskResult {
 	c := t.Command
-	r := api.VolumeTaskResult{VolumeID: t.VolumeID, CommandID: c.CommandID, Outcome: fsm.OutcomeOK}
+	r := api.VolumeTaskResult{VolumeID: t.VolumeID, CommandID: c.CommandID, Outcome: api.OutcomeOK}
 	if rec, ok := a.commands.find(c.CommandID, c.Kind); ok && rec.State != cmdRunning {
 		// Ran before the node restarted: the same answer again.
 		if rec.State == cmdFailed {
-			r.Outcome = fsm.OutcomeFailed
+			r.Outcome = api.OutcomeFailed
 		}
 		r.Error, r.FilesystemPending = rec.Error, rec.FilesystemPending
 		return r
 	}
 	fail := func(err error) api.VolumeTaskResult {
-		r.Outcome, r.Error = fsm.OutcomeFailed, err.Error()
+		r.Outcome, r.Error = api.OutcomeFailed, err.Error()
 		return r
 	}
 	path, err := a.volumePath(t.PoolID, t.VolumeID)
@@ -46,7 +45,7 @@ func (a *Agent) executeVolume(t api.VolumeTask) api.VolumeTaskResult {
 	if err := a.commands.put(rec); err != nil {
 		return fail(fmt.Errorf("record the command in %s: %w", runtime.VolumeCommandsFile, err))
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
 	defer cancel()
 	switch c.Kind {
 	case api.VolCmdCreate:
@@ -72,7 +71,7 @@ func (a *Agent) executeVolume(t api.VolumeTask) api.VolumeTaskResult {
 		err = fmt.Errorf("volume command kind %q is unknown to node %s; upgrade it", c.Kind, a.cfg.NodeID)
 	}
 	if err != nil {
-		r.Outcome, r.Error = fsm.OutcomeFailed, err.Error()
+		r.Outcome, r.Error = api.OutcomeFailed, err.Error()
 	}
 	now := a.commands.clock()
 	rec.State, rec.Error, rec.FilesystemPending, rec.EndedAt = cmdOK, r.Error, r.FilesystemPending, &now

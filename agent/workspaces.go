@@ -16,7 +16,6 @@ import (
 	"github.com/kibotos/kibotos/agent/runtime"
 	"github.com/kibotos/kibotos/api"
 	"github.com/kibotos/kibotos/datadir"
-	"github.com/kibotos/kibotos/fsm"
 	"github.com/kibotos/kibotos/storagepool"
 	"github.com/kibotos/kibotos/vmm/guestproto"
 )
@@ -100,8 +99,8 @@ func (a *Agent) saveOwners() {
 // handleTask starts the Workspace command unless it runs or ran already.
 func (a *Agent) handleTask(t api.WorkspaceTask) {
 	log := a.log.With("workspace_id", t.WorkspaceID, "command_id", t.Command.CommandID, "kind", t.Command.Kind, "instance_id", t.Command.InstanceID)
-	a.runTask(t.WorkspaceID, t.Command.CommandID, "workspace", log, func() taskResult {
-		r := a.execute(t)
+	a.runTask(t.WorkspaceID, t.Command.CommandID, "workspace", log, func(ctx context.Context) taskResult {
+		r := a.execute(ctx, t)
 		return taskResult{ws: &r}
 	})
 }
@@ -109,7 +108,7 @@ func (a *Agent) handleTask(t api.WorkspaceTask) {
 // runTask runs exec for command id of object key (a noun: workspace,
 // volume) in the background, after the object's earlier command, unless
 // it runs or ran already (then its result is sent again).
-func (a *Agent) runTask(key, id, noun string, log *slog.Logger, exec func() taskResult) {
+func (a *Agent) runTask(key, id, noun string, log *slog.Logger, exec func(context.Context) taskResult) {
 	ts := a.tasks
 	ts.mu.Lock()
 	if r, ok := ts.done[id]; ok {
@@ -125,7 +124,7 @@ func (a *Agent) runTask(key, id, noun string, log *slog.Logger, exec func() task
 	ch := make(chan struct{})
 	ts.waiting[key] = ch
 	ts.mu.Unlock()
-	go func() {
+	a.bg.spawn(func(ctx context.Context) {
 		defer close(ch)
 		if prev != nil {
 			<-prev // an older command of this object finishes first
@@ -135,27 +134,34 @@ func (a *Agent) runTask(key, id, noun string, log *slog.Logger, exec func() task
 		ts.mu.Unlock()
 		log.Info(noun + " command started")
 		start := time.Now()
-		r := exec()
+		r := exec(ctx)
 		outcome, err := r.outcome()
-		log.Info(noun+" command done", "outcome", outcome, "err", err, "duration", time.Since(start).Round(time.Millisecond))
 		ts.mu.Lock()
 		delete(ts.running, key)
+		if ts.waiting[key] == ch {
+			delete(ts.waiting, key)
+		}
+		if ctx.Err() != nil {
+			// The node stops: no answer. ctrl sends the command again on
+			// the node's next session, which finds what this one left.
+			ts.mu.Unlock()
+			log.Info(noun+" command interrupted: the node stops", "outcome", outcome, "err", err, "duration", time.Since(start).Round(time.Millisecond))
+			return
+		}
+		log.Info(noun+" command done", "outcome", outcome, "err", err, "duration", time.Since(start).Round(time.Millisecond))
 		ts.done[id] = r
 		ts.order = append(ts.order, id)
 		if len(ts.order) > keepResults {
 			delete(ts.done, ts.order[0])
 			ts.order = ts.order[1:]
 		}
-		if ts.waiting[key] == ch {
-			delete(ts.waiting, key)
-		}
 		ts.mu.Unlock()
 		// The data plane learns of the change before ctrl does.
-		a.updateDataPlane()
+		a.updateDataPlane(ctx)
 		if !a.sendResult(r) {
 			a.PushReport()
 		}
-	}()
+	})
 }
 
 // sendResult sends a task's result. It reports whether the report the
@@ -189,17 +195,17 @@ func (a *Agent) sendResult(r taskResult) (reported bool) {
 	return false
 }
 
-func (a *Agent) execute(t api.WorkspaceTask) api.WorkspaceTaskResult {
-	r := api.WorkspaceTaskResult{WorkspaceID: t.WorkspaceID, CommandID: t.Command.CommandID, Outcome: fsm.OutcomeOK}
+func (a *Agent) execute(ctx context.Context, t api.WorkspaceTask) api.WorkspaceTaskResult {
+	r := api.WorkspaceTaskResult{WorkspaceID: t.WorkspaceID, CommandID: t.Command.CommandID, Outcome: api.OutcomeOK}
 	var err error
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
 	defer cancel()
 	switch t.Command.Kind {
 	case api.WSCmdStart:
 		var refusal string
 		refusal, err = a.startWorkspace(ctx, t, &r)
 		if refusal != "" {
-			r.Outcome, r.Error = fsm.OutcomeRefused, refusal
+			r.Outcome, r.Error = api.OutcomeRefused, refusal
 			return r
 		}
 		if err != nil && t.Snapshot != nil && !t.Snapshot.Discard {
@@ -227,7 +233,7 @@ func (a *Agent) execute(t api.WorkspaceTask) api.WorkspaceTaskResult {
 		err = fmt.Errorf("command kind %q is unknown to this node; upgrade it", t.Command.Kind)
 	}
 	if err != nil {
-		r.Outcome, r.Error = fsm.OutcomeFailed, err.Error()
+		r.Outcome, r.Error = api.OutcomeFailed, err.Error()
 	}
 	return r
 }
@@ -679,7 +685,7 @@ func (a *Agent) dataPlaneAlive(ctx context.Context) bool {
 
 // updateDataPlane hands the data-plane process the current targets and
 // key; it never blocks the caller for more than the push timeout.
-func (a *Agent) updateDataPlane() {
+func (a *Agent) updateDataPlane(ctx context.Context) {
 	dp := a.cfg.DataPlane
 	if dp == nil {
 		return
@@ -687,7 +693,7 @@ func (a *Agent) updateDataPlane() {
 	a.mu.Lock()
 	key := a.credentialKey
 	a.mu.Unlock()
-	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Second)
+	ctx, cancel := context.WithTimeout(ctx, 6*time.Second)
 	defer cancel()
 	targets := a.dataTargets()
 	if err := dp.Update(ctx, targets, key); err != nil {

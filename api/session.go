@@ -132,3 +132,18 @@ const (
 	MsgVolumeTask    = "volume_task"    // ctrl → node: execute a Volume command
 	MsgVolumeResult  = "volume_result"  // node → ctrl: its outcome
 )
+
+// Outcomes of a node's answer to a command it was sent (the Outcome of
+// WorkspaceTaskResult, VolumeTaskResult and NetworkChangeResult).
+const (
+	OutcomeOK      = "ok"
+	OutcomeRefused = "refused" // the node does not take new Workspaces (drained, memory tight)
+	OutcomeFailed  = "failed"
+)
+
+// Refusals of a control session (SessionMsg.Refusal).
+const (
+	RefusalIsolated    = "isolated"
+	RefusalNotAdmitted = "not_admitted"
+	RefusalStale       = "stale_incarnation"
+)

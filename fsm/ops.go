@@ -101,11 +101,11 @@ type SessionOpenResult struct {
 	Message  string `json:"message,omitempty"`
 }
 
-// Refusals of a session.
+// Refusals of a session (the protocol's).
 const (
-	RefusalIsolated    = "isolated"
-	RefusalNotAdmitted = "not_admitted"
-	RefusalStale       = "stale_incarnation"
+	RefusalIsolated    = api.RefusalIsolated
+	RefusalNotAdmitted = api.RefusalNotAdmitted
+	RefusalStale       = api.RefusalStale
 )
 
 // SessionCloseArgs ends a session if it is still the node's current one.

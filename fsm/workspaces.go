@@ -56,11 +56,11 @@ type WorkspaceArgs struct {
 	Force       bool   `json:"force,omitempty"`   // stop --force
 }
 
-// Outcomes of a node's answer to a Workspace command.
+// Outcomes of a node's answer to a Workspace command (the protocol's).
 const (
-	OutcomeOK      = "ok"
-	OutcomeRefused = "refused" // the node does not take new Workspaces (drained, memory tight)
-	OutcomeFailed  = "failed"
+	OutcomeOK      = api.OutcomeOK
+	OutcomeRefused = api.OutcomeRefused
+	OutcomeFailed  = api.OutcomeFailed
 )
 
 // WorkspaceResultArgs is a node's answer to the pending command, sent
