@@ -169,6 +169,10 @@ type Server struct {
 	release func()
 	wg      sync.WaitGroup
 	stop    chan struct{}
+	// leadership carries raft's leadership changes (Config.NotifyCh):
+	// true on becoming leader, false on stepping down; raft keeps only
+	// the latest when the loop has not read the one before.
+	leadership chan bool
 	// stopOnce runs Shutdown or Kill once; a concurrent caller waits
 	// for it to finish.
 	stopOnce sync.Once
@@ -198,7 +202,7 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Server{cfg: cfg, id: id, log: cfg.Logger.With("node_id", id.NodeID), release: release, stop: make(chan struct{}), transferKick: make(chan struct{}, 1), sessions: newSessionRegistry(), changed: newBroadcaster(),
+	s := &Server{cfg: cfg, id: id, log: cfg.Logger.With("node_id", id.NodeID), release: release, stop: make(chan struct{}), leadership: make(chan bool, 1), transferKick: make(chan struct{}, 1), sessions: newSessionRegistry(), changed: newBroadcaster(),
 		conns: newConnWatch(), joinLimit: newJoinLimiter(), revokePending: map[string]bool{}, revokeKick: make(chan struct{}, 1), admissionCache: map[string]admissionAnswer{},
 		opened: make(chan struct{}), halted: make(chan struct{})}
 	defer close(s.opened)
@@ -288,6 +292,7 @@ func (s *Server) raftConfig() *raft.Config {
 	c.BatchApplyCh = true
 	c.MaxAppendEntries = 256
 	c.Logger = s.hclog("raft", hclog.Warn)
+	c.NotifyCh = s.leadership
 	return c
 }
 

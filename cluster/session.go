@@ -428,30 +428,32 @@ func (s *Server) sessionCheck(id string) (fsm.SessionCheck, error) {
 	return c, err
 }
 
-// leaderLoop watches leadership and runs the leader's duties while it lasts.
+// leaderLoop runs the leader's duties while this member leads, driven by
+// raft's leadership notifications. It waits for one leadership's work to
+// end before anything else: two never overlap.
 func (s *Server) leaderLoop() {
-	var cancel context.CancelFunc
-	tick := time.NewTicker(s.cfg.Timings.RaftHeartbeat / 2)
-	defer tick.Stop()
+	var endLead func() // cancels the leader's work and waits for it
+	defer func() {
+		if endLead != nil {
+			endLead()
+		}
+	}()
 	for {
+		var leader bool
 		select {
 		case <-s.stop:
-			if cancel != nil {
-				cancel()
-			}
 			return
-		case <-tick.C:
+		case leader = <-s.leadership:
 		}
-		leader := s.IsLeader()
 		switch {
-		case leader && cancel == nil:
-			var ctx context.Context
-			ctx, cancel = context.WithCancel(context.Background())
-			s.wg.Add(1)
-			go func() { defer s.wg.Done(); s.lead(ctx) }()
-		case !leader && cancel != nil:
-			cancel()
-			cancel = nil
+		case leader && endLead == nil:
+			ctx, cancel := context.WithCancel(context.Background())
+			var wg sync.WaitGroup
+			wg.Go(func() { s.lead(ctx) })
+			endLead = func() { cancel(); wg.Wait() }
+		case !leader && endLead != nil:
+			endLead()
+			endLead = nil
 			s.sessions.closeAll() // nodes reconnect to the new leader
 		}
 	}
@@ -459,7 +461,8 @@ func (s *Server) leaderLoop() {
 
 // lead is the leader's background work: close sessions that no connection
 // backs any more (after a leader change), expire old command records, and
-// drop retired or revoked ctrl members from the voters.
+// drop retired or revoked ctrl members from the voters. It returns once
+// the transfer driver it starts has returned too.
 func (s *Server) lead(ctx context.Context) {
 	t := s.cfg.Timings
 	// The voters' levels this member kept may be from an earlier
@@ -473,8 +476,9 @@ func (s *Server) lead(ctx context.Context) {
 	s.consistentReady.Store(true)
 	defer s.consistentReady.Store(false)
 	s.log.Info("leading ctrl")
-	s.wg.Add(1)
-	go func() { defer s.wg.Done(); s.driveTransfers(ctx) }()
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	wg.Go(func() { s.driveTransfers(ctx) })
 	since := time.Now()
 	lastExpiry, expiring := time.Now(), false
 	s.refreshLevels(ctx)
