@@ -16,6 +16,8 @@ import (
 	wal "github.com/hashicorp/raft-wal"
 	"github.com/hashicorp/raft-wal/metadb"
 	"github.com/hashicorp/raft-wal/migrate"
+
+	"github.com/kibotos/kibotos/storagepool"
 )
 
 // logStore is a member's Raft log and stable store (term and vote).
@@ -131,7 +133,7 @@ func migrateBoltLog(bolt, dir string, log *slog.Logger, hl hclog.Logger) error {
 	if err := os.Rename(tmp, dir); err != nil {
 		return fmt.Errorf("raft log migration: %w", err)
 	}
-	if err := syncDir(filepath.Dir(dir)); err != nil {
+	if err := storagepool.SyncDir(filepath.Dir(dir)); err != nil {
 		return fmt.Errorf("raft log migration: %w", err)
 	}
 	if err := os.Remove(bolt); err != nil {
@@ -169,14 +171,4 @@ func copyStable(dst, src raft.StableStore) error {
 		return fmt.Errorf("stable key LastVoteCand: %w", err)
 	}
 	return nil
-}
-
-// syncDir makes a rename or removal in dir durable.
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	return d.Sync()
 }

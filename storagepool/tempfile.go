@@ -117,7 +117,7 @@ func Commit(tmp, path string) error {
 		os.Remove(tmp)
 		return fmt.Errorf("storagepool: put %s in place: %w", path, err)
 	}
-	if err := syncDir(filepath.Dir(path)); err != nil {
+	if err := SyncDir(filepath.Dir(path)); err != nil {
 		return fmt.Errorf("storagepool: put %s in place: %w", path, err)
 	}
 	return nil
@@ -147,7 +147,9 @@ func TempPath(dir string, t Temp) (string, error) {
 	return filepath.Join(dir, name), nil
 }
 
-func syncDir(dir string) error {
+// SyncDir makes the renames, creations and removals in dir durable (a
+// file system that cannot sync a directory has nothing to make durable).
+func SyncDir(dir string) error {
 	d, err := os.Open(dir)
 	if err != nil {
 		return err

@@ -72,7 +72,7 @@ func placeVolume(node, path string, fill func(tmp string) error) error {
 		}
 		return fmt.Errorf("put volume file %s in place: %w", path, err)
 	}
-	if err := syncDir(dir); err != nil {
+	if err := SyncDir(dir); err != nil {
 		return fmt.Errorf("put volume file %s in place: %w", path, err)
 	}
 	return nil

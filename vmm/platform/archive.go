@@ -11,6 +11,7 @@ import (
 	"strings"
 
 	"github.com/kibotos/kibotos/internal/tarfile"
+	"github.com/kibotos/kibotos/storagepool"
 )
 
 // A published Platform travels through the artifact store as a tar of its
@@ -87,14 +88,14 @@ func Install(ctx context.Context, storageRoot, id string, fetch func(ctx context
 	if err != nil {
 		return nil, fmt.Errorf("platform %s: the fetched archive does not hold it: %w", id, err)
 	}
-	syncDir(dir)
+	storagepool.SyncDir(dir)
 	if err := os.Rename(dir, final); err != nil {
 		if in2, lerr := Load(final); lerr == nil {
 			return in2, nil // installed concurrently
 		}
 		return nil, fmt.Errorf("platform %s: %w", id, err)
 	}
-	syncDir(InstallationsDir(storageRoot))
+	storagepool.SyncDir(InstallationsDir(storageRoot))
 	os.RemoveAll(work)
 	return Load(final)
 }

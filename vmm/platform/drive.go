@@ -13,6 +13,7 @@ import (
 	"time"
 
 	kbuildinfo "github.com/kibotos/kibotos/buildinfo"
+	"github.com/kibotos/kibotos/storagepool"
 )
 
 // Which Platform a node uses, and which earlier ones it may keep driving.
@@ -71,7 +72,7 @@ func writeManifest(dir, name string, in *Installation) error {
 		os.Remove(tmp)
 		return err
 	}
-	syncDir(dir)
+	storagepool.SyncDir(dir)
 	return nil
 }
 

@@ -20,6 +20,7 @@ import (
 	"errors"
 	"fmt"
 	"github.com/kibotos/kibotos/internal/recordfmt"
+	"github.com/kibotos/kibotos/storagepool"
 	"io"
 	"log/slog"
 	"os"
@@ -285,7 +286,7 @@ func Build(ctx context.Context, o Options) (*Installation, error) {
 		}
 		return nil, fmt.Errorf("platform %s: install: %w (if %s is a broken earlier build, remove it)", in.ID, err, final)
 	}
-	syncDir(instDir)
+	storagepool.SyncDir(instDir)
 	in.Dir = final
 	log.Info("platform built", "id", in.ID, "kernel", k.Release, "kernel_package", k.Package+"="+k.Version,
 		"agent_revision", revision, "dir", final)
@@ -369,13 +370,6 @@ func (c *countWriter) Write(p []byte) (int, error) {
 	n, err := c.w.Write(p)
 	c.n += int64(n)
 	return n, err
-}
-
-func syncDir(dir string) {
-	if d, err := os.Open(dir); err == nil {
-		d.Sync()
-		d.Close()
-	}
 }
 
 // agentRevision is the source revision of the agent binary: our own when we
