@@ -8,9 +8,11 @@ import (
 	"path/filepath"
 
 	"github.com/kibotos/kibotos/cli"
+	"github.com/kibotos/kibotos/vmm/units/privsd"
 )
 
 func main() {
+	privsd.RunIfInit() // as the private systemd's PID 1, this never returns
 	name := filepath.Base(os.Args[0])
 	if name != "kibo" {
 		name = "kibotos"

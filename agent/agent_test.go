@@ -15,9 +15,11 @@ import (
 	"github.com/kibotos/kibotos/api"
 	"github.com/kibotos/kibotos/cluster/clustertest"
 	"github.com/kibotos/kibotos/vmm/qemu"
+	"github.com/kibotos/kibotos/vmm/units/privsd"
 )
 
 func TestMain(m *testing.M) {
+	privsd.RunIfInit()
 	code := m.Run()
 	runtimetest.Cleanup()
 	os.Exit(code)

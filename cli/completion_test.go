@@ -10,11 +10,13 @@ import (
 	"testing"
 
 	"github.com/kibotos/kibotos/internal/testenv"
+	"github.com/kibotos/kibotos/vmm/units/privsd"
 )
 
 // TestMain lets the test binary stand in for kibo when a shell's
 // completion script runs it (KIBO_TEST_AS_CLI=1).
 func TestMain(m *testing.M) {
+	privsd.RunIfInit()
 	if os.Getenv("KIBO_TEST_AS_CLI") == "1" {
 		os.Exit(Main(context.Background(), "kibo", os.Args[1:], os.Stdin, os.Stdout, os.Stderr))
 	}

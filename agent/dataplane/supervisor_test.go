@@ -34,6 +34,7 @@ var builds struct {
 }
 
 func TestMain(m *testing.M) {
+	privsd.RunIfInit()
 	code := m.Run()
 	if builds.dir != "" {
 		os.RemoveAll(builds.dir)
@@ -211,6 +212,9 @@ func TestSupervisorAdoptsAndStops(t *testing.T) {
 	}
 	continued := sync.OnceFunc(func() { syscall.Kill(pid2, syscall.SIGCONT) })
 	t.Cleanup(continued)
+	// kill returns before every thread has stopped: a push right after it
+	// could still be answered (CI saw one).
+	waitFor(t, "every thread of the data plane to stop", func() bool { return allStopped(pid2) })
 	if err := h2.Push(ctx, st); !errors.Is(err, ErrNotAcknowledged) {
 		t.Fatalf("push to a stopped generation: %v; want ErrNotAcknowledged within PushTimeout", err)
 	}
@@ -243,4 +247,24 @@ func TestSupervisorAdoptsAndStops(t *testing.T) {
 	if err := m.Stop(ctx, h3.Unit); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// allStopped says whether every thread of pid is stopped (state T).
+func allStopped(pid int) bool {
+	tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+	if err != nil || len(tasks) == 0 {
+		return false
+	}
+	for _, task := range tasks {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/stat", pid, task.Name()))
+		if err != nil {
+			return false
+		}
+		// The state follows the command name in parentheses.
+		i := strings.LastIndexByte(string(b), ')')
+		if i < 0 || i+2 >= len(b) || b[i+2] != 'T' {
+			return false
+		}
+	}
+	return true
 }

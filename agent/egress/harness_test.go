@@ -13,6 +13,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/kibotos/kibotos/vmm/units/privsd"
 )
 
 // The test binary doubles as the egress process (helperEnv=process) and as
@@ -26,6 +28,7 @@ const (
 )
 
 func TestMain(m *testing.M) {
+	privsd.RunIfInit()
 	if len(os.Args) > 2 && os.Args[1] == "egress" && os.Args[2] == "serve" {
 		os.Exit(helperServe(os.Args[3:]))
 	}

@@ -25,6 +25,7 @@ import (
 )
 
 func TestMain(m *testing.M) {
+	privsd.RunIfInit()
 	if os.Getenv(nodeEnv) != "" {
 		os.Exit(runNode())
 	}

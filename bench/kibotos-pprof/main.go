@@ -21,9 +21,11 @@ import (
 	"runtime/pprof"
 
 	"github.com/kibotos/kibotos/cli"
+	"github.com/kibotos/kibotos/vmm/units/privsd"
 )
 
 func main() {
+	privsd.RunIfInit() // as the private systemd's PID 1, this never returns
 	if addr := os.Getenv("KIBOTOS_PPROF"); addr != "" {
 		runtime.SetBlockProfileRate(int(1e6)) // one sample per ms blocked
 		runtime.SetMutexProfileFraction(100)

@@ -45,9 +45,11 @@ import (
 	"github.com/kibotos/kibotos/datadir"
 	"github.com/kibotos/kibotos/fsm"
 	"github.com/kibotos/kibotos/trust"
+	"github.com/kibotos/kibotos/vmm/units/privsd"
 )
 
 func main() {
+	privsd.RunIfInit() // as the private systemd's PID 1, this never returns
 	dataDir := flag.String("data-dir", "", "data directory of a running member (admin credentials)")
 	count := flag.Int("count", 10000, "nodes the cluster should hold, the bootstrap member included")
 	conc := flag.Int("concurrency", 16, "populate workers")

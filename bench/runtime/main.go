@@ -50,6 +50,7 @@ type options struct {
 }
 
 func main() {
+	privsd.RunIfInit() // as the private systemd's PID 1, this never returns
 	if os.Getenv(nodeEnv) != "" {
 		os.Exit(runNode())
 	}

@@ -28,6 +28,9 @@ func consoleFileFor(o Options, dir string) string {
 // spawnDetached starts the private systemd without tying it to this
 // process: it is reparented when we exit, and its console is the log file.
 func (i *Instance) spawnDetached(cfg []byte) error {
+	if !hooked.Load() {
+		return errNotHooked
+	}
 	logf, err := os.OpenFile(i.LogPath, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o644)
 	if err != nil {
 		return fmt.Errorf("privsd: %w", err)

@@ -71,6 +71,7 @@ func TestDetachedAttach(t *testing.T) {
 const childEnv = "KIBOTOS_PRIVSD_TEST_DETACH"
 
 func TestMain(m *testing.M) {
+	privsd.RunIfInit()
 	if dir := os.Getenv(childEnv); dir != "" {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()

@@ -6,16 +6,21 @@ import (
 	"fmt"
 	"os"
 	"strings"
+	"sync/atomic"
 	"syscall"
 
 	"golang.org/x/sys/unix"
 )
 
 // initEnv carries the initConfig to the re-executed binary that becomes PID 1
-// of the new namespaces. Any binary importing this package can play that
-// role: init() below takes over only when this variable is set AND the
-// process is PID 1 of its PID namespace.
+// of the new namespaces. A binary plays that role by calling RunIfInit
+// first thing in main (or TestMain): it takes over only when this
+// variable is set AND the process is PID 1 of its PID namespace.
 const initEnv = "KIBOTOS_PRIVSD_INIT"
+
+// hooked says this program calls RunIfInit: a start re-executes the
+// program, which must become the private systemd's PID 1.
+var hooked atomic.Bool
 
 type initConfig struct {
 	Systemd   string   // absolute path of the systemd binary
@@ -29,7 +34,13 @@ type initConfig struct {
 	ConsoleFile string
 }
 
-func init() {
+// RunIfInit makes this process the private systemd's PID 1 when it is
+// the re-executed program a start made (it never returns then), and
+// returns at once otherwise. Every program that starts a private systemd
+// calls it first thing in main, or in TestMain for a test binary; a start
+// in a program that does not is refused.
+func RunIfInit() {
+	hooked.Store(true)
 	raw := os.Getenv(initEnv)
 	if raw == "" || os.Getpid() != 1 {
 		return
@@ -109,3 +120,7 @@ func runInit(raw string) error {
 	argv := append([]string{cfg.Systemd}, cfg.Args...)
 	return fmt.Errorf("exec %s: %w", cfg.Systemd, syscall.Exec(cfg.Systemd, argv, env))
 }
+
+// errNotHooked refuses a start in a program whose main does not call
+// RunIfInit: its re-executed copy would run main again instead of systemd.
+var errNotHooked = errors.New("privsd: this program does not call privsd.RunIfInit first thing in main (or TestMain): it cannot become the private systemd's PID 1")

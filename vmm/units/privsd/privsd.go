@@ -307,6 +307,9 @@ func writeUnits(unitDir string, bins binaries) error {
 // (clone3 CLONE_INTO_CGROUP), so that cgroup becomes its cgroup namespace
 // root, with a pty as console.
 func (i *Instance) spawn(cfg []byte) error {
+	if !hooked.Load() {
+		return errNotHooked
+	}
 	ptmx, pts, err := openPTY()
 	if err != nil {
 		return fmt.Errorf("privsd: console pty: %w", err)
