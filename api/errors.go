@@ -11,7 +11,7 @@ import (
 )
 
 // Code is the machine-readable class of an error. The CLI maps each code to
-// one exit code (ExitCode); the table is documented in README.md.
+// one exit code (ExitCode); the table is docs/reference/exit-codes.md.
 type Code string
 
 const (
@@ -30,7 +30,8 @@ const (
 )
 
 // Exit codes of the CLI. 0, 2, 12, 13 and 16 are fixed by the product
-// documentation; the others are ours and listed in README.md.
+// documentation; the others are ours and listed in
+// docs/reference/exit-codes.md.
 const (
 	ExitOK                 = 0
 	ExitInternal           = 1

@@ -10,7 +10,7 @@ import (
 // A Workspace the waits of create, start and resume find FAILED exits
 // 13 with its reason, except one the nodes refused to start with no other
 // node to take it: resource_exhausted (15), as when ctrl places it
-// nowhere itself (README, exit codes).
+// nowhere itself (docs/reference/exit-codes.md).
 func TestFailedError(t *testing.T) {
 	refused := "node node-a refused to start it (host memory is tight) and no other node can take it: no admitted node is ready with room; nothing of it runs: kibo workspace start ws-1 places it again, or delete it"
 	for _, tc := range []struct {

@@ -26,9 +26,10 @@ import (
 	"github.com/kibotos/kibotos/vmm/units/privsd"
 )
 
-// testUpgrade replaces the dev member's program the way the README's
-// upgrade procedure does, with builds of this tree stamped 0.3.0, 0.3.1
-// and 0.4.0, each one's Platform built beside the running member first:
+// testUpgrade replaces the dev member's program the way the upgrade
+// procedure of docs/operating/upgrades.md does, with builds of this tree
+// stamped 0.3.0, 0.3.1 and 0.4.0, each one's Platform built beside the
+// running member first:
 //
 //   - unreleased → 0.3.0: the Instance runs on the unreleased build's
 //     Platform, which 0.3.0 does not drive: FAILED with "compatible

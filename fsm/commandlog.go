@@ -17,8 +17,9 @@ import (
 // appends its record to the bucket's last page, and expiry drops from its
 // first: every write rewrote a page of its own in a random place of the
 // command bucket before, and that bucket's inserts, lookups and page
-// writes grew with the 24 hours of records a busy cluster keeps (bench/
-// README, "The command log's growth, FSM alone").
+// writes grew with the 24 hours of records a busy cluster keeps
+// (BenchmarkApplyBatchCommands; bench/README.md, and in its git history
+// "The command log's growth, FSM alone").
 //
 // A retry finds its record through commandIndex, which is derived from the
 // bucket (never part of the state): digest → time, built again from the

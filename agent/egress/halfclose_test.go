@@ -27,7 +27,7 @@ const (
 // after that end of stream, so a relay that held the FIN back, or one
 // that closed both directions at it, would fail. (microsocks ends both
 // directions when its client half-closes: the answer is lost there, not
-// in the relay; README says so.)
+// in the relay; docs/operating/networks-and-egress.md says so.)
 func TestEgressCarriesHalfClose(t *testing.T) {
 	e := newEgressLab(t)
 	serveAfterEOF(e.lab.Listen("internet", fmt.Sprintf("%s:%d", labInternet, halfClosePort)))

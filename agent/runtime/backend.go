@@ -13,7 +13,8 @@ import (
 
 // Backend is what differs between VMMs: the command line and how the node
 // reaches the guest agent. QEMU (microvm, virtio-serial channel) is the
-// one implemented (docs/vmm-backends.md: why there is no Firecracker).
+// one implemented (docs/explanations/vmm-backends.md: why there is no
+// Firecracker).
 type Backend interface {
 	// Name is recorded in the launch record.
 	Name() string
