@@ -64,12 +64,7 @@ func findCommand(tx *bolt.Tx, e *Entry) (*commandRecord, error) {
 }
 
 func getCommand(tx *bolt.Tx, key []byte) (*commandRecord, error) {
-	var rec commandRecord
-	ok, err := getJSON(tx, bucketCommands, key, &rec)
-	if err != nil || !ok {
-		return nil, err
-	}
-	return &rec, nil
+	return getRecord[commandRecord](tx, bucketCommands, key)
 }
 
 func putCommand(tx *bolt.Tx, e *Entry, rec commandRecord) error {

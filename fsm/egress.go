@@ -301,12 +301,7 @@ func egressRefKey(name string, rev uint64, ws string) []byte {
 func resolverRefKey(name, ws string) []byte { return []byte(name + "\x00" + ws) }
 
 func getEgress(tx *bolt.Tx, name string) (*egressRecord, error) {
-	var r egressRecord
-	ok, err := getJSON(tx, bucketEgress, []byte(name), &r)
-	if err != nil || !ok {
-		return nil, err
-	}
-	return &r, nil
+	return getRecord[egressRecord](tx, bucketEgress, []byte(name))
 }
 
 func mustEgress(tx *bolt.Tx, name string) (*egressRecord, error) {
@@ -324,21 +319,11 @@ func mustEgress(tx *bolt.Tx, name string) (*egressRecord, error) {
 }
 
 func getRevision(tx *bolt.Tx, name string, rev uint64) (*egressRevision, error) {
-	var r egressRevision
-	ok, err := getJSON(tx, bucketEgressRevisions, revisionKey(name, rev), &r)
-	if err != nil || !ok {
-		return nil, err
-	}
-	return &r, nil
+	return getRecord[egressRevision](tx, bucketEgressRevisions, revisionKey(name, rev))
 }
 
 func getResolver(tx *bolt.Tx, name string) (*resolverRecord, error) {
-	var r resolverRecord
-	ok, err := getJSON(tx, bucketResolvers, []byte(name), &r)
-	if err != nil || !ok {
-		return nil, err
-	}
-	return &r, nil
+	return getRecord[resolverRecord](tx, bucketResolvers, []byte(name))
 }
 
 func mustResolver(tx *bolt.Tx, name string) (*resolverRecord, error) {

@@ -17,12 +17,7 @@ type grantRecord struct {
 }
 
 func getGrant(tx *bolt.Tx, nodeID string) (*grantRecord, error) {
-	var g grantRecord
-	ok, err := getJSON(tx, bucketGrants, []byte(nodeID), &g)
-	if err != nil || !ok {
-		return nil, err
-	}
-	return &g, nil
+	return getRecord[grantRecord](tx, bucketGrants, []byte(nodeID))
 }
 
 func revokePendingGrant(tx *bolt.Tx, nodeID string) error {

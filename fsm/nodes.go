@@ -10,12 +10,7 @@ import (
 )
 
 func getNode(tx *bolt.Tx, id string) (*api.Node, error) {
-	var n api.Node
-	ok, err := getJSON(tx, bucketNodes, []byte(id), &n)
-	if err != nil || !ok {
-		return nil, err
-	}
-	return &n, nil
+	return getRecord[api.Node](tx, bucketNodes, []byte(id))
 }
 
 // mustNode returns the node or not_found.

@@ -57,12 +57,7 @@ type poolDecl struct {
 func poolMemberKey(pool, node string) []byte { return []byte(pool + "\x00" + node) }
 
 func getPool(tx *bolt.Tx, id string) (*poolRecord, error) {
-	var p poolRecord
-	ok, err := getJSON(tx, bucketPools, []byte(id), &p)
-	if err != nil || !ok {
-		return nil, err
-	}
-	return &p, nil
+	return getRecord[poolRecord](tx, bucketPools, []byte(id))
 }
 
 func mustPool(tx *bolt.Tx, id string) (*poolRecord, error) {

@@ -27,6 +27,16 @@ func getJSON(tx *bolt.Tx, bucket, key []byte, v any) (bool, error) {
 	return true, jsonRecord(bucket, key, raw, v)
 }
 
+// getRecord reads the record of bucket/key as a T, nil when there is none.
+func getRecord[T any](tx *bolt.Tx, bucket, key []byte) (*T, error) {
+	var v T
+	ok, err := getJSON(tx, bucket, key, &v)
+	if err != nil || !ok {
+		return nil, err
+	}
+	return &v, nil
+}
+
 // jsonRecord decodes the stored record raw of bucket/key.
 func jsonRecord(bucket, key, raw []byte, v any) error {
 	if err := json.Unmarshal(raw, v); err != nil {

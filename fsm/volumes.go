@@ -73,12 +73,7 @@ func volKey(id string) []byte { return []byte(id) }
 func volCmdKey(node, vol string) []byte { return []byte(node + "\x00" + vol) }
 
 func getVolume(tx *bolt.Tx, id string) (*api.Volume, error) {
-	var v api.Volume
-	ok, err := getJSON(tx, bucketVolumes, volKey(id), &v)
-	if err != nil || !ok {
-		return nil, err
-	}
-	return &v, nil
+	return getRecord[api.Volume](tx, bucketVolumes, volKey(id))
 }
 
 // resolveVolume finds a Volume by id or name.

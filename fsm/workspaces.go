@@ -137,12 +137,7 @@ func wsKey(id string) []byte { return []byte(id) }
 func wsNodeKey(node, ws string) []byte { return []byte(node + "\x00" + ws) }
 
 func getWorkspace(tx *bolt.Tx, id string) (*api.Workspace, error) {
-	var w api.Workspace
-	ok, err := getJSON(tx, bucketWorkspaces, wsKey(id), &w)
-	if err != nil || !ok {
-		return nil, err
-	}
-	return &w, nil
+	return getRecord[api.Workspace](tx, bucketWorkspaces, wsKey(id))
 }
 
 func mustWorkspace(tx *bolt.Tx, id string) (*api.Workspace, error) {
