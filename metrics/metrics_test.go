@@ -102,6 +102,39 @@ kibotos_placement_refusals_total{reason="not ready"} 1
 	}
 }
 
+// Each entry a replica applies is timed under its op, an op no handler
+// knows under "unknown" (bounded labels whatever the log holds).
+func TestFSMApplySeconds(t *testing.T) {
+	f := replica(t, 1, 0, 0)
+	reg := Registry(Sources{FSM: f})
+	args, err := json.Marshal(fsm.WorkspaceCreateArgs{Template: "kibotos-base", CPU: 64000, MemoryBytes: 1 << 30})
+	if err != nil {
+		t.Fatal(err)
+	}
+	at := time.Date(2026, 12, 2, 0, 1, 0, 0, time.UTC)
+	f.Apply([]fsm.Entry{
+		{Op: fsm.OpWorkspaceCreate, CommandID: "a", IssuedAt: at, Args: args},
+		{Op: fsm.OpWorkspaceCreate, CommandID: "b", IssuedAt: at, Args: args},
+		{Op: "no.such.op", IssuedAt: at, IgnoreUnknown: true},
+	})
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	counts := map[string]uint64{}
+	for _, mf := range mfs {
+		if mf.GetName() != "kibotos_fsm_apply_seconds" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			counts[m.GetLabel()[0].GetValue()] = m.GetHistogram().GetSampleCount()
+		}
+	}
+	if counts[fsm.OpWorkspaceCreate] != 2 || counts["unknown"] != 1 || len(counts) != 2 {
+		t.Fatalf("applies counted %v; want 2 %s and 1 unknown", counts, fsm.OpWorkspaceCreate)
+	}
+}
+
 // An Instance's egress connections by outcome, for the Instances the
 // egress process routes (an ended one is not in the map, so its series
 // ends).
