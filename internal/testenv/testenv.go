@@ -10,8 +10,10 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"os/signal"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/kibotos/kibotos/internal/hostprobe"
@@ -91,4 +93,16 @@ func Ports(t testing.TB, n int) int {
 func LoopbackAddr(t testing.TB) string {
 	t.Helper()
 	return "127.0.0.1:" + strconv.Itoa(Ports(t, 1))
+}
+
+// DefaultSIGHUP makes the processes this test binary starts begin with
+// SIGHUP at its default action, as they would under a login or a guest's
+// PID 1, even when the binary itself was started with it ignored (under
+// nohup): a process passes an ignored signal on to every child, and a
+// shell that ignores SIGHUP cannot be hung up. Call it from TestMain of a
+// package whose tests check what a hangup ends.
+func DefaultSIGHUP() {
+	// A handled signal is reset to its default on exec; an ignored one
+	// stays ignored. The channel is never read: the signal is dropped.
+	signal.Notify(make(chan os.Signal, 1), syscall.SIGHUP)
 }
