@@ -4,6 +4,13 @@
 // KIBOTOS_REQUIRE_ALL=1 (as .ci/run sets it), it fails, so CI can never pass
 // without the VM suite. Skips that are not environment gaps (-short) stay
 // plain t.Skip and must not come through here.
+//
+// It also has the one way a test waits for something to happen: WaitFor.
+// Its timeouts are multiplied by KIBOTOS_TIME_SCALE (a positive number,
+// default 1; 2 doubles every timeout) for machines slower than the ones
+// the timeouts were chosen on: a loaded laptop, nested virtualization,
+// more packages under -race. A scale only lets a test wait longer: what
+// never happens still fails the test, later.
 package testenv
 
 import (
