@@ -163,9 +163,9 @@ func TestSupervisorAdoptsAndStops(t *testing.T) {
 	t0 := time.Now()
 	stopped := make(chan error, 1)
 	go func() { stopped <- m.Stop(ctx, h1.Unit) }()
-	waitFor(t, "the unit to be stopping", func() bool {
+	testenv.WaitFor(t, 20*time.Second, "the unit to be stopping", func() (bool, string) {
 		u, err := m.Get(ctx, h1.Unit)
-		return errors.Is(err, units.ErrNotFound) || (err == nil && u.ActiveState == "deactivating")
+		return errors.Is(err, units.ErrNotFound) || (err == nil && u.ActiveState == "deactivating"), fmt.Sprintf("unit %s/%s, %v", u.ActiveState, u.SubState, err)
 	})
 	if out, _, _ := run(t, c, nil, "echo", "grace"); out != "grace\n" {
 		t.Fatalf("exec during the grace: %q", out)
