@@ -82,22 +82,6 @@ func nsRunErr(nsFD int, args ...string) (string, error) {
 	return string(out), err
 }
 
-// waitFor polls cond until it holds or the deadline passes.
-func waitFor(t testing.TB, what string, timeout time.Duration, cond func() error) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		err := cond()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not after %v: %v", what, timeout, err)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
-
 // link is a test's handle on the links of one namespace.
 type link struct {
 	t  testing.TB
