@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kibotos/kibotos/internal/testenv"
 	"github.com/kibotos/kibotos/vmm/guestproto"
 )
 
@@ -31,11 +32,13 @@ func TestFirstHelloAnsweredAfterKillDuringWrite(t *testing.T) {
 	}
 	port.set(func(p *fakePort) { p.holdWrites = true })
 	go c1.GuestInfo(ctxT(t)) // its reply blocks in the guest
-	waitFor(t, "a blocked guest write", func() bool { return port.get(func(p *fakePort) bool { return p.writesHeld > 0 }) })
+	testenv.WaitFor(t, 20*time.Second, "a blocked guest write", func() (bool, string) {
+		return port.get(func(p *fakePort) bool { return p.writesHeld > 0 }), port.String()
+	})
 
 	host1.Close() // kill -9: the pending read sees EOF
-	waitFor(t, "the agent to see the EOF", func() bool {
-		return port.get(func(p *fakePort) bool { return p.readsInFlight == 0 })
+	testenv.WaitFor(t, 20*time.Second, "the agent to see the EOF", func() (bool, string) {
+		return port.get(func(p *fakePort) bool { return p.readsInFlight == 0 }), port.String()
 	})
 	time.Sleep(20 * time.Millisecond)
 
@@ -73,11 +76,13 @@ func TestFirstHelloAnsweredAfterSessionEndedWithReadInFlight(t *testing.T) {
 	}
 	port.set(func(p *fakePort) { p.holdWrites = true })
 	go c1.GuestInfo(ctxT(t))
-	waitFor(t, "a blocked guest write with a read pending", func() bool {
-		return port.get(func(p *fakePort) bool { return p.writesHeld > 0 && p.readsInFlight > 0 })
+	testenv.WaitFor(t, 20*time.Second, "a blocked guest write with a read pending", func() (bool, string) {
+		return port.get(func(p *fakePort) bool { return p.writesHeld > 0 && p.readsInFlight > 0 }), port.String()
 	})
 	host1.Close() // the blocked write fails; the read stays pending
-	waitFor(t, "the failed write", func() bool { return port.get(func(p *fakePort) bool { return p.writesInFlight == 0 }) })
+	testenv.WaitFor(t, 20*time.Second, "the failed write", func() (bool, string) {
+		return port.get(func(p *fakePort) bool { return p.writesInFlight == 0 }), port.String()
+	})
 	time.Sleep(20 * time.Millisecond)
 
 	port.set(func(p *fakePort) { p.holdWrites = false; p.chunk = 16 })
@@ -134,8 +139,8 @@ func TestFirstHelloAnsweredAfterCutHello(t *testing.T) {
 	h1, _ := guestproto.NewHello(1, 1)
 	host1 := port.connect(nil)
 	host1.Write(h1.Marshal()[:20])
-	waitFor(t, "the agent to read the cut hello", func() bool {
-		return port.get(func(p *fakePort) bool { return len(p.inbuf) == 0 })
+	testenv.WaitFor(t, 20*time.Second, "the agent to read the cut hello", func() (bool, string) {
+		return port.get(func(p *fakePort) bool { return len(p.inbuf) == 0 }), port.String()
 	})
 	host1.Close()
 	time.Sleep(50 * time.Millisecond)
