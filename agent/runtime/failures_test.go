@@ -163,7 +163,13 @@ func TestInstanceFailures(t *testing.T) {
 		if _, err := os.Stat(filepath.Join(logs, "vmm.log")); err != nil {
 			t.Errorf("VMM log tail: %v", err)
 		}
-		time.Sleep(1500 * time.Millisecond) // a few more watcher rounds
+		// The watcher logs the end right after it set FAILED.
+		testenv.WaitFor(t, 5*time.Second, "the 'instance machine exited' log entry", func() (bool, string) {
+			return len(h.logs.entries("instance machine exited")) > 0, ""
+		})
+		// Not a wait for something: three more rounds of the watcher (every
+		// 500 ms), in which a second entry for the same end would show.
+		time.Sleep(1500 * time.Millisecond)
 		if e := h.logs.entries("instance machine exited"); len(e) != 1 || e[0]["instance_id"] != id || e[0]["unit"] != st.Unit || e[0]["exit"] == nil {
 			t.Errorf("log entries 'instance machine exited': %v; want exactly one with instance_id, unit and exit", e)
 		}
