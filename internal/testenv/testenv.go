@@ -45,6 +45,15 @@ func Skipf(t testing.TB, format string, args ...any) {
 	t.Skip(why)
 }
 
+// RequireRoot stops the test through Skipf unless it runs as root; why
+// says what the test does that needs root.
+func RequireRoot(t testing.TB, why string) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		Skipf(t, "needs root %s", why)
+	}
+}
+
 // LookPath returns the path of tool, or stops the test through Skipf
 // naming the Debian package that installs it.
 func LookPath(t testing.TB, tool, debianPackage string) string {
