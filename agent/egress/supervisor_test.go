@@ -48,9 +48,7 @@ func TestSupervisorConfigRefused(t *testing.T) {
 // The node checks, never grants, that the egress user can reach its
 // socket directory and binary.
 func TestSupervisorReachCheck(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root to give a directory to another user")
-	}
+	testenv.RequireRoot(t, "to give a directory to another user")
 	base, err := os.MkdirTemp("", "kibotos-egress-reach-")
 	if err != nil {
 		t.Fatal(err)
