@@ -11,6 +11,7 @@ import (
 
 	"github.com/kibotos/kibotos/agent/egress"
 	"github.com/kibotos/kibotos/api"
+	"github.com/kibotos/kibotos/internal/testenv"
 )
 
 // The egress role is hidden from help and refuses root without the test
@@ -26,9 +27,7 @@ func TestEgressCommandRefusesRootAndIsHidden(t *testing.T) {
 	if help, _ := run("egress", "--help"); strings.Contains(help, "serve") {
 		t.Fatalf("egress serve shows in help:\n%s", help)
 	}
-	if os.Geteuid() != 0 {
-		t.Skip("the root refusal needs root")
-	}
+	testenv.RequireRoot(t, "to see egress serve refuse to run as root")
 	out, code := run("egress", "serve", "--socket-dir", t.TempDir(), "--generation", "1")
 	if code != api.ExitInternal || !strings.Contains(out, "running as root") {
 		t.Fatalf("egress serve as root: exit %d: %s", code, out)

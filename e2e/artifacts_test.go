@@ -17,6 +17,7 @@ import (
 
 	"github.com/kibotos/kibotos/api"
 	"github.com/kibotos/kibotos/datadir"
+	"github.com/kibotos/kibotos/internal/testenv"
 	"github.com/kibotos/kibotos/vmm/platform"
 	"github.com/kibotos/kibotos/vmm/template"
 )
@@ -121,7 +122,7 @@ func TestTemplateFetchedFromArtifactStore(t *testing.T) {
 			t.Logf("node-b: %s", line)
 		}
 	}
-	waitFor(t, 30*time.Second, "node-b listed as holding "+name, func() (bool, string) {
+	testenv.WaitFor(t, 30*time.Second, "node-b listed as holding "+name, func() (bool, string) {
 		r := admin.kibo("template", "list", "--consistent")
 		return strings.Contains(r.stdout, "node-a,node-b"), r.stdout
 	})

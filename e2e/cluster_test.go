@@ -17,6 +17,7 @@ import (
 	"github.com/anishathalye/porcupine"
 
 	"github.com/kibotos/kibotos/api"
+	"github.com/kibotos/kibotos/internal/testenv"
 )
 
 // TestCluster runs one cluster of real processes, one per network
@@ -80,7 +81,7 @@ func (h *host) getNode(id string, extra ...string) (nodeView, error) {
 func waitNode(t *testing.T, h *host, id string, d time.Duration, what string, cond func(nodeView) bool) nodeView {
 	t.Helper()
 	var got nodeView
-	waitFor(t, d, fmt.Sprintf("node %s %s (read through %s)", id, what, h.nodeID), func() (bool, string) {
+	testenv.WaitFor(t, d, fmt.Sprintf("node %s %s (read through %s)", id, what, h.nodeID), func() (bool, string) {
 		n, err := h.getNode(id, "--consistent")
 		if err != nil {
 			return false, err.Error()
@@ -133,7 +134,7 @@ func formCluster(t *testing.T, l *lab) *cluster {
 		}
 	}
 	n := len(l.hosts)
-	waitFor(t, 20*time.Second, fmt.Sprintf("%d READY nodes in node list", n), func() (bool, string) {
+	testenv.WaitFor(t, 20*time.Second, fmt.Sprintf("%d READY nodes in node list", n), func() (bool, string) {
 		var list struct {
 			Nodes []nodeView `json:"nodes"`
 		}
@@ -157,7 +158,7 @@ func formCluster(t *testing.T, l *lab) *cluster {
 // member hears from the leader only once it is in the Raft configuration.
 func (c *cluster) waitFollowsLeader(t *testing.T, h *host) {
 	t.Helper()
-	waitFor(t, 20*time.Second, h.nodeID+" to see a ctrl leader", func() (bool, string) {
+	testenv.WaitFor(t, 20*time.Second, h.nodeID+" to see a ctrl leader", func() (bool, string) {
 		var st status
 		if err := h.kiboJSON(&st, "status"); err != nil {
 			return false, err.Error()
@@ -170,7 +171,7 @@ func (c *cluster) waitFollowsLeader(t *testing.T, h *host) {
 func (c *cluster) leader(t *testing.T) *host {
 	t.Helper()
 	var found *host
-	waitFor(t, 10*time.Second, "a ctrl leader", func() (bool, string) {
+	testenv.WaitFor(t, 10*time.Second, "a ctrl leader", func() (bool, string) {
 		var seen []string
 		for _, h := range c.ctrls {
 			var st status
@@ -487,7 +488,7 @@ func testLinearizable(t *testing.T, c *cluster) {
 	// A last consistent read after every client stopped: it must see the
 	// outcome of every acknowledged write.
 	var final api.Milli
-	waitFor(t, 15*time.Second, "a final consistent read", func() (bool, string) {
+	testenv.WaitFor(t, 15*time.Second, "a final consistent read", func() (bool, string) {
 		v, ok := hist.read(clients, others[0], reg)
 		final = v
 		return ok, "read failed"
@@ -521,7 +522,7 @@ func testLinearizable(t *testing.T, c *cluster) {
 	waitNode(t, others[0], victim.nodeID, 20*time.Second, "READY after restart", func(n nodeView) bool {
 		return n.Status == api.NodeReady && n.Session != nil && n.Session.Alive
 	})
-	waitFor(t, 10*time.Second, victim.nodeID+"'s own replica to hold the final value "+final.String(), func() (bool, string) {
+	testenv.WaitFor(t, 10*time.Second, victim.nodeID+"'s own replica to hold the final value "+final.String(), func() (bool, string) {
 		n, err := victim.getNode(reg) // not --consistent: read its local state
 		if err != nil {
 			return false, err.Error()

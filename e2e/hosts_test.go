@@ -471,25 +471,6 @@ func (h *host) mustKiboJSON(out any, args ...string) {
 	}
 }
 
-// waitFor polls cond every 100 ms until it holds or d passes; on timeout the
-// test fails with the last thing cond observed, which says why it waited.
-func waitFor(t *testing.T, d time.Duration, what string, cond func() (bool, string)) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	var last string
-	for {
-		ok, observed := cond()
-		if ok {
-			return
-		}
-		last = observed
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s; last observed: %s", d, what, last)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-}
-
 // anyLine reports whether a line of the log at path satisfies match.
 func anyLine(path string, match func(line string) bool) bool {
 	f, err := os.Open(path)

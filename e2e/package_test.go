@@ -312,7 +312,7 @@ uplink = "uplink0"
 func (p *pkgHost) waitNodeReady(after uint64) uint64 {
 	p.t.Helper()
 	var inc uint64
-	waitFor(p.t, 3*time.Minute, "node "+pkgNode+" READY under kibotos.service", func() (bool, string) {
+	testenv.WaitFor(p.t, 3*time.Minute, "node "+pkgNode+" READY under kibotos.service", func() (bool, string) {
 		// Nothing here makes the member fail: a restart by systemd is a failure.
 		if r := p.run(10*time.Second, "systemctl", "show", "-p", "NRestarts", "-p", "ActiveState", "kibotos"); strings.Contains(r.stdout, "ActiveState=failed") || !strings.Contains(r.stdout, "NRestarts=0") {
 			p.t.Fatalf("kibotos.service failed or was restarted by systemd: %s", r.stdout)
@@ -421,7 +421,7 @@ func (p *pkgHost) checkMainPIDRefused() {
 	}
 	p.must(30*time.Second, "systemctl", "daemon-reload")
 	p.must(30*time.Second, "systemctl", "start", unit)
-	waitFor(p.t, time.Minute, "the wrapped member to refuse its start", func() (bool, string) {
+	testenv.WaitFor(p.t, time.Minute, "the wrapped member to refuse its start", func() (bool, string) {
 		r := p.run(10*time.Second, "journalctl", "--no-pager", "-o", "cat", "-u", unit)
 		for _, line := range strings.Split(r.stdout, "\n") {
 			if strings.Contains(line, "start-up check: "+unit+" has MainPID") && strings.Contains(line, "(/bin/sh -c") {

@@ -88,7 +88,7 @@ func TestRollingCtrlUpgrade(t *testing.T) {
 	}()
 	waitAcked := func(after int64, what string) {
 		t.Helper()
-		waitFor(t, 30*time.Second, "10 writes acknowledged after "+what, func() (bool, string) {
+		testenv.WaitFor(t, 30*time.Second, "10 writes acknowledged after "+what, func() (bool, string) {
 			hist.mu.Lock()
 			defer hist.mu.Unlock()
 			return ackedAfter(hist.ops, after) >= 10, fmt.Sprintf("%v", hist.stats)
@@ -145,7 +145,7 @@ func TestRollingCtrlUpgrade(t *testing.T) {
 	upgrade(last)
 	// The leader learns the new level when it asks again (after a refusal
 	// at the latest): the op is then accepted.
-	waitFor(t, 30*time.Second, "pause past the level check once every voter runs the new build", func() (bool, string) {
+	testenv.WaitFor(t, 30*time.Second, "pause past the level check once every voter runs the new build", func() (bool, string) {
 		r := pause(newHost)
 		return r.code == api.ExitNotFound, r.String()
 	})
@@ -153,7 +153,7 @@ func TestRollingCtrlUpgrade(t *testing.T) {
 	close(stop)
 	wg.Wait()
 	var final api.Milli
-	waitFor(t, 15*time.Second, "a final consistent read", func() (bool, string) {
+	testenv.WaitFor(t, 15*time.Second, "a final consistent read", func() (bool, string) {
 		v, ok := hist.read(clients, c.ctrls[0], reg)
 		final = v
 		return ok, "read failed"

@@ -22,6 +22,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 
 	"github.com/kibotos/kibotos/api"
+	"github.com/kibotos/kibotos/internal/testenv"
 )
 
 // ociLayer is a layer of the test image; entries are name -> content,
@@ -93,7 +94,7 @@ func (d *wsDev) testOCITemplate(string) {
 	// this one a create is refused.
 	var id string
 	t0 = time.Now()
-	waitFor(t, 5*time.Minute, "a Workspace of template oci-app", func() (bool, string) {
+	testenv.WaitFor(t, 5*time.Minute, "a Workspace of template oci-app", func() (bool, string) {
 		r := d.kibo(3*time.Minute, nil, "workspace", "create", "--template", "oci-app", "--cpu", "1", "--memory", "256MiB", "-q")
 		if r.code == api.ExitFailedPrecondition || r.code == api.ExitNotFound {
 			return false, r.String()

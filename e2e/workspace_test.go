@@ -170,7 +170,7 @@ type wsNode struct {
 func (d *wsDev) waitReady(after uint64) uint64 {
 	d.t.Helper()
 	var inc uint64
-	waitFor(d.t, 3*time.Minute, "node dev READY with its overcommit acknowledged", func() (bool, string) {
+	testenv.WaitFor(d.t, 3*time.Minute, "node dev READY with its overcommit acknowledged", func() (bool, string) {
 		if p := d.devProc(); p.exited() {
 			d.t.Fatalf("kibotos dev exited with %d before the node was ready:\n%s", p.code, tail(p.log, 30))
 		}
@@ -396,7 +396,7 @@ func (d *wsDev) testExec(id string) {
 	// ended.
 	d.must("workspace", "exec", id, "--", "sh", "-c", `nohup sh -c 'i=0; while :; do i=$((i+1)); echo $i > /tmp/alive.new; mv -f /tmp/alive.new /tmp/alive; sleep 0.2; done' >/dev/null 2>&1 & echo $! > /tmp/alive.pid`)
 	var seen string
-	waitFor(t, 30*time.Second, "the nohup loop to go on after its exec ended", func() (bool, string) {
+	testenv.WaitFor(t, 30*time.Second, "the nohup loop to go on after its exec ended", func() (bool, string) {
 		now := d.kibo(time.Minute, nil, "workspace", "exec", id, "--", "cat", "/tmp/alive").stdout
 		if seen == "" || now == seen {
 			seen = now
@@ -469,7 +469,7 @@ func (d *wsDev) testNetwork(id string) {
 	}
 	unreachable("egress public")
 	// The dropped connects are counted, and get shows the node's count.
-	waitFor(t, time.Minute, "denied packets in workspace get", func() (bool, string) {
+	testenv.WaitFor(t, time.Minute, "denied packets in workspace get", func() (bool, string) {
 		var w struct {
 			Denied *api.DeniedReport `json:"denied"`
 		}
@@ -960,7 +960,7 @@ func (d *wsDev) testPTY(id string) {
 		return regexp.MustCompile(fmt.Sprintf(`(?m)^%d %d\r?$`, rows, cols))
 	}
 	io.WriteString(sh.Stdin, "stty size\n")
-	waitFor(t, 20*time.Second, "33 101 from stty size in the shell", func() (bool, string) {
+	testenv.WaitFor(t, 20*time.Second, "33 101 from stty size in the shell", func() (bool, string) {
 		return sizeRe(33, 101).MatchString(buf.String()), fmt.Sprintf("%q", buf.String())
 	})
 	if err := sh.Resize(40, 120); err != nil {
@@ -969,7 +969,7 @@ func (d *wsDev) testPTY(id string) {
 	// The resize travels beside stdin, not in it: ask until the shell's
 	// terminal has the new size.
 	asked := time.Time{}
-	waitFor(t, 20*time.Second, "40 120 from stty size after the resize", func() (bool, string) {
+	testenv.WaitFor(t, 20*time.Second, "40 120 from stty size after the resize", func() (bool, string) {
 		if time.Since(asked) > 2*time.Second {
 			io.WriteString(sh.Stdin, "stty size\n")
 			asked = time.Now()
@@ -1160,12 +1160,12 @@ func (d *wsDev) testLogsLive(id, inst string) (string, *logFollower) {
 	d.track(f.cmd)
 	// It has read the console once (printed its last line) before the
 	// line is written, so the line comes through the follow reads.
-	waitFor(t, 30*time.Second, "kibo workspace logs --follow printing the last line", func() (bool, string) {
+	testenv.WaitFor(t, 30*time.Second, "kibo workspace logs --follow printing the last line", func() (bool, string) {
 		return strings.Count(f.stdout.String(), "\n") >= 1, f.stderr.String()
 	})
 	d.must("workspace", "exec", id, "--", "sh", "-c", "echo "+marker+" > /dev/console")
 	var r result
-	waitFor(t, 30*time.Second, "the console line in kibo workspace logs", func() (bool, string) {
+	testenv.WaitFor(t, 30*time.Second, "the console line in kibo workspace logs", func() (bool, string) {
 		r = d.kibo(time.Minute, nil, "workspace", "logs", id)
 		return r.code == 0 && strings.Contains(r.stdout, marker), trimTo(r.String(), 600)
 	})
@@ -1189,7 +1189,7 @@ func (d *wsDev) testLogsLive(id, inst string) (string, *logFollower) {
 	if r := d.expect(api.ExitInvalidArgument, "workspace", "logs", id, "--instance", "../../../etc"); !strings.Contains(r.stderr, "not an Instance id") {
 		t.Errorf("a path as the Instance: %s", r)
 	}
-	waitFor(t, 30*time.Second, "the console line from kibo workspace logs --follow", func() (bool, string) {
+	testenv.WaitFor(t, 30*time.Second, "the console line from kibo workspace logs --follow", func() (bool, string) {
 		return strings.Contains(f.stdout.String(), marker), trimTo(f.stdout.String()+f.stderr.String(), 600)
 	})
 	return marker, f
@@ -1220,7 +1220,7 @@ func (d *wsDev) testLogsEnded(id, ended, marker string, f *logFollower) {
 	if r := d.must("workspace", "logs", id, "--instance", ended, "--vmm"); !strings.Contains(r.stdout, "kibotos: vmm exited") {
 		t.Errorf("--instance %s --vmm: want the VMM log's last line: %s", ended, trimTo(r.String(), 2000))
 	}
-	waitFor(t, 30*time.Second, "the new Instance's boot in kibo workspace logs", func() (bool, string) {
+	testenv.WaitFor(t, 30*time.Second, "the new Instance's boot in kibo workspace logs", func() (bool, string) {
 		r = d.kibo(time.Minute, nil, "workspace", "logs", id)
 		return r.code == 0 && strings.Contains(r.stdout, "guest agent session started"), trimTo(r.String(), 600)
 	})
@@ -1313,7 +1313,7 @@ func (d *wsDev) testPauseResume(id string) {
 	if count, _ := strconv.Atoi(lines[0]); count < before {
 		t.Errorf("the counter after resume is %d, was %d before the pause: it started over", count, before)
 	}
-	waitFor(t, 20*time.Second, fmt.Sprintf("the counter to count on past %d after resume", before), func() (bool, string) {
+	testenv.WaitFor(t, 20*time.Second, fmt.Sprintf("the counter to count on past %d after resume", before), func() (bool, string) {
 		c := strings.TrimSpace(d.must("workspace", "exec", id, "--", "cat", "/tmp/count").stdout)
 		n, _ := strconv.Atoi(c)
 		return n > before, "count " + c
@@ -1344,7 +1344,7 @@ func (d *wsDev) testReboot(id string) {
 	t0 := time.Now()
 	d.must("workspace", "exec", id, "--", "sh", "-c", "sync; (sleep 1; reboot -f) >/dev/null 2>&1 &")
 	var after result
-	waitFor(t, 3*time.Minute, "an exec on the rebooted guest", func() (bool, string) {
+	testenv.WaitFor(t, 3*time.Minute, "an exec on the rebooted guest", func() (bool, string) {
 		after = d.kibo(20*time.Second, nil, "workspace", "exec", id, "--", "sh", "-c", look)
 		return after.code == 0 && boot(after) != boot(was), after.String()
 	})
@@ -1353,7 +1353,7 @@ func (d *wsDev) testReboot(id string) {
 		t.Errorf("after the reboot the Workspace shows\n%s\nbefore it\n%s", rest, strings.SplitN(was.stdout, "\n", 2)[1])
 	}
 	// ctrl hears of the responding guest with the node's next report.
-	waitFor(t, 30*time.Second, "get to show the guest responding", func() (bool, string) {
+	testenv.WaitFor(t, 30*time.Second, "get to show the guest responding", func() (bool, string) {
 		w := d.get(id)
 		return !w.GuestNotResponding, fmt.Sprintf("%+v", w)
 	})

@@ -20,6 +20,7 @@ import (
 	"github.com/kibotos/kibotos/agent/runtime"
 	"github.com/kibotos/kibotos/api"
 	"github.com/kibotos/kibotos/datadir"
+	"github.com/kibotos/kibotos/internal/testenv"
 )
 
 // vmm is the recorded VMM process of a Workspace's Instance.
@@ -205,7 +206,7 @@ func (d *wsDev) testGuestNotResponding(id string) {
 	}
 	d.up()
 	d.waitReady(n.Session.Incarnation)
-	waitFor(t, time.Minute, "workspace get to show the stopped guest as not responding", func() (bool, string) {
+	testenv.WaitFor(t, time.Minute, "workspace get to show the stopped guest as not responding", func() (bool, string) {
 		w := d.get(id)
 		return w.GuestNotResponding && w.State == api.WorkspaceAvailable, fmt.Sprintf("%+v", w)
 	})
@@ -214,17 +215,17 @@ func (d *wsDev) testGuestNotResponding(id string) {
 	}
 	// The report says "not responding" as soon as the takeover found no
 	// session; the log line follows the first attempt that failed.
-	waitFor(t, 30*time.Second, "the node to log instance guest sync pending", func() (bool, string) {
+	testenv.WaitFor(t, 30*time.Second, "the node to log instance guest sync pending", func() (bool, string) {
 		return d.devProc().logContains("instance guest sync pending"), ""
 	})
 	resume()
 	t0 := time.Now()
-	waitFor(t, time.Minute, "the guest to respond again", func() (bool, string) {
+	testenv.WaitFor(t, time.Minute, "the guest to respond again", func() (bool, string) {
 		w := d.get(id)
 		return !w.GuestNotResponding, fmt.Sprintf("%+v", w)
 	})
 	t.Logf("TIMING guest answering again to shown as responding: %s", time.Since(t0).Round(time.Millisecond))
-	waitFor(t, 30*time.Second, "the node to log instance guest sync pending ... recovered=true", func() (bool, string) {
+	testenv.WaitFor(t, 30*time.Second, "the node to log instance guest sync pending ... recovered=true", func() (bool, string) {
 		return d.devProc().logContains("recovered=true"), ""
 	})
 	if r := d.must("workspace", "exec", id, "--", "sh", "-c", "grep -c nameserver /etc/resolv.conf; ip -4 route show default | grep -c via"); r.stdout != "1\n1\n" {

@@ -73,7 +73,7 @@ func (d *wsDev) testUpgrade(id string) {
 	// unreleased → 0.3.0.
 	before := d.get(id)
 	inc := d.replace(builds["0.3.0"])
-	waitFor(t, time.Minute, "the Workspace FAILED for its runtime installation", func() (bool, string) {
+	testenv.WaitFor(t, time.Minute, "the Workspace FAILED for its runtime installation", func() (bool, string) {
 		r := d.kibo(10*time.Second, nil, "workspace", "get", id)
 		return strings.Contains(r.stdout, "compatible runtime installation unavailable"), trimTo(r.stdout, 600)
 	})
@@ -102,7 +102,7 @@ func (d *wsDev) testUpgrade(id string) {
 	if err != nil || got != 60 {
 		t.Errorf("the exec streaming across the replacement on one release line: %d lines, %v; want all 60", got, err)
 	}
-	waitFor(t, 30*time.Second, "one data-plane unit once the stream ended", func() (bool, string) {
+	testenv.WaitFor(t, 30*time.Second, "one data-plane unit once the stream ended", func() (bool, string) {
 		u := d.dataPlaneUnits()
 		return len(u) == 1, fmt.Sprint(u)
 	})
@@ -366,7 +366,7 @@ func (d *wsDev) connectLoop(ctx context.Context, cred api.DataPlaneCredential, r
 func (d *wsDev) waitConnections(l *loop, n int64) {
 	d.t.Helper()
 	from := l.ok.Load() + l.refused.Load()
-	waitFor(d.t, time.Minute, fmt.Sprintf("%d connections after the replacement", n), func() (bool, string) {
+	testenv.WaitFor(d.t, time.Minute, fmt.Sprintf("%d connections after the replacement", n), func() (bool, string) {
 		l.mu.Lock()
 		defer l.mu.Unlock()
 		return l.ok.Load()+l.refused.Load()-from >= n, fmt.Sprintf("ok %d refused %d %v", l.ok.Load(), l.refused.Load(), l.errs)

@@ -9,6 +9,7 @@ import (
 
 	"github.com/kibotos/kibotos/agent/runtime"
 	"github.com/kibotos/kibotos/api"
+	"github.com/kibotos/kibotos/internal/testenv"
 	"github.com/kibotos/kibotos/vmm/platform"
 )
 
@@ -49,7 +50,7 @@ func (d *wsDev) testWarm(string) {
 	awaitWarm := func(what string, ok func(api.WarmGuests) bool) api.WarmGuests {
 		t.Helper()
 		var w api.WarmGuests
-		waitFor(t, 2*time.Minute, what, func() (bool, string) {
+		testenv.WaitFor(t, 2*time.Minute, what, func() (bool, string) {
 			w = warm()
 			return ok(w), "node dev reports " + trimTo(strings.ReplaceAll(d.must("node", "get", "dev").stdout, "\n", "; "), 3000)
 		})
@@ -110,7 +111,7 @@ func (d *wsDev) testWarm(string) {
 		return n.Report.Allocated.MemoryBytes, want
 	}
 	awaitWarm("a warm guest of "+warmTemplate+" ready on node dev", func(w api.WarmGuests) bool { return w.Ready == 1 })
-	waitFor(t, 30*time.Second, "node dev's allocated memory to hold its running Workspaces' and its ready warm guest's", func() (bool, string) {
+	testenv.WaitFor(t, 30*time.Second, "node dev's allocated memory to hold its running Workspaces' and its ready warm guest's", func() (bool, string) {
 		got, want := allocated()
 		return got == want, fmt.Sprintf("allocated %d bytes, want %d", got, want)
 	})

@@ -90,7 +90,7 @@ func mhReadyForWorkspaces(n mhNode) bool {
 func mhWaitNode(t *testing.T, admin *host, id string, d time.Duration, what string, cond func(mhNode) bool) mhNode {
 	t.Helper()
 	var got mhNode
-	waitFor(t, d, "node "+id+" "+what, func() (bool, string) {
+	testenv.WaitFor(t, d, "node "+id+" "+what, func() (bool, string) {
 		var n mhNode
 		if err := admin.kiboJSON(&n, "node", "get", id, "--consistent"); err != nil {
 			return false, err.Error()
@@ -144,7 +144,7 @@ func mhWSString(ws api.Workspace) string {
 func mhWaitWorkspace(t *testing.T, admin *host, id, state string, d time.Duration) api.Workspace {
 	t.Helper()
 	var got api.Workspace
-	waitFor(t, d, "workspace "+id+" "+state, func() (bool, string) {
+	testenv.WaitFor(t, d, "workspace "+id+" "+state, func() (bool, string) {
 		var ws api.Workspace
 		if err := admin.kiboJSON(&ws, "workspace", "get", id, "--consistent"); err != nil {
 			return false, err.Error()
@@ -816,7 +816,7 @@ func TestWorkspacesTwoNodes(t *testing.T) {
 		if err := os.Rename(bMobile, aMobile); err != nil {
 			t.Fatal(err)
 		}
-		waitFor(t, 20*time.Second, "node-a reports pool mobile available", func() (bool, string) {
+		testenv.WaitFor(t, 20*time.Second, "node-a reports pool mobile available", func() (bool, string) {
 			var p api.StoragePool
 			admin.mustKiboJSON(&p, "storage-pool", "get", "mobile")
 			for _, m := range p.Nodes {
@@ -845,7 +845,7 @@ func TestWorkspacesTwoNodes(t *testing.T) {
 		}
 		mhStartServe(b, mhWriteConfig(t, b, shared))
 		mhWaitNode(t, admin, b.nodeID, 60*time.Second, "READY with a new incarnation", func(n mhNode) bool { return n.Status == api.NodeReady && !n.Isolated })
-		waitFor(t, 30*time.Second, "solo deleted by node-b", func() (bool, string) {
+		testenv.WaitFor(t, 30*time.Second, "solo deleted by node-b", func() (bool, string) {
 			r := admin.kibo("volume", "get", "solo")
 			return r.code == api.ExitNotFound, r.String()
 		})

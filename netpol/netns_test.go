@@ -14,6 +14,8 @@ import (
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
+
+	"github.com/kibotos/kibotos/internal/testenv"
 )
 
 // Helpers for tests in real network namespaces. A namespace is made by a
@@ -21,17 +23,10 @@ import (
 // an fd, so closing the fd at cleanup (also after a failure) removes it
 // with everything in it.
 
-func requireRoot(t testing.TB) {
-	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("netpol: this test makes network namespaces and nftables tables: run it as root")
-	}
-}
-
 // testNetns returns an fd of a new, empty network namespace.
 func testNetns(t testing.TB) int {
 	t.Helper()
-	requireRoot(t)
+	testenv.RequireRoot(t, "to make network namespaces and nftables tables")
 	type result struct {
 		fd  int
 		err error
@@ -80,22 +75,6 @@ func nsRunErr(nsFD int, args ...string) (string, error) {
 	ns := fmt.Sprintf("--net=/proc/%d/fd/%d", os.Getpid(), nsFD)
 	out, err := exec.CommandContext(ctx, "nsenter", append([]string{ns, "--"}, args...)...).CombinedOutput()
 	return string(out), err
-}
-
-// waitFor polls cond until it holds or the deadline passes.
-func waitFor(t testing.TB, what string, timeout time.Duration, cond func() error) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		err := cond()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not after %v: %v", what, timeout, err)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
 }
 
 // link is a test's handle on the links of one namespace.

@@ -12,6 +12,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/kibotos/kibotos/internal/testenv"
 )
 
 // Traffic through real namespaces in a line, as on a node:
@@ -309,14 +311,16 @@ func (c *conn) echo(msg string, timeout time.Duration) error {
 func (n *lineNet) mustReach(t *testing.T, addr string) *conn {
 	t.Helper()
 	var c *conn
-	waitFor(t, "guest connects to "+addr, 10*time.Second, func() (err error) {
+	testenv.WaitFor(t, 10*time.Second, "guest connects to "+addr, func() (bool, string) {
+		var err error
 		if c, err = n.dial(addr, 2*time.Second); err != nil {
-			return err
+			return false, err.Error()
 		}
 		if err = c.echo("hello", 2*time.Second); err != nil {
 			c.c.Close()
+			return false, err.Error()
 		}
-		return err
+		return true, ""
 	})
 	t.Cleanup(func() { c.c.Close() })
 	return c
@@ -388,19 +392,16 @@ func (n *lineNet) mustResolve(t *testing.T) {
 	}
 	defer uc.Close()
 	buf := make([]byte, 64)
-	waitFor(t, "guest DNS reaches the resolver", 10*time.Second, func() error {
+	testenv.WaitFor(t, 10*time.Second, "guest DNS reaches the resolver", func() (bool, string) {
 		uc.SetDeadline(time.Now().Add(200 * time.Millisecond))
 		if _, err := uc.Write([]byte("query")); err != nil {
-			return err
+			return false, err.Error()
 		}
 		k, err := uc.Read(buf)
 		if err != nil {
-			return err
+			return false, err.Error()
 		}
-		if string(buf[:k]) != "query" {
-			return fmt.Errorf("answer %q", buf[:k])
-		}
-		return nil
+		return string(buf[:k]) == "query", fmt.Sprintf("answer %q", buf[:k])
 	})
 }
 
@@ -467,16 +468,13 @@ func TestTrafficEgress6(t *testing.T) {
 	// The guest may still be resolving its gateway, which the table before
 	// did not let it: the connect leaves it late, then is refused and
 	// counted.
-	waitFor(t, "the IPv6 connect refused", 5*time.Second, func() error {
+	testenv.WaitFor(t, 5*time.Second, "the IPv6 connect refused", func() (bool, string) {
 		c, err := n.dial(addr6(worldPublic6), 2*time.Second)
 		if err == nil {
 			c.c.Close()
-			return fmt.Errorf("guest connected to %s (seen as %s)", worldPublic6, c.seenAs)
+			return false, fmt.Sprintf("guest connected to %s (seen as %s)", worldPublic6, c.seenAs)
 		}
-		if !errors.Is(err, syscall.ECONNREFUSED) {
-			return err
-		}
-		return nil
+		return errors.Is(err, syscall.ECONNREFUSED), err.Error()
 	})
 	n.mustResolve(t)
 	if denied(t, n.instance) == 0 {
@@ -541,18 +539,15 @@ func TestTrafficProxy6(t *testing.T) {
 	n.mustReach(t, worldNotAllowed+":"+echoPort)
 	before := denied(t, n.instance)
 	var took time.Duration
-	waitFor(t, "an IPv6 connect refused at once", 10*time.Second, func() error {
+	testenv.WaitFor(t, 10*time.Second, "an IPv6 connect refused at once", func() (bool, string) {
 		t0 := time.Now()
 		c, err := n.dial(addr6(worldPublic6), refusedDialTimeout)
 		took = time.Since(t0)
 		if err == nil {
 			c.c.Close()
-			return fmt.Errorf("guest connected to %s (seen as %s)", worldPublic6, c.seenAs)
+			return false, fmt.Sprintf("guest connected to %s (seen as %s)", worldPublic6, c.seenAs)
 		}
-		if !errors.Is(err, syscall.ECONNREFUSED) {
-			return err
-		}
-		return nil
+		return errors.Is(err, syscall.ECONNREFUSED), err.Error()
 	})
 	// A drop would wait out the dial's timeout; well short of it is "at
 	// once" even on a busy machine.
@@ -607,11 +602,9 @@ func TestTrafficProxy(t *testing.T) {
 	defer uc.Close()
 	before := denied(t, n.instance)
 	uc.Write([]byte("x"))
-	waitFor(t, "a guest UDP datagram is counted as denied", 5*time.Second, func() error {
-		if denied(t, n.instance) <= before {
-			return errors.New("not counted yet")
-		}
-		return nil
+	testenv.WaitFor(t, 5*time.Second, "a guest UDP datagram is counted as denied", func() (bool, string) {
+		got := denied(t, n.instance)
+		return got > before, fmt.Sprintf("%d denied, %d before", got, before)
 	})
 }
 

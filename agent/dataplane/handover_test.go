@@ -13,6 +13,7 @@ import (
 
 	"github.com/kibotos/kibotos/api"
 	"github.com/kibotos/kibotos/credential"
+	"github.com/kibotos/kibotos/internal/testenv"
 	"github.com/kibotos/kibotos/vmm/guestproto"
 )
 
@@ -119,7 +120,10 @@ func (l *loop) count() int {
 func (l *loop) waitMore(t testing.TB, n int) {
 	t.Helper()
 	want := l.count() + n
-	waitFor(t, fmt.Sprintf("%d more rounds of the connecting loop", n), func() bool { return l.count() >= want })
+	testenv.WaitFor(t, 20*time.Second, fmt.Sprintf("%d more rounds of the connecting loop", n), func() (bool, string) {
+		got := l.count()
+		return got >= want, fmt.Sprintf("%d rounds, want %d", got, want)
+	})
 }
 
 // handOverInProcess does what Ensure does for a same-address switch, with

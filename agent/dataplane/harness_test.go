@@ -230,18 +230,6 @@ func ctxT(t testing.TB) context.Context {
 	return ctx
 }
 
-// waitFor polls cond until it holds or 20 s passed.
-func waitFor(t testing.TB, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
-
 func waitClosed(t testing.TB, ch <-chan struct{}, within time.Duration, what string) {
 	t.Helper()
 	select {

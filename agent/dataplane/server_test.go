@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"errors"
+	"fmt"
 	"io"
 	"math/rand/v2"
 	"net"
@@ -16,6 +17,7 @@ import (
 	"time"
 
 	"github.com/kibotos/kibotos/credential"
+	"github.com/kibotos/kibotos/internal/testenv"
 	"github.com/kibotos/kibotos/vmm/guest"
 	"github.com/kibotos/kibotos/vmm/guestproto"
 )
@@ -343,7 +345,10 @@ func TestTargetRemovedClosesConnections(t *testing.T) {
 	s.push(t, p.state(Target{WorkspaceID: "ws-b", InstanceID: "inst-b2", DataSocket: sockB}))
 	waitClosed(t, cb.Done(), 10*time.Second, "the connection to the replaced instance to close")
 	if s.Connections() != 0 {
-		waitFor(t, "no connections left", func() bool { return s.Connections() == 0 })
+		testenv.WaitFor(t, 20*time.Second, "no connections left", func() (bool, string) {
+			n := s.Connections()
+			return n == 0, fmt.Sprintf("%d connections", n)
+		})
 	}
 }
 
@@ -360,13 +365,13 @@ func TestGracefulStop(t *testing.T) {
 	t0 := time.Now()
 	s.cancel()
 	// No new connections once stopping ...
-	waitFor(t, "the listener to close", func() bool {
+	testenv.WaitFor(t, 20*time.Second, "the listener to close", func() (bool, string) {
 		c, err := net.DialTimeout("tcp", addr, time.Second)
 		if err != nil {
-			return true
+			return true, ""
 		}
 		c.Close()
-		return false
+		return false, "a dial of " + addr + " connected"
 	})
 	// ... but the open ones keep working during the grace.
 	if out, _, _ := run(t, stays, nil, "echo", "during grace"); out != "during grace\n" {

@@ -164,9 +164,9 @@ func TestSupervisorAdoptsAndStops(t *testing.T) {
 	t0 := time.Now()
 	stopped := make(chan error, 1)
 	go func() { stopped <- m.Stop(ctx, h1.Unit) }()
-	waitFor(t, "the unit to be stopping", func() bool {
+	testenv.WaitFor(t, 20*time.Second, "the unit to be stopping", func() (bool, string) {
 		u, err := m.Get(ctx, h1.Unit)
-		return errors.Is(err, units.ErrNotFound) || (err == nil && u.ActiveState == "deactivating")
+		return errors.Is(err, units.ErrNotFound) || (err == nil && u.ActiveState == "deactivating"), fmt.Sprintf("unit %s/%s, %v", u.ActiveState, u.SubState, err)
 	})
 	if out, _, _ := run(t, c, nil, "echo", "grace"); out != "grace\n" {
 		t.Fatalf("exec during the grace: %q", out)
@@ -214,7 +214,7 @@ func TestSupervisorAdoptsAndStops(t *testing.T) {
 	t.Cleanup(continued)
 	// kill returns before every thread has stopped: a push right after it
 	// could still be answered (CI saw one).
-	waitFor(t, "every thread of the data plane to stop", func() bool { return allStopped(pid2) })
+	testenv.WaitFor(t, 20*time.Second, "every thread of the data plane to stop", func() (bool, string) { return allStopped(pid2), "" })
 	if err := h2.Push(ctx, st); !errors.Is(err, ErrNotAcknowledged) {
 		t.Fatalf("push to a stopped generation: %v; want ErrNotAcknowledged within PushTimeout", err)
 	}

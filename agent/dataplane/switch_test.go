@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
+	"fmt"
 	"io/fs"
 	"log/slog"
 	"net"
@@ -110,17 +111,10 @@ func (e *switchEnv) wantUnits(what string, gens ...uint64) {
 // waitGone waits for unit to end by itself and returns how long it took.
 func (e *switchEnv) waitGone(unit string, within time.Duration) time.Duration {
 	e.t.Helper()
-	t0 := time.Now()
-	for {
+	return testenv.WaitFor(e.t, within, unit+" to end", func() (bool, string) {
 		u, err := e.m.Get(e.ctx, unit)
-		if errors.Is(err, units.ErrNotFound) || (err == nil && !u.Active() && u.ActiveState != "deactivating") {
-			return time.Since(t0)
-		}
-		if time.Since(t0) > within {
-			e.t.Fatalf("%s still runs %v later (%+v, %v)", unit, within, u, err)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return errors.Is(err, units.ErrNotFound) || (err == nil && !u.Active() && u.ActiveState != "deactivating"), fmt.Sprintf("%+v, %v", u, err)
+	})
 }
 
 func (e *switchEnv) connect(addr string) *guestproto.Client {

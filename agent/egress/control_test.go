@@ -3,6 +3,7 @@ package egress
 import (
 	"bytes"
 	"encoding/binary"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -366,9 +367,8 @@ func mustFD(t *testing.T, f *os.File) int {
 // A peer that is not root is refused by its SO_PEERCRED uid, even when
 // the socket's permissions let it connect.
 func TestControlRefusesNonRootPeer(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root to run a client as another uid")
-	}
+	testenv.RequireRoot(t, "to run a client as another uid")
+	nsenter := testenv.LookPath(t, "nsenter", "util-linux")
 	dir := socketDir(t, 0)
 	os.Chmod(dir, 0o700)
 	var logs logBuffer
@@ -376,7 +376,7 @@ func TestControlRefusesNonRootPeer(t *testing.T) {
 	// Open the way for the other uid, so only the uid check stands.
 	os.Chmod(dir, 0o711)
 	os.Chmod(s.socket(), 0o777)
-	cmd := exec.Command("nsenter", "--setuid", "65534", "--setgid", "65534", "--", sharedExe(t), "-test.run=^$")
+	cmd := exec.Command(nsenter, "--setuid", "65534", "--setgid", "65534", "--", sharedExe(t), "-test.run=^$")
 	cmd.Env = append(os.Environ(), helperEnv+"=dial", "EGRESS_SOCKET="+s.socket())
 	out, err := cmd.CombinedOutput()
 	if err != nil {
@@ -385,8 +385,9 @@ func TestControlRefusesNonRootPeer(t *testing.T) {
 	if strings.TrimSpace(string(out)) == "ok" {
 		t.Fatal("a client of uid 65534 was served")
 	}
-	waitFor(t, 10*time.Second, "the refusal in the log", func() bool {
-		return strings.Contains(logs.String(), "egress control connection refused") && strings.Contains(logs.String(), "uid 65534")
+	testenv.WaitFor(t, 10*time.Second, "the refusal in the log", func() (bool, string) {
+		l := logs.String()
+		return strings.Contains(l, "egress control connection refused") && strings.Contains(l, "uid 65534"), "log:\n" + l
 	})
 	// And root is still served afterwards.
 	c, err := Dial(ctxT(t), s.socket())
@@ -416,9 +417,10 @@ func TestWarmPool(t *testing.T) {
 	echo(t, dialGuest(t, listen), "fresh")
 	// Ready in the pool (greeted and authenticated), not just accepted by
 	// the server.
-	waitFor(t, 10*time.Second, "the warm connection", func() bool {
+	testenv.WaitFor(t, 10*time.Second, "the warm connection", func() (bool, string) {
 		st, err := c.Stats(ctx)
-		return err == nil && st.Warm == 1 && socks.connections() == 2
+		n := socks.connections()
+		return err == nil && st.Warm == 1 && n == 2, fmt.Sprintf("stats %+v, %v; %d connections to the proxy", st, err, n)
 	})
 	// The same revision pushed again keeps its pool.
 	if err := c.SetConfig(ctx, cfg); err != nil {
@@ -442,9 +444,9 @@ func TestWarmPoolFillsInParallel(t *testing.T) {
 	socks.holdUntil(t, 4)
 	warmRoute(t, c, socks)
 	echo(t, dialGuest(t, listen), "through a proxy that answers four greetings at once")
-	waitFor(t, 10*time.Second, "the pool's three connections", func() bool {
+	testenv.WaitFor(t, 10*time.Second, "the pool's three connections", func() (bool, string) {
 		st, err := c.Stats(ctx)
-		return err == nil && st.Warm == 3
+		return err == nil && st.Warm == 3, fmt.Sprintf("stats %+v, %v", st, err)
 	})
 }
 
@@ -460,19 +462,21 @@ func TestWarmPoolEmptiesWhenIdle(t *testing.T) {
 		g := dialGuest(t, listen)
 		echo(t, g, what)
 		g.Close()
-		waitFor(t, 10*time.Second, "a warm connection after the "+what+" one", func() bool {
+		testenv.WaitFor(t, 10*time.Second, "a warm connection after the "+what+" one", func() (bool, string) {
 			st, err := c.Stats(ctx)
-			return err == nil && st.Warm == 1
+			return err == nil && st.Warm == 1, fmt.Sprintf("stats %+v, %v", st, err)
 		})
 	}
 	warmAfter("first")
-	waitFor(t, 10*time.Second, "the idle pool closing its connection on the proxy", func() bool {
+	testenv.WaitFor(t, 10*time.Second, "the idle pool closing its connection on the proxy", func() (bool, string) {
 		st, err := c.Stats(ctx)
-		return err == nil && st.Warm == 0 && socks.openConnections() == 0
+		n := socks.openConnections()
+		return err == nil && st.Warm == 0 && n == 0, fmt.Sprintf("stats %+v, %v; %d connections open on the proxy", st, err, n)
 	})
 	warmAfter("next")
-	waitFor(t, 10*time.Second, "only the warm connection open on the proxy", func() bool {
-		return socks.openConnections() == 1
+	testenv.WaitFor(t, 10*time.Second, "only the warm connection open on the proxy", func() (bool, string) {
+		n := socks.openConnections()
+		return n == 1, fmt.Sprintf("%d connections open on the proxy", n)
 	})
 }
 

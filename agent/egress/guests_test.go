@@ -2,6 +2,7 @@ package egress
 
 import (
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/netip"
@@ -51,19 +52,13 @@ func TestGuestStats(t *testing.T) {
 	}
 	want := func(what string, ws ...GuestStats) {
 		t.Helper()
-		deadline := time.Now().Add(10 * time.Second)
-		for {
+		testenv.WaitFor(t, 10*time.Second, fmt.Sprintf("%s: guest stats %+v", what, ws), func() (bool, string) {
 			got, err := c.GuestStats(ctx)
-			switch {
-			case err != nil:
+			if err != nil {
 				t.Fatal(err)
-			case reflect.DeepEqual(got, ws):
-				return
-			case time.Now().After(deadline):
-				t.Fatalf("%s: guest stats %+v, want %+v", what, got, ws)
 			}
-			time.Sleep(10 * time.Millisecond)
-		}
+			return reflect.DeepEqual(got, ws), fmt.Sprintf("%+v", got)
+		})
 	}
 
 	socks := newSocksServer(t, "", "")

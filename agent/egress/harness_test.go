@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kibotos/kibotos/internal/testenv"
 	"github.com/kibotos/kibotos/vmm/units/privsd"
 )
 
@@ -186,7 +187,7 @@ func startProcess(t testing.TB, nsPath string, uid int, gen uint64, grace time.D
 			t.Logf("egress process log:\n%s", p.log())
 		}
 	})
-	waitFor(t, 10*time.Second, "the egress control socket", func() bool {
+	testenv.WaitFor(t, 10*time.Second, "the egress control socket", func() (bool, string) {
 		select {
 		case <-p.exited:
 			t.Fatalf("egress process exited: %v\n%s", p.waitErr, p.log())
@@ -194,10 +195,11 @@ func startProcess(t testing.TB, nsPath string, uid int, gen uint64, grace time.D
 		}
 		// The file appears at bind, a moment before listen: dial it.
 		c, err := net.Dial("unix", p.socket)
-		if err == nil {
-			c.Close()
+		if err != nil {
+			return false, err.Error()
 		}
-		return err == nil
+		c.Close()
+		return true, ""
 	})
 	return p
 }
@@ -307,16 +309,4 @@ func ctxT(t testing.TB) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	t.Cleanup(cancel)
 	return ctx
-}
-
-// waitFor polls cond until it holds, failing the test after timeout.
-func waitFor(t testing.TB, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", timeout, what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
 }

@@ -241,7 +241,10 @@ func TestEgressInNetlab(t *testing.T) {
 			t.Fatalf("the HTTP server saw %v; want one connection from microsocks at %s", hits, labProxy)
 		}
 		want := fmt.Sprintf("%s: connected to %s:80", labNodeUp, labInternet)
-		waitFor(t, 5*time.Second, "microsocks to log the connection", func() bool { return strings.Contains(e.socks.log(), want) })
+		testenv.WaitFor(t, 5*time.Second, "microsocks to log the connection", func() (bool, string) {
+			l := e.socks.log()
+			return strings.Contains(l, want), "microsocks log:\n" + l
+		})
 	})
 
 	t.Run("a guest without an egress route is closed at once", func(t *testing.T) {
@@ -282,7 +285,10 @@ func TestEgressInNetlab(t *testing.T) {
 			t.Fatalf("GET through the authenticated proxy: %q, %v\n%s", body, err, e.proc.log())
 		}
 		want := fmt.Sprintf("connected to %s:80", labInternet)
-		waitFor(t, 5*time.Second, "the authenticated microsocks to log it", func() bool { return strings.Contains(e.socksAuth.log(), want) })
+		testenv.WaitFor(t, 5*time.Second, "the authenticated microsocks to log it", func() (bool, string) {
+			l := e.socksAuth.log()
+			return strings.Contains(l, want), "microsocks log:\n" + l
+		})
 		e.http.Hits()
 		// A wrong password fails the connection: still nothing direct.
 		if err := e.client.SetConfig(ctxT(t), e.config(Proxy{Name: "corp", Revision: 3, Address: labProxy + ":1081", Username: "alice", Password: "wrong"})); err != nil {
@@ -312,7 +318,10 @@ func TestEgressInNetlab(t *testing.T) {
 		if r := e.query(t, "guest2", "example.test", 500*time.Millisecond); r != nil {
 			t.Fatalf("the guest without a resolver got an answer: %v", r)
 		}
-		waitFor(t, 5*time.Second, "the dropped query in the stats", func() bool { return e.stats(t).DNSDropped == st.DNSDropped+1 })
+		testenv.WaitFor(t, 5*time.Second, "the dropped query in the stats", func() (bool, string) {
+			n := e.stats(t).DNSDropped
+			return n == st.DNSDropped+1, fmt.Sprintf("%d dropped, %d before", n, st.DNSDropped)
+		})
 		if st.DNSAnswered != 1 {
 			t.Fatalf("dns answered %d, want 1", st.DNSAnswered)
 		}

@@ -6,15 +6,15 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/kibotos/kibotos/internal/testenv"
 )
 
 // SIGTERM drains with the grace as deadline: with nothing open the
 // process exits 0 at once. It runs as nobody and passes its own
 // privilege check (no root, no capabilities).
 func TestProcessDrainsOnSIGTERM(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root to start the process as another user")
-	}
+	testenv.RequireRoot(t, "to start the process as another user")
 	p := startProcess(t, "", nobody, 7, time.Minute)
 	c := p.dial(t)
 	if c.Hello.Generation != 7 || c.Hello.Protocol != ProtocolVersion {

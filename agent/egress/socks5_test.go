@@ -289,15 +289,14 @@ func startMicrosocks(t testing.TB, nsPath, ip string, port int, user, pass, bind
 		cmd.Process.Kill() // its own PID (nsenter execs microsocks)
 		<-exited
 	})
-	ready := func() bool {
+	testenv.WaitFor(t, 10*time.Second, "microsocks to listen on "+m.addr, func() (bool, string) {
 		select {
 		case <-exited:
 			t.Fatalf("microsocks exited: %s", m.log())
 		default:
 		}
-		return portListens(nsPath, port)
-	}
-	waitFor(t, 10*time.Second, "microsocks to listen on "+m.addr, ready)
+		return portListens(nsPath, port), ""
+	})
 	return m
 }
 

@@ -164,9 +164,9 @@ func (h *supHarness) hostPID(t *testing.T, g Generation) int {
 // ended waits for g's unit to be gone.
 func (h *supHarness) ended(t *testing.T, g Generation, timeout time.Duration) {
 	t.Helper()
-	waitFor(t, timeout, g.Unit+" to end", func() bool {
+	testenv.WaitFor(t, timeout, g.Unit+" to end", func() (bool, string) {
 		u, err := h.m.Get(ctxT(t), g.Unit)
-		return err != nil || u.ActiveState == "inactive" || u.ActiveState == "failed"
+		return err != nil || u.ActiveState == "inactive" || u.ActiveState == "failed", "unit " + u.ActiveState + "/" + u.SubState
 	})
 }
 

@@ -18,6 +18,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kibotos/kibotos/internal/posixacl"
+	"github.com/kibotos/kibotos/internal/testenv"
 	"github.com/kibotos/kibotos/vmm/units"
 )
 
@@ -47,9 +48,7 @@ func TestSupervisorConfigRefused(t *testing.T) {
 // The node checks, never grants, that the egress user can reach its
 // socket directory and binary.
 func TestSupervisorReachCheck(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root to give a directory to another user")
-	}
+	testenv.RequireRoot(t, "to give a directory to another user")
 	base, err := os.MkdirTemp("", "kibotos-egress-reach-")
 	if err != nil {
 		t.Fatal(err)
@@ -183,7 +182,10 @@ func TestSupervisorRunsWhileThereAreRoutes(t *testing.T) {
 	echo(t, c, "while draining")
 	c.Close()
 	h.ended(t, g, 10*time.Second)
-	waitFor(t, 5*time.Second, "the supervisor to forget generation 1", func() bool { return len(s.Generations()) == 0 })
+	testenv.WaitFor(t, 5*time.Second, "the supervisor to forget generation 1", func() (bool, string) {
+		gs := s.Generations()
+		return len(gs) == 0, fmt.Sprintf("generations %+v", gs)
+	})
 	if !h.logLine("egress generation ended", "generation=1", "reason=\"drained") {
 		t.Errorf("no drained line in the log:\n%s", h.logs)
 	}
@@ -272,7 +274,10 @@ func TestSupervisorAdoptsFromAnEarlierSocketDir(t *testing.T) {
 	echo(t, c, "on the adopted generation while it drains")
 	c.Close()
 	h.ended(t, before, 10*time.Second)
-	waitFor(t, 5*time.Second, "the supervisor to forget the adopted generation", func() bool { return len(s2.Generations()) == 1 })
+	testenv.WaitFor(t, 5*time.Second, "the supervisor to forget the adopted generation", func() (bool, string) {
+		gs := s2.Generations()
+		return len(gs) == 1, fmt.Sprintf("generations %+v", gs)
+	})
 	if !h.logLine("egress generation ended", fmt.Sprintf("generation=%d", before.Number), "reason=\"drained") {
 		t.Errorf("no drained line for the adopted generation:\n%s", h.logs)
 	}
@@ -306,13 +311,13 @@ func TestSupervisorReplacesKilledProcess(t *testing.T) {
 	}
 	t0 := time.Now()
 	var g Generation
-	waitFor(t, 10*time.Second, "a new generation", func() bool {
+	testenv.WaitFor(t, 10*time.Second, "a new generation", func() (bool, string) {
 		gs := s.Generations()
 		if len(gs) == 1 && gs[0].Number > old.Number {
 			g = gs[0]
-			return true
+			return true, ""
 		}
-		return false
+		return false, fmt.Sprintf("generations %+v", gs)
 	})
 	took := time.Since(t0)
 	t.Logf("generation %d serves %v after the kill", g.Number, took.Round(time.Millisecond))
@@ -369,7 +374,10 @@ func TestSupervisorSwitch(t *testing.T) {
 	echo(t, c1, "on generation 1 while it drains")
 	c1.Close()
 	h.ended(t, g1, 10*time.Second)
-	waitFor(t, 5*time.Second, "the supervisor to forget generation 1", func() bool { return len(s.Generations()) == 1 })
+	testenv.WaitFor(t, 5*time.Second, "the supervisor to forget generation 1", func() (bool, string) {
+		gs := s.Generations()
+		return len(gs) == 1, fmt.Sprintf("generations %+v", gs)
+	})
 	if !h.logLine("egress generation ended", "generation=1", "reason=\"drained") {
 		t.Errorf("no drained line for generation 1:\n%s", h.logs)
 	}
@@ -466,7 +474,10 @@ func TestSupervisorAdoptsADrainingGeneration(t *testing.T) {
 	}
 	echo(t, c1, "on generation 1 after the restart")
 	c1.Close()
-	waitFor(t, 10*time.Second, "generation 1 to end", func() bool { return len(s2.Generations()) == 1 })
+	testenv.WaitFor(t, 10*time.Second, "generation 1 to end", func() (bool, string) {
+		gs := s2.Generations()
+		return len(gs) == 1, fmt.Sprintf("generations %+v", gs)
+	})
 	if st, err := s2.Stats(ctx); err != nil || !st.Listening || st.Routes != 1 {
 		t.Fatalf("generation 2 stats %+v, %v", st, err)
 	}

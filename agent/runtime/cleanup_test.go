@@ -38,7 +38,9 @@ func TestCleanupPending(t *testing.T) {
 	stopped := make(chan error, 1)
 	t0 := time.Now()
 	go func() { stopped <- rt.Stop(ctx, id, time.Second) }()
-	waitFor(t, 90*time.Second, "instance cleanup pending in the node log", func() bool { return strings.Contains(h.logs.String(), `"msg":"instance cleanup pending"`) })
+	testenv.WaitFor(t, 90*time.Second, "instance cleanup pending in the node log", func() (bool, string) {
+		return strings.Contains(h.logs.String(), `"msg":"instance cleanup pending"`), ""
+	})
 	t.Logf("stop → instance cleanup pending: %v", time.Since(t0).Round(time.Millisecond))
 	if s, _ := rt.Status(id); s.State != runtime.StateStopping {
 		t.Fatalf("while the cgroup holds the stuck process: %s, want STOPPING", s.State)
@@ -88,7 +90,10 @@ func stuckInVMMCgroup(ctx context.Context, t *testing.T, h *harness, unit string
 			writer.Wait()
 		}
 	})
-	waitFor(t, 10*time.Second, "the writer blocked on the frozen filesystem", func() bool { return testenv.ProcState(writer.Process.Pid) == "D" })
+	testenv.WaitFor(t, 10*time.Second, "the writer blocked on the frozen filesystem", func() (bool, string) {
+		st := testenv.ProcState(writer.Process.Pid)
+		return st == "D", "process state " + strconv.Quote(st)
+	})
 	u, err := h.m.Get(ctx, unit)
 	if err != nil {
 		t.Fatal(err)

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -183,20 +184,23 @@ func TestGuestEgress(t *testing.T) {
 	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 30*time.Second, "a new egress generation", func() bool {
+	testenv.WaitFor(t, 30*time.Second, "a new egress generation", func() (bool, string) {
 		g := sup.Generations()
-		return len(g) == 1 && g[0].Number > gens[0].Number
+		return len(g) == 1 && g[0].Number > gens[0].Number, fmt.Sprintf("generations %+v", g)
 	})
-	waitFor(t, 30*time.Second, "the proxied fetch to work again", func() bool {
+	testenv.WaitFor(t, 30*time.Second, "the proxied fetch to work again", func() (bool, string) {
 		out, _ := sh(fetch)
-		return strings.Contains(out, "from the internet")
+		return strings.Contains(out, "from the internet"), "fetch output " + strconv.Quote(out)
 	})
 
 	// No policy needs it any more: it ends.
 	if err := rt.Delete(ctx, "px"); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 30*time.Second, "the egress process to end", func() bool { return len(sup.Generations()) == 0 })
+	testenv.WaitFor(t, 30*time.Second, "the egress process to end", func() (bool, string) {
+		g := sup.Generations()
+		return len(g) == 0, fmt.Sprintf("generations %+v", g)
+	})
 }
 
 func statusField(status, key string) string {

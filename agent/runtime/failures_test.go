@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/kibotos/kibotos/agent/runtime"
+	"github.com/kibotos/kibotos/internal/testenv"
 	"github.com/kibotos/kibotos/vmm/guestproto"
 	"github.com/kibotos/kibotos/vmm/platform"
 	"github.com/kibotos/kibotos/vmm/units"
@@ -126,9 +127,9 @@ func TestInstanceFailures(t *testing.T) {
 			t.Fatal(err)
 		}
 		rt = h.mustOpen(top)
-		waitFor(t, 30*time.Second, "RUNNING after the readiness check", func() bool {
+		testenv.WaitFor(t, 30*time.Second, "RUNNING after the readiness check", func() (bool, string) {
 			s, _ := rt.Status(id)
-			return s.State == runtime.StateRunning
+			return s.State == runtime.StateRunning, "state " + string(s.State)
 		})
 		if s, _ := rt.Status(id); s.InvocationID != st.InvocationID || s.Guest == nil || s.Guest.BootID == "" {
 			t.Errorf("after the takeover: %+v", s)
@@ -146,9 +147,9 @@ func TestInstanceFailures(t *testing.T) {
 		if err := syscall.Kill(st.HostPID, syscall.SIGKILL); err != nil {
 			t.Fatal(err)
 		}
-		took := waitFor(t, 5*time.Second, "state FAILED", func() bool {
+		took := testenv.WaitFor(t, 5*time.Second, "state FAILED", func() (bool, string) {
 			s, _ := rt.Status(id)
-			return s.State == runtime.StateFailed
+			return s.State == runtime.StateFailed, "state " + string(s.State)
 		})
 		t.Logf("kill -9 of the VMM → FAILED in %v", took.Round(time.Millisecond))
 		s, _ := rt.Status(id)
@@ -162,7 +163,13 @@ func TestInstanceFailures(t *testing.T) {
 		if _, err := os.Stat(filepath.Join(logs, "vmm.log")); err != nil {
 			t.Errorf("VMM log tail: %v", err)
 		}
-		time.Sleep(1500 * time.Millisecond) // a few more watcher rounds
+		// The watcher logs the end right after it set FAILED.
+		testenv.WaitFor(t, 5*time.Second, "the 'instance machine exited' log entry", func() (bool, string) {
+			return len(h.logs.entries("instance machine exited")) > 0, ""
+		})
+		// Not a wait for something: three more rounds of the watcher (every
+		// 500 ms), in which a second entry for the same end would show.
+		time.Sleep(1500 * time.Millisecond)
 		if e := h.logs.entries("instance machine exited"); len(e) != 1 || e[0]["instance_id"] != id || e[0]["unit"] != st.Unit || e[0]["exit"] == nil {
 			t.Errorf("log entries 'instance machine exited': %v; want exactly one with instance_id, unit and exit", e)
 		}

@@ -1,6 +1,7 @@
 package runtime_test
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -9,6 +10,7 @@ import (
 	"time"
 
 	"github.com/kibotos/kibotos/agent/runtime"
+	"github.com/kibotos/kibotos/internal/testenv"
 	"github.com/kibotos/kibotos/vmm/guestproto"
 )
 
@@ -53,7 +55,10 @@ func TestForkRestore(t *testing.T) {
 	}
 	sh("src-1", "/rootfs", "echo source > /data.txt && sync")
 	sh("src-1", "", "(i=0; while :; do i=$((i+1)); echo $i > /tmp/count; sleep 0.1; done) >/dev/null 2>&1 &")
-	waitGuest(t, func() bool { return count("src-1") >= 3 })
+	testenv.WaitFor(t, 20*time.Second, "src-1's counter to reach 3", func() (bool, string) {
+		n := count("src-1")
+		return n >= 3, fmt.Sprintf("count %d", n)
+	})
 	if _, err := rt.Pause(ctx, "src-1", snap("ws-src")); err != nil {
 		t.Fatal(err)
 	}
@@ -87,7 +92,10 @@ func TestForkRestore(t *testing.T) {
 			t.Errorf("%s: hostname %q", ws, got)
 		}
 		before := count(id)
-		waitGuest(t, func() bool { return count(id) > before })
+		testenv.WaitFor(t, 20*time.Second, id+"'s counter to count on", func() (bool, string) {
+			n := count(id)
+			return n > before, fmt.Sprintf("count %d, %d before", n, before)
+		})
 		forks[ws] = ident{
 			machineID: sh(id, "/rootfs", "cat /etc/machine-id"),
 			bootID:    sh(id, "", "cat /proc/sys/kernel/random/boot_id"),
@@ -136,7 +144,10 @@ func TestForkRestore(t *testing.T) {
 		t.Errorf("the source after its forks wrote: %q", got)
 	}
 	before := count("src-2")
-	waitGuest(t, func() bool { return count("src-2") > before })
+	testenv.WaitFor(t, 20*time.Second, "src-2's counter to count on", func() (bool, string) {
+		n := count("src-2")
+		return n > before, fmt.Sprintf("count %d, %d before", n, before)
+	})
 	sh("src-2", "/rootfs", "echo resumed > /data.txt && sync")
 	if err := rt.Delete(ctx, "src-2"); err != nil {
 		t.Fatal(err)

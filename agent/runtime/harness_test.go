@@ -252,18 +252,6 @@ func finish(p *guestproto.Process, stdin *string) (result, error) {
 	return result{out.String(), errOut.String(), exit}, err
 }
 
-func waitFor(t *testing.T, d time.Duration, what string, ok func() bool) time.Duration {
-	t.Helper()
-	t0 := time.Now()
-	for !ok() {
-		if time.Since(t0) > d {
-			t.Fatalf("timed out after %v waiting for %s", d, what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	return time.Since(t0)
-}
-
 func testCtx(t testing.TB, d time.Duration) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), d)
 	t.Cleanup(cancel)

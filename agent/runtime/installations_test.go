@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/kibotos/kibotos/agent/runtime"
+	"github.com/kibotos/kibotos/internal/testenv"
 	"github.com/kibotos/kibotos/vmm/guestproto"
 	"github.com/kibotos/kibotos/vmm/platform"
 )
@@ -82,7 +83,10 @@ func TestTakeoverWithEarlierInstallation(t *testing.T) {
 	if st, _ := rt.Status(id); st.State != runtime.StateRunning {
 		t.Fatalf("whole again: %+v", st)
 	}
-	waitFor(t, 30*time.Second, "guest session", func() bool { st, _ := rt.Status(id); return st.GuestResponding })
+	testenv.WaitFor(t, 30*time.Second, "guest session", func() (bool, string) {
+		st, _ := rt.Status(id)
+		return st.GuestResponding, "state " + string(st.State)
+	})
 	if r, err := run(ctx, rt, id, guestproto.ExecRequest{Argv: []string{"/bin/cat", "/tmp/mark"}}, nil); err != nil || r.stdout != "before\n" {
 		t.Fatalf("after the takeovers: %+v %v", r, err)
 	}

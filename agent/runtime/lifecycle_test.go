@@ -14,6 +14,7 @@ import (
 
 	"github.com/kibotos/kibotos/agent/hostusage"
 	"github.com/kibotos/kibotos/agent/runtime"
+	"github.com/kibotos/kibotos/internal/testenv"
 	"github.com/kibotos/kibotos/vmm/guestproto"
 	"github.com/kibotos/kibotos/vmm/units"
 )
@@ -222,15 +223,15 @@ func dataPlane(t *testing.T, rt *runtime.Runtime, id, dir string, c *guestproto.
 	}
 	defer srv.Close()
 	var fwd net.Conn
-	waitFor(t, 30*time.Second, "nc to listen in the guest", func() bool {
+	testenv.WaitFor(t, 30*time.Second, "nc to listen in the guest", func() (bool, string) {
 		fwd, err = dc.PortForward(ctx, "", port)
 		if errors.As(err, &ge) && strings.Contains(ge.Message, "connection refused") {
-			return false
+			return false, err.Error()
 		}
 		if err != nil {
 			t.Fatalf("port-forward to %d: %v", port, err)
 		}
-		return true
+		return true, ""
 	})
 	msg := "through the data plane\n"
 	if _, err := io.WriteString(fwd, msg); err != nil {

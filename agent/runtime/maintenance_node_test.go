@@ -19,6 +19,7 @@ import (
 
 	"github.com/kibotos/kibotos/agent/egress"
 	"github.com/kibotos/kibotos/agent/runtime"
+	"github.com/kibotos/kibotos/internal/testenv"
 	"github.com/kibotos/kibotos/netpol"
 	"github.com/kibotos/kibotos/vmm/qemu"
 	"github.com/kibotos/kibotos/vmm/units"
@@ -338,7 +339,9 @@ func TestCheckMaintenanceShutdownHalfDone(t *testing.T) {
 	writer, mnt, u := stuckInVMMCgroup(ctx, t, h, st.Unit)
 	stopped := make(chan error, 1)
 	go func() { stopped <- rt.Stop(ctx, id, time.Second) }()
-	waitFor(t, 90*time.Second, "instance cleanup pending in the node log", func() bool { return strings.Contains(h.logs.String(), `"msg":"instance cleanup pending"`) })
+	testenv.WaitFor(t, 90*time.Second, "instance cleanup pending in the node log", func() (bool, string) {
+		return strings.Contains(h.logs.String(), `"msg":"instance cleanup pending"`), ""
+	})
 	rt.Close() // the node stops before the shutdown finished
 	if err := <-stopped; err == nil {
 		t.Fatal("the stop returned no error although the node closed before the VMM's cgroup emptied")

@@ -3,6 +3,7 @@ package runtime_test
 import (
 	"bufio"
 	"context"
+	"fmt"
 	"net"
 	"net/netip"
 	"os/exec"
@@ -13,6 +14,7 @@ import (
 	"time"
 
 	"github.com/kibotos/kibotos/agent/runtime"
+	"github.com/kibotos/kibotos/internal/testenv"
 	"github.com/kibotos/kibotos/netpol"
 	"github.com/kibotos/kibotos/vmm/guestproto"
 )
@@ -183,9 +185,9 @@ func TestGuestNetwork(t *testing.T) {
 	blocked("pub", hostPort(none6.String(), 9000))
 	// Every drop above was counted and logged, per Instance.
 	for _, id := range []string{"pub", "none"} {
-		waitFor(t, 30*time.Second, id+"'s denied packets", func() bool {
+		testenv.WaitFor(t, 30*time.Second, id+"'s denied packets", func() (bool, string) {
 			st, err := rt.Status(id)
-			return err == nil && st.DeniedPackets > 0
+			return err == nil && st.DeniedPackets > 0, fmt.Sprintf("%d denied packets, %v", st.DeniedPackets, err)
 		})
 	}
 	if len(h.logs.entries("guest connections denied")) == 0 {
@@ -318,9 +320,10 @@ func TestGuestNetwork(t *testing.T) {
 	if len(h.logs.entries("instance network isolated")) == 0 {
 		t.Error("no log line for the isolated Instance")
 	}
-	waitFor(t, time.Minute, "none to be taken over", func() bool {
+	testenv.WaitFor(t, time.Minute, "none to be taken over", func() (bool, string) {
 		st, err := rt.Status("none")
-		return err == nil && st.State == runtime.StateRunning && st.GuestResponding
+		return err == nil && st.State == runtime.StateRunning && st.GuestResponding,
+			fmt.Sprintf("state %s, guest responding %v, %v", st.State, st.GuestResponding, err)
 	})
 	if e := h.logs.entries("slot table rewritten from the recorded network policy"); len(e) != 1 || e[0]["instance_id"] != "none" {
 		t.Errorf("rewrite log lines %v; want one for none", e)

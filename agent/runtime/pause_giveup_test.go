@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/kibotos/kibotos/agent/runtime"
+	"github.com/kibotos/kibotos/internal/testenv"
 	"github.com/kibotos/kibotos/vmm/guestproto"
 )
 
@@ -88,8 +89,14 @@ func TestPauseGivenUp(t *testing.T) {
 		return n
 	}
 	before := -1
-	waitGuest(t, func() bool { before = count(); return before > 0 })
-	waitGuest(t, func() bool { return count() > before })
+	testenv.WaitFor(t, 20*time.Second, "the guest's counter", func() (bool, string) {
+		before = count()
+		return before > 0, fmt.Sprintf("count %d", before)
+	})
+	testenv.WaitFor(t, 20*time.Second, "the guest's counter to count on", func() (bool, string) {
+		n := count()
+		return n > before, fmt.Sprintf("count %d, %d before", n, before)
+	})
 	if st, err := rt.Status("g-1"); err != nil || st.State != runtime.StateRunning {
 		t.Errorf("after a pause given up on: %+v, %v; want it running", st, err)
 	}

@@ -1,12 +1,14 @@
 package runtime_test
 
 import (
+	"fmt"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/kibotos/kibotos/agent/runtime"
+	"github.com/kibotos/kibotos/internal/testenv"
 	"github.com/kibotos/kibotos/netpol"
 	"github.com/kibotos/kibotos/vmm/guestproto"
 	"github.com/kibotos/kibotos/vmm/qemu"
@@ -77,13 +79,13 @@ func TestGuestRestartReconfigured(t *testing.T) {
 	restartedTo := func(claimed string) string {
 		t.Helper()
 		var now string
-		waitFor(t, 3*time.Minute, "the restarted guest to be reconfigured", func() bool {
+		testenv.WaitFor(t, 3*time.Minute, "the restarted guest to be reconfigured", func() (bool, string) {
 			s, err := rt.Status(id)
 			if err != nil || s.State != runtime.StateRunning || !s.GuestResponding || s.Guest == nil {
-				return false
+				return false, fmt.Sprintf("state %s, guest responding %v, %v", s.State, s.GuestResponding, err)
 			}
 			now = s.Guest.BootID
-			return now != claimed
+			return now != claimed, "boot id still " + now
 		})
 		return now
 	}

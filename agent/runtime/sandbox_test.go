@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/kibotos/kibotos/agent/runtime"
+	"github.com/kibotos/kibotos/internal/testenv"
 	"github.com/kibotos/kibotos/vmm/guestproto"
 	"github.com/kibotos/kibotos/vmm/qemu"
 )
@@ -182,12 +183,12 @@ func TestConfinedVMM(t *testing.T) {
 	}
 	yes(2*testConsoleCap+testConsoleCap/2, "flood1")
 	var maxTotal int64
-	waitFor(t, time.Minute, "the console ring to turn over (console.log.1) and reach flood1-end", func() bool {
+	testenv.WaitFor(t, time.Minute, "the console ring to turn over (console.log.1) and reach flood1-end", func() (bool, string) {
 		_, total := consoleSize(dir)
 		maxTotal = max(maxTotal, total)
 		b, _ := os.ReadFile(filepath.Join(dir, "console.log"))
 		_, err := os.Stat(filepath.Join(dir, "console.log.1"))
-		return err == nil && strings.Contains(string(b), "flood1-end")
+		return err == nil && strings.Contains(string(b), "flood1-end"), fmt.Sprintf("console %d bytes in all, console.log.1: %v", total, err)
 	})
 	if _, total := consoleSize(dir); total > testConsoleCap || maxTotal > testConsoleCap {
 		t.Errorf("console on the host: %d bytes (max seen %d), cap %d", total, maxTotal, testConsoleCap)
@@ -201,11 +202,11 @@ func TestConfinedVMM(t *testing.T) {
 		t.Fatalf("after takeover: %+v, %v", st2, err)
 	}
 	yes(testConsoleCap/2, "flood2")
-	waitFor(t, time.Minute, "flood2-end in the console after the takeover", func() bool {
+	testenv.WaitFor(t, time.Minute, "flood2-end in the console after the takeover", func() (bool, string) {
 		b, _ := os.ReadFile(filepath.Join(dir, "console.log"))
 		_, total := consoleSize(dir)
 		maxTotal = max(maxTotal, total)
-		return strings.Contains(string(b), "flood2-end")
+		return strings.Contains(string(b), "flood2-end"), fmt.Sprintf("console %d bytes in all", total)
 	})
 	if maxTotal > testConsoleCap {
 		t.Errorf("console on the host reached %d bytes, cap %d", maxTotal, testConsoleCap)

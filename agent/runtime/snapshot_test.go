@@ -2,6 +2,7 @@ package runtime_test
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -11,6 +12,7 @@ import (
 	"time"
 
 	"github.com/kibotos/kibotos/agent/runtime"
+	"github.com/kibotos/kibotos/internal/testenv"
 	"github.com/kibotos/kibotos/vmm/guestproto"
 )
 
@@ -52,7 +54,11 @@ func TestPauseRestore(t *testing.T) {
 	}
 	bootID := sh("p-1", "cat /proc/sys/kernel/random/boot_id")
 	sh("p-1", "(i=0; exec 3>/tmp/held; while :; do i=$((i+1)); echo $i > /tmp/count; echo $i >&3; sleep 0.1; done) >/dev/null 2>&1 & echo $! > /tmp/pid")
-	waitGuest(t, func() bool { n, _ := strconv.Atoi(sh("p-1", "cat /tmp/count")); return n >= 3 })
+	testenv.WaitFor(t, 20*time.Second, "the guest's counter to reach 3", func() (bool, string) {
+		c := sh("p-1", "cat /tmp/count")
+		n, _ := strconv.Atoi(c)
+		return n >= 3, "count " + strconv.Quote(c)
+	})
 	pid := sh("p-1", "cat /tmp/pid")
 	guestAddr := func(id string) string {
 		t.Helper()
@@ -103,7 +109,11 @@ func TestPauseRestore(t *testing.T) {
 		t.Errorf("boot_id %s after the restore, %s before: the guest booted again", got, bootID)
 	}
 	before, _ := strconv.Atoi(sh("p-2", "cat /tmp/count"))
-	waitGuest(t, func() bool { n, _ := strconv.Atoi(sh("p-2", "cat /tmp/count")); return n > before })
+	testenv.WaitFor(t, 20*time.Second, "the restored guest's counter to count on", func() (bool, string) {
+		c := sh("p-2", "cat /tmp/count")
+		n, _ := strconv.Atoi(c)
+		return n > before, fmt.Sprintf("count %q, %d before", c, before)
+	})
 	if got := sh("p-2", "kill -0 $(cat /tmp/pid) && cat /tmp/pid"); got != pid {
 		t.Errorf("the counting process: %q, want %s running", got, pid)
 	}
@@ -200,16 +210,4 @@ func dirEntries(t *testing.T, dir string) []string {
 		out = append(out, e.Name())
 	}
 	return out
-}
-
-// waitGuest polls cond (which asks the guest) for up to 20 s.
-func waitGuest(t *testing.T, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatal("the guest did not get there in 20 s")
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
 }

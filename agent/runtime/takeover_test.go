@@ -20,6 +20,7 @@ import (
 
 	"github.com/kibotos/kibotos/agent/runtime"
 	"github.com/kibotos/kibotos/agent/runtime/runtimetest"
+	"github.com/kibotos/kibotos/internal/testenv"
 	"github.com/kibotos/kibotos/vmm/guestproto"
 	"github.com/kibotos/kibotos/vmm/platform"
 	"github.com/kibotos/kibotos/vmm/qemu"
@@ -391,7 +392,10 @@ func TestTakeoverAfterVMMBinaryReplaced(t *testing.T) {
 	if st, err := rt.Status("rb"); err != nil || st.State != runtime.StateRunning {
 		t.Fatalf("after the takeover: %+v %v", st, err)
 	}
-	waitFor(t, 30*time.Second, "guest session", func() bool { st, _ := rt.Status("rb"); return st.GuestResponding })
+	testenv.WaitFor(t, 30*time.Second, "guest session", func() (bool, string) {
+		st, _ := rt.Status("rb")
+		return st.GuestResponding, "state " + string(st.State)
+	})
 	if r, err := run(ctx, rt, "rb", guestproto.ExecRequest{Argv: []string{"/bin/cat", "/tmp/mark"}}, nil); err != nil || r.stdout != "before\n" {
 		t.Fatalf("after the takeover: %+v %v", r, err)
 	}

@@ -3,6 +3,7 @@ package runtime_test
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -55,9 +56,9 @@ func TestCheckUpgrade(t *testing.T) {
 		_, err := rt.Start(ctx, runtime.Spec{InstanceID: id, Installation: inst, VCPUs: 1, MemoryMiB: 256, DiskMiB: 64, Network: true})
 		started <- err
 	}()
-	waitFor(t, 60*time.Second, "a pending line for the starting Instance", func() bool {
+	testenv.WaitFor(t, 60*time.Second, "a pending line for the starting Instance", func() (bool, string) {
 		rep, report := check(preview)
-		return rep.OK && strings.Contains(report, "pending: instance "+id+": starting")
+		return rep.OK && strings.Contains(report, "pending: instance "+id+": starting"), fmt.Sprintf("ok %v, report:\n%s", rep.OK, report)
 	})
 	if err := <-started; err != nil {
 		t.Fatal(err)

@@ -1,23 +1,21 @@
 package runtime
 
 import (
-	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/kibotos/kibotos/internal/testenv"
 )
 
 // TestGrantFileToAccount: a file deep under 0700 directories becomes
 // readable by the account (here nobody, standing in for the VMM account)
 // through ACL search entries, and stays unreadable to any other account.
 func TestGrantFileToAccount(t *testing.T) {
-	setpriv, err := exec.LookPath("setpriv")
-	if os.Geteuid() != 0 || err != nil {
-		fmt.Fprintf(os.Stderr, "%s skipped: needs root and setpriv (util-linux)\n", t.Name())
-		t.Skip("needs root and setpriv")
-	}
+	testenv.RequireRoot(t, "to read files as other accounts")
+	setpriv := testenv.LookPath(t, "setpriv", "util-linux")
 	top, err := os.MkdirTemp("", "kbr-acl-")
 	if err != nil {
 		t.Fatal(err)

@@ -361,7 +361,7 @@ func (c *Cluster) Leader() *Member {
 func (c *Cluster) WaitLeader() *Member {
 	c.t.Helper()
 	var l *Member
-	WaitFor(c.t, 15*time.Second, func() (bool, string) {
+	testenv.WaitFor(c.t, 15*time.Second, "a leader", func() (bool, string) {
 		l = c.Leader()
 		return l != nil, "no leader"
 	})
@@ -380,7 +380,7 @@ func (c *Cluster) Node(m *Member, id string) (*api.Node, error) {
 // WaitAllReady waits until every running member's node is READY.
 func (c *Cluster) WaitAllReady() {
 	c.t.Helper()
-	WaitFor(c.t, 20*time.Second, func() (bool, string) {
+	testenv.WaitFor(c.t, 20*time.Second, "every running member's node READY", func() (bool, string) {
 		via := c.anyRunning()
 		for _, m := range c.Members {
 			if !m.Running() {
@@ -412,21 +412,9 @@ func (c *Cluster) anyRunning() *Member {
 	return nil
 }
 
-// WaitFor polls cond every 20 ms until it holds or timeout passes; the
-// failure names the last thing cond reported.
+// WaitFor is testenv.WaitFor for the cluster tests' conditions, which say
+// what they observe but not what they wait for.
 func WaitFor(t testing.TB, timeout time.Duration, cond func() (bool, string)) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	var last string
-	for {
-		ok, why := cond()
-		if ok {
-			return
-		}
-		last = why
-		if time.Now().After(deadline) {
-			t.Fatalf("condition not met after %s: %s", timeout, last)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	testenv.WaitFor(t, timeout, "the condition", cond)
 }

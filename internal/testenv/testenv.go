@@ -4,6 +4,15 @@
 // KIBOTOS_REQUIRE_ALL=1 (as .ci/run sets it), it fails, so CI can never pass
 // without the VM suite. Skips that are not environment gaps (-short) stay
 // plain t.Skip and must not come through here.
+//
+// It also has the one way a test waits for something to happen: WaitFor.
+// Its timeouts are multiplied by KIBOTOS_TIME_SCALE (a positive number,
+// default 1; 2 doubles every timeout) for machines slower than the ones
+// the timeouts were chosen on: a loaded laptop, nested virtualization,
+// more packages under -race. A scale only lets a test wait longer: what
+// never happens still fails the test, later. .ci/run leaves it at 1: the
+// timeouts were chosen on the CI machine, and some of them are what the
+// test asserts (a killed VMM shows FAILED within 5 s).
 package testenv
 
 import (
@@ -38,6 +47,15 @@ func Skipf(t testing.TB, format string, args ...any) {
 	}
 	fmt.Fprintf(os.Stderr, "%s: skipped: %s\n", t.Name(), why)
 	t.Skip(why)
+}
+
+// RequireRoot stops the test through Skipf unless it runs as root; why
+// says what the test does that needs root.
+func RequireRoot(t testing.TB, why string) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		Skipf(t, "needs root %s", why)
+	}
 }
 
 // LookPath returns the path of tool, or stops the test through Skipf

@@ -2,6 +2,7 @@ package testenv
 
 import (
 	"fmt"
+	"os"
 	"strings"
 	"testing"
 )
@@ -44,5 +45,20 @@ func TestLookPathMissingTool(t *testing.T) {
 	}
 	if r.failed == "" {
 		t.Fatal("a missing tool under KIBOTOS_REQUIRE_ALL=1 did not fail")
+	}
+}
+
+func TestRequireRoot(t *testing.T) {
+	t.Setenv(RequireAllEnv, "1")
+	r := &recorder{TB: t}
+	RequireRoot(r, "to make a network namespace")
+	if os.Geteuid() == 0 {
+		if r.failed != "" || r.skipped != "" {
+			t.Fatalf("as root: skipped %q failed %q", r.skipped, r.failed)
+		}
+		return
+	}
+	if !strings.Contains(r.failed, "needs root to make a network namespace") {
+		t.Fatalf("not root, under %s=1: failure %q; want one saying what needs root", RequireAllEnv, r.failed)
 	}
 }

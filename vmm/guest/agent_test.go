@@ -160,18 +160,19 @@ func TestExecPTY(t *testing.T) {
 	}
 	out, outDone := collect(p.Stdout)
 	io.WriteString(p.Stdin, "hi\n")
-	waitFor(t, "tty output", func() bool {
+	testenv.WaitFor(t, 20*time.Second, "tty output", func() (bool, string) {
 		s := out.String()
-		return strings.Contains(s, "got hi") && strings.Contains(s, "/dev/pts/") && strings.Contains(s, "24 80")
+		return strings.Contains(s, "got hi") && strings.Contains(s, "/dev/pts/") && strings.Contains(s, "24 80"), fmt.Sprintf("%q", s)
 	})
 	if err := p.Resize(50, 132); err != nil {
 		t.Fatal(err)
 	}
 	// The resize travels on the control stream, the lines on stdin: ask
 	// again until the new size shows.
-	waitFor(t, "new window size", func() bool {
+	testenv.WaitFor(t, 20*time.Second, "new window size", func() (bool, string) {
 		io.WriteString(p.Stdin, "\n")
-		return strings.Contains(out.String(), "50 132")
+		s := out.String()
+		return strings.Contains(s, "50 132"), fmt.Sprintf("%q", s)
 	})
 	io.WriteString(p.Stdin, "\x04") // EOF for read: the loop ends
 	wait(t, outDone, "terminal EOF")
@@ -252,7 +253,10 @@ func TestStop(t *testing.T) {
 		t.Fatal(err)
 	}
 	out, _ := collect(stubborn.Stdout)
-	waitFor(t, "the TERM trap", func() bool { return strings.Contains(out.String(), "ready") })
+	testenv.WaitFor(t, 20*time.Second, "the TERM trap", func() (bool, string) {
+		s := out.String()
+		return strings.Contains(s, "ready"), fmt.Sprintf("%q", s)
+	})
 
 	res, err := c.Stop(ctx, 300*time.Millisecond)
 	if err != nil {
@@ -416,8 +420,8 @@ func TestOrphansReaped(t *testing.T) {
 		t.Fatalf("exit %+v", exit)
 	}
 	pid := strings.TrimSpace(out)
-	waitFor(t, "the orphan to be reaped", func() bool {
-		return strings.Contains(h.logs.String(), `msg="reaped orphan" pid=`+pid+" ")
+	testenv.WaitFor(t, 20*time.Second, "the orphan to be reaped", func() (bool, string) {
+		return strings.Contains(h.logs.String(), `msg="reaped orphan" pid=`+pid+" "), ""
 	})
 }
 

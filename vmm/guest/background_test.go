@@ -8,6 +8,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/kibotos/kibotos/internal/testenv"
 	"github.com/kibotos/kibotos/vmm/guestproto"
@@ -105,20 +106,19 @@ func TestExecLeavesBackgroundProcesses(t *testing.T) {
 		}
 		exited <- err
 	}()
-	waitFor(t, "the exec's exit while its background job holds the terminal", func() bool {
-		select {
-		case err = <-exited:
-			return true
-		default:
-			return false
-		}
-	})
+	select {
+	case err = <-exited:
+	case <-time.After(20 * time.Second):
+		t.Fatal("timed out waiting for the exec's exit while its background job holds the terminal")
+	}
 	if err != nil {
 		t.Fatal(err)
 	}
 	<-outDone
 	got := pids(t, tty.String(), 2)
-	waitFor(t, "the terminal's hangup to end the plain background job", func() bool { return !alive(got[0]) })
+	testenv.WaitFor(t, 20*time.Second, "the terminal's hangup to end the plain background job", func() (bool, string) {
+		return !alive(got[0]), fmt.Sprintf("process %d alive", got[0])
+	})
 	if !alive(got[1]) {
 		t.Errorf("background process %d, which ignores SIGHUP, ended with its terminal", got[1])
 	}
@@ -145,6 +145,8 @@ func TestExecClientGoneEndsWriter(t *testing.T) {
 		})
 		io.ReadFull(p.Stdout, make([]byte, 4096)) // it runs and writes
 		p.Close()
-		waitFor(t, tc.name+": yes to end once its client went away", func() bool { return !alive(p.PID) })
+		testenv.WaitFor(t, 20*time.Second, tc.name+": yes to end once its client went away", func() (bool, string) {
+			return !alive(p.PID), fmt.Sprintf("process %d alive", p.PID)
+		})
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kibotos/kibotos/internal/testenv"
 	"github.com/kibotos/kibotos/vmm/guestproto"
 )
 
@@ -169,7 +170,10 @@ func TestPortForward(t *testing.T) {
 	}
 
 	// Every relay and server goroutine ended.
-	waitFor(t, "the forwards' goroutines to end", func() bool { return forwardGoroutines() == 0 })
+	testenv.WaitFor(t, 20*time.Second, "the forwards' goroutines to end", func() (bool, string) {
+		n := forwardGoroutines()
+		return n == 0, fmt.Sprintf("%d forward goroutines", n)
+	})
 	out, _, _ := run(t, data, nil, "echo", "still serving")
 	if out != "still serving\n" {
 		t.Fatalf("exec after the forwards: %q", out)
@@ -216,7 +220,10 @@ func TestPortForwardSessionEnds(t *testing.T) {
 	if n, err := srv.Read(b); err != io.EOF {
 		t.Fatalf("server read %d bytes, %v after the session ended; want EOF", n, err)
 	}
-	waitFor(t, "the forward's goroutines to end", func() bool { return forwardGoroutines() == 0 })
+	testenv.WaitFor(t, 20*time.Second, "the forward's goroutines to end", func() (bool, string) {
+		n := forwardGoroutines()
+		return n == 0, fmt.Sprintf("%d forward goroutines", n)
+	})
 
 	// The data channel takes the next client.
 	data2 := h.dialOn(h.plugData())
@@ -333,15 +340,18 @@ func TestChannelsRestartIndependently(t *testing.T) {
 		if _, err := io.WriteString(p.Stdin, line+"\n"); err != nil {
 			t.Fatalf("write to cat: %v", err)
 		}
-		waitFor(t, "cat to echo "+line, func() bool { return strings.Contains(out.String(), line+"\n") })
+		testenv.WaitFor(t, 20*time.Second, "cat to echo "+line, func() (bool, string) {
+			s := out.String()
+			return strings.Contains(s, line+"\n"), fmt.Sprintf("%q", s)
+		})
 	}
 	echo("before")
 
 	// The data plane's process goes away: its session and connection end.
 	data.Close()
 	dataHost.Close()
-	waitFor(t, "the data session to end", func() bool {
-		return strings.Contains(h.logs.String(), `msg="guest agent session ended" channel=data`)
+	testenv.WaitFor(t, 20*time.Second, "the data session to end", func() (bool, string) {
+		return strings.Contains(h.logs.String(), `msg="guest agent session ended" channel=data`), ""
 	})
 	echo("data gone")
 	if r, _, _ := run(t, node, nil, "echo", "node"); r != "node\n" {
@@ -354,8 +364,8 @@ func TestChannelsRestartIndependently(t *testing.T) {
 
 	// And the node goes away while the data plane stays.
 	node.Close()
-	waitFor(t, "the node session to end", func() bool {
-		return strings.Contains(h.logs.String(), `msg="guest agent session ended" channel=node`)
+	testenv.WaitFor(t, 20*time.Second, "the node session to end", func() (bool, string) {
+		return strings.Contains(h.logs.String(), `msg="guest agent session ended" channel=node`), ""
 	})
 	if r, _, _ := run(t, data, nil, "echo", "node gone"); r != "node gone\n" {
 		t.Fatalf("exec on the data channel after the node's session ended: %q", r)

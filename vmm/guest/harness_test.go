@@ -135,18 +135,6 @@ func collect(r io.Reader) (*testenv.Buffer, <-chan struct{}) {
 	return b, done
 }
 
-// waitFor polls cond until it holds or the deadline passes.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
-
 func wait(t *testing.T, ch <-chan struct{}, what string) {
 	t.Helper()
 	select {

@@ -12,6 +12,7 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/kibotos/kibotos/internal/testenv"
 	"github.com/kibotos/kibotos/vmm/guestproto"
 )
 
@@ -186,12 +187,10 @@ func TestSetupExecBadImageConfig(t *testing.T) {
 // The defaults reach the process: a chrooted exec of the host's static
 // busybox runs as the image's user, in its directory, with its env.
 func TestExecImageConfigChrooted(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("chroot needs root")
-	}
+	testenv.RequireRoot(t, "to chroot")
 	bb, err := os.ReadFile("/bin/busybox")
 	if err != nil {
-		t.Skip("no /bin/busybox (Debian package busybox-static)")
+		testenv.Skipf(t, "missing /bin/busybox (Debian package busybox-static): %v", err)
 	}
 	root := imageRoot(t, &guestproto.ImageConfig{Env: []string{"FOO=from-image"}, WorkingDir: "/app", User: "app"})
 	writeTestFile(t, filepath.Join(root, "bin/busybox"), string(bb))

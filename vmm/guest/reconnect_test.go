@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kibotos/kibotos/internal/testenv"
 	"github.com/kibotos/kibotos/vmm/guestproto"
 )
 
@@ -77,8 +78,8 @@ func TestVersionMismatchRefused(t *testing.T) {
 	if !errors.As(err, &verr) || err.Error() != "guest agent speaks protocol 3..3, this node speaks 1..2: upgrade this node" {
 		t.Fatalf("node side: %v", err)
 	}
-	waitFor(t, "the agent's refusal in its log", func() bool {
-		return strings.Contains(h.logs.String(), "node speaks protocol 1..2, this guest agent speaks 3..3: upgrade the node")
+	testenv.WaitFor(t, 20*time.Second, "the agent's refusal in its log", func() (bool, string) {
+		return strings.Contains(h.logs.String(), "node speaks protocol 1..2, this guest agent speaks 3..3: upgrade the node"), ""
 	})
 	// The agent keeps waiting: a node that speaks 3 gets in.
 	c, err := guestproto.DialWith(ctx, h.plug(), guestproto.DialOptions{MinProtocol: 1, MaxProtocol: 3})

@@ -1,6 +1,7 @@
 package guest
 
 import (
+	"fmt"
 	"net"
 	"os"
 	"path/filepath"
@@ -83,7 +84,10 @@ func TestStopPrepare(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the writer blocked on the frozen filesystem", func() bool { return testenv.ProcState(stuck.PID) == "D" })
+	testenv.WaitFor(t, 20*time.Second, "the writer blocked on the frozen filesystem", func() (bool, string) {
+		st := testenv.ProcState(stuck.PID)
+		return st == "D", fmt.Sprintf("process state %q", st)
+	})
 	_, err = c.Stop(ctx, 100*time.Millisecond)
 	if ge := guestErr(err); ge == nil || ge.Code != guestproto.CodeDeadlineExceeded || !strings.Contains(ge.Message, "1 managed processes did not end") {
 		t.Fatalf("stop with a process stuck on a frozen filesystem: %v; want deadline_exceeded", err)
@@ -138,8 +142,8 @@ func TestStopAnswerReadBeforePowerOff(t *testing.T) {
 		_, err := c.Stop(ctx, 100*time.Millisecond)
 		stopped <- err
 	}()
-	waitFor(t, "the stop's answer written", func() bool {
-		return strings.Contains(h.logs.String(), "waiting for the node to read the answer")
+	testenv.WaitFor(t, 20*time.Second, "the stop's answer written", func() (bool, string) {
+		return strings.Contains(h.logs.String(), "waiting for the node to read the answer"), ""
 	})
 	if n := powerOffs.Load(); n != 0 {
 		t.Fatalf("the guest powered off (%d) before the node read the stop's answer", n)
@@ -148,7 +152,10 @@ func TestStopAnswerReadBeforePowerOff(t *testing.T) {
 	if err := <-stopped; err != nil {
 		t.Fatalf("stop: %v", err)
 	}
-	waitFor(t, "the poweroff after the node read the answer", func() bool { return powerOffs.Load() == 1 })
+	testenv.WaitFor(t, 20*time.Second, "the poweroff after the node read the answer", func() (bool, string) {
+		n := powerOffs.Load()
+		return n == 1, fmt.Sprintf("%d poweroffs", n)
+	})
 }
 
 // heldConn is a node-side connection whose reads can be held back: what

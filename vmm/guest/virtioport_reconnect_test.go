@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kibotos/kibotos/internal/testenv"
 	"github.com/kibotos/kibotos/vmm/guestproto"
 )
 
@@ -31,13 +32,20 @@ func TestFirstHelloAnsweredAfterKillDuringWrite(t *testing.T) {
 	}
 	port.set(func(p *fakePort) { p.holdWrites = true })
 	go c1.GuestInfo(ctxT(t)) // its reply blocks in the guest
-	waitFor(t, "a blocked guest write", func() bool { return port.get(func(p *fakePort) bool { return p.writesHeld > 0 }) })
+	testenv.WaitFor(t, 20*time.Second, "a blocked guest write", func() (bool, string) {
+		return port.get(func(p *fakePort) bool { return p.writesHeld > 0 }), port.String()
+	})
 
 	host1.Close() // kill -9: the pending read sees EOF
-	waitFor(t, "the agent to see the EOF", func() bool {
-		return port.get(func(p *fakePort) bool { return p.readsInFlight == 0 })
+	testenv.WaitFor(t, 20*time.Second, "the agent to see the EOF", func() (bool, string) {
+		return port.get(func(p *fakePort) bool { return p.readsInFlight == 0 }), port.String()
 	})
-	time.Sleep(20 * time.Millisecond)
+	// The session ends, its reply's write still blocked: where the agent
+	// used to close the port, and the close, once the write returned,
+	// discarded the next node's hello.
+	testenv.WaitFor(t, 20*time.Second, "the agent to end the session", func() (bool, string) {
+		return strings.Contains(logs.String(), `msg="guest agent session ended"`), port.String()
+	})
 
 	port.set(func(p *fakePort) { p.releaseOnData = true; p.chunk = 7 })
 	host2 := port.connect([]byte("\x00\x00 stale bytes from the old session KIBOHE"))
@@ -52,7 +60,6 @@ func TestFirstHelloAnsweredAfterKillDuringWrite(t *testing.T) {
 	if _, err := c2.GuestInfo(ctxT(t)); err != nil {
 		t.Fatal(err)
 	}
-	_ = logs
 }
 
 // The node disappears in a way the pending read does not notice (it stays
@@ -62,7 +69,7 @@ func TestFirstHelloAnsweredAfterKillDuringWrite(t *testing.T) {
 func TestFirstHelloAnsweredAfterSessionEndedWithReadInFlight(t *testing.T) {
 	port := newFakePort()
 	port.quietDisc, port.writeErrDisc = true, true
-	startAgentOnPort(t, port)
+	logs := startAgentOnPort(t, port)
 	host1 := port.connect(nil)
 	c1, err := dialFake(t, host1, 5*time.Second)
 	if err != nil {
@@ -73,12 +80,17 @@ func TestFirstHelloAnsweredAfterSessionEndedWithReadInFlight(t *testing.T) {
 	}
 	port.set(func(p *fakePort) { p.holdWrites = true })
 	go c1.GuestInfo(ctxT(t))
-	waitFor(t, "a blocked guest write with a read pending", func() bool {
-		return port.get(func(p *fakePort) bool { return p.writesHeld > 0 && p.readsInFlight > 0 })
+	testenv.WaitFor(t, 20*time.Second, "a blocked guest write with a read pending", func() (bool, string) {
+		return port.get(func(p *fakePort) bool { return p.writesHeld > 0 && p.readsInFlight > 0 }), port.String()
 	})
 	host1.Close() // the blocked write fails; the read stays pending
-	waitFor(t, "the failed write", func() bool { return port.get(func(p *fakePort) bool { return p.writesInFlight == 0 }) })
-	time.Sleep(20 * time.Millisecond)
+	testenv.WaitFor(t, 20*time.Second, "the failed write", func() (bool, string) {
+		return port.get(func(p *fakePort) bool { return p.writesInFlight == 0 }), port.String()
+	})
+	// The failed write ends the session, with the read still pending.
+	testenv.WaitFor(t, 20*time.Second, "the agent to end the session", func() (bool, string) {
+		return strings.Contains(logs.String(), `msg="guest agent session ended"`), port.String()
+	})
 
 	port.set(func(p *fakePort) { p.holdWrites = false; p.chunk = 16 })
 	host2 := port.connect([]byte("stale yamux bytes"))
@@ -103,7 +115,7 @@ func TestFirstHelloAnsweredAfterDisconnect(t *testing.T) {
 				t.Run(fmt.Sprintf("quiet=%v/err=%v/chunk=%d", quiet, discErr, chunk), func(t *testing.T) {
 					port := newFakePort()
 					port.discErr, port.quietDisc = discErr, quiet
-					startAgentOnPort(t, port)
+					logs := startAgentOnPort(t, port)
 					for round := range 3 {
 						host := port.connect([]byte("KIBOHELO\x00\x01 stale"))
 						port.set(func(p *fakePort) { p.chunk = chunk })
@@ -116,8 +128,18 @@ func TestFirstHelloAnsweredAfterDisconnect(t *testing.T) {
 							t.Fatalf("round %d: %v", round, err)
 						}
 						host.Close()
-						if round == 1 {
-							time.Sleep(100 * time.Millisecond) // the agent polls the port
+						if round == 1 && quiet {
+							// Nothing to wait for: the agent does not see a
+							// quiet disconnect. The node comes back a while
+							// later instead of at once.
+							time.Sleep(100 * time.Millisecond)
+						} else if round == 1 {
+							// The node comes back once the agent has seen
+							// the disconnect and ended the session (rounds
+							// 0 and 2 may come back before).
+							testenv.WaitFor(t, 20*time.Second, "the agent to end the session", func() (bool, string) {
+								return strings.Count(logs.String(), `msg="guest agent session ended"`) >= 2, port.String()
+							})
 						}
 					}
 				})
@@ -134,10 +156,18 @@ func TestFirstHelloAnsweredAfterCutHello(t *testing.T) {
 	h1, _ := guestproto.NewHello(1, 1)
 	host1 := port.connect(nil)
 	host1.Write(h1.Marshal()[:20])
-	waitFor(t, "the agent to read the cut hello", func() bool {
-		return port.get(func(p *fakePort) bool { return len(p.inbuf) == 0 })
+	testenv.WaitFor(t, 20*time.Second, "the agent to read the cut hello", func() (bool, string) {
+		// Not only no unread bytes: before the agent's first open the
+		// bytes wait in QEMU (waiting), not in the port.
+		return port.get(func(p *fakePort) bool { return p.opens > 0 && len(p.waiting) == 0 && len(p.inbuf) == 0 }), port.String()
 	})
 	host1.Close()
+	testenv.WaitFor(t, 20*time.Second, "the agent to reopen the port after the disconnect", func() (bool, string) {
+		return port.get(func(p *fakePort) bool { return p.opens >= 2 }), port.String()
+	})
+	// Not a wait for something: the time in which an agent spinning on the
+	// cut hello would reopen the port far more often than its backoff
+	// (from 20 ms) lets it, checked below.
 	time.Sleep(50 * time.Millisecond)
 	c, err := dialFake(t, port.connect(h1.Marshal()[:13]), firstHelloTimeout)
 	if err != nil {

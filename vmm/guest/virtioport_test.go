@@ -3,6 +3,7 @@ package guest
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"sync"
@@ -281,6 +282,14 @@ func (p *fakePort) set(f func(p *fakePort)) {
 	defer p.mu.Unlock()
 	f(p)
 	p.cond.Broadcast()
+}
+
+// String is the port's state, for the failure of a wait on it.
+func (p *fakePort) String() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return fmt.Sprintf("port open %v, %d opens, reads in flight %d, writes in flight %d (%d held), %d chunks unread, %d bytes discarded",
+		p.open != nil, p.opens, p.readsInFlight, p.writesInFlight, p.writesHeld, len(p.inbuf), p.discarded)
 }
 
 func (p *fakePort) get(f func(p *fakePort) bool) bool {

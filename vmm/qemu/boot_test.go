@@ -222,7 +222,10 @@ func checkDisksAndResize(t *testing.T, ctx context.Context, c *guestproto.Client
 		return m
 	}
 	var m map[string]string
-	waitCond(t, 10*time.Second, "every disk in /sys/block", func() bool { m = blocks(); return len(m) == len(cfg.Disks) })
+	testenv.WaitFor(t, 10*time.Second, "every disk in /sys/block", func() (bool, string) {
+		m = blocks()
+		return len(m) == len(cfg.Disks), fmt.Sprintf("%v", m)
+	})
 	var order []string
 	for _, d := range cfg.Disks {
 		f := strings.Fields(m[d.Serial])
@@ -249,8 +252,9 @@ func checkDisksAndResize(t *testing.T, ctx context.Context, c *guestproto.Client
 	if fi, err := os.Stat(last.Path); err != nil || fi.Size() != 24<<20 {
 		t.Fatalf("image %s after block_resize to 24 MiB: %v, %v", last.Path, fi, err)
 	}
-	seen := waitCond(t, 10*time.Second, dev+" at 24 MiB in the guest", func() bool {
-		return strings.TrimSpace(guestSh(t, ctx, c, "cat /sys/block/"+dev+"/size")) == "49152"
+	seen := testenv.WaitFor(t, 10*time.Second, dev+" at 24 MiB in the guest", func() (bool, string) {
+		size := strings.TrimSpace(guestSh(t, ctx, c, "cat /sys/block/"+dev+"/size"))
+		return size == "49152", size + " sectors"
 	})
 	t.Logf("QMP block_resize of %s to 24 MiB: %v; guest /sys/block/%s/size showed it %v later",
 		last.ID, tResize.Round(time.Millisecond), dev, seen.Round(time.Millisecond))
@@ -283,20 +287,6 @@ func guestSh(t *testing.T, ctx context.Context, c *guestproto.Client, script str
 		t.Fatalf("guest sh -c %q: exit %+v, %v: %s", script, exit, err, errb.String())
 	}
 	return string(out)
-}
-
-// waitCond polls ok every 20ms until it holds, failing after d; it
-// returns how long that took.
-func waitCond(t *testing.T, d time.Duration, what string, ok func() bool) time.Duration {
-	t.Helper()
-	t0 := time.Now()
-	for !ok() {
-		if time.Since(t0) > d {
-			t.Fatalf("timed out after %v waiting for %s", d, what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	return time.Since(t0)
 }
 
 // waitConsoleLine polls the console log for line until timeout, or until

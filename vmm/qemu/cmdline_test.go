@@ -1,13 +1,13 @@
 package qemu
 
 import (
-	"fmt"
-	"os"
 	"os/exec"
 	"reflect"
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/kibotos/kibotos/internal/testenv"
 )
 
 func TestArgsFull(t *testing.T) {
@@ -155,11 +155,7 @@ func TestArgsSandboxedConsoleSocket(t *testing.T) {
 // SandboxOptions (it needs libseccomp; 7.2 calls a group "obsolete" where
 // newer docs and typos say "obtain"). Skipped without QEMU.
 func TestSandboxOptionsAccepted(t *testing.T) {
-	bin, err := exec.LookPath(DefaultBinary)
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "%s skipped: no %s (Debian package qemu-system-x86)\n", t.Name(), DefaultBinary)
-		t.Skip("no " + DefaultBinary)
-	}
+	bin := testenv.LookPath(t, DefaultBinary, "qemu-system-x86")
 	// -M none with -S and no devices: QEMU parses everything, installs the
 	// filter and waits; quit on its monitor on stdin ends it.
 	cmd := exec.Command(bin, "-M", "none", "-nodefaults", "-display", "none", "-S", "-sandbox", SandboxOptions, "-monitor", "stdio")

@@ -174,9 +174,9 @@ func TestStartVMMTakeoverStop(t *testing.T) {
 	if syscall.Kill(hostPID, 0) == nil {
 		t.Errorf("main process (host PID %d) alive after Stop", hostPID)
 	}
-	waitFor(t, 2*time.Second, "cgroup "+cg+" removed", func() bool {
+	testenv.WaitFor(t, 2*time.Second, "cgroup "+cg+" removed", func() (bool, string) {
 		_, err := os.Stat(cg)
-		return os.IsNotExist(err)
+		return os.IsNotExist(err), fmt.Sprintf("stat: %v", err)
 	})
 	if _, err := m2.Get(ctx, name); !errors.Is(err, units.ErrNotFound) {
 		t.Errorf("Get after Stop: %v, want ErrNotFound (collected)", err)
@@ -336,16 +336,6 @@ func summary(d []time.Duration) string {
 	return fmt.Sprintf("median %v (min %v, max %v)", r(s[len(s)/2]), r(s[0]), r(s[len(s)-1]))
 }
 
-func waitFor(t *testing.T, d time.Duration, what string, ok func() bool) {
-	t.Helper()
-	for deadline := time.Now().Add(d); !ok(); time.Sleep(2 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Errorf("timed out after %v waiting for %s", d, what)
-			return
-		}
-	}
-}
-
 // A bad NetworkNamespacePath must fail the start (ExecStart is not
 // "ignore failure"); a good one puts the VMM in that namespace.
 func TestStartVMMNetworkNamespace(t *testing.T) {
@@ -480,19 +470,19 @@ touch %[1]s/x && echo rw-writable; } > %[1]s/result; exec sleep 300`, rw, ro, hi
 		t.Errorf("read back CapabilityBoundingSet %#x ProtectSystem %q ReadWritePaths %q InaccessiblePaths %q", u.CapabilityBoundingSet, u.ProtectSystem, u.ReadWritePaths, u.InaccessiblePaths)
 	}
 	var result []byte
-	waitFor(t, 10*time.Second, "the sandboxed script's result", func() bool {
+	testenv.WaitFor(t, 10*time.Second, "the sandboxed script's result", func() (bool, string) {
 		result, _ = os.ReadFile(filepath.Join(rw, "result"))
-		return strings.Count(string(result), "\n") == 3
+		return strings.Count(string(result), "\n") == 3, fmt.Sprintf("result %q", result)
 	})
 	if got, want := string(result), "ro-denied\nhidden-denied\nrw-writable\n"; got != want {
 		t.Errorf("inside the sandbox: %q, want %q", got, want)
 	}
 	// The script exec'd sleep: the main process is what systemd started.
 	pid := 0
-	waitFor(t, 10*time.Second, "sleep to be the main process", func() bool {
+	testenv.WaitFor(t, 10*time.Second, "sleep to be the main process", func() (bool, string) {
 		pid = mainHostPID(t, h, u)
 		comm, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid))
-		return strings.TrimSpace(string(comm)) == "sleep"
+		return strings.TrimSpace(string(comm)) == "sleep", fmt.Sprintf("main process %d is %q", pid, strings.TrimSpace(string(comm)))
 	})
 	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
 	if err != nil {
@@ -523,9 +513,9 @@ func TestStartServiceLogsToLogDir(t *testing.T) {
 			t.Fatal(err)
 		}
 		want := strings.Repeat("to stdout\nto stderr\n", run)
-		waitFor(t, 10*time.Second, "the unit's lines in "+log, func() bool {
+		testenv.WaitFor(t, 10*time.Second, "the unit's lines in "+log, func() (bool, string) {
 			b, _ := os.ReadFile(log)
-			return string(b) == want
+			return string(b) == want, fmt.Sprintf("%q", b)
 		})
 		if err := h.m.Stop(ctx, name); err != nil {
 			t.Fatal(err)
