@@ -176,9 +176,44 @@ func containsString(list []string, s string) bool {
 	return false
 }
 
-// putWorkspace stores w with a new version and keeps the node index in
-// step with what it occupied before (old, nil for a new Workspace).
+// putWorkspace stores w with a new version and keeps every record
+// derived from it in step with what it held before (old, nil for a new
+// Workspace).
 func putWorkspace(tx *bolt.Tx, e *Entry, old, w *api.Workspace) error {
+	if err := moveDerived(tx, e, old, w); err != nil {
+		return err
+	}
+	w.Version++
+	w.UpdatedAt = *at(e)
+	return putJSON(tx, bucketWorkspaces, wsKey(w.WorkspaceID), w)
+}
+
+// workspaceDerived are the records kept in step with a Workspace's: each
+// moves what old held to what w holds (old nil: a new Workspace; w nil: a
+// deleted one).
+var workspaceDerived = []func(tx *bolt.Tx, e *Entry, old, w *api.Workspace) error{
+	moveNodeIndex,
+	func(tx *bolt.Tx, _ *Entry, old, w *api.Workspace) error { return movePending(tx, old, w) },
+	func(tx *bolt.Tx, _ *Entry, old, w *api.Workspace) error { return moveHolds(tx, old, w) },
+	func(tx *bolt.Tx, _ *Entry, old, w *api.Workspace) error { return movePoolUse(tx, old, w) },
+	func(tx *bolt.Tx, _ *Entry, old, w *api.Workspace) error { return movePoolWait(tx, old, w) },
+	func(tx *bolt.Tx, _ *Entry, old, w *api.Workspace) error { return moveRefs(tx, old, w) },
+	func(tx *bolt.Tx, _ *Entry, old, w *api.Workspace) error { return moveForks(tx, old, w) },
+	syncVolumes,
+}
+
+// moveDerived moves every record derived from old to w.
+func moveDerived(tx *bolt.Tx, e *Entry, old, w *api.Workspace) error {
+	for _, move := range workspaceDerived {
+		if err := move(tx, e, old, w); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// moveNodeIndex moves the Workspace's entries of the nodes it occupies.
+func moveNodeIndex(tx *bolt.Tx, _ *Entry, old, w *api.Workspace) error {
 	idx := tx.Bucket(bucketWorkspaceNodes)
 	if old != nil {
 		for _, n := range occupied(old) {
@@ -187,35 +222,14 @@ func putWorkspace(tx *bolt.Tx, e *Entry, old, w *api.Workspace) error {
 			}
 		}
 	}
-	for _, n := range occupied(w) {
-		if err := idx.Put(wsNodeKey(n, w.WorkspaceID), nil); err != nil {
-			return err
+	if w != nil {
+		for _, n := range occupied(w) {
+			if err := idx.Put(wsNodeKey(n, w.WorkspaceID), nil); err != nil {
+				return err
+			}
 		}
 	}
-	if err := movePending(tx, old, w); err != nil {
-		return err
-	}
-	if err := moveHolds(tx, old, w); err != nil {
-		return err
-	}
-	if err := movePoolUse(tx, old, w); err != nil {
-		return err
-	}
-	if err := movePoolWait(tx, old, w); err != nil {
-		return err
-	}
-	if err := moveRefs(tx, old, w); err != nil {
-		return err
-	}
-	if err := moveForks(tx, old, w); err != nil {
-		return err
-	}
-	if err := syncVolumes(tx, e, old, w); err != nil {
-		return err
-	}
-	w.Version++
-	w.UpdatedAt = *at(e)
-	return putJSON(tx, bucketWorkspaces, wsKey(w.WorkspaceID), w)
+	return nil
 }
 
 // cloneWorkspace copies w deeply enough that changing the copy's Layer,
@@ -241,35 +255,11 @@ func cloneWorkspace(w *api.Workspace) *api.Workspace {
 }
 
 func deleteWorkspace(tx *bolt.Tx, e *Entry, w *api.Workspace) error {
-	if err := movePending(tx, w, nil); err != nil {
-		return err
-	}
-	if err := moveHolds(tx, w, nil); err != nil {
-		return err
-	}
-	if err := movePoolUse(tx, w, nil); err != nil {
-		return err
-	}
-	if err := movePoolWait(tx, w, nil); err != nil {
-		return err
-	}
-	if err := moveRefs(tx, w, nil); err != nil {
-		return err
-	}
-	if err := moveForks(tx, w, nil); err != nil {
-		return err
-	}
-	if err := syncVolumes(tx, e, w, nil); err != nil {
+	if err := moveDerived(tx, e, w, nil); err != nil {
 		return err
 	}
 	if err := tx.Bucket(bucketWorkspaceTombstones).Put(wsKey(w.WorkspaceID), []byte(at(e).Format(time.RFC3339))); err != nil {
 		return err
-	}
-	idx := tx.Bucket(bucketWorkspaceNodes)
-	for _, n := range occupied(w) {
-		if err := idx.Delete(wsNodeKey(n, w.WorkspaceID)); err != nil {
-			return err
-		}
 	}
 	return tx.Bucket(bucketWorkspaces).Delete(wsKey(w.WorkspaceID))
 }
