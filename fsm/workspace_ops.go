@@ -1,0 +1,239 @@
+package fsm
+
+import (
+	bolt "go.etcd.io/bbolt"
+
+	"github.com/kibotos/kibotos/api"
+)
+
+func applyWorkspaceCreate(tx *bolt.Tx, e *Entry) (any, error) {
+	var a WorkspaceCreateArgs
+	if err := decodeArgs(e, &a); err != nil {
+		return nil, err
+	}
+	if e.CommandID == "" {
+		return nil, api.Errorf(api.CodeInvalidArgument, "workspace create needs a command id (the Workspace id is derived from it)")
+	}
+	var src *api.Workspace
+	if a.From != "" {
+		var err error
+		if src, err = forkOf(tx, &a); err != nil {
+			return nil, err
+		}
+		a.Template, a.CPU, a.MemoryBytes = src.Template, src.CPU, src.MemoryBytes
+	}
+	if err := validateCreate(&a); err != nil {
+		return nil, err
+	}
+	id := WorkspaceIDFor(e.CommandID)
+	network, err := normalizeNetwork(tx, id, a.Network.Effective(), false)
+	if err != nil {
+		return nil, err
+	}
+	if old, err := getWorkspace(tx, id); err != nil {
+		return nil, err
+	} else if old != nil {
+		return nil, api.Errorf(api.CodeAlreadyExists, "workspace %s already exists: use a new --command-id", id)
+	}
+	if at := tx.Bucket(bucketWorkspaceTombstones).Get(wsKey(id)); at != nil {
+		return nil, api.Errorf(api.CodeAlreadyExists, "workspace %s existed and was deleted at %s: use a new --command-id", id, at)
+	}
+	if a.Import != nil {
+		if err := a.Import.Check(); err != nil {
+			return nil, err
+		}
+	}
+	w := &api.Workspace{WorkspaceID: id, Template: a.Template, CPU: a.CPU, MemoryBytes: a.MemoryBytes, Labels: a.Labels, Network: &network, CreatedAt: *at(e), Import: a.Import}
+	var vols []*api.Volume
+	if src != nil {
+		if w, err = newFork(tx, e, id, &a, src); err != nil {
+			return nil, err
+		}
+	} else {
+		mounts, vs, err := workspaceVolumes(tx, e, id, &a)
+		if err != nil {
+			return nil, err
+		}
+		w.Volumes, vols = mounts, vs
+	}
+	node, err := place(tx, e, w, vols, a.NodeID, nil, false)
+	if err != nil {
+		return nil, err
+	}
+	if err := beginExecution(tx, e, w, vols, node, api.WorkspaceCreating); err != nil {
+		return nil, err
+	}
+	if err := putWorkspace(tx, e, nil, w); err != nil {
+		return nil, err
+	}
+	return w, nil
+}
+
+// workspaceWrite is the common frame of an operator write on one
+// Workspace: decode, find it, check the expected version.
+func workspaceWrite(tx *bolt.Tx, e *Entry) (*WorkspaceArgs, *api.Workspace, error) {
+	var a WorkspaceArgs
+	if err := decodeArgs(e, &a); err != nil {
+		return nil, nil, err
+	}
+	w, err := mustWorkspace(tx, a.WorkspaceID)
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := checkVersion(e, w.Version, "workspace "+w.WorkspaceID); err != nil {
+		return nil, nil, err
+	}
+	return &a, w, nil
+}
+
+func applyWorkspaceStart(tx *bolt.Tx, e *Entry) (any, error) {
+	a, w, err := workspaceWrite(tx, e)
+	if err != nil {
+		return nil, err
+	}
+	if err := notExporting(w, "start"); err != nil {
+		return nil, err
+	}
+	if err := notForking(tx, w, "start"); err != nil {
+		return nil, err
+	}
+	switch {
+	case w.State == api.WorkspaceAvailable && (a.NodeID == "" || a.NodeID == w.NodeID):
+		return w, nil // already running where asked
+	case w.State == api.WorkspacePaused: // resumed
+	case w.State == api.WorkspaceStopped:
+	case w.State == api.WorkspaceFailed && w.InstanceID == "":
+	case w.State == api.WorkspaceFailed:
+		return nil, api.Errorf(api.CodeFailedPrecondition,
+			"workspace %s is FAILED and its Instance %s still holds resources on node %s: run kibo workspace stop --force %s, then start it", w.WorkspaceID, w.InstanceID, w.NodeID, w.WorkspaceID)
+	default:
+		return nil, api.Errorf(api.CodeFailedPrecondition, "workspace %s is %s: start needs STOPPED or FAILED; stop it first", w.WorkspaceID, w.State)
+	}
+	old := cloneWorkspace(w)
+	w.LastError = nil
+	// A start uses the latest revision of the Egress its policy names.
+	if err := latestEgressRevision(tx, w); err != nil {
+		return nil, err
+	}
+	vols, err := loadVolumes(tx, w)
+	if err != nil {
+		return nil, err
+	}
+	node, err := place(tx, e, w, vols, a.NodeID, nil, false)
+	if err != nil {
+		return nil, err
+	}
+	if err := beginExecution(tx, e, w, vols, node, api.WorkspaceStarting); err != nil {
+		return nil, err
+	}
+	if err := putWorkspace(tx, e, old, w); err != nil {
+		return nil, err
+	}
+	return w, nil
+}
+
+func applyWorkspaceStop(tx *bolt.Tx, e *Entry) (any, error) {
+	a, w, err := workspaceWrite(tx, e)
+	if err != nil {
+		return nil, err
+	}
+	if !a.Force {
+		// stop --force still ends it: the export then fails.
+		if err := notExporting(w, "stop"); err != nil {
+			return nil, err
+		}
+	}
+	if err := notForking(tx, w, "stop"); err != nil {
+		return nil, err
+	}
+	old := cloneWorkspace(w)
+	switch {
+	case w.State == api.WorkspaceStopped:
+		return w, nil
+	case w.State == api.WorkspaceDeleting:
+		return nil, api.Errorf(api.CodeFailedPrecondition, "workspace %s is being deleted", w.WorkspaceID)
+	case w.State == api.WorkspacePausing:
+		return nil, api.Errorf(api.CodeFailedPrecondition, "workspace %s is being paused: stop it once it is PAUSED (which discards the snapshot) or AVAILABLE again", w.WorkspaceID)
+	case w.InstanceID == "":
+		// Nothing runs (FAILED after its node was isolated, PAUSED):
+		// stopping is only bookkeeping; a snapshot's files go with the
+		// next start or the delete.
+		w.State, w.Pending, w.Failure, w.LastError = api.WorkspaceStopped, nil, nil, nil
+		if w.Snapshot != nil {
+			w.Snapshot.Discarded = true
+		}
+	case a.Force:
+		w.State = api.WorkspaceStopping
+		setPending(e, w, api.WSCmdStopForce, nil)
+	case w.State == api.WorkspaceAvailable:
+		w.State = api.WorkspaceStopping
+		setPending(e, w, api.WSCmdStop, nil)
+	case w.State == api.WorkspaceStopping:
+		return w, nil
+	default:
+		return nil, api.Errorf(api.CodeFailedPrecondition,
+			"workspace %s is %s: a normal stop needs AVAILABLE; wait for it, or end it now with kibo workspace stop --force %s", w.WorkspaceID, w.State, w.WorkspaceID)
+	}
+	if err := putWorkspace(tx, e, old, w); err != nil {
+		return nil, err
+	}
+	return w, nil
+}
+
+func applyWorkspaceDelete(tx *bolt.Tx, e *Entry) (any, error) {
+	_, w, err := workspaceWrite(tx, e)
+	if err != nil {
+		return nil, err
+	}
+	if err := notExporting(w, "delete"); err != nil {
+		return nil, err
+	}
+	if err := notForking(tx, w, "delete"); err != nil {
+		return nil, err
+	}
+	if w.State == api.WorkspaceDeleting {
+		return w, nil
+	}
+	old := cloneWorkspace(w)
+	if w.InstanceID == "" {
+		// Nothing runs: its layer's files go with a node that reaches
+		// their pool, or with nothing (never made, or lost with its pool).
+		files, err := deleteFiles(tx, e, w, "")
+		if err != nil {
+			return nil, err
+		}
+		if !files {
+			if err := deleteWorkspace(tx, e, old); err != nil {
+				return nil, err
+			}
+			w.DeletedAt = at(e)
+			return w, nil
+		}
+	} else {
+		w.State = api.WorkspaceDeleting
+		setPending(e, w, api.WSCmdDelete, nil)
+	}
+	if err := putWorkspace(tx, e, old, w); err != nil {
+		return nil, err
+	}
+	return w, nil
+}
+
+// notExporting refuses what of a Workspace an export reads from: its node
+// copies the layer and Volumes as they are.
+func notExporting(w *api.Workspace, what string) error {
+	if w.Exporting == "" {
+		return nil
+	}
+	return api.Errorf(api.CodeFailedPrecondition, "workspace %s is being exported (transfer %s): %s it once the Transfer is READY or FAILED (kibo transfer get %s)", w.WorkspaceID, w.Exporting, what, w.Exporting)
+}
+
+func layerNode(w *api.Workspace) string {
+	if w.NodeID != "" {
+		return w.NodeID
+	}
+	if w.Layer != nil {
+		return w.Layer.NodeID
+	}
+	return ""
+}
