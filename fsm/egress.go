@@ -404,6 +404,3 @@ func putRevision(tx *bolt.Tx, r *egressRecord, rev *egressRevision) error {
 	}
 	return putJSON(tx, bucketEgress, []byte(r.Name), r)
 }
-
-// ---------------------------------------------------------------------------
-// Handlers
