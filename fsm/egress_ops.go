@@ -175,6 +175,3 @@ func applyResolverDelete(tx *bolt.Tx, e *Entry) (any, error) {
 	}
 	return out, nil
 }
-
-// ---------------------------------------------------------------------------
-// References of Workspaces

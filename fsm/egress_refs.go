@@ -127,6 +127,3 @@ func dropUnusedRevision(tx *bolt.Tx, name string, rev uint64) error {
 	}
 	return tx.Bucket(bucketEgressRevisions).Delete(revisionKey(name, rev))
 }
-
-// ---------------------------------------------------------------------------
-// Queries
