@@ -146,3 +146,31 @@ func TestReadSnapshotMetaFormats(t *testing.T) {
 		}
 	}
 }
+
+// A snapshot.json from a pool whose recorded configuration a guest must
+// not be told (a network, a relative mount target) is unusable, and one
+// within bounds reads back with it.
+func TestReadSnapshotMetaConfigured(t *testing.T) {
+	for _, c := range []struct {
+		configured string
+		refused    string
+	}{
+		{`{"hostname": "ws-1", "mounts": [{"source": "proc", "target": "/rootfs/proc", "fstype": "proc"}]}`, ""},
+		{`{"dns": ["10.0.0.1"]}`, "holds a network"},
+		{`{"mounts": [{"source": "tmpfs", "target": "rootfs/x"}]}`, "is not one a guest is told"},
+	} {
+		dir := t.TempDir()
+		b := fmt.Appendf(nil, `{"format_version": 2, "instance_id": "vm-a", "state_bytes": 17, "state_xxh3": "00112233445566778899aabbccddeeff",
+			"compat": {"installation_id": "sha256-a", "qemu_version": "7.2", "accel": "tcg", "memory_mib": 256, "vcpus": 1}, "configured": %s}`, c.configured)
+		if err := os.WriteFile(filepath.Join(dir, SnapshotMetaFile), b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		m, err := readSnapshotMeta(dir)
+		switch {
+		case c.refused == "" && (err != nil || m.Configured == nil || m.Configured.Hostname != "ws-1"):
+			t.Errorf("%s: %+v, %v; want it read with its configuration", c.configured, m.Configured, err)
+		case c.refused != "" && (!errors.Is(err, ErrSnapshotUnusable) || !strings.Contains(err.Error(), c.refused)):
+			t.Errorf("%s: %v; want unusable, %q", c.configured, err, c.refused)
+		}
+	}
+}
