@@ -133,6 +133,8 @@ type Agent struct {
 	credentialKey []byte
 	// dataPushed is the targets the data plane last took.
 	dataPushed []DataTarget
+	// dataPushing: watchInstances has a push under way.
+	dataPushing atomic.Bool
 	// draining: ctrl requested a drain; new Workspaces are refused here too.
 	draining bool
 	// lastAliveCheck of the data-plane process.
@@ -370,9 +372,14 @@ func (a *Agent) watchInstances(ctx context.Context, first api.Report) {
 		}
 		// The seed: the node resends its state to the data plane at least
 		// every 15 seconds (a restarted data plane gets it that way).
-		if time.Since(lastDataPlane) >= 15*time.Second || !a.dataPlaneAlive(ctx) || a.dataTargetsChanged() {
+		// One such push at a time: against a data plane that hangs, a
+		// push a second would otherwise pile up behind the last.
+		if (time.Since(lastDataPlane) >= 15*time.Second || !a.dataPlaneAlive(ctx) || a.dataTargetsChanged()) && a.dataPushing.CompareAndSwap(false, true) {
 			lastDataPlane = time.Now()
-			a.bg.spawn(a.updateDataPlane)
+			a.bg.spawn(func(ctx context.Context) {
+				defer a.dataPushing.Store(false)
+				a.updateDataPlane(ctx)
+			})
 		}
 	}
 }
