@@ -192,6 +192,30 @@ func (c *cluster) leader(t *testing.T) *host {
 	return found
 }
 
+// waitLeaderOtherThan waits until a running ctrl member other than
+// stopped reports a leader that is not stopped.
+func (c *cluster) waitLeaderOtherThan(t *testing.T, stopped *host) {
+	t.Helper()
+	testenv.WaitFor(t, 30*time.Second, "a ctrl leader other than "+stopped.nodeID, func() (bool, string) {
+		var seen []string
+		for _, h := range c.ctrls {
+			if h == stopped {
+				continue
+			}
+			var st status
+			if err := h.kiboJSON(&st, "status"); err != nil {
+				seen = append(seen, err.Error())
+				continue
+			}
+			if st.Leader != "" && st.Leader != stopped.addr() {
+				return true, ""
+			}
+			seen = append(seen, fmt.Sprintf("%s: %+v", h.nodeID, st))
+		}
+		return false, strings.Join(seen, "; ")
+	})
+}
+
 // testDrain: an operator on the node-only member's host drains a ctrl
 // node (the write is forwarded to the leader), replays the command id and
 // cancels the drain.
