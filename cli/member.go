@@ -2,6 +2,7 @@ package cli
 
 import (
 	"cmp"
+	"context"
 	"errors"
 	"fmt"
 	"maps"
@@ -10,6 +11,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -451,8 +453,8 @@ type memberOptions struct {
 	capacity  api.Resources
 	timings   cluster.Timings
 	clockSkew time.Duration
-	onReady   func(*cluster.Server)
-	systemd   string // see openNodeRuntime
+	onReady   func(context.Context, *cluster.Server) // runs beside the member, which waits for it to return
+	systemd   string                                 // see openNodeRuntime
 	accel     qemu.Accel
 	// dataPlaneListen is the data-plane address; default advertise port+2.
 	dataPlaneListen string
@@ -484,6 +486,14 @@ func runMember(g *Globals, o memberOptions) error {
 	log := newLogger(g.stderr, o.level, o.logFormat)
 	ctx, stop := signal.NotifyContext(g.ctx, syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
+	// What runs beside the member ends with it: the member's deferred
+	// shutdowns run first, then these are cancelled and waited for.
+	ctx, cancelOwned := context.WithCancel(ctx)
+	var owned sync.WaitGroup
+	defer func() {
+		cancelOwned()
+		owned.Wait()
+	}()
 	// Before anything else: under systemd this process must be its
 	// service's MainPID, and no earlier member process may still run in
 	// the service (then cluster.Open takes the data directory's lock).
@@ -503,7 +513,7 @@ func runMember(g *Globals, o memberOptions) error {
 		return fmt.Errorf("data directory %s: record the release: %w", o.dir, err)
 	}
 	if o.onReady != nil {
-		o.onReady(srv)
+		owned.Go(func() { o.onReady(ctx, srv) })
 	}
 	var store artifacts.Store
 	if o.artifacts.URL != "" {
@@ -560,7 +570,7 @@ func runMember(g *Globals, o memberOptions) error {
 		agentRunning = true
 		go func() { agentErr <- a.Run(ctx) }()
 	}
-	if err := serveMetrics(ctx, srv, src, o.metricsListen, log); err != nil {
+	if err := serveMetrics(ctx, &owned, srv, src, o.metricsListen, log); err != nil {
 		return err
 	}
 	select {

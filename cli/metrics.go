@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net"
 	"strconv"
+	"sync"
 
 	"github.com/kibotos/kibotos/cluster"
 	"github.com/kibotos/kibotos/metrics"
@@ -16,7 +17,8 @@ import (
 // (failing to bind it is an error), none, or by default
 // 127.0.0.1:<advertised port+3> (then a busy port is only a warning: the
 // member serves anyway, and the API port still has /metrics).
-func serveMetrics(ctx context.Context, srv *cluster.Server, src metrics.Sources, listen string, log *slog.Logger) error {
+// The listener's server runs in owned until ctx ends.
+func serveMetrics(ctx context.Context, owned *sync.WaitGroup, srv *cluster.Server, src metrics.Sources, listen string, log *slog.Logger) error {
 	reg := metrics.Registry(src)
 	srv.SetMetrics(metrics.Handler(reg))
 	if listen == "none" {
@@ -39,10 +41,10 @@ func serveMetrics(ctx context.Context, srv *cluster.Server, src metrics.Sources,
 		log.Warn("metrics listener not started: the API port still serves /metrics", "address", listen, "err", err)
 		return nil
 	}
-	go func() {
+	owned.Go(func() {
 		if err := metrics.Serve(ctx, ln, reg, log); err != nil {
 			log.Error("metrics listener stopped", "address", listen, "err", err)
 		}
-	}()
+	})
 	return nil
 }

@@ -155,10 +155,9 @@ func Serve(ctx context.Context, ln net.Listener, reg *prometheus.Registry, log *
 	mux.Handle("GET /metrics", Handler(reg))
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second,
 		WriteTimeout: 30 * time.Second, IdleTimeout: time.Minute, MaxHeaderBytes: 16 << 10}
-	go func() {
-		<-ctx.Done()
-		srv.Close()
-	}()
+	// Closed when ctx ends; a Serve that fails first leaves nothing behind.
+	stop := context.AfterFunc(ctx, func() { srv.Close() })
+	defer stop()
 	log.Info("metrics listening", "address", ln.Addr().String())
 	if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 		return err
