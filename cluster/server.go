@@ -308,7 +308,7 @@ func (s *Server) startRaft() error {
 	if s.logStore, err = openLogStore(d.RaftDir(), s.log, s.hclog("raft-wal", hclog.Warn)); err != nil {
 		return err
 	}
-	snaps, err := raft.NewFileSnapshotStoreWithLogger(d.RaftDir(), 2, s.hclog("snapshot", hclog.Warn))
+	snaps, err := openSnapshots(d.RaftDir(), s.hclog("snapshot", hclog.Warn))
 	if err != nil {
 		return err
 	}
