@@ -142,11 +142,12 @@ func (s *Server) handleJoin(w http.ResponseWriter, r *http.Request) {
 		writeError(w, api.Errorf(api.CodeUnauthenticated, "the enrollment grant for node %s belongs to another cluster", tok.NodeID))
 		return
 	}
-	host, _, err := net.SplitHostPort(req.Advertise)
-	if err != nil {
-		writeError(w, api.Errorf(api.CodeInvalidArgument, "advertise address %q is not HOST:PORT", req.Advertise))
+	// The host goes into the member certificate signed below.
+	if err := api.ValidAdvertise(req.Advertise); err != nil {
+		writeError(w, err)
 		return
 	}
+	host, _, _ := net.SplitHostPort(req.Advertise)
 	memberPub, err1 := parsePublicKey(req.MemberKey)
 	adminPub, err2 := parsePublicKey(req.AdminKey)
 	if err1 != nil || err2 != nil {
