@@ -29,30 +29,34 @@ const OwnPlatform = "own"
 // SetPlatformPublisher installs this node's publisher.
 func (s *Server) SetPlatformPublisher(p PlatformPublisher) { s.platformPublisher.Store(&p) }
 
-// handlePlatformPublish is POST /v1/platforms/publish.
-func (s *Server) handlePlatformPublish(w http.ResponseWriter, r *http.Request) {
-	var req api.PlatformPublishRequest
-	if err := decodeBody(r, &req); err != nil {
-		writeError(w, err)
-		return
+// platformRoutes are the operator's calls about the Platform catalog.
+func (s *Server) platformRoutes() []route {
+	return []route{
+		{"GET", "/v1/platforms", operators, atReader, s.handlePlatformList},
+		{"GET", "/v1/platforms/{name}", operators, atReader, s.handlePlatformGet},
+		{"POST", "/v1/platforms/publish", operators, atLeader, decoded(s.handlePlatformPublish)},
+		{"GET", "/v1/platforms/publish-progress", operators, atReader, s.handlePlatformPublishProgress},
+		{"POST", "/v1/platforms/{name}/approve", operators, atLeader, s.objectWrite(fsm.OpPlatformApprove, api.ValidPlatformID)},
+		{"POST", "/v1/platforms/{name}/withdraw", operators, atLeader, s.objectWrite(fsm.OpPlatformWithdraw, api.ValidPlatformID)},
 	}
+}
+
+// handlePlatformPublish is POST /v1/platforms/publish.
+func (s *Server) handlePlatformPublish(r *http.Request, req api.PlatformPublishRequest) response {
 	id := OwnPlatform
 	if req.PlatformID != "" {
 		if err := api.ValidPlatformID(req.PlatformID); err != nil {
-			writeError(w, err)
-			return
+			return fail(err)
 		}
 		id = req.PlatformID
 	}
 	if req.FromNode != "" {
 		if err := fsm.ValidNodeID(req.FromNode); err != nil {
-			writeError(w, err)
-			return
+			return fail(err)
 		}
 	}
 	if err := s.levelsReach("platform publish", fsm.LevelArtifacts); err != nil {
-		writeError(w, err)
-		return
+		return fail(err)
 	}
 	s.publishing.RLock()
 	defer s.publishing.RUnlock()
@@ -62,14 +66,12 @@ func (s *Server) handlePlatformPublish(w http.ResponseWriter, r *http.Request) {
 		return err
 	})
 	if err != nil {
-		writeError(w, err)
-		return
+		return fail(err)
 	}
 	img, err := nodeUpload(r.Context(), s, n, "platform "+id, "/v1/internal/platforms/"+url.PathEscape(id)+"/upload",
 		func(ctx context.Context) (api.PlatformImage, error) { return s.publishPlatform(ctx, id) })
 	if err != nil {
-		writeError(w, err)
-		return
+		return fail(err)
 	}
 	args := fsm.PlatformPublishArgs{PlatformImage: img, NodeID: n.NodeID}
 	if id != OwnPlatform && img.PlatformID != id {
@@ -78,10 +80,9 @@ func (s *Server) handlePlatformPublish(w http.ResponseWriter, r *http.Request) {
 		err = fsm.CheckPlatformPublish(args)
 	}
 	if err != nil {
-		writeError(w, err)
-		return
+		return fail(err)
 	}
-	s.write(w, r, fsm.OpPlatformPublish, req.WriteMeta, args)
+	return s.write(r, fsm.OpPlatformPublish, req.WriteMeta, args)
 }
 
 // platformNode is the node whose Platform is published: from, or the
@@ -132,11 +133,11 @@ func (s *Server) platformOfResult(id string) string {
 	return id
 }
 
-func (s *Server) handlePlatformList(w http.ResponseWriter, r *http.Request) {
-	s.view(w, func(tx *bolt.Tx) (any, error) { return fsm.ListCatalogPlatforms(tx) })
+func (s *Server) handlePlatformList(r *http.Request) response {
+	return s.view(func(tx *bolt.Tx) (any, error) { return fsm.ListCatalogPlatforms(tx) })
 }
 
-func (s *Server) handlePlatformGet(w http.ResponseWriter, r *http.Request) {
+func (s *Server) handlePlatformGet(r *http.Request) response {
 	id := r.PathValue("name")
-	s.view(w, func(tx *bolt.Tx) (any, error) { return fsm.GetCatalogPlatform(tx, id) })
+	return s.view(func(tx *bolt.Tx) (any, error) { return fsm.GetCatalogPlatform(tx, id) })
 }
