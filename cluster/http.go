@@ -333,17 +333,14 @@ func (s *Server) forward(r *http.Request) response {
 	return fail(api.Errorf(api.CodeUnavailable, "no ctrl member answered (%v): check that the ctrl members are running", lastErr))
 }
 
-// handleMetrics serves the handler SetMetrics installed.
+// handleMetrics serves the metrics handler ServeLocal gave.
 func (s *Server) handleMetrics(r *http.Request) response {
-	h := s.metrics.Load()
+	h := s.own().Metrics
 	if h == nil {
 		return fail(api.Errorf(api.CodeUnavailable, "member %s serves no metrics yet: it is still starting", s.id.NodeID))
 	}
-	return rawResponse(func(w http.ResponseWriter) { (*h).ServeHTTP(w, r) })
+	return rawResponse(func(w http.ResponseWriter) { h.ServeHTTP(w, r) })
 }
-
-// SetMetrics installs what GET /metrics serves.
-func (s *Server) SetMetrics(h http.Handler) { s.metrics.Store(&h) }
 
 // misdirect answers a call that only ctrl serves on a node-only member:
 // 421 with the ctrl members' addresses (api.Client follows it).

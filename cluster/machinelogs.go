@@ -22,14 +22,6 @@ import (
 // records and asks that node's member over mTLS as itself, a ctrl member,
 // on an internal route. Both ends bound the read (api.MachineLogMaxBytes).
 
-// MachineLogReader reads one Instance's machine logs on this node within
-// q.MaxBytes each (q.After: the console since that cursor); an
-// *api.Error not_found when the node has none.
-type MachineLogReader func(instanceID string, q api.MachineLogQuery) (api.MachineLog, error)
-
-// SetMachineLogs installs this node's reader (the node runtime).
-func (s *Server) SetMachineLogs(r MachineLogReader) { s.machineLogs.Store(&r) }
-
 // machineLogAnswerMax bounds what ctrl reads of a node's answer: two logs
 // at the most, JSON-escaped (a control character takes six bytes).
 const machineLogAnswerMax = 2*6*api.MachineLogMaxBytes + 64<<10
@@ -165,7 +157,7 @@ func (s *Server) handleNodeMachineLog(r *http.Request) response {
 
 // readMachineLog reads on this node within q.
 func (s *Server) readMachineLog(inst string, q api.MachineLogQuery) (api.MachineLog, error) {
-	read := s.machineLogs.Load()
+	read := s.own().MachineLogs
 	if read == nil {
 		return api.MachineLog{}, api.Errorf(api.CodeNotFound, "member %s runs no Instances", s.id.NodeID)
 	}
@@ -173,7 +165,7 @@ func (s *Server) readMachineLog(inst string, q api.MachineLogQuery) (api.Machine
 		return api.MachineLog{}, api.Errorf(api.CodeInvalidArgument, "instance %q is not an Instance id", inst)
 	}
 	q.MaxBytes = min(q.MaxBytes, api.MachineLogMaxBytes)
-	l, err := (*read)(inst, q)
+	l, err := read(inst, q)
 	if err != nil {
 		var e *api.Error
 		if errors.As(err, &e) {

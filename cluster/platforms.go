@@ -18,16 +18,8 @@ import (
 // upload on an internal route, then records the node's answer.
 // `platform approve` and `platform withdraw` are plain writes.
 
-// PlatformPublisher uploads one of this node's Platforms (id "own": the
-// one new Instances start on when the catalog approves none) to the
-// artifact store (the node runtime; agent.PublishPlatform).
-type PlatformPublisher func(ctx context.Context, id string) (api.PlatformImage, error)
-
 // OwnPlatform is the id a publish names a node's own Platform by.
 const OwnPlatform = "own"
-
-// SetPlatformPublisher installs this node's publisher.
-func (s *Server) SetPlatformPublisher(p PlatformPublisher) { s.platformPublisher.Store(&p) }
 
 // platformRoutes are the operator's calls about the Platform catalog.
 func (s *Server) platformRoutes() []route {
@@ -121,7 +113,7 @@ func (s *Server) publishPlatform(ctx context.Context, id string) (api.PlatformIm
 			return api.PlatformImage{}, err
 		}
 	}
-	return runPublisher(s, s.platformPublisher.Load(), "Platforms", ctx, id)
+	return runPublisher(s, s.own().Platforms, "Platforms", ctx, id)
 }
 
 // platformOfResult is the Platform a start's answer names, recorded on the

@@ -17,12 +17,6 @@ import (
 // write does and asks it how far it is; the node answers from what its
 // runtime lists (agent.Progress).
 
-// ProgressFunc is how far the transfer under a key is on this node.
-type ProgressFunc func(key string) (api.ByteProgress, bool)
-
-// SetProgress installs this node's progress source.
-func (s *Server) SetProgress(f ProgressFunc) { s.progress.Store(&f) }
-
 // handleTemplatePublishProgress is GET /v1/templates/{name}/publish-progress
 // (?from_node=, as the publish names it).
 func (s *Server) handleTemplatePublishProgress(r *http.Request) response {
@@ -107,8 +101,8 @@ func (s *Server) handleNodeProgress(r *http.Request) response {
 }
 
 func (s *Server) localTransferProgress(key string) (api.ByteProgress, error) {
-	if f := s.progress.Load(); f != nil {
-		if p, ok := (*f)(key); ok {
+	if f := s.own().Progress; f != nil {
+		if p, ok := f(key); ok {
 			return p, nil
 		}
 	}

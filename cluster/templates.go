@@ -22,13 +22,6 @@ import (
 // template), asks that node's member to upload on an internal route, as
 // for machine logs, and records the entry from the node's answer.
 
-// TemplatePublisher uploads this node's build of a template to the
-// artifact store (the node runtime; agent.PublishTemplate).
-type TemplatePublisher func(ctx context.Context, name string) (api.TemplateImage, error)
-
-// SetTemplatePublisher installs this node's publisher.
-func (s *Server) SetTemplatePublisher(p TemplatePublisher) { s.templatePublisher.Store(&p) }
-
 // templateUploadTimeout bounds one upload: an image of a few GiB to a
 // shared file system.
 const templateUploadTimeout = 30 * time.Minute
@@ -164,17 +157,17 @@ func (s *Server) publishTemplate(ctx context.Context, name string) (api.Template
 	if err := api.ValidTemplateName(name); err != nil {
 		return api.TemplateImage{}, err
 	}
-	return runPublisher(s, s.templatePublisher.Load(), "templates", ctx, name)
+	return runPublisher(s, s.own().Templates, "templates", ctx, name)
 }
 
 // runPublisher runs this node's publisher p (nil: the member runs no node
 // runtime, so it holds no such things to publish).
-func runPublisher[T any, P ~func(context.Context, string) (T, error)](s *Server, p *P, holds string, ctx context.Context, name string) (T, error) {
+func runPublisher[T any, P ~func(context.Context, string) (T, error)](s *Server, p P, holds string, ctx context.Context, name string) (T, error) {
 	if p == nil {
 		var zero T
 		return zero, api.Errorf(api.CodeFailedPrecondition, "member %s runs no node runtime: it holds no %s to publish", s.id.NodeID, holds)
 	}
-	out, err := (*p)(ctx, name)
+	out, err := p(ctx, name)
 	var e *api.Error
 	if err != nil && !errors.As(err, &e) {
 		err = fmt.Errorf("member %s: %w", s.id.NodeID, err)

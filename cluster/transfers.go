@@ -27,27 +27,9 @@ import (
 // "transfer archive cleanup did not finish" (upgrade seed). `transfer
 // import` is a Workspace create whose first start unpacks the archive.
 
-// TransferExporter writes Workspaces' archives and says how far one in
-// progress is (the node runtime, *agent.Agent).
-type TransferExporter interface {
-	ExportTransfer(ctx context.Context, t api.TransferExportTask) (api.TransferExportResult, error)
-	ExportProgress(id string) (api.TransferProgress, bool)
-}
-
-// SetTransferExporter installs this node's exporter.
-func (s *Server) SetTransferExporter(e TransferExporter) { s.transferExporter.Store(&e) }
-
 // progressEvery is how often the leader asks an exporting node how far
 // it is and records the answer (a Raft write while it changes).
 const progressEvery = 3 * time.Second
-
-// SetArtifacts gives ctrl the cluster's artifact store ([artifacts] url):
-// it removes Transfer archives and reads other clusters' manifests.
-func (s *Server) SetArtifacts(store artifacts.Store) {
-	if store != nil {
-		s.artifacts.Store(&store)
-	}
-}
 
 // Timings of the driver.
 const (
@@ -63,12 +45,7 @@ const (
 	cleanupRetry = time.Minute
 )
 
-func (s *Server) store() artifacts.Store {
-	if p := s.artifacts.Load(); p != nil {
-		return *p
-	}
-	return nil
-}
+func (s *Server) store() artifacts.Store { return s.cfg.Artifacts }
 
 func (s *Server) needStore(what string) (artifacts.Store, error) {
 	st := s.store()
@@ -276,11 +253,11 @@ func (s *Server) handleNodeTransferExport(r *http.Request, t api.TransferExportT
 	if err := api.ValidTransferID(t.TransferID); err != nil {
 		return fail(err)
 	}
-	e := s.transferExporter.Load()
+	e := s.own().Transfers
 	if e == nil {
 		return fail(api.Errorf(api.CodeFailedPrecondition, "member %s runs no node runtime: it holds no Workspaces to export", s.id.NodeID))
 	}
-	res, err := (*e).ExportTransfer(r.Context(), t)
+	res, err := e.ExportTransfer(r.Context(), t)
 	if err != nil {
 		return fail(err)
 	}
@@ -301,8 +278,8 @@ func (s *Server) localProgress(id string) (api.TransferProgress, error) {
 	if err := api.ValidTransferID(id); err != nil {
 		return api.TransferProgress{}, err
 	}
-	if e := s.transferExporter.Load(); e != nil {
-		if p, ok := (*e).ExportProgress(id); ok {
+	if e := s.own().Transfers; e != nil {
+		if p, ok := e.ExportProgress(id); ok {
 			return p, nil
 		}
 	}
@@ -389,8 +366,8 @@ func (s *Server) driveExport(ctx context.Context, t api.TransferExportTask, node
 	stop := s.followProgress(ctx, n, t.TransferID)
 	defer stop()
 	if nodeID == s.id.NodeID {
-		if e := s.transferExporter.Load(); e != nil {
-			res, err = (*e).ExportTransfer(ctx, t)
+		if e := s.own().Transfers; e != nil {
+			res, err = e.ExportTransfer(ctx, t)
 		} else {
 			err = api.Errorf(api.CodeFailedPrecondition, "member %s runs no node runtime", s.id.NodeID)
 		}
