@@ -504,7 +504,19 @@ func runMember(g *Globals, o memberOptions) error {
 	if err := o.dir.CheckRelease(buildinfo.Release); err != nil {
 		return err
 	}
-	srv, err := cluster.Open(ctx, cluster.Config{DataDir: o.dir, Bind: o.bind, Timings: o.timings, Logger: log})
+	// The store is ctrl's from the start (it removes Transfer archives).
+	var store artifacts.Store
+	if o.artifacts.URL != "" {
+		id, err := o.dir.LoadIdentity()
+		if err != nil {
+			return err
+		}
+		if store, err = artifacts.Open(o.artifacts, id.NodeID); err != nil {
+			return err
+		}
+		log.Info("artifact store", "url", store.String())
+	}
+	srv, err := cluster.Open(ctx, cluster.Config{DataDir: o.dir, Bind: o.bind, Timings: o.timings, Logger: log, Artifacts: store})
 	if err != nil {
 		return err
 	}
@@ -515,14 +527,9 @@ func runMember(g *Globals, o memberOptions) error {
 	if o.onReady != nil {
 		owned.Go(func() { o.onReady(ctx, srv) })
 	}
-	var store artifacts.Store
-	if o.artifacts.URL != "" {
-		if store, err = artifacts.Open(o.artifacts, srv.NodeID()); err != nil {
-			return err
-		}
-		log.Info("artifact store", "url", store.String())
-		srv.SetArtifacts(store)
-	}
+	// What this member serves of its own: the node side (below, on a
+	// node) and its metrics, handed over together by serveMetrics.
+	var local cluster.Local
 	agentErr := make(chan error, 1)
 	agentRunning := false
 	src := metrics.Sources{FSM: srv.FSM(), Raft: srv.Raft()}
@@ -538,7 +545,7 @@ func runMember(g *Globals, o memberOptions) error {
 		defer closeRuntime()
 		if rt != nil {
 			src.Instances, src.Destroyed, src.Egress, src.EgressByInstance, src.Names = rt.Owned, rt.EndedCount, rt.EgressTotals, rt.EgressByInstance, rt.NamesStats
-			srv.SetMachineLogs(machineLogReader(rt))
+			local.MachineLogs = machineLogReader(rt)
 		}
 		var dp agent.DataPlane
 		if m != nil {
@@ -563,14 +570,11 @@ func runMember(g *Globals, o memberOptions) error {
 			return err
 		}
 		src.HostUsage, src.Warm = a.HostUsage, a.WarmGuests
-		srv.SetTemplatePublisher(a.PublishTemplate)
-		srv.SetPlatformPublisher(a.PublishPlatform)
-		srv.SetTransferExporter(a)
-		srv.SetProgress(a.Progress)
+		local.Templates, local.Platforms, local.Transfers, local.Progress = a.PublishTemplate, a.PublishPlatform, a, a.Progress
 		agentRunning = true
 		go func() { agentErr <- a.Run(ctx) }()
 	}
-	if err := serveMetrics(ctx, &owned, srv, src, o.metricsListen, log); err != nil {
+	if err := serveMetrics(ctx, &owned, srv, src, local, o.metricsListen, log); err != nil {
 		return err
 	}
 	select {

@@ -13,14 +13,15 @@ import (
 )
 
 // serveMetrics exposes the member's metrics on the API port (admin
-// certificates) and on the [metrics] listener: the configured address
+// certificates, served with the rest of local) and on the [metrics] listener: the configured address
 // (failing to bind it is an error), none, or by default
 // 127.0.0.1:<advertised port+3> (then a busy port is only a warning: the
 // member serves anyway, and the API port still has /metrics).
 // The listener's server runs in owned until ctx ends.
-func serveMetrics(ctx context.Context, owned *sync.WaitGroup, srv *cluster.Server, src metrics.Sources, listen string, log *slog.Logger) error {
+func serveMetrics(ctx context.Context, owned *sync.WaitGroup, srv *cluster.Server, src metrics.Sources, local cluster.Local, listen string, log *slog.Logger) error {
 	reg := metrics.Registry(src)
-	srv.SetMetrics(metrics.Handler(reg))
+	local.Metrics = metrics.Handler(reg)
+	srv.ServeLocal(local)
 	if listen == "none" {
 		return nil
 	}

@@ -17,36 +17,34 @@ import (
 // (s.publishing), and the age keeps an object another writer has just put.
 // Named objects (Transfer
 // archives) are ctrl's Transfer driver's, not this collector's.
-func (s *Server) handleArtifactsGC(w http.ResponseWriter, r *http.Request) {
-	var req api.ArtifactsGCRequest
-	if err := decodeBody(r, &req); err != nil {
-		writeError(w, err)
-		return
+// artifactRoutes: the collection of the artifact store.
+func (s *Server) artifactRoutes() []route {
+	return []route{
+		{"POST", "/v1/artifacts/gc", operators, atLeader, decoded(s.handleArtifactsGC)},
 	}
+}
+
+func (s *Server) handleArtifactsGC(r *http.Request, req api.ArtifactsGCRequest) response {
 	age := api.DefaultGCAge
 	if req.OlderThanSeconds != nil {
 		if *req.OlderThanSeconds < 0 {
-			writeError(w, api.Errorf(api.CodeInvalidArgument, "artifacts gc: older_than %ds is negative: give an age of 0s or more", *req.OlderThanSeconds))
-			return
+			return fail(api.Errorf(api.CodeInvalidArgument, "artifacts gc: older_than %ds is negative: give an age of 0s or more", *req.OlderThanSeconds))
 		}
 		age = time.Duration(*req.OlderThanSeconds) * time.Second
 	}
 	st, err := s.needStore("artifacts gc")
 	if err != nil {
-		writeError(w, err)
-		return
+		return fail(err)
 	}
 	s.publishing.Lock()
 	defer s.publishing.Unlock()
 	listed, err := st.List(r.Context())
 	if err != nil {
-		writeError(w, err)
-		return
+		return fail(err)
 	}
 	var refs map[string]string
 	if err := s.fsm.View(func(tx *bolt.Tx) (err error) { refs, err = fsm.CatalogDigests(tx); return }); err != nil {
-		writeError(w, err)
-		return
+		return fail(err)
 	}
 	res := api.ArtifactsGCResult{Objects: []api.ArtifactsGCObject{}, DryRun: req.DryRun}
 	cutoff := time.Now().Add(-age)
@@ -73,5 +71,5 @@ func (s *Server) handleArtifactsGC(w http.ResponseWriter, r *http.Request) {
 		}
 		res.Objects = append(res.Objects, g)
 	}
-	writeResult(w, res)
+	return answer(res)
 }
