@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"io"
@@ -74,7 +75,24 @@ func writeError(w http.ResponseWriter, err error) {
 }
 
 func decodeBody(r *http.Request, v any) error {
-	dec := json.NewDecoder(io.LimitReader(r.Body, maxBody))
+	// Read to the end: a body cut at the limit would be decoded as what
+	// fits (4 MiB of padding before the fields left an empty, unguarded
+	// write).
+	raw, err := io.ReadAll(io.LimitReader(r.Body, maxBody+1))
+	if err != nil {
+		var tooLarge *http.MaxBytesError
+		if errors.As(err, &tooLarge) {
+			return tooLargeError()
+		}
+		return api.Errorf(api.CodeInvalidArgument, "request body could not be read: %v", err)
+	}
+	if len(raw) > maxBody {
+		return tooLargeError()
+	}
+	if err := api.CheckJSON(raw); err != nil {
+		return err
+	}
+	dec := json.NewDecoder(bytes.NewReader(raw))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil && !errors.Is(err, io.EOF) {
 		return api.Errorf(api.CodeInvalidArgument, "request body is not valid: %v", err)
@@ -83,4 +101,8 @@ func decodeBody(r *http.Request, v any) error {
 		return api.Errorf(api.CodeInvalidArgument, "request body holds more than one JSON value: send exactly one")
 	}
 	return nil
+}
+
+func tooLargeError() error {
+	return api.Errorf(api.CodeTooLarge, "request body is over %d bytes: nothing was done; send a smaller request", maxBody)
 }
