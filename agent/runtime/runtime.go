@@ -112,8 +112,9 @@ type Config struct {
 	// rate limit of their log line); default DefaultDeniedInterval.
 	DeniedInterval time.Duration
 	// Observe, when set, is told how long steps took: StepBoot for each
-	// Start that ended with the guest agent answering, StepTakeover for
-	// Open (metrics histograms).
+	// Start that ended with the guest agent answering, each of its steps
+	// that completed (StartSteps), StepTakeover for Open (metrics
+	// histograms).
 	Observe func(step string, d time.Duration)
 	// Egress runs the egress process for policies naming an Egress or a
 	// Resolver; nil: such policies are refused, saying EgressUnavailable

@@ -213,7 +213,8 @@ func (rt *Runtime) adopt(ctx context.Context, verdicts []verdict, noRecord []str
 			rt.wg.Add(1)
 			go func() {
 				defer rt.wg.Done()
-				if err := rt.awaitGuest(rt.ctx, in, false); err != nil && rt.ctx.Err() == nil {
+				if err := rt.awaitGuest(rt.ctx, in); err != nil && rt.ctx.Err() == nil {
+					err = errors.Join(err, rt.abortLaunch(rt.ctx, v.rec.Unit, v.rec.Process.InvocationID))
 					in.mu.Lock()
 					in.state, in.err, in.how = StateFailed, err.Error(), "start failed"
 					in.notify()
