@@ -97,9 +97,9 @@ func (a *Agent) saveOwners() {
 }
 
 // handleTask starts the Workspace command unless it runs or ran already.
-func (a *Agent) handleTask(t api.WorkspaceTask) {
+func (a *Agent) handleTask(ctx context.Context, t api.WorkspaceTask) {
 	log := a.log.With("workspace_id", t.WorkspaceID, "command_id", t.Command.CommandID, "kind", t.Command.Kind, "instance_id", t.Command.InstanceID)
-	a.runTask(t.WorkspaceID, t.Command.CommandID, "workspace", log, func(ctx context.Context) taskResult {
+	a.runTask(ctx, t.WorkspaceID, t.Command.CommandID, "workspace", log, func(ctx context.Context) taskResult {
 		r := a.execute(ctx, t)
 		return taskResult{ws: &r}
 	})
@@ -108,7 +108,7 @@ func (a *Agent) handleTask(t api.WorkspaceTask) {
 // runTask runs exec for command id of object key (a noun: workspace,
 // volume) in the background, after the object's earlier command, unless
 // it runs or ran already (then its result is sent again).
-func (a *Agent) runTask(key, id, noun string, log *slog.Logger, exec func(context.Context) taskResult) {
+func (a *Agent) runTask(ctx context.Context, key, id, noun string, log *slog.Logger, exec func(context.Context) taskResult) {
 	ts := a.tasks
 	ts.mu.Lock()
 	if r, ok := ts.done[id]; ok {
@@ -124,7 +124,7 @@ func (a *Agent) runTask(key, id, noun string, log *slog.Logger, exec func(contex
 	ch := make(chan struct{})
 	ts.waiting[key] = ch
 	ts.mu.Unlock()
-	a.bg.spawn(func(ctx context.Context) {
+	a.bg.spawn(ctx, func(ctx context.Context) {
 		defer close(ch)
 		if prev != nil {
 			<-prev // an older command of this object finishes first
