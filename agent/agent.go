@@ -86,6 +86,9 @@ type Config struct {
 	// of a command its node has not answered yet, and what the task
 	// carried.
 	HoldTask func(api.WorkspaceTask) bool
+	// Observe, when set, is told how long each completed step of a
+	// Workspace start took (WorkspaceStartSteps; metrics histograms).
+	Observe func(step string, d time.Duration)
 	// PlatformAgent is the digest of the guest agent of the Platform new
 	// Instances start on; "" is this executable's (platform.SelfSHA256).
 	// Tests whose node is not the agent binary give the fixture's.

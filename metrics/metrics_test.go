@@ -10,6 +10,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/kibotos/kibotos/agent"
 	"github.com/kibotos/kibotos/agent/egress"
 	"github.com/kibotos/kibotos/agent/runtime"
 	"github.com/kibotos/kibotos/api"
@@ -169,8 +170,9 @@ kibotos_node_egress_warm_connections 3
 	}
 }
 
-// Every step a start is timed by is a series of the step histogram and
-// has its line in the metrics reference.
+// Every step a start is timed by (the Instance's and the Workspace's) is a
+// series of the step histogram of its own and has its line in the
+// metrics reference.
 func TestStartStepsDocumented(t *testing.T) {
 	doc, err := os.ReadFile("../docs/reference/metrics.md")
 	if err != nil {
@@ -178,7 +180,13 @@ func TestStartStepsDocumented(t *testing.T) {
 	}
 	steps := NewSteps()
 	names := append(runtime.StartSteps(), runtime.StepBoot, runtime.StepTakeover)
+	names = append(names, agent.WorkspaceStartSteps()...)
+	seen := map[string]bool{}
 	for _, s := range names {
+		if seen[s] {
+			t.Errorf("step %s is named twice: its series would mix two steps", s)
+		}
+		seen[s] = true
 		steps.Observe(s, 3*time.Millisecond)
 		if !strings.Contains(string(doc), "`"+s+"`") {
 			t.Errorf("step %s is not in docs/reference/metrics.md", s)
