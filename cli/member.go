@@ -565,7 +565,7 @@ func runMember(g *Globals, o memberOptions) error {
 		}
 		a, err := agent.New(agent.Config{DataDir: o.dir, NodeID: srv.NodeID(), Artifacts: store, Capacity: o.capacity, CtrlAddrs: srv.CtrlAddrs,
 			Dial: srv.SessionDial, OnLeader: srv.NoteLeader, SessionTimeout: o.timings.SessionTimeout, Logger: log, ClockSkew: o.clockSkew, Runtime: rt, DataPlane: dp,
-			Pools: o.pools, DefaultPool: o.defaultPool, FetchEgressCredentials: srv.EgressCredentials, DeniedReportInterval: o.deniedReport, Warm: o.warm})
+			Pools: o.pools, DefaultPool: o.defaultPool, FetchEgressCredentials: srv.EgressCredentials, DeniedReportInterval: o.deniedReport, Warm: o.warm, Observe: src.Steps.Observe})
 		if err != nil {
 			return err
 		}
