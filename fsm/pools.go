@@ -113,8 +113,8 @@ func checkReportPools(node string, r *api.Report) error {
 // declarePools brings the member index in step with the node's new report
 // (old: the pools of its previous one, none before its first) and makes
 // the record of a pool declared for the first time.
-func declarePools(tx *bolt.Tx, e *Entry, node string, old []api.Pool, r *api.Report) error {
-	idx := tx.Bucket(bucketPoolMembers)
+func declarePools(ac *applyCtx, node string, old []api.Pool, r *api.Report) error {
+	idx := ac.tx.Bucket(bucketPoolMembers)
 	for _, p := range old {
 		if !reportsPool(r, p.PoolID) {
 			if err := idx.Delete(poolMemberKey(p.PoolID, node)); err != nil {
@@ -125,20 +125,20 @@ func declarePools(tx *bolt.Tx, e *Entry, node string, old []api.Pool, r *api.Rep
 	for _, p := range r.Pools {
 		// Written only when it changes: reports come every few seconds.
 		var d poolDecl
-		if ok, err := getJSON(tx, bucketPoolMembers, poolMemberKey(p.PoolID, node), &d); err != nil {
+		if ok, err := getJSON(ac.tx, bucketPoolMembers, poolMemberKey(p.PoolID, node), &d); err != nil {
 			return err
 		} else if !ok || d.Shared != p.Shared {
-			if err := putJSON(tx, bucketPoolMembers, poolMemberKey(p.PoolID, node), poolDecl{Shared: p.Shared}); err != nil {
+			if err := putJSON(ac.tx, bucketPoolMembers, poolMemberKey(p.PoolID, node), poolDecl{Shared: p.Shared}); err != nil {
 				return err
 			}
 		}
-		rec, err := getPool(tx, p.PoolID)
+		rec, err := getPool(ac.tx, p.PoolID)
 		if err != nil {
 			return err
 		}
 		if rec == nil {
-			rec = &poolRecord{PoolID: p.PoolID, Shared: p.Shared, Version: 1, CreatedAt: *at(e), UpdatedAt: *at(e)}
-			if err := putJSON(tx, bucketPools, []byte(p.PoolID), rec); err != nil {
+			rec = &poolRecord{PoolID: p.PoolID, Shared: p.Shared, Version: 1, CreatedAt: *at(ac.e), UpdatedAt: *at(ac.e)}
+			if err := putJSON(ac.tx, bucketPools, []byte(p.PoolID), rec); err != nil {
 				return err
 			}
 		}
@@ -365,29 +365,29 @@ func poolView(tx *bolt.Tx, rec *poolRecord) (*api.StoragePool, error) {
 	return v, nil
 }
 
-func applyPoolSetCapacity(tx *bolt.Tx, e *Entry) (any, error) {
+func applyPoolSetCapacity(ac *applyCtx) (any, error) {
 	var a PoolCapacityArgs
-	if err := decodeArgs(e, &a); err != nil {
+	if err := decodeArgs(ac.e, &a); err != nil {
 		return nil, err
 	}
 	if err := CheckPoolCapacity(a); err != nil {
 		return nil, err
 	}
-	rec, err := mustPool(tx, a.PoolID)
+	rec, err := mustPool(ac.tx, a.PoolID)
 	if err != nil {
 		return nil, err
 	}
-	if err := checkVersion(e, rec.Version, "storage pool "+rec.PoolID); err != nil {
+	if err := checkVersion(ac.e, rec.Version, "storage pool "+rec.PoolID); err != nil {
 		return nil, err
 	}
 	c := a.CapacityBytes
 	rec.CapacityBytes = &c
 	rec.Version++
-	rec.UpdatedAt = *at(e)
-	if err := putJSON(tx, bucketPools, []byte(rec.PoolID), rec); err != nil {
+	rec.UpdatedAt = *at(ac.e)
+	if err := putJSON(ac.tx, bucketPools, []byte(rec.PoolID), rec); err != nil {
 		return nil, err
 	}
-	return poolView(tx, rec)
+	return poolView(ac.tx, rec)
 }
 
 // CheckPoolCapacity validates set-capacity before it enters the log.
@@ -405,22 +405,22 @@ func CheckPoolCapacity(a PoolCapacityArgs) error {
 // any more (the disk is gone): its layers are lost, their Workspaces can
 // only be deleted, and the pool's record goes (a later declaration of the
 // id is a new, empty pool).
-func applyPoolDeclareLost(tx *bolt.Tx, e *Entry) (any, error) {
+func applyPoolDeclareLost(ac *applyCtx) (any, error) {
 	var a PoolDeclareLostArgs
-	if err := decodeArgs(e, &a); err != nil {
+	if err := decodeArgs(ac.e, &a); err != nil {
 		return nil, err
 	}
 	if !a.ConfirmDataLost {
 		return nil, api.Errorf(api.CodeInvalidArgument, "storage pool %s: declare-lost ends its objects for good; add --confirm-data-lost when the disk is really gone", a.PoolID)
 	}
-	rec, err := mustPool(tx, a.PoolID)
+	rec, err := mustPool(ac.tx, a.PoolID)
 	if err != nil {
 		return nil, err
 	}
-	if err := checkVersion(e, rec.Version, "storage pool "+rec.PoolID); err != nil {
+	if err := checkVersion(ac.e, rec.Version, "storage pool "+rec.PoolID); err != nil {
 		return nil, err
 	}
-	v, err := poolView(tx, rec)
+	v, err := poolView(ac.tx, rec)
 	if err != nil {
 		return nil, err
 	}
@@ -430,7 +430,7 @@ func applyPoolDeclareLost(tx *bolt.Tx, e *Entry) (any, error) {
 	}
 	// Every precondition before the first write.
 	var lost []*api.Workspace
-	err = tx.Bucket(bucketWorkspaces).ForEach(func(k, raw []byte) error {
+	err = ac.tx.Bucket(bucketWorkspaces).ForEach(func(k, raw []byte) error {
 		var w api.Workspace
 		if err := json.Unmarshal(raw, &w); err != nil {
 			return fmt.Errorf("state record %s/%s is corrupt: %w", bucketWorkspaces, k, err)
@@ -447,7 +447,7 @@ func applyPoolDeclareLost(tx *bolt.Tx, e *Entry) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := volumeInUse(tx, rec.PoolID); err != nil {
+	if err := volumeInUse(ac.tx, rec.PoolID); err != nil {
 		return nil, err
 	}
 	res := api.PoolLostResult{PoolID: rec.PoolID, Workspaces: []string{}}
@@ -458,7 +458,7 @@ func applyPoolDeclareLost(tx *bolt.Tx, e *Entry) (any, error) {
 		res.Workspaces = append(res.Workspaces, w.WorkspaceID)
 		if w.State == api.WorkspaceDeleting {
 			// Its delete waited for a member to remove the files: there are none.
-			if err := deleteWorkspace(tx, e, old); err != nil {
+			if err := deleteWorkspace(ac, old); err != nil {
 				return nil, err
 			}
 			continue
@@ -469,20 +469,20 @@ func applyPoolDeclareLost(tx *bolt.Tx, e *Entry) (any, error) {
 		if w.State == api.WorkspacePaused {
 			w.State = api.WorkspaceStopped
 		}
-		if err := putWorkspace(tx, e, old, w); err != nil {
+		if err := putWorkspace(ac, old, w); err != nil {
 			return nil, err
 		}
 	}
-	if err := loseVolumes(tx, e, rec.PoolID, &res); err != nil {
+	if err := loseVolumes(ac, rec.PoolID, &res); err != nil {
 		return nil, err
 	}
 	for _, b := range [][]byte{bucketPools, bucketPoolUse} {
-		if err := tx.Bucket(b).Delete([]byte(rec.PoolID)); err != nil {
+		if err := ac.tx.Bucket(b).Delete([]byte(rec.PoolID)); err != nil {
 			return nil, err
 		}
 	}
 	prefix := []byte(rec.PoolID + "\x00")
-	c := tx.Bucket(bucketPoolMembers).Cursor()
+	c := ac.tx.Bucket(bucketPoolMembers).Cursor()
 	for k, _ := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix); k, _ = c.Seek(prefix) {
 		if err := c.Delete(); err != nil {
 			return nil, err
@@ -621,14 +621,14 @@ func canAnswer(n *api.Node) bool {
 // this entry isolates or retires (its stored record does not say so yet).
 // It reports false when nothing is left on any disk (no layer, or lost):
 // the caller drops the record.
-func deleteFiles(tx *bolt.Tx, e *Entry, w *api.Workspace, gone string) (bool, error) {
+func deleteFiles(ac *applyCtx, w *api.Workspace, gone string) (bool, error) {
 	w.State = api.WorkspaceDeleting
 	w.Pending, w.DeleteWaitsForPool = nil, ""
 	if w.Layer == nil || w.Layer.Lost {
 		return false, nil
 	}
 	pool := api.LayerPoolID(w.Layer)
-	node, err := deleteNode(tx, pool, w.Layer.NodeID, gone)
+	node, err := deleteNode(ac.tx, pool, w.Layer.NodeID, gone)
 	if err != nil {
 		return false, err
 	}
@@ -637,7 +637,7 @@ func deleteFiles(tx *bolt.Tx, e *Entry, w *api.Workspace, gone string) (bool, er
 		return true, nil
 	}
 	w.Layer.NodeID = node
-	setPending(e, w, api.WSCmdDelete, nil)
+	setPending(ac.e, w, api.WSCmdDelete, nil)
 	return true, nil
 }
 
@@ -673,30 +673,30 @@ func deleteNode(tx *bolt.Tx, pool, maker, gone string) (string, error) {
 
 // resumeDeletes hands the deletes waiting for the pools of n's new report
 // to n, a member of them now (the report is not stored yet).
-func resumeDeletes(tx *bolt.Tx, e *Entry, n *api.Node) error {
+func resumeDeletes(ac *applyCtx, n *api.Node) error {
 	if !canAnswer(n) || n.Report == nil {
 		return nil
 	}
 	for _, p := range n.Report.Pools {
-		if rec, err := getPool(tx, p.PoolID); err != nil {
+		if rec, err := getPool(ac.tx, p.PoolID); err != nil {
 			return err
 		} else if rec == nil || rec.Shared != p.Shared {
 			continue // declared the other way: not a member
 		}
 		prefix := []byte(p.PoolID + "\x00")
 		var ids []string
-		c := tx.Bucket(bucketPoolWaits).Cursor()
+		c := ac.tx.Bucket(bucketPoolWaits).Cursor()
 		for k, _ := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix); k, _ = c.Next() {
 			ids = append(ids, string(k[len(prefix):]))
 		}
 		for _, id := range ids {
 			if api.IsVolumeID(id) {
-				if err := resumeVolumeDelete(tx, e, id, n.NodeID); err != nil {
+				if err := resumeVolumeDelete(ac, id, n.NodeID); err != nil {
 					return err
 				}
 				continue
 			}
-			w, err := getWorkspace(tx, id)
+			w, err := getWorkspace(ac.tx, id)
 			if err != nil {
 				return err
 			}
@@ -706,8 +706,8 @@ func resumeDeletes(tx *bolt.Tx, e *Entry, n *api.Node) error {
 			old := cloneWorkspace(w)
 			w.DeleteWaitsForPool = ""
 			w.Layer.NodeID = n.NodeID
-			setPending(e, w, api.WSCmdDelete, nil)
-			if err := putWorkspace(tx, e, old, w); err != nil {
+			setPending(ac.e, w, api.WSCmdDelete, nil)
+			if err := putWorkspace(ac, old, w); err != nil {
 				return err
 			}
 		}
