@@ -56,15 +56,11 @@ func findCommand(ac *applyCtx) (*commandRecord, error) {
 	if k, _ := ac.tx.Bucket(bucketCommands).Cursor().First(); k == nil {
 		return nil, nil
 	}
-	rec, err := getCommand(ac.tx, key)
+	rec, err := getRecord[commandRecord](ac.tx, bucketCommands, key)
 	if rec == nil && err == nil && (ac.e.CommandDigest || ac.e.CommandLog) {
-		rec, err = getCommand(ac.tx, []byte(ac.e.CommandID))
+		rec, err = getRecord[commandRecord](ac.tx, bucketCommands, []byte(ac.e.CommandID))
 	}
 	return rec, err
-}
-
-func getCommand(tx *bolt.Tx, key []byte) (*commandRecord, error) {
-	return getRecord[commandRecord](tx, bucketCommands, key)
 }
 
 func putCommand(ac *applyCtx, rec commandRecord) error {
@@ -220,7 +216,7 @@ func applyCommandsExpire(ac *applyCtx) (any, error) {
 		}
 		seen++
 		key = bytes.Clone(key) // the entry's memory goes with it
-		rec, rerr := getCommand(ac.tx, key)
+		rec, rerr := getRecord[commandRecord](ac.tx, bucketCommands, key)
 		if err := c.Delete(); err != nil {
 			return nil, err
 		}

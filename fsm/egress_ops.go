@@ -17,7 +17,7 @@ func applyEgressCreate(ac *applyCtx) (any, error) {
 		return nil, err
 	}
 	socks5, _ := normalizeSOCKS5(a.Name, a.SOCKS5)
-	if old, err := getEgress(ac.tx, a.Name); err != nil {
+	if old, err := getRecord[egressRecord](ac.tx, bucketEgress, []byte(a.Name)); err != nil {
 		return nil, err
 	} else if old != nil {
 		return nil, api.Errorf(api.CodeFailedPrecondition, "egress %s already exists (revision %d): change it with kibo egress update %s, or choose another name", a.Name, old.Revision, a.Name)
@@ -137,7 +137,7 @@ func applyResolverCreate(ac *applyCtx) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	if old, err := getResolver(ac.tx, a.Name); err != nil {
+	if old, err := getRecord[resolverRecord](ac.tx, bucketResolvers, []byte(a.Name)); err != nil {
 		return nil, err
 	} else if old != nil {
 		return nil, api.Errorf(api.CodeFailedPrecondition, "resolver %s already exists (upstreams %s): delete it first, or choose another name", a.Name, strings.Join(old.Upstreams, ","))

@@ -114,7 +114,7 @@ func refsProblem(tx *bolt.Tx) error {
 		}
 		for _, n := range resolverRefsOf(w) {
 			wantR[string(resolverRefKey(n, w.WorkspaceID))] = true
-			if r, _ := getResolver(tx, n); r == nil {
+			if r, _ := getRecord[resolverRecord](tx, bucketResolvers, []byte(n)); r == nil {
 				missing = append(missing, fmt.Sprintf("%s uses resolver %s, which does not exist", w.WorkspaceID, n))
 			}
 		}
@@ -140,7 +140,7 @@ func refsProblem(tx *bolt.Tx) error {
 		if _, err := getJSON(tx, bucketEgressRevisions, k, &rev); err != nil {
 			return err
 		}
-		r, err := getEgress(tx, name)
+		r, err := getRecord[egressRecord](tx, bucketEgress, []byte(name))
 		if err != nil {
 			return err
 		}

@@ -16,12 +16,8 @@ type grantRecord struct {
 	SecretHash string `json:"secret_hash"`
 }
 
-func getGrant(tx *bolt.Tx, nodeID string) (*grantRecord, error) {
-	return getRecord[grantRecord](tx, bucketGrants, []byte(nodeID))
-}
-
 func revokePendingGrant(tx *bolt.Tx, nodeID string) error {
-	g, err := getGrant(tx, nodeID)
+	g, err := getRecord[grantRecord](tx, bucketGrants, []byte(nodeID))
 	if err != nil || g == nil || g.State != api.GrantPending {
 		return err
 	}
@@ -46,7 +42,7 @@ func applyEnrollmentGrant(ac *applyCtx) (any, error) {
 	if a.TTL <= 0 {
 		return nil, api.Errorf(api.CodeInvalidArgument, "grant for node %s: ttl must be positive", a.NodeID)
 	}
-	n, err := getNode(ac.tx, a.NodeID)
+	n, err := getRecord[api.Node](ac.tx, bucketNodes, []byte(a.NodeID))
 	if err != nil {
 		return nil, err
 	}
@@ -74,11 +70,11 @@ func applyEnrollmentRevoke(ac *applyCtx) (any, error) {
 	if err := decodeArgs(ac.e, &a); err != nil {
 		return nil, err
 	}
-	g, err := getGrant(ac.tx, a.NodeID)
+	g, err := getRecord[grantRecord](ac.tx, bucketGrants, []byte(a.NodeID))
 	if err != nil {
 		return nil, err
 	}
-	n, err := getNode(ac.tx, a.NodeID)
+	n, err := getRecord[api.Node](ac.tx, bucketNodes, []byte(a.NodeID))
 	if err != nil {
 		return nil, err
 	}
@@ -135,7 +131,7 @@ func CheckGrant(tx *bolt.Tx, nodeID, secretHash string, now time.Time) error {
 }
 
 func checkGrant(tx *bolt.Tx, nodeID, secretHash string, now time.Time) (*grantRecord, *api.Node, error) {
-	g, err := getGrant(tx, nodeID)
+	g, err := getRecord[grantRecord](tx, bucketGrants, []byte(nodeID))
 	if err != nil {
 		return nil, nil, err
 	}
@@ -150,7 +146,7 @@ func checkGrant(tx *bolt.Tx, nodeID, secretHash string, now time.Time) (*grantRe
 	case !now.Before(g.ExpiresAt):
 		return nil, nil, api.Errorf(api.CodeFailedPrecondition, "enrollment grant for node %s expired at %s; ask an operator for a new one", nodeID, g.ExpiresAt.Format("2006-01-02T15:04:05Z"))
 	}
-	n, err := getNode(tx, nodeID)
+	n, err := getRecord[api.Node](tx, bucketNodes, []byte(nodeID))
 	if err != nil {
 		return nil, nil, err
 	}

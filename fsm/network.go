@@ -62,14 +62,14 @@ func normalizeNetwork(tx *bolt.Tx, ws string, p api.NetworkPolicy, stored bool) 
 			"workspace %s: allow/deny lists apply to public egress only, not to egress %s: give --egress public, or %s", ws, out.Egress, fix)
 	}
 	if out.Egress != api.EgressNone && out.Egress != api.EgressPublic {
-		r, err := getEgress(tx, out.Egress)
+		r, err := getRecord[egressRecord](tx, bucketEgress, []byte(out.Egress))
 		if err != nil || r == nil {
 			return out, orNotFound(err, "egress %s does not exist: create it with kibo egress create %s --socks5 HOST:PORT", out.Egress, out.Egress)
 		}
 		out.EgressRevision = r.Revision
 	}
 	if out.Resolver != "" {
-		if r, err := getResolver(tx, out.Resolver); err != nil || r == nil {
+		if r, err := getRecord[resolverRecord](tx, bucketResolvers, []byte(out.Resolver)); err != nil || r == nil {
 			return out, orNotFound(err, "resolver %s does not exist: create it with kibo resolver create %s --upstream ADDR", out.Resolver, out.Resolver)
 		}
 	}
@@ -91,7 +91,7 @@ func latestEgressRevision(tx *bolt.Tx, w *api.Workspace) error {
 	if !usesEgressObject(w.Network) {
 		return nil
 	}
-	r, err := getEgress(tx, w.Network.Egress)
+	r, err := getRecord[egressRecord](tx, bucketEgress, []byte(w.Network.Egress))
 	if err != nil {
 		return err
 	}

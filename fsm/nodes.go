@@ -9,13 +9,9 @@ import (
 	"github.com/kibotos/kibotos/api"
 )
 
-func getNode(tx *bolt.Tx, id string) (*api.Node, error) {
-	return getRecord[api.Node](tx, bucketNodes, []byte(id))
-}
-
 // mustNode returns the node or not_found.
 func mustNode(tx *bolt.Tx, id string) (*api.Node, error) {
-	n, err := getNode(tx, id)
+	n, err := getRecord[api.Node](tx, bucketNodes, []byte(id))
 	if err != nil {
 		return nil, err
 	}
@@ -67,7 +63,7 @@ func applyBootstrap(ac *applyCtx) (any, error) {
 	}
 	// Overwriting a registration made before bootstrap would reset its
 	// registration_version (an expected version could then match again).
-	if n, err := getNode(ac.tx, a.NodeID); err != nil {
+	if n, err := getRecord[api.Node](ac.tx, bucketNodes, []byte(a.NodeID)); err != nil {
 		return nil, err
 	} else if n != nil {
 		return nil, api.Errorf(api.CodeFailedPrecondition, "node %s is already registered: bootstrap with a new node id", a.NodeID)
@@ -90,7 +86,7 @@ func applySessionOpen(ac *applyCtx) (any, error) {
 	if err := decodeArgs(ac.e, &a); err != nil {
 		return nil, err
 	}
-	n, err := getNode(ac.tx, a.NodeID)
+	n, err := getRecord[api.Node](ac.tx, bucketNodes, []byte(a.NodeID))
 	if err != nil {
 		return nil, err
 	}

@@ -57,7 +57,7 @@ func applyPlatformPublish(ac *applyCtx) (any, error) {
 	if _, err := mustNode(ac.tx, a.NodeID); err != nil {
 		return nil, err
 	}
-	old, err := platformEntry(ac.tx, a.PlatformID)
+	old, err := getRecord[platformRecord](ac.tx, bucketPlatforms, []byte(a.PlatformID))
 	if err != nil {
 		return nil, err
 	}
@@ -152,7 +152,7 @@ func platformFor(ac *applyCtx) (*platformRecord, error) {
 }
 
 func mustPlatform(tx *bolt.Tx, id string) (*platformRecord, error) {
-	rec, err := platformEntry(tx, id)
+	rec, err := getRecord[platformRecord](tx, bucketPlatforms, []byte(id))
 	if err != nil {
 		return nil, err
 	}
@@ -181,14 +181,6 @@ func platformUsers(tx *bolt.Tx, id string) ([]string, error) {
 		return nil
 	})
 	return out, err
-}
-
-func platformEntry(tx *bolt.Tx, id string) (*platformRecord, error) {
-	var rec platformRecord
-	if ok, err := getJSON(tx, bucketPlatforms, []byte(id), &rec); err != nil || !ok {
-		return nil, err
-	}
-	return &rec, nil
 }
 
 // platformRecords is the whole catalog, by id (it is bounded).

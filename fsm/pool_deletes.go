@@ -60,14 +60,14 @@ func deleteFiles(ac *applyCtx, w *api.Workspace, gone string) (bool, error) {
 // deleteNode is the node to remove a layer of pool that maker made: the
 // maker while it can answer, else the first member (by id) that can, "" for none.
 func deleteNode(tx *bolt.Tx, pool, maker, gone string) (string, error) {
-	n, err := getNode(tx, maker)
+	n, err := getRecord[api.Node](tx, bucketNodes, []byte(maker))
 	if err != nil {
 		return "", err
 	}
 	if maker != gone && canAnswer(n) {
 		return maker, nil
 	}
-	rec, err := getPool(tx, pool)
+	rec, err := getRecord[poolRecord](tx, bucketPools, []byte(pool))
 	if err != nil || rec == nil {
 		return "", err
 	}
@@ -76,7 +76,7 @@ func deleteNode(tx *bolt.Tx, pool, maker, gone string) (string, error) {
 		return "", err
 	}
 	for _, m := range v.Nodes {
-		n, err := getNode(tx, m.NodeID)
+		n, err := getRecord[api.Node](tx, bucketNodes, []byte(m.NodeID))
 		if err != nil {
 			return "", err
 		}
@@ -94,7 +94,7 @@ func resumeDeletes(ac *applyCtx, n *api.Node) error {
 		return nil
 	}
 	for _, p := range n.Report.Pools {
-		if rec, err := getPool(ac.tx, p.PoolID); err != nil {
+		if rec, err := getRecord[poolRecord](ac.tx, bucketPools, []byte(p.PoolID)); err != nil {
 			return err
 		} else if rec == nil || rec.Shared != p.Shared {
 			continue // declared the other way: not a member

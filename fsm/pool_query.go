@@ -41,7 +41,7 @@ func poolView(tx *bolt.Tx, rec *poolRecord) (*api.StoragePool, error) {
 		if err := json.Unmarshal(raw, &d); err != nil {
 			return nil, fmt.Errorf("state record %s/%q is corrupt: %w", bucketPoolMembers, k, err)
 		}
-		n, err := getNode(tx, node)
+		n, err := getRecord[api.Node](tx, bucketNodes, []byte(node))
 		if err != nil {
 			return nil, err
 		}

@@ -143,7 +143,7 @@ func recountPoolUse(tx *bolt.Tx) error {
 // poolRoom is nil when a new object of size bytes fits in pool id, else
 // the resource_exhausted error that says why; it returns the pool.
 func poolRoom(tx *bolt.Tx, id, what string, size uint64) (*poolRecord, error) {
-	rec, err := getPool(tx, id)
+	rec, err := getRecord[poolRecord](tx, bucketPools, []byte(id))
 	if err != nil {
 		return nil, err
 	}
@@ -191,7 +191,7 @@ func templateBytes(n *api.Node, template string, pub *catalogRecord) uint64 {
 // name no pool.
 func defaultPoolRoom(tx *bolt.Tx, n *api.Node, size uint64) string {
 	pool := api.DefaultPoolOf(n.NodeID, n.Report)
-	rec, err := getPool(tx, pool)
+	rec, err := getRecord[poolRecord](tx, bucketPools, []byte(pool))
 	if err != nil || rec == nil {
 		return "its default storage pool is not declared yet"
 	}

@@ -51,15 +51,11 @@ type poolDecl struct {
 
 func poolMemberKey(pool, node string) []byte { return []byte(pool + "\x00" + node) }
 
-func getPool(tx *bolt.Tx, id string) (*poolRecord, error) {
-	return getRecord[poolRecord](tx, bucketPools, []byte(id))
-}
-
 func mustPool(tx *bolt.Tx, id string) (*poolRecord, error) {
 	if err := api.ValidPoolID(id); err != nil {
 		return nil, err
 	}
-	p, err := getPool(tx, id)
+	p, err := getRecord[poolRecord](tx, bucketPools, []byte(id))
 	if err != nil {
 		return nil, err
 	}
@@ -127,7 +123,7 @@ func declarePools(ac *applyCtx, node string, old []api.Pool, r *api.Report) erro
 				return err
 			}
 		}
-		rec, err := getPool(ac.tx, p.PoolID)
+		rec, err := getRecord[poolRecord](ac.tx, bucketPools, []byte(p.PoolID))
 		if err != nil {
 			return err
 		}
@@ -157,7 +153,7 @@ func reportsPool(r *api.Report, id string) bool {
 // now be used by other members: node is no longer a member or is
 // isolated, and another host declares the pool (its disk was moved there).
 func poolMoved(tx *bolt.Tx, pool, node string) (bool, error) {
-	rec, err := getPool(tx, pool)
+	rec, err := getRecord[poolRecord](tx, bucketPools, []byte(pool))
 	if err != nil || rec == nil {
 		return false, err
 	}
@@ -172,7 +168,7 @@ func poolMoved(tx *bolt.Tx, pool, node string) (bool, error) {
 			others = true
 			continue
 		}
-		if n, err := getNode(tx, node); err != nil || !n.Isolated {
+		if n, err := getRecord[api.Node](tx, bucketNodes, []byte(node)); err != nil || !n.Isolated {
 			return false, err // the maker is a member that can still use it
 		}
 	}

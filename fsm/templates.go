@@ -70,18 +70,17 @@ func applyTemplatePublish(ac *applyCtx) (any, error) {
 	if _, err := mustNode(ac.tx, a.NodeID); err != nil {
 		return nil, err
 	}
-	var old catalogRecord
-	exists, err := getJSON(ac.tx, bucketTemplates, []byte(a.Name), &old)
+	old, err := getRecord[catalogRecord](ac.tx, bucketTemplates, []byte(a.Name))
 	if err != nil {
 		return nil, err
 	}
 	rec := catalogRecord{TemplateImage: a.TemplateImage, PublishedBy: a.NodeID, PublishedAt: *at(ac.e), Version: 1}
-	if exists {
+	if old != nil {
 		if err := checkVersion(ac.e, old.Version, "template "+a.Name); err != nil {
 			return nil, err
 		}
 		if old.Digest == a.Digest {
-			return catalogView(ac.tx, &old)
+			return catalogView(ac.tx, old)
 		}
 		rec.Version = old.Version + 1
 	} else if countAtMost(ac.tx, bucketTemplates, api.MaxCatalogTemplates) >= api.MaxCatalogTemplates {
@@ -141,7 +140,7 @@ func GetCatalogTemplate(tx *bolt.Tx, name string) (*api.CatalogTemplate, error) 
 	if err := api.ValidTemplateName(name); err != nil {
 		return nil, err
 	}
-	rec, err := catalogEntry(tx, name)
+	rec, err := getRecord[catalogRecord](tx, bucketTemplates, []byte(name))
 	if err != nil {
 		return nil, err
 	}
@@ -154,20 +153,11 @@ func GetCatalogTemplate(tx *bolt.Tx, name string) (*api.CatalogTemplate, error) 
 // TaskTemplate is the catalog entry of the template a start names, nil
 // when it was never published.
 func TaskTemplate(tx *bolt.Tx, name string) (*api.TemplateImage, error) {
-	rec, err := catalogEntry(tx, name)
+	rec, err := getRecord[catalogRecord](tx, bucketTemplates, []byte(name))
 	if err != nil || rec == nil {
 		return nil, err
 	}
 	return &rec.TemplateImage, nil
-}
-
-// catalogEntry is the catalog record of name, nil when there is none.
-func catalogEntry(tx *bolt.Tx, name string) (*catalogRecord, error) {
-	var rec catalogRecord
-	if ok, err := getJSON(tx, bucketTemplates, []byte(name), &rec); err != nil || !ok {
-		return nil, err
-	}
-	return &rec, nil
 }
 
 // ListCatalogTemplates is a page of the catalog, by name.

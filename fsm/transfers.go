@@ -69,7 +69,7 @@ func applyTransferExport(ac *applyCtx) (any, error) {
 		return nil, api.Errorf(api.CodeInvalidArgument, "transfer ttl %s is out of range: give 1m to %s", ttl, api.MaxTransferTTL)
 	}
 	id := TransferIDFor(ac.e.CommandID)
-	if old, err := transferEntry(ac.tx, id); err != nil {
+	if old, err := getRecord[transferRecord](ac.tx, bucketTransfers, []byte(id)); err != nil {
 		return nil, err
 	} else if old != nil {
 		return nil, api.Errorf(api.CodeAlreadyExists, "transfer %s already exists: use a new --command-id", id)
@@ -224,16 +224,8 @@ func truncate(s string, n int) string {
 	return s
 }
 
-func transferEntry(tx *bolt.Tx, id string) (*transferRecord, error) {
-	var rec transferRecord
-	if ok, err := getJSON(tx, bucketTransfers, []byte(id), &rec); err != nil || !ok {
-		return nil, err
-	}
-	return &rec, nil
-}
-
 func mustTransfer(tx *bolt.Tx, id string) (*transferRecord, error) {
-	rec, err := transferEntry(tx, id)
+	rec, err := getRecord[transferRecord](tx, bucketTransfers, []byte(id))
 	if err != nil {
 		return nil, err
 	}

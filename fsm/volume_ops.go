@@ -118,7 +118,7 @@ func volumeHome(ac *applyCtx, a *VolumeCreateArgs) (node, pool string, err error
 		// A member with a live session first: it makes the file now.
 		var fallback string
 		for _, m := range v.Nodes {
-			n, err := getNode(ac.tx, m.NodeID)
+			n, err := getRecord[api.Node](ac.tx, bucketNodes, []byte(m.NodeID))
 			if err != nil {
 				return "", "", err
 			}
@@ -185,7 +185,7 @@ func applyVolumeResize(ac *applyCtx) (any, error) {
 	case v.State != api.VolumeAvailable && !(v.State == api.VolumeCreating && !v.Made):
 		return nil, api.Errorf(api.CodeFailedPrecondition, "volume %s is %s: resize needs AVAILABLE", v.Name, v.State)
 	}
-	rec, err := getPool(ac.tx, v.PoolID)
+	rec, err := getRecord[poolRecord](ac.tx, bucketPools, []byte(v.PoolID))
 	if err != nil {
 		return nil, err
 	}

@@ -82,7 +82,7 @@ func place(ac *applyCtx, w *api.Workspace, vols []*api.Volume, pin string, refus
 	// A published template may start on a node that fetches it first.
 	// Only builds from LevelArtifacts on have catalog entries, so older
 	// voters place as before.
-	pub, err := catalogEntry(ac.tx, w.Template)
+	pub, err := getRecord[catalogRecord](ac.tx, bucketTemplates, []byte(w.Template))
 	if err != nil {
 		return "", err
 	}
@@ -159,7 +159,7 @@ func place(ac *applyCtx, w *api.Workspace, vols []*api.Volume, pin string, refus
 	if pin != "" {
 		// candidates leaves out nodes without the node role; say so rather
 		// than "not registered".
-		if n, err := getNode(ac.tx, pin); err != nil {
+		if n, err := getRecord[api.Node](ac.tx, bucketNodes, []byte(pin)); err != nil {
 			return "", err
 		} else if n != nil && !n.HasRole(api.RoleNode) {
 			return "", api.Errorf(api.CodeFailedPrecondition, "node %s has no node role and runs no Workspaces; --node never places elsewhere", pin)
@@ -257,7 +257,7 @@ func beginExecution(ac *applyCtx, w *api.Workspace, vols []*api.Volume, node, st
 			return err
 		}
 		pool := api.DefaultPoolOf(node, n.Report)
-		pub, err := catalogEntry(ac.tx, w.Template)
+		pub, err := getRecord[catalogRecord](ac.tx, bucketTemplates, []byte(w.Template))
 		if err != nil {
 			return err
 		}
