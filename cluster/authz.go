@@ -47,10 +47,10 @@ func (s *Server) peerIdentity(cs tls.ConnectionState) (trust.Identity, error) {
 // within about a second of its commit.
 func (s *Server) admitted(id trust.Identity) error {
 	if s.fsm == nil {
-		// A node-only member answers only its status itself (which asks
-		// ctrl, admittedByCtrl); everything else goes to ctrl and is
-		// checked there.
-		return nil
+		// A node-only member has no replica: it asks ctrl (cached for
+		// admissionTTL), for every call it answers itself, its metrics
+		// and its redirects to ctrl included.
+		return s.admittedByCtrl(id)
 	}
 	var a fsm.NodeAdmission
 	var ok, bootstrapped bool

@@ -123,11 +123,6 @@ func (s *Server) allow(a access, r *http.Request) error {
 	if !slices.ContainsFunc(a.roles, func(want role) bool { return slices.Contains(held, want) }) {
 		return a.refuse(c, r)
 	}
-	if slices.Contains(a.roles, roleCtrl) && s.fsm == nil {
-		// A node-only member has no replica to check the ctrl member's
-		// admission against: it asks ctrl.
-		return s.admittedByCtrl(c.id)
-	}
 	return nil
 }
 

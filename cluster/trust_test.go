@@ -280,17 +280,22 @@ func TestRevocationIsEnforcedOnEveryMember(t *testing.T) {
 	// What each member answers itself: ctrl members everything, a
 	// node-only member its status (it asks ctrl about the caller).
 	type check struct {
-		m    *clustertest.Member
-		path string
+		m      *clustertest.Member
+		path   string
+		before int // the answer before the retirement
 	}
 	var checks []check
 	for _, m := range ctrls {
-		checks = append(checks, check{m, "/v1/nodes"})
+		checks = append(checks, check{m, "/v1/nodes", http.StatusOK})
 	}
-	checks = append(checks, check{other, "/v1/status"})
+	// A node-only member: its status and metrics (clustertest's members
+	// have no registry: "no metrics yet"), and the redirect to ctrl of what
+	// it does not answer itself.
+	checks = append(checks, check{other, "/v1/status", http.StatusOK}, check{other, "/metrics", http.StatusServiceUnavailable},
+		check{other, "/v1/nodes", http.StatusMisdirectedRequest})
 	for _, ck := range checks {
-		if status, e := rawCall(t, ck.m, oldAdmin, ck.m.Addr, "GET", ck.path, nil, nil); status != http.StatusOK {
-			t.Fatalf("before retirement %s refused %s's operator certificate: %d %v", ck.m.ID, worker.ID, status, e)
+		if status, e := rawCall(t, ck.m, oldAdmin, ck.m.Addr, "GET", ck.path, nil, nil); status != ck.before {
+			t.Fatalf("before retirement %s answered %s's operator certificate on %s with %d %v; want %d", ck.m.ID, worker.ID, ck.path, status, e, ck.before)
 		}
 	}
 
