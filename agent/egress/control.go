@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/kibotos/kibotos/buildinfo"
+	"github.com/kibotos/kibotos/internal/fdpass"
 )
 
 // nodeUID is the only peer the control socket serves.
@@ -123,7 +124,7 @@ func (s *Server) serveSession(c *net.UnixConn) {
 		fds := l.takeFDs()
 		rep, out := s.handle(req, fds)
 		err := l.writeFrame(rep, out...)
-		closeFDs(out)
+		fdpass.Close(out)
 		if err != nil {
 			return
 		}
@@ -134,7 +135,7 @@ func (s *Server) serveSession(c *net.UnixConn) {
 // unless a listeners request took them. out are descriptors to send back
 // (closed by the caller).
 func (s *Server) handle(req request, fds []int) (rep reply, out []int) {
-	defer closeFDs(fds) // installListeners keeps copies
+	defer fdpass.Close(fds) // installListeners keeps copies
 	if len(fds) > 0 && req.Op != opListeners {
 		return reply{Error: fmt.Sprintf("egress: a %q request carried %d descriptors: only %q carries any", req.Op, len(fds), opListeners)}, nil
 	}

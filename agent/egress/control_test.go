@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kibotos/kibotos/internal/fdpass"
 	"github.com/kibotos/kibotos/internal/testenv"
 )
 
@@ -155,7 +156,7 @@ func TestControlDescriptors(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	fd, _ := fileFD(f)
+	fd, _ := fdpass.FileFD(f)
 	if rep := roundTrip(t, l, request{Op: opStats}, fd); !strings.Contains(rep.Error, `a "stats" request carried 1 descriptors`) {
 		t.Fatalf("stats with a descriptor: %+v", rep)
 	}
@@ -184,10 +185,10 @@ func TestControlDescriptors(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer good.Close()
-	pfd, _ := fileFD(pf)
-	tfd, _ := fileFD(good.TCP)
-	ufd, _ := fileFD(good.DNS)
-	dfd, _ := fileFD(good.DNSTCP)
+	pfd, _ := fdpass.FileFD(pf)
+	tfd, _ := fdpass.FileFD(good.TCP)
+	ufd, _ := fdpass.FileFD(good.DNS)
+	dfd, _ := fdpass.FileFD(good.DNSTCP)
 	if rep := roundTrip(t, l, request{Op: opListeners}, pfd, ufd, dfd); !strings.Contains(rep.Error, "lacks IP_TRANSPARENT") {
 		t.Fatalf("listeners with a plain TCP listener: %+v", rep)
 	}
@@ -357,7 +358,7 @@ func echo(t testing.TB, c net.Conn, msg string) {
 
 func mustFD(t *testing.T, f *os.File) int {
 	t.Helper()
-	fd, err := fileFD(f)
+	fd, err := fdpass.FileFD(f)
 	if err != nil {
 		t.Fatal(err)
 	}
