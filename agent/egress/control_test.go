@@ -180,7 +180,7 @@ func TestControlDescriptors(t *testing.T) {
 	if _, err := ListenDNSTCP("0.0.0.0:5300"); err == nil {
 		t.Fatal("ListenDNSTCP took the unspecified address")
 	}
-	good, err := ListenSockets(testenv.LoopbackAddr(t), testenv.LoopbackAddr(t))
+	good, err := ListenSockets(t.Context(), testenv.LoopbackAddr(t), testenv.LoopbackAddr(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -208,7 +208,7 @@ func TestControlDescriptors(t *testing.T) {
 // to c and closes the test's copies.
 func sendSockets(t testing.TB, c *Client, tcpAddr, dnsAddr string) {
 	t.Helper()
-	socks, err := ListenSockets(tcpAddr, dnsAddr)
+	socks, err := ListenSockets(t.Context(), tcpAddr, dnsAddr)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -250,11 +250,11 @@ func TestClientAPI(t *testing.T) {
 	if _, err := Dial(ctx, s.socket()); err == nil || !strings.Contains(err.Error(), "one at a time") {
 		t.Fatalf("second connection: %v", err)
 	}
-	if _, err := ListenTransparentTCP("127.0.0.1:0"); err == nil {
+	if _, err := ListenTransparentTCP(t.Context(), "127.0.0.1:0"); err == nil {
 		t.Fatal("ListenTransparentTCP took port 0")
 	}
 	listen := testenv.LoopbackAddr(t)
-	sockets, err := ListenSockets(listen, testenv.LoopbackAddr(t))
+	sockets, err := ListenSockets(t.Context(), listen, testenv.LoopbackAddr(t))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -20,7 +20,7 @@
 //
 // Sockets, made as root in the node's (host) network namespace and sent
 // with Client.SendListeners:
-//   - ListenTransparentTCP("0.0.0.0:PORT"): a listener
+//   - ListenTransparentTCP(ctx, "0.0.0.0:PORT"): a listener
 //     with IP_TRANSPARENT, so connections TPROXYed to it keep their original
 //     destination as the accepted socket's local address. Because the node
 //     creates it, it belongs to the node unit's cgroup for as long as it

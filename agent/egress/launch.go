@@ -46,7 +46,7 @@ func (s *Supervisor) startServing(ctx context.Context) error {
 func (s *Supervisor) listen(ctx context.Context) (Sockets, error) {
 	var socks Sockets
 	err := s.retryBusy(ctx, func() (err error) {
-		socks, err = ListenSockets(s.cfg.TCPListen, s.cfg.DNSListen)
+		socks, err = ListenSockets(ctx, s.cfg.TCPListen, s.cfg.DNSListen)
 		return err
 	})
 	return socks, err

@@ -168,7 +168,9 @@ func OpenSupervisor(ctx context.Context, cfg SupervisorConfig) (*Supervisor, err
 		}
 	}
 	s := &Supervisor{cfg: cfg, log: log, acct: acct, series: newSeries(cfg), done: make(chan struct{})}
-	s.ctx, s.cancel = context.WithCancel(context.Background())
+	// The watch loop outlives the open: it runs until Close, whatever
+	// becomes of ctx, and keeps only its values.
+	s.ctx, s.cancel = context.WithCancel(context.WithoutCancel(ctx))
 	if err := s.adopt(ctx); err != nil {
 		s.cancel()
 		return nil, err
@@ -288,7 +290,7 @@ func (s *Supervisor) switchTo(ctx context.Context, drainOld bool) error {
 		// configured one now, which nobody holds yet.
 		socks.TCP.Close()
 		if err := s.retryBusy(ctx, func() (err error) {
-			socks.TCP, err = ListenTransparentTCP(s.cfg.TCPListen)
+			socks.TCP, err = ListenTransparentTCP(ctx, s.cfg.TCPListen)
 			return err
 		}); err != nil {
 			socks.TCP = nil

@@ -83,7 +83,7 @@ type nodeNetwork struct {
 
 // openNodeNetwork prepares the node's namespace for guest traffic:
 // forwarding on and its own rule table in place (with a configuration).
-func openNodeNetwork(cfg *netpol.Config, hostNSPath string, t units.Target, log *slog.Logger) (*nodeNetwork, error) {
+func openNodeNetwork(ctx context.Context, cfg *netpol.Config, hostNSPath string, t units.Target, log *slog.Logger) (*nodeNetwork, error) {
 	n := &nodeNetwork{cfg: cfg, assigned: map[string]netip.Addr{}, assigned6: map[string]netip.Addr{},
 		ns: netpol.Namespaces{Dir: netpol.DefaultNamespaceDir}}
 	if t.NetNSDir != "" {
@@ -131,7 +131,7 @@ func openNodeNetwork(cfg *netpol.Config, hostNSPath string, t units.Target, log 
 	}
 	// Without its resolver the node still runs (and can take networks
 	// down): only policies with domain rules are refused (tableSpec).
-	if err := n.openNames(log); err != nil {
+	if err := n.openNames(ctx, log); err != nil {
 		n.namesErr = err
 		n.warnings = append(n.warnings, err.Error()+"; Workspaces with domain rules cannot start here")
 	}

@@ -377,7 +377,7 @@ func Open(ctx context.Context, cfg Config) (*Runtime, error) {
 	} else {
 		close(rt.qemuVersionDone)
 	}
-	if rt.net, err = openNodeNetwork(cfg.Network, cfg.HostNetNS, rt.units.Target(), rt.log); err != nil {
+	if rt.net, err = openNodeNetwork(ctx, cfg.Network, cfg.HostNetNS, rt.units.Target(), rt.log); err != nil {
 		return nil, err
 	}
 	for _, w := range rt.net.warnings {
