@@ -6,13 +6,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io/fs"
 	"net"
 	"os"
-	"path/filepath"
-	"strconv"
 	"time"
 
+	"github.com/kibotos/kibotos/agent/generations"
 	"github.com/kibotos/kibotos/buildinfo"
 	"github.com/kibotos/kibotos/internal/fdpass"
 	"github.com/kibotos/kibotos/vmm/guestproto"
@@ -60,7 +58,7 @@ const maxControlFDs = 2
 
 // ControlSocket is the control socket of generation gen in socketDir.
 func ControlSocket(socketDir string, gen uint64) string {
-	return filepath.Join(socketDir, "control-"+strconv.FormatUint(gen, 10)+".sock")
+	return generations.ControlSocket(socketDir, gen)
 }
 
 func listenControl(dir string, gen uint64) (*net.UnixListener, error) {
@@ -71,17 +69,10 @@ func listenControl(dir string, gen uint64) (*net.UnixListener, error) {
 	if err := os.Chmod(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("dataplane: socket directory %s: %w", dir, err)
 	}
-	path := ControlSocket(dir, gen)
-	// A socket file of this generation can only be left by a process of
-	// this generation that died: generations are never reused.
-	if fi, err := os.Lstat(path); err == nil && fi.Mode().Type() == fs.ModeSocket {
-		os.Remove(path)
-	}
-	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+	ln, err := generations.ListenControl(dir, gen)
 	if err != nil {
-		return nil, fmt.Errorf("dataplane: control socket: %w", err)
+		return nil, fmt.Errorf("dataplane: %w", err)
 	}
-	ln.SetUnlinkOnClose(false) // Run removes it, after the last reply
 	return ln, nil
 }
 
