@@ -45,7 +45,7 @@ type clientConn struct {
 }
 
 func newClientConn(s *Server, raw net.Conn) *clientConn {
-	ctx, cancel := context.WithCancel(context.Background())
+	ctx, cancel := context.WithCancel(s.life)
 	return &clientConn{s: s, raw: raw, ctx: ctx, cancel: cancel, killed: ctx.Done()}
 }
 

@@ -6,16 +6,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io/fs"
 	"net"
 	"os"
-	"path/filepath"
-	"strconv"
 	"time"
 
-	"golang.org/x/sys/unix"
-
+	"github.com/kibotos/kibotos/agent/generations"
 	"github.com/kibotos/kibotos/buildinfo"
+	"github.com/kibotos/kibotos/internal/fdpass"
 	"github.com/kibotos/kibotos/vmm/guestproto"
 )
 
@@ -61,7 +58,7 @@ const maxControlFDs = 2
 
 // ControlSocket is the control socket of generation gen in socketDir.
 func ControlSocket(socketDir string, gen uint64) string {
-	return filepath.Join(socketDir, "control-"+strconv.FormatUint(gen, 10)+".sock")
+	return generations.ControlSocket(socketDir, gen)
 }
 
 func listenControl(dir string, gen uint64) (*net.UnixListener, error) {
@@ -72,56 +69,23 @@ func listenControl(dir string, gen uint64) (*net.UnixListener, error) {
 	if err := os.Chmod(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("dataplane: socket directory %s: %w", dir, err)
 	}
-	path := ControlSocket(dir, gen)
-	// A socket file of this generation can only be left by a process of
-	// this generation that died: generations are never reused.
-	if fi, err := os.Lstat(path); err == nil && fi.Mode().Type() == fs.ModeSocket {
-		os.Remove(path)
-	}
-	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+	ln, err := generations.ListenControl(dir, gen)
 	if err != nil {
-		return nil, fmt.Errorf("dataplane: control socket: %w", err)
+		return nil, fmt.Errorf("dataplane: %w", err)
 	}
-	ln.SetUnlinkOnClose(false) // Run removes it, after the last reply
 	return ln, nil
 }
 
 // ctlConn is one end of a control connection: lines out, with optional
 // descriptors, and lines in, collecting the descriptors that came along.
 type ctlConn struct {
-	c   *net.UnixConn
-	br  *bufio.Reader
-	oob []byte
-	fds []int // received, not yet taken
+	c  *fdpass.Conn
+	br *bufio.Reader
 }
 
 func newCtlConn(c *net.UnixConn) *ctlConn {
-	cc := &ctlConn{c: c, oob: make([]byte, unix.CmsgSpace(4*maxControlFDs))}
-	cc.br = bufio.NewReader(fdReader{cc})
-	return cc
-}
-
-// fdReader reads bytes and keeps the descriptors riding on them.
-type fdReader struct{ cc *ctlConn }
-
-func (r fdReader) Read(p []byte) (int, error) {
-	n, oobn, flags, _, err := r.cc.c.ReadMsgUnix(p, r.cc.oob)
-	n = max(n, 0) // -1 with some errors (a deadline)
-	if oobn > 0 {
-		msgs, perr := unix.ParseSocketControlMessage(r.cc.oob[:oobn])
-		if perr != nil {
-			return n, fmt.Errorf("dataplane: control line: ancillary data: %w", perr)
-		}
-		for _, m := range msgs {
-			if fds, ferr := unix.ParseUnixRights(&m); ferr == nil {
-				r.cc.fds = append(r.cc.fds, fds...)
-			}
-		}
-	}
-	if flags&unix.MSG_CTRUNC != 0 || len(r.cc.fds) > maxControlFDs {
-		return n, fmt.Errorf("dataplane: control line carried more than %d descriptors", maxControlFDs)
-	}
-	return n, err
+	fc := fdpass.NewConn(c, maxControlFDs)
+	return &ctlConn{c: fc, br: bufio.NewReader(fc)}
 }
 
 func (cc *ctlConn) read(v any) error {
@@ -149,34 +113,12 @@ func (cc *ctlConn) write(v any, fds ...int) error {
 	if err != nil {
 		return err
 	}
-	b = append(b, '\n')
-	if len(fds) == 0 {
-		_, err = cc.c.Write(b)
-		return err
-	}
-	n, _, err := cc.c.WriteMsgUnix(b, unix.UnixRights(fds...), nil)
-	if err == nil && n < len(b) {
-		_, err = cc.c.Write(b[n:])
-	}
-	return err
+	return cc.c.WriteFDs(append(b, '\n'), fds...)
 }
 
-func (cc *ctlConn) takeFDs() []int {
-	fds := cc.fds
-	cc.fds = nil
-	return fds
-}
+func (cc *ctlConn) takeFDs() []int { return cc.c.TakeFDs() }
 
-func (cc *ctlConn) close() {
-	closeFDs(cc.takeFDs())
-	cc.c.Close()
-}
-
-func closeFDs(fds []int) {
-	for _, fd := range fds {
-		unix.Close(fd)
-	}
-}
+func (cc *ctlConn) close() { cc.c.Close() }
 
 func (s *Server) serveControl(ln *net.UnixListener) {
 	for {
@@ -203,14 +145,14 @@ func (s *Server) controlConn(conn *net.UnixConn) {
 		}
 		fds := cc.takeFDs()
 		if req.Op == opLend {
-			closeFDs(fds)
+			fdpass.Close(fds)
 			lent = true
 			s.lend(cc, req.InstanceID) // the connection is the session's now
 			return
 		}
 		rep, out := s.handleControl(req, fds)
 		err := cc.write(rep, out...)
-		closeFDs(out)
+		fdpass.Close(out)
 		if err != nil {
 			return
 		}
@@ -221,7 +163,7 @@ func (s *Server) controlConn(conn *net.UnixConn) {
 // here (installListener keeps copies); out are descriptors to send back,
 // closed by the caller.
 func (s *Server) handleControl(req controlRequest, fds []int) (rep controlReply, out []int) {
-	defer closeFDs(fds)
+	defer fdpass.Close(fds)
 	if len(fds) > 0 && req.Op != opListener {
 		return controlReply{Error: fmt.Sprintf("dataplane: a %q request carried %d descriptors: only %q carries one", req.Op, len(fds), opListener)}, nil
 	}
@@ -312,7 +254,7 @@ func control(ctx context.Context, socket string, req controlRequest, fds ...int)
 	}
 	got := cc.takeFDs()
 	if rep.Error != "" {
-		closeFDs(got)
+		fdpass.Close(got)
 		return rep, nil, &controlError{code: rep.Code, msg: rep.Error}
 	}
 	return rep, got, nil
@@ -366,7 +308,7 @@ func ExportState(ctx context.Context, socketDir string, gen uint64) (st State, o
 func TakeListener(ctx context.Context, socketDir string, gen uint64) (*os.File, error) {
 	_, fds, err := control(ctx, ControlSocket(socketDir, gen), controlRequest{Op: opTakeListener})
 	if err == nil && len(fds) != 1 {
-		closeFDs(fds)
+		fdpass.Close(fds)
 		err = fmt.Errorf("the reply carried %d descriptors, want 1", len(fds))
 	}
 	if err != nil {
@@ -379,7 +321,7 @@ func TakeListener(ctx context.Context, socketDir string, gen uint64) (*os.File, 
 // started to wait for it, and returns once it accepts on it. The caller
 // closes its copy afterwards.
 func SendListener(ctx context.Context, socketDir string, gen uint64, ln *os.File) error {
-	fd, err := fileFD(ln)
+	fd, err := fdpass.FileFD(ln)
 	if err == nil {
 		_, _, err = control(ctx, ControlSocket(socketDir, gen), controlRequest{Op: opListener}, fd)
 	}
@@ -404,18 +346,4 @@ func End(ctx context.Context, socketDir string, gen uint64) error {
 		return fmt.Errorf("dataplane: end generation %d: %w", gen, err)
 	}
 	return nil
-}
-
-// fileFD is f's descriptor without (*os.File).Fd, which would switch the
-// socket to blocking mode. The caller keeps f alive while it uses it.
-func fileFD(f *os.File) (int, error) {
-	rc, err := f.SyscallConn()
-	if err != nil {
-		return -1, err
-	}
-	fd := -1
-	if err := rc.Control(func(u uintptr) { fd = int(u) }); err != nil {
-		return -1, err
-	}
-	return fd, nil
 }

@@ -3,10 +3,9 @@ package dataplane
 import (
 	"crypto/sha256"
 	"encoding/hex"
-	"fmt"
-	"os"
 	"path/filepath"
 
+	"github.com/kibotos/kibotos/agent/generations"
 	"github.com/kibotos/kibotos/vmm/units"
 )
 
@@ -15,11 +14,6 @@ const unitPrefix = "kibotos-dataplane-"
 
 // UnitName is the unit of generation gen of scope.
 func UnitName(scope string, gen uint64) string { return units.GenerationUnit(unitPrefix, scope, gen) }
-
-// unitGeneration parses a unit name of scope; ok is false for other units.
-func unitGeneration(scope, name string) (uint64, bool) {
-	return units.ParseGenerationUnit(unitPrefix, scope, name)
-}
 
 // ScopeFor is the scope of a node whose runtime (socket) directory is dir:
 // two nodes on one host have different directories, hence different units.
@@ -38,21 +32,14 @@ func ScopeFor(dir string) string {
 // next also never goes below what systemd still lists.
 func generationFile(socketDir string) string { return filepath.Join(socketDir, "generation") }
 
-func readGeneration(socketDir string) (uint64, error) {
-	gen, err := units.ReadGenerationCounter(generationFile(socketDir))
-	if err != nil {
-		return 0, fmt.Errorf("dataplane: %w", err)
+// newSeries is the generations of cfg's data plane. The counter of an
+// earlier socket directory still counts: its numbers are never handed out
+// again.
+func newSeries(cfg SupervisorConfig) *generations.Series {
+	s := &generations.Series{Units: cfg.Units, Prefix: unitPrefix, Scope: cfg.Scope, Counter: generationFile(cfg.SocketDir),
+		Who: "dataplane", StopTimeout: stopWait}
+	for _, dir := range cfg.EarlierSocketDirs {
+		s.EarlierCounters = append(s.EarlierCounters, generationFile(dir))
 	}
-	return gen, nil
-}
-
-// writeGeneration records gen atomically (temp file, then rename).
-func writeGeneration(socketDir string, gen uint64) error {
-	if err := os.MkdirAll(socketDir, 0o700); err != nil {
-		return fmt.Errorf("dataplane: socket directory %s: %w", socketDir, err)
-	}
-	if err := units.WriteGenerationCounter(generationFile(socketDir), gen); err != nil {
-		return fmt.Errorf("dataplane: %w", err)
-	}
-	return nil
+	return s
 }

@@ -109,7 +109,7 @@ const (
 )
 
 func (s *Server) newLink(instanceID, socket, boot string) *guestLink {
-	gone, markGone := context.WithCancel(context.Background())
+	gone, markGone := context.WithCancel(s.life)
 	l := &guestLink{instanceID: instanceID, socket: socket, gone: gone, markGone: markGone, log: s.log,
 		claimed: boot, reclaimed: make(chan struct{})}
 	if s.cfg.Predecessor != 0 {

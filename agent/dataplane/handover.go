@@ -10,6 +10,8 @@ import (
 	"strings"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/kibotos/kibotos/internal/fdpass"
 )
 
 // The process's side of a hand-over. The node asks the serving generation
@@ -57,7 +59,7 @@ func (s *Server) takeListener() ([]int, error) {
 		return nil, fmt.Errorf("dataplane: take-listener: %w", err)
 	}
 	defer f.Close()
-	fd, err := fileFD(f)
+	fd, err := fdpass.FileFD(f)
 	if err == nil {
 		fd, err = unix.FcntlInt(uintptr(fd), unix.F_DUPFD_CLOEXEC, 0)
 	}

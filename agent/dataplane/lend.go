@@ -179,7 +179,7 @@ func (s *Server) lentStream(ls *lendSession, sess *yamux.Session, st net.Conn, g
 		respondError(st, &guestproto.Error{Code: guestproto.CodeUnsupported, Message: fmt.Sprintf("the data plane does not relay %q", req.Call)})
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	ctx, cancel := context.WithTimeout(s.life, 30*time.Second)
 	gs, err := guest.OpenRaw(ctx, req)
 	cancel()
 	if err != nil {

@@ -54,8 +54,13 @@ type Config struct {
 // node needs room for a newer drain, or switches release lines), it closes
 // everything at once.
 type Server struct {
-	cfg      Config
-	log      *slog.Logger
+	cfg Config
+	log *slog.Logger
+	// life is Run's context without its cancellation, set before Run
+	// serves anything: connections, guest links and lent sessions outlive
+	// a stop (they get Grace, then each ends on its own cancel), so they
+	// keep only its values.
+	life     context.Context
 	ready    chan struct{}
 	finished chan struct{} // closed when a drained or ended process has nothing left
 	finish   sync.Once
@@ -152,6 +157,7 @@ func (s *Server) Addr() string {
 // the open connections Grace, closes the rest and returns) or until a
 // drain or an end requested by the node has nothing left.
 func (s *Server) Run(ctx context.Context) error {
+	s.life = context.WithoutCancel(ctx)
 	ctl, err := listenControl(s.cfg.SocketDir, s.cfg.Generation)
 	if err != nil {
 		return err

@@ -68,7 +68,7 @@ func (s *Server) apply(st State) error {
 			l := s.newLink(id, sock, boots[id])
 			s.links[id] = l
 			go func() {
-				ctx, cancel := context.WithTimeout(context.Background(), s.cfg.GuestTimeout)
+				ctx, cancel := context.WithTimeout(s.life, s.cfg.GuestTimeout)
 				defer cancel()
 				l.get(ctx) // failures are retried by the first connection that needs it
 			}()

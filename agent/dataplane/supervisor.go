@@ -1,7 +1,6 @@
 package dataplane
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -11,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/kibotos/kibotos/agent/generations"
 	"github.com/kibotos/kibotos/buildinfo"
 	"github.com/kibotos/kibotos/vmm/units"
 )
@@ -157,7 +157,7 @@ func Ensure(ctx context.Context, cfg SupervisorConfig) (*Handle, error) {
 		return nil, err
 	}
 	cfg = cfg.withDefaults()
-	sv := &supervisor{cfg: cfg, log: cfg.Logger}
+	sv := &supervisor{cfg: cfg, log: cfg.Logger, series: newSeries(cfg)}
 	running, err := sv.running(ctx)
 	if err != nil {
 		return nil, err
@@ -328,23 +328,7 @@ func (h *Handle) Hellos(ctx context.Context) []Hello {
 // The node never calls it; `kibotos dev down` does, since on a host
 // systemd nothing else would end them.
 func StopScope(ctx context.Context, m *units.Manager, scope string) (int, error) {
-	listed, err := m.List(ctx, unitPrefix+scope+"-*.service")
-	if err != nil {
-		return 0, fmt.Errorf("dataplane: find data-plane units: %w", err)
-	}
-	n := 0
-	for _, u := range listed {
-		if _, ok := unitGeneration(scope, u.Name); !ok {
-			continue
-		}
-		if err := m.Stop(ctx, u.Name); err != nil {
-			return n, fmt.Errorf("dataplane: stop %s: %w", u.Name, err)
-		}
-		if u.Active() {
-			n++
-		}
-	}
-	return n, nil
+	return (&generations.Series{Units: m, Prefix: unitPrefix, Scope: scope, Who: "dataplane"}).StopAll(ctx)
 }
 
 // proc is a running data-plane unit Ensure found or started.
@@ -358,36 +342,15 @@ type proc struct {
 // running lists this scope's active units, newest first, and learns the
 // highest generation number handed out.
 func (sv *supervisor) running(ctx context.Context) ([]*proc, error) {
-	cfg := sv.cfg
-	listed, err := cfg.Units.List(ctx, unitPrefix+cfg.Scope+"-*.service")
-	if err != nil {
-		return nil, fmt.Errorf("dataplane: find running data-plane units: %w", err)
-	}
-	maxGen, err := readGeneration(cfg.SocketDir)
+	listed, err := sv.series.Running(ctx)
 	if err != nil {
 		return nil, err
 	}
-	for _, dir := range cfg.EarlierSocketDirs {
-		earlier, err := readGeneration(dir)
-		if err != nil {
-			return nil, err
-		}
-		maxGen = max(maxGen, earlier)
-	}
 	var running []*proc
-	for _, u := range listed {
-		gen, ok := unitGeneration(cfg.Scope, u.Name)
-		if !ok {
-			continue
-		}
-		maxGen = max(maxGen, gen)
-		if u.Active() {
-			running = append(running, &proc{gen: gen, unit: u.Name, mainPID: u.MainPID})
-		}
+	for _, p := range listed {
+		running = append(running, &proc{gen: p.Generation, unit: p.Unit, mainPID: p.MainPID})
 	}
-	sv.lastGen = maxGen
-	slices.SortFunc(running, func(a, b *proc) int { return cmp.Compare(b.gen, a.gen) })
-	if err := linkEarlier(cfg.SocketDir, cfg.EarlierSocketDirs, running, sv.log); err != nil {
+	if err := linkEarlier(sv.cfg.SocketDir, sv.cfg.EarlierSocketDirs, running, sv.log); err != nil {
 		return nil, err
 	}
 	return running, nil

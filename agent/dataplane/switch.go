@@ -10,8 +10,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kibotos/kibotos/agent/generations"
 	"github.com/kibotos/kibotos/buildinfo"
-	"github.com/kibotos/kibotos/internal/ctxsleep"
 	"github.com/kibotos/kibotos/vmm/units"
 )
 
@@ -19,14 +19,14 @@ import (
 const (
 	// ReasonNewerDrains: a switch would make a draining generation the
 	// third; it is ended at once and its connections are dropped.
-	ReasonNewerDrains = "a newer generation is about to drain"
+	ReasonNewerDrains = generations.ReasonNewerDrains
 	// ReasonTooMany: more than one generation drained when the node
 	// started; only the newest goes on.
 	ReasonTooMany = "at most two data-plane generations run"
 )
 
 // maxDraining is how many generations may drain next to the serving one.
-const maxDraining = 1
+const maxDraining = generations.MaxDraining
 
 const (
 	// startTimeout bounds the wait for a new process to answer its control
@@ -43,9 +43,9 @@ const (
 
 // supervisor is one Ensure's work.
 type supervisor struct {
-	cfg     SupervisorConfig
-	log     *slog.Logger
-	lastGen uint64 // the highest generation number handed out
+	cfg    SupervisorConfig
+	log    *slog.Logger
+	series *generations.Series
 }
 
 // plan is what Ensure does with the serving generation.
@@ -211,64 +211,47 @@ type launchOptions struct {
 // socket. A process that does not get there is ended.
 func (sv *supervisor) launch(ctx context.Context, o launchOptions) (*proc, error) {
 	cfg := sv.cfg
-	gen := sv.lastGen + 1
-	// Counted before the start: a crash after it never reuses the number.
-	if err := writeGeneration(cfg.SocketDir, gen); err != nil {
-		return nil, err
-	}
-	sv.lastGen = gen
-	name := UnitName(cfg.Scope, gen)
-	argv := []string{cfg.Executable, "dataplane", "--socket-dir", cfg.SocketDir, "--listen", cfg.Listen,
-		"--generation", strconv.FormatUint(gen, 10)}
-	argv = append(argv, cfg.TLS.Args()...)
-	if o.awaitListener {
-		argv = append(argv, "--await-listener")
-	}
-	if o.predecessor != 0 {
-		argv = append(argv, "--predecessor", strconv.FormatUint(o.predecessor, 10))
-	}
-	if cfg.Grace > 0 {
-		argv = append(argv, "--grace", cfg.Grace.String())
-	}
-	if cfg.LogFormat != "" {
-		argv = append(argv, "--log-format", cfg.LogFormat)
-	}
-	u, err := cfg.Units.StartService(ctx, units.Spec{
-		Name:           name,
-		Description:    "kibotos data plane (generation " + strconv.FormatUint(gen, 10) + ")",
-		Argv:           argv,
-		Slice:          units.DataPlaneSlice,
-		OOMScoreAdjust: -900,
+	started, err := sv.series.Start(ctx, func(gen uint64) units.Spec {
+		argv := []string{cfg.Executable, "dataplane", "--socket-dir", cfg.SocketDir, "--listen", cfg.Listen,
+			"--generation", strconv.FormatUint(gen, 10)}
+		argv = append(argv, cfg.TLS.Args()...)
+		if o.awaitListener {
+			argv = append(argv, "--await-listener")
+		}
+		if o.predecessor != 0 {
+			argv = append(argv, "--predecessor", strconv.FormatUint(o.predecessor, 10))
+		}
+		if cfg.Grace > 0 {
+			argv = append(argv, "--grace", cfg.Grace.String())
+		}
+		if cfg.LogFormat != "" {
+			argv = append(argv, "--log-format", cfg.LogFormat)
+		}
+		return units.Spec{
+			Description:    "kibotos data plane (generation " + strconv.FormatUint(gen, 10) + ")",
+			Argv:           argv,
+			Slice:          units.DataPlaneSlice,
+			OOMScoreAdjust: -900,
+		}
 	})
 	if err != nil {
-		return nil, fmt.Errorf("dataplane: %w", err)
+		return nil, err
 	}
-	p := &proc{gen: gen, unit: name, mainPID: u.MainPID}
-	// Type=exec returns once the binary runs; it is ready when its control
-	// socket answers.
-	deadline := time.Now().Add(startTimeout)
-	for {
-		hctx, cancel := context.WithTimeout(ctx, time.Second)
-		hello, herr := AskHello(hctx, cfg.SocketDir, gen)
-		cancel()
-		if herr == nil {
+	p := &proc{gen: started.Generation, unit: started.Unit, mainPID: started.MainPID}
+	err = sv.series.AwaitReady(ctx, started, startTimeout, "often the address "+cfg.Listen+" is taken", func(ctx context.Context) error {
+		hello, err := AskHello(ctx, cfg.SocketDir, p.gen)
+		if err == nil {
 			p.hello = &hello
-			return p, nil
 		}
-		cur, gerr := cfg.Units.Get(ctx, name)
-		if gerr != nil || !cur.Active() {
-			state := "gone"
-			if gerr == nil {
-				state = fmt.Sprintf("%s/%s, result %s, exit status %d", cur.ActiveState, cur.SubState, cur.Result, cur.ExecMainStatus)
-			}
-			return nil, fmt.Errorf("dataplane: %s exited at start (%s): its log says why (journalctl -u %s); often the address %s is taken", name, state, name, cfg.Listen)
-		}
-		if time.Now().After(deadline) || ctx.Err() != nil {
+		return err
+	})
+	if err != nil {
+		if !errors.Is(err, generations.ErrExited) {
 			sv.end(ctx, p, "its control socket did not answer at start")
-			return nil, fmt.Errorf("dataplane: %s runs but its control socket does not answer after %v: %v (journalctl -u %s)", name, startTimeout, herr, name)
 		}
-		ctxsleep.Sleep(ctx, 20*time.Millisecond)
+		return nil, err
 	}
+	return p, nil
 }
 
 // end ends p now: a process that speaks the hand-over protocol closes its
@@ -281,12 +264,11 @@ func (sv *supervisor) end(ctx context.Context, p *proc, reason string) {
 		told = End(ectx, sv.cfg.SocketDir, p.gen) == nil
 		cancel()
 	}
-	var stopErr error
-	if !told || !sv.waitGone(ctx, p.unit, endWait) {
-		sctx, cancel := context.WithTimeout(ctx, stopWait)
-		stopErr = sv.cfg.Units.Stop(sctx, p.unit)
-		cancel()
+	grace := time.Duration(0)
+	if told {
+		grace = endWait
 	}
+	stopErr := sv.series.Stop(ctx, p.unit, grace)
 	attrs := []any{"generation", p.gen, "unit", p.unit, "main_pid", p.mainPID, "reason", reason}
 	if stopErr != nil {
 		sv.log.Error("data-plane generation ended", append(attrs, "err", stopErr)...)
@@ -301,18 +283,4 @@ func (sv *supervisor) end(ctx context.Context, p *proc, reason string) {
 	}
 	tidyEarlier(sv.cfg.EarlierSocketDirs)
 	sv.log.Warn("data-plane generation ended", attrs...)
-}
-
-// waitGone waits up to d for unit to have no running process.
-func (sv *supervisor) waitGone(ctx context.Context, unit string, d time.Duration) bool {
-	deadline := time.Now().Add(d)
-	for {
-		u, err := sv.cfg.Units.Get(ctx, unit)
-		if errors.Is(err, units.ErrNotFound) || (err == nil && (u.ActiveState == "inactive" || u.ActiveState == "failed")) {
-			return true
-		}
-		if time.Now().After(deadline) || ctxsleep.Sleep(ctx, 20*time.Millisecond) != nil {
-			return false
-		}
-	}
 }

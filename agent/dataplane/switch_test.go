@@ -481,7 +481,7 @@ func TestSupervisorAdoptsFromAnEarlierSocketDir(t *testing.T) {
 	if _, err := os.Stat(ControlSocket(cur.SocketDir, 2)); err != nil {
 		t.Fatalf("generation 2's control socket is not in the new directory: %v", err)
 	}
-	if gen, err := readGeneration(cur.SocketDir); err != nil || gen != 2 {
+	if gen, err := units.ReadGenerationCounter(generationFile(cur.SocketDir)); err != nil || gen != 2 {
 		t.Fatalf("the new directory's generation counter: %d, %v; want 2", gen, err)
 	}
 	e.connect(h2.Address()).Close()

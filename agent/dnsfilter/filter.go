@@ -100,6 +100,12 @@ type Filter struct {
 	slots     chan struct{}
 	servers   []*dns.Server
 	served    sync.WaitGroup
+	// ctx bounds the upstream queries and the learning of answers. It
+	// lives until Close, beyond the ctx Serve was called with (the node
+	// opens the filter once and it serves for the node's life): it keeps
+	// that one's values, not its cancellation.
+	ctx    context.Context
+	cancel context.CancelFunc
 
 	mu     sync.Mutex
 	guests map[netip.Addr]*guest
@@ -132,12 +138,13 @@ type learnedName struct {
 // in the namespace guests reach, with upstreams (the deployment
 // resolvers) asked in order through dial (nil: from this process's
 // namespace). Close stops it.
-func Serve(pc net.PacketConn, ln net.Listener, upstreams []netip.AddrPort, dial dnsx.DialFunc, log *slog.Logger) (*Filter, error) {
+func Serve(ctx context.Context, pc net.PacketConn, ln net.Listener, upstreams []netip.AddrPort, dial dnsx.DialFunc, log *slog.Logger) (*Filter, error) {
 	if len(upstreams) == 0 {
 		return nil, errors.New("dnsfilter: no upstream resolver")
 	}
 	f := &Filter{upstreams: slices.Clone(upstreams), dial: dial, log: log, slots: make(chan struct{}, maxInFlight),
 		guests: map[netip.Addr]*guest{}}
+	f.ctx, f.cancel = context.WithCancel(context.WithoutCancel(ctx))
 	f.servers = []*dns.Server{
 		{PacketConn: pc, Handler: f, UDPSize: dns.DefaultMsgSize},
 		{Listener: ln, Handler: f, ReadTimeout: 2 * time.Second, WriteTimeout: 2 * time.Second, MaxTCPQueries: 32},
@@ -166,6 +173,7 @@ func (f *Filter) Close() error {
 		}
 	}
 	f.served.Wait()
+	f.cancel()
 	return errors.Join(errs...)
 }
 
@@ -270,7 +278,7 @@ func (f *Filter) ServeDNS(w dns.ResponseWriter, q *dns.Msg) {
 // answer decides one query of guest g: refused, or asked upstream (and
 // learned) and answered.
 func (f *Filter) answer(g *guest, src netip.Addr, q *dns.Msg) *dns.Msg {
-	ctx, cancel := context.WithTimeout(context.Background(), answerWindow)
+	ctx, cancel := context.WithTimeout(f.ctx, answerWindow)
 	defer cancel()
 	name := q.Question[0].Name
 	g.mu.Lock()

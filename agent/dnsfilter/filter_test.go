@@ -82,7 +82,7 @@ func newFilter(t *testing.T, upstreams ...netip.AddrPort) (*Filter, netip.AddrPo
 		upstreams = []netip.AddrPort{netip.MustParseAddrPort(pc.LocalAddr().String())}
 	}
 	pc, ln := dnstest.ListenUDPTCP(t)
-	f, err := Serve(pc, ln, upstreams, nil, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	f, err := Serve(t.Context(), pc, ln, upstreams, nil, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,9 +1,7 @@
 package egress
 
 import (
-	"cmp"
 	"context"
-	"fmt"
 	"slices"
 	"time"
 )
@@ -18,29 +16,16 @@ const adoptTimeout = 3 * time.Second
 // go on draining. Whatever does not answer, never got its sockets or
 // would be a third generation is ended.
 func (s *Supervisor) adopt(ctx context.Context) error {
-	listed, err := s.cfg.Units.List(ctx, unitPattern(s.cfg.Scope))
-	if err != nil {
-		return fmt.Errorf("egress: find running egress units: %w", err)
-	}
-	maxGen, err := readGeneration(s.cfg.StateDir)
+	listed, err := s.series.Running(ctx)
 	if err != nil {
 		return err
 	}
 	var running []*generation
-	for _, u := range listed {
-		num, ok := unitGeneration(s.cfg.Scope, u.Name)
-		if !ok {
-			continue
-		}
-		maxGen = max(maxGen, num)
-		if u.Active() {
-			g := &generation{num: num, unit: u.Name, mainPID: u.MainPID, adopted: true}
-			s.findSocketDir(g)
-			running = append(running, g)
-		}
+	for _, p := range listed {
+		g := &generation{num: p.Generation, unit: p.Unit, mainPID: p.MainPID, adopted: true}
+		s.findSocketDir(g)
+		running = append(running, g)
 	}
-	s.lastGen = maxGen
-	slices.SortFunc(running, func(a, b *generation) int { return cmp.Compare(b.num, a.num) })
 
 	s.mu.Lock()
 	defer s.mu.Unlock()

@@ -9,6 +9,8 @@ import (
 	"runtime"
 	"sync"
 	"time"
+
+	"github.com/kibotos/kibotos/internal/fdpass"
 )
 
 // Client is the node's connection to one egress process's control socket.
@@ -73,7 +75,7 @@ func (c *Client) SendListeners(ctx context.Context, socks Sockets) error {
 		if f == nil {
 			return errors.New("egress: send listeners: need the TCP listener and both DNS sockets")
 		}
-		fd, err := fileFD(f)
+		fd, err := fdpass.FileFD(f)
 		if err != nil {
 			return fmt.Errorf("egress: send listeners: %s: %w", f.Name(), err)
 		}
@@ -90,7 +92,7 @@ func (c *Client) SendListeners(ctx context.Context, socks Sockets) error {
 func (c *Client) Listeners(ctx context.Context) (Sockets, error) {
 	_, fds, err := c.call(ctx, request{Op: opTakeListeners})
 	if err == nil && len(fds) != listenerFDsCount && len(fds) != oldListenerFDs {
-		closeFDs(fds)
+		fdpass.Close(fds)
 		err = fmt.Errorf("the reply carried %d descriptors, want %d", len(fds), listenerFDsCount)
 	}
 	if err != nil {
@@ -172,7 +174,7 @@ func (c *Client) call(ctx context.Context, req request, fds ...int) (reply, []in
 	}
 	got := c.l.takeFDs()
 	if rep.Error != "" {
-		closeFDs(got)
+		fdpass.Close(got)
 		return rep, nil, errors.New(rep.Error)
 	}
 	return rep, got, nil

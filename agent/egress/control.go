@@ -4,13 +4,14 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"io/fs"
 	"net"
 	"os"
 	"syscall"
 	"time"
 
+	"github.com/kibotos/kibotos/agent/generations"
 	"github.com/kibotos/kibotos/buildinfo"
+	"github.com/kibotos/kibotos/internal/fdpass"
 )
 
 // nodeUID is the only peer the control socket serves.
@@ -29,17 +30,10 @@ func listenControl(dir string, gen uint64) (*net.UnixListener, error) {
 	if !fi.IsDir() || st == nil || fi.Mode().Perm()&0o077 != 0 || int(st.Uid) != os.Geteuid() {
 		return nil, fmt.Errorf("egress: socket directory %s is %v owned by uid %d: want a directory of mode 0700 owned by uid %d (this process)", dir, fi.Mode(), uidOf(st), os.Geteuid())
 	}
-	path := ControlSocket(dir, gen)
-	// A socket of this generation can only be left by a process of this
-	// generation that died: generations are never reused.
-	if fi, err := os.Lstat(path); err == nil && fi.Mode().Type() == fs.ModeSocket {
-		os.Remove(path)
-	}
-	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+	ln, err := generations.ListenControl(dir, gen)
 	if err != nil {
-		return nil, fmt.Errorf("egress: control socket: %w", err)
+		return nil, fmt.Errorf("egress: %w", err)
 	}
-	ln.SetUnlinkOnClose(false) // Run removes it, after the last reply
 	return ln, nil
 }
 
@@ -123,7 +117,7 @@ func (s *Server) serveSession(c *net.UnixConn) {
 		fds := l.takeFDs()
 		rep, out := s.handle(req, fds)
 		err := l.writeFrame(rep, out...)
-		closeFDs(out)
+		fdpass.Close(out)
 		if err != nil {
 			return
 		}
@@ -134,7 +128,7 @@ func (s *Server) serveSession(c *net.UnixConn) {
 // unless a listeners request took them. out are descriptors to send back
 // (closed by the caller).
 func (s *Server) handle(req request, fds []int) (rep reply, out []int) {
-	defer closeFDs(fds) // installListeners keeps copies
+	defer fdpass.Close(fds) // installListeners keeps copies
 	if len(fds) > 0 && req.Op != opListeners {
 		return reply{Error: fmt.Sprintf("egress: a %q request carried %d descriptors: only %q carries any", req.Op, len(fds), opListeners)}, nil
 	}

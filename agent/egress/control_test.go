@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kibotos/kibotos/internal/fdpass"
 	"github.com/kibotos/kibotos/internal/testenv"
 )
 
@@ -155,7 +156,7 @@ func TestControlDescriptors(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	fd, _ := fileFD(f)
+	fd, _ := fdpass.FileFD(f)
 	if rep := roundTrip(t, l, request{Op: opStats}, fd); !strings.Contains(rep.Error, `a "stats" request carried 1 descriptors`) {
 		t.Fatalf("stats with a descriptor: %+v", rep)
 	}
@@ -179,15 +180,15 @@ func TestControlDescriptors(t *testing.T) {
 	if _, err := ListenDNSTCP("0.0.0.0:5300"); err == nil {
 		t.Fatal("ListenDNSTCP took the unspecified address")
 	}
-	good, err := ListenSockets(testenv.LoopbackAddr(t), testenv.LoopbackAddr(t))
+	good, err := ListenSockets(t.Context(), testenv.LoopbackAddr(t), testenv.LoopbackAddr(t))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer good.Close()
-	pfd, _ := fileFD(pf)
-	tfd, _ := fileFD(good.TCP)
-	ufd, _ := fileFD(good.DNS)
-	dfd, _ := fileFD(good.DNSTCP)
+	pfd, _ := fdpass.FileFD(pf)
+	tfd, _ := fdpass.FileFD(good.TCP)
+	ufd, _ := fdpass.FileFD(good.DNS)
+	dfd, _ := fdpass.FileFD(good.DNSTCP)
 	if rep := roundTrip(t, l, request{Op: opListeners}, pfd, ufd, dfd); !strings.Contains(rep.Error, "lacks IP_TRANSPARENT") {
 		t.Fatalf("listeners with a plain TCP listener: %+v", rep)
 	}
@@ -207,7 +208,7 @@ func TestControlDescriptors(t *testing.T) {
 // to c and closes the test's copies.
 func sendSockets(t testing.TB, c *Client, tcpAddr, dnsAddr string) {
 	t.Helper()
-	socks, err := ListenSockets(tcpAddr, dnsAddr)
+	socks, err := ListenSockets(t.Context(), tcpAddr, dnsAddr)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -249,11 +250,11 @@ func TestClientAPI(t *testing.T) {
 	if _, err := Dial(ctx, s.socket()); err == nil || !strings.Contains(err.Error(), "one at a time") {
 		t.Fatalf("second connection: %v", err)
 	}
-	if _, err := ListenTransparentTCP("127.0.0.1:0"); err == nil {
+	if _, err := ListenTransparentTCP(t.Context(), "127.0.0.1:0"); err == nil {
 		t.Fatal("ListenTransparentTCP took port 0")
 	}
 	listen := testenv.LoopbackAddr(t)
-	sockets, err := ListenSockets(listen, testenv.LoopbackAddr(t))
+	sockets, err := ListenSockets(t.Context(), listen, testenv.LoopbackAddr(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -357,7 +358,7 @@ func echo(t testing.TB, c net.Conn, msg string) {
 
 func mustFD(t *testing.T, f *os.File) int {
 	t.Helper()
-	fd, err := fileFD(f)
+	fd, err := fdpass.FileFD(f)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -2,14 +2,11 @@ package egress
 
 import (
 	"context"
-	"errors"
-	"fmt"
 	"log/slog"
 	"os"
 	"time"
 
-	"github.com/kibotos/kibotos/internal/ctxsleep"
-	"github.com/kibotos/kibotos/vmm/units"
+	"github.com/kibotos/kibotos/agent/generations"
 )
 
 const (
@@ -26,7 +23,7 @@ const (
 
 // maxGenerations is how many egress processes of a node run at once: one
 // serving and one draining.
-const maxGenerations = 2
+const maxGenerations = 1 + generations.MaxDraining
 
 // drain makes g stop serving and finish its connections by DrainTimeout;
 // it exits by itself, and the watch loop sees it go (mu held, g no longer
@@ -70,12 +67,7 @@ func (s *Supervisor) end(ctx context.Context, g *generation, reason string) {
 		g.client.Drain(dctx, time.Now())
 		cancel()
 	}
-	var stopErr error
-	if !s.waitGone(ctx, g.unit, endWait) {
-		sctx, cancel := context.WithTimeout(ctx, stopWait)
-		stopErr = s.cfg.Units.Stop(sctx, g.unit)
-		cancel()
-	}
+	stopErr := s.series.Stop(ctx, g.unit, endWait)
 	attrs := []any{"generation", g.num, "unit", g.unit, "main_pid", g.mainPID, "reason", reason}
 	if stopErr != nil {
 		g.closeClient()
@@ -97,33 +89,4 @@ func (s *Supervisor) ended(g *generation, level slog.Level, reason string) {
 		os.Remove(g.socketDir)
 	}
 	s.log.Log(s.ctx, level, "egress generation ended", "generation", g.num, "unit", g.unit, "main_pid", g.mainPID, "reason", reason)
-}
-
-// waitGone waits up to d for unit to have no running process.
-func (s *Supervisor) waitGone(ctx context.Context, unit string, d time.Duration) bool {
-	deadline := time.Now().Add(d)
-	for {
-		if gone, _ := s.unitGone(ctx, unit); gone {
-			return true
-		}
-		if time.Now().After(deadline) || ctxsleep.Sleep(ctx, 20*time.Millisecond) != nil {
-			return false
-		}
-	}
-}
-
-// unitGone reports whether unit has ended (collected, inactive or
-// failed: "deactivating" may still have processes), and how when the
-// manager still knows. An unanswered query is no verdict (false).
-func (s *Supervisor) unitGone(ctx context.Context, unit string) (bool, string) {
-	u, err := s.cfg.Units.Get(ctx, unit)
-	switch {
-	case errors.Is(err, units.ErrNotFound):
-		return true, "its unit is gone"
-	case err != nil:
-		return false, ""
-	case u.ActiveState == "inactive" || u.ActiveState == "failed":
-		return true, fmt.Sprintf("its unit is %s (result %s, exit status %d)", u.ActiveState, u.Result, u.ExecMainStatus)
-	}
-	return false, ""
 }

@@ -20,7 +20,7 @@
 //
 // Sockets, made as root in the node's (host) network namespace and sent
 // with Client.SendListeners:
-//   - ListenTransparentTCP("0.0.0.0:PORT"): a listener
+//   - ListenTransparentTCP(ctx, "0.0.0.0:PORT"): a listener
 //     with IP_TRANSPARENT, so connections TPROXYed to it keep their original
 //     destination as the accepted socket's local address. Because the node
 //     creates it, it belongs to the node unit's cgroup for as long as it
@@ -114,9 +114,9 @@ package egress
 
 import (
 	"net/netip"
-	"path/filepath"
-	"strconv"
 	"time"
+
+	"github.com/kibotos/kibotos/agent/generations"
 )
 
 // ProtocolVersion is the control protocol; Hello carries it and Dial
@@ -132,7 +132,7 @@ const DNSAnswerWindow = 4 * time.Second
 
 // ControlSocket is the control socket of generation gen in socketDir.
 func ControlSocket(socketDir string, gen uint64) string {
-	return filepath.Join(socketDir, "control-"+strconv.FormatUint(gen, 10)+".sock")
+	return generations.ControlSocket(socketDir, gen)
 }
 
 // Config is everything the process forwards by; each push replaces the

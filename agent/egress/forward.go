@@ -45,7 +45,7 @@ func (s *Server) carry(c *net.TCPConn) {
 		return
 	}
 	r := &relay{guest: c, count: rt.count}
-	r.ctx, r.cancel = context.WithCancel(context.Background())
+	r.ctx, r.cancel = context.WithCancel(s.life)
 	if err := s.track(r); err != nil {
 		s.refuse(c, rt.count, guest, dst, err.Error())
 		return

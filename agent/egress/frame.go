@@ -8,10 +8,9 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"os"
 	"time"
 
-	"golang.org/x/sys/unix"
+	"github.com/kibotos/kibotos/internal/fdpass"
 )
 
 // Requests of the control protocol.
@@ -53,72 +52,23 @@ const maxFDs = 4
 // link is one end of a control connection: frames out with optional
 // descriptors, frames in with the descriptors that came with them.
 type link struct {
-	c   *net.UnixConn
-	oob []byte
-	fds []int // received, not yet claimed by a frame
+	c *fdpass.Conn
 }
 
-func newLink(c *net.UnixConn) *link {
-	return &link{c: c, oob: make([]byte, unix.CmsgSpace(4*maxFDs))}
-}
-
-// Read reads bytes and collects any descriptors riding on them.
-func (l *link) Read(p []byte) (int, error) {
-	n, oobn, flags, _, err := l.c.ReadMsgUnix(p, l.oob)
-	if oobn > 0 {
-		if perr := l.collect(l.oob[:oobn]); perr != nil {
-			return n, perr
-		}
-	}
-	if flags&unix.MSG_CTRUNC != 0 {
-		return n, fmt.Errorf("egress: control frame carried more than %d descriptors", maxFDs)
-	}
-	return n, err
-}
-
-func (l *link) collect(oob []byte) error {
-	msgs, err := unix.ParseSocketControlMessage(oob)
-	if err != nil {
-		return fmt.Errorf("egress: control frame: ancillary data: %w", err)
-	}
-	for _, m := range msgs {
-		fds, err := unix.ParseUnixRights(&m)
-		if err != nil {
-			continue // not SCM_RIGHTS (credentials are not asked for)
-		}
-		l.fds = append(l.fds, fds...)
-	}
-	if len(l.fds) > maxFDs {
-		return fmt.Errorf("egress: control frame carried more than %d descriptors", maxFDs)
-	}
-	return nil
-}
+func newLink(c *net.UnixConn) *link { return &link{c: fdpass.NewConn(c, maxFDs)} }
 
 // takeFDs hands the descriptors received so far to the caller.
-func (l *link) takeFDs() []int {
-	fds := l.fds
-	l.fds = nil
-	return fds
-}
+func (l *link) takeFDs() []int { return l.c.TakeFDs() }
 
 // close ends the connection and closes descriptors nobody claimed.
-func (l *link) close() {
-	closeFDs(l.takeFDs())
-	l.c.Close()
-}
-
-func closeFDs(fds []int) {
-	for _, fd := range fds {
-		unix.Close(fd)
-	}
-}
+func (l *link) close() { l.c.Close() }
 
 // readFrame reads one frame into v, strictly: unknown fields and anything
 // after the JSON value are errors. The buffer is cleared afterwards, since
 // a config frame holds credentials.
 func (l *link) readFrame(v any) error {
 	var hdr [4]byte
-	if _, err := io.ReadFull(l, hdr[:]); err != nil {
+	if _, err := io.ReadFull(l.c, hdr[:]); err != nil {
 		return err
 	}
 	n := binary.BigEndian.Uint32(hdr[:])
@@ -127,7 +77,7 @@ func (l *link) readFrame(v any) error {
 	}
 	buf := make([]byte, n)
 	defer clear(buf)
-	if _, err := io.ReadFull(l, buf); err != nil {
+	if _, err := io.ReadFull(l.c, buf); err != nil {
 		return fmt.Errorf("egress: control frame cut short: %w", err)
 	}
 	return decodeStrict(buf, v)
@@ -160,32 +110,9 @@ func (l *link) writeFrame(v any, fds ...int) error {
 	copy(frame[4:], body)
 	clear(body)
 	defer clear(frame)
-	var oob []byte
-	if len(fds) > 0 {
-		oob = unix.UnixRights(fds...)
-	}
-	n, _, err := l.c.WriteMsgUnix(frame, oob, nil)
-	if err == nil && n < len(frame) {
-		_, err = l.c.Write(frame[n:])
-	}
+	err = l.c.WriteFDs(frame, fds...)
 	if err != nil {
 		return fmt.Errorf("egress: send control frame: %w", err)
 	}
 	return nil
-}
-
-// fileFD is f's descriptor without (*os.File).Fd, which would switch the
-// socket to blocking mode: that flag belongs to the open file description,
-// which SCM_RIGHTS shares with the egress process, whose accept loop must
-// stay non-blocking. The caller keeps f alive while it uses the number.
-func fileFD(f *os.File) (int, error) {
-	rc, err := f.SyscallConn()
-	if err != nil {
-		return -1, err
-	}
-	fd := -1
-	if err := rc.Control(func(u uintptr) { fd = int(u) }); err != nil {
-		return -1, err
-	}
-	return fd, nil
 }

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/kibotos/kibotos/agent/generations"
 	"github.com/kibotos/kibotos/vmm/units"
 )
 
@@ -17,38 +18,16 @@ const unitPrefix = "kibotos-egress-"
 // UnitName is the unit of generation gen of scope.
 func UnitName(scope string, gen uint64) string { return units.GenerationUnit(unitPrefix, scope, gen) }
 
-func unitPattern(scope string) string { return units.GenerationPattern(unitPrefix, scope) }
-
-// unitGeneration parses a unit name of scope; ok is false for other units.
-func unitGeneration(scope, name string) (uint64, bool) {
-	return units.ParseGenerationUnit(unitPrefix, scope, name)
-}
-
 // GenerationFile is the egress generation counter in the node's state
 // directory. Unlike the data plane's it lives on persistent storage, next
 // to the credential files a restarted node restores egress from; a
 // counter that survives reboots never hands out a number twice.
 func GenerationFile(stateDir string) string { return filepath.Join(stateDir, "egress-generation") }
 
-func readGeneration(stateDir string) (uint64, error) {
-	gen, err := units.ReadGenerationCounter(GenerationFile(stateDir))
-	if err != nil {
-		return 0, fmt.Errorf("egress: %w", err)
-	}
-	return gen, nil
-}
-
-// writeGeneration records gen before its unit starts, so a node that
-// crashes right after never reuses the number (the control socket of a
-// generation is found by its number).
-func writeGeneration(stateDir string, gen uint64) error {
-	if err := os.MkdirAll(stateDir, 0o700); err != nil {
-		return fmt.Errorf("egress: state directory %s: %w", stateDir, err)
-	}
-	if err := units.WriteGenerationCounter(GenerationFile(stateDir), gen); err != nil {
-		return fmt.Errorf("egress: %w", err)
-	}
-	return nil
+// newSeries is the generations of cfg's egress process.
+func newSeries(cfg SupervisorConfig) *generations.Series {
+	return &generations.Series{Units: cfg.Units, Prefix: unitPrefix, Scope: cfg.Scope, Counter: GenerationFile(cfg.StateDir),
+		Who: "egress", StopTimeout: stopWait}
 }
 
 // generation is one egress process the Supervisor runs or adopted.

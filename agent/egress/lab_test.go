@@ -129,7 +129,7 @@ func newEgressLabAt(t testing.TB, oneWay time.Duration) *egressLab {
 	e.proc = startProcess(t, lab.NS.Path("node"), nobody, 1, 2*time.Second)
 	var socks Sockets
 	if err := lab.Do("node", func() (err error) {
-		socks, err = ListenSockets(fmt.Sprintf("0.0.0.0:%d", labTPROXYPort), labDNS)
+		socks, err = ListenSockets(t.Context(), fmt.Sprintf("0.0.0.0:%d", labTPROXYPort), labDNS)
 		return err
 	}); err != nil {
 		t.Fatal(err)

@@ -46,7 +46,7 @@ func (s *Supervisor) startServing(ctx context.Context) error {
 func (s *Supervisor) listen(ctx context.Context) (Sockets, error) {
 	var socks Sockets
 	err := s.retryBusy(ctx, func() (err error) {
-		socks, err = ListenSockets(s.cfg.TCPListen, s.cfg.DNSListen)
+		socks, err = ListenSockets(ctx, s.cfg.TCPListen, s.cfg.DNSListen)
 		return err
 	})
 	return socks, err
@@ -82,39 +82,37 @@ func (s *Supervisor) retryBusy(ctx context.Context, listen func() error) error {
 // closes its copies) and the config, and returns it serving. A generation
 // that fails on the way is ended.
 func (s *Supervisor) launch(ctx context.Context, socks Sockets) (*generation, error) {
-	num := s.lastGen + 1
-	if err := writeGeneration(s.cfg.StateDir, num); err != nil {
-		return nil, err
-	}
-	s.lastGen = num
-	g := &generation{num: num, unit: UnitName(s.cfg.Scope, num)}
-	argv := []string{s.cfg.Executable, "egress", "serve", "--socket-dir", s.cfg.SocketDir,
-		"--generation", strconv.FormatUint(num, 10), "--warm-connections", strconv.Itoa(s.cfg.WarmConnections)}
-	if s.cfg.LogFormat != "" {
-		argv = append(argv, "--log-format", s.cfg.LogFormat)
-	}
-	u, err := s.cfg.Units.StartService(ctx, units.Spec{
-		Name:        g.unit,
-		Description: "kibotos egress (generation " + strconv.FormatUint(num, 10) + ")",
-		Argv:        argv,
-		Slice:       units.EgressSlice,
-		// Its group is the account's own (systemd's default for User=).
-		User:               s.acct.name,
-		NoNewPrivileges:    true,
-		NoCapabilities:     true,
-		ReadOnlyFilesystem: true,
-		ReadWritePaths:     []string{s.cfg.SocketDir},
-		InaccessiblePaths:  []string{s.cfg.StateDir},
-		UMask:              0o077,
-		// Its connections to proxies and upstreams leave from the node's
-		// namespace.
-		NetworkNamespacePath: s.managerNetNS(),
+	cfg := s.cfg
+	p, err := s.series.Start(ctx, func(num uint64) units.Spec {
+		argv := []string{cfg.Executable, "egress", "serve", "--socket-dir", cfg.SocketDir,
+			"--generation", strconv.FormatUint(num, 10), "--warm-connections", strconv.Itoa(cfg.WarmConnections)}
+		if cfg.LogFormat != "" {
+			argv = append(argv, "--log-format", cfg.LogFormat)
+		}
+		return units.Spec{
+			Description: "kibotos egress (generation " + strconv.FormatUint(num, 10) + ")",
+			Argv:        argv,
+			Slice:       units.EgressSlice,
+			// Its group is the account's own (systemd's default for User=).
+			User:               s.acct.name,
+			NoNewPrivileges:    true,
+			NoCapabilities:     true,
+			ReadOnlyFilesystem: true,
+			ReadWritePaths:     []string{cfg.SocketDir},
+			InaccessiblePaths:  []string{cfg.StateDir},
+			UMask:              0o077,
+			// Its connections to proxies and upstreams leave from the node's
+			// namespace.
+			NetworkNamespacePath: s.managerNetNS(),
+		}
 	})
 	if err != nil {
-		return nil, fmt.Errorf("egress: start generation %d: %w", num, err)
+		return nil, err
 	}
-	g.mainPID = u.MainPID
-	if err := s.waitControl(ctx, g); err != nil {
+	num := p.Generation
+	g := &generation{num: num, unit: p.Unit, mainPID: p.MainPID}
+	// Type=exec returns once the binary runs, not once it listens.
+	if err := s.series.AwaitReady(ctx, p, startTimeout, "", func(ctx context.Context) error { return s.dial(ctx, g) }); err != nil {
 		s.end(ctx, g, "its start failed")
 		return nil, err
 	}
@@ -129,34 +127,6 @@ func (s *Supervisor) launch(ctx context.Context, socks Sockets) (*generation, er
 	s.log.Info("egress generation started", "generation", num, "unit", g.unit, "main_pid", g.mainPID,
 		"tcp", s.cfg.TCPListen, "dns", s.cfg.DNSListen, "routes", len(s.config.Routes))
 	return g, nil
-}
-
-// waitControl waits for g's control socket to answer: Type=exec returns
-// once the binary runs, not once it listens.
-func (s *Supervisor) waitControl(ctx context.Context, g *generation) error {
-	deadline := time.Now().Add(startTimeout)
-	for {
-		dctx, cancel := context.WithTimeout(ctx, time.Second)
-		err := s.dial(dctx, g)
-		cancel()
-		if err == nil {
-			return nil
-		}
-		u, gerr := s.cfg.Units.Get(ctx, g.unit)
-		if gerr != nil || !u.Active() {
-			state := "gone"
-			if gerr == nil {
-				state = fmt.Sprintf("%s/%s, result %s, exit status %d", u.ActiveState, u.SubState, u.Result, u.ExecMainStatus)
-			}
-			return fmt.Errorf("egress: generation %d (%s) exited at start (%s): its log says why (journalctl -u %s)", g.num, g.unit, state, g.unit)
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("egress: generation %d (%s) runs but its control socket does not answer after %v: %v (journalctl -u %s)", g.num, g.unit, startTimeout, err, g.unit)
-		}
-		if serr := ctxsleep.Sleep(ctx, 20*time.Millisecond); serr != nil {
-			return fmt.Errorf("egress: generation %d (%s): waiting for its control socket: %w", g.num, g.unit, serr)
-		}
-	}
 }
 
 func (s *Supervisor) managerNetNS() string {

@@ -6,6 +6,7 @@ import (
 	"net"
 	"os"
 
+	"github.com/kibotos/kibotos/internal/fdpass"
 	"golang.org/x/sys/unix"
 )
 
@@ -86,12 +87,12 @@ func (s *Server) takeListeners() ([]int, error) {
 	}
 	var fds []int
 	for _, f := range s.files.files() {
-		fd, err := fileFD(f)
+		fd, err := fdpass.FileFD(f)
 		if err == nil {
 			fd, err = unix.FcntlInt(uintptr(fd), unix.F_DUPFD_CLOEXEC, 0)
 		}
 		if err != nil {
-			closeFDs(fds)
+			fdpass.Close(fds)
 			return nil, fmt.Errorf("egress: take-listeners: %w", err)
 		}
 		fds = append(fds, fd)

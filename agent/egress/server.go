@@ -81,9 +81,13 @@ type Server struct {
 	acceptDone chan struct{} // closed when the accept loop returned
 	dns        sync.WaitGroup
 	dnsSlots   chan struct{}
-	dnsCtx     context.Context // ends on a hard stop: queries are abandoned
-	dnsCancel  context.CancelFunc
-	drained    chan struct{} // closed once draining has nothing left
+	// life is Run's context without its cancellation: relays and warm
+	// pools end on their own cancel (a drain gives them its deadline),
+	// so they keep only its values. Set by Run before it serves.
+	life      context.Context
+	dnsCtx    context.Context // ends on a hard stop: queries are abandoned
+	dnsCancel context.CancelFunc
+	drained   chan struct{} // closed once draining has nothing left
 
 	active                                 atomic.Int64
 	accepted, refused, failed, closed      atomic.Uint64
@@ -114,7 +118,6 @@ func New(opts Options) (*Server, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
-	dnsCtx, cancel := context.WithCancel(context.Background())
 	s := &Server{
 		opts:       opts,
 		log:        opts.Logger.With("generation", opts.Generation),
@@ -126,8 +129,6 @@ func New(opts Options) (*Server, error) {
 		connGone:   make(chan struct{}, 1),
 		acceptDone: make(chan struct{}),
 		dnsSlots:   make(chan struct{}, maxDNSInFlight),
-		dnsCtx:     dnsCtx,
-		dnsCancel:  cancel,
 		drained:    make(chan struct{}),
 	}
 	s.table.Store(emptyTable)
@@ -143,6 +144,8 @@ func (s *Server) Drained() <-chan struct{} { return s.drained }
 // Run serves until a drain has ended every connection (then it returns
 // nil) or ctx ends (then everything is closed at once).
 func (s *Server) Run(ctx context.Context) error {
+	s.life = context.WithoutCancel(ctx)
+	s.dnsCtx, s.dnsCancel = context.WithCancel(s.life)
 	ctl, err := listenControl(s.opts.SocketDir, s.opts.Generation)
 	if err != nil {
 		return err
@@ -285,7 +288,7 @@ func (s *Server) applyConfig(c Config) error {
 		if prev, ok := old.proxies[k]; ok {
 			p.warm = prev.warm
 		} else {
-			p.warm = newWarmPool(p, s.opts.WarmConnections, s.opts.WarmIdle)
+			p.warm = newWarmPool(s.life, p, s.opts.WarmConnections, s.opts.WarmIdle)
 		}
 	}
 	s.countGuests(t)

@@ -18,7 +18,7 @@ import (
 // local address. The caller sends the file (Client.SendListeners) and
 // closes it; it must not call Fd on it (that makes the shared socket
 // blocking under the process's accept loop).
-func ListenTransparentTCP(addr string) (*os.File, error) {
+func ListenTransparentTCP(ctx context.Context, addr string) (*os.File, error) {
 	if err := checkIPv4(addr, true); err != nil {
 		return nil, fmt.Errorf("egress: transparent TCP listener %q: %w", addr, err)
 	}
@@ -32,7 +32,7 @@ func ListenTransparentTCP(addr string) (*os.File, error) {
 		}
 		return serr
 	}}
-	ln, err := lc.Listen(context.Background(), "tcp4", addr)
+	ln, err := lc.Listen(ctx, "tcp4", addr)
 	if err != nil {
 		return nil, fmt.Errorf("egress: transparent TCP listener %s: %w (IP_TRANSPARENT needs CAP_NET_ADMIN)", addr, err)
 	}
@@ -94,10 +94,10 @@ type Sockets struct {
 
 // ListenSockets makes all three: the transparent listener on tcpAddr and
 // the DNS sockets on dnsAddr.
-func ListenSockets(tcpAddr, dnsAddr string) (Sockets, error) {
+func ListenSockets(ctx context.Context, tcpAddr, dnsAddr string) (Sockets, error) {
 	var s Sockets
 	var err error
-	if s.TCP, err = ListenTransparentTCP(tcpAddr); err != nil {
+	if s.TCP, err = ListenTransparentTCP(ctx, tcpAddr); err != nil {
 		return s, err
 	}
 	if s.DNS, err = ListenDNS(dnsAddr); err == nil {

@@ -13,6 +13,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/kibotos/kibotos/agent/generations"
 	"github.com/kibotos/kibotos/buildinfo"
 	"github.com/kibotos/kibotos/vmm/units"
 )
@@ -77,7 +78,7 @@ const DefaultDrainTimeout = 30 * time.Second
 
 // ReasonNewerDrains is the reason logged when a draining generation is
 // ended at once because a switch would make it the third.
-const ReasonNewerDrains = "a newer generation is about to drain"
+const ReasonNewerDrains = generations.ReasonNewerDrains
 
 // Supervisor keeps an egress process running exactly while the node has
 // routes for it, replaces one that dies, and switches builds with at most
@@ -86,6 +87,8 @@ type Supervisor struct {
 	cfg  SupervisorConfig
 	log  *slog.Logger
 	acct account
+	// series starts, finds and stops the units (mu held).
+	series *generations.Series
 
 	// ctx ends with Close: it bounds what the watch loop does.
 	ctx    context.Context
@@ -96,7 +99,6 @@ type Supervisor struct {
 	// generation, the watch loop included.
 	mu       sync.Mutex
 	closed   bool
-	lastGen  uint64 // the highest generation number handed out
 	current  *generation
 	draining []*generation // oldest first
 	config   Config
@@ -165,8 +167,10 @@ func OpenSupervisor(ctx context.Context, cfg SupervisorConfig) (*Supervisor, err
 			return nil, err
 		}
 	}
-	s := &Supervisor{cfg: cfg, log: log, acct: acct, done: make(chan struct{})}
-	s.ctx, s.cancel = context.WithCancel(context.Background())
+	s := &Supervisor{cfg: cfg, log: log, acct: acct, series: newSeries(cfg), done: make(chan struct{})}
+	// The watch loop outlives the open: it runs until Close, whatever
+	// becomes of ctx, and keeps only its values.
+	s.ctx, s.cancel = context.WithCancel(context.WithoutCancel(ctx))
 	if err := s.adopt(ctx); err != nil {
 		s.cancel()
 		return nil, err
@@ -286,7 +290,7 @@ func (s *Supervisor) switchTo(ctx context.Context, drainOld bool) error {
 		// configured one now, which nobody holds yet.
 		socks.TCP.Close()
 		if err := s.retryBusy(ctx, func() (err error) {
-			socks.TCP, err = ListenTransparentTCP(s.cfg.TCPListen)
+			socks.TCP, err = ListenTransparentTCP(ctx, s.cfg.TCPListen)
 			return err
 		}); err != nil {
 			socks.TCP = nil

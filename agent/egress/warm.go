@@ -44,11 +44,11 @@ type warmPool struct {
 
 // newWarmPool makes a pool of size connections for p, kept while p is
 // used at least every idle; size 0 is none.
-func newWarmPool(p *proxyRoute, size int, idle time.Duration) *warmPool {
+func newWarmPool(ctx context.Context, p *proxyRoute, size int, idle time.Duration) *warmPool {
 	if size <= 0 {
 		return nil
 	}
-	ctx, cancel := context.WithCancel(context.Background())
+	ctx, cancel := context.WithCancel(ctx)
 	return &warmPool{p: p, conns: make(chan warmConn, size), kick: make(chan struct{}, 1), idle: idle, ctx: ctx, cancel: cancel}
 }
 

@@ -49,7 +49,7 @@ func (s *Supervisor) check(ctx context.Context) {
 	}
 	kept := s.draining[:0]
 	for _, g := range s.draining {
-		if gone, how := s.unitGone(ctx, g.unit); gone {
+		if gone, how := s.series.Gone(ctx, g.unit); gone {
 			s.ended(g, slog.LevelInfo, "drained: "+how)
 			continue
 		}

@@ -43,7 +43,7 @@ func checkNames(p NetworkPolicy) error {
 // openNames starts the node's domain filter in the node's namespace, on
 // NamesDNS (the service address is on lo by then), asking the
 // deployment resolvers.
-func (n *nodeNetwork) openNames(log *slog.Logger) error {
+func (n *nodeNetwork) openNames(ctx context.Context, log *slog.Logger) error {
 	var pc net.PacketConn
 	var ln net.Listener
 	err := netpol.InNamespace(n.hostNS, func() error {
@@ -67,7 +67,7 @@ func (n *nodeNetwork) openNames(log *slog.Logger) error {
 		})
 		return c, err
 	}
-	n.names, err = dnsfilter.Serve(pc, ln, n.cfg.Resolvers, dial, log)
+	n.names, err = dnsfilter.Serve(ctx, pc, ln, n.cfg.Resolvers, dial, log)
 	if err != nil {
 		pc.Close()
 		ln.Close()

@@ -132,7 +132,7 @@ func openNodeNetwork(ctx context.Context, cfg *netpol.Config, hostNSPath string,
 	}
 	// Without its resolver the node still runs (and can take networks
 	// down): only policies with domain rules are refused (tableSpec).
-	if err := n.openNames(log); err != nil {
+	if err := n.openNames(ctx, log); err != nil {
 		n.namesErr = err
 		n.warnings = append(n.warnings, err.Error()+"; Workspaces with domain rules cannot start here")
 	}

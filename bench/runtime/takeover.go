@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/kibotos/kibotos/agent/runtime"
+	"github.com/kibotos/kibotos/storagepool"
 	"github.com/kibotos/kibotos/vmm/guestproto"
 	"github.com/kibotos/kibotos/vmm/platform"
 	"github.com/kibotos/kibotos/vmm/qemu"
@@ -136,11 +137,7 @@ func runNode() int {
 		st.Instances = append(st.Instances, nodeInstance{ID: s.ID, InvocationID: s.InvocationID, MainPID: s.MainPID, HostPID: s.HostPID, State: s.State, Responding: s.GuestResponding})
 	}
 	b, _ := json.Marshal(st)
-	tmp := os.Getenv(envStatus) + ".part"
-	if err := os.WriteFile(tmp, b, 0o600); err != nil {
-		return fail(err)
-	}
-	if err := os.Rename(tmp, os.Getenv(envStatus)); err != nil {
+	if err := storagepool.WriteFile(os.Getenv(envStatus), b, 0o600, storagepool.Temp{Purpose: "status"}); err != nil {
 		return fail(err)
 	}
 	for {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"log/slog"
 	"os"
 	"os/exec"
@@ -60,20 +59,7 @@ func writeManifest(dir, name string, in *Installation) error {
 	if err != nil {
 		return err
 	}
-	tmp := filepath.Join(dir, "."+name+".tmp")
-	os.Remove(tmp)
-	if _, err := writeContent(tmp, func(w io.Writer) error {
-		_, err := w.Write(append(raw, '\n'))
-		return err
-	}); err != nil {
-		return err
-	}
-	if err := os.Rename(tmp, filepath.Join(dir, name)); err != nil {
-		os.Remove(tmp)
-		return err
-	}
-	storagepool.SyncDir(dir)
-	return nil
+	return storagepool.WriteFile(filepath.Join(dir, name), append(raw, '\n'), 0o644, storagepool.Temp{Purpose: "manifest"})
 }
 
 // migrate rewrites the older manifest of an installed Platform in the

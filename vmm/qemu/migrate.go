@@ -9,7 +9,7 @@ import (
 	"slices"
 	"time"
 
-	"golang.org/x/sys/unix"
+	"github.com/kibotos/kibotos/internal/fdpass"
 )
 
 // Saving and restoring a VM through QEMU's migration stream. The stream
@@ -29,10 +29,11 @@ func (q *QMP) SendFD(ctx context.Context, name string, f *os.File) error {
 	if err != nil {
 		return err
 	}
-	return q.exchangeWith(ctx, "getfd", func() error {
-		_, _, err := uc.WriteMsgUnix(b, unix.UnixRights(int(f.Fd())), nil)
-		return err
-	}, "getfd", id)
+	fd, err := fdpass.FileFD(f)
+	if err != nil {
+		return fmt.Errorf("qmp getfd %s: %w", name, err)
+	}
+	return q.exchangeWith(ctx, "getfd", func() error { return fdpass.Send(uc, b, fd) }, "getfd", id)
 }
 
 // Version is QEMU's version, "MAJOR.MINOR.MICRO".
