@@ -87,6 +87,11 @@ type Server struct {
 	connGone        chan struct{} // signalled whenever a connection or lent session ended
 
 	handlers sync.WaitGroup
+	// dials are the guest links' first dials a new target starts (state.go):
+	// cancelled (stopDials) and waited for when Run ends.
+	dials     sync.WaitGroup
+	dialCtx   context.Context
+	stopDials context.CancelFunc
 
 	connections, bytesIn, bytesOut atomic.Uint64
 	refused                        map[string]*atomic.Uint64 // by code, fixed at New
@@ -158,6 +163,11 @@ func (s *Server) Addr() string {
 // drain or an end requested by the node has nothing left.
 func (s *Server) Run(ctx context.Context) error {
 	s.life = context.WithoutCancel(ctx)
+	s.dialCtx, s.stopDials = context.WithCancel(s.life)
+	defer func() {
+		s.stopDials()
+		s.dials.Wait()
+	}()
 	ctl, err := listenControl(s.cfg.SocketDir, s.cfg.Generation)
 	if err != nil {
 		return err

@@ -67,11 +67,11 @@ func (s *Server) apply(st State) error {
 		if s.links[id] == nil && !s.draining {
 			l := s.newLink(id, sock, boots[id])
 			s.links[id] = l
-			go func() {
-				ctx, cancel := context.WithTimeout(s.life, s.cfg.GuestTimeout)
+			s.dials.Go(func() {
+				ctx, cancel := context.WithTimeout(s.dialCtx, s.cfg.GuestTimeout)
 				defer cancel()
 				l.get(ctx) // failures are retried by the first connection that needs it
-			}()
+			})
 		}
 	}
 	closed := 0
