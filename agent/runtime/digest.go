@@ -165,23 +165,30 @@ func isClosed(c chan struct{}) bool {
 type stateCheck struct {
 	cancel context.CancelFunc
 	result chan error
+	done   chan struct{} // closed when the check returned
 }
 
 func checkStateAsync(ctx context.Context, dir string, m SnapshotMeta) *stateCheck {
 	ctx, cancel := context.WithCancel(ctx)
-	c := &stateCheck{cancel: cancel, result: make(chan error, 1)}
-	go func() { c.result <- checkState(ctx, dir, m) }()
+	c := &stateCheck{cancel: cancel, result: make(chan error, 1), done: make(chan struct{})}
+	go func() {
+		defer close(c.done)
+		c.result <- checkState(ctx, dir, m)
+	}()
 	return c
 }
 
-// wait is the check's outcome; stop abandons it.
+// wait is the check's outcome; stop abandons it and waits for it to end.
 func (c *stateCheck) wait() error {
 	err := <-c.result
 	c.cancel()
 	return err
 }
 
-func (c *stateCheck) stop() { c.cancel() }
+func (c *stateCheck) stop() {
+	c.cancel()
+	<-c.done
+}
 
 // checkState compares the state file with what snapshot.json says of it.
 func checkState(ctx context.Context, dir string, m SnapshotMeta) error {
