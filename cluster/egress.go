@@ -18,19 +18,6 @@ import (
 // way credentials leave ctrl is the member-only internal endpoint, and
 // only to a node whose Workspace's policy uses that exact revision.
 
-// pageParams reads ?page_size and ?page_token of a list.
-func pageParams(r *http.Request) (int, string, error) {
-	size := 0
-	if v := r.URL.Query().Get("page_size"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 0 {
-			return 0, "", api.Errorf(api.CodeInvalidArgument, "page size %q is not a non-negative integer", v)
-		}
-		size = n
-	}
-	return size, r.URL.Query().Get("page_token"), nil
-}
-
 // noExpectedVersion refuses --expected-version on a create: the object
 // does not exist yet, so no version can be expected of it.
 func noExpectedVersion(kind, name string, m api.WriteMeta) error {

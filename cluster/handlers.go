@@ -2,7 +2,6 @@ package cluster
 
 import (
 	"net/http"
-	"strconv"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -55,15 +54,10 @@ func (s *Server) handleStatus(r *http.Request) response {
 }
 
 func (s *Server) handleNodeList(r *http.Request) response {
-	size := 0
-	if v := r.URL.Query().Get("page_size"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 0 {
-			return fail(api.Errorf(api.CodeInvalidArgument, "page size %q is not a non-negative integer", v))
-		}
-		size = n
+	size, token, err := pageParams(r)
+	if err != nil {
+		return fail(err)
 	}
-	token := r.URL.Query().Get("page_token")
 	return s.view(func(tx *bolt.Tx) (any, error) { return fsm.ListNodes(tx, size, token) })
 }
 
@@ -177,6 +171,9 @@ func (s *Server) handleOvercommitGet(r *http.Request) response {
 }
 
 func (s *Server) handleGrantList(r *http.Request) response {
+	if err := noPaging(r, "enrollment grants"); err != nil {
+		return fail(err)
+	}
 	return s.view(func(tx *bolt.Tx) (any, error) { return fsm.ListGrants(tx, time.Now()) })
 }
 

@@ -126,6 +126,9 @@ func (s *Server) platformOfResult(id string) string {
 }
 
 func (s *Server) handlePlatformList(r *http.Request) response {
+	if err := noPaging(r, "Platforms"); err != nil {
+		return fail(err)
+	}
 	return s.view(func(tx *bolt.Tx) (any, error) { return fsm.ListCatalogPlatforms(tx) })
 }
 

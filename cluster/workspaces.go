@@ -255,15 +255,10 @@ func (s *Server) handleWorkspaceList(r *http.Request) response {
 	if (f.NodeID != "" || f.InstanceID != "") && (len(f.States) > 0 || len(f.Labels) > 0 || f.PoolID != "") {
 		return fail(api.Errorf(api.CodeInvalidArgument, "--node and --instance cannot be combined with --state, --label or --pool"))
 	}
-	size := 0
-	if v := q.Get("page_size"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 0 {
-			return fail(api.Errorf(api.CodeInvalidArgument, "page size %q is not a non-negative integer", v))
-		}
-		size = n
+	size, token, err := pageParams(r)
+	if err != nil {
+		return fail(err)
 	}
-	token := q.Get("page_token")
 	return s.view(func(tx *bolt.Tx) (any, error) { return fsm.ListWorkspaces(tx, f, size, token) })
 }
 
