@@ -47,6 +47,9 @@ func (s *Server) handleEgressCreate(r *http.Request, req api.EgressCreateRequest
 	if err := noExpectedVersion("egress", req.Name, req.WriteMeta); err != nil {
 		return fail(err)
 	}
+	if err := checkCredentials(req.Name, req.Username, req.Password); err != nil {
+		return fail(err)
+	}
 	// Bad input never enters the log; the FSM checks again.
 	if err := fsm.CheckEgressCreate(args); err != nil {
 		return fail(err)
@@ -56,6 +59,9 @@ func (s *Server) handleEgressCreate(r *http.Request, req api.EgressCreateRequest
 
 func (s *Server) handleEgressUpdate(r *http.Request, req api.EgressUpdateRequest) response {
 	args := fsm.EgressUpdateArgs{Name: r.PathValue("name"), SOCKS5: req.SOCKS5, Username: req.Username, Password: req.Password, ClearCredentials: req.ClearCredentials}
+	if err := checkCredentials(args.Name, deref(req.Username), deref(req.Password)); err != nil {
+		return fail(err)
+	}
 	if err := fsm.CheckEgressUpdate(args); err != nil {
 		return fail(err)
 	}
@@ -214,4 +220,20 @@ func (s *Server) egressCredentialsOnce(ctx context.Context, name string, rev uin
 		}
 	}
 	return nil, lastErr
+}
+
+// checkCredentials refuses an Egress username or password that would not
+// reach the proxy as sent: a lone surrogate escape decodes to U+FFFD.
+func checkCredentials(name, user, pass string) error {
+	if err := api.CheckSecret("egress "+api.EscapeText(name)+" username", user); err != nil {
+		return err
+	}
+	return api.CheckSecret("egress "+api.EscapeText(name)+" password", pass)
+}
+
+func deref(s *string) string {
+	if s == nil {
+		return ""
+	}
+	return *s
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"net/http"
+	"strings"
 	"testing"
 
 	"github.com/kibotos/kibotos/api"
@@ -44,4 +45,25 @@ func TestWriteBodiesAreReadWholeAndStrictly(t *testing.T) {
 	}
 	resp.Body.Close()
 	_ = n
+}
+
+// Text a person reads is refused with control or bidi characters, a
+// credential that a lone surrogate escape turned into U+FFFD is refused,
+// and memory has an upper bound: where the request enters, nothing
+// changed.
+func TestCreateInputsAreChecked(t *testing.T) {
+	f := newFuzzMember(t)
+	for path, body := range map[string]string{
+		"/v1/workspaces":   `{"template":"kibotos-coding","cpu":"1","memory_bytes":536870912,"labels":{"app":"admin\u202etxt.exe"}}`,
+		"/v1/workspaces#2": `{"template":"kibotos-coding","cpu":"1","memory_bytes":536870912,"labels":{"app":"a\u001b[2Jb"}}`,
+		"/v1/workspaces#3": `{"template":"kibotos-coding","cpu":"1","memory_bytes":9223372036854775808}`,
+		"/v1/egress":       `{"name":"corp","socks5":"10.0.0.1:1080","username":"u","password":"p\ud800w"}`,
+		"/v1/egress#2":     `{"name":"corp","socks5":"10.0.0.1:1080","username":"u\u0007","password":"pw"}`,
+		"/v1/egress#3":     `{"name":"corp","socks5":"10.0.0.1:1080","username":"u","password":"p\u0000"}`,
+	} {
+		path, _, _ = strings.Cut(path, "#")
+		if code := f.post(t, f.admin, path, []byte(body)); code != http.StatusBadRequest {
+			t.Errorf("POST %s %s: %d, want 400", path, body, code)
+		}
+	}
 }

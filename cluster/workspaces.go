@@ -6,6 +6,7 @@ import (
 	"crypto/ed25519"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"net/http"
 	"os"
 	"slices"
@@ -48,6 +49,9 @@ func (s *Server) handleWorkspaceCreate(r *http.Request, req api.WorkspaceCreateR
 		// do not retry need not invent one.
 		req.WriteMeta = api.WriteMeta{CommandID: "api-" + newSessionID()[5:], Generated: true}
 	}
+	if err := checkCreateInput(req.MemoryBytes, req.Labels); err != nil {
+		return fail(err)
+	}
 	if req.From != "" {
 		// An older voter would not know From and boot a new Workspace.
 		if err := s.levelsReach("workspace create --from", fsm.LevelForks); err != nil {
@@ -58,6 +62,22 @@ func (s *Server) handleWorkspaceCreate(r *http.Request, req api.WorkspaceCreateR
 		Template: req.Template, CPU: req.CPU, MemoryBytes: req.MemoryBytes, Labels: req.Labels, NodeID: req.NodeID, Network: req.Network,
 		Volumes: req.Volumes, NewVolumes: req.NewVolumes, From: req.From,
 	})
+}
+
+// checkCreateInput refuses what the FSM's checks let through, where the
+// request enters: memory over MaxWorkspaceMemory, label values that are
+// not printable text (a label is shown in lists; control and bidi
+// characters would disguise it).
+func checkCreateInput(memory uint64, labels map[string]string) error {
+	if memory > fsm.MaxWorkspaceMemory {
+		return api.Errorf(api.CodeInvalidArgument, "--memory %d bytes is more than a Workspace may have (%s): give less", memory, api.FormatBytes(fsm.MaxWorkspaceMemory))
+	}
+	for _, k := range slices.Sorted(maps.Keys(labels)) {
+		if err := api.CheckText("label "+api.EscapeText(k), labels[k]); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // handleWorkspaceSetNetwork changes the given items of a Workspace's

@@ -110,6 +110,10 @@ var (
 // Limits of one Workspace.
 const (
 	MinWorkspaceMemory = 64 << 20
+	// MaxWorkspaceMemory bounds a create's memory where the request
+	// enters (not in the FSM, whose log holds creates checked without
+	// it): 1 TiB, above any host this runs on.
+	MaxWorkspaceMemory = 1 << 40
 	MaxWorkspaceCPU    = api.Milli(64000)
 )
 
