@@ -388,6 +388,8 @@ func (c egressCollector) Collect(ch chan<- prometheus.Metric) {
 	counter := func(d *prometheus.Desc, v uint64, label string) {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), label)
 	}
+	// A scrape is where these calls start (Collect takes no context):
+	// bounded, so a hung egress process cannot hold the scrape.
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	if c.byInstance != nil {
@@ -444,6 +446,7 @@ func (c dataPlaneCollector) Describe(ch chan<- *prometheus.Desc) {
 }
 
 func (c dataPlaneCollector) Collect(ch chan<- prometheus.Metric) {
+	// Collect takes no context: the scrape is the root, bounded.
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	t := c.totals(ctx)

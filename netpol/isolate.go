@@ -19,7 +19,7 @@ const isolateMarker = "isolate/"
 // else's, with one table that drops everything in every hook, ingress of
 // both links included, in one batch. It is what a node does with a
 // namespace it cannot trust: nothing goes in or out until a Replace.
-func Isolate(nsFD int) error {
+func Isolate(ctx context.Context, nsFD int) error {
 	devices, err := presentLinks(nsFD, TapName, VethName)
 	if err != nil {
 		return fmt.Errorf("netpol: namespace fd %d: isolate: %w", nsFD, err)
@@ -51,7 +51,7 @@ func Isolate(nsFD int) error {
 	if err != nil {
 		return fmt.Errorf("netpol: namespace fd %d: isolate: %w", nsFD, err)
 	}
-	if err := x.commit(context.Background(), nsFD); err != nil {
+	if err := x.commit(ctx, nsFD); err != nil {
 		return fmt.Errorf("netpol: namespace fd %d: isolate (tables unchanged): %w", nsFD, err)
 	}
 	return nil

@@ -15,7 +15,7 @@ func TestIsolate(t *testing.T) {
 	nsRun(t, ns, "nft", "add", "table", "ip", "foo")
 	nsRun(t, ns, "nft", "add", "table", "netdev", "bar")
 
-	if err := Isolate(ns); err != nil {
+	if err := Isolate(t.Context(), ns); err != nil {
 		t.Fatal(err)
 	}
 	out := nsRun(t, ns, "nft", "list", "ruleset")
@@ -38,7 +38,7 @@ func TestIsolate(t *testing.T) {
 	expect(t, inspect(t, ns, spec), VerdictIsolate, "the namespace is isolated")
 
 	// Isolating twice is fine, and a Replace undoes it.
-	if err := Isolate(ns); err != nil {
+	if err := Isolate(t.Context(), ns); err != nil {
 		t.Fatal(err)
 	}
 	tbl, err := Build(spec)
@@ -54,7 +54,7 @@ func TestIsolate(t *testing.T) {
 // A namespace without the links (half set up) is isolated all the same.
 func TestIsolateWithoutLinks(t *testing.T) {
 	ns := testNetns(t)
-	if err := Isolate(ns); err != nil {
+	if err := Isolate(t.Context(), ns); err != nil {
 		t.Fatal(err)
 	}
 	out := nsRun(t, ns, "nft", "list", "ruleset")

@@ -572,7 +572,7 @@ func TestTrafficEstablishedSurvivesReplace(t *testing.T) {
 			t.Fatalf("established connection after Replace %d: %v", i, err)
 		}
 	}
-	if err := Isolate(n.instance); err != nil {
+	if err := Isolate(t.Context(), n.instance); err != nil {
 		t.Fatal(err)
 	}
 	if err := c.echo("after isolate", deniedDialTimeout); err == nil {

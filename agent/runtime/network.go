@@ -419,7 +419,11 @@ func (rt *Runtime) checkNetwork(ctx context.Context, rec *LaunchRecord) (rewritt
 	defer ns.Close()
 	isolate := func(why string) (rewritten []string, isolated string) {
 		n.forgetNames(nr.Guest)
-		if err := netpol.Isolate(int(ns)); err != nil {
+		// Even when the caller gave up: a namespace the node cannot
+		// vouch for must not keep its table.
+		ictx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		defer cancel()
+		if err := netpol.Isolate(ictx, int(ns)); err != nil {
 			why += fmt.Sprintf(" (isolating the network failed: %v)", err)
 		}
 		return nil, why
