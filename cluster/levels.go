@@ -22,9 +22,6 @@ import (
 // cannot reach keeps its recorded level; one that answers "not found" is
 // a build from before levels: level 1.
 
-// levelRefresh is how often the leader asks the voters again.
-const levelRefresh = time.Minute
-
 // MemberLevel is what GET /v1/internal/member-level answers.
 type MemberLevel struct {
 	NodeID  string `json:"node_id"`

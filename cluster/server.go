@@ -29,6 +29,7 @@ import (
 	"github.com/kibotos/kibotos/api"
 	"github.com/kibotos/kibotos/artifacts"
 	"github.com/kibotos/kibotos/buildinfo"
+	"github.com/kibotos/kibotos/ctrl"
 	"github.com/kibotos/kibotos/datadir"
 	"github.com/kibotos/kibotos/fsm"
 	"github.com/kibotos/kibotos/trust"
@@ -51,8 +52,8 @@ type Timings struct {
 	CertLifetime time.Duration
 	// CommandRetention and CommandExpiryBatch, when set, replace how long
 	// a command's result answers retries (fsm.CommandRetentionHours) and
-	// how many records one expiry entry drops (commandExpiryBatch): tests
-	// of expiry.
+	// how many records one expiry entry drops (ctrl's commandExpiryBatch):
+	// tests of expiry.
 	CommandRetention   time.Duration
 	CommandExpiryBatch int
 }
@@ -99,7 +100,7 @@ type Server struct {
 	platformPublisher atomic.Pointer[PlatformPublisher]
 	// transferExporter writes this node's Transfer archives
 	// (SetTransferExporter); artifacts is the cluster's store
-	// (SetArtifacts); transferKick wakes the leader's transfer driver.
+	// (SetArtifacts).
 	transferExporter atomic.Pointer[TransferExporter]
 	// rfsm is the Raft FSM adapter (its applied index); nil before Raft
 	// starts and on members without a state.
@@ -110,10 +111,12 @@ type Server struct {
 	// publishing is held (shared) by a publish from its upload until its
 	// entry is applied, and whole by artifacts gc, so the collector never
 	// removes an object a publish has just put (both run on the leader).
-	publishing   sync.RWMutex
-	transferKick chan struct{}
-	id           *datadir.Identity
-	log          *slog.Logger
+	publishing sync.RWMutex
+	// leader runs the leader's services while this member leads (ctrl
+	// members only, set before the member serves).
+	leader *ctrl.Leader
+	id     *datadir.Identity
+	log    *slog.Logger
 
 	ca         *CA
 	pool       *x509.CertPool
@@ -202,7 +205,7 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Server{cfg: cfg, id: id, log: cfg.Logger.With("node_id", id.NodeID), release: release, stop: make(chan struct{}), leadership: make(chan bool, 1), transferKick: make(chan struct{}, 1), sessions: newSessionRegistry(), changed: newBroadcaster(),
+	s := &Server{cfg: cfg, id: id, log: cfg.Logger.With("node_id", id.NodeID), release: release, stop: make(chan struct{}), leadership: make(chan bool, 1), sessions: newSessionRegistry(), changed: newBroadcaster(),
 		conns: newConnWatch(), joinLimit: newJoinLimiter(), revokePending: map[string]bool{}, revokeKick: make(chan struct{}, 1), admissionCache: map[string]admissionAnswer{},
 		opened: make(chan struct{}), halted: make(chan struct{})}
 	defer close(s.opened)
@@ -272,7 +275,7 @@ func (s *Server) start(ctx context.Context) error {
 	if s.raft != nil {
 		s.wg.Add(3)
 		go func() { defer s.wg.Done(); s.enforceRevocations() }()
-		go func() { defer s.wg.Done(); s.leaderLoop() }()
+		go func() { defer s.wg.Done(); s.runLeader(ctx) }()
 		go func() { defer s.wg.Done(); s.ensureVoter() }()
 	}
 	s.log.Info("member serving", "advertise", s.id.Advertise, "roles", s.id.Roles, "release", buildinfo.ReleaseName())
@@ -337,6 +340,7 @@ func (s *Server) startRaft() error {
 		return fmt.Errorf("start raft in %s: %w", d.RaftDir(), err)
 	}
 	s.raft = r
+	s.leader = s.newLeader()
 	return s.checkStateLevel()
 }
 
