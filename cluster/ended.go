@@ -48,7 +48,7 @@ func (s *Server) markEndedRound(args *fsm.ReportArgs, now time.Time) {
 		// An older voter knows no completeness: an entry carrying it would
 		// be stored differently there.
 		r.EndedComplete = false
-		if !s.levelsRecorded() {
+		if !s.levels.Recorded() {
 			// Whether every voter applies rounds is not known yet (a new
 			// cluster or voter, asked at the start of the leadership):
 			// the records wait rather than meet the earlier rules, which

@@ -25,7 +25,7 @@ const exportTimeout = time.Hour
 // newLeader builds the member's leader services (ctrl members only).
 func (s *Server) newLeader() *ctrl.Leader {
 	t := s.cfg.Timings
-	return ctrl.New(ctrl.Config{NodeID: s.id.NodeID, Cluster: leaderCluster{s}, Log: s.log, Timings: ctrl.Timings{
+	return ctrl.New(ctrl.Config{NodeID: s.id.NodeID, Cluster: leaderCluster{s}, Levels: s.levels, Log: s.log, Timings: ctrl.Timings{
 		SessionPing: t.SessionPing, SessionTimeout: t.SessionTimeout, CommandExpiry: t.CommandExpiry,
 		CommandRetention: t.CommandRetention, CommandExpiryBatch: t.CommandExpiryBatch,
 	}})
@@ -68,25 +68,11 @@ func (c leaderCluster) View(fn func(tx *bolt.Tx) error) error { return c.s.fsm.V
 
 func (c leaderCluster) CaughtUp(ok bool) { c.s.consistentReady.Store(ok) }
 
-func (c leaderCluster) Servers() ([]string, error) {
-	f := c.s.raft.GetConfiguration()
-	if err := f.Error(); err != nil {
-		return nil, err
-	}
-	var ids []string
-	for _, srv := range f.Configuration().Servers {
-		ids = append(ids, string(srv.ID))
-	}
-	return ids, nil
-}
+func (c leaderCluster) Servers() ([]ctrl.RaftServer, error) { return c.s.raftServers() }
 
 func (c leaderCluster) RemoveServer(id string) {
 	c.s.raft.RemoveServer(raft.ServerID(id), 0, 10*time.Second)
 }
-
-func (c leaderCluster) ForgetLevels()                           { c.s.forgetLevels() }
-func (c leaderCluster) RefreshLevels(ctx context.Context)       { c.s.refreshLevels(ctx) }
-func (c leaderCluster) LevelsReach(what string, need int) error { return c.s.levelsReach(what, need) }
 
 func (c leaderCluster) SessionAttached(node, sid string) bool {
 	return c.s.sessions.attached(node, sid)

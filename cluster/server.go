@@ -150,15 +150,8 @@ type Server struct {
 	// consistentReady is set while this member leads and has applied every
 	// entry of earlier terms (its leadership barrier went through).
 	consistentReady atomic.Bool
-	// levelsAsked is when the voters' feature levels were last asked
-	// after a refusal (unix nanoseconds).
-	levelsAsked atomic.Int64
-	// levelsCache keeps voterLevels for a second (levelsCacheFor);
-	// levelsGen moves whenever the voters or their recorded levels may
-	// have changed, and an answer cached in an earlier generation is not
-	// used.
-	levelsCache atomic.Pointer[cachedLevels]
-	levelsGen   atomic.Uint64
+	// levels tracks the voters' feature levels (ctrl members only).
+	levels *ctrl.Levels
 
 	sessions *sessionRegistry
 	// changed wakes blocking reads when the local state changed.
@@ -340,8 +333,9 @@ func (s *Server) startRaft() error {
 		return fmt.Errorf("start raft in %s: %w", d.RaftDir(), err)
 	}
 	s.raft = r
+	s.levels = s.newLevels()
 	s.leader = s.newLeader()
-	return s.checkStateLevel()
+	return s.levels.CheckState()
 }
 
 // halt stops a member that cannot apply the log as the others do (see
@@ -480,10 +474,10 @@ func (s *Server) Apply(ctx context.Context, e fsm.Entry) (fsm.Result, error) {
 	if err := ctx.Err(); err != nil {
 		return fsm.Result{}, outOfTime(e, err)
 	}
-	if err := s.checkOpLevel(ctx, e.Op); err != nil {
+	if err := s.levels.CheckOp(ctx, e.Op); err != nil {
 		return fsm.Result{}, err
 	}
-	e.CountPlacements = fsm.CountsPlacements(e.Op) && s.countsPlacements()
+	e.CountPlacements = fsm.CountsPlacements(e.Op) && s.levels.CountsPlacements()
 	timeout := 30 * time.Second
 	if dl, ok := ctx.Deadline(); ok {
 		if timeout = time.Until(dl); timeout <= 0 {
@@ -496,9 +490,9 @@ func (s *Server) Apply(ctx context.Context, e fsm.Entry) (fsm.Result, error) {
 		data []byte
 		err  error
 	)
-	if s.entryFormatBinary() {
+	if s.levels.EntryFormatBinary() {
 		e.CommandDigest = e.CommandID != ""
-		e.CommandLog = e.CommandDigest && s.commandLog()
+		e.CommandLog = e.CommandDigest && s.levels.CommandLog()
 		data = fsm.EncodeEntry(&e)
 	} else if data, err = fsm.EncodeEntryJSON(&e); err != nil {
 		return fsm.Result{}, err

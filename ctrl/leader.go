@@ -1,7 +1,8 @@
 // Package ctrl runs the ctrl leader's services: while its member leads the
 // Raft group, one lead at a time closes sessions no connection backs,
 // expires old command records, drops retired voters, refreshes the
-// voters' feature levels and drives Transfers. It reaches the member only
+// voters' feature levels and drives Transfers. It also keeps what the
+// voters' levels allow (Levels). It reaches the member only
 // through the Cluster interface; it never imports cluster or cli, and owns
 // no rule about the state (that is fsm) nor any transport.
 package ctrl
@@ -31,19 +32,13 @@ type State interface {
 	CaughtUp(bool)
 }
 
-// Voters is the Raft configuration and the feature levels of its voters.
+// Voters is the Raft configuration.
 type Voters interface {
-	// Servers are the ids of the Raft configuration's servers.
-	Servers() ([]string, error)
+	// Servers is the Raft configuration.
+	Servers() ([]RaftServer, error)
 	// RemoveServer starts dropping a server from the configuration; the
 	// next tick sees whether it went.
 	RemoveServer(id string)
-	// ForgetLevels drops what is kept of the voters' recorded levels.
-	ForgetLevels()
-	// RefreshLevels asks every voter its level and records what changed.
-	RefreshLevels(ctx context.Context)
-	// LevelsReach checks that every voter's level reaches need, for what.
-	LevelsReach(what string, need int) error
 }
 
 // Sessions are the nodes' control sessions attached to this member.
@@ -89,6 +84,7 @@ type Timings struct {
 type Config struct {
 	NodeID  string // this member's, which reconcileVoters never removes
 	Cluster Cluster
+	Levels  *Levels // the voters' feature levels, which the leader refreshes
 	Log     *slog.Logger
 	Timings Timings
 }
@@ -97,6 +93,7 @@ type Config struct {
 type Leader struct {
 	id           string
 	c            Cluster
+	levels       *Levels
 	log          *slog.Logger
 	t            Timings
 	transferKick chan struct{}
@@ -104,7 +101,7 @@ type Leader struct {
 
 // New returns a Leader; Run starts following leadership.
 func New(cfg Config) *Leader {
-	return &Leader{id: cfg.NodeID, c: cfg.Cluster, log: cfg.Log, t: cfg.Timings, transferKick: make(chan struct{}, 1)}
+	return &Leader{id: cfg.NodeID, c: cfg.Cluster, levels: cfg.Levels, log: cfg.Log, t: cfg.Timings, transferKick: make(chan struct{}, 1)}
 }
 
 // Run runs one lead while leadership says this member leads (true on
@@ -144,18 +141,19 @@ const levelRefresh = time.Minute
 
 // lead is one leadership's services: close sessions that no connection
 // backs any more (after a leader change), expire old command records, and
-// drop retired or revoked ctrl members from the voters. It returns once
+// drop retired or revoked ctrl members from the voters, and refresh the
+// voters' feature levels. It returns once
 // the transfer driver it starts has returned too.
 func (l *Leader) lead(ctx context.Context) {
 	t := l.t
 	// The voters' levels this member kept may be from an earlier
 	// leadership, and the previous leader may have recorded others.
-	l.c.ForgetLevels()
+	l.levels.Forget()
 	if err := l.c.Barrier(ctx); err != nil {
 		return
 	}
 	// Everything the previous leader acknowledged is now applied here.
-	l.c.ForgetLevels()
+	l.levels.Forget()
 	l.c.CaughtUp(true)
 	defer l.c.CaughtUp(false)
 	l.log.Info("leading ctrl")
@@ -164,7 +162,7 @@ func (l *Leader) lead(ctx context.Context) {
 	wg.Go(func() { l.driveTransfers(ctx) })
 	since := time.Now()
 	lastExpiry, expiring := time.Now(), false
-	l.c.RefreshLevels(ctx)
+	l.levels.Refresh(ctx)
 	lastLevels := time.Now()
 	tick := time.NewTicker(t.SessionPing)
 	defer tick.Stop()
@@ -184,7 +182,7 @@ func (l *Leader) lead(ctx context.Context) {
 		l.reconcileVoters()
 		if time.Since(lastLevels) > levelRefresh {
 			lastLevels = time.Now()
-			l.c.RefreshLevels(ctx)
+			l.levels.Refresh(ctx)
 		}
 	}
 }

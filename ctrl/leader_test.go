@@ -17,16 +17,16 @@ import (
 	"github.com/kibotos/kibotos/fsm"
 )
 
-// fakeCluster is a member whose state is an empty FSM and whose levels
-// refresh, when block is set, holds its lead until the lead is cancelled
-// and the test releases it. It records what the leader did, in order, and
+// fakeCluster is a member whose state is an empty FSM and whose other
+// voter, when block is set, holds the lead that asks its level until the
+// lead is cancelled and the test releases it. It records what the leader did, in order, and
 // notes a lead that began while another was still running.
 type fakeCluster struct {
 	f       *fsm.FSM
 	block   bool
-	entered chan struct{} // a blocking refresh began
-	ended   chan struct{} // a blocking refresh saw its lead cancelled
-	release chan struct{} // lets a cancelled refresh return
+	entered chan struct{} // a blocking ask began
+	ended   chan struct{} // a blocking ask saw its lead cancelled
+	release chan struct{} // lets a cancelled ask return
 
 	mu      sync.Mutex
 	events  []string
@@ -75,15 +75,16 @@ func (c *fakeCluster) CaughtUp(ok bool) {
 	c.events = append(c.events, map[bool]string{true: "caught up", false: "lead ended"}[ok])
 }
 
-func (c *fakeCluster) RefreshLevels(ctx context.Context) {
+func (c *fakeCluster) AskLevel(ctx context.Context, addr string) (MemberLevel, error) {
 	if !c.block {
-		return
+		return MemberLevel{}, api.Errorf(api.CodeUnavailable, "member at %s is not reachable in this test", addr)
 	}
 	c.entered <- struct{}{}
 	<-ctx.Done()
 	c.ended <- struct{}{}
 	<-c.release
-	c.note("refresh returned")
+	c.note("ask returned")
+	return MemberLevel{}, ctx.Err()
 }
 
 func (c *fakeCluster) CloseSessions() { c.note("sessions closed") }
@@ -91,12 +92,15 @@ func (c *fakeCluster) CloseSessions() { c.note("sessions closed") }
 func (c *fakeCluster) ApplyOp(ctx context.Context, op string, args any) (fsm.Result, error) {
 	return fsm.Result{Value: []byte(`{}`)}, nil
 }
-func (c *fakeCluster) View(fn func(tx *bolt.Tx) error) error   { return c.f.View(fn) }
-func (c *fakeCluster) Servers() ([]string, error)              { return nil, nil }
-func (c *fakeCluster) RemoveServer(string)                     {}
-func (c *fakeCluster) ForgetLevels()                           {}
-func (c *fakeCluster) LevelsReach(what string, need int) error { return nil }
-func (c *fakeCluster) SessionAttached(node, sid string) bool   { return true }
+func (c *fakeCluster) Apply(ctx context.Context, e fsm.Entry) (fsm.Result, error) {
+	return fsm.Result{}, nil
+}
+func (c *fakeCluster) View(fn func(tx *bolt.Tx) error) error { return c.f.View(fn) }
+func (c *fakeCluster) Servers() ([]RaftServer, error) {
+	return []RaftServer{{ID: "n1", Address: "n1:7000", Voter: true}, {ID: "n2", Address: "n2:7000", Voter: true}}, nil
+}
+func (c *fakeCluster) RemoveServer(string)                   {}
+func (c *fakeCluster) SessionAttached(node, sid string) bool { return true }
 func (c *fakeCluster) ExportTransfer(context.Context, *api.Node, api.TransferExportTask) (api.TransferExportResult, error) {
 	return api.TransferExportResult{}, nil
 }
@@ -108,7 +112,8 @@ func (c *fakeCluster) RemoveArchive(context.Context, *api.Transfer) error { retu
 // run starts a Leader over c; leadership is unbuffered, so a send returns
 // once Run has taken it. done closes when Run has returned.
 func run(t *testing.T, c *fakeCluster) (leadership chan bool, stop context.CancelFunc, done chan struct{}) {
-	l := New(Config{NodeID: "n1", Cluster: c, Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	l := New(Config{NodeID: "n1", Cluster: c, Levels: NewLevels(c, log, MemberLevel{NodeID: "n1", Level: fsm.FeatureLevel}), Log: log,
 		Timings: Timings{SessionPing: time.Millisecond, SessionTimeout: time.Hour, CommandExpiry: time.Hour}})
 	ctx, cancel := context.WithCancel(t.Context())
 	leadership, done = make(chan bool), make(chan struct{})
@@ -142,7 +147,7 @@ func TestStepDownWaitsForTheLeadBeforeTheNext(t *testing.T) {
 	c.release <- struct{}{}
 	wait(t, elected, "second election taken")
 	wait(t, c.entered, "second lead")
-	want := []string{"barrier", "caught up", "refresh returned", "lead ended", "sessions closed", "barrier", "caught up"}
+	want := []string{"barrier", "caught up", "ask returned", "lead ended", "sessions closed", "barrier", "caught up"}
 	if got := c.log(); !slices.Equal(got, want) {
 		t.Fatalf("leader did:\n  %s\nwant:\n  %s", strings.Join(got, ", "), strings.Join(want, ", "))
 	}
@@ -161,12 +166,12 @@ func TestShutdownWaitsForTheLead(t *testing.T) {
 	wait(t, c.ended, "cancellation of the lead")
 	select {
 	case <-done:
-		t.Fatal("Run returned while the lead's levels refresh still ran")
+		t.Fatal("Run returned while the lead's ask of a voter's level still ran")
 	default:
 	}
 	c.release <- struct{}{}
 	wait(t, done, "return of Run")
-	want := []string{"barrier", "caught up", "refresh returned", "lead ended"}
+	want := []string{"barrier", "caught up", "ask returned", "lead ended"}
 	if got := c.log(); !slices.Equal(got, want) {
 		t.Fatalf("leader did:\n  %s\nwant:\n  %s", strings.Join(got, ", "), strings.Join(want, ", "))
 	}

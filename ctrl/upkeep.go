@@ -25,7 +25,7 @@ func (l *Leader) expireCommands(ctx context.Context, budget time.Time) bool {
 	t := l.t
 	retention := cmp.Or(t.CommandRetention, fsm.CommandRetentionHours*time.Hour)
 	args := fsm.CommandsExpireArgs{Before: time.Now().Add(-retention).UTC()}
-	if l.c.LevelsReach("bounded command expiry", fsm.LevelExpireLimit) == nil {
+	if l.levels.Reach("bounded command expiry", fsm.LevelExpireLimit) == nil {
 		args.Limit = cmp.Or(t.CommandExpiryBatch, commandExpiryBatch)
 	}
 	for {
@@ -70,11 +70,12 @@ func (l *Leader) sweepSessions(ctx context.Context) {
 
 // reconcileVoters drops retired or revoked ctrl members from the voters.
 func (l *Leader) reconcileVoters() {
-	ids, err := l.c.Servers()
+	servers, err := l.c.Servers()
 	if err != nil {
 		return
 	}
-	for _, id := range ids {
+	for _, srv := range servers {
+		id := srv.ID
 		if id == l.id {
 			continue
 		}
