@@ -150,8 +150,10 @@ type Server struct {
 	// consistentReady is set while this member leads and has applied every
 	// entry of earlier terms (its leadership barrier went through).
 	consistentReady atomic.Bool
-	// levels tracks the voters' feature levels (ctrl members only).
+	// levels tracks the voters' feature levels; rounds decides which
+	// reports carry ended-Instance records (ctrl members only).
 	levels *ctrl.Levels
+	rounds *ctrl.Rounds
 
 	sessions *sessionRegistry
 	// changed wakes blocking reads when the local state changed.
@@ -334,6 +336,7 @@ func (s *Server) startRaft() error {
 	}
 	s.raft = r
 	s.levels = s.newLevels()
+	s.rounds = ctrl.NewRounds(s.levels, s.fsm.View)
 	s.leader = s.newLeader()
 	return s.levels.CheckState()
 }

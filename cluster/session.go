@@ -267,7 +267,7 @@ func (s *Server) runSession(ctx context.Context, sc *sessionConn, dec *api.Sessi
 		case <-s.stop:
 			return "ctrl member stopping"
 		case <-syncT.C:
-			if at, ok := s.endedRoundSoon(nodeID, time.Now(), t.SyncInterval/2); ok {
+			if at, ok := s.rounds.Soon(nodeID, time.Now(), t.SyncInterval/2); ok {
 				roundSync = at // the ping after it sends the sync
 				continue
 			}
@@ -384,8 +384,8 @@ func (s *Server) applyReport(ctx context.Context, sc *sessionConn, nodeID, sid s
 // voters' levels allow of it.
 func (s *Server) reportArgs(nodeID, sid string, m api.SessionMsg) fsm.ReportArgs {
 	args := fsm.ReportArgs{NodeID: nodeID, SessionID: sid, Report: *m.Report, HostUsage: m.HostUsage}
-	s.markEndedRound(&args, time.Now())
-	args.OOMStops = s.troubleshootingRules()
+	s.rounds.Mark(&args, time.Now())
+	args.OOMStops = s.levels.TroubleshootingRules()
 	if len(args.Report.TemplateDigests) > 0 && s.levelsReach("template catalog", fsm.LevelArtifacts) != nil {
 		args.Report.TemplateDigests = nil // a voter below the level would not store them
 	}

@@ -122,6 +122,13 @@ func (l *Levels) CountsPlacements() bool {
 	return l.Reach("placement counts", fsm.LevelPlacementCounts) == nil
 }
 
+// TroubleshootingRules reports whether every voter applies the rules of
+// fsm.LevelTroubleshooting (an OOM-killed VMM stops its Workspace; stop
+// --force of an Instance its node no longer has keeps it FAILED).
+func (l *Levels) TroubleshootingRules() bool {
+	return l.Reach("troubleshooting rules", fsm.LevelTroubleshooting) == nil
+}
+
 // voters are the recorded levels of the voters (level 1, not recorded,
 // for one never asked).
 //
