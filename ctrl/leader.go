@@ -2,9 +2,11 @@
 // Raft group, one lead at a time closes sessions no connection backs,
 // expires old command records, drops retired voters, refreshes the
 // voters' feature levels and drives Transfers. It also keeps what the
-// voters' levels allow (Levels). It reaches the member only
-// through the Cluster interface; it never imports cluster or cli, and owns
-// no rule about the state (that is fsm) nor any transport.
+// voters' levels allow (Levels), decides which reports carry ended-Instance
+// records (Rounds) and collects unreferenced artifacts. It reaches the
+// member only through the Cluster and LevelSource interfaces; it never
+// imports cluster or cli, and owns no rule about the state (that is fsm)
+// nor any transport (control sessions and HTTP stay in cluster).
 package ctrl
 
 import (
