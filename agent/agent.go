@@ -86,6 +86,9 @@ type Config struct {
 	// of a command its node has not answered yet, and what the task
 	// carried.
 	HoldTask func(api.WorkspaceTask) bool
+	// Observe, when set, is told how long each completed step of a
+	// Workspace start took (WorkspaceStartSteps; metrics histograms).
+	Observe func(step string, d time.Duration)
 	// PlatformAgent is the digest of the guest agent of the Platform new
 	// Instances start on; "" is this executable's (platform.SelfSHA256).
 	// Tests whose node is not the agent binary give the fixture's.
@@ -282,20 +285,20 @@ func (a *Agent) Run(ctx context.Context) error {
 	defer a.bg.end()
 	stop := context.AfterFunc(ctx, a.bg.stop)
 	defer stop()
-	a.bg.spawn(a.sampler.Run)
+	a.bg.spawn(ctx, a.sampler.Run)
 	// The baseline is what the first session's full report will carry at
 	// the latest, so the watcher pushes only later changes.
 	first := a.buildReport(false)
 	a.notePools(first.Pools)
-	a.bg.spawn(func(ctx context.Context) { a.watchInstances(ctx, first) })
-	a.bg.spawn(a.watchHolders)
+	a.bg.spawn(ctx, func(ctx context.Context) { a.watchInstances(ctx, first) })
+	a.bg.spawn(ctx, a.watchHolders)
 	// Warm guests, ready or being made, end when ctx ends, before Run
 	// returns and the caller closes the runtime (which leaves VMMs
 	// running): no Workspace's, they would outlive the node. They end
 	// first: each ends through the runtime.
 	warmCtx, stopWarm := context.WithCancel(ctx)
 	warmDone := make(chan struct{})
-	a.bg.spawn(func(context.Context) { defer close(warmDone); a.runWarm(warmCtx) })
+	a.bg.spawn(ctx, func(context.Context) { defer close(warmDone); a.runWarm(warmCtx) })
 	defer func() { stopWarm(); <-warmDone }()
 	backoff := 200 * time.Millisecond
 	for {
@@ -303,7 +306,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		switch {
 		case errors.Is(err, ErrIsolated):
 			a.log.Error("node isolated: destroying every Instance and exiting; the service manager restarts it with a new incarnation", "incarnation", a.incarnation)
-			a.destroyAllInstances()
+			a.destroyAllInstances(ctx)
 			return err
 		case errors.Is(err, ErrStale):
 			a.log.Error("control session refused", "err", err)
@@ -328,14 +331,16 @@ func (a *Agent) Run(ctx context.Context) error {
 
 // destroyAllInstances ends every Instance of this node: after isolate, ctrl
 // has released their storage to others, so none may keep writing.
-func (a *Agent) destroyAllInstances() {
+func (a *Agent) destroyAllInstances(ctx context.Context) {
 	rt := a.cfg.Runtime
 	if rt == nil {
 		return
 	}
 	for _, st := range rt.List() {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		err := rt.Delete(ctx, st.ID)
+		// Not cancelled with Run: after isolation every Instance must go,
+		// even as the node shuts down, for ctrl gave their storage away.
+		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+		err := rt.Delete(dctx, st.ID)
 		cancel()
 		if err != nil {
 			a.log.Error("instance not destroyed after isolation", "instance_id", st.ID, "err", err)
@@ -376,7 +381,7 @@ func (a *Agent) watchInstances(ctx context.Context, first api.Report) {
 		// push a second would otherwise pile up behind the last.
 		if (time.Since(lastDataPlane) >= 15*time.Second || !a.dataPlaneAlive(ctx) || a.dataTargetsChanged()) && a.dataPushing.CompareAndSwap(false, true) {
 			lastDataPlane = time.Now()
-			a.bg.spawn(func(ctx context.Context) {
+			a.bg.spawn(ctx, func(ctx context.Context) {
 				defer a.dataPushing.Store(false)
 				a.updateDataPlane(ctx)
 			})
@@ -489,7 +494,7 @@ func (a *Agent) session(ctx context.Context, addr string) (redirect string, err 
 		a.credentialKey = first.CredentialKey
 	}
 	a.mu.Unlock()
-	a.bg.spawn(a.updateDataPlane)
+	a.bg.spawn(ctx, a.updateDataPlane)
 	defer func() {
 		a.mu.Lock()
 		a.sessionID, a.send, a.resultReports = "", nil, false
@@ -541,11 +546,11 @@ func (a *Agent) session(ctx context.Context, addr string) (redirect string, err 
 			}
 		case api.MsgTask:
 			if m.Task != nil && (a.cfg.HoldTask == nil || !a.cfg.HoldTask(*m.Task)) {
-				a.handleTask(*m.Task)
+				a.handleTask(ctx, *m.Task)
 			}
 		case api.MsgVolumeTask:
 			if m.VolumeTask != nil {
-				a.handleVolumeTask(*m.VolumeTask)
+				a.handleVolumeTask(ctx, *m.VolumeTask)
 			}
 		case api.MsgRefused:
 			return "", a.refusal(m)

@@ -13,26 +13,44 @@ import (
 // next must not be used by any). The zero value is ready: an agent that
 // never runs (a test of one handler) ends its work with end.
 type background struct {
-	once   sync.Once
-	ctx    context.Context
-	cancel context.CancelFunc
-	wg     sync.WaitGroup
+	mu      sync.Mutex
+	ctx     context.Context
+	cancel  context.CancelFunc
+	stopped bool
+	wg      sync.WaitGroup
 }
 
-func (b *background) init() {
-	b.once.Do(func() { b.ctx, b.cancel = context.WithCancel(context.Background()) })
+// lifetime is the group's context, made from the first spawn's caller
+// (Run's, in a node): its values, not its cancellation, since the
+// goroutines outlive the call that started them (a command outlives the
+// message that brought it). stop ends it.
+func (b *background) lifetime(from context.Context) context.Context {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.ctx == nil {
+		b.ctx, b.cancel = context.WithCancel(context.WithoutCancel(from))
+		if b.stopped {
+			b.cancel()
+		}
+	}
+	return b.ctx
 }
 
-// spawn runs f in a goroutine of the group with the lifetime context.
-func (b *background) spawn(f func(ctx context.Context)) {
-	b.init()
-	b.wg.Go(func() { f(b.ctx) })
+// spawn runs f in a goroutine of the group with the lifetime context; ctx
+// is the caller's.
+func (b *background) spawn(ctx context.Context, f func(ctx context.Context)) {
+	lt := b.lifetime(ctx)
+	b.wg.Go(func() { f(lt) })
 }
 
-// stop cancels the lifetime context.
+// stop cancels the lifetime context, also one made after it.
 func (b *background) stop() {
-	b.init()
-	b.cancel()
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.stopped = true
+	if b.cancel != nil {
+		b.cancel()
+	}
 }
 
 // end stops and waits for every goroutine.

@@ -50,7 +50,7 @@ func TestDataPlaneUpdatedBeforeTheResult(t *testing.T) {
 		}
 		return nil
 	}
-	a.runTask("ws-1", "ws-1/1", "workspace", a.log, func(context.Context) taskResult {
+	a.runTask(t.Context(), "ws-1", "ws-1/1", "workspace", a.log, func(context.Context) taskResult {
 		return taskResult{ws: &api.WorkspaceTaskResult{WorkspaceID: "ws-1", CommandID: "ws-1/1", Outcome: fsm.OutcomeOK}}
 	})
 	select {

@@ -4,9 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/kibotos/kibotos/buildinfo"
 	"os"
 	"path/filepath"
+
+	"github.com/kibotos/kibotos/buildinfo"
 
 	"github.com/kibotos/kibotos/agent/runtime"
 	"github.com/kibotos/kibotos/api"

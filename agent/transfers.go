@@ -126,7 +126,7 @@ func (a *Agent) ExportTransfer(ctx context.Context, t api.TransferExportTask) (a
 	if !ok {
 		run = &exportRun{done: make(chan struct{})}
 		a.exports.running[t.TransferID] = run
-		a.bg.spawn(func(ctx context.Context) {
+		a.bg.spawn(ctx, func(ctx context.Context) {
 			// Not the caller's context: an export outlives one call
 			// (but not the node).
 			ctx, cancel := context.WithTimeout(ctx, 2*time.Hour)

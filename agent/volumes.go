@@ -13,9 +13,9 @@ import (
 )
 
 // handleVolumeTask starts the Volume command unless it runs or ran already.
-func (a *Agent) handleVolumeTask(t api.VolumeTask) {
+func (a *Agent) handleVolumeTask(ctx context.Context, t api.VolumeTask) {
 	log := a.log.With("volume_id", t.VolumeID, "command_id", t.Command.CommandID, "kind", t.Command.Kind, "pool", t.PoolID)
-	a.runTask(t.VolumeID, t.Command.CommandID, "volume", log, func(ctx context.Context) taskResult {
+	a.runTask(ctx, t.VolumeID, t.Command.CommandID, "volume", log, func(ctx context.Context) taskResult {
 		r := a.executeVolume(ctx, t)
 		return taskResult{vol: &r}
 	})

@@ -97,9 +97,9 @@ func (a *Agent) saveOwners() {
 }
 
 // handleTask starts the Workspace command unless it runs or ran already.
-func (a *Agent) handleTask(t api.WorkspaceTask) {
+func (a *Agent) handleTask(ctx context.Context, t api.WorkspaceTask) {
 	log := a.log.With("workspace_id", t.WorkspaceID, "command_id", t.Command.CommandID, "kind", t.Command.Kind, "instance_id", t.Command.InstanceID)
-	a.runTask(t.WorkspaceID, t.Command.CommandID, "workspace", log, func(ctx context.Context) taskResult {
+	a.runTask(ctx, t.WorkspaceID, t.Command.CommandID, "workspace", log, func(ctx context.Context) taskResult {
 		r := a.execute(ctx, t)
 		return taskResult{ws: &r}
 	})
@@ -108,7 +108,7 @@ func (a *Agent) handleTask(t api.WorkspaceTask) {
 // runTask runs exec for command id of object key (a noun: workspace,
 // volume) in the background, after the object's earlier command, unless
 // it runs or ran already (then its result is sent again).
-func (a *Agent) runTask(key, id, noun string, log *slog.Logger, exec func(context.Context) taskResult) {
+func (a *Agent) runTask(ctx context.Context, key, id, noun string, log *slog.Logger, exec func(context.Context) taskResult) {
 	ts := a.tasks
 	ts.mu.Lock()
 	if r, ok := ts.done[id]; ok {
@@ -124,7 +124,7 @@ func (a *Agent) runTask(key, id, noun string, log *slog.Logger, exec func(contex
 	ch := make(chan struct{})
 	ts.waiting[key] = ch
 	ts.mu.Unlock()
-	a.bg.spawn(func(ctx context.Context) {
+	a.bg.spawn(ctx, func(ctx context.Context) {
 		defer close(ch)
 		if prev != nil {
 			<-prev // an older command of this object finishes first
@@ -245,197 +245,6 @@ func (a *Agent) layerPath(pool, ws string) (string, error) {
 		return "", fmt.Errorf("storage pool %s is not configured on node %s", pool, a.cfg.NodeID)
 	}
 	return filepath.Join(dir, "layers", ws+".qcow2"), nil
-}
-
-// startWorkspace starts the Workspace's Instance and names its Platform in
-// r; a non-empty refusal means the node does not take new Workspaces now
-// and ctrl should place elsewhere.
-func (a *Agent) startWorkspace(ctx context.Context, t api.WorkspaceTask, r *api.WorkspaceTaskResult) (refusal string, err error) {
-	rt := a.cfg.Runtime
-	if rt == nil {
-		return "", fmt.Errorf("node %s runs no VMs: it has no service manager for VMM units (run it with systemd, or --systemd private)", a.cfg.NodeID)
-	}
-	id := t.Command.InstanceID
-	if st, err := rt.Status(id); err == nil {
-		if st.State == runtime.StateStarting {
-			// A start in flight when the node restarted: takeover waits for
-			// its guest; so does the answer to ctrl.
-			st = a.awaitStarted(ctx, id)
-		}
-		switch st.State {
-		case runtime.StateRunning:
-			return "", nil // started before a node restart: taken over
-		default:
-			if derr := rt.Delete(ctx, id); derr != nil && !isUnknownInstance(derr) {
-				return "", fmt.Errorf("instance %s is %s and could not be cleared: %w", id, st.State, derr)
-			}
-		}
-	}
-	if u := a.sampler.Latest(); u.MemoryTight {
-		return "host memory is tight", nil
-	}
-	a.mu.Lock()
-	draining := a.draining
-	a.mu.Unlock()
-	if draining {
-		return "node " + a.cfg.NodeID + " is draining", nil
-	}
-	// A start without a policy comes from a ctrl older than policies:
-	// egress none, as ctrl reads such records.
-	policy, err := runtimePolicy(t.Network.Effective(), t.Egress, t.Resolver)
-	if err != nil {
-		return "", fmt.Errorf("instance %s: %w", id, err)
-	}
-	if err := a.fetchEgressCredentials(ctx, policy); err != nil {
-		return "", fmt.Errorf("instance %s: %w", id, err)
-	}
-	tpl, refusal, err := a.templateFor(ctx, t)
-	if tpl == nil {
-		return refusal, err
-	}
-	installation, refusal, err := a.platformFor(ctx, t)
-	if installation == nil {
-		return refusal, err
-	}
-	var restore *runtime.RestoreSpec
-	var identity *runtime.Identity
-	switch s := t.Snapshot; {
-	case s != nil && s.Discard:
-		// Stopped while paused: boots afresh; the old snapshot goes first.
-		if err := a.removeSnapshot(t); err != nil {
-			return "", err
-		}
-	case s != nil:
-		if installation, err = a.restoreInstallation(s); err != nil {
-			return "", err
-		}
-		dir, err := a.snapshotDir(s.PoolID, t.WorkspaceID)
-		if err != nil {
-			return "", err
-		}
-		restore = &runtime.RestoreSpec{Dir: dir}
-	}
-	layer, err := a.layerPath(t.LayerPool, t.WorkspaceID)
-	if err != nil {
-		return "", err
-	}
-	if err := os.MkdirAll(filepath.Dir(layer), 0o700); err != nil {
-		return "", err
-	}
-	if s := t.Snapshot; restore != nil && s.From != "" {
-		if err := a.prepareFork(ctx, t, layer, restore.Dir); err != nil {
-			return "", err
-		}
-		identity = &runtime.Identity{Hostname: t.WorkspaceID, Roots: []string{WorkspaceRoot}}
-	}
-	var im *imported
-	if t.Import != nil && restore == nil {
-		if im, err = a.importTransfer(ctx, t, tpl, layer); err != nil {
-			return "", err
-		}
-		defer im.cleanup()
-	}
-	_, statErr := os.Stat(layer)
-	freshLayer := errors.Is(statErr, os.ErrNotExist)
-	if err := a.claimObject(ctx, layer, id); err != nil {
-		return "", fmt.Errorf("instance %s: %w", id, err)
-	}
-	volumes, err := a.prepareVolumes(ctx, t, im)
-	if err != nil {
-		a.releaseObjects(id, []string{layer})
-		return "", err
-	}
-	a.tasks.mu.Lock()
-	a.tasks.owners[id] = t.WorkspaceID
-	a.saveOwners()
-	a.tasks.mu.Unlock()
-	spec := runtime.Spec{InstanceID: id, Installation: installation, VCPUs: max(1, int(t.CPU/1000)), MemoryMiB: int(t.MemoryBytes >> 20),
-		Network: true, Policy: policy, RootImage: tpl.Image(), LayerPath: layer, Volumes: volumes, Restore: restore, Identity: identity}
-	if restore == nil {
-		// Booted or adopting a warm guest: its filesystem is mounted
-		// beside its network. (A paused guest has it mounted already.)
-		spec.Configure = func(g guestproto.GuestInfo) guestproto.ConfigureRequest { return WorkspaceConfigure(t.WorkspaceID, g) }
-	}
-	warm := false   // started from a warm guest
-	warmID := false // whose identity call wrote the machine id
-	if restore == nil && im == nil && len(volumes) == 0 && freshLayer {
-		for _, r := range a.warmGuestsFor(spec, tpl) {
-			_, err := rt.Adopt(ctx, r, spec, t.WorkspaceID, []string{WorkspaceRoot})
-			if errors.Is(err, runtime.ErrNotAdoptable) {
-				// Another start took it, or it cannot be this one.
-				a.log.Info("warm guest not adopted", "workspace_id", t.WorkspaceID, "instance_id", id, "warm_guest", r.ID, "why", err)
-				continue
-			}
-			a.warmTaken(t.Template, err == nil)
-			if err == nil {
-				warm, warmID = true, r.Mounted(WorkspaceRoot)
-				a.log.Info("instance started from a warm guest", "workspace_id", t.WorkspaceID, "instance_id", id, "template", t.Template, "warm_guest", r.ID)
-				break
-			}
-			// The warm guest was only a shortcut: boot instead.
-			a.log.Warn("warm guest not adopted; booting", "workspace_id", t.WorkspaceID, "instance_id", id, "warm_guest", r.ID, "err", err)
-			if derr := rt.Delete(ctx, id); derr != nil && !isUnknownInstance(derr) {
-				a.forget(ctx, id)
-				return "", fmt.Errorf("node %s: %w", a.cfg.NodeID, errors.Join(err, derr))
-			}
-			rt.ForgetEnded([]string{id})
-			// The boot starts over a new layer, as it would have.
-			if rerr := os.Remove(layer); rerr != nil && !errors.Is(rerr, os.ErrNotExist) {
-				a.forget(ctx, id)
-				return "", fmt.Errorf("node %s: %w", a.cfg.NodeID, errors.Join(err, rerr))
-			}
-			break
-		}
-	}
-	if !warm {
-		// A restore needs the layer its snapshot was taken over: Start
-		// refuses one that is missing, and none is made here.
-		if freshLayer && restore == nil {
-			if err := a.createLayer(ctx, t, layer, tpl.Image()); err != nil {
-				a.forget(ctx, id)
-				objects := []string{layer}
-				for _, v := range volumes {
-					objects = append(objects, v.Path)
-				}
-				a.releaseObjects(id, objects)
-				return "", fmt.Errorf("instance %s: %w", id, err)
-			}
-		}
-		if _, err := rt.Start(ctx, spec); err != nil {
-			a.forget(ctx, id)
-			return "", fmt.Errorf("node %s: %w", a.cfg.NodeID, err)
-		}
-	}
-	r.Platform = installation.ID
-	if restore != nil {
-		// The restored guest has its filesystems mounted already; its
-		// snapshot is spent.
-		if err := a.removeSnapshot(t); err != nil {
-			a.log.Warn("restored snapshot not removed", "workspace_id", t.WorkspaceID, "err", err)
-		}
-		return "", nil
-	}
-	if err := a.mountVolumes(ctx, id, t); err != nil {
-		a.forget(ctx, id)
-		return "", err
-	}
-	if freshLayer && !warmID {
-		// Its first start: a machine id of its own in its filesystem, now
-		// mounted, whether it booted or adopted a warm guest (one that
-		// had it mounted was given it with its identity). Every
-		// Workspace of a template would otherwise share the template's
-		// (or have none). A booted guest of a Platform older than forks
-		// cannot take one and goes without.
-		c, err := rt.Guest(id)
-		if err == nil && (warm || c.Info().Has(guestproto.CapIdentity)) {
-			err = rt.NewIdentity(ctx, id, runtime.Identity{Roots: []string{WorkspaceRoot}})
-		}
-		if err != nil {
-			a.forget(ctx, id)
-			return "", fmt.Errorf("instance %s: %w", id, err)
-		}
-	}
-	return "", nil
 }
 
 // awaitStarted waits until an Instance is no longer STARTING.

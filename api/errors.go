@@ -27,6 +27,9 @@ const (
 	CodeUnauthenticated    Code = "unauthenticated"
 	CodeAlreadyExists      Code = "already_exists"
 	CodePermissionDenied   Code = "permission_denied"
+	// CodeTooLarge is a request body over the limit: an invalid argument
+	// the HTTP way (413).
+	CodeTooLarge Code = "too_large"
 )
 
 // Exit codes of the CLI. 0, 2, 12, 13 and 16 are fixed by the product
@@ -65,6 +68,7 @@ var codeTable = map[Code]struct {
 	CodeUnauthenticated:    {ExitUnauthenticated, http.StatusUnauthorized},
 	CodeAlreadyExists:      {ExitAlreadyExists, http.StatusConflict},
 	CodePermissionDenied:   {ExitPermissionDenied, http.StatusForbidden},
+	CodeTooLarge:           {ExitInvalidArgument, http.StatusRequestEntityTooLarge},
 }
 
 // ExitCode is the CLI exit code for the code; unknown codes are internal.

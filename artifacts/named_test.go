@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"io/fs"
 	"os"
@@ -140,11 +141,10 @@ func TestListNamedSeesThePrefixOnly(t *testing.T) {
 		if _, err := pw.Write(b); err != nil {
 			t.Fatal(err)
 		}
-		for deadline := time.Now().Add(10 * time.Second); !slices.ContainsFunc(stored(t, s), underWay); time.Sleep(10 * time.Millisecond) {
-			if time.Now().After(deadline) {
-				t.Fatalf("no write under way in the store: %v", stored(t, s))
-			}
-		}
+		testenv.WaitFor(t, 10*time.Second, "a write under way in the store", func() (bool, string) {
+			names := stored(t, s)
+			return slices.ContainsFunc(names, underWay), fmt.Sprint(names)
+		})
 		if got := listNamed(t, s, transfers); !slices.Equal(got, want) {
 			t.Fatalf("ListNamed while a put is under way = %v, want %v", got, want)
 		}

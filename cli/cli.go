@@ -131,7 +131,7 @@ func (e exitError) Error() string { return e.msg }
 func reportError(w io.Writer, name string, err error) int {
 	// An exit code passed through (workspace exec) has no message.
 	if msg := strings.TrimSpace(err.Error()); msg != "" {
-		fmt.Fprintf(w, "%s: error: %s\n", name, msg)
+		fmt.Fprintf(w, "%s: error: %s\n", name, shownLines(msg))
 	}
 	var ue usageError
 	var ee exitError
@@ -222,8 +222,10 @@ func (g *Globals) printJSON(raw json.RawMessage) error {
 	return err
 }
 
-func (g *Globals) printf(format string, args ...any) { fmt.Fprintf(g.stdout, format, args...) }
-func (g *Globals) note(format string, args ...any)   { fmt.Fprintf(g.stderr, format, args...) }
+// printf and note escape the control and bidi characters of string
+// arguments (they come from the server): the format is ours.
+func (g *Globals) printf(format string, args ...any) { fmt.Fprintf(g.stdout, format, shown(args)...) }
+func (g *Globals) note(format string, args ...any)   { fmt.Fprintf(g.stderr, format, shown(args)...) }
 
 // writeMeta builds the common write fields from flags. Without
 // --command-id the CLI makes one up, so its own retries after a leader

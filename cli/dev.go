@@ -158,11 +158,7 @@ func (c *DevUpCmd) Run(g *Globals) error {
 		network = &n
 		g.note("kibotos dev: guest network %s, uplink %s, resolver %s\n", n.IPv4Pool, n.Uplink, n.Resolvers[0])
 	}
-	onReady := func(srv *cluster.Server) {
-		go func() {
-			c.announceWhenReady(g, d, id, runsVMs)
-		}()
-	}
+	onReady := func(ctx context.Context, srv *cluster.Server) { c.announceWhenReady(ctx, g, d, id, runsVMs) }
 	// A dev host without systemd as PID 1 gets a private one that outlives
 	// kibotos dev, so a restart takes its VMs over; a host with systemd uses it.
 	sdMode := systemdDev
@@ -207,7 +203,13 @@ func devArtifactsURL(d datadir.Dir) (string, error) {
 
 // announceWhenReady waits for the dev node to be READY and tells the user
 // how to point the CLI at it.
-func (c *DevUpCmd) announceWhenReady(g *Globals, d datadir.Dir, id *datadir.Identity, runsVMs bool) {
+//
+// It runs until then or until the member stops (ctx): what it does on the
+// member's behalf (the demo Workspace) must not outlive it.
+func (c *DevUpCmd) announceWhenReady(ctx context.Context, g *Globals, d datadir.Dir, id *datadir.Identity, runsVMs bool) {
+	member := *g
+	member.ctx = ctx
+	g = &member
 	tlsConf, err := d.AdminClient()
 	if err != nil {
 		return

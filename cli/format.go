@@ -75,7 +75,45 @@ func newTable(w io.Writer, header ...string) *table {
 	return t
 }
 
-func (t *table) row(cols ...string) { fmt.Fprintln(t.tw, strings.Join(cols, "\t")) }
+// row writes one line; a cell shows control and bidi characters escaped
+// (they come from the server, and from whoever named the object).
+func (t *table) row(cols ...string) {
+	safe := make([]string, len(cols))
+	for i, c := range cols {
+		safe[i] = api.EscapeText(c)
+	}
+	fmt.Fprintln(t.tw, strings.Join(safe, "\t"))
+}
+
+// shown returns args with every string (and list of strings) escaped for
+// a terminal (api.EscapeText): for output formatted with printf verbs.
+func shown(args []any) []any {
+	out := make([]any, len(args))
+	for i, a := range args {
+		switch v := a.(type) {
+		case string:
+			out[i] = api.EscapeText(v)
+		case []string:
+			esc := make([]string, len(v))
+			for j, s := range v {
+				esc[j] = api.EscapeText(s)
+			}
+			out[i] = esc
+		default:
+			out[i] = a
+		}
+	}
+	return out
+}
+
+// shownLines escapes each line of a message, keeping its line breaks.
+func shownLines(msg string) string {
+	lines := strings.Split(msg, "\n")
+	for i, l := range lines {
+		lines[i] = api.EscapeText(l)
+	}
+	return strings.Join(lines, "\n")
+}
 
 func (t *table) flush() {
 	t.tw.Flush()

@@ -2,6 +2,7 @@ package cli
 
 import (
 	"cmp"
+	"context"
 	"errors"
 	"fmt"
 	"maps"
@@ -10,6 +11,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -451,8 +453,8 @@ type memberOptions struct {
 	capacity  api.Resources
 	timings   cluster.Timings
 	clockSkew time.Duration
-	onReady   func(*cluster.Server)
-	systemd   string // see openNodeRuntime
+	onReady   func(context.Context, *cluster.Server) // runs beside the member, which waits for it to return
+	systemd   string                                 // see openNodeRuntime
 	accel     qemu.Accel
 	// dataPlaneListen is the data-plane address; default advertise port+2.
 	dataPlaneListen string
@@ -484,6 +486,14 @@ func runMember(g *Globals, o memberOptions) error {
 	log := newLogger(g.stderr, o.level, o.logFormat)
 	ctx, stop := signal.NotifyContext(g.ctx, syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
+	// What runs beside the member ends with it: the member's deferred
+	// shutdowns run first, then these are cancelled and waited for.
+	ctx, cancelOwned := context.WithCancel(ctx)
+	var owned sync.WaitGroup
+	defer func() {
+		cancelOwned()
+		owned.Wait()
+	}()
 	// Before anything else: under systemd this process must be its
 	// service's MainPID, and no earlier member process may still run in
 	// the service (then cluster.Open takes the data directory's lock).
@@ -494,7 +504,19 @@ func runMember(g *Globals, o memberOptions) error {
 	if err := o.dir.CheckRelease(buildinfo.Release); err != nil {
 		return err
 	}
-	srv, err := cluster.Open(ctx, cluster.Config{DataDir: o.dir, Bind: o.bind, Timings: o.timings, Logger: log})
+	// The store is ctrl's from the start (it removes Transfer archives).
+	var store artifacts.Store
+	if o.artifacts.URL != "" {
+		id, err := o.dir.LoadIdentity()
+		if err != nil {
+			return err
+		}
+		if store, err = artifacts.Open(o.artifacts, id.NodeID); err != nil {
+			return err
+		}
+		log.Info("artifact store", "url", store.String())
+	}
+	srv, err := cluster.Open(ctx, cluster.Config{DataDir: o.dir, Bind: o.bind, Timings: o.timings, Logger: log, Artifacts: store})
 	if err != nil {
 		return err
 	}
@@ -503,16 +525,11 @@ func runMember(g *Globals, o memberOptions) error {
 		return fmt.Errorf("data directory %s: record the release: %w", o.dir, err)
 	}
 	if o.onReady != nil {
-		o.onReady(srv)
+		owned.Go(func() { o.onReady(ctx, srv) })
 	}
-	var store artifacts.Store
-	if o.artifacts.URL != "" {
-		if store, err = artifacts.Open(o.artifacts, srv.NodeID()); err != nil {
-			return err
-		}
-		log.Info("artifact store", "url", store.String())
-		srv.SetArtifacts(store)
-	}
+	// What this member serves of its own: the node side (below, on a
+	// node) and its metrics, handed over together by serveMetrics.
+	var local cluster.Local
 	agentErr := make(chan error, 1)
 	agentRunning := false
 	src := metrics.Sources{FSM: srv.FSM(), Raft: srv.Raft()}
@@ -528,7 +545,7 @@ func runMember(g *Globals, o memberOptions) error {
 		defer closeRuntime()
 		if rt != nil {
 			src.Instances, src.Destroyed, src.Egress, src.EgressByInstance, src.Names = rt.Owned, rt.EndedCount, rt.EgressTotals, rt.EgressByInstance, rt.NamesStats
-			srv.SetMachineLogs(machineLogReader(rt))
+			local.MachineLogs = machineLogReader(rt)
 		}
 		var dp agent.DataPlane
 		if m != nil {
@@ -548,19 +565,16 @@ func runMember(g *Globals, o memberOptions) error {
 		}
 		a, err := agent.New(agent.Config{DataDir: o.dir, NodeID: srv.NodeID(), Artifacts: store, Capacity: o.capacity, CtrlAddrs: srv.CtrlAddrs,
 			Dial: srv.SessionDial, OnLeader: srv.NoteLeader, SessionTimeout: o.timings.SessionTimeout, Logger: log, ClockSkew: o.clockSkew, Runtime: rt, DataPlane: dp,
-			Pools: o.pools, DefaultPool: o.defaultPool, FetchEgressCredentials: srv.EgressCredentials, DeniedReportInterval: o.deniedReport, Warm: o.warm})
+			Pools: o.pools, DefaultPool: o.defaultPool, FetchEgressCredentials: srv.EgressCredentials, DeniedReportInterval: o.deniedReport, Warm: o.warm, Observe: src.Steps.Observe})
 		if err != nil {
 			return err
 		}
 		src.HostUsage, src.Warm = a.HostUsage, a.WarmGuests
-		srv.SetTemplatePublisher(a.PublishTemplate)
-		srv.SetPlatformPublisher(a.PublishPlatform)
-		srv.SetTransferExporter(a)
-		srv.SetProgress(a.Progress)
+		local.Templates, local.Platforms, local.Transfers, local.Progress = a.PublishTemplate, a.PublishPlatform, a, a.Progress
 		agentRunning = true
 		go func() { agentErr <- a.Run(ctx) }()
 	}
-	if err := serveMetrics(ctx, srv, src, o.metricsListen, log); err != nil {
+	if err := serveMetrics(ctx, &owned, srv, src, local, o.metricsListen, log); err != nil {
 		return err
 	}
 	select {

@@ -6,19 +6,22 @@ import (
 	"log/slog"
 	"net"
 	"strconv"
+	"sync"
 
 	"github.com/kibotos/kibotos/cluster"
 	"github.com/kibotos/kibotos/metrics"
 )
 
 // serveMetrics exposes the member's metrics on the API port (admin
-// certificates) and on the [metrics] listener: the configured address
+// certificates, served with the rest of local) and on the [metrics] listener: the configured address
 // (failing to bind it is an error), none, or by default
 // 127.0.0.1:<advertised port+3> (then a busy port is only a warning: the
 // member serves anyway, and the API port still has /metrics).
-func serveMetrics(ctx context.Context, srv *cluster.Server, src metrics.Sources, listen string, log *slog.Logger) error {
+// The listener's server runs in owned until ctx ends.
+func serveMetrics(ctx context.Context, owned *sync.WaitGroup, srv *cluster.Server, src metrics.Sources, local cluster.Local, listen string, log *slog.Logger) error {
 	reg := metrics.Registry(src)
-	srv.SetMetrics(metrics.Handler(reg))
+	local.Metrics = metrics.Handler(reg)
+	srv.ServeLocal(local)
 	if listen == "none" {
 		return nil
 	}
@@ -39,10 +42,10 @@ func serveMetrics(ctx context.Context, srv *cluster.Server, src metrics.Sources,
 		log.Warn("metrics listener not started: the API port still serves /metrics", "address", listen, "err", err)
 		return nil
 	}
-	go func() {
+	owned.Go(func() {
 		if err := metrics.Serve(ctx, ln, reg, log); err != nil {
 			log.Error("metrics listener stopped", "address", listen, "err", err)
 		}
-	}()
+	})
 	return nil
 }

@@ -33,7 +33,7 @@ type section struct {
 }
 
 func (s *section) line(label, format string, args ...any) {
-	fmt.Fprintf(s.w, "%s%s:\t%s\n", s.indent, label, fmt.Sprintf(format, args...))
+	fmt.Fprintf(s.w, "%s%s:\t%s\n", s.indent, label, fmt.Sprintf(format, shown(args)...))
 }
 
 func renderNode(w io.Writer, n *api.Node, wide bool) {

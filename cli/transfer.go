@@ -145,7 +145,7 @@ func (k kv) line(label, format string, args ...any) {
 	if label != "" {
 		label += ":"
 	}
-	fmt.Fprintf(k.w, "%-18s %s\n", label, fmt.Sprintf(format, args...))
+	fmt.Fprintf(k.w, "%-18s %s\n", label, fmt.Sprintf(format, shown(args)...))
 }
 
 // TransferListCmd is `transfer list`.

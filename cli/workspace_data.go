@@ -175,6 +175,10 @@ func runInWorkspace(g *Globals, id string, argv []string, tty bool, dir string, 
 	defer stopSignals()
 	var wg sync.WaitGroup
 	if p.Stdin != nil {
+		// Not waited for: a read of the terminal or of a pipe cannot be
+		// interrupted (os.Stdin has no deadline), so this copy ends with
+		// the input or with the process, which exits once the command's
+		// output is copied.
 		go func() {
 			io.Copy(p.Stdin, in)
 			p.Stdin.Close()
@@ -602,6 +606,12 @@ func (c *WorkspacePortForwardCmd) Run(g *Globals) error {
 	// and the data-plane session and exit 0.
 	ctx, stop := signal.NotifyContext(g.ctx, syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
+	// On return the session closes, then every connection is cut
+	// (stopConns) and its relay waited for.
+	var conns sync.WaitGroup
+	defer conns.Wait()
+	ctx, stopConns := context.WithCancel(ctx)
+	defer stopConns()
 	client, err := g.dataPlane(c.ID)
 	if err != nil {
 		return err
@@ -613,13 +623,13 @@ func (c *WorkspacePortForwardCmd) Run(g *Globals) error {
 	}
 	defer ln.Close()
 	g.note("Forwarding %s -> %s:%d (Ctrl-C to stop)\n", ln.Addr(), c.ID, rp)
-	go func() {
+	conns.Go(func() {
 		select {
 		case <-ctx.Done():
 		case <-client.Done():
 		}
 		ln.Close()
-	}()
+	})
 	for {
 		conn, err := ln.Accept()
 		if err != nil {
@@ -630,8 +640,9 @@ func (c *WorkspacePortForwardCmd) Run(g *Globals) error {
 				return nil
 			}
 		}
-		go func() {
+		conns.Go(func() {
 			defer conn.Close()
+			defer context.AfterFunc(ctx, func() { conn.Close() })()
 			cctx, cancel := context.WithTimeout(ctx, 15*time.Second)
 			remote, err := client.PortForward(cctx, "", rp)
 			cancel()
@@ -641,7 +652,7 @@ func (c *WorkspacePortForwardCmd) Run(g *Globals) error {
 			}
 			defer remote.Close()
 			relay(conn, remote)
-		}()
+		})
 	}
 }
 

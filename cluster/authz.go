@@ -284,16 +284,10 @@ func (s *Server) admittedByCtrl(id trust.Identity) error {
 
 // handleAdmission tells a node-only member whether a certificate's node is
 // admitted (ctrl members answer from their replica).
-func (s *Server) handleAdmission(w http.ResponseWriter, r *http.Request) {
-	var req api.AdmissionRequest
-	if err := decodeBody(r, &req); err != nil {
-		writeError(w, err)
-		return
-	}
+func (s *Server) handleAdmission(r *http.Request, req api.AdmissionRequest) response {
 	id := trust.Identity{ClusterID: s.id.ClusterID, Kind: req.Kind, NodeID: req.NodeID, Roles: req.Roles, Admitted: req.Admitted}
 	if err := s.admitted(id); err != nil {
-		writeError(w, err)
-		return
+		return fail(err)
 	}
-	writeResult(w, map[string]string{"node_id": req.NodeID})
+	return answer(map[string]string{"node_id": req.NodeID})
 }

@@ -36,17 +36,6 @@ type InitOptions struct {
 	Roles     []string
 }
 
-func checkAdvertise(addr string) error {
-	host, port, err := net.SplitHostPort(addr)
-	if err != nil || host == "" || port == "" || port == "0" {
-		return api.Errorf(api.CodeInvalidArgument, "advertise address %q is not HOST:PORT with a fixed port", addr)
-	}
-	if ip := net.ParseIP(host); ip != nil && ip.IsUnspecified() {
-		return api.Errorf(api.CodeInvalidArgument, "advertise address %q is unspecified: give an address the other members can reach", addr)
-	}
-	return nil
-}
-
 // prepareDir refuses a data directory that already holds a member and
 // returns a temp sibling to build the new one in: init and join either
 // leave a complete member behind or nothing.
@@ -99,7 +88,7 @@ func Init(ctx context.Context, o InitOptions) (*datadir.Identity, error) {
 	if !contains(o.Roles, api.RoleCtrl) {
 		return nil, api.Errorf(api.CodeInvalidArgument, "the first member of a cluster must have the ctrl role")
 	}
-	if err := checkAdvertise(o.Advertise); err != nil {
+	if err := api.ValidAdvertise(o.Advertise); err != nil {
 		return nil, err
 	}
 	tmp, err := prepareDir(o.DataDir)
@@ -224,7 +213,7 @@ type JoinOptions struct {
 // Join enrolls this host with a grant and leaves a data directory ready for
 // `kibotos serve`. A refused grant leaves nothing behind.
 func Join(ctx context.Context, o JoinOptions) (*datadir.Identity, error) {
-	if err := checkAdvertise(o.Advertise); err != nil {
+	if err := api.ValidAdvertise(o.Advertise); err != nil {
 		return nil, err
 	}
 	tok, err := parseGrantToken(o.Grant)

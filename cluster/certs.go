@@ -149,23 +149,16 @@ func (s *Server) lifetime(def time.Duration) time.Duration {
 
 // handleRenew renews the calling member's certificates (ctrl members only;
 // a member renews only its own).
-func (s *Server) handleRenew(w http.ResponseWriter, r *http.Request) {
-	var req api.RenewRequest
-	if err := decodeBody(r, &req); err != nil {
-		writeError(w, err)
-		return
-	}
+func (s *Server) handleRenew(r *http.Request, req api.RenewRequest) response {
 	adminKey, err := parsePublicKey(req.AdminKey)
 	if err != nil {
-		writeError(w, api.Errorf(api.CodeInvalidArgument, "renewal for %s: admin_public_key is not an ECDSA PEM key: %v", callerOf(r).name, err))
-		return
+		return fail(api.Errorf(api.CodeInvalidArgument, "renewal for %s: admin_public_key is not an ECDSA PEM key: %v", callerOf(r).name, err))
 	}
 	out, err := s.renewFor(r.TLS.PeerCertificates[0], adminKey)
 	if err != nil {
-		writeError(w, err)
-		return
+		return fail(err)
 	}
-	writeResult(w, out)
+	return answer(out)
 }
 
 // dnsName is what a certificate's DNS SAN may hold (RFC 1123 labels).
@@ -173,38 +166,25 @@ var dnsName = regexp.MustCompile(`^([A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?\
 
 // handleDataPlaneCert signs the server certificate of the calling node's
 // data-plane process: the node's id, kind dataplane, 24 h.
-func (s *Server) handleDataPlaneCert(w http.ResponseWriter, r *http.Request) {
-	var req api.DataPlaneCertRequest
-	if err := decodeBody(r, &req); err != nil {
-		writeError(w, err)
-		return
-	}
-	c := callerOf(r)
-	if !c.id.HasRole(trust.RoleNode) {
-		writeError(w, api.Errorf(api.CodePermissionDenied, "member %s has no node role and runs no data plane", c.id.NodeID))
-		return
-	}
+func (s *Server) handleDataPlaneCert(r *http.Request, req api.DataPlaneCertRequest) response {
+	c := callerOf(r) // a node member (nodeMembers)
 	pub, err := parsePublicKey(req.PublicKey)
 	if err != nil {
-		writeError(w, api.Errorf(api.CodeInvalidArgument, "data-plane certificate for node %s: public_key is not an ECDSA PEM key: %v", c.id.NodeID, err))
-		return
+		return fail(api.Errorf(api.CodeInvalidArgument, "data-plane certificate for node %s: public_key is not an ECDSA PEM key: %v", c.id.NodeID, err))
 	}
 	if len(req.Hosts) > 16 {
-		writeError(w, api.Errorf(api.CodeInvalidArgument, "data-plane certificate for node %s: %d hosts; give at most 16", c.id.NodeID, len(req.Hosts)))
-		return
+		return fail(api.Errorf(api.CodeInvalidArgument, "data-plane certificate for node %s: %d hosts; give at most 16", c.id.NodeID, len(req.Hosts)))
 	}
 	for _, h := range req.Hosts {
 		if net.ParseIP(h) == nil && !dnsName.MatchString(h) {
-			writeError(w, api.Errorf(api.CodeInvalidArgument, "data-plane certificate for node %s: host %q is neither an IP address nor a DNS name", c.id.NodeID, h))
-			return
+			return fail(api.Errorf(api.CodeInvalidArgument, "data-plane certificate for node %s: host %q is neither an IP address nor a DNS name", c.id.NodeID, h))
 		}
 	}
 	out, err := s.issueDataPlane(c.id, pub, req.Hosts)
 	if err != nil {
-		writeError(w, err)
-		return
+		return fail(err)
 	}
-	writeResult(w, out)
+	return answer(out)
 }
 
 func (s *Server) issueDataPlane(member trust.Identity, pub *ecdsa.PublicKey, hosts []string) (api.DataPlaneCertResponse, error) {

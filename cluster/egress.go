@@ -40,56 +40,52 @@ func noExpectedVersion(kind, name string, m api.WriteMeta) error {
 	return nil
 }
 
-func (s *Server) handleEgressCreate(w http.ResponseWriter, r *http.Request) {
-	var req api.EgressCreateRequest
-	if err := decodeBody(r, &req); err != nil {
-		writeError(w, err)
-		return
+// egressRoutes manage Egresses and Resolvers.
+func (s *Server) egressRoutes() []route {
+	return []route{
+		{"POST", "/v1/egress", operators, atLeader, decoded(s.handleEgressCreate)},
+		{"GET", "/v1/egress", operators, atReader, s.handleEgressList},
+		{"GET", "/v1/egress/{name}", operators, atReader, s.handleEgressGet},
+		{"POST", "/v1/egress/{name}/update", operators, atLeader, decoded(s.handleEgressUpdate)},
+		{"POST", "/v1/egress/{name}/delete", operators, atLeader, s.objectWrite(fsm.OpEgressDelete, objectName("egress"))},
+		{"POST", "/v1/resolvers", operators, atLeader, decoded(s.handleResolverCreate)},
+		{"GET", "/v1/resolvers", operators, atReader, s.handleResolverList},
+		{"GET", "/v1/resolvers/{name}", operators, atReader, s.handleResolverGet},
+		{"POST", "/v1/resolvers/{name}/delete", operators, atLeader, s.objectWrite(fsm.OpResolverDelete, objectName("resolver"))},
 	}
+}
+
+func (s *Server) handleEgressCreate(r *http.Request, req api.EgressCreateRequest) response {
 	args := fsm.EgressCreateArgs{Name: req.Name, SOCKS5: req.SOCKS5, Username: req.Username, Password: req.Password}
 	if err := noExpectedVersion("egress", req.Name, req.WriteMeta); err != nil {
-		writeError(w, err)
-		return
+		return fail(err)
 	}
 	// Bad input never enters the log; the FSM checks again.
 	if err := fsm.CheckEgressCreate(args); err != nil {
-		writeError(w, err)
-		return
+		return fail(err)
 	}
-	s.write(w, r, fsm.OpEgressCreate, req.WriteMeta, args)
+	return s.write(r, fsm.OpEgressCreate, req.WriteMeta, args)
 }
 
-func (s *Server) handleEgressUpdate(w http.ResponseWriter, r *http.Request) {
-	var req api.EgressUpdateRequest
-	if err := decodeBody(r, &req); err != nil {
-		writeError(w, err)
-		return
-	}
+func (s *Server) handleEgressUpdate(r *http.Request, req api.EgressUpdateRequest) response {
 	args := fsm.EgressUpdateArgs{Name: r.PathValue("name"), SOCKS5: req.SOCKS5, Username: req.Username, Password: req.Password, ClearCredentials: req.ClearCredentials}
 	if err := fsm.CheckEgressUpdate(args); err != nil {
-		writeError(w, err)
-		return
+		return fail(err)
 	}
-	s.write(w, r, fsm.OpEgressUpdate, req.WriteMeta, args)
+	return s.write(r, fsm.OpEgressUpdate, req.WriteMeta, args)
 }
 
 // objectWrite serves the writes that name one object and carry nothing
 // else: deletes of an egress, resolver or template, and the approval and
 // withdrawal of a Platform; valid checks the name.
-func (s *Server) objectWrite(op string, valid func(name string) error) http.HandlerFunc {
-	return func(w http.ResponseWriter, r *http.Request) {
-		var req api.WriteMeta
-		if err := decodeBody(r, &req); err != nil {
-			writeError(w, err)
-			return
-		}
+func (s *Server) objectWrite(op string, valid func(name string) error) handler {
+	return decoded(func(r *http.Request, req api.WriteMeta) response {
 		name := r.PathValue("name")
 		if err := valid(name); err != nil {
-			writeError(w, err)
-			return
+			return fail(err)
 		}
-		s.write(w, r, op, req, fsm.ObjectArgs{Name: name})
-	}
+		return s.write(r, op, req, fsm.ObjectArgs{Name: name})
+	})
 }
 
 // objectName checks the name of an Egress or Resolver.
@@ -97,67 +93,57 @@ func objectName(kind string) func(string) error {
 	return func(name string) error { return fsm.ValidObjectName(kind, name) }
 }
 
-func (s *Server) handleEgressList(w http.ResponseWriter, r *http.Request) {
+func (s *Server) handleEgressList(r *http.Request) response {
 	size, token, err := pageParams(r)
 	if err != nil {
-		writeError(w, err)
-		return
+		return fail(err)
 	}
-	s.view(w, func(tx *bolt.Tx) (any, error) { return fsm.ListEgress(tx, size, token) })
+	return s.view(func(tx *bolt.Tx) (any, error) { return fsm.ListEgress(tx, size, token) })
 }
 
-func (s *Server) handleEgressGet(w http.ResponseWriter, r *http.Request) {
+func (s *Server) handleEgressGet(r *http.Request) response {
 	name := r.PathValue("name")
-	s.view(w, func(tx *bolt.Tx) (any, error) { return fsm.GetEgress(tx, name) })
+	return s.view(func(tx *bolt.Tx) (any, error) { return fsm.GetEgress(tx, name) })
 }
 
-func (s *Server) handleResolverCreate(w http.ResponseWriter, r *http.Request) {
-	var req api.ResolverCreateRequest
-	if err := decodeBody(r, &req); err != nil {
-		writeError(w, err)
-		return
-	}
+func (s *Server) handleResolverCreate(r *http.Request, req api.ResolverCreateRequest) response {
 	args := fsm.ResolverCreateArgs{Name: req.Name, Upstreams: req.Upstreams}
 	if err := noExpectedVersion("resolver", req.Name, req.WriteMeta); err != nil {
-		writeError(w, err)
-		return
+		return fail(err)
 	}
 	if err := fsm.CheckResolverCreate(args); err != nil {
-		writeError(w, err)
-		return
+		return fail(err)
 	}
-	s.write(w, r, fsm.OpResolverCreate, req.WriteMeta, args)
+	return s.write(r, fsm.OpResolverCreate, req.WriteMeta, args)
 }
 
-func (s *Server) handleResolverList(w http.ResponseWriter, r *http.Request) {
+func (s *Server) handleResolverList(r *http.Request) response {
 	size, token, err := pageParams(r)
 	if err != nil {
-		writeError(w, err)
-		return
+		return fail(err)
 	}
-	s.view(w, func(tx *bolt.Tx) (any, error) { return fsm.ListResolvers(tx, size, token) })
+	return s.view(func(tx *bolt.Tx) (any, error) { return fsm.ListResolvers(tx, size, token) })
 }
 
-func (s *Server) handleResolverGet(w http.ResponseWriter, r *http.Request) {
+func (s *Server) handleResolverGet(r *http.Request) response {
 	name := r.PathValue("name")
-	s.view(w, func(tx *bolt.Tx) (any, error) { return fsm.GetResolver(tx, name) })
+	return s.view(func(tx *bolt.Tx) (any, error) { return fsm.GetResolver(tx, name) })
 }
 
 // handleEgressCredentials answers a node the credentials of one Egress
 // revision, if a Workspace it runs (or is to run, or is changing to) uses
-// that revision; member() admitted members only, and the node is the
+// that revision; members only (its rule), and the node is the
 // one the caller's certificate names (a forwarded call: the original
 // caller's). A node reads with ?consistent=true right after its task
 // arrived: this member's replica may not have applied it yet.
-func (s *Server) handleEgressCredentials(w http.ResponseWriter, r *http.Request) {
+func (s *Server) handleEgressCredentials(r *http.Request) response {
 	name, raw := r.PathValue("name"), r.PathValue("rev")
 	rev, err := strconv.ParseUint(raw, 10, 64)
 	if err != nil || rev == 0 {
-		writeError(w, api.Errorf(api.CodeInvalidArgument, "egress %s: revision %q is not a revision number (1, 2, ...)", name, clipValue(raw)))
-		return
+		return fail(api.Errorf(api.CodeInvalidArgument, "egress %s: revision %q is not a revision number (1, 2, ...)", name, clipValue(raw)))
 	}
 	node := callerOf(r).id.NodeID
-	s.view(w, func(tx *bolt.Tx) (any, error) { return fsm.EgressCredentials(tx, node, name, rev) })
+	return s.view(func(tx *bolt.Tx) (any, error) { return fsm.EgressCredentials(tx, node, name, rev) })
 }
 
 func clipValue(s string) string {

@@ -65,21 +65,26 @@ func secretHash(secret []byte) string {
 // DefaultGrantTTL is how long a grant is valid unless --ttl says otherwise.
 const DefaultGrantTTL = time.Hour
 
-func (s *Server) handleGrant(w http.ResponseWriter, r *http.Request) {
-	if !requireAdmin(w, r) {
-		return
+// joinPath is the one route served without a certificate: a joining host
+// proves itself with the grant in the body.
+const joinPath = "/v1/join"
+
+// enrollmentRoutes grant, revoke and consume enrollment grants.
+func (s *Server) enrollmentRoutes() []route {
+	return []route{
+		{"POST", joinPath, grantHolders, atLeader, decoded(s.handleJoin)},
+		{"GET", "/v1/enrollment/grants", operators, atReader, s.handleGrantList},
+		{"POST", "/v1/enrollment/grants", operators, atLeader, decoded(s.handleGrant)},
+		{"POST", "/v1/enrollment/grants/{id}/revoke", operators, atLeader, decoded(s.handleRevoke)},
 	}
-	var req api.GrantRequest
-	if err := decodeBody(r, &req); err != nil {
-		writeError(w, err)
-		return
-	}
+}
+
+func (s *Server) handleGrant(r *http.Request, req api.GrantRequest) response {
 	ttl := DefaultGrantTTL
 	if req.TTL != "" {
 		d, err := time.ParseDuration(req.TTL)
 		if err != nil || d <= 0 {
-			writeError(w, api.Errorf(api.CodeInvalidArgument, "ttl %q is not a positive duration such as 30m or 24h", req.TTL))
-			return
+			return fail(api.Errorf(api.CodeInvalidArgument, "ttl %q is not a positive duration such as 30m or 24h", req.TTL))
 		}
 		ttl = d
 	}
@@ -93,12 +98,10 @@ func (s *Server) handleGrant(w http.ResponseWriter, r *http.Request) {
 	// the stored grant, not a new token: the token is only shown the first time.
 	res, err := s.Apply(r.Context(), fsm.Entry{CommandID: req.CommandID, ExpectedVersion: req.ExpectedVersion, Actor: callerOf(r).name, Op: fsm.OpEnrollmentGrant, Args: raw})
 	if err != nil {
-		writeError(w, err)
-		return
+		return fail(err)
 	}
 	if res.Error != nil {
-		writeError(w, res.Error)
-		return
+		return fail(res.Error)
 	}
 	var g api.Grant
 	json.Unmarshal(res.Value, &g)
@@ -106,7 +109,7 @@ func (s *Server) handleGrant(w http.ResponseWriter, r *http.Request) {
 	if !res.Replayed {
 		out.Token = tok.encode()
 	}
-	writeJSON(w, http.StatusOK, api.ResultBody{Result: out, Replayed: res.Replayed})
+	return resultResponse{value: out, replayed: res.Replayed}
 }
 
 func parsePublicKey(p string) (*ecdsa.PublicKey, error) {
@@ -127,66 +130,52 @@ func parsePublicKey(p string) (*ecdsa.PublicKey, error) {
 
 // handleJoin admits a host that holds a valid grant and hands it its
 // certificates and the cluster's secrets.
-func (s *Server) handleJoin(w http.ResponseWriter, r *http.Request) {
-	var req api.JoinRequest
-	if err := decodeBody(r, &req); err != nil {
-		writeError(w, err)
-		return
-	}
+func (s *Server) handleJoin(r *http.Request, req api.JoinRequest) response {
 	tok, err := parseGrantToken(req.Token)
 	if err != nil {
-		writeError(w, err)
-		return
+		return fail(err)
 	}
 	if tok.CA != Fingerprint(s.ca.Cert) {
-		writeError(w, api.Errorf(api.CodeUnauthenticated, "the enrollment grant for node %s belongs to another cluster", tok.NodeID))
-		return
+		return fail(api.Errorf(api.CodeUnauthenticated, "the enrollment grant for node %s belongs to another cluster", tok.NodeID))
 	}
-	host, _, err := net.SplitHostPort(req.Advertise)
-	if err != nil {
-		writeError(w, api.Errorf(api.CodeInvalidArgument, "advertise address %q is not HOST:PORT", req.Advertise))
-		return
+	// The host goes into the member certificate signed below.
+	if err := api.ValidAdvertise(req.Advertise); err != nil {
+		return fail(err)
 	}
+	host, _, _ := net.SplitHostPort(req.Advertise)
 	memberPub, err1 := parsePublicKey(req.MemberKey)
 	adminPub, err2 := parsePublicKey(req.AdminKey)
 	if err1 != nil || err2 != nil {
-		writeError(w, api.Errorf(api.CodeInvalidArgument, "join of node %s: public keys are not valid ECDSA PEM keys", tok.NodeID))
-		return
+		return fail(api.Errorf(api.CodeInvalidArgument, "join of node %s: public keys are not valid ECDSA PEM keys", tok.NodeID))
 	}
 	// The grant is checked against the local state before anything is
 	// signed or proposed: a guessed or replayed grant costs one lookup.
 	hash := secretHash(tok.Secret)
 	if err := s.fsm.View(func(tx *bolt.Tx) error { return fsm.CheckGrant(tx, tok.NodeID, hash, time.Now()) }); err != nil {
-		writeError(w, err)
-		return
+		return fail(err)
 	}
 	res, err := s.ApplyOp(r.Context(), fsm.OpEnrollmentConsume, fsm.ConsumeArgs{NodeID: tok.NodeID, SecretHash: hash, Address: req.Advertise})
 	if err != nil {
-		writeError(w, err)
-		return
+		return fail(err)
 	}
 	if res.Error != nil {
-		writeError(w, res.Error)
-		return
+		return fail(res.Error)
 	}
 	var n api.Node
 	if err := json.Unmarshal(res.Value, &n); err != nil {
-		writeError(w, err)
-		return
+		return fail(err)
 	}
 	// The certificates name the admission just recorded, so certificates
 	// of an earlier admission of the same node id stay refused.
 	member := trust.Identity{ClusterID: s.id.ClusterID, Kind: trust.KindMember, NodeID: n.NodeID, Roles: n.Roles, Admitted: n.AdmittedAt}
 	memberCert, err := s.ca.Issue(member, []string{host}, memberPub, s.lifetime(trust.MemberLifetime))
 	if err != nil {
-		writeError(w, err)
-		return
+		return fail(err)
 	}
 	admin := trust.Identity{ClusterID: s.id.ClusterID, Kind: trust.KindAdmin, NodeID: n.NodeID, Admitted: n.AdmittedAt}
 	adminCert, err := s.ca.Issue(admin, nil, adminPub, s.lifetime(trust.AdminLifetime))
 	if err != nil {
-		writeError(w, err)
-		return
+		return fail(err)
 	}
 	out := api.JoinResponse{
 		ClusterID: s.id.ClusterID, NodeID: n.NodeID, Roles: n.Roles,
@@ -196,27 +185,20 @@ func (s *Server) handleJoin(w http.ResponseWriter, r *http.Request) {
 	if n.HasRole(api.RoleCtrl) {
 		keyPEM, err := encodeKey(s.ca.Key)
 		if err != nil {
-			writeError(w, err)
-			return
+			return fail(err)
 		}
 		out.CAKey = string(keyPEM)
 	}
 	s.log.Info("node joined", "joined_node_id", n.NodeID, "roles", n.Roles, "address", req.Advertise)
-	writeResult(w, out)
+	return answer(out)
 }
 
 // handleAddVoter adds an admitted ctrl member to the Raft group when it
 // first serves: adding it at join time would cost quorum until it runs.
-func (s *Server) handleAddVoter(w http.ResponseWriter, r *http.Request) {
-	var req api.AddVoterRequest
-	if err := decodeBody(r, &req); err != nil {
-		writeError(w, err)
-		return
-	}
+func (s *Server) handleAddVoter(r *http.Request, req api.AddVoterRequest) response {
 	c := callerOf(r)
 	if c.kind != trust.KindMember || !c.id.HasRole(trust.RoleCtrl) || c.id.NodeID != req.NodeID {
-		writeError(w, api.Errorf(api.CodePermissionDenied, "only member %s itself can ask to become a voter", req.NodeID))
-		return
+		return fail(api.Errorf(api.CodePermissionDenied, "only member %s itself can ask to become a voter", req.NodeID))
 	}
 	var n *api.Node
 	err := s.fsm.View(func(tx *bolt.Tx) error {
@@ -225,32 +207,28 @@ func (s *Server) handleAddVoter(w http.ResponseWriter, r *http.Request) {
 		return err
 	})
 	if err != nil {
-		writeError(w, err)
-		return
+		return fail(err)
 	}
 	if n.Admission != api.Admitted || n.Retired || !n.HasRole(api.RoleCtrl) {
-		writeError(w, api.Errorf(api.CodeFailedPrecondition, "node %s is not an admitted ctrl member", req.NodeID))
-		return
+		return fail(api.Errorf(api.CodeFailedPrecondition, "node %s is not an admitted ctrl member", req.NodeID))
 	}
 	voter := raft.Server{ID: raft.ServerID(req.NodeID), Address: raft.ServerAddress(req.Address)}
 	var level *MemberLevel // what a new voter answered
 	if !s.isVoter(voter.ID) {
 		got, err := s.refuseOlderVoter(r.Context(), voter)
 		if err != nil {
-			writeError(w, err)
-			return
+			return fail(err)
 		}
 		level = &got
 	}
 	if err := s.raft.AddVoter(voter.ID, voter.Address, 0, 30*time.Second).Error(); err != nil {
-		writeError(w, api.Errorf(api.CodeUnavailable, "add voter %s: %v", req.NodeID, err))
-		return
+		return fail(api.Errorf(api.CodeUnavailable, "add voter %s: %v", req.NodeID, err))
 	}
 	s.forgetLevels() // the voters changed
 	if level != nil {
 		s.recordAnswer(r.Context(), *level)
 	}
-	writeResult(w, map[string]string{"node_id": req.NodeID, "address": req.Address})
+	return answer(map[string]string{"node_id": req.NodeID, "address": req.Address})
 }
 
 // ensureVoter makes a ctrl member that is not yet in the Raft configuration

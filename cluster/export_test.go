@@ -6,3 +6,24 @@ var OpenLogStore = openLogStore
 // ForgetCaughtUp makes a leading member look just elected: its lead
 // loop's barrier not yet through.
 func (s *Server) ForgetCaughtUp() { s.consistentReady.Store(false) }
+
+// RouteRule is one route of the member's API with its access rule.
+type RouteRule struct {
+	Method, Path string
+	Roles        []string // the roles that may call it
+	Public       bool     // served without a certificate
+	Refuses      bool     // the rule says how a caller without the roles is refused
+}
+
+// RouteRules is the member's route table as its rules declare it.
+func (s *Server) RouteRules() []RouteRule {
+	var out []RouteRule
+	for _, rt := range s.routeTable() {
+		r := RouteRule{Method: rt.method, Path: rt.path, Public: rt.access.public, Refuses: rt.access.refuse != nil}
+		for _, ro := range rt.access.roles {
+			r.Roles = append(r.Roles, string(ro))
+		}
+		out = append(out, r)
+	}
+	return out
+}

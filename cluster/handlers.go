@@ -12,11 +12,42 @@ import (
 	"github.com/kibotos/kibotos/fsm"
 )
 
-func (s *Server) handleStatus(w http.ResponseWriter, r *http.Request) {
+// memberRoutes are what every member serves of itself, and the calls
+// members make of ctrl.
+func (s *Server) memberRoutes() []route {
+	return []route{
+		{"GET", "/v1/status", anyCaller, atLocal, s.handleStatus},
+		// This member's own metrics, also on a node-only member (never
+		// misdirected): what Prometheus scrapes with an admin certificate.
+		{"GET", "/metrics", operators, atLocal, s.handleMetrics},
+		{"GET", "/v1/internal/member-level", members, atLocal, s.handleMemberLevel},
+		{"POST", "/v1/internal/raft/voter", members, atLeader, decoded(s.handleAddVoter)},
+		{"POST", "/v1/internal/certs/renew", members, atCtrl, decoded(s.handleRenew)},
+		{"POST", "/v1/internal/certs/dataplane", nodeMembers, atCtrl, decoded(s.handleDataPlaneCert)},
+		{"POST", "/v1/internal/admission", members, atCtrl, decoded(s.handleAdmission)},
+		{"GET", "/v1/internal/egress/{name}/revisions/{rev}", members, atReader, s.handleEgressCredentials},
+	}
+}
+
+// nodeRoutes are the operator's calls about nodes.
+func (s *Server) nodeRoutes() []route {
+	return []route{
+		{"GET", "/v1/nodes", operators, atReader, s.handleNodeList},
+		{"GET", "/v1/nodes/{id}", operators, atReader, s.handleNodeGet},
+		{"POST", "/v1/nodes/{id}/drain", operators, atLeader, s.nodeWrite(fsm.OpNodeDrain)},
+		{"POST", "/v1/nodes/{id}/cancel-drain", operators, atLeader, s.nodeWrite(fsm.OpNodeCancelDrain)},
+		{"POST", "/v1/nodes/{id}/isolate", operators, atLeader, s.nodeWrite(fsm.OpNodeIsolate)},
+		{"POST", "/v1/nodes/{id}/retire", operators, atLeader, s.nodeWrite(fsm.OpNodeRetire)},
+		{"POST", "/v1/nodes/{id}/overcommit", operators, atLeader, decoded(s.handleOvercommitSet)},
+		{"GET", "/v1/overcommit", operators, atReader, s.handleOvercommitGet},
+		{"POST", "/v1/overcommit/default", operators, atLeader, decoded(s.handleOvercommitSetDefault)},
+	}
+}
+
+func (s *Server) handleStatus(r *http.Request) response {
 	if s.fsm == nil {
 		if err := s.admittedByCtrl(callerOf(r).id); err != nil {
-			writeError(w, err)
-			return
+			return fail(err)
 		}
 	}
 	st := api.Status{ClusterID: s.id.ClusterID, NodeID: s.id.NodeID, Roles: s.id.Roles, Advertise: s.id.Advertise,
@@ -25,55 +56,45 @@ func (s *Server) handleStatus(w http.ResponseWriter, r *http.Request) {
 		st.RaftState = s.raft.State().String()
 	}
 	st.Leader = s.leaderAddr() // node-only members: the leader a ctrl member last named
-	writeResult(w, st)
+	return answer(st)
 }
 
-func (s *Server) handleNodeList(w http.ResponseWriter, r *http.Request) {
+func (s *Server) handleNodeList(r *http.Request) response {
 	size := 0
 	if v := r.URL.Query().Get("page_size"); v != "" {
 		n, err := strconv.Atoi(v)
 		if err != nil || n < 0 {
-			writeError(w, api.Errorf(api.CodeInvalidArgument, "page size %q is not a non-negative integer", v))
-			return
+			return fail(api.Errorf(api.CodeInvalidArgument, "page size %q is not a non-negative integer", v))
 		}
 		size = n
 	}
 	token := r.URL.Query().Get("page_token")
-	s.view(w, func(tx *bolt.Tx) (any, error) { return fsm.ListNodes(tx, size, token) })
+	return s.view(func(tx *bolt.Tx) (any, error) { return fsm.ListNodes(tx, size, token) })
 }
 
-func (s *Server) handleNodeGet(w http.ResponseWriter, r *http.Request) {
+func (s *Server) handleNodeGet(r *http.Request) response {
 	id := r.PathValue("id")
-	s.view(w, func(tx *bolt.Tx) (any, error) { return fsm.GetNode(tx, id) })
+	return s.view(func(tx *bolt.Tx) (any, error) { return fsm.GetNode(tx, id) })
 }
 
 // nodeWrite serves drain, cancel-drain, isolate and retire.
-func (s *Server) nodeWrite(op string) http.HandlerFunc {
-	return func(w http.ResponseWriter, r *http.Request) {
-		if !requireAdmin(w, r) {
-			return
-		}
-		var req api.NodeWriteRequest
-		if err := decodeBody(r, &req); err != nil {
-			writeError(w, err)
-			return
-		}
+func (s *Server) nodeWrite(op string) handler {
+	return decoded(func(r *http.Request, req api.NodeWriteRequest) response {
 		id := r.PathValue("id")
 		switch op {
 		case fsm.OpNodeIsolate:
 			if !req.ConfirmHostCannotWrite {
-				writeError(w, api.Errorf(api.CodeInvalidArgument, "isolate of node %s needs --confirm-host-cannot-write: you assert the host is shut down or cut off from its storage", id))
-				return
+				return fail(api.Errorf(api.CodeInvalidArgument, "isolate of node %s needs --confirm-host-cannot-write: you assert the host is shut down or cut off from its storage", id))
 			}
 		case fsm.OpNodeRetire:
 			if req.Explicit() && req.ExpectedVersion == nil {
-				writeError(w, api.Errorf(api.CodeInvalidArgument, "retire of node %s: --command-id needs --expected-version too, so a replay has the same inputs", id))
-				return
+				return fail(api.Errorf(api.CodeInvalidArgument, "retire of node %s: --command-id needs --expected-version too, so a replay has the same inputs", id))
 			}
 		}
-		s.write(w, r, op, req.WriteMeta, fsm.NodeArgs{NodeID: id})
+		res := s.write(r, op, req.WriteMeta, fsm.NodeArgs{NodeID: id})
 		s.kickAllSessions() // a drain request reaches the node now, not at the next ping
-	}
+		return res
+	})
 }
 
 // parseMultiplier reads one overcommit item of a request.
@@ -115,37 +136,19 @@ func overcommitItems(req *api.OvercommitSetRequest, allowDefault bool, object st
 	return cpu, mem, nil
 }
 
-func (s *Server) handleOvercommitSet(w http.ResponseWriter, r *http.Request) {
-	if !requireAdmin(w, r) {
-		return
-	}
-	var req api.OvercommitSetRequest
-	if err := decodeBody(r, &req); err != nil {
-		writeError(w, err)
-		return
-	}
+func (s *Server) handleOvercommitSet(r *http.Request, req api.OvercommitSetRequest) response {
 	id := r.PathValue("id")
 	cpu, mem, err := overcommitItems(&req, true, "node "+id)
 	if err != nil {
-		writeError(w, err)
-		return
+		return fail(err)
 	}
-	s.write(w, r, fsm.OpOvercommitSet, req.WriteMeta, fsm.OvercommitSetArgs{NodeID: id, CPU: cpu, Memory: mem})
+	return s.write(r, fsm.OpOvercommitSet, req.WriteMeta, fsm.OvercommitSetArgs{NodeID: id, CPU: cpu, Memory: mem})
 }
 
-func (s *Server) handleOvercommitSetDefault(w http.ResponseWriter, r *http.Request) {
-	if !requireAdmin(w, r) {
-		return
-	}
-	var req api.OvercommitSetRequest
-	if err := decodeBody(r, &req); err != nil {
-		writeError(w, err)
-		return
-	}
+func (s *Server) handleOvercommitSetDefault(r *http.Request, req api.OvercommitSetRequest) response {
 	cpu, mem, err := overcommitItems(&req, false, "the cluster default")
 	if err != nil {
-		writeError(w, err)
-		return
+		return fail(err)
 	}
 	var args fsm.OvercommitDefaultArgs
 	if cpu != nil {
@@ -154,11 +157,11 @@ func (s *Server) handleOvercommitSetDefault(w http.ResponseWriter, r *http.Reque
 	if mem != nil {
 		args.Memory = &mem.Value
 	}
-	s.write(w, r, fsm.OpOvercommitSetDefault, req.WriteMeta, args)
+	return s.write(r, fsm.OpOvercommitSetDefault, req.WriteMeta, args)
 }
 
-func (s *Server) handleOvercommitGet(w http.ResponseWriter, r *http.Request) {
-	s.view(w, func(tx *bolt.Tx) (any, error) {
+func (s *Server) handleOvercommitGet(r *http.Request) response {
+	return s.view(func(tx *bolt.Tx) (any, error) {
 		d, err := fsm.GetOvercommitDefault(tx)
 		if err != nil {
 			return nil, err
@@ -178,18 +181,10 @@ func (s *Server) handleOvercommitGet(w http.ResponseWriter, r *http.Request) {
 	})
 }
 
-func (s *Server) handleGrantList(w http.ResponseWriter, r *http.Request) {
-	s.view(w, func(tx *bolt.Tx) (any, error) { return fsm.ListGrants(tx, time.Now()) })
+func (s *Server) handleGrantList(r *http.Request) response {
+	return s.view(func(tx *bolt.Tx) (any, error) { return fsm.ListGrants(tx, time.Now()) })
 }
 
-func (s *Server) handleRevoke(w http.ResponseWriter, r *http.Request) {
-	if !requireAdmin(w, r) {
-		return
-	}
-	var req api.WriteMeta
-	if err := decodeBody(r, &req); err != nil {
-		writeError(w, err)
-		return
-	}
-	s.write(w, r, fsm.OpEnrollmentRevoke, req, fsm.NodeArgs{NodeID: r.PathValue("id")})
+func (s *Server) handleRevoke(r *http.Request, req api.WriteMeta) response {
+	return s.write(r, fsm.OpEnrollmentRevoke, req, fsm.NodeArgs{NodeID: r.PathValue("id")})
 }

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"io"
 	"net/http"
 	"strconv"
@@ -61,10 +60,10 @@ func (s *Server) authenticate(next http.Handler) http.Handler {
 			w.Header().Set(hdrLeader, l)
 		}
 		r.Body = http.MaxBytesReader(w, r.Body, maxBody)
-		if r.URL.Path == "/v1/join" {
+		if r.URL.Path == joinPath {
 			host := remoteHost(r)
 			if !s.joinLimit.allow(host) {
-				writeError(w, api.Errorf(api.CodeResourceExhausted, "member %s refused too many joins from %s (at most %d a second after %d); wait and join with a valid grant", s.id.NodeID, host, joinRate, joinBurst))
+				fail(api.Errorf(api.CodeResourceExhausted, "member %s refused too many joins from %s (at most %d a second after %d); wait and join with a valid grant", s.id.NodeID, host, joinRate, joinBurst)).render(w)
 				return
 			}
 			rec := &resultRecorder{ResponseWriter: w, status: http.StatusOK}
@@ -79,7 +78,7 @@ func (s *Server) authenticate(next http.Handler) http.Handler {
 			r.Header.Del(h)
 		}
 		if err != nil {
-			writeError(w, err)
+			fail(err).render(w)
 			return
 		}
 		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), ctxKey{}, c)))
@@ -143,138 +142,29 @@ func setActorHeaders(h http.Header, id trust.Identity) {
 	h.Set(hdrActorAdmitted, strconv.FormatInt(id.Admitted.UnixNano(), 10))
 }
 
-// operator admits operator (admin) callers only.
-func operator(h http.HandlerFunc) http.HandlerFunc {
-	return func(w http.ResponseWriter, r *http.Request) {
-		if requireAdmin(w, r) {
-			h(w, r)
-		}
-	}
-}
-
-// member admits members only, for the calls members make of ctrl.
-func member(h http.HandlerFunc) http.HandlerFunc {
-	return func(w http.ResponseWriter, r *http.Request) {
-		if c := callerOf(r); c.kind != trust.KindMember {
-			writeError(w, api.Errorf(api.CodePermissionDenied, "%s is not a member: %s is an internal call of members", c.name, r.URL.Path))
-			return
-		}
-		h(w, r)
-	}
-}
-
 // ctrlLocal serves h on this ctrl member (it needs the CA key, which every
 // ctrl member holds); node-only members send the caller to ctrl.
-func (s *Server) ctrlLocal(h http.HandlerFunc) http.HandlerFunc {
-	return func(w http.ResponseWriter, r *http.Request) {
+func (s *Server) ctrlLocal(h handler) handler {
+	return func(r *http.Request) response {
 		if s.raft == nil || s.ca.Key == nil {
-			s.misdirect(w)
-			return
+			return s.misdirect()
 		}
-		h(w, r)
+		return h(r)
 	}
-}
-
-func (s *Server) routes() http.Handler {
-	m := http.NewServeMux()
-	m.HandleFunc("GET /v1/status", s.handleStatus)
-	// This member's own metrics, also on a node-only member (never
-	// misdirected): what Prometheus scrapes with an admin certificate.
-	m.HandleFunc("GET /metrics", operator(s.handleMetrics))
-	m.HandleFunc("POST /v1/join", s.onLeader(s.handleJoin))
-	m.HandleFunc("POST /v1/internal/raft/voter", member(s.onLeader(s.handleAddVoter)))
-	m.HandleFunc("GET /v1/internal/member-level", member(s.handleMemberLevel))
-	m.HandleFunc("POST /v1/internal/certs/renew", member(s.ctrlLocal(s.handleRenew)))
-	m.HandleFunc("POST /v1/internal/certs/dataplane", member(s.ctrlLocal(s.handleDataPlaneCert)))
-	m.HandleFunc("POST /v1/internal/admission", member(s.ctrlLocal(s.handleAdmission)))
-	m.HandleFunc("GET /v1/internal/egress/{name}/revisions/{rev}", member(s.reader(s.handleEgressCredentials)))
-	m.HandleFunc("GET /v1/internal/machine-logs/{instance}", s.handleNodeMachineLog)
-	m.HandleFunc("POST /v1/internal/templates/{name}/upload", nodeUploadRoute(s, "templates are published through ctrl (kibo template publish)", s.publishTemplate))
-	m.HandleFunc("POST /v1/internal/transfers/export", s.handleNodeTransferExport)
-	m.HandleFunc("GET /v1/internal/transfers/{name}/progress", s.handleNodeTransferProgress)
-	m.HandleFunc("GET /v1/internal/progress/{key}", s.handleNodeProgress)
-	m.HandleFunc("POST /v1/internal/platforms/{name}/upload", nodeUploadRoute(s, "Platforms are published through ctrl (kibo platform publish)", s.publishPlatform))
-
-	m.HandleFunc("GET /v1/nodes", operator(s.reader(s.handleNodeList)))
-	m.HandleFunc("GET /v1/nodes/{id}", operator(s.reader(s.handleNodeGet)))
-	m.HandleFunc("POST /v1/nodes/{id}/drain", operator(s.onLeader(s.nodeWrite(fsm.OpNodeDrain))))
-	m.HandleFunc("POST /v1/nodes/{id}/cancel-drain", operator(s.onLeader(s.nodeWrite(fsm.OpNodeCancelDrain))))
-	m.HandleFunc("POST /v1/nodes/{id}/isolate", operator(s.onLeader(s.nodeWrite(fsm.OpNodeIsolate))))
-	m.HandleFunc("POST /v1/nodes/{id}/retire", operator(s.onLeader(s.nodeWrite(fsm.OpNodeRetire))))
-	m.HandleFunc("POST /v1/nodes/{id}/overcommit", operator(s.onLeader(s.handleOvercommitSet)))
-	m.HandleFunc("GET /v1/overcommit", operator(s.reader(s.handleOvercommitGet)))
-	m.HandleFunc("POST /v1/overcommit/default", operator(s.onLeader(s.handleOvercommitSetDefault)))
-
-	m.HandleFunc("POST /v1/workspaces", operator(s.onLeader(s.handleWorkspaceCreate)))
-	m.HandleFunc("GET /v1/workspaces", operator(s.reader(s.handleWorkspaceList)))
-	m.HandleFunc("GET /v1/workspaces/{id}", operator(s.reader(s.handleWorkspaceGet)))
-	m.HandleFunc("GET /v1/workspaces/{id}/cleanup-status", operator(s.reader(s.handleCleanupStatus)))
-	m.HandleFunc("GET /v1/workspaces/{id}/logs", operator(s.reader(s.handleMachineLog)))
-	m.HandleFunc("GET /v1/workspaces/{id}/progress", operator(s.reader(s.handleWorkspaceProgress)))
-	m.HandleFunc("POST /v1/workspaces/{id}/start", operator(s.onLeader(s.workspaceOp(fsm.OpWorkspaceStart))))
-	m.HandleFunc("POST /v1/workspaces/{id}/stop", operator(s.onLeader(s.workspaceOp(fsm.OpWorkspaceStop))))
-	m.HandleFunc("POST /v1/workspaces/{id}/pause", operator(s.onLeader(s.workspaceOp(fsm.OpWorkspacePause))))
-	m.HandleFunc("POST /v1/workspaces/{id}/delete", operator(s.onLeader(s.workspaceOp(fsm.OpWorkspaceDelete))))
-	m.HandleFunc("POST /v1/workspaces/{id}/network", operator(s.onLeader(s.handleWorkspaceSetNetwork)))
-	m.HandleFunc("POST /v1/workspaces/{id}/credentials", operator(s.onLeader(s.handleCredential)))
-
-	m.HandleFunc("POST /v1/egress", operator(s.onLeader(s.handleEgressCreate)))
-	m.HandleFunc("GET /v1/egress", operator(s.reader(s.handleEgressList)))
-	m.HandleFunc("GET /v1/egress/{name}", operator(s.reader(s.handleEgressGet)))
-	m.HandleFunc("POST /v1/egress/{name}/update", operator(s.onLeader(s.handleEgressUpdate)))
-	m.HandleFunc("POST /v1/egress/{name}/delete", operator(s.onLeader(s.objectWrite(fsm.OpEgressDelete, objectName("egress")))))
-	m.HandleFunc("POST /v1/resolvers", operator(s.onLeader(s.handleResolverCreate)))
-	m.HandleFunc("GET /v1/resolvers", operator(s.reader(s.handleResolverList)))
-	m.HandleFunc("GET /v1/resolvers/{name}", operator(s.reader(s.handleResolverGet)))
-	m.HandleFunc("POST /v1/resolvers/{name}/delete", operator(s.onLeader(s.objectWrite(fsm.OpResolverDelete, objectName("resolver")))))
-
-	m.HandleFunc("GET /v1/templates", operator(s.reader(s.handleTemplateList)))
-	m.HandleFunc("GET /v1/templates/{name}", operator(s.reader(s.handleTemplateGet)))
-	m.HandleFunc("POST /v1/templates/{name}/publish", operator(s.onLeader(s.handleTemplatePublish)))
-	m.HandleFunc("GET /v1/templates/{name}/publish-progress", operator(s.reader(s.handleTemplatePublishProgress)))
-	m.HandleFunc("POST /v1/templates/{name}/delete", operator(s.onLeader(s.objectWrite(fsm.OpTemplateDelete, api.ValidTemplateName))))
-	m.HandleFunc("GET /v1/transfers", operator(s.reader(s.handleTransferList)))
-	m.HandleFunc("GET /v1/transfers/{name}", operator(s.reader(s.handleTransferGet)))
-	m.HandleFunc("POST /v1/transfers", operator(s.onLeader(s.handleTransferExport)))
-	m.HandleFunc("POST /v1/transfers/{name}/delete", operator(s.onLeader(s.handleTransferDelete)))
-	m.HandleFunc("POST /v1/transfers/{name}/import", operator(s.onLeader(s.handleTransferImport)))
-	m.HandleFunc("POST /v1/artifacts/gc", operator(s.onLeader(s.handleArtifactsGC)))
-	m.HandleFunc("GET /v1/platforms", operator(s.reader(s.handlePlatformList)))
-	m.HandleFunc("GET /v1/platforms/{name}", operator(s.reader(s.handlePlatformGet)))
-	m.HandleFunc("POST /v1/platforms/publish", operator(s.onLeader(s.handlePlatformPublish)))
-	m.HandleFunc("GET /v1/platforms/publish-progress", operator(s.reader(s.handlePlatformPublishProgress)))
-	m.HandleFunc("POST /v1/platforms/{name}/approve", operator(s.onLeader(s.objectWrite(fsm.OpPlatformApprove, api.ValidPlatformID))))
-	m.HandleFunc("POST /v1/platforms/{name}/withdraw", operator(s.onLeader(s.objectWrite(fsm.OpPlatformWithdraw, api.ValidPlatformID))))
-
-	m.HandleFunc("GET /v1/storage-pools", operator(s.reader(s.handlePoolList)))
-	m.HandleFunc("GET /v1/storage-pools/{id}", operator(s.reader(s.handlePoolGet)))
-	m.HandleFunc("POST /v1/storage-pools/{id}/capacity", operator(s.onLeader(s.handlePoolSetCapacity)))
-	m.HandleFunc("POST /v1/storage-pools/{id}/declare-lost", operator(s.onLeader(s.handlePoolDeclareLost)))
-
-	m.HandleFunc("POST /v1/volumes", operator(s.onLeader(s.handleVolumeCreate)))
-	m.HandleFunc("GET /v1/volumes", operator(s.reader(s.handleVolumeList)))
-	m.HandleFunc("GET /v1/volumes/{ref}", operator(s.reader(s.handleVolumeGet)))
-	m.HandleFunc("POST /v1/volumes/{ref}/resize", operator(s.onLeader(s.handleVolumeResize)))
-	m.HandleFunc("POST /v1/volumes/{ref}/delete", operator(s.onLeader(s.handleVolumeDelete)))
-
-	m.HandleFunc("GET /v1/enrollment/grants", operator(s.reader(s.handleGrantList)))
-	m.HandleFunc("POST /v1/enrollment/grants", operator(s.onLeader(s.handleGrant)))
-	m.HandleFunc("POST /v1/enrollment/grants/{id}/revoke", operator(s.onLeader(s.handleRevoke)))
-	return s.authenticate(m)
 }
 
 // onLeader runs h on the leader; elsewhere the request is forwarded there.
-func (s *Server) onLeader(h http.HandlerFunc) http.HandlerFunc {
-	return func(w http.ResponseWriter, r *http.Request) {
+func (s *Server) onLeader(h handler) handler {
+	return func(r *http.Request) response {
 		s.awaitLeader(r.Context())
-		if s.IsLeader() {
-			if r.Header.Get(hdrForwarded) != "" {
-				w = &appliedHeader{ResponseWriter: w, s: s}
-			}
-			h(w, r)
-			return
+		if !s.IsLeader() {
+			return s.forward(r)
 		}
-		s.forward(w, r)
+		res := h(r)
+		if r.Header.Get(hdrForwarded) == "" {
+			return res
+		}
+		return rawResponse(func(w http.ResponseWriter) { res.render(&appliedHeader{ResponseWriter: w, s: s}) })
 	}
 }
 
@@ -372,26 +262,24 @@ func (s *Server) awaitApplied(ctx context.Context, index uint64, d time.Duration
 
 // reader serves reads from the local state when this member has one;
 // ?consistent=true reads on the leader after it confirmed its leadership.
-func (s *Server) reader(h http.HandlerFunc) http.HandlerFunc {
-	return func(w http.ResponseWriter, r *http.Request) {
+func (s *Server) reader(h handler) handler {
+	return func(r *http.Request) response {
 		consistent := r.URL.Query().Get("consistent") == "true"
 		switch {
 		case s.fsm == nil || (consistent && !s.IsLeader()):
-			s.forward(w, r)
+			return s.forward(r)
 		case consistent:
 			if err := s.raft.VerifyLeader().Error(); err != nil {
-				writeError(w, api.Errorf(api.CodeUnavailable, "member %s could not confirm it leads ctrl: %v; retry", s.id.NodeID, err))
-				return
+				return fail(api.Errorf(api.CodeUnavailable, "member %s could not confirm it leads ctrl: %v; retry", s.id.NodeID, err))
 			}
 			// A new leader may not have applied what the old one
 			// acknowledged until its barrier is through.
 			if !s.consistentReady.Load() {
-				writeError(w, api.Errorf(api.CodeUnavailable, "member %s was just elected ctrl leader and is catching up; retry", s.id.NodeID))
-				return
+				return fail(api.Errorf(api.CodeUnavailable, "member %s was just elected ctrl leader and is catching up; retry", s.id.NodeID))
 			}
-			h(w, r)
+			return h(r)
 		default:
-			h(w, r)
+			return h(r)
 		}
 	}
 }
@@ -399,28 +287,24 @@ func (s *Server) reader(h http.HandlerFunc) http.HandlerFunc {
 // forward sends the request to the leader and copies the answer back
 // (ctrl members). A node-only member never speaks for its caller: it names
 // the ctrl members, and the caller goes there with its own certificate.
-func (s *Server) forward(w http.ResponseWriter, r *http.Request) {
+func (s *Server) forward(r *http.Request) response {
 	if s.raft == nil {
-		s.misdirect(w)
-		return
+		return s.misdirect()
 	}
 	hops, _ := strconv.Atoi(r.Header.Get(hdrForwarded))
 	if hops >= maxHops {
-		writeError(w, api.Errorf(api.CodeUnavailable, "request was forwarded %d times without reaching the ctrl leader; retry once the leader is elected", hops))
-		return
+		return fail(api.Errorf(api.CodeUnavailable, "request was forwarded %d times without reaching the ctrl leader; retry once the leader is elected", hops))
 	}
 	body, err := io.ReadAll(io.LimitReader(r.Body, maxBody))
 	if err != nil {
-		writeError(w, api.Errorf(api.CodeInvalidArgument, "read request body: %v", err))
-		return
+		return fail(api.Errorf(api.CodeInvalidArgument, "read request body: %v", err))
 	}
 	var targets []string
 	if l := s.leaderAddr(); l != "" && l != s.id.Advertise {
 		targets = []string{l}
 	}
 	if len(targets) == 0 {
-		writeError(w, api.Errorf(api.CodeUnavailable, "no ctrl leader is elected: check that a majority of ctrl members are running and can reach each other"))
-		return
+		return fail(api.Errorf(api.CodeUnavailable, "no ctrl leader is elected: check that a majority of ctrl members are running and can reach each other"))
 	}
 	c := callerOf(r)
 	var lastErr error
@@ -439,103 +323,58 @@ func (s *Server) forward(w http.ResponseWriter, r *http.Request) {
 		if index, err := strconv.ParseUint(resp.Header.Get(hdrApplied), 10, 64); err == nil && s.fsm != nil {
 			s.awaitApplied(r.Context(), index, appliedWait)
 		}
-		w.Header().Set("Content-Type", "application/json")
-		w.WriteHeader(resp.StatusCode)
-		io.Copy(w, resp.Body)
-		resp.Body.Close()
-		return
+		return rawResponse(func(w http.ResponseWriter) {
+			defer resp.Body.Close()
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(resp.StatusCode)
+			io.Copy(w, resp.Body)
+		})
 	}
-	writeError(w, api.Errorf(api.CodeUnavailable, "no ctrl member answered (%v): check that the ctrl members are running", lastErr))
+	return fail(api.Errorf(api.CodeUnavailable, "no ctrl member answered (%v): check that the ctrl members are running", lastErr))
 }
 
-func writeJSON(w http.ResponseWriter, status int, v any) {
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(status)
-	enc := json.NewEncoder(w)
-	enc.Encode(v)
-}
-
-func writeError(w http.ResponseWriter, err error) {
-	var e *api.Error
-	if !errors.As(err, &e) {
-		e = &api.Error{Code: api.CodeInternal, Message: err.Error()}
-	}
-	writeJSON(w, e.Code.HTTPStatus(), api.ErrorBody{Error: e})
-}
-
-func writeResult(w http.ResponseWriter, v any) {
-	writeJSON(w, http.StatusOK, api.ResultBody{Result: v})
-}
-
-func decodeBody(r *http.Request, v any) error {
-	dec := json.NewDecoder(io.LimitReader(r.Body, maxBody))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(v); err != nil && !errors.Is(err, io.EOF) {
-		return api.Errorf(api.CodeInvalidArgument, "request body is not valid: %v", err)
-	}
-	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
-		return api.Errorf(api.CodeInvalidArgument, "request body holds more than one JSON value: send exactly one")
-	}
-	return nil
-}
-
-// handleMetrics serves the handler SetMetrics installed.
-func (s *Server) handleMetrics(w http.ResponseWriter, r *http.Request) {
-	h := s.metrics.Load()
+// handleMetrics serves the metrics handler ServeLocal gave.
+func (s *Server) handleMetrics(r *http.Request) response {
+	h := s.own().Metrics
 	if h == nil {
-		writeError(w, api.Errorf(api.CodeUnavailable, "member %s serves no metrics yet: it is still starting", s.id.NodeID))
-		return
+		return fail(api.Errorf(api.CodeUnavailable, "member %s serves no metrics yet: it is still starting", s.id.NodeID))
 	}
-	(*h).ServeHTTP(w, r)
+	return rawResponse(func(w http.ResponseWriter) { h.ServeHTTP(w, r) })
 }
-
-// SetMetrics installs what GET /metrics serves.
-func (s *Server) SetMetrics(h http.Handler) { s.metrics.Store(&h) }
 
 // misdirect answers a call that only ctrl serves on a node-only member:
 // 421 with the ctrl members' addresses (api.Client follows it).
-func (s *Server) misdirect(w http.ResponseWriter) {
+func (s *Server) misdirect() response {
 	addrs := s.ctrlAddrs()
 	if len(addrs) == 0 {
-		writeError(w, api.Errorf(api.CodeUnavailable, "member %s is not a ctrl member and knows none: check that the ctrl members are running", s.id.NodeID))
-		return
+		return fail(api.Errorf(api.CodeUnavailable, "member %s is not a ctrl member and knows none: check that the ctrl members are running", s.id.NodeID))
 	}
-	w.Header().Set(api.HdrCtrl, strings.Join(addrs, ","))
-	writeJSON(w, http.StatusMisdirectedRequest, api.ErrorBody{Error: api.Errorf(api.CodeUnavailable,
-		"member %s is not a ctrl member: call a ctrl member (%s) directly", s.id.NodeID, strings.Join(addrs, ", "))})
-}
-
-// requireAdmin refuses member certificates on operator endpoints.
-func requireAdmin(w http.ResponseWriter, r *http.Request) bool {
-	if callerOf(r).kind != trust.KindAdmin {
-		writeError(w, api.Errorf(api.CodePermissionDenied, "%s is not an operator: use the admin credentials of a member data directory", callerOf(r).name))
-		return false
-	}
-	return true
+	return rawResponse(func(w http.ResponseWriter) {
+		w.Header().Set(api.HdrCtrl, strings.Join(addrs, ","))
+		writeJSON(w, http.StatusMisdirectedRequest, api.ErrorBody{Error: api.Errorf(api.CodeUnavailable,
+			"member %s is not a ctrl member: call a ctrl member (%s) directly", s.id.NodeID, strings.Join(addrs, ", "))})
+	})
 }
 
 // write applies op on the leader and answers with its result.
-func (s *Server) write(w http.ResponseWriter, r *http.Request, op string, meta api.WriteMeta, args any) {
+func (s *Server) write(r *http.Request, op string, meta api.WriteMeta, args any) response {
 	raw, err := json.Marshal(args)
 	if err != nil {
-		writeError(w, err)
-		return
+		return fail(err)
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), 30*time.Second)
 	defer cancel()
 	res, err := s.Apply(ctx, fsm.Entry{CommandID: meta.CommandID, ExpectedVersion: meta.ExpectedVersion, Actor: callerOf(r).name, Op: op, Args: raw})
 	if err != nil {
-		writeError(w, err)
-		return
+		return fail(err)
 	}
 	if res.Error != nil {
-		writeError(w, res.Error)
-		return
+		return fail(res.Error)
 	}
-	writeJSON(w, http.StatusOK, api.ResultBody{Result: res.Value, Replayed: res.Replayed})
+	return resultResponse{value: res.Value, replayed: res.Replayed}
 }
 
-func (s *Server) view(w http.ResponseWriter, fn func(tx *bolt.Tx) (any, error)) {
+func (s *Server) view(fn func(tx *bolt.Tx) (any, error)) response {
 	var out any
 	err := s.fsm.View(func(tx *bolt.Tx) error {
 		var err error
@@ -543,8 +382,7 @@ func (s *Server) view(w http.ResponseWriter, fn func(tx *bolt.Tx) (any, error)) 
 		return err
 	})
 	if err != nil {
-		writeError(w, err)
-		return
+		return fail(err)
 	}
-	writeResult(w, out)
+	return answer(out)
 }

@@ -88,11 +88,11 @@ func (c leaderCluster) ExportTransfer(ctx context.Context, n *api.Node, t api.Tr
 		err := s.nodeCall(ctx, n, http.MethodPost, "/v1/internal/transfers/export", t, exportTimeout, 64<<10, &res)
 		return res, err
 	}
-	e := s.transferExporter.Load()
+	e := s.own().Transfers
 	if e == nil {
 		return res, api.Errorf(api.CodeFailedPrecondition, "member %s runs no node runtime", s.id.NodeID)
 	}
-	return (*e).ExportTransfer(ctx, t)
+	return e.ExportTransfer(ctx, t)
 }
 
 func (c leaderCluster) ExportProgress(ctx context.Context, n *api.Node, id string) (api.TransferProgress, error) {

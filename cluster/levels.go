@@ -29,8 +29,8 @@ func (s *Server) featureLevel() int {
 }
 
 // handleMemberLevel answers this member's build level (member certificates).
-func (s *Server) handleMemberLevel(w http.ResponseWriter, r *http.Request) {
-	writeResult(w, MemberLevel{NodeID: s.id.NodeID, Level: s.featureLevel(), Release: buildinfo.ReleaseName()})
+func (s *Server) handleMemberLevel(r *http.Request) response {
+	return answer(MemberLevel{NodeID: s.id.NodeID, Level: s.featureLevel(), Release: buildinfo.ReleaseName()})
 }
 
 // newLevels tracks the voters' levels (ctrl members only).

@@ -15,8 +15,12 @@ import (
 	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
 	wal "github.com/hashicorp/raft-wal"
 	"github.com/hashicorp/raft-wal/metadb"
+	"github.com/hashicorp/raft-wal/fs"
 	"github.com/hashicorp/raft-wal/migrate"
+	"github.com/hashicorp/raft-wal/segment"
+	"github.com/hashicorp/raft-wal/types"
 
+	"github.com/kibotos/kibotos/datadir"
 	"github.com/kibotos/kibotos/storagepool"
 )
 
@@ -76,12 +80,36 @@ func openWAL(dir string, hl hclog.Logger) (logStore, error) {
 		return nil, fmt.Errorf("raft log directory %s: %w", dir, err)
 	}
 	meta := &metadb.BoltMetaDB{}
-	w, err := wal.Open(dir, wal.WithSegmentSize(walSegmentBytes), wal.WithMetaStore(meta), wal.WithLogger(hl))
+	filer := segment.NewFiler(dir, privateSegments{fs.New()})
+	w, err := wal.Open(dir, wal.WithSegmentSize(walSegmentBytes), wal.WithMetaStore(meta), wal.WithSegmentFiler(filer), wal.WithLogger(hl))
 	if err != nil {
 		meta.Close()
 		return nil, fmt.Errorf("raft log %s: %w", dir, err)
 	}
+	// The meta store (opened 0644 by raft-wal), and segments an earlier
+	// release left 0644.
+	if err := datadir.MakePrivate(dir); err != nil {
+		w.Close()
+		meta.Close()
+		return nil, fmt.Errorf("raft log %s: %w", dir, err)
+	}
 	return &walStore{WAL: w, meta: meta}, nil
+}
+
+// privateSegments creates the WAL's segment files 0600: raft-wal makes
+// them 0644.
+type privateSegments struct{ *fs.FS }
+
+func (p privateSegments) Create(dir, name string, size uint64) (types.WritableFile, error) {
+	f, err := p.FS.Create(dir, name, size)
+	if err != nil {
+		return nil, err
+	}
+	if err := os.Chmod(filepath.Join(dir, name), datadir.PrivateFileMode); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("raft log segment %s: %w", name, err)
+	}
+	return f, nil
 }
 
 // walStore closes the WAL's meta store too: raft-wal v0.4.0's Close
@@ -171,4 +199,44 @@ func copyStable(dst, src raft.StableStore) error {
 		return fmt.Errorf("stable key LastVoteCand: %w", err)
 	}
 	return nil
+}
+
+// privateSnapshots is raft's file snapshot store with its files 0600 in
+// 0700 directories: raft makes them 0644 in 0755.
+type privateSnapshots struct {
+	*raft.FileSnapshotStore
+	dir string // raft/snapshots
+}
+
+func openSnapshots(raftDir string, hl hclog.Logger) (raft.SnapshotStore, error) {
+	store, err := raft.NewFileSnapshotStoreWithLogger(raftDir, 2, hl)
+	if err != nil {
+		return nil, err
+	}
+	p := privateSnapshots{FileSnapshotStore: store, dir: filepath.Join(raftDir, "snapshots")}
+	if err := datadir.MakePrivate(p.dir); err != nil {
+		return nil, fmt.Errorf("raft snapshots: %w", err)
+	}
+	return p, nil
+}
+
+func (p privateSnapshots) Create(version raft.SnapshotVersion, index, term uint64, c raft.Configuration, ci uint64, t raft.Transport) (raft.SnapshotSink, error) {
+	sink, err := p.FileSnapshotStore.Create(version, index, term, c, ci, t)
+	if err != nil {
+		return nil, err
+	}
+	return privateSink{SnapshotSink: sink, dir: p.dir}, nil
+}
+
+type privateSink struct {
+	raft.SnapshotSink
+	dir string
+}
+
+// Close completes the snapshot, then takes the wider modes away from it.
+func (s privateSink) Close() error {
+	if err := s.SnapshotSink.Close(); err != nil {
+		return err
+	}
+	return datadir.MakePrivate(s.dir)
 }

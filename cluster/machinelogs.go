@@ -22,24 +22,15 @@ import (
 // records and asks that node's member over mTLS as itself, a ctrl member,
 // on an internal route. Both ends bound the read (api.MachineLogMaxBytes).
 
-// MachineLogReader reads one Instance's machine logs on this node within
-// q.MaxBytes each (q.After: the console since that cursor); an
-// *api.Error not_found when the node has none.
-type MachineLogReader func(instanceID string, q api.MachineLogQuery) (api.MachineLog, error)
-
-// SetMachineLogs installs this node's reader (the node runtime).
-func (s *Server) SetMachineLogs(r MachineLogReader) { s.machineLogs.Store(&r) }
-
 // machineLogAnswerMax bounds what ctrl reads of a node's answer: two logs
 // at the most, JSON-escaped (a control character takes six bytes).
 const machineLogAnswerMax = 2*6*api.MachineLogMaxBytes + 64<<10
 
 // handleMachineLog is GET /v1/workspaces/{id}/logs[?instance=&max_bytes=&tail=].
-func (s *Server) handleMachineLog(w http.ResponseWriter, r *http.Request) {
+func (s *Server) handleMachineLog(r *http.Request) response {
 	q, err := api.ParseMachineLogQuery(r.URL.Query())
 	if err != nil {
-		writeError(w, err)
-		return
+		return fail(err)
 	}
 	id, inst := r.PathValue("id"), r.URL.Query().Get("instance")
 	var ws *api.Workspace
@@ -65,16 +56,14 @@ func (s *Server) handleMachineLog(w http.ResponseWriter, r *http.Request) {
 		return nil
 	})
 	if err != nil {
-		writeError(w, err)
-		return
+		return fail(err)
 	}
 	var unreachable error
 	for _, n := range nodes {
 		l, err := s.machineLogOf(r.Context(), n, inst, q)
 		if err == nil {
 			l.WorkspaceID, l.InstanceID, l.NodeID = ws.WorkspaceID, inst, n.NodeID
-			writeResult(w, l)
-			return
+			return answer(l)
 		}
 		if api.CodeOf(err) != api.CodeNotFound {
 			unreachable = api.Errorf(api.CodeUnavailable, "machine log of instance %s (workspace %s): node %s did not answer: %v; retry once it is back (kibo node get %s)",
@@ -82,14 +71,13 @@ func (s *Server) handleMachineLog(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	if unreachable != nil {
-		writeError(w, unreachable)
-		return
+		return fail(unreachable)
 	}
 	where := "no node holds it"
 	if len(nodes) > 0 {
 		where = "node " + nodes[0].NodeID + " no longer keeps it"
 	}
-	writeError(w, api.Errorf(api.CodeNotFound, "machine log of instance %s (workspace %s) is gone: %s (ended Instances' log tails are pruned oldest first past [logs] machine_logs_max_bytes)",
+	return fail(api.Errorf(api.CodeNotFound, "machine log of instance %s (workspace %s) is gone: %s (ended Instances' log tails are pruned oldest first past [logs] machine_logs_max_bytes)",
 		inst, ws.WorkspaceID, where))
 }
 
@@ -155,27 +143,21 @@ func (s *Server) machineLogOf(ctx context.Context, n *api.Node, inst string, q a
 // handleNodeMachineLog is GET /v1/internal/machine-logs/{instance} on the
 // node: only ctrl members ask (they authorized the operator), as
 // themselves.
-func (s *Server) handleNodeMachineLog(w http.ResponseWriter, r *http.Request) {
-	if err := s.fromCtrl(r, "machine logs are read through ctrl (kibo workspace logs)"); err != nil {
-		writeError(w, err)
-		return
-	}
+func (s *Server) handleNodeMachineLog(r *http.Request) response {
 	q, err := api.ParseMachineLogQuery(r.URL.Query())
 	if err != nil {
-		writeError(w, err)
-		return
+		return fail(err)
 	}
 	l, err := s.readMachineLog(r.PathValue("instance"), q)
 	if err != nil {
-		writeError(w, err)
-		return
+		return fail(err)
 	}
-	writeResult(w, l)
+	return answer(l)
 }
 
 // readMachineLog reads on this node within q.
 func (s *Server) readMachineLog(inst string, q api.MachineLogQuery) (api.MachineLog, error) {
-	read := s.machineLogs.Load()
+	read := s.own().MachineLogs
 	if read == nil {
 		return api.MachineLog{}, api.Errorf(api.CodeNotFound, "member %s runs no Instances", s.id.NodeID)
 	}
@@ -183,7 +165,7 @@ func (s *Server) readMachineLog(inst string, q api.MachineLogQuery) (api.Machine
 		return api.MachineLog{}, api.Errorf(api.CodeInvalidArgument, "instance %q is not an Instance id", inst)
 	}
 	q.MaxBytes = min(q.MaxBytes, api.MachineLogMaxBytes)
-	l, err := (*read)(inst, q)
+	l, err := read(inst, q)
 	if err != nil {
 		var e *api.Error
 		if errors.As(err, &e) {

@@ -40,7 +40,7 @@ func TestWorkspaceLogsOverHTTP(t *testing.T) {
 	var asked atomic.Int64
 	var after atomic.Value
 	var gone atomic.Bool
-	node.Server.SetMachineLogs(func(id string, q api.MachineLogQuery) (api.MachineLog, error) {
+	node.ServeMachineLogs(func(id string, q api.MachineLogQuery) (api.MachineLog, error) {
 		max := q.MaxBytes
 		asked.Store(max)
 		after.Store(q.After)

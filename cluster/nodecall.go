@@ -14,8 +14,8 @@ import (
 
 // Calls ctrl makes of a node's member on its internal routes: over mTLS
 // as this member (a ctrl member), to the node's registered address, which
-// must present that node's certificate. The node checks the caller with
-// fromCtrl.
+// must present that node's certificate. The node's routes admit only
+// ctrl members (fromCtrl).
 
 // nodeCall is one such call: method and path on node n, whose answer
 // ({"result": ...} or {"error": ...}) is read within maxAnswer bytes into
@@ -63,15 +63,16 @@ func (s *Server) nodeCall(ctx context.Context, n *api.Node, method, path string,
 	return nil
 }
 
-// fromCtrl admits only ctrl members calling as themselves (they
-// authorized the operator); what refuses says what the route is for.
-func (s *Server) fromCtrl(r *http.Request, refuse string) error {
-	c := callerOf(r)
-	if c.kind != trust.KindMember || !c.id.HasRole(trust.RoleCtrl) || c.viaHop {
-		return api.Errorf(api.CodePermissionDenied, "%s is not a ctrl member: %s", c.name, refuse)
+// nodeSideRoutes are what ctrl asks of a node's member for an operator
+// it authorized (as itself, a ctrl member): machine logs, uploads for a
+// publish, Transfer exports and how far the node's transfers are.
+func (s *Server) nodeSideRoutes() []route {
+	return []route{
+		{"GET", "/v1/internal/machine-logs/{instance}", fromCtrl("machine logs are read through ctrl (kibo workspace logs)"), atNode, s.handleNodeMachineLog},
+		{"POST", "/v1/internal/templates/{name}/upload", fromCtrl("templates are published through ctrl (kibo template publish)"), atNode, nodeUploadRoute(s.publishTemplate)},
+		{"POST", "/v1/internal/platforms/{name}/upload", fromCtrl("Platforms are published through ctrl (kibo platform publish)"), atNode, nodeUploadRoute(s.publishPlatform)},
+		{"POST", "/v1/internal/transfers/export", fromCtrl("exports go through ctrl (kibo transfer export)"), atNode, decoded(s.handleNodeTransferExport)},
+		{"GET", "/v1/internal/transfers/{name}/progress", fromCtrl("progress is read through ctrl (kibo transfer get)"), atNode, s.handleNodeTransferProgress},
+		{"GET", "/v1/internal/progress/{key}", fromCtrl("progress is read through ctrl"), atNode, s.handleNodeProgress},
 	}
-	if s.fsm == nil {
-		return s.admittedByCtrl(c.id)
-	}
-	return nil
 }

@@ -18,41 +18,37 @@ import (
 // upload on an internal route, then records the node's answer.
 // `platform approve` and `platform withdraw` are plain writes.
 
-// PlatformPublisher uploads one of this node's Platforms (id "own": the
-// one new Instances start on when the catalog approves none) to the
-// artifact store (the node runtime; agent.PublishPlatform).
-type PlatformPublisher func(ctx context.Context, id string) (api.PlatformImage, error)
-
 // OwnPlatform is the id a publish names a node's own Platform by.
 const OwnPlatform = "own"
 
-// SetPlatformPublisher installs this node's publisher.
-func (s *Server) SetPlatformPublisher(p PlatformPublisher) { s.platformPublisher.Store(&p) }
+// platformRoutes are the operator's calls about the Platform catalog.
+func (s *Server) platformRoutes() []route {
+	return []route{
+		{"GET", "/v1/platforms", operators, atReader, s.handlePlatformList},
+		{"GET", "/v1/platforms/{name}", operators, atReader, s.handlePlatformGet},
+		{"POST", "/v1/platforms/publish", operators, atLeader, decoded(s.handlePlatformPublish)},
+		{"GET", "/v1/platforms/publish-progress", operators, atReader, s.handlePlatformPublishProgress},
+		{"POST", "/v1/platforms/{name}/approve", operators, atLeader, s.objectWrite(fsm.OpPlatformApprove, api.ValidPlatformID)},
+		{"POST", "/v1/platforms/{name}/withdraw", operators, atLeader, s.objectWrite(fsm.OpPlatformWithdraw, api.ValidPlatformID)},
+	}
+}
 
 // handlePlatformPublish is POST /v1/platforms/publish.
-func (s *Server) handlePlatformPublish(w http.ResponseWriter, r *http.Request) {
-	var req api.PlatformPublishRequest
-	if err := decodeBody(r, &req); err != nil {
-		writeError(w, err)
-		return
-	}
+func (s *Server) handlePlatformPublish(r *http.Request, req api.PlatformPublishRequest) response {
 	id := OwnPlatform
 	if req.PlatformID != "" {
 		if err := api.ValidPlatformID(req.PlatformID); err != nil {
-			writeError(w, err)
-			return
+			return fail(err)
 		}
 		id = req.PlatformID
 	}
 	if req.FromNode != "" {
 		if err := fsm.ValidNodeID(req.FromNode); err != nil {
-			writeError(w, err)
-			return
+			return fail(err)
 		}
 	}
 	if err := s.levelsReach("platform publish", fsm.LevelArtifacts); err != nil {
-		writeError(w, err)
-		return
+		return fail(err)
 	}
 	s.publishing.RLock()
 	defer s.publishing.RUnlock()
@@ -62,14 +58,12 @@ func (s *Server) handlePlatformPublish(w http.ResponseWriter, r *http.Request) {
 		return err
 	})
 	if err != nil {
-		writeError(w, err)
-		return
+		return fail(err)
 	}
 	img, err := nodeUpload(r.Context(), s, n, "platform "+id, "/v1/internal/platforms/"+url.PathEscape(id)+"/upload",
 		func(ctx context.Context) (api.PlatformImage, error) { return s.publishPlatform(ctx, id) })
 	if err != nil {
-		writeError(w, err)
-		return
+		return fail(err)
 	}
 	args := fsm.PlatformPublishArgs{PlatformImage: img, NodeID: n.NodeID}
 	if id != OwnPlatform && img.PlatformID != id {
@@ -78,10 +72,9 @@ func (s *Server) handlePlatformPublish(w http.ResponseWriter, r *http.Request) {
 		err = fsm.CheckPlatformPublish(args)
 	}
 	if err != nil {
-		writeError(w, err)
-		return
+		return fail(err)
 	}
-	s.write(w, r, fsm.OpPlatformPublish, req.WriteMeta, args)
+	return s.write(r, fsm.OpPlatformPublish, req.WriteMeta, args)
 }
 
 // platformNode is the node whose Platform is published: from, or the
@@ -120,7 +113,7 @@ func (s *Server) publishPlatform(ctx context.Context, id string) (api.PlatformIm
 			return api.PlatformImage{}, err
 		}
 	}
-	return runPublisher(s, s.platformPublisher.Load(), "Platforms", ctx, id)
+	return runPublisher(s, s.own().Platforms, "Platforms", ctx, id)
 }
 
 // platformOfResult is the Platform a start's answer names, recorded on the
@@ -132,11 +125,11 @@ func (s *Server) platformOfResult(id string) string {
 	return id
 }
 
-func (s *Server) handlePlatformList(w http.ResponseWriter, r *http.Request) {
-	s.view(w, func(tx *bolt.Tx) (any, error) { return fsm.ListCatalogPlatforms(tx) })
+func (s *Server) handlePlatformList(r *http.Request) response {
+	return s.view(func(tx *bolt.Tx) (any, error) { return fsm.ListCatalogPlatforms(tx) })
 }
 
-func (s *Server) handlePlatformGet(w http.ResponseWriter, r *http.Request) {
+func (s *Server) handlePlatformGet(r *http.Request) response {
 	id := r.PathValue("name")
-	s.view(w, func(tx *bolt.Tx) (any, error) { return fsm.GetCatalogPlatform(tx, id) })
+	return s.view(func(tx *bolt.Tx) (any, error) { return fsm.GetCatalogPlatform(tx, id) })
 }

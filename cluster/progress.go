@@ -17,42 +17,35 @@ import (
 // write does and asks it how far it is; the node answers from what its
 // runtime lists (agent.Progress).
 
-// ProgressFunc is how far the transfer under a key is on this node.
-type ProgressFunc func(key string) (api.ByteProgress, bool)
-
-// SetProgress installs this node's progress source.
-func (s *Server) SetProgress(f ProgressFunc) { s.progress.Store(&f) }
-
 // handleTemplatePublishProgress is GET /v1/templates/{name}/publish-progress
 // (?from_node=, as the publish names it).
-func (s *Server) handleTemplatePublishProgress(w http.ResponseWriter, r *http.Request) {
+func (s *Server) handleTemplatePublishProgress(r *http.Request) response {
 	name := r.PathValue("name")
 	if err := api.ValidTemplateName(name); err != nil {
-		writeError(w, err)
-		return
+		return fail(err)
 	}
-	s.progressOf(w, r, api.TemplatePublishProgressKey(name), func(tx *bolt.Tx) (*api.Node, error) {
+	return s.progressOf(r, api.TemplatePublishProgressKey(name), func(tx *bolt.Tx) (*api.Node, error) {
 		return publishingNode(tx, name, r.URL.Query().Get("from_node"))
 	})
 }
 
 // handlePlatformPublishProgress is GET /v1/platforms/publish-progress
 // (?from_node=&platform=, as the publish names them).
-func (s *Server) handlePlatformPublishProgress(w http.ResponseWriter, r *http.Request) {
+func (s *Server) handlePlatformPublishProgress(r *http.Request) response {
 	id := r.URL.Query().Get("platform")
 	if id == "" {
 		id = OwnPlatform
 	}
-	s.progressOf(w, r, api.PlatformPublishProgressKey(id), func(tx *bolt.Tx) (*api.Node, error) {
+	return s.progressOf(r, api.PlatformPublishProgressKey(id), func(tx *bolt.Tx) (*api.Node, error) {
 		return platformNode(tx, r.URL.Query().Get("from_node"))
 	})
 }
 
 // handleWorkspaceProgress is GET /v1/workspaces/{id}/progress: what the
 // node starting the Workspace fetches or imports for it.
-func (s *Server) handleWorkspaceProgress(w http.ResponseWriter, r *http.Request) {
+func (s *Server) handleWorkspaceProgress(r *http.Request) response {
 	id := r.PathValue("id")
-	s.progressOf(w, r, api.WorkspaceProgressKey(id), func(tx *bolt.Tx) (*api.Node, error) {
+	return s.progressOf(r, api.WorkspaceProgressKey(id), func(tx *bolt.Tx) (*api.Node, error) {
 		ws, err := fsm.GetWorkspace(tx, id)
 		if err != nil {
 			return nil, err
@@ -70,18 +63,16 @@ func (s *Server) handleWorkspaceProgress(w http.ResponseWriter, r *http.Request)
 
 // progressOf answers how far the transfer under key is on the node that
 // nodeOf finds.
-func (s *Server) progressOf(w http.ResponseWriter, r *http.Request, key string, nodeOf func(*bolt.Tx) (*api.Node, error)) {
+func (s *Server) progressOf(r *http.Request, key string, nodeOf func(*bolt.Tx) (*api.Node, error)) response {
 	if err := api.CheckProgressKey(key); err != nil {
-		writeError(w, err)
-		return
+		return fail(err)
 	}
 	var n *api.Node
 	if err := s.fsm.View(func(tx *bolt.Tx) (err error) {
 		n, err = nodeOf(tx)
 		return err
 	}); err != nil {
-		writeError(w, err)
-		return
+		return fail(err)
 	}
 	var p api.ByteProgress
 	var err error
@@ -91,34 +82,27 @@ func (s *Server) progressOf(w http.ResponseWriter, r *http.Request, key string, 
 		err = s.nodeCall(r.Context(), n, http.MethodGet, "/v1/internal/progress/"+url.PathEscape(key), nil, 10*time.Second, 4<<10, &p)
 	}
 	if err != nil {
-		writeError(w, err)
-		return
+		return fail(err)
 	}
-	writeResult(w, p)
+	return answer(p)
 }
 
 // handleNodeProgress is GET /v1/internal/progress/{key} on the node.
-func (s *Server) handleNodeProgress(w http.ResponseWriter, r *http.Request) {
-	if err := s.fromCtrl(r, "progress is read through ctrl"); err != nil {
-		writeError(w, err)
-		return
-	}
+func (s *Server) handleNodeProgress(r *http.Request) response {
 	key := r.PathValue("key")
 	if err := api.CheckProgressKey(key); err != nil {
-		writeError(w, err)
-		return
+		return fail(err)
 	}
 	p, err := s.localTransferProgress(key)
 	if err != nil {
-		writeError(w, err)
-		return
+		return fail(err)
 	}
-	writeResult(w, p)
+	return answer(p)
 }
 
 func (s *Server) localTransferProgress(key string) (api.ByteProgress, error) {
-	if f := s.progress.Load(); f != nil {
-		if p, ok := (*f)(key); ok {
+	if f := s.own().Progress; f != nil {
+		if p, ok := f(key); ok {
 			return p, nil
 		}
 	}

@@ -86,28 +86,21 @@ type Config struct {
 	// FeatureLevel, when set, is the level this member claims instead of
 	// its build's (tests of a mixed-version cluster).
 	FeatureLevel int
+	// Artifacts is the cluster's artifact store ([artifacts] url), nil
+	// for none: ctrl removes Transfer archives and reads other clusters'
+	// manifests there.
+	Artifacts artifacts.Store
 }
 
 // Server is one running member.
 type Server struct {
-	cfg     Config
-	metrics atomic.Pointer[http.Handler] // GET /metrics (SetMetrics)
-	// machineLogs reads this node's machine logs (SetMachineLogs).
-	machineLogs atomic.Pointer[MachineLogReader]
-	// templatePublisher uploads this node's templates (SetTemplatePublisher).
-	templatePublisher atomic.Pointer[TemplatePublisher]
-	// platformPublisher uploads this node's Platforms (SetPlatformPublisher).
-	platformPublisher atomic.Pointer[PlatformPublisher]
-	// transferExporter writes this node's Transfer archives
-	// (SetTransferExporter); artifacts is the cluster's store
-	// (SetArtifacts).
-	transferExporter atomic.Pointer[TransferExporter]
+	cfg Config
+	// local is this member's own side: metrics, the node runtime's
+	// answers (ServeLocal).
+	local atomic.Pointer[Local]
 	// rfsm is the Raft FSM adapter (its applied index); nil before Raft
 	// starts and on members without a state.
 	rfsm *raftFSM
-	// progress lists this node's publishes, fetches and imports running.
-	progress  atomic.Pointer[ProgressFunc]
-	artifacts atomic.Pointer[artifacts.Store]
 	// publishing is held (shared) by a publish from its upload until its
 	// entry is applied, and whole by artifacts gc, so the collector never
 	// removes an object a publish has just put (both run on the leader).
@@ -306,7 +299,7 @@ func (s *Server) startRaft() error {
 	if s.logStore, err = openLogStore(d.RaftDir(), s.log, s.hclog("raft-wal", hclog.Warn)); err != nil {
 		return err
 	}
-	snaps, err := raft.NewFileSnapshotStoreWithLogger(d.RaftDir(), 2, s.hclog("snapshot", hclog.Warn))
+	snaps, err := openSnapshots(d.RaftDir(), s.hclog("snapshot", hclog.Warn))
 	if err != nil {
 		return err
 	}

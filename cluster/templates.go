@@ -22,39 +22,35 @@ import (
 // template), asks that node's member to upload on an internal route, as
 // for machine logs, and records the entry from the node's answer.
 
-// TemplatePublisher uploads this node's build of a template to the
-// artifact store (the node runtime; agent.PublishTemplate).
-type TemplatePublisher func(ctx context.Context, name string) (api.TemplateImage, error)
-
-// SetTemplatePublisher installs this node's publisher.
-func (s *Server) SetTemplatePublisher(p TemplatePublisher) { s.templatePublisher.Store(&p) }
-
 // templateUploadTimeout bounds one upload: an image of a few GiB to a
 // shared file system.
 const templateUploadTimeout = 30 * time.Minute
 
-// handleTemplatePublish is POST /v1/templates/{name}/publish.
-func (s *Server) handleTemplatePublish(w http.ResponseWriter, r *http.Request) {
-	var req api.TemplatePublishRequest
-	if err := decodeBody(r, &req); err != nil {
-		writeError(w, err)
-		return
+// templateRoutes are the operator's calls about the template catalog.
+func (s *Server) templateRoutes() []route {
+	return []route{
+		{"GET", "/v1/templates", operators, atReader, s.handleTemplateList},
+		{"GET", "/v1/templates/{name}", operators, atReader, s.handleTemplateGet},
+		{"POST", "/v1/templates/{name}/publish", operators, atLeader, decoded(s.handleTemplatePublish)},
+		{"GET", "/v1/templates/{name}/publish-progress", operators, atReader, s.handleTemplatePublishProgress},
+		{"POST", "/v1/templates/{name}/delete", operators, atLeader, s.objectWrite(fsm.OpTemplateDelete, api.ValidTemplateName)},
 	}
+}
+
+// handleTemplatePublish is POST /v1/templates/{name}/publish.
+func (s *Server) handleTemplatePublish(r *http.Request, req api.TemplatePublishRequest) response {
 	name := r.PathValue("name")
 	if err := api.ValidTemplateName(name); err != nil {
-		writeError(w, err)
-		return
+		return fail(err)
 	}
 	if req.FromNode != "" {
 		if err := fsm.ValidNodeID(req.FromNode); err != nil {
-			writeError(w, err)
-			return
+			return fail(err)
 		}
 	}
 	// Before the upload: a refused write must not have moved gigabytes.
 	if err := s.levelsReach("template publish", fsm.LevelArtifacts); err != nil {
-		writeError(w, err)
-		return
+		return fail(err)
 	}
 	s.publishing.RLock()
 	defer s.publishing.RUnlock()
@@ -64,13 +60,11 @@ func (s *Server) handleTemplatePublish(w http.ResponseWriter, r *http.Request) {
 		return err
 	})
 	if err != nil {
-		writeError(w, err)
-		return
+		return fail(err)
 	}
 	img, err := s.templateUpload(r.Context(), n, name)
 	if err != nil {
-		writeError(w, err)
-		return
+		return fail(err)
 	}
 	args := fsm.TemplatePublishArgs{TemplateImage: img, NodeID: n.NodeID}
 	if img.Name != name {
@@ -79,10 +73,9 @@ func (s *Server) handleTemplatePublish(w http.ResponseWriter, r *http.Request) {
 		err = fsm.CheckTemplatePublish(args)
 	}
 	if err != nil {
-		writeError(w, err)
-		return
+		return fail(err)
 	}
-	s.write(w, r, fsm.OpTemplatePublish, req.WriteMeta, args)
+	return s.write(r, fsm.OpTemplatePublish, req.WriteMeta, args)
 }
 
 // publishingNode is the node whose build of name is published: from, or
@@ -148,20 +141,15 @@ func nodeUpload[T any](ctx context.Context, s *Server, n *api.Node, what, path s
 	return out, api.Errorf(api.CodeUnavailable, "%s: node %s did not upload it: %v; retry once it is back (kibo node get %s)", what, n.NodeID, err, n.NodeID)
 }
 
-// nodeUploadRoute serves an internal upload route on the node (ctrl
-// asks, for a publish): publish(the path's name).
-func nodeUploadRoute[T any](s *Server, refuse string, publish func(context.Context, string) (T, error)) http.HandlerFunc {
-	return func(w http.ResponseWriter, r *http.Request) {
-		if err := s.fromCtrl(r, refuse); err != nil {
-			writeError(w, err)
-			return
-		}
+// nodeUpload serves an internal upload route on the node (ctrl asks,
+// for a publish): publish(the path's name).
+func nodeUploadRoute[T any](publish func(context.Context, string) (T, error)) handler {
+	return func(r *http.Request) response {
 		out, err := publish(r.Context(), r.PathValue("name"))
 		if err != nil {
-			writeError(w, err)
-			return
+			return fail(err)
 		}
-		writeResult(w, out)
+		return answer(out)
 	}
 }
 
@@ -169,17 +157,17 @@ func (s *Server) publishTemplate(ctx context.Context, name string) (api.Template
 	if err := api.ValidTemplateName(name); err != nil {
 		return api.TemplateImage{}, err
 	}
-	return runPublisher(s, s.templatePublisher.Load(), "templates", ctx, name)
+	return runPublisher(s, s.own().Templates, "templates", ctx, name)
 }
 
 // runPublisher runs this node's publisher p (nil: the member runs no node
 // runtime, so it holds no such things to publish).
-func runPublisher[T any, P ~func(context.Context, string) (T, error)](s *Server, p *P, holds string, ctx context.Context, name string) (T, error) {
+func runPublisher[T any, P ~func(context.Context, string) (T, error)](s *Server, p P, holds string, ctx context.Context, name string) (T, error) {
 	if p == nil {
 		var zero T
 		return zero, api.Errorf(api.CodeFailedPrecondition, "member %s runs no node runtime: it holds no %s to publish", s.id.NodeID, holds)
 	}
-	out, err := (*p)(ctx, name)
+	out, err := p(ctx, name)
 	var e *api.Error
 	if err != nil && !errors.As(err, &e) {
 		err = fmt.Errorf("member %s: %w", s.id.NodeID, err)
@@ -187,16 +175,15 @@ func runPublisher[T any, P ~func(context.Context, string) (T, error)](s *Server,
 	return out, err
 }
 
-func (s *Server) handleTemplateList(w http.ResponseWriter, r *http.Request) {
+func (s *Server) handleTemplateList(r *http.Request) response {
 	size, token, err := pageParams(r)
 	if err != nil {
-		writeError(w, err)
-		return
+		return fail(err)
 	}
-	s.view(w, func(tx *bolt.Tx) (any, error) { return fsm.ListCatalogTemplates(tx, size, token) })
+	return s.view(func(tx *bolt.Tx) (any, error) { return fsm.ListCatalogTemplates(tx, size, token) })
 }
 
-func (s *Server) handleTemplateGet(w http.ResponseWriter, r *http.Request) {
+func (s *Server) handleTemplateGet(r *http.Request) response {
 	name := r.PathValue("name")
-	s.view(w, func(tx *bolt.Tx) (any, error) { return fsm.GetCatalogTemplate(tx, name) })
+	return s.view(func(tx *bolt.Tx) (any, error) { return fsm.GetCatalogTemplate(tx, name) })
 }

@@ -24,30 +24,7 @@ import (
 // "transfer archive cleanup did not finish" (upgrade seed). `transfer
 // import` is a Workspace create whose first start unpacks the archive.
 
-// TransferExporter writes Workspaces' archives and says how far one in
-// progress is (the node runtime, *agent.Agent).
-type TransferExporter interface {
-	ExportTransfer(ctx context.Context, t api.TransferExportTask) (api.TransferExportResult, error)
-	ExportProgress(id string) (api.TransferProgress, bool)
-}
-
-// SetTransferExporter installs this node's exporter.
-func (s *Server) SetTransferExporter(e TransferExporter) { s.transferExporter.Store(&e) }
-
-// SetArtifacts gives ctrl the cluster's artifact store ([artifacts] url):
-// it removes Transfer archives and reads other clusters' manifests.
-func (s *Server) SetArtifacts(store artifacts.Store) {
-	if store != nil {
-		s.artifacts.Store(&store)
-	}
-}
-
-func (s *Server) store() artifacts.Store {
-	if p := s.artifacts.Load(); p != nil {
-		return *p
-	}
-	return nil
-}
+func (s *Server) store() artifacts.Store { return s.cfg.Artifacts }
 
 func (s *Server) needStore(what string) (artifacts.Store, error) {
 	st := s.store()
@@ -57,45 +34,48 @@ func (s *Server) needStore(what string) (artifacts.Store, error) {
 	return st, nil
 }
 
-// handleTransferExport is POST /v1/transfers.
-func (s *Server) handleTransferExport(w http.ResponseWriter, r *http.Request) {
-	var req api.TransferExportRequest
-	if err := decodeBody(r, &req); err != nil {
-		writeError(w, err)
-		return
+// transferRoutes are the operator's calls about Transfers.
+func (s *Server) transferRoutes() []route {
+	return []route{
+		{"GET", "/v1/transfers", operators, atReader, s.handleTransferList},
+		{"GET", "/v1/transfers/{name}", operators, atReader, s.handleTransferGet},
+		{"POST", "/v1/transfers", operators, atLeader, decoded(s.handleTransferExport)},
+		{"POST", "/v1/transfers/{name}/delete", operators, atLeader, decoded(s.handleTransferDelete)},
+		{"POST", "/v1/transfers/{name}/import", operators, atLeader, decoded(s.handleTransferImport)},
 	}
+}
+
+// handleTransferExport is POST /v1/transfers.
+func (s *Server) handleTransferExport(r *http.Request, req api.TransferExportRequest) response {
 	if req.Namespace == "" {
 		req.Namespace = api.DefaultTransferNamespace
 	}
 	if err := api.ValidTransferNamespace(req.Namespace); err != nil {
-		writeError(w, err)
-		return
+		return fail(err)
 	}
 	if _, err := s.needStore("transfer export of workspace " + req.WorkspaceID); err != nil {
-		writeError(w, err)
-		return
+		return fail(err)
 	}
 	if err := s.levelsReach("transfer export", fsm.LevelArtifacts); err != nil {
-		writeError(w, err)
-		return
+		return fail(err)
 	}
-	s.write(w, r, fsm.OpTransferExport, req.WriteMeta, fsm.TransferExportArgs{WorkspaceID: req.WorkspaceID, Namespace: req.Namespace, TTLSeconds: req.TTLSeconds})
+	res := s.write(r, fsm.OpTransferExport, req.WriteMeta, fsm.TransferExportArgs{WorkspaceID: req.WorkspaceID, Namespace: req.Namespace, TTLSeconds: req.TTLSeconds})
 	s.kickTransfers()
+	return res
 }
 
-func (s *Server) handleTransferList(w http.ResponseWriter, r *http.Request) {
+func (s *Server) handleTransferList(r *http.Request) response {
 	size, token, err := pageParams(r)
 	if err != nil {
-		writeError(w, err)
-		return
+		return fail(err)
 	}
-	s.view(w, func(tx *bolt.Tx) (any, error) { return fsm.ListTransfers(tx, size, token) })
+	return s.view(func(tx *bolt.Tx) (any, error) { return fsm.ListTransfers(tx, size, token) })
 }
 
 // handleTransferGet answers at once, or as a blocking read (blockingGet).
-func (s *Server) handleTransferGet(w http.ResponseWriter, r *http.Request) {
+func (s *Server) handleTransferGet(r *http.Request) response {
 	id := r.PathValue("name")
-	s.blockingGet(w, r,
+	return s.blockingGet(r,
 		func(tx *bolt.Tx) (uint64, error) {
 			tr, err := fsm.GetTransfer(tx, id)
 			if err != nil {
@@ -108,12 +88,7 @@ func (s *Server) handleTransferGet(w http.ResponseWriter, r *http.Request) {
 
 // handleTransferDelete is POST /v1/transfers/{name}/delete: the archive
 // goes first, so a Transfer is never unlisted while its archive stays.
-func (s *Server) handleTransferDelete(w http.ResponseWriter, r *http.Request) {
-	var req api.WriteMeta
-	if err := decodeBody(r, &req); err != nil {
-		writeError(w, err)
-		return
-	}
+func (s *Server) handleTransferDelete(r *http.Request, req api.WriteMeta) response {
 	id := r.PathValue("name")
 	var tr *api.Transfer
 	err := s.fsm.View(func(tx *bolt.Tx) (err error) { tr, err = fsm.GetTransfer(tx, id); return })
@@ -124,10 +99,9 @@ func (s *Server) handleTransferDelete(w http.ResponseWriter, r *http.Request) {
 		err = s.removeArchive(r.Context(), tr)
 	}
 	if err != nil {
-		writeError(w, err)
-		return
+		return fail(err)
 	}
-	s.write(w, r, fsm.OpTransferDelete, req, fsm.ObjectArgs{Name: id})
+	return s.write(r, fsm.OpTransferDelete, req, fsm.ObjectArgs{Name: id})
 }
 
 // removeArchive deletes a Transfer's archive and manifest from the store.
@@ -147,34 +121,25 @@ func (s *Server) removeArchive(ctx context.Context, tr *api.Transfer) error {
 // create from the Transfer's shape whose first start unpacks its archive.
 // A Transfer this cluster has no record of is read from its manifest in
 // the store (exported by another cluster), in the namespace given.
-func (s *Server) handleTransferImport(w http.ResponseWriter, r *http.Request) {
-	var req api.TransferImportRequest
-	if err := decodeBody(r, &req); err != nil {
-		writeError(w, err)
-		return
-	}
+func (s *Server) handleTransferImport(r *http.Request, req api.TransferImportRequest) response {
 	id := r.PathValue("name")
 	if err := api.ValidTransferID(id); err != nil {
-		writeError(w, err)
-		return
+		return fail(err)
 	}
 	if req.NodeID != "" {
 		if err := fsm.ValidNodeID(req.NodeID); err != nil {
-			writeError(w, err)
-			return
+			return fail(err)
 		}
 	}
 	if err := s.levelsReach("transfer import", fsm.LevelArtifacts); err != nil {
-		writeError(w, err)
-		return
+		return fail(err)
 	}
 	m, err := s.importSource(r.Context(), id, req.Namespace)
 	if err == nil {
 		err = s.fsm.View(func(tx *bolt.Tx) error { return templateAvailable(tx, id, m.Shape) })
 	}
 	if err != nil {
-		writeError(w, err)
-		return
+		return fail(err)
 	}
 	ns := req.Namespace
 	if ns == "" {
@@ -185,7 +150,7 @@ func (s *Server) handleTransferImport(w http.ResponseWriter, r *http.Request) {
 	for _, v := range m.Shape.Volumes {
 		args.NewVolumes = append(args.NewVolumes, api.NewVolume{SizeBytes: v.SizeBytes, Path: v.Path})
 	}
-	s.write(w, r, fsm.OpWorkspaceCreate, req.WriteMeta, args)
+	return s.write(r, fsm.OpWorkspaceCreate, req.WriteMeta, args)
 }
 
 // importManifest is a Transfer's manifest and the key of its archive.
@@ -263,54 +228,37 @@ func templateAvailable(tx *bolt.Tx, id string, shape api.TransferShape) error {
 
 // handleNodeTransferExport is POST /v1/internal/transfers/export on the
 // node.
-func (s *Server) handleNodeTransferExport(w http.ResponseWriter, r *http.Request) {
-	if err := s.fromCtrl(r, "exports go through ctrl (kibo transfer export)"); err != nil {
-		writeError(w, err)
-		return
-	}
-	var t api.TransferExportTask
-	if err := decodeBody(r, &t); err != nil {
-		writeError(w, err)
-		return
-	}
+func (s *Server) handleNodeTransferExport(r *http.Request, t api.TransferExportTask) response {
 	if err := api.ValidTransferID(t.TransferID); err != nil {
-		writeError(w, err)
-		return
+		return fail(err)
 	}
-	e := s.transferExporter.Load()
+	e := s.own().Transfers
 	if e == nil {
-		writeError(w, api.Errorf(api.CodeFailedPrecondition, "member %s runs no node runtime: it holds no Workspaces to export", s.id.NodeID))
-		return
+		return fail(api.Errorf(api.CodeFailedPrecondition, "member %s runs no node runtime: it holds no Workspaces to export", s.id.NodeID))
 	}
-	res, err := (*e).ExportTransfer(r.Context(), t)
+	res, err := e.ExportTransfer(r.Context(), t)
 	if err != nil {
-		writeError(w, err)
-		return
+		return fail(err)
 	}
-	writeResult(w, res)
+	return answer(res)
 }
 
 // handleNodeTransferProgress is GET /v1/internal/transfers/{name}/progress
 // on the node.
-func (s *Server) handleNodeTransferProgress(w http.ResponseWriter, r *http.Request) {
-	if err := s.fromCtrl(r, "progress is read through ctrl (kibo transfer get)"); err != nil {
-		writeError(w, err)
-		return
-	}
+func (s *Server) handleNodeTransferProgress(r *http.Request) response {
 	p, err := s.localProgress(r.PathValue("name"))
 	if err != nil {
-		writeError(w, err)
-		return
+		return fail(err)
 	}
-	writeResult(w, p)
+	return answer(p)
 }
 
 func (s *Server) localProgress(id string) (api.TransferProgress, error) {
 	if err := api.ValidTransferID(id); err != nil {
 		return api.TransferProgress{}, err
 	}
-	if e := s.transferExporter.Load(); e != nil {
-		if p, ok := (*e).ExportProgress(id); ok {
+	if e := s.own().Transfers; e != nil {
+		if p, ok := e.ExportProgress(id); ok {
 			return p, nil
 		}
 	}

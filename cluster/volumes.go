@@ -9,67 +9,58 @@ import (
 	"github.com/kibotos/kibotos/fsm"
 )
 
-// Volumes over the API: operator certificates only (the routes wrap
-// these in operator()). Bad input is refused before it enters the log;
+// Volumes over the API: operator certificates only (their routes' rule
+// is operators). Bad input is refused before it enters the log;
 // the FSM checks again.
 
-func (s *Server) handleVolumeCreate(w http.ResponseWriter, r *http.Request) {
-	var req api.VolumeCreateRequest
-	if err := decodeBody(r, &req); err != nil {
-		writeError(w, err)
-		return
+// volumeRoutes are the operator's calls about Volumes.
+func (s *Server) volumeRoutes() []route {
+	return []route{
+		{"POST", "/v1/volumes", operators, atLeader, decoded(s.handleVolumeCreate)},
+		{"GET", "/v1/volumes", operators, atReader, s.handleVolumeList},
+		{"GET", "/v1/volumes/{ref}", operators, atReader, s.handleVolumeGet},
+		{"POST", "/v1/volumes/{ref}/resize", operators, atLeader, decoded(s.handleVolumeResize)},
+		{"POST", "/v1/volumes/{ref}/delete", operators, atLeader, decoded(s.handleVolumeDelete)},
 	}
+}
+
+func (s *Server) handleVolumeCreate(r *http.Request, req api.VolumeCreateRequest) response {
 	args := fsm.VolumeCreateArgs{Name: req.Name, SizeBytes: req.SizeBytes, PoolID: req.PoolID, NodeID: req.NodeID}
 	if err := fsm.CheckVolumeCreate(args); err != nil {
-		writeError(w, err)
-		return
+		return fail(err)
 	}
 	if err := noExpectedVersion("volume", req.Name, req.WriteMeta); err != nil {
-		writeError(w, err)
-		return
+		return fail(err)
 	}
 	if req.CommandID == "" {
 		// The Volume id derives from the command id.
 		req.WriteMeta = api.WriteMeta{CommandID: "api-" + newSessionID()[5:], Generated: true}
 	}
-	s.workspaceWrite(w, r, fsm.OpVolumeCreate, req.WriteMeta, args)
+	return s.workspaceWrite(r, fsm.OpVolumeCreate, req.WriteMeta, args)
 }
 
-func (s *Server) handleVolumeResize(w http.ResponseWriter, r *http.Request) {
-	var req api.VolumeResizeRequest
-	if err := decodeBody(r, &req); err != nil {
-		writeError(w, err)
-		return
-	}
+func (s *Server) handleVolumeResize(r *http.Request, req api.VolumeResizeRequest) response {
 	ref := r.PathValue("ref")
 	if err := api.ValidVolumeRef(ref); err != nil {
-		writeError(w, err)
-		return
+		return fail(err)
 	}
 	if err := api.ValidVolumeSize("volume "+ref, req.SizeBytes); err != nil {
-		writeError(w, err)
-		return
+		return fail(err)
 	}
-	s.workspaceWrite(w, r, fsm.OpVolumeResize, req.WriteMeta, fsm.VolumeResizeArgs{Volume: ref, SizeBytes: req.SizeBytes})
+	return s.workspaceWrite(r, fsm.OpVolumeResize, req.WriteMeta, fsm.VolumeResizeArgs{Volume: ref, SizeBytes: req.SizeBytes})
 }
 
-func (s *Server) handleVolumeDelete(w http.ResponseWriter, r *http.Request) {
-	var req api.WriteMeta
-	if err := decodeBody(r, &req); err != nil {
-		writeError(w, err)
-		return
-	}
+func (s *Server) handleVolumeDelete(r *http.Request, req api.WriteMeta) response {
 	ref := r.PathValue("ref")
 	if err := api.ValidVolumeRef(ref); err != nil {
-		writeError(w, err)
-		return
+		return fail(err)
 	}
-	s.workspaceWrite(w, r, fsm.OpVolumeDelete, req, fsm.VolumeArgs{Volume: ref})
+	return s.workspaceWrite(r, fsm.OpVolumeDelete, req, fsm.VolumeArgs{Volume: ref})
 }
 
-func (s *Server) handleVolumeGet(w http.ResponseWriter, r *http.Request) {
+func (s *Server) handleVolumeGet(r *http.Request) response {
 	ref := r.PathValue("ref")
-	s.blockingGet(w, r,
+	return s.blockingGet(r,
 		func(tx *bolt.Tx) (uint64, error) {
 			v, err := fsm.GetVolume(tx, ref)
 			if err != nil {
@@ -80,19 +71,17 @@ func (s *Server) handleVolumeGet(w http.ResponseWriter, r *http.Request) {
 		func(tx *bolt.Tx) (any, error) { return fsm.GetVolume(tx, ref) })
 }
 
-func (s *Server) handleVolumeList(w http.ResponseWriter, r *http.Request) {
+func (s *Server) handleVolumeList(r *http.Request) response {
 	size, token, err := pageParams(r)
 	if err != nil {
-		writeError(w, err)
-		return
+		return fail(err)
 	}
 	q := r.URL.Query()
 	f := fsm.VolumeFilter{PoolID: q.Get("pool"), WorkspaceID: q.Get("workspace")}
 	if f.PoolID != "" {
 		if err := api.ValidPoolID(f.PoolID); err != nil {
-			writeError(w, err)
-			return
+			return fail(err)
 		}
 	}
-	s.view(w, func(tx *bolt.Tx) (any, error) { return fsm.ListVolumes(tx, f, size, token) })
+	return s.view(func(tx *bolt.Tx) (any, error) { return fsm.ListVolumes(tx, f, size, token) })
 }

@@ -24,15 +24,25 @@ import (
 // opened with it outlive it; a new connection needs a new credential.
 const CredentialTTL = 10 * time.Minute
 
-func (s *Server) handleWorkspaceCreate(w http.ResponseWriter, r *http.Request) {
-	if !requireAdmin(w, r) {
-		return
+// workspaceRoutes are the operator's calls about Workspaces.
+func (s *Server) workspaceRoutes() []route {
+	return []route{
+		{"POST", "/v1/workspaces", operators, atLeader, decoded(s.handleWorkspaceCreate)},
+		{"GET", "/v1/workspaces", operators, atReader, s.handleWorkspaceList},
+		{"GET", "/v1/workspaces/{id}", operators, atReader, s.handleWorkspaceGet},
+		{"GET", "/v1/workspaces/{id}/cleanup-status", operators, atReader, s.handleCleanupStatus},
+		{"GET", "/v1/workspaces/{id}/logs", operators, atReader, s.handleMachineLog},
+		{"GET", "/v1/workspaces/{id}/progress", operators, atReader, s.handleWorkspaceProgress},
+		{"POST", "/v1/workspaces/{id}/start", operators, atLeader, s.workspaceOp(fsm.OpWorkspaceStart)},
+		{"POST", "/v1/workspaces/{id}/stop", operators, atLeader, s.workspaceOp(fsm.OpWorkspaceStop)},
+		{"POST", "/v1/workspaces/{id}/pause", operators, atLeader, s.workspaceOp(fsm.OpWorkspacePause)},
+		{"POST", "/v1/workspaces/{id}/delete", operators, atLeader, s.workspaceOp(fsm.OpWorkspaceDelete)},
+		{"POST", "/v1/workspaces/{id}/network", operators, atLeader, decoded(s.handleWorkspaceSetNetwork)},
+		{"POST", "/v1/workspaces/{id}/credentials", operators, atLeader, s.handleCredential},
 	}
-	var req api.WorkspaceCreateRequest
-	if err := decodeBody(r, &req); err != nil {
-		writeError(w, err)
-		return
-	}
+}
+
+func (s *Server) handleWorkspaceCreate(r *http.Request, req api.WorkspaceCreateRequest) response {
 	if req.CommandID == "" {
 		// The Workspace id derives from the command id; API callers that
 		// do not retry need not invent one.
@@ -41,11 +51,10 @@ func (s *Server) handleWorkspaceCreate(w http.ResponseWriter, r *http.Request) {
 	if req.From != "" {
 		// An older voter would not know From and boot a new Workspace.
 		if err := s.levelsReach("workspace create --from", fsm.LevelForks); err != nil {
-			writeError(w, err)
-			return
+			return fail(err)
 		}
 	}
-	s.workspaceWrite(w, r, fsm.OpWorkspaceCreate, req.WriteMeta, fsm.WorkspaceCreateArgs{
+	return s.workspaceWrite(r, fsm.OpWorkspaceCreate, req.WriteMeta, fsm.WorkspaceCreateArgs{
 		Template: req.Template, CPU: req.CPU, MemoryBytes: req.MemoryBytes, Labels: req.Labels, NodeID: req.NodeID, Network: req.Network,
 		Volumes: req.Volumes, NewVolumes: req.NewVolumes, From: req.From,
 	})
@@ -55,54 +64,36 @@ func (s *Server) handleWorkspaceCreate(w http.ResponseWriter, r *http.Request) {
 // network policy. The answer is the Workspace as ctrl accepted the change:
 // for a running one with the command pending on its node, whose answer
 // the caller reads from the Workspace (network_change).
-func (s *Server) handleWorkspaceSetNetwork(w http.ResponseWriter, r *http.Request) {
-	var req api.WorkspaceNetworkRequest
-	if err := decodeBody(r, &req); err != nil {
-		writeError(w, err)
-		return
-	}
-	s.workspaceWrite(w, r, fsm.OpWorkspaceSetNetwork, req.WriteMeta, fsm.WorkspaceNetworkArgs{WorkspaceID: r.PathValue("id"), NetworkChange: req.NetworkChange})
+func (s *Server) handleWorkspaceSetNetwork(r *http.Request, req api.WorkspaceNetworkRequest) response {
+	return s.workspaceWrite(r, fsm.OpWorkspaceSetNetwork, req.WriteMeta, fsm.WorkspaceNetworkArgs{WorkspaceID: r.PathValue("id"), NetworkChange: req.NetworkChange})
 }
 
 // workspaceOp serves start, stop and delete.
-func (s *Server) workspaceOp(op string) http.HandlerFunc {
-	return func(w http.ResponseWriter, r *http.Request) {
-		if !requireAdmin(w, r) {
-			return
-		}
-		var req api.WorkspaceWriteRequest
-		if err := decodeBody(r, &req); err != nil {
-			writeError(w, err)
-			return
-		}
+func (s *Server) workspaceOp(op string) handler {
+	return decoded(func(r *http.Request, req api.WorkspaceWriteRequest) response {
 		args := fsm.WorkspaceArgs{WorkspaceID: r.PathValue("id"), NodeID: req.NodeID, Force: req.Force}
 		if op != fsm.OpWorkspaceStart && req.NodeID != "" {
-			writeError(w, api.Errorf(api.CodeInvalidArgument, "--node applies only to create, start and move"))
-			return
+			return fail(api.Errorf(api.CodeInvalidArgument, "--node applies only to create, start and move"))
 		}
 		if op != fsm.OpWorkspaceStop && req.Force {
-			writeError(w, api.Errorf(api.CodeInvalidArgument, "--force applies only to stop"))
-			return
+			return fail(api.Errorf(api.CodeInvalidArgument, "--force applies only to stop"))
 		}
-		s.workspaceWrite(w, r, op, req.WriteMeta, args)
-	}
+		return s.workspaceWrite(r, op, req.WriteMeta, args)
+	})
 }
 
 // workspaceWrite applies a Workspace or Volume write and hands its command
 // to the control sessions of the nodes its result names at once instead of
 // at their next ping. Only those: waking every session for every write
 // cost a thousand-node cluster a thousand dispatcher passes per create.
-func (s *Server) workspaceWrite(w http.ResponseWriter, r *http.Request, op string, meta api.WriteMeta, args any) {
-	rec := &resultRecorder{ResponseWriter: w}
-	s.write(rec, r, op, meta, args)
-	if rec.status == http.StatusOK {
-		var body struct {
-			Result json.RawMessage `json:"result"`
-		}
-		if json.Unmarshal(rec.body.Bytes(), &body) == nil {
-			s.sessions.kick(commandNodes(body.Result))
+func (s *Server) workspaceWrite(r *http.Request, op string, meta api.WriteMeta, args any) response {
+	res := s.write(r, op, meta, args)
+	if ok, isResult := res.(resultResponse); isResult {
+		if view, isRaw := ok.value.(json.RawMessage); isRaw {
+			s.sessions.kick(commandNodes(view))
 		}
 	}
+	return res
 }
 
 // commandNodes are the nodes a Workspace or Volume view names as running,
@@ -178,9 +169,9 @@ const maxBlockingWait = time.Minute
 
 // handleWorkspaceGet answers at once, or with ?wait_version=V&wait=30s as
 // a blocking read (see blockingGet).
-func (s *Server) handleWorkspaceGet(w http.ResponseWriter, r *http.Request) {
+func (s *Server) handleWorkspaceGet(r *http.Request) response {
 	id := r.PathValue("id")
-	s.blockingGet(w, r,
+	return s.blockingGet(r,
 		func(tx *bolt.Tx) (uint64, error) {
 			ws, err := fsm.GetWorkspace(tx, id)
 			if err != nil {
@@ -195,22 +186,19 @@ func (s *Server) handleWorkspaceGet(w http.ResponseWriter, r *http.Request) {
 // the object's version passes V (or it is gone: version fails), at the
 // latest after the wait. Waiting CLIs see a change the moment this member
 // applies it instead of at their next poll.
-func (s *Server) blockingGet(w http.ResponseWriter, r *http.Request, version func(tx *bolt.Tx) (uint64, error), get func(tx *bolt.Tx) (any, error)) {
+func (s *Server) blockingGet(r *http.Request, version func(tx *bolt.Tx) (uint64, error), get func(tx *bolt.Tx) (any, error)) response {
 	q := r.URL.Query()
 	if q.Get("wait_version") == "" {
-		s.view(w, get)
-		return
+		return s.view(get)
 	}
 	since, err := strconv.ParseUint(q.Get("wait_version"), 10, 64)
 	if err != nil {
-		writeError(w, api.Errorf(api.CodeInvalidArgument, "wait_version %q is not a version number", q.Get("wait_version")))
-		return
+		return fail(api.Errorf(api.CodeInvalidArgument, "wait_version %q is not a version number", q.Get("wait_version")))
 	}
 	wait := 30 * time.Second
 	if v := q.Get("wait"); v != "" {
 		if wait, err = time.ParseDuration(v); err != nil || wait < 0 {
-			writeError(w, api.Errorf(api.CodeInvalidArgument, "wait %q is not a duration such as 30s", v))
-			return
+			return fail(api.Errorf(api.CodeInvalidArgument, "wait %q is not a duration such as 30s", v))
 		}
 	}
 	deadline := time.NewTimer(min(wait, maxBlockingWait))
@@ -220,38 +208,33 @@ func (s *Server) blockingGet(w http.ResponseWriter, r *http.Request, version fun
 		var v uint64
 		err := s.fsm.View(func(tx *bolt.Tx) (err error) { v, err = version(tx); return })
 		if err != nil || v > since {
-			s.view(w, get)
-			return
+			return s.view(get)
 		}
 		select {
 		case <-changed:
 		case <-deadline.C:
-			s.view(w, get)
-			return
+			return s.view(get)
 		case <-r.Context().Done():
-			return
+			return noAnswer
 		case <-s.stop:
-			s.view(w, get)
-			return
+			return s.view(get)
 		}
 	}
 }
 
-func (s *Server) handleWorkspaceList(w http.ResponseWriter, r *http.Request) {
+func (s *Server) handleWorkspaceList(r *http.Request) response {
 	q := r.URL.Query()
 	f := fsm.WorkspaceFilter{NodeID: q.Get("node"), InstanceID: q.Get("instance"), All: q.Get("all") == "true", PoolID: q.Get("pool")}
 	if f.PoolID != "" {
 		if err := api.ValidPoolID(f.PoolID); err != nil {
-			writeError(w, err)
-			return
+			return fail(err)
 		}
 	}
 	for _, st := range q["state"] {
 		for _, one := range strings.Split(st, ",") {
 			one = strings.ToUpper(strings.TrimSpace(one))
 			if !validWorkspaceState(one) {
-				writeError(w, api.Errorf(api.CodeInvalidArgument, "state %q is unknown: use CREATING, STARTING, AVAILABLE, PAUSING, PAUSED, STOPPING, STOPPED, FAILED or DELETING", one))
-				return
+				return fail(api.Errorf(api.CodeInvalidArgument, "state %q is unknown: use CREATING, STARTING, AVAILABLE, PAUSING, PAUSED, STOPPING, STOPPED, FAILED or DELETING", one))
 			}
 			f.States = append(f.States, one)
 		}
@@ -259,8 +242,7 @@ func (s *Server) handleWorkspaceList(w http.ResponseWriter, r *http.Request) {
 	for _, l := range q["label"] {
 		k, v, ok := strings.Cut(l, "=")
 		if !ok || k == "" {
-			writeError(w, api.Errorf(api.CodeInvalidArgument, "label filter %q is not KEY=VALUE", l))
-			return
+			return fail(api.Errorf(api.CodeInvalidArgument, "label filter %q is not KEY=VALUE", l))
 		}
 		if f.Labels == nil {
 			f.Labels = map[string]string{}
@@ -268,24 +250,21 @@ func (s *Server) handleWorkspaceList(w http.ResponseWriter, r *http.Request) {
 		f.Labels[k] = v
 	}
 	if f.NodeID != "" && f.InstanceID != "" {
-		writeError(w, api.Errorf(api.CodeInvalidArgument, "--node and --instance are exclusive: give one"))
-		return
+		return fail(api.Errorf(api.CodeInvalidArgument, "--node and --instance are exclusive: give one"))
 	}
 	if (f.NodeID != "" || f.InstanceID != "") && (len(f.States) > 0 || len(f.Labels) > 0 || f.PoolID != "") {
-		writeError(w, api.Errorf(api.CodeInvalidArgument, "--node and --instance cannot be combined with --state, --label or --pool"))
-		return
+		return fail(api.Errorf(api.CodeInvalidArgument, "--node and --instance cannot be combined with --state, --label or --pool"))
 	}
 	size := 0
 	if v := q.Get("page_size"); v != "" {
 		n, err := strconv.Atoi(v)
 		if err != nil || n < 0 {
-			writeError(w, api.Errorf(api.CodeInvalidArgument, "page size %q is not a non-negative integer", v))
-			return
+			return fail(api.Errorf(api.CodeInvalidArgument, "page size %q is not a non-negative integer", v))
 		}
 		size = n
 	}
 	token := q.Get("page_token")
-	s.view(w, func(tx *bolt.Tx) (any, error) { return fsm.ListWorkspaces(tx, f, size, token) })
+	return s.view(func(tx *bolt.Tx) (any, error) { return fsm.ListWorkspaces(tx, f, size, token) })
 }
 
 func validWorkspaceState(s string) bool {
@@ -299,9 +278,9 @@ func validWorkspaceState(s string) bool {
 
 // handleCleanupStatus answers from ctrl's records: what the latest
 // execution still holds on its node.
-func (s *Server) handleCleanupStatus(w http.ResponseWriter, r *http.Request) {
+func (s *Server) handleCleanupStatus(r *http.Request) response {
 	id := r.PathValue("id")
-	s.view(w, func(tx *bolt.Tx) (any, error) {
+	return s.view(func(tx *bolt.Tx) (any, error) {
 		ws, err := fsm.GetWorkspace(tx, id)
 		if err != nil {
 			return nil, err
@@ -367,10 +346,7 @@ func cleanupStatus(ws *api.Workspace) api.CleanupStatus {
 // handleCredential issues a data-plane credential for the Workspace's
 // current Instance, signed with the key every ctrl member derives from
 // the cluster CA.
-func (s *Server) handleCredential(w http.ResponseWriter, r *http.Request) {
-	if !requireAdmin(w, r) {
-		return
-	}
+func (s *Server) handleCredential(r *http.Request) response {
 	id := r.PathValue("id")
 	var ws *api.Workspace
 	var node *api.Node
@@ -385,30 +361,25 @@ func (s *Server) handleCredential(w http.ResponseWriter, r *http.Request) {
 		return err
 	})
 	if err != nil {
-		writeError(w, err)
-		return
+		return fail(err)
 	}
 	if ws.State != api.WorkspaceAvailable || ws.InstanceID == "" {
-		writeError(w, api.Errorf(api.CodeFailedPrecondition, "workspace %s is %s: exec, terminal, cp and port-forward need AVAILABLE; %s", id, ws.State, untilAvailable(ws)))
-		return
+		return fail(api.Errorf(api.CodeFailedPrecondition, "workspace %s is %s: exec, terminal, cp and port-forward need AVAILABLE; %s", id, ws.State, untilAvailable(ws)))
 	}
 	if node == nil || node.Report == nil || node.Report.DataPlaneAddress == "" {
-		writeError(w, api.Errorf(api.CodeUnavailable, "node %s of workspace %s has not reported a data-plane address yet; retry in a few seconds", ws.NodeID, id))
-		return
+		return fail(api.Errorf(api.CodeUnavailable, "node %s of workspace %s has not reported a data-plane address yet; retry in a few seconds", ws.NodeID, id))
 	}
 	key, err := s.credentialKey()
 	if err != nil {
-		writeError(w, err)
-		return
+		return fail(err)
 	}
 	now := time.Now().UTC().Truncate(time.Second)
 	c := credential.Claims{WorkspaceID: ws.WorkspaceID, InstanceID: ws.InstanceID, NodeID: ws.NodeID, IssuedAt: now, ExpiresAt: now.Add(CredentialTTL)}
 	tok, err := credential.Sign(key, c)
 	if err != nil {
-		writeError(w, err)
-		return
+		return fail(err)
 	}
-	writeResult(w, api.DataPlaneCredential{WorkspaceID: ws.WorkspaceID, NodeID: ws.NodeID, InstanceID: ws.InstanceID,
+	return answer(api.DataPlaneCredential{WorkspaceID: ws.WorkspaceID, NodeID: ws.NodeID, InstanceID: ws.InstanceID,
 		Address: node.Report.DataPlaneAddress, Credential: tok, ExpiresAt: c.ExpiresAt})
 }
 

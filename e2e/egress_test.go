@@ -81,17 +81,9 @@ func mhEgress(t *testing.T, l *lab, admin *host, nodes ...string) {
 			out, _ := exec.Command("ip", "netns", "exec", h.ns, "nft", "list", "ruleset").CombinedOutput()
 			t.Errorf("on %s, wget through the Egress: %s (stdout %q); ruleset of the node:\n%s", node, r, r.stdout, out)
 		}
-		waitLog := time.Now().Add(10 * time.Second)
-		for {
-			b, _ := os.ReadFile(httpdLog)
-			if strings.Contains(string(b[len(before):]), labSOCKS) {
-				break
-			}
-			if time.Now().After(waitLog) {
-				t.Errorf("on %s: the server's log does not show the SOCKS5 server %s as the client:\n%s", node, labSOCKS, b)
-				break
-			}
-			time.Sleep(50 * time.Millisecond)
+		var b []byte
+		if !testenv.Poll(t, 10*time.Second, func() bool { b, _ = os.ReadFile(httpdLog); return strings.Contains(string(b[len(before):]), labSOCKS) }) {
+			t.Errorf("on %s: the server's log does not show the SOCKS5 server %s as the client:\n%s", node, labSOCKS, b)
 		}
 		// The node's metrics (its loopback listener, port+3) count the
 		// connection the egress process carried.
@@ -107,15 +99,11 @@ func mhEgress(t *testing.T, l *lab, admin *host, nodes ...string) {
 		}
 		// Once the Egress carried a connection, the egress process holds
 		// the configured warm connections to its SOCKS5 server.
-		for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(100 * time.Millisecond) {
-			out, err := scrape()
-			if err == nil && regexp.MustCompile(`(?m)^kibotos_node_egress_warm_connections 3$`).Match(out) {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Errorf("on %s, the metrics do not show the 3 warm connections of egress_warm_connections (%v):\n%s", node, err, grepLines(out, "kibotos_node_egress"))
-				break
-			}
+		if !testenv.Poll(t, 15*time.Second, func() bool {
+			out, err = scrape()
+			return err == nil && regexp.MustCompile(`(?m)^kibotos_node_egress_warm_connections 3$`).Match(out)
+		}) {
+			t.Errorf("on %s, the metrics do not show the 3 warm connections of egress_warm_connections (%v):\n%s", node, err, grepLines(out, "kibotos_node_egress"))
 		}
 		// log_format = "json": the member logs JSON objects, and starts
 		// its egress process (whose output has no journal here) with it.

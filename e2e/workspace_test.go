@@ -18,11 +18,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"github.com/kibotos/kibotos/credential"
-	"github.com/kibotos/kibotos/internal/hostprobe"
-	"github.com/kibotos/kibotos/internal/testenv"
-	"github.com/kibotos/kibotos/vmm/units"
-	"github.com/kibotos/kibotos/vmm/units/privsd"
 	"io"
 	"io/fs"
 	"net"
@@ -37,6 +32,12 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/kibotos/kibotos/credential"
+	"github.com/kibotos/kibotos/internal/hostprobe"
+	"github.com/kibotos/kibotos/internal/testenv"
+	"github.com/kibotos/kibotos/vmm/units"
+	"github.com/kibotos/kibotos/vmm/units/privsd"
 
 	"github.com/kibotos/kibotos/agent"
 	"github.com/kibotos/kibotos/agent/dataplane"
@@ -902,17 +903,10 @@ func (d *wsDev) testDataPlaneKill(id string) {
 	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
 		t.Fatalf("kill data-plane pid %d: %v", pid, err)
 	}
-	deadline := time.Now().Add(15 * time.Second)
-	for {
+	testenv.WaitFor(t, 15*time.Second, "exec to work again after the data-plane process was killed", func() (bool, string) {
 		r := d.kibo(30*time.Second, nil, "workspace", "exec", id, "--", "echo", "back")
-		if r.code == 0 && r.stdout == "back\n" {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("exec still fails 15s after the data-plane process was killed: %s", r)
-		}
-		time.Sleep(300 * time.Millisecond)
-	}
+		return r.code == 0 && r.stdout == "back\n", r.String()
+	})
 	if now, _ := os.ReadFile(filepath.Join(sockDir, "generation")); strings.TrimSpace(string(now)) == strings.TrimSpace(string(raw)) {
 		t.Errorf("exec works but the data-plane generation is still %s", raw)
 	}
@@ -1036,8 +1030,7 @@ func (d *wsDev) testPortForward(id string) {
 	var got []byte
 	// The nc in the guest may need a moment to listen: a refused first
 	// connection shows as an immediate EOF, so retry on an empty answer.
-	deadline := time.Now().Add(20 * time.Second)
-	for {
+	testenv.WaitFor(t, 20*time.Second, "an answer through the forwarded port "+local, func() (bool, string) {
 		conn, err := net.DialTimeout("tcp", local, 5*time.Second)
 		if err != nil {
 			t.Fatalf("connect to the forwarded port %s: %v", local, err)
@@ -1052,14 +1045,11 @@ func (d *wsDev) testPortForward(id string) {
 		got, err = io.ReadAll(conn)
 		conn.Close()
 		<-werr
-		if len(got) > 0 || time.Now().After(deadline) {
-			if err != nil {
-				t.Errorf("read from the forwarded port: %v", err)
-			}
-			break
+		if len(got) > 0 && err != nil {
+			t.Errorf("read from the forwarded port: %v", err)
 		}
-		time.Sleep(200 * time.Millisecond)
-	}
+		return len(got) > 0, fmt.Sprintf("empty answer (read: %v)", err)
+	})
 	if !bytes.Equal(got, payload) {
 		t.Errorf("port-forward echo: sent %d bytes, got %d back, equal %v", len(payload), len(got), bytes.Equal(got, payload))
 	}
@@ -1463,20 +1453,13 @@ func (d *wsDev) testForceStopDelete(id string) {
 	// ctrl checks a node's records once a minute.
 	registry := filepath.Join(datadir.Dir(d.dir).StorageRoot(), "runtime", "registry")
 	var st api.CleanupStatus
-	deadline := time.Now().Add(fsm.EndedRoundInterval + 30*time.Second)
-	for {
+	testenv.WaitFor(t, fsm.EndedRoundInterval+30*time.Second, "cleanup-status from the node and its ended-Instance records deleted", func() (bool, string) {
 		if err := decodeResult(d.must("workspace", "cleanup-status", id, "--json"), &st); err != nil {
 			t.Fatal(err)
 		}
 		left, _ := filepath.Glob(filepath.Join(registry, "inst-*.json"))
-		if len(st.Items) == 3 && st.Items[0].Source == "node" && len(left) == 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("cleanup-status did not come from the node, or its records stayed (%v): %+v", left, st)
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
+		return len(st.Items) == 3 && st.Items[0].Source == "node" && len(left) == 0, fmt.Sprintf("records %v, status %+v", left, st)
+	})
 	// The records concluded and deleted: none is counted as destroyed.
 	if v := metricValue(t, d.scrape(), "kibotos_node_instances", "state", "destroyed"); v != 0 {
 		t.Errorf("kibotos_node_instances{state=destroyed} = %v after the node deleted its records, want 0", v)
@@ -1572,15 +1555,7 @@ func (d *wsDev) down() {
 	// disks), the data plane (its executable and socket directory), the
 	// private systemd's children.
 	var left []string
-	waitUntil := time.Now().Add(10 * time.Second)
-	for {
-		left = hostprobe.ProcsMentioning(d.tmp)
-		if len(left) == 0 || time.Now().After(waitUntil) {
-			break
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
-	if len(left) > 0 {
+	if !testenv.Poll(t, 10*time.Second, func() bool { left = hostprobe.ProcsMentioning(d.tmp); return len(left) == 0 }) {
 		t.Errorf("processes of this test still run after dev down:\n%s", strings.Join(left, "\n"))
 	}
 }

@@ -112,19 +112,11 @@ func (d *wsDev) testOOMKill(id string) {
 	// to the cgroup, which has 16 MiB.
 	d.kibo(time.Minute, nil, "workspace", "exec", id, "--", "sh", "-c",
 		"dd if=/dev/zero of=/dev/null bs=$(( $(sed -n 's/^MemFree: *\\([0-9]*\\) kB/\\1/p' /proc/meminfo) * 7 / 10 ))k count=1")
-	deadline := time.Now().Add(time.Minute)
-	for alive(p) {
-		if time.Now().After(deadline) {
-			t.Fatalf("the VMM (pid %d) in memory cgroup %s was not OOM killed", p.HostPID, cg)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	testenv.WaitFor(t, time.Minute, fmt.Sprintf("the OOM kill of the VMM (pid %d) in memory cgroup %s", p.HostPID, cg), func() (bool, string) {
+		return !alive(p), "the VMM runs"
+	})
 	var w wsView
-	for deadline = time.Now().Add(30 * time.Second); ; time.Sleep(200 * time.Millisecond) {
-		if w = d.get(id); w.State == api.WorkspaceStopped || time.Now().After(deadline) {
-			break
-		}
-	}
+	testenv.Poll(t, 30*time.Second, func() bool { w = d.get(id); return w.State == api.WorkspaceStopped })
 	failure, last := d.failureOf(id)
 	if w.State != api.WorkspaceStopped || w.InstanceID != "" || failure != nil || last == nil || !strings.Contains(last.Message, "OOM killed the VMM") {
 		t.Fatalf("after the OOM kill: %+v, failure %+v, last error %+v; want STOPPED by ctrl, the last error naming the OOM kill", w, failure, last)
@@ -154,16 +146,9 @@ func oomCgroup(d *wsDev, pid int) string {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		deadline := time.Now().Add(10 * time.Second)
-		for {
-			err := os.Remove(cg)
-			if err == nil || errors.Is(err, os.ErrNotExist) || time.Now().After(deadline) {
-				if err != nil && !errors.Is(err, os.ErrNotExist) {
-					t.Errorf("memory cgroup %s left: %v", cg, err)
-				}
-				return
-			}
-			time.Sleep(100 * time.Millisecond)
+		var err error
+		if !testenv.Poll(t, 10*time.Second, func() bool { err = os.Remove(cg); return err == nil || errors.Is(err, os.ErrNotExist) }) {
+			t.Errorf("memory cgroup %s left: %v", cg, err)
 		}
 	})
 	for _, kv := range [][2]string{{"memory.limit_in_bytes", strconv.Itoa(16 << 20)}, {"cgroup.procs", strconv.Itoa(pid)}} {

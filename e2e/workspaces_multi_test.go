@@ -328,16 +328,12 @@ func mhQemuPIDs(dir string) []int {
 	return out
 }
 
-// mhWaitNoQemu waits until no QEMU of dir runs.
-func mhWaitNoQemu(dir string, d time.Duration) []int {
-	deadline := time.Now().Add(d)
-	for {
-		pids := mhQemuPIDs(dir)
-		if len(pids) == 0 || time.Now().After(deadline) {
-			return pids
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+// mhWaitNoQemu waits until no QEMU of dir runs and returns those still
+// running after d.
+func mhWaitNoQemu(t *testing.T, dir string, d time.Duration) []int {
+	var pids []int
+	testenv.Poll(t, d, func() bool { pids = mhQemuPIDs(dir); return len(pids) == 0 })
+	return pids
 }
 
 // mhTwoHosts is a lab of two hosts that boot VMs: node-a (ctrl,node) and
@@ -396,7 +392,7 @@ func mhRoot(t *testing.T, l *lab) string {
 				mhDumpHostLogs(t, h)
 			}
 		}
-		if left := mhWaitNoQemu(root, 15*time.Second); len(left) > 0 {
+		if left := mhWaitNoQemu(t, root, 15*time.Second); len(left) > 0 {
 			t.Errorf("QEMU processes of this test left after its members ended: %v", left)
 			for _, pid := range left {
 				syscall.Kill(pid, syscall.SIGKILL)
@@ -738,7 +734,7 @@ func TestWorkspacesTwoNodes(t *testing.T) {
 		handover := time.Now()
 		started := make(chan result, 1)
 		go func() { started <- admin.kiboTimeout(mhBootTimeout, "workspace", "start", w1) }()
-		if left := mhWaitNoQemu(b.dataDir, 20*time.Second); len(left) > 0 {
+		if left := mhWaitNoQemu(t, b.dataDir, 20*time.Second); len(left) > 0 {
 			t.Fatalf("QEMU of cut-off %s still runs 20s after W1 was handed to %s: %v", b.nodeID, a.nodeID, left)
 		}
 		t.Logf("TIMING handover to the old writer stopped: %s", time.Since(handover).Round(time.Millisecond))

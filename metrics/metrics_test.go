@@ -3,12 +3,14 @@ package metrics
 import (
 	"context"
 	"encoding/json"
+	"os"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/kibotos/kibotos/agent"
 	"github.com/kibotos/kibotos/agent/egress"
 	"github.com/kibotos/kibotos/agent/runtime"
 	"github.com/kibotos/kibotos/api"
@@ -165,5 +167,46 @@ kibotos_node_egress_warm_connections 3
 `
 	if err := testutil.GatherAndCompare(Registry(Sources{Egress: src}), strings.NewReader(want), "kibotos_node_egress_warm_connections"); err != nil {
 		t.Error(err)
+	}
+}
+
+// Every step a start is timed by (the Instance's and the Workspace's) is a
+// series of the step histogram of its own and has its line in the
+// metrics reference.
+func TestStartStepsDocumented(t *testing.T) {
+	doc, err := os.ReadFile("../docs/reference/metrics.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	steps := NewSteps()
+	names := append(runtime.StartSteps(), runtime.StepBoot, runtime.StepTakeover)
+	names = append(names, agent.WorkspaceStartSteps()...)
+	seen := map[string]bool{}
+	for _, s := range names {
+		if seen[s] {
+			t.Errorf("step %s is named twice: its series would mix two steps", s)
+		}
+		seen[s] = true
+		steps.Observe(s, 3*time.Millisecond)
+		if !strings.Contains(string(doc), "`"+s+"`") {
+			t.Errorf("step %s is not in docs/reference/metrics.md", s)
+		}
+	}
+	mfs, err := Registry(Sources{Steps: steps}).Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	counts := map[string]uint64{}
+	for _, mf := range mfs {
+		if mf.GetName() == "kibotos_node_step_seconds" {
+			for _, m := range mf.GetMetric() {
+				counts[m.GetLabel()[0].GetValue()] = m.GetHistogram().GetSampleCount()
+			}
+		}
+	}
+	for _, s := range names {
+		if counts[s] != 1 {
+			t.Errorf("kibotos_node_step_seconds{step=%q} has %d samples, want 1", s, counts[s])
+		}
 	}
 }

@@ -282,7 +282,7 @@ func (rt *Runtime) syncEgress(ctx context.Context) error {
 			errs = append(errs, fmt.Errorf("runtime: egress process: %w", err))
 		}
 	}
-	if err := rt.net.replaceHostTable(proxied); err != nil {
+	if err := rt.net.replaceHostTable(ctx, proxied); err != nil {
 		errs = append(errs, err)
 	}
 	entries, _ := os.ReadDir(rt.credentialsDir())

@@ -206,20 +206,18 @@ func TestCheckMaintenanceHelperProcesses(t *testing.T) {
 	// finishHelper lets the tool end (end of its input) and waits for
 	// the service's cgroup to empty.
 	finishHelper := func() error {
-		deadline := time.Now().Add(30 * time.Second)
-		for {
+		var pids []int
+		var err error
+		if testenv.Poll(t, 30*time.Second, func() bool {
 			if f, err := os.OpenFile(fifo, os.O_WRONLY|unix.O_NONBLOCK, 0); err == nil {
 				f.Close()
 			}
-			pids, err := units.CgroupPIDs(service)
-			if err != nil || len(pids) == 0 {
-				return err
-			}
-			if time.Now().After(deadline) {
-				return fmt.Errorf("cgroup %s still holds %v", service, pids)
-			}
-			time.Sleep(10 * time.Millisecond)
+			pids, err = units.CgroupPIDs(service)
+			return err != nil || len(pids) == 0
+		}) {
+			return err
 		}
+		return fmt.Errorf("cgroup %s still holds %v", service, pids)
 	}
 	t.Cleanup(func() {
 		if err := errors.Join(finishHelper(), units.RemoveCgroup(service)); err != nil {

@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
@@ -83,7 +84,7 @@ type nodeNetwork struct {
 
 // openNodeNetwork prepares the node's namespace for guest traffic:
 // forwarding on and its own rule table in place (with a configuration).
-func openNodeNetwork(cfg *netpol.Config, hostNSPath string, t units.Target, log *slog.Logger) (*nodeNetwork, error) {
+func openNodeNetwork(ctx context.Context, cfg *netpol.Config, hostNSPath string, t units.Target, log *slog.Logger) (*nodeNetwork, error) {
 	n := &nodeNetwork{cfg: cfg, assigned: map[string]netip.Addr{}, assigned6: map[string]netip.Addr{},
 		ns: netpol.Namespaces{Dir: netpol.DefaultNamespaceDir}}
 	if t.NetNSDir != "" {
@@ -125,7 +126,7 @@ func openNodeNetwork(cfg *netpol.Config, hostNSPath string, t units.Target, log 
 		return nil, err
 	}
 	// No guest is proxied until takeover and starts say so.
-	if err := n.replaceHostTable(nil); err != nil {
+	if err := n.replaceHostTable(ctx, nil); err != nil {
 		n.hostNS.Close()
 		return nil, err
 	}
@@ -140,7 +141,7 @@ func openNodeNetwork(cfg *netpol.Config, hostNSPath string, t units.Target, log 
 
 // replaceHostTable puts the node's own table in place, TPROXYing the
 // proxied guests' TCP to the egress process.
-func (n *nodeNetwork) replaceHostTable(proxied []netip.Addr) error {
+func (n *nodeNetwork) replaceHostTable(ctx context.Context, proxied []netip.Addr) error {
 	cfg := n.cfg
 	// The node's own DNS sockets count as resolvers: TCP DNS of proxied
 	// guests goes to them, not into the egress proxy.
@@ -149,7 +150,13 @@ func (n *nodeNetwork) replaceHostTable(proxied []netip.Addr) error {
 		UplinkIface: cfg.UplinkInterface(), UplinkAddr: cfg.UplinkAddr(), Resolvers: resolvers,
 		Proxied: proxied, ProxyPort: EgressTCPPort})
 	if err == nil {
-		err = netpol.ReplaceHost(context.Background(), int(n.hostNS), host)
+		// The table must follow the routes the egress process was just
+		// given even when the caller gave up (a failed start's or a
+		// delete's sync): else TPROXY keeps sending a gone guest's
+		// address to it. One replace takes about a millisecond.
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		err = netpol.ReplaceHost(rctx, int(n.hostNS), host)
+		cancel()
 	}
 	if err != nil {
 		return fmt.Errorf("runtime: the node's rule table: %w", err)
@@ -289,7 +296,7 @@ func (rt *Runtime) createNetwork(ctx context.Context, id string, owner *vmmAccou
 	}
 	err := n.ns.Create(nr.Namespace)
 	if err == nil {
-		err = rt.setUpNetwork(id, owner, nr)
+		err = rt.setUpNetwork(ctx, id, owner, nr)
 	}
 	if err != nil {
 		return errors.Join(fmt.Errorf("runtime: instance %s: network: %w", id, err), rt.deleteNetwork(context.WithoutCancel(ctx), id, nr))
@@ -297,7 +304,7 @@ func (rt *Runtime) createNetwork(ctx context.Context, id string, owner *vmmAccou
 	return nil
 }
 
-func (rt *Runtime) setUpNetwork(id string, owner *vmmAccount, nr *NetworkRecord) error {
+func (rt *Runtime) setUpNetwork(ctx context.Context, id string, owner *vmmAccount, nr *NetworkRecord) error {
 	n := rt.net
 	ns, err := n.ns.Open(nr.Namespace)
 	if err != nil {
@@ -319,10 +326,10 @@ func (rt *Runtime) setUpNetwork(id string, owner *vmmAccount, nr *NetworkRecord)
 	if err != nil {
 		return err
 	}
-	if err := netpol.Replace(context.Background(), int(ns), table); err != nil {
+	if err := netpol.Replace(ctx, int(ns), table); err != nil {
 		return err
 	}
-	n.registerNames(context.Background(), id, nr)
+	n.registerNames(ctx, id, nr)
 	return nil
 }
 
@@ -399,7 +406,7 @@ func noNetworkConfig(id string) error {
 // table is regenerated from the record and the current configuration. It
 // returns what was rewritten, or why the network was isolated instead
 // (then the Instance is FAILED with its VMM left running).
-func (rt *Runtime) checkNetwork(rec *LaunchRecord) (rewritten []string, isolated string) {
+func (rt *Runtime) checkNetwork(ctx context.Context, rec *LaunchRecord) (rewritten []string, isolated string) {
 	nr := rec.Network
 	n := rt.net
 	if nr == nil {
@@ -448,17 +455,17 @@ func (rt *Runtime) checkNetwork(rec *LaunchRecord) (rewritten []string, isolated
 	}
 	switch f.Verdict {
 	case netpol.VerdictMatch:
-		n.registerNames(context.Background(), rec.InstanceID, nr)
+		n.registerNames(ctx, rec.InstanceID, nr)
 		return nil, ""
 	case netpol.VerdictRewrite:
 		table, err := netpol.Build(spec)
 		if err == nil {
-			err = netpol.Replace(context.Background(), int(ns), table)
+			err = netpol.Replace(ctx, int(ns), table)
 		}
 		if err != nil {
 			return isolate(fmt.Sprintf("rule table of network namespace %s could not be rewritten: %v", nr.Namespace, err))
 		}
-		n.registerNames(context.Background(), rec.InstanceID, nr)
+		n.registerNames(ctx, rec.InstanceID, nr)
 		return f.Differences, ""
 	default:
 		return isolate(strings.Join(f.Reasons, "; "))

@@ -18,8 +18,8 @@ import (
 // kernel's own line in its log ("Killed process PID (...)"), which every
 // OOM kill writes whatever the cgroup version.
 
-// kmsgPath is the kernel log device; a test may point it elsewhere.
-var kmsgPath = "/dev/kmsg"
+// kmsgPath is the kernel log device.
+const kmsgPath = "/dev/kmsg"
 
 // kmsgMaxBytes bounds one scan of the kernel log (its ring is a few MiB
 // at most on hosts with many CPUs).

@@ -112,8 +112,9 @@ type Config struct {
 	// rate limit of their log line); default DefaultDeniedInterval.
 	DeniedInterval time.Duration
 	// Observe, when set, is told how long steps took: StepBoot for each
-	// Start that ended with the guest agent answering, StepTakeover for
-	// Open (metrics histograms).
+	// Start that ended with the guest agent answering, each of its steps
+	// that completed (StartSteps), StepTakeover for Open (metrics
+	// histograms).
 	Observe func(step string, d time.Duration)
 	// Egress runs the egress process for policies naming an Egress or a
 	// Resolver; nil: such policies are refused, saying EgressUnavailable
@@ -377,13 +378,16 @@ func Open(ctx context.Context, cfg Config) (*Runtime, error) {
 	} else {
 		close(rt.qemuVersionDone)
 	}
-	if rt.net, err = openNodeNetwork(cfg.Network, cfg.HostNetNS, rt.units.Target(), rt.log); err != nil {
+	if rt.net, err = openNodeNetwork(ctx, cfg.Network, cfg.HostNetNS, rt.units.Target(), rt.log); err != nil {
 		return nil, err
 	}
 	for _, w := range rt.net.warnings {
 		rt.log.Warn("network configuration", "warning", w)
 	}
-	rt.ctx, rt.cancel = context.WithCancel(context.Background())
+	// The runtime's own goroutines (watchers, guest loops, a takeover's
+	// wait for a guest) live until Close, not until Open's caller gives
+	// up on Open: its values, not its cancellation.
+	rt.ctx, rt.cancel = context.WithCancel(context.WithoutCancel(ctx))
 	if err := rt.takeover(ctx); err != nil {
 		rt.cancel()
 		rt.net.close()

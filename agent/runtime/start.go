@@ -2,8 +2,6 @@ package runtime
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"os"
@@ -14,7 +12,6 @@ import (
 	"time"
 
 	"github.com/kibotos/kibotos/internal/ctxsleep"
-	"github.com/kibotos/kibotos/netpol"
 	"github.com/kibotos/kibotos/vmm/guestproto"
 	"github.com/kibotos/kibotos/vmm/platform"
 	"github.com/kibotos/kibotos/vmm/units"
@@ -139,192 +136,6 @@ func (rt *Runtime) startFailed(ctx context.Context, in *instance, spec Spec, err
 	rt.log.Error("instance start failed", append([]any{"instance_id", in.id, "err", err}, attrs...)...)
 }
 
-func (rt *Runtime) start(ctx context.Context, in *instance, spec Spec) error {
-	t0 := time.Now()
-	p := in.paths
-	if spec.Network {
-		p.Tap = netpol.TapName
-	}
-	if spec.RootImage != "" {
-		if spec.LayerPath == "" {
-			return fmt.Errorf("runtime: instance %s: a root image needs a layer path", in.id)
-		}
-		p.Layer = spec.LayerPath
-		bases, err := LayerBases(spec.LayerPath)
-		if err != nil {
-			return fmt.Errorf("runtime: instance %s: %w", in.id, err)
-		}
-		p.LayerBases = bases
-	}
-	if err := rt.prepareVMMDirs(p); err != nil {
-		return fmt.Errorf("runtime: instance %s: %w", in.id, err)
-	}
-	vmm, err := rt.backend.Argv(spec, p)
-	if err != nil {
-		return err
-	}
-	sh, err := exec.LookPath("sh")
-	if err != nil {
-		return fmt.Errorf("no sh to wrap the VMM's log: %w", err)
-	}
-	if sh, err = filepath.Abs(sh); err != nil {
-		return err
-	}
-	var lid [16]byte
-	rand.Read(lid[:])
-	rec := &LaunchRecord{
-		InstanceID:      in.id,
-		NodeID:          rt.cfg.NodeID,
-		LaunchID:        hex.EncodeToString(lid[:]),
-		Unit:            UnitName(in.id),
-		Backend:         rt.backend.Name(),
-		Argv:            wrapLog(sh, vmm),
-		VMMArgv:         vmm,
-		InstallationID:  spec.Installation.ID,
-		InstallationDir: spec.Installation.Dir,
-		VCPUs:           spec.VCPUs,
-		MemoryMiB:       spec.MemoryMiB,
-		DiskMiB:         spec.DiskMiB,
-		RootImage:       spec.RootImage,
-		LayerPath:       spec.LayerPath,
-		Volumes:         spec.Volumes,
-		CreatedAt:       time.Now().UTC(),
-	}
-	memMax, tasksMax := vmmLimits(spec.MemoryMiB, spec.VCPUs)
-	if rt.vmm != nil {
-		rec.Confinement = &Confinement{User: rt.vmm.name, UID: rt.vmm.uid, GID: rt.vmm.gid, Seccomp: true, Console: "socket",
-			MemoryMax: memMax, TasksMax: tasksMax}
-	}
-	// A snapshot's record, read once: its network steers the addresses,
-	// and it is checked against the launch below.
-	var meta SnapshotMeta
-	var metaErr error
-	if spec.Restore != nil {
-		meta, metaErr = readSnapshotMeta(spec.Restore.Dir)
-		// The restored guest booted with the saved one's configuration.
-		rec.Configured = meta.Configured
-	}
-	if spec.Network {
-		if err := rt.checkEgressPolicy(in.id, spec.Policy); err != nil {
-			return err
-		}
-		// A restored guest keeps its addresses where they are free.
-		nr, err := rt.net.reserve(in.id, spec.Policy, meta.Network)
-		if err != nil {
-			return err
-		}
-		rec.Network = nr
-	}
-	if err := WriteLaunchRecord(p.Dir, rec); err != nil {
-		rt.deleteNetwork(ctx, in.id, rec.Network)
-		return err
-	}
-	in.mu.Lock()
-	in.rec = rec
-	in.mu.Unlock()
-	var stateOK *stateCheck
-	var netKept bool // a restored guest's network is as it was saved
-	if spec.Restore != nil {
-		// What QEMU is started with is checked before it starts.
-		err := metaErr
-		if err == nil {
-			err = rt.checkRestore(rec, meta)
-		}
-		netKept = err == nil && meta.Network.keeps(rec.Network)
-		if err != nil {
-			return errors.Join(fmt.Errorf("runtime: instance %s: %w", in.id, err), rt.deleteNetwork(context.WithoutCancel(ctx), in.id, rec.Network))
-		}
-		if _, err := os.Stat(spec.LayerPath); spec.LayerPath != "" && err != nil {
-			return errors.Join(fmt.Errorf("runtime: instance %s: the writable layer the snapshot needs: %w", in.id, err), rt.deleteNetwork(context.WithoutCancel(ctx), in.id, rec.Network))
-		}
-		// The state file is hashed while the VMM starts and loads it.
-		stateOK = checkStateAsync(ctx, spec.Restore.Dir, meta)
-		defer stateOK.stop()
-	}
-	if p.Disk != "" {
-		if err := createDisk(ctx, p.Disk, spec.DiskMiB); err != nil {
-			return err
-		}
-	}
-	if spec.RootImage != "" {
-		if err := EnsureLayer(ctx, rt.cfg.NodeID, spec.LayerPath, spec.RootImage); err != nil {
-			return fmt.Errorf("runtime: instance %s: %w", in.id, err)
-		}
-	}
-	if err := rt.grantVMMFiles(spec, p); err != nil {
-		return fmt.Errorf("runtime: instance %s: %w", in.id, err)
-	}
-
-	us := units.Spec{
-		Name:        rec.Unit,
-		Description: "kibotos VMM of instance " + in.id,
-		Argv:        rec.Argv,
-		Environment: []string{vmmLogEnv + "=" + p.VMMLog},
-		// How the VMM ended goes into its log, which outlives the unit.
-		ExecStopPost: []string{sh, "-c", `echo "` + VMMExitedLine + ` result=$SERVICE_RESULT code=$EXIT_CODE status=$EXIT_STATUS" >>"$` + vmmLogEnv + `"`},
-		Background:   spec.Background,
-	}
-	if c := rec.Confinement; c != nil {
-		us.User, us.Group, us.SupplementaryGroups = c.User, c.User, []string{KVMGroup}
-		us.NoNewPrivileges = true
-		// Sockets QEMU creates: its account's alone (root connects anyway).
-		us.UMask = 0o077
-		us.MemoryMax, us.TasksMax = c.MemoryMax, c.TasksMax
-		us.LimitMEMLOCKInfinity = true
-	}
-	if spec.Network {
-		if err := rt.createNetwork(ctx, in.id, confinedOwner(rt.vmm, rec), rec.Network); err != nil {
-			return err
-		}
-		us.NetworkNamespacePath = rt.net.ns.ManagerPath(rec.Network.Namespace)
-		if usesEgressProcess(spec.Policy) {
-			// Routes and TPROXY in place before the guest can connect.
-			if err := rt.syncEgress(ctx); err != nil {
-				return errors.Join(err, rt.deleteNetwork(context.WithoutCancel(ctx), in.id, rec.Network))
-			}
-		}
-	}
-	u, err := rt.units.StartVMM(ctx, us)
-	if err != nil {
-		return errors.Join(err, rt.deleteNetwork(context.WithoutCancel(ctx), in.id, rec.Network))
-	}
-	tUnit := time.Since(t0)
-	proc, err := rt.identify(ctx, u, vmm[0])
-	if err != nil {
-		return errors.Join(fmt.Errorf("%w; VMM log tail:\n%s", err, vmmLogTail(p.VMMLog)), rt.abortLaunch(ctx, rec.Unit, u.InvocationID))
-	}
-	rec2 := *rec
-	rec2.Process = proc
-	proc.NetNS = us.NetworkNamespacePath
-	if err := WriteLaunchRecord(p.Dir, &rec2); err != nil {
-		return errors.Join(err, rt.abortLaunch(ctx, rec.Unit, u.InvocationID))
-	}
-	in.mu.Lock()
-	in.rec = &rec2
-	in.mu.Unlock()
-	if p.ConsoleSocket != "" {
-		rt.startConsole(in)
-	}
-	if spec.Restore != nil {
-		tRestore := time.Now()
-		err := rt.restore(ctx, p.Control, spec.Restore.Dir, stateOK)
-		if err != nil {
-			return errors.Join(fmt.Errorf("runtime: instance %s: %w", in.id, err), rt.abortLaunch(ctx, rec.Unit, proc.InvocationID))
-		}
-		rt.log.Info("instance restored", "instance_id", in.id, "snapshot", spec.Restore.Dir, "took", time.Since(tRestore).Round(time.Millisecond), "network_kept", netKept)
-	}
-
-	if err := rt.awaitGuest(ctx, in, true); err != nil {
-		return err
-	}
-	if err := rt.tellGuest(ctx, in, spec, rec, spec.Restore != nil, netKept); err != nil {
-		return errors.Join(fmt.Errorf("runtime: instance %s: %w", in.id, err), rt.abortLaunch(ctx, rec.Unit, proc.InvocationID))
-	}
-	rt.log.Info("instance started", "instance_id", in.id, "unit", rec.Unit, "invocation_id", proc.InvocationID,
-		"host_pid", proc.HostPID, "unit_started_in", tUnit.Round(time.Microsecond), "guest_answered_in", time.Since(t0).Round(time.Millisecond))
-	return nil
-}
-
 // tellGuest makes a guest that answered what spec asks: a restored fork's
 // new identity, a restored one's clock set (it stopped with the VM), its
 // network, and the spec's own configure. The calls go out together: under
@@ -418,10 +229,10 @@ func emptyConfigure(r guestproto.ConfigureRequest) bool {
 
 // awaitGuest is the readiness check of a launch: it waits for the guest
 // agent, records the guest it claims and makes the Instance RUNNING. A
-// guest that does not answer within GuestTimeout fails the launch and its
-// unit is stopped; so does a cancelled ctx if stopOnCancel (Start), but not
-// otherwise (Close during a takeover must leave the VMM running).
-func (rt *Runtime) awaitGuest(ctx context.Context, in *instance, stopOnCancel bool) error {
+// guest that does not answer within GuestTimeout fails the launch; its
+// caller stops the unit (Start through its undo, a takeover unless it is
+// closing: Close must leave the VMM running).
+func (rt *Runtime) awaitGuest(ctx context.Context, in *instance) error {
 	in.mu.Lock()
 	rec := in.rec
 	in.mu.Unlock()
@@ -432,19 +243,15 @@ func (rt *Runtime) awaitGuest(ctx context.Context, in *instance, stopOnCancel bo
 		return err == nil && st == proc.StartTime
 	})
 	cancel()
-	if err != nil && ctx.Err() != nil && !stopOnCancel {
-		return err
-	}
 	if err != nil {
 		// The VMM's words first: a report keeps the first 1,000 bytes.
-		return errors.Join(fmt.Errorf("guest agent did not answer within %v: %w; VMM log tail:\n%s\nconsole tail:\n%s", rt.cfg.GuestTimeout, err, vmmLogTail(in.paths.VMMLog), consoleTail(in.paths.Console, 2048)),
-			rt.abortLaunch(ctx, rec.Unit, proc.InvocationID))
+		return fmt.Errorf("guest agent did not answer within %v: %w; VMM log tail:\n%s\nconsole tail:\n%s", rt.cfg.GuestTimeout, err, vmmLogTail(in.paths.VMMLog), consoleTail(in.paths.Console, 2048))
 	}
 	ready := *rec
 	ready.Guest = guestRecord(c.Info())
 	if err := WriteLaunchRecord(in.paths.Dir, &ready); err != nil {
 		c.Close()
-		return errors.Join(err, rt.abortLaunch(ctx, rec.Unit, proc.InvocationID))
+		return err
 	}
 	in.mu.Lock()
 	in.rec, in.state = &ready, StateRunning

@@ -499,7 +499,7 @@ func (rt *Runtime) Delete(ctx context.Context, id string) error {
 		// Every end has its one entry, with where the tails are: one
 		// that ended on its own had it (an error) when it did; one the
 		// node ended (a stop, a pause, a fence) has it now.
-		rt.machineExited(in, slog.LevelInfo, how)
+		rt.machineExited(ctx, in, slog.LevelInfo, how)
 	}
 	ended := &EndedRecord{
 		FormatVersion: RecordVersion,

@@ -151,7 +151,7 @@ func (rt *Runtime) adopt(ctx context.Context, verdicts []verdict, noRecord []str
 			rt.net.hold(v.rec.InstanceID, v.rec.Network)
 		}
 		if nr := v.rec.Network; nr != nil && (v.state == StateRunning || v.state == StateStarting || kept) {
-			rewritten, isolated := rt.checkNetwork(v.rec)
+			rewritten, isolated := rt.checkNetwork(ctx, v.rec)
 			switch {
 			case isolated != "":
 				// The VMM keeps running (nothing of the guest is lost), but
@@ -197,7 +197,7 @@ func (rt *Runtime) adopt(ctx context.Context, verdicts []verdict, noRecord []str
 				if err := rt.copyMachineLogs(in); err != nil {
 					rt.log.Warn("instance machine logs not kept", "instance_id", in.id, "err", err)
 				}
-				rt.machineExited(in, slog.LevelError, "unit "+v.rec.Unit+" gone while the node was down")
+				rt.machineExited(ctx, in, slog.LevelError, "unit "+v.rec.Unit+" gone while the node was down")
 			} else {
 				in.logsCopied = true
 			}
@@ -213,7 +213,8 @@ func (rt *Runtime) adopt(ctx context.Context, verdicts []verdict, noRecord []str
 			rt.wg.Add(1)
 			go func() {
 				defer rt.wg.Done()
-				if err := rt.awaitGuest(rt.ctx, in, false); err != nil && rt.ctx.Err() == nil {
+				if err := rt.awaitGuest(rt.ctx, in); err != nil && rt.ctx.Err() == nil {
+					err = errors.Join(err, rt.abortLaunch(rt.ctx, v.rec.Unit, v.rec.Process.InvocationID))
 					in.mu.Lock()
 					in.state, in.err, in.how = StateFailed, err.Error(), "start failed"
 					in.notify()

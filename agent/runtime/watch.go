@@ -92,13 +92,13 @@ func (rt *Runtime) check(in *instance) {
 	in.notify()
 	in.mu.Unlock()
 	in.stopGuestLoop()
-	rt.machineExited(in, slog.LevelError, exit)
+	rt.machineExited(rt.ctx, in, slog.LevelError, exit)
 }
 
 // machineExited writes the one log entry of an Instance's end (its log
 // tails are already kept): an error when the machine ended on its own.
-func (rt *Runtime) machineExited(in *instance, level slog.Level, exit string) {
-	rt.log.Log(context.Background(), level, "instance machine exited", "instance_id", in.id, "unit", in.rec.Unit, "exit", exit,
+func (rt *Runtime) machineExited(ctx context.Context, in *instance, level slog.Level, exit string) {
+	rt.log.Log(ctx, level, "instance machine exited", "instance_id", in.id, "unit", in.rec.Unit, "exit", exit,
 		"machine_logs", filepath.Join(rt.logsDir, in.id))
 }
 

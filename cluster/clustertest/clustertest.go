@@ -205,7 +205,14 @@ func (m *Member) start(o Options) {
 	if o.Timings != nil {
 		tm = *o.Timings
 	}
-	srv, err := cluster.Open(context.Background(), cluster.Config{DataDir: m.Dir, Timings: tm, Logger: log, FeatureLevel: o.FeatureLevels[m.ID]})
+	var store artifacts.Store
+	if o.Artifacts != "" {
+		var err error
+		if store, err = artifacts.NewDir(o.Artifacts, m.ID); err != nil {
+			m.t.Fatalf("artifact store of %s: %v", m.ID, err)
+		}
+	}
+	srv, err := cluster.Open(context.Background(), cluster.Config{DataDir: m.Dir, Timings: tm, Logger: log, FeatureLevel: o.FeatureLevels[m.ID], Artifacts: store})
 	if err != nil {
 		m.t.Fatalf("serve %s: %v", m.ID, err)
 	}
@@ -220,22 +227,12 @@ func (m *Member) start(o Options) {
 		id := m.ID
 		hold = func(t api.WorkspaceTask) bool { return o.HoldTask(id, t) }
 	}
-	var store artifacts.Store
-	if o.Artifacts != "" {
-		if store, err = artifacts.NewDir(o.Artifacts, m.ID); err != nil {
-			m.t.Fatalf("artifact store of %s: %v", m.ID, err)
-		}
-	}
 	a, err := agent.New(agent.Config{DataDir: m.Dir, NodeID: m.ID, Artifacts: store, Capacity: o.Capacity, CtrlAddrs: srv.CtrlAddrs, Dial: srv.SessionDial, OnLeader: srv.NoteLeader,
 		SessionTimeout: tm.SessionTimeout, Logger: log, SampleInterval: time.Second, AdjustReport: adjust, HoldTask: hold, ClockSkew: o.ClockSkew[m.ID], Runtime: o.Runtimes[m.ID]})
 	if err != nil {
 		m.t.Fatalf("agent %s: %v", m.ID, err)
 	}
-	srv.SetTemplatePublisher(a.PublishTemplate)
-	srv.SetPlatformPublisher(a.PublishPlatform)
-	srv.SetTransferExporter(a)
-	srv.SetProgress(a.Progress)
-	srv.SetArtifacts(store)
+	srv.ServeLocal(nodeSide(a))
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- a.Run(ctx) }()
@@ -254,6 +251,21 @@ func timings() cluster.Timings {
 	}
 	t.SyncInterval = time.Minute
 	return t
+}
+
+// ServeMachineLogs gives the member's node a machine-log reader (the
+// in-process cluster runs no Instance runtime that would have one).
+func (m *Member) ServeMachineLogs(read cluster.MachineLogReader) {
+	m.mu.Lock()
+	l := nodeSide(m.Agent)
+	m.mu.Unlock()
+	l.MachineLogs = read
+	m.Server.ServeLocal(l)
+}
+
+// nodeSide is what a member's node serves ctrl, as kibotos member wires it.
+func nodeSide(a *agent.Agent) cluster.Local {
+	return cluster.Local{Templates: a.PublishTemplate, Platforms: a.PublishPlatform, Transfers: a, Progress: a.Progress}
 }
 
 // Stop stops the member gracefully.

@@ -44,27 +44,45 @@ func timeScale(t testing.TB) float64 {
 func WaitFor(t testing.TB, timeout time.Duration, what string, cond func() (bool, string)) time.Duration {
 	t.Helper()
 	scale := timeScale(t)
-	limit := time.Duration(float64(timeout) * scale)
+	elapsed, ok, observed := poll(time.Duration(float64(timeout)*scale), cond)
+	if !ok {
+		msg := fmt.Sprintf("timed out after %v waiting for %s", elapsed, what)
+		if scale != 1 {
+			msg = fmt.Sprintf("timed out after %v (%v × %s=%v) waiting for %s", elapsed, timeout, TimeScaleEnv, scale, what)
+		}
+		if observed != "" {
+			msg += "; last observed: " + observed
+		}
+		t.Fatalf("%s", msg)
+	}
+	return elapsed
+}
+
+// Poll checks cond like WaitFor but only reports whether it held within
+// timeout (times KIBOTOS_TIME_SCALE): for a goroutine other than the
+// test's, and for a test that reports what it found after the wait
+// rather than failing at once.
+func Poll(t testing.TB, timeout time.Duration, cond func() bool) bool {
+	t.Helper()
+	_, ok, _ := poll(time.Duration(float64(timeout)*timeScale(t)), func() (bool, string) { return cond(), "" })
+	return ok
+}
+
+// poll checks cond, first again after firstPoll then ever less often up
+// to maxPoll, until it holds or limit has passed.
+func poll(limit time.Duration, cond func() (bool, string)) (time.Duration, bool, string) {
 	start := time.Now()
-	poll := firstPoll
+	wait := firstPoll
 	for {
 		ok, observed := cond()
-		if ok {
-			return time.Since(start)
-		}
 		elapsed := time.Since(start)
-		if elapsed >= limit {
-			msg := fmt.Sprintf("timed out after %v waiting for %s", limit, what)
-			if scale != 1 {
-				msg = fmt.Sprintf("timed out after %v (%v × %s=%v) waiting for %s", limit, timeout, TimeScaleEnv, scale, what)
-			}
-			if observed != "" {
-				msg += "; last observed: " + observed
-			}
-			t.Fatalf("%s", msg)
-			return elapsed
+		if ok {
+			return elapsed, true, ""
 		}
-		time.Sleep(min(poll, limit-elapsed))
-		poll = min(2*poll, maxPoll)
+		if elapsed >= limit {
+			return limit, false, observed
+		}
+		time.Sleep(min(wait, limit-elapsed))
+		wait = min(2*wait, maxPoll)
 	}
 }

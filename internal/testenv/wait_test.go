@@ -88,3 +88,17 @@ func TestWaitForBadTimeScale(t *testing.T) {
 		}
 	}
 }
+
+func TestPollReportsWhetherTheConditionHeld(t *testing.T) {
+	calls := 0
+	if !Poll(t, time.Second, func() bool { calls++; return calls == 3 }) {
+		t.Fatalf("Poll reported false after %d calls; want true at the third", calls)
+	}
+	start := time.Now()
+	if Poll(t, 50*time.Millisecond, func() bool { return false }) {
+		t.Fatal("Poll reported true for a condition that never holds")
+	}
+	if took := time.Since(start); took < 50*time.Millisecond {
+		t.Fatalf("Poll gave up after %v; want 50ms", took)
+	}
+}

@@ -47,6 +47,8 @@ type Client struct {
 	// paused (Hold).
 	pingMu sync.Mutex
 	held   bool
+
+	keepAliveDone chan struct{} // closed when keepAlive returned
 }
 
 // Dial performs the handshake over conn and starts the session. Dial owns
@@ -116,7 +118,7 @@ func DialWith(ctx context.Context, conn io.ReadWriteCloser, opts DialOptions) (*
 		conn.Close()
 		return nil, fmt.Errorf("guestproto: start session: %w", err)
 	}
-	c := &Client{sess: sess, info: info}
+	c := &Client{sess: sess, info: info, keepAliveDone: make(chan struct{})}
 	go c.keepAlive(opts.KeepAlive)
 	return c, nil
 }
@@ -125,6 +127,7 @@ func DialWith(ctx context.Context, conn io.ReadWriteCloser, opts DialOptions) (*
 // ping goes unanswered (yamux's own keepalive, which cannot pause), until
 // the session ends.
 func (c *Client) keepAlive(every time.Duration) {
+	defer close(c.keepAliveDone)
 	t := time.NewTicker(every)
 	defer t.Stop()
 	for {
@@ -167,7 +170,11 @@ func (c *Client) Info() GuestInfo { return c.info }
 
 // Close ends the session and closes the connection. The guest agent goes
 // back to waiting for a handshake; its processes keep running.
-func (c *Client) Close() error { return c.sess.Close() }
+func (c *Client) Close() error {
+	err := c.sess.Close()
+	<-c.keepAliveDone // returns at the session's end
+	return err
+}
 
 // Done is closed when the session ended.
 func (c *Client) Done() <-chan struct{} { return c.sess.CloseChan() }

@@ -84,7 +84,7 @@ type Manager struct {
 // StopSettle bounds how long Stop waits, after the stop job finished, for the
 // unit's processes to disappear (systemd can report the job before the
 // processes are reaped).
-var StopSettle = 10 * time.Second
+const StopSettle = 10 * time.Second
 
 // Connect dials the manager of t. The connection is not tied to ctx beyond the
 // dial; Close it when done. Closing it never stops units.

@@ -1,0 +1,182 @@
+package cluster_test
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"crypto/tls"
+	"encoding/hex"
+	"encoding/json"
+	"net/http"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+
+	"github.com/kibotos/kibotos/api"
+	"github.com/kibotos/kibotos/cluster/clustertest"
+	"github.com/kibotos/kibotos/trust"
+)
+
+// Every route of the API declares who may call it, and a caller the
+// rule does not name is refused (403 permission_denied; without a
+// certificate 401 unauthenticated) before the route does anything: the
+// state stays as it was. The callers are the three certificates a
+// cluster hands out: an operator's, a node-only member's and a ctrl
+// member's (which has the node role too).
+func TestEveryRouteRefusesCallersItsRuleDoesNotName(t *testing.T) {
+	c := clustertest.New(t, clustertest.Options{Ctrl: 1, NodeOnly: 1})
+	ctrl, worker := c.Members[0], c.Members[1]
+	c.WaitAllReady()
+
+	operatorCert, nodeCert, ctrlCert := adminCert(t, ctrl), memberCert(t, worker), memberCert(t, ctrl)
+	callers := []struct {
+		name  string
+		cert  *tls.Certificate
+		roles []string // what the rules call a caller of this certificate
+	}{
+		{"operator", &operatorCert, []string{"operator"}},
+		{"node-only member", &nodeCert, []string{"member", "node"}},
+		{"ctrl member", &ctrlCert, []string{"member", "node", "ctrl"}},
+	}
+
+	rules := ctrl.Server.RouteRules()
+	if len(rules) < 70 {
+		t.Fatalf("the route table has %d routes; the API has more than 70", len(rules))
+	}
+	before := stateDigest(t, ctrl)
+	for _, rule := range rules {
+		want, listed := notOperatorOnly[rule.Method+" "+rule.Path]
+		if !listed {
+			want = []string{"operator"}
+		}
+		if !slices.Equal(rule.Roles, want) {
+			t.Errorf("%s %s may be called as %v, want %v", rule.Method, rule.Path, rule.Roles, want)
+		}
+		switch {
+		case rule.Public:
+			if rule.Path != "/v1/join" {
+				t.Errorf("%s %s is served without a certificate: only the join is", rule.Method, rule.Path)
+			}
+			continue
+		case len(rule.Roles) == 0 || !rule.Refuses:
+			t.Errorf("%s %s declares no roles or no refusal", rule.Method, rule.Path)
+			continue
+		}
+		path := routePath(rule.Path, ctrl.ID)
+		if status, e := call(t, ctrl, nil, rule.Method, path); status != http.StatusUnauthorized || e == nil || e.Code != api.CodeUnauthenticated {
+			t.Errorf("%s %s without a certificate: %d %v, want 401 unauthenticated", rule.Method, path, status, e)
+		}
+		for _, cl := range callers {
+			if slices.ContainsFunc(rule.Roles, func(r string) bool { return slices.Contains(cl.roles, r) }) {
+				continue
+			}
+			status, e := call(t, ctrl, cl.cert, rule.Method, path)
+			if status != http.StatusForbidden || e == nil || e.Code != api.CodePermissionDenied {
+				t.Errorf("%s %s by the %s (rule: %v): %d %v, want 403 permission_denied", rule.Method, path, cl.name, rule.Roles, status, e)
+			}
+		}
+	}
+	if after := stateDigest(t, ctrl); after != before {
+		t.Errorf("the refused calls changed the state of ctrl")
+	}
+}
+
+// notOperatorOnly are the routes that are not for operators alone, and
+// who may call them; every other route is.
+var notOperatorOnly = map[string][]string{
+	"GET /v1/status":                                 {"operator", "member"},
+	"POST /v1/join":                                  nil, // the grant in the body
+	"GET /v1/internal/member-level":                  {"member"},
+	"POST /v1/internal/raft/voter":                   {"member"},
+	"POST /v1/internal/certs/renew":                  {"member"},
+	"POST /v1/internal/certs/dataplane":              {"node"},
+	"POST /v1/internal/admission":                    {"member"},
+	"GET /v1/internal/egress/{name}/revisions/{rev}": {"member"},
+	"GET /v1/internal/machine-logs/{instance}":       {"ctrl"},
+	"POST /v1/internal/templates/{name}/upload":      {"ctrl"},
+	"POST /v1/internal/platforms/{name}/upload":      {"ctrl"},
+	"POST /v1/internal/transfers/export":             {"ctrl"},
+	"GET /v1/internal/transfers/{name}/progress":     {"ctrl"},
+	"GET /v1/internal/progress/{key}":                {"ctrl"},
+}
+
+// routePath fills a route's wildcards: the node's own id, so a drain or
+// retire that got through would show in the state.
+func routePath(pattern, nodeID string) string {
+	var b strings.Builder
+	for {
+		i := strings.IndexByte(pattern, '{')
+		if i < 0 {
+			b.WriteString(pattern)
+			return b.String()
+		}
+		j := strings.IndexByte(pattern[i:], '}')
+		b.WriteString(pattern[:i])
+		switch pattern[i+1 : i+j] {
+		case "id":
+			b.WriteString(nodeID)
+		case "rev":
+			b.WriteString("1")
+		default:
+			b.WriteString("x")
+		}
+		pattern = pattern[i+j+1:]
+	}
+}
+
+// call makes one call with an empty JSON body, presenting cert (nil:
+// none), and returns the status and the error of the answer.
+func call(t *testing.T, m *clustertest.Member, cert *tls.Certificate, method, path string) (int, *api.Error) {
+	t.Helper()
+	pool, err := m.Dir.CAPool()
+	if err != nil {
+		t.Fatal(err)
+	}
+	tc := trust.Client{Pool: pool}
+	if cert != nil {
+		tc.Cert = trust.Static(*cert)
+	}
+	hc := &http.Client{Transport: tc.HTTPTransport(trust.Want{Kind: trust.KindMember}, 5*time.Second), Timeout: 10 * time.Second}
+	defer hc.CloseIdleConnections()
+	req, err := http.NewRequest(method, "https://"+m.Addr+path, bytes.NewReader([]byte("{}")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := hc.Do(req)
+	if err != nil {
+		t.Fatalf("%s %s: %v", method, path, err)
+	}
+	defer resp.Body.Close()
+	var eb api.ErrorBody
+	json.NewDecoder(resp.Body).Decode(&eb)
+	return resp.StatusCode, eb.Error
+}
+
+// stateDigest is a hash of every record of the member's replica.
+func stateDigest(t *testing.T, m *clustertest.Member) string {
+	t.Helper()
+	h := sha256.New()
+	err := m.Server.FSM().View(func(tx *bolt.Tx) error {
+		return tx.ForEach(func(name []byte, b *bolt.Bucket) error {
+			h.Write(name)
+			return digestBucket(h, b)
+		})
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return hex.EncodeToString(h.Sum(nil))
+}
+
+func digestBucket(h interface{ Write([]byte) (int, error) }, b *bolt.Bucket) error {
+	return b.ForEach(func(k, v []byte) error {
+		h.Write(k)
+		if v == nil {
+			return digestBucket(h, b.Bucket(k))
+		}
+		h.Write(v)
+		return nil
+	})
+}
