@@ -30,7 +30,7 @@ func (c *EnrollmentGrantCmd) Run(g *Globals) error {
 	if g.JSON {
 		return g.printJSON(raw)
 	}
-	if out.Token == "" {
+	if out.Token == "" { // a ctrl of an earlier release, which kept no way to show it again
 		g.note("grant for node %s was already issued with command id %s; its token is shown only once\n", c.NodeID, c.CommandID)
 		return nil
 	}

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"crypto/ecdsa"
+	"crypto/hkdf"
+	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
 	"crypto/x509"
@@ -91,11 +93,12 @@ func (s *Server) handleGrant(r *http.Request, req api.GrantRequest) response {
 	if len(req.Roles) == 0 {
 		req.Roles = []string{api.RoleNode}
 	}
-	tok := grantToken{NodeID: req.NodeID, Secret: make([]byte, 32), CA: Fingerprint(s.ca.Cert)}
-	rand.Read(tok.Secret)
+	secret, err := s.grantSecret(req)
+	if err != nil {
+		return fail(err)
+	}
+	tok := grantToken{NodeID: req.NodeID, Secret: secret, CA: Fingerprint(s.ca.Cert)}
 	raw, _ := json.Marshal(fsm.GrantArgs{NodeID: req.NodeID, Roles: req.Roles, SecretHash: secretHash(tok.Secret), TTL: ttl})
-	// The secret is random per call, so a replayed --command-id must return
-	// the stored grant, not a new token: the token is only shown the first time.
 	res, err := s.Apply(r.Context(), fsm.Entry{CommandID: req.CommandID, ExpectedVersion: req.ExpectedVersion, Actor: callerOf(r).name, Op: fsm.OpEnrollmentGrant, Args: raw})
 	if err != nil {
 		return fail(err)
@@ -106,10 +109,36 @@ func (s *Server) handleGrant(r *http.Request, req api.GrantRequest) response {
 	var g api.Grant
 	json.Unmarshal(res.Value, &g)
 	out := api.GrantResponse{Grant: g}
-	if !res.Replayed {
+	if !res.Replayed || req.CommandID != "" {
 		out.Token = tok.encode()
 	}
 	return resultResponse{value: out, replayed: res.Replayed}
+}
+
+// grantSecret is a grant's secret: random, or with a command id derived
+// from the CA key, the command id and the request, so that a replay of
+// the same command (a retry after a lost answer) proposes the same inputs
+// and gets the same grant back, still usable once; every ctrl voter holds
+// the CA key, so whichever leads derives the same. Without the CA key
+// the secret cannot be computed from the command id.
+func (s *Server) grantSecret(req api.GrantRequest) ([]byte, error) {
+	if req.CommandID == "" {
+		secret := make([]byte, 32)
+		rand.Read(secret)
+		return secret, nil
+	}
+	der, err := x509.MarshalPKCS8PrivateKey(s.ca.Key)
+	if err != nil {
+		return nil, api.Errorf(api.CodeInternal, "enrollment grant for node %s: read the CA key: %v", req.NodeID, err)
+	}
+	key, err := hkdf.Key(sha256.New, der, nil, "kibotos enrollment grant secret v1", 32)
+	if err != nil {
+		return nil, api.Errorf(api.CodeInternal, "enrollment grant for node %s: derive its secret: %v", req.NodeID, err)
+	}
+	mac := hmac.New(sha256.New, key)
+	in, _ := json.Marshal([]any{req.NodeID, req.CommandID, req.Roles, req.TTL})
+	mac.Write(in)
+	return mac.Sum(nil), nil
 }
 
 func parsePublicKey(p string) (*ecdsa.PublicKey, error) {

@@ -41,6 +41,7 @@ type caller struct {
 	name   string         // id.Name(): node id of a member, "admin@<node>" of an operator
 	kind   string         // trust.KindMember or trust.KindAdmin
 	viaHop bool
+	hop    string // on a forwarded request, the ctrl member that forwarded it
 }
 
 type ctxKey struct{}
@@ -56,9 +57,6 @@ func callerOf(r *http.Request) caller {
 // body. Data-plane certificates call nothing.
 func (s *Server) authenticate(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if l := s.leaderAddr(); l != "" {
-			w.Header().Set(hdrLeader, l)
-		}
 		r.Body = http.MaxBytesReader(w, r.Body, maxBody)
 		if r.URL.Path == joinPath {
 			host := remoteHost(r)
@@ -78,8 +76,14 @@ func (s *Server) authenticate(next http.Handler) http.Handler {
 			r.Header.Del(h)
 		}
 		if err != nil {
+			s.auditRefused(r, "", err)
 			fail(err).render(w)
 			return
+		}
+		// Who leads is told to those who may call (not to anyone who
+		// connects).
+		if l := s.leaderAddr(); l != "" {
+			w.Header().Set(hdrLeader, l)
 		}
 		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), ctxKey{}, c)))
 	})
@@ -110,7 +114,7 @@ func (s *Server) authenticateRequest(r *http.Request) (caller, error) {
 	if err := s.admitted(actor); err != nil {
 		return caller{}, err
 	}
-	return caller{id: actor, name: actor.Name(), kind: actor.Kind, viaHop: true}, nil
+	return caller{id: actor, name: actor.Name(), kind: actor.Kind, viaHop: true, hop: id.NodeID}, nil
 }
 
 func actorFromHeaders(h http.Header, clusterID string) (trust.Identity, error) {

@@ -172,9 +172,16 @@ func (s *Server) serve(m *http.ServeMux, rt route) {
 	}
 	m.HandleFunc(rt.method+" "+rt.path, func(w http.ResponseWriter, r *http.Request) {
 		if err := s.allow(rt.access, r); err != nil {
+			s.auditRefused(r, callerOf(r).name, err)
 			fail(err).render(w)
 			return
 		}
-		h(r).render(w)
+		if rt.at != atLeader {
+			h(r).render(w)
+			return
+		}
+		rec := &statusRecorder{ResponseWriter: w, status: http.StatusOK}
+		h(r).render(rec)
+		s.auditWrite(r, rec.status)
 	})
 }

@@ -126,6 +126,7 @@ type Server struct {
 	admissionMu    sync.Mutex
 	admissionCache map[string]admissionAnswer
 	joinLimit      *joinLimiter
+	refusals       auditLimiter // of api request refused lines
 
 	mux     *mux
 	httpSrv *http.Server

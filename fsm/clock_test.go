@@ -25,7 +25,10 @@ func TestIssuedAtClamp(t *testing.T) {
 				t.Errorf("session started at %s, want the clamped %s", got, late)
 			}
 			var rec *commandRecord
-			h.f.View(func(tx *bolt.Tx) (err error) { rec, err = getCommand(tx, []byte("open-2")); return })
+			h.f.View(func(tx *bolt.Tx) (err error) {
+				rec, err = getRecord[commandRecord](tx, bucketCommands, []byte("open-2"))
+				return
+			})
 			if rec == nil || !rec.AppliedAt.Equal(late) {
 				t.Errorf("command record %+v, want applied at %s", rec, late)
 			}

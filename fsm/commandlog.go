@@ -4,7 +4,6 @@ import (
 	"crypto/sha256"
 	"encoding/binary"
 	"fmt"
-	"sync"
 
 	json "github.com/segmentio/encoding/json"
 	bolt "go.etcd.io/bbolt"
@@ -49,21 +48,13 @@ func newCommandIndex() *commandIndex {
 	return &commandIndex{at: map[[sha256.Size]byte]uint64{}}
 }
 
-// txCommandIndexes finds the index of the batch a write transaction
-// applies; the apply functions only get the transaction.
-var txCommandIndexes sync.Map // *bolt.Tx → *commandIndex
-
-// beginBatch attaches ix to tx for one batch, after rebuilding it if it is
-// stale; the returned func detaches it. A batch that does not commit must
-// be followed by invalidate.
-func (ix *commandIndex) beginBatch(tx *bolt.Tx) (func(), error) {
+// beginBatch readies ix for one batch, rebuilding it if it is stale. A
+// batch that does not commit must be followed by invalidate.
+func (ix *commandIndex) beginBatch(tx *bolt.Tx) error {
 	if ix.stale {
-		if err := ix.rebuild(tx); err != nil {
-			return func() {}, err
-		}
+		return ix.rebuild(tx)
 	}
-	txCommandIndexes.Store(tx, ix)
-	return func() { txCommandIndexes.Delete(tx) }, nil
+	return nil
 }
 
 // invalidate: the state changed in a way the index did not see (a batch
@@ -87,26 +78,15 @@ func (ix *commandIndex) rebuild(tx *bolt.Tx) error {
 	return nil
 }
 
-func commandIndexFor(tx *bolt.Tx) (*commandIndex, error) {
-	if ix, ok := txCommandIndexes.Load(tx); ok {
-		return ix.(*commandIndex), nil
-	}
-	return nil, fmt.Errorf("the command log is read outside a batch")
-}
-
 // findLoggedCommand is the command log's record under key, nil if none.
-func findLoggedCommand(tx *bolt.Tx, key []byte) (*commandRecord, error) {
-	ix, err := commandIndexFor(tx)
-	if err != nil {
-		return nil, err
-	}
+func findLoggedCommand(ac *applyCtx, key []byte) (*commandRecord, error) {
 	sum := sha256.Sum256(key)
-	at, ok := ix.at[sum]
+	at, ok := ac.commands.at[sum]
 	if !ok {
 		return nil, nil
 	}
 	var rec commandRecord
-	ok, err = getJSON(tx, bucketCommandLog, timeDigestKey(at, sum), &rec)
+	ok, err := getJSON(ac.tx, bucketCommandLog, timeDigestKey(at, sum), &rec)
 	if err == nil && !ok {
 		err = fmt.Errorf("command log: the index names a record at %d that is not there", at)
 	}
@@ -117,22 +97,18 @@ func findLoggedCommand(tx *bolt.Tx, key []byte) (*commandRecord, error) {
 }
 
 // putLoggedCommand appends rec under key to the command log.
-func putLoggedCommand(tx *bolt.Tx, key []byte, rec commandRecord) error {
-	ix, err := commandIndexFor(tx)
-	if err != nil {
-		return err
-	}
+func putLoggedCommand(ac *applyCtx, key []byte, rec commandRecord) error {
 	logKey := commandTimeKey(rec.AppliedAt, key)
 	raw, err := json.Marshal(rec)
 	if err != nil {
 		return err
 	}
-	b := tx.Bucket(bucketCommandLog)
+	b := ac.tx.Bucket(bucketCommandLog)
 	b.FillPercent = 1 // appended in time order: pages split full
 	if err := b.Put(logKey, raw); err != nil {
 		return err
 	}
-	ix.at[[sha256.Size]byte(logKey[8:])] = binary.BigEndian.Uint64(logKey)
+	ac.commands.at[[sha256.Size]byte(logKey[8:])] = binary.BigEndian.Uint64(logKey)
 	return nil
 }
 
@@ -140,12 +116,8 @@ func putLoggedCommand(tx *bolt.Tx, key []byte, rec commandRecord) error {
 // are older than before, no more than budget of them (negative: no
 // limit); it says how many it dropped and whether it stopped at its
 // budget with older ones left.
-func expireLoggedCommands(tx *bolt.Tx, before uint64, budget int) (expired int, more bool, err error) {
-	ix, err := commandIndexFor(tx)
-	if err != nil {
-		return 0, false, err
-	}
-	c := tx.Bucket(bucketCommandLog).Cursor()
+func expireLoggedCommands(ac *applyCtx, before uint64, budget int) (expired int, more bool, err error) {
+	c := ac.tx.Bucket(bucketCommandLog).Cursor()
 	for k, _ := c.First(); k != nil; k, _ = c.First() {
 		if len(k) >= 8 && binary.BigEndian.Uint64(k) >= before {
 			break
@@ -154,7 +126,7 @@ func expireLoggedCommands(tx *bolt.Tx, before uint64, budget int) (expired int, 
 			return expired, true, nil
 		}
 		if len(k) == commandLogKeyLen {
-			delete(ix.at, [sha256.Size]byte(k[8:]))
+			delete(ac.commands.at, [sha256.Size]byte(k[8:]))
 		}
 		if err := c.Delete(); err != nil {
 			return expired, false, err

@@ -152,13 +152,12 @@ func BenchmarkCommandLookup(b *testing.B) {
 			}
 			probe := h.entry(OpNodeDrain, NodeArgs{NodeID: "node-a"}, withCommand("new"), l.opt)
 			err := h.f.db.Update(func(tx *bolt.Tx) error {
-				detach, err := h.f.commands.beginBatch(tx)
-				defer detach()
-				if err != nil {
+				if err := h.f.commands.beginBatch(tx); err != nil {
 					return err
 				}
+				ac := &applyCtx{tx: tx, e: &probe, cache: h.f.cache, commands: h.f.commands}
 				for b.Loop() {
-					if rec, err := findCommand(tx, &probe); rec != nil || err != nil {
+					if rec, err := findCommand(ac); rec != nil || err != nil {
 						return fmt.Errorf("found %v, %v", rec, err)
 					}
 				}

@@ -45,37 +45,33 @@ func commandKey(e *Entry) []byte {
 // every voter reached the level. Those two lookups are skipped once the
 // last such record expired. An entry without CommandLog does not see the
 // log, as an older voter, which applies it too, does not.
-func findCommand(tx *bolt.Tx, e *Entry) (*commandRecord, error) {
-	key := commandKey(e)
-	if e.CommandLog {
-		rec, err := findLoggedCommand(tx, key)
+func findCommand(ac *applyCtx) (*commandRecord, error) {
+	key := commandKey(ac.e)
+	if ac.e.CommandLog {
+		rec, err := findLoggedCommand(ac, key)
 		if rec != nil || err != nil {
 			return rec, err
 		}
 	}
-	if k, _ := tx.Bucket(bucketCommands).Cursor().First(); k == nil {
+	if k, _ := ac.tx.Bucket(bucketCommands).Cursor().First(); k == nil {
 		return nil, nil
 	}
-	rec, err := getCommand(tx, key)
-	if rec == nil && err == nil && (e.CommandDigest || e.CommandLog) {
-		rec, err = getCommand(tx, []byte(e.CommandID))
+	rec, err := getRecord[commandRecord](ac.tx, bucketCommands, key)
+	if rec == nil && err == nil && (ac.e.CommandDigest || ac.e.CommandLog) {
+		rec, err = getRecord[commandRecord](ac.tx, bucketCommands, []byte(ac.e.CommandID))
 	}
 	return rec, err
 }
 
-func getCommand(tx *bolt.Tx, key []byte) (*commandRecord, error) {
-	return getRecord[commandRecord](tx, bucketCommands, key)
-}
-
-func putCommand(tx *bolt.Tx, e *Entry, rec commandRecord) error {
-	key := commandKey(e)
-	if e.CommandLog {
-		return putLoggedCommand(tx, key, rec)
+func putCommand(ac *applyCtx, rec commandRecord) error {
+	key := commandKey(ac.e)
+	if ac.e.CommandLog {
+		return putLoggedCommand(ac, key, rec)
 	}
-	if err := putJSON(tx, bucketCommands, key, rec); err != nil {
+	if err := putJSON(ac.tx, bucketCommands, key, rec); err != nil {
 		return err
 	}
-	return tx.Bucket(bucketCommandTimes).Put(commandTimeKey(rec.AppliedAt, key), key)
+	return ac.tx.Bucket(bucketCommandTimes).Put(commandTimeKey(rec.AppliedAt, key), key)
 }
 
 // commandTimeKey is the key of a command record's entry in the time
@@ -194,17 +190,17 @@ func rebuildCommandTimes(tx *bolt.Tx) error {
 // on a busy cluster's 24 hours of records, every CommandExpiry, on every
 // member); Limit bounds it further, and the leader applies again while
 // More.
-func applyCommandsExpire(tx *bolt.Tx, e *Entry) (any, error) {
+func applyCommandsExpire(ac *applyCtx) (any, error) {
 	var a CommandsExpireArgs
-	if err := decodeArgs(e, &a); err != nil {
+	if err := decodeArgs(ac.e, &a); err != nil {
 		return nil, err
 	}
 	// Oldest first, up to Before: the same records the scan of every
 	// record that older builds make drops.
 	if a.Limit < 0 {
-		return nil, api.Errorf(api.CodeInvalidArgument, "%s: limit %d is negative", e.Op, a.Limit)
+		return nil, api.Errorf(api.CodeInvalidArgument, "%s: limit %d is negative", ac.e.Op, a.Limit)
 	}
-	idx := tx.Bucket(bucketCommandTimes)
+	idx := ac.tx.Bucket(bucketCommandTimes)
 	before := indexTime(a.Before)
 	var res CommandsExpireResult
 	c := idx.Cursor()
@@ -220,7 +216,7 @@ func applyCommandsExpire(tx *bolt.Tx, e *Entry) (any, error) {
 		}
 		seen++
 		key = bytes.Clone(key) // the entry's memory goes with it
-		rec, rerr := getCommand(tx, key)
+		rec, rerr := getRecord[commandRecord](ac.tx, bucketCommands, key)
 		if err := c.Delete(); err != nil {
 			return nil, err
 		}
@@ -229,7 +225,7 @@ func applyCommandsExpire(tx *bolt.Tx, e *Entry) (any, error) {
 			// Its record is gone, or unreadable: the scan older builds
 			// make keeps an unreadable record, so only the entry goes.
 		case rec.AppliedAt.Before(a.Before):
-			if err := tx.Bucket(bucketCommands).Delete(key); err != nil {
+			if err := ac.tx.Bucket(bucketCommands).Delete(key); err != nil {
 				return nil, err
 			}
 			res.Expired++
@@ -250,7 +246,7 @@ func applyCommandsExpire(tx *bolt.Tx, e *Entry) (any, error) {
 	if a.Limit > 0 {
 		budget = a.Limit - seen
 	}
-	n, more, err := expireLoggedCommands(tx, before, budget)
+	n, more, err := expireLoggedCommands(ac, before, budget)
 	if err != nil {
 		return nil, err
 	}

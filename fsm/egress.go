@@ -299,15 +299,11 @@ func egressRefKey(name string, rev uint64, ws string) []byte {
 
 func resolverRefKey(name, ws string) []byte { return []byte(name + "\x00" + ws) }
 
-func getEgress(tx *bolt.Tx, name string) (*egressRecord, error) {
-	return getRecord[egressRecord](tx, bucketEgress, []byte(name))
-}
-
 func mustEgress(tx *bolt.Tx, name string) (*egressRecord, error) {
 	if err := ValidObjectName(kindEgress, name); err != nil {
 		return nil, err
 	}
-	r, err := getEgress(tx, name)
+	r, err := getRecord[egressRecord](tx, bucketEgress, []byte(name))
 	if err != nil {
 		return nil, err
 	}
@@ -321,15 +317,11 @@ func getRevision(tx *bolt.Tx, name string, rev uint64) (*egressRevision, error) 
 	return getRecord[egressRevision](tx, bucketEgressRevisions, revisionKey(name, rev))
 }
 
-func getResolver(tx *bolt.Tx, name string) (*resolverRecord, error) {
-	return getRecord[resolverRecord](tx, bucketResolvers, []byte(name))
-}
-
 func mustResolver(tx *bolt.Tx, name string) (*resolverRecord, error) {
 	if err := ValidObjectName(kindResolver, name); err != nil {
 		return nil, err
 	}
-	r, err := getResolver(tx, name)
+	r, err := getRecord[resolverRecord](tx, bucketResolvers, []byte(name))
 	if err != nil {
 		return nil, err
 	}

@@ -103,7 +103,7 @@ func TaskNetwork(tx *bolt.Tx, p *api.NetworkPolicy) (*api.TaskEgress, *api.TaskR
 		te = &api.TaskEgress{Name: p.Egress, Revision: rev.Revision, SOCKS5: rev.SOCKS5, Credentials: rev.Username != ""}
 	}
 	if p.Resolver != "" {
-		r, err := getResolver(tx, p.Resolver)
+		r, err := getRecord[resolverRecord](tx, bucketResolvers, []byte(p.Resolver))
 		if err != nil {
 			return nil, nil, err
 		}

@@ -114,7 +114,7 @@ func moveRefs(tx *bolt.Tx, old, w *api.Workspace) error {
 // dropUnusedRevision deletes revision rev of Egress name unless it is the
 // latest or a Workspace still references it.
 func dropUnusedRevision(tx *bolt.Tx, name string, rev uint64) error {
-	r, err := getEgress(tx, name)
+	r, err := getRecord[egressRecord](tx, bucketEgress, []byte(name))
 	if err != nil {
 		return err
 	}

@@ -86,16 +86,16 @@ func EndedRoundDue(last, t time.Time) bool {
 // for anything of that Instance; it returns the records the node may
 // delete now (records of Instances ctrl never placed included). Report
 // entries without Rounds apply it; endedRound is its successor.
-func concludeEnded(tx *bolt.Tx, e *Entry, node string, ended []api.EndedInstance) ([]string, error) {
+func concludeEnded(ac *applyCtx, node string, ended []api.EndedInstance) ([]string, error) {
 	var forget []string
-	owners := tx.Bucket(bucketInstanceOwners)
+	owners := ac.tx.Bucket(bucketInstanceOwners)
 	for _, ei := range ended {
 		wsID := owners.Get([]byte(ei.InstanceID))
 		if wsID == nil {
 			forget = append(forget, ei.InstanceID)
 			continue
 		}
-		w, err := getWorkspace(tx, string(wsID))
+		w, err := getWorkspace(ac.tx, string(wsID))
 		if err != nil {
 			return nil, err
 		}
@@ -105,7 +105,7 @@ func concludeEnded(tx *bolt.Tx, e *Entry, node string, ended []api.EndedInstance
 			}
 			old := cloneWorkspace(w)
 			w.Cleanup = &api.CleanupConclusion{InstanceID: ei.InstanceID, NodeID: node, ObservedAt: ei.EndedAt.UTC(), How: ei.How}
-			if err := putWorkspace(tx, e, old, w); err != nil {
+			if err := putWorkspace(ac, old, w); err != nil {
 				return nil, err
 			}
 		}
@@ -121,24 +121,24 @@ func concludeEnded(tx *bolt.Tx, e *Entry, node string, ended []api.EndedInstance
 // Rounds: it notes the node's Instances and, in a round, concludes its
 // records; it returns the records the node may delete and those ctrl does
 // not recognize.
-func endedRound(tx *bolt.Tx, e *Entry, node string, a *ReportArgs) (forget, unrecognized []string, err error) {
-	if err := watchInstances(tx, node, a.Report.InstanceStates); err != nil {
+func endedRound(ac *applyCtx, node string, a *ReportArgs) (forget, unrecognized []string, err error) {
+	if err := watchInstances(ac.tx, node, a.Report.InstanceStates); err != nil {
 		return nil, nil, err
 	}
 	if !a.Round {
 		return nil, nil, nil
 	}
-	last, err := LastEndedRound(tx, node)
+	last, err := LastEndedRound(ac.tx, node)
 	if err != nil {
 		return nil, nil, err
 	}
-	if !EndedRoundDue(last, *at(e)) {
+	if !EndedRoundDue(last, *at(ac.e)) {
 		// A leader whose clock is behind its predecessor's: the next
 		// report is the round.
 		return nil, nil, nil
 	}
-	stamp, _ := at(e).MarshalText()
-	if err := tx.Bucket(bucketEndedRounds).Put([]byte(node), stamp); err != nil {
+	stamp, _ := at(ac.e).MarshalText()
+	if err := ac.tx.Bucket(bucketEndedRounds).Put([]byte(node), stamp); err != nil {
 		return nil, nil, err
 	}
 	ended, complete := a.Report.Ended, a.Report.EndedComplete
@@ -148,7 +148,7 @@ func endedRound(tx *bolt.Tx, e *Entry, node string, a *ReportArgs) (forget, unre
 	listed := make(map[string]bool, len(ended))
 	for _, ei := range ended {
 		listed[ei.InstanceID] = true
-		done, known, err := concludeRecord(tx, e, node, ei)
+		done, known, err := concludeRecord(ac, node, ei)
 		switch {
 		case err != nil:
 			return nil, nil, err
@@ -159,7 +159,7 @@ func endedRound(tx *bolt.Tx, e *Entry, node string, a *ReportArgs) (forget, unre
 		}
 	}
 	if complete {
-		if err := settleMissing(tx, e, node, listed); err != nil {
+		if err := settleMissing(ac, node, listed); err != nil {
 			return nil, nil, err
 		}
 	}
@@ -193,12 +193,12 @@ func watchInstances(tx *bolt.Tx, node string, states []api.InstanceState) error 
 // concludeRecord stores the conclusion of one listed record when ctrl no
 // longer waits for its Instance. known is false for a record without an
 // owner; done means the node may delete the record.
-func concludeRecord(tx *bolt.Tx, e *Entry, node string, ei api.EndedInstance) (done, known bool, err error) {
-	wsID := tx.Bucket(bucketInstanceOwners).Get([]byte(ei.InstanceID))
+func concludeRecord(ac *applyCtx, node string, ei api.EndedInstance) (done, known bool, err error) {
+	wsID := ac.tx.Bucket(bucketInstanceOwners).Get([]byte(ei.InstanceID))
 	if wsID == nil {
 		return false, false, nil
 	}
-	w, err := getWorkspace(tx, string(wsID))
+	w, err := getWorkspace(ac.tx, string(wsID))
 	if err != nil {
 		return false, true, err
 	}
@@ -211,25 +211,25 @@ func concludeRecord(tx *bolt.Tx, e *Entry, node string, ei api.EndedInstance) (d
 		if LatestInstanceID(w) == ei.InstanceID && (w.Cleanup == nil || w.Cleanup.InstanceID != ei.InstanceID) {
 			old := cloneWorkspace(w)
 			w.Cleanup = &api.CleanupConclusion{InstanceID: ei.InstanceID, NodeID: node, ObservedAt: ei.EndedAt.UTC(), How: ei.How}
-			if err := putWorkspace(tx, e, old, w); err != nil {
+			if err := putWorkspace(ac, old, w); err != nil {
 				return false, true, err
 			}
 		}
 	}
-	return true, true, putJSON(tx, bucketEndedWatch, endedWatchKey(node, ei.InstanceID), endedWatch{WorkspaceID: string(wsID), Concluded: true})
+	return true, true, putJSON(ac.tx, bucketEndedWatch, endedWatchKey(node, ei.InstanceID), endedWatch{WorkspaceID: string(wsID), Concluded: true})
 }
 
 // settleMissing handles, after a complete list, the node's watched
 // Instances whose record it did not list: a concluded one's record is
 // gone as asked; a released one's was deleted before its conclusion.
-func settleMissing(tx *bolt.Tx, e *Entry, node string, listed map[string]bool) error {
+func settleMissing(ac *applyCtx, node string, listed map[string]bool) error {
 	type watched struct {
 		instance string
 		endedWatch
 	}
 	var ws []watched
 	prefix := []byte(node + "\x00")
-	c := tx.Bucket(bucketEndedWatch).Cursor()
+	c := ac.tx.Bucket(bucketEndedWatch).Cursor()
 	for k, v := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix); k, v = c.Next() {
 		inst := string(k[len(prefix):])
 		if listed[inst] {
@@ -241,10 +241,10 @@ func settleMissing(tx *bolt.Tx, e *Entry, node string, listed map[string]bool) e
 		}
 		ws = append(ws, w)
 	}
-	owners := tx.Bucket(bucketInstanceOwners)
+	owners := ac.tx.Bucket(bucketInstanceOwners)
 	for _, wt := range ws {
 		if owners.Get([]byte(wt.instance)) != nil && !wt.Concluded {
-			w, err := getWorkspace(tx, wt.WorkspaceID)
+			w, err := getWorkspace(ac.tx, wt.WorkspaceID)
 			if err != nil {
 				return err
 			}
@@ -254,7 +254,7 @@ func settleMissing(tx *bolt.Tx, e *Entry, node string, listed map[string]bool) e
 			if w != nil && LatestInstanceID(w) == wt.instance {
 				old := cloneWorkspace(w)
 				w.Cleanup = &api.CleanupConclusion{InstanceID: wt.instance, NodeID: node, Unknown: true}
-				if err := putWorkspace(tx, e, old, w); err != nil {
+				if err := putWorkspace(ac, old, w); err != nil {
 					return err
 				}
 			}
@@ -262,7 +262,7 @@ func settleMissing(tx *bolt.Tx, e *Entry, node string, listed map[string]bool) e
 		if err := owners.Delete([]byte(wt.instance)); err != nil {
 			return err
 		}
-		if err := tx.Bucket(bucketEndedWatch).Delete(endedWatchKey(node, wt.instance)); err != nil {
+		if err := ac.tx.Bucket(bucketEndedWatch).Delete(endedWatchKey(node, wt.instance)); err != nil {
 			return err
 		}
 	}

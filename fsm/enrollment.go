@@ -16,12 +16,8 @@ type grantRecord struct {
 	SecretHash string `json:"secret_hash"`
 }
 
-func getGrant(tx *bolt.Tx, nodeID string) (*grantRecord, error) {
-	return getRecord[grantRecord](tx, bucketGrants, []byte(nodeID))
-}
-
 func revokePendingGrant(tx *bolt.Tx, nodeID string) error {
-	g, err := getGrant(tx, nodeID)
+	g, err := getRecord[grantRecord](tx, bucketGrants, []byte(nodeID))
 	if err != nil || g == nil || g.State != api.GrantPending {
 		return err
 	}
@@ -29,9 +25,9 @@ func revokePendingGrant(tx *bolt.Tx, nodeID string) error {
 	return putJSON(tx, bucketGrants, []byte(nodeID), g)
 }
 
-func applyEnrollmentGrant(tx *bolt.Tx, e *Entry) (any, error) {
+func applyEnrollmentGrant(ac *applyCtx) (any, error) {
 	var a GrantArgs
-	if err := decodeArgs(e, &a); err != nil {
+	if err := decodeArgs(ac.e, &a); err != nil {
 		return nil, err
 	}
 	if err := ValidNodeID(a.NodeID); err != nil {
@@ -46,7 +42,7 @@ func applyEnrollmentGrant(tx *bolt.Tx, e *Entry) (any, error) {
 	if a.TTL <= 0 {
 		return nil, api.Errorf(api.CodeInvalidArgument, "grant for node %s: ttl must be positive", a.NodeID)
 	}
-	n, err := getNode(tx, a.NodeID)
+	n, err := getRecord[api.Node](ac.tx, bucketNodes, []byte(a.NodeID))
 	if err != nil {
 		return nil, err
 	}
@@ -60,25 +56,25 @@ func applyEnrollmentGrant(tx *bolt.Tx, e *Entry) (any, error) {
 		}
 	}
 	g := grantRecord{
-		Grant:      api.Grant{NodeID: a.NodeID, Roles: a.Roles, IssuedAt: *at(e), ExpiresAt: e.IssuedAt.Add(a.TTL).UTC(), State: api.GrantPending},
+		Grant:      api.Grant{NodeID: a.NodeID, Roles: a.Roles, IssuedAt: *at(ac.e), ExpiresAt: ac.e.IssuedAt.Add(a.TTL).UTC(), State: api.GrantPending},
 		SecretHash: a.SecretHash,
 	}
-	if err := putJSON(tx, bucketGrants, []byte(a.NodeID), g); err != nil {
+	if err := putJSON(ac.tx, bucketGrants, []byte(a.NodeID), g); err != nil {
 		return nil, err
 	}
 	return g.Grant, nil
 }
 
-func applyEnrollmentRevoke(tx *bolt.Tx, e *Entry) (any, error) {
+func applyEnrollmentRevoke(ac *applyCtx) (any, error) {
 	var a NodeArgs
-	if err := decodeArgs(e, &a); err != nil {
+	if err := decodeArgs(ac.e, &a); err != nil {
 		return nil, err
 	}
-	g, err := getGrant(tx, a.NodeID)
+	g, err := getRecord[grantRecord](ac.tx, bucketGrants, []byte(a.NodeID))
 	if err != nil {
 		return nil, err
 	}
-	n, err := getNode(tx, a.NodeID)
+	n, err := getRecord[api.Node](ac.tx, bucketNodes, []byte(a.NodeID))
 	if err != nil {
 		return nil, err
 	}
@@ -87,15 +83,15 @@ func applyEnrollmentRevoke(tx *bolt.Tx, e *Entry) (any, error) {
 	}
 	out := map[string]any{"node_id": a.NodeID, "grant_revoked": false, "node_revoked": false}
 	if g != nil && g.State == api.GrantPending {
-		if err := revokePendingGrant(tx, a.NodeID); err != nil {
+		if err := revokePendingGrant(ac.tx, a.NodeID); err != nil {
 			return nil, err
 		}
 		out["grant_revoked"] = true
 	}
 	if n != nil && n.Admission == api.Admitted && !n.Retired {
 		n.Admission = api.Revoked
-		endSession(n, e, "revoked")
-		if err := putNode(tx, n); err != nil {
+		endSession(n, ac.e, "revoked")
+		if err := putNode(ac, n); err != nil {
 			return nil, err
 		}
 		out["node_revoked"] = true
@@ -103,27 +99,27 @@ func applyEnrollmentRevoke(tx *bolt.Tx, e *Entry) (any, error) {
 	return out, nil
 }
 
-func applyEnrollmentConsume(tx *bolt.Tx, e *Entry) (any, error) {
+func applyEnrollmentConsume(ac *applyCtx) (any, error) {
 	var a ConsumeArgs
-	if err := decodeArgs(e, &a); err != nil {
+	if err := decodeArgs(ac.e, &a); err != nil {
 		return nil, err
 	}
-	g, n, err := checkGrant(tx, a.NodeID, a.SecretHash, e.IssuedAt)
+	g, n, err := checkGrant(ac.tx, a.NodeID, a.SecretHash, ac.e.IssuedAt)
 	if err != nil {
 		return nil, err
 	}
 	if n == nil {
 		n = &api.Node{NodeID: a.NodeID}
 	}
-	n.Roles, n.Address, n.Admission, n.AdmittedAt = g.Roles, a.Address, api.Admitted, *at(e)
-	g.State, g.UsedAt, g.UsedBy = api.GrantUsed, at(e), a.Address
-	if err := putJSON(tx, bucketGrants, []byte(a.NodeID), g); err != nil {
+	n.Roles, n.Address, n.Admission, n.AdmittedAt = g.Roles, a.Address, api.Admitted, *at(ac.e)
+	g.State, g.UsedAt, g.UsedBy = api.GrantUsed, at(ac.e), a.Address
+	if err := putJSON(ac.tx, bucketGrants, []byte(a.NodeID), g); err != nil {
 		return nil, err
 	}
-	if err := putNode(tx, n); err != nil {
+	if err := putNode(ac, n); err != nil {
 		return nil, err
 	}
-	return view(tx, n)
+	return view(ac.tx, n)
 }
 
 // CheckGrant tells whether a join with this grant would be admitted at
@@ -135,7 +131,7 @@ func CheckGrant(tx *bolt.Tx, nodeID, secretHash string, now time.Time) error {
 }
 
 func checkGrant(tx *bolt.Tx, nodeID, secretHash string, now time.Time) (*grantRecord, *api.Node, error) {
-	g, err := getGrant(tx, nodeID)
+	g, err := getRecord[grantRecord](tx, bucketGrants, []byte(nodeID))
 	if err != nil {
 		return nil, nil, err
 	}
@@ -150,7 +146,7 @@ func checkGrant(tx *bolt.Tx, nodeID, secretHash string, now time.Time) (*grantRe
 	case !now.Before(g.ExpiresAt):
 		return nil, nil, api.Errorf(api.CodeFailedPrecondition, "enrollment grant for node %s expired at %s; ask an operator for a new one", nodeID, g.ExpiresAt.Format("2006-01-02T15:04:05Z"))
 	}
-	n, err := getNode(tx, nodeID)
+	n, err := getRecord[api.Node](tx, bucketNodes, []byte(nodeID))
 	if err != nil {
 		return nil, nil, err
 	}

@@ -34,9 +34,6 @@ type Entry struct {
 	// sets it on entries with a command id once every voter reaches
 	// LevelCommandLog.
 	CommandLog bool `json:"command_log,omitempty"`
-
-	// tally is what this apply decided (CountPlacements), never encoded.
-	tally *placementTally
 }
 
 // Result is the outcome of one entry.

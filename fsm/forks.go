@@ -94,24 +94,24 @@ func forkOf(tx *bolt.Tx, a *WorkspaceCreateArgs) (*api.Workspace, error) {
 // newFork is the record of a fork of src, before placement: its layer
 // right in the source's pool (made by the node of its first start) and
 // the source's snapshot to restore.
-func newFork(tx *bolt.Tx, e *Entry, id string, a *WorkspaceCreateArgs, src *api.Workspace) (*api.Workspace, error) {
+func newFork(ac *applyCtx, id string, a *WorkspaceCreateArgs, src *api.Workspace) (*api.Workspace, error) {
 	// The source's policy unless the create gives one.
 	p := a.Network.Effective()
 	if a.Network == nil && src.Network != nil {
 		p = *src.Network
 	}
-	network, err := normalizeNetwork(tx, id, p, false)
+	network, err := normalizeNetwork(ac.tx, id, p, false)
 	if err != nil {
 		return nil, err
 	}
 	pool := api.LayerPoolID(src.Layer)
-	if _, err := poolRoom(tx, pool, "the writable layer of a fork of workspace "+src.WorkspaceID, src.Layer.SizeBytes); err != nil {
+	if _, err := poolRoom(ac.tx, pool, "the writable layer of a fork of workspace "+src.WorkspaceID, src.Layer.SizeBytes); err != nil {
 		return nil, err
 	}
 	s := *src.Snapshot
 	s.From = src.WorkspaceID
 	return &api.Workspace{WorkspaceID: id, Template: src.Template, CPU: src.CPU, MemoryBytes: src.MemoryBytes, Labels: a.Labels, Network: &network,
-		CreatedAt: *at(e), Platform: src.Platform, ForkedFrom: src.WorkspaceID, Snapshot: &s,
+		CreatedAt: *at(ac.e), Platform: src.Platform, ForkedFrom: src.WorkspaceID, Snapshot: &s,
 		Layer: &api.LayerRight{NodeID: src.Layer.NodeID, PoolID: src.Layer.PoolID, Shared: src.Layer.Shared, SizeBytes: src.Layer.SizeBytes}}, nil
 }
 

@@ -71,8 +71,6 @@ func (f *FSM) ObserveApply(fn func(op string, d time.Duration)) {
 	f.observe.Store(&fn)
 }
 
-type handler func(tx *bolt.Tx, e *Entry) (any, error)
-
 var handlers = map[string]handler{
 	OpBootstrap:            applyBootstrap,
 	OpEnrollmentGrant:      applyEnrollmentGrant,
@@ -188,10 +186,8 @@ func (f *FSM) ApplyBatch(entries []Entry) ([]Result, error) {
 	defer f.mu.RUnlock()
 	results := make([]Result, len(entries))
 	err := f.db.Update(func(tx *bolt.Tx) error {
-		defer f.cache.beginBatch(tx)()
-		detach, err := f.commands.beginBatch(tx)
-		defer detach()
-		if err != nil {
+		f.cache.beginBatch()
+		if err := f.commands.beginBatch(tx); err != nil {
 			return &HaltError{Pos: -1, Err: err}
 		}
 		clock, err := getClock(tx)
@@ -200,6 +196,7 @@ func (f *FSM) ApplyBatch(entries []Entry) ([]Result, error) {
 		}
 		last := clock
 		observe := f.observe.Load()
+		ac := &applyCtx{tx: tx, cache: f.cache, commands: f.commands}
 		for i := range entries {
 			e := entries[i]
 			clock = clampIssuedAt(&e, clock)
@@ -207,7 +204,8 @@ func (f *FSM) ApplyBatch(entries []Entry) ([]Result, error) {
 			if observe != nil {
 				t0 = time.Now()
 			}
-			res, err := applyOne(tx, &e)
+			ac.e, ac.tally = &e, nil
+			res, err := applyOne(ac)
 			if observe != nil {
 				op := e.Op
 				if handlers[op] == nil {
@@ -265,55 +263,55 @@ func (f *FSM) Apply(entries []Entry) []Result {
 // (nothing written, recorded as the entry's result); any other error is
 // internal: the handler may have written already, so it is returned and
 // halts the batch rather than commit half an entry.
-func applyOne(tx *bolt.Tx, e *Entry) (Result, error) {
+func applyOne(ac *applyCtx) (Result, error) {
 	var hash string
-	if e.CommandID != "" {
+	if ac.e.CommandID != "" {
 		// Checked before the handler runs: a record that cannot be stored
 		// afterwards would halt every replica at this entry.
-		if len(e.CommandID) > bolt.MaxKeySize {
-			return Result{Error: api.Errorf(api.CodeInvalidArgument, "command id is %d bytes long; use at most %d", len(e.CommandID), bolt.MaxKeySize)}, nil
+		if len(ac.e.CommandID) > bolt.MaxKeySize {
+			return Result{Error: api.Errorf(api.CodeInvalidArgument, "command id is %d bytes long; use at most %d", len(ac.e.CommandID), bolt.MaxKeySize)}, nil
 		}
-		hash = inputHash(e)
-		rec, err := findCommand(tx, e)
+		hash = inputHash(ac.e)
+		rec, err := findCommand(ac)
 		if err != nil {
 			return Result{}, err
 		}
 		if rec != nil {
 			if rec.InputHash != hash {
 				return Result{Error: api.Errorf(api.CodeFailedPrecondition,
-					"command %s was already used for %s with different inputs; use a new --command-id", e.CommandID, rec.Op)}, nil
+					"command %s was already used for %s with different inputs; use a new --command-id", ac.e.CommandID, rec.Op)}, nil
 			}
 			res := rec.Result
 			res.Replayed = true
 			return res, nil
 		}
 	}
-	if e.Op != OpBootstrap && tx.Bucket(bucketMeta).Get(keyClusterID) == nil {
-		return Result{Error: api.Errorf(api.CodeFailedPrecondition, "%s: the cluster is not bootstrapped yet", e.Op)}, nil
+	if ac.e.Op != OpBootstrap && ac.tx.Bucket(bucketMeta).Get(keyClusterID) == nil {
+		return Result{Error: api.Errorf(api.CodeFailedPrecondition, "%s: the cluster is not bootstrapped yet", ac.e.Op)}, nil
 	}
-	h, ok := handlers[e.Op]
+	h, ok := handlers[ac.e.Op]
 	if !ok {
-		if e.IgnoreUnknown {
+		if ac.e.IgnoreUnknown {
 			return Result{}, nil
 		}
-		return Result{}, &HaltError{Op: e.Op, Unknown: true}
+		return Result{}, &HaltError{Op: ac.e.Op, Unknown: true}
 	}
-	if e.CountPlacements {
-		e.tally = &placementTally{}
+	if ac.e.CountPlacements {
+		ac.tally = &placementTally{}
 	}
-	v, err := h(tx, e)
+	v, err := h(ac)
 	if err != nil {
 		if ae, ok := err.(*api.Error); ok {
 			// The handler wrote nothing; what its placement decided
 			// still counts.
-			if err := e.tally.write(tx, false); err != nil {
+			if err := ac.tally.write(ac.tx, false); err != nil {
 				return Result{}, err
 			}
 			return Result{Error: ae}, nil
 		}
 		return Result{}, err
 	}
-	if err := e.tally.write(tx, true); err != nil {
+	if err := ac.tally.write(ac.tx, true); err != nil {
 		return Result{}, err
 	}
 	raw, err := encodeRecord(v)
@@ -321,9 +319,9 @@ func applyOne(tx *bolt.Tx, e *Entry) (Result, error) {
 		return Result{}, fmt.Errorf("encode the result: %w", err)
 	}
 	res := Result{Value: raw}
-	if e.CommandID != "" {
-		if err := putCommand(tx, e, commandRecord{Op: e.Op, InputHash: hash, AppliedAt: e.IssuedAt, Result: res}); err != nil {
-			return Result{}, fmt.Errorf("record command %s: %w", e.CommandID, err)
+	if ac.e.CommandID != "" {
+		if err := putCommand(ac, commandRecord{Op: ac.e.Op, InputHash: hash, AppliedAt: ac.e.IssuedAt, Result: res}); err != nil {
+			return Result{}, fmt.Errorf("record command %s: %w", ac.e.CommandID, err)
 		}
 	}
 	return res, nil

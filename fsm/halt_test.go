@@ -151,22 +151,22 @@ func withTestHandler(t *testing.T, op string, h handler) {
 // An internal error halts the batch even after the handler wrote: half an
 // entry is never committed, and no error result is recorded for it.
 func TestInternalErrorHalts(t *testing.T) {
-	writeNode := func(tx *bolt.Tx, e *Entry) error {
-		n, err := mustNode(tx, "node-a")
+	writeNode := func(ac *applyCtx) error {
+		n, err := mustNode(ac.tx, "node-a")
 		if err != nil {
 			return err
 		}
 		n.DrainRequested = true
-		return putNode(tx, n)
+		return putNode(ac, n)
 	}
-	withTestHandler(t, "test.write_then_fail", func(tx *bolt.Tx, e *Entry) (any, error) {
-		if err := writeNode(tx, e); err != nil {
+	withTestHandler(t, "test.write_then_fail", func(ac *applyCtx) (any, error) {
+		if err := writeNode(ac); err != nil {
 			return nil, err
 		}
 		return nil, errors.New("disk on fire")
 	})
-	withTestHandler(t, "test.unencodable_result", func(tx *bolt.Tx, e *Entry) (any, error) {
-		if err := writeNode(tx, e); err != nil {
+	withTestHandler(t, "test.unencodable_result", func(ac *applyCtx) (any, error) {
+		if err := writeNode(ac); err != nil {
 			return nil, err
 		}
 		return math.Inf(1), nil

@@ -133,9 +133,9 @@ type MemberLevel struct {
 	RecordedAt time.Time `json:"recorded_at"`
 }
 
-func applyMemberLevel(tx *bolt.Tx, e *Entry) (any, error) {
+func applyMemberLevel(ac *applyCtx) (any, error) {
 	var a MemberLevelArgs
-	if err := decodeArgs(e, &a); err != nil {
+	if err := decodeArgs(ac.e, &a); err != nil {
 		return nil, err
 	}
 	if err := ValidNodeID(a.NodeID); err != nil {
@@ -144,13 +144,13 @@ func applyMemberLevel(tx *bolt.Tx, e *Entry) (any, error) {
 	if a.Level < 1 || a.Level > 1<<20 || len(a.Release) > 64 {
 		return nil, api.Errorf(api.CodeInvalidArgument, "member %s: level %d or release %q out of range", a.NodeID, a.Level, a.Release)
 	}
-	if n, err := mustNode(tx, a.NodeID); err != nil {
+	if n, err := mustNode(ac.tx, a.NodeID); err != nil {
 		return nil, err
 	} else if !n.HasRole(api.RoleCtrl) {
 		return nil, api.Errorf(api.CodeFailedPrecondition, "node %s is not a ctrl member: only voters' levels count", a.NodeID)
 	}
-	rec := MemberLevel{NodeID: a.NodeID, Level: a.Level, Release: a.Release, RecordedAt: *at(e)}
-	return rec, putJSON(tx, bucketMemberLevels, []byte(a.NodeID), rec)
+	rec := MemberLevel{NodeID: a.NodeID, Level: a.Level, Release: a.Release, RecordedAt: *at(ac.e)}
+	return rec, putJSON(ac.tx, bucketMemberLevels, []byte(a.NodeID), rec)
 }
 
 // MemberLevels returns the recorded levels of the given members; one

@@ -62,14 +62,14 @@ func normalizeNetwork(tx *bolt.Tx, ws string, p api.NetworkPolicy, stored bool) 
 			"workspace %s: allow/deny lists apply to public egress only, not to egress %s: give --egress public, or %s", ws, out.Egress, fix)
 	}
 	if out.Egress != api.EgressNone && out.Egress != api.EgressPublic {
-		r, err := getEgress(tx, out.Egress)
+		r, err := getRecord[egressRecord](tx, bucketEgress, []byte(out.Egress))
 		if err != nil || r == nil {
 			return out, orNotFound(err, "egress %s does not exist: create it with kibo egress create %s --socks5 HOST:PORT", out.Egress, out.Egress)
 		}
 		out.EgressRevision = r.Revision
 	}
 	if out.Resolver != "" {
-		if r, err := getResolver(tx, out.Resolver); err != nil || r == nil {
+		if r, err := getRecord[resolverRecord](tx, bucketResolvers, []byte(out.Resolver)); err != nil || r == nil {
 			return out, orNotFound(err, "resolver %s does not exist: create it with kibo resolver create %s --upstream ADDR", out.Resolver, out.Resolver)
 		}
 	}
@@ -91,7 +91,7 @@ func latestEgressRevision(tx *bolt.Tx, w *api.Workspace) error {
 	if !usesEgressObject(w.Network) {
 		return nil
 	}
-	r, err := getEgress(tx, w.Network.Egress)
+	r, err := getRecord[egressRecord](tx, bucketEgress, []byte(w.Network.Egress))
 	if err != nil {
 		return err
 	}
@@ -163,23 +163,23 @@ func samePolicy(a, b api.NetworkPolicy) bool {
 // applyWorkspaceSetNetwork changes a Workspace's policy: at once when it
 // is STOPPED; through its node when it runs, the record keeping the old
 // policy until the node answered ok (applyNetworkResult).
-func applyWorkspaceSetNetwork(tx *bolt.Tx, e *Entry) (any, error) {
+func applyWorkspaceSetNetwork(ac *applyCtx) (any, error) {
 	var a WorkspaceNetworkArgs
-	if err := decodeArgs(e, &a); err != nil {
+	if err := decodeArgs(ac.e, &a); err != nil {
 		return nil, err
 	}
 	if a.WorkspaceID == "" {
-		return nil, api.Errorf(api.CodeInvalidArgument, "%s: no workspace_id given", e.Op)
+		return nil, api.Errorf(api.CodeInvalidArgument, "%s: no workspace_id given", ac.e.Op)
 	}
-	w, err := mustWorkspace(tx, a.WorkspaceID)
+	w, err := mustWorkspace(ac.tx, a.WorkspaceID)
 	if err != nil {
 		return nil, err
 	}
-	if err := checkVersion(e, w.Version, "workspace "+w.WorkspaceID); err != nil {
+	if err := checkVersion(ac.e, w.Version, "workspace "+w.WorkspaceID); err != nil {
 		return nil, err
 	}
 	cur := w.Network.Effective()
-	want, err := normalizeNetwork(tx, w.WorkspaceID, a.Apply(cur), true)
+	want, err := normalizeNetwork(ac.tx, w.WorkspaceID, a.Apply(cur), true)
 	if err != nil {
 		return nil, err
 	}
@@ -202,13 +202,13 @@ func applyWorkspaceSetNetwork(tx *bolt.Tx, e *Entry) (any, error) {
 		if samePolicy(cur, want) {
 			return w, nil // what its node enforces already
 		}
-		setPending(e, w, api.WSCmdNetwork, nil)
+		setPending(ac.e, w, api.WSCmdNetwork, nil)
 		w.Pending.Network = &want
 	default:
 		return nil, api.Errorf(api.CodeFailedPrecondition,
 			"workspace %s is %s: set-network needs STOPPED (stored at once) or AVAILABLE (applied by its node); wait for it, or stop it first", w.WorkspaceID, w.State)
 	}
-	if err := putWorkspace(tx, e, old, w); err != nil {
+	if err := putWorkspace(ac, old, w); err != nil {
 		return nil, err
 	}
 	return w, nil

@@ -9,13 +9,9 @@ import (
 	"github.com/kibotos/kibotos/api"
 )
 
-func getNode(tx *bolt.Tx, id string) (*api.Node, error) {
-	return getRecord[api.Node](tx, bucketNodes, []byte(id))
-}
-
 // mustNode returns the node or not_found.
 func mustNode(tx *bolt.Tx, id string) (*api.Node, error) {
-	n, err := getNode(tx, id)
+	n, err := getRecord[api.Node](tx, bucketNodes, []byte(id))
 	if err != nil {
 		return nil, err
 	}
@@ -27,21 +23,21 @@ func mustNode(tx *bolt.Tx, id string) (*api.Node, error) {
 
 // putNode stores a node after bumping its registration version: every
 // accepted change to a registration is a new version.
-func putNode(tx *bolt.Tx, n *api.Node) error {
-	return putNodeRecord(tx, n, nil)
+func putNode(ac *applyCtx, n *api.Node) error {
+	return putNodeRecord(ac, n, nil)
 }
 
 // putNodeRecord is putNode; a report given raw (adminNode) is stored as
 // it is in place of n.Report.
-func putNodeRecord(tx *bolt.Tx, n *api.Node, rawReport json.RawMessage) error {
-	markNodeChanged(tx, n.NodeID)
+func putNodeRecord(ac *applyCtx, n *api.Node, rawReport json.RawMessage) error {
+	markNodeChanged(ac, n.NodeID)
 	n.RegistrationVersion++
 	stored := *n
 	stored.Status, stored.Overcommit, stored.Schedulable = "", nil, nil
 	if rawReport != nil {
-		return putJSON(tx, bucketNodes, []byte(n.NodeID), &adminNode{Node: stored, Report: rawReport})
+		return putJSON(ac.tx, bucketNodes, []byte(n.NodeID), &adminNode{Node: stored, Report: rawReport})
 	}
-	return putJSON(tx, bucketNodes, []byte(n.NodeID), &stored)
+	return putJSON(ac.tx, bucketNodes, []byte(n.NodeID), &stored)
 }
 
 func notRetired(n *api.Node, what string) error {
@@ -51,12 +47,12 @@ func notRetired(n *api.Node, what string) error {
 	return nil
 }
 
-func applyBootstrap(tx *bolt.Tx, e *Entry) (any, error) {
+func applyBootstrap(ac *applyCtx) (any, error) {
 	var a BootstrapArgs
-	if err := decodeArgs(e, &a); err != nil {
+	if err := decodeArgs(ac.e, &a); err != nil {
 		return nil, err
 	}
-	if tx.Bucket(bucketMeta).Get(keyClusterID) != nil {
+	if ac.tx.Bucket(bucketMeta).Get(keyClusterID) != nil {
 		return nil, api.Errorf(api.CodeFailedPrecondition, "cluster is already bootstrapped")
 	}
 	if err := ValidNodeID(a.NodeID); err != nil {
@@ -67,30 +63,30 @@ func applyBootstrap(tx *bolt.Tx, e *Entry) (any, error) {
 	}
 	// Overwriting a registration made before bootstrap would reset its
 	// registration_version (an expected version could then match again).
-	if n, err := getNode(tx, a.NodeID); err != nil {
+	if n, err := getRecord[api.Node](ac.tx, bucketNodes, []byte(a.NodeID)); err != nil {
 		return nil, err
 	} else if n != nil {
 		return nil, api.Errorf(api.CodeFailedPrecondition, "node %s is already registered: bootstrap with a new node id", a.NodeID)
 	}
-	if err := tx.Bucket(bucketMeta).Put(keyClusterID, []byte(a.ClusterID)); err != nil {
+	if err := ac.tx.Bucket(bucketMeta).Put(keyClusterID, []byte(a.ClusterID)); err != nil {
 		return nil, err
 	}
-	if err := putUint(tx, bucketMeta, keySchemaVersion, SchemaVersion); err != nil {
+	if err := putUint(ac.tx, bucketMeta, keySchemaVersion, SchemaVersion); err != nil {
 		return nil, err
 	}
-	if err := putJSON(tx, bucketMeta, keyOvercommit, api.OvercommitDefault{CPU: 1000, Memory: 1000, Version: 1}); err != nil {
+	if err := putJSON(ac.tx, bucketMeta, keyOvercommit, api.OvercommitDefault{CPU: 1000, Memory: 1000, Version: 1}); err != nil {
 		return nil, err
 	}
-	n := &api.Node{NodeID: a.NodeID, Roles: a.Roles, Address: a.Address, Admission: api.Admitted, AdmittedAt: *at(e)}
-	return map[string]string{"cluster_id": a.ClusterID}, putNode(tx, n)
+	n := &api.Node{NodeID: a.NodeID, Roles: a.Roles, Address: a.Address, Admission: api.Admitted, AdmittedAt: *at(ac.e)}
+	return map[string]string{"cluster_id": a.ClusterID}, putNode(ac, n)
 }
 
-func applySessionOpen(tx *bolt.Tx, e *Entry) (any, error) {
+func applySessionOpen(ac *applyCtx) (any, error) {
 	var a SessionOpenArgs
-	if err := decodeArgs(e, &a); err != nil {
+	if err := decodeArgs(ac.e, &a); err != nil {
 		return nil, err
 	}
-	n, err := getNode(tx, a.NodeID)
+	n, err := getRecord[api.Node](ac.tx, bucketNodes, []byte(a.NodeID))
 	if err != nil {
 		return nil, err
 	}
@@ -118,26 +114,26 @@ func applySessionOpen(tx *bolt.Tx, e *Entry) (any, error) {
 	if a.Address != "" {
 		n.Address = a.Address
 	}
-	n.Session = &api.Session{Incarnation: a.Incarnation, SessionID: a.SessionID, Release: a.Release, Revision: a.Revision, Alive: true, StartedAt: *at(e)}
+	n.Session = &api.Session{Incarnation: a.Incarnation, SessionID: a.SessionID, Release: a.Release, Revision: a.Revision, Alive: true, StartedAt: *at(ac.e)}
 	// New values must be acknowledged again by this session.
 	n.OvercommitAck = nil
-	return SessionOpenResult{Accepted: true}, putNode(tx, n)
+	return SessionOpenResult{Accepted: true}, putNode(ac, n)
 }
 
-func applySessionClose(tx *bolt.Tx, e *Entry) (any, error) {
+func applySessionClose(ac *applyCtx) (any, error) {
 	var a SessionCloseArgs
-	if err := decodeArgs(e, &a); err != nil {
+	if err := decodeArgs(ac.e, &a); err != nil {
 		return nil, err
 	}
-	n, err := mustNode(tx, a.NodeID)
+	n, err := mustNode(ac.tx, a.NodeID)
 	if err != nil {
 		return nil, err
 	}
 	if n.Session == nil || n.Session.SessionID != a.SessionID || !n.Session.Alive {
 		return map[string]bool{"closed": false}, nil
 	}
-	endSession(n, e, a.Reason)
-	return map[string]bool{"closed": true}, putNode(tx, n)
+	endSession(n, ac.e, a.Reason)
+	return map[string]bool{"closed": true}, putNode(ac, n)
 }
 
 func endSession(n *api.Node, e *Entry, reason string) {
@@ -201,12 +197,12 @@ type reportingNode struct {
 	} `json:"report"`
 }
 
-func applyNodeReport(tx *bolt.Tx, e *Entry) (any, error) {
+func applyNodeReport(ac *applyCtx) (any, error) {
 	var a ReportArgs
-	if err := decodeArgs(e, &a); err != nil {
+	if err := decodeArgs(ac.e, &a); err != nil {
 		return nil, err
 	}
-	rr, err := nodeReport(tx, e, &a)
+	rr, err := nodeReport(ac, &a)
 	if err != nil {
 		return nil, err
 	}
@@ -216,9 +212,9 @@ func applyNodeReport(tx *bolt.Tx, e *Entry) (any, error) {
 // nodeReport stores a node's full report, from a report entry or with a
 // task result (WorkspaceResultArgs.Report). Like a handler, it writes
 // nothing when it returns an *api.Error.
-func nodeReport(tx *bolt.Tx, e *Entry, a *ReportArgs) (ReportResult, error) {
+func nodeReport(ac *applyCtx, a *ReportArgs) (ReportResult, error) {
 	var rn reportingNode
-	if err := nodeFields(tx, a.NodeID, &rn); err != nil {
+	if err := nodeFields(ac.tx, a.NodeID, &rn); err != nil {
 		return ReportResult{}, err
 	}
 	n := &rn.Node
@@ -237,53 +233,53 @@ func nodeReport(tx *bolt.Tx, e *Entry, a *ReportArgs) (ReportResult, error) {
 	if old := rn.Report; old != nil {
 		oldPools, r.ReportVersion = old.Pools, old.ReportVersion+1
 	}
-	if err := declarePools(tx, e, n.NodeID, oldPools, &r); err != nil {
+	if err := declarePools(ac, n.NodeID, oldPools, &r); err != nil {
 		return ReportResult{}, err
 	}
-	r.ReportedAt = *at(e)
+	r.ReportedAt = *at(ac.e)
 	n.Report = &r
 	if a.HostUsage != nil {
 		n.HostUsage = a.HostUsage
 	}
 	if a.Clock != nil {
 		n.Session.Clock = &api.Clock{
-			OffsetNS: a.Clock.OffsetNS, UncertaintyNS: a.Clock.UncertaintyNS, MeasuredAt: *at(e),
+			OffsetNS: a.Clock.OffsetNS, UncertaintyNS: a.Clock.UncertaintyNS, MeasuredAt: *at(ac.e),
 			Over: api.ClockOver(a.Clock.OffsetNS, a.Clock.UncertaintyNS), KernelSync: a.Clock.KernelSync,
 		}
 	}
-	if err := failEndedInstances(tx, e, n.NodeID, r.InstanceStates, a.OOMStops); err != nil {
+	if err := failEndedInstances(ac, n.NodeID, r.InstanceStates, a.OOMStops); err != nil {
 		return ReportResult{}, err
 	}
 	var forget, unrecognized []string
 	var err error
 	if a.Rounds {
-		forget, unrecognized, err = endedRound(tx, e, n.NodeID, a)
+		forget, unrecognized, err = endedRound(ac, n.NodeID, a)
 	} else {
-		forget, err = concludeEnded(tx, e, n.NodeID, r.Ended)
+		forget, err = concludeEnded(ac, n.NodeID, r.Ended)
 	}
 	if err != nil {
 		return ReportResult{}, err
 	}
-	if err := resumeDeletes(tx, e, n); err != nil {
+	if err := resumeDeletes(ac, n); err != nil {
 		return ReportResult{}, err
 	}
 	// The ended records are the node's to keep until concluded, not part
 	// of its registration.
 	n.Report.Ended, n.Report.EndedComplete = nil, false
-	return ReportResult{ReportVersion: r.ReportVersion, Forget: forget, Unrecognized: unrecognized}, putNode(tx, n)
+	return ReportResult{ReportVersion: r.ReportVersion, Forget: forget, Unrecognized: unrecognized}, putNode(ac, n)
 }
 
-func applyNodeDrain(tx *bolt.Tx, e *Entry) (any, error) {
-	return adminNodeChange(tx, e, "drain", func(n *api.Node) error {
+func applyNodeDrain(ac *applyCtx) (any, error) {
+	return adminNodeChange(ac, "drain", func(n *api.Node) error {
 		if !n.DrainRequested {
-			n.DrainRequested, n.DrainRequestedAt = true, at(e)
+			n.DrainRequested, n.DrainRequestedAt = true, at(ac.e)
 		}
 		return nil
 	})
 }
 
-func applyNodeCancelDrain(tx *bolt.Tx, e *Entry) (any, error) {
-	return adminNodeChange(tx, e, "cancel-drain", func(n *api.Node) error {
+func applyNodeCancelDrain(ac *applyCtx) (any, error) {
+	return adminNodeChange(ac, "cancel-drain", func(n *api.Node) error {
 		n.DrainRequested, n.DrainRequestedAt = false, nil
 		return nil
 	})
@@ -294,19 +290,25 @@ func applyNodeCancelDrain(tx *bolt.Tx, e *Entry) (any, error) {
 // The answer is the node's view. change gets the node with a report that
 // holds only what the node's status and schedulable resources derive
 // from (adminNode).
-func adminNodeChange(tx *bolt.Tx, e *Entry, what string, change func(n *api.Node) error) (*adminNode, error) {
+func adminNodeChange(ac *applyCtx, what string, change func(n *api.Node) error) (*adminNode, error) {
 	var a NodeArgs
-	if err := decodeArgs(e, &a); err != nil {
+	if err := decodeArgs(ac.e, &a); err != nil {
 		return nil, err
 	}
+	return changeAdminNode(ac, a.NodeID, what, change)
+}
+
+// changeAdminNode is adminNodeChange for an op whose arguments name the
+// node among others.
+func changeAdminNode(ac *applyCtx, id, what string, change func(n *api.Node) error) (*adminNode, error) {
 	var an adminNode
-	if err := nodeFields(tx, a.NodeID, &an); err != nil {
+	if err := nodeFields(ac.tx, id, &an); err != nil {
 		return nil, err
 	}
 	n := &an.Node
 	if len(an.Report) > 0 && string(an.Report) != "null" {
 		var c reportCounts
-		if err := jsonRecord(bucketNodes, []byte(a.NodeID), an.Report, &c); err != nil {
+		if err := jsonRecord(bucketNodes, []byte(id), an.Report, &c); err != nil {
 			return nil, err
 		}
 		n.Report = &api.Report{Capacity: c.Capacity, Instances: c.Instances, Volumes: c.Volumes, RetainedLayers: c.RetainedLayers}
@@ -316,16 +318,16 @@ func adminNodeChange(tx *bolt.Tx, e *Entry, what string, change func(n *api.Node
 	if err := notRetired(n, what); err != nil {
 		return nil, err
 	}
-	if err := checkVersion(e, n.RegistrationVersion, "node "+n.NodeID); err != nil {
+	if err := checkVersion(ac.e, n.RegistrationVersion, "node "+n.NodeID); err != nil {
 		return nil, err
 	}
 	if err := change(n); err != nil {
 		return nil, err
 	}
-	if err := putNodeRecord(tx, n, an.Report); err != nil {
+	if err := putNodeRecord(ac, n, an.Report); err != nil {
 		return nil, err
 	}
-	v, err := view(tx, n)
+	v, err := view(ac.tx, n)
 	if err != nil {
 		return nil, err
 	}
@@ -350,18 +352,18 @@ type reportCounts struct {
 	RetainedLayers int           `json:"retained_layers"`
 }
 
-func applyNodeIsolate(tx *bolt.Tx, e *Entry) (any, error) {
+func applyNodeIsolate(ac *applyCtx) (any, error) {
 	var res api.IsolateResult
-	_, err := adminNodeChange(tx, e, "isolate", func(n *api.Node) error {
+	_, err := adminNodeChange(ac, "isolate", func(n *api.Node) error {
 		if n.Session != nil && n.Session.Alive {
 			return api.Errorf(api.CodeFailedPrecondition,
 				"node %s still has a live control session (%s); isolate only a host that is shut down or cut off from its storage", n.NodeID, n.Session.SessionID)
 		}
 		n.Isolated = true
 		n.IsolatedIncarnation = n.LastIncarnation
-		n.IsolatedAt = at(e)
+		n.IsolatedAt = at(ac.e)
 		res.NodeID = n.NodeID
-		return releaseIsolated(tx, e, n.NodeID, &res)
+		return releaseIsolated(ac, n.NodeID, &res)
 	})
 	if err != nil {
 		return nil, err
@@ -369,9 +371,9 @@ func applyNodeIsolate(tx *bolt.Tx, e *Entry) (any, error) {
 	return res, nil
 }
 
-func applyNodeRetire(tx *bolt.Tx, e *Entry) (any, error) {
-	return adminNodeChange(tx, e, "retire", func(n *api.Node) error {
-		h, err := nodeHolds(tx, n.NodeID)
+func applyNodeRetire(ac *applyCtx) (any, error) {
+	return adminNodeChange(ac, "retire", func(n *api.Node) error {
+		h, err := nodeHolds(ac.tx, n.NodeID)
 		if err != nil {
 			return err
 		}
@@ -380,11 +382,11 @@ func applyNodeRetire(tx *bolt.Tx, e *Entry) (any, error) {
 			return api.Errorf(api.CodeFailedPrecondition,
 				"node %s is %s: retire accepts only a DRAINED node or one whose incarnation is isolated; drain and empty it first (kibo node drain %s --wait)", n.NodeID, status, n.NodeID)
 		}
-		n.Retired, n.RetiredAt = true, at(e)
-		endSession(n, e, "retired")
-		if err := releaseRetired(tx, e, n.NodeID); err != nil {
+		n.Retired, n.RetiredAt = true, at(ac.e)
+		endSession(n, ac.e, "retired")
+		if err := releaseRetired(ac, n.NodeID); err != nil {
 			return err
 		}
-		return revokePendingGrant(tx, n.NodeID)
+		return revokePendingGrant(ac.tx, n.NodeID)
 	})
 }

@@ -20,19 +20,19 @@ func ValidMultiplier(item string, m api.Milli) error {
 	return nil
 }
 
-func applyOvercommitSetDefault(tx *bolt.Tx, e *Entry) (any, error) {
+func applyOvercommitSetDefault(ac *applyCtx) (any, error) {
 	var a OvercommitDefaultArgs
-	if err := decodeArgs(e, &a); err != nil {
+	if err := decodeArgs(ac.e, &a); err != nil {
 		return nil, err
 	}
 	if a.CPU == nil && a.Memory == nil {
 		return nil, api.Errorf(api.CodeInvalidArgument, "overcommit default: give --cpu, --memory or both")
 	}
-	d, err := getOvercommitDefault(tx)
+	d, err := getOvercommitDefault(ac.tx)
 	if err != nil {
 		return nil, err
 	}
-	if err := checkVersion(e, d.Version, "the overcommit default"); err != nil {
+	if err := checkVersion(ac.e, d.Version, "the overcommit default"); err != nil {
 		return nil, err
 	}
 	if a.CPU != nil {
@@ -48,13 +48,13 @@ func applyOvercommitSetDefault(tx *bolt.Tx, e *Entry) (any, error) {
 		d.Memory = *a.Memory
 	}
 	d.Version++
-	markAllNodesChanged(tx)
-	return d, putJSON(tx, bucketMeta, keyOvercommit, d)
+	markAllNodesChanged(ac)
+	return d, putJSON(ac.tx, bucketMeta, keyOvercommit, d)
 }
 
-func applyOvercommitSet(tx *bolt.Tx, e *Entry) (any, error) {
+func applyOvercommitSet(ac *applyCtx) (any, error) {
 	var a OvercommitSetArgs
-	if err := decodeArgs(e, &a); err != nil {
+	if err := decodeArgs(ac.e, &a); err != nil {
 		return nil, err
 	}
 	if a.CPU == nil && a.Memory == nil {
@@ -71,7 +71,7 @@ func applyOvercommitSet(tx *bolt.Tx, e *Entry) (any, error) {
 			}
 		}
 	}
-	return adminNodeChange(tx, &Entry{Op: e.Op, ExpectedVersion: e.ExpectedVersion, IssuedAt: e.IssuedAt, Args: mustJSON(NodeArgs{NodeID: a.NodeID})}, "overcommit set", func(n *api.Node) error {
+	return changeAdminNode(ac, a.NodeID, "overcommit set", func(n *api.Node) error {
 		o := api.OvercommitOverride{}
 		if n.OvercommitOverride != nil {
 			o = *n.OvercommitOverride
@@ -98,19 +98,19 @@ func applyChange(cur *api.Milli, c *MultiplierChange) *api.Milli {
 	}
 }
 
-func applyOvercommitAck(tx *bolt.Tx, e *Entry) (any, error) {
+func applyOvercommitAck(ac *applyCtx) (any, error) {
 	var a OvercommitAckArgs
-	if err := decodeArgs(e, &a); err != nil {
+	if err := decodeArgs(ac.e, &a); err != nil {
 		return nil, err
 	}
-	n, err := currentSession(tx, a.NodeID, a.SessionID)
+	n, err := currentSession(ac.tx, a.NodeID, a.SessionID)
 	if err != nil {
 		return nil, err
 	}
 	v := a.Values
 	n.OvercommitAck = &v
-	if err := putNode(tx, n); err != nil {
+	if err := putNode(ac, n); err != nil {
 		return nil, err
 	}
-	return view(tx, n)
+	return view(ac.tx, n)
 }

@@ -1,8 +1,6 @@
 package fsm
 
 import (
-	bolt "go.etcd.io/bbolt"
-
 	"github.com/kibotos/kibotos/api"
 )
 
@@ -19,8 +17,8 @@ import (
 // maxSnapshotBytes bounds the size a node may report of a snapshot.
 const maxSnapshotBytes = 1 << 40
 
-func applyWorkspacePause(tx *bolt.Tx, e *Entry) (any, error) {
-	_, w, err := workspaceWrite(tx, e)
+func applyWorkspacePause(ac *applyCtx) (any, error) {
+	_, w, err := workspaceWrite(ac)
 	if err != nil {
 		return nil, err
 	}
@@ -36,13 +34,13 @@ func applyWorkspacePause(tx *bolt.Tx, e *Entry) (any, error) {
 		return nil, api.Errorf(api.CodeFailedPrecondition, "workspace %s has no writable layer to keep its snapshot beside", w.WorkspaceID)
 	}
 	// The snapshot may take up to the guest's memory in the layer's pool.
-	if _, err := poolRoom(tx, api.LayerPoolID(w.Layer), "the snapshot of workspace "+w.WorkspaceID, w.MemoryBytes); err != nil {
+	if _, err := poolRoom(ac.tx, api.LayerPoolID(w.Layer), "the snapshot of workspace "+w.WorkspaceID, w.MemoryBytes); err != nil {
 		return nil, err
 	}
 	old := cloneWorkspace(w)
 	w.State, w.LastError = api.WorkspacePausing, nil
-	setPending(e, w, api.WSCmdPause, nil)
-	if err := putWorkspace(tx, e, old, w); err != nil {
+	setPending(ac.e, w, api.WSCmdPause, nil)
+	if err := putWorkspace(ac, old, w); err != nil {
 		return nil, err
 	}
 	return w, nil

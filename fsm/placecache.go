@@ -3,7 +3,6 @@ package fsm
 import (
 	"bytes"
 	"fmt"
-	"sync"
 
 	json "github.com/segmentio/encoding/json"
 	bolt "go.etcd.io/bbolt"
@@ -50,25 +49,12 @@ func newPlaceCache() *placeCache {
 	return &placeCache{decoded: map[string]decodedNode{}, holds: map[string]decodedHolds{}}
 }
 
-// txCaches finds the cache of the batch a write transaction applies; the
-// apply functions only get the transaction.
-var txCaches sync.Map // *bolt.Tx → *placeCache
-
-func cacheFor(tx *bolt.Tx) *placeCache {
-	if c, ok := txCaches.Load(tx); ok {
-		return c.(*placeCache)
-	}
-	return nil
-}
-
-// beginBatch attaches c to tx for one Apply; the returned func detaches it.
-// A batch that does not commit must be followed by invalidate.
-func (c *placeCache) beginBatch(tx *bolt.Tx) func() {
+// beginBatch readies c for one batch. A batch that does not commit must
+// be followed by invalidate.
+func (c *placeCache) beginBatch() {
 	if c.dirty == nil {
 		c.dirty = map[string]bool{}
 	}
-	txCaches.Store(tx, c)
-	return func() { txCaches.Delete(tx) }
 }
 
 // invalidate drops the candidate list: the state changed in a way the
@@ -79,18 +65,14 @@ func (c *placeCache) invalidate() {
 }
 
 // markNodeChanged: the node's record or holds changed in this batch.
-func markNodeChanged(tx *bolt.Tx, node string) {
-	if c := cacheFor(tx); c != nil {
-		c.dirty[node] = true
-	}
+func markNodeChanged(ac *applyCtx, node string) {
+	ac.cache.dirty[node] = true
 }
 
 // markAllNodesChanged: something every node's view depends on changed
 // (the overcommit default).
-func markAllNodesChanged(tx *bolt.Tx) {
-	if c := cacheFor(tx); c != nil {
-		c.all = true
-	}
+func markAllNodesChanged(ac *applyCtx) {
+	ac.cache.all = true
 }
 
 // nodeHolds is nodeHolds, reusing the last decode of the same bytes: a
@@ -143,16 +125,18 @@ type placedNode struct {
 // report's Instance list, and keeps nothing of it past the apply (the
 // decode is shared with the cache): within a batch, a record placement
 // has just decoded is not decoded again while its bytes are the same.
-func viewNode(tx *bolt.Tx, id string) (*api.Node, error) {
-	c := cacheFor(tx)
-	raw := tx.Bucket(bucketNodes).Get([]byte(id))
-	if c == nil || raw == nil {
-		return mustNode(tx, id) // not_found, worded once
+func viewNode(ac *applyCtx, id string) (*api.Node, error) {
+	raw := ac.tx.Bucket(bucketNodes).Get([]byte(id))
+	if raw == nil {
+		return mustNode(ac.tx, id) // not_found, worded once
 	}
-	n, err := c.node(id, raw)
+	n, err := ac.cache.node(id, raw)
 	return &n, err
 }
 
+// candidates returns every node as placement sees it, with allocations
+// raised to what ctrl itself has placed there but the node has not
+// reported yet, and the nodes' placement.Candidates.
 func (c *placeCache) candidates(tx *bolt.Tx) ([]api.Node, []placement.Candidate, error) {
 	d, err := getOvercommitDefault(tx)
 	if err != nil {
@@ -163,7 +147,7 @@ func (c *placeCache) candidates(tx *bolt.Tx) ([]api.Node, []placement.Candidate,
 		if err != nil {
 			return nil, err
 		}
-		return candidateViewWith(d, &n, func() (Holds, error) { return c.nodeHolds(tx, id) })
+		return candidateView(d, &n, func() (Holds, error) { return c.nodeHolds(tx, id) })
 	}
 	if c.list != nil && !c.all {
 		for id := range c.dirty {

@@ -46,49 +46,49 @@ func CheckPlatformPublish(a PlatformPublishArgs) error {
 	return a.PlatformImage.Check()
 }
 
-func applyPlatformPublish(tx *bolt.Tx, e *Entry) (any, error) {
+func applyPlatformPublish(ac *applyCtx) (any, error) {
 	var a PlatformPublishArgs
-	if err := decodeArgs(e, &a); err != nil {
+	if err := decodeArgs(ac.e, &a); err != nil {
 		return nil, err
 	}
 	if err := CheckPlatformPublish(a); err != nil {
 		return nil, err
 	}
-	if _, err := mustNode(tx, a.NodeID); err != nil {
+	if _, err := mustNode(ac.tx, a.NodeID); err != nil {
 		return nil, err
 	}
-	old, err := platformEntry(tx, a.PlatformID)
+	old, err := getRecord[platformRecord](ac.tx, bucketPlatforms, []byte(a.PlatformID))
 	if err != nil {
 		return nil, err
 	}
 	if old != nil {
 		// The id is the content's digest: publishing it again (say after
 		// the store lost the archive) keeps its approval.
-		if err := checkVersion(e, old.Version, "platform "+a.PlatformID); err != nil {
+		if err := checkVersion(ac.e, old.Version, "platform "+a.PlatformID); err != nil {
 			return nil, err
 		}
 		if old.PlatformImage == a.PlatformImage {
-			return platformView(tx, old)
+			return platformView(ac.tx, old)
 		}
 		old.PlatformImage = a.PlatformImage
 		old.Version++
-		return platformView(tx, old, putJSON(tx, bucketPlatforms, []byte(a.PlatformID), old))
+		return platformView(ac.tx, old, putJSON(ac.tx, bucketPlatforms, []byte(a.PlatformID), old))
 	}
-	if countAtMost(tx, bucketPlatforms, api.MaxCatalogPlatforms) >= api.MaxCatalogPlatforms {
+	if countAtMost(ac.tx, bucketPlatforms, api.MaxCatalogPlatforms) >= api.MaxCatalogPlatforms {
 		return nil, api.Errorf(api.CodeResourceExhausted, "platform %s: the catalog keeps at most %d Platforms: withdraw old ones first (kibo platform withdraw ID)", a.PlatformID, api.MaxCatalogPlatforms)
 	}
-	rec := &platformRecord{PlatformImage: a.PlatformImage, PublishedBy: a.NodeID, PublishedAt: *at(e), Version: 1}
-	return platformView(tx, rec, putJSON(tx, bucketPlatforms, []byte(a.PlatformID), rec))
+	rec := &platformRecord{PlatformImage: a.PlatformImage, PublishedBy: a.NodeID, PublishedAt: *at(ac.e), Version: 1}
+	return platformView(ac.tx, rec, putJSON(ac.tx, bucketPlatforms, []byte(a.PlatformID), rec))
 }
 
 // applyPlatformApprove approves a published Platform, which makes it the
 // default of its kernel series.
-func applyPlatformApprove(tx *bolt.Tx, e *Entry) (any, error) {
-	rec, err := platformFor(tx, e)
+func applyPlatformApprove(ac *applyCtx) (any, error) {
+	rec, err := platformFor(ac)
 	if err != nil {
 		return nil, err
 	}
-	all, err := platformRecords(tx)
+	all, err := platformRecords(ac.tx)
 	if err != nil {
 		return nil, err
 	}
@@ -97,62 +97,62 @@ func applyPlatformApprove(tx *bolt.Tx, e *Entry) (any, error) {
 		top = max(top, p.ApprovalSeq)
 	}
 	if rec.ApprovalSeq == top && rec.ApprovalSeq != 0 {
-		return platformView(tx, rec) // already the latest approval
+		return platformView(ac.tx, rec) // already the latest approval
 	}
 	rec.ApprovalSeq = top + 1
-	rec.ApprovedAt = at(e)
+	rec.ApprovedAt = at(ac.e)
 	rec.Version++
-	return platformView(tx, rec, putJSON(tx, bucketPlatforms, []byte(rec.PlatformID), rec))
+	return platformView(ac.tx, rec, putJSON(ac.tx, bucketPlatforms, []byte(rec.PlatformID), rec))
 }
 
 // applyPlatformWithdraw removes a catalog entry that is neither the
 // default of its series nor used by a Workspace's Instance. The archive
 // stays in the artifact store and the installations on the nodes.
-func applyPlatformWithdraw(tx *bolt.Tx, e *Entry) (any, error) {
-	rec, err := platformFor(tx, e)
+func applyPlatformWithdraw(ac *applyCtx) (any, error) {
+	rec, err := platformFor(ac)
 	if err != nil {
 		return nil, err
 	}
-	defaults, err := platformDefaults(tx)
+	defaults, err := platformDefaults(ac.tx)
 	if err != nil {
 		return nil, err
 	}
 	if defaults[rec.KernelSeries] == rec.PlatformID {
 		return nil, api.Errorf(api.CodeFailedPrecondition, "platform %s is the default of kernel series %s and cannot be withdrawn: approve another Platform of the series first (kibo platform approve ID)", rec.PlatformID, rec.KernelSeries)
 	}
-	users, err := platformUsers(tx, rec.PlatformID)
+	users, err := platformUsers(ac.tx, rec.PlatformID)
 	if err != nil {
 		return nil, err
 	}
 	if err := inUse("platform", rec.PlatformID, users, "stop them first (kibo workspace stop ID); their next start uses a default Platform"); err != nil {
 		return nil, err
 	}
-	view, err := platformView(tx, rec)
+	view, err := platformView(ac.tx, rec)
 	if err != nil {
 		return nil, err
 	}
-	return view, tx.Bucket(bucketPlatforms).Delete([]byte(rec.PlatformID))
+	return view, ac.tx.Bucket(bucketPlatforms).Delete([]byte(rec.PlatformID))
 }
 
 // platformFor is the entry an approve or withdraw names, at the version
 // the entry expects.
-func platformFor(tx *bolt.Tx, e *Entry) (*platformRecord, error) {
+func platformFor(ac *applyCtx) (*platformRecord, error) {
 	var a ObjectArgs
-	if err := decodeArgs(e, &a); err != nil {
+	if err := decodeArgs(ac.e, &a); err != nil {
 		return nil, err
 	}
 	if err := api.ValidPlatformID(a.Name); err != nil {
 		return nil, err
 	}
-	rec, err := mustPlatform(tx, a.Name)
+	rec, err := mustPlatform(ac.tx, a.Name)
 	if err != nil {
 		return nil, err
 	}
-	return rec, checkVersion(e, rec.Version, "platform "+a.Name)
+	return rec, checkVersion(ac.e, rec.Version, "platform "+a.Name)
 }
 
 func mustPlatform(tx *bolt.Tx, id string) (*platformRecord, error) {
-	rec, err := platformEntry(tx, id)
+	rec, err := getRecord[platformRecord](tx, bucketPlatforms, []byte(id))
 	if err != nil {
 		return nil, err
 	}
@@ -181,14 +181,6 @@ func platformUsers(tx *bolt.Tx, id string) ([]string, error) {
 		return nil
 	})
 	return out, err
-}
-
-func platformEntry(tx *bolt.Tx, id string) (*platformRecord, error) {
-	var rec platformRecord
-	if ok, err := getJSON(tx, bucketPlatforms, []byte(id), &rec); err != nil || !ok {
-		return nil, err
-	}
-	return &rec, nil
 }
 
 // platformRecords is the whole catalog, by id (it is bounded).

@@ -1,6 +1,8 @@
 package fsm
 
-// Every bucket of the state, declared in one place.
+// Every bucket of the state, declared in one place: each table first, the
+// indexes derived from it right after it (kept in step by the table's
+// put function, e.g. putWorkspace's workspaceDerived).
 var (
 	bucketMeta     = []byte("meta")     // schema version, cluster id, overcommit default, clock
 	bucketNodes    = []byte("nodes")    // node_id → api.Node (stored fields only)
@@ -26,6 +28,9 @@ var (
 	bucketWorkspaceCommands = []byte("workspace_commands")
 	// node_id → Holds: what the Workspaces' records hold on the node
 	bucketNodeHolds = []byte("node_holds")
+	// source_id NUL fork_id → nil: each fork whose first start still
+	// reads its source Workspace's files (forks.go)
+	bucketForks = []byte("forks")
 
 	// workspace_id → deletion time: an id is never used twice, even when
 	// its command id comes back after the command record expired
@@ -92,10 +97,6 @@ var (
 	bucketPlatforms = []byte("platforms")
 	// transfer id → transferRecord: an export (transfers.go)
 	bucketTransfers = []byte("transfers")
-
-	// bucketForks: source\x00fork for each fork whose first start still
-	// reads its source's files (forks.go).
-	bucketForks = []byte("forks")
 
 	allBuckets = [][]byte{bucketMeta, bucketNodes, bucketGrants, bucketCommands, bucketCommandTimes, bucketCommandLog, bucketWorkspaces, bucketWorkspaceNodes, bucketWorkspaceCommands, bucketNodeHolds, bucketWorkspaceTombstones, bucketInstanceOwners,
 		bucketEgress, bucketEgressRevisions, bucketEgressRefs, bucketResolvers, bucketResolverRefs, bucketPools, bucketPoolUse, bucketPoolMembers, bucketPoolWaits,

@@ -2,10 +2,17 @@ package fsm
 
 import (
 	"bytes"
+	"encoding/binary"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	bolt "go.etcd.io/bbolt"
+
+	"github.com/kibotos/kibotos/api"
 )
 
 // A Raft snapshot holds a read transaction while it writes the state out
@@ -66,5 +73,163 @@ func TestApplyDoesNotWaitForASnapshot(t *testing.T) {
 	}
 	if b, a := mustDump(t, restoredFrom(t, &before)), mustDump(t, restoredFrom(t, &after)); a != b {
 		t.Fatalf("the snapshot's state changed under it:\n%s", diffLines(b, a))
+	}
+}
+
+// ---------------------------------------------------------------------------
+// Snapshot and restore
+
+func TestRestoreRefusesNewerSchema(t *testing.T) {
+	h := newHarness(t)
+	readyNode(h)
+	before := h.dump()
+
+	path := filepath.Join(t.TempDir(), "newer.db")
+	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := db.Update(func(tx *bolt.Tx) error {
+		for _, name := range allBuckets {
+			if _, err := tx.CreateBucketIfNotExists(name); err != nil {
+				return err
+			}
+		}
+		var v [8]byte
+		binary.BigEndian.PutUint64(v[:], SchemaVersion+1)
+		if err := tx.Bucket(bucketMeta).Put(keySchemaVersion, v[:]); err != nil {
+			return err
+		}
+		return tx.Bucket(bucketMeta).Put(keyClusterID, []byte("from-the-future"))
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := db.Close(); err != nil {
+		t.Fatal(err)
+	}
+	snap, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	err = h.f.Restore(bytes.NewReader(snap))
+	if err == nil || !strings.Contains(err.Error(), "schema version") {
+		t.Fatalf("restore of a newer schema: %v", err)
+	}
+	if got := h.dump(); got != before {
+		t.Fatalf("refused restore changed the state:\n%s", diffLines(before, got))
+	}
+	// The FSM keeps working on the old state.
+	h.advance(time.Second)
+	h.report("node-a", "s1", api.Report{})
+	if v := h.version("node-a"); v != 3 {
+		t.Errorf("version %d", v)
+	}
+	if _, err := os.Stat(h.f.path + ".restore.tmp"); !os.IsNotExist(err) {
+		t.Errorf("temporary restore file left behind: %v", err)
+	}
+
+	// The same file with the current schema version is accepted.
+	db, err = bolt.Open(path, 0o600, &bolt.Options{Timeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	db.Update(func(tx *bolt.Tx) error {
+		var v [8]byte
+		binary.BigEndian.PutUint64(v[:], SchemaVersion)
+		return tx.Bucket(bucketMeta).Put(keySchemaVersion, v[:])
+	})
+	db.Close()
+	snap, _ = os.ReadFile(path)
+	if err := h.f.Restore(bytes.NewReader(snap)); err != nil {
+		t.Fatalf("restore current schema: %v", err)
+	}
+	h.f.View(func(tx *bolt.Tx) error {
+		if id := ClusterID(tx); id != "from-the-future" {
+			t.Errorf("cluster id after restore %q", id)
+		}
+		return nil
+	})
+}
+
+// writeStateFile builds a bbolt file with every bucket and the given meta
+// schema_version value, and returns its bytes.
+func writeStateFile(t *testing.T, schemaVersion []byte) []byte {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "snap.db")
+	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := db.Update(func(tx *bolt.Tx) error {
+		for _, name := range allBuckets {
+			if _, err := tx.CreateBucketIfNotExists(name); err != nil {
+				return err
+			}
+		}
+		return tx.Bucket(bucketMeta).Put(keySchemaVersion, schemaVersion)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := db.Close(); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// A corrupt schema version record is refused, not a panic.
+func TestRestoreRefusesCorruptSchemaVersion(t *testing.T) {
+	h := newHarness(t)
+	readyNode(h)
+	before := h.dump()
+	for _, v := range [][]byte{{1}, {0, 0, 0, 1}, {}, make([]byte, 9)} {
+		if err := h.f.Restore(bytes.NewReader(writeStateFile(t, v))); err == nil {
+			t.Errorf("schema version %x accepted", v)
+		}
+		if got := h.dump(); got != before {
+			t.Fatal("refused restore changed the state")
+		}
+	}
+}
+
+func TestRestoreRefusesGarbage(t *testing.T) {
+	h := newHarness(t)
+	readyNode(h)
+	before := h.dump()
+	for _, snap := range [][]byte{nil, []byte("not a bolt file"), bytes.Repeat([]byte{0xff}, 8192)} {
+		if err := h.f.Restore(bytes.NewReader(snap)); err == nil {
+			t.Errorf("restore of %d garbage bytes succeeded", len(snap))
+		}
+		if got := h.dump(); got != before {
+			t.Fatalf("refused restore changed the state")
+		}
+	}
+	h.advance(time.Second)
+	h.report("node-a", "s1", api.Report{})
+}
+
+func TestSnapshotRestoreRoundTrip(t *testing.T) {
+	h := newHarness(t)
+	readyNode(h)
+	h.ok(OpNodeDrain, NodeArgs{NodeID: "node-a"}, withCommand("d"))
+	var buf bytes.Buffer
+	if err := h.f.Snapshot(&buf); err != nil {
+		t.Fatal(err)
+	}
+	want := h.dump()
+	c := &harness{t: t, f: openFSM(t), now: h.now}
+	if err := c.f.Restore(&buf); err != nil {
+		t.Fatal(err)
+	}
+	if got := c.dump(); got != want {
+		t.Fatalf("restored state differs:\n%s", diffLines(want, got))
+	}
+	// Command records travel with the snapshot.
+	if r := c.expectUnchanged(c.entry(OpNodeDrain, NodeArgs{NodeID: "node-a"}, withCommand("d"))); !r.Replayed {
+		t.Error("command record lost in the snapshot")
 	}
 }

@@ -59,63 +59,62 @@ func CheckTemplatePublish(a TemplatePublishArgs) error {
 	return nil
 }
 
-func applyTemplatePublish(tx *bolt.Tx, e *Entry) (any, error) {
+func applyTemplatePublish(ac *applyCtx) (any, error) {
 	var a TemplatePublishArgs
-	if err := decodeArgs(e, &a); err != nil {
+	if err := decodeArgs(ac.e, &a); err != nil {
 		return nil, err
 	}
 	if err := CheckTemplatePublish(a); err != nil {
 		return nil, err
 	}
-	if _, err := mustNode(tx, a.NodeID); err != nil {
+	if _, err := mustNode(ac.tx, a.NodeID); err != nil {
 		return nil, err
 	}
-	var old catalogRecord
-	exists, err := getJSON(tx, bucketTemplates, []byte(a.Name), &old)
+	old, err := getRecord[catalogRecord](ac.tx, bucketTemplates, []byte(a.Name))
 	if err != nil {
 		return nil, err
 	}
-	rec := catalogRecord{TemplateImage: a.TemplateImage, PublishedBy: a.NodeID, PublishedAt: *at(e), Version: 1}
-	if exists {
-		if err := checkVersion(e, old.Version, "template "+a.Name); err != nil {
+	rec := catalogRecord{TemplateImage: a.TemplateImage, PublishedBy: a.NodeID, PublishedAt: *at(ac.e), Version: 1}
+	if old != nil {
+		if err := checkVersion(ac.e, old.Version, "template "+a.Name); err != nil {
 			return nil, err
 		}
 		if old.Digest == a.Digest {
-			return catalogView(tx, &old)
+			return catalogView(ac.tx, old)
 		}
 		rec.Version = old.Version + 1
-	} else if countAtMost(tx, bucketTemplates, api.MaxCatalogTemplates) >= api.MaxCatalogTemplates {
+	} else if countAtMost(ac.tx, bucketTemplates, api.MaxCatalogTemplates) >= api.MaxCatalogTemplates {
 		return nil, api.Errorf(api.CodeResourceExhausted, "template %s: the catalog keeps at most %d templates", a.Name, api.MaxCatalogTemplates)
 	}
-	if err := putJSON(tx, bucketTemplates, []byte(a.Name), rec); err != nil {
+	if err := putJSON(ac.tx, bucketTemplates, []byte(a.Name), rec); err != nil {
 		return nil, err
 	}
-	return catalogView(tx, &rec)
+	return catalogView(ac.tx, &rec)
 }
 
 // applyTemplateDelete removes a catalog entry no Workspace references (a
 // Workspace's next start on a node without the template would need it).
 // The image stays in the artifact store and on the nodes that hold it.
-func applyTemplateDelete(tx *bolt.Tx, e *Entry) (any, error) {
+func applyTemplateDelete(ac *applyCtx) (any, error) {
 	var a ObjectArgs
-	if err := decodeArgs(e, &a); err != nil {
+	if err := decodeArgs(ac.e, &a); err != nil {
 		return nil, err
 	}
-	out, err := GetCatalogTemplate(tx, a.Name)
+	out, err := GetCatalogTemplate(ac.tx, a.Name)
 	if err != nil {
 		return nil, err
 	}
-	if err := checkVersion(e, out.Version, "template "+a.Name); err != nil {
+	if err := checkVersion(ac.e, out.Version, "template "+a.Name); err != nil {
 		return nil, err
 	}
-	users, err := templateUsers(tx, a.Name)
+	users, err := templateUsers(ac.tx, a.Name)
 	if err != nil {
 		return nil, err
 	}
 	if err := inUse("template", a.Name, users, "delete them first (kibo workspace delete ID)"); err != nil {
 		return nil, err
 	}
-	return out, tx.Bucket(bucketTemplates).Delete([]byte(a.Name))
+	return out, ac.tx.Bucket(bucketTemplates).Delete([]byte(a.Name))
 }
 
 // templateUsers are the Workspaces of template name, by id.
@@ -141,7 +140,7 @@ func GetCatalogTemplate(tx *bolt.Tx, name string) (*api.CatalogTemplate, error) 
 	if err := api.ValidTemplateName(name); err != nil {
 		return nil, err
 	}
-	rec, err := catalogEntry(tx, name)
+	rec, err := getRecord[catalogRecord](tx, bucketTemplates, []byte(name))
 	if err != nil {
 		return nil, err
 	}
@@ -154,20 +153,11 @@ func GetCatalogTemplate(tx *bolt.Tx, name string) (*api.CatalogTemplate, error) 
 // TaskTemplate is the catalog entry of the template a start names, nil
 // when it was never published.
 func TaskTemplate(tx *bolt.Tx, name string) (*api.TemplateImage, error) {
-	rec, err := catalogEntry(tx, name)
+	rec, err := getRecord[catalogRecord](tx, bucketTemplates, []byte(name))
 	if err != nil || rec == nil {
 		return nil, err
 	}
 	return &rec.TemplateImage, nil
-}
-
-// catalogEntry is the catalog record of name, nil when there is none.
-func catalogEntry(tx *bolt.Tx, name string) (*catalogRecord, error) {
-	var rec catalogRecord
-	if ok, err := getJSON(tx, bucketTemplates, []byte(name), &rec); err != nil || !ok {
-		return nil, err
-	}
-	return &rec, nil
 }
 
 // ListCatalogTemplates is a page of the catalog, by name.

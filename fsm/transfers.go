@@ -50,12 +50,12 @@ type transferRecord struct {
 // command id makes.
 func TransferIDFor(commandID string) string { return "tr-" + hashID("transfer\x00"+commandID) }
 
-func applyTransferExport(tx *bolt.Tx, e *Entry) (any, error) {
+func applyTransferExport(ac *applyCtx) (any, error) {
 	var a TransferExportArgs
-	if err := decodeArgs(e, &a); err != nil {
+	if err := decodeArgs(ac.e, &a); err != nil {
 		return nil, err
 	}
-	if e.CommandID == "" {
+	if ac.e.CommandID == "" {
 		return nil, api.Errorf(api.CodeInvalidArgument, "transfer export needs a command id (the Transfer id is derived from it)")
 	}
 	if err := api.ValidTransferNamespace(a.Namespace); err != nil {
@@ -68,17 +68,17 @@ func applyTransferExport(tx *bolt.Tx, e *Entry) (any, error) {
 	if ttl < time.Minute || ttl > api.MaxTransferTTL {
 		return nil, api.Errorf(api.CodeInvalidArgument, "transfer ttl %s is out of range: give 1m to %s", ttl, api.MaxTransferTTL)
 	}
-	id := TransferIDFor(e.CommandID)
-	if old, err := transferEntry(tx, id); err != nil {
+	id := TransferIDFor(ac.e.CommandID)
+	if old, err := getRecord[transferRecord](ac.tx, bucketTransfers, []byte(id)); err != nil {
 		return nil, err
 	} else if old != nil {
 		return nil, api.Errorf(api.CodeAlreadyExists, "transfer %s already exists: use a new --command-id", id)
 	}
-	w, err := mustWorkspace(tx, a.WorkspaceID)
+	w, err := mustWorkspace(ac.tx, a.WorkspaceID)
 	if err != nil {
 		return nil, err
 	}
-	if err := checkVersion(e, w.Version, "workspace "+w.WorkspaceID); err != nil {
+	if err := checkVersion(ac.e, w.Version, "workspace "+w.WorkspaceID); err != nil {
 		return nil, err
 	}
 	node := ""
@@ -97,14 +97,14 @@ func applyTransferExport(tx *bolt.Tx, e *Entry) (any, error) {
 	default:
 		node = w.Layer.NodeID
 	}
-	if countAtMost(tx, bucketTransfers, api.MaxTransfers) >= api.MaxTransfers {
+	if countAtMost(ac.tx, bucketTransfers, api.MaxTransfers) >= api.MaxTransfers {
 		return nil, api.Errorf(api.CodeResourceExhausted, "transfer of workspace %s: the cluster keeps at most %d Transfers: delete old ones first (kibo transfer delete ID)", w.WorkspaceID, api.MaxTransfers)
 	}
-	vols, err := TaskVolumes(tx, w)
+	vols, err := TaskVolumes(ac.tx, w)
 	if err != nil {
 		return nil, err
 	}
-	now := *at(e)
+	now := *at(ac.e)
 	rec := &transferRecord{LayerPool: w.Layer.PoolID, Volumes: vols, Transfer: api.Transfer{TransferID: id, Version: 1, State: api.TransferExporting,
 		Namespace: a.Namespace, WorkspaceID: w.WorkspaceID, NodeID: node, CreatedAt: now, UpdatedAt: now, ExpiresAt: now.Add(ttl),
 		Shape: api.TransferShape{Template: w.Template, CPU: w.CPU, MemoryBytes: w.MemoryBytes, Labels: w.Labels}}}
@@ -113,21 +113,21 @@ func applyTransferExport(tx *bolt.Tx, e *Entry) (any, error) {
 	}
 	old := cloneWorkspace(w)
 	w.Exporting = id
-	if err := putWorkspace(tx, e, old, w); err != nil {
+	if err := putWorkspace(ac, old, w); err != nil {
 		return nil, err
 	}
-	return &rec.Transfer, putJSON(tx, bucketTransfers, []byte(id), rec)
+	return &rec.Transfer, putJSON(ac.tx, bucketTransfers, []byte(id), rec)
 }
 
-func applyTransferResult(tx *bolt.Tx, e *Entry) (any, error) {
+func applyTransferResult(ac *applyCtx) (any, error) {
 	var a TransferResultArgs
-	if err := decodeArgs(e, &a); err != nil {
+	if err := decodeArgs(ac.e, &a); err != nil {
 		return nil, err
 	}
 	if err := api.ValidTransferID(a.TransferID); err != nil {
 		return nil, err
 	}
-	rec, err := mustTransfer(tx, a.TransferID)
+	rec, err := mustTransfer(ac.tx, a.TransferID)
 	if err != nil {
 		return nil, err
 	}
@@ -148,17 +148,17 @@ func applyTransferResult(tx *bolt.Tx, e *Entry) (any, error) {
 		return nil, api.Errorf(api.CodeInvalidArgument, "transfer %s: outcome %.20q is not ok or failed", a.TransferID, a.Outcome)
 	}
 	rec.Version++
-	rec.UpdatedAt = *at(e)
-	if w, err := getWorkspace(tx, rec.WorkspaceID); err != nil {
+	rec.UpdatedAt = *at(ac.e)
+	if w, err := getWorkspace(ac.tx, rec.WorkspaceID); err != nil {
 		return nil, err
 	} else if w != nil && w.Exporting == rec.TransferID {
 		old := cloneWorkspace(w)
 		w.Exporting = ""
-		if err := putWorkspace(tx, e, old, w); err != nil {
+		if err := putWorkspace(ac, old, w); err != nil {
 			return nil, err
 		}
 	}
-	return &rec.Transfer, putJSON(tx, bucketTransfers, []byte(rec.TransferID), rec)
+	return &rec.Transfer, putJSON(ac.tx, bucketTransfers, []byte(rec.TransferID), rec)
 }
 
 // TransferProgressArgs is how far the exporting node is, relayed by ctrl.
@@ -170,9 +170,9 @@ type TransferProgressArgs struct {
 
 // applyTransferProgress records how far an export is; a late report (the
 // Transfer ended meanwhile) changes nothing.
-func applyTransferProgress(tx *bolt.Tx, e *Entry) (any, error) {
+func applyTransferProgress(ac *applyCtx) (any, error) {
 	var a TransferProgressArgs
-	if err := decodeArgs(e, &a); err != nil {
+	if err := decodeArgs(ac.e, &a); err != nil {
 		return nil, err
 	}
 	if err := api.ValidTransferID(a.TransferID); err != nil {
@@ -181,7 +181,7 @@ func applyTransferProgress(tx *bolt.Tx, e *Entry) (any, error) {
 	if a.DoneBytes < 0 || a.TotalBytes < 0 || a.DoneBytes > a.TotalBytes || a.TotalBytes > maxImageBytes {
 		return nil, api.Errorf(api.CodeInvalidArgument, "transfer %s: progress %d of %d bytes is out of range", a.TransferID, a.DoneBytes, a.TotalBytes)
 	}
-	rec, err := mustTransfer(tx, a.TransferID)
+	rec, err := mustTransfer(ac.tx, a.TransferID)
 	if err != nil {
 		return nil, err
 	}
@@ -190,31 +190,31 @@ func applyTransferProgress(tx *bolt.Tx, e *Entry) (any, error) {
 	}
 	rec.DoneBytes, rec.TotalBytes = a.DoneBytes, a.TotalBytes
 	rec.Version++
-	rec.UpdatedAt = *at(e)
-	return &rec.Transfer, putJSON(tx, bucketTransfers, []byte(rec.TransferID), rec)
+	rec.UpdatedAt = *at(ac.e)
+	return &rec.Transfer, putJSON(ac.tx, bucketTransfers, []byte(rec.TransferID), rec)
 }
 
 // applyTransferDelete removes a Transfer whose archive ctrl removed (or
 // that never had one). One still exporting is refused: its node writes.
-func applyTransferDelete(tx *bolt.Tx, e *Entry) (any, error) {
+func applyTransferDelete(ac *applyCtx) (any, error) {
 	var a ObjectArgs
-	if err := decodeArgs(e, &a); err != nil {
+	if err := decodeArgs(ac.e, &a); err != nil {
 		return nil, err
 	}
 	if err := api.ValidTransferID(a.Name); err != nil {
 		return nil, err
 	}
-	rec, err := mustTransfer(tx, a.Name)
+	rec, err := mustTransfer(ac.tx, a.Name)
 	if err != nil {
 		return nil, err
 	}
-	if err := checkVersion(e, rec.Version, "transfer "+a.Name); err != nil {
+	if err := checkVersion(ac.e, rec.Version, "transfer "+a.Name); err != nil {
 		return nil, err
 	}
 	if rec.State == api.TransferExporting {
 		return nil, api.Errorf(api.CodeFailedPrecondition, "transfer %s is still EXPORTING on node %s: delete it once it is READY or FAILED", rec.TransferID, rec.NodeID)
 	}
-	return &rec.Transfer, tx.Bucket(bucketTransfers).Delete([]byte(a.Name))
+	return &rec.Transfer, ac.tx.Bucket(bucketTransfers).Delete([]byte(a.Name))
 }
 
 func truncate(s string, n int) string {
@@ -224,16 +224,8 @@ func truncate(s string, n int) string {
 	return s
 }
 
-func transferEntry(tx *bolt.Tx, id string) (*transferRecord, error) {
-	var rec transferRecord
-	if ok, err := getJSON(tx, bucketTransfers, []byte(id), &rec); err != nil || !ok {
-		return nil, err
-	}
-	return &rec, nil
-}
-
 func mustTransfer(tx *bolt.Tx, id string) (*transferRecord, error) {
-	rec, err := transferEntry(tx, id)
+	rec, err := getRecord[transferRecord](tx, bucketTransfers, []byte(id))
 	if err != nil {
 		return nil, err
 	}

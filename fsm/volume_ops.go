@@ -45,33 +45,33 @@ func checkNewVolumeName(tx *bolt.Tx, name, id string) error {
 	return nil
 }
 
-func applyVolumeCreate(tx *bolt.Tx, e *Entry) (any, error) {
+func applyVolumeCreate(ac *applyCtx) (any, error) {
 	var a VolumeCreateArgs
-	if err := decodeArgs(e, &a); err != nil {
+	if err := decodeArgs(ac.e, &a); err != nil {
 		return nil, err
 	}
-	if e.CommandID == "" {
+	if ac.e.CommandID == "" {
 		return nil, api.Errorf(api.CodeInvalidArgument, "volume create needs a command id (the Volume id is derived from it)")
 	}
 	if err := CheckVolumeCreate(a); err != nil {
 		return nil, err
 	}
-	id := VolumeIDFor(e.CommandID)
-	if err := checkNewVolumeName(tx, a.Name, id); err != nil {
+	id := VolumeIDFor(ac.e.CommandID)
+	if err := checkNewVolumeName(ac.tx, a.Name, id); err != nil {
 		return nil, err
 	}
-	node, pool, err := volumeHome(tx, &a)
+	node, pool, err := volumeHome(ac, &a)
 	if err != nil {
 		return nil, err
 	}
-	rec, err := poolRoom(tx, pool, "volume "+a.Name, a.SizeBytes)
+	rec, err := poolRoom(ac.tx, pool, "volume "+a.Name, a.SizeBytes)
 	if err != nil {
 		return nil, err
 	}
 	v := &api.Volume{VolumeID: id, Name: a.Name, State: api.VolumeCreating, PoolID: pool, Shared: rec.Shared,
-		SizeBytes: a.SizeBytes, NodeID: node, CreatedAt: *at(e)}
-	setVolumePending(e, v, api.VolCmdCreate, node, a.SizeBytes, "")
-	if err := putVolume(tx, e, nil, v); err != nil {
+		SizeBytes: a.SizeBytes, NodeID: node, CreatedAt: *at(ac.e)}
+	setVolumePending(ac.e, v, api.VolCmdCreate, node, a.SizeBytes, "")
+	if err := putVolume(ac, nil, v); err != nil {
 		return nil, err
 	}
 	return v, nil
@@ -81,9 +81,9 @@ func applyVolumeCreate(tx *bolt.Tx, e *Entry) (any, error) {
 // --pool on --node or on its first available member; --node alone in
 // that node's default pool; neither, the default pool of the node
 // placement would choose for a Workspace (the one with most room).
-func volumeHome(tx *bolt.Tx, a *VolumeCreateArgs) (node, pool string, err error) {
+func volumeHome(ac *applyCtx, a *VolumeCreateArgs) (node, pool string, err error) {
 	if a.NodeID != "" {
-		n, err := mustNode(tx, a.NodeID)
+		n, err := mustNode(ac.tx, a.NodeID)
 		if err != nil {
 			return "", "", err
 		}
@@ -107,18 +107,18 @@ func volumeHome(tx *bolt.Tx, a *VolumeCreateArgs) (node, pool string, err error)
 		return n.NodeID, pool, nil
 	}
 	if a.PoolID != "" {
-		p, err := mustPool(tx, a.PoolID)
+		p, err := mustPool(ac.tx, a.PoolID)
 		if err != nil {
 			return "", "", err
 		}
-		v, err := poolView(tx, p)
+		v, err := poolView(ac.tx, p)
 		if err != nil {
 			return "", "", err
 		}
 		// A member with a live session first: it makes the file now.
 		var fallback string
 		for _, m := range v.Nodes {
-			n, err := getNode(tx, m.NodeID)
+			n, err := getRecord[api.Node](ac.tx, bucketNodes, []byte(m.NodeID))
 			if err != nil {
 				return "", "", err
 			}
@@ -137,17 +137,17 @@ func volumeHome(tx *bolt.Tx, a *VolumeCreateArgs) (node, pool string, err error)
 		}
 		return "", "", api.Errorf(api.CodeFailedPrecondition, "storage pool %s has no member node that reports it available and takes new Volumes; check it with kibo storage-pool get %s", p.PoolID, p.PoolID)
 	}
-	_, cands, err := candidates(tx)
+	_, cands, err := ac.cache.candidates(ac.tx)
 	if err != nil {
 		return "", "", err
 	}
 	size := a.SizeBytes
 	d := placement.DecideAmong(cands, placement.Request{OwnDefaultPool: true, What: "room for volume " + a.Name + " of " + api.FormatBytes(size) + " in its default storage pool",
-		Room: func(n *api.Node) string { return defaultPoolRoom(tx, n, size) }})
+		Room: func(n *api.Node) string { return defaultPoolRoom(ac.tx, n, size) }})
 	if node, err = d.Node, d.Err; err != nil {
 		return "", "", err
 	}
-	n, err := mustNode(tx, node)
+	n, err := mustNode(ac.tx, node)
 	if err != nil {
 		return "", "", err
 	}
@@ -163,12 +163,12 @@ func reportsPoolAvailable(r *api.Report, id string) bool {
 	return false
 }
 
-func applyVolumeResize(tx *bolt.Tx, e *Entry) (any, error) {
+func applyVolumeResize(ac *applyCtx) (any, error) {
 	var a VolumeResizeArgs
-	if err := decodeArgs(e, &a); err != nil {
+	if err := decodeArgs(ac.e, &a); err != nil {
 		return nil, err
 	}
-	v, err := volumeWrite(tx, e, a.Volume)
+	v, err := volumeWrite(ac, a.Volume)
 	if err != nil {
 		return nil, err
 	}
@@ -185,19 +185,19 @@ func applyVolumeResize(tx *bolt.Tx, e *Entry) (any, error) {
 	case v.State != api.VolumeAvailable && !(v.State == api.VolumeCreating && !v.Made):
 		return nil, api.Errorf(api.CodeFailedPrecondition, "volume %s is %s: resize needs AVAILABLE", v.Name, v.State)
 	}
-	rec, err := getPool(tx, v.PoolID)
+	rec, err := getRecord[poolRecord](ac.tx, bucketPools, []byte(v.PoolID))
 	if err != nil {
 		return nil, err
 	}
 	if rec == nil {
 		return nil, api.Errorf(api.CodeFailedPrecondition, "volume %s: its storage pool %s is not declared by any node", v.Name, v.PoolID)
 	}
-	if err := recordRoom(tx, rec, "the growth of volume "+v.Name, a.SizeBytes-v.SizeBytes); err != nil {
+	if err := recordRoom(ac.tx, rec, "the growth of volume "+v.Name, a.SizeBytes-v.SizeBytes); err != nil {
 		return nil, err
 	}
 	node, instance := "", ""
 	if v.WorkspaceID != "" {
-		w, err := getWorkspace(tx, v.WorkspaceID)
+		w, err := getWorkspace(ac.tx, v.WorkspaceID)
 		if err != nil {
 			return nil, err
 		}
@@ -214,19 +214,19 @@ func applyVolumeResize(tx *bolt.Tx, e *Entry) (any, error) {
 	if !v.Made {
 		// No file yet: it is made at the new size.
 		v.SizeBytes = a.SizeBytes
-		return v, putVolume(tx, e, old, v)
+		return v, putVolume(ac, old, v)
 	}
 	if node == "" {
-		if node, err = deleteNode(tx, v.PoolID, v.NodeID, ""); err != nil {
+		if node, err = deleteNode(ac.tx, v.PoolID, v.NodeID, ""); err != nil {
 			return nil, err
 		}
 		if node == "" {
 			return nil, api.Errorf(api.CodeFailedPrecondition, "volume %s: no node that can still answer is a member of its storage pool %s; resize it once one is back", v.Name, v.PoolID)
 		}
 	}
-	v.Expansion = &api.VolumeExpansion{TargetBytes: a.SizeBytes, Since: *at(e)}
-	setVolumePending(e, v, api.VolCmdResize, node, a.SizeBytes, instance)
-	return v, putVolume(tx, e, old, v)
+	v.Expansion = &api.VolumeExpansion{TargetBytes: a.SizeBytes, Since: *at(ac.e)}
+	setVolumePending(ac.e, v, api.VolCmdResize, node, a.SizeBytes, instance)
+	return v, putVolume(ac, old, v)
 }
 
 func volumeBusy(v *api.Volume) *api.Error {
@@ -234,12 +234,12 @@ func volumeBusy(v *api.Volume) *api.Error {
 		v.Name, v.Pending.Kind, v.Pending.NodeID, v.Pending.IssuedAt.Format(time.RFC3339), v.Name)
 }
 
-func applyVolumeDelete(tx *bolt.Tx, e *Entry) (any, error) {
+func applyVolumeDelete(ac *applyCtx) (any, error) {
 	var a VolumeArgs
-	if err := decodeArgs(e, &a); err != nil {
+	if err := decodeArgs(ac.e, &a); err != nil {
 		return nil, err
 	}
-	v, err := volumeWrite(tx, e, a.Volume)
+	v, err := volumeWrite(ac, a.Volume)
 	if err != nil {
 		return nil, err
 	}
@@ -253,18 +253,18 @@ func applyVolumeDelete(tx *bolt.Tx, e *Entry) (any, error) {
 		return nil, volumeBusy(v)
 	}
 	old := cloneVolume(v)
-	files, err := deleteVolumeFiles(tx, e, v, "")
+	files, err := deleteVolumeFiles(ac, v, "")
 	if err != nil {
 		return nil, err
 	}
 	if !files {
-		if err := deleteVolume(tx, e, old); err != nil {
+		if err := deleteVolume(ac, old); err != nil {
 			return nil, err
 		}
-		v.DeletedAt = at(e)
+		v.DeletedAt = at(ac.e)
 		return v, nil
 	}
-	return v, putVolume(tx, e, old, v)
+	return v, putVolume(ac, old, v)
 }
 
 // deleteVolumeFiles sets up the delete of v's file: the command to a node
@@ -272,12 +272,12 @@ func applyVolumeDelete(tx *bolt.Tx, e *Entry) (any, error) {
 // isolates or retires). It reports false when no file can exist (lost
 // with its pool, or a create the node answered as failed): the caller
 // drops the record.
-func deleteVolumeFiles(tx *bolt.Tx, e *Entry, v *api.Volume, gone string) (bool, error) {
+func deleteVolumeFiles(ac *applyCtx, v *api.Volume, gone string) (bool, error) {
 	if v.State == api.VolumeLost || (v.State == api.VolumeFailed && !v.Made) {
 		return false, nil
 	}
 	v.State, v.Pending, v.DeleteWaitsForPool, v.Expansion = api.VolumeDeleting, nil, "", nil
-	node, err := deleteNode(tx, v.PoolID, v.NodeID, gone)
+	node, err := deleteNode(ac.tx, v.PoolID, v.NodeID, gone)
 	if err != nil {
 		return false, err
 	}
@@ -286,16 +286,16 @@ func deleteVolumeFiles(tx *bolt.Tx, e *Entry, v *api.Volume, gone string) (bool,
 		return true, nil
 	}
 	v.NodeID = node
-	setVolumePending(e, v, api.VolCmdDelete, node, 0, "")
+	setVolumePending(ac.e, v, api.VolCmdDelete, node, 0, "")
 	return true, nil
 }
 
-func applyVolumeResult(tx *bolt.Tx, e *Entry) (any, error) {
+func applyVolumeResult(ac *applyCtx) (any, error) {
 	var a VolumeResultArgs
-	if err := decodeArgs(e, &a); err != nil {
+	if err := decodeArgs(ac.e, &a); err != nil {
 		return nil, err
 	}
-	if err := checkSession(tx, a.NodeID, a.SessionID); err != nil {
+	if err := checkSession(ac.tx, a.NodeID, a.SessionID); err != nil {
 		return nil, err
 	}
 	if !api.IsVolumeID(a.VolumeID) {
@@ -305,7 +305,7 @@ func applyVolumeResult(tx *bolt.Tx, e *Entry) (any, error) {
 		// A node's words are kept, not its whole output.
 		a.Error = a.Error[:maxNodeError] + "..."
 	}
-	v, err := getVolume(tx, a.VolumeID)
+	v, err := getVolume(ac.tx, a.VolumeID)
 	if err != nil {
 		return nil, err
 	}
@@ -337,7 +337,7 @@ func applyVolumeResult(tx *bolt.Tx, e *Entry) (any, error) {
 		}
 	case api.VolCmdDelete:
 		if ok {
-			if err := deleteVolume(tx, e, old); err != nil {
+			if err := deleteVolume(ac, old); err != nil {
 				return nil, err
 			}
 			return map[string]bool{"applied": true}, nil
@@ -345,7 +345,7 @@ func applyVolumeResult(tx *bolt.Tx, e *Entry) (any, error) {
 		// The file may still be there: deleting again retries.
 		v.State, v.Error = api.VolumeFailed, "delete: "+a.Error
 	}
-	if err := putVolume(tx, e, old, v); err != nil {
+	if err := putVolume(ac, old, v); err != nil {
 		return nil, err
 	}
 	return map[string]bool{"applied": true}, nil

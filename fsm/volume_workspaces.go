@@ -23,11 +23,11 @@ func attachedVolumes(w *api.Workspace) []api.VolumeMount {
 // syncVolumes brings the records of the Volumes old and w occupy in step
 // with w: attached ones get w's mount and the layer's use right, ones w no
 // longer occupies are detached (and released).
-func syncVolumes(tx *bolt.Tx, e *Entry, old, w *api.Workspace) error {
+func syncVolumes(ac *applyCtx, old, w *api.Workspace) error {
 	keep := map[string]bool{}
 	for _, m := range attachedVolumes(w) {
 		keep[m.VolumeID] = true
-		err := changeVolume(tx, e, m.VolumeID, func(v *api.Volume) {
+		err := changeVolume(ac, m.VolumeID, func(v *api.Volume) {
 			v.WorkspaceID, v.MountPath, v.Held = w.WorkspaceID, m.Path, false
 			if w.Layer != nil {
 				v.NodeID, v.Held = w.Layer.NodeID, w.Layer.Held
@@ -41,7 +41,7 @@ func syncVolumes(tx *bolt.Tx, e *Entry, old, w *api.Workspace) error {
 		if keep[m.VolumeID] {
 			continue
 		}
-		if err := changeVolume(tx, e, m.VolumeID, func(v *api.Volume) {
+		if err := changeVolume(ac, m.VolumeID, func(v *api.Volume) {
 			if v.WorkspaceID == old.WorkspaceID {
 				v.WorkspaceID, v.MountPath, v.Held = "", "", false
 			}
@@ -53,8 +53,8 @@ func syncVolumes(tx *bolt.Tx, e *Entry, old, w *api.Workspace) error {
 }
 
 // changeVolume applies change to Volume id and stores it if it changed.
-func changeVolume(tx *bolt.Tx, e *Entry, id string, change func(v *api.Volume)) error {
-	v, err := getVolume(tx, id)
+func changeVolume(ac *applyCtx, id string, change func(v *api.Volume)) error {
+	v, err := getVolume(ac.tx, id)
 	if err != nil || v == nil {
 		return err
 	}
@@ -63,7 +63,7 @@ func changeVolume(tx *bolt.Tx, e *Entry, id string, change func(v *api.Volume)) 
 	if volumeEqual(old, v) {
 		return nil
 	}
-	return putVolume(tx, e, old, v)
+	return putVolume(ac, old, v)
 }
 
 func volumeEqual(a, b *api.Volume) bool {
@@ -91,11 +91,11 @@ func loadVolumes(tx *bolt.Tx, w *api.Workspace) ([]*api.Volume, error) {
 // workspaceVolumes resolves create's --volume and --new-volume into mounts
 // and the new Volumes' records (not stored yet, without a pool: they go to
 // the default pool of the node the first start is placed on).
-func workspaceVolumes(tx *bolt.Tx, e *Entry, ws string, a *WorkspaceCreateArgs) ([]api.VolumeMount, []*api.Volume, error) {
+func workspaceVolumes(ac *applyCtx, ws string, a *WorkspaceCreateArgs) ([]api.VolumeMount, []*api.Volume, error) {
 	var mounts []api.VolumeMount
 	var vols []*api.Volume
 	for _, att := range a.Volumes {
-		v, err := resolveVolume(tx, att.Volume)
+		v, err := resolveVolume(ac.tx, att.Volume)
 		if err != nil {
 			return nil, nil, err
 		}
@@ -117,10 +117,10 @@ func workspaceVolumes(tx *bolt.Tx, e *Entry, ws string, a *WorkspaceCreateArgs) 
 	}
 	for i, nv := range a.NewVolumes {
 		id, name := newVolumeID(ws, i), newVolumeName(ws, i)
-		if err := checkNewVolumeName(tx, name, id); err != nil {
+		if err := checkNewVolumeName(ac.tx, name, id); err != nil {
 			return nil, nil, err
 		}
-		v := &api.Volume{VolumeID: id, Name: name, State: api.VolumeCreating, SizeBytes: nv.SizeBytes, CreatedAt: *at(e)}
+		v := &api.Volume{VolumeID: id, Name: name, State: api.VolumeCreating, SizeBytes: nv.SizeBytes, CreatedAt: *at(ac.e)}
 		mounts = append(mounts, api.VolumeMount{VolumeID: id, Name: name, Path: nv.Path})
 		vols = append(vols, v)
 	}
@@ -188,14 +188,14 @@ func newBytes(vols []*api.Volume, pool string, layer uint64) uint64 {
 
 // homeNewVolumes puts the new Volumes of an execution on node in pool
 // (its default pool, whose room the caller checked) and stores them.
-func homeNewVolumes(tx *bolt.Tx, e *Entry, vols []*api.Volume, node, pool string, shared bool) error {
+func homeNewVolumes(ac *applyCtx, vols []*api.Volume, node, pool string, shared bool) error {
 	for _, v := range vols {
-		old, err := getVolume(tx, v.VolumeID)
+		old, err := getVolume(ac.tx, v.VolumeID)
 		if err != nil {
 			return err
 		}
 		v.PoolID, v.Shared, v.NodeID = pool, shared, node
-		if err := putVolume(tx, e, old, v); err != nil {
+		if err := putVolume(ac, old, v); err != nil {
 			return err
 		}
 	}
@@ -204,9 +204,9 @@ func homeNewVolumes(tx *bolt.Tx, e *Entry, vols []*api.Volume, node, pool string
 
 // volumesMade marks w's Volumes made by its start (the node made the new
 // ones and grew every filesystem to its file at the mount).
-func volumesMade(tx *bolt.Tx, e *Entry, w *api.Workspace) error {
+func volumesMade(ac *applyCtx, w *api.Workspace) error {
 	for _, m := range w.Volumes {
-		err := changeVolume(tx, e, m.VolumeID, func(v *api.Volume) {
+		err := changeVolume(ac, m.VolumeID, func(v *api.Volume) {
 			if !v.Made {
 				v.Made, v.State = true, api.VolumeAvailable
 			}
@@ -226,15 +226,15 @@ func volumesMade(tx *bolt.Tx, e *Entry, w *api.Workspace) error {
 // be there: deleting the Volume removes it), resizes are dropped, deletes
 // go to another member of the pool or wait for one. It returns how many
 // it ended.
-func releaseVolumeCommands(tx *bolt.Tx, e *Entry, node, why string) (int, error) {
+func releaseVolumeCommands(ac *applyCtx, node, why string) (int, error) {
 	var ids []string
 	prefix := []byte(node + "\x00")
-	c := tx.Bucket(bucketVolumeCommands).Cursor()
+	c := ac.tx.Bucket(bucketVolumeCommands).Cursor()
 	for k, _ := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix); k, _ = c.Next() {
 		ids = append(ids, string(k[len(prefix):]))
 	}
 	for _, id := range ids {
-		v, err := getVolume(tx, id)
+		v, err := getVolume(ac.tx, id)
 		if err != nil {
 			return 0, err
 		}
@@ -252,18 +252,18 @@ func releaseVolumeCommands(tx *bolt.Tx, e *Entry, node, why string) (int, error)
 			v.Expansion = nil
 			v.Error = fmt.Sprintf("resize to %s: node %s %s before it answered; resize again", api.FormatBytes(p.SizeBytes), node, why)
 		case api.VolCmdDelete:
-			files, err := deleteVolumeFiles(tx, e, v, node)
+			files, err := deleteVolumeFiles(ac, v, node)
 			if err != nil {
 				return 0, err
 			}
 			if !files {
-				if err := deleteVolume(tx, e, old); err != nil {
+				if err := deleteVolume(ac, old); err != nil {
 					return 0, err
 				}
 				continue
 			}
 		}
-		if err := putVolume(tx, e, old, v); err != nil {
+		if err := putVolume(ac, old, v); err != nil {
 			return 0, err
 		}
 	}
@@ -272,23 +272,23 @@ func releaseVolumeCommands(tx *bolt.Tx, e *Entry, node, why string) (int, error)
 
 // resumeVolumeDelete hands a Volume delete waiting for its pool to node,
 // a member of it now.
-func resumeVolumeDelete(tx *bolt.Tx, e *Entry, id, node string) error {
-	v, err := getVolume(tx, id)
+func resumeVolumeDelete(ac *applyCtx, id, node string) error {
+	v, err := getVolume(ac.tx, id)
 	if err != nil || v == nil {
 		return err
 	}
 	old := cloneVolume(v)
 	v.DeleteWaitsForPool = ""
 	v.NodeID = node
-	setVolumePending(e, v, api.VolCmdDelete, node, 0, "")
-	return putVolume(tx, e, old, v)
+	setVolumePending(ac.e, v, api.VolCmdDelete, node, 0, "")
+	return putVolume(ac, old, v)
 }
 
 // loseVolumes ends the Volumes of a lost pool; a delete waiting for the
 // pool completes. The caller checked no Instance uses one.
-func loseVolumes(tx *bolt.Tx, e *Entry, pool string, res *api.PoolLostResult) error {
+func loseVolumes(ac *applyCtx, pool string, res *api.PoolLostResult) error {
 	var lost []*api.Volume
-	err := tx.Bucket(bucketVolumes).ForEach(func(k, raw []byte) error {
+	err := ac.tx.Bucket(bucketVolumes).ForEach(func(k, raw []byte) error {
 		var v api.Volume
 		if err := json.Unmarshal(raw, &v); err != nil {
 			return fmt.Errorf("state record %s/%s is corrupt: %w", bucketVolumes, k, err)
@@ -308,14 +308,14 @@ func loseVolumes(tx *bolt.Tx, e *Entry, pool string, res *api.PoolLostResult) er
 			res.Workspaces = append(res.Workspaces, v.WorkspaceID)
 		}
 		if v.State == api.VolumeDeleting {
-			if err := deleteVolume(tx, e, old); err != nil {
+			if err := deleteVolume(ac, old); err != nil {
 				return err
 			}
 			continue
 		}
 		v.State, v.Held, v.Pending, v.Expansion = api.VolumeLost, false, nil, nil
 		v.Error = "lost with storage pool " + pool + " (declare-lost)"
-		if err := putVolume(tx, e, old, v); err != nil {
+		if err := putVolume(ac, old, v); err != nil {
 			return err
 		}
 	}

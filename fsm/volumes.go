@@ -125,32 +125,32 @@ func volumeCharge(v *api.Volume) (string, PoolUse) {
 // putVolume stores v with a new version and keeps the indexes (name,
 // pending commands by node, pool waits) and its pool's use in step with
 // what old (nil for a new Volume) had.
-func putVolume(tx *bolt.Tx, e *Entry, old, v *api.Volume) error {
+func putVolume(ac *applyCtx, old, v *api.Volume) error {
 	if old == nil {
-		if err := tx.Bucket(bucketVolumeNames).Put([]byte(v.Name), []byte(v.VolumeID)); err != nil {
+		if err := ac.tx.Bucket(bucketVolumeNames).Put([]byte(v.Name), []byte(v.VolumeID)); err != nil {
 			return err
 		}
 	}
-	if err := moveVolumeIndexes(tx, old, v); err != nil {
+	if err := moveVolumeIndexes(ac.tx, old, v); err != nil {
 		return err
 	}
 	v.Version++
-	v.UpdatedAt = *at(e)
-	return putJSON(tx, bucketVolumes, volKey(v.VolumeID), v)
+	v.UpdatedAt = *at(ac.e)
+	return putJSON(ac.tx, bucketVolumes, volKey(v.VolumeID), v)
 }
 
 // deleteVolume drops v's record for good: its id is never used again.
-func deleteVolume(tx *bolt.Tx, e *Entry, v *api.Volume) error {
-	if err := moveVolumeIndexes(tx, v, nil); err != nil {
+func deleteVolume(ac *applyCtx, v *api.Volume) error {
+	if err := moveVolumeIndexes(ac.tx, v, nil); err != nil {
 		return err
 	}
-	if err := tx.Bucket(bucketVolumeNames).Delete([]byte(v.Name)); err != nil {
+	if err := ac.tx.Bucket(bucketVolumeNames).Delete([]byte(v.Name)); err != nil {
 		return err
 	}
-	if err := tx.Bucket(bucketVolumeTombstones).Put(volKey(v.VolumeID), []byte(at(e).Format(time.RFC3339))); err != nil {
+	if err := ac.tx.Bucket(bucketVolumeTombstones).Put(volKey(v.VolumeID), []byte(at(ac.e).Format(time.RFC3339))); err != nil {
 		return err
 	}
-	return tx.Bucket(bucketVolumes).Delete(volKey(v.VolumeID))
+	return ac.tx.Bucket(bucketVolumes).Delete(volKey(v.VolumeID))
 }
 
 func moveVolumeIndexes(tx *bolt.Tx, old, v *api.Volume) error {
@@ -203,12 +203,12 @@ func setVolumePending(e *Entry, v *api.Volume, kind, node string, size uint64, i
 		NodeID: node, IssuedAt: *at(e), SizeBytes: size, InstanceID: instance}
 }
 
-func volumeWrite(tx *bolt.Tx, e *Entry, ref string) (*api.Volume, error) {
-	v, err := resolveVolume(tx, ref)
+func volumeWrite(ac *applyCtx, ref string) (*api.Volume, error) {
+	v, err := resolveVolume(ac.tx, ref)
 	if err != nil {
 		return nil, err
 	}
-	if err := checkVersion(e, v.Version, "volume "+v.Name); err != nil {
+	if err := checkVersion(ac.e, v.Version, "volume "+v.Name); err != nil {
 		return nil, err
 	}
 	return v, nil

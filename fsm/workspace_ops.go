@@ -1,23 +1,21 @@
 package fsm
 
 import (
-	bolt "go.etcd.io/bbolt"
-
 	"github.com/kibotos/kibotos/api"
 )
 
-func applyWorkspaceCreate(tx *bolt.Tx, e *Entry) (any, error) {
+func applyWorkspaceCreate(ac *applyCtx) (any, error) {
 	var a WorkspaceCreateArgs
-	if err := decodeArgs(e, &a); err != nil {
+	if err := decodeArgs(ac.e, &a); err != nil {
 		return nil, err
 	}
-	if e.CommandID == "" {
+	if ac.e.CommandID == "" {
 		return nil, api.Errorf(api.CodeInvalidArgument, "workspace create needs a command id (the Workspace id is derived from it)")
 	}
 	var src *api.Workspace
 	if a.From != "" {
 		var err error
-		if src, err = forkOf(tx, &a); err != nil {
+		if src, err = forkOf(ac.tx, &a); err != nil {
 			return nil, err
 		}
 		a.Template, a.CPU, a.MemoryBytes = src.Template, src.CPU, src.MemoryBytes
@@ -25,17 +23,17 @@ func applyWorkspaceCreate(tx *bolt.Tx, e *Entry) (any, error) {
 	if err := validateCreate(&a); err != nil {
 		return nil, err
 	}
-	id := WorkspaceIDFor(e.CommandID)
-	network, err := normalizeNetwork(tx, id, a.Network.Effective(), false)
+	id := WorkspaceIDFor(ac.e.CommandID)
+	network, err := normalizeNetwork(ac.tx, id, a.Network.Effective(), false)
 	if err != nil {
 		return nil, err
 	}
-	if old, err := getWorkspace(tx, id); err != nil {
+	if old, err := getWorkspace(ac.tx, id); err != nil {
 		return nil, err
 	} else if old != nil {
 		return nil, api.Errorf(api.CodeAlreadyExists, "workspace %s already exists: use a new --command-id", id)
 	}
-	if at := tx.Bucket(bucketWorkspaceTombstones).Get(wsKey(id)); at != nil {
+	if at := ac.tx.Bucket(bucketWorkspaceTombstones).Get(wsKey(id)); at != nil {
 		return nil, api.Errorf(api.CodeAlreadyExists, "workspace %s existed and was deleted at %s: use a new --command-id", id, at)
 	}
 	if a.Import != nil {
@@ -43,27 +41,27 @@ func applyWorkspaceCreate(tx *bolt.Tx, e *Entry) (any, error) {
 			return nil, err
 		}
 	}
-	w := &api.Workspace{WorkspaceID: id, Template: a.Template, CPU: a.CPU, MemoryBytes: a.MemoryBytes, Labels: a.Labels, Network: &network, CreatedAt: *at(e), Import: a.Import}
+	w := &api.Workspace{WorkspaceID: id, Template: a.Template, CPU: a.CPU, MemoryBytes: a.MemoryBytes, Labels: a.Labels, Network: &network, CreatedAt: *at(ac.e), Import: a.Import}
 	var vols []*api.Volume
 	if src != nil {
-		if w, err = newFork(tx, e, id, &a, src); err != nil {
+		if w, err = newFork(ac, id, &a, src); err != nil {
 			return nil, err
 		}
 	} else {
-		mounts, vs, err := workspaceVolumes(tx, e, id, &a)
+		mounts, vs, err := workspaceVolumes(ac, id, &a)
 		if err != nil {
 			return nil, err
 		}
 		w.Volumes, vols = mounts, vs
 	}
-	node, err := place(tx, e, w, vols, a.NodeID, nil, false)
+	node, err := place(ac, w, vols, a.NodeID, nil, false)
 	if err != nil {
 		return nil, err
 	}
-	if err := beginExecution(tx, e, w, vols, node, api.WorkspaceCreating); err != nil {
+	if err := beginExecution(ac, w, vols, node, api.WorkspaceCreating); err != nil {
 		return nil, err
 	}
-	if err := putWorkspace(tx, e, nil, w); err != nil {
+	if err := putWorkspace(ac, nil, w); err != nil {
 		return nil, err
 	}
 	return w, nil
@@ -71,30 +69,30 @@ func applyWorkspaceCreate(tx *bolt.Tx, e *Entry) (any, error) {
 
 // workspaceWrite is the common frame of an operator write on one
 // Workspace: decode, find it, check the expected version.
-func workspaceWrite(tx *bolt.Tx, e *Entry) (*WorkspaceArgs, *api.Workspace, error) {
+func workspaceWrite(ac *applyCtx) (*WorkspaceArgs, *api.Workspace, error) {
 	var a WorkspaceArgs
-	if err := decodeArgs(e, &a); err != nil {
+	if err := decodeArgs(ac.e, &a); err != nil {
 		return nil, nil, err
 	}
-	w, err := mustWorkspace(tx, a.WorkspaceID)
+	w, err := mustWorkspace(ac.tx, a.WorkspaceID)
 	if err != nil {
 		return nil, nil, err
 	}
-	if err := checkVersion(e, w.Version, "workspace "+w.WorkspaceID); err != nil {
+	if err := checkVersion(ac.e, w.Version, "workspace "+w.WorkspaceID); err != nil {
 		return nil, nil, err
 	}
 	return &a, w, nil
 }
 
-func applyWorkspaceStart(tx *bolt.Tx, e *Entry) (any, error) {
-	a, w, err := workspaceWrite(tx, e)
+func applyWorkspaceStart(ac *applyCtx) (any, error) {
+	a, w, err := workspaceWrite(ac)
 	if err != nil {
 		return nil, err
 	}
 	if err := notExporting(w, "start"); err != nil {
 		return nil, err
 	}
-	if err := notForking(tx, w, "start"); err != nil {
+	if err := notForking(ac.tx, w, "start"); err != nil {
 		return nil, err
 	}
 	switch {
@@ -112,28 +110,28 @@ func applyWorkspaceStart(tx *bolt.Tx, e *Entry) (any, error) {
 	old := cloneWorkspace(w)
 	w.LastError = nil
 	// A start uses the latest revision of the Egress its policy names.
-	if err := latestEgressRevision(tx, w); err != nil {
+	if err := latestEgressRevision(ac.tx, w); err != nil {
 		return nil, err
 	}
-	vols, err := loadVolumes(tx, w)
+	vols, err := loadVolumes(ac.tx, w)
 	if err != nil {
 		return nil, err
 	}
-	node, err := place(tx, e, w, vols, a.NodeID, nil, false)
+	node, err := place(ac, w, vols, a.NodeID, nil, false)
 	if err != nil {
 		return nil, err
 	}
-	if err := beginExecution(tx, e, w, vols, node, api.WorkspaceStarting); err != nil {
+	if err := beginExecution(ac, w, vols, node, api.WorkspaceStarting); err != nil {
 		return nil, err
 	}
-	if err := putWorkspace(tx, e, old, w); err != nil {
+	if err := putWorkspace(ac, old, w); err != nil {
 		return nil, err
 	}
 	return w, nil
 }
 
-func applyWorkspaceStop(tx *bolt.Tx, e *Entry) (any, error) {
-	a, w, err := workspaceWrite(tx, e)
+func applyWorkspaceStop(ac *applyCtx) (any, error) {
+	a, w, err := workspaceWrite(ac)
 	if err != nil {
 		return nil, err
 	}
@@ -143,7 +141,7 @@ func applyWorkspaceStop(tx *bolt.Tx, e *Entry) (any, error) {
 			return nil, err
 		}
 	}
-	if err := notForking(tx, w, "stop"); err != nil {
+	if err := notForking(ac.tx, w, "stop"); err != nil {
 		return nil, err
 	}
 	old := cloneWorkspace(w)
@@ -164,31 +162,31 @@ func applyWorkspaceStop(tx *bolt.Tx, e *Entry) (any, error) {
 		}
 	case a.Force:
 		w.State = api.WorkspaceStopping
-		setPending(e, w, api.WSCmdStopForce, nil)
+		setPending(ac.e, w, api.WSCmdStopForce, nil)
 	case w.State == api.WorkspaceAvailable:
 		w.State = api.WorkspaceStopping
-		setPending(e, w, api.WSCmdStop, nil)
+		setPending(ac.e, w, api.WSCmdStop, nil)
 	case w.State == api.WorkspaceStopping:
 		return w, nil
 	default:
 		return nil, api.Errorf(api.CodeFailedPrecondition,
 			"workspace %s is %s: a normal stop needs AVAILABLE; wait for it, or end it now with kibo workspace stop --force %s", w.WorkspaceID, w.State, w.WorkspaceID)
 	}
-	if err := putWorkspace(tx, e, old, w); err != nil {
+	if err := putWorkspace(ac, old, w); err != nil {
 		return nil, err
 	}
 	return w, nil
 }
 
-func applyWorkspaceDelete(tx *bolt.Tx, e *Entry) (any, error) {
-	_, w, err := workspaceWrite(tx, e)
+func applyWorkspaceDelete(ac *applyCtx) (any, error) {
+	_, w, err := workspaceWrite(ac)
 	if err != nil {
 		return nil, err
 	}
 	if err := notExporting(w, "delete"); err != nil {
 		return nil, err
 	}
-	if err := notForking(tx, w, "delete"); err != nil {
+	if err := notForking(ac.tx, w, "delete"); err != nil {
 		return nil, err
 	}
 	if w.State == api.WorkspaceDeleting {
@@ -198,22 +196,22 @@ func applyWorkspaceDelete(tx *bolt.Tx, e *Entry) (any, error) {
 	if w.InstanceID == "" {
 		// Nothing runs: its layer's files go with a node that reaches
 		// their pool, or with nothing (never made, or lost with its pool).
-		files, err := deleteFiles(tx, e, w, "")
+		files, err := deleteFiles(ac, w, "")
 		if err != nil {
 			return nil, err
 		}
 		if !files {
-			if err := deleteWorkspace(tx, e, old); err != nil {
+			if err := deleteWorkspace(ac, old); err != nil {
 				return nil, err
 			}
-			w.DeletedAt = at(e)
+			w.DeletedAt = at(ac.e)
 			return w, nil
 		}
 	} else {
 		w.State = api.WorkspaceDeleting
-		setPending(e, w, api.WSCmdDelete, nil)
+		setPending(ac.e, w, api.WSCmdDelete, nil)
 	}
-	if err := putWorkspace(tx, e, old, w); err != nil {
+	if err := putWorkspace(ac, old, w); err != nil {
 		return nil, err
 	}
 	return w, nil

@@ -1,13 +1,9 @@
 package fsm
 
 import (
-	"fmt"
 	"sort"
 	"strconv"
 	"strings"
-
-	json "github.com/segmentio/encoding/json"
-	bolt "go.etcd.io/bbolt"
 
 	"github.com/kibotos/kibotos/api"
 	"github.com/kibotos/kibotos/ctrl/placement"
@@ -50,46 +46,11 @@ func validateCreate(a *WorkspaceCreateArgs) error {
 	return nil
 }
 
-// candidates returns every node as placement sees it, with allocations
-// raised to what ctrl itself has placed there but the node has not
-// reported yet, and the nodes' placement.Candidates.
-func candidates(tx *bolt.Tx) ([]api.Node, []placement.Candidate, error) {
-	if c := cacheFor(tx); c != nil {
-		return c.candidates(tx)
-	}
-	d, err := getOvercommitDefault(tx)
-	if err != nil {
-		return nil, nil, err
-	}
-	var out []api.Node
-	err = tx.Bucket(bucketNodes).ForEach(func(k, v []byte) error {
-		var n api.Node
-		if err := json.Unmarshal(v, &n); err != nil {
-			return fmt.Errorf("state record nodes/%s is corrupt: %w", k, err)
-		}
-		vn, err := candidateView(tx, d, &n)
-		if err != nil || vn == nil {
-			return err
-		}
-		out = append(out, *vn)
-		return nil
-	})
-	if err != nil {
-		return nil, nil, err
-	}
-	return out, placement.Candidates(out), nil
-}
-
 // candidateView is a node as placement sees it, nil for a node without the
 // node role: allocations are raised to what ctrl itself has placed there
-// but the node has not reported yet.
-func candidateView(tx *bolt.Tx, d api.OvercommitDefault, n *api.Node) (*api.Node, error) {
-	return candidateViewWith(d, n, func() (Holds, error) { return nodeHolds(tx, n.NodeID) })
-}
-
-// candidateViewWith is candidateView with the node's holds read by holds
-// (placeCache reuses their decode).
-func candidateViewWith(d api.OvercommitDefault, n *api.Node, holds func() (Holds, error)) (*api.Node, error) {
+// but the node has not reported yet, read from the node's holds (holds;
+// placeCache reuses their decode).
+func candidateView(d api.OvercommitDefault, n *api.Node, holds func() (Holds, error)) (*api.Node, error) {
 	if !n.HasRole(api.RoleNode) {
 		return nil, nil
 	}
@@ -116,12 +77,12 @@ func candidateViewWith(d api.OvercommitDefault, n *api.Node, holds func() (Holds
 // (drained, memory tight by their own account); with refusalExhausts
 // (WorkspaceResultArgs.RefusalExhausts) a Workspace that only one of them
 // can start has no room, as when ctrl knows that node is full.
-func place(tx *bolt.Tx, e *Entry, w *api.Workspace, vols []*api.Volume, pin string, refused []string, refusalExhausts bool) (string, error) {
+func place(ac *applyCtx, w *api.Workspace, vols []*api.Volume, pin string, refused []string, refusalExhausts bool) (string, error) {
 	req := placement.Request{CPU: w.CPU, MemoryBytes: w.MemoryBytes, Node: pin, Exclude: refused, Template: w.Template}
 	// A published template may start on a node that fetches it first.
 	// Only builds from LevelArtifacts on have catalog entries, so older
 	// voters place as before.
-	pub, err := catalogEntry(tx, w.Template)
+	pub, err := getRecord[catalogRecord](ac.tx, bucketTemplates, []byte(w.Template))
 	if err != nil {
 		return "", err
 	}
@@ -158,7 +119,7 @@ func place(tx *bolt.Tx, e *Entry, w *api.Workspace, vols []*api.Volume, pin stri
 		}
 		// In a standalone pool only the node that made it can use it,
 		// unless the pool has moved: then the members it has now.
-		moved, err := poolMoved(tx, o.pool, o.maker)
+		moved, err := poolMoved(ac.tx, o.pool, o.maker)
 		if err != nil {
 			return "", err
 		}
@@ -170,7 +131,7 @@ func place(tx *bolt.Tx, e *Entry, w *api.Workspace, vols []*api.Volume, pin stri
 			// A typo in --node is "not registered", not "cannot reach".
 			// (Only the error differs: this refusal was never counted
 			// as a placement, on any build.)
-			if _, err := mustNode(tx, pin); err != nil {
+			if _, err := mustNode(ac.tx, pin); err != nil {
 				return "", err
 			}
 			return "", api.Errorf(api.CodeFailedPrecondition,
@@ -192,24 +153,24 @@ func place(tx *bolt.Tx, e *Entry, w *api.Workspace, vols []*api.Volume, pin stri
 		req.OwnDefaultPool = true
 		req.Room = func(n *api.Node) string {
 			pool := api.DefaultPoolOf(n.NodeID, n.Report)
-			return defaultPoolRoom(tx, n, newBytes(fresh, pool, templateBytes(n, w.Template, pub)))
+			return defaultPoolRoom(ac.tx, n, newBytes(fresh, pool, templateBytes(n, w.Template, pub)))
 		}
 	}
 	if pin != "" {
 		// candidates leaves out nodes without the node role; say so rather
 		// than "not registered".
-		if n, err := getNode(tx, pin); err != nil {
+		if n, err := getRecord[api.Node](ac.tx, bucketNodes, []byte(pin)); err != nil {
 			return "", err
 		} else if n != nil && !n.HasRole(api.RoleNode) {
 			return "", api.Errorf(api.CodeFailedPrecondition, "node %s has no node role and runs no Workspaces; --node never places elsewhere", pin)
 		}
 	}
-	nodes, cands, err := candidates(tx)
+	nodes, cands, err := ac.cache.candidates(ac.tx)
 	if err != nil {
 		return "", err
 	}
 	d := placement.DecideAmong(cands, req)
-	e.tally.add(d)
+	ac.tally.add(d)
 	node, err := d.Node, d.Err
 	if err != nil && api.CodeOf(err) == api.CodeResourceExhausted && !req.Published && anyReported(nodes) && !anyHasTemplate(nodes, w.Template) {
 		return "", api.Errorf(api.CodeFailedPrecondition,
@@ -288,15 +249,15 @@ func anyHasTemplate(nodes []api.Node, name string) bool {
 // beginExecution records a new Instance of w on node and the start
 // command. A new layer and the new Volumes go to the node's default pool;
 // the use right of objects in a shared pool moves with the execution.
-func beginExecution(tx *bolt.Tx, e *Entry, w *api.Workspace, vols []*api.Volume, node, state string) error {
+func beginExecution(ac *applyCtx, w *api.Workspace, vols []*api.Volume, node, state string) error {
 	var fresh []*api.Volume
 	if w.Layer == nil {
-		n, err := viewNode(tx, node)
+		n, err := viewNode(ac, node)
 		if err != nil {
 			return err
 		}
 		pool := api.DefaultPoolOf(node, n.Report)
-		pub, err := catalogEntry(tx, w.Template)
+		pub, err := getRecord[catalogRecord](ac.tx, bucketTemplates, []byte(w.Template))
 		if err != nil {
 			return err
 		}
@@ -306,13 +267,13 @@ func beginExecution(tx *bolt.Tx, e *Entry, w *api.Workspace, vols []*api.Volume,
 		if len(fresh) > 0 {
 			what += " and its new Volumes"
 		}
-		rec, err := poolRoom(tx, pool, what, newBytes(fresh, pool, size))
+		rec, err := poolRoom(ac.tx, pool, what, newBytes(fresh, pool, size))
 		if err != nil {
 			return err
 		}
 		w.Layer = &api.LayerRight{PoolID: pool, Shared: rec.Shared, SizeBytes: size}
 		// Every check is done: the writes begin.
-		if err := homeNewVolumes(tx, e, fresh, node, pool, rec.Shared); err != nil {
+		if err := homeNewVolumes(ac, fresh, node, pool, rec.Shared); err != nil {
 			return err
 		}
 	}
@@ -323,14 +284,14 @@ func beginExecution(tx *bolt.Tx, e *Entry, w *api.Workspace, vols []*api.Volume,
 	w.Instances++
 	w.NodeID = node
 	w.InstanceID = instanceIDFor(w.WorkspaceID, w.Instances)
-	if err := tx.Bucket(bucketInstanceOwners).Put([]byte(w.InstanceID), []byte(w.WorkspaceID)); err != nil {
+	if err := ac.tx.Bucket(bucketInstanceOwners).Put([]byte(w.InstanceID), []byte(w.WorkspaceID)); err != nil {
 		return err
 	}
 	w.State = state
 	w.Failure = nil
 	w.StopUnconfirmed = false
 	w.Layer.Held = true
-	setPending(e, w, api.WSCmdStart, nil)
+	setPending(ac.e, w, api.WSCmdStart, nil)
 	return nil
 }
 

@@ -89,7 +89,7 @@ func (f *WorkspaceFilter) match(w *api.Workspace) bool {
 func ListWorkspaces(tx *bolt.Tx, f WorkspaceFilter, pageSize int, pageToken string) (*api.WorkspaceList, error) {
 	out := &api.WorkspaceList{Workspaces: []api.Workspace{}}
 	if f.NodeID != "" {
-		if n, err := getNode(tx, f.NodeID); err != nil {
+		if n, err := getRecord[api.Node](tx, bucketNodes, []byte(f.NodeID)); err != nil {
 			return nil, err
 		} else if n == nil {
 			return nil, api.Errorf(api.CodeNotFound, "node %s is not registered: check the id with kibo node list", f.NodeID)

@@ -6,26 +6,24 @@ import (
 	"sort"
 	"strings"
 
-	bolt "go.etcd.io/bbolt"
-
 	"github.com/kibotos/kibotos/api"
 )
 
-func applyWorkspaceResult(tx *bolt.Tx, e *Entry) (any, error) {
+func applyWorkspaceResult(ac *applyCtx) (any, error) {
 	var a WorkspaceResultArgs
-	if err := decodeArgs(e, &a); err != nil {
+	if err := decodeArgs(ac.e, &a); err != nil {
 		return nil, err
 	}
 	if r := a.Report; r != nil && (r.NodeID != a.NodeID || r.SessionID != a.SessionID) {
 		return nil, api.Errorf(api.CodeInvalidArgument, "workspace %s: a result of node %s (session %s) carries a report of node %s (session %s); a node sends only its own report with its results",
 			a.WorkspaceID, a.NodeID, a.SessionID, r.NodeID, r.SessionID)
 	}
-	v, err := workspaceResult(tx, e, &a)
+	v, err := workspaceResult(ac, &a)
 	if err != nil || a.Report == nil {
 		return v, err
 	}
 	out := ResultReport{Result: v}
-	rr, err := nodeReport(tx, e, a.Report)
+	rr, err := nodeReport(ac, a.Report)
 	if ae, ok := err.(*api.Error); ok {
 		out.ReportError = ae
 	} else if err != nil {
@@ -38,16 +36,16 @@ func applyWorkspaceResult(tx *bolt.Tx, e *Entry) (any, error) {
 
 // workspaceResult applies a node's answer to a Workspace's pending
 // command.
-func workspaceResult(tx *bolt.Tx, e *Entry, a *WorkspaceResultArgs) (any, error) {
+func workspaceResult(ac *applyCtx, a *WorkspaceResultArgs) (any, error) {
 	if a.Platform != "" {
 		if err := api.ValidPlatformID(a.Platform); err != nil {
 			return nil, err
 		}
 	}
-	if err := checkSession(tx, a.NodeID, a.SessionID); err != nil {
+	if err := checkSession(ac.tx, a.NodeID, a.SessionID); err != nil {
 		return nil, err
 	}
-	w, err := getWorkspace(tx, a.WorkspaceID)
+	w, err := getWorkspace(ac.tx, a.WorkspaceID)
 	if err != nil {
 		return nil, err
 	}
@@ -59,11 +57,11 @@ func workspaceResult(tx *bolt.Tx, e *Entry, a *WorkspaceResultArgs) (any, error)
 	w.Pending = nil
 	fail := func(reason, msg string) {
 		w.State = api.WorkspaceFailed
-		w.Failure = &api.WorkspaceFailure{Reason: reason, Message: msg, At: *at(e)}
+		w.Failure = &api.WorkspaceFailure{Reason: reason, Message: msg, At: *at(ac.e)}
 	}
 	switch p.Kind {
 	case api.WSCmdPause:
-		pauseResult(e, w, p, a)
+		pauseResult(ac.e, w, p, a)
 	case api.WSCmdStart:
 		switch a.Outcome {
 		case OutcomeOK:
@@ -73,7 +71,7 @@ func workspaceResult(tx *bolt.Tx, e *Entry, a *WorkspaceResultArgs) (any, error)
 				w.Platform = a.Platform
 			}
 			w.Import = nil // unpacked into the layer and Volumes
-			if err := volumesMade(tx, e, w); err != nil {
+			if err := volumesMade(ac, w); err != nil {
 				return nil, err
 			}
 		case OutcomeRefused:
@@ -90,11 +88,11 @@ func workspaceResult(tx *bolt.Tx, e *Entry, a *WorkspaceResultArgs) (any, error)
 			} else if w.Layer != nil {
 				w.Layer.Held = false
 			}
-			vols, err := loadVolumes(tx, w)
+			vols, err := loadVolumes(ac.tx, w)
 			if err != nil {
 				return nil, err
 			}
-			node, perr := place(tx, e, w, vols, "", refused, a.RefusalExhausts)
+			node, perr := place(ac, w, vols, "", refused, a.RefusalExhausts)
 			if perr != nil {
 				if w.Layer != nil {
 					w.Layer.Held = false
@@ -111,7 +109,7 @@ func workspaceResult(tx *bolt.Tx, e *Entry, a *WorkspaceResultArgs) (any, error)
 				break
 			}
 			state := w.State
-			if err := beginExecution(tx, e, w, vols, node, state); err != nil {
+			if err := beginExecution(ac, w, vols, node, state); err != nil {
 				return nil, err
 			}
 			w.Pending.Refused = refused
@@ -123,8 +121,8 @@ func workspaceResult(tx *bolt.Tx, e *Entry, a *WorkspaceResultArgs) (any, error)
 			}
 			switch {
 			case forkSource(w) != "":
-				forkStartFailed(e, w, a)
-			case !resumeFailed(e, w, a):
+				forkStartFailed(ac.e, w, a)
+			case !resumeFailed(ac.e, w, a):
 				fail(api.FailureStart, a.Error)
 			}
 		}
@@ -153,18 +151,18 @@ func workspaceResult(tx *bolt.Tx, e *Entry, a *WorkspaceResultArgs) (any, error)
 			w.Layer.Held = false
 		}
 	case api.WSCmdNetwork:
-		applyNetworkResult(e, w, p, a)
+		applyNetworkResult(ac.e, w, p, a)
 	case api.WSCmdDelete:
 		if a.Outcome != OutcomeOK {
 			fail(api.FailureStop, "delete: "+a.Error)
 			break
 		}
-		if err := deleteWorkspace(tx, e, old); err != nil {
+		if err := deleteWorkspace(ac, old); err != nil {
 			return nil, err
 		}
 		return map[string]bool{"applied": true}, nil
 	}
-	if err := putWorkspace(tx, e, old, w); err != nil {
+	if err := putWorkspace(ac, old, w); err != nil {
 		return nil, err
 	}
 	return map[string]bool{"applied": true}, nil
@@ -190,7 +188,7 @@ func refusedEverywhere(w *api.Workspace, refused []string, a *WorkspaceResultArg
 // oomStops, one whose VMM host OOM killed is stopped instead: ctrl has the
 // node end the Instance, and the Workspace ends STOPPED, startable (the
 // overcommit section of the node-operations seed).
-func failEndedInstances(tx *bolt.Tx, e *Entry, node string, states []api.InstanceState, oomStops bool) error {
+func failEndedInstances(ac *applyCtx, node string, states []api.InstanceState, oomStops bool) error {
 	if len(states) == 0 {
 		return nil
 	}
@@ -205,7 +203,7 @@ func failEndedInstances(tx *bolt.Tx, e *Entry, node string, states []api.Instanc
 	if len(failed) == 0 {
 		return nil
 	}
-	ws, err := workspacesOnNode(tx, node)
+	ws, err := workspacesOnNode(ac.tx, node)
 	if err != nil {
 		return err
 	}
@@ -218,19 +216,19 @@ func failEndedInstances(tx *bolt.Tx, e *Entry, node string, states []api.Instanc
 		if msg == "" {
 			msg = "node reports the Instance as no longer running"
 		}
-		dropNetworkChange(e, w, "instance "+w.InstanceID+" ended before node "+node+" applied the change")
+		dropNetworkChange(ac.e, w, "instance "+w.InstanceID+" ended before node "+node+" applied the change")
 		if oom[w.InstanceID] {
 			w.State = api.WorkspaceStopping
-			w.LastError = &api.WorkspaceFailure{Reason: api.FailureNoLongerRunning, Message: msg + "; ctrl stopped the Workspace: start it again", At: *at(e)}
-			setPending(e, w, api.WSCmdStopForce, nil)
-			if err := putWorkspace(tx, e, old, w); err != nil {
+			w.LastError = &api.WorkspaceFailure{Reason: api.FailureNoLongerRunning, Message: msg + "; ctrl stopped the Workspace: start it again", At: *at(ac.e)}
+			setPending(ac.e, w, api.WSCmdStopForce, nil)
+			if err := putWorkspace(ac, old, w); err != nil {
 				return err
 			}
 			continue
 		}
 		w.State = api.WorkspaceFailed
-		w.Failure = &api.WorkspaceFailure{Reason: api.FailureNoLongerRunning, Message: msg, Stage: api.FailureStage(msg), At: *at(e)}
-		if err := putWorkspace(tx, e, old, w); err != nil {
+		w.Failure = &api.WorkspaceFailure{Reason: api.FailureNoLongerRunning, Message: msg, Stage: api.FailureStage(msg), At: *at(ac.e)}
+		if err := putWorkspace(ac, old, w); err != nil {
 			return err
 		}
 	}
@@ -239,8 +237,8 @@ func failEndedInstances(tx *bolt.Tx, e *Entry, node string, states []api.Instanc
 
 // releaseIsolated fails every Workspace of an isolated node with
 // UNAVAILABLE and releases what it held there; it returns the counts.
-func releaseIsolated(tx *bolt.Tx, e *Entry, node string, res *api.IsolateResult) error {
-	ws, err := workspacesOnNode(tx, node)
+func releaseIsolated(ac *applyCtx, node string, res *api.IsolateResult) error {
+	ws, err := workspacesOnNode(ac.tx, node)
 	if err != nil {
 		return err
 	}
@@ -248,7 +246,7 @@ func releaseIsolated(tx *bolt.Tx, e *Entry, node string, res *api.IsolateResult)
 		old := cloneWorkspace(w)
 		if w.Pending != nil && w.Pending.NodeID == node {
 			res.CommandsFailed++
-			dropNetworkChange(e, w, "node "+node+" was isolated before it answered")
+			dropNetworkChange(ac.e, w, "node "+node+" was isolated before it answered")
 			w.Pending = nil
 		}
 		if w.Layer != nil && w.Layer.Held && w.Layer.NodeID == node {
@@ -261,10 +259,10 @@ func releaseIsolated(tx *bolt.Tx, e *Entry, node string, res *api.IsolateResult)
 			// a stopped Workspace): the files go with another member of
 			// their pool, or wait for one.
 			w.NodeID, w.InstanceID = "", ""
-			if files, err := deleteFiles(tx, e, w, node); err != nil {
+			if files, err := deleteFiles(ac, w, node); err != nil {
 				return err
 			} else if !files {
-				if err := deleteWorkspace(tx, e, old); err != nil {
+				if err := deleteWorkspace(ac, old); err != nil {
 					return err
 				}
 				continue
@@ -276,15 +274,15 @@ func releaseIsolated(tx *bolt.Tx, e *Entry, node string, res *api.IsolateResult)
 				res.WorkspacesFailed++
 				w.State = api.WorkspaceFailed
 				w.Failure = &api.WorkspaceFailure{Reason: api.FailureUnavailable,
-					Message: "node " + node + " was isolated; start the Workspace again", At: *at(e)}
+					Message: "node " + node + " was isolated; start the Workspace again", At: *at(ac.e)}
 				w.StopUnconfirmed = true
 			}
 		}
-		if err := putWorkspace(tx, e, old, w); err != nil {
+		if err := putWorkspace(ac, old, w); err != nil {
 			return err
 		}
 	}
-	n, err := releaseVolumeCommands(tx, e, node, "was isolated")
+	n, err := releaseVolumeCommands(ac, node, "was isolated")
 	res.CommandsFailed += n
 	return err
 }
@@ -293,8 +291,8 @@ func releaseIsolated(tx *bolt.Tx, e *Entry, node string, res *api.IsolateResult)
 // never answers) to another member of the layer's pool, or makes them
 // wait for one. A DRAINED or isolated node has no other pending commands.
 // The caller has marked the node retired already.
-func releaseRetired(tx *bolt.Tx, e *Entry, node string) error {
-	ws, err := workspacesOnNode(tx, node)
+func releaseRetired(ac *applyCtx, node string) error {
+	ws, err := workspacesOnNode(ac.tx, node)
 	if err != nil {
 		return err
 	}
@@ -303,18 +301,18 @@ func releaseRetired(tx *bolt.Tx, e *Entry, node string) error {
 			continue
 		}
 		old := cloneWorkspace(w)
-		if files, err := deleteFiles(tx, e, w, node); err != nil {
+		if files, err := deleteFiles(ac, w, node); err != nil {
 			return err
 		} else if !files {
-			if err := deleteWorkspace(tx, e, old); err != nil {
+			if err := deleteWorkspace(ac, old); err != nil {
 				return err
 			}
 			continue
 		}
-		if err := putWorkspace(tx, e, old, w); err != nil {
+		if err := putWorkspace(ac, old, w); err != nil {
 			return err
 		}
 	}
-	_, err = releaseVolumeCommands(tx, e, node, "was retired")
+	_, err = releaseVolumeCommands(ac, node, "was retired")
 	return err
 }

@@ -172,33 +172,33 @@ func containsString(list []string, s string) bool {
 // putWorkspace stores w with a new version and keeps every record
 // derived from it in step with what it held before (old, nil for a new
 // Workspace).
-func putWorkspace(tx *bolt.Tx, e *Entry, old, w *api.Workspace) error {
-	if err := moveDerived(tx, e, old, w); err != nil {
+func putWorkspace(ac *applyCtx, old, w *api.Workspace) error {
+	if err := moveDerived(ac, old, w); err != nil {
 		return err
 	}
 	w.Version++
-	w.UpdatedAt = *at(e)
-	return putJSON(tx, bucketWorkspaces, wsKey(w.WorkspaceID), w)
+	w.UpdatedAt = *at(ac.e)
+	return putJSON(ac.tx, bucketWorkspaces, wsKey(w.WorkspaceID), w)
 }
 
 // workspaceDerived are the records kept in step with a Workspace's: each
 // moves what old held to what w holds (old nil: a new Workspace; w nil: a
 // deleted one).
-var workspaceDerived = []func(tx *bolt.Tx, e *Entry, old, w *api.Workspace) error{
+var workspaceDerived = []func(ac *applyCtx, old, w *api.Workspace) error{
 	moveNodeIndex,
-	func(tx *bolt.Tx, _ *Entry, old, w *api.Workspace) error { return movePending(tx, old, w) },
-	func(tx *bolt.Tx, _ *Entry, old, w *api.Workspace) error { return moveHolds(tx, old, w) },
-	func(tx *bolt.Tx, _ *Entry, old, w *api.Workspace) error { return movePoolUse(tx, old, w) },
-	func(tx *bolt.Tx, _ *Entry, old, w *api.Workspace) error { return movePoolWait(tx, old, w) },
-	func(tx *bolt.Tx, _ *Entry, old, w *api.Workspace) error { return moveRefs(tx, old, w) },
-	func(tx *bolt.Tx, _ *Entry, old, w *api.Workspace) error { return moveForks(tx, old, w) },
+	func(ac *applyCtx, old, w *api.Workspace) error { return movePending(ac.tx, old, w) },
+	moveHolds,
+	func(ac *applyCtx, old, w *api.Workspace) error { return movePoolUse(ac.tx, old, w) },
+	func(ac *applyCtx, old, w *api.Workspace) error { return movePoolWait(ac.tx, old, w) },
+	func(ac *applyCtx, old, w *api.Workspace) error { return moveRefs(ac.tx, old, w) },
+	func(ac *applyCtx, old, w *api.Workspace) error { return moveForks(ac.tx, old, w) },
 	syncVolumes,
 }
 
 // moveDerived moves every record derived from old to w.
-func moveDerived(tx *bolt.Tx, e *Entry, old, w *api.Workspace) error {
+func moveDerived(ac *applyCtx, old, w *api.Workspace) error {
 	for _, move := range workspaceDerived {
-		if err := move(tx, e, old, w); err != nil {
+		if err := move(ac, old, w); err != nil {
 			return err
 		}
 	}
@@ -206,8 +206,8 @@ func moveDerived(tx *bolt.Tx, e *Entry, old, w *api.Workspace) error {
 }
 
 // moveNodeIndex moves the Workspace's entries of the nodes it occupies.
-func moveNodeIndex(tx *bolt.Tx, _ *Entry, old, w *api.Workspace) error {
-	idx := tx.Bucket(bucketWorkspaceNodes)
+func moveNodeIndex(ac *applyCtx, old, w *api.Workspace) error {
+	idx := ac.tx.Bucket(bucketWorkspaceNodes)
 	if old != nil {
 		for _, n := range occupied(old) {
 			if err := idx.Delete(wsNodeKey(n, old.WorkspaceID)); err != nil {
@@ -247,14 +247,14 @@ func cloneWorkspace(w *api.Workspace) *api.Workspace {
 	return &c
 }
 
-func deleteWorkspace(tx *bolt.Tx, e *Entry, w *api.Workspace) error {
-	if err := moveDerived(tx, e, w, nil); err != nil {
+func deleteWorkspace(ac *applyCtx, w *api.Workspace) error {
+	if err := moveDerived(ac, w, nil); err != nil {
 		return err
 	}
-	if err := tx.Bucket(bucketWorkspaceTombstones).Put(wsKey(w.WorkspaceID), []byte(at(e).Format(time.RFC3339))); err != nil {
+	if err := ac.tx.Bucket(bucketWorkspaceTombstones).Put(wsKey(w.WorkspaceID), []byte(at(ac.e).Format(time.RFC3339))); err != nil {
 		return err
 	}
-	return tx.Bucket(bucketWorkspaces).Delete(wsKey(w.WorkspaceID))
+	return ac.tx.Bucket(bucketWorkspaces).Delete(wsKey(w.WorkspaceID))
 }
 
 // workspacesOnNode returns the Workspaces a node occupies, by id.
@@ -320,7 +320,7 @@ func holdsOf(w *api.Workspace, node string) Holds {
 
 // moveHolds replaces old's contribution to the node counters by w's (either
 // may be nil) and marks the nodes whose counters changed for placement.
-func moveHolds(tx *bolt.Tx, old, w *api.Workspace) error {
+func moveHolds(ac *applyCtx, old, w *api.Workspace) error {
 	var nodes []string
 	for _, x := range []*api.Workspace{old, w} {
 		for _, n := range nodesOf(x) {
@@ -334,7 +334,7 @@ func moveHolds(tx *bolt.Tx, old, w *api.Workspace) error {
 		if before == after {
 			continue
 		}
-		h, err := nodeHolds(tx, n)
+		h, err := nodeHolds(ac.tx, n)
 		if err != nil {
 			return err
 		}
@@ -344,13 +344,13 @@ func moveHolds(tx *bolt.Tx, old, w *api.Workspace) error {
 		h.Allocated.CPU += after.Allocated.CPU - before.Allocated.CPU
 		h.Allocated.MemoryBytes += after.Allocated.MemoryBytes - before.Allocated.MemoryBytes
 		if h == (Holds{}) {
-			if err := tx.Bucket(bucketNodeHolds).Delete([]byte(n)); err != nil {
+			if err := ac.tx.Bucket(bucketNodeHolds).Delete([]byte(n)); err != nil {
 				return err
 			}
-		} else if err := putJSON(tx, bucketNodeHolds, []byte(n), h); err != nil {
+		} else if err := putJSON(ac.tx, bucketNodeHolds, []byte(n), h); err != nil {
 			return err
 		}
-		markNodeChanged(tx, n)
+		markNodeChanged(ac, n)
 	}
 	return nil
 }
