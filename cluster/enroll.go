@@ -299,12 +299,12 @@ func (s *Server) inRaftConfig() bool {
 
 // isVoter reports whether id is a voter of the Raft configuration.
 func (s *Server) isVoter(id raft.ServerID) bool {
-	vs, err := s.voters()
+	servers, err := s.raftServers()
 	if err != nil {
 		return false
 	}
-	for _, v := range vs {
-		if v.ID == id {
+	for _, srv := range servers {
+		if srv.Voter && srv.ID == string(id) {
 			return true
 		}
 	}

@@ -29,6 +29,7 @@ import (
 	"github.com/kibotos/kibotos/api"
 	"github.com/kibotos/kibotos/artifacts"
 	"github.com/kibotos/kibotos/buildinfo"
+	"github.com/kibotos/kibotos/ctrl"
 	"github.com/kibotos/kibotos/datadir"
 	"github.com/kibotos/kibotos/fsm"
 	"github.com/kibotos/kibotos/trust"
@@ -51,8 +52,8 @@ type Timings struct {
 	CertLifetime time.Duration
 	// CommandRetention and CommandExpiryBatch, when set, replace how long
 	// a command's result answers retries (fsm.CommandRetentionHours) and
-	// how many records one expiry entry drops (commandExpiryBatch): tests
-	// of expiry.
+	// how many records one expiry entry drops (ctrl's commandExpiryBatch):
+	// tests of expiry.
 	CommandRetention   time.Duration
 	CommandExpiryBatch int
 }
@@ -104,10 +105,11 @@ type Server struct {
 	// entry is applied, and whole by artifacts gc, so the collector never
 	// removes an object a publish has just put (both run on the leader).
 	publishing sync.RWMutex
-	// transferKick wakes the leader's transfer driver.
-	transferKick chan struct{}
-	id           *datadir.Identity
-	log          *slog.Logger
+	// leader runs the leader's services while this member leads (ctrl
+	// members only, set before the member serves).
+	leader *ctrl.Leader
+	id     *datadir.Identity
+	log    *slog.Logger
 
 	ca         *CA
 	pool       *x509.CertPool
@@ -142,15 +144,10 @@ type Server struct {
 	// consistentReady is set while this member leads and has applied every
 	// entry of earlier terms (its leadership barrier went through).
 	consistentReady atomic.Bool
-	// levelsAsked is when the voters' feature levels were last asked
-	// after a refusal (unix nanoseconds).
-	levelsAsked atomic.Int64
-	// levelsCache keeps voterLevels for a second (levelsCacheFor);
-	// levelsGen moves whenever the voters or their recorded levels may
-	// have changed, and an answer cached in an earlier generation is not
-	// used.
-	levelsCache atomic.Pointer[cachedLevels]
-	levelsGen   atomic.Uint64
+	// levels tracks the voters' feature levels; rounds decides which
+	// reports carry ended-Instance records (ctrl members only).
+	levels *ctrl.Levels
+	rounds *ctrl.Rounds
 
 	sessions *sessionRegistry
 	// changed wakes blocking reads when the local state changed.
@@ -197,7 +194,7 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Server{cfg: cfg, id: id, log: cfg.Logger.With("node_id", id.NodeID), release: release, stop: make(chan struct{}), leadership: make(chan bool, 1), transferKick: make(chan struct{}, 1), sessions: newSessionRegistry(), changed: newBroadcaster(),
+	s := &Server{cfg: cfg, id: id, log: cfg.Logger.With("node_id", id.NodeID), release: release, stop: make(chan struct{}), leadership: make(chan bool, 1), sessions: newSessionRegistry(), changed: newBroadcaster(),
 		conns: newConnWatch(), joinLimit: newJoinLimiter(), revokePending: map[string]bool{}, revokeKick: make(chan struct{}, 1), admissionCache: map[string]admissionAnswer{},
 		opened: make(chan struct{}), halted: make(chan struct{})}
 	defer close(s.opened)
@@ -267,7 +264,7 @@ func (s *Server) start(ctx context.Context) error {
 	if s.raft != nil {
 		s.wg.Add(3)
 		go func() { defer s.wg.Done(); s.enforceRevocations() }()
-		go func() { defer s.wg.Done(); s.leaderLoop() }()
+		go func() { defer s.wg.Done(); s.runLeader(ctx) }()
 		go func() { defer s.wg.Done(); s.ensureVoter() }()
 	}
 	s.log.Info("member serving", "advertise", s.id.Advertise, "roles", s.id.Roles, "release", buildinfo.ReleaseName())
@@ -332,7 +329,10 @@ func (s *Server) startRaft() error {
 		return fmt.Errorf("start raft in %s: %w", d.RaftDir(), err)
 	}
 	s.raft = r
-	return s.checkStateLevel()
+	s.levels = s.newLevels()
+	s.rounds = ctrl.NewRounds(s.levels, s.fsm.View)
+	s.leader = s.newLeader()
+	return s.levels.CheckState()
 }
 
 // halt stops a member that cannot apply the log as the others do (see
@@ -471,10 +471,10 @@ func (s *Server) Apply(ctx context.Context, e fsm.Entry) (fsm.Result, error) {
 	if err := ctx.Err(); err != nil {
 		return fsm.Result{}, outOfTime(e, err)
 	}
-	if err := s.checkOpLevel(ctx, e.Op); err != nil {
+	if err := s.levels.CheckOp(ctx, e.Op); err != nil {
 		return fsm.Result{}, err
 	}
-	e.CountPlacements = fsm.CountsPlacements(e.Op) && s.countsPlacements()
+	e.CountPlacements = fsm.CountsPlacements(e.Op) && s.levels.CountsPlacements()
 	timeout := 30 * time.Second
 	if dl, ok := ctx.Deadline(); ok {
 		if timeout = time.Until(dl); timeout <= 0 {
@@ -487,9 +487,9 @@ func (s *Server) Apply(ctx context.Context, e fsm.Entry) (fsm.Result, error) {
 		data []byte
 		err  error
 	)
-	if s.entryFormatBinary() {
+	if s.levels.EntryFormatBinary() {
 		e.CommandDigest = e.CommandID != ""
-		e.CommandLog = e.CommandDigest && s.commandLog()
+		e.CommandLog = e.CommandDigest && s.levels.CommandLog()
 		data = fsm.EncodeEntry(&e)
 	} else if data, err = fsm.EncodeEntryJSON(&e); err != nil {
 		return fsm.Result{}, err

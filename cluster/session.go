@@ -1,7 +1,6 @@
 package cluster
 
 import (
-	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -268,7 +267,7 @@ func (s *Server) runSession(ctx context.Context, sc *sessionConn, dec *api.Sessi
 		case <-s.stop:
 			return "ctrl member stopping"
 		case <-syncT.C:
-			if at, ok := s.endedRoundSoon(nodeID, time.Now(), t.SyncInterval/2); ok {
+			if at, ok := s.rounds.Soon(nodeID, time.Now(), t.SyncInterval/2); ok {
 				roundSync = at // the ping after it sends the sync
 				continue
 			}
@@ -385,8 +384,8 @@ func (s *Server) applyReport(ctx context.Context, sc *sessionConn, nodeID, sid s
 // voters' levels allow of it.
 func (s *Server) reportArgs(nodeID, sid string, m api.SessionMsg) fsm.ReportArgs {
 	args := fsm.ReportArgs{NodeID: nodeID, SessionID: sid, Report: *m.Report, HostUsage: m.HostUsage}
-	s.markEndedRound(&args, time.Now())
-	args.OOMStops = s.troubleshootingRules()
+	s.rounds.Mark(&args, time.Now())
+	args.OOMStops = s.levels.TroubleshootingRules()
 	if len(args.Report.TemplateDigests) > 0 && s.levelsReach("template catalog", fsm.LevelArtifacts) != nil {
 		args.Report.TemplateDigests = nil // a voter below the level would not store them
 	}
@@ -426,158 +425,6 @@ func (s *Server) sessionCheck(id string) (fsm.SessionCheck, error) {
 		return err
 	})
 	return c, err
-}
-
-// leaderLoop runs the leader's duties while this member leads, driven by
-// raft's leadership notifications. It waits for one leadership's work to
-// end before anything else: two never overlap.
-func (s *Server) leaderLoop() {
-	var endLead func() // cancels the leader's work and waits for it
-	defer func() {
-		if endLead != nil {
-			endLead()
-		}
-	}()
-	for {
-		var leader bool
-		select {
-		case <-s.stop:
-			return
-		case leader = <-s.leadership:
-		}
-		switch {
-		case leader && endLead == nil:
-			ctx, cancel := context.WithCancel(context.Background())
-			var wg sync.WaitGroup
-			wg.Go(func() { s.lead(ctx) })
-			endLead = func() { cancel(); wg.Wait() }
-		case !leader && endLead != nil:
-			endLead()
-			endLead = nil
-			s.sessions.closeAll() // nodes reconnect to the new leader
-		}
-	}
-}
-
-// lead is the leader's background work: close sessions that no connection
-// backs any more (after a leader change), expire old command records, and
-// drop retired or revoked ctrl members from the voters. It returns once
-// the transfer driver it starts has returned too.
-func (s *Server) lead(ctx context.Context) {
-	t := s.cfg.Timings
-	// The voters' levels this member kept may be from an earlier
-	// leadership, and the previous leader may have recorded others.
-	s.forgetLevels()
-	if err := s.raft.Barrier(30 * time.Second).Error(); err != nil {
-		return
-	}
-	// Everything the previous leader acknowledged is now applied here.
-	s.forgetLevels()
-	s.consistentReady.Store(true)
-	defer s.consistentReady.Store(false)
-	s.log.Info("leading ctrl")
-	var wg sync.WaitGroup
-	defer wg.Wait()
-	wg.Go(func() { s.driveTransfers(ctx) })
-	since := time.Now()
-	lastExpiry, expiring := time.Now(), false
-	s.refreshLevels(ctx)
-	lastLevels := time.Now()
-	tick := time.NewTicker(t.SessionPing)
-	defer tick.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-tick.C:
-		}
-		if time.Since(since) > t.SessionTimeout {
-			s.sweepSessions(ctx)
-		}
-		if expiring || time.Since(lastExpiry) > t.CommandExpiry {
-			lastExpiry = time.Now()
-			expiring = s.expireCommands(ctx, lastExpiry.Add(t.SessionPing/2))
-		}
-		s.reconcileVoters()
-		if time.Since(lastLevels) > levelRefresh {
-			lastLevels = time.Now()
-			s.refreshLevels(ctx)
-		}
-	}
-}
-
-// commandExpiryBatch bounds the command records one expiry entry drops:
-// about 60 ms of every member's apply on this project's 2-core machines
-// (`go test ./fsm -bench CommandsExpire`), so that writes wait no longer
-// behind it.
-const commandExpiryBatch = 2000
-
-// expireCommands drops the command records past their retention, in
-// bounded entries until budget when every voter takes a limit; it
-// reports whether old records are left for the next tick.
-func (s *Server) expireCommands(ctx context.Context, budget time.Time) bool {
-	t := s.cfg.Timings
-	retention := cmp.Or(t.CommandRetention, fsm.CommandRetentionHours*time.Hour)
-	args := fsm.CommandsExpireArgs{Before: time.Now().Add(-retention).UTC()}
-	if s.levelsReach("bounded command expiry", fsm.LevelExpireLimit) == nil {
-		args.Limit = cmp.Or(t.CommandExpiryBatch, commandExpiryBatch)
-	}
-	for {
-		res, err := s.ApplyOp(ctx, fsm.OpCommandsExpire, args)
-		if err == nil {
-			err = res.Err()
-		}
-		var out fsm.CommandsExpireResult
-		if err == nil {
-			err = json.Unmarshal(res.Value, &out)
-		}
-		if err != nil {
-			if ctx.Err() == nil {
-				s.log.Warn("command expiry failed; the next one retries", "err", err)
-			}
-			return false
-		}
-		if !out.More {
-			return false
-		}
-		if time.Now().After(budget) {
-			return true
-		}
-	}
-}
-
-func (s *Server) sweepSessions(ctx context.Context) {
-	var live map[string]string
-	s.fsm.View(func(tx *bolt.Tx) error {
-		var err error
-		live, err = fsm.LiveSessions(tx)
-		return err
-	})
-	for node, sid := range live {
-		if !s.sessions.attached(node, sid) {
-			s.ApplyOp(ctx, fsm.OpSessionClose, fsm.SessionCloseArgs{NodeID: node, SessionID: sid, Reason: "no control connection to the leader"})
-		}
-	}
-}
-
-func (s *Server) reconcileVoters() {
-	f := s.raft.GetConfiguration()
-	if f.Error() != nil {
-		return
-	}
-	for _, srv := range f.Configuration().Servers {
-		if string(srv.ID) == s.id.NodeID {
-			continue
-		}
-		n, err := s.localNode(string(srv.ID))
-		if err != nil {
-			continue
-		}
-		if n.Retired || n.Admission != api.Admitted {
-			s.log.Info("removing ctrl voter", "voter", srv.ID, "status", n.Status)
-			s.raft.RemoveServer(srv.ID, 0, 10*time.Second)
-		}
-	}
 }
 
 // kickAllSessions makes every control session deliver its node's pending

@@ -4,11 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"io"
 	"net/http"
-	"sync"
-	"time"
 
 	bolt "go.etcd.io/bbolt"
 
@@ -26,24 +23,6 @@ import (
 // store refuses, the Transfer stays listed and the log says
 // "transfer archive cleanup did not finish" (upgrade seed). `transfer
 // import` is a Workspace create whose first start unpacks the archive.
-
-// progressEvery is how often the leader asks an exporting node how far
-// it is and records the answer (a Raft write while it changes).
-const progressEvery = 3 * time.Second
-
-// Timings of the driver.
-const (
-	transferTick = 2 * time.Second
-	// exportTimeout bounds one export call (copying a layer and Volumes
-	// of some GiB into the store).
-	exportTimeout = time.Hour
-	// exportRetry is how long after an unanswered call the node is asked
-	// again; exportGiveUp after the export began it is failed instead.
-	exportRetry  = 10 * time.Second
-	exportGiveUp = 2 * time.Hour
-	// cleanupRetry spaces the attempts (and log lines) of one cleanup.
-	cleanupRetry = time.Minute
-)
 
 func (s *Server) store() artifacts.Store { return s.cfg.Artifacts }
 
@@ -284,151 +263,4 @@ func (s *Server) localProgress(id string) (api.TransferProgress, error) {
 		}
 	}
 	return api.TransferProgress{}, api.Errorf(api.CodeNotFound, "transfer %s is not being exported on member %s", id, s.id.NodeID)
-}
-
-func (s *Server) kickTransfers() {
-	select {
-	case s.transferKick <- struct{}{}:
-	default:
-	}
-}
-
-// driveTransfers is the leader's transfer work while it leads.
-func (s *Server) driveTransfers(ctx context.Context) {
-	var mu sync.Mutex
-	inflight, retryAt, cleaned := map[string]bool{}, map[string]time.Time{}, map[string]time.Time{}
-	tick := time.NewTicker(transferTick)
-	defer tick.Stop()
-	var wg sync.WaitGroup
-	defer wg.Wait()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-tick.C:
-		case <-s.transferKick:
-		}
-		now := time.Now()
-		var work *fsm.TransferWork
-		if err := s.fsm.View(func(tx *bolt.Tx) (err error) { work, err = fsm.PendingTransferWork(tx, now); return }); err != nil {
-			continue
-		}
-		for _, t := range work.Exports {
-			mu.Lock()
-			busy := inflight[t.TransferID] || now.Before(retryAt[t.TransferID])
-			if !busy {
-				inflight[t.TransferID] = true
-			}
-			mu.Unlock()
-			if busy {
-				continue
-			}
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				retry := s.driveExport(ctx, t, work.ExportNodes[t.TransferID])
-				mu.Lock()
-				delete(inflight, t.TransferID)
-				if retry {
-					retryAt[t.TransferID] = time.Now().Add(exportRetry)
-				}
-				mu.Unlock()
-			}()
-		}
-		for _, tr := range append(work.Failed, work.Expired...) {
-			if now.Sub(cleaned[tr.TransferID]) < cleanupRetry {
-				continue
-			}
-			cleaned[tr.TransferID] = now
-			if err := s.removeArchive(ctx, &tr); err != nil {
-				continue
-			}
-			if tr.State == api.TransferFailed && !now.After(tr.ExpiresAt) {
-				// Listed (with its error) until it expires or is deleted;
-				// its archive is gone, so it is not cleaned again.
-				cleaned[tr.TransferID] = tr.ExpiresAt
-				continue
-			}
-			s.ApplyOp(ctx, fsm.OpTransferDelete, fsm.ObjectArgs{Name: tr.TransferID})
-		}
-	}
-}
-
-// driveExport asks the node to export and records its answer; true when
-// the node did not answer and should be asked again later.
-func (s *Server) driveExport(ctx context.Context, t api.TransferExportTask, nodeID string) bool {
-	var n *api.Node
-	if err := s.fsm.View(func(tx *bolt.Tx) (err error) { n, err = fsm.GetNode(tx, nodeID); return }); err != nil {
-		return true
-	}
-	var res api.TransferExportResult
-	var err error
-	stop := s.followProgress(ctx, n, t.TransferID)
-	defer stop()
-	if nodeID == s.id.NodeID {
-		if e := s.own().Transfers; e != nil {
-			res, err = e.ExportTransfer(ctx, t)
-		} else {
-			err = api.Errorf(api.CodeFailedPrecondition, "member %s runs no node runtime", s.id.NodeID)
-		}
-	} else {
-		err = s.nodeCall(ctx, n, http.MethodPost, "/v1/internal/transfers/export", t, exportTimeout, 64<<10, &res)
-	}
-	args := fsm.TransferResultArgs{TransferID: t.TransferID, NodeID: nodeID, Outcome: fsm.OutcomeOK, Digest: res.Digest, SizeBytes: res.SizeBytes, TemplateID: res.TemplateID}
-	if err != nil {
-		if api.CodeOf(err) == api.CodeUnavailable && ctx.Err() == nil {
-			var created time.Time
-			s.fsm.View(func(tx *bolt.Tx) error {
-				if tr, err := fsm.GetTransfer(tx, t.TransferID); err == nil {
-					created = tr.CreatedAt
-				}
-				return nil
-			})
-			if time.Since(created) < exportGiveUp {
-				s.log.Warn("transfer export not answered", "transfer_id", t.TransferID, "peer_node_id", nodeID, "err", err)
-				return true
-			}
-		}
-		if ctx.Err() != nil {
-			return false // the next leader drives it
-		}
-		args = fsm.TransferResultArgs{TransferID: t.TransferID, NodeID: nodeID, Outcome: fsm.OutcomeFailed, Error: fmt.Sprintf("node %s: %v", nodeID, err)}
-	}
-	if _, err := s.ApplyOp(ctx, fsm.OpTransferResult, args); err != nil {
-		return true
-	}
-	return false
-}
-
-// followProgress records how far node n's export of a Transfer is, every
-// progressEvery, until the returned stop is called.
-func (s *Server) followProgress(ctx context.Context, n *api.Node, id string) (stop func()) {
-	ctx, cancel := context.WithCancel(ctx)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		tick := time.NewTicker(progressEvery)
-		defer tick.Stop()
-		var last api.TransferProgress
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-tick.C:
-			}
-			var p api.TransferProgress
-			var err error
-			if n.NodeID == s.id.NodeID {
-				p, err = s.localProgress(id)
-			} else {
-				err = s.nodeCall(ctx, n, http.MethodGet, "/v1/internal/transfers/"+id+"/progress", nil, 10*time.Second, 4<<10, &p)
-			}
-			if err != nil || p == last {
-				continue
-			}
-			last = p
-			s.ApplyOp(ctx, fsm.OpTransferProgress, fsm.TransferProgressArgs{TransferID: id, NodeID: n.NodeID, TransferProgress: p})
-		}
-	}()
-	return func() { cancel(); <-done }
 }

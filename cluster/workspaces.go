@@ -572,7 +572,7 @@ func (s *Server) applyTaskResult(ctx context.Context, sc *sessionConn, nodeID, s
 	args := fsm.WorkspaceResultArgs{
 		NodeID: nodeID, SessionID: sid, WorkspaceID: r.WorkspaceID, CommandID: r.CommandID, Outcome: r.Outcome, Error: r.Error,
 		Snapshot: r.Snapshot, InstanceGone: r.InstanceGone, SnapshotDiscarded: r.SnapshotDiscarded,
-		NotOnNode: r.NotOnNode && s.troubleshootingRules(),
+		NotOnNode: r.NotOnNode && s.levels.TroubleshootingRules(),
 		// Asked only of refusals: the one answer it changes.
 		RefusalExhausts: r.Outcome == fsm.OutcomeRefused && s.levelsReach("refusals that exhaust", fsm.LevelRefusalExhausted) == nil,
 		Platform:        s.platformOfResult(r.Platform),

@@ -2,5 +2,6 @@
 // between packages that must never exist, docs/explanations or
 // ARCHITECTURE's layout): the state machine knows no network, the node
 // does not read the state machine, the protocol types import no server
-// code, the VMM layer knows nothing of consensus. It has no code.
+// code, the VMM layer knows nothing of consensus, the leader's services
+// (ctrl) know no server. It has no code.
 package arrows

@@ -1,4 +1,4 @@
-package cluster
+package ctrl
 
 import (
 	"time"
@@ -19,64 +19,69 @@ import (
 // roundsRule names rounds in a refusal by feature level.
 const roundsRule = "rounds of ended-Instance records"
 
-// endedRounds reports whether every voter applies rounds.
-func (s *Server) endedRounds() bool { return s.levelsReach(roundsRule, fsm.LevelEndedRounds) == nil }
-
-// troubleshootingRules reports whether every voter applies the rules of
-// fsm.LevelTroubleshooting (an OOM-killed VMM stops its Workspace; stop
-// --force of an Instance its node no longer has keeps it FAILED).
-func (s *Server) troubleshootingRules() bool {
-	return s.levelsReach("troubleshooting rules", fsm.LevelTroubleshooting) == nil
+// Rounds decides which report entries carry a node's ended-Instance
+// records (the session protocol asks it for each report).
+type Rounds struct {
+	levels *Levels
+	view   func(fn func(tx *bolt.Tx) error) error
 }
 
-// endedRoundDue is when the node's next round is due; zero when it has
+// NewRounds decides rounds by the voters' levels and the state view reads.
+func NewRounds(levels *Levels, view func(fn func(tx *bolt.Tx) error) error) *Rounds {
+	return &Rounds{levels: levels, view: view}
+}
+
+// on reports whether every voter applies rounds.
+func (r *Rounds) on() bool { return r.levels.Reach(roundsRule, fsm.LevelEndedRounds) == nil }
+
+// due is when the node's next round is due; zero when it has
 // had none.
-func (s *Server) endedRoundDue(node string) (time.Time, error) {
+func (r *Rounds) due(node string) (time.Time, error) {
 	var last time.Time
-	err := s.fsm.View(func(tx *bolt.Tx) (err error) { last, err = fsm.LastEndedRound(tx, node); return })
+	err := r.view(func(tx *bolt.Tx) (err error) { last, err = fsm.LastEndedRound(tx, node); return })
 	if err != nil || last.IsZero() {
 		return time.Time{}, err
 	}
 	return last.Add(fsm.EndedRoundInterval), nil
 }
 
-// markEndedRound shapes a report entry's records for the voters: all of
-// them as before for voters below the level, or only in a due round.
-func (s *Server) markEndedRound(args *fsm.ReportArgs, now time.Time) {
-	r := &args.Report
-	if !s.endedRounds() {
+// Mark shapes a report entry's records for the voters: all of them as
+// before for voters below the level, or only in a due round.
+func (r *Rounds) Mark(args *fsm.ReportArgs, now time.Time) {
+	rep := &args.Report
+	if !r.on() {
 		// An older voter knows no completeness: an entry carrying it would
 		// be stored differently there.
-		r.EndedComplete = false
-		if !s.levelsRecorded() {
+		rep.EndedComplete = false
+		if !r.levels.Recorded() {
 			// Whether every voter applies rounds is not known yet (a new
 			// cluster or voter, asked at the start of the leadership):
 			// the records wait rather than meet the earlier rules, which
 			// forget the records ctrl does not know.
-			r.Ended = nil
+			rep.Ended = nil
 		}
 		return
 	}
 	args.Rounds = true
-	if due, err := s.endedRoundDue(args.NodeID); err == nil && !now.Before(due) {
+	if due, err := r.due(args.NodeID); err == nil && !now.Before(due) {
 		args.Round = true
-		if len(r.Ended) > fsm.EndedRoundMax {
-			r.Ended, r.EndedComplete = r.Ended[:fsm.EndedRoundMax], false
+		if len(rep.Ended) > fsm.EndedRoundMax {
+			rep.Ended, rep.EndedComplete = rep.Ended[:fsm.EndedRoundMax], false
 		}
 		return
 	}
-	r.Ended, r.EndedComplete = nil, false
+	rep.Ended, rep.EndedComplete = nil, false
 }
 
-// endedRoundSoon is when the node's round is due if that is after now but
+// Soon is when the node's round is due if that is after now but
 // within window: a sync then waits for it, so that the sync and the round
 // (both about once a minute) share one report instead of the round
 // missing its minute by the jitter between two tickers.
-func (s *Server) endedRoundSoon(node string, now time.Time, window time.Duration) (time.Time, bool) {
-	if !s.endedRounds() {
+func (r *Rounds) Soon(node string, now time.Time, window time.Duration) (time.Time, bool) {
+	if !r.on() {
 		return time.Time{}, false
 	}
-	due, err := s.endedRoundDue(node)
+	due, err := r.due(node)
 	if err != nil || !due.After(now) || due.Sub(now) >= window {
 		return time.Time{}, false
 	}
