@@ -2,9 +2,11 @@ package cluster_test
 
 import (
 	"context"
+	"crypto/x509"
 	"fmt"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -12,6 +14,7 @@ import (
 
 	"github.com/kibotos/kibotos/api"
 	"github.com/kibotos/kibotos/cluster/clustertest"
+	"github.com/kibotos/kibotos/trust"
 )
 
 // `workspace logs` over the API: an operator asks a ctrl member, which
@@ -118,7 +121,19 @@ func TestWorkspaceLogsOverHTTP(t *testing.T) {
 	if status, e := rawCall(t, node, memberCert(t, node), node.Addr, "GET", internal, nil, nil); status != http.StatusForbidden || e == nil || !strings.Contains(e.Message, "is not a ctrl member") {
 		t.Errorf("node member certificate on the internal route: %d %v, want 403", status, e)
 	}
-	admin := map[string]string{"X-Kibotos-Actor": "admin@" + ctrl.ID, "X-Kibotos-Actor-Kind": "admin", "X-Kibotos-Actor-Node": ctrl.ID, "X-Kibotos-Actor-Admitted": "0"}
+	// The actor is admitted (the node checks that with ctrl first); only
+	// the role refuses it.
+	ac := adminCert(t, ctrl)
+	leaf, err := x509.ParseCertificate(ac.Certificate[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	actor, err := trust.FromCert(leaf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	admin := map[string]string{"X-Kibotos-Actor": "admin@" + ctrl.ID, "X-Kibotos-Actor-Kind": "admin", "X-Kibotos-Actor-Node": ctrl.ID,
+		"X-Kibotos-Actor-Admitted": strconv.FormatInt(actor.Admitted.UnixNano(), 10)}
 	if status, e := rawCall(t, node, memberCert(t, ctrl), node.Addr, "GET", internal, nil, admin); status != http.StatusForbidden {
 		t.Errorf("ctrl member certificate speaking for an operator on the internal route: %d %v, want 403", status, e)
 	}
