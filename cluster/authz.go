@@ -267,7 +267,7 @@ func (s *Server) admittedByCtrl(id trust.Identity) error {
 		return a.err
 	}
 	body, _ := json.Marshal(api.AdmissionRequest{Kind: id.Kind, NodeID: id.NodeID, Roles: id.Roles, Admitted: id.Admitted})
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	ctx, cancel := context.WithTimeout(s.life, 5*time.Second)
 	defer cancel()
 	err := s.callCtrl(ctx, "/v1/internal/admission", body, nil)
 	if api.CodeOf(err) == api.CodeUnavailable {

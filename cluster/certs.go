@@ -60,7 +60,7 @@ func dueForRenewal(c *x509.Certificate, now time.Time) bool {
 func (s *Server) renewLoop() {
 	for {
 		if dueForRenewal(s.certs.memberCert().Leaf, time.Now()) || dueForRenewal(s.certs.admin.Load().Leaf, time.Now()) {
-			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			ctx, cancel := context.WithTimeout(s.life, time.Minute)
 			err := s.RenewCertificates(ctx)
 			cancel()
 			if err != nil {

@@ -318,7 +318,7 @@ func (s *Server) askToBeVoter() error {
 		if addr == s.id.Advertise {
 			continue
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), 35*time.Second)
+		ctx, cancel := context.WithTimeout(s.life, 35*time.Second)
 		err := memberCall(ctx, s.httpClient, addr, "/v1/internal/raft/voter", body, nil)
 		cancel()
 		if err == nil {

@@ -17,6 +17,7 @@ import (
 // mux serves Raft, control sessions and the HTTP API on one TLS port,
 // split by the ALPN protocol the client asked for.
 type mux struct {
+	life    context.Context // the member's: a handshake under way ends with it
 	ln      net.Listener
 	tlsConf *tls.Config
 	log     *slog.Logger
@@ -33,9 +34,9 @@ type mux struct {
 	done      chan struct{}
 }
 
-func newMux(ln net.Listener, tlsConf *tls.Config, log *slog.Logger, admit func(string, tls.ConnectionState) (trust.Identity, error), watch *connWatch) *mux {
+func newMux(life context.Context, ln net.Listener, tlsConf *tls.Config, log *slog.Logger, admit func(string, tls.ConnectionState) (trust.Identity, error), watch *connWatch) *mux {
 	return &mux{
-		ln: ln, tlsConf: tlsConf, log: log, admit: admit, watch: watch,
+		life: life, ln: ln, tlsConf: tlsConf, log: log, admit: admit, watch: watch,
 		raft: make(chan net.Conn), session: make(chan net.Conn), http: make(chan net.Conn),
 		done: make(chan struct{}),
 	}
@@ -62,7 +63,7 @@ func (m *mux) serve() {
 
 func (m *mux) route(c net.Conn) {
 	tc := tls.Server(c, m.tlsConf)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(m.life, 10*time.Second)
 	defer cancel()
 	if err := tc.HandshakeContext(ctx); err != nil {
 		c.Close()
@@ -139,6 +140,7 @@ func (l *chanListener) Addr() net.Addr { return l.m.ln.Addr() }
 // server at that address, with that node id.
 type raftLayer struct {
 	*chanListener
+	life      context.Context // the member's: raft's Dial takes none
 	advertise net.Addr
 	client    trust.Client
 	// serverAt names the node id the configuration has at an address ("":
@@ -150,5 +152,5 @@ func (r *raftLayer) Addr() net.Addr { return r.advertise }
 
 func (r *raftLayer) Dial(address raft.ServerAddress, timeout time.Duration) (net.Conn, error) {
 	want := trust.Want{Kind: trust.KindMember, Role: trust.RoleCtrl, NodeID: r.serverAt(address)}
-	return r.client.Dial(context.Background(), datadir.ProtoRaft, want, string(address), timeout)
+	return r.client.Dial(r.life, datadir.ProtoRaft, want, string(address), timeout)
 }

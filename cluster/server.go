@@ -161,6 +161,11 @@ type Server struct {
 	release func()
 	wg      sync.WaitGroup
 	stop    chan struct{}
+	// life is the member's own context: Open's values without its
+	// cancellation, ended by Shutdown and Kill. What the member runs on
+	// its own (sessions, renewals, joining the voters) derives from it.
+	life    context.Context
+	endLife context.CancelFunc
 	// leadership carries raft's leadership changes (Config.NotifyCh):
 	// true on becoming leader, false on stepping down; raft keeps only
 	// the latest when the loop has not read the one before.
@@ -197,6 +202,7 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 	s := &Server{cfg: cfg, id: id, log: cfg.Logger.With("node_id", id.NodeID), release: release, stop: make(chan struct{}), leadership: make(chan bool, 1), sessions: newSessionRegistry(), changed: newBroadcaster(),
 		conns: newConnWatch(), joinLimit: newJoinLimiter(), revokePending: map[string]bool{}, revokeKick: make(chan struct{}, 1), admissionCache: map[string]admissionAnswer{},
 		opened: make(chan struct{}), halted: make(chan struct{})}
+	s.life, s.endLife = context.WithCancel(context.WithoutCancel(ctx))
 	defer close(s.opened)
 	if err := s.start(ctx); err != nil {
 		s.Shutdown()
@@ -236,7 +242,7 @@ func (s *Server) start(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("listen on %s: %w; is another member using this port?", bind, err)
 	}
-	s.mux = newMux(ln, datadir.ServerTLS(s.pool, s.certs.memberCert), s.log, s.authorizeConn, s.conns)
+	s.mux = newMux(s.life, ln, datadir.ServerTLS(s.pool, s.certs.memberCert), s.log, s.authorizeConn, s.conns)
 	if s.id.HasRole(api.RoleCtrl) {
 		if err := s.startRaft(); err != nil {
 			return err // Open's Shutdown closes the mux and its listener
@@ -247,12 +253,13 @@ func (s *Server) start(ctx context.Context) error {
 	// checked against no state at all (admitted as if on a node-only
 	// member), and the race detector saw the two meet; peers that dial
 	// meanwhile wait in the listen backlog.
-	go s.mux.serve()
+	s.wg.Go(s.mux.serve)
 	// Requests are small and quick to send; answers may wait up to 30 s
 	// (blocking reads) and lists are megabytes.
 	s.httpSrv = &http.Server{Handler: s.routes(), ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 30 * time.Second,
 		WriteTimeout: 2 * time.Minute, IdleTimeout: 2 * time.Minute, MaxHeaderBytes: 64 << 10, ErrorLog: slogStd(s.log)}
-	go s.httpSrv.Serve(newChanListener(s.mux, s.mux.http))
+	httpLn := newChanListener(s.mux, s.mux.http)
+	s.wg.Go(func() { s.httpSrv.Serve(httpLn) })
 	s.wg.Add(1)
 	go func() { defer s.wg.Done(); s.acceptSessions() }()
 
@@ -308,7 +315,7 @@ func (s *Server) startRaft() error {
 	if err != nil {
 		return fmt.Errorf("advertise address %s: %w", s.id.Advertise, err)
 	}
-	layer := &raftLayer{chanListener: newChanListener(s.mux, s.mux.raft), advertise: adv, client: s.client, serverAt: s.serverAt}
+	layer := &raftLayer{chanListener: newChanListener(s.mux, s.mux.raft), life: s.life, advertise: adv, client: s.client, serverAt: s.serverAt}
 	s.transport = raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{
 		Stream: layer, MaxPool: 5, Timeout: 10 * time.Second,
 		Logger: s.hclog("raft-net", hclog.Error),
@@ -369,12 +376,15 @@ func (s *Server) Shutdown() { s.stopOnce.Do(s.shutdown) }
 
 func (s *Server) shutdown() {
 	close(s.stop)
+	s.endLife()
 	s.sessions.closeAll()
 	if s.gossip != nil {
 		s.gossip.Leave(time.Second)
 		s.gossip.Shutdown()
 	}
 	if s.httpSrv != nil {
+		// The member's own context has ended: the grace of the requests
+		// under way is a context of its own.
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		s.httpSrv.Shutdown(ctx)
 		cancel()
@@ -406,6 +416,7 @@ func (s *Server) Kill() { s.stopOnce.Do(s.kill) }
 
 func (s *Server) kill() {
 	close(s.stop)
+	s.endLife()
 	if s.gossip != nil {
 		s.gossip.Shutdown()
 	}

@@ -156,7 +156,7 @@ func (s *Server) handleSession(c net.Conn) {
 		sc.send(api.SessionMsg{Type: api.MsgRedirect, Leader: s.leaderAddr()})
 		return
 	}
-	ctx, cancel := context.WithCancel(context.Background())
+	ctx, cancel := context.WithCancel(s.life)
 	defer cancel()
 	sid := newSessionID()
 	res, err := s.ApplyOp(ctx, fsm.OpSessionOpen, fsm.SessionOpenArgs{
@@ -184,7 +184,8 @@ func (s *Server) handleSession(c net.Conn) {
 	reason := s.runSession(ctx, sc, dec, ls)
 	s.log.Info("control session closed", "peer_node_id", hello.NodeID, "session_id", sid, "reason", reason)
 	if s.IsLeader() {
-		cctx, ccancel := context.WithTimeout(context.Background(), 5*time.Second)
+		// Recorded even as the member stops: the session ended either way.
+		cctx, ccancel := context.WithTimeout(context.WithoutCancel(s.life), 5*time.Second)
 		s.ApplyOp(cctx, fsm.OpSessionClose, fsm.SessionCloseArgs{NodeID: hello.NodeID, SessionID: sid, Reason: reason})
 		ccancel()
 	}
