@@ -3,14 +3,11 @@ package cluster
 import (
 	"bytes"
 	"context"
-	"crypto/ecdsa"
 	"crypto/rand"
 	"crypto/sha256"
-	"crypto/x509"
 	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
-	"encoding/pem"
 	"errors"
 	"fmt"
 	"io"
@@ -91,7 +88,7 @@ func (s *Server) handleGrant(r *http.Request, req api.GrantRequest) response {
 	if len(req.Roles) == 0 {
 		req.Roles = []string{api.RoleNode}
 	}
-	tok := grantToken{NodeID: req.NodeID, Secret: make([]byte, 32), CA: Fingerprint(s.ca.Cert)}
+	tok := grantToken{NodeID: req.NodeID, Secret: make([]byte, 32), CA: trust.Fingerprint(s.ca.Cert)}
 	rand.Read(tok.Secret)
 	raw, _ := json.Marshal(fsm.GrantArgs{NodeID: req.NodeID, Roles: req.Roles, SecretHash: secretHash(tok.Secret), TTL: ttl})
 	// The secret is random per call, so a replayed --command-id must return
@@ -112,22 +109,6 @@ func (s *Server) handleGrant(r *http.Request, req api.GrantRequest) response {
 	return resultResponse{value: out, replayed: res.Replayed}
 }
 
-func parsePublicKey(p string) (*ecdsa.PublicKey, error) {
-	blk, _ := pem.Decode([]byte(p))
-	if blk == nil {
-		return nil, errors.New("no PEM block")
-	}
-	k, err := x509.ParsePKIXPublicKey(blk.Bytes)
-	if err != nil {
-		return nil, err
-	}
-	ek, ok := k.(*ecdsa.PublicKey)
-	if !ok {
-		return nil, errors.New("not an ECDSA key")
-	}
-	return ek, nil
-}
-
 // handleJoin admits a host that holds a valid grant and hands it its
 // certificates and the cluster's secrets.
 func (s *Server) handleJoin(r *http.Request, req api.JoinRequest) response {
@@ -135,7 +116,7 @@ func (s *Server) handleJoin(r *http.Request, req api.JoinRequest) response {
 	if err != nil {
 		return fail(err)
 	}
-	if tok.CA != Fingerprint(s.ca.Cert) {
+	if tok.CA != trust.Fingerprint(s.ca.Cert) {
 		return fail(api.Errorf(api.CodeUnauthenticated, "the enrollment grant for node %s belongs to another cluster", tok.NodeID))
 	}
 	// The host goes into the member certificate signed below.
@@ -143,8 +124,8 @@ func (s *Server) handleJoin(r *http.Request, req api.JoinRequest) response {
 		return fail(err)
 	}
 	host, _, _ := net.SplitHostPort(req.Advertise)
-	memberPub, err1 := parsePublicKey(req.MemberKey)
-	adminPub, err2 := parsePublicKey(req.AdminKey)
+	memberPub, err1 := trust.ParsePublicKeyPEM(req.MemberKey)
+	adminPub, err2 := trust.ParsePublicKeyPEM(req.AdminKey)
 	if err1 != nil || err2 != nil {
 		return fail(api.Errorf(api.CodeInvalidArgument, "join of node %s: public keys are not valid ECDSA PEM keys", tok.NodeID))
 	}
@@ -183,7 +164,7 @@ func (s *Server) handleJoin(r *http.Request, req api.JoinRequest) response {
 		GossipKey: s.id.GossipKey, Peers: s.ctrlAddrs(),
 	}
 	if n.HasRole(api.RoleCtrl) {
-		keyPEM, err := encodeKey(s.ca.Key)
+		keyPEM, err := trust.EncodeKey(s.ca.Key)
 		if err != nil {
 			return fail(err)
 		}
