@@ -3,10 +3,6 @@ package cli
 import (
 	"context"
 	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
-	"crypto/x509"
-	"encoding/pem"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -21,6 +17,7 @@ import (
 	"github.com/kibotos/kibotos/agent/dataplane"
 	"github.com/kibotos/kibotos/api"
 	"github.com/kibotos/kibotos/datadir"
+	"github.com/kibotos/kibotos/trust"
 	"github.com/kibotos/kibotos/vmm/units"
 )
 
@@ -55,7 +52,7 @@ func (l *dataPlaneLink) credentials(ctx context.Context) error {
 	if l.cert != nil && time.Now().Before(l.renewAt) {
 		return nil
 	}
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	key, err := trust.NewKey()
 	if err != nil {
 		return err
 	}
@@ -69,12 +66,12 @@ func (l *dataPlaneLink) credentials(ctx context.Context) error {
 		}
 		return fmt.Errorf("data plane: get its certificate from ctrl: %w", err)
 	}
-	der, err := x509.MarshalECPrivateKey(key)
+	keyPEM, err := trust.EncodeKey(key)
 	if err != nil {
 		return err
 	}
 	now := time.Now()
-	l.cert, l.key = []byte(out.Cert), pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: der})
+	l.cert, l.key = []byte(out.Cert), keyPEM
 	l.renewAt = now.Add(out.NotAfter.Sub(now) / 2)
 	return nil
 }

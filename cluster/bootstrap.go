@@ -101,7 +101,7 @@ func Init(ctx context.Context, o InitOptions) (*datadir.Identity, error) {
 	cid := make([]byte, 8)
 	rand.Read(cid)
 	clusterID := "kc-" + hex.EncodeToString(cid)
-	ca, err := NewCA(clusterID)
+	ca, err := trust.NewCA(clusterID)
 	if err != nil {
 		return nil, err
 	}
@@ -119,14 +119,14 @@ func Init(ctx context.Context, o InitOptions) (*datadir.Identity, error) {
 	if err != nil {
 		return nil, err
 	}
-	caKey, err := encodeKey(ca.Key)
+	caKey, err := trust.EncodeKey(ca.Key)
 	if err != nil {
 		return nil, err
 	}
 	gossipKey := make([]byte, 32)
 	rand.Read(gossipKey)
 	id := &datadir.Identity{ClusterID: clusterID, NodeID: o.NodeID, Roles: o.Roles, Advertise: o.Advertise,
-		GossipKey: gossipKey, CAFingerprint: Fingerprint(ca.Cert)}
+		GossipKey: gossipKey, CAFingerprint: trust.Fingerprint(ca.Cert)}
 	if err := writeFiles(map[string][]byte{
 		t.CACert(): ca.CertPEM, t.CAKey(): caKey,
 		t.MemberCert(): append(memberCert, ca.CertPEM...), t.MemberKey(): memberKey,
@@ -223,16 +223,16 @@ func Join(ctx context.Context, o JoinOptions) (*datadir.Identity, error) {
 	if err := checkDirFree(o.DataDir); err != nil {
 		return nil, err
 	}
-	memberKey, err := newKey()
+	memberKey, err := trust.NewKey()
 	if err != nil {
 		return nil, err
 	}
-	adminKey, err := newKey()
+	adminKey, err := trust.NewKey()
 	if err != nil {
 		return nil, err
 	}
 	body, _ := json.Marshal(api.JoinRequest{Token: o.Grant, Advertise: o.Advertise,
-		MemberKey: publicKeyPEM(&memberKey.PublicKey), AdminKey: publicKeyPEM(&adminKey.PublicKey)})
+		MemberKey: trust.PublicKeyPEM(&memberKey.PublicKey), AdminKey: trust.PublicKeyPEM(&adminKey.PublicKey)})
 	jr, err := postJoin(ctx, o.Member, tok.CA, trust.Want{Kind: trust.KindMember}, body)
 	var ctrl misdirected
 	if errors.As(err, &ctrl) {
@@ -253,8 +253,8 @@ func Join(ctx context.Context, o JoinOptions) (*datadir.Identity, error) {
 	}
 	defer os.RemoveAll(tmp)
 	t := datadir.Dir(tmp)
-	mk, _ := encodeKey(memberKey)
-	ak, _ := encodeKey(adminKey)
+	mk, _ := trust.EncodeKey(memberKey)
+	ak, _ := trust.EncodeKey(adminKey)
 	files := map[string][]byte{
 		t.CACert(): []byte(jr.CACert), t.MemberCert(): []byte(jr.MemberCert), t.MemberKey(): mk,
 		t.AdminCert(): []byte(jr.AdminCert), t.AdminKey(): ak,
@@ -328,7 +328,7 @@ func pinCA(fingerprint string, want trust.Want, addr string) func(tls.Connection
 	host, _, _ := net.SplitHostPort(addr)
 	return func(cs tls.ConnectionState) error {
 		for _, c := range cs.PeerCertificates {
-			if Fingerprint(c) == fingerprint {
+			if trust.Fingerprint(c) == fingerprint {
 				pool := x509.NewCertPool()
 				pool.AddCert(c)
 				return trust.ServerCheck(pool, want, host)(cs)

@@ -10,7 +10,6 @@ import (
 	"net"
 	"net/http"
 	"regexp"
-	"sync/atomic"
 	"time"
 
 	"github.com/kibotos/kibotos/api"
@@ -18,53 +17,39 @@ import (
 	"github.com/kibotos/kibotos/trust"
 )
 
-// certStore holds the member's current certificates; renewal swaps them
-// while connections keep being made with whatever is current.
-type certStore struct {
-	member atomic.Pointer[tls.Certificate]
-	admin  atomic.Pointer[tls.Certificate]
+// readCerts reads the member's member and operator certificates from its
+// data directory.
+func readCerts(d datadir.Dir) (member, admin tls.Certificate, err error) {
+	if member, err = d.MemberCertificate(); err != nil {
+		return member, admin, err
+	}
+	admin, err = d.AdminCertificate()
+	return member, admin, err
 }
 
-func loadCerts(d datadir.Dir) (*certStore, error) {
-	m, err := d.MemberCertificate()
+// loadCerts is the certificate store of the member whose data directory is d.
+func loadCerts(d datadir.Dir) (*trust.Store, error) {
+	m, a, err := readCerts(d)
 	if err != nil {
 		return nil, err
 	}
-	a, err := d.AdminCertificate()
+	cs, err := trust.NewStore(m, a)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("certificates in %s: %w", d, err)
 	}
-	for _, c := range []*tls.Certificate{&m, &a} {
-		if c.Leaf != nil {
-			continue // tls.LoadX509KeyPair parsed it
-		}
-		if c.Leaf, err = x509.ParseCertificate(c.Certificate[0]); err != nil {
-			return nil, fmt.Errorf("certificates in %s: %w", d, err)
-		}
-	}
-	cs := &certStore{}
-	cs.member.Store(&m)
-	cs.admin.Store(&a)
 	return cs, nil
-}
-
-func (cs *certStore) memberCert() *tls.Certificate { return cs.member.Load() }
-
-// dueForRenewal reports whether a certificate is past half its lifetime.
-func dueForRenewal(c *x509.Certificate, now time.Time) bool {
-	return now.After(c.NotBefore.Add(c.NotAfter.Sub(c.NotBefore) / 2))
 }
 
 // renewLoop renews the member's certificates at half-life and checks twice
 // an hour (a member that was down past half-life renews at start).
 func (s *Server) renewLoop() {
 	for {
-		if dueForRenewal(s.certs.memberCert().Leaf, time.Now()) || dueForRenewal(s.certs.admin.Load().Leaf, time.Now()) {
+		if trust.DueForRenewal(s.certs.Member().Leaf, time.Now()) || trust.DueForRenewal(s.certs.Admin().Leaf, time.Now()) {
 			ctx, cancel := context.WithTimeout(s.life, time.Minute)
 			err := s.RenewCertificates(ctx)
 			cancel()
 			if err != nil {
-				s.log.Warn("certificate renewal failed; retrying", "err", err, "not_after", s.certs.memberCert().Leaf.NotAfter)
+				s.log.Warn("certificate renewal failed; retrying", "err", err, "not_after", s.certs.Member().Leaf.NotAfter)
 			}
 		}
 		select {
@@ -81,15 +66,15 @@ func (s *Server) renewLoop() {
 // node-only member asks a ctrl member over its authenticated channel.
 func (s *Server) RenewCertificates(ctx context.Context) error {
 	d := s.cfg.DataDir
-	adminKey, err := readPublicKeyOf(d.AdminKey())
+	adminKey, err := trust.ReadPublicKeyOf(d.AdminKey())
 	if err != nil {
 		return err
 	}
 	var out api.RenewResponse
 	if s.ca.Key != nil {
-		out, err = s.renewFor(s.certs.memberCert().Leaf, adminKey)
+		out, err = s.renewFor(s.certs.Member().Leaf, adminKey)
 	} else {
-		body, _ := json.Marshal(api.RenewRequest{AdminKey: publicKeyPEM(adminKey)})
+		body, _ := json.Marshal(api.RenewRequest{AdminKey: trust.PublicKeyPEM(adminKey)})
 		err = s.callCtrl(ctx, "/v1/internal/certs/renew", body, &out)
 	}
 	if err != nil {
@@ -101,13 +86,14 @@ func (s *Server) RenewCertificates(ctx context.Context) error {
 	if err := datadir.WriteFileAtomic(d.AdminCert(), []byte(out.AdminCert), 0o600); err != nil {
 		return err
 	}
-	fresh, err := loadCerts(d)
+	m, a, err := readCerts(d)
 	if err != nil {
 		return err
 	}
-	s.certs.member.Store(fresh.member.Load())
-	s.certs.admin.Store(fresh.admin.Load())
-	s.log.Info("certificates renewed", "not_after", fresh.memberCert().Leaf.NotAfter.UTC().Format(time.RFC3339))
+	if err := s.certs.Set(m, a); err != nil {
+		return fmt.Errorf("certificates in %s: %w", d, err)
+	}
+	s.log.Info("certificates renewed", "not_after", s.certs.Member().Leaf.NotAfter.UTC().Format(time.RFC3339))
 	return nil
 }
 
@@ -126,7 +112,7 @@ func (s *Server) renewFor(old *x509.Certificate, adminKey *ecdsa.PublicKey) (api
 	if !ok {
 		return api.RenewResponse{}, api.Errorf(api.CodeInvalidArgument, "member certificate of %s has no ECDSA key", id.NodeID)
 	}
-	member, err := s.ca.Issue(id, certHosts(old), pub, s.lifetime(trust.MemberLifetime))
+	member, err := s.ca.Issue(id, trust.Hosts(old), pub, s.lifetime(trust.MemberLifetime))
 	if err != nil {
 		return api.RenewResponse{}, err
 	}
@@ -150,7 +136,7 @@ func (s *Server) lifetime(def time.Duration) time.Duration {
 // handleRenew renews the calling member's certificates (ctrl members only;
 // a member renews only its own).
 func (s *Server) handleRenew(r *http.Request, req api.RenewRequest) response {
-	adminKey, err := parsePublicKey(req.AdminKey)
+	adminKey, err := trust.ParsePublicKeyPEM(req.AdminKey)
 	if err != nil {
 		return fail(api.Errorf(api.CodeInvalidArgument, "renewal for %s: admin_public_key is not an ECDSA PEM key: %v", callerOf(r).name, err))
 	}
@@ -168,7 +154,7 @@ var dnsName = regexp.MustCompile(`^([A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?\
 // data-plane process: the node's id, kind dataplane, 24 h.
 func (s *Server) handleDataPlaneCert(r *http.Request, req api.DataPlaneCertRequest) response {
 	c := callerOf(r) // a node member (nodeMembers)
-	pub, err := parsePublicKey(req.PublicKey)
+	pub, err := trust.ParsePublicKeyPEM(req.PublicKey)
 	if err != nil {
 		return fail(api.Errorf(api.CodeInvalidArgument, "data-plane certificate for node %s: public_key is not an ECDSA PEM key: %v", c.id.NodeID, err))
 	}
@@ -201,7 +187,7 @@ func (s *Server) issueDataPlane(member trust.Identity, pub *ecdsa.PublicKey, hos
 // key: signed here on a ctrl member, by a ctrl member otherwise.
 func (s *Server) DataPlaneCertificate(ctx context.Context, pub *ecdsa.PublicKey, hosts []string) (api.DataPlaneCertResponse, error) {
 	if s.ca.Key != nil {
-		id, err := trust.FromCert(s.certs.memberCert().Leaf)
+		id, err := trust.FromCert(s.certs.Member().Leaf)
 		if err != nil {
 			return api.DataPlaneCertResponse{}, err
 		}
@@ -210,7 +196,7 @@ func (s *Server) DataPlaneCertificate(ctx context.Context, pub *ecdsa.PublicKey,
 		}
 		return s.issueDataPlane(id, pub, hosts)
 	}
-	body, _ := json.Marshal(api.DataPlaneCertRequest{PublicKey: publicKeyPEM(pub), Hosts: hosts})
+	body, _ := json.Marshal(api.DataPlaneCertRequest{PublicKey: trust.PublicKeyPEM(pub), Hosts: hosts})
 	var out api.DataPlaneCertResponse
 	return out, s.callCtrl(ctx, "/v1/internal/certs/dataplane", body, &out)
 }

@@ -3,7 +3,6 @@ package cluster
 import (
 	"bytes"
 	"context"
-	"crypto/ecdsa"
 	"crypto/hkdf"
 	"crypto/hmac"
 	"crypto/rand"
@@ -12,7 +11,6 @@ import (
 	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
-	"encoding/pem"
 	"errors"
 	"fmt"
 	"io"
@@ -97,7 +95,7 @@ func (s *Server) handleGrant(r *http.Request, req api.GrantRequest) response {
 	if err != nil {
 		return fail(err)
 	}
-	tok := grantToken{NodeID: req.NodeID, Secret: secret, CA: Fingerprint(s.ca.Cert)}
+	tok := grantToken{NodeID: req.NodeID, Secret: secret, CA: trust.Fingerprint(s.ca.Cert)}
 	raw, _ := json.Marshal(fsm.GrantArgs{NodeID: req.NodeID, Roles: req.Roles, SecretHash: secretHash(tok.Secret), TTL: ttl})
 	res, err := s.Apply(r.Context(), fsm.Entry{CommandID: req.CommandID, ExpectedVersion: req.ExpectedVersion, Actor: callerOf(r).name, Op: fsm.OpEnrollmentGrant, Args: raw})
 	if err != nil {
@@ -141,22 +139,6 @@ func (s *Server) grantSecret(req api.GrantRequest) ([]byte, error) {
 	return mac.Sum(nil), nil
 }
 
-func parsePublicKey(p string) (*ecdsa.PublicKey, error) {
-	blk, _ := pem.Decode([]byte(p))
-	if blk == nil {
-		return nil, errors.New("no PEM block")
-	}
-	k, err := x509.ParsePKIXPublicKey(blk.Bytes)
-	if err != nil {
-		return nil, err
-	}
-	ek, ok := k.(*ecdsa.PublicKey)
-	if !ok {
-		return nil, errors.New("not an ECDSA key")
-	}
-	return ek, nil
-}
-
 // handleJoin admits a host that holds a valid grant and hands it its
 // certificates and the cluster's secrets.
 func (s *Server) handleJoin(r *http.Request, req api.JoinRequest) response {
@@ -164,7 +146,7 @@ func (s *Server) handleJoin(r *http.Request, req api.JoinRequest) response {
 	if err != nil {
 		return fail(err)
 	}
-	if tok.CA != Fingerprint(s.ca.Cert) {
+	if tok.CA != trust.Fingerprint(s.ca.Cert) {
 		return fail(api.Errorf(api.CodeUnauthenticated, "the enrollment grant for node %s belongs to another cluster", tok.NodeID))
 	}
 	// The host goes into the member certificate signed below.
@@ -172,8 +154,8 @@ func (s *Server) handleJoin(r *http.Request, req api.JoinRequest) response {
 		return fail(err)
 	}
 	host, _, _ := net.SplitHostPort(req.Advertise)
-	memberPub, err1 := parsePublicKey(req.MemberKey)
-	adminPub, err2 := parsePublicKey(req.AdminKey)
+	memberPub, err1 := trust.ParsePublicKeyPEM(req.MemberKey)
+	adminPub, err2 := trust.ParsePublicKeyPEM(req.AdminKey)
 	if err1 != nil || err2 != nil {
 		return fail(api.Errorf(api.CodeInvalidArgument, "join of node %s: public keys are not valid ECDSA PEM keys", tok.NodeID))
 	}
@@ -212,7 +194,7 @@ func (s *Server) handleJoin(r *http.Request, req api.JoinRequest) response {
 		GossipKey: s.id.GossipKey, Peers: s.ctrlAddrs(),
 	}
 	if n.HasRole(api.RoleCtrl) {
-		keyPEM, err := encodeKey(s.ca.Key)
+		keyPEM, err := trust.EncodeKey(s.ca.Key)
 		if err != nil {
 			return fail(err)
 		}

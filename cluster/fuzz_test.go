@@ -10,12 +10,7 @@ package cluster_test
 import (
 	"bytes"
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
-	"crypto/x509"
 	"encoding/json"
-	"encoding/pem"
 	"io"
 	"net/http"
 	"strconv"
@@ -267,9 +262,8 @@ func FuzzNodeBodies(f *testing.F) {
 // FuzzInternalBodies: the calls members make of ctrl with their member
 // certificate (renewal, data-plane certificate, admission of a caller).
 func FuzzInternalBodies(f *testing.F) {
-	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	der, _ := x509.MarshalPKIXPublicKey(&key.PublicKey)
-	pub := string(pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: der}))
+	key, _ := trust.NewKey()
+	pub := trust.PublicKeyPEM(&key.PublicKey)
 	quoted, _ := json.Marshal(pub)
 	addSeeds(f, 3,
 		`{"admin_public_key":`+string(quoted)+`}`,
@@ -381,12 +375,11 @@ func FuzzJoinBody(f *testing.F) {
 		}
 		return out.Token
 	}
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	key, err := trust.NewKey()
 	if err != nil {
 		f.Fatal(err)
 	}
-	der, _ := x509.MarshalPKIXPublicKey(&key.PublicKey)
-	pemKey, _ := json.Marshal(string(pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: der})))
+	pemKey, _ := json.Marshal(trust.PublicKeyPEM(&key.PublicKey))
 	pemKey = pemKey[1 : len(pemKey)-1] // the inside of a JSON string
 	f.Fuzz(func(t *testing.T, _ uint8, body []byte) {
 		body = bytes.ReplaceAll(body, []byte("$KEY"), pemKey)

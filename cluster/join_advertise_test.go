@@ -3,13 +3,8 @@ package cluster_test
 import (
 	"bytes"
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
-	"crypto/x509"
 	"encoding/json"
-	"encoding/pem"
 	"io"
 	"net/http"
 	"strings"
@@ -19,19 +14,16 @@ import (
 	"github.com/kibotos/kibotos/cluster"
 	"github.com/kibotos/kibotos/cluster/clustertest"
 	"github.com/kibotos/kibotos/datadir"
+	"github.com/kibotos/kibotos/trust"
 )
 
 func publicKeyPEM(t *testing.T) string {
 	t.Helper()
-	k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	k, err := trust.NewKey()
 	if err != nil {
 		t.Fatal(err)
 	}
-	der, err := x509.MarshalPKIXPublicKey(&k.PublicKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return string(pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: der}))
+	return trust.PublicKeyPEM(&k.PublicKey)
 }
 
 // The advertise host goes into the member certificate ctrl signs: a join

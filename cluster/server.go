@@ -111,9 +111,9 @@ type Server struct {
 	id     *datadir.Identity
 	log    *slog.Logger
 
-	ca         *CA
+	ca         *trust.CA
 	pool       *x509.CertPool
-	certs      *certStore   // this member's certificates, swapped on renewal
+	certs      *trust.Store // this member's certificates, swapped on renewal
 	client     trust.Client // the member as a TLS client
 	httpClient *http.Client // member-authenticated calls of ctrl members (forwarding, renewal)
 	conns      *connWatch   // Raft and session connections, closed when their node is revoked
@@ -220,16 +220,16 @@ func (s *Server) start(ctx context.Context) error {
 	if s.certs, err = loadCerts(d); err != nil {
 		return err
 	}
-	if _, err := trust.FromCert(s.certs.memberCert().Leaf); err != nil {
+	if _, err := trust.FromCert(s.certs.Member().Leaf); err != nil {
 		return fmt.Errorf("member certificate %s: %w; the data directory %s was made by a kibotos without role certificates: create it anew (kibotos join with a new grant; for a dev cluster kibotos dev down --purge)", d.MemberCert(), err, d)
 	}
-	if s.ca, err = LoadCA(d.CACert(), d.CAKey()); err != nil {
+	if s.ca, err = trust.LoadCA(d.CACert(), d.CAKey()); err != nil {
 		return err
 	}
 	if s.ca.Key != nil && !s.id.HasRole(api.RoleCtrl) {
 		return fmt.Errorf("data directory %s holds the cluster CA key but member %s is not a ctrl member: remove %s (only ctrl members sign certificates)", d, s.id.NodeID, d.CAKey())
 	}
-	s.client = trust.Client{Pool: s.pool, Cert: s.certs.memberCert}
+	s.client = trust.Client{Pool: s.pool, Cert: s.certs.Member}
 	// Calls between members go to ctrl members only; a dead member must
 	// not hold a forwarded request for long: the next candidate is tried.
 	s.httpClient = &http.Client{Transport: s.client.HTTPTransport(trust.Want{Kind: trust.KindMember, Role: trust.RoleCtrl}, 3*time.Second), Timeout: 60 * time.Second}
@@ -242,7 +242,7 @@ func (s *Server) start(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("listen on %s: %w; is another member using this port?", bind, err)
 	}
-	s.mux = newMux(s.life, ln, datadir.ServerTLS(s.pool, s.certs.memberCert), s.log, s.authorizeConn, s.conns)
+	s.mux = newMux(s.life, ln, datadir.ServerTLS(s.pool, s.certs.Member), s.log, s.authorizeConn, s.conns)
 	if s.id.HasRole(api.RoleCtrl) {
 		if err := s.startRaft(); err != nil {
 			return err // Open's Shutdown closes the mux and its listener

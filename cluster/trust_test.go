@@ -3,13 +3,9 @@ package cluster_test
 import (
 	"bytes"
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/json"
-	"encoding/pem"
 	"io"
 	"net"
 	"net/http"
@@ -122,9 +118,8 @@ func TestEachChannelTakesOnlyItsRole(t *testing.T) {
 				t.Errorf("operator certificate on %s: %d %v, want 403 permission_denied", path, status, e)
 			}
 		}
-		key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-		der, _ := x509.MarshalPKIXPublicKey(&key.PublicKey)
-		pub := string(pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: der}))
+		key, _ := trust.NewKey()
+		pub := trust.PublicKeyPEM(&key.PublicKey)
 		for _, host := range []string{"bad host", "\xff", strings.Repeat("a", 64) + ".example"} {
 			status, e := rawCall(t, ctrl, memberCert(t, worker), ctrl.Addr, "POST", "/v1/internal/certs/dataplane", api.DataPlaneCertRequest{PublicKey: pub, Hosts: []string{host}}, nil)
 			if status != http.StatusBadRequest || e == nil || !strings.Contains(e.Message, "neither an IP address nor a DNS name") {
@@ -206,13 +201,13 @@ func TestEachChannelTakesOnlyItsRole(t *testing.T) {
 	})
 
 	t.Run("a data-plane certificate cannot call the API", func(t *testing.T) {
-		key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+		key, _ := trust.NewKey()
 		out, err := worker.Server.DataPlaneCertificate(context.Background(), &key.PublicKey, []string{"127.0.0.1"})
 		if err != nil {
 			t.Fatal(err)
 		}
-		kder, _ := x509.MarshalECPrivateKey(key)
-		dp, err := tls.X509KeyPair([]byte(out.Cert), pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kder}))
+		keyPEM, _ := trust.EncodeKey(key)
+		dp, err := tls.X509KeyPair([]byte(out.Cert), keyPEM)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -5,9 +5,13 @@
 // accepts "some certificate of the cluster" where it meant a particular
 // member or a ctrl member.
 //
-// It reads certificates only; it holds no keys, signs nothing and never
-// looks at cluster state (revocation is checked by the cluster package
-// against the state machine).
+// It is also the cluster's certificate library: the CA (NewCA, LoadCA),
+// issuing (CA.Issue), the PEM forms of certificates and keys as the data
+// directory and the join and renewal requests hold them, fingerprints, and
+// when a certificate is due for renewal. It never looks at cluster state
+// (admission and revocation are checked by the cluster package against the
+// state machine) and speaks to no one: asking a ctrl member to sign is the
+// cluster package's job.
 package trust
 
 import (

@@ -2,18 +2,11 @@ package dataplane
 
 import (
 	"context"
-	"crypto/ecdsa"
 	"crypto/ed25519"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
 	"io"
 	"log/slog"
-	"math/big"
 	"net"
-	"net/url"
 	"path/filepath"
 	"sync"
 	"testing"
@@ -27,60 +20,35 @@ import (
 	"github.com/kibotos/kibotos/vmm/guestproto"
 )
 
-// pki is a cluster CA with one node's member certificate, made the way
-// cluster/pki.go makes them (ECDSA P-256, OU member, CN = node ID).
+// pki is a cluster CA with the data-plane certificate of one node, made by
+// trust as ctrl makes them.
 type pki struct {
 	pool            *x509.CertPool
-	caKeyPEM        []byte
 	certPEM, keyPEM []byte
 	signKey         ed25519.PrivateKey
-	ca              *x509.Certificate
-	caKey           *ecdsa.PrivateKey
 	nodeID          string
 }
 
 func newPKI(t testing.TB, nodeID string) *pki {
 	t.Helper()
-	caKey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "test CA"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
-		KeyUsage: x509.KeyUsageCertSign, BasicConstraintsValid: true, IsCA: true,
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &caKey.PublicKey, caKey)
+	ca, err := trust.NewCA("kc-test")
 	if err != nil {
 		t.Fatal(err)
 	}
-	ca, _ := x509.ParseCertificate(der)
-	p := &pki{pool: x509.NewCertPool(), ca: ca, caKey: caKey, nodeID: nodeID}
-	p.pool.AddCert(ca)
-	kder, _ := x509.MarshalECPrivateKey(caKey)
-	p.caKeyPEM = pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kder})
-	p.signKey, err = credential.KeyFromCA(p.caKeyPEM)
+	p := &pki{pool: x509.NewCertPool(), nodeID: nodeID}
+	p.pool.AddCert(ca.Cert)
+	caKeyPEM, err := trust.EncodeKey(ca.Key)
 	if err != nil {
 		t.Fatal(err)
 	}
-	p.certPEM, p.keyPEM = p.issue(t, nodeID)
+	if p.signKey, err = credential.KeyFromCA(caKeyPEM); err != nil {
+		t.Fatal(err)
+	}
+	id := trust.Identity{ClusterID: "kc-test", Kind: trust.KindDataPlane, NodeID: nodeID, Admitted: time.Now()}
+	if p.certPEM, p.keyPEM, err = ca.IssueKeyPair(id, nil, trust.DataPlaneLifetime); err != nil {
+		t.Fatal(err)
+	}
 	return p
-}
-
-// issue makes the data-plane server certificate of node cn.
-func (p *pki) issue(t testing.TB, cn string) (certPEM, keyPEM []byte) {
-	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(time.Now().UnixNano()),
-		Subject:      pkix.Name{CommonName: cn, OrganizationalUnit: []string{trust.KindDataPlane}},
-		NotBefore:    time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
-		KeyUsage:    x509.KeyUsageDigitalSignature,
-		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-		URIs:        []*url.URL{trust.Identity{ClusterID: "kc-test", Kind: trust.KindDataPlane, NodeID: cn}.URI()},
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, p.ca, &key.PublicKey, p.caKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kder, _ := x509.MarshalECPrivateKey(key)
-	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kder})
 }
 
 func (p *pki) state(targets ...Target) State {

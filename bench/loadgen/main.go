@@ -29,14 +29,11 @@ package main
 import (
 	"bytes"
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
 	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/base64"
 	"encoding/json"
-	"encoding/pem"
 	"errors"
 	"flag"
 	"fmt"
@@ -410,9 +407,8 @@ func kibotosOps(dataDir, addrList, nodeList string) func(int) op {
 func kibotosValueOps(dataDir, addrList string, size int) func(int) op {
 	tlsConf, as := adminOf(dataDir, addrList)
 	run := time.Now().UnixNano() // ids differ from any run before on the cluster
-	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	der, _ := x509.MarshalPKIXPublicKey(&key.PublicKey)
-	pub := string(pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: der}))
+	key, _ := trust.NewKey()
+	pub := trust.PublicKeyPEM(&key.PublicKey)
 	return func(i int) op {
 		c := api.NewClient(as[i%len(as)], tlsConf)
 		ctx := context.Background()

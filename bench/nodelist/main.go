@@ -21,12 +21,7 @@ package main
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
-	"crypto/x509"
 	"encoding/json"
-	"encoding/pem"
 	"flag"
 	"fmt"
 	"io"
@@ -127,14 +122,6 @@ func countNodes(ctx context.Context, addr string, tlsConf trust.Client) int {
 	return len(l.Nodes)
 }
 
-func pubPEM(k *ecdsa.PrivateKey) string {
-	der, err := x509.MarshalPKIXPublicKey(&k.PublicKey)
-	if err != nil {
-		fatalf("%v", err)
-	}
-	return string(pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: der}))
-}
-
 // populate grants and joins nodes until the cluster holds count nodes.
 func populate(ctx context.Context, addr string, tlsConf trust.Client, count, conc int, prefix string) {
 	have := countNodes(ctx, addr, tlsConf)
@@ -143,9 +130,9 @@ func populate(ctx context.Context, addr string, tlsConf trust.Client, count, con
 		emit(map[string]any{"stage": "populate", "nodes": have, "added": 0})
 		return
 	}
-	k1, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	k2, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	memberPub, adminPub := pubPEM(k1), pubPEM(k2)
+	k1, _ := trust.NewKey()
+	k2, _ := trust.NewKey()
+	memberPub, adminPub := trust.PublicKeyPEM(&k1.PublicKey), trust.PublicKeyPEM(&k2.PublicKey)
 	var next, done atomic.Int64
 	var grantNS, joinNS atomic.Int64
 	start := time.Now()

@@ -36,13 +36,9 @@ package main
 import (
 	"bufio"
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/json"
-	"encoding/pem"
 	"errors"
 	"flag"
 	"fmt"
@@ -199,27 +195,18 @@ func (s *stats) summary() map[string]any {
 		"pings": s.pings.Load(), "syncs": s.syncs.Load(), "overcommits": s.overcommits.Load(), "first_error": s.firstErr}
 }
 
-func pubPEM(k *ecdsa.PrivateKey) string {
-	der, err := x509.MarshalPKIXPublicKey(&k.PublicKey)
-	if err != nil {
-		fatalf("%v", err)
-	}
-	return string(pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: der}))
-}
-
 // enroll grants and joins count nodes and returns them with the TLS
 // credentials of their member certificates.
 func enroll(ctx context.Context, c *api.Client, count, conc int, prefix string) ([]*node, error) {
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	key, err := trust.NewKey()
 	if err != nil {
 		return nil, err
 	}
-	der, err := x509.MarshalECPrivateKey(key)
+	keyPEM, err := trust.EncodeKey(key)
 	if err != nil {
 		return nil, err
 	}
-	keyPEM := pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: der})
-	pub := pubPEM(key)
+	pub := trust.PublicKeyPEM(&key.PublicKey)
 	nodes := make([]*node, count)
 	err = inParallel(ctx, count, conc, func(i int) error {
 		id := fmt.Sprintf("%s%05d", prefix, i)

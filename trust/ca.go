@@ -1,0 +1,84 @@
+package trust
+
+import (
+	"crypto/ecdsa"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"errors"
+	"fmt"
+	"math/big"
+	"os"
+	"time"
+)
+
+// caValidity is long: the CA is the cluster's root of trust and is not
+// rotated; the certificates it signs are the short-lived ones.
+const caValidity = 10 * 365 * 24 * time.Hour
+
+// CA is the cluster certificate authority. Key is nil on a member that
+// holds only the certificate (node-only members verify, never sign).
+type CA struct {
+	Cert    *x509.Certificate
+	CertPEM []byte
+	Key     *ecdsa.PrivateKey
+}
+
+// serial is a random 127-bit serial number, so two signers of the same CA
+// (every ctrl voter holds the key) never issue the same one.
+func serial() *big.Int {
+	n, _ := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 127))
+	return n
+}
+
+// NewCA creates a CA for a new cluster.
+func NewCA(clusterID string) (*CA, error) {
+	key, err := NewKey()
+	if err != nil {
+		return nil, err
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber:          serial(),
+		Subject:               pkix.Name{CommonName: "kibotos cluster " + clusterID + " CA"},
+		NotBefore:             time.Now().Add(-time.Hour),
+		NotAfter:              time.Now().Add(caValidity),
+		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageCRLSign,
+		BasicConstraintsValid: true,
+		IsCA:                  true,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		return nil, err
+	}
+	cert, _ := x509.ParseCertificate(der)
+	return &CA{Cert: cert, CertPEM: pemEncode(pemCertificate, der), Key: key}, nil
+}
+
+// LoadCA reads the CA certificate and, when keyPath exists, its key. A
+// missing key file is not an error: only ctrl members hold the key.
+func LoadCA(certPath, keyPath string) (*CA, error) {
+	certPEM, err := os.ReadFile(certPath)
+	if err != nil {
+		return nil, err
+	}
+	cert, err := ParseCertPEM(certPEM)
+	if err != nil {
+		return nil, fmt.Errorf("CA certificate %s: %w", certPath, err)
+	}
+	ca := &CA{Cert: cert, CertPEM: certPEM}
+	if keyPath == "" {
+		return ca, nil
+	}
+	keyPEM, err := os.ReadFile(keyPath)
+	if errors.Is(err, os.ErrNotExist) {
+		return ca, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	ca.Key, err = ParseKeyPEM(keyPEM)
+	if err != nil {
+		return nil, fmt.Errorf("CA key %s: %w", keyPath, err)
+	}
+	return ca, nil
+}

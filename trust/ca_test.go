@@ -1,0 +1,101 @@
+package trust
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestNewCA(t *testing.T) {
+	ca := newTestCA(t)
+	c := ca.Cert
+	if !c.IsCA || !c.BasicConstraintsValid || c.Subject.CommonName != "kibotos cluster c1 CA" {
+		t.Fatalf("CA certificate: CA %v, constraints %v, subject %q", c.IsCA, c.BasicConstraintsValid, c.Subject.CommonName)
+	}
+	if got := c.NotAfter.Sub(c.NotBefore); got < caValidity || got > caValidity+time.Hour+time.Second {
+		t.Fatalf("CA valid for %v, want %v and the hour it is backdated", got, caValidity)
+	}
+	parsed, err := ParseCertPEM(ca.CertPEM)
+	if err != nil || !parsed.Equal(c) {
+		t.Fatalf("CertPEM is not Cert: %v", err)
+	}
+	if !ca.Key.PublicKey.Equal(c.PublicKey) {
+		t.Fatal("the CA key does not belong to its certificate")
+	}
+}
+
+func TestLoadCA(t *testing.T) {
+	dir := t.TempDir()
+	ca := newTestCA(t)
+	keyPEM, err := EncodeKey(ca.Key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	certPath := writeFile(t, dir, "ca.crt", ca.CertPEM)
+	keyPath := writeFile(t, dir, "ca.key", keyPEM)
+	missing := filepath.Join(dir, "absent")
+	garbage := writeFile(t, dir, "garbage", []byte("not PEM at all\n"))
+	wrongType := writeFile(t, dir, "key-as-cert", keyPEM)
+	otherKey, err := EncodeKey(newTestCA(t).Key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	otherKeyPath := writeFile(t, dir, "other.key", otherKey)
+
+	t.Run("certificate and key", func(t *testing.T) {
+		got, err := LoadCA(certPath, keyPath)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !got.Cert.Equal(ca.Cert) || string(got.CertPEM) != string(ca.CertPEM) || got.Key == nil || !got.Key.Equal(ca.Key) {
+			t.Fatal("LoadCA does not give back the CA that was written")
+		}
+	})
+	t.Run("no key file: a verifier", func(t *testing.T) {
+		got, err := LoadCA(certPath, missing)
+		if err != nil || got.Key != nil {
+			t.Fatalf("LoadCA = key %v, %v; want the certificate alone", got.Key != nil, err)
+		}
+	})
+	t.Run("no key path", func(t *testing.T) {
+		got, err := LoadCA(certPath, "")
+		if err != nil || got.Key != nil {
+			t.Fatalf("LoadCA = key %v, %v; want the certificate alone", got.Key != nil, err)
+		}
+	})
+	// Today LoadCA does not compare the key with the certificate: a member
+	// with a foreign ca.key starts and signs certificates no one accepts.
+	t.Run("key of another CA is not detected", func(t *testing.T) {
+		got, err := LoadCA(certPath, otherKeyPath)
+		if err != nil || got.Key == nil || got.Key.PublicKey.Equal(got.Cert.PublicKey) {
+			t.Fatalf("LoadCA = %v; the current behaviour is to load a mismatched key as it is", err)
+		}
+	})
+	for _, tt := range []struct {
+		name, cert, key string
+		err             string
+		notExist        bool
+	}{
+		{name: "missing certificate", cert: missing, key: keyPath, notExist: true},
+		{name: "garbage certificate", cert: garbage, key: keyPath, err: "CA certificate " + garbage + ": no PEM certificate"},
+		{name: "key where the certificate belongs", cert: wrongType, key: keyPath, err: "no PEM certificate"},
+		{name: "garbage key", cert: certPath, key: garbage, err: "CA key " + garbage + ": no PEM key"},
+		{name: "certificate where the key belongs", cert: certPath, key: certPath, err: "CA key " + certPath},
+		{name: "key path is a directory", cert: certPath, key: dir, err: "is a directory"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := LoadCA(tt.cert, tt.key)
+			switch {
+			case err == nil:
+				t.Fatalf("LoadCA = %+v, want an error", got)
+			case tt.notExist && !errors.Is(err, os.ErrNotExist):
+				t.Fatalf("LoadCA: %v, want a not-exist error", err)
+			case !tt.notExist && !strings.Contains(err.Error(), tt.err):
+				t.Fatalf("LoadCA: %v, want an error containing %q", err, tt.err)
+			}
+		})
+	}
+}
