@@ -152,7 +152,7 @@ func bootstrapRaft(ctx context.Context, d datadir.Dir, id *datadir.Identity, adm
 	if err := os.MkdirAll(d.RaftDir(), 0o700); err != nil {
 		return err
 	}
-	store, err := openLogStore(d.RaftDir(), slog.New(slog.DiscardHandler), hclog.NewNullLogger())
+	store, err := openLogStore(ctx, d.RaftDir(), slog.New(slog.DiscardHandler), hclog.NewNullLogger())
 	if err != nil {
 		return err
 	}

@@ -55,7 +55,7 @@ const walSegmentBytes = 16 << 20
 // beside it, which becomes the log by a rename; raft.db is removed only
 // after. A crash at any point leaves either the old log whole or the new
 // one renamed into place.
-func openLogStore(raftDir string, log *slog.Logger, hl hclog.Logger) (logStore, error) {
+func openLogStore(ctx context.Context, raftDir string, log *slog.Logger, hl hclog.Logger) (logStore, error) {
 	dir := filepath.Join(raftDir, walDirName)
 	bolt := filepath.Join(raftDir, boltLogName)
 	if _, err := os.Stat(dir); err == nil {
@@ -67,7 +67,7 @@ func openLogStore(raftDir string, log *slog.Logger, hl hclog.Logger) (logStore, 
 		return openWAL(dir, hl)
 	}
 	if _, err := os.Stat(bolt); err == nil {
-		if err := migrateBoltLog(bolt, dir, log, hl); err != nil {
+		if err := migrateBoltLog(ctx, bolt, dir, log, hl); err != nil {
 			return nil, err
 		}
 		return openWAL(dir, hl)
@@ -129,7 +129,7 @@ func (w *walStore) Close() error {
 }
 
 // migrateBoltLog copies the raft-boltdb log at bolt into a WAL at dir.
-func migrateBoltLog(bolt, dir string, log *slog.Logger, hl hclog.Logger) error {
+func migrateBoltLog(ctx context.Context, bolt, dir string, log *slog.Logger, hl hclog.Logger) error {
 	start := time.Now()
 	tmp := dir + ".migrating"
 	if err := os.RemoveAll(tmp); err != nil { // an earlier attempt's
@@ -148,7 +148,7 @@ func migrateBoltLog(bolt, dir string, log *slog.Logger, hl hclog.Logger) error {
 	first, _ := src.FirstIndex()
 	last, _ := src.LastIndex()
 	if err == nil && last > 0 { // an empty log has no entry 0 to copy
-		err = migrate.CopyLogs(context.Background(), dst, src, 1<<20, nil)
+		err = migrate.CopyLogs(ctx, dst, src, 1<<20, nil)
 	}
 	if cerr := dst.Close(); err == nil {
 		err = cerr

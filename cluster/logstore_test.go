@@ -55,7 +55,7 @@ func TestLogStoreMigratesBoltLog(t *testing.T) {
 			}
 		}
 		b.Close()
-		s, err := openLogStore(d, slog.New(slog.DiscardHandler), hclog.NewNullLogger())
+		s, err := openLogStore(t.Context(), d, slog.New(slog.DiscardHandler), hclog.NewNullLogger())
 		if err != nil {
 			t.Fatalf("stable keys %v, empty log: %v", keys, err)
 		}
@@ -70,7 +70,7 @@ func TestLogStoreMigratesBoltLog(t *testing.T) {
 	quiet, hq := slog.New(slog.DiscardHandler), hclog.NewNullLogger()
 	wantLast := uint64(400)
 	for start := 1; start <= 2; start++ {
-		s, err := openLogStore(dir, quiet, hq)
+		s, err := openLogStore(t.Context(), dir, quiet, hq)
 		if err != nil {
 			t.Fatalf("start %d: %v", start, err)
 		}
@@ -110,7 +110,7 @@ func TestLogStoreMigratesBoltLog(t *testing.T) {
 func TestLogStoreRemovesMigratedBoltLog(t *testing.T) {
 	dir := t.TempDir()
 	quiet, hq := slog.New(slog.DiscardHandler), hclog.NewNullLogger()
-	s, err := openLogStore(dir, quiet, hq)
+	s, err := openLogStore(t.Context(), dir, quiet, hq)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -126,7 +126,7 @@ func TestLogStoreRemovesMigratedBoltLog(t *testing.T) {
 		t.Fatal(err)
 	}
 	old.Close()
-	s, err = openLogStore(dir, quiet, hq)
+	s, err = openLogStore(t.Context(), dir, quiet, hq)
 	if err != nil {
 		t.Fatal(err)
 	}

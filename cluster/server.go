@@ -304,7 +304,7 @@ func (s *Server) startRaft() error {
 	if s.fsm, err = fsm.Open(d.StateFile()); err != nil {
 		return err
 	}
-	if s.logStore, err = openLogStore(d.RaftDir(), s.log, s.hclog("raft-wal", hclog.Warn)); err != nil {
+	if s.logStore, err = openLogStore(s.life, d.RaftDir(), s.log, s.hclog("raft-wal", hclog.Warn)); err != nil {
 		return err
 	}
 	snaps, err := openSnapshots(d.RaftDir(), s.hclog("snapshot", hclog.Warn))

@@ -260,7 +260,7 @@ func TestOlderBuildRefusedOverNewerState(t *testing.T) {
 // command id. Every entry must decode.
 func lastEntryFormat(t *testing.T, m *clustertest.Member) (byte, fsm.Entry) {
 	t.Helper()
-	store, err := cluster.OpenLogStore(datadir.Dir(m.Dir).RaftDir(), slog.New(slog.DiscardHandler), hclog.NewNullLogger())
+	store, err := cluster.OpenLogStore(t.Context(), datadir.Dir(m.Dir).RaftDir(), slog.New(slog.DiscardHandler), hclog.NewNullLogger())
 	if err != nil {
 		t.Fatal(err)
 	}
