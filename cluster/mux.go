@@ -42,7 +42,12 @@ func newMux(life context.Context, ln net.Listener, tlsConf *tls.Config, log *slo
 	}
 }
 
+// serve accepts until the listener closes, then waits for the
+// connections it is still handing over (each ends with the mux or its
+// handshake's deadline).
 func (m *mux) serve() {
+	var routing sync.WaitGroup
+	defer routing.Wait()
 	for {
 		c, err := m.ln.Accept()
 		if err != nil {
@@ -57,7 +62,7 @@ func (m *mux) serve() {
 			m.log.Error("listener stopped", "err", err)
 			return
 		}
-		go m.route(c)
+		routing.Go(func() { m.route(c) })
 	}
 }
 
