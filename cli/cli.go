@@ -161,7 +161,7 @@ func devDataDir() string {
 }
 
 // SystemDataDir is the data directory of a member installed as a service.
-const SystemDataDir = "/var/lib/kibotos"
+const SystemDataDir = datadir.SystemDir
 
 // dir resolves the data directory: the flag or KIBOTOS_DATA_DIR, else the
 // system member, else the dev member, so the CLI works with no flags on any

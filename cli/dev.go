@@ -27,6 +27,7 @@ import (
 	"github.com/kibotos/kibotos/buildinfo"
 	"github.com/kibotos/kibotos/cluster"
 	"github.com/kibotos/kibotos/datadir"
+	"github.com/kibotos/kibotos/member"
 	"github.com/kibotos/kibotos/netpol"
 	"github.com/kibotos/kibotos/vmm/platform"
 	"github.com/kibotos/kibotos/vmm/qemu"
@@ -143,7 +144,7 @@ func (c *DevUpCmd) Run(g *Globals) error {
 	if err := d.CheckRelease(buildinfo.Release); err != nil {
 		return err // before the Platform is built for it
 	}
-	runsVMs := privsd.Available() == nil || hostHasSystemd()
+	runsVMs := privsd.Available() == nil || member.HostHasSystemd()
 	if runsVMs && !c.NoBuild {
 		if err := ensureDevArtifacts(g, d, c.PlatformCache, c.DebianTemplate); err != nil {
 			return err
@@ -161,9 +162,9 @@ func (c *DevUpCmd) Run(g *Globals) error {
 	onReady := func(ctx context.Context, srv *cluster.Server) { c.announceWhenReady(ctx, g, d, id, runsVMs) }
 	// A dev host without systemd as PID 1 gets a private one that outlives
 	// kibotos dev, so a restart takes its VMs over; a host with systemd uses it.
-	sdMode := systemdDev
-	if hostHasSystemd() {
-		sdMode = systemdHost
+	sdMode := member.SystemdDev
+	if member.HostHasSystemd() {
+		sdMode = member.SystemdHost
 	}
 	store, err := devArtifactsURL(d)
 	if err != nil {
@@ -177,11 +178,11 @@ func (c *DevUpCmd) Run(g *Globals) error {
 		}
 		warm = append(warm, w)
 	}
-	return runMember(g, memberOptions{dir: d, level: "info", capacity: agent.DefaultCapacity(), timings: cluster.DefaultTimings(), onReady: onReady, warm: warm,
-		systemd: sdMode, accel: qemu.AccelAuto, network: network, egressWarm: egress.DefaultWarmConnections, logFormat: c.LogFormat, artifacts: artifacts.Config{URL: store},
+	return runMember(g, "info", member.Options{DataDir: d, Capacity: agent.DefaultCapacity(), Timings: cluster.DefaultTimings(), OnReady: onReady, Warm: warm,
+		Systemd: sdMode, Accel: qemu.AccelAuto, Network: network, EgressWarm: egress.DefaultWarmConnections, LogFormat: c.LogFormat, Artifacts: artifacts.Config{URL: store},
 		// One node on a laptop: a report every few seconds while a guest
 		// is denied costs nothing, and `workspace get` shows it soon.
-		deniedReport: 5 * time.Second})
+		DeniedReport: 5 * time.Second})
 }
 
 // devArtifactsURL is the dev cluster's artifact store: a directory in its
@@ -324,12 +325,12 @@ func (c *DevDownCmd) Run(g *Globals) error {
 	}
 	var target units.Target
 	var sd *privsd.Instance
-	if hostHasSystemd() {
+	if member.HostHasSystemd() {
 		if target, err = units.HostTarget(); err != nil {
 			return err
 		}
 	} else {
-		sd, err = privsd.Attach(g.ctx, devSystemdDir(d))
+		sd, err = privsd.Attach(g.ctx, member.DevSystemdDir(d))
 		switch {
 		case errors.Is(err, privsd.ErrNotRunning):
 			sd = nil
@@ -379,7 +380,7 @@ func (c *DevDownCmd) Run(g *Globals) error {
 		rt.Close()
 		// The data-plane process outlives the node by design; on the host's
 		// systemd nothing else would end it.
-		dpStopped, err = dataplane.StopScope(g.ctx, m, NodeScope(d))
+		dpStopped, err = dataplane.StopScope(g.ctx, m, member.NodeScope(d))
 		m.Close()
 		if err != nil {
 			return err
@@ -391,7 +392,7 @@ func (c *DevDownCmd) Run(g *Globals) error {
 		}
 		// Its egress processes ended with it; their socket directory is
 		// in the shared temporary directory.
-		if err := RemoveEgressSocketDirs(d); err != nil {
+		if err := member.RemoveEgressSocketDirs(d); err != nil {
 			return err
 		}
 	}

@@ -10,6 +10,7 @@ import (
 	"github.com/kibotos/kibotos/agent/runtime"
 	"github.com/kibotos/kibotos/api"
 	"github.com/kibotos/kibotos/datadir"
+	"github.com/kibotos/kibotos/member"
 	"github.com/kibotos/kibotos/vmm/units"
 	"github.com/kibotos/kibotos/vmm/units/privsd"
 )
@@ -105,23 +106,23 @@ func checkRuntimeConfig(g *Globals, config string) (checkConfig, datadir.Dir, *d
 // under (mode: --systemd), without starting one; nil when there is none.
 func unitsOf(ctx context.Context, d datadir.Dir, mode string) (*units.Manager, func(), error) {
 	none := func() {}
-	if mode == systemdAuto {
-		mode = systemdNone
-		if hostHasSystemd() {
-			mode = systemdHost
-		} else if sd, err := privsd.Attach(ctx, devSystemdDir(d)); err == nil {
+	if mode == member.SystemdAuto {
+		mode = member.SystemdNone
+		if member.HostHasSystemd() {
+			mode = member.SystemdHost
+		} else if sd, err := privsd.Attach(ctx, member.DevSystemdDir(d)); err == nil {
 			return connectUnits(ctx, sd.Target())
 		}
 	}
 	switch mode {
-	case systemdHost:
+	case member.SystemdHost:
 		t, err := units.HostTarget()
 		if err != nil {
 			return nil, none, err
 		}
 		return connectUnits(ctx, t)
-	case systemdDev:
-		sd, err := privsd.Attach(ctx, devSystemdDir(d))
+	case member.SystemdDev:
+		sd, err := privsd.Attach(ctx, member.DevSystemdDir(d))
 		if err != nil {
 			return nil, none, fmt.Errorf("kibotos dev's private systemd: %w", err)
 		}

@@ -2,7 +2,6 @@ package cli
 
 import (
 	"cmp"
-	"context"
 	"errors"
 	"fmt"
 	"maps"
@@ -11,7 +10,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"time"
 
@@ -25,7 +23,7 @@ import (
 	"github.com/kibotos/kibotos/cluster"
 	"github.com/kibotos/kibotos/datadir"
 	"github.com/kibotos/kibotos/fsm"
-	"github.com/kibotos/kibotos/metrics"
+	"github.com/kibotos/kibotos/member"
 	"github.com/kibotos/kibotos/netpol"
 	"github.com/kibotos/kibotos/vmm/qemu"
 )
@@ -357,9 +355,9 @@ func (c *ServeCmd) Run(g *Globals) error {
 	if err != nil {
 		return err
 	}
-	return runMember(g, memberOptions{dir: dir, bind: bind, level: level, capacity: capacity, timings: timings, deniedReport: deniedReport, clockSkew: c.ClockSkew, logFormat: format,
-		systemd: c.Systemd, accel: qemu.Accel(c.Accel), dataPlaneListen: dpListen, pools: pools, defaultPool: fc.Storage.DefaultPool, network: network,
-		metricsListen: fc.Metrics.Listen, machineLogsMax: fc.Logs.MachineLogsMaxBytes, artifacts: store, warm: warm, egressWarm: egressWarm})
+	return runMember(g, level, member.Options{DataDir: dir, Bind: bind, Capacity: capacity, Timings: timings, DeniedReport: deniedReport, ClockSkew: c.ClockSkew, LogFormat: format,
+		Systemd: c.Systemd, Accel: qemu.Accel(c.Accel), DataPlaneListen: dpListen, Pools: pools, DefaultPool: fc.Storage.DefaultPool, Network: network,
+		MetricsListen: fc.Metrics.Listen, MachineLogsMax: fc.Logs.MachineLogsMaxBytes, Artifacts: store, Warm: warm, EgressWarm: egressWarm})
 }
 
 // artifactsFrom is [artifacts], checked (an s3:// store's credentials
@@ -446,166 +444,6 @@ func parseSize(s string) (uint64, error) {
 	return v, nil
 }
 
-type memberOptions struct {
-	dir       datadir.Dir
-	bind      string
-	level     string
-	capacity  api.Resources
-	timings   cluster.Timings
-	clockSkew time.Duration
-	onReady   func(context.Context, *cluster.Server) // runs beside the member, which waits for it to return
-	systemd   string                                 // see openNodeRuntime
-	accel     qemu.Accel
-	// dataPlaneListen is the data-plane address; default advertise port+2.
-	dataPlaneListen string
-	pools           []agent.PoolConfig
-	// network is the node's [network]; nil: Workspaces cannot start here.
-	network *netpol.Config
-	// egressWarm is [network] egress_warm_connections (dev: the default).
-	egressWarm  int
-	defaultPool string
-	// deniedReport is the agent's DeniedReportInterval; 0: its default.
-	deniedReport time.Duration
-	// metricsListen is [metrics] listen: "" for the default, "none".
-	metricsListen string
-	// logFormat is text or json, for the member and the processes it starts.
-	logFormat string
-	// machineLogsMax is [logs] machine_logs_max_bytes; 0: the default.
-	machineLogsMax int64
-	// artifacts is [artifacts] (checked); URL "": no artifact store.
-	artifacts artifacts.Config
-	// warm are the warm guests of [templates.NAME] (dev: --warm).
-	warm []agent.WarmConfig
-}
-
-// runMember serves until SIGTERM/SIGINT. A node isolated by ctrl exits
-// non-zero after destroying its Instances so systemd restarts it; so does
-// a member that halted because it cannot apply the Raft log (exit 13 when
-// it needs the leader's release, 1 for an internal failure).
-func runMember(g *Globals, o memberOptions) error {
-	log := newLogger(g.stderr, o.level, o.logFormat)
-	ctx, stop := signal.NotifyContext(g.ctx, syscall.SIGTERM, syscall.SIGINT)
-	defer stop()
-	// What runs beside the member ends with it: the member's deferred
-	// shutdowns run first, then these are cancelled and waited for.
-	ctx, cancelOwned := context.WithCancel(ctx)
-	var owned sync.WaitGroup
-	defer func() {
-		cancelOwned()
-		owned.Wait()
-	}()
-	// Before anything else: under systemd this process must be its
-	// service's MainPID, and no earlier member process may still run in
-	// the service (then cluster.Open takes the data directory's lock).
-	if err := serviceCgroupCheck(ctx); err != nil {
-		return err
-	}
-	// Nor may an older release run on what a newer one wrote.
-	if err := o.dir.CheckRelease(buildinfo.Release); err != nil {
-		return err
-	}
-	// The store is ctrl's from the start (it removes Transfer archives).
-	var store artifacts.Store
-	if o.artifacts.URL != "" {
-		id, err := o.dir.LoadIdentity()
-		if err != nil {
-			return err
-		}
-		if store, err = artifacts.Open(o.artifacts, id.NodeID); err != nil {
-			return err
-		}
-		log.Info("artifact store", "url", store.String())
-	}
-	srv, err := cluster.Open(ctx, cluster.Config{DataDir: o.dir, Bind: o.bind, Timings: o.timings, Logger: log, Artifacts: store})
-	if err != nil {
-		return err
-	}
-	defer srv.Shutdown()
-	if err := o.dir.RecordRelease(buildinfo.Release); err != nil {
-		return fmt.Errorf("data directory %s: record the release: %w", o.dir, err)
-	}
-	if o.onReady != nil {
-		owned.Go(func() { o.onReady(ctx, srv) })
-	}
-	// What this member serves of its own: the node side (below, on a
-	// node) and its metrics, handed over together by serveMetrics.
-	var local cluster.Local
-	agentErr := make(chan error, 1)
-	agentRunning := false
-	src := metrics.Sources{FSM: srv.FSM(), Raft: srv.Raft()}
-	if srv.FSM() != nil {
-		src.ControlSessions = srv.ControlSessions
-	}
-	if srv.Identity().HasRole(api.RoleNode) {
-		src.Steps = metrics.NewSteps()
-		rt, m, closeRuntime, err := openNodeRuntime(ctx, o, srv.NodeID(), src.Steps, log)
-		if err != nil {
-			return err
-		}
-		defer closeRuntime()
-		if rt != nil {
-			src.Instances, src.Destroyed, src.Egress, src.EgressByInstance, src.Names = rt.Owned, rt.EndedCount, rt.EgressTotals, rt.EgressByInstance, rt.NamesStats
-			local.MachineLogs = machineLogReader(rt)
-		}
-		var dp agent.DataPlane
-		if m != nil {
-			listen := o.dataPlaneListen
-			if listen == "" {
-				if listen, err = defaultDataPlaneListen(srv.Identity().Advertise); err != nil {
-					return err
-				}
-			}
-			// The data-plane process is never stopped with the node: its
-			// connections outlive a node restart.
-			link, err := startDataPlane(ctx, o.dir, m, listen, srv.DataPlaneCertificate, o.logFormat, log)
-			if err != nil {
-				return err
-			}
-			dp, src.DataPlane = link, link.Totals
-		}
-		a, err := agent.New(agent.Config{DataDir: o.dir, NodeID: srv.NodeID(), Artifacts: store, Capacity: o.capacity, CtrlAddrs: srv.CtrlAddrs,
-			Dial: srv.SessionDial, OnLeader: srv.NoteLeader, SessionTimeout: o.timings.SessionTimeout, Logger: log, ClockSkew: o.clockSkew, Runtime: rt, DataPlane: dp,
-			Pools: o.pools, DefaultPool: o.defaultPool, FetchEgressCredentials: srv.EgressCredentials, DeniedReportInterval: o.deniedReport, Warm: o.warm, Observe: src.Steps.Observe})
-		if err != nil {
-			return err
-		}
-		src.HostUsage, src.Warm = a.HostUsage, a.WarmGuests
-		local.Templates, local.Platforms, local.Transfers, local.Progress = a.PublishTemplate, a.PublishPlatform, a, a.Progress
-		agentRunning = true
-		go func() { agentErr <- a.Run(ctx) }()
-	}
-	if err := serveMetrics(ctx, &owned, srv, src, local, o.metricsListen, log); err != nil {
-		return err
-	}
-	select {
-	case <-ctx.Done():
-		log.Info("member stopping")
-		if agentRunning {
-			// The node ends what it was making (a warm guest) first.
-			select {
-			case <-agentErr:
-			case <-time.After(30 * time.Second):
-				log.Warn("node did not stop within 30s; stopping anyway")
-			}
-		}
-		return nil
-	case <-srv.Halted():
-		// The member stopped applying the Raft log (a newer release's
-		// entry, or an internal failure) and shut itself down.
-		return srv.HaltErr()
-	case err := <-agentErr:
-		if errors.Is(err, agent.ErrIsolated) || errors.Is(err, agent.ErrStale) {
-			return exitError{code: api.ExitFailedPrecondition, msg: err.Error()}
-		}
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-srv.Halted():
-			return srv.HaltErr()
-		}
-	}
-}
-
 // StatusCmd shows the member and the leader.
 type StatusCmd struct{}
 
@@ -621,4 +459,17 @@ func (c *StatusCmd) Run(g *Globals) error {
 	g.printf("Cluster:    %s\nMember:     %s (%s) at %s\nRaft:       %s\nLeader:     %s\nRelease:    %s (revision %s)\n",
 		st.ClusterID, st.NodeID, strings.Join(st.Roles, ","), st.Advertise, st.RaftState, dash(st.Leader), st.Release, st.Revision)
 	return nil
+}
+
+// runMember runs the member of o with the process's logger until SIGTERM
+// or SIGINT; an isolated or stale node exits 13.
+func runMember(g *Globals, level string, o member.Options) error {
+	log := newLogger(g.stderr, level, o.LogFormat)
+	ctx, stop := signal.NotifyContext(g.ctx, syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	err := member.Run(ctx, log, o)
+	if errors.Is(err, agent.ErrIsolated) || errors.Is(err, agent.ErrStale) {
+		return exitError{code: api.ExitFailedPrecondition, msg: err.Error()}
+	}
+	return err
 }

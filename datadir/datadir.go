@@ -21,6 +21,9 @@ import (
 // Dir is a member data directory.
 type Dir string
 
+// SystemDir is the data directory of a member installed as a service.
+const SystemDir = "/var/lib/kibotos"
+
 func (d Dir) path(parts ...string) string {
 	return filepath.Join(append([]string{string(d)}, parts...)...)
 }

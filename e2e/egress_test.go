@@ -15,9 +15,9 @@ import (
 	"time"
 
 	"github.com/kibotos/kibotos/api"
-	"github.com/kibotos/kibotos/cli"
 	"github.com/kibotos/kibotos/datadir"
 	"github.com/kibotos/kibotos/internal/testenv"
+	"github.com/kibotos/kibotos/member"
 	"github.com/kibotos/kibotos/vmm/template"
 )
 
@@ -127,7 +127,7 @@ func mhEgress(t *testing.T, l *lab, admin *host, nodes ...string) {
 		// Its socket directory is the node's with "-egress" added (under
 		// a private systemd, in the shared temporary directory), its
 		// own, 0700, and the only one it is given to write.
-		sockDir := cli.EgressSocketDir(datadir.Dir(h.dataDir), true)
+		sockDir := member.EgressSocketDir(datadir.Dir(h.dataDir), true)
 		if filepath.Base(sockDir) != "node-egress" || !slices.ContainsFunc(argvs, func(a string) bool { return strings.Contains(a, "--socket-dir "+sockDir+" ") }) {
 			t.Errorf("on %s, egress socket directory %s: not node-egress, or not the running process's (%q)", node, sockDir, argvs)
 		}

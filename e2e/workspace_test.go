@@ -36,6 +36,7 @@ import (
 	"github.com/kibotos/kibotos/credential"
 	"github.com/kibotos/kibotos/internal/hostprobe"
 	"github.com/kibotos/kibotos/internal/testenv"
+	"github.com/kibotos/kibotos/member"
 	"github.com/kibotos/kibotos/vmm/units"
 	"github.com/kibotos/kibotos/vmm/units/privsd"
 
@@ -43,7 +44,6 @@ import (
 	"github.com/kibotos/kibotos/agent/dataplane"
 	"github.com/kibotos/kibotos/agent/runtime/runtimetest"
 	"github.com/kibotos/kibotos/api"
-	"github.com/kibotos/kibotos/cli"
 	"github.com/kibotos/kibotos/datadir"
 	"github.com/kibotos/kibotos/fsm"
 	"github.com/kibotos/kibotos/trust"
@@ -859,7 +859,7 @@ func (d *wsDev) testDataPlaneKill(id string) {
 	// Where the process-model documentation puts it: dataplane/ in the
 	// node's socket directory, mode 0700, and nothing in the state
 	// directory.
-	sockDir := cli.DataPlaneSocketDir(datadir.Dir(d.dir), true)
+	sockDir := member.DataPlaneSocketDir(datadir.Dir(d.dir), true)
 	if st, err := os.Stat(sockDir); err != nil || st.Mode().Perm() != 0o700 {
 		t.Errorf("data-plane socket directory %s: %v, %v; want mode 0700", sockDir, st, err)
 	}
@@ -887,7 +887,7 @@ func (d *wsDev) testDataPlaneKill(id string) {
 		t.Fatal(err)
 	}
 	defer m.Close()
-	u, err := m.Get(ctx, dataplane.UnitName(cli.NodeScope(datadir.Dir(d.dir)), gen))
+	u, err := m.Get(ctx, dataplane.UnitName(member.NodeScope(datadir.Dir(d.dir)), gen))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -21,9 +21,9 @@ import (
 
 	"github.com/kibotos/kibotos/agent/runtime/runtimetest"
 	"github.com/kibotos/kibotos/api"
-	"github.com/kibotos/kibotos/cli"
 	"github.com/kibotos/kibotos/datadir"
 	"github.com/kibotos/kibotos/internal/testenv"
+	"github.com/kibotos/kibotos/member"
 	"github.com/kibotos/kibotos/vmm/platform"
 	"github.com/kibotos/kibotos/vmm/template"
 )
@@ -370,7 +370,7 @@ func mhRoot(t *testing.T, l *lab) string {
 		// The members' egress socket directories (their private systemd
 		// has its own /run, so these are in the shared /tmp).
 		for _, h := range l.hosts {
-			cli.RemoveEgressSocketDirs(datadir.Dir(h.dataDir))
+			member.RemoveEgressSocketDirs(datadir.Dir(h.dataDir))
 		}
 	})
 

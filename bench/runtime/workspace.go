@@ -9,7 +9,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/kibotos/kibotos/internal/hostprobe"
 	"io"
 	"os"
 	"os/exec"
@@ -19,6 +18,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/kibotos/kibotos/internal/hostprobe"
 
 	"github.com/kibotos/kibotos/agent/dataplane"
 	"github.com/kibotos/kibotos/agent/runtime"
@@ -372,7 +373,7 @@ func (d *devCluster) down(scratch string) error {
 		if err := d.devDown(); err != nil {
 			errs = append(errs, err)
 			// Last resort: the dev cluster's private systemd (the layout of
-			// cli/noderuntime.go devSystemdDir); stopping it ends every VM
+			// member/noderuntime.go DevSystemdDir); stopping it ends every VM
 			// and the data-plane process in its PID namespace.
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()

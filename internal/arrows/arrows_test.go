@@ -40,6 +40,9 @@ var rules = []rule{
 		never: []string{module + "/ctrl"}},
 	{why: "certificates and credentials are libraries of their own", from: module + "/trust/...",
 		never: []string{module + "/cluster/...", module + "/agent/...", module + "/fsm/...", module + "/cli/..."}},
+	{why: "the member's composition root is imported by the CLI only", from: module + "/cluster/...", never: []string{module + "/member/..."}},
+	{why: "the member's composition root is imported by the CLI only", from: module + "/agent/...", never: []string{module + "/member/..."}},
+	{why: "the member's composition root is imported by the CLI only", from: module + "/ctrl/...", never: []string{module + "/member/..."}},
 	{why: "certificates and credentials are libraries of their own", from: module + "/credential/...",
 		never: []string{module + "/cluster/...", module + "/agent/...", module + "/fsm/...", module + "/cli/..."}},
 }

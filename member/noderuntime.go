@@ -1,4 +1,4 @@
-package cli
+package member
 
 import (
 	"context"
@@ -26,15 +26,15 @@ import (
 
 // Service managers a node can run its VMM units under.
 const (
-	systemdAuto    = "auto"    // the host's systemd when PID 1 is systemd, else none (serve) or private (dev)
-	systemdHost    = "host"    // the host's systemd (/run/systemd/private)
-	systemdPrivate = "private" // a private systemd started by this process: VMs end with it
-	systemdDev     = "dev"     // a private systemd that outlives the process (kibotos dev): attached on restart
-	systemdNone    = "none"    // no Instances on this node
+	SystemdAuto    = "auto"    // the host's systemd when PID 1 is systemd, else none (serve) or private (dev)
+	SystemdHost    = "host"    // the host's systemd (/run/systemd/private)
+	SystemdPrivate = "private" // a private systemd started by this process: VMs end with it
+	SystemdDev     = "dev"     // a private systemd that outlives the process (kibotos dev): attached on restart
+	SystemdNone    = "none"    // no Instances on this node
 )
 
-// hostHasSystemd reports whether PID 1 is systemd (sd_booted's test).
-func hostHasSystemd() bool {
+// HostHasSystemd reports whether PID 1 is systemd (sd_booted's test).
+func HostHasSystemd() bool {
 	_, err := os.Stat("/run/systemd/system")
 	return err == nil
 }
@@ -42,27 +42,27 @@ func hostHasSystemd() bool {
 // openNodeRuntime connects to the service manager chosen by mode and opens
 // the Instance runtime, taking over what a previous node process left
 // running. It returns nil, nil when the node runs without one.
-func openNodeRuntime(ctx context.Context, o memberOptions, nodeID string, steps *metrics.Steps, log *slog.Logger) (*runtime.Runtime, *units.Manager, func(), error) {
-	d, mode, accel, network, logFormat := o.dir, o.systemd, o.accel, o.network, o.logFormat
-	if mode == systemdAuto {
-		mode = systemdNone
-		if hostHasSystemd() {
-			mode = systemdHost
+func openNodeRuntime(ctx context.Context, o Options, nodeID string, steps *metrics.Steps, log *slog.Logger) (*runtime.Runtime, *units.Manager, func(), error) {
+	d, mode, accel, network, logFormat := o.DataDir, o.Systemd, o.Accel, o.Network, o.LogFormat
+	if mode == SystemdAuto {
+		mode = SystemdNone
+		if HostHasSystemd() {
+			mode = SystemdHost
 		}
 	}
 	var target units.Target
 	cleanup := func() {}
 	switch mode {
-	case systemdNone:
+	case SystemdNone:
 		log.Warn("node runtime disabled: this host's PID 1 is not systemd, so VMM units have no service manager; run kibotos dev, or serve with --systemd private")
 		return nil, nil, cleanup, nil
-	case systemdHost:
+	case SystemdHost:
 		t, err := units.HostTarget()
 		if err != nil {
 			return nil, nil, nil, fmt.Errorf("node runtime: %w", err)
 		}
 		target = t
-	case systemdPrivate:
+	case SystemdPrivate:
 		if err := privsd.Available(); err != nil {
 			return nil, nil, nil, fmt.Errorf("node runtime: a private systemd cannot run here: %w", err)
 		}
@@ -74,7 +74,7 @@ func openNodeRuntime(ctx context.Context, o memberOptions, nodeID string, steps 
 		}
 		log.Warn("VMM units run under a private systemd started by this process: they end when it ends", "systemd_pid", sd.PID)
 		target, cleanup = sd.Target(), func() { sd.Stop() }
-	case systemdDev:
+	case SystemdDev:
 		if err := privsd.Available(); err != nil {
 			// The cluster still runs; the node just cannot start VMs.
 			log.Warn("node runtime disabled: a private systemd cannot run here", "err", err)
@@ -106,16 +106,16 @@ func openNodeRuntime(ctx context.Context, o memberOptions, nodeID string, steps 
 		log.Warn("memory of an earlier build's warm guests not freed", "dir", earlierWarmMemoryDir(d), "err", err)
 	}
 	cfg := runtime.Config{StorageRoot: d.StorageRoot(), NodeID: nodeID, Units: m, Accel: accel, Logger: log, OwnInstallation: own, Network: network,
-		Observe: steps.Observe, MachineLogsMaxBytes: o.machineLogsMax,
+		Observe: steps.Observe, MachineLogsMaxBytes: o.MachineLogsMax,
 		Pools: []runtime.PoolDir{{ID: api.PrivatePoolID(nodeID), Path: agent.DefaultPoolPath(d)}}}
-	for _, p := range o.pools {
+	for _, p := range o.Pools {
 		cfg.Pools = append(cfg.Pools, runtime.PoolDir{ID: p.ID, Path: p.Path, Shared: p.Shared})
 	}
 	var sup *egress.Supervisor
 	if network != nil {
 		// Without it the node runs, but refuses policies naming an Egress
 		// or a Resolver (and says why).
-		if sup, err = openEgress(ctx, d, m, logFormat, o.egressWarm, log); err != nil {
+		if sup, err = openEgress(ctx, d, m, logFormat, o.EgressWarm, log); err != nil {
 			log.Warn("egress process unavailable: Workspaces whose policy names an Egress or a Resolver cannot start here", "err", err)
 			cfg.EgressUnavailable = err
 		} else {
@@ -147,7 +147,7 @@ func openNodeRuntime(ctx context.Context, o memberOptions, nodeID string, steps 
 // serviceCgroupCheck runs the node's start-up check of its own MainPID and
 // service cgroup when the host runs systemd.
 func serviceCgroupCheck(ctx context.Context) error {
-	if !hostHasSystemd() {
+	if !HostHasSystemd() {
 		return nil
 	}
 	root, err := units.Cgroup2Mount()
@@ -183,8 +183,8 @@ func hostMainPID(ctx context.Context, unit string) (int, error) {
 	return int(u.MainPID), nil
 }
 
-// devSystemdDir is where the dev cluster's private systemd lives.
-func devSystemdDir(d datadir.Dir) string { return filepath.Join(d.NodeDir(), "systemd") }
+// DevSystemdDir is where the dev cluster's private systemd lives.
+func DevSystemdDir(d datadir.Dir) string { return filepath.Join(d.NodeDir(), "systemd") }
 
 // devSystemd attaches to the dev cluster's private systemd, or starts it
 // detached so VMs outlive this kibotos dev process.
@@ -194,9 +194,9 @@ func devSystemd(ctx context.Context, d datadir.Dir) (*privsd.Instance, error) {
 	}
 	sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	sd, err := privsd.Attach(sctx, devSystemdDir(d))
+	sd, err := privsd.Attach(sctx, DevSystemdDir(d))
 	if errors.Is(err, privsd.ErrNotRunning) {
-		sd, err = privsd.StartWith(sctx, devSystemdDir(d), privsd.Options{Detached: true})
+		sd, err = privsd.StartWith(sctx, DevSystemdDir(d), privsd.Options{Detached: true})
 	}
 	if err != nil {
 		return nil, fmt.Errorf("node runtime: dev private systemd: %w", err)
@@ -214,7 +214,7 @@ func NodeSocketDir(d datadir.Dir, privateSystemd bool) string {
 	switch {
 	case privateSystemd:
 		return filepath.Join(os.TempDir(), "kibotos-"+scope, "node")
-	case filepath.Clean(string(d)) == SystemDataDir:
+	case filepath.Clean(string(d)) == datadir.SystemDir:
 		return "/run/kibotos/node"
 	}
 	return "/run/kibotos/node-" + scope
