@@ -80,5 +80,9 @@ func LoadCA(certPath, keyPath string) (*CA, error) {
 	if err != nil {
 		return nil, fmt.Errorf("CA key %s: %w", keyPath, err)
 	}
+	// A foreign key would sign certificates no member accepts.
+	if !ca.Key.PublicKey.Equal(cert.PublicKey) {
+		return nil, fmt.Errorf("CA key %s is not the key of the CA certificate %s: put back this cluster's ca.key (or remove it on a member without the ctrl role)", keyPath, certPath)
+	}
 	return ca, nil
 }

@@ -66,12 +66,12 @@ func TestLoadCA(t *testing.T) {
 			t.Fatalf("LoadCA = key %v, %v; want the certificate alone", got.Key != nil, err)
 		}
 	})
-	// Today LoadCA does not compare the key with the certificate: a member
-	// with a foreign ca.key starts and signs certificates no one accepts.
-	t.Run("key of another CA is not detected", func(t *testing.T) {
+	// A member with a foreign ca.key would start and sign certificates no
+	// one accepts: it is refused.
+	t.Run("key of another CA", func(t *testing.T) {
 		got, err := LoadCA(certPath, otherKeyPath)
-		if err != nil || got.Key == nil || got.Key.PublicKey.Equal(got.Cert.PublicKey) {
-			t.Fatalf("LoadCA = %v; the current behaviour is to load a mismatched key as it is", err)
+		if err == nil || !strings.Contains(err.Error(), "is not the key of the CA certificate") {
+			t.Fatalf("LoadCA = %v, %v; want the mismatch refused", got, err)
 		}
 	})
 	for _, tt := range []struct {
