@@ -9,6 +9,7 @@ import (
 	"fmt"
 
 	"github.com/kibotos/kibotos/credential"
+	"github.com/kibotos/kibotos/trust"
 )
 
 // apply installs a state pushed by the node. Connections whose Workspace no
@@ -23,10 +24,16 @@ func (s *Server) apply(st State) error {
 	if err != nil {
 		return fmt.Errorf("dataplane: state: certificate: %w", err)
 	}
-	nodeID := leaf.Subject.CommonName
-	if nodeID == "" {
-		return errors.New("dataplane: state: the certificate has no CommonName: push the node's member certificate (CN = node ID)")
+	// The node is the one the certificate's identity names (its URI, as
+	// every member reads it), not its common name.
+	id, err := trust.FromCert(leaf)
+	if err != nil {
+		return fmt.Errorf("dataplane: state: certificate: %w: push the data-plane certificate ctrl issued to the node", err)
 	}
+	if id.Kind != trust.KindDataPlane {
+		return fmt.Errorf("dataplane: state: the certificate is %s's %s certificate: push the data-plane certificate ctrl issued to the node", id.NodeID, id.Kind)
+	}
+	nodeID := id.NodeID
 	cert.Leaf = leaf
 	if len(st.PublicKey) != ed25519.PublicKeySize {
 		return fmt.Errorf("dataplane: state: verification key is %d bytes, want %d (an ed25519 public key)", len(st.PublicKey), ed25519.PublicKeySize)
