@@ -193,9 +193,10 @@ func (g *Globals) client() (*api.Client, error) {
 	}
 	addr := g.Address
 	c := api.NewClient(addr, tlsConf)
-	if addr == "" {
-		// Without --address the CLI talks to the member of its data
-		// directory and accepts no other at that address.
+	if addr == "" || addr == id.Advertise {
+		// The member of its data directory (by default, or named by its
+		// address): no other member is accepted there, even one whose
+		// certificate holds the same host.
 		c = api.NewClient(id.Advertise, tlsConf).Expect(id.NodeID)
 	}
 	c.Consistent = g.Consistent
