@@ -42,12 +42,7 @@ func newMux(life context.Context, ln net.Listener, tlsConf *tls.Config, log *slo
 	}
 }
 
-// serve accepts until the listener closes, then waits for the
-// connections it is still handing over (each ends with the mux or its
-// handshake's deadline).
 func (m *mux) serve() {
-	var routing sync.WaitGroup
-	defer routing.Wait()
 	for {
 		c, err := m.ln.Accept()
 		if err != nil {
@@ -62,7 +57,7 @@ func (m *mux) serve() {
 			m.log.Error("listener stopped", "err", err)
 			return
 		}
-		routing.Go(func() { m.route(c) })
+		go m.route(c)
 	}
 }
 

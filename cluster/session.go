@@ -98,18 +98,14 @@ func (r *sessionRegistry) closeAll() {
 	}
 }
 
-// acceptSessions serves control sessions until the mux closes, then
-// waits for the sessions it started (the member closes them first).
 func (s *Server) acceptSessions() {
-	var sessions sync.WaitGroup
-	defer sessions.Wait()
 	l := newChanListener(s.mux, s.mux.session)
 	for {
 		c, err := l.Accept()
 		if err != nil {
 			return
 		}
-		sessions.Go(func() { s.handleSession(c) })
+		go s.handleSession(c)
 	}
 }
 
@@ -141,9 +137,6 @@ func (sc *sessionConn) send(m api.SessionMsg) error {
 // node goes quiet for SessionTimeout.
 func (s *Server) handleSession(c net.Conn) {
 	defer c.Close()
-	// A member that stops ends its sessions at once, also one still
-	// waiting for its hello: the member waits for its sessions.
-	defer context.AfterFunc(s.life, func() { c.Close() })()
 	t := s.cfg.Timings
 	peer := c.(*watchedConn).id
 	sc := &sessionConn{c: c, enc: json.NewEncoder(c)}
