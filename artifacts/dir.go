@@ -23,6 +23,8 @@ import (
 type Dir struct {
 	root string
 	node string
+	// maxListed bounds a listing (defaultMaxListed; tests lower it).
+	maxListed int
 }
 
 // NewDir is the store in directory root (absolute); node names the
@@ -34,7 +36,7 @@ func NewDir(root, node string) (*Dir, error) {
 	if _, err := (storagepool.Temp{Node: node, Purpose: "put"}).Name(); err != nil {
 		return nil, api.Errorf(api.CodeInvalidArgument, "artifact store %s: %v", root, err)
 	}
-	return &Dir{root: root, node: node}, nil
+	return &Dir{root: root, node: node, maxListed: defaultMaxListed}, nil
 }
 
 func (s *Dir) String() string { return "file://" + s.root }
@@ -254,7 +256,7 @@ func (s *Dir) List(ctx context.Context) ([]Listed, error) {
 	case err != nil:
 		return nil, s.unavailable("list objects", err)
 	}
-	l := objectListing{s: s}
+	l := objectListing{s: s, max: s.maxListed}
 	for _, e := range entries {
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
@@ -277,7 +279,7 @@ func (s *Dir) ListNamed(ctx context.Context, prefix string) ([]Named, error) {
 	if _, err := os.Stat(s.root); err != nil {
 		return nil, s.unavailable("list "+prefix, err)
 	}
-	l := listing{s: s, prefix: prefix}
+	l := listing{s: s, max: s.maxListed, prefix: prefix}
 	top := filepath.Join(s.named(), filepath.FromSlash(prefix))
 	err := filepath.WalkDir(top, func(p string, e fs.DirEntry, err error) error {
 		switch {

@@ -165,9 +165,13 @@ func underWay(name string) bool {
 }
 
 func TestListNamedIsBounded(t *testing.T) {
-	defer func(n int) { maxListed = n }(maxListed)
-	maxListed = 2
 	forEachBackend(t, func(t *testing.T, s Store) {
+		switch s := s.(type) {
+		case *Dir:
+			s.maxListed = 2
+		case *S3:
+			s.maxListed = 2
+		}
 		putNamed(t, s, transfers+"a", []byte("a"))
 		putNamed(t, s, transfers+"b", []byte("b"))
 		if got := listNamed(t, s, transfers); len(got) != 2 {

@@ -46,6 +46,8 @@ type S3 struct {
 	// listPage is how many keys ListNamed asks for per request (0: the
 	// endpoint's default, 1000 on S3; tests lower it to reach many pages).
 	listPage int
+	// maxListed bounds a listing (defaultMaxListed; tests lower it).
+	maxListed int
 }
 
 // DefaultS3Endpoint is [artifacts] endpoint when none is given.
@@ -251,7 +253,7 @@ func newS3(sc s3Config, node string) (*S3, error) {
 	if err != nil {
 		return nil, api.Errorf(api.CodeInvalidArgument, "[artifacts] endpoint %s: %v", sc.endpoint, err)
 	}
-	return &S3{client: client, bucket: sc.bucket, prefix: sc.prefix, node: node, partSize: s3PartBytes}, nil
+	return &S3{client: client, bucket: sc.bucket, prefix: sc.prefix, node: node, partSize: s3PartBytes, maxListed: defaultMaxListed}, nil
 }
 
 // stallTransport fails a connection that makes no progress for stall,
@@ -531,7 +533,7 @@ func (s *S3) List(ctx context.Context) ([]Listed, error) {
 	ctx, cancel := context.WithCancel(ctx) // see ListNamed
 	defer cancel()
 	root := s.key("objects", "sha256") + "/"
-	l := objectListing{s: s}
+	l := objectListing{s: s, max: s.maxListed}
 	for o := range s.client.ListObjects(ctx, s.bucket, minio.ListObjectsOptions{Prefix: root, Recursive: true, MaxKeys: s.listPage}) {
 		if o.Err != nil {
 			return nil, s.fail(ctx, "list objects", nil, o.Err)
@@ -552,7 +554,7 @@ func (s *S3) ListNamed(ctx context.Context, prefix string) ([]Named, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	root := s.key("named") + "/"
-	l := listing{s: s, prefix: prefix}
+	l := listing{s: s, max: s.maxListed, prefix: prefix}
 	for o := range s.client.ListObjects(ctx, s.bucket, minio.ListObjectsOptions{Prefix: root + prefix, Recursive: true, MaxKeys: s.listPage}) {
 		if o.Err != nil {
 			return nil, s.fail(ctx, "list "+prefix, nil, o.Err)

@@ -242,6 +242,7 @@ type Listed struct {
 // objectListing collects what List finds.
 type objectListing struct {
 	s     Store
+	max   int
 	found []Listed
 }
 
@@ -252,8 +253,8 @@ func (l *objectListing) add(name string, size int64, mod time.Time) error {
 	if err != nil {
 		return nil
 	}
-	if len(l.found) == maxListed {
-		return api.Errorf(api.CodeResourceExhausted, "artifact store %s: more than %d objects: delete what is no longer needed", l.s, maxListed)
+	if len(l.found) == l.max {
+		return api.Errorf(api.CodeResourceExhausted, "artifact store %s: more than %d objects: delete what is no longer needed", l.s, l.max)
 	}
 	l.found = append(l.found, Listed{Object: Object{Digest: d, Size: size}, Modified: mod})
 	return nil
@@ -267,9 +268,10 @@ func (l *objectListing) sorted() []Listed {
 // MaxKeyBytes bounds a key.
 const MaxKeyBytes = 512
 
-// maxListed bounds what ListNamed answers: its caller holds the list in
-// memory (a variable so tests can reach it).
-var maxListed = 100_000
+// defaultMaxListed bounds what List and ListNamed answer: their callers
+// hold the list in memory. Each store keeps its bound in a field, which
+// tests lower.
+const defaultMaxListed = 100_000
 
 var keySegment = regexp.MustCompile(`^[A-Za-z0-9._-]+$`)
 
@@ -339,6 +341,7 @@ func checkPrefix(s Store, prefix string) error {
 // listing gathers what a ListNamed finds, bounded and sorted.
 type listing struct {
 	s      Store
+	max    int
 	prefix string
 	found  []Named
 }
@@ -349,8 +352,8 @@ func (l *listing) add(key string, size int64) error {
 	if !strings.HasPrefix(key, l.prefix) || keyProblem(key) != "" {
 		return nil
 	}
-	if len(l.found) == maxListed {
-		return api.Errorf(api.CodeResourceExhausted, "artifact store %s: more than %d named objects under %s: list a longer prefix, or delete what is no longer needed", l.s, maxListed, l.prefix)
+	if len(l.found) == l.max {
+		return api.Errorf(api.CodeResourceExhausted, "artifact store %s: more than %d named objects under %s: list a longer prefix, or delete what is no longer needed", l.s, l.max, l.prefix)
 	}
 	l.found = append(l.found, Named{Key: key, Size: size})
 	return nil
