@@ -32,6 +32,10 @@ type mux struct {
 
 	closeOnce sync.Once
 	done      chan struct{}
+	// routes are the connections still in their handshake or hand-over;
+	// serve returns only after them. Each ends with life (the handshake)
+	// or done (the hand-over).
+	routes sync.WaitGroup
 }
 
 func newMux(life context.Context, ln net.Listener, tlsConf *tls.Config, log *slog.Logger, admit func(string, tls.ConnectionState) (trust.Identity, error), watch *connWatch) *mux {
@@ -43,6 +47,7 @@ func newMux(life context.Context, ln net.Listener, tlsConf *tls.Config, log *slo
 }
 
 func (m *mux) serve() {
+	defer m.routes.Wait()
 	for {
 		c, err := m.ln.Accept()
 		if err != nil {
@@ -57,7 +62,7 @@ func (m *mux) serve() {
 			m.log.Error("listener stopped", "err", err)
 			return
 		}
-		go m.route(c)
+		m.routes.Go(func() { m.route(c) })
 	}
 }
 

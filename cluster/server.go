@@ -9,20 +9,15 @@ import (
 	"crypto/ed25519"
 	"crypto/tls"
 	"crypto/x509"
-	"encoding/json"
-	"errors"
 	"fmt"
 	"log"
 	"log/slog"
 	"net"
 	"net/http"
-	"os"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/memberlist"
 	"github.com/hashicorp/raft"
 
@@ -176,11 +171,18 @@ type Server struct {
 	// opened is closed when Open has returned (a halt shuts down only then).
 	opened chan struct{}
 
+	// raftDown is closed once Raft has shut down: a write still waiting
+	// then gives up, since Raft leaves the futures of entries it
+	// committed but did not apply unanswered.
+	raftDown chan struct{}
+
 	// halted is closed when the member stopped applying the log; haltErr
-	// says why (set before the close).
+	// says why (set before the close). haltDone is closed when the
+	// shutdown a halt began has finished.
 	haltOnce sync.Once
 	halted   chan struct{}
 	haltErr  error
+	haltDone chan struct{}
 }
 
 // Open loads the member from its data directory and starts serving.
@@ -201,7 +203,7 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 	}
 	s := &Server{cfg: cfg, id: id, log: cfg.Logger.With("node_id", id.NodeID), release: release, stop: make(chan struct{}), leadership: make(chan bool, 1), sessions: newSessionRegistry(), changed: newBroadcaster(),
 		conns: newConnWatch(), joinLimit: newJoinLimiter(), revokePending: map[string]bool{}, revokeKick: make(chan struct{}, 1), admissionCache: map[string]admissionAnswer{},
-		opened: make(chan struct{}), halted: make(chan struct{})}
+		opened: make(chan struct{}), halted: make(chan struct{}), haltDone: make(chan struct{}), raftDown: make(chan struct{})}
 	s.life, s.endLife = context.WithCancel(context.WithoutCancel(ctx))
 	defer close(s.opened)
 	if err := s.start(ctx); err != nil {
@@ -278,101 +280,20 @@ func (s *Server) start(ctx context.Context) error {
 	return nil
 }
 
-func (s *Server) raftConfig() *raft.Config {
-	c := raft.DefaultConfig()
-	c.LocalID = raft.ServerID(s.id.NodeID)
-	t := s.cfg.Timings
-	c.HeartbeatTimeout, c.ElectionTimeout, c.LeaderLeaseTimeout = t.RaftHeartbeat, t.RaftElection, t.RaftLeaderLease
-	// CommitTimeout is the idle replication tick; the library default
-	// (50 ms) keeps an idle cluster quiet, writes do not wait for it.
-	c.SnapshotThreshold = t.SnapshotThreshold
-	c.SnapshotInterval = 30 * time.Second
-	c.TrailingLogs = 4096
-	c.BatchApplyCh = true
-	c.MaxAppendEntries = 256
-	c.Logger = s.hclog("raft", hclog.Warn)
-	c.NotifyCh = s.leadership
-	return c
+// Shutdown stops the member; VMs and other units on the host are not touched.
+func (s *Server) Shutdown() {
+	s.stopOnce.Do(s.shutdown)
+	s.waitHalt()
 }
 
-func (s *Server) startRaft() error {
-	d := s.cfg.DataDir
-	if err := os.MkdirAll(d.RaftDir(), 0o700); err != nil {
-		return err
-	}
-	var err error
-	if s.fsm, err = fsm.Open(d.StateFile()); err != nil {
-		return err
-	}
-	if s.logStore, err = openLogStore(s.life, d.RaftDir(), s.log, s.hclog("raft-wal", hclog.Warn)); err != nil {
-		return err
-	}
-	snaps, err := openSnapshots(d.RaftDir(), s.hclog("snapshot", hclog.Warn))
-	if err != nil {
-		return err
-	}
-	adv, err := net.ResolveTCPAddr("tcp", s.id.Advertise)
-	if err != nil {
-		return fmt.Errorf("advertise address %s: %w", s.id.Advertise, err)
-	}
-	layer := &raftLayer{chanListener: newChanListener(s.mux, s.mux.raft), life: s.life, advertise: adv, client: s.client, serverAt: s.serverAt}
-	s.transport = raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{
-		Stream: layer, MaxPool: 5, Timeout: 10 * time.Second,
-		Logger: s.hclog("raft-net", hclog.Error),
-	})
-	rf := &raftFSM{f: s.fsm, changed: s.changed, admission: s.noteAdmissionChanges, halt: s.halt, stopped: s.stop}
-	s.rfsm = rf
-	// The leader replicates recent entries from memory instead of reading
-	// them back from the log store.
-	logs, err := raft.NewLogCache(1024, s.logStore)
-	if err != nil {
-		return err
-	}
-	r, err := raft.NewRaft(s.raftConfig(), rf, logs, s.logStore, snaps, s.transport)
-	if err != nil {
-		if rf.restoreErr != nil {
-			return fmt.Errorf("start raft in %s: %w", d.RaftDir(), rf.restoreErr)
-		}
-		return fmt.Errorf("start raft in %s: %w", d.RaftDir(), err)
-	}
-	s.raft = r
-	s.levels = s.newLevels()
-	s.rounds = ctrl.NewRounds(s.levels, s.fsm.View)
-	s.leader = s.newLeader()
-	return s.levels.CheckState()
-}
-
-// halt stops a member that cannot apply the log as the others do (see
-// raftFSM.halt): it logs why, once, and shuts the member down; Halted and
-// HaltErr tell the process, which exits with the error.
-func (s *Server) halt(err error) {
-	s.haltOnce.Do(func() {
-		s.haltErr = err
-		s.log.Error(err.Error(), "release", buildinfo.ReleaseName())
-		close(s.halted)
-		go func() {
-			<-s.opened
-			s.Shutdown()
-		}()
-	})
-}
-
-// Halted is closed when the member stopped applying the Raft log and shut
-// itself down; HaltErr says why.
-func (s *Server) Halted() <-chan struct{} { return s.halted }
-
-// HaltErr is why the member halted (an *api.Error), nil while it has not.
-func (s *Server) HaltErr() error {
+// waitHalt waits for the shutdown a halt began, if there was one.
+func (s *Server) waitHalt() {
 	select {
 	case <-s.halted:
-		return s.haltErr
+		<-s.haltDone
 	default:
-		return nil
 	}
 }
-
-// Shutdown stops the member; VMs and other units on the host are not touched.
-func (s *Server) Shutdown() { s.stopOnce.Do(s.shutdown) }
 
 func (s *Server) shutdown() {
 	close(s.stop)
@@ -389,9 +310,7 @@ func (s *Server) shutdown() {
 		s.httpSrv.Shutdown(ctx)
 		cancel()
 	}
-	if s.raft != nil {
-		s.raft.Shutdown().Error()
-	}
+	s.stopRaft()
 	if s.mux != nil {
 		s.mux.close()
 	}
@@ -412,7 +331,10 @@ func (s *Server) shutdown() {
 
 // Kill stops the member abruptly as a crash would (tests): no leave, no
 // session close, no graceful HTTP shutdown.
-func (s *Server) Kill() { s.stopOnce.Do(s.kill) }
+func (s *Server) Kill() {
+	s.stopOnce.Do(s.kill)
+	s.waitHalt()
+}
 
 func (s *Server) kill() {
 	close(s.stop)
@@ -425,8 +347,8 @@ func (s *Server) kill() {
 		s.httpSrv.Close()
 	}
 	s.sessions.closeAll()
-	if s.raft != nil {
-		s.raft.Shutdown().Error()
+	s.stopRaft()
+	if s.transport != nil {
 		s.transport.Close()
 	}
 	s.wg.Wait()
@@ -469,100 +391,6 @@ func (s *Server) leaderAddr() string {
 	}
 	addr, _ := s.raft.LeaderWithID()
 	return string(addr)
-}
-
-// Apply appends one write to the Raft log on the leader and waits for its
-// result. Callers on other members use forwarding (the HTTP API does).
-func (s *Server) Apply(ctx context.Context, e fsm.Entry) (fsm.Result, error) {
-	if !s.IsLeader() {
-		return fsm.Result{}, api.Errorf(api.CodeUnavailable, "member %s is not the ctrl leader", s.id.NodeID)
-	}
-	// Raft waits forever on a timeout of 0: a request out of time must not
-	// be sent (a commit nobody waits for) nor hang.
-	if err := ctx.Err(); err != nil {
-		return fsm.Result{}, outOfTime(e, err)
-	}
-	if err := s.levels.CheckOp(ctx, e.Op); err != nil {
-		return fsm.Result{}, err
-	}
-	e.CountPlacements = fsm.CountsPlacements(e.Op) && s.levels.CountsPlacements()
-	timeout := 30 * time.Second
-	if dl, ok := ctx.Deadline(); ok {
-		if timeout = time.Until(dl); timeout <= 0 {
-			return fsm.Result{}, outOfTime(e, context.DeadlineExceeded)
-		}
-	}
-	e.IssuedAt = time.Now().UTC()
-	// The binary format once every voter reads it, JSON until then.
-	var (
-		data []byte
-		err  error
-	)
-	if s.levels.EntryFormatBinary() {
-		e.CommandDigest = e.CommandID != ""
-		e.CommandLog = e.CommandDigest && s.levels.CommandLog()
-		data = fsm.EncodeEntry(&e)
-	} else if data, err = fsm.EncodeEntryJSON(&e); err != nil {
-		return fsm.Result{}, err
-	}
-	f := s.raft.Apply(data, timeout)
-	// A member that halted never answers the entries it stopped at.
-	errc := make(chan error, 1)
-	go func() { errc <- f.Error() }()
-	select {
-	case err = <-errc:
-	case <-s.halted:
-		return fsm.Result{}, api.Errorf(api.CodeUnavailable, "ctrl member %s stopped applying the Raft log while the write was in flight (%v); retry with the same --command-id once a leader is elected", s.id.NodeID, s.haltErr)
-	}
-	if err != nil {
-		if errors.Is(err, raft.ErrNotLeader) || errors.Is(err, raft.ErrLeadershipLost) || errors.Is(err, raft.ErrLeadershipTransferInProgress) {
-			return fsm.Result{}, api.Errorf(api.CodeUnavailable, "ctrl leadership changed while the write was in flight; retry with the same --command-id")
-		}
-		return fsm.Result{}, api.Errorf(api.CodeUnavailable, "ctrl could not commit the write: %v; retry with the same --command-id", err)
-	}
-	if herr, ok := f.Response().(error); ok {
-		// Answered by a member that halted: nothing was decided here.
-		return fsm.Result{}, api.Errorf(api.CodeUnavailable, "ctrl member %s stopped applying the Raft log while the write was in flight (%v); retry with the same --command-id once a leader is elected", s.id.NodeID, herr)
-	}
-	res, ok := f.Response().(fsm.Result)
-	if !ok {
-		return fsm.Result{}, api.Errorf(api.CodeInternal, "unexpected apply response %T", f.Response())
-	}
-	return res, nil
-}
-
-// outOfTime refuses a write whose request ended before it was sent.
-func outOfTime(e fsm.Entry, err error) error {
-	what := e.Op
-	if e.CommandID != "" {
-		what += " (command " + e.CommandID + ")"
-	}
-	if errors.Is(err, context.DeadlineExceeded) {
-		return api.Errorf(api.CodeDeadlineExceeded, "write %s was not sent to the Raft log: its deadline had passed; nothing was written, retry with a longer timeout", what)
-	}
-	return api.Errorf(api.CodeUnavailable, "write %s was not sent to the Raft log: its request was cancelled; nothing was written, retry it", what)
-}
-
-// ApplyOp builds an entry for op and args and applies it (leader only).
-func (s *Server) ApplyOp(ctx context.Context, op string, args any) (fsm.Result, error) {
-	raw, err := json.Marshal(args)
-	if err != nil {
-		return fsm.Result{}, err
-	}
-	return s.Apply(ctx, fsm.Entry{Op: op, Args: raw, Actor: "member:" + s.id.NodeID})
-}
-
-// hclog routes a hashicorp library's log lines into the member's log.
-func (s *Server) hclog(name string, level hclog.Level) hclog.Logger {
-	return hclog.New(&hclog.LoggerOptions{Name: name, Level: level, Output: slogWriter{s.log.With("component", name)}, DisableTime: true})
-}
-
-// slogWriter turns each written line into one structured log record.
-type slogWriter struct{ l *slog.Logger }
-
-func (w slogWriter) Write(p []byte) (int, error) {
-	w.l.Warn(strings.TrimSpace(string(p)))
-	return len(p), nil
 }
 
 // slogStd routes net/http's internal errors (TLS handshake noise) to debug.

@@ -105,7 +105,9 @@ func (s *Server) acceptSessions() {
 		if err != nil {
 			return
 		}
-		go s.handleSession(c)
+		// Each session is the member's until it ends: Shutdown and Kill
+		// close the connections, then wait for s.wg.
+		s.wg.Go(func() { s.handleSession(c) })
 	}
 }
 
@@ -200,17 +202,31 @@ func (s *Server) runSession(ctx context.Context, sc *sessionConn, dec *api.Sessi
 	disp := &dispatcher{s: s, nodeID: nodeID, sc: sc, sent: map[string]time.Time{}}
 	msgs := make(chan api.SessionMsg, 16)
 	readErr := make(chan error, 1)
+	// The reader ends before the session does. The connection stays open
+	// until handleSession recorded the close: the node must not open its
+	// next session before that, so the reader is stopped with a deadline.
+	readCtx, stopReading := context.WithCancel(ctx)
+	readDone := make(chan struct{})
+	defer func() {
+		stopReading()
+		sc.c.SetReadDeadline(time.Now())
+		<-readDone
+	}()
 	go func() {
+		defer close(readDone)
 		for {
 			var m api.SessionMsg
 			sc.c.SetReadDeadline(time.Now().Add(t.SessionTimeout))
+			if readCtx.Err() != nil { // after the deadline: stopReading's wins
+				return
+			}
 			if err := dec.Decode(&m); err != nil {
 				readErr <- err
 				return
 			}
 			select {
 			case msgs <- m:
-			case <-ctx.Done():
+			case <-readCtx.Done():
 				return
 			}
 		}
