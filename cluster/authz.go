@@ -25,7 +25,7 @@ func (s *Server) peerIdentity(cs tls.ConnectionState) (trust.Identity, error) {
 	if len(cs.PeerCertificates) == 0 {
 		return trust.Identity{}, api.Errorf(api.CodeUnauthenticated, "a client certificate of this cluster is required: run the CLI as root on a member, or pass --data-dir of a member")
 	}
-	id, err := trust.FromCert(cs.PeerCertificates[0])
+	id, err := trust.Identify(cs.PeerCertificates[0])
 	if errors.Is(err, trust.ErrNoIdentity) {
 		return id, api.Errorf(api.CodeUnauthenticated, "%v: it was issued by an older kibotos; join the host anew", err)
 	}

@@ -54,6 +54,23 @@ const (
 	Backdate = 10 * time.Minute
 )
 
+// MaxValidity is the longest validity (NotAfter - NotBefore) a certificate
+// of kind may have, whoever signed it: a member issues no longer, so a
+// longer one was forged with a leaked CA key and would outlive both the
+// key's rotation and the revocations of its node. 0 for a kind no member
+// issues.
+func MaxValidity(kind string) time.Duration {
+	switch kind {
+	case KindMember:
+		return MemberLifetime + Backdate
+	case KindAdmin:
+		return AdminLifetime + Backdate
+	case KindDataPlane:
+		return DataPlaneLifetime + Backdate
+	}
+	return 0
+}
+
 const uriScheme = "kibotos"
 
 // Identity is what a cluster certificate asserts.

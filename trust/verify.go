@@ -37,7 +37,21 @@ func Verify(pool *x509.CertPool, certs []*x509.Certificate, usage x509.ExtKeyUsa
 	if _, err := leaf.Verify(x509.VerifyOptions{Roots: pool, Intermediates: inter, KeyUsages: []x509.ExtKeyUsage{usage}}); err != nil {
 		return Identity{}, fmt.Errorf("certificate %q is not valid for this cluster: %w", leaf.Subject.CommonName, err)
 	}
-	return FromCert(leaf)
+	return Identify(leaf)
+}
+
+// Identify reads the identity of a certificate whose chain was verified
+// (by Verify, or by a TLS server's ClientCAs), refusing one valid for
+// longer than its kind may be (MaxValidity).
+func Identify(leaf *x509.Certificate) (Identity, error) {
+	id, err := FromCert(leaf)
+	if err != nil {
+		return Identity{}, err
+	}
+	if v, most := leaf.NotAfter.Sub(leaf.NotBefore), MaxValidity(id.Kind); v > most {
+		return Identity{}, fmt.Errorf("certificate %q is valid for %v, longer than %s certificates may be (%v): no member issued it; issue a new one", leaf.Subject.CommonName, v.Round(time.Minute), id.Kind, most)
+	}
+	return id, nil
 }
 
 // Check compares an identity with what was wanted.

@@ -59,6 +59,17 @@ func TestVerify(t *testing.T) {
 	bare := signed(t, ca, &x509.Certificate{Subject: pkix.Name{CommonName: "old"}, NotBefore: now.Add(-time.Hour), NotAfter: now.Add(time.Hour),
 		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}})
 	foreign := issued(t, other, memberID("n1", RoleCtrl), []string{"127.0.0.1"})
+	// Signed with the cluster's own key, as with a leaked one.
+	longLived := func(id Identity, usage x509.ExtKeyUsage, validity time.Duration) *x509.Certificate {
+		return signed(t, ca, &x509.Certificate{Subject: pkix.Name{CommonName: id.Name()}, NotBefore: now.Add(-Backdate), NotAfter: now.Add(validity - Backdate),
+			ExtKeyUsage: []x509.ExtKeyUsage{usage}, URIs: []*url.URL{id.URI()}})
+	}
+	adminID := Identity{ClusterID: "c1", Kind: KindAdmin, NodeID: "n1", Admitted: admitted}
+	dataplaneID := Identity{ClusterID: "c1", Kind: KindDataPlane, NodeID: "n1", Admitted: admitted}
+	adminLongest := longLived(adminID, x509.ExtKeyUsageClientAuth, AdminLifetime+Backdate)
+	adminForged := longLived(adminID, x509.ExtKeyUsageClientAuth, 10*365*24*time.Hour)
+	memberForged := longLived(memberID("n1", RoleCtrl), x509.ExtKeyUsageServerAuth, MemberLifetime+Backdate+time.Minute)
+	dataplaneForged := longLived(dataplaneID, x509.ExtKeyUsageServerAuth, 2*DataPlaneLifetime)
 
 	tests := []struct {
 		name  string
@@ -79,6 +90,10 @@ func TestVerify(t *testing.T) {
 		{name: "another CA in the chain", certs: []*x509.Certificate{foreign, other.Cert}, usage: x509.ExtKeyUsageServerAuth, err: "unknown authority"},
 		{name: "expired", certs: []*x509.Certificate{expired}, usage: x509.ExtKeyUsageServerAuth, err: "expired"},
 		{name: "not yet valid", certs: []*x509.Certificate{early}, usage: x509.ExtKeyUsageServerAuth, err: "not yet valid"},
+		{name: "as long as a member issues", certs: []*x509.Certificate{adminLongest}, usage: x509.ExtKeyUsageClientAuth, kind: KindAdmin},
+		{name: "operator for ten years", certs: []*x509.Certificate{adminForged}, usage: x509.ExtKeyUsageClientAuth, err: `certificate "admin@n1" is valid for 87600h0m0s, longer than admin certificates may be (720h10m0s)`},
+		{name: "member a minute too long", certs: []*x509.Certificate{memberForged}, usage: x509.ExtKeyUsageServerAuth, err: "longer than member certificates may be"},
+		{name: "data plane for two days", certs: []*x509.Certificate{dataplaneForged}, usage: x509.ExtKeyUsageServerAuth, err: "longer than dataplane certificates may be (24h10m0s)"},
 		{name: "valid but no identity", certs: []*x509.Certificate{bare}, usage: x509.ExtKeyUsageServerAuth, err: "carries no kibotos identity"},
 	}
 	for _, tt := range tests {
