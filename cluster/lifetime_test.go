@@ -59,4 +59,3 @@ func TestForgedLongLivedCertificateIsRefused(t *testing.T) {
 		}
 	}
 }
-
