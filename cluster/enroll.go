@@ -165,6 +165,9 @@ func (s *Server) handleJoin(r *http.Request, req api.JoinRequest) response {
 	if err := s.fsm.View(func(tx *bolt.Tx) error { return fsm.CheckGrant(tx, tok.NodeID, hash, time.Now()) }); err != nil {
 		return fail(err)
 	}
+	if err := s.checkAdvertiseHost(tok.NodeID, host); err != nil {
+		return fail(err)
+	}
 	res, err := s.ApplyOp(r.Context(), fsm.OpEnrollmentConsume, fsm.ConsumeArgs{NodeID: tok.NodeID, SecretHash: hash, Address: req.Advertise})
 	if err != nil {
 		return fail(err)

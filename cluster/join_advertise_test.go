@@ -59,3 +59,33 @@ func TestJoinRefusesAHostileAdvertiseAddress(t *testing.T) {
 		t.Fatalf("the grant after the refusals: %v", err)
 	}
 }
+
+// A host may not take another member's advertise host: its certificate
+// would then answer for that member's address.
+func TestJoinRefusesAnotherMembersHost(t *testing.T) {
+	c := clustertest.New(t, clustertest.Options{Ctrl: 1})
+	m := c.Members[0]
+	hc := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}}
+	join := func(tok, adv string) (int, string) {
+		body, _ := json.Marshal(api.JoinRequest{Token: tok, Advertise: adv, MemberKey: publicKeyPEM(t), AdminKey: publicKeyPEM(t)})
+		resp, err := hc.Post("https://"+m.Addr+"/v1/join", "application/json", bytes.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		out, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(out)
+	}
+	if status, out := join(c.Grant("worker-a", []string{api.RoleNode}), "192.0.2.10:7000"); status != http.StatusOK {
+		t.Fatalf("join of worker-a at 192.0.2.10:7000: %d %s", status, out)
+	}
+	tok := c.Grant("worker-b", []string{api.RoleNode})
+	before := m.Server.Raft().LastIndex()
+	status, out := join(tok, "[::ffff:192.0.2.10]:7001")
+	if status != http.StatusConflict || !strings.Contains(out, "host ::ffff:192.0.2.10 is the advertise host of node worker-a already") {
+		t.Fatalf("join of worker-b at worker-a's host: %d %s; want 409 naming worker-a", status, out)
+	}
+	if after := m.Server.Raft().LastIndex(); after != before {
+		t.Fatalf("the refused join appended %d Raft entries", after-before)
+	}
+}
