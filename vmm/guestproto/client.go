@@ -504,9 +504,12 @@ func (p *Process) Wait() (ExecExit, error) {
 // Done is closed when the exit is known.
 func (p *Process) Done() <-chan struct{} { return p.done }
 
-// Close abandons the process's streams; the process keeps running.
+// Close abandons the process's streams; the process keeps running. It
+// returns once the exit reader ended, which the closed control stream makes
+// it do at once.
 func (p *Process) Close() error {
 	p.closeAll()
+	<-p.done
 	return nil
 }
 
