@@ -12,6 +12,8 @@ import (
 	"syscall"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/kibotos/kibotos/storagepool"
 	"github.com/kibotos/kibotos/vmm/units"
 )
@@ -47,12 +49,71 @@ func (i *Instance) spawnDetached(cfg []byte) error {
 	if err := units.StartInCgroup(cmd, i.CgroupRoot); err != nil {
 		return fmt.Errorf("privsd: start the private systemd: %w", err)
 	}
-	i.cmd, i.PID = cmd, cmd.Process.Pid
-	go func() {
-		_ = cmd.Wait()
-		close(i.exited)
-	}()
+	// Reaped by the watch, not by cmd.Wait: a wait blocked until the
+	// systemd exits could not end when this process lets it go (Release).
+	pid := cmd.Process.Pid
+	i.PID = pid
+	_ = cmd.Process.Release()
+	i.watch(func() (bool, string) {
+		var ws unix.WaitStatus
+		got, err := unix.Wait4(pid, &ws, unix.WNOHANG, nil)
+		switch {
+		case got == pid:
+			return true, waitStatusText(ws)
+		case err != nil && err != unix.EINTR:
+			return true, err.Error() // not our child any more: nothing to wait for
+		}
+		return false, ""
+	})
 	return nil
+}
+
+// waitStatusText says how a process ended, as os.ProcessState does.
+func waitStatusText(ws unix.WaitStatus) string {
+	if ws.Signaled() {
+		return "signal: " + ws.Signal().String()
+	}
+	return "exit status " + strconv.Itoa(ws.ExitStatus())
+}
+
+// watchEvery is how often a detached instance's watch looks for its end.
+const watchEvery = 20 * time.Millisecond
+
+// watch closes i.exited once gone reports the private systemd ended (with
+// how, for errors), polling: the watch of a detached instance must end on
+// Release, which a blocking wait could not.
+func (i *Instance) watch(gone func() (bool, string)) {
+	i.watchStop, i.watchDone = make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(i.watchDone)
+		t := time.NewTicker(watchEvery)
+		defer t.Stop()
+		for {
+			if ended, how := gone(); ended {
+				i.exitText = how
+				close(i.exited)
+				return
+			}
+			select {
+			case <-i.watchStop:
+				return
+			case <-t.C:
+			}
+		}
+	}()
+}
+
+// Release lets a detached private systemd go without stopping it (kibotos
+// dev's VMs outlive the processes that use it): it ends this process's
+// watch of it and returns once the watch ended. Release after Stop, or
+// twice, is a no-op, and so is Release of an instance that is not
+// detached; Stop after Release would wait for an end nobody watches.
+func (i *Instance) Release() {
+	if i.watchStop == nil {
+		return
+	}
+	i.releaseOnce.Do(func() { close(i.watchStop) })
+	<-i.watchDone
 }
 
 // procStart is field 22 of /proc/<pid>/stat: with the PID it names one
@@ -123,16 +184,12 @@ func Attach(ctx context.Context, dir string) (*Instance, error) {
 		NetNSDir:   filepath.Join(dir, "run", "netns"),
 		exited:     make(chan struct{}),
 	}
-	go func() { // not our child: watch it by PID and start time
-		for {
-			if st, err := procStart(pid); err != nil || st != start {
-				close(inst.exited)
-				return
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
-	}()
+	inst.watch(func() (bool, string) { // not our child: watch it by PID and start time
+		st, err := procStart(pid)
+		return err != nil || st != start, ""
+	})
 	if err := inst.waitReady(ctx); err != nil {
+		inst.Release()
 		return nil, fmt.Errorf("privsd: attach to PID %d: %w", pid, err)
 	}
 	return inst, nil

@@ -80,11 +80,17 @@ type Instance struct {
 	// BootTime is the time from Start to the manager reporting running.
 	BootTime time.Duration
 
-	cmd     *exec.Cmd
-	exited  chan struct{}
-	ptmx    *os.File
-	pts     *os.File
-	logDone chan struct{}
+	cmd      *exec.Cmd // nil when detached: the watch reaps it
+	exited   chan struct{}
+	exitText string // how it ended, once exited is closed (detached)
+	ptmx     *os.File
+	pts      *os.File
+	logDone  chan struct{}
+
+	// The watch of a detached instance (detached.go), ended by Release.
+	watchStop   chan struct{}
+	watchDone   chan struct{}
+	releaseOnce sync.Once
 
 	stopOnce sync.Once
 	stopErr  error
@@ -380,10 +386,13 @@ func (i *Instance) waitReady(ctx context.Context) error {
 	for {
 		select {
 		case <-i.exited:
-			if i.cmd == nil {
-				return errors.New("it exited")
+			if i.cmd != nil {
+				return fmt.Errorf("it exited (%v)", i.cmd.ProcessState)
 			}
-			return fmt.Errorf("it exited (%v)", i.cmd.ProcessState)
+			if i.exitText != "" {
+				return fmt.Errorf("it exited (%s)", i.exitText)
+			}
+			return errors.New("it exited")
 		case <-ctx.Done():
 			return fmt.Errorf("%w (last: %v)", ctx.Err(), last)
 		default:
@@ -440,6 +449,9 @@ func (i *Instance) stop() error {
 				return fmt.Errorf("privsd: private systemd PID %d survived SIGKILL for %v", i.PID, KillTimeout)
 			}
 		}
+	}
+	if i.watchDone != nil {
+		<-i.watchDone // it closed exited and returns
 	}
 	if i.pts != nil {
 		i.pts.Close()
