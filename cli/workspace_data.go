@@ -175,14 +175,14 @@ func runInWorkspace(g *Globals, id string, argv []string, tty bool, dir string, 
 	defer stopSignals()
 	var wg sync.WaitGroup
 	if p.Stdin != nil {
-		// Not waited for: a read of the terminal or of a pipe cannot be
-		// interrupted (os.Stdin has no deadline), so this copy ends with
-		// the input or with the process, which exits once the command's
-		// output is copied.
-		go func() {
-			io.Copy(p.Stdin, in)
-			p.Stdin.Close()
-		}()
+		// Ends with the input, or when this returns (the process exited
+		// and its output was copied).
+		stopInput, err := copyInput(p.Stdin, in)
+		if err != nil {
+			p.Close()
+			return 0, fmt.Errorf("workspace %s: exec %s: forward stdin: %w", id, argv[0], err)
+		}
+		defer stopInput()
 	}
 	wg.Add(1)
 	go func() { defer wg.Done(); io.Copy(g.stdout, p.Stdout) }()
@@ -241,8 +241,9 @@ func forwardSignals(p *guestproto.Process, tty bool) func() {
 		sigs = append(sigs, syscall.SIGINT)
 	}
 	signal.Notify(ch, sigs...)
-	done := make(chan struct{})
+	done, ended := make(chan struct{}), make(chan struct{})
 	go func() {
+		defer close(ended)
 		for {
 			select {
 			case s := <-ch:
@@ -252,14 +253,15 @@ func forwardSignals(p *guestproto.Process, tty bool) func() {
 			}
 		}
 	}()
-	return func() { signal.Stop(ch); close(done) }
+	return func() { signal.Stop(ch); close(done); <-ended }
 }
 
 func forwardResize(f *os.File, p *guestproto.Process) func() {
 	ch := make(chan os.Signal, 1)
 	signal.Notify(ch, syscall.SIGWINCH)
-	done := make(chan struct{})
+	done, ended := make(chan struct{}), make(chan struct{})
 	go func() {
+		defer close(ended)
 		for {
 			select {
 			case <-ch:
@@ -271,7 +273,7 @@ func forwardResize(f *os.File, p *guestproto.Process) func() {
 			}
 		}
 	}()
-	return func() { signal.Stop(ch); close(done) }
+	return func() { signal.Stop(ch); close(done); <-ended }
 }
 
 // termSize is f's window size. A terminal that does not know its size
