@@ -12,8 +12,6 @@ import (
 	"syscall"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/kibotos/kibotos/storagepool"
 	"github.com/kibotos/kibotos/vmm/units"
 )
@@ -49,48 +47,30 @@ func (i *Instance) spawnDetached(cfg []byte) error {
 	if err := units.StartInCgroup(cmd, i.CgroupRoot); err != nil {
 		return fmt.Errorf("privsd: start the private systemd: %w", err)
 	}
-	// Reaped by the watch, not by cmd.Wait: a wait blocked until the
-	// systemd exits could not end when this process lets it go (Release).
-	pid := cmd.Process.Pid
-	i.PID = pid
-	_ = cmd.Process.Release()
-	i.watch(func() (bool, string) {
-		var ws unix.WaitStatus
-		got, err := unix.Wait4(pid, &ws, unix.WNOHANG, nil)
-		switch {
-		case got == pid:
-			return true, waitStatusText(ws)
-		case err != nil && err != unix.EINTR:
-			return true, err.Error() // not our child any more: nothing to wait for
-		}
-		return false, ""
-	})
+	// Not stopped by Release: the parent must reap its child, or the child
+	// stays a zombie that another process's Stop waits for in vain. It
+	// ends with the private systemd; Stop waits for it.
+	i.cmd, i.PID = cmd, cmd.Process.Pid
+	go func() {
+		_ = cmd.Wait()
+		close(i.exited)
+	}()
 	return nil
 }
 
-// waitStatusText says how a process ended, as os.ProcessState does.
-func waitStatusText(ws unix.WaitStatus) string {
-	if ws.Signaled() {
-		return "signal: " + ws.Signal().String()
-	}
-	return "exit status " + strconv.Itoa(ws.ExitStatus())
-}
+// watchEvery is how often an attached instance's watch looks for its end.
+const watchEvery = 50 * time.Millisecond
 
-// watchEvery is how often a detached instance's watch looks for its end.
-const watchEvery = 20 * time.Millisecond
-
-// watch closes i.exited once gone reports the private systemd ended (with
-// how, for errors), polling: the watch of a detached instance must end on
-// Release, which a blocking wait could not.
-func (i *Instance) watch(gone func() (bool, string)) {
+// watch closes i.exited once gone reports that the private systemd, which
+// is not this process's child, ended; it polls, so that Release can end it.
+func (i *Instance) watch(gone func() bool) {
 	i.watchStop, i.watchDone = make(chan struct{}), make(chan struct{})
 	go func() {
 		defer close(i.watchDone)
 		t := time.NewTicker(watchEvery)
 		defer t.Stop()
 		for {
-			if ended, how := gone(); ended {
-				i.exitText = how
+			if gone() {
 				close(i.exited)
 				return
 			}
@@ -103,11 +83,12 @@ func (i *Instance) watch(gone func() (bool, string)) {
 	}()
 }
 
-// Release lets a detached private systemd go without stopping it (kibotos
+// Release lets an attached private systemd go without stopping it (kibotos
 // dev's VMs outlive the processes that use it): it ends this process's
 // watch of it and returns once the watch ended. Release after Stop, or
-// twice, is a no-op, and so is Release of an instance that is not
-// detached; Stop after Release would wait for an end nobody watches.
+// twice, is a no-op, and so is Release of an instance this process started
+// (its wait reaps it and ends with it); Stop after Release would wait for
+// an end nobody watches.
 func (i *Instance) Release() {
 	if i.watchStop == nil {
 		return
@@ -184,9 +165,9 @@ func Attach(ctx context.Context, dir string) (*Instance, error) {
 		NetNSDir:   filepath.Join(dir, "run", "netns"),
 		exited:     make(chan struct{}),
 	}
-	inst.watch(func() (bool, string) { // not our child: watch it by PID and start time
+	inst.watch(func() bool { // not our child: watch it by PID and start time
 		st, err := procStart(pid)
-		return err != nil || st != start, ""
+		return err != nil || st != start
 	})
 	if err := inst.waitReady(ctx); err != nil {
 		inst.Release()

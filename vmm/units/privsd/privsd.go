@@ -80,14 +80,13 @@ type Instance struct {
 	// BootTime is the time from Start to the manager reporting running.
 	BootTime time.Duration
 
-	cmd      *exec.Cmd // nil when detached: the watch reaps it
-	exited   chan struct{}
-	exitText string // how it ended, once exited is closed (detached)
-	ptmx     *os.File
-	pts      *os.File
-	logDone  chan struct{}
+	cmd     *exec.Cmd // nil when attached
+	exited  chan struct{}
+	ptmx    *os.File
+	pts     *os.File
+	logDone chan struct{}
 
-	// The watch of a detached instance (detached.go), ended by Release.
+	// The watch of an attached instance (detached.go), ended by Release.
 	watchStop   chan struct{}
 	watchDone   chan struct{}
 	releaseOnce sync.Once
@@ -386,13 +385,10 @@ func (i *Instance) waitReady(ctx context.Context) error {
 	for {
 		select {
 		case <-i.exited:
-			if i.cmd != nil {
-				return fmt.Errorf("it exited (%v)", i.cmd.ProcessState)
+			if i.cmd == nil {
+				return errors.New("it exited")
 			}
-			if i.exitText != "" {
-				return fmt.Errorf("it exited (%s)", i.exitText)
-			}
-			return errors.New("it exited")
+			return fmt.Errorf("it exited (%v)", i.cmd.ProcessState)
 		case <-ctx.Done():
 			return fmt.Errorf("%w (last: %v)", ctx.Err(), last)
 		default:
