@@ -337,6 +337,8 @@ func (c *DevDownCmd) Run(g *Globals) error {
 		case err != nil:
 			return err
 		default:
+			// Stop ends it below; the paths that return before let it go.
+			defer sd.Release()
 			target = sd.Target()
 		}
 	}

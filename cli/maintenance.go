@@ -111,7 +111,7 @@ func unitsOf(ctx context.Context, d datadir.Dir, mode string) (*units.Manager, f
 		if member.HostHasSystemd() {
 			mode = member.SystemdHost
 		} else if sd, err := privsd.Attach(ctx, member.DevSystemdDir(d)); err == nil {
-			return connectUnits(ctx, sd.Target())
+			return connectPrivsd(ctx, sd)
 		}
 	}
 	switch mode {
@@ -126,9 +126,20 @@ func unitsOf(ctx context.Context, d datadir.Dir, mode string) (*units.Manager, f
 		if err != nil {
 			return nil, none, fmt.Errorf("kibotos dev's private systemd: %w", err)
 		}
-		return connectUnits(ctx, sd.Target())
+		return connectPrivsd(ctx, sd)
 	}
 	return nil, none, nil
+}
+
+// connectPrivsd connects to kibotos dev's private systemd, which keeps
+// running after this command: the cleanup (or a failed connect) lets it go.
+func connectPrivsd(ctx context.Context, sd *privsd.Instance) (*units.Manager, func(), error) {
+	m, done, err := connectUnits(ctx, sd.Target())
+	if err != nil {
+		sd.Release()
+		return nil, done, err
+	}
+	return m, func() { done(); sd.Release() }, nil
 }
 
 func connectUnits(ctx context.Context, t units.Target) (*units.Manager, func(), error) {

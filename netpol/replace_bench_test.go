@@ -70,7 +70,7 @@ func BenchmarkReplace(b *testing.B) {
 			for b.Loop() {
 				if c.wait {
 					b.StopTimer()
-					closing.Wait()
+					Settle()
 					b.StartTimer()
 				}
 				start := time.Now()

@@ -42,9 +42,15 @@ const (
 // kernel answers a batch within the send, so waiting long means trouble.
 const defaultTimeout = 10 * time.Second
 
-// closing counts the sockets still closing behind a commit, so a
-// benchmark can time one replace without the previous one's close.
+// closing counts the sockets still closing behind a commit (see commit);
+// Settle waits for them.
 var closing sync.WaitGroup
+
+// Settle returns once the netlink sockets of earlier commits are closed.
+// Each closes behind its commit's return and ends by itself within an RCU
+// grace period; whoever must know that none is left (a benchmark timing
+// one write alone, a node runtime shutting down) waits here.
+func Settle() { closing.Wait() }
 
 func (x *txn) add(msgType int, family nftables.TableFamily, flags netlink.HeaderFlags, what string, attrs ...netlink.Attribute) error {
 	size := 4

@@ -17,9 +17,11 @@ import (
 
 // Responder answers on one packet connection.
 type Responder struct {
-	a     map[string][]netip.Addr // fully qualified, lower case
-	mu    sync.Mutex
-	asked []string
+	a      map[string][]netip.Addr // fully qualified, lower case
+	pc     net.PacketConn
+	served chan struct{} // closed when serve returned
+	mu     sync.Mutex
+	asked  []string
 }
 
 // Serve answers on pc until it is closed: A records for the names
@@ -36,12 +38,23 @@ func Serve(pc net.PacketConn, names map[string]netip.Addr) *Responder {
 
 // ServeRecords is Serve with any number of addresses per name.
 func ServeRecords(pc net.PacketConn, names map[string][]netip.Addr) *Responder {
-	r := &Responder{a: map[string][]netip.Addr{}}
+	r := &Responder{a: map[string][]netip.Addr{}, pc: pc, served: make(chan struct{})}
 	for n, as := range names {
 		r.a[strings.ToLower(n)] = append(r.a[strings.ToLower(n)], as...)
 	}
-	go r.serve(pc)
+	go func() {
+		defer close(r.served)
+		r.serve(pc)
+	}()
 	return r
+}
+
+// Close closes the packet connection and returns once the responder
+// stopped answering on it. Closing the connection elsewhere ends it too.
+func (r *Responder) Close() error {
+	err := r.pc.Close()
+	<-r.served
+	return err
 }
 
 // Questions are the questions asked so far, as "name. TypeA".

@@ -22,14 +22,16 @@ import (
 func (l *Lab) WireDelayed(a, aName, aAddr, b, bName, bAddr string, oneWay time.Duration) {
 	l.t.Helper()
 	fa, fb := l.tap(a, aName), l.tap(b, bName)
+	var lines sync.WaitGroup
 	l.t.Cleanup(func() {
-		fa.Close()
+		fa.Close() // ends both lines: reads and writes of a closed TAP fail
 		fb.Close()
+		lines.Wait()
 	})
 	l.configure(a, aName, aAddr)
 	l.configure(b, bName, bAddr)
-	go delayLine(fa, fb, oneWay)
-	go delayLine(fb, fa, oneWay)
+	lines.Go(func() { delayLine(fa, fb, oneWay) })
+	lines.Go(func() { delayLine(fb, fa, oneWay) })
 }
 
 // tap makes a TAP device (frames without a packet-information header) in

@@ -15,6 +15,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -223,19 +224,53 @@ func (l *Lab) Listen(ns string, addr string) net.Listener {
 	return ln
 }
 
-// Echo serves TCP echo on addr in a namespace until cleanup.
+// Echo serves TCP echo on addr in a namespace until cleanup, which
+// closes the listener and the live connections and waits for their
+// goroutines.
 func (l *Lab) Echo(ns, addr string) {
 	l.t.Helper()
 	ln := l.Listen(ns, addr)
-	go func() {
+	var (
+		wg    sync.WaitGroup
+		mu    sync.Mutex
+		conns = map[net.Conn]bool{}
+		done  bool
+	)
+	l.t.Cleanup(func() {
+		ln.Close()
+		mu.Lock()
+		done = true
+		for c := range conns {
+			c.Close()
+		}
+		mu.Unlock()
+		wg.Wait()
+	})
+	wg.Go(func() {
 		for {
 			c, err := ln.Accept()
 			if err != nil {
 				return
 			}
-			go func() { defer c.Close(); io.Copy(c, c) }()
+			mu.Lock()
+			if done {
+				mu.Unlock()
+				c.Close()
+				return
+			}
+			conns[c] = true
+			mu.Unlock()
+			wg.Go(func() {
+				defer func() {
+					mu.Lock()
+					delete(conns, c)
+					mu.Unlock()
+					c.Close()
+				}()
+				io.Copy(c, c)
+			})
 		}
-	}()
+	})
 }
 
 // Dial connects from a namespace.
@@ -261,8 +296,15 @@ func (l *Lab) HTTP(ns, addr, body string) *Server {
 		}
 		io.WriteString(w, body)
 	}), ReadHeaderTimeout: 10 * time.Second}
-	go srv.Serve(ln)
-	l.t.Cleanup(func() { srv.Close() })
+	served := make(chan struct{})
+	go func() {
+		defer close(served)
+		srv.Serve(ln)
+	}()
+	l.t.Cleanup(func() {
+		srv.Close() // closes ln and the live connections: Serve returns
+		<-served
+	})
 	return s
 }
 

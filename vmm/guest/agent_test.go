@@ -469,3 +469,26 @@ func TestStopAfterWaitWithoutClose(t *testing.T) {
 		})
 	}
 }
+
+// Closing a Process returns at once and leaves the guest process running:
+// the node abandons it, it is not ended.
+func TestExecCloseAbandonsTheProcess(t *testing.T) {
+	h := startAgent(t, Options{})
+	c := h.dial()
+	p, err := c.Exec(ctxT(t), guestproto.ExecRequest{Argv: []string{"sleep", "100"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := make(chan struct{})
+	go func() {
+		p.Close()
+		close(closed)
+	}()
+	wait(t, closed, "Process.Close of a running process")
+	if _, err := p.Wait(); err == nil {
+		t.Fatal("Wait after Close reported an exit; want the process abandoned")
+	}
+	if err := unix.Kill(p.PID, 0); err != nil {
+		t.Fatalf("guest process %d after Close: %v; want it still running", p.PID, err)
+	}
+}

@@ -18,7 +18,8 @@ var errInterrupted = errors.New("guest agent: session closed")
 // buf through views. A consumer that stops (a session that ended) never
 // abandons a read of the channel: the reader keeps going and the bytes wait
 // in buf for the next consumer. conn is only closed when the reader has
-// stopped on an error, or when Serve ends.
+// stopped on an error, or when its serveConn ends; close waits for the
+// reader.
 type channel struct {
 	conn io.ReadWriteCloser
 
@@ -29,17 +30,20 @@ type channel struct {
 	reading bool   // the reader goroutine runs
 	err     error  // why the reader stopped
 	closed  bool
+	readers sync.WaitGroup // the reader goroutine (one at a time)
 }
 
 func newChannel(conn io.ReadWriteCloser) *channel {
 	c := &channel{conn: conn}
 	c.cond = sync.NewCond(&c.mu)
 	c.reading = true
+	c.readers.Add(1)
 	go c.readLoop()
 	return c
 }
 
 func (c *channel) readLoop() {
+	defer c.readers.Done()
 	b := make([]byte, 32<<10)
 	for {
 		n, err := c.conn.Read(b)
@@ -94,6 +98,7 @@ func (c *channel) rearm() {
 	defer c.mu.Unlock()
 	if !c.reading && !c.closed {
 		c.reading, c.err = true, nil
+		c.readers.Add(1)
 		go c.readLoop()
 	}
 }
@@ -124,13 +129,19 @@ func (c *channel) unread(b []byte) {
 	c.cond.Broadcast()
 }
 
-// close closes conn and wakes every consumer; Serve is ending.
+// close closes conn, wakes every consumer and waits for the reader, which
+// the closed conn ends; the serveConn that made the channel is ending.
+// Calling it again only waits.
 func (c *channel) close() {
 	c.mu.Lock()
+	was := c.closed
 	c.closed = true
 	c.cond.Broadcast()
 	c.mu.Unlock()
-	c.conn.Close()
+	if !was {
+		c.conn.Close()
+	}
+	c.readers.Wait()
 }
 
 // view is a consumer of the channel's bytes.

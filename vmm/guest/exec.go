@@ -141,6 +141,8 @@ type stdio struct {
 	master  *os.File   // PTY master
 	outputs sync.WaitGroup
 	closers []io.Closer // read ends, closed when output times out
+	inputs  sync.WaitGroup
+	stdinW  io.Closer // the stdin pipe's write end, closed to end its copy
 
 	mu     sync.Mutex // orders resizes against closing the master
 	closed bool
@@ -167,6 +169,7 @@ func (a *agent) runExec(ctl net.Conn, req guestproto.ExecRequest, streams [3]net
 		return
 	}
 	st := &stdio{}
+	defer st.finish(streams[0]) // every return: no copy outlives the exec
 	defer func() {
 		for _, f := range st.child {
 			f.Close()
@@ -233,7 +236,9 @@ func (a *agent) runExec(ctl net.Conn, req guestproto.ExecRequest, streams [3]net
 	a.procsMu.Unlock()
 	close(m.done)
 
-	if !waitTimeout(&st.outputs, outputDelay) {
+	var waits sync.WaitGroup
+	defer waits.Wait()
+	if !waitTimeout(&waits, &st.outputs, outputDelay) {
 		// A background child holds the output open, or the node stopped
 		// reading: cut both ends loose.
 		st.closeAll()
@@ -244,10 +249,7 @@ func (a *agent) runExec(ctl net.Conn, req guestproto.ExecRequest, streams [3]net
 		}
 		st.outputs.Wait()
 	}
-	st.closeAll()
-	if streams[0] != nil {
-		streams[0].SetReadDeadline(time.Unix(1, 0)) // end the stdin copy
-	}
+	st.finish(streams[0])
 	exit := guestproto.ExecExit{ExitCode: ws.ExitStatus()}
 	if ws.Signaled() {
 		exit.ExitCode, exit.Signal = -1, int(ws.Signal())
@@ -288,7 +290,7 @@ func (st *stdio) openPTY(root string, size *guestproto.WinSize, streams [3]net.C
 	st.child = []*os.File{slave, slave, slave}
 	st.closers = append(st.closers, master)
 	if streams[0] != nil {
-		go copyQuiet(master, streams[0])
+		st.inputs.Go(func() { copyQuiet(master, streams[0]) })
 	}
 	st.outputs.Add(1)
 	go func() {
@@ -306,10 +308,11 @@ func (st *stdio) openPipes(streams [3]net.Conn) error {
 			return err
 		}
 		st.child = append(st.child, r)
-		go func() {
+		st.stdinW = w
+		st.inputs.Go(func() {
 			copyQuiet(w, streams[0])
 			w.Close()
-		}()
+		})
 	} else {
 		null, err := os.Open(os.DevNull)
 		if err != nil {
@@ -332,6 +335,22 @@ func (st *stdio) openPipes(streams [3]net.Conn) error {
 		}(streams[fd])
 	}
 	return nil
+}
+
+// finish cuts every copy of the exec's stdio and waits for them: the
+// output copies end on their closed read ends, the stdin copy on its
+// stream's deadline or its closed destination (a background child may
+// hold the pipe without reading it). Calling it again only waits.
+func (st *stdio) finish(stdin net.Conn) {
+	st.closeAll()
+	if stdin != nil {
+		stdin.SetReadDeadline(time.Unix(1, 0))
+	}
+	if st.stdinW != nil {
+		st.stdinW.Close()
+	}
+	st.inputs.Wait()
+	st.outputs.Wait()
 }
 
 func (st *stdio) closeAll() {
@@ -361,9 +380,12 @@ func copyQuiet(dst io.Writer, src io.Reader) {
 	}
 }
 
-func waitTimeout(wg *sync.WaitGroup, d time.Duration) bool {
+// waitTimeout waits for wg until d passed. Its helper goroutine waits for
+// wg to the end: owner counts it, so whoever waits for owner (after wg
+// could end) waits for the helper too.
+func waitTimeout(owner, wg *sync.WaitGroup, d time.Duration) bool {
 	done := make(chan struct{})
-	go func() { wg.Wait(); close(done) }()
+	owner.Go(func() { wg.Wait(); close(done) })
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {

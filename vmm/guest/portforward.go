@@ -66,8 +66,13 @@ func relay(s net.Conn, tc *net.TCPConn, sessDone <-chan struct{}) {
 		})
 	}
 	finished := make(chan struct{})
-	defer close(finished)
+	watchDone := make(chan struct{})
+	defer func() {
+		close(finished)
+		<-watchDone
+	}()
 	go func() {
+		defer close(watchDone)
 		select {
 		case <-sessDone:
 			abort()

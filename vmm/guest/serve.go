@@ -271,8 +271,20 @@ func (a *agent) shutdown() {
 func (a *agent) serveConn(ctx context.Context, kind chanKind, log *slog.Logger, conn io.ReadWriteCloser) (int, error) {
 	info := a.infoFor(kind)
 	ch := newChannel(conn)
-	stop := context.AfterFunc(ctx, ch.close)
-	defer stop()
+	// The channel's reader ends before serveConn returns: ctx's end closes
+	// the channel (waiting for the reader), and so does any other return.
+	closedByCtx := make(chan struct{})
+	stop := context.AfterFunc(ctx, func() {
+		ch.close()
+		close(closedByCtx)
+	})
+	defer func() {
+		if stop() {
+			ch.close()
+		} else {
+			<-closedByCtx
+		}
+	}()
 	handshakes := 0
 	for {
 		v := ch.view()
@@ -344,9 +356,14 @@ func (a *agent) serveSession(ctx context.Context, ss session, r io.Reader, conn 
 	if err != nil {
 		return err
 	}
-	defer sess.Close()
 	ss.done = sess.CloseChan()
+	watchDone := make(chan struct{})
+	defer func() {
+		sess.Close()
+		<-watchDone // the closed session ends the watch
+	}()
 	go func() {
+		defer close(watchDone)
 		select {
 		case <-ctx.Done():
 		case <-a.stopCh:

@@ -98,8 +98,10 @@ func (a *agent) prepareStop(grace time.Duration) (guestproto.StopResult, error) 
 		unix.Kill(-1, unix.SIGKILL)
 	}
 	res.Terminated = n - res.Killed
-	// Let every exec report its exit before the session goes away.
-	waitTimeout(&a.execs, outputDelay+time.Second)
+	// Let every exec report its exit before the session goes away. The
+	// helper joins the handlers shutdown waits for: it ends with the last
+	// exec, which is a handler too.
+	waitTimeout(&a.wg, &a.execs, outputDelay+time.Second)
 	syncAll()
 	frozen, err := a.freezeRetained()
 	res.Frozen = frozen

@@ -504,9 +504,13 @@ func (p *Process) Wait() (ExecExit, error) {
 // Done is closed when the exit is known.
 func (p *Process) Done() <-chan struct{} { return p.done }
 
-// Close abandons the process's streams; the process keeps running.
+// Close abandons the process's streams and its exit; the process keeps
+// running. It returns once the exit reader ended: closing a stream only
+// ends its writing half, so the reader's deadline ends it at once.
 func (p *Process) Close() error {
 	p.closeAll()
+	p.ctl.SetReadDeadline(time.Unix(1, 0))
+	<-p.done
 	return nil
 }
 

@@ -19,8 +19,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/kibotos/kibotos/internal/recordfmt"
-	"github.com/kibotos/kibotos/storagepool"
 	"io"
 	"log/slog"
 	"os"
@@ -31,6 +29,8 @@ import (
 	"time"
 
 	kbuildinfo "github.com/kibotos/kibotos/buildinfo"
+	"github.com/kibotos/kibotos/internal/recordfmt"
+	"github.com/kibotos/kibotos/storagepool"
 	"github.com/kibotos/kibotos/vmm/guestproto"
 )
 

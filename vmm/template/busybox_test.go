@@ -127,8 +127,8 @@ func TestBusyboxTreeFetchesAndResolves(t *testing.T) {
 	echoPort := echo.Addr().(*net.TCPAddr).Port
 
 	pc := ns.listenPacket(t, "127.0.0.1:53")
-	defer pc.Close()
 	dns := dnstest.Serve(pc, map[string]netip.Addr{"web.kibotos.test.": netip.MustParseAddr("127.0.0.1"), "files.kibotos.test.": netip.MustParseAddr("127.0.0.2")})
+	defer dns.Close()
 
 	// From busybox's sh too, which runs an applet before looking at PATH.
 	if out, err := ns.inTree(tree, "", "/bin/sh", "-c", "wget -q -T 5 -O- http://localhost:"+fmt.Sprint(port)+"/"); err != nil || out != body {

@@ -15,7 +15,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/kibotos/kibotos/internal/recordfmt"
 	"io"
 	"io/fs"
 	"os"
@@ -27,6 +26,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/kibotos/kibotos/internal/recordfmt"
 	"github.com/kibotos/kibotos/storagepool"
 )
 

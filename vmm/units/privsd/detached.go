@@ -47,12 +47,54 @@ func (i *Instance) spawnDetached(cfg []byte) error {
 	if err := units.StartInCgroup(cmd, i.CgroupRoot); err != nil {
 		return fmt.Errorf("privsd: start the private systemd: %w", err)
 	}
+	// Not stopped by Release: the parent must reap its child, or the child
+	// stays a zombie that another process's Stop waits for in vain. It
+	// ends with the private systemd; Stop waits for it.
 	i.cmd, i.PID = cmd, cmd.Process.Pid
 	go func() {
 		_ = cmd.Wait()
 		close(i.exited)
 	}()
 	return nil
+}
+
+// watchEvery is how often an attached instance's watch looks for its end.
+const watchEvery = 50 * time.Millisecond
+
+// watch closes i.exited once gone reports that the private systemd, which
+// is not this process's child, ended; it polls, so that Release can end it.
+func (i *Instance) watch(gone func() bool) {
+	i.watchStop, i.watchDone = make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(i.watchDone)
+		t := time.NewTicker(watchEvery)
+		defer t.Stop()
+		for {
+			if gone() {
+				close(i.exited)
+				return
+			}
+			select {
+			case <-i.watchStop:
+				return
+			case <-t.C:
+			}
+		}
+	}()
+}
+
+// Release lets an attached private systemd go without stopping it (kibotos
+// dev's VMs outlive the processes that use it): it ends this process's
+// watch of it and returns once the watch ended. Release after Stop, or
+// twice, is a no-op, and so is Release of an instance this process started
+// (its wait reaps it and ends with it); Stop after Release would wait for
+// an end nobody watches.
+func (i *Instance) Release() {
+	if i.watchStop == nil {
+		return
+	}
+	i.releaseOnce.Do(func() { close(i.watchStop) })
+	<-i.watchDone
 }
 
 // procStart is field 22 of /proc/<pid>/stat: with the PID it names one
@@ -123,16 +165,12 @@ func Attach(ctx context.Context, dir string) (*Instance, error) {
 		NetNSDir:   filepath.Join(dir, "run", "netns"),
 		exited:     make(chan struct{}),
 	}
-	go func() { // not our child: watch it by PID and start time
-		for {
-			if st, err := procStart(pid); err != nil || st != start {
-				close(inst.exited)
-				return
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
-	}()
+	inst.watch(func() bool { // not our child: watch it by PID and start time
+		st, err := procStart(pid)
+		return err != nil || st != start
+	})
 	if err := inst.waitReady(ctx); err != nil {
+		inst.Release()
 		return nil, fmt.Errorf("privsd: attach to PID %d: %w", pid, err)
 	}
 	return inst, nil

@@ -15,8 +15,9 @@ import (
 
 // A detached private systemd outlives the Instance value that started it
 // (as kibotos dev's outlives a dev process): Attach finds it by its PID
-// file, its units are still there, and Stop through the attached value
-// ends it and removes its cgroup.
+// file, its units are still there, a user that lets it go (Release) leaves
+// it running, and Stop through the attached value ends it and removes its
+// cgroup.
 func TestDetachedAttach(t *testing.T) {
 	requirePrivsd(t)
 	dir := t.TempDir()
@@ -46,6 +47,11 @@ func TestDetachedAttach(t *testing.T) {
 	if again.PID != first.PID || again.CgroupRoot != first.CgroupRoot {
 		t.Fatalf("attached to %+v, started %+v", again, first)
 	}
+	user, err := privsd.Attach(ctx, dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	user.Release()
 	m2, err := units.Connect(ctx, again.Target())
 	if err != nil {
 		t.Fatal(err)

@@ -80,11 +80,16 @@ type Instance struct {
 	// BootTime is the time from Start to the manager reporting running.
 	BootTime time.Duration
 
-	cmd     *exec.Cmd
+	cmd     *exec.Cmd // nil when attached
 	exited  chan struct{}
 	ptmx    *os.File
 	pts     *os.File
 	logDone chan struct{}
+
+	// The watch of an attached instance (detached.go), ended by Release.
+	watchStop   chan struct{}
+	watchDone   chan struct{}
+	releaseOnce sync.Once
 
 	stopOnce sync.Once
 	stopErr  error
@@ -440,6 +445,9 @@ func (i *Instance) stop() error {
 				return fmt.Errorf("privsd: private systemd PID %d survived SIGKILL for %v", i.PID, KillTimeout)
 			}
 		}
+	}
+	if i.watchDone != nil {
+		<-i.watchDone // it closed exited and returns
 	}
 	if i.pts != nil {
 		i.pts.Close()
