@@ -85,7 +85,9 @@ func openNodeRuntime(ctx context.Context, o Options, nodeID string, steps *metri
 			return nil, nil, nil, err
 		}
 		log.Info("VMM units run under the dev cluster's private systemd; it keeps running when kibotos dev stops (kibotos dev down ends it)", "systemd_pid", sd.PID)
-		target = sd.Target()
+		// Released, not stopped: it outlives this process, which only
+		// ends its watch of it.
+		target, cleanup = sd.Target(), sd.Release
 	default:
 		return nil, nil, nil, fmt.Errorf("node runtime: --systemd %q is not auto, host, private or none", mode)
 	}
