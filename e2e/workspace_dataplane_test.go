@@ -136,6 +136,7 @@ func (d *wsDev) testDataPlaneKill(id string) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer sd.Release()
 	m, err := units.Connect(ctx, sd.Target())
 	if err != nil {
 		t.Fatal(err)

@@ -207,6 +207,7 @@ func (d *wsDev) dataPlaneUnits() []string {
 	if err != nil {
 		d.t.Fatal(err)
 	}
+	defer sd.Release()
 	m, err := units.Connect(ctx, sd.Target())
 	if err != nil {
 		d.t.Fatal(err)
