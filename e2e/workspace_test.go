@@ -67,6 +67,7 @@ func TestWorkspace(t *testing.T) {
 		f    func(string)
 	}{
 		{"Exec", d.testExec},
+		{"DataDirModes", d.testDataDirModes},
 		{"Network", d.testNetwork},
 		{"Metrics", d.testMetrics},
 		{"Files", d.testFiles},
