@@ -331,7 +331,7 @@ func Open(ctx context.Context, cfg Config) (*Runtime, error) {
 	ok := false
 	defer func() {
 		if !ok {
-			rt.lock.Close()
+			rt.abandonOpen()
 		}
 	}()
 	rt.keepMachineLogsWithinQuota("")
@@ -366,7 +366,7 @@ func Open(ctx context.Context, cfg Config) (*Runtime, error) {
 	}
 	rt.qemuVersionDone = make(chan struct{})
 	if q, ok := rt.backend.(*QEMU); ok {
-		go func() {
+		rt.wg.Go(func() {
 			defer close(rt.qemuVersionDone)
 			v, err := binaryVersion(q.Binary)
 			if err != nil {
@@ -374,7 +374,7 @@ func Open(ctx context.Context, cfg Config) (*Runtime, error) {
 				rt.log.Warn("QEMU version unknown: no pause or resume on this node", "err", err)
 			}
 			rt.qemuVersion = v
-		}()
+		})
 	} else {
 		close(rt.qemuVersionDone)
 	}
@@ -389,7 +389,9 @@ func Open(ctx context.Context, cfg Config) (*Runtime, error) {
 	// up on Open: its values, not its cancellation.
 	rt.ctx, rt.cancel = context.WithCancel(context.WithoutCancel(ctx))
 	if err := rt.takeover(ctx); err != nil {
+		// What the takeover started ends before the network it uses.
 		rt.cancel()
+		rt.wg.Wait()
 		rt.net.close()
 		return nil, err
 	}
@@ -407,6 +409,22 @@ func Open(ctx context.Context, cfg Config) (*Runtime, error) {
 	rt.observe(StepTakeover, t0)
 	rt.log.Info("runtime opened", "instances", len(rt.instances), "took", time.Since(t0).Round(time.Microsecond))
 	return rt, nil
+}
+
+// abandonOpen undoes a failed Open once what it started has ended: the
+// installation checks and the QEMU version question run to their end (they
+// take no context), and whatever a takeover started stops with rt.ctx.
+// Only then is the lock let go, so no other node process sees this one's
+// goroutines still at work.
+func (rt *Runtime) abandonOpen() {
+	if rt.cancel != nil {
+		rt.cancel()
+	}
+	rt.wg.Wait()
+	if c := rt.installations; c != nil {
+		<-c.done
+	}
+	rt.lock.Close()
 }
 
 func (rt *Runtime) acquireLock() error {
