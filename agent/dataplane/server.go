@@ -206,6 +206,9 @@ func (s *Server) Run(ctx context.Context) error {
 		s.stop()
 	case <-s.finished:
 	}
+	// Run owns the accept loop: the stop, drain or end before this waited
+	// for it already, but Run returning must not depend on how it ended.
+	s.stopListening()
 	s.handlers.Wait()
 	// The control socket stays up until here: the node may still withdraw
 	// targets (a stop or delete) from a stopping or draining process.
