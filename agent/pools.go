@@ -1,7 +1,13 @@
 package agent
 
 import (
+	"fmt"
+	"path/filepath"
+
+	"golang.org/x/sys/unix"
+
 	"github.com/kibotos/kibotos/api"
+	"github.com/kibotos/kibotos/datadir"
 	"github.com/kibotos/kibotos/storagepool"
 )
 
@@ -57,4 +63,61 @@ func (a *Agent) notePools(statuses []api.Pool) {
 			}
 		}
 	}
+}
+
+// DefaultPoolPath is the directory of the node's private pool.
+func DefaultPoolPath(d datadir.Dir) string { return filepath.Join(d.StorageRoot(), "pools", "default") }
+
+// checkPools validates the configured pools: valid unique ids, absolute
+// paths, and a default pool that exists. Another node's private pool
+// ("node-a:default") may be declared: its disk was moved here.
+func checkPools(cfg *Config) error {
+	own := api.PrivatePoolID(cfg.NodeID)
+	seen := map[string]bool{api.LegacyPrivatePool: true, own: true}
+	for _, p := range cfg.Pools {
+		switch {
+		case p.ID == "" || seen[p.ID]:
+			return fmt.Errorf("storage pool %q: ids must be non-empty and unique (\"default\" and %q are the node's own pool)", p.ID, own)
+		case api.ValidPoolID(p.ID) != nil:
+			return fmt.Errorf("storage pool %q: use 1-63 lowercase letters, digits, '.', '_' or '-' (or NODE:default for the moved private pool of another node)", p.ID)
+		case api.PrivatePoolOwner(p.ID) != "" && p.Shared:
+			return fmt.Errorf("storage pool %s: a node's private pool is never shared; remove shared = true", p.ID)
+		case !filepath.IsAbs(p.Path):
+			return fmt.Errorf("storage pool %s: path %q is not absolute", p.ID, p.Path)
+		}
+		seen[p.ID] = true
+	}
+	if cfg.DefaultPool == own {
+		cfg.DefaultPool = ""
+	}
+	if cfg.DefaultPool != "" && !seen[cfg.DefaultPool] {
+		return fmt.Errorf("default pool %q is not configured: add it under [[storage.pools]] or leave default_pool empty", cfg.DefaultPool)
+	}
+	return nil
+}
+
+// poolPath is the directory of pool id, "" when the node has no such pool.
+func (a *Agent) poolPath(id string) string {
+	if id == "" || id == api.LegacyPrivatePool || id == api.PrivatePoolID(a.cfg.NodeID) {
+		return DefaultPoolPath(a.cfg.DataDir)
+	}
+	for _, p := range a.cfg.Pools {
+		if p.ID == id {
+			return p.Path
+		}
+	}
+	return ""
+}
+
+func poolStatus(id, path string) api.Pool {
+	p := api.Pool{PoolID: id, Path: path}
+	var st unix.Statfs_t
+	if err := unix.Statfs(path, &st); err != nil {
+		p.Reason = err.Error()
+		return p
+	}
+	p.Available = true
+	p.CapacityBytes = st.Blocks * uint64(st.Bsize)
+	p.FreeBytes = st.Bavail * uint64(st.Bsize)
+	return p
 }

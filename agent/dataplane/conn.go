@@ -116,7 +116,11 @@ func (c *clientConn) serve() {
 		return
 	}
 	defer sess.Close()
-	go c.watch(sess, guest)
+	watched := make(chan struct{})
+	go func() {
+		defer close(watched)
+		c.watch(sess, guest)
+	}()
 	log.Info("data-plane connection opened")
 	var streams sync.WaitGroup
 	for {
@@ -126,8 +130,10 @@ func (c *clientConn) serve() {
 		}
 		streams.Go(func() { c.stream(st) })
 	}
+	// The kill ends the watch too (it follows c.killed and c.ctx).
 	c.kill()
 	streams.Wait()
+	<-watched
 	log.Info("data-plane connection ended")
 }
 

@@ -120,14 +120,45 @@ func (cc *ctlConn) takeFDs() []int { return cc.c.TakeFDs() }
 
 func (cc *ctlConn) close() { cc.c.Close() }
 
+// serveControl accepts control connections until ln is closed; each is
+// served by a goroutine of s.controlConns, which endControls waits for.
 func (s *Server) serveControl(ln *net.UnixListener) {
 	for {
 		conn, err := ln.AcceptUnix()
 		if err != nil {
 			return
 		}
-		go s.controlConn(conn)
+		s.mu.Lock()
+		s.controls[conn] = struct{}{}
+		s.mu.Unlock()
+		s.controlConns.Go(func() {
+			defer func() {
+				s.mu.Lock()
+				delete(s.controls, conn)
+				s.mu.Unlock()
+			}()
+			s.controlConn(conn)
+		})
 	}
+}
+
+// controlWait is how long a control connection still open when Run ends
+// may take to write the reply in hand.
+const controlWait = 2 * time.Second
+
+// endControls ends the control connections once the accept loop returned
+// (no more start) and waits for them. Reads end, but the reply to the
+// request in hand still goes out: often the drain or end that let Run
+// return, which the node would otherwise take for a failed one. A lent
+// session's connection ends with its reads.
+func (s *Server) endControls() {
+	s.mu.Lock()
+	for c := range s.controls {
+		c.CloseRead()
+		c.SetWriteDeadline(time.Now().Add(controlWait))
+	}
+	s.mu.Unlock()
+	s.controlConns.Wait()
 }
 
 func (s *Server) controlConn(conn *net.UnixConn) {

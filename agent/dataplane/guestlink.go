@@ -113,7 +113,7 @@ func (s *Server) newLink(instanceID, socket, boot string) *guestLink {
 	l := &guestLink{instanceID: instanceID, socket: socket, gone: gone, markGone: markGone, log: s.log,
 		claimed: boot, reclaimed: make(chan struct{})}
 	if s.cfg.Predecessor != 0 {
-		l.lender = &lender{socketDir: s.cfg.SocketDir, gen: s.cfg.Predecessor, log: s.log}
+		l.lender = &lender{socketDir: s.cfg.SocketDir, gen: s.cfg.Predecessor, log: s.log, owner: &s.borrowed}
 	}
 	return l
 }

@@ -136,7 +136,10 @@ func (s *Server) lend(cc *ctlConn, instanceID string) {
 	s.mu.Unlock()
 	log := s.log.With("instance", instanceID)
 	log.Info("data-plane guest session lent to the next generation")
+	// The lent session ends with the guest session it relays to.
+	guestWatched := make(chan struct{})
 	go func() {
+		defer close(guestWatched)
 		select {
 		case <-guest.Done():
 		case <-sess.CloseChan():
@@ -152,6 +155,7 @@ func (s *Server) lend(cc *ctlConn, instanceID string) {
 		streams.Go(func() { s.lentStream(ls, sess, st, guest) })
 	}
 	sess.Close()
+	<-guestWatched
 	streams.Wait()
 	log.Info("data-plane guest session given back")
 }
@@ -195,6 +199,9 @@ type lender struct {
 	socketDir string
 	gen       uint64
 	log       *slog.Logger
+	// owner waits for the goroutines of the sessions borrowed (the
+	// Server's borrowed): each ends once its session is closed.
+	owner *sync.WaitGroup
 }
 
 // borrow asks the lender for instanceID's session.
@@ -227,11 +234,11 @@ func (ld *lender) borrow(ctx context.Context, instanceID string) (*lentSession, 
 		cc.close()
 		return nil, err
 	}
-	ls := &lentSession{sess: sess, info: *rep.Lend, done: make(chan struct{})}
-	go func() {
+	ls := &lentSession{sess: sess, info: *rep.Lend, done: make(chan struct{}), owner: ld.owner}
+	ld.owner.Go(func() {
 		<-sess.CloseChan()
 		ls.finish()
-	}()
+	})
 	watch, err := sess.OpenStream()
 	if err == nil {
 		err = guestproto.WriteFrame(watch, guestproto.Request{Call: callWatch})
@@ -240,13 +247,14 @@ func (ld *lender) borrow(ctx context.Context, instanceID string) (*lentSession, 
 		sess.Close()
 		return nil, fmt.Errorf("dataplane: borrow instance %s from generation %d: watch: %w", instanceID, ld.gen, err)
 	}
-	go func() {
+	// The watch stream ends with the session at the latest.
+	ld.owner.Go(func() {
 		var b [1]byte
 		if n, _ := watch.Read(b[:]); n == 1 {
 			ls.markOwnerGone()
 		}
 		watch.Close()
-	}()
+	})
 	ld.log.Info("data-plane guest session borrowed from the previous generation", "instance", instanceID, "lender", ld.gen)
 	return ls, nil
 }
@@ -261,6 +269,9 @@ type lentSession struct {
 	// so the link and the connections move on before yamux closed.
 	done     chan struct{}
 	doneOnce sync.Once
+
+	// owner waits for the session's goroutines (lender.owner).
+	owner *sync.WaitGroup
 
 	mu        sync.Mutex
 	inflight  int
@@ -332,7 +343,9 @@ func (ls *lentSession) maybeRetire() {
 	if ls.ownerGone && ls.inflight == 0 && !ls.isRetired {
 		ls.isRetired = true
 		ls.finish()
-		go ls.sess.Close()
+		// Not under mu, and not in the way of the caller: Done is
+		// what the link and the connections follow.
+		ls.owner.Go(func() { ls.sess.Close() })
 	}
 }
 

@@ -24,7 +24,11 @@ var relayBufs = sync.Pool{New: func() any { b := make([]byte, relayBufSize); ret
 // in and out count the bytes written to the guest and to the client.
 func relay(client, guest net.Conn, abort <-chan struct{}, in, out *atomic.Uint64) {
 	done := make(chan struct{})
-	defer close(done)
+	watched := make(chan struct{})
+	defer func() {
+		close(done)
+		<-watched
+	}()
 	kill := sync.OnceFunc(func() {
 		// A past deadline unblocks a copy stuck in Read or Write.
 		past := time.Unix(1, 0)
@@ -34,6 +38,7 @@ func relay(client, guest net.Conn, abort <-chan struct{}, in, out *atomic.Uint64
 		guest.Close()
 	})
 	go func() {
+		defer close(watched)
 		select {
 		case <-abort:
 			kill()

@@ -87,11 +87,19 @@ type Server struct {
 	connGone        chan struct{} // signalled whenever a connection or lent session ended
 
 	handlers sync.WaitGroup
+	// controls are the live control connections (lent ones too), each
+	// served by a goroutine of controlConns; Run ends them and waits.
+	controls     map[*net.UnixConn]struct{}
+	controlConns sync.WaitGroup
 	// dials are the guest links' first dials a new target starts (state.go):
 	// cancelled (stopDials) and waited for when Run ends.
 	dials     sync.WaitGroup
 	dialCtx   context.Context
 	stopDials context.CancelFunc
+	// borrowed are the goroutines of the sessions borrowed from the
+	// predecessor (lend.go); each ends once its session is closed, which
+	// the links' close does last.
+	borrowed sync.WaitGroup
 
 	connections, bytesIn, bytesOut atomic.Uint64
 	refused                        map[string]*atomic.Uint64 // by code, fixed at New
@@ -140,6 +148,7 @@ func New(cfg Config) (*Server, error) {
 		links:         map[string]*guestLink{},
 		conns:         map[*clientConn]struct{}{},
 		lends:         map[*lendSession]struct{}{},
+		controls:      map[*net.UnixConn]struct{}{},
 		acceptStopped: true,
 		connGone:      make(chan struct{}, 1),
 		refused:       refused,
@@ -167,6 +176,7 @@ func (s *Server) Run(ctx context.Context) error {
 	defer func() {
 		s.stopDials()
 		s.dials.Wait()
+		s.borrowed.Wait()
 	}()
 	ctl, err := listenControl(s.cfg.SocketDir, s.cfg.Generation)
 	if err != nil {
@@ -196,12 +206,16 @@ func (s *Server) Run(ctx context.Context) error {
 		s.stop()
 	case <-s.finished:
 	}
+	// Run owns the accept loop: the stop, drain or end before this waited
+	// for it already, but Run returning must not depend on how it ended.
+	s.stopListening()
 	s.handlers.Wait()
 	// The control socket stays up until here: the node may still withdraw
 	// targets (a stop or delete) from a stopping or draining process.
 	ctl.Close()
 	os.Remove(ControlSocket(s.cfg.SocketDir, s.cfg.Generation))
 	loops.Wait()
+	s.endControls()
 	s.mu.Lock()
 	for id, l := range s.links {
 		l.close()

@@ -29,7 +29,7 @@ func (s *Server) acceptLoop(ln *net.TCPListener) {
 		}
 		backoff = 5 * time.Millisecond
 		s.accepted.Add(1)
-		go s.carry(c)
+		s.carriers.Go(func() { s.carry(c) })
 	}
 }
 

@@ -21,8 +21,15 @@ func RunProcess(ctx context.Context, opts Options, grace time.Duration) error {
 	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
 	defer signal.Stop(sigs)
 	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
+	// The signal watcher ends with ctx, which is cancelled before the
+	// wait: RunProcess returns only once it did.
+	watched := make(chan struct{})
+	defer func() {
+		cancel()
+		<-watched
+	}()
 	go func() {
+		defer close(watched)
 		for n := 0; ; n++ {
 			select {
 			case sig := <-sigs:

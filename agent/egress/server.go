@@ -79,8 +79,14 @@ type Server struct {
 
 	connGone   chan struct{} // signalled whenever a carried connection ended
 	acceptDone chan struct{} // closed when the accept loop returned
-	dns        sync.WaitGroup
-	dnsSlots   chan struct{}
+	// carriers are the accepted connections' goroutines, refused ones
+	// too: a drain is over only once they returned.
+	carriers sync.WaitGroup
+	// warmers are the warm pools' fill goroutines: Run waits for them
+	// once the drain closed every pool.
+	warmers  sync.WaitGroup
+	dns      sync.WaitGroup
+	dnsSlots chan struct{}
 	// life is Run's context without its cancellation: relays and warm
 	// pools end on their own cancel (a drain gives them its deadline),
 	// so they keep only its values. Set by Run before it serves.
@@ -178,6 +184,9 @@ func (s *Server) Run(ctx context.Context) error {
 	s.mu.Unlock()
 	loops.Wait()
 	s.sessions.Wait()
+	// The drain swapped in the empty table, closing every pool, and no
+	// connection is left to take from one: the fills end now.
+	s.warmers.Wait()
 	s.dnsCancel()
 	s.log.Info("egress drained", "accepted", s.accepted.Load(), "closed_at_deadline", s.closed.Load())
 	return nil
@@ -239,6 +248,9 @@ func (s *Server) finishDrain() {
 		}
 		<-s.connGone
 	}
+	// A connection the loop took just before the listener closed is
+	// refused (or was carried and untracked): its goroutine ends now.
+	s.carriers.Wait()
 	s.mu.Lock()
 	if s.deadline != nil {
 		s.deadline.Stop()

@@ -59,7 +59,7 @@ func (w *warmPool) take(s *Server) (net.Conn, bool) {
 		return nil, false
 	}
 	if w.filling.CompareAndSwap(false, true) {
-		go w.fill(s)
+		s.warmers.Go(func() { w.fill(s) })
 	}
 	defer w.wake()
 	for {

@@ -73,6 +73,7 @@ type digestFollower struct {
 	writerDone chan struct{}
 	cancel     context.CancelFunc
 	result     chan digestResult
+	done       chan struct{} // closed when the follower returned
 }
 
 type digestResult struct {
@@ -97,8 +98,9 @@ func followDigest(ctx context.Context, path string) (*digestFollower, error) {
 		return nil, err
 	}
 	ctx, cancel := context.WithCancel(ctx)
-	d := &digestFollower{writerDone: make(chan struct{}), cancel: cancel, result: make(chan digestResult, 1)}
+	d := &digestFollower{writerDone: make(chan struct{}), cancel: cancel, result: make(chan digestResult, 1), done: make(chan struct{})}
 	go func() {
+		defer close(d.done)
 		defer f.Close()
 		size, sum, err := d.follow(ctx, f)
 		d.result <- digestResult{size, sum, err}
@@ -123,6 +125,9 @@ func (d *digestFollower) follow(ctx context.Context, f *os.File) (uint64, string
 			flushed = off
 		}
 		switch {
+		case err == nil && ctx.Err() != nil:
+			// Abandoned while behind the writer: stop waits for this.
+			return 0, "", ctx.Err()
 		case err == nil:
 			continue
 		case !errors.Is(err, io.EOF):
@@ -148,8 +153,12 @@ func (d *digestFollower) finish() (uint64, string, error) {
 	return r.size, r.sum, r.err
 }
 
-// stop abandons the digest.
-func (d *digestFollower) stop() { d.cancel() }
+// stop abandons the digest and waits for the follower to end (after
+// finish, at once), so the state file is no longer read once it returns.
+func (d *digestFollower) stop() {
+	d.cancel()
+	<-d.done
+}
 
 func isClosed(c chan struct{}) bool {
 	select {

@@ -251,3 +251,53 @@ func (rt *Runtime) waitGuest(ctx context.Context, in *instance, alive func() boo
 		}
 	}
 }
+
+// Guest returns the current guest agent session of a running Instance.
+func (rt *Runtime) Guest(id string) (*guestproto.Client, error) {
+	in, err := rt.get(id)
+	if err != nil {
+		return nil, err
+	}
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	if in.guest == nil {
+		return nil, fmt.Errorf("runtime: instance %s: guest agent is not connected (state %s%s)", id, in.state, errSuffix(in.err))
+	}
+	return in.guest, nil
+}
+
+func errSuffix(e string) string {
+	if e == "" {
+		return ""
+	}
+	return ": " + e
+}
+
+// Exec starts a process in the guest. While the guest agent is being
+// reconnected (after a takeover) it waits for it as long as ctx allows.
+func (rt *Runtime) Exec(ctx context.Context, id string, req guestproto.ExecRequest) (*guestproto.Process, error) {
+	in, err := rt.get(id)
+	if err != nil {
+		return nil, err
+	}
+	for {
+		in.mu.Lock()
+		c, state, changed := in.guest, in.state, in.changed
+		in.mu.Unlock()
+		if c != nil {
+			p, err := c.Exec(ctx, req)
+			if err != nil {
+				return nil, fmt.Errorf("runtime: instance %s: exec %q: %w", id, req.Argv, err)
+			}
+			return p, nil
+		}
+		if state != StateRunning && state != StateStarting {
+			return nil, fmt.Errorf("runtime: instance %s is %s, cannot exec %q", id, state, req.Argv)
+		}
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			return nil, fmt.Errorf("runtime: instance %s: exec %q: guest agent not connected: %w", id, req.Argv, ctx.Err())
+		}
+	}
+}

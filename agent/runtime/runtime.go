@@ -9,9 +9,6 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
-	"slices"
-	"sort"
-	"strings"
 	"sync"
 	"time"
 
@@ -140,41 +137,6 @@ type Config struct {
 	guestConn func(net.Conn) net.Conn
 }
 
-// Overheads of a confined QEMU VMM beside its guest, for the unit's
-// MemoryMax and TasksMax. The limits are there so a VMM gone wrong (or a
-// guest driving it into growth) is killed in its own unit (OOMPolicy=kill)
-// instead of the host's memory or PID space running out.
-const (
-	// VMMMemoryOverheadMiB: a microvm QEMU under TCG with virtio-serial,
-	// blk and net measured 217-270 MiB RSS for a 256 MiB guest at 1 vCPU
-	// (recipes), and 293 MiB (VmRSS 300436 kB) at 2 vCPUs in
-	// TestConfinedVMM; ~43 MiB of it is the TCG translation cache, the rest
-	// guest pages touched plus QEMU's own code, heap and I/O buffers. 384
-	// MiB above the guest size leaves room for the translation cache of
-	// more vCPUs, block and chardev buffers and a migration stream, and
-	// still never lets a VMM take much more than its guest was given.
-	VMMMemoryOverheadMiB = 384
-	// VMMTasksBase, VMMTasksPerVCPU: a running confined QEMU with 2 vCPUs
-	// had 6 threads (main loop, RCU, one per vCPU, and I/O helpers) in
-	// TestConfinedVMM. Block I/O adds thread-pool workers on demand, up to
-	// QEMU's default pool size of 64: the base covers that pool, 2 per vCPU
-	// a vCPU thread and one more helper each. The log wrapper shell is the
-	// same task (it exec's QEMU).
-	VMMTasksBase    = 64
-	VMMTasksPerVCPU = 2
-)
-
-// vmmLimits are the MemoryMax (bytes) and TasksMax of a VMM unit for a guest.
-func vmmLimits(memoryMiB, vcpus int) (memoryMax, tasksMax uint64) {
-	if memoryMiB <= 0 {
-		memoryMiB = 256 // QEMU's default in vmm/qemu
-	}
-	if vcpus <= 0 {
-		vcpus = 1
-	}
-	return uint64(memoryMiB+VMMMemoryOverheadMiB) << 20, uint64(VMMTasksBase + VMMTasksPerVCPU*vcpus)
-}
-
 // Runtime runs the Instances of one node. Open takes over what a previous
 // node process left running; Close leaves every VMM running.
 type Runtime struct {
@@ -247,36 +209,6 @@ func (in *instance) notify() {
 	in.changed = make(chan struct{})
 }
 
-// InstanceStatus is what List reports about one Instance.
-type InstanceStatus struct {
-	ID             string
-	Unit           string
-	State          State
-	Error          string
-	InstallationID string
-	VCPUs          int
-	MemoryMiB      int
-	InvocationID   string
-	MainPID        uint32
-	HostPID        int
-	// GuestResponding is false while the guest agent does not answer (after
-	// a takeover the node keeps retrying with backoff).
-	GuestResponding bool
-	Guest           *GuestRecord
-	// DeniedPackets are the packets of the guest its rule table dropped
-	// by policy, as the node last read them (every Config.DeniedInterval).
-	DeniedPackets uint64
-	// DataSocket is the host end of the guest agent's data-plane channel
-	// (absolute path), for the data-plane process to dial; "" when the
-	// backend gives the guest none or this launch of the VMM predates it.
-	// The node itself never connects to it.
-	DataSocket string
-	// LayerPath is the retained writable layer the VMM writes ("" none).
-	LayerPath string
-	// Volumes are the Volume disks the VMM was launched with.
-	Volumes []VolumeDisk
-}
-
 // Open prepares the runtime directories under cfg.StorageRoot, deletes
 // temporary files of interrupted writes unread, and takes over the VMMs of
 // the previous node process. It fails, changing nothing, when a launch
@@ -331,7 +263,7 @@ func Open(ctx context.Context, cfg Config) (*Runtime, error) {
 	ok := false
 	defer func() {
 		if !ok {
-			rt.lock.Close()
+			rt.abandonOpen()
 		}
 	}()
 	rt.keepMachineLogsWithinQuota("")
@@ -366,7 +298,7 @@ func Open(ctx context.Context, cfg Config) (*Runtime, error) {
 	}
 	rt.qemuVersionDone = make(chan struct{})
 	if q, ok := rt.backend.(*QEMU); ok {
-		go func() {
+		rt.wg.Go(func() {
 			defer close(rt.qemuVersionDone)
 			v, err := binaryVersion(q.Binary)
 			if err != nil {
@@ -374,7 +306,7 @@ func Open(ctx context.Context, cfg Config) (*Runtime, error) {
 				rt.log.Warn("QEMU version unknown: no pause or resume on this node", "err", err)
 			}
 			rt.qemuVersion = v
-		}()
+		})
 	} else {
 		close(rt.qemuVersionDone)
 	}
@@ -389,7 +321,9 @@ func Open(ctx context.Context, cfg Config) (*Runtime, error) {
 	// up on Open: its values, not its cancellation.
 	rt.ctx, rt.cancel = context.WithCancel(context.WithoutCancel(ctx))
 	if err := rt.takeover(ctx); err != nil {
+		// What the takeover started ends before the network it uses.
 		rt.cancel()
+		rt.wg.Wait()
 		rt.net.close()
 		return nil, err
 	}
@@ -407,6 +341,22 @@ func Open(ctx context.Context, cfg Config) (*Runtime, error) {
 	rt.observe(StepTakeover, t0)
 	rt.log.Info("runtime opened", "instances", len(rt.instances), "took", time.Since(t0).Round(time.Microsecond))
 	return rt, nil
+}
+
+// abandonOpen undoes a failed Open once what it started has ended: the
+// installation checks and the QEMU version question run to their end (they
+// take no context), and whatever a takeover started stops with rt.ctx.
+// Only then is the lock let go, so no other node process sees this one's
+// goroutines still at work.
+func (rt *Runtime) abandonOpen() {
+	if rt.cancel != nil {
+		rt.cancel()
+	}
+	rt.wg.Wait()
+	if c := rt.installations; c != nil {
+		<-c.done
+	}
+	rt.lock.Close()
 }
 
 func (rt *Runtime) acquireLock() error {
@@ -477,129 +427,4 @@ func (rt *Runtime) get(id string) (*instance, error) {
 		return nil, fmt.Errorf("runtime: instance %s: %w", id, ErrUnknownInstance)
 	}
 	return in, nil
-}
-
-// all are the Instances now, for a caller that then locks each one alone.
-func (rt *Runtime) all() []*instance {
-	rt.mu.Lock()
-	defer rt.mu.Unlock()
-	ins := make([]*instance, 0, len(rt.instances))
-	for _, in := range rt.instances {
-		ins = append(ins, in)
-	}
-	return ins
-}
-
-// List returns every Instance with its state, sorted by ID.
-func (rt *Runtime) List() []InstanceStatus {
-	ins := rt.all()
-	out := make([]InstanceStatus, 0, len(ins))
-	for _, in := range ins {
-		out = append(out, in.status())
-	}
-	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
-	return out
-}
-
-// Owned is List without the warm guests, which no Workspace owns.
-func (rt *Runtime) Owned() []InstanceStatus {
-	return slices.DeleteFunc(rt.List(), func(st InstanceStatus) bool { return IsWarm(st.ID) })
-}
-
-// Status is List for one Instance.
-func (rt *Runtime) Status(id string) (InstanceStatus, error) {
-	in, err := rt.get(id)
-	if err != nil {
-		return InstanceStatus{}, err
-	}
-	return in.status(), nil
-}
-
-// dataSocket is sock if the VMM was launched with it on its command line:
-// an Instance launched before the backend had a data channel, and taken
-// over since, has none.
-func dataSocket(sock string, vmmArgv []string) string {
-	if sock == "" {
-		return ""
-	}
-	for _, a := range vmmArgv {
-		if strings.Contains(a, sock) {
-			return sock
-		}
-	}
-	return ""
-}
-
-func (in *instance) status() InstanceStatus {
-	in.mu.Lock()
-	defer in.mu.Unlock()
-	s := InstanceStatus{
-		ID:              in.id,
-		Unit:            in.rec.Unit,
-		State:           in.state,
-		Error:           in.err,
-		InstallationID:  in.rec.InstallationID,
-		VCPUs:           in.rec.VCPUs,
-		MemoryMiB:       in.rec.MemoryMiB,
-		GuestResponding: in.guest != nil && in.responding,
-		Guest:           in.rec.Guest,
-		DeniedPackets:   in.denied.total,
-		LayerPath:       in.rec.LayerPath,
-		Volumes:         slices.Clone(in.rec.Volumes),
-	}
-	if p := in.rec.Process; p != nil {
-		s.InvocationID, s.MainPID, s.HostPID = p.InvocationID, p.MainPID, p.HostPID
-	}
-	s.DataSocket = dataSocket(in.paths.DataSocket, in.rec.VMMArgv)
-	return s
-}
-
-// Guest returns the current guest agent session of a running Instance.
-func (rt *Runtime) Guest(id string) (*guestproto.Client, error) {
-	in, err := rt.get(id)
-	if err != nil {
-		return nil, err
-	}
-	in.mu.Lock()
-	defer in.mu.Unlock()
-	if in.guest == nil {
-		return nil, fmt.Errorf("runtime: instance %s: guest agent is not connected (state %s%s)", id, in.state, errSuffix(in.err))
-	}
-	return in.guest, nil
-}
-
-func errSuffix(e string) string {
-	if e == "" {
-		return ""
-	}
-	return ": " + e
-}
-
-// Exec starts a process in the guest. While the guest agent is being
-// reconnected (after a takeover) it waits for it as long as ctx allows.
-func (rt *Runtime) Exec(ctx context.Context, id string, req guestproto.ExecRequest) (*guestproto.Process, error) {
-	in, err := rt.get(id)
-	if err != nil {
-		return nil, err
-	}
-	for {
-		in.mu.Lock()
-		c, state, changed := in.guest, in.state, in.changed
-		in.mu.Unlock()
-		if c != nil {
-			p, err := c.Exec(ctx, req)
-			if err != nil {
-				return nil, fmt.Errorf("runtime: instance %s: exec %q: %w", id, req.Argv, err)
-			}
-			return p, nil
-		}
-		if state != StateRunning && state != StateStarting {
-			return nil, fmt.Errorf("runtime: instance %s is %s, cannot exec %q", id, state, req.Argv)
-		}
-		select {
-		case <-changed:
-		case <-ctx.Done():
-			return nil, fmt.Errorf("runtime: instance %s: exec %q: guest agent not connected: %w", id, req.Argv, ctx.Err())
-		}
-	}
 }

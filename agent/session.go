@@ -1,0 +1,178 @@
+package agent
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/kibotos/kibotos/api"
+	"github.com/kibotos/kibotos/buildinfo"
+)
+
+// connectOnce finds the leader and runs one session; it returns when the
+// session ends.
+func (a *Agent) connectOnce(ctx context.Context) error {
+	addrs := a.cfg.CtrlAddrs()
+	if len(addrs) == 0 {
+		return errors.New("no ctrl member known")
+	}
+	var lastErr error
+	tried := map[string]bool{}
+	for i := 0; i < len(addrs) && i < 8; i++ {
+		addr := addrs[i]
+		if tried[addr] {
+			continue
+		}
+		tried[addr] = true
+		leader, err := a.session(ctx, addr)
+		if leader != "" && !tried[leader] {
+			addrs = append(addrs[:i+1], append([]string{leader}, addrs[i+1:]...)...)
+		}
+		if err == nil || errors.Is(err, ErrIsolated) || errors.Is(err, ErrStale) || ctx.Err() != nil {
+			return err
+		}
+		lastErr = err
+	}
+	return lastErr
+}
+
+// session runs one control session against addr. It returns the leader's
+// address when addr redirected.
+func (a *Agent) session(ctx context.Context, addr string) (redirect string, err error) {
+	conn, err := a.cfg.Dial(ctx, addr)
+	if err != nil {
+		return "", err
+	}
+	defer conn.Close()
+	stop := context.AfterFunc(ctx, func() { conn.Close() })
+	defer stop()
+	enc := json.NewEncoder(conn)
+	dec := api.NewSessionDecoder(conn)
+	var wmu sync.Mutex
+	send := func(m api.SessionMsg) error {
+		wmu.Lock()
+		defer wmu.Unlock()
+		conn.SetWriteDeadline(time.Now().Add(5 * time.Second))
+		return enc.Encode(m)
+	}
+	if err := send(api.SessionMsg{Type: api.MsgHello, NodeID: a.cfg.NodeID, Incarnation: a.incarnation,
+		Release: buildinfo.ReleaseName(), Revision: buildinfo.SourceRevision()}); err != nil {
+		return "", err
+	}
+	conn.SetReadDeadline(time.Now().Add(a.cfg.SessionTimeout + 5*time.Second))
+	var first api.SessionMsg
+	if err := dec.Decode(&first); err != nil {
+		return "", err
+	}
+	switch first.Type {
+	case api.MsgRedirect:
+		return first.Leader, fmt.Errorf("%s is not the ctrl leader (%s)", addr, first.Message)
+	case api.MsgRefused:
+		return "", a.refusal(first)
+	case api.MsgWelcome:
+	default:
+		return "", fmt.Errorf("unexpected %q from %s", first.Type, addr)
+	}
+	a.mu.Lock()
+	a.sessionID, a.send, a.resultReports = first.SessionID, send, first.ResultReports
+	if len(first.CredentialKey) > 0 {
+		a.credentialKey = first.CredentialKey
+	}
+	a.mu.Unlock()
+	a.bg.spawn(ctx, a.updateDataPlane)
+	defer func() {
+		a.mu.Lock()
+		a.sessionID, a.send, a.resultReports = "", nil, false
+		a.mu.Unlock()
+	}()
+	a.log.Info("control session established", "session_id", first.SessionID, "ctrl", addr, "incarnation", a.incarnation)
+	if a.cfg.OnLeader != nil {
+		a.cfg.OnLeader(addr) // only the leader accepts sessions
+	}
+	for {
+		conn.SetReadDeadline(time.Now().Add(a.cfg.SessionTimeout))
+		var m api.SessionMsg
+		if err := dec.Decode(&m); err != nil {
+			return "", fmt.Errorf("control session %s: %w", first.SessionID, err)
+		}
+		recv := a.now()
+		switch m.Type {
+		case api.MsgPing:
+			err = send(api.SessionMsg{Type: api.MsgPong, T1: m.T1, T2: recv, T3: a.now()})
+		case api.MsgSync:
+			err = a.sendReport(send, func(r *api.SessionMsg) {
+				r.KernelSync, r.T1, r.T2, r.T3 = kernelSync(), m.T1, recv, a.now()
+			})
+		case api.MsgOvercommit:
+			if m.Overcommit != nil {
+				a.mu.Lock()
+				v := *m.Overcommit
+				a.overcommit = &v
+				a.mu.Unlock()
+				a.log.Info("overcommit values applied", "cpu", v.CPU.String(), "memory", v.Memory.String())
+				err = send(api.SessionMsg{Type: api.MsgOvercommitAck, Overcommit: &v})
+			}
+		case api.MsgForget:
+			if rt := a.cfg.Runtime; rt != nil && len(m.Forget) > 0 {
+				if err := rt.ForgetEnded(m.Forget); err != nil {
+					a.log.Warn("ended-instance records not deleted", "err", err)
+				}
+			}
+			a.keepUnrecognized(m.Unrecognized)
+		case api.MsgNodeState:
+			if m.Draining != nil {
+				a.mu.Lock()
+				changed := a.draining != *m.Draining
+				a.draining = *m.Draining
+				a.mu.Unlock()
+				if changed {
+					a.log.Info("drain request changed: new Workspaces are refused while draining", "draining", *m.Draining)
+				}
+			}
+		case api.MsgTask:
+			if m.Task != nil && (a.cfg.HoldTask == nil || !a.cfg.HoldTask(*m.Task)) {
+				a.handleTask(ctx, *m.Task)
+			}
+		case api.MsgVolumeTask:
+			if m.VolumeTask != nil {
+				a.handleVolumeTask(ctx, *m.VolumeTask)
+			}
+		case api.MsgRefused:
+			return "", a.refusal(m)
+		}
+		if err != nil {
+			return "", err
+		}
+	}
+}
+
+func (a *Agent) refusal(m api.SessionMsg) error {
+	switch m.Refusal {
+	case api.RefusalIsolated:
+		return fmt.Errorf("%w: %s", ErrIsolated, m.Message)
+	case api.RefusalStale:
+		return fmt.Errorf("%w: %s", ErrStale, m.Message)
+	default:
+		a.log.Warn("control session refused", "refusal", m.Refusal, "reason", m.Message)
+		return fmt.Errorf("control session refused: %s", m.Message)
+	}
+}
+
+// kernelSync is what adjtimex says of the host's time synchronization.
+func kernelSync() string {
+	var tx unix.Timex
+	state, err := unix.Adjtimex(&tx)
+	switch {
+	case err != nil:
+		return "unknown"
+	case state == unix.TIME_ERROR || tx.Status&unix.STA_UNSYNC != 0:
+		return "unsynchronized"
+	default:
+		return "synchronized"
+	}
+}
