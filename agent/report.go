@@ -218,10 +218,10 @@ func (a *Agent) lastSent() (api.Report, time.Time) {
 	return a.sent.report, a.sent.at
 }
 
-// hostUsage is the latest sample, nil before the first.
 // HostUsage is the latest host usage sample, nil before the first.
 func (a *Agent) HostUsage() *api.HostUsage { return a.hostUsage() }
 
+// hostUsage is the latest sample, nil before the first.
 func (a *Agent) hostUsage() *api.HostUsage {
 	u := api.HostUsage(a.sampler.Latest())
 	if u.SampledAt.IsZero() {
