@@ -73,12 +73,12 @@ func newFilter(t *testing.T, upstreams ...netip.AddrPort) (*Filter, netip.AddrPo
 		if err != nil {
 			t.Fatal(err)
 		}
-		t.Cleanup(func() { pc.Close() })
-		dnstest.ServeRecords(pc, map[string][]netip.Addr{
+		dns := dnstest.ServeRecords(pc, map[string][]netip.Addr{
 			"web.example.com.": {webAddr}, "cdn.example.net.": {cdnAddr}, "evil.example.com.": {evilAddr}, "inside.test.": {webAddr},
 			"web6.example.com.": {web6Addr}, "evil6.example.com.": {evil6Addr}, "cdn6.example.net.": {web6Addr},
 			"dual.example.com.": {webAddr, web6Addr},
 		})
+		t.Cleanup(func() { dns.Close() })
 		upstreams = []netip.AddrPort{netip.MustParseAddrPort(pc.LocalAddr().String())}
 	}
 	pc, ln := dnstest.ListenUDPTCP(t)

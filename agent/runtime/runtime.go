@@ -416,6 +416,8 @@ func (rt *Runtime) close() error {
 	}
 	rt.mu.Unlock()
 	rt.net.close()
+	// The netlink sockets of the last rule commits close behind them.
+	netpol.Settle()
 	return rt.lock.Close()
 }
 
