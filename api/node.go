@@ -22,10 +22,12 @@ const (
 	Revoked  = "revoked"
 )
 
-// Roles a member can have.
+// Roles a member can have. Operator is never alone: it marks a ctrl or
+// node member whose host also holds an operator credential (tls/admin.*).
 const (
-	RoleCtrl = "ctrl"
-	RoleNode = "node"
+	RoleCtrl     = "ctrl"
+	RoleNode     = "node"
+	RoleOperator = "operator"
 )
 
 // Node is the registration record of one member as ctrl stores it, plus the

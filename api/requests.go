@@ -60,9 +60,11 @@ type JoinResponse struct {
 	CACert     string   `json:"ca_cert"`
 	CAKey      string   `json:"ca_key,omitempty"` // ctrl members sign certificates when they lead
 	MemberCert string   `json:"member_cert"`
-	AdminCert  string   `json:"admin_cert"`
-	GossipKey  []byte   `json:"gossip_key"`
-	Peers      []string `json:"peers"`
+	// AdminCert is the host's operator certificate, only for ctrl
+	// members and members admitted with the operator role.
+	AdminCert string   `json:"admin_cert,omitempty"`
+	GossipKey []byte   `json:"gossip_key"`
+	Peers     []string `json:"peers"`
 }
 
 // AddVoterRequest asks the leader to add a ctrl member to the Raft group.
@@ -86,16 +88,18 @@ type Status struct {
 
 // RenewRequest asks a ctrl member for fresh certificates of the calling
 // member: the member certificate for the key of the certificate the call
-// is made with, and an operator certificate for AdminKey.
+// is made with, and an operator certificate for AdminKey (given by ctrl
+// members and members admitted with the operator role only: others hold
+// no operator credential and are refused one).
 type RenewRequest struct {
-	AdminKey string `json:"admin_public_key"` // PEM
+	AdminKey string `json:"admin_public_key,omitempty"` // PEM
 }
 
 // RenewResponse carries the renewed certificates (PEM, the member
 // certificate followed by the CA).
 type RenewResponse struct {
 	MemberCert string `json:"member_cert"`
-	AdminCert  string `json:"admin_cert"`
+	AdminCert  string `json:"admin_cert,omitempty"`
 }
 
 // DataPlaneCertRequest asks a ctrl member for the server certificate of the

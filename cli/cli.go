@@ -26,11 +26,14 @@ import (
 
 // Globals are the flags every command takes.
 type Globals struct {
-	Address    string        `name:"address" env:"KIBOTOS_ADDR" help:"API address (HOST:PORT) of the member to talk to; default: the member of --data-dir."`
-	DataDir    string        `name:"data-dir" env:"KIBOTOS_DATA_DIR" help:"Member data directory (credentials and state); default: /var/lib/kibotos, else the kibotos dev directory."`
-	JSON       bool          `name:"json" help:"Print the API result as JSON ({\"result\": ...})."`
-	Consistent bool          `name:"consistent" help:"Read from the ctrl leader instead of this member's replica."`
-	Timeout    time.Duration `name:"timeout" default:"10m" help:"How long --wait waits before giving up (exit 16)."`
+	Address string `name:"address" env:"KIBOTOS_ADDR" help:"API address (HOST:PORT) of the member to talk to; default: the member of --data-dir."`
+	DataDir string `name:"data-dir" env:"KIBOTOS_DATA_DIR" help:"Member data directory (credentials and state); default: /var/lib/kibotos, else the kibotos dev directory."`
+	// Credentials: the flag, else KIBOTOS_CREDENTIALS (kong reads it),
+	// else the per-user directory, else the member's (findCredentials).
+	Credentials string        `name:"credentials" env:"KIBOTOS_CREDENTIALS" help:"Operator credentials directory (ca.crt, operator.crt, operator.key from kibo operator issue); default: ~/.config/kibotos/credentials if it exists, else the operator certificate of --data-dir (ctrl and operator members)."`
+	JSON        bool          `name:"json" help:"Print the API result as JSON ({\"result\": ...})."`
+	Consistent  bool          `name:"consistent" help:"Read from the ctrl leader instead of this member's replica."`
+	Timeout     time.Duration `name:"timeout" default:"10m" help:"How long --wait waits before giving up (exit 16)."`
 
 	ctx    context.Context
 	stdout io.Writer
@@ -49,6 +52,7 @@ type CLI struct {
 	Dev              DevCmd              `cmd:"" help:"Run a one-voter development cluster with a node on this host, in the foreground."`
 	Status           StatusCmd           `cmd:"" help:"Show the member the CLI talks to and the ctrl leader."`
 	Enrollment       EnrollmentCmd       `cmd:"" help:"Grant, list and revoke enrollment grants."`
+	Operator         OperatorCmd         `cmd:"" help:"Issue, list and revoke operator credentials of people (the CLI's --credentials)."`
 	Node             NodeCmd             `cmd:"" help:"View nodes, drain, isolate, retire them and set overcommit."`
 	GuestAgent       GuestAgentCmd       `cmd:"" name:"guest-agent" hidden:"" help:"Run the guest agent (PID 1 inside a VM)."`
 	Dataplane        DataplaneCmd        `cmd:"" hidden:"" help:"Run the node's data-plane process (started by the node as its own unit)."`
@@ -180,20 +184,20 @@ func (g *Globals) dir() datadir.Dir {
 }
 
 // client connects to --address or the member of the data directory, with
-// the data directory's admin credentials.
+// the operator credential findCredentials picks.
 func (g *Globals) client() (*api.Client, error) {
 	d := g.dir()
-	id, err := d.LoadIdentity()
+	tlsConf, err := g.findCredentials(d)
 	if err != nil {
-		return nil, api.Errorf(api.CodeUnauthenticated, "%v", err)
+		return nil, err
 	}
-	tlsConf, err := d.AdminClient()
-	if err != nil {
-		return nil, api.Errorf(api.CodeUnauthenticated, "%v", err)
+	id, err := d.LoadIdentity()
+	if err != nil && g.Address == "" {
+		return nil, api.Errorf(api.CodeUnauthenticated, "%v; on a host without a member give the member's --address", err)
 	}
 	addr := g.Address
 	c := api.NewClient(addr, tlsConf)
-	if addr == "" || addr == id.Advertise {
+	if id != nil && (addr == "" || addr == id.Advertise) {
 		// The member of its data directory (by default, or named by its
 		// address): no other member is accepted there, even one whose
 		// certificate holds the same host.

@@ -150,6 +150,9 @@ func jsonShape(t *testing.T, raw string) string {
 }
 
 func newCLIEnv(t *testing.T, o clustertest.Options) *cliEnv {
+	// The per-user credentials of whoever runs the tests must not count.
+	t.Setenv("XDG_CONFIG_HOME", t.TempDir())
+	t.Setenv("KIBOTOS_CREDENTIALS", "")
 	c := clustertest.New(t, o)
 	return &cliEnv{t: t, c: c, dataDir: string(c.Members[0].Dir)}
 }

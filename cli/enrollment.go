@@ -16,7 +16,7 @@ type EnrollmentCmd struct {
 // EnrollmentGrantCmd issues a grant.
 type EnrollmentGrantCmd struct {
 	NodeID    string   `arg:"" name:"node-id" help:"Node id the grant admits."`
-	Roles     []string `name:"roles" default:"node" help:"Roles of the new member: node, ctrl or ctrl,node."`
+	Roles     []string `name:"roles" default:"node" help:"Roles of the new member: node, ctrl or ctrl,node; node,operator also gives its host an operator credential (logged)."`
 	TTL       string   `name:"ttl" default:"1h" help:"How long the grant stays valid."`
 	CommandID string   `name:"command-id" help:"Idempotency key."`
 }

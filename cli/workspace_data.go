@@ -20,10 +20,13 @@ func (g *Globals) dataPlane(id string) (*guestproto.Client, error) {
 	if _, err := g.call("POST", workspacePath(id, "credentials"), struct{}{}, &cred); err != nil {
 		return nil, err
 	}
-	roots, err := g.dir().CAPool()
+	// The cluster CA of the operator credential the call above used: a
+	// person's credential brings it, off a member's host too.
+	tc, err := g.findCredentials(g.dir())
 	if err != nil {
-		return nil, api.Errorf(api.CodeUnauthenticated, "%v", err)
+		return nil, err
 	}
+	roots := tc.Pool
 	ctx, cancel := context.WithTimeout(g.ctx, 30*time.Second)
 	defer cancel()
 	c, err := dataplane.Connect(ctx, cred, roots)

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"net"
 	"net/http"
+	"strings"
 	"sync"
 	"time"
 
@@ -23,7 +24,7 @@ import (
 // handshake verified (chain to the cluster CA, client-auth usage).
 func (s *Server) peerIdentity(cs tls.ConnectionState) (trust.Identity, error) {
 	if len(cs.PeerCertificates) == 0 {
-		return trust.Identity{}, api.Errorf(api.CodeUnauthenticated, "a client certificate of this cluster is required: run the CLI as root on a member, or pass --data-dir of a member")
+		return trust.Identity{}, api.Errorf(api.CodeUnauthenticated, "a client certificate of this cluster is required: pass an operator credential (--credentials DIR, from kibo operator issue) or run the CLI as root on a ctrl or operator member")
 	}
 	id, err := trust.Identify(cs.PeerCertificates[0])
 	if errors.Is(err, trust.ErrNoIdentity) {
@@ -51,6 +52,9 @@ func (s *Server) admitted(id trust.Identity) error {
 		// admissionTTL), for every call it answers itself, its metrics
 		// and its redirects to ctrl included.
 		return s.admittedByCtrl(id)
+	}
+	if id.Kind == trust.KindOperator {
+		return s.operatorAccepted(id)
 	}
 	var a fsm.NodeAdmission
 	var ok, bootstrapped bool
@@ -87,6 +91,14 @@ func admissionError(id trust.Identity, a fsm.NodeAdmission, ok bool) error {
 		if !contains(a.Roles, r) {
 			return api.Errorf(api.CodePermissionDenied, "certificate of node %s claims role %s, which the node was not admitted with (%v)", id.NodeID, r, a.Roles)
 		}
+	}
+	// A host's operator certificate acts for whoever controls the host:
+	// only ctrl hosts and hosts admitted as operator may hold one. Those
+	// that every member issued before (an older build) are refused here,
+	// on every member at once, without waiting for them to expire.
+	if id.Kind == trust.KindAdmin && !contains(a.Roles, api.RoleCtrl) && !contains(a.Roles, api.RoleOperator) {
+		return api.Errorf(api.CodePermissionDenied, "operator certificate of %s is refused: node %s was admitted as %s, without the ctrl or operator role, so its host holds no operator credential; use a personal one (kibo operator issue NAME)",
+			id.Name(), id.NodeID, strings.Join(a.Roles, ","))
 	}
 	return nil
 }

@@ -114,24 +114,27 @@ func Init(ctx context.Context, o InitOptions) (*datadir.Identity, error) {
 	if err != nil {
 		return nil, err
 	}
-	admin := trust.Identity{ClusterID: clusterID, Kind: trust.KindAdmin, NodeID: o.NodeID, Admitted: admitted}
-	adminCert, adminKey, err := ca.IssueKeyPair(admin, nil, trust.AdminLifetime)
-	if err != nil {
-		return nil, err
-	}
 	caKey, err := trust.EncodeKey(ca.Key)
 	if err != nil {
 		return nil, err
+	}
+	files := map[string][]byte{
+		t.CACert(): ca.CertPEM, t.CAKey(): caKey,
+		t.MemberCert(): append(memberCert, ca.CertPEM...), t.MemberKey(): memberKey,
+	}
+	if holdsOperatorCert(o.Roles) {
+		admin := trust.Identity{ClusterID: clusterID, Kind: trust.KindAdmin, NodeID: o.NodeID, Admitted: admitted}
+		adminCert, adminKey, err := ca.IssueKeyPair(admin, nil, trust.AdminLifetime)
+		if err != nil {
+			return nil, err
+		}
+		files[t.AdminCert()], files[t.AdminKey()] = adminCert, adminKey
 	}
 	gossipKey := make([]byte, 32)
 	rand.Read(gossipKey)
 	id := &datadir.Identity{ClusterID: clusterID, NodeID: o.NodeID, Roles: o.Roles, Advertise: o.Advertise,
 		GossipKey: gossipKey, CAFingerprint: trust.Fingerprint(ca.Cert)}
-	if err := writeFiles(map[string][]byte{
-		t.CACert(): ca.CertPEM, t.CAKey(): caKey,
-		t.MemberCert(): append(memberCert, ca.CertPEM...), t.MemberKey(): memberKey,
-		t.AdminCert(): adminCert, t.AdminKey(): adminKey,
-	}); err != nil {
+	if err := writeFiles(files); err != nil {
 		return nil, err
 	}
 	if err := bootstrapRaft(ctx, t, id, admitted); err != nil {
@@ -257,7 +260,11 @@ func Join(ctx context.Context, o JoinOptions) (*datadir.Identity, error) {
 	ak, _ := trust.EncodeKey(adminKey)
 	files := map[string][]byte{
 		t.CACert(): []byte(jr.CACert), t.MemberCert(): []byte(jr.MemberCert), t.MemberKey(): mk,
-		t.AdminCert(): []byte(jr.AdminCert), t.AdminKey(): ak,
+	}
+	if jr.AdminCert != "" && holdsOperatorCert(jr.Roles) {
+		// An older ctrl build gives every host one; a node-only host
+		// keeps none (no other member accepts it anyway).
+		files[t.AdminCert()], files[t.AdminKey()] = []byte(jr.AdminCert), ak
 	}
 	if jr.CAKey != "" {
 		files[t.CAKey()] = []byte(jr.CAKey)

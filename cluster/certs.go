@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"regexp"
+	"strings"
 	"time"
 
 	"github.com/kibotos/kibotos/api"
@@ -17,11 +18,22 @@ import (
 	"github.com/kibotos/kibotos/trust"
 )
 
+// holdsOperatorCert says whether a member with roles holds its host's
+// operator certificate (tls/admin.*): ctrl members, which hold the CA key
+// anyway, and members admitted with the operator role. Every other host
+// holds none, so that taking it over gives no power over the cluster.
+func holdsOperatorCert(roles []string) bool {
+	return contains(roles, api.RoleCtrl) || contains(roles, api.RoleOperator)
+}
+
 // readCerts reads the member's member and operator certificates from its
-// data directory.
+// data directory; admin is empty where the directory holds none.
 func readCerts(d datadir.Dir) (member, admin tls.Certificate, err error) {
 	if member, err = d.MemberCertificate(); err != nil {
 		return member, admin, err
+	}
+	if !d.HasAdminCertificate() {
+		return member, tls.Certificate{}, nil
 	}
 	admin, err = d.AdminCertificate()
 	return member, admin, err
@@ -44,7 +56,8 @@ func loadCerts(d datadir.Dir) (*trust.Store, error) {
 // an hour (a member that was down past half-life renews at start).
 func (s *Server) renewLoop() {
 	for {
-		if trust.DueForRenewal(s.certs.Member().Leaf, time.Now()) || trust.DueForRenewal(s.certs.Admin().Leaf, time.Now()) {
+		admin := s.certs.Admin()
+		if trust.DueForRenewal(s.certs.Member().Leaf, time.Now()) || (admin != nil && trust.DueForRenewal(admin.Leaf, time.Now())) {
 			ctx, cancel := context.WithTimeout(s.life, time.Minute)
 			err := s.RenewCertificates(ctx)
 			cancel()
@@ -60,31 +73,47 @@ func (s *Server) renewLoop() {
 	}
 }
 
-// RenewCertificates gets fresh member and operator certificates for this
-// member's keys, writes them to the data directory and serves them at once.
-// A ctrl member signs them itself after checking its own admission; a
-// node-only member asks a ctrl member over its authenticated channel.
+// RenewCertificates gets fresh member and, where the member holds one,
+// operator certificates for this member's keys, writes them to the data
+// directory and serves them at once. A ctrl member signs them itself
+// after checking its own admission; a node-only member asks a ctrl member
+// over its authenticated channel.
 func (s *Server) RenewCertificates(ctx context.Context) error {
 	d := s.cfg.DataDir
-	adminKey, err := trust.ReadPublicKeyOf(d.AdminKey())
-	if err != nil {
-		return err
+	var adminKey *ecdsa.PublicKey
+	// A leftover one of a node-only member (member.Run removes it at
+	// start) is not renewed: asking for it would be refused.
+	if s.certs.Admin() != nil && holdsOperatorCert(s.id.Roles) {
+		var err error
+		if adminKey, err = trust.ReadPublicKeyOf(d.AdminKey()); err != nil {
+			return err
+		}
 	}
 	var out api.RenewResponse
+	var err error
 	if s.ca.Key != nil {
 		out, err = s.renewFor(s.certs.Member().Leaf, adminKey)
 	} else {
-		body, _ := json.Marshal(api.RenewRequest{AdminKey: trust.PublicKeyPEM(adminKey)})
+		var req api.RenewRequest
+		if adminKey != nil {
+			req.AdminKey = trust.PublicKeyPEM(adminKey)
+		}
+		body, _ := json.Marshal(req)
 		err = s.callCtrl(ctx, "/v1/internal/certs/renew", body, &out)
 	}
 	if err != nil {
 		return fmt.Errorf("renew the certificates of member %s: %w", s.id.NodeID, err)
 	}
+	if adminKey != nil && out.AdminCert == "" {
+		return fmt.Errorf("renew the certificates of member %s: ctrl renewed no operator certificate for %s; retry", s.id.NodeID, d.AdminCert())
+	}
 	if err := datadir.WriteFileAtomic(d.MemberCert(), []byte(out.MemberCert), 0o600); err != nil {
 		return err
 	}
-	if err := datadir.WriteFileAtomic(d.AdminCert(), []byte(out.AdminCert), 0o600); err != nil {
-		return err
+	if adminKey != nil {
+		if err := datadir.WriteFileAtomic(d.AdminCert(), []byte(out.AdminCert), 0o600); err != nil {
+			return err
+		}
 	}
 	m, a, err := readCerts(d)
 	if err != nil {
@@ -99,7 +128,9 @@ func (s *Server) RenewCertificates(ctx context.Context) error {
 
 // renewFor issues the renewal of a member certificate (same key, same
 // addresses, roles and admission as the node's registration now says) and
-// an operator certificate for adminKey. Only admitted nodes get one.
+// an operator certificate for adminKey (nil: none). Only admitted nodes
+// get one, and an operator certificate only a member whose roles hold
+// one (holdsOperatorCert; its roles are checked against the state).
 func (s *Server) renewFor(old *x509.Certificate, adminKey *ecdsa.PublicKey) (api.RenewResponse, error) {
 	id, err := trust.FromCert(old)
 	if err != nil {
@@ -112,9 +143,18 @@ func (s *Server) renewFor(old *x509.Certificate, adminKey *ecdsa.PublicKey) (api
 	if !ok {
 		return api.RenewResponse{}, api.Errorf(api.CodeInvalidArgument, "member certificate of %s has no ECDSA key", id.NodeID)
 	}
+	if adminKey != nil && !holdsOperatorCert(id.Roles) {
+		// Only a build from before issue 44 asks this. The whole renewal
+		// is refused, not just this part: such a build would write the
+		// missing certificate as an empty file and not start again.
+		return api.RenewResponse{}, api.Errorf(api.CodePermissionDenied, "member %s (%s) may not hold an operator certificate: upgrade it to this release, which renews its member certificate alone", id.NodeID, strings.Join(id.Roles, ","))
+	}
 	member, err := s.ca.Issue(id, trust.Hosts(old), pub, s.lifetime(trust.MemberLifetime))
 	if err != nil {
 		return api.RenewResponse{}, err
+	}
+	if adminKey == nil {
+		return api.RenewResponse{MemberCert: string(member) + string(s.ca.CertPEM)}, nil
 	}
 	admin := id
 	admin.Kind, admin.Roles = trust.KindAdmin, nil
@@ -136,9 +176,12 @@ func (s *Server) lifetime(def time.Duration) time.Duration {
 // handleRenew renews the calling member's certificates (ctrl members only;
 // a member renews only its own).
 func (s *Server) handleRenew(r *http.Request, req api.RenewRequest) response {
-	adminKey, err := trust.ParsePublicKeyPEM(req.AdminKey)
-	if err != nil {
-		return fail(api.Errorf(api.CodeInvalidArgument, "renewal for %s: admin_public_key is not an ECDSA PEM key: %v", callerOf(r).name, err))
+	var adminKey *ecdsa.PublicKey
+	if req.AdminKey != "" {
+		var err error
+		if adminKey, err = trust.ParsePublicKeyPEM(req.AdminKey); err != nil {
+			return fail(api.Errorf(api.CodeInvalidArgument, "renewal for %s: admin_public_key is not an ECDSA PEM key: %v", callerOf(r).name, err))
+		}
 	}
 	out, err := s.renewFor(r.TLS.PeerCertificates[0], adminKey)
 	if err != nil {

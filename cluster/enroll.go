@@ -91,6 +91,9 @@ func (s *Server) handleGrant(r *http.Request, req api.GrantRequest) response {
 	if len(req.Roles) == 0 {
 		req.Roles = []string{api.RoleNode}
 	}
+	if err := s.operatorGrantLevel(req.Roles); err != nil {
+		return fail(err)
+	}
 	secret, err := s.grantSecret(req)
 	if err != nil {
 		return fail(err)
@@ -106,6 +109,11 @@ func (s *Server) handleGrant(r *http.Request, req api.GrantRequest) response {
 	}
 	var g api.Grant
 	json.Unmarshal(res.Value, &g)
+	if contains(g.Roles, api.RoleOperator) {
+		// Its host will hold an operator credential: worth a line of its
+		// own beside the write's audit line.
+		s.log.Warn("enrollment grant with the operator role", "grant_node_id", g.NodeID, "roles", g.Roles, "granted_by", callerOf(r).name)
+	}
 	out := api.GrantResponse{Grant: g}
 	if !res.Replayed || req.CommandID != "" {
 		out.Token = tok.encode()
@@ -186,15 +194,21 @@ func (s *Server) handleJoin(r *http.Request, req api.JoinRequest) response {
 	if err != nil {
 		return fail(err)
 	}
-	admin := trust.Identity{ClusterID: s.id.ClusterID, Kind: trust.KindAdmin, NodeID: n.NodeID, Admitted: n.AdmittedAt}
-	adminCert, err := s.ca.Issue(admin, nil, adminPub, s.lifetime(trust.AdminLifetime))
-	if err != nil {
-		return fail(err)
-	}
 	out := api.JoinResponse{
 		ClusterID: s.id.ClusterID, NodeID: n.NodeID, Roles: n.Roles,
-		CACert: string(s.ca.CertPEM), MemberCert: string(memberCert) + string(s.ca.CertPEM), AdminCert: string(adminCert),
+		CACert: string(s.ca.CertPEM), MemberCert: string(memberCert) + string(s.ca.CertPEM),
 		GossipKey: s.id.GossipKey, Peers: s.ctrlAddrs(),
+	}
+	// Only a ctrl host or one admitted as operator gets an operator
+	// certificate: on any other, whoever controls the host would control
+	// the cluster (issue 44).
+	if holdsOperatorCert(n.Roles) {
+		admin := trust.Identity{ClusterID: s.id.ClusterID, Kind: trust.KindAdmin, NodeID: n.NodeID, Admitted: n.AdmittedAt}
+		adminCert, err := s.ca.Issue(admin, nil, adminPub, s.lifetime(trust.AdminLifetime))
+		if err != nil {
+			return fail(err)
+		}
+		out.AdminCert = string(adminCert)
 	}
 	if n.HasRole(api.RoleCtrl) {
 		keyPEM, err := trust.EncodeKey(s.ca.Key)

@@ -19,7 +19,7 @@ func (s *Server) memberRoutes() []route {
 		// This member's own metrics, also on a node-only member (never
 		// misdirected): what Prometheus scrapes with an admin certificate.
 		{"GET", "/metrics", operators, atLocal, s.handleMetrics},
-		{"GET", "/v1/internal/member-level", members, atLocal, s.handleMemberLevel},
+		{"GET", "/v1/internal/member-level", fromCtrl("the leader asks a ctrl member's level"), atLocal, s.handleMemberLevel},
 		{"POST", "/v1/internal/raft/voter", members, atLeader, decoded(s.handleAddVoter)},
 		{"POST", "/v1/internal/certs/renew", members, atCtrl, decoded(s.handleRenew)},
 		{"POST", "/v1/internal/certs/dataplane", nodeMembers, atCtrl, decoded(s.handleDataPlaneCert)},

@@ -22,8 +22,8 @@ import (
 // members (they forward to the leader for the caller they authenticated);
 // from anyone else they are dropped.
 const (
-	hdrActor         = "X-Kibotos-Actor"          // who asked: node id of a member, admin@<node> of an operator
-	hdrActorKind     = "X-Kibotos-Actor-Kind"     // trust.KindMember or trust.KindAdmin
+	hdrActor         = "X-Kibotos-Actor"          // who asked: node id of a member, admin@<node> of a host's operator certificate, operator:<name> of a person's
+	hdrActorKind     = "X-Kibotos-Actor-Kind"     // trust.KindMember, trust.KindAdmin or trust.KindOperator
 	hdrActorNode     = "X-Kibotos-Actor-Node"     // the node the actor's certificate names
 	hdrActorRoles    = "X-Kibotos-Actor-Roles"    // a member actor's roles
 	hdrActorAdmitted = "X-Kibotos-Actor-Admitted" // admission time in the actor's certificate (unix ns)
@@ -38,8 +38,8 @@ var actorHeaders = []string{hdrActor, hdrActorKind, hdrActorNode, hdrActorRoles,
 
 type caller struct {
 	id     trust.Identity // the caller's identity; on a forwarded request, the original caller's
-	name   string         // id.Name(): node id of a member, "admin@<node>" of an operator
-	kind   string         // trust.KindMember or trust.KindAdmin
+	name   string         // id.Name(): node id of a member, "admin@<node>" or "operator:<name>" of an operator
+	kind   string         // trust.KindMember, trust.KindAdmin or trust.KindOperator
 	viaHop bool
 	hop    string // on a forwarded request, the ctrl member that forwarded it
 }
@@ -119,7 +119,7 @@ func (s *Server) authenticateRequest(r *http.Request) (caller, error) {
 
 func actorFromHeaders(h http.Header, clusterID string) (trust.Identity, error) {
 	id := trust.Identity{ClusterID: clusterID, Kind: h.Get(hdrActorKind), NodeID: h.Get(hdrActorNode)}
-	if id.Kind != trust.KindMember && id.Kind != trust.KindAdmin {
+	if id.Kind != trust.KindMember && id.Kind != trust.KindAdmin && id.Kind != trust.KindOperator {
 		return id, api.Errorf(api.CodeInvalidArgument, "forwarded request names actor kind %q", id.Kind)
 	}
 	if roles := h.Get(hdrActorRoles); roles != "" {
@@ -362,20 +362,27 @@ func (s *Server) misdirect() response {
 
 // write applies op on the leader and answers with its result.
 func (s *Server) write(r *http.Request, op string, meta api.WriteMeta, args any) response {
-	raw, err := json.Marshal(args)
+	res, err := s.applyWrite(r, op, meta, args)
 	if err != nil {
 		return fail(err)
+	}
+	return resultResponse{value: res.Value, replayed: res.Replayed}
+}
+
+// applyWrite applies op on the leader for r's caller; a refusal of the
+// state machine is the error.
+func (s *Server) applyWrite(r *http.Request, op string, meta api.WriteMeta, args any) (fsm.Result, error) {
+	raw, err := json.Marshal(args)
+	if err != nil {
+		return fsm.Result{}, err
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), 30*time.Second)
 	defer cancel()
 	res, err := s.Apply(ctx, fsm.Entry{CommandID: meta.CommandID, ExpectedVersion: meta.ExpectedVersion, Actor: callerOf(r).name, Op: op, Args: raw})
-	if err != nil {
-		return fail(err)
+	if err == nil && res.Error != nil {
+		err = res.Error
 	}
-	if res.Error != nil {
-		return fail(res.Error)
-	}
-	return resultResponse{value: res.Value, replayed: res.Replayed}
+	return res, err
 }
 
 func (s *Server) view(fn func(tx *bolt.Tx) (any, error)) response {

@@ -44,7 +44,7 @@ const (
 type role string
 
 const (
-	roleOperator role = "operator" // an admin certificate
+	roleOperator role = "operator" // a host's (admin) or a person's (operator) operator certificate
 	roleMember   role = "member"   // any member certificate
 	roleNode     role = "node"     // a member certificate with the node role
 	roleCtrl     role = "ctrl"     // a ctrl member calling as itself, not for a caller it forwards
@@ -53,7 +53,7 @@ const (
 // rolesOf are the roles caller c holds.
 func rolesOf(c caller) []role {
 	switch c.kind {
-	case trust.KindAdmin:
+	case trust.KindAdmin, trust.KindOperator:
 		return []role{roleOperator}
 	case trust.KindMember:
 		out := []role{roleMember}
@@ -81,7 +81,7 @@ type access struct {
 var (
 	// operators: what `kibo` calls with the admin certificate.
 	operators = access{roles: []role{roleOperator}, refuse: func(c caller, _ *http.Request) error {
-		return api.Errorf(api.CodePermissionDenied, "%s is not an operator: use the admin credentials of a member data directory", c.name)
+		return api.Errorf(api.CodePermissionDenied, "%s is not an operator: use an operator credential (kibo operator issue NAME, or the data directory of a ctrl or operator member)", c.name)
 	}}
 	// members: the calls members make of ctrl.
 	members = access{roles: []role{roleMember}, refuse: notMember}
@@ -150,6 +150,7 @@ func (s *Server) routeTable() []route {
 		s.poolRoutes(),
 		s.volumeRoutes(),
 		s.enrollmentRoutes(),
+		s.operatorRoutes(),
 	)
 }
 

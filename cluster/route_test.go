@@ -22,21 +22,24 @@ import (
 // Every route of the API declares who may call it, and a caller the
 // rule does not name is refused (403 permission_denied; without a
 // certificate 401 unauthenticated) before the route does anything: the
-// state stays as it was. The callers are the three certificates a
-// cluster hands out: an operator's, a node-only member's and a ctrl
-// member's (which has the node role too).
+// state stays as it was. The callers are the certificates a cluster
+// hands out: a ctrl host's operator certificate, a person's (kibo
+// operator issue), a node-only member's and a ctrl member's (which has
+// the node role too).
 func TestEveryRouteRefusesCallersItsRuleDoesNotName(t *testing.T) {
 	c := clustertest.New(t, clustertest.Options{Ctrl: 1, NodeOnly: 1})
 	ctrl, worker := c.Members[0], c.Members[1]
 	c.WaitAllReady()
 
 	operatorCert, nodeCert, ctrlCert := adminCert(t, ctrl), memberCert(t, worker), memberCert(t, ctrl)
+	personal, _ := issueOperator(t, c, ctrl, "alice", "")
 	callers := []struct {
 		name  string
 		cert  *tls.Certificate
 		roles []string // what the rules call a caller of this certificate
 	}{
 		{"operator", &operatorCert, []string{"operator"}},
+		{"personal operator", &personal, []string{"operator"}},
 		{"node-only member", &nodeCert, []string{"member", "node"}},
 		{"ctrl member", &ctrlCert, []string{"member", "node", "ctrl"}},
 	}
@@ -88,7 +91,7 @@ func TestEveryRouteRefusesCallersItsRuleDoesNotName(t *testing.T) {
 var notOperatorOnly = map[string][]string{
 	"GET /v1/status":                                 {"operator", "member"},
 	"POST /v1/join":                                  nil, // the grant in the body
-	"GET /v1/internal/member-level":                  {"member"},
+	"GET /v1/internal/member-level":                  {"ctrl"},
 	"POST /v1/internal/raft/voter":                   {"member"},
 	"POST /v1/internal/certs/renew":                  {"member"},
 	"POST /v1/internal/certs/dataplane":              {"node"},

@@ -230,8 +230,9 @@ func TestEachChannelTakesOnlyItsRole(t *testing.T) {
 	})
 
 	t.Run("operator calls through a node-only member go to ctrl", func(t *testing.T) {
-		// The worker's CLI talks to its own member, which names ctrl; the
-		// call then reaches ctrl with the worker's operator certificate.
+		// A CLI on the worker's host with an operator credential talks to
+		// the worker's member, which names ctrl; the call then reaches
+		// ctrl with that credential.
 		var n api.Node
 		if _, err := c.Client(worker).Expect(worker.ID).Do(context.Background(), "GET", "/v1/nodes/"+ctrl.ID, nil, &n); err != nil || n.NodeID != ctrl.ID {
 			t.Fatalf("node get through node-only %s: %+v %v", worker.ID, n, err)
@@ -266,10 +267,13 @@ func raftHandshake(t *testing.T, m *clustertest.Member, cert tls.Certificate) er
 // names the node and its state; a node admitted again under the same id
 // cannot use the certificates of its earlier admission.
 func TestRevocationIsEnforcedOnEveryMember(t *testing.T) {
-	c := clustertest.New(t, clustertest.Options{Ctrl: 3, NodeOnly: 2})
+	c := clustertest.New(t, clustertest.Options{Ctrl: 3, NodeOnly: 1})
 	c.WaitLeader()
+	// The worker was admitted as operator too: its host holds an
+	// operator certificate, which retiring the node must refuse.
+	worker := c.AddMember("node-5", []string{api.RoleNode, api.RoleOperator}, clustertest.Options{})
+	other := c.Members[3]
 	c.WaitAllReady()
-	worker, other := c.Members[3], c.Members[4]
 	oldAdmin, oldMember := adminCert(t, worker), memberCert(t, worker)
 	ctrls := ctrlMembers(c)
 	// What each member answers itself: ctrl members everything, a
@@ -324,9 +328,11 @@ func TestRevocationIsEnforcedOnEveryMember(t *testing.T) {
 // the new admission; those of the earlier one stay refused.
 func TestReadmittedNodeOldCertificatesRefused(t *testing.T) {
 	logs := &syncBuffer{}
-	c := clustertest.New(t, clustertest.Options{Ctrl: 1, NodeOnly: 1, Logs: logs})
+	c := clustertest.New(t, clustertest.Options{Ctrl: 1, Logs: logs})
+	// An operator node: its host holds an operator certificate.
+	worker := c.AddMember("node-2", []string{api.RoleNode, api.RoleOperator}, clustertest.Options{Logs: logs})
 	c.WaitAllReady()
-	ctrl, worker := c.Members[0], c.Members[1]
+	ctrl := c.Members[0]
 	oldAdmin := adminCert(t, worker)
 	start := time.Now()
 	if _, err := c.Client(ctrl).Do(context.Background(), "POST", "/v1/enrollment/grants/"+worker.ID+"/revoke", api.NodeWriteRequest{}, nil); err != nil {
@@ -346,7 +352,7 @@ func TestReadmittedNodeOldCertificatesRefused(t *testing.T) {
 	// same id admits a new host, whose certificates work while the old
 	// ones are refused as an earlier admission.
 	worker.Stop()
-	token := c.Grant(worker.ID, []string{api.RoleNode})
+	token := c.Grant(worker.ID, []string{api.RoleNode, api.RoleOperator})
 	dir := datadir.Dir(t.TempDir() + "/again")
 	if _, err := cluster.Join(context.Background(), cluster.JoinOptions{DataDir: dir, Advertise: clustertest.FreeAddr(t), Grant: token, Member: ctrl.Addr}); err != nil {
 		t.Fatal(err)
@@ -365,7 +371,8 @@ func TestReadmittedNodeOldCertificatesRefused(t *testing.T) {
 }
 
 // Certificates are renewed by the member: a node-only member through ctrl,
-// a ctrl member by itself; the renewed ones are served at once.
+// a ctrl member by itself; the renewed ones are served at once. Only the
+// ctrl member holds (and renews) an operator certificate.
 func TestCertificateRenewal(t *testing.T) {
 	c := clustertest.New(t, clustertest.Options{Ctrl: 1, NodeOnly: 1})
 	c.WaitAllReady()
@@ -382,6 +389,12 @@ func TestCertificateRenewal(t *testing.T) {
 		newLeaf, _ := x509.ParseCertificate(after.Certificate[0])
 		if newLeaf.SerialNumber.Cmp(oldLeaf.SerialNumber) == 0 || newLeaf.NotAfter.Before(oldLeaf.NotAfter) {
 			t.Fatalf("%s: renewal did not issue a new certificate (%v → %v)", m.ID, oldLeaf.NotAfter, newLeaf.NotAfter)
+		}
+		if m.Server.Raft() == nil {
+			if m.Dir.HasAdminCertificate() {
+				t.Fatalf("node-only %s holds an operator certificate after its renewal", m.ID)
+			}
+			continue
 		}
 		if status, e := rawCall(t, m, adminCert(t, m), c.Members[0].Addr, "GET", "/v1/nodes", nil, nil); status != http.StatusOK {
 			t.Fatalf("%s's renewed operator certificate refused: %d %v", m.ID, status, e)

@@ -148,6 +148,30 @@ func (d Dir) CAPool() (*x509.CertPool, error) {
 	return pool, nil
 }
 
+// HasAdminCertificate says whether the directory holds its host's
+// operator certificate: ctrl and operator members do, others not (issue
+// 44; a build before it gave every member one).
+func (d Dir) HasAdminCertificate() bool {
+	_, err := os.Stat(d.AdminCert())
+	return err == nil
+}
+
+// RemoveAdminCertificate removes the host's operator certificate and key,
+// if any, and says whether there were any: a member without the ctrl or
+// operator role keeps none.
+func (d Dir) RemoveAdminCertificate() (bool, error) {
+	found := false
+	for _, f := range []string{d.AdminCert(), d.AdminKey()} {
+		err := os.Remove(f)
+		if err == nil {
+			found = true
+		} else if !errors.Is(err, os.ErrNotExist) {
+			return found, fmt.Errorf("remove the leftover operator credential %s: %w", f, err)
+		}
+	}
+	return found, nil
+}
+
 // AdminCertificate loads the CLI's credentials.
 func (d Dir) AdminCertificate() (tls.Certificate, error) {
 	c, err := tls.LoadX509KeyPair(d.AdminCert(), d.AdminKey())

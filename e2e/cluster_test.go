@@ -121,7 +121,15 @@ func formCluster(t *testing.T, l *lab) *cluster {
 		h.startServe()
 		if strings.Contains(h.roles, "ctrl") {
 			c.waitFollowsLeader(t, h)
+			continue
 		}
+		// A node-only host holds no operator credential: its CLI
+		// uses one issued to a person, as an operator would bring.
+		creds := h.dataDir + "-operator"
+		if r := first.kibo("operator", "issue", "e2e-"+h.nodeID, "--out", creds); r.code != 0 {
+			t.Fatal(r)
+		}
+		h.creds = creds
 	}
 	n := len(l.hosts)
 	testenv.WaitFor(t, 20*time.Second, fmt.Sprintf("%d READY nodes in node list", n), func() (bool, string) {

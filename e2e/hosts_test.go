@@ -71,6 +71,9 @@ type host struct {
 	index   int // position in the lab
 	roles   string
 	dataDir string
+	// creds, when set, is the operator credential its CLI uses (a
+	// node-only host holds none of its own).
+	creds string
 	// bin, when set, holds the kibotos (and kibo) this host runs instead
 	// of the lab's: another build, for upgrades.
 	bin string
@@ -397,11 +400,16 @@ func trimTo(s string, n int) string {
 const cliTimeout = 15 * time.Second
 
 // kibo runs the CLI inside the host namespace with the host's data dir, so
-// it uses that member's admin credentials and talks to that member.
+// it talks to that member with that member's operator credential, or
+// with the host's issued one (creds) where the member holds none.
 func (h *host) kibo(args ...string) result { return h.kiboTimeout(cliTimeout, args...) }
 
 func (h *host) kiboTimeout(timeout time.Duration, args ...string) result {
-	return h.run(timeout, "kibo", append([]string{"--data-dir", h.dataDir}, args...)...)
+	pre := []string{"--data-dir", h.dataDir}
+	if h.creds != "" {
+		pre = append(pre, "--credentials", h.creds)
+	}
+	return h.run(timeout, "kibo", append(pre, args...)...)
 }
 
 // kibotos runs a host-local command (init, join) inside the namespace.

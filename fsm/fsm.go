@@ -115,6 +115,8 @@ var handlers = map[string]handler{
 	OpTransferResult:       applyTransferResult,
 	OpTransferDelete:       applyTransferDelete,
 	OpTransferProgress:     applyTransferProgress,
+	OpOperatorIssue:        applyOperatorIssue,
+	OpOperatorRevoke:       applyOperatorRevoke,
 }
 
 // Open creates a fresh state file at path (any old file is replaced).

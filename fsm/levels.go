@@ -73,9 +73,13 @@ import (
 //	   start, ends the Workspace FAILED with reason RESOURCE_EXHAUSTED,
 //	   the CLI's resource_exhausted (exit 15); without it START_FAILED
 //	   (exit 13), as before
+//	12 operators (LevelOperators, operators.go): the role operator in
+//	   OpEnrollmentGrant's roles (ValidRoles; an older voter refuses it,
+//	   so the leader refuses such a grant below the level) and
+//	   OpOperatorIssue, OpOperatorRevoke
 
 // FeatureLevel is the level of this build.
-const FeatureLevel = 11
+const FeatureLevel = 12
 
 // LevelRefusalExhausted is the level of WorkspaceResultArgs.RefusalExhausts.
 const LevelRefusalExhausted = 11
@@ -107,6 +111,7 @@ var opLevels = map[string]int{
 	OpTemplatePublish: LevelArtifacts, OpTemplateDelete: LevelArtifacts,
 	OpPlatformPublish: LevelArtifacts, OpPlatformApprove: LevelArtifacts, OpPlatformWithdraw: LevelArtifacts,
 	OpTransferExport: LevelArtifacts, OpTransferResult: LevelArtifacts, OpTransferDelete: LevelArtifacts, OpTransferProgress: LevelArtifacts,
+	OpOperatorIssue: LevelOperators, OpOperatorRevoke: LevelOperators,
 }
 
 // OpLevel is the level an op needs of every voter.

@@ -50,6 +50,8 @@ const (
 	OpTransferResult       = "transfer.result"
 	OpTransferDelete       = "transfer.delete"
 	OpTransferProgress     = "transfer.progress"
+	OpOperatorIssue        = "operator.issue"
+	OpOperatorRevoke       = "operator.revoke"
 	// OpMemberLevel is proposed with IgnoreUnknown (see levels.go).
 	OpMemberLevel = "cluster.member_level"
 )

@@ -22,6 +22,7 @@ type logGen struct {
 	pools    *rand.Rand // storage-pool draws only (see poolPct)
 	vols     *rand.Rand // Volume draws only (see volPct)
 	tmpls    *rand.Rand // template catalog draws only (see tmplPct)
+	opers    *rand.Rand // operator credential draws only (drawOperator)
 	ref      *FSM
 	now      time.Time
 	seq      int
@@ -34,7 +35,7 @@ type logGen struct {
 }
 
 func newLogGen(seed int64, ref *FSM) *logGen {
-	return &logGen{r: rand.New(rand.NewSource(seed)), pools: rand.New(rand.NewSource(seed + 1)), vols: rand.New(rand.NewSource(seed + 2)), tmpls: rand.New(rand.NewSource(seed + 3)), volWeight: 12, ref: ref, now: t0, sessions: map[string][]string{}, inc: map[string]uint64{}}
+	return &logGen{r: rand.New(rand.NewSource(seed)), pools: rand.New(rand.NewSource(seed + 1)), vols: rand.New(rand.NewSource(seed + 2)), tmpls: rand.New(rand.NewSource(seed + 3)), opers: rand.New(rand.NewSource(seed + 4)), volWeight: 12, ref: ref, now: t0, sessions: map[string][]string{}, inc: map[string]uint64{}}
 }
 
 func (g *logGen) pct(p int) bool { return g.r.Intn(100) < p }
@@ -113,7 +114,24 @@ func (g *logGen) nextWithAnswers() []Entry {
 	if g.exporting() && g.tmplPct(50) {
 		out = append(out, g.drawTransfer())
 	}
+	if g.opers.Intn(100) < 3 {
+		out = append(out, g.drawOperator())
+	}
 	return out
+}
+
+// drawOperator draws an issue or a revoke of one of three operator
+// names, now and then with a lifetime out of bounds, from its own source
+// so the rest of the log stays what it was.
+func (g *logGen) drawOperator() Entry {
+	name := []string{"alice", "bob", "Bad Name"}[g.opers.Intn(3)]
+	op, args := OpOperatorIssue, any(OperatorIssueArgs{Name: name, KeyFingerprint: strings.Repeat("ab", 32), TTL: []time.Duration{time.Hour, OperatorMaxTTL, time.Minute}[g.opers.Intn(3)]})
+	if g.opers.Intn(100) < 40 {
+		op, args = OpOperatorRevoke, OperatorArgs{Name: name}
+	}
+	e := makeEntry(g.now, op, args)
+	e.Actor = "op"
+	return e
 }
 
 // exporting says whether a Transfer is EXPORTING in the reference FSM.

@@ -82,20 +82,25 @@ func ValidNodeID(id string) error {
 	return nil
 }
 
-// ValidRoles checks a role list: ctrl and/or node, no repeats.
+// ValidRoles checks a role list: ctrl and/or node, no repeats, and
+// operator (LevelOperators) only beside one of them: it is an extra of a
+// member, whose host then holds an operator certificate.
 func ValidRoles(roles []string) error {
 	if len(roles) == 0 {
 		return api.Errorf(api.CodeInvalidArgument, "roles are empty: give ctrl, node or ctrl,node")
 	}
 	seen := map[string]bool{}
 	for _, r := range roles {
-		if r != api.RoleCtrl && r != api.RoleNode {
-			return api.Errorf(api.CodeInvalidArgument, "role %q is unknown: use ctrl, node or ctrl,node", r)
+		if r != api.RoleCtrl && r != api.RoleNode && r != api.RoleOperator {
+			return api.Errorf(api.CodeInvalidArgument, "role %q is unknown: use ctrl, node or ctrl,node, with operator beside node for a node whose host may act as operator", r)
 		}
 		if seen[r] {
 			return api.Errorf(api.CodeInvalidArgument, "role %q is given twice", r)
 		}
 		seen[r] = true
+	}
+	if seen[api.RoleOperator] && !seen[api.RoleCtrl] && !seen[api.RoleNode] {
+		return api.Errorf(api.CodeInvalidArgument, "role operator is given alone: it goes beside node (node,operator); a person gets an operator credential with kibo operator issue NAME")
 	}
 	return nil
 }

@@ -97,11 +97,14 @@ var (
 	bucketPlatforms = []byte("platforms")
 	// transfer id → transferRecord: an export (transfers.go)
 	bucketTransfers = []byte("transfers")
+	// name → api.Operator: a person's operator credential (operators.go;
+	// written from LevelOperators on)
+	bucketOperators = []byte("operators")
 
 	allBuckets = [][]byte{bucketMeta, bucketNodes, bucketGrants, bucketCommands, bucketCommandTimes, bucketCommandLog, bucketWorkspaces, bucketWorkspaceNodes, bucketWorkspaceCommands, bucketNodeHolds, bucketWorkspaceTombstones, bucketInstanceOwners,
 		bucketEgress, bucketEgressRevisions, bucketEgressRefs, bucketResolvers, bucketResolverRefs, bucketPools, bucketPoolUse, bucketPoolMembers, bucketPoolWaits,
 		bucketVolumes, bucketVolumeNames, bucketVolumeCommands, bucketVolumeTombstones, bucketMemberLevels, bucketEndedRounds, bucketEndedWatch,
-		bucketPlacements, bucketTemplates, bucketPlatforms, bucketTransfers, bucketForks}
+		bucketPlacements, bucketTemplates, bucketPlatforms, bucketTransfers, bucketForks, bucketOperators}
 )
 
 // Keys of the meta bucket.

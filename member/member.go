@@ -81,6 +81,9 @@ func Run(ctx context.Context, log *slog.Logger, o Options) error {
 	if err := o.DataDir.CheckRelease(buildinfo.Release); err != nil {
 		return err
 	}
+	if err := removeLeftoverAdmin(o.DataDir, log); err != nil {
+		return err
+	}
 	// The store is ctrl's from the start (it removes Transfer archives).
 	var store artifacts.Store
 	if o.Artifacts.URL != "" {
@@ -181,4 +184,24 @@ func Run(ctx context.Context, log *slog.Logger, o Options) error {
 			return srv.HaltErr()
 		}
 	}
+}
+
+// removeLeftoverAdmin deletes the host's operator certificate of a member
+// that may not hold one (neither ctrl nor admitted as operator): builds
+// before issue 44 gave one to every member, and whoever controls a worker
+// host must not control the cluster. ctrl refuses such a certificate
+// anyway; removing it leaves nothing to try.
+func removeLeftoverAdmin(d datadir.Dir, log *slog.Logger) error {
+	id, err := d.LoadIdentity()
+	if err != nil {
+		return err
+	}
+	if id.HasRole(api.RoleCtrl) || id.HasRole(api.RoleOperator) {
+		return nil
+	}
+	removed, err := d.RemoveAdminCertificate()
+	if removed {
+		log.Warn("leftover operator certificate removed: this member is neither ctrl nor admitted as operator", "path", d.AdminCert())
+	}
+	return err
 }

@@ -30,8 +30,13 @@ const (
 	// KindMember is a host's identity: server and client certificate of
 	// the member process, carrying the roles the node was admitted with.
 	KindMember = "member"
-	// KindAdmin is an operator's client certificate (the CLI).
+	// KindAdmin is the operator certificate of a ctrl member's host or of
+	// a member admitted with the operator role (the CLI on that host).
 	KindAdmin = "admin"
+	// KindOperator is a person's operator certificate (kibo operator
+	// issue): its NodeID is the operator's name, its Admitted the issue
+	// time ctrl recorded, and it is accepted only while that record is.
+	KindOperator = "operator"
 	// KindDataPlane is the server certificate of a node's data-plane
 	// process. It authenticates nothing as a client.
 	KindDataPlane = "dataplane"
@@ -39,8 +44,9 @@ const (
 
 // Roles a member certificate can carry (the same words as api.Role*).
 const (
-	RoleCtrl = "ctrl"
-	RoleNode = "node"
+	RoleCtrl     = "ctrl"
+	RoleNode     = "node"
+	RoleOperator = "operator"
 )
 
 // Lifetimes. Short, so a certificate that escaped also stops working by
@@ -87,10 +93,14 @@ type Identity struct {
 }
 
 // Name is how the identity appears as an actor: the node id of a member or
-// data plane, admin@<node> of an operator.
+// data plane, admin@<node> of a host's operator certificate,
+// operator:<name> of a person's.
 func (id Identity) Name() string {
-	if id.Kind == KindAdmin {
+	switch id.Kind {
+	case KindAdmin:
 		return "admin@" + id.NodeID
+	case KindOperator:
+		return "operator:" + id.NodeID
 	}
 	return id.NodeID
 }
@@ -134,7 +144,7 @@ func FromCert(c *x509.Certificate) (Identity, error) {
 	}
 	id := Identity{ClusterID: found.Host, Kind: parts[0], NodeID: parts[1]}
 	switch id.Kind {
-	case KindMember, KindAdmin, KindDataPlane:
+	case KindMember, KindAdmin, KindOperator, KindDataPlane:
 	default:
 		return Identity{}, fmt.Errorf("certificate %q: unknown kind %q", c.Subject.CommonName, id.Kind)
 	}
@@ -142,7 +152,7 @@ func FromCert(c *x509.Certificate) (Identity, error) {
 	if r := q.Get("roles"); r != "" {
 		id.Roles = strings.Split(r, ",")
 		for _, role := range id.Roles {
-			if role != RoleCtrl && role != RoleNode {
+			if role != RoleCtrl && role != RoleNode && role != RoleOperator {
 				return Identity{}, fmt.Errorf("certificate %q: unknown role %q", c.Subject.CommonName, role)
 			}
 		}

@@ -35,7 +35,7 @@ func TestFromCert(t *testing.T) {
 		{name: "empty node", uris: []string{"kibotos://c1/member/?roles=ctrl&" + adm}, err: "is not kibotos://CLUSTER/KIND/NODE"},
 		{name: "extra part", uris: []string{"kibotos://c1/member/n1/x?roles=ctrl&" + adm}, err: "is not kibotos://CLUSTER/KIND/NODE"},
 		{name: "no path", uris: []string{"kibotos://c1?" + adm}, err: "is not kibotos://CLUSTER/KIND/NODE"},
-		{name: "unknown kind", uris: []string{"kibotos://c1/operator/n1?" + adm}, err: `unknown kind "operator"`},
+		{name: "unknown kind", uris: []string{"kibotos://c1/robot/n1?" + adm}, err: `unknown kind "robot"`},
 		{name: "empty kind", uris: []string{"kibotos://c1//n1?" + adm}, err: `unknown kind ""`},
 		{name: "unknown role", uris: []string{"kibotos://c1/member/n1?roles=ctrl,root&" + adm}, err: `unknown role "root"`},
 		{name: "empty role", uris: []string{"kibotos://c1/member/n1?roles=ctrl,&" + adm}, err: `unknown role ""`},
@@ -105,6 +105,7 @@ func TestIdentityName(t *testing.T) {
 		{Identity{Kind: KindMember, NodeID: "n1"}, "n1"},
 		{Identity{Kind: KindDataPlane, NodeID: "n1"}, "n1"},
 		{Identity{Kind: KindAdmin, NodeID: "n1"}, "admin@n1"},
+		{Identity{Kind: KindOperator, NodeID: "alice"}, "operator:alice"},
 	} {
 		if got := tt.id.Name(); got != tt.want {
 			t.Errorf("Name of %s %s = %q, want %q", tt.id.Kind, tt.id.NodeID, got, tt.want)
@@ -155,13 +156,13 @@ func FuzzFromCert(f *testing.F) {
 		switch {
 		case id.ClusterID == "" || id.NodeID == "" || strings.Contains(id.NodeID, "/"):
 			t.Fatalf("FromCert(%q) accepted an incomplete identity %+v", raw, id)
-		case id.Kind != KindMember && id.Kind != KindAdmin && id.Kind != KindDataPlane:
+		case id.Kind != KindMember && id.Kind != KindAdmin && id.Kind != KindOperator && id.Kind != KindDataPlane:
 			t.Fatalf("FromCert(%q) accepted kind %q", raw, id.Kind)
 		case id.Kind == KindMember && len(id.Roles) == 0:
 			t.Fatalf("FromCert(%q) accepted a member without roles", raw)
 		}
 		for _, r := range id.Roles {
-			if r != RoleCtrl && r != RoleNode {
+			if r != RoleCtrl && r != RoleNode && r != RoleOperator {
 				t.Fatalf("FromCert(%q) accepted role %q", raw, r)
 			}
 		}

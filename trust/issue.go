@@ -14,7 +14,7 @@ import (
 
 // Issue signs a certificate for pub asserting id, valid for lifetime.
 // Member certificates are server and client certificates, operator
-// certificates client only, data-plane certificates server only; hosts
+// certificates (both kinds) client only, data-plane certificates server only; hosts
 // (IPs or DNS names) are the addresses a server certificate answers for.
 func (ca *CA) Issue(id Identity, hosts []string, pub crypto.PublicKey, lifetime time.Duration) ([]byte, error) {
 	if ca.Key == nil {
@@ -32,14 +32,14 @@ func (ca *CA) Issue(id Identity, hosts []string, pub crypto.PublicKey, lifetime 
 	switch id.Kind {
 	case KindMember:
 		tmpl.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth}
-	case KindAdmin:
+	case KindAdmin, KindOperator:
 		tmpl.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}
 	case KindDataPlane:
 		tmpl.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}
 	default:
 		return nil, fmt.Errorf("certificate kind %q is unknown", id.Kind)
 	}
-	if id.Kind != KindAdmin {
+	if id.Kind != KindAdmin && id.Kind != KindOperator {
 		for _, h := range hosts {
 			if ip := net.ParseIP(h); ip != nil {
 				tmpl.IPAddresses = append(tmpl.IPAddresses, ip)

@@ -27,6 +27,8 @@ func TestIssueKeyPair(t *testing.T) {
 			usage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth}, ips: []string{"10.0.0.1", "::1"}, dns: []string{"node1.example"}},
 		{name: "admin: client only, no addresses", id: Identity{ClusterID: "c1", Kind: KindAdmin, NodeID: "n1", Admitted: admitted},
 			usage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}},
+		{name: "operator: client only, no addresses", id: Identity{ClusterID: "c1", Kind: KindOperator, NodeID: "alice", Admitted: admitted},
+			usage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}},
 		{name: "data plane: server only, with its addresses", id: Identity{ClusterID: "c1", Kind: KindDataPlane, NodeID: "n1", Admitted: admitted},
 			usage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}, ips: []string{"10.0.0.1", "::1"}, dns: []string{"node1.example"}},
 	}
@@ -92,8 +94,8 @@ func TestIssueRefuses(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, err = ca.Issue(Identity{ClusterID: "c1", Kind: "operator", NodeID: "n1"}, nil, &key.PublicKey, time.Hour)
-	if err == nil || !strings.Contains(err.Error(), `certificate kind "operator" is unknown`) {
+	_, err = ca.Issue(Identity{ClusterID: "c1", Kind: "robot", NodeID: "n1"}, nil, &key.PublicKey, time.Hour)
+	if err == nil || !strings.Contains(err.Error(), `certificate kind "robot" is unknown`) {
 		t.Fatalf("Issue of an unknown kind: %v", err)
 	}
 	verifier := &CA{Cert: ca.Cert, CertPEM: ca.CertPEM}

@@ -1,6 +1,7 @@
 package trust
 
 import (
+	"crypto"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
@@ -101,4 +102,15 @@ func ReadPublicKeyOf(path string) (*ecdsa.PublicKey, error) {
 func Fingerprint(cert *x509.Certificate) string {
 	sum := sha256.Sum256(cert.Raw)
 	return hex.EncodeToString(sum[:])
+}
+
+// KeyFingerprint is the SHA-256 of a public key's PKIX DER, hex: what ctrl
+// records of a personal operator credential's key.
+func KeyFingerprint(pub crypto.PublicKey) (string, error) {
+	der, err := x509.MarshalPKIXPublicKey(pub)
+	if err != nil {
+		return "", fmt.Errorf("fingerprint of a public key: %w", err)
+	}
+	sum := sha256.Sum256(der)
+	return hex.EncodeToString(sum[:]), nil
 }

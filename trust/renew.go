@@ -16,7 +16,8 @@ func DueForRenewal(c *x509.Certificate, now time.Time) bool {
 }
 
 // Store holds a member's current certificates, its member (server and
-// client) and operator ones. Renewal swaps them while connections keep
+// client) one and, on ctrl and operator members only, its host's operator
+// one. Renewal swaps them while connections keep
 // being made with whatever is current, so readers never lock.
 type Store struct {
 	member atomic.Pointer[tls.Certificate]
@@ -24,7 +25,9 @@ type Store struct {
 }
 
 // NewStore holds member and admin, whose leaves are parsed here when the
-// loader did not (tls.LoadX509KeyPair does, tls.X509KeyPair may not).
+// loader did not (tls.LoadX509KeyPair does, tls.X509KeyPair may not). An
+// empty admin (no chain, no leaf) is none: the member holds no operator
+// certificate.
 func NewStore(member, admin tls.Certificate) (*Store, error) {
 	s := &Store{}
 	if err := s.Set(member, admin); err != nil {
@@ -35,7 +38,11 @@ func NewStore(member, admin tls.Certificate) (*Store, error) {
 
 // Set replaces both certificates at once, after parsing their leaves.
 func (s *Store) Set(member, admin tls.Certificate) error {
+	none := admin.Leaf == nil && len(admin.Certificate) == 0
 	for _, c := range []*tls.Certificate{&member, &admin} {
+		if c == &admin && none {
+			continue
+		}
 		if c.Leaf != nil {
 			continue
 		}
@@ -49,7 +56,11 @@ func (s *Store) Set(member, admin tls.Certificate) error {
 		c.Leaf = leaf
 	}
 	s.member.Store(&member)
-	s.admin.Store(&admin)
+	if none {
+		s.admin.Store(nil)
+	} else {
+		s.admin.Store(&admin)
+	}
 	return nil
 }
 
@@ -57,5 +68,6 @@ func (s *Store) Set(member, admin tls.Certificate) error {
 // shape of Client.Cert and tls.Config.GetCertificate's source.
 func (s *Store) Member() *tls.Certificate { return s.member.Load() }
 
-// Admin is the current operator certificate; its Leaf is set.
+// Admin is the current operator certificate (nil on a member that holds
+// none); its Leaf is set.
 func (s *Store) Admin() *tls.Certificate { return s.admin.Load() }

@@ -331,10 +331,17 @@ func (c *Cluster) stopAll() {
 	wg.Wait()
 }
 
-// Client is an admin API client for member m.
+// Client is an operator API client for member m: with m's host operator
+// certificate where it holds one (ctrl and operator members), else with
+// the first member's (always ctrl), as a person who holds one calls a
+// node-only member.
 func (c *Cluster) Client(m *Member) *api.Client {
 	c.t.Helper()
-	tlsConf, err := m.Dir.AdminClient()
+	creds := m.Dir
+	if !creds.HasAdminCertificate() {
+		creds = c.Members[0].Dir
+	}
+	tlsConf, err := creds.AdminClient()
 	if err != nil {
 		c.t.Fatal(err)
 	}
