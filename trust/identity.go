@@ -69,7 +69,7 @@ func MaxValidity(kind string) time.Duration {
 	switch kind {
 	case KindMember:
 		return MemberLifetime + Backdate
-	case KindAdmin:
+	case KindAdmin, KindOperator:
 		return AdminLifetime + Backdate
 	case KindDataPlane:
 		return DataPlaneLifetime + Backdate
