@@ -8,7 +8,6 @@ import (
 	"context"
 	"crypto/ed25519"
 	"crypto/tls"
-	"crypto/x509"
 	"fmt"
 	"log"
 	"log/slog"
@@ -107,7 +106,7 @@ type Server struct {
 	log    *slog.Logger
 
 	ca         *trust.CA
-	pool       *x509.CertPool
+	roots      *trust.Roots // the CAs trusted now (two during a rotation)
 	certs      *trust.Store // this member's certificates, swapped on renewal
 	client     trust.Client // the member as a TLS client
 	httpClient *http.Client // member-authenticated calls of ctrl members (forwarding, renewal)
@@ -216,7 +215,7 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 func (s *Server) start(ctx context.Context) error {
 	d := s.cfg.DataDir
 	var err error
-	if s.pool, err = d.CAPool(); err != nil {
+	if s.roots, err = d.CARoots(); err != nil {
 		return err
 	}
 	if s.certs, err = loadCerts(d); err != nil {
@@ -231,7 +230,7 @@ func (s *Server) start(ctx context.Context) error {
 	if s.ca.Key != nil && !s.id.HasRole(api.RoleCtrl) {
 		return fmt.Errorf("data directory %s holds the cluster CA key but member %s is not a ctrl member: remove %s (only ctrl members sign certificates)", d, s.id.NodeID, d.CAKey())
 	}
-	s.client = trust.Client{Pool: s.pool, Cert: s.certs.Member}
+	s.client = trust.Client{Roots: s.roots, Cert: s.certs.Member}
 	// Calls between members go to ctrl members only; a dead member must
 	// not hold a forwarded request for long: the next candidate is tried.
 	s.httpClient = &http.Client{Transport: s.client.HTTPTransport(trust.Want{Kind: trust.KindMember, Role: trust.RoleCtrl}, 3*time.Second), Timeout: 60 * time.Second}
@@ -244,7 +243,7 @@ func (s *Server) start(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("listen on %s: %w; is another member using this port?", bind, err)
 	}
-	s.mux = newMux(s.life, ln, datadir.ServerTLS(s.pool, s.certs.Member), s.log, s.authorizeConn, s.conns)
+	s.mux = newMux(s.life, ln, datadir.ServerTLS(s.roots, s.certs.Member), s.log, s.authorizeConn, s.conns)
 	if s.id.HasRole(api.RoleCtrl) {
 		if err := s.startRaft(); err != nil {
 			return err // Open's Shutdown closes the mux and its listener

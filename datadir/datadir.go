@@ -10,10 +10,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/kibotos/kibotos/internal/recordfmt"
 	"os"
 	"path/filepath"
 	"syscall"
+
+	"github.com/kibotos/kibotos/internal/recordfmt"
+	"github.com/kibotos/kibotos/trust"
 
 	"github.com/kibotos/kibotos/storagepool"
 )
@@ -133,6 +135,20 @@ func (d Dir) Lock() (release func(), err error) {
 		return nil, fmt.Errorf("data directory %s is in use by another kibotos serve; stop it first or use another --data-dir", d)
 	}
 	return func() { f.Close() }, nil
+}
+
+// CARoots are the CAs the member trusts (ca.crt: the cluster CA, or the
+// old and the new one during a rotation), swappable at run time.
+func (d Dir) CARoots() (*trust.Roots, error) {
+	raw, err := os.ReadFile(d.CACert())
+	if err != nil {
+		return nil, fmt.Errorf("cluster CA %s: %w", d.CACert(), err)
+	}
+	certs, err := trust.ParseCertsPEM(raw)
+	if err != nil {
+		return nil, fmt.Errorf("cluster CA %s: %w", d.CACert(), err)
+	}
+	return trust.NewRoots(certs...)
 }
 
 // CAPool returns a pool holding the cluster CA.
