@@ -115,6 +115,9 @@ var handlers = map[string]handler{
 	OpTransferResult:       applyTransferResult,
 	OpTransferDelete:       applyTransferDelete,
 	OpTransferProgress:     applyTransferProgress,
+	OpCARotateBegin:        applyCARotateBegin,
+	OpCARotateSign:         applyCARotateSign,
+	OpCARotateFinish:       applyCARotateFinish,
 }
 
 // Open creates a fresh state file at path (any old file is replaced).

@@ -361,6 +361,7 @@ var allOps = []string{
 	OpVolumeCreate, OpVolumeResize, OpVolumeDelete, OpVolumeResult, OpMemberLevel, OpWorkspacePause,
 	OpTemplatePublish, OpTemplateDelete, OpPlatformPublish, OpPlatformApprove, OpPlatformWithdraw,
 	OpTransferExport, OpTransferResult, OpTransferDelete, OpTransferProgress,
+	OpCARotateBegin, OpCARotateSign, OpCARotateFinish,
 }
 
 func TestEveryOpHasAHandler(t *testing.T) {

@@ -73,9 +73,11 @@ import (
 //	   start, ends the Workspace FAILED with reason RESOURCE_EXHAUSTED,
 //	   the CLI's resource_exhausted (exit 15); without it START_FAILED
 //	   (exit 13), as before
+//	13 CA rotation (LevelCARotation, ca.go): OpCARotateBegin,
+//	   OpCARotateSign, OpCARotateFinish
 
 // FeatureLevel is the level of this build.
-const FeatureLevel = 11
+const FeatureLevel = 13
 
 // LevelRefusalExhausted is the level of WorkspaceResultArgs.RefusalExhausts.
 const LevelRefusalExhausted = 11
@@ -107,6 +109,7 @@ var opLevels = map[string]int{
 	OpTemplatePublish: LevelArtifacts, OpTemplateDelete: LevelArtifacts,
 	OpPlatformPublish: LevelArtifacts, OpPlatformApprove: LevelArtifacts, OpPlatformWithdraw: LevelArtifacts,
 	OpTransferExport: LevelArtifacts, OpTransferResult: LevelArtifacts, OpTransferDelete: LevelArtifacts, OpTransferProgress: LevelArtifacts,
+	OpCARotateBegin: LevelCARotation, OpCARotateSign: LevelCARotation, OpCARotateFinish: LevelCARotation,
 }
 
 // OpLevel is the level an op needs of every voter.
