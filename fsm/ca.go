@@ -89,14 +89,20 @@ type CARotation struct {
 	// Phase is trusting or signing while the rotation is under way, ""
 	// once it finished.
 	Phase string `json:"phase"`
-	// OldCert is the CA being replaced (PEM); empty after the finish.
+	// OldCert is the CA being replaced (PEM). Kept after the finish: a
+	// ctrl member acts on the record only while its own CA is this one,
+	// so a replay of an earlier rotation never undoes a later one.
 	OldCert string `json:"old_cert,omitempty"`
 	// NewCert and NewKey are the new CA (PEM); after the finish, the
 	// cluster CA.
-	NewCert    string    `json:"new_cert"`
-	NewKey     string    `json:"new_key"`
-	StartedAt  time.Time `json:"started_at"`
-	StartedBy  string    `json:"started_by,omitempty"`
+	NewCert   string    `json:"new_cert"`
+	NewKey    string    `json:"new_key"`
+	StartedAt time.Time `json:"started_at"`
+	StartedBy string    `json:"started_by,omitempty"`
+	// CommandID is the begin's: the leader makes a new CA for every
+	// request, so a retry of the same command is recognized by it before
+	// a second CA is made (BegunBy).
+	CommandID  string    `json:"command_id,omitempty"`
 	SigningAt  time.Time `json:"signing_at,omitzero"`
 	FinishedAt time.Time `json:"finished_at,omitzero"`
 	Forced     bool      `json:"forced,omitempty"`
@@ -140,7 +146,7 @@ func applyCARotateBegin(ac *applyCtx) (any, error) {
 	if trust.Fingerprint(nc) == trust.Fingerprint(old) {
 		return nil, api.Errorf(api.CodeInvalidArgument, "CA rotation: the new CA is the old one")
 	}
-	rec := CARotation{Phase: CAPhaseTrusting, OldCert: a.OldCert, NewCert: a.NewCert, NewKey: a.NewKey, StartedAt: *at(ac.e), StartedBy: ac.e.Actor}
+	rec := CARotation{Phase: CAPhaseTrusting, OldCert: a.OldCert, NewCert: a.NewCert, NewKey: a.NewKey, StartedAt: *at(ac.e), StartedBy: ac.e.Actor, CommandID: ac.e.CommandID}
 	return rec.view(), putJSON(ac.tx, bucketMeta, keyCARotation, rec)
 }
 
@@ -180,9 +186,15 @@ func applyCARotateFinish(ac *applyCtx) (any, error) {
 		// is still signed by.
 		return nil, api.Errorf(api.CodeFailedPrecondition, "the CA rotation cannot finish in phase %q: it finishes once ctrl signs with the new CA (phase signing; kibo ca status)", phaseOf(cur))
 	}
-	cur.Phase, cur.OldCert, cur.FinishedAt, cur.Forced = "", "", *at(ac.e), a.Force
+	cur.Phase, cur.FinishedAt, cur.Forced = "", *at(ac.e), a.Force
 	return cur.view(), putJSON(ac.tx, bucketMeta, keyCARotation, cur)
 }
+
+// BegunBy reports whether the rotation under way was begun by command id.
+func (r *CARotation) BegunBy(id string) bool { return r.UnderWay() && id != "" && r.CommandID == id }
+
+// View is the record without its key, as answers show it.
+func (r *CARotation) View() CARotation { return r.view() }
 
 // view is the record without its key, the result of the ops (results go
 // to command records and answers).
@@ -206,8 +218,7 @@ func fingerprintPEM(p string) string {
 	return trust.Fingerprint(c)
 }
 
-// CACerts are the rotation's certificates parsed: old (nil after the
-// finish) and new.
+// CACerts are the rotation's certificates parsed, old and new.
 func (r *CARotation) CACerts() (old, next *x509.Certificate, err error) {
 	if r.OldCert != "" {
 		if old, err = trust.ParseCertPEM([]byte(r.OldCert)); err != nil {

@@ -80,7 +80,7 @@ func TestCARotationPhases(t *testing.T) {
 	h.advance(time.Minute)
 	h.ok(OpCARotateFinish, CARotateFinishArgs{Fingerprint: fp, Force: true})
 	got = h.caRotation()
-	if got.UnderWay() || got.OldCert != "" || got.NewCert != string(next.CertPEM) || !got.Forced || !got.FinishedAt.Equal(h.now) {
+	if got.UnderWay() || got.OldCert != string(first.CertPEM) || got.NewCert != string(next.CertPEM) || !got.Forced || !got.FinishedAt.Equal(h.now) {
 		t.Fatalf("after finish: %+v", got)
 	}
 	// The next rotation replaces the CA the last one made, and only it.

@@ -122,3 +122,22 @@ func ParseCertsPEM(b []byte) ([]*x509.Certificate, error) {
 	}
 	return out, nil
 }
+
+// IssuedBy reports whether ca signed leaf.
+func IssuedBy(leaf, ca *x509.Certificate) bool {
+	return leaf != nil && ca != nil && leaf.CheckSignatureFrom(ca) == nil
+}
+
+// IssuerOf is the fingerprint of the CA among cas that signed leaf, ""
+// when none did.
+func IssuerOf(leaf *x509.Certificate, cas []*x509.Certificate) string {
+	for _, ca := range cas {
+		if IssuedBy(leaf, ca) {
+			return Fingerprint(ca)
+		}
+	}
+	return ""
+}
+
+// PEMOf is a certificate as PEM.
+func PEMOf(c *x509.Certificate) []byte { return pemEncode(pemCertificate, c.Raw) }
