@@ -70,8 +70,10 @@ func (s *Server) RenewCertificates(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	s.rot.renewMu.Lock()
+	defer s.rot.renewMu.Unlock()
 	var out api.RenewResponse
-	if s.ca.Key != nil {
+	if s.holdsCAKey() {
 		out, err = s.renewFor(s.certs.Member().Leaf, adminKey)
 	} else {
 		body, _ := json.Marshal(api.RenewRequest{AdminKey: trust.PublicKeyPEM(adminKey)})
@@ -112,17 +114,18 @@ func (s *Server) renewFor(old *x509.Certificate, adminKey *ecdsa.PublicKey) (api
 	if !ok {
 		return api.RenewResponse{}, api.Errorf(api.CodeInvalidArgument, "member certificate of %s has no ECDSA key", id.NodeID)
 	}
-	member, err := s.ca.Issue(id, trust.Hosts(old), pub, s.lifetime(trust.MemberLifetime))
+	ca := s.signingCA()
+	member, err := ca.Issue(id, trust.Hosts(old), pub, s.lifetime(trust.MemberLifetime))
 	if err != nil {
 		return api.RenewResponse{}, err
 	}
 	admin := id
 	admin.Kind, admin.Roles = trust.KindAdmin, nil
-	adminCert, err := s.ca.Issue(admin, nil, adminKey, s.lifetime(trust.AdminLifetime))
+	adminCert, err := ca.Issue(admin, nil, adminKey, s.lifetime(trust.AdminLifetime))
 	if err != nil {
 		return api.RenewResponse{}, err
 	}
-	return api.RenewResponse{MemberCert: string(member) + string(s.ca.CertPEM), AdminCert: string(adminCert)}, nil
+	return api.RenewResponse{MemberCert: string(member) + string(ca.CertPEM), AdminCert: string(adminCert)}, nil
 }
 
 // lifetime is the production lifetime unless the timings shorten it (tests).
@@ -176,17 +179,18 @@ func (s *Server) handleDataPlaneCert(r *http.Request, req api.DataPlaneCertReque
 func (s *Server) issueDataPlane(member trust.Identity, pub *ecdsa.PublicKey, hosts []string) (api.DataPlaneCertResponse, error) {
 	id := trust.Identity{ClusterID: member.ClusterID, Kind: trust.KindDataPlane, NodeID: member.NodeID, Admitted: member.Admitted}
 	lifetime := s.lifetime(trust.DataPlaneLifetime)
-	cert, err := s.ca.Issue(id, hosts, pub, lifetime)
+	ca := s.signingCA()
+	cert, err := ca.Issue(id, hosts, pub, lifetime)
 	if err != nil {
 		return api.DataPlaneCertResponse{}, err
 	}
-	return api.DataPlaneCertResponse{Cert: string(cert) + string(s.ca.CertPEM), NotAfter: time.Now().Add(lifetime).UTC()}, nil
+	return api.DataPlaneCertResponse{Cert: string(cert) + string(ca.CertPEM), NotAfter: time.Now().Add(lifetime).UTC()}, nil
 }
 
 // DataPlaneCertificate gets a server certificate for this node's data-plane
 // key: signed here on a ctrl member, by a ctrl member otherwise.
 func (s *Server) DataPlaneCertificate(ctx context.Context, pub *ecdsa.PublicKey, hosts []string) (api.DataPlaneCertResponse, error) {
-	if s.ca.Key != nil {
+	if s.holdsCAKey() {
 		id, err := trust.FromCert(s.certs.Member().Leaf)
 		if err != nil {
 			return api.DataPlaneCertResponse{}, err

@@ -150,6 +150,7 @@ func (s *Server) routeTable() []route {
 		s.poolRoutes(),
 		s.volumeRoutes(),
 		s.enrollmentRoutes(),
+		s.caRoutes(),
 	)
 }
 
