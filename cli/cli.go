@@ -50,6 +50,7 @@ type CLI struct {
 	Status           StatusCmd           `cmd:"" help:"Show the member the CLI talks to and the ctrl leader."`
 	Enrollment       EnrollmentCmd       `cmd:"" help:"Grant, list and revoke enrollment grants."`
 	Node             NodeCmd             `cmd:"" help:"View nodes, drain, isolate, retire them and set overcommit."`
+	CA               CACmd               `cmd:"" name:"ca" help:"Rotate the cluster CA: begin, follow and finish a rotation."`
 	GuestAgent       GuestAgentCmd       `cmd:"" name:"guest-agent" hidden:"" help:"Run the guest agent (PID 1 inside a VM)."`
 	Dataplane        DataplaneCmd        `cmd:"" hidden:"" help:"Run the node's data-plane process (started by the node as its own unit)."`
 	Transfer         TransferCmd         `cmd:"" help:"Export a stopped Workspace into the artifact store, and import it as a new Workspace here or in another cluster."`
