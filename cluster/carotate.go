@@ -60,6 +60,11 @@ func (s *Server) signingCA() *trust.CA { return s.rot.signer.Load() }
 // grant secrets derive from its key until a rotation finishes.
 func (s *Server) activeCA() *trust.CA { return s.rot.active.Load() }
 
+// SigningCA is the certificate of the CA that signs now, as this member
+// knows it: a certificate another CA issued is to be replaced (the node's
+// data-plane certificate, by its link).
+func (s *Server) SigningCA() *x509.Certificate { return s.rot.signing.Load() }
+
 // holdsCAKey reports whether this member signs (ctrl members).
 func (s *Server) holdsCAKey() bool { return s.activeCA().Key != nil }
 
