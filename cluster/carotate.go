@@ -140,6 +140,11 @@ func (s *Server) syncCA() error {
 			return err
 		}
 		s.rot.active.Store(nextCA)
+		// The data-plane credential key derives from the cluster CA key:
+		// the nodes get the new one in the welcome of their next session
+		// (the leader holds them all; elsewhere this closes nothing).
+		s.log.Info("CA rotation finished: control sessions end so the nodes' data planes get the new credential key", "fingerprint", trust.Fingerprint(next))
+		s.sessions.closeAll()
 		fallthrough
 	case !rec.UnderWay() && onNew:
 		if err := s.trustCAs([]*x509.Certificate{next}); err != nil {

@@ -93,6 +93,7 @@ func TestCARotation(t *testing.T) {
 		t.Fatal(err)
 	}
 	oldFP := trust.Fingerprint(oldCA.Cert)
+	oldCredKey := first.Server.CredentialPublicKey()
 	servers := map[string]*cluster.Server{}
 	for _, m := range c.Members {
 		servers[m.ID] = m.Server
@@ -189,6 +190,14 @@ func TestCARotation(t *testing.T) {
 	newCA, err := trust.LoadCA(first.Dir.CACert(), first.Dir.CAKey())
 	if err != nil || trust.Fingerprint(newCA.Cert) != newFP {
 		t.Fatalf("ca.crt and ca.key of %s after the finish: %v", first.ID, err)
+	}
+	// The data-plane credential key derives from the new CA key, the same
+	// on every ctrl member.
+	newCredKey := first.Server.CredentialPublicKey()
+	for _, m := range ctrlMembers(c) {
+		if k := m.Server.CredentialPublicKey(); !k.Equal(newCredKey) || k.Equal(oldCredKey) {
+			t.Fatalf("credential key of %s after the finish: the old one, or not the others'", m.ID)
+		}
 	}
 
 	// A certificate the old key signs (valid in every other way) is

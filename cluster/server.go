@@ -148,10 +148,11 @@ type Server struct {
 	// changed wakes blocking reads when the local state changed.
 	changed *broadcaster
 
-	// The data-plane credential key, derived once from the CA key.
-	credOnce sync.Once
-	credKey  ed25519.PrivateKey
-	credErr  error
+	// The data-plane credential key, derived from the key of credFor,
+	// the cluster CA it was derived for.
+	credMu  sync.Mutex
+	credFor *trust.CA
+	credKey ed25519.PrivateKey
 
 	release func()
 	wg      sync.WaitGroup
