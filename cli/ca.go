@@ -40,7 +40,7 @@ type CAStatusCmd struct{}
 
 func (c *CAStatusCmd) Run(g *Globals) error {
 	var st api.CAStatus
-	raw, err := g.call("GET", "/v1/ca/status", nil, &st)
+	raw, err := g.call("GET", "/v1/ca/status?consistent=true", nil, &st)
 	if err != nil {
 		return err
 	}

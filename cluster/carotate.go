@@ -334,6 +334,6 @@ func (s *Server) caRoutes() []route {
 		{"GET", "/v1/internal/trust/status", fromCtrl("a CA rotation's progress is read through ctrl (kibo ca status)"), atLocal, s.handleTrustStatus},
 		{"POST", "/v1/ca/rotate", operators, atLeader, decoded(s.handleCARotate)},
 		{"POST", "/v1/ca/finish", operators, atLeader, decoded(s.handleCAFinish)},
-		{"GET", "/v1/ca/status", operators, atLeader, s.handleCAStatus},
+		{"GET", "/v1/ca/status", operators, atReader, s.handleCAStatus},
 	}
 }

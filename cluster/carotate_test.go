@@ -23,7 +23,7 @@ import (
 func caStatus(t *testing.T, c *clustertest.Cluster) api.CAStatus {
 	t.Helper()
 	var st api.CAStatus
-	if _, err := c.Client(c.WaitLeader()).Do(context.Background(), "GET", "/v1/ca/status", nil, &st); err != nil {
+	if _, err := c.Client(c.WaitLeader()).Do(context.Background(), "GET", "/v1/ca/status?consistent=true", nil, &st); err != nil {
 		t.Fatalf("ca status: %v", err)
 	}
 	return st

@@ -14,8 +14,9 @@ import (
 	"github.com/kibotos/kibotos/trust"
 )
 
-// The operator's side of a CA rotation: kibo ca rotate, status, finish,
-// served on the leader.
+// The operator's side of a CA rotation: kibo ca rotate and finish, on
+// the leader; kibo ca status, on the leader with ?consistent=true (the
+// CLI's) or from any ctrl member's replica.
 
 // handleCARotate begins a rotation: the leader makes the new CA for the
 // cluster id and proposes it with the CA it replaces. A retry with the
