@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -44,6 +45,10 @@ type caState struct {
 	// member knows it: its own signer on ctrl, ctrl's word elsewhere.
 	signing atomic.Pointer[x509.Certificate]
 	phase   atomic.Value // string
+	// synced is the record (phase and new CA) and own CA syncCA last
+	// brought the member in step with (mu): every applied batch wakes
+	// it, and only a change touches keys and files.
+	synced string
 }
 
 func (c *caState) init(ca *trust.CA) {
@@ -98,14 +103,19 @@ func (s *Server) syncCA() error {
 	}
 	s.rot.mu.Lock()
 	defer s.rot.mu.Unlock()
+	active := s.activeCA()
+	fp := trust.Fingerprint(active.Cert)
+	at := rec.Phase + "\x00" + rec.NewCert + "\x00" + fp
+	if at == s.rot.synced {
+		return nil
+	}
 	old, next, err := rec.CACerts()
 	if err != nil {
 		return fmt.Errorf("rotation record: %w", err)
 	}
-	active := s.activeCA()
-	fp := trust.Fingerprint(active.Cert)
 	onOld, onNew := old != nil && fp == trust.Fingerprint(old), fp == trust.Fingerprint(next)
 	if !onOld && !onNew {
+		s.rot.synced = at
 		return nil // a record of an earlier rotation, replayed
 	}
 	key, err := trust.ParseKeyPEM([]byte(rec.NewKey))
@@ -157,6 +167,7 @@ func (s *Server) syncCA() error {
 			}
 		}
 	}
+	s.rot.synced = at
 	return nil
 }
 
@@ -171,11 +182,17 @@ func (s *Server) caRotation() (*fsm.CARotation, error) {
 	return rec, err
 }
 
+// setSigner makes ca the signer (rot.mu held). Every applied batch syncs:
+// only a change of CA or phase replaces it and is logged.
 func (s *Server) setSigner(ca *trust.CA, phase string) {
-	if s.rot.signer.Swap(ca) != ca || s.rot.phase.Swap(phase) != phase {
-		s.log.Info("CA rotation: signing CA", "fingerprint", trust.Fingerprint(ca.Cert), "phase", phase)
+	fp := trust.Fingerprint(ca.Cert)
+	if trust.Fingerprint(s.rot.signer.Load().Cert) == fp && s.rot.phase.Load() == phase {
+		return
 	}
+	s.rot.signer.Store(ca)
 	s.rot.signing.Store(ca.Cert)
+	s.rot.phase.Store(phase)
+	s.log.Info("CA rotation: signing CA", "fingerprint", fp, "phase", phase)
 }
 
 // trustCAs installs the trusted set (rot.mu held): Roots, tls/ca.crt,
@@ -183,6 +200,13 @@ func (s *Server) setSigner(ca *trust.CA, phase string) {
 // control sessions) whose peer was verified only against it.
 func (s *Server) trustCAs(cas []*x509.Certificate) error {
 	before := s.roots.Fingerprints()
+	var want []string
+	for _, c := range cas {
+		want = append(want, trust.Fingerprint(c))
+	}
+	if slices.Equal(before, want) {
+		return nil // node-only members ask every TrustPoll: mostly nothing changed
+	}
 	if err := s.roots.Set(cas); err != nil {
 		return err
 	}
@@ -193,9 +217,7 @@ func (s *Server) trustCAs(cas []*x509.Certificate) error {
 	for _, fp := range before {
 		dropped = dropped || !s.roots.TrustsFingerprint(fp)
 	}
-	if fmt.Sprint(before) != fmt.Sprint(s.roots.Fingerprints()) {
-		s.log.Info("CA rotation: trusted CAs changed", "trusted", s.roots.Fingerprints())
-	}
+	s.log.Info("CA rotation: trusted CAs changed", "trusted", s.roots.Fingerprints())
 	if dropped {
 		s.closeUntrustedConns()
 	}
