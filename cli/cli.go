@@ -54,6 +54,7 @@ type CLI struct {
 	Enrollment       EnrollmentCmd       `cmd:"" help:"Grant, list and revoke enrollment grants."`
 	Operator         OperatorCmd         `cmd:"" help:"Issue, list and revoke operator credentials of people (the CLI's --credentials)."`
 	Node             NodeCmd             `cmd:"" help:"View nodes, drain, isolate, retire them and set overcommit."`
+	CA               CACmd               `cmd:"" name:"ca" help:"Rotate the cluster CA: begin, follow and finish a rotation."`
 	GuestAgent       GuestAgentCmd       `cmd:"" name:"guest-agent" hidden:"" help:"Run the guest agent (PID 1 inside a VM)."`
 	Dataplane        DataplaneCmd        `cmd:"" hidden:"" help:"Run the node's data-plane process (started by the node as its own unit)."`
 	Transfer         TransferCmd         `cmd:"" help:"Export a stopped Workspace into the artifact store, and import it as a new Workspace here or in another cluster."`

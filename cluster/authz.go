@@ -26,6 +26,12 @@ func (s *Server) peerIdentity(cs tls.ConnectionState) (trust.Identity, error) {
 	if len(cs.PeerCertificates) == 0 {
 		return trust.Identity{}, api.Errorf(api.CodeUnauthenticated, "a client certificate of this cluster is required: pass an operator credential (--credentials DIR, from kibo operator issue) or run the CLI as root on a ctrl or operator member")
 	}
+	// The handshake verified the chain against the CAs trusted then; a
+	// connection kept alive across the end of a rotation must not outlive
+	// the CA it was verified with.
+	if !s.roots.TrustsChains(cs.VerifiedChains) {
+		return trust.Identity{}, api.Errorf(api.CodeUnauthenticated, "certificate %q was issued by a CA this cluster no longer trusts (the CA was rotated): reissue it, or join the host again", cs.PeerCertificates[0].Subject.CommonName)
+	}
 	id, err := trust.Identify(cs.PeerCertificates[0])
 	if errors.Is(err, trust.ErrNoIdentity) {
 		return id, api.Errorf(api.CodeUnauthenticated, "%v: it was issued by an older kibotos; join the host anew", err)

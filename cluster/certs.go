@@ -89,9 +89,11 @@ func (s *Server) RenewCertificates(ctx context.Context) error {
 			return err
 		}
 	}
+	s.rot.renewMu.Lock()
+	defer s.rot.renewMu.Unlock()
 	var out api.RenewResponse
 	var err error
-	if s.ca.Key != nil {
+	if s.holdsCAKey() {
 		out, err = s.renewFor(s.certs.Member().Leaf, adminKey)
 	} else {
 		var req api.RenewRequest
@@ -149,20 +151,21 @@ func (s *Server) renewFor(old *x509.Certificate, adminKey *ecdsa.PublicKey) (api
 		// missing certificate as an empty file and not start again.
 		return api.RenewResponse{}, api.Errorf(api.CodePermissionDenied, "member %s (%s) may not hold an operator certificate: upgrade it to this release, which renews its member certificate alone", id.NodeID, strings.Join(id.Roles, ","))
 	}
-	member, err := s.ca.Issue(id, trust.Hosts(old), pub, s.lifetime(trust.MemberLifetime))
+	ca := s.signingCA()
+	member, err := ca.Issue(id, trust.Hosts(old), pub, s.lifetime(trust.MemberLifetime))
 	if err != nil {
 		return api.RenewResponse{}, err
 	}
 	if adminKey == nil {
-		return api.RenewResponse{MemberCert: string(member) + string(s.ca.CertPEM)}, nil
+		return api.RenewResponse{MemberCert: string(member) + string(ca.CertPEM)}, nil
 	}
 	admin := id
 	admin.Kind, admin.Roles = trust.KindAdmin, nil
-	adminCert, err := s.ca.Issue(admin, nil, adminKey, s.lifetime(trust.AdminLifetime))
+	adminCert, err := ca.Issue(admin, nil, adminKey, s.lifetime(trust.AdminLifetime))
 	if err != nil {
 		return api.RenewResponse{}, err
 	}
-	return api.RenewResponse{MemberCert: string(member) + string(s.ca.CertPEM), AdminCert: string(adminCert)}, nil
+	return api.RenewResponse{MemberCert: string(member) + string(ca.CertPEM), AdminCert: string(adminCert)}, nil
 }
 
 // lifetime is the production lifetime unless the timings shorten it (tests).
@@ -219,17 +222,18 @@ func (s *Server) handleDataPlaneCert(r *http.Request, req api.DataPlaneCertReque
 func (s *Server) issueDataPlane(member trust.Identity, pub *ecdsa.PublicKey, hosts []string) (api.DataPlaneCertResponse, error) {
 	id := trust.Identity{ClusterID: member.ClusterID, Kind: trust.KindDataPlane, NodeID: member.NodeID, Admitted: member.Admitted}
 	lifetime := s.lifetime(trust.DataPlaneLifetime)
-	cert, err := s.ca.Issue(id, hosts, pub, lifetime)
+	ca := s.signingCA()
+	cert, err := ca.Issue(id, hosts, pub, lifetime)
 	if err != nil {
 		return api.DataPlaneCertResponse{}, err
 	}
-	return api.DataPlaneCertResponse{Cert: string(cert) + string(s.ca.CertPEM), NotAfter: time.Now().Add(lifetime).UTC()}, nil
+	return api.DataPlaneCertResponse{Cert: string(cert) + string(ca.CertPEM), NotAfter: time.Now().Add(lifetime).UTC()}, nil
 }
 
 // DataPlaneCertificate gets a server certificate for this node's data-plane
 // key: signed here on a ctrl member, by a ctrl member otherwise.
 func (s *Server) DataPlaneCertificate(ctx context.Context, pub *ecdsa.PublicKey, hosts []string) (api.DataPlaneCertResponse, error) {
-	if s.ca.Key != nil {
+	if s.holdsCAKey() {
 		id, err := trust.FromCert(s.certs.Member().Leaf)
 		if err != nil {
 			return api.DataPlaneCertResponse{}, err

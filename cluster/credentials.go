@@ -3,7 +3,6 @@ package cluster
 import (
 	"crypto/ed25519"
 	"net/http"
-	"os"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -11,6 +10,7 @@ import (
 	"github.com/kibotos/kibotos/api"
 	"github.com/kibotos/kibotos/credential"
 	"github.com/kibotos/kibotos/fsm"
+	"github.com/kibotos/kibotos/trust"
 )
 
 // CredentialTTL is how long a data-plane credential is valid. Connections
@@ -58,17 +58,28 @@ func (s *Server) handleCredential(r *http.Request) response {
 }
 
 // credentialKey derives the signing key from the cluster CA key, which
-// every ctrl member holds.
+// every ctrl member holds. It follows the CA a rotation's finish installs
+// (cached per CA): every ctrl member switches at the same entry, and the
+// leader then ends the control sessions, whose welcome hands the nodes'
+// data planes the new key.
 func (s *Server) credentialKey() (ed25519.PrivateKey, error) {
-	s.credOnce.Do(func() {
-		pemBytes, err := os.ReadFile(s.cfg.DataDir.CAKey())
+	ca := s.activeCA()
+	if ca.Key == nil {
+		return nil, api.Errorf(api.CodeFailedPrecondition, "member %s holds no cluster CA key: credentials are issued by ctrl members", s.id.NodeID)
+	}
+	s.credMu.Lock()
+	defer s.credMu.Unlock()
+	if s.credFor != ca {
+		pemBytes, err := trust.EncodeKey(ca.Key)
 		if err != nil {
-			s.credErr = api.Errorf(api.CodeFailedPrecondition, "member %s holds no cluster CA key (%v): credentials are issued by ctrl members", s.id.NodeID, err)
-			return
+			return nil, err
 		}
-		s.credKey, s.credErr = credential.KeyFromCA(pemBytes)
-	})
-	return s.credKey, s.credErr
+		if s.credKey, err = credential.KeyFromCA(pemBytes); err != nil {
+			return nil, err
+		}
+		s.credFor = ca
+	}
+	return s.credKey, nil
 }
 
 // CredentialPublicKey is the key nodes hand their data-plane process.

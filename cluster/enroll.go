@@ -98,7 +98,7 @@ func (s *Server) handleGrant(r *http.Request, req api.GrantRequest) response {
 	if err != nil {
 		return fail(err)
 	}
-	tok := grantToken{NodeID: req.NodeID, Secret: secret, CA: trust.Fingerprint(s.ca.Cert)}
+	tok := grantToken{NodeID: req.NodeID, Secret: secret, CA: trust.Fingerprint(s.signingCA().Cert)}
 	raw, _ := json.Marshal(fsm.GrantArgs{NodeID: req.NodeID, Roles: req.Roles, SecretHash: secretHash(tok.Secret), TTL: ttl})
 	res, err := s.Apply(r.Context(), fsm.Entry{CommandID: req.CommandID, ExpectedVersion: req.ExpectedVersion, Actor: callerOf(r).name, Op: fsm.OpEnrollmentGrant, Args: raw})
 	if err != nil {
@@ -133,7 +133,7 @@ func (s *Server) grantSecret(req api.GrantRequest) ([]byte, error) {
 		rand.Read(secret)
 		return secret, nil
 	}
-	der, err := x509.MarshalPKCS8PrivateKey(s.ca.Key)
+	der, err := x509.MarshalPKCS8PrivateKey(s.activeCA().Key)
 	if err != nil {
 		return nil, api.Errorf(api.CodeInternal, "enrollment grant for node %s: read the CA key: %v", req.NodeID, err)
 	}
@@ -154,7 +154,9 @@ func (s *Server) handleJoin(r *http.Request, req api.JoinRequest) response {
 	if err != nil {
 		return fail(err)
 	}
-	if tok.CA != trust.Fingerprint(s.ca.Cert) {
+	// A grant names the CA that signed when it was issued: during a
+	// rotation either CA (the joining host pins the one it names).
+	if !s.roots.TrustsFingerprint(tok.CA) {
 		return fail(api.Errorf(api.CodeUnauthenticated, "the enrollment grant for node %s belongs to another cluster", tok.NodeID))
 	}
 	// The host goes into the member certificate signed below.
@@ -190,13 +192,14 @@ func (s *Server) handleJoin(r *http.Request, req api.JoinRequest) response {
 	// The certificates name the admission just recorded, so certificates
 	// of an earlier admission of the same node id stay refused.
 	member := trust.Identity{ClusterID: s.id.ClusterID, Kind: trust.KindMember, NodeID: n.NodeID, Roles: n.Roles, Admitted: n.AdmittedAt}
-	memberCert, err := s.ca.Issue(member, []string{host}, memberPub, s.lifetime(trust.MemberLifetime))
+	ca := s.signingCA()
+	memberCert, err := ca.Issue(member, []string{host}, memberPub, s.lifetime(trust.MemberLifetime))
 	if err != nil {
 		return fail(err)
 	}
 	out := api.JoinResponse{
 		ClusterID: s.id.ClusterID, NodeID: n.NodeID, Roles: n.Roles,
-		CACert: string(s.ca.CertPEM), MemberCert: string(memberCert) + string(s.ca.CertPEM),
+		CACert: s.trustedBundle(), MemberCert: string(memberCert) + string(ca.CertPEM),
 		GossipKey: s.id.GossipKey, Peers: s.ctrlAddrs(),
 	}
 	// Only a ctrl host or one admitted as operator gets an operator
@@ -204,14 +207,16 @@ func (s *Server) handleJoin(r *http.Request, req api.JoinRequest) response {
 	// the cluster (issue 44).
 	if holdsOperatorCert(n.Roles) {
 		admin := trust.Identity{ClusterID: s.id.ClusterID, Kind: trust.KindAdmin, NodeID: n.NodeID, Admitted: n.AdmittedAt}
-		adminCert, err := s.ca.Issue(admin, nil, adminPub, s.lifetime(trust.AdminLifetime))
+		adminCert, err := ca.Issue(admin, nil, adminPub, s.lifetime(trust.AdminLifetime))
 		if err != nil {
 			return fail(err)
 		}
 		out.AdminCert = string(adminCert)
 	}
 	if n.HasRole(api.RoleCtrl) {
-		keyPEM, err := trust.EncodeKey(s.ca.Key)
+		// The key of the cluster CA (ca.crt's first): a rotation under
+		// way reaches the new member through its replica.
+		keyPEM, err := trust.EncodeKey(s.activeCA().Key)
 		if err != nil {
 			return fail(err)
 		}

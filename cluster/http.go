@@ -150,7 +150,7 @@ func setActorHeaders(h http.Header, id trust.Identity) {
 // ctrl member holds); node-only members send the caller to ctrl.
 func (s *Server) ctrlLocal(h handler) handler {
 	return func(r *http.Request) response {
-		if s.raft == nil || s.ca.Key == nil {
+		if s.raft == nil || !s.holdsCAKey() {
 			return s.misdirect()
 		}
 		return h(r)

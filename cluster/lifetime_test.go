@@ -2,9 +2,6 @@ package cluster_test
 
 import (
 	"crypto/tls"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"math/big"
 	"net/http"
 	"testing"
 	"time"
@@ -31,20 +28,8 @@ func TestForgedLongLivedCertificateIsRefused(t *testing.T) {
 		t.Fatal(err)
 	}
 	forge := func(validity time.Duration) tls.Certificate {
-		key, err := trust.NewKey()
-		if err != nil {
-			t.Fatal(err)
-		}
 		now := time.Now()
-		tmpl := &x509.Certificate{SerialNumber: big.NewInt(now.UnixNano()), Subject: pkix.Name{CommonName: id.Name()},
-			NotBefore: now.Add(-trust.Backdate), NotAfter: now.Add(validity - trust.Backdate),
-			KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}, URIs: real.Leaf.URIs}
-		der, err := x509.CreateCertificate(nil, tmpl, ca.Cert, &key.PublicKey, ca.Key)
-		if err != nil {
-			t.Fatal(err)
-		}
-		leaf, _ := x509.ParseCertificate(der)
-		return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key, Leaf: leaf}
+		return forgeLike(t, ca, real.Leaf, now.Add(-trust.Backdate), now.Add(validity-trust.Backdate))
 	}
 	longest, tenYears := forge(trust.AdminLifetime+trust.Backdate), forge(10*365*24*time.Hour)
 	for _, m := range c.Members {

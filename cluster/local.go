@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"context"
+	"crypto/x509"
 	"net/http"
 
 	"github.com/kibotos/kibotos/api"
@@ -21,6 +22,9 @@ type Local struct {
 	Platforms   PlatformPublisher // POST /v1/internal/platforms/{name}/upload
 	Transfers   TransferExporter  // POST /v1/internal/transfers/export, its progress
 	Progress    ProgressFunc      // GET /v1/internal/progress/{key}
+	// DataPlaneCert is the data plane's current certificate (leaf), for
+	// a CA rotation's status; nil on a member without a data plane.
+	DataPlaneCert func() *x509.Certificate
 }
 
 // MachineLogReader reads one Instance's machine logs on this node within

@@ -51,7 +51,7 @@ func (s *Server) handleOperatorIssue(r *http.Request, req api.OperatorIssueReque
 	if err != nil {
 		return fail(api.Errorf(api.CodeInvalidArgument, "operator %s: %v", req.Name, err))
 	}
-	if s.ca.Key == nil {
+	if !s.holdsCAKey() {
 		return fail(api.Errorf(api.CodeUnavailable, "member %s holds no CA key and cannot sign operator %s's certificate; retry on a ctrl member", s.id.NodeID, req.Name))
 	}
 	res, err := s.applyWrite(r, fsm.OpOperatorIssue, req.WriteMeta, fsm.OperatorIssueArgs{Name: req.Name, KeyFingerprint: fp, TTL: ttl})
@@ -66,12 +66,13 @@ func (s *Server) handleOperatorIssue(r *http.Request, req api.OperatorIssueReque
 		return fail(api.Errorf(api.CodeFailedPrecondition, "operator %s: command %s was used for another key; give a new --command-id", req.Name, req.CommandID))
 	}
 	id := trust.Identity{ClusterID: s.id.ClusterID, Kind: trust.KindOperator, NodeID: rec.Name, Admitted: rec.IssuedAt}
-	cert, err := s.ca.Issue(id, nil, pub, time.Until(rec.ExpiresAt))
+	ca := s.signingCA()
+	cert, err := ca.Issue(id, nil, pub, time.Until(rec.ExpiresAt))
 	if err != nil {
 		return fail(api.Errorf(api.CodeInternal, "operator %s: sign the certificate: %v", rec.Name, err))
 	}
 	s.log.Info("operator credential issued", "operator", rec.Name, "issued_by", rec.IssuedBy, "expires_at", rec.ExpiresAt.Format(time.RFC3339), "key_fingerprint", rec.KeyFingerprint)
-	return resultResponse{value: api.OperatorIssueResponse{Operator: rec, Cert: string(cert), CACert: string(s.ca.CertPEM)}, replayed: res.Replayed}
+	return resultResponse{value: api.OperatorIssueResponse{Operator: rec, Cert: string(cert), CACert: s.trustedBundle()}, replayed: res.Replayed}
 }
 
 // operatorTTL reads a credential's lifetime: a Go duration or a number of

@@ -151,6 +151,7 @@ func (s *Server) routeTable() []route {
 		s.volumeRoutes(),
 		s.enrollmentRoutes(),
 		s.operatorRoutes(),
+		s.caRoutes(),
 	)
 }
 

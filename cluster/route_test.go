@@ -103,6 +103,8 @@ var notOperatorOnly = map[string][]string{
 	"POST /v1/internal/transfers/export":             {"ctrl"},
 	"GET /v1/internal/transfers/{name}/progress":     {"ctrl"},
 	"GET /v1/internal/progress/{key}":                {"ctrl"},
+	"POST /v1/internal/trust":                        {"member"},
+	"GET /v1/internal/trust/status":                  {"ctrl"},
 }
 
 // routePath fills a route's wildcards: the node's own id, so a drain or

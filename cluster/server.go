@@ -8,7 +8,6 @@ import (
 	"context"
 	"crypto/ed25519"
 	"crypto/tls"
-	"crypto/x509"
 	"fmt"
 	"log"
 	"log/slog"
@@ -42,6 +41,7 @@ type Timings struct {
 	CommandExpiry     time.Duration // how often the leader expires old command records
 	SnapshotThreshold uint64
 	RenewCheck        time.Duration // how often a member looks at its certificates' half-life
+	TrustPoll         time.Duration // how often a member asks ctrl which CAs to trust (CA rotation)
 	// CertLifetime, when set, replaces the lifetimes of the certificates
 	// this member signs (tests of renewal and expiry).
 	CertLifetime time.Duration
@@ -58,7 +58,7 @@ func DefaultTimings() Timings {
 	return Timings{
 		RaftHeartbeat: time.Second, RaftElection: time.Second, RaftLeaderLease: 500 * time.Millisecond,
 		SessionPing: 2 * time.Second, SessionTimeout: 10 * time.Second, SyncInterval: 60 * time.Second,
-		AckTimeout: 5 * time.Second, CommandExpiry: 10 * time.Minute, SnapshotThreshold: 8192, RenewCheck: 30 * time.Minute,
+		AckTimeout: 5 * time.Second, CommandExpiry: 10 * time.Minute, SnapshotThreshold: 8192, RenewCheck: 30 * time.Minute, TrustPoll: 30 * time.Second,
 	}
 }
 
@@ -67,7 +67,7 @@ func TestTimings() Timings {
 	return Timings{
 		RaftHeartbeat: 200 * time.Millisecond, RaftElection: 200 * time.Millisecond, RaftLeaderLease: 150 * time.Millisecond,
 		SessionPing: 200 * time.Millisecond, SessionTimeout: 1500 * time.Millisecond, SyncInterval: 5 * time.Second,
-		AckTimeout: 2 * time.Second, CommandExpiry: time.Minute, SnapshotThreshold: 1024, RenewCheck: time.Second,
+		AckTimeout: 2 * time.Second, CommandExpiry: time.Minute, SnapshotThreshold: 1024, RenewCheck: time.Second, TrustPoll: 200 * time.Millisecond,
 	}
 }
 
@@ -106,8 +106,8 @@ type Server struct {
 	id     *datadir.Identity
 	log    *slog.Logger
 
-	ca         *trust.CA
-	pool       *x509.CertPool
+	rot        caState      // the CA, the signer and a rotation's progress (carotate.go)
+	roots      *trust.Roots // the CAs trusted now (two during a rotation)
 	certs      *trust.Store // this member's certificates, swapped on renewal
 	client     trust.Client // the member as a TLS client
 	httpClient *http.Client // member-authenticated calls of ctrl members (forwarding, renewal)
@@ -148,10 +148,11 @@ type Server struct {
 	// changed wakes blocking reads when the local state changed.
 	changed *broadcaster
 
-	// The data-plane credential key, derived once from the CA key.
-	credOnce sync.Once
-	credKey  ed25519.PrivateKey
-	credErr  error
+	// The data-plane credential key, derived from the key of credFor,
+	// the cluster CA it was derived for.
+	credMu  sync.Mutex
+	credFor *trust.CA
+	credKey ed25519.PrivateKey
 
 	release func()
 	wg      sync.WaitGroup
@@ -216,7 +217,7 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 func (s *Server) start(ctx context.Context) error {
 	d := s.cfg.DataDir
 	var err error
-	if s.pool, err = d.CAPool(); err != nil {
+	if s.roots, err = d.CARoots(); err != nil {
 		return err
 	}
 	if s.certs, err = loadCerts(d); err != nil {
@@ -225,13 +226,15 @@ func (s *Server) start(ctx context.Context) error {
 	if _, err := trust.FromCert(s.certs.Member().Leaf); err != nil {
 		return fmt.Errorf("member certificate %s: %w; the data directory %s was made by a kibotos without role certificates: create it anew (kibotos join with a new grant; for a dev cluster kibotos dev down --purge)", d.MemberCert(), err, d)
 	}
-	if s.ca, err = trust.LoadCA(d.CACert(), d.CAKey()); err != nil {
+	ca, err := trust.LoadCA(d.CACert(), d.CAKey())
+	if err != nil {
 		return err
 	}
-	if s.ca.Key != nil && !s.id.HasRole(api.RoleCtrl) {
+	s.rot.init(ca)
+	if ca.Key != nil && !s.id.HasRole(api.RoleCtrl) {
 		return fmt.Errorf("data directory %s holds the cluster CA key but member %s is not a ctrl member: remove %s (only ctrl members sign certificates)", d, s.id.NodeID, d.CAKey())
 	}
-	s.client = trust.Client{Pool: s.pool, Cert: s.certs.Member}
+	s.client = trust.Client{Roots: s.roots, Cert: s.certs.Member}
 	// Calls between members go to ctrl members only; a dead member must
 	// not hold a forwarded request for long: the next candidate is tried.
 	s.httpClient = &http.Client{Transport: s.client.HTTPTransport(trust.Want{Kind: trust.KindMember, Role: trust.RoleCtrl}, 3*time.Second), Timeout: 60 * time.Second}
@@ -244,7 +247,7 @@ func (s *Server) start(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("listen on %s: %w; is another member using this port?", bind, err)
 	}
-	s.mux = newMux(s.life, ln, datadir.ServerTLS(s.pool, s.certs.Member), s.log, s.authorizeConn, s.conns)
+	s.mux = newMux(s.life, ln, datadir.ServerTLS(s.roots, s.certs.Member), s.log, s.authorizeConn, s.conns)
 	if s.id.HasRole(api.RoleCtrl) {
 		if err := s.startRaft(); err != nil {
 			return err // Open's Shutdown closes the mux and its listener
@@ -268,9 +271,11 @@ func (s *Server) start(ctx context.Context) error {
 	if err := s.startGossip(); err != nil {
 		return err
 	}
-	s.wg.Add(1)
+	s.wg.Add(2)
 	go func() { defer s.wg.Done(); s.renewLoop() }()
+	go func() { defer s.wg.Done(); s.trustLoop() }()
 	if s.raft != nil {
+		s.wg.Go(s.watchCA)
 		s.wg.Add(3)
 		go func() { defer s.wg.Done(); s.enforceRevocations() }()
 		go func() { defer s.wg.Done(); s.runLeader(ctx) }()

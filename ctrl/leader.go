@@ -69,6 +69,7 @@ type Cluster interface {
 	Voters
 	Sessions
 	Nodes
+	CATrust
 }
 
 // Timings of the leader's services (cluster.Timings carries them).
@@ -162,6 +163,7 @@ func (l *Leader) lead(ctx context.Context) {
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	wg.Go(func() { l.driveTransfers(ctx) })
+	wg.Go(func() { l.driveCARotation(ctx) })
 	since := time.Now()
 	lastExpiry, expiring := time.Now(), false
 	l.levels.Refresh(ctx)

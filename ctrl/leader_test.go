@@ -2,6 +2,7 @@ package ctrl
 
 import (
 	"context"
+	"crypto/x509"
 	"io"
 	"log/slog"
 	"path/filepath"
@@ -108,6 +109,10 @@ func (c *fakeCluster) ExportProgress(context.Context, *api.Node, string) (api.Tr
 	return api.TransferProgress{}, nil
 }
 func (c *fakeCluster) RemoveArchive(context.Context, *api.Transfer) error { return nil }
+func (c *fakeCluster) MemberTrust(context.Context, *api.Node) (api.MemberTrust, error) {
+	return api.MemberTrust{}, nil
+}
+func (c *fakeCluster) ClusterCA() *x509.Certificate { return nil }
 
 // run starts a Leader over c; leadership is unbuffered, so a send returns
 // once Run has taken it. done closes when Run has returned.

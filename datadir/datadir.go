@@ -10,10 +10,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/kibotos/kibotos/internal/recordfmt"
 	"os"
 	"path/filepath"
 	"syscall"
+
+	"github.com/kibotos/kibotos/internal/recordfmt"
+	"github.com/kibotos/kibotos/trust"
 
 	"github.com/kibotos/kibotos/storagepool"
 )
@@ -31,15 +33,20 @@ func (d Dir) path(parts ...string) string {
 func (d Dir) IdentityFile() string { return d.path("identity.json") }
 func (d Dir) CACert() string       { return d.path("tls", "ca.crt") }
 func (d Dir) CAKey() string        { return d.path("tls", "ca.key") }
-func (d Dir) MemberCert() string   { return d.path("tls", "member.crt") }
-func (d Dir) MemberKey() string    { return d.path("tls", "member.key") }
-func (d Dir) AdminCert() string    { return d.path("tls", "admin.crt") }
-func (d Dir) AdminKey() string     { return d.path("tls", "admin.key") }
-func (d Dir) RaftDir() string      { return d.path("raft") }
-func (d Dir) StateFile() string    { return d.path("state", "fsm.db") }
-func (d Dir) NodeDir() string      { return d.path("node") }
-func (d Dir) StorageRoot() string  { return d.path("storage") }
-func (d Dir) LockFile() string     { return d.path("lock") }
+
+// CANextCert and CANextKey are the CA a rotation moves to, on ctrl
+// members from its begin until its finish makes them ca.crt and ca.key.
+func (d Dir) CANextCert() string  { return d.path("tls", "ca-next.crt") }
+func (d Dir) CANextKey() string   { return d.path("tls", "ca-next.key") }
+func (d Dir) MemberCert() string  { return d.path("tls", "member.crt") }
+func (d Dir) MemberKey() string   { return d.path("tls", "member.key") }
+func (d Dir) AdminCert() string   { return d.path("tls", "admin.crt") }
+func (d Dir) AdminKey() string    { return d.path("tls", "admin.key") }
+func (d Dir) RaftDir() string     { return d.path("raft") }
+func (d Dir) StateFile() string   { return d.path("state", "fsm.db") }
+func (d Dir) NodeDir() string     { return d.path("node") }
+func (d Dir) StorageRoot() string { return d.path("storage") }
+func (d Dir) LockFile() string    { return d.path("lock") }
 
 // ArtifactsDir is the artifact store of a one-host cluster (kibotos dev);
 // a cluster of several hosts configures a shared one ([artifacts] url).
@@ -133,6 +140,20 @@ func (d Dir) Lock() (release func(), err error) {
 		return nil, fmt.Errorf("data directory %s is in use by another kibotos serve; stop it first or use another --data-dir", d)
 	}
 	return func() { f.Close() }, nil
+}
+
+// CARoots are the CAs the member trusts (ca.crt: the cluster CA, or the
+// old and the new one during a rotation), swappable at run time.
+func (d Dir) CARoots() (*trust.Roots, error) {
+	raw, err := os.ReadFile(d.CACert())
+	if err != nil {
+		return nil, fmt.Errorf("cluster CA %s: %w", d.CACert(), err)
+	}
+	certs, err := trust.ParseCertsPEM(raw)
+	if err != nil {
+		return nil, fmt.Errorf("cluster CA %s: %w", d.CACert(), err)
+	}
+	return trust.NewRoots(certs...)
 }
 
 // CAPool returns a pool holding the cluster CA.

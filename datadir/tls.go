@@ -2,7 +2,6 @@ package datadir
 
 import (
 	"crypto/tls"
-	"crypto/x509"
 
 	"github.com/kibotos/kibotos/trust"
 )
@@ -18,16 +17,25 @@ const (
 // A client certificate is verified against the cluster CA (chain and
 // client-auth usage) when given; only the join endpoint takes none, and
 // what each identity may do is decided per channel by the cluster package.
-// cert is read at every handshake, so a renewed certificate is served at
-// once.
-func ServerTLS(pool *x509.CertPool, cert func() *tls.Certificate) *tls.Config {
-	return &tls.Config{
-		GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return cert(), nil },
-		ClientAuth:     tls.VerifyClientCertIfGiven,
-		ClientCAs:      pool,
-		NextProtos:     []string{ProtoRaft, ProtoSession, ProtoHTTP},
-		MinVersion:     tls.VersionTLS13,
+// cert and the trusted CAs are read at every handshake, so a renewed
+// certificate is served at once and a CA rotation takes effect on the
+// next connection. Session tickets are off: a resumed session would skip
+// the check against the CAs trusted now (no client of ours resumes).
+func ServerTLS(roots *trust.Roots, cert func() *tls.Certificate) *tls.Config {
+	base := &tls.Config{
+		GetCertificate:         func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return cert(), nil },
+		ClientAuth:             tls.VerifyClientCertIfGiven,
+		NextProtos:             []string{ProtoRaft, ProtoSession, ProtoHTTP},
+		MinVersion:             tls.VersionTLS13,
+		SessionTicketsDisabled: true,
 	}
+	conf := base.Clone()
+	conf.GetConfigForClient = func(*tls.ClientHelloInfo) (*tls.Config, error) {
+		c := base.Clone()
+		c.ClientCAs = roots.Pool()
+		return c, nil
+	}
+	return conf
 }
 
 // AdminClient loads the CLI's credentials: the cluster CA and the

@@ -117,6 +117,9 @@ var handlers = map[string]handler{
 	OpTransferProgress:     applyTransferProgress,
 	OpOperatorIssue:        applyOperatorIssue,
 	OpOperatorRevoke:       applyOperatorRevoke,
+	OpCARotateBegin:        applyCARotateBegin,
+	OpCARotateSign:         applyCARotateSign,
+	OpCARotateFinish:       applyCARotateFinish,
 }
 
 // Open creates a fresh state file at path (any old file is replaced).

@@ -362,6 +362,7 @@ var allOps = []string{
 	OpTemplatePublish, OpTemplateDelete, OpPlatformPublish, OpPlatformApprove, OpPlatformWithdraw,
 	OpTransferExport, OpTransferResult, OpTransferDelete, OpTransferProgress,
 	OpOperatorIssue, OpOperatorRevoke,
+	OpCARotateBegin, OpCARotateSign, OpCARotateFinish,
 }
 
 func TestEveryOpHasAHandler(t *testing.T) {

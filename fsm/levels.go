@@ -77,9 +77,11 @@ import (
 //	   OpEnrollmentGrant's roles (ValidRoles; an older voter refuses it,
 //	   so the leader refuses such a grant below the level) and
 //	   OpOperatorIssue, OpOperatorRevoke
+//	13 CA rotation (LevelCARotation, ca.go): OpCARotateBegin,
+//	   OpCARotateSign, OpCARotateFinish
 
 // FeatureLevel is the level of this build.
-const FeatureLevel = 12
+const FeatureLevel = 13
 
 // LevelRefusalExhausted is the level of WorkspaceResultArgs.RefusalExhausts.
 const LevelRefusalExhausted = 11
@@ -112,6 +114,7 @@ var opLevels = map[string]int{
 	OpPlatformPublish: LevelArtifacts, OpPlatformApprove: LevelArtifacts, OpPlatformWithdraw: LevelArtifacts,
 	OpTransferExport: LevelArtifacts, OpTransferResult: LevelArtifacts, OpTransferDelete: LevelArtifacts, OpTransferProgress: LevelArtifacts,
 	OpOperatorIssue: LevelOperators, OpOperatorRevoke: LevelOperators,
+	OpCARotateBegin: LevelCARotation, OpCARotateSign: LevelCARotation, OpCARotateFinish: LevelCARotation,
 }
 
 // OpLevel is the level an op needs of every voter.

@@ -3,6 +3,7 @@ package member
 import (
 	"context"
 	"crypto/ecdsa"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -35,7 +36,12 @@ type dataPlaneLink struct {
 	mu        sync.Mutex
 	h         *dataplane.Handle
 	cert, key []byte
+	leaf      *x509.Certificate // of cert
 	renewAt   time.Time
+	// signing is the CA ctrl signs with now: a certificate another CA
+	// issued (a CA rotation) is replaced at the next update, not at
+	// half-life. Nil: only half-life counts.
+	signing func() *x509.Certificate
 	// seen are the counters last read from each generation, ended ones
 	// included: the seed's rule that an exited process's counts still
 	// count (Totals).
@@ -49,7 +55,7 @@ type dataPlaneIssuer func(ctx context.Context, pub *ecdsa.PublicKey, hosts []str
 // when there are none or half their lifetime is gone (mu held). A failed
 // renewal keeps the current ones while they are valid.
 func (l *dataPlaneLink) credentials(ctx context.Context) error {
-	if l.cert != nil && time.Now().Before(l.renewAt) {
+	if l.cert != nil && time.Now().Before(l.renewAt) && (l.signing == nil || trust.IssuedBy(l.leaf, l.signing())) {
 		return nil
 	}
 	key, err := trust.NewKey()
@@ -70,8 +76,12 @@ func (l *dataPlaneLink) credentials(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	leaf, err := trust.ParseCertPEM([]byte(out.Cert))
+	if err != nil {
+		return fmt.Errorf("data plane: the certificate from ctrl: %w", err)
+	}
 	now := time.Now()
-	l.cert, l.key = []byte(out.Cert), keyPEM
+	l.cert, l.key, l.leaf = []byte(out.Cert), keyPEM, leaf
 	l.renewAt = now.Add(out.NotAfter.Sub(now) / 2)
 	return nil
 }
@@ -94,7 +104,7 @@ func defaultDataPlaneListen(advertise string) (string, error) {
 // adopted when it is this build, handed over to a new generation of this
 // build when it is another build of the release line, replaced otherwise
 // (dataplane.Ensure).
-func startDataPlane(ctx context.Context, d datadir.Dir, m *units.Manager, listen string, issue dataPlaneIssuer, logFormat string, log *slog.Logger) (*dataPlaneLink, error) {
+func startDataPlane(ctx context.Context, d datadir.Dir, m *units.Manager, listen string, issue dataPlaneIssuer, signing func() *x509.Certificate, logFormat string, log *slog.Logger) (*dataPlaneLink, error) {
 	exe, err := os.Executable()
 	if err != nil {
 		return nil, fmt.Errorf("data plane: locate the kibotos executable: %w", err)
@@ -111,7 +121,7 @@ func startDataPlane(ctx context.Context, d datadir.Dir, m *units.Manager, listen
 	if err := os.MkdirAll(filepath.Dir(sockDir), 0o755); err != nil {
 		return nil, fmt.Errorf("data plane: %w", err)
 	}
-	l := &dataPlaneLink{issue: issue, hosts: []string{host}, log: log, cfg: dataplane.SupervisorConfig{
+	l := &dataPlaneLink{issue: issue, signing: signing, hosts: []string{host}, log: log, cfg: dataplane.SupervisorConfig{
 		Units: m, Executable: exe, Scope: NodeScope(d), SocketDir: sockDir, EarlierSocketDirs: []string{earlierDataPlaneSocketDir(d)},
 		Listen: listen, LogFormat: logFormat, Logger: log,
 	}}
@@ -188,6 +198,14 @@ func (l *dataPlaneLink) Totals(ctx context.Context) dataplane.Counters {
 		}
 	}
 	return t
+}
+
+// Leaf is the data plane's current certificate (nil before the first),
+// for a CA rotation's status.
+func (l *dataPlaneLink) Leaf() *x509.Certificate {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.leaf
 }
 
 // Update implements agent.DataPlane. A process that is gone (not merely

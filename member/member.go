@@ -137,11 +137,11 @@ func Run(ctx context.Context, log *slog.Logger, o Options) error {
 			}
 			// The data-plane process is never stopped with the node: its
 			// connections outlive a node restart.
-			link, err := startDataPlane(ctx, o.DataDir, m, listen, srv.DataPlaneCertificate, o.LogFormat, log)
+			link, err := startDataPlane(ctx, o.DataDir, m, listen, srv.DataPlaneCertificate, srv.SigningCA, o.LogFormat, log)
 			if err != nil {
 				return err
 			}
-			dp, src.DataPlane = link, link.Totals
+			dp, src.DataPlane, local.DataPlaneCert = link, link.Totals, link.Leaf
 		}
 		a, err := agent.New(agent.Config{DataDir: o.DataDir, NodeID: srv.NodeID(), Artifacts: store, Capacity: o.Capacity, CtrlAddrs: srv.CtrlAddrs,
 			Dial: srv.SessionDial, OnLeader: srv.NoteLeader, SessionTimeout: o.Timings.SessionTimeout, Logger: log, ClockSkew: o.ClockSkew, Runtime: rt, DataPlane: dp,

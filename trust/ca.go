@@ -12,8 +12,9 @@ import (
 	"time"
 )
 
-// caValidity is long: the CA is the cluster's root of trust and is not
-// rotated; the certificates it signs are the short-lived ones.
+// caValidity is long: the CA is the cluster's root of trust, replaced
+// only by a rotation (kibo ca rotate); the certificates it signs are the
+// short-lived ones.
 const caValidity = 10 * 365 * 24 * time.Hour
 
 // CA is the cluster certificate authority. Key is nil on a member that
@@ -56,16 +57,21 @@ func NewCA(clusterID string) (*CA, error) {
 
 // LoadCA reads the CA certificate and, when keyPath exists, its key. A
 // missing key file is not an error: only ctrl members hold the key.
+// certPath may hold several CAs (the trusted set during a rotation): the
+// CA is the one whose key keyPath holds, else the first. A ctrl member
+// that crashed between the renames of a rotation's finish (ca.key already
+// the new key, ca.crt still both) loads so, and repairs ca.crt.
 func LoadCA(certPath, keyPath string) (*CA, error) {
-	certPEM, err := os.ReadFile(certPath)
+	bundle, err := os.ReadFile(certPath)
 	if err != nil {
 		return nil, err
 	}
-	cert, err := ParseCertPEM(certPEM)
+	certs, err := ParseCertsPEM(bundle)
 	if err != nil {
 		return nil, fmt.Errorf("CA certificate %s: %w", certPath, err)
 	}
-	ca := &CA{Cert: cert, CertPEM: certPEM}
+	cert := certs[0]
+	ca := &CA{Cert: cert, CertPEM: pemEncode(pemCertificate, cert.Raw)}
 	if keyPath == "" {
 		return ca, nil
 	}
@@ -80,8 +86,13 @@ func LoadCA(certPath, keyPath string) (*CA, error) {
 	if err != nil {
 		return nil, fmt.Errorf("CA key %s: %w", keyPath, err)
 	}
+	for _, c := range certs {
+		if ca.Key.PublicKey.Equal(c.PublicKey) {
+			ca.Cert, ca.CertPEM = c, pemEncode(pemCertificate, c.Raw)
+		}
+	}
 	// A foreign key would sign certificates no member accepts.
-	if !ca.Key.PublicKey.Equal(cert.PublicKey) {
+	if !ca.Key.PublicKey.Equal(ca.Cert.PublicKey) {
 		return nil, fmt.Errorf("CA key %s is not the key of the CA certificate %s: put back this cluster's ca.key (or remove it on a member without the ctrl role)", keyPath, certPath)
 	}
 	return ca, nil

@@ -99,3 +99,39 @@ func TestLoadCA(t *testing.T) {
 		})
 	}
 }
+
+// During a rotation ca.crt holds both CAs; the CA is the one whose key
+// ca.key holds: the old one until the finish, the new one when a crash
+// came between the finish's two renames (ca.key already the new key).
+func TestLoadCAFromABundle(t *testing.T) {
+	old, next := newTestCA(t), newTestCA(t)
+	dir := t.TempDir()
+	certPath, keyPath := filepath.Join(dir, "ca.crt"), filepath.Join(dir, "ca.key")
+	if err := os.WriteFile(certPath, append(append([]byte{}, old.CertPEM...), next.CertPEM...), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		name string
+		key  *CA
+	}{{"during the rotation", old}, {"after a crash in the finish", next}} {
+		k, err := EncodeKey(c.key.Key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(keyPath, k, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		got, err := LoadCA(certPath, keyPath)
+		if err != nil {
+			t.Fatalf("%s: %v", c.name, err)
+		}
+		if Fingerprint(got.Cert) != Fingerprint(c.key.Cert) || string(got.CertPEM) != string(c.key.CertPEM) {
+			t.Fatalf("%s: loaded the CA of the other key", c.name)
+		}
+	}
+	// Without a key (node-only members) the first is the cluster CA.
+	got, err := LoadCA(certPath, filepath.Join(dir, "none"))
+	if err != nil || Fingerprint(got.Cert) != Fingerprint(old.Cert) {
+		t.Fatalf("without a key: %v", err)
+	}
+}

@@ -89,11 +89,23 @@ func ServerCheck(pool *x509.CertPool, want Want, host string) func(tls.Connectio
 	}
 }
 
-// Client is the TLS side of a caller: the cluster CA and the certificate it
-// presents (a getter, so a renewed certificate is used without a restart).
+// Client is the TLS side of a caller: the CAs it trusts and the
+// certificate it presents (a getter, so a renewed certificate is used
+// without a restart). A member sets Roots, read at every dial, so a CA
+// rotation reaches its connections without a restart; the CLI, which
+// runs once, sets a fixed Pool.
 type Client struct {
-	Pool *x509.CertPool
-	Cert func() *tls.Certificate
+	Pool  *x509.CertPool
+	Roots *Roots
+	Cert  func() *tls.Certificate
+}
+
+// pool is the set a dial verifies the server against now.
+func (c Client) pool() *x509.CertPool {
+	if c.Roots != nil {
+		return c.Roots.Pool()
+	}
+	return c.Pool
 }
 
 // Config is a client config for one address (HOST:PORT) that accepts only
@@ -105,7 +117,7 @@ func (c Client) Config(proto string, want Want, addr string) *tls.Config {
 	}
 	conf := &tls.Config{
 		InsecureSkipVerify: true, // replaced by ServerCheck: chain, identity and address
-		VerifyConnection:   ServerCheck(c.Pool, want, host),
+		VerifyConnection:   ServerCheck(c.pool(), want, host),
 		NextProtos:         []string{proto},
 		MinVersion:         tls.VersionTLS13,
 	}
