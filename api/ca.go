@@ -26,7 +26,7 @@ type MemberTrust struct {
 	NodeID    string   `json:"node_id"`
 	Trusts    []string `json:"trusts"`
 	Member    string   `json:"member_issuer"`
-	Admin     string   `json:"admin_issuer"`
+	Admin     string   `json:"admin_issuer"` // empty: the member holds no admin certificate
 	DataPlane string   `json:"dataplane_issuer,omitempty"`
 }
 

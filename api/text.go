@@ -22,7 +22,7 @@ func unsafeRune(r rune) bool {
 	case r < 0x20, r >= 0x7f && r <= 0x9f:
 		return true
 	case r >= 0x202a && r <= 0x202e, // LRE RLE PDF LRO RLO
-		r >= 0x2066 && r <= 0x2069,          // LRI RLI FSI PDI
+		r >= 0x2066 && r <= 0x2069,            // LRI RLI FSI PDI
 		r == 0x200e, r == 0x200f, r == 0x061c, // LRM RLM ALM
 		r == 0x2028, r == 0x2029: // line and paragraph separators
 		return true

@@ -287,7 +287,9 @@ func (s *Server) followTrust(ctx context.Context) error {
 		}
 	}
 	signing := s.rot.signing.Load()
-	if trust.IssuedBy(s.certs.Member().Leaf, signing) && trust.IssuedBy(s.certs.Admin().Leaf, signing) {
+	// A member without the ctrl or operator role holds no admin certificate.
+	admin := s.certs.Admin()
+	if trust.IssuedBy(s.certs.Member().Leaf, signing) && (admin == nil || trust.IssuedBy(admin.Leaf, signing)) {
 		return nil
 	}
 	return s.RenewCertificates(ctx)
@@ -337,8 +339,13 @@ func (s *Server) memberTrust() api.MemberTrust {
 	if sc := s.rot.signing.Load(); !s.roots.Trusts(sc) {
 		cas = append(cas, sc)
 	}
-	mt := api.MemberTrust{NodeID: s.id.NodeID, Trusts: s.roots.Fingerprints(),
-		Member: trust.IssuerOf(s.certs.Member().Leaf, cas), Admin: trust.IssuerOf(s.certs.Admin().Leaf, cas)}
+	mt := api.MemberTrust{NodeID: s.id.NodeID, Trusts: s.roots.Fingerprints(), Member: trust.IssuerOf(s.certs.Member().Leaf, cas)}
+	if admin := s.certs.Admin(); admin != nil { // ctrl and operator members only
+		// Empty only for a member that holds none.
+		if mt.Admin = trust.IssuerOf(admin.Leaf, cas); mt.Admin == "" {
+			mt.Admin = "unknown"
+		}
+	}
 	if dp := s.own().DataPlaneCert; dp != nil {
 		mt.DataPlane = trust.IssuerOf(dp(), cas)
 	}

@@ -102,7 +102,9 @@ func CARotationStatus(ctx context.Context, c CAView) (api.CAStatus, *fsm.CARotat
 			if slices.Contains(mt.Trusts, fp) {
 				row.TrustsNew = api.TrustYes
 			}
-			row.MemberCert = newOrOld(mt.Member == fp && mt.Admin == fp)
+			// A member without the ctrl or operator role holds no admin
+			// certificate.
+			row.MemberCert = newOrOld(mt.Member == fp && (mt.Admin == fp || mt.Admin == ""))
 			if mt.DataPlane != "" {
 				row.DataPlane = newOrOld(mt.DataPlane == fp)
 			}
