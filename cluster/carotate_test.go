@@ -9,6 +9,7 @@ import (
 	"math/big"
 	"net/http"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -110,6 +111,8 @@ func TestCARotation(t *testing.T) {
 		t.Fatalf("finish without a rotation: %v, want failed_precondition", err)
 	}
 
+	// A person's credential, issued under the old CA: nobody renews it.
+	issueOperator(t, c, c.WaitLeader(), "alice", "")
 	if _, err := c.Client(c.WaitLeader()).Do(ctx, "POST", "/v1/ca/rotate", api.WriteMeta{CommandID: "rotate-1"}, nil); err != nil {
 		t.Fatalf("ca rotate: %v", err)
 	}
@@ -144,6 +147,13 @@ func TestCARotation(t *testing.T) {
 	t.Logf("signing: %s", statusTable(st))
 	if st.CAs[0].State != api.CAOld || st.CAs[1].State != api.CAActive {
 		t.Fatalf("CA states in phase signing: %s", statusTable(st))
+	}
+	if !slices.Equal(st.Personal, []string{"operator:alice"}) {
+		t.Fatalf("personal credentials to issue again: %v, want operator:alice", st.Personal)
+	}
+	issueOperator(t, c, c.WaitLeader(), "alice", "") // again, now under the new CA
+	if st = caStatus(t, c); len(st.Personal) != 0 {
+		t.Fatalf("personal credentials to issue again after alice's reissue: %v, want none", st.Personal)
 	}
 	for _, m := range c.Members {
 		if m.Server != servers[m.ID] {

@@ -44,9 +44,13 @@ const memberTrustTimeout = 2 * time.Second
 func CARotationStatus(ctx context.Context, c CAView) (api.CAStatus, *fsm.CARotation, error) {
 	var rec *fsm.CARotation
 	var nodes []api.Node
+	var operators []api.Operator
 	err := c.View(func(tx *bolt.Tx) error {
 		var err error
 		if rec, err = fsm.GetCARotation(tx); err != nil {
+			return err
+		}
+		if operators, err = fsm.ListOperators(tx, time.Now()); err != nil {
 			return err
 		}
 		l, err := fsm.ListNodes(tx, 0, "")
@@ -79,6 +83,7 @@ func CARotationStatus(ctx context.Context, c CAView) (api.CAStatus, *fsm.CARotat
 		}
 		st.CAs = []api.CAInfo{caInfo(old, oldState), caInfo(next, nextState)}
 		target = next
+		st.Personal = onOldCA(operators, rec)
 	} else if target != nil {
 		st.CAs = []api.CAInfo{caInfo(target, api.CAActive)}
 	}
@@ -113,6 +118,19 @@ func CARotationStatus(ctx context.Context, c CAView) (api.CAStatus, *fsm.CARotat
 	}
 	wg.Wait()
 	return st, rec, nil
+}
+
+// onOldCA are the active operator credentials of persons issued before
+// the rotation's signing phase, so by the old CA: no member renews them,
+// and the finish ends them.
+func onOldCA(operators []api.Operator, rec *fsm.CARotation) []string {
+	var out []string
+	for _, o := range operators {
+		if o.State == api.OperatorActive && (rec.Phase != fsm.CAPhaseSigning || o.IssuedAt.Before(rec.SigningAt)) {
+			out = append(out, "operator:"+o.Name)
+		}
+	}
+	return out
 }
 
 func newOrOld(isNew bool) string {
