@@ -126,8 +126,9 @@ type Agent struct {
 	// resultReports: the live session's leader takes the report owed
 	// after a task in the task's result message (api.SessionMsg).
 	resultReports bool
-	// credentialKey verifies data-plane credentials; ctrl sends it at welcome.
-	credentialKey []byte
+	// credentialKeys verify data-plane credentials, the signing key first;
+	// ctrl sends them at welcome (checked by welcomeKeys).
+	credentialKeys [][]byte
 	// dataPushed is the targets the data plane last took.
 	dataPushed []DataTarget
 	// dataPushing: watchInstances has a push under way.

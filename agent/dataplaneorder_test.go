@@ -29,7 +29,7 @@ func (o *orderRecorder) note(e string) {
 
 func (o *orderRecorder) Address() string            { return "127.0.0.1:1" }
 func (o *orderRecorder) Alive(context.Context) bool { return true }
-func (o *orderRecorder) Update(context.Context, []DataTarget, []byte) error {
+func (o *orderRecorder) Update(context.Context, []DataTarget, [][]byte) error {
 	o.note("data-plane update")
 	return nil
 }

@@ -2,9 +2,11 @@ package agent
 
 import (
 	"context"
+	"crypto/ed25519"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -13,6 +15,33 @@ import (
 	"github.com/kibotos/kibotos/api"
 	"github.com/kibotos/kibotos/buildinfo"
 )
+
+// welcomeKeys are the credential keys of a welcome: CredentialKeys, or
+// CredentialKey alone from a leader of an earlier build. They come from
+// the network: at most api.MaxCredentialKeys ed25519 public keys.
+func welcomeKeys(m api.SessionMsg) ([][]byte, error) {
+	keys := m.CredentialKeys
+	if len(keys) == 0 && len(m.CredentialKey) > 0 {
+		keys = [][]byte{m.CredentialKey}
+	}
+	if len(keys) > api.MaxCredentialKeys {
+		return nil, fmt.Errorf("%d credential keys, at most %d (the cluster CA's and, during a rotation, the next CA's): the leader's build is not compatible with this node's; upgrade it", len(keys), api.MaxCredentialKeys)
+	}
+	for _, k := range keys {
+		if len(k) != ed25519.PublicKeySize {
+			return nil, fmt.Errorf("a credential key of %d bytes, want %d (an ed25519 public key): the leader's build is not compatible with this node's; upgrade it", len(k), ed25519.PublicKeySize)
+		}
+	}
+	return keys, nil
+}
+
+// CredentialKeys are the keys the node's data plane verifies credentials
+// with, the signing key first, as the last welcome sent them.
+func (a *Agent) CredentialKeys() [][]byte {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return slices.Clone(a.credentialKeys)
+}
 
 // connectOnce finds the leader and runs one session; it returns when the
 // session ends.
@@ -78,10 +107,14 @@ func (a *Agent) session(ctx context.Context, addr string) (redirect string, err 
 	default:
 		return "", fmt.Errorf("unexpected %q from %s", first.Type, addr)
 	}
+	keys, err := welcomeKeys(first)
+	if err != nil {
+		return "", fmt.Errorf("welcome from %s: %w", addr, err)
+	}
 	a.mu.Lock()
 	a.sessionID, a.send, a.resultReports = first.SessionID, send, first.ResultReports
-	if len(first.CredentialKey) > 0 {
-		a.credentialKey = first.CredentialKey
+	if len(keys) > 0 { // a leader without a CA key sends none: keep the last
+		a.credentialKeys = keys
 	}
 	a.mu.Unlock()
 	a.bg.spawn(ctx, a.updateDataPlane)

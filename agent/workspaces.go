@@ -42,7 +42,8 @@ type DataTarget struct {
 // ctrl, so a credential ctrl issues next is accepted at once.
 type DataPlane interface {
 	Address() string
-	Update(ctx context.Context, targets []DataTarget, key []byte) error
+	// keys verify credentials, the signing key first.
+	Update(ctx context.Context, targets []DataTarget, keys [][]byte) error
 	// Alive reports whether the process answers; when it does not, the
 	// next Update starts a new one.
 	Alive(ctx context.Context) bool
@@ -493,19 +494,19 @@ func (a *Agent) dataPlaneAlive(ctx context.Context) bool {
 }
 
 // updateDataPlane hands the data-plane process the current targets and
-// key; it never blocks the caller for more than the push timeout.
+// keys; it never blocks the caller for more than the push timeout.
 func (a *Agent) updateDataPlane(ctx context.Context) {
 	dp := a.cfg.DataPlane
 	if dp == nil {
 		return
 	}
 	a.mu.Lock()
-	key := a.credentialKey
+	keys := a.credentialKeys
 	a.mu.Unlock()
 	ctx, cancel := context.WithTimeout(ctx, 6*time.Second)
 	defer cancel()
 	targets := a.dataTargets()
-	if err := dp.Update(ctx, targets, key); err != nil {
+	if err := dp.Update(ctx, targets, keys); err != nil {
 		a.log.Warn("data-plane state not delivered", "err", err)
 		return
 	}

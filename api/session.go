@@ -20,9 +20,14 @@ type SessionMsg struct {
 	Report      *Report      `json:"report,omitempty"`
 	HostUsage   *HostUsage   `json:"host_usage,omitempty"`
 	Overcommit  *Multipliers `json:"overcommit,omitempty"`
-	// CredentialKey is the ed25519 public key data-plane credentials are
-	// verified with (welcome).
+	// CredentialKey is the ed25519 public key ctrl signs data-plane
+	// credentials with (welcome); a node of a build before
+	// CredentialKeys verifies with it alone.
 	CredentialKey []byte `json:"credential_key,omitempty"`
+	// CredentialKeys (welcome) are every key a data plane must accept,
+	// CredentialKey first: during a CA rotation the key derived from the
+	// other CA too (at most MaxCredentialKeys).
+	CredentialKeys [][]byte `json:"credential_keys,omitempty"`
 	// ResultReports (welcome): the leader takes a task_result that
 	// carries the full report the node owes after each task (Report,
 	// HostUsage), and stores the report after the result. A node whose
@@ -112,6 +117,10 @@ type WorkspaceTaskResult struct {
 	// Platform (start ok) is the id of the Platform the Instance runs on.
 	Platform string `json:"platform,omitempty"`
 }
+
+// MaxCredentialKeys bounds SessionMsg.CredentialKeys: the cluster CA's
+// key and, during a rotation, the key of the CA it moves to.
+const MaxCredentialKeys = 2
 
 // Session message types.
 const (

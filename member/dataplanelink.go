@@ -210,13 +210,19 @@ func (l *dataPlaneLink) Leaf() *x509.Certificate {
 
 // Update implements agent.DataPlane. A process that is gone (not merely
 // slow) is replaced by a new generation, which gets the state at once.
-func (l *dataPlaneLink) Update(ctx context.Context, targets []agent.DataTarget, key []byte) error {
+func (l *dataPlaneLink) Update(ctx context.Context, targets []agent.DataTarget, keys [][]byte) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if err := l.credentials(ctx); err != nil {
 		return err
 	}
-	st := dataplane.State{PublicKey: key, CertPEM: l.cert, KeyPEM: l.key, Targets: []dataplane.Target{}}
+	st := dataplane.State{CertPEM: l.cert, KeyPEM: l.key, Targets: []dataplane.Target{}}
+	for _, k := range keys {
+		st.PublicKeys = append(st.PublicKeys, k)
+	}
+	if len(keys) > 0 { // none before the first welcome: the process refuses the state
+		st.PublicKey = keys[0]
+	}
 	for _, t := range targets {
 		st.Targets = append(st.Targets, dataplane.Target{WorkspaceID: t.WorkspaceID, InstanceID: t.InstanceID, DataSocket: t.DataSocket, GuestBoot: t.GuestBoot})
 	}

@@ -53,10 +53,17 @@ type Target struct {
 // whole. The node ID the process answers for is the CommonName of CertPEM
 // (the node's member certificate).
 type State struct {
-	Targets   []Target          `json:"targets"`
+	Targets []Target `json:"targets"`
+	// PublicKey is the key ctrl signs credentials with now; a process of
+	// a build before PublicKeys reads only it.
 	PublicKey ed25519.PublicKey `json:"public_key"`
-	CertPEM   []byte            `json:"cert_pem"`
-	KeyPEM    []byte            `json:"key_pem"`
+	// PublicKeys are every key a credential may be signed with, PublicKey
+	// first: during a CA rotation the key of the new CA too, so neither
+	// the rotation's begin nor its finish refuses a credential. Empty
+	// (a node of an earlier build): PublicKey alone.
+	PublicKeys []ed25519.PublicKey `json:"public_keys,omitempty"`
+	CertPEM    []byte              `json:"cert_pem"`
+	KeyPEM     []byte              `json:"key_pem"`
 }
 
 // Hello is what a running data-plane process says about itself. The node

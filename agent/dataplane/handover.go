@@ -30,7 +30,7 @@ func (s *Server) exportState() (*State, error) {
 	if !s.applied {
 		return nil, nil
 	}
-	st := State{PublicKey: s.pub, CertPEM: s.certPEM, KeyPEM: s.keyPEM, Targets: make([]Target, 0, len(s.targets))}
+	st := State{PublicKey: s.pubs[0], PublicKeys: s.pubs, CertPEM: s.certPEM, KeyPEM: s.keyPEM, Targets: make([]Target, 0, len(s.targets))}
 	for _, t := range s.targets {
 		st.Targets = append(st.Targets, t)
 	}

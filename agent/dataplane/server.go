@@ -70,7 +70,7 @@ type Server struct {
 	mu              sync.Mutex
 	applied         bool
 	nodeID          string
-	pub             ed25519.PublicKey
+	pubs            []ed25519.PublicKey // verify credentials, the signing key first
 	cert            *tls.Certificate
 	certPEM, keyPEM []byte
 	targets         map[string]Target     // by workspace

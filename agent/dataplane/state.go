@@ -2,7 +2,6 @@ package dataplane
 
 import (
 	"context"
-	"crypto/ed25519"
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
@@ -35,8 +34,9 @@ func (s *Server) apply(st State) error {
 	}
 	nodeID := id.NodeID
 	cert.Leaf = leaf
-	if len(st.PublicKey) != ed25519.PublicKeySize {
-		return fmt.Errorf("dataplane: state: verification key is %d bytes, want %d (an ed25519 public key)", len(st.PublicKey), ed25519.PublicKeySize)
+	keys, err := st.verificationKeys()
+	if err != nil {
+		return err
 	}
 	targets := make(map[string]Target, len(st.Targets))
 	for _, t := range st.Targets {
@@ -51,7 +51,7 @@ func (s *Server) apply(st State) error {
 
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.applied, s.nodeID, s.pub, s.cert, s.targets = true, nodeID, st.PublicKey, &cert, targets
+	s.applied, s.nodeID, s.pubs, s.cert, s.targets = true, nodeID, keys, &cert, targets
 	s.certPEM, s.keyPEM = st.CertPEM, st.KeyPEM
 	sockets := map[string]string{} // instance → data socket
 	boots := map[string]string{}   // instance → the guest boot claimed
@@ -92,7 +92,7 @@ func (s *Server) apply(st State) error {
 		}
 	}
 	s.settleLocked()
-	s.log.Info("data-plane state applied", "node", nodeID, "targets", len(targets), "connections_closed", closed)
+	s.log.Info("data-plane state applied", "node", nodeID, "targets", len(targets), "verification_keys", len(keys), "connections_closed", closed)
 	return nil
 }
 
@@ -117,7 +117,7 @@ func (s *Server) authorize(c *clientConn, token string) (*guestLink, error) {
 	if !s.applied {
 		return nil, refuse(CodeUnavailable, "the node has not delivered its state to this data-plane process yet: retry in a few seconds")
 	}
-	claims, err := credential.Verify(s.pub, token, s.cfg.Now())
+	claims, err := verifyAny(s.pubs, token, s.cfg.Now())
 	switch {
 	case errors.Is(err, credential.ErrExpired):
 		return nil, refuse(CodeExpired, "%v", err)
