@@ -41,6 +41,10 @@ type caState struct {
 	renewMu sync.Mutex
 	active  atomic.Pointer[trust.CA]
 	signer  atomic.Pointer[trust.CA]
+	// next is the CA a rotation under way moves to (ctrl members, from
+	// its begin to its finish): the nodes' data planes accept credentials
+	// signed with the key derived from it too.
+	next atomic.Pointer[trust.CA]
 	// signing is the certificate of the CA that signs now, as this
 	// member knows it: its own signer on ctrl, ctrl's word elsewhere.
 	signing atomic.Pointer[x509.Certificate]
@@ -135,6 +139,15 @@ func (s *Server) syncCA() error {
 		if err := s.trustCAs([]*x509.Certificate{active.Cert, next}); err != nil {
 			return err
 		}
+		if cur := s.rot.next.Load(); cur == nil || trust.Fingerprint(cur.Cert) != trust.Fingerprint(next) {
+			// Stored before the sessions end: a welcome sent from here
+			// on has the new CA's credential key (the leader holds the
+			// sessions; elsewhere this closes nothing).
+			s.rot.next.Store(nextCA)
+			s.log.Info("CA rotation under way: control sessions end so the nodes' data planes get the new CA's credential key too", "fingerprint", trust.Fingerprint(next))
+			s.sessions.closeAll()
+		}
+		nextCA = s.rot.next.Load()
 		signer := active
 		if rec.Phase == fsm.CAPhaseSigning {
 			signer = nextCA
@@ -150,13 +163,16 @@ func (s *Server) syncCA() error {
 			return err
 		}
 		s.rot.active.Store(nextCA)
+		s.rot.next.Store(nil)
 		// The data-plane credential key derives from the cluster CA key:
-		// the nodes get the new one in the welcome of their next session
-		// (the leader holds them all; elsewhere this closes nothing).
+		// the nodes' data planes accept the new one since the begin, and
+		// the welcome of their next session drops the old one (the
+		// leader holds the sessions; elsewhere this closes nothing).
 		s.log.Info("CA rotation finished: control sessions end so the nodes' data planes get the new credential key", "fingerprint", trust.Fingerprint(next))
 		s.sessions.closeAll()
 		fallthrough
 	case !rec.UnderWay() && onNew:
+		s.rot.next.Store(nil)
 		if err := s.trustCAs([]*x509.Certificate{next}); err != nil {
 			return err
 		}

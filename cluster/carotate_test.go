@@ -1,7 +1,9 @@
 package cluster_test
 
 import (
+	"bytes"
 	"context"
+	"crypto/ed25519"
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
@@ -17,6 +19,7 @@ import (
 	"github.com/kibotos/kibotos/api"
 	"github.com/kibotos/kibotos/cluster"
 	"github.com/kibotos/kibotos/cluster/clustertest"
+	"github.com/kibotos/kibotos/credential"
 	"github.com/kibotos/kibotos/trust"
 )
 
@@ -95,7 +98,8 @@ func TestCARotation(t *testing.T) {
 		t.Fatal(err)
 	}
 	oldFP := trust.Fingerprint(oldCA.Cert)
-	oldCredKey := first.Server.CredentialPublicKey()
+	oldCredKey := first.Server.CredentialPublicKeys()[0]
+	waitCredentialKeys(t, c, "before the rotation", oldCredKey)
 	servers := map[string]*cluster.Server{}
 	for _, m := range c.Members {
 		servers[m.ID] = m.Server
@@ -129,6 +133,20 @@ func TestCARotation(t *testing.T) {
 		t.Fatalf("status after begin: %s", statusTable(st))
 	}
 	newFP := st.CAs[1].Fingerprint
+	// From the begin every ctrl member derives the new CA's credential key
+	// too, and every node (its session began before the rotation) hands
+	// its data plane both, the old one (which signs until the finish)
+	// first.
+	nextKeyPEM, err := os.ReadFile(first.Dir.CANextKey())
+	if err != nil {
+		t.Fatal(err)
+	}
+	nextSigner, err := credential.KeyFromCA(nextKeyPEM)
+	if err != nil {
+		t.Fatal(err)
+	}
+	newCredKey := []byte(nextSigner.Public().(ed25519.PublicKey))
+	waitCredentialKeys(t, c, "during the rotation", oldCredKey, newCredKey)
 
 	// Every member trusts both, so the leader moves to signing, and every
 	// member's certificates come from the new CA.
@@ -203,13 +221,8 @@ func TestCARotation(t *testing.T) {
 		t.Fatalf("ca.crt and ca.key of %s after the finish: %v", first.ID, err)
 	}
 	// The data-plane credential key derives from the new CA key, the same
-	// on every ctrl member.
-	newCredKey := first.Server.CredentialPublicKey()
-	for _, m := range ctrlMembers(c) {
-		if k := m.Server.CredentialPublicKey(); !k.Equal(newCredKey) || k.Equal(oldCredKey) {
-			t.Fatalf("credential key of %s after the finish: the old one, or not the others'", m.ID)
-		}
-	}
+	// on every ctrl member, and every node's data plane accepts only it.
+	waitCredentialKeys(t, c, "after the finish", newCredKey)
 
 	// A ctrl member that crashed between the finish's renames (ca.key
 	// already the new key, ca.crt still both) starts and repairs ca.crt
@@ -239,6 +252,25 @@ func TestCARotation(t *testing.T) {
 			t.Fatalf("member %s refused a certificate of the new CA: %d %v", m.ID, status, e)
 		}
 	}
+}
+
+// waitCredentialKeys waits until every ctrl member would welcome a node
+// with want and every node holds want, as its last welcome sent them.
+func waitCredentialKeys(t *testing.T, c *clustertest.Cluster, when string, want ...[]byte) {
+	t.Helper()
+	clustertest.WaitFor(t, 30*time.Second, func() (bool, string) {
+		for _, m := range ctrlMembers(c) {
+			if got := m.Server.CredentialPublicKeys(); !slices.EqualFunc(got, want, bytes.Equal) {
+				return false, fmt.Sprintf("credential keys of ctrl member %s %s: %x, want %x", m.ID, when, got, want)
+			}
+		}
+		for _, m := range c.Members {
+			if got := m.Agent.CredentialKeys(); !slices.EqualFunc(got, want, bytes.Equal) {
+				return false, fmt.Sprintf("credential keys node %s hands its data plane %s: %x, want %x", m.ID, when, got, want)
+			}
+		}
+		return true, ""
+	})
 }
 
 // Below level 13 a rotation is refused and nothing changes.

@@ -3,6 +3,7 @@ package cluster
 import (
 	"crypto/ed25519"
 	"net/http"
+	"sync"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -58,35 +59,73 @@ func (s *Server) handleCredential(r *http.Request) response {
 }
 
 // credentialKey derives the signing key from the cluster CA key, which
-// every ctrl member holds. It follows the CA a rotation's finish installs
-// (cached per CA): every ctrl member switches at the same entry, and the
-// leader then ends the control sessions, whose welcome hands the nodes'
-// data planes the new key.
+// every ctrl member holds. It follows the CA a rotation's finish installs:
+// every ctrl member switches at the same entry. The nodes' data planes
+// accept the new CA's key from the rotation's begin on
+// (CredentialPublicKeys), so the switch refuses no credential.
 func (s *Server) credentialKey() (ed25519.PrivateKey, error) {
 	ca := s.activeCA()
 	if ca.Key == nil {
 		return nil, api.Errorf(api.CodeFailedPrecondition, "member %s holds no cluster CA key: credentials are issued by ctrl members", s.id.NodeID)
 	}
-	s.credMu.Lock()
-	defer s.credMu.Unlock()
-	if s.credFor != ca {
-		pemBytes, err := trust.EncodeKey(ca.Key)
-		if err != nil {
-			return nil, err
-		}
-		if s.credKey, err = credential.KeyFromCA(pemBytes); err != nil {
-			return nil, err
-		}
-		s.credFor = ca
-	}
-	return s.credKey, nil
+	return s.cred.of(ca)
 }
 
-// CredentialPublicKey is the key nodes hand their data-plane process.
-func (s *Server) CredentialPublicKey() ed25519.PublicKey {
-	k, err := s.credentialKey()
+// CredentialPublicKeys are the keys nodes hand their data-plane process,
+// the signing key first: during a CA rotation the key derived from the
+// new CA too, which signs from the finish on. Nil on a member without the
+// CA key.
+func (s *Server) CredentialPublicKeys() [][]byte {
+	active := s.activeCA()
+	if active.Key == nil {
+		return nil
+	}
+	k, err := s.cred.of(active)
 	if err != nil {
 		return nil
 	}
-	return k.Public().(ed25519.PublicKey)
+	keys := [][]byte{k.Public().(ed25519.PublicKey)}
+	// A finish between the two reads ends the session this welcomes
+	// anyway: it closes the sessions after both stores.
+	next := s.rot.next.Load()
+	if next == nil || trust.Fingerprint(next.Cert) == trust.Fingerprint(active.Cert) {
+		return keys // no rotation, or its finish under way on this member
+	}
+	nk, err := s.cred.of(next)
+	if err != nil {
+		s.log.Warn("CA rotation: no credential key derived from the new CA; nodes accept the old CA's only until the finish", "err", err)
+		return keys
+	}
+	return append(keys, nk.Public().(ed25519.PublicKey))
+}
+
+// credentialKeys caches the keys derived from the CAs a ctrl member holds
+// (the welcome and every credential ask for them).
+type credentialKeys struct {
+	mu   sync.Mutex
+	keys map[*trust.CA]ed25519.PrivateKey
+}
+
+// of is the credential key derived from ca's key.
+func (c *credentialKeys) of(ca *trust.CA) (ed25519.PrivateKey, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if k, ok := c.keys[ca]; ok {
+		return k, nil
+	}
+	pemBytes, err := trust.EncodeKey(ca.Key)
+	if err != nil {
+		return nil, err
+	}
+	k, err := credential.KeyFromCA(pemBytes)
+	if err != nil {
+		return nil, err
+	}
+	// A member holds two CAs at most (a rotation's): the keys of CAs
+	// rotated away are dropped, never more than a few kept.
+	if c.keys == nil || len(c.keys) >= 4 {
+		c.keys = map[*trust.CA]ed25519.PrivateKey{}
+	}
+	c.keys[ca] = k
+	return k, nil
 }

@@ -6,7 +6,6 @@ package cluster
 
 import (
 	"context"
-	"crypto/ed25519"
 	"crypto/tls"
 	"fmt"
 	"log"
@@ -148,11 +147,8 @@ type Server struct {
 	// changed wakes blocking reads when the local state changed.
 	changed *broadcaster
 
-	// The data-plane credential key, derived from the key of credFor,
-	// the cluster CA it was derived for.
-	credMu  sync.Mutex
-	credFor *trust.CA
-	credKey ed25519.PrivateKey
+	// cred: the data-plane credential keys derived from the CAs held.
+	cred credentialKeys
 
 	release func()
 	wg      sync.WaitGroup

@@ -196,7 +196,13 @@ func (s *Server) handleSession(c net.Conn) {
 func (s *Server) runSession(ctx context.Context, sc *sessionConn, dec *api.SessionDecoder, ls *liveSession) string {
 	t := s.cfg.Timings
 	nodeID, sid := ls.nodeID, ls.sessionID
-	if err := sc.send(api.SessionMsg{Type: api.MsgWelcome, SessionID: sid, CredentialKey: s.CredentialPublicKey(), ResultReports: true}); err != nil {
+	welcome := api.SessionMsg{Type: api.MsgWelcome, SessionID: sid, ResultReports: true}
+	// After attach: a rotation that changes the keys from here on ends
+	// this session, and the node learns them in its next welcome.
+	if welcome.CredentialKeys = s.CredentialPublicKeys(); len(welcome.CredentialKeys) > 0 {
+		welcome.CredentialKey = welcome.CredentialKeys[0] // for nodes of earlier builds
+	}
+	if err := sc.send(welcome); err != nil {
 		return "connection lost"
 	}
 	disp := &dispatcher{s: s, nodeID: nodeID, sc: sc, sent: map[string]time.Time{}}
