@@ -112,6 +112,12 @@ func TestCARotationAcrossVMAndExec(t *testing.T) {
 		return ex.ticks() > 0, ex.out.String()
 	})
 
+	// A read from each ctrl member's CLI that its member forwards to the
+	// leader, as an operator looking around before the rotation: the
+	// members keep those connections (see staleConns).
+	for _, h := range c.ctrls {
+		mhMust(t, h, cliTimeout, "node", "list", "--consistent")
+	}
 	t1 := time.Now()
 	mhMust(t, admin, cliTimeout, "ca", "rotate")
 	var st api.CAStatus
@@ -147,9 +153,10 @@ func TestCARotationAcrossVMAndExec(t *testing.T) {
 	finished, ticksAtFinish := time.Now(), ex.ticks()
 	t.Logf("TIMING rotate to finish: %s (the exec at tick %d)", time.Since(t1).Round(time.Millisecond), ticksAtFinish)
 	// Read through ctrl1 (forwarded to the leader when ctrl1 does not
-	// lead): see staleForward.
+	// lead): see staleConns.
+	var stale staleConns
 	st = api.CAStatus{}
-	if err := decodeResult(staleForward(t, admin, "ca", "status", "--json"), &st); err != nil {
+	if err := decodeResult(stale.call(t, admin, cliTimeout, "ca", "status", "--json"), &st); err != nil {
 		t.Fatal(err)
 	}
 	if st.Phase != "" || len(st.CAs) != 1 || st.CAs[0].State != api.CAActive || st.CAs[0].Fingerprint != next || len(st.Personal) != 0 {
@@ -183,16 +190,14 @@ func TestCARotationAcrossVMAndExec(t *testing.T) {
 			if i == len(l.hosts)-1 {
 				cmd = "touch /tmp/go"
 			}
-			var refused []string
-			testenv.WaitFor(t, 30*time.Second, "exec through "+h.nodeID+" after the finish", func() (bool, string) {
-				r := h.kiboTimeout(60*time.Second, "workspace", "exec", ws.WorkspaceID, "--", "sh", "-c", cmd)
-				if r.code != 0 {
-					refused = append(refused, strings.TrimSpace(r.stderr))
-				}
-				return r.code == 0, r.String()
-			})
-			if len(refused) > 0 {
-				t.Logf("exec through %s after the finish refused %d times first: %q", h.nodeID, len(refused), refused)
+			args := []string{"workspace", "exec", ws.WorkspaceID, "--", "sh", "-c", cmd}
+			r := stale.call(t, h, 60*time.Second, args...)
+			if r.code != 0 {
+				t.Logf("exec through %s after the finish refused once (the data plane's key change?): %s", h.nodeID, r)
+				r = h.kiboTimeout(60*time.Second, args...)
+			}
+			if r.code != 0 {
+				t.Fatalf("exec through %s after the finish: %s", h.nodeID, r)
 			}
 		}
 		code, out := ex.wait(30 * time.Second)
@@ -230,28 +235,36 @@ func TestCARotationAcrossVMAndExec(t *testing.T) {
 	t.Logf("whole test %s", time.Since(t0).Round(time.Millisecond))
 }
 
-// staleForward runs the CLI through h until it succeeds. Right after the
-// finish a ctrl member that forwards to the leader over a connection it
-// opened before the signing phase presents its old member certificate,
-// and the leader refuses it ("was issued by a CA this cluster no longer
-// trusts"): the caller sees exit 18 once. That is a defect of the
-// member's forwarding (its kept-alive connections outlive its renewed
-// certificate), seen in about one run in three; until it is fixed, that
-// one refusal is retried and logged, any other failure fails the test.
-func staleForward(t *testing.T, h *host, args ...string) result {
+// staleIdle is how long a member's idle connection to another member
+// lives (trust.Client.HTTPTransport's IdleConnTimeout), with a margin.
+const staleIdle = 95 * time.Second
+
+// staleConns works around a defect of the members (reported, not fixed
+// here): a member's calls to other members (forwarding to the leader,
+// the leader's level checks) reuse kept-alive connections whose TLS
+// handshake presented its member certificate from before the signing
+// phase; after the finish the other member refuses every request on them
+// ("was issued by a CA this cluster no longer trusts", exit 18), for as
+// long as they are reused. When the CLI meets that refusal, call waits,
+// once per test, until no call went through any member for longer than
+// such connections stay idle, logs it, and tries again: the member then
+// dials afresh with its new certificate. Any other failure is the
+// caller's to judge. Drop this once the members close those connections.
+type staleConns struct{ waited bool }
+
+func (s *staleConns) call(t *testing.T, h *host, timeout time.Duration, args ...string) result {
 	t.Helper()
-	var r result
-	for try := 0; try < 3; try++ {
-		r = h.kibo(args...)
-		if r.code == 0 || !strings.Contains(r.stderr, "no longer trusts") {
-			break
-		}
-		t.Logf("through %s right after the finish (forwarding over a connection made with the old member certificate): %s", h.nodeID, r)
+	r := h.kiboTimeout(timeout, args...)
+	if r.code == 0 || !strings.Contains(r.stderr, "no longer trusts") {
+		return r
 	}
-	if r.code != 0 {
-		t.Fatal(r)
+	if s.waited {
+		t.Fatalf("refused again after the stale connections idled out: %s", r)
 	}
-	return r
+	s.waited = true
+	t.Logf("KNOWN DEFECT: %s's member forwarded over a connection made with its old member certificate: %s; waiting %s without calls", h.nodeID, r, staleIdle)
+	<-time.After(staleIdle)
+	return h.kiboTimeout(timeout, args...)
 }
 
 // rotatedMembers: phase signing, and every host's member, operator and
