@@ -93,6 +93,12 @@ type status struct {
 // serves, so each waits until the leader replicates to it. The first three
 // hosts are ctrl members, a fourth one is node-only.
 func formCluster(t *testing.T, l *lab) *cluster {
+	return formClusterServing(t, l, func(h *host) { h.startServe() })
+}
+
+// formClusterServing is formCluster with serve starting each member once
+// its data directory exists (to give one what it needs to run VMs).
+func formClusterServing(t *testing.T, l *lab, serve func(h *host)) *cluster {
 	c := &cluster{lab: l}
 	for i, h := range l.hosts {
 		if i < 3 {
@@ -107,7 +113,7 @@ func formCluster(t *testing.T, l *lab) *cluster {
 	if r := first.kibotos("init", "--data-dir", first.dataDir, "--advertise", first.addr(), "--node-id", first.nodeID, "--roles", first.roles); r.code != 0 {
 		t.Fatal(r)
 	}
-	first.startServe()
+	serve(first)
 	c.waitFollowsLeader(t, first)
 	for _, h := range l.hosts[1:] {
 		grant := first.kibo("enrollment", "grant", h.nodeID, "--roles", h.roles)
@@ -118,7 +124,7 @@ func formCluster(t *testing.T, l *lab) *cluster {
 		if r := h.kibotos("join", "--data-dir", h.dataDir, "--advertise", h.addr(), "--grant", token, first.addr()); r.code != 0 {
 			t.Fatal(r)
 		}
-		h.startServe()
+		serve(h)
 		if strings.Contains(h.roles, "ctrl") {
 			c.waitFollowsLeader(t, h)
 			continue

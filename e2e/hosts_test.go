@@ -405,11 +405,16 @@ const cliTimeout = 15 * time.Second
 func (h *host) kibo(args ...string) result { return h.kiboTimeout(cliTimeout, args...) }
 
 func (h *host) kiboTimeout(timeout time.Duration, args ...string) result {
+	return h.run(timeout, "kibo", h.kiboArgs(args)...)
+}
+
+// kiboArgs are args with the data directory and credentials kibo uses.
+func (h *host) kiboArgs(args []string) []string {
 	pre := []string{"--data-dir", h.dataDir}
 	if h.creds != "" {
 		pre = append(pre, "--credentials", h.creds)
 	}
-	return h.run(timeout, "kibo", append(pre, args...)...)
+	return append(pre, args...)
 }
 
 // kibotos runs a host-local command (init, join) inside the namespace.
@@ -420,9 +425,15 @@ func (h *host) kibotos(args ...string) result {
 func (h *host) run(timeout time.Duration, name string, args ...string) result {
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
+	return runResult(ctx, timeout, h.command(ctx, name, args...), args)
+}
+
+// command is the host's executable name (kibo, kibotos) with args, to
+// run inside the namespace; it is killed when ctx ends.
+func (h *host) command(ctx context.Context, name string, args ...string) *exec.Cmd {
 	cmd := exec.CommandContext(ctx, "ip", append([]string{"netns", "exec", h.ns, filepath.Join(h.binDir(), name)}, args...)...)
 	cmd.Env = hostprobe.CleanEnv()
-	return runResult(ctx, timeout, cmd, args)
+	return cmd
 }
 
 // runResult runs cmd (made with ctx, which ends after timeout) to the end

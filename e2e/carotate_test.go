@@ -1,0 +1,456 @@
+package e2e
+
+// The CA rotation on real members: three ctrl voters and a node-only
+// member running a Workspace, each its own process in its own network
+// namespace, everything through the CLI. The VM and an exec opened before
+// the rotation must outlive it; afterwards a certificate signed with the
+// old CA key must get nowhere.
+
+import (
+	"context"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/json"
+	"fmt"
+	"math/big"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/kibotos/kibotos/agent/runtime"
+	"github.com/kibotos/kibotos/agent/runtime/runtimetest"
+	"github.com/kibotos/kibotos/api"
+	"github.com/kibotos/kibotos/datadir"
+	"github.com/kibotos/kibotos/internal/testenv"
+	"github.com/kibotos/kibotos/trust"
+	"github.com/kibotos/kibotos/vmm/template"
+	"github.com/kibotos/kibotos/vmm/units"
+)
+
+// TestCARotationAcrossVMAndExec: kibo ca rotate, status and finish on 3
+// voters and a node-only member whose VM keeps its QEMU process and whose
+// open exec finishes; then a certificate forged with the old key is
+// refused by every member, and the same one forged with the new key is
+// taken. One VM boot.
+func TestCARotationAcrossVMAndExec(t *testing.T) {
+	t0 := time.Now()
+	requireLab(t)
+	runtimetest.RequireVMHost(t)
+	testenv.LookPath(t, "qemu-img", "qemu-utils") // retained layers
+	// Registered before the lab's own cleanup, so it runs after it: no
+	// namespace of the lab may be left.
+	var l *lab
+	t.Cleanup(func() {
+		for _, ns := range l.nss {
+			if _, err := os.Stat("/run/netns/" + ns); err == nil {
+				t.Errorf("namespace %s left after the lab's cleanup", ns)
+			}
+		}
+	})
+	l = newLab(t, 4)
+	t.Logf("lab %s: namespaces %v", l.prefix, l.nss)
+	root := mhRoot(t, l)
+	for _, h := range l.hosts {
+		h.dataDir = filepath.Join(root, fmt.Sprint(h.index))
+	}
+	artifacts := mhBuildArtifacts(t, root, l.bin)
+	shared := filepath.Join(root, "shared")
+	if err := os.MkdirAll(shared, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	// Only the node-only member runs VMs: the ctrl voters serve without
+	// a network, so ctrl places nothing on them.
+	c := formClusterServing(t, l, func(h *host) {
+		if strings.Contains(h.roles, "ctrl") {
+			h.startServe()
+			return
+		}
+		mhInstallArtifacts(t, artifacts, h)
+		mhStartServe(h, mhWriteConfig(t, h, shared))
+	})
+	admin, node := c.ctrls[0], c.node
+	mhWaitNode(t, admin, node.nodeID, 30*time.Second, "ready for Workspaces", mhReadyForWorkspaces)
+	mhMust(t, admin, cliTimeout, "storage-pool", "set-capacity", "shared", "10GiB")
+	t.Logf("cluster ready in %s", time.Since(t0).Round(time.Millisecond))
+
+	var ws api.Workspace
+	if err := decodeResult(mhMust(t, admin, cliTimeout, "workspace", "create", "--template", template.DefaultName, "--cpu", "1", "--memory", "256MiB",
+		"--node", node.nodeID, "--no-wait", "--json"), &ws); err != nil {
+		t.Fatal(err)
+	}
+	ws = mhWaitWorkspace(t, admin, ws.WorkspaceID, api.WorkspaceAvailable, mhBootTimeout)
+	if ws.NodeID != node.nodeID {
+		t.Fatalf("created with --node %s, got %s", node.nodeID, mhWSString(ws))
+	}
+	qemu := vmmHostPID(t, node, ws.InstanceID)
+	if !slices.Contains(mhQemuPIDs(node.dataDir), qemu) {
+		t.Fatalf("main PID %d of %s is not a QEMU of %s (QEMUs: %v)", qemu, runtime.UnitName(ws.InstanceID), node.nodeID, mhQemuPIDs(node.dataDir))
+	}
+
+	// What someone who copied a ctrl member's CA key before the rotation
+	// holds; their forgery is good now, on every member.
+	oldCA, err := trust.LoadCA(datadir.Dir(admin.dataDir).CACert(), datadir.Dir(admin.dataDir).CAKey())
+	if err != nil {
+		t.Fatal(err)
+	}
+	forgedOld := forgeCredentials(t, admin, oldCA, filepath.Join(root, "forged-old"))
+	for _, h := range l.hosts {
+		if r := forgedCall(h, forgedOld); r.code != 0 {
+			t.Fatalf("before the rotation the old-key forgery must be taken by %s: %s", h.nodeID, r)
+		}
+	}
+
+	// The exec prints a tick a second until a later exec creates /tmp/go,
+	// after the finish, so it stays open across the whole rotation.
+	ex := startExec(t, admin, ws.WorkspaceID, `i=0; while [ ! -e /tmp/go ] && [ $i -lt 900 ]; do i=$((i+1)); echo tick $i; sleep 1; done; echo done`)
+	testenv.WaitFor(t, 60*time.Second, "the long exec to print its first tick", func() (bool, string) {
+		return ex.ticks() > 0, ex.out.String()
+	})
+
+	// A read from each ctrl member's CLI that its member forwards to the
+	// leader, as an operator looking around before the rotation: the
+	// members keep those connections (see staleConns).
+	for _, h := range c.ctrls {
+		mhMust(t, h, cliTimeout, "node", "list", "--consistent")
+	}
+	t1 := time.Now()
+	mhMust(t, admin, cliTimeout, "ca", "rotate")
+	var st api.CAStatus
+	testenv.WaitFor(t, 3*time.Minute, "phase signing with every member's certificates new", func() (bool, string) {
+		st = api.CAStatus{}
+		if err := admin.kiboJSON(&st, "ca", "status"); err != nil {
+			return false, err.Error()
+		}
+		return rotatedMembers(st, l, node), caStatusLine(st)
+	})
+	// In phase signing the new CA is the active one; the first one is old.
+	next, old := "", ""
+	for _, ca := range st.CAs {
+		switch ca.State {
+		case api.CAActive:
+			next = ca.Fingerprint
+		case api.CAOld:
+			old = ca.Fingerprint
+		}
+	}
+	if len(st.CAs) != 2 || next == "" || old != trust.Fingerprint(oldCA.Cert) {
+		t.Fatalf("status in phase signing: want the new CA active and %.12s old, got %s", trust.Fingerprint(oldCA.Cert), caStatusLine(st))
+	}
+	t.Logf("TIMING rotate to phase signing with every certificate new: %s", time.Since(t1).Round(time.Millisecond))
+	// The node-only host's CLI holds an operator credential issued to a
+	// person: nobody renews it, so it is issued again before the finish.
+	if !slices.ContainsFunc(st.Personal, func(p string) bool { return strings.Contains(p, "e2e-"+node.nodeID) }) {
+		t.Errorf("status in phase signing: want e2e-%s among the credentials to issue again, got %q", node.nodeID, st.Personal)
+	}
+	mhMust(t, admin, cliTimeout, "operator", "issue", "e2e-"+node.nodeID, "--out", node.creds, "--force")
+
+	mhMust(t, admin, cliTimeout, "ca", "finish")
+	finished, ticksAtFinish := time.Now(), ex.ticks()
+	t.Logf("TIMING rotate to finish: %s (the exec at tick %d)", time.Since(t1).Round(time.Millisecond), ticksAtFinish)
+	// Read through ctrl1 (forwarded to the leader when ctrl1 does not
+	// lead): see staleConns.
+	var stale staleConns
+	st = api.CAStatus{}
+	if err := decodeResult(stale.call(t, admin, cliTimeout, "ca", "status", "--json"), &st); err != nil {
+		t.Fatal(err)
+	}
+	if st.Phase != "" || len(st.CAs) != 1 || st.CAs[0].State != api.CAActive || st.CAs[0].Fingerprint != next || len(st.Personal) != 0 {
+		t.Fatalf("status after the finish: want one CA, %.12s, active, no phase and no credential to issue again, got %s", next, caStatusLine(st))
+	}
+	newCA, err := trust.LoadCA(datadir.Dir(admin.dataDir).CACert(), datadir.Dir(admin.dataDir).CAKey())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fp := trust.Fingerprint(newCA.Cert); fp != next {
+		t.Fatalf("%s's tls/ca.crt after the finish is %.12s, want the new CA %.12s", admin.nodeID, fp, next)
+	}
+
+	t.Run("VMAndExecOutliveIt", func(t *testing.T) {
+		if again := mhWorkspace(t, admin, ws.WorkspaceID); again.State != api.WorkspaceAvailable || again.NodeID != node.nodeID || again.InstanceID != ws.InstanceID {
+			t.Errorf("after the finish: want %s AVAILABLE on %s as Instance %s, got %s", ws.WorkspaceID, node.nodeID, ws.InstanceID, mhWSString(again))
+		}
+		if pid := vmmHostPID(t, node, ws.InstanceID); pid != qemu {
+			t.Errorf("QEMU of %s: PID %d before the rotation, %d after", ws.InstanceID, qemu, pid)
+		}
+		// The stream opened under the old CA still carries output.
+		testenv.WaitFor(t, 10*time.Second, "the exec opened before the rotation to print after the finish", func() (bool, string) {
+			return ex.ticks() > ticksAtFinish, lastLines(ex.out.String(), 1)
+		})
+		// New execs from every host's CLI, each with its new credential;
+		// the last one lets the long exec end. Right after the finish the
+		// node's data plane refuses credentials signed with the new key
+		// until its new control session hands it that key
+		// (security-model.md: "may be refused once; retry"): those
+		// refusals are retried for a while, any other failure fails.
+		for i, h := range l.hosts {
+			cmd := "true"
+			if i == len(l.hosts)-1 {
+				cmd = "touch /tmp/go"
+			}
+			args := []string{"workspace", "exec", ws.WorkspaceID, "--", "sh", "-c", cmd}
+			r := stale.call(t, h, 60*time.Second, args...)
+			refused := 0
+			testenv.WaitFor(t, 15*time.Second, "exec through "+h.nodeID+" after the finish", func() (bool, string) {
+				if r.code == 0 {
+					return true, ""
+				}
+				if !strings.Contains(r.stderr, "data-plane credential has a bad signature") {
+					t.Fatalf("exec through %s after the finish: %s", h.nodeID, r)
+				}
+				refused++
+				r = h.kiboTimeout(60*time.Second, args...)
+				return r.code == 0, r.String()
+			})
+			if refused > 0 {
+				t.Logf("exec through %s after the finish: the data plane refused %d credential(s) signed with the new key before its control session brought it that key", h.nodeID, refused)
+			}
+		}
+		code, out := ex.wait(30 * time.Second)
+		if code != 0 || !strings.HasSuffix(out, "\ndone\n") || ex.ticks() <= ticksAtFinish {
+			t.Errorf("the exec opened before the rotation: exit %d, %d ticks (%d at the finish), want exit 0 ending in done after more ticks; stderr %q; stdout ends %q",
+				code, ex.ticks(), ticksAtFinish, ex.errOut.String(), lastLines(out, 3))
+		}
+		t.Logf("the exec opened before the rotation printed %d ticks (%d at the finish) and ended with exit 0", ex.ticks(), ticksAtFinish)
+	})
+
+	t.Run("OldKeyRefusedEverywhere", func(t *testing.T) {
+		// The CLI trusts the new CA (as the members now serve under it),
+		// so a failure is the member refusing the client certificate.
+		if err := os.WriteFile(filepath.Join(forgedOld, "ca.crt"), trust.PEMOf(newCA.Cert), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		forgedNew := forgeCredentials(t, admin, newCA, filepath.Join(root, "forged-new"))
+		for _, h := range l.hosts {
+			// A node-only member drops the old CA at its next trust poll
+			// (every 30 s).
+			var last result
+			t1 := time.Now()
+			testenv.WaitFor(t, 45*time.Second, h.nodeID+" to refuse the old-key forgery", func() (bool, string) {
+				// Refused at the handshake (the CA is not trusted) or
+				// with 401: either way the CLI exits non-zero itself.
+				last = forgedCall(h, forgedOld)
+				return last.code > 0 && (strings.Contains(last.stderr, "certificate") || strings.Contains(last.stderr, "unauthenticated")), last.String()
+			})
+			t.Logf("%s refuses the old-key forgery (%s after the finish, waited %s): %s", h.nodeID, time.Since(finished).Round(time.Millisecond), time.Since(t1).Round(time.Millisecond), strings.TrimSpace(last.stderr))
+			if r := forgedCall(h, forgedNew); r.code != 0 {
+				t.Errorf("the same certificate forged with the new key is refused by %s: %s", h.nodeID, r)
+			}
+		}
+	})
+	t.Logf("whole test %s", time.Since(t0).Round(time.Millisecond))
+}
+
+// staleIdle is how long a member's idle connection to another member
+// lives (trust.Client.HTTPTransport's IdleConnTimeout), with a margin.
+const staleIdle = 95 * time.Second
+
+// staleConns works around a defect of the members (reported, not fixed
+// here): a member's calls to other members (forwarding to the leader,
+// the leader's level checks) reuse kept-alive connections whose TLS
+// handshake presented its member certificate from before the signing
+// phase; after the finish the other member refuses every request on them
+// ("was issued by a CA this cluster no longer trusts", exit 18), for as
+// long as they are reused. When the CLI meets that refusal, call waits,
+// once per test, until no call went through any member for longer than
+// such connections stay idle, logs it, and tries again: the member then
+// dials afresh with its new certificate. Any other failure is the
+// caller's to judge. Drop this once the members close those connections.
+type staleConns struct{ waited bool }
+
+func (s *staleConns) call(t *testing.T, h *host, timeout time.Duration, args ...string) result {
+	t.Helper()
+	r := h.kiboTimeout(timeout, args...)
+	if r.code == 0 || !strings.Contains(r.stderr, "no longer trusts") {
+		return r
+	}
+	if s.waited {
+		t.Fatalf("refused again after the stale connections idled out: %s", r)
+	}
+	s.waited = true
+	t.Logf("KNOWN DEFECT: %s's member forwarded over a connection made with its old member certificate: %s; waiting %s without calls", h.nodeID, r, staleIdle)
+	<-time.After(staleIdle)
+	return h.kiboTimeout(timeout, args...)
+}
+
+// rotatedMembers: phase signing, and every host's member, operator and
+// (on the node-only member) data-plane certificates under the new CA.
+func rotatedMembers(st api.CAStatus, l *lab, node *host) bool {
+	if st.Phase != "signing" || len(st.Members) != len(l.hosts) {
+		return false
+	}
+	for _, m := range st.Members {
+		if m.TrustsNew != api.TrustYes || m.MemberCert != api.CertNew || m.DataPlane == api.CertOld {
+			return false
+		}
+		if m.NodeID == node.nodeID && m.DataPlane != api.CertNew {
+			return false
+		}
+	}
+	return true
+}
+
+// caStatusLine is the status as it came, for a failure message.
+func caStatusLine(st api.CAStatus) string {
+	raw, _ := json.Marshal(st)
+	return string(raw)
+}
+
+// vmmHostPID is the host PID of the main process of the Instance's VMM
+// unit, read from the private systemd of h's member: never found by name.
+func vmmHostPID(t *testing.T, h *host, instanceID string) int {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	m, err := units.Connect(ctx, memberSystemd(t, h))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	u, err := m.Get(ctx, runtime.UnitName(instanceID))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid, err := m.MainHostPID(u)
+	if err != nil || pid <= 1 {
+		t.Fatalf("host PID of %s on %s: %d, %v", u.Name, h.nodeID, pid, err)
+	}
+	return pid
+}
+
+// memberSystemd is the private systemd the member of h started with
+// --systemd private (privsd.Attach finds only detached ones): the
+// member's child that is PID 1 of its own PID namespace, its bus socket
+// under the node directory and its cgroup root the parent of the cgroup
+// its PID 1 runs in (init.scope).
+func memberSystemd(t *testing.T, h *host) units.Target {
+	t.Helper()
+	member := h.serveProc().cmd.Process.Pid
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		status, err := os.ReadFile(filepath.Join("/proc", e.Name(), "status"))
+		if err != nil || !strings.Contains(string(status), fmt.Sprintf("\nPPid:\t%d\n", member)) || !strings.Contains(string(status), "\nNSpid:\t"+e.Name()+"\t1\n") {
+			continue
+		}
+		mount, err := units.Cgroup2Mount()
+		if err != nil {
+			t.Fatal(err)
+		}
+		cg, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cgroup"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		pid, _ := strconv.Atoi(e.Name())
+		return units.Target{
+			Socket:     filepath.Join(datadir.Dir(h.dataDir).NodeDir(), "systemd", "run", "kibotos-bus.sock"),
+			CgroupRoot: filepath.Join(mount, filepath.Dir(units.Cgroup2Path(string(cg)))),
+			ManagerPID: pid,
+		}
+	}
+	t.Fatalf("member %s (PID %d) runs no private systemd", h.nodeID, member)
+	return units.Target{}
+}
+
+// forgeCredentials writes into dir a credentials directory (as kibo
+// operator issue --out does) whose certificate asserts what h's operator
+// certificate asserts, signed with ca's key as someone holding a copy of
+// it would, valid for three hours; ca.crt is ca's certificate.
+func forgeCredentials(t *testing.T, h *host, ca *trust.CA, dir string) string {
+	t.Helper()
+	like, err := datadir.Dir(h.dataDir).AdminCertificate()
+	if err != nil {
+		t.Fatal(err)
+	}
+	key, err := trust.NewKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(now.UnixNano()), Subject: pkix.Name{CommonName: like.Leaf.Subject.CommonName},
+		NotBefore: now.Add(-trust.Backdate), NotAfter: now.Add(3 * time.Hour),
+		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}, URIs: like.Leaf.URIs}
+	der, err := x509.CreateCertificate(nil, tmpl, ca.Cert, &key.PublicKey, ca.Key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keyPEM, err := trust.EncodeKey(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	leaf, err := x509.ParseCertificate(der)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	for name, data := range map[string][]byte{"ca.crt": trust.PEMOf(ca.Cert), "operator.crt": trust.PEMOf(leaf), "operator.key": keyPEM} {
+		if err := os.WriteFile(filepath.Join(dir, name), data, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dir
+}
+
+// forgedCall is kibo node list on h's member with the credentials in dir.
+func forgedCall(h *host, dir string) result {
+	return h.run(cliTimeout, "kibo", "--data-dir", h.dataDir, "--credentials", dir, "node", "list")
+}
+
+// longExec is a kibo workspace exec running in the background.
+type longExec struct {
+	out, errOut lockedBuf
+	done        chan struct{} // closed once the CLI exited
+	code        int           // valid after done
+}
+
+// startExec runs sh -c script in the Workspace through h's CLI; the test
+// waits for it in its cleanup at the latest.
+func startExec(t *testing.T, h *host, id, script string) *longExec {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
+	cmd := h.command(ctx, "kibo", h.kiboArgs([]string{"workspace", "exec", id, "--", "sh", "-c", script})...)
+	e := &longExec{done: make(chan struct{})}
+	cmd.Stdout, cmd.Stderr = &e.out, &e.errOut
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	go func() {
+		cmd.Wait()
+		e.code = cmd.ProcessState.ExitCode()
+		close(e.done)
+	}()
+	t.Cleanup(func() {
+		cancel()
+		<-e.done
+	})
+	return e
+}
+
+// ticks counts the tick lines printed so far.
+func (e *longExec) ticks() int { return strings.Count(e.out.String(), "tick ") }
+
+// wait waits up to d for the exec to end and returns its exit code and
+// output; -1 when it did not end.
+func (e *longExec) wait(d time.Duration) (int, string) {
+	select {
+	case <-e.done:
+		return e.code, e.out.String()
+	case <-time.After(d):
+		return -1, e.out.String()
+	}
+}
+
+func lastLines(s string, n int) string {
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}
