@@ -234,6 +234,7 @@ func (s *Server) trustCAs(cas []*x509.Certificate) error {
 		dropped = dropped || !s.roots.TrustsFingerprint(fp)
 	}
 	s.log.Info("CA rotation: trusted CAs changed", "trusted", s.roots.Fingerprints())
+	s.resetMemberConns()
 	if dropped {
 		s.closeUntrustedConns()
 	}

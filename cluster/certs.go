@@ -124,6 +124,7 @@ func (s *Server) RenewCertificates(ctx context.Context) error {
 	if err := s.certs.Set(m, a); err != nil {
 		return fmt.Errorf("certificates in %s: %w", d, err)
 	}
+	s.resetMemberConns()
 	s.log.Info("certificates renewed", "not_after", s.certs.Member().Leaf.NotAfter.UTC().Format(time.RFC3339))
 	return nil
 }
@@ -255,7 +256,7 @@ func (s *Server) callCtrl(ctx context.Context, path string, body []byte, out any
 		if addr == s.id.Advertise {
 			continue
 		}
-		lastErr = memberCall(ctx, s.httpClient, addr, path, body, out)
+		lastErr = memberCall(ctx, s.memberClient(), addr, path, body, out)
 		if lastErr == nil || api.CodeOf(lastErr) != api.CodeUnavailable {
 			return lastErr
 		}

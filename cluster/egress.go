@@ -211,7 +211,7 @@ func (s *Server) egressCredentialsOnce(ctx context.Context, name string, rev uin
 			continue
 		}
 		var out api.EgressCredentials
-		lastErr = memberRequest(ctx, s.httpClient, http.MethodGet, addr, path, nil, &out)
+		lastErr = memberRequest(ctx, s.memberClient(), http.MethodGet, addr, path, nil, &out)
 		if lastErr == nil {
 			return &out, nil
 		}

@@ -323,7 +323,7 @@ func (s *Server) askToBeVoter() error {
 			continue
 		}
 		ctx, cancel := context.WithTimeout(s.life, 35*time.Second)
-		err := memberCall(ctx, s.httpClient, addr, "/v1/internal/raft/voter", body, nil)
+		err := memberCall(ctx, s.memberClient(), addr, "/v1/internal/raft/voter", body, nil)
 		cancel()
 		if err == nil {
 			return nil

@@ -319,7 +319,7 @@ func (s *Server) forward(r *http.Request) response {
 		if c.name != "" {
 			setActorHeaders(req.Header, c.id)
 		}
-		resp, err := s.httpClient.Do(req)
+		resp, err := s.memberClient().Do(req)
 		if err != nil {
 			lastErr = err
 			continue
@@ -396,4 +396,22 @@ func (s *Server) view(fn func(tx *bolt.Tx) (any, error)) response {
 		return fail(err)
 	}
 	return answer(out)
+}
+
+// memberClient is the client of member-authenticated calls to ctrl
+// members.
+func (s *Server) memberClient() *http.Client { return s.memberHTTP.Load() }
+
+// resetMemberConns starts a new client for member calls and closes the
+// idle connections of the one before: after this member's certificate was
+// renewed, or the CAs it trusts changed, a kept-alive connection would go
+// on presenting the certificate of its handshake, which a peer that
+// dropped its CA refuses on every request for as long as calls keep it
+// alive. Requests under way finish on their connections, which then
+// idle out of the old client's pool.
+func (s *Server) resetMemberConns() {
+	c := &http.Client{Transport: s.client.HTTPTransport(trust.Want{Kind: trust.KindMember, Role: trust.RoleCtrl}, 3*time.Second), Timeout: 60 * time.Second}
+	if old := s.memberHTTP.Swap(c); old != nil {
+		old.CloseIdleConnections()
+	}
 }

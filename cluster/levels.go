@@ -69,7 +69,7 @@ func (l levelSource) Apply(ctx context.Context, e fsm.Entry) (fsm.Result, error)
 
 func (l levelSource) AskLevel(ctx context.Context, addr string) (MemberLevel, error) {
 	var got MemberLevel
-	err := memberRequest(ctx, l.s.httpClient, http.MethodGet, addr, "/v1/internal/member-level", nil, &got)
+	err := memberRequest(ctx, l.s.memberClient(), http.MethodGet, addr, "/v1/internal/member-level", nil, &got)
 	return got, err
 }
 

@@ -105,12 +105,14 @@ type Server struct {
 	id     *datadir.Identity
 	log    *slog.Logger
 
-	rot        caState      // the CA, the signer and a rotation's progress (carotate.go)
-	roots      *trust.Roots // the CAs trusted now (two during a rotation)
-	certs      *trust.Store // this member's certificates, swapped on renewal
-	client     trust.Client // the member as a TLS client
-	httpClient *http.Client // member-authenticated calls of ctrl members (forwarding, renewal)
-	conns      *connWatch   // Raft and session connections, closed when their node is revoked
+	rot    caState      // the CA, the signer and a rotation's progress (carotate.go)
+	roots  *trust.Roots // the CAs trusted now (two during a rotation)
+	certs  *trust.Store // this member's certificates, swapped on renewal
+	client trust.Client // the member as a TLS client
+	// memberHTTP makes the member-authenticated calls to ctrl members
+	// (forwarding, renewal); see memberClient.
+	memberHTTP atomic.Pointer[http.Client]
+	conns      *connWatch // Raft and session connections, closed when their node is revoked
 	// Nodes whose admission applied entries changed, for enforceRevocations.
 	revokeMu      sync.Mutex
 	revokePending map[string]bool
@@ -233,7 +235,7 @@ func (s *Server) start(ctx context.Context) error {
 	s.client = trust.Client{Roots: s.roots, Cert: s.certs.Member}
 	// Calls between members go to ctrl members only; a dead member must
 	// not hold a forwarded request for long: the next candidate is tried.
-	s.httpClient = &http.Client{Transport: s.client.HTTPTransport(trust.Want{Kind: trust.KindMember, Role: trust.RoleCtrl}, 3*time.Second), Timeout: 60 * time.Second}
+	s.resetMemberConns()
 
 	bind := s.cfg.Bind
 	if bind == "" {

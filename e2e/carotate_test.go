@@ -114,7 +114,8 @@ func TestCARotationAcrossVMAndExec(t *testing.T) {
 
 	// A read from each ctrl member's CLI that its member forwards to the
 	// leader, as an operator looking around before the rotation: the
-	// members keep those connections (see staleConns).
+	// members keep those connections alive, and must not present their
+	// old certificates on them after the finish.
 	for _, h := range c.ctrls {
 		mhMust(t, h, cliTimeout, "node", "list", "--consistent")
 	}
@@ -153,10 +154,9 @@ func TestCARotationAcrossVMAndExec(t *testing.T) {
 	finished, ticksAtFinish := time.Now(), ex.ticks()
 	t.Logf("TIMING rotate to finish: %s (the exec at tick %d)", time.Since(t1).Round(time.Millisecond), ticksAtFinish)
 	// Read through ctrl1 (forwarded to the leader when ctrl1 does not
-	// lead): see staleConns.
-	var stale staleConns
+	// lead), on the connections of before the rotation.
 	st = api.CAStatus{}
-	if err := decodeResult(stale.call(t, admin, cliTimeout, "ca", "status", "--json"), &st); err != nil {
+	if err := decodeResult(admin.kiboTimeout(cliTimeout, "ca", "status", "--json"), &st); err != nil {
 		t.Fatal(err)
 	}
 	if st.Phase != "" || len(st.CAs) != 1 || st.CAs[0].State != api.CAActive || st.CAs[0].Fingerprint != next || len(st.Personal) != 0 {
@@ -181,33 +181,16 @@ func TestCARotationAcrossVMAndExec(t *testing.T) {
 		testenv.WaitFor(t, 10*time.Second, "the exec opened before the rotation to print after the finish", func() (bool, string) {
 			return ex.ticks() > ticksAtFinish, lastLines(ex.out.String(), 1)
 		})
-		// New execs from every host's CLI, each with its new credential;
-		// the last one lets the long exec end. Right after the finish the
-		// node's data plane refuses credentials signed with the new key
-		// until its new control session hands it that key
-		// (security-model.md: "may be refused once; retry"): those
-		// refusals are retried for a while, any other failure fails.
+		// New execs from every host's CLI, each with its new credential,
+		// at once: the node's data plane has held the new CA's credential
+		// key since the begin. The last one lets the long exec end.
 		for i, h := range l.hosts {
 			cmd := "true"
 			if i == len(l.hosts)-1 {
 				cmd = "touch /tmp/go"
 			}
-			args := []string{"workspace", "exec", ws.WorkspaceID, "--", "sh", "-c", cmd}
-			r := stale.call(t, h, 60*time.Second, args...)
-			refused := 0
-			testenv.WaitFor(t, 15*time.Second, "exec through "+h.nodeID+" after the finish", func() (bool, string) {
-				if r.code == 0 {
-					return true, ""
-				}
-				if !strings.Contains(r.stderr, "data-plane credential has a bad signature") {
-					t.Fatalf("exec through %s after the finish: %s", h.nodeID, r)
-				}
-				refused++
-				r = h.kiboTimeout(60*time.Second, args...)
-				return r.code == 0, r.String()
-			})
-			if refused > 0 {
-				t.Logf("exec through %s after the finish: the data plane refused %d credential(s) signed with the new key before its control session brought it that key", h.nodeID, refused)
+			if r := h.kiboTimeout(60*time.Second, "workspace", "exec", ws.WorkspaceID, "--", "sh", "-c", cmd); r.code != 0 {
+				t.Fatalf("exec through %s after the finish: %s", h.nodeID, r)
 			}
 		}
 		code, out := ex.wait(30 * time.Second)
@@ -243,38 +226,6 @@ func TestCARotationAcrossVMAndExec(t *testing.T) {
 		}
 	})
 	t.Logf("whole test %s", time.Since(t0).Round(time.Millisecond))
-}
-
-// staleIdle is how long a member's idle connection to another member
-// lives (trust.Client.HTTPTransport's IdleConnTimeout), with a margin.
-const staleIdle = 95 * time.Second
-
-// staleConns works around a defect of the members (reported, not fixed
-// here): a member's calls to other members (forwarding to the leader,
-// the leader's level checks) reuse kept-alive connections whose TLS
-// handshake presented its member certificate from before the signing
-// phase; after the finish the other member refuses every request on them
-// ("was issued by a CA this cluster no longer trusts", exit 18), for as
-// long as they are reused. When the CLI meets that refusal, call waits,
-// once per test, until no call went through any member for longer than
-// such connections stay idle, logs it, and tries again: the member then
-// dials afresh with its new certificate. Any other failure is the
-// caller's to judge. Drop this once the members close those connections.
-type staleConns struct{ waited bool }
-
-func (s *staleConns) call(t *testing.T, h *host, timeout time.Duration, args ...string) result {
-	t.Helper()
-	r := h.kiboTimeout(timeout, args...)
-	if r.code == 0 || !strings.Contains(r.stderr, "no longer trusts") {
-		return r
-	}
-	if s.waited {
-		t.Fatalf("refused again after the stale connections idled out: %s", r)
-	}
-	s.waited = true
-	t.Logf("KNOWN DEFECT: %s's member forwarded over a connection made with its old member certificate: %s; waiting %s without calls", h.nodeID, r, staleIdle)
-	<-time.After(staleIdle)
-	return h.kiboTimeout(timeout, args...)
 }
 
 // rotatedMembers: phase signing, and every host's member, operator and
