@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"strings"
 	"sync"
@@ -104,6 +106,10 @@ func (c *Client) call(ctx context.Context, hc *http.Client, addr, method, path s
 	req.Header.Set("Content-Type", "application/json")
 	resp, err := hc.Do(req)
 	if err != nil {
+		if refused(err) {
+			// Not worth a retry, nor a question about the address.
+			return nil, nil, Errorf(CodeUnauthenticated, "kibotos member at %s refused this CLI's certificate (%v): the credential is not valid in this cluster now (expired, or issued by a CA it no longer trusts after kibo ca finish); use a current one (kibo operator issue NAME --out DIR on a ctrl member)", addr, err)
+		}
 		return nil, nil, Errorf(CodeUnavailable, "cannot reach kibotos member at %s: %v; check --address / KIBOTOS_ADDR and that the member is serving", addr, err)
 	}
 	defer resp.Body.Close()
@@ -123,6 +129,24 @@ func (c *Client) call(ctx context.Context, hc *http.Client, addr, method, path s
 		return nil, ctrlAddrs, Errorf(CodeInternal, "member %s answered %s: %s", addr, resp.Status, bytes.TrimSpace(raw))
 	}
 	return raw, nil, nil
+}
+
+// refused reports whether the server ended the TLS handshake with an
+// alert about our certificate (TLS 1.3 verifies the client's certificate
+// after the client's side of the handshake is done, so it shows on the
+// first read as a "remote error").
+func refused(err error) bool {
+	var oe *net.OpError
+	if !errors.As(err, &oe) || oe.Op != "remote error" {
+		return false
+	}
+	msg := oe.Err.Error()
+	for _, alert := range []string{"bad certificate", "unknown certificate authority", "certificate expired", "certificate revoked", "certificate required", "unsupported certificate", "certificate unknown", "access denied"} {
+		if strings.Contains(msg, alert) {
+			return true
+		}
+	}
+	return false
 }
 
 // maxAnswer bounds what the client reads of one answer (a list of 10,000
