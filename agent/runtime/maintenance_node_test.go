@@ -213,7 +213,9 @@ func TestCheckMaintenanceHelperProcesses(t *testing.T) {
 				f.Close()
 			}
 			pids, err = units.CgroupPIDs(service)
-			return err != nil || len(pids) == 0
+			// Not only no PID listed: a task still exiting keeps the
+			// cgroup populated, and rmdir of it fails with EBUSY.
+			return err != nil || len(pids) == 0 && !cgroupPopulated(service)
 		}) {
 			return err
 		}
@@ -367,4 +369,11 @@ func TestCheckMaintenanceShutdownHalfDone(t *testing.T) {
 	if err := rt.Delete(ctx, id); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// cgroupPopulated reads cgroup.events: "populated 1" while any task,
+// exiting ones included, is in the cgroup or below it.
+func cgroupPopulated(dir string) bool {
+	b, err := os.ReadFile(filepath.Join(dir, "cgroup.events"))
+	return err == nil && strings.Contains(string(b), "populated 1")
 }
