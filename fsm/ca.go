@@ -155,11 +155,8 @@ func applyCARotateSign(ac *applyCtx) (any, error) {
 	if err := decodeArgs(ac.e, &a); err != nil {
 		return nil, err
 	}
-	cur, err := GetCARotation(ac.tx)
+	cur, err := rotationNamed(ac, a.Fingerprint)
 	if err != nil {
-		return nil, err
-	}
-	if err := checkFingerprint(ac.e.Op, a.Fingerprint, cur); err != nil {
 		return nil, err
 	}
 	if cur == nil || cur.Phase != CAPhaseTrusting {
@@ -174,11 +171,8 @@ func applyCARotateFinish(ac *applyCtx) (any, error) {
 	if err := decodeArgs(ac.e, &a); err != nil {
 		return nil, err
 	}
-	cur, err := GetCARotation(ac.tx)
+	cur, err := rotationNamed(ac, a.Fingerprint)
 	if err != nil {
-		return nil, err
-	}
-	if err := checkFingerprint(ac.e.Op, a.Fingerprint, cur); err != nil {
 		return nil, err
 	}
 	if cur == nil || cur.Phase != CAPhaseSigning {
@@ -188,6 +182,20 @@ func applyCARotateFinish(ac *applyCtx) (any, error) {
 	}
 	cur.Phase, cur.FinishedAt, cur.Forced = "", *at(ac.e), a.Force
 	return cur.view(), putJSON(ac.tx, bucketMeta, keyCARotation, cur)
+}
+
+// rotationNamed is the rotation record that a sign or finish entry acts
+// on, checked against the new CA's fingerprint the entry names (nil when
+// no rotation ever began).
+func rotationNamed(ac *applyCtx, fingerprint string) (*CARotation, error) {
+	cur, err := GetCARotation(ac.tx)
+	if err != nil {
+		return nil, err
+	}
+	if err := checkFingerprint(ac.e.Op, fingerprint, cur); err != nil {
+		return nil, err
+	}
+	return cur, nil
 }
 
 // BegunBy reports whether the rotation under way was begun by command id.
