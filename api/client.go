@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	neturl "net/url"
 	"strings"
 	"sync"
 	"time"
@@ -22,6 +23,10 @@ type Client struct {
 	Consistent bool
 	// Retries of a call that found no leader; 0 means the default (8).
 	Retries int
+	// Namespace, when set, is the namespace every call works in
+	// (?namespace=); AllNamespaces asks lists for every namespace.
+	Namespace     string
+	AllNamespaces bool
 
 	tls  trust.Client
 	want trust.Want
@@ -87,14 +92,7 @@ func (c *Client) Call(ctx context.Context, method, path string, in any) (json.Ra
 }
 
 func (c *Client) call(ctx context.Context, hc *http.Client, addr, method, path string, body []byte) (json.RawMessage, []string, error) {
-	url := "https://" + addr + path
-	if c.Consistent && method == http.MethodGet {
-		sep := "?"
-		if bytes.ContainsRune([]byte(path), '?') {
-			sep = "&"
-		}
-		url += sep + "consistent=true"
-	}
+	url := "https://" + addr + c.withQuery(method, path)
 	var rd io.Reader
 	if body != nil {
 		rd = bytes.NewReader(body)
@@ -129,6 +127,29 @@ func (c *Client) call(ctx context.Context, hc *http.Client, addr, method, path s
 		return nil, ctrlAddrs, Errorf(CodeInternal, "member %s answered %s: %s", addr, resp.Status, bytes.TrimSpace(raw))
 	}
 	return raw, nil, nil
+}
+
+// withQuery adds the client's options to path: consistent reads, the
+// namespace and all namespaces.
+func (c *Client) withQuery(method, path string) string {
+	var extra []string
+	if c.Consistent && method == http.MethodGet {
+		extra = append(extra, "consistent=true")
+	}
+	if c.Namespace != "" {
+		extra = append(extra, "namespace="+neturl.QueryEscape(c.Namespace))
+	}
+	if c.AllNamespaces && method == http.MethodGet {
+		extra = append(extra, "all_namespaces=true")
+	}
+	if len(extra) == 0 {
+		return path
+	}
+	sep := "?"
+	if strings.ContainsRune(path, '?') {
+		sep = "&"
+	}
+	return path + sep + strings.Join(extra, "&")
 }
 
 // refused reports whether the server ended the TLS handshake with an

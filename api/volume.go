@@ -52,10 +52,13 @@ const (
 type Volume struct {
 	VolumeID string `json:"volume_id"`
 	Name     string `json:"name"`
-	Version  uint64 `json:"version"`
-	State    string `json:"state"`
-	PoolID   string `json:"pool_id"`
-	Shared   bool   `json:"shared,omitempty"`
+	// Namespace is the namespace it belongs to (its name is unique
+	// there); absent: default.
+	Namespace string `json:"namespace,omitempty"`
+	Version   uint64 `json:"version"`
+	State     string `json:"state"`
+	PoolID    string `json:"pool_id"`
+	Shared    bool   `json:"shared,omitempty"`
 	// SizeBytes is the size of the file (and of its filesystem, grown
 	// online or at the next mount).
 	SizeBytes uint64 `json:"size_bytes"`

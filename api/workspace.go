@@ -43,7 +43,9 @@ type DeniedReport struct {
 }
 
 type Workspace struct {
-	WorkspaceID string            `json:"workspace_id"`
+	WorkspaceID string `json:"workspace_id"`
+	// Namespace is the namespace it belongs to; absent: default.
+	Namespace   string            `json:"namespace,omitempty"`
 	Version     uint64            `json:"version"`
 	State       string            `json:"state"`
 	Template    string            `json:"template"`

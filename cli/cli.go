@@ -30,10 +30,14 @@ type Globals struct {
 	DataDir string `name:"data-dir" env:"KIBOTOS_DATA_DIR" help:"Member data directory (credentials and state); default: /var/lib/kibotos, else the kibotos dev directory."`
 	// Credentials: the flag, else KIBOTOS_CREDENTIALS (kong reads it),
 	// else the per-user directory, else the member's (findCredentials).
-	Credentials string        `name:"credentials" env:"KIBOTOS_CREDENTIALS" help:"Operator credentials directory (ca.crt, operator.crt, operator.key from kibo operator issue); default: ~/.config/kibotos/credentials if it exists, else the operator certificate of --data-dir (ctrl and operator members)."`
-	JSON        bool          `name:"json" help:"Print the API result as JSON ({\"result\": ...})."`
-	Consistent  bool          `name:"consistent" help:"Read from the ctrl leader instead of this member's replica."`
-	Timeout     time.Duration `name:"timeout" default:"10m" help:"How long --wait waits before giving up (exit 16)."`
+	Credentials string `name:"credentials" env:"KIBOTOS_CREDENTIALS" help:"Operator credentials directory (ca.crt, operator.crt, operator.key from kibo operator issue); default: ~/.config/kibotos/credentials if it exists, else the operator certificate of --data-dir (ctrl and operator members)."`
+	// Namespace and AllNamespaces go with every call (api.Client); an
+	// API key works in its own namespace whatever is given.
+	Namespace     string        `name:"namespace" short:"n" env:"KIBOTOS_NAMESPACE" help:"Namespace of the Workspaces, Volumes, API keys and Transfers the command works on (Transfers: also their archives' place in the store, kibotos-transfer/v1/<namespace>/); default: default (an API key: its own)."`
+	AllNamespaces bool          `name:"all-namespaces" short:"A" help:"List the objects of every namespace, with a NAMESPACE column (operators)."`
+	JSON          bool          `name:"json" help:"Print the API result as JSON ({\"result\": ...})."`
+	Consistent    bool          `name:"consistent" help:"Read from the ctrl leader instead of this member's replica."`
+	Timeout       time.Duration `name:"timeout" default:"10m" help:"How long --wait waits before giving up (exit 16)."`
 
 	ctx    context.Context
 	stdout io.Writer
@@ -61,6 +65,8 @@ type CLI struct {
 	Platform         PlatformCmd         `cmd:"" help:"Build and list Platforms (kernel + initramfs with the guest agent)."`
 	Artifacts        ArtifactsCmd        `cmd:"" help:"Collect the artifact store's objects the catalog no longer references."`
 	Template         TemplateCmd         `cmd:"" help:"Build, list, show and delete templates (Workspace root filesystems) on this node."`
+	Namespace        NamespaceCmd        `cmd:"" help:"Create, list, show and delete namespaces (tenants: their own Workspaces, Volumes and API keys)."`
+	APIKey           APIKeyCmd           `cmd:"" name:"api-key" help:"Create, list and revoke API keys (an application's credential, limited to a namespace and a role)."`
 	Workspace        WorkspaceCmd        `cmd:"" help:"Create, start, stop, move and delete Workspaces; exec, terminal, cp and port-forward through the data plane."`
 	Egress           EgressCmd           `cmd:"" help:"Create, update, list, show and delete Egress objects (SOCKS5 exits a Workspace's policy names)."`
 	Resolver         ResolverCmd         `cmd:"" help:"Create, list, show and delete Resolver objects (DNS upstreams a Workspace's policy names)."`
@@ -205,6 +211,7 @@ func (g *Globals) client() (*api.Client, error) {
 		c = api.NewClient(id.Advertise, tlsConf).Expect(id.NodeID)
 	}
 	c.Consistent = g.Consistent
+	c.Namespace, c.AllNamespaces = g.Namespace, g.AllNamespaces
 	return c, nil
 }
 

@@ -23,7 +23,6 @@ type TransferCmd struct {
 // TransferExportCmd is `transfer export`.
 type TransferExportCmd struct {
 	Workspace       string        `arg:"" name:"workspace" help:"The Workspace (STOPPED, or AVAILABLE: paused while its disks are copied)."`
-	Namespace       string        `name:"namespace" help:"Namespace of the archive in the store (kibotos-transfer/v1/<namespace>/); default: default."`
 	TTL             time.Duration `name:"ttl" help:"How long the Transfer and its archive are kept; default 168h (7 days), at most 2160h."`
 	CommandID       string        `name:"command-id" help:"Idempotency key (the Transfer id is derived from it)."`
 	ExpectedVersion *uint64       `name:"expected-version" help:"Version the Workspace must still be at."`
@@ -32,7 +31,7 @@ type TransferExportCmd struct {
 }
 
 func (c *TransferExportCmd) Run(g *Globals) error {
-	req := api.TransferExportRequest{WriteMeta: writeMeta(c.CommandID, c.ExpectedVersion), WorkspaceID: c.Workspace, Namespace: c.Namespace, TTLSeconds: int64(c.TTL / time.Second)}
+	req := api.TransferExportRequest{WriteMeta: writeMeta(c.CommandID, c.ExpectedVersion), WorkspaceID: c.Workspace, Namespace: g.Namespace, TTLSeconds: int64(c.TTL / time.Second)}
 	var tr api.Transfer
 	raw, err := g.call("POST", "/v1/transfers", req, &tr)
 	if err != nil {
@@ -185,14 +184,13 @@ func (c *TransferListCmd) Run(g *Globals) error {
 type TransferImportCmd struct {
 	Transfer  string `arg:"" name:"transfer"`
 	Node      string `name:"node" help:"Start the new Workspace on this node only."`
-	Namespace string `name:"namespace" help:"Where another cluster's Transfer is in the store; default: default."`
 	CommandID string `name:"command-id" help:"Idempotency key (the Workspace id is derived from it)."`
 	NoWait    bool   `name:"no-wait" help:"Return once ctrl accepted the Workspace instead of when it is AVAILABLE."`
 	Quiet     bool   `short:"q" name:"quiet" help:"Print only the Workspace id."`
 }
 
 func (c *TransferImportCmd) Run(g *Globals) error {
-	req := api.TransferImportRequest{WriteMeta: writeMeta(c.CommandID, nil), Namespace: c.Namespace, NodeID: c.Node}
+	req := api.TransferImportRequest{WriteMeta: writeMeta(c.CommandID, nil), Namespace: g.Namespace, NodeID: c.Node}
 	var ws api.Workspace
 	raw, err := g.call("POST", "/v1/transfers/"+url.PathEscape(c.Transfer)+"/import", req, &ws)
 	if err != nil {

@@ -31,6 +31,7 @@ func (c *WorkspaceGetCmd) Run(g *Globals) error {
 func renderWorkspace(w io.Writer, ws *api.Workspace, wide bool) {
 	line := kv{w}.line
 	line("ID", "%s", ws.WorkspaceID)
+	line("Namespace", "%s", api.ShownNamespace(ws.Namespace))
 	line("State", "%s", ws.State)
 	if f := ws.Failure; f != nil {
 		if f.Stage != "" {

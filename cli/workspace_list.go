@@ -84,12 +84,18 @@ func (c *WorkspaceListCmd) Run(g *Globals) error {
 		return nil
 	}
 	header := []string{"ID", "STATE", "TEMPLATE", "CPU", "MEMORY", "LABELS"}
+	if g.AllNamespaces {
+		header = append([]string{"NAMESPACE"}, header...)
+	}
 	if c.Wide {
 		header = append(header, "INSTANCE", "NODE")
 	}
 	t := newTable(g.stdout, header...)
 	for _, ws := range all.Workspaces {
 		cols := []string{ws.WorkspaceID, ws.State, ws.Template, ws.CPU.String(), formatBytes(ws.MemoryBytes), dash(labelsColumn(ws.Labels))}
+		if g.AllNamespaces {
+			cols = append([]string{api.ShownNamespace(ws.Namespace)}, cols...)
+		}
 		if c.Wide {
 			cols = append(cols, dash(ws.InstanceID), dash(ws.NodeID))
 		}

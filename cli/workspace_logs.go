@@ -13,7 +13,7 @@ import (
 type WorkspaceLogsCmd struct {
 	ID       string `arg:"" name:"workspace"`
 	Instance string `name:"instance" placeholder:"ID" help:"An Instance of the Workspace, e.g. an ended one (default: the current or latest; kibo workspace get shows it)."`
-	Tail     int    `name:"tail" short:"n" placeholder:"N" help:"Only the last N lines of what is read (default: all)."`
+	Tail     int    `name:"tail" placeholder:"N" help:"Only the last N lines of what is read (default: all)."`
 	Limit    string `name:"limit-bytes" default:"256KiB" placeholder:"SIZE" help:"Read at most the last SIZE of the log, at most 1MiB."`
 	VMM      bool   `name:"vmm" help:"The VMM's own log instead of the guest console."`
 	Follow   bool   `name:"follow" short:"f" help:"Then keep printing the console as the guest writes it, until the Instance stops."`

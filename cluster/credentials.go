@@ -27,7 +27,7 @@ func (s *Server) handleCredential(r *http.Request) response {
 	var node *api.Node
 	err := s.fsm.View(func(tx *bolt.Tx) error {
 		var err error
-		if ws, err = fsm.GetWorkspace(tx, id); err != nil {
+		if ws, err = visibleWorkspace(r, tx, id); err != nil {
 			return err
 		}
 		if ws.NodeID != "" {

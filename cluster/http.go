@@ -41,7 +41,8 @@ type caller struct {
 	name   string         // id.Name(): node id of a member, "admin@<node>" or "operator:<name>" of an operator
 	kind   string         // trust.KindMember, trust.KindAdmin or trust.KindOperator
 	viaHop bool
-	hop    string // on a forwarded request, the ctrl member that forwarded it
+	hop    string     // on a forwarded request, the ctrl member that forwarded it
+	key    *keyCaller // the API key of a request authenticated with one
 }
 
 type ctxKey struct{}
@@ -106,6 +107,11 @@ func (s *Server) authenticateRequest(r *http.Request) (caller, error) {
 	c := caller{id: id, name: id.Name(), kind: id.Kind}
 	if r.Header.Get(hdrActor) == "" || id.Kind != trust.KindMember || !id.HasRole(trust.RoleCtrl) {
 		return c, nil // only a ctrl member speaks for another caller
+	}
+	if r.Header.Get(hdrActorKind) == kindAPIKey {
+		c, err := s.keyActor(r.Header.Get(hdrActor))
+		c.viaHop, c.hop = true, id.NodeID
+		return c, err
 	}
 	actor, err := actorFromHeaders(r.Header, id.ClusterID)
 	if err != nil {
@@ -316,7 +322,11 @@ func (s *Server) forward(r *http.Request) response {
 		req, _ := http.NewRequestWithContext(r.Context(), r.Method, "https://"+t+r.URL.RequestURI(), bytes.NewReader(body))
 		req.Header.Set("Content-Type", "application/json")
 		req.Header.Set(hdrForwarded, strconv.Itoa(hops+1))
-		if c.name != "" {
+		switch {
+		case c.key != nil:
+			req.Header.Set(hdrActor, c.name)
+			req.Header.Set(hdrActorKind, kindAPIKey)
+		case c.name != "":
 			setActorHeaders(req.Header, c.id)
 		}
 		resp, err := s.memberClient().Do(req)

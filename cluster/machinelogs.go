@@ -37,7 +37,7 @@ func (s *Server) handleMachineLog(r *http.Request) response {
 	var nodes []*api.Node
 	err = s.fsm.View(func(tx *bolt.Tx) error {
 		var err error
-		if ws, err = fsm.GetWorkspace(tx, id); err != nil {
+		if ws, err = visibleWorkspace(r, tx, id); err != nil {
 			return err
 		}
 		if inst, err = machineLogInstance(ws, inst); err != nil {

@@ -46,7 +46,7 @@ func (s *Server) handlePlatformPublishProgress(r *http.Request) response {
 func (s *Server) handleWorkspaceProgress(r *http.Request) response {
 	id := r.PathValue("id")
 	return s.progressOf(r, api.WorkspaceProgressKey(id), func(tx *bolt.Tx) (*api.Node, error) {
-		ws, err := fsm.GetWorkspace(tx, id)
+		ws, err := visibleWorkspace(r, tx, id)
 		if err != nil {
 			return nil, err
 		}

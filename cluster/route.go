@@ -48,11 +48,19 @@ const (
 	roleMember   role = "member"   // any member certificate
 	roleNode     role = "node"     // a member certificate with the node role
 	roleCtrl     role = "ctrl"     // a ctrl member calling as itself, not for a caller it forwards
+	// API keys (issue 45): what a key may call, within its namespace.
+	roleSandbox role = "sandbox"         // an API key of role sandbox or namespace-admin
+	roleNSAdmin role = "namespace-admin" // an API key of role namespace-admin
 )
 
 // rolesOf are the roles caller c holds.
 func rolesOf(c caller) []role {
 	switch c.kind {
+	case kindAPIKey:
+		if c.key.role == api.KeyRoleNamespaceAdmin {
+			return []role{roleSandbox, roleNSAdmin}
+		}
+		return []role{roleSandbox}
 	case trust.KindAdmin, trust.KindOperator:
 		return []role{roleOperator}
 	case trust.KindMember:
@@ -96,6 +104,20 @@ var (
 	anyCaller = access{roles: []role{roleOperator, roleMember}, refuse: func(c caller, _ *http.Request) error {
 		return api.Errorf(api.CodePermissionDenied, "%s is neither an operator nor a member", c.name)
 	}}
+	// tenants: operators, and API keys within their namespace (the
+	// Workspace lifecycle, its data-plane credentials, logs, Volumes).
+	tenants = access{roles: []role{roleOperator, roleSandbox}, refuse: func(c caller, _ *http.Request) error {
+		return api.Errorf(api.CodePermissionDenied, "%s is not an operator and not an API key: a Workspace or Volume call needs one", c.name)
+	}}
+	// keyAdmins: operators, and namespace-admin keys for their namespace.
+	keyAdmins = access{roles: []role{roleOperator, roleNSAdmin}, refuse: func(c caller, _ *http.Request) error {
+		if c.key != nil {
+			return api.Errorf(api.CodePermissionDenied, "API key %s has role %s: managing API keys needs role namespace-admin", c.key.name, c.key.role)
+		}
+		return api.Errorf(api.CodePermissionDenied, "%s is not an operator and not a namespace-admin API key", c.name)
+	}}
+	// namespaceReaders: operators, and any key (of its own namespace).
+	namespaceReaders = tenants
 	// grantHolders: the join, whose credential is the grant in its body.
 	grantHolders = access{public: true}
 )
@@ -152,6 +174,7 @@ func (s *Server) routeTable() []route {
 		s.enrollmentRoutes(),
 		s.operatorRoutes(),
 		s.caRoutes(),
+		s.tenantRoutes(),
 	)
 }
 

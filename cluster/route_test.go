@@ -105,6 +105,27 @@ var notOperatorOnly = map[string][]string{
 	"GET /v1/internal/progress/{key}":                {"ctrl"},
 	"POST /v1/internal/trust":                        {"member"},
 	"GET /v1/internal/trust/status":                  {"ctrl"},
+	// API keys (issue 45), within their namespace
+	"POST /v1/workspaces":                    {"operator", "sandbox"},
+	"GET /v1/workspaces":                     {"operator", "sandbox"},
+	"GET /v1/workspaces/{id}":                {"operator", "sandbox"},
+	"GET /v1/workspaces/{id}/cleanup-status": {"operator", "sandbox"},
+	"GET /v1/workspaces/{id}/logs":           {"operator", "sandbox"},
+	"GET /v1/workspaces/{id}/progress":       {"operator", "sandbox"},
+	"POST /v1/workspaces/{id}/start":         {"operator", "sandbox"},
+	"POST /v1/workspaces/{id}/stop":          {"operator", "sandbox"},
+	"POST /v1/workspaces/{id}/pause":         {"operator", "sandbox"},
+	"POST /v1/workspaces/{id}/delete":        {"operator", "sandbox"},
+	"POST /v1/workspaces/{id}/credentials":   {"operator", "sandbox"},
+	"POST /v1/volumes":                       {"operator", "sandbox"},
+	"GET /v1/volumes":                        {"operator", "sandbox"},
+	"GET /v1/volumes/{ref}":                  {"operator", "sandbox"},
+	"POST /v1/volumes/{ref}/resize":          {"operator", "sandbox"},
+	"POST /v1/volumes/{ref}/delete":          {"operator", "sandbox"},
+	"GET /v1/namespaces/{name}":              {"operator", "sandbox"},
+	"POST /v1/api-keys":                      {"operator", "namespace-admin"},
+	"GET /v1/api-keys":                       {"operator", "namespace-admin"},
+	"POST /v1/api-keys/{name}/revoke":        {"operator", "namespace-admin"},
 }
 
 // routePath fills a route's wildcards: the node's own id, so a drain or

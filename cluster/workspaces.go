@@ -19,18 +19,18 @@ import (
 // workspaceRoutes are the operator's calls about Workspaces.
 func (s *Server) workspaceRoutes() []route {
 	return []route{
-		{"POST", "/v1/workspaces", operators, atLeader, decoded(s.handleWorkspaceCreate)},
-		{"GET", "/v1/workspaces", operators, atReader, s.handleWorkspaceList},
-		{"GET", "/v1/workspaces/{id}", operators, atReader, s.handleWorkspaceGet},
-		{"GET", "/v1/workspaces/{id}/cleanup-status", operators, atReader, s.handleCleanupStatus},
-		{"GET", "/v1/workspaces/{id}/logs", operators, atReader, s.handleMachineLog},
-		{"GET", "/v1/workspaces/{id}/progress", operators, atReader, s.handleWorkspaceProgress},
-		{"POST", "/v1/workspaces/{id}/start", operators, atLeader, s.workspaceOp(fsm.OpWorkspaceStart)},
-		{"POST", "/v1/workspaces/{id}/stop", operators, atLeader, s.workspaceOp(fsm.OpWorkspaceStop)},
-		{"POST", "/v1/workspaces/{id}/pause", operators, atLeader, s.workspaceOp(fsm.OpWorkspacePause)},
-		{"POST", "/v1/workspaces/{id}/delete", operators, atLeader, s.workspaceOp(fsm.OpWorkspaceDelete)},
+		{"POST", "/v1/workspaces", tenants, atLeader, decoded(s.handleWorkspaceCreate)},
+		{"GET", "/v1/workspaces", tenants, atReader, s.handleWorkspaceList},
+		{"GET", "/v1/workspaces/{id}", tenants, atReader, s.handleWorkspaceGet},
+		{"GET", "/v1/workspaces/{id}/cleanup-status", tenants, atReader, s.handleCleanupStatus},
+		{"GET", "/v1/workspaces/{id}/logs", tenants, atReader, s.handleMachineLog},
+		{"GET", "/v1/workspaces/{id}/progress", tenants, atReader, s.handleWorkspaceProgress},
+		{"POST", "/v1/workspaces/{id}/start", tenants, atLeader, s.workspaceOp(fsm.OpWorkspaceStart)},
+		{"POST", "/v1/workspaces/{id}/stop", tenants, atLeader, s.workspaceOp(fsm.OpWorkspaceStop)},
+		{"POST", "/v1/workspaces/{id}/pause", tenants, atLeader, s.workspaceOp(fsm.OpWorkspacePause)},
+		{"POST", "/v1/workspaces/{id}/delete", tenants, atLeader, s.workspaceOp(fsm.OpWorkspaceDelete)},
 		{"POST", "/v1/workspaces/{id}/network", operators, atLeader, decoded(s.handleWorkspaceSetNetwork)},
-		{"POST", "/v1/workspaces/{id}/credentials", operators, atLeader, s.handleCredential},
+		{"POST", "/v1/workspaces/{id}/credentials", tenants, atLeader, s.handleCredential},
 	}
 }
 
@@ -43,6 +43,13 @@ func (s *Server) handleWorkspaceCreate(r *http.Request, req api.WorkspaceCreateR
 	if err := checkCreateInput(req.MemoryBytes, req.Labels); err != nil {
 		return fail(err)
 	}
+	ns, err := namespaceArg(r)
+	if err != nil {
+		return fail(err)
+	}
+	if err := s.namespaceLevel("workspace create", ns); err != nil {
+		return fail(err)
+	}
 	if req.From != "" {
 		// An older voter would not know From and boot a new Workspace.
 		if err := s.levelsReach("workspace create --from", fsm.LevelForks); err != nil {
@@ -50,7 +57,7 @@ func (s *Server) handleWorkspaceCreate(r *http.Request, req api.WorkspaceCreateR
 		}
 	}
 	return s.workspaceWrite(r, fsm.OpWorkspaceCreate, req.WriteMeta, fsm.WorkspaceCreateArgs{
-		Template: req.Template, CPU: req.CPU, MemoryBytes: req.MemoryBytes, Labels: req.Labels, NodeID: req.NodeID, Network: req.Network,
+		Namespace: ns, Template: req.Template, CPU: req.CPU, MemoryBytes: req.MemoryBytes, Labels: req.Labels, NodeID: req.NodeID, Network: req.Network,
 		Volumes: req.Volumes, NewVolumes: req.NewVolumes, From: req.From,
 	})
 }
@@ -184,13 +191,18 @@ func (s *Server) handleWorkspaceGet(r *http.Request) response {
 	id := r.PathValue("id")
 	return s.blockingGet(r,
 		func(tx *bolt.Tx) (uint64, error) {
-			ws, err := fsm.GetWorkspace(tx, id)
+			ws, err := visibleWorkspace(r, tx, id)
 			if err != nil {
 				return 0, err
 			}
 			return ws.Version, nil
 		},
-		func(tx *bolt.Tx) (any, error) { return fsm.ViewWorkspace(tx, id) })
+		func(tx *bolt.Tx) (any, error) {
+			if _, err := visibleWorkspace(r, tx, id); err != nil {
+				return nil, err
+			}
+			return fsm.ViewWorkspace(tx, id)
+		})
 }
 
 // blockingGet answers get at once, or with ?wait_version=V&wait=30s when
@@ -270,6 +282,13 @@ func (s *Server) handleWorkspaceList(r *http.Request) response {
 	if err != nil {
 		return fail(err)
 	}
+	ns, all, err := requestNamespace(r)
+	if err != nil {
+		return fail(err)
+	}
+	if !all {
+		f.Namespace = &ns
+	}
 	return s.view(func(tx *bolt.Tx) (any, error) { return fsm.ListWorkspaces(tx, f, size, token) })
 }
 
@@ -287,7 +306,7 @@ func validWorkspaceState(s string) bool {
 func (s *Server) handleCleanupStatus(r *http.Request) response {
 	id := r.PathValue("id")
 	return s.view(func(tx *bolt.Tx) (any, error) {
-		ws, err := fsm.GetWorkspace(tx, id)
+		ws, err := visibleWorkspace(r, tx, id)
 		if err != nil {
 			return nil, err
 		}

@@ -24,6 +24,10 @@ type applyCtx struct {
 	// tally is what this entry's placements decided (placements.go);
 	// nil when the entry counts none (Entry.CountPlacements unset).
 	tally *placementTally
+
+	// scope is the namespace and role of the API key the entry was
+	// written for (scope.go); nil for every other actor.
+	scope *keyScope
 }
 
 // handler applies one op. It either succeeds or rejects the entry with

@@ -72,6 +72,10 @@ func (f *FSM) ObserveApply(fn func(op string, d time.Duration)) {
 }
 
 var handlers = map[string]handler{
+	OpNamespaceCreate:      applyNamespaceCreate,
+	OpNamespaceDelete:      applyNamespaceDelete,
+	OpAPIKeyCreate:         applyAPIKeyCreate,
+	OpAPIKeyRevoke:         applyAPIKeyRevoke,
 	OpBootstrap:            applyBootstrap,
 	OpEnrollmentGrant:      applyEnrollmentGrant,
 	OpEnrollmentRevoke:     applyEnrollmentRevoke,
@@ -301,6 +305,14 @@ func applyOne(ac *applyCtx) (Result, error) {
 		}
 		return Result{}, &HaltError{Op: ac.e.Op, Unknown: true}
 	}
+	scope, err := entryScope(ac)
+	if err != nil {
+		if ae, ok := err.(*api.Error); ok {
+			return Result{Error: ae}, nil
+		}
+		return Result{}, err
+	}
+	ac.scope = scope
 	if ac.e.CountPlacements {
 		ac.tally = &placementTally{}
 	}

@@ -79,9 +79,14 @@ import (
 //	   OpOperatorIssue, OpOperatorRevoke
 //	13 CA rotation (LevelCARotation, ca.go): OpCARotateBegin,
 //	   OpCARotateSign, OpCARotateFinish
+//	14 namespaces and API keys (LevelNamespaces, namespaces.go,
+//	   apikeys.go, scope.go): OpNamespaceCreate, OpNamespaceDelete,
+//	   OpAPIKeyCreate, OpAPIKeyRevoke; the Namespace of create, volume
+//	   and volume write args, which the leader refuses below it; entries
+//	   whose actor is an API key (KeyActor)
 
 // FeatureLevel is the level of this build.
-const FeatureLevel = 13
+const FeatureLevel = 14
 
 // LevelRefusalExhausted is the level of WorkspaceResultArgs.RefusalExhausts.
 const LevelRefusalExhausted = 11
@@ -115,6 +120,7 @@ var opLevels = map[string]int{
 	OpTransferExport: LevelArtifacts, OpTransferResult: LevelArtifacts, OpTransferDelete: LevelArtifacts, OpTransferProgress: LevelArtifacts,
 	OpOperatorIssue: LevelOperators, OpOperatorRevoke: LevelOperators,
 	OpCARotateBegin: LevelCARotation, OpCARotateSign: LevelCARotation, OpCARotateFinish: LevelCARotation,
+	OpNamespaceCreate: LevelNamespaces, OpNamespaceDelete: LevelNamespaces, OpAPIKeyCreate: LevelNamespaces, OpAPIKeyRevoke: LevelNamespaces,
 }
 
 // OpLevel is the level an op needs of every voter.

@@ -101,10 +101,22 @@ var (
 	// written from LevelOperators on)
 	bucketOperators = []byte("operators")
 
+	// name → namespaceRecord: every namespace but default (namespaces.go;
+	// written from LevelNamespaces on)
+	bucketNamespaces = []byte("namespaces")
+	// namespace NUL kind NUL id → nil: the Workspaces and Volumes of each
+	// namespace but default, kept in step by putWorkspace and putVolume
+	bucketNamespaceObjects = []byte("namespace_objects")
+	// namespace ("" for default) NUL name → apiKeyRecord (apikeys.go)
+	bucketAPIKeys = []byte("api_keys")
+	// key id → the key's key in bucketAPIKeys
+	bucketAPIKeyIDs = []byte("api_key_ids")
+
 	allBuckets = [][]byte{bucketMeta, bucketNodes, bucketGrants, bucketCommands, bucketCommandTimes, bucketCommandLog, bucketWorkspaces, bucketWorkspaceNodes, bucketWorkspaceCommands, bucketNodeHolds, bucketWorkspaceTombstones, bucketInstanceOwners,
 		bucketEgress, bucketEgressRevisions, bucketEgressRefs, bucketResolvers, bucketResolverRefs, bucketPools, bucketPoolUse, bucketPoolMembers, bucketPoolWaits,
 		bucketVolumes, bucketVolumeNames, bucketVolumeCommands, bucketVolumeTombstones, bucketMemberLevels, bucketEndedRounds, bucketEndedWatch,
-		bucketPlacements, bucketTemplates, bucketPlatforms, bucketTransfers, bucketForks, bucketOperators}
+		bucketPlacements, bucketTemplates, bucketPlatforms, bucketTransfers, bucketForks, bucketOperators,
+		bucketNamespaces, bucketNamespaceObjects, bucketAPIKeys, bucketAPIKeyIDs}
 )
 
 // Keys of the meta bucket.

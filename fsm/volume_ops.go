@@ -29,10 +29,11 @@ func CheckVolumeCreate(a VolumeCreateArgs) error {
 	return nil
 }
 
-// checkNewVolumeName refuses a name or id that is, or was, in use.
-func checkNewVolumeName(tx *bolt.Tx, name, id string) error {
-	if other := tx.Bucket(bucketVolumeNames).Get([]byte(name)); other != nil {
-		return api.Errorf(api.CodeAlreadyExists, "volume name %s is taken by %s: choose another name", name, other)
+// checkNewVolumeName refuses a name (in namespace ns) or id that is, or
+// was, in use.
+func checkNewVolumeName(tx *bolt.Tx, ns, name, id string) error {
+	if other := tx.Bucket(bucketVolumeNames).Get(volNameKey(ns, name)); other != nil {
+		return api.Errorf(api.CodeAlreadyExists, "volume name %s is taken by %s in namespace %s: choose another name", name, other, api.ShownNamespace(api.StoredNamespace(ns)))
 	}
 	if v, err := getVolume(tx, id); err != nil {
 		return err
@@ -57,7 +58,14 @@ func applyVolumeCreate(ac *applyCtx) (any, error) {
 		return nil, err
 	}
 	id := VolumeIDFor(ac.e.CommandID)
-	if err := checkNewVolumeName(ac.tx, a.Name, id); err != nil {
+	ns, err := ac.scope.namespaceFor(a.Namespace)
+	if err != nil {
+		return nil, err
+	}
+	if err := namespaceExists(ac.tx, ns); err != nil {
+		return nil, err
+	}
+	if err := checkNewVolumeName(ac.tx, ns, a.Name, id); err != nil {
 		return nil, err
 	}
 	node, pool, err := volumeHome(ac, &a)
@@ -68,7 +76,7 @@ func applyVolumeCreate(ac *applyCtx) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	v := &api.Volume{VolumeID: id, Name: a.Name, State: api.VolumeCreating, PoolID: pool, Shared: rec.Shared,
+	v := &api.Volume{VolumeID: id, Name: a.Name, Namespace: ns, State: api.VolumeCreating, PoolID: pool, Shared: rec.Shared,
 		SizeBytes: a.SizeBytes, NodeID: node, CreatedAt: *at(ac.e)}
 	setVolumePending(ac.e, v, api.VolCmdCreate, node, a.SizeBytes, "")
 	if err := putVolume(ac, nil, v); err != nil {
@@ -168,7 +176,7 @@ func applyVolumeResize(ac *applyCtx) (any, error) {
 	if err := decodeArgs(ac.e, &a); err != nil {
 		return nil, err
 	}
-	v, err := volumeWrite(ac, a.Volume)
+	v, err := volumeWrite(ac, a.Namespace, a.Volume)
 	if err != nil {
 		return nil, err
 	}
@@ -239,7 +247,7 @@ func applyVolumeDelete(ac *applyCtx) (any, error) {
 	if err := decodeArgs(ac.e, &a); err != nil {
 		return nil, err
 	}
-	v, err := volumeWrite(ac, a.Volume)
+	v, err := volumeWrite(ac, a.Namespace, a.Volume)
 	if err != nil {
 		return nil, err
 	}

@@ -11,12 +11,14 @@ import (
 )
 
 // GetVolume returns one Volume by name or id, or not_found.
-func GetVolume(tx *bolt.Tx, ref string) (*api.Volume, error) { return resolveVolume(tx, ref) }
+func GetVolume(tx *bolt.Tx, ns, ref string) (*api.Volume, error) { return resolveVolume(tx, ns, ref) }
 
 // VolumeFilter selects Volumes for ListVolumes.
 type VolumeFilter struct {
 	PoolID      string
 	WorkspaceID string
+	// Namespace, when set, selects the Volumes of that namespace.
+	Namespace *string
 }
 
 // ListVolumes returns one page of Volumes matching f, by id.
@@ -34,7 +36,8 @@ func ListVolumes(tx *bolt.Tx, f VolumeFilter, pageSize int, pageToken string) (*
 		if err := json.Unmarshal(raw, &v); err != nil {
 			return nil, fmt.Errorf("state record %s/%s is corrupt: %w", bucketVolumes, k, err)
 		}
-		if (f.PoolID != "" && v.PoolID != f.PoolID) || (f.WorkspaceID != "" && v.WorkspaceID != f.WorkspaceID) {
+		if (f.PoolID != "" && v.PoolID != f.PoolID) || (f.WorkspaceID != "" && v.WorkspaceID != f.WorkspaceID) ||
+			(f.Namespace != nil && api.StoredNamespace(*f.Namespace) != v.Namespace) {
 			continue
 		}
 		if pageSize > 0 && len(out.Volumes) == pageSize {

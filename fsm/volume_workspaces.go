@@ -95,9 +95,12 @@ func workspaceVolumes(ac *applyCtx, ws string, a *WorkspaceCreateArgs) ([]api.Vo
 	var mounts []api.VolumeMount
 	var vols []*api.Volume
 	for _, att := range a.Volumes {
-		v, err := resolveVolume(ac.tx, att.Volume)
+		v, err := resolveVolume(ac.tx, a.Namespace, att.Volume)
 		if err != nil {
 			return nil, nil, err
+		}
+		if v.Namespace != a.Namespace {
+			return nil, nil, api.Errorf(api.CodeNotFound, "volume %s does not exist in namespace %s: a Workspace attaches Volumes of its own namespace", att.Volume, api.ShownNamespace(a.Namespace))
 		}
 		switch {
 		case v.WorkspaceID != "":
@@ -117,10 +120,10 @@ func workspaceVolumes(ac *applyCtx, ws string, a *WorkspaceCreateArgs) ([]api.Vo
 	}
 	for i, nv := range a.NewVolumes {
 		id, name := newVolumeID(ws, i), newVolumeName(ws, i)
-		if err := checkNewVolumeName(ac.tx, name, id); err != nil {
+		if err := checkNewVolumeName(ac.tx, a.Namespace, name, id); err != nil {
 			return nil, nil, err
 		}
-		v := &api.Volume{VolumeID: id, Name: name, State: api.VolumeCreating, SizeBytes: nv.SizeBytes, CreatedAt: *at(ac.e)}
+		v := &api.Volume{VolumeID: id, Name: name, Namespace: a.Namespace, State: api.VolumeCreating, SizeBytes: nv.SizeBytes, CreatedAt: *at(ac.e)}
 		mounts = append(mounts, api.VolumeMount{VolumeID: id, Name: name, Path: nv.Path})
 		vols = append(vols, v)
 	}

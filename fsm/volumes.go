@@ -19,6 +19,8 @@ import (
 
 // VolumeCreateArgs creates a Volume; its id derives from the command id.
 type VolumeCreateArgs struct {
+	// Namespace (LevelNamespaces) of the Volume; "" is default.
+	Namespace string `json:"namespace,omitempty"`
 	Name      string `json:"name"`
 	SizeBytes uint64 `json:"size_bytes"`
 	PoolID    string `json:"pool_id,omitempty"`
@@ -28,11 +30,14 @@ type VolumeCreateArgs struct {
 // VolumeArgs names a Volume by name or id (delete).
 type VolumeArgs struct {
 	Volume string `json:"volume"`
+	// Namespace a name is found in (LevelNamespaces); "" is default.
+	Namespace string `json:"namespace,omitempty"`
 }
 
 // VolumeResizeArgs grows a Volume.
 type VolumeResizeArgs struct {
 	Volume    string `json:"volume"`
+	Namespace string `json:"namespace,omitempty"`
 	SizeBytes uint64 `json:"size_bytes"`
 }
 
@@ -65,6 +70,15 @@ func newVolumeName(ws string, i int) string { return ws + "-" + strconv.Itoa(i+1
 
 func volKey(id string) []byte { return []byte(id) }
 
+// volNameKey is the key of a Volume's name in bucketVolumeNames: the
+// name alone in default (as before namespaces), else namespace NUL name.
+func volNameKey(ns, name string) []byte {
+	if ns = api.StoredNamespace(ns); ns == "" {
+		return []byte(name)
+	}
+	return []byte(ns + "\x00" + name)
+}
+
 // volCmdKey indexes a Volume under the node its pending command waits for.
 func volCmdKey(node, vol string) []byte { return []byte(node + "\x00" + vol) }
 
@@ -72,16 +86,16 @@ func getVolume(tx *bolt.Tx, id string) (*api.Volume, error) {
 	return getRecord[api.Volume](tx, bucketVolumes, volKey(id))
 }
 
-// resolveVolume finds a Volume by id or name.
-func resolveVolume(tx *bolt.Tx, ref string) (*api.Volume, error) {
+// resolveVolume finds a Volume by id, or by name in namespace ns.
+func resolveVolume(tx *bolt.Tx, ns, ref string) (*api.Volume, error) {
 	if err := api.ValidVolumeRef(ref); err != nil {
 		return nil, err
 	}
 	id := ref
 	if !api.IsVolumeID(ref) {
-		raw := tx.Bucket(bucketVolumeNames).Get([]byte(ref))
+		raw := tx.Bucket(bucketVolumeNames).Get(volNameKey(ns, ref))
 		if raw == nil {
-			return nil, api.Errorf(api.CodeNotFound, "volume %s does not exist: check the name with kibo volume list", ref)
+			return nil, api.Errorf(api.CodeNotFound, "volume %s does not exist in namespace %s: check the name with kibo volume list -n %s", ref, api.ShownNamespace(api.StoredNamespace(ns)), api.ShownNamespace(api.StoredNamespace(ns)))
 		}
 		id = string(raw)
 	}
@@ -127,7 +141,10 @@ func volumeCharge(v *api.Volume) (string, PoolUse) {
 // what old (nil for a new Volume) had.
 func putVolume(ac *applyCtx, old, v *api.Volume) error {
 	if old == nil {
-		if err := ac.tx.Bucket(bucketVolumeNames).Put([]byte(v.Name), []byte(v.VolumeID)); err != nil {
+		if err := ac.tx.Bucket(bucketVolumeNames).Put(volNameKey(v.Namespace, v.Name), []byte(v.VolumeID)); err != nil {
+			return err
+		}
+		if err := moveNamespaceIndex(ac.tx, nsKindVolume, v.Namespace, v.VolumeID, true, false); err != nil {
 			return err
 		}
 	}
@@ -144,7 +161,10 @@ func deleteVolume(ac *applyCtx, v *api.Volume) error {
 	if err := moveVolumeIndexes(ac.tx, v, nil); err != nil {
 		return err
 	}
-	if err := ac.tx.Bucket(bucketVolumeNames).Delete([]byte(v.Name)); err != nil {
+	if err := ac.tx.Bucket(bucketVolumeNames).Delete(volNameKey(v.Namespace, v.Name)); err != nil {
+		return err
+	}
+	if err := moveNamespaceIndex(ac.tx, nsKindVolume, v.Namespace, v.VolumeID, false, true); err != nil {
 		return err
 	}
 	if err := ac.tx.Bucket(bucketVolumeTombstones).Put(volKey(v.VolumeID), []byte(at(ac.e).Format(time.RFC3339))); err != nil {
@@ -203,9 +223,18 @@ func setVolumePending(e *Entry, v *api.Volume, kind, node string, size uint64, i
 		NodeID: node, IssuedAt: *at(e), SizeBytes: size, InstanceID: instance}
 }
 
-func volumeWrite(ac *applyCtx, ref string) (*api.Volume, error) {
-	v, err := resolveVolume(ac.tx, ref)
+// volumeWrite finds the Volume a write names (by id, or by name in ns)
+// within the entry's scope and checks the expected version.
+func volumeWrite(ac *applyCtx, ns, ref string) (*api.Volume, error) {
+	ns, err := ac.scope.namespaceFor(ns)
 	if err != nil {
+		return nil, err
+	}
+	v, err := resolveVolume(ac.tx, ns, ref)
+	if err != nil {
+		return nil, err
+	}
+	if err := ac.scope.permits(v.Namespace, "volume "+ref); err != nil {
 		return nil, err
 	}
 	if err := checkVersion(ac.e, v.Version, "volume "+v.Name); err != nil {

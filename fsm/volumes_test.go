@@ -13,14 +13,14 @@ import (
 func (h *harness) vol(ref string) *api.Volume {
 	h.t.Helper()
 	var v *api.Volume
-	if err := h.f.View(func(tx *bolt.Tx) (err error) { v, err = GetVolume(tx, ref); return }); err != nil {
+	if err := h.f.View(func(tx *bolt.Tx) (err error) { v, err = GetVolume(tx, "", ref); return }); err != nil {
 		h.t.Fatalf("volume %s: %v", ref, err)
 	}
 	return v
 }
 
 func (h *harness) volErr(ref string) error {
-	return h.f.View(func(tx *bolt.Tx) error { _, err := GetVolume(tx, ref); return err })
+	return h.f.View(func(tx *bolt.Tx) error { _, err := GetVolume(tx, "", ref); return err })
 }
 
 // createVolume creates a Volume with command id cmd and answers its

@@ -12,11 +12,22 @@ func applyWorkspaceCreate(ac *applyCtx) (any, error) {
 	if ac.e.CommandID == "" {
 		return nil, api.Errorf(api.CodeInvalidArgument, "workspace create needs a command id (the Workspace id is derived from it)")
 	}
+	ns, err := ac.scope.namespaceFor(a.Namespace)
+	if err != nil {
+		return nil, err
+	}
+	if err := namespaceExists(ac.tx, ns); err != nil {
+		return nil, err
+	}
+	a.Namespace = ns
 	var src *api.Workspace
 	if a.From != "" {
-		var err error
 		if src, err = forkOf(ac.tx, &a); err != nil {
 			return nil, err
+		}
+		// A fork is in its source's namespace: a key forks only its own.
+		if src.Namespace != ns {
+			return nil, api.Errorf(api.CodeNotFound, "workspace %s does not exist in namespace %s", a.From, api.ShownNamespace(ns))
 		}
 		a.Template, a.CPU, a.MemoryBytes = src.Template, src.CPU, src.MemoryBytes
 	}
@@ -24,6 +35,9 @@ func applyWorkspaceCreate(ac *applyCtx) (any, error) {
 		return nil, err
 	}
 	id := WorkspaceIDFor(ac.e.CommandID)
+	if err := ac.scope.network(a.Network); err != nil {
+		return nil, err
+	}
 	network, err := normalizeNetwork(ac.tx, id, a.Network.Effective(), false)
 	if err != nil {
 		return nil, err
@@ -41,7 +55,7 @@ func applyWorkspaceCreate(ac *applyCtx) (any, error) {
 			return nil, err
 		}
 	}
-	w := &api.Workspace{WorkspaceID: id, Template: a.Template, CPU: a.CPU, MemoryBytes: a.MemoryBytes, Labels: a.Labels, Network: &network, CreatedAt: *at(ac.e), Import: a.Import}
+	w := &api.Workspace{WorkspaceID: id, Namespace: ns, Template: a.Template, CPU: a.CPU, MemoryBytes: a.MemoryBytes, Labels: a.Labels, Network: &network, CreatedAt: *at(ac.e), Import: a.Import}
 	var vols []*api.Volume
 	if src != nil {
 		if w, err = newFork(ac, id, &a, src); err != nil {
@@ -76,6 +90,9 @@ func workspaceWrite(ac *applyCtx) (*WorkspaceArgs, *api.Workspace, error) {
 	}
 	w, err := mustWorkspace(ac.tx, a.WorkspaceID)
 	if err != nil {
+		return nil, nil, err
+	}
+	if err := ac.scope.permits(w.Namespace, "workspace "+a.WorkspaceID); err != nil {
 		return nil, nil, err
 	}
 	if err := checkVersion(ac.e, w.Version, "workspace "+w.WorkspaceID); err != nil {

@@ -53,9 +53,15 @@ type WorkspaceFilter struct {
 	// the filters above).
 	NodeID     string
 	InstanceID string
+	// Namespace, when set, selects the Workspaces of that namespace
+	// (by name: default for those without one).
+	Namespace *string
 }
 
 func (f *WorkspaceFilter) match(w *api.Workspace) bool {
+	if f.Namespace != nil && api.StoredNamespace(*f.Namespace) != w.Namespace {
+		return false
+	}
 	if f.InstanceID != "" {
 		return w.InstanceID == f.InstanceID
 	}

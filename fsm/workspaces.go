@@ -23,6 +23,9 @@ import (
 // The Workspace id is derived from the entry's command id, so a retry of
 // the same command names the same Workspace.
 type WorkspaceCreateArgs struct {
+	// Namespace (LevelNamespaces) the Workspace and its new Volumes go
+	// to, and where the Volumes it attaches are found; "" is default.
+	Namespace   string            `json:"namespace,omitempty"`
 	Template    string            `json:"template"`
 	CPU         api.Milli         `json:"cpu"`
 	MemoryBytes uint64            `json:"memory_bytes"`
@@ -180,6 +183,9 @@ func putWorkspace(ac *applyCtx, old, w *api.Workspace) error {
 	if err := moveDerived(ac, old, w); err != nil {
 		return err
 	}
+	if err := moveNamespaceIndex(ac.tx, nsKindWorkspace, w.Namespace, w.WorkspaceID, old == nil, false); err != nil {
+		return err
+	}
 	w.Version++
 	w.UpdatedAt = *at(ac.e)
 	return putJSON(ac.tx, bucketWorkspaces, wsKey(w.WorkspaceID), w)
@@ -253,6 +259,9 @@ func cloneWorkspace(w *api.Workspace) *api.Workspace {
 
 func deleteWorkspace(ac *applyCtx, w *api.Workspace) error {
 	if err := moveDerived(ac, w, nil); err != nil {
+		return err
+	}
+	if err := moveNamespaceIndex(ac.tx, nsKindWorkspace, w.Namespace, w.WorkspaceID, false, true); err != nil {
 		return err
 	}
 	if err := ac.tx.Bucket(bucketWorkspaceTombstones).Put(wsKey(w.WorkspaceID), []byte(at(ac.e).Format(time.RFC3339))); err != nil {
