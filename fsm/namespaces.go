@@ -116,6 +116,9 @@ func applyNamespaceDelete(ac *applyCtx) (any, error) {
 	if err := decodeArgs(ac.e, &a); err != nil {
 		return nil, err
 	}
+	if err := api.ValidNamespace(a.Name); err != nil {
+		return nil, err
+	}
 	if a.Name == api.DefaultNamespace {
 		return nil, api.Errorf(api.CodeFailedPrecondition, "namespace default cannot be deleted: it holds every object that names no namespace")
 	}

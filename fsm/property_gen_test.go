@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math/rand"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
@@ -24,6 +25,7 @@ type logGen struct {
 	tmpls    *rand.Rand // template catalog draws only (see tmplPct)
 	opers    *rand.Rand // operator credential draws only (drawOperator)
 	cas      *rand.Rand // CA rotation draws only (ca_test.go)
+	tenants  *rand.Rand // namespace and API key draws only (drawTenant)
 	ref      *FSM
 	now      time.Time
 	seq      int
@@ -36,7 +38,7 @@ type logGen struct {
 }
 
 func newLogGen(seed int64, ref *FSM) *logGen {
-	return &logGen{r: rand.New(rand.NewSource(seed)), pools: rand.New(rand.NewSource(seed + 1)), vols: rand.New(rand.NewSource(seed + 2)), tmpls: rand.New(rand.NewSource(seed + 3)), opers: rand.New(rand.NewSource(seed + 4)), cas: rand.New(rand.NewSource(seed + 5)), volWeight: 12, ref: ref, now: t0, sessions: map[string][]string{}, inc: map[string]uint64{}}
+	return &logGen{r: rand.New(rand.NewSource(seed)), pools: rand.New(rand.NewSource(seed + 1)), vols: rand.New(rand.NewSource(seed + 2)), tmpls: rand.New(rand.NewSource(seed + 3)), opers: rand.New(rand.NewSource(seed + 4)), cas: rand.New(rand.NewSource(seed + 5)), tenants: rand.New(rand.NewSource(seed + 6)), volWeight: 12, ref: ref, now: t0, sessions: map[string][]string{}, inc: map[string]uint64{}}
 }
 
 func (g *logGen) pct(p int) bool { return g.r.Intn(100) < p }
@@ -121,7 +123,45 @@ func (g *logGen) nextWithAnswers() []Entry {
 	if g.cas.Intn(100) < 3 {
 		out = append(out, g.drawCARotation())
 	}
+	if g.tenants.Intn(100) < 4 {
+		out = append(out, g.drawTenant())
+	}
 	return out
+}
+
+// drawTenant draws a namespace's create or delete, an API key's create
+// or revoke, or a Volume create or delete by a key, over two namespaces
+// and a bad name, from its own source so the rest of the log stays what
+// it was.
+func (g *logGen) drawTenant() Entry {
+	t := g.tenants
+	ns := []string{"acme", "beta", "Bad_Name"}[t.Intn(3)]
+	key := []string{"app", "admin"}[t.Intn(2)]
+	var op string
+	var args any
+	actor := "op"
+	switch x := t.Intn(100); {
+	case x < 25:
+		op, args = OpNamespaceCreate, NamespaceArgs{Name: ns}
+	case x < 32:
+		op, args = OpNamespaceDelete, NamespaceArgs{Name: ns}
+	case x < 60:
+		role := map[string]string{"app": api.KeyRoleSandbox, "admin": api.KeyRoleNamespaceAdmin}[key]
+		op, args = OpAPIKeyCreate, APIKeyCreateArgs{Namespace: ns, Name: key, Role: role, KeyID: strings.Repeat(string(rune('a'+t.Intn(26))), api.KeyIDLen), SecretHash: strings.Repeat("cd", 32), TTL: time.Duration(t.Intn(3)) * time.Hour}
+	case x < 72:
+		op, args = OpAPIKeyRevoke, APIKeyArgs{Namespace: ns, Name: key}
+		actor = []string{"op", KeyActor(ns, "admin")}[t.Intn(2)]
+	case x < 90:
+		op, args, actor = OpVolumeCreate, VolumeCreateArgs{Name: "data", SizeBytes: 64 << 20}, KeyActor(ns, key)
+	default:
+		op, args, actor = OpVolumeDelete, VolumeArgs{Volume: "data"}, KeyActor(ns, key)
+	}
+	e := makeEntry(g.now, op, args)
+	e.Actor = actor
+	if op == OpVolumeCreate {
+		e.CommandID = "tenant-" + strconv.Itoa(t.Int())
+	}
+	return e
 }
 
 // drawOperator draws an issue or a revoke of one of three operator

@@ -155,7 +155,7 @@ func poolUseProblem(tx *bolt.Tx) error {
 // volumesProblem checks the Volume indexes (names, pending commands) and
 // that every Volume's attachment and use right are its Workspace's.
 func volumesProblem(tx *bolt.Tx) error {
-	names, cmds := map[string]bool{}, map[string]bool{}
+	names, cmds, nsObjects := map[string]bool{}, map[string]bool{}, map[string]bool{}
 	attachedTo := map[string]string{} // volume id → workspace id
 	if err := tx.Bucket(bucketWorkspaces).ForEach(func(k, _ []byte) error {
 		w, err := getWorkspace(tx, string(k))
@@ -185,7 +185,10 @@ func volumesProblem(tx *bolt.Tx) error {
 		if err != nil {
 			return err
 		}
-		names[v.Name+"="+v.VolumeID] = true
+		names[string(volNameKey(v.Namespace, v.Name))+"="+v.VolumeID] = true
+		if v.Namespace != "" {
+			nsObjects[string(nsObjectKey(v.Namespace, nsKindVolume, v.VolumeID))] = true
+		}
 		if v.Pending != nil {
 			cmds[string(volCmdKey(v.Pending.NodeID, v.VolumeID))] = true
 		}
@@ -198,6 +201,20 @@ func volumesProblem(tx *bolt.Tx) error {
 		return nil
 	}); err != nil {
 		return err
+	}
+	if err := tx.Bucket(bucketWorkspaces).ForEach(func(k, _ []byte) error {
+		w, err := getWorkspace(tx, string(k))
+		if err == nil && w.Namespace != "" {
+			nsObjects[string(nsObjectKey(w.Namespace, nsKindWorkspace, w.WorkspaceID))] = true
+		}
+		return err
+	}); err != nil {
+		return err
+	}
+	gotObjects := map[string]bool{}
+	tx.Bucket(bucketNamespaceObjects).ForEach(func(k, _ []byte) error { gotObjects[string(k)] = true; return nil })
+	if !reflect.DeepEqual(gotObjects, nsObjects) {
+		return fmt.Errorf("namespace objects index %q, want %q", keys(gotObjects), keys(nsObjects))
 	}
 	gotNames, gotCmds := map[string]bool{}, map[string]bool{}
 	tx.Bucket(bucketVolumeNames).ForEach(func(k, v []byte) error { gotNames[string(k)+"="+string(v)] = true; return nil })
