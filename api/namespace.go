@@ -6,6 +6,7 @@ import (
 	"encoding/base32"
 	"encoding/hex"
 	"regexp"
+	"slices"
 	"strings"
 	"time"
 )
@@ -55,13 +56,25 @@ type Namespace struct {
 	CreatedBy string    `json:"created_by,omitempty"`
 	// Usage is derived when read: what the namespace's objects take.
 	Usage NamespaceUsage `json:"usage"`
+	// Quota bounds it; absent: no bound (default never has one).
+	Quota *NamespaceQuota `json:"quota,omitempty"`
 }
 
 // NamespaceUsage counts a namespace's objects.
 type NamespaceUsage struct {
+	// What counts against the quota (not kept for default).
+	NamespaceResources
 	Workspaces int `json:"workspaces"`
 	Volumes    int `json:"volumes"`
 	APIKeys    int `json:"api_keys"`
+}
+
+// NamespaceQuotaRequest changes a namespace's quota: the fields of Set
+// that are given replace the quota's, Clear lifts the named ones.
+type NamespaceQuotaRequest struct {
+	WriteMeta
+	Set   NamespaceQuota `json:"set"`
+	Clear []string       `json:"clear,omitempty"`
 }
 
 // NamespaceCreateRequest creates a namespace.
@@ -189,4 +202,59 @@ func newKeyPart(n int) string {
 		panic(err) // crypto/rand does not fail on Linux
 	}
 	return strings.ToLower(keyEncoding.EncodeToString(b))[:n]
+}
+
+// NamespaceResources is what a namespace's objects take of its quota.
+type NamespaceResources struct {
+	RunningWorkspaces int    `json:"running_workspaces"`
+	CPU               Milli  `json:"cpu"`
+	MemoryBytes       uint64 `json:"memory_bytes"`
+	VolumeBytes       uint64 `json:"volume_bytes"`
+	SnapshotBytes     uint64 `json:"snapshot_bytes"`
+}
+
+// Add is r plus o.
+func (r NamespaceResources) Add(o NamespaceResources) NamespaceResources {
+	return NamespaceResources{r.RunningWorkspaces + o.RunningWorkspaces, r.CPU + o.CPU, r.MemoryBytes + o.MemoryBytes, r.VolumeBytes + o.VolumeBytes, r.SnapshotBytes + o.SnapshotBytes}
+}
+
+// Sub is r minus o.
+func (r NamespaceResources) Sub(o NamespaceResources) NamespaceResources {
+	return NamespaceResources{r.RunningWorkspaces - o.RunningWorkspaces, r.CPU - o.CPU, r.MemoryBytes - o.MemoryBytes, r.VolumeBytes - o.VolumeBytes, r.SnapshotBytes - o.SnapshotBytes}
+}
+
+// NamespaceQuota bounds what a namespace's objects take; a nil field
+// is not bounded. CPU is in thousandths of a vCPU.
+type NamespaceQuota struct {
+	RunningWorkspaces *uint64 `json:"running_workspaces,omitempty"`
+	CPU               *uint64 `json:"cpu,omitempty"`
+	MemoryBytes       *uint64 `json:"memory_bytes,omitempty"`
+	VolumeBytes       *uint64 `json:"volume_bytes,omitempty"`
+	SnapshotBytes     *uint64 `json:"snapshot_bytes,omitempty"`
+}
+
+// QuotaFields are the names of a quota's fields, as Clear takes them.
+var QuotaFields = []string{"running_workspaces", "cpu", "memory", "volume_bytes", "snapshot_bytes"}
+
+func (q *NamespaceQuota) fields() []**uint64 {
+	return []**uint64{&q.RunningWorkspaces, &q.CPU, &q.MemoryBytes, &q.VolumeBytes, &q.SnapshotBytes}
+}
+
+// Apply sets the fields set gives and lifts those clear names.
+func (q *NamespaceQuota) Apply(set NamespaceQuota, clear []string) error {
+	dst, src := q.fields(), set.fields()
+	for i := range dst {
+		if *src[i] != nil {
+			v := **src[i]
+			*dst[i] = &v
+		}
+	}
+	for _, name := range clear {
+		i := slices.Index(QuotaFields, name)
+		if i < 0 {
+			return Errorf(CodeInvalidArgument, "quota %.40q is unknown: use %s", name, strings.Join(QuotaFields, ", "))
+		}
+		*dst[i] = nil
+	}
+	return nil
 }

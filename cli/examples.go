@@ -27,6 +27,7 @@ var examples = map[string][]string{
 	"namespace list":              {"kibo namespace list"},
 	"namespace get":               {"kibo namespace get acme"},
 	"namespace delete":            {"kibo namespace delete acme"},
+	"namespace set-quota":         {"kibo namespace set-quota acme --workspaces 20 --cpu 32 --memory 64GiB --volume-bytes 1TiB --snapshot-bytes 100GiB", "kibo namespace set-quota acme --clear memory"},
 	"api-key create":              {"kibo api-key create ci --namespace acme --role sandbox --expires 90d", "kibo api-key create acme-admin -n acme --role namespace-admin"},
 	"api-key list":                {"kibo api-key list -n acme", "kibo api-key list --all-namespaces"},
 	"api-key revoke":              {"kibo api-key revoke ci -n acme"},

@@ -8,10 +8,56 @@ import (
 
 // NamespaceCmd groups the namespace commands (operators).
 type NamespaceCmd struct {
-	Create NamespaceCreateCmd `cmd:"" help:"Create a namespace: a tenant's own Workspaces, Volumes and API keys."`
-	List   NamespaceListCmd   `cmd:"" help:"List the namespaces with what each holds."`
-	Get    NamespaceGetCmd    `cmd:"" help:"Show a namespace and what it holds."`
-	Delete NamespaceDeleteCmd `cmd:"" help:"Delete an empty namespace (its API keys go with it)."`
+	Create   NamespaceCreateCmd   `cmd:"" help:"Create a namespace: a tenant's own Workspaces, Volumes and API keys."`
+	List     NamespaceListCmd     `cmd:"" help:"List the namespaces with what each holds."`
+	Get      NamespaceGetCmd      `cmd:"" help:"Show a namespace and what it holds."`
+	Delete   NamespaceDeleteCmd   `cmd:"" help:"Delete an empty namespace (its API keys go with it)."`
+	SetQuota NamespaceSetQuotaCmd `cmd:"" name:"set-quota" help:"Bound what a namespace's objects take: running Workspaces, vCPU, memory, Volume and snapshot bytes."`
+}
+
+// NamespaceSetQuotaCmd is `namespace set-quota`: the bounds given are
+// set, those named by --clear lifted, the others kept.
+type NamespaceSetQuotaCmd struct {
+	Name          string   `arg:"" name:"name"`
+	Workspaces    *uint64  `name:"workspaces" help:"Running Workspaces (an Instance: starting, running or stopping)."`
+	CPU           *uint64  `name:"cpu" help:"vCPUs of the running Workspaces."`
+	Memory        string   `name:"memory" help:"Memory of the running Workspaces, e.g. 64GiB."`
+	VolumeBytes   string   `name:"volume-bytes" help:"Size of the Volumes, e.g. 1TiB."`
+	SnapshotBytes string   `name:"snapshot-bytes" help:"Snapshots of the paused Workspaces, e.g. 100GiB."`
+	Clear         []string `name:"clear" help:"Lift these bounds: workspaces, cpu, memory, volume-bytes, snapshot-bytes (repeat or comma-separate)."`
+	CommandID     string   `name:"command-id" help:"Idempotency key."`
+}
+
+func (c *NamespaceSetQuotaCmd) Run(g *Globals) error {
+	var req api.NamespaceQuotaRequest
+	req.WriteMeta = writeMeta(c.CommandID, nil)
+	req.Set.RunningWorkspaces = c.Workspaces
+	if c.CPU != nil {
+		milli := *c.CPU * 1000
+		req.Set.CPU = &milli
+	}
+	for _, size := range []struct {
+		flag, v string
+		dst     **uint64
+	}{{"--memory", c.Memory, &req.Set.MemoryBytes}, {"--volume-bytes", c.VolumeBytes, &req.Set.VolumeBytes}, {"--snapshot-bytes", c.SnapshotBytes, &req.Set.SnapshotBytes}} {
+		if size.v == "" {
+			continue
+		}
+		n, err := parseSize(size.v)
+		if err != nil {
+			return usagef("%s %q: %v", size.flag, size.v, err)
+		}
+		*size.dst = &n
+	}
+	names := map[string]string{"workspaces": "running_workspaces", "cpu": "cpu", "memory": "memory", "volume-bytes": "volume_bytes", "snapshot-bytes": "snapshot_bytes"}
+	for _, f := range c.Clear {
+		field, ok := names[f]
+		if !ok {
+			return usagef("--clear %q: give workspaces, cpu, memory, volume-bytes or snapshot-bytes", f)
+		}
+		req.Clear = append(req.Clear, field)
+	}
+	return showNamespace(g, "POST", "/v1/namespaces/"+url.PathEscape(c.Name)+"/quota", req)
 }
 
 // NamespaceCreateCmd is `namespace create`.
@@ -68,14 +114,25 @@ type NamespaceGetCmd struct {
 }
 
 func (c *NamespaceGetCmd) Run(g *Globals) error {
+	return showNamespace(g, "GET", "/v1/namespaces/"+url.PathEscape(c.Name), nil)
+}
+
+// showNamespace calls the API and shows the namespace it answers.
+func showNamespace(g *Globals, method, path string, in any) error {
 	var ns api.Namespace
-	raw, err := g.call("GET", "/v1/namespaces/"+url.PathEscape(c.Name), nil, &ns)
+	raw, err := g.call(method, path, in, &ns)
 	if err != nil {
 		return err
 	}
 	if g.JSON {
 		return g.printJSON(raw)
 	}
+	renderNamespace(g, &ns)
+	return nil
+}
+
+// renderNamespace shows a namespace with its usage against its quota.
+func renderNamespace(g *Globals, ns *api.Namespace) {
 	line := kv{g.stdout}.line
 	line("Name", "%s", ns.Name)
 	if !ns.CreatedAt.IsZero() {
@@ -84,7 +141,28 @@ func (c *NamespaceGetCmd) Run(g *Globals) error {
 	line("Workspaces", "%d", ns.Usage.Workspaces)
 	line("Volumes", "%d", ns.Usage.Volumes)
 	line("API keys", "%d", ns.Usage.APIKeys)
-	return nil
+	if ns.Name == api.DefaultNamespace {
+		line("Quota", "none (the default namespace is the operators')")
+		return
+	}
+	q := ns.Quota
+	if q == nil {
+		q = &api.NamespaceQuota{}
+	}
+	u := ns.Usage.NamespaceResources
+	of := func(used string, limit *uint64, format func(uint64) string) string {
+		if limit == nil {
+			return used + " (no quota)"
+		}
+		return used + " of " + format(*limit)
+	}
+	count := func(n uint64) string { return itoa(int(n)) }
+	cpu := func(n uint64) string { return api.Milli(n).String() }
+	line("Running", "%s", of(itoa(u.RunningWorkspaces), q.RunningWorkspaces, count))
+	line("vCPU", "%s", of(u.CPU.String(), q.CPU, cpu))
+	line("Memory", "%s", of(formatBytes(u.MemoryBytes), q.MemoryBytes, formatBytes))
+	line("Volume bytes", "%s", of(formatBytes(u.VolumeBytes), q.VolumeBytes, formatBytes))
+	line("Snapshot bytes", "%s", of(formatBytes(u.SnapshotBytes), q.SnapshotBytes, formatBytes))
 }
 
 // NamespaceDeleteCmd is `namespace delete`.

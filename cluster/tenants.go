@@ -38,6 +38,7 @@ func (s *Server) tenantRoutes() []route {
 		{"GET", "/v1/namespaces", operators, atReader, s.handleNamespaceList},
 		{"GET", "/v1/namespaces/{name}", namespaceReaders, atReader, s.handleNamespaceGet},
 		{"POST", "/v1/namespaces/{name}/delete", operators, atLeader, decoded(s.handleNamespaceDelete)},
+		{"POST", "/v1/namespaces/{name}/quota", operators, atLeader, decoded(s.handleNamespaceQuota)},
 		{"POST", "/v1/api-keys", keyAdmins, atLeader, decoded(s.handleAPIKeyCreate)},
 		{"GET", "/v1/api-keys", keyAdmins, atReader, s.handleAPIKeyList},
 		{"POST", "/v1/api-keys/{name}/revoke", keyAdmins, atLeader, decoded(s.handleAPIKeyRevoke)},
@@ -119,6 +120,17 @@ func (s *Server) handleNamespaceDelete(r *http.Request, req api.WriteMeta) respo
 		return fail(err)
 	}
 	return s.write(r, fsm.OpNamespaceDelete, req, fsm.NamespaceArgs{Name: name})
+}
+
+func (s *Server) handleNamespaceQuota(r *http.Request, req api.NamespaceQuotaRequest) response {
+	name := r.PathValue("name")
+	if err := api.ValidNamespace(name); err != nil {
+		return fail(err)
+	}
+	if err := (&api.NamespaceQuota{}).Apply(req.Set, req.Clear); err != nil {
+		return fail(err)
+	}
+	return s.write(r, fsm.OpNamespaceQuota, req.WriteMeta, fsm.NamespaceQuotaArgs{Name: name, Set: req.Set, Clear: req.Clear})
 }
 
 func (s *Server) handleNamespaceList(r *http.Request) response {

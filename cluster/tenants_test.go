@@ -56,8 +56,18 @@ func TestNamespacesThroughTheAPI(t *testing.T) {
 		t.Fatalf("delete of acme holding a Volume: %v", err)
 	}
 	var ns api.Namespace
-	if _, err := cl.Do(ctx, "GET", "/v1/namespaces/acme", nil, &ns); err != nil || ns.Usage.Volumes != 1 {
+	if _, err := cl.Do(ctx, "GET", "/v1/namespaces/acme", nil, &ns); err != nil || ns.Usage.Volumes != 1 || ns.Usage.VolumeBytes != 64<<20 {
 		t.Fatalf("get acme: %+v %v", ns, err)
+	}
+	limit := uint64(100 << 20)
+	if _, err := cl.Do(ctx, "POST", "/v1/namespaces/acme/quota", api.NamespaceQuotaRequest{Set: api.NamespaceQuota{VolumeBytes: &limit}}, &ns); err != nil || ns.Quota == nil || *ns.Quota.VolumeBytes != limit {
+		t.Fatalf("set acme's quota: %+v %v", ns, err)
+	}
+	inAcme := c.Client(ctrl)
+	inAcme.Namespace = "acme"
+	_, err := inAcme.Do(ctx, "POST", "/v1/volumes", api.VolumeCreateRequest{Name: "more", SizeBytes: 64 << 20}, nil)
+	if api.CodeOf(err) != api.CodeResourceExhausted || !strings.Contains(err.Error(), "namespace acme: Volume bytes quota 100.0MiB, 64.0MiB in use, 64.0MiB asked") {
+		t.Fatalf("a Volume over acme's quota: %v", err)
 	}
 
 	// A key made by ctrl comes back with its secret, once; listed

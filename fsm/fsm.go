@@ -76,6 +76,7 @@ var handlers = map[string]handler{
 	OpNamespaceDelete:      applyNamespaceDelete,
 	OpAPIKeyCreate:         applyAPIKeyCreate,
 	OpAPIKeyRevoke:         applyAPIKeyRevoke,
+	OpNamespaceQuota:       applyNamespaceSetQuota,
 	OpBootstrap:            applyBootstrap,
 	OpEnrollmentGrant:      applyEnrollmentGrant,
 	OpEnrollmentRevoke:     applyEnrollmentRevoke,

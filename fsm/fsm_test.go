@@ -363,7 +363,7 @@ var allOps = []string{
 	OpTransferExport, OpTransferResult, OpTransferDelete, OpTransferProgress,
 	OpOperatorIssue, OpOperatorRevoke,
 	OpCARotateBegin, OpCARotateSign, OpCARotateFinish,
-	OpNamespaceCreate, OpNamespaceDelete, OpAPIKeyCreate, OpAPIKeyRevoke,
+	OpNamespaceCreate, OpNamespaceDelete, OpAPIKeyCreate, OpAPIKeyRevoke, OpNamespaceQuota,
 }
 
 func TestEveryOpHasAHandler(t *testing.T) {

@@ -33,6 +33,7 @@ const (
 	OpNamespaceDelete = "namespace.delete"
 	OpAPIKeyCreate    = "api_key.create"
 	OpAPIKeyRevoke    = "api_key.revoke"
+	OpNamespaceQuota  = "namespace.set_quota"
 )
 
 // NamespaceArgs names a namespace.
@@ -45,6 +46,8 @@ type namespaceRecord struct {
 	Name      string    `json:"name"`
 	CreatedAt time.Time `json:"created_at"`
 	CreatedBy string    `json:"created_by,omitempty"`
+	// Quota bounds what the namespace's objects take (quotas.go).
+	Quota *api.NamespaceQuota `json:"quota,omitempty"`
 }
 
 // Kinds of object in the namespace index.
@@ -135,6 +138,9 @@ func applyNamespaceDelete(ac *applyCtx) (any, error) {
 	if err := deleteNamespaceKeys(ac.tx, a.Name); err != nil {
 		return nil, err
 	}
+	if err := ac.tx.Bucket(bucketNamespaceUsage).Delete([]byte(a.Name)); err != nil {
+		return nil, err
+	}
 	if err := ac.tx.Bucket(bucketNamespaces).Delete([]byte(a.Name)); err != nil {
 		return nil, err
 	}
@@ -189,9 +195,15 @@ func namespaceUsage(tx *bolt.Tx, ns string) (api.NamespaceUsage, error) {
 }
 
 func namespaceView(tx *bolt.Tx, rec namespaceRecord) (api.Namespace, error) {
-	ns := api.Namespace{Name: rec.Name, CreatedAt: rec.CreatedAt, CreatedBy: rec.CreatedBy}
+	ns := api.Namespace{Name: rec.Name, CreatedAt: rec.CreatedAt, CreatedBy: rec.CreatedBy, Quota: rec.Quota}
 	u, err := namespaceUsage(tx, rec.Name)
+	if err != nil {
+		return ns, err
+	}
 	ns.Usage = u
+	if rec.Name != api.DefaultNamespace {
+		ns.Usage.NamespaceResources, err = namespaceResources(tx, rec.Name)
+	}
 	return ns, err
 }
 

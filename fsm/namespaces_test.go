@@ -124,7 +124,7 @@ func TestNamespaceDelete(t *testing.T) {
 	h.volAnswer(v.VolumeID, OutcomeOK, "", false)
 	var ns api.Namespace
 	h.f.View(func(tx *bolt.Tx) (err error) { ns, err = GetNamespace(tx, "acme"); return })
-	if ns.Usage != (api.NamespaceUsage{Volumes: 1, APIKeys: 2}) {
+	if ns.Usage != (api.NamespaceUsage{Volumes: 1, APIKeys: 2, NamespaceResources: api.NamespaceResources{VolumeBytes: gib}}) {
 		t.Fatalf("acme usage %+v, want 1 Volume and 2 keys", ns.Usage)
 	}
 	h.fail(api.CodeFailedPrecondition, OpNamespaceDelete, NamespaceArgs{Name: "acme"})
@@ -160,4 +160,13 @@ func TestDefaultNamespaceRecordsUnchanged(t *testing.T) {
 	if h.vol("data").Namespace != "" {
 		t.Fatalf("default Volume stores namespace %q", h.vol("data").Namespace)
 	}
+}
+
+func (h *harness) namespace(name string) api.Namespace {
+	h.t.Helper()
+	var ns api.Namespace
+	if err := h.f.View(func(tx *bolt.Tx) (err error) { ns, err = GetNamespace(tx, name); return }); err != nil {
+		h.t.Fatalf("namespace %s: %v", name, err)
+	}
+	return ns
 }

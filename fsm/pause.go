@@ -33,7 +33,11 @@ func applyWorkspacePause(ac *applyCtx) (any, error) {
 	case w.Layer == nil || w.Layer.Lost:
 		return nil, api.Errorf(api.CodeFailedPrecondition, "workspace %s has no writable layer to keep its snapshot beside", w.WorkspaceID)
 	}
-	// The snapshot may take up to the guest's memory in the layer's pool.
+	// The snapshot may take up to the guest's memory, of the pool and of
+	// the namespace's snapshot quota.
+	if err := checkQuota(ac.tx, w.Namespace, api.NamespaceResources{SnapshotBytes: w.MemoryBytes}); err != nil {
+		return nil, err
+	}
 	if _, err := poolRoom(ac.tx, api.LayerPoolID(w.Layer), "the snapshot of workspace "+w.WorkspaceID, w.MemoryBytes); err != nil {
 		return nil, err
 	}

@@ -143,8 +143,11 @@ func (g *logGen) drawTenant() Entry {
 	switch x := t.Intn(100); {
 	case x < 25:
 		op, args = OpNamespaceCreate, NamespaceArgs{Name: ns}
-	case x < 32:
+	case x < 30:
 		op, args = OpNamespaceDelete, NamespaceArgs{Name: ns}
+	case x < 35:
+		n := uint64(t.Intn(3)) << 30
+		op, args = OpNamespaceQuota, NamespaceQuotaArgs{Name: ns, Set: api.NamespaceQuota{VolumeBytes: &n}}
 	case x < 60:
 		role := map[string]string{"app": api.KeyRoleSandbox, "admin": api.KeyRoleNamespaceAdmin}[key]
 		op, args = OpAPIKeyCreate, APIKeyCreateArgs{Namespace: ns, Name: key, Role: role, KeyID: strings.Repeat(string(rune('a'+t.Intn(26))), api.KeyIDLen), SecretHash: strings.Repeat("cd", 32), TTL: time.Duration(t.Intn(3)) * time.Hour}
@@ -152,7 +155,7 @@ func (g *logGen) drawTenant() Entry {
 		op, args = OpAPIKeyRevoke, APIKeyArgs{Namespace: ns, Name: key}
 		actor = []string{"op", KeyActor(ns, "admin")}[t.Intn(2)]
 	case x < 90:
-		op, args, actor = OpVolumeCreate, VolumeCreateArgs{Name: "data", SizeBytes: 64 << 20}, KeyActor(ns, key)
+		op, args, actor = OpVolumeCreate, VolumeCreateArgs{Name: []string{"data", "logs"}[t.Intn(2)], SizeBytes: 512 << 20}, KeyActor(ns, key)
 	default:
 		op, args, actor = OpVolumeDelete, VolumeArgs{Volume: "data"}, KeyActor(ns, key)
 	}

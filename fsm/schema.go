@@ -107,6 +107,10 @@ var (
 	// namespace NUL kind NUL id → nil: the Workspaces and Volumes of each
 	// namespace but default, kept in step by putWorkspace and putVolume
 	bucketNamespaceObjects = []byte("namespace_objects")
+	// namespace → api.NamespaceResources: what the objects of each
+	// namespace but default take of its quota (quotas.go), kept in step
+	// by putWorkspace and putVolume
+	bucketNamespaceUsage = []byte("namespace_usage")
 	// namespace ("" for default) NUL name → apiKeyRecord (apikeys.go)
 	bucketAPIKeys = []byte("api_keys")
 	// key id → the key's key in bucketAPIKeys
@@ -116,7 +120,7 @@ var (
 		bucketEgress, bucketEgressRevisions, bucketEgressRefs, bucketResolvers, bucketResolverRefs, bucketPools, bucketPoolUse, bucketPoolMembers, bucketPoolWaits,
 		bucketVolumes, bucketVolumeNames, bucketVolumeCommands, bucketVolumeTombstones, bucketMemberLevels, bucketEndedRounds, bucketEndedWatch,
 		bucketPlacements, bucketTemplates, bucketPlatforms, bucketTransfers, bucketForks, bucketOperators,
-		bucketNamespaces, bucketNamespaceObjects, bucketAPIKeys, bucketAPIKeyIDs}
+		bucketNamespaces, bucketNamespaceObjects, bucketNamespaceUsage, bucketAPIKeys, bucketAPIKeyIDs}
 )
 
 // Keys of the meta bucket.

@@ -65,6 +65,9 @@ func applyVolumeCreate(ac *applyCtx) (any, error) {
 	if err := namespaceExists(ac.tx, ns); err != nil {
 		return nil, err
 	}
+	if err := checkQuota(ac.tx, ns, api.NamespaceResources{VolumeBytes: a.SizeBytes}); err != nil {
+		return nil, err
+	}
 	if err := checkNewVolumeName(ac.tx, ns, a.Name, id); err != nil {
 		return nil, err
 	}
@@ -192,6 +195,9 @@ func applyVolumeResize(ac *applyCtx) (any, error) {
 		return nil, volumeBusy(v)
 	case v.State != api.VolumeAvailable && !(v.State == api.VolumeCreating && !v.Made):
 		return nil, api.Errorf(api.CodeFailedPrecondition, "volume %s is %s: resize needs AVAILABLE", v.Name, v.State)
+	}
+	if err := checkQuota(ac.tx, v.Namespace, api.NamespaceResources{VolumeBytes: a.SizeBytes - v.SizeBytes}); err != nil {
+		return nil, err
 	}
 	rec, err := getRecord[poolRecord](ac.tx, bucketPools, []byte(v.PoolID))
 	if err != nil {

@@ -1,6 +1,7 @@
 package fsm
 
 import (
+	"cmp"
 	"strconv"
 	"time"
 
@@ -174,6 +175,11 @@ func deleteVolume(ac *applyCtx, v *api.Volume) error {
 }
 
 func moveVolumeIndexes(tx *bolt.Tx, old, v *api.Volume) error {
+	if x := cmp.Or(v, old); x != nil {
+		if err := moveNamespaceUsage(tx, x.Namespace, volCharge(old), volCharge(v)); err != nil {
+			return err
+		}
+	}
 	op, ou := volumeCharge(old)
 	np, nu := volumeCharge(v)
 	if op != np || ou != nu {

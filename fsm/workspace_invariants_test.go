@@ -6,6 +6,7 @@ import (
 	"sort"
 	"testing"
 
+	"github.com/kibotos/kibotos/api"
 	bolt "go.etcd.io/bbolt"
 )
 
@@ -156,6 +157,7 @@ func poolUseProblem(tx *bolt.Tx) error {
 // that every Volume's attachment and use right are its Workspace's.
 func volumesProblem(tx *bolt.Tx) error {
 	names, cmds, nsObjects := map[string]bool{}, map[string]bool{}, map[string]bool{}
+	usage := map[string]api.NamespaceResources{}
 	attachedTo := map[string]string{} // volume id → workspace id
 	if err := tx.Bucket(bucketWorkspaces).ForEach(func(k, _ []byte) error {
 		w, err := getWorkspace(tx, string(k))
@@ -188,6 +190,7 @@ func volumesProblem(tx *bolt.Tx) error {
 		names[string(volNameKey(v.Namespace, v.Name))+"="+v.VolumeID] = true
 		if v.Namespace != "" {
 			nsObjects[string(nsObjectKey(v.Namespace, nsKindVolume, v.VolumeID))] = true
+			usage[v.Namespace] = usage[v.Namespace].Add(volCharge(v))
 		}
 		if v.Pending != nil {
 			cmds[string(volCmdKey(v.Pending.NodeID, v.VolumeID))] = true
@@ -206,10 +209,28 @@ func volumesProblem(tx *bolt.Tx) error {
 		w, err := getWorkspace(tx, string(k))
 		if err == nil && w.Namespace != "" {
 			nsObjects[string(nsObjectKey(w.Namespace, nsKindWorkspace, w.WorkspaceID))] = true
+			usage[w.Namespace] = usage[w.Namespace].Add(wsCharge(w))
 		}
 		return err
 	}); err != nil {
 		return err
+	}
+	gotUsage := map[string]api.NamespaceResources{}
+	tx.Bucket(bucketNamespaceUsage).ForEach(func(k, v []byte) error {
+		var u api.NamespaceResources
+		jsonRecord(bucketNamespaceUsage, k, v, &u)
+		if u != (api.NamespaceResources{}) {
+			gotUsage[string(k)] = u
+		}
+		return nil
+	})
+	for ns, u := range usage {
+		if u == (api.NamespaceResources{}) {
+			delete(usage, ns)
+		}
+	}
+	if !reflect.DeepEqual(gotUsage, usage) {
+		return fmt.Errorf("namespace usage %+v, want %+v from the records", gotUsage, usage)
 	}
 	gotObjects := map[string]bool{}
 	tx.Bucket(bucketNamespaceObjects).ForEach(func(k, _ []byte) error { gotObjects[string(k)] = true; return nil })

@@ -34,6 +34,13 @@ func applyWorkspaceCreate(ac *applyCtx) (any, error) {
 	if err := validateCreate(&a); err != nil {
 		return nil, err
 	}
+	ask := runCharge(&api.Workspace{CPU: a.CPU, MemoryBytes: a.MemoryBytes})
+	for _, nv := range a.NewVolumes {
+		ask.VolumeBytes += nv.SizeBytes
+	}
+	if err := checkQuota(ac.tx, ns, ask); err != nil {
+		return nil, err
+	}
 	id := WorkspaceIDFor(ac.e.CommandID)
 	if err := ac.scope.network(a.Network); err != nil {
 		return nil, err
@@ -123,6 +130,11 @@ func applyWorkspaceStart(ac *applyCtx) (any, error) {
 			"workspace %s is FAILED and its Instance %s still holds resources on node %s: run kibo workspace stop --force %s, then start it", w.WorkspaceID, w.InstanceID, w.NodeID, w.WorkspaceID)
 	default:
 		return nil, api.Errorf(api.CodeFailedPrecondition, "workspace %s is %s: start needs STOPPED or FAILED; stop it first", w.WorkspaceID, w.State)
+	}
+	if w.InstanceID == "" {
+		if err := checkQuota(ac.tx, w.Namespace, runCharge(w)); err != nil {
+			return nil, err
+		}
 	}
 	old := cloneWorkspace(w)
 	w.LastError = nil

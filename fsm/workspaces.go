@@ -203,6 +203,7 @@ var workspaceDerived = []func(ac *applyCtx, old, w *api.Workspace) error{
 	func(ac *applyCtx, old, w *api.Workspace) error { return moveRefs(ac.tx, old, w) },
 	func(ac *applyCtx, old, w *api.Workspace) error { return moveForks(ac.tx, old, w) },
 	syncVolumes,
+	moveWorkspaceUsage,
 }
 
 // moveDerived moves every record derived from old to w.
