@@ -123,6 +123,9 @@ type APIKey struct {
 	CreatedBy string     `json:"created_by,omitempty"`
 	ExpiresAt *time.Time `json:"expires_at,omitempty"`
 	RevokedAt *time.Time `json:"revoked_at,omitempty"`
+	// LastUsedAt is when a ctrl member last authenticated it, recorded
+	// at most a minute apart and up to a quarter minute late.
+	LastUsedAt *time.Time `json:"last_used_at,omitempty"`
 	// State is derived when read: active, revoked or expired.
 	State string `json:"state"`
 }

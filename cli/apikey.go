@@ -2,6 +2,7 @@ package cli
 
 import (
 	"net/url"
+	"time"
 
 	"github.com/kibotos/kibotos/api"
 )
@@ -68,13 +69,15 @@ func (c *APIKeyListCmd) Run(g *Globals) error {
 			return names, ""
 		},
 		func() {
-			t := newTable(g.stdout, "NAME", "NAMESPACE", "ROLE", "CREATED", "EXPIRES", "STATE")
-			for _, k := range out {
-				expires := "-"
-				if k.ExpiresAt != nil {
-					expires = stamp(*k.ExpiresAt)
+			t := newTable(g.stdout, "NAME", "NAMESPACE", "ROLE", "CREATED", "EXPIRES", "LAST USED", "STATE")
+			optional := func(t *time.Time, none string) string {
+				if t == nil {
+					return none
 				}
-				t.row(k.Name, k.Namespace, k.Role, stamp(k.CreatedAt), expires, k.State)
+				return stamp(*t)
+			}
+			for _, k := range out {
+				t.row(k.Name, k.Namespace, k.Role, stamp(k.CreatedAt), optional(k.ExpiresAt, "never"), optional(k.LastUsedAt, "never"), k.State)
 			}
 			t.flush()
 		})

@@ -24,6 +24,7 @@ func (s *Server) memberRoutes() []route {
 		{"POST", "/v1/internal/certs/renew", members, atCtrl, decoded(s.handleRenew)},
 		{"POST", "/v1/internal/certs/dataplane", nodeMembers, atCtrl, decoded(s.handleDataPlaneCert)},
 		{"POST", "/v1/internal/admission", members, atCtrl, decoded(s.handleAdmission)},
+		{"POST", keyUsesPath, fromCtrl("only ctrl members report API key uses"), atLeader, decoded(s.handleKeyUses)},
 		{"GET", "/v1/internal/egress/{name}/revisions/{rev}", members, atReader, s.handleEgressCredentials},
 	}
 }

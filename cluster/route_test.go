@@ -105,6 +105,7 @@ var notOperatorOnly = map[string][]string{
 	"GET /v1/internal/progress/{key}":                {"ctrl"},
 	"POST /v1/internal/trust":                        {"member"},
 	"GET /v1/internal/trust/status":                  {"ctrl"},
+	"POST /v1/internal/api-keys/used":                {"ctrl"},
 	// API keys (issue 45), within their namespace
 	"POST /v1/workspaces":                    {"operator", "sandbox"},
 	"GET /v1/workspaces":                     {"operator", "sandbox"},

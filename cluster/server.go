@@ -155,6 +155,9 @@ type Server struct {
 	release func()
 	wg      sync.WaitGroup
 	stop    chan struct{}
+	// keyUses are the API keys this member authenticated since its last
+	// report of them (keyuse.go).
+	keyUses keyUses
 	// life is the member's own context: Open's values without its
 	// cancellation, ended by Shutdown and Kill. What the member runs on
 	// its own (sessions, renewals, joining the voters) derives from it.
@@ -274,6 +277,7 @@ func (s *Server) start(ctx context.Context) error {
 	go func() { defer s.wg.Done(); s.trustLoop() }()
 	if s.raft != nil {
 		s.wg.Go(s.watchCA)
+		s.wg.Go(s.recordKeyUses)
 		s.wg.Add(3)
 		go func() { defer s.wg.Done(); s.enforceRevocations() }()
 		go func() { defer s.wg.Done(); s.runLeader(ctx) }()

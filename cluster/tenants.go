@@ -278,6 +278,7 @@ func (s *Server) apiKeyCaller(secret string) (caller, error) {
 	if cred.Key.State != api.OperatorActive {
 		return caller{}, api.Errorf(api.CodeUnauthenticated, "API key %s of namespace %s is %s: ask a namespace admin for a new key", cred.Key.Name, cred.Key.Namespace, cred.Key.State)
 	}
+	s.keyUses.note(id, cred.Key.LastUsedAt, time.Now())
 	return keyCallerOf(cred.Key), nil
 }
 

@@ -248,3 +248,47 @@ func LookupAPIKey(tx *bolt.Tx, ns, name string, now time.Time) (*api.APIKey, err
 	k := apiKeyView(rec.Key, now)
 	return &k, nil
 }
+
+// OpAPIKeyUsed records when keys were last used; proposed with
+// IgnoreUnknown, since losing it changes no decision.
+const OpAPIKeyUsed = "api_key.used"
+
+// MaxKeyUses bounds the keys of one OpAPIKeyUsed.
+const MaxKeyUses = 1000
+
+// APIKeyUsedArgs are the ids of keys a member authenticated; the entry's
+// time is when they were last used.
+type APIKeyUsedArgs struct {
+	KeyIDs []string `json:"key_ids"`
+}
+
+func applyAPIKeyUsed(ac *applyCtx) (any, error) {
+	var a APIKeyUsedArgs
+	if err := decodeArgs(ac.e, &a); err != nil {
+		return nil, err
+	}
+	if len(a.KeyIDs) == 0 || len(a.KeyIDs) > MaxKeyUses {
+		return nil, api.Errorf(api.CodeInvalidArgument, "%d key uses in one entry: give 1 to %d", len(a.KeyIDs), MaxKeyUses)
+	}
+	n := 0
+	for _, id := range a.KeyIDs {
+		ref := ac.tx.Bucket(bucketAPIKeyIDs).Get([]byte(id))
+		if ref == nil {
+			continue // revoked and replaced, or its namespace deleted
+		}
+		ref = bytes.Clone(ref)
+		rec, err := getRecord[apiKeyRecord](ac.tx, bucketAPIKeys, ref)
+		if err != nil {
+			return nil, err
+		}
+		if rec == nil || (rec.Key.LastUsedAt != nil && !rec.Key.LastUsedAt.Before(ac.e.IssuedAt)) {
+			continue
+		}
+		rec.Key.LastUsedAt = at(ac.e)
+		if err := putJSON(ac.tx, bucketAPIKeys, ref, rec); err != nil {
+			return nil, err
+		}
+		n++
+	}
+	return map[string]int{"recorded": n}, nil
+}

@@ -77,6 +77,7 @@ var handlers = map[string]handler{
 	OpAPIKeyCreate:         applyAPIKeyCreate,
 	OpAPIKeyRevoke:         applyAPIKeyRevoke,
 	OpNamespaceQuota:       applyNamespaceSetQuota,
+	OpAPIKeyUsed:           applyAPIKeyUsed,
 	OpBootstrap:            applyBootstrap,
 	OpEnrollmentGrant:      applyEnrollmentGrant,
 	OpEnrollmentRevoke:     applyEnrollmentRevoke,

@@ -363,7 +363,7 @@ var allOps = []string{
 	OpTransferExport, OpTransferResult, OpTransferDelete, OpTransferProgress,
 	OpOperatorIssue, OpOperatorRevoke,
 	OpCARotateBegin, OpCARotateSign, OpCARotateFinish,
-	OpNamespaceCreate, OpNamespaceDelete, OpAPIKeyCreate, OpAPIKeyRevoke, OpNamespaceQuota,
+	OpNamespaceCreate, OpNamespaceDelete, OpAPIKeyCreate, OpAPIKeyRevoke, OpNamespaceQuota, OpAPIKeyUsed,
 }
 
 func TestEveryOpHasAHandler(t *testing.T) {

@@ -81,7 +81,7 @@ import (
 //	   OpCARotateSign, OpCARotateFinish
 //	14 namespaces and API keys (LevelNamespaces, namespaces.go,
 //	   apikeys.go, scope.go): OpNamespaceCreate, OpNamespaceDelete,
-//	   OpAPIKeyCreate, OpAPIKeyRevoke, OpNamespaceQuota; the Namespace of create, volume
+//	   OpAPIKeyCreate, OpAPIKeyRevoke, OpNamespaceQuota, OpAPIKeyUsed; the Namespace of create, volume
 //	   and volume write args, which the leader refuses below it; entries
 //	   whose actor is an API key (KeyActor)
 
@@ -120,7 +120,7 @@ var opLevels = map[string]int{
 	OpTransferExport: LevelArtifacts, OpTransferResult: LevelArtifacts, OpTransferDelete: LevelArtifacts, OpTransferProgress: LevelArtifacts,
 	OpOperatorIssue: LevelOperators, OpOperatorRevoke: LevelOperators,
 	OpCARotateBegin: LevelCARotation, OpCARotateSign: LevelCARotation, OpCARotateFinish: LevelCARotation,
-	OpNamespaceCreate: LevelNamespaces, OpNamespaceDelete: LevelNamespaces, OpAPIKeyCreate: LevelNamespaces, OpAPIKeyRevoke: LevelNamespaces, OpNamespaceQuota: LevelNamespaces,
+	OpNamespaceCreate: LevelNamespaces, OpNamespaceDelete: LevelNamespaces, OpAPIKeyCreate: LevelNamespaces, OpAPIKeyRevoke: LevelNamespaces, OpNamespaceQuota: LevelNamespaces, OpAPIKeyUsed: LevelNamespaces,
 }
 
 // OpLevel is the level an op needs of every voter.

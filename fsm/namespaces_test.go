@@ -170,3 +170,19 @@ func (h *harness) namespace(name string) api.Namespace {
 	}
 	return ns
 }
+
+// A key's last use is the time of the entry that reports it, never
+// moved back; unknown ids are skipped.
+func TestKeyLastUsed(t *testing.T) {
+	h := newHarness(t)
+	tenants(h)
+	id := strings.Repeat("a", api.KeyIDLen)
+	h.advance(time.Minute)
+	h.ok(OpAPIKeyUsed, APIKeyUsedArgs{KeyIDs: []string{id, strings.Repeat("q", api.KeyIDLen)}}, withIgnoreUnknown())
+	var k *api.APIKey
+	h.f.View(func(tx *bolt.Tx) (err error) { k, err = LookupAPIKey(tx, "acme", "app", h.now); return })
+	if k.LastUsedAt == nil || !k.LastUsedAt.Equal(h.now) {
+		t.Fatalf("last used %v, want %v", k.LastUsedAt, h.now)
+	}
+	h.expectUnchanged(makeEntry(h.now.Add(-time.Hour), OpAPIKeyUsed, APIKeyUsedArgs{KeyIDs: []string{id}}))
+}

@@ -151,9 +151,11 @@ func (g *logGen) drawTenant() Entry {
 	case x < 60:
 		role := map[string]string{"app": api.KeyRoleSandbox, "admin": api.KeyRoleNamespaceAdmin}[key]
 		op, args = OpAPIKeyCreate, APIKeyCreateArgs{Namespace: ns, Name: key, Role: role, KeyID: strings.Repeat(string(rune('a'+t.Intn(26))), api.KeyIDLen), SecretHash: strings.Repeat("cd", 32), TTL: time.Duration(t.Intn(3)) * time.Hour}
-	case x < 72:
+	case x < 66:
 		op, args = OpAPIKeyRevoke, APIKeyArgs{Namespace: ns, Name: key}
 		actor = []string{"op", KeyActor(ns, "admin")}[t.Intn(2)]
+	case x < 72:
+		op, args = OpAPIKeyUsed, APIKeyUsedArgs{KeyIDs: []string{strings.Repeat(string(rune('a'+t.Intn(26))), api.KeyIDLen)}}
 	case x < 90:
 		op, args, actor = OpVolumeCreate, VolumeCreateArgs{Name: []string{"data", "logs"}[t.Intn(2)], SizeBytes: 512 << 20}, KeyActor(ns, key)
 	default:
