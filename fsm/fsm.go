@@ -120,6 +120,8 @@ var handlers = map[string]handler{
 	OpCARotateBegin:        applyCARotateBegin,
 	OpCARotateSign:         applyCARotateSign,
 	OpCARotateFinish:       applyCARotateFinish,
+	OpWorkspaceSetTimeout:  applyWorkspaceSetTimeout,
+	OpWorkspaceTimedOut:    applyWorkspaceTimedOut,
 }
 
 // Open creates a fresh state file at path (any old file is replaced).
@@ -438,6 +440,9 @@ func (f *FSM) Restore(r io.Reader) error {
 			return err
 		}
 		if err := checkWorkspaceCommands(tx); err != nil {
+			return err
+		}
+		if err := checkWorkspaceEnds(tx); err != nil {
 			return err
 		}
 		return f.commands.rebuild(tx)

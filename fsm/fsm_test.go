@@ -363,6 +363,7 @@ var allOps = []string{
 	OpTransferExport, OpTransferResult, OpTransferDelete, OpTransferProgress,
 	OpOperatorIssue, OpOperatorRevoke,
 	OpCARotateBegin, OpCARotateSign, OpCARotateFinish,
+	OpWorkspaceSetTimeout, OpWorkspaceTimedOut,
 }
 
 func TestEveryOpHasAHandler(t *testing.T) {

@@ -79,9 +79,13 @@ import (
 //	   OpOperatorIssue, OpOperatorRevoke
 //	13 CA rotation (LevelCARotation, ca.go): OpCARotateBegin,
 //	   OpCARotateSign, OpCARotateFinish
+//	15 Workspace lifetimes (LevelLifetimes, lifetimes.go):
+//	   WorkspaceCreateArgs.TimeoutSeconds and OnTimeout, which the leader
+//	   refuses below it (an older voter would drop them and the Workspace
+//	   would never end), OpWorkspaceSetTimeout, OpWorkspaceTimedOut
 
 // FeatureLevel is the level of this build.
-const FeatureLevel = 13
+const FeatureLevel = 15
 
 // LevelRefusalExhausted is the level of WorkspaceResultArgs.RefusalExhausts.
 const LevelRefusalExhausted = 11
@@ -115,6 +119,7 @@ var opLevels = map[string]int{
 	OpTransferExport: LevelArtifacts, OpTransferResult: LevelArtifacts, OpTransferDelete: LevelArtifacts, OpTransferProgress: LevelArtifacts,
 	OpOperatorIssue: LevelOperators, OpOperatorRevoke: LevelOperators,
 	OpCARotateBegin: LevelCARotation, OpCARotateSign: LevelCARotation, OpCARotateFinish: LevelCARotation,
+	OpWorkspaceSetTimeout: LevelLifetimes, OpWorkspaceTimedOut: LevelLifetimes,
 }
 
 // OpLevel is the level an op needs of every voter.

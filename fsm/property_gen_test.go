@@ -24,6 +24,7 @@ type logGen struct {
 	tmpls    *rand.Rand // template catalog draws only (see tmplPct)
 	opers    *rand.Rand // operator credential draws only (drawOperator)
 	cas      *rand.Rand // CA rotation draws only (ca_test.go)
+	lifes    *rand.Rand // Workspace lifetime draws only (lifetimes_test.go)
 	ref      *FSM
 	now      time.Time
 	seq      int
@@ -36,7 +37,7 @@ type logGen struct {
 }
 
 func newLogGen(seed int64, ref *FSM) *logGen {
-	return &logGen{r: rand.New(rand.NewSource(seed)), pools: rand.New(rand.NewSource(seed + 1)), vols: rand.New(rand.NewSource(seed + 2)), tmpls: rand.New(rand.NewSource(seed + 3)), opers: rand.New(rand.NewSource(seed + 4)), cas: rand.New(rand.NewSource(seed + 5)), volWeight: 12, ref: ref, now: t0, sessions: map[string][]string{}, inc: map[string]uint64{}}
+	return &logGen{r: rand.New(rand.NewSource(seed)), pools: rand.New(rand.NewSource(seed + 1)), vols: rand.New(rand.NewSource(seed + 2)), tmpls: rand.New(rand.NewSource(seed + 3)), opers: rand.New(rand.NewSource(seed + 4)), cas: rand.New(rand.NewSource(seed + 5)), lifes: rand.New(rand.NewSource(seed + 6)), volWeight: 12, ref: ref, now: t0, sessions: map[string][]string{}, inc: map[string]uint64{}}
 }
 
 func (g *logGen) pct(p int) bool { return g.r.Intn(100) < p }
@@ -120,6 +121,9 @@ func (g *logGen) nextWithAnswers() []Entry {
 	}
 	if g.cas.Intn(100) < 3 {
 		out = append(out, g.drawCARotation())
+	}
+	if g.lifes.Intn(100) < 6 {
+		out = append(out, g.drawLifetime())
 	}
 	return out
 }
