@@ -113,7 +113,10 @@ type Workspace struct {
 	TimeoutSeconds int64      `json:"timeout_seconds,omitempty"`
 	OnTimeout      string     `json:"on_timeout,omitempty"`
 	EndsAt         *time.Time `json:"ends_at,omitempty"`
-	DeletedAt      *time.Time `json:"deleted_at,omitempty"`
+	// AutoResume: a data-plane credential asked for while it is PAUSED
+	// resumes it first (exec, terminal, cp, port-forward wait for it).
+	AutoResume bool       `json:"auto_resume,omitempty"`
+	DeletedAt  *time.Time `json:"deleted_at,omitempty"`
 }
 
 // LayerRight is who may use a retained writable layer.
@@ -213,6 +216,9 @@ type WorkspaceCreateRequest struct {
 	// that long after it with OnTimeout (delete by default).
 	Timeout   string `json:"timeout,omitempty"`
 	OnTimeout string `json:"on_timeout,omitempty"`
+	// AutoResume: exec, terminal, cp and port-forward resume it when it
+	// is PAUSED.
+	AutoResume bool `json:"auto_resume,omitempty"`
 }
 
 // WorkspaceWriteRequest is start, stop, delete and move.

@@ -55,7 +55,7 @@ var examples = map[string][]string{
 		"kibo workspace create --template kibotos-coding --cpu 2 --memory 2GiB --egress public --allow '*.github.com,pypi.org'",
 		"kibo workspace create --template kibotos-coding --volume data:/data --new-volume 10GiB:/scratch",
 		"kibo workspace create --from WS --label fork=1    # fork a PAUSED Workspace (kibo workspace pause WS first)",
-		"kibo workspace create --template kibotos-coding --run-timeout 30m --on-timeout pause"},
+		"kibo workspace create --template kibotos-coding --run-timeout 30m --on-timeout pause --auto-resume"},
 	"volume create":    {"kibo volume create data --size 10GiB", "kibo volume create shared-data --size 100GiB --pool nfs-1"},
 	"volume list":      {"kibo volume list", "kibo volume list --pool nfs-1 --wide"},
 	"volume get":       {"kibo volume get data"},

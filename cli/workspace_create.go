@@ -21,6 +21,7 @@ type WorkspaceCreateCmd struct {
 	// Not --timeout: that global flag bounds how long create waits.
 	RunTimeout string `name:"run-timeout" placeholder:"DURATION" help:"End every start and resume this long after it (e.g. 30m, 2h) with --on-timeout; kibo workspace set-timeout changes it. Default: no end."`
 	OnTimeout  string `name:"on-timeout" placeholder:"delete|stop|pause" help:"What ctrl does at the end: delete (the default; its Volumes stay), stop, or pause."`
+	AutoResume bool   `name:"auto-resume" help:"When PAUSED, an exec, terminal, cp or port-forward resumes it first and waits until it is AVAILABLE."`
 	CommandID  string `name:"command-id" help:"Idempotency key: a retry with the same key and inputs returns the same Workspace."`
 	Quiet      bool   `short:"q" name:"quiet" help:"Print only the new Workspace ID."`
 	NoWait     bool   `name:"no-wait" help:"Return once ctrl accepted the Workspace instead of when it is AVAILABLE."`
@@ -56,6 +57,7 @@ func (c *WorkspaceCreateCmd) request() (api.WorkspaceCreateRequest, error) {
 	if req.Timeout, req.OnTimeout, err = createTimeout(c.RunTimeout, c.OnTimeout); err != nil {
 		return req, err
 	}
+	req.AutoResume = c.AutoResume
 	if c.From != "" {
 		switch {
 		case c.Template != "":

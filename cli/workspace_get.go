@@ -37,6 +37,9 @@ func renderWorkspace(w io.Writer, ws *api.Workspace, wide bool) {
 		line("Ends", "%s", endsText(ws, time.Now()))
 		line("Timeout", "%s after each start and resume", api.FormatTimeout(ws.TimeoutDuration()))
 	}
+	if ws.AutoResume {
+		line("Auto-resume", "yes: exec, terminal, cp and port-forward resume it when PAUSED")
+	}
 	if f := ws.Failure; f != nil {
 		if f.Stage != "" {
 			line("Failure", "%s at %s: %s (%s)", f.Reason, f.Stage, f.Message, stamp(f.At))

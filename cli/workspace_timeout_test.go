@@ -20,8 +20,11 @@ func TestWorkspaceTimeoutCommands(t *testing.T) {
 		r.Templates = append(r.Templates, "kibotos-coding") // placed here; the start fails: no VMs
 	}})
 	create := []string{"workspace", "create", "--template", "kibotos-coding", "--memory", "256MiB", "--no-wait", "-q"}
-	id := strings.TrimSpace(e.mustRun(append(create, "--run-timeout", "30m", "--on-timeout", "stop")...))
+	id := strings.TrimSpace(e.mustRun(append(create, "--run-timeout", "30m", "--on-timeout", "stop", "--auto-resume")...))
 	ws := e.wsJSON(id)
+	if !ws.AutoResume {
+		t.Errorf("created without auto_resume")
+	}
 	if ws.EndsAt == nil || ws.OnTimeout != api.TimeoutStop || ws.TimeoutSeconds != 1800 || !ws.EndsAt.Equal(ws.CreatedAt.Add(30*time.Minute)) {
 		t.Fatalf("created: ends %v action %q timeout %d", ws.EndsAt, ws.OnTimeout, ws.TimeoutSeconds)
 	}
@@ -30,6 +33,9 @@ func TestWorkspaceTimeoutCommands(t *testing.T) {
 		t.Errorf("get: %q", got)
 	}
 	if got := lineOf(t, out, "Timeout"); got != "Timeout: 30m after each start and resume" {
+		t.Errorf("get: %q", got)
+	}
+	if got := lineOf(t, out, "Auto-resume"); !strings.HasPrefix(got, "Auto-resume: yes") {
 		t.Errorf("get: %q", got)
 	}
 	if got := e.mustRun("workspace", "list", "--all", "--wide"); !strings.Contains(got, "ENDS") || !regexp.MustCompile(id+`.* in (30|29)m \(stop\)\n`).MatchString(got) {

@@ -126,6 +126,10 @@ func TestWorkspaceSetTimeoutOverHTTP(t *testing.T) {
 	if api.CodeOf(err) != api.CodeFailedPrecondition || !strings.Contains(err.Error(), "feature level 15") {
 		t.Fatalf("create with a timeout below the level: %v", err)
 	}
+	_, err = ocl.Do(ctx, "POST", "/v1/workspaces", api.WorkspaceCreateRequest{Template: "kibotos-coding", CPU: 1000, MemoryBytes: 256 << 20, AutoResume: true}, nil)
+	if api.CodeOf(err) != api.CodeFailedPrecondition {
+		t.Fatalf("create with auto-resume below the level: %v", err)
+	}
 	var plain api.Workspace
 	if _, err := ocl.Do(ctx, "POST", "/v1/workspaces", api.WorkspaceCreateRequest{Template: "kibotos-coding", CPU: 1000, MemoryBytes: 256 << 20}, &plain); err != nil {
 		t.Fatalf("create without a timeout below the level: %v", err)

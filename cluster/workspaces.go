@@ -54,16 +54,17 @@ func (s *Server) handleWorkspaceCreate(r *http.Request, req api.WorkspaceCreateR
 	if err != nil {
 		return fail(err)
 	}
-	if timeout > 0 {
-		// An older voter would drop the timeout: the Workspace would never end.
-		if err := s.levelsReach("workspace create with a timeout", fsm.LevelLifetimes); err != nil {
+	if timeout > 0 || req.AutoResume {
+		// An older voter would drop them: the Workspace would never end,
+		// or never resume on connect on that voter's state.
+		if err := s.levelsReach("workspace create with a timeout or auto-resume", fsm.LevelLifetimes); err != nil {
 			return fail(err)
 		}
 	}
 	return s.workspaceWrite(r, fsm.OpWorkspaceCreate, req.WriteMeta, fsm.WorkspaceCreateArgs{
 		Template: req.Template, CPU: req.CPU, MemoryBytes: req.MemoryBytes, Labels: req.Labels, NodeID: req.NodeID, Network: req.Network,
 		Volumes: req.Volumes, NewVolumes: req.NewVolumes, From: req.From,
-		TimeoutSeconds: int64(timeout / time.Second), OnTimeout: req.OnTimeout,
+		TimeoutSeconds: int64(timeout / time.Second), OnTimeout: req.OnTimeout, AutoResume: req.AutoResume,
 	})
 }
 

@@ -82,7 +82,8 @@ import (
 //	15 Workspace lifetimes (LevelLifetimes, lifetimes.go):
 //	   WorkspaceCreateArgs.TimeoutSeconds and OnTimeout, which the leader
 //	   refuses below it (an older voter would drop them and the Workspace
-//	   would never end), OpWorkspaceSetTimeout, OpWorkspaceTimedOut
+//	   would never end), WorkspaceCreateArgs.AutoResume, refused below it
+//	   too, OpWorkspaceSetTimeout, OpWorkspaceTimedOut
 
 // FeatureLevel is the level of this build.
 const FeatureLevel = 15

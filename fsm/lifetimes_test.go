@@ -69,8 +69,13 @@ func endOf(t *testing.T, w *api.Workspace) time.Time {
 func TestLifetimeArmedAtStartAndResume(t *testing.T) {
 	h := resumeHarness(t)
 	plain := h.running("plain", smallWS)
-	if plain.EndsAt != nil || plain.TimeoutSeconds != 0 || plain.OnTimeout != "" {
+	if plain.EndsAt != nil || plain.TimeoutSeconds != 0 || plain.OnTimeout != "" || plain.AutoResume {
 		t.Fatalf("a Workspace without a timeout has an end: %+v", plain)
+	}
+	auto := smallWS
+	auto.AutoResume = true
+	if w := h.create("auto", auto); !w.AutoResume || w.EndsAt != nil {
+		t.Fatalf("create with auto-resume: %+v", w)
 	}
 	w := h.create("c1", withTimeout(10*time.Minute, ""))
 	created := h.now

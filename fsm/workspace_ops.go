@@ -58,6 +58,7 @@ func applyWorkspaceCreate(ac *applyCtx) (any, error) {
 		w.Volumes, vols = mounts, vs
 	}
 	setLifetime(ac, w, a.TimeoutSeconds, a.OnTimeout)
+	w.AutoResume = a.AutoResume
 	node, err := place(ac, w, vols, a.NodeID, nil, false)
 	if err != nil {
 		return nil, err

@@ -45,6 +45,9 @@ type WorkspaceCreateArgs struct {
 	// entry (lifetimes.go).
 	TimeoutSeconds int64  `json:"timeout_seconds,omitempty"`
 	OnTimeout      string `json:"on_timeout,omitempty"`
+	// AutoResume (LevelLifetimes, refused below it like the timeout):
+	// a data-plane credential asked for while PAUSED resumes it.
+	AutoResume bool `json:"auto_resume,omitempty"`
 }
 
 // WorkspaceArgs names a Workspace, with the options of start and stop.
