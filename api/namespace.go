@@ -58,6 +58,8 @@ type Namespace struct {
 	Usage NamespaceUsage `json:"usage"`
 	// Quota bounds it; absent: no bound (default never has one).
 	Quota *NamespaceQuota `json:"quota,omitempty"`
+	// Defaults are its Workspaces' lifetime defaults.
+	Defaults *NamespaceDefaults `json:"defaults,omitempty"`
 }
 
 // NamespaceUsage counts a namespace's objects.
@@ -260,4 +262,38 @@ func (q *NamespaceQuota) Apply(set NamespaceQuota, clear []string) error {
 		*dst[i] = nil
 	}
 	return nil
+}
+
+// NamespaceDefaults are a namespace's lifetime defaults: the timeout and
+// action of a Workspace created without one, and the longest timeout
+// (0: none) its Workspaces may have.
+type NamespaceDefaults struct {
+	TimeoutSeconds    int64  `json:"timeout_seconds,omitempty"`
+	OnTimeout         string `json:"on_timeout,omitempty"`
+	MaxTimeoutSeconds int64  `json:"max_timeout_seconds,omitempty"`
+}
+
+// Check refuses defaults out of bounds, or a default over the maximum.
+func (d NamespaceDefaults) Check(ns string) error {
+	for _, s := range []int64{d.TimeoutSeconds, d.MaxTimeoutSeconds} {
+		if s < 0 || s > int64(MaxTimeout/time.Second) {
+			return Errorf(CodeInvalidArgument, "namespace %s: timeout %ds is out of range: give 0 to %s", ns, s, MaxTimeout)
+		}
+	}
+	if err := CheckTimeoutAction(d.OnTimeout); err != nil {
+		return err
+	}
+	if d.MaxTimeoutSeconds > 0 && d.TimeoutSeconds > d.MaxTimeoutSeconds {
+		return Errorf(CodeInvalidArgument, "namespace %s: default timeout %s is over the maximum %s", ns, time.Duration(d.TimeoutSeconds)*time.Second, time.Duration(d.MaxTimeoutSeconds)*time.Second)
+	}
+	return nil
+}
+
+// NamespaceDefaultsRequest replaces a namespace's lifetime defaults;
+// durations as ParseTimeout reads them, "" or "0" for none.
+type NamespaceDefaultsRequest struct {
+	WriteMeta
+	Timeout    string `json:"timeout,omitempty"`
+	OnTimeout  string `json:"on_timeout,omitempty"`
+	MaxTimeout string `json:"max_timeout,omitempty"`
 }

@@ -109,7 +109,15 @@ type Workspace struct {
 	// retired); the delete goes to the first member that reports it.
 	DeleteWaitsForPool string `json:"delete_waits_for_pool,omitempty"`
 	// ForkedFrom is the Workspace this one was forked from (create --from).
-	ForkedFrom string     `json:"forked_from,omitempty"`
+	ForkedFrom string `json:"forked_from,omitempty"`
+	// TimeoutSeconds is how long each start and resume runs before
+	// ctrl does OnTimeout at EndsAt; EndsAt nil: no end (lifetime.go).
+	TimeoutSeconds int64      `json:"timeout_seconds,omitempty"`
+	OnTimeout      string     `json:"on_timeout,omitempty"`
+	EndsAt         *time.Time `json:"ends_at,omitempty"`
+	// AutoResume: a data-plane credential asked for while it is PAUSED
+	// resumes it first (exec, terminal, cp, port-forward wait for it).
+	AutoResume bool       `json:"auto_resume,omitempty"`
 	DeletedAt  *time.Time `json:"deleted_at,omitempty"`
 }
 
@@ -206,6 +214,13 @@ type WorkspaceCreateRequest struct {
 	// From forks this PAUSED Workspace: Template, CPU and MemoryBytes are
 	// its and may be left out.
 	From string `json:"from,omitempty"`
+	// Timeout (a Go duration, e.g. "30m") ends every start and resume
+	// that long after it with OnTimeout (delete by default).
+	Timeout   string `json:"timeout,omitempty"`
+	OnTimeout string `json:"on_timeout,omitempty"`
+	// AutoResume: exec, terminal, cp and port-forward resume it when it
+	// is PAUSED.
+	AutoResume bool `json:"auto_resume,omitempty"`
 }
 
 // WorkspaceWriteRequest is start, stop, delete and move.

@@ -41,7 +41,7 @@ func TestCompletionCandidates(t *testing.T) {
 		want  string
 	}{
 		{[]string{"wor"}, "workspace"},
-		{[]string{"workspace", "s"}, "set-network start stop"},
+		{[]string{"workspace", "s"}, "set-network set-timeout start stop"},
 		{[]string{"storage-pool", ""}, "declare-lost get list set-capacity"},
 		{[]string{"workspace", "create", "--eg"}, "--egress"},
 		{[]string{"--data-dir", "/tmp/x", "node", "dr"}, "drain"},

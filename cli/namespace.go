@@ -1,18 +1,36 @@
 package cli
 
 import (
+	"cmp"
 	"net/url"
+	"time"
 
 	"github.com/kibotos/kibotos/api"
 )
 
 // NamespaceCmd groups the namespace commands (operators).
 type NamespaceCmd struct {
-	Create   NamespaceCreateCmd   `cmd:"" help:"Create a namespace: a tenant's own Workspaces, Volumes and API keys."`
-	List     NamespaceListCmd     `cmd:"" help:"List the namespaces with what each holds."`
-	Get      NamespaceGetCmd      `cmd:"" help:"Show a namespace and what it holds."`
-	Delete   NamespaceDeleteCmd   `cmd:"" help:"Delete an empty namespace (its API keys go with it)."`
-	SetQuota NamespaceSetQuotaCmd `cmd:"" name:"set-quota" help:"Bound what a namespace's objects take: running Workspaces, vCPU, memory, Volume and snapshot bytes."`
+	Create      NamespaceCreateCmd      `cmd:"" help:"Create a namespace: a tenant's own Workspaces, Volumes and API keys."`
+	List        NamespaceListCmd        `cmd:"" help:"List the namespaces with what each holds."`
+	Get         NamespaceGetCmd         `cmd:"" help:"Show a namespace and what it holds."`
+	Delete      NamespaceDeleteCmd      `cmd:"" help:"Delete an empty namespace (its API keys go with it)."`
+	SetQuota    NamespaceSetQuotaCmd    `cmd:"" name:"set-quota" help:"Bound what a namespace's objects take: running Workspaces, vCPU, memory, Volume and snapshot bytes."`
+	SetDefaults NamespaceSetDefaultsCmd `cmd:"" name:"set-defaults" help:"Set the lifetime of a namespace's Workspaces: the timeout they get by default and the longest they may have."`
+}
+
+// NamespaceSetDefaultsCmd is `namespace set-defaults`: it replaces the
+// namespace's lifetime defaults (those not given are none).
+type NamespaceSetDefaultsCmd struct {
+	Name          string `arg:"" name:"name"`
+	RunTimeout    string `name:"run-timeout" placeholder:"DURATION" help:"Timeout of a Workspace created without one, e.g. 1h (as workspace create --run-timeout)."`
+	OnTimeout     string `name:"on-timeout" enum:",delete,stop,pause" default:"" help:"Its action at the end: delete (default), stop or pause."`
+	MaxRunTimeout string `name:"max-run-timeout" placeholder:"DURATION" help:"The longest timeout a Workspace of the namespace may have, e.g. 24h: none lives without an end."`
+	CommandID     string `name:"command-id" help:"Idempotency key."`
+}
+
+func (c *NamespaceSetDefaultsCmd) Run(g *Globals) error {
+	req := api.NamespaceDefaultsRequest{WriteMeta: writeMeta(c.CommandID, nil), Timeout: c.RunTimeout, OnTimeout: c.OnTimeout, MaxTimeout: c.MaxRunTimeout}
+	return showNamespace(g, "POST", "/v1/namespaces/"+url.PathEscape(c.Name)+"/defaults", req)
 }
 
 // NamespaceSetQuotaCmd is `namespace set-quota`: the bounds given are
@@ -141,6 +159,14 @@ func renderNamespace(g *Globals, ns *api.Namespace) {
 	line("Workspaces", "%d", ns.Usage.Workspaces)
 	line("Volumes", "%d", ns.Usage.Volumes)
 	line("API keys", "%d", ns.Usage.APIKeys)
+	if d := ns.Defaults; d != nil {
+		if d.TimeoutSeconds > 0 {
+			line("Default timeout", "%s, then %s", time.Duration(d.TimeoutSeconds)*time.Second, cmp.Or(d.OnTimeout, api.TimeoutDelete))
+		}
+		if d.MaxTimeoutSeconds > 0 {
+			line("Max timeout", "%s", time.Duration(d.MaxTimeoutSeconds)*time.Second)
+		}
+	}
 	if ns.Name == api.DefaultNamespace {
 		line("Quota", "none (the default namespace is the operators')")
 		return

@@ -16,6 +16,7 @@ type WorkspaceCmd struct {
 	List          WorkspaceListCmd          `cmd:"" help:"List Workspaces (without --all: not the STOPPED ones)."`
 	Move          WorkspaceMoveCmd          `cmd:"" help:"Stop a Workspace and start it on another node (no live migration)."`
 	SetNetwork    WorkspaceSetNetworkCmd    `cmd:"" name:"set-network" help:"Change a Workspace's network policy (only the items given): stored at once when STOPPED, applied by its node when AVAILABLE."`
+	SetTimeout    WorkspaceSetTimeoutCmd    `cmd:"" name:"set-timeout" help:"End a Workspace a given time from now (shorter or longer than before) with its timeout action; 0 removes the end."`
 	CleanupStatus WorkspaceCleanupStatusCmd `cmd:"" name:"cleanup-status" help:"Show what the latest execution of a Workspace still holds."`
 	Logs          WorkspaceLogsCmd          `cmd:"" help:"Show the machine log (guest console, or --vmm the VMM's log) of a Workspace's current or an ended Instance, from the node that keeps it."`
 	Exec          WorkspaceExecCmd          `cmd:"" help:"Run a command in a Workspace through the data plane; its exit code becomes kibo's."`

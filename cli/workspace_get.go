@@ -5,6 +5,7 @@ import (
 	"io"
 	"sort"
 	"strings"
+	"time"
 
 	"github.com/kibotos/kibotos/api"
 )
@@ -33,6 +34,13 @@ func renderWorkspace(w io.Writer, ws *api.Workspace, wide bool) {
 	line("ID", "%s", ws.WorkspaceID)
 	line("Namespace", "%s", api.ShownNamespace(ws.Namespace))
 	line("State", "%s", ws.State)
+	if ws.EndsAt != nil || ws.TimeoutSeconds > 0 {
+		line("Ends", "%s", endsText(ws, time.Now()))
+		line("Timeout", "%s after each start and resume", api.FormatTimeout(ws.TimeoutDuration()))
+	}
+	if ws.AutoResume {
+		line("Auto-resume", "yes: exec, terminal, cp and port-forward resume it when PAUSED")
+	}
 	if f := ws.Failure; f != nil {
 		if f.Stage != "" {
 			line("Failure", "%s at %s: %s (%s)", f.Reason, f.Stage, f.Message, stamp(f.At))

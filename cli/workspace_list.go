@@ -3,6 +3,7 @@ package cli
 import (
 	"net/url"
 	"sort"
+	"time"
 
 	"github.com/kibotos/kibotos/api"
 )
@@ -16,7 +17,7 @@ type WorkspaceListCmd struct {
 	Instance  string            `name:"instance" help:"Only the Workspace executing with this Instance (not combinable with filters)."`
 	All       bool              `name:"all" help:"Include STOPPED Workspaces, and read every page."`
 	Quiet     bool              `short:"q" name:"quiet" help:"Print only Workspace IDs, one per line."`
-	Wide      bool              `name:"wide" help:"Add the INSTANCE and NODE columns."`
+	Wide      bool              `name:"wide" help:"Add the INSTANCE, NODE and ENDS columns."`
 	PageSize  int               `name:"page-size" default:"100" help:"Workspaces per page."`
 	PageToken string            `name:"page-token" help:"Continue after a previous page."`
 }
@@ -88,16 +89,17 @@ func (c *WorkspaceListCmd) Run(g *Globals) error {
 		header = append([]string{"NAMESPACE"}, header...)
 	}
 	if c.Wide {
-		header = append(header, "INSTANCE", "NODE")
+		header = append(header, "INSTANCE", "NODE", "ENDS")
 	}
 	t := newTable(g.stdout, header...)
+	now := time.Now()
 	for _, ws := range all.Workspaces {
 		cols := []string{ws.WorkspaceID, ws.State, ws.Template, ws.CPU.String(), formatBytes(ws.MemoryBytes), dash(labelsColumn(ws.Labels))}
 		if g.AllNamespaces {
 			cols = append([]string{api.ShownNamespace(ws.Namespace)}, cols...)
 		}
 		if c.Wide {
-			cols = append(cols, dash(ws.InstanceID), dash(ws.NodeID))
+			cols = append(cols, dash(ws.InstanceID), dash(ws.NodeID), endsColumn(&ws, now))
 		}
 		t.row(cols...)
 	}

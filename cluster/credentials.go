@@ -38,6 +38,11 @@ func (s *Server) handleCredential(r *http.Request) response {
 	if err != nil {
 		return fail(err)
 	}
+	if ws.AutoResume && ws.State != api.WorkspaceAvailable {
+		if ws, node, err = s.resumeOnConnect(r, ws); err != nil {
+			return fail(err)
+		}
+	}
 	if ws.State != api.WorkspaceAvailable || ws.InstanceID == "" {
 		return fail(api.Errorf(api.CodeFailedPrecondition, "workspace %s is %s: exec, terminal, cp and port-forward need AVAILABLE; %s", id, ws.State, untilAvailable(ws)))
 	}

@@ -39,6 +39,7 @@ func (s *Server) tenantRoutes() []route {
 		{"GET", "/v1/namespaces/{name}", namespaceReaders, atReader, s.handleNamespaceGet},
 		{"POST", "/v1/namespaces/{name}/delete", operators, atLeader, decoded(s.handleNamespaceDelete)},
 		{"POST", "/v1/namespaces/{name}/quota", operators, atLeader, decoded(s.handleNamespaceQuota)},
+		{"POST", "/v1/namespaces/{name}/defaults", operators, atLeader, decoded(s.handleNamespaceDefaults)},
 		{"POST", "/v1/api-keys", keyAdmins, atLeader, decoded(s.handleAPIKeyCreate)},
 		{"GET", "/v1/api-keys", keyAdmins, atReader, s.handleAPIKeyList},
 		{"POST", "/v1/api-keys/{name}/revoke", keyAdmins, atLeader, decoded(s.handleAPIKeyRevoke)},
@@ -131,6 +132,35 @@ func (s *Server) handleNamespaceQuota(r *http.Request, req api.NamespaceQuotaReq
 		return fail(err)
 	}
 	return s.write(r, fsm.OpNamespaceQuota, req.WriteMeta, fsm.NamespaceQuotaArgs{Name: name, Set: req.Set, Clear: req.Clear})
+}
+
+func (s *Server) handleNamespaceDefaults(r *http.Request, req api.NamespaceDefaultsRequest) response {
+	name := r.PathValue("name")
+	if err := api.ValidNamespace(name); err != nil {
+		return fail(err)
+	}
+	var d api.NamespaceDefaults
+	for _, t := range []struct {
+		v   string
+		dst *int64
+	}{{req.Timeout, &d.TimeoutSeconds}, {req.MaxTimeout, &d.MaxTimeoutSeconds}} {
+		if t.v == "" {
+			continue
+		}
+		dur, err := api.ParseTimeout(t.v)
+		if err != nil {
+			return fail(err)
+		}
+		*t.dst = int64(dur / time.Second)
+	}
+	d.OnTimeout = req.OnTimeout
+	if err := d.Check(name); err != nil {
+		return fail(err)
+	}
+	if err := s.levelsReach("namespace set-defaults", fsm.LevelLifetimes); err != nil {
+		return fail(err)
+	}
+	return s.write(r, fsm.OpNamespaceDefaults, req.WriteMeta, fsm.NamespaceDefaultsArgs{Name: name, Defaults: d})
 }
 
 func (s *Server) handleNamespaceList(r *http.Request) response {

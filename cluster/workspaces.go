@@ -30,6 +30,7 @@ func (s *Server) workspaceRoutes() []route {
 		{"POST", "/v1/workspaces/{id}/pause", tenants, atLeader, s.workspaceOp(fsm.OpWorkspacePause)},
 		{"POST", "/v1/workspaces/{id}/delete", tenants, atLeader, s.workspaceOp(fsm.OpWorkspaceDelete)},
 		{"POST", "/v1/workspaces/{id}/network", operators, atLeader, decoded(s.handleWorkspaceSetNetwork)},
+		{"POST", "/v1/workspaces/{id}/timeout", tenants, atLeader, decoded(s.handleWorkspaceSetTimeout)},
 		{"POST", "/v1/workspaces/{id}/credentials", tenants, atLeader, s.handleCredential},
 	}
 }
@@ -56,10 +57,50 @@ func (s *Server) handleWorkspaceCreate(r *http.Request, req api.WorkspaceCreateR
 			return fail(err)
 		}
 	}
+	timeout, err := createTimeout(req)
+	if err != nil {
+		return fail(err)
+	}
+	if timeout > 0 || req.AutoResume {
+		// An older voter would drop them: the Workspace would never end,
+		// or never resume on connect on that voter's state.
+		if err := s.levelsReach("workspace create with a timeout or auto-resume", fsm.LevelLifetimes); err != nil {
+			return fail(err)
+		}
+	}
 	return s.workspaceWrite(r, fsm.OpWorkspaceCreate, req.WriteMeta, fsm.WorkspaceCreateArgs{
 		Namespace: ns, Template: req.Template, CPU: req.CPU, MemoryBytes: req.MemoryBytes, Labels: req.Labels, NodeID: req.NodeID, Network: req.Network,
 		Volumes: req.Volumes, NewVolumes: req.NewVolumes, From: req.From,
+		TimeoutSeconds: int64(timeout / time.Second), OnTimeout: req.OnTimeout, AutoResume: req.AutoResume,
 	})
+}
+
+// createTimeout reads a create's timeout; on_timeout needs one.
+func createTimeout(req api.WorkspaceCreateRequest) (time.Duration, error) {
+	if req.Timeout == "" {
+		if req.OnTimeout != "" {
+			return 0, api.Errorf(api.CodeInvalidArgument, "on_timeout %s without a timeout: give a timeout too", req.OnTimeout)
+		}
+		return 0, nil
+	}
+	d, err := api.ParseTimeout(req.Timeout)
+	if err != nil {
+		return 0, err
+	}
+	if d == 0 && req.OnTimeout != "" {
+		return 0, api.Errorf(api.CodeInvalidArgument, "on_timeout %s without a timeout: give a timeout too", req.OnTimeout)
+	}
+	return d, api.CheckTimeoutAction(req.OnTimeout)
+}
+
+// handleWorkspaceSetTimeout ends a Workspace the given time from now
+// (the entry's time), or never with "0".
+func (s *Server) handleWorkspaceSetTimeout(r *http.Request, req api.WorkspaceTimeoutRequest) response {
+	d, err := api.ParseTimeout(req.Timeout)
+	if err != nil {
+		return fail(err)
+	}
+	return s.write(r, fsm.OpWorkspaceSetTimeout, req.WriteMeta, fsm.WorkspaceSetTimeoutArgs{WorkspaceID: r.PathValue("id"), TimeoutSeconds: int64(d / time.Second), OnTimeout: req.OnTimeout})
 }
 
 // checkCreateInput refuses what the FSM's checks let through, where the

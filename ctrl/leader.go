@@ -1,9 +1,10 @@
 // Package ctrl runs the ctrl leader's services: while its member leads the
 // Raft group, one lead at a time closes sessions no connection backs,
 // expires old command records, drops retired voters, refreshes the
-// voters' feature levels and drives Transfers. It also keeps what the
-// voters' levels allow (Levels), decides which reports carry ended-Instance
-// records (Rounds) and collects unreferenced artifacts. It reaches the
+// voters' feature levels, drives Transfers and ends Workspaces whose
+// timeout passed. It also keeps what the voters' levels allow (Levels),
+// decides which reports carry ended-Instance records (Rounds) and
+// collects unreferenced artifacts. It reaches the
 // member only through the Cluster and LevelSource interfaces; it never
 // imports cluster or cli, and owns no rule about the state (that is fsm)
 // nor any transport (control sessions and HTTP stay in cluster).
@@ -164,6 +165,7 @@ func (l *Leader) lead(ctx context.Context) {
 	defer wg.Wait()
 	wg.Go(func() { l.driveTransfers(ctx) })
 	wg.Go(func() { l.driveCARotation(ctx) })
+	wg.Go(func() { l.driveLifetimes(ctx) })
 	since := time.Now()
 	lastExpiry, expiring := time.Now(), false
 	l.levels.Refresh(ctx)

@@ -118,7 +118,7 @@ func checkCommandTimes(tx *bolt.Tx) error {
 // derivedMarks are the meta keys that say as of which clock a derived
 // index matched its records: this build writes each with every advance of
 // the clock (putClock).
-var derivedMarks = [][]byte{keyCommandTimesAt, keyWorkspaceCommandsAt}
+var derivedMarks = [][]byte{keyCommandTimesAt, keyWorkspaceCommandsAt, keyWorkspaceEndsAt}
 
 // freshBucket replaces a derived index's bucket with an empty one.
 func freshBucket(tx *bolt.Tx, name []byte) (*bolt.Bucket, error) {

@@ -78,6 +78,7 @@ var handlers = map[string]handler{
 	OpAPIKeyRevoke:         applyAPIKeyRevoke,
 	OpNamespaceQuota:       applyNamespaceSetQuota,
 	OpAPIKeyUsed:           applyAPIKeyUsed,
+	OpNamespaceDefaults:    applyNamespaceDefaults,
 	OpBootstrap:            applyBootstrap,
 	OpEnrollmentGrant:      applyEnrollmentGrant,
 	OpEnrollmentRevoke:     applyEnrollmentRevoke,
@@ -126,6 +127,8 @@ var handlers = map[string]handler{
 	OpCARotateBegin:        applyCARotateBegin,
 	OpCARotateSign:         applyCARotateSign,
 	OpCARotateFinish:       applyCARotateFinish,
+	OpWorkspaceSetTimeout:  applyWorkspaceSetTimeout,
+	OpWorkspaceTimedOut:    applyWorkspaceTimedOut,
 }
 
 // Open creates a fresh state file at path (any old file is replaced).
@@ -452,6 +455,9 @@ func (f *FSM) Restore(r io.Reader) error {
 			return err
 		}
 		if err := checkWorkspaceCommands(tx); err != nil {
+			return err
+		}
+		if err := checkWorkspaceEnds(tx); err != nil {
 			return err
 		}
 		return f.commands.rebuild(tx)

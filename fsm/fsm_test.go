@@ -364,6 +364,7 @@ var allOps = []string{
 	OpOperatorIssue, OpOperatorRevoke,
 	OpCARotateBegin, OpCARotateSign, OpCARotateFinish,
 	OpNamespaceCreate, OpNamespaceDelete, OpAPIKeyCreate, OpAPIKeyRevoke, OpNamespaceQuota, OpAPIKeyUsed,
+	OpWorkspaceSetTimeout, OpWorkspaceTimedOut, OpNamespaceDefaults,
 }
 
 func TestEveryOpHasAHandler(t *testing.T) {

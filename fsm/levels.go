@@ -81,12 +81,18 @@ import (
 //	   OpCARotateSign, OpCARotateFinish
 //	14 namespaces and API keys (LevelNamespaces, namespaces.go,
 //	   apikeys.go, scope.go): OpNamespaceCreate, OpNamespaceDelete,
-//	   OpAPIKeyCreate, OpAPIKeyRevoke, OpNamespaceQuota, OpAPIKeyUsed; the Namespace of create, volume
-//	   and volume write args, which the leader refuses below it; entries
-//	   whose actor is an API key (KeyActor)
+//	   OpAPIKeyCreate, OpAPIKeyRevoke, OpNamespaceQuota, OpAPIKeyUsed;
+//	   the Namespace of create, volume and volume write args, which the
+//	   leader refuses below it; entries whose actor is an API key
+//	   (KeyActor)
+//	15 Workspace lifetimes (LevelLifetimes, lifetimes.go):
+//	   WorkspaceCreateArgs.TimeoutSeconds and OnTimeout, which the leader
+//	   refuses below it (an older voter would drop them and the Workspace
+//	   would never end), WorkspaceCreateArgs.AutoResume, refused below it
+//	   too, OpWorkspaceSetTimeout, OpWorkspaceTimedOut, OpNamespaceDefaults
 
 // FeatureLevel is the level of this build.
-const FeatureLevel = 14
+const FeatureLevel = 15
 
 // LevelRefusalExhausted is the level of WorkspaceResultArgs.RefusalExhausts.
 const LevelRefusalExhausted = 11
@@ -121,6 +127,7 @@ var opLevels = map[string]int{
 	OpOperatorIssue: LevelOperators, OpOperatorRevoke: LevelOperators,
 	OpCARotateBegin: LevelCARotation, OpCARotateSign: LevelCARotation, OpCARotateFinish: LevelCARotation,
 	OpNamespaceCreate: LevelNamespaces, OpNamespaceDelete: LevelNamespaces, OpAPIKeyCreate: LevelNamespaces, OpAPIKeyRevoke: LevelNamespaces, OpNamespaceQuota: LevelNamespaces, OpAPIKeyUsed: LevelNamespaces,
+	OpWorkspaceSetTimeout: LevelLifetimes, OpWorkspaceTimedOut: LevelLifetimes, OpNamespaceDefaults: LevelLifetimes,
 }
 
 // OpLevel is the level an op needs of every voter.

@@ -48,6 +48,8 @@ type namespaceRecord struct {
 	CreatedBy string    `json:"created_by,omitempty"`
 	// Quota bounds what the namespace's objects take (quotas.go).
 	Quota *api.NamespaceQuota `json:"quota,omitempty"`
+	// Defaults are its Workspaces' lifetime defaults (nsdefaults.go).
+	Defaults *api.NamespaceDefaults `json:"defaults,omitempty"`
 }
 
 // Kinds of object in the namespace index.
@@ -195,7 +197,7 @@ func namespaceUsage(tx *bolt.Tx, ns string) (api.NamespaceUsage, error) {
 }
 
 func namespaceView(tx *bolt.Tx, rec namespaceRecord) (api.Namespace, error) {
-	ns := api.Namespace{Name: rec.Name, CreatedAt: rec.CreatedAt, CreatedBy: rec.CreatedBy, Quota: rec.Quota}
+	ns := api.Namespace{Name: rec.Name, CreatedAt: rec.CreatedAt, CreatedBy: rec.CreatedBy, Quota: rec.Quota, Defaults: rec.Defaults}
 	u, err := namespaceUsage(tx, rec.Name)
 	if err != nil {
 		return ns, err

@@ -52,6 +52,8 @@ const (
 	OpTransferProgress     = "transfer.progress"
 	OpOperatorIssue        = "operator.issue"
 	OpOperatorRevoke       = "operator.revoke"
+	OpWorkspaceSetTimeout  = "workspace.set_timeout"
+	OpWorkspaceTimedOut    = "workspace.timed_out"
 	// OpMemberLevel is proposed with IgnoreUnknown (see levels.go).
 	OpMemberLevel = "cluster.member_level"
 )

@@ -22,6 +22,12 @@ func applyWorkspacePause(ac *applyCtx) (any, error) {
 	if err != nil {
 		return nil, err
 	}
+	return pauseWorkspace(ac, cloneWorkspace(w), w)
+}
+
+// pauseWorkspace pauses w, a copy of the stored record old that its
+// caller may have changed already (a timeout cleared its end).
+func pauseWorkspace(ac *applyCtx, old, w *api.Workspace) (*api.Workspace, error) {
 	if err := notExporting(w, "pause"); err != nil {
 		return nil, err
 	}
@@ -41,7 +47,6 @@ func applyWorkspacePause(ac *applyCtx) (any, error) {
 	if _, err := poolRoom(ac.tx, api.LayerPoolID(w.Layer), "the snapshot of workspace "+w.WorkspaceID, w.MemoryBytes); err != nil {
 		return nil, err
 	}
-	old := cloneWorkspace(w)
 	w.State, w.LastError = api.WorkspacePausing, nil
 	setPending(ac.e, w, api.WSCmdPause, nil)
 	if err := putWorkspace(ac, old, w); err != nil {

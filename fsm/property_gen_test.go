@@ -26,6 +26,7 @@ type logGen struct {
 	opers    *rand.Rand // operator credential draws only (drawOperator)
 	cas      *rand.Rand // CA rotation draws only (ca_test.go)
 	tenants  *rand.Rand // namespace and API key draws only (drawTenant)
+	lifes    *rand.Rand // Workspace lifetime draws only (lifetimes_test.go)
 	ref      *FSM
 	now      time.Time
 	seq      int
@@ -38,7 +39,7 @@ type logGen struct {
 }
 
 func newLogGen(seed int64, ref *FSM) *logGen {
-	return &logGen{r: rand.New(rand.NewSource(seed)), pools: rand.New(rand.NewSource(seed + 1)), vols: rand.New(rand.NewSource(seed + 2)), tmpls: rand.New(rand.NewSource(seed + 3)), opers: rand.New(rand.NewSource(seed + 4)), cas: rand.New(rand.NewSource(seed + 5)), tenants: rand.New(rand.NewSource(seed + 6)), volWeight: 12, ref: ref, now: t0, sessions: map[string][]string{}, inc: map[string]uint64{}}
+	return &logGen{r: rand.New(rand.NewSource(seed)), pools: rand.New(rand.NewSource(seed + 1)), vols: rand.New(rand.NewSource(seed + 2)), tmpls: rand.New(rand.NewSource(seed + 3)), opers: rand.New(rand.NewSource(seed + 4)), cas: rand.New(rand.NewSource(seed + 5)), tenants: rand.New(rand.NewSource(seed + 6)), lifes: rand.New(rand.NewSource(seed + 7)), volWeight: 12, ref: ref, now: t0, sessions: map[string][]string{}, inc: map[string]uint64{}}
 }
 
 func (g *logGen) pct(p int) bool { return g.r.Intn(100) < p }
@@ -126,6 +127,9 @@ func (g *logGen) nextWithAnswers() []Entry {
 	if g.tenants.Intn(100) < 4 {
 		out = append(out, g.drawTenant())
 	}
+	if g.lifes.Intn(100) < 6 {
+		out = append(out, g.drawLifetime())
+	}
 	return out
 }
 
@@ -148,6 +152,8 @@ func (g *logGen) drawTenant() Entry {
 	case x < 35:
 		n := uint64(t.Intn(3)) << 30
 		op, args = OpNamespaceQuota, NamespaceQuotaArgs{Name: ns, Set: api.NamespaceQuota{VolumeBytes: &n}}
+	case x < 38:
+		op, args = OpNamespaceDefaults, NamespaceDefaultsArgs{Name: ns, Defaults: api.NamespaceDefaults{TimeoutSeconds: int64(t.Intn(3)) * 600, MaxTimeoutSeconds: int64(t.Intn(3)) * 1200}}
 	case x < 60:
 		role := map[string]string{"app": api.KeyRoleSandbox, "admin": api.KeyRoleNamespaceAdmin}[key]
 		op, args = OpAPIKeyCreate, APIKeyCreateArgs{Namespace: ns, Name: key, Role: role, KeyID: strings.Repeat(string(rune('a'+t.Intn(26))), api.KeyIDLen), SecretHash: strings.Repeat("cd", 32), TTL: time.Duration(t.Intn(3)) * time.Hour}

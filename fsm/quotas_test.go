@@ -77,3 +77,37 @@ func TestVolumeQuota(t *testing.T) {
 		NewVolumes: []api.NewVolume{{SizeBytes: 4 * gib, Path: "/data"}}}
 	h.fail(api.CodeResourceExhausted, OpWorkspaceCreate, a, withCommand("w1"))
 }
+
+// A namespace's lifetime defaults: a Workspace created without a timeout
+// gets the default (or the maximum), none may exceed the maximum, and
+// with a maximum none lives without an end.
+func TestNamespaceLifetimeDefaults(t *testing.T) {
+	h := newHarness(t)
+	oneNode(h)
+	h.ok(OpNamespaceCreate, NamespaceArgs{Name: "acme"})
+	h.ok(OpNamespaceDefaults, NamespaceDefaultsArgs{Name: "acme", Defaults: api.NamespaceDefaults{TimeoutSeconds: 3600, OnTimeout: api.TimeoutPause, MaxTimeoutSeconds: 86400}})
+	a := WorkspaceCreateArgs{Namespace: "acme", Template: "kibotos-coding", CPU: 1000, MemoryBytes: gib}
+	w := h.create("d1", a)
+	if w.TimeoutSeconds != 3600 || w.OnTimeout != api.TimeoutPause || w.EndsAt == nil || !w.EndsAt.Equal(h.now.Add(time.Hour)) {
+		t.Fatalf("a Workspace created without a timeout in acme: timeout %d %s ends %v, want 1h pause", w.TimeoutSeconds, w.OnTimeout, w.EndsAt)
+	}
+	long := a
+	long.TimeoutSeconds = 2 * 86400
+	if e := h.fail(api.CodeInvalidArgument, OpWorkspaceCreate, long, withCommand("d2")); !strings.Contains(e.Message, "over its maximum 24h0m0s") {
+		t.Fatalf("refusal %q", e.Message)
+	}
+	h.fail(api.CodeInvalidArgument, OpWorkspaceSetTimeout, WorkspaceSetTimeoutArgs{WorkspaceID: w.WorkspaceID})
+	h.fail(api.CodeInvalidArgument, OpWorkspaceSetTimeout, WorkspaceSetTimeoutArgs{WorkspaceID: w.WorkspaceID, TimeoutSeconds: 2 * 86400})
+	h.ok(OpWorkspaceSetTimeout, WorkspaceSetTimeoutArgs{WorkspaceID: w.WorkspaceID, TimeoutSeconds: 86400})
+	// Without a default, the maximum is the timeout.
+	h.ok(OpNamespaceDefaults, NamespaceDefaultsArgs{Name: "acme", Defaults: api.NamespaceDefaults{MaxTimeoutSeconds: 600}})
+	if w := h.create("d3", a); w.TimeoutSeconds != 600 || w.OnTimeout != api.TimeoutDelete {
+		t.Fatalf("created under a maximum only: %d %s, want 600 delete", w.TimeoutSeconds, w.OnTimeout)
+	}
+	// Default elsewhere is untouched.
+	if w := h.create("d4", smallWS); w.EndsAt != nil {
+		t.Fatalf("a default-namespace Workspace got an end %v", w.EndsAt)
+	}
+	h.fail(api.CodeInvalidArgument, OpNamespaceDefaults, NamespaceDefaultsArgs{Name: "acme", Defaults: api.NamespaceDefaults{TimeoutSeconds: 7200, MaxTimeoutSeconds: 3600}})
+	h.fail(api.CodeFailedPrecondition, OpNamespaceDefaults, NamespaceDefaultsArgs{Name: api.DefaultNamespace, Defaults: api.NamespaceDefaults{TimeoutSeconds: 60}})
+}

@@ -76,6 +76,12 @@ var (
 	// volume_id → deletion time: an id is never used twice
 	bucketVolumeTombstones = []byte("volume_tombstones")
 
+	// end (Unix ns, 8 bytes big-endian) ‖ workspace_id → nil: every
+	// Workspace with an end, soonest first (lifetimes.go). Derived from
+	// bucketWorkspaces: rebuilt from it at a Restore unless marked
+	// current (keyWorkspaceEndsAt).
+	bucketWorkspaceEnds = []byte("workspace_ends")
+
 	// node_id → MemberLevel: the feature level of a ctrl member's build
 	bucketMemberLevels = []byte("member_levels")
 
@@ -120,7 +126,8 @@ var (
 		bucketEgress, bucketEgressRevisions, bucketEgressRefs, bucketResolvers, bucketResolverRefs, bucketPools, bucketPoolUse, bucketPoolMembers, bucketPoolWaits,
 		bucketVolumes, bucketVolumeNames, bucketVolumeCommands, bucketVolumeTombstones, bucketMemberLevels, bucketEndedRounds, bucketEndedWatch,
 		bucketPlacements, bucketTemplates, bucketPlatforms, bucketTransfers, bucketForks, bucketOperators,
-		bucketNamespaces, bucketNamespaceObjects, bucketNamespaceUsage, bucketAPIKeys, bucketAPIKeyIDs}
+		bucketNamespaces, bucketNamespaceObjects, bucketNamespaceUsage, bucketAPIKeys, bucketAPIKeyIDs,
+		bucketWorkspaceEnds}
 )
 
 // Keys of the meta bucket.
@@ -136,6 +143,9 @@ var (
 	// the clock as of which bucketWorkspaceCommands matched
 	// bucketWorkspaces (pending.go)
 	keyWorkspaceCommandsAt = []byte("workspace_commands_at")
+	// the clock as of which bucketWorkspaceEnds matched bucketWorkspaces
+	// (lifetimes.go)
+	keyWorkspaceEndsAt = []byte("workspace_ends_at")
 )
 
 // SchemaVersion is the version of the state layout this binary reads and

@@ -46,11 +46,14 @@ var scopedOps = map[string]string{
 	OpWorkspaceStop:   api.KeyRoleSandbox,
 	OpWorkspacePause:  api.KeyRoleSandbox,
 	OpWorkspaceDelete: api.KeyRoleSandbox,
-	OpVolumeCreate:    api.KeyRoleSandbox,
-	OpVolumeResize:    api.KeyRoleSandbox,
-	OpVolumeDelete:    api.KeyRoleSandbox,
-	OpAPIKeyCreate:    api.KeyRoleNamespaceAdmin,
-	OpAPIKeyRevoke:    api.KeyRoleNamespaceAdmin,
+	// set-timeout: a sandbox may shorten or extend its own lifetime,
+	// within the namespace's maximum.
+	OpWorkspaceSetTimeout: api.KeyRoleSandbox,
+	OpVolumeCreate:        api.KeyRoleSandbox,
+	OpVolumeResize:        api.KeyRoleSandbox,
+	OpVolumeDelete:        api.KeyRoleSandbox,
+	OpAPIKeyCreate:        api.KeyRoleNamespaceAdmin,
+	OpAPIKeyRevoke:        api.KeyRoleNamespaceAdmin,
 }
 
 // RoleMayPropose reports whether a key of role may propose op.

@@ -79,6 +79,9 @@ func indexProblem(tx *bolt.Tx) error {
 	if err := forksProblem(tx); err != nil {
 		return err
 	}
+	if err := endsProblem(tx); err != nil {
+		return err
+	}
 	return refsProblem(tx)
 }
 

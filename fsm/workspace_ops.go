@@ -34,6 +34,12 @@ func applyWorkspaceCreate(ac *applyCtx) (any, error) {
 	if err := validateCreate(&a); err != nil {
 		return nil, err
 	}
+	if err := checkLifetime(a.TimeoutSeconds, a.OnTimeout); err != nil {
+		return nil, err
+	}
+	if a.TimeoutSeconds, a.OnTimeout, err = createLifetime(ac.tx, ns, a.TimeoutSeconds, a.OnTimeout); err != nil {
+		return nil, err
+	}
 	ask := runCharge(&api.Workspace{CPU: a.CPU, MemoryBytes: a.MemoryBytes})
 	for _, nv := range a.NewVolumes {
 		ask.VolumeBytes += nv.SizeBytes
@@ -75,6 +81,8 @@ func applyWorkspaceCreate(ac *applyCtx) (any, error) {
 		}
 		w.Volumes, vols = mounts, vs
 	}
+	setLifetime(ac, w, a.TimeoutSeconds, a.OnTimeout)
+	w.AutoResume = a.AutoResume
 	node, err := place(ac, w, vols, a.NodeID, nil, false)
 	if err != nil {
 		return nil, err
@@ -153,6 +161,7 @@ func applyWorkspaceStart(ac *applyCtx) (any, error) {
 	if err := beginExecution(ac, w, vols, node, api.WorkspaceStarting); err != nil {
 		return nil, err
 	}
+	armEnd(ac, w) // a start or resume runs for its timeout from now
 	if err := putWorkspace(ac, old, w); err != nil {
 		return nil, err
 	}
@@ -164,7 +173,13 @@ func applyWorkspaceStop(ac *applyCtx) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	if !a.Force {
+	return stopWorkspace(ac, cloneWorkspace(w), w, a.Force)
+}
+
+// stopWorkspace stops w, a copy of the stored record old that its
+// caller may have changed already (a timeout cleared its end).
+func stopWorkspace(ac *applyCtx, old, w *api.Workspace, force bool) (*api.Workspace, error) {
+	if !force {
 		// stop --force still ends it: the export then fails.
 		if err := notExporting(w, "stop"); err != nil {
 			return nil, err
@@ -173,7 +188,6 @@ func applyWorkspaceStop(ac *applyCtx) (any, error) {
 	if err := notForking(ac.tx, w, "stop"); err != nil {
 		return nil, err
 	}
-	old := cloneWorkspace(w)
 	switch {
 	case w.State == api.WorkspaceStopped:
 		return w, nil
@@ -189,7 +203,7 @@ func applyWorkspaceStop(ac *applyCtx) (any, error) {
 		if w.Snapshot != nil {
 			w.Snapshot.Discarded = true
 		}
-	case a.Force:
+	case force:
 		w.State = api.WorkspaceStopping
 		setPending(ac.e, w, api.WSCmdStopForce, nil)
 	case w.State == api.WorkspaceAvailable:
@@ -212,6 +226,14 @@ func applyWorkspaceDelete(ac *applyCtx) (any, error) {
 	if err != nil {
 		return nil, err
 	}
+	return deleteWorkspaceNow(ac, cloneWorkspace(w), w)
+}
+
+// deleteWorkspaceNow deletes w, a copy of the stored record old that its
+// caller may have changed already (a timeout cleared its end): at once
+// when nothing runs and no files are left, else through its node.
+// Volumes are never deleted with it.
+func deleteWorkspaceNow(ac *applyCtx, old, w *api.Workspace) (*api.Workspace, error) {
 	if err := notExporting(w, "delete"); err != nil {
 		return nil, err
 	}
@@ -221,7 +243,6 @@ func applyWorkspaceDelete(ac *applyCtx) (any, error) {
 	if w.State == api.WorkspaceDeleting {
 		return w, nil
 	}
-	old := cloneWorkspace(w)
 	if w.InstanceID == "" {
 		// Nothing runs: its layer's files go with a node that reaches
 		// their pool, or with nothing (never made, or lost with its pool).

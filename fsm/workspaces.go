@@ -43,6 +43,14 @@ type WorkspaceCreateArgs struct {
 	// it) forks this PAUSED Workspace (forks.go): Template, CPU and
 	// MemoryBytes are the source's and may be left out.
 	From string `json:"from,omitempty"`
+	// TimeoutSeconds and OnTimeout (LevelLifetimes: the leader refuses
+	// them below it) end every start and resume that long after its
+	// entry (lifetimes.go).
+	TimeoutSeconds int64  `json:"timeout_seconds,omitempty"`
+	OnTimeout      string `json:"on_timeout,omitempty"`
+	// AutoResume (LevelLifetimes, refused below it like the timeout):
+	// a data-plane credential asked for while PAUSED resumes it.
+	AutoResume bool `json:"auto_resume,omitempty"`
 }
 
 // WorkspaceArgs names a Workspace, with the options of start and stop.
@@ -204,6 +212,7 @@ var workspaceDerived = []func(ac *applyCtx, old, w *api.Workspace) error{
 	func(ac *applyCtx, old, w *api.Workspace) error { return moveForks(ac.tx, old, w) },
 	syncVolumes,
 	moveWorkspaceUsage,
+	moveEnds,
 }
 
 // moveDerived moves every record derived from old to w.

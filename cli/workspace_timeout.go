@@ -1,0 +1,100 @@
+package cli
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/kibotos/kibotos/api"
+)
+
+// WorkspaceSetTimeoutCmd is `workspace set-timeout`.
+type WorkspaceSetTimeoutCmd struct {
+	ID              string  `arg:"" name:"workspace"`
+	Timeout         string  `arg:"" name:"timeout" help:"How long from now until the timeout action, e.g. 30m or 2h (shorter or longer than before); later starts and resumes run this long too. 0 removes the end and the timeout."`
+	OnTimeout       string  `name:"on-timeout" placeholder:"delete|stop|pause" help:"Change the action at the end; default: the Workspace's (delete if it has none)."`
+	CommandID       string  `name:"command-id" help:"Idempotency key."`
+	ExpectedVersion *uint64 `name:"expected-version" help:"Version the Workspace must still be at."`
+}
+
+func (c *WorkspaceSetTimeoutCmd) Run(g *Globals) error {
+	d, err := api.ParseTimeout(c.Timeout)
+	if err != nil {
+		return usagef("%s", err.Error())
+	}
+	if err := api.CheckTimeoutAction(c.OnTimeout); err != nil {
+		return usagef("--on-timeout %q: give delete, stop or pause", c.OnTimeout)
+	}
+	if d == 0 && c.OnTimeout != "" {
+		return usagef("--on-timeout with a timeout of 0: 0 removes the end; give a timeout to set an action")
+	}
+	var ws api.Workspace
+	raw, err := g.call("POST", workspacePath(c.ID, "timeout"), api.WorkspaceTimeoutRequest{WriteMeta: writeMeta(c.CommandID, c.ExpectedVersion), Timeout: c.Timeout, OnTimeout: c.OnTimeout}, &ws)
+	if err != nil {
+		return err
+	}
+	if g.JSON {
+		return g.printJSON(raw)
+	}
+	g.printf("workspace %s: ends %s (version %d)\n", ws.WorkspaceID, endsText(&ws, time.Now()), ws.Version)
+	return nil
+}
+
+// createTimeout is the timeout and action of create's flags.
+func createTimeout(timeout, action string) (string, string, error) {
+	if timeout == "" {
+		if action != "" {
+			return "", "", usagef("--on-timeout without --run-timeout: give the timeout too")
+		}
+		return "", "", nil
+	}
+	d, err := api.ParseTimeout(timeout)
+	if err != nil {
+		return "", "", usagef("--run-timeout: %s", err.Error())
+	}
+	if err := api.CheckTimeoutAction(action); err != nil {
+		return "", "", usagef("--on-timeout %q: give delete, stop or pause", action)
+	}
+	if d == 0 {
+		return "", "", usagef("--run-timeout 0: leave it out for a Workspace without an end")
+	}
+	return timeout, action, nil
+}
+
+// endsText is when a Workspace ends and what then happens, "never" for
+// no end: "2026-12-06T11:30:00Z (in 4m), then delete".
+func endsText(ws *api.Workspace, now time.Time) string {
+	if ws.EndsAt == nil {
+		return "never"
+	}
+	return fmt.Sprintf("%s (%s), then %s", stamp(*ws.EndsAt), relative(*ws.EndsAt, now), ws.OnTimeout)
+}
+
+// endsColumn is endsText for a table: "in 4m (delete)", "-" for no end.
+func endsColumn(ws *api.Workspace, now time.Time) string {
+	if ws.EndsAt == nil {
+		return "-"
+	}
+	return fmt.Sprintf("%s (%s)", relative(*ws.EndsAt, now), ws.OnTimeout)
+}
+
+// relative says how far t is from now, to the second below a minute and
+// to the minute above: "in 4m", "in 1h30m", "12s ago" (an end that
+// passed: ctrl acts on it within seconds, or waits for a command in
+// flight).
+func relative(t, now time.Time) string {
+	d := t.Sub(now)
+	past := d < 0
+	if past {
+		d = -d
+	}
+	if d >= time.Minute {
+		d = d.Round(time.Minute)
+	} else {
+		d = d.Round(time.Second)
+	}
+	s := api.FormatTimeout(d)
+	if past {
+		return s + " ago"
+	}
+	return "in " + s
+}
