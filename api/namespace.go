@@ -297,3 +297,9 @@ type NamespaceDefaultsRequest struct {
 	OnTimeout  string `json:"on_timeout,omitempty"`
 	MaxTimeout string `json:"max_timeout,omitempty"`
 }
+
+// NamespaceCounters count what happened in a namespace, in the state.
+type NamespaceCounters struct {
+	// Timeouts are the timeout actions done, by action.
+	Timeouts map[string]uint64 `json:"timeouts,omitempty"`
+}

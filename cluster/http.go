@@ -392,6 +392,7 @@ func (s *Server) applyWrite(r *http.Request, op string, meta api.WriteMeta, args
 	if err == nil && res.Error != nil {
 		err = res.Error
 	}
+	s.quotaRefusals.note(err)
 	return res, err
 }
 

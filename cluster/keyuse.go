@@ -126,3 +126,36 @@ func (s *Server) handleKeyUses(r *http.Request, req fsm.APIKeyUsedArgs) response
 	}
 	return answer(map[string]int{"recorded": len(req.KeyIDs)})
 }
+
+// refusalCounts count the quota refusals of the writes this member led,
+// by namespace and quota (kibotos_namespace_quota_refusals_total).
+type refusalCounts struct {
+	mu sync.Mutex
+	n  map[[2]string]uint64
+}
+
+// note counts err if it is a quota refusal.
+func (c *refusalCounts) note(err error) {
+	ns, quota, ok := fsm.QuotaRefusal(err)
+	if !ok {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.n == nil {
+		c.n = map[[2]string]uint64{}
+	}
+	c.n[[2]string{ns, quota}]++
+}
+
+// QuotaRefusals are the quota refusals of the writes this member led, by
+// namespace and quota.
+func (s *Server) QuotaRefusals() map[[2]string]uint64 {
+	s.quotaRefusals.mu.Lock()
+	defer s.quotaRefusals.mu.Unlock()
+	out := make(map[[2]string]uint64, len(s.quotaRefusals.n))
+	for k, v := range s.quotaRefusals.n {
+		out[k] = v
+	}
+	return out
+}

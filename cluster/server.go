@@ -158,6 +158,8 @@ type Server struct {
 	// keyUses are the API keys this member authenticated since its last
 	// report of them (keyuse.go).
 	keyUses keyUses
+	// quotaRefusals count the quota refusals of the writes it led.
+	quotaRefusals refusalCounts
 	// life is the member's own context: Open's values without its
 	// cancellation, ended by Shutdown and Kill. What the member runs on
 	// its own (sessions, renewals, joining the voters) derives from it.

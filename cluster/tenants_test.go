@@ -69,6 +69,9 @@ func TestNamespacesThroughTheAPI(t *testing.T) {
 	if api.CodeOf(err) != api.CodeResourceExhausted || !strings.Contains(err.Error(), "namespace acme: Volume bytes quota 100.0MiB, 64.0MiB in use, 64.0MiB asked") {
 		t.Fatalf("a Volume over acme's quota: %v", err)
 	}
+	if n := ctrl.Server.QuotaRefusals()[[2]string{"acme", "Volume bytes"}]; n != 1 {
+		t.Fatalf("the leader counted %d quota refusals of acme's Volume bytes, want 1", n)
+	}
 
 	// A key made by ctrl comes back with its secret, once; listed
 	// without it.

@@ -224,6 +224,11 @@ func applyWorkspaceTimedOut(ac *applyCtx) (any, error) {
 	if err != nil {
 		return nil, err
 	}
+	if plan != planClear {
+		if err := countTimeout(ac.tx, old.Namespace, plan); err != nil {
+			return nil, err
+		}
+	}
 	return TimedOut{Workspace: w, Did: plan}, nil
 }
 

@@ -140,8 +140,10 @@ func applyNamespaceDelete(ac *applyCtx) (any, error) {
 	if err := deleteNamespaceKeys(ac.tx, a.Name); err != nil {
 		return nil, err
 	}
-	if err := ac.tx.Bucket(bucketNamespaceUsage).Delete([]byte(a.Name)); err != nil {
-		return nil, err
+	for _, b := range [][]byte{bucketNamespaceUsage, bucketNamespaceCounters} {
+		if err := ac.tx.Bucket(b).Delete([]byte(a.Name)); err != nil {
+			return nil, err
+		}
 	}
 	if err := ac.tx.Bucket(bucketNamespaces).Delete([]byte(a.Name)); err != nil {
 		return nil, err

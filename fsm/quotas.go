@@ -1,7 +1,9 @@
 package fsm
 
 import (
+	"errors"
 	"fmt"
+	"strings"
 
 	bolt "go.etcd.io/bbolt"
 
@@ -160,4 +162,63 @@ func applyNamespaceSetQuota(ac *applyCtx) (any, error) {
 		return nil, err
 	}
 	return namespaceView(ac.tx, rec)
+}
+
+// quotaSuffix follows the quota in every refusal: "namespace NS: WHAT quota ...".
+const quotaSuffix = " quota "
+
+// QuotaRefusal says whether err is a quota refusal of checkQuota, and of
+// which namespace and quota (for the members' metrics).
+func QuotaRefusal(err error) (ns, quota string, ok bool) {
+	var e *api.Error
+	if !errors.As(err, &e) || e.Code != api.CodeResourceExhausted {
+		return "", "", false
+	}
+	rest, found := strings.CutPrefix(e.Message, "namespace ")
+	if !found {
+		return "", "", false
+	}
+	ns, rest, found = strings.Cut(rest, ": ")
+	if !found {
+		return "", "", false
+	}
+	quota, _, found = strings.Cut(rest, quotaSuffix)
+	return ns, quota, found
+}
+
+// countTimeout counts a timeout action done in namespace ns (stored
+// form), in the state: equal on every ctrl member, like placements.
+func countTimeout(tx *bolt.Tx, ns, action string) error {
+	key := []byte(api.ShownNamespace(ns))
+	var c api.NamespaceCounters
+	if _, err := getJSON(tx, bucketNamespaceCounters, key, &c); err != nil {
+		return err
+	}
+	if c.Timeouts == nil {
+		c.Timeouts = map[string]uint64{}
+	}
+	c.Timeouts[action]++
+	return putJSON(tx, bucketNamespaceCounters, key, c)
+}
+
+// NamespaceFigures are a namespace's metrics.
+type NamespaceFigures struct {
+	api.Namespace
+	Counters api.NamespaceCounters
+}
+
+// NamespaceMetrics are the figures of every namespace, default first.
+func NamespaceMetrics(tx *bolt.Tx) ([]NamespaceFigures, error) {
+	list, err := ListNamespaces(tx)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]NamespaceFigures, len(list))
+	for i, ns := range list {
+		out[i].Namespace = ns
+		if _, err := getJSON(tx, bucketNamespaceCounters, []byte(ns.Name), &out[i].Counters); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
 }

@@ -117,6 +117,8 @@ var (
 	// namespace but default take of its quota (quotas.go), kept in step
 	// by putWorkspace and putVolume
 	bucketNamespaceUsage = []byte("namespace_usage")
+	// namespace name (default too) → api.NamespaceCounters (quotas.go)
+	bucketNamespaceCounters = []byte("namespace_counters")
 	// namespace ("" for default) NUL name → apiKeyRecord (apikeys.go)
 	bucketAPIKeys = []byte("api_keys")
 	// key id → the key's key in bucketAPIKeys
@@ -126,7 +128,7 @@ var (
 		bucketEgress, bucketEgressRevisions, bucketEgressRefs, bucketResolvers, bucketResolverRefs, bucketPools, bucketPoolUse, bucketPoolMembers, bucketPoolWaits,
 		bucketVolumes, bucketVolumeNames, bucketVolumeCommands, bucketVolumeTombstones, bucketMemberLevels, bucketEndedRounds, bucketEndedWatch,
 		bucketPlacements, bucketTemplates, bucketPlatforms, bucketTransfers, bucketForks, bucketOperators,
-		bucketNamespaces, bucketNamespaceObjects, bucketNamespaceUsage, bucketAPIKeys, bucketAPIKeyIDs,
+		bucketNamespaces, bucketNamespaceObjects, bucketNamespaceUsage, bucketNamespaceCounters, bucketAPIKeys, bucketAPIKeyIDs,
 		bucketWorkspaceEnds}
 )
 

@@ -113,6 +113,9 @@ func Run(ctx context.Context, log *slog.Logger, o Options) error {
 	agentErr := make(chan error, 1)
 	agentRunning := false
 	src := metrics.Sources{FSM: srv.FSM(), Raft: srv.Raft()}
+	if src.FSM != nil {
+		src.QuotaRefusals = srv.QuotaRefusals
+	}
 	if srv.FSM() != nil {
 		src.ControlSessions = srv.ControlSessions
 	}

@@ -63,6 +63,9 @@ type Sources struct {
 	DataPlane func(ctx context.Context) dataplane.Counters
 	// Warm lists the node's warm guests by template (nil: no node).
 	Warm func() []api.WarmGuests
+	// QuotaRefusals are the quota refusals of the writes the member led,
+	// by namespace and quota (nil on node-only members).
+	QuotaRefusals func() map[[2]string]uint64
 }
 
 // Steps are histograms of how long the node runtime's steps took; its
@@ -119,6 +122,9 @@ func Registry(src Sources) *prometheus.Registry {
 	}
 	if src.Warm != nil {
 		reg.MustRegister(warmCollector{src.Warm})
+	}
+	if src.QuotaRefusals != nil {
+		reg.MustRegister(refusalCollector{src.QuotaRefusals})
 	}
 	if src.DataPlane != nil {
 		reg.MustRegister(dataPlaneCollector{src.DataPlane})
@@ -235,6 +241,16 @@ var (
 	placementRefusals = prometheus.NewDesc("kibotos_placement_refusals_total",
 		"Refused placements by each reason that kept a node out (once per refused placement and reason, so the reasons add up to at least the refusals).",
 		[]string{"reason"}, nil)
+	nsUsed = prometheus.NewDesc("kibotos_namespace_used",
+		"What a namespace's objects take of its quota, by resource (running_workspaces, cpu in vCPUs, memory_bytes, volume_bytes, snapshot_bytes; not kept for default).", []string{"namespace", "resource"}, nil)
+	nsQuota = prometheus.NewDesc("kibotos_namespace_quota",
+		"A namespace's quota, by resource (absent: not bounded).", []string{"namespace", "resource"}, nil)
+	nsObjects = prometheus.NewDesc("kibotos_namespace_objects",
+		"A namespace's objects, by kind (workspaces, volumes, api_keys).", []string{"namespace", "kind"}, nil)
+	nsTimeouts = prometheus.NewDesc("kibotos_namespace_timeouts_total",
+		"Timeout actions done to a namespace's Workspaces, by action, counted in the replicated state.", []string{"namespace", "action"}, nil)
+	nsRefusals = prometheus.NewDesc("kibotos_namespace_quota_refusals_total",
+		"Writes this member led that a namespace's quota refused, by quota.", []string{"namespace", "quota"}, nil)
 	scrapeErrors = prometheus.NewDesc("kibotos_metrics_read_errors",
 		"1 when this scrape could not read the member's state (the figures above are then missing).", []string{"source"}, nil)
 )
@@ -242,7 +258,7 @@ var (
 type ctrlCollector struct{ f *fsm.FSM }
 
 func (c ctrlCollector) Describe(ch chan<- *prometheus.Desc) {
-	describe(ch, workspaces, nodes, clockOffset, poolCapacity, poolUsed, placements, placementRefusals, scrapeErrors)
+	describe(ch, workspaces, nodes, clockOffset, poolCapacity, poolUsed, placements, placementRefusals, scrapeErrors, nsUsed, nsQuota, nsObjects, nsTimeouts)
 }
 
 func (c ctrlCollector) Collect(ch chan<- prometheus.Metric) {
@@ -275,6 +291,58 @@ func (c ctrlCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(placements, prometheus.CounterValue, float64(sum.Placements.Refused), "refused")
 	for reason, n := range sum.Placements.Refusals {
 		ch <- prometheus.MustNewConstMetric(placementRefusals, prometheus.CounterValue, float64(n), reason)
+	}
+	c.collectNamespaces(ch)
+}
+
+// collectNamespaces shows each namespace's objects, usage against its
+// quota and timeouts.
+func (c ctrlCollector) collectNamespaces(ch chan<- prometheus.Metric) {
+	var figs []fsm.NamespaceFigures
+	if err := c.f.View(func(tx *bolt.Tx) (err error) { figs, err = fsm.NamespaceMetrics(tx); return }); err != nil {
+		ch <- prometheus.MustNewConstMetric(scrapeErrors, prometheus.GaugeValue, 1, "namespaces")
+		return
+	}
+	for _, f := range figs {
+		ns := f.Name
+		for kind, n := range map[string]int{"workspaces": f.Usage.Workspaces, "volumes": f.Usage.Volumes, "api_keys": f.Usage.APIKeys} {
+			ch <- prometheus.MustNewConstMetric(nsObjects, prometheus.GaugeValue, float64(n), ns, kind)
+		}
+		for action, n := range f.Counters.Timeouts {
+			ch <- prometheus.MustNewConstMetric(nsTimeouts, prometheus.CounterValue, float64(n), ns, action)
+		}
+		if ns == api.DefaultNamespace {
+			continue
+		}
+		u := f.Usage.NamespaceResources
+		used := map[string]float64{"running_workspaces": float64(u.RunningWorkspaces), "cpu": float64(u.CPU) / 1000, "memory_bytes": float64(u.MemoryBytes), "volume_bytes": float64(u.VolumeBytes), "snapshot_bytes": float64(u.SnapshotBytes)}
+		for r, v := range used {
+			ch <- prometheus.MustNewConstMetric(nsUsed, prometheus.GaugeValue, v, ns, r)
+		}
+		if q := f.Quota; q != nil {
+			for r, limit := range map[string]*uint64{"running_workspaces": q.RunningWorkspaces, "cpu": q.CPU, "memory_bytes": q.MemoryBytes, "volume_bytes": q.VolumeBytes, "snapshot_bytes": q.SnapshotBytes} {
+				if limit != nil {
+					v := float64(*limit)
+					if r == "cpu" {
+						v /= 1000
+					}
+					ch <- prometheus.MustNewConstMetric(nsQuota, prometheus.GaugeValue, v, ns, r)
+				}
+			}
+		}
+	}
+}
+
+// refusalCollector shows the quota refusals of the writes the member led.
+type refusalCollector struct {
+	n func() map[[2]string]uint64
+}
+
+func (c refusalCollector) Describe(ch chan<- *prometheus.Desc) { describe(ch, nsRefusals) }
+
+func (c refusalCollector) Collect(ch chan<- prometheus.Metric) {
+	for k, n := range c.n() {
+		ch <- prometheus.MustNewConstMetric(nsRefusals, prometheus.CounterValue, float64(n), k[0], k[1])
 	}
 }
 

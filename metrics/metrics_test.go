@@ -210,3 +210,47 @@ func TestStartStepsDocumented(t *testing.T) {
 		}
 	}
 }
+
+// A namespace's objects, usage and quota are shown from the replica, and
+// the quota refusals from the member's count.
+func TestNamespaceMetrics(t *testing.T) {
+	f := replica(t, 4, 2, 3)
+	at := time.Date(2026, 12, 2, 0, 1, 0, 0, time.UTC)
+	limit := uint64(4000)
+	entries := []fsm.Entry{
+		{Op: fsm.OpNamespaceCreate, IssuedAt: at, Args: mustJSON(t, fsm.NamespaceArgs{Name: "acme"})},
+		{Op: fsm.OpNamespaceQuota, IssuedAt: at, Args: mustJSON(t, fsm.NamespaceQuotaArgs{Name: "acme", Set: api.NamespaceQuota{CPU: &limit}})},
+		{Op: fsm.OpWorkspaceCreate, CommandID: "w1", IssuedAt: at, Args: mustJSON(t, fsm.WorkspaceCreateArgs{Namespace: "acme", Template: "kibotos-base", CPU: 1000, MemoryBytes: 1 << 30})},
+	}
+	for i, r := range f.Apply(entries) {
+		if r.Error != nil {
+			t.Fatalf("entry %d: %v", i, r.Error)
+		}
+	}
+	want := `
+# HELP kibotos_namespace_quota A namespace's quota, by resource (absent: not bounded).
+# TYPE kibotos_namespace_quota gauge
+kibotos_namespace_quota{namespace="acme",resource="cpu"} 4
+# HELP kibotos_namespace_quota_refusals_total Writes this member led that a namespace's quota refused, by quota.
+# TYPE kibotos_namespace_quota_refusals_total counter
+kibotos_namespace_quota_refusals_total{namespace="acme",quota="vCPU"} 2
+`
+	refusals := func() map[[2]string]uint64 { return map[[2]string]uint64{{"acme", "vCPU"}: 2} }
+	reg := Registry(Sources{FSM: f, QuotaRefusals: refusals})
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "kibotos_namespace_quota", "kibotos_namespace_quota_refusals_total"); err != nil {
+		t.Error(err)
+	}
+	n, err := testutil.GatherAndCount(reg, "kibotos_namespace_used")
+	if err != nil || n != 5 {
+		t.Errorf("kibotos_namespace_used has %d series (%v), want acme's 5", n, err)
+	}
+}
+
+func mustJSON(t *testing.T, v any) []byte {
+	t.Helper()
+	b, err := json.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
