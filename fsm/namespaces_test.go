@@ -3,6 +3,8 @@ package fsm
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -185,4 +187,37 @@ func TestKeyLastUsed(t *testing.T) {
 		t.Fatalf("last used %v, want %v", k.LastUsedAt, h.now)
 	}
 	h.expectUnchanged(makeEntry(h.now.Add(-time.Hour), OpAPIKeyUsed, APIKeyUsedArgs{KeyIDs: []string{id}}))
+}
+
+// A namespace's list reads its index, pages by id like the full list, and
+// shows only its own Workspaces.
+func TestNamespaceListPages(t *testing.T) {
+	h := newHarness(t)
+	tenants(h)
+	var ids []string
+	for i := range 3 {
+		a := smallWS
+		a.Namespace = "acme"
+		ids = append(ids, h.create(fmt.Sprintf("a%d", i), a).WorkspaceID)
+	}
+	h.create("other", smallWS)
+	slices.Sort(ids)
+	acme := "acme"
+	var got []string
+	token := ""
+	for {
+		l, err := h.listWS(WorkspaceFilter{All: true, Namespace: &acme}, 2, token)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, w := range l.Workspaces {
+			got = append(got, w.WorkspaceID)
+		}
+		if token = l.NextPageToken; token == "" {
+			break
+		}
+	}
+	if !slices.Equal(got, ids) {
+		t.Fatalf("acme's pages listed %v, want %v", got, ids)
+	}
 }

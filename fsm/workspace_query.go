@@ -1,6 +1,7 @@
 package fsm
 
 import (
+	"bytes"
 	"fmt"
 	"time"
 
@@ -101,6 +102,9 @@ func ListWorkspaces(tx *bolt.Tx, f WorkspaceFilter, pageSize int, pageToken stri
 			return nil, api.Errorf(api.CodeNotFound, "node %s is not registered: check the id with kibo node list", f.NodeID)
 		}
 	}
+	if f.Namespace != nil && api.StoredNamespace(*f.Namespace) != "" {
+		return listNamespaceWorkspaces(tx, f, pageSize, pageToken, out)
+	}
 	c := tx.Bucket(bucketWorkspaces).Cursor()
 	var k, v []byte
 	if pageToken == "" {
@@ -121,6 +125,33 @@ func ListWorkspaces(tx *bolt.Tx, f WorkspaceFilter, pageSize int, pageToken stri
 			break
 		}
 		out.Workspaces = append(out.Workspaces, w)
+	}
+	return out, nil
+}
+
+// listNamespaceWorkspaces is ListWorkspaces of one namespace other than
+// default: its index lists its Workspaces by id, so a tenant's list reads
+// its own records, not every Workspace of the cluster.
+func listNamespaceWorkspaces(tx *bolt.Tx, f WorkspaceFilter, pageSize int, pageToken string, out *api.WorkspaceList) (*api.WorkspaceList, error) {
+	prefix := nsObjectKey(api.StoredNamespace(*f.Namespace), nsKindWorkspace, "")
+	c := tx.Bucket(bucketNamespaceObjects).Cursor()
+	k, _ := c.Seek(append(bytes.Clone(prefix), pageToken...))
+	if pageToken != "" && k != nil && string(k[len(prefix):]) == pageToken {
+		k, _ = c.Next()
+	}
+	for ; k != nil && bytes.HasPrefix(k, prefix); k, _ = c.Next() {
+		w, err := getWorkspace(tx, string(k[len(prefix):]))
+		if err != nil {
+			return nil, err
+		}
+		if w == nil || !f.match(w) {
+			continue
+		}
+		if pageSize > 0 && len(out.Workspaces) == pageSize {
+			out.NextPageToken = out.Workspaces[len(out.Workspaces)-1].WorkspaceID
+			break
+		}
+		out.Workspaces = append(out.Workspaces, *w)
 	}
 	return out, nil
 }
