@@ -31,6 +31,8 @@ const (
 // Egress is an Egress object as operators see it: never its password.
 type Egress struct {
 	Name string `json:"name"`
+	// Namespace is the namespace it belongs to; absent: default.
+	Namespace string `json:"namespace,omitempty"`
 	// Revision is 1 on create and grows by one with every update that
 	// changes something; a Workspace's policy records the revision it uses.
 	Revision uint64 `json:"revision"`
@@ -98,6 +100,8 @@ func EgressCredentialsPath(name string, rev uint64) string {
 // that name it.
 type Resolver struct {
 	Name string `json:"name"`
+	// Namespace is the namespace it belongs to; absent: default.
+	Namespace string `json:"namespace,omitempty"`
 	// Upstreams are HOST:PORT (port 53 when none was given), in the order
 	// given, each once; a HOST that is a DNS name is resolved by the
 	// node's egress process with the node's resolver list.

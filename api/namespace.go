@@ -69,6 +69,8 @@ type NamespaceUsage struct {
 	Workspaces int `json:"workspaces"`
 	Volumes    int `json:"volumes"`
 	APIKeys    int `json:"api_keys"`
+	Egress     int `json:"egress"`
+	Resolvers  int `json:"resolvers"`
 }
 
 // NamespaceQuotaRequest changes a namespace's quota: the fields of Set

@@ -159,6 +159,10 @@ func renderNamespace(g *Globals, ns *api.Namespace) {
 	line("Workspaces", "%d", ns.Usage.Workspaces)
 	line("Volumes", "%d", ns.Usage.Volumes)
 	line("API keys", "%d", ns.Usage.APIKeys)
+	if ns.Name != api.DefaultNamespace {
+		line("Egress", "%d", ns.Usage.Egress)
+		line("Resolvers", "%d", ns.Usage.Resolvers)
+	}
 	if d := ns.Defaults; d != nil {
 		if d.TimeoutSeconds > 0 {
 			line("Default timeout", "%s, then %s", time.Duration(d.TimeoutSeconds)*time.Second, cmp.Or(d.OnTimeout, api.TimeoutDelete))

@@ -4,6 +4,7 @@ import (
 	"context"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -30,20 +31,24 @@ func noExpectedVersion(kind, name string, m api.WriteMeta) error {
 // egressRoutes manage Egresses and Resolvers.
 func (s *Server) egressRoutes() []route {
 	return []route{
-		{"POST", "/v1/egress", operators, atLeader, decoded(s.handleEgressCreate)},
-		{"GET", "/v1/egress", operators, atReader, s.handleEgressList},
-		{"GET", "/v1/egress/{name}", operators, atReader, s.handleEgressGet},
-		{"POST", "/v1/egress/{name}/update", operators, atLeader, decoded(s.handleEgressUpdate)},
-		{"POST", "/v1/egress/{name}/delete", operators, atLeader, s.objectWrite(fsm.OpEgressDelete, objectName("egress"))},
-		{"POST", "/v1/resolvers", operators, atLeader, decoded(s.handleResolverCreate)},
-		{"GET", "/v1/resolvers", operators, atReader, s.handleResolverList},
-		{"GET", "/v1/resolvers/{name}", operators, atReader, s.handleResolverGet},
-		{"POST", "/v1/resolvers/{name}/delete", operators, atLeader, s.objectWrite(fsm.OpResolverDelete, objectName("resolver"))},
+		{"POST", "/v1/egress", keyAdmins, atLeader, decoded(s.handleEgressCreate)},
+		{"GET", "/v1/egress", keyAdmins, atReader, s.handleEgressList},
+		{"GET", "/v1/egress/{name}", keyAdmins, atReader, s.handleEgressGet},
+		{"POST", "/v1/egress/{name}/update", keyAdmins, atLeader, decoded(s.handleEgressUpdate)},
+		{"POST", "/v1/egress/{name}/delete", keyAdmins, atLeader, s.objectWrite(fsm.OpEgressDelete, objectName(kindEgress))},
+		{"POST", "/v1/resolvers", keyAdmins, atLeader, decoded(s.handleResolverCreate)},
+		{"GET", "/v1/resolvers", keyAdmins, atReader, s.handleResolverList},
+		{"GET", "/v1/resolvers/{name}", keyAdmins, atReader, s.handleResolverGet},
+		{"POST", "/v1/resolvers/{name}/delete", keyAdmins, atLeader, s.objectWrite(fsm.OpResolverDelete, objectName(kindResolver))},
 	}
 }
 
 func (s *Server) handleEgressCreate(r *http.Request, req api.EgressCreateRequest) response {
-	args := fsm.EgressCreateArgs{Name: req.Name, SOCKS5: req.SOCKS5, Username: req.Username, Password: req.Password}
+	name, err := objectInNamespace(r, kindEgress, req.Name)
+	if err != nil {
+		return fail(err)
+	}
+	args := fsm.EgressCreateArgs{Name: name, SOCKS5: req.SOCKS5, Username: req.Username, Password: req.Password}
 	if err := noExpectedVersion("egress", req.Name, req.WriteMeta); err != nil {
 		return fail(err)
 	}
@@ -58,7 +63,11 @@ func (s *Server) handleEgressCreate(r *http.Request, req api.EgressCreateRequest
 }
 
 func (s *Server) handleEgressUpdate(r *http.Request, req api.EgressUpdateRequest) response {
-	args := fsm.EgressUpdateArgs{Name: r.PathValue("name"), SOCKS5: req.SOCKS5, Username: req.Username, Password: req.Password, ClearCredentials: req.ClearCredentials}
+	name, err := objectInNamespace(r, kindEgress, r.PathValue("name"))
+	if err != nil {
+		return fail(err)
+	}
+	args := fsm.EgressUpdateArgs{Name: name, SOCKS5: req.SOCKS5, Username: req.Username, Password: req.Password, ClearCredentials: req.ClearCredentials}
 	if err := checkCredentials(args.Name, deref(req.Username), deref(req.Password)); err != nil {
 		return fail(err)
 	}
@@ -71,19 +80,54 @@ func (s *Server) handleEgressUpdate(r *http.Request, req api.EgressUpdateRequest
 // objectWrite serves the writes that name one object and carry nothing
 // else: deletes of an egress, resolver or template, and the approval and
 // withdrawal of a Platform; valid checks the name.
-func (s *Server) objectWrite(op string, valid func(name string) error) handler {
+func (s *Server) objectWrite(op string, valid func(r *http.Request, name string) (string, error)) handler {
 	return decoded(func(r *http.Request, req api.WriteMeta) response {
-		name := r.PathValue("name")
-		if err := valid(name); err != nil {
+		name, err := valid(r, r.PathValue("name"))
+		if err != nil {
 			return fail(err)
 		}
 		return s.write(r, op, req, fsm.ObjectArgs{Name: name})
 	})
 }
 
-// objectName checks the name of an Egress or Resolver.
-func objectName(kind string) func(string) error {
-	return func(name string) error { return fsm.ValidObjectName(kind, name) }
+// Kinds of the objects a namespace holds by name.
+const (
+	kindEgress   = "egress"
+	kindResolver = "resolver"
+)
+
+// catalogName is objectWrite's check of a cluster-wide object's name.
+func catalogName(valid func(string) error) func(r *http.Request, name string) (string, error) {
+	return func(_ *http.Request, name string) (string, error) { return name, valid(name) }
+}
+
+// objectName checks the name of an Egress or Resolver and gives its
+// stored name in the request's namespace.
+func objectName(kind string) func(r *http.Request, name string) (string, error) {
+	return func(r *http.Request, name string) (string, error) { return objectInNamespace(r, kind, name) }
+}
+
+// objectInNamespace is the stored name of object name of kind in the
+// request's namespace; the name is given alone (-n gives the namespace).
+func objectInNamespace(r *http.Request, kind, name string) (string, error) {
+	if strings.Contains(name, ":") {
+		return "", api.Errorf(api.CodeInvalidArgument, "%s name %q is not valid: give the name alone and its namespace with -n", kind, clipValue(name))
+	}
+	if err := fsm.ValidObjectName(kind, name); err != nil {
+		return "", err
+	}
+	ns, _, err := requestNamespace(r)
+	return fsm.ObjectName(ns, name), err
+}
+
+// objectsNamespace is the namespace a list of Egress or Resolver objects
+// shows: nil for every one.
+func objectsNamespace(r *http.Request) (*string, error) {
+	ns, all, err := requestNamespace(r)
+	if all {
+		return nil, err
+	}
+	return &ns, err
 }
 
 func (s *Server) handleEgressList(r *http.Request) response {
@@ -91,16 +135,27 @@ func (s *Server) handleEgressList(r *http.Request) response {
 	if err != nil {
 		return fail(err)
 	}
-	return s.view(func(tx *bolt.Tx) (any, error) { return fsm.ListEgress(tx, size, token) })
+	ns, err := objectsNamespace(r)
+	if err != nil {
+		return fail(err)
+	}
+	return s.view(func(tx *bolt.Tx) (any, error) { return fsm.ListEgress(tx, ns, size, token) })
 }
 
 func (s *Server) handleEgressGet(r *http.Request) response {
-	name := r.PathValue("name")
+	name, err := objectInNamespace(r, kindEgress, r.PathValue("name"))
+	if err != nil {
+		return fail(err)
+	}
 	return s.view(func(tx *bolt.Tx) (any, error) { return fsm.GetEgress(tx, name) })
 }
 
 func (s *Server) handleResolverCreate(r *http.Request, req api.ResolverCreateRequest) response {
-	args := fsm.ResolverCreateArgs{Name: req.Name, Upstreams: req.Upstreams}
+	name, err := objectInNamespace(r, kindResolver, req.Name)
+	if err != nil {
+		return fail(err)
+	}
+	args := fsm.ResolverCreateArgs{Name: name, Upstreams: req.Upstreams}
 	if err := noExpectedVersion("resolver", req.Name, req.WriteMeta); err != nil {
 		return fail(err)
 	}
@@ -115,11 +170,18 @@ func (s *Server) handleResolverList(r *http.Request) response {
 	if err != nil {
 		return fail(err)
 	}
-	return s.view(func(tx *bolt.Tx) (any, error) { return fsm.ListResolvers(tx, size, token) })
+	ns, err := objectsNamespace(r)
+	if err != nil {
+		return fail(err)
+	}
+	return s.view(func(tx *bolt.Tx) (any, error) { return fsm.ListResolvers(tx, ns, size, token) })
 }
 
 func (s *Server) handleResolverGet(r *http.Request) response {
-	name := r.PathValue("name")
+	name, err := objectInNamespace(r, kindResolver, r.PathValue("name"))
+	if err != nil {
+		return fail(err)
+	}
 	return s.view(func(tx *bolt.Tx) (any, error) { return fsm.GetResolver(tx, name) })
 }
 

@@ -28,8 +28,8 @@ func (s *Server) platformRoutes() []route {
 		{"GET", "/v1/platforms/{name}", operators, atReader, s.handlePlatformGet},
 		{"POST", "/v1/platforms/publish", operators, atLeader, decoded(s.handlePlatformPublish)},
 		{"GET", "/v1/platforms/publish-progress", operators, atReader, s.handlePlatformPublishProgress},
-		{"POST", "/v1/platforms/{name}/approve", operators, atLeader, s.objectWrite(fsm.OpPlatformApprove, api.ValidPlatformID)},
-		{"POST", "/v1/platforms/{name}/withdraw", operators, atLeader, s.objectWrite(fsm.OpPlatformWithdraw, api.ValidPlatformID)},
+		{"POST", "/v1/platforms/{name}/approve", operators, atLeader, s.objectWrite(fsm.OpPlatformApprove, catalogName(api.ValidPlatformID))},
+		{"POST", "/v1/platforms/{name}/withdraw", operators, atLeader, s.objectWrite(fsm.OpPlatformWithdraw, catalogName(api.ValidPlatformID))},
 	}
 }
 

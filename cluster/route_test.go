@@ -127,6 +127,15 @@ var notOperatorOnly = map[string][]string{
 	"GET /v1/namespaces/{name}":              {"operator", "sandbox"},
 	"POST /v1/api-keys":                      {"operator", "namespace-admin"},
 	"GET /v1/api-keys":                       {"operator", "namespace-admin"},
+	"POST /v1/egress":                        {"operator", "namespace-admin"},
+	"GET /v1/egress":                         {"operator", "namespace-admin"},
+	"GET /v1/egress/{name}":                  {"operator", "namespace-admin"},
+	"POST /v1/egress/{name}/update":          {"operator", "namespace-admin"},
+	"POST /v1/egress/{name}/delete":          {"operator", "namespace-admin"},
+	"POST /v1/resolvers":                     {"operator", "namespace-admin"},
+	"GET /v1/resolvers":                      {"operator", "namespace-admin"},
+	"GET /v1/resolvers/{name}":               {"operator", "namespace-admin"},
+	"POST /v1/resolvers/{name}/delete":       {"operator", "namespace-admin"},
 	"POST /v1/api-keys/{name}/revoke":        {"operator", "namespace-admin"},
 }
 

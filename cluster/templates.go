@@ -33,7 +33,7 @@ func (s *Server) templateRoutes() []route {
 		{"GET", "/v1/templates/{name}", operators, atReader, s.handleTemplateGet},
 		{"POST", "/v1/templates/{name}/publish", operators, atLeader, decoded(s.handleTemplatePublish)},
 		{"GET", "/v1/templates/{name}/publish-progress", operators, atReader, s.handleTemplatePublishProgress},
-		{"POST", "/v1/templates/{name}/delete", operators, atLeader, s.objectWrite(fsm.OpTemplateDelete, api.ValidTemplateName)},
+		{"POST", "/v1/templates/{name}/delete", operators, atLeader, s.objectWrite(fsm.OpTemplateDelete, catalogName(api.ValidTemplateName))},
 	}
 }
 

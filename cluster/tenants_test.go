@@ -52,7 +52,7 @@ func TestNamespacesThroughTheAPI(t *testing.T) {
 	if _, err := cl.Do(ctx, "POST", "/v1/namespaces/gamma/delete", api.WriteMeta{}, nil); api.CodeOf(err) != api.CodeNotFound {
 		t.Fatalf("delete of an unknown namespace: %v", err)
 	}
-	if _, err := cl.Do(ctx, "POST", "/v1/namespaces/acme/delete", api.WriteMeta{}, nil); api.CodeOf(err) != api.CodeFailedPrecondition || !strings.Contains(err.Error(), "1 Volumes") {
+	if _, err := cl.Do(ctx, "POST", "/v1/namespaces/acme/delete", api.WriteMeta{}, nil); api.CodeOf(err) != api.CodeFailedPrecondition || !strings.Contains(err.Error(), "1 Volumes, 0 Egress") {
 		t.Fatalf("delete of acme holding a Volume: %v", err)
 	}
 	var ns api.Namespace
@@ -71,6 +71,30 @@ func TestNamespacesThroughTheAPI(t *testing.T) {
 	}
 	if n := ctrl.Server.QuotaRefusals()[[2]string{"acme", "Volume bytes"}]; n != 1 {
 		t.Fatalf("the leader counted %d quota refusals of acme's Volume bytes, want 1", n)
+	}
+
+	// Egress objects of the same name in two namespaces, each found in
+	// its own.
+	for _, ns := range []string{"acme", "beta"} {
+		in := c.Client(ctrl)
+		in.Namespace = ns
+		if _, err := in.Do(ctx, "POST", "/v1/egress", api.EgressCreateRequest{Name: "corp", SOCKS5: "10.0.0." + map[string]string{"acme": "1", "beta": "2"}[ns] + ":1080"}, nil); err != nil {
+			t.Fatalf("egress corp in %s: %v", ns, err)
+		}
+		var eg api.Egress
+		if _, err := in.Do(ctx, "GET", "/v1/egress/corp", nil, &eg); err != nil || eg.Namespace != ns || eg.Name != "corp" || !strings.HasPrefix(eg.SOCKS5, "10.0.0."+map[string]string{"acme": "1", "beta": "2"}[ns]) {
+			t.Fatalf("egress corp of %s: %+v %v", ns, eg, err)
+		}
+		var el api.EgressList
+		if _, err := in.Do(ctx, "GET", "/v1/egress", nil, &el); err != nil || len(el.Egress) != 1 {
+			t.Fatalf("egress of %s: %+v %v, want its one", ns, el, err)
+		}
+	}
+	if _, err := cl.Do(ctx, "GET", "/v1/egress/corp", nil, nil); api.CodeOf(err) != api.CodeNotFound {
+		t.Fatalf("egress corp in default: %v, want not_found", err)
+	}
+	if _, err := cl.Do(ctx, "GET", "/v1/egress/acme:corp", nil, nil); api.CodeOf(err) != api.CodeInvalidArgument {
+		t.Fatalf("a qualified name given: %v, want invalid_argument", err)
 	}
 
 	// A key made by ctrl comes back with its secret, once; listed

@@ -98,6 +98,13 @@ var (
 // ValidObjectName checks the name of an Egress or Resolver (kind is
 // "egress" or "resolver").
 func ValidObjectName(kind, name string) error {
+	if ns, short, ok := strings.Cut(name, objectNamespaceSep); ok {
+		// A stored name of a namespace's object (objectns.go).
+		if err := api.ValidNamespace(ns); err != nil || ns == api.DefaultNamespace {
+			return api.Errorf(api.CodeInvalidArgument, "%s name %q is not valid: give the name alone and its namespace with -n", kind, clip(name))
+		}
+		name = short
+	}
 	if len(name) > 63 {
 		return api.Errorf(api.CodeInvalidArgument, "%s name of %d bytes is too long: use 1-63 lowercase letters, digits or '-', starting with a letter or digit", kind, len(name))
 	}
@@ -381,12 +388,14 @@ func inUse(kind, name string, users []string, fix string) error {
 }
 
 func egressView(tx *bolt.Tx, r *egressRecord) *api.Egress {
-	return &api.Egress{Name: r.Name, Revision: r.Revision, SOCKS5: r.SOCKS5, Username: r.Username, PasswordSet: r.PasswordSet,
+	ns, short := SplitObjectName(r.Name)
+	return &api.Egress{Name: short, Namespace: ns, Revision: r.Revision, SOCKS5: r.SOCKS5, Username: r.Username, PasswordSet: r.PasswordSet,
 		Workspaces: len(usersOf(tx, bucketEgressRefs, r.Name)), CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt, Version: r.Version}
 }
 
 func resolverView(tx *bolt.Tx, r *resolverRecord) *api.Resolver {
-	return &api.Resolver{Name: r.Name, Upstreams: r.Upstreams, Workspaces: len(usersOf(tx, bucketResolverRefs, r.Name)), CreatedAt: r.CreatedAt, Version: r.Version}
+	ns, short := SplitObjectName(r.Name)
+	return &api.Resolver{Name: short, Namespace: ns, Upstreams: r.Upstreams, Workspaces: len(usersOf(tx, bucketResolverRefs, r.Name)), CreatedAt: r.CreatedAt, Version: r.Version}
 }
 
 // putRevision stores rev as r's latest revision.

@@ -2,6 +2,7 @@ package fsm
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 
 	json "github.com/segmentio/encoding/json"
@@ -21,9 +22,12 @@ func GetEgress(tx *bolt.Tx, name string) (*api.Egress, error) {
 
 // ListEgress returns up to pageSize (0: all) Egress objects by name,
 // starting after pageToken.
-func ListEgress(tx *bolt.Tx, pageSize int, pageToken string) (*api.EgressList, error) {
+func ListEgress(tx *bolt.Tx, ns *string, pageSize int, pageToken string) (*api.EgressList, error) {
 	out := &api.EgressList{Egress: []api.Egress{}}
 	err := pageOf(tx, bucketEgress, pageSize, pageToken, func(k, v []byte) error {
+		if !inNamespace(string(k), ns) {
+			return errSkip
+		}
 		var r egressRecord
 		if err := json.Unmarshal(v, &r); err != nil {
 			return fmt.Errorf("state record %s/%s is corrupt: %w", bucketEgress, k, err)
@@ -45,9 +49,12 @@ func GetResolver(tx *bolt.Tx, name string) (*api.Resolver, error) {
 
 // ListResolvers returns up to pageSize (0: all) Resolvers by name,
 // starting after pageToken.
-func ListResolvers(tx *bolt.Tx, pageSize int, pageToken string) (*api.ResolverList, error) {
+func ListResolvers(tx *bolt.Tx, ns *string, pageSize int, pageToken string) (*api.ResolverList, error) {
 	out := &api.ResolverList{Resolvers: []api.Resolver{}}
 	err := pageOf(tx, bucketResolvers, pageSize, pageToken, func(k, v []byte) error {
+		if !inNamespace(string(k), ns) {
+			return errSkip
+		}
 		var r resolverRecord
 		if err := json.Unmarshal(v, &r); err != nil {
 			return fmt.Errorf("state record %s/%s is corrupt: %w", bucketResolvers, k, err)
@@ -58,8 +65,12 @@ func ListResolvers(tx *bolt.Tx, pageSize int, pageToken string) (*api.ResolverLi
 	return out, err
 }
 
+// errSkip, returned by pageOf's fn, leaves the key out of the page.
+var errSkip = errors.New("skip")
+
 // pageOf calls fn for up to pageSize keys of bucket after pageToken and
-// sets next to the last key when more remain.
+// sets next to the last key when more remain; a key fn skips (errSkip)
+// does not count.
 func pageOf(tx *bolt.Tx, bucket []byte, pageSize int, pageToken string, fn func(k, v []byte) error, next *string) error {
 	c := tx.Bucket(bucket).Cursor()
 	var k, v []byte
@@ -74,7 +85,9 @@ func pageOf(tx *bolt.Tx, bucket []byte, pageSize int, pageToken string, fn func(
 			*next = string(last)
 			return nil
 		}
-		if err := fn(k, v); err != nil {
+		if err := fn(k, v); errors.Is(err, errSkip) {
+			continue
+		} else if err != nil {
 			return err
 		}
 		last = append(last[:0], k...)

@@ -463,7 +463,7 @@ func TestListEgressAndResolvers(t *testing.T) {
 	token := ""
 	for page := 0; ; page++ {
 		var l *api.EgressList
-		if err := h.f.View(func(tx *bolt.Tx) (err error) { l, err = ListEgress(tx, 2, token); return }); err != nil {
+		if err := h.f.View(func(tx *bolt.Tx) (err error) { l, err = ListEgress(tx, nil, 2, token); return }); err != nil {
 			t.Fatal(err)
 		}
 		for _, e := range l.Egress {
@@ -480,12 +480,12 @@ func TestListEgressAndResolvers(t *testing.T) {
 		t.Errorf("egress pages %v, want %v", names, want)
 	}
 	var all *api.ResolverList
-	h.f.View(func(tx *bolt.Tx) (err error) { all, err = ListResolvers(tx, 0, ""); return })
+	h.f.View(func(tx *bolt.Tx) (err error) { all, err = ListResolvers(tx, nil, 0, ""); return })
 	if len(all.Resolvers) != 3 || all.NextPageToken != "" || all.Resolvers[1].Workspaces != 1 || all.Resolvers[0].Name != "a" {
 		t.Errorf("resolvers %+v", all)
 	}
 	h.f.View(func(tx *bolt.Tx) error {
-		l, _ := ListResolvers(tx, 1, "b")
+		l, _ := ListResolvers(tx, nil, 1, "b")
 		if len(l.Resolvers) != 1 || l.Resolvers[0].Name != "c" || l.NextPageToken != "" {
 			t.Errorf("page after b: %+v", l)
 		}

@@ -100,7 +100,7 @@ func newFork(ac *applyCtx, id string, a *WorkspaceCreateArgs, src *api.Workspace
 	if a.Network == nil && src.Network != nil {
 		p = *src.Network
 	}
-	network, err := normalizeNetwork(ac.tx, id, p, false)
+	network, err := normalizeNetwork(ac.tx, id, src.Namespace, p, false)
 	if err != nil {
 		return nil, err
 	}

@@ -134,8 +134,9 @@ func applyNamespaceDelete(ac *applyCtx) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	if u.Workspaces > 0 || u.Volumes > 0 {
-		return nil, api.Errorf(api.CodeFailedPrecondition, "namespace %s still holds %d Workspaces and %d Volumes: delete them first (kibo workspace list -n %s, kibo volume list -n %s)", a.Name, u.Workspaces, u.Volumes, a.Name, a.Name)
+	if u.Workspaces > 0 || u.Volumes > 0 || u.Egress > 0 || u.Resolvers > 0 {
+		return nil, api.Errorf(api.CodeFailedPrecondition, "namespace %s still holds %d Workspaces, %d Volumes, %d Egress and %d Resolver objects: delete them first (kibo workspace list -n %s, kibo volume list -n %s, kibo egress list -n %s, kibo resolver list -n %s)",
+			a.Name, u.Workspaces, u.Volumes, u.Egress, u.Resolvers, a.Name, a.Name, a.Name, a.Name)
 	}
 	if err := deleteNamespaceKeys(ac.tx, a.Name); err != nil {
 		return nil, err
@@ -163,6 +164,7 @@ func namespaceUsage(tx *bolt.Tx, ns string) (api.NamespaceUsage, error) {
 		u.APIKeys++
 	}
 	if stored != "" {
+		u.Egress, u.Resolvers = countObjects(tx, bucketEgress, stored), countObjects(tx, bucketResolvers, stored)
 		c := tx.Bucket(bucketNamespaceObjects).Cursor()
 		for k, _ := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix); k, _ = c.Next() {
 			switch string(k[len(prefix)]) {

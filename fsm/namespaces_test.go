@@ -78,9 +78,17 @@ func TestKeysAreHeldToTheirNamespace(t *testing.T) {
 	att := a
 	att.Volumes = []api.VolumeAttach{{Volume: acmeVol.VolumeID, Path: "/data"}}
 	h.fail(api.CodeNotFound, OpWorkspaceCreate, att, withCommand("w-x2"), asKey("beta", "app"))
+	// Network objects are found in the Workspace's namespace only.
+	h.ok(OpEgressCreate, EgressCreateArgs{Name: ObjectName("beta", "corp"), SOCKS5: "10.0.0.1:1080"})
 	withEgress := a
-	withEgress.Network = &api.NetworkPolicy{Egress: "corp-proxy"}
-	h.fail(api.CodePermissionDenied, OpWorkspaceCreate, withEgress, withCommand("w-x3"), asKey("acme", "app"))
+	withEgress.Network = &api.NetworkPolicy{Egress: "corp"}
+	h.fail(api.CodeNotFound, OpWorkspaceCreate, withEgress, withCommand("w-x3"), asKey("acme", "app"))
+	withEgress.Network.Egress = ObjectName("beta", "corp")
+	h.fail(api.CodeNotFound, OpWorkspaceCreate, withEgress, withCommand("w-x4"), asKey("acme", "app"))
+	h.fail(api.CodeNotFound, OpEgressDelete, ObjectArgs{Name: ObjectName("beta", "corp")}, asKey("acme", "admin"))
+	h.fail(api.CodePermissionDenied, OpEgressDelete, ObjectArgs{Name: ObjectName("beta", "corp")}, asKey("beta", "app"))
+	withEgress.Network.Egress = "corp"
+	h.ok(OpWorkspaceCreate, withEgress, withCommand("w-x5"), asKey("beta", "app"))
 	// Ops outside the role: a sandbox key manages no keys, no namespace.
 	h.fail(api.CodePermissionDenied, OpAPIKeyCreate, APIKeyCreateArgs{Namespace: "acme", Name: "more", Role: api.KeyRoleSandbox, KeyID: strings.Repeat("m", api.KeyIDLen), SecretHash: keyHash("m")}, asKey("acme", "app"))
 	h.fail(api.CodePermissionDenied, OpNamespaceCreate, NamespaceArgs{Name: "gamma"}, asKey("acme", "admin"))

@@ -28,7 +28,7 @@ type WorkspaceNetworkArgs struct {
 // state only (rules in the order given), so replicas agree. stored says p
 // is a change over the Workspace's stored policy (set-network), whose
 // lists the caller may not have given in this request.
-func normalizeNetwork(tx *bolt.Tx, ws string, p api.NetworkPolicy, stored bool) (api.NetworkPolicy, error) {
+func normalizeNetwork(tx *bolt.Tx, ws, ns string, p api.NetworkPolicy, stored bool) (api.NetworkPolicy, error) {
 	// EgressRevision is ctrl's to set: whatever the caller sent is dropped.
 	out := api.NetworkPolicy{Egress: p.Egress, Resolver: p.Resolver}
 	if out.Egress == "" {
@@ -62,6 +62,9 @@ func normalizeNetwork(tx *bolt.Tx, ws string, p api.NetworkPolicy, stored bool) 
 			"workspace %s: allow/deny lists apply to public egress only, not to egress %s: give --egress public, or %s", ws, out.Egress, fix)
 	}
 	if out.Egress != api.EgressNone && out.Egress != api.EgressPublic {
+		if out.Egress, err = qualifyPolicyName(kindEgress, ws, ns, out.Egress); err != nil {
+			return out, err
+		}
 		r, err := getRecord[egressRecord](tx, bucketEgress, []byte(out.Egress))
 		if err != nil || r == nil {
 			return out, orNotFound(err, "egress %s does not exist: create it with kibo egress create %s --socks5 HOST:PORT", out.Egress, out.Egress)
@@ -69,6 +72,9 @@ func normalizeNetwork(tx *bolt.Tx, ws string, p api.NetworkPolicy, stored bool) 
 		out.EgressRevision = r.Revision
 	}
 	if out.Resolver != "" {
+		if out.Resolver, err = qualifyPolicyName(kindResolver, ws, ns, out.Resolver); err != nil {
+			return out, err
+		}
 		if r, err := getRecord[resolverRecord](tx, bucketResolvers, []byte(out.Resolver)); err != nil || r == nil {
 			return out, orNotFound(err, "resolver %s does not exist: create it with kibo resolver create %s --upstream ADDR", out.Resolver, out.Resolver)
 		}
@@ -179,7 +185,7 @@ func applyWorkspaceSetNetwork(ac *applyCtx) (any, error) {
 		return nil, err
 	}
 	cur := w.Network.Effective()
-	want, err := normalizeNetwork(ac.tx, w.WorkspaceID, a.Apply(cur), true)
+	want, err := normalizeNetwork(ac.tx, w.WorkspaceID, w.Namespace, a.Apply(cur), true)
 	if err != nil {
 		return nil, err
 	}

@@ -52,8 +52,14 @@ var scopedOps = map[string]string{
 	OpVolumeCreate:        api.KeyRoleSandbox,
 	OpVolumeResize:        api.KeyRoleSandbox,
 	OpVolumeDelete:        api.KeyRoleSandbox,
-	OpAPIKeyCreate:        api.KeyRoleNamespaceAdmin,
-	OpAPIKeyRevoke:        api.KeyRoleNamespaceAdmin,
+	// The namespace's own network objects and keys.
+	OpEgressCreate:   api.KeyRoleNamespaceAdmin,
+	OpEgressUpdate:   api.KeyRoleNamespaceAdmin,
+	OpEgressDelete:   api.KeyRoleNamespaceAdmin,
+	OpResolverCreate: api.KeyRoleNamespaceAdmin,
+	OpResolverDelete: api.KeyRoleNamespaceAdmin,
+	OpAPIKeyCreate:   api.KeyRoleNamespaceAdmin,
+	OpAPIKeyRevoke:   api.KeyRoleNamespaceAdmin,
 }
 
 // RoleMayPropose reports whether a key of role may propose op.
@@ -80,7 +86,8 @@ func entryScope(ac *applyCtx) (*keyScope, error) {
 	if !RoleMayPropose(rec.Role, ac.e.Op) {
 		return nil, api.Errorf(api.CodePermissionDenied, "API key %s has role %s, which may not %s", name, rec.Role, ac.e.Op)
 	}
-	return &keyScope{ns: api.StoredNamespace(ns), name: name, role: rec.Role}, nil
+	scope := &keyScope{ns: api.StoredNamespace(ns), name: name, role: rec.Role}
+	return scope, scope.objectOp(ac.e)
 }
 
 // permits refuses an object of namespace ns (either form) outside the
@@ -91,22 +98,6 @@ func (s *keyScope) permits(ns, what string) error {
 		return nil
 	}
 	return api.Errorf(api.CodeNotFound, "%s does not exist in namespace %s", what, api.ShownNamespace(s.ns))
-}
-
-// network refuses a policy naming an Egress or Resolver object: they
-// are cluster-wide and the operator's (an Egress holds proxy
-// credentials), so a key's Workspace may use only none or public.
-func (s *keyScope) network(p *api.NetworkPolicy) error {
-	if s == nil || p == nil {
-		return nil
-	}
-	if p.Egress != "" && p.Egress != api.EgressNone && p.Egress != api.EgressPublic {
-		return api.Errorf(api.CodePermissionDenied, "API key %s may not use Egress %s: Egress objects are cluster-wide; use egress none or public, or ask an operator", s.name, p.Egress)
-	}
-	if p.Resolver != "" {
-		return api.Errorf(api.CodePermissionDenied, "API key %s may not use Resolver %s: Resolver objects are cluster-wide; ask an operator", s.name, p.Resolver)
-	}
-	return nil
 }
 
 // namespaceFor is the namespace (stored form) an object made by this

@@ -48,10 +48,7 @@ func applyWorkspaceCreate(ac *applyCtx) (any, error) {
 		return nil, err
 	}
 	id := WorkspaceIDFor(ac.e.CommandID)
-	if err := ac.scope.network(a.Network); err != nil {
-		return nil, err
-	}
-	network, err := normalizeNetwork(ac.tx, id, a.Network.Effective(), false)
+	network, err := normalizeNetwork(ac.tx, id, ns, a.Network.Effective(), false)
 	if err != nil {
 		return nil, err
 	}
