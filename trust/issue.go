@@ -14,7 +14,7 @@ import (
 
 // Issue signs a certificate for pub asserting id, valid for lifetime.
 // Member certificates are server and client certificates, operator
-// certificates (both kinds) client only, data-plane certificates server only; hosts
+// certificates (both kinds) client only, data-plane and API-server certificates server only; hosts
 // (IPs or DNS names) are the addresses a server certificate answers for.
 func (ca *CA) Issue(id Identity, hosts []string, pub crypto.PublicKey, lifetime time.Duration) ([]byte, error) {
 	if ca.Key == nil {
@@ -34,7 +34,7 @@ func (ca *CA) Issue(id Identity, hosts []string, pub crypto.PublicKey, lifetime 
 		tmpl.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth}
 	case KindAdmin, KindOperator:
 		tmpl.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}
-	case KindDataPlane:
+	case KindDataPlane, KindAPIServer:
 		tmpl.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}
 	default:
 		return nil, fmt.Errorf("certificate kind %q is unknown", id.Kind)
