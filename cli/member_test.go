@@ -285,17 +285,25 @@ func TestServeWarmConfig(t *testing.T) {
 		{"[templates.a]\nwarm = 1\nmemory = \"lots\"\n", "[templates.a] memory \"lots\""},
 		{"[templates.\"Bad Name\"]\nwarm = 1\n", "[templates.Bad Name]"},
 	} {
-		dir := t.TempDir()
-		config := filepath.Join(dir, "kibotos.toml")
-		os.WriteFile(config, []byte(c.toml), 0o600)
-		var out, errb bytes.Buffer
-		code := Main(context.Background(), "kibotos", []string{"serve", "--config", config, "--data-dir", filepath.Join(dir, "data")}, nil, &out, &errb)
-		if code != api.ExitInvalidArgument || !strings.Contains(errb.String(), c.msg) || strings.Count(strings.TrimSpace(errb.String()), "\n") != 0 {
-			t.Errorf("%q: exit %d, %q; want %d and %q in one line", c.toml, code, errb.String(), api.ExitInvalidArgument, c.msg)
-		}
-		if _, err := os.Stat(filepath.Join(dir, "data")); !os.IsNotExist(err) {
-			t.Errorf("%q: the refused start touched the data directory: %v", c.toml, err)
-		}
+		expectConfigRefused(t, c.toml, c.msg)
+	}
+}
+
+// expectConfigRefused runs serve with the configuration file config and
+// expects exit 11 with one line holding msg, before the data directory
+// is touched.
+func expectConfigRefused(t *testing.T, config, msg string) {
+	t.Helper()
+	dir := t.TempDir()
+	path := filepath.Join(dir, "kibotos.toml")
+	os.WriteFile(path, []byte(config), 0o600)
+	var out, errb bytes.Buffer
+	code := Main(context.Background(), "kibotos", []string{"serve", "--config", path, "--data-dir", filepath.Join(dir, "data")}, nil, &out, &errb)
+	if code != api.ExitInvalidArgument || !strings.Contains(errb.String(), msg) || strings.Count(strings.TrimSpace(errb.String()), "\n") != 0 {
+		t.Errorf("%q: exit %d, %q; want %d and %q in one line", config, code, errb.String(), api.ExitInvalidArgument, msg)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "data")); !os.IsNotExist(err) {
+		t.Errorf("%q: the refused start touched the data directory: %v", config, err)
 	}
 }
 
@@ -331,16 +339,6 @@ func TestServeAPIConfig(t *testing.T) {
 		{"[api]\nlisten = \"127.0.0.1:7443\"\nburst = -1\n", "[api] rate 0 and burst -1: want positive numbers"},
 		{"[api]\nlisten = \"7443\"\n", "[api] listen \"7443\": want HOST:PORT"},
 	} {
-		dir := t.TempDir()
-		config := filepath.Join(dir, "kibotos.toml")
-		os.WriteFile(config, []byte(tc.config), 0o600)
-		var out, errb bytes.Buffer
-		code := Main(context.Background(), "kibotos", []string{"serve", "--config", config, "--data-dir", filepath.Join(dir, "data")}, nil, &out, &errb)
-		if msg := strings.TrimSpace(errb.String()); code != api.ExitInvalidArgument || !strings.Contains(msg, "configuration file "+config+": "+tc.want) || strings.Contains(msg, "\n") {
-			t.Errorf("%q: exit %d, %q; want exit %d saying %q", tc.config, code, msg, api.ExitInvalidArgument, tc.want)
-		}
-		if _, err := os.Stat(filepath.Join(dir, "data")); !os.IsNotExist(err) {
-			t.Errorf("%q: the refused start touched the data directory: %v", tc.config, err)
-		}
+		expectConfigRefused(t, tc.config, "kibotos.toml: "+tc.want)
 	}
 }
