@@ -23,11 +23,7 @@ func TestTokenClientSendsKeyOnlyToTheTrustedServer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	certPEM, keyPEM, err := ca.IssueKeyPair(trust.Identity{ClusterID: "c1", Kind: trust.KindAPIServer, NodeID: "n1"}, []string{"127.0.0.1"}, time.Hour)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cert, err := tls.X509KeyPair(certPEM, keyPEM)
+	cert, err := ca.IssueTLS(trust.Identity{ClusterID: "c1", Kind: trust.KindAPIServer, NodeID: "n1"}, []string{"127.0.0.1"}, time.Hour)
 	if err != nil {
 		t.Fatal(err)
 	}

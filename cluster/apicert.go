@@ -56,19 +56,7 @@ func (ic *issuedCert) issue(ca *trust.CA) (*tls.Certificate, error) {
 		return nil, err
 	}
 	id := trust.Identity{ClusterID: member.ClusterID, Kind: trust.KindAPIServer, NodeID: member.NodeID, Admitted: member.Admitted}
-	key, err := trust.NewKey()
-	if err != nil {
-		return nil, err
-	}
-	certPEM, err := ca.Issue(id, ic.hosts, &key.PublicKey, s.lifetime(trust.APIServerLifetime))
-	if err != nil {
-		return nil, err
-	}
-	keyPEM, err := trust.EncodeKey(key)
-	if err != nil {
-		return nil, err
-	}
-	c, err := tls.X509KeyPair(append(certPEM, ca.CertPEM...), keyPEM)
+	c, err := ca.IssueTLS(id, ic.hosts, s.lifetime(trust.APIServerLifetime))
 	if err != nil {
 		return nil, err
 	}

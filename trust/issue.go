@@ -3,6 +3,7 @@ package trust
 import (
 	"crypto"
 	"crypto/rand"
+	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"errors"
@@ -67,6 +68,16 @@ func (ca *CA) IssueKeyPair(id Identity, hosts []string, lifetime time.Duration) 
 	}
 	keyPEM, err = EncodeKey(key)
 	return certPEM, keyPEM, err
+}
+
+// IssueTLS makes a key and a certificate for it, ready to serve: the
+// chain holds the certificate and this CA's, the key stays in memory.
+func (ca *CA) IssueTLS(id Identity, hosts []string, lifetime time.Duration) (tls.Certificate, error) {
+	certPEM, keyPEM, err := ca.IssueKeyPair(id, hosts, lifetime)
+	if err != nil {
+		return tls.Certificate{}, err
+	}
+	return tls.X509KeyPair(append(certPEM, ca.CertPEM...), keyPEM)
 }
 
 // Hosts are the addresses a certificate answers for (IPs first, then DNS
