@@ -239,3 +239,56 @@ func TestAPIKeyForwardedAndConfiguredCertificate(t *testing.T) {
 		t.Fatalf("node-only member with [api] listen: %v, want refused", err)
 	}
 }
+
+// apiLeaf is the certificate the API listener at addr serves now.
+func apiLeaf(t *testing.T, addr string) *x509.Certificate {
+	t.Helper()
+	conn, err := tls.Dial("tcp", addr, &tls.Config{InsecureSkipVerify: true}) // what is served is what the test looks at
+	if err != nil {
+		t.Fatalf("handshake with the API listener: %v", err)
+	}
+	defer conn.Close()
+	return conn.ConnectionState().PeerCertificates[0]
+}
+
+// Without a configured certificate the listener serves one of the
+// cluster CA, for the member's host and for serving only, and one of the
+// new CA from a rotation's signing phase on, as the member certificate
+// follows it, without a restart.
+func TestAPICertificateFollowsCARotation(t *testing.T) {
+	c := clustertest.New(t, clustertest.Options{Ctrl: 1, API: &cluster.APIConfig{}})
+	m := c.Members[0]
+	addr := m.Server.APIAddr()
+	oldCA, err := trust.LoadCA(m.Dir.CACert(), m.Dir.CAKey())
+	if err != nil {
+		t.Fatal(err)
+	}
+	leaf := apiLeaf(t, addr)
+	id, err := trust.FromCert(leaf)
+	if err != nil || id.Kind != trust.KindAPIServer || id.NodeID != m.ID || !trust.IssuedBy(leaf, oldCA.Cert) {
+		t.Fatalf("API listener certificate: %+v %v, want kind %s of %s from the cluster CA", id, err, trust.KindAPIServer, m.ID)
+	}
+	if len(leaf.ExtKeyUsage) != 1 || leaf.ExtKeyUsage[0] != x509.ExtKeyUsageServerAuth || leaf.VerifyHostname("127.0.0.1") != nil {
+		t.Fatalf("API listener certificate: usages %v, hosts %v %v; want server only, for 127.0.0.1", leaf.ExtKeyUsage, leaf.IPAddresses, leaf.DNSNames)
+	}
+
+	if _, err := c.Client(c.WaitLeader()).Do(context.Background(), "POST", "/v1/ca/rotate", api.WriteMeta{CommandID: "rotate-1"}, nil); err != nil {
+		t.Fatalf("ca rotate: %v", err)
+	}
+	clustertest.WaitFor(t, 30*time.Second, func() (bool, string) {
+		st := caStatus(t, c)
+		return st.Phase == "signing", statusTable(st)
+	})
+	clustertest.WaitFor(t, 10*time.Second, func() (bool, string) {
+		leaf = apiLeaf(t, addr)
+		return !trust.IssuedBy(leaf, oldCA.Cert), "the API listener still serves a certificate of the old CA"
+	})
+	// The CA file a client takes from a ctrl member now (both CAs) vouches for it.
+	pool, err := m.Dir.CAPool()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := callAPI(t, apiClient(t, pool, nil), addr, "GET", "/v1/status", nil); r.status != http.StatusUnauthorized {
+		t.Fatalf("after the rotation: %d %v, want 401 (no key) over a trusted handshake", r.status, r.err)
+	}
+}
