@@ -16,6 +16,8 @@ import (
 
 	"github.com/kibotos/kibotos/agent/dataplane"
 	"github.com/kibotos/kibotos/api"
+	"github.com/kibotos/kibotos/cluster"
+	"github.com/kibotos/kibotos/cluster/clustertest"
 	"github.com/kibotos/kibotos/trust"
 )
 
@@ -192,5 +194,29 @@ func TestRemoteDataPlaneUsesTheCAFile(t *testing.T) {
 	_, errOut, code = runKibo("--api-url", r.url, "--ca-file", r.caFile, "workspace", "exec", "ws1", "--", "true")
 	if code != api.ExitUnavailable || !strings.Contains(errOut, "not valid for this cluster") {
 		t.Fatalf("exec to a data plane of another CA: exit %d, %q; want %d, its certificate refused", code, errOut, api.ExitUnavailable)
+	}
+}
+
+// Against a cluster: the key kibo api-key create printed on a member's
+// host is all another host needs, with the API URL and the cluster CA
+// file, to work in the key's namespace, and no more than that.
+func TestRemoteAgainstACluster(t *testing.T) {
+	e := newCLIEnv(t, clustertest.Options{Ctrl: 1, API: &cluster.APIConfig{}})
+	m := e.c.Members[0]
+	key := strings.TrimSpace(e.mustRun("api-key", "create", "app", "--role", "sandbox"))
+	url, ca := "https://"+m.Server.APIAddr(), m.Dir.CACert()
+
+	remoteHost(t)
+	if out, errOut, code := runKibo("--api-url", url, "--token", key, "--ca-file", ca, "volume", "create", "data", "--size", "64MiB"); code != 0 {
+		t.Fatalf("volume create with the key: exit %d, %s%s", code, out, errOut)
+	}
+	if out, errOut, code := runKibo("--api-url", url, "--token", key, "--ca-file", ca, "volume", "list", "-q"); code != 0 || strings.Count(out, "\n") != 1 {
+		t.Fatalf("volume list with the key: exit %d, %q %s; want its one Volume", code, out, errOut)
+	}
+	if _, errOut, code := runKibo("--api-url", url, "--token", key, "--ca-file", ca, "node", "list"); code != api.ExitPermissionDenied {
+		t.Fatalf("node list with the key: exit %d, %s; want %d", code, errOut, api.ExitPermissionDenied)
+	}
+	if _, errOut, code := runKibo("--api-url", url, "--token", key+"x", "--ca-file", ca, "volume", "list"); code != api.ExitUnauthenticated {
+		t.Fatalf("volume list with a wrong key: exit %d, %s; want %d", code, errOut, api.ExitUnauthenticated)
 	}
 }
