@@ -30,6 +30,9 @@ type Client struct {
 
 	tls  trust.Client
 	want trust.Want
+	// token is the API key of a client of the API listener
+	// (NewTokenClient), base its URL; "" for a member client.
+	token, base string
 	// first reaches Addr, expecting want; ctrl reaches the ctrl members a
 	// node-only member sends operator calls to, expecting a ctrl member.
 	once        sync.Once
@@ -78,7 +81,9 @@ func (c *Client) Call(ctx context.Context, method, path string, in any) (json.Ra
 	}
 	first, ctrl := c.clients()
 	raw, ctrlAddrs, err := c.call(ctx, first, c.Addr, method, path, body)
-	if len(ctrlAddrs) == 0 {
+	if len(ctrlAddrs) == 0 || c.token != "" {
+		// The API listener is served by ctrl members only: nothing
+		// there sends a caller elsewhere.
 		return raw, err
 	}
 	for _, addr := range ctrlAddrs {
@@ -93,6 +98,9 @@ func (c *Client) Call(ctx context.Context, method, path string, in any) (json.Ra
 
 func (c *Client) call(ctx context.Context, hc *http.Client, addr, method, path string, body []byte) (json.RawMessage, []string, error) {
 	url := "https://" + addr + c.withQuery(method, path)
+	if c.token != "" {
+		url = c.base + c.withQuery(method, path)
+	}
 	var rd io.Reader
 	if body != nil {
 		rd = bytes.NewReader(body)
@@ -102,7 +110,13 @@ func (c *Client) call(ctx context.Context, hc *http.Client, addr, method, path s
 		return nil, nil, err
 	}
 	req.Header.Set("Content-Type", "application/json")
+	if c.token != "" {
+		req.Header.Set("Authorization", "Bearer "+c.token)
+	}
 	resp, err := hc.Do(req)
+	if err != nil && c.token != "" {
+		return nil, nil, c.tokenCallError(err)
+	}
 	if err != nil {
 		if refused(err) {
 			// Not worth a retry, nor a question about the address.

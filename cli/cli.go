@@ -33,11 +33,16 @@ type Globals struct {
 	Credentials string `name:"credentials" env:"KIBOTOS_CREDENTIALS" help:"Operator credentials directory (ca.crt, operator.crt, operator.key from kibo operator issue); default: ~/.config/kibotos/credentials if it exists, else the operator certificate of --data-dir (ctrl and operator members)."`
 	// Namespace and AllNamespaces go with every call (api.Client); an
 	// API key works in its own namespace whatever is given.
-	Namespace     string        `name:"namespace" short:"n" env:"KIBOTOS_NAMESPACE" help:"Namespace of the Workspaces, Volumes, API keys and Transfers the command works on (Transfers: also their archives' place in the store, kibotos-transfer/v1/<namespace>/); default: default (an API key: its own)."`
-	AllNamespaces bool          `name:"all-namespaces" short:"A" help:"List the objects of every namespace, with a NAMESPACE column (operators)."`
-	JSON          bool          `name:"json" help:"Print the API result as JSON ({\"result\": ...})."`
-	Consistent    bool          `name:"consistent" help:"Read from the ctrl leader instead of this member's replica."`
-	Timeout       time.Duration `name:"timeout" default:"10m" help:"How long --wait waits before giving up (exit 16)."`
+	Namespace     string `name:"namespace" short:"n" env:"KIBOTOS_NAMESPACE" help:"Namespace of the Workspaces, Volumes, API keys and Transfers the command works on (Transfers: also their archives' place in the store, kibotos-transfer/v1/<namespace>/); default: default (an API key: its own)."`
+	AllNamespaces bool   `name:"all-namespaces" short:"A" help:"List the objects of every namespace, with a NAMESPACE column (operators)."`
+	// APIURL, Token and CAFile: remote use through a ctrl member's API
+	// listener with an API key (remote.go).
+	APIURL     string        `name:"api-url" env:"KIBOTOS_API_URL" help:"URL of a ctrl member's API listener (https://HOST:PORT, its [api] listen); every call goes there with --token instead of a certificate, and no data directory is read."`
+	Token      string        `name:"token" env:"KIBOTOS_TOKEN" help:"API key to call --api-url with (prefer KIBOTOS_TOKEN: a flag shows in the process list)."`
+	CAFile     string        `name:"ca-file" env:"KIBOTOS_CA_FILE" type:"path" help:"PEM file of the cluster CA (tls/ca.crt of a ctrl member) with --api-url: the nodes' data planes (exec, terminal, cp, port-forward) are checked against it, the API listener against it and the system's CAs; without it, the API listener against the system's CAs only."`
+	JSON       bool          `name:"json" help:"Print the API result as JSON ({\"result\": ...})."`
+	Consistent bool          `name:"consistent" help:"Read from the ctrl leader instead of this member's replica."`
+	Timeout    time.Duration `name:"timeout" default:"10m" help:"How long --wait waits before giving up (exit 16)."`
 
 	ctx    context.Context
 	stdout io.Writer
@@ -191,8 +196,12 @@ func (g *Globals) dir() datadir.Dir {
 }
 
 // client connects to --address or the member of the data directory, with
-// the operator credential findCredentials picks.
+// the operator credential findCredentials picks; with --api-url, to that
+// API listener with --token.
 func (g *Globals) client() (*api.Client, error) {
+	if g.APIURL != "" {
+		return g.tokenClient()
+	}
 	d := g.dir()
 	tlsConf, err := g.findCredentials(d)
 	if err != nil {

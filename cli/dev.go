@@ -73,6 +73,9 @@ type DevUpCmd struct {
 	// download of the kernel package.
 	PlatformCache string `name:"platform-cache-dir" env:"KIBOTOS_PLATFORM_CACHE" help:"Where the kernel package of the Platform is downloaded and unpacked; default: <storage root>/cache/platform."`
 	LogFormat     string `name:"log-format" default:"text" enum:"text,json" help:"Log format of the dev member and of the data-plane and egress processes it starts: text, or json (one object per line, for journald or Vector)."`
+	// APIListen is serve's [api] listen, on loopback: applications on
+	// this host try their API keys there.
+	APIListen string `name:"api-listen" default:"127.0.0.1:7443" help:"HOST:PORT of the HTTPS API for applications (API keys), or none; if the default is in use, dev runs without it."`
 	// Warm is serve's [templates.NAME] warm = N, at a create's default size.
 	Warm map[string]int `name:"warm" placeholder:"TEMPLATE=N" help:"Keep N pre-booted, paused guests of the template, so that a create of it with the default CPU and memory adopts one instead of booting (serve: [templates.NAME] warm = N); repeatable."`
 }
@@ -159,7 +162,9 @@ func (c *DevUpCmd) Run(g *Globals) error {
 		network = &n
 		g.note("kibotos dev: guest network %s, uplink %s, resolver %s\n", n.IPv4Pool, n.Uplink, n.Resolvers[0])
 	}
-	onReady := func(ctx context.Context, srv *cluster.Server) { c.announceWhenReady(ctx, g, d, id, runsVMs) }
+	onReady := func(ctx context.Context, srv *cluster.Server) {
+		c.announceWhenReady(ctx, g, d, id, srv.APIAddr(), runsVMs)
+	}
 	// A dev host without systemd as PID 1 gets a private one that outlives
 	// kibotos dev, so a restart takes its VMs over; a host with systemd uses it.
 	sdMode := member.SystemdDev
@@ -178,11 +183,25 @@ func (c *DevUpCmd) Run(g *Globals) error {
 		}
 		warm = append(warm, w)
 	}
-	return runMember(g, "info", member.Options{DataDir: d, Capacity: agent.DefaultCapacity(), Timings: cluster.DefaultTimings(), OnReady: onReady, Warm: warm,
+	return runMember(g, "info", member.Options{DataDir: d, API: c.api(), Capacity: agent.DefaultCapacity(), Timings: cluster.DefaultTimings(), OnReady: onReady, Warm: warm,
 		Systemd: sdMode, Accel: qemu.AccelAuto, Network: network, EgressWarm: egress.DefaultWarmConnections, LogFormat: c.LogFormat, Artifacts: artifacts.Config{URL: store},
 		// One node on a laptop: a report every few seconds while a guest
 		// is denied costs nothing, and `workspace get` shows it soon.
 		DeniedReport: 5 * time.Second})
+}
+
+// devAPIListen is where kibotos dev serves its API for applications
+// unless told otherwise: apart from the ports of its default advertised
+// address (7480 to 7483).
+const devAPIListen = "127.0.0.1:7443"
+
+// api is the dev member's [api]. Only the default address may be in
+// use (another dev cluster holds it); one asked for must be served.
+func (c *DevUpCmd) api() cluster.APIConfig {
+	if c.APIListen == "none" {
+		return cluster.APIConfig{}
+	}
+	return cluster.APIConfig{Listen: c.APIListen, Optional: c.APIListen == devAPIListen}
 }
 
 // devArtifactsURL is the dev cluster's artifact store: a directory in its
@@ -207,7 +226,7 @@ func devArtifactsURL(d datadir.Dir) (string, error) {
 //
 // It runs until then or until the member stops (ctx): what it does on the
 // member's behalf (the demo Workspace) must not outlive it.
-func (c *DevUpCmd) announceWhenReady(ctx context.Context, g *Globals, d datadir.Dir, id *datadir.Identity, runsVMs bool) {
+func (c *DevUpCmd) announceWhenReady(ctx context.Context, g *Globals, d datadir.Dir, id *datadir.Identity, apiAddr string, runsVMs bool) {
 	member := *g
 	member.ctx = ctx
 	g = &member
@@ -232,6 +251,10 @@ func (c *DevUpCmd) announceWhenReady(ctx context.Context, g *Globals, d datadir.
 			}
 			g.note("In another shell:\n  export KIBOTOS_DATA_DIR=%s\n  %s node list\n  %s workspace create --template %s -q\n  %s workspace exec WS -- uname -a\n  %s workspace terminal WS\nStop with Ctrl-C (VMs keep running); run kibotos dev again to take them over; kibotos dev down [--purge] ends everything.\n\n",
 				d, kibo, kibo, template.DefaultName, kibo, kibo)
+			if apiAddr != "" {
+				ca, _ := filepath.Abs(d.CACert())
+				g.note("Applications reach its API at https://%s with an API key (--api-url, --token), trusting the CA file %s (--ca-file).\n\n", apiAddr, ca)
+			}
 			return
 		}
 		select {

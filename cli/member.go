@@ -168,6 +168,15 @@ type fileConfig struct {
 		// 127.0.0.1:<advertised port+3>, "none" for no listener.
 		Listen string `toml:"listen"`
 	} `toml:"metrics"`
+	// API is the HTTPS listener for applications with API keys (ctrl
+	// members only); no listen: none.
+	API struct {
+		Listen   string  `toml:"listen"`
+		CertFile string  `toml:"cert_file"`
+		KeyFile  string  `toml:"key_file"`
+		Rate     float64 `toml:"rate"`
+		Burst    int     `toml:"burst"`
+	} `toml:"api"`
 	LogLevel  string `toml:"log_level"`
 	LogFormat string `toml:"log_format"`
 	Resources struct {
@@ -231,7 +240,7 @@ func warmConfig(name string, count, cpu int, memory string) (agent.WarmConfig, e
 
 // ServeCmd runs a member.
 type ServeCmd struct {
-	Config          string        `name:"config" type:"existingfile" help:"TOML configuration file (data_dir, bind, log_level, [resources] cpu and memory, [dataplane] listen, [network] ipv4_pool, ipv6_pool, management_cidrs, resolvers and uplink, [metrics] listen, [logs] machine_logs_max_bytes, [artifacts] url, endpoint, region, credentials_file and ca_file, [storage] default_pool, [[storage.pools]] (or [[storage.pool]]) id, path, shared, and [templates.NAME] warm, cpu, memory)."`
+	Config          string        `name:"config" type:"existingfile" help:"TOML configuration file (data_dir, bind, log_level, [resources] cpu and memory, [dataplane] listen, [network] ipv4_pool, ipv6_pool, management_cidrs, resolvers and uplink, [metrics] listen, [api] listen, cert_file, key_file, rate and burst, [logs] machine_logs_max_bytes, [artifacts] url, endpoint, region, credentials_file and ca_file, [storage] default_pool, [[storage.pools]] (or [[storage.pool]]) id, path, shared, and [templates.NAME] warm, cpu, memory)."`
 	Bind            string        `name:"bind" help:"Listen address (default: the advertised address)."`
 	DataPlaneListen string        `name:"dataplane-listen" help:"Data-plane address HOST:PORT (exec, terminal, cp, port-forward); default: the advertised host, port+2."`
 	LogLevel        string        `name:"log-level" default:"info" enum:"debug,info,warn,error" help:"Log level."`
@@ -355,7 +364,11 @@ func (c *ServeCmd) Run(g *Globals) error {
 	if err != nil {
 		return err
 	}
-	return runMember(g, level, member.Options{DataDir: dir, Bind: bind, Capacity: capacity, Timings: timings, DeniedReport: deniedReport, ClockSkew: c.ClockSkew, LogFormat: format,
+	apiConf, err := apiFrom(c.Config, fc)
+	if err != nil {
+		return err
+	}
+	return runMember(g, level, member.Options{API: apiConf, DataDir: dir, Bind: bind, Capacity: capacity, Timings: timings, DeniedReport: deniedReport, ClockSkew: c.ClockSkew, LogFormat: format,
 		Systemd: c.Systemd, Accel: qemu.Accel(c.Accel), DataPlaneListen: dpListen, Pools: pools, DefaultPool: fc.Storage.DefaultPool, Network: network,
 		MetricsListen: fc.Metrics.Listen, MachineLogsMax: fc.Logs.MachineLogsMaxBytes, Artifacts: store, Warm: warm, EgressWarm: egressWarm})
 }
@@ -371,6 +384,16 @@ func artifactsFrom(path string, fc fileConfig) (artifacts.Config, error) {
 		}
 		return c, nil
 	}
+	if err := c.Check(); err != nil {
+		return c, api.Errorf(api.CodeInvalidArgument, "configuration file %s: %v", path, err)
+	}
+	return c, nil
+}
+
+// apiFrom is [api], checked; Listen "" when there is none.
+func apiFrom(path string, fc fileConfig) (cluster.APIConfig, error) {
+	a := fc.API
+	c := cluster.APIConfig{Listen: a.Listen, CertFile: a.CertFile, KeyFile: a.KeyFile, Rate: a.Rate, Burst: a.Burst}
 	if err := c.Check(); err != nil {
 		return c, api.Errorf(api.CodeInvalidArgument, "configuration file %s: %v", path, err)
 	}

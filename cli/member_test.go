@@ -15,6 +15,7 @@ import (
 	"github.com/kibotos/kibotos/agent/egress"
 	"github.com/kibotos/kibotos/api"
 	"github.com/kibotos/kibotos/artifacts"
+	"github.com/kibotos/kibotos/cluster"
 	"github.com/kibotos/kibotos/cluster/clustertest"
 	"github.com/kibotos/kibotos/datadir"
 )
@@ -172,6 +173,9 @@ func TestPackagedConfig(t *testing.T) {
 	if w, err := warmFrom("kibotos.toml", fc); err != nil || len(w) != 1 || w[0] != (agent.WarmConfig{Template: "kibotos-coding", Count: 2, VCPUs: 1, MemoryMiB: 512}) {
 		t.Errorf("[templates.kibotos-coding] of the example: %+v, %v", w, err)
 	}
+	if c, err := apiFrom("kibotos.toml", fc); err != nil || c.Listen == "" || c.Rate != cluster.DefaultAPIRate || c.Burst != cluster.DefaultAPIBurst {
+		t.Errorf("[api] of the example: %+v, %v", c, err)
+	}
 	// The example's credentials file is the operator's to write.
 	if fc.Artifacts.CredentialsFile != "/etc/kibotos/s3-credentials.toml" {
 		t.Errorf("[artifacts] credentials_file of the example: %q", fc.Artifacts.CredentialsFile)
@@ -281,17 +285,25 @@ func TestServeWarmConfig(t *testing.T) {
 		{"[templates.a]\nwarm = 1\nmemory = \"lots\"\n", "[templates.a] memory \"lots\""},
 		{"[templates.\"Bad Name\"]\nwarm = 1\n", "[templates.Bad Name]"},
 	} {
-		dir := t.TempDir()
-		config := filepath.Join(dir, "kibotos.toml")
-		os.WriteFile(config, []byte(c.toml), 0o600)
-		var out, errb bytes.Buffer
-		code := Main(context.Background(), "kibotos", []string{"serve", "--config", config, "--data-dir", filepath.Join(dir, "data")}, nil, &out, &errb)
-		if code != api.ExitInvalidArgument || !strings.Contains(errb.String(), c.msg) || strings.Count(strings.TrimSpace(errb.String()), "\n") != 0 {
-			t.Errorf("%q: exit %d, %q; want %d and %q in one line", c.toml, code, errb.String(), api.ExitInvalidArgument, c.msg)
-		}
-		if _, err := os.Stat(filepath.Join(dir, "data")); !os.IsNotExist(err) {
-			t.Errorf("%q: the refused start touched the data directory: %v", c.toml, err)
-		}
+		expectConfigRefused(t, c.toml, c.msg)
+	}
+}
+
+// expectConfigRefused runs serve with the configuration file config and
+// expects exit 11 with one line holding msg, before the data directory
+// is touched.
+func expectConfigRefused(t *testing.T, config, msg string) {
+	t.Helper()
+	dir := t.TempDir()
+	path := filepath.Join(dir, "kibotos.toml")
+	os.WriteFile(path, []byte(config), 0o600)
+	var out, errb bytes.Buffer
+	code := Main(context.Background(), "kibotos", []string{"serve", "--config", path, "--data-dir", filepath.Join(dir, "data")}, nil, &out, &errb)
+	if code != api.ExitInvalidArgument || !strings.Contains(errb.String(), msg) || strings.Count(strings.TrimSpace(errb.String()), "\n") != 0 {
+		t.Errorf("%q: exit %d, %q; want %d and %q in one line", config, code, errb.String(), api.ExitInvalidArgument, msg)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "data")); !os.IsNotExist(err) {
+		t.Errorf("%q: the refused start touched the data directory: %v", config, err)
 	}
 }
 
@@ -314,5 +326,19 @@ func TestEgressWarmConnectionsConfig(t *testing.T) {
 		if want := fmt.Sprintf("configuration file kibotos.toml: [network] egress_warm_connections = %d: want 0 (none) to 16", v); err == nil || err.Error() != want || api.CodeOf(err) != api.CodeInvalidArgument {
 			t.Errorf("%d: %v; want %q", v, err, want)
 		}
+	}
+}
+
+// [api]: a certificate without its key, or settings without a listen
+// address, stop serve before anything is started, in one line saying
+// what to give.
+func TestServeAPIConfig(t *testing.T) {
+	for _, tc := range []struct{ config, want string }{
+		{"[api]\nlisten = \"127.0.0.1:7443\"\ncert_file = \"/etc/kibotos/api.crt\"\n", "[api] cert_file and key_file go together: give both"},
+		{"[api]\nrate = 10.0\n", "[api] has no listen address: give listen, or delete the section"},
+		{"[api]\nlisten = \"127.0.0.1:7443\"\nburst = -1\n", "[api] rate 0 and burst -1: want positive numbers"},
+		{"[api]\nlisten = \"7443\"\n", "[api] listen \"7443\": want HOST:PORT"},
+	} {
+		expectConfigRefused(t, tc.config, "kibotos.toml: "+tc.want)
 	}
 }

@@ -16,17 +16,16 @@ var guestEnv = []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:
 // dataPlane opens a session to the Workspace's guest through the data
 // plane of its node, with a fresh credential from ctrl.
 func (g *Globals) dataPlane(id string) (*guestproto.Client, error) {
+	// Before the credential is asked for: without the CA to check the
+	// node with, it would be spent for nothing.
+	roots, err := g.dataPlaneRoots()
+	if err != nil {
+		return nil, err
+	}
 	var cred api.DataPlaneCredential
 	if _, err := g.call("POST", workspacePath(id, "credentials"), struct{}{}, &cred); err != nil {
 		return nil, err
 	}
-	// The cluster CA of the operator credential the call above used: a
-	// person's credential brings it, off a member's host too.
-	tc, err := g.findCredentials(g.dir())
-	if err != nil {
-		return nil, err
-	}
-	roots := tc.Pool
 	ctx, cancel := context.WithTimeout(g.ctx, 30*time.Second)
 	defer cancel()
 	c, err := dataplane.Connect(ctx, cred, roots)

@@ -148,13 +148,17 @@ func (s *Server) allow(a access, r *http.Request) error {
 	return nil
 }
 
-// routes is the member's API.
-func (s *Server) routes() http.Handler {
+// routes is the member's API on its member port.
+func (s *Server) routes() http.Handler { return s.authenticate(s.routeMux()) }
+
+// routeMux serves the route table to callers an authenticate step put
+// in the request (member port: certificates; API listener: API keys).
+func (s *Server) routeMux() *http.ServeMux {
 	m := http.NewServeMux()
 	for _, rt := range s.routeTable() {
 		s.serve(m, rt)
 	}
-	return s.authenticate(m)
+	return m
 }
 
 // routeTable is every route of the member's API, area by area.

@@ -84,6 +84,8 @@ type Config struct {
 	// for none: ctrl removes Transfer archives and reads other clusters'
 	// manifests there.
 	Artifacts artifacts.Store
+	// API is [api]: the API listener for applications (ctrl members).
+	API APIConfig
 }
 
 // Server is one running member.
@@ -126,6 +128,8 @@ type Server struct {
 
 	mux     *mux
 	httpSrv *http.Server
+	// bearerAPI is the API listener for applications (nil: not served).
+	bearerAPI *apiListener
 
 	raft      *raft.Raft
 	fsm       *fsm.FSM
@@ -218,6 +222,9 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 }
 
 func (s *Server) start(ctx context.Context) error {
+	if err := s.checkAPI(); err != nil {
+		return err
+	}
 	d := s.cfg.DataDir
 	var err error
 	if s.roots, err = d.CARoots(); err != nil {
@@ -268,6 +275,9 @@ func (s *Server) start(ctx context.Context) error {
 		WriteTimeout: 2 * time.Minute, IdleTimeout: 2 * time.Minute, MaxHeaderBytes: 64 << 10, ErrorLog: slogStd(s.log)}
 	httpLn := newChanListener(s.mux, s.mux.http)
 	s.wg.Go(func() { s.httpSrv.Serve(httpLn) })
+	if err := s.startAPI(); err != nil {
+		return err
+	}
 	s.wg.Add(1)
 	go func() { defer s.wg.Done(); s.acceptSessions() }()
 
@@ -317,6 +327,7 @@ func (s *Server) shutdown() {
 		// under way is a context of its own.
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		s.httpSrv.Shutdown(ctx)
+		s.bearerAPI.shutdown(ctx)
 		cancel()
 	}
 	s.stopRaft()
@@ -355,6 +366,7 @@ func (s *Server) kill() {
 	if s.httpSrv != nil {
 		s.httpSrv.Close()
 	}
+	s.bearerAPI.close()
 	s.sessions.closeAll()
 	s.stopRaft()
 	if s.transport != nil {

@@ -55,6 +55,8 @@ type Options struct {
 	Artifacts artifacts.Config
 	// Warm are the warm guests of [templates.NAME] (dev: --warm).
 	Warm []agent.WarmConfig
+	// API is [api]: the API listener for applications (ctrl members).
+	API cluster.APIConfig
 }
 
 // Run serves the member of o.DataDir until ctx ends (the CLI ends it on
@@ -96,7 +98,7 @@ func Run(ctx context.Context, log *slog.Logger, o Options) error {
 		}
 		log.Info("artifact store", "url", store.String())
 	}
-	srv, err := cluster.Open(ctx, cluster.Config{DataDir: o.DataDir, Bind: o.Bind, Timings: o.Timings, Logger: log, Artifacts: store})
+	srv, err := cluster.Open(ctx, cluster.Config{DataDir: o.DataDir, Bind: o.Bind, Timings: o.Timings, Logger: log, Artifacts: store, API: o.API})
 	if err != nil {
 		return err
 	}

@@ -40,6 +40,11 @@ const (
 	// KindDataPlane is the server certificate of a node's data-plane
 	// process. It authenticates nothing as a client.
 	KindDataPlane = "dataplane"
+	// KindAPIServer is the server certificate of a ctrl member's API
+	// listener for applications when no certificate is configured for
+	// it; its NodeID is the member's. It authenticates nothing as a
+	// client.
+	KindAPIServer = "apiserver"
 )
 
 // Roles a member certificate can carry (the same words as api.Role*).
@@ -56,6 +61,9 @@ const (
 	MemberLifetime    = 30 * 24 * time.Hour
 	AdminLifetime     = 30 * 24 * time.Hour
 	DataPlaneLifetime = 24 * time.Hour
+	// APIServerLifetime is short for the same reason: its member issues
+	// the next one itself when it is half through.
+	APIServerLifetime = 24 * time.Hour
 	// Backdate covers clock differences between the signer and a verifier.
 	Backdate = 10 * time.Minute
 )
@@ -73,6 +81,8 @@ func MaxValidity(kind string) time.Duration {
 		return AdminLifetime + Backdate
 	case KindDataPlane:
 		return DataPlaneLifetime + Backdate
+	case KindAPIServer:
+		return APIServerLifetime + Backdate
 	}
 	return 0
 }
@@ -144,7 +154,7 @@ func FromCert(c *x509.Certificate) (Identity, error) {
 	}
 	id := Identity{ClusterID: found.Host, Kind: parts[0], NodeID: parts[1]}
 	switch id.Kind {
-	case KindMember, KindAdmin, KindOperator, KindDataPlane:
+	case KindMember, KindAdmin, KindOperator, KindDataPlane, KindAPIServer:
 	default:
 		return Identity{}, fmt.Errorf("certificate %q: unknown kind %q", c.Subject.CommonName, id.Kind)
 	}

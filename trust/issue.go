@@ -3,6 +3,7 @@ package trust
 import (
 	"crypto"
 	"crypto/rand"
+	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"errors"
@@ -14,7 +15,7 @@ import (
 
 // Issue signs a certificate for pub asserting id, valid for lifetime.
 // Member certificates are server and client certificates, operator
-// certificates (both kinds) client only, data-plane certificates server only; hosts
+// certificates (both kinds) client only, data-plane and API-server certificates server only; hosts
 // (IPs or DNS names) are the addresses a server certificate answers for.
 func (ca *CA) Issue(id Identity, hosts []string, pub crypto.PublicKey, lifetime time.Duration) ([]byte, error) {
 	if ca.Key == nil {
@@ -34,7 +35,7 @@ func (ca *CA) Issue(id Identity, hosts []string, pub crypto.PublicKey, lifetime 
 		tmpl.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth}
 	case KindAdmin, KindOperator:
 		tmpl.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}
-	case KindDataPlane:
+	case KindDataPlane, KindAPIServer:
 		tmpl.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}
 	default:
 		return nil, fmt.Errorf("certificate kind %q is unknown", id.Kind)
@@ -67,6 +68,16 @@ func (ca *CA) IssueKeyPair(id Identity, hosts []string, lifetime time.Duration) 
 	}
 	keyPEM, err = EncodeKey(key)
 	return certPEM, keyPEM, err
+}
+
+// IssueTLS makes a key and a certificate for it, ready to serve: the
+// chain holds the certificate and this CA's, the key stays in memory.
+func (ca *CA) IssueTLS(id Identity, hosts []string, lifetime time.Duration) (tls.Certificate, error) {
+	certPEM, keyPEM, err := ca.IssueKeyPair(id, hosts, lifetime)
+	if err != nil {
+		return tls.Certificate{}, err
+	}
+	return tls.X509KeyPair(append(certPEM, ca.CertPEM...), keyPEM)
 }
 
 // Hosts are the addresses a certificate answers for (IPs first, then DNS

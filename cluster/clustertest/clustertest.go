@@ -5,6 +5,7 @@
 package clustertest
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"io"
@@ -79,6 +80,9 @@ type Options struct {
 	// Artifacts is the directory of the cluster's artifact store, the
 	// same for every member (a shared file system); "": none.
 	Artifacts string
+	// API, when set, is the API listener ([api]) of every ctrl member;
+	// an empty Listen is a free loopback port (Member.Server.APIAddr).
+	API *cluster.APIConfig
 }
 
 // New builds, joins and starts a cluster and waits until every node is READY.
@@ -212,7 +216,18 @@ func (m *Member) start(o Options) {
 			m.t.Fatalf("artifact store of %s: %v", m.ID, err)
 		}
 	}
-	srv, err := cluster.Open(context.Background(), cluster.Config{DataDir: m.Dir, Timings: tm, Logger: log, FeatureLevel: o.FeatureLevels[m.ID], Artifacts: store})
+	var apiConf cluster.APIConfig
+	if o.API != nil {
+		id, err := m.Dir.LoadIdentity()
+		if err != nil {
+			m.t.Fatalf("identity of %s: %v", m.ID, err)
+		}
+		if id.HasRole(api.RoleCtrl) {
+			apiConf = *o.API
+			apiConf.Listen = cmp.Or(apiConf.Listen, "127.0.0.1:0")
+		}
+	}
+	srv, err := cluster.Open(context.Background(), cluster.Config{DataDir: m.Dir, Timings: tm, Logger: log, FeatureLevel: o.FeatureLevels[m.ID], Artifacts: store, API: apiConf})
 	if err != nil {
 		m.t.Fatalf("serve %s: %v", m.ID, err)
 	}

@@ -1,0 +1,77 @@
+package cluster
+
+import (
+	"context"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/kibotos/kibotos/api"
+)
+
+// apiRoutes is the member's route table as the API listener serves it:
+// the same routes and rules, for callers with an API key, each key held
+// to its rate by limit.
+func (s *Server) apiRoutes(limit *buckets) http.Handler {
+	return s.authenticateBearer(limit, s.routeMux())
+}
+
+// authenticateBearer admits a request to the API listener only with an
+// API key the key store accepts, within the key's rate. What members
+// tell each other (who a forwarded request speaks for, how often it was
+// forwarded) means nothing from an application and is dropped, and no
+// client certificate is asked for: the key is the only credential here.
+func (s *Server) authenticateBearer(limit *buckets, next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		r.Body = http.MaxBytesReader(w, r.Body, maxBody)
+		for _, h := range actorHeaders {
+			r.Header.Del(h)
+		}
+		r.Header.Del(hdrForwarded)
+		c, err := s.bearerRequest(r)
+		if err != nil {
+			s.auditRefused(r, "", err)
+			if api.CodeOf(err) == api.CodeUnauthenticated {
+				w.Header().Set("WWW-Authenticate", `Bearer realm="kibotos"`)
+			}
+			fail(err).render(w)
+			return
+		}
+		if ok, wait := limit.take(c.name, time.Now()); !ok {
+			secs := retryAfter(wait)
+			w.Header().Set("Retry-After", strconv.Itoa(secs))
+			fail(api.Errorf(api.CodeResourceExhausted, "%s is over its rate limit on member %s (%g requests a second, bursts of %d): retry in %d s, or spread its calls",
+				c.name, s.id.NodeID, limit.rate, int(limit.burst), secs)).render(w)
+			return
+		}
+		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), ctxKey{}, c)))
+	})
+}
+
+// bearerRequest is the caller of r's API key.
+func (s *Server) bearerRequest(r *http.Request) (caller, error) {
+	token, ok := bearerToken(r.Header.Get("Authorization"))
+	if !ok {
+		return caller{}, api.Errorf(api.CodeUnauthenticated, "request to the API of member %s carries no API key: send the header Authorization: Bearer KEY (kibo --token or KIBOTOS_TOKEN)", s.id.NodeID)
+	}
+	// The key store of this member's replica (tenants.go): the listener
+	// runs on ctrl members only, which hold one.
+	c, err := s.apiKeyCaller(token)
+	if err != nil {
+		return caller{}, err
+	}
+	if c.kind != kindAPIKey || c.key == nil {
+		// The listener speaks for keys only, whatever the store says.
+		return caller{}, api.Errorf(api.CodeInternal, "member %s: the key store named a %q caller for an API key; report this", s.id.NodeID, c.kind)
+	}
+	return c, nil
+}
+
+// bearerToken is the credential of an Authorization: Bearer header
+// (RFC 6750; the scheme's case does not matter).
+func bearerToken(h string) (string, bool) {
+	scheme, token, _ := strings.Cut(strings.TrimSpace(h), " ")
+	token = strings.TrimSpace(token)
+	return token, strings.EqualFold(scheme, "Bearer") && token != ""
+}
