@@ -29,6 +29,12 @@ func (s *Server) authenticateBearer(limit *buckets, next http.Handler) http.Hand
 			r.Header.Del(h)
 		}
 		r.Header.Del(hdrForwarded)
+		if r.URL.Path == joinPath {
+			// Hosts join at a member's own port; an application has no
+			// business with grants.
+			fail(api.Errorf(api.CodeNotFound, "the API listener of member %s does not serve %s: a host joins at a member's address (kibotos join)", s.id.NodeID, joinPath)).render(w)
+			return
+		}
 		c, err := s.bearerRequest(r)
 		if err != nil {
 			s.auditRefused(r, "", err)

@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"net/http"
@@ -61,7 +62,7 @@ func (u *keyUses) take() []string {
 // recordKeyUses flushes the noted key uses until the member stops (ctrl
 // members).
 func (s *Server) recordKeyUses() {
-	t := time.NewTicker(keyUseFlush)
+	t := time.NewTicker(cmp.Or(s.cfg.Timings.KeyUseFlush, keyUseFlush))
 	defer t.Stop()
 	for {
 		select {

@@ -15,6 +15,7 @@ import (
 	bolt "go.etcd.io/bbolt"
 
 	"github.com/kibotos/kibotos/api"
+	"github.com/kibotos/kibotos/cluster"
 	"github.com/kibotos/kibotos/cluster/clustertest"
 	"github.com/kibotos/kibotos/trust"
 )
@@ -27,9 +28,26 @@ import (
 // operator issue), a node-only member's and a ctrl member's (which has
 // the node role too).
 func TestEveryRouteRefusesCallersItsRuleDoesNotName(t *testing.T) {
-	c := clustertest.New(t, clustertest.Options{Ctrl: 1, NodeOnly: 1})
+	// Key uses are not reported during the test: the refusals must leave
+	// the state as it was.
+	tm := cluster.TestTimings()
+	tm.KeyUseFlush = time.Hour
+	c := clustertest.New(t, clustertest.Options{Ctrl: 1, NodeOnly: 1, Timings: &tm, API: &cluster.APIConfig{Rate: 1000, Burst: 1000}})
 	ctrl, worker := c.Members[0], c.Members[1]
 	c.WaitAllReady()
+	// API keys call through the API listener.
+	pool, err := ctrl.Dir.CAPool()
+	if err != nil {
+		t.Fatal(err)
+	}
+	keyHTTP := apiClient(t, pool, nil)
+	keys := []struct {
+		name, secret string
+		roles        []string
+	}{
+		{"sandbox key", namespaceKey(t, c, "acme", "app", api.KeyRoleSandbox), []string{"sandbox"}},
+		{"namespace-admin key", namespaceKey(t, c, "acme", "admin", api.KeyRoleNamespaceAdmin), []string{"sandbox", "namespace-admin"}},
+	}
 
 	operatorCert, nodeCert, ctrlCert := adminCert(t, ctrl), memberCert(t, worker), memberCert(t, ctrl)
 	personal, _ := issueOperator(t, c, ctrl, "alice", "")
@@ -78,6 +96,15 @@ func TestEveryRouteRefusesCallersItsRuleDoesNotName(t *testing.T) {
 			status, e := call(t, ctrl, cl.cert, rule.Method, path)
 			if status != http.StatusForbidden || e == nil || e.Code != api.CodePermissionDenied {
 				t.Errorf("%s %s by the %s (rule: %v): %d %v, want 403 permission_denied", rule.Method, path, cl.name, rule.Roles, status, e)
+			}
+		}
+		for _, k := range keys {
+			if slices.ContainsFunc(rule.Roles, func(r string) bool { return slices.Contains(k.roles, r) }) {
+				continue
+			}
+			r := callAPI(t, keyHTTP, ctrl.Server.APIAddr(), rule.Method, path, bearer(k.secret))
+			if r.status != http.StatusForbidden || r.err == nil || r.err.Code != api.CodePermissionDenied {
+				t.Errorf("%s %s by the %s (rule: %v): %d %v, want 403 permission_denied", rule.Method, path, k.name, rule.Roles, r.status, r.err)
 			}
 		}
 	}

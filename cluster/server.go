@@ -50,6 +50,9 @@ type Timings struct {
 	// tests of expiry.
 	CommandRetention   time.Duration
 	CommandExpiryBatch int
+	// KeyUseFlush is how often a ctrl member reports the API keys it
+	// authenticated to the leader (keyuse.go); 0 is keyUseFlush.
+	KeyUseFlush time.Duration
 }
 
 // DefaultTimings are the production timings.

@@ -22,12 +22,13 @@ func applyWorkspaceCreate(ac *applyCtx) (any, error) {
 	a.Namespace = ns
 	var src *api.Workspace
 	if a.From != "" {
+		// A fork is in its source's namespace: a key forks only its own,
+		// and learns nothing of another's (checked before its state).
+		if w, err := getWorkspace(ac.tx, a.From); err == nil && w != nil && w.Namespace != ns {
+			return nil, api.Errorf(api.CodeNotFound, "workspace %s does not exist in namespace %s", a.From, api.ShownNamespace(ns))
+		}
 		if src, err = forkOf(ac.tx, &a); err != nil {
 			return nil, err
-		}
-		// A fork is in its source's namespace: a key forks only its own.
-		if src.Namespace != ns {
-			return nil, api.Errorf(api.CodeNotFound, "workspace %s does not exist in namespace %s", a.From, api.ShownNamespace(ns))
 		}
 		a.Template, a.CPU, a.MemoryBytes = src.Template, src.CPU, src.MemoryBytes
 	}
