@@ -252,8 +252,7 @@ func (c *DevUpCmd) announceWhenReady(ctx context.Context, g *Globals, d datadir.
 			g.note("In another shell:\n  export KIBOTOS_DATA_DIR=%s\n  %s node list\n  %s workspace create --template %s -q\n  %s workspace exec WS -- uname -a\n  %s workspace terminal WS\nStop with Ctrl-C (VMs keep running); run kibotos dev again to take them over; kibotos dev down [--purge] ends everything.\n\n",
 				d, kibo, kibo, template.DefaultName, kibo, kibo)
 			if apiAddr != "" {
-				ca, _ := filepath.Abs(d.CACert())
-				g.note("Applications reach its API at https://%s with an API key (--api-url, --token), trusting the CA file %s (--ca-file).\n\n", apiAddr, ca)
+				c.announceAPI(g, cl, d, apiAddr)
 			}
 			return
 		}
@@ -445,4 +444,57 @@ func removeHostTable(ctx context.Context) error {
 	}
 	defer ns.Close()
 	return errors.Join(netpol.RemoveHost(ctx, int(ns)), netpol.RemoveProxyRouting(ns))
+}
+
+// devKeyFile holds the secret of the API key kibotos dev made, root-only
+// in the dev data directory, so that each run reuses the key while it is
+// active instead of making a new one.
+const devKeyFile = "api-key"
+
+// devKeyName is that key's name (namespace default, role sandbox).
+const devKeyName = "dev"
+
+// announceAPI tells how applications reach the dev cluster's API: its
+// URL, its CA file and an API key it made (the secret stays in a file).
+func (c *DevUpCmd) announceAPI(g *Globals, cl *api.Client, d datadir.Dir, apiAddr string) {
+	ca, _ := filepath.Abs(d.CACert())
+	keyFile, _ := filepath.Abs(filepath.Join(string(d), devKeyFile))
+	if err := devAPIKey(g, cl, keyFile); err != nil {
+		g.note("Applications reach its API at https://%s with an API key (--api-url, --token), trusting the CA file %s (--ca-file); no key was made: %v\n\n", apiAddr, ca, err)
+		return
+	}
+	g.note("Applications reach its API with the API key %s it made (namespace default, role sandbox; the secret is in %s):\n  export KIBOTOS_API_URL=https://%s KIBOTOS_CA_FILE=%s KIBOTOS_TOKEN=$(cat %s)\n  %s workspace list\n\n",
+		devKeyName, keyFile, apiAddr, ca, keyFile, kiboCommand())
+}
+
+// devAPIKey makes sure keyFile holds the secret of an active key: the one
+// it holds if ctrl still has it active, else a new one (an earlier one of
+// that name, expired or not, is revoked first).
+func devAPIKey(g *Globals, cl *api.Client, keyFile string) error {
+	var keys []api.APIKey
+	if _, err := cl.Do(g.ctx, "GET", "/v1/api-keys", nil, &keys); err != nil {
+		return err
+	}
+	var current *api.APIKey
+	for i := range keys {
+		if keys[i].Name == devKeyName {
+			current = &keys[i]
+		}
+	}
+	if raw, err := os.ReadFile(keyFile); err == nil && current != nil && current.State == api.OperatorActive {
+		if id, _, ok := api.ParseKeySecret(strings.TrimSpace(string(raw))); ok && id == current.KeyID {
+			return nil
+		}
+	}
+	if current != nil && current.State == api.OperatorActive {
+		if _, err := cl.Do(g.ctx, "POST", "/v1/api-keys/"+devKeyName+"/revoke", api.WriteMeta{}, nil); err != nil {
+			return err
+		}
+	}
+	id, secret, hash := api.NewKeySecret()
+	req := api.APIKeyCreateRequest{Name: devKeyName, Namespace: api.DefaultNamespace, Role: api.KeyRoleSandbox, KeyID: id, SecretHash: hash}
+	if _, err := cl.Do(g.ctx, "POST", "/v1/api-keys", req, nil); err != nil {
+		return err
+	}
+	return datadir.WriteFileAtomic(keyFile, []byte(secret+"\n"), 0o600)
 }

@@ -98,10 +98,17 @@ func hostIPv4(t *testing.T) string {
 // testPortForward forwards a local port to a busybox nc echo server in
 // the Workspace.
 func (d *wsDev) testPortForward(id string) {
-	t := d.t
 	d.must("workspace", "exec", id, "--", "sh", "-c", "nc -l -p 8000 -e /bin/cat </dev/null >/dev/null 2>&1 &")
+	d.portForwardEcho(id, d.env())
+}
+
+// portForwardEcho forwards a local port to port 8000 of Workspace id,
+// where an echo server listens, with the CLI's environment env, and
+// checks 256 KiB come back as sent.
+func (d *wsDev) portForwardEcho(id string, env []string) {
+	t := d.t
 	cmd := exec.Command(filepath.Join(d.bin, "kibo"), "workspace", "port-forward", id, "0:8000")
-	cmd.Env = d.env()
+	cmd.Env = env
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	stderr, err := cmd.StderrPipe()
 	if err != nil {

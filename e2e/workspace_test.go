@@ -39,6 +39,7 @@ type wsDev struct {
 	bin     string
 	dir     string // the dev data directory
 	addr    string // --advertise
+	apiAddr string // --api-listen: the API for applications
 	cache   string // shared kernel package cache
 	mu      sync.Mutex
 	dev     *proc // current kibotos dev process
@@ -52,7 +53,9 @@ func TestWorkspace(t *testing.T) {
 	tmp := t.TempDir() // registered first: removed after the cleanup below
 	d := &wsDev{t: t, tmp: tmp, dir: filepath.Join(tmp, "dev"), cache: filepath.Join(os.TempDir(), "kibotos-test-platform")}
 	d.bin = buildBinary(t, filepath.Join(tmp, "bin"))
-	d.addr = "127.0.0.1:" + strconv.Itoa(testenv.Ports(t, 4)) // API, gossip, data plane, metrics
+	ports := testenv.Ports(t, 5) // API, gossip, data plane, metrics, the API for applications
+	d.addr = "127.0.0.1:" + strconv.Itoa(ports)
+	d.apiAddr = "127.0.0.1:" + strconv.Itoa(ports+4)
 	t.Cleanup(d.down)
 	d.up()
 	inc := d.waitReady(0)
@@ -89,6 +92,7 @@ func TestWorkspace(t *testing.T) {
 		{"Fork", d.testFork},
 		{"Warm", d.testWarm},
 		{"OCITemplate", d.testOCITemplate},
+		{"Tenants", d.testTenants},
 	}
 	for _, s := range steps {
 		if !d.step(s.name, func() { s.f(ws) }) {
@@ -113,7 +117,7 @@ func (d *wsDev) up() {
 	if err != nil {
 		d.t.Fatal(err)
 	}
-	cmd := exec.Command(filepath.Join(d.bin, "kibotos"), "dev", "--data-dir", d.dir, "--advertise", d.addr, "--no-demo", "--warm", warmTemplate+"=1")
+	cmd := exec.Command(filepath.Join(d.bin, "kibotos"), "dev", "--data-dir", d.dir, "--advertise", d.addr, "--api-listen", d.apiAddr, "--no-demo", "--warm", warmTemplate+"=1")
 	cmd.Env = d.env()
 	p, err := startProc(cmd, f, logPath)
 	if err != nil {
@@ -183,10 +187,19 @@ func (d *wsDev) waitReady(after uint64) uint64 {
 
 // kibo runs the CLI with KIBOTOS_DATA_DIR set to the dev directory.
 func (d *wsDev) kibo(timeout time.Duration, stdin []byte, args ...string) result {
+	return d.kiboWith(d.env(), timeout, stdin, args...)
+}
+
+// kiboEnv runs the CLI with environment env, for at most a minute.
+func (d *wsDev) kiboEnv(env []string, args ...string) result {
+	return d.kiboWith(env, time.Minute, nil, args...)
+}
+
+func (d *wsDev) kiboWith(env []string, timeout time.Duration, stdin []byte, args ...string) result {
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, filepath.Join(d.bin, "kibo"), args...)
-	cmd.Env = d.env()
+	cmd.Env = env
 	if stdin != nil {
 		cmd.Stdin = bytes.NewReader(stdin)
 	}

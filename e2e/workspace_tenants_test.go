@@ -1,0 +1,114 @@
+package e2e
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/kibotos/kibotos/api"
+	"github.com/kibotos/kibotos/datadir"
+	"github.com/kibotos/kibotos/internal/hostprobe"
+)
+
+// testTenants uses the dev cluster as an application would: with only
+// the API URL, the CA file and an API key (no data directory, no
+// operator credential). The key dev made works; a key of namespace acme
+// creates a Workspace there, execs, copies a file in and out, forwards a
+// port and deletes it; a key of namespace beta can neither see nor touch
+// it.
+func (d *wsDev) testTenants(string) {
+	t := d.t
+	ca := d.caFile()
+	devKey, err := os.ReadFile(filepath.Join(d.dir, "api-key"))
+	if err != nil {
+		t.Fatalf("the API key kibotos dev made: %v", err)
+	}
+	if log, _ := os.ReadFile(d.devProc().log); !bytes.Contains(log, []byte("KIBOTOS_TOKEN=$(cat ")) {
+		t.Errorf("kibotos dev did not say how to reach its API with its key")
+	}
+	remote := func(secret string, args ...string) result {
+		return d.remote(secret, ca, args...)
+	}
+	if r := remote(strings.TrimSpace(string(devKey)), "workspace", "list"); r.code != 0 {
+		t.Fatalf("dev's key on its API: %s", r)
+	}
+
+	secrets := map[string]string{}
+	for _, ns := range []string{"acme", "beta"} {
+		d.must("namespace", "create", ns)
+		r := d.must("api-key", "create", "app", "--namespace", ns, "--role", "sandbox")
+		secrets[ns] = strings.TrimSpace(r.stdout)
+		if _, _, ok := api.ParseKeySecret(secrets[ns]); !ok {
+			t.Fatalf("api-key create printed %q, not a key", r.stdout)
+		}
+	}
+	acme := func(args ...string) result { return remote(secrets["acme"], args...) }
+	beta := func(args ...string) result { return remote(secrets["beta"], args...) }
+
+	r := acme("workspace", "create", "--template", "kibotos-base", "--run-timeout", "30m", "-q")
+	if r.code != 0 || !wsIDRe.MatchString(r.stdout) {
+		t.Fatalf("create with acme's key: %s", r)
+	}
+	id := strings.TrimSpace(r.stdout)
+	if r := acme("workspace", "exec", id, "--", "echo", "remote-hello"); r.code != 0 || r.stdout != "remote-hello\n" {
+		t.Fatalf("exec with acme's key: %s", r)
+	}
+	local, back := filepath.Join(d.tmp, "tenant.in"), filepath.Join(d.tmp, "tenant.out")
+	payload := randBytes(t, 1<<20)
+	if err := os.WriteFile(local, payload, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if r := acme("workspace", "cp", local, id+":/root/tenant"); r.code != 0 {
+		t.Fatalf("cp in with acme's key: %s", r)
+	}
+	if r := acme("workspace", "cp", id+":/root/tenant", back); r.code != 0 {
+		t.Fatalf("cp out with acme's key: %s", r)
+	}
+	if got, _ := os.ReadFile(back); !bytes.Equal(got, payload) {
+		t.Errorf("cp in and out with acme's key: %d bytes back, equal %v", len(got), bytes.Equal(got, payload))
+	}
+	if r := acme("workspace", "exec", id, "--", "sh", "-c", "nc -l -p 8000 -e /bin/cat </dev/null >/dev/null 2>&1 &"); r.code != 0 {
+		t.Fatalf("echo server with acme's key: %s", r)
+	}
+	d.portForwardEcho(id, d.remoteEnv(secrets["acme"], ca))
+
+	// beta's key: acme's Workspace does not exist for it.
+	for _, args := range [][]string{
+		{"workspace", "get", id},
+		{"workspace", "exec", id, "--", "true"},
+		{"workspace", "stop", id},
+		{"workspace", "delete", id},
+	} {
+		if r := beta(args...); r.code != api.ExitNotFound {
+			t.Errorf("beta's key: %s: want exit %d", r, api.ExitNotFound)
+		}
+	}
+	if r := beta("workspace", "list", "-q"); r.code != 0 || strings.Contains(r.stdout, id) {
+		t.Errorf("beta's list shows acme's Workspace: %s", r)
+	}
+	if r := beta("node", "list"); r.code != api.ExitPermissionDenied {
+		t.Errorf("beta's key on nodes: %s: want exit %d", r, api.ExitPermissionDenied)
+	}
+	if r := acme("workspace", "delete", id); r.code != 0 {
+		t.Fatalf("delete with acme's key: %s", r)
+	}
+	d.expect(api.ExitNotFound, "workspace", "get", id)
+}
+
+// caFile is the dev cluster's CA certificate, which applications trust.
+func (d *wsDev) caFile() string { return datadir.Dir(d.dir).CACert() }
+
+// remoteEnv is the environment of a CLI on a host with nothing of the
+// cluster but the API URL, its CA file and an API key.
+func (d *wsDev) remoteEnv(secret, ca string) []string {
+	home := filepath.Join(d.tmp, "remote-home")
+	os.MkdirAll(home, 0o700)
+	return append(hostprobe.CleanEnv(), "HOME="+home, "KIBOTOS_DATA_DIR="+filepath.Join(d.tmp, "no-data-dir"),
+		"KIBOTOS_API_URL=https://"+d.apiAddr, "KIBOTOS_TOKEN="+secret, "KIBOTOS_CA_FILE="+ca)
+}
+
+// remote runs the CLI as remoteEnv describes.
+func (d *wsDev) remote(secret, ca string, args ...string) result {
+	return d.kiboEnv(d.remoteEnv(secret, ca), args...)
+}
