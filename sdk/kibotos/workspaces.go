@@ -59,8 +59,7 @@ type WorkspaceSpec struct {
 	// OnTimeout (delete by default); 0: the namespace's default.
 	Timeout   time.Duration
 	OnTimeout string
-	// AutoResume: a connection to the guest resumes the Workspace when
-	// it is PAUSED.
+	// AutoResume: Exec and Files resume the Workspace when it is PAUSED.
 	AutoResume bool
 	// From forks this PAUSED Workspace; Template, CPU and Memory are
 	// then its own and may be left out.
@@ -108,7 +107,7 @@ func (s WorkspaceSpec) request() (api.WorkspaceCreateRequest, error) {
 // Workspace is a Workspace as the server last described it, with what
 // can be done to it. The methods that change it update the fields from
 // the server's answer: use a *Workspace from one goroutine at a time
-// (the calls that only need its id read a copy of it, and may run alongside each other).
+// (Exec and Files only read the id, and may run alongside each other).
 type Workspace struct {
 	ID         string
 	Namespace  string
@@ -130,13 +129,17 @@ type Workspace struct {
 	// it was); "" otherwise.
 	Failure string
 
+	// Files are the files of its guest.
+	Files *Files
+
 	c             *Client
-	id            string // ID, read by calls that run while the fields may change
+	id            string // ID, read by Exec and Files while the fields may change
 	failureReason string
 }
 
 func (c *Client) workspace(r *api.Workspace) *Workspace {
 	w := &Workspace{c: c, id: r.WorkspaceID}
+	w.Files = &Files{w: w}
 	w.set(r)
 	return w
 }

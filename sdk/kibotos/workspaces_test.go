@@ -210,3 +210,23 @@ func TestListReadsEveryPage(t *testing.T) {
 		t.Errorf("list sent %v; want the state and label filters", q)
 	}
 }
+
+func TestExecWithoutTheClusterCAAsksForNoCredential(t *testing.T) {
+	f := newFakeAPI(t)
+	c, err := kibotos.Connect(context.Background(), f.srv.URL, testKey, &kibotos.Options{HTTPClient: f.srv.Client()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.handle("GET /v1/workspaces/ws-1", (&stateScript{states: []string{api.WorkspaceAvailable}}).get)
+	ws, err := c.Workspaces.Get(context.Background(), "ws-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = ws.Exec(context.Background(), []string{"true"}, nil)
+	if !errors.Is(err, kibotos.ErrInvalidArgument) {
+		t.Fatalf("Exec without a CA: %v; want ErrInvalidArgument naming the CA", err)
+	}
+	if n := len(f.seenOf("POST", "/v1/workspaces/ws-1/credentials")); n != 0 {
+		t.Fatalf("%d credentials asked for, with no CA to check the data plane against", n)
+	}
+}
