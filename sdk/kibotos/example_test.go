@@ -119,7 +119,7 @@ func ExampleWorkspace_Exec() {
 	}
 	fmt.Println("exit", res.ExitCode)
 
-	_, err = ws.Exec(ctx, []string{"/no/such/command"}, nil)
+	_, err = ws.Exec(ctx, []string{"no-such-command"}, nil)
 	fmt.Println("not found:", errors.Is(err, kibotos.ErrNotFound))
 	// Output:
 	// exit 3, stdout "out\n", stderr "err\n"

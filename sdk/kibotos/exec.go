@@ -19,8 +19,10 @@ import (
 // workspaceRoot is where a guest mounts its Workspace's filesystem
 // (agent.WorkspaceRoot; a test keeps the two equal). Processes run
 // chrooted there and files are found under it. Not imported: agent is
-// the node's whole runtime, which no application needs to link.
-const workspaceRoot = "/rootfs"
+// the node's whole runtime, which no application needs to link. A
+// variable only for the tests, whose guest agent serves a directory of
+// the test host.
+var workspaceRoot = "/rootfs"
 
 // guestEnv is the environment of a process when the Template's image
 // gives none, as the kibo CLI sets it.
@@ -79,7 +81,10 @@ type ExecResult struct {
 // Exec runs argv in the Workspace and waits until it ended and its output
 // was copied; like os/exec, it also waits for the copy of Stdin to end.
 // A command that exits non-zero is not an error: read ExitCode. A command
-// that cannot be found is ErrNotFound. Ending ctx kills the command.
+// not found in PATH is ErrNotFound, one that cannot start (not
+// executable, its working directory missing) ErrFailedPrecondition.
+// Ending ctx kills the command's process (what it started in the
+// background goes on, as after any exec).
 func (w *Workspace) Exec(ctx context.Context, argv []string, opts *ExecOptions) (ExecResult, error) {
 	if len(argv) == 0 {
 		return ExecResult{}, errorf(CodeInvalidArgument, "kibotos: workspace %s: exec needs a command", w.id)
