@@ -37,14 +37,14 @@ func (c *Client) do(ctx context.Context, method, path string, query url.Values, 
 	for attempt := 0; ; attempt++ {
 		err := c.once(ctx, method, path, query, body, out)
 		var e *Error
-		if err == nil || !errors.As(err, &e) || !(e.RateLimited || e.Code == CodeUnavailable) || attempt >= c.retries || c.retries < 0 {
+		if err == nil || !errors.As(err, &e) || !(e.RateLimited || e.Code == CodeUnavailable) || attempt >= c.retries {
 			return err
 		}
 		wait := e.RetryAfter
 		if wait == 0 {
 			// Exponential from 250 ms to 5 s, with jitter so that many
 			// clients refused together do not come back together.
-			wait = min(250*time.Millisecond<<attempt, 5*time.Second)
+			wait = min(250*time.Millisecond<<min(attempt, 5), 5*time.Second)
 			wait = wait/2 + rand.N(wait/2+1)
 		}
 		if dl, ok := ctx.Deadline(); ok && time.Until(dl) < wait {

@@ -204,3 +204,17 @@ func TestUnavailableCallsAreRetriedWithTheSameCommand(t *testing.T) {
 		t.Fatalf("requests %d, bodies %s / %s; want 3 carrying the same command id", len(s), s[0].body, s[len(s)-1].body)
 	}
 }
+
+func TestMaxRetriesBoundsTheAttempts(t *testing.T) {
+	f := newFakeAPI(t)
+	c := f.connect(t, &kibotos.Options{MaxRetries: 2})
+	f.handle("GET /v1/volumes/data", func(*http.Request, []byte) (int, http.Header, any) {
+		return 503, nil, api.Errorf(api.CodeUnavailable, "no leader")
+	})
+	if _, err := c.Volumes.Get(context.Background(), "data"); !errors.Is(err, kibotos.ErrUnavailable) {
+		t.Fatalf("Get while no leader answers: %v; want ErrUnavailable", err)
+	}
+	if n := len(f.seenOf("GET", "/v1/volumes/data")); n != 3 {
+		t.Fatalf("%d requests with MaxRetries 2; want the first and 2 retries", n)
+	}
+}

@@ -24,6 +24,9 @@ func (w *Workspace) Refresh(ctx context.Context) error {
 // (when FAILED is not among them) is an error saying why: ErrResourceExhausted
 // when no node has room for it, ErrFailedPrecondition otherwise.
 func (w *Workspace) Wait(ctx context.Context, states ...string) error {
+	if len(states) == 0 {
+		return errorf(CodeInvalidArgument, "kibotos: workspace %s: Wait needs the states to wait for, such as kibotos.StateAvailable", w.id)
+	}
 	return w.wait(ctx, "", states...)
 }
 
