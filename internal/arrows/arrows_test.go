@@ -45,6 +45,8 @@ var rules = []rule{
 	{why: "the member's composition root is imported by the CLI only", from: module + "/ctrl/...", never: []string{module + "/member/..."}},
 	{why: "certificates and credentials are libraries of their own", from: module + "/credential/...",
 		never: []string{module + "/cluster/...", module + "/agent/...", module + "/fsm/...", module + "/cli/..."}},
+	{why: "the SDK is linked into applications: the API's types and the data plane's client, no server or CLI code", from: module + "/sdk/...",
+		never: []string{module + "/cluster/...", module + "/fsm/...", module + "/ctrl/...", module + "/cli/...", module + "/member/...", module + "/agent", module + "/agent/runtime/..."}},
 }
 
 func matches(pattern, path string) bool {
