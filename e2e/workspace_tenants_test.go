@@ -2,9 +2,12 @@ package e2e
 
 import (
 	"bytes"
+	"context"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/kibotos/kibotos/api"
 	"github.com/kibotos/kibotos/datadir"
@@ -94,6 +97,31 @@ func (d *wsDev) testTenants(string) {
 		t.Fatalf("delete with acme's key: %s", r)
 	}
 	d.expect(api.ExitNotFound, "workspace", "get", id)
+	d.sdkExamples(secrets["acme"], ca)
+}
+
+// sdkExamples runs the Go SDK's examples (sdk/kibotos, build tag
+// sdkexamples) against the dev cluster with an API key: their Output
+// lines are what the SDK's documentation promises.
+func (d *wsDev) sdkExamples(secret, ca string) {
+	t := d.t
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "go", "test", "-count=1", "-tags", "sdkexamples", "-run", "^Example", "./sdk/kibotos/")
+	cmd.Dir = ".."
+	env := []string{"KIBOTOS_API_URL=https://" + d.apiAddr, "KIBOTOS_TOKEN=" + secret, "KIBOTOS_CA_FILE=" + ca, "KIBOTOS_TEMPLATE=kibotos-base"}
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "KIBOTOS_") {
+			env = append(env, kv)
+		}
+	}
+	cmd.Env = env
+	t0 := time.Now()
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("the SDK examples against the dev cluster: %v\n%s", err, out)
+	}
+	t.Logf("the SDK examples passed against the dev cluster in %s", time.Since(t0).Round(time.Second))
 }
 
 // caFile is the dev cluster's CA certificate, which applications trust.
