@@ -110,7 +110,7 @@ func newFork(ac *applyCtx, id string, a *WorkspaceCreateArgs, src *api.Workspace
 	}
 	s := *src.Snapshot
 	s.From = src.WorkspaceID
-	return &api.Workspace{WorkspaceID: id, Template: src.Template, CPU: src.CPU, MemoryBytes: src.MemoryBytes, Labels: a.Labels, Network: &network,
+	return &api.Workspace{WorkspaceID: id, Namespace: src.Namespace, Template: src.Template, CPU: src.CPU, MemoryBytes: src.MemoryBytes, Labels: a.Labels, Network: &network,
 		CreatedAt: *at(ac.e), Platform: src.Platform, ForkedFrom: src.WorkspaceID, Snapshot: &s,
 		Layer: &api.LayerRight{NodeID: src.Layer.NodeID, PoolID: src.Layer.PoolID, Shared: src.Layer.Shared, SizeBytes: src.Layer.SizeBytes}}, nil
 }

@@ -229,3 +229,34 @@ func TestNamespaceListPages(t *testing.T) {
 		t.Fatalf("acme's pages listed %v, want %v", got, ids)
 	}
 }
+
+// A fork is in its source's namespace, whoever forks it.
+func TestForkStaysInItsNamespace(t *testing.T) {
+	h := newHarness(t)
+	twoNodes(h)
+	h.resumer("node-a", canResume)
+	h.poolCapacity("nfs", 100*gib)
+	h.ok(OpNamespaceCreate, NamespaceArgs{Name: "acme"})
+	h.ok(OpAPIKeyCreate, APIKeyCreateArgs{Namespace: "acme", Name: "app", Role: api.KeyRoleSandbox, KeyID: strings.Repeat("a", api.KeyIDLen), SecretHash: keyHash("acme")})
+	a := smallWS
+	a.Namespace = "acme"
+	src := h.pausedWS("src", a)
+	h.advance(time.Second)
+	f := decode[api.Workspace](t, h.ok(OpWorkspaceCreate, fork(src.WorkspaceID), withCommand("f1"), asKey("acme", "app")))
+	if f.Namespace != "acme" {
+		t.Fatalf("a fork of acme's Workspace went to namespace %q", f.Namespace)
+	}
+	g := decode[api.Workspace](t, h.ok(OpWorkspaceCreate, WorkspaceCreateArgs{Namespace: "acme", From: src.WorkspaceID}, withCommand("f2")))
+	if g.Namespace != "acme" {
+		t.Fatalf("an operator's fork of acme's Workspace went to namespace %q", g.Namespace)
+	}
+	// An operator naming no namespace forks into the source's; naming
+	// another, finds no such Workspace there.
+	if o := decode[api.Workspace](t, h.ok(OpWorkspaceCreate, fork(src.WorkspaceID), withCommand("f3"))); o.Namespace != "acme" {
+		t.Fatalf("an operator's fork without a namespace went to %q", o.Namespace)
+	}
+	h.ok(OpNamespaceCreate, NamespaceArgs{Name: "beta"})
+	other := fork(src.WorkspaceID)
+	other.Namespace = "beta"
+	h.fail(api.CodeNotFound, OpWorkspaceCreate, other, withCommand("f4"))
+}

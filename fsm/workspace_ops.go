@@ -25,7 +25,11 @@ func applyWorkspaceCreate(ac *applyCtx) (any, error) {
 		// A fork is in its source's namespace: a key forks only its own,
 		// and learns nothing of another's (checked before its state).
 		if w, err := getWorkspace(ac.tx, a.From); err == nil && w != nil && w.Namespace != ns {
-			return nil, api.Errorf(api.CodeNotFound, "workspace %s does not exist in namespace %s", a.From, api.ShownNamespace(ns))
+			if ac.scope != nil || ns != "" {
+				return nil, api.Errorf(api.CodeNotFound, "workspace %s does not exist in namespace %s", a.From, api.ShownNamespace(ns))
+			}
+			// An operator who names no namespace forks into the source's.
+			ns, a.Namespace = w.Namespace, w.Namespace
 		}
 		if src, err = forkOf(ac.tx, &a); err != nil {
 			return nil, err
