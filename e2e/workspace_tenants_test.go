@@ -12,6 +12,7 @@ import (
 	"github.com/kibotos/kibotos/api"
 	"github.com/kibotos/kibotos/datadir"
 	"github.com/kibotos/kibotos/internal/hostprobe"
+	"github.com/kibotos/kibotos/internal/testenv"
 )
 
 // testTenants uses the dev cluster as an application would: with only
@@ -105,6 +106,10 @@ func (d *wsDev) testTenants(string) {
 // lines are what the SDK's documentation promises.
 func (d *wsDev) sdkExamples(secret, ca string) {
 	t := d.t
+	// The fork example runs a fork and its resumed source at once, beside
+	// the warm guest: more vCPUs than this two-core host has unless the
+	// operator overcommits them, as one would on a laptop.
+	d.must("node", "overcommit", "set", "dev", "--cpu", "4")
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, "go", "test", "-count=1", "-tags", "sdkexamples", "-run", "^Example", "./sdk/kibotos/")
@@ -122,6 +127,11 @@ func (d *wsDev) sdkExamples(secret, ca string) {
 		t.Fatalf("the SDK examples against the dev cluster: %v\n%s", err, out)
 	}
 	t.Logf("the SDK examples passed against the dev cluster in %s", time.Since(t0).Round(time.Second))
+	// Each example deletes what it made.
+	testenv.WaitFor(t, time.Minute, "the examples' Workspaces gone", func() (bool, string) {
+		r := d.must("workspace", "list", "-n", "acme", "--all", "-q")
+		return r.stdout == "", r.stdout
+	})
 }
 
 // caFile is the dev cluster's CA certificate, which applications trust.
