@@ -126,22 +126,32 @@ func newLab(t *testing.T, n int) *lab {
 	l.addNetns(sw)
 	l.ip("-n", sw, "link", "add", "br0", "type", "bridge")
 	l.ip("-n", sw, "link", "set", "br0", "up")
-	for i := 1; i <= n; i++ {
-		ns := fmt.Sprintf("%s-%d", l.prefix, i)
-		port := fmt.Sprintf("p%d", i)
-		l.addNetns(ns)
-		// Created inside the switch namespace with the peer moved straight
-		// into the host namespace: the root namespace never sees either end.
-		l.ip("-n", sw, "link", "add", port, "type", "veth", "peer", "name", hostIface, "netns", ns)
-		l.ip("-n", sw, "link", "set", port, "master", "br0")
-		l.ip("-n", sw, "link", "set", port, "up")
-		ip := fmt.Sprintf("%s%d", subnetPrefix, 10+i)
-		l.ip("-n", ns, "addr", "add", ip+"/24", "dev", hostIface)
-		l.ip("-n", ns, "link", "set", hostIface, "up")
-		l.ip("-n", ns, "link", "set", "lo", "up")
-		l.hosts = append(l.hosts, &host{lab: l, ns: ns, ip: ip, index: i, dataDir: filepath.Join(l.dir, fmt.Sprintf("host%d", i))})
+	for range n {
+		l.addHost()
 	}
 	return l
+}
+
+// addHost plugs one more host into the lab's switch: a namespace with the
+// next address.
+func (l *lab) addHost() *host {
+	i := len(l.hosts) + 1
+	sw := l.prefix + "-sw"
+	ns := fmt.Sprintf("%s-%d", l.prefix, i)
+	port := fmt.Sprintf("p%d", i)
+	l.addNetns(ns)
+	// Created inside the switch namespace with the peer moved straight
+	// into the host namespace: the root namespace never sees either end.
+	l.ip("-n", sw, "link", "add", port, "type", "veth", "peer", "name", hostIface, "netns", ns)
+	l.ip("-n", sw, "link", "set", port, "master", "br0")
+	l.ip("-n", sw, "link", "set", port, "up")
+	ip := fmt.Sprintf("%s%d", subnetPrefix, 10+i)
+	l.ip("-n", ns, "addr", "add", ip+"/24", "dev", hostIface)
+	l.ip("-n", ns, "link", "set", hostIface, "up")
+	l.ip("-n", ns, "link", "set", "lo", "up")
+	h := &host{lab: l, ns: ns, ip: ip, index: i, dataDir: filepath.Join(l.dir, fmt.Sprintf("host%d", i))}
+	l.hosts = append(l.hosts, h)
+	return h
 }
 
 // buildBinary builds kibotos into dir and adds the kibo symlink.

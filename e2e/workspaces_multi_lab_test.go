@@ -111,6 +111,10 @@ shared = true
 	for _, p := range standalone {
 		body += fmt.Sprintf("\n[[storage.pools]]\nid = %q\npath = %q\n", p[0], p[1])
 	}
+	if strings.Contains(h.roles, "ctrl") {
+		// The API for applications, on the host's address (RemoteClient).
+		body += fmt.Sprintf("\n[api]\nlisten = %q\n", h.ip+":"+appAPIPort)
+	}
 	if err := os.WriteFile(path, []byte(body), 0o644); err != nil {
 		t.Fatal(err)
 	}

@@ -471,5 +471,8 @@ func TestWorkspacesTwoNodes(t *testing.T) {
 			t.Errorf("delete of a lost Volume: %q", out)
 		}
 	})
+	// 7. An application on a third host, holding only the API URL, the CA
+	// file and a key of its namespace.
+	t.Run("RemoteClient", func(t *testing.T) { mhRemoteClient(t, l, a) })
 	t.Logf("whole test %s", time.Since(t0).Round(time.Millisecond))
 }

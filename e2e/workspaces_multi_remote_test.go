@@ -1,0 +1,153 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"runtime"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/kibotos/kibotos/api"
+	"github.com/kibotos/kibotos/datadir"
+	"github.com/kibotos/kibotos/internal/hostprobe"
+	"github.com/kibotos/kibotos/internal/testenv"
+	"github.com/kibotos/kibotos/vmm/template"
+)
+
+// appAPIPort is the port of the ctrl hosts' API for applications.
+const appAPIPort = "7443"
+
+// mhRemoteClient works from a host of its own (a namespace with its own
+// address, no member, no data directory) with what an operator hands an
+// application: the API URL of ctrl host, the cluster CA file and an API
+// key of namespace acme. It creates a Workspace, execs, copies a file in
+// and out, forwards a port and deletes it, all over the lab's network.
+func mhRemoteClient(t *testing.T, l *lab, ctrl *host) {
+	client := l.addHost()
+	// Room for one more Workspace whatever the steps before left running.
+	mhMust(t, ctrl, cliTimeout, "node", "overcommit", "set", ctrl.nodeID, "--cpu", "4")
+	mhMust(t, ctrl, cliTimeout, "namespace", "create", "acme")
+	key := strings.TrimSpace(mhMust(t, ctrl, cliTimeout, "api-key", "create", "app", "--namespace", "acme", "--role", "sandbox").stdout)
+	ca := filepath.Join(l.dir, "app-ca.crt")
+	raw, err := os.ReadFile(datadir.Dir(ctrl.dataDir).CACert())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(ca, raw, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	home := filepath.Join(l.dir, "app-home")
+	os.MkdirAll(home, 0o700)
+	env := append(hostprobe.CleanEnv(), "HOME="+home, "KIBOTOS_DATA_DIR="+filepath.Join(l.dir, "no-data-dir"),
+		"KIBOTOS_API_URL=https://"+ctrl.ip+":"+appAPIPort, "KIBOTOS_TOKEN="+key, "KIBOTOS_CA_FILE="+ca)
+	app := func(timeout time.Duration, args ...string) result {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), timeout)
+		defer cancel()
+		cmd := exec.CommandContext(ctx, "ip", append([]string{"netns", "exec", client.ns, filepath.Join(l.bin, "kibo")}, args...)...)
+		cmd.Env = env
+		r := runResult(ctx, timeout, cmd, args)
+		if r.code != 0 {
+			t.Fatalf("from host %s with acme's key: %s", client.ip, r)
+		}
+		return r
+	}
+
+	id := strings.TrimSpace(app(mhBootTimeout, "workspace", "create", "--template", template.DefaultName, "--memory", "256MiB", "--run-timeout", "30m", "-q").stdout)
+	if r := app(time.Minute, "workspace", "exec", id, "--", "echo", "from-another-host"); r.stdout != "from-another-host\n" {
+		t.Fatalf("exec from host %s: %q", client.ip, r.stdout)
+	}
+	local, back := filepath.Join(l.dir, "app.in"), filepath.Join(l.dir, "app.out")
+	payload := randBytes(t, 256<<10)
+	if err := os.WriteFile(local, payload, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	app(time.Minute, "workspace", "cp", local, id+":/root/app")
+	app(time.Minute, "workspace", "cp", id+":/root/app", back)
+	if got, _ := os.ReadFile(back); !bytes.Equal(got, payload) {
+		t.Errorf("cp in and out from host %s: %d bytes back, equal %v", client.ip, len(got), bytes.Equal(got, payload))
+	}
+
+	// port-forward: an echo server in the guest, the forwarded port on
+	// the application's host.
+	app(time.Minute, "workspace", "exec", id, "--", "sh", "-c", "nc -l -p 8000 -e /bin/cat </dev/null >/dev/null 2>&1 &")
+	cmd := exec.Command("ip", "netns", "exec", client.ns, filepath.Join(l.bin, "kibo"), "workspace", "port-forward", id, "0:8000")
+	cmd.Env = env
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	stderr := &testenv.Buffer{}
+	cmd.Stderr = stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { cmd.Process.Kill(); cmd.Wait() }()
+	fwd := regexp.MustCompile(`Forwarding (127\.0\.0\.1:\d+) -> `)
+	var local8000 string
+	testenv.WaitFor(t, 30*time.Second, "port-forward listening", func() (bool, string) {
+		m := fwd.FindStringSubmatch(stderr.String())
+		if m != nil {
+			local8000 = m[1]
+		}
+		return m != nil, stderr.String()
+	})
+	msg := []byte("echo through the data plane to another host")
+	testenv.WaitFor(t, 20*time.Second, "an answer through "+local8000, func() (bool, string) {
+		got, err := dialIn(client.ns, local8000, msg)
+		return bytes.Equal(got, msg), fmt.Sprintf("%q %v", got, err)
+	})
+
+	app(mhBootTimeout, "workspace", "delete", id)
+	if r := ctrl.kibo("workspace", "get", id); r.code != api.ExitNotFound {
+		t.Errorf("the Workspace after its delete from host %s: %s", client.ip, r)
+	}
+}
+
+// dialIn connects to addr from inside namespace ns, sends msg, closes its
+// side and returns the answer. Only a thread of its own enters ns (see
+// lab.listenIn).
+func dialIn(ns, addr string, msg []byte) ([]byte, error) {
+	type answer struct {
+		b   []byte
+		err error
+	}
+	done := make(chan answer, 1)
+	go func() {
+		runtime.LockOSThread()
+		f, err := os.Open("/run/netns/" + ns)
+		if err != nil {
+			done <- answer{err: err}
+			return
+		}
+		defer f.Close()
+		if err := unix.Setns(int(f.Fd()), unix.CLONE_NEWNET); err != nil {
+			done <- answer{err: err}
+			return
+		}
+		c, err := net.DialTimeout("tcp", addr, 5*time.Second)
+		if err != nil {
+			done <- answer{err: err}
+			return
+		}
+		defer c.Close()
+		c.SetDeadline(time.Now().Add(10 * time.Second))
+		if _, err := c.Write(msg); err != nil {
+			done <- answer{err: err}
+			return
+		}
+		c.(*net.TCPConn).CloseWrite()
+		b, err := io.ReadAll(c)
+		done <- answer{b, err}
+	}()
+	a := <-done
+	return a.b, a.err
+}
