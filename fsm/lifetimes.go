@@ -109,6 +109,18 @@ func namesWorkspace(id string) error {
 	return nil
 }
 
+// argsWorkspace decodes the entry's arguments into a and returns the
+// Workspace they name at *id (a field of a).
+func argsWorkspace(ac *applyCtx, a any, id *string) (*api.Workspace, error) {
+	if err := decodeArgs(ac.e, a); err != nil {
+		return nil, err
+	}
+	if err := namesWorkspace(*id); err != nil {
+		return nil, err
+	}
+	return mustWorkspace(ac.tx, *id)
+}
+
 // checkLifetime refuses a timeout (seconds) or an action the API would
 // not take.
 func checkLifetime(seconds int64, action string) error {
@@ -189,13 +201,7 @@ func applyWorkspaceSetTimeout(ac *applyCtx) (any, error) {
 
 func applyWorkspaceTimedOut(ac *applyCtx) (any, error) {
 	var a WorkspaceTimedOutArgs
-	if err := decodeArgs(ac.e, &a); err != nil {
-		return nil, err
-	}
-	if err := namesWorkspace(a.WorkspaceID); err != nil {
-		return nil, err
-	}
-	w, err := mustWorkspace(ac.tx, a.WorkspaceID)
+	w, err := argsWorkspace(ac, &a, &a.WorkspaceID)
 	if err != nil {
 		return nil, err
 	}
