@@ -61,10 +61,15 @@ func (s *Server) handleWorkspaceCreate(r *http.Request, req api.WorkspaceCreateR
 	if err != nil {
 		return fail(err)
 	}
-	if timeout > 0 || req.AutoResume {
+	idle, err := createIdleTimeout(req.IdleTimeout)
+	if err != nil {
+		return fail(err)
+	}
+	if timeout > 0 || req.AutoResume || idle > 0 {
 		// An older voter would drop them: the Workspace would never end,
-		// or never resume on connect on that voter's state.
-		if err := s.levelsReach("workspace create with a timeout or auto-resume", fsm.LevelLifetimes); err != nil {
+		// never pause when idle, or never resume on connect on that
+		// voter's state.
+		if err := s.levelsReach("workspace create with a timeout, an idle timeout or auto-resume", fsm.LevelLifetimes); err != nil {
 			return fail(err)
 		}
 	}
@@ -72,6 +77,7 @@ func (s *Server) handleWorkspaceCreate(r *http.Request, req api.WorkspaceCreateR
 		Namespace: ns, Template: req.Template, CPU: req.CPU, MemoryBytes: req.MemoryBytes, Labels: req.Labels, NodeID: req.NodeID, Network: req.Network,
 		Volumes: req.Volumes, NewVolumes: req.NewVolumes, From: req.From,
 		TimeoutSeconds: int64(timeout / time.Second), OnTimeout: req.OnTimeout, AutoResume: req.AutoResume,
+		IdleTimeoutSeconds: int64(idle / time.Second),
 	})
 }
 
@@ -91,6 +97,18 @@ func createTimeout(req api.WorkspaceCreateRequest) (time.Duration, error) {
 		return 0, api.Errorf(api.CodeInvalidArgument, "on_timeout %s without a timeout: give a timeout too", req.OnTimeout)
 	}
 	return d, api.CheckTimeoutAction(req.OnTimeout)
+}
+
+// createIdleTimeout reads a create's idle timeout ("" for none).
+func createIdleTimeout(s string) (time.Duration, error) {
+	if s == "" {
+		return 0, nil
+	}
+	d, err := api.ParseTimeout(s)
+	if err != nil {
+		return 0, api.Errorf(api.CodeInvalidArgument, "idle_timeout: %s", err.Error())
+	}
+	return d, nil
 }
 
 // handleWorkspaceSetTimeout ends a Workspace the given time from now
