@@ -87,14 +87,18 @@ func relative(t, now time.Time) string {
 	if past {
 		d = -d
 	}
-	if d >= time.Minute {
-		d = d.Round(time.Minute)
-	} else {
-		d = d.Round(time.Second)
-	}
-	s := api.FormatTimeout(d)
+	s := api.FormatTimeout(shownDuration(d))
 	if past {
 		return s + " ago"
 	}
 	return "in " + s
+}
+
+// shownDuration rounds d to the second below a minute and to the minute
+// above, as durations are shown.
+func shownDuration(d time.Duration) time.Duration {
+	if d >= time.Minute {
+		return d.Round(time.Minute)
+	}
+	return d.Round(time.Second)
 }
