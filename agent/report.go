@@ -28,6 +28,7 @@ func (a *Agent) watchInstances(ctx context.Context, first api.Report) {
 		}
 		// Without the ended-Instance records: they are read from disk and
 		// travel with the report the change triggers anyway.
+		a.lookIdle(ctx)
 		r := a.buildReport(false)
 		a.notePools(r.Pools)
 		last, lastPush := a.lastSent()
@@ -134,6 +135,9 @@ func (a *Agent) buildReport(withEnded bool) api.Report {
 			r.InstanceStates = append(r.InstanceStates, api.InstanceState{InstanceID: st.ID, State: string(st.State), Error: st.Error, DeniedPackets: st.DeniedPackets,
 				OOMKilled:          st.State == runtime.StateFailed && st.Error == runtime.ErrOOMKilled,
 				GuestNotResponding: st.State == runtime.StateRunning && !st.GuestResponding})
+			if st.State == runtime.StateRunning {
+				r.InstanceStates[len(r.InstanceStates)-1].IdleSeconds = a.idle.seconds(st.ID, time.Now())
+			}
 			if st.State == runtime.StateStopped {
 				continue // a stopped Instance holds no CPU or memory
 			}
