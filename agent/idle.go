@@ -134,6 +134,23 @@ func (m *idleMeter) seconds(id string, now time.Time) int64 {
 	return int64(now.Sub(st.busyAt) / time.Second)
 }
 
+// idleReportedAfter is how long an Instance is idle before its report
+// says so. Each time a report says an Instance is idle, the node must push
+// one again as soon as it is in use (ctrl counts the idle time on from the
+// report): below this an Instance used every few seconds would cost two
+// reports, two Raft entries, per use.
+const idleReportedAfter = api.IdleCPUWindow
+
+// reported is the idle seconds id's report carries: seconds, or 0 below
+// idleReportedAfter.
+func (m *idleMeter) reported(id string, now time.Time) int64 {
+	s := m.seconds(id, now)
+	if s < int64(idleReportedAfter/time.Second) {
+		return 0
+	}
+	return s
+}
+
 // lookIdle takes the watcher's look at the running Instances' activity.
 func (a *Agent) lookIdle(ctx context.Context) {
 	rt := a.cfg.Runtime

@@ -52,6 +52,13 @@ func TestIdleMeter(t *testing.T) {
 	idle(0, "first look")
 	step(10, 10_000, a) // 1% of a vCPU: quiet
 	idle(10, "quiet since its first look")
+	if got := m.reported("inst-a", now); got != 0 {
+		t.Fatalf("idle 10 s reported as %d s: a report says idle only after %s", got, idleReportedAfter)
+	}
+	step(20, 10_000, a)
+	if got := m.reported("inst-a", now); got != 30 {
+		t.Fatalf("idle 30 s reported as %d s", got)
+	}
 
 	conns["inst-a"] = InstanceConns{Open: 1, Bound: 1}
 	step(5, 10_000, a)

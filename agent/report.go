@@ -37,9 +37,10 @@ func (a *Agent) watchInstances(ctx context.Context, first api.Report) {
 		// New denied counts alone are pushed, but not more often than
 		// the interval: each report is a Raft entry.
 		// While an Instance is idle its figure grows every second: it is
-		// pushed when an Instance becomes idle or busy (a state change)
-		// and refreshed every idleReportInterval, so ctrl's idle pause
-		// trusts a recent report, never one per second.
+		// pushed when the report starts or stops saying an Instance is
+		// idle (idle.go: after 30 s of it) and refreshed every
+		// idleReportInterval, so ctrl's idle pause trusts a recent
+		// report, never one per second.
 		if changed || deniedCounts(r) != deniedCounts(last) && time.Since(lastPush) >= a.cfg.DeniedReportInterval ||
 			anyIdle(r) && time.Since(lastPush) >= idleReportInterval {
 			a.PushReport() // one that fails is tried again at the next tick
@@ -136,7 +137,7 @@ func (a *Agent) buildReport(withEnded bool) api.Report {
 				OOMKilled:          st.State == runtime.StateFailed && st.Error == runtime.ErrOOMKilled,
 				GuestNotResponding: st.State == runtime.StateRunning && !st.GuestResponding})
 			if st.State == runtime.StateRunning {
-				r.InstanceStates[len(r.InstanceStates)-1].IdleSeconds = a.idle.seconds(st.ID, time.Now())
+				r.InstanceStates[len(r.InstanceStates)-1].IdleSeconds = a.idle.reported(st.ID, time.Now())
 			}
 			if st.State == runtime.StateStopped {
 				continue // a stopped Instance holds no CPU or memory
