@@ -83,7 +83,7 @@ var examples = map[string][]string{
 		"kibo workspace set-network WS --allow '*.example.com' --clear-deny"},
 	"workspace cleanup-status": {"kibo workspace cleanup-status WS"},
 	"workspace set-timeout": {"kibo workspace set-timeout WS 2h    # ends 2h from now", "kibo workspace set-timeout WS 10m --on-timeout stop",
-		"kibo workspace set-timeout WS 0    # no end"},
+		"kibo workspace set-timeout WS 0    # no end", "kibo workspace set-timeout WS --idle 10m    # paused when idle 10m; the end stays"},
 	"workspace logs":            {"kibo workspace logs WS --tail 50", "kibo workspace logs WS -f", "kibo workspace logs WS --instance inst-... --vmm    # an ended Instance (kibo workspace cleanup-status WS names the latest)"},
 	"workspace exec":            {"kibo workspace exec WS -- uname -a", "kibo workspace exec WS -- sh -c 'wget -qO- http://example.com/'"},
 	"workspace terminal":        {"kibo workspace terminal WS"},

@@ -14,7 +14,8 @@ import (
 
 // Idle timeouts through the CLI: create --idle-timeout stores it, get
 // shows it and, once the node reports the Instance idle, for how long;
-// --json carries both; bad durations are usage errors (exit 2).
+// --json carries both; set-timeout --idle changes it with or without the
+// timeout; bad durations are usage errors (exit 2).
 func TestWorkspaceIdleTimeout(t *testing.T) {
 	var mu sync.Mutex
 	var idleInst string
@@ -54,10 +55,28 @@ func TestWorkspaceIdleTimeout(t *testing.T) {
 		t.Errorf("get: %q", got)
 	}
 
+	// set-timeout --idle changes it alone (the Workspace still has no
+	// end), and 0 removes it.
+	if got := e.mustRun("workspace", "set-timeout", id, "--idle", "5m"); !regexp.MustCompile(`^workspace ` + id + `: ends never, paused when idle 5m \(version \d+\)\n$`).MatchString(got) {
+		t.Errorf("set-timeout --idle 5m: %q", got)
+	}
+	if ws := e.wsJSON(id); ws.IdleTimeoutSeconds != 300 || ws.EndsAt != nil || ws.TimeoutSeconds != 0 {
+		t.Errorf("after set-timeout --idle 5m: idle %d s, ends %v, timeout %d s", ws.IdleTimeoutSeconds, ws.EndsAt, ws.TimeoutSeconds)
+	}
+	if got := e.mustRun("workspace", "set-timeout", id, "1h", "--idle", "0"); !strings.Contains(got, "), then delete, no idle timeout (version") {
+		t.Errorf("set-timeout 1h --idle 0: %q", got)
+	}
+	if ws := e.wsJSON(id); ws.IdleTimeoutSeconds != 0 || ws.TimeoutSeconds != 3600 {
+		t.Errorf("after set-timeout 1h --idle 0: idle %d s, timeout %d s", ws.IdleTimeoutSeconds, ws.TimeoutSeconds)
+	}
+
 	for _, c := range []struct {
 		args []string
 		msg  string
 	}{
+		{[]string{"workspace", "set-timeout", id}, "give a timeout, --idle, or both"},
+		{[]string{"workspace", "set-timeout", id, "--idle", "soon"}, `--idle: timeout "soon" is not a duration`},
+		{[]string{"workspace", "set-timeout", id, "--idle", "5m", "--on-timeout", "stop"}, "--on-timeout without a timeout"},
 		{append(create, "--idle-timeout", "soon"), `--idle-timeout: timeout "soon" is not a duration`},
 		{append(create, "--idle-timeout", "1.5s"), "not whole seconds"},
 		{append(create, "--idle-timeout", "0"), "--idle-timeout 0: leave it out"},

@@ -114,11 +114,35 @@ func createIdleTimeout(s string) (time.Duration, error) {
 // handleWorkspaceSetTimeout ends a Workspace the given time from now
 // (the entry's time), or never with "0".
 func (s *Server) handleWorkspaceSetTimeout(r *http.Request, req api.WorkspaceTimeoutRequest) response {
-	d, err := api.ParseTimeout(req.Timeout)
+	args, err := setTimeoutArgs(r.PathValue("id"), req)
 	if err != nil {
 		return fail(err)
 	}
-	return s.write(r, fsm.OpWorkspaceSetTimeout, req.WriteMeta, fsm.WorkspaceSetTimeoutArgs{WorkspaceID: r.PathValue("id"), TimeoutSeconds: int64(d / time.Second), OnTimeout: req.OnTimeout})
+	return s.write(r, fsm.OpWorkspaceSetTimeout, req.WriteMeta, args)
+}
+
+// setTimeoutArgs reads a set-timeout: the timeout, the idle timeout, or
+// both.
+func setTimeoutArgs(id string, req api.WorkspaceTimeoutRequest) (fsm.WorkspaceSetTimeoutArgs, error) {
+	a := fsm.WorkspaceSetTimeoutArgs{WorkspaceID: id, OnTimeout: req.OnTimeout}
+	if req.IdleTimeout != nil {
+		d, err := api.ParseTimeout(*req.IdleTimeout)
+		if err != nil {
+			return a, api.Errorf(api.CodeInvalidArgument, "idle_timeout: %s", err.Error())
+		}
+		secs := int64(d / time.Second)
+		a.IdleTimeoutSeconds = &secs
+		if req.Timeout == "" {
+			if req.OnTimeout != "" {
+				return a, api.Errorf(api.CodeInvalidArgument, "on_timeout %s without a timeout: give a timeout too", req.OnTimeout)
+			}
+			a.KeepTimeout = true
+			return a, nil
+		}
+	}
+	d, err := api.ParseTimeout(req.Timeout)
+	a.TimeoutSeconds = int64(d / time.Second)
+	return a, err
 }
 
 // checkCreateInput refuses what the FSM's checks let through, where the

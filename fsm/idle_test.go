@@ -168,6 +168,18 @@ func (g *logGen) drawIdle() []Entry {
 		e.Actor = w.NodeID
 		out = append(out, e)
 	}
+	if g.idles.Intn(100) < 15 {
+		// set-timeout of the idle timeout, alone or with the timeout,
+		// now and then out of bounds.
+		idle := int64(g.idles.Intn(900)) - 5
+		a := WorkspaceSetTimeoutArgs{WorkspaceID: w.WorkspaceID, KeepTimeout: g.idles.Intn(2) == 0, IdleTimeoutSeconds: &idle}
+		if !a.KeepTimeout {
+			a.TimeoutSeconds = int64(g.idles.Intn(900))
+		}
+		e := makeEntry(g.now, OpWorkspaceSetTimeout, a)
+		e.Actor = "op"
+		return append(out, e)
+	}
 	inst := w.InstanceID
 	if g.idles.Intn(100) < 10 {
 		inst = instanceIDFor(w.WorkspaceID, w.Instances+1)
@@ -175,4 +187,47 @@ func (g *logGen) drawIdle() []Entry {
 	e := makeEntry(g.now, OpWorkspaceIdlePause, WorkspaceIdlePauseArgs{WorkspaceID: w.WorkspaceID, InstanceID: inst})
 	e.Actor = "ctrl"
 	return append(out, e)
+}
+
+// set-timeout changes the idle timeout alone (the timeout and its end
+// stay) or with the timeout; 0 removes it; bad arguments change nothing.
+func TestSetIdleTimeout(t *testing.T) {
+	h := newHarness(t)
+	oneNode(h)
+	a := withTimeout(time.Hour, api.TimeoutStop)
+	a.IdleTimeoutSeconds = 600
+	w := h.running("c1", a)
+	secs := func(s int64) *int64 { return &s }
+	set := func(args WorkspaceSetTimeoutArgs) api.Workspace {
+		t.Helper()
+		h.advance(time.Minute)
+		args.WorkspaceID = w.WorkspaceID
+		return decode[api.Workspace](t, h.ok(OpWorkspaceSetTimeout, args))
+	}
+	got := set(WorkspaceSetTimeoutArgs{KeepTimeout: true, IdleTimeoutSeconds: secs(120)})
+	if got.IdleTimeoutSeconds != 120 || got.TimeoutSeconds != 3600 || got.OnTimeout != api.TimeoutStop || !endOf(t, &got).Equal(endOf(t, &w)) {
+		t.Fatalf("idle only: %+v ends %v, want idle 120 s and the end kept", got, got.EndsAt)
+	}
+	got = set(WorkspaceSetTimeoutArgs{TimeoutSeconds: 300, IdleTimeoutSeconds: secs(0)})
+	if got.IdleTimeoutSeconds != 0 || got.TimeoutSeconds != 300 || !endOf(t, &got).Equal(h.now.Add(5*time.Minute)) {
+		t.Fatalf("timeout 5m, idle 0: %+v ends %v", got, got.EndsAt)
+	}
+	got = set(WorkspaceSetTimeoutArgs{TimeoutSeconds: 600})
+	if got.IdleTimeoutSeconds != 0 || got.TimeoutSeconds != 600 {
+		t.Fatalf("timeout alone: %+v", got)
+	}
+	for _, c := range []struct {
+		args WorkspaceSetTimeoutArgs
+		msg  string
+	}{
+		{WorkspaceSetTimeoutArgs{KeepTimeout: true}, "give one or the other"},
+		{WorkspaceSetTimeoutArgs{KeepTimeout: true, TimeoutSeconds: 60, IdleTimeoutSeconds: secs(60)}, "leave keep_timeout out"},
+		{WorkspaceSetTimeoutArgs{KeepTimeout: true, IdleTimeoutSeconds: secs(-1)}, "negative"},
+	} {
+		c.args.WorkspaceID = w.WorkspaceID
+		if err := h.fail(api.CodeInvalidArgument, OpWorkspaceSetTimeout, c.args); !strings.Contains(err.Message, c.msg) {
+			t.Errorf("refusal %q, want it to say %q", err.Message, c.msg)
+		}
+	}
+	checkIndex(t, h.f)
 }
