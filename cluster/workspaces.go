@@ -61,7 +61,7 @@ func (s *Server) handleWorkspaceCreate(r *http.Request, req api.WorkspaceCreateR
 	if err != nil {
 		return fail(err)
 	}
-	idle, err := createIdleTimeout(req.IdleTimeout)
+	idle, err := parseIdleTimeout(req.IdleTimeout)
 	if err != nil {
 		return fail(err)
 	}
@@ -99,8 +99,8 @@ func createTimeout(req api.WorkspaceCreateRequest) (time.Duration, error) {
 	return d, api.CheckTimeoutAction(req.OnTimeout)
 }
 
-// createIdleTimeout reads a create's idle timeout ("" for none).
-func createIdleTimeout(s string) (time.Duration, error) {
+// parseIdleTimeout reads an idle timeout ("" or "0" for none).
+func parseIdleTimeout(s string) (time.Duration, error) {
 	if s == "" {
 		return 0, nil
 	}
@@ -126,9 +126,9 @@ func (s *Server) handleWorkspaceSetTimeout(r *http.Request, req api.WorkspaceTim
 func setTimeoutArgs(id string, req api.WorkspaceTimeoutRequest) (fsm.WorkspaceSetTimeoutArgs, error) {
 	a := fsm.WorkspaceSetTimeoutArgs{WorkspaceID: id, OnTimeout: req.OnTimeout}
 	if req.IdleTimeout != nil {
-		d, err := api.ParseTimeout(*req.IdleTimeout)
+		d, err := parseIdleTimeout(*req.IdleTimeout)
 		if err != nil {
-			return a, api.Errorf(api.CodeInvalidArgument, "idle_timeout: %s", err.Error())
+			return a, err
 		}
 		secs := int64(d / time.Second)
 		a.IdleTimeoutSeconds = &secs
