@@ -118,6 +118,7 @@ type Agent struct {
 	incarnation uint64
 	sampler     *hostusage.Sampler
 	bg          background // every goroutine the agent starts
+	idle        idleMeter  // when each running Instance was last in use (idle.go)
 
 	mu         sync.Mutex
 	overcommit *api.Multipliers
@@ -208,6 +209,7 @@ func New(cfg Config) (*Agent, error) {
 	a := &Agent{cfg: cfg, log: cfg.Logger.With("node_id", cfg.NodeID), incarnation: inc,
 		sampler: hostusage.NewSampler(hostusage.Config{Interval: cfg.SampleInterval, VMCgroup: vmCgroup})}
 	a.skew.Store(int64(cfg.ClockSkew))
+	a.idle.readCPU = hostusage.CgroupCPUUsec
 	a.initTasks()
 	if err := a.initWarm(); err != nil {
 		return nil, fmt.Errorf("node %s: %w", cfg.NodeID, err)

@@ -28,6 +28,7 @@ func (a *Agent) watchInstances(ctx context.Context, first api.Report) {
 		}
 		// Without the ended-Instance records: they are read from disk and
 		// travel with the report the change triggers anyway.
+		a.lookIdle(ctx)
 		r := a.buildReport(false)
 		a.notePools(r.Pools)
 		last, lastPush := a.lastSent()
@@ -35,7 +36,13 @@ func (a *Agent) watchInstances(ctx context.Context, first api.Report) {
 			!slices.Equal(r.Warm, last.Warm)
 		// New denied counts alone are pushed, but not more often than
 		// the interval: each report is a Raft entry.
-		if changed || deniedCounts(r) != deniedCounts(last) && time.Since(lastPush) >= a.cfg.DeniedReportInterval {
+		// While an Instance is idle its figure grows every second: it is
+		// pushed when the report starts or stops saying an Instance is
+		// idle (idle.go: after 30 s of it) and refreshed every
+		// idleReportInterval, so ctrl's idle pause trusts a recent
+		// report, never one per second.
+		if changed || deniedCounts(r) != deniedCounts(last) && time.Since(lastPush) >= a.cfg.DeniedReportInterval ||
+			anyIdle(r) && time.Since(lastPush) >= idleReportInterval {
 			a.PushReport() // one that fails is tried again at the next tick
 		}
 		// The seed: the node resends its state to the data plane at least
@@ -53,20 +60,35 @@ func (a *Agent) watchInstances(ctx context.Context, first api.Report) {
 }
 
 // reportedStates is what of a report is worth a push when it changes: the
-// Instances' states, the templates and the pools' availability (ctrl
-// places nothing that needs an unavailable pool). Denied counts and free
-// bytes are not: they change all the time and ride along with the next
-// report.
+// Instances' states (and whether each is idle), the templates and the
+// pools' availability (ctrl places nothing that needs an unavailable
+// pool). Denied counts, idle seconds and free bytes are not: they change
+// all the time and ride along with the next report.
 func reportedStates(r api.Report) string {
 	var b strings.Builder
 	for _, st := range r.InstanceStates {
-		fmt.Fprintf(&b, "%s %s %q %t;", st.InstanceID, st.State, st.Error, st.GuestNotResponding)
+		fmt.Fprintf(&b, "%s %s %q %t %t;", st.InstanceID, st.State, st.Error, st.GuestNotResponding, st.IdleSeconds > 0)
 	}
 	for _, p := range r.Pools {
 		fmt.Fprintf(&b, "%s %t;", p.PoolID, p.Available)
 	}
 	fmt.Fprint(&b, r.Templates, r.TemplateBytes, r.TemplateDigests)
 	return b.String()
+}
+
+// idleReportInterval is how often a report is refreshed while an
+// Instance is idle: well within the age of a report ctrl's idle pause
+// trusts (fsm/idle.go, 90 s).
+const idleReportInterval = 30 * time.Second
+
+// anyIdle says whether the report has an idle Instance.
+func anyIdle(r api.Report) bool {
+	for _, st := range r.InstanceStates {
+		if st.IdleSeconds > 0 {
+			return true
+		}
+	}
+	return false
 }
 
 // DefaultDeniedReportInterval is Config.DeniedReportInterval's default.
@@ -114,6 +136,9 @@ func (a *Agent) buildReport(withEnded bool) api.Report {
 			r.InstanceStates = append(r.InstanceStates, api.InstanceState{InstanceID: st.ID, State: string(st.State), Error: st.Error, DeniedPackets: st.DeniedPackets,
 				OOMKilled:          st.State == runtime.StateFailed && st.Error == runtime.ErrOOMKilled,
 				GuestNotResponding: st.State == runtime.StateRunning && !st.GuestResponding})
+			if st.State == runtime.StateRunning {
+				r.InstanceStates[len(r.InstanceStates)-1].IdleSeconds = a.idle.reported(st.ID, time.Now())
+			}
 			if st.State == runtime.StateStopped {
 				continue // a stopped Instance holds no CPU or memory
 			}

@@ -65,10 +65,14 @@ func CheckTimeoutAction(a string) error {
 // and every later start and resume runs that long.
 type WorkspaceTimeoutRequest struct {
 	WriteMeta
+	// Timeout may be "" when IdleTimeout is given: the timeout and the
+	// end stay as they are.
 	Timeout string `json:"timeout"`
 	// OnTimeout replaces the action; "" keeps the Workspace's (delete
 	// if it has none).
 	OnTimeout string `json:"on_timeout,omitempty"`
+	// IdleTimeout, when given, replaces the idle timeout ("0" removes it).
+	IdleTimeout *string `json:"idle_timeout,omitempty"`
 }
 
 // FormatTimeout shows a timeout of whole seconds compactly: 30m, 2h, 1h30m.

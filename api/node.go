@@ -223,6 +223,11 @@ type InstanceState struct {
 	// agent, or has not yet handed it this run's configuration (after a
 	// takeover); it retries with backoff.
 	GuestNotResponding bool `json:"guest_not_responding,omitempty"`
+	// IdleSeconds (RUNNING): how long, by the node's own count, the
+	// Instance had no data-plane connection and its guest's CPU stayed
+	// low when the report was built; 0 while it is in use. A duration,
+	// not a time, so the node's clock never moves an idle pause.
+	IdleSeconds int64 `json:"idle_seconds,omitempty"`
 }
 
 // DefaultPoolOf is the pool node creates retained layers and Volumes in.

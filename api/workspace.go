@@ -117,8 +117,14 @@ type Workspace struct {
 	EndsAt         *time.Time `json:"ends_at,omitempty"`
 	// AutoResume: a data-plane credential asked for while it is PAUSED
 	// resumes it first (exec, terminal, cp, port-forward wait for it).
-	AutoResume bool       `json:"auto_resume,omitempty"`
-	DeletedAt  *time.Time `json:"deleted_at,omitempty"`
+	AutoResume bool `json:"auto_resume,omitempty"`
+	// IdleTimeoutSeconds: ctrl pauses it once its node reports it idle
+	// (no data-plane connection, guest CPU low) that long (idle.go).
+	IdleTimeoutSeconds int64 `json:"idle_timeout_seconds,omitempty"`
+	// Idle is what its node last reported of the current Instance's
+	// idleness; nil while it is in use. Derived on read, never stored.
+	Idle      *IdleReport `json:"idle,omitempty"`
+	DeletedAt *time.Time  `json:"deleted_at,omitempty"`
 }
 
 // LayerRight is who may use a retained writable layer.
@@ -221,6 +227,9 @@ type WorkspaceCreateRequest struct {
 	// AutoResume: exec, terminal, cp and port-forward resume it when it
 	// is PAUSED.
 	AutoResume bool `json:"auto_resume,omitempty"`
+	// IdleTimeout (a Go duration, e.g. "10m") pauses it once it was idle
+	// that long.
+	IdleTimeout string `json:"idle_timeout,omitempty"`
 }
 
 // WorkspaceWriteRequest is start, stop, delete and move.

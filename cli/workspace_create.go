@@ -19,12 +19,13 @@ type WorkspaceCreateCmd struct {
 	Volume    []string          `name:"volume" placeholder:"VOLUME:/PATH" help:"Attach an existing Volume (name or ID) and mount it at PATH in the guest; repeat for more."`
 	NewVolume []string          `name:"new-volume" placeholder:"SIZE:/PATH" help:"Create a Volume of SIZE along with the Workspace, in its node's default pool, mounted at PATH; repeat for more. It outlives the Workspace."`
 	// Not --timeout: that global flag bounds how long create waits.
-	RunTimeout string `name:"run-timeout" placeholder:"DURATION" help:"End every start and resume this long after it (e.g. 30m, 2h) with --on-timeout; kibo workspace set-timeout changes it. Default: no end."`
-	OnTimeout  string `name:"on-timeout" placeholder:"delete|stop|pause" help:"What ctrl does at the end: delete (the default; its Volumes stay), stop, or pause."`
-	AutoResume bool   `name:"auto-resume" help:"When PAUSED, an exec, terminal, cp or port-forward resumes it first and waits until it is AVAILABLE."`
-	CommandID  string `name:"command-id" help:"Idempotency key: a retry with the same key and inputs returns the same Workspace."`
-	Quiet      bool   `short:"q" name:"quiet" help:"Print only the new Workspace ID."`
-	NoWait     bool   `name:"no-wait" help:"Return once ctrl accepted the Workspace instead of when it is AVAILABLE."`
+	RunTimeout  string `name:"run-timeout" placeholder:"DURATION" help:"End every start and resume this long after it (e.g. 30m, 2h) with --on-timeout; kibo workspace set-timeout changes it. Default: no end."`
+	OnTimeout   string `name:"on-timeout" placeholder:"delete|stop|pause" help:"What ctrl does at the end: delete (the default; its Volumes stay), stop, or pause."`
+	AutoResume  bool   `name:"auto-resume" help:"When PAUSED, an exec, terminal, cp or port-forward resumes it first and waits until it is AVAILABLE."`
+	IdleTimeout string `name:"idle-timeout" placeholder:"DURATION" help:"Pause it once it had no exec, terminal, cp or port-forward connection and its guest's CPU stayed under 5% of a vCPU this long (e.g. 10m); with --auto-resume the next connection resumes it. Default: never."`
+	CommandID   string `name:"command-id" help:"Idempotency key: a retry with the same key and inputs returns the same Workspace."`
+	Quiet       bool   `short:"q" name:"quiet" help:"Print only the new Workspace ID."`
+	NoWait      bool   `name:"no-wait" help:"Return once ctrl accepted the Workspace instead of when it is AVAILABLE."`
 }
 
 func (c *WorkspaceCreateCmd) Run(g *Globals) error {
@@ -58,6 +59,9 @@ func (c *WorkspaceCreateCmd) request() (api.WorkspaceCreateRequest, error) {
 		return req, err
 	}
 	req.AutoResume = c.AutoResume
+	if req.IdleTimeout, err = idleTimeoutFlag(c.IdleTimeout); err != nil {
+		return req, err
+	}
 	if c.From != "" {
 		switch {
 		case c.Template != "":

@@ -38,6 +38,12 @@ func renderWorkspace(w io.Writer, ws *api.Workspace, wide bool) {
 		line("Ends", "%s", endsText(ws, time.Now()))
 		line("Timeout", "%s after each start and resume", api.FormatTimeout(ws.TimeoutDuration()))
 	}
+	if ws.IdleTimeoutSeconds > 0 {
+		line("Idle timeout", "%s", idleText(ws))
+	}
+	if ws.Idle != nil {
+		line("Idle", "%s", idleFor(ws, time.Now()))
+	}
 	if ws.AutoResume {
 		line("Auto-resume", "yes: exec, terminal, cp and port-forward resume it when PAUSED")
 	}

@@ -8,7 +8,6 @@ import (
 
 	"github.com/kibotos/kibotos/api"
 	"github.com/kibotos/kibotos/cluster/clustertest"
-	"github.com/kibotos/kibotos/fsm"
 	"github.com/kibotos/kibotos/internal/testenv"
 )
 
@@ -32,32 +31,8 @@ func TestCredentialResumesOnConnect(t *testing.T) {
 	cl := c.Client(m)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	get := func(id string) api.Workspace {
-		t.Helper()
-		var ws api.Workspace
-		if _, err := cl.Do(ctx, "GET", "/v1/workspaces/"+id, nil, &ws); err != nil {
-			t.Fatal(err)
-		}
-		return ws
-	}
-	// answer answers the Workspace's pending command ok, as its node.
-	answer := func(id string, snap *api.SnapshotReport) {
-		t.Helper()
-		var ws api.Workspace
-		testenv.WaitFor(t, 15*time.Second, "a pending command of "+id, func() (bool, string) {
-			ws = get(id)
-			return ws.Pending != nil, ws.State
-		})
-		n, err := c.Node(m, ws.Pending.NodeID)
-		if err != nil {
-			t.Fatal(err)
-		}
-		res, err := m.Server.ApplyOp(ctx, fsm.OpWorkspaceResult, fsm.WorkspaceResultArgs{NodeID: n.NodeID, SessionID: n.Session.SessionID,
-			WorkspaceID: id, CommandID: ws.Pending.CommandID, Outcome: fsm.OutcomeOK, Snapshot: snap})
-		if err != nil || res.Error != nil {
-			t.Fatalf("answer the %s of %s: %v %v", ws.Pending.Kind, id, err, res.Error)
-		}
-	}
+	p := playNode(t, ctx, c, m)
+	get, answer := p.get, p.answer
 	paused := func(autoResume bool) api.Workspace {
 		t.Helper()
 		var ws api.Workspace

@@ -61,10 +61,15 @@ func (s *Server) handleWorkspaceCreate(r *http.Request, req api.WorkspaceCreateR
 	if err != nil {
 		return fail(err)
 	}
-	if timeout > 0 || req.AutoResume {
+	idle, err := parseIdleTimeout(req.IdleTimeout)
+	if err != nil {
+		return fail(err)
+	}
+	if timeout > 0 || req.AutoResume || idle > 0 {
 		// An older voter would drop them: the Workspace would never end,
-		// or never resume on connect on that voter's state.
-		if err := s.levelsReach("workspace create with a timeout or auto-resume", fsm.LevelLifetimes); err != nil {
+		// never pause when idle, or never resume on connect on that
+		// voter's state.
+		if err := s.levelsReach("workspace create with a timeout, an idle timeout or auto-resume", fsm.LevelLifetimes); err != nil {
 			return fail(err)
 		}
 	}
@@ -72,6 +77,7 @@ func (s *Server) handleWorkspaceCreate(r *http.Request, req api.WorkspaceCreateR
 		Namespace: ns, Template: req.Template, CPU: req.CPU, MemoryBytes: req.MemoryBytes, Labels: req.Labels, NodeID: req.NodeID, Network: req.Network,
 		Volumes: req.Volumes, NewVolumes: req.NewVolumes, From: req.From,
 		TimeoutSeconds: int64(timeout / time.Second), OnTimeout: req.OnTimeout, AutoResume: req.AutoResume,
+		IdleTimeoutSeconds: int64(idle / time.Second),
 	})
 }
 
@@ -93,14 +99,50 @@ func createTimeout(req api.WorkspaceCreateRequest) (time.Duration, error) {
 	return d, api.CheckTimeoutAction(req.OnTimeout)
 }
 
+// parseIdleTimeout reads an idle timeout ("" or "0" for none).
+func parseIdleTimeout(s string) (time.Duration, error) {
+	if s == "" {
+		return 0, nil
+	}
+	d, err := api.ParseTimeout(s)
+	if err != nil {
+		return 0, api.Errorf(api.CodeInvalidArgument, "idle_timeout: %s", err.Error())
+	}
+	return d, nil
+}
+
 // handleWorkspaceSetTimeout ends a Workspace the given time from now
 // (the entry's time), or never with "0".
 func (s *Server) handleWorkspaceSetTimeout(r *http.Request, req api.WorkspaceTimeoutRequest) response {
-	d, err := api.ParseTimeout(req.Timeout)
+	args, err := setTimeoutArgs(r.PathValue("id"), req)
 	if err != nil {
 		return fail(err)
 	}
-	return s.write(r, fsm.OpWorkspaceSetTimeout, req.WriteMeta, fsm.WorkspaceSetTimeoutArgs{WorkspaceID: r.PathValue("id"), TimeoutSeconds: int64(d / time.Second), OnTimeout: req.OnTimeout})
+	return s.write(r, fsm.OpWorkspaceSetTimeout, req.WriteMeta, args)
+}
+
+// setTimeoutArgs reads a set-timeout: the timeout, the idle timeout, or
+// both.
+func setTimeoutArgs(id string, req api.WorkspaceTimeoutRequest) (fsm.WorkspaceSetTimeoutArgs, error) {
+	a := fsm.WorkspaceSetTimeoutArgs{WorkspaceID: id, OnTimeout: req.OnTimeout}
+	if req.IdleTimeout != nil {
+		d, err := parseIdleTimeout(*req.IdleTimeout)
+		if err != nil {
+			return a, err
+		}
+		secs := int64(d / time.Second)
+		a.IdleTimeoutSeconds = &secs
+		if req.Timeout == "" {
+			if req.OnTimeout != "" {
+				return a, api.Errorf(api.CodeInvalidArgument, "on_timeout %s without a timeout: give a timeout too", req.OnTimeout)
+			}
+			a.KeepTimeout = true
+			return a, nil
+		}
+	}
+	d, err := api.ParseTimeout(req.Timeout)
+	a.TimeoutSeconds = int64(d / time.Second)
+	return a, err
 }
 
 // checkCreateInput refuses what the FSM's checks let through, where the

@@ -166,6 +166,7 @@ func (l *Leader) lead(ctx context.Context) {
 	wg.Go(func() { l.driveTransfers(ctx) })
 	wg.Go(func() { l.driveCARotation(ctx) })
 	wg.Go(func() { l.driveLifetimes(ctx) })
+	wg.Go(func() { l.driveIdlePauses(ctx) })
 	since := time.Now()
 	lastExpiry, expiring := time.Now(), false
 	l.levels.Refresh(ctx)

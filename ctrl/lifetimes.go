@@ -2,7 +2,6 @@ package ctrl
 
 import (
 	"context"
-	"encoding/json"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -32,23 +31,14 @@ const (
 
 // driveLifetimes fires the due ends until ctx ends.
 func (l *Leader) driveLifetimes(ctx context.Context) {
-	retryAt := map[string]time.Time{}
-	tick := time.NewTicker(lifetimeTick)
-	defer tick.Stop()
-	for {
-		l.fireDueEnds(ctx, retryAt)
-		select {
-		case <-ctx.Done():
-			return
-		case <-tick.C:
-		}
-	}
+	retryAt := retryTimes{}
+	everyTick(ctx, lifetimeTick, func() { l.fireDueEnds(ctx, retryAt) })
 }
 
 // fireDueEnds proposes the timeout of every Workspace whose end is past
 // by this member's clock. The FSM checks again with the entry's time, so
 // a clock ahead of the log's proposes in vain, never early.
-func (l *Leader) fireDueEnds(ctx context.Context, retryAt map[string]time.Time) {
+func (l *Leader) fireDueEnds(ctx context.Context, retryAt retryTimes) {
 	now := time.Now()
 	var due []fsm.DueEnd
 	if err := l.c.View(func(tx *bolt.Tx) (err error) { due, err = fsm.DueEnds(tx, now, lifetimeBatch); return }); err != nil {
@@ -60,21 +50,14 @@ func (l *Leader) fireDueEnds(ctx context.Context, retryAt map[string]time.Time) 
 		still[d.WorkspaceID] = true
 		// One waiting for a command in flight is due again once the
 		// node's answer rewrote it: reading it costs no Raft entry.
-		if d.Waits || now.Before(retryAt[d.WorkspaceID]) {
+		if d.Waits || retryAt.waiting(d.WorkspaceID, now) {
 			continue
 		}
 		if ctx.Err() != nil {
 			return
 		}
-		res, err := l.c.ApplyOp(ctx, fsm.OpWorkspaceTimedOut, fsm.WorkspaceTimedOutArgs{WorkspaceID: d.WorkspaceID, EndsAt: d.EndsAt})
-		if err == nil {
-			err = res.Err()
-		}
 		var out fsm.TimedOut
-		if err == nil {
-			err = json.Unmarshal(res.Value, &out)
-		}
-		if err != nil {
+		if err := l.applyDecoded(ctx, fsm.OpWorkspaceTimedOut, fsm.WorkspaceTimedOutArgs{WorkspaceID: d.WorkspaceID, EndsAt: d.EndsAt}, &out); err != nil {
 			if ctx.Err() == nil {
 				retryAt[d.WorkspaceID] = now.Add(lifetimeRetry)
 				l.log.Warn("workspace timeout refused; retrying", "workspace_id", d.WorkspaceID, "action", d.OnTimeout, "ends_at", d.EndsAt, "retry_in", lifetimeRetry, "err", err)
@@ -88,9 +71,5 @@ func (l *Leader) fireDueEnds(ctx context.Context, retryAt map[string]time.Time) 
 		}
 		l.log.Info("workspace timed out", "workspace_id", d.WorkspaceID, "action", d.OnTimeout, "ends_at", d.EndsAt, "did", did, "state", out.Workspace.State)
 	}
-	for id := range retryAt {
-		if !still[id] {
-			delete(retryAt, id) // no longer due: deleted, or its end moved
-		}
-	}
+	retryAt.keepOnly(still)
 }

@@ -129,6 +129,7 @@ var handlers = map[string]handler{
 	OpCARotateFinish:       applyCARotateFinish,
 	OpWorkspaceSetTimeout:  applyWorkspaceSetTimeout,
 	OpWorkspaceTimedOut:    applyWorkspaceTimedOut,
+	OpWorkspaceIdlePause:   applyWorkspaceIdlePause,
 }
 
 // Open creates a fresh state file at path (any old file is replaced).

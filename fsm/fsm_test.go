@@ -364,7 +364,7 @@ var allOps = []string{
 	OpOperatorIssue, OpOperatorRevoke,
 	OpCARotateBegin, OpCARotateSign, OpCARotateFinish,
 	OpNamespaceCreate, OpNamespaceDelete, OpAPIKeyCreate, OpAPIKeyRevoke, OpNamespaceQuota, OpAPIKeyUsed,
-	OpWorkspaceSetTimeout, OpWorkspaceTimedOut, OpNamespaceDefaults,
+	OpWorkspaceSetTimeout, OpWorkspaceTimedOut, OpNamespaceDefaults, OpWorkspaceIdlePause,
 }
 
 func TestEveryOpHasAHandler(t *testing.T) {

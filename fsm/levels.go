@@ -89,7 +89,9 @@ import (
 //	   WorkspaceCreateArgs.TimeoutSeconds and OnTimeout, which the leader
 //	   refuses below it (an older voter would drop them and the Workspace
 //	   would never end), WorkspaceCreateArgs.AutoResume, refused below it
-//	   too, OpWorkspaceSetTimeout, OpWorkspaceTimedOut, OpNamespaceDefaults
+//	   too, OpWorkspaceSetTimeout, OpWorkspaceTimedOut, OpNamespaceDefaults,
+//	   WorkspaceCreateArgs.IdleTimeoutSeconds (refused below it),
+//	   OpWorkspaceIdlePause
 
 // FeatureLevel is the level of this build.
 const FeatureLevel = 15
@@ -128,6 +130,7 @@ var opLevels = map[string]int{
 	OpCARotateBegin: LevelCARotation, OpCARotateSign: LevelCARotation, OpCARotateFinish: LevelCARotation,
 	OpNamespaceCreate: LevelNamespaces, OpNamespaceDelete: LevelNamespaces, OpAPIKeyCreate: LevelNamespaces, OpAPIKeyRevoke: LevelNamespaces, OpNamespaceQuota: LevelNamespaces, OpAPIKeyUsed: LevelNamespaces,
 	OpWorkspaceSetTimeout: LevelLifetimes, OpWorkspaceTimedOut: LevelLifetimes, OpNamespaceDefaults: LevelLifetimes,
+	OpWorkspaceIdlePause: LevelLifetimes,
 }
 
 // OpLevel is the level an op needs of every voter.

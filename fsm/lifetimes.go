@@ -42,6 +42,12 @@ type WorkspaceSetTimeoutArgs struct {
 	// OnTimeout replaces the action; "" keeps the Workspace's (delete if
 	// it has none).
 	OnTimeout string `json:"on_timeout,omitempty"`
+	// KeepTimeout leaves the timeout and the end as they are (with
+	// TimeoutSeconds 0 and no OnTimeout): only the idle timeout changes.
+	KeepTimeout bool `json:"keep_timeout,omitempty"`
+	// IdleTimeoutSeconds, when given, replaces the idle timeout (0
+	// removes it; idle.go).
+	IdleTimeoutSeconds *int64 `json:"idle_timeout_seconds,omitempty"`
 }
 
 // WorkspaceTimedOutArgs asks the FSM to do the timeout action of a
@@ -109,6 +115,37 @@ func namesWorkspace(id string) error {
 	return nil
 }
 
+// checkSetTimeout refuses set-timeout arguments the API would not send.
+func checkSetTimeout(a *WorkspaceSetTimeoutArgs) error {
+	if a.IdleTimeoutSeconds != nil {
+		if err := checkIdleTimeout(*a.IdleTimeoutSeconds); err != nil {
+			return err
+		}
+	}
+	if !a.KeepTimeout {
+		return checkLifetime(a.TimeoutSeconds, a.OnTimeout)
+	}
+	switch {
+	case a.IdleTimeoutSeconds == nil:
+		return api.Errorf(api.CodeInvalidArgument, "set-timeout of workspace %s keeps the timeout and gives no idle timeout: give one or the other", a.WorkspaceID)
+	case a.TimeoutSeconds != 0 || a.OnTimeout != "":
+		return api.Errorf(api.CodeInvalidArgument, "set-timeout of workspace %s keeps the timeout but gives one: leave keep_timeout out to change it", a.WorkspaceID)
+	}
+	return nil
+}
+
+// argsWorkspace decodes the entry's arguments into a and returns the
+// Workspace they name at *id (a field of a).
+func argsWorkspace(ac *applyCtx, a any, id *string) (*api.Workspace, error) {
+	if err := decodeArgs(ac.e, a); err != nil {
+		return nil, err
+	}
+	if err := namesWorkspace(*id); err != nil {
+		return nil, err
+	}
+	return mustWorkspace(ac.tx, *id)
+}
+
 // checkLifetime refuses a timeout (seconds) or an action the API would
 // not take.
 func checkLifetime(seconds int64, action string) error {
@@ -155,7 +192,7 @@ func applyWorkspaceSetTimeout(ac *applyCtx) (any, error) {
 	if err := namesWorkspace(a.WorkspaceID); err != nil {
 		return nil, err
 	}
-	if err := checkLifetime(a.TimeoutSeconds, a.OnTimeout); err != nil {
+	if err := checkSetTimeout(&a); err != nil {
 		return nil, err
 	}
 	w, err := mustWorkspace(ac.tx, a.WorkspaceID)
@@ -165,8 +202,10 @@ func applyWorkspaceSetTimeout(ac *applyCtx) (any, error) {
 	if err := ac.scope.permits(w.Namespace, "workspace "+a.WorkspaceID); err != nil {
 		return nil, err
 	}
-	if err := setTimeoutAllowed(ac.tx, w.Namespace, a.TimeoutSeconds); err != nil {
-		return nil, err
+	if !a.KeepTimeout {
+		if err := setTimeoutAllowed(ac.tx, w.Namespace, a.TimeoutSeconds); err != nil {
+			return nil, err
+		}
 	}
 	if err := checkVersion(ac.e, w.Version, "workspace "+w.WorkspaceID); err != nil {
 		return nil, err
@@ -175,9 +214,14 @@ func applyWorkspaceSetTimeout(ac *applyCtx) (any, error) {
 		return nil, api.Errorf(api.CodeFailedPrecondition, "workspace %s is being deleted: it needs no timeout", w.WorkspaceID)
 	}
 	old := cloneWorkspace(w)
-	if a.TimeoutSeconds == 0 {
+	if a.IdleTimeoutSeconds != nil {
+		w.IdleTimeoutSeconds = *a.IdleTimeoutSeconds
+	}
+	switch {
+	case a.KeepTimeout:
+	case a.TimeoutSeconds == 0:
 		w.TimeoutSeconds, w.OnTimeout, w.EndsAt = 0, "", nil
-	} else {
+	default:
 		w.TimeoutSeconds, w.OnTimeout = a.TimeoutSeconds, cmp.Or(a.OnTimeout, w.OnTimeout, api.TimeoutDelete)
 		armEnd(ac, w)
 	}
@@ -189,13 +233,7 @@ func applyWorkspaceSetTimeout(ac *applyCtx) (any, error) {
 
 func applyWorkspaceTimedOut(ac *applyCtx) (any, error) {
 	var a WorkspaceTimedOutArgs
-	if err := decodeArgs(ac.e, &a); err != nil {
-		return nil, err
-	}
-	if err := namesWorkspace(a.WorkspaceID); err != nil {
-		return nil, err
-	}
-	w, err := mustWorkspace(ac.tx, a.WorkspaceID)
+	w, err := argsWorkspace(ac, &a, &a.WorkspaceID)
 	if err != nil {
 		return nil, err
 	}

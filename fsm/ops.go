@@ -54,6 +54,7 @@ const (
 	OpOperatorRevoke       = "operator.revoke"
 	OpWorkspaceSetTimeout  = "workspace.set_timeout"
 	OpWorkspaceTimedOut    = "workspace.timed_out"
+	OpWorkspaceIdlePause   = "workspace.idle_pause"
 	// OpMemberLevel is proposed with IgnoreUnknown (see levels.go).
 	OpMemberLevel = "cluster.member_level"
 )

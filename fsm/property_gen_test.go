@@ -27,6 +27,7 @@ type logGen struct {
 	cas      *rand.Rand // CA rotation draws only (ca_test.go)
 	tenants  *rand.Rand // namespace and API key draws only (drawTenant)
 	lifes    *rand.Rand // Workspace lifetime draws only (lifetimes_test.go)
+	idles    *rand.Rand // idle pause draws only (idle_test.go)
 	ref      *FSM
 	now      time.Time
 	seq      int
@@ -39,7 +40,7 @@ type logGen struct {
 }
 
 func newLogGen(seed int64, ref *FSM) *logGen {
-	return &logGen{r: rand.New(rand.NewSource(seed)), pools: rand.New(rand.NewSource(seed + 1)), vols: rand.New(rand.NewSource(seed + 2)), tmpls: rand.New(rand.NewSource(seed + 3)), opers: rand.New(rand.NewSource(seed + 4)), cas: rand.New(rand.NewSource(seed + 5)), tenants: rand.New(rand.NewSource(seed + 6)), lifes: rand.New(rand.NewSource(seed + 7)), volWeight: 12, ref: ref, now: t0, sessions: map[string][]string{}, inc: map[string]uint64{}}
+	return &logGen{r: rand.New(rand.NewSource(seed)), pools: rand.New(rand.NewSource(seed + 1)), vols: rand.New(rand.NewSource(seed + 2)), tmpls: rand.New(rand.NewSource(seed + 3)), opers: rand.New(rand.NewSource(seed + 4)), cas: rand.New(rand.NewSource(seed + 5)), tenants: rand.New(rand.NewSource(seed + 6)), lifes: rand.New(rand.NewSource(seed + 7)), idles: rand.New(rand.NewSource(seed + 8)), volWeight: 12, ref: ref, now: t0, sessions: map[string][]string{}, inc: map[string]uint64{}}
 }
 
 func (g *logGen) pct(p int) bool { return g.r.Intn(100) < p }
@@ -129,6 +130,9 @@ func (g *logGen) nextWithAnswers() []Entry {
 	}
 	if g.lifes.Intn(100) < 6 {
 		out = append(out, g.drawLifetime())
+	}
+	if g.idles.Intn(100) < 8 {
+		out = append(out, g.drawIdle()...)
 	}
 	return out
 }

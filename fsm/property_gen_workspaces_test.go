@@ -97,6 +97,7 @@ func (g *logGen) drawWorkspace(mk func(string, any, *uint64) Entry) Entry {
 		}
 		g.drawMounts(&a)
 		g.drawTimeout(&a)
+		g.drawIdleTimeout(&a)
 		e := mk(OpWorkspaceCreate, a, nil)
 		if g.pct(95) {
 			e.CommandID = fmt.Sprintf("ws-cmd-%d", g.seq)

@@ -42,6 +42,9 @@ func applyWorkspaceCreate(ac *applyCtx) (any, error) {
 	if err := checkLifetime(a.TimeoutSeconds, a.OnTimeout); err != nil {
 		return nil, err
 	}
+	if err := checkIdleTimeout(a.IdleTimeoutSeconds); err != nil {
+		return nil, err
+	}
 	if a.TimeoutSeconds, a.OnTimeout, err = createLifetime(ac.tx, ns, a.TimeoutSeconds, a.OnTimeout); err != nil {
 		return nil, err
 	}
@@ -84,7 +87,7 @@ func applyWorkspaceCreate(ac *applyCtx) (any, error) {
 		w.Volumes, vols = mounts, vs
 	}
 	setLifetime(ac, w, a.TimeoutSeconds, a.OnTimeout)
-	w.AutoResume = a.AutoResume
+	w.AutoResume, w.IdleTimeoutSeconds = a.AutoResume, a.IdleTimeoutSeconds
 	node, err := place(ac, w, vols, a.NodeID, nil, false)
 	if err != nil {
 		return nil, err

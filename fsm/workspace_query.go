@@ -17,7 +17,7 @@ func GetWorkspace(tx *bolt.Tx, id string) (*api.Workspace, error) {
 }
 
 // ViewWorkspace is GetWorkspace for a reader: with what its node last
-// reported of the current Instance (denied packets).
+// reported of the current Instance (denied packets, idleness).
 func ViewWorkspace(tx *bolt.Tx, id string) (*api.Workspace, error) {
 	w, err := mustWorkspace(tx, id)
 	if err != nil || w.NodeID == "" || w.InstanceID == "" {
@@ -38,6 +38,7 @@ func ViewWorkspace(tx *bolt.Tx, id string) (*api.Workspace, error) {
 		if st.InstanceID == w.InstanceID {
 			w.Denied = &api.DeniedReport{Packets: st.DeniedPackets, ReportedAt: n.Report.ReportedAt}
 			w.GuestNotResponding = st.GuestNotResponding && st.State == "RUNNING"
+			w.Idle = idleOf(st, n.Report.ReportedAt)
 		}
 	}
 	return w, nil

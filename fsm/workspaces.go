@@ -51,6 +51,10 @@ type WorkspaceCreateArgs struct {
 	// AutoResume (LevelLifetimes, refused below it like the timeout):
 	// a data-plane credential asked for while PAUSED resumes it.
 	AutoResume bool `json:"auto_resume,omitempty"`
+	// IdleTimeoutSeconds (LevelLifetimes, refused below it like the
+	// timeout): ctrl pauses it once it was reported idle that long
+	// (idle.go).
+	IdleTimeoutSeconds int64 `json:"idle_timeout_seconds,omitempty"`
 }
 
 // WorkspaceArgs names a Workspace, with the options of start and stop.

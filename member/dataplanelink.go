@@ -200,6 +200,37 @@ func (l *dataPlaneLink) Totals(ctx context.Context) dataplane.Counters {
 	return t
 }
 
+var _ agent.DataPlaneActivity = (*dataPlaneLink)(nil)
+
+// Activity implements agent.DataPlaneActivity: each Instance's
+// connections over every running generation, the serving one and those
+// still draining after a switch (whose connections are served to their
+// end). Without the serving one's answer, or from a build that does not
+// count them, it cannot tell.
+func (l *dataPlaneLink) Activity(ctx context.Context) (map[string]agent.InstanceConns, bool) {
+	l.mu.Lock()
+	h := l.h
+	l.mu.Unlock()
+	hellos := h.Hellos(ctx)
+	if len(hellos) == 0 || hellos[0].Generation != h.Generation {
+		return nil, false
+	}
+	out := map[string]agent.InstanceConns{}
+	for _, hello := range hellos {
+		l.note(hello)
+		if !hello.Activity {
+			return nil, false
+		}
+		for id, c := range hello.Instances {
+			sum := out[id]
+			sum.Open += c.Open
+			sum.Bound += c.Bound
+			out[id] = sum
+		}
+	}
+	return out, true
+}
+
 // Leaf is the data plane's current certificate (nil before the first),
 // for a CA rotation's status.
 func (l *dataPlaneLink) Leaf() *x509.Certificate {

@@ -246,6 +246,8 @@ func (s *Server) hello() Hello {
 		Connections:  len(s.conns),
 		StateApplied: s.applied,
 		Counters:     s.counters(),
+		Instances:    s.activityLocked(),
+		Activity:     true,
 	}
 }
 

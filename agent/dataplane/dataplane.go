@@ -99,6 +99,11 @@ type Hello struct {
 	StateApplied bool `json:"state_applied"`
 	// Counters are this process's since it started.
 	Counters Counters `json:"counters"`
+	// Instances are the connections of each Instance a connection was
+	// bound to (activity.go), when Activity says this build counts them:
+	// an earlier build's say nothing of its connections' Instances.
+	Instances map[string]InstanceConns `json:"instances,omitempty"`
+	Activity  bool                     `json:"activity,omitempty"`
 }
 
 // ControlProtocol is the control protocol of this build: 1 added the

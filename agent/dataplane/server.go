@@ -76,6 +76,7 @@ type Server struct {
 	targets         map[string]Target     // by workspace
 	links           map[string]*guestLink // by instance
 	conns           map[*clientConn]struct{}
+	bound           map[string]uint64         // connections ever bound, by instance (activity.go)
 	lends           map[*lendSession]struct{} // guest sessions lent to the successor
 	stopping        bool                      // ctx ended: refuse what is not authorized yet
 	draining        bool                      // drained or ended: accept nothing more

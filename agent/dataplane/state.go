@@ -81,6 +81,7 @@ func (s *Server) apply(st State) error {
 			})
 		}
 	}
+	s.forgetBound(sockets)
 	closed := 0
 	for c := range s.conns {
 		if c.instanceID == "" {
@@ -142,6 +143,7 @@ func (s *Server) authorize(c *clientConn, token string) (*guestLink, error) {
 		s.links[t.InstanceID] = l
 	}
 	c.workspaceID, c.instanceID, c.link = claims.WorkspaceID, claims.InstanceID, l
+	s.noteBound(t.InstanceID)
 	s.settleLocked() // one connection fewer that might need any Instance
 	return l, nil
 }

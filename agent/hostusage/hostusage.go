@@ -214,7 +214,7 @@ func (s *Sampler) readVM(u *Usage, now time.Time) {
 	if v, err := readParsed(filepath.Join(s.vmCgroup, "memory.current"), parseUint); err == nil {
 		u.VMMemoryBytes = &v
 	}
-	usec, err := readParsed(filepath.Join(s.vmCgroup, "cpu.stat"), parseCPUStatUsage)
+	usec, err := CgroupCPUUsec(s.vmCgroup)
 	if err != nil {
 		s.prevVM = nil
 		return

@@ -6,6 +6,7 @@ import (
 	"math"
 	"math/bits"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 )
@@ -194,6 +195,12 @@ func psiAvg60(fields []string) (float64, error) {
 // parseUint parses a single-number cgroup file such as memory.current.
 func parseUint(data []byte) (uint64, error) {
 	return strconv.ParseUint(strings.TrimSpace(string(data)), 10, 64)
+}
+
+// CgroupCPUUsec reads usage_usec from the cgroup v2 directory dir: the
+// CPU time its processes used, in microseconds.
+func CgroupCPUUsec(dir string) (uint64, error) {
+	return readParsed(filepath.Join(dir, "cpu.stat"), parseCPUStatUsage)
 }
 
 // parseCPUStatUsage returns usage_usec from a cgroup v2 cpu.stat file.

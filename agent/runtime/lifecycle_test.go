@@ -56,6 +56,12 @@ func TestLifecycle(t *testing.T) {
 	if got := filepath.Dir(h.m.CgroupPath(u)); got != slice {
 		t.Errorf("VMM unit's cgroup is in %s; the runtime names %s as the VM slice", got, slice)
 	}
+	// The idle measure reads the guest's CPU from the unit's cgroup.
+	if cur, err := rt.Status(id); err != nil || cur.Cgroup != h.m.CgroupPath(u) {
+		t.Errorf("status names cgroup %q (%v), want the unit's %s", cur.Cgroup, err, h.m.CgroupPath(u))
+	} else if usec, err := hostusage.CgroupCPUUsec(cur.Cgroup); err != nil || usec == 0 {
+		t.Errorf("the VMM's CPU time from %s: %d µs, %v", cur.Cgroup, usec, err)
+	}
 	usage := hostusage.NewSampler(hostusage.Config{VMCgroup: slice})
 	usage.Sample()
 

@@ -4,6 +4,8 @@ import (
 	"slices"
 	"sort"
 	"strings"
+
+	"github.com/kibotos/kibotos/vmm/units"
 )
 
 // InstanceStatus is what List reports about one Instance.
@@ -34,6 +36,9 @@ type InstanceStatus struct {
 	LayerPath string
 	// Volumes are the Volume disks the VMM was launched with.
 	Volumes []VolumeDisk
+	// Cgroup is the host path of the VMM unit's cgroup ("" unknown), where
+	// the node reads the guest's CPU use.
+	Cgroup string
 }
 
 // all are the Instances now, for a caller that then locks each one alone.
@@ -52,7 +57,7 @@ func (rt *Runtime) List() []InstanceStatus {
 	ins := rt.all()
 	out := make([]InstanceStatus, 0, len(ins))
 	for _, in := range ins {
-		out = append(out, in.status())
+		out = append(out, rt.statusOf(in))
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
 	return out
@@ -69,7 +74,16 @@ func (rt *Runtime) Status(id string) (InstanceStatus, error) {
 	if err != nil {
 		return InstanceStatus{}, err
 	}
-	return in.status(), nil
+	return rt.statusOf(in), nil
+}
+
+// statusOf is in's status with the host path of its cgroup.
+func (rt *Runtime) statusOf(in *instance) InstanceStatus {
+	st := in.status()
+	if cg := in.controlGroup(); cg != "" && rt.units != nil {
+		st.Cgroup = rt.units.CgroupPath(units.Unit{ControlGroup: cg})
+	}
+	return st
 }
 
 // dataSocket is sock if the VMM was launched with it on its command line:
@@ -83,6 +97,16 @@ func dataSocket(sock string, vmmArgv []string) string {
 		if strings.Contains(a, sock) {
 			return sock
 		}
+	}
+	return ""
+}
+
+// controlGroup is the VMM unit's cgroup as systemd names it, "" unknown.
+func (in *instance) controlGroup() string {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	if p := in.rec.Process; p != nil {
+		return p.ControlGroup
 	}
 	return ""
 }
