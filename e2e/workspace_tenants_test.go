@@ -150,3 +150,37 @@ func (d *wsDev) remoteEnv(secret, ca string) []string {
 func (d *wsDev) remote(secret, ca string, args ...string) result {
 	return d.kiboEnv(d.remoteEnv(secret, ca), args...)
 }
+
+// testIdleResume: a Workspace with an idle timeout and auto-resume is
+// paused by ctrl once nothing used it for that long, and the next exec
+// resumes it, with the process it left running in the background still
+// there.
+func (d *wsDev) testIdleResume(string) {
+	t := d.t
+	r := d.kibo(3*time.Minute, nil, "workspace", "create", "--template", "kibotos-base", "--idle-timeout", "30s", "--auto-resume", "-q")
+	if r.code != 0 || !wsIDRe.MatchString(r.stdout) {
+		t.Fatalf("create with --idle-timeout: %s", r)
+	}
+	id := strings.TrimSpace(r.stdout)
+	d.must("workspace", "exec", id, "--", "sh", "-c", "sleep 100000 </dev/null >/dev/null 2>&1 & echo $! > /root/bg.pid")
+	t0 := time.Now()
+	testenv.WaitFor(t, 3*time.Minute, "the idle Workspace paused", func() (bool, string) {
+		w := d.get(id)
+		return w.State == api.WorkspacePaused, w.State
+	})
+	t.Logf("TIMING idle pause: PAUSED %s after the last exec (idle timeout 30s)", time.Since(t0).Round(time.Second))
+	r = d.kibo(3*time.Minute, nil, "workspace", "exec", id, "--", "sh", "-c", "kill -0 $(cat /root/bg.pid) && echo still-running")
+	if r.code != 0 || r.stdout != "still-running\n" {
+		t.Fatalf("exec into the idle-paused Workspace: %s, want it resumed with its background process", r)
+	}
+	if w := d.get(id); w.State != api.WorkspaceAvailable {
+		t.Errorf("after the exec: %s, want AVAILABLE", w.State)
+	}
+	log, _ := os.ReadFile(d.devProc().log)
+	for _, line := range []string{"workspace idle, pausing", "workspace resumed on connect"} {
+		if !bytes.Contains(log, []byte(line)) {
+			t.Errorf("the dev log has no %q", line)
+		}
+	}
+	d.must("workspace", "delete", id)
+}

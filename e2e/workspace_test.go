@@ -93,6 +93,7 @@ func TestWorkspace(t *testing.T) {
 		{"Warm", d.testWarm},
 		{"OCITemplate", d.testOCITemplate},
 		{"Tenants", d.testTenants},
+		{"IdleResume", d.testIdleResume},
 	}
 	for _, s := range steps {
 		if !d.step(s.name, func() { s.f(ws) }) {

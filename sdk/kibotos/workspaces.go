@@ -61,6 +61,10 @@ type WorkspaceSpec struct {
 	OnTimeout string
 	// AutoResume: Exec and Files resume the Workspace when it is PAUSED.
 	AutoResume bool
+	// IdleTimeout pauses it once it had no Exec or Files connection and
+	// its guest used next to no CPU for that long (at least 30 s); with
+	// AutoResume the next connection brings it back. 0: never.
+	IdleTimeout time.Duration
 	// From forks this PAUSED Workspace; Template, CPU and Memory are
 	// then its own and may be left out.
 	From string
@@ -94,6 +98,12 @@ func (s WorkspaceSpec) request() (api.WorkspaceCreateRequest, error) {
 			return req, errorf(CodeInvalidArgument, "kibotos: workspace %v", err)
 		}
 		req.Timeout = s.Timeout.String()
+	}
+	if s.IdleTimeout != 0 {
+		if err := api.CheckTimeout(s.IdleTimeout); err != nil {
+			return req, errorf(CodeInvalidArgument, "kibotos: workspace idle %v", err)
+		}
+		req.IdleTimeout = s.IdleTimeout.String()
 	}
 	for _, v := range s.Volumes {
 		req.Volumes = append(req.Volumes, api.VolumeAttach{Volume: v.Volume, Path: v.Path})
