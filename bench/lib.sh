@@ -126,6 +126,7 @@ build_bins() {
 KIB_DIRS=()
 KIB_ADDRS=()
 KIB_PIDS=()
+KIB_API_ADDRS=() # the API listeners, when KIB_API is set
 
 # kib_cluster_ready N: every member knows the same leader (so each one is in
 # the Raft configuration: a member that is not gets no heartbeats and knows
@@ -154,8 +155,16 @@ kib_cluster() {
 			tok=$("$KIBO" enrollment grant "m$i" --roles ctrl,node --data-dir "${KIB_DIRS[0]}" 2>/dev/null)
 			"$KIBOTOS" join --data-dir "$dir" --advertise "$addr" --grant "$tok" "${KIB_ADDRS[0]}" >/dev/null
 		fi
+		local conf=()
+		if [[ -n "${KIB_API:-}" ]]; then
+			# The API for applications (API keys) on port +7, rate limits
+			# far above any load these scripts make.
+			printf '[api]\nlisten = "127.0.0.1:%d"\nrate = 1000000\nburst = 1000000\n' $((base + (i - 1) * 10 + 7)) >"$BENCH_TMP/kibotos/m$i.toml"
+			conf=(--config "$BENCH_TMP/kibotos/m$i.toml")
+			KIB_API_ADDRS+=("127.0.0.1:$((base + (i - 1) * 10 + 7))")
+		fi
 		start_bg "kibotos-m$i" env KIBOTOS_PPROF="${BENCH_PPROF_DIR:+127.0.0.1:$((base + (i - 1) * 10 + 5))}" \
-			"$KIBOTOS" serve --data-dir "$dir" --log-level warn
+			"$KIBOTOS" serve --data-dir "$dir" --log-level warn "${conf[@]}"
 		KIB_PIDS+=("$!")
 		KIB_DIRS+=("$dir")
 		KIB_ADDRS+=("$addr")

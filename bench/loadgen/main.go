@@ -105,6 +105,8 @@ func main() {
 	clients := flag.Int("clients", 1, "concurrent closed-loop clients")
 	duration := flag.Duration("duration", 15*time.Second, "measured time")
 	warmup := flag.Duration("warmup", time.Second, "unmeasured time before it (connections, leader caches)")
+	keysFile := flag.String("keys-file", "", "create: a file of API key secrets, one a line; client i creates with key i mod their number through -api-addrs instead of the operator certificate")
+	apiAddrs := flag.String("api-addrs", "", "create with -keys-file: comma-separated API listener addresses (HOST:PORT); client i talks to address i mod their number")
 	serverPIDs := flag.String("server-pids", "", "comma-separated PIDs of the servers, whose CPU time over the measured window is reported")
 	flag.Parse()
 	var pids []int
@@ -131,7 +133,7 @@ func main() {
 	case "etcd":
 		makeOp = etcdOps(*endpoints, *etcdTLS, *valueSize, *keys)
 	case "create":
-		makeOp = createOps(*dataDir, *addrs, *template, *cpu, *memMiB)
+		makeOp = createOps(createClients(*dataDir, *addrs, *keysFile, *apiAddrs), *template, *cpu, *memMiB)
 	default:
 		fatalf("-target must be kibotos, etcd or create")
 	}
@@ -515,19 +517,44 @@ func etcdClientTLS(dir string) *tls.Config {
 // not applied yet (create only).
 var staleReads atomic.Int64
 
-// createOps: Workspace creates, each waited for until AVAILABLE, with the
-// admin credentials of dataDir. Client i talks to address i mod len(addrs)
-// for both the create (a follower forwards it to the leader) and the reads.
-func createOps(dataDir, addrList, template string, cpu, memMiB int) func(int) op {
+// createClients makes client i of a create run: with the admin
+// credentials of dataDir on address i mod len(addrs), or, with keysFile,
+// with key i mod the keys' number on API listener i mod len(apiAddrs) (an
+// application's path: bearer key, its namespace, its quota checked).
+func createClients(dataDir, addrList, keysFile, apiAddrList string) func(i int) *api.Client {
 	if dataDir == "" {
 		fatalf("-target create needs -data-dir")
 	}
 	tlsConf, as := adminOf(dataDir, addrList)
+	if keysFile == "" {
+		return func(i int) *api.Client { return api.NewClient(as[i%len(as)], tlsConf) }
+	}
+	raw, err := os.ReadFile(keysFile)
+	if err != nil {
+		fatalf("-keys-file: %v", err)
+	}
+	keys, apis := strings.Fields(string(raw)), split(apiAddrList)
+	if len(keys) == 0 || len(apis) == 0 {
+		fatalf("-keys-file needs keys in the file and -api-addrs")
+	}
+	return func(i int) *api.Client {
+		c, err := api.NewTokenClient("https://"+apis[i%len(apis)], keys[i%len(keys)], tlsConf.Pool)
+		if err != nil {
+			fatalf("client %d: %v", i, err)
+		}
+		return c
+	}
+}
+
+// createOps: Workspace creates, each waited for until AVAILABLE. Client i
+// (clientOf) does both the create (a follower forwards it to the leader)
+// and the reads.
+func createOps(clientOf func(i int) *api.Client, template string, cpu, memMiB int) func(int) op {
 	run := make([]byte, 4)
 	rand.Read(run)
 	runID := fmt.Sprintf("%x", run) // command ids differ between runs on one cluster
 	return func(i int) op {
-		c := api.NewClient(as[i%len(as)], tlsConf)
+		c := clientOf(i)
 		return func(ctx context.Context, seq int) (time.Duration, error) {
 			t0 := time.Now()
 			req := api.WorkspaceCreateRequest{
