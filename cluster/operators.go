@@ -3,6 +3,7 @@ package cluster
 import (
 	"encoding/json"
 	"fmt"
+	"math"
 	"net/http"
 	"strconv"
 	"strings"
@@ -75,20 +76,28 @@ func (s *Server) handleOperatorIssue(r *http.Request, req api.OperatorIssueReque
 	return resultResponse{value: api.OperatorIssueResponse{Operator: rec, Cert: string(cert), CACert: s.trustedBundle()}, replayed: res.Replayed}
 }
 
+// parseDays reads a lifetime: a Go duration or a number of days ("30d").
+// Days beyond any lifetime's bound read as the longest duration, so the
+// caller's bound refuses them.
+func parseDays(v string) (time.Duration, error) {
+	days, ok := strings.CutSuffix(v, "d")
+	if !ok {
+		return time.ParseDuration(v)
+	}
+	n, err := strconv.Atoi(days)
+	if n > 1<<16 {
+		return time.Duration(math.MaxInt64), err
+	}
+	return time.Duration(n) * 24 * time.Hour, err
+}
+
 // operatorTTL reads a credential's lifetime: a Go duration or a number of
 // days ("30d"); empty is the maximum.
 func operatorTTL(name, v string) (time.Duration, error) {
 	if v == "" {
 		return fsm.OperatorMaxTTL, nil
 	}
-	d, err := time.ParseDuration(v)
-	if days, ok := strings.CutSuffix(v, "d"); ok {
-		n, perr := strconv.Atoi(days)
-		d, err = time.Duration(n)*24*time.Hour, perr
-		if n > 1<<16 {
-			d = fsm.OperatorMaxTTL + 1
-		}
-	}
+	d, err := parseDays(v)
 	if err != nil {
 		return 0, api.Errorf(api.CodeInvalidArgument, "operator %s: ttl %s is not a duration such as 12h or 30d", name, api.EscapeText(v))
 	}

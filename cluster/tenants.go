@@ -4,8 +4,6 @@ import (
 	"crypto/subtle"
 	"encoding/hex"
 	"net/http"
-	"strconv"
-	"strings"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -236,14 +234,7 @@ func keyTTL(name, v string) (time.Duration, error) {
 	if v == "" {
 		return 0, nil
 	}
-	d, err := time.ParseDuration(v)
-	if days, ok := strings.CutSuffix(v, "d"); ok {
-		n, perr := strconv.Atoi(days)
-		d, err = time.Duration(n)*24*time.Hour, perr
-		if n > 1<<16 || n < 0 {
-			d = fsm.APIKeyMaxTTL + 1
-		}
-	}
+	d, err := parseDays(v)
 	if err != nil || d <= 0 {
 		return 0, api.Errorf(api.CodeInvalidArgument, "API key %s: --expires %s is not a positive duration such as 12h or 90d", name, api.EscapeText(v))
 	}

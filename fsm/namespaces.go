@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"time"
 
-	json "github.com/segmentio/encoding/json"
 	bolt "go.etcd.io/bbolt"
 
 	"github.com/kibotos/kibotos/api"
@@ -176,28 +175,29 @@ func namespaceUsage(tx *bolt.Tx, ns string) (api.NamespaceUsage, error) {
 		}
 		return u, nil
 	}
-	var rec struct {
-		Namespace string `json:"namespace"`
-	}
+	// Default's objects are those no other namespace indexes: counted
+	// from the keys alone, no record decoded (metrics read this at every
+	// scrape).
 	for _, c := range []struct {
 		bucket []byte
+		kind   string
 		n      *int
-	}{{bucketWorkspaces, &u.Workspaces}, {bucketVolumes, &u.Volumes}} {
-		err := tx.Bucket(c.bucket).ForEach(func(k, v []byte) error {
-			rec.Namespace = ""
-			if err := json.Unmarshal(v, &rec); err != nil {
-				return err
-			}
-			if rec.Namespace == "" {
-				*c.n++
-			}
-			return nil
-		})
-		if err != nil {
-			return u, err
-		}
+	}{{bucketWorkspaces, nsKindWorkspace, &u.Workspaces}, {bucketVolumes, nsKindVolume, &u.Volumes}} {
+		*c.n = tx.Bucket(c.bucket).Stats().KeyN - countIndexed(tx, c.kind)
 	}
 	return u, nil
+}
+
+// countIndexed counts the objects of kind of every namespace but default.
+func countIndexed(tx *bolt.Tx, kind string) int {
+	n := 0
+	c := tx.Bucket(bucketNamespaceObjects).Cursor()
+	for k, _ := c.First(); k != nil; k, _ = c.Next() {
+		if _, rest, ok := bytes.Cut(k, []byte{0}); ok && bytes.HasPrefix(rest, []byte(kind+"\x00")) {
+			n++
+		}
+	}
+	return n
 }
 
 func namespaceView(tx *bolt.Tx, rec namespaceRecord) (api.Namespace, error) {
