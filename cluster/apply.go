@@ -47,19 +47,10 @@ func (s *Server) Apply(ctx context.Context, e fsm.Entry) (fsm.Result, error) {
 		return fsm.Result{}, err
 	}
 	f := s.raft.Apply(data, timeout)
-	// A member that halted never answers the entries it stopped at, and
-	// Raft shut down leaves the entries it committed but did not apply
-	// unanswered. The goroutine ends when Raft answers; for such an entry
-	// it never does, and it ends with the process (at most one per write
-	// in flight at shutdown): Raft offers no way to wait on a future
-	// other than blocking in Error.
-	errc := make(chan error, 1)
-	go func() { errc <- f.Error() }()
-	select {
-	case err = <-errc:
-	case <-s.halted:
+	switch err = s.awaitRaft(f); {
+	case errors.Is(err, errMemberHalted):
 		return fsm.Result{}, api.Errorf(api.CodeUnavailable, "ctrl member %s stopped applying the Raft log while the write was in flight (%v); retry with the same --command-id once a leader is elected", s.id.NodeID, s.haltErr)
-	case <-s.raftDown:
+	case errors.Is(err, errRaftDown):
 		return fsm.Result{}, api.Errorf(api.CodeUnavailable, "ctrl member %s stopped while the write was in flight; retry with the same --command-id once a leader is elected", s.id.NodeID)
 	}
 	if err != nil {
@@ -77,6 +68,31 @@ func (s *Server) Apply(ctx context.Context, e fsm.Entry) (fsm.Result, error) {
 		return fsm.Result{}, api.Errorf(api.CodeInternal, "unexpected apply response %T", f.Response())
 	}
 	return res, nil
+}
+
+var (
+	errMemberHalted = errors.New("member stopped applying the Raft log")
+	errRaftDown     = errors.New("raft shut down")
+)
+
+// awaitRaft waits for Raft to answer f, or for this member to halt or
+// shut Raft down. A member that halted never answers the entries it
+// stopped at, and Raft shut down leaves the entries (writes and barriers)
+// it committed but did not apply unanswered. The goroutine ends when Raft
+// answers; for such an entry it never does, and it ends with the process
+// (at most one per future in flight at shutdown): Raft offers no way to
+// wait on a future other than blocking in Error.
+func (s *Server) awaitRaft(f raft.Future) error {
+	errc := make(chan error, 1)
+	go func() { errc <- f.Error() }()
+	select {
+	case err := <-errc:
+		return err
+	case <-s.halted:
+		return errMemberHalted
+	case <-s.raftDown:
+		return errRaftDown
+	}
 }
 
 // outOfTime refuses a write whose request ended before it was sent.

@@ -254,7 +254,7 @@ func (s *Server) egressCredentialsOnce(ctx context.Context, name string, rev uin
 		// (its lead loop's barrier is not through) gets there itself.
 		if !s.consistentReady.Load() {
 			dl, _ := ctx.Deadline() // EgressCredentials set one
-			if err := s.raft.Barrier(time.Until(dl)).Error(); err != nil {
+			if err := s.awaitRaft(s.raft.Barrier(time.Until(dl))); err != nil {
 				return nil, api.Errorf(api.CodeUnavailable, "member %s was just elected ctrl leader and is catching up: %v", s.id.NodeID, err)
 			}
 		}

@@ -55,9 +55,10 @@ type leaderCluster struct{ s *Server }
 
 var _ ctrl.Cluster = leaderCluster{}
 
-// Barrier waits as long as raft lets a new leader catch up, whatever ctx.
+// Barrier waits as long as raft lets a new leader catch up, whatever ctx,
+// or until the member stops.
 func (c leaderCluster) Barrier(context.Context) error {
-	return c.s.raft.Barrier(30 * time.Second).Error()
+	return c.s.awaitRaft(c.s.raft.Barrier(30 * time.Second))
 }
 
 func (c leaderCluster) ApplyOp(ctx context.Context, op string, args any) (fsm.Result, error) {

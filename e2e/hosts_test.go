@@ -18,17 +18,17 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
 
-	"golang.org/x/sys/unix"
+	"github.com/vishvananda/netns"
 
 	"github.com/kibotos/kibotos/internal/hostprobe"
 	"github.com/kibotos/kibotos/internal/testenv"
+	"github.com/kibotos/kibotos/netpol"
 )
 
 const (
@@ -188,36 +188,31 @@ func (l *lab) addNetns(name string) {
 
 // listenIn opens a TCP listener on addr inside the namespace ns, for a
 // server of the test process that the hosts reach (a socket stays in the
-// namespace it was made in). Only a thread of its own enters ns: the
-// goroutine ends locked to it, so Go ends the thread and no other
-// goroutine ever runs in ns.
+// namespace it was made in).
 func (l *lab) listenIn(ns, addr string) net.Listener {
 	l.t.Helper()
-	type listened struct {
-		ln  net.Listener
-		err error
+	var ln net.Listener
+	err := inNetns(ns, func() (err error) {
+		ln, err = net.Listen("tcp", addr)
+		return err
+	})
+	if err != nil {
+		l.t.Fatalf("listen on %s in namespace %s: %v", addr, ns, err)
 	}
-	done := make(chan listened, 1)
-	go func() {
-		runtime.LockOSThread()
-		f, err := os.Open("/run/netns/" + ns)
-		if err != nil {
-			done <- listened{err: err}
-			return
-		}
-		defer f.Close()
-		if err := unix.Setns(int(f.Fd()), unix.CLONE_NEWNET); err != nil {
-			done <- listened{err: fmt.Errorf("setns %s: %w", ns, err)}
-			return
-		}
-		ln, err := net.Listen("tcp", addr)
-		done <- listened{ln, err}
-	}()
-	r := <-done
-	if r.err != nil {
-		l.t.Fatalf("listen on %s in namespace %s: %v", addr, ns, r.err)
+	return ln
+}
+
+// inNetns runs f on a thread in the named namespace ns, which goes back
+// to the test's namespace afterwards. The thread must not end: the hosts'
+// processes are started with Pdeathsig, which the kernel sends when the
+// thread that forked them ends, whichever goroutine ran on it since.
+func inNetns(ns string, f func() error) error {
+	h, err := netns.GetFromPath("/run/netns/" + ns)
+	if err != nil {
+		return fmt.Errorf("namespace %s: %w", ns, err)
 	}
-	return r.ln
+	defer h.Close()
+	return netpol.InNamespace(h, f)
 }
 
 // ip runs one iproute2 command and fails the test if it fails.

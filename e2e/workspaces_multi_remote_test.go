@@ -10,13 +10,10 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
-	"runtime"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
-
-	"golang.org/x/sys/unix"
 
 	"github.com/kibotos/kibotos/api"
 	"github.com/kibotos/kibotos/datadir"
@@ -113,41 +110,21 @@ func mhRemoteClient(t *testing.T, l *lab, ctrl *host) {
 }
 
 // dialIn connects to addr from inside namespace ns, sends msg, closes its
-// side and returns the answer. Only a thread of its own enters ns (see
-// lab.listenIn).
-func dialIn(ns, addr string, msg []byte) ([]byte, error) {
-	type answer struct {
-		b   []byte
-		err error
-	}
-	done := make(chan answer, 1)
-	go func() {
-		runtime.LockOSThread()
-		f, err := os.Open("/run/netns/" + ns)
-		if err != nil {
-			done <- answer{err: err}
-			return
-		}
-		defer f.Close()
-		if err := unix.Setns(int(f.Fd()), unix.CLONE_NEWNET); err != nil {
-			done <- answer{err: err}
-			return
-		}
+// side and returns the answer.
+func dialIn(ns, addr string, msg []byte) (answer []byte, err error) {
+	err = inNetns(ns, func() error {
 		c, err := net.DialTimeout("tcp", addr, 5*time.Second)
 		if err != nil {
-			done <- answer{err: err}
-			return
+			return err
 		}
 		defer c.Close()
 		c.SetDeadline(time.Now().Add(10 * time.Second))
 		if _, err := c.Write(msg); err != nil {
-			done <- answer{err: err}
-			return
+			return err
 		}
 		c.(*net.TCPConn).CloseWrite()
-		b, err := io.ReadAll(c)
-		done <- answer{b, err}
-	}()
-	a := <-done
-	return a.b, a.err
+		answer, err = io.ReadAll(c)
+		return err
+	})
+	return answer, err
 }
