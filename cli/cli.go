@@ -37,12 +37,15 @@ type Globals struct {
 	AllNamespaces bool   `name:"all-namespaces" short:"A" help:"List the objects of every namespace, with a NAMESPACE column (operators)."`
 	// APIURL, Token and CAFile: remote use through a ctrl member's API
 	// listener with an API key (remote.go).
-	APIURL     string        `name:"api-url" env:"KIBOTOS_API_URL" help:"URL of a ctrl member's API listener (https://HOST:PORT, its [api] listen); every call goes there with --token instead of a certificate, and no data directory is read."`
-	Token      string        `name:"token" env:"KIBOTOS_TOKEN" help:"API key to call --api-url with (prefer KIBOTOS_TOKEN: a flag shows in the process list)."`
-	CAFile     string        `name:"ca-file" env:"KIBOTOS_CA_FILE" type:"path" help:"PEM file of the cluster CA (tls/ca.crt of a ctrl member) with --api-url: the nodes' data planes (exec, terminal, cp, port-forward) are checked against it, the API listener against it and the system's CAs; without it, the API listener against the system's CAs only."`
-	JSON       bool          `name:"json" help:"Print the API result as JSON ({\"result\": ...})."`
-	Consistent bool          `name:"consistent" help:"Read from the ctrl leader instead of this member's replica."`
-	Timeout    time.Duration `name:"timeout" default:"10m" help:"How long --wait waits before giving up (exit 16)."`
+	APIURL     string `name:"api-url" env:"KIBOTOS_API_URL" help:"URL of a ctrl member's API listener (https://HOST:PORT, its [api] listen); every call goes there with --token instead of a certificate, and no data directory is read."`
+	Token      string `name:"token" env:"KIBOTOS_TOKEN" help:"API key to call --api-url with (prefer KIBOTOS_TOKEN: a flag shows in the process list)."`
+	CAFile     string `name:"ca-file" env:"KIBOTOS_CA_FILE" type:"path" help:"PEM file of the cluster CA (tls/ca.crt of a ctrl member) with --api-url: the nodes' data planes (exec, terminal, cp, port-forward) are checked against it, the API listener against it and the system's CAs; without it, the API listener against the system's CAs only."`
+	JSON       bool   `name:"json" help:"Print the API result as JSON ({\"result\": ...})."`
+	Consistent bool   `name:"consistent" help:"Read from the ctrl leader instead of this member's replica."`
+	// Timeout is how long a command waits for its result: the --timeout
+	// of the commands that wait (WaitFlags), --wait-timeout of workspace
+	// create, whose --timeout is the Workspace's lifetime.
+	Timeout time.Duration `kong:"-"`
 
 	ctx    context.Context
 	stdout io.Writer
@@ -97,7 +100,7 @@ func Main(ctx context.Context, name string, args []string, stdin *os.File, stdou
 			panic(r)
 		}
 	}()
-	parser, err := kong.New(&root,
+	parser, err := newKong(&root,
 		kong.Name(name),
 		kong.Description("Kibotos runs isolated micro-VM Workspaces on a fleet of Linux hosts."),
 		kong.Writers(stdout, stderr),
@@ -127,6 +130,13 @@ func Main(ctx context.Context, name string, args []string, stdin *os.File, stdou
 		return reportError(stderr, name, err)
 	}
 	return api.ExitOK
+}
+
+// newKong is the parser of the command tree into root: the hooks of the
+// flags that set Globals (WaitFlags) get root's.
+func newKong(root *CLI, options ...kong.Option) (*kong.Kong, error) {
+	root.Timeout = defaultWait
+	return kong.New(root, append([]kong.Option{kong.Bind(&root.Globals)}, options...)...)
 }
 
 // usageError is a mistake in the command line found after parsing.

@@ -14,7 +14,7 @@ import (
 // cli/examples.go. TestCLIReferenceUpToDate keeps the file equal to it.
 func cliReference() (string, error) {
 	var root CLI
-	p, err := kong.New(&root,
+	p, err := newKong(&root,
 		kong.Name("kibo"),
 		kong.Description("Kibotos runs isolated micro-VM Workspaces on a fleet of Linux hosts."),
 		kong.Exit(func(int) {}),

@@ -81,7 +81,7 @@ func docsParser(t *testing.T) *kong.Kong {
 		target.SetString(s)
 		return nil
 	})
-	p, err := kong.New(&root, kong.Name("kibo"),
+	p, err := newKong(&root, kong.Name("kibo"),
 		kong.Exit(func(int) {}),
 		kong.Writers(io.Discard, io.Discard),
 		kong.NamedMapper("existingfile", anyPath),

@@ -12,7 +12,7 @@ import (
 func TestEveryVerbHasAWorkingExample(t *testing.T) {
 	newParser := func() *kong.Kong {
 		var root CLI
-		p, err := kong.New(&root, kong.Name("kibo"), kong.Exit(func(int) {}))
+		p, err := newKong(&root, kong.Name("kibo"), kong.Exit(func(int) {}))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -88,7 +88,7 @@ func splitExample(s string) []string {
 // global --json, as workspace list does.
 func TestEveryListTakesQuiet(t *testing.T) {
 	var root CLI
-	p, err := kong.New(&root, kong.Name("kibo"), kong.Exit(func(int) {}))
+	p, err := newKong(&root, kong.Name("kibo"), kong.Exit(func(int) {}))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -21,15 +21,15 @@ type NamespaceCmd struct {
 // NamespaceSetDefaultsCmd is `namespace set-defaults`: it replaces the
 // namespace's lifetime defaults (those not given are none).
 type NamespaceSetDefaultsCmd struct {
-	Name          string `arg:"" name:"name"`
-	RunTimeout    string `name:"run-timeout" placeholder:"DURATION" help:"Timeout of a Workspace created without one, e.g. 1h (as workspace create --run-timeout)."`
-	OnTimeout     string `name:"on-timeout" enum:",delete,stop,pause" default:"" help:"Its action at the end: delete (default), stop or pause."`
-	MaxRunTimeout string `name:"max-run-timeout" placeholder:"DURATION" help:"The longest timeout a Workspace of the namespace may have, e.g. 24h: none lives without an end."`
-	CommandID     string `name:"command-id" help:"Idempotency key."`
+	Name       string `arg:"" name:"name"`
+	Timeout    string `name:"timeout" aliases:"run-timeout" placeholder:"DURATION" help:"Timeout of a Workspace created without one, e.g. 1h (as workspace create --timeout)."`
+	OnTimeout  string `name:"on-timeout" enum:",delete,stop,pause" default:"" help:"Its action at the end: delete (default), stop or pause."`
+	MaxTimeout string `name:"max-timeout" aliases:"max-run-timeout" placeholder:"DURATION" help:"The longest timeout a Workspace of the namespace may have, e.g. 24h: none lives without an end."`
+	CommandID  string `name:"command-id" help:"Idempotency key."`
 }
 
 func (c *NamespaceSetDefaultsCmd) Run(g *Globals) error {
-	req := api.NamespaceDefaultsRequest{WriteMeta: writeMeta(c.CommandID, nil), Timeout: c.RunTimeout, OnTimeout: c.OnTimeout, MaxTimeout: c.MaxRunTimeout}
+	req := api.NamespaceDefaultsRequest{WriteMeta: writeMeta(c.CommandID, nil), Timeout: c.Timeout, OnTimeout: c.OnTimeout, MaxTimeout: c.MaxTimeout}
 	return showNamespace(g, "POST", "/v1/namespaces/"+url.PathEscape(c.Name)+"/defaults", req)
 }
 

@@ -9,10 +9,11 @@ import (
 
 // NodeDrainCmd requests drain.
 type NodeDrainCmd struct {
+	WaitFlags
 	NodeID          string        `arg:"" name:"node-id"`
 	CommandID       string        `name:"command-id" help:"Idempotency key: a retry with the same key and inputs returns the first result."`
 	ExpectedVersion *uint64       `name:"expected-version" help:"registration_version the node must still be at."`
-	Wait            bool          `name:"wait" help:"Wait until the node is DRAINED (exit 0), the global --timeout passes (exit 16) or the drain is cancelled or the node revoked (exit 13)."`
+	Wait            bool          `name:"wait" help:"Wait until the node is DRAINED (exit 0), --timeout passes (exit 16) or the drain is cancelled or the node revoked (exit 13)."`
 	Interval        time.Duration `name:"interval" default:"1s" hidden:"" help:"Poll interval of --wait."`
 }
 

@@ -22,6 +22,7 @@ type TransferCmd struct {
 
 // TransferExportCmd is `transfer export`.
 type TransferExportCmd struct {
+	WaitFlags
 	Workspace       string        `arg:"" name:"workspace" help:"The Workspace (STOPPED, or AVAILABLE: paused while its disks are copied)."`
 	TTL             time.Duration `name:"ttl" help:"How long the Transfer and its archive are kept; default 168h (7 days), at most 2160h."`
 	CommandID       string        `name:"command-id" help:"Idempotency key (the Transfer id is derived from it)."`
@@ -182,6 +183,7 @@ func (c *TransferListCmd) Run(g *Globals) error {
 
 // TransferImportCmd is `transfer import`.
 type TransferImportCmd struct {
+	WaitFlags
 	Transfer  string `arg:"" name:"transfer"`
 	Node      string `name:"node" help:"Start the new Workspace on this node only."`
 	CommandID string `name:"command-id" help:"Idempotency key (the Workspace id is derived from it)."`

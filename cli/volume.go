@@ -29,6 +29,7 @@ func volumePath(ref string, verb ...string) string {
 
 // VolumeCreateCmd is `volume create`.
 type VolumeCreateCmd struct {
+	WaitFlags
 	Name      string `arg:"" name:"name" help:"Name: 1-63 lowercase letters, digits, '.' or '-'."`
 	Size      string `name:"size" required:"" help:"Size, such as 10GiB (whole MiB, 16MiB to 16TiB)."`
 	Pool      string `name:"pool" help:"Storage pool (kibo storage-pool list); default: the node's default pool."`
@@ -223,6 +224,7 @@ func (c *VolumeGetCmd) Run(g *Globals) error {
 
 // VolumeResizeCmd is `volume resize`.
 type VolumeResizeCmd struct {
+	WaitFlags
 	Volume          string  `arg:"" name:"volume" help:"Volume name or ID."`
 	Size            string  `name:"size" required:"" help:"New size, such as 20GiB: larger than now (a Volume only grows)."`
 	CommandID       string  `name:"command-id" help:"Idempotency key."`
@@ -268,6 +270,7 @@ func (c *VolumeResizeCmd) Run(g *Globals) error {
 
 // VolumeDeleteCmd is `volume delete`.
 type VolumeDeleteCmd struct {
+	WaitFlags
 	Volume          string  `arg:"" name:"volume" help:"Volume name or ID."`
 	CommandID       string  `name:"command-id" help:"Idempotency key."`
 	ExpectedVersion *uint64 `name:"expected-version" help:"Version the Volume must still be at."`

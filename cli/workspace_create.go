@@ -1,6 +1,8 @@
 package cli
 
 import (
+	"time"
+
 	"github.com/kibotos/kibotos/api"
 )
 
@@ -18,14 +20,23 @@ type WorkspaceCreateCmd struct {
 	Deny      []string          `name:"deny" placeholder:"CIDR|DOMAIN" help:"With --egress public: the deny list of CIDRs and domains; repeat or comma-separate. Deny wins over allow."`
 	Volume    []string          `name:"volume" placeholder:"VOLUME:/PATH" help:"Attach an existing Volume (name or ID) and mount it at PATH in the guest; repeat for more."`
 	NewVolume []string          `name:"new-volume" placeholder:"SIZE:/PATH" help:"Create a Volume of SIZE along with the Workspace, in its node's default pool, mounted at PATH; repeat for more. It outlives the Workspace."`
-	// Not --timeout: that global flag bounds how long create waits.
-	RunTimeout  string `name:"run-timeout" placeholder:"DURATION" help:"End every start and resume this long after it (e.g. 30m, 2h) with --on-timeout; kibo workspace set-timeout changes it. Default: no end."`
-	OnTimeout   string `name:"on-timeout" placeholder:"delete|stop|pause" help:"What ctrl does at the end: delete (the default; its Volumes stay), stop, or pause."`
-	AutoResume  bool   `name:"auto-resume" help:"When PAUSED, an exec, terminal, cp or port-forward resumes it first and waits until it is AVAILABLE."`
-	IdleTimeout string `name:"idle-timeout" placeholder:"DURATION" help:"Pause it once it had no exec, terminal, cp or port-forward connection and its guest's CPU stayed under 5% of a vCPU this long (e.g. 10m); with --auto-resume the next connection resumes it. Default: never."`
-	CommandID   string `name:"command-id" help:"Idempotency key: a retry with the same key and inputs returns the same Workspace."`
-	Quiet       bool   `short:"q" name:"quiet" help:"Print only the new Workspace ID."`
-	NoWait      bool   `name:"no-wait" help:"Return once ctrl accepted the Workspace instead of when it is AVAILABLE."`
+	// --timeout is the lifetime, as in E2B's SDK; --wait-timeout bounds
+	// the wait (other commands' --timeout). run-timeout: the name of
+	// earlier builds.
+	Timeout     string        `name:"timeout" aliases:"run-timeout" placeholder:"DURATION" help:"End every start and resume this long after it (e.g. 30m, 2h) with --on-timeout; kibo workspace set-timeout changes it. Default: the namespace's (kibo namespace set-defaults), else no end."`
+	WaitTimeout time.Duration `name:"wait-timeout" default:"10m" help:"How long to wait until it is AVAILABLE before giving up (exit 16); the create goes on in the background."`
+	OnTimeout   string        `name:"on-timeout" placeholder:"delete|stop|pause" help:"What ctrl does at the end: delete (the default; its Volumes stay), stop, or pause."`
+	AutoResume  bool          `name:"auto-resume" help:"When PAUSED, an exec, terminal, cp or port-forward resumes it first and waits until it is AVAILABLE."`
+	IdleTimeout string        `name:"idle-timeout" placeholder:"DURATION" help:"Pause it once it had no exec, terminal, cp or port-forward connection and its guest's CPU stayed under 5% of a vCPU this long (e.g. 10m); with --auto-resume the next connection resumes it. Default: never."`
+	CommandID   string        `name:"command-id" help:"Idempotency key: a retry with the same key and inputs returns the same Workspace."`
+	Quiet       bool          `short:"q" name:"quiet" help:"Print only the new Workspace ID."`
+	NoWait      bool          `name:"no-wait" help:"Return once ctrl accepted the Workspace instead of when it is AVAILABLE."`
+}
+
+// AfterApply hands --wait-timeout to the wait loop (Globals.Timeout).
+func (c *WorkspaceCreateCmd) AfterApply(g *Globals) error {
+	g.Timeout = c.WaitTimeout
+	return nil
 }
 
 func (c *WorkspaceCreateCmd) Run(g *Globals) error {
@@ -55,7 +66,7 @@ func (c *WorkspaceCreateCmd) request() (api.WorkspaceCreateRequest, error) {
 	req := api.WorkspaceCreateRequest{WriteMeta: writeMeta(c.CommandID, nil), Labels: c.Label, NodeID: c.Node,
 		Network: createPolicy(c.Egress, c.Resolver, c.Allow, c.Deny), From: c.From}
 	var err error
-	if req.Timeout, req.OnTimeout, err = createTimeout(c.RunTimeout, c.OnTimeout); err != nil {
+	if req.Timeout, req.OnTimeout, err = createTimeout(c.Timeout, c.OnTimeout); err != nil {
 		return req, err
 	}
 	req.AutoResume = c.AutoResume

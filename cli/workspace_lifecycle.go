@@ -6,6 +6,7 @@ import (
 
 // WorkspaceStartCmd is `workspace start`.
 type WorkspaceStartCmd struct {
+	WaitFlags
 	ID              string  `arg:"" name:"workspace"`
 	Node            string  `name:"node" help:"Start on this node only; never falls back to another."`
 	CommandID       string  `name:"command-id" help:"Idempotency key."`
@@ -43,6 +44,7 @@ func workspaceWrite(g *Globals, id, verb string, req api.WorkspaceWriteRequest, 
 
 // WorkspaceStopCmd is `workspace stop`.
 type WorkspaceStopCmd struct {
+	WaitFlags
 	ID              string  `arg:"" name:"workspace"`
 	Force           bool    `name:"force" help:"End the Instance without a clean guest stop (data not confirmed on disk); also for FAILED Workspaces."`
 	CommandID       string  `name:"command-id" help:"Idempotency key."`
@@ -56,6 +58,7 @@ func (c *WorkspaceStopCmd) Run(g *Globals) error {
 
 // WorkspaceDeleteCmd is `workspace delete`.
 type WorkspaceDeleteCmd struct {
+	WaitFlags
 	ID              string  `arg:"" name:"workspace"`
 	CommandID       string  `name:"command-id" help:"Idempotency key."`
 	ExpectedVersion *uint64 `name:"expected-version" help:"Version the Workspace must still be at."`

@@ -8,6 +8,7 @@ import (
 
 // WorkspaceMoveCmd is `workspace move`: check, stop, start on the target.
 type WorkspaceMoveCmd struct {
+	WaitFlags
 	ID        string `arg:"" name:"workspace"`
 	Node      string `name:"node" required:"" help:"The node to start it on."`
 	CommandID string `name:"command-id" help:"Idempotency key; the stop and the start use it with /stop and /start appended, so a rerun resumes."`

@@ -9,6 +9,7 @@ import (
 
 // WorkspaceSetNetworkCmd is `workspace set-network`.
 type WorkspaceSetNetworkCmd struct {
+	WaitFlags
 	ID              string   `arg:"" name:"workspace"`
 	Egress          *string  `name:"egress" placeholder:"none|public|NAME" help:"Outbound traffic: none, public, or the name of an Egress object."`
 	Resolver        *string  `name:"resolver" placeholder:"NAME|default" help:"Resolver object DNS queries go to; default: the deployment resolver."`

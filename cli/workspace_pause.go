@@ -8,6 +8,7 @@ import (
 
 // WorkspacePauseCmd is `workspace pause`.
 type WorkspacePauseCmd struct {
+	WaitFlags
 	ID              string  `arg:"" name:"workspace"`
 	CommandID       string  `name:"command-id" help:"Idempotency key."`
 	ExpectedVersion *uint64 `name:"expected-version" help:"Version the Workspace must still be at."`
@@ -46,6 +47,7 @@ func (c *WorkspacePauseCmd) Run(g *Globals) error {
 
 // WorkspaceResumeCmd is `workspace resume`: a start of a PAUSED Workspace.
 type WorkspaceResumeCmd struct {
+	WaitFlags
 	ID              string  `arg:"" name:"workspace"`
 	Node            string  `name:"node" help:"Resume on this node only (it must reach the pool and restore the snapshot); never falls back to another."`
 	CommandID       string  `name:"command-id" help:"Idempotency key."`

@@ -76,19 +76,19 @@ func (c *WorkspaceSetTimeoutCmd) request() (api.WorkspaceTimeoutRequest, error) 
 func createTimeout(timeout, action string) (string, string, error) {
 	if timeout == "" {
 		if action != "" {
-			return "", "", usagef("--on-timeout without --run-timeout: give the timeout too")
+			return "", "", usagef("--on-timeout without --timeout: give the timeout too")
 		}
 		return "", "", nil
 	}
 	d, err := api.ParseTimeout(timeout)
 	if err != nil {
-		return "", "", usagef("--run-timeout: %s", err.Error())
+		return "", "", usagef("--timeout: %s", err.Error())
 	}
 	if err := api.CheckTimeoutAction(action); err != nil {
 		return "", "", usagef("--on-timeout %q: give delete, stop or pause", action)
 	}
 	if d == 0 {
-		return "", "", usagef("--run-timeout 0: leave it out for a Workspace without an end")
+		return "", "", usagef("--timeout 0: leave it out for a Workspace without an end")
 	}
 	return timeout, action, nil
 }

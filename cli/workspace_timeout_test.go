@@ -10,7 +10,7 @@ import (
 	"github.com/kibotos/kibotos/cluster/clustertest"
 )
 
-// Timeouts through the CLI: create --run-timeout arms an end that get
+// Timeouts through the CLI: create --timeout arms an end that get
 // shows with its action and the time left, list --wide in its ENDS
 // column and --json as fields; set-timeout moves it from now and 0
 // removes it; bad durations and actions are usage errors (exit 2) that
@@ -20,7 +20,7 @@ func TestWorkspaceTimeoutCommands(t *testing.T) {
 		r.Templates = append(r.Templates, "kibotos-coding") // placed here; the start fails: no VMs
 	}})
 	create := []string{"workspace", "create", "--template", "kibotos-coding", "--memory", "256MiB", "--no-wait", "-q"}
-	id := strings.TrimSpace(e.mustRun(append(create, "--run-timeout", "30m", "--on-timeout", "stop", "--auto-resume")...))
+	id := strings.TrimSpace(e.mustRun(append(create, "--timeout", "30m", "--on-timeout", "stop", "--auto-resume")...))
 	ws := e.wsJSON(id)
 	if !ws.AutoResume {
 		t.Errorf("created without auto_resume")
@@ -62,10 +62,10 @@ func TestWorkspaceTimeoutCommands(t *testing.T) {
 		args []string
 		msg  string
 	}{
-		{append(create, "--run-timeout", "soon"), `timeout "soon" is not a duration`},
-		{append(create, "--run-timeout", "1.5s"), "not whole seconds"},
-		{append(create, "--on-timeout", "stop"), "--on-timeout without --run-timeout"},
-		{append(create, "--run-timeout", "5m", "--on-timeout", "explode"), `--on-timeout "explode": give delete, stop or pause`},
+		{append(create, "--timeout", "soon"), `timeout "soon" is not a duration`},
+		{append(create, "--run-timeout", "1.5s"), "not whole seconds"}, // the name of earlier builds
+		{append(create, "--on-timeout", "stop"), "--on-timeout without --timeout"},
+		{append(create, "--timeout", "5m", "--on-timeout", "explode"), `--on-timeout "explode": give delete, stop or pause`},
 		{[]string{"workspace", "set-timeout", id, "9000h"}, "longer than"},
 		{[]string{"workspace", "set-timeout", id, "0", "--on-timeout", "stop"}, "0 removes the end"},
 	} {

@@ -7,6 +7,22 @@ import (
 	"github.com/kibotos/kibotos/api"
 )
 
+// defaultWait is how long a command waits for its result by default.
+const defaultWait = 10 * time.Minute
+
+// WaitFlags is the --timeout of the commands that wait for their result.
+// It is not global: workspace create's --timeout is the Workspace's
+// lifetime.
+type WaitFlags struct {
+	Timeout time.Duration `name:"timeout" default:"10m" help:"How long to wait for the result before giving up (exit 16); what was asked goes on in the background."`
+}
+
+// AfterApply hands the flag to the wait loops (Globals.Timeout).
+func (w *WaitFlags) AfterApply(g *Globals) error {
+	g.Timeout = w.Timeout
+	return nil
+}
+
 // printWorkspaceResult prints the outcome of a write: the ID with -q, the
 // API answer with --json, else one line.
 func printWorkspaceResult(g *Globals, raw []byte, ws *api.Workspace, quiet bool, verb string) error {

@@ -50,7 +50,7 @@ func (d *wsDev) testTenants(string) {
 	acme := func(args ...string) result { return remote(secrets["acme"], args...) }
 	beta := func(args ...string) result { return remote(secrets["beta"], args...) }
 
-	r := acme("workspace", "create", "--template", "kibotos-base", "--run-timeout", "30m", "-q")
+	r := acme("workspace", "create", "--template", "kibotos-base", "--timeout", "30m", "-q")
 	if r.code != 0 || !wsIDRe.MatchString(r.stdout) {
 		t.Fatalf("create with acme's key: %s", r)
 	}

@@ -61,7 +61,7 @@ func mhRemoteClient(t *testing.T, l *lab, ctrl *host) {
 		return r
 	}
 
-	id := strings.TrimSpace(app(mhBootTimeout, "workspace", "create", "--template", template.DefaultName, "--memory", "256MiB", "--run-timeout", "30m", "-q").stdout)
+	id := strings.TrimSpace(app(mhBootTimeout, "workspace", "create", "--template", template.DefaultName, "--memory", "256MiB", "--timeout", "30m", "-q").stdout)
 	if r := app(time.Minute, "workspace", "exec", id, "--", "echo", "from-another-host"); r.stdout != "from-another-host\n" {
 		t.Fatalf("exec from host %s: %q", client.ip, r.stdout)
 	}
