@@ -4,7 +4,8 @@ package e2e
 // member running a Workspace, each its own process in its own network
 // namespace, everything through the CLI. The VM and an exec opened before
 // the rotation must outlive it; afterwards a certificate signed with the
-// old CA key must get nowhere.
+// old CA key must get nowhere. Last, the VM's timeout fires across a
+// SIGKILL of the ctrl leader.
 
 import (
 	"context"
@@ -36,7 +37,8 @@ import (
 // voters and a node-only member whose VM keeps its QEMU process and whose
 // open exec finishes; then a certificate forged with the old key is
 // refused by every member, and the same one forged with the new key is
-// taken. One VM boot.
+// taken. Then the VM's end fires across a SIGKILL of the leader. One VM
+// boot.
 func TestCARotationAcrossVMAndExec(t *testing.T) {
 	t0 := time.Now()
 	requireLab(t)
@@ -225,7 +227,82 @@ func TestCARotationAcrossVMAndExec(t *testing.T) {
 			}
 		}
 	})
+	// Last: it kills a ctrl member and ends the VM.
+	t.Run("TimeoutAcrossLeaderKill", func(t *testing.T) { testTimeoutAcrossLeaderKill(t, c, ws.WorkspaceID) })
 	t.Logf("whole test %s", time.Since(t0).Round(time.Millisecond))
+}
+
+// testTimeoutAcrossLeaderKill gives the running Workspace id an end 15 s
+// away and kills the ctrl leader's process with SIGKILL 2 s before it:
+// the member elected next fires it from the replicated end, never before
+// it and at most a few seconds after it.
+func testTimeoutAcrossLeaderKill(t *testing.T, c *cluster, id string) {
+	victim := c.leader(t)
+	var via *host // a ctrl member that survives, to watch through
+	for _, h := range c.ctrls {
+		if h != victim {
+			via = h
+			break
+		}
+	}
+	mhMust(t, via, cliTimeout, "workspace", "set-timeout", id, "15s", "--on-timeout", "stop")
+	ws := mhWorkspace(t, via, id)
+	if ws.EndsAt == nil || ws.OnTimeout != api.TimeoutStop || ws.State != api.WorkspaceAvailable {
+		t.Fatalf("after set-timeout 15s --on-timeout stop: want AVAILABLE with an end and stop, got %s ends %v on_timeout %q", mhWSString(ws), ws.EndsAt, ws.OnTimeout)
+	}
+	end := *ws.EndsAt
+	time.Sleep(time.Until(end.Add(-2 * time.Second))) // the kill's moment; scheduling, not an assertion
+	if time.Now().After(end) {
+		t.Fatalf("the kill came after the end %s: the test's own calls took too long", end)
+	}
+	victim.crash()
+	t.Logf("killed leader %s %s before the end", victim.nodeID, time.Until(end).Round(time.Millisecond))
+
+	// The replica of a surviving member shows the decision once it is
+	// applied; the first state other than AVAILABLE is when it fired.
+	var changed time.Time
+	var early string
+	testenv.WaitFor(t, 60*time.Second, "the Workspace STOPPED by its timeout", func() (bool, string) {
+		var cur api.Workspace
+		if err := via.kiboJSON(&cur, "workspace", "get", id); err != nil {
+			return false, err.Error()
+		}
+		if cur.State != api.WorkspaceAvailable && changed.IsZero() {
+			if changed = time.Now(); changed.Before(end) {
+				early = cur.State
+			}
+		}
+		return cur.State == api.WorkspaceStopped, mhWSString(cur)
+	})
+	if early != "" {
+		t.Fatalf("%s before its end %s (seen at %s): fired early", early, end.Format(time.RFC3339Nano), changed.Format(time.RFC3339Nano))
+	}
+	// The leader that fired it logged when, and the state machine took it
+	// at no log time before the end.
+	var fired time.Time
+	for _, h := range c.ctrls {
+		if h == victim {
+			continue
+		}
+		anyLine(h.serveProc().log, func(line string) bool {
+			// time=2026-12-06T14:13:07.702Z level=INFO msg="workspace timed out" ... workspace_id=ws-...
+			stamp, rest, _ := strings.Cut(line, " ")
+			if !strings.Contains(rest, `msg="workspace timed out"`) || !strings.Contains(rest, " workspace_id="+id+" ") {
+				return false
+			}
+			t, err := time.Parse(time.RFC3339Nano, strings.TrimPrefix(stamp, "time="))
+			fired = t
+			return err == nil
+		})
+	}
+	if fired.IsZero() || fired.Before(end.Truncate(time.Millisecond)) { // the log shows milliseconds
+		t.Fatalf("the surviving members' logs: want a line \"workspace timed out\" for %s at or after %s, got %v", id, end.Format(time.RFC3339Nano), fired)
+	}
+	if late := changed.Sub(end); late > 5*time.Second {
+		t.Errorf("stopped %s after its end across the leader kill, want at most 5s", late.Round(time.Millisecond))
+	}
+	t.Logf("the new leader fired the end %s after it (seen on %s %s after it), across a SIGKILL of leader %s",
+		fired.Sub(end).Round(time.Millisecond), via.nodeID, changed.Sub(end).Round(time.Millisecond), victim.nodeID)
 }
 
 // rotatedMembers: phase signing, and every host's member, operator and
