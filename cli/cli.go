@@ -139,6 +139,15 @@ func newKong(root *CLI, options ...kong.Option) (*kong.Kong, error) {
 	return kong.New(root, append([]kong.Option{kong.Bind(&root.Globals)}, options...)...)
 }
 
+// namespaceFirst puts first, when -A lists every namespace, the NAMESPACE
+// column: its title in a header, the object's namespace in a row.
+func (g *Globals) namespaceFirst(first string, cols []string) []string {
+	if !g.AllNamespaces {
+		return cols
+	}
+	return append([]string{first}, cols...)
+}
+
 // usageError is a mistake in the command line found after parsing.
 type usageError struct{ msg string }
 

@@ -180,14 +180,14 @@ func (c *EgressListCmd) table(g *Globals, out *api.EgressList) {
 	if c.Wide {
 		header = append(header, "USERNAME", "VERSION", "UPDATED")
 	}
-	t := newTable(g.stdout, header...)
+	t := newTable(g.stdout, g.namespaceFirst("NAMESPACE", header)...)
 	for i := range out.Egress {
 		e := &out.Egress[i]
 		row := []string{e.Name, e.SOCKS5, strconv.FormatUint(e.Revision, 10), credentialsColumn(e), itoa(e.Workspaces)}
 		if c.Wide {
 			row = append(row, dash(e.Username), strconv.FormatUint(e.Version, 10), stamp(e.UpdatedAt))
 		}
-		t.row(row...)
+		t.row(g.namespaceFirst(api.ShownNamespace(e.Namespace), row)...)
 	}
 	t.flush()
 }

@@ -196,3 +196,29 @@ func TestResolverCommands(t *testing.T) {
 		t.Errorf("list after delete: %q", out)
 	}
 }
+
+// egress and resolver list -A show every namespace's objects, the same
+// name in two of them told apart by a NAMESPACE column; without -A only
+// the namespace asked for.
+func TestNetworkObjectsOfEveryNamespace(t *testing.T) {
+	e := newCLIEnv(t, clustertest.Options{Ctrl: 1})
+	e.mustRun("namespace", "create", "acme")
+	for _, ns := range []string{"default", "acme"} {
+		e.mustRun("-n", ns, "egress", "create", "corp", "--socks5", "192.0.2.10:1080")
+		e.mustRun("-n", ns, "resolver", "create", "corp-dns", "--upstream", "192.0.2.53")
+	}
+	for _, c := range []struct{ kind, name, row string }{
+		{"egress", "corp", "corp 192.0.2.10:1080"},
+		{"resolver", "corp-dns", "corp-dns 192.0.2.53"},
+	} {
+		out := e.mustRun(c.kind, "list", "-A")
+		lines := strings.Split(strings.TrimSpace(out), "\n")
+		if len(lines) != 3 || !strings.HasPrefix(squash(lines[0]), "NAMESPACE NAME ") ||
+			!strings.HasPrefix(squash(lines[1]), "acme "+c.row) || !strings.HasPrefix(squash(lines[2]), "default "+c.row) {
+			t.Errorf("%s list -A: want a NAMESPACE column and %s in acme and default:\n%s", c.kind, c.name, out)
+		}
+		if out := e.mustRun("-n", "acme", c.kind, "list"); strings.Contains(out, "NAMESPACE") || strings.Count(out, c.name+" ") != 1 {
+			t.Errorf("%s list -n acme: want acme's %s alone, no NAMESPACE column:\n%s", c.kind, c.name, out)
+		}
+	}
+}

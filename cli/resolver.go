@@ -63,9 +63,9 @@ func (c *ResolverListCmd) Run(g *Globals) error {
 			return names, out.NextPageToken
 		},
 		func() {
-			t := newTable(g.stdout, "NAME", "UPSTREAMS", "WORKSPACES", "VERSION")
+			t := newTable(g.stdout, g.namespaceFirst("NAMESPACE", []string{"NAME", "UPSTREAMS", "WORKSPACES", "VERSION"})...)
 			for _, r := range out.Resolvers {
-				t.row(r.Name, strings.Join(r.Upstreams, ","), itoa(r.Workspaces), strconv.FormatUint(r.Version, 10))
+				t.row(g.namespaceFirst(api.ShownNamespace(r.Namespace), []string{r.Name, strings.Join(r.Upstreams, ","), itoa(r.Workspaces), strconv.FormatUint(r.Version, 10)})...)
 			}
 			t.flush()
 		})

@@ -129,20 +129,14 @@ func (c *VolumeListCmd) Run(g *Globals) error {
 			if c.Wide {
 				header = append([]string{"ID"}, append(header, "MOUNT", "HELD", "VERSION")...)
 			}
-			if g.AllNamespaces {
-				header = append([]string{"NAMESPACE"}, header...)
-			}
-			t := newTable(g.stdout, header...)
+			t := newTable(g.stdout, g.namespaceFirst("NAMESPACE", header)...)
 			for i := range out.Volumes {
 				v := &out.Volumes[i]
 				row := []string{v.Name, volumeState(v), formatBytes(v.SizeBytes), dash(v.PoolID), dash(v.NodeID), dash(v.WorkspaceID)}
 				if c.Wide {
 					row = append([]string{v.VolumeID}, append(row, dash(v.MountPath), strconv.FormatBool(v.Held), strconv.FormatUint(v.Version, 10))...)
 				}
-				if g.AllNamespaces {
-					row = append([]string{api.ShownNamespace(v.Namespace)}, row...)
-				}
-				t.row(row...)
+				t.row(g.namespaceFirst(api.ShownNamespace(v.Namespace), row)...)
 			}
 			t.flush()
 		})

@@ -84,20 +84,14 @@ func (c *WorkspaceListCmd) Run(g *Globals) error {
 		}
 		return nil
 	}
-	header := []string{"ID", "STATE", "TEMPLATE", "CPU", "MEMORY", "LABELS"}
-	if g.AllNamespaces {
-		header = append([]string{"NAMESPACE"}, header...)
-	}
+	header := g.namespaceFirst("NAMESPACE", []string{"ID", "STATE", "TEMPLATE", "CPU", "MEMORY", "LABELS"})
 	if c.Wide {
 		header = append(header, "INSTANCE", "NODE", "ENDS")
 	}
 	t := newTable(g.stdout, header...)
 	now := time.Now()
 	for _, ws := range all.Workspaces {
-		cols := []string{ws.WorkspaceID, ws.State, ws.Template, ws.CPU.String(), formatBytes(ws.MemoryBytes), dash(labelsColumn(ws.Labels))}
-		if g.AllNamespaces {
-			cols = append([]string{api.ShownNamespace(ws.Namespace)}, cols...)
-		}
+		cols := g.namespaceFirst(api.ShownNamespace(ws.Namespace), []string{ws.WorkspaceID, ws.State, ws.Template, ws.CPU.String(), formatBytes(ws.MemoryBytes), dash(labelsColumn(ws.Labels))})
 		if c.Wide {
 			cols = append(cols, dash(ws.InstanceID), dash(ws.NodeID), endsColumn(&ws, now))
 		}
