@@ -10,11 +10,11 @@ import (
 	"github.com/kibotos/kibotos/api"
 )
 
-// apiRoutes is the member's route table as the API listener serves it:
-// the same routes and rules, for callers with an API key, each key held
-// to its rate by limit.
-func (s *Server) apiRoutes(limit *buckets) http.Handler {
-	return s.authenticateBearer(limit, s.routeMux())
+// apiRoutes is the member's route table as the API listener a serves
+// it: the same routes and rules, for callers with an API key, each key
+// held to its rate.
+func (s *Server) apiRoutes(a *apiListener) http.Handler {
+	return s.authenticateBearer(a, s.routeMux())
 }
 
 // authenticateBearer admits a request to the API listener only with an
@@ -22,7 +22,10 @@ func (s *Server) apiRoutes(limit *buckets) http.Handler {
 // tell each other (who a forwarded request speaks for, how often it was
 // forwarded) means nothing from an application and is dropped, and no
 // client certificate is asked for: the key is the only credential here.
-func (s *Server) authenticateBearer(limit *buckets, next http.Handler) http.Handler {
+// An address past its budget of refusals gets 429 for a request without
+// a valid key, unaudited; its valid keys still pass.
+func (s *Server) authenticateBearer(a *apiListener, next http.Handler) http.Handler {
+	limit := a.limit
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		r.Body = http.MaxBytesReader(w, r.Body, maxBody)
 		for _, h := range actorHeaders {
@@ -37,6 +40,14 @@ func (s *Server) authenticateBearer(limit *buckets, next http.Handler) http.Hand
 		}
 		c, err := s.bearerRequest(r)
 		if err != nil {
+			host := remoteHost(r)
+			if !a.refusals.allow(host) {
+				w.Header().Set("Retry-After", "1")
+				fail(api.Errorf(api.CodeResourceExhausted, "member %s refused too many requests without a valid API key from %s (at most %d a second after %d): check the key (kibo api-key list) and retry later",
+					s.id.NodeID, host, refusedRate, refusedBurst)).render(w)
+				return
+			}
+			a.refusals.refused(host)
 			s.auditRefused(r, "", err)
 			if api.CodeOf(err) == api.CodeUnauthenticated {
 				w.Header().Set("WWW-Authenticate", `Bearer realm="kibotos"`)

@@ -68,7 +68,9 @@ func (c APIConfig) burst() int    { return cmp.Or(c.Burst, DefaultAPIBurst) }
 type apiListener struct {
 	srv   *http.Server
 	addr  string
-	limit *buckets
+	limit *buckets // per API key
+	// refusals: requests without a valid key, per remote address.
+	refusals *refusalLimiter
 }
 
 // checkAPI refuses an [api] this member cannot serve, before it listens
@@ -103,8 +105,8 @@ func (s *Server) startAPI() error {
 		}
 		return fmt.Errorf("[api] listen %s: %w; choose a free address", c.Listen, err)
 	}
-	a := &apiListener{addr: ln.Addr().String(), limit: newBuckets(c.rate(), c.burst(), apiKeysRemembered)}
-	a.srv = &http.Server{Handler: s.apiRoutes(a.limit), TLSConfig: tlsConf, ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 30 * time.Second,
+	a := &apiListener{addr: ln.Addr().String(), limit: newBuckets(c.rate(), c.burst(), apiKeysRemembered), refusals: newRefusalLimiter()}
+	a.srv = &http.Server{Handler: s.apiRoutes(a), TLSConfig: tlsConf, ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 30 * time.Second,
 		WriteTimeout: 2 * time.Minute, IdleTimeout: 2 * time.Minute, MaxHeaderBytes: 64 << 10, ErrorLog: slogStd(s.log)}
 	s.bearerAPI = a
 	s.wg.Go(func() { a.srv.ServeTLS(ln, "", "") })

@@ -170,6 +170,23 @@ func TestAPIListenerTakesAPIKeysOnly(t *testing.T) {
 	if r := callAPI(t, hc, addr, "GET", "/v1/workspaces", bearer(app)); r.status != http.StatusUnauthorized {
 		t.Fatalf("key app revoked: %d %v, want 401", r.status, r.err)
 	}
+	// Requests without a valid key from one address: at most a burst of
+	// 20 refused (and audited) at 5 a second, then 429 for them; a valid
+	// key from the same address still passes.
+	other := createKey(t, c, "other", api.KeyRoleSandbox)
+	for i := 0; ; i++ {
+		r := callAPI(t, hc, addr, "GET", "/v1/workspaces", bearer(fmt.Sprintf("guess-%d", i)))
+		if r.status == http.StatusUnauthorized && i < 21 {
+			continue
+		}
+		if r.status != http.StatusTooManyRequests || r.err == nil || r.err.Code != api.CodeResourceExhausted || !strings.Contains(r.err.Message, "without a valid API key from 127.0.0.1") || r.header.Get("Retry-After") == "" {
+			t.Fatalf("guess %d from one address: %d %v (Retry-After %q), want 401 for at most 21, then 429 resource_exhausted naming the address", i, r.status, r.err, r.header.Get("Retry-After"))
+		}
+		break
+	}
+	if r := callAPI(t, hc, addr, "GET", "/v1/workspaces", bearer(other)); r.status != http.StatusOK {
+		t.Fatalf("key other from an address out of refusals: %d %v, want 200", r.status, r.err)
+	}
 
 	// The member port answers certificates as before.
 	var nodes api.NodeList

@@ -62,7 +62,7 @@ func (s *Server) authenticate(next http.Handler) http.Handler {
 		if r.URL.Path == joinPath {
 			host := remoteHost(r)
 			if !s.joinLimit.allow(host) {
-				fail(api.Errorf(api.CodeResourceExhausted, "member %s refused too many joins from %s (at most %d a second after %d); wait and join with a valid grant", s.id.NodeID, host, joinRate, joinBurst)).render(w)
+				fail(api.Errorf(api.CodeResourceExhausted, "member %s refused too many joins from %s (at most %d a second after %d); wait and join with a valid grant", s.id.NodeID, host, refusedRate, refusedBurst)).render(w)
 				return
 			}
 			rec := &resultRecorder{ResponseWriter: w, status: http.StatusOK}

@@ -8,14 +8,16 @@ import (
 	"time"
 )
 
-// Refused joins from one address are limited to joinRate a second, in
-// bursts of joinBurst: each costs a grant lookup and anybody can send them,
-// so guessing grants is slow. Admitted joins cost nothing of it, so a
-// fleet joining through one member is not slowed down.
+// Refused joins, and requests to the API listener without a valid API
+// key, from one address are limited to refusedRate a second, in bursts of
+// refusedBurst: anybody can send them, each costs a lookup and an audit
+// line, so guessing is slow and the log stays bounded. Admitted ones
+// cost nothing of it, so a fleet joining through one member, or the
+// applications behind one proxy address, are not slowed down.
 const (
-	joinRate      = 5
-	joinBurst     = 20
-	joinAddresses = 4096 // addresses remembered; beyond, the table starts afresh
+	refusedRate      = 5
+	refusedBurst     = 20
+	refusedAddresses = 4096 // addresses remembered; beyond, the table starts afresh
 )
 
 // tokenBucket is one key's tokens and when they were last counted.
@@ -121,11 +123,12 @@ func (l *buckets) size() int {
 // retryAfter is a wait as a Retry-After header's whole seconds, at least 1.
 func retryAfter(d time.Duration) int { return max(1, int(math.Ceil(d.Seconds()))) }
 
-// joinLimiter charges refused joins to their remote address.
-type joinLimiter struct{ *buckets }
+// refusalLimiter charges refused joins or API keys to their remote
+// address.
+type refusalLimiter struct{ *buckets }
 
-func newJoinLimiter() *joinLimiter {
-	return &joinLimiter{newBuckets(joinRate, joinBurst, joinAddresses)}
+func newRefusalLimiter() *refusalLimiter {
+	return &refusalLimiter{newBuckets(refusedRate, refusedBurst, refusedAddresses)}
 }
 
 func remoteHost(r *http.Request) string {
@@ -136,8 +139,8 @@ func remoteHost(r *http.Request) string {
 	return host
 }
 
-// allow reports whether host may try a join now.
-func (l *joinLimiter) allow(host string) bool { return l.has(host, time.Now()) }
+// allow reports whether host may try again now.
+func (l *refusalLimiter) allow(host string) bool { return l.has(host, time.Now()) }
 
-// refused charges a refused join to host.
-func (l *joinLimiter) refused(host string) { l.charge(host, time.Now()) }
+// refused charges a refusal to host.
+func (l *refusalLimiter) refused(host string) { l.charge(host, time.Now()) }

@@ -126,7 +126,7 @@ type Server struct {
 	// A node-only member's cache of ctrl's answers on admission.
 	admissionMu    sync.Mutex
 	admissionCache map[string]admissionAnswer
-	joinLimit      *joinLimiter
+	joinLimit      *refusalLimiter
 	refusals       auditLimiter // of api request refused lines
 
 	mux     *mux
@@ -213,7 +213,7 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 		return nil, err
 	}
 	s := &Server{cfg: cfg, id: id, log: cfg.Logger.With("node_id", id.NodeID), release: release, stop: make(chan struct{}), leadership: make(chan bool, 1), sessions: newSessionRegistry(), changed: newBroadcaster(),
-		conns: newConnWatch(), joinLimit: newJoinLimiter(), revokePending: map[string]bool{}, revokeKick: make(chan struct{}, 1), admissionCache: map[string]admissionAnswer{},
+		conns: newConnWatch(), joinLimit: newRefusalLimiter(), revokePending: map[string]bool{}, revokeKick: make(chan struct{}, 1), admissionCache: map[string]admissionAnswer{},
 		opened: make(chan struct{}), halted: make(chan struct{}), haltDone: make(chan struct{}), raftDown: make(chan struct{})}
 	s.life, s.endLife = context.WithCancel(context.WithoutCancel(ctx))
 	defer close(s.opened)
