@@ -93,25 +93,37 @@ func (s *Server) startAPI() error {
 	if c.Listen == "" {
 		return nil
 	}
+	a, err := s.serveKeys("api", "API listener", c, 2*time.Minute, s.apiRoutes)
+	if a != nil {
+		s.bearerAPI = a
+	}
+	return err
+}
+
+// serveKeys serves a listener of callers with API keys (configured in
+// [section], called what in logs) at c.Listen, with c's certificate (or
+// one of the cluster CA), each key held to [api]'s rate; handler is its
+// routes. nil, nil: the address is in use and c is Optional.
+func (s *Server) serveKeys(section, what string, c APIConfig, writeTimeout time.Duration, handler func(*apiListener) http.Handler) (*apiListener, error) {
 	tlsConf, source, err := s.apiTLS(c)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	ln, err := net.Listen("tcp", c.Listen)
 	if err != nil {
 		if c.Optional {
-			s.log.Warn("API listener not started: its address is in use", "address", c.Listen, "err", err)
-			return nil
+			s.log.Warn(what+" not started: its address is in use", "address", c.Listen, "err", err)
+			return nil, nil
 		}
-		return fmt.Errorf("[api] listen %s: %w; choose a free address", c.Listen, err)
+		return nil, fmt.Errorf("[%s] listen %s: %w; choose a free address", section, c.Listen, err)
 	}
-	a := &apiListener{addr: ln.Addr().String(), limit: newBuckets(c.rate(), c.burst(), apiKeysRemembered), refusals: newRefusalLimiter()}
-	a.srv = &http.Server{Handler: s.apiRoutes(a), TLSConfig: tlsConf, ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 30 * time.Second,
-		WriteTimeout: 2 * time.Minute, IdleTimeout: 2 * time.Minute, MaxHeaderBytes: 64 << 10, ErrorLog: slogStd(s.log)}
-	s.bearerAPI = a
+	rate, burst := s.cfg.API.rate(), s.cfg.API.burst()
+	a := &apiListener{addr: ln.Addr().String(), limit: newBuckets(rate, burst, apiKeysRemembered), refusals: newRefusalLimiter()}
+	a.srv = &http.Server{Handler: handler(a), TLSConfig: tlsConf, ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 30 * time.Second,
+		WriteTimeout: writeTimeout, IdleTimeout: 2 * time.Minute, MaxHeaderBytes: 64 << 10, ErrorLog: slogStd(s.log)}
 	s.wg.Go(func() { a.srv.ServeTLS(ln, "", "") })
-	s.log.Info("API listener serving", "address", a.addr, "certificate", source, "rate", c.rate(), "burst", c.burst())
-	return nil
+	s.log.Info(what+" serving", "address", a.addr, "certificate", source, "rate", rate, "burst", burst)
+	return a, nil
 }
 
 // APIAddr is the address the API listener serves at, "" when it does not.
