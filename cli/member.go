@@ -26,6 +26,7 @@ import (
 	"github.com/kibotos/kibotos/member"
 	"github.com/kibotos/kibotos/netpol"
 	"github.com/kibotos/kibotos/vmm/qemu"
+	"github.com/kibotos/kibotos/vmm/template"
 )
 
 // VersionCmd prints the build.
@@ -177,6 +178,15 @@ type fileConfig struct {
 		Rate     float64 `toml:"rate"`
 		Burst    int     `toml:"burst"`
 	} `toml:"api"`
+	// E2B is the listener of E2B's API (ctrl members only); no listen:
+	// none.
+	E2B struct {
+		Listen       string `toml:"listen"`
+		CertFile     string `toml:"cert_file"`
+		KeyFile      string `toml:"key_file"`
+		Domain       string `toml:"domain"`
+		BaseTemplate string `toml:"base_template"`
+	} `toml:"e2b"`
 	LogLevel  string `toml:"log_level"`
 	LogFormat string `toml:"log_format"`
 	Resources struct {
@@ -368,7 +378,11 @@ func (c *ServeCmd) Run(g *Globals) error {
 	if err != nil {
 		return err
 	}
-	return runMember(g, level, member.Options{API: apiConf, DataDir: dir, Bind: bind, Capacity: capacity, Timings: timings, DeniedReport: deniedReport, ClockSkew: c.ClockSkew, LogFormat: format,
+	e2bConf, err := e2bFrom(c.Config, fc)
+	if err != nil {
+		return err
+	}
+	return runMember(g, level, member.Options{API: apiConf, E2B: e2bConf, DataDir: dir, Bind: bind, Capacity: capacity, Timings: timings, DeniedReport: deniedReport, ClockSkew: c.ClockSkew, LogFormat: format,
 		Systemd: c.Systemd, Accel: qemu.Accel(c.Accel), DataPlaneListen: dpListen, Pools: pools, DefaultPool: fc.Storage.DefaultPool, Network: network,
 		MetricsListen: fc.Metrics.Listen, MachineLogsMax: fc.Logs.MachineLogsMaxBytes, Artifacts: store, Warm: warm, EgressWarm: egressWarm})
 }
@@ -394,6 +408,17 @@ func artifactsFrom(path string, fc fileConfig) (artifacts.Config, error) {
 func apiFrom(path string, fc fileConfig) (cluster.APIConfig, error) {
 	a := fc.API
 	c := cluster.APIConfig{Listen: a.Listen, CertFile: a.CertFile, KeyFile: a.KeyFile, Rate: a.Rate, Burst: a.Burst}
+	if err := c.Check(); err != nil {
+		return c, api.Errorf(api.CodeInvalidArgument, "configuration file %s: %v", path, err)
+	}
+	return c, nil
+}
+
+// e2bFrom is [e2b], checked; Listen "" when there is none. The template
+// "base" means is kibotos-base unless base_template says otherwise.
+func e2bFrom(path string, fc fileConfig) (cluster.E2BConfig, error) {
+	e := fc.E2B
+	c := cluster.E2BConfig{Listen: e.Listen, CertFile: e.CertFile, KeyFile: e.KeyFile, Domain: e.Domain, BaseTemplate: cmp.Or(e.BaseTemplate, template.DefaultName)}
 	if err := c.Check(); err != nil {
 		return c, api.Errorf(api.CodeInvalidArgument, "configuration file %s: %v", path, err)
 	}

@@ -176,6 +176,9 @@ func TestPackagedConfig(t *testing.T) {
 	if c, err := apiFrom("kibotos.toml", fc); err != nil || c.Listen == "" || c.Rate != cluster.DefaultAPIRate || c.Burst != cluster.DefaultAPIBurst {
 		t.Errorf("[api] of the example: %+v, %v", c, err)
 	}
+	if c, err := e2bFrom("kibotos.toml", fc); err != nil || c.Listen == "" || c.BaseTemplate != "kibotos-base" || c.Domain == "" {
+		t.Errorf("[e2b] of the example: %+v, %v", c, err)
+	}
 	// The example's credentials file is the operator's to write.
 	if fc.Artifacts.CredentialsFile != "/etc/kibotos/s3-credentials.toml" {
 		t.Errorf("[artifacts] credentials_file of the example: %q", fc.Artifacts.CredentialsFile)
@@ -340,5 +343,30 @@ func TestServeAPIConfig(t *testing.T) {
 		{"[api]\nlisten = \"7443\"\n", "[api] listen \"7443\": want HOST:PORT"},
 	} {
 		expectConfigRefused(t, tc.config, "kibotos.toml: "+tc.want)
+	}
+}
+
+// [e2b] as serve reads it: base_template defaults to kibotos-base; a
+// section without listen, or half a certificate, is refused saying what
+// to fix.
+func TestE2BConfig(t *testing.T) {
+	var fc fileConfig
+	fc.E2B.Listen = "127.0.0.1:7444"
+	if c, err := e2bFrom("kibotos.toml", fc); err != nil || c.BaseTemplate != "kibotos-base" {
+		t.Fatalf("listen alone: %+v, %v", c, err)
+	}
+	fc.E2B.CertFile = "/etc/kibotos/e2b.crt"
+	if _, err := e2bFrom("kibotos.toml", fc); err == nil || !strings.Contains(err.Error(), "[e2b] cert_file and key_file go together") {
+		t.Errorf("cert_file without key_file: %v", err)
+	}
+	fc.E2B = struct {
+		Listen       string `toml:"listen"`
+		CertFile     string `toml:"cert_file"`
+		KeyFile      string `toml:"key_file"`
+		Domain       string `toml:"domain"`
+		BaseTemplate string `toml:"base_template"`
+	}{Domain: "sandboxes.example.com"}
+	if _, err := e2bFrom("kibotos.toml", fc); err == nil || !strings.Contains(err.Error(), "[e2b] has no listen address") {
+		t.Errorf("domain without listen: %v", err)
 	}
 }

@@ -2,6 +2,7 @@ package cluster_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -44,13 +45,64 @@ func (p *playedNode) answer(id string, snap *api.SnapshotReport) {
 		ws = p.get(id)
 		return ws.Pending != nil, ws.State
 	})
+	if err := p.answerPending(p.ctx, &ws, snap); err != nil {
+		p.t.Fatalf("answer the %s of %s: %v", ws.Pending.Kind, id, err)
+	}
+}
+
+// answerEvery answers every command of the node's Workspaces ok until
+// ctx ends, as a node with VMs would (a pause with snap): for calls that
+// wait for a Workspace to run or pause. The returned func stops it and
+// waits for it.
+func (p *playedNode) answerEvery(snap *api.SnapshotReport) (stop func()) {
+	ctx, cancel := context.WithCancel(p.ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		tick := time.NewTicker(20 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+			}
+			var list api.WorkspaceList
+			if _, err := p.cl.Do(ctx, "GET", "/v1/workspaces?all_namespaces=true", nil, &list); err != nil {
+				continue
+			}
+			for _, ws := range list.Workspaces {
+				if ws.Pending == nil {
+					continue
+				}
+				var s *api.SnapshotReport
+				if ws.Pending.Kind == api.WSCmdPause {
+					s = snap
+				}
+				p.answerPending(ctx, &ws, s) // a failed answer is tried again at the next tick
+
+			}
+		}
+	}()
+	return func() { cancel(); <-done }
+}
+
+// answerPending answers ws's pending command ok, as its node.
+func (p *playedNode) answerPending(ctx context.Context, ws *api.Workspace, snap *api.SnapshotReport) error {
 	n, err := p.c.Node(p.m, ws.Pending.NodeID)
 	if err != nil {
-		p.t.Fatal(err)
+		return err
 	}
-	res, err := p.m.Server.ApplyOp(p.ctx, fsm.OpWorkspaceResult, fsm.WorkspaceResultArgs{NodeID: n.NodeID, SessionID: n.Session.SessionID,
-		WorkspaceID: id, CommandID: ws.Pending.CommandID, Outcome: fsm.OutcomeOK, Snapshot: snap})
-	if err != nil || res.Error != nil {
-		p.t.Fatalf("answer the %s of %s: %v %v", ws.Pending.Kind, id, err, res.Error)
+	if n.Session == nil {
+		return fmt.Errorf("node %s has no session", n.NodeID)
 	}
+	res, err := p.m.Server.ApplyOp(ctx, fsm.OpWorkspaceResult, fsm.WorkspaceResultArgs{NodeID: n.NodeID, SessionID: n.Session.SessionID,
+		WorkspaceID: ws.WorkspaceID, CommandID: ws.Pending.CommandID, Outcome: fsm.OutcomeOK, Snapshot: snap})
+	if err != nil {
+		return err
+	}
+	if res.Error != nil {
+		return res.Error
+	}
+	return nil
 }

@@ -89,6 +89,8 @@ type Config struct {
 	Artifacts artifacts.Store
 	// API is [api]: the API listener for applications (ctrl members).
 	API APIConfig
+	// E2B is the E2B API listener of a ctrl member ([e2b]).
+	E2B E2BConfig
 }
 
 // Server is one running member.
@@ -131,8 +133,9 @@ type Server struct {
 
 	mux     *mux
 	httpSrv *http.Server
-	// bearerAPI is the API listener for applications (nil: not served).
-	bearerAPI *apiListener
+	// bearerAPI is the API listener for applications (nil: not served);
+	// e2bAPI the E2B API listener.
+	bearerAPI, e2bAPI *apiListener
 
 	raft      *raft.Raft
 	fsm       *fsm.FSM
@@ -228,6 +231,9 @@ func (s *Server) start(ctx context.Context) error {
 	if err := s.checkAPI(); err != nil {
 		return err
 	}
+	if err := s.checkE2B(); err != nil {
+		return err
+	}
 	d := s.cfg.DataDir
 	var err error
 	if s.roots, err = d.CARoots(); err != nil {
@@ -281,6 +287,9 @@ func (s *Server) start(ctx context.Context) error {
 	if err := s.startAPI(); err != nil {
 		return err
 	}
+	if err := s.startE2B(); err != nil {
+		return err
+	}
 	s.wg.Add(1)
 	go func() { defer s.wg.Done(); s.acceptSessions() }()
 
@@ -331,6 +340,7 @@ func (s *Server) shutdown() {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		s.httpSrv.Shutdown(ctx)
 		s.bearerAPI.shutdown(ctx)
+		s.e2bAPI.shutdown(ctx)
 		cancel()
 	}
 	s.stopRaft()
@@ -370,6 +380,7 @@ func (s *Server) kill() {
 		s.httpSrv.Close()
 	}
 	s.bearerAPI.close()
+	s.e2bAPI.close()
 	s.sessions.closeAll()
 	s.stopRaft()
 	if s.transport != nil {

@@ -57,6 +57,8 @@ type Options struct {
 	Warm []agent.WarmConfig
 	// API is [api]: the API listener for applications (ctrl members).
 	API cluster.APIConfig
+	// E2B is [e2b]: the E2B API listener (ctrl members).
+	E2B cluster.E2BConfig
 }
 
 // Run serves the member of o.DataDir until ctx ends (the CLI ends it on
@@ -98,7 +100,7 @@ func Run(ctx context.Context, log *slog.Logger, o Options) error {
 		}
 		log.Info("artifact store", "url", store.String())
 	}
-	srv, err := cluster.Open(ctx, cluster.Config{DataDir: o.DataDir, Bind: o.Bind, Timings: o.Timings, Logger: log, Artifacts: store, API: o.API})
+	srv, err := cluster.Open(ctx, cluster.Config{DataDir: o.DataDir, Bind: o.Bind, Timings: o.Timings, Logger: log, Artifacts: store, API: o.API, E2B: o.E2B})
 	if err != nil {
 		return err
 	}

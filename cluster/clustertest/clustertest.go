@@ -83,6 +83,10 @@ type Options struct {
 	// API, when set, is the API listener ([api]) of every ctrl member;
 	// an empty Listen is a free loopback port (Member.Server.APIAddr).
 	API *cluster.APIConfig
+	// E2B, when set, is the E2B API listener ([e2b]) of every ctrl
+	// member; an empty Listen is a free loopback port
+	// (Member.Server.E2BAddr).
+	E2B *cluster.E2BConfig
 }
 
 // New builds, joins and starts a cluster and waits until every node is READY.
@@ -217,17 +221,22 @@ func (m *Member) start(o Options) {
 		}
 	}
 	var apiConf cluster.APIConfig
-	if o.API != nil {
+	var e2bConf cluster.E2BConfig
+	if o.API != nil || o.E2B != nil {
 		id, err := m.Dir.LoadIdentity()
 		if err != nil {
 			m.t.Fatalf("identity of %s: %v", m.ID, err)
 		}
-		if id.HasRole(api.RoleCtrl) {
+		if id.HasRole(api.RoleCtrl) && o.API != nil {
 			apiConf = *o.API
 			apiConf.Listen = cmp.Or(apiConf.Listen, "127.0.0.1:0")
 		}
+		if id.HasRole(api.RoleCtrl) && o.E2B != nil {
+			e2bConf = *o.E2B
+			e2bConf.Listen = cmp.Or(e2bConf.Listen, "127.0.0.1:0")
+		}
 	}
-	srv, err := cluster.Open(context.Background(), cluster.Config{DataDir: m.Dir, Timings: tm, Logger: log, FeatureLevel: o.FeatureLevels[m.ID], Artifacts: store, API: apiConf})
+	srv, err := cluster.Open(context.Background(), cluster.Config{DataDir: m.Dir, Timings: tm, Logger: log, FeatureLevel: o.FeatureLevels[m.ID], Artifacts: store, API: apiConf, E2B: e2bConf})
 	if err != nil {
 		m.t.Fatalf("serve %s: %v", m.ID, err)
 	}

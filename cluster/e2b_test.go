@@ -1,0 +1,232 @@
+package cluster_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kibotos/kibotos/api"
+	"github.com/kibotos/kibotos/cluster"
+	"github.com/kibotos/kibotos/cluster/clustertest"
+)
+
+// e2bCompat is the snapshot of a sandbox's size on the node that plays.
+var e2bCompat = api.SnapshotCompat{InstallationID: "sha256-a", QEMUVersion: "7.2.9", Accel: "tcg", CPUModel: "max", MemoryMiB: 512, VCPUs: 1}
+
+// e2bCall is one answer of the E2B API listener.
+type e2bCall struct {
+	status int
+	header http.Header
+	body   []byte
+}
+
+func (c e2bCall) decode(t *testing.T, v any) {
+	t.Helper()
+	if err := json.Unmarshal(c.body, v); err != nil {
+		t.Fatalf("answer %d %q: %v", c.status, c.body, err)
+	}
+}
+
+// e2bError is the E2B error body of an answer, checked to be one.
+func (c e2bCall) e2bError(t *testing.T) string {
+	t.Helper()
+	var e struct {
+		Code    int    `json:"code"`
+		Message string `json:"message"`
+	}
+	c.decode(t, &e)
+	if e.Code != c.status || e.Message == "" {
+		t.Fatalf("error answer %d: want E2B's {code, message} with code %d, got %s", c.status, c.status, c.body)
+	}
+	return e.Message
+}
+
+// The E2B control API as the SDKs call it, on a member with [e2b]: a
+// sandbox is a Workspace of the key's namespace, created running with
+// E2B's default timeout, listed with its metadata, paged, given a new
+// timeout, paused (409 when it is already) and connected again (201
+// resumed, 200 running), killed; a key of another namespace finds none
+// of it; without a key, 401; what is not served says so as E2B's JSON.
+func TestE2BControlAPI(t *testing.T) {
+	c := clustertest.New(t, clustertest.Options{Ctrl: 1, E2B: &cluster.E2BConfig{BaseTemplate: "kibotos-coding"},
+		AdjustReport: func(_ string, r *api.Report) {
+			r.Templates = append(r.Templates, "kibotos-coding")
+			r.Resume = &api.ResumeInfo{QEMUVersion: "7.2.9", Accel: "tcg", CPUModel: "max", Installations: []string{"sha256-a"}}
+		},
+		HoldTask: func(string, api.WorkspaceTask) bool { return true }})
+	m := c.Members[0]
+	addr := m.Server.E2BAddr()
+	if addr == "" {
+		t.Fatal("the member serves no E2B API though [e2b] listen is set")
+	}
+	pool, err := m.Dir.CAPool()
+	if err != nil {
+		t.Fatal(err)
+	}
+	hc := apiClient(t, pool, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	// The node: starts and pauses done as soon as asked.
+	defer playNode(t, ctx, c, m).answerEvery(&api.SnapshotReport{SizeBytes: 100 << 20, Compat: e2bCompat})()
+	if _, err := c.Client(m).Do(ctx, "POST", "/v1/namespaces", api.NamespaceCreateRequest{Name: "acme"}, nil); err != nil {
+		t.Fatal(err)
+	}
+	key := createKey(t, c, "app", api.KeyRoleSandbox)
+	var other api.APIKeyCreated
+	if _, err := c.Client(m).Do(ctx, "POST", "/v1/api-keys", api.APIKeyCreateRequest{Name: "other", Namespace: "acme", Role: api.KeyRoleSandbox}, &other); err != nil {
+		t.Fatal(err)
+	}
+	do := func(key, method, path string, body any) e2bCall {
+		t.Helper()
+		var rd io.Reader
+		if body != nil {
+			raw, _ := json.Marshal(body)
+			rd = bytes.NewReader(raw)
+		}
+		req, err := http.NewRequestWithContext(ctx, method, "https://"+addr+path, rd)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if key != "" {
+			req.Header.Set("X-API-KEY", key) // the SDKs' spelling
+		}
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := hc.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		raw, _ := io.ReadAll(resp.Body)
+		return e2bCall{status: resp.StatusCode, header: resp.Header, body: raw}
+	}
+	type sandbox struct {
+		SandboxID, TemplateID, EnvdVersion, ClientID, State string
+		Metadata                                            map[string]string
+		StartedAt, EndAt                                    time.Time
+		CPUCount, MemoryMB                                  int
+		Lifecycle                                           *struct {
+			OnTimeout  string
+			AutoResume bool
+		}
+	}
+
+	if r := do("", "GET", "/v2/sandboxes", nil); r.status != http.StatusUnauthorized || !strings.Contains(r.e2bError(t), "X-API-Key") {
+		t.Fatalf("without a key: %d %s, want 401 saying how to send one", r.status, r.body)
+	}
+	if r := do(key, "POST", "/v2/sandboxes", map[string]any{"templateID": "base", "envVars": map[string]string{"A": "1"}}); r.status != http.StatusBadRequest || !strings.Contains(r.e2bError(t), "envVars") {
+		t.Fatalf("create with envVars: %d %s, want 400 naming them", r.status, r.body)
+	}
+
+	created := time.Now()
+	r := do(key, "POST", "/v2/sandboxes", map[string]any{"templateID": "base", "metadata": map[string]string{"user": "a"}})
+	var a sandbox
+	if r.decode(t, &a); r.status != http.StatusCreated || !strings.HasPrefix(a.SandboxID, "ws-") || a.TemplateID != "kibotos-coding" || a.EnvdVersion == "" || a.ClientID == "" {
+		t.Fatalf("create from base: %d %s, want 201 with a sandbox of kibotos-coding", r.status, r.body)
+	}
+	r = do(key, "GET", "/sandboxes/"+a.SandboxID, nil)
+	var info sandbox
+	r.decode(t, &info)
+	if r.status != http.StatusOK || info.State != "running" || info.Metadata["user"] != "a" || info.CPUCount != 1 || info.MemoryMB != 512 ||
+		info.Lifecycle == nil || info.Lifecycle.OnTimeout != "kill" || info.EndAt.Before(created.Add(299*time.Second)) || info.EndAt.After(time.Now().Add(301*time.Second)) {
+		t.Fatalf("get: %d %s, want running, metadata user=a, 1 CPU, 512 MB, killed 300 s after its start", r.status, r.body)
+	}
+	r = do(key, "POST", "/sandboxes", map[string]any{"templateID": "kibotos-coding", "metadata": map[string]string{"user": "b"}, "timeout": 60,
+		"autoPause": true, "autoResume": map[string]bool{"enabled": true}, "allow_internet_access": false})
+	var b sandbox
+	if r.decode(t, &b); r.status != http.StatusCreated {
+		t.Fatalf("create on the v1 path: %d %s", r.status, r.body)
+	}
+	var ws api.Workspace
+	if _, err := c.Client(m).Do(ctx, "GET", "/v1/workspaces/"+b.SandboxID, nil, &ws); err != nil || ws.OnTimeout != api.TimeoutPause || !ws.AutoResume ||
+		ws.TimeoutSeconds != 60 || ws.Network == nil || ws.Network.Egress != api.EgressNone {
+		t.Fatalf("the Workspace of an autoPause, autoResume sandbox without internet: %+v %v", ws, err)
+	}
+
+	// Lists: the metadata filter, then pages of one.
+	var list []sandbox
+	r = do(key, "GET", "/v2/sandboxes?metadata=user%3Da", nil)
+	r.decode(t, &list)
+	if r.status != http.StatusOK || len(list) != 1 || list[0].SandboxID != a.SandboxID {
+		t.Fatalf("list with metadata user=a: %d %s", r.status, r.body)
+	}
+	seen := map[string]bool{}
+	for token, pages := "", 0; pages == 0 || token != ""; pages++ {
+		path := "/v2/sandboxes?limit=1"
+		if token != "" {
+			path += "&nextToken=" + token
+		}
+		r = do(key, "GET", path, nil)
+		r.decode(t, &list)
+		if r.status != http.StatusOK || len(list) > 1 || pages > 3 {
+			t.Fatalf("page %d of one: %d %s", pages, r.status, r.body)
+		}
+		for _, s := range list {
+			seen[s.SandboxID] = true
+		}
+		token = r.header.Get("X-Next-Token")
+	}
+	if !seen[a.SandboxID] || !seen[b.SandboxID] || len(seen) != 2 {
+		t.Fatalf("pages of one: saw %v, want both sandboxes", seen)
+	}
+
+	// A new timeout from now.
+	if r = do(key, "POST", "/sandboxes/"+a.SandboxID+"/timeout", map[string]int{"timeout": 3600}); r.status != http.StatusNoContent {
+		t.Fatalf("timeout: %d %s, want 204", r.status, r.body)
+	}
+	r = do(key, "GET", "/sandboxes/"+a.SandboxID, nil)
+	r.decode(t, &info)
+	if info.EndAt.Before(time.Now().Add(3590 * time.Second)) {
+		t.Fatalf("after a timeout of 3600 s: ends %s", info.EndAt)
+	}
+
+	// Pause, again (409), then connect.
+	if r = do(key, "POST", "/sandboxes/"+b.SandboxID+"/pause", nil); r.status != http.StatusNoContent {
+		t.Fatalf("pause: %d %s, want 204", r.status, r.body)
+	}
+	if r = do(key, "POST", "/sandboxes/"+b.SandboxID+"/pause", nil); r.status != http.StatusConflict {
+		t.Fatalf("pause of a paused sandbox: %d %s, want 409", r.status, r.body)
+	}
+	r = do(key, "GET", "/v2/sandboxes?state=paused", nil)
+	r.decode(t, &list)
+	if len(list) != 1 || list[0].SandboxID != b.SandboxID || list[0].State != "paused" {
+		t.Fatalf("list of the paused: %s", r.body)
+	}
+	if r = do(key, "POST", "/v2/sandboxes/"+b.SandboxID+"/connect", map[string]int{"timeout": 120}); r.status != http.StatusCreated {
+		t.Fatalf("connect to a paused sandbox: %d %s, want 201 (resumed)", r.status, r.body)
+	}
+	if r = do(key, "POST", "/sandboxes/"+b.SandboxID+"/connect", map[string]int{}); r.status != http.StatusOK {
+		t.Fatalf("connect to a running sandbox: %d %s, want 200", r.status, r.body)
+	}
+
+	// Another namespace's key finds nothing of it.
+	for _, call := range [][2]string{{"GET", "/sandboxes/" + a.SandboxID}, {"DELETE", "/sandboxes/" + a.SandboxID}, {"POST", "/sandboxes/" + a.SandboxID + "/timeout"},
+		{"POST", "/sandboxes/" + b.SandboxID + "/pause"}, {"POST", "/v2/sandboxes/" + b.SandboxID + "/connect"}} {
+		if r = do(other.Secret, call[0], call[1], map[string]int{"timeout": 10}); r.status != http.StatusNotFound {
+			t.Errorf("%s %s with acme's key: %d %s, want 404", call[0], call[1], r.status, r.body)
+		}
+	}
+	r = do(other.Secret, "GET", "/v2/sandboxes", nil)
+	r.decode(t, &list)
+	if len(list) != 0 {
+		t.Errorf("acme's list: %s, want none", r.body)
+	}
+
+	// Kill: gone for the SDK at once.
+	if r = do(key, "DELETE", "/sandboxes/"+a.SandboxID, nil); r.status != http.StatusNoContent {
+		t.Fatalf("kill: %d %s, want 204", r.status, r.body)
+	}
+	if r = do(key, "GET", "/sandboxes/"+a.SandboxID, nil); r.status != http.StatusNotFound {
+		t.Fatalf("get after kill: %d %s, want 404", r.status, r.body)
+	}
+	if r = do(key, "DELETE", "/sandboxes/"+a.SandboxID, nil); r.status != http.StatusNotFound {
+		t.Fatalf("kill again: %d %s, want 404 (the SDK's false)", r.status, r.body)
+	}
+	if r = do(key, "GET", "/sandboxes/"+b.SandboxID+"/metrics", nil); r.status != http.StatusNotFound || !strings.Contains(r.e2bError(t), "not part of the E2B API that Kibotos serves") {
+		t.Fatalf("metrics: %d %s, want 404 saying it is not served", r.status, r.body)
+	}
+}

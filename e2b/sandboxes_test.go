@@ -1,0 +1,71 @@
+package e2b
+
+import (
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/kibotos/kibotos/api"
+)
+
+func ptr[T any](v T) *T { return &v }
+
+// A create's body as the Workspace it asks for: E2B's defaults (300 s,
+// killed at the end, internet on), autoPause and its memory, autoResume,
+// and the network lists; what is not served is refused, saying so.
+func TestCreateRequest(t *testing.T) {
+	h := &handler{c: Config{BaseTemplate: "kibotos-base"}}
+	for _, c := range []struct {
+		name string
+		in   newSandbox
+		want api.WorkspaceCreateRequest
+		err  string
+	}{
+		{name: "defaults", in: newSandbox{},
+			want: api.WorkspaceCreateRequest{Template: "kibotos-base", Timeout: "300s", OnTimeout: api.TimeoutDelete, Network: &api.NetworkPolicy{Egress: api.EgressPublic}}},
+		{name: "a template, paused at the end, resumed on traffic, metadata", in: newSandbox{TemplateID: "kibotos-coding", Timeout: ptr[int64](60), AutoPause: ptr(true), AutoResume: &autoResume{Enabled: true}, Metadata: map[string]string{"a": "b"}},
+			want: api.WorkspaceCreateRequest{Template: "kibotos-coding", Timeout: "60s", OnTimeout: api.TimeoutPause, AutoResume: true, Labels: map[string]string{"a": "b"}, Network: &api.NetworkPolicy{Egress: api.EgressPublic}}},
+		{name: "paused without memory: stopped", in: newSandbox{AutoPause: ptr(true), AutoPauseMemory: ptr(false)},
+			want: api.WorkspaceCreateRequest{Template: "kibotos-base", Timeout: "300s", OnTimeout: api.TimeoutStop, Network: &api.NetworkPolicy{Egress: api.EgressPublic}}},
+		{name: "no internet", in: newSandbox{AllowInternetAccess: ptr(false)},
+			want: api.WorkspaceCreateRequest{Template: "kibotos-base", Timeout: "300s", OnTimeout: api.TimeoutDelete, Network: &api.NetworkPolicy{Egress: api.EgressNone}}},
+		{name: "no internet but what is allowed", in: newSandbox{AllowInternetAccess: ptr(false), Network: &sandboxNetwork{AllowOut: []string{"1.2.3.4", "pypi.org"}, DenyOut: []string{"2001:db8::1"}}},
+			want: api.WorkspaceCreateRequest{Template: "kibotos-base", Timeout: "300s", OnTimeout: api.TimeoutDelete,
+				Network: &api.NetworkPolicy{Egress: api.EgressPublic, Allow: []string{"1.2.3.4/32", "pypi.org"}, Deny: []string{"2001:db8::1/128"}}}},
+		{name: "envVars", in: newSandbox{EnvVars: map[string]string{"A": "1"}}, err: "envVars are not served"},
+		{name: "volumeMounts", in: newSandbox{VolumeMounts: []any{map[string]string{"name": "v"}}}, err: "volumeMounts are not served"},
+		{name: "autoResume without autoPause", in: newSandbox{AutoResume: &autoResume{Enabled: true}}, err: "autoResume needs autoPause"},
+		{name: "a timeout of 0", in: newSandbox{Timeout: ptr[int64](0)}, err: "timeout 0 s"},
+		{name: "an empty destination", in: newSandbox{Network: &sandboxNetwork{AllowOut: []string{" "}}}, err: "network.allowOut has an empty destination"},
+	} {
+		got, err := h.createRequest(&c.in)
+		if c.err != "" {
+			if err == nil || !strings.Contains(err.Error(), c.err) || api.CodeOf(err) != api.CodeInvalidArgument {
+				t.Errorf("%s: %v, want invalid_argument with %q", c.name, err, c.err)
+			}
+			continue
+		}
+		if err != nil {
+			t.Errorf("%s: %v", c.name, err)
+			continue
+		}
+		c.want.CPU, c.want.MemoryBytes = sandboxCPU, sandboxMemory
+		if got.Template != c.want.Template || got.Timeout != c.want.Timeout || got.OnTimeout != c.want.OnTimeout || got.AutoResume != c.want.AutoResume ||
+			got.CPU != c.want.CPU || got.MemoryBytes != c.want.MemoryBytes || len(got.Labels) != len(c.want.Labels) ||
+			got.Network.Egress != c.want.Network.Egress || !slices.Equal(got.Network.Allow, c.want.Network.Allow) || !slices.Equal(got.Network.Deny, c.want.Network.Deny) {
+			t.Errorf("%s: %+v (network %+v), want %+v (network %+v)", c.name, got, got.Network, c.want, c.want.Network)
+		}
+	}
+}
+
+// Every Workspace state is a sandbox state or none.
+func TestSandboxStates(t *testing.T) {
+	for state, want := range map[string]string{api.WorkspaceCreating: "running", api.WorkspaceStarting: "running", api.WorkspaceAvailable: "running",
+		api.WorkspacePausing: "running", api.WorkspaceStopping: "running", api.WorkspacePaused: "paused", api.WorkspaceStopped: "paused",
+		api.WorkspaceFailed: "", api.WorkspaceDeleting: ""} {
+		got, ok := e2bState(state)
+		if got != want || ok != (want != "") {
+			t.Errorf("%s: %q %v, want %q", state, got, ok, want)
+		}
+	}
+}
