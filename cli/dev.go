@@ -76,6 +76,8 @@ type DevUpCmd struct {
 	// APIListen is serve's [api] listen, on loopback: applications on
 	// this host try their API keys there.
 	APIListen string `name:"api-listen" default:"127.0.0.1:7443" help:"HOST:PORT of the HTTPS API for applications (API keys), or none; if the default is in use, dev runs without it."`
+	// E2BListen is serve's [e2b] listen, on loopback.
+	E2BListen string `name:"e2b-listen" default:"127.0.0.1:7444" help:"HOST:PORT of the E2B API (E2B's SDKs with the dev API key), or none; if the default is in use, dev runs without it."`
 	// Warm is serve's [templates.NAME] warm = N, at a create's default size.
 	Warm map[string]int `name:"warm" placeholder:"TEMPLATE=N" help:"Keep N pre-booted, paused guests of the template, so that a create of it with the default CPU and memory adopts one instead of booting (serve: [templates.NAME] warm = N); repeatable."`
 }
@@ -163,7 +165,7 @@ func (c *DevUpCmd) Run(g *Globals) error {
 		g.note("kibotos dev: guest network %s, uplink %s, resolver %s\n", n.IPv4Pool, n.Uplink, n.Resolvers[0])
 	}
 	onReady := func(ctx context.Context, srv *cluster.Server) {
-		c.announceWhenReady(ctx, g, d, id, srv.APIAddr(), runsVMs)
+		c.announceWhenReady(ctx, g, d, id, srv.APIAddr(), srv.E2BAddr(), runsVMs)
 	}
 	// A dev host without systemd as PID 1 gets a private one that outlives
 	// kibotos dev, so a restart takes its VMs over; a host with systemd uses it.
@@ -183,7 +185,7 @@ func (c *DevUpCmd) Run(g *Globals) error {
 		}
 		warm = append(warm, w)
 	}
-	return runMember(g, "info", member.Options{DataDir: d, API: c.api(), Capacity: agent.DefaultCapacity(), Timings: cluster.DefaultTimings(), OnReady: onReady, Warm: warm,
+	return runMember(g, "info", member.Options{DataDir: d, API: c.api(), E2B: c.e2b(), Capacity: agent.DefaultCapacity(), Timings: cluster.DefaultTimings(), OnReady: onReady, Warm: warm,
 		Systemd: sdMode, Accel: qemu.AccelAuto, Network: network, EgressWarm: egress.DefaultWarmConnections, LogFormat: c.LogFormat, Artifacts: artifacts.Config{URL: store},
 		// One node on a laptop: a report every few seconds while a guest
 		// is denied costs nothing, and `workspace get` shows it soon.
@@ -202,6 +204,18 @@ func (c *DevUpCmd) api() cluster.APIConfig {
 		return cluster.APIConfig{}
 	}
 	return cluster.APIConfig{Listen: c.APIListen, Optional: c.APIListen == devAPIListen}
+}
+
+// devE2BListen is where kibotos dev serves the E2B API unless told
+// otherwise.
+const devE2BListen = "127.0.0.1:7444"
+
+// e2b is the dev member's [e2b]: E2B's "base" is the default template.
+func (c *DevUpCmd) e2b() cluster.E2BConfig {
+	if c.E2BListen == "none" {
+		return cluster.E2BConfig{}
+	}
+	return cluster.E2BConfig{Listen: c.E2BListen, BaseTemplate: template.DefaultName, Optional: c.E2BListen == devE2BListen}
 }
 
 // devArtifactsURL is the dev cluster's artifact store: a directory in its
@@ -226,7 +240,7 @@ func devArtifactsURL(d datadir.Dir) (string, error) {
 //
 // It runs until then or until the member stops (ctx): what it does on the
 // member's behalf (the demo Workspace) must not outlive it.
-func (c *DevUpCmd) announceWhenReady(ctx context.Context, g *Globals, d datadir.Dir, id *datadir.Identity, apiAddr string, runsVMs bool) {
+func (c *DevUpCmd) announceWhenReady(ctx context.Context, g *Globals, d datadir.Dir, id *datadir.Identity, apiAddr, e2bAddr string, runsVMs bool) {
 	member := *g
 	member.ctx = ctx
 	g = &member
@@ -251,8 +265,8 @@ func (c *DevUpCmd) announceWhenReady(ctx context.Context, g *Globals, d datadir.
 			}
 			g.note("In another shell:\n  export KIBOTOS_DATA_DIR=%s\n  %s node list\n  %s workspace create --template %s -q\n  %s workspace exec WS -- uname -a\n  %s workspace terminal WS\nStop with Ctrl-C (VMs keep running); run kibotos dev again to take them over; kibotos dev down [--purge] ends everything.\n\n",
 				d, kibo, kibo, template.DefaultName, kibo, kibo)
-			if apiAddr != "" {
-				c.announceAPI(g, cl, d, apiAddr)
+			if apiAddr != "" || e2bAddr != "" {
+				c.announceAPI(g, cl, d, apiAddr, e2bAddr)
 			}
 			return
 		}
@@ -454,17 +468,46 @@ const devKeyFile = "api-key"
 // devKeyName is that key's name (namespace default, role sandbox).
 const devKeyName = "dev"
 
-// announceAPI tells how applications reach the dev cluster's API: its
-// URL, its CA file and an API key it made (the secret stays in a file).
-func (c *DevUpCmd) announceAPI(g *Globals, cl *api.Client, d datadir.Dir, apiAddr string) {
+// devE2BEnvFile holds, root-only in the dev data directory, the
+// environment of E2B's SDKs for the dev cluster (it has the key).
+const devE2BEnvFile = "e2b.env"
+
+// announceAPI tells how applications reach the dev cluster's API and its
+// E2B API: their URLs, the CA file and an API key it made (the secret
+// stays in files).
+func (c *DevUpCmd) announceAPI(g *Globals, cl *api.Client, d datadir.Dir, apiAddr, e2bAddr string) {
 	ca, _ := filepath.Abs(d.CACert())
 	keyFile, _ := filepath.Abs(filepath.Join(string(d), devKeyFile))
 	if err := devAPIKey(g, cl, keyFile); err != nil {
-		g.note("Applications reach its API at https://%s with an API key (--api-url, --token), trusting the CA file %s (--ca-file); no key was made: %v\n\n", apiAddr, ca, err)
+		g.note("Applications reach its API with an API key (--api-url, --token), trusting the CA file %s (--ca-file); no key was made: %v\n\n", ca, err)
 		return
 	}
-	g.note("Applications reach its API with the API key %s it made (namespace default, role sandbox; the secret is in %s):\n  export KIBOTOS_API_URL=https://%s KIBOTOS_CA_FILE=%s KIBOTOS_TOKEN=$(cat %s)\n  %s workspace list\n\n",
-		devKeyName, keyFile, apiAddr, ca, keyFile, kiboCommand())
+	if apiAddr != "" {
+		g.note("Applications reach its API with the API key %s it made (namespace default, role sandbox; the secret is in %s):\n  export KIBOTOS_API_URL=https://%s KIBOTOS_CA_FILE=%s KIBOTOS_TOKEN=$(cat %s)\n  %s workspace list\n\n",
+			devKeyName, keyFile, apiAddr, ca, keyFile, kiboCommand())
+	}
+	if e2bAddr == "" {
+		return
+	}
+	envFile, _ := filepath.Abs(filepath.Join(string(d), devE2BEnvFile))
+	if err := writeE2BEnv(envFile, keyFile, e2bAddr, ca); err != nil {
+		g.note("E2B's SDKs reach it at https://%s with the key in %s (E2B_API_URL, E2B_API_KEY, NODE_EXTRA_CA_CERTS=%s); %v\n\n", e2bAddr, keyFile, ca, err)
+		return
+	}
+	g.note("E2B's SDKs reach its E2B API with the same key (sandbox create, connect, list, info, setTimeout, pause, kill; docs/e2b.md):\n  set -a; . %s; set +a\n\n", envFile)
+}
+
+// writeE2BEnv writes the environment of E2B's SDKs for the E2B API at
+// addr with the key in keyFile, root-only: E2B_API_URL, E2B_API_KEY, and
+// NODE_EXTRA_CA_CERTS, since the listener's certificate is of the
+// cluster CA.
+func writeE2BEnv(path, keyFile, addr, ca string) error {
+	raw, err := os.ReadFile(keyFile)
+	if err != nil {
+		return err
+	}
+	env := fmt.Sprintf("E2B_API_URL=https://%s\nE2B_API_KEY=%s\nNODE_EXTRA_CA_CERTS=%s\n", addr, strings.TrimSpace(string(raw)), ca)
+	return datadir.WriteFileAtomic(path, []byte(env), 0o600)
 }
 
 // devAPIKey makes sure keyFile holds the secret of an active key: the one

@@ -40,6 +40,7 @@ type wsDev struct {
 	dir     string // the dev data directory
 	addr    string // --advertise
 	apiAddr string // --api-listen: the API for applications
+	e2bAddr string // --e2b-listen: the E2B API
 	cache   string // shared kernel package cache
 	mu      sync.Mutex
 	dev     *proc // current kibotos dev process
@@ -53,9 +54,10 @@ func TestWorkspace(t *testing.T) {
 	tmp := t.TempDir() // registered first: removed after the cleanup below
 	d := &wsDev{t: t, tmp: tmp, dir: filepath.Join(tmp, "dev"), cache: filepath.Join(os.TempDir(), "kibotos-test-platform")}
 	d.bin = buildBinary(t, filepath.Join(tmp, "bin"))
-	ports := testenv.Ports(t, 5) // API, gossip, data plane, metrics, the API for applications
+	ports := testenv.Ports(t, 6) // API, gossip, data plane, metrics, the API for applications, the E2B API
 	d.addr = "127.0.0.1:" + strconv.Itoa(ports)
 	d.apiAddr = "127.0.0.1:" + strconv.Itoa(ports+4)
+	d.e2bAddr = "127.0.0.1:" + strconv.Itoa(ports+5)
 	t.Cleanup(d.down)
 	d.up()
 	inc := d.waitReady(0)
@@ -93,6 +95,7 @@ func TestWorkspace(t *testing.T) {
 		{"Warm", d.testWarm},
 		{"OCITemplate", d.testOCITemplate},
 		{"Tenants", d.testTenants},
+		{"E2B", d.testE2B},
 		{"IdleResume", d.testIdleResume},
 	}
 	for _, s := range steps {
@@ -118,7 +121,7 @@ func (d *wsDev) up() {
 	if err != nil {
 		d.t.Fatal(err)
 	}
-	cmd := exec.Command(filepath.Join(d.bin, "kibotos"), "dev", "--data-dir", d.dir, "--advertise", d.addr, "--api-listen", d.apiAddr, "--no-demo", "--warm", warmTemplate+"=1")
+	cmd := exec.Command(filepath.Join(d.bin, "kibotos"), "dev", "--data-dir", d.dir, "--advertise", d.addr, "--api-listen", d.apiAddr, "--e2b-listen", d.e2bAddr, "--no-demo", "--warm", warmTemplate+"=1")
 	cmd.Env = d.env()
 	p, err := startProc(cmd, f, logPath)
 	if err != nil {

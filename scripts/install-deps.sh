@@ -20,6 +20,9 @@ need=()
 for pkg in dpkg apt passwd util-linux iproute2 nftables ca-certificates git qemu-system-x86 qemu-utils busybox-static lz4 cpio kmod systemd e2fsprogs file debootstrap debian-archive-keyring wget dnsmasq-base microsocks zsh fish; do
 	dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
 done
+# nodejs, npm: the official E2B SDK (npm package e2b) drives the E2B API in
+# e2e; a Node.js of the machine's own (with its npm) is used when present.
+command -v npm >/dev/null 2>&1 || need+=(nodejs npm)
 if [ "${KIBOTOS_BENCH:-0}" = 1 ]; then
 	for pkg in etcd-server etcd-client hyperfine; do
 		dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
@@ -41,3 +44,6 @@ go mod download
 # nfpm for scripts/package.sh, built from the module proxy (not in go.mod:
 # only packaging uses it).
 (cd / && go run github.com/goreleaser/nfpm/v2/cmd/nfpm@v2.45.2 --version >/dev/null)
+# The E2B SDK at the version e2e/e2bsdk/package-lock.json pins, from the
+# npm registry.
+npm ci --prefix e2e/e2bsdk --no-audit --no-fund --loglevel=error

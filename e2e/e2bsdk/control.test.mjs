@@ -1,0 +1,66 @@
+// The official E2B SDK (e2b@2.51.0, unmodified) against a Kibotos
+// cluster's E2B API: the sandbox lifecycle it calls on the control API.
+// Run by e2e TestWorkspace/E2B with the environment `kibotos dev` writes
+// (E2B_API_URL, E2B_API_KEY, NODE_EXTRA_CA_CERTS) and E2B_OTHER_KEY, a
+// key of another namespace; its sandboxes carry the metadata suite=E2B_SUITE.
+import { test } from 'node:test'
+import assert from 'node:assert/strict'
+import { Sandbox, SandboxNotFoundError } from 'e2b'
+
+const other = { apiKey: process.env.E2B_OTHER_KEY }
+const suite = process.env.E2B_SUITE || `kibotos-${process.pid}`
+
+// Every page of a paginator, as the SDK's users read them.
+async function all(paginator) {
+  const out = []
+  while (paginator.hasNext) out.push(...(await paginator.nextItems()))
+  return out
+}
+
+test('sandbox lifecycle through the E2B SDK', async () => {
+  const created = Date.now()
+  const a = await Sandbox.create({ metadata: { suite, name: 'a' }, timeoutMs: 120_000 })
+  const b = await Sandbox.create('base', { metadata: { suite, name: 'b' }, timeoutMs: 120_000, lifecycle: { onTimeout: 'pause', autoResume: true } })
+  try {
+    const info = await a.getInfo()
+    assert.equal(info.sandboxId, a.sandboxId)
+    assert.equal(info.state, 'running')
+    assert.deepEqual(info.metadata, { suite, name: 'a' })
+    assert.ok(info.endAt.getTime() >= created + 119_000, `ends ${info.endAt.toISOString()}, 120 s after ${new Date(created).toISOString()}`)
+    assert.equal(info.lifecycle.onTimeout, 'kill')
+    assert.equal((await b.getInfo()).lifecycle.onTimeout, 'pause')
+
+    // The metadata filter, then pages of one.
+    const mine = await all(Sandbox.list({ query: { metadata: { suite, name: 'b' } } }))
+    assert.deepEqual(mine.map((s) => s.sandboxId), [b.sandboxId])
+    const paged = Sandbox.list({ query: { metadata: { suite } }, limit: 1 })
+    const first = await paged.nextItems()
+    assert.equal(first.length, 1)
+    assert.ok(paged.hasNext, 'a next page after the first of one')
+    const ids = [...first, ...(await all(paged))].map((s) => s.sandboxId).sort()
+    assert.deepEqual(ids, [a.sandboxId, b.sandboxId].sort())
+
+    // setTimeout moves the end from now.
+    await a.setTimeout(3_600_000)
+    assert.ok((await a.getInfo()).endAt.getTime() >= Date.now() + 3_590_000)
+
+    // Pause, then connect resumes it.
+    assert.equal(await b.pause(), true)
+    assert.equal((await b.getInfo()).state, 'paused')
+    assert.equal(await Sandbox.pause(b.sandboxId), false, 'a second pause says it was paused already')
+    const again = await Sandbox.connect(b.sandboxId, { timeoutMs: 300_000 })
+    assert.equal(again.sandboxId, b.sandboxId)
+    assert.equal((await again.getInfo()).state, 'running')
+
+    // A key of another namespace finds none of them.
+    await assert.rejects(Sandbox.getInfo(a.sandboxId, other), SandboxNotFoundError)
+    assert.equal(await Sandbox.kill(a.sandboxId, other), false)
+    assert.deepEqual(await all(Sandbox.list({ ...other, query: { metadata: { suite } } })), [])
+    assert.equal((await a.getInfo()).state, 'running', 'the other key changed nothing')
+  } finally {
+    assert.equal(await a.kill(), true)
+    assert.equal(await Sandbox.kill(b.sandboxId), true)
+  }
+  await assert.rejects(Sandbox.getInfo(a.sandboxId), SandboxNotFoundError)
+  assert.equal(await Sandbox.kill(a.sandboxId), false)
+})
