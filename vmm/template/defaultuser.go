@@ -94,14 +94,14 @@ func AddDefaultUser(tree string, u DefaultUser) error {
 		a.gshadow = addMember(a.gshadow, 4, "sudo", u.Name)
 	}
 	if err := a.write(r); err != nil {
-		return err
+		return fmt.Errorf("user %s: %w", u.Name, err)
 	}
 	if err := makeHome(r, strings.TrimPrefix(home, "/")); err != nil {
-		return err
+		return fmt.Errorf("user %s: make its home %s: %w", u.Name, home, err)
 	}
 	if u.Sudo {
 		if err := writeOwned(r, "etc/sudoers.d/"+u.Name, []byte(u.Name+" ALL=(ALL:ALL) NOPASSWD:ALL\n"), 0o440, 0); err != nil {
-			return err
+			return fmt.Errorf("user %s: %w", u.Name, err)
 		}
 	}
 	ic := guestproto.ImageConfig{
@@ -110,7 +110,10 @@ func AddDefaultUser(tree string, u DefaultUser) error {
 		User:       u.Name,
 	}
 	raw, _ := json.MarshalIndent(ic, "", "  ")
-	return writeOwned(r, strings.TrimPrefix(guestproto.ImageConfigPath, "/"), append(raw, '\n'), 0o644, 0)
+	if err := writeOwned(r, strings.TrimPrefix(guestproto.ImageConfigPath, "/"), append(raw, '\n'), 0o644, 0); err != nil {
+		return fmt.Errorf("user %s: the exec defaults: %w", u.Name, err)
+	}
+	return nil
 }
 
 // accounts are the lines of a tree's account files; gshadow is nil when
