@@ -277,7 +277,9 @@ func TestBuildDebootstrapBookworm(t *testing.T) {
 		t.Fatalf("chroot output:\n%s", s)
 	}
 	// As the default user, sudo runs a command as root without asking
-	// for a password.
+	// for a password. (Before it, sudo warns "unable to resolve host"
+	// when the tree's /etc/hosts lacks the hostname, as it lacks this
+	// host's.)
 	out, err = exec.Command("chroot", "--userspec=1000:1000", mnt, "/usr/bin/sudo", "-n", "/usr/bin/id", "-un").CombinedOutput()
 	if err != nil || !strings.HasSuffix(string(out), "root\n") {
 		t.Fatalf("sudo as user: %v: %s", err, out)
