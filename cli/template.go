@@ -50,6 +50,8 @@ type TemplateBuildCmd struct {
 	Mirror       string   `name:"mirror" help:"With --debootstrap: the Debian archive URL; default: the one apt uses on this host (/etc/apt/sources.list{,.d})."`
 	Include      []string `name:"include" sep:"," help:"With --debootstrap: extra packages, e.g. --include git,curl,python3."`
 	Variant      string   `name:"variant" help:"With --debootstrap: minbase (default: essential packages and apt), buildd (plus build-essential) or standard (required and important packages)."`
+	User         string   `name:"user" placeholder:"NAME" help:"With --debootstrap: add the account NAME (uid and gid 1000, home /home/NAME from /etc/skel, locked password) and run every exec of the template's Workspaces as NAME in its home, as E2B's templates do with user."`
+	Sudo         bool     `name:"sudo" help:"With --user: NAME may run anything as root without a password (group sudo, /etc/sudoers.d/NAME); adds the package sudo to --include."`
 	Size         string   `name:"size" help:"Image size, e.g. 2GiB; default: the content plus half again plus 64 MiB (--debootstrap: the content plus 2 GiB, at least 4 GiB; the image is sparse). With --from-oci and --from-registry it also bounds the image's files (default bound 64 GiB)."`
 }
 
@@ -63,8 +65,8 @@ func (c *TemplateBuildCmd) Run(g *Globals) error {
 	if n != 1 {
 		return api.Errorf(api.CodeInvalidArgument, "template %s: give exactly one of --from-dir DIR, --from-tar FILE, --from-oci FILE, --from-registry REF, --debootstrap and --busybox", c.Name)
 	}
-	if !c.Debootstrap && (c.Suite != "" || c.Mirror != "" || len(c.Include) > 0 || c.Variant != "") {
-		return api.Errorf(api.CodeInvalidArgument, "template %s: --suite, --mirror, --include and --variant go with --debootstrap", c.Name)
+	if !c.Debootstrap && (c.Suite != "" || c.Mirror != "" || len(c.Include) > 0 || c.Variant != "" || c.User != "" || c.Sudo) {
+		return api.Errorf(api.CodeInvalidArgument, "template %s: --suite, --mirror, --include, --variant, --user and --sudo go with --debootstrap", c.Name)
 	}
 	if c.OCIRef != "" && c.FromOCI == "" {
 		return api.Errorf(api.CodeInvalidArgument, "template %s: --oci-ref goes with --from-oci (a registry reference names its image itself)", c.Name)
@@ -109,7 +111,8 @@ func printBuilt(g *Globals, t *template.Template) {
 }
 
 func (c *TemplateBuildCmd) runDebootstrap(g *Globals, sizeMiB int) error {
-	o := template.DebootstrapOptions{StorageRoot: c.root(g), Name: c.Name, Suite: c.Suite, Mirror: c.Mirror, Include: c.Include, Variant: c.Variant, SizeMiB: sizeMiB}
+	o := template.DebootstrapOptions{StorageRoot: c.root(g), Name: c.Name, Suite: c.Suite, Mirror: c.Mirror, Include: c.Include, Variant: c.Variant, SizeMiB: sizeMiB,
+		User: template.DefaultUser{Name: c.User, Sudo: c.Sudo}}
 	if err := o.Validate(); err != nil {
 		return api.Errorf(api.CodeInvalidArgument, "%v", err)
 	}

@@ -25,7 +25,13 @@ import (
 // run executes argv and returns stdout, stderr and the exit.
 func run(t *testing.T, c *guestproto.Client, stdin []byte, argv ...string) (string, string, guestproto.ExecExit) {
 	t.Helper()
-	p, err := c.Exec(ctxT(t), guestproto.ExecRequest{Argv: argv, Stdin: stdin != nil})
+	return runRequest(t, c, guestproto.ExecRequest{Argv: argv, Stdin: stdin != nil}, stdin)
+}
+
+// runRequest is run for a request with more than argv and stdin.
+func runRequest(t *testing.T, c *guestproto.Client, req guestproto.ExecRequest, stdin []byte) (string, string, guestproto.ExecExit) {
+	t.Helper()
+	p, err := c.Exec(ctxT(t), req)
 	if err != nil {
 		t.Fatal(err)
 	}

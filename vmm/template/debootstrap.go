@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -69,6 +70,9 @@ type DebootstrapOptions struct {
 	Debootstrap string
 	// Progress receives debootstrap's output; nil discards it.
 	Progress io.Writer
+	// User is the account every exec runs as (AddDefaultUser); none:
+	// root. With User.Sudo, Validate adds the package sudo to Include.
+	User DefaultUser
 }
 
 var (
@@ -101,6 +105,17 @@ func (o *DebootstrapOptions) Validate() error {
 		if !packageRE.MatchString(p) {
 			return fmt.Errorf("template %s: %q is not a Debian package name (--include takes pkg1,pkg2)", o.Name, p)
 		}
+	}
+	if o.User.Name != "" {
+		if err := CheckUserName(o.User.Name); err != nil {
+			return fmt.Errorf("template %s: %w", o.Name, err)
+		}
+	} else if o.User.Sudo {
+		return fmt.Errorf("template %s: sudo is for the default user: name one (--user NAME)", o.Name)
+	}
+	if o.User.Sudo && !slices.Contains(o.Include, "sudo") {
+		// A copy: the caller's slice is not ours to append to.
+		o.Include = append(slices.Clip(o.Include), "sudo")
 	}
 	if o.Mirror != "" {
 		if err := checkMirror(o.Mirror); err != nil {
@@ -136,8 +151,9 @@ func checkMirror(m string) error {
 // BuildDebootstrap builds a Debian template with debootstrap: the tree is
 // made in a temporary directory under the storage root, fitted for a
 // Workspace (hostname, hosts, an empty resolv.conf the node fills in, root's
-// shell, no daemons started by apt, no apt lists or package cache), then
-// imaged by Build. debootstrap needs root.
+// shell, no daemons started by apt, no apt lists or package cache), given
+// o.User as the account every exec runs as when it names one, then imaged
+// by Build. debootstrap needs root.
 func BuildDebootstrap(ctx context.Context, o DebootstrapOptions) (t *Template, err error) {
 	if err := o.Validate(); err != nil {
 		return nil, err
@@ -194,6 +210,11 @@ func BuildDebootstrap(ctx context.Context, o DebootstrapOptions) (t *Template, e
 	if err := FitDebianTree(tree); err != nil {
 		return nil, fmt.Errorf("template %s: fit the tree for a Workspace: %w", o.Name, err)
 	}
+	if o.User.Name != "" {
+		if err := AddDefaultUser(tree, o.User); err != nil {
+			return nil, fmt.Errorf("template %s: %w", o.Name, err)
+		}
+	}
 	size := o.SizeMiB
 	if size == 0 {
 		content, err := treeBytes(tree)
@@ -208,6 +229,12 @@ func BuildDebootstrap(ctx context.Context, o DebootstrapOptions) (t *Template, e
 	source := "debootstrap:" + o.Suite + "/" + o.Variant
 	if len(o.Include) > 0 {
 		source += "+" + strings.Join(o.Include, ",")
+	}
+	if o.User.Name != "" {
+		source += " user=" + o.User.Name
+		if o.User.Sudo {
+			source += ",sudo"
+		}
 	}
 	source += " " + o.Mirror
 	return Build(ctx, Options{StorageRoot: o.StorageRoot, Name: o.Name, FromDir: tree, SizeMiB: size, Source: source})
@@ -313,12 +340,23 @@ func FitDebianTree(tree string) error {
 	return nil
 }
 
+// treeShell is /bin/bash when the tree has it, else /bin/sh: the login
+// shell of the accounts a build adds or fixes.
+func treeShell(tree string) string {
+	r, err := os.OpenRoot(tree)
+	if err != nil {
+		return "/bin/sh"
+	}
+	defer r.Close()
+	if fi, err := r.Stat("bin/bash"); err == nil && fi.Mode().IsRegular() {
+		return "/bin/bash"
+	}
+	return "/bin/sh"
+}
+
 // rootShell makes root's login shell bash when the tree has it.
 func rootShell(tree string) error {
-	shell := "/bin/sh"
-	if _, err := os.Stat(filepath.Join(tree, "bin/bash")); err == nil {
-		shell = "/bin/bash"
-	}
+	shell := treeShell(tree)
 	p := filepath.Join(tree, "etc/passwd")
 	b, err := os.ReadFile(p)
 	if err != nil {

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/kibotos/kibotos/internal/testenv"
+	"github.com/kibotos/kibotos/vmm/guestproto"
 )
 
 const deb822Host = `Types: deb
@@ -117,6 +118,9 @@ func TestDebootstrapOptionsValidate(t *testing.T) {
 		{DebootstrapOptions{Name: "x1", Mirror: "ftp://example.org/debian"}, "not an http"},
 		{DebootstrapOptions{Name: "x1", Mirror: "http:///debian"}, "no host"},
 		{DebootstrapOptions{Name: "x1", SizeMiB: -1}, "negative"},
+		{DebootstrapOptions{Name: "x1", User: DefaultUser{Name: "root"}}, `template x1: user name "root" is a system account`},
+		{DebootstrapOptions{Name: "x1", User: DefaultUser{Name: "Bad.Name"}}, "is not valid"},
+		{DebootstrapOptions{Name: "x1", User: DefaultUser{Sudo: true}}, "sudo is for the default user: name one (--user NAME)"},
 	} {
 		err := c.o.Validate()
 		if err == nil || !strings.Contains(err.Error(), c.want) {
@@ -129,6 +133,17 @@ func TestDebootstrapOptionsValidate(t *testing.T) {
 	ok := DebootstrapOptions{Name: "x1", Include: []string{"git", "python3", "g++", "libc6-dev"}, Variant: "standard", Mirror: "file:///srv/mirror"}
 	if err := ok.Validate(); err != nil {
 		t.Fatal(err)
+	}
+	// Sudo brings its package, once, without writing into the caller's
+	// slice.
+	include := make([]string, 1, 4)
+	include[0] = "git"
+	withSudo := DebootstrapOptions{Name: "x1", Include: include, User: DefaultUser{Name: "user", Sudo: true}}
+	if err := withSudo.Validate(); err != nil || strings.Join(withSudo.Include, ",") != "git,sudo" || include[:2][1] != "" {
+		t.Fatalf("--sudo: include %v, %v; caller's %v", withSudo.Include, err, include[:2])
+	}
+	if err := withSudo.Validate(); err != nil || strings.Join(withSudo.Include, ",") != "git,sudo" {
+		t.Fatalf("validated twice: include %v, %v", withSudo.Include, err)
 	}
 }
 
@@ -197,7 +212,8 @@ func TestFitDebianTree(t *testing.T) {
 }
 
 // TestBuildDebootstrapBookworm runs the real debootstrap (minbase, bookworm,
-// the host's apt mirror): about 30-40 s here, most of it downloading ~40 MB.
+// the host's apt mirror) with the E2B-style default user "user" and sudo:
+// about 30-40 s here, most of it downloading ~40 MB (sudo adds ~2 MB).
 // scripts/install-deps.sh installs debootstrap, so it missing is a failure.
 func TestBuildDebootstrapBookworm(t *testing.T) {
 	if testing.Short() {
@@ -212,7 +228,7 @@ func TestBuildDebootstrapBookworm(t *testing.T) {
 	}
 	root := t.TempDir()
 	start := time.Now()
-	tp, err := BuildDebootstrap(context.Background(), DebootstrapOptions{StorageRoot: root, Name: "kibotos-coding"})
+	tp, err := BuildDebootstrap(context.Background(), DebootstrapOptions{StorageRoot: root, Name: "kibotos-coding", User: DefaultUser{Name: "user", Sudo: true}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -221,7 +237,7 @@ func TestBuildDebootstrapBookworm(t *testing.T) {
 		used = fi.Sys().(*syscall.Stat_t).Blocks * 512
 	}
 	t.Logf("built %s in %s: %d files, %d MiB of content, image %d MiB (%d MiB allocated: sparse)", tp.ID[:19], time.Since(start).Round(time.Second), tp.Files, tp.ContentBytes>>20, tp.ImageBytes>>20, used>>20)
-	if tp.ImageBytes < DebianMinSizeMiB<<20 || !strings.HasPrefix(tp.Source, "debootstrap:bookworm/minbase ") {
+	if tp.ImageBytes < DebianMinSizeMiB<<20 || !strings.HasPrefix(tp.Source, "debootstrap:bookworm/minbase+sudo user=user,sudo ") {
 		t.Fatalf("template %+v", tp)
 	}
 	if left, _ := filepath.Glob(filepath.Join(Dir(root), ".debootstrap-*")); len(left) != 0 {
@@ -243,6 +259,7 @@ func TestBuildDebootstrapBookworm(t *testing.T) {
 	if got := debugfsCat(t, tp.Image(), "/etc/passwd"); !strings.HasPrefix(got, "root:x:0:0:root:/root:/bin/bash\n") {
 		t.Fatalf("passwd %q", got)
 	}
+	checkDefaultUserImage(t, tp.Image())
 	// The guest agent execs commands chrooted in the tree: check that bash,
 	// apt and coreutils run there, from the image mounted read-only.
 	mnt := t.TempDir()
@@ -258,5 +275,45 @@ func TestBuildDebootstrapBookworm(t *testing.T) {
 	s := string(out)
 	if !strings.Contains(s, "apt 2.") || !strings.Contains(s, "VERSION_CODENAME=bookworm") || !strings.Contains(s, "root\nsh-ok") || strings.Contains(s, "_Packages") {
 		t.Fatalf("chroot output:\n%s", s)
+	}
+	// As the default user, sudo runs a command as root without asking
+	// for a password. (Before it, sudo warns "unable to resolve host"
+	// when the tree's /etc/hosts lacks the hostname, as it lacks this
+	// host's.)
+	out, err = exec.Command("chroot", "--userspec=1000:1000", mnt, "/usr/bin/sudo", "-n", "/usr/bin/id", "-un").CombinedOutput()
+	if err != nil || !strings.HasSuffix(string(out), "root\n") {
+		t.Fatalf("sudo as user: %v: %s", err, out)
+	}
+}
+
+// checkDefaultUserImage reads the account of the default user "user"
+// with sudo out of a built image, as the guest agent will find it.
+func checkDefaultUserImage(t *testing.T, img string) {
+	t.Helper()
+	if got := debugfsCat(t, img, "/etc/passwd"); !strings.Contains(got, "\nuser:x:1000:1000::/home/user:/bin/bash\n") {
+		t.Fatalf("passwd %q; want user with uid 1000", got)
+	}
+	if got := debugfsCat(t, img, "/etc/group"); !regexp.MustCompile(`(?m)^sudo:x:27:user$`).MatchString(got) || !strings.Contains(got, "\nuser:x:1000:\n") {
+		t.Fatalf("group %q; want user in sudo and its own group", got)
+	}
+	if got := debugfsCat(t, img, "/etc/shadow"); !strings.Contains(got, "\nuser:!:") {
+		t.Fatalf("shadow %q; want a locked password for user", got)
+	}
+	if got := debugfsCat(t, img, "/etc/sudoers.d/user"); got != "user ALL=(ALL:ALL) NOPASSWD:ALL\n" {
+		t.Fatalf("sudoers.d/user %q", got)
+	}
+	if got := debugfsCat(t, img, guestproto.ImageConfigPath); !strings.Contains(got, `"user": "user"`) || !strings.Contains(got, `"working_dir": "/home/user"`) {
+		t.Fatalf("image config %q", got)
+	}
+	for _, c := range []struct{ path, want string }{
+		{"/home/user", `Mode:\s+0750\b(?s:.*)User:\s+1000\s+Group:\s+1000\b`},
+		{"/etc/sudoers.d/user", `Mode:\s+0440\b(?s:.*)User:\s+0\s+Group:\s+0\b`},
+		// mkfs.ext4 -d kept the set-uid bit sudo needs.
+		{"/usr/bin/sudo", `Mode:\s+04755\b`},
+	} {
+		out, err := exec.Command("debugfs", "-R", "stat "+c.path, img).Output()
+		if err != nil || !regexp.MustCompile(c.want).Match(out) {
+			t.Fatalf("stat %s in the image: %v\n%s\nwant %s", c.path, err, out, c.want)
+		}
 	}
 }
