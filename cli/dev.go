@@ -2,6 +2,7 @@ package cli
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -69,6 +70,9 @@ type DevUpCmd struct {
 	// DebianTemplate is built with debootstrap (same code as `template
 	// build --debootstrap`); the default template stays the busybox one.
 	DebianTemplate string `name:"debian-template" placeholder:"NAME" help:"Also build a Debian template of this name (bookworm, minbase, from the host's apt mirror) with debootstrap when it is missing, e.g. kibotos-coding; takes about a minute and needs the Debian package debootstrap. Without it dev builds kibotos-base and kibotos-coding as the same small busybox system."`
+	// E2BTemplate is built as the documentation's E2B-style template and
+	// is what E2B's "base" means on this dev cluster.
+	E2BTemplate string `name:"e2b-template" placeholder:"NAME" help:"Also build the E2B-style template NAME when it is missing (Debian with bash, python3, git, curl and sudo; every exec as the user user, uid 1000, with passwordless sudo: docs/operating/templates-and-platforms.md), and serve it as E2B's template base; takes about a minute and needs debootstrap."`
 	// PlatformCache lets several dev clusters (and tests) share one
 	// download of the kernel package.
 	PlatformCache string `name:"platform-cache-dir" env:"KIBOTOS_PLATFORM_CACHE" help:"Where the kernel package of the Platform is downloaded and unpacked; default: <storage root>/cache/platform."`
@@ -88,7 +92,15 @@ type DevUpCmd struct {
 // devExampleTemplate is the template name of the documentation's examples.
 const devExampleTemplate = "kibotos-coding"
 
-func ensureDevArtifacts(g *Globals, d datadir.Dir, cacheDir, debian string) error {
+// e2bTemplate is the E2B-style template of the documentation
+// (templates-and-platforms.md), as kibotos dev --e2b-template builds it:
+// kibo template build NAME --debootstrap --include bash,python3,git,curl,ca-certificates --user user --sudo
+func e2bTemplate(root, name string) template.DebootstrapOptions {
+	return template.DebootstrapOptions{StorageRoot: root, Name: name, Include: []string{"bash", "python3", "git", "curl", "ca-certificates"},
+		User: template.DefaultUser{Name: "user", Sudo: true}}
+}
+
+func ensureDevArtifacts(g *Globals, d datadir.Dir, cacheDir, debian, e2b string) error {
 	root := d.StorageRoot()
 	// The Platform carries this executable as the guest agent: a new build
 	// gets a new Platform (an unchanged one is found, not rebuilt).
@@ -102,7 +114,7 @@ func ensureDevArtifacts(g *Globals, d datadir.Dir, cacheDir, debian string) erro
 	// examples use) as the same busybox system unless a Debian template
 	// of that name is asked for.
 	names := []string{template.DefaultName}
-	if debian != devExampleTemplate {
+	if debian != devExampleTemplate && e2b != devExampleTemplate {
 		names = append(names, devExampleTemplate)
 	}
 	for _, name := range names {
@@ -115,16 +127,23 @@ func ensureDevArtifacts(g *Globals, d datadir.Dir, cacheDir, debian string) erro
 		}
 		g.note("kibotos dev: template %s built (busybox, %s)\n", t.Name, formatBytes(uint64(t.ImageBytes)))
 	}
-	if debian != "" {
-		if _, err := template.Get(root, debian); err != nil {
-			g.note("kibotos dev: building the Debian template %s with debootstrap (about a minute)\n", debian)
-			start := time.Now()
-			t, err := buildDebian(g, template.DebootstrapOptions{StorageRoot: root, Name: debian}, false)
-			if err != nil {
-				return fmt.Errorf("kibotos dev: build the Debian template: %w", err)
-			}
-			g.note("kibotos dev: template %s built in %s (%s of content)\n", t.Name, time.Since(start).Round(time.Second), formatBytes(uint64(t.ContentBytes)))
+	for _, o := range []struct {
+		what string
+		opts template.DebootstrapOptions
+	}{{"Debian template", template.DebootstrapOptions{StorageRoot: root, Name: debian}}, {"E2B-style template", e2bTemplate(root, e2b)}} {
+		if o.opts.Name == "" {
+			continue
 		}
+		if _, err := template.Get(root, o.opts.Name); err == nil {
+			continue
+		}
+		g.note("kibotos dev: building the %s %s with debootstrap (about a minute)\n", o.what, o.opts.Name)
+		start := time.Now()
+		t, err := buildDebian(g, o.opts, false)
+		if err != nil {
+			return fmt.Errorf("kibotos dev: build the %s: %w", o.what, err)
+		}
+		g.note("kibotos dev: template %s built in %s (%s of content)\n", t.Name, time.Since(start).Round(time.Second), formatBytes(uint64(t.ContentBytes)))
 	}
 	return nil
 }
@@ -151,7 +170,7 @@ func (c *DevUpCmd) Run(g *Globals) error {
 	}
 	runsVMs := privsd.Available() == nil || member.HostHasSystemd()
 	if runsVMs && !c.NoBuild {
-		if err := ensureDevArtifacts(g, d, c.PlatformCache, c.DebianTemplate); err != nil {
+		if err := ensureDevArtifacts(g, d, c.PlatformCache, c.DebianTemplate, c.E2BTemplate); err != nil {
 			return err
 		}
 	}
@@ -210,12 +229,13 @@ func (c *DevUpCmd) api() cluster.APIConfig {
 // otherwise.
 const devE2BListen = "127.0.0.1:7444"
 
-// e2b is the dev member's [e2b]: E2B's "base" is the default template.
+// e2b is the dev member's [e2b]: E2B's "base" is the E2B-style template
+// when one is asked for, else the default template.
 func (c *DevUpCmd) e2b() cluster.E2BConfig {
 	if c.E2BListen == "none" {
 		return cluster.E2BConfig{}
 	}
-	return cluster.E2BConfig{Listen: c.E2BListen, BaseTemplate: template.DefaultName, Optional: c.E2BListen == devE2BListen}
+	return cluster.E2BConfig{Listen: c.E2BListen, BaseTemplate: cmp.Or(c.E2BTemplate, template.DefaultName), Optional: c.E2BListen == devE2BListen}
 }
 
 // devArtifactsURL is the dev cluster's artifact store: a directory in its
