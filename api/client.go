@@ -31,7 +31,9 @@ type Client struct {
 	tls  trust.Client
 	want trust.Want
 	// token is the API key of a client of the API listener
-	// (NewTokenClient), base its URL; "" for a member client.
+	// (NewTokenClient), base its URL; both "" for a member client. An
+	// in-process client (NewHandlerClient) has a base and may have no
+	// token: its handler knows the caller.
 	token, base string
 	// first reaches Addr, expecting want; ctrl reaches the ctrl members a
 	// node-only member sends operator calls to, expecting a ctrl member.
@@ -81,7 +83,7 @@ func (c *Client) Call(ctx context.Context, method, path string, in any) (json.Ra
 	}
 	first, ctrl := c.clients()
 	raw, ctrlAddrs, err := c.call(ctx, first, c.Addr, method, path, body)
-	if len(ctrlAddrs) == 0 || c.token != "" {
+	if len(ctrlAddrs) == 0 || c.base != "" {
 		// The API listener is served by ctrl members only: nothing
 		// there sends a caller elsewhere.
 		return raw, err
@@ -98,7 +100,7 @@ func (c *Client) Call(ctx context.Context, method, path string, in any) (json.Ra
 
 func (c *Client) call(ctx context.Context, hc *http.Client, addr, method, path string, body []byte) (json.RawMessage, []string, error) {
 	url := "https://" + addr + c.withQuery(method, path)
-	if c.token != "" {
+	if c.base != "" {
 		url = c.base + c.withQuery(method, path)
 	}
 	var rd io.Reader
@@ -114,7 +116,7 @@ func (c *Client) call(ctx context.Context, hc *http.Client, addr, method, path s
 		req.Header.Set("Authorization", "Bearer "+c.token)
 	}
 	resp, err := hc.Do(req)
-	if err != nil && c.token != "" {
+	if err != nil && c.base != "" {
 		return nil, nil, c.tokenCallError(err)
 	}
 	if err != nil {

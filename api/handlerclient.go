@@ -11,7 +11,8 @@ import (
 // process with the API key token, as an application's request from
 // remote (HOST:PORT) would reach it: a front end that speaks another
 // protocol (the E2B API) calls the Kibotos API as its caller's key, so
-// the key check, its rules and limits are the API listener's own.
+// the key check, its rules and limits are the API listener's own. With
+// no token, h must know the caller itself.
 func NewHandlerClient(h http.Handler, token, remote string) *Client {
 	c := &Client{Addr: "in-process", token: token, base: "http://in-process"}
 	c.once.Do(func() { c.first = &http.Client{Transport: handlerTransport{h: h, remote: remote}} })

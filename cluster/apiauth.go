@@ -55,15 +55,20 @@ func (s *Server) authenticateBearer(a *apiListener, next http.Handler) http.Hand
 			fail(err).render(w)
 			return
 		}
-		if ok, wait := limit.take(c.name, time.Now()); !ok {
-			secs := retryAfter(wait)
-			w.Header().Set("Retry-After", strconv.Itoa(secs))
-			fail(api.Errorf(api.CodeResourceExhausted, "%s is over its rate limit on member %s (%g requests a second, bursts of %d): retry in %d s, or spread its calls",
-				c.name, s.id.NodeID, limit.rate, int(limit.burst), secs)).render(w)
-			return
-		}
-		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), ctxKey{}, c)))
+		s.serveKeyCaller(limit, c, next, w, r)
 	})
+}
+
+// serveKeyCaller serves r for the key caller c, within the key's rate.
+func (s *Server) serveKeyCaller(limit *buckets, c caller, next http.Handler, w http.ResponseWriter, r *http.Request) {
+	if ok, wait := limit.take(c.name, time.Now()); !ok {
+		secs := retryAfter(wait)
+		w.Header().Set("Retry-After", strconv.Itoa(secs))
+		fail(api.Errorf(api.CodeResourceExhausted, "%s is over its rate limit on member %s (%g requests a second, bursts of %d): retry in %d s, or spread its calls",
+			c.name, s.id.NodeID, limit.rate, int(limit.burst), secs)).render(w)
+		return
+	}
+	next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), ctxKey{}, c)))
 }
 
 // bearerRequest is the caller of r's API key.

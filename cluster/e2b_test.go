@@ -56,6 +56,7 @@ func TestE2BControlAPI(t *testing.T) {
 	c := clustertest.New(t, clustertest.Options{Ctrl: 1, E2B: &cluster.E2BConfig{BaseTemplate: "kibotos-coding"},
 		AdjustReport: func(_ string, r *api.Report) {
 			r.Templates = append(r.Templates, "kibotos-coding")
+			r.DataPlaneAddress = "127.0.0.1:9" // nothing answers: a guest is never reached here
 			r.Resume = &api.ResumeInfo{QEMUVersion: "7.2.9", Accel: "tcg", CPUModel: "max", Installations: []string{"sha256-a"}}
 		},
 		HoldTask: func(string, api.WorkspaceTask) bool { return true }})
@@ -81,7 +82,7 @@ func TestE2BControlAPI(t *testing.T) {
 	if _, err := c.Client(m).Do(ctx, "POST", "/v1/api-keys", api.APIKeyCreateRequest{Name: "other", Namespace: "acme", Role: api.KeyRoleSandbox}, &other); err != nil {
 		t.Fatal(err)
 	}
-	do := func(key, method, path string, body any) e2bCall {
+	send := func(method, path string, body any, header map[string]string) e2bCall {
 		t.Helper()
 		var rd io.Reader
 		if body != nil {
@@ -92,10 +93,10 @@ func TestE2BControlAPI(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if key != "" {
-			req.Header.Set("X-API-KEY", key) // the SDKs' spelling
-		}
 		req.Header.Set("Content-Type", "application/json")
+		for k, v := range header {
+			req.Header.Set(k, v)
+		}
 		resp, err := hc.Do(req)
 		if err != nil {
 			t.Fatal(err)
@@ -104,8 +105,25 @@ func TestE2BControlAPI(t *testing.T) {
 		raw, _ := io.ReadAll(resp.Body)
 		return e2bCall{status: resp.StatusCode, header: resp.Header, body: raw}
 	}
+	do := func(key, method, path string, body any) e2bCall {
+		t.Helper()
+		if key == "" {
+			return send(method, path, body, nil)
+		}
+		return send(method, path, body, map[string]string{"X-API-KEY": key}) // the SDKs' spelling
+	}
+	// envd is a request to a sandbox's envd through E2B_SANDBOX_URL.
+	envd := func(sandbox, port, token, method, path string) e2bCall {
+		t.Helper()
+		h := map[string]string{"E2b-Sandbox-Id": sandbox, "E2b-Sandbox-Port": port}
+		if token != "" {
+			h["X-Access-Token"] = token
+		}
+		return send(method, path, nil, h)
+	}
 	type sandbox struct {
 		SandboxID, TemplateID, EnvdVersion, ClientID, State string
+		EnvdAccessToken                                     string
 		Metadata                                            map[string]string
 		StartedAt, EndAt                                    time.Time
 		CPUCount, MemoryMB                                  int
@@ -125,7 +143,7 @@ func TestE2BControlAPI(t *testing.T) {
 	created := time.Now()
 	r := do(key, "POST", "/v2/sandboxes", map[string]any{"templateID": "base", "metadata": map[string]string{"user": "a"}})
 	var a sandbox
-	if r.decode(t, &a); r.status != http.StatusCreated || !strings.HasPrefix(a.SandboxID, "ws-") || a.TemplateID != "kibotos-coding" || a.EnvdVersion == "" || a.ClientID == "" {
+	if r.decode(t, &a); r.status != http.StatusCreated || !strings.HasPrefix(a.SandboxID, "ws-") || a.TemplateID != "kibotos-coding" || a.EnvdVersion == "" || a.ClientID == "" || a.EnvdAccessToken == "" {
 		t.Fatalf("create from base: %d %s, want 201 with a sandbox of kibotos-coding", r.status, r.body)
 	}
 	r = do(key, "GET", "/sandboxes/"+a.SandboxID, nil)
@@ -203,6 +221,22 @@ func TestE2BControlAPI(t *testing.T) {
 		t.Fatalf("connect to a running sandbox: %d %s, want 200", r.status, r.body)
 	}
 
+	// The sandbox API: a sandbox's own token reaches for its guest (which
+	// nobody serves here), another's, none or another port does not;
+	// what is not served says so.
+	if r = envd(a.SandboxID, "49983", a.EnvdAccessToken, "GET", "/health"); r.status != http.StatusBadGateway || !strings.Contains(r.e2bError(t), "reach its guest") {
+		t.Errorf("health with the sandbox's token: %d %s, want 502 after trying its guest", r.status, r.body)
+	}
+	for _, c := range []struct{ token, port, want string }{{b.EnvdAccessToken, "49983", "not this sandbox's"}, {"", "49983", "no access token"},
+		{a.EnvdAccessToken + "x", "49983", "not this sandbox's"}, {a.EnvdAccessToken, "8080", "port 8080"}} {
+		if r = envd(a.SandboxID, c.port, c.token, "GET", "/health"); r.status != http.StatusBadGateway || !strings.Contains(r.e2bError(t), c.want) {
+			t.Errorf("health with token %q on port %s: %d %s, want 502 saying %q", c.token, c.port, r.status, r.body, c.want)
+		}
+	}
+	if r = envd(a.SandboxID, "49983", "", "POST", "/process.Process/List"); r.status != http.StatusNotImplemented || !strings.Contains(string(r.body), `"unimplemented"`) {
+		t.Errorf("process.Process/List: %d %s, want 501 unimplemented", r.status, r.body)
+	}
+
 	// Another namespace's key finds nothing of it.
 	for _, call := range [][2]string{{"GET", "/sandboxes/" + a.SandboxID}, {"DELETE", "/sandboxes/" + a.SandboxID}, {"POST", "/sandboxes/" + a.SandboxID + "/timeout"},
 		{"POST", "/sandboxes/" + b.SandboxID + "/pause"}, {"POST", "/v2/sandboxes/" + b.SandboxID + "/connect"}} {
@@ -226,7 +260,14 @@ func TestE2BControlAPI(t *testing.T) {
 	if r = do(key, "DELETE", "/sandboxes/"+a.SandboxID, nil); r.status != http.StatusNotFound {
 		t.Fatalf("kill again: %d %s, want 404 (the SDK's false)", r.status, r.body)
 	}
-	if r = do(key, "GET", "/sandboxes/"+b.SandboxID+"/metrics", nil); r.status != http.StatusNotFound || !strings.Contains(r.e2bError(t), "not part of the E2B API that Kibotos serves") {
+	// A revoked key's tokens open nothing.
+	if _, err := c.Client(m).Do(ctx, "POST", "/v1/api-keys/app/revoke", api.WriteMeta{}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if r = envd(b.SandboxID, "49983", b.EnvdAccessToken, "GET", "/health"); !strings.Contains(r.e2bError(t), "no longer active") {
+		t.Errorf("health with the token of a revoked key: %d %s", r.status, r.body)
+	}
+	if r = do(other.Secret, "GET", "/sandboxes/"+b.SandboxID+"/metrics", nil); r.status != http.StatusNotFound || !strings.Contains(r.e2bError(t), "not part of the E2B API that Kibotos serves") {
 		t.Fatalf("metrics: %d %s, want 404 saying it is not served", r.status, r.body)
 	}
 }

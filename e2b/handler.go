@@ -13,9 +13,10 @@ import (
 )
 
 // EnvdVersion is the envd version sandboxes report: the SDKs turn on
-// what a version has (2.51 refuses a sandbox below 0.1.0). It rises with
-// what the sandbox API serves.
-const EnvdVersion = "0.1.0"
+// what a version has (2.51 refuses a sandbox below 0.1.0). From 0.4.0
+// they send no user unless told one, so commands run as the template's
+// user, as envd 0.4 does. It rises with what the sandbox API serves.
+const EnvdVersion = "0.4.0"
 
 // ClientID is the clientID of every sandbox (E2B names the orchestrator
 // node there; a sandbox here may move).
@@ -38,6 +39,8 @@ type Config struct {
 	// BaseTemplate is the template E2B's "base" means; other template IDs
 	// are template names.
 	BaseTemplate string
+	// Sandboxes serves the sandbox API (envd); nil: not served.
+	Sandboxes Sandboxes
 	// Domain is the domain of the sandboxes' hosts the SDKs build
 	// (<port>-<sandboxID>.<domain>); "" leaves it to the SDK's
 	// E2B_DOMAIN.
@@ -75,14 +78,23 @@ func NewHandler(c Config) http.Handler {
 	h.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, r.Method+" "+r.URL.Path+" is not part of the E2B API that Kibotos serves (see docs/e2b.md)")
 	})
-	return h.mux
+	// One address for both APIs (E2B_SANDBOX_URL): the SDKs name the
+	// sandbox of a request to its envd in a header.
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if id := r.Header.Get("E2b-Sandbox-Id"); id != "" {
+			h.sandboxTraffic(w, r, id)
+			return
+		}
+		h.mux.ServeHTTP(w, r)
+	})
 }
 
 // call is one request of a caller with a key.
 type call struct {
-	w  http.ResponseWriter
-	r  *http.Request
-	cl *api.Client
+	w   http.ResponseWriter
+	r   *http.Request
+	key string
+	cl  *api.Client
 }
 
 // serve authenticates the request's key and runs fn; an error it returns
@@ -95,7 +107,7 @@ func (h *handler) serve(fn func(*call) error) http.Handler {
 			return
 		}
 		r.Body = http.MaxBytesReader(w, r.Body, maxBody)
-		if err := fn(&call{w: w, r: r, cl: h.c.Client(key, r.RemoteAddr)}); err != nil {
+		if err := fn(&call{w: w, r: r, key: key, cl: h.c.Client(key, r.RemoteAddr)}); err != nil {
 			status, msg := errorStatus(err)
 			if status == http.StatusTooManyRequests {
 				w.Header().Set("Retry-After", "1")

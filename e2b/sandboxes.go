@@ -56,7 +56,7 @@ func (h *handler) create(c *call) error {
 		c.cl.Do(context.WithoutCancel(ctx), http.MethodPost, workspacePath(ws.WorkspaceID, "delete"), api.WorkspaceWriteRequest{}, nil)
 		return err
 	}
-	return c.reply(http.StatusCreated, h.sandboxOf(run))
+	return h.replySandbox(c, http.StatusCreated, run)
 }
 
 // createRequest is the Workspace a create asks for.
@@ -200,9 +200,19 @@ func waitFor(ctx context.Context, cl *api.Client, id, what string, settled func(
 	}
 }
 
-// sandboxOf answers a create or a connect.
-func (h *handler) sandboxOf(ws *api.Workspace) sandbox {
-	return sandbox{TemplateID: ws.Template, SandboxID: ws.WorkspaceID, Alias: ws.Template, ClientID: ClientID, EnvdVersion: EnvdVersion, Domain: h.domain()}
+// replySandbox answers a create or a connect with status, and the
+// sandbox's envdAccessToken for the caller's key when the sandbox API is
+// served.
+func (h *handler) replySandbox(c *call, status int, ws *api.Workspace) error {
+	out := sandbox{TemplateID: ws.Template, SandboxID: ws.WorkspaceID, Alias: ws.Template, ClientID: ClientID, EnvdVersion: EnvdVersion, Domain: h.domain()}
+	if h.c.Sandboxes != nil {
+		token, err := h.c.Sandboxes.AccessToken(c.key, ws.WorkspaceID)
+		if err != nil {
+			return err
+		}
+		out.EnvdAccessToken = &token
+	}
+	return c.reply(status, out)
 }
 
 func (h *handler) domain() *string {
@@ -436,5 +446,5 @@ func (h *handler) connect(c *call) error {
 			return err
 		}
 	}
-	return c.reply(status, h.sandboxOf(ws))
+	return h.replySandbox(c, status, ws)
 }

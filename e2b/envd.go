@@ -1,0 +1,331 @@
+package e2b
+
+import (
+	"context"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"io"
+	"maps"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/kibotos/kibotos/vmm/guestproto"
+)
+
+// The sandbox API: what E2B's SDKs send to envd, the agent in an E2B
+// sandbox (port 49983), reached here through E2B_SANDBOX_URL with the
+// sandbox in the E2b-Sandbox-Id header. A request carries the sandbox's
+// envdAccessToken (X-Access-Token); Sandboxes checks it and opens the
+// guest through its node's data plane as the key the token was issued
+// to, and the request is translated to the guest protocol.
+
+// envdPort is the port of envd in an E2B sandbox.
+const envdPort = "49983"
+
+// workspaceRoot is where the guest agent mounts the Workspace's root
+// filesystem (agent.WorkspaceRoot); execs are chrooted there.
+const workspaceRoot = "/rootfs"
+
+// guestEnv is the environment of a template without an image config, as
+// the CLI and the Go SDK give it.
+var guestEnv = []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME=/root", "LANG=C.UTF-8"}
+
+// Sandboxes reaches the guests of sandboxes for the sandbox API.
+type Sandboxes interface {
+	// AccessToken is the envdAccessToken of sandbox id for the holder of
+	// key, answered with a create or a connect.
+	AccessToken(key, id string) (string, error)
+	// Open checks token for sandbox id and opens a session to its guest
+	// as the key the token was issued to (the caller closes it). A
+	// refusal is an *api.Error.
+	Open(ctx context.Context, token, id, remote string) (*guestproto.Client, error)
+}
+
+// keepaliveDefault is how often a stream without a Keepalive-Ping-Interval
+// header gets a keepalive event: proxies drop streams silent for long.
+const keepaliveDefault = 50 * time.Second
+
+// sandboxTraffic serves a request meant for a sandbox (E2b-Sandbox-Id).
+func (h *handler) sandboxTraffic(w http.ResponseWriter, r *http.Request, id string) {
+	if port := r.Header.Get("E2b-Sandbox-Port"); port != envdPort {
+		writeError(w, http.StatusBadGateway, fmt.Sprintf("sandbox %s: port %s: traffic to a sandbox's own ports (getHost) is not served by Kibotos yet; only envd's port %s is", id, port, envdPort))
+		return
+	}
+	if h.c.Sandboxes == nil {
+		writeError(w, http.StatusNotFound, "this member does not serve E2B's sandbox API")
+		return
+	}
+	switch {
+	case r.Method == http.MethodGet && r.URL.Path == "/health":
+		h.health(w, r, id)
+	case r.Method == http.MethodPost && r.URL.Path == "/process.Process/Start":
+		h.processStart(w, r, id)
+	case strings.HasPrefix(r.URL.Path, "/process.Process/") || strings.HasPrefix(r.URL.Path, "/filesystem.Filesystem/"):
+		unaryError(w, rpcErrorf("unimplemented", "%s is not served by Kibotos's E2B sandbox API yet (docs/e2b.md)", r.URL.Path))
+	default:
+		writeError(w, http.StatusNotFound, fmt.Sprintf("%s %s is not part of E2B's sandbox API that Kibotos serves (docs/e2b.md)", r.Method, r.URL.Path))
+	}
+}
+
+// openGuest opens the sandbox's guest with the request's access token.
+func (h *handler) openGuest(r *http.Request, id string) (*guestproto.Client, error) {
+	token := r.Header.Get("X-Access-Token")
+	if token == "" {
+		return nil, rpcErrorf("unauthenticated", "sandbox %s: no access token: send the envdAccessToken of its create or connect as X-Access-Token", id)
+	}
+	gc, err := h.c.Sandboxes.Open(r.Context(), token, id, r.RemoteAddr)
+	if err != nil {
+		status, msg := errorStatus(err)
+		return nil, &connectError{Code: codeOfStatus(status), Message: msg}
+	}
+	return gc, nil
+}
+
+// codeOfStatus is the Connect code of an HTTP status errorStatus gave.
+func codeOfStatus(status int) string {
+	switch status {
+	case http.StatusBadRequest:
+		return "invalid_argument"
+	case http.StatusUnauthorized:
+		return "unauthenticated"
+	case http.StatusForbidden:
+		return "permission_denied"
+	case http.StatusNotFound:
+		return "not_found"
+	case http.StatusConflict:
+		return "failed_precondition"
+	case http.StatusTooManyRequests:
+		return "resource_exhausted"
+	case http.StatusServiceUnavailable:
+		return "unavailable"
+	}
+	return "internal"
+}
+
+// health is envd's GET /health: 204 when the sandbox's guest answers
+// for the token's key, else 502 as E2B answers for a sandbox that is not
+// running.
+func (h *handler) health(w http.ResponseWriter, r *http.Request, id string) {
+	gc, err := h.openGuest(r, id)
+	if err != nil {
+		writeError(w, http.StatusBadGateway, err.Error())
+		return
+	}
+	gc.Close()
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// processConfig, startRequest and the events are process.proto's JSON.
+type processConfig struct {
+	Cmd  string            `json:"cmd"`
+	Args []string          `json:"args"`
+	Envs map[string]string `json:"envs"`
+	Cwd  *string           `json:"cwd"`
+}
+
+type startRequest struct {
+	Process processConfig `json:"process"`
+	PTY     *struct{}     `json:"pty"`
+	Tag     *string       `json:"tag"`
+	Stdin   *bool         `json:"stdin"`
+}
+
+type processEvent struct {
+	Start     *startEvent `json:"start,omitempty"`
+	Data      *dataEvent  `json:"data,omitempty"`
+	End       *endEvent   `json:"end,omitempty"`
+	Keepalive *struct{}   `json:"keepalive,omitempty"`
+}
+
+type startEvent struct {
+	PID int `json:"pid"`
+}
+
+type dataEvent struct {
+	Stdout []byte `json:"stdout,omitempty"`
+	Stderr []byte `json:"stderr,omitempty"`
+}
+
+type endEvent struct {
+	ExitCode int    `json:"exitCode"`
+	Exited   bool   `json:"exited"`
+	Status   string `json:"status"`
+	Error    string `json:"error,omitempty"`
+}
+
+type startResponse struct {
+	Event processEvent `json:"event"`
+}
+
+// processStart is process.Process/Start: the command runs in the guest
+// as the template's user, its output streamed as it comes, then its end.
+// It ends with the request: a command the caller no longer waits for is
+// killed, since nothing could reconnect to it yet.
+func (h *handler) processStart(w http.ResponseWriter, r *http.Request, id string) {
+	if ct := r.Header.Get("Content-Type"); ct != connectStreamJSON {
+		unaryError(w, rpcErrorf("invalid_argument", "content type %q: this RPC streams %s", ct, connectStreamJSON))
+		return
+	}
+	ctx, cancel := requestDeadline(r)
+	defer cancel()
+	r = r.WithContext(ctx)
+	var req startRequest
+	if err := readEnvelope(http.MaxBytesReader(w, r.Body, maxEnvelope+5), &req); err != nil {
+		unaryError(w, err)
+		return
+	}
+	exec, err := execRequest(r, &req)
+	if err != nil {
+		unaryError(w, err)
+		return
+	}
+	gc, err := h.openGuest(r, id)
+	if err != nil {
+		unaryError(w, err)
+		return
+	}
+	defer gc.Close()
+	if gc.Info().Has(guestproto.CapExecImageConfig) {
+		exec.DefaultEnv = guestEnv
+	} else {
+		exec.Env = append(slices.Clone(guestEnv), exec.Env...)
+	}
+	p, err := gc.Exec(ctx, exec)
+	if err != nil {
+		var ge *guestproto.Error
+		if errors.As(err, &ge) && ge.Code == guestproto.CodeNotFound {
+			unaryError(w, rpcErrorf("not_found", "sandbox %s: %s", id, ge.Message))
+			return
+		}
+		unaryError(w, rpcErrorf("failed_precondition", "sandbox %s: start %s: %v", id, req.Process.Cmd, err))
+		return
+	}
+	// The command dies with the request.
+	stop := context.AfterFunc(ctx, func() { p.Signal(syscall.SIGKILL) })
+	defer stop()
+	s := newStream(w)
+	s.send(startResponse{Event: processEvent{Start: &startEvent{PID: p.PID}}})
+	var wg sync.WaitGroup
+	pump := func(src io.Reader, event func([]byte) *dataEvent) {
+		buf := make([]byte, 32<<10)
+		for {
+			n, err := src.Read(buf)
+			if n > 0 {
+				s.send(startResponse{Event: processEvent{Data: event(slices.Clone(buf[:n]))}})
+			}
+			if err != nil {
+				return
+			}
+		}
+	}
+	wg.Go(func() { pump(p.Stdout, func(b []byte) *dataEvent { return &dataEvent{Stdout: b} }) })
+	wg.Go(func() { pump(p.Stderr, func(b []byte) *dataEvent { return &dataEvent{Stderr: b} }) })
+	wg.Go(func() { keepalive(ctx, s, p.Done(), keepaliveInterval(r)) })
+	exit, err := p.Wait()
+	wg.Wait()
+	switch {
+	case errors.Is(ctx.Err(), context.DeadlineExceeded):
+		s.end(rpcErrorf("deadline_exceeded", "sandbox %s: %s ran past the request's timeout and was killed", id, req.Process.Cmd))
+		return
+	case ctx.Err() != nil:
+		return // the caller is gone
+	}
+	if err != nil {
+		s.end(rpcErrorf("unavailable", "sandbox %s: lost the command: %v (the sandbox may have been paused or killed meanwhile)", id, err))
+		return
+	}
+	end := &endEvent{ExitCode: exit.ExitCode, Exited: exit.Signal == 0, Status: "exit status " + strconv.Itoa(exit.ExitCode)}
+	if exit.Signal != 0 {
+		end.ExitCode = -1
+		end.Status = "signal: " + syscall.Signal(exit.Signal).String()
+	}
+	if end.ExitCode != 0 {
+		end.Error = end.Status // what the SDK's CommandExitError says
+	}
+	s.send(startResponse{Event: processEvent{End: end}})
+	s.end(nil)
+}
+
+// execRequest is the guest's exec of a start: what is not served yet is
+// refused, saying so.
+func execRequest(r *http.Request, req *startRequest) (guestproto.ExecRequest, error) {
+	var out guestproto.ExecRequest
+	switch {
+	case req.Process.Cmd == "":
+		return out, rpcErrorf("invalid_argument", "process.cmd is empty: give the program to run")
+	case req.PTY != nil:
+		return out, rpcErrorf("unimplemented", "a PTY is not served by Kibotos's E2B sandbox API yet: run the command without one")
+	case req.Stdin != nil && *req.Stdin:
+		return out, rpcErrorf("unimplemented", "stdin is not served by Kibotos's E2B sandbox API yet: run the command with stdin: false")
+	}
+	if user := basicUser(r); user != "" && user != "user" {
+		return out, rpcErrorf("permission_denied", "commands run as the template's user; user %q is not served yet: run it with sudo", user)
+	}
+	out.Argv = append([]string{req.Process.Cmd}, req.Process.Args...)
+	for _, k := range slices.Sorted(maps.Keys(req.Process.Envs)) {
+		if k == "" || strings.ContainsAny(k, "=\x00") {
+			return out, rpcErrorf("invalid_argument", "environment variable name %q is not valid", k)
+		}
+		out.Env = append(out.Env, k+"="+req.Process.Envs[k])
+	}
+	if req.Process.Cwd != nil {
+		out.Dir = *req.Process.Cwd
+	}
+	out.Root = workspaceRoot
+	return out, nil
+}
+
+// basicUser is the user name of envd's Authorization: Basic header
+// (the SDK's user option), "" without one.
+func basicUser(r *http.Request) string {
+	v, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Basic ")
+	if !ok {
+		return ""
+	}
+	raw, err := base64.StdEncoding.DecodeString(strings.TrimSpace(v))
+	if err != nil {
+		return ""
+	}
+	user, _, _ := strings.Cut(string(raw), ":")
+	return user
+}
+
+// requestDeadline bounds the request by its Connect-Timeout-Ms.
+func requestDeadline(r *http.Request) (context.Context, context.CancelFunc) {
+	if ms, err := strconv.ParseInt(r.Header.Get("Connect-Timeout-Ms"), 10, 64); err == nil && ms > 0 {
+		return context.WithTimeout(r.Context(), time.Duration(ms)*time.Millisecond)
+	}
+	return context.WithCancel(r.Context())
+}
+
+// keepaliveInterval is the stream's Keepalive-Ping-Interval (seconds).
+func keepaliveInterval(r *http.Request) time.Duration {
+	if s, err := strconv.Atoi(r.Header.Get("Keepalive-Ping-Interval")); err == nil && s > 0 {
+		return time.Duration(s) * time.Second
+	}
+	return keepaliveDefault
+}
+
+// keepalive sends a keepalive event every interval until done or ctx.
+func keepalive(ctx context.Context, s *stream, done <-chan struct{}, every time.Duration) {
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-done:
+			return
+		case <-t.C:
+			if s.send(startResponse{Event: processEvent{Keepalive: &struct{}{}}}) != nil {
+				return
+			}
+		}
+	}
+}

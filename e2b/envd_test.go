@@ -1,0 +1,95 @@
+package e2b
+
+import (
+	"bytes"
+	"encoding/base64"
+	"encoding/binary"
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"strings"
+	"testing"
+)
+
+// envelope frames one Connect message.
+func envelope(flags byte, v any) []byte {
+	raw, _ := json.Marshal(v)
+	out := []byte{flags, 0, 0, 0, 0}
+	binary.BigEndian.PutUint32(out[1:], uint32(len(raw)))
+	return append(out, raw...)
+}
+
+// A start's request as the guest's exec: the command and its arguments,
+// the environment in a stable order, the directory, the Workspace's
+// root; a PTY, stdin and another user than the template's are refused,
+// saying so.
+func TestExecRequest(t *testing.T) {
+	cwd := "/tmp"
+	req := startRequest{Process: processConfig{Cmd: "/bin/bash", Args: []string{"-l", "-c", "echo hi"}, Envs: map[string]string{"B": "2", "A": "1"}, Cwd: &cwd}}
+	r := httptest.NewRequest("POST", "/process.Process/Start", nil)
+	got, err := execRequest(r, &req)
+	if err != nil || !slices.Equal(got.Argv, []string{"/bin/bash", "-l", "-c", "echo hi"}) || !slices.Equal(got.Env, []string{"A=1", "B=2"}) || got.Dir != "/tmp" || got.Root != workspaceRoot {
+		t.Fatalf("exec of a start: %+v, %v", got, err)
+	}
+	r.Header.Set("Authorization", "Basic "+base64.StdEncoding.EncodeToString([]byte("user:")))
+	if _, err := execRequest(r, &req); err != nil {
+		t.Errorf("as the user E2B's SDKs name by default: %v", err)
+	}
+	yes := true
+	for _, c := range []struct {
+		name string
+		req  startRequest
+		user string
+		code string
+		want string
+	}{
+		{"a PTY", startRequest{Process: processConfig{Cmd: "sh"}, PTY: &struct{}{}}, "", "unimplemented", "PTY"},
+		{"stdin", startRequest{Process: processConfig{Cmd: "sh"}, Stdin: &yes}, "", "unimplemented", "stdin"},
+		{"root", startRequest{Process: processConfig{Cmd: "sh"}}, "root", "permission_denied", `user "root"`},
+		{"no command", startRequest{}, "", "invalid_argument", "process.cmd is empty"},
+		{"a bad variable", startRequest{Process: processConfig{Cmd: "sh", Envs: map[string]string{"A=B": "1"}}}, "", "invalid_argument", "not valid"},
+	} {
+		r := httptest.NewRequest("POST", "/process.Process/Start", nil)
+		if c.user != "" {
+			r.Header.Set("Authorization", "Basic "+base64.StdEncoding.EncodeToString([]byte(c.user+":")))
+		}
+		_, err := execRequest(r, &c.req)
+		ce, ok := err.(*connectError)
+		if !ok || ce.Code != c.code || !strings.Contains(ce.Message, c.want) {
+			t.Errorf("%s: %v, want %s saying %q", c.name, err, c.code, c.want)
+		}
+	}
+}
+
+// The Connect framing: a request message read back, a stream's messages
+// and its end with an error, a unary error with its HTTP status.
+func TestConnectFraming(t *testing.T) {
+	var req startRequest
+	if err := readEnvelope(bytes.NewReader(envelope(0, map[string]any{"process": map[string]any{"cmd": "ls"}})), &req); err != nil || req.Process.Cmd != "ls" {
+		t.Fatalf("read a request message: %+v %v", req, err)
+	}
+	if err := readEnvelope(bytes.NewReader(envelope(flagCompressed, map[string]any{})), &req); err == nil || !strings.Contains(err.Error(), "compressed") {
+		t.Errorf("a compressed message: %v", err)
+	}
+	huge := []byte{0, 0xff, 0xff, 0xff, 0xff}
+	if err := readEnvelope(bytes.NewReader(huge), &req); err == nil || !strings.Contains(err.Error(), "resource_exhausted") {
+		t.Errorf("a message of 4 GiB: %v", err)
+	}
+
+	w := httptest.NewRecorder()
+	s := newStream(w)
+	s.send(startResponse{Event: processEvent{Data: &dataEvent{Stdout: []byte("hi\n")}}})
+	s.end(rpcErrorf("deadline_exceeded", "too long"))
+	want := append(envelope(0, map[string]any{"event": map[string]any{"data": map[string]any{"stdout": "aGkK"}}}),
+		envelope(flagEndStream, map[string]any{"error": map[string]any{"code": "deadline_exceeded", "message": "too long"}})...)
+	if w.Code != http.StatusOK || w.Header().Get("Content-Type") != connectStreamJSON || !bytes.Equal(w.Body.Bytes(), want) {
+		t.Errorf("stream: %d %q %q, want %q", w.Code, w.Header().Get("Content-Type"), w.Body.Bytes(), want)
+	}
+
+	w = httptest.NewRecorder()
+	unaryError(w, rpcErrorf("unimplemented", "not yet"))
+	if w.Code != http.StatusNotImplemented || !strings.Contains(w.Body.String(), `"code":"unimplemented"`) {
+		t.Errorf("unary error: %d %s", w.Code, w.Body)
+	}
+}
