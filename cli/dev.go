@@ -514,19 +514,19 @@ func (c *DevUpCmd) announceAPI(g *Globals, cl *api.Client, d datadir.Dir, apiAdd
 		g.note("E2B's SDKs reach it at https://%s with the key in %s (E2B_API_URL, E2B_API_KEY, NODE_EXTRA_CA_CERTS=%s); %v\n\n", e2bAddr, keyFile, ca, err)
 		return
 	}
-	g.note("E2B's SDKs reach its E2B API with the same key (sandbox create, connect, list, info, setTimeout, pause, kill; docs/e2b.md):\n  set -a; . %s; set +a\n\n", envFile)
+	g.note("E2B's SDKs reach its E2B API with the same key (sandboxes and commands.run; docs/e2b.md):\n  set -a; . %s; set +a\n\n", envFile)
 }
 
 // writeE2BEnv writes the environment of E2B's SDKs for the E2B API at
 // addr with the key in keyFile, root-only: E2B_API_URL, E2B_API_KEY, and
 // NODE_EXTRA_CA_CERTS, since the listener's certificate is of the
-// cluster CA.
+// cluster CA; E2B_SANDBOX_URL is the same address (the sandbox API).
 func writeE2BEnv(path, keyFile, addr, ca string) error {
 	raw, err := os.ReadFile(keyFile)
 	if err != nil {
 		return err
 	}
-	env := fmt.Sprintf("E2B_API_URL=https://%s\nE2B_API_KEY=%s\nNODE_EXTRA_CA_CERTS=%s\n", addr, strings.TrimSpace(string(raw)), ca)
+	env := fmt.Sprintf("E2B_API_URL=https://%[1]s\nE2B_SANDBOX_URL=https://%[1]s\nE2B_API_KEY=%[2]s\nNODE_EXTRA_CA_CERTS=%[3]s\n", addr, strings.TrimSpace(string(raw)), ca)
 	return datadir.WriteFileAtomic(path, []byte(env), 0o600)
 }
 

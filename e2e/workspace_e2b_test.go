@@ -13,6 +13,10 @@ import (
 	"github.com/kibotos/kibotos/internal/testenv"
 )
 
+// e2bTemplate is the E2B-style template dev builds (--e2b-template) and
+// serves as E2B's base: the SDK runs its commands with bash as user.
+const e2bTemplate = "e2b-base"
+
 // e2bSDKDir holds the Node suite of the official E2B SDK and the SDK
 // itself (scripts/install-deps.sh installs it there).
 const e2bSDKDir = "e2bsdk"

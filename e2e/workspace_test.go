@@ -121,7 +121,7 @@ func (d *wsDev) up() {
 	if err != nil {
 		d.t.Fatal(err)
 	}
-	cmd := exec.Command(filepath.Join(d.bin, "kibotos"), "dev", "--data-dir", d.dir, "--advertise", d.addr, "--api-listen", d.apiAddr, "--e2b-listen", d.e2bAddr, "--no-demo", "--warm", warmTemplate+"=1")
+	cmd := exec.Command(filepath.Join(d.bin, "kibotos"), "dev", "--data-dir", d.dir, "--advertise", d.addr, "--api-listen", d.apiAddr, "--e2b-listen", d.e2bAddr, "--e2b-template", e2bTemplate, "--no-demo", "--warm", warmTemplate+"=1")
 	cmd.Env = d.env()
 	p, err := startProc(cmd, f, logPath)
 	if err != nil {

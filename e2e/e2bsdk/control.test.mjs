@@ -5,7 +5,7 @@
 // key of another namespace; its sandboxes carry the metadata suite=E2B_SUITE.
 import { test } from 'node:test'
 import assert from 'node:assert/strict'
-import { Sandbox, SandboxNotFoundError } from 'e2b'
+import { CommandExitError, Sandbox, SandboxNotFoundError, TimeoutError } from 'e2b'
 
 const other = { apiKey: process.env.E2B_OTHER_KEY }
 const suite = process.env.E2B_SUITE || `kibotos-${process.pid}`
@@ -63,4 +63,41 @@ test('sandbox lifecycle through the E2B SDK', async () => {
   }
   await assert.rejects(Sandbox.getInfo(a.sandboxId), SandboxNotFoundError)
   assert.equal(await Sandbox.kill(a.sandboxId), false)
+})
+
+test('commands through the sandbox API', async () => {
+  const sbx = await Sandbox.create({ metadata: { suite, name: 'commands' }, timeoutMs: 300_000 })
+  try {
+    // As E2B's templates: the user user in its home, sudo without a password.
+    const who = await sbx.commands.run('id -un; pwd; sudo -n id -u')
+    assert.equal(who.exitCode, 0)
+    assert.equal(who.stdout, 'user\n/home/user\n0\n')
+
+    const env = await sbx.commands.run('echo "$GREETING from $(pwd)"', { envs: { GREETING: 'hello' }, cwd: '/tmp' })
+    assert.equal(env.stdout, 'hello from /tmp\n')
+
+    const lines = []
+    const err = await sbx.commands.run('echo out; echo err >&2; exit 3', { onStdout: (l) => lines.push(l) }).catch((e) => e)
+    assert.ok(err instanceof CommandExitError, `a non-zero exit is CommandExitError, got ${err}`)
+    assert.equal(err.exitCode, 3)
+    assert.equal(err.stdout, 'out\n')
+    assert.equal(err.stderr, 'err\n')
+    assert.deepEqual(lines, ['out\n'])
+
+    // Output larger than one message arrives whole and in order.
+    const big = await sbx.commands.run('seq 1 20000')
+    assert.equal(big.stdout.split('\n').length, 20001)
+    assert.ok(big.stdout.endsWith('19999\n20000\n'))
+
+    // A command past its timeout is ended.
+    await assert.rejects(sbx.commands.run('sleep 60', { timeoutMs: 2_000 }), TimeoutError)
+
+    // What it wrote survives a pause and the connect that resumes it.
+    await sbx.commands.run('echo kept > /home/user/state')
+    assert.equal(await sbx.pause(), true)
+    const again = await Sandbox.connect(sbx.sandboxId)
+    assert.equal((await again.commands.run('cat /home/user/state')).stdout, 'kept\n')
+  } finally {
+    await Sandbox.kill(sbx.sandboxId)
+  }
 })
