@@ -233,8 +233,19 @@ func TestE2BControlAPI(t *testing.T) {
 			t.Errorf("health with token %q on port %s: %d %s, want 502 saying %q", c.token, c.port, r.status, r.body, c.want)
 		}
 	}
-	if r = envd(a.SandboxID, "49983", "", "POST", "/process.Process/List"); r.status != http.StatusNotImplemented || !strings.Contains(string(r.body), `"unimplemented"`) {
-		t.Errorf("process.Process/List: %d %s, want 501 unimplemented", r.status, r.body)
+	if r = envd(a.SandboxID, "49983", "", "POST", "/process.Process/Connect"); r.status != http.StatusNotImplemented || !strings.Contains(string(r.body), `"unimplemented"`) {
+		t.Errorf("process.Process/Connect: %d %s, want 501 unimplemented", r.status, r.body)
+	}
+	for _, c := range []struct {
+		token, path string
+		status      int
+		want        string
+	}{{a.EnvdAccessToken, "/process.Process/List", http.StatusOK, `{"processes":[]}`}, {"", "/process.Process/List", http.StatusUnauthorized, "no access token"},
+		{b.EnvdAccessToken, "/process.Process/List", http.StatusUnauthorized, "not this sandbox's"}, {a.EnvdAccessToken, "/process.Process/SendSignal", http.StatusNotFound, "no such command"}} {
+		h := map[string]string{"E2b-Sandbox-Id": a.SandboxID, "E2b-Sandbox-Port": "49983", "X-Access-Token": c.token}
+		if r = send("POST", c.path, map[string]any{"process": map[string]int{"pid": 1}, "signal": "SIGNAL_SIGKILL"}, h); r.status != c.status || !strings.Contains(string(r.body), c.want) {
+			t.Errorf("%s with token %.12q: %d %s, want %d with %q", c.path, c.token, r.status, r.body, c.status, c.want)
+		}
 	}
 
 	// Another namespace's key finds nothing of it.

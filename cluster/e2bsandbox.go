@@ -86,6 +86,11 @@ func (x e2bSandboxes) Open(ctx context.Context, token, id, remote string) (*gues
 	return gc, nil
 }
 
+func (x e2bSandboxes) Authorize(_ context.Context, token, id string) error {
+	_, err := x.tokenCaller(token, id)
+	return err
+}
+
 // tokenCaller is the key a token of sandbox id was issued to, as a
 // caller, if the token is one and the key active.
 func (x e2bSandboxes) tokenCaller(token, id string) (caller, error) {

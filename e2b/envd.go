@@ -45,6 +45,8 @@ type Sandboxes interface {
 	// as the key the token was issued to (the caller closes it). A
 	// refusal is an *api.Error.
 	Open(ctx context.Context, token, id, remote string) (*guestproto.Client, error)
+	// Authorize checks token for sandbox id without opening its guest.
+	Authorize(ctx context.Context, token, id string) error
 }
 
 // keepaliveDefault is how often a stream without a Keepalive-Ping-Interval
@@ -66,6 +68,8 @@ func (h *handler) sandboxTraffic(w http.ResponseWriter, r *http.Request, id stri
 		h.health(w, r, id)
 	case r.Method == http.MethodPost && r.URL.Path == "/process.Process/Start":
 		h.processStart(w, r, id)
+	case r.Method == http.MethodPost && slices.Contains([]string{"/process.Process/List", "/process.Process/SendSignal", "/process.Process/SendInput", "/process.Process/CloseStdin"}, r.URL.Path):
+		h.processUnary(w, r, id, strings.TrimPrefix(r.URL.Path, "/process.Process/"))
 	case strings.HasPrefix(r.URL.Path, "/process.Process/") || strings.HasPrefix(r.URL.Path, "/filesystem.Filesystem/"):
 		unaryError(w, rpcErrorf("unimplemented", "%s is not served by Kibotos's E2B sandbox API yet (docs/e2b.md)", r.URL.Path))
 	default:
@@ -73,16 +77,30 @@ func (h *handler) sandboxTraffic(w http.ResponseWriter, r *http.Request, id stri
 	}
 }
 
-// openGuest opens the sandbox's guest with the request's access token.
-func (h *handler) openGuest(r *http.Request, id string) (*guestproto.Client, error) {
+// accessToken is the request's access token to sandbox id.
+func accessToken(r *http.Request, id string) (string, error) {
 	token := r.Header.Get("X-Access-Token")
 	if token == "" {
-		return nil, rpcErrorf("unauthenticated", "sandbox %s: no access token: send the envdAccessToken of its create or connect as X-Access-Token", id)
+		return "", rpcErrorf("unauthenticated", "sandbox %s: no access token: send the envdAccessToken of its create or connect as X-Access-Token", id)
+	}
+	return token, nil
+}
+
+// rpcError is err (an *api.Error from Sandboxes) as a Connect error.
+func rpcError(err error) *connectError {
+	status, msg := errorStatus(err)
+	return &connectError{Code: codeOfStatus(status), Message: msg}
+}
+
+// openGuest opens the sandbox's guest with the request's access token.
+func (h *handler) openGuest(r *http.Request, id string) (*guestproto.Client, error) {
+	token, err := accessToken(r, id)
+	if err != nil {
+		return nil, err
 	}
 	gc, err := h.c.Sandboxes.Open(r.Context(), token, id, r.RemoteAddr)
 	if err != nil {
-		status, msg := errorStatus(err)
-		return nil, &connectError{Code: codeOfStatus(status), Message: msg}
+		return nil, rpcError(err)
 	}
 	return gc, nil
 }
@@ -209,6 +227,20 @@ func (h *handler) processStart(w http.ResponseWriter, r *http.Request, id string
 	// The command dies with the request.
 	stop := context.AfterFunc(ctx, func() { p.Signal(syscall.SIGKILL) })
 	defer stop()
+	pr := &process{p: p, config: req.Process}
+	if req.Tag != nil {
+		pr.tag = *req.Tag
+	}
+	if !h.procs.add(id, pr) {
+		p.Signal(syscall.SIGKILL)
+		p.Wait()
+		unaryError(w, rpcErrorf("resource_exhausted", "sandbox %s runs %d commands through this member: wait for one to end", id, maxProcessesPerSandbox))
+		return
+	}
+	defer h.procs.remove(id, p.PID)
+	if p.Stdin != nil {
+		defer func() { pr.stdin.Lock(); pr.closed = true; pr.stdin.Unlock() }()
+	}
 	s := newStream(w)
 	s.send(startResponse{Event: processEvent{Start: &startEvent{PID: p.PID}}})
 	var wg sync.WaitGroup
@@ -261,8 +293,6 @@ func execRequest(r *http.Request, req *startRequest) (guestproto.ExecRequest, er
 		return out, rpcErrorf("invalid_argument", "process.cmd is empty: give the program to run")
 	case req.PTY != nil:
 		return out, rpcErrorf("unimplemented", "a PTY is not served by Kibotos's E2B sandbox API yet: run the command without one")
-	case req.Stdin != nil && *req.Stdin:
-		return out, rpcErrorf("unimplemented", "stdin is not served by Kibotos's E2B sandbox API yet: run the command with stdin: false")
 	}
 	if user := basicUser(r); user != "" && user != "user" {
 		return out, rpcErrorf("permission_denied", "commands run as the template's user; user %q is not served yet: run it with sudo", user)
@@ -278,6 +308,7 @@ func execRequest(r *http.Request, req *startRequest) (guestproto.ExecRequest, er
 		out.Dir = *req.Process.Cwd
 	}
 	out.Root = workspaceRoot
+	out.Stdin = req.Stdin != nil && *req.Stdin
 	return out, nil
 }
 

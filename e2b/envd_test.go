@@ -33,10 +33,11 @@ func TestExecRequest(t *testing.T) {
 		t.Fatalf("exec of a start: %+v, %v", got, err)
 	}
 	r.Header.Set("Authorization", "Basic "+base64.StdEncoding.EncodeToString([]byte("user:")))
-	if _, err := execRequest(r, &req); err != nil {
-		t.Errorf("as the user E2B's SDKs name by default: %v", err)
-	}
 	yes := true
+	req.Stdin = &yes
+	if got, err := execRequest(r, &req); err != nil || !got.Stdin {
+		t.Errorf("with stdin, as the user E2B's SDKs name by default: %+v %v", got, err)
+	}
 	for _, c := range []struct {
 		name string
 		req  startRequest
@@ -45,7 +46,6 @@ func TestExecRequest(t *testing.T) {
 		want string
 	}{
 		{"a PTY", startRequest{Process: processConfig{Cmd: "sh"}, PTY: &struct{}{}}, "", "unimplemented", "PTY"},
-		{"stdin", startRequest{Process: processConfig{Cmd: "sh"}, Stdin: &yes}, "", "unimplemented", "stdin"},
 		{"root", startRequest{Process: processConfig{Cmd: "sh"}}, "root", "permission_denied", `user "root"`},
 		{"no command", startRequest{}, "", "invalid_argument", "process.cmd is empty"},
 		{"a bad variable", startRequest{Process: processConfig{Cmd: "sh", Envs: map[string]string{"A=B": "1"}}}, "", "invalid_argument", "not valid"},

@@ -50,8 +50,9 @@ type Config struct {
 
 // handler serves the routes of the control API.
 type handler struct {
-	c   Config
-	mux *http.ServeMux
+	c     Config
+	mux   *http.ServeMux
+	procs processTable // commands of sandboxes streamed by this member
 }
 
 // NewHandler is the control API's handler.

@@ -89,6 +89,16 @@ test('commands through the sandbox API', async () => {
     assert.equal(big.stdout.split('\n').length, 20001)
     assert.ok(big.stdout.endsWith('19999\n20000\n'))
 
+    // A background command: listed, fed through its stdin, killed.
+    const bg = await sbx.commands.run('cat', { background: true, stdin: true })
+    assert.ok((await sbx.commands.list()).some((p) => p.pid === bg.pid && p.cmd === '/bin/bash'), 'the background command is listed')
+    await sbx.commands.sendStdin(bg.pid, 'through stdin\n')
+    for (let i = 0; !bg.stdout.includes('through stdin') && i < 100; i++) await new Promise((r) => setTimeout(r, 100))
+    assert.equal(bg.stdout, 'through stdin\n')
+    assert.equal(await sbx.commands.kill(bg.pid), true)
+    assert.ok((await bg.wait().catch((e) => e)) instanceof CommandExitError, 'a killed command ends with CommandExitError')
+    assert.equal(await sbx.commands.kill(bg.pid), false, 'an ended command is not found')
+
     // A command past its timeout is ended.
     await assert.rejects(sbx.commands.run('sleep 60', { timeoutMs: 2_000 }), TimeoutError)
 
