@@ -70,7 +70,13 @@ func (h *handler) sandboxTraffic(w http.ResponseWriter, r *http.Request, id stri
 		h.processStart(w, r, id)
 	case r.Method == http.MethodPost && slices.Contains([]string{"/process.Process/List", "/process.Process/SendSignal", "/process.Process/SendInput", "/process.Process/CloseStdin"}, r.URL.Path):
 		h.processUnary(w, r, id, strings.TrimPrefix(r.URL.Path, "/process.Process/"))
-	case strings.HasPrefix(r.URL.Path, "/process.Process/") || strings.HasPrefix(r.URL.Path, "/filesystem.Filesystem/"):
+	case r.Method == http.MethodGet && r.URL.Path == "/files":
+		h.readFile(w, r, id)
+	case r.Method == http.MethodPost && r.URL.Path == "/files":
+		h.writeFiles(w, r, id)
+	case r.Method == http.MethodPost && strings.HasPrefix(r.URL.Path, "/filesystem.Filesystem/"):
+		h.filesystemUnary(w, r, id, strings.TrimPrefix(r.URL.Path, "/filesystem.Filesystem/"))
+	case strings.HasPrefix(r.URL.Path, "/process.Process/"):
 		unaryError(w, rpcErrorf("unimplemented", "%s is not served by Kibotos's E2B sandbox API yet (docs/e2b.md)", r.URL.Path))
 	default:
 		writeError(w, http.StatusNotFound, fmt.Sprintf("%s %s is not part of E2B's sandbox API that Kibotos serves (docs/e2b.md)", r.Method, r.URL.Path))

@@ -93,3 +93,27 @@ func TestConnectFraming(t *testing.T) {
 		t.Errorf("unary error: %d %s", w.Code, w.Body)
 	}
 }
+
+// find's records as EntryInfo: types, sizes as strings, modes, times,
+// link targets, and a path with a tab.
+func TestParseEntries(t *testing.T) {
+	out := "f\t12\t644\t-rw-r--r--\tuser\tuser\t1765000000.5\t\t/home/user/a b\x00" +
+		"d\t4096\t755\tdrwxr-xr-x\tuser\tuser\t1765000000\t\t/home/user/dir\x00" +
+		"l\t7\t777\tlrwxrwxrwx\troot\troot\t1765000000\t/etc/hosts\t/home/user/with\ttab\x00"
+	got, err := parseEntries([]byte(out))
+	if err != nil || len(got) != 3 {
+		t.Fatalf("%+v %v", got, err)
+	}
+	if e := got[0]; e.Name != "a b" || e.Type != "FILE_TYPE_FILE" || e.Size != "12" || e.Mode != 0o644 || e.Permissions != "-rw-r--r--" || e.ModifiedTime != "2025-12-06T05:46:40.5Z" {
+		t.Errorf("file: %+v", e)
+	}
+	if e := got[1]; e.Type != "FILE_TYPE_DIRECTORY" || e.Path != "/home/user/dir" {
+		t.Errorf("directory: %+v", e)
+	}
+	if e := got[2]; e.Type != "FILE_TYPE_SYMLINK" || e.SymlinkTarget != "/etc/hosts" || e.Path != "/home/user/with\ttab" || e.Name != "with\ttab" {
+		t.Errorf("link: %+v", e)
+	}
+	if _, err := parseEntries([]byte("garbage\x00")); err == nil {
+		t.Error("a record that is not one was taken")
+	}
+}

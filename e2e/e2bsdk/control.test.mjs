@@ -5,7 +5,8 @@
 // key of another namespace; its sandboxes carry the metadata suite=E2B_SUITE.
 import { test } from 'node:test'
 import assert from 'node:assert/strict'
-import { CommandExitError, Sandbox, SandboxNotFoundError, TimeoutError } from 'e2b'
+import { randomBytes } from 'node:crypto'
+import { CommandExitError, FileNotFoundError, Sandbox, SandboxNotFoundError, TimeoutError } from 'e2b'
 
 const other = { apiKey: process.env.E2B_OTHER_KEY }
 const suite = process.env.E2B_SUITE || `kibotos-${process.pid}`
@@ -107,6 +108,45 @@ test('commands through the sandbox API', async () => {
     assert.equal(await sbx.pause(), true)
     const again = await Sandbox.connect(sbx.sandboxId)
     assert.equal((await again.commands.run('cat /home/user/state')).stdout, 'kept\n')
+  } finally {
+    await Sandbox.kill(sbx.sandboxId)
+  }
+})
+
+test('files through the sandbox API', async () => {
+  const sbx = await Sandbox.create({ metadata: { suite, name: 'files' }, timeoutMs: 300_000 })
+  try {
+    // Written as the user, its directories made.
+    const info = await sbx.files.write('dir/hello.txt', 'hello\n')
+    assert.equal(info.path, '/home/user/dir/hello.txt')
+    assert.equal(await sbx.files.read('/home/user/dir/hello.txt'), 'hello\n')
+    assert.equal((await sbx.commands.run('stat -c %U /home/user/dir/hello.txt')).stdout, 'user\n')
+    assert.equal(await sbx.files.exists('/home/user/dir/hello.txt'), true)
+    assert.equal(await sbx.files.exists('/home/user/nope'), false)
+
+    assert.equal(await sbx.files.makeDir('/home/user/dir/sub'), true)
+    assert.equal(await sbx.files.makeDir('/home/user/dir/sub'), false, 'a directory that exists')
+    const listed = await sbx.files.list('/home/user/dir')
+    assert.deepEqual(listed.map((e) => `${e.name}:${e.type}`).sort(), ['hello.txt:file', 'sub:dir'])
+    const moved = await sbx.files.rename('/home/user/dir/hello.txt', '/home/user/dir/sub/moved.txt')
+    assert.equal(moved.path, '/home/user/dir/sub/moved.txt')
+    const got = await sbx.files.getInfo('/home/user/dir/sub/moved.txt')
+    assert.equal(got.type, 'file')
+    assert.equal(got.size, 6)
+    assert.equal(got.owner, 'user')
+    assert.deepEqual((await sbx.files.list('/home/user/dir', { depth: 2 })).map((e) => e.path).sort(), ['/home/user/dir/sub', '/home/user/dir/sub/moved.txt'])
+    await sbx.files.remove('/home/user/dir')
+    assert.equal(await sbx.files.exists('/home/user/dir'), false)
+    await assert.rejects(sbx.files.read('/home/user/dir/sub/moved.txt'), FileNotFoundError)
+
+    // The guest's permissions hold: the user cannot write root's home.
+    await assert.rejects(sbx.files.write('/root/not-mine', 'no'))
+
+    // 10 MiB in and out, byte for byte.
+    const big = randomBytes(10 << 20)
+    await sbx.files.write('/home/user/big.bin', new Blob([big]))
+    const back = await sbx.files.read('/home/user/big.bin', { format: 'bytes' })
+    assert.ok(Buffer.from(back).equals(big), `10 MiB back: ${back.length} bytes, equal false`)
   } finally {
     await Sandbox.kill(sbx.sandboxId)
   }
