@@ -68,7 +68,7 @@ func (h *handler) sandboxTraffic(w http.ResponseWriter, r *http.Request, id stri
 		h.health(w, r, id)
 	case r.Method == http.MethodPost && r.URL.Path == "/process.Process/Start":
 		h.processStart(w, r, id)
-	case r.Method == http.MethodPost && slices.Contains([]string{"/process.Process/List", "/process.Process/SendSignal", "/process.Process/SendInput", "/process.Process/CloseStdin"}, r.URL.Path):
+	case r.Method == http.MethodPost && slices.Contains([]string{"/process.Process/List", "/process.Process/SendSignal", "/process.Process/SendInput", "/process.Process/CloseStdin", "/process.Process/Update"}, r.URL.Path):
 		h.processUnary(w, r, id, strings.TrimPrefix(r.URL.Path, "/process.Process/"))
 	case r.Method == http.MethodGet && r.URL.Path == "/files":
 		h.readFile(w, r, id)
@@ -155,9 +155,25 @@ type processConfig struct {
 
 type startRequest struct {
 	Process processConfig `json:"process"`
-	PTY     *struct{}     `json:"pty"`
+	PTY     *ptyConfig    `json:"pty"`
 	Tag     *string       `json:"tag"`
 	Stdin   *bool         `json:"stdin"`
+}
+
+// ptyConfig is process.proto's PTY: a terminal of that size.
+type ptyConfig struct {
+	Size struct {
+		Cols uint32 `json:"cols"`
+		Rows uint32 `json:"rows"`
+	} `json:"size"`
+}
+
+// winSize is a terminal size the guest takes, refused out of bounds.
+func (c *ptyConfig) winSize() (*guestproto.WinSize, error) {
+	if c.Size.Cols == 0 || c.Size.Rows == 0 || c.Size.Cols > 4096 || c.Size.Rows > 4096 {
+		return nil, rpcErrorf("invalid_argument", "pty size %dx%d: give 1 to 4096 columns and rows", c.Size.Cols, c.Size.Rows)
+	}
+	return &guestproto.WinSize{Cols: uint16(c.Size.Cols), Rows: uint16(c.Size.Rows)}, nil
 }
 
 type processEvent struct {
@@ -174,6 +190,7 @@ type startEvent struct {
 type dataEvent struct {
 	Stdout []byte `json:"stdout,omitempty"`
 	Stderr []byte `json:"stderr,omitempty"`
+	Pty    []byte `json:"pty,omitempty"`
 }
 
 type endEvent struct {
@@ -262,8 +279,12 @@ func (h *handler) processStart(w http.ResponseWriter, r *http.Request, id string
 			}
 		}
 	}
-	wg.Go(func() { pump(p.Stdout, func(b []byte) *dataEvent { return &dataEvent{Stdout: b} }) })
-	wg.Go(func() { pump(p.Stderr, func(b []byte) *dataEvent { return &dataEvent{Stderr: b} }) })
+	if req.PTY != nil {
+		wg.Go(func() { pump(p.Stdout, func(b []byte) *dataEvent { return &dataEvent{Pty: b} }) })
+	} else {
+		wg.Go(func() { pump(p.Stdout, func(b []byte) *dataEvent { return &dataEvent{Stdout: b} }) })
+		wg.Go(func() { pump(p.Stderr, func(b []byte) *dataEvent { return &dataEvent{Stderr: b} }) })
+	}
 	wg.Go(func() { keepalive(ctx, s, p.Done(), keepaliveInterval(r)) })
 	exit, err := p.Wait()
 	wg.Wait()
@@ -297,8 +318,6 @@ func execRequest(r *http.Request, req *startRequest) (guestproto.ExecRequest, er
 	switch {
 	case req.Process.Cmd == "":
 		return out, rpcErrorf("invalid_argument", "process.cmd is empty: give the program to run")
-	case req.PTY != nil:
-		return out, rpcErrorf("unimplemented", "a PTY is not served by Kibotos's E2B sandbox API yet: run the command without one")
 	}
 	if user := basicUser(r); user != "" && user != "user" {
 		return out, rpcErrorf("permission_denied", "commands run as the template's user; user %q is not served yet: run it with sudo", user)
@@ -315,6 +334,14 @@ func execRequest(r *http.Request, req *startRequest) (guestproto.ExecRequest, er
 	}
 	out.Root = workspaceRoot
 	out.Stdin = req.Stdin != nil && *req.Stdin
+	if req.PTY != nil {
+		size, err := req.PTY.winSize()
+		if err != nil {
+			return out, err
+		}
+		// A terminal's input is its keyboard: always there.
+		out.PTY, out.Stdin = size, true
+	}
 	return out, nil
 }
 

@@ -38,6 +38,11 @@ func TestExecRequest(t *testing.T) {
 	if got, err := execRequest(r, &req); err != nil || !got.Stdin {
 		t.Errorf("with stdin, as the user E2B's SDKs name by default: %+v %v", got, err)
 	}
+	term := &ptyConfig{}
+	term.Size.Cols, term.Size.Rows = 80, 24
+	if got, err := execRequest(r, &startRequest{Process: processConfig{Cmd: "/bin/bash"}, PTY: term}); err != nil || got.PTY == nil || got.PTY.Cols != 80 || got.PTY.Rows != 24 || !got.Stdin {
+		t.Errorf("with a PTY: %+v %v", got, err)
+	}
 	for _, c := range []struct {
 		name string
 		req  startRequest
@@ -45,7 +50,7 @@ func TestExecRequest(t *testing.T) {
 		code string
 		want string
 	}{
-		{"a PTY", startRequest{Process: processConfig{Cmd: "sh"}, PTY: &struct{}{}}, "", "unimplemented", "PTY"},
+		{"a PTY of no size", startRequest{Process: processConfig{Cmd: "sh"}, PTY: &ptyConfig{}}, "", "invalid_argument", "pty size 0x0"},
 		{"root", startRequest{Process: processConfig{Cmd: "sh"}}, "root", "permission_denied", `user "root"`},
 		{"no command", startRequest{}, "", "invalid_argument", "process.cmd is empty"},
 		{"a bad variable", startRequest{Process: processConfig{Cmd: "sh", Envs: map[string]string{"A=B": "1"}}}, "", "invalid_argument", "not valid"},

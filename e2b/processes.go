@@ -124,7 +124,9 @@ func (h *handler) processUnary(w http.ResponseWriter, r *http.Request, id, metho
 		Signal  json.RawMessage `json:"signal"`
 		Input   struct {
 			Stdin []byte `json:"stdin"`
+			Pty   []byte `json:"pty"`
 		} `json:"input"`
+		PTY *ptyConfig `json:"pty"`
 	}
 	if len(raw) > 0 {
 		if err := json.Unmarshal(raw, &req); err != nil {
@@ -141,7 +143,9 @@ func (h *handler) processUnary(w http.ResponseWriter, r *http.Request, id, metho
 	case "SendSignal":
 		err = h.sendSignal(id, req.Process, string(trimQuotes(req.Signal)))
 	case "SendInput":
-		err = h.sendInput(id, req.Process, req.Input.Stdin)
+		err = h.sendInput(id, req.Process, append(req.Input.Stdin, req.Input.Pty...))
+	case "Update":
+		err = h.resize(id, req.Process, req.PTY)
 	case "CloseStdin":
 		err = h.closeStdin(id, req.Process)
 	}
@@ -207,6 +211,28 @@ func (h *handler) closeStdin(id string, sel processSelector) error {
 	if !pr.closed {
 		pr.closed = true
 		pr.p.Stdin.Close()
+	}
+	return nil
+}
+
+// resize gives a command's terminal a new size.
+func (h *handler) resize(id string, sel processSelector, c *ptyConfig) error {
+	if c == nil {
+		return rpcErrorf("invalid_argument", "update without a pty size: nothing to change")
+	}
+	size, err := c.winSize()
+	if err != nil {
+		return err
+	}
+	pr, err := h.procs.find(id, sel)
+	if err != nil {
+		return err
+	}
+	if pr.p.Stderr != nil {
+		return rpcErrorf("failed_precondition", "sandbox %s: pid %d has no terminal to resize", id, pr.p.PID)
+	}
+	if err := pr.p.Resize(size.Rows, size.Cols); err != nil {
+		return rpcErrorf("unavailable", "sandbox %s: resize pid %d: %v", id, pr.p.PID, err)
 	}
 	return nil
 }

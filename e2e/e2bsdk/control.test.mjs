@@ -151,3 +151,27 @@ test('files through the sandbox API', async () => {
     await Sandbox.kill(sbx.sandboxId)
   }
 })
+
+test('a terminal through the sandbox API', async () => {
+  const sbx = await Sandbox.create({ metadata: { suite, name: 'pty' }, timeoutMs: 300_000 })
+  try {
+    let out = ''
+    const decoder = new TextDecoder()
+    const term = await sbx.pty.create({ cols: 80, rows: 24, onData: (d) => { out += decoder.decode(d, { stream: true }) } })
+    const shows = async (text) => {
+      for (let i = 0; !out.includes(text) && i < 300; i++) await new Promise((r) => setTimeout(r, 100))
+      assert.ok(out.includes(text), `the terminal shows ${text}: ${JSON.stringify(out.slice(-300))}`)
+    }
+    const type = (line) => sbx.pty.sendInput(term.pid, new TextEncoder().encode(line))
+    await type('echo $((6*7)); stty size\n')
+    await shows('42')
+    await shows('24 80')
+    await sbx.pty.resize(term.pid, { cols: 100, rows: 30 })
+    await type('stty size\n')
+    await shows('30 100')
+    assert.equal(await sbx.pty.kill(term.pid), true)
+    await term.wait().catch(() => {})
+  } finally {
+    await Sandbox.kill(sbx.sandboxId)
+  }
+})
