@@ -22,7 +22,7 @@ import (
 
 // WorkspaceRoot is where the node mounts a Workspace's filesystem (the
 // retained layer over its template) in the guest.
-const WorkspaceRoot = "/rootfs"
+const WorkspaceRoot = guestproto.WorkspaceRoot
 
 // Grace of a normal stop: the guest's processes get this long to end.
 const stopGrace = 10 * time.Second

@@ -10,9 +10,6 @@ import (
 	"github.com/kibotos/kibotos/vmm/guestproto"
 )
 
-// guestEnv is the environment of processes started in a Workspace.
-var guestEnv = []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME=/root", "LANG=C.UTF-8"}
-
 // dataPlane opens a session to the Workspace's guest through the data
 // plane of its node, with a fresh credential from ctrl.
 func (g *Globals) dataPlane(id string) (*guestproto.Client, error) {

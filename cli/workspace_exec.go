@@ -10,7 +10,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/kibotos/kibotos/agent"
 	"github.com/kibotos/kibotos/api"
 	"github.com/kibotos/kibotos/vmm/guestproto"
 )
@@ -96,14 +95,9 @@ func runInWorkspace(g *Globals, id string, argv []string, tty bool, dir string, 
 	defer c.Close()
 	in := g.stdin
 	inIsTerm := in != nil && isTerminal(in.Fd())
-	req := guestproto.ExecRequest{Argv: argv, Root: agent.WorkspaceRoot, Dir: dir, Env: append([]string(nil), env...)}
-	if c.Info().Has(guestproto.CapExecImageConfig) {
-		// Only the user's -e are explicit: a template built from an OCI
-		// image replaces these defaults with the image's Env.
-		req.DefaultEnv = guestEnv
-	} else {
-		req.Env = append(append([]string(nil), guestEnv...), env...)
-	}
+	// Only the user's -e are explicit: a template built from an OCI
+	// image replaces the defaults with the image's Env.
+	req := guestproto.ExecRequest{Argv: argv, Root: guestproto.WorkspaceRoot, Dir: dir, Env: append([]string(nil), env...)}.WithWorkspaceEnv(c.Info())
 	// A terminal's stdin is forwarded only with -t (it would never end);
 	// a pipe or file is always forwarded.
 	req.Stdin = in != nil && (tty || !inIsTerm)

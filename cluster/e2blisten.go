@@ -70,7 +70,7 @@ func (s *Server) startE2B() error {
 			routes := s.routeMux()
 			inner := s.authenticateBearer(a, routes)
 			return e2b.NewHandler(e2b.Config{BaseTemplate: c.BaseTemplate, Domain: c.Domain, Log: s.log.With("component", "e2b"),
-				Sandboxes: e2bSandboxes{s: s, limit: a.limit, routes: routes},
+				Sandboxes: &e2bSandboxes{s: s, limit: a.limit, routes: routes},
 				Client: func(key, remote string) *api.Client {
 					// Read-your-writes on any member: a create is read
 					// back at once, from the leader.

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -16,6 +17,7 @@ import (
 	"github.com/kibotos/kibotos/agent/dataplane"
 	"github.com/kibotos/kibotos/api"
 	"github.com/kibotos/kibotos/fsm"
+	"github.com/kibotos/kibotos/trust"
 	"github.com/kibotos/kibotos/vmm/guestproto"
 )
 
@@ -30,28 +32,40 @@ type e2bSandboxes struct {
 	s      *Server
 	limit  *buckets     // the E2B listener's per-key rates
 	routes http.Handler // the member's route table, behind no key check
+	// secret is the MAC key of the CA it was derived from: every
+	// request to envd checks a token, the CA changes at rotations only.
+	secret atomic.Pointer[tokenSecret]
+}
+
+type tokenSecret struct {
+	ca  *trust.CA
+	key [sha256.Size]byte
 }
 
 // connectWait bounds reaching a guest through its node's data plane.
 const e2bConnectWait = 30 * time.Second
 
 // tokenMAC is the MAC of a token of keyID for sandbox id.
-func (x e2bSandboxes) tokenMAC(keyID, id string) ([]byte, error) {
+func (x *e2bSandboxes) tokenMAC(keyID, id string) ([]byte, error) {
 	ca := x.s.activeCA()
 	if ca == nil || ca.Key == nil {
 		return nil, api.Errorf(api.CodeUnavailable, "member %s holds no cluster CA key to sign sandbox tokens with: call a ctrl member", x.s.id.NodeID)
 	}
-	der, err := x509.MarshalECPrivateKey(ca.Key)
-	if err != nil {
-		return nil, err
+	secret := x.secret.Load()
+	if secret == nil || secret.ca != ca {
+		der, err := x509.MarshalECPrivateKey(ca.Key)
+		if err != nil {
+			return nil, err
+		}
+		secret = &tokenSecret{ca: ca, key: sha256.Sum256(append([]byte("kibotos e2b envd access token v1\x00"), der...))}
+		x.secret.Store(secret)
 	}
-	secret := sha256.Sum256(append([]byte("kibotos e2b envd access token v1\x00"), der...))
-	mac := hmac.New(sha256.New, secret[:])
+	mac := hmac.New(sha256.New, secret.key[:])
 	mac.Write([]byte(keyID + "\x00" + id))
 	return mac.Sum(nil), nil
 }
 
-func (x e2bSandboxes) AccessToken(key, id string) (string, error) {
+func (x *e2bSandboxes) AccessToken(key, id string) (string, error) {
 	keyID, _, ok := api.ParseKeySecret(key)
 	if !ok {
 		return "", api.Errorf(api.CodeUnauthenticated, "the X-API-Key is not a Kibotos API key (kbt_...)")
@@ -63,7 +77,7 @@ func (x e2bSandboxes) AccessToken(key, id string) (string, error) {
 	return keyID + "." + base64.RawURLEncoding.EncodeToString(mac), nil
 }
 
-func (x e2bSandboxes) Open(ctx context.Context, token, id, remote string) (*guestproto.Client, error) {
+func (x *e2bSandboxes) Open(ctx context.Context, token, id, remote string) (*guestproto.Client, error) {
 	c, err := x.tokenCaller(token, id)
 	if err != nil {
 		return nil, err
@@ -86,14 +100,14 @@ func (x e2bSandboxes) Open(ctx context.Context, token, id, remote string) (*gues
 	return gc, nil
 }
 
-func (x e2bSandboxes) Authorize(_ context.Context, token, id string) error {
+func (x *e2bSandboxes) Authorize(_ context.Context, token, id string) error {
 	_, err := x.tokenCaller(token, id)
 	return err
 }
 
 // tokenCaller is the key a token of sandbox id was issued to, as a
 // caller, if the token is one and the key active.
-func (x e2bSandboxes) tokenCaller(token, id string) (caller, error) {
+func (x *e2bSandboxes) tokenCaller(token, id string) (caller, error) {
 	refused := api.Errorf(api.CodeUnauthenticated, "sandbox %s: the access token is not this sandbox's: use the envdAccessToken of its create or connect", api.EscapeText(id))
 	keyID, sum, ok := strings.Cut(token, ".")
 	got, err := base64.RawURLEncoding.DecodeString(sum)

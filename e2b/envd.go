@@ -15,6 +15,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/kibotos/kibotos/api"
 	"github.com/kibotos/kibotos/vmm/guestproto"
 )
 
@@ -27,14 +28,6 @@ import (
 
 // envdPort is the port of envd in an E2B sandbox.
 const envdPort = "49983"
-
-// workspaceRoot is where the guest agent mounts the Workspace's root
-// filesystem (agent.WorkspaceRoot); execs are chrooted there.
-const workspaceRoot = "/rootfs"
-
-// guestEnv is the environment of a template without an image config, as
-// the CLI and the Go SDK give it.
-var guestEnv = []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME=/root", "LANG=C.UTF-8"}
 
 // Sandboxes reaches the guests of sandboxes for the sandbox API.
 type Sandboxes interface {
@@ -92,10 +85,25 @@ func accessToken(r *http.Request, id string) (string, error) {
 	return token, nil
 }
 
-// rpcError is err (an *api.Error from Sandboxes) as a Connect error.
+// rpcError is err (an *api.Error from Sandboxes) as a Connect error,
+// classed as errorStatus classes it for the control API.
 func rpcError(err error) *connectError {
-	status, msg := errorStatus(err)
-	return &connectError{Code: codeOfStatus(status), Message: msg}
+	var e *api.Error
+	if !errors.As(err, &e) {
+		return rpcErrorf("internal", "%v", err)
+	}
+	code := "internal"
+	switch e.Code {
+	case api.CodeInvalidArgument, api.CodeTooLarge:
+		code = "invalid_argument"
+	case api.CodeUnauthenticated, api.CodePermissionDenied, api.CodeNotFound, api.CodeResourceExhausted, api.CodeUnavailable:
+		code = string(e.Code) // the same names in Connect
+	case api.CodeFailedPrecondition, api.CodeAlreadyExists, api.CodeAborted:
+		code = "failed_precondition"
+	case api.CodeDeadlineExceeded:
+		code = "unavailable"
+	}
+	return &connectError{Code: code, Message: e.Message}
 }
 
 // openGuest opens the sandbox's guest with the request's access token.
@@ -109,27 +117,6 @@ func (h *handler) openGuest(r *http.Request, id string) (*guestproto.Client, err
 		return nil, rpcError(err)
 	}
 	return gc, nil
-}
-
-// codeOfStatus is the Connect code of an HTTP status errorStatus gave.
-func codeOfStatus(status int) string {
-	switch status {
-	case http.StatusBadRequest:
-		return "invalid_argument"
-	case http.StatusUnauthorized:
-		return "unauthenticated"
-	case http.StatusForbidden:
-		return "permission_denied"
-	case http.StatusNotFound:
-		return "not_found"
-	case http.StatusConflict:
-		return "failed_precondition"
-	case http.StatusTooManyRequests:
-		return "resource_exhausted"
-	case http.StatusServiceUnavailable:
-		return "unavailable"
-	}
-	return "internal"
 }
 
 // health is envd's GET /health: 204 when the sandbox's guest answers
@@ -232,12 +219,7 @@ func (h *handler) processStart(w http.ResponseWriter, r *http.Request, id string
 		return
 	}
 	defer gc.Close()
-	if gc.Info().Has(guestproto.CapExecImageConfig) {
-		exec.DefaultEnv = guestEnv
-	} else {
-		exec.Env = append(slices.Clone(guestEnv), exec.Env...)
-	}
-	p, err := gc.Exec(ctx, exec)
+	p, err := gc.Exec(ctx, exec.WithWorkspaceEnv(gc.Info()))
 	if err != nil {
 		var ge *guestproto.Error
 		if errors.As(err, &ge) && ge.Code == guestproto.CodeNotFound {
@@ -332,7 +314,7 @@ func execRequest(r *http.Request, req *startRequest) (guestproto.ExecRequest, er
 	if req.Process.Cwd != nil {
 		out.Dir = *req.Process.Cwd
 	}
-	out.Root = workspaceRoot
+	out.Root = guestproto.WorkspaceRoot
 	out.Stdin = req.Stdin != nil && *req.Stdin
 	if req.PTY != nil {
 		size, err := req.PTY.winSize()

@@ -10,6 +10,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/kibotos/kibotos/vmm/guestproto"
 )
 
 // envelope frames one Connect message.
@@ -29,7 +31,7 @@ func TestExecRequest(t *testing.T) {
 	req := startRequest{Process: processConfig{Cmd: "/bin/bash", Args: []string{"-l", "-c", "echo hi"}, Envs: map[string]string{"B": "2", "A": "1"}, Cwd: &cwd}}
 	r := httptest.NewRequest("POST", "/process.Process/Start", nil)
 	got, err := execRequest(r, &req)
-	if err != nil || !slices.Equal(got.Argv, []string{"/bin/bash", "-l", "-c", "echo hi"}) || !slices.Equal(got.Env, []string{"A=1", "B=2"}) || got.Dir != "/tmp" || got.Root != workspaceRoot {
+	if err != nil || !slices.Equal(got.Argv, []string{"/bin/bash", "-l", "-c", "echo hi"}) || !slices.Equal(got.Env, []string{"A=1", "B=2"}) || got.Dir != "/tmp" || got.Root != guestproto.WorkspaceRoot {
 		t.Fatalf("exec of a start: %+v, %v", got, err)
 	}
 	r.Header.Set("Authorization", "Basic "+base64.StdEncoding.EncodeToString([]byte("user:")))

@@ -52,13 +52,8 @@ func (h *handler) runIn(r *http.Request, id, script string, args []string, stdin
 }
 
 func runScript(ctx context.Context, gc *guestproto.Client, script string, args []string, stdin io.Reader, stdout io.Writer) (int, string, error) {
-	req := guestproto.ExecRequest{Argv: append([]string{"/bin/sh", "-c", script, "sh"}, args...), Root: workspaceRoot, Stdin: stdin != nil}
-	if gc.Info().Has(guestproto.CapExecImageConfig) {
-		req.DefaultEnv = guestEnv
-	} else {
-		req.Env = guestEnv
-	}
-	p, err := gc.Exec(ctx, req)
+	req := guestproto.ExecRequest{Argv: append([]string{"/bin/sh", "-c", script, "sh"}, args...), Root: guestproto.WorkspaceRoot, Stdin: stdin != nil}
+	p, err := gc.Exec(ctx, req.WithWorkspaceEnv(gc.Info()))
 	if err != nil {
 		return 0, "", rpcErrorf("unavailable", "start a command in the sandbox: %v", err)
 	}

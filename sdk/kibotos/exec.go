@@ -16,17 +16,11 @@ import (
 	"github.com/kibotos/kibotos/vmm/guestproto"
 )
 
-// workspaceRoot is where a guest mounts its Workspace's filesystem
-// (agent.WorkspaceRoot; a test keeps the two equal). Processes run
-// chrooted there and files are found under it. Not imported: agent is
-// the node's whole runtime, which no application needs to link. A
-// variable only for the tests, whose guest agent serves a directory of
-// the test host.
-var workspaceRoot = "/rootfs"
-
-// guestEnv is the environment of a process when the Template's image
-// gives none, as the kibo CLI sets it.
-var guestEnv = []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME=/root", "LANG=C.UTF-8"}
+// workspaceRoot is where a guest mounts its Workspace's filesystem:
+// processes run chrooted there and files are found under it. A variable
+// only for the tests, whose guest agent serves a directory of the test
+// host.
+var workspaceRoot = guestproto.WorkspaceRoot
 
 // connectTimeout bounds reaching the guest through its node's data plane.
 const connectTimeout = 30 * time.Second
@@ -97,14 +91,9 @@ func (w *Workspace) Exec(ctx context.Context, argv []string, opts *ExecOptions) 
 		return ExecResult{}, err
 	}
 	defer gc.Close()
-	req := guestproto.ExecRequest{Argv: argv, Root: workspaceRoot, Dir: opts.Dir, Env: append([]string(nil), opts.Env...), Stdin: opts.Stdin != nil}
-	if gc.Info().Has(guestproto.CapExecImageConfig) {
-		// Only the caller's are explicit: a Template built from an OCI
-		// image replaces these defaults with the image's Env.
-		req.DefaultEnv = guestEnv
-	} else {
-		req.Env = append(append([]string(nil), guestEnv...), opts.Env...)
-	}
+	// Only the caller's are explicit: a Template built from an OCI image
+	// replaces the defaults with the image's Env.
+	req := guestproto.ExecRequest{Argv: argv, Root: workspaceRoot, Dir: opts.Dir, Env: append([]string(nil), opts.Env...), Stdin: opts.Stdin != nil}.WithWorkspaceEnv(gc.Info())
 	p, err := gc.Exec(ctx, req)
 	if err != nil {
 		return ExecResult{}, w.execStartError(ctx, argv[0], err)

@@ -187,7 +187,7 @@ func (f *Files) List(ctx context.Context, dir string) ([]FileInfo, error) {
 
 // names runs listScript in dir.
 func (f *Files) names(ctx context.Context, gc *guestproto.Client, dir string) ([]string, error) {
-	req := guestproto.ExecRequest{Argv: []string{"/bin/sh", "-c", listScript, "sh", dir}, Root: workspaceRoot, Env: guestEnv}
+	req := guestproto.ExecRequest{Argv: []string{"/bin/sh", "-c", listScript, "sh", dir}, Root: workspaceRoot, Env: guestproto.WorkspaceEnv}
 	p, err := gc.Exec(ctx, req)
 	if err != nil {
 		return nil, f.w.execStartError(ctx, "/bin/sh", err)
