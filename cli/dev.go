@@ -514,7 +514,7 @@ func (c *DevUpCmd) announceAPI(g *Globals, cl *api.Client, d datadir.Dir, apiAdd
 		g.note("E2B's SDKs reach it at https://%s with the key in %s (E2B_API_URL, E2B_API_KEY, NODE_EXTRA_CA_CERTS=%s); %v\n\n", e2bAddr, keyFile, ca, err)
 		return
 	}
-	g.note("E2B's SDKs reach its E2B API with the same key (sandboxes and commands.run; docs/e2b.md):\n  set -a; . %s; set +a\n\n", envFile)
+	g.note("E2B's SDKs reach its E2B API with the same key (sandboxes, commands, files and pty; docs/e2b.md):\n  set -a; . %s; set +a\n\n", envFile)
 }
 
 // writeE2BEnv writes the environment of E2B's SDKs for the E2B API at

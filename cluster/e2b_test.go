@@ -85,8 +85,15 @@ func TestE2BControlAPI(t *testing.T) {
 	send := func(method, path string, body any, header map[string]string) e2bCall {
 		t.Helper()
 		var rd io.Reader
-		if body != nil {
-			raw, _ := json.Marshal(body)
+		switch b := body.(type) {
+		case nil:
+		case []byte: // sent as it is
+			rd = bytes.NewReader(b)
+		default:
+			raw, err := json.Marshal(body)
+			if err != nil {
+				t.Fatal(err)
+			}
 			rd = bytes.NewReader(raw)
 		}
 		req, err := http.NewRequestWithContext(ctx, method, "https://"+addr+path, rd)
@@ -138,6 +145,12 @@ func TestE2BControlAPI(t *testing.T) {
 	}
 	if r := do(key, "POST", "/v2/sandboxes", map[string]any{"templateID": "base", "envVars": map[string]string{"A": "1"}}); r.status != http.StatusBadRequest || !strings.Contains(r.e2bError(t), "envVars") {
 		t.Fatalf("create with envVars: %d %s, want 400 naming them", r.status, r.body)
+	}
+	// Bad input is refused as E2B's 400, and creates nothing.
+	for name, body := range map[string]any{"a body that is no JSON": []byte(`{"templateID":`), "a body over 1 MiB": map[string]string{"templateID": strings.Repeat("x", 1<<20)}} {
+		if r := do(key, "POST", "/v2/sandboxes", body); r.status != http.StatusBadRequest || !strings.Contains(r.e2bError(t), "request body") {
+			t.Errorf("create with %s: %d %s, want 400 about the request body", name, r.status, r.body)
+		}
 	}
 
 	created := time.Now()
