@@ -219,7 +219,7 @@ func (h *handler) processStart(w http.ResponseWriter, r *http.Request, id string
 		return
 	}
 	defer gc.Close()
-	p, err := gc.Exec(ctx, exec.WithWorkspaceEnv(gc.Info()))
+	p, err := startExec(ctx, gc, exec)
 	if err != nil {
 		var ge *guestproto.Error
 		if errors.As(err, &ge) && ge.Code == guestproto.CodeNotFound {
@@ -301,9 +301,6 @@ func execRequest(r *http.Request, req *startRequest) (guestproto.ExecRequest, er
 	case req.Process.Cmd == "":
 		return out, rpcErrorf("invalid_argument", "process.cmd is empty: give the program to run")
 	}
-	if user := basicUser(r); user != "" && user != "user" {
-		return out, rpcErrorf("permission_denied", "commands run as the template's user; user %q is not served yet: run it with sudo", user)
-	}
 	out.Argv = append([]string{req.Process.Cmd}, req.Process.Args...)
 	for _, k := range slices.Sorted(maps.Keys(req.Process.Envs)) {
 		if k == "" || strings.ContainsAny(k, "=\x00") {
@@ -315,6 +312,7 @@ func execRequest(r *http.Request, req *startRequest) (guestproto.ExecRequest, er
 		out.Dir = *req.Process.Cwd
 	}
 	out.Root = guestproto.WorkspaceRoot
+	out = withUser(r, out)
 	out.Stdin = req.Stdin != nil && *req.Stdin
 	if req.PTY != nil {
 		size, err := req.PTY.winSize()
@@ -325,6 +323,31 @@ func execRequest(r *http.Request, req *startRequest) (guestproto.ExecRequest, er
 		out.PTY, out.Stdin = size, true
 	}
 	return out, nil
+}
+
+// withUser is req run as the user the request names. E2B's "user" is
+// the account of its templates' images, which a template built for E2B
+// has as its default user (the image config's): it is left to the
+// template, so that a template whose default user has another name still
+// runs the SDK's commands. Any other name is an account of the sandbox's
+// /etc/passwd, "root" among them: the sandbox is its user's own machine.
+func withUser(r *http.Request, req guestproto.ExecRequest) guestproto.ExecRequest {
+	u := r.URL.Query().Get("username") // /files names it there
+	if u == "" {
+		u = basicUser(r)
+	}
+	if u != "user" {
+		req.User = u
+	}
+	return req
+}
+
+// startExec starts req in the guest with the Workspace's environment.
+func startExec(ctx context.Context, gc *guestproto.Client, req guestproto.ExecRequest) (*guestproto.Process, error) {
+	if req.User != "" && !gc.Info().Has(guestproto.CapExecUser) {
+		return nil, fmt.Errorf("the guest agent of this sandbox predates commands as another user than the template's (%s): stop and start the sandbox to update it", req.User)
+	}
+	return gc.Exec(ctx, req.WithWorkspaceEnv(gc.Info()))
 }
 
 // basicUser is the user name of envd's Authorization: Basic header

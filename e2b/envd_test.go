@@ -24,8 +24,8 @@ func envelope(flags byte, v any) []byte {
 
 // A start's request as the guest's exec: the command and its arguments,
 // the environment in a stable order, the directory, the Workspace's
-// root; a PTY, stdin and another user than the template's are refused,
-// saying so.
+// root; E2B's "user" as the template's own user and any other by name;
+// what cannot run is refused, saying so.
 func TestExecRequest(t *testing.T) {
 	cwd := "/tmp"
 	req := startRequest{Process: processConfig{Cmd: "/bin/bash", Args: []string{"-l", "-c", "echo hi"}, Envs: map[string]string{"B": "2", "A": "1"}, Cwd: &cwd}}
@@ -37,8 +37,12 @@ func TestExecRequest(t *testing.T) {
 	r.Header.Set("Authorization", "Basic "+base64.StdEncoding.EncodeToString([]byte("user:")))
 	yes := true
 	req.Stdin = &yes
-	if got, err := execRequest(r, &req); err != nil || !got.Stdin {
+	if got, err := execRequest(r, &req); err != nil || !got.Stdin || got.User != "" {
 		t.Errorf("with stdin, as the user E2B's SDKs name by default: %+v %v", got, err)
+	}
+	r.Header.Set("Authorization", "Basic "+base64.StdEncoding.EncodeToString([]byte("root:")))
+	if got, err := execRequest(r, &req); err != nil || got.User != "root" {
+		t.Errorf("as root: %+v %v", got, err)
 	}
 	term := &ptyConfig{}
 	term.Size.Cols, term.Size.Rows = 80, 24
@@ -53,7 +57,6 @@ func TestExecRequest(t *testing.T) {
 		want string
 	}{
 		{"a PTY of no size", startRequest{Process: processConfig{Cmd: "sh"}, PTY: &ptyConfig{}}, "", "invalid_argument", "pty size 0x0"},
-		{"root", startRequest{Process: processConfig{Cmd: "sh"}}, "root", "permission_denied", `user "root"`},
 		{"no command", startRequest{}, "", "invalid_argument", "process.cmd is empty"},
 		{"a bad variable", startRequest{Process: processConfig{Cmd: "sh", Envs: map[string]string{"A=B": "1"}}}, "", "invalid_argument", "not valid"},
 	} {

@@ -40,20 +40,21 @@ const absolute = `case "$1" in /*) p="$1";; *) p="$PWD/$1";; esac; `
 // the path last (it may hold tabs).
 const statFormat = `%y\t%s\t%m\t%M\t%u\t%g\t%T@\t%l\t%p\0`
 
-// runIn runs the shell script in sandbox id's guest as its user with args
-// ($1, $2, ...), stdin as its input (nil: none) and its output to stdout.
+// runIn runs the shell script in sandbox id's guest as the request's user
+// with args ($1, $2, ...), stdin as its input (nil: none) and its output
+// to stdout.
 func (h *handler) runIn(r *http.Request, id, script string, args []string, stdin io.Reader, stdout io.Writer) (exit int, stderr string, err error) {
 	gc, err := h.openGuest(r, id)
 	if err != nil {
 		return 0, "", err
 	}
 	defer gc.Close()
-	return runScript(r.Context(), gc, script, args, stdin, stdout)
+	req := guestproto.ExecRequest{Argv: append([]string{"/bin/sh", "-c", script, "sh"}, args...), Root: guestproto.WorkspaceRoot, Stdin: stdin != nil}
+	return runScript(r.Context(), gc, withUser(r, req), stdin, stdout)
 }
 
-func runScript(ctx context.Context, gc *guestproto.Client, script string, args []string, stdin io.Reader, stdout io.Writer) (int, string, error) {
-	req := guestproto.ExecRequest{Argv: append([]string{"/bin/sh", "-c", script, "sh"}, args...), Root: guestproto.WorkspaceRoot, Stdin: stdin != nil}
-	p, err := gc.Exec(ctx, req.WithWorkspaceEnv(gc.Info()))
+func runScript(ctx context.Context, gc *guestproto.Client, req guestproto.ExecRequest, stdin io.Reader, stdout io.Writer) (int, string, error) {
+	p, err := startExec(ctx, gc, req)
 	if err != nil {
 		return 0, "", rpcErrorf("unavailable", "start a command in the sandbox: %v", err)
 	}
@@ -171,10 +172,6 @@ func (h *handler) filesystemUnary(w http.ResponseWriter, r *http.Request, id, me
 		unaryError(w, rpcErrorf("invalid_argument", "request: %v", err))
 		return
 	}
-	if user := basicUser(r); user != "" && user != "user" {
-		unaryError(w, rpcErrorf("permission_denied", "files are handled as the template's user; user %q is not served yet", user))
-		return
-	}
 	if method == "Move" {
 		req.Path = req.Source
 	}
@@ -270,10 +267,6 @@ func (h *handler) readFile(w http.ResponseWriter, r *http.Request, id string) {
 		filesError(w, rpcErrorf("invalid_argument", "path is missing"))
 		return
 	}
-	if u := r.URL.Query().Get("username"); u != "" && u != "user" {
-		filesError(w, rpcErrorf("permission_denied", "files are read as the template's user; user %q is not served yet", u))
-		return
-	}
 	out := &firstWrite{w: w}
 	code, stderr, err := h.runIn(r, id, absolute+`[ -e "$p" ] || exit 44; [ -d "$p" ] && exit 46; exec cat -- "$p"`, []string{p}, nil, out)
 	switch {
@@ -316,10 +309,6 @@ type writtenFile struct {
 // directories made as needed.
 func (h *handler) writeFiles(w http.ResponseWriter, r *http.Request, id string) {
 	q := r.URL.Query()
-	if u := q.Get("username"); u != "" && u != "user" {
-		filesError(w, rpcErrorf("permission_denied", "files are written as the template's user; user %q is not served yet", u))
-		return
-	}
 	write := func(p string, body io.Reader) (writtenFile, error) {
 		if p == "" {
 			return writtenFile{}, rpcErrorf("invalid_argument", "a file without a path: give path, or the part's file name")

@@ -40,6 +40,39 @@ type execSetup struct {
 // a Workspace's commands; a user it names that the root does not know
 // fails the exec, as it would in any container runtime.
 func setupExec(log *slog.Logger, req guestproto.ExecRequest) (execSetup, error) {
+	s, err := setupImageExec(log, req)
+	if err != nil || req.User == "" {
+		return s, err
+	}
+	return s.as(req)
+}
+
+// as is s run as req.User instead: its credential, HOME, USER and
+// LOGNAME, and its home as the directory unless req names one. The
+// caller's own Env still wins.
+func (s execSetup) as(req guestproto.ExecRequest) (execSetup, error) {
+	if req.Root == "" {
+		return execSetup{}, fmt.Errorf("user %q: only an exec into a root (Root) runs as one of its users", req.User)
+	}
+	u, err := lookupUser(req.Root, req.User)
+	if err != nil {
+		return execSetup{}, fmt.Errorf("user %q: %w", req.User, err)
+	}
+	s.cred = &syscall.Credential{Uid: u.uid, Gid: u.gid, Groups: u.groups}
+	home := u.home
+	if home == "" {
+		home = "/"
+	}
+	s.env = overrideEnv(s.env, []string{"HOME=" + home, "USER=" + u.name, "LOGNAME=" + u.name})
+	s.env = overrideEnv(s.env, req.Env)
+	if req.Dir == "" {
+		s.dir = home
+	}
+	return s, nil
+}
+
+// setupImageExec is setupExec without req.User.
+func setupImageExec(log *slog.Logger, req guestproto.ExecRequest) (execSetup, error) {
 	var cfg *guestproto.ImageConfig
 	if req.Root != "" {
 		c, err := loadImageConfig(req.Root)
@@ -155,6 +188,7 @@ type execUser struct {
 	uid, gid uint32
 	groups   []uint32 // supplementary
 	home     string
+	name     string // the passwd name, else the uid given
 }
 
 // lookupUser resolves an OCI image config's User (uid, name, and either
@@ -185,8 +219,9 @@ func lookupUser(root, spec string) (execUser, error) {
 	}
 	switch {
 	case found:
+		u.name = name
 	case numeric:
-		u.uid = uid
+		u.uid, u.name = uid, userPart
 	case perr != nil:
 		return execUser{}, fmt.Errorf("no user %s: the root's /etc/passwd cannot be read (%v)", userPart, perr)
 	default:

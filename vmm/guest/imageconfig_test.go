@@ -221,3 +221,32 @@ func TestExecImageConfigChrooted(t *testing.T) {
 		t.Fatalf("exec as an unknown user: %v", err)
 	}
 }
+
+// User replaces the image's user: its credential, home as HOME and
+// directory, its name as USER and LOGNAME; the caller's Env and Dir
+// still win, and an exec outside a root or as an unknown user fails.
+func TestSetupExecAsUser(t *testing.T) {
+	log := slog.New(slog.DiscardHandler)
+	root := imageRoot(t, &guestproto.ImageConfig{Env: []string{"HOME=/home/app", "USER=app", "FOO=1"}, WorkingDir: "/app", User: "app"})
+	s, err := setupExec(log, guestproto.ExecRequest{Root: root, User: "root"})
+	want := []string{"HOME=/root", "USER=root", "FOO=1", "PATH=" + defaultPath, "LOGNAME=root"}
+	if err != nil || s.cred == nil || s.cred.Uid != 0 || s.cred.Gid != 0 || s.dir != "/root" || !slices.Equal(s.env, want) {
+		t.Errorf("as root: %+v (cred %+v), %v; want env %q in /root", s, s.cred, err, want)
+	}
+	s, err = setupExec(log, guestproto.ExecRequest{Root: root, User: "nohome", Dir: "/tmp", Env: []string{"USER=me"}})
+	if err != nil || s.cred.Uid != 1001 || s.dir != "/tmp" || !slices.Contains(s.env, "USER=me") || !slices.Contains(s.env, "HOME=/") {
+		t.Errorf("as nohome with Dir and USER: %+v, %v", s, err)
+	}
+	// Without an image config the user applies as well.
+	plain := imageRoot(t, nil)
+	s, err = setupExec(log, guestproto.ExecRequest{Root: plain, User: "app", DefaultEnv: []string{"PATH=/bin"}})
+	if err != nil || s.cred.Uid != 1000 || s.dir != "/home/app" || !slices.Contains(s.env, "HOME=/home/app") || !slices.Contains(s.env, "PATH=/bin") {
+		t.Errorf("as app without an image config: %+v, %v", s, err)
+	}
+	if _, err := setupExec(log, guestproto.ExecRequest{Root: root, User: "ghost"}); err == nil || !strings.Contains(err.Error(), `user "ghost": no user ghost`) {
+		t.Errorf("an unknown user: %v", err)
+	}
+	if _, err := setupExec(log, guestproto.ExecRequest{User: "root"}); err == nil || !strings.Contains(err.Error(), "only an exec into a root") {
+		t.Errorf("a user without a root: %v", err)
+	}
+}

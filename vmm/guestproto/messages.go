@@ -111,6 +111,10 @@ const CapExecImageConfig = "exec-image-config"
 // boot_id on its first read in the guest: after a fork's reseed, its own.
 const CapIdentity = "identity"
 
+// CapExecUser: an exec with Root takes ExecRequest.User, the account of
+// the root's /etc/passwd it runs as instead of the image config's.
+const CapExecUser = "exec-user"
+
 // IdentityRequest is a fork's new identity.
 type IdentityRequest struct {
 	// Entropy is random bytes of the node, mixed into the kernel's pool
@@ -134,7 +138,7 @@ const (
 // and its node may use. A guest of an earlier build lacking some is still
 // driven; only the calls that need those fail until it restarts.
 var Capabilities = []string{CapExec, CapPTY, CapFiles, CapConfigure, CapFreeze, CapStop, CapExecRoot,
-	CapPortForward, CapBindMount, CapMountSerial, CapGrowFS, CapSetTime, CapStopPrepare, CapExecImageConfig, CapIdentity}
+	CapPortForward, CapBindMount, CapMountSerial, CapGrowFS, CapSetTime, CapStopPrepare, CapExecImageConfig, CapIdentity, CapExecUser}
 
 // SetTimeRequest is the time to set, Unix nanoseconds of the node's clock.
 type SetTimeRequest struct {
@@ -266,7 +270,12 @@ type ExecRequest struct {
 	Dir string `json:"dir,omitempty"`
 	// Root, if set, is a directory of the guest the process is chrooted to
 	// before Dir and Argv[0] are resolved (needs CapExecRoot).
-	Root  string   `json:"root,omitempty"`
+	Root string `json:"root,omitempty"`
+	// User, with Root, is the account the process runs as (a name or
+	// uid of the root's /etc/passwd, as an image config's User), in its
+	// home unless Dir says otherwise, with its HOME, USER and LOGNAME;
+	// "" is the image config's user, else root (needs CapExecUser).
+	User  string   `json:"user,omitempty"`
 	PTY   *WinSize `json:"pty,omitempty"`
 	Stdin bool     `json:"stdin,omitempty"` // false: the process gets /dev/null
 }
