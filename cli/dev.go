@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"net"
 	"net/url"
 	"os"
 	"os/exec"
@@ -235,7 +236,20 @@ func (c *DevUpCmd) e2b() cluster.E2BConfig {
 	if c.E2BListen == "none" {
 		return cluster.E2BConfig{}
 	}
-	return cluster.E2BConfig{Listen: c.E2BListen, BaseTemplate: cmp.Or(c.E2BTemplate, template.DefaultName), Optional: c.E2BListen == devE2BListen}
+	return cluster.E2BConfig{Listen: c.E2BListen, BaseTemplate: cmp.Or(c.E2BTemplate, template.DefaultName), Optional: c.E2BListen == devE2BListen,
+		Domain: devE2BDomain(c.E2BListen)}
+}
+
+// devE2BDomain is the domain of dev's sandbox hosts (getHost): names
+// under .localhost, which curl and browsers take for the loopback
+// address, with the listener's port, which the SDKs keep in the hosts
+// they build: https://8000-<sandboxID>.e2b.localhost:7444/.
+func devE2BDomain(listen string) string {
+	_, port, err := net.SplitHostPort(listen)
+	if err != nil || port == "0" {
+		return ""
+	}
+	return "e2b.localhost:" + port
 }
 
 // devArtifactsURL is the dev cluster's artifact store: a directory in its
@@ -510,7 +524,7 @@ func (c *DevUpCmd) announceAPI(g *Globals, cl *api.Client, d datadir.Dir, apiAdd
 		return
 	}
 	envFile, _ := filepath.Abs(filepath.Join(string(d), devE2BEnvFile))
-	if err := writeE2BEnv(envFile, keyFile, e2bAddr, ca); err != nil {
+	if err := writeE2BEnv(envFile, keyFile, e2bAddr, devE2BDomain(c.E2BListen), ca); err != nil {
 		g.note("E2B's SDKs reach it at https://%s with the key in %s (E2B_API_URL, E2B_API_KEY, NODE_EXTRA_CA_CERTS=%s); %v\n\n", e2bAddr, keyFile, ca, err)
 		return
 	}
@@ -520,13 +534,17 @@ func (c *DevUpCmd) announceAPI(g *Globals, cl *api.Client, d datadir.Dir, apiAdd
 // writeE2BEnv writes the environment of E2B's SDKs for the E2B API at
 // addr with the key in keyFile, root-only: E2B_API_URL, E2B_API_KEY, and
 // NODE_EXTRA_CA_CERTS, since the listener's certificate is of the
-// cluster CA; E2B_SANDBOX_URL is the same address (the sandbox API).
-func writeE2BEnv(path, keyFile, addr, ca string) error {
+// cluster CA; E2B_SANDBOX_URL is the same address (the sandbox API), since
+// the names of E2B_DOMAIN, the sandboxes' hosts, need not resolve.
+func writeE2BEnv(path, keyFile, addr, domain, ca string) error {
 	raw, err := os.ReadFile(keyFile)
 	if err != nil {
 		return err
 	}
 	env := fmt.Sprintf("E2B_API_URL=https://%[1]s\nE2B_SANDBOX_URL=https://%[1]s\nE2B_API_KEY=%[2]s\nNODE_EXTRA_CA_CERTS=%[3]s\n", addr, strings.TrimSpace(string(raw)), ca)
+	if domain != "" {
+		env += "E2B_DOMAIN=" + domain + "\n"
+	}
 	return datadir.WriteFileAtomic(path, []byte(env), 0o600)
 }
 

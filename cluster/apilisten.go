@@ -43,6 +43,9 @@ type APIConfig struct {
 	// member serves without the listener (kibotos dev's default address,
 	// which another dev cluster may hold).
 	Optional bool
+	// alsoHosts are more names a certificate of the cluster CA answers
+	// for: the E2B listener's *.domain of sandbox hosts.
+	alsoHosts []string
 }
 
 // Check says what is wrong with c, as a fix.
@@ -161,7 +164,7 @@ func (s *Server) apiTLS(c APIConfig) (*tls.Config, string, error) {
 		conf.GetCertificate = fc.get
 		return conf, c.CertFile, nil
 	}
-	ic := &issuedCert{s: s, hosts: apiHosts(s.id.Advertise, c.Listen)}
+	ic := &issuedCert{s: s, hosts: append(apiHosts(s.id.Advertise, c.Listen), c.alsoHosts...)}
 	if _, err := ic.get(nil); err != nil {
 		return nil, "", fmt.Errorf("API listener of member %s: issue its certificate: %w", s.id.NodeID, err)
 	}

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -53,7 +54,7 @@ func (c e2bCall) e2bError(t *testing.T) string {
 // resumed, 200 running), killed; a key of another namespace finds none
 // of it; without a key, 401; what is not served says so as E2B's JSON.
 func TestE2BControlAPI(t *testing.T) {
-	c := clustertest.New(t, clustertest.Options{Ctrl: 1, E2B: &cluster.E2BConfig{BaseTemplate: "kibotos-coding"},
+	c := clustertest.New(t, clustertest.Options{Ctrl: 1, E2B: &cluster.E2BConfig{BaseTemplate: "kibotos-coding", Domain: "e2b.test"},
 		AdjustReport: func(_ string, r *api.Report) {
 			r.Templates = append(r.Templates, "kibotos-coding")
 			r.DataPlaneAddress = "127.0.0.1:9" // nothing answers: a guest is never reached here
@@ -130,7 +131,7 @@ func TestE2BControlAPI(t *testing.T) {
 	}
 	type sandbox struct {
 		SandboxID, TemplateID, EnvdVersion, ClientID, State string
-		EnvdAccessToken                                     string
+		EnvdAccessToken, TrafficAccessToken                 string
 		Metadata                                            map[string]string
 		StartedAt, EndAt                                    time.Time
 		CPUCount, MemoryMB                                  int
@@ -162,15 +163,15 @@ func TestE2BControlAPI(t *testing.T) {
 	r = do(key, "GET", "/sandboxes/"+a.SandboxID, nil)
 	var info sandbox
 	r.decode(t, &info)
-	if r.status != http.StatusOK || info.State != "running" || info.Metadata["user"] != "a" || info.CPUCount != 1 || info.MemoryMB != 512 ||
+	if r.status != http.StatusOK || info.State != "running" || info.Metadata["user"] != "a" || len(info.Metadata) != 1 || info.CPUCount != 1 || info.MemoryMB != 512 ||
 		info.Lifecycle == nil || info.Lifecycle.OnTimeout != "kill" || info.EndAt.Before(created.Add(299*time.Second)) || info.EndAt.After(time.Now().Add(301*time.Second)) {
-		t.Fatalf("get: %d %s, want running, metadata user=a, 1 CPU, 512 MB, killed 300 s after its start", r.status, r.body)
+		t.Fatalf("get: %d %s, want running, metadata user=a only, 1 CPU, 512 MB, killed 300 s after its start", r.status, r.body)
 	}
 	r = do(key, "POST", "/sandboxes", map[string]any{"templateID": "kibotos-coding", "metadata": map[string]string{"user": "b"}, "timeout": 60,
-		"autoPause": true, "autoResume": map[string]bool{"enabled": true}, "allow_internet_access": false})
+		"autoPause": true, "autoResume": map[string]bool{"enabled": true}, "allow_internet_access": false, "network": map[string]bool{"allowPublicTraffic": false}})
 	var b sandbox
-	if r.decode(t, &b); r.status != http.StatusCreated {
-		t.Fatalf("create on the v1 path: %d %s", r.status, r.body)
+	if r.decode(t, &b); r.status != http.StatusCreated || b.TrafficAccessToken == "" || a.TrafficAccessToken != "" {
+		t.Fatalf("create on the v1 path, without public traffic: %d %s, want 201 with a trafficAccessToken (and none for a public one)", r.status, r.body)
 	}
 	var ws api.Workspace
 	if _, err := c.Client(m).Do(ctx, "GET", "/v1/workspaces/"+b.SandboxID, nil, &ws); err != nil || ws.OnTimeout != api.TimeoutPause || !ws.AutoResume ||
@@ -241,9 +242,55 @@ func TestE2BControlAPI(t *testing.T) {
 		t.Errorf("health with the sandbox's token: %d %s, want 502 after trying its guest", r.status, r.body)
 	}
 	for _, c := range []struct{ token, port, want string }{{b.EnvdAccessToken, "49983", "not this sandbox's"}, {"", "49983", "no access token"},
-		{a.EnvdAccessToken + "x", "49983", "not this sandbox's"}, {a.EnvdAccessToken, "8080", "port 8080"}} {
+		{a.EnvdAccessToken + "x", "49983", "not this sandbox's"}} {
 		if r = envd(a.SandboxID, c.port, c.token, "GET", "/health"); r.status != http.StatusBadGateway || !strings.Contains(r.e2bError(t), c.want) {
 			t.Errorf("health with token %q on port %s: %d %s, want 502 saying %q", c.token, c.port, r.status, r.body, c.want)
+		}
+	}
+	// Its other ports (getHost): a public sandbox's for anyone, through
+	// E2B_SANDBOX_URL or by host name, as its creator (which reaches for
+	// its guest); one without public traffic only with its traffic token
+	// (not an envd token); never another namespace's.
+	port := func(sandbox, token string, byHost bool) e2bCall {
+		req, err := http.NewRequestWithContext(ctx, "GET", "https://"+addr+"/index.html", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if byHost {
+			req.Host = "8080-" + sandbox + ".e2b.test:443"
+		} else {
+			req.Header.Set("E2b-Sandbox-Id", sandbox)
+			req.Header.Set("E2b-Sandbox-Port", "8080")
+		}
+		if token != "" {
+			req.Header.Set("E2b-Traffic-Access-Token", token)
+		}
+		resp, err := hc.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		raw, _ := io.ReadAll(resp.Body)
+		if byHost && !slices.Contains(resp.TLS.PeerCertificates[0].DNSNames, "*.e2b.test") {
+			t.Errorf("the E2B listener's certificate names %v, not the sandboxes' hosts *.e2b.test", resp.TLS.PeerCertificates[0].DNSNames)
+		}
+		return e2bCall{status: resp.StatusCode, header: resp.Header, body: raw}
+	}
+	for _, c := range []struct {
+		name, sandbox, token string
+		byHost               bool
+		status               int
+		want                 string
+	}{
+		{"public, by header", a.SandboxID, "", false, http.StatusBadGateway, "reach its guest"},
+		{"public, by host", a.SandboxID, "", true, http.StatusBadGateway, "reach its guest"},
+		{"no public traffic, no token", b.SandboxID, "", true, http.StatusForbidden, "takes no public traffic"},
+		{"no public traffic, its envd token", b.SandboxID, b.EnvdAccessToken, true, http.StatusForbidden, "takes no public traffic"},
+		{"no public traffic, its traffic token", b.SandboxID, b.TrafficAccessToken, false, http.StatusBadGateway, "reach its guest"},
+		{"not found", "ws-nosuchsandbox", "", true, http.StatusBadGateway, "not found"},
+	} {
+		if r = port(c.sandbox, c.token, c.byHost); r.status != c.status || !strings.Contains(r.e2bError(t), c.want) {
+			t.Errorf("port 8080 of a sandbox %s: %d %s, want %d saying %q", c.name, r.status, r.body, c.status, c.want)
 		}
 	}
 	if r = envd(a.SandboxID, "49983", "", "POST", "/process.Process/Connect"); r.status != http.StatusNotImplemented || !strings.Contains(string(r.body), `"unimplemented"`) {

@@ -3,7 +3,9 @@ package cluster
 import (
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
+	"regexp"
 	"strings"
 	"time"
 
@@ -35,10 +37,30 @@ func (c E2BConfig) Check() error {
 	if err := (APIConfig{Listen: c.Listen, CertFile: c.CertFile, KeyFile: c.KeyFile}).Check(); err != nil {
 		return errors.New(strings.Replace(err.Error(), "[api]", "[e2b]", 1))
 	}
+	if c.Domain != "" && !sandboxDomainPattern.MatchString(c.Domain) {
+		return fmt.Errorf("[e2b] domain %q: want the DNS name under which sandboxes are <port>-<sandboxID>.DOMAIN, such as e2b.example.com, with :PORT when the listener is not on 443", c.Domain)
+	}
 	if c.Listen != "" && c.BaseTemplate == "" {
 		return errors.New("[e2b] base_template is empty: name the template E2B's \"base\" means")
 	}
 	return nil
+}
+
+// sandboxDomainPattern is a DNS name of two labels or more, and a port.
+var sandboxDomainPattern = regexp.MustCompile(`^([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\.)+[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?(:[0-9]{1,5})?$`)
+
+// wildcard is the name a certificate of the cluster CA gives the
+// sandboxes' hosts, <port>-<sandboxID>.<domain>: *.domain without the
+// port a domain may name.
+func (c E2BConfig) wildcard() []string {
+	if c.Domain == "" {
+		return nil
+	}
+	host := c.Domain
+	if h, _, err := net.SplitHostPort(host); err == nil {
+		host = h
+	}
+	return []string{"*." + host}
 }
 
 // e2bWriteTimeout bounds an answer of the E2B listener: a create waits
@@ -65,7 +87,7 @@ func (s *Server) startE2B() error {
 	if c.Listen == "" {
 		return nil
 	}
-	a, err := s.serveKeys("e2b", "E2B API listener", APIConfig{Listen: c.Listen, CertFile: c.CertFile, KeyFile: c.KeyFile, Optional: c.Optional}, e2bWriteTimeout,
+	a, err := s.serveKeys("e2b", "E2B API listener", APIConfig{Listen: c.Listen, CertFile: c.CertFile, KeyFile: c.KeyFile, Optional: c.Optional, alsoHosts: c.wildcard()}, e2bWriteTimeout,
 		func(a *apiListener) http.Handler {
 			routes := s.routeMux()
 			inner := s.authenticateBearer(a, routes)

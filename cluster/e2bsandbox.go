@@ -16,6 +16,7 @@ import (
 
 	"github.com/kibotos/kibotos/agent/dataplane"
 	"github.com/kibotos/kibotos/api"
+	"github.com/kibotos/kibotos/e2b"
 	"github.com/kibotos/kibotos/fsm"
 	"github.com/kibotos/kibotos/trust"
 	"github.com/kibotos/kibotos/vmm/guestproto"
@@ -45,8 +46,15 @@ type tokenSecret struct {
 // connectWait bounds reaching a guest through its node's data plane.
 const e2bConnectWait = 30 * time.Second
 
-// tokenMAC is the MAC of a token of keyID for sandbox id.
-func (x *e2bSandboxes) tokenMAC(keyID, id string) ([]byte, error) {
+// What a token opens: the MAC of each kind binds its purpose, so that a
+// sandbox's traffic token is no envd token and the other way round.
+const (
+	envdToken    = "envd"
+	trafficToken = "traffic"
+)
+
+// tokenMAC is the MAC of a token of keyID for sandbox id, for purpose.
+func (x *e2bSandboxes) tokenMAC(purpose, keyID, id string) ([]byte, error) {
 	ca := x.s.activeCA()
 	if ca == nil || ca.Key == nil {
 		return nil, api.Errorf(api.CodeUnavailable, "member %s holds no cluster CA key to sign sandbox tokens with: call a ctrl member", x.s.id.NodeID)
@@ -61,16 +69,27 @@ func (x *e2bSandboxes) tokenMAC(keyID, id string) ([]byte, error) {
 		x.secret.Store(secret)
 	}
 	mac := hmac.New(sha256.New, secret.key[:])
+	if purpose != envdToken {
+		mac.Write([]byte(purpose + "\x00")) // envd's tokens predate purposes
+	}
 	mac.Write([]byte(keyID + "\x00" + id))
 	return mac.Sum(nil), nil
 }
 
 func (x *e2bSandboxes) AccessToken(key, id string) (string, error) {
+	return x.token(envdToken, key, id)
+}
+
+func (x *e2bSandboxes) TrafficToken(key, id string) (string, error) {
+	return x.token(trafficToken, key, id)
+}
+
+func (x *e2bSandboxes) token(purpose, key, id string) (string, error) {
 	keyID, _, ok := api.ParseKeySecret(key)
 	if !ok {
 		return "", api.Errorf(api.CodeUnauthenticated, "the X-API-Key is not a Kibotos API key (kbt_...)")
 	}
-	mac, err := x.tokenMAC(keyID, id)
+	mac, err := x.tokenMAC(purpose, keyID, id)
 	if err != nil {
 		return "", err
 	}
@@ -78,10 +97,45 @@ func (x *e2bSandboxes) AccessToken(key, id string) (string, error) {
 }
 
 func (x *e2bSandboxes) Open(ctx context.Context, token, id, remote string) (*guestproto.Client, error) {
-	c, err := x.tokenCaller(token, id)
+	c, err := x.tokenCaller(envdToken, token, id)
 	if err != nil {
 		return nil, err
 	}
+	return x.open(ctx, c, id, remote)
+}
+
+// OpenPort opens sandbox id's guest for traffic to its ports: as the key
+// of its traffic token when it takes none without one, else as the key
+// that created it (e2b.TrafficLabel), which must still be active and
+// may open only a sandbox of its namespace.
+func (x *e2bSandboxes) OpenPort(ctx context.Context, token, id, remote string) (*guestproto.Client, error) {
+	var ws *api.Workspace
+	err := x.s.fsm.View(func(tx *bolt.Tx) error {
+		var err error
+		ws, err = fsm.GetWorkspace(tx, id)
+		return err
+	})
+	if err != nil || ws == nil {
+		return nil, api.Errorf(api.CodeNotFound, "sandbox %s not found", api.EscapeText(id))
+	}
+	mode := ws.Labels[e2b.TrafficLabel]
+	var c caller
+	switch keyID, public := strings.CutPrefix(mode, e2b.TrafficPublic); {
+	case public && token == "":
+		c, err = x.activeKey(keyID, id) // the credential below checks its namespace
+	case public || mode == e2b.TrafficToken:
+		c, err = x.tokenCaller(trafficToken, token, id)
+	default:
+		err = api.Errorf(api.CodePermissionDenied, "sandbox %s was not created through the E2B API: reach its ports with kibo port-forward", api.EscapeText(id))
+	}
+	if err != nil {
+		return nil, err
+	}
+	return x.open(ctx, c, id, remote)
+}
+
+// open opens sandbox id's guest as c.
+func (x *e2bSandboxes) open(ctx context.Context, c caller, id, remote string) (*guestproto.Client, error) {
 	cl := api.NewHandlerClient(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		x.s.serveKeyCaller(x.limit, c, x.routes, w, r)
 	}), "", remote)
@@ -101,28 +155,36 @@ func (x *e2bSandboxes) Open(ctx context.Context, token, id, remote string) (*gue
 }
 
 func (x *e2bSandboxes) Authorize(_ context.Context, token, id string) error {
-	_, err := x.tokenCaller(token, id)
+	_, err := x.tokenCaller(envdToken, token, id)
 	return err
 }
 
 // tokenCaller is the key a token of sandbox id was issued to, as a
 // caller, if the token is one and the key active.
-func (x *e2bSandboxes) tokenCaller(token, id string) (caller, error) {
+func (x *e2bSandboxes) tokenCaller(purpose, token, id string) (caller, error) {
 	refused := api.Errorf(api.CodeUnauthenticated, "sandbox %s: the access token is not this sandbox's: use the envdAccessToken of its create or connect", api.EscapeText(id))
+	if purpose == trafficToken {
+		refused = api.Errorf(api.CodePermissionDenied, "sandbox %s takes no public traffic: send its trafficAccessToken as e2b-traffic-access-token", api.EscapeText(id))
+	}
 	keyID, sum, ok := strings.Cut(token, ".")
 	got, err := base64.RawURLEncoding.DecodeString(sum)
 	if !ok || err != nil || len(keyID) > 64 {
 		return caller{}, refused
 	}
-	want, err := x.tokenMAC(keyID, id)
+	want, err := x.tokenMAC(purpose, keyID, id)
 	if err != nil {
 		return caller{}, err
 	}
 	if !hmac.Equal(got, want) {
 		return caller{}, refused
 	}
+	return x.activeKey(keyID, id)
+}
+
+// activeKey is key keyID as a caller for sandbox id, if it is active.
+func (x *e2bSandboxes) activeKey(keyID, id string) (caller, error) {
 	var cred *fsm.KeyCredential
-	err = x.s.fsm.View(func(tx *bolt.Tx) error {
+	err := x.s.fsm.View(func(tx *bolt.Tx) error {
 		var err error
 		cred, err = fsm.FindAPIKey(tx, keyID, time.Now())
 		return err

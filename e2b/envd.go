@@ -40,6 +40,12 @@ type Sandboxes interface {
 	Open(ctx context.Context, token, id, remote string) (*guestproto.Client, error)
 	// Authorize checks token for sandbox id without opening its guest.
 	Authorize(ctx context.Context, token, id string) error
+	// TrafficToken is the trafficAccessToken of sandbox id for the
+	// holder of key.
+	TrafficToken(key, id string) (string, error)
+	// OpenPort opens sandbox id's guest for traffic to its ports, with
+	// its trafficAccessToken ("" without one), as TrafficLabel says.
+	OpenPort(ctx context.Context, token, id, remote string) (*guestproto.Client, error)
 }
 
 // keepaliveDefault is how often a stream without a Keepalive-Ping-Interval
@@ -49,9 +55,19 @@ const keepaliveDefault = 50 * time.Second
 // sandboxTraffic serves a request meant for a sandbox (E2b-Sandbox-Id).
 func (h *handler) sandboxTraffic(w http.ResponseWriter, r *http.Request, id string) {
 	if port := r.Header.Get("E2b-Sandbox-Port"); port != envdPort {
-		writeError(w, http.StatusBadGateway, fmt.Sprintf("sandbox %s: port %s: traffic to a sandbox's own ports (getHost) is not served by Kibotos yet; only envd's port %s is", id, port, envdPort))
+		n, err := strconv.Atoi(port)
+		if err != nil || n < 1 || n > 65535 {
+			writeError(w, http.StatusBadRequest, fmt.Sprintf("sandbox %s: E2b-Sandbox-Port %.20q is no port: give 1 to 65535", api.EscapeText(id), port))
+			return
+		}
+		h.portTraffic(w, r, id, n)
 		return
 	}
+	h.envd(w, r, id)
+}
+
+// envd serves a request to sandbox id's envd.
+func (h *handler) envd(w http.ResponseWriter, r *http.Request, id string) {
 	if h.c.Sandboxes == nil {
 		writeError(w, http.StatusNotFound, "this member does not serve E2B's sandbox API")
 		return

@@ -82,6 +82,14 @@ func NewHandler(c Config) http.Handler {
 	// One address for both APIs (E2B_SANDBOX_URL): the SDKs name the
 	// sandbox of a request to its envd in a header.
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if id, port, ok := hostTarget(r.Host, h.c.Domain); ok {
+			if strconv.Itoa(port) == envdPort {
+				h.envd(w, r, id) // an SDK without E2B_SANDBOX_URL
+			} else {
+				h.portTraffic(w, r, id, port)
+			}
+			return
+		}
 		if id := r.Header.Get("E2b-Sandbox-Id"); id != "" {
 			h.sandboxTraffic(w, r, id)
 			return

@@ -2,6 +2,7 @@ package e2b
 
 import (
 	"context"
+	"maps"
 	"net"
 	"net/http"
 	"net/url"
@@ -41,7 +42,8 @@ func (h *handler) create(c *call) error {
 	if err := c.decode(&req); err != nil {
 		return err
 	}
-	create, err := h.createRequest(&req)
+	keyID, _, _ := api.ParseKeySecret(c.key) // the key check below refuses anything else
+	create, err := h.createRequest(&req, keyID)
 	if err != nil {
 		return err
 	}
@@ -59,8 +61,8 @@ func (h *handler) create(c *call) error {
 	return h.replySandbox(c, http.StatusCreated, run)
 }
 
-// createRequest is the Workspace a create asks for.
-func (h *handler) createRequest(req *newSandbox) (api.WorkspaceCreateRequest, error) {
+// createRequest is the Workspace a create by key keyID asks for.
+func (h *handler) createRequest(req *newSandbox, keyID string) (api.WorkspaceCreateRequest, error) {
 	var out api.WorkspaceCreateRequest
 	switch {
 	case len(req.EnvVars) > 0:
@@ -97,7 +99,17 @@ func (h *handler) createRequest(req *newSandbox) (api.WorkspaceCreateRequest, er
 	if err != nil {
 		return out, err
 	}
-	return api.WorkspaceCreateRequest{Template: template, CPU: sandboxCPU, MemoryBytes: sandboxMemory, Labels: req.Metadata,
+	labels := map[string]string{TrafficLabel: TrafficPublic + keyID}
+	if req.Network != nil && req.Network.AllowPublicTraffic != nil && !*req.Network.AllowPublicTraffic {
+		labels[TrafficLabel] = TrafficToken
+	}
+	for k, v := range req.Metadata {
+		if reservedLabel(k) {
+			return out, api.Errorf(api.CodeInvalidArgument, "metadata key %q: keys beginning e2b/ are Kibotos's own: choose another", k)
+		}
+		labels[k] = v
+	}
+	return api.WorkspaceCreateRequest{Template: template, CPU: sandboxCPU, MemoryBytes: sandboxMemory, Labels: labels,
 		Network: policy, Timeout: life, OnTimeout: onTimeout, AutoResume: auto}, nil
 }
 
@@ -211,6 +223,13 @@ func (h *handler) replySandbox(c *call, status int, ws *api.Workspace) error {
 			return err
 		}
 		out.EnvdAccessToken = &token
+		if ws.Labels[TrafficLabel] == TrafficToken {
+			traffic, err := h.c.Sandboxes.TrafficToken(c.key, ws.WorkspaceID)
+			if err != nil {
+				return err
+			}
+			out.TrafficAccessToken = &traffic
+		}
 	}
 	return c.reply(status, out)
 }
@@ -244,7 +263,14 @@ func listedOf(ws *api.Workspace, state string) listedSandbox {
 	}
 	return listedSandbox{TemplateID: ws.Template, Alias: ws.Template, SandboxID: ws.WorkspaceID, ClientID: ClientID,
 		StartedAt: ws.CreatedAt, EndAt: end, CPUCount: int((ws.CPU + 999) / 1000), MemoryMB: int(ws.MemoryBytes >> 20),
-		Metadata: ws.Labels, State: state, EnvdVersion: EnvdVersion}
+		Metadata: metadata(ws.Labels), State: state, EnvdVersion: EnvdVersion}
+}
+
+// metadata is a Workspace's labels but Kibotos's own.
+func metadata(labels map[string]string) map[string]string {
+	out := maps.Clone(labels)
+	maps.DeleteFunc(out, func(k, _ string) bool { return reservedLabel(k) })
+	return out
 }
 
 // sandboxWorkspace reads the Workspace of a sandbox; one that is no

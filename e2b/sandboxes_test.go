@@ -1,6 +1,7 @@
 package e2b
 
 import (
+	"maps"
 	"slices"
 	"strings"
 	"testing"
@@ -24,7 +25,7 @@ func TestCreateRequest(t *testing.T) {
 		{name: "defaults", in: newSandbox{},
 			want: api.WorkspaceCreateRequest{Template: "kibotos-base", Timeout: "300s", OnTimeout: api.TimeoutDelete, Network: &api.NetworkPolicy{Egress: api.EgressPublic}}},
 		{name: "a template, paused at the end, resumed on traffic, metadata", in: newSandbox{TemplateID: "kibotos-coding", Timeout: ptr[int64](60), AutoPause: ptr(true), AutoResume: &autoResume{Enabled: true}, Metadata: map[string]string{"a": "b"}},
-			want: api.WorkspaceCreateRequest{Template: "kibotos-coding", Timeout: "60s", OnTimeout: api.TimeoutPause, AutoResume: true, Labels: map[string]string{"a": "b"}, Network: &api.NetworkPolicy{Egress: api.EgressPublic}}},
+			want: api.WorkspaceCreateRequest{Template: "kibotos-coding", Timeout: "60s", OnTimeout: api.TimeoutPause, AutoResume: true, Labels: map[string]string{"a": "b", TrafficLabel: "public:keyid"}, Network: &api.NetworkPolicy{Egress: api.EgressPublic}}},
 		{name: "paused without memory: stopped", in: newSandbox{AutoPause: ptr(true), AutoPauseMemory: ptr(false)},
 			want: api.WorkspaceCreateRequest{Template: "kibotos-base", Timeout: "300s", OnTimeout: api.TimeoutStop, Network: &api.NetworkPolicy{Egress: api.EgressPublic}}},
 		{name: "no internet", in: newSandbox{AllowInternetAccess: ptr(false)},
@@ -33,12 +34,15 @@ func TestCreateRequest(t *testing.T) {
 			want: api.WorkspaceCreateRequest{Template: "kibotos-base", Timeout: "300s", OnTimeout: api.TimeoutDelete,
 				Network: &api.NetworkPolicy{Egress: api.EgressPublic, Allow: []string{"1.2.3.4/32", "pypi.org"}, Deny: []string{"2001:db8::1/128"}}}},
 		{name: "envVars", in: newSandbox{EnvVars: map[string]string{"A": "1"}}, err: "envVars are not served"},
+		{name: "no public traffic", in: newSandbox{Network: &sandboxNetwork{AllowPublicTraffic: ptr(false)}},
+			want: api.WorkspaceCreateRequest{Template: "kibotos-base", Timeout: "300s", OnTimeout: api.TimeoutDelete, Labels: map[string]string{TrafficLabel: TrafficToken}, Network: &api.NetworkPolicy{Egress: api.EgressPublic}}},
+		{name: "Kibotos's own metadata", in: newSandbox{Metadata: map[string]string{"e2b/traffic": "public:other"}}, err: "keys beginning e2b/ are Kibotos's own"},
 		{name: "volumeMounts", in: newSandbox{VolumeMounts: []any{map[string]string{"name": "v"}}}, err: "volumeMounts are not served"},
 		{name: "autoResume without autoPause", in: newSandbox{AutoResume: &autoResume{Enabled: true}}, err: "autoResume needs autoPause"},
 		{name: "a timeout of 0", in: newSandbox{Timeout: ptr[int64](0)}, err: "timeout 0 s"},
 		{name: "an empty destination", in: newSandbox{Network: &sandboxNetwork{AllowOut: []string{" "}}}, err: "network.allowOut has an empty destination"},
 	} {
-		got, err := h.createRequest(&c.in)
+		got, err := h.createRequest(&c.in, "keyid")
 		if c.err != "" {
 			if err == nil || !strings.Contains(err.Error(), c.err) || api.CodeOf(err) != api.CodeInvalidArgument {
 				t.Errorf("%s: %v, want invalid_argument with %q", c.name, err, c.err)
@@ -50,8 +54,11 @@ func TestCreateRequest(t *testing.T) {
 			continue
 		}
 		c.want.CPU, c.want.MemoryBytes = sandboxCPU, sandboxMemory
+		if c.want.Labels == nil {
+			c.want.Labels = map[string]string{TrafficLabel: "public:keyid"} // E2B's default: public traffic as the creator
+		}
 		if got.Template != c.want.Template || got.Timeout != c.want.Timeout || got.OnTimeout != c.want.OnTimeout || got.AutoResume != c.want.AutoResume ||
-			got.CPU != c.want.CPU || got.MemoryBytes != c.want.MemoryBytes || len(got.Labels) != len(c.want.Labels) ||
+			got.CPU != c.want.CPU || got.MemoryBytes != c.want.MemoryBytes || !maps.Equal(got.Labels, c.want.Labels) ||
 			got.Network.Egress != c.want.Network.Egress || !slices.Equal(got.Network.Allow, c.want.Network.Allow) || !slices.Equal(got.Network.Deny, c.want.Network.Deny) {
 			t.Errorf("%s: %+v (network %+v), want %+v (network %+v)", c.name, got, got.Network, c.want, c.want.Network)
 		}
@@ -66,6 +73,35 @@ func TestSandboxStates(t *testing.T) {
 		got, ok := e2bState(state)
 		if got != want || ok != (want != "") {
 			t.Errorf("%s: %q %v, want %q", state, got, ok, want)
+		}
+	}
+}
+
+// A sandbox's port is named by the host <port>-<sandboxID>.<domain>, with
+// or without the listener's port, whatever the case; other hosts are the
+// APIs'.
+func TestHostTarget(t *testing.T) {
+	for _, c := range []struct {
+		host, domain, id string
+		port             int
+	}{
+		{"8000-abc123.e2b.example.com", "e2b.example.com", "abc123", 8000},
+		{"8000-ABC123.E2B.example.com", "e2b.example.com", "abc123", 8000},
+		{"3000-abc.e2b.localhost:7444", "e2b.localhost:7444", "abc", 3000},
+		{"3000-abc.e2b.localhost:7444", "e2b.localhost", "abc", 3000},
+		{"49983-abc.e2b.localhost", "e2b.localhost", "abc", 49983},
+		{"e2b.example.com", "e2b.example.com", "", 0},
+		{"127.0.0.1:7444", "e2b.localhost:7444", "", 0},
+		{"x-abc.e2b.example.com", "e2b.example.com", "", 0},
+		{"0-abc.e2b.example.com", "e2b.example.com", "", 0},
+		{"70000-abc.e2b.example.com", "e2b.example.com", "", 0},
+		{"80-a.b.e2b.example.com", "e2b.example.com", "", 0},
+		{"8000-abc.e2b.example.com.evil.org", "e2b.example.com", "", 0},
+		{"8000-abc.e2b.example.com", "", "", 0},
+	} {
+		id, port, ok := hostTarget(c.host, c.domain)
+		if id != c.id || port != c.port || ok != (c.id != "") {
+			t.Errorf("%s under %q: %q %d %v, want %q %d", c.host, c.domain, id, port, ok, c.id, c.port)
 		}
 	}
 }

@@ -25,11 +25,11 @@ type autoResume struct {
 	Enabled bool `json:"enabled"`
 }
 
-// sandboxNetwork is the network part of a create; the fields of preview
-// URLs (allowPublicTraffic, maskRequestHost) come with them.
+// sandboxNetwork is the network part of a create.
 type sandboxNetwork struct {
-	AllowOut []string `json:"allowOut,omitempty"`
-	DenyOut  []string `json:"denyOut,omitempty"`
+	AllowOut           []string `json:"allowOut,omitempty"`
+	DenyOut            []string `json:"denyOut,omitempty"`
+	AllowPublicTraffic *bool    `json:"allowPublicTraffic,omitempty"`
 }
 
 // sandbox answers a create, a connect and a resume.
