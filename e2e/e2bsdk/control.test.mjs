@@ -6,6 +6,7 @@
 import { test } from 'node:test'
 import assert from 'node:assert/strict'
 import { randomBytes } from 'node:crypto'
+import https from 'node:https'
 import { CommandExitError, FileNotFoundError, Sandbox, SandboxNotFoundError, TimeoutError } from 'e2b'
 
 const other = { apiKey: process.env.E2B_OTHER_KEY }
@@ -18,9 +19,27 @@ async function all(paginator) {
   return out
 }
 
+const sleep = (ms) => new Promise((r) => setTimeout(r, ms))
+
+// GET https://HOST/PATH as a browser would, connected to the E2B
+// listener: the sandboxes' hosts under dev's domain need not resolve.
+function get(host, path, headers = {}) {
+  const api = new URL(process.env.E2B_API_URL)
+  return new Promise((resolve, reject) => {
+    const req = https.request({ host: api.hostname, port: api.port, path, servername: host.split(':')[0], headers: { host, ...headers } }, (res) => {
+      let body = ''
+      res.setEncoding('utf8')
+      res.on('data', (c) => (body += c))
+      res.on('end', () => resolve({ status: res.statusCode, body }))
+    })
+    req.on('error', reject)
+    req.end()
+  })
+}
+
 test('sandbox lifecycle through the E2B SDK', async () => {
   const created = Date.now()
-  const a = await Sandbox.create({ metadata: { suite, name: 'a' }, timeoutMs: 120_000 })
+  const a = await Sandbox.create({ metadata: { suite, name: 'a' }, timeoutMs: 120_000, network: { allowPublicTraffic: false } })
   const b = await Sandbox.create('base', { metadata: { suite, name: 'b' }, timeoutMs: 120_000, lifecycle: { onTimeout: 'pause', autoResume: true } })
   try {
     const info = await a.getInfo()
@@ -58,11 +77,29 @@ test('sandbox lifecycle through the E2B SDK', async () => {
     assert.equal(await Sandbox.kill(a.sandboxId, other), false)
     assert.deepEqual(await all(Sandbox.list({ ...other, query: { metadata: { suite } } })), [])
     assert.equal((await a.getInfo()).state, 'running', 'the other key changed nothing')
+
+    // Without public traffic its ports take only its traffic token
+    // (nothing listens on 8000: the guest's own refusal, as 502).
+    const host = a.getHost(8000)
+    assert.equal(host, `8000-${a.sandboxId}.${process.env.E2B_DOMAIN}`)
+    assert.ok(a.trafficAccessToken, 'a sandbox without public traffic has a traffic token')
+    const refused = await get(host, '/')
+    assert.equal(refused.status, 403, refused.body)
+    const reached = await get(host, '/', { 'e2b-traffic-access-token': a.trafficAccessToken })
+    assert.equal(reached.status, 502, reached.body)
+    assert.match(JSON.parse(reached.body).message, /nothing answers on port 8000/)
+
+    // Its end: a short timeout kills it; its host answers E2B's 502.
+    await a.setTimeout(3_000)
+    for (let i = 0; i < 600 && (await Sandbox.getInfo(a.sandboxId).then(() => true, () => false)); i++) await sleep(100)
+    await assert.rejects(Sandbox.getInfo(a.sandboxId), SandboxNotFoundError)
+    const gone = await get(host, '/', { 'e2b-traffic-access-token': a.trafficAccessToken })
+    assert.equal(gone.status, 502, gone.body)
+    assert.equal(JSON.parse(gone.body).code, 502)
   } finally {
-    assert.equal(await a.kill(), true)
+    await Sandbox.kill(a.sandboxId)
     assert.equal(await Sandbox.kill(b.sandboxId), true)
   }
-  await assert.rejects(Sandbox.getInfo(a.sandboxId), SandboxNotFoundError)
   assert.equal(await Sandbox.kill(a.sandboxId), false)
 })
 
@@ -102,6 +139,25 @@ test('commands through the sandbox API', async () => {
 
     // A command past its timeout is ended.
     await assert.rejects(sbx.commands.run('sleep 60', { timeoutMs: 2_000 }), TimeoutError)
+
+    // Another user of the sandbox: root, in its home, owning what it writes.
+    assert.equal((await sbx.commands.run('id -un; pwd', { user: 'root' })).stdout, 'root\n/root\n')
+    await sbx.files.write('/root/owned', 'by root', { user: 'root' })
+    assert.equal(await sbx.files.read('/root/owned', { user: 'root' }), 'by root')
+    assert.equal((await sbx.commands.run('stat -c %U /root/owned', { user: 'root' })).stdout, 'root\n')
+
+    // getHost: an HTTP server in the sandbox, public as on E2B.
+    await sbx.files.write('/home/user/www/index.html', 'served from the sandbox\n')
+    const server = await sbx.commands.run('python3 -m http.server 8000', { background: true, cwd: '/home/user/www' })
+    let page
+    for (let i = 0; i < 200; i++) {
+      page = await get(sbx.getHost(8000), '/index.html')
+      if (page.status === 200) break
+      await sleep(100)
+    }
+    assert.equal(page.status, 200, page.body)
+    assert.equal(page.body, 'served from the sandbox\n')
+    await server.kill()
 
     // What it wrote survives a pause and the connect that resumes it.
     await sbx.commands.run('echo kept > /home/user/state')
