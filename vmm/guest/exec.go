@@ -113,26 +113,48 @@ func (a *agent) handleExec(ctx context.Context, ctl net.Conn, raw json.RawMessag
 		respond(ctl, nil, &guestproto.Error{Code: guestproto.CodeInvalid, Message: "exec needs an id and argv"})
 		return
 	}
-	set := a.attach.get(req.ID)
-	defer a.attach.done(req.ID, set)
+	streams, ok := a.takeStreams(ctx, ctl, req.ID, req.Stdin, req.PTY != nil)
+	defer closeStreams(streams)
+	if !ok {
+		return
+	}
+	if req.Keep {
+		a.runKept(ctl, req, streams)
+		return
+	}
+	a.runExec(ctl, req, streams)
+}
+
+// takeStreams waits for the stdio streams of id: stdin if asked, stdout,
+// and stderr without a PTY. It answers ctl itself when they do not come.
+func (a *agent) takeStreams(ctx context.Context, ctl net.Conn, id string, stdin, pty bool) ([3]net.Conn, bool) {
+	set := a.attach.get(id)
+	defer a.attach.done(id, set)
 	var streams [3]net.Conn
 	t := time.NewTimer(attachTimeout)
 	defer t.Stop()
 	for fd := range 3 {
-		if (fd == 0 && !req.Stdin) || (fd == 2 && req.PTY != nil) {
+		if (fd == 0 && !stdin) || (fd == 2 && pty) {
 			continue
 		}
 		select {
 		case streams[fd] = <-set.fds[fd]:
-			defer streams[fd].Close()
 		case <-t.C:
 			respond(ctl, nil, &guestproto.Error{Code: guestproto.CodeInvalid, Message: fmt.Sprintf("stdio stream %d never attached", fd)})
-			return
+			return streams, false
 		case <-ctx.Done():
-			return
+			return streams, false
 		}
 	}
-	a.runExec(ctl, req, streams)
+	return streams, true
+}
+
+func closeStreams(streams [3]net.Conn) {
+	for _, s := range streams {
+		if s != nil {
+			s.Close()
+		}
+	}
 }
 
 // stdio is the guest end of a process's standard streams.
@@ -142,7 +164,7 @@ type stdio struct {
 	outputs sync.WaitGroup
 	closers []io.Closer // read ends, closed when output times out
 	inputs  sync.WaitGroup
-	stdinW  io.Closer // the stdin pipe's write end, closed to end its copy
+	stdinW  *os.File // the stdin pipe's write end, closed to end its copy
 
 	mu     sync.Mutex // orders resizes against closing the master
 	closed bool
@@ -157,65 +179,73 @@ func (st *stdio) resize(ws *guestproto.WinSize) {
 	}
 }
 
-func (a *agent) runExec(ctl net.Conn, req guestproto.ExecRequest, streams [3]net.Conn) {
+// startProcess starts req's process with the stdio open gives st; the
+// error is the exec's answer. The process is managed (Stop ends it) and
+// counted in a.execs, which the caller marks done once its exit was
+// reported.
+func (a *agent) startProcess(req guestproto.ExecRequest, st *stdio, open func() error) (*os.Process, <-chan unix.WaitStatus, *managed, error) {
 	setup, err := setupExec(a.log, req)
 	if err != nil {
-		respond(ctl, nil, &guestproto.Error{Code: guestproto.CodeInvalid, Message: err.Error()})
-		return
+		return nil, nil, nil, &guestproto.Error{Code: guestproto.CodeInvalid, Message: err.Error()}
 	}
 	path, err := lookPath(req.Root, req.Argv[0], setup.env)
 	if err != nil {
-		respond(ctl, nil, &guestproto.Error{Code: guestproto.CodeNotFound, Message: err.Error()})
-		return
+		return nil, nil, nil, &guestproto.Error{Code: guestproto.CodeNotFound, Message: err.Error()}
 	}
-	st := &stdio{}
-	defer st.finish(streams[0]) // every return: no copy outlives the exec
 	defer func() {
 		for _, f := range st.child {
 			f.Close()
 		}
+		st.child = nil
 	}()
 	sys := &syscall.SysProcAttr{Setsid: true, Chroot: req.Root, Credential: setup.cred}
+	err = open()
 	if req.PTY != nil {
-		err = st.openPTY(req.Root, req.PTY, streams)
 		sys.Setctty, sys.Ctty = true, 0
 		if err == nil && setup.cred != nil {
 			// The image's user owns its terminal, as on a login: it can
 			// open it again by name (script, ssh, a pager on /dev/tty).
 			err = st.child[0].Chown(int(setup.cred.Uid), -1)
 		}
-	} else {
-		err = st.openPipes(streams)
 	}
 	if err != nil {
 		st.closeAll()
-		respond(ctl, nil, err)
-		return
+		return nil, nil, nil, err
 	}
 	a.procsMu.Lock()
 	if a.stopped {
 		a.procsMu.Unlock()
 		st.closeAll()
-		respond(ctl, nil, &guestproto.Error{Code: guestproto.CodeFailed, Message: "the guest is stopping"})
-		return
+		return nil, nil, nil, &guestproto.Error{Code: guestproto.CodeFailed, Message: "the guest is stopping"}
 	}
 	proc, exited, err := a.reaper.start(path, req.Argv, &os.ProcAttr{Dir: setup.dir, Env: setup.env, Files: st.child, Sys: sys})
 	if err != nil {
 		a.procsMu.Unlock()
 		st.closeAll()
-		respond(ctl, nil, &guestproto.Error{Code: guestproto.CodeFailed, Message: startFailure(req.Root, setup.dir, req.Argv[0], err)})
-		return
+		return nil, nil, nil, &guestproto.Error{Code: guestproto.CodeFailed, Message: startFailure(req.Root, setup.dir, req.Argv[0], err)}
 	}
 	m := &managed{proc: proc, done: make(chan struct{})}
 	a.procs[proc.Pid] = m
 	a.execs.Add(1) // under procsMu: Stop waits only after setting stopped
-	defer a.execs.Done()
 	a.procsMu.Unlock()
-	for _, f := range st.child {
-		f.Close()
+	a.log.Debug("exec started", "pid", proc.Pid, "argv0", req.Argv[0], "keep", req.Keep)
+	return proc, exited, m, nil
+}
+
+func (a *agent) runExec(ctl net.Conn, req guestproto.ExecRequest, streams [3]net.Conn) {
+	st := &stdio{}
+	defer st.finish(streams[0]) // every return: no copy outlives the exec
+	proc, exited, m, err := a.startProcess(req, st, func() error {
+		if req.PTY != nil {
+			return st.openPTY(req.Root, req.PTY, streams[0], streams[1])
+		}
+		return st.openPipes(req.Stdin, streams[0], [2]io.WriteCloser{streams[1], streams[2]})
+	})
+	if err != nil {
+		respond(ctl, nil, err)
+		return
 	}
-	st.child = nil
-	a.log.Debug("exec started", "pid", proc.Pid, "argv0", req.Argv[0])
+	defer a.execs.Done()
 
 	pid := proc.Pid
 	respond(ctl, guestproto.ExecStarted{PID: pid}, nil)
@@ -230,11 +260,7 @@ func (a *agent) runExec(ctl net.Conn, req guestproto.ExecRequest, streams [3]net
 		st.closeAll()
 	}()
 
-	ws := <-exited
-	a.procsMu.Lock()
-	delete(a.procs, pid)
-	a.procsMu.Unlock()
-	close(m.done)
+	exit := a.ended(pid, m, <-exited)
 
 	var waits sync.WaitGroup
 	defer waits.Wait()
@@ -250,14 +276,24 @@ func (a *agent) runExec(ctl net.Conn, req guestproto.ExecRequest, streams [3]net
 		st.outputs.Wait()
 	}
 	st.finish(streams[0])
-	exit := guestproto.ExecExit{ExitCode: ws.ExitStatus()}
-	if ws.Signaled() {
-		exit.ExitCode, exit.Signal = -1, int(ws.Signal())
-	}
 	guestproto.WriteFrame(ctl, exit)
 	ctl.SetReadDeadline(time.Unix(1, 0)) // end execControl
 	<-controlDone
 	proc.Release() // only now: Release clears proc.Pid
+}
+
+// ended forgets the managed process pid that exited with ws and says
+// how it ended.
+func (a *agent) ended(pid int, m *managed, ws unix.WaitStatus) guestproto.ExecExit {
+	a.procsMu.Lock()
+	delete(a.procs, pid)
+	a.procsMu.Unlock()
+	close(m.done)
+	exit := guestproto.ExecExit{ExitCode: ws.ExitStatus()}
+	if ws.Signaled() {
+		exit.ExitCode, exit.Signal = -1, int(ws.Signal())
+	}
+	return exit
 }
 
 // execControl applies the node's signals and resizes.
@@ -278,7 +314,9 @@ func (a *agent) execControl(ctl net.Conn, proc *os.Process, pid int, st *stdio) 
 	}
 }
 
-func (st *stdio) openPTY(root string, size *guestproto.WinSize, streams [3]net.Conn) error {
+// openPTY gives the process a terminal of size: in (if not nil) is
+// copied to it, its output to out, closed at its end.
+func (st *stdio) openPTY(root string, size *guestproto.WinSize, in io.Reader, out io.WriteCloser) error {
 	master, slave, err := openPTYIn(root)
 	if err != nil {
 		return fmt.Errorf("open pty: %w", err)
@@ -289,30 +327,35 @@ func (st *stdio) openPTY(root string, size *guestproto.WinSize, streams [3]net.C
 	st.master = master
 	st.child = []*os.File{slave, slave, slave}
 	st.closers = append(st.closers, master)
-	if streams[0] != nil {
-		st.inputs.Go(func() { copyQuiet(master, streams[0]) })
+	if in != nil {
+		st.inputs.Go(func() { copyQuiet(master, in) })
 	}
 	st.outputs.Add(1)
 	go func() {
 		defer st.outputs.Done()
-		copyQuiet(streams[1], master) // EIO once the last slave fd closed
-		streams[1].Close()
+		copyQuiet(out, master) // EIO once the last slave fd closed
+		out.Close()
 	}()
 	return nil
 }
 
-func (st *stdio) openPipes(streams [3]net.Conn) error {
-	if streams[0] != nil {
+// openPipes gives the process pipes: a stdin (else /dev/null) that in,
+// if not nil, is copied to and then closed, and stdout and stderr copied
+// to out, each closed at its end.
+func (st *stdio) openPipes(stdin bool, in io.Reader, out [2]io.WriteCloser) error {
+	if stdin {
 		r, w, err := os.Pipe()
 		if err != nil {
 			return err
 		}
 		st.child = append(st.child, r)
 		st.stdinW = w
-		st.inputs.Go(func() {
-			copyQuiet(w, streams[0])
-			w.Close()
-		})
+		if in != nil {
+			st.inputs.Go(func() {
+				copyQuiet(w, in)
+				w.Close()
+			})
+		}
 	} else {
 		null, err := os.Open(os.DevNull)
 		if err != nil {
@@ -320,7 +363,7 @@ func (st *stdio) openPipes(streams [3]net.Conn) error {
 		}
 		st.child = append(st.child, null)
 	}
-	for fd := 1; fd <= 2; fd++ {
+	for _, dst := range out {
 		r, w, err := os.Pipe()
 		if err != nil {
 			return err
@@ -328,11 +371,11 @@ func (st *stdio) openPipes(streams [3]net.Conn) error {
 		st.child = append(st.child, w)
 		st.closers = append(st.closers, r)
 		st.outputs.Add(1)
-		go func(dst net.Conn) {
+		go func() {
 			defer st.outputs.Done()
 			copyQuiet(dst, r)
 			dst.Close()
-		}(streams[fd])
+		}()
 	}
 	return nil
 }

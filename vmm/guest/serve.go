@@ -58,6 +58,7 @@ type agent struct {
 	log     *slog.Logger
 	reaper  reaper
 	attach  attachments
+	kept    keptExecs
 	info    guestproto.GuestInfo
 	procsMu sync.Mutex
 	procs   map[int]*managed
@@ -419,6 +420,9 @@ func (a *agent) handle(ctx context.Context, ss session, s net.Conn) {
 	case guestproto.CallExec:
 		a.handleExec(ctx, s, req.Args)
 		return
+	case guestproto.CallExecConnect:
+		a.handleExecConnect(ctx, s, req.Args)
+		return
 	case guestproto.CallPortForward:
 		a.portForward(ctx, ss, s, req.Args)
 		return
@@ -437,6 +441,8 @@ func (a *agent) handle(ctx context.Context, ss session, s net.Conn) {
 		if err = decodeArgs(req.Args, &r); err == nil {
 			err = a.configure(ctx, r)
 		}
+	case guestproto.CallExecList:
+		res = guestproto.ExecList{Processes: a.kept.list()}
 	case guestproto.CallStat:
 		var r guestproto.StatRequest
 		if err = decodeArgs(req.Args, &r); err == nil {

@@ -408,10 +408,43 @@ func (c *Client) Exec(ctx context.Context, req ExecRequest) (*Process, error) {
 	if len(req.Argv) == 0 {
 		return nil, errors.New("guest agent: exec: empty argv")
 	}
+	if len(req.Meta) > MaxExecMeta {
+		return nil, fmt.Errorf("guest agent: exec: meta of %d bytes: at most %d", len(req.Meta), MaxExecMeta)
+	}
+	req.ID = streamID()
+	return c.attachExec(ctx, CallExec, req, req.ID, req.Stdin, req.PTY != nil)
+}
+
+// ConnectExec attaches to the kept exec pid (CapExecKeep): its output
+// from now on, its exit, its stdin with stdin; pty says it has a
+// terminal (no stderr), as ListExecs tells. Close detaches; the process
+// runs on. ctx bounds the attach only.
+func (c *Client) ConnectExec(ctx context.Context, pid int, stdin, pty bool) (*Process, error) {
+	id := streamID()
+	return c.attachExec(ctx, CallExecConnect, ExecConnect{ID: id, PID: pid, Stdin: stdin, PTY: pty}, id, stdin, pty)
+}
+
+// ListExecs is the kept execs that run (CapExecKeep).
+func (c *Client) ListExecs(ctx context.Context) ([]KeptExec, error) {
+	var out ExecList
+	err := c.call(ctx, CallExecList, nil, &out)
+	return out.Processes, err
+}
+
+// CloseStdin closes a kept exec's stdin.
+func (p *Process) CloseStdin() error { return p.control(ExecControl{CloseStdin: true}) }
+
+// streamID names the stdio streams of one exec call.
+func streamID() string {
 	var id [12]byte
 	rand.Read(id[:])
-	req.ID = hex.EncodeToString(id[:])
-	ctl, release, err := c.open(ctx, CallExec, req)
+	return hex.EncodeToString(id[:])
+}
+
+// attachExec makes call with args and attaches the stdio streams of id:
+// stdin when asked, stdout, and stderr without a PTY.
+func (c *Client) attachExec(ctx context.Context, call string, args any, id string, stdin, pty bool) (*Process, error) {
+	ctl, release, err := c.open(ctx, call, args)
 	if err != nil {
 		return nil, err
 	}
@@ -422,7 +455,7 @@ func (c *Client) Exec(ctx context.Context, req ExecRequest) (*Process, error) {
 		return nil, err
 	}
 	attach := func(fd int) (net.Conn, error) {
-		s, rel, err := c.open(ctx, CallExecAttach, ExecAttach{ID: req.ID, FD: fd})
+		s, rel, err := c.open(ctx, CallExecAttach, ExecAttach{ID: id, FD: fd})
 		if err != nil {
 			return nil, err
 		}
@@ -430,7 +463,7 @@ func (c *Client) Exec(ctx context.Context, req ExecRequest) (*Process, error) {
 		p.streams = append(p.streams, s)
 		return s, nil
 	}
-	if req.Stdin {
+	if stdin {
 		s, err := attach(0)
 		if err != nil {
 			return fail(err)
@@ -442,7 +475,7 @@ func (c *Client) Exec(ctx context.Context, req ExecRequest) (*Process, error) {
 		return fail(err)
 	}
 	p.Stdout = &closeOnEOF{Conn: s}
-	if req.PTY == nil {
+	if !pty {
 		s, err := attach(2)
 		if err != nil {
 			return fail(err)
@@ -450,12 +483,12 @@ func (c *Client) Exec(ctx context.Context, req ExecRequest) (*Process, error) {
 		p.Stderr = &closeOnEOF{Conn: s}
 	}
 	var started ExecStarted
-	if err := readResponse(ctl, CallExec, &started); err != nil {
+	if err := readResponse(ctl, call, &started); err != nil {
 		var ge *Error
 		if errors.As(err, &ge) {
 			return fail(err)
 		}
-		return fail(c.streamErr(ctx, CallExec, err))
+		return fail(c.streamErr(ctx, call, err))
 	}
 	p.PID = started.PID
 	go p.waitExit()

@@ -14,13 +14,19 @@ const (
 	CallConfigure  = "configure"
 	CallExec       = "exec"
 	CallExecAttach = "exec-attach" // attaches a stdio stream to an exec by ID
-	CallFileWrite  = "file-write"
-	CallFileRead   = "file-read"
-	CallStat       = "stat"
-	CallSync       = "sync"
-	CallFreeze     = "freeze"
-	CallThaw       = "thaw"
-	CallStop       = "stop"
+	// CallExecConnect attaches to a kept exec by pid (ExecConnect): its
+	// stdio streams by ID as an exec's, then from the Response on the
+	// stream carries what an exec's does (CapExecKeep).
+	CallExecConnect = "exec-connect"
+	// CallExecList lists the kept execs that run (ExecList).
+	CallExecList  = "exec-list"
+	CallFileWrite = "file-write"
+	CallFileRead  = "file-read"
+	CallStat      = "stat"
+	CallSync      = "sync"
+	CallFreeze    = "freeze"
+	CallThaw      = "thaw"
+	CallStop      = "stop"
 	// CallSetTime sets the guest's clock (after a restore it is behind by
 	// the time the guest was saved).
 	CallSetTime = "set-time"
@@ -43,7 +49,7 @@ const DataPortName = "kibotos.data"
 // DataCalls are the calls served on the data-plane channel. Configure,
 // sync, freeze, thaw, grow-fs and stop change the guest as a whole and stay
 // with the node: the data channel answers them with CodeUnsupported.
-var DataCalls = []string{CallGuestInfo, CallExec, CallExecAttach, CallFileRead, CallFileWrite, CallStat, CallPortForward}
+var DataCalls = []string{CallGuestInfo, CallExec, CallExecAttach, CallExecConnect, CallExecList, CallFileRead, CallFileWrite, CallStat, CallPortForward}
 
 // Capabilities a guest agent announces in GuestInfo.
 const (
@@ -111,6 +117,17 @@ const CapExecImageConfig = "exec-image-config"
 // boot_id on its first read in the guest: after a fork's reseed, its own.
 const CapIdentity = "identity"
 
+// CapExecKeep: ExecRequest.Keep and Meta, CallExecConnect, CallExecList
+// and ExecControl.CloseStdin.
+const CapExecKeep = "exec-keep"
+
+// Bounds of kept execs: how many one guest keeps, and the size of each
+// one's Meta.
+const (
+	MaxKeptExecs = 1024
+	MaxExecMeta  = 8 << 10
+)
+
 // CapExecUser: an exec with Root takes ExecRequest.User, the account of
 // the root's /etc/passwd it runs as instead of the image config's.
 const CapExecUser = "exec-user"
@@ -138,7 +155,7 @@ const (
 // and its node may use. A guest of an earlier build lacking some is still
 // driven; only the calls that need those fail until it restarts.
 var Capabilities = []string{CapExec, CapPTY, CapFiles, CapConfigure, CapFreeze, CapStop, CapExecRoot,
-	CapPortForward, CapBindMount, CapMountSerial, CapGrowFS, CapSetTime, CapStopPrepare, CapExecImageConfig, CapIdentity, CapExecUser}
+	CapPortForward, CapBindMount, CapMountSerial, CapGrowFS, CapSetTime, CapStopPrepare, CapExecImageConfig, CapIdentity, CapExecUser, CapExecKeep}
 
 // SetTimeRequest is the time to set, Unix nanoseconds of the node's clock.
 type SetTimeRequest struct {
@@ -278,6 +295,41 @@ type ExecRequest struct {
 	User  string   `json:"user,omitempty"`
 	PTY   *WinSize `json:"pty,omitempty"`
 	Stdin bool     `json:"stdin,omitempty"` // false: the process gets /dev/null
+	// Keep makes the process outlive its exec stream and the session:
+	// when the stream ends, the agent keeps the process running and
+	// reads its output on, dropping it, until a CallExecConnect attaches
+	// new streams. A kept process's stdin is closed by
+	// ExecControl.CloseStdin only: the end of a stdin stream detaches it
+	// (needs CapExecKeep).
+	Keep bool `json:"keep,omitempty"`
+	// Meta is the caller's own note of a kept exec, answered by
+	// CallExecList: a JSON value of at most MaxExecMeta bytes.
+	Meta json.RawMessage `json:"meta,omitempty"`
+}
+
+// ExecConnect attaches to the kept exec PID: stdio streams with ID as an
+// exec's (stdin only with Stdin; stderr unless PTY). Several
+// may be attached at once: each gets the output from then on, and the
+// exit.
+type ExecConnect struct {
+	ID    string `json:"id"`
+	PID   int    `json:"pid"`
+	Stdin bool   `json:"stdin,omitempty"`
+	// PTY says the caller attaches no stderr: the exec has a terminal
+	// (KeptExec.PTY).
+	PTY bool `json:"pty,omitempty"`
+}
+
+// ExecList is the answer of CallExecList, by pid.
+type ExecList struct {
+	Processes []KeptExec `json:"processes"`
+}
+
+// KeptExec is one kept exec that runs.
+type KeptExec struct {
+	PID  int             `json:"pid"`
+	PTY  bool            `json:"pty,omitempty"`
+	Meta json.RawMessage `json:"meta,omitempty"`
 }
 
 // ExecAttach is the request of a stdio stream.
@@ -295,6 +347,8 @@ type ExecStarted struct {
 type ExecControl struct {
 	Signal int      `json:"signal,omitempty"`
 	Resize *WinSize `json:"resize,omitempty"`
+	// CloseStdin closes a kept exec's stdin (CapExecKeep).
+	CloseStdin bool `json:"close_stdin,omitempty"`
 }
 
 // ExecExit is the last frame of the exec stream.
