@@ -1,6 +1,8 @@
 package guest
 
 import (
+	"bytes"
+	"encoding/binary"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -8,6 +10,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/kibotos/kibotos/internal/testenv"
 	"github.com/kibotos/kibotos/vmm/guestproto"
@@ -249,6 +253,10 @@ func TestWatchBoundsAndClose(t *testing.T) {
 	ctx := ctxT(t)
 	root := t.TempDir()
 	mkdirs(t, filepath.Join(root, "small", "a"), filepath.Join(root, "big", "a"), filepath.Join(root, "big", "b", "c"))
+	// A call answered: the agent's side of the session runs.
+	if _, err := data.GuestInfo(ctx); err != nil {
+		t.Fatal(err)
+	}
 	before, goroutines := inotifyFDs(t), testenv.LiveGoroutines()
 
 	_, err := data.Watch(ctx, guestproto.WatchRequest{Root: root, Path: "/big", Recursive: true})
@@ -291,4 +299,39 @@ func TestWatchBoundsAndClose(t *testing.T) {
 		return n == before, fmt.Sprintf("%d instances, %d before", n, before)
 	})
 	testenv.WaitGoroutinesEnd(t, goroutines, "github.com/kibotos/kibotos/vmm/guest", 10*time.Second)
+}
+
+// Events the kernel could not queue (IN_Q_OVERFLOW: the node read too
+// slowly) end the watch with an error frame after the events before them,
+// rather than a watch that silently missed some.
+func TestWatchOverflowEndsWithError(t *testing.T) {
+	w, err := openWatch(guestproto.WatchRequest{Root: t.TempDir(), Path: "/"}, guestproto.MaxWatchDirs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.close()
+	var out bytes.Buffer
+	w.out = &out
+	event := func(wd int32, mask uint32, name string) []byte {
+		b := make([]byte, unix.SizeofInotifyEvent+16)
+		binary.NativeEndian.PutUint32(b[0:], uint32(wd))
+		binary.NativeEndian.PutUint32(b[4:], mask)
+		binary.NativeEndian.PutUint32(b[12:], 16)
+		copy(b[unix.SizeofInotifyEvent:], name)
+		return b
+	}
+	var top int32
+	for wd := range w.dirs {
+		top = wd
+	}
+	w.parse(append(event(top, unix.IN_CREATE, "a"), event(-1, unix.IN_Q_OVERFLOW, "")...))
+	w.finish()
+	var f guestproto.WatchFrame
+	if err := guestproto.ReadFrame(&out, &f); err != nil {
+		t.Fatal(err)
+	}
+	if len(f.Events) != 1 || f.Events[0] != (guestproto.WatchEvent{Name: "a", Op: guestproto.WatchCreate}) || f.End ||
+		f.Error == nil || f.Error.Code != guestproto.CodeResourceExhausted || !strings.Contains(f.Error.Message, "events were lost") {
+		t.Errorf("an overflow: %+v (error %+v)", f, f.Error)
+	}
 }
