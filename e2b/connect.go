@@ -1,6 +1,7 @@
 package e2b
 
 import (
+	"context"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
@@ -86,6 +87,18 @@ func readEnvelope(r io.Reader, v any) error {
 		return rpcErrorf("invalid_argument", "request message: %v", err)
 	}
 	return nil
+}
+
+// streamRequest reads the request message of a server-streaming RPC
+// into v and bounds the request by its Connect-Timeout-Ms: the returned
+// request carries that context, which cancel ends.
+func streamRequest(w http.ResponseWriter, r *http.Request, v any) (*http.Request, context.CancelFunc, error) {
+	if ct := r.Header.Get("Content-Type"); ct != connectStreamJSON {
+		return r, func() {}, rpcErrorf("invalid_argument", "content type %q: this RPC streams %s", ct, connectStreamJSON)
+	}
+	ctx, cancel := requestDeadline(r)
+	r = r.WithContext(ctx)
+	return r, cancel, readEnvelope(http.MaxBytesReader(w, r.Body, maxEnvelope+5), v)
 }
 
 // stream writes the messages of a server-streaming RPC, one at a time

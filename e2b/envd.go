@@ -83,6 +83,8 @@ func (h *handler) envd(w http.ResponseWriter, r *http.Request, id string) {
 		h.readFile(w, r, id)
 	case r.Method == http.MethodPost && r.URL.Path == "/files":
 		h.writeFiles(w, r, id)
+	case r.Method == http.MethodPost && r.URL.Path == "/filesystem.Filesystem/WatchDir":
+		h.watchDir(w, r, id)
 	case r.Method == http.MethodPost && strings.HasPrefix(r.URL.Path, "/filesystem.Filesystem/"):
 		h.filesystemUnary(w, r, id, strings.TrimPrefix(r.URL.Path, "/filesystem.Filesystem/"))
 	case strings.HasPrefix(r.URL.Path, "/process.Process/"):
@@ -212,18 +214,14 @@ type startResponse struct {
 // It ends with the request: a command the caller no longer waits for is
 // killed, since nothing could reconnect to it yet.
 func (h *handler) processStart(w http.ResponseWriter, r *http.Request, id string) {
-	if ct := r.Header.Get("Content-Type"); ct != connectStreamJSON {
-		unaryError(w, rpcErrorf("invalid_argument", "content type %q: this RPC streams %s", ct, connectStreamJSON))
-		return
-	}
-	ctx, cancel := requestDeadline(r)
-	defer cancel()
-	r = r.WithContext(ctx)
 	var req startRequest
-	if err := readEnvelope(http.MaxBytesReader(w, r.Body, maxEnvelope+5), &req); err != nil {
+	r, cancel, err := streamRequest(w, r, &req)
+	defer cancel()
+	if err != nil {
 		unaryError(w, err)
 		return
 	}
+	ctx := r.Context()
 	exec, err := execRequest(r, &req)
 	if err != nil {
 		unaryError(w, err)

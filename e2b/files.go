@@ -49,8 +49,13 @@ func (h *handler) runIn(r *http.Request, id, script string, args []string, stdin
 		return 0, "", err
 	}
 	defer gc.Close()
-	req := guestproto.ExecRequest{Argv: append([]string{"/bin/sh", "-c", script, "sh"}, args...), Root: guestproto.WorkspaceRoot, Stdin: stdin != nil}
-	return runScript(r.Context(), gc, withUser(r, req), stdin, stdout)
+	return runScript(r.Context(), gc, scriptExec(r, script, args, stdin != nil), stdin, stdout)
+}
+
+// scriptExec is the exec of the shell script with args ($1, $2, ...) as
+// the request's user.
+func scriptExec(r *http.Request, script string, args []string, stdin bool) guestproto.ExecRequest {
+	return withUser(r, guestproto.ExecRequest{Argv: append([]string{"/bin/sh", "-c", script, "sh"}, args...), Root: guestproto.WorkspaceRoot, Stdin: stdin})
 }
 
 func runScript(ctx context.Context, gc *guestproto.Client, req guestproto.ExecRequest, stdin io.Reader, stdout io.Writer) (int, string, error) {

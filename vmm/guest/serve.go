@@ -12,6 +12,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/yamux"
@@ -48,6 +49,10 @@ type Options struct {
 	// DiskWait bounds the wait for a disk to appear (a serial: mount) and
 	// for a device to reach a size (grow-fs); zero means 10s.
 	DiskWait time.Duration
+	// MaxWatchCalls and MaxWatchDirs bound the directory watches: calls
+	// watching at once, directories one call watches; zero means
+	// guestproto.MaxWatchCalls and MaxWatchDirs.
+	MaxWatchCalls, MaxWatchDirs int
 }
 
 // errStopped ends Serve after a Stop call.
@@ -70,6 +75,7 @@ type agent struct {
 	retained   []string
 	stopCh     chan struct{}
 	stopErr    error
+	watching   atomic.Int32   // watch calls running
 	wg         sync.WaitGroup // stream handlers
 	execs      sync.WaitGroup // running execs, until their exit was reported
 }
@@ -188,6 +194,12 @@ func newAgent(opts Options) *agent {
 	}
 	if opts.DiskWait == 0 {
 		opts.DiskWait = 10 * time.Second
+	}
+	if opts.MaxWatchCalls == 0 {
+		opts.MaxWatchCalls = guestproto.MaxWatchCalls
+	}
+	if opts.MaxWatchDirs == 0 {
+		opts.MaxWatchDirs = guestproto.MaxWatchDirs
 	}
 	if opts.BootID == "" {
 		// Never the kernel's boot_id: the kernel makes it on its first
@@ -425,6 +437,9 @@ func (a *agent) handle(ctx context.Context, ss session, s net.Conn) {
 		return
 	case guestproto.CallPortForward:
 		a.portForward(ctx, ss, s, req.Args)
+		return
+	case guestproto.CallWatch:
+		a.watch(s, req.Args)
 		return
 	}
 	defer s.Close()

@@ -38,6 +38,9 @@ const (
 	CallGrowFS = "grow-fs"
 	// CallIdentity gives a restored fork its own identity (CapIdentity).
 	CallIdentity = "identity"
+	// CallWatch watches a directory (CapWatch): after the Response the
+	// stream carries WatchFrames until the node closes it.
+	CallWatch = "watch"
 )
 
 // DataPortName is the virtio-serial port of the data-plane channel. The
@@ -49,7 +52,7 @@ const DataPortName = "kibotos.data"
 // DataCalls are the calls served on the data-plane channel. Configure,
 // sync, freeze, thaw, grow-fs and stop change the guest as a whole and stay
 // with the node: the data channel answers them with CodeUnsupported.
-var DataCalls = []string{CallGuestInfo, CallExec, CallExecAttach, CallExecConnect, CallExecList, CallFileRead, CallFileWrite, CallStat, CallPortForward}
+var DataCalls = []string{CallGuestInfo, CallExec, CallExecAttach, CallExecConnect, CallExecList, CallFileRead, CallFileWrite, CallStat, CallPortForward, CallWatch}
 
 // Capabilities a guest agent announces in GuestInfo.
 const (
@@ -74,6 +77,8 @@ const (
 	CapMountSerial = "mount-serial"
 	// CapGrowFS: CallGrowFS.
 	CapGrowFS = "grow-fs"
+	// CapWatch: CallWatch.
+	CapWatch = "watch"
 )
 
 // MountSerialPrefix begins a Mount Source naming a virtio-blk disk by its
@@ -155,7 +160,7 @@ const (
 // and its node may use. A guest of an earlier build lacking some is still
 // driven; only the calls that need those fail until it restarts.
 var Capabilities = []string{CapExec, CapPTY, CapFiles, CapConfigure, CapFreeze, CapStop, CapExecRoot,
-	CapPortForward, CapBindMount, CapMountSerial, CapGrowFS, CapSetTime, CapStopPrepare, CapExecImageConfig, CapIdentity, CapExecUser, CapExecKeep}
+	CapPortForward, CapBindMount, CapMountSerial, CapGrowFS, CapSetTime, CapStopPrepare, CapExecImageConfig, CapIdentity, CapExecUser, CapExecKeep, CapWatch}
 
 // SetTimeRequest is the time to set, Unix nanoseconds of the node's clock.
 type SetTimeRequest struct {
@@ -187,6 +192,8 @@ const (
 	CodeFailed      = "failed"
 	// CodeDeadlineExceeded: the managed processes did not end in time.
 	CodeDeadlineExceeded = "deadline_exceeded"
+	// CodeResourceExhausted: a bound of the agent was reached (watches).
+	CodeResourceExhausted = "resource_exhausted"
 )
 
 // Error is a call that failed in the guest.
