@@ -293,15 +293,15 @@ func TestE2BControlAPI(t *testing.T) {
 			t.Errorf("port 8080 of a sandbox %s: %d %s, want %d saying %q", c.name, r.status, r.body, c.status, c.want)
 		}
 	}
-	if r = envd(a.SandboxID, "49983", "", "POST", "/process.Process/Connect"); r.status != http.StatusNotImplemented || !strings.Contains(string(r.body), `"unimplemented"`) {
-		t.Errorf("process.Process/Connect: %d %s, want 501 unimplemented", r.status, r.body)
+	if r = envd(a.SandboxID, "49983", "", "POST", "/process.Process/StreamInput"); r.status != http.StatusNotImplemented || !strings.Contains(string(r.body), `"unimplemented"`) {
+		t.Errorf("process.Process/StreamInput: %d %s, want 501 unimplemented", r.status, r.body)
 	}
 	for _, c := range []struct {
 		token, path string
 		status      int
 		want        string
-	}{{a.EnvdAccessToken, "/process.Process/List", http.StatusOK, `{"processes":[]}`}, {"", "/process.Process/List", http.StatusUnauthorized, "no access token"},
-		{b.EnvdAccessToken, "/process.Process/List", http.StatusUnauthorized, "not this sandbox's"}, {a.EnvdAccessToken, "/process.Process/SendSignal", http.StatusNotFound, "no such command"}} {
+	}{{a.EnvdAccessToken, "/process.Process/List", http.StatusServiceUnavailable, "reach its guest"}, {"", "/process.Process/List", http.StatusUnauthorized, "no access token"},
+		{b.EnvdAccessToken, "/process.Process/List", http.StatusUnauthorized, "not this sandbox's"}, {a.EnvdAccessToken, "/process.Process/SendSignal", http.StatusServiceUnavailable, "reach its guest"}} {
 		h := map[string]string{"E2b-Sandbox-Id": a.SandboxID, "E2b-Sandbox-Port": "49983", "X-Access-Token": c.token}
 		if r = send("POST", c.path, map[string]any{"process": map[string]int{"pid": 1}, "signal": "SIGNAL_SIGKILL"}, h); r.status != c.status || !strings.Contains(string(r.body), c.want) {
 			t.Errorf("%s with token %.12q: %d %s, want %d with %q", c.path, c.token, r.status, r.body, c.status, c.want)

@@ -154,11 +154,6 @@ func (x *e2bSandboxes) open(ctx context.Context, c caller, id, remote string) (*
 	return gc, nil
 }
 
-func (x *e2bSandboxes) Authorize(_ context.Context, token, id string) error {
-	_, err := x.tokenCaller(envdToken, token, id)
-	return err
-}
-
 // tokenCaller is the key a token of sandbox id was issued to, as a
 // caller, if the token is one and the key active.
 func (x *e2bSandboxes) tokenCaller(purpose, token, id string) (caller, error) {

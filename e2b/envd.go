@@ -38,8 +38,6 @@ type Sandboxes interface {
 	// as the key the token was issued to (the caller closes it). A
 	// refusal is an *api.Error.
 	Open(ctx context.Context, token, id, remote string) (*guestproto.Client, error)
-	// Authorize checks token for sandbox id without opening its guest.
-	Authorize(ctx context.Context, token, id string) error
 	// TrafficToken is the trafficAccessToken of sandbox id for the
 	// holder of key.
 	TrafficToken(key, id string) (string, error)
@@ -77,6 +75,8 @@ func (h *handler) envd(w http.ResponseWriter, r *http.Request, id string) {
 		h.health(w, r, id)
 	case r.Method == http.MethodPost && r.URL.Path == "/process.Process/Start":
 		h.processStart(w, r, id)
+	case r.Method == http.MethodPost && r.URL.Path == "/process.Process/Connect":
+		h.processConnect(w, r, id)
 	case r.Method == http.MethodPost && slices.Contains([]string{"/process.Process/List", "/process.Process/SendSignal", "/process.Process/SendInput", "/process.Process/CloseStdin", "/process.Process/Update"}, r.URL.Path):
 		h.processUnary(w, r, id, strings.TrimPrefix(r.URL.Path, "/process.Process/"))
 	case r.Method == http.MethodGet && r.URL.Path == "/files":
@@ -210,9 +210,11 @@ type startResponse struct {
 }
 
 // processStart is process.Process/Start: the command runs in the guest
-// as the template's user, its output streamed as it comes, then its end.
-// It ends with the request: a command the caller no longer waits for is
-// killed, since nothing could reconnect to it yet.
+// as the request's user, its output streamed as it comes, then its end.
+// As envd's, it runs on when the caller goes away: the guest keeps it,
+// and process.Process/Connect attaches to it again by pid or tag, from
+// any member, a pause in between included. Past the request's timeout
+// it is killed.
 func (h *handler) processStart(w http.ResponseWriter, r *http.Request, id string) {
 	var req startRequest
 	r, cancel, err := streamRequest(w, r, &req)
@@ -233,6 +235,9 @@ func (h *handler) processStart(w http.ResponseWriter, r *http.Request, id string
 		return
 	}
 	defer gc.Close()
+	if gc.Info().Has(guestproto.CapExecKeep) {
+		exec.Keep, exec.Meta = true, processMeta(req.Process, req.Tag)
+	}
 	p, err := startExec(ctx, gc, exec)
 	if err != nil {
 		var ge *guestproto.Error
@@ -243,24 +248,22 @@ func (h *handler) processStart(w http.ResponseWriter, r *http.Request, id string
 		unaryError(w, rpcErrorf("failed_precondition", "sandbox %s: start %s: %v", id, req.Process.Cmd, err))
 		return
 	}
-	// The command dies with the request.
-	stop := context.AfterFunc(ctx, func() { p.Signal(syscall.SIGKILL) })
-	defer stop()
-	pr := &process{p: p, config: req.Process}
-	if req.Tag != nil {
-		pr.tag = *req.Tag
+	if !exec.Keep {
+		// A guest from before kept execs: the command dies with the
+		// request, as nothing could attach to it again.
+		stop := context.AfterFunc(ctx, func() { p.Signal(syscall.SIGKILL) })
+		defer stop()
 	}
-	if !h.procs.add(id, pr) {
-		p.Signal(syscall.SIGKILL)
-		p.Wait()
-		unaryError(w, rpcErrorf("resource_exhausted", "sandbox %s runs %d commands through this member: wait for one to end", id, maxProcessesPerSandbox))
-		return
-	}
-	defer h.procs.remove(id, p.PID)
-	if p.Stdin != nil {
-		defer func() { pr.stdin.Lock(); pr.closed = true; pr.stdin.Unlock() }()
-	}
-	s := newStream(w)
+	streamProcess(r, newStream(w), p, req.PTY != nil, id, req.Process.Cmd, true)
+}
+
+// streamProcess streams p's events to s: its start, its output as it
+// comes, keepalives, its end. At the request's deadline the command is
+// killed when kill says so (a start) and the stream ends
+// deadline_exceeded; when the caller goes away, p is only let go.
+func streamProcess(r *http.Request, s *stream, p *guestproto.Process, pty bool, id, cmd string, kill bool) {
+	ctx := r.Context()
+	defer p.Close()
 	s.send(startResponse{Event: processEvent{Start: &startEvent{PID: p.PID}}})
 	var wg sync.WaitGroup
 	pump := func(src io.Reader, event func([]byte) *dataEvent) {
@@ -275,24 +278,36 @@ func (h *handler) processStart(w http.ResponseWriter, r *http.Request, id string
 			}
 		}
 	}
-	if req.PTY != nil {
+	if pty {
 		wg.Go(func() { pump(p.Stdout, func(b []byte) *dataEvent { return &dataEvent{Pty: b} }) })
 	} else {
 		wg.Go(func() { pump(p.Stdout, func(b []byte) *dataEvent { return &dataEvent{Stdout: b} }) })
 		wg.Go(func() { pump(p.Stderr, func(b []byte) *dataEvent { return &dataEvent{Stderr: b} }) })
 	}
 	wg.Go(func() { keepalive(ctx, s, p.Done(), keepaliveInterval(r)) })
+	// The caller gone or its deadline past: let the process go (its
+	// streams closed end the pumps), after killing it for a deadline.
+	stop := context.AfterFunc(ctx, func() {
+		if kill && errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			p.Signal(syscall.SIGKILL)
+		}
+		p.Close()
+	})
+	defer stop()
 	exit, err := p.Wait()
 	wg.Wait()
 	switch {
+	case errors.Is(ctx.Err(), context.DeadlineExceeded) && kill:
+		s.end(rpcErrorf("deadline_exceeded", "sandbox %s: %s ran past the request's timeout and was killed", id, cmd))
+		return
 	case errors.Is(ctx.Err(), context.DeadlineExceeded):
-		s.end(rpcErrorf("deadline_exceeded", "sandbox %s: %s ran past the request's timeout and was killed", id, req.Process.Cmd))
+		s.end(rpcErrorf("deadline_exceeded", "sandbox %s: the request's timeout passed; the command runs on", id))
 		return
 	case ctx.Err() != nil:
 		return // the caller is gone
 	}
 	if err != nil {
-		s.end(rpcErrorf("unavailable", "sandbox %s: lost the command: %v (the sandbox may have been paused or killed meanwhile)", id, err))
+		s.end(rpcErrorf("unavailable", "sandbox %s: lost the command: %v (the sandbox may have been paused or killed meanwhile: connect to it again by pid)", id, err))
 		return
 	}
 	end := &endEvent{ExitCode: exit.ExitCode, Exited: exit.Signal == 0, Status: "exit status " + strconv.Itoa(exit.ExitCode)}

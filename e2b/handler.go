@@ -50,9 +50,8 @@ type Config struct {
 
 // handler serves the routes of the control API.
 type handler struct {
-	c     Config
-	mux   *http.ServeMux
-	procs processTable // commands of sandboxes streamed by this member
+	c   Config
+	mux *http.ServeMux
 }
 
 // NewHandler is the control API's handler.
@@ -69,6 +68,7 @@ func NewHandler(c Config) http.Handler {
 		{"GET /sandboxes/{id}", h.get},
 		{"DELETE /sandboxes/{id}", h.kill},
 		{"POST /sandboxes/{id}/timeout", h.setTimeout},
+		{"GET /sandboxes/{id}/metrics", h.metrics},
 		{"POST /sandboxes/{id}/pause", h.pause},
 		{"POST /sandboxes/{id}/resume", h.connect},
 		{"POST /sandboxes/{id}/connect", h.connect},

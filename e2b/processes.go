@@ -1,91 +1,107 @@
 package e2b
 
 import (
+	"context"
 	"encoding/json"
 	"io"
 	"net/http"
-	"slices"
-	"sync"
 	"syscall"
 
 	"github.com/kibotos/kibotos/vmm/guestproto"
 )
 
-// The commands of sandboxes whose Start stream this member serves, so
-// that process.Process/List, SendSignal, SendInput and CloseStdin find
-// them by pid or tag. A command lives as long as its stream: the table
-// is this member's, and a command started through another member is not
-// found here.
+// The commands of a sandbox are the guest's kept execs: process.Process
+// List, Connect, SendSignal, SendInput, CloseStdin and Update find them
+// there by pid or tag, whichever member takes the request, and after a
+// pause. Each exec carries its start's config and tag as its meta.
 
-// maxProcessesPerSandbox bounds the commands one sandbox may run through
-// this member at once: each holds a guest session and a stream.
-const maxProcessesPerSandbox = 256
-
-type process struct {
-	p      *guestproto.Process
-	config processConfig
-	tag    string
-	stdin  sync.Mutex // serializes writes and the close of p.Stdin
-	closed bool       // p.Stdin was closed (under stdin)
+// processMeta is the meta a command's kept exec carries: its config and
+// tag, as List answers them. A config too large for it keeps its
+// command line without the environment.
+func processMeta(config processConfig, tag *string) json.RawMessage {
+	m := keptMeta{Config: config, Tag: tag}
+	raw, err := json.Marshal(m)
+	if err == nil && len(raw) <= guestproto.MaxExecMeta {
+		return raw
+	}
+	m.Config.Envs = nil
+	if raw, err = json.Marshal(m); err == nil && len(raw) <= guestproto.MaxExecMeta {
+		return raw
+	}
+	m.Config = processConfig{Cmd: config.Cmd}
+	raw, _ = json.Marshal(m)
+	return raw
 }
 
-type processTable struct {
-	mu sync.Mutex
-	m  map[string]map[int]*process // sandbox id → pid
+type keptMeta struct {
+	Config processConfig `json:"config"`
+	Tag    *string       `json:"tag,omitempty"`
 }
 
-// add records a started command; false when the sandbox has too many.
-func (t *processTable) add(id string, pr *process) bool {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if t.m == nil {
-		t.m = map[string]map[int]*process{}
+// commands are the sandbox's commands the guest keeps, as List answers.
+func commands(ctx context.Context, gc *guestproto.Client) ([]processInfo, map[int]bool, error) {
+	if !gc.Info().Has(guestproto.CapExecKeep) {
+		return nil, nil, rpcErrorf("failed_precondition", "the guest agent of this sandbox predates commands that outlive their caller: stop and start the sandbox to list them")
 	}
-	if len(t.m[id]) >= maxProcessesPerSandbox {
-		return false
+	kept, err := gc.ListExecs(ctx)
+	if err != nil {
+		return nil, nil, rpcErrorf("unavailable", "list the sandbox's commands: %v", err)
 	}
-	if t.m[id] == nil {
-		t.m[id] = map[int]*process{}
-	}
-	t.m[id][pr.p.PID] = pr
-	return true
-}
-
-func (t *processTable) remove(id string, pid int) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	delete(t.m[id], pid)
-	if len(t.m[id]) == 0 {
-		delete(t.m, id)
-	}
-}
-
-// find is the command of selector in sandbox id.
-func (t *processTable) find(id string, sel processSelector) (*process, error) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	for pid, pr := range t.m[id] {
-		if (sel.PID != nil && *sel.PID == pid) || (sel.Tag != nil && *sel.Tag == pr.tag) {
-			return pr, nil
-		}
-	}
-	return nil, rpcErrorf("not_found", "sandbox %s has no such command running through this member", id)
-}
-
-// list is the sandbox's commands by pid.
-func (t *processTable) list(id string) []processInfo {
-	t.mu.Lock()
-	defer t.mu.Unlock()
 	out := []processInfo{}
-	for pid, pr := range t.m[id] {
-		info := processInfo{Config: pr.config, PID: pid}
-		if pr.tag != "" {
-			info.Tag = &pr.tag
+	pty := map[int]bool{}
+	for _, k := range kept {
+		var m keptMeta
+		if len(k.Meta) == 0 || json.Unmarshal(k.Meta, &m) != nil {
+			continue // not a command of this API (kibo exec keeps none)
 		}
-		out = append(out, info)
+		out = append(out, processInfo{Config: m.Config, PID: k.PID, Tag: m.Tag})
+		pty[k.PID] = k.PTY
 	}
-	slices.SortFunc(out, func(a, b processInfo) int { return a.PID - b.PID })
-	return out
+	return out, pty, nil
+}
+
+// attach attaches to the command of sel in the sandbox of gc.
+func attach(ctx context.Context, gc *guestproto.Client, id string, sel processSelector) (*guestproto.Process, bool, error) {
+	list, pty, err := commands(ctx, gc)
+	if err != nil {
+		return nil, false, err
+	}
+	for _, c := range list {
+		if (sel.PID != nil && *sel.PID == c.PID) || (sel.Tag != nil && c.Tag != nil && *sel.Tag == *c.Tag) {
+			p, err := gc.ConnectExec(ctx, c.PID, false, pty[c.PID])
+			if err != nil {
+				return nil, false, rpcErrorf("not_found", "sandbox %s: command %d: %v", id, c.PID, err)
+			}
+			return p, pty[c.PID], nil
+		}
+	}
+	return nil, false, rpcErrorf("not_found", "sandbox %s runs no such command", id)
+}
+
+// processConnect is process.Process/Connect: the events of a running
+// command from now on, as its start streams them.
+func (h *handler) processConnect(w http.ResponseWriter, r *http.Request, id string) {
+	var req struct {
+		Process processSelector `json:"process"`
+	}
+	r, cancel, err := streamRequest(w, r, &req)
+	defer cancel()
+	if err != nil {
+		unaryError(w, err)
+		return
+	}
+	gc, err := h.openGuest(r, id)
+	if err != nil {
+		unaryError(w, err)
+		return
+	}
+	defer gc.Close()
+	p, pty, err := attach(r.Context(), gc, id, req.Process)
+	if err != nil {
+		unaryError(w, err)
+		return
+	}
+	streamProcess(r, newStream(w), p, pty, id, "the command", false)
 }
 
 // processSelector is process.proto's ProcessSelector: a pid or a tag.
@@ -105,15 +121,6 @@ var signals = map[string]syscall.Signal{"SIGNAL_SIGKILL": syscall.SIGKILL, "9": 
 
 // processUnary serves the unary process RPCs of sandbox id.
 func (h *handler) processUnary(w http.ResponseWriter, r *http.Request, id, method string) {
-	token, err := accessToken(r, id)
-	if err != nil {
-		unaryError(w, err)
-		return
-	}
-	if err := h.c.Sandboxes.Authorize(r.Context(), token, id); err != nil {
-		unaryError(w, rpcError(err))
-		return
-	}
 	raw, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxEnvelope))
 	if err != nil {
 		unaryError(w, rpcErrorf("invalid_argument", "request: %v", err))
@@ -134,22 +141,23 @@ func (h *handler) processUnary(w http.ResponseWriter, r *http.Request, id, metho
 			return
 		}
 	}
+	gc, err := h.openGuest(r, id)
+	if err != nil {
+		unaryError(w, err)
+		return
+	}
+	defer gc.Close()
 	var out any = struct{}{}
-	switch method {
-	case "List":
+	if method == "List" {
+		list, _, err := commands(r.Context(), gc)
+		if err != nil {
+			unaryError(w, err)
+			return
+		}
 		out = struct {
 			Processes []processInfo `json:"processes"`
-		}{h.procs.list(id)}
-	case "SendSignal":
-		err = h.sendSignal(id, req.Process, string(trimQuotes(req.Signal)))
-	case "SendInput":
-		err = h.sendInput(id, req.Process, append(req.Input.Stdin, req.Input.Pty...))
-	case "Update":
-		err = h.resize(id, req.Process, req.PTY)
-	case "CloseStdin":
-		err = h.closeStdin(id, req.Process)
-	}
-	if err != nil {
+		}{list}
+	} else if err := control(r.Context(), gc, id, method, req.Process, string(trimQuotes(req.Signal)), append(req.Input.Stdin, req.Input.Pty...), req.PTY); err != nil {
 		unaryError(w, err)
 		return
 	}
@@ -164,75 +172,42 @@ func trimQuotes(b json.RawMessage) []byte {
 	return b
 }
 
-func (h *handler) sendSignal(id string, sel processSelector, name string) error {
-	sig, ok := signals[name]
-	if !ok {
-		return rpcErrorf("invalid_argument", "signal %q: give SIGNAL_SIGKILL or SIGNAL_SIGTERM", name)
+// control sends a command of sel what method asks: a signal, input, the
+// close of its stdin, a terminal size. The guest takes the frame before
+// the detach that follows it.
+func control(ctx context.Context, gc *guestproto.Client, id, method string, sel processSelector, signal string, input []byte, size *ptyConfig) error {
+	var m guestproto.ExecControl
+	switch method {
+	case "SendSignal":
+		sig, ok := signals[signal]
+		if !ok {
+			return rpcErrorf("invalid_argument", "signal %q: give SIGNAL_SIGKILL or SIGNAL_SIGTERM", signal)
+		}
+		m.Signal = int(sig)
+	case "SendInput":
+		m.Input = input
+	case "CloseStdin":
+		m.CloseStdin = true
+	case "Update":
+		if size == nil {
+			return rpcErrorf("invalid_argument", "update without a pty size: nothing to change")
+		}
+		ws, err := size.winSize()
+		if err != nil {
+			return err
+		}
+		m.Resize = ws
 	}
-	pr, err := h.procs.find(id, sel)
+	p, pty, err := attach(ctx, gc, id, sel)
 	if err != nil {
 		return err
 	}
-	if err := pr.p.Signal(sig); err != nil {
-		return rpcErrorf("unavailable", "sandbox %s: signal pid %d: %v", id, pr.p.PID, err)
+	defer p.Close()
+	if m.Resize != nil && !pty {
+		return rpcErrorf("failed_precondition", "sandbox %s: pid %d has no terminal to resize", id, p.PID)
 	}
-	return nil
-}
-
-func (h *handler) sendInput(id string, sel processSelector, data []byte) error {
-	pr, err := h.procs.find(id, sel)
-	if err != nil {
-		return err
-	}
-	pr.stdin.Lock()
-	defer pr.stdin.Unlock()
-	switch {
-	case pr.p.Stdin == nil:
-		return rpcErrorf("failed_precondition", "sandbox %s: pid %d was started without stdin: start it with stdin: true", id, pr.p.PID)
-	case pr.closed:
-		return rpcErrorf("failed_precondition", "sandbox %s: pid %d: its stdin is closed", id, pr.p.PID)
-	}
-	if _, err := pr.p.Stdin.Write(data); err != nil {
-		return rpcErrorf("unavailable", "sandbox %s: pid %d: write its stdin: %v", id, pr.p.PID, err)
-	}
-	return nil
-}
-
-func (h *handler) closeStdin(id string, sel processSelector) error {
-	pr, err := h.procs.find(id, sel)
-	if err != nil {
-		return err
-	}
-	pr.stdin.Lock()
-	defer pr.stdin.Unlock()
-	if pr.p.Stdin == nil {
-		return rpcErrorf("failed_precondition", "sandbox %s: pid %d was started without stdin", id, pr.p.PID)
-	}
-	if !pr.closed {
-		pr.closed = true
-		pr.p.Stdin.Close()
-	}
-	return nil
-}
-
-// resize gives a command's terminal a new size.
-func (h *handler) resize(id string, sel processSelector, c *ptyConfig) error {
-	if c == nil {
-		return rpcErrorf("invalid_argument", "update without a pty size: nothing to change")
-	}
-	size, err := c.winSize()
-	if err != nil {
-		return err
-	}
-	pr, err := h.procs.find(id, sel)
-	if err != nil {
-		return err
-	}
-	if pr.p.Stderr != nil {
-		return rpcErrorf("failed_precondition", "sandbox %s: pid %d has no terminal to resize", id, pr.p.PID)
-	}
-	if err := pr.p.Resize(size.Rows, size.Cols); err != nil {
-		return rpcErrorf("unavailable", "sandbox %s: resize pid %d: %v", id, pr.p.PID, err)
+	if err := p.Control(m); err != nil {
+		return rpcErrorf("not_found", "sandbox %s: pid %d: %v", id, p.PID, err)
 	}
 	return nil
 }

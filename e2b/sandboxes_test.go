@@ -105,3 +105,17 @@ func TestHostTarget(t *testing.T) {
 		}
 	}
 }
+
+// A metrics sample from the guest's counters: CPU busy over the two
+// readings, memory total less available, the root's blocks.
+func TestParseMetrics(t *testing.T) {
+	m, err := parseMetrics("2\n100 1000\n150 1200\n1000000 250000\n4096 1000 400\n")
+	if err != nil || m.CPUCount != 2 || m.CPUUsedPct != 25 || m.MemTotal != 1000000<<10 || m.MemUsed != 750000<<10 || m.DiskTotal != 4096*1000 || m.DiskUsed != 4096*600 {
+		t.Fatalf("%+v, %v", m, err)
+	}
+	for _, bad := range []string{"", "2 100 1000", "2 100 1000 150 1200 1 1 4096 1 x", "2 100 1000 150 1200 1 1 4096 1 -1"} {
+		if _, err := parseMetrics(bad); err == nil {
+			t.Errorf("%q: no error", bad)
+		}
+	}
+}

@@ -119,9 +119,6 @@ func TestStreamWatch(t *testing.T) {
 type sandboxesOf struct{}
 
 func (sandboxesOf) AccessToken(key, id string) (string, error) { return "", nil }
-func (sandboxesOf) Authorize(ctx context.Context, token, id string) error {
-	return api.Errorf(api.CodeNotFound, "sandbox %s not found", id)
-}
 func (sandboxesOf) Open(ctx context.Context, token, id, remote string) (*guestproto.Client, error) {
 	return nil, api.Errorf(api.CodeNotFound, "sandbox %s not found", id)
 }

@@ -7,7 +7,7 @@ import { test } from 'node:test'
 import assert from 'node:assert/strict'
 import { randomBytes } from 'node:crypto'
 import https from 'node:https'
-import { CommandExitError, FileNotFoundError, Sandbox, SandboxNotFoundError, TimeoutError } from 'e2b'
+import { CommandExitError, FileNotFoundError, FilesystemEventType, InvalidArgumentError, Sandbox, SandboxNotFoundError, TimeoutError } from 'e2b'
 
 const other = { apiKey: process.env.E2B_OTHER_KEY }
 const suite = process.env.E2B_SUITE || `kibotos-${process.pid}`
@@ -137,8 +137,28 @@ test('commands through the sandbox API', async () => {
     assert.ok((await bg.wait().catch((e) => e)) instanceof CommandExitError, 'a killed command ends with CommandExitError')
     assert.equal(await sbx.commands.kill(bg.pid), false, 'an ended command is not found')
 
+    // A background command outlives its caller's stream: connect to it
+    // again by pid and read on, then kill it.
+    const ticker = await sbx.commands.run('for i in $(seq 1 600); do echo tick $i; sleep 0.1; done', { background: true, timeoutMs: 120_000 })
+    await ticker.disconnect()
+    const ticks = []
+    const joined = await sbx.commands.connect(ticker.pid, { onStdout: (l) => ticks.push(l) })
+    for (let i = 0; ticks.length === 0 && i < 100; i++) await sleep(100)
+    assert.match(ticks.join(''), /tick \d+/, 'output after the reconnect')
+    assert.ok((await sbx.commands.list()).some((p) => p.pid === ticker.pid), 'the reconnected command is listed')
+    assert.equal(await sbx.commands.kill(ticker.pid), true)
+    assert.ok((await joined.wait().catch((e) => e)) instanceof CommandExitError, 'the reconnected handle sees the kill')
+
     // A command past its timeout is ended.
     await assert.rejects(sbx.commands.run('sleep 60', { timeoutMs: 2_000 }), TimeoutError)
+
+    // Its metrics: one sample of the guest's own counters.
+    const metrics = await sbx.getMetrics()
+    assert.equal(metrics.length, 1, JSON.stringify(metrics))
+    assert.equal(metrics[0].cpuCount, 1)
+    assert.ok(metrics[0].cpuUsedPct >= 0 && metrics[0].cpuUsedPct <= 100, JSON.stringify(metrics[0]))
+    assert.ok(metrics[0].memUsed > 0 && metrics[0].memUsed < metrics[0].memTotal && metrics[0].memTotal <= 512 << 20, JSON.stringify(metrics[0]))
+    assert.ok(metrics[0].diskUsed > 0 && metrics[0].diskUsed < metrics[0].diskTotal, JSON.stringify(metrics[0]))
 
     // Another user of the sandbox: root, in its home, owning what it writes.
     assert.equal((await sbx.commands.run('id -un; pwd', { user: 'root' })).stdout, 'root\n/root\n')
@@ -159,11 +179,16 @@ test('commands through the sandbox API', async () => {
     assert.equal(page.body, 'served from the sandbox\n')
     await server.kill()
 
-    // What it wrote survives a pause and the connect that resumes it.
+    // What it wrote and a command it runs survive a pause and the
+    // connect that resumes it.
     await sbx.commands.run('echo kept > /home/user/state')
+    const sleeper = await sbx.commands.run('sleep 600', { background: true, timeoutMs: 0 })
+    await sleeper.disconnect()
     assert.equal(await sbx.pause(), true)
     const again = await Sandbox.connect(sbx.sandboxId)
     assert.equal((await again.commands.run('cat /home/user/state')).stdout, 'kept\n')
+    assert.ok((await again.commands.list()).some((p) => p.pid === sleeper.pid), 'the command runs on after the pause')
+    assert.equal(await again.commands.kill(sleeper.pid), true)
   } finally {
     await Sandbox.kill(sbx.sandboxId)
   }
@@ -203,6 +228,31 @@ test('files through the sandbox API', async () => {
     await sbx.files.write('/home/user/big.bin', new Blob([big]))
     const back = await sbx.files.read('/home/user/big.bin', { format: 'bytes' })
     assert.ok(Buffer.from(back).equals(big), `10 MiB back: ${back.length} bytes, equal false`)
+
+    // watchDir: events of what is written, made, renamed and removed under
+    // a directory, recursively, by their names in it.
+    await sbx.files.makeDir('/home/user/watched')
+    const events = []
+    const handle = await sbx.files.watchDir('/home/user/watched', (e) => events.push(e), { recursive: true, timeoutMs: 120_000 })
+    const seen = async (name, types) => {
+      const has = () => events.some((e) => e.name === name && types.includes(e.type))
+      for (let i = 0; !has() && i < 300; i++) await sleep(100)
+      assert.ok(has(), `a ${types} event of ${name}: ${JSON.stringify(events)}`)
+    }
+    const { CREATE, WRITE, RENAME, REMOVE } = FilesystemEventType
+    await sbx.files.write('/home/user/watched/a.txt', 'hello')
+    await seen('a.txt', [CREATE, WRITE])
+    await sbx.files.write('/home/user/watched/sub/b.txt', 'later') // a directory made after the watch started
+    await seen('sub', [CREATE])
+    await seen('sub/b.txt', [CREATE, WRITE])
+    await sbx.files.rename('/home/user/watched/a.txt', '/home/user/watched/c.txt')
+    await seen('a.txt', [RENAME])
+    await seen('c.txt', [CREATE])
+    await sbx.files.remove('/home/user/watched/c.txt')
+    await seen('c.txt', [REMOVE])
+    await handle.stop()
+    await assert.rejects(sbx.files.watchDir('/home/user/nope', () => {}), FileNotFoundError)
+    await assert.rejects(sbx.files.watchDir('/home/user/watched/sub/b.txt', () => {}), InvalidArgumentError)
   } finally {
     await Sandbox.kill(sbx.sandboxId)
   }

@@ -234,6 +234,9 @@ func (k *keptExec) control(m guestproto.ExecControl) {
 	if m.Resize != nil {
 		k.st.resize(m.Resize)
 	}
+	if len(m.Input) > 0 && k.stdin != nil {
+		k.stdin.Write(m.Input) // fails once stdin was closed
+	}
 	if m.CloseStdin && !k.pty && k.stdin != nil {
 		k.stdin.Close() // a terminal's input ends with the terminal
 	}

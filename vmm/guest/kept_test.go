@@ -48,10 +48,16 @@ func TestKeptExecOutlivesItsCaller(t *testing.T) {
 	}
 	outA, doneA := collect(a.Stdout)
 	outB, doneB := collect(b.Stdout)
+	lines := func(want string) {
+		t.Helper()
+		testenv.WaitFor(t, 10*time.Second, "both callers' lines", func() (bool, string) {
+			return outA.String() == want && outB.String() == want, outA.String() + " | " + outB.String()
+		})
+	}
 	a.Stdin.Write([]byte("b\n"))
-	testenv.WaitFor(t, 10*time.Second, "both callers' line", func() (bool, string) {
-		return outA.String() == "got b\n" && outB.String() == "got b\n", outA.String() + " | " + outB.String()
-	})
+	lines("got b\n")
+	b.Input([]byte("c\n")) // a control frame: in order with a signal or a close
+	lines("got b\ngot c\n")
 	if err := a.CloseStdin(); err != nil {
 		t.Fatal(err)
 	}
@@ -63,7 +69,7 @@ func TestKeptExecOutlivesItsCaller(t *testing.T) {
 	}
 	wait(t, doneA, "the first attached output's end")
 	wait(t, doneB, "the second attached output's end")
-	if outA.String() != "got b\nbye\n" || outB.String() != "got b\nbye\n" {
+	if outA.String() != "got b\ngot c\nbye\n" || outB.String() != "got b\ngot c\nbye\n" {
 		t.Fatalf("outputs %q and %q, want got b then bye", outA.String(), outB.String())
 	}
 	if list, err := c.ListExecs(ctx); err != nil || len(list) != 0 {

@@ -431,8 +431,15 @@ func (c *Client) ListExecs(ctx context.Context) ([]KeptExec, error) {
 	return out.Processes, err
 }
 
+// Control sends m, in order with the other control frames.
+func (p *Process) Control(m ExecControl) error { return p.control(m) }
+
 // CloseStdin closes a kept exec's stdin.
 func (p *Process) CloseStdin() error { return p.control(ExecControl{CloseStdin: true}) }
+
+// Input writes b to a kept exec's stdin or terminal, in order with the
+// other control frames.
+func (p *Process) Input(b []byte) error { return p.control(ExecControl{Input: b}) }
 
 // streamID names the stdio streams of one exec call.
 func streamID() string {

@@ -123,7 +123,7 @@ const CapExecImageConfig = "exec-image-config"
 const CapIdentity = "identity"
 
 // CapExecKeep: ExecRequest.Keep and Meta, CallExecConnect, CallExecList
-// and ExecControl.CloseStdin.
+// and ExecControl.Input and CloseStdin.
 const CapExecKeep = "exec-keep"
 
 // Bounds of kept execs: how many one guest keeps, and the size of each
@@ -354,6 +354,9 @@ type ExecStarted struct {
 type ExecControl struct {
 	Signal int      `json:"signal,omitempty"`
 	Resize *WinSize `json:"resize,omitempty"`
+	// Input is written to a kept exec's stdin or terminal, in order with
+	// the other frames (CapExecKeep).
+	Input []byte `json:"input,omitempty"`
 	// CloseStdin closes a kept exec's stdin (CapExecKeep).
 	CloseStdin bool `json:"close_stdin,omitempty"`
 }
