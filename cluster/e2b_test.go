@@ -338,7 +338,10 @@ func TestE2BControlAPI(t *testing.T) {
 	if r = envd(b.SandboxID, "49983", b.EnvdAccessToken, "GET", "/health"); !strings.Contains(r.e2bError(t), "no longer active") {
 		t.Errorf("health with the token of a revoked key: %d %s", r.status, r.body)
 	}
-	if r = do(other.Secret, "GET", "/sandboxes/"+b.SandboxID+"/metrics", nil); r.status != http.StatusNotFound || !strings.Contains(r.e2bError(t), "not part of the E2B API that Kibotos serves") {
-		t.Fatalf("metrics: %d %s, want 404 saying it is not served", r.status, r.body)
+	if r = do(other.Secret, "GET", "/sandboxes/"+b.SandboxID+"/metrics", nil); r.status != http.StatusNotFound || !strings.Contains(r.e2bError(t), "not found") {
+		t.Fatalf("metrics of another namespace's sandbox: %d %s, want 404", r.status, r.body)
+	}
+	if r = do(other.Secret, "POST", "/sandboxes/"+b.SandboxID+"/snapshots", nil); r.status != http.StatusNotFound || !strings.Contains(r.e2bError(t), "not part of the E2B API that Kibotos serves") {
+		t.Fatalf("snapshots: %d %s, want 404 saying it is not served", r.status, r.body)
 	}
 }
