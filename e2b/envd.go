@@ -220,18 +220,18 @@ func (h *handler) processStart(w http.ResponseWriter, r *http.Request, id string
 	r, cancel, err := streamRequest(w, r, &req)
 	defer cancel()
 	if err != nil {
-		unaryError(w, err)
+		newStream(w).end(err)
 		return
 	}
 	ctx := r.Context()
 	exec, err := execRequest(r, &req)
 	if err != nil {
-		unaryError(w, err)
+		newStream(w).end(err)
 		return
 	}
 	gc, err := h.openGuest(r, id)
 	if err != nil {
-		unaryError(w, err)
+		newStream(w).end(err)
 		return
 	}
 	defer gc.Close()
@@ -242,10 +242,10 @@ func (h *handler) processStart(w http.ResponseWriter, r *http.Request, id string
 	if err != nil {
 		var ge *guestproto.Error
 		if errors.As(err, &ge) && ge.Code == guestproto.CodeNotFound {
-			unaryError(w, rpcErrorf("not_found", "sandbox %s: %s", id, ge.Message))
+			newStream(w).end(rpcErrorf("not_found", "sandbox %s: %s", id, ge.Message))
 			return
 		}
-		unaryError(w, rpcErrorf("failed_precondition", "sandbox %s: start %s: %v", id, req.Process.Cmd, err))
+		newStream(w).end(rpcErrorf("failed_precondition", "sandbox %s: start %s: %v", id, req.Process.Cmd, err))
 		return
 	}
 	if !exec.Keep {

@@ -87,18 +87,18 @@ func (h *handler) processConnect(w http.ResponseWriter, r *http.Request, id stri
 	r, cancel, err := streamRequest(w, r, &req)
 	defer cancel()
 	if err != nil {
-		unaryError(w, err)
+		newStream(w).end(err)
 		return
 	}
 	gc, err := h.openGuest(r, id)
 	if err != nil {
-		unaryError(w, err)
+		newStream(w).end(err)
 		return
 	}
 	defer gc.Close()
 	p, pty, err := attach(r.Context(), gc, id, req.Process)
 	if err != nil {
-		unaryError(w, err)
+		newStream(w).end(err)
 		return
 	}
 	streamProcess(r, newStream(w), p, pty, id, "the command", false)
