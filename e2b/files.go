@@ -2,6 +2,7 @@ package e2b
 
 import (
 	"bytes"
+	"compress/gzip"
 	"context"
 	"encoding/json"
 	"errors"
@@ -331,7 +332,23 @@ func (h *handler) writeFiles(w http.ResponseWriter, r *http.Request, id string) 
 	}
 	var written []writtenFile
 	if !strings.HasPrefix(r.Header.Get("Content-Type"), "multipart/") {
-		f, err := write(q.Get("path"), r.Body)
+		// The SDKs' octet-stream upload, gzip-compressed when asked.
+		body := io.Reader(r.Body)
+		switch enc := r.Header.Get("Content-Encoding"); enc {
+		case "", "identity":
+		case "gzip":
+			zr, err := gzip.NewReader(r.Body)
+			if err != nil {
+				filesError(w, rpcErrorf("invalid_argument", "body: not gzip: %v", err))
+				return
+			}
+			defer zr.Close()
+			body = zr
+		default:
+			filesError(w, rpcErrorf("invalid_argument", "Content-Encoding %.40q: send the file as it is or gzip-compressed", enc))
+			return
+		}
+		f, err := write(q.Get("path"), body)
 		if err != nil {
 			filesError(w, err)
 			return

@@ -15,8 +15,10 @@ import (
 // EnvdVersion is the envd version sandboxes report: the SDKs turn on
 // what a version has (2.51 refuses a sandbox below 0.1.0). From 0.4.0
 // they send no user unless told one, so commands run as the template's
-// user, as envd 0.4 does. It rises with what the sandbox API serves.
-const EnvdVersion = "0.4.0"
+// user, as envd 0.4 does; 0.5.2 lets them close a command's stdin, 0.5.7
+// upload files as octet-stream bodies, gzip-compressed when asked. 0.6
+// adds file metadata and entries in watch events, not served yet.
+const EnvdVersion = "0.5.7"
 
 // ClientID is the clientID of every sandbox (E2B names the orchestrator
 // node there; a sandbox here may move).

@@ -127,14 +127,14 @@ test('commands through the sandbox API', async () => {
     assert.equal(big.stdout.split('\n').length, 20001)
     assert.ok(big.stdout.endsWith('19999\n20000\n'))
 
-    // A background command: listed, fed through its stdin, killed.
+    // A background command: listed, fed through its stdin, its stdin closed.
     const bg = await sbx.commands.run('cat', { background: true, stdin: true })
     assert.ok((await sbx.commands.list()).some((p) => p.pid === bg.pid && p.cmd === '/bin/bash'), 'the background command is listed')
     await sbx.commands.sendStdin(bg.pid, 'through stdin\n')
     for (let i = 0; !bg.stdout.includes('through stdin') && i < 100; i++) await new Promise((r) => setTimeout(r, 100))
     assert.equal(bg.stdout, 'through stdin\n')
-    assert.equal(await sbx.commands.kill(bg.pid), true)
-    assert.ok((await bg.wait().catch((e) => e)) instanceof CommandExitError, 'a killed command ends with CommandExitError')
+    await sbx.commands.closeStdin(bg.pid)
+    assert.equal((await bg.wait()).exitCode, 0, 'cat ends at the end of its input')
     assert.equal(await sbx.commands.kill(bg.pid), false, 'an ended command is not found')
 
     // A background command outlives its caller's stream: connect to it
@@ -222,6 +222,10 @@ test('files through the sandbox API', async () => {
 
     // The guest's permissions hold: the user cannot write root's home.
     await assert.rejects(sbx.files.write('/root/not-mine', 'no'))
+
+    // An upload gzip-compressed on the way (an octet-stream body).
+    await sbx.files.write('/home/user/zipped.txt', 'compressed on the way\n'.repeat(1000), { gzip: true })
+    assert.equal(await sbx.files.read('/home/user/zipped.txt'), 'compressed on the way\n'.repeat(1000))
 
     // 10 MiB in and out, byte for byte.
     const big = randomBytes(10 << 20)
