@@ -89,6 +89,11 @@ func (x *e2bSandboxes) token(purpose, key, id string) (string, error) {
 	if !ok {
 		return "", api.Errorf(api.CodeUnauthenticated, "the X-API-Key is not a Kibotos API key (kbt_...)")
 	}
+	return x.keyToken(purpose, keyID, id)
+}
+
+// keyToken is the token of key keyID for sandbox id, for purpose.
+func (x *e2bSandboxes) keyToken(purpose, keyID, id string) (string, error) {
 	mac, err := x.tokenMAC(purpose, keyID, id)
 	if err != nil {
 		return "", err
@@ -106,9 +111,42 @@ func (x *e2bSandboxes) Open(ctx context.Context, token, id, remote string) (*gue
 
 // OpenPort opens sandbox id's guest for traffic to its ports: as the key
 // of its traffic token when it takes none without one, else as the key
-// that created it (e2b.TrafficLabel), which must still be active and
+// that created it (e2b.CreatorLabel), which must still be active and
 // may open only a sandbox of its namespace.
 func (x *e2bSandboxes) OpenPort(ctx context.Context, token, id, remote string) (*guestproto.Client, error) {
+	ws, err := x.workspace(id)
+	if err != nil {
+		return nil, err
+	}
+	var c caller
+	switch mode, creator := ws.Labels[e2b.TrafficLabel], ws.Labels[e2b.CreatorLabel]; {
+	case mode == e2b.TrafficPublic && token == "" && creator != "":
+		c, err = x.activeKey(creator, id) // the credential below checks its namespace
+	case mode == e2b.TrafficPublic || mode == e2b.TrafficToken:
+		c, err = x.tokenCaller(trafficToken, token, id)
+	default:
+		err = api.Errorf(api.CodePermissionDenied, "sandbox %s was not created through the E2B API: reach its ports with kibo port-forward", api.EscapeText(id))
+	}
+	if err != nil {
+		return nil, err
+	}
+	return x.open(ctx, c, id, remote)
+}
+
+func (x *e2bSandboxes) CreatorToken(id string) (string, error) {
+	ws, err := x.workspace(id)
+	if err != nil {
+		return "", err
+	}
+	keyID := ws.Labels[e2b.CreatorLabel]
+	if !api.ValidKeyID(keyID) {
+		return "", api.Errorf(api.CodePermissionDenied, "sandbox %s was not created through the E2B API: its files have no signed URLs", api.EscapeText(id))
+	}
+	return x.keyToken(envdToken, keyID, id)
+}
+
+// workspace is sandbox id's Workspace in this member's replica.
+func (x *e2bSandboxes) workspace(id string) (*api.Workspace, error) {
 	var ws *api.Workspace
 	err := x.s.fsm.View(func(tx *bolt.Tx) error {
 		var err error
@@ -118,20 +156,7 @@ func (x *e2bSandboxes) OpenPort(ctx context.Context, token, id, remote string) (
 	if err != nil || ws == nil {
 		return nil, api.Errorf(api.CodeNotFound, "sandbox %s not found", api.EscapeText(id))
 	}
-	mode := ws.Labels[e2b.TrafficLabel]
-	var c caller
-	switch keyID, public := strings.CutPrefix(mode, e2b.TrafficPublic); {
-	case public && token == "":
-		c, err = x.activeKey(keyID, id) // the credential below checks its namespace
-	case public || mode == e2b.TrafficToken:
-		c, err = x.tokenCaller(trafficToken, token, id)
-	default:
-		err = api.Errorf(api.CodePermissionDenied, "sandbox %s was not created through the E2B API: reach its ports with kibo port-forward", api.EscapeText(id))
-	}
-	if err != nil {
-		return nil, err
-	}
-	return x.open(ctx, c, id, remote)
+	return ws, nil
 }
 
 // open opens sandbox id's guest as c.

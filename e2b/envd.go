@@ -41,6 +41,9 @@ type Sandboxes interface {
 	// TrafficToken is the trafficAccessToken of sandbox id for the
 	// holder of key.
 	TrafficToken(key, id string) (string, error)
+	// CreatorToken is the envdAccessToken of the key that created sandbox
+	// id (CreatorLabel), which signs its file URLs.
+	CreatorToken(id string) (string, error)
 	// OpenPort opens sandbox id's guest for traffic to its ports, with
 	// its trafficAccessToken ("" without one), as TrafficLabel says.
 	OpenPort(ctx context.Context, token, id, remote string) (*guestproto.Client, error)
@@ -124,9 +127,13 @@ func rpcError(err error) *connectError {
 	return &connectError{Code: code, Message: e.Message}
 }
 
-// openGuest opens the sandbox's guest with the request's access token.
+// openGuest opens the sandbox's guest with the request's access token,
+// or for a signed file URL its creator's.
 func (h *handler) openGuest(r *http.Request, id string) (*guestproto.Client, error) {
 	token, err := accessToken(r, id)
+	if err != nil && r.URL.Path == "/files" && r.URL.Query().Has("signature") {
+		token, err = h.signedToken(r, id)
+	}
 	if err != nil {
 		return nil, err
 	}

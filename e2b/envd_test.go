@@ -127,3 +127,19 @@ func TestParseEntries(t *testing.T) {
 		t.Error("a record that is not one was taken")
 	}
 }
+
+// The signature of a file URL is the SDKs': for e2b@2.51's getSignature
+// of path /home/user/a.txt, read, user "", token "k.t", no expiry, node
+// computes v1_ and the unpadded base64 SHA-256 below.
+func TestFileSignature(t *testing.T) {
+	if got, want := fileSignature("/home/user/a.txt", "read", "", "k.t", ""), "v1_"+sdkSignature; got != want {
+		t.Fatalf("signature %q, want the SDK's %q", got, want)
+	}
+	if fileSignature("/home/user/a.txt", "write", "", "k.t", "") == fileSignature("/home/user/a.txt", "read", "", "k.t", "") {
+		t.Fatal("read and write sign alike")
+	}
+}
+
+// sdkSignature is node's crypto SHA-256 of "/home/user/a.txt:read::k.t",
+// base64 without padding, as the SDK's sha256() gives it.
+const sdkSignature = "Re+MmipINabLDsAB+OEoPeMZQRgVY/NnBR33wTjjU6o"

@@ -22,13 +22,15 @@ import (
 // unless it was created with network.allowPublicTraffic false; then a
 // request needs its trafficAccessToken.
 
-// TrafficLabel is the label of a sandbox created through the E2B API
-// that says how its ports are reached: TrafficPublic followed by the ID
-// of the key that created it (public traffic acts as that key, and ends
-// with it), or TrafficToken. E2B's metadata neither shows nor sets it.
+// Labels of a sandbox created through the E2B API, which E2B's metadata
+// neither shows nor sets: CreatorLabel is the ID of the key that created
+// it (its public traffic and its signed file URLs act as that key, and
+// end with it), TrafficLabel how its ports are reached: TrafficPublic, or
+// TrafficToken with its trafficAccessToken.
 const (
+	CreatorLabel  = "e2b/creator"
 	TrafficLabel  = "e2b/traffic"
-	TrafficPublic = "public:"
+	TrafficPublic = "public"
 	TrafficToken  = "token"
 )
 

@@ -99,7 +99,7 @@ func (h *handler) createRequest(req *newSandbox, keyID string) (api.WorkspaceCre
 	if err != nil {
 		return out, err
 	}
-	labels := map[string]string{TrafficLabel: TrafficPublic + keyID}
+	labels := map[string]string{CreatorLabel: keyID, TrafficLabel: TrafficPublic}
 	if req.Network != nil && req.Network.AllowPublicTraffic != nil && !*req.Network.AllowPublicTraffic {
 		labels[TrafficLabel] = TrafficToken
 	}

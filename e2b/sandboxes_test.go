@@ -25,7 +25,7 @@ func TestCreateRequest(t *testing.T) {
 		{name: "defaults", in: newSandbox{},
 			want: api.WorkspaceCreateRequest{Template: "kibotos-base", Timeout: "300s", OnTimeout: api.TimeoutDelete, Network: &api.NetworkPolicy{Egress: api.EgressPublic}}},
 		{name: "a template, paused at the end, resumed on traffic, metadata", in: newSandbox{TemplateID: "kibotos-coding", Timeout: ptr[int64](60), AutoPause: ptr(true), AutoResume: &autoResume{Enabled: true}, Metadata: map[string]string{"a": "b"}},
-			want: api.WorkspaceCreateRequest{Template: "kibotos-coding", Timeout: "60s", OnTimeout: api.TimeoutPause, AutoResume: true, Labels: map[string]string{"a": "b", TrafficLabel: "public:keyid"}, Network: &api.NetworkPolicy{Egress: api.EgressPublic}}},
+			want: api.WorkspaceCreateRequest{Template: "kibotos-coding", Timeout: "60s", OnTimeout: api.TimeoutPause, AutoResume: true, Labels: map[string]string{"a": "b", CreatorLabel: "keyid", TrafficLabel: TrafficPublic}, Network: &api.NetworkPolicy{Egress: api.EgressPublic}}},
 		{name: "paused without memory: stopped", in: newSandbox{AutoPause: ptr(true), AutoPauseMemory: ptr(false)},
 			want: api.WorkspaceCreateRequest{Template: "kibotos-base", Timeout: "300s", OnTimeout: api.TimeoutStop, Network: &api.NetworkPolicy{Egress: api.EgressPublic}}},
 		{name: "no internet", in: newSandbox{AllowInternetAccess: ptr(false)},
@@ -35,8 +35,8 @@ func TestCreateRequest(t *testing.T) {
 				Network: &api.NetworkPolicy{Egress: api.EgressPublic, Allow: []string{"1.2.3.4/32", "pypi.org"}, Deny: []string{"2001:db8::1/128"}}}},
 		{name: "envVars", in: newSandbox{EnvVars: map[string]string{"A": "1"}}, err: "envVars are not served"},
 		{name: "no public traffic", in: newSandbox{Network: &sandboxNetwork{AllowPublicTraffic: ptr(false)}},
-			want: api.WorkspaceCreateRequest{Template: "kibotos-base", Timeout: "300s", OnTimeout: api.TimeoutDelete, Labels: map[string]string{TrafficLabel: TrafficToken}, Network: &api.NetworkPolicy{Egress: api.EgressPublic}}},
-		{name: "Kibotos's own metadata", in: newSandbox{Metadata: map[string]string{"e2b/traffic": "public:other"}}, err: "keys beginning e2b/ are Kibotos's own"},
+			want: api.WorkspaceCreateRequest{Template: "kibotos-base", Timeout: "300s", OnTimeout: api.TimeoutDelete, Labels: map[string]string{CreatorLabel: "keyid", TrafficLabel: TrafficToken}, Network: &api.NetworkPolicy{Egress: api.EgressPublic}}},
+		{name: "Kibotos's own metadata", in: newSandbox{Metadata: map[string]string{"e2b/creator": "other"}}, err: "keys beginning e2b/ are Kibotos's own"},
 		{name: "volumeMounts", in: newSandbox{VolumeMounts: []any{map[string]string{"name": "v"}}}, err: "volumeMounts are not served"},
 		{name: "autoResume without autoPause", in: newSandbox{AutoResume: &autoResume{Enabled: true}}, err: "autoResume needs autoPause"},
 		{name: "a timeout of 0", in: newSandbox{Timeout: ptr[int64](0)}, err: "timeout 0 s"},
@@ -55,7 +55,7 @@ func TestCreateRequest(t *testing.T) {
 		}
 		c.want.CPU, c.want.MemoryBytes = sandboxCPU, sandboxMemory
 		if c.want.Labels == nil {
-			c.want.Labels = map[string]string{TrafficLabel: "public:keyid"} // E2B's default: public traffic as the creator
+			c.want.Labels = map[string]string{CreatorLabel: "keyid", TrafficLabel: TrafficPublic} // E2B's default: public traffic as the creator
 		}
 		if got.Template != c.want.Template || got.Timeout != c.want.Timeout || got.OnTimeout != c.want.OnTimeout || got.AutoResume != c.want.AutoResume ||
 			got.CPU != c.want.CPU || got.MemoryBytes != c.want.MemoryBytes || !maps.Equal(got.Labels, c.want.Labels) ||

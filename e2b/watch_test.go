@@ -123,6 +123,7 @@ func (sandboxesOf) Open(ctx context.Context, token, id, remote string) (*guestpr
 	return nil, api.Errorf(api.CodeNotFound, "sandbox %s not found", id)
 }
 func (sandboxesOf) TrafficToken(key, id string) (string, error) { return "", nil }
+func (sandboxesOf) CreatorToken(id string) (string, error)      { return "", nil }
 func (s sandboxesOf) OpenPort(ctx context.Context, token, id, remote string) (*guestproto.Client, error) {
 	return s.Open(ctx, token, id, remote)
 }

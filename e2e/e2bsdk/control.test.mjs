@@ -223,6 +223,20 @@ test('files through the sandbox API', async () => {
     // The guest's permissions hold: the user cannot write root's home.
     await assert.rejects(sbx.files.write('/root/not-mine', 'no'))
 
+    // A signed download URL, fetched as a browser would: the sandbox named
+    // by its host, no token; a changed path or a past expiry is refused.
+    await sbx.files.write('/home/user/signed.txt', 'signed')
+    const down = new URL(await sbx.downloadUrl('/home/user/signed.txt'))
+    const fetched = await get(sbx.getHost(49983), down.pathname + down.search)
+    assert.equal(fetched.status, 200, fetched.body)
+    assert.equal(fetched.body, 'signed')
+    down.searchParams.set('path', '/home/user/zipped.txt')
+    assert.equal((await get(sbx.getHost(49983), down.pathname + down.search)).status, 401)
+    const expired = new URL(await sbx.downloadUrl('/home/user/signed.txt', { useSignatureExpiration: -10 }))
+    const late = await get(sbx.getHost(49983), expired.pathname + expired.search)
+    assert.equal(late.status, 401)
+    assert.match(JSON.parse(late.body).message, /expired/)
+
     // An upload gzip-compressed on the way (an octet-stream body).
     await sbx.files.write('/home/user/zipped.txt', 'compressed on the way\n'.repeat(1000), { gzip: true })
     assert.equal(await sbx.files.read('/home/user/zipped.txt'), 'compressed on the way\n'.repeat(1000))
