@@ -60,22 +60,32 @@ func commands(ctx context.Context, gc *guestproto.Client) ([]processInfo, map[in
 	return out, pty, nil
 }
 
-// attach attaches to the command of sel in the sandbox of gc.
-func attach(ctx context.Context, gc *guestproto.Client, id string, sel processSelector) (*guestproto.Process, bool, error) {
+// find is the pid of the command of sel in the sandbox of gc, and
+// whether it has a terminal.
+func find(ctx context.Context, gc *guestproto.Client, id string, sel processSelector) (int, bool, error) {
 	list, pty, err := commands(ctx, gc)
 	if err != nil {
-		return nil, false, err
+		return 0, false, err
 	}
 	for _, c := range list {
 		if (sel.PID != nil && *sel.PID == c.PID) || (sel.Tag != nil && c.Tag != nil && *sel.Tag == *c.Tag) {
-			p, err := gc.ConnectExec(ctx, c.PID, false, pty[c.PID])
-			if err != nil {
-				return nil, false, rpcErrorf("not_found", "sandbox %s: command %d: %v", id, c.PID, err)
-			}
-			return p, pty[c.PID], nil
+			return c.PID, pty[c.PID], nil
 		}
 	}
-	return nil, false, rpcErrorf("not_found", "sandbox %s runs no such command", id)
+	return 0, false, rpcErrorf("not_found", "sandbox %s runs no such command", id)
+}
+
+// attach attaches to the output of the command of sel.
+func attach(ctx context.Context, gc *guestproto.Client, id string, sel processSelector) (*guestproto.Process, bool, error) {
+	pid, pty, err := find(ctx, gc, id, sel)
+	if err != nil {
+		return nil, false, err
+	}
+	p, err := gc.ConnectExec(ctx, pid, false, pty)
+	if err != nil {
+		return nil, false, rpcErrorf("not_found", "sandbox %s: command %d: %v", id, pid, err)
+	}
+	return p, pty, nil
 }
 
 // processConnect is process.Process/Connect: the events of a running
@@ -173,8 +183,8 @@ func trimQuotes(b json.RawMessage) []byte {
 }
 
 // control sends a command of sel what method asks: a signal, input, the
-// close of its stdin, a terminal size. The guest takes the frame before
-// the detach that follows it.
+// close of its stdin, a terminal size, and returns once the guest took
+// it.
 func control(ctx context.Context, gc *guestproto.Client, id, method string, sel processSelector, signal string, input []byte, size *ptyConfig) error {
 	var m guestproto.ExecControl
 	switch method {
@@ -198,16 +208,24 @@ func control(ctx context.Context, gc *guestproto.Client, id, method string, sel 
 		}
 		m.Resize = ws
 	}
-	p, pty, err := attach(ctx, gc, id, sel)
+	pid, pty, err := find(ctx, gc, id, sel)
 	if err != nil {
 		return err
 	}
-	defer p.Close()
 	if m.Resize != nil && !pty {
-		return rpcErrorf("failed_precondition", "sandbox %s: pid %d has no terminal to resize", id, p.PID)
+		return rpcErrorf("failed_precondition", "sandbox %s: pid %d has no terminal to resize", id, pid)
 	}
+	p, err := gc.ControlExec(ctx, pid)
+	if err != nil {
+		return rpcErrorf("not_found", "sandbox %s: command %d: %v", id, pid, err)
+	}
+	defer p.Close()
 	if err := p.Control(m); err != nil {
-		return rpcErrorf("not_found", "sandbox %s: pid %d: %v", id, p.PID, err)
+		return rpcErrorf("not_found", "sandbox %s: pid %d: %v", id, pid, err)
+	}
+	// Answered once the guest took it: the session ends after this.
+	if err := p.Detach(ctx); err != nil {
+		return rpcErrorf("unavailable", "sandbox %s: pid %d: %v", id, pid, err)
 	}
 	return nil
 }

@@ -293,8 +293,15 @@ test('a terminal through the sandbox API', async () => {
     await sbx.pty.resize(term.pid, { cols: 100, rows: 30 })
     await type('stty size\n')
     await shows('30 100')
+
+    // The terminal outlives its handle: connect to it again by pid.
+    await term.disconnect()
+    out = ''
+    const again = await sbx.pty.connect(term.pid, { onData: (d) => { out += decoder.decode(d, { stream: true }) } })
+    await type('echo again $((6*8))\n')
+    await shows('again 48')
     assert.equal(await sbx.pty.kill(term.pid), true)
-    await term.wait().catch(() => {})
+    await again.wait().catch(() => {})
   } finally {
     await Sandbox.kill(sbx.sandboxId)
   }

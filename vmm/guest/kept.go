@@ -286,17 +286,21 @@ func (a *agent) handleExecConnect(ctx context.Context, ctl net.Conn, raw json.Ra
 	}
 	// The caller's streams are taken first, whatever the answer, so
 	// that none waits for a claim that will not come.
-	streams, ok := a.takeStreams(ctx, ctl, req.ID, req.Stdin, req.PTY)
-	defer closeStreams(streams)
-	if !ok {
-		return
+	var streams [3]net.Conn
+	if !req.ControlOnly {
+		var ok bool
+		streams, ok = a.takeStreams(ctx, ctl, req.ID, req.Stdin, req.PTY)
+		defer closeStreams(streams)
+		if !ok {
+			return
+		}
 	}
 	k := a.kept.get(req.PID)
 	switch {
 	case k == nil:
 		respond(ctl, nil, &guestproto.Error{Code: guestproto.CodeNotFound, Message: fmt.Sprintf("no kept process %d runs", req.PID)})
 		return
-	case k.pty != req.PTY:
+	case k.pty != req.PTY && !req.ControlOnly:
 		respond(ctl, nil, &guestproto.Error{Code: guestproto.CodeInvalid, Message: fmt.Sprintf("kept process %d has a terminal: %v; attach as it was started", req.PID, k.pty)})
 		return
 	}

@@ -424,6 +424,49 @@ func (c *Client) ConnectExec(ctx context.Context, pid int, stdin, pty bool) (*Pr
 	return c.attachExec(ctx, CallExecConnect, ExecConnect{ID: id, PID: pid, Stdin: stdin, PTY: pty}, id, stdin, pty)
 }
 
+// ControlExec attaches to the kept exec pid for control frames only
+// (ExecConnect.ControlOnly): end it with Detach, which returns once the
+// guest took them. ctx bounds the attach only.
+func (c *Client) ControlExec(ctx context.Context, pid int) (*Process, error) {
+	ctl, release, err := c.open(ctx, CallExecConnect, ExecConnect{ID: streamID(), PID: pid, ControlOnly: true})
+	if err != nil {
+		return nil, err
+	}
+	defer release()
+	var started ExecStarted
+	if err := readResponse(ctl, CallExecConnect, &started); err != nil {
+		ctl.Close()
+		var ge *Error
+		if errors.As(err, &ge) {
+			return nil, err
+		}
+		return nil, c.streamErr(ctx, CallExecConnect, err)
+	}
+	p := &Process{PID: started.PID, ctl: ctl, done: make(chan struct{})}
+	go p.waitExit()
+	return p, nil
+}
+
+// Detach ends the caller's side of an attach to a kept exec and waits
+// until the guest ended its own, having taken every control frame sent
+// before, or until ctx ends; the process runs on. Closing the session
+// right after a control frame could lose it on the way.
+func (p *Process) Detach(ctx context.Context) error {
+	p.mu.Lock()
+	err := p.ctl.Close() // its writing half: the guest reads to the end
+	p.mu.Unlock()
+	for _, s := range p.streams {
+		s.Close()
+	}
+	select {
+	case <-p.done:
+		return err
+	case <-ctx.Done():
+		p.Close()
+		return ctx.Err()
+	}
+}
+
 // ListExecs is the kept execs that run (CapExecKeep).
 func (c *Client) ListExecs(ctx context.Context) ([]KeptExec, error) {
 	var out ExecList

@@ -325,6 +325,10 @@ type ExecConnect struct {
 	// PTY says the caller attaches no stderr: the exec has a terminal
 	// (KeptExec.PTY).
 	PTY bool `json:"pty,omitempty"`
+	// ControlOnly: the caller attaches no stdio streams and gets no
+	// output; it sends control frames, then ends its side of the stream,
+	// and the agent ends its own once it took them all.
+	ControlOnly bool `json:"control_only,omitempty"`
 }
 
 // ExecList is the answer of CallExecList, by pid.
