@@ -25,8 +25,8 @@
 # installs (the SDK in e2e/e2bsdk/node_modules; E2B_SDK_DIR=DIR names
 # another install of the same package.json). The Platform is built once
 # into $KIBOTOS_PLATFORM_CACHE (default the tests' /tmp/kibotos-test-platform);
-# e2b-base is built with debootstrap at each run (1-2 minutes). About
-# 10 minutes in all on 2 cores.
+# e2b-base is built with debootstrap at each run (2-3 minutes). About
+# 8 minutes in all on 2 cores.
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 need jq "apt-get install jq"
@@ -116,7 +116,7 @@ create_pair() {
 	done
 }
 
-log "starting kibotos dev (builds e2b-base with debootstrap: 1-2 minutes)"
+log "starting kibotos dev (builds e2b-base with debootstrap: 2-3 minutes)"
 start_dev dev
 log "kibotos dev ready; load $(cut -d' ' -f1-3 /proc/loadavg)"
 
