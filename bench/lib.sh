@@ -79,11 +79,12 @@ start_bg() {
 	eval "PID_${name//[^A-Za-z0-9_]/_}=$!"
 }
 
-# stop_pid PID: stop one process started by start_bg and forget it.
+# stop_pid PID [SIGNAL [SECONDS]]: stop one process started by start_bg
+# (SIGTERM, SIGKILL after 5 s unless told otherwise) and forget it.
 stop_pid() {
-	local pid=$1 i keep=()
-	kill -TERM "$pid" 2>/dev/null || true
-	for i in $(seq 1 50); do
+	local pid=$1 sig=${2:-TERM} secs=${3:-5} i keep=()
+	kill -"$sig" "$pid" 2>/dev/null || true
+	for i in $(seq 1 $((secs * 10))); do
 		kill -0 "$pid" 2>/dev/null || break
 		sleep 0.1
 	done
