@@ -1,8 +1,6 @@
 package cli
 
 import (
-	"os"
-	"strings"
 	"time"
 
 	"github.com/kibotos/kibotos/api"
@@ -15,7 +13,7 @@ type WorkspaceCreateCmd struct {
 	CPU       int               `name:"cpu" help:"Cores (default 1; a fork has its source's)."`
 	Memory    string            `name:"memory" help:"Guest memory, e.g. 512MiB or 2GiB (default 512MiB; a fork has its source's)."`
 	Label     map[string]string `name:"label" help:"Label KEY=VALUE; repeat for more."`
-	Env       []string          `name:"env" sep:"none" placeholder:"NAME=VALUE" help:"Environment variable of every process in the Workspace (exec, terminal, E2B commands); repeat for more. NAME alone takes the value from this command's environment, which keeps it out of shell history. A command's own --env wins over it. Values may be secrets: show lists the names only. A fork has its source's."`
+	Env       []string          `name:"env" sep:"none" placeholder:"NAME=VALUE" help:"Environment variable of every process in the Workspace (exec, terminal, E2B commands); repeat for more. NAME alone: its value here, which keeps it out of shell history. A command's own --env wins over it. Values may be secrets: workspace get lists the names only. A fork has its source's."`
 	Node      string            `name:"node" help:"Place on this node only; never falls back to another."`
 	Egress    string            `name:"egress" placeholder:"none|public|NAME" help:"Outbound traffic: none (default), public, or the name of an Egress object."`
 	Resolver  string            `name:"resolver" placeholder:"NAME" help:"Resolver object DNS queries go to; default: the deployment resolver."`
@@ -73,7 +71,7 @@ func (c *WorkspaceCreateCmd) request() (api.WorkspaceCreateRequest, error) {
 		return req, err
 	}
 	req.AutoResume = c.AutoResume
-	if req.Env, err = envFlag(c.Env, os.LookupEnv); err != nil {
+	if req.Env, err = execEnv("--env", c.Env); err != nil {
 		return req, err
 	}
 	if req.IdleTimeout, err = idleTimeoutFlag(c.IdleTimeout); err != nil {
@@ -114,23 +112,4 @@ func (c *WorkspaceCreateCmd) request() (api.WorkspaceCreateRequest, error) {
 	}
 	req.Template, req.CPU, req.MemoryBytes, req.Volumes, req.NewVolumes = c.Template, api.Milli(c.CPU*1000), mem, vols, fresh
 	return req, nil
-}
-
-// envFlag reads --env: NAME=VALUE, or NAME alone for the value lookup
-// finds (this command's environment). The server checks names and sizes;
-// only a NAME without a value is refused here, and never with a value.
-func envFlag(flags []string, lookup func(string) (string, bool)) ([]string, error) {
-	var env []string
-	for _, f := range flags {
-		if strings.Contains(f, "=") {
-			env = append(env, f)
-			continue
-		}
-		v, ok := lookup(f)
-		if !ok {
-			return nil, usagef("--env %s: no value given and %s is not set in this environment; give --env %s=VALUE", f, f, f)
-		}
-		env = append(env, f+"="+v)
-	}
-	return env, nil
 }

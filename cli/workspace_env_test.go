@@ -62,7 +62,7 @@ func TestWorkspaceCreateEnv(t *testing.T) {
 		"workspace", "create", "--template", "kibotos-coding", "--memory", "256MiB", "--no-wait", "--env", "1A=x")
 	e.expectExit(api.ExitInvalidArgument, "environment variable A is given twice",
 		"workspace", "create", "--template", "kibotos-coding", "--memory", "256MiB", "--no-wait", "--env", "A=1", "--env", "A=2")
-	e.expectExit(api.ExitUsage, "--env KIBO_TEST_UNSET: no value given",
+	e.expectExit(api.ExitUsage, "--env KIBO_TEST_UNSET: KIBO_TEST_UNSET is not set here",
 		"workspace", "create", "--template", "kibotos-coding", "--env", "KIBO_TEST_UNSET")
 	e.expectExit(api.ExitUsage, "--env with --from", "workspace", "create", "--from", id, "--env", "A=1")
 
