@@ -115,3 +115,31 @@ func TestForkEnv(t *testing.T) {
 		t.Errorf("a fork with its own env: %s", err.Message)
 	}
 }
+
+// An export records the Workspace's environment for the exporting node's
+// manifest and an import here, never in the Transfer a read shows.
+func TestTransferExportEnv(t *testing.T) {
+	h := newHarness(t)
+	oneNode(h)
+	a := smallWS
+	a.Env = []string{"TOKEN=s3cret"}
+	w := h.stopped("c1", a)
+	r := h.ok(OpTransferExport, TransferExportArgs{WorkspaceID: w.WorkspaceID, Namespace: "default"}, withCommand("x1"))
+	tr := decode[api.Transfer](t, r)
+	if strings.Contains(string(r.Value), "s3cret") {
+		t.Errorf("the export's result shows a value: %s", r.Value)
+	}
+	var work *TransferWork
+	var env []string
+	if err := h.f.View(func(tx *bolt.Tx) (err error) {
+		if work, err = PendingTransferWork(tx, h.now); err == nil {
+			env, err = TransferEnv(tx, tr.TransferID)
+		}
+		return
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if len(work.Exports) != 1 || !slices.Equal(work.Exports[0].Env, a.Env) || !slices.Equal(env, a.Env) {
+		t.Errorf("export task %+v, recorded env %q; want the Workspace's", work.Exports, env)
+	}
+}
