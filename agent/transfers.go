@@ -244,7 +244,7 @@ func (a *Agent) exportTransfer(ctx context.Context, t api.TransferExportTask, ru
 	}
 	shape := t.Shape
 	shape.TemplateID = tmplID
-	manifest := api.TransferManifest{FormatVersion: api.TransferFormat, TransferID: t.TransferID, WorkspaceID: t.WorkspaceID, Shape: shape}
+	manifest := api.TransferManifest{FormatVersion: api.TransferFormatFor(t.Env), TransferID: t.TransferID, WorkspaceID: t.WorkspaceID, Shape: shape, Env: t.Env}
 	members := []archiveMember{{name: transferLayerName, path: layerSrc}}
 	for i, p := range volumes {
 		members = append(members, archiveMember{name: fmt.Sprintf("%s%d.qcow2", transferVolumeDir, i), path: p})
@@ -396,7 +396,7 @@ func (a *Agent) importTransfer(ctx context.Context, t api.WorkspaceTask, tpl *te
 		switch m := volumeMemberRE.FindStringSubmatch(hdr.Name); {
 		case hdr.Name == transferManifestName && manifest == nil:
 			var mf api.TransferManifest
-			if err := json.NewDecoder(io.LimitReader(tr, 64<<10)).Decode(&mf); err != nil || mf.TransferID != imp.TransferID {
+			if err := json.NewDecoder(io.LimitReader(tr, api.MaxTransferManifest)).Decode(&mf); err != nil || mf.TransferID != imp.TransferID {
 				return fail(fmt.Errorf("transfer %s: the archive's manifest is unreadable or names another Transfer", imp.TransferID))
 			}
 			if err := mf.Shape.Check("transfer " + imp.TransferID); err != nil {

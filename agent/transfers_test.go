@@ -96,6 +96,10 @@ func TestImportTransferChecksTheArchive(t *testing.T) {
 		t.Errorf("another build: %v", err)
 	}
 
+	// A manifest with the largest environment a Workspace may have,
+	// several times that size escaped in JSON, is read whole.
+	v := strings.Repeat("\x01", api.MaxWorkspaceEnvBytes/2-8)
+	manifest.Env, manifest.FormatVersion = []string{"A=" + v, "B=" + v}, api.TransferFormatEnv
 	im, dst, err := try(publish(archiveMember{transferLayerName, layer}, archiveMember{"volumes/0.qcow2", vol}))
 	if err != nil {
 		t.Fatal(err)

@@ -343,8 +343,15 @@ func (s *wsStart) recordOwner(context.Context) error {
 		Network: true, Policy: s.policy, RootImage: s.tpl.Image(), LayerPath: s.layer, Volumes: s.volumes, Restore: s.restore, Identity: s.identity}
 	if s.restore == nil {
 		// Booted or adopting a warm guest: its filesystem is mounted
-		// beside its network. (A paused guest has it mounted already.)
-		s.spec.Configure = func(g guestproto.GuestInfo) guestproto.ConfigureRequest { return WorkspaceConfigure(t.WorkspaceID, g) }
+		// beside its network, and it is told the Workspace's environment.
+		// (A paused guest has both already: its agent holds the
+		// environment in the memory restored, and its launch record's
+		// configuration, from the snapshot, tells a restart of it again.)
+		s.spec.Configure = func(g guestproto.GuestInfo) guestproto.ConfigureRequest {
+			req := WorkspaceConfigure(t.WorkspaceID, g)
+			req.Env = t.Env
+			return req
+		}
 	}
 	return nil
 }

@@ -81,6 +81,10 @@ type WorkspaceTask struct {
 	// Import (start) is the archive to unpack into a layer and Volumes
 	// that do not exist yet (transfer import).
 	Import *WorkspaceImport `json:"import,omitempty"`
+	// Env (start) is the Workspace's environment, NAME=value sorted by
+	// name, for its guest (guestproto.ConfigureRequest.Env). Secret:
+	// never logged.
+	Env []string `json:"env,omitempty"`
 }
 
 // TaskSnapshot is a Workspace's snapshot as a command needs it.

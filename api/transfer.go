@@ -40,6 +40,29 @@ const MaxTransfers = 4096
 // TransferFormat is the archive's format version (transfer.json).
 const TransferFormat = 1
 
+// TransferFormatEnv is the format of a manifest with Env: a build that
+// does not know Env refuses it (it reads only TransferFormat) instead of
+// importing the Workspace without its environment. A manifest without
+// Env stays TransferFormat, which every build reads.
+const TransferFormatEnv = 2
+
+// MaxTransferManifest bounds what is read of a manifest: room for a
+// Workspace's environment (MaxWorkspaceEnvBytes, up to six times that
+// escaped in JSON) beside its shape.
+const MaxTransferManifest = 1 << 20
+
+// TransferFormatFor is the format of a manifest with env.
+func TransferFormatFor(env []string) int {
+	if len(env) > 0 {
+		return TransferFormatEnv
+	}
+	return TransferFormat
+}
+
+// ReadsTransferFormat says whether this build imports a manifest of
+// format f.
+func ReadsTransferFormat(f int) bool { return f == TransferFormat || f == TransferFormatEnv }
+
 var (
 	transferIDPattern = regexp.MustCompile(`^tr-[a-z2-7]{26}$`)
 	namespacePattern  = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,62}$`)
@@ -121,6 +144,10 @@ type TransferManifest struct {
 	TransferID    string        `json:"transfer_id"`
 	WorkspaceID   string        `json:"workspace_id"`
 	Shape         TransferShape `json:"shape"`
+	// Env is the Workspace's environment (TransferFormatEnv), which an
+	// import gives the new Workspace. It is in the store with the
+	// Workspace's disks, never in a Transfer as the API shows it.
+	Env []string `json:"env,omitempty"`
 	// Digest and SizeBytes are the archive's.
 	Digest     string    `json:"digest"`
 	SizeBytes  int64     `json:"size_bytes"`
@@ -209,6 +236,9 @@ type TransferExportTask struct {
 	// Volumes are the Workspace's, in mount order, with their pools.
 	Volumes []TaskVolume  `json:"volumes,omitempty"`
 	Shape   TransferShape `json:"shape"`
+	// Env is the Workspace's environment, for the manifest. Secret:
+	// never logged.
+	Env []string `json:"env,omitempty"`
 }
 
 // TransferProgress is how far a node's export is.

@@ -52,6 +52,10 @@ type Workspace struct {
 	CPU         Milli             `json:"cpu"`
 	MemoryBytes uint64            `json:"memory_bytes"`
 	Labels      map[string]string `json:"labels,omitempty"`
+	// EnvNames are the names of its environment variables (set at
+	// create), sorted; their values may be secrets and are given only to
+	// the node that runs it (WorkspaceTask.Env), never shown.
+	EnvNames []string `json:"env_names,omitempty"`
 	// Network is the policy in force (applied by the node when it runs).
 	// Nil in records written before Workspaces had one: egress none.
 	Network *NetworkPolicy `json:"network,omitempty"`
@@ -211,6 +215,9 @@ type WorkspaceCreateRequest struct {
 	MemoryBytes uint64            `json:"memory_bytes"`
 	Labels      map[string]string `json:"labels,omitempty"`
 	NodeID      string            `json:"node_id,omitempty"`
+	// Env is the environment of every process of the Workspace,
+	// NAME=value (CheckWorkspaceEnv); a fork has its source's.
+	Env []string `json:"env,omitempty"`
 	// Network is the policy; nil: egress none.
 	Network *NetworkPolicy `json:"network,omitempty"`
 	// Volumes are existing Volumes to attach; NewVolumes are made along

@@ -13,6 +13,7 @@ type WorkspaceCreateCmd struct {
 	CPU       int               `name:"cpu" help:"Cores (default 1; a fork has its source's)."`
 	Memory    string            `name:"memory" help:"Guest memory, e.g. 512MiB or 2GiB (default 512MiB; a fork has its source's)."`
 	Label     map[string]string `name:"label" help:"Label KEY=VALUE; repeat for more."`
+	Env       []string          `name:"env" sep:"none" placeholder:"NAME=VALUE" help:"Environment variable of every process in the Workspace (exec, terminal, E2B commands); repeat for more. NAME alone: its value here, which keeps it out of shell history. A command's own --env wins over it. Values may be secrets: workspace get lists the names only. A fork has its source's."`
 	Node      string            `name:"node" help:"Place on this node only; never falls back to another."`
 	Egress    string            `name:"egress" placeholder:"none|public|NAME" help:"Outbound traffic: none (default), public, or the name of an Egress object."`
 	Resolver  string            `name:"resolver" placeholder:"NAME" help:"Resolver object DNS queries go to; default: the deployment resolver."`
@@ -70,6 +71,9 @@ func (c *WorkspaceCreateCmd) request() (api.WorkspaceCreateRequest, error) {
 		return req, err
 	}
 	req.AutoResume = c.AutoResume
+	if req.Env, err = execEnv("--env", c.Env); err != nil {
+		return req, err
+	}
 	if req.IdleTimeout, err = idleTimeoutFlag(c.IdleTimeout); err != nil {
 		return req, err
 	}
@@ -81,6 +85,8 @@ func (c *WorkspaceCreateCmd) request() (api.WorkspaceCreateRequest, error) {
 			return req, usagef("--cpu or --memory with --from: a snapshot restores only into the vCPUs and memory it was saved with; leave them out")
 		case len(c.Volume) > 0 || len(c.NewVolume) > 0:
 			return req, usagef("--volume or --new-volume with --from: a restored guest must have the devices it was saved with; attach none")
+		case len(c.Env) > 0:
+			return req, usagef("--env with --from: a fork has its source's environment, which its restored guest holds; leave --env out")
 		}
 		return req, nil
 	}

@@ -35,12 +35,12 @@ func TestTermSize(t *testing.T) {
 // set; a KEY is required.
 func TestExecEnv(t *testing.T) {
 	t.Setenv("KIBO_TEST_SET", "from here")
-	got, err := execEnv([]string{"A=1", "B=", "KIBO_TEST_SET", "C=x=y"})
+	got, err := execEnv("-e", []string{"A=1", "B=", "KIBO_TEST_SET", "C=x=y"})
 	if want := []string{"A=1", "B=", "KIBO_TEST_SET=from here", "C=x=y"}; err != nil || !slices.Equal(got, want) {
 		t.Errorf("execEnv: %q, %v; want %q", got, err, want)
 	}
 	for _, bad := range []string{"KIBO_TEST_UNSET_X", "=v", "", "A=\x00"} {
-		if _, err := execEnv([]string{bad}); err == nil {
+		if _, err := execEnv("-e", []string{bad}); err == nil {
 			t.Errorf("execEnv(%q): no error", bad)
 		}
 	}

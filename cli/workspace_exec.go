@@ -23,22 +23,22 @@ type WorkspaceExecCmd struct {
 	Env     []string `name:"env" short:"e" help:"Environment KEY=VALUE (KEY alone: its value here); repeat for more."`
 }
 
-// execEnv is -e as the guest takes it: KEY=VALUE, or KEY alone for the
-// value it has in kibo's environment (as docker exec -e does), which must
-// then be set.
-func execEnv(env []string) ([]string, error) {
+// execEnv is -e (or create's --env, flag) as the guest takes it:
+// KEY=VALUE, or KEY alone for the value it has in kibo's environment (as
+// docker exec -e does), which must then be set.
+func execEnv(flag string, env []string) ([]string, error) {
 	out := make([]string, 0, len(env))
 	for _, e := range env {
 		k, _, hasValue := strings.Cut(e, "=")
 		switch {
 		case k == "" || strings.ContainsRune(e, 0):
-			return nil, usagef("-e %q: want KEY=VALUE with a KEY", e)
+			return nil, usagef("%s %q: want KEY=VALUE with a KEY", flag, e)
 		case hasValue:
 			out = append(out, e)
 		default:
 			v, ok := os.LookupEnv(k)
 			if !ok {
-				return nil, usagef("-e %s: %s is not set here; give its value: -e %s=VALUE", k, k, k)
+				return nil, usagef("%s %s: %s is not set here; give its value: %s %s=VALUE", flag, k, k, flag, k)
 			}
 			out = append(out, k+"="+v)
 		}
@@ -54,7 +54,7 @@ func (c *WorkspaceExecCmd) Run(g *Globals) error {
 	if len(argv) == 0 {
 		return usagef("workspace exec %s: give the command after --, e.g. kibo workspace exec %s -- uname -a", c.ID, c.ID)
 	}
-	env, err := execEnv(c.Env)
+	env, err := execEnv("-e", c.Env)
 	if err != nil {
 		return err
 	}

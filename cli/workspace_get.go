@@ -64,6 +64,8 @@ func renderWorkspace(w io.Writer, ws *api.Workspace, wide bool) {
 	line("CPU", "%s", ws.CPU)
 	line("Memory", "%s", formatBytes(ws.MemoryBytes))
 	line("Labels", "%s", dash(labelsColumn(ws.Labels)))
+	// Names only: the values may be secrets, and only its guest has them.
+	line("Environment", "%s", dash(strings.Join(ws.EnvNames, ",")))
 	pol := ws.Network.Effective()
 	line("Egress", "%s", egressColumn(pol))
 	resolver := pol.Resolver

@@ -62,6 +62,9 @@ func (d *dispatcher) run() error {
 					return err
 				}
 				t.Import = pending[i].Import
+				if t.Env, err = fsm.TaskEnv(tx, t.WorkspaceID); err != nil {
+					return err
+				}
 			}
 			tasks = append(tasks, t)
 		}

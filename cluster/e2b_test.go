@@ -144,8 +144,9 @@ func TestE2BControlAPI(t *testing.T) {
 	if r := do("", "GET", "/v2/sandboxes", nil); r.status != http.StatusUnauthorized || !strings.Contains(r.e2bError(t), "X-API-Key") {
 		t.Fatalf("without a key: %d %s, want 401 saying how to send one", r.status, r.body)
 	}
-	if r := do(key, "POST", "/v2/sandboxes", map[string]any{"templateID": "base", "envVars": map[string]string{"A": "1"}}); r.status != http.StatusBadRequest || !strings.Contains(r.e2bError(t), "envVars") {
-		t.Fatalf("create with envVars: %d %s, want 400 naming them", r.status, r.body)
+	if r := do(key, "POST", "/v2/sandboxes", map[string]any{"templateID": "base", "envVars": map[string]string{"1A": "s3cret"}}); r.status != http.StatusBadRequest ||
+		!strings.Contains(r.e2bError(t), `environment variable name "1A" is not valid`) || strings.Contains(string(r.body), "s3cret") {
+		t.Fatalf("create with a bad envVars name: %d %s, want 400 naming it and not its value", r.status, r.body)
 	}
 	// Bad input is refused as E2B's 400, and creates nothing.
 	for name, body := range map[string]any{"a body that is no JSON": []byte(`{"templateID":`), "a body over 1 MiB": map[string]string{"templateID": strings.Repeat("x", 1<<20)}} {
@@ -155,10 +156,18 @@ func TestE2BControlAPI(t *testing.T) {
 	}
 
 	created := time.Now()
-	r := do(key, "POST", "/v2/sandboxes", map[string]any{"templateID": "base", "metadata": map[string]string{"user": "a"}})
+	r := do(key, "POST", "/v2/sandboxes", map[string]any{"templateID": "base", "metadata": map[string]string{"user": "a"}, "envVars": map[string]string{"TOKEN": "s3cret"}})
 	var a sandbox
 	if r.decode(t, &a); r.status != http.StatusCreated || !strings.HasPrefix(a.SandboxID, "ws-") || a.TemplateID != "kibotos-coding" || a.EnvdVersion == "" || a.ClientID == "" || a.EnvdAccessToken == "" {
 		t.Fatalf("create from base: %d %s, want 201 with a sandbox of kibotos-coding", r.status, r.body)
+	}
+	// envVars are its Workspace's environment: names shown, the value not.
+	var withEnv api.Workspace
+	if _, err := c.Client(m).Do(ctx, "GET", "/v1/workspaces/"+a.SandboxID+"?namespace=acme", nil, &withEnv); err != nil || strings.Join(withEnv.EnvNames, ",") != "TOKEN" {
+		t.Errorf("the sandbox's Workspace: names %q, %v; want TOKEN", withEnv.EnvNames, err)
+	}
+	if strings.Contains(string(r.body), "s3cret") {
+		t.Errorf("the create's answer shows an envVars value: %s", r.body)
 	}
 	r = do(key, "GET", "/sandboxes/"+a.SandboxID, nil)
 	var info sandbox

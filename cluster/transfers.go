@@ -145,8 +145,14 @@ func (s *Server) handleTransferImport(r *http.Request, req api.TransferImportReq
 	if ns == "" {
 		ns = api.DefaultTransferNamespace
 	}
+	if len(m.Env) > 0 {
+		// An older voter would drop it: the Workspace would run without.
+		if err := s.levelsReach("transfer import of a Workspace with environment variables", fsm.LevelWorkspaceEnv); err != nil {
+			return fail(err)
+		}
+	}
 	args := fsm.WorkspaceCreateArgs{Template: m.Shape.Template, CPU: m.Shape.CPU, MemoryBytes: m.Shape.MemoryBytes, Labels: m.Shape.Labels, NodeID: req.NodeID,
-		Import: &api.WorkspaceImport{TransferID: id, Key: m.key, Digest: m.Digest, SizeBytes: m.SizeBytes, TemplateID: m.Shape.TemplateID}}
+		Import: &api.WorkspaceImport{TransferID: id, Key: m.key, Digest: m.Digest, SizeBytes: m.SizeBytes, TemplateID: m.Shape.TemplateID}, Env: m.Env}
 	for _, v := range m.Shape.Volumes {
 		args.NewVolumes = append(args.NewVolumes, api.NewVolume{SizeBytes: v.SizeBytes, Path: v.Path})
 	}
@@ -163,12 +169,18 @@ type importManifest struct {
 // READY Transfer, else the manifest another cluster wrote into the store.
 func (s *Server) importSource(ctx context.Context, id, ns string) (*importManifest, error) {
 	var tr *api.Transfer
-	err := s.fsm.View(func(tx *bolt.Tx) (err error) { tr, err = fsm.GetTransfer(tx, id); return })
+	var env []string
+	err := s.fsm.View(func(tx *bolt.Tx) (err error) {
+		if tr, err = fsm.GetTransfer(tx, id); err == nil {
+			env, err = fsm.TransferEnv(tx, id)
+		}
+		return
+	})
 	switch {
 	case err == nil && tr.State != api.TransferReady:
 		return nil, api.Errorf(api.CodeFailedPrecondition, "transfer %s is %s: an import needs it READY (kibo transfer get %s)", id, tr.State, id)
 	case err == nil:
-		return &importManifest{key: tr.ArchiveKey(), TransferManifest: api.TransferManifest{TransferID: id, WorkspaceID: tr.WorkspaceID, Shape: tr.Shape, Digest: tr.Digest, SizeBytes: tr.SizeBytes}}, nil
+		return &importManifest{key: tr.ArchiveKey(), TransferManifest: api.TransferManifest{TransferID: id, WorkspaceID: tr.WorkspaceID, Shape: tr.Shape, Env: env, Digest: tr.Digest, SizeBytes: tr.SizeBytes}}, nil
 	case api.CodeOf(err) != api.CodeNotFound:
 		return nil, err
 	}
@@ -191,12 +203,12 @@ func (s *Server) importSource(ctx context.Context, id, ns string) (*importManife
 		return nil, err
 	}
 	defer rc.Close()
-	raw, err := io.ReadAll(io.LimitReader(rc, 64<<10))
+	raw, err := io.ReadAll(io.LimitReader(rc, api.MaxTransferManifest))
 	if err != nil {
 		return nil, api.Errorf(api.CodeUnavailable, "transfer %s: read its manifest %s: %v", id, key, err)
 	}
 	var m api.TransferManifest
-	if err := json.Unmarshal(raw, &m); err != nil || m.FormatVersion != api.TransferFormat || m.TransferID != id {
+	if err := json.Unmarshal(raw, &m); err != nil || !api.ReadsTransferFormat(m.FormatVersion) || m.TransferID != id {
 		return nil, api.Errorf(api.CodeFailedPrecondition, "transfer %s: its manifest %s in %s is not one this build reads (format %d): export it again", id, key, st, m.FormatVersion)
 	}
 	if err := m.Shape.Check("transfer " + id); err != nil {

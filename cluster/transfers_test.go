@@ -74,6 +74,17 @@ func TestImportFromAnotherCluster(t *testing.T) {
 			t.Errorf("member certificate on %s %s: %d %v, want 403 permission_denied", r[0], r[1], status, e)
 		}
 	}
+	// A manifest with the Workspace's environment (format 2) gives it to
+	// the new Workspace, which shows its names.
+	withEnv := "tr-" + strings.Repeat("p", 26)
+	put("team-b", api.TransferManifest{FormatVersion: api.TransferFormatEnv, TransferID: withEnv, Shape: shape, Env: []string{"TOKEN=s3cret"},
+		Digest: "sha256:" + strings.Repeat("a", 64), SizeBytes: 1 << 20})
+	if _, err := cl.Do(ctx, "POST", "/v1/transfers/"+withEnv+"/import", api.TransferImportRequest{WriteMeta: api.WriteMeta{CommandID: "import-env"}, Namespace: "team-b"}, &ws); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Join(ws.EnvNames, ",") != "TOKEN" {
+		t.Errorf("imported workspace's environment names %q, want TOKEN", ws.EnvNames)
+	}
 	future := "tr-" + strings.Repeat("n", 26)
 	put("team-b", api.TransferManifest{FormatVersion: 9, TransferID: future, Shape: shape})
 	refused(future, "team-b", api.CodeFailedPrecondition, "is not one this build reads (format 9)")

@@ -57,6 +57,16 @@ func (s *Server) handleWorkspaceCreate(r *http.Request, req api.WorkspaceCreateR
 			return fail(err)
 		}
 	}
+	env := api.SortedEnv(req.Env)
+	if len(env) > 0 {
+		if err := api.CheckWorkspaceEnv("workspace "+fsm.WorkspaceIDFor(req.CommandID), env); err != nil {
+			return fail(err)
+		}
+		// An older voter would drop it: the Workspace would run without.
+		if err := s.levelsReach("workspace create with environment variables", fsm.LevelWorkspaceEnv); err != nil {
+			return fail(err)
+		}
+	}
 	timeout, err := createTimeout(req)
 	if err != nil {
 		return fail(err)
@@ -77,7 +87,7 @@ func (s *Server) handleWorkspaceCreate(r *http.Request, req api.WorkspaceCreateR
 		Namespace: ns, Template: req.Template, CPU: req.CPU, MemoryBytes: req.MemoryBytes, Labels: req.Labels, NodeID: req.NodeID, Network: req.Network,
 		Volumes: req.Volumes, NewVolumes: req.NewVolumes, From: req.From,
 		TimeoutSeconds: int64(timeout / time.Second), OnTimeout: req.OnTimeout, AutoResume: req.AutoResume,
-		IdleTimeoutSeconds: int64(idle / time.Second),
+		IdleTimeoutSeconds: int64(idle / time.Second), Env: env,
 	})
 }
 

@@ -65,8 +65,6 @@ func (h *handler) create(c *call) error {
 func (h *handler) createRequest(req *newSandbox, keyID string) (api.WorkspaceCreateRequest, error) {
 	var out api.WorkspaceCreateRequest
 	switch {
-	case len(req.EnvVars) > 0:
-		return out, api.Errorf(api.CodeInvalidArgument, "envVars are not served by this Kibotos build yet: set the variables in the command you run")
 	case req.MCP != nil:
 		return out, api.Errorf(api.CodeInvalidArgument, "mcp is not served by Kibotos: leave it out")
 	case len(req.VolumeMounts) > 0:
@@ -110,7 +108,7 @@ func (h *handler) createRequest(req *newSandbox, keyID string) (api.WorkspaceCre
 		labels[k] = v
 	}
 	return api.WorkspaceCreateRequest{Template: template, CPU: sandboxCPU, MemoryBytes: sandboxMemory, Labels: labels,
-		Network: policy, Timeout: life, OnTimeout: onTimeout, AutoResume: auto}, nil
+		Network: policy, Timeout: life, OnTimeout: onTimeout, AutoResume: auto, Env: api.EnvFromMap(req.EnvVars)}, nil
 }
 
 // networkPolicy is a create's egress: E2B sandboxes reach the internet

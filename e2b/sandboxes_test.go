@@ -33,7 +33,8 @@ func TestCreateRequest(t *testing.T) {
 		{name: "no internet but what is allowed", in: newSandbox{AllowInternetAccess: ptr(false), Network: &sandboxNetwork{AllowOut: []string{"1.2.3.4", "pypi.org"}, DenyOut: []string{"2001:db8::1"}}},
 			want: api.WorkspaceCreateRequest{Template: "kibotos-base", Timeout: "300s", OnTimeout: api.TimeoutDelete,
 				Network: &api.NetworkPolicy{Egress: api.EgressPublic, Allow: []string{"1.2.3.4/32", "pypi.org"}, Deny: []string{"2001:db8::1/128"}}}},
-		{name: "envVars", in: newSandbox{EnvVars: map[string]string{"A": "1"}}, err: "envVars are not served"},
+		{name: "envVars, sorted by name", in: newSandbox{EnvVars: map[string]string{"B": "2", "A": "1=x"}},
+			want: api.WorkspaceCreateRequest{Template: "kibotos-base", Timeout: "300s", OnTimeout: api.TimeoutDelete, Network: &api.NetworkPolicy{Egress: api.EgressPublic}, Env: []string{"A=1=x", "B=2"}}},
 		{name: "no public traffic", in: newSandbox{Network: &sandboxNetwork{AllowPublicTraffic: ptr(false)}},
 			want: api.WorkspaceCreateRequest{Template: "kibotos-base", Timeout: "300s", OnTimeout: api.TimeoutDelete, Labels: map[string]string{CreatorLabel: "keyid", TrafficLabel: TrafficToken}, Network: &api.NetworkPolicy{Egress: api.EgressPublic}}},
 		{name: "Kibotos's own metadata", in: newSandbox{Metadata: map[string]string{"e2b/creator": "other"}}, err: "keys beginning e2b/ are Kibotos's own"},
@@ -58,7 +59,7 @@ func TestCreateRequest(t *testing.T) {
 			c.want.Labels = map[string]string{CreatorLabel: "keyid", TrafficLabel: TrafficPublic} // E2B's default: public traffic as the creator
 		}
 		if got.Template != c.want.Template || got.Timeout != c.want.Timeout || got.OnTimeout != c.want.OnTimeout || got.AutoResume != c.want.AutoResume ||
-			got.CPU != c.want.CPU || got.MemoryBytes != c.want.MemoryBytes || !maps.Equal(got.Labels, c.want.Labels) ||
+			got.CPU != c.want.CPU || got.MemoryBytes != c.want.MemoryBytes || !maps.Equal(got.Labels, c.want.Labels) || !slices.Equal(got.Env, c.want.Env) ||
 			got.Network.Egress != c.want.Network.Egress || !slices.Equal(got.Network.Allow, c.want.Network.Allow) || !slices.Equal(got.Network.Deny, c.want.Network.Deny) {
 			t.Errorf("%s: %+v (network %+v), want %+v (network %+v)", c.name, got, got.Network, c.want, c.want.Network)
 		}

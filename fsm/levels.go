@@ -92,9 +92,13 @@ import (
 //	   too, OpWorkspaceSetTimeout, OpWorkspaceTimedOut, OpNamespaceDefaults,
 //	   WorkspaceCreateArgs.IdleTimeoutSeconds (refused below it),
 //	   OpWorkspaceIdlePause
+//	16 a Workspace's environment (LevelWorkspaceEnv, workspaceenv.go):
+//	   WorkspaceCreateArgs.Env, which the leader refuses below it (an
+//	   older voter would drop it and its Workspace would run without
+//	   it), kept in bucketWorkspaceEnv
 
 // FeatureLevel is the level of this build.
-const FeatureLevel = 15
+const FeatureLevel = 16
 
 // LevelRefusalExhausted is the level of WorkspaceResultArgs.RefusalExhausts.
 const LevelRefusalExhausted = 11

@@ -32,6 +32,11 @@ var (
 	// reads its source Workspace's files (forks.go)
 	bucketForks = []byte("forks")
 
+	// workspace_id → its environment, NAME=value sorted by name, for a
+	// Workspace that has one (workspaceenv.go; written from
+	// LevelWorkspaceEnv on)
+	bucketWorkspaceEnv = []byte("workspace_env")
+
 	// workspace_id → deletion time: an id is never used twice, even when
 	// its command id comes back after the command record expired
 	bucketWorkspaceTombstones = []byte("workspace_tombstones")
@@ -129,7 +134,7 @@ var (
 		bucketVolumes, bucketVolumeNames, bucketVolumeCommands, bucketVolumeTombstones, bucketMemberLevels, bucketEndedRounds, bucketEndedWatch,
 		bucketPlacements, bucketTemplates, bucketPlatforms, bucketTransfers, bucketForks, bucketOperators,
 		bucketNamespaces, bucketNamespaceObjects, bucketNamespaceUsage, bucketNamespaceCounters, bucketAPIKeys, bucketAPIKeyIDs,
-		bucketWorkspaceEnds}
+		bucketWorkspaceEnds, bucketWorkspaceEnv}
 )
 
 // Keys of the meta bucket.

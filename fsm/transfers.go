@@ -44,6 +44,10 @@ type transferRecord struct {
 	api.Transfer
 	LayerPool string           `json:"layer_pool"`
 	Volumes   []api.TaskVolume `json:"task_volumes,omitempty"`
+	// Env is the Workspace's environment as of the export, for the
+	// manifest and an import in this cluster; kept out of api.Transfer,
+	// which reads show (workspaceenv.go).
+	Env []string `json:"env,omitempty"`
 }
 
 // TransferIDFor derives the id of the Transfer an export with this
@@ -104,8 +108,12 @@ func applyTransferExport(ac *applyCtx) (any, error) {
 	if err != nil {
 		return nil, err
 	}
+	env, err := TaskEnv(ac.tx, w.WorkspaceID)
+	if err != nil {
+		return nil, err
+	}
 	now := *at(ac.e)
-	rec := &transferRecord{LayerPool: w.Layer.PoolID, Volumes: vols, Transfer: api.Transfer{TransferID: id, Version: 1, State: api.TransferExporting,
+	rec := &transferRecord{LayerPool: w.Layer.PoolID, Volumes: vols, Env: env, Transfer: api.Transfer{TransferID: id, Version: 1, State: api.TransferExporting,
 		Namespace: a.Namespace, WorkspaceID: w.WorkspaceID, NodeID: node, CreatedAt: now, UpdatedAt: now, ExpiresAt: now.Add(ttl),
 		Shape: api.TransferShape{Template: w.Template, CPU: w.CPU, MemoryBytes: w.MemoryBytes, Labels: w.Labels}}}
 	for _, v := range vols {
@@ -247,6 +255,16 @@ func GetTransfer(tx *bolt.Tx, id string) (*api.Transfer, error) {
 	return &rec.Transfer, nil
 }
 
+// TransferEnv is the environment Transfer id recorded of its Workspace,
+// which an import in this cluster gives the new one.
+func TransferEnv(tx *bolt.Tx, id string) ([]string, error) {
+	rec, err := mustTransfer(tx, id)
+	if err != nil {
+		return nil, err
+	}
+	return rec.Env, nil
+}
+
 // ListTransfers is a page of the Transfers, by id.
 func ListTransfers(tx *bolt.Tx, pageSize int, pageToken string) (*api.TransferList, error) {
 	out := &api.TransferList{Transfers: []api.Transfer{}}
@@ -284,7 +302,7 @@ func PendingTransferWork(tx *bolt.Tx, now time.Time) (*TransferWork, error) {
 		switch {
 		case rec.State == api.TransferExporting:
 			out.Exports = append(out.Exports, api.TransferExportTask{TransferID: rec.TransferID, WorkspaceID: rec.WorkspaceID, Namespace: rec.Namespace,
-				LayerPool: rec.LayerPool, Volumes: rec.Volumes, Shape: rec.Shape})
+				LayerPool: rec.LayerPool, Volumes: rec.Volumes, Shape: rec.Shape, Env: rec.Env})
 			out.ExportNodes[rec.TransferID] = rec.NodeID
 		case now.After(rec.ExpiresAt):
 			out.Expired = append(out.Expired, rec.Transfer)

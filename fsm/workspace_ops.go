@@ -73,6 +73,10 @@ func applyWorkspaceCreate(ac *applyCtx) (any, error) {
 			return nil, err
 		}
 	}
+	env, err := createEnv(ac.tx, id, &a, src)
+	if err != nil {
+		return nil, err
+	}
 	w := &api.Workspace{WorkspaceID: id, Namespace: ns, Template: a.Template, CPU: a.CPU, MemoryBytes: a.MemoryBytes, Labels: a.Labels, Network: &network, CreatedAt: *at(ac.e), Import: a.Import}
 	var vols []*api.Volume
 	if src != nil {
@@ -88,6 +92,7 @@ func applyWorkspaceCreate(ac *applyCtx) (any, error) {
 	}
 	setLifetime(ac, w, a.TimeoutSeconds, a.OnTimeout)
 	w.AutoResume, w.IdleTimeoutSeconds = a.AutoResume, a.IdleTimeoutSeconds
+	w.EnvNames = api.EnvNames(env)
 	node, err := place(ac, w, vols, a.NodeID, nil, false)
 	if err != nil {
 		return nil, err
@@ -96,6 +101,9 @@ func applyWorkspaceCreate(ac *applyCtx) (any, error) {
 		return nil, err
 	}
 	if err := putWorkspace(ac, nil, w); err != nil {
+		return nil, err
+	}
+	if err := putEnv(ac.tx, id, env); err != nil {
 		return nil, err
 	}
 	return w, nil

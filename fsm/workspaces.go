@@ -55,6 +55,10 @@ type WorkspaceCreateArgs struct {
 	// timeout): ctrl pauses it once it was reported idle that long
 	// (idle.go).
 	IdleTimeoutSeconds int64 `json:"idle_timeout_seconds,omitempty"`
+	// Env (LevelWorkspaceEnv, refused below it: an older voter would
+	// drop it) is the environment of every process of the Workspace,
+	// NAME=value (workspaceenv.go); a fork has its source's.
+	Env []string `json:"env,omitempty"`
 }
 
 // WorkspaceArgs names a Workspace, with the options of start and stop.
@@ -279,6 +283,9 @@ func deleteWorkspace(ac *applyCtx, w *api.Workspace) error {
 		return err
 	}
 	if err := ac.tx.Bucket(bucketWorkspaceTombstones).Put(wsKey(w.WorkspaceID), []byte(at(ac.e).Format(time.RFC3339))); err != nil {
+		return err
+	}
+	if err := deleteEnv(ac.tx, w.WorkspaceID); err != nil {
 		return err
 	}
 	return ac.tx.Bucket(bucketWorkspaces).Delete(wsKey(w.WorkspaceID))

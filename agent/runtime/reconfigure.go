@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kibotos/kibotos/api"
 	"github.com/kibotos/kibotos/vmm/guestproto"
 )
 
@@ -19,8 +20,9 @@ import (
 // not a node runs: the first session that finds a new boot id tells it
 // all of that again before anything else reaches it (syncGuest).
 
-// Configure tells the running guest of Instance id req, hostname and
-// mounts only, and records it: a restart of the guest is told it again.
+// Configure tells the running guest of Instance id req, hostname, mounts
+// and environment only, and records it: a restart of the guest is told it
+// again.
 func (rt *Runtime) Configure(ctx context.Context, id string, req guestproto.ConfigureRequest) error {
 	if len(req.Interfaces) > 0 || len(req.DNS) > 0 {
 		return fmt.Errorf("runtime: instance %s: its network is configured from its network record, not by Configure", id)
@@ -33,6 +35,9 @@ func (rt *Runtime) Configure(ctx context.Context, id string, req guestproto.Conf
 	if err != nil {
 		return err
 	}
+	if err := guestTakes(c.Info(), req); err != nil {
+		return fmt.Errorf("runtime: instance %s: %w", id, err)
+	}
 	if err := c.Configure(ctx, req); err != nil {
 		return err
 	}
@@ -42,7 +47,7 @@ func (rt *Runtime) Configure(ctx context.Context, id string, req guestproto.Conf
 // recordConfigured adds req, told to the guest of in, to its launch
 // record's Configured.
 func (rt *Runtime) recordConfigured(in *instance, req guestproto.ConfigureRequest) error {
-	if req.Hostname == "" && len(req.Mounts) == 0 {
+	if req.Hostname == "" && len(req.Mounts) == 0 && req.Env == nil {
 		return nil
 	}
 	in.mu.Lock()
@@ -59,14 +64,18 @@ func (rt *Runtime) recordConfigured(in *instance, req guestproto.ConfigureReques
 // mergeConfigured is have with req told after it: a hostname replaces
 // the one before, a mount replaces one at the same target and otherwise
 // comes after those before (a mount under another's target must find
-// that one mounted).
+// that one mounted); an environment replaces the one before, as in the
+// guest.
 func mergeConfigured(have *guestproto.ConfigureRequest, req guestproto.ConfigureRequest) *guestproto.ConfigureRequest {
 	out := guestproto.ConfigureRequest{}
 	if have != nil {
-		out.Hostname, out.Mounts = have.Hostname, slices.Clone(have.Mounts)
+		out.Hostname, out.Mounts, out.Env = have.Hostname, slices.Clone(have.Mounts), have.Env
 	}
 	if req.Hostname != "" {
 		out.Hostname = req.Hostname
+	}
+	if req.Env != nil {
+		out.Env = slices.Clone(req.Env)
 	}
 	for _, m := range req.Mounts {
 		out.Mounts = slices.DeleteFunc(out.Mounts, func(x guestproto.Mount) bool { return x.Target == m.Target })
@@ -95,6 +104,9 @@ func checkConfigured(c *guestproto.ConfigureRequest) error {
 	}
 	if len(c.Hostname) > maxHostname || strings.ContainsAny(c.Hostname, "/\x00 ") {
 		return fmt.Errorf("recorded hostname %q is not one", c.Hostname)
+	}
+	if err := api.CheckWorkspaceEnv("recorded configuration", c.Env); err != nil {
+		return err
 	}
 	if len(c.Mounts) > maxConfiguredMounts {
 		return fmt.Errorf("recorded configuration has %d mounts, over %d", len(c.Mounts), maxConfiguredMounts)
@@ -136,12 +148,12 @@ func (rt *Runtime) reconfigureRestarted(ctx context.Context, in *instance, c *gu
 		return fmt.Errorf("record the restarted guest: %w", err)
 	}
 	in.rec = &claimed
-	mounts := 0
+	mounts, env := 0, 0
 	if rec.Configured != nil {
-		mounts = len(rec.Configured.Mounts)
+		mounts, env = len(rec.Configured.Mounts), len(rec.Configured.Env) // a count: the values may be secrets
 	}
 	rt.log.Warn("instance guest restarted; reconfigured with the launch-time configuration", "instance_id", in.id,
-		"boot_id", claimed.Guest.BootID, "previous_boot_id", rec.Guest.BootID, "network", rec.Network != nil, "mounts", mounts,
+		"boot_id", claimed.Guest.BootID, "previous_boot_id", rec.Guest.BootID, "network", rec.Network != nil, "mounts", mounts, "env", env,
 		"took", time.Since(t0).Round(time.Millisecond))
 	return nil
 }

@@ -59,8 +59,11 @@ const snapshotFormat = 2
 
 var snapshotFormats = recordfmt.Range{Min: 1, Max: snapshotFormat}
 
-// maxSnapshotMeta bounds what is read of snapshot.json (from a pool).
-const maxSnapshotMeta = 64 << 10
+// maxSnapshotMeta bounds what is read of snapshot.json (from a pool):
+// room for a Workspace's environment in Configured
+// (api.MaxWorkspaceEnvBytes, up to six times that escaped in JSON)
+// beside the rest.
+const maxSnapshotMeta = 1 << 20
 
 // SnapshotMeta is snapshot.json.
 type SnapshotMeta struct {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -49,8 +50,26 @@ func TestPauseRestore(t *testing.T) {
 		}
 		return strings.TrimSpace(r.stdout)
 	}
-	if _, err := rt.Start(ctx, spec("p-1")); err != nil {
+	// The Workspace's environment, told at start, reaches an exec with a
+	// Root ("/": the agent's own root is one too) and not the agent's
+	// own; the restored guest's agent still holds it.
+	wsEnv := func(id string, root string) string {
+		t.Helper()
+		r, err := run(ctx, rt, id, guestproto.ExecRequest{Argv: []string{"/bin/sh", "-c", "echo \"$WS_TOKEN\""}, Root: root, Env: []string{"PATH=/bin:/sbin"}}, nil)
+		if err != nil || r.exit.ExitCode != 0 {
+			t.Fatalf("env in %s: %+v, %v", id, r, err)
+		}
+		return strings.TrimSpace(r.stdout)
+	}
+	s1 := spec("p-1")
+	s1.Configure = func(guestproto.GuestInfo) guestproto.ConfigureRequest {
+		return guestproto.ConfigureRequest{Env: []string{"WS_TOKEN=kept"}}
+	}
+	if _, err := rt.Start(ctx, s1); err != nil {
 		t.Fatal(err)
+	}
+	if in, own := wsEnv("p-1", "/"), wsEnv("p-1", ""); in != "kept" || own != "" {
+		t.Fatalf("WS_TOKEN %q in a root, %q in the agent's own exec; want kept and none", in, own)
 	}
 	bootID := sh("p-1", "cat /proc/sys/kernel/random/boot_id")
 	sh("p-1", "(i=0; exec 3>/tmp/held; while :; do i=$((i+1)); echo $i > /tmp/count; echo $i >&3; sleep 0.1; done) >/dev/null 2>&1 & echo $! > /tmp/pid")
@@ -104,6 +123,9 @@ func TestPauseRestore(t *testing.T) {
 	// p-1 still held its address: p-2 has another one.
 	if err := rt.Delete(ctx, "p-1"); err != nil {
 		t.Fatal(err)
+	}
+	if got := wsEnv("p-2", "/"); got != "kept" || meta.Configured == nil || !slices.Equal(meta.Configured.Env, []string{"WS_TOKEN=kept"}) {
+		t.Errorf("restored WS_TOKEN %q, snapshot configuration %+v; want kept in both", got, meta.Configured)
 	}
 	if got := sh("p-2", "cat /proc/sys/kernel/random/boot_id"); got != bootID {
 		t.Errorf("boot_id %s after the restore, %s before: the guest booted again", got, bootID)

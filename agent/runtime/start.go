@@ -156,6 +156,11 @@ func (rt *Runtime) tellGuest(ctx context.Context, in *instance, spec Spec, rec *
 	if err != nil {
 		return err
 	}
+	// A warm guest's may have nothing left to do: it mounted everything.
+	req := configureOf(spec, c.Info())
+	if err := guestTakes(c.Info(), req); err != nil {
+		return err
+	}
 	var wg sync.WaitGroup
 	var idErr, netErr, cfgErr error
 	identified := make(chan struct{})
@@ -191,8 +196,6 @@ func (rt *Runtime) tellGuest(ctx context.Context, in *instance, spec Spec, rec *
 			}
 		})
 	}
-	// A warm guest's may have nothing left to do: it mounted everything.
-	req := configureOf(spec, c.Info())
 	if !emptyConfigure(req) {
 		wg.Go(func() {
 			if <-identified; idErr != nil {
@@ -211,7 +214,7 @@ func (rt *Runtime) tellGuest(ctx context.Context, in *instance, spec Spec, rec *
 	if resumed && spec.Identity != nil && spec.Identity.Hostname != "" {
 		req.Hostname = spec.Identity.Hostname
 	}
-	return rt.recordConfigured(in, guestproto.ConfigureRequest{Hostname: req.Hostname, Mounts: req.Mounts})
+	return rt.recordConfigured(in, guestproto.ConfigureRequest{Hostname: req.Hostname, Mounts: req.Mounts, Env: req.Env})
 }
 
 // configureOf is spec's own configure of a guest g, empty without one.
@@ -224,7 +227,17 @@ func configureOf(spec Spec, g guestproto.GuestInfo) guestproto.ConfigureRequest 
 
 // emptyConfigure says whether a configure would change nothing.
 func emptyConfigure(r guestproto.ConfigureRequest) bool {
-	return r.Hostname == "" && len(r.Interfaces) == 0 && len(r.DNS) == 0 && len(r.Mounts) == 0
+	return r.Hostname == "" && len(r.Interfaces) == 0 && len(r.DNS) == 0 && len(r.Mounts) == 0 && r.Env == nil
+}
+
+// guestTakes refuses a configure the guest g would not apply whole: a
+// Workspace's environment to an agent without CapWorkspaceEnv, which
+// would ignore it and run the Workspace's processes without it.
+func guestTakes(g guestproto.GuestInfo, req guestproto.ConfigureRequest) error {
+	if len(req.Env) > 0 && !g.Has(guestproto.CapWorkspaceEnv) {
+		return fmt.Errorf("its guest agent (version %q) cannot take the Workspace's environment variables, and would run its processes without them: start it on a Platform built by this release (kibotos platform build)", g.AgentVersion)
+	}
+	return nil
 }
 
 // awaitGuest is the readiness check of a launch: it waits for the guest

@@ -68,6 +68,12 @@ type WorkspaceSpec struct {
 	// From forks this PAUSED Workspace; Template, CPU and Memory are
 	// then its own and may be left out.
 	From string
+	// Env is the environment of every process in the Workspace (Exec
+	// and terminals; an Exec's own Env wins over it). Names are a
+	// shell's (letters, digits, '_'); at most 128 variables, a value at
+	// most 32 KiB, 64 KiB together. The values may be secrets: the
+	// Workspace shows the names only (EnvNames). A fork has its source's.
+	Env map[string]string
 }
 
 // VolumeMount mounts an existing Volume in a new Workspace.
@@ -85,7 +91,7 @@ type NewVolume struct {
 // request is the spec as the API takes it.
 func (s WorkspaceSpec) request() (api.WorkspaceCreateRequest, error) {
 	req := api.WorkspaceCreateRequest{WriteMeta: writeMeta(), Template: s.Template, MemoryBytes: s.Memory, Labels: s.Labels,
-		Network: s.Network, From: s.From, OnTimeout: s.OnTimeout, AutoResume: s.AutoResume}
+		Network: s.Network, From: s.From, OnTimeout: s.OnTimeout, AutoResume: s.AutoResume, Env: api.EnvFromMap(s.Env)}
 	if s.CPU != 0 {
 		cpu, err := api.ParseMilli(strconv.FormatFloat(s.CPU, 'f', -1, 64))
 		if err != nil || s.CPU < 0 {
@@ -119,13 +125,16 @@ func (s WorkspaceSpec) request() (api.WorkspaceCreateRequest, error) {
 // the server's answer: use a *Workspace from one goroutine at a time
 // (Exec and Files only read the id, and may run alongside each other).
 type Workspace struct {
-	ID         string
-	Namespace  string
-	State      string
-	Template   string
-	CPU        float64
-	Memory     uint64
-	Labels     map[string]string
+	ID        string
+	Namespace string
+	State     string
+	Template  string
+	CPU       float64
+	Memory    uint64
+	Labels    map[string]string
+	// EnvNames are the names of its environment variables (WorkspaceSpec.Env),
+	// sorted; their values are never shown.
+	EnvNames   []string
 	Version    uint64
 	ForkedFrom string
 	// Timeout is how long each run lasts (0: no end), OnTimeout what
@@ -158,7 +167,7 @@ func (c *Client) workspace(r *api.Workspace) *Workspace {
 func (w *Workspace) set(r *api.Workspace) {
 	w.ID, w.Namespace, w.State, w.Template = r.WorkspaceID, api.ShownNamespace(r.Namespace), r.State, r.Template
 	w.CPU, _ = strconv.ParseFloat(r.CPU.String(), 64)
-	w.Memory, w.Labels, w.Version, w.ForkedFrom = r.MemoryBytes, r.Labels, r.Version, r.ForkedFrom
+	w.Memory, w.Labels, w.Version, w.ForkedFrom, w.EnvNames = r.MemoryBytes, r.Labels, r.Version, r.ForkedFrom, r.EnvNames
 	w.Timeout, w.OnTimeout, w.AutoResume, w.CreatedAt = r.TimeoutDuration(), r.OnTimeout, r.AutoResume, r.CreatedAt
 	w.EndsAt = time.Time{}
 	if r.EndsAt != nil {

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -89,7 +90,8 @@ func TestCreateWaitsThroughTheBlockingGetUntilAvailable(t *testing.T) {
 	f.handle("POST /v1/workspaces", s.write)
 	f.handle("GET /v1/workspaces/ws-1", s.get)
 	ws, err := c.Workspaces.Create(context.Background(), kibotos.WorkspaceSpec{Template: "alpine", CPU: 0.5, Memory: 256 * kibotos.MiB,
-		Timeout: 30 * time.Minute, OnTimeout: kibotos.OnTimeoutPause, AutoResume: true, Labels: map[string]string{"team": "a"}})
+		Timeout: 30 * time.Minute, OnTimeout: kibotos.OnTimeoutPause, AutoResume: true, Labels: map[string]string{"team": "a"},
+		Env: map[string]string{"TOKEN": "t", "A": "1"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -100,7 +102,8 @@ func TestCreateWaitsThroughTheBlockingGetUntilAvailable(t *testing.T) {
 	if err := json.Unmarshal(f.seenOf("POST", "/v1/workspaces")[0].body, &req); err != nil {
 		t.Fatal(err)
 	}
-	if req.Template != "alpine" || req.CPU != 500 || req.MemoryBytes != 256<<20 || req.Timeout != "30m0s" || req.OnTimeout != "pause" || !req.AutoResume || req.Labels["team"] != "a" || req.CommandID == "" {
+	if req.Template != "alpine" || req.CPU != 500 || req.MemoryBytes != 256<<20 || req.Timeout != "30m0s" || req.OnTimeout != "pause" || !req.AutoResume || req.Labels["team"] != "a" || req.CommandID == "" ||
+		strings.Join(req.Env, " ") != "A=1 TOKEN=t" {
 		t.Errorf("create sent %+v; want the spec as the API takes it, with a command id", req)
 	}
 	gets := f.seenOf("GET", "/v1/workspaces/ws-1")

@@ -184,7 +184,7 @@ func (st *stdio) resize(ws *guestproto.WinSize) {
 // counted in a.execs, which the caller marks done once its exit was
 // reported.
 func (a *agent) startProcess(req guestproto.ExecRequest, st *stdio, open func() error) (*os.Process, <-chan unix.WaitStatus, *managed, error) {
-	setup, err := setupExec(a.log, req)
+	setup, err := setupExec(a.log, req, a.workspaceEnv())
 	if err != nil {
 		return nil, nil, nil, &guestproto.Error{Code: guestproto.CodeInvalid, Message: err.Error()}
 	}

@@ -39,18 +39,28 @@ type execSetup struct {
 // be read or parsed is logged and ignored, so a damaged file never stops
 // a Workspace's commands; a user it names that the root does not know
 // fails the exec, as it would in any container runtime.
-func setupExec(log *slog.Logger, req guestproto.ExecRequest) (execSetup, error) {
-	s, err := setupImageExec(log, req)
+//
+// wsEnv, the Workspace's environment, applies to an exec with a Root
+// (the agent's own processes are not the Workspace's): it overrides the
+// base (DefaultEnv, the guest's defaults, the image's Env, a User's HOME,
+// USER and LOGNAME) by name, and the caller's Env overrides it. Each
+// layer replaces a variable in place, never adds a second one of the
+// same name: getenv takes the first, shells the last.
+func setupExec(log *slog.Logger, req guestproto.ExecRequest, wsEnv []string) (execSetup, error) {
+	if req.Root == "" {
+		wsEnv = nil
+	}
+	s, err := setupImageExec(log, req, wsEnv)
 	if err != nil || req.User == "" {
 		return s, err
 	}
-	return s.as(req)
+	return s.as(req, wsEnv)
 }
 
 // as is s run as req.User instead: its credential, HOME, USER and
 // LOGNAME, and its home as the directory unless req names one. The
-// caller's own Env still wins.
-func (s execSetup) as(req guestproto.ExecRequest) (execSetup, error) {
+// Workspace's environment and the caller's own Env still win.
+func (s execSetup) as(req guestproto.ExecRequest, wsEnv []string) (execSetup, error) {
 	if req.Root == "" {
 		return execSetup{}, fmt.Errorf("user %q: only an exec into a root (Root) runs as one of its users", req.User)
 	}
@@ -64,7 +74,7 @@ func (s execSetup) as(req guestproto.ExecRequest) (execSetup, error) {
 		home = "/"
 	}
 	s.env = overrideEnv(s.env, []string{"HOME=" + home, "USER=" + u.name, "LOGNAME=" + u.name})
-	s.env = overrideEnv(s.env, req.Env)
+	s.env = overrideEnv(overrideEnv(s.env, wsEnv), req.Env)
 	if req.Dir == "" {
 		s.dir = home
 	}
@@ -72,7 +82,7 @@ func (s execSetup) as(req guestproto.ExecRequest) (execSetup, error) {
 }
 
 // setupImageExec is setupExec without req.User.
-func setupImageExec(log *slog.Logger, req guestproto.ExecRequest) (execSetup, error) {
+func setupImageExec(log *slog.Logger, req guestproto.ExecRequest, wsEnv []string) (execSetup, error) {
 	var cfg *guestproto.ImageConfig
 	if req.Root != "" {
 		c, err := loadImageConfig(req.Root)
@@ -82,12 +92,18 @@ func setupImageExec(log *slog.Logger, req guestproto.ExecRequest) (execSetup, er
 		cfg = c
 	}
 	if cfg == nil {
-		env := append(append([]string(nil), req.DefaultEnv...), req.Env...)
-		if len(env) == 0 {
+		var env []string
+		switch {
+		case len(req.DefaultEnv) == 0 && len(req.Env) == 0:
 			env = []string{"PATH=" + defaultPath, "HOME=/root"}
 			if req.PTY != nil {
 				env = append(env, "TERM=xterm")
 			}
+			env = overrideEnv(env, wsEnv)
+		case len(wsEnv) == 0:
+			env = append(append([]string(nil), req.DefaultEnv...), req.Env...)
+		default:
+			env = overrideEnv(overrideEnv(overrideEnv(nil, req.DefaultEnv), wsEnv), req.Env)
 		}
 		dir := req.Dir
 		if req.Root != "" && dir == "" {
@@ -111,7 +127,7 @@ func setupImageExec(log *slog.Logger, req guestproto.ExecRequest) (execSetup, er
 	} else if u, err := lookupUser(req.Root, "0"); err == nil && u.home != "" {
 		home = u.home
 	}
-	s.env = overrideEnv(nil, cfg.Env)
+	s.env = overrideEnv(overrideEnv(nil, cfg.Env), wsEnv)
 	for _, d := range []string{"PATH=" + defaultPath, "HOME=" + home} {
 		if envIndex(s.env, envKey(d)) < 0 {
 			s.env = append(s.env, d)

@@ -71,7 +71,7 @@ func TestSetupExecWithoutImageConfig(t *testing.T) {
 			env: []string{"PATH=" + defaultPath, "HOME=/root", "TERM=xterm"}, dir: "/"},
 		{name: "no root", req: guestproto.ExecRequest{Env: []string{"A=1"}}, env: []string{"A=1"}, dir: ""},
 	} {
-		s, err := setupExec(log, tc.req)
+		s, err := setupExec(log, tc.req, nil)
 		if err != nil || !slices.Equal(s.env, tc.env) || s.dir != tc.dir || s.cred != nil {
 			t.Errorf("%s: setup %+v, %v; want env %q dir %q", tc.name, s, err, tc.env, tc.dir)
 		}
@@ -81,7 +81,7 @@ func TestSetupExecWithoutImageConfig(t *testing.T) {
 func TestSetupExecImageConfig(t *testing.T) {
 	log, _ := quietLog()
 	root := imageRoot(t, &guestproto.ImageConfig{Env: []string{"FOO=image", "PATH=/img/bin", "BAR=1", "FOO=image2"}, WorkingDir: "/app", User: "app"})
-	s, err := setupExec(log, guestproto.ExecRequest{Root: root, DefaultEnv: []string{"PATH=/bin", "HOME=/root", "LANG=C.UTF-8"}, Env: []string{"BAR=user", "TERM=vt100"}, PTY: &guestproto.WinSize{}})
+	s, err := setupExec(log, guestproto.ExecRequest{Root: root, DefaultEnv: []string{"PATH=/bin", "HOME=/root", "LANG=C.UTF-8"}, Env: []string{"BAR=user", "TERM=vt100"}, PTY: &guestproto.WinSize{}}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -97,7 +97,7 @@ func TestSetupExecImageConfig(t *testing.T) {
 		t.Errorf("credential %+v, want 1000:1000 groups [50 10]", s.cred)
 	}
 
-	s, err = setupExec(log, guestproto.ExecRequest{Root: root, Dir: "/tmp"})
+	s, err = setupExec(log, guestproto.ExecRequest{Root: root, Dir: "/tmp"}, nil)
 	if err != nil || s.dir != "/tmp" {
 		t.Errorf("an explicit dir: %q, %v", s.dir, err)
 	}
@@ -105,7 +105,7 @@ func TestSetupExecImageConfig(t *testing.T) {
 	// No Env, WorkingDir or User: PATH and HOME of root, the top, no
 	// credential (the agent's root, as without the file).
 	root = imageRoot(t, &guestproto.ImageConfig{})
-	s, err = setupExec(log, guestproto.ExecRequest{Root: root, DefaultEnv: []string{"LANG=C.UTF-8"}})
+	s, err = setupExec(log, guestproto.ExecRequest{Root: root, DefaultEnv: []string{"LANG=C.UTF-8"}}, nil)
 	if want := []string{"PATH=" + defaultPath, "HOME=/root"}; err != nil || !slices.Equal(s.env, want) || s.dir != "/" || s.cred != nil {
 		t.Errorf("an empty image config: %+v, %v; want env %q", s, err, want)
 	}
@@ -152,7 +152,7 @@ func TestLookupUser(t *testing.T) {
 func TestSetupExecUnknownUser(t *testing.T) {
 	log, _ := quietLog()
 	root := imageRoot(t, &guestproto.ImageConfig{User: "ghost"})
-	if _, err := setupExec(log, guestproto.ExecRequest{Root: root}); err == nil || !strings.Contains(err.Error(), `image user "ghost": no user ghost`) {
+	if _, err := setupExec(log, guestproto.ExecRequest{Root: root}, nil); err == nil || !strings.Contains(err.Error(), `image user "ghost": no user ghost`) {
 		t.Fatalf("unknown user: %v", err)
 	}
 }
@@ -174,7 +174,7 @@ func TestSetupExecBadImageConfig(t *testing.T) {
 		root := imageRoot(t, nil)
 		prepare(filepath.Join(root, guestproto.ImageConfigPath))
 		log, logs := quietLog()
-		s, err := setupExec(log, guestproto.ExecRequest{Root: root, Env: []string{"A=1"}})
+		s, err := setupExec(log, guestproto.ExecRequest{Root: root, Env: []string{"A=1"}}, nil)
 		if err != nil || !slices.Equal(s.env, []string{"A=1"}) || s.dir != "/" || s.cred != nil {
 			t.Errorf("%s: %+v, %v; want what an exec without an image config gets", name, s, err)
 		}
@@ -228,25 +228,25 @@ func TestExecImageConfigChrooted(t *testing.T) {
 func TestSetupExecAsUser(t *testing.T) {
 	log := slog.New(slog.DiscardHandler)
 	root := imageRoot(t, &guestproto.ImageConfig{Env: []string{"HOME=/home/app", "USER=app", "FOO=1"}, WorkingDir: "/app", User: "app"})
-	s, err := setupExec(log, guestproto.ExecRequest{Root: root, User: "root"})
+	s, err := setupExec(log, guestproto.ExecRequest{Root: root, User: "root"}, nil)
 	want := []string{"HOME=/root", "USER=root", "FOO=1", "PATH=" + defaultPath, "LOGNAME=root"}
 	if err != nil || s.cred == nil || s.cred.Uid != 0 || s.cred.Gid != 0 || s.dir != "/root" || !slices.Equal(s.env, want) {
 		t.Errorf("as root: %+v (cred %+v), %v; want env %q in /root", s, s.cred, err, want)
 	}
-	s, err = setupExec(log, guestproto.ExecRequest{Root: root, User: "nohome", Dir: "/tmp", Env: []string{"USER=me"}})
+	s, err = setupExec(log, guestproto.ExecRequest{Root: root, User: "nohome", Dir: "/tmp", Env: []string{"USER=me"}}, nil)
 	if err != nil || s.cred.Uid != 1001 || s.dir != "/tmp" || !slices.Contains(s.env, "USER=me") || !slices.Contains(s.env, "HOME=/") {
 		t.Errorf("as nohome with Dir and USER: %+v, %v", s, err)
 	}
 	// Without an image config the user applies as well.
 	plain := imageRoot(t, nil)
-	s, err = setupExec(log, guestproto.ExecRequest{Root: plain, User: "app", DefaultEnv: []string{"PATH=/bin"}})
+	s, err = setupExec(log, guestproto.ExecRequest{Root: plain, User: "app", DefaultEnv: []string{"PATH=/bin"}}, nil)
 	if err != nil || s.cred.Uid != 1000 || s.dir != "/home/app" || !slices.Contains(s.env, "HOME=/home/app") || !slices.Contains(s.env, "PATH=/bin") {
 		t.Errorf("as app without an image config: %+v, %v", s, err)
 	}
-	if _, err := setupExec(log, guestproto.ExecRequest{Root: root, User: "ghost"}); err == nil || !strings.Contains(err.Error(), `user "ghost": no user ghost`) {
+	if _, err := setupExec(log, guestproto.ExecRequest{Root: root, User: "ghost"}, nil); err == nil || !strings.Contains(err.Error(), `user "ghost": no user ghost`) {
 		t.Errorf("an unknown user: %v", err)
 	}
-	if _, err := setupExec(log, guestproto.ExecRequest{User: "root"}); err == nil || !strings.Contains(err.Error(), "only an exec into a root") {
+	if _, err := setupExec(log, guestproto.ExecRequest{User: "root"}, nil); err == nil || !strings.Contains(err.Error(), "only an exec into a root") {
 		t.Errorf("a user without a root: %v", err)
 	}
 }

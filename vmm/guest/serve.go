@@ -73,11 +73,16 @@ type agent struct {
 	// stop must sync and freeze before the guest powers off.
 	retainedMu sync.Mutex
 	retained   []string
-	stopCh     chan struct{}
-	stopErr    error
-	watching   atomic.Int32   // watch calls running
-	wg         sync.WaitGroup // stream handlers
-	execs      sync.WaitGroup // running execs, until their exit was reported
+	// env is the Workspace's environment (configure's Env), given to
+	// every exec with a Root. Kept in memory only: a restored guest has
+	// it still, a rebooted one is told it again by its node.
+	envMu    sync.Mutex
+	env      []string
+	stopCh   chan struct{}
+	stopErr  error
+	watching atomic.Int32   // watch calls running
+	wg       sync.WaitGroup // stream handlers
+	execs    sync.WaitGroup // running execs, until their exit was reported
 }
 
 // Opener opens one channel (a virtio-serial port). It may wait for the

@@ -55,6 +55,11 @@ func setTime(r guestproto.SetTimeRequest) error {
 // configure applies hostname, DNS, mounts and network. Network setup runs
 // the Platform's `ip` (busybox) so the agent needs no netlink code.
 func (a *agent) configure(ctx context.Context, req guestproto.ConfigureRequest) error {
+	if req.Env != nil {
+		if err := checkWorkspaceEnv(req.Env); err != nil {
+			return err
+		}
+	}
 	if req.Hostname != "" {
 		if err := unix.Sethostname([]byte(req.Hostname)); err != nil {
 			return fmt.Errorf("set hostname %q: %w", req.Hostname, err)
@@ -80,6 +85,10 @@ func (a *agent) configure(ctx context.Context, req guestproto.ConfigureRequest) 
 		if err := configureInterface(ifc); err != nil {
 			return err
 		}
+	}
+	if req.Env != nil {
+		// Last: a configure that failed before leaves the one kept.
+		a.setWorkspaceEnv(req.Env)
 	}
 	return nil
 }

@@ -156,11 +156,19 @@ const (
 	MaxIdentityEntropy = 512
 )
 
+// CapWorkspaceEnv: configure takes Env, the Workspace's environment,
+// which the agent keeps in memory (a restored guest has it still) and
+// gives to every exec with Root, above DefaultEnv or the image config's
+// env and below the exec's own Env. A guest without it would drop the
+// variables: the node fails the start of a Workspace that has some.
+const CapWorkspaceEnv = "workspace-env"
+
 // Capabilities are every capability this build's guest agent announces
 // and its node may use. A guest of an earlier build lacking some is still
 // driven; only the calls that need those fail until it restarts.
 var Capabilities = []string{CapExec, CapPTY, CapFiles, CapConfigure, CapFreeze, CapStop, CapExecRoot,
-	CapPortForward, CapBindMount, CapMountSerial, CapGrowFS, CapSetTime, CapStopPrepare, CapExecImageConfig, CapIdentity, CapExecUser, CapExecKeep, CapWatch}
+	CapPortForward, CapBindMount, CapMountSerial, CapGrowFS, CapSetTime, CapStopPrepare, CapExecImageConfig, CapIdentity, CapExecUser, CapExecKeep, CapWatch,
+	CapWorkspaceEnv}
 
 // SetTimeRequest is the time to set, Unix nanoseconds of the node's clock.
 type SetTimeRequest struct {
@@ -239,6 +247,10 @@ type ConfigureRequest struct {
 	Interfaces []Interface `json:"interfaces,omitempty"`
 	DNS        []string    `json:"dns,omitempty"`
 	Mounts     []Mount     `json:"mounts,omitempty"`
+	// Env (CapWorkspaceEnv) is the Workspace's environment, NAME=value
+	// sorted by name; it replaces the one the agent keeps, and nil keeps
+	// that one. The values may be secrets: neither side logs them.
+	Env []string `json:"env,omitempty"`
 }
 
 // Interface is one guest network interface, matched by name or MAC.
