@@ -303,6 +303,26 @@ func (f *firstWrite) Write(b []byte) (int, error) {
 	return f.w.Write(b)
 }
 
+// writeAs writes body to p as the request's user with the guest's own
+// file write, which takes the user's permissions and makes the file and
+// its directories the user's, as the shell's cat below would.
+func writeAs(r *http.Request, gc *guestproto.Client, p string, body io.Reader) (writtenFile, error) {
+	req := guestproto.FileWriteRequest{Path: p, Root: guestproto.WorkspaceRoot, MakeDirs: true, User: withUser(r, guestproto.ExecRequest{}).User}
+	fi, err := gc.WriteFileAs(r.Context(), req, body)
+	var ge *guestproto.Error
+	switch {
+	case errors.As(err, &ge) && ge.Code == guestproto.CodePermissionDenied:
+		return writtenFile{}, rpcErrorf("permission_denied", "%s", ge.Message)
+	case errors.As(err, &ge) && ge.Code == guestproto.CodeNotFound:
+		return writtenFile{}, rpcErrorf("not_found", "%s", ge.Message)
+	case errors.As(err, &ge) && ge.Code == guestproto.CodeInvalid:
+		return writtenFile{}, rpcErrorf("invalid_argument", "%s", ge.Message)
+	case err != nil:
+		return writtenFile{}, rpcErrorf("unavailable", "write %s in the sandbox: %v", p, err)
+	}
+	return writtenFile{Name: path.Base(fi.Path), Type: "file", Path: fi.Path}, nil
+}
+
 // writtenFile is POST /files' answer for each file.
 type writtenFile struct {
 	Name string `json:"name"`
@@ -315,9 +335,24 @@ type writtenFile struct {
 // directories made as needed.
 func (h *handler) writeFiles(w http.ResponseWriter, r *http.Request, id string) {
 	q := r.URL.Query()
+	var gc *guestproto.Client // opened at the first file
+	defer func() {
+		if gc != nil {
+			gc.Close()
+		}
+	}()
 	write := func(p string, body io.Reader) (writtenFile, error) {
 		if p == "" {
 			return writtenFile{}, rpcErrorf("invalid_argument", "a file without a path: give path, or the part's file name")
+		}
+		if gc == nil {
+			var err error
+			if gc, err = h.openGuest(r, id); err != nil {
+				return writtenFile{}, err
+			}
+		}
+		if gc.Info().Has(guestproto.CapFileWriteAs) {
+			return writeAs(r, gc, p, body)
 		}
 		var out bytes.Buffer
 		code, stderr, err := h.runIn(r, id, absolute+`[ -d "$p" ] && exit 46; mkdir -p -- "$(dirname -- "$p")" && cat > "$p" && printf '%s' "$p"`,

@@ -104,7 +104,7 @@ test('sandbox lifecycle through the E2B SDK', async () => {
 })
 
 test('commands through the sandbox API', async () => {
-  const sbx = await Sandbox.create({ metadata: { suite, name: 'commands' }, timeoutMs: 300_000 })
+  const sbx = await Sandbox.create({ metadata: { suite, name: 'commands' }, timeoutMs: 300_000, envs: { FROM_CREATE: 'sandbox-wide', OVERRIDDEN: 'no' } })
   try {
     // As E2B's templates: the user user in its home, sudo without a password.
     const who = await sbx.commands.run('id -un; pwd; sudo -n id -u')
@@ -113,6 +113,11 @@ test('commands through the sandbox API', async () => {
 
     const env = await sbx.commands.run('echo "$GREETING from $(pwd)"', { envs: { GREETING: 'hello' }, cwd: '/tmp' })
     assert.equal(env.stdout, 'hello from /tmp\n')
+
+    // The create's envs (envVars) reach every command, under a command's own.
+    const wide = await sbx.commands.run('echo "$FROM_CREATE $OVERRIDDEN"', { envs: { OVERRIDDEN: 'yes' } })
+    assert.equal(wide.stdout, 'sandbox-wide yes\n')
+    assert.equal((await sbx.commands.run('echo "$FROM_CREATE"', { user: 'root' })).stdout, 'sandbox-wide\n')
 
     const lines = []
     const err = await sbx.commands.run('echo out; echo err >&2; exit 3', { onStdout: (l) => lines.push(l) }).catch((e) => e)

@@ -471,7 +471,11 @@ func (a *agent) handle(ctx context.Context, ss session, s net.Conn) {
 	case guestproto.CallFileWrite:
 		var r guestproto.FileWriteRequest
 		if err = decodeArgs(req.Args, &r); err == nil {
-			res, err = writeFile(s, r)
+			if r.User != "" || r.Root != "" {
+				res, err = writeFileAs(s, r)
+			} else {
+				res, err = writeFile(s, r)
+			}
 		}
 	case guestproto.CallFileRead:
 		var r guestproto.FileReadRequest

@@ -309,8 +309,14 @@ func (c *Client) Stop(ctx context.Context, grace time.Duration) (StopResult, err
 
 // WriteFile replaces path in the guest with the data of r (atomically).
 func (c *Client) WriteFile(ctx context.Context, path string, mode fs.FileMode, r io.Reader) (FileInfo, error) {
+	return c.WriteFileAs(ctx, FileWriteRequest{Path: path, Mode: mode}, r)
+}
+
+// WriteFileAs writes r to the file req names: as a user of a root with
+// req.User and req.Root (CapFileWriteAs).
+func (c *Client) WriteFileAs(ctx context.Context, req FileWriteRequest, r io.Reader) (FileInfo, error) {
 	var fi FileInfo
-	s, release, err := c.open(ctx, CallFileWrite, FileWriteRequest{Path: path, Mode: mode})
+	s, release, err := c.open(ctx, CallFileWrite, req)
 	if err != nil {
 		return fi, err
 	}

@@ -133,6 +133,9 @@ const (
 	MaxExecMeta  = 8 << 10
 )
 
+// CapFileWriteAs: FileWriteRequest.Root, User and MakeDirs.
+const CapFileWriteAs = "file-write-as"
+
 // CapExecUser: an exec with Root takes ExecRequest.User, the account of
 // the root's /etc/passwd it runs as instead of the image config's.
 const CapExecUser = "exec-user"
@@ -167,7 +170,7 @@ const CapWorkspaceEnv = "workspace-env"
 // and its node may use. A guest of an earlier build lacking some is still
 // driven; only the calls that need those fail until it restarts.
 var Capabilities = []string{CapExec, CapPTY, CapFiles, CapConfigure, CapFreeze, CapStop, CapExecRoot,
-	CapPortForward, CapBindMount, CapMountSerial, CapGrowFS, CapSetTime, CapStopPrepare, CapExecImageConfig, CapIdentity, CapExecUser, CapExecKeep, CapWatch,
+	CapPortForward, CapBindMount, CapMountSerial, CapGrowFS, CapSetTime, CapStopPrepare, CapExecImageConfig, CapIdentity, CapExecUser, CapExecKeep, CapWatch, CapFileWriteAs,
 	CapWorkspaceEnv}
 
 // SetTimeRequest is the time to set, Unix nanoseconds of the node's clock.
@@ -202,6 +205,9 @@ const (
 	CodeDeadlineExceeded = "deadline_exceeded"
 	// CodeResourceExhausted: a bound of the agent was reached (watches).
 	CodeResourceExhausted = "resource_exhausted"
+	// CodePermissionDenied: the user a call acts as may not (a file
+	// write as a user).
+	CodePermissionDenied = "permission_denied"
 )
 
 // Error is a call that failed in the guest.
@@ -389,6 +395,16 @@ type ExecExit struct {
 type FileWriteRequest struct {
 	Path string      `json:"path"`
 	Mode fs.FileMode `json:"mode"`
+	// Root (CapFileWriteAs): Path is resolved inside Root, as a process
+	// chrooted there would (its symbolic links stay in it), a relative
+	// one from the user's home, and the file and the directories made for
+	// it are written as User of Root's /etc/passwd ("": the image
+	// config's user, else root), with that user's permissions and as its
+	// own.
+	Root string `json:"root,omitempty"`
+	User string `json:"user,omitempty"`
+	// MakeDirs makes Path's missing directories first (with User).
+	MakeDirs bool `json:"make_dirs,omitempty"`
 }
 
 // FileReadRequest is answered by a Response with FileInfo, the data as
