@@ -90,9 +90,11 @@ func (s *Server) startE2B() error {
 	a, err := s.serveKeys("e2b", "E2B API listener", APIConfig{Listen: c.Listen, CertFile: c.CertFile, KeyFile: c.KeyFile, Optional: c.Optional, alsoHosts: c.wildcard()}, e2bWriteTimeout,
 		func(a *apiListener) http.Handler {
 			routes := s.routeMux()
+			sandboxes := &e2bSandboxes{s: s, limit: a.limit, routes: routes}
+			s.wg.Go(func() { sandboxes.guests.run(s.stop) })
 			inner := s.authenticateBearer(a, routes)
 			return e2b.NewHandler(e2b.Config{BaseTemplate: c.BaseTemplate, Domain: c.Domain, Log: s.log.With("component", "e2b"),
-				Sandboxes: &e2bSandboxes{s: s, limit: a.limit, routes: routes},
+				Sandboxes: sandboxes,
 				Client: func(key, remote string) *api.Client {
 					// Read-your-writes on any member: a create is read
 					// back at once, from the leader.

@@ -36,6 +36,9 @@ type e2bSandboxes struct {
 	// secret is the MAC key of the CA it was derived from: every
 	// request to envd checks a token, the CA changes at rotations only.
 	secret atomic.Pointer[tokenSecret]
+	// guests are the sessions opened for keys, kept for their next
+	// requests.
+	guests guestSessions
 }
 
 type tokenSecret struct {
@@ -101,12 +104,14 @@ func (x *e2bSandboxes) keyToken(purpose, keyID, id string) (string, error) {
 	return keyID + "." + base64.RawURLEncoding.EncodeToString(mac), nil
 }
 
-func (x *e2bSandboxes) Open(ctx context.Context, token, id, remote string) (*guestproto.Client, error) {
+func (x *e2bSandboxes) Open(ctx context.Context, token, id, remote string) (*guestproto.Client, func(), error) {
 	c, err := x.tokenCaller(envdToken, token, id)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	return x.open(ctx, c, id, remote)
+	return x.guests.open(ctx, c.name+"\x00"+id, func(ctx context.Context) (*guestproto.Client, error) {
+		return x.open(ctx, c, id, remote)
+	})
 }
 
 // OpenPort opens sandbox id's guest for traffic to its ports: as the key

@@ -35,9 +35,10 @@ type Sandboxes interface {
 	// key, answered with a create or a connect.
 	AccessToken(key, id string) (string, error)
 	// Open checks token for sandbox id and opens a session to its guest
-	// as the key the token was issued to (the caller closes it). A
-	// refusal is an *api.Error.
-	Open(ctx context.Context, token, id, remote string) (*guestproto.Client, error)
+	// as the key the token was issued to, or gives one it keeps for that
+	// key: the caller calls release when done, never Close. A refusal is
+	// an *api.Error.
+	Open(ctx context.Context, token, id, remote string) (gc *guestproto.Client, release func(), err error)
 	// TrafficToken is the trafficAccessToken of sandbox id for the
 	// holder of key.
 	TrafficToken(key, id string) (string, error)
@@ -129,31 +130,35 @@ func rpcError(err error) *connectError {
 
 // openGuest opens the sandbox's guest with the request's access token,
 // or for a signed file URL its creator's.
-func (h *handler) openGuest(r *http.Request, id string) (*guestproto.Client, error) {
+func (h *handler) openGuest(r *http.Request, id string) (*guestproto.Client, func(), error) {
 	token, err := accessToken(r, id)
 	if err != nil && r.URL.Path == "/files" && r.URL.Query().Has("signature") {
 		token, err = h.signedToken(r, id)
 	}
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	gc, err := h.c.Sandboxes.Open(r.Context(), token, id, r.RemoteAddr)
+	gc, release, err := h.c.Sandboxes.Open(r.Context(), token, id, r.RemoteAddr)
 	if err != nil {
-		return nil, rpcError(err)
+		return nil, nil, rpcError(err)
 	}
-	return gc, nil
+	return gc, release, nil
 }
 
 // health is envd's GET /health: 204 when the sandbox's guest answers
 // for the token's key, else 502 as E2B answers for a sandbox that is not
 // running.
 func (h *handler) health(w http.ResponseWriter, r *http.Request, id string) {
-	gc, err := h.openGuest(r, id)
+	gc, release, err := h.openGuest(r, id)
 	if err != nil {
 		writeError(w, http.StatusBadGateway, err.Error())
 		return
 	}
-	gc.Close()
+	defer release()
+	if _, err := gc.GuestInfo(r.Context()); err != nil { // a kept session may be the answer: ask
+		writeError(w, http.StatusBadGateway, fmt.Sprintf("sandbox %s: its guest does not answer: %v", id, err))
+		return
+	}
 	w.WriteHeader(http.StatusNoContent)
 }
 
@@ -236,12 +241,12 @@ func (h *handler) processStart(w http.ResponseWriter, r *http.Request, id string
 		newStream(w).end(err)
 		return
 	}
-	gc, err := h.openGuest(r, id)
+	gc, release, err := h.openGuest(r, id)
 	if err != nil {
 		newStream(w).end(err)
 		return
 	}
-	defer gc.Close()
+	defer release()
 	if gc.Info().Has(guestproto.CapExecKeep) {
 		exec.Keep, exec.Meta = true, processMeta(req.Process, req.Tag)
 	}

@@ -45,11 +45,11 @@ const statFormat = `%y\t%s\t%m\t%M\t%u\t%g\t%T@\t%l\t%p\0`
 // with args ($1, $2, ...), stdin as its input (nil: none) and its output
 // to stdout.
 func (h *handler) runIn(r *http.Request, id, script string, args []string, stdin io.Reader, stdout io.Writer) (exit int, stderr string, err error) {
-	gc, err := h.openGuest(r, id)
+	gc, release, err := h.openGuest(r, id)
 	if err != nil {
 		return 0, "", err
 	}
-	defer gc.Close()
+	defer release()
 	return runScript(r.Context(), gc, scriptExec(r, script, args, stdin != nil), stdin, stdout)
 }
 
@@ -336,20 +336,18 @@ type writtenFile struct {
 func (h *handler) writeFiles(w http.ResponseWriter, r *http.Request, id string) {
 	q := r.URL.Query()
 	var gc *guestproto.Client // opened at the first file
-	defer func() {
-		if gc != nil {
-			gc.Close()
-		}
-	}()
+	release := func() {}
+	defer func() { release() }()
 	write := func(p string, body io.Reader) (writtenFile, error) {
 		if p == "" {
 			return writtenFile{}, rpcErrorf("invalid_argument", "a file without a path: give path, or the part's file name")
 		}
 		if gc == nil {
-			var err error
-			if gc, err = h.openGuest(r, id); err != nil {
+			g, rel, err := h.openGuest(r, id)
+			if err != nil {
 				return writtenFile{}, err
 			}
+			gc, release = g, rel
 		}
 		if gc.Info().Has(guestproto.CapFileWriteAs) {
 			return writeAs(r, gc, p, body)

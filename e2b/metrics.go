@@ -53,11 +53,11 @@ func (h *handler) metrics(c *call) error {
 	if err != nil {
 		return err
 	}
-	gc, err := h.c.Sandboxes.Open(c.r.Context(), token, id, c.r.RemoteAddr)
+	gc, release, err := h.c.Sandboxes.Open(c.r.Context(), token, id, c.r.RemoteAddr)
 	if err != nil {
 		return err
 	}
-	defer gc.Close()
+	defer release()
 	var out bytes.Buffer
 	now := time.Now()
 	code, stderr, err := runScript(c.r.Context(), gc, scriptExec(c.r, metricsScript, nil, false), nil, &limitedBuffer{b: &out, max: 4 << 10})

@@ -100,12 +100,12 @@ func (h *handler) processConnect(w http.ResponseWriter, r *http.Request, id stri
 		newStream(w).end(err)
 		return
 	}
-	gc, err := h.openGuest(r, id)
+	gc, release, err := h.openGuest(r, id)
 	if err != nil {
 		newStream(w).end(err)
 		return
 	}
-	defer gc.Close()
+	defer release()
 	p, pty, err := attach(r.Context(), gc, id, req.Process)
 	if err != nil {
 		newStream(w).end(err)
@@ -151,12 +151,12 @@ func (h *handler) processUnary(w http.ResponseWriter, r *http.Request, id, metho
 			return
 		}
 	}
-	gc, err := h.openGuest(r, id)
+	gc, release, err := h.openGuest(r, id)
 	if err != nil {
 		unaryError(w, err)
 		return
 	}
-	defer gc.Close()
+	defer release()
 	var out any = struct{}{}
 	if method == "List" {
 		list, _, err := commands(r.Context(), gc)

@@ -70,12 +70,12 @@ func (h *handler) watchDir(w http.ResponseWriter, r *http.Request, id string) {
 		newStream(w).end(err)
 		return
 	}
-	gc, err := h.openGuest(r, id)
+	gc, release, err := h.openGuest(r, id)
 	if err != nil {
 		newStream(w).end(err)
 		return
 	}
-	defer gc.Close()
+	defer release()
 	watcher, err := startWatch(r, gc, id, &req)
 	if err != nil {
 		newStream(w).end(err)

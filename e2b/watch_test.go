@@ -119,13 +119,13 @@ func TestStreamWatch(t *testing.T) {
 type sandboxesOf struct{}
 
 func (sandboxesOf) AccessToken(key, id string) (string, error) { return "", nil }
-func (sandboxesOf) Open(ctx context.Context, token, id, remote string) (*guestproto.Client, error) {
-	return nil, api.Errorf(api.CodeNotFound, "sandbox %s not found", id)
+func (sandboxesOf) Open(ctx context.Context, token, id, remote string) (*guestproto.Client, func(), error) {
+	return nil, nil, api.Errorf(api.CodeNotFound, "sandbox %s not found", id)
 }
 func (sandboxesOf) TrafficToken(key, id string) (string, error) { return "", nil }
 func (sandboxesOf) CreatorToken(id string) (string, error)      { return "", nil }
 func (s sandboxesOf) OpenPort(ctx context.Context, token, id, remote string) (*guestproto.Client, error) {
-	return s.Open(ctx, token, id, remote)
+	return nil, api.Errorf(api.CodeNotFound, "sandbox %s not found", id)
 }
 
 // WatchDir is routed to the watch, and its errors end a 200 stream with
