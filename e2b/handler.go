@@ -71,6 +71,7 @@ func NewHandler(c Config) http.Handler {
 		{"DELETE /sandboxes/{id}", h.kill},
 		{"POST /sandboxes/{id}/timeout", h.setTimeout},
 		{"GET /sandboxes/{id}/metrics", h.metrics},
+		{"POST /sandboxes/{id}/fork", h.fork},
 		{"POST /sandboxes/{id}/pause", h.pause},
 		{"POST /sandboxes/{id}/resume", h.connect},
 		{"POST /sandboxes/{id}/connect", h.connect},

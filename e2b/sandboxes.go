@@ -214,22 +214,32 @@ func waitFor(ctx context.Context, cl *api.Client, id, what string, settled func(
 // sandbox's envdAccessToken for the caller's key when the sandbox API is
 // served.
 func (h *handler) replySandbox(c *call, status int, ws *api.Workspace) error {
+	out, err := h.sandboxOf(c, ws)
+	if err != nil {
+		return err
+	}
+	return c.reply(status, out)
+}
+
+// sandboxOf is ws as a create, a connect or a fork answer it to the
+// caller's key.
+func (h *handler) sandboxOf(c *call, ws *api.Workspace) (sandbox, error) {
 	out := sandbox{TemplateID: ws.Template, SandboxID: ws.WorkspaceID, Alias: ws.Template, ClientID: ClientID, EnvdVersion: EnvdVersion, Domain: h.domain()}
 	if h.c.Sandboxes != nil {
 		token, err := h.c.Sandboxes.AccessToken(c.key, ws.WorkspaceID)
 		if err != nil {
-			return err
+			return out, err
 		}
 		out.EnvdAccessToken = &token
 		if ws.Labels[TrafficLabel] == TrafficToken {
 			traffic, err := h.c.Sandboxes.TrafficToken(c.key, ws.WorkspaceID)
 			if err != nil {
-				return err
+				return out, err
 			}
 			out.TrafficAccessToken = &traffic
 		}
 	}
-	return c.reply(status, out)
+	return out, nil
 }
 
 func (h *handler) domain() *string {

@@ -194,6 +194,19 @@ test('commands through the sandbox API', async () => {
     assert.equal((await again.commands.run('cat /home/user/state')).stdout, 'kept\n')
     assert.ok((await again.commands.list()).some((p) => p.pid === sleeper.pid), 'the command runs on after the pause')
     assert.equal(await again.commands.kill(sleeper.pid), true)
+
+    // A fork runs on from the sandbox as it is now, what it wrote
+    // included; the sandbox runs on as well.
+    const [fork] = await again.fork()
+    assert.ok(!(fork instanceof Error), `the fork: ${fork}`)
+    try {
+      assert.notEqual(fork.sandboxId, sbx.sandboxId)
+      assert.equal((await fork.commands.run('cat /home/user/state')).stdout, 'kept\n')
+      assert.equal((await again.getInfo()).state, 'running')
+      assert.deepEqual((await fork.getInfo()).metadata, { suite, name: 'commands' })
+    } finally {
+      await Sandbox.kill(fork.sandboxId)
+    }
   } finally {
     await Sandbox.kill(sbx.sandboxId)
   }
