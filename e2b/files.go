@@ -273,8 +273,18 @@ func (h *handler) readFile(w http.ResponseWriter, r *http.Request, id string) {
 		filesError(w, rpcErrorf("invalid_argument", "path is missing"))
 		return
 	}
+	gc, release, err := h.openGuest(r, id)
+	if err != nil {
+		filesError(w, err)
+		return
+	}
+	defer release()
+	if gc.Info().Has(guestproto.CapFilesAs) {
+		readAs(w, r, gc, p)
+		return
+	}
 	out := &firstWrite{w: w}
-	code, stderr, err := h.runIn(r, id, absolute+`[ -e "$p" ] || exit 44; [ -d "$p" ] && exit 46; exec cat -- "$p"`, []string{p}, nil, out)
+	code, stderr, err := runScript(r.Context(), gc, scriptExec(r, absolute+`[ -e "$p" ] || exit 44; [ -d "$p" ] && exit 46; exec cat -- "$p"`, []string{p}, false), nil, out)
 	switch {
 	case err != nil && !out.started:
 		filesError(w, err)
@@ -285,6 +295,36 @@ func (h *handler) readFile(w http.ResponseWriter, r *http.Request, id string) {
 		w.Header().Set("Content-Length", "0")
 		w.WriteHeader(http.StatusOK)
 	}
+}
+
+// readAs streams the file p as the request's user with the guest's own
+// file read, which opens it with the user's permissions.
+func readAs(w http.ResponseWriter, r *http.Request, gc *guestproto.Client, p string) {
+	out := &firstWrite{w: w}
+	req := guestproto.FileReadRequest{Path: p, Root: guestproto.WorkspaceRoot, User: withUser(r, guestproto.ExecRequest{}).User}
+	fi, err := gc.ReadFileAs(r.Context(), req, out)
+	switch {
+	case err != nil && !out.started:
+		filesError(w, guestFileError(p, err))
+	case err == nil && !out.started:
+		w.Header().Set("Content-Type", "application/octet-stream")
+		w.Header().Set("Content-Length", strconv.FormatInt(fi.Size, 10))
+		w.WriteHeader(http.StatusOK)
+	}
+}
+
+// guestFileError is the guest's refusal of a file operation on p.
+func guestFileError(p string, err error) error {
+	var ge *guestproto.Error
+	switch {
+	case errors.As(err, &ge) && ge.Code == guestproto.CodePermissionDenied:
+		return rpcErrorf("permission_denied", "%s", ge.Message)
+	case errors.As(err, &ge) && ge.Code == guestproto.CodeNotFound:
+		return rpcErrorf("not_found", "%s: no such file or directory", p)
+	case errors.As(err, &ge) && ge.Code == guestproto.CodeInvalid:
+		return rpcErrorf("invalid_argument", "%s", ge.Message)
+	}
+	return rpcErrorf("unavailable", "%s in the sandbox: %v", p, err)
 }
 
 // firstWrite sends the 200 and its headers at the first byte, so that an
@@ -309,16 +349,8 @@ func (f *firstWrite) Write(b []byte) (int, error) {
 func writeAs(r *http.Request, gc *guestproto.Client, p string, body io.Reader) (writtenFile, error) {
 	req := guestproto.FileWriteRequest{Path: p, Root: guestproto.WorkspaceRoot, MakeDirs: true, User: withUser(r, guestproto.ExecRequest{}).User}
 	fi, err := gc.WriteFileAs(r.Context(), req, body)
-	var ge *guestproto.Error
-	switch {
-	case errors.As(err, &ge) && ge.Code == guestproto.CodePermissionDenied:
-		return writtenFile{}, rpcErrorf("permission_denied", "%s", ge.Message)
-	case errors.As(err, &ge) && ge.Code == guestproto.CodeNotFound:
-		return writtenFile{}, rpcErrorf("not_found", "%s", ge.Message)
-	case errors.As(err, &ge) && ge.Code == guestproto.CodeInvalid:
-		return writtenFile{}, rpcErrorf("invalid_argument", "%s", ge.Message)
-	case err != nil:
-		return writtenFile{}, rpcErrorf("unavailable", "write %s in the sandbox: %v", p, err)
+	if err != nil {
+		return writtenFile{}, guestFileError(p, err)
 	}
 	return writtenFile{Name: path.Base(fi.Path), Type: "file", Path: fi.Path}, nil
 }
@@ -349,7 +381,7 @@ func (h *handler) writeFiles(w http.ResponseWriter, r *http.Request, id string) 
 			}
 			gc, release = g, rel
 		}
-		if gc.Info().Has(guestproto.CapFileWriteAs) {
+		if gc.Info().Has(guestproto.CapFilesAs) {
 			return writeAs(r, gc, p, body)
 		}
 		var out bytes.Buffer

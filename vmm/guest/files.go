@@ -85,11 +85,16 @@ func writeFile(s io.Reader, req guestproto.FileWriteRequest) (guestproto.FileInf
 func (a *agent) readFile(conn net.Conn, req guestproto.FileReadRequest) {
 	// A node that stops reading must not pin this handler forever.
 	s := &deadlineWriter{conn: conn, d: 30 * time.Second}
-	if !filepath.IsAbs(req.Path) {
-		respond(s, nil, &guestproto.Error{Code: guestproto.CodeInvalid, Message: fmt.Sprintf("path %q is not absolute", req.Path)})
-		return
+	var f *os.File
+	var err error
+	switch {
+	case req.Root != "":
+		f, req.Path, err = openFileAs(req.Root, req.User, req.Path)
+	case !filepath.IsAbs(req.Path):
+		err = &guestproto.Error{Code: guestproto.CodeInvalid, Message: fmt.Sprintf("path %q is not absolute", req.Path)}
+	default:
+		f, err = os.Open(req.Path)
 	}
-	f, err := os.Open(req.Path)
 	if err != nil {
 		respond(s, nil, err)
 		return

@@ -26,57 +26,89 @@ import (
 // writeFileAs writes the chunks of s as req.User of req.Root.
 func writeFileAs(s io.Reader, req guestproto.FileWriteRequest) (guestproto.FileInfo, error) {
 	data := &guestproto.ChunkReader{R: s}
-	fail := func(err error) (guestproto.FileInfo, error) {
+	u, p, err := userPath(req.Root, req.User, req.Path)
+	if err != nil {
 		io.Copy(io.Discard, data)
 		return guestproto.FileInfo{}, err
 	}
-	if req.Root == "" || req.Path == "" {
-		return fail(&guestproto.Error{Code: guestproto.CodeInvalid, Message: fmt.Sprintf("file write as %q: give a root and the path of a file in it, not %q", req.User, req.Path)})
+	req.Path = p
+	var fi guestproto.FileInfo
+	err = inRootAs(req.Root, u, func(root int) error {
+		fi, err = writeInRoot(data, root, req)
+		return err
+	})
+	if err != nil {
+		io.Copy(io.Discard, data) // keeps the stream framed for the answer
 	}
-	name := req.User
+	return fi, err
+}
+
+// userPath is the user of root named user ("": the image config's, as
+// an exec's) and p as the absolute path that user's shell would take it
+// for (a relative one is from its home).
+func userPath(root, user, p string) (execUser, string, error) {
+	if root == "" || p == "" {
+		return execUser{}, "", &guestproto.Error{Code: guestproto.CodeInvalid, Message: fmt.Sprintf("file as %q: give a root and the path of a file in it, not %q", user, p)}
+	}
+	name := user
 	if name == "" {
-		// As an exec: the image config's user, else root.
 		name = "0"
-		if cfg, err := loadImageConfig(req.Root); err == nil && cfg != nil && cfg.User != "" {
+		if cfg, err := loadImageConfig(root); err == nil && cfg != nil && cfg.User != "" {
 			name = cfg.User
 		}
 	}
-	u, err := lookupUser(req.Root, name)
+	u, err := lookupUser(root, name)
 	if err != nil {
-		return fail(&guestproto.Error{Code: guestproto.CodeInvalid, Message: fmt.Sprintf("user %q: %v", name, err)})
+		return execUser{}, "", &guestproto.Error{Code: guestproto.CodeInvalid, Message: fmt.Sprintf("user %q: %v", name, err)}
 	}
-	if !path.IsAbs(req.Path) {
-		req.Path = path.Join("/", u.home, req.Path) // as the user's shell would take it
+	if !path.IsAbs(p) {
+		p = path.Join("/", u.home, p)
 	}
-	if path.Clean(req.Path) == "/" {
-		return fail(&guestproto.Error{Code: guestproto.CodeInvalid, Message: "file write: / is no file"})
+	if p = path.Clean(p); p == "/" {
+		return execUser{}, "", &guestproto.Error{Code: guestproto.CodeInvalid, Message: "/ is no file"}
 	}
+	return u, p, nil
+}
+
+// inRootAs runs fn with a descriptor of root on a thread of its own with
+// u's filesystem ids and groups, and waits for it.
+func inRootAs(rootPath string, u execUser, fn func(root int) error) error {
 	// The root is the agent's to open; only what lies in it is the user's.
-	root, err := unix.Open(req.Root, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	root, err := unix.Open(rootPath, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return fail(fmt.Errorf("open root %s: %w", req.Root, err))
+		return fmt.Errorf("open root %s: %w", rootPath, err)
 	}
 	defer unix.Close(root)
-	type result struct {
-		fi  guestproto.FileInfo
-		err error
-	}
-	done := make(chan result, 1)
+	done := make(chan error, 1)
 	go func() {
 		runtime.LockOSThread() // never unlocked: the thread and its ids end here
 		if err := becomeUser(u); err != nil {
-			fi, err := fail(fmt.Errorf("take user %q's ids: %w", req.User, err))
-			done <- result{fi, err}
+			done <- fmt.Errorf("take the ids of uid %d: %w", u.uid, err)
 			return
 		}
-		fi, err := writeInRoot(data, root, req)
-		if err != nil {
-			io.Copy(io.Discard, data)
-		}
-		done <- result{fi, err}
+		done <- fn(root)
 	}()
-	r := <-done
-	return r.fi, r.err
+	return <-done
+}
+
+// openFileAs opens the file p of root for reading as user.
+func openFileAs(root, user, p string) (*os.File, string, error) {
+	u, p, err := userPath(root, user, p)
+	if err != nil {
+		return nil, "", err
+	}
+	var fd int
+	err = inRootAs(root, u, func(root int) error {
+		fd, err = unix.Openat2(root, strings.TrimPrefix(p, "/"), &unix.OpenHow{Flags: unix.O_RDONLY | unix.O_CLOEXEC, Resolve: unix.RESOLVE_IN_ROOT})
+		if err != nil {
+			return pathError("open", p, err)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, "", err
+	}
+	return os.NewFile(uintptr(fd), p), p, nil
 }
 
 // becomeUser gives this thread u's groups and filesystem ids (per thread:

@@ -82,3 +82,31 @@ func TestWriteFileAsImageUser(t *testing.T) {
 		t.Fatalf("a relative path as the image's user: %+v, %v", fi, err)
 	}
 }
+
+// A file read as a user of a root is opened with the user's permissions,
+// inside the root.
+func TestReadFileAsUser(t *testing.T) {
+	testenv.RequireRoot(t, "to read as another user")
+	root := imageRoot(t, &guestproto.ImageConfig{User: "app"})
+	home := filepath.Join(root, "home/app")
+	os.MkdirAll(home, 0o755)
+	writeTestFile(t, filepath.Join(home, "notes.txt"), "mine")
+	writeTestFile(t, filepath.Join(root, "etc/secret"), "root's")
+	os.Chmod(filepath.Join(root, "etc/secret"), 0o600)
+	os.Symlink("../../../../../../../../../etc/secret", filepath.Join(home, "up"))
+	h := startAgent(t, Options{ReapOrphans: true})
+	c := h.dialOn(h.plugData())
+	read := func(p string) (string, guestproto.FileInfo, error) {
+		var b strings.Builder
+		fi, err := c.ReadFileAs(ctxT(t), guestproto.FileReadRequest{Path: p, Root: root}, &b)
+		return b.String(), fi, err
+	}
+	if got, fi, err := read("notes.txt"); err != nil || got != "mine" || fi.Path != "/home/app/notes.txt" {
+		t.Fatalf("a relative path as the image's user: %q %+v %v", got, fi, err)
+	}
+	for _, p := range []string{"/etc/secret", "/home/app/up"} {
+		if got, _, err := read(p); guestErr(err) == nil || guestErr(err).Code != guestproto.CodePermissionDenied {
+			t.Errorf("%s as app: %q, %v; want %s", p, got, err, guestproto.CodePermissionDenied)
+		}
+	}
+}

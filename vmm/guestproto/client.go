@@ -313,7 +313,7 @@ func (c *Client) WriteFile(ctx context.Context, path string, mode fs.FileMode, r
 }
 
 // WriteFileAs writes r to the file req names: as a user of a root with
-// req.User and req.Root (CapFileWriteAs).
+// req.User and req.Root (CapFilesAs).
 func (c *Client) WriteFileAs(ctx context.Context, req FileWriteRequest, r io.Reader) (FileInfo, error) {
 	var fi FileInfo
 	s, release, err := c.open(ctx, CallFileWrite, req)
@@ -341,8 +341,14 @@ func (c *Client) WriteFileAs(ctx context.Context, req FileWriteRequest, r io.Rea
 
 // ReadFile copies the guest file at path to w.
 func (c *Client) ReadFile(ctx context.Context, path string, w io.Writer) (FileInfo, error) {
+	return c.ReadFileAs(ctx, FileReadRequest{Path: path}, w)
+}
+
+// ReadFileAs copies the file req names to w: as a user of a root with
+// req.User and req.Root (CapFilesAs).
+func (c *Client) ReadFileAs(ctx context.Context, req FileReadRequest, w io.Writer) (FileInfo, error) {
 	var fi FileInfo
-	s, release, err := c.open(ctx, CallFileRead, FileReadRequest{Path: path})
+	s, release, err := c.open(ctx, CallFileRead, req)
 	if err != nil {
 		return fi, err
 	}

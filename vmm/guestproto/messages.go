@@ -133,8 +133,9 @@ const (
 	MaxExecMeta  = 8 << 10
 )
 
-// CapFileWriteAs: FileWriteRequest.Root, User and MakeDirs.
-const CapFileWriteAs = "file-write-as"
+// CapFilesAs: FileWriteRequest.Root, User and MakeDirs, and
+// FileReadRequest.Root and User.
+const CapFilesAs = "files-as"
 
 // CapExecUser: an exec with Root takes ExecRequest.User, the account of
 // the root's /etc/passwd it runs as instead of the image config's.
@@ -170,7 +171,7 @@ const CapWorkspaceEnv = "workspace-env"
 // and its node may use. A guest of an earlier build lacking some is still
 // driven; only the calls that need those fail until it restarts.
 var Capabilities = []string{CapExec, CapPTY, CapFiles, CapConfigure, CapFreeze, CapStop, CapExecRoot,
-	CapPortForward, CapBindMount, CapMountSerial, CapGrowFS, CapSetTime, CapStopPrepare, CapExecImageConfig, CapIdentity, CapExecUser, CapExecKeep, CapWatch, CapFileWriteAs,
+	CapPortForward, CapBindMount, CapMountSerial, CapGrowFS, CapSetTime, CapStopPrepare, CapExecImageConfig, CapIdentity, CapExecUser, CapExecKeep, CapWatch, CapFilesAs,
 	CapWorkspaceEnv}
 
 // SetTimeRequest is the time to set, Unix nanoseconds of the node's clock.
@@ -395,7 +396,7 @@ type ExecExit struct {
 type FileWriteRequest struct {
 	Path string      `json:"path"`
 	Mode fs.FileMode `json:"mode"`
-	// Root (CapFileWriteAs): Path is resolved inside Root, as a process
+	// Root (CapFilesAs): Path is resolved inside Root, as a process
 	// chrooted there would (its symbolic links stay in it), a relative
 	// one from the user's home, and the file and the directories made for
 	// it are written as User of Root's /etc/passwd ("": the image
@@ -411,6 +412,10 @@ type FileWriteRequest struct {
 // chunks, and a trailing Response reporting errors during the transfer.
 type FileReadRequest struct {
 	Path string `json:"path"`
+	// Root and User (CapFilesAs): as FileWriteRequest's, the file is
+	// opened inside Root as User would open it.
+	Root string `json:"root,omitempty"`
+	User string `json:"user,omitempty"`
 }
 
 // StatRequest asks for one path's metadata (lstat).
