@@ -2,60 +2,18 @@ package cluster
 
 import (
 	"context"
-	"io"
-	"log/slog"
-	"net"
-	"os"
-	"sync"
 	"testing"
 	"time"
 
-	"golang.org/x/sys/unix"
-
-	"github.com/kibotos/kibotos/vmm/guest"
+	"github.com/kibotos/kibotos/vmm/guest/guesttest"
 	"github.com/kibotos/kibotos/vmm/guestproto"
 )
-
-// guestAgent runs a guest agent in the test process and dials it: each
-// call of the returned dial opens a new session over a new channel.
-func guestAgent(t *testing.T) func(context.Context) (*guestproto.Client, error) {
-	ports := make(chan io.ReadWriteCloser, 1)
-	ctx, cancel := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		guest.ServeChannels(ctx, guest.Options{BootID: "test", Logger: slog.New(slog.DiscardHandler)}, func(ctx context.Context) (io.ReadWriteCloser, error) {
-			select {
-			case c := <-ports:
-				return c, nil
-			case <-ctx.Done():
-				return nil, ctx.Err()
-			}
-		}, nil)
-	})
-	t.Cleanup(func() { cancel(); wg.Wait() })
-	return func(ctx context.Context) (*guestproto.Client, error) {
-		fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
-		if err != nil {
-			return nil, err
-		}
-		conn := func(fd int) net.Conn {
-			f := os.NewFile(uintptr(fd), "socketpair")
-			defer f.Close()
-			c, _ := net.FileConn(f)
-			return c
-		}
-		host, g := conn(fds[0]), conn(fds[1])
-		t.Cleanup(func() { host.Close(); g.Close() })
-		ports <- g
-		return guestproto.Dial(ctx, host)
-	}
-}
 
 // A key's session to a sandbox is kept for its next requests, several at
 // once; an idle one is closed after guestIdle, a broken one replaced, and
 // all of them closed at the member's stop.
 func TestGuestSessionsReuse(t *testing.T) {
-	agent := guestAgent(t)
+	agent := guesttest.Dialer(t)
 	dials := 0
 	dial := func(ctx context.Context) (*guestproto.Client, error) { dials++; return agent(ctx) }
 	ctx := context.Background()
