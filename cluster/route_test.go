@@ -145,6 +145,7 @@ var notOperatorOnly = map[string][]string{
 	"POST /v1/workspaces/{id}/pause":         {"operator", "sandbox"},
 	"POST /v1/workspaces/{id}/delete":        {"operator", "sandbox"},
 	"POST /v1/workspaces/{id}/timeout":       {"operator", "sandbox"},
+	"POST /v1/workspaces/{id}/network":       {"operator", "sandbox"},
 	"POST /v1/workspaces/{id}/credentials":   {"operator", "sandbox"},
 	"POST /v1/volumes":                       {"operator", "sandbox"},
 	"GET /v1/volumes":                        {"operator", "sandbox"},

@@ -5,12 +5,14 @@ import (
 	"encoding/json"
 	"fmt"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/kibotos/kibotos/api"
 	"github.com/kibotos/kibotos/cluster"
 	"github.com/kibotos/kibotos/cluster/clustertest"
+	"github.com/kibotos/kibotos/fsm"
 	"github.com/kibotos/kibotos/internal/testenv"
 )
 
@@ -120,7 +122,7 @@ func TestKeysIsolateNamespaces(t *testing.T) {
 		{"POST", "/v1/workspaces/" + theirs.ws + "/delete", api.WorkspaceWriteRequest{}, api.CodeNotFound},
 		{"POST", "/v1/workspaces/" + theirs.ws + "/timeout", map[string]string{"timeout": "2h"}, api.CodeNotFound},
 		{"POST", "/v1/workspaces/" + theirs.ws + "/credentials", nil, api.CodeNotFound},
-		{"POST", "/v1/workspaces/" + theirs.ws + "/network", map[string]any{"egress": "public"}, api.CodePermissionDenied},
+		{"POST", "/v1/workspaces/" + theirs.ws + "/network", map[string]any{"egress": "public"}, api.CodeNotFound},
 		{"POST", "/v1/workspaces", api.WorkspaceCreateRequest{From: theirs.ws}, api.CodeNotFound},
 		{"POST", "/v1/workspaces", api.WorkspaceCreateRequest{Template: "kibotos-coding", CPU: 1000, MemoryBytes: 256 << 20, Volumes: []api.VolumeAttach{{Volume: theirs.vol, Path: "/data"}}}, api.CodeNotFound},
 		{"GET", "/v1/volumes/" + theirs.vol, nil, api.CodeNotFound},
@@ -230,5 +232,30 @@ func TestKeyLastUsedReported(t *testing.T) {
 			k := keys[0]
 			return k.LastUsedAt != nil && !k.LastUsedAt.Before(start.Add(-time.Second)), fmt.Sprint(k.LastUsedAt)
 		})
+	}
+}
+
+// A key's set-network waits for every voter to reach LevelKeyNetwork:
+// an older voter would refuse the entry the others apply. An operator's
+// goes to the log as before (where the Workspace, which never runs here, refuses it).
+func TestKeyNetworkChangeNeedsEveryVoter(t *testing.T) {
+	c := clustertest.New(t, clustertest.Options{Ctrl: 2, AdjustReport: withCodingTemplate, API: &cluster.APIConfig{Rate: 1000, Burst: 1000},
+		FeatureLevels: map[string]int{"node-2": fsm.LevelKeyNetwork - 1}})
+	leader := c.WaitLeader()
+	ctx := context.Background()
+	key := keyClient(t, leader, namespaceKey(t, c, "acme", "app", api.KeyRoleSandbox))
+	var ws api.Workspace
+	if _, err := key.Do(ctx, "POST", "/v1/workspaces", api.WorkspaceCreateRequest{Template: "kibotos-coding", CPU: 1000, MemoryBytes: 256 << 20}, &ws); err != nil {
+		t.Fatal(err)
+	}
+	public := api.EgressPublic
+	change := api.WorkspaceNetworkRequest{NetworkChange: api.NetworkChange{Egress: &public}}
+	_, err := key.Do(ctx, "POST", "/v1/workspaces/"+ws.WorkspaceID+"/network", change, nil)
+	if api.CodeOf(err) != api.CodeFailedPrecondition || !strings.Contains(err.Error(), fmt.Sprintf("feature level %d", fsm.LevelKeyNetwork)) {
+		t.Fatalf("a key's set-network below the level: %v, want failed_precondition naming level %d", err, fsm.LevelKeyNetwork)
+	}
+	if _, err := c.Client(leader).Do(ctx, "POST", "/v1/workspaces/"+ws.WorkspaceID+"/network?namespace=acme", change, nil); err == nil || strings.Contains(err.Error(), "feature level") ||
+		!strings.Contains(err.Error(), "set-network needs STOPPED") {
+		t.Fatalf("an operator's set-network below the level: %v, want the state machine's refusal of a Workspace that does not run", err)
 	}
 }

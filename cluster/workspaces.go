@@ -29,7 +29,7 @@ func (s *Server) workspaceRoutes() []route {
 		{"POST", "/v1/workspaces/{id}/stop", tenants, atLeader, s.workspaceOp(fsm.OpWorkspaceStop)},
 		{"POST", "/v1/workspaces/{id}/pause", tenants, atLeader, s.workspaceOp(fsm.OpWorkspacePause)},
 		{"POST", "/v1/workspaces/{id}/delete", tenants, atLeader, s.workspaceOp(fsm.OpWorkspaceDelete)},
-		{"POST", "/v1/workspaces/{id}/network", operators, atLeader, decoded(s.handleWorkspaceSetNetwork)},
+		{"POST", "/v1/workspaces/{id}/network", tenants, atLeader, decoded(s.handleWorkspaceSetNetwork)},
 		{"POST", "/v1/workspaces/{id}/timeout", tenants, atLeader, decoded(s.handleWorkspaceSetTimeout)},
 		{"POST", "/v1/workspaces/{id}/credentials", tenants, atLeader, s.handleCredential},
 	}
@@ -176,6 +176,12 @@ func checkCreateInput(memory uint64, labels map[string]string) error {
 // for a running one with the command pending on its node, whose answer
 // the caller reads from the Workspace (network_change).
 func (s *Server) handleWorkspaceSetNetwork(r *http.Request, req api.WorkspaceNetworkRequest) response {
+	if callerOf(r).key != nil {
+		// An older voter would refuse the key's entry.
+		if err := s.levelsReach("workspace set-network with an API key", fsm.LevelKeyNetwork); err != nil {
+			return fail(err)
+		}
+	}
 	return s.workspaceWrite(r, fsm.OpWorkspaceSetNetwork, req.WriteMeta, fsm.WorkspaceNetworkArgs{WorkspaceID: r.PathValue("id"), NetworkChange: req.NetworkChange})
 }
 

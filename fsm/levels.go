@@ -96,9 +96,12 @@ import (
 //	   WorkspaceCreateArgs.Env, which the leader refuses below it (an
 //	   older voter would drop it and its Workspace would run without
 //	   it), kept in bucketWorkspaceEnv
+//	17 a Workspace's network change by an API key (LevelKeyNetwork,
+//	   network.go): OpWorkspaceSetNetwork with a KeyActor, which the
+//	   leader refuses below it (an older voter would refuse the entry)
 
 // FeatureLevel is the level of this build.
-const FeatureLevel = 16
+const FeatureLevel = 17
 
 // LevelRefusalExhausted is the level of WorkspaceResultArgs.RefusalExhausts.
 const LevelRefusalExhausted = 11

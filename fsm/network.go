@@ -169,6 +169,10 @@ func samePolicy(a, b api.NetworkPolicy) bool {
 // applyWorkspaceSetNetwork changes a Workspace's policy: at once when it
 // is STOPPED; through its node when it runs, the record keeping the old
 // policy until the node answered ok (applyNetworkResult).
+// LevelKeyNetwork is the level of a set-network written for an API key:
+// an older voter would refuse the key's entry that a newer one applies.
+const LevelKeyNetwork = 17
+
 func applyWorkspaceSetNetwork(ac *applyCtx) (any, error) {
 	var a WorkspaceNetworkArgs
 	if err := decodeArgs(ac.e, &a); err != nil {
@@ -179,6 +183,9 @@ func applyWorkspaceSetNetwork(ac *applyCtx) (any, error) {
 	}
 	w, err := mustWorkspace(ac.tx, a.WorkspaceID)
 	if err != nil {
+		return nil, err
+	}
+	if err := ac.scope.permits(w.Namespace, "workspace "+a.WorkspaceID); err != nil {
 		return nil, err
 	}
 	if err := checkVersion(ac.e, w.Version, "workspace "+w.WorkspaceID); err != nil {

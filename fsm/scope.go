@@ -49,6 +49,9 @@ var scopedOps = map[string]string{
 	// set-timeout: a sandbox may shorten or extend its own lifetime,
 	// within the namespace's maximum.
 	OpWorkspaceSetTimeout: api.KeyRoleSandbox,
+	// set-network (LevelKeyNetwork): a sandbox may change the egress it
+	// could have been created with, within its namespace's objects.
+	OpWorkspaceSetNetwork: api.KeyRoleSandbox,
 	OpVolumeCreate:        api.KeyRoleSandbox,
 	OpVolumeResize:        api.KeyRoleSandbox,
 	OpVolumeDelete:        api.KeyRoleSandbox,
