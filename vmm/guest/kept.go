@@ -33,14 +33,14 @@ const keptWriteWait = 30 * time.Second
 type keptExecs struct {
 	mu sync.Mutex
 	m  map[int]*keptExec
-	n  int // running and starting: bounded by MaxKeptExecs
+	n  int // running and starting: bounded by Options.MaxKeptExecs
 }
 
-// reserve takes a place for a kept exec about to start.
-func (t *keptExecs) reserve() bool {
+// reserve takes a place for a kept exec about to start, of max.
+func (t *keptExecs) reserve(max int) bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if t.n >= guestproto.MaxKeptExecs {
+	if t.n >= max {
 		return false
 	}
 	t.n++
@@ -111,8 +111,8 @@ func (a *agent) runKept(ctl net.Conn, req guestproto.ExecRequest, streams [3]net
 		respond(ctl, nil, &guestproto.Error{Code: guestproto.CodeInvalid, Message: fmt.Sprintf("exec meta: want JSON of at most %d bytes", guestproto.MaxExecMeta)})
 		return
 	}
-	if !a.kept.reserve() {
-		respond(ctl, nil, &guestproto.Error{Code: guestproto.CodeFailed, Message: fmt.Sprintf("the guest keeps %d processes already: end one first", guestproto.MaxKeptExecs)})
+	if !a.kept.reserve(a.opts.MaxKeptExecs) {
+		respond(ctl, nil, &guestproto.Error{Code: guestproto.CodeFailed, Message: fmt.Sprintf("the guest keeps %d processes already: end one first", a.opts.MaxKeptExecs)})
 		return
 	}
 	st := &stdio{}

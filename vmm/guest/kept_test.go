@@ -114,3 +114,40 @@ func TestKeptExecWithoutReaders(t *testing.T) {
 		t.Fatalf("a meta over the bound: %v", err)
 	}
 }
+
+// Kept execs are bounded: one past the bound is refused, saying so,
+// until one of them ends. An exec that is not kept takes no place.
+func TestKeptExecsBounded(t *testing.T) {
+	h := startAgent(t, Options{ReapOrphans: true, MaxKeptExecs: 2})
+	c := h.dialOn(h.plugData())
+	ctx := ctxT(t)
+	var kept []*guestproto.Process
+	for range 2 {
+		p, err := c.Exec(ctx, guestproto.ExecRequest{Argv: []string{"sleep", "600"}, Keep: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer p.Signal(9)
+		kept = append(kept, p)
+	}
+	_, err := c.Exec(ctx, guestproto.ExecRequest{Argv: []string{"true"}, Keep: true})
+	if ge := guestErr(err); ge == nil || !strings.Contains(ge.Message, "the guest keeps 2 processes already") {
+		t.Fatalf("a third kept exec of 2: %v", err)
+	}
+	if _, err := c.Exec(ctx, guestproto.ExecRequest{Argv: []string{"true"}}); err != nil {
+		t.Fatalf("an exec not kept beside 2 kept ones: %v", err)
+	}
+	if err := kept[0].Signal(9); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kept[0].Wait(); err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitFor(t, 10*time.Second, "a place after one ended", func() (bool, string) {
+		p, err := c.Exec(ctx, guestproto.ExecRequest{Argv: []string{"true"}, Keep: true})
+		if err == nil {
+			p.Wait()
+		}
+		return err == nil, fmt.Sprint(err)
+	})
+}

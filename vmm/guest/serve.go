@@ -53,6 +53,9 @@ type Options struct {
 	// watching at once, directories one call watches; zero means
 	// guestproto.MaxWatchCalls and MaxWatchDirs.
 	MaxWatchCalls, MaxWatchDirs int
+	// MaxKeptExecs bounds the kept execs that run at once; zero means
+	// guestproto.MaxKeptExecs.
+	MaxKeptExecs int
 }
 
 // errStopped ends Serve after a Stop call.
@@ -205,6 +208,9 @@ func newAgent(opts Options) *agent {
 	}
 	if opts.MaxWatchDirs == 0 {
 		opts.MaxWatchDirs = guestproto.MaxWatchDirs
+	}
+	if opts.MaxKeptExecs == 0 {
+		opts.MaxKeptExecs = guestproto.MaxKeptExecs
 	}
 	if opts.BootID == "" {
 		// Never the kernel's boot_id: the kernel makes it on its first
