@@ -229,44 +229,56 @@ type startResponse struct {
 // it is killed.
 func (h *handler) processStart(w http.ResponseWriter, r *http.Request, id string) {
 	var req startRequest
-	r, cancel, err := streamRequest(w, r, &req)
-	defer cancel()
-	if err != nil {
-		newStream(w).end(err)
-		return
-	}
-	ctx := r.Context()
-	exec, err := execRequest(r, &req)
-	if err != nil {
-		newStream(w).end(err)
-		return
-	}
-	gc, release, err := h.openGuest(r, id)
-	if err != nil {
-		newStream(w).end(err)
-		return
-	}
-	defer release()
-	if gc.Info().Has(guestproto.CapExecKeep) {
-		exec.Keep, exec.Meta = true, processMeta(req.Process, req.Tag)
-	}
-	p, err := startExec(ctx, gc, exec)
-	if err != nil {
-		var ge *guestproto.Error
-		if errors.As(err, &ge) && ge.Code == guestproto.CodeNotFound {
-			newStream(w).end(rpcErrorf("not_found", "sandbox %s: %s", id, ge.Message))
-			return
+	var exec guestproto.ExecRequest
+	h.streamRPC(w, r, id, &req, func(r *http.Request) (err error) {
+		exec, err = execRequest(r, &req)
+		return err
+	}, func(r *http.Request, gc *guestproto.Client) error {
+		ctx := r.Context()
+		if gc.Info().Has(guestproto.CapExecKeep) {
+			exec.Keep, exec.Meta = true, processMeta(req.Process, req.Tag)
 		}
-		newStream(w).end(rpcErrorf("failed_precondition", "sandbox %s: start %s: %v", id, req.Process.Cmd, err))
-		return
+		p, err := startExec(ctx, gc, exec)
+		if err != nil {
+			var ge *guestproto.Error
+			if errors.As(err, &ge) && ge.Code == guestproto.CodeNotFound {
+				return rpcErrorf("not_found", "sandbox %s: %s", id, ge.Message)
+			}
+			return rpcErrorf("failed_precondition", "sandbox %s: start %s: %v", id, req.Process.Cmd, err)
+		}
+		if !exec.Keep {
+			// A guest from before kept execs: the command dies with the
+			// request, as nothing could attach to it again.
+			stop := context.AfterFunc(ctx, func() { p.Signal(syscall.SIGKILL) })
+			defer stop()
+		}
+		streamProcess(r, newStream(w), p, req.PTY != nil, id, req.Process.Cmd, true)
+		return nil
+	})
+}
+
+// streamRPC serves a server-streaming RPC of sandbox id: it reads the
+// request into req, checks it (check may be nil), opens the guest and
+// runs serve, which streams. An error before serve streams ends the
+// stream as well: a streaming client reads only the HTTP status of any
+// other answer, and maps 404 to unimplemented.
+func (h *handler) streamRPC(w http.ResponseWriter, r *http.Request, id string, req any, check func(*http.Request) error, serve func(*http.Request, *guestproto.Client) error) {
+	r, cancel, err := streamRequest(w, r, req)
+	defer cancel()
+	if err == nil && check != nil {
+		err = check(r)
 	}
-	if !exec.Keep {
-		// A guest from before kept execs: the command dies with the
-		// request, as nothing could attach to it again.
-		stop := context.AfterFunc(ctx, func() { p.Signal(syscall.SIGKILL) })
-		defer stop()
+	if err == nil {
+		var gc *guestproto.Client
+		var release func()
+		if gc, release, err = h.openGuest(r, id); err == nil {
+			defer release()
+			err = serve(r, gc)
+		}
 	}
-	streamProcess(r, newStream(w), p, req.PTY != nil, id, req.Process.Cmd, true)
+	if err != nil {
+		newStream(w).end(err)
+	}
 }
 
 // streamProcess streams p's events to s: its start, its output as it

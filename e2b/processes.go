@@ -94,24 +94,14 @@ func (h *handler) processConnect(w http.ResponseWriter, r *http.Request, id stri
 	var req struct {
 		Process processSelector `json:"process"`
 	}
-	r, cancel, err := streamRequest(w, r, &req)
-	defer cancel()
-	if err != nil {
-		newStream(w).end(err)
-		return
-	}
-	gc, release, err := h.openGuest(r, id)
-	if err != nil {
-		newStream(w).end(err)
-		return
-	}
-	defer release()
-	p, pty, err := attach(r.Context(), gc, id, req.Process)
-	if err != nil {
-		newStream(w).end(err)
-		return
-	}
-	streamProcess(r, newStream(w), p, pty, id, "the command", false)
+	h.streamRPC(w, r, id, &req, nil, func(r *http.Request, gc *guestproto.Client) error {
+		p, pty, err := attach(r.Context(), gc, id, req.Process)
+		if err != nil {
+			return err
+		}
+		streamProcess(r, newStream(w), p, pty, id, "the command", false)
+		return nil
+	})
 }
 
 // processSelector is process.proto's ProcessSelector: a pid or a tag.

@@ -54,39 +54,23 @@ var eventTypes = map[string]string{
 	guestproto.WatchChmod:  "EVENT_TYPE_CHMOD",
 }
 
-// watchDir is filesystem.Filesystem/WatchDir. Its errors, those before
-// the start too, end the stream: a streaming client reads only the HTTP
-// status of any other answer, and maps 404 to unimplemented.
+// watchDir is filesystem.Filesystem/WatchDir: its events as they come
+// (streamRPC: its errors, those before the start too, end the stream).
 func (h *handler) watchDir(w http.ResponseWriter, r *http.Request, id string) {
 	var req watchDirRequest
-	r, cancel, err := streamRequest(w, r, &req)
-	defer cancel()
-	if err != nil {
-		newStream(w).end(err)
-		return
-	}
-	ctx := r.Context()
-	if err := checkWatch(r, &req); err != nil {
-		newStream(w).end(err)
-		return
-	}
-	gc, release, err := h.openGuest(r, id)
-	if err != nil {
-		newStream(w).end(err)
-		return
-	}
-	defer release()
-	watcher, err := startWatch(r, gc, id, &req)
-	if err != nil {
-		newStream(w).end(err)
-		return
-	}
-	defer watcher.Close()
-	s := newStream(w)
-	if s.send(watchDirResponse{Start: &struct{}{}}) != nil {
-		return
-	}
-	streamWatch(ctx, s, watcher, keepaliveInterval(r), id, req.Path)
+	h.streamRPC(w, r, id, &req, func(r *http.Request) error { return checkWatch(r, &req) }, func(r *http.Request, gc *guestproto.Client) error {
+		watcher, err := startWatch(r, gc, id, &req)
+		if err != nil {
+			return err
+		}
+		defer watcher.Close()
+		s := newStream(w)
+		if s.send(watchDirResponse{Start: &struct{}{}}) != nil {
+			return nil
+		}
+		streamWatch(r.Context(), s, watcher, keepaliveInterval(r), id, req.Path)
+		return nil
+	})
 }
 
 // checkWatch refuses what is not served, saying so.
