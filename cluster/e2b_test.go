@@ -58,6 +58,7 @@ func TestE2BControlAPI(t *testing.T) {
 		AdjustReport: func(_ string, r *api.Report) {
 			r.Templates = append(r.Templates, "kibotos-coding")
 			r.DataPlaneAddress = "127.0.0.1:9" // nothing answers: a guest is never reached here
+			r.Capacity.CPU = 8000              // the sandboxes, their snapshots and sandboxes from them
 			r.Resume = &api.ResumeInfo{QEMUVersion: "7.2.9", Accel: "tcg", CPUModel: "max", Installations: []string{"sha256-a"}}
 		},
 		HoldTask: func(string, api.WorkspaceTask) bool { return true }})
@@ -317,6 +318,164 @@ func TestE2BControlAPI(t *testing.T) {
 		}
 	}
 
+	// Lists sorted by start, newest first unless asc, across pages;
+	// startedAfter and template narrow them.
+	order := func(query string) []string {
+		t.Helper()
+		var ids []string
+		for token, pages := "", 0; pages == 0 || token != ""; pages++ {
+			r := do(key, "GET", "/v2/sandboxes?limit=1&"+query+"&nextToken="+token, nil)
+			var page []sandbox
+			if r.decode(t, &page); r.status != http.StatusOK || pages > 3 {
+				t.Fatalf("list %s, page %d: %d %s", query, pages, r.status, r.body)
+			}
+			for _, s := range page {
+				ids = append(ids, s.SandboxID)
+			}
+			token = r.header.Get("X-Next-Token")
+		}
+		return ids
+	}
+	if got := order("order=asc"); !slices.Equal(got, []string{a.SandboxID, b.SandboxID}) {
+		t.Errorf("list in ascending start: %v, want %s then %s", got, a.SandboxID, b.SandboxID)
+	}
+	if got := order(""); !slices.Equal(got, []string{b.SandboxID, a.SandboxID}) {
+		t.Errorf("list, newest first: %v, want %s then %s", got, b.SandboxID, a.SandboxID)
+	}
+	var bWS api.Workspace
+	if _, err := c.Client(m).Do(ctx, "GET", "/v1/workspaces/"+b.SandboxID, nil, &bWS); err != nil {
+		t.Fatal(err)
+	}
+	if got := order("startedAfter=" + bWS.CreatedAt.Format(time.RFC3339Nano)); !slices.Equal(got, []string{b.SandboxID}) {
+		t.Errorf("list started at or after %s: %v, want %s", bWS.CreatedAt, got, b.SandboxID)
+	}
+	if got := order("template=base"); len(got) != 2 {
+		t.Errorf("list of template base: %v, want both", got)
+	}
+	if got := order("template=other"); len(got) != 0 {
+		t.Errorf("list of template other: %v, want none", got)
+	}
+	for _, q := range []string{"order=up", "startedAfter=yesterday", "nextToken=bm90LWEtdG9rZW4"} {
+		if r = do(key, "GET", "/v2/sandboxes?"+q, nil); r.status != http.StatusBadRequest {
+			t.Errorf("list with %s: %d %s, want 400", q, r.status, r.body)
+		}
+	}
+
+	// The network replaced: the internet off, answered once its node
+	// applied it; an exception to a denied range is refused.
+	if r = do(key, "PUT", "/sandboxes/"+a.SandboxID+"/network", map[string]any{"allow_internet_access": false, "allowOut": []string{"1.1.1.1"}}); r.status != http.StatusNoContent {
+		t.Fatalf("network update: %d %s, want 204", r.status, r.body)
+	}
+	if _, err := c.Client(m).Do(ctx, "GET", "/v1/workspaces/"+a.SandboxID, nil, &ws); err != nil || ws.Network == nil || ws.Network.Egress != api.EgressPublic ||
+		!slices.Equal(ws.Network.Allow, []string{"1.1.1.1/32"}) || len(ws.Network.Deny) != 0 {
+		t.Fatalf("the Workspace after the internet went off but 1.1.1.1: %+v %v", ws.Network, err)
+	}
+	var detail struct {
+		AllowInternetAccess bool
+		Network             struct{ AllowOut []string }
+	}
+	r = do(key, "GET", "/sandboxes/"+a.SandboxID, nil)
+	if r.decode(t, &detail); detail.AllowInternetAccess || !slices.Equal(detail.Network.AllowOut, []string{"1.1.1.1/32"}) {
+		t.Errorf("get after the network update: %s, want no internet but 1.1.1.1/32", r.body)
+	}
+	if r = do(key, "PUT", "/sandboxes/"+a.SandboxID+"/network", map[string]any{"allowOut": []string{"10.1.2.3"}, "denyOut": []string{"10.0.0.0/8"}}); r.status != http.StatusBadRequest ||
+		!strings.Contains(r.e2bError(t), "lies in denyOut") {
+		t.Errorf("network update with an exception to a denied range: %d %s, want 400", r.status, r.body)
+	}
+
+	// A snapshot: a paused fork of the sandbox, no sandbox itself, that
+	// new sandboxes start from by its ID or name; a second of the same
+	// name replaces it; deleted through the templates path.
+	type snapshotInfo struct {
+		SnapshotID string
+		Names      []string
+	}
+	var snap, snap2 snapshotInfo
+	if r = do(key, "POST", "/sandboxes/"+a.SandboxID+"/snapshots", map[string]string{"name": "Bad Name"}); r.status != http.StatusBadRequest {
+		t.Errorf("snapshot with the name 'Bad Name': %d %s, want 400", r.status, r.body)
+	}
+	r = do(key, "POST", "/sandboxes/"+a.SandboxID+"/snapshots", map[string]string{"name": "snap"})
+	if r.decode(t, &snap); r.status != http.StatusCreated ||
+		!strings.HasPrefix(snap.SnapshotID, "ws-") || !slices.Equal(snap.Names, []string{"default/snap:default"}) {
+		t.Fatalf("snapshot: %d %s, want 201 with its ID and name", r.status, r.body)
+	}
+	var snapWS api.Workspace
+	if _, err := c.Client(m).Do(ctx, "GET", "/v1/workspaces/"+snap.SnapshotID, nil, &snapWS); err != nil || snapWS.State != api.WorkspacePaused || snapWS.ForkedFrom != a.SandboxID {
+		t.Fatalf("the snapshot's Workspace: %s forked from %q, %v; want PAUSED, forked from %s", snapWS.State, snapWS.ForkedFrom, err, a.SandboxID)
+	}
+	r = do(key, "GET", "/sandboxes/"+a.SandboxID, nil)
+	if r.decode(t, &info); info.State != "running" {
+		t.Errorf("the sandbox after its snapshot: %s, want running again", r.body)
+	}
+	if r = do(key, "GET", "/sandboxes/"+snap.SnapshotID, nil); r.status != http.StatusNotFound {
+		t.Errorf("get of a snapshot as a sandbox: %d %s, want 404", r.status, r.body)
+	}
+	if got := order("order=asc"); !slices.Equal(got, []string{a.SandboxID, b.SandboxID}) {
+		t.Errorf("list with a snapshot: %v, want the sandboxes only", got)
+	}
+	for _, ref := range []string{snap.SnapshotID, "snap", "default/snap:default"} {
+		r = do(key, "POST", "/v2/sandboxes", map[string]any{"templateID": ref, "metadata": map[string]string{"from": "snapshot"}})
+		var fromSnap sandbox
+		if r.decode(t, &fromSnap); r.status != http.StatusCreated {
+			t.Fatalf("create from snapshot %s: %d %s, want 201", ref, r.status, r.body)
+		}
+		var fws api.Workspace
+		if _, err := c.Client(m).Do(ctx, "GET", "/v1/workspaces/"+fromSnap.SandboxID, nil, &fws); err != nil || fws.ForkedFrom != snap.SnapshotID || fws.Labels["from"] != "snapshot" {
+			t.Errorf("the sandbox created from %s: forked from %q, labels %v, %v; want a fork of %s", ref, fws.ForkedFrom, fws.Labels, err, snap.SnapshotID)
+		}
+		if r = do(key, "DELETE", "/sandboxes/"+fromSnap.SandboxID, nil); r.status != http.StatusNoContent {
+			t.Fatalf("kill of the sandbox from a snapshot: %d %s", r.status, r.body)
+		}
+	}
+	if r = do(key, "POST", "/v2/sandboxes", map[string]any{"templateID": "snap:v2"}); r.status != http.StatusNotFound && r.status != http.StatusBadRequest {
+		t.Errorf("create from a tag that is not: %d %s, want the unknown template's refusal", r.status, r.body)
+	}
+	r = do(key, "POST", "/sandboxes/"+b.SandboxID+"/snapshots", map[string]string{"name": "snap"})
+	if r.decode(t, &snap2); r.status != http.StatusCreated {
+		t.Fatalf("second snapshot named snap: %d %s", r.status, r.body)
+	}
+	var snaps []snapshotInfo
+	for _, q := range []string{"", "?name=snap", "?sandboxID=" + b.SandboxID, "?name=" + snap2.SnapshotID} {
+		r = do(key, "GET", "/snapshots"+q, nil)
+		if r.decode(t, &snaps); len(snaps) != 1 || snaps[0].SnapshotID != snap2.SnapshotID {
+			t.Errorf("snapshots%s: %s, want only the newest, %s", q, r.body, snap2.SnapshotID)
+		}
+	}
+	r = do(key, "GET", "/snapshots?sandboxID="+a.SandboxID, nil)
+	if r.decode(t, &snaps); len(snaps) != 0 {
+		t.Errorf("snapshots of %s after its name moved on: %s, want none", a.SandboxID, r.body)
+	}
+	if r = do(other.Secret, "DELETE", "/templates/"+snap2.SnapshotID, nil); r.status != http.StatusNotFound {
+		t.Errorf("delete of the snapshot with acme's key: %d %s, want 404", r.status, r.body)
+	}
+	if r = do(key, "DELETE", "/templates/"+snap2.SnapshotID, nil); r.status != http.StatusNoContent {
+		t.Errorf("delete of the snapshot: %d %s, want 204", r.status, r.body)
+	}
+	if r = do(key, "DELETE", "/templates/snap", nil); r.status != http.StatusNotFound {
+		t.Errorf("delete of a deleted snapshot: %d %s, want 404 (the SDK's false)", r.status, r.body)
+	}
+
+	// Forks: 1 to 16 at once, refused before the sandbox is touched.
+	for _, n := range []int{0, 17} {
+		if r = do(key, "POST", "/sandboxes/"+a.SandboxID+"/fork", map[string]int{"count": n}); r.status != http.StatusBadRequest || !strings.Contains(r.e2bError(t), "fork 1 to 16 sandboxes at once") {
+			t.Errorf("fork of %d: %d %s, want 400", n, r.status, r.body)
+		}
+	}
+	if _, err := c.Client(m).Do(ctx, "GET", "/v1/workspaces/"+a.SandboxID, nil, &ws); err != nil || ws.State != api.WorkspaceAvailable {
+		t.Errorf("the sandbox after refused forks: %s %v, want AVAILABLE", ws.State, err)
+	}
+
+	// A pause without memory stops it: a connect boots it again.
+	if r = do(key, "POST", "/sandboxes/"+b.SandboxID+"/pause", map[string]bool{"memory": false}); r.status != http.StatusNoContent {
+		t.Fatalf("pause without memory: %d %s, want 204", r.status, r.body)
+	}
+	if _, err := c.Client(m).Do(ctx, "GET", "/v1/workspaces/"+b.SandboxID, nil, &ws); err != nil || ws.State != api.WorkspaceStopped {
+		t.Fatalf("after a pause without memory: %s %v, want STOPPED", ws.State, err)
+	}
+	if r = do(key, "POST", "/v2/sandboxes/"+b.SandboxID+"/connect", map[string]int{}); r.status != http.StatusCreated {
+		t.Fatalf("connect to a sandbox paused without memory: %d %s, want 201", r.status, r.body)
+	}
+
 	// Another namespace's key finds nothing of it.
 	for _, call := range [][2]string{{"GET", "/sandboxes/" + a.SandboxID}, {"DELETE", "/sandboxes/" + a.SandboxID}, {"POST", "/sandboxes/" + a.SandboxID + "/timeout"},
 		{"POST", "/sandboxes/" + b.SandboxID + "/pause"}, {"POST", "/v2/sandboxes/" + b.SandboxID + "/connect"}} {
@@ -350,7 +509,7 @@ func TestE2BControlAPI(t *testing.T) {
 	if r = do(other.Secret, "GET", "/sandboxes/"+b.SandboxID+"/metrics", nil); r.status != http.StatusNotFound || !strings.Contains(r.e2bError(t), "not found") {
 		t.Fatalf("metrics of another namespace's sandbox: %d %s, want 404", r.status, r.body)
 	}
-	if r = do(other.Secret, "POST", "/sandboxes/"+b.SandboxID+"/snapshots", nil); r.status != http.StatusNotFound || !strings.Contains(r.e2bError(t), "not part of the E2B API that Kibotos serves") {
-		t.Fatalf("snapshots: %d %s, want 404 saying it is not served", r.status, r.body)
+	if r = do(other.Secret, "GET", "/volumes", nil); r.status != http.StatusNotFound || !strings.Contains(r.e2bError(t), "not part of the E2B API that Kibotos serves") {
+		t.Fatalf("volumes: %d %s, want 404 saying it is not served", r.status, r.body)
 	}
 }

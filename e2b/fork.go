@@ -28,7 +28,7 @@ type forkResult struct {
 	Error   *apiError `json:"error,omitempty"`
 }
 
-// fork is POST /sandboxes/{id}/fork.
+// fork is POST /sandboxes/{id}/fork: 201 with one result a fork.
 func (h *handler) fork(c *call) error {
 	id := c.r.PathValue("id")
 	var body forkBody
@@ -50,53 +50,32 @@ func (h *handler) fork(c *call) error {
 	if err != nil {
 		return err
 	}
-	src, state, err := sandboxWorkspace(c, id)
+	src, resume, err := h.holdPaused(c, id)
 	if err != nil {
 		return err
 	}
-	ctx := c.r.Context()
-	if state == stateRunning {
-		if _, err := c.cl.Do(ctx, http.MethodPost, workspacePath(id, "pause"), api.WorkspaceWriteRequest{}, nil); err != nil {
-			return err
-		}
-		// Running again after the forks, whatever became of them.
-		defer func() {
-			if _, err := c.cl.Do(context.WithoutCancel(ctx), http.MethodPost, workspacePath(id, "start"), api.WorkspaceWriteRequest{}, nil); err != nil {
-				h.c.Log.Warn("sandbox not resumed after its forks", "sandbox_id", id, "err", err)
-			}
-		}()
-		if _, err := waitPaused(ctx, c.cl, id); err != nil {
-			return err
-		}
-	}
-	keyID, _, _ := api.ParseKeySecret(c.key)
+	defer resume()
 	labels := maps.Clone(src.Labels)
-	labels[CreatorLabel] = keyID // the forks are the forking key's
+	labels[CreatorLabel] = c.keyID() // the forks are the forking key's
 	if labels[TrafficLabel] == "" {
 		labels[TrafficLabel] = TrafficPublic
 	}
 	results := make([]forkResult, 0, count)
 	for range count {
-		results = append(results, h.forkOne(c, src, labels, life))
+		results = append(results, h.forkOne(c, api.WorkspaceCreateRequest{From: src.WorkspaceID, Labels: labels, Network: src.Network,
+			Timeout: life, OnTimeout: src.OnTimeout, AutoResume: src.AutoResume}))
 	}
-	return c.reply(http.StatusOK, results)
+	return c.reply(http.StatusCreated, results)
 }
 
-// forkOne makes one fork of src and waits until it runs.
-func (h *handler) forkOne(c *call, src *api.Workspace, labels map[string]string, life string) forkResult {
+// forkOne makes one fork and waits until it runs.
+func (h *handler) forkOne(c *call, req api.WorkspaceCreateRequest) forkResult {
 	fail := func(err error) forkResult {
 		status, msg := errorStatus(err)
 		return forkResult{Error: &apiError{Code: status, Message: msg}}
 	}
-	ctx := c.r.Context()
-	req := api.WorkspaceCreateRequest{From: src.WorkspaceID, Labels: labels, Network: src.Network, Timeout: life, OnTimeout: src.OnTimeout, AutoResume: src.AutoResume}
-	var ws api.Workspace
-	if _, err := c.cl.Do(ctx, http.MethodPost, "/v1/workspaces", req, &ws); err != nil {
-		return fail(err)
-	}
-	run, err := waitRunning(ctx, c.cl, ws.WorkspaceID)
+	run, err := createRunning(c, req)
 	if err != nil {
-		c.cl.Do(context.WithoutCancel(ctx), http.MethodPost, workspacePath(ws.WorkspaceID, "delete"), api.WorkspaceWriteRequest{}, nil)
 		return fail(err)
 	}
 	out, err := h.sandboxOf(c, run)
@@ -104,4 +83,49 @@ func (h *handler) forkOne(c *call, src *api.Workspace, labels map[string]string,
 		return fail(err)
 	}
 	return forkResult{Sandbox: &out}
+}
+
+// holdPaused reads sandbox id and pauses it for forks of it: a fork is
+// made of a PAUSED Workspace. The func it returns resumes the sandbox if
+// it was running, whatever became of the forks, and waits until it runs:
+// the caller's next command finds it running, as on E2B.
+func (h *handler) holdPaused(c *call, id string) (src *api.Workspace, resume func(), err error) {
+	src, state, err := sandboxWorkspace(c, id)
+	if err != nil || state != stateRunning {
+		return src, func() {}, err
+	}
+	ctx := c.r.Context()
+	if _, err := c.cl.Do(ctx, http.MethodPost, workspacePath(id, "pause"), api.WorkspaceWriteRequest{}, nil); err != nil {
+		return nil, nil, err
+	}
+	resume = func() {
+		_, err := c.cl.Do(context.WithoutCancel(ctx), http.MethodPost, workspacePath(id, "start"), api.WorkspaceWriteRequest{}, nil)
+		if err == nil {
+			_, err = waitRunning(ctx, c.cl, id)
+		}
+		if err != nil {
+			h.c.Log.Warn("sandbox not resumed after its forks", "sandbox_id", id, "err", err)
+		}
+	}
+	if _, err := waitPaused(ctx, c.cl, id); err != nil {
+		resume()
+		return nil, nil, err
+	}
+	return src, resume, nil
+}
+
+// createRunning creates the Workspace req asks for and waits until it
+// runs. One that never runs is deleted: not left for the caller to find.
+func createRunning(c *call, req api.WorkspaceCreateRequest) (*api.Workspace, error) {
+	ctx := c.r.Context()
+	var ws api.Workspace
+	if _, err := c.cl.Do(ctx, http.MethodPost, "/v1/workspaces", req, &ws); err != nil {
+		return nil, err
+	}
+	run, err := waitRunning(ctx, c.cl, ws.WorkspaceID)
+	if err != nil {
+		c.cl.Do(context.WithoutCancel(ctx), http.MethodPost, workspacePath(ws.WorkspaceID, "delete"), api.WorkspaceWriteRequest{}, nil)
+		return nil, err
+	}
+	return run, nil
 }

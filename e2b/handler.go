@@ -72,6 +72,10 @@ func NewHandler(c Config) http.Handler {
 		{"POST /sandboxes/{id}/timeout", h.setTimeout},
 		{"GET /sandboxes/{id}/metrics", h.metrics},
 		{"POST /sandboxes/{id}/fork", h.fork},
+		{"PUT /sandboxes/{id}/network", h.updateNetwork},
+		{"POST /sandboxes/{id}/snapshots", h.createSnapshot},
+		{"GET /snapshots", h.listSnapshotsPage},
+		{"DELETE /templates/{id}", h.deleteSnapshot},
 		{"POST /sandboxes/{id}/pause", h.pause},
 		{"POST /sandboxes/{id}/resume", h.connect},
 		{"POST /sandboxes/{id}/connect", h.connect},
@@ -127,6 +131,13 @@ func (h *handler) serve(fn func(*call) error) http.Handler {
 			writeError(w, status, msg)
 		}
 	})
+}
+
+// keyID is the ID of the caller's key ("" for a malformed one, which
+// every call of the Kibotos API refuses).
+func (c *call) keyID() string {
+	id, _, _ := api.ParseKeySecret(c.key)
+	return id
 }
 
 // decode reads the request's JSON body into v; an empty body leaves v.

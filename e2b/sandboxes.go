@@ -3,10 +3,8 @@ package e2b
 import (
 	"context"
 	"maps"
-	"net"
 	"net/http"
 	"net/url"
-	"strconv"
 	"strings"
 	"time"
 
@@ -42,23 +40,60 @@ func (h *handler) create(c *call) error {
 	if err := c.decode(&req); err != nil {
 		return err
 	}
-	keyID, _, _ := api.ParseKeySecret(c.key) // the key check below refuses anything else
+	keyID := c.keyID()
 	create, err := h.createRequest(&req, keyID)
 	if err != nil {
 		return err
 	}
-	ctx := c.r.Context()
-	var ws api.Workspace
-	if _, err := c.cl.Do(ctx, http.MethodPost, "/v1/workspaces", create, &ws); err != nil {
-		return err
-	}
-	run, err := waitRunning(ctx, c.cl, ws.WorkspaceID)
+	run, err := h.createFrom(c, req.TemplateID, create)
 	if err != nil {
-		// A sandbox that never ran is not left for the caller to find.
-		c.cl.Do(context.WithoutCancel(ctx), http.MethodPost, workspacePath(ws.WorkspaceID, "delete"), api.WorkspaceWriteRequest{}, nil)
 		return err
 	}
 	return h.replySandbox(c, http.StatusCreated, run)
+}
+
+// createFrom creates a sandbox from template, a Kibotos template or a
+// snapshot (createSnapshot) by its ID or name, and waits until it runs.
+// A snapshot's ID and its tagged name are no template names; a plain
+// name is a snapshot's only when no template takes it (the create's
+// refusal, which comes before a Workspace is made: an invalid, unknown
+// or unbuilt template).
+func (h *handler) createFrom(c *call, template string, create api.WorkspaceCreateRequest) (*api.Workspace, error) {
+	fork := func(snap *api.Workspace) (*api.Workspace, error) {
+		create.From, create.Template, create.CPU, create.MemoryBytes = snap.WorkspaceID, "", 0, 0
+		return createRunning(c, create)
+	}
+	if strings.HasPrefix(template, "ws-") || strings.ContainsAny(template, ":/") {
+		snap, err := snapshotByRef(c, template)
+		if err != nil {
+			return nil, err
+		}
+		if snap != nil {
+			return fork(snap)
+		}
+	}
+	run, err := createRunning(c, create)
+	switch api.CodeOf(err) {
+	case api.CodeNotFound, api.CodeFailedPrecondition, api.CodeInvalidArgument:
+		if template == "" {
+			return nil, err
+		}
+		snap, serr := snapshotByRef(c, template)
+		if serr != nil || snap == nil {
+			return nil, err
+		}
+		return fork(snap)
+	}
+	return run, err
+}
+
+// templateName is the Kibotos template of an E2B template ID: "base"
+// (or none) is the configured one.
+func (h *handler) templateName(id string) string {
+	if id == "" || id == "base" {
+		return h.c.BaseTemplate
+	}
+	return id
 }
 
 // createRequest is the Workspace a create by key keyID asks for.
@@ -70,10 +105,7 @@ func (h *handler) createRequest(req *newSandbox, keyID string) (api.WorkspaceCre
 	case len(req.VolumeMounts) > 0:
 		return out, api.Errorf(api.CodeInvalidArgument, "volumeMounts are not served by Kibotos's E2B API yet: attach Volumes with the Kibotos API (kibo workspace create --volume)")
 	}
-	template := req.TemplateID
-	if template == "" || template == "base" {
-		template = h.c.BaseTemplate
-	}
+	template := h.templateName(req.TemplateID)
 	timeout := int64(DefaultTimeout)
 	if req.Timeout != nil {
 		timeout = *req.Timeout
@@ -93,7 +125,11 @@ func (h *handler) createRequest(req *newSandbox, keyID string) (api.WorkspaceCre
 	if auto && onTimeout == api.TimeoutDelete {
 		return out, api.Errorf(api.CodeInvalidArgument, "autoResume needs autoPause: a sandbox killed at its timeout cannot be resumed")
 	}
-	policy, err := networkPolicy(req)
+	var network sandboxNetwork
+	if req.Network != nil {
+		network = *req.Network
+	}
+	policy, err := egressPolicy(req.AllowInternetAccess, network.AllowOut, network.DenyOut)
 	if err != nil {
 		return out, err
 	}
@@ -109,48 +145,6 @@ func (h *handler) createRequest(req *newSandbox, keyID string) (api.WorkspaceCre
 	}
 	return api.WorkspaceCreateRequest{Template: template, CPU: sandboxCPU, MemoryBytes: sandboxMemory, Labels: labels,
 		Network: policy, Timeout: life, OnTimeout: onTimeout, AutoResume: auto, Env: api.EnvFromMap(req.EnvVars)}, nil
-}
-
-// networkPolicy is a create's egress: E2B sandboxes reach the internet
-// unless allow_internet_access is false; allowOut then lists the only
-// destinations, denyOut what is never reached.
-func networkPolicy(req *newSandbox) (*api.NetworkPolicy, error) {
-	internet := req.AllowInternetAccess == nil || *req.AllowInternetAccess
-	var allow, deny []string
-	if n := req.Network; n != nil {
-		var err error
-		if allow, err = rules("allowOut", n.AllowOut); err != nil {
-			return nil, err
-		}
-		if deny, err = rules("denyOut", n.DenyOut); err != nil {
-			return nil, err
-		}
-	}
-	if !internet && len(allow) == 0 {
-		return &api.NetworkPolicy{Egress: api.EgressNone}, nil
-	}
-	return &api.NetworkPolicy{Egress: api.EgressPublic, Allow: allow, Deny: deny}, nil
-}
-
-// rules are E2B's destinations as Kibotos rules: an address becomes its
-// one-address CIDR; CIDRs and domains stay (the API checks them).
-func rules(what string, in []string) ([]string, error) {
-	out := make([]string, 0, len(in))
-	for _, r := range in {
-		r = strings.TrimSpace(r)
-		if r == "" {
-			return nil, api.Errorf(api.CodeInvalidArgument, "network.%s has an empty destination", what)
-		}
-		if ip := net.ParseIP(r); ip != nil {
-			bits := 32
-			if ip.To4() == nil {
-				bits = 128
-			}
-			r += "/" + strconv.Itoa(bits)
-		}
-		out = append(out, r)
-	}
-	return out, nil
 }
 
 // waitRunning reads the Workspace until it runs; FAILED, gone or out of
@@ -177,6 +171,30 @@ func waitPaused(ctx context.Context, cl *api.Client, id string) (*api.Workspace,
 // over, which is an error unless it is in want: the Workspace's failure
 // or last error says why.
 func waitFor(ctx context.Context, cl *api.Client, id, what string, settled func(*api.Workspace) bool, want string) (*api.Workspace, error) {
+	return poll(ctx, cl, id, func(ws *api.Workspace) (bool, error) {
+		if ws.State == want {
+			return true, nil
+		}
+		if !settled(ws) {
+			return false, nil
+		}
+		msg, code := "it is "+ws.State, api.CodeUnavailable
+		switch {
+		case ws.Failure != nil:
+			msg = ws.Failure.Reason + ": " + ws.Failure.Message
+			if ws.Failure.Reason == api.FailureResourceExhausted {
+				code = api.CodeResourceExhausted
+			}
+		case ws.LastError != nil:
+			msg += ": " + ws.LastError.Message
+		}
+		return false, api.Errorf(code, "sandbox %s: the %s did not succeed: %s", id, what, msg)
+	})
+}
+
+// poll reads the Workspace until done says so, or an error, for at most
+// startWait.
+func poll(ctx context.Context, cl *api.Client, id string, done func(*api.Workspace) (bool, error)) (*api.Workspace, error) {
 	ctx, cancel := context.WithTimeout(ctx, startWait)
 	defer cancel()
 	tick := time.NewTicker(pollEvery)
@@ -186,21 +204,8 @@ func waitFor(ctx context.Context, cl *api.Client, id, what string, settled func(
 		if _, err := cl.Do(ctx, http.MethodGet, workspacePath(id), nil, &ws); err != nil {
 			return nil, err
 		}
-		if ws.State == want {
-			return &ws, nil
-		}
-		if settled(&ws) {
-			msg, code := "it is "+ws.State, api.CodeUnavailable
-			switch {
-			case ws.Failure != nil:
-				msg = ws.Failure.Reason + ": " + ws.Failure.Message
-				if ws.Failure.Reason == api.FailureResourceExhausted {
-					code = api.CodeResourceExhausted
-				}
-			case ws.LastError != nil:
-				msg += ": " + ws.LastError.Message
-			}
-			return nil, api.Errorf(code, "sandbox %s: the %s did not succeed: %s", id, what, msg)
+		if ok, err := done(&ws); ok || err != nil {
+			return &ws, err
 		}
 		select {
 		case <-ctx.Done():
@@ -292,7 +297,7 @@ func sandboxWorkspace(c *call, id string) (*api.Workspace, string, error) {
 		return nil, "", err
 	}
 	state, ok := e2bState(ws.State)
-	if !ok {
+	if !ok || isSnapshot(&ws) {
 		return nil, "", notFound(id)
 	}
 	return &ws, state, nil
@@ -312,79 +317,9 @@ func (h *handler) get(c *call) error {
 	if ws.OnTimeout == api.TimeoutPause || ws.OnTimeout == api.TimeoutStop {
 		onTimeout = "pause"
 	}
+	internet, network := networkOf(ws)
 	return c.reply(http.StatusOK, sandboxDetail{listedSandbox: listedOf(ws, state), Domain: h.domain(),
-		Lifecycle: &lifecycle{OnTimeout: onTimeout, AutoResume: ws.AutoResume}})
-}
-
-// list is GET /v2/sandboxes: running and paused ones (or the states
-// asked), filtered by metadata, a page of limit with X-Next-Token.
-func (h *handler) list(c *call) error {
-	q := c.r.URL.Query()
-	states := []string{stateRunning, statePaused}
-	if v := q.Get("state"); v != "" {
-		states = strings.Split(v, ",")
-	}
-	return h.listStates(c, states)
-}
-
-// listRunning is the v1 GET /sandboxes: the running ones.
-func (h *handler) listRunning(c *call) error {
-	return h.listStates(c, []string{stateRunning})
-}
-
-func (h *handler) listStates(c *call, states []string) error {
-	q := c.r.URL.Query()
-	if q.Get("order") != "" || q.Get("startedAfter") != "" {
-		return api.Errorf(api.CodeInvalidArgument, "order and startedAfter are not served by Kibotos's E2B API yet: leave them out")
-	}
-	in := url.Values{}
-	for _, s := range states {
-		switch strings.TrimSpace(s) {
-		case stateRunning:
-			in.Add("state", strings.Join([]string{api.WorkspaceCreating, api.WorkspaceStarting, api.WorkspaceAvailable, api.WorkspacePausing, api.WorkspaceStopping}, ","))
-		case statePaused:
-			in.Add("state", api.WorkspacePaused+","+api.WorkspaceStopped)
-		default:
-			return api.Errorf(api.CodeInvalidArgument, "state %q: give running or paused", api.EscapeText(s))
-		}
-	}
-	if m := q.Get("metadata"); m != "" {
-		pairs, err := url.ParseQuery(m)
-		if err != nil {
-			return api.Errorf(api.CodeInvalidArgument, "metadata filter %q: want key=value pairs joined by &", api.EscapeText(m))
-		}
-		for k, vs := range pairs {
-			for _, v := range vs {
-				in.Add("label", k+"="+v)
-			}
-		}
-	}
-	limit := listLimit
-	if v := q.Get("limit"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 1 || n > listLimit {
-			return api.Errorf(api.CodeInvalidArgument, "limit %q: give a number from 1 to %d", api.EscapeText(v), listLimit)
-		}
-		limit = n
-	}
-	in.Set("page_size", strconv.Itoa(limit))
-	if t := q.Get("nextToken"); t != "" {
-		in.Set("page_token", t)
-	}
-	var page api.WorkspaceList
-	if _, err := c.cl.Do(c.r.Context(), http.MethodGet, "/v1/workspaces?"+in.Encode(), nil, &page); err != nil {
-		return err
-	}
-	out := make([]listedSandbox, 0, len(page.Workspaces))
-	for i := range page.Workspaces {
-		if state, ok := e2bState(page.Workspaces[i].State); ok {
-			out = append(out, listedOf(&page.Workspaces[i], state))
-		}
-	}
-	if page.NextPageToken != "" {
-		c.w.Header().Set("X-Next-Token", page.NextPageToken)
-	}
-	return c.reply(http.StatusOK, out)
+		Lifecycle: &lifecycle{OnTimeout: onTimeout, AutoResume: ws.AutoResume}, AllowInternetAccess: internet, Network: network})
 }
 
 // kill is DELETE /sandboxes/{id}: the Workspace is deleted (its Volumes
@@ -425,9 +360,14 @@ func (h *handler) setTimeout(c *call) error {
 }
 
 // pause is POST /sandboxes/{id}/pause: answered once it is PAUSED; 409
-// when it is paused already.
+// when it is paused already. Without its memory (memory: false) the
+// sandbox is stopped: its disk stays and a connect boots it.
 func (h *handler) pause(c *call) error {
 	id := c.r.PathValue("id")
+	var body pauseBody
+	if err := c.decode(&body); err != nil {
+		return err
+	}
 	_, state, err := sandboxWorkspace(c, id)
 	if err != nil {
 		return err
@@ -435,10 +375,22 @@ func (h *handler) pause(c *call) error {
 	if state == statePaused {
 		return api.Errorf(api.CodeFailedPrecondition, "sandbox %s is already paused", id)
 	}
-	if _, err := c.cl.Do(c.r.Context(), http.MethodPost, workspacePath(id, "pause"), api.WorkspaceWriteRequest{}, nil); err != nil {
+	ctx := c.r.Context()
+	if body.Memory != nil && !*body.Memory {
+		if _, err := c.cl.Do(ctx, http.MethodPost, workspacePath(id, "stop"), api.WorkspaceWriteRequest{}, nil); err != nil {
+			return err
+		}
+		if _, err := waitFor(ctx, c.cl, id, "pause", func(ws *api.Workspace) bool {
+			return ws.State != api.WorkspaceStopping && ws.Pending == nil
+		}, api.WorkspaceStopped); err != nil {
+			return err
+		}
+		return c.noContent()
+	}
+	if _, err := c.cl.Do(ctx, http.MethodPost, workspacePath(id, "pause"), api.WorkspaceWriteRequest{}, nil); err != nil {
 		return err
 	}
-	if _, err := waitPaused(c.r.Context(), c.cl, id); err != nil {
+	if _, err := waitPaused(ctx, c.cl, id); err != nil {
 		return err
 	}
 	return c.noContent()

@@ -48,8 +48,17 @@ type sandbox struct {
 // item (the same fields but lifecycle and domain).
 type sandboxDetail struct {
 	listedSandbox
-	Domain    *string    `json:"domain,omitempty"`
-	Lifecycle *lifecycle `json:"lifecycle,omitempty"`
+	Domain              *string      `json:"domain,omitempty"`
+	Lifecycle           *lifecycle   `json:"lifecycle,omitempty"`
+	AllowInternetAccess bool         `json:"allowInternetAccess"`
+	Network             *networkInfo `json:"network,omitempty"`
+}
+
+// networkInfo is a sandbox's network as GET /sandboxes/{id} shows it.
+type networkInfo struct {
+	AllowOut           []string `json:"allowOut,omitempty"`
+	DenyOut            []string `json:"denyOut,omitempty"`
+	AllowPublicTraffic bool     `json:"allowPublicTraffic"`
 }
 
 type listedSandbox struct {
@@ -75,6 +84,11 @@ type lifecycle struct {
 // timeoutBody is POST /sandboxes/{id}/timeout's.
 type timeoutBody struct {
 	Timeout *int64 `json:"timeout"`
+}
+
+// pauseBody is POST /sandboxes/{id}/pause's.
+type pauseBody struct {
+	Memory *bool `json:"memory,omitempty"` // false: the disk only
 }
 
 // connectBody is POST /sandboxes/{id}/connect's (and the v1 resume's).

@@ -59,6 +59,19 @@ test('sandbox lifecycle through the E2B SDK', async () => {
     assert.ok(paged.hasNext, 'a next page after the first of one')
     const ids = [...first, ...(await all(paged))].map((s) => s.sandboxId).sort()
     assert.deepEqual(ids, [a.sandboxId, b.sandboxId].sort())
+    // Sorted by start across the pages: newest first, or oldest.
+    const asc = await all(Sandbox.list({ query: { metadata: { suite } }, order: 'asc', limit: 1 }))
+    assert.deepEqual(asc.map((s) => s.sandboxId), [a.sandboxId, b.sandboxId])
+    const desc = await all(Sandbox.list({ query: { metadata: { suite } } }))
+    assert.deepEqual(desc.map((s) => s.sandboxId), [b.sandboxId, a.sandboxId])
+
+    // Its egress replaced while it runs: its node applies it first.
+    await a.updateNetwork({ allowInternetAccess: false })
+    assert.equal((await a.getInfo()).allowInternetAccess, false)
+    await a.updateNetwork({ denyOut: ['10.0.0.0/8'] })
+    const net = await a.getInfo()
+    assert.equal(net.allowInternetAccess, true)
+    assert.deepEqual(net.network.denyOut, ['10.0.0.0/8'])
 
     // setTimeout moves the end from now.
     await a.setTimeout(3_600_000)
@@ -207,6 +220,23 @@ test('commands through the sandbox API', async () => {
     } finally {
       await Sandbox.kill(fork.sandboxId)
     }
+
+    // A snapshot outlives its sandbox's state: a sandbox started from
+    // it, by ID, reads what was written before; it is listed, then
+    // deleted.
+    await again.commands.run('echo before-snapshot > /home/user/state')
+    const snap = await again.createSnapshot({ name: `snap-${process.pid}` })
+    assert.match(snap.snapshotId, /^ws-/)
+    await again.commands.run('echo after-snapshot > /home/user/state')
+    const fromSnap = await Sandbox.create(snap.snapshotId, { metadata: { suite, name: 'from-snapshot' } })
+    try {
+      assert.equal((await fromSnap.commands.run('cat /home/user/state')).stdout, 'before-snapshot\n')
+    } finally {
+      await fromSnap.kill()
+    }
+    assert.deepEqual((await all(again.listSnapshots())).map((s) => s.snapshotId), [snap.snapshotId])
+    assert.equal(await Sandbox.deleteSnapshot(snap.snapshotId), true)
+    assert.equal(await Sandbox.deleteSnapshot(snap.snapshotId), false)
   } finally {
     await Sandbox.kill(sbx.sandboxId)
   }
