@@ -14,18 +14,28 @@
 //	                             /bin/bash -l -c true, the command line E2B's
 //	                             commands.run('true') starts)
 //	-op upload -workspace ID -n N -size BYTES   N Files.WriteFile of BYTES
-//	-op upload-cat ...           N Exec of sh -c 'cat > FILE' with BYTES as
-//	                             input (the command E2B's files.write runs)
+//	-op upload-e2b ...           N of the request files.write sends (POST
+//	                             /files, multipart, through
+//	                             E2B_SANDBOX_URL), from Go's HTTP client:
+//	                             the E2B path without the Node SDK; takes
+//	                             E2B_API_URL, E2B_SANDBOX_URL, E2B_API_KEY
+//	                             and NODE_EXTRA_CA_CERTS (dev's e2b.env)
 package main
 
 import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
+	"io"
+	"mime/multipart"
+	"net/http"
+	"net/url"
 	"os"
 	"os/signal"
 	"strings"
@@ -102,7 +112,16 @@ func run(ctx context.Context, apiURL, tokenFile, caFile, op, tmpl, id string, n 
 		}
 		res.Cmd = strings.Join(argv, " ")
 		return res, timed(res, n, func() error { return execTrue(ctx, ws, argv) })
-	case "upload", "upload-cat":
+	case "upload-e2b":
+		data := make([]byte, size)
+		rand.Read(data)
+		write, err := e2bUpload(ctx, id, dst)
+		if err != nil {
+			return nil, err
+		}
+		res.Path, res.Cmd = "go-e2b", "POST /files"
+		return res, timed(res, n, func() error { return write(data) })
+	case "upload":
 		ws, err := c.Workspaces.Get(ctx, id)
 		if err != nil {
 			return nil, err
@@ -110,19 +129,6 @@ func run(ctx context.Context, apiURL, tokenFile, caFile, op, tmpl, id string, n 
 		data := make([]byte, size)
 		rand.Read(data)
 		write := func() error { return ws.Files.WriteFile(ctx, dst, data, 0o644) }
-		if op == "upload-cat" {
-			// What the E2B API's files.write runs in the guest (e2b/files.go),
-			// through the native Exec: the in-guest cost of that path.
-			res.Cmd = "sh -c 'cat > FILE' < DATA"
-			write = func() error {
-				r, err := ws.Exec(ctx, []string{"/bin/sh", "-c", `mkdir -p -- "$(dirname -- "$1")" && cat > "$1"`, "sh", dst},
-					&kibotos.ExecOptions{Stdin: bytes.NewReader(data)})
-				if err == nil && r.ExitCode != 0 {
-					err = fmt.Errorf("workspace %s: cat > %s exited %d", id, dst, r.ExitCode)
-				}
-				return err
-			}
-		}
 		if err := timed(res, n, write); err != nil {
 			return nil, err
 		}
@@ -136,7 +142,68 @@ func run(ctx context.Context, apiURL, tokenFile, caFile, op, tmpl, id string, n 
 		}
 		return res, nil
 	}
-	return nil, fmt.Errorf("-op %q: want create, exec, upload or upload-cat", op)
+	return nil, fmt.Errorf("-op %q: want create, exec, upload or upload-e2b", op)
+}
+
+// e2bUpload is the upload of files.write to sandbox id's dst, made with
+// Go's HTTP client: the sandbox's envd token from a connect, then each
+// upload one POST /files of the data as the SDK sends a buffer, a
+// multipart body (its octet-stream upload is for streams and gzip).
+func e2bUpload(ctx context.Context, id, dst string) (func([]byte) error, error) {
+	pem, err := os.ReadFile(os.Getenv("NODE_EXTRA_CA_CERTS"))
+	if err != nil {
+		return nil, fmt.Errorf("the CA of the E2B API: %w (source dev's e2b.env)", err)
+	}
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(pem)
+	hc := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}, ForceAttemptHTTP2: true}}
+	do := func(req *http.Request, out any) error {
+		resp, err := hc.Do(req)
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode/100 != 2 {
+			return fmt.Errorf("%s %s: %s %s", req.Method, req.URL.Path, resp.Status, body)
+		}
+		if out != nil {
+			return json.Unmarshal(body, out)
+		}
+		return nil
+	}
+	req, err := http.NewRequestWithContext(ctx, "POST", os.Getenv("E2B_API_URL")+"/sandboxes/"+id+"/connect", strings.NewReader("{}"))
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("X-API-Key", os.Getenv("E2B_API_KEY"))
+	req.Header.Set("Content-Type", "application/json")
+	var sbx struct {
+		EnvdAccessToken string `json:"envdAccessToken"`
+	}
+	if err := do(req, &sbx); err != nil {
+		return nil, err
+	}
+	return func(data []byte) error {
+		// A buffer goes as the SDK sends it: one multipart part, file.
+		var body bytes.Buffer
+		mw := multipart.NewWriter(&body)
+		part, err := mw.CreateFormFile("file", dst)
+		if err != nil {
+			return err
+		}
+		part.Write(data)
+		mw.Close()
+		req, err := http.NewRequestWithContext(ctx, "POST", os.Getenv("E2B_SANDBOX_URL")+"/files?username=user&path="+url.QueryEscape(dst), &body)
+		if err != nil {
+			return err
+		}
+		req.Header.Set("E2b-Sandbox-Id", id)
+		req.Header.Set("E2b-Sandbox-Port", "49983")
+		req.Header.Set("X-Access-Token", sbx.EnvdAccessToken)
+		req.Header.Set("Content-Type", mw.FormDataContentType())
+		return do(req, nil)
+	}, nil
 }
 
 // timed runs f once untimed (the first call pays for what a long-running

@@ -323,7 +323,7 @@ func (c *Client) WriteFileAs(ctx context.Context, req FileWriteRequest, r io.Rea
 	defer s.Close()
 	defer release()
 	cw := &ChunkWriter{W: s}
-	if _, err := io.CopyBuffer(cw, r, make([]byte, 256<<10)); err != nil {
+	if _, err := io.CopyBuffer(cw, fullReader{r}, make([]byte, 256<<10)); err != nil {
 		return fi, c.streamErr(ctx, CallFileWrite, err)
 	}
 	if err := cw.Close(); err != nil {
@@ -337,6 +337,20 @@ func (c *Client) WriteFileAs(ctx context.Context, req FileWriteRequest, r io.Rea
 		return fi, c.streamErr(ctx, CallFileWrite, err)
 	}
 	return fi, nil
+}
+
+// fullReader fills each buffer unless the data ends first. A request
+// body reads a TLS record (16 KiB) at a time: copied as it comes, each
+// would be a chunk of its own, which the guest receives and writes on its
+// own, where a file's bytes fill 256 KiB chunks.
+type fullReader struct{ r io.Reader }
+
+func (f fullReader) Read(p []byte) (int, error) {
+	n, err := io.ReadFull(f.r, p)
+	if err == io.ErrUnexpectedEOF {
+		err = nil // the end, which the next read returns
+	}
+	return n, err
 }
 
 // ReadFile copies the guest file at path to w.
