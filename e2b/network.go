@@ -103,6 +103,18 @@ func rules(what string, in []string) ([]string, error) {
 	return out, nil
 }
 
+// notServedNetwork refuses the parts of E2B's network configuration that
+// Kibotos does not serve, saying what does.
+func notServedNetwork(egressProxy, rules any) error {
+	switch {
+	case egressProxy != nil:
+		return api.Errorf(api.CodeInvalidArgument, "network.egressProxy is not served by Kibotos's E2B API: a Kibotos Egress object does it (kibo egress create, then kibo workspace set-network --egress NAME)")
+	case rules != nil:
+		return api.Errorf(api.CodeInvalidArgument, "network.rules (header transforms) are not served by Kibotos: leave them out")
+	}
+	return nil
+}
+
 // networkOf is a sandbox's egress in E2B's terms: with an allow list
 // only what it names is reached, which E2B says with the internet off.
 // An Egress object of Kibotos's is the internet, through its exit.
@@ -131,11 +143,8 @@ func (h *handler) updateNetwork(c *call) error {
 	if err := c.decode(&body); err != nil {
 		return err
 	}
-	switch {
-	case body.EgressProxy != nil:
-		return api.Errorf(api.CodeInvalidArgument, "network.egressProxy is not served by Kibotos's E2B API: a Kibotos Egress object does it (kibo egress create, then kibo workspace set-network --egress NAME)")
-	case body.Rules != nil:
-		return api.Errorf(api.CodeInvalidArgument, "network.rules (header transforms) are not served by Kibotos: leave them out")
+	if err := notServedNetwork(body.EgressProxy, body.Rules); err != nil {
+		return err
 	}
 	policy, err := egressPolicy(body.AllowInternetAccess, body.AllowOut, body.DenyOut)
 	if err != nil {

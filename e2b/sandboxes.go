@@ -104,6 +104,19 @@ func (h *handler) createRequest(req *newSandbox, keyID string) (api.WorkspaceCre
 		return out, api.Errorf(api.CodeInvalidArgument, "mcp is not served by Kibotos: leave it out")
 	case len(req.VolumeMounts) > 0:
 		return out, api.Errorf(api.CodeInvalidArgument, "volumeMounts are not served by Kibotos's E2B API yet: attach Volumes with the Kibotos API (kibo workspace create --volume)")
+	case req.IAM != nil:
+		return out, api.Errorf(api.CodeInvalidArgument, "iam (workload identity tokens) is not served by Kibotos: leave it out")
+	}
+	if n := req.Network; n != nil {
+		if err := notServedNetwork(n.EgressProxy, n.Rules); err != nil {
+			return out, err
+		}
+		switch {
+		case n.MaskRequestHost != "":
+			return out, api.Errorf(api.CodeInvalidArgument, "network.maskRequestHost is not served by Kibotos: a request reaches the sandbox's port with the host it was sent to; leave it out")
+		case len(n.HTTPSPorts) > 0:
+			return out, api.Errorf(api.CodeInvalidArgument, "network.httpsPorts is not served by Kibotos: its preview hosts speak plain HTTP to the sandbox's ports; leave it out")
+		}
 	}
 	template := h.templateName(req.TemplateID)
 	timeout := int64(DefaultTimeout)

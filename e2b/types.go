@@ -19,6 +19,7 @@ type newSandbox struct {
 	EnvVars             map[string]string `json:"envVars,omitempty"`
 	MCP                 any               `json:"mcp,omitempty"`
 	VolumeMounts        []any             `json:"volumeMounts,omitempty"`
+	IAM                 any               `json:"iam,omitempty"`
 }
 
 type autoResume struct {
@@ -30,6 +31,11 @@ type sandboxNetwork struct {
 	AllowOut           []string `json:"allowOut,omitempty"`
 	DenyOut            []string `json:"denyOut,omitempty"`
 	AllowPublicTraffic *bool    `json:"allowPublicTraffic,omitempty"`
+	// Not served, refused when given.
+	EgressProxy     any    `json:"egressProxy,omitempty"`
+	Rules           any    `json:"rules,omitempty"`
+	MaskRequestHost string `json:"maskRequestHost,omitempty"`
+	HTTPSPorts      []int  `json:"httpsPorts,omitempty"`
 }
 
 // sandbox answers a create, a connect and a resume.
