@@ -238,6 +238,12 @@ func TestE2BControlAPI(t *testing.T) {
 	if len(list) != 1 || list[0].SandboxID != b.SandboxID || list[0].State != "paused" {
 		t.Fatalf("list of the paused: %s", r.body)
 	}
+	for _, q := range []string{"state=running&state=paused", "state=paused,running"} {
+		r = do(key, "GET", "/v2/sandboxes?"+q, nil)
+		if r.decode(t, &list); len(list) != 2 {
+			t.Errorf("list with %s: %s, want both sandboxes", q, r.body)
+		}
+	}
 	if r = do(key, "POST", "/v2/sandboxes/"+b.SandboxID+"/connect", map[string]int{"timeout": 120}); r.status != http.StatusCreated {
 		t.Fatalf("connect to a paused sandbox: %d %s, want 201 (resumed)", r.status, r.body)
 	}

@@ -26,10 +26,14 @@ const readPage = 1000
 // asked), filtered by metadata, template and start, a page of limit with
 // X-Next-Token.
 func (h *handler) list(c *call) error {
-	q := c.r.URL.Query()
-	states := []string{stateRunning, statePaused}
-	if v := q.Get("state"); v != "" {
-		states = strings.Split(v, ",")
+	// The SDKs send a list of states as state=running&state=paused;
+	// state=running,paused is taken too.
+	var states []string
+	for _, v := range c.r.URL.Query()["state"] {
+		states = append(states, strings.Split(v, ",")...)
+	}
+	if len(states) == 0 {
+		states = []string{stateRunning, statePaused}
 	}
 	return h.listStates(c, states)
 }

@@ -80,6 +80,10 @@ test('sandbox lifecycle through the E2B SDK', async () => {
     // Pause, then connect resumes it.
     assert.equal(await b.pause(), true)
     assert.equal((await b.getInfo()).state, 'paused')
+    // States as the SDK sends a list of them (state=running&state=paused).
+    const byState = async (state) => (await all(Sandbox.list({ query: { metadata: { suite }, state } }))).map((s) => s.sandboxId).sort()
+    assert.deepEqual(await byState(['paused']), [b.sandboxId])
+    assert.deepEqual(await byState(['running', 'paused']), [a.sandboxId, b.sandboxId].sort())
     assert.equal(await Sandbox.pause(b.sandboxId), false, 'a second pause says it was paused already')
     const again = await Sandbox.connect(b.sandboxId, { timeoutMs: 300_000 })
     assert.equal(again.sandboxId, b.sandboxId)
