@@ -76,29 +76,19 @@ func (h *handler) listStates(c *call, states []string) error {
 			break
 		}
 	}
-	slices.SortFunc(all, func(a, b api.Workspace) int {
-		x := cmp.Or(a.CreatedAt.Compare(b.CreatedAt), strings.Compare(a.WorkspaceID, b.WorkspaceID))
-		if lq.desc {
-			return -x
-		}
-		return x
-	})
+	slices.SortFunc(all, func(a, b api.Workspace) int { return lq.compare(&a, cursorOf(&b)) })
 	if lq.after != nil {
 		i, _ := slices.BinarySearchFunc(all, *lq.after, func(ws api.Workspace, cur cursor) int {
-			x := cmp.Or(ws.CreatedAt.Compare(cur.at), strings.Compare(ws.WorkspaceID, cur.id))
-			if lq.desc {
-				x = -x
+			if x := lq.compare(&ws, cur); x != 0 {
+				return x
 			}
-			if x == 0 {
-				return -1 // the cursor's own sandbox is on the page before
-			}
-			return x
+			return -1 // the cursor's own sandbox is on the page before
 		})
 		all = all[i:]
 	}
 	if len(all) > lq.limit {
 		last := all[lq.limit-1]
-		c.w.Header().Set("X-Next-Token", cursor{at: last.CreatedAt, id: last.WorkspaceID}.String())
+		c.w.Header().Set("X-Next-Token", cursorOf(&last).String())
 		all = all[:lq.limit]
 	}
 	out := make([]listedSandbox, 0, len(all))
@@ -151,12 +141,9 @@ func (h *handler) readListQuery(q url.Values, states []string) (*listQuery, erro
 	default:
 		return nil, api.Errorf(api.CodeInvalidArgument, "order %q: give asc or desc", api.EscapeText(v))
 	}
-	if v := q.Get("limit"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 1 || n > listLimit {
-			return nil, api.Errorf(api.CodeInvalidArgument, "limit %q: give a number from 1 to %d", api.EscapeText(v), listLimit)
-		}
-		lq.limit = n
+	var err error
+	if lq.limit, err = pageLimit(q); err != nil {
+		return nil, err
 	}
 	if v := q.Get("nextToken"); v != "" {
 		cur, err := parseCursor(v)
@@ -180,11 +167,37 @@ func (lq *listQuery) keeps(ws *api.Workspace) bool {
 	return !ws.CreatedAt.Before(lq.startedAfter)
 }
 
+// pageLimit is a list's limit: E2B's default and largest page unless
+// asked for fewer.
+func pageLimit(q url.Values) (int, error) {
+	v := q.Get("limit")
+	if v == "" {
+		return listLimit, nil
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 1 || n > listLimit {
+		return 0, api.Errorf(api.CodeInvalidArgument, "limit %q: give a number from 1 to %d", api.EscapeText(v), listLimit)
+	}
+	return n, nil
+}
+
 // cursor is a list's position: the start time and ID of the last sandbox
 // of the page before.
 type cursor struct {
 	at time.Time
 	id string
+}
+
+func cursorOf(ws *api.Workspace) cursor { return cursor{at: ws.CreatedAt, id: ws.WorkspaceID} }
+
+// compare orders ws against the position cur in the list's order: by
+// start, then ID, newest first when desc.
+func (lq *listQuery) compare(ws *api.Workspace, cur cursor) int {
+	x := cmp.Or(ws.CreatedAt.Compare(cur.at), strings.Compare(ws.WorkspaceID, cur.id))
+	if lq.desc {
+		return -x
+	}
+	return x
 }
 
 func (c cursor) String() string {

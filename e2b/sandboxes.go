@@ -63,7 +63,8 @@ func (h *handler) createFrom(c *call, template string, create api.WorkspaceCreat
 		create.From, create.Template, create.CPU, create.MemoryBytes = snap.WorkspaceID, "", 0, 0
 		return createRunning(c, create)
 	}
-	if strings.HasPrefix(template, "ws-") || strings.ContainsAny(template, ":/") {
+	looked := strings.HasPrefix(template, "ws-") || strings.ContainsAny(template, ":/")
+	if looked {
 		snap, err := snapshotByRef(c, template)
 		if err != nil {
 			return nil, err
@@ -75,7 +76,7 @@ func (h *handler) createFrom(c *call, template string, create api.WorkspaceCreat
 	run, err := createRunning(c, create)
 	switch api.CodeOf(err) {
 	case api.CodeNotFound, api.CodeFailedPrecondition, api.CodeInvalidArgument:
-		if template == "" {
+		if template == "" || looked {
 			return nil, err
 		}
 		snap, serr := snapshotByRef(c, template)

@@ -133,13 +133,9 @@ func (h *handler) listSnapshotsPage(c *call) error {
 			in.Add("label", SnapshotNameLabel+"="+name)
 		}
 	}
-	limit := listLimit
-	if v := q.Get("limit"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 1 || n > listLimit {
-			return api.Errorf(api.CodeInvalidArgument, "limit %q: give a number from 1 to %d", api.EscapeText(v), listLimit)
-		}
-		limit = n
+	limit, err := pageLimit(q)
+	if err != nil {
+		return err
 	}
 	in.Set("page_size", strconv.Itoa(limit))
 	if t := q.Get("nextToken"); t != "" {
