@@ -484,7 +484,8 @@ func TestE2BControlAPI(t *testing.T) {
 
 	// Another namespace's key finds nothing of it.
 	for _, call := range [][2]string{{"GET", "/sandboxes/" + a.SandboxID}, {"DELETE", "/sandboxes/" + a.SandboxID}, {"POST", "/sandboxes/" + a.SandboxID + "/timeout"},
-		{"POST", "/sandboxes/" + b.SandboxID + "/pause"}, {"POST", "/v2/sandboxes/" + b.SandboxID + "/connect"}} {
+		{"POST", "/sandboxes/" + b.SandboxID + "/pause"}, {"POST", "/v2/sandboxes/" + b.SandboxID + "/connect"},
+		{"PUT", "/sandboxes/" + a.SandboxID + "/network"}, {"POST", "/sandboxes/" + a.SandboxID + "/snapshots"}, {"POST", "/sandboxes/" + a.SandboxID + "/fork"}} {
 		if r = do(other.Secret, call[0], call[1], map[string]int{"timeout": 10}); r.status != http.StatusNotFound {
 			t.Errorf("%s %s with acme's key: %d %s, want 404", call[0], call[1], r.status, r.body)
 		}
