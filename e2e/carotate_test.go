@@ -27,6 +27,7 @@ import (
 	"github.com/kibotos/kibotos/agent/runtime/runtimetest"
 	"github.com/kibotos/kibotos/api"
 	"github.com/kibotos/kibotos/datadir"
+	"github.com/kibotos/kibotos/internal/clusterlab"
 	"github.com/kibotos/kibotos/internal/testenv"
 	"github.com/kibotos/kibotos/trust"
 	"github.com/kibotos/kibotos/vmm/template"
@@ -41,69 +42,69 @@ import (
 // boot.
 func TestCARotationAcrossVMAndExec(t *testing.T) {
 	t0 := time.Now()
-	requireLab(t)
+	clusterlab.Require(t)
 	runtimetest.RequireVMHost(t)
 	testenv.LookPath(t, "qemu-img", "qemu-utils") // retained layers
 	// Registered before the lab's own cleanup, so it runs after it: no
 	// namespace of the lab may be left.
-	var l *lab
+	var l *clusterlab.Lab
 	t.Cleanup(func() {
-		for _, ns := range l.nss {
+		for _, ns := range l.Namespaces() {
 			if _, err := os.Stat("/run/netns/" + ns); err == nil {
 				t.Errorf("namespace %s left after the lab's cleanup", ns)
 			}
 		}
 	})
-	l = newLab(t, 4)
-	t.Logf("lab %s: namespaces %v", l.prefix, l.nss)
-	root := mhRoot(t, l)
-	for _, h := range l.hosts {
-		h.dataDir = filepath.Join(root, fmt.Sprint(h.index))
+	l = clusterlab.New(t, 4)
+	t.Logf("lab %s: namespaces %v", l.Prefix, l.Namespaces())
+	root := clusterlab.VMRoot(t, l)
+	for _, h := range l.Hosts {
+		h.DataDir = filepath.Join(root, fmt.Sprint(h.Index))
 	}
-	artifacts := mhBuildArtifacts(t, root, l.bin)
+	artifacts := mhBuildArtifacts(t, root, l.Bin)
 	shared := filepath.Join(root, "shared")
 	if err := os.MkdirAll(shared, 0o700); err != nil {
 		t.Fatal(err)
 	}
 	// Only the node-only member runs VMs: the ctrl voters serve without
 	// a network, so ctrl places nothing on them.
-	c := formClusterServing(t, l, func(h *host) {
-		if strings.Contains(h.roles, "ctrl") {
-			h.startServe()
+	c := clusterlab.FormServing(t, l, func(h *clusterlab.Host) {
+		if strings.Contains(h.Roles, "ctrl") {
+			h.StartServe()
 			return
 		}
-		mhInstallArtifacts(t, artifacts, h)
-		mhStartServe(h, mhWriteConfig(t, h, shared))
+		clusterlab.InstallArtifacts(t, artifacts, h)
+		clusterlab.StartServeConfig(h, clusterlab.WriteConfig(t, h, shared))
 	})
-	admin, node := c.ctrls[0], c.node
-	mhWaitNode(t, admin, node.nodeID, 30*time.Second, "ready for Workspaces", mhReadyForWorkspaces)
-	mhMust(t, admin, cliTimeout, "storage-pool", "set-capacity", "shared", "10GiB")
+	admin, node := c.Ctrls[0], c.Node
+	clusterlab.WaitNodeReport(t, admin, node.NodeID, 30*time.Second, "ready for Workspaces", clusterlab.ReadyForWorkspaces)
+	clusterlab.Must(t, admin, clusterlab.CLITimeout, "storage-pool", "set-capacity", "shared", "10GiB")
 	t.Logf("cluster ready in %s", time.Since(t0).Round(time.Millisecond))
 
 	var ws api.Workspace
-	if err := decodeResult(mhMust(t, admin, cliTimeout, "workspace", "create", "--template", template.DefaultName, "--cpu", "1", "--memory", "256MiB",
-		"--node", node.nodeID, "--no-wait", "--json"), &ws); err != nil {
+	if err := clusterlab.DecodeResult(clusterlab.Must(t, admin, clusterlab.CLITimeout, "workspace", "create", "--template", template.DefaultName, "--cpu", "1", "--memory", "256MiB",
+		"--node", node.NodeID, "--no-wait", "--json"), &ws); err != nil {
 		t.Fatal(err)
 	}
-	ws = mhWaitWorkspace(t, admin, ws.WorkspaceID, api.WorkspaceAvailable, mhBootTimeout)
-	if ws.NodeID != node.nodeID {
-		t.Fatalf("created with --node %s, got %s", node.nodeID, mhWSString(ws))
+	ws = clusterlab.WaitWorkspace(t, admin, ws.WorkspaceID, api.WorkspaceAvailable, clusterlab.BootTimeout)
+	if ws.NodeID != node.NodeID {
+		t.Fatalf("created with --node %s, got %s", node.NodeID, clusterlab.WorkspaceString(ws))
 	}
 	qemu := vmmHostPID(t, node, ws.InstanceID)
-	if !slices.Contains(mhQemuPIDs(node.dataDir), qemu) {
-		t.Fatalf("main PID %d of %s is not a QEMU of %s (QEMUs: %v)", qemu, runtime.UnitName(ws.InstanceID), node.nodeID, mhQemuPIDs(node.dataDir))
+	if !slices.Contains(clusterlab.QemuPIDs(node.DataDir), qemu) {
+		t.Fatalf("main PID %d of %s is not a QEMU of %s (QEMUs: %v)", qemu, runtime.UnitName(ws.InstanceID), node.NodeID, clusterlab.QemuPIDs(node.DataDir))
 	}
 
 	// What someone who copied a ctrl member's CA key before the rotation
 	// holds; their forgery is good now, on every member.
-	oldCA, err := trust.LoadCA(datadir.Dir(admin.dataDir).CACert(), datadir.Dir(admin.dataDir).CAKey())
+	oldCA, err := trust.LoadCA(datadir.Dir(admin.DataDir).CACert(), datadir.Dir(admin.DataDir).CAKey())
 	if err != nil {
 		t.Fatal(err)
 	}
 	forgedOld := forgeCredentials(t, admin, oldCA, filepath.Join(root, "forged-old"))
-	for _, h := range l.hosts {
-		if r := forgedCall(h, forgedOld); r.code != 0 {
-			t.Fatalf("before the rotation the old-key forgery must be taken by %s: %s", h.nodeID, r)
+	for _, h := range l.Hosts {
+		if r := forgedCall(h, forgedOld); r.Code != 0 {
+			t.Fatalf("before the rotation the old-key forgery must be taken by %s: %s", h.NodeID, r)
 		}
 	}
 
@@ -118,15 +119,15 @@ func TestCARotationAcrossVMAndExec(t *testing.T) {
 	// leader, as an operator looking around before the rotation: the
 	// members keep those connections alive, and must not present their
 	// old certificates on them after the finish.
-	for _, h := range c.ctrls {
-		mhMust(t, h, cliTimeout, "node", "list", "--consistent")
+	for _, h := range c.Ctrls {
+		clusterlab.Must(t, h, clusterlab.CLITimeout, "node", "list", "--consistent")
 	}
 	t1 := time.Now()
-	mhMust(t, admin, cliTimeout, "ca", "rotate")
+	clusterlab.Must(t, admin, clusterlab.CLITimeout, "ca", "rotate")
 	var st api.CAStatus
 	testenv.WaitFor(t, 3*time.Minute, "phase signing with every member's certificates new", func() (bool, string) {
 		st = api.CAStatus{}
-		if err := admin.kiboJSON(&st, "ca", "status"); err != nil {
+		if err := admin.KiboJSON(&st, "ca", "status"); err != nil {
 			return false, err.Error()
 		}
 		return rotatedMembers(st, l, node), caStatusLine(st)
@@ -147,34 +148,34 @@ func TestCARotationAcrossVMAndExec(t *testing.T) {
 	t.Logf("TIMING rotate to phase signing with every certificate new: %s", time.Since(t1).Round(time.Millisecond))
 	// The node-only host's CLI holds an operator credential issued to a
 	// person: nobody renews it, so it is issued again before the finish.
-	if !slices.ContainsFunc(st.Personal, func(p string) bool { return strings.Contains(p, "e2e-"+node.nodeID) }) {
-		t.Errorf("status in phase signing: want e2e-%s among the credentials to issue again, got %q", node.nodeID, st.Personal)
+	if !slices.ContainsFunc(st.Personal, func(p string) bool { return strings.Contains(p, "e2e-"+node.NodeID) }) {
+		t.Errorf("status in phase signing: want e2e-%s among the credentials to issue again, got %q", node.NodeID, st.Personal)
 	}
-	mhMust(t, admin, cliTimeout, "operator", "issue", "e2e-"+node.nodeID, "--out", node.creds, "--force")
+	clusterlab.Must(t, admin, clusterlab.CLITimeout, "operator", "issue", "e2e-"+node.NodeID, "--out", node.Creds, "--force")
 
-	mhMust(t, admin, cliTimeout, "ca", "finish")
+	clusterlab.Must(t, admin, clusterlab.CLITimeout, "ca", "finish")
 	finished, ticksAtFinish := time.Now(), ex.ticks()
 	t.Logf("TIMING rotate to finish: %s (the exec at tick %d)", time.Since(t1).Round(time.Millisecond), ticksAtFinish)
 	// Read through ctrl1 (forwarded to the leader when ctrl1 does not
 	// lead), on the connections of before the rotation.
 	st = api.CAStatus{}
-	if err := decodeResult(admin.kiboTimeout(cliTimeout, "ca", "status", "--json"), &st); err != nil {
+	if err := clusterlab.DecodeResult(admin.KiboTimeout(clusterlab.CLITimeout, "ca", "status", "--json"), &st); err != nil {
 		t.Fatal(err)
 	}
 	if st.Phase != "" || len(st.CAs) != 1 || st.CAs[0].State != api.CAActive || st.CAs[0].Fingerprint != next || len(st.Personal) != 0 {
 		t.Fatalf("status after the finish: want one CA, %.12s, active, no phase and no credential to issue again, got %s", next, caStatusLine(st))
 	}
-	newCA, err := trust.LoadCA(datadir.Dir(admin.dataDir).CACert(), datadir.Dir(admin.dataDir).CAKey())
+	newCA, err := trust.LoadCA(datadir.Dir(admin.DataDir).CACert(), datadir.Dir(admin.DataDir).CAKey())
 	if err != nil {
 		t.Fatal(err)
 	}
 	if fp := trust.Fingerprint(newCA.Cert); fp != next {
-		t.Fatalf("%s's tls/ca.crt after the finish is %.12s, want the new CA %.12s", admin.nodeID, fp, next)
+		t.Fatalf("%s's tls/ca.crt after the finish is %.12s, want the new CA %.12s", admin.NodeID, fp, next)
 	}
 
 	t.Run("VMAndExecOutliveIt", func(t *testing.T) {
-		if again := mhWorkspace(t, admin, ws.WorkspaceID); again.State != api.WorkspaceAvailable || again.NodeID != node.nodeID || again.InstanceID != ws.InstanceID {
-			t.Errorf("after the finish: want %s AVAILABLE on %s as Instance %s, got %s", ws.WorkspaceID, node.nodeID, ws.InstanceID, mhWSString(again))
+		if again := clusterlab.GetWorkspace(t, admin, ws.WorkspaceID); again.State != api.WorkspaceAvailable || again.NodeID != node.NodeID || again.InstanceID != ws.InstanceID {
+			t.Errorf("after the finish: want %s AVAILABLE on %s as Instance %s, got %s", ws.WorkspaceID, node.NodeID, ws.InstanceID, clusterlab.WorkspaceString(again))
 		}
 		if pid := vmmHostPID(t, node, ws.InstanceID); pid != qemu {
 			t.Errorf("QEMU of %s: PID %d before the rotation, %d after", ws.InstanceID, qemu, pid)
@@ -186,13 +187,13 @@ func TestCARotationAcrossVMAndExec(t *testing.T) {
 		// New execs from every host's CLI, each with its new credential,
 		// at once: the node's data plane has held the new CA's credential
 		// key since the begin. The last one lets the long exec end.
-		for i, h := range l.hosts {
+		for i, h := range l.Hosts {
 			cmd := "true"
-			if i == len(l.hosts)-1 {
+			if i == len(l.Hosts)-1 {
 				cmd = "touch /tmp/go"
 			}
-			if r := h.kiboTimeout(60*time.Second, "workspace", "exec", ws.WorkspaceID, "--", "sh", "-c", cmd); r.code != 0 {
-				t.Fatalf("exec through %s after the finish: %s", h.nodeID, r)
+			if r := h.KiboTimeout(60*time.Second, "workspace", "exec", ws.WorkspaceID, "--", "sh", "-c", cmd); r.Code != 0 {
+				t.Fatalf("exec through %s after the finish: %s", h.NodeID, r)
 			}
 		}
 		code, out := ex.wait(30 * time.Second)
@@ -210,20 +211,20 @@ func TestCARotationAcrossVMAndExec(t *testing.T) {
 			t.Fatal(err)
 		}
 		forgedNew := forgeCredentials(t, admin, newCA, filepath.Join(root, "forged-new"))
-		for _, h := range l.hosts {
+		for _, h := range l.Hosts {
 			// A node-only member drops the old CA at its next trust poll
 			// (every 30 s).
-			var last result
+			var last clusterlab.Result
 			t1 := time.Now()
-			testenv.WaitFor(t, 45*time.Second, h.nodeID+" to refuse the old-key forgery", func() (bool, string) {
+			testenv.WaitFor(t, 45*time.Second, h.NodeID+" to refuse the old-key forgery", func() (bool, string) {
 				// Refused at the handshake (the CA is not trusted) or
 				// with 401: either way the CLI exits non-zero itself.
 				last = forgedCall(h, forgedOld)
-				return last.code > 0 && (strings.Contains(last.stderr, "certificate") || strings.Contains(last.stderr, "unauthenticated")), last.String()
+				return last.Code > 0 && (strings.Contains(last.Stderr, "certificate") || strings.Contains(last.Stderr, "unauthenticated")), last.String()
 			})
-			t.Logf("%s refuses the old-key forgery (%s after the finish, waited %s): %s", h.nodeID, time.Since(finished).Round(time.Millisecond), time.Since(t1).Round(time.Millisecond), strings.TrimSpace(last.stderr))
-			if r := forgedCall(h, forgedNew); r.code != 0 {
-				t.Errorf("the same certificate forged with the new key is refused by %s: %s", h.nodeID, r)
+			t.Logf("%s refuses the old-key forgery (%s after the finish, waited %s): %s", h.NodeID, time.Since(finished).Round(time.Millisecond), time.Since(t1).Round(time.Millisecond), strings.TrimSpace(last.Stderr))
+			if r := forgedCall(h, forgedNew); r.Code != 0 {
+				t.Errorf("the same certificate forged with the new key is refused by %s: %s", h.NodeID, r)
 			}
 		}
 	})
@@ -236,27 +237,27 @@ func TestCARotationAcrossVMAndExec(t *testing.T) {
 // away and kills the ctrl leader's process with SIGKILL 2 s before it:
 // the member elected next fires it from the replicated end, never before
 // it and at most a few seconds after it.
-func testTimeoutAcrossLeaderKill(t *testing.T, c *cluster, id string) {
-	victim := c.leader(t)
-	var via *host // a ctrl member that survives, to watch through
-	for _, h := range c.ctrls {
+func testTimeoutAcrossLeaderKill(t *testing.T, c *clusterlab.Cluster, id string) {
+	victim := c.Leader(t)
+	var via *clusterlab.Host // a ctrl member that survives, to watch through
+	for _, h := range c.Ctrls {
 		if h != victim {
 			via = h
 			break
 		}
 	}
-	mhMust(t, via, cliTimeout, "workspace", "set-timeout", id, "15s", "--on-timeout", "stop")
-	ws := mhWorkspace(t, via, id)
+	clusterlab.Must(t, via, clusterlab.CLITimeout, "workspace", "set-timeout", id, "15s", "--on-timeout", "stop")
+	ws := clusterlab.GetWorkspace(t, via, id)
 	if ws.EndsAt == nil || ws.OnTimeout != api.TimeoutStop || ws.State != api.WorkspaceAvailable {
-		t.Fatalf("after set-timeout 15s --on-timeout stop: want AVAILABLE with an end and stop, got %s ends %v on_timeout %q", mhWSString(ws), ws.EndsAt, ws.OnTimeout)
+		t.Fatalf("after set-timeout 15s --on-timeout stop: want AVAILABLE with an end and stop, got %s ends %v on_timeout %q", clusterlab.WorkspaceString(ws), ws.EndsAt, ws.OnTimeout)
 	}
 	end := *ws.EndsAt
 	time.Sleep(time.Until(end.Add(-2 * time.Second))) // the kill's moment; scheduling, not an assertion
 	if time.Now().After(end) {
 		t.Fatalf("the kill came after the end %s: the test's own calls took too long", end)
 	}
-	victim.crash()
-	t.Logf("killed leader %s %s before the end", victim.nodeID, time.Until(end).Round(time.Millisecond))
+	victim.Crash()
+	t.Logf("killed leader %s %s before the end", victim.NodeID, time.Until(end).Round(time.Millisecond))
 
 	// The replica of a surviving member shows the decision once it is
 	// applied; the first state other than AVAILABLE is when it fired.
@@ -264,7 +265,7 @@ func testTimeoutAcrossLeaderKill(t *testing.T, c *cluster, id string) {
 	var early string
 	testenv.WaitFor(t, 60*time.Second, "the Workspace STOPPED by its timeout", func() (bool, string) {
 		var cur api.Workspace
-		if err := via.kiboJSON(&cur, "workspace", "get", id); err != nil {
+		if err := via.KiboJSON(&cur, "workspace", "get", id); err != nil {
 			return false, err.Error()
 		}
 		if cur.State != api.WorkspaceAvailable && changed.IsZero() {
@@ -272,7 +273,7 @@ func testTimeoutAcrossLeaderKill(t *testing.T, c *cluster, id string) {
 				early = cur.State
 			}
 		}
-		return cur.State == api.WorkspaceStopped, mhWSString(cur)
+		return cur.State == api.WorkspaceStopped, clusterlab.WorkspaceString(cur)
 	})
 	if early != "" {
 		t.Fatalf("%s before its end %s (seen at %s): fired early", early, end.Format(time.RFC3339Nano), changed.Format(time.RFC3339Nano))
@@ -280,11 +281,11 @@ func testTimeoutAcrossLeaderKill(t *testing.T, c *cluster, id string) {
 	// The leader that fired it logged when, and the state machine took it
 	// at no log time before the end.
 	var fired time.Time
-	for _, h := range c.ctrls {
+	for _, h := range c.Ctrls {
 		if h == victim {
 			continue
 		}
-		anyLine(h.serveProc().log, func(line string) bool {
+		clusterlab.AnyLine(h.ServeProc().Log, func(line string) bool {
 			// time=2026-12-06T14:13:07.702Z level=INFO msg="workspace timed out" ... workspace_id=ws-...
 			stamp, rest, _ := strings.Cut(line, " ")
 			if !strings.Contains(rest, `msg="workspace timed out"`) || !strings.Contains(rest, " workspace_id="+id+" ") {
@@ -302,20 +303,20 @@ func testTimeoutAcrossLeaderKill(t *testing.T, c *cluster, id string) {
 		t.Errorf("stopped %s after its end across the leader kill, want at most 5s", late.Round(time.Millisecond))
 	}
 	t.Logf("the new leader fired the end %s after it (seen on %s %s after it), across a SIGKILL of leader %s",
-		fired.Sub(end).Round(time.Millisecond), via.nodeID, changed.Sub(end).Round(time.Millisecond), victim.nodeID)
+		fired.Sub(end).Round(time.Millisecond), via.NodeID, changed.Sub(end).Round(time.Millisecond), victim.NodeID)
 }
 
 // rotatedMembers: phase signing, and every host's member, operator and
 // (on the node-only member) data-plane certificates under the new CA.
-func rotatedMembers(st api.CAStatus, l *lab, node *host) bool {
-	if st.Phase != "signing" || len(st.Members) != len(l.hosts) {
+func rotatedMembers(st api.CAStatus, l *clusterlab.Lab, node *clusterlab.Host) bool {
+	if st.Phase != "signing" || len(st.Members) != len(l.Hosts) {
 		return false
 	}
 	for _, m := range st.Members {
 		if m.TrustsNew != api.TrustYes || m.MemberCert != api.CertNew || m.DataPlane == api.CertOld {
 			return false
 		}
-		if m.NodeID == node.nodeID && m.DataPlane != api.CertNew {
+		if m.NodeID == node.NodeID && m.DataPlane != api.CertNew {
 			return false
 		}
 	}
@@ -330,7 +331,7 @@ func caStatusLine(st api.CAStatus) string {
 
 // vmmHostPID is the host PID of the main process of the Instance's VMM
 // unit, read from the private systemd of h's member: never found by name.
-func vmmHostPID(t *testing.T, h *host, instanceID string) int {
+func vmmHostPID(t *testing.T, h *clusterlab.Host, instanceID string) int {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -345,7 +346,7 @@ func vmmHostPID(t *testing.T, h *host, instanceID string) int {
 	}
 	pid, err := m.MainHostPID(u)
 	if err != nil || pid <= 1 {
-		t.Fatalf("host PID of %s on %s: %d, %v", u.Name, h.nodeID, pid, err)
+		t.Fatalf("host PID of %s on %s: %d, %v", u.Name, h.NodeID, pid, err)
 	}
 	return pid
 }
@@ -355,9 +356,9 @@ func vmmHostPID(t *testing.T, h *host, instanceID string) int {
 // member's child that is PID 1 of its own PID namespace, its bus socket
 // under the node directory and its cgroup root the parent of the cgroup
 // its PID 1 runs in (init.scope).
-func memberSystemd(t *testing.T, h *host) units.Target {
+func memberSystemd(t *testing.T, h *clusterlab.Host) units.Target {
 	t.Helper()
-	member := h.serveProc().cmd.Process.Pid
+	member := h.ServeProc().Cmd.Process.Pid
 	ents, _ := os.ReadDir("/proc")
 	for _, e := range ents {
 		status, err := os.ReadFile(filepath.Join("/proc", e.Name(), "status"))
@@ -374,12 +375,12 @@ func memberSystemd(t *testing.T, h *host) units.Target {
 		}
 		pid, _ := strconv.Atoi(e.Name())
 		return units.Target{
-			Socket:     filepath.Join(datadir.Dir(h.dataDir).NodeDir(), "systemd", "run", "kibotos-bus.sock"),
+			Socket:     filepath.Join(datadir.Dir(h.DataDir).NodeDir(), "systemd", "run", "kibotos-bus.sock"),
 			CgroupRoot: filepath.Join(mount, filepath.Dir(units.Cgroup2Path(string(cg)))),
 			ManagerPID: pid,
 		}
 	}
-	t.Fatalf("member %s (PID %d) runs no private systemd", h.nodeID, member)
+	t.Fatalf("member %s (PID %d) runs no private systemd", h.NodeID, member)
 	return units.Target{}
 }
 
@@ -387,9 +388,9 @@ func memberSystemd(t *testing.T, h *host) units.Target {
 // operator issue --out does) whose certificate asserts what h's operator
 // certificate asserts, signed with ca's key as someone holding a copy of
 // it would, valid for three hours; ca.crt is ca's certificate.
-func forgeCredentials(t *testing.T, h *host, ca *trust.CA, dir string) string {
+func forgeCredentials(t *testing.T, h *clusterlab.Host, ca *trust.CA, dir string) string {
 	t.Helper()
-	like, err := datadir.Dir(h.dataDir).AdminCertificate()
+	like, err := datadir.Dir(h.DataDir).AdminCertificate()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -425,8 +426,8 @@ func forgeCredentials(t *testing.T, h *host, ca *trust.CA, dir string) string {
 }
 
 // forgedCall is kibo node list on h's member with the credentials in dir.
-func forgedCall(h *host, dir string) result {
-	return h.run(cliTimeout, "kibo", "--data-dir", h.dataDir, "--credentials", dir, "node", "list")
+func forgedCall(h *clusterlab.Host, dir string) clusterlab.Result {
+	return h.Run(clusterlab.CLITimeout, "kibo", "--data-dir", h.DataDir, "--credentials", dir, "node", "list")
 }
 
 // longExec is a kibo workspace exec running in the background.
@@ -438,10 +439,10 @@ type longExec struct {
 
 // startExec runs sh -c script in the Workspace through h's CLI; the test
 // waits for it in its cleanup at the latest.
-func startExec(t *testing.T, h *host, id, script string) *longExec {
+func startExec(t *testing.T, h *clusterlab.Host, id, script string) *longExec {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
-	cmd := h.command(ctx, "kibo", h.kiboArgs([]string{"workspace", "exec", id, "--", "sh", "-c", script})...)
+	cmd := h.Command(ctx, "kibo", h.KiboArgs([]string{"workspace", "exec", id, "--", "sh", "-c", script})...)
 	e := &longExec{done: make(chan struct{})}
 	cmd.Stdout, cmd.Stderr = &e.out, &e.errOut
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}

@@ -16,6 +16,7 @@ import (
 	"github.com/anishathalye/porcupine"
 
 	"github.com/kibotos/kibotos/api"
+	"github.com/kibotos/kibotos/internal/clusterlab"
 	"github.com/kibotos/kibotos/internal/testenv"
 )
 
@@ -97,33 +98,33 @@ func definiteFailure(code int) bool {
 const opTimeout = 10 * time.Second
 
 // write sets the register through h and records the outcome.
-func (hist *history) write(client int, h *host, reg string, v api.Milli) {
+func (hist *history) write(client int, h *clusterlab.Host, reg string, v api.Milli) {
 	call := hist.now()
-	r := h.kiboTimeout(opTimeout, "node", "overcommit", "set", reg, "--cpu", v.String())
+	r := h.KiboTimeout(opTimeout, "node", "overcommit", "set", reg, "--cpu", v.String())
 	ret := hist.now()
 	op := porcupine.Operation{ClientId: client, Input: regInput{write: true, value: v}, Call: call, Return: ret, Output: regOutput{}}
 	switch {
-	case r.code == 0:
+	case r.Code == 0:
 		hist.add(op, "write ok")
-	case definiteFailure(r.code):
-		hist.count(fmt.Sprintf("write refused (exit %d)", r.code))
+	case definiteFailure(r.Code):
+		hist.count(fmt.Sprintf("write refused (exit %d)", r.Code))
 	default:
 		// It may have been applied, now or later: it may take effect at any
 		// time after its call, so its return is open-ended.
 		op.Return, op.Output = math.MaxInt64, regOutput{unknown: true}
-		hist.add(op, fmt.Sprintf("write unknown (exit %d)", r.code))
+		hist.add(op, fmt.Sprintf("write unknown (exit %d)", r.Code))
 	}
 }
 
 // read reads the register through h with a consistent read; a failed read
 // observed nothing and is left out of the history.
-func (hist *history) read(client int, h *host, reg string) (api.Milli, bool) {
+func (hist *history) read(client int, h *clusterlab.Host, reg string) (api.Milli, bool) {
 	call := hist.now()
-	r := h.kiboTimeout(opTimeout, "node", "get", reg, "--json", "--consistent")
+	r := h.KiboTimeout(opTimeout, "node", "get", reg, "--json", "--consistent")
 	ret := hist.now()
-	var n nodeView
-	if r.code != 0 || decodeResult(r, &n) != nil || n.Overcommit == nil {
-		hist.count(fmt.Sprintf("read failed (exit %d)", r.code))
+	var n clusterlab.NodeView
+	if r.Code != 0 || clusterlab.DecodeResult(r, &n) != nil || n.Overcommit == nil {
+		hist.count(fmt.Sprintf("read failed (exit %d)", r.Code))
 		return 0, false
 	}
 	hist.add(porcupine.Operation{ClientId: client, Input: regInput{}, Call: call, Return: ret, Output: regOutput{value: n.Overcommit.CPU}}, "read ok")
@@ -134,22 +135,22 @@ func (hist *history) read(client int, h *host, reg string) (api.Milli, bool) {
 // killed leaves it first.
 type members struct {
 	mu    sync.Mutex
-	hosts []*host
+	hosts []*clusterlab.Host
 }
 
-func (m *members) pick(rng *rand.Rand) *host {
+func (m *members) pick(rng *rand.Rand) *clusterlab.Host {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return m.hosts[rng.IntN(len(m.hosts))]
 }
 
-func (m *members) add(h *host) {
+func (m *members) add(h *clusterlab.Host) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.hosts = append(m.hosts, h)
 }
 
-func (m *members) remove(h *host) {
+func (m *members) remove(h *clusterlab.Host) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	for i, x := range m.hosts {
@@ -163,24 +164,24 @@ func (m *members) remove(h *host) {
 // testLinearizable runs concurrent clients against the followers and the
 // node-only member while the leader is killed, then checks the history
 // with porcupine and that no acknowledged write was lost.
-func testLinearizable(t *testing.T, c *cluster) {
+func testLinearizable(t *testing.T, c *clusterlab.Cluster) {
 	const (
 		clients  = 4
 		runFor   = 6 * time.Second
 		killAt   = 2 * time.Second
 		initialV = api.Milli(1000)
 	)
-	reg := c.node.nodeID
+	reg := c.Node.NodeID
 	// Clients start on every member but the leader of the moment.
-	leader := c.leader(t)
+	leader := c.Leader(t)
 	pool := &members{}
-	for _, h := range c.hosts {
+	for _, h := range c.Hosts {
 		if h != leader {
 			pool.hosts = append(pool.hosts, h)
 		}
 	}
 	// A known starting value, acknowledged before any client starts.
-	if r := pool.hosts[0].kibo("node", "overcommit", "set", reg, "--cpu", initialV.String()); r.code != 0 {
+	if r := pool.hosts[0].Kibo("node", "overcommit", "set", reg, "--cpu", initialV.String()); r.Code != 0 {
 		t.Fatal(r)
 	}
 
@@ -211,11 +212,11 @@ func testLinearizable(t *testing.T, c *cluster) {
 	}
 	time.Sleep(killAt) // the kill happens mid-run; this is scheduling, not an assertion
 	// Ask again: the leader may have moved while the clients ran.
-	victim := c.leader(t)
+	victim := c.Leader(t)
 	pool.remove(victim)
 	killedAt := hist.now()
-	victim.crash()
-	t.Logf("killed leader %s (%s) at %s", victim.nodeID, victim.addr(), time.Duration(killedAt))
+	victim.Crash()
+	t.Logf("killed leader %s (%s) at %s", victim.NodeID, victim.Addr(), time.Duration(killedAt))
 	wg.Wait()
 	others := pool.hosts
 
@@ -241,7 +242,7 @@ func testLinearizable(t *testing.T, c *cluster) {
 	model := registerModel(initialV)
 	res, info := porcupine.CheckOperationsVerbose(model, ops, 30*time.Second)
 	if res != porcupine.Ok {
-		path := filepath.Join(os.TempDir(), fmt.Sprintf("%s-linearizability.html", c.prefix))
+		path := filepath.Join(os.TempDir(), fmt.Sprintf("%s-linearizability.html", c.Prefix))
 		if err := porcupine.VisualizePath(model, info, path); err != nil {
 			t.Logf("visualization: %v", err)
 		}
@@ -252,12 +253,12 @@ func testLinearizable(t *testing.T, c *cluster) {
 	}
 
 	// The crashed member comes back from its data dir, rejoins and catches up.
-	victim.startServe()
-	waitNode(t, others[0], victim.nodeID, 20*time.Second, "READY after restart", func(n nodeView) bool {
+	victim.StartServe()
+	clusterlab.WaitNode(t, others[0], victim.NodeID, 20*time.Second, "READY after restart", func(n clusterlab.NodeView) bool {
 		return n.Status == api.NodeReady && n.Session != nil && n.Session.Alive
 	})
-	testenv.WaitFor(t, 10*time.Second, victim.nodeID+"'s own replica to hold the final value "+final.String(), func() (bool, string) {
-		n, err := victim.getNode(reg) // not --consistent: read its local state
+	testenv.WaitFor(t, 10*time.Second, victim.NodeID+"'s own replica to hold the final value "+final.String(), func() (bool, string) {
+		n, err := victim.GetNode(reg) // not --consistent: read its local state
 		if err != nil {
 			return false, err.Error()
 		}

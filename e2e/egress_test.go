@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"fmt"
 	"os"
 	"os/exec"
 	"os/user"
@@ -16,6 +15,7 @@ import (
 
 	"github.com/kibotos/kibotos/api"
 	"github.com/kibotos/kibotos/datadir"
+	"github.com/kibotos/kibotos/internal/clusterlab"
 	"github.com/kibotos/kibotos/internal/testenv"
 	"github.com/kibotos/kibotos/member"
 	"github.com/kibotos/kibotos/vmm/template"
@@ -24,8 +24,8 @@ import (
 // Addresses of the lab's switch namespace, beside the hosts on its bridge:
 // a SOCKS5 server of the "caller" and a server it reaches.
 const (
-	labSOCKS  = subnetPrefix + "200"
-	labServer = subnetPrefix + "201"
+	labSOCKS  = clusterlab.SubnetPrefix + "200"
+	labServer = clusterlab.SubnetPrefix + "201"
 )
 
 // mhEgress: an Egress object with credentials through the CLI; on each
@@ -35,51 +35,51 @@ const (
 // those credentials (the server's log shows the proxy, not the node), the
 // credentials root's alone on the node; the Egress that a Workspace uses
 // cannot be deleted.
-func mhEgress(t *testing.T, l *lab, admin *host, nodes ...string) {
+func mhEgress(t *testing.T, l *clusterlab.Lab, admin *clusterlab.Host, nodes ...string) {
 	microsocks := testenv.LookPath(t, "microsocks", "microsocks")
 	busybox := testenv.LookPath(t, "busybox", "busybox-static")
-	sw := l.prefix + "-sw"
+	sw := l.Prefix + "-sw"
 	// The proxy reaches the server in its own namespace: over loopback.
-	l.ip("-n", sw, "link", "set", "lo", "up")
-	l.ip("-n", sw, "addr", "add", labSOCKS+"/24", "dev", "br0")
-	l.ip("-n", sw, "addr", "add", labServer+"/24", "dev", "br0")
+	l.IP("-n", sw, "link", "set", "lo", "up")
+	l.IP("-n", sw, "addr", "add", labSOCKS+"/24", "dev", "br0")
+	l.IP("-n", sw, "addr", "add", labServer+"/24", "dev", "br0")
 	www := t.TempDir()
 	os.WriteFile(filepath.Join(www, "index.html"), []byte("through the proxy\n"), 0o644)
-	httpdLog := l.startIn(t, sw, "httpd", busybox, "httpd", "-f", "-v", "-p", labServer+":8080", "-h", www)
-	l.startIn(t, sw, "microsocks", microsocks, "-i", labSOCKS, "-p", "1080", "-u", "kibo", "-P", "s3cret-pass")
+	httpdLog := l.StartIn(t, sw, "httpd", busybox, "httpd", "-f", "-v", "-p", labServer+":8080", "-h", www)
+	l.StartIn(t, sw, "microsocks", microsocks, "-i", labSOCKS, "-p", "1080", "-u", "kibo", "-P", "s3cret-pass")
 	pwFile := filepath.Join(t.TempDir(), "password")
 	os.WriteFile(pwFile, []byte("s3cret-pass\n"), 0o600)
 
-	mhMust(t, admin, cliTimeout, "egress", "create", "corp", "--socks5", labSOCKS+":1080", "--username", "kibo", "--password-file", pwFile)
-	if r := mhMust(t, admin, cliTimeout, "egress", "get", "corp", "--json"); strings.Contains(r.stdout, "s3cret") {
-		t.Errorf("egress get shows the password: %s", r.stdout)
+	clusterlab.Must(t, admin, clusterlab.CLITimeout, "egress", "create", "corp", "--socks5", labSOCKS+":1080", "--username", "kibo", "--password-file", pwFile)
+	if r := clusterlab.Must(t, admin, clusterlab.CLITimeout, "egress", "get", "corp", "--json"); strings.Contains(r.Stdout, "s3cret") {
+		t.Errorf("egress get shows the password: %s", r.Stdout)
 	}
 	t.Cleanup(func() {
 		if t.Failed() {
-			b, _ := os.ReadFile(filepath.Join(l.dir, sw+"-microsocks.log"))
+			b, _ := os.ReadFile(filepath.Join(l.Dir, sw+"-microsocks.log"))
 			t.Logf("microsocks:\n%s", b)
 		}
 	})
 	for _, node := range nodes {
-		var h *host
-		for _, x := range l.hosts {
-			if x.nodeID == node {
+		var h *clusterlab.Host
+		for _, x := range l.Hosts {
+			if x.NodeID == node {
 				h = x
 			}
 		}
 		var ws api.Workspace
-		if err := decodeResult(mhMust(t, admin, mhBootTimeout, "workspace", "create", "--template", template.DefaultName, "--cpu", "1", "--memory", "256MiB",
+		if err := clusterlab.DecodeResult(clusterlab.Must(t, admin, clusterlab.BootTimeout, "workspace", "create", "--template", template.DefaultName, "--cpu", "1", "--memory", "256MiB",
 			"--node", node, "--egress", "corp", "--json"), &ws); err != nil {
 			t.Fatal(err)
 		}
 		if ws.State != api.WorkspaceAvailable || ws.Network == nil || ws.Network.Egress != "corp" {
-			t.Fatalf("created %s", mhWSString(ws))
+			t.Fatalf("created %s", clusterlab.WorkspaceString(ws))
 		}
 		before, _ := os.ReadFile(httpdLog)
-		r := admin.kibo("workspace", "exec", ws.WorkspaceID, "--", "wget", "-T", "5", "-t", "1", "-O-", "http://"+labServer+":8080/")
-		if r.stdout != "through the proxy\n" {
-			out, _ := exec.Command("ip", "netns", "exec", h.ns, "nft", "list", "ruleset").CombinedOutput()
-			t.Errorf("on %s, wget through the Egress: %s (stdout %q); ruleset of the node:\n%s", node, r, r.stdout, out)
+		r := admin.Kibo("workspace", "exec", ws.WorkspaceID, "--", "wget", "-T", "5", "-t", "1", "-O-", "http://"+labServer+":8080/")
+		if r.Stdout != "through the proxy\n" {
+			out, _ := exec.Command("ip", "netns", "exec", h.NS, "nft", "list", "ruleset").CombinedOutput()
+			t.Errorf("on %s, wget through the Egress: %s (stdout %q); ruleset of the node:\n%s", node, r, r.Stdout, out)
 		}
 		var b []byte
 		if !testenv.Poll(t, 10*time.Second, func() bool { b, _ = os.ReadFile(httpdLog); return strings.Contains(string(b[len(before):]), labSOCKS) }) {
@@ -87,9 +87,9 @@ func mhEgress(t *testing.T, l *lab, admin *host, nodes ...string) {
 		}
 		// The node's metrics (its loopback listener, port+3) count the
 		// connection the egress process carried.
-		port, _ := strconv.Atoi(apiPort)
+		port, _ := strconv.Atoi(clusterlab.APIPort)
 		scrape := func() ([]byte, error) {
-			return exec.Command("ip", "netns", "exec", h.ns, "wget", "-q", "-O-", "http://127.0.0.1:"+strconv.Itoa(port+3)+"/metrics").Output()
+			return exec.Command("ip", "netns", "exec", h.NS, "wget", "-q", "-O-", "http://127.0.0.1:"+strconv.Itoa(port+3)+"/metrics").Output()
 		}
 		out, err := scrape()
 		if err != nil {
@@ -107,10 +107,10 @@ func mhEgress(t *testing.T, l *lab, admin *host, nodes ...string) {
 		}
 		// log_format = "json": the member logs JSON objects, and starts
 		// its egress process (whose output has no journal here) with it.
-		if !logHasJSON(h.serveProc().log, "member serving") {
-			t.Errorf("on %s, no JSON log line \"member serving\" in %s", node, h.serveProc().log)
+		if !clusterlab.LogHasJSON(h.ServeProc().Log, "member serving") {
+			t.Errorf("on %s, no JSON log line \"member serving\" in %s", node, h.ServeProc().Log)
 		}
-		argvs := egressArgvs(filepath.Join(l.bin, "kibotos"))
+		argvs := egressArgvs(filepath.Join(l.Bin, "kibotos"))
 		if len(argvs) == 0 {
 			t.Errorf("on %s, no egress process runs while a Workspace uses an Egress", node)
 		} else {
@@ -127,55 +127,30 @@ func mhEgress(t *testing.T, l *lab, admin *host, nodes ...string) {
 		// Its socket directory is the node's with "-egress" added (under
 		// a private systemd, in the shared temporary directory), its
 		// own, 0700, and the only one it is given to write.
-		sockDir := member.EgressSocketDir(datadir.Dir(h.dataDir), true)
+		sockDir := member.EgressSocketDir(datadir.Dir(h.DataDir), true)
 		if filepath.Base(sockDir) != "node-egress" || !slices.ContainsFunc(argvs, func(a string) bool { return strings.Contains(a, "--socket-dir "+sockDir+" ") }) {
 			t.Errorf("on %s, egress socket directory %s: not node-egress, or not the running process's (%q)", node, sockDir, argvs)
 		}
 		if st, err := os.Stat(sockDir); err != nil || st.Mode().Perm() != 0o700 || !ownedBy(st, "kibotos-egress") {
 			t.Errorf("on %s, egress socket directory %s: %v %v; want 0700, owned by kibotos-egress", node, sockDir, st, err)
 		}
-		credDir := filepath.Join(datadir.Dir(h.dataDir).StorageRoot(), "state", "egress-credentials")
+		credDir := filepath.Join(datadir.Dir(h.DataDir).StorageRoot(), "state", "egress-credentials")
 		files, _ := filepath.Glob(filepath.Join(credDir, "*"))
 		if st, err := os.Stat(credDir); err != nil || st.Mode().Perm() != 0o700 || len(files) != 1 {
 			t.Errorf("on %s, credentials directory %s: %v %v, files %v; want 0700 with one file", node, credDir, st, err, files)
 		} else if st, err := os.Stat(files[0]); err != nil || st.Mode().Perm() != 0o600 {
 			t.Errorf("on %s, credentials file %s: %v %v; want 0600", node, files[0], st, err)
 		}
-		r = mhExpectExit(t, admin, api.ExitFailedPrecondition, "delete an Egress in use", "egress", "delete", "corp")
-		if !strings.Contains(r.stderr, ws.WorkspaceID) {
+		r = clusterlab.ExpectExit(t, admin, api.ExitFailedPrecondition, "delete an Egress in use", "egress", "delete", "corp")
+		if !strings.Contains(r.Stderr, ws.WorkspaceID) {
 			t.Errorf("refused delete names no Workspace: %s", r)
 		}
-		mhMust(t, admin, mhBootTimeout, "workspace", "delete", ws.WorkspaceID)
+		clusterlab.Must(t, admin, clusterlab.BootTimeout, "workspace", "delete", ws.WorkspaceID)
 		if files, _ := filepath.Glob(filepath.Join(credDir, "*")); len(files) != 0 {
 			t.Errorf("on %s, credentials no Instance uses are still on the node: %v", node, files)
 		}
 	}
-	mhMust(t, admin, cliTimeout, "egress", "delete", "corp")
-}
-
-// startIn runs argv in namespace ns (ip netns exec execs it: the PID is
-// its own), output to a log file of the lab, killed by that PID at
-// cleanup.
-func (l *lab) startIn(t *testing.T, ns, name string, argv ...string) string {
-	t.Helper()
-	logPath := filepath.Join(l.dir, fmt.Sprintf("%s-%s.log", ns, name))
-	f, err := os.Create(logPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command("ip", append([]string{"netns", "exec", ns}, argv...)...)
-	cmd.Stdout, cmd.Stderr = f, f
-	if err := cmd.Start(); err != nil {
-		t.Fatalf("start %s in %s: %v", name, ns, err)
-	}
-	done := make(chan struct{})
-	go func() { cmd.Wait(); close(done) }()
-	t.Cleanup(func() {
-		cmd.Process.Kill()
-		<-done
-		f.Close()
-	})
-	return logPath
+	clusterlab.Must(t, admin, clusterlab.CLITimeout, "egress", "delete", "corp")
 }
 
 // grepLines are the lines of b that contain s.

@@ -20,6 +20,7 @@ import (
 
 	"github.com/kibotos/kibotos/agent/runtime/runtimetest"
 	"github.com/kibotos/kibotos/api"
+	"github.com/kibotos/kibotos/internal/clusterlab"
 	"github.com/kibotos/kibotos/internal/testenv"
 	"github.com/kibotos/kibotos/internal/testhost"
 )
@@ -103,7 +104,7 @@ func TestPackage(t *testing.T) {
 	dReady := time.Since(step)
 	p.must(time.Minute, "kibo", "storage-pool", "set-capacity", pkgNode+":default", "20GiB")
 	step = time.Now()
-	ws := strings.TrimSpace(p.must(3*time.Minute, "kibo", "workspace", "create", "--template", "kibotos-base", "--cpu", "1", "--memory", "512MiB", "-q").stdout)
+	ws := strings.TrimSpace(p.must(3*time.Minute, "kibo", "workspace", "create", "--template", "kibotos-base", "--cpu", "1", "--memory", "512MiB", "-q").Stdout)
 	dCreate := time.Since(step)
 	step = time.Now()
 	p.exec(ws, "hello")
@@ -139,15 +140,15 @@ func TestPackage(t *testing.T) {
 	leftover := "/var/lib/kibotos/storage/runtime/instances/inst-leftover"
 	p.must(time.Minute, "mkdir", "-p", leftover)
 	r := p.must(3*time.Minute, "dpkg", "-i", pkgDebs+"/kibotos_"+pkgNew+"_amd64.deb")
-	if out := r.stdout + r.stderr; !strings.Contains(out, "trying script from the new package instead") || !strings.Contains(out, "instance directory without a launch record") {
-		t.Errorf("dpkg -i %s with the installed build's check refusing: want the old prerm's refusal and dpkg trying the new package's script:\n%s", pkgNew, trimTo(out, 3000))
+	if out := r.Stdout + r.Stderr; !strings.Contains(out, "trying script from the new package instead") || !strings.Contains(out, "instance directory without a launch record") {
+		t.Errorf("dpkg -i %s with the installed build's check refusing: want the old prerm's refusal and dpkg trying the new package's script:\n%s", pkgNew, clusterlab.TrimTo(out, 3000))
 	}
 	p.waitNodeReady(inc)
-	if r := p.run(time.Minute, "test", "-e", leftover); r.code == 0 {
+	if r := p.run(time.Minute, "test", "-e", leftover); r.Code == 0 {
 		t.Errorf("the new member did not remove the leftover %s", leftover)
 	}
 	if st := p.status(); st.Release != pkgNew {
-		t.Errorf("after dpkg -i %s the member runs release %s\n%s", pkgNew, st.Release, r.stdout)
+		t.Errorf("after dpkg -i %s the member runs release %s\n%s", pkgNew, st.Release, r.Stdout)
 	}
 	kept = p.keptVMs(map[string]unitRun{vm: before})
 	t.Logf("VMs kept across dpkg -i %s → %s: %d of 1", pkgOld, pkgNew, kept)
@@ -159,16 +160,16 @@ func TestPackage(t *testing.T) {
 	// apt-get remove while the Instance runs: refused, nothing removed,
 	// the member running again.
 	r = p.run(3*time.Minute, "apt-get", "remove", "-y", "kibotos")
-	if r.code == 0 || !strings.Contains(r.stdout+r.stderr, "kibotos: removal refused") || !strings.Contains(r.stdout+r.stderr, "is active or requires cleanup") {
-		t.Fatalf("apt-get remove with an Instance running: want it refused by check-maintenance: %s\n%s", r, r.stdout)
+	if r.Code == 0 || !strings.Contains(r.Stdout+r.Stderr, "kibotos: removal refused") || !strings.Contains(r.Stdout+r.Stderr, "is active or requires cleanup") {
+		t.Fatalf("apt-get remove with an Instance running: want it refused by check-maintenance: %s\n%s", r, r.Stdout)
 	}
-	for _, line := range strings.Split(r.stdout+r.stderr, "\n") {
+	for _, line := range strings.Split(r.Stdout+r.Stderr, "\n") {
 		if strings.Contains(line, "is active or requires cleanup") || strings.Contains(line, "pre-removal script") {
-			t.Logf("apt-get remove (exit %d): %s", r.code, strings.TrimSpace(line))
+			t.Logf("apt-get remove (exit %d): %s", r.Code, strings.TrimSpace(line))
 		}
 	}
-	if r := p.must(10*time.Second, "dpkg-query", "-W", "-f", "${Status} ${Version}", "kibotos"); r.stdout != "install ok installed "+pkgNew {
-		t.Errorf("after the refused removal: dpkg-query says %q", r.stdout)
+	if r := p.must(10*time.Second, "dpkg-query", "-W", "-f", "${Status} ${Version}", "kibotos"); r.Stdout != "install ok installed "+pkgNew {
+		t.Errorf("after the refused removal: dpkg-query says %q", r.Stdout)
 	}
 	p.waitNodeReady(0)
 	if kept := p.keptVMs(map[string]unitRun{vm: before}); kept != 1 {
@@ -180,8 +181,8 @@ func TestPackage(t *testing.T) {
 	// data-plane processes; the configuration (a conffile) stays.
 	p.must(2*time.Minute, "kibo", "workspace", "delete", ws)
 	p.must(3*time.Minute, "apt-get", "remove", "-y", "kibotos")
-	if r := p.run(10*time.Second, "systemctl", "list-units", "--no-legend", "--plain", "kibotos-dataplane-*", "kibotos-vmm-*", "kibotos.service"); strings.TrimSpace(r.stdout) != "" {
-		t.Errorf("units left after apt-get remove: %s", r.stdout)
+	if r := p.run(10*time.Second, "systemctl", "list-units", "--no-legend", "--plain", "kibotos-dataplane-*", "kibotos-vmm-*", "kibotos.service"); strings.TrimSpace(r.Stdout) != "" {
+		t.Errorf("units left after apt-get remove: %s", r.Stdout)
 	}
 	if _, err := os.Stat(h.Path("/usr/bin/kibotos")); !os.IsNotExist(err) {
 		t.Errorf("/usr/bin/kibotos after apt-get remove: %v", err)
@@ -241,18 +242,18 @@ func (p *pkgHost) cleanup() {
 }
 
 // run runs a command inside the host.
-func (p *pkgHost) run(timeout time.Duration, name string, args ...string) result {
+func (p *pkgHost) run(timeout time.Duration, name string, args ...string) clusterlab.Result {
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	return runResult(ctx, timeout, p.h.Command(ctx, name, args...), append([]string{name}, args...))
+	return clusterlab.RunResult(ctx, timeout, p.h.Command(ctx, name, args...), append([]string{name}, args...))
 }
 
 // must is run that fails the test unless the command exits 0.
-func (p *pkgHost) must(timeout time.Duration, name string, args ...string) result {
+func (p *pkgHost) must(timeout time.Duration, name string, args ...string) clusterlab.Result {
 	p.t.Helper()
 	r := p.run(timeout, name, args...)
-	if r.code != 0 {
-		p.t.Fatalf("%s\n%s", r, trimTo(r.stdout, 2000))
+	if r.Code != 0 {
+		p.t.Fatalf("%s\n%s", r, clusterlab.TrimTo(r.Stdout, 2000))
 	}
 	return r
 }
@@ -271,23 +272,23 @@ func (p *pkgHost) checkInstalled() {
 			t.Errorf("the package did not install %s: %v", f, err)
 		}
 	}
-	if r := p.must(10*time.Second, "dpkg-query", "-W", "-f", "${Conffiles}", "kibotos"); !strings.Contains(r.stdout, "/etc/kibotos/kibotos.toml") {
-		t.Errorf("conffiles: %q", r.stdout)
+	if r := p.must(10*time.Second, "dpkg-query", "-W", "-f", "${Conffiles}", "kibotos"); !strings.Contains(r.Stdout, "/etc/kibotos/kibotos.toml") {
+		t.Errorf("conffiles: %q", r.Stdout)
 	}
-	if r := p.must(10*time.Second, "id", "-nG", "kibotos-vmm"); !strings.Contains(" "+r.stdout, " kvm") {
-		t.Errorf("kibotos-vmm groups: %q, want kvm among them", r.stdout)
+	if r := p.must(10*time.Second, "id", "-nG", "kibotos-vmm"); !strings.Contains(" "+r.Stdout, " kvm") {
+		t.Errorf("kibotos-vmm groups: %q, want kvm among them", r.Stdout)
 	}
 	p.must(10*time.Second, "id", "kibotos-egress")
 	want := map[string]string{"Restart": "on-failure", "RestartUSec": "5s", "KillMode": "control-group", "SendSIGKILL": "yes", "OOMScoreAdjust": "-900",
 		"ExecStart": "/usr/bin/kibotos serve --config /etc/kibotos/kibotos.toml"}
 	r := p.must(10*time.Second, "systemctl", "show", "kibotos.service", "-p", "Restart,RestartUSec,KillMode,SendSIGKILL,OOMScoreAdjust,ExecStart,LoadState")
 	for k, v := range want {
-		if !strings.Contains(r.stdout, k+"="+v) && !(k == "ExecStart" && strings.Contains(r.stdout, "argv[]="+v+" ")) {
-			t.Errorf("kibotos.service: want %s=%s in\n%s", k, v, r.stdout)
+		if !strings.Contains(r.Stdout, k+"="+v) && !(k == "ExecStart" && strings.Contains(r.Stdout, "argv[]="+v+" ")) {
+			t.Errorf("kibotos.service: want %s=%s in\n%s", k, v, r.Stdout)
 		}
 	}
-	if !strings.Contains(r.stdout, "LoadState=loaded") {
-		t.Errorf("kibotos.service is not loaded after dpkg -i (no daemon-reload?):\n%s", r.stdout)
+	if !strings.Contains(r.Stdout, "LoadState=loaded") {
+		t.Errorf("kibotos.service is not loaded after dpkg -i (no daemon-reload?):\n%s", r.Stdout)
 	}
 }
 
@@ -314,15 +315,15 @@ func (p *pkgHost) waitNodeReady(after uint64) uint64 {
 	var inc uint64
 	testenv.WaitFor(p.t, 3*time.Minute, "node "+pkgNode+" READY under kibotos.service", func() (bool, string) {
 		// Nothing here makes the member fail: a restart by systemd is a failure.
-		if r := p.run(10*time.Second, "systemctl", "show", "-p", "NRestarts", "-p", "ActiveState", "kibotos"); strings.Contains(r.stdout, "ActiveState=failed") || !strings.Contains(r.stdout, "NRestarts=0") {
-			p.t.Fatalf("kibotos.service failed or was restarted by systemd: %s", r.stdout)
+		if r := p.run(10*time.Second, "systemctl", "show", "-p", "NRestarts", "-p", "ActiveState", "kibotos"); strings.Contains(r.Stdout, "ActiveState=failed") || !strings.Contains(r.Stdout, "NRestarts=0") {
+			p.t.Fatalf("kibotos.service failed or was restarted by systemd: %s", r.Stdout)
 		}
 		r := p.run(10*time.Second, "kibo", "node", "get", pkgNode, "--json")
-		if r.code != 0 {
+		if r.Code != 0 {
 			return false, r.String()
 		}
 		var n wsNode
-		if err := decodeResult(r, &n); err != nil {
+		if err := clusterlab.DecodeResult(r, &n); err != nil {
 			return false, err.Error()
 		}
 		if n.Session != nil {
@@ -330,7 +331,7 @@ func (p *pkgHost) waitNodeReady(after uint64) uint64 {
 		}
 		ok := n.Status == api.NodeReady && n.Session != nil && n.Session.Alive && n.Session.Incarnation > after &&
 			n.Report != nil && n.Report.DataPlaneAddress != "" && n.Overcommit != nil && n.Overcommit.Acknowledged
-		return ok, trimTo(r.stdout, 400)
+		return ok, clusterlab.TrimTo(r.Stdout, 400)
 	})
 	return inc
 }
@@ -338,7 +339,7 @@ func (p *pkgHost) waitNodeReady(after uint64) uint64 {
 func (p *pkgHost) status() api.Status {
 	p.t.Helper()
 	var st api.Status
-	if err := decodeResult(p.must(10*time.Second, "kibo", "status", "--json"), &st); err != nil {
+	if err := clusterlab.DecodeResult(p.must(10*time.Second, "kibo", "status", "--json"), &st); err != nil {
 		p.t.Fatal(err)
 	}
 	return st
@@ -347,8 +348,8 @@ func (p *pkgHost) status() api.Status {
 // exec runs echo in the Workspace through the data plane.
 func (p *pkgHost) exec(ws, text string) {
 	p.t.Helper()
-	if r := p.must(time.Minute, "kibo", "workspace", "exec", ws, "--", "echo", text); r.stdout != text+"\n" {
-		p.t.Fatalf("workspace exec %s -- echo %s: %q", ws, text, r.stdout)
+	if r := p.must(time.Minute, "kibo", "workspace", "exec", ws, "--", "echo", text); r.Stdout != text+"\n" {
+		p.t.Fatalf("workspace exec %s -- echo %s: %q", ws, text, r.Stdout)
 	}
 }
 
@@ -356,9 +357,9 @@ func (p *pkgHost) exec(ws, text string) {
 func (p *pkgHost) vmUnit() string {
 	p.t.Helper()
 	r := p.must(10*time.Second, "systemctl", "list-units", "--no-legend", "--plain", "--state=running", "kibotos-vmm-*")
-	f := strings.Fields(r.stdout)
-	if len(f) == 0 || strings.Count(r.stdout, "kibotos-vmm-") != 1 {
-		p.t.Fatalf("running VMM units: %q, want one", r.stdout)
+	f := strings.Fields(r.Stdout)
+	if len(f) == 0 || strings.Count(r.Stdout, "kibotos-vmm-") != 1 {
+		p.t.Fatalf("running VMM units: %q, want one", r.Stdout)
 	}
 	return f[0]
 }
@@ -371,7 +372,7 @@ func (p *pkgHost) unitRun(unit string) unitRun {
 	r := p.must(10*time.Second, "systemctl", "show", unit, "-p", "MainPID", "-p", "InvocationID", "-p", "ActiveState")
 	var u unitRun
 	active := false
-	for _, line := range strings.Split(r.stdout, "\n") {
+	for _, line := range strings.Split(r.Stdout, "\n") {
 		k, v, _ := strings.Cut(line, "=")
 		switch k {
 		case "MainPID":
@@ -404,8 +405,8 @@ func (p *pkgHost) keptVMs(before map[string]unitRun) int {
 func (p *pkgHost) checkNoStopDependency(vm string) {
 	p.t.Helper()
 	r := p.must(10*time.Second, "systemctl", "show", vm, "-p", "PartOf,BindsTo,Requisite,Requires,ConsistsOf,StopPropagatedFrom,Slice")
-	if strings.Contains(r.stdout, "kibotos.service") || !strings.Contains(r.stdout, "Slice=kibotos-vmm.slice") {
-		p.t.Errorf("VMM unit %s depends on kibotos.service or is outside kibotos-vmm.slice:\n%s", vm, r.stdout)
+	if strings.Contains(r.Stdout, "kibotos.service") || !strings.Contains(r.Stdout, "Slice=kibotos-vmm.slice") {
+		p.t.Errorf("VMM unit %s depends on kibotos.service or is outside kibotos-vmm.slice:\n%s", vm, r.Stdout)
 	}
 }
 
@@ -423,13 +424,13 @@ func (p *pkgHost) checkMainPIDRefused() {
 	p.must(30*time.Second, "systemctl", "start", unit)
 	testenv.WaitFor(p.t, time.Minute, "the wrapped member to refuse its start", func() (bool, string) {
 		r := p.run(10*time.Second, "journalctl", "--no-pager", "-o", "cat", "-u", unit)
-		for _, line := range strings.Split(r.stdout, "\n") {
+		for _, line := range strings.Split(r.Stdout, "\n") {
 			if strings.Contains(line, "start-up check: "+unit+" has MainPID") && strings.Contains(line, "(/bin/sh -c") {
 				p.t.Logf("%s under systemd: %s", unit, line)
 				return true, ""
 			}
 		}
-		return false, trimTo(r.stdout, 600)
+		return false, clusterlab.TrimTo(r.Stdout, 600)
 	})
 	p.run(30*time.Second, "systemctl", "stop", unit)
 	os.Remove(p.h.Path("/etc/systemd/system/" + unit))

@@ -18,6 +18,7 @@ import (
 
 	"github.com/kibotos/kibotos/api"
 	"github.com/kibotos/kibotos/fsm"
+	"github.com/kibotos/kibotos/internal/clusterlab"
 	"github.com/kibotos/kibotos/internal/testenv"
 )
 
@@ -33,22 +34,22 @@ const levelTwoCommit = "29d71eeae117ec5f974d5b487e36a9c290b8abf5"
 // after every step, and an op of level 3 is refused naming the old voter
 // until the last one runs the new build, then accepted.
 func TestRollingCtrlUpgrade(t *testing.T) {
-	l := newLab(t, 3)
-	old := buildAtCommit(t, levelTwoCommit, "0.3.0", filepath.Join(l.dir, "old"))
+	l := clusterlab.New(t, 3)
+	old := buildAtCommit(t, levelTwoCommit, "0.3.0", filepath.Join(l.Dir, "old"))
 	if r := runLocal(t, filepath.Join(old, "kibotos"), "--json", "version"); !strings.Contains(r, `"feature_level": 2`) {
 		t.Fatalf("the old build is not at feature level 2: %s", r)
 	}
-	for _, h := range l.hosts {
-		h.setBin(old)
+	for _, h := range l.Hosts {
+		h.SetBin(old)
 	}
-	c := formCluster(t, l)
-	reg := c.ctrls[2].nodeID
+	c := clusterlab.Form(t, l)
+	reg := c.Ctrls[2].NodeID
 	const initialV = api.Milli(1000)
-	if r := c.ctrls[0].kibo("node", "overcommit", "set", reg, "--cpu", initialV.String()); r.code != 0 {
+	if r := c.Ctrls[0].Kibo("node", "overcommit", "set", reg, "--cpu", initialV.String()); r.Code != 0 {
 		t.Fatal(r)
 	}
 
-	pool := &members{hosts: append([]*host(nil), c.ctrls...)}
+	pool := &members{hosts: append([]*clusterlab.Host(nil), c.Ctrls...)}
 	hist := &history{start: time.Now(), stats: map[string]int{}}
 	stop := make(chan struct{})
 	var next atomic.Int64
@@ -98,27 +99,27 @@ func TestRollingCtrlUpgrade(t *testing.T) {
 
 	// pause of a Workspace that does not exist: refused for its level
 	// while a voter is old, else "not found" (the level check passed).
-	pause := func(h *host) result { return h.kibo("workspace", "pause", "ws-none") }
-	upgrade := func(h *host) {
+	pause := func(h *clusterlab.Host) clusterlab.Result { return h.Kibo("workspace", "pause", "ws-none") }
+	upgrade := func(h *clusterlab.Host) {
 		t.Helper()
 		pool.remove(h)
-		h.stop()
+		h.Stop()
 		at := hist.now()
-		h.setBin(l.bin)
-		h.startServe()
-		c.waitFollowsLeader(t, h)
+		h.SetBin(l.Bin)
+		h.StartServe()
+		c.WaitFollowsLeader(t, h)
 		pool.add(h)
-		waitAcked(at, h.nodeID+" ran the new build")
-		t.Logf("%s upgraded at %s", h.nodeID, time.Duration(at))
+		waitAcked(at, h.NodeID+" ran the new build")
+		t.Logf("%s upgraded at %s", h.NodeID, time.Duration(at))
 	}
 
 	// The followers first, then whoever leads. If the old voter left then
 	// leads, it is stopped until a new build leads and only then started
 	// again (old build still): restarted at once, it would win again, as
 	// the followers still know it as their leader and grant it their vote.
-	leader := c.leader(t)
-	var order []*host
-	for _, h := range c.ctrls {
+	leader := c.Leader(t)
+	var order []*clusterlab.Host
+	for _, h := range c.Ctrls {
 		if h != leader {
 			order = append(order, h)
 		}
@@ -126,32 +127,32 @@ func TestRollingCtrlUpgrade(t *testing.T) {
 	upgrade(order[0])
 	upgrade(leader)
 	last := order[1]
-	if c.leader(t) == last {
-		t.Logf("%s (old build) leads: stopped until a new build leads", last.nodeID)
+	if c.Leader(t) == last {
+		t.Logf("%s (old build) leads: stopped until a new build leads", last.NodeID)
 		pool.remove(last)
-		last.stop()
-		c.waitLeaderOtherThan(t, last)
-		last.startServe()
-		c.waitFollowsLeader(t, last)
+		last.Stop()
+		c.WaitLeaderOtherThan(t, last)
+		last.StartServe()
+		c.WaitFollowsLeader(t, last)
 		pool.add(last)
 	}
-	newHost := c.leader(t)
-	if r := pause(newHost); r.code != api.ExitFailedPrecondition || !strings.Contains(r.stderr, fmt.Sprintf("workspace.pause needs every ctrl voter at feature level %d, and voter %s runs 0.3.0 at level 2", fsm.OpLevel("workspace.pause"), last.nodeID)) {
-		t.Fatalf("pause with voter %s still old: %v", last.nodeID, r)
+	newHost := c.Leader(t)
+	if r := pause(newHost); r.Code != api.ExitFailedPrecondition || !strings.Contains(r.Stderr, fmt.Sprintf("workspace.pause needs every ctrl voter at feature level %d, and voter %s runs 0.3.0 at level 2", fsm.OpLevel("workspace.pause"), last.NodeID)) {
+		t.Fatalf("pause with voter %s still old: %v", last.NodeID, r)
 	}
 	upgrade(last)
 	// The leader learns the new level when it asks again (after a refusal
 	// at the latest): the op is then accepted.
 	testenv.WaitFor(t, 30*time.Second, "pause past the level check once every voter runs the new build", func() (bool, string) {
 		r := pause(newHost)
-		return r.code == api.ExitNotFound, r.String()
+		return r.Code == api.ExitNotFound, r.String()
 	})
 
 	close(stop)
 	wg.Wait()
 	var final api.Milli
 	testenv.WaitFor(t, 15*time.Second, "a final consistent read", func() (bool, string) {
-		v, ok := hist.read(clients, c.ctrls[0], reg)
+		v, ok := hist.read(clients, c.Ctrls[0], reg)
 		final = v
 		return ok, "read failed"
 	})
@@ -161,7 +162,7 @@ func TestRollingCtrlUpgrade(t *testing.T) {
 	model := registerModel(initialV)
 	res, info := porcupine.CheckOperationsVerbose(model, ops, 30*time.Second)
 	if res != porcupine.Ok {
-		path := filepath.Join(os.TempDir(), fmt.Sprintf("%s-upgrade-linearizability.html", l.prefix))
+		path := filepath.Join(os.TempDir(), fmt.Sprintf("%s-upgrade-linearizability.html", l.Prefix))
 		if err := porcupine.VisualizePath(model, info, path); err != nil {
 			t.Logf("visualization: %v", err)
 		}

@@ -160,7 +160,7 @@ func (d *wsDev) testDataPlaneKill(id string) {
 	}
 	testenv.WaitFor(t, 15*time.Second, "exec to work again after the data-plane process was killed", func() (bool, string) {
 		r := d.kibo(30*time.Second, nil, "workspace", "exec", id, "--", "echo", "back")
-		return r.code == 0 && r.stdout == "back\n", r.String()
+		return r.Code == 0 && r.Stdout == "back\n", r.String()
 	})
 	if now, _ := os.ReadFile(filepath.Join(sockDir, "generation")); strings.TrimSpace(string(now)) == strings.TrimSpace(string(raw)) {
 		t.Errorf("exec works but the data-plane generation is still %s", raw)

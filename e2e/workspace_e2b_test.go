@@ -35,7 +35,7 @@ func (d *wsDev) testE2B(string) {
 	if err != nil || st.Mode().Perm() != 0o600 {
 		t.Fatalf("the E2B environment kibotos dev writes, %s: %v (mode %v), want a file only root reads", envFile, err, st.Mode())
 	}
-	if log, _ := os.ReadFile(d.devProc().log); !bytes.Contains(log, []byte("set -a; . "+envFile)) {
+	if log, _ := os.ReadFile(d.devProc().Log); !bytes.Contains(log, []byte("set -a; . "+envFile)) {
 		t.Errorf("kibotos dev did not say how to load the E2B environment %s", envFile)
 	}
 	raw, err := os.ReadFile(envFile)
@@ -47,7 +47,7 @@ func (d *wsDev) testE2B(string) {
 	// two-core host: overcommitted as on a laptop (as Tenants does).
 	d.must("node", "overcommit", "set", "dev", "--cpu", "4")
 	d.must("namespace", "create", "e2b-other")
-	other := strings.TrimSpace(d.must("api-key", "create", "e2b", "--namespace", "e2b-other", "--role", "sandbox").stdout)
+	other := strings.TrimSpace(d.must("api-key", "create", "e2b", "--namespace", "e2b-other", "--role", "sandbox").Stdout)
 
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
@@ -65,6 +65,6 @@ func (d *wsDev) testE2B(string) {
 	// next step counts VMs.
 	testenv.WaitFor(t, 2*time.Minute, "the killed sandboxes' Workspaces gone", func() (bool, string) {
 		r := d.must("workspace", "list", "--label", "suite="+suite, "-q")
-		return r.stdout == "", r.stdout
+		return r.Stdout == "", r.Stdout
 	})
 }

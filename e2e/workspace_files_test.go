@@ -31,21 +31,21 @@ func (d *wsDev) testFiles(id string) {
 	t0 := time.Now()
 	r := d.kibo(3*time.Minute, nil, "workspace", "cp", local, id+":/root/big")
 	up := time.Since(t0)
-	if r.code != 0 {
+	if r.Code != 0 {
 		t.Fatalf("cp in: %s", r)
 	}
-	if r := d.must("workspace", "exec", id, "--", "sha256sum", "/root/big"); !strings.HasPrefix(r.stdout, want+" ") {
-		t.Errorf("sha256sum of the copied file in the Workspace: %q, want %s", r.stdout, want)
+	if r := d.must("workspace", "exec", id, "--", "sha256sum", "/root/big"); !strings.HasPrefix(r.Stdout, want+" ") {
+		t.Errorf("sha256sum of the copied file in the Workspace: %q, want %s", r.Stdout, want)
 	}
 	back := filepath.Join(d.tmp, "big.out")
 	t0 = time.Now()
 	r = d.kibo(3*time.Minute, nil, "workspace", "cp", id+":/root/big", back)
 	down := time.Since(t0)
-	if r.code != 0 {
+	if r.Code != 0 {
 		t.Fatalf("cp out: %s", r)
 	}
-	if note := fmt.Sprintf("%s:/root/big: %d bytes written to %s", id, size, back); !strings.Contains(r.stderr, note) {
-		t.Errorf("cp out said %q; want %q", r.stderr, note)
+	if note := fmt.Sprintf("%s:/root/big: %d bytes written to %s", id, size, back); !strings.Contains(r.Stderr, note) {
+		t.Errorf("cp out said %q; want %q", r.Stderr, note)
 	}
 	if got := wsFileSHA256(t, back); got != want {
 		t.Errorf("cp in and back out: sha256 %s, want %s", got, want)
@@ -58,7 +58,7 @@ func (d *wsDev) testFiles(id string) {
 
 	missing := filepath.Join(d.tmp, "missing.out")
 	r = d.kibo(time.Minute, nil, "workspace", "cp", id+":/root/nosuch", missing)
-	if r.code != api.ExitNotFound || !strings.Contains(r.stderr, id+": /root/nosuch: no such file") {
+	if r.Code != api.ExitNotFound || !strings.Contains(r.Stderr, id+": /root/nosuch: no such file") {
 		t.Errorf("cp of a missing file: want exit 12 and a message naming it: %s", r)
 	}
 	if _, err := os.Stat(missing); !errors.Is(err, os.ErrNotExist) {
@@ -71,17 +71,17 @@ func (d *wsDev) testFiles(id string) {
 	small := filepath.Join(d.tmp, "small.txt")
 	os.WriteFile(small, []byte("small\n"), 0o600)
 	r = d.kibo(time.Minute, nil, "workspace", "cp", small, id+":/nosuchdir/x")
-	if r.code != api.ExitNotFound || !strings.Contains(r.stderr, "directory /nosuchdir does not exist: make it first (kibo workspace exec "+id+" -- mkdir -p /nosuchdir)") {
+	if r.Code != api.ExitNotFound || !strings.Contains(r.Stderr, "directory /nosuchdir does not exist: make it first (kibo workspace exec "+id+" -- mkdir -p /nosuchdir)") {
 		t.Errorf("cp into a missing directory: want exit 12 naming it: %s", r)
 	}
-	if r := d.kibo(time.Minute, nil, "workspace", "cp", small, id+":/root"); r.code != 0 || !strings.Contains(r.stderr, id+":/root/small.txt") {
+	if r := d.kibo(time.Minute, nil, "workspace", "cp", small, id+":/root"); r.Code != 0 || !strings.Contains(r.Stderr, id+":/root/small.txt") {
 		t.Errorf("cp onto a directory: want it written in it: %s", r)
 	}
-	if r := d.must("workspace", "exec", id, "--", "cat", "/root/small.txt"); r.stdout != "small\n" {
-		t.Errorf("the file copied onto /root: %q", r.stdout)
+	if r := d.must("workspace", "exec", id, "--", "cat", "/root/small.txt"); r.Stdout != "small\n" {
+		t.Errorf("the file copied onto /root: %q", r.Stdout)
 	}
 	r = d.kibo(time.Minute, nil, "workspace", "cp", id+":/root", filepath.Join(d.tmp, "rootdir"))
-	if r.code != 2 || !strings.Contains(r.stderr, id+":/root is a directory; copy files one at a time (or tar them: kibo workspace exec "+id+" -- tar c -C /root . > dir.tar)") {
+	if r.Code != 2 || !strings.Contains(r.Stderr, id+":/root is a directory; copy files one at a time (or tar them: kibo workspace exec "+id+" -- tar c -C /root . > dir.tar)") {
 		t.Errorf("cp of a directory out: want exit 2 and the way to do it: %s", r)
 	}
 	d.must("workspace", "exec", id, "--", "rm", "/root/small.txt")

@@ -22,16 +22,16 @@ func (d *wsDev) testFork(string) {
 	create := func(args ...string) string {
 		t.Helper()
 		r := d.kibo(3*time.Minute, nil, append([]string{"workspace", "create", "-q"}, args...)...)
-		if r.code != 0 {
+		if r.Code != 0 {
 			t.Fatalf("%s", r)
 		}
-		return strings.TrimSpace(r.stdout)
+		return strings.TrimSpace(r.Stdout)
 	}
 	src := create("--template", "kibotos-base")
-	if r := d.expect(api.ExitFailedPrecondition, "workspace", "create", "--from", src); !strings.Contains(r.stderr, "workspace "+src+" is AVAILABLE: a fork needs it PAUSED") {
+	if r := d.expect(api.ExitFailedPrecondition, "workspace", "create", "--from", src); !strings.Contains(r.Stderr, "workspace "+src+" is AVAILABLE: a fork needs it PAUSED") {
 		t.Errorf("fork of a running Workspace: %s", r)
 	}
-	if r := d.expect(api.ExitUsage, "workspace", "create", "--from", src, "--memory", "1GiB"); !strings.Contains(r.stderr, "--cpu or --memory with --from") {
+	if r := d.expect(api.ExitUsage, "workspace", "create", "--from", src, "--memory", "1GiB"); !strings.Contains(r.Stderr, "--cpu or --memory with --from") {
 		t.Errorf("fork with --memory: %s", r)
 	}
 	d.must("workspace", "exec", src, "--", "sh", "-c", "echo source > /fork.txt && sync; (i=0; while :; do i=$((i+1)); echo $i > /tmp/count.new; mv -f /tmp/count.new /tmp/count; sleep 0.1; done) >/dev/null 2>&1 &")
@@ -43,11 +43,11 @@ func (d *wsDev) testFork(string) {
 	for i := range 2 {
 		f := create("--from", src, "--label", "fork=yes")
 		forks = append(forks, f)
-		if got := d.must("workspace", "get", f).stdout; !strings.Contains(got, "Forked from:") || !strings.Contains(got, src) {
+		if got := d.must("workspace", "get", f).Stdout; !strings.Contains(got, "Forked from:") || !strings.Contains(got, src) {
 			t.Errorf("workspace get of fork %d:\n%s", i+1, got)
 		}
 		out := d.must("workspace", "exec", f, "--", "sh", "-c",
-			"cat /fork.txt; sleep 0.3; cat /tmp/count; cat /etc/machine-id; cat /proc/sys/kernel/random/boot_id; head -c 16 /dev/urandom | od -An -tx1 | tr -d ' '; hostname").stdout
+			"cat /fork.txt; sleep 0.3; cat /tmp/count; cat /etc/machine-id; cat /proc/sys/kernel/random/boot_id; head -c 16 /dev/urandom | od -An -tx1 | tr -d ' '; hostname").Stdout
 		l := strings.Split(strings.TrimSpace(out), "\n")
 		if len(l) != 6 {
 			t.Fatalf("fork %s: %q", f, out)
@@ -74,7 +74,7 @@ func (d *wsDev) testFork(string) {
 		d.must("workspace", "delete", f)
 	}
 	d.must("workspace", "resume", src)
-	if got := strings.TrimSpace(d.must("workspace", "exec", src, "--", "cat", "/fork.txt").stdout); got != "source" {
+	if got := strings.TrimSpace(d.must("workspace", "exec", src, "--", "cat", "/fork.txt").Stdout); got != "source" {
 		t.Errorf("the source after its forks wrote: %q", got)
 	}
 	d.must("workspace", "delete", src)

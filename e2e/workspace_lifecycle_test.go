@@ -15,6 +15,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/kibotos/kibotos/internal/clusterlab"
 	"github.com/kibotos/kibotos/internal/testenv"
 
 	"github.com/kibotos/kibotos/api"
@@ -38,13 +39,13 @@ func (d *wsDev) testStopStart(id string) {
 	if w := d.get(id); w.State != api.WorkspaceStopped || w.InstanceID != "" {
 		t.Errorf("after stop: %+v, want STOPPED without an instance", w)
 	}
-	if out := d.must("workspace", "list").stdout; strings.Contains(out, id) {
+	if out := d.must("workspace", "list").Stdout; strings.Contains(out, id) {
 		t.Errorf("list without --all shows the STOPPED %s:\n%s", id, out)
 	}
-	if out := d.must("workspace", "list", "--all").stdout; !regexp.MustCompile(`(?m)^` + id + `\s+STOPPED\s`).MatchString(out) {
+	if out := d.must("workspace", "list", "--all").Stdout; !regexp.MustCompile(`(?m)^` + id + `\s+STOPPED\s`).MatchString(out) {
 		t.Errorf("list --all lacks %s STOPPED:\n%s", id, out)
 	}
-	if r := d.expect(api.ExitFailedPrecondition, "workspace", "exec", id, "--", "true"); !strings.Contains(r.stderr, "STOPPED") || !strings.Contains(r.stderr, "workspace start "+id) {
+	if r := d.expect(api.ExitFailedPrecondition, "workspace", "exec", id, "--", "true"); !strings.Contains(r.Stderr, "STOPPED") || !strings.Contains(r.Stderr, "workspace start "+id) {
 		t.Errorf("exec on a STOPPED Workspace must say to start it: %s", r)
 	}
 	t0 = time.Now()
@@ -54,10 +55,10 @@ func (d *wsDev) testStopStart(id string) {
 	if after.State != api.WorkspaceAvailable || after.NodeID != "dev" || after.InstanceID == "" || after.InstanceID == before.InstanceID {
 		t.Errorf("after start: %+v; want AVAILABLE on dev with a new instance (was %s)", after, before.InstanceID)
 	}
-	if r := d.must("workspace", "exec", id, "--", "cat", "/root/f", "/data/f"); r.stdout != "kept\non-volume\n" {
-		t.Errorf("the files written before the stop: %q, want %q", r.stdout, "kept\non-volume\n")
+	if r := d.must("workspace", "exec", id, "--", "cat", "/root/f", "/data/f"); r.Stdout != "kept\non-volume\n" {
+		t.Errorf("the files written before the stop: %q, want %q", r.Stdout, "kept\non-volume\n")
 	}
-	if kib := dfKiB(t, d.must("workspace", "exec", id, "--", "df", "-k", "/data").stdout); kib < 100<<10 {
+	if kib := dfKiB(t, d.must("workspace", "exec", id, "--", "df", "-k", "/data").Stdout); kib < 100<<10 {
 		t.Errorf("df -k /data after the Volume grew to 128MiB while stopped: %d KiB", kib)
 	}
 	if marker != "" {
@@ -75,7 +76,7 @@ func (d *wsDev) testPauseResume(id string) {
 	// The count is renamed into place: a read between the shell's
 	// truncate and its write would find the file empty.
 	d.must("workspace", "exec", id, "--", "sh", "-c", "(i=0; exec 3>/tmp/held; while :; do i=$((i+1)); echo $i > /tmp/count.new; mv -f /tmp/count.new /tmp/count; echo $i >&3; sleep 0.1; done) >/dev/null 2>&1 & echo $! > /tmp/counter.pid")
-	pid := strings.TrimSpace(d.must("workspace", "exec", id, "--", "cat", "/tmp/counter.pid").stdout)
+	pid := strings.TrimSpace(d.must("workspace", "exec", id, "--", "cat", "/tmp/counter.pid").Stdout)
 	stream := exec.Command(filepath.Join(d.bin, "kibo"), "workspace", "exec", id, "--", "sh", "-c", "while :; do echo tick; sleep 0.2; done")
 	stream.Env = d.env()
 	stream.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
@@ -95,7 +96,7 @@ func (d *wsDev) testPauseResume(id string) {
 	// Where the counter was just before the pause: under TCG on a busy
 	// machine it may have counted only once or twice by now, so "counts
 	// on" is measured from here, not from a fixed number.
-	before, err := strconv.Atoi(strings.TrimSpace(d.must("workspace", "exec", id, "--", "cat", "/tmp/count").stdout))
+	before, err := strconv.Atoi(strings.TrimSpace(d.must("workspace", "exec", id, "--", "cat", "/tmp/count").Stdout))
 	if err != nil {
 		t.Fatalf("the counter before the pause: %v", err)
 	}
@@ -117,10 +118,10 @@ func (d *wsDev) testPauseResume(id string) {
 	case <-time.After(30 * time.Second):
 		t.Errorf("the exec streaming across the pause still runs 30 s after it")
 	}
-	if got := d.must("workspace", "get", id).stdout; !strings.Contains(got, "Snapshot:") || !strings.Contains(got, "PAUSED") {
+	if got := d.must("workspace", "get", id).Stdout; !strings.Contains(got, "Snapshot:") || !strings.Contains(got, "PAUSED") {
 		t.Errorf("workspace get of a paused Workspace:\n%s", got)
 	}
-	if r := d.expect(api.ExitFailedPrecondition, "workspace", "exec", id, "--", "true"); !strings.Contains(r.stderr, "is PAUSED") || !strings.Contains(r.stderr, "kibo workspace resume "+id) {
+	if r := d.expect(api.ExitFailedPrecondition, "workspace", "exec", id, "--", "true"); !strings.Contains(r.Stderr, "is PAUSED") || !strings.Contains(r.Stderr, "kibo workspace resume "+id) {
 		t.Errorf("exec on a paused Workspace: %s; want it to say PAUSED and how to resume it", r)
 	}
 	t0 = time.Now()
@@ -128,22 +129,22 @@ func (d *wsDev) testPauseResume(id string) {
 	tResume := time.Since(t0)
 	got := d.must("workspace", "exec", id, "--", "sh", "-c", "cat /tmp/count; kill -0 $(cat /tmp/counter.pid) && echo alive; ls /proc/$(cat /tmp/counter.pid)/fd/3 >/dev/null && echo held; cat /data/f; date +%s")
 	t.Logf("TIMING resume (CLI, to AVAILABLE): %s, to the first exec answer: %s", tResume.Round(time.Millisecond), time.Since(t0).Round(time.Millisecond))
-	lines := strings.Split(strings.TrimSpace(got.stdout), "\n")
+	lines := strings.Split(strings.TrimSpace(got.Stdout), "\n")
 	if len(lines) != 5 || lines[1] != "alive" || lines[2] != "held" || lines[3] != "on-volume" {
-		t.Fatalf("after resume: %q; want the count, alive, held, the Volume's file, the date", got.stdout)
+		t.Fatalf("after resume: %q; want the count, alive, held, the Volume's file, the date", got.Stdout)
 	}
 	if count, _ := strconv.Atoi(lines[0]); count < before {
 		t.Errorf("the counter after resume is %d, was %d before the pause: it started over", count, before)
 	}
 	testenv.WaitFor(t, 20*time.Second, fmt.Sprintf("the counter to count on past %d after resume", before), func() (bool, string) {
-		c := strings.TrimSpace(d.must("workspace", "exec", id, "--", "cat", "/tmp/count").stdout)
+		c := strings.TrimSpace(d.must("workspace", "exec", id, "--", "cat", "/tmp/count").Stdout)
 		n, _ := strconv.Atoi(c)
 		return n > before, "count " + c
 	})
 	if now, _ := strconv.ParseInt(lines[4], 10, 64); time.Now().Unix()-now > 3 || now-time.Now().Unix() > 3 {
 		t.Errorf("the guest's clock after resume: %d, the host's %d", now, time.Now().Unix())
 	}
-	if again := strings.TrimSpace(d.must("workspace", "exec", id, "--", "cat", "/tmp/counter.pid").stdout); again != pid {
+	if again := strings.TrimSpace(d.must("workspace", "exec", id, "--", "cat", "/tmp/counter.pid").Stdout); again != pid {
 		t.Errorf("the counting process is %s after resume, was %s", again, pid)
 	}
 	if w := d.get(id); w.State != api.WorkspaceAvailable || w.Snapshot != nil {
@@ -161,18 +162,18 @@ func (d *wsDev) testReboot(id string) {
 	t := d.t
 	before := d.get(id)
 	const look = "cat /proc/sys/kernel/random/boot_id; hostname; cat /data/f /root/f; grep -c nameserver /etc/resolv.conf; ls /dev/null /proc/self/status"
-	boot := func(r result) string { b, _, _ := strings.Cut(r.stdout, "\n"); return b }
+	boot := func(r clusterlab.Result) string { b, _, _ := strings.Cut(r.Stdout, "\n"); return b }
 	was := d.must("workspace", "exec", id, "--", "sh", "-c", look)
 	t0 := time.Now()
 	d.must("workspace", "exec", id, "--", "sh", "-c", "sync; (sleep 1; reboot -f) >/dev/null 2>&1 &")
-	var after result
+	var after clusterlab.Result
 	testenv.WaitFor(t, 3*time.Minute, "an exec on the rebooted guest", func() (bool, string) {
 		after = d.kibo(20*time.Second, nil, "workspace", "exec", id, "--", "sh", "-c", look)
-		return after.code == 0 && boot(after) != boot(was), after.String()
+		return after.Code == 0 && boot(after) != boot(was), after.String()
 	})
 	t.Logf("TIMING reboot from inside to an exec on the new boot: %s", time.Since(t0).Round(time.Millisecond))
-	if rest := strings.SplitN(after.stdout, "\n", 2)[1]; rest != strings.SplitN(was.stdout, "\n", 2)[1] {
-		t.Errorf("after the reboot the Workspace shows\n%s\nbefore it\n%s", rest, strings.SplitN(was.stdout, "\n", 2)[1])
+	if rest := strings.SplitN(after.Stdout, "\n", 2)[1]; rest != strings.SplitN(was.Stdout, "\n", 2)[1] {
+		t.Errorf("after the reboot the Workspace shows\n%s\nbefore it\n%s", rest, strings.SplitN(was.Stdout, "\n", 2)[1])
 	}
 	// ctrl hears of the responding guest with the node's next report.
 	testenv.WaitFor(t, 30*time.Second, "get to show the guest responding", func() (bool, string) {
@@ -182,7 +183,7 @@ func (d *wsDev) testReboot(id string) {
 	if w := d.get(id); w.State != api.WorkspaceAvailable || w.InstanceID != before.InstanceID {
 		t.Errorf("after the reboot: %+v; want AVAILABLE on instance %s", w, before.InstanceID)
 	}
-	if !d.devProc().logContains("instance guest restarted; reconfigured with the launch-time configuration") {
+	if !d.devProc().LogContains("instance guest restarted; reconfigured with the launch-time configuration") {
 		t.Errorf("the node did not log the reconfigured restart")
 	}
 }
@@ -194,7 +195,7 @@ func (d *wsDev) testNodeKill(id string) {
 	t := d.t
 	before := d.get(id)
 	var n wsNode
-	if err := decodeResult(d.must("node", "get", "dev", "--json"), &n); err != nil || n.Session == nil {
+	if err := clusterlab.DecodeResult(d.must("node", "get", "dev", "--json"), &n); err != nil || n.Session == nil {
 		t.Fatalf("node get dev: %v %+v", err, n)
 	}
 	cmd := exec.Command(filepath.Join(d.bin, "kibo"), "workspace", "exec", id, "--", "sh", "-c", "for i in $(seq 1 30); do echo $i; sleep 0.2; done")
@@ -229,10 +230,10 @@ func (d *wsDev) testNodeKill(id string) {
 		t.Fatalf("the streaming exec printed nothing in 30s; stderr %q", stderr.String())
 	}
 	p := d.devProc()
-	t.Logf("killing kibotos dev (pid %d) with SIGKILL while the exec streams", p.cmd.Process.Pid)
-	p.cmd.Process.Signal(syscall.SIGKILL)
-	if _, ok := p.waitExit(10 * time.Second); !ok {
-		t.Fatalf("kibotos dev (pid %d) did not die after SIGKILL", p.cmd.Process.Pid)
+	t.Logf("killing kibotos dev (pid %d) with SIGKILL while the exec streams", p.Cmd.Process.Pid)
+	p.Cmd.Process.Signal(syscall.SIGKILL)
+	if _, ok := p.WaitExit(10 * time.Second); !ok {
+		t.Fatalf("kibotos dev (pid %d) did not die after SIGKILL", p.Cmd.Process.Pid)
 	}
 	<-readDone
 	err = cmd.Wait()
@@ -248,25 +249,25 @@ func (d *wsDev) testNodeKill(id string) {
 	d.up()
 	d.waitReady(n.Session.Incarnation)
 	t.Logf("TIMING node restart to READY: %s", time.Since(t0).Round(time.Millisecond))
-	if !d.devProc().logContains("instance taken over") {
+	if !d.devProc().LogContains("instance taken over") {
 		t.Errorf("the restarted node did not log the takeover of %s", before.InstanceID)
 	}
 	after := d.get(id)
 	if after.State != api.WorkspaceAvailable || after.InstanceID != before.InstanceID {
 		t.Errorf("after the node restart: %+v; want AVAILABLE with the same instance %s", after, before.InstanceID)
 	}
-	if r := d.must("workspace", "exec", id, "--", "cat", "/root/f"); r.stdout != "kept\n" {
-		t.Errorf("the file after the node restart: %q, want %q", r.stdout, "kept\n")
+	if r := d.must("workspace", "exec", id, "--", "cat", "/root/f"); r.Stdout != "kept\n" {
+		t.Errorf("the file after the node restart: %q, want %q", r.Stdout, "kept\n")
 	}
-	if r := d.must("workspace", "exec", id, "--", "sh", "-c", "echo again"); r.stdout != "again\n" {
-		t.Errorf("a new exec after the node restart: %q", r.stdout)
+	if r := d.must("workspace", "exec", id, "--", "sh", "-c", "echo again"); r.Stdout != "again\n" {
+		t.Errorf("a new exec after the node restart: %q", r.Stdout)
 	}
 }
 
 // testForceStopDelete: cleanup-status, stop --force, delete and the layer.
 func (d *wsDev) testForceStopDelete(id string) {
 	t := d.t
-	out := d.must("workspace", "cleanup-status", id).stdout
+	out := d.must("workspace", "cleanup-status", id).Stdout
 	for _, item := range []string{"RUNTIME", "VOLUME_ATTACHMENT", "RESIDUAL"} {
 		if !regexp.MustCompile(`(?m)^` + item + `\s+(HELD|RELEASED|PENDING|UNKNOWN)\s`).MatchString(out) {
 			t.Errorf("cleanup-status lacks a %s row:\n%s", item, out)
@@ -286,7 +287,7 @@ func (d *wsDev) testForceStopDelete(id string) {
 	registry := filepath.Join(datadir.Dir(d.dir).StorageRoot(), "runtime", "registry")
 	var st api.CleanupStatus
 	testenv.WaitFor(t, fsm.EndedRoundInterval+30*time.Second, "cleanup-status from the node and its ended-Instance records deleted", func() (bool, string) {
-		if err := decodeResult(d.must("workspace", "cleanup-status", id, "--json"), &st); err != nil {
+		if err := clusterlab.DecodeResult(d.must("workspace", "cleanup-status", id, "--json"), &st); err != nil {
 			t.Fatal(err)
 		}
 		left, _ := filepath.Glob(filepath.Join(registry, "inst-*.json"))
@@ -302,7 +303,7 @@ func (d *wsDev) testForceStopDelete(id string) {
 		}
 	}
 	d.must("workspace", "delete", id)
-	if r := d.expect(api.ExitNotFound, "workspace", "get", id); !strings.Contains(r.stderr, id) {
+	if r := d.expect(api.ExitNotFound, "workspace", "get", id); !strings.Contains(r.Stderr, id) {
 		t.Errorf("get after delete: %s", r)
 	}
 	if _, err := os.Stat(layer); !errors.Is(err, os.ErrNotExist) {
@@ -310,7 +311,7 @@ func (d *wsDev) testForceStopDelete(id string) {
 	}
 	// The Volume outlived its Workspace; deleted, its file goes.
 	var v api.Volume
-	if err := decodeResult(d.must("volume", "get", "data", "--json"), &v); err != nil || v.WorkspaceID != "" || v.State != api.VolumeAvailable {
+	if err := clusterlab.DecodeResult(d.must("volume", "get", "data", "--json"), &v); err != nil || v.WorkspaceID != "" || v.State != api.VolumeAvailable {
 		t.Fatalf("the Volume after its Workspace was deleted: %+v %v", v, err)
 	}
 	d.must("volume", "delete", "data")

@@ -7,6 +7,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/kibotos/kibotos/internal/clusterlab"
 	"github.com/kibotos/kibotos/internal/testenv"
 
 	"github.com/kibotos/kibotos/api"
@@ -48,33 +49,33 @@ func (d *wsDev) testLogsLive(id, inst string) (string, *logFollower) {
 		return strings.Count(f.stdout.String(), "\n") >= 1, f.stderr.String()
 	})
 	d.must("workspace", "exec", id, "--", "sh", "-c", "echo "+marker+" > /dev/console")
-	var r result
+	var r clusterlab.Result
 	testenv.WaitFor(t, 30*time.Second, "the console line in kibo workspace logs", func() (bool, string) {
 		r = d.kibo(time.Minute, nil, "workspace", "logs", id)
-		return r.code == 0 && strings.Contains(r.stdout, marker), trimTo(r.String(), 600)
+		return r.Code == 0 && strings.Contains(r.Stdout, marker), clusterlab.TrimTo(r.String(), 600)
 	})
-	if !strings.Contains(r.stdout, "guest agent session started") {
-		t.Errorf("workspace logs lacks the guest's boot output (guest agent session started):\n%s", trimTo(r.stdout, 2000))
+	if !strings.Contains(r.Stdout, "guest agent session started") {
+		t.Errorf("workspace logs lacks the guest's boot output (guest agent session started):\n%s", clusterlab.TrimTo(r.Stdout, 2000))
 	}
-	if r := d.must("workspace", "logs", id, "--tail", "1"); strings.Count(r.stdout, "\n") != 1 || !strings.Contains(r.stderr, "not shown") {
+	if r := d.must("workspace", "logs", id, "--tail", "1"); strings.Count(r.Stdout, "\n") != 1 || !strings.Contains(r.Stderr, "not shown") {
 		t.Errorf("--tail 1: want one line and a note of what was cut: %s", r)
 	}
 	var l machineLogView
-	if err := decodeResult(d.must("workspace", "logs", id, "--json"), &l); err != nil {
+	if err := clusterlab.DecodeResult(d.must("workspace", "logs", id, "--json"), &l); err != nil {
 		t.Fatal(err)
 	}
 	if !l.Live || l.InstanceID != inst || l.NodeID != "dev" || !strings.Contains(l.Console, marker) {
 		t.Errorf("--json: live %v instance %s node %s, console with the line %v; want live, %s, dev",
 			l.Live, l.InstanceID, l.NodeID, strings.Contains(l.Console, marker), inst)
 	}
-	if r := d.expect(api.ExitNotFound, "workspace", "logs", id, "--instance", "inst-aaaaaaaaaaaaaaaaaaaaaaaaaa"); !strings.Contains(r.stderr, "has no instance") {
+	if r := d.expect(api.ExitNotFound, "workspace", "logs", id, "--instance", "inst-aaaaaaaaaaaaaaaaaaaaaaaaaa"); !strings.Contains(r.Stderr, "has no instance") {
 		t.Errorf("an Instance of no Workspace: %s", r)
 	}
-	if r := d.expect(api.ExitInvalidArgument, "workspace", "logs", id, "--instance", "../../../etc"); !strings.Contains(r.stderr, "not an Instance id") {
+	if r := d.expect(api.ExitInvalidArgument, "workspace", "logs", id, "--instance", "../../../etc"); !strings.Contains(r.Stderr, "not an Instance id") {
 		t.Errorf("a path as the Instance: %s", r)
 	}
 	testenv.WaitFor(t, 30*time.Second, "the console line from kibo workspace logs --follow", func() (bool, string) {
-		return strings.Contains(f.stdout.String(), marker), trimTo(f.stdout.String()+f.stderr.String(), 600)
+		return strings.Contains(f.stdout.String(), marker), clusterlab.TrimTo(f.stdout.String()+f.stderr.String(), 600)
 	})
 	return marker, f
 }
@@ -97,18 +98,18 @@ func (d *wsDev) testLogsEnded(id, ended, marker string, f *logFollower) {
 		t.Errorf("kibo workspace logs --follow still runs 30 s after its Instance stopped; stderr %q", f.stderr.String())
 	}
 	r := d.must("workspace", "logs", id, "--instance", ended)
-	if !strings.Contains(r.stdout, marker) || !strings.Contains(r.stderr, "instance "+ended+" has ended") {
-		t.Errorf("--instance %s (ended): want its console with %q and a note that it ended: %s", ended, marker, trimTo(r.String(), 2000))
+	if !strings.Contains(r.Stdout, marker) || !strings.Contains(r.Stderr, "instance "+ended+" has ended") {
+		t.Errorf("--instance %s (ended): want its console with %q and a note that it ended: %s", ended, marker, clusterlab.TrimTo(r.String(), 2000))
 	}
 	// The VMM's unit appended how it ended to its log.
-	if r := d.must("workspace", "logs", id, "--instance", ended, "--vmm"); !strings.Contains(r.stdout, "kibotos: vmm exited") {
-		t.Errorf("--instance %s --vmm: want the VMM log's last line: %s", ended, trimTo(r.String(), 2000))
+	if r := d.must("workspace", "logs", id, "--instance", ended, "--vmm"); !strings.Contains(r.Stdout, "kibotos: vmm exited") {
+		t.Errorf("--instance %s --vmm: want the VMM log's last line: %s", ended, clusterlab.TrimTo(r.String(), 2000))
 	}
 	testenv.WaitFor(t, 30*time.Second, "the new Instance's boot in kibo workspace logs", func() (bool, string) {
 		r = d.kibo(time.Minute, nil, "workspace", "logs", id)
-		return r.code == 0 && strings.Contains(r.stdout, "guest agent session started"), trimTo(r.String(), 600)
+		return r.Code == 0 && strings.Contains(r.Stdout, "guest agent session started"), clusterlab.TrimTo(r.String(), 600)
 	})
-	if strings.Contains(r.stdout, marker) || r.stderr != "" {
-		t.Errorf("the new Instance's log shows the ended one's line, or a note: %s", trimTo(r.String(), 2000))
+	if strings.Contains(r.Stdout, marker) || r.Stderr != "" {
+		t.Errorf("the new Instance's log shows the ended one's line, or a note: %s", clusterlab.TrimTo(r.String(), 2000))
 	}
 }

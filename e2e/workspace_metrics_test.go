@@ -11,6 +11,7 @@ import (
 
 	"github.com/kibotos/kibotos/api"
 	"github.com/kibotos/kibotos/datadir"
+	"github.com/kibotos/kibotos/internal/clusterlab"
 	"github.com/kibotos/kibotos/trust"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
@@ -86,7 +87,7 @@ func (d *wsDev) testMetrics(id string) {
 		t.Errorf("no raft commit time in the scrape: %v", f)
 	}
 	var w api.Workspace
-	if err := decodeResult(d.must("workspace", "get", id, "--json", "--wide"), &w); err != nil {
+	if err := clusterlab.DecodeResult(d.must("workspace", "get", id, "--json", "--wide"), &w); err != nil {
 		t.Fatal(err)
 	}
 	// The denied packets of testNetwork, per Instance, never below what

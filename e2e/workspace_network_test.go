@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kibotos/kibotos/internal/clusterlab"
 	"github.com/kibotos/kibotos/internal/testenv"
 
 	"github.com/kibotos/kibotos/api"
@@ -31,7 +32,7 @@ func (d *wsDev) testNetwork(id string) {
 	}
 	policy := func() string {
 		t.Helper()
-		if err := decodeResult(d.must("workspace", "get", id, "--json"), &w); err != nil {
+		if err := clusterlab.DecodeResult(d.must("workspace", "get", id, "--json"), &w); err != nil {
 			t.Fatal(err)
 		}
 		return w.Network.Egress
@@ -39,8 +40,8 @@ func (d *wsDev) testNetwork(id string) {
 	if got := policy(); got != "none" {
 		t.Errorf("default egress %q, want none", got)
 	}
-	if r := d.must("workspace", "exec", id, "--", "cat", "/etc/resolv.conf"); r.stdout != "nameserver 169.254.100.1\n" {
-		t.Errorf("Workspace resolv.conf %q; want the namespace's address (DNATed to the deployment resolver)", r.stdout)
+	if r := d.must("workspace", "exec", id, "--", "cat", "/etc/resolv.conf"); r.Stdout != "nameserver 169.254.100.1\n" {
+		t.Errorf("Workspace resolv.conf %q; want the namespace's address (DNATed to the deployment resolver)", r.Stdout)
 	}
 	// A server on the dev host's own (non-loopback) address.
 	hostAddr := hostIPv4(t)
@@ -53,8 +54,8 @@ func (d *wsDev) testNetwork(id string) {
 	url := "http://" + ln.Addr().String() + "/"
 	unreachable := func(when string) {
 		t.Helper()
-		if r := d.kibo(time.Minute, nil, "workspace", "exec", id, "--", "wget", "-T", "3", "-t", "1", "-q", "-O-", url); r.code == 0 {
-			t.Errorf("%s: the guest fetched %s from the host's own address: %q", when, url, r.stdout)
+		if r := d.kibo(time.Minute, nil, "workspace", "exec", id, "--", "wget", "-T", "3", "-t", "1", "-q", "-O-", url); r.Code == 0 {
+			t.Errorf("%s: the guest fetched %s from the host's own address: %q", when, url, r.Stdout)
 		}
 	}
 	unreachable("egress none")
@@ -68,12 +69,12 @@ func (d *wsDev) testNetwork(id string) {
 		var w struct {
 			Denied *api.DeniedReport `json:"denied"`
 		}
-		if err := decodeResult(d.must("workspace", "get", id, "--json"), &w); err != nil {
+		if err := clusterlab.DecodeResult(d.must("workspace", "get", id, "--json"), &w); err != nil {
 			t.Fatal(err)
 		}
 		return w.Denied != nil && w.Denied.Packets > 0, fmt.Sprintf("denied %+v", w.Denied)
 	})
-	if out := d.must("workspace", "get", id).stdout; !regexp.MustCompile(`(?m)^Denied packets: +[1-9][0-9]* \(reported `).MatchString(out) {
+	if out := d.must("workspace", "get", id).Stdout; !regexp.MustCompile(`(?m)^Denied packets: +[1-9][0-9]* \(reported `).MatchString(out) {
 		t.Errorf("workspace get does not show the denied packets:\n%s", out)
 	}
 	d.must("workspace", "set-network", id, "--egress", "none")

@@ -22,6 +22,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 
 	"github.com/kibotos/kibotos/api"
+	"github.com/kibotos/kibotos/internal/clusterlab"
 	"github.com/kibotos/kibotos/internal/testenv"
 )
 
@@ -85,7 +86,7 @@ func (d *wsDev) testOCITemplate(string) {
 		t.Fatal(err)
 	}
 	t0 := time.Now()
-	if r := d.kibo(2*time.Minute, nil, "template", "build", "oci-app", "--from-oci", archive); r.code != 0 || !strings.HasPrefix(r.stdout, "sha256-") {
+	if r := d.kibo(2*time.Minute, nil, "template", "build", "oci-app", "--from-oci", archive); r.Code != 0 || !strings.HasPrefix(r.Stdout, "sha256-") {
 		t.Fatalf("template build --from-oci: %s", r)
 	}
 	t.Logf("TIMING template build --from-oci: %s", time.Since(t0).Round(time.Millisecond))
@@ -96,50 +97,50 @@ func (d *wsDev) testOCITemplate(string) {
 	t0 = time.Now()
 	testenv.WaitFor(t, 5*time.Minute, "a Workspace of template oci-app", func() (bool, string) {
 		r := d.kibo(3*time.Minute, nil, "workspace", "create", "--template", "oci-app", "--cpu", "1", "--memory", "256MiB", "-q")
-		if r.code == api.ExitFailedPrecondition || r.code == api.ExitNotFound {
+		if r.Code == api.ExitFailedPrecondition || r.Code == api.ExitNotFound {
 			return false, r.String()
 		}
-		if r.code != 0 || !wsIDRe.MatchString(r.stdout) {
+		if r.Code != 0 || !wsIDRe.MatchString(r.Stdout) {
 			t.Fatalf("create of a Workspace of oci-app: %s", r)
 		}
-		id = strings.TrimSpace(r.stdout)
+		id = strings.TrimSpace(r.Stdout)
 		return true, ""
 	})
 	t.Logf("TIMING create of the OCI Workspace (to AVAILABLE): %s", time.Since(t0).Round(time.Millisecond))
 
-	inWS := func(args ...string) result {
+	inWS := func(args ...string) clusterlab.Result {
 		return d.kibo(time.Minute, nil, append([]string{"workspace", "exec", id}, args...)...)
 	}
-	if r := inWS("--", "cat", "/app/a.txt"); r.code != 0 || r.stdout != "alpha from the image\n" {
-		t.Errorf("cat /app/a.txt: %s (stdout %q)", r, r.stdout)
+	if r := inWS("--", "cat", "/app/a.txt"); r.Code != 0 || r.Stdout != "alpha from the image\n" {
+		t.Errorf("cat /app/a.txt: %s (stdout %q)", r, r.Stdout)
 	}
-	if r := inWS("--", "test", "!", "-e", "/app/b.txt"); r.code != 0 {
+	if r := inWS("--", "test", "!", "-e", "/app/b.txt"); r.Code != 0 {
 		t.Errorf("/app/b.txt, whited out by the second layer, is there: %s", r)
 	}
-	if r := inWS("--", "cat", "/app/c.txt"); r.code != 0 || r.stdout != "gamma\n" {
-		t.Errorf("cat /app/c.txt: %s (stdout %q)", r, r.stdout)
+	if r := inWS("--", "cat", "/app/c.txt"); r.Code != 0 || r.Stdout != "gamma\n" {
+		t.Errorf("cat /app/c.txt: %s (stdout %q)", r, r.Stdout)
 	}
 	// The image's Env replaces the node's defaults (no LANG); HOME is the
 	// user's.
-	if r := inWS("--", "env"); r.code != 0 || !strings.Contains(r.stdout, "GREETING=hello-from-oci\n") || !strings.Contains(r.stdout, "HOME=/home/app\n") || strings.Contains(r.stdout, "LANG=") {
-		t.Errorf("env: %s (stdout %q); want the image's GREETING, HOME=/home/app and no LANG", r, r.stdout)
+	if r := inWS("--", "env"); r.Code != 0 || !strings.Contains(r.Stdout, "GREETING=hello-from-oci\n") || !strings.Contains(r.Stdout, "HOME=/home/app\n") || strings.Contains(r.Stdout, "LANG=") {
+		t.Errorf("env: %s (stdout %q); want the image's GREETING, HOME=/home/app and no LANG", r, r.Stdout)
 	}
-	if r := inWS("--", "pwd"); r.code != 0 || r.stdout != "/app\n" {
-		t.Errorf("pwd: %s (stdout %q), want the image's WorkingDir /app", r, r.stdout)
+	if r := inWS("--", "pwd"); r.Code != 0 || r.Stdout != "/app\n" {
+		t.Errorf("pwd: %s (stdout %q), want the image's WorkingDir /app", r, r.Stdout)
 	}
-	if r := inWS("--", "id", "-u"); r.code != 0 || r.stdout != "1000\n" {
-		t.Errorf("id -u: %s (stdout %q), want the image's user app, 1000", r, r.stdout)
+	if r := inWS("--", "id", "-u"); r.Code != 0 || r.Stdout != "1000\n" {
+		t.Errorf("id -u: %s (stdout %q), want the image's user app, 1000", r, r.Stdout)
 	}
-	if r := inWS("-e", "GREETING=mine", "-w", "/tmp", "--", "sh", "-c", `echo "$GREETING $(pwd)"`); r.code != 0 || r.stdout != "mine /tmp\n" {
-		t.Errorf("-e and -w override the image's: %s (stdout %q)", r, r.stdout)
+	if r := inWS("-e", "GREETING=mine", "-w", "/tmp", "--", "sh", "-c", `echo "$GREETING $(pwd)"`); r.Code != 0 || r.Stdout != "mine /tmp\n" {
+		t.Errorf("-e and -w override the image's: %s (stdout %q)", r, r.Stdout)
 	}
 
 	for _, verb := range []string{"stop", "delete"} {
-		if r := d.kibo(3*time.Minute, nil, "workspace", verb, id); r.code != 0 {
+		if r := d.kibo(3*time.Minute, nil, "workspace", verb, id); r.Code != 0 {
 			t.Fatalf("workspace %s of the OCI Workspace: %s", verb, r)
 		}
 	}
-	if r := d.must("template", "delete", "oci-app", "--local"); !strings.Contains(r.stdout, "1 build(s) deleted") {
+	if r := d.must("template", "delete", "oci-app", "--local"); !strings.Contains(r.Stdout, "1 build(s) deleted") {
 		t.Errorf("template delete --local: %s", r)
 	}
 }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/kibotos/kibotos/api"
 	"github.com/kibotos/kibotos/datadir"
+	"github.com/kibotos/kibotos/internal/clusterlab"
 	"github.com/kibotos/kibotos/internal/hostprobe"
 	"github.com/kibotos/kibotos/internal/testenv"
 )
@@ -28,13 +29,13 @@ func (d *wsDev) testTenants(string) {
 	if err != nil {
 		t.Fatalf("the API key kibotos dev made: %v", err)
 	}
-	if log, _ := os.ReadFile(d.devProc().log); !bytes.Contains(log, []byte("KIBOTOS_TOKEN=$(cat ")) {
+	if log, _ := os.ReadFile(d.devProc().Log); !bytes.Contains(log, []byte("KIBOTOS_TOKEN=$(cat ")) {
 		t.Errorf("kibotos dev did not say how to reach its API with its key")
 	}
-	remote := func(secret string, args ...string) result {
+	remote := func(secret string, args ...string) clusterlab.Result {
 		return d.remote(secret, ca, args...)
 	}
-	if r := remote(strings.TrimSpace(string(devKey)), "workspace", "list"); r.code != 0 {
+	if r := remote(strings.TrimSpace(string(devKey)), "workspace", "list"); r.Code != 0 {
 		t.Fatalf("dev's key on its API: %s", r)
 	}
 
@@ -42,20 +43,20 @@ func (d *wsDev) testTenants(string) {
 	for _, ns := range []string{"acme", "beta"} {
 		d.must("namespace", "create", ns)
 		r := d.must("api-key", "create", "app", "--namespace", ns, "--role", "sandbox")
-		secrets[ns] = strings.TrimSpace(r.stdout)
+		secrets[ns] = strings.TrimSpace(r.Stdout)
 		if _, _, ok := api.ParseKeySecret(secrets[ns]); !ok {
-			t.Fatalf("api-key create printed %q, not a key", r.stdout)
+			t.Fatalf("api-key create printed %q, not a key", r.Stdout)
 		}
 	}
-	acme := func(args ...string) result { return remote(secrets["acme"], args...) }
-	beta := func(args ...string) result { return remote(secrets["beta"], args...) }
+	acme := func(args ...string) clusterlab.Result { return remote(secrets["acme"], args...) }
+	beta := func(args ...string) clusterlab.Result { return remote(secrets["beta"], args...) }
 
 	r := acme("workspace", "create", "--template", "kibotos-base", "--timeout", "30m", "-q")
-	if r.code != 0 || !wsIDRe.MatchString(r.stdout) {
+	if r.Code != 0 || !wsIDRe.MatchString(r.Stdout) {
 		t.Fatalf("create with acme's key: %s", r)
 	}
-	id := strings.TrimSpace(r.stdout)
-	if r := acme("workspace", "exec", id, "--", "echo", "remote-hello"); r.code != 0 || r.stdout != "remote-hello\n" {
+	id := strings.TrimSpace(r.Stdout)
+	if r := acme("workspace", "exec", id, "--", "echo", "remote-hello"); r.Code != 0 || r.Stdout != "remote-hello\n" {
 		t.Fatalf("exec with acme's key: %s", r)
 	}
 	local, back := filepath.Join(d.tmp, "tenant.in"), filepath.Join(d.tmp, "tenant.out")
@@ -63,16 +64,16 @@ func (d *wsDev) testTenants(string) {
 	if err := os.WriteFile(local, payload, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if r := acme("workspace", "cp", local, id+":/root/tenant"); r.code != 0 {
+	if r := acme("workspace", "cp", local, id+":/root/tenant"); r.Code != 0 {
 		t.Fatalf("cp in with acme's key: %s", r)
 	}
-	if r := acme("workspace", "cp", id+":/root/tenant", back); r.code != 0 {
+	if r := acme("workspace", "cp", id+":/root/tenant", back); r.Code != 0 {
 		t.Fatalf("cp out with acme's key: %s", r)
 	}
 	if got, _ := os.ReadFile(back); !bytes.Equal(got, payload) {
 		t.Errorf("cp in and out with acme's key: %d bytes back, equal %v", len(got), bytes.Equal(got, payload))
 	}
-	if r := acme("workspace", "exec", id, "--", "sh", "-c", "nc -l -p 8000 -e /bin/cat </dev/null >/dev/null 2>&1 &"); r.code != 0 {
+	if r := acme("workspace", "exec", id, "--", "sh", "-c", "nc -l -p 8000 -e /bin/cat </dev/null >/dev/null 2>&1 &"); r.Code != 0 {
 		t.Fatalf("echo server with acme's key: %s", r)
 	}
 	d.portForwardEcho(id, d.remoteEnv(secrets["acme"], ca))
@@ -84,17 +85,17 @@ func (d *wsDev) testTenants(string) {
 		{"workspace", "stop", id},
 		{"workspace", "delete", id},
 	} {
-		if r := beta(args...); r.code != api.ExitNotFound {
+		if r := beta(args...); r.Code != api.ExitNotFound {
 			t.Errorf("beta's key: %s: want exit %d", r, api.ExitNotFound)
 		}
 	}
-	if r := beta("workspace", "list", "-q"); r.code != 0 || strings.Contains(r.stdout, id) {
+	if r := beta("workspace", "list", "-q"); r.Code != 0 || strings.Contains(r.Stdout, id) {
 		t.Errorf("beta's list shows acme's Workspace: %s", r)
 	}
-	if r := beta("node", "list"); r.code != api.ExitPermissionDenied {
+	if r := beta("node", "list"); r.Code != api.ExitPermissionDenied {
 		t.Errorf("beta's key on nodes: %s: want exit %d", r, api.ExitPermissionDenied)
 	}
-	if r := acme("workspace", "delete", id); r.code != 0 {
+	if r := acme("workspace", "delete", id); r.Code != 0 {
 		t.Fatalf("delete with acme's key: %s", r)
 	}
 	d.expect(api.ExitNotFound, "workspace", "get", id)
@@ -130,7 +131,7 @@ func (d *wsDev) sdkExamples(secret, ca string) {
 	// Each example deletes what it made.
 	testenv.WaitFor(t, time.Minute, "the examples' Workspaces gone", func() (bool, string) {
 		r := d.must("workspace", "list", "-n", "acme", "--all", "-q")
-		return r.stdout == "", r.stdout
+		return r.Stdout == "", r.Stdout
 	})
 }
 
@@ -147,7 +148,7 @@ func (d *wsDev) remoteEnv(secret, ca string) []string {
 }
 
 // remote runs the CLI as remoteEnv describes.
-func (d *wsDev) remote(secret, ca string, args ...string) result {
+func (d *wsDev) remote(secret, ca string, args ...string) clusterlab.Result {
 	return d.kiboEnv(d.remoteEnv(secret, ca), args...)
 }
 
@@ -158,10 +159,10 @@ func (d *wsDev) remote(secret, ca string, args ...string) result {
 func (d *wsDev) testIdleResume(string) {
 	t := d.t
 	r := d.kibo(3*time.Minute, nil, "workspace", "create", "--template", "kibotos-base", "--idle-timeout", "30s", "--auto-resume", "-q")
-	if r.code != 0 || !wsIDRe.MatchString(r.stdout) {
+	if r.Code != 0 || !wsIDRe.MatchString(r.Stdout) {
 		t.Fatalf("create with --idle-timeout: %s", r)
 	}
-	id := strings.TrimSpace(r.stdout)
+	id := strings.TrimSpace(r.Stdout)
 	d.must("workspace", "exec", id, "--", "sh", "-c", "sleep 100000 </dev/null >/dev/null 2>&1 & echo $! > /root/bg.pid")
 	t0 := time.Now()
 	testenv.WaitFor(t, 3*time.Minute, "the idle Workspace paused", func() (bool, string) {
@@ -170,13 +171,13 @@ func (d *wsDev) testIdleResume(string) {
 	})
 	t.Logf("TIMING idle pause: PAUSED %s after the last exec (idle timeout 30s)", time.Since(t0).Round(time.Second))
 	r = d.kibo(3*time.Minute, nil, "workspace", "exec", id, "--", "sh", "-c", "kill -0 $(cat /root/bg.pid) && echo still-running")
-	if r.code != 0 || r.stdout != "still-running\n" {
+	if r.Code != 0 || r.Stdout != "still-running\n" {
 		t.Fatalf("exec into the idle-paused Workspace: %s, want it resumed with its background process", r)
 	}
 	if w := d.get(id); w.State != api.WorkspaceAvailable {
 		t.Errorf("after the exec: %s, want AVAILABLE", w.State)
 	}
-	log, _ := os.ReadFile(d.devProc().log)
+	log, _ := os.ReadFile(d.devProc().Log)
 	for _, line := range []string{"workspace idle, pausing", "workspace resumed on connect"} {
 		if !bytes.Contains(log, []byte(line)) {
 			t.Errorf("the dev log has no %q", line)

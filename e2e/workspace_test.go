@@ -24,6 +24,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kibotos/kibotos/internal/clusterlab"
 	"github.com/kibotos/kibotos/internal/hostprobe"
 	"github.com/kibotos/kibotos/internal/testenv"
 
@@ -43,7 +44,7 @@ type wsDev struct {
 	e2bAddr string // --e2b-listen: the E2B API
 	cache   string // shared kernel package cache
 	mu      sync.Mutex
-	dev     *proc // current kibotos dev process
+	dev     *clusterlab.Proc // current kibotos dev process
 	runs    int
 	started []*exec.Cmd // every other long-running CLI process, to reap
 }
@@ -53,7 +54,7 @@ func TestWorkspace(t *testing.T) {
 	t0 := time.Now()
 	tmp := t.TempDir() // registered first: removed after the cleanup below
 	d := &wsDev{t: t, tmp: tmp, dir: filepath.Join(tmp, "dev"), cache: filepath.Join(os.TempDir(), "kibotos-test-platform")}
-	d.bin = buildBinary(t, filepath.Join(tmp, "bin"))
+	d.bin = clusterlab.BuildBinary(t, filepath.Join(tmp, "bin"))
 	ports := testenv.Ports(t, 6) // API, gossip, data plane, metrics, the API for applications, the E2B API
 	d.addr = "127.0.0.1:" + strconv.Itoa(ports)
 	d.apiAddr = "127.0.0.1:" + strconv.Itoa(ports+4)
@@ -123,7 +124,7 @@ func (d *wsDev) up() {
 	}
 	cmd := exec.Command(filepath.Join(d.bin, "kibotos"), "dev", "--data-dir", d.dir, "--advertise", d.addr, "--api-listen", d.apiAddr, "--e2b-listen", d.e2bAddr, "--e2b-template", e2bTemplate, "--no-demo", "--warm", warmTemplate+"=1")
 	cmd.Env = d.env()
-	p, err := startProc(cmd, f, logPath)
+	p, err := clusterlab.StartProc(cmd, f, logPath)
 	if err != nil {
 		d.t.Fatal(err)
 	}
@@ -132,7 +133,7 @@ func (d *wsDev) up() {
 	d.mu.Unlock()
 }
 
-func (d *wsDev) devProc() *proc {
+func (d *wsDev) devProc() *clusterlab.Proc {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	return d.dev
@@ -160,15 +161,15 @@ func (d *wsDev) waitReady(after uint64) uint64 {
 	d.t.Helper()
 	var inc uint64
 	testenv.WaitFor(d.t, 3*time.Minute, "node dev READY with its overcommit acknowledged", func() (bool, string) {
-		if p := d.devProc(); p.exited() {
-			d.t.Fatalf("kibotos dev exited with %d before the node was ready:\n%s", p.code, tail(p.log, 30))
+		if p := d.devProc(); p.Exited() {
+			d.t.Fatalf("kibotos dev exited with %d before the node was ready:\n%s", p.Code, clusterlab.Tail(p.Log, 30))
 		}
 		r := d.kibo(10*time.Second, nil, "node", "get", "dev", "--json")
-		if r.code != 0 {
+		if r.Code != 0 {
 			return false, r.String()
 		}
 		var n wsNode
-		if err := decodeResult(r, &n); err != nil {
+		if err := clusterlab.DecodeResult(r, &n); err != nil {
 			return false, err.Error()
 		}
 		ok := n.Status == api.NodeReady && n.Session != nil && n.Session.Alive && n.Session.Incarnation > after &&
@@ -177,12 +178,12 @@ func (d *wsDev) waitReady(after uint64) uint64 {
 			inc = n.Session.Incarnation
 		}
 		if !ok {
-			return false, trimTo(r.stdout, 400)
+			return false, clusterlab.TrimTo(r.Stdout, 400)
 		}
 		// kibotos dev gives its pool a capacity once the node is ready.
 		var p api.StoragePool
-		if r := d.kibo(10*time.Second, nil, "storage-pool", "get", "dev:default", "--json"); r.code != 0 || decodeResult(r, &p) != nil || p.CapacityBytes == nil {
-			return false, "storage pool dev:default without a capacity: " + trimTo(r.String(), 400)
+		if r := d.kibo(10*time.Second, nil, "storage-pool", "get", "dev:default", "--json"); r.Code != 0 || clusterlab.DecodeResult(r, &p) != nil || p.CapacityBytes == nil {
+			return false, "storage pool dev:default without a capacity: " + clusterlab.TrimTo(r.String(), 400)
 		}
 		return true, ""
 	})
@@ -190,16 +191,16 @@ func (d *wsDev) waitReady(after uint64) uint64 {
 }
 
 // kibo runs the CLI with KIBOTOS_DATA_DIR set to the dev directory.
-func (d *wsDev) kibo(timeout time.Duration, stdin []byte, args ...string) result {
+func (d *wsDev) kibo(timeout time.Duration, stdin []byte, args ...string) clusterlab.Result {
 	return d.kiboWith(d.env(), timeout, stdin, args...)
 }
 
 // kiboEnv runs the CLI with environment env, for at most a minute.
-func (d *wsDev) kiboEnv(env []string, args ...string) result {
+func (d *wsDev) kiboEnv(env []string, args ...string) clusterlab.Result {
 	return d.kiboWith(env, time.Minute, nil, args...)
 }
 
-func (d *wsDev) kiboWith(env []string, timeout time.Duration, stdin []byte, args ...string) result {
+func (d *wsDev) kiboWith(env []string, timeout time.Duration, stdin []byte, args ...string) clusterlab.Result {
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, filepath.Join(d.bin, "kibo"), args...)
@@ -207,24 +208,24 @@ func (d *wsDev) kiboWith(env []string, timeout time.Duration, stdin []byte, args
 	if stdin != nil {
 		cmd.Stdin = bytes.NewReader(stdin)
 	}
-	return runResult(ctx, timeout, cmd, args)
+	return clusterlab.RunResult(ctx, timeout, cmd, args)
 }
 
 // must runs the CLI and fails the test unless it exits 0.
-func (d *wsDev) must(args ...string) result {
+func (d *wsDev) must(args ...string) clusterlab.Result {
 	d.t.Helper()
 	r := d.kibo(time.Minute, nil, args...)
-	if r.code != 0 {
+	if r.Code != 0 {
 		d.t.Fatalf("%s", r)
 	}
 	return r
 }
 
 // expect runs the CLI and fails the test unless it exits with code.
-func (d *wsDev) expect(code int, args ...string) result {
+func (d *wsDev) expect(code int, args ...string) clusterlab.Result {
 	d.t.Helper()
 	r := d.kibo(time.Minute, nil, args...)
-	if r.code != code {
+	if r.Code != code {
 		d.t.Fatalf("want exit %d: %s", code, r)
 	}
 	return r
@@ -249,7 +250,7 @@ func (d *wsDev) get(id string) wsView {
 	d.t.Helper()
 	r := d.must("workspace", "get", id, "--json")
 	var w wsView
-	if err := decodeResult(r, &w); err != nil {
+	if err := clusterlab.DecodeResult(r, &w); err != nil {
 		d.t.Fatal(err)
 	}
 	return w
@@ -262,20 +263,20 @@ var wsIDRe = regexp.MustCompile(`^ws-[a-z0-9]+\n$`)
 func (d *wsDev) testCreate() string {
 	t := d.t
 	t.Helper()
-	before := d.must("workspace", "list", "--all", "-q").stdout
+	before := d.must("workspace", "list", "--all", "-q").Stdout
 	// The Workspace mounts a Volume at /data (StopStart and
 	// ForceStopDelete check it).
-	if r := d.must("volume", "create", "data", "--size", "64MiB"); !strings.Contains(r.stdout, "created: AVAILABLE, 64.0MiB in pool dev:default") {
+	if r := d.must("volume", "create", "data", "--size", "64MiB"); !strings.Contains(r.Stdout, "created: AVAILABLE, 64.0MiB in pool dev:default") {
 		t.Fatalf("volume create: %s", r)
 	}
 	cmdID := "e2e-create-" + hex.EncodeToString(randBytes(t, 4))
 	t0 := time.Now()
 	r := d.kibo(3*time.Minute, nil, "workspace", "create", "--template", "kibotos-base", "--volume", "data:/data", "-q", "--command-id", cmdID)
-	if r.code != 0 || !wsIDRe.MatchString(r.stdout) || r.stderr != "" {
-		t.Fatalf("create -q must print only a Workspace id: %s (stdout %q)", r, r.stdout)
+	if r.Code != 0 || !wsIDRe.MatchString(r.Stdout) || r.Stderr != "" {
+		t.Fatalf("create -q must print only a Workspace id: %s (stdout %q)", r, r.Stdout)
 	}
 	t.Logf("TIMING create (to AVAILABLE): %s", time.Since(t0).Round(time.Millisecond))
-	id := strings.TrimSpace(r.stdout)
+	id := strings.TrimSpace(r.Stdout)
 
 	w := d.get(id)
 	if w.WorkspaceID != id || w.State != api.WorkspaceAvailable || w.NodeID != "dev" || !strings.HasPrefix(w.InstanceID, "inst-") || w.Version == 0 {
@@ -284,15 +285,15 @@ func (d *wsDev) testCreate() string {
 
 	// The same command id again: the same Workspace, nothing new.
 	r = d.must("workspace", "create", "--template", "kibotos-base", "--volume", "data:/data", "-q", "--command-id", cmdID)
-	if strings.TrimSpace(r.stdout) != id {
-		t.Errorf("create retried with --command-id %s: got %q, want %s", cmdID, r.stdout, id)
+	if strings.TrimSpace(r.Stdout) != id {
+		t.Errorf("create retried with --command-id %s: got %q, want %s", cmdID, r.Stdout, id)
 	}
 
-	list := d.must("workspace", "list").stdout
+	list := d.must("workspace", "list").Stdout
 	if !regexp.MustCompile(`(?m)^` + id + `\s+AVAILABLE\s+kibotos-base\s`).MatchString(list) {
 		t.Errorf("workspace list lacks %s AVAILABLE:\n%s", id, list)
 	}
-	wide := strings.Split(strings.TrimSpace(d.must("workspace", "list", "--wide").stdout), "\n")
+	wide := strings.Split(strings.TrimSpace(d.must("workspace", "list", "--wide").Stdout), "\n")
 	header := strings.Fields(wide[0])
 	col := func(name string) int {
 		for i, h := range header {
@@ -317,20 +318,20 @@ func (d *wsDev) testCreate() string {
 	if !found {
 		t.Errorf("list --wide lacks a row for %s:\n%s", id, strings.Join(wide, "\n"))
 	}
-	if out := d.must("workspace", "list", "--node", "dev").stdout; !strings.Contains(out, id) {
+	if out := d.must("workspace", "list", "--node", "dev").Stdout; !strings.Contains(out, id) {
 		t.Errorf("list --node dev lacks %s:\n%s", id, out)
 	}
-	if out := d.must("workspace", "list", "--instance", w.InstanceID, "-q").stdout; out != id+"\n" {
+	if out := d.must("workspace", "list", "--instance", w.InstanceID, "-q").Stdout; out != id+"\n" {
 		t.Errorf("list --instance %s -q: %q, want %s", w.InstanceID, out, id)
 	}
 	d.expect(api.ExitUsage, "workspace", "list", "--node", "dev", "--state", "AVAILABLE")
 	d.expect(api.ExitNotFound, "workspace", "list", "--node", "nosuch")
-	if r := d.expect(api.ExitNotFound, "workspace", "get", "ws-nosuch"); !strings.Contains(r.stderr, "ws-nosuch") {
+	if r := d.expect(api.ExitNotFound, "workspace", "get", "ws-nosuch"); !strings.Contains(r.Stderr, "ws-nosuch") {
 		t.Errorf("get ws-nosuch: the message does not name it: %s", r)
 	}
 	d.expect(api.ExitInvalidArgument, "workspace", "create", "--template", "NoSuch!")
 	d.expect(api.ExitNotFound, "workspace", "create", "--template", "kibotos-base", "--node", "nosuch")
-	after := d.must("workspace", "list", "--all", "-q").stdout
+	after := d.must("workspace", "list", "--all", "-q").Stdout
 	if after != before+id+"\n" {
 		t.Errorf("list --all -q: %q before, %q after; want only %s added (failed creates leave nothing)", before, after, id)
 	}
@@ -408,23 +409,23 @@ func (d *wsDev) down() {
 		}
 	}
 	if p := d.devProc(); p != nil {
-		if !p.exited() {
-			p.cmd.Process.Signal(syscall.SIGINT)
-			if _, ok := p.waitExit(30 * time.Second); !ok {
-				t.Errorf("kibotos dev (pid %d) did not stop within 30s of SIGINT; killing it", p.cmd.Process.Pid)
-				p.cmd.Process.Kill()
-				<-p.done
+		if !p.Exited() {
+			p.Cmd.Process.Signal(syscall.SIGINT)
+			if _, ok := p.WaitExit(30 * time.Second); !ok {
+				t.Errorf("kibotos dev (pid %d) did not stop within 30s of SIGINT; killing it", p.Cmd.Process.Pid)
+				p.Cmd.Process.Kill()
+				<-p.Done()
 			}
 		}
 		if t.Failed() {
 			d.mu.Lock()
 			for i := 1; i <= d.runs; i++ {
 				log := filepath.Join(d.tmp, fmt.Sprintf("dev-%d.log", i))
-				t.Logf("---- last lines of %s ----\n%s", filepath.Base(log), tail(log, 40))
+				t.Logf("---- last lines of %s ----\n%s", filepath.Base(log), clusterlab.Tail(log, 40))
 			}
 			d.mu.Unlock()
-			for _, log := range unitLogs(datadir.Dir(d.dir)) {
-				t.Logf("---- last lines of %s ----\n%s", filepath.Base(log), tail(log, 40))
+			for _, log := range clusterlab.UnitLogs(datadir.Dir(d.dir)) {
+				t.Logf("---- last lines of %s ----\n%s", filepath.Base(log), clusterlab.Tail(log, 40))
 			}
 		}
 	}
@@ -442,7 +443,7 @@ func (d *wsDev) down() {
 			// outlives the node by design, so dev down must end it.
 			if !t.Failed() && !strings.Contains(string(out), "0 VM(s) ended, 1 data-plane process(es) stopped") {
 				t.Errorf("dev down after the Workspace was deleted: %q, want 0 VM(s) ended, 1 data-plane process(es) stopped; last lines of dev-%d.log:\n%s",
-					out, d.runs, tail(filepath.Join(d.tmp, fmt.Sprintf("dev-%d.log", d.runs)), 60))
+					out, d.runs, clusterlab.Tail(filepath.Join(d.tmp, fmt.Sprintf("dev-%d.log", d.runs)), 60))
 			}
 		}
 		if _, err := os.Stat(d.dir); !errors.Is(err, os.ErrNotExist) {
@@ -451,7 +452,7 @@ func (d *wsDev) down() {
 		// The node's own table and the routing of proxied guests go with
 		// the last guest.
 		if out, _ := exec.Command("nft", "list", "table", "inet", "kibotos").CombinedOutput(); !strings.Contains(string(out), "No such file") {
-			t.Errorf("dev down left the node's nftables table: %s", trimTo(string(out), 300))
+			t.Errorf("dev down left the node's nftables table: %s", clusterlab.TrimTo(string(out), 300))
 		}
 		if out, _ := exec.Command("ip", "rule", "list", "fwmark", "0x6b62").CombinedOutput(); strings.TrimSpace(string(out)) != "" {
 			t.Errorf("dev down left the proxy policy rule: %s", out)
@@ -464,11 +465,4 @@ func (d *wsDev) down() {
 	if !testenv.Poll(t, 10*time.Second, func() bool { left = hostprobe.ProcsMentioning(d.tmp); return len(left) == 0 }) {
 		t.Errorf("processes of this test still run after dev down:\n%s", strings.Join(left, "\n"))
 	}
-}
-
-// unitLogs are the logs of a member's data-plane and egress processes:
-// their units' files, since the private systemd has no journal.
-func unitLogs(d datadir.Dir) []string {
-	logs, _ := filepath.Glob(filepath.Join(d.NodeDir(), "systemd", "logs", "kibotos-[de]*.log"))
-	return logs
 }

@@ -20,6 +20,7 @@ import (
 	"github.com/kibotos/kibotos/agent/runtime"
 	"github.com/kibotos/kibotos/api"
 	"github.com/kibotos/kibotos/datadir"
+	"github.com/kibotos/kibotos/internal/clusterlab"
 	"github.com/kibotos/kibotos/internal/testenv"
 )
 
@@ -56,7 +57,7 @@ func (d *wsDev) failureOf(id string) (failure, last *failureView) {
 		Failure   *failureView `json:"failure"`
 		LastError *failureView `json:"last_error"`
 	}
-	if err := decodeResult(d.must("workspace", "get", id, "--json"), &w); err != nil {
+	if err := clusterlab.DecodeResult(d.must("workspace", "get", id, "--json"), &w); err != nil {
 		d.t.Fatal(err)
 	}
 	return w.Failure, w.LastError
@@ -73,7 +74,7 @@ func (d *wsDev) testStopNotPrepared(id string) {
 	w := d.get(id)
 	p := d.vmm(w.InstanceID)
 	r := d.kibo(2*time.Minute, nil, "workspace", "stop", id)
-	if r.code == 0 || !strings.Contains(r.stderr, "prepare guest stop: retained filesystem freeze failed: ") {
+	if r.Code == 0 || !strings.Contains(r.Stderr, "prepare guest stop: retained filesystem freeze failed: ") {
 		t.Fatalf("stop with a tmpfs over the Volume: %s; want it refused with prepare guest stop: retained filesystem freeze failed", r)
 	}
 	failure, _ := d.failureOf(id)
@@ -84,7 +85,7 @@ func (d *wsDev) testStopNotPrepared(id string) {
 	if !alive(p) {
 		t.Fatal("the VMM ended after a stop the guest did not prepare; the seed keeps it running")
 	}
-	if r := d.expect(api.ExitFailedPrecondition, "workspace", "start", id); !strings.Contains(r.stderr, "stop --force "+id) {
+	if r := d.expect(api.ExitFailedPrecondition, "workspace", "start", id); !strings.Contains(r.Stderr, "stop --force "+id) {
 		t.Errorf("start of the FAILED Workspace with its VMM running: %s; want it to say stop --force", r)
 	}
 	t0 := time.Now()
@@ -94,8 +95,8 @@ func (d *wsDev) testStopNotPrepared(id string) {
 		t.Fatalf("after stop --force: %+v (VMM alive: %v); want STOPPED, not confirmed on disk, the VMM gone", got, alive(p))
 	}
 	d.must("workspace", "start", id)
-	if r := d.must("workspace", "exec", id, "--", "cat", "/root/g", "/data/f"); r.stdout != "before-freeze\non-volume\n" {
-		t.Errorf("files after stop --force and start: %q", r.stdout)
+	if r := d.must("workspace", "exec", id, "--", "cat", "/root/g", "/data/f"); r.Stdout != "before-freeze\non-volume\n" {
+		t.Errorf("files after stop --force and start: %q", r.Stdout)
 	}
 }
 
@@ -125,8 +126,8 @@ func (d *wsDev) testOOMKill(id string) {
 	t0 := time.Now()
 	d.must("workspace", "start", id)
 	t.Logf("TIMING start after the OOM kill: %s", time.Since(t0).Round(time.Millisecond))
-	if r := d.must("workspace", "exec", id, "--", "cat", "/root/g"); r.stdout != "before-freeze\n" {
-		t.Errorf("files after the OOM kill and start: %q", r.stdout)
+	if r := d.must("workspace", "exec", id, "--", "cat", "/root/g"); r.Stdout != "before-freeze\n" {
+		t.Errorf("files after the OOM kill and start: %q", r.Stdout)
 	}
 }
 
@@ -169,7 +170,7 @@ func oomCgroup(d *wsDev, pid int) string {
 func (d *wsDev) testGuestNotResponding(id string) {
 	t := d.t
 	var n wsNode
-	if err := decodeResult(d.must("node", "get", "dev", "--json"), &n); err != nil || n.Session == nil {
+	if err := clusterlab.DecodeResult(d.must("node", "get", "dev", "--json"), &n); err != nil || n.Session == nil {
 		t.Fatalf("node get dev: %v %+v", err, n)
 	}
 	p := d.vmm(d.get(id).InstanceID)
@@ -185,9 +186,9 @@ func (d *wsDev) testGuestNotResponding(id string) {
 	}
 	defer resume()
 	dev := d.devProc()
-	dev.cmd.Process.Signal(syscall.SIGKILL)
-	if _, ok := dev.waitExit(10 * time.Second); !ok {
-		t.Fatalf("kibotos dev (pid %d) did not die after SIGKILL", dev.cmd.Process.Pid)
+	dev.Cmd.Process.Signal(syscall.SIGKILL)
+	if _, ok := dev.WaitExit(10 * time.Second); !ok {
+		t.Fatalf("kibotos dev (pid %d) did not die after SIGKILL", dev.Cmd.Process.Pid)
 	}
 	d.up()
 	d.waitReady(n.Session.Incarnation)
@@ -195,13 +196,13 @@ func (d *wsDev) testGuestNotResponding(id string) {
 		w := d.get(id)
 		return w.GuestNotResponding && w.State == api.WorkspaceAvailable, fmt.Sprintf("%+v", w)
 	})
-	if out := d.must("workspace", "get", id).stdout; !regexp.MustCompile(`(?m)^Guest:?\s+not responding`).MatchString(out) {
+	if out := d.must("workspace", "get", id).Stdout; !regexp.MustCompile(`(?m)^Guest:?\s+not responding`).MatchString(out) {
 		t.Errorf("workspace get does not say the guest is not responding:\n%s", out)
 	}
 	// The report says "not responding" as soon as the takeover found no
 	// session; the log line follows the first attempt that failed.
 	testenv.WaitFor(t, 30*time.Second, "the node to log instance guest sync pending", func() (bool, string) {
-		return d.devProc().logContains("instance guest sync pending"), ""
+		return d.devProc().LogContains("instance guest sync pending"), ""
 	})
 	resume()
 	t0 := time.Now()
@@ -211,9 +212,9 @@ func (d *wsDev) testGuestNotResponding(id string) {
 	})
 	t.Logf("TIMING guest answering again to shown as responding: %s", time.Since(t0).Round(time.Millisecond))
 	testenv.WaitFor(t, 30*time.Second, "the node to log instance guest sync pending ... recovered=true", func() (bool, string) {
-		return d.devProc().logContains("recovered=true"), ""
+		return d.devProc().LogContains("recovered=true"), ""
 	})
-	if r := d.must("workspace", "exec", id, "--", "sh", "-c", "grep -c nameserver /etc/resolv.conf; ip -4 route show default | grep -c via"); r.stdout != "1\n1\n" {
-		t.Errorf("the guest's DNS and default route after the sync: %q", r.stdout)
+	if r := d.must("workspace", "exec", id, "--", "sh", "-c", "grep -c nameserver /etc/resolv.conf; ip -4 route show default | grep -c via"); r.Stdout != "1\n1\n" {
+		t.Errorf("the guest's DNS and default route after the sync: %q", r.Stdout)
 	}
 }

@@ -20,6 +20,7 @@ import (
 	"github.com/kibotos/kibotos/agent/dataplane"
 	"github.com/kibotos/kibotos/api"
 	"github.com/kibotos/kibotos/datadir"
+	"github.com/kibotos/kibotos/internal/clusterlab"
 	"github.com/kibotos/kibotos/internal/testenv"
 	"github.com/kibotos/kibotos/vmm/guestproto"
 	"github.com/kibotos/kibotos/vmm/units"
@@ -52,7 +53,7 @@ func (d *wsDev) testUpgrade(id string) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			dir := buildRelease(t, filepath.Join(d.tmp, "bin-"+r), r)
+			dir := clusterlab.BuildRelease(t, filepath.Join(d.tmp, "bin-"+r), r)
 			mu.Lock()
 			builds[r] = dir
 			mu.Unlock()
@@ -65,7 +66,7 @@ func (d *wsDev) testUpgrade(id string) {
 	storage := datadir.Dir(d.dir).StorageRoot()
 	for _, rel := range []string{"0.3.0", "0.3.1", "0.4.0"} {
 		// Step 1 of the procedure, beside the live member.
-		if r := d.run(builds[rel], 2*time.Minute, "platform", "build", "--storage-root", storage); r.code != 0 {
+		if r := d.run(builds[rel], 2*time.Minute, "platform", "build", "--storage-root", storage); r.Code != 0 {
 			t.Fatalf("platform build with %s: %s", rel, r)
 		}
 	}
@@ -75,9 +76,9 @@ func (d *wsDev) testUpgrade(id string) {
 	inc := d.replace(builds["0.3.0"])
 	testenv.WaitFor(t, time.Minute, "the Workspace FAILED for its runtime installation", func() (bool, string) {
 		r := d.kibo(10*time.Second, nil, "workspace", "get", id)
-		return strings.Contains(r.stdout, "compatible runtime installation unavailable"), trimTo(r.stdout, 600)
+		return strings.Contains(r.Stdout, "compatible runtime installation unavailable"), clusterlab.TrimTo(r.Stdout, 600)
 	})
-	if !d.devProc().logContains("earlier runtime installation cannot be retained") {
+	if !d.devProc().LogContains("earlier runtime installation cannot be retained") {
 		t.Error("no 'earlier runtime installation cannot be retained' in the member's log")
 	}
 	d.must("workspace", "stop", id, "--force")
@@ -128,8 +129,8 @@ func (d *wsDev) testUpgrade(id string) {
 	if w := d.get(id); w.State != api.WorkspaceAvailable || w.InstanceID != started.InstanceID {
 		t.Errorf("after 0.3.1 → 0.4.0: %+v; want the same Instance %s, taken over", w, started.InstanceID)
 	}
-	if r := d.must("workspace", "exec", id, "--", "echo", "on 0.4.0"); r.stdout != "on 0.4.0\n" {
-		t.Errorf("exec on 0.4.0: %q", r.stdout)
+	if r := d.must("workspace", "exec", id, "--", "echo", "on 0.4.0"); r.Stdout != "on 0.4.0\n" {
+		t.Errorf("exec on 0.4.0: %q", r.Stdout)
 	}
 
 	// 0.4.0 → 0.3.1: no rollback, nothing written.
@@ -147,7 +148,7 @@ func (d *wsDev) testUpgrade(id string) {
 	}
 	digest := recorded()
 	r := d.run(builds["0.3.1"], time.Minute, "dev", "--data-dir", d.dir, "--advertise", d.addr, "--no-demo")
-	if r.code != api.ExitFailedPrecondition || !strings.Contains(r.stderr, "was run by kibotos 0.4.0; this is 0.3.1 and there is no rollback") {
+	if r.Code != api.ExitFailedPrecondition || !strings.Contains(r.Stderr, "was run by kibotos 0.4.0; this is 0.3.1 and there is no rollback") {
 		t.Errorf("kibotos dev 0.3.1 after 0.4.0: %s", r)
 	}
 	if recorded() != digest {
@@ -159,12 +160,12 @@ func (d *wsDev) testUpgrade(id string) {
 }
 
 // run runs kibotos from dir (a build) with the dev environment.
-func (d *wsDev) run(dir string, timeout time.Duration, args ...string) result {
+func (d *wsDev) run(dir string, timeout time.Duration, args ...string) clusterlab.Result {
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, filepath.Join(dir, "kibotos"), args...)
 	cmd.Env = d.env()
-	return runResult(ctx, timeout, cmd, args)
+	return clusterlab.RunResult(ctx, timeout, cmd, args)
 }
 
 // stopDev stops the dev member as stopping its service would: the VMs
@@ -172,9 +173,9 @@ func (d *wsDev) run(dir string, timeout time.Duration, args ...string) result {
 func (d *wsDev) stopDev() {
 	d.t.Helper()
 	p := d.devProc()
-	p.cmd.Process.Signal(syscall.SIGINT)
-	if _, ok := p.waitExit(30 * time.Second); !ok {
-		d.t.Fatalf("kibotos dev (pid %d) did not stop within 30s of SIGINT", p.cmd.Process.Pid)
+	p.Cmd.Process.Signal(syscall.SIGINT)
+	if _, ok := p.WaitExit(30 * time.Second); !ok {
+		d.t.Fatalf("kibotos dev (pid %d) did not stop within 30s of SIGINT", p.Cmd.Process.Pid)
 	}
 }
 
@@ -184,7 +185,7 @@ func (d *wsDev) replace(dir string, after ...uint64) uint64 {
 	d.t.Helper()
 	var n wsNode
 	if len(after) == 0 {
-		if err := decodeResult(d.must("node", "get", "dev", "--json"), &n); err != nil || n.Session == nil {
+		if err := clusterlab.DecodeResult(d.must("node", "get", "dev", "--json"), &n); err != nil || n.Session == nil {
 			d.t.Fatalf("node get dev: %v", err)
 		}
 		after = []uint64{n.Session.Incarnation}

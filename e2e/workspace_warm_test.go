@@ -9,6 +9,7 @@ import (
 
 	"github.com/kibotos/kibotos/agent/runtime"
 	"github.com/kibotos/kibotos/api"
+	"github.com/kibotos/kibotos/internal/clusterlab"
 	"github.com/kibotos/kibotos/internal/testenv"
 	"github.com/kibotos/kibotos/vmm/platform"
 )
@@ -35,7 +36,7 @@ func (d *wsDev) testWarm(string) {
 		var n struct {
 			Report *api.Report `json:"report"`
 		}
-		if err := decodeResult(d.must("node", "get", "dev", "--json"), &n); err != nil {
+		if err := clusterlab.DecodeResult(d.must("node", "get", "dev", "--json"), &n); err != nil {
 			t.Fatal(err)
 		}
 		if n.Report != nil {
@@ -52,22 +53,22 @@ func (d *wsDev) testWarm(string) {
 		var w api.WarmGuests
 		testenv.WaitFor(t, 2*time.Minute, what, func() (bool, string) {
 			w = warm()
-			return ok(w), "node dev reports " + trimTo(strings.ReplaceAll(d.must("node", "get", "dev").stdout, "\n", "; "), 3000)
+			return ok(w), "node dev reports " + clusterlab.TrimTo(strings.ReplaceAll(d.must("node", "get", "dev").Stdout, "\n", "; "), 3000)
 		})
 		return w
 	}
 	create := func(args ...string) string {
 		t.Helper()
 		r := d.kibo(3*time.Minute, nil, append([]string{"workspace", "create", "-q", "--template", warmTemplate}, args...)...)
-		if r.code != 0 {
+		if r.Code != 0 {
 			t.Fatalf("%s", r)
 		}
-		return strings.TrimSpace(r.stdout)
+		return strings.TrimSpace(r.Stdout)
 	}
 	console := func(id string) string {
 		t.Helper()
 		var l machineLogView
-		if err := decodeResult(d.must("workspace", "logs", id, "--json"), &l); err != nil {
+		if err := clusterlab.DecodeResult(d.must("workspace", "logs", id, "--json"), &l); err != nil {
 			t.Fatal(err)
 		}
 		return l.Console
@@ -76,7 +77,7 @@ func (d *wsDev) testWarm(string) {
 	identity := func(id string) ident {
 		t.Helper()
 		out := d.must("workspace", "exec", id, "--", "sh", "-c",
-			"hostname; cat /etc/machine-id; cat /proc/sys/kernel/random/boot_id; head -c 16 /dev/urandom | od -An -tx1 | tr -d ' '").stdout
+			"hostname; cat /etc/machine-id; cat /proc/sys/kernel/random/boot_id; head -c 16 /dev/urandom | od -An -tx1 | tr -d ' '").Stdout
 		l := strings.Split(strings.TrimSpace(out), "\n")
 		if len(l) != 4 {
 			t.Fatalf("%s: %q", id, out)
@@ -94,10 +95,10 @@ func (d *wsDev) testWarm(string) {
 		var l struct {
 			Workspaces []api.Workspace `json:"workspaces"`
 		}
-		if err := decodeResult(d.must("node", "get", "dev", "--json"), &n); err != nil || n.Report == nil {
+		if err := clusterlab.DecodeResult(d.must("node", "get", "dev", "--json"), &n); err != nil || n.Report == nil {
 			t.Fatalf("node dev: %+v %v", n, err)
 		}
-		if err := decodeResult(d.must("workspace", "list", "--json"), &l); err != nil {
+		if err := clusterlab.DecodeResult(d.must("workspace", "list", "--json"), &l); err != nil {
 			t.Fatal(err)
 		}
 		for _, w := range n.Report.Warm {
@@ -123,7 +124,7 @@ func (d *wsDev) testWarm(string) {
 		id := create()
 		made = append(made, id)
 		awaitWarm("the start of "+id+" counted as one from a warm guest", func(w api.WarmGuests) bool { return w.Starts == before.Starts+1 })
-		if !d.devProc().logContains(`msg="instance started from a warm guest" node_id=dev workspace_id=` + id + ` `) {
+		if !d.devProc().LogContains(`msg="instance started from a warm guest" node_id=dev workspace_id=` + id + ` `) {
 			t.Errorf("Workspace %d (%s): the node's log does not say it started from a warm guest", i+1, id)
 		}
 		seen[id] = identity(id)
@@ -135,7 +136,7 @@ func (d *wsDev) testWarm(string) {
 	if a.machineID == b.machineID || a.bootID == b.bootID || a.random == b.random {
 		t.Errorf("two Workspaces restored from warm guests share an identity: %+v and %+v", a, b)
 	}
-	if out := d.must("node", "get", "dev").stdout; !strings.Contains(out, "Warm "+warmTemplate+":") {
+	if out := d.must("node", "get", "dev").Stdout; !strings.Contains(out, "Warm "+warmTemplate+":") {
 		t.Errorf("kibo node get dev does not show the warm guests:\n%s", out)
 	}
 
@@ -143,7 +144,7 @@ func (d *wsDev) testWarm(string) {
 	d.must("workspace", "exec", made[0], "--", "sh", "-c", "echo kept > /warm.txt && sync")
 	d.must("workspace", "stop", made[0])
 	d.must("workspace", "start", made[0])
-	if got := strings.TrimSpace(d.must("workspace", "exec", made[0], "--", "sh", "-c", "cat /warm.txt; cat /etc/machine-id").stdout); got != "kept\n"+a.machineID {
+	if got := strings.TrimSpace(d.must("workspace", "exec", made[0], "--", "sh", "-c", "cat /warm.txt; cat /etc/machine-id").Stdout); got != "kept\n"+a.machineID {
 		t.Errorf("after stop and start: %q; want the file and machine id it had", got)
 	}
 
@@ -155,7 +156,7 @@ func (d *wsDev) testWarm(string) {
 	other := create("--memory", "256MiB")
 	made = append(made, other)
 	if c := console(other); !strings.Contains(c, bootMarker) {
-		t.Errorf("a Workspace of 256MiB: its console lacks the guest's init starting (%s):\n%s", bootMarker, trimTo(c, 1500))
+		t.Errorf("a Workspace of 256MiB: its console lacks the guest's init starting (%s):\n%s", bootMarker, clusterlab.TrimTo(c, 1500))
 	}
 	// A booted Workspace has a machine id of its own too.
 	if s := identity(other); len(s.machineID) != 32 || s.machineID == a.machineID || s.machineID == b.machineID {
@@ -184,9 +185,9 @@ func (d *wsDev) testWarm(string) {
 	booted := create()
 	made = append(made, booted)
 	if c := console(booted); !strings.Contains(c, bootMarker) {
-		t.Errorf("a Workspace whose warm guest was killed: its console lacks the guest's init starting:\n%s", trimTo(c, 1500))
+		t.Errorf("a Workspace whose warm guest was killed: its console lacks the guest's init starting:\n%s", clusterlab.TrimTo(c, 1500))
 	}
-	if got := strings.TrimSpace(d.must("workspace", "exec", booted, "--", "hostname").stdout); got != booted {
+	if got := strings.TrimSpace(d.must("workspace", "exec", booted, "--", "hostname").Stdout); got != booted {
 		t.Errorf("the Workspace booted instead of a killed warm guest has hostname %q", got)
 	}
 	awaitWarm("a new warm guest after the killed one", func(w api.WarmGuests) bool { return w.Ready == 1 && w.Starts == ready.Starts })

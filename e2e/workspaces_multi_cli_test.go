@@ -1,175 +1,23 @@
 package e2e
 
 import (
-	"fmt"
-	"slices"
-	"strings"
 	"testing"
 	"time"
 
 	"github.com/kibotos/kibotos/api"
-	"github.com/kibotos/kibotos/internal/testenv"
+	"github.com/kibotos/kibotos/internal/clusterlab"
 )
 
-// mhBootTimeout bounds one command that waits for a VM to boot (about 4 s
-// of CPU under TCG; two may boot at once on two cores).
-const mhBootTimeout = 90 * time.Second
-
-// mhNode is the part of `kibo node get --json` this test looks at.
-type mhNode struct {
-	NodeID         string `json:"node_id"`
-	Status         string `json:"status"`
-	DrainRequested bool   `json:"drain_requested"`
-	Isolated       bool   `json:"isolated"`
-	Session        *struct {
-		Alive bool `json:"alive"`
-	} `json:"session"`
-	Report *struct {
-		Instances        int        `json:"instances"`
-		Pools            []api.Pool `json:"pools"`
-		DefaultPool      string     `json:"default_pool"`
-		DataPlaneAddress string     `json:"data_plane_address"`
-	} `json:"report"`
-	Overcommit *struct {
-		CPU          api.Milli `json:"cpu"`
-		Acknowledged bool      `json:"acknowledged"`
-	} `json:"overcommit"`
-	Schedulable *api.Resources `json:"schedulable"`
-}
-
-func (n mhNode) String() string {
-	s := fmt.Sprintf("%s status=%s drain_requested=%v isolated=%v", n.NodeID, n.Status, n.DrainRequested, n.Isolated)
-	if n.Session != nil {
-		s += fmt.Sprintf(" alive=%v", n.Session.Alive)
-	}
-	if n.Report != nil {
-		s += fmt.Sprintf(" instances=%d data_plane=%q", n.Report.Instances, n.Report.DataPlaneAddress)
-	}
-	if n.Overcommit != nil {
-		s += fmt.Sprintf(" overcommit{cpu=%s acked=%v}", n.Overcommit.CPU, n.Overcommit.Acknowledged)
-	}
-	if n.Schedulable != nil {
-		s += fmt.Sprintf(" schedulable_cpu=%s", n.Schedulable.CPU)
-	}
-	return s
-}
-
-// mhReadyForWorkspaces: READY, reported (with the shared pool and a data
-// plane) and its overcommit values acknowledged: ctrl places nothing on a
-// node before.
-func mhReadyForWorkspaces(n mhNode) bool {
-	if n.Status != api.NodeReady || n.Report == nil || n.Report.DataPlaneAddress == "" || n.Overcommit == nil || !n.Overcommit.Acknowledged {
-		return false
-	}
-	for _, p := range n.Report.Pools {
-		if p.PoolID == "shared" && p.Shared && p.Available {
-			return n.Report.DefaultPool == "shared"
-		}
-	}
-	return false
-}
-
-// mhWaitNode polls `node get --consistent` through admin until cond holds.
-func mhWaitNode(t *testing.T, admin *host, id string, d time.Duration, what string, cond func(mhNode) bool) mhNode {
-	t.Helper()
-	var got mhNode
-	testenv.WaitFor(t, d, "node "+id+" "+what, func() (bool, string) {
-		var n mhNode
-		if err := admin.kiboJSON(&n, "node", "get", id, "--consistent"); err != nil {
-			return false, err.Error()
-		}
-		got = n
-		return cond(n), n.String()
-	})
-	return got
-}
-
-// mhWorkspace reads one Workspace; it fails the test when it cannot.
-func mhWorkspace(t *testing.T, admin *host, id string) api.Workspace {
-	t.Helper()
-	var ws api.Workspace
-	if err := admin.kiboJSON(&ws, "workspace", "get", id, "--consistent"); err != nil {
-		t.Fatal(err)
-	}
-	return ws
-}
-
-func mhVolume(t *testing.T, admin *host, ref string) api.Volume {
+func mhVolume(t *testing.T, admin *clusterlab.Host, ref string) api.Volume {
 	t.Helper()
 	var v api.Volume
-	admin.mustKiboJSON(&v, "volume", "get", ref)
+	admin.MustKiboJSON(&v, "volume", "get", ref)
 	return v
 }
 
 // mhDataKiB is the size of the filesystem at /data in the Workspace, as
 // its df says (KiB).
-func mhDataKiB(t *testing.T, admin *host, ws string) int {
+func mhDataKiB(t *testing.T, admin *clusterlab.Host, ws string) int {
 	t.Helper()
-	return dfKiB(t, mhMust(t, admin, 60*time.Second, "workspace", "exec", ws, "--", "df", "-k", "/data").stdout)
-}
-
-func mhWSString(ws api.Workspace) string {
-	s := fmt.Sprintf("%s state=%s node=%q instance=%q version=%d", ws.WorkspaceID, ws.State, ws.NodeID, ws.InstanceID, ws.Version)
-	if ws.Failure != nil {
-		s += fmt.Sprintf(" failure{%s: %s}", ws.Failure.Reason, ws.Failure.Message)
-	}
-	if ws.Layer != nil {
-		s += fmt.Sprintf(" layer{node=%s pool=%s shared=%v held=%v}", ws.Layer.NodeID, ws.Layer.PoolID, ws.Layer.Shared, ws.Layer.Held)
-	}
-	if ws.Pending != nil {
-		s += fmt.Sprintf(" pending{%s on %s}", ws.Pending.Kind, ws.Pending.NodeID)
-	}
-	return s
-}
-
-// mhWaitWorkspace polls until the Workspace is in state (FAILED ends the
-// wait early unless it is the state asked for).
-func mhWaitWorkspace(t *testing.T, admin *host, id, state string, d time.Duration) api.Workspace {
-	t.Helper()
-	var got api.Workspace
-	testenv.WaitFor(t, d, "workspace "+id+" "+state, func() (bool, string) {
-		var ws api.Workspace
-		if err := admin.kiboJSON(&ws, "workspace", "get", id, "--consistent"); err != nil {
-			return false, err.Error()
-		}
-		got = ws
-		if ws.State == api.WorkspaceFailed && state != api.WorkspaceFailed {
-			t.Fatalf("workspace %s is FAILED while waiting for %s: %s", id, state, mhWSString(ws))
-		}
-		return ws.State == state, mhWSString(ws)
-	})
-	return got
-}
-
-// mhListAll is `workspace list --all -q`, sorted.
-func mhListAll(t *testing.T, admin *host, extra ...string) []string {
-	t.Helper()
-	r := admin.kibo(append([]string{"workspace", "list", "--all", "-q", "--consistent"}, extra...)...)
-	if r.code != 0 {
-		t.Fatal(r)
-	}
-	ids := strings.Fields(r.stdout)
-	slices.Sort(ids)
-	return ids
-}
-
-// mhMust runs the CLI through h and fails the test unless it exits 0.
-func mhMust(t *testing.T, h *host, timeout time.Duration, args ...string) result {
-	t.Helper()
-	r := h.kiboTimeout(timeout, args...)
-	if r.code != 0 {
-		t.Fatal(r)
-	}
-	return r
-}
-
-// mhExpectExit runs the CLI through h and fails the test unless it exits
-// with code.
-func mhExpectExit(t *testing.T, h *host, code int, what string, args ...string) result {
-	t.Helper()
-	r := h.kiboTimeout(mhBootTimeout, args...)
-	if r.code != code {
-		t.Fatalf("%s: want exit %d, got %s", what, code, r)
-	}
-	return r
+	return dfKiB(t, clusterlab.Must(t, admin, 60*time.Second, "workspace", "exec", ws, "--", "df", "-k", "/data").Stdout)
 }
