@@ -252,6 +252,20 @@ func (g *Globals) call(method, path string, in, out any) (json.RawMessage, error
 	return c.Do(g.ctx, method, path, in, out)
 }
 
+// getConsistent reads path from the ctrl leader, whatever --consistent
+// says: the state a write command checks before it writes must not come
+// from a member whose replica lags (one that just restarted answers "does
+// not exist" for a Workspace it has not replayed yet).
+func (g *Globals) getConsistent(path string, out any) error {
+	c, err := g.client()
+	if err != nil {
+		return err
+	}
+	c.Consistent = true
+	_, err = c.Do(g.ctx, "GET", path, nil, out)
+	return err
+}
+
 // printJSON prints the API answer indented, without decoding it.
 func (g *Globals) printJSON(raw json.RawMessage) error {
 	var buf bytes.Buffer

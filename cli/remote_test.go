@@ -28,8 +28,9 @@ type remoteAPI struct {
 	url, caFile, otherCAFile string
 	dataPlane                string // address of the data plane
 
-	mu   sync.Mutex
-	keys []string
+	mu    sync.Mutex
+	keys  []string
+	calls []string // method and request URI of each call
 }
 
 func (r *remoteAPI) seen() []string {
@@ -86,6 +87,7 @@ func newRemoteAPI(t *testing.T, dataPlaneCA *trust.CA) *remoteAPI {
 	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
 		r.mu.Lock()
 		r.keys = append(r.keys, req.Header.Get("Authorization"))
+		r.calls = append(r.calls, req.Method+" "+req.URL.RequestURI())
 		r.mu.Unlock()
 		var result any
 		switch {
@@ -117,6 +119,30 @@ func remoteHost(t *testing.T) {
 	for _, k := range []string{"KIBOTOS_ADDR", "KIBOTOS_CREDENTIALS", "KIBOTOS_API_URL", "KIBOTOS_TOKEN", "KIBOTOS_CA_FILE"} {
 		t.Setenv(k, "")
 		os.Unsetenv(k)
+	}
+}
+
+func (r *remoteAPI) seenCalls() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]string(nil), r.calls...)
+}
+
+// The state resume and move check before they write is read from the
+// ctrl leader (?consistent=true) even without --consistent: a member
+// whose replica lags, one that just restarted, would answer that a live
+// Workspace does not exist (found by the fault harness, nemesis).
+func TestWritePreconditionsReadConsistently(t *testing.T) {
+	remoteHost(t)
+	r := newRemoteAPI(t, nil)
+	t.Setenv("KIBOTOS_TOKEN", "k")
+	for _, args := range [][]string{{"workspace", "resume", "ws1"}, {"workspace", "move", "ws1", "--node", "n2"}} {
+		before := len(r.seenCalls())
+		_, errOut, code := runKibo(append([]string{"--api-url", r.url, "--ca-file", r.caFile}, args...)...)
+		calls := r.seenCalls()[before:]
+		if code != api.ExitNotFound || len(calls) != 1 || calls[0] != "GET /v1/workspaces/ws1?consistent=true" {
+			t.Errorf("%v against an API that knows no ws1: exit %d (%q), calls %q; want %d after one consistent read", args, code, errOut, calls, api.ExitNotFound)
+		}
 	}
 }
 

@@ -16,11 +16,11 @@ type WorkspaceMoveCmd struct {
 
 func (c *WorkspaceMoveCmd) Run(g *Globals) error {
 	var ws api.Workspace
-	if _, err := g.call("GET", workspacePath(c.ID), nil, &ws); err != nil {
+	if err := g.getConsistent(workspacePath(c.ID), &ws); err != nil {
 		return err
 	}
 	var target api.Node
-	if _, err := g.call("GET", nodePath(c.Node), nil, &target); err != nil {
+	if err := g.getConsistent(nodePath(c.Node), &target); err != nil {
 		return err
 	}
 	if ws.State == api.WorkspaceAvailable && ws.NodeID == c.Node {
@@ -75,7 +75,7 @@ func (c *WorkspaceMoveCmd) checkReach(g *Globals, ws *api.Workspace, target *api
 	}
 	for _, m := range ws.Volumes {
 		var v api.Volume
-		if _, err := g.call("GET", volumePath(m.VolumeID), nil, &v); err != nil {
+		if err := g.getConsistent(volumePath(m.VolumeID), &v); err != nil {
 			return err
 		}
 		what := "its volume " + v.Name
@@ -103,7 +103,7 @@ func (c *WorkspaceMoveCmd) checkReach(g *Globals, ws *api.Workspace, target *api
 			continue
 		}
 		var p api.StoragePool
-		if _, err := g.call("GET", poolPath(o.pool), nil, &p); err != nil {
+		if err := g.getConsistent(poolPath(o.pool), &p); err != nil {
 			return err
 		}
 		for _, m := range p.Nodes {
@@ -111,7 +111,7 @@ func (c *WorkspaceMoveCmd) checkReach(g *Globals, ws *api.Workspace, target *api
 				continue
 			}
 			var maker api.Node
-			if _, err := g.call("GET", nodePath(o.maker), nil, &maker); err != nil {
+			if err := g.getConsistent(nodePath(o.maker), &maker); err != nil {
 				return err
 			}
 			if !maker.Isolated {

@@ -57,7 +57,7 @@ type WorkspaceResumeCmd struct {
 
 func (c *WorkspaceResumeCmd) Run(g *Globals) error {
 	var ws api.Workspace
-	if _, err := g.call("GET", workspacePath(c.ID), nil, &ws); err != nil {
+	if err := g.getConsistent(workspacePath(c.ID), &ws); err != nil {
 		return err
 	}
 	if ws.State != api.WorkspacePaused && ws.State != api.WorkspaceAvailable {
