@@ -28,6 +28,9 @@ type remoteAPI struct {
 	url, caFile, otherCAFile string
 	dataPlane                string // address of the data plane
 
+	// answer, when set, answers what it can before the default handler.
+	answer func(w http.ResponseWriter, req *http.Request) bool
+
 	mu    sync.Mutex
 	keys  []string
 	calls []string // method and request URI of each call
@@ -88,7 +91,11 @@ func newRemoteAPI(t *testing.T, dataPlaneCA *trust.CA) *remoteAPI {
 		r.mu.Lock()
 		r.keys = append(r.keys, req.Header.Get("Authorization"))
 		r.calls = append(r.calls, req.Method+" "+req.URL.RequestURI())
+		answer := r.answer
 		r.mu.Unlock()
+		if answer != nil && answer(w, req) {
+			return
+		}
 		var result any
 		switch {
 		case req.URL.Path == "/v1/status":
@@ -143,6 +150,35 @@ func TestWritePreconditionsReadConsistently(t *testing.T) {
 		if code != api.ExitNotFound || len(calls) != 1 || calls[0] != "GET /v1/workspaces/ws1?consistent=true" {
 			t.Errorf("%v against an API that knows no ws1: exit %d (%q), calls %q; want %d after one consistent read", args, code, errOut, calls, api.ExitNotFound)
 		}
+	}
+}
+
+// A member whose replica lags answers "not found" for a Workspace the
+// leader has: a wait after a write asks the leader before it says the
+// Workspace is gone (found by the fault harness: a start answered exit 12
+// through a member that had just restarted).
+func TestWaitAsksTheLeaderBeforeGone(t *testing.T) {
+	remoteHost(t)
+	r := newRemoteAPI(t, nil)
+	t.Setenv("KIBOTOS_TOKEN", "k")
+	reply := func(w http.ResponseWriter, ws api.Workspace) bool {
+		json.NewEncoder(w).Encode(api.ResultBody{Result: ws})
+		return true
+	}
+	r.mu.Lock()
+	r.answer = func(w http.ResponseWriter, req *http.Request) bool {
+		switch {
+		case req.Method == "POST" && req.URL.Path == "/v1/workspaces/ws1/start":
+			return reply(w, api.Workspace{WorkspaceID: "ws1", State: api.WorkspaceStarting, Version: 5})
+		case req.Method == "GET" && req.URL.Path == "/v1/workspaces/ws1" && req.URL.Query().Get("consistent") == "true":
+			return reply(w, api.Workspace{WorkspaceID: "ws1", State: api.WorkspaceAvailable, Version: 6})
+		}
+		return false // the lagging replica: not found
+	}
+	r.mu.Unlock()
+	out, errOut, code := runKibo("--api-url", r.url, "--ca-file", r.caFile, "workspace", "start", "ws1")
+	if code != 0 {
+		t.Fatalf("start through a lagging member: exit %d, %s%s; calls %q", code, out, errOut, r.seenCalls())
 	}
 }
 

@@ -108,6 +108,13 @@ func pollObject[T any](g *Globals, path string, version func(*T) uint64, settled
 			get = path
 		}
 		_, err := g.call("GET", get, nil, &obj)
+		if api.CodeOf(err) == api.CodeNotFound {
+			// Only the leader may say it is gone: a member that just
+			// restarted and has not replayed the log yet knows nothing
+			// of an object it was asked to wait for.
+			obj = *new(T)
+			err = g.getConsistent(path, &obj)
+		}
 		cur := &obj
 		if api.CodeOf(err) == api.CodeNotFound {
 			cur = nil
