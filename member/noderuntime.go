@@ -72,6 +72,9 @@ func openNodeRuntime(ctx context.Context, o Options, nodeID string, steps *metri
 		if err != nil {
 			return nil, nil, nil, fmt.Errorf("node runtime: start private systemd: %w", err)
 		}
+		if sd.EndedLeftover != 0 {
+			log.Warn("ended the private systemd a previous process of this node left running when it died, with its VMs: they were to end with that process", "systemd_pid", sd.EndedLeftover)
+		}
 		log.Warn("VMM units run under a private systemd started by this process: they end when it ends", "systemd_pid", sd.PID)
 		target, cleanup = sd.Target(), func() { sd.Stop() }
 	case SystemdDev:

@@ -79,12 +79,17 @@ type Instance struct {
 	LogPath  string
 	// BootTime is the time from Start to the manager reporting running.
 	BootTime time.Duration
+	// EndedLeftover is the PID of a private systemd that Start ended
+	// first: one tied to a process that died, left running in the same
+	// directory (0: none).
+	EndedLeftover int
 
-	cmd     *exec.Cmd // nil when attached
-	exited  chan struct{}
-	ptmx    *os.File
-	pts     *os.File
-	logDone chan struct{}
+	noDeathSignal bool
+	cmd           *exec.Cmd // nil when attached
+	exited        chan struct{}
+	ptmx          *os.File
+	pts           *os.File
+	logDone       chan struct{}
 
 	// The watch of an attached instance (detached.go), ended by Release.
 	watchStop   chan struct{}
@@ -175,6 +180,10 @@ type Options struct {
 	// console goes to systemd.log directly, and the PID is recorded in
 	// <dir>/systemd.pid for Attach.
 	Detached bool
+
+	// noDeathSignal leaves the parent-death signal out: tests make the
+	// leftover of a starter the kernel did not take its systemd with.
+	noDeathSignal bool
 }
 
 // StartWith starts a private systemd with options.
@@ -199,13 +208,18 @@ func StartWith(ctx context.Context, dir string, o Options) (*Instance, error) {
 	}
 	sweepStaleCgroups(cgMount)
 	cg := filepath.Join(cgMount, cgroupName(dir))
+	leftover := 0
 	if _, err := os.Stat(cg); err == nil {
 		pids, err := units.CgroupPIDs(cg)
 		if err != nil {
 			return nil, fmt.Errorf("privsd: check cgroup %s of a previous instance: %w", cg, err)
 		}
 		if len(pids) > 0 {
-			return nil, fmt.Errorf("privsd: a private systemd for %s seems to run already: cgroup %s holds host PIDs %v; stop it first", dir, cg, pids)
+			ended, why := endLeftover(dir, cg, pids)
+			if ended == 0 {
+				return nil, fmt.Errorf("privsd: a private systemd for %s seems to run already: cgroup %s holds host PIDs %v (%v); stop it first", dir, cg, pids, why)
+			}
+			leftover = ended
 		}
 		if err := units.RemoveCgroup(cg); err != nil {
 			return nil, fmt.Errorf("privsd: remove the empty cgroup %s of a previous instance: %w", cg, err)
@@ -262,6 +276,7 @@ func StartWith(ctx context.Context, dir string, o Options) (*Instance, error) {
 		exited:     make(chan struct{}),
 		logDone:    make(chan struct{}),
 	}
+	inst.noDeathSignal = o.noDeathSignal
 	spawn := inst.spawn
 	if o.Detached {
 		spawn = inst.spawnDetached
@@ -274,12 +289,15 @@ func StartWith(ctx context.Context, dir string, o Options) (*Instance, error) {
 		stopErr := inst.Stop()
 		return nil, errors.Join(fmt.Errorf("privsd: private systemd (host PID %d) did not come up: %w; its console: %s", inst.PID, err, inst.logTail()), stopErr)
 	}
+	record := writeStarterFile
 	if o.Detached {
-		if err := writePIDFile(dir, inst.PID); err != nil {
-			return nil, errors.Join(err, inst.Stop())
-		}
+		record = writePIDFile
+	}
+	if err := record(dir, inst.PID); err != nil {
+		return nil, errors.Join(err, inst.Stop())
 	}
 	inst.BootTime = time.Since(t0)
+	inst.EndedLeftover = leftover
 	return inst, nil
 }
 
@@ -335,6 +353,9 @@ func (i *Instance) spawn(cfg []byte) error {
 		Setctty:    true,
 		Ctty:       0,
 		Pdeathsig:  syscall.SIGKILL,
+	}
+	if i.noDeathSignal {
+		cmd.SysProcAttr.Pdeathsig = 0
 	}
 	if err := units.StartInCgroup(cmd, i.CgroupRoot); err != nil {
 		ptmx.Close()
@@ -458,6 +479,7 @@ func (i *Instance) stop() error {
 		}
 	}
 	os.Remove(filepath.Join(i.Dir, pidFileName))
+	os.Remove(filepath.Join(i.Dir, starterFileName))
 	if err := unmountTree(i.NetNSDir); err != nil {
 		errs = append(errs, err)
 	}
