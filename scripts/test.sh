@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The test command: vet, then every test (unit, in-process cluster, CLI
-# golden, and the multi-process network-namespace cluster test, which needs
-# root and iproute2), then the race detector over the packages that boot
-# no VM (under -race and TCG the VM suites would take too long).
+# golden, the multi-process network-namespace cluster tests, which need
+# root and iproute2, and the fault harness), then the race detector over
+# the packages that boot no VM (under -race and TCG the VM suites would
+# take too long).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH=/usr/local/go/bin:$PATH
@@ -10,8 +11,11 @@ go vet ./...
 # e2e runs on its own after the rest: its VMs and agent/runtime's under TCG
 # on two cores at once made timing-sensitive guests (egress through a
 # SOCKS5 proxy) miss their windows.
-go test -count=1 -timeout 20m $(go list ./... | grep -v '/e2e$') "$@"
+go test -count=1 -timeout 20m $(go list ./... | grep -v -e '/e2e$' -e '/nemesis$') "$@"
 go test -count=1 -timeout 20m ./e2e "$@"
+# The fault harness's short run (60 s of faults, seed 1) after e2e, for the
+# same reason; bench/nemesis.sh runs it longer.
+go test -count=1 -timeout 15m ./nemesis "$@"
 # -short: the FSM property test replays 2 seeds instead of 6 (the run above
 # replays all of them without -race). Left out: e2e and every package that
 # starts QEMU; of those that start a private systemd only agent/dataplane

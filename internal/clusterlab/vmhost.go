@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sort"
 	"strconv"
 	"strings"
 	"syscall"
@@ -125,6 +126,13 @@ func StartServeConfig(h *Host, config string) *Proc {
 
 // QemuPIDs lists the QEMU processes whose command line mentions dir.
 func QemuPIDs(dir string) []int {
+	return PIDs(func(args []string) bool {
+		return strings.Contains(filepath.Base(args[0]), "qemu-system") && strings.Contains(strings.Join(args, " "), dir)
+	})
+}
+
+// PIDs lists the processes whose command line match accepts.
+func PIDs(match func(args []string) bool) []int {
 	var out []int
 	ents, _ := os.ReadDir("/proc")
 	for _, e := range ents {
@@ -132,16 +140,21 @@ func QemuPIDs(dir string) []int {
 		if err != nil {
 			continue
 		}
-		raw, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
-		if err != nil || len(raw) == 0 {
-			continue
-		}
-		args := strings.Split(strings.TrimRight(string(raw), "\x00"), "\x00")
-		if strings.Contains(filepath.Base(args[0]), "qemu-system") && strings.Contains(string(raw), dir) {
+		if args := Cmdline(pid); args != nil && match(args) {
 			out = append(out, pid)
 		}
 	}
 	return out
+}
+
+// Cmdline is the command line of process pid; nil once it is gone (or a
+// zombie).
+func Cmdline(pid int) []string {
+	raw, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "cmdline"))
+	if err != nil || len(raw) == 0 {
+		return nil
+	}
+	return strings.Split(strings.TrimRight(string(raw), "\x00"), "\x00")
 }
 
 // WaitNoQemu waits until no QEMU of dir runs and returns those still
@@ -166,6 +179,13 @@ func VMRoot(t *testing.T, l *Lab) string {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
+		// A member killed and not started again leaves what it pinned
+		// mounted (its private systemd's /run/netns, the VMs' network
+		// namespaces): a later start would unmount them, so here the lab
+		// does.
+		if left := unmountUnder(root); len(left) > 0 {
+			t.Logf("unmounted what members left mounted under %s: %s", root, strings.Join(left, ", "))
+		}
 		os.RemoveAll(root)
 		// The members' egress socket directories (their private systemd
 		// has its own /run, so these are in the shared /tmp).
@@ -223,3 +243,24 @@ func UnitLogs(d datadir.Dir) []string {
 
 // AppAPIPort is the port of the ctrl hosts' API for applications.
 const AppAPIPort = "7443"
+
+// unmountUnder detaches every mount at or below dir, deepest first, and
+// returns their mount points.
+func unmountUnder(dir string) []string {
+	raw, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return nil
+	}
+	var points []string
+	for _, line := range strings.Split(string(raw), "\n") {
+		f := strings.Fields(line)
+		if len(f) > 4 && (f[4] == dir || strings.HasPrefix(f[4], dir+"/")) {
+			points = append(points, f[4])
+		}
+	}
+	sort.Sort(sort.Reverse(sort.StringSlice(points)))
+	for _, p := range points {
+		syscall.Unmount(p, syscall.MNT_DETACH)
+	}
+	return points
+}

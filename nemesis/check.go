@@ -1,0 +1,231 @@
+package nemesis
+
+import (
+	"fmt"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/anishathalye/porcupine"
+
+	"github.com/kibotos/kibotos/api"
+)
+
+// Anomaly is one thing the checker found wrong, with the history of the
+// Workspace it concerns.
+type Anomaly struct {
+	Kind      string `json:"kind"`
+	Workspace string `json:"workspace,omitempty"`
+	Detail    string `json:"detail"`
+	History   []Op   `json:"history,omitempty"`
+}
+
+func (a Anomaly) String() string {
+	s := a.Kind
+	if a.Workspace != "" {
+		s += " " + a.Workspace
+	}
+	s += ": " + a.Detail
+	if len(a.History) > 0 {
+		s += "\n" + formatOps(a.History)
+	}
+	return s
+}
+
+// ---- Versions: a monotonic register per Workspace ----
+
+// A Workspace's version only grows, and ctrl changes it on its own too
+// (an Instance reported up, a node gone), so the model keeps the least
+// version the Workspace can be at. A consistent read must see at least
+// that; a write with --expected-version that succeeded found exactly its
+// expected version, so that too is at least the bound. (It need not move
+// the version: a start of an AVAILABLE Workspace succeeds and changes
+// nothing.) Writes whose outcome is unknown, and refusals, bound nothing:
+// they are left out.
+
+type versionInput struct {
+	write    bool
+	expected uint64
+}
+
+var versionModel = porcupine.Model{
+	Init: func() interface{} { return uint64(0) },
+	Step: func(state, input, output interface{}) (bool, interface{}) {
+		least, in := state.(uint64), input.(versionInput)
+		if in.write {
+			return in.expected >= least, in.expected
+		}
+		v := output.(uint64)
+		return v >= least, v
+	},
+	DescribeOperation: func(input, output interface{}) string {
+		if in := input.(versionInput); in.write {
+			return fmt.Sprintf("write at version %d", in.expected)
+		}
+		return fmt.Sprintf("read → %d", output.(uint64))
+	},
+}
+
+// versionOps are the operations of ops the version model takes.
+func versionOps(ops []Op) []porcupine.Operation {
+	var out []porcupine.Operation
+	for _, o := range ops {
+		switch {
+		case o.Outcome != OK:
+		case o.Kind == "read":
+			out = append(out, porcupine.Operation{ClientId: o.Client, Input: versionInput{}, Call: o.Call, Output: o.Version, Return: o.Return})
+		case o.Expected != 0:
+			out = append(out, porcupine.Operation{ClientId: o.Client, Input: versionInput{write: true, expected: o.Expected}, Call: o.Call, Output: uint64(0), Return: o.Return})
+		}
+	}
+	return out
+}
+
+// checkVersions checks the versions of every Workspace of the history.
+func checkVersions(ops []Op) []Anomaly {
+	var out []Anomaly
+	for _, ws := range workspacesOf(ops) {
+		mine := of(ops, ws)
+		res := porcupine.CheckOperationsTimeout(versionModel, versionOps(mine), time.Minute)
+		switch res {
+		case porcupine.Illegal:
+			out = append(out, Anomaly{Kind: "not-linearizable", Workspace: ws, Detail: "the versions that reads and expected-version writes saw have no order consistent with real time", History: mine})
+		case porcupine.Unknown:
+			out = append(out, Anomaly{Kind: "check-timeout", Workspace: ws, Detail: "the linearizability check did not finish within a minute", History: mine})
+		}
+	}
+	return out
+}
+
+func workspacesOf(ops []Op) []string {
+	seen := map[string]bool{}
+	var out []string
+	for _, o := range ops {
+		if o.Workspace != "" && !seen[o.Workspace] {
+			seen[o.Workspace] = true
+			out = append(out, o.Workspace)
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+// ---- Appends: acknowledged after sync means there after any fault ----
+
+// checkAppends compares the numbers read back from a Workspace's file
+// with its appends: every acknowledged one must be there, once; nothing
+// may be there that no append wrote. An append that failed may be there:
+// exec's exit code is the command's own once it started, and one cut off
+// by a pause goes on after the resume.
+func checkAppends(ws string, ops []Op, content string) []Anomaly {
+	mine := of(ops, ws)
+	outcome := map[int]Outcome{}
+	for _, o := range mine {
+		if o.Kind == "append" {
+			outcome[o.Seq] = o.Outcome
+		}
+	}
+	count := map[int]int{}
+	var bad []string
+	for _, line := range strings.Fields(content) {
+		n, err := strconv.Atoi(line)
+		if err != nil {
+			bad = append(bad, strconv.Quote(line))
+			continue
+		}
+		count[n]++
+	}
+	var lost, twice, phantom []string
+	for seq, oc := range outcome {
+		if oc == OK && count[seq] == 0 {
+			lost = append(lost, strconv.Itoa(seq))
+		}
+	}
+	for seq, c := range count {
+		_, ok := outcome[seq]
+		switch {
+		case !ok:
+			phantom = append(phantom, strconv.Itoa(seq))
+		case c > 1:
+			twice = append(twice, strconv.Itoa(seq))
+		}
+	}
+	var out []Anomaly
+	add := func(kind, what string, seqs []string) {
+		if len(seqs) == 0 {
+			return
+		}
+		sort.Strings(seqs)
+		out = append(out, Anomaly{Kind: kind, Workspace: ws, Detail: what + strings.Join(seqs, " "), History: mine})
+	}
+	add("lost-append", "acknowledged appends not read back: ", lost)
+	add("duplicate-append", "appends read back more than once: ", twice)
+	add("phantom-append", "numbers read back that no append wrote: ", phantom)
+	add("corrupt-append", "lines that are not numbers: ", bad)
+	return out
+}
+
+// ---- Single writer: a layer open in two QEMU processes ----
+
+// Sample is what one scan of the hosts' QEMU processes found: the
+// Workspaces whose layer more than one has open, with their PIDs.
+type Sample struct {
+	At     int64            `json:"at_ns"`
+	Shared map[string][]int `json:"shared"`
+}
+
+// sharedLayers finds the layers that more than one of procs (PID →
+// command line) has open.
+func sharedLayers(procs map[int][]string) map[string][]int {
+	holders := map[string][]int{}
+	for pid, args := range procs {
+		for _, ws := range layerWorkspaces(args) {
+			holders[ws] = append(holders[ws], pid)
+		}
+	}
+	for ws, pids := range holders {
+		if len(pids) < 2 {
+			delete(holders, ws)
+			continue
+		}
+		sort.Ints(pids)
+	}
+	return holders
+}
+
+// ---- Definite answers must be true ----
+
+// checkNotFound reports a refusal that said a Workspace does not exist
+// (exit 12) while it did: a consistent read that began after the refusal
+// returned found it, and no delete of it had succeeded before. A client
+// that believes the answer loses track of a live Workspace.
+func checkNotFound(ops []Op) []Anomaly {
+	var out []Anomaly
+	for _, ws := range workspacesOf(ops) {
+		mine := of(ops, ws)
+		for i, o := range mine {
+			if o.Outcome != Fail || o.Code != api.ExitNotFound || deletedBefore(mine, o.Call) {
+				continue
+			}
+			for _, later := range mine[i+1:] {
+				if later.Kind == "read" && later.Outcome == OK && later.Call > o.Return {
+					out = append(out, Anomaly{Kind: "false-not-found", Workspace: ws, Detail: fmt.Sprintf("%s via %s at %.3fs answered that the Workspace does not exist; a read at %.3fs found it", o.Kind, o.Host, float64(o.Call)/1e9, float64(later.Call)/1e9), History: mine})
+					break
+				}
+			}
+		}
+	}
+	return out
+}
+
+// deletedBefore reports whether a delete of the Workspace was called
+// before t (it may have happened, whatever its answer).
+func deletedBefore(ops []Op, t int64) bool {
+	for _, o := range ops {
+		if o.Kind == "delete" && o.Call < t && o.Outcome != Fail {
+			return true
+		}
+	}
+	return false
+}

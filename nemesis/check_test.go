@@ -1,0 +1,111 @@
+package nemesis
+
+import (
+	"reflect"
+	"strings"
+	"testing"
+)
+
+func read(client int, call, ret int64, v uint64) Op {
+	return Op{Client: client, Kind: "read", Workspace: "ws-a", Call: call, Return: ret, Outcome: OK, Version: v}
+}
+
+func write(client int, call, ret int64, expected uint64, oc Outcome) Op {
+	return Op{Client: client, Kind: "stop", Workspace: "ws-a", Call: call, Return: ret, Outcome: oc, Expected: expected}
+}
+
+func TestVersionsLinearizable(t *testing.T) {
+	for _, c := range []struct {
+		name  string
+		ops   []Op
+		legal bool
+	}{
+		{"reads that only grow", []Op{read(0, 0, 10, 3), read(1, 20, 30, 5), read(0, 40, 50, 5)}, true},
+		{"concurrent reads in either order", []Op{read(0, 0, 100, 7), read(1, 10, 20, 5)}, true},
+		{"a stale read after a newer one returned", []Op{read(0, 0, 10, 7), read(1, 20, 30, 5)}, false},
+		{"a write at the version a read saw", []Op{read(0, 0, 10, 4), write(0, 20, 30, 4, OK), read(1, 40, 50, 6)}, true},
+		{"a write that changed nothing (start of a running Workspace)", []Op{write(0, 0, 10, 4, OK), read(1, 20, 30, 4)}, true},
+		{"a read older than an acknowledged write's version", []Op{write(0, 0, 10, 4, OK), read(1, 20, 30, 3)}, false},
+		{"a write accepted on a version already passed", []Op{read(0, 0, 10, 9), write(1, 20, 30, 4, OK)}, false},
+		{"refused and unknown writes bound nothing", []Op{read(0, 0, 10, 9), write(1, 20, 30, 4, Fail), write(1, 40, 50, 2, Unknown), read(0, 60, 70, 9)}, true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			got := checkVersions(c.ops)
+			if legal := len(got) == 0; legal != c.legal {
+				t.Errorf("legal = %v, want %v: %v", legal, c.legal, got)
+			}
+		})
+	}
+}
+
+func TestAppends(t *testing.T) {
+	ops := []Op{
+		{Kind: "append", Workspace: "ws-a", Seq: 1, Outcome: OK},
+		{Kind: "append", Workspace: "ws-a", Seq: 2, Outcome: Unknown},
+		{Kind: "append", Workspace: "ws-a", Seq: 3, Outcome: OK},
+		{Kind: "append", Workspace: "ws-a", Seq: 4, Outcome: Fail},
+		{Kind: "append", Workspace: "ws-b", Seq: 5, Outcome: OK},
+	}
+	kinds := func(as []Anomaly) []string {
+		var out []string
+		for _, a := range as {
+			out = append(out, a.Kind+" "+a.Detail[strings.LastIndex(a.Detail, ": ")+2:])
+		}
+		return out
+	}
+	for _, c := range []struct {
+		content string
+		want    []string
+	}{
+		{"1\n3\n", nil},
+		{"1\n2\n3\n", nil},
+		{"3\n1\n", nil},
+		{"1\n", []string{"lost-append 3"}},
+		{"1\n3\n3\n", []string{"duplicate-append 3"}},
+		{"1\n3\n4\n", nil}, // a failed exec may have run
+		{"1\n3\n5\n", []string{"phantom-append 5"}},
+		{"1\n3\nx\n", []string{"corrupt-append \"x\""}},
+		{"", []string{"lost-append 1 3"}},
+	} {
+		if got := kinds(checkAppends("ws-a", ops, c.content)); !reflect.DeepEqual(got, c.want) {
+			t.Errorf("content %q: got %q, want %q", c.content, got, c.want)
+		}
+	}
+}
+
+func TestSharedLayers(t *testing.T) {
+	qemu := func(ws string) []string {
+		return []string{"/usr/bin/qemu-system-x86_64", "-drive", "file=/pool/layers/" + ws + ".qcow2,if=none,id=d1", "-drive", "file=/base/rootfs.img,if=none"}
+	}
+	procs := map[int][]string{10: qemu("ws-a"), 11: qemu("ws-b"), 12: qemu("ws-a")}
+	if got, want := sharedLayers(procs), map[string][]int{"ws-a": {10, 12}}; !reflect.DeepEqual(got, want) {
+		t.Errorf("sharedLayers = %v, want %v", got, want)
+	}
+	delete(procs, 12)
+	if got := sharedLayers(procs); len(got) != 0 {
+		t.Errorf("one QEMU per layer: sharedLayers = %v, want none", got)
+	}
+}
+
+func TestOutcomeOf(t *testing.T) {
+	for code, want := range map[int]Outcome{0: OK, 13: Fail, 14: Fail, 12: Fail, 16: Unknown, 17: Unknown, 1: Unknown, -1: Unknown} {
+		if got := outcomeOf(code); got != want {
+			t.Errorf("exit %d: %s, want %s", code, got, want)
+		}
+	}
+}
+
+func TestNotFound(t *testing.T) {
+	gone := Op{Kind: "resume", Workspace: "ws-a", Call: 10, Return: 20, Outcome: Fail, Code: 12}
+	found := read(0, 30, 40, 5)
+	if got := checkNotFound([]Op{gone, found}); len(got) != 1 || got[0].Kind != "false-not-found" {
+		t.Errorf("not found, then found: %v", got)
+	}
+	if got := checkNotFound([]Op{gone, read(0, 15, 40, 5)}); len(got) != 0 {
+		t.Errorf("a read concurrent with the refusal proves nothing: %v", got)
+	}
+	del := Op{Kind: "delete", Workspace: "ws-a", Call: 0, Return: 5, Outcome: Unknown}
+	if got := checkNotFound([]Op{del, gone, found}); len(got) != 0 {
+		t.Errorf("after a delete that may have happened: %v", got)
+	}
+}

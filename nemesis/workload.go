@@ -1,0 +1,276 @@
+package nemesis
+
+import (
+	"context"
+	crand "crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"math/rand/v2"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/kibotos/kibotos/api"
+	"github.com/kibotos/kibotos/internal/clusterlab"
+)
+
+// opTimeout bounds one CLI call of the workload: a lifecycle change waits
+// for its result up to lifecycleWait, then the CLI gives up (exit 16).
+const (
+	opTimeout     = 90 * time.Second
+	lifecycleWait = "60s"
+	// retries of an operation whose outcome is unknown, with the same
+	// command ID: each is a replay or the first time it happens.
+	retries = 2
+)
+
+// seqFile is where appends go, in the Workspace's own disk.
+const seqFile = "/nemesis.seq"
+
+// workspaceEntry is one Workspace of the workload.
+type workspaceEntry struct {
+	id      string
+	initial bool // made before the run: never deleted by it
+	nextSeq int
+	deleted bool
+}
+
+// Workload runs the clients: each picks, from its own seeded source, an
+// operation and a Workspace, runs it through the CLI of a host of the lab
+// and records it in the history.
+type Workload struct {
+	cluster *clusterlab.Cluster
+	hist    *History
+	spec    string // --template, --cpu, --memory of a create
+
+	mu         sync.Mutex
+	workspaces []*workspaceEntry
+}
+
+// kinds and their weights: reads and appends are most of the load, every
+// lifecycle change is there, and a few creates and deletes churn the set.
+var kinds = []struct {
+	name   string
+	weight int
+}{
+	{"read", 30}, {"append", 30}, {"stop", 7}, {"start", 7}, {"pause", 7}, {"resume", 7}, {"create", 2}, {"delete", 2},
+}
+
+func pickKind(rng *rand.Rand) string {
+	total := 0
+	for _, k := range kinds {
+		total += k.weight
+	}
+	n := rng.IntN(total)
+	for _, k := range kinds {
+		if n < k.weight {
+			return k.name
+		}
+		n -= k.weight
+	}
+	panic("unreachable")
+}
+
+// run is one client until ctx ends.
+func (w *Workload) run(ctx context.Context, client int, rng *rand.Rand) {
+	for ctx.Err() == nil {
+		kind := pickKind(rng)
+		h := w.cluster.Hosts[rng.IntN(len(w.cluster.Hosts))]
+		switch kind {
+		case "create":
+			w.create(client, h)
+			continue
+		}
+		ws := w.pick(rng)
+		if ws == nil {
+			continue
+		}
+		switch kind {
+		case "read":
+			w.read(client, h, ws.id)
+		case "append":
+			w.appendSeq(client, h, ws)
+		case "delete":
+			// Only what the workload created itself: the first
+			// Workspaces stay for the append check.
+			if ws.initial {
+				continue
+			}
+			w.lifecycle(client, h, ws, kind, rng)
+		default:
+			w.lifecycle(client, h, ws, kind, rng)
+		}
+	}
+}
+
+func (w *Workload) live() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	n := 0
+	for _, e := range w.workspaces {
+		if !e.deleted {
+			n++
+		}
+	}
+	return n
+}
+
+func (w *Workload) pick(rng *rand.Rand) *workspaceEntry {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	var live []*workspaceEntry
+	for _, e := range w.workspaces {
+		if !e.deleted {
+			live = append(live, e)
+		}
+	}
+	if len(live) == 0 {
+		return nil
+	}
+	return live[rng.IntN(len(live))]
+}
+
+// op starts an Op record for client on h.
+func (w *Workload) op(client int, h *clusterlab.Host, kind, ws string) Op {
+	return Op{Client: client, Kind: kind, Workspace: ws, Host: h.NodeID, Call: w.hist.now()}
+}
+
+// finish fills in the outcome of r and records the op.
+func (w *Workload) finish(o Op, r clusterlab.Result) Op {
+	o.Return = w.hist.now()
+	o.Code = r.Code
+	o.Outcome = outcomeOf(r.Code)
+	if o.Outcome != OK {
+		o.Detail = firstLine(r.Stderr)
+	}
+	w.hist.add(o)
+	return o
+}
+
+// outcomeOf sorts an exit code (api's table): a refusal changed nothing;
+// a timeout, an unreachable member or a killed CLI may have.
+func outcomeOf(code int) Outcome {
+	switch code {
+	case api.ExitOK:
+		return OK
+	case api.ExitInvalidArgument, api.ExitNotFound, api.ExitFailedPrecondition, api.ExitVersionMismatch,
+		api.ExitResourceExhausted, api.ExitAlreadyExists, api.ExitPermissionDenied, api.ExitUsage:
+		return Fail
+	}
+	return Unknown
+}
+
+func firstLine(s string) string {
+	s = strings.TrimSpace(s)
+	if i := strings.IndexByte(s, '\n'); i >= 0 {
+		s = s[:i]
+	}
+	if len(s) > 200 {
+		s = s[:200] + "..."
+	}
+	return s
+}
+
+// read is a consistent read of the Workspace's version and state.
+func (w *Workload) read(client int, h *clusterlab.Host, ws string) (api.Workspace, bool) {
+	o := w.op(client, h, "read", ws)
+	r := h.KiboTimeout(opTimeout, "workspace", "get", ws, "--consistent", "--json")
+	var got api.Workspace
+	if r.Code == 0 {
+		if err := clusterlab.DecodeResult(r, &got); err != nil {
+			r.Code, r.Stderr = -1, err.Error()
+		}
+	}
+	o.Version, o.State = got.Version, got.State
+	o = w.finish(o, r)
+	return got, o.Outcome == OK
+}
+
+// appendSeq appends the Workspace's next number to seqFile and syncs:
+// acknowledged, it must be there after any fault.
+func (w *Workload) appendSeq(client int, h *clusterlab.Host, ws *workspaceEntry) {
+	w.mu.Lock()
+	ws.nextSeq++
+	seq := ws.nextSeq
+	w.mu.Unlock()
+	o := w.op(client, h, "append", ws.id)
+	o.Seq = seq
+	r := h.KiboTimeout(opTimeout, "workspace", "exec", ws.id, "--", "sh", "-c", fmt.Sprintf("echo %d >> %s && sync", seq, seqFile))
+	w.finish(o, r)
+}
+
+// lifecycle is stop, start, pause, resume or delete, half of them with the
+// version a read just gave as the expected one. An unknown outcome is
+// tried again with the same command ID.
+func (w *Workload) lifecycle(client int, h *clusterlab.Host, ws *workspaceEntry, kind string, rng *rand.Rand) {
+	args := []string{"workspace", kind, ws.id, "--timeout", lifecycleWait, "--command-id", commandID()}
+	var expected uint64
+	if rng.IntN(2) == 0 {
+		got, ok := w.read(client, h, ws.id)
+		if !ok {
+			return
+		}
+		expected = got.Version
+		args = append(args, "--expected-version", strconv.FormatUint(expected, 10))
+	}
+	o := w.op(client, h, kind, ws.id)
+	o.Expected = expected
+	var r clusterlab.Result
+	for try := 0; ; try++ {
+		r = h.KiboTimeout(opTimeout, args...)
+		if outcomeOf(r.Code) != Unknown || try == retries {
+			break
+		}
+	}
+	o = w.finish(o, r)
+	if kind == "delete" && o.Outcome == OK {
+		w.mu.Lock()
+		ws.deleted = true
+		w.mu.Unlock()
+	}
+}
+
+// maxLive bounds the Workspaces of the run: all of them fit on the hosts
+// at once (3 hosts of 2 CPUs, 1 CPU each), so a refusal for capacity
+// says something.
+const maxLive = 5
+
+// create makes one more Workspace; it joins the set once it is known.
+func (w *Workload) create(client int, h *clusterlab.Host) {
+	if w.live() >= maxLive {
+		return
+	}
+	o := w.op(client, h, "create", "")
+	args := append([]string{"workspace", "create", "--wait-timeout", lifecycleWait, "--command-id", commandID(), "--json"}, strings.Fields(w.spec)...)
+	var r clusterlab.Result
+	for try := 0; ; try++ {
+		r = h.KiboTimeout(opTimeout, args...)
+		if outcomeOf(r.Code) != Unknown || try == retries {
+			break
+		}
+	}
+	var ws api.Workspace
+	if r.Code == 0 {
+		if err := clusterlab.DecodeResult(r, &ws); err == nil {
+			o.Workspace = ws.WorkspaceID
+		}
+	}
+	w.finish(o, r)
+	if o.Workspace != "" {
+		w.add(o.Workspace, false)
+	}
+}
+
+func (w *Workload) add(id string, initial bool) {
+	w.mu.Lock()
+	w.workspaces = append(w.workspaces, &workspaceEntry{id: id, initial: initial})
+	w.mu.Unlock()
+}
+
+// commandID is a fresh idempotency key.
+func commandID() string {
+	b := make([]byte, 8)
+	crand.Read(b)
+	return "nemesis-" + hex.EncodeToString(b)
+}
