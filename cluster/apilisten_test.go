@@ -201,6 +201,7 @@ func TestAPIListenerTakesAPIKeysOnly(t *testing.T) {
 // certificate serves that certificate; a node-only member with [api]
 // listen does not start.
 func TestAPIKeyForwardedAndConfiguredCertificate(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	public, err := trust.NewCA("public-ca")
 	if err != nil {
@@ -273,6 +274,7 @@ func apiLeaf(t *testing.T, addr string) *x509.Certificate {
 // new CA from a rotation's signing phase on, as the member certificate
 // follows it, without a restart.
 func TestAPICertificateFollowsCARotation(t *testing.T) {
+	t.Parallel()
 	c := clustertest.New(t, clustertest.Options{Ctrl: 1, API: &cluster.APIConfig{}})
 	m := c.Members[0]
 	addr := m.Server.APIAddr()

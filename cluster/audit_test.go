@@ -18,6 +18,7 @@ import (
 // its role (from where, what, why); refused callers are not told who
 // leads.
 func TestWritesAndRefusalsAreAudited(t *testing.T) {
+	t.Parallel()
 	var logs testenv.Buffer
 	c := clustertest.New(t, clustertest.Options{Ctrl: 1, Logs: &logs})
 	m := c.Members[0]

@@ -90,6 +90,7 @@ func statusTable(st api.CAStatus) string {
 // old key signs is refused by every member while one of the new key is
 // accepted.
 func TestCARotation(t *testing.T) {
+	t.Parallel()
 	c := clustertest.New(t, clustertest.Options{Ctrl: 3, NodeOnly: 1})
 	ctx := context.Background()
 	first := c.Members[0]

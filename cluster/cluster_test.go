@@ -48,6 +48,7 @@ func drain(t *testing.T, c *clustertest.Cluster, via *clustertest.Member, node, 
 // the follower answers the forwarded write only once it has applied it
 // too (before, a read right after a create could say not_found).
 func TestFollowerReadsItsForwardedWrites(t *testing.T) {
+	t.Parallel()
 	c := clustertest.New(t, clustertest.Options{Ctrl: 3})
 	c.WaitLeader()
 	f := follower(c)
@@ -72,6 +73,7 @@ func TestFollowerReadsItsForwardedWrites(t *testing.T) {
 // A write sent to a follower commits through the leader, also after the
 // leader died and a new one was elected.
 func TestLeaderLossWritesFromFollowerCommit(t *testing.T) {
+	t.Parallel()
 	c := clustertest.New(t, clustertest.Options{Ctrl: 3})
 	old := c.WaitLeader()
 	f := follower(c)
@@ -109,6 +111,7 @@ func TestLeaderLossWritesFromFollowerCommit(t *testing.T) {
 // Replaying a command id after a leader change returns the first result
 // and has no second effect.
 func TestIdempotentReplayAcrossLeaderChange(t *testing.T) {
+	t.Parallel()
 	c := clustertest.New(t, clustertest.Options{Ctrl: 3})
 	leader := c.WaitLeader()
 	f := follower(c)
@@ -150,6 +153,7 @@ func TestIdempotentReplayAcrossLeaderChange(t *testing.T) {
 // bounded entries (3 records each here, 2,000 in production) until none
 // past the retention is left.
 func TestCommandsExpireAfterRetention(t *testing.T) {
+	t.Parallel()
 	tm := cluster.TestTimings()
 	tm.CommandExpiry = 200 * time.Millisecond
 	tm.CommandRetention = 4 * time.Second
@@ -266,6 +270,7 @@ func TestCredentialsAndExclusiveDataDir(t *testing.T) {
 // A node whose session ends (member killed) can be isolated; the live one
 // cannot; its next incarnation clears the isolation.
 func TestIsolateNeedsDeadSessionAndNewIncarnationClearsIt(t *testing.T) {
+	t.Parallel()
 	o := clustertest.Options{Ctrl: 1, NodeOnly: 1}
 	c := clustertest.New(t, o)
 	leader := c.Members[0]

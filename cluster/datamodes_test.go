@@ -17,6 +17,7 @@ import (
 // its files 0644), the Raft snapshots (raft makes them 0644 in 0755) and
 // the state. Walked after a snapshot and a restart, which reopens all.
 func TestMemberRecordsArePrivate(t *testing.T) {
+	t.Parallel()
 	c := clustertest.New(t, clustertest.Options{Ctrl: 1})
 	m := c.Members[0]
 	if err := m.Server.Raft().Snapshot().Error(); err != nil {

@@ -54,6 +54,7 @@ func (c e2bCall) e2bError(t *testing.T) string {
 // resumed, 200 running), killed; a key of another namespace finds none
 // of it; without a key, 401; what is not served says so as E2B's JSON.
 func TestE2BControlAPI(t *testing.T) {
+	t.Parallel()
 	c := clustertest.New(t, clustertest.Options{Ctrl: 1, E2B: &cluster.E2BConfig{BaseTemplate: "kibotos-coding", Domain: "e2b.test"},
 		AdjustReport: func(_ string, r *api.Report) {
 			r.Templates = append(r.Templates, "kibotos-coding")

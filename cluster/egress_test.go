@@ -41,6 +41,7 @@ func rawGet(t testing.TB, m *clustertest.Member, cert tls.Certificate, addr, pat
 // and never comes out; refusals carry the code that names what is wrong
 // and change nothing; members cannot call the operator endpoints.
 func TestEgressOverHTTP(t *testing.T) {
+	t.Parallel()
 	c := clustertest.New(t, clustertest.Options{Ctrl: 1, NodeOnly: 1})
 	ctrl, worker := c.Members[0], c.Members[1]
 	cl := c.Client(ctrl)
@@ -149,6 +150,7 @@ func TestEgressOverHTTP(t *testing.T) {
 // endpoint; no other node and no operator gets them, nor does it get
 // another revision's. The objects cannot be deleted while used.
 func TestEgressCredentialsOnlyToItsNode(t *testing.T) {
+	t.Parallel()
 	var mu sync.Mutex
 	var held []api.WorkspaceTask
 	c := clustertest.New(t, clustertest.Options{Ctrl: 1, NodeOnly: 1,
@@ -270,6 +272,7 @@ func ptr[T any](v T) *T { return &v }
 // barrier yet still gives its own node the credentials: the first
 // Workspace with an Egress, created as soon as the node is ready, starts.
 func TestEgressCredentialsFromALeaderCatchingUp(t *testing.T) {
+	t.Parallel()
 	c := clustertest.New(t, clustertest.Options{Ctrl: 1,
 		AdjustReport: func(_ string, r *api.Report) { r.Templates = append(r.Templates, "kibotos-coding") },
 		HoldTask:     func(string, api.WorkspaceTask) bool { return true }})

@@ -14,6 +14,7 @@ import (
 // a lost answer) returns the same grant, token included, and that grant
 // admits one host; other inputs under the same command id are refused.
 func TestGrantReplayReturnsTheSameGrant(t *testing.T) {
+	t.Parallel()
 	c := clustertest.New(t, clustertest.Options{Ctrl: 1})
 	m := c.Members[0]
 	ctx := context.Background()

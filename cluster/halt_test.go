@@ -72,6 +72,7 @@ func appendEntry(t *testing.T, m *clustertest.Member, e fsm.Entry) (errc chan er
 // IgnoreUnknown, stops every member at that entry instead of recording an
 // error result; restarted without an upgrade, they stop at it again.
 func TestUnknownOpHaltsEveryMember(t *testing.T) {
+	t.Parallel()
 	var logs syncBuffer
 	o := clustertest.Options{Ctrl: 3, Logs: &logs}
 	c := clustertest.New(t, o)
@@ -174,6 +175,7 @@ func TestUnknownOpHaltsEveryMember(t *testing.T) {
 // With IgnoreUnknown the entry is skipped everywhere and the cluster
 // carries on.
 func TestIgnoreUnknownOpCarriesOn(t *testing.T) {
+	t.Parallel()
 	c := clustertest.New(t, clustertest.Options{Ctrl: 3})
 	leader := c.WaitLeader()
 	errc, resp := appendEntry(t, leader, fsm.Entry{Op: "future.op", IgnoreUnknown: true, Args: json.RawMessage(`{}`), IssuedAt: time.Now().UTC(), Actor: "test"})

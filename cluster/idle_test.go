@@ -18,6 +18,7 @@ import (
 // The node is played by the test: its reports carry the Instance's idle
 // seconds as a node measuring them would.
 func TestIdleWorkspacePaused(t *testing.T) {
+	t.Parallel()
 	logs := &testenv.Buffer{}
 	var mu sync.Mutex
 	var inst string

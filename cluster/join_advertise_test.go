@@ -63,6 +63,7 @@ func TestJoinRefusesAHostileAdvertiseAddress(t *testing.T) {
 // A host may not take another member's advertise host: its certificate
 // would then answer for that member's address.
 func TestJoinRefusesAnotherMembersHost(t *testing.T) {
+	t.Parallel()
 	c := clustertest.New(t, clustertest.Options{Ctrl: 1})
 	m := c.Members[0]
 	hc := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}}

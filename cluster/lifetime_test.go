@@ -16,6 +16,7 @@ import (
 // no member issues one that long. The same certificate for as long as a
 // member issues is accepted, so the lifetime alone is what is refused.
 func TestForgedLongLivedCertificateIsRefused(t *testing.T) {
+	t.Parallel()
 	c := clustertest.New(t, clustertest.Options{Ctrl: 2, NodeOnly: 1})
 	first := c.Members[0]
 	ca, err := trust.LoadCA(first.Dir.CACert(), first.Dir.CAKey())

@@ -25,6 +25,7 @@ import (
 // unreachable node each get their own code; only ctrl members may call
 // the node's internal route.
 func TestWorkspaceLogsOverHTTP(t *testing.T) {
+	t.Parallel()
 	c := clustertest.New(t, clustertest.Options{Ctrl: 1, NodeOnly: 1,
 		AdjustReport: func(node string, r *api.Report) {
 			if node == "node-2" {

@@ -70,6 +70,7 @@ func leftoverAdmin(t *testing.T, ctrl, worker *clustertest.Member) tls.Certifica
 // reading an Egress, draining a node and the internal reads, on ctrl and
 // on the node-only member itself, and ctrl's state is unchanged.
 func TestNodeOnlyHostHasNoOperatorPower(t *testing.T) {
+	t.Parallel()
 	c := clustertest.New(t, clustertest.Options{Ctrl: 1, NodeOnly: 1})
 	ctrl, worker := c.Members[0], c.Members[1]
 	c.WaitAllReady()
@@ -130,6 +131,7 @@ func TestNodeOnlyHostHasNoOperatorPower(t *testing.T) {
 // A member admitted with roles node,operator gets its host's operator
 // certificate at the join, renews it, and can drain a node with it.
 func TestOperatorNodeHoldsOperatorCertificate(t *testing.T) {
+	t.Parallel()
 	logs := &syncBuffer{}
 	c := clustertest.New(t, clustertest.Options{Ctrl: 1, Logs: logs})
 	opNode := c.AddMember("node-op", []string{api.RoleNode, api.RoleOperator}, clustertest.Options{})
@@ -156,6 +158,7 @@ func TestOperatorNodeHoldsOperatorCertificate(t *testing.T) {
 // node-only); issued again, the earlier certificate is refused; the
 // lifetime is bounded.
 func TestOperatorCredentialLifecycle(t *testing.T) {
+	t.Parallel()
 	c := clustertest.New(t, clustertest.Options{Ctrl: 2, NodeOnly: 1})
 	leader := c.WaitLeader()
 	c.WaitAllReady()
@@ -234,6 +237,7 @@ func TestOperatorCredentialLifecycle(t *testing.T) {
 // personal operator credential are refused before the log, and nothing
 // changes.
 func TestOperatorsNeedEveryVoterAtTheirLevel(t *testing.T) {
+	t.Parallel()
 	c := clustertest.New(t, clustertest.Options{Ctrl: 2, FeatureLevels: map[string]int{"node-2": fsm.LevelOperators - 1}})
 	leader := c.WaitLeader()
 	c.WaitAllReady()

@@ -12,6 +12,7 @@ import (
 // A list's paging parameters are checked, and a list answered whole
 // refuses them instead of ignoring them.
 func TestListPagingParametersAreChecked(t *testing.T) {
+	t.Parallel()
 	c := clustertest.New(t, clustertest.Options{Ctrl: 1})
 	cl := c.Client(c.Members[0])
 	ctx := context.Background()

@@ -14,6 +14,7 @@ import (
 // certificate (a node's own) calls none of them; bad input is refused
 // before it enters the log.
 func TestStoragePoolEndpoints(t *testing.T) {
+	t.Parallel()
 	c := clustertest.New(t, clustertest.Options{Ctrl: 1, NodeOnly: 1})
 	ctrl, worker := c.Members[0], c.Members[1]
 	cl := c.Client(ctrl)

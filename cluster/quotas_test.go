@@ -15,6 +15,7 @@ import (
 // quota: as many pass as the quota holds, the others are refused with
 // resource_exhausted, and the namespace is never over its quota.
 func TestQuotaUnderConcurrentCreates(t *testing.T) {
+	t.Parallel()
 	c := clustertest.New(t, clustertest.Options{Ctrl: 3})
 	leader := c.WaitLeader()
 	c.WaitAllReady()

@@ -28,6 +28,7 @@ import (
 // operator issue), a node-only member's and a ctrl member's (which has
 // the node role too).
 func TestEveryRouteRefusesCallersItsRuleDoesNotName(t *testing.T) {
+	t.Parallel()
 	// Key uses are not reported during the test: the refusals must leave
 	// the state as it was.
 	tm := cluster.TestTimings()

@@ -21,6 +21,7 @@ import (
 // A member whose state was written by a newer kibotos refuses to start and
 // says why.
 func TestNewerStateRefusedAtStart(t *testing.T) {
+	t.Parallel()
 	c := clustertest.New(t, clustertest.Options{Ctrl: 1})
 	m := c.Members[0]
 	if err := m.Server.Raft().Snapshot().Error(); err != nil {

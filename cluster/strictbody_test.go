@@ -16,6 +16,7 @@ import (
 // its fields carried; a key given twice, or text that is not UTF-8, is
 // refused rather than read as whichever value a decoder keeps.
 func TestWriteBodiesAreReadWholeAndStrictly(t *testing.T) {
+	t.Parallel()
 	f := newFuzzMember(t)
 	drain := "/v1/nodes/node-1/drain"
 	guarded := []byte(`{"command_id":"strict-1","expected_version":999999}`)
@@ -52,6 +53,7 @@ func TestWriteBodiesAreReadWholeAndStrictly(t *testing.T) {
 // and memory has an upper bound: where the request enters, nothing
 // changed.
 func TestCreateInputsAreChecked(t *testing.T) {
+	t.Parallel()
 	f := newFuzzMember(t)
 	for path, body := range map[string]string{
 		"/v1/workspaces":   `{"template":"kibotos-coding","cpu":"1","memory_bytes":536870912,"labels":{"app":"admin\u202etxt.exe"}}`,

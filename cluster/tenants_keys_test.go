@@ -54,6 +54,7 @@ func namespaceKey(t *testing.T, c *clustertest.Cluster, ns, name, role string) s
 // refused as not found, or forbidden where it names the other namespace,
 // and leaves both namespaces' objects as they were.
 func TestKeysIsolateNamespaces(t *testing.T) {
+	t.Parallel()
 	c := clustertest.New(t, clustertest.Options{Ctrl: 1, NodeOnly: 1, API: &cluster.APIConfig{}, AdjustReport: withCodingTemplate})
 	ctrl := c.WaitLeader()
 	c.WaitAllReady()
@@ -160,6 +161,7 @@ func TestKeysIsolateNamespaces(t *testing.T) {
 // A revoked key is refused on every ctrl member within 2 s of the revoke's
 // answer.
 func TestKeyRevokeRefusedOnEveryMember(t *testing.T) {
+	t.Parallel()
 	c := clustertest.New(t, clustertest.Options{Ctrl: 3, API: &cluster.APIConfig{}})
 	c.WaitLeader()
 	c.WaitAllReady()
@@ -204,6 +206,7 @@ func TestKeyRevokeRefusedOnEveryMember(t *testing.T) {
 // A key's LAST USED is recorded by the leader from what every ctrl member
 // reports, the same on every member.
 func TestKeyLastUsedReported(t *testing.T) {
+	t.Parallel()
 	tm := cluster.TestTimings()
 	tm.KeyUseFlush = 200 * time.Millisecond
 	c := clustertest.New(t, clustertest.Options{Ctrl: 3, Timings: &tm, API: &cluster.APIConfig{}})
@@ -239,6 +242,7 @@ func TestKeyLastUsedReported(t *testing.T) {
 // an older voter would refuse the entry the others apply. An operator's
 // goes to the log as before (where the Workspace, which never runs here, refuses it).
 func TestKeyNetworkChangeNeedsEveryVoter(t *testing.T) {
+	t.Parallel()
 	c := clustertest.New(t, clustertest.Options{Ctrl: 2, AdjustReport: withCodingTemplate, API: &cluster.APIConfig{Rate: 1000, Burst: 1000},
 		FeatureLevels: map[string]int{"node-2": fsm.LevelKeyNetwork - 1}})
 	leader := c.WaitLeader()

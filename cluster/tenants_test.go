@@ -12,6 +12,7 @@ import (
 // Operators manage namespaces and their keys; names of Volumes are
 // unique per namespace; lists show one namespace unless asked for all.
 func TestNamespacesThroughTheAPI(t *testing.T) {
+	t.Parallel()
 	c := clustertest.New(t, clustertest.Options{Ctrl: 1})
 	ctrl := c.WaitLeader()
 	c.WaitAllReady()

@@ -23,6 +23,7 @@ func withCodingTemplate(_ string, r *api.Report) {
 // Workspace not before its end and at most a few seconds after, and says
 // so in one log line.
 func TestWorkspaceTimeoutFiresAcrossLeaderKill(t *testing.T) {
+	t.Parallel()
 	logs := &testenv.Buffer{}
 	c := clustertest.New(t, clustertest.Options{Ctrl: 3, Logs: logs, AdjustReport: withCodingTemplate})
 	old := c.WaitLeader()
@@ -87,6 +88,7 @@ func TestWorkspaceTimeoutFiresAcrossLeaderKill(t *testing.T) {
 // lifetimes refuses a create with a timeout and set-timeout (it would
 // drop them), and a create without one still works.
 func TestWorkspaceSetTimeoutOverHTTP(t *testing.T) {
+	t.Parallel()
 	c := clustertest.New(t, clustertest.Options{Ctrl: 1, AdjustReport: withCodingTemplate})
 	cl := c.Client(c.Members[0])
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)

@@ -20,6 +20,7 @@ import (
 // build does not read and a template the cluster lacks are refused,
 // naming what is wrong.
 func TestImportFromAnotherCluster(t *testing.T) {
+	t.Parallel()
 	store := filepath.Join(t.TempDir(), "store")
 	c := clustertest.New(t, clustertest.Options{Ctrl: 1, Artifacts: store,
 		AdjustReport: func(_ string, r *api.Report) { r.Templates = append(r.Templates, "solo") }})

@@ -83,6 +83,7 @@ func ctrlMembers(c *clustertest.Cluster) []*clustertest.Member {
 // open a session for another node; an operator's headers are ignored; a
 // node-only member cannot pose as ctrl to a client.
 func TestEachChannelTakesOnlyItsRole(t *testing.T) {
+	t.Parallel()
 	c := clustertest.New(t, clustertest.Options{Ctrl: 1, NodeOnly: 1})
 	ctrl, worker := c.Members[0], c.Members[1]
 	c.WaitAllReady()
@@ -267,6 +268,7 @@ func raftHandshake(t *testing.T, m *clustertest.Member, cert tls.Certificate) er
 // names the node and its state; a node admitted again under the same id
 // cannot use the certificates of its earlier admission.
 func TestRevocationIsEnforcedOnEveryMember(t *testing.T) {
+	t.Parallel()
 	c := clustertest.New(t, clustertest.Options{Ctrl: 3, NodeOnly: 1})
 	c.WaitLeader()
 	// The worker was admitted as operator too: its host holds an
@@ -327,6 +329,7 @@ func TestRevocationIsEnforcedOnEveryMember(t *testing.T) {
 // A node revoked and admitted again under the same id gets certificates of
 // the new admission; those of the earlier one stay refused.
 func TestReadmittedNodeOldCertificatesRefused(t *testing.T) {
+	t.Parallel()
 	logs := &syncBuffer{}
 	c := clustertest.New(t, clustertest.Options{Ctrl: 1, Logs: logs})
 	// An operator node: its host holds an operator certificate.
@@ -374,6 +377,7 @@ func TestReadmittedNodeOldCertificatesRefused(t *testing.T) {
 // a ctrl member by itself; the renewed ones are served at once. Only the
 // ctrl member holds (and renews) an operator certificate.
 func TestCertificateRenewal(t *testing.T) {
+	t.Parallel()
 	c := clustertest.New(t, clustertest.Options{Ctrl: 1, NodeOnly: 1})
 	c.WaitAllReady()
 	for _, m := range c.Members {

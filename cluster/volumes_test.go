@@ -25,6 +25,7 @@ import (
 // none of the endpoints); names, sizes and pools are checked before the
 // entry enters the log; an unknown Volume is not_found.
 func TestVolumeEndpoints(t *testing.T) {
+	t.Parallel()
 	c := clustertest.New(t, clustertest.Options{Ctrl: 1, NodeOnly: 1})
 	ctrl, worker := c.Members[0], c.Members[1]
 	cl := c.Client(ctrl)
@@ -67,6 +68,7 @@ func TestVolumeEndpoints(t *testing.T) {
 // rule of an old op waits the same way: placements count only once every
 // voter counts them, and then equally on every member.
 func TestNewOpWaitsForEveryVoter(t *testing.T) {
+	t.Parallel()
 	o := clustertest.Options{Ctrl: 3, FeatureLevels: map[string]int{"node-3": 1}}
 	c := clustertest.New(t, o)
 	leader := c.WaitLeader()
@@ -143,6 +145,7 @@ func TestNewOpWaitsForEveryVoter(t *testing.T) {
 // writes for level 1 (JSON entries, command records keyed by their ids),
 // which halved a fresh cluster's first minute of writes.
 func TestNewVoterLevelRecordedAtOnce(t *testing.T) {
+	t.Parallel()
 	start := time.Now()
 	// Without pool capacities: a write refused for its level would ask
 	// the voters too, and hide what is under test.
@@ -188,6 +191,7 @@ func TestNewVoterLevelRecordedAtOnce(t *testing.T) {
 // not apply the log it would be sent. Once it runs the cluster's build,
 // it is.
 func TestOlderBuildNotMadeVoter(t *testing.T) {
+	t.Parallel()
 	c := clustertest.New(t, clustertest.Options{Ctrl: 1, NoPoolCapacity: true})
 	leader := c.WaitLeader()
 	older := fsm.LevelCommandLog - 1
@@ -227,6 +231,7 @@ func TestOlderBuildNotMadeVoter(t *testing.T) {
 // replicated state was saved does not start: the state may hold what the
 // build does not know. The release it ran starts again.
 func TestOlderBuildRefusedOverNewerState(t *testing.T) {
+	t.Parallel()
 	c := clustertest.New(t, clustertest.Options{Ctrl: 1, NoPoolCapacity: true})
 	m := c.WaitLeader()
 	clustertest.WaitFor(t, 10*time.Second, func() (bool, string) {
