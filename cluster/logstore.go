@@ -89,11 +89,10 @@ func openWAL(dir string, hl hclog.Logger) (logStore, error) {
 	// The meta store (opened 0644 by raft-wal), and segments an earlier
 	// release left 0644.
 	if err := datadir.MakePrivate(dir); err != nil {
-		w.Close()
-		meta.Close()
+		w.Close() // and its meta store
 		return nil, fmt.Errorf("raft log %s: %w", dir, err)
 	}
-	return &walStore{WAL: w, meta: meta}, nil
+	return w, nil
 }
 
 // privateSegments creates the WAL's segment files 0600: raft-wal makes
@@ -110,22 +109,6 @@ func (p privateSegments) Create(dir, name string, size uint64) (types.WritableFi
 		return nil, fmt.Errorf("raft log segment %s: %w", name, err)
 	}
 	return f, nil
-}
-
-// walStore closes the WAL's meta store too: raft-wal v0.4.0's Close
-// leaves it open, and its file lock then blocks the next open of the same
-// log (a migration's reopen, a member restarted in one process).
-type walStore struct {
-	*wal.WAL
-	meta *metadb.BoltMetaDB
-}
-
-func (w *walStore) Close() error {
-	err := w.WAL.Close()
-	if merr := w.meta.Close(); err == nil {
-		err = merr
-	}
-	return err
 }
 
 // migrateBoltLog copies the raft-boltdb log at bolt into a WAL at dir.

@@ -139,3 +139,50 @@ func TestLogStoreRemovesMigratedBoltLog(t *testing.T) {
 		t.Fatalf("raft.db left beside the WAL: %v", err)
 	}
 }
+
+// Raft clears a log suffix a new leader did not keep (its own uncommitted
+// tail, after a leader change); the log must open again after it. raft-wal
+// before v0.4.1 sealed the segment without its index on such a tail
+// truncation, and the member's next start panicked ("sealed segment has
+// no index block"): found by the fault harness (nemesis), a member killed
+// after a leader change never came back.
+func TestLogStoreReopensAfterTailTruncation(t *testing.T) {
+	dir := t.TempDir()
+	open := func() logStore {
+		t.Helper()
+		s, err := openLogStore(t.Context(), dir, slog.New(slog.DiscardHandler), hclog.NewNullLogger())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	s := open()
+	var logs []*raft.Log
+	for i := uint64(1); i <= 40; i++ {
+		logs = append(logs, &raft.Log{Index: i, Term: 2, Type: raft.LogCommand, Data: []byte(fmt.Sprintf(`{"op":"op-%d"}`, i))})
+	}
+	if err := s.StoreLogs(logs); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.DeleteRange(38, 40); err != nil {
+		t.Fatal(err)
+	}
+	// The new leader's entries from 38 on.
+	if err := s.StoreLog(&raft.Log{Index: 38, Term: 3, Type: raft.LogCommand, Data: []byte(`{"op":"new-38"}`)}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	s = open()
+	defer s.Close()
+	first, _ := s.FirstIndex()
+	last, _ := s.LastIndex()
+	var got raft.Log
+	if err := s.GetLog(1, &got); err != nil || first != 1 || last != 38 {
+		t.Fatalf("after a tail truncation and a restart: first %d, last %d, entry 1: %v; want 1, 38, readable", first, last, err)
+	}
+	if err := s.GetLog(38, &got); err != nil || got.Term != 3 {
+		t.Fatalf("entry 38 after the restart: term %d, %v; want the new leader's (term 3)", got.Term, err)
+	}
+}
