@@ -118,6 +118,7 @@ func Run(t *testing.T, o Options) *Report {
 	// The checks talk to a member that answers: the first one may be
 	// the one a fault left down.
 	admin = answering(t, l, o.Settle)
+	healNodes(admin, l)
 	rep.Anomalies = append(rep.Anomalies, nodesBack(t, admin, l, o.Settle)...)
 	rep.Anomalies = append(rep.Anomalies, settle(t, admin, ops, o.Settle)...)
 	rep.Anomalies = append(rep.Anomalies, readBack(t, admin, w, hist)...)
@@ -131,6 +132,14 @@ func Run(t *testing.T, o Options) *Report {
 		keepLogs(t, l, o.KeepDir)
 	}
 	return rep
+}
+
+// healNodes cancels every drain: a client's cancel may not have got
+// through a fault.
+func healNodes(admin *clusterlab.Host, l *clusterlab.Lab) {
+	for _, h := range l.Hosts {
+		admin.Kibo("node", "cancel-drain", h.NodeID)
+	}
 }
 
 // membersUp reports every member process that is not running once the

@@ -54,7 +54,8 @@ var kinds = []struct {
 	name   string
 	weight int
 }{
-	{"read", 30}, {"append", 30}, {"stop", 7}, {"start", 7}, {"pause", 7}, {"resume", 7}, {"create", 2}, {"delete", 2},
+	{"read", 28}, {"append", 28}, {"stop", 7}, {"start", 7}, {"pause", 7}, {"resume", 7}, {"move", 4}, {"fork", 3},
+	{"create", 2}, {"delete", 3}, {"drain", 1},
 }
 
 func pickKind(rng *rand.Rand) string {
@@ -79,27 +80,29 @@ func (w *Workload) run(ctx context.Context, client int, rng *rand.Rand) {
 		h := w.cluster.Hosts[rng.IntN(len(w.cluster.Hosts))]
 		switch kind {
 		case "create":
-			w.create(client, h)
+			w.create(ctx, client, h, nil)
+			continue
+		case "drain":
+			w.drain(ctx, client, h, w.cluster.Hosts[rng.IntN(len(w.cluster.Hosts))].NodeID, rng)
 			continue
 		}
 		ws := w.pick(rng)
-		if ws == nil {
-			continue
-		}
-		switch kind {
-		case "read":
+		switch {
+		case ws == nil:
+		case kind == "read":
 			w.read(client, h, ws.id)
-		case "append":
+		case kind == "append":
 			w.appendSeq(client, h, ws)
-		case "delete":
-			// Only what the workload created itself: the first
-			// Workspaces stay for the append check.
-			if ws.initial {
-				continue
-			}
-			w.lifecycle(client, h, ws, kind, rng)
+		case kind == "delete" && ws.initial:
+			// The first Workspaces stay for the append check; only
+			// what the workload created itself is deleted.
+		case kind == "fork":
+			// Refused unless the source is PAUSED.
+			w.create(ctx, client, h, ws)
+		case kind == "move":
+			w.move(ctx, client, h, ws, w.cluster.Hosts[rng.IntN(len(w.cluster.Hosts))].NodeID)
 		default:
-			w.lifecycle(client, h, ws, kind, rng)
+			w.lifecycle(ctx, client, h, ws, kind, rng)
 		}
 	}
 }
@@ -202,8 +205,8 @@ func (w *Workload) appendSeq(client int, h *clusterlab.Host, ws *workspaceEntry)
 
 // lifecycle is stop, start, pause, resume or delete, half of them with the
 // version a read just gave as the expected one. An unknown outcome is
-// tried again with the same command ID.
-func (w *Workload) lifecycle(client int, h *clusterlab.Host, ws *workspaceEntry, kind string, rng *rand.Rand) {
+// tried again with the same command ID while the run lasts.
+func (w *Workload) lifecycle(ctx context.Context, client int, h *clusterlab.Host, ws *workspaceEntry, kind string, rng *rand.Rand) {
 	args := []string{"workspace", kind, ws.id, "--timeout", lifecycleWait, "--command-id", commandID()}
 	var expected uint64
 	if rng.IntN(2) == 0 {
@@ -216,14 +219,7 @@ func (w *Workload) lifecycle(client int, h *clusterlab.Host, ws *workspaceEntry,
 	}
 	o := w.op(client, h, kind, ws.id)
 	o.Expected = expected
-	var r clusterlab.Result
-	for try := 0; ; try++ {
-		r = h.KiboTimeout(opTimeout, args...)
-		if outcomeOf(r.Code) != Unknown || try == retries {
-			break
-		}
-	}
-	o = w.finish(o, r)
+	o = w.finish(o, w.retried(ctx, h, args))
 	if kind == "delete" && o.Outcome == OK {
 		w.mu.Lock()
 		ws.deleted = true
@@ -236,30 +232,62 @@ func (w *Workload) lifecycle(client int, h *clusterlab.Host, ws *workspaceEntry,
 // says something.
 const maxLive = 5
 
-// create makes one more Workspace; it joins the set once it is known.
-func (w *Workload) create(client int, h *clusterlab.Host) {
+// create makes one more Workspace, or a fork of from; it joins the set
+// once it is known.
+func (w *Workload) create(ctx context.Context, client int, h *clusterlab.Host, from *workspaceEntry) {
 	if w.live() >= maxLive {
 		return
 	}
 	o := w.op(client, h, "create", "")
-	args := append([]string{"workspace", "create", "--wait-timeout", lifecycleWait, "--command-id", commandID(), "--json"}, strings.Fields(w.spec)...)
-	var r clusterlab.Result
-	for try := 0; ; try++ {
-		r = h.KiboTimeout(opTimeout, args...)
-		if outcomeOf(r.Code) != Unknown || try == retries {
-			break
-		}
+	args := []string{"workspace", "create", "--wait-timeout", lifecycleWait, "--command-id", commandID(), "--json"}
+	if from != nil {
+		o.Kind, o.Detail = "fork", "from "+from.id
+		args = append(args, "--from", from.id)
+	} else {
+		args = append(args, strings.Fields(w.spec)...)
 	}
+	r := w.retried(ctx, h, args)
 	var ws api.Workspace
 	if r.Code == 0 {
 		if err := clusterlab.DecodeResult(r, &ws); err == nil {
 			o.Workspace = ws.WorkspaceID
 		}
 	}
-	w.finish(o, r)
-	if o.Workspace != "" {
+	o = w.finish(o, r)
+	if o.Outcome == OK && o.Workspace != "" {
 		w.add(o.Workspace, false)
 	}
+}
+
+// retried runs the CLI with args through h, again (same command ID) while
+// the outcome is unknown, up to retries times while the run lasts.
+func (w *Workload) retried(ctx context.Context, h *clusterlab.Host, args []string) clusterlab.Result {
+	for try := 0; ; try++ {
+		r := h.KiboTimeout(opTimeout, args...)
+		if outcomeOf(r.Code) != Unknown || try == retries || ctx.Err() != nil {
+			return r
+		}
+	}
+}
+
+// move stops the Workspace and starts it on node.
+func (w *Workload) move(ctx context.Context, client int, h *clusterlab.Host, ws *workspaceEntry, node string) {
+	o := w.op(client, h, "move", ws.id)
+	o.Detail = "to " + node
+	w.finish(o, w.retried(ctx, h, []string{"workspace", "move", ws.id, "--node", node, "--timeout", lifecycleWait, "--command-id", commandID()}))
+}
+
+// drain drains node for a few seconds, then cancels the drain: placement
+// avoids it meanwhile, and every drain is cancelled (healNodes, after the
+// run, cancels what a cut host left behind).
+func (w *Workload) drain(ctx context.Context, client int, h *clusterlab.Host, node string, rng *rand.Rand) {
+	o := w.op(client, h, "drain", "")
+	o.Detail = node
+	w.finish(o, w.retried(ctx, h, []string{"node", "drain", node, "--command-id", commandID()}))
+	sleep(ctx, time.Duration(2+rng.IntN(4))*time.Second)
+	o = w.op(client, h, "cancel-drain", "")
+	o.Detail = node
+	w.finish(o, w.retried(context.Background(), h, []string{"node", "cancel-drain", node, "--command-id", commandID()}))
 }
 
 func (w *Workload) add(id string, initial bool) {
