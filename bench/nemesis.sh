@@ -30,7 +30,8 @@ go test -count=1 -v -timeout "$((seconds + 1800))s" -run '^TestNemesis$' ./nemes
 	-nemesis.report "$report" -nemesis.keep "${BENCH_NEMESIS_KEEP:-}" >"$log" 2>&1
 rc=$?
 set -e
-sed -n '/report:/,/^[ ]*to run this schedule again/p' "$log" | sed 's/^        //'
+# The report: from its first line to the next line the test logs.
+sed -n '/nemesis_test.go:[0-9]*: report:/,/^    [a-z_]*\.go:[0-9]*: \|^--- /{/\.go:[0-9]*: \|^--- /!p}' "$log" | sed 's/^        //'
 grep -E '^(--- |FAIL|ok )' "$log" || true
 echo "report: $report; the test's whole output: $log"
 exit "$rc"

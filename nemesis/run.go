@@ -148,10 +148,28 @@ func membersUp(l *clusterlab.Lab) []Anomaly {
 	var out []Anomaly
 	for _, h := range l.Hosts {
 		if p := h.ServeProc(); p.Exited() {
-			out = append(out, Anomaly{Kind: "member-exited", Detail: fmt.Sprintf("the member of %s exited (code %d) and is not running after the faults: %s", h.NodeID, p.Code, clusterlab.Tail(p.Log, 1))})
+			out = append(out, Anomaly{Kind: "member-exited", Detail: fmt.Sprintf("the member of %s exited (code %d) and is not running after the faults: %s", h.NodeID, p.Code, lastError(p.Log))})
 		}
 	}
 	return out
+}
+
+// lastError is the last line of the log at path that says why a process
+// ended (a panic, a fatal error, the CLI's error), else its last line.
+func lastError(path string) string {
+	var found string
+	clusterlab.AnyLine(path, func(line string) bool {
+		for _, p := range []string{"panic: ", "fatal error: ", "kibotos: error: "} {
+			if strings.HasPrefix(line, p) {
+				found = line
+			}
+		}
+		return false
+	})
+	if found == "" {
+		return clusterlab.Tail(path, 1)
+	}
+	return found
 }
 
 // answering is the first host whose member answers a consistent read
