@@ -16,7 +16,7 @@ import (
 var (
 	seconds = flag.Int("nemesis.seconds", 60, "seconds of workload under faults")
 	seed    = flag.Uint64("nemesis.seed", 1, "seed of the workload and the fault schedule")
-	hosts   = flag.Int("nemesis.hosts", 3, "ctrl,node members (3 to 5)")
+	hosts   = flag.Int("nemesis.hosts", 3, "hosts: 3 ctrl,node members, node-only ones past them")
 	every   = flag.Duration("nemesis.fault-every", 8*time.Second, "mean pause between two faults")
 	report  = flag.String("nemesis.report", "", "write the report as JSON to this file")
 	keep    = flag.String("nemesis.keep", "", "copy the lab's logs to this directory when an anomaly is found")
