@@ -134,7 +134,26 @@ func (a *Agent) removeSnapshot(t api.WorkspaceTask) error {
 	if t.Snapshot == nil {
 		return nil
 	}
-	dir, err := a.snapshotDir(t.Snapshot.PoolID, t.WorkspaceID)
+	return a.removeSnapshotIn(t.Snapshot.PoolID, t.WorkspaceID)
+}
+
+// removeSnapshots removes every snapshot a deleted Workspace may have: the
+// one its task names, and the one a pause writes beside its layer. ctrl
+// accepts a delete while a pause runs and takes the delete for the
+// Workspace's command, so it ignores the pause's result and the delete
+// names no snapshot; the node runs the pause first (one command per
+// object at a time) and its snapshot is on the disk all the same.
+func (a *Agent) removeSnapshots(t api.WorkspaceTask) error {
+	err := a.removeSnapshot(t)
+	// A pool not configured here: the layer's removal says so.
+	if (t.Snapshot == nil || t.Snapshot.PoolID != t.LayerPool) && a.poolPath(t.LayerPool) != "" {
+		err = errors.Join(err, a.removeSnapshotIn(t.LayerPool, t.WorkspaceID))
+	}
+	return err
+}
+
+func (a *Agent) removeSnapshotIn(pool, ws string) error {
+	dir, err := a.snapshotDir(pool, ws)
 	if err != nil {
 		return err
 	}

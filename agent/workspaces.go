@@ -226,7 +226,7 @@ func (a *Agent) execute(ctx context.Context, t api.WorkspaceTask) api.WorkspaceT
 		err = a.endInstance(ctx, t.Command.InstanceID, endForced)
 	case api.WSCmdDelete:
 		if err = a.endInstance(ctx, t.Command.InstanceID, endForDelete); err == nil {
-			err = errors.Join(a.removeLayer(t), a.removeSnapshot(t))
+			err = errors.Join(a.removeLayer(t), a.removeSnapshots(t))
 		}
 	case api.WSCmdNetwork:
 		err = a.updateNetwork(ctx, t)
