@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/kibotos/kibotos/internal/clusterlab"
+	"github.com/kibotos/kibotos/internal/ctxsleep"
 )
 
 // Fault is one injected fault, from injection to heal (nanoseconds since
@@ -52,10 +53,8 @@ func (n *Nemesis) run(ctx context.Context, rng *rand.Rand) {
 	for {
 		// The pause between faults: every, ±50%.
 		wait := n.every/2 + time.Duration(rng.Int64N(int64(n.every)))
-		select {
-		case <-ctx.Done():
+		if ctxsleep.Sleep(ctx, wait) != nil {
 			return
-		case <-time.After(wait):
 		}
 		kind := FaultKinds[rng.IntN(len(FaultKinds))]
 		hold := 3*time.Second + time.Duration(rng.Int64N(int64(7*time.Second)))
@@ -89,7 +88,7 @@ func (n *Nemesis) inject(ctx context.Context, rng *rand.Rand, f *Fault, hold tim
 		p := h.ServeProc()
 		p.Cmd.Process.Signal(syscall.SIGKILL)
 		<-p.Done()
-		sleep(ctx, hold/2)
+		ctxsleep.Sleep(ctx, hold/2)
 		n.restart(h)
 	case "pause-leader":
 		// A long pause (GC, a stalled disk): the leader stops without
@@ -102,12 +101,12 @@ func (n *Nemesis) inject(ctx context.Context, rng *rand.Rand, f *Fault, hold tim
 		f.Target = l.NodeID
 		p := l.ServeProc()
 		p.Cmd.Process.Signal(syscall.SIGSTOP)
-		sleep(ctx, hold)
+		ctxsleep.Sleep(ctx, hold)
 		p.Cmd.Process.Signal(syscall.SIGCONT)
 	case "partition-host":
 		f.Target = h.NodeID
 		h.Partition()
-		sleep(ctx, hold)
+		ctxsleep.Sleep(ctx, hold)
 		h.Heal()
 	case "kill-vmm":
 		pids := clusterlab.QemuPIDs(n.root)
@@ -128,13 +127,6 @@ func (n *Nemesis) inject(ctx context.Context, rng *rand.Rand, f *Fault, hold tim
 		pid := pids[rng.IntN(len(pids))]
 		f.Target = "pid " + strconv.Itoa(pid)
 		syscall.Kill(pid, syscall.SIGKILL)
-	}
-}
-
-func sleep(ctx context.Context, d time.Duration) {
-	select {
-	case <-ctx.Done():
-	case <-time.After(d):
 	}
 }
 

@@ -16,6 +16,7 @@ import (
 	"github.com/kibotos/kibotos/api"
 	"github.com/kibotos/kibotos/datadir"
 	"github.com/kibotos/kibotos/internal/clusterlab"
+	"github.com/kibotos/kibotos/internal/ctxsleep"
 	"github.com/kibotos/kibotos/internal/testenv"
 	"github.com/kibotos/kibotos/vmm/template"
 )
@@ -259,10 +260,8 @@ func (s *layerSampler) run(ctx context.Context) {
 			s.found = append(s.found, Sample{At: s.hist.now(), Shared: shared})
 		}
 		s.mu.Unlock()
-		select {
-		case <-ctx.Done():
+		if ctxsleep.Sleep(ctx, 500*time.Millisecond) != nil {
 			return
-		case <-time.After(500 * time.Millisecond):
 		}
 	}
 }

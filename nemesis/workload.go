@@ -13,6 +13,7 @@ import (
 
 	"github.com/kibotos/kibotos/api"
 	"github.com/kibotos/kibotos/internal/clusterlab"
+	"github.com/kibotos/kibotos/internal/ctxsleep"
 )
 
 // opTimeout bounds one CLI call of the workload: a lifecycle change waits
@@ -284,7 +285,7 @@ func (w *Workload) drain(ctx context.Context, client int, h *clusterlab.Host, no
 	o := w.op(client, h, "drain", "")
 	o.Detail = node
 	w.finish(o, w.retried(ctx, h, []string{"node", "drain", node, "--command-id", commandID()}))
-	sleep(ctx, time.Duration(2+rng.IntN(4))*time.Second)
+	ctxsleep.Sleep(ctx, time.Duration(2+rng.IntN(4))*time.Second)
 	o = w.op(client, h, "cancel-drain", "")
 	o.Detail = node
 	w.finish(o, w.retried(context.Background(), h, []string{"node", "cancel-drain", node, "--command-id", commandID()}))

@@ -18,6 +18,7 @@ import (
 	"github.com/kibotos/kibotos/member"
 	"github.com/kibotos/kibotos/vmm/platform"
 	"github.com/kibotos/kibotos/vmm/template"
+	"github.com/kibotos/kibotos/vmm/units/privsd"
 )
 
 // BuildArtifacts builds, once per run, what a node needs to boot
@@ -205,6 +206,15 @@ func VMRoot(t *testing.T, l *Lab) string {
 					p.Cmd.Process.Kill()
 					p.WaitExit(10 * time.Second)
 				}
+			}
+		}
+		// A member killed and not started again may have left its
+		// private systemd running (privsd ends it at the next start).
+		for _, h := range l.Hosts {
+			if pid, err := privsd.EndLeftover(filepath.Join(datadir.Dir(h.DataDir).NodeDir(), "systemd")); err != nil {
+				t.Errorf("host %d: %v", h.Index, err)
+			} else if pid != 0 {
+				t.Logf("host %d: ended the private systemd (pid %d) its killed member left running", h.Index, pid)
 			}
 		}
 		if t.Failed() {

@@ -229,4 +229,15 @@ func TestLeftoverOfADeadStarterIsEnded(t *testing.T) {
 	if err := inst.Stop(); err != nil {
 		t.Fatal(err)
 	}
+
+	// EndLeftover ends one without starting anew (a test lab's cleanup).
+	starter, pid = startAttached(t, dir, noDeathSignalEnv+"=1")
+	starter.Process.Signal(syscall.SIGKILL)
+	starter.Wait()
+	if ended, err := privsd.EndLeftover(dir); ended != pid || err != nil || alive(pid) {
+		t.Errorf("EndLeftover: %d, %v (alive: %v); want %d ended", ended, err, alive(pid), pid)
+	}
+	if ended, err := privsd.EndLeftover(dir); ended != 0 || err != nil {
+		t.Errorf("EndLeftover with nothing left: %d, %v", ended, err)
+	}
 }

@@ -41,12 +41,45 @@ func running(pid int, start uint64) bool {
 	return err == nil && st == start
 }
 
+// EndLeftover ends the private systemd started for dir, tied to a
+// process that is gone, if it still runs: what the next start in dir
+// would end first (StartWith). It returns its PID, 0 when none runs, or
+// why the one running may not be ended.
+func EndLeftover(dir string) (int, error) {
+	dir, err := filepath.Abs(dir)
+	if err != nil {
+		return 0, err
+	}
+	cgMount, err := units.Cgroup2Mount()
+	if err != nil {
+		return 0, fmt.Errorf("privsd: %w", err)
+	}
+	cg := filepath.Join(cgMount, cgroupName(dir))
+	pids, err := units.CgroupPIDs(cg)
+	if errors.Is(err, os.ErrNotExist) || err == nil && len(pids) == 0 {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("privsd: cgroup %s: %w", cg, err)
+	}
+	ended, why := endLeftover(dir, cg, pids)
+	if ended == 0 {
+		return 0, fmt.Errorf("privsd: the private systemd for %s (cgroup %s, PIDs %v) is not a leftover: %w", dir, cg, pids, why)
+	}
+	_ = units.RemoveCgroup(cg)
+	// What Stop would have unmounted: the manager's /run/netns, shared
+	// with the host.
+	return ended, unmountTree(filepath.Join(dir, "run", "netns"))
+}
+
 // endLeftover ends the private systemd that cgroup cg holds when it is one
 // this package started tied to a process that is gone: the parent-death
 // signal is meant to end it with that process, and its VMs with it ("VMs
 // end with it"), but a private systemd was seen to outlive a SIGKILL of
 // its starter, after which every later start in the directory was
-// refused. It returns the PID it ended, or 0 and why it may not.
+// refused. One that ends by itself meanwhile (the signal came, the kernel
+// reaps its namespace) is waited for. It returns the recorded PID once
+// the cgroup is empty, or 0 and why it may not end what runs there.
 func endLeftover(dir, cg string, pids []int) (int, error) {
 	raw, err := os.ReadFile(filepath.Join(dir, starterFileName))
 	if err != nil {
@@ -57,15 +90,21 @@ func endLeftover(dir, cg string, pids []int) (int, error) {
 	if _, err := fmt.Sscanf(string(raw), "%d %d %d %d\n", &sd, &sdStart, &starter, &starterStart); err != nil || sd <= 1 || starter <= 1 {
 		return 0, fmt.Errorf("malformed %s", starterFileName)
 	}
-	switch {
-	case !slices.Contains(pids, sd) || !running(sd, sdStart):
-		return 0, errors.New("its recorded PID is not the one running there")
-	case running(starter, starterStart):
+	if running(starter, starterStart) {
 		return 0, fmt.Errorf("the process that started it (PID %d) still runs", starter)
 	}
-	// SIGKILL of a PID namespace's PID 1 kills every process in it.
-	if err := syscall.Kill(sd, syscall.SIGKILL); err != nil {
-		return 0, fmt.Errorf("kill PID %d: %w", sd, err)
+	switch {
+	case !running(sd, sdStart):
+		// Gone already: what is left in its cgroup is its namespace
+		// being reaped, or something this package did not record, which
+		// is not signalled; the wait below tells them apart.
+	case !slices.Contains(pids, sd):
+		return 0, fmt.Errorf("its recorded PID %d runs outside cgroup %s", sd, cg)
+	default:
+		// SIGKILL of a PID namespace's PID 1 kills every process in it.
+		if err := syscall.Kill(sd, syscall.SIGKILL); err != nil && !errors.Is(err, syscall.ESRCH) {
+			return 0, fmt.Errorf("kill PID %d: %w", sd, err)
+		}
 	}
 	deadline := time.Now().Add(KillTimeout)
 	for {
@@ -74,7 +113,7 @@ func endLeftover(dir, cg string, pids []int) (int, error) {
 			break
 		}
 		if time.Now().After(deadline) {
-			return 0, fmt.Errorf("its processes %v were still there %v after SIGKILL of PID %d", left, KillTimeout, sd)
+			return 0, fmt.Errorf("its processes %v were still there %v after its recorded PID %d ended", left, KillTimeout, sd)
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
