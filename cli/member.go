@@ -258,7 +258,8 @@ type ServeCmd struct {
 	Systemd         string        `name:"systemd" default:"auto" enum:"auto,host,private,none" help:"Service manager for VMM units: auto (the host's systemd when PID 1 is systemd, else none), host, private (started by this process; VMs end with it) or none."`
 	Accel           string        `name:"accel" default:"auto" enum:"auto,kvm,tcg" help:"QEMU accelerator: auto picks KVM when it is usable (not PVM), else TCG."`
 	TestTimings     bool          `name:"test-timings" hidden:"" help:"Tight Raft and session timings (tests)."`
-	ClockSkew       time.Duration `name:"test-clock-skew" hidden:"" help:"Pretend the node clock is off by this much (tests)."`
+	ClockSkew       time.Duration `name:"test-clock-skew" hidden:"" help:"Pretend the host clock is off by this much (tests)."`
+	ClockSkewFile   string        `name:"test-clock-skew-file" hidden:"" help:"Pretend the host clock is off by the duration this file holds, read again every second (the fault harness steps a clock with it)."`
 }
 
 // loadNodeConfig reads the node's configuration file (none: defaults)
@@ -382,7 +383,7 @@ func (c *ServeCmd) Run(g *Globals) error {
 	if err != nil {
 		return err
 	}
-	return runMember(g, level, member.Options{API: apiConf, E2B: e2bConf, DataDir: dir, Bind: bind, Capacity: capacity, Timings: timings, DeniedReport: deniedReport, ClockSkew: c.ClockSkew, LogFormat: format,
+	return runMember(g, level, member.Options{API: apiConf, E2B: e2bConf, DataDir: dir, Bind: bind, Capacity: capacity, Timings: timings, DeniedReport: deniedReport, ClockSkew: c.ClockSkew, ClockSkewFile: c.ClockSkewFile, LogFormat: format,
 		Systemd: c.Systemd, Accel: qemu.Accel(c.Accel), DataPlaneListen: dpListen, Pools: pools, DefaultPool: fc.Storage.DefaultPool, Network: network,
 		MetricsListen: fc.Metrics.Listen, MachineLogsMax: fc.Logs.MachineLogsMaxBytes, Artifacts: store, Warm: warm, EgressWarm: egressWarm})
 }

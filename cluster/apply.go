@@ -33,7 +33,7 @@ func (s *Server) Apply(ctx context.Context, e fsm.Entry) (fsm.Result, error) {
 			return fsm.Result{}, outOfTime(e, context.DeadlineExceeded)
 		}
 	}
-	e.IssuedAt = time.Now().UTC()
+	e.IssuedAt = s.wallNow().UTC()
 	// The binary format once every voter reads it, JSON until then.
 	var (
 		data []byte

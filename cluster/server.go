@@ -91,6 +91,10 @@ type Config struct {
 	API APIConfig
 	// E2B is the E2B API listener of a ctrl member ([e2b]).
 	E2B E2BConfig
+	// ClockSkew, when set, is what this member's wall clock is off by: the
+	// entries it stamps and its measurements of node clocks see it (tests
+	// and the fault harness step a host's clock with it).
+	ClockSkew func() time.Duration
 }
 
 // Server is one running member.
@@ -398,6 +402,14 @@ func (s *Server) kill() {
 
 // NodeID is this member's node id.
 func (s *Server) NodeID() string { return s.id.NodeID }
+
+// wallNow is this member's wall clock, Config.ClockSkew included.
+func (s *Server) wallNow() time.Time {
+	if s.cfg.ClockSkew == nil {
+		return time.Now()
+	}
+	return time.Now().Add(s.cfg.ClockSkew())
+}
 
 // Advertise is this member's advertised address.
 func (s *Server) Advertise() string { return s.id.Advertise }

@@ -238,7 +238,7 @@ func (s *Server) runSession(ctx context.Context, sc *sessionConn, dec *api.Sessi
 		}
 	}()
 	requestSync := func() error {
-		return sc.send(api.SessionMsg{Type: api.MsgSync, T1: time.Now().UnixNano()})
+		return sc.send(api.SessionMsg{Type: api.MsgSync, T1: s.wallNow().UnixNano()})
 	}
 	if err := requestSync(); err != nil {
 		return "connection lost"
@@ -327,7 +327,7 @@ func (s *Server) runSession(ctx context.Context, sc *sessionConn, dec *api.Sessi
 					return "connection lost"
 				}
 			}
-			if sc.send(api.SessionMsg{Type: api.MsgPing, T1: time.Now().UnixNano()}) != nil {
+			if sc.send(api.SessionMsg{Type: api.MsgPing, T1: s.wallNow().UnixNano()}) != nil {
 				return "connection lost"
 			}
 			if disp.run() != nil {
@@ -336,7 +336,7 @@ func (s *Server) runSession(ctx context.Context, sc *sessionConn, dec *api.Sessi
 		case m := <-msgs:
 			switch m.Type {
 			case api.MsgReport:
-				if err := s.applyReport(ctx, sc, nodeID, sid, m, time.Now().UnixNano()); err != nil {
+				if err := s.applyReport(ctx, sc, nodeID, sid, m, s.wallNow().UnixNano()); err != nil {
 					s.log.Warn("node report not stored", "peer_node_id", nodeID, "err", err)
 					if api.CodeOf(err) == api.CodeFailedPrecondition {
 						return "session replaced"

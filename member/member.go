@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/kibotos/kibotos/agent"
@@ -27,14 +28,18 @@ import (
 
 // Options are what serve and dev decide about a member.
 type Options struct {
-	DataDir   datadir.Dir
-	Bind      string
-	Capacity  api.Resources
-	Timings   cluster.Timings
-	ClockSkew time.Duration
-	OnReady   func(context.Context, *cluster.Server) // runs beside the member, which waits for it to return
-	Systemd   string                                 // see openNodeRuntime
-	Accel     qemu.Accel
+	DataDir  datadir.Dir
+	Bind     string
+	Capacity api.Resources
+	Timings  cluster.Timings
+	// ClockSkew is what the host clock is off by, as the member sees it
+	// (tests); ClockSkewFile, when set, holds it and is read again every
+	// second (the fault harness steps a host's clock so).
+	ClockSkew     time.Duration
+	ClockSkewFile string
+	OnReady       func(context.Context, *cluster.Server) // runs beside the member, which waits for it to return
+	Systemd       string                                 // see openNodeRuntime
+	Accel         qemu.Accel
 	// DataPlaneListen is the data-plane address; default advertise port+2.
 	DataPlaneListen string
 	Pools           []agent.PoolConfig
@@ -100,7 +105,10 @@ func Run(ctx context.Context, log *slog.Logger, o Options) error {
 		}
 		log.Info("artifact store", "url", store.String())
 	}
-	srv, err := cluster.Open(ctx, cluster.Config{DataDir: o.DataDir, Bind: o.Bind, Timings: o.Timings, Logger: log, Artifacts: store, API: o.API, E2B: o.E2B})
+	var skew atomic.Int64
+	skew.Store(int64(o.ClockSkew))
+	srv, err := cluster.Open(ctx, cluster.Config{DataDir: o.DataDir, Bind: o.Bind, Timings: o.Timings, Logger: log, Artifacts: store, API: o.API, E2B: o.E2B,
+		ClockSkew: func() time.Duration { return time.Duration(skew.Load()) }})
 	if err != nil {
 		return err
 	}
@@ -123,6 +131,7 @@ func Run(ctx context.Context, log *slog.Logger, o Options) error {
 	if srv.FSM() != nil {
 		src.ControlSessions = srv.ControlSessions
 	}
+	var node *agent.Agent
 	if srv.Identity().HasRole(api.RoleNode) {
 		src.Steps = metrics.NewSteps()
 		rt, m, closeRuntime, err := openNodeRuntime(ctx, o, srv.NodeID(), src.Steps, log)
@@ -158,8 +167,18 @@ func Run(ctx context.Context, log *slog.Logger, o Options) error {
 		}
 		src.HostUsage, src.Warm = a.HostUsage, a.WarmGuests
 		local.Templates, local.Platforms, local.Transfers, local.Progress = a.PublishTemplate, a.PublishPlatform, a, a.Progress
-		agentRunning = true
+		agentRunning, node = true, a
 		go func() { agentErr <- a.Run(ctx) }()
+	}
+	if o.ClockSkewFile != "" {
+		owned.Go(func() {
+			followClockSkew(ctx, o.ClockSkewFile, o.ClockSkew, log, func(d time.Duration) {
+				skew.Store(int64(d))
+				if node != nil {
+					node.SetClockSkew(d)
+				}
+			})
+		})
 	}
 	if err := serveMetrics(ctx, &owned, srv, src, local, o.MetricsListen, log); err != nil {
 		return err
