@@ -21,13 +21,6 @@ import (
 	"github.com/kibotos/kibotos/vmm/template"
 )
 
-// Addresses of the lab's switch namespace, beside the hosts on its bridge:
-// a SOCKS5 server of the "caller" and a server it reaches.
-const (
-	labSOCKS  = clusterlab.SubnetPrefix + "200"
-	labServer = clusterlab.SubnetPrefix + "201"
-)
-
 // mhEgress: an Egress object with credentials through the CLI; on each
 // of nodes (a ctrl member reads the credentials from its own FSM, a
 // node-only member asks the ctrl leader) a Workspace whose policy names it,
@@ -36,27 +29,15 @@ const (
 // credentials root's alone on the node; the Egress that a Workspace uses
 // cannot be deleted.
 func mhEgress(t *testing.T, l *clusterlab.Lab, admin *clusterlab.Host, nodes ...string) {
-	microsocks := testenv.LookPath(t, "microsocks", "microsocks")
-	busybox := testenv.LookPath(t, "busybox", "busybox-static")
-	sw := l.Prefix + "-sw"
-	// The proxy reaches the server in its own namespace: over loopback.
-	l.IP("-n", sw, "link", "set", "lo", "up")
-	l.IP("-n", sw, "addr", "add", labSOCKS+"/24", "dev", "br0")
-	l.IP("-n", sw, "addr", "add", labServer+"/24", "dev", "br0")
-	www := t.TempDir()
-	os.WriteFile(filepath.Join(www, "index.html"), []byte("through the proxy\n"), 0o644)
-	httpdLog := l.StartIn(t, sw, "httpd", busybox, "httpd", "-f", "-v", "-p", labServer+":8080", "-h", www)
-	l.StartIn(t, sw, "microsocks", microsocks, "-i", labSOCKS, "-p", "1080", "-u", "kibo", "-P", "s3cret-pass")
-	pwFile := filepath.Join(t.TempDir(), "password")
-	os.WriteFile(pwFile, []byte("s3cret-pass\n"), 0o600)
-
-	clusterlab.Must(t, admin, clusterlab.CLITimeout, "egress", "create", "corp", "--socks5", labSOCKS+":1080", "--username", "kibo", "--password-file", pwFile)
+	proxy := l.StartProxy(t)
+	httpdLog := proxy.ServerLog
+	clusterlab.Must(t, admin, clusterlab.CLITimeout, "egress", "create", "corp", "--socks5", proxy.SOCKS, "--username", proxy.Username, "--password-file", proxy.PasswordFile)
 	if r := clusterlab.Must(t, admin, clusterlab.CLITimeout, "egress", "get", "corp", "--json"); strings.Contains(r.Stdout, "s3cret") {
 		t.Errorf("egress get shows the password: %s", r.Stdout)
 	}
 	t.Cleanup(func() {
 		if t.Failed() {
-			b, _ := os.ReadFile(filepath.Join(l.Dir, sw+"-microsocks.log"))
+			b, _ := os.ReadFile(proxy.SOCKSLog)
 			t.Logf("microsocks:\n%s", b)
 		}
 	})
@@ -76,14 +57,17 @@ func mhEgress(t *testing.T, l *clusterlab.Lab, admin *clusterlab.Host, nodes ...
 			t.Fatalf("created %s", clusterlab.WorkspaceString(ws))
 		}
 		before, _ := os.ReadFile(httpdLog)
-		r := admin.Kibo("workspace", "exec", ws.WorkspaceID, "--", "wget", "-T", "5", "-t", "1", "-O-", "http://"+labServer+":8080/")
-		if r.Stdout != "through the proxy\n" {
+		r := admin.Kibo("workspace", "exec", ws.WorkspaceID, "--", "wget", "-T", "5", "-t", "1", "-O-", proxy.URL)
+		if r.Stdout != proxy.Page {
 			out, _ := exec.Command("ip", "netns", "exec", h.NS, "nft", "list", "ruleset").CombinedOutput()
 			t.Errorf("on %s, wget through the Egress: %s (stdout %q); ruleset of the node:\n%s", node, r, r.Stdout, out)
 		}
 		var b []byte
-		if !testenv.Poll(t, 10*time.Second, func() bool { b, _ = os.ReadFile(httpdLog); return strings.Contains(string(b[len(before):]), labSOCKS) }) {
-			t.Errorf("on %s: the server's log does not show the SOCKS5 server %s as the client:\n%s", node, labSOCKS, b)
+		if !testenv.Poll(t, 10*time.Second, func() bool {
+			b, _ = os.ReadFile(httpdLog)
+			return strings.Contains(string(b[len(before):]), clusterlab.ProxyAddr)
+		}) {
+			t.Errorf("on %s: the server's log does not show the SOCKS5 server %s as the client:\n%s", node, clusterlab.ProxyAddr, b)
 		}
 		// The node's metrics (its loopback listener, port+3) count the
 		// connection the egress process carried.

@@ -384,6 +384,75 @@ func (h *Host) Stop() {
 func (h *Host) Partition() { h.Lab.IP("-n", h.NS, "link", "set", HostIface, "down") }
 func (h *Host) Heal()      { h.Lab.IP("-n", h.NS, "link", "set", HostIface, "up") }
 
+// impairTable is the nftables table of a host's link faults, in its
+// namespace beside the member's own tables.
+const impairTable = "kblab_impair"
+
+// CutOneWay drops what the host sends on its link (outbound) or what it
+// receives there: an asymmetric partition, in which the host still hears
+// the others and they do not hear it, or the reverse. Forwarded traffic
+// (its VMs') is cut too. Unimpair ends it.
+func (h *Host) CutOneWay(outbound bool) error {
+	dir := "iifname"
+	if outbound {
+		dir = "oifname"
+	}
+	return h.nft(fmt.Sprintf(`%s %q drop`, dir, HostIface))
+}
+
+// Flaky makes the host's link lose lossPct percent of its packets each way
+// at random and send at most rateKbit: a lossy, slow link (the kernel here
+// has no netem; the rate limit's queue is the delay). Unimpair ends it.
+func (h *Host) Flaky(lossPct, rateKbit int) error {
+	if err := h.nft(fmt.Sprintf(`iifname %q numgen random mod 100 < %d drop`, HostIface, lossPct),
+		fmt.Sprintf(`oifname %q numgen random mod 100 < %d drop`, HostIface, lossPct)); err != nil {
+		return err
+	}
+	return h.tc("qdisc", "replace", "dev", HostIface, "root", "tbf", "rate", fmt.Sprintf("%dkbit", rateKbit), "burst", "16kb", "latency", "400ms")
+}
+
+// Unimpair ends CutOneWay and Flaky; a host not impaired is left as it is.
+func (h *Host) Unimpair() error {
+	var errs []error
+	if out, err := exec.Command("ip", "netns", "exec", h.NS, "nft", "list", "table", "inet", impairTable).CombinedOutput(); err == nil {
+		errs = append(errs, h.nftRun("delete table inet "+impairTable))
+	} else if !strings.Contains(string(out), "No such file") {
+		errs = append(errs, fmt.Errorf("host %s: nft list table: %v: %s", h.NodeID, err, out))
+	}
+	if out, err := exec.Command("tc", "-n", h.NS, "qdisc", "show", "dev", HostIface, "root").CombinedOutput(); err != nil {
+		errs = append(errs, fmt.Errorf("host %s: tc qdisc show: %v: %s", h.NodeID, err, out))
+	} else if strings.HasPrefix(string(out), "qdisc tbf") {
+		errs = append(errs, h.tc("qdisc", "del", "dev", HostIface, "root"))
+	}
+	return errors.Join(errs...)
+}
+
+// nft puts rules in the host's impairment table, on input, output and
+// forward, making the table if it is not there.
+func (h *Host) nft(rules ...string) error {
+	script := fmt.Sprintf("table inet %s {\n", impairTable)
+	for _, hook := range []string{"input", "output", "forward"} {
+		script += fmt.Sprintf("  chain %s { type filter hook %s priority -10; policy accept; %s; }\n", hook, hook, strings.Join(rules, "; "))
+	}
+	return h.nftRun(script + "}\n")
+}
+
+func (h *Host) nftRun(script string) error {
+	cmd := exec.Command("ip", "netns", "exec", h.NS, "nft", "-f", "-")
+	cmd.Stdin = strings.NewReader(script)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("host %s: nft: %v: %s", h.NodeID, err, out)
+	}
+	return nil
+}
+
+func (h *Host) tc(args ...string) error {
+	if out, err := exec.Command("tc", append([]string{"-n", h.NS}, args...)...).CombinedOutput(); err != nil {
+		return fmt.Errorf("host %s: tc %s: %v: %s", h.NodeID, strings.Join(args, " "), err, out)
+	}
+	return nil
+}
+
 // Result is one finished CLI invocation.
 type Result struct {
 	Args           []string

@@ -118,11 +118,22 @@ func StartServeConfig(h *Host, config string) *Proc {
 	h.runs++
 	name := fmt.Sprintf("%s-serve-%d.log", h.NodeID, h.runs)
 	h.mu.Unlock()
-	p := h.Start(name, "serve", "--data-dir", h.DataDir, "--test-timings", "--systemd", "private", "--config", config)
+	p := h.Start(name, "serve", "--data-dir", h.DataDir, "--test-timings", "--systemd", "private", "--config", config,
+		"--test-clock-skew-file", h.clockSkewFile())
 	h.mu.Lock()
 	h.serve = p
 	h.mu.Unlock()
 	return p
+}
+
+// clockSkewFile is where StepClock tells the member its clock's skew.
+func (h *Host) clockSkewFile() string { return h.DataDir + ".clock-skew" }
+
+// StepClock steps the host's clock by skew, as its member sees it (its
+// timestamps to ctrl, the entries it stamps as leader); 0 steps it back.
+// The member reads it within a second.
+func (h *Host) StepClock(skew time.Duration) error {
+	return os.WriteFile(h.clockSkewFile(), []byte(skew.String()+"\n"), 0o600)
 }
 
 // QemuPIDs lists the QEMU processes whose command line mentions dir.
