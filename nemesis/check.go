@@ -17,14 +17,17 @@ import (
 type Anomaly struct {
 	Kind      string `json:"kind"`
 	Workspace string `json:"workspace,omitempty"`
+	Volume    string `json:"volume,omitempty"`
 	Detail    string `json:"detail"`
 	History   []Op   `json:"history,omitempty"`
 }
 
 func (a Anomaly) String() string {
 	s := a.Kind
-	if a.Workspace != "" {
-		s += " " + a.Workspace
+	for _, id := range []string{a.Workspace, a.Volume} {
+		if id != "" {
+			s += " " + id
+		}
 	}
 	s += ": " + a.Detail
 	if len(a.History) > 0 {
@@ -113,16 +116,17 @@ func workspacesOf(ops []Op) []string {
 
 // ---- Appends: acknowledged after sync means there after any fault ----
 
-// checkAppends compares the numbers read back from a Workspace's file
-// with its appends: every acknowledged one must be there, once; nothing
-// may be there that no append wrote. An append that failed may be there:
+// checkAppends compares the numbers read back from the file of object id
+// (a Workspace's own disk, or a Volume) with its appends (ops of kind
+// kind): every acknowledged one must be there, once; nothing may be there
+// that no append wrote. An append that failed may be there:
 // exec's exit code is the command's own once it started, and one cut off
 // by a pause goes on after the resume.
-func checkAppends(ws string, ops []Op, content string) []Anomaly {
-	mine := of(ops, ws)
+func checkAppends(id, kind string, ops []Op, content string) []Anomaly {
+	mine := of(ops, id)
 	outcome := map[int]Outcome{}
 	for _, o := range mine {
-		if o.Kind == "append" {
+		if o.Kind == kind {
 			outcome[o.Seq] = o.Outcome
 		}
 	}
@@ -152,46 +156,20 @@ func checkAppends(ws string, ops []Op, content string) []Anomaly {
 		}
 	}
 	var out []Anomaly
-	add := func(kind, what string, seqs []string) {
+	add := func(anomaly, what string, seqs []string) {
 		if len(seqs) == 0 {
 			return
 		}
 		sort.Strings(seqs)
-		out = append(out, Anomaly{Kind: kind, Workspace: ws, Detail: what + strings.Join(seqs, " "), History: mine})
+		a := objectAnomaly(anomaly, id, what+strings.Join(seqs, " "))
+		a.History = mine
+		out = append(out, a)
 	}
 	add("lost-append", "acknowledged appends not read back: ", lost)
 	add("duplicate-append", "appends read back more than once: ", twice)
 	add("phantom-append", "numbers read back that no append wrote: ", phantom)
 	add("corrupt-append", "lines that are not numbers: ", bad)
 	return out
-}
-
-// ---- Single writer: a layer open in two QEMU processes ----
-
-// Sample is what one scan of the hosts' QEMU processes found: the
-// Workspaces whose layer more than one has open, with their PIDs.
-type Sample struct {
-	At     int64            `json:"at_ns"`
-	Shared map[string][]int `json:"shared"`
-}
-
-// sharedLayers finds the layers that more than one of procs (PID →
-// command line) has open.
-func sharedLayers(procs map[int][]string) map[string][]int {
-	holders := map[string][]int{}
-	for pid, args := range procs {
-		for _, ws := range layerWorkspaces(args) {
-			holders[ws] = append(holders[ws], pid)
-		}
-	}
-	for ws, pids := range holders {
-		if len(pids) < 2 {
-			delete(holders, ws)
-			continue
-		}
-		sort.Ints(pids)
-	}
-	return holders
 }
 
 // ---- Definite answers must be true ----

@@ -1,9 +1,14 @@
 package nemesis
 
 import (
+	"os"
+	"path/filepath"
 	"reflect"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/kibotos/kibotos/storagepool"
 )
 
 func read(client int, call, ret int64, v uint64) Op {
@@ -67,23 +72,25 @@ func TestAppends(t *testing.T) {
 		{"1\n3\nx\n", []string{"corrupt-append \"x\""}},
 		{"", []string{"lost-append 1 3"}},
 	} {
-		if got := kinds(checkAppends("ws-a", ops, c.content)); !reflect.DeepEqual(got, c.want) {
+		if got := kinds(checkAppends("ws-a", "append", ops, c.content)); !reflect.DeepEqual(got, c.want) {
 			t.Errorf("content %q: got %q, want %q", c.content, got, c.want)
 		}
 	}
 }
 
-func TestSharedLayers(t *testing.T) {
-	qemu := func(ws string) []string {
-		return []string{"/usr/bin/qemu-system-x86_64", "-drive", "file=/pool/layers/" + ws + ".qcow2,if=none,id=d1", "-drive", "file=/base/rootfs.img,if=none"}
+func TestSharedDisks(t *testing.T) {
+	qemu := func(ws, vol string) []string {
+		return []string{"/usr/bin/qemu-system-x86_64", "-drive", "file=/pool/layers/" + ws + ".qcow2,if=none,id=d1", "-drive", "file=/base/rootfs.img,if=none",
+			"-drive", "file=/pool/volumes/data/" + vol + ".img,if=none,id=v-" + vol + ",format=raw"}
 	}
-	procs := map[int][]string{10: qemu("ws-a"), 11: qemu("ws-b"), 12: qemu("ws-a")}
-	if got, want := sharedLayers(procs), map[string][]int{"ws-a": {10, 12}}; !reflect.DeepEqual(got, want) {
-		t.Errorf("sharedLayers = %v, want %v", got, want)
+	procs := map[int][]string{10: qemu("ws-a", "vol-1"), 11: qemu("ws-b", "vol-2"), 12: qemu("ws-a", "vol-3"), 13: qemu("ws-c", "vol-2")}
+	if got, want := sharedDisks(procs), map[string][]int{"ws-a": {10, 12}, "vol-2": {11, 13}}; !reflect.DeepEqual(got, want) {
+		t.Errorf("sharedDisks = %v, want %v", got, want)
 	}
 	delete(procs, 12)
-	if got := sharedLayers(procs); len(got) != 0 {
-		t.Errorf("one QEMU per layer: sharedLayers = %v, want none", got)
+	delete(procs, 13)
+	if got := sharedDisks(procs); len(got) != 0 {
+		t.Errorf("one QEMU per layer: sharedDisks = %v, want none", got)
 	}
 }
 
@@ -107,5 +114,52 @@ func TestNotFound(t *testing.T) {
 	del := Op{Kind: "delete", Workspace: "ws-a", Call: 0, Return: 5, Outcome: Unknown}
 	if got := checkNotFound([]Op{del, gone, found}); len(got) != 0 {
 		t.Errorf("after a delete that may have happened: %v", got)
+	}
+}
+
+// A writer whose object's holder record names another node is reported
+// once it goes on past fenceBound, not before; one the record names is
+// never reported.
+func TestWriterNotHolder(t *testing.T) {
+	dir := t.TempDir()
+	pool := filepath.Join(dir, "shared")
+	layer := filepath.Join(pool, "layers", "ws-a.qcow2")
+	if err := os.MkdirAll(filepath.Dir(layer), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	hold := func(node string) {
+		if err := storagepool.WriteHolder(layer, storagepool.Holder{NodeID: node, Incarnation: 1, Grant: "inst-1"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	hostA := filepath.Join(dir, "h1")
+	procs := map[int][]string{10: {"qemu-system-x86_64", "-chardev", "socket,path=" + hostA + "/storage/qmp.sock", "-drive", "file=" + layer + ",if=none,id=layer"}}
+	s := &diskSampler{hosts: map[string]string{hostA: "node-a"}}
+	sec := int64(time.Second)
+
+	hold("node-a")
+	s.checkHolders(procs, 0)
+	s.checkHolders(procs, 30*sec)
+	if len(s.overdue) != 0 {
+		t.Fatalf("the holder's own writer reported: %v", s.overdue)
+	}
+	hold("node-b")
+	s.checkHolders(procs, 31*sec)
+	s.checkHolders(procs, 50*sec)
+	if len(s.overdue) != 0 {
+		t.Fatalf("reported within fenceBound: %v", s.overdue)
+	}
+	s.checkHolders(procs, 52*sec)
+	s.checkHolders(procs, 60*sec)
+	if len(s.overdue) != 1 || s.overdue[0].Kind != "writer-not-holder" || s.overdue[0].Workspace != "ws-a" {
+		t.Fatalf("overdue = %v, want one writer-not-holder of ws-a", s.overdue)
+	}
+	// Fenced (gone), then a new writer of the holder's: nothing more.
+	s.checkHolders(map[int][]string{}, 61*sec)
+	hold("node-a")
+	s.checkHolders(procs, 62*sec)
+	s.checkHolders(procs, 90*sec)
+	if len(s.overdue) != 1 {
+		t.Fatalf("overdue = %v, want the one reported before", s.overdue)
 	}
 }

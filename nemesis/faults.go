@@ -2,6 +2,7 @@ package nemesis
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"path/filepath"
@@ -11,6 +12,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/kibotos/kibotos/api"
 	"github.com/kibotos/kibotos/internal/clusterlab"
 	"github.com/kibotos/kibotos/internal/ctxsleep"
 )
@@ -29,10 +31,12 @@ func (f Fault) String() string {
 	return fmt.Sprintf("%8.3fs..%8.3fs %s %s %s", float64(f.Start)/1e9, float64(f.End)/1e9, f.Kind, f.Target, f.Detail)
 }
 
-// FaultKinds are the faults the nemesis picks from. (The egress process
-// runs only for Workspaces with an Egress object, which this workload
-// does not make: killing it is not among them yet.)
-var FaultKinds = []string{"kill-member", "pause-leader", "partition-host", "kill-vmm", "kill-dataplane"}
+// FaultKinds are the faults the nemesis picks from.
+var FaultKinds = []string{
+	"kill-member", "pause-leader", "kill-vmm", "kill-dataplane", "kill-egress",
+	"partition-host", "partition-leader", "cut-outbound", "cut-inbound", "flaky-link",
+	"step-clock",
+}
 
 // Nemesis injects one fault at a time from its seeded source, holds it
 // for a bounded time and heals it before the next.
@@ -45,7 +49,27 @@ type Nemesis struct {
 
 	mu     sync.Mutex
 	faults []Fault
+	errs   []error // a fault that could not be injected or healed
 	log    func(format string, args ...any)
+}
+
+// failed records that the harness could not inject or heal a fault: the
+// run's results no longer mean what they say, and the report says so.
+func (n *Nemesis) failed(err error) {
+	n.mu.Lock()
+	n.errs = append(n.errs, err)
+	n.mu.Unlock()
+}
+
+// anomalies are the harness's own failures, as anomalies of the run.
+func (n *Nemesis) anomalies() []Anomaly {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	var out []Anomaly
+	for _, err := range n.errs {
+		out = append(out, Anomaly{Kind: "harness", Detail: err.Error()})
+	}
+	return out
 }
 
 // run injects faults until ctx ends; every fault is healed when it returns.
@@ -103,11 +127,54 @@ func (n *Nemesis) inject(ctx context.Context, rng *rand.Rand, f *Fault, hold tim
 		p.Cmd.Process.Signal(syscall.SIGSTOP)
 		ctxsleep.Sleep(ctx, hold)
 		p.Cmd.Process.Signal(syscall.SIGCONT)
-	case "partition-host":
+	case "partition-host", "partition-leader":
+		// A host, or the leader's, alone in a minority.
+		if f.Kind == "partition-leader" {
+			if h = leader(n.cluster); h == nil {
+				f.Detail = "no leader found: skipped"
+				return
+			}
+		}
 		f.Target = h.NodeID
 		h.Partition()
 		ctxsleep.Sleep(ctx, hold)
 		h.Heal()
+	case "cut-outbound", "cut-inbound", "flaky-link":
+		// Asymmetric: the host hears the others and is not heard, or
+		// the reverse; or a link that loses packets and queues.
+		f.Target = h.NodeID
+		var err error
+		switch f.Kind {
+		case "flaky-link":
+			loss := 10 + rng.IntN(31)
+			f.Detail = fmt.Sprintf("%d%% loss each way, 1 Mbit/s", loss)
+			err = h.Flaky(loss, 1024)
+		default:
+			err = h.CutOneWay(f.Kind == "cut-outbound")
+		}
+		if err == nil {
+			ctxsleep.Sleep(ctx, hold)
+		}
+		if herr := h.Unimpair(); herr != nil || err != nil {
+			// The run's premise (every fault healed) no longer holds.
+			n.failed(fmt.Errorf("fault %s of %s: %w", f.Kind, h.NodeID, errors.Join(err, herr)))
+		}
+	case "step-clock":
+		// A host's clock jumps past the skew limit and back: the node
+		// takes no new Workspaces meanwhile; what its member stamps as
+		// leader carries the jump.
+		step := api.MaxClockSkew + time.Duration(1+rng.IntN(60))*time.Second
+		if rng.IntN(2) == 0 {
+			step = -step
+		}
+		f.Target, f.Detail = h.NodeID, "by "+step.String()
+		err := h.StepClock(step)
+		if err == nil {
+			ctxsleep.Sleep(ctx, hold)
+		}
+		if herr := h.StepClock(0); herr != nil || err != nil {
+			n.failed(fmt.Errorf("fault %s of %s: %w", f.Kind, h.NodeID, errors.Join(err, herr)))
+		}
 	case "kill-vmm":
 		pids := clusterlab.QemuPIDs(n.root)
 		if len(pids) == 0 {
@@ -115,9 +182,9 @@ func (n *Nemesis) inject(ctx context.Context, rng *rand.Rand, f *Fault, hold tim
 			return
 		}
 		pid := pids[rng.IntN(len(pids))]
-		f.Target, f.Detail = "pid "+strconv.Itoa(pid), layersOf(pid)
+		f.Target, f.Detail = "pid "+strconv.Itoa(pid), disksOf(pid)
 		syscall.Kill(pid, syscall.SIGKILL)
-	case "kill-dataplane":
+	case "kill-dataplane", "kill-egress":
 		sub := strings.TrimPrefix(f.Kind, "kill-")
 		pids := helperPIDs(n.cluster.Dir, n.root, sub)
 		if len(pids) == 0 {
@@ -156,24 +223,4 @@ func helperPIDs(labDir, root, sub string) []int {
 		return len(args) > 1 && filepath.Base(args[0]) == "kibotos" && args[1] == sub &&
 			(strings.Contains(all, labDir) || strings.Contains(all, root))
 	})
-}
-
-// layersOf names the Workspace layers the QEMU process pid has open, from
-// its command line (<pool>/layers/<workspace>.qcow2).
-func layersOf(pid int) string {
-	return strings.Join(layerWorkspaces(clusterlab.Cmdline(pid)), ",")
-}
-
-func layerWorkspaces(args []string) []string {
-	var out []string
-	for _, a := range args {
-		for _, part := range strings.Split(a, ",") {
-			i := strings.Index(part, "/layers/")
-			if i < 0 || !strings.HasSuffix(part, ".qcow2") {
-				continue
-			}
-			out = append(out, strings.TrimSuffix(part[i+len("/layers/"):], ".qcow2"))
-		}
-	}
-	return out
 }

@@ -20,14 +20,17 @@ const (
 // Op is one operation of the history: who did what to which Workspace,
 // when (nanoseconds since the run began) and what came back.
 type Op struct {
-	Client    int     `json:"client"`
-	Kind      string  `json:"kind"`
-	Workspace string  `json:"workspace,omitempty"`
-	Host      string  `json:"host"`
-	Call      int64   `json:"call_ns"`
-	Return    int64   `json:"return_ns"`
-	Outcome   Outcome `json:"outcome"`
-	Code      int     `json:"exit_code"`
+	Client    int    `json:"client"`
+	Kind      string `json:"kind"`
+	Workspace string `json:"workspace,omitempty"`
+	// Volume is the Volume of a Volume operation (an append to one goes
+	// through the Workspace it is attached to).
+	Volume  string  `json:"volume,omitempty"`
+	Host    string  `json:"host"`
+	Call    int64   `json:"call_ns"`
+	Return  int64   `json:"return_ns"`
+	Outcome Outcome `json:"outcome"`
+	Code    int     `json:"exit_code"`
 	// Expected is the version a write required (--expected-version);
 	// Version the one a read returned.
 	Expected uint64 `json:"expected_version,omitempty"`
@@ -39,7 +42,11 @@ type Op struct {
 }
 
 func (o Op) String() string {
-	s := fmt.Sprintf("%8.3fs..%8.3fs c%d %-9s %s via %s: %s", float64(o.Call)/1e9, float64(o.Return)/1e9, o.Client, o.Kind, o.Workspace, o.Host, o.Outcome)
+	obj := o.Workspace
+	if o.Volume != "" {
+		obj = strings.TrimPrefix(obj+" "+o.Volume, " ")
+	}
+	s := fmt.Sprintf("%8.3fs..%8.3fs c%d %-9s %s via %s: %s", float64(o.Call)/1e9, float64(o.Return)/1e9, o.Client, o.Kind, obj, o.Host, o.Outcome)
 	if o.Code != 0 {
 		s += fmt.Sprintf(" (exit %d)", o.Code)
 	}
@@ -86,11 +93,11 @@ func (h *History) Ops() []Op {
 	return out
 }
 
-// of is the part of ops that concerns Workspace ws.
-func of(ops []Op, ws string) []Op {
+// of is the part of ops that concerns object id: a Workspace, or a Volume.
+func of(ops []Op, id string) []Op {
 	var out []Op
 	for _, o := range ops {
-		if o.Workspace == ws {
+		if o.Workspace == id || o.Volume == id {
 			out = append(out, o)
 		}
 	}

@@ -48,10 +48,10 @@ func (r *Report) FaultCount() int {
 // faults by kind, and every anomaly with its history.
 func (r *Report) Summary() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "seed %d, %d s, %d hosts\n\noperations     ok   fail unknown\n", r.Seed, r.Seconds, r.Hosts)
+	fmt.Fprintf(&b, "seed %d, %d s, %d hosts\n\noperations       ok   fail unknown\n", r.Seed, r.Seconds, r.Hosts)
 	for _, k := range sortedKeys(r.Operations) {
 		m := r.Operations[k]
-		fmt.Fprintf(&b, "%-12s %5d %6d %7d\n", k, m[OK], m[Fail], m[Unknown])
+		fmt.Fprintf(&b, "%-14s %5d %6d %7d\n", k, m[OK], m[Fail], m[Unknown])
 	}
 	fmt.Fprintf(&b, "\nfaults injected: %d\n", r.FaultCount())
 	for _, k := range sortedKeys(r.Faults) {

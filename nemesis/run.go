@@ -16,7 +16,6 @@ import (
 	"github.com/kibotos/kibotos/api"
 	"github.com/kibotos/kibotos/datadir"
 	"github.com/kibotos/kibotos/internal/clusterlab"
-	"github.com/kibotos/kibotos/internal/ctxsleep"
 	"github.com/kibotos/kibotos/internal/testenv"
 	"github.com/kibotos/kibotos/vmm/template"
 )
@@ -38,8 +37,11 @@ type Options struct {
 	Logf    func(format string, args ...any)
 }
 
-// workspaceSpec is every Workspace of the run: small busybox guests.
-var workspaceSpec = "--template " + template.DefaultName + " --cpu 1 --memory 256MiB"
+// workspaceSpec is every Workspace of the run: small busybox guests whose
+// traffic leaves through the Egress egressName (the node's egress process).
+var workspaceSpec = "--template " + template.DefaultName + " --cpu 1 --memory 256MiB --egress " + egressName
+
+const egressName = "nemesis"
 
 // stable are the states a Workspace rests in.
 var stable = map[string]bool{api.WorkspaceAvailable: true, api.WorkspaceStopped: true, api.WorkspacePaused: true, api.WorkspaceFailed: true}
@@ -76,12 +78,14 @@ func Run(t *testing.T, o Options) *Report {
 	c := clusterlab.FormServing(t, l, serve)
 	admin := c.Ctrls[0]
 	clusterlab.Must(t, admin, clusterlab.CLITimeout, "storage-pool", "set-capacity", "shared", "100GiB")
+	proxy := l.StartProxy(t)
+	clusterlab.Must(t, admin, clusterlab.CLITimeout, "egress", "create", egressName, "--socks5", proxy.SOCKS, "--username", proxy.Username, "--password-file", proxy.PasswordFile)
 	for _, h := range l.Hosts {
 		clusterlab.WaitNodeReport(t, admin, h.NodeID, 60*time.Second, "ready for Workspaces", clusterlab.ReadyForWorkspaces)
 	}
 
 	hist := newHistory()
-	w := &Workload{cluster: c, hist: hist, spec: workspaceSpec}
+	w := &Workload{cluster: c, hist: hist, spec: workspaceSpec, proxy: proxy}
 	for range o.Workspaces {
 		var ws api.Workspace
 		args := append([]string{"workspace", "create", "--json"}, strings.Fields(workspaceSpec)...)
@@ -97,7 +101,10 @@ func Run(t *testing.T, o Options) *Report {
 	ctx, cancel := context.WithTimeout(context.Background(), o.Duration)
 	defer cancel()
 	var wg sync.WaitGroup
-	sampler := &layerSampler{root: root, hist: hist}
+	sampler := &diskSampler{root: root, hist: hist, hosts: map[string]string{}}
+	for _, h := range l.Hosts {
+		sampler.hosts[h.DataDir] = h.NodeID
+	}
 	wg.Go(func() { sampler.run(ctx) })
 	wg.Go(func() { n.run(ctx, rand.New(rand.NewPCG(o.Seed, 0))) })
 	for i := range o.Clients {
@@ -109,6 +116,7 @@ func Run(t *testing.T, o Options) *Report {
 	// Everything is healed (each fault heals before the nemesis
 	// returns); a member killed last was restarted. Check.
 	ops := hist.Ops()
+	rep.Anomalies = append(rep.Anomalies, n.anomalies()...)
 	rep.Anomalies = append(rep.Anomalies, sampler.anomalies(ops)...)
 	rep.Anomalies = append(rep.Anomalies, membersUp(l)...)
 	// The checks talk to a member that answers: the first one may be
@@ -118,6 +126,7 @@ func Run(t *testing.T, o Options) *Report {
 	rep.Anomalies = append(rep.Anomalies, nodesBack(t, admin, l, o.Settle)...)
 	rep.Anomalies = append(rep.Anomalies, settle(t, admin, ops, o.Settle)...)
 	rep.Anomalies = append(rep.Anomalies, readBack(t, admin, w, hist)...)
+	rep.Anomalies = append(rep.Anomalies, readBackVolumes(t, admin, w, hist)...)
 	ops = hist.Ops()
 	rep.Anomalies = append(rep.Anomalies, checkVersions(ops)...)
 	rep.Anomalies = append(rep.Anomalies, checkNotFound(ops)...)
@@ -234,50 +243,6 @@ func keepLogs(t *testing.T, l *clusterlab.Lab, dir string) {
 	t.Logf("logs of the run kept in %s", dir)
 }
 
-// layerSampler scans the hosts' QEMU processes every half second for a
-// layer open in two of them.
-type layerSampler struct {
-	root string
-	hist *History
-
-	mu      sync.Mutex
-	samples int
-	found   []Sample
-}
-
-func (s *layerSampler) run(ctx context.Context) {
-	for {
-		procs := map[int][]string{}
-		for _, pid := range clusterlab.QemuPIDs(s.root) {
-			if args := clusterlab.Cmdline(pid); args != nil {
-				procs[pid] = args
-			}
-		}
-		shared := sharedLayers(procs)
-		s.mu.Lock()
-		s.samples++
-		if len(shared) > 0 {
-			s.found = append(s.found, Sample{At: s.hist.now(), Shared: shared})
-		}
-		s.mu.Unlock()
-		if ctxsleep.Sleep(ctx, 500*time.Millisecond) != nil {
-			return
-		}
-	}
-}
-
-func (s *layerSampler) anomalies(ops []Op) []Anomaly {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	var out []Anomaly
-	for _, f := range s.found {
-		for ws, pids := range f.Shared {
-			out = append(out, Anomaly{Kind: "two-writers", Workspace: ws, Detail: fmt.Sprintf("at %.3fs the layer was open in QEMU processes %v", float64(f.At)/1e9, pids), History: of(ops, ws)})
-		}
-	}
-	return out
-}
-
 // listAll is every Workspace ctrl knows, read from the leader.
 func listAll(admin *clusterlab.Host) ([]api.Workspace, error) {
 	var list struct {
@@ -351,7 +316,14 @@ func readBack(t *testing.T, admin *clusterlab.Host, w *Workload, hist *History) 
 			out = append(out, Anomaly{Kind: "cannot-read", Workspace: ws.WorkspaceID, Detail: o.Detail, History: of(hist.Ops(), ws.WorkspaceID)})
 			continue
 		}
-		out = append(out, checkAppends(ws.WorkspaceID, hist.Ops(), r.Stdout)...)
+		out = append(out, checkAppends(ws.WorkspaceID, "append", hist.Ops(), r.Stdout)...)
+		// Its Egress carries its traffic again (the egress process a
+		// fault killed was started again): within a few tries.
+		var f Op
+		testenv.Poll(t, 30*time.Second, func() bool { f = w.fetch(-1, admin, ws.WorkspaceID); return f.Outcome == OK })
+		if f.Outcome != OK {
+			out = append(out, Anomaly{Kind: "egress-broken", Workspace: ws.WorkspaceID, Detail: "30 s after the faults, wget through its Egress: " + f.Detail, History: of(hist.Ops(), ws.WorkspaceID)})
+		}
 		// Read, it goes: the next one needs its room (the workload may
 		// have made more than the hosts run at once).
 		o = w.op(-1, admin, "delete", ws.WorkspaceID)
@@ -360,8 +332,9 @@ func readBack(t *testing.T, admin *clusterlab.Host, w *Workload, hist *History) 
 	return out
 }
 
-// deleteAll deletes every Workspace and reports what is left on the hosts:
-// QEMU processes, Instance directories, files in the shared pool.
+// deleteAll deletes every Workspace and Volume and reports what is left on
+// the hosts: QEMU processes, Instance directories, files in the shared
+// pool.
 func deleteAll(t *testing.T, admin *clusterlab.Host, root string, l *clusterlab.Lab, ops []Op) []Anomaly {
 	var out []Anomaly
 	list, err := listAll(admin)
@@ -372,6 +345,18 @@ func deleteAll(t *testing.T, admin *clusterlab.Host, root string, l *clusterlab.
 		r := admin.KiboTimeout(opTimeout, "workspace", "delete", ws.WorkspaceID, "--timeout", lifecycleWait)
 		if r.Code != 0 {
 			out = append(out, Anomaly{Kind: "cannot-delete", Workspace: ws.WorkspaceID, Detail: r.String(), History: of(ops, ws.WorkspaceID)})
+		}
+	}
+	// Volumes readBackVolumes could not read (it deletes the others).
+	var vols struct {
+		Volumes []api.Volume `json:"volumes"`
+	}
+	if err := admin.KiboJSON(&vols, "volume", "list", "--consistent"); err != nil {
+		out = append(out, Anomaly{Kind: "unavailable", Detail: "volume list: " + err.Error()})
+	}
+	for _, v := range vols.Volumes {
+		if r := admin.KiboTimeout(opTimeout, "volume", "delete", v.VolumeID, "--timeout", lifecycleWait); r.Code != 0 {
+			out = append(out, Anomaly{Kind: "cannot-delete", Volume: v.VolumeID, Detail: r.String(), History: of(ops, v.VolumeID)})
 		}
 	}
 	var left []string

@@ -29,12 +29,28 @@ const (
 // seqFile is where appends go, in the Workspace's own disk.
 const seqFile = "/nemesis.seq"
 
+// volFile is where Volume appends go, in the Volume mounted at volMount.
+const (
+	volMount = "/data"
+	volFile  = volMount + "/nemesis.seq"
+)
+
 // workspaceEntry is one Workspace of the workload.
 type workspaceEntry struct {
 	id      string
 	initial bool // made before the run: never deleted by it
 	nextSeq int
 	deleted bool
+	volume  *volumeEntry // attached at its create, detached by its delete
+}
+
+// volumeEntry is one Volume of the workload.
+type volumeEntry struct {
+	name, id string
+	sizeMiB  int
+	nextSeq  int
+	attached *workspaceEntry
+	deleted  bool
 }
 
 // Workload runs the clients: each picks, from its own seeded source, an
@@ -43,10 +59,13 @@ type workspaceEntry struct {
 type Workload struct {
 	cluster *clusterlab.Cluster
 	hist    *History
-	spec    string // --template, --cpu, --memory of a create
+	spec    string // --template, --cpu, --memory, --egress of a create
+	proxy   clusterlab.Proxy
 
 	mu         sync.Mutex
 	workspaces []*workspaceEntry
+	volumes    []*volumeEntry
+	volumeN    int
 }
 
 // kinds and their weights: reads and appends are most of the load, every
@@ -55,8 +74,9 @@ var kinds = []struct {
 	name   string
 	weight int
 }{
-	{"read", 28}, {"append", 28}, {"stop", 7}, {"start", 7}, {"pause", 7}, {"resume", 7}, {"move", 4}, {"fork", 3},
+	{"read", 28}, {"append", 28}, {"fetch", 4}, {"stop", 7}, {"start", 7}, {"pause", 7}, {"resume", 7}, {"move", 4}, {"fork", 3},
 	{"create", 2}, {"delete", 3}, {"drain", 1},
+	{"volume-create", 2}, {"volume-append", 6}, {"volume-resize", 1}, {"volume-delete", 1},
 }
 
 func pickKind(rng *rand.Rand) string {
@@ -86,6 +106,9 @@ func (w *Workload) run(ctx context.Context, client int, rng *rand.Rand) {
 		case "drain":
 			w.drain(ctx, client, h, w.cluster.Hosts[rng.IntN(len(w.cluster.Hosts))].NodeID, rng)
 			continue
+		case "volume-create", "volume-append", "volume-resize", "volume-delete":
+			w.volumeOp(ctx, client, h, kind, rng)
+			continue
 		}
 		ws := w.pick(rng)
 		switch {
@@ -94,6 +117,8 @@ func (w *Workload) run(ctx context.Context, client int, rng *rand.Rand) {
 			w.read(client, h, ws.id)
 		case kind == "append":
 			w.appendSeq(client, h, ws)
+		case kind == "fetch":
+			w.fetch(client, h, ws.id)
 		case kind == "delete" && ws.initial:
 			// The first Workspaces stay for the append check; only
 			// what the workload created itself is deleted.
@@ -204,6 +229,18 @@ func (w *Workload) appendSeq(client int, h *clusterlab.Host, ws *workspaceEntry)
 	w.finish(o, r)
 }
 
+// fetch has the Workspace get the lab's web page through its Egress (the
+// node's egress process and the lab's SOCKS5 server). Its outcome is only
+// recorded: a fault may cut it; after the faults it must work (readBack).
+func (w *Workload) fetch(client int, h *clusterlab.Host, ws string) Op {
+	o := w.op(client, h, "fetch", ws)
+	r := h.KiboTimeout(opTimeout, "workspace", "exec", ws, "--", "wget", "-T", "5", "-t", "1", "-q", "-O-", w.proxy.URL)
+	if r.Code == 0 && r.Stdout != w.proxy.Page {
+		r.Code, r.Stderr = -1, fmt.Sprintf("wget through the Egress printed %q, not the page", clusterlab.TrimTo(r.Stdout, 100))
+	}
+	return w.finish(o, r)
+}
+
 // lifecycle is stop, start, pause, resume or delete, half of them with the
 // version a read just gave as the expected one. An unknown outcome is
 // tried again with the same command ID while the run lasts.
@@ -224,6 +261,9 @@ func (w *Workload) lifecycle(ctx context.Context, client int, h *clusterlab.Host
 	if kind == "delete" && o.Outcome == OK {
 		w.mu.Lock()
 		ws.deleted = true
+		if ws.volume != nil {
+			ws.volume.attached = nil // detached, kept
+		}
 		w.mu.Unlock()
 	}
 }
@@ -241,11 +281,17 @@ func (w *Workload) create(ctx context.Context, client int, h *clusterlab.Host, f
 	}
 	o := w.op(client, h, "create", "")
 	args := []string{"workspace", "create", "--wait-timeout", lifecycleWait, "--command-id", commandID(), "--json"}
+	var vol *volumeEntry
 	if from != nil {
 		o.Kind, o.Detail = "fork", "from "+from.id
 		args = append(args, "--from", from.id)
 	} else {
 		args = append(args, strings.Fields(w.spec)...)
+		// A free Volume, when there is one, goes with it.
+		if vol = w.claimVolume(); vol != nil {
+			o.Volume = vol.id
+			args = append(args, "--volume", vol.name+":"+volMount)
+		}
 	}
 	r := w.retried(ctx, h, args)
 	var ws api.Workspace
@@ -256,7 +302,17 @@ func (w *Workload) create(ctx context.Context, client int, h *clusterlab.Host, f
 	}
 	o = w.finish(o, r)
 	if o.Outcome == OK && o.Workspace != "" {
-		w.add(o.Workspace, false)
+		e := w.add(o.Workspace, false)
+		w.mu.Lock()
+		if vol != nil {
+			e.volume, vol.attached = vol, e
+		}
+		w.mu.Unlock()
+	} else if vol != nil {
+		// Not made, or not known to be: the Volume stays as it was
+		// (a create of unknown outcome may hold it; the Workspace
+		// list after the run tells).
+		w.releaseVolume(vol)
 	}
 }
 
@@ -291,10 +347,12 @@ func (w *Workload) drain(ctx context.Context, client int, h *clusterlab.Host, no
 	w.finish(o, w.retried(context.Background(), h, []string{"node", "cancel-drain", node, "--command-id", commandID()}))
 }
 
-func (w *Workload) add(id string, initial bool) {
+func (w *Workload) add(id string, initial bool) *workspaceEntry {
+	e := &workspaceEntry{id: id, initial: initial}
 	w.mu.Lock()
-	w.workspaces = append(w.workspaces, &workspaceEntry{id: id, initial: initial})
+	w.workspaces = append(w.workspaces, e)
 	w.mu.Unlock()
+	return e
 }
 
 // commandID is a fresh idempotency key.
