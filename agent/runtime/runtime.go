@@ -73,6 +73,9 @@ type Config struct {
 	GuestTimeout time.Duration
 	// WatchInterval is how often running VMMs are checked; default 500ms.
 	WatchInterval time.Duration
+	// DiskFullInterval is how often running guests are asked whether a
+	// full pool stopped them; default DefaultDiskFullInterval.
+	DiskFullInterval time.Duration
 	// KeepInstallations are installation ids (sha256-...) kept at Open even
 	// when no Instance uses them, e.g. the Platform new Instances will use.
 	// Every other installation no record references is removed.
@@ -193,6 +196,8 @@ type instance struct {
 	configured bool
 	// denied counts the packets its rule table dropped by policy.
 	denied deniedCount
+	// diskFull: a full pool stopped its guest, and the node said so.
+	diskFull bool
 	// consoleDone is closed when the console reader ended; nil: none.
 	consoleDone chan struct{}
 	// keepSession: the guest loop leaves its session open as it ends, in
@@ -226,6 +231,9 @@ func Open(ctx context.Context, cfg Config) (*Runtime, error) {
 	}
 	if cfg.WatchInterval == 0 {
 		cfg.WatchInterval = 500 * time.Millisecond
+	}
+	if cfg.DiskFullInterval <= 0 {
+		cfg.DiskFullInterval = DefaultDiskFullInterval
 	}
 	if cfg.VMMUser == "" {
 		cfg.VMMUser = DefaultVMMUser
@@ -335,9 +343,10 @@ func Open(ctx context.Context, cfg Config) (*Runtime, error) {
 	}
 	rt.finishNetworkSwitches()
 	rt.removeUnusedInstallations()
-	rt.wg.Add(2)
+	rt.wg.Add(3)
 	go rt.watch()
 	go rt.watchDenied()
+	go rt.watchDiskFull()
 	rt.observe(StepTakeover, t0)
 	rt.log.Info("runtime opened", "instances", len(rt.instances), "took", time.Since(t0).Round(time.Microsecond))
 	return rt, nil

@@ -1,4 +1,4 @@
-package clusterlab
+package testenv
 
 import (
 	"errors"
@@ -8,8 +8,6 @@ import (
 	"path/filepath"
 	"syscall"
 	"testing"
-
-	"github.com/kibotos/kibotos/internal/testenv"
 )
 
 // SmallFS mounts a file system of its own, sizeMiB large, on dir (made if
@@ -19,8 +17,8 @@ import (
 // the kernel frees the loop device once the last of them is closed.
 func SmallFS(t *testing.T, dir string, sizeMiB int) {
 	t.Helper()
-	mkfs := testenv.LookPath(t, "mkfs.ext4", "e2fsprogs")
-	mount := testenv.LookPath(t, "mount", "mount")
+	mkfs := LookPath(t, "mkfs.ext4", "e2fsprogs")
+	mount := LookPath(t, "mount", "mount")
 	image := dir + ".img"
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		t.Fatal(err)
@@ -49,7 +47,7 @@ func SmallFS(t *testing.T, dir string, sizeMiB int) {
 }
 
 // fillName is the file Fill allocates, at the top of the file system.
-const fillName = ".kblab-fill"
+const fillName = ".kbtest-fill"
 
 // Fill allocates every free block of the file system dir is on to one
 // file: what writes there next fails with ENOSPC. Unfill removes it.
