@@ -260,6 +260,7 @@ type ServeCmd struct {
 	TestTimings     bool          `name:"test-timings" hidden:"" help:"Tight Raft and session timings (tests)."`
 	ClockSkew       time.Duration `name:"test-clock-skew" hidden:"" help:"Pretend the host clock is off by this much (tests)."`
 	ClockSkewFile   string        `name:"test-clock-skew-file" hidden:"" help:"Pretend the host clock is off by the duration this file holds, read again every second (the fault harness steps a clock with it)."`
+	SystemdOutlives bool          `name:"test-systemd-outlives" hidden:"" help:"With --systemd private: the private systemd outlives this process and the next start attaches to it, as kibotos dev's does, so VMs outlive a killed member and are taken over as under the host's systemd (tests)."`
 }
 
 // loadNodeConfig reads the node's configuration file (none: defaults)
@@ -383,8 +384,15 @@ func (c *ServeCmd) Run(g *Globals) error {
 	if err != nil {
 		return err
 	}
+	sdMode := c.Systemd
+	if c.SystemdOutlives {
+		if sdMode != member.SystemdPrivate {
+			return usagef("--test-systemd-outlives needs --systemd private, not %s", sdMode)
+		}
+		sdMode = member.SystemdDev
+	}
 	return runMember(g, level, member.Options{API: apiConf, E2B: e2bConf, DataDir: dir, Bind: bind, Capacity: capacity, Timings: timings, DeniedReport: deniedReport, ClockSkew: c.ClockSkew, ClockSkewFile: c.ClockSkewFile, LogFormat: format,
-		Systemd: c.Systemd, Accel: qemu.Accel(c.Accel), DataPlaneListen: dpListen, Pools: pools, DefaultPool: fc.Storage.DefaultPool, Network: network,
+		Systemd: sdMode, Accel: qemu.Accel(c.Accel), DataPlaneListen: dpListen, Pools: pools, DefaultPool: fc.Storage.DefaultPool, Network: network,
 		MetricsListen: fc.Metrics.Listen, MachineLogsMax: fc.Logs.MachineLogsMaxBytes, Artifacts: store, Warm: warm, EgressWarm: egressWarm})
 }
 

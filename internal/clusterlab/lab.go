@@ -75,6 +75,11 @@ type Host struct {
 	// Creds, when set, is the operator credential its CLI uses (a
 	// node-only host holds none of its own).
 	Creds string
+	// SystemdOutlives makes StartServeConfig's private systemd outlive
+	// the member (serve --test-systemd-outlives): a killed member's VMs
+	// run on and its next start takes them over, as under the host's
+	// systemd. VMRoot's cleanup ends it.
+	SystemdOutlives bool
 	// bin, when set, holds the kibotos (and kibo) this host runs instead
 	// of the lab's: another build, for upgrades.
 	bin string

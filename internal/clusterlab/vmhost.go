@@ -2,6 +2,7 @@ package clusterlab
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -118,8 +119,12 @@ func StartServeConfig(h *Host, config string) *Proc {
 	h.runs++
 	name := fmt.Sprintf("%s-serve-%d.log", h.NodeID, h.runs)
 	h.mu.Unlock()
-	p := h.Start(name, "serve", "--data-dir", h.DataDir, "--test-timings", "--systemd", "private", "--config", config,
-		"--test-clock-skew-file", h.clockSkewFile())
+	args := []string{"serve", "--data-dir", h.DataDir, "--test-timings", "--systemd", "private", "--config", config,
+		"--test-clock-skew-file", h.clockSkewFile()}
+	if h.SystemdOutlives {
+		args = append(args, "--test-systemd-outlives")
+	}
+	p := h.Start(name, args...)
 	h.mu.Lock()
 	h.serve = p
 	h.mu.Unlock()
@@ -219,9 +224,16 @@ func VMRoot(t *testing.T, l *Lab) string {
 				}
 			}
 		}
-		// A member killed and not started again may have left its
-		// private systemd running (privsd ends it at the next start).
+		// A private systemd that outlives its member is ended here; a
+		// member killed and not started again may have left its own
+		// running (privsd ends it at the next start).
 		for _, h := range l.Hosts {
+			if h.SystemdOutlives {
+				if err := endOutliving(h); err != nil {
+					t.Errorf("host %d: %v", h.Index, err)
+				}
+				continue
+			}
 			if pid, err := privsd.EndLeftover(filepath.Join(datadir.Dir(h.DataDir).NodeDir(), "systemd")); err != nil {
 				t.Errorf("host %d: %v", h.Index, err)
 			} else if pid != 0 {
@@ -241,6 +253,21 @@ func VMRoot(t *testing.T, l *Lab) string {
 		}
 	})
 	return root
+}
+
+// endOutliving stops the private systemd a host's members shared
+// (SystemdOutlives), and with it what still runs there.
+func endOutliving(h *Host) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	sd, err := privsd.Attach(ctx, member.DevSystemdDir(datadir.Dir(h.DataDir)))
+	if errors.Is(err, privsd.ErrNotRunning) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("attach to the private systemd its members shared: %w", err)
+	}
+	return sd.Stop()
 }
 
 // DumpHostLogs shows, for a failed test, what the member's own log
