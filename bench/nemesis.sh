@@ -12,7 +12,9 @@
 # Needs root, QEMU and what scripts/install-deps.sh installs. Exit 0 when
 # the run found no anomaly. The report goes to
 # $BENCH_NEMESIS_REPORT (default ./nemesis-SEED.json); with
-# BENCH_NEMESIS_KEEP=DIR, the logs of a run with an anomaly are kept there.
+# BENCH_NEMESIS_KEEP=DIR, the logs of a run with an anomaly are kept there;
+# BENCH_NEMESIS_FAULTS=kill-member,pool-full picks from those kinds only;
+# BENCH_NEMESIS_HOLD=4s holds each fault 1.2-4 s (default 10s: 3-10 s).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds=${1:-600}
@@ -27,7 +29,8 @@ set +e
 go test -count=1 -v -timeout "$((seconds + 1800))s" -run '^TestNemesis$' ./nemesis -args \
 	-nemesis.seconds "$seconds" -nemesis.seed "$seed" \
 	-nemesis.hosts "${BENCH_NEMESIS_HOSTS:-3}" -nemesis.fault-every "${BENCH_NEMESIS_FAULT_EVERY:-8s}" \
-	-nemesis.report "$report" -nemesis.keep "${BENCH_NEMESIS_KEEP:-}" >"$log" 2>&1
+	-nemesis.hold "${BENCH_NEMESIS_HOLD:-10s}" \
+	-nemesis.report "$report" -nemesis.keep "${BENCH_NEMESIS_KEEP:-}" -nemesis.faults "${BENCH_NEMESIS_FAULTS:-}" >"$log" 2>&1
 rc=$?
 set -e
 # The report: from its first line to the next line the test logs.

@@ -2,6 +2,7 @@ package nemesis
 
 import (
 	"fmt"
+	"math"
 	"sort"
 	"strconv"
 	"strings"
@@ -119,17 +120,15 @@ func workspacesOf(ops []Op) []string {
 // checkAppends compares the numbers read back from the file of object id
 // (a Workspace's own disk, or a Volume) with its appends (ops of kind
 // kind): every acknowledged one must be there, once; nothing may be there
-// that no append wrote. An append that failed may be there:
-// exec's exit code is the command's own once it started, and one cut off
-// by a pause goes on after the resume.
+// that no append wrote. An append that failed may be there: exec's exit
+// code is the command's own once it started, and one cut off by a pause
+// goes on after the resume. A fork's disk starts as its source's was
+// when the fork began: the source's appends acknowledged before then must
+// be there too, and those that began before the fork returned may.
 func checkAppends(id, kind string, ops []Op, content string) []Anomaly {
 	mine := of(ops, id)
-	outcome := map[int]Outcome{}
-	for _, o := range mine {
-		if o.Kind == kind {
-			outcome[o.Seq] = o.Outcome
-		}
-	}
+	must, may := map[int]bool{}, map[int]bool{}
+	appendsOf(id, kind, ops, int64(math.MaxInt64), int64(math.MaxInt64), must, may, 0)
 	count := map[int]int{}
 	var bad []string
 	for _, line := range strings.Fields(content) {
@@ -141,15 +140,14 @@ func checkAppends(id, kind string, ops []Op, content string) []Anomaly {
 		count[n]++
 	}
 	var lost, twice, phantom []string
-	for seq, oc := range outcome {
-		if oc == OK && count[seq] == 0 {
+	for seq := range must {
+		if count[seq] == 0 {
 			lost = append(lost, strconv.Itoa(seq))
 		}
 	}
 	for seq, c := range count {
-		_, ok := outcome[seq]
 		switch {
-		case !ok:
+		case !must[seq] && !may[seq]:
 			phantom = append(phantom, strconv.Itoa(seq))
 		case c > 1:
 			twice = append(twice, strconv.Itoa(seq))
@@ -170,6 +168,34 @@ func checkAppends(id, kind string, ops []Op, content string) []Anomaly {
 	add("phantom-append", "numbers read back that no append wrote: ", phantom)
 	add("corrupt-append", "lines that are not numbers: ", bad)
 	return out
+}
+
+// appendsOf sorts the appends (of kind) to object id into those that must
+// be in its file and those that may: of its own, those acknowledged before
+// acked and those begun before begun; and, for a fork, its source's before
+// the fork, the same way (depth bounds a chain of forks).
+func appendsOf(id, kind string, ops []Op, acked, begun int64, must, may map[int]bool, depth int) {
+	for _, o := range ops {
+		switch {
+		case o.Kind == kind && appendTarget(o) == id:
+			if o.Outcome == OK && o.Return < acked {
+				must[o.Seq] = true
+			} else if o.Call < begun {
+				may[o.Seq] = true
+			}
+		case o.Kind == "fork" && o.Workspace == id && o.Outcome == OK && depth < 16:
+			appendsOf(o.From, kind, ops, min(acked, o.Call), min(begun, o.Return), must, may, depth+1)
+		}
+	}
+}
+
+// appendTarget is the object an append wrote to: a Volume, or else the
+// Workspace's own disk.
+func appendTarget(o Op) string {
+	if o.Kind == "volume-append" {
+		return o.Volume
+	}
+	return o.Workspace
 }
 
 // ---- Definite answers must be true ----

@@ -50,6 +50,7 @@ func TestAppends(t *testing.T) {
 		{Kind: "append", Workspace: "ws-a", Seq: 3, Outcome: OK},
 		{Kind: "append", Workspace: "ws-a", Seq: 4, Outcome: Fail},
 		{Kind: "append", Workspace: "ws-b", Seq: 5, Outcome: OK},
+		{Kind: "volume-append", Workspace: "ws-a", Volume: "vol-1", Seq: 6, Outcome: OK},
 	}
 	kinds := func(as []Anomaly) []string {
 		var out []string
@@ -71,6 +72,8 @@ func TestAppends(t *testing.T) {
 		{"1\n3\n5\n", []string{"phantom-append 5"}},
 		{"1\n3\nx\n", []string{"corrupt-append \"x\""}},
 		{"", []string{"lost-append 1 3"}},
+		// A Volume append through ws-a is not in ws-a's own file.
+		{"1\n3\n6\n", []string{"phantom-append 6"}},
 	} {
 		if got := kinds(checkAppends("ws-a", "append", ops, c.content)); !reflect.DeepEqual(got, c.want) {
 			t.Errorf("content %q: got %q, want %q", c.content, got, c.want)
@@ -161,5 +164,43 @@ func TestWriterNotHolder(t *testing.T) {
 	s.checkHolders(procs, 90*sec)
 	if len(s.overdue) != 1 {
 		t.Fatalf("overdue = %v, want the one reported before", s.overdue)
+	}
+}
+
+// A fork's file starts as its source's was: the source's appends
+// acknowledged before the fork must be there, those begun before it
+// returned may, later ones may not; the source's file has none of the
+// fork's.
+func TestAppendsOfAFork(t *testing.T) {
+	sec := int64(time.Second)
+	ops := []Op{
+		{Kind: "append", Workspace: "ws-src", Seq: 1, Outcome: OK, Call: 1 * sec, Return: 2 * sec},
+		{Kind: "append", Workspace: "ws-src", Seq: 2, Outcome: Unknown, Call: 3 * sec, Return: 20 * sec},
+		{Kind: "fork", Workspace: "ws-fork", From: "ws-src", Outcome: OK, Call: 4 * sec, Return: 10 * sec},
+		{Kind: "append", Workspace: "ws-src", Seq: 3, Outcome: OK, Call: 5 * sec, Return: 6 * sec}, // during the fork
+		{Kind: "append", Workspace: "ws-src", Seq: 4, Outcome: OK, Call: 11 * sec, Return: 12 * sec},
+		{Kind: "append", Workspace: "ws-fork", Seq: 5, Outcome: OK, Call: 11 * sec, Return: 12 * sec},
+	}
+	got := func(id, content string) []string {
+		var out []string
+		for _, a := range checkAppends(id, "append", ops, content) {
+			out = append(out, a.Kind+" "+a.Detail[strings.LastIndex(a.Detail, ": ")+2:])
+		}
+		return out
+	}
+	for _, c := range []struct {
+		id, content string
+		want        []string
+	}{
+		{"ws-fork", "1\n5\n", nil},
+		{"ws-fork", "1\n2\n3\n5\n", nil},
+		{"ws-fork", "5\n", []string{"lost-append 1"}},
+		{"ws-fork", "1\n4\n5\n", []string{"phantom-append 4"}},
+		{"ws-src", "1\n3\n4\n", nil},
+		{"ws-src", "1\n3\n4\n5\n", []string{"phantom-append 5"}},
+	} {
+		if g := got(c.id, c.content); !reflect.DeepEqual(g, c.want) {
+			t.Errorf("%s %q: got %q, want %q", c.id, c.content, g, c.want)
+		}
 	}
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/kibotos/kibotos/api"
 	"github.com/kibotos/kibotos/internal/clusterlab"
 	"github.com/kibotos/kibotos/internal/ctxsleep"
+	"github.com/kibotos/kibotos/internal/testenv"
 )
 
 // Fault is one injected fault, from injection to heal (nanoseconds since
@@ -35,7 +36,7 @@ func (f Fault) String() string {
 var FaultKinds = []string{
 	"kill-member", "pause-leader", "kill-vmm", "kill-dataplane", "kill-egress",
 	"partition-host", "partition-leader", "cut-outbound", "cut-inbound", "flaky-link",
-	"step-clock",
+	"step-clock", "pool-full",
 }
 
 // Nemesis injects one fault at a time from its seeded source, holds it
@@ -44,12 +45,17 @@ type Nemesis struct {
 	cluster *clusterlab.Cluster
 	hist    *History
 	root    string // the hosts' storage: VMMs mention it
+	pool    string // the shared pool's file system
+	work    *Workload
+	kinds   []string
 	every   time.Duration
+	hold    time.Duration // the longest a fault is held
 	restart func(h *clusterlab.Host)
 
 	mu     sync.Mutex
 	faults []Fault
 	errs   []error // a fault that could not be injected or healed
+	seen   []Anomaly
 	log    func(format string, args ...any)
 }
 
@@ -61,11 +67,23 @@ func (n *Nemesis) failed(err error) {
 	n.mu.Unlock()
 }
 
-// anomalies are the harness's own failures, as anomalies of the run.
-func (n *Nemesis) anomalies() []Anomaly {
+// found records an anomaly a fault showed.
+func (n *Nemesis) found(a Anomaly) {
+	n.mu.Lock()
+	n.seen = append(n.seen, a)
+	n.mu.Unlock()
+}
+
+// anomalies are what the faults showed and the harness's own failures,
+// as anomalies of the run.
+func (n *Nemesis) anomalies(ops []Op) []Anomaly {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	var out []Anomaly
+	for _, a := range n.seen {
+		a.History = of(ops, a.Workspace)
+		out = append(out, a)
+	}
 	for _, err := range n.errs {
 		out = append(out, Anomaly{Kind: "harness", Detail: err.Error()})
 	}
@@ -80,8 +98,9 @@ func (n *Nemesis) run(ctx context.Context, rng *rand.Rand) {
 		if ctxsleep.Sleep(ctx, wait) != nil {
 			return
 		}
-		kind := FaultKinds[rng.IntN(len(FaultKinds))]
-		hold := 3*time.Second + time.Duration(rng.Int64N(int64(7*time.Second)))
+		kind := n.kinds[rng.IntN(len(n.kinds))]
+		// The hold: from 30% of the longest to the longest.
+		hold := n.hold*3/10 + time.Duration(rng.Int64N(int64(n.hold*7/10)+1))
 		f := Fault{Kind: kind, Start: n.hist.now()}
 		n.inject(ctx, rng, &f, hold)
 		f.End = n.hist.now()
@@ -174,6 +193,29 @@ func (n *Nemesis) inject(ctx context.Context, rng *rand.Rand, f *Fault, hold tim
 		}
 		if herr := h.StepClock(0); herr != nil || err != nil {
 			n.failed(fmt.Errorf("fault %s of %s: %w", f.Kind, h.NodeID, errors.Join(err, herr)))
+		}
+	case "pool-full":
+		// Every write to the shared pool fails with ENOSPC: guests
+		// writing their layer or a Volume wait, pauses, creates and
+		// resizes fail; all goes on once there is room. A guest writes
+		// new blocks of its layer meanwhile, and must finish once the
+		// pool has room.
+		f.Target = "shared pool"
+		err := testenv.Fill(n.pool)
+		var probe <-chan Op
+		if err == nil {
+			probe = n.work.fillProbe(rng, n.cluster.Hosts[rng.IntN(len(n.cluster.Hosts))])
+			ctxsleep.Sleep(ctx, hold)
+		}
+		if herr := testenv.Unfill(n.pool); herr != nil || err != nil {
+			n.failed(fmt.Errorf("fault %s: %w", f.Kind, errors.Join(err, herr)))
+		}
+		if probe != nil {
+			o := <-probe
+			f.Detail = strings.TrimSpace(fmt.Sprintf("a write of %s: %s %s", o.Workspace, o.Outcome, o.Detail))
+			if o.Outcome == Unknown {
+				n.found(Anomaly{Kind: "guest-stuck", Workspace: o.Workspace, Detail: fmt.Sprintf("a write into its layer while the pool was full (%.3fs..%.3fs) had not finished %s after the pool had room: %s", float64(f.Start)/1e9, float64(n.hist.now())/1e9, opTimeout, o.Detail)})
+			}
 		}
 	case "kill-vmm":
 		pids := clusterlab.QemuPIDs(n.root)

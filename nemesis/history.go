@@ -37,7 +37,9 @@ type Op struct {
 	Version  uint64 `json:"version,omitempty"`
 	State    string `json:"state,omitempty"`
 	// Seq is the number an append wrote.
-	Seq    int    `json:"seq,omitempty"`
+	Seq int `json:"seq,omitempty"`
+	// From is a fork's source.
+	From   string `json:"from,omitempty"`
 	Detail string `json:"detail,omitempty"`
 }
 
@@ -58,6 +60,9 @@ func (o Op) String() string {
 	}
 	if o.Seq != 0 {
 		s += fmt.Sprintf(" seq=%d", o.Seq)
+	}
+	if o.From != "" {
+		s += " from " + o.From
 	}
 	if o.Detail != "" {
 		s += " " + o.Detail

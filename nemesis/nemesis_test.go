@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 	"flag"
 	"os"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -18,8 +20,10 @@ var (
 	seed    = flag.Uint64("nemesis.seed", 1, "seed of the workload and the fault schedule")
 	hosts   = flag.Int("nemesis.hosts", 3, "hosts: 3 ctrl,node members, node-only ones past them")
 	every   = flag.Duration("nemesis.fault-every", 8*time.Second, "mean pause between two faults")
+	hold    = flag.Duration("nemesis.hold", 10*time.Second, "the longest a fault is held (the shortest: 30% of it)")
 	report  = flag.String("nemesis.report", "", "write the report as JSON to this file")
 	keep    = flag.String("nemesis.keep", "", "copy the lab's logs to this directory when an anomaly is found")
+	faults  = flag.String("nemesis.faults", "", "comma-separated fault kinds to pick from (default: all of FaultKinds)")
 )
 
 // TestNemesis runs the harness: a real cluster, real guests, the
@@ -28,9 +32,18 @@ var (
 func TestNemesis(t *testing.T) {
 	runtimetest.RequireVMHost(t)
 	testenv.LookPath(t, "qemu-img", "qemu-utils")
+	kinds := FaultKinds
+	if *faults != "" {
+		kinds = strings.Split(*faults, ",")
+		for _, k := range kinds {
+			if !slices.Contains(FaultKinds, k) {
+				t.Fatalf("-nemesis.faults: %q is not a fault kind (%s)", k, strings.Join(FaultKinds, ", "))
+			}
+		}
+	}
 	rep := Run(t, Options{
 		Seed: *seed, Duration: time.Duration(*seconds) * time.Second, Hosts: *hosts,
-		Workspaces: 3, Clients: 3, FaultEvery: *every, Settle: 3 * time.Minute, KeepDir: *keep, Logf: t.Logf,
+		Workspaces: 3, Clients: 3, FaultEvery: *every, FaultHold: *hold, Faults: kinds, Settle: 3 * time.Minute, KeepDir: *keep, Logf: t.Logf,
 	})
 	t.Logf("report:\n%s", rep.Summary())
 	if *report != "" {

@@ -28,6 +28,8 @@ type Options struct {
 	Workspaces int           // made before the run; the workload adds and deletes more
 	Clients    int
 	FaultEvery time.Duration // mean pause between two faults
+	Faults     []string      // the kinds the nemesis picks from (of FaultKinds)
+	FaultHold  time.Duration // the longest a fault is held (the shortest: 30% of it)
 	// Settle bounds how long every Workspace may take to reach a stable
 	// state once the faults are healed.
 	Settle time.Duration
@@ -43,6 +45,10 @@ var workspaceSpec = "--template " + template.DefaultName + " --cpu 1 --memory 25
 
 const egressName = "nemesis"
 
+// sharedPoolMiB is the size of the shared pool's file system: the layers,
+// pause snapshots and Volumes of the run fit several times over.
+const sharedPoolMiB = 4096
+
 // stable are the states a Workspace rests in.
 var stable = map[string]bool{api.WorkspaceAvailable: true, api.WorkspaceStopped: true, api.WorkspacePaused: true, api.WorkspaceFailed: true}
 
@@ -55,12 +61,16 @@ func Run(t *testing.T, o Options) *Report {
 	root := clusterlab.VMRoot(t, l)
 	for _, h := range l.Hosts {
 		h.DataDir = filepath.Join(root, fmt.Sprintf("h%d", h.Index))
+		// As under the host's systemd: a killed member's VMs run on
+		// and its restart takes them over.
+		h.SystemdOutlives = true
 	}
 	artifacts := clusterlab.BuildArtifacts(t, root, l.Bin)
+	// The shared pool is a file system of its own, which the pool-full
+	// fault fills; mounted before the members' private systemd start
+	// (their VMMs see the mounts of that moment).
 	shared := filepath.Join(root, "shared")
-	if err := os.MkdirAll(shared, 0o700); err != nil {
-		t.Fatal(err)
-	}
+	testenv.SmallFS(t, shared, sharedPoolMiB)
 	configs := map[*clusterlab.Host]string{}
 	var cmu sync.Mutex
 	serve := func(h *clusterlab.Host) {
@@ -96,7 +106,7 @@ func Run(t *testing.T, o Options) *Report {
 	}
 	o.Logf("cluster of %d hosts with %d Workspaces ready; seed %d, %s of workload and faults", len(l.Hosts), o.Workspaces, o.Seed, o.Duration)
 
-	n := &Nemesis{cluster: c, hist: hist, root: root, every: o.FaultEvery, restart: serve, log: o.Logf}
+	n := &Nemesis{cluster: c, hist: hist, root: root, pool: shared, work: w, kinds: o.Faults, every: o.FaultEvery, hold: o.FaultHold, restart: serve, log: o.Logf}
 	rep := &Report{Seed: o.Seed, Seconds: int(o.Duration / time.Second), Hosts: len(l.Hosts)}
 	ctx, cancel := context.WithTimeout(context.Background(), o.Duration)
 	defer cancel()
@@ -116,7 +126,7 @@ func Run(t *testing.T, o Options) *Report {
 	// Everything is healed (each fault heals before the nemesis
 	// returns); a member killed last was restarted. Check.
 	ops := hist.Ops()
-	rep.Anomalies = append(rep.Anomalies, n.anomalies()...)
+	rep.Anomalies = append(rep.Anomalies, n.anomalies(ops)...)
 	rep.Anomalies = append(rep.Anomalies, sampler.anomalies(ops)...)
 	rep.Anomalies = append(rep.Anomalies, membersUp(l)...)
 	// The checks talk to a member that answers: the first one may be

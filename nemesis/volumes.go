@@ -59,8 +59,10 @@ func (w *Workload) createVolume(ctx context.Context, client int, h *clusterlab.H
 		if err := clusterlab.DecodeResult(r, &v); err != nil {
 			r.Code, r.Stderr = -1, err.Error()
 		}
-	} else if outcomeOf(r.Code) == Unknown {
-		// It may be there: then it is part of the run.
+	} else {
+		// It may be there: of unknown outcome, or accepted and FAILED
+		// (its file not made: exit 13, "delete it"). Then it is part
+		// of the run.
 		h.KiboJSON(&v, "volume", "get", name, "--consistent")
 	}
 	o.Volume = v.VolumeID
@@ -76,10 +78,7 @@ func (w *Workload) createVolume(ctx context.Context, client int, h *clusterlab.H
 // Workspace it is attached to, and syncs: acknowledged, it must be there
 // after any fault, also once the Workspace is gone.
 func (w *Workload) appendVolume(client int, h *clusterlab.Host, ws *workspaceEntry, vol *volumeEntry) {
-	w.mu.Lock()
-	vol.nextSeq++
-	seq := vol.nextSeq
-	w.mu.Unlock()
+	seq := w.nextSeq()
 	o := w.op(client, h, "volume-append", ws.id)
 	o.Volume, o.Seq = vol.id, seq
 	w.finish(o, h.KiboTimeout(opTimeout, "workspace", "exec", ws.id, "--", "sh", "-c", fmt.Sprintf("echo %d >> %s && sync", seq, volFile)))
@@ -189,6 +188,15 @@ func readBackVolumes(t *testing.T, admin *clusterlab.Host, w *Workload, hist *Hi
 		fail := func(what string, r clusterlab.Result) {
 			out = append(out, Anomaly{Kind: "cannot-read", Volume: v.VolumeID, Detail: what + ": " + r.String(), History: of(hist.Ops(), v.VolumeID)})
 		}
+		if v.State == api.VolumeFailed && !v.Made {
+			// Its create failed (a full pool): no file, nothing to
+			// read, and no append can have been acknowledged.
+			out = append(out, checkAppends(v.VolumeID, "volume-append", hist.Ops(), "")...)
+			if r, ok := w.removeVolume(admin, v.VolumeID); !ok {
+				fail("delete it (FAILED, never made)", r)
+			}
+			continue
+		}
 		o := w.op(-1, admin, "create", "")
 		o.Volume = v.VolumeID
 		args := append([]string{"workspace", "create", "--json", "--wait-timeout", lifecycleWait, "--volume", v.Name + ":" + volMount}, strings.Fields(w.spec)...)
@@ -215,11 +223,18 @@ func readBackVolumes(t *testing.T, admin *clusterlab.Host, w *Workload, hist *Hi
 			fail("delete the Workspace that read it", r)
 			continue
 		}
-		o = w.op(-1, admin, "volume-delete", "")
-		o.Volume = v.VolumeID
-		if r := admin.KiboTimeout(opTimeout, "volume", "delete", v.VolumeID, "--timeout", lifecycleWait); w.finish(o, r).Outcome != OK {
+		if r, ok := w.removeVolume(admin, v.VolumeID); !ok {
 			fail("delete it once read", r)
 		}
 	}
 	return out
+}
+
+// removeVolume deletes Volume id after the run (client -1) and reports
+// whether it went.
+func (w *Workload) removeVolume(admin *clusterlab.Host, id string) (clusterlab.Result, bool) {
+	o := w.op(-1, admin, "volume-delete", "")
+	o.Volume = id
+	r := admin.KiboTimeout(opTimeout, "volume", "delete", id, "--timeout", lifecycleWait)
+	return r, w.finish(o, r).Outcome == OK
 }

@@ -39,7 +39,6 @@ const (
 type workspaceEntry struct {
 	id      string
 	initial bool // made before the run: never deleted by it
-	nextSeq int
 	deleted bool
 	volume  *volumeEntry // attached at its create, detached by its delete
 }
@@ -48,7 +47,6 @@ type workspaceEntry struct {
 type volumeEntry struct {
 	name, id string
 	sizeMiB  int
-	nextSeq  int
 	attached *workspaceEntry
 	deleted  bool
 }
@@ -66,6 +64,17 @@ type Workload struct {
 	workspaces []*workspaceEntry
 	volumes    []*volumeEntry
 	volumeN    int
+	// lastSeq numbers the appends of the run: one number, one append,
+	// also across a fork, whose disk starts with its source's numbers.
+	lastSeq int
+}
+
+// nextSeq is the number of the next append.
+func (w *Workload) nextSeq() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.lastSeq++
+	return w.lastSeq
 }
 
 // kinds and their weights: reads and appends are most of the load, every
@@ -219,10 +228,7 @@ func (w *Workload) read(client int, h *clusterlab.Host, ws string) (api.Workspac
 // appendSeq appends the Workspace's next number to seqFile and syncs:
 // acknowledged, it must be there after any fault.
 func (w *Workload) appendSeq(client int, h *clusterlab.Host, ws *workspaceEntry) {
-	w.mu.Lock()
-	ws.nextSeq++
-	seq := ws.nextSeq
-	w.mu.Unlock()
+	seq := w.nextSeq()
 	o := w.op(client, h, "append", ws.id)
 	o.Seq = seq
 	r := h.KiboTimeout(opTimeout, "workspace", "exec", ws.id, "--", "sh", "-c", fmt.Sprintf("echo %d >> %s && sync", seq, seqFile))
@@ -239,6 +245,34 @@ func (w *Workload) fetch(client int, h *clusterlab.Host, ws string) Op {
 		r.Code, r.Stderr = -1, fmt.Sprintf("wget through the Egress printed %q, not the page", clusterlab.TrimTo(r.Stdout, 100))
 	}
 	return w.finish(o, r)
+}
+
+// fillProbe has a Workspace write 4 MiB of new data into its layer and
+// sync, through h, in the background: the nemesis's probe of a full pool.
+// The channel gives its Op once it returned (within opTimeout); nil when
+// no Workspace was found running.
+func (w *Workload) fillProbe(rng *rand.Rand, h *clusterlab.Host) <-chan Op {
+	// One that runs, as far as a read just now says.
+	var ws *workspaceEntry
+	for range 5 {
+		if e := w.pick(rng); e != nil {
+			var got api.Workspace
+			if h.KiboJSON(&got, "workspace", "get", e.id, "--consistent") == nil && got.State == api.WorkspaceAvailable {
+				ws = e
+				break
+			}
+		}
+	}
+	if ws == nil {
+		return nil
+	}
+	done := make(chan Op, 1)
+	o := w.op(-1, h, "fill-probe", ws.id)
+	go func() {
+		r := h.KiboTimeout(opTimeout, "workspace", "exec", ws.id, "--", "sh", "-c", "head -c 4194304 /dev/urandom > /nemesis.fill && sync && rm /nemesis.fill")
+		done <- w.finish(o, r)
+	}()
+	return done
 }
 
 // lifecycle is stop, start, pause, resume or delete, half of them with the
@@ -283,7 +317,7 @@ func (w *Workload) create(ctx context.Context, client int, h *clusterlab.Host, f
 	args := []string{"workspace", "create", "--wait-timeout", lifecycleWait, "--command-id", commandID(), "--json"}
 	var vol *volumeEntry
 	if from != nil {
-		o.Kind, o.Detail = "fork", "from "+from.id
+		o.Kind, o.From = "fork", from.id
 		args = append(args, "--from", from.id)
 	} else {
 		args = append(args, strings.Fields(w.spec)...)
