@@ -305,7 +305,7 @@ func readBack(t *testing.T, admin *clusterlab.Host, w *Workload, hist *History) 
 			// A FAILED Workspace may still hold its Instance's
 			// resources, for troubleshooting: the documented way
 			// back is stop --force, then start.
-			o := w.op(-1, admin, "stop", ws.WorkspaceID)
+			o := w.op(-1, admin, "stop-force", ws.WorkspaceID)
 			if o = w.finish(o, admin.KiboTimeout(opTimeout, "workspace", "stop", ws.WorkspaceID, "--force", "--timeout", lifecycleWait)); o.Outcome != OK {
 				out = append(out, Anomaly{Kind: "cannot-start", Workspace: ws.WorkspaceID, Detail: fmt.Sprintf("stop --force of %s after the faults: %s", clusterlab.WorkspaceString(ws), o.Detail), History: of(hist.Ops(), ws.WorkspaceID)})
 				continue

@@ -83,7 +83,7 @@ var kinds = []struct {
 	name   string
 	weight int
 }{
-	{"read", 28}, {"append", 28}, {"fetch", 4}, {"stop", 7}, {"start", 7}, {"pause", 7}, {"resume", 7}, {"move", 4}, {"fork", 3},
+	{"read", 28}, {"append", 28}, {"fetch", 4}, {"recover", 4}, {"stop", 7}, {"start", 7}, {"pause", 7}, {"resume", 7}, {"move", 4}, {"fork", 3},
 	{"create", 2}, {"delete", 3}, {"drain", 1},
 	{"volume-create", 2}, {"volume-append", 6}, {"volume-resize", 1}, {"volume-delete", 1},
 }
@@ -128,6 +128,8 @@ func (w *Workload) run(ctx context.Context, client int, rng *rand.Rand) {
 			w.appendSeq(client, h, ws)
 		case kind == "fetch":
 			w.fetch(client, h, ws.id)
+		case kind == "recover":
+			w.recover(ctx, client, h, ws)
 		case kind == "delete" && ws.initial:
 			// The first Workspaces stay for the append check; only
 			// what the workload created itself is deleted.
@@ -300,6 +302,24 @@ func (w *Workload) lifecycle(ctx context.Context, client int, h *clusterlab.Host
 		}
 		w.mu.Unlock()
 	}
+}
+
+// recover is what an operator does with a FAILED Workspace (a killed VMM,
+// a failed stop): stop --force, which releases what its Instance held,
+// then start. A Workspace a read finds in another state is left alone.
+func (w *Workload) recover(ctx context.Context, client int, h *clusterlab.Host, ws *workspaceEntry) {
+	got, ok := w.read(client, h, ws.id)
+	if !ok || got.State != api.WorkspaceFailed {
+		return
+	}
+	o := w.op(client, h, "stop-force", ws.id)
+	o.Expected = got.Version
+	args := []string{"workspace", "stop", ws.id, "--force", "--timeout", lifecycleWait, "--command-id", commandID(), "--expected-version", strconv.FormatUint(got.Version, 10)}
+	if o = w.finish(o, w.retried(ctx, h, args)); o.Outcome != OK {
+		return
+	}
+	o = w.op(client, h, "start", ws.id)
+	w.finish(o, w.retried(ctx, h, []string{"workspace", "start", ws.id, "--timeout", lifecycleWait, "--command-id", commandID()}))
 }
 
 // maxLive bounds the Workspaces of the run: all of them fit on the hosts
