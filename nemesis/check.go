@@ -3,6 +3,7 @@ package nemesis
 import (
 	"fmt"
 	"math"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -125,10 +126,17 @@ func workspacesOf(ops []Op) []string {
 // goes on after the resume. A fork's disk starts as its source's was
 // when the fork began: the source's appends acknowledged before then must
 // be there too, and those that began before the fork returned may.
-func checkAppends(id, kind string, ops []Op, content string) []Anomaly {
+//
+// forkedFrom is the source ctrl names for a Workspace ("" none): a fork
+// whose create had an unknown outcome has no fork in the history, and then
+// any number its source's appends wrote may be in it.
+func checkAppends(id, kind, forkedFrom string, ops []Op, content string) []Anomaly {
 	mine := of(ops, id)
 	must, may := map[int]bool{}, map[int]bool{}
 	appendsOf(id, kind, ops, int64(math.MaxInt64), int64(math.MaxInt64), must, may, 0)
+	if forkedFrom != "" && !slices.ContainsFunc(mine, func(o Op) bool { return o.Kind == "fork" && o.Outcome == OK }) {
+		appendsOf(forkedFrom, kind, ops, 0, int64(math.MaxInt64), must, may, 1)
+	}
 	count := map[int]int{}
 	var bad []string
 	for _, line := range strings.Fields(content) {

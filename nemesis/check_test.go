@@ -75,7 +75,7 @@ func TestAppends(t *testing.T) {
 		// A Volume append through ws-a is not in ws-a's own file.
 		{"1\n3\n6\n", []string{"phantom-append 6"}},
 	} {
-		if got := kinds(checkAppends("ws-a", "append", ops, c.content)); !reflect.DeepEqual(got, c.want) {
+		if got := kinds(checkAppends("ws-a", "append", "", ops, c.content)); !reflect.DeepEqual(got, c.want) {
 			t.Errorf("content %q: got %q, want %q", c.content, got, c.want)
 		}
 	}
@@ -183,7 +183,11 @@ func TestAppendsOfAFork(t *testing.T) {
 	}
 	got := func(id, content string) []string {
 		var out []string
-		for _, a := range checkAppends(id, "append", ops, content) {
+		from := ""
+		if id == "ws-unknown" {
+			from = "ws-src"
+		}
+		for _, a := range checkAppends(id, "append", from, ops, content) {
 			out = append(out, a.Kind+" "+a.Detail[strings.LastIndex(a.Detail, ": ")+2:])
 		}
 		return out
@@ -198,6 +202,11 @@ func TestAppendsOfAFork(t *testing.T) {
 		{"ws-fork", "1\n4\n5\n", []string{"phantom-append 4"}},
 		{"ws-src", "1\n3\n4\n", nil},
 		{"ws-src", "1\n3\n4\n5\n", []string{"phantom-append 5"}},
+		// A fork whose create had no answer: ctrl names its source,
+		// any of whose numbers may be there, none must.
+		{"ws-unknown", "1\n4\n", nil},
+		{"ws-unknown", "", nil},
+		{"ws-unknown", "5\n", []string{"phantom-append 5"}},
 	} {
 		if g := got(c.id, c.content); !reflect.DeepEqual(g, c.want) {
 			t.Errorf("%s %q: got %q, want %q", c.id, c.content, g, c.want)

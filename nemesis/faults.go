@@ -213,7 +213,9 @@ func (n *Nemesis) inject(ctx context.Context, rng *rand.Rand, f *Fault, hold tim
 		if probe != nil {
 			o := <-probe
 			f.Detail = strings.TrimSpace(fmt.Sprintf("a write of %s: %s %s", o.Workspace, o.Outcome, o.Detail))
-			if o.Outcome == Unknown {
+			// Stuck: the CLI gave up (opTimeout) without an answer. Any
+			// answer, even an error, means the guest went on.
+			if o.Code == -1 && time.Duration(o.Return-o.Call) >= opTimeout-time.Second {
 				n.found(Anomaly{Kind: "guest-stuck", Workspace: o.Workspace, Detail: fmt.Sprintf("a write into its layer while the pool was full (%.3fs..%.3fs) had not finished %s after the pool had room: %s", float64(f.Start)/1e9, float64(n.hist.now())/1e9, opTimeout, o.Detail)})
 			}
 		}

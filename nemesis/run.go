@@ -326,7 +326,7 @@ func readBack(t *testing.T, admin *clusterlab.Host, w *Workload, hist *History) 
 			out = append(out, Anomaly{Kind: "cannot-read", Workspace: ws.WorkspaceID, Detail: o.Detail, History: of(hist.Ops(), ws.WorkspaceID)})
 			continue
 		}
-		out = append(out, checkAppends(ws.WorkspaceID, "append", hist.Ops(), r.Stdout)...)
+		out = append(out, checkAppends(ws.WorkspaceID, "append", ws.ForkedFrom, hist.Ops(), r.Stdout)...)
 		// Its Egress carries its traffic again (the egress process a
 		// fault killed was started again): within a few tries.
 		var f Op

@@ -191,7 +191,7 @@ func readBackVolumes(t *testing.T, admin *clusterlab.Host, w *Workload, hist *Hi
 		if v.State == api.VolumeFailed && !v.Made {
 			// Its create failed (a full pool): no file, nothing to
 			// read, and no append can have been acknowledged.
-			out = append(out, checkAppends(v.VolumeID, "volume-append", hist.Ops(), "")...)
+			out = append(out, checkAppends(v.VolumeID, "volume-append", "", hist.Ops(), "")...)
 			if r, ok := w.removeVolume(admin, v.VolumeID); !ok {
 				fail("delete it (FAILED, never made)", r)
 			}
@@ -216,7 +216,7 @@ func readBackVolumes(t *testing.T, admin *clusterlab.Host, w *Workload, hist *Hi
 		if o = w.finish(o, r); o.Outcome != OK {
 			fail("read it", r)
 		} else {
-			out = append(out, checkAppends(v.VolumeID, "volume-append", hist.Ops(), r.Stdout)...)
+			out = append(out, checkAppends(v.VolumeID, "volume-append", "", hist.Ops(), r.Stdout)...)
 		}
 		o = w.op(-1, admin, "delete", ws.WorkspaceID)
 		if r := admin.KiboTimeout(opTimeout, "workspace", "delete", ws.WorkspaceID, "--timeout", lifecycleWait); w.finish(o, r).Outcome != OK {
