@@ -1,7 +1,9 @@
 package runtime
 
 import (
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"strconv"
 	"strings"
@@ -25,6 +27,26 @@ func procStartTime(pid int) (uint64, error) {
 		return 0, fmt.Errorf("/proc/%d/stat: %d fields", pid, len(f)+2)
 	}
 	return strconv.ParseUint(f[19], 10, 64)
+}
+
+// procEnded reports whether the process that started at start as host PID
+// pid has ended: gone, its PID reused, or a zombie not reaped yet (whose
+// /proc entry still answers but whose executable link is gone).
+func procEnded(pid int, start uint64) bool {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ESRCH)
+	}
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	f := strings.Fields(s[i+1:])
+	if i < 0 || len(f) < 20 {
+		return false
+	}
+	if st, err := strconv.ParseUint(f[19], 10, 64); err == nil && st != start {
+		return true
+	}
+	return f[0] == "Z" || f[0] == "X"
 }
 
 // procExe is the executable of pid: its path and dev:ino. The link is

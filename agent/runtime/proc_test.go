@@ -6,6 +6,8 @@ import (
 	"path/filepath"
 	"testing"
 	"time"
+
+	"github.com/kibotos/kibotos/internal/testenv"
 )
 
 // A process that execs another binary while its executable is read is
@@ -58,5 +60,47 @@ func TestProcExeAgreesAcrossExec(t *testing.T) {
 	}
 	if len(seen) != 2 {
 		t.Fatalf("the process was seen running only %v", seen)
+	}
+}
+
+// A process that runs has not ended; one that exited and is not reaped
+// yet (a zombie: its /proc entry answers, its executable link is gone)
+// has, and so has one that is gone or whose PID another process took.
+func TestProcEnded(t *testing.T) {
+	sleep := exec.Command("sleep", "60")
+	if err := sleep.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sleep.Process.Kill(); sleep.Wait() })
+	start, err := procStartTime(sleep.Process.Pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if procEnded(sleep.Process.Pid, start) {
+		t.Error("a running process is reported ended")
+	}
+	if !procEnded(sleep.Process.Pid, start+1) {
+		t.Error("a process with another start time (a reused PID) is not reported ended")
+	}
+
+	exited := exec.Command("true")
+	if err := exited.Start(); err != nil {
+		t.Fatal(err)
+	}
+	pid := exited.Process.Pid
+	zstart, err := procStartTime(pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Not waited for: it stays a zombie until Wait reaps it.
+	if !testenv.Poll(t, 10*time.Second, func() bool { _, _, _, err := procExe(pid); return err != nil }) {
+		t.Fatal("the exited child's executable link never went")
+	}
+	if !procEnded(pid, zstart) {
+		t.Error("a zombie is not reported ended")
+	}
+	exited.Wait()
+	if !procEnded(pid, zstart) {
+		t.Error("a reaped process is not reported ended")
 	}
 }

@@ -369,7 +369,7 @@ func (rt *Runtime) ensureEnded(ctx context.Context, in *instance) error {
 		// actual service must all name the same process; any doubt leaves
 		// it running.
 		if u, err := rt.units.Get(ctx, rec.Unit); err == nil && u.Active() {
-			if why := rt.ownershipDoubt(in, rec, u); why != "" {
+			if why := rt.ownershipDoubt(in, rec, u); why != "" && !rt.endedByItself(ctx, rec) {
 				return fmt.Errorf("runtime: instance %s: stop instance process this node did not take over: %s; the service keeps running: inspect it with systemctl show %s",
 					in.id, why, rec.Unit)
 			}
@@ -385,6 +385,35 @@ func (rt *Runtime) ensureEnded(ctx context.Context, in *instance) error {
 		return fmt.Errorf("runtime: instance %s: %w", in.id, err)
 	}
 	return nil
+}
+
+// endedUnitWait bounds the wait for the unit of a VMM that ended by
+// itself to go inactive (systemd notices the exit at once).
+const endedUnitWait = 10 * time.Second
+
+// endedByItself reports whether the recorded VMM process has ended on its
+// own and its unit followed within endedUnitWait: then the doubts about a
+// process that is no longer there (a zombie has no executable to compare)
+// are moot and there is nothing to stop. The fault harness saw a VMM exit
+// as its node paused it; the node refused to stop it and never deleted
+// the paused Instance.
+func (rt *Runtime) endedByItself(ctx context.Context, rec *LaunchRecord) bool {
+	p := rec.Process
+	if p == nil || !procEnded(p.HostPID, p.StartTime) {
+		return false
+	}
+	ctx, cancel := context.WithTimeout(ctx, endedUnitWait)
+	defer cancel()
+	for {
+		u, err := rt.units.Get(ctx, rec.Unit)
+		if errors.Is(err, units.ErrNotFound) || err == nil && !u.Active() {
+			rt.log.Info("instance process ended by itself before the node stopped it", "unit", rec.Unit, "host_pid", p.HostPID, "instance_id", rec.InstanceID)
+			return true
+		}
+		if ctxsleep.Sleep(ctx, 100*time.Millisecond) != nil {
+			return false
+		}
+	}
 }
 
 // ownershipDoubt says how the launch record on disk, the node's record
