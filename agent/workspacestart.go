@@ -36,13 +36,14 @@ const (
 	StepSpendSnapshot    = "spend-snapshot"    // a restored snapshot removed
 	StepMountVolumes     = "mount-volumes"     // the Volumes mounted in the guest
 	StepNewMachineID     = "new-machine-id"    // a first start's machine id of its own
+	StepFinishStart      = "finish-start"      // the Instance's launch record says its start is done
 )
 
 // WorkspaceStartSteps are every step a Workspace start can run, in order.
 func WorkspaceStartSteps() []string {
 	return []string{StepFetchCredentials, StepFetchTemplate, StepFetchPlatform, StepPrepareSnapshot, StepLayerDir, StepPrepareFork,
 		StepImportTransfer, StepClaimLayer, StepPrepareVolumes, StepRecordOwner, StepAdoptWarm, StepCreateLayer,
-		StepStartInstance, StepSpendSnapshot, StepMountVolumes, StepNewMachineID}
+		StepStartInstance, StepMountVolumes, StepNewMachineID, StepFinishStart, StepSpendSnapshot}
 }
 
 // refused is a step's refusal: the node does not take new Workspaces now
@@ -91,6 +92,7 @@ type wsStart struct {
 	layer        string
 	im           *imported
 	freshLayer   bool
+	layerMade    bool // by an earlier try of this start, cut short by a node restart
 	volumes      []runtime.VolumeDisk
 	spec         runtime.Spec
 	warm         bool // started from a warm guest
@@ -175,6 +177,10 @@ func (a *Agent) admission() string {
 func (s *wsStart) steps() []wsStep {
 	snap := s.t.Snapshot
 	booted := func() bool { return s.restore == nil }
+	// A first boot with nothing to import or attach, over no layer yet.
+	warmable := func() bool {
+		return booted() && s.im == nil && len(s.volumes) == 0 && s.freshLayer && !s.layerMade
+	}
 	return []wsStep{
 		{StepFetchCredentials, nil, s.fetchCredentials},
 		{StepFetchTemplate, nil, s.fetchTemplate},
@@ -186,14 +192,18 @@ func (s *wsStart) steps() []wsStep {
 		{StepClaimLayer, nil, s.claimLayer},
 		{StepPrepareVolumes, nil, s.prepareVolumes},
 		{StepRecordOwner, nil, s.recordOwner},
-		{StepAdoptWarm, func() bool { return s.restore == nil && s.im == nil && len(s.volumes) == 0 && s.freshLayer }, s.adoptWarm},
+		{StepAdoptWarm, warmable, s.adoptWarm},
 		// A restore needs the layer its snapshot was taken over: Start
 		// refuses one that is missing, and none is made here.
 		{StepCreateLayer, func() bool { return !s.warm && s.freshLayer && s.restore == nil }, s.createLayer},
 		{StepStartInstance, func() bool { return !s.warm }, s.startInstance},
-		{StepSpendSnapshot, func() bool { return s.restore != nil }, s.spendSnapshot},
 		{StepMountVolumes, booted, s.mountVolumes},
 		{StepNewMachineID, func() bool { return booted() && s.freshLayer && !s.warmID }, s.newMachineID},
+		// Done: a node restart from here takes the Instance over as
+		// started. The snapshot is spent after: a restart before would
+		// restore it again.
+		{StepFinishStart, nil, s.finishStart},
+		{StepSpendSnapshot, func() bool { return s.restore != nil }, s.spendSnapshot},
 	}
 }
 
@@ -290,7 +300,10 @@ func (s *wsStart) importTransfer(ctx context.Context) error {
 // it may still write).
 func (s *wsStart) claimLayer(ctx context.Context) error {
 	_, statErr := os.Stat(s.layer)
-	s.freshLayer = errors.Is(statErr, os.ErrNotExist)
+	// A layer an earlier try of this start made (one a node restart cut
+	// short) is still a first start's: it gets its machine id.
+	_, s.layerMade = s.a.commands.find(layerStep(s.t, cmdLayerCreate, s.layer).CommandID, cmdLayerCreate)
+	s.freshLayer = errors.Is(statErr, os.ErrNotExist) || s.layerMade
 	if err := s.a.claimObject(ctx, s.layer, s.id); err != nil {
 		return fmt.Errorf("instance %s: %w", s.id, err)
 	}
@@ -340,7 +353,8 @@ func (s *wsStart) recordOwner(context.Context) error {
 		return nil
 	})
 	s.spec = runtime.Spec{InstanceID: s.id, Installation: s.installation, VCPUs: max(1, int(t.CPU/1000)), MemoryMiB: int(t.MemoryBytes >> 20),
-		Network: true, Policy: s.policy, RootImage: s.tpl.Image(), LayerPath: s.layer, Volumes: s.volumes, Restore: s.restore, Identity: s.identity}
+		Network: true, Policy: s.policy, RootImage: s.tpl.Image(), LayerPath: s.layer, Volumes: s.volumes, Restore: s.restore, Identity: s.identity,
+		Staged: true}
 	if s.restore == nil {
 		// Booted or adopting a warm guest: its filesystem is mounted
 		// beside its network, and it is told the Workspace's environment.
@@ -410,6 +424,13 @@ func (s *wsStart) startInstance(ctx context.Context) error {
 func (s *wsStart) spendSnapshot(context.Context) error {
 	if err := s.a.removeSnapshot(s.t); err != nil {
 		s.a.log.Warn("restored snapshot not removed", "workspace_id", s.t.WorkspaceID, "err", err)
+	}
+	return nil
+}
+
+func (s *wsStart) finishStart(context.Context) error {
+	if err := s.rt.Finish(s.id); err != nil {
+		return fmt.Errorf("node %s: %w", s.a.cfg.NodeID, err)
 	}
 	return nil
 }

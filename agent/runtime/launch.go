@@ -38,13 +38,14 @@ const (
 	StepRestoreSnapshot = "restore-snapshot" // the saved guest loaded into the VMM
 	StepAwaitGuest      = "await-guest"      // the guest agent's answer
 	StepTellGuest       = "tell-guest"       // the guest configured as the spec asks
+	StepFinish          = "finish"           // the launch record says the start is done (not for a Staged spec)
 )
 
 // StartSteps are every step a start can run, in order.
 func StartSteps() []string {
 	return []string{StepReadLayer, StepPrepareDirs, StepComposeLaunch, StepReserveNetwork, StepWriteRecord,
 		StepCheckSnapshot, StepCreateDisk, StepEnsureLayer, StepGrantFiles, StepCreateNetwork, StepRouteEgress,
-		StepLaunchUnit, StepIdentifyVMM, StepRecordProcess, StepRestoreSnapshot, StepAwaitGuest, StepTellGuest}
+		StepLaunchUnit, StepIdentifyVMM, StepRecordProcess, StepRestoreSnapshot, StepAwaitGuest, StepTellGuest, StepFinish}
 }
 
 // step is one named step of a start. It registers the undo of what it
@@ -133,6 +134,7 @@ func (l *launch) steps() []step {
 	add(spec.Restore != nil, StepRestoreSnapshot, l.restore)
 	add(true, StepAwaitGuest, l.awaitGuest)
 	add(true, StepTellGuest, l.tellGuest)
+	add(!spec.Staged, StepFinish, l.finish)
 	return s
 }
 
@@ -197,6 +199,7 @@ func (l *launch) compose(context.Context) error {
 		LayerPath:       spec.LayerPath,
 		Volumes:         spec.Volumes,
 		CreatedAt:       time.Now().UTC(),
+		Unfinished:      true,
 	}
 	memMax, tasksMax := vmmLimits(spec.MemoryMiB, spec.VCPUs)
 	if rt.vmm != nil {
@@ -374,4 +377,8 @@ func (l *launch) tellGuest(ctx context.Context) error {
 		return fmt.Errorf("runtime: instance %s: %w", l.in.id, err)
 	}
 	return nil
+}
+
+func (l *launch) finish(context.Context) error {
+	return l.rt.finish(l.in)
 }

@@ -61,6 +61,32 @@ func (rt *Runtime) recordConfigured(in *instance, req guestproto.ConfigureReques
 	return nil
 }
 
+// Finish records that the Staged start of Instance id is done: a node
+// restart from now on takes it over as started.
+func (rt *Runtime) Finish(id string) error {
+	in, err := rt.get(id)
+	if err != nil {
+		return err
+	}
+	return rt.finish(in)
+}
+
+// finish clears the Unfinished mark of in's launch record.
+func (rt *Runtime) finish(in *instance) error {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	if !in.rec.Unfinished {
+		return nil
+	}
+	rec := *in.rec
+	rec.Unfinished = false
+	if err := WriteLaunchRecord(in.paths.Dir, &rec); err != nil {
+		return fmt.Errorf("runtime: instance %s: record its start done: %w", in.id, err)
+	}
+	in.rec = &rec
+	return nil
+}
+
 // mergeConfigured is have with req told after it: a hostname replaces
 // the one before, a mount replaces one at the same target and otherwise
 // comes after those before (a mount under another's target must find

@@ -74,6 +74,15 @@ type LaunchRecord struct {
 	Configured *guestproto.ConfigureRequest `json:"configured,omitempty"`
 	// Stopped is set when the node stopped the VMM on purpose.
 	Stopped *time.Time `json:"stopped,omitempty"`
+	// Unfinished is set from a launch's first record until its start is
+	// done: the guest told its configuration and, when the starter has
+	// steps of its own after Start (Spec.Staged), those done as well
+	// (Finish). A node that restarts in between finds the start cut
+	// short, its guest perhaps never told its filesystem: takeover makes
+	// the Instance FAILED, its VMM left running for Delete, and the start
+	// is done again. Records from before this field have none: their
+	// starts are taken as done.
+	Unfinished bool `json:"unfinished,omitempty"`
 }
 
 // Confinement is what a confined VMM launch was given.

@@ -228,6 +228,7 @@ func (rt *Runtime) becomeInstance(ctx context.Context, in *instance, r Resident,
 	rand.Read(lid[:])
 	rec := *old
 	rec.InstanceID, rec.Host, rec.LaunchID, rec.LayerPath = in.id, r.ID, hex.EncodeToString(lid[:]), spec.LayerPath
+	rec.Unfinished = true // until it is told it is the Workspace's, and its starter's steps are done
 	nr := *old.Network
 	nr.Policy = spec.Policy
 	rec.Network = &nr
@@ -274,7 +275,13 @@ func (rt *Runtime) becomeInstance(ctx context.Context, in *instance, r Resident,
 	in.mu.Unlock()
 	rt.startGuestLoop(in, c)
 	warmIdentity(&spec, r, hostname, roots)
-	return rt.tellGuest(ctx, in, spec, &rec, true, true)
+	if err := rt.tellGuest(ctx, in, spec, &rec, true, true); err != nil {
+		return err
+	}
+	if spec.Staged {
+		return nil
+	}
+	return rt.finish(in)
 }
 
 // sameDevice says whether directories a and b are on one file system (a

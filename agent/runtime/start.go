@@ -55,6 +55,12 @@ type Spec struct {
 	// answered, beside its network (which must not depend on it): a
 	// Workspace's filesystem mounts. Its failure fails the start.
 	Configure func(guestproto.GuestInfo) guestproto.ConfigureRequest
+	// Staged: the caller has steps of its own after Start (Volumes to
+	// mount, a machine id to give) and calls Finish once they are done.
+	// Until then the launch record says the start is unfinished, and a
+	// node restart makes takeover fail the Instance rather than call a
+	// half-made one started. Without it, Start finishes by itself.
+	Staged bool
 }
 
 // vmmLogEnv passes the VMM log path to the wrapper shell.

@@ -57,7 +57,7 @@ func TestStartStepsTimedAndUndone(t *testing.T) {
 	got := times.take()
 	want := []string{runtime.StepPrepareDirs, runtime.StepComposeLaunch, runtime.StepReserveNetwork, runtime.StepWriteRecord,
 		runtime.StepCreateDisk, runtime.StepGrantFiles, runtime.StepCreateNetwork, runtime.StepLaunchUnit, runtime.StepIdentifyVMM,
-		runtime.StepRecordProcess, runtime.StepAwaitGuest, runtime.StepTellGuest, runtime.StepBoot}
+		runtime.StepRecordProcess, runtime.StepAwaitGuest, runtime.StepTellGuest, runtime.StepFinish, runtime.StepBoot}
 	for _, s := range want {
 		if got[s] != 1 {
 			t.Errorf("step %s timed %d times in a start with a disk and a network, want 1 (all: %v)", s, got[s], got)

@@ -140,6 +140,13 @@ func (rt *Runtime) adopt(ctx context.Context, verdicts []verdict, noRecord []str
 			// not take it over.
 			v.state, v.err, kept, how = StateFailed, why, true, "storage pool unavailable"
 			rt.log.Error("instance takeover failed", "instance_id", v.rec.InstanceID, "err", v.err)
+		} else if v.rec.Unfinished && live {
+			// Its start was cut short: the guest may never have been told
+			// its filesystem, its Volumes or its identity. Nothing of it is
+			// the user's yet; the start is done again over it.
+			v.state, kept, how = StateFailed, true, "start interrupted"
+			v.err = "start interrupted by a node restart before it was done: delete the Instance and start it again"
+			rt.log.Warn("instance start cut short by a node restart; not taken over as started", "instance_id", v.rec.InstanceID)
 		} else if why := installations[v.rec.InstallationDir]; why != "" && live {
 			// This build cannot keep driving the Platform it started on.
 			v.state, kept, how = StateFailed, true, "runtime installation unavailable"

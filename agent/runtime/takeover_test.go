@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -401,5 +402,67 @@ func TestTakeoverAfterVMMBinaryReplaced(t *testing.T) {
 	}
 	if err := rt.Stop(ctx, "rb", 5*time.Second); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// A start whose starter has steps of its own after Start (Spec.Staged: a
+// Workspace's Volumes to mount, its machine id) is not started until the
+// starter says so. A node that restarts before that takes the Instance
+// over FAILED, its VMM still running for Delete, rather than as a
+// started guest that was never told what it still needed (the fault
+// harness's seed 33: a Workspace AVAILABLE without its filesystem
+// mounted, after a member was killed during its start). One the starter
+// finished is taken over RUNNING.
+func TestTakeoverOfAnUnfinishedStart(t *testing.T) {
+	h := newHarness(t)
+	inst := platformFixture(t)
+	ctx := testCtx(t, 3*time.Minute)
+	rt, err := runtime.Open(ctx, h.config())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	errs := make([]error, 2)
+	for i, id := range []string{"cut", "done"} {
+		wg.Go(func() {
+			_, errs[i] = rt.Start(ctx, runtime.Spec{InstanceID: id, Installation: inst, VCPUs: 1, MemoryMiB: 256, Staged: true})
+		})
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		rt.Close()
+		t.Fatal(err)
+	}
+	for _, id := range []string{"cut", "done"} {
+		if st, _ := rt.Status(id); st.State != runtime.StateRunning {
+			t.Errorf("instance %s after its Start: %s (%s), want RUNNING", id, st.State, st.Error)
+		}
+	}
+	if err := rt.Finish("done"); err != nil {
+		t.Error(err)
+	}
+	rt.Close()
+
+	rt = h.mustOpen(t)
+	cut, err := rt.Status("cut")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cut.State != runtime.StateFailed || !strings.Contains(cut.Error, "start interrupted") {
+		t.Errorf("unfinished start after a node restart: %s (%q), want FAILED, start interrupted", cut.State, cut.Error)
+	}
+	if done, err := rt.Status("done"); err != nil || done.State != runtime.StateRunning {
+		t.Errorf("finished start after a node restart: %s (%q, %v), want RUNNING", done.State, done.Error, err)
+	}
+	if n := len(h.activeVMMs(t)); n != 2 {
+		t.Errorf("%d VMM units run after the restart, want 2: the unfinished one's is left for Delete", n)
+	}
+	for _, id := range []string{"cut", "done"} {
+		if err := rt.Delete(ctx, id); err != nil {
+			t.Error(err)
+		}
+	}
+	if n := len(h.activeVMMs(t)); n != 0 {
+		t.Errorf("%d VMM units run after both were deleted", n)
 	}
 }
