@@ -40,6 +40,25 @@ func TestServeRefusesPoolCapacity(t *testing.T) {
 	}
 }
 
+// The test mode in which VMs outlive a killed member is only for a
+// private systemd: refused with the host's, before anything is started.
+func TestServeRefusesSystemdOutlivesWithHostSystemd(t *testing.T) {
+	dir := t.TempDir()
+	config := filepath.Join(dir, "kibotos.toml")
+	os.WriteFile(config, nil, 0o600)
+	var out, errb bytes.Buffer
+	code := Main(context.Background(), "kibotos", []string{"serve", "--config", config, "--data-dir", filepath.Join(dir, "data"), "--systemd", "host", "--test-systemd-outlives"}, nil, &out, &errb)
+	if code != api.ExitUsage {
+		t.Fatalf("exit %d, want %d: %s", code, api.ExitUsage, errb.String())
+	}
+	if msg := errb.String(); !strings.Contains(msg, "--test-systemd-outlives needs --systemd private, not host") {
+		t.Fatalf("message: %s", msg)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "data")); !os.IsNotExist(err) {
+		t.Fatalf("the refused start touched the data directory: %v", err)
+	}
+}
+
 // A key serve does not know stops it before anything is started, in one
 // line naming every such key: a misspelt one would otherwise take its
 // default without a word.

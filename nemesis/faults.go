@@ -155,9 +155,13 @@ func (n *Nemesis) inject(ctx context.Context, rng *rand.Rand, f *Fault, hold tim
 			}
 		}
 		f.Target = h.NodeID
-		h.Partition()
-		ctxsleep.Sleep(ctx, hold)
-		h.Heal()
+		err := h.SetLink(false)
+		if err == nil {
+			ctxsleep.Sleep(ctx, hold)
+		}
+		if herr := h.SetLink(true); herr != nil || err != nil {
+			n.failed(fmt.Errorf("fault %s of %s: %w", f.Kind, h.NodeID, errors.Join(err, herr)))
+		}
 	case "cut-outbound", "cut-inbound", "flaky-link":
 		// Asymmetric: the host hears the others and is not heard, or
 		// the reverse; or a link that loses packets and queues.

@@ -101,11 +101,7 @@ func (w *Workload) deleteVolume(ctx context.Context, client int, h *clusterlab.H
 	o.Volume = vol.id
 	o = w.finish(o, w.retried(ctx, h, []string{"volume", "delete", vol.name, "--timeout", lifecycleWait, "--command-id", commandID()}))
 	w.mu.Lock()
-	if o.Outcome == OK {
-		vol.deleted = true
-	} else {
-		vol.attached = nil // no longer claimed by this delete
-	}
+	vol.deleted, vol.claimed = o.Outcome == OK, false
 	w.mu.Unlock()
 }
 
@@ -115,23 +111,18 @@ func (w *Workload) claimVolume() *volumeEntry {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	for _, v := range w.volumes {
-		if !v.deleted && v.attached == nil {
-			v.attached = claimed
+		if v.free() {
+			v.claimed = true
 			return v
 		}
 	}
 	return nil
 }
 
-// claimed marks a Volume a create or delete is using.
-var claimed = &workspaceEntry{id: "claimed"}
-
 // releaseVolume gives back a Volume a create did not attach.
 func (w *Workload) releaseVolume(vol *volumeEntry) {
 	w.mu.Lock()
-	if vol.attached == claimed {
-		vol.attached = nil
-	}
+	vol.claimed = false
 	w.mu.Unlock()
 }
 
@@ -159,7 +150,7 @@ func (w *Workload) pickVolume(rng *rand.Rand, detached bool) *volumeEntry {
 	defer w.mu.Unlock()
 	var live []*volumeEntry
 	for _, v := range w.volumes {
-		if !v.deleted && (!detached || v.attached == nil) {
+		if !v.deleted && (!detached || v.free()) {
 			live = append(live, v)
 		}
 	}
@@ -168,7 +159,7 @@ func (w *Workload) pickVolume(rng *rand.Rand, detached bool) *volumeEntry {
 	}
 	v := live[rng.IntN(len(live))]
 	if detached {
-		v.attached = claimed
+		v.claimed = true // for the delete
 	}
 	return v
 }

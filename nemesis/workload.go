@@ -48,8 +48,12 @@ type volumeEntry struct {
 	name, id string
 	sizeMiB  int
 	attached *workspaceEntry
+	claimed  bool // by a create attaching it or by its delete, until that ends
 	deleted  bool
 }
+
+// free says whether v is live and neither attached nor claimed.
+func (v *volumeEntry) free() bool { return !v.deleted && v.attached == nil && !v.claimed }
 
 // Workload runs the clients: each picks, from its own seeded source, an
 // operation and a Workspace, runs it through the CLI of a host of the lab
@@ -359,7 +363,7 @@ func (w *Workload) create(ctx context.Context, client int, h *clusterlab.Host, f
 		e := w.add(o.Workspace, false)
 		w.mu.Lock()
 		if vol != nil {
-			e.volume, vol.attached = vol, e
+			e.volume, vol.attached, vol.claimed = vol, e, false
 		}
 		w.mu.Unlock()
 	} else if vol != nil {

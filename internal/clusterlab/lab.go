@@ -386,8 +386,28 @@ func (h *Host) Stop() {
 
 // Partition cuts the host off the switch; heal reconnects it. Addresses
 // stay configured, so the member's sockets survive the cut.
-func (h *Host) Partition() { h.Lab.IP("-n", h.NS, "link", "set", HostIface, "down") }
-func (h *Host) Heal()      { h.Lab.IP("-n", h.NS, "link", "set", HostIface, "up") }
+func (h *Host) Partition() { h.mustSetLink(false) }
+func (h *Host) Heal()      { h.mustSetLink(true) }
+
+func (h *Host) mustSetLink(up bool) {
+	h.Lab.T.Helper()
+	if err := h.SetLink(up); err != nil {
+		h.Lab.T.Fatal(err)
+	}
+}
+
+// SetLink is Partition (up false) or Heal (up true) for a caller that
+// is not the test's goroutine: it returns the failure.
+func (h *Host) SetLink(up bool) error {
+	state := "down"
+	if up {
+		state = "up"
+	}
+	if out, err := exec.Command("ip", "-n", h.NS, "link", "set", HostIface, state).CombinedOutput(); err != nil {
+		return fmt.Errorf("ip -n %s link set %s %s: %v: %s", h.NS, HostIface, state, err, strings.TrimSpace(string(out)))
+	}
+	return nil
+}
 
 // impairTable is the nftables table of a host's link faults, in its
 // namespace beside the member's own tables.
