@@ -245,6 +245,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	a.notePools(first.Pools)
 	a.bg.spawn(ctx, func(ctx context.Context) { a.watchInstances(ctx, first) })
 	a.bg.spawn(ctx, a.watchHolders)
+	a.bg.spawn(ctx, a.sweepUnowned)
 	// Warm guests, ready or being made, end when ctx ends, before Run
 	// returns and the caller closes the runtime (which leaves VMMs
 	// running): no Workspace's, they would outlive the node. They end
