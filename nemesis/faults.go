@@ -15,6 +15,7 @@ import (
 	"github.com/kibotos/kibotos/api"
 	"github.com/kibotos/kibotos/internal/clusterlab"
 	"github.com/kibotos/kibotos/internal/ctxsleep"
+	"github.com/kibotos/kibotos/internal/faultfs"
 	"github.com/kibotos/kibotos/internal/testenv"
 )
 
@@ -36,7 +37,7 @@ func (f Fault) String() string {
 var FaultKinds = []string{
 	"kill-member", "pause-leader", "kill-vmm", "kill-dataplane", "kill-egress",
 	"partition-host", "partition-leader", "cut-outbound", "cut-inbound", "flaky-link",
-	"step-clock", "pool-full",
+	"step-clock", "pool-full", "disk-errors", "slow-disk",
 }
 
 // Nemesis injects one fault at a time from its seeded source, holds it
@@ -44,8 +45,9 @@ var FaultKinds = []string{
 type Nemesis struct {
 	cluster *clusterlab.Cluster
 	hist    *History
-	root    string // the hosts' storage: VMMs mention it
-	pool    string // the shared pool's file system
+	root    string      // the hosts' storage: VMMs mention it
+	pool    string      // the shared pool's file system
+	disk    *faultfs.FS // the FUSE layer the shared pool is served through
 	work    *Workload
 	kinds   []string
 	every   time.Duration
@@ -214,14 +216,28 @@ func (n *Nemesis) inject(ctx context.Context, rng *rand.Rand, f *Fault, hold tim
 		if herr := testenv.Unfill(n.pool); herr != nil || err != nil {
 			n.failed(fmt.Errorf("fault %s: %w", f.Kind, errors.Join(err, herr)))
 		}
-		if probe != nil {
-			o := <-probe
-			f.Detail = strings.TrimSpace(fmt.Sprintf("a write of %s: %s %s", o.Workspace, o.Outcome, o.Detail))
-			// Stuck: the CLI gave up (opTimeout) without an answer. Any
-			// answer, even an error, means the guest went on.
-			if o.Code == -1 && time.Duration(o.Return-o.Call) >= opTimeout-time.Second {
-				n.found(Anomaly{Kind: "guest-stuck", Workspace: o.Workspace, Detail: fmt.Sprintf("a write into its layer while the pool was full (%.3fs..%.3fs) had not finished %s after the pool had room: %s", float64(f.Start)/1e9, float64(n.hist.now())/1e9, opTimeout, o.Detail)})
-			}
+		f.Detail = n.checkProbe(f, probe, "the pool was full", "the pool had room")
+	case "disk-errors", "slow-disk":
+		// Under the shared pool's file system: a share of the file
+		// reads, writes and syncs of layers, Volumes and snapshots fail
+		// with EIO (the guest sees I/O errors, a pause or a create
+		// fails), or each waits. A guest writes its layer meanwhile and
+		// must answer, whatever it answers, once the disk is healed.
+		f.Target = "shared pool"
+		if f.Kind == "disk-errors" {
+			share := 0.05 + rng.Float64()*0.45
+			f.Detail = fmt.Sprintf("EIO on %.0f%% of file I/O", share*100)
+			n.disk.Fail(syscall.EIO, share)
+		} else {
+			delay := time.Duration(10+rng.IntN(191)) * time.Millisecond
+			f.Detail = fmt.Sprintf("each file operation waits %v", delay)
+			n.disk.Slow(delay)
+		}
+		probe := n.work.fillProbe(rng, n.cluster.Hosts[rng.IntN(len(n.cluster.Hosts))])
+		ctxsleep.Sleep(ctx, hold)
+		n.disk.Heal()
+		if d := n.checkProbe(f, probe, "the disk failed", "it was healed"); d != "" {
+			f.Detail += "; " + d
 		}
 	case "kill-vmm":
 		pids := clusterlab.QemuPIDs(n.root)
@@ -243,6 +259,23 @@ func (n *Nemesis) inject(ctx context.Context, rng *rand.Rand, f *Fault, hold tim
 		f.Target = "pid " + strconv.Itoa(pid)
 		syscall.Kill(pid, syscall.SIGKILL)
 	}
+}
+
+// checkProbe waits for a guest's write started during fault f (nil: none
+// was) and says how it ended, "" without one; one the CLI got no answer
+// to in opTimeout, which was started while the fault held (during) and
+// waited on after it healed (after), is a stuck guest.
+func (n *Nemesis) checkProbe(f *Fault, probe <-chan Op, during, after string) string {
+	if probe == nil {
+		return ""
+	}
+	o := <-probe
+	// Stuck: the CLI gave up (opTimeout) without an answer. Any answer,
+	// even an error, means the guest went on.
+	if o.Code == -1 && time.Duration(o.Return-o.Call) >= opTimeout-time.Second {
+		n.found(Anomaly{Kind: "guest-stuck", Workspace: o.Workspace, Detail: fmt.Sprintf("a write into its layer while %s (%.3fs..%.3fs) had not finished %s after %s: %s", during, float64(f.Start)/1e9, float64(n.hist.now())/1e9, opTimeout, after, o.Detail)})
+	}
+	return strings.TrimSpace(fmt.Sprintf("a write of %s: %s %s", o.Workspace, o.Outcome, o.Detail))
 }
 
 // leader is the host whose member leads, as the running ctrl members say;

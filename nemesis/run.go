@@ -16,6 +16,7 @@ import (
 	"github.com/kibotos/kibotos/api"
 	"github.com/kibotos/kibotos/datadir"
 	"github.com/kibotos/kibotos/internal/clusterlab"
+	"github.com/kibotos/kibotos/internal/faultfs"
 	"github.com/kibotos/kibotos/internal/testenv"
 	"github.com/kibotos/kibotos/vmm/template"
 )
@@ -67,10 +68,12 @@ func Run(t *testing.T, o Options) *Report {
 	}
 	artifacts := clusterlab.BuildArtifacts(t, root, l.Bin)
 	// The shared pool is a file system of its own, which the pool-full
-	// fault fills; mounted before the members' private systemd start
-	// (their VMMs see the mounts of that moment).
-	shared := filepath.Join(root, "shared")
-	testenv.SmallFS(t, shared, sharedPoolMiB)
+	// fault fills, served through a FUSE layer the disk faults act in;
+	// both mounted before the members' private systemd start (their VMMs
+	// see the mounts of that moment).
+	shared, sharedDisk := filepath.Join(root, "shared"), filepath.Join(root, "shared-disk")
+	testenv.SmallFS(t, sharedDisk, sharedPoolMiB)
+	disk := faultfs.Mount(t, sharedDisk, shared)
 	configs := map[*clusterlab.Host]string{}
 	var cmu sync.Mutex
 	serve := func(h *clusterlab.Host) {
@@ -106,7 +109,7 @@ func Run(t *testing.T, o Options) *Report {
 	}
 	o.Logf("cluster of %d hosts with %d Workspaces ready; seed %d, %s of workload and faults", len(l.Hosts), o.Workspaces, o.Seed, o.Duration)
 
-	n := &Nemesis{cluster: c, hist: hist, root: root, pool: shared, work: w, kinds: o.Faults, every: o.FaultEvery, hold: o.FaultHold, restart: serve, log: o.Logf}
+	n := &Nemesis{cluster: c, hist: hist, root: root, pool: shared, disk: disk, work: w, kinds: o.Faults, every: o.FaultEvery, hold: o.FaultHold, restart: serve, log: o.Logf}
 	rep := &Report{Seed: o.Seed, Seconds: int(o.Duration / time.Second), Hosts: len(l.Hosts)}
 	ctx, cancel := context.WithTimeout(context.Background(), o.Duration)
 	defer cancel()

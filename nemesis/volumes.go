@@ -81,7 +81,7 @@ func (w *Workload) appendVolume(client int, h *clusterlab.Host, ws *workspaceEnt
 	seq := w.nextSeq()
 	o := w.op(client, h, "volume-append", ws.id)
 	o.Volume, o.Seq = vol.id, seq
-	w.finish(o, h.KiboTimeout(opTimeout, "workspace", "exec", ws.id, "--", "sh", "-c", fmt.Sprintf("echo %d >> %s && sync", seq, volFile)))
+	w.finish(o, h.KiboTimeout(opTimeout, "workspace", "exec", ws.id, "--", "sh", "-c", fmt.Sprintf("echo %d >> %s && sync %s", seq, volFile, volFile)))
 }
 
 // resizeVolume grows the Volume by 16 MiB, attached or not.

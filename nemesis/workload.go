@@ -231,13 +231,15 @@ func (w *Workload) read(client int, h *clusterlab.Host, ws string) (api.Workspac
 	return got, o.Outcome == OK
 }
 
-// appendSeq appends the Workspace's next number to seqFile and syncs:
-// acknowledged, it must be there after any fault.
+// appendSeq appends the Workspace's next number to seqFile and syncs
+// that file: acknowledged, it must be there after any fault. (sync
+// without a file reports no write error: a guest whose disk failed would
+// acknowledge data it lost.)
 func (w *Workload) appendSeq(client int, h *clusterlab.Host, ws *workspaceEntry) {
 	seq := w.nextSeq()
 	o := w.op(client, h, "append", ws.id)
 	o.Seq = seq
-	r := h.KiboTimeout(opTimeout, "workspace", "exec", ws.id, "--", "sh", "-c", fmt.Sprintf("echo %d >> %s && sync", seq, seqFile))
+	r := h.KiboTimeout(opTimeout, "workspace", "exec", ws.id, "--", "sh", "-c", fmt.Sprintf("echo %d >> %s && sync %s", seq, seqFile, seqFile))
 	w.finish(o, r)
 }
 
