@@ -168,29 +168,43 @@ func overlay(ctx context.Context, node, base, path, ws string) error {
 // the base under it; a base left without references goes too, and so on
 // down. A missing layer is no error.
 func RemoveLayer(layer, ws string) error {
-	backing, _, err := qcow2Header(layer)
-	if errors.Is(err, os.ErrNotExist) {
-		return nil
+	// Every header first: the bases under the layer are known only from
+	// them, and one that could not be read once the layer above it was
+	// gone would leave its base behind for good. A base already gone
+	// ends the chain.
+	var bases []string
+	for p := layer; ; {
+		backing, _, err := qcow2Header(p)
+		if errors.Is(err, os.ErrNotExist) {
+			break
+		}
+		if err != nil {
+			return fmt.Errorf("remove writable layer %s: %w; try again", layer, err)
+		}
+		if !OverBase(backing) {
+			break
+		}
+		if len(bases) == 64 {
+			return fmt.Errorf("remove writable layer %s: more than 64 bases under it", layer)
+		}
+		p = filepath.Join(filepath.Dir(p), backing)
+		bases = append(bases, p)
 	}
 	if err := os.Remove(layer); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return fmt.Errorf("remove writable layer %s: %w", layer, err)
 	}
-	dir := filepath.Dir(layer)
-	for err == nil && OverBase(backing) {
-		base := filepath.Join(dir, backing)
-		if rerr := os.Remove(filepath.Join(base+".refs", ws)); rerr != nil && !errors.Is(rerr, os.ErrNotExist) {
-			return fmt.Errorf("drop the reference of %s to base %s: %w", ws, base, rerr)
+	for _, base := range bases {
+		if err := os.Remove(filepath.Join(base+".refs", ws)); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("drop the reference of %s to base %s: %w", ws, base, err)
 		}
-		if rerr := os.Remove(base + ".refs"); rerr != nil {
+		if err := os.Remove(base + ".refs"); err != nil {
 			return nil // still referenced (not empty), or gone
 		}
 		// The base was ws's layer when it was frozen: its reference to
 		// the base under it is in ws's name.
 		ws, _, _ = strings.Cut(filepath.Base(base), "@")
-		backing, _, err = qcow2Header(base)
-		dir = filepath.Dir(base)
-		if rerr := os.Remove(base); rerr != nil && !errors.Is(rerr, os.ErrNotExist) {
-			return fmt.Errorf("remove unreferenced base %s: %w", base, rerr)
+		if err := os.Remove(base); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("remove unreferenced base %s: %w", base, err)
 		}
 	}
 	return nil
