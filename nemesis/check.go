@@ -140,6 +140,13 @@ func checkAppends(id, kind, forkedFrom string, ops []Op, content string) []Anoma
 	count := map[int]int{}
 	var bad []string
 	for _, line := range strings.Fields(content) {
+		// An append whose write the disk failed (unacknowledged: its
+		// file's sync said so) may leave zeros where its bytes were: the
+		// file grew, the data never reached the disk. They come before
+		// the next number, or alone at the end.
+		if line = strings.TrimLeft(line, "\x00"); line == "" {
+			continue
+		}
 		n, err := strconv.Atoi(line)
 		if err != nil {
 			bad = append(bad, strconv.Quote(line))

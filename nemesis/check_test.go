@@ -71,6 +71,9 @@ func TestAppends(t *testing.T) {
 		{"1\n3\n4\n", nil}, // a failed exec may have run
 		{"1\n3\n5\n", []string{"phantom-append 5"}},
 		{"1\n3\nx\n", []string{"corrupt-append \"x\""}},
+		// A failed append's bytes zeroed: before the next, or at the end.
+		{"1\n\x00\x00\x003\n\x00\x00", nil},
+		{"1\n3\x00\x00\n", []string{"lost-append 3", "corrupt-append \"3\\x00\\x00\""}},
 		{"", []string{"lost-append 1 3"}},
 		// A Volume append through ws-a is not in ws-a's own file.
 		{"1\n3\n6\n", []string{"phantom-append 6"}},
