@@ -170,12 +170,13 @@ func overlay(ctx context.Context, node, base, path, ws string) error {
 func RemoveLayer(layer, ws string) error {
 	// Every header first: the bases under the layer are known only from
 	// them, and one that could not be read once the layer above it was
-	// gone would leave its base behind for good. A base already gone
+	// gone would leave its base behind for good. A base already gone, or
+	// a file that is no qcow2 image (nothing under it can be known),
 	// ends the chain.
 	var bases []string
 	for p := layer; ; {
 		backing, _, err := qcow2Header(p)
-		if errors.Is(err, os.ErrNotExist) {
+		if errors.Is(err, os.ErrNotExist) || errors.Is(err, errNotQcow2) {
 			break
 		}
 		if err != nil {
@@ -237,6 +238,10 @@ func LayerBases(layer string) ([]string, error) {
 	}
 }
 
+// errNotQcow2 is a file that reads whole but is no qcow2 image: reading
+// it again will not change that.
+var errNotQcow2 = errors.New("not a qcow2 image")
+
 // qcow2Header reads the backing file name and the virtual size from a
 // qcow2 header (the format's first 32 bytes; the name where they say).
 func qcow2Header(path string) (backing string, size uint64, err error) {
@@ -247,10 +252,13 @@ func qcow2Header(path string) (backing string, size uint64, err error) {
 	defer f.Close()
 	var h [32]byte
 	if _, err := io.ReadFull(f, h[:]); err != nil {
+		if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+			err = errNotQcow2 // shorter than a header
+		}
 		return "", 0, fmt.Errorf("qcow2 header of %s: %w", path, err)
 	}
 	if string(h[:4]) != "QFI\xfb" {
-		return "", 0, fmt.Errorf("%s is not a qcow2 image", path)
+		return "", 0, fmt.Errorf("%s: %w", path, errNotQcow2)
 	}
 	off, n := binary.BigEndian.Uint64(h[8:]), binary.BigEndian.Uint32(h[16:])
 	size = binary.BigEndian.Uint64(h[24:])
@@ -258,10 +266,13 @@ func qcow2Header(path string) (backing string, size uint64, err error) {
 		return "", size, nil
 	}
 	if n > 1023 {
-		return "", 0, fmt.Errorf("qcow2 header of %s: backing file name of %d bytes", path, n)
+		return "", 0, fmt.Errorf("qcow2 header of %s: backing file name of %d bytes: %w", path, n, errNotQcow2)
 	}
 	b := make([]byte, n)
 	if _, err := f.ReadAt(b, int64(off)); err != nil {
+		if errors.Is(err, io.EOF) {
+			err = errNotQcow2 // the name past the end
+		}
 		return "", 0, fmt.Errorf("qcow2 header of %s: backing file name: %w", path, err)
 	}
 	return string(b), size, nil
