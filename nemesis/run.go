@@ -13,11 +13,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kibotos/kibotos/agent/runtime"
 	"github.com/kibotos/kibotos/api"
 	"github.com/kibotos/kibotos/datadir"
 	"github.com/kibotos/kibotos/internal/clusterlab"
 	"github.com/kibotos/kibotos/internal/faultfs"
 	"github.com/kibotos/kibotos/internal/testenv"
+	"github.com/kibotos/kibotos/member"
 	"github.com/kibotos/kibotos/vmm/template"
 )
 
@@ -383,17 +385,26 @@ func deleteAll(t *testing.T, admin *clusterlab.Host, root string, l *clusterlab.
 	return out
 }
 
-// leftovers are what a deleted Workspace may leave: its QEMU, its Instance
-// directory, its layer and memory files.
+// leftovers are what a deleted Workspace may leave: its QEMU (its unit's
+// process), its Instance directory, its network namespace, its layer and
+// memory files.
 func leftovers(root string, l *clusterlab.Lab) []string {
 	var left []string
 	for _, pid := range clusterlab.QemuPIDs(root) {
 		left = append(left, fmt.Sprintf("QEMU pid %d", pid))
 	}
 	for _, h := range l.Hosts {
-		dirs, _ := filepath.Glob(filepath.Join(datadir.Dir(h.DataDir).StorageRoot(), "runtime", "instances", "*"))
-		for _, d := range dirs {
-			left = append(left, "Instance directory "+d)
+		d := datadir.Dir(h.DataDir)
+		dirs, _ := filepath.Glob(filepath.Join(d.StorageRoot(), "runtime", "instances", "*"))
+		for _, dir := range dirs {
+			left = append(left, "Instance directory "+dir)
+		}
+		// An Instance's network namespace, pinned in its host's private
+		// systemd's /run/netns (with the namespace go its links, rule
+		// table and addresses).
+		nss, _ := filepath.Glob(filepath.Join(member.DevSystemdDir(d), "run", "netns", runtime.NetNSName("inst-")+"*"))
+		for _, ns := range nss {
+			left = append(left, "network namespace "+ns)
 		}
 	}
 	filepath.WalkDir(filepath.Join(root, "shared"), func(path string, d os.DirEntry, err error) error {
