@@ -375,6 +375,12 @@ func TestEgressInNetlab(t *testing.T) {
 		}
 		defer c.Close()
 		echo(t, c, "before the drain")
+		// The GET of the switch above ended on the guest's side; the
+		// process counts it closed once its relay noticed.
+		testenv.WaitFor(t, 10*time.Second, "the earlier connections to end", func() (bool, string) {
+			st := e.stats(t)
+			return st.Active == 1, fmt.Sprintf("%+v", st)
+		})
 		deadline := time.Now().Add(1500 * time.Millisecond)
 		if err := e.client.Drain(ctxT(t), deadline); err != nil {
 			t.Fatal(err)
