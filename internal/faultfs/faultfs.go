@@ -29,7 +29,6 @@ import (
 
 // FS is one mount: its faults apply to every file opened under it.
 type FS struct {
-	dir    string
 	server *fuse.Server
 
 	mu    sync.Mutex
@@ -37,7 +36,7 @@ type FS struct {
 	share float64       // the share of operations that fail, 0..1
 	delay time.Duration // how long each operation waits first
 	rng   *rand.Rand
-	// Failed and Delayed count what the faults did, for a test to see.
+	// failed and delayed count what the faults did (Counts).
 	failed, delayed int
 }
 
@@ -53,7 +52,7 @@ func Mount(t testing.TB, backing, dir string) *FS {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		t.Fatal(err)
 	}
-	f := &FS{dir: dir, rng: rand.New(rand.NewPCG(uint64(st.Ino), uint64(time.Now().UnixNano())))}
+	f := &FS{rng: rand.New(rand.NewPCG(uint64(st.Ino), uint64(time.Now().UnixNano())))}
 	root := &fs.LoopbackRoot{Path: backing, Dev: uint64(st.Dev)}
 	root.NewNode = func(r *fs.LoopbackRoot, parent *fs.Inode, name string, st *syscall.Stat_t) fs.InodeEmbedder {
 		return &node{LoopbackNode: fs.LoopbackNode{RootData: r}, fs: f}
@@ -160,9 +159,6 @@ func (f *FS) Counts() (failed, delayed int) {
 	defer f.mu.Unlock()
 	return f.failed, f.delayed
 }
-
-// String names the mount.
-func (f *FS) String() string { return fmt.Sprintf("faultfs on %s", f.dir) }
 
 // fault is what the next operation meets: a wait, then an error or not.
 func (f *FS) fault(ctx context.Context) syscall.Errno {
