@@ -25,6 +25,7 @@ import (
 	"github.com/kibotos/kibotos/api"
 	"github.com/kibotos/kibotos/datadir"
 	"github.com/kibotos/kibotos/fsm"
+	"github.com/kibotos/kibotos/internal/ctxsleep"
 	"github.com/kibotos/kibotos/trust"
 )
 
@@ -236,17 +237,20 @@ func Join(ctx context.Context, o JoinOptions) (*datadir.Identity, error) {
 	}
 	body, _ := json.Marshal(api.JoinRequest{Token: o.Grant, Advertise: o.Advertise,
 		MemberKey: trust.PublicKeyPEM(&memberKey.PublicKey), AdminKey: trust.PublicKeyPEM(&adminKey.PublicKey)})
-	jr, err := postJoin(ctx, o.Member, tok.CA, trust.Want{Kind: trust.KindMember}, body)
-	var ctrl misdirected
-	if errors.As(err, &ctrl) {
-		// A node-only member sends the joining host to ctrl.
-		for _, addr := range ctrl {
-			jr, err = postJoin(ctx, addr, tok.CA, trust.Want{Kind: trust.KindMember, Role: trust.RoleCtrl}, body)
-			if api.CodeOf(err) != api.CodeUnavailable {
-				break
+	jr, err := retryUnavailable(ctx, func() (api.JoinResponse, error) {
+		jr, err := postJoin(ctx, o.Member, tok.CA, trust.Want{Kind: trust.KindMember}, body)
+		var ctrl misdirected
+		if errors.As(err, &ctrl) {
+			// A node-only member sends the joining host to ctrl.
+			for _, addr := range ctrl {
+				jr, err = postJoin(ctx, addr, tok.CA, trust.Want{Kind: trust.KindMember, Role: trust.RoleCtrl}, body)
+				if api.CodeOf(err) != api.CodeUnavailable {
+					break
+				}
 			}
 		}
-	}
+		return jr, err
+	})
 	if err != nil {
 		return nil, err
 	}
@@ -287,6 +291,41 @@ func Join(ctx context.Context, o JoinOptions) (*datadir.Identity, error) {
 	return id, nil
 }
 
+// How long a join is sent again while ctrl answers that it cannot decide
+// now (no leader, or the leader changed while the admission was in
+// flight), and the longest wait between two tries.
+const (
+	joinRetryFor  = 30 * time.Second
+	joinRetryWait = 2 * time.Second
+)
+
+// retryUnavailable sends a join again while ctrl answers "unavailable",
+// for joinRetryFor. The same request is sent each time, and ctrl replays
+// an admission it recorded for it: a retry never admits a host twice nor
+// spends the grant. A member not reached at all is not retried: a wrong
+// address fails at once.
+func retryUnavailable(ctx context.Context, send func() (api.JoinResponse, error)) (api.JoinResponse, error) {
+	give := time.Now().Add(joinRetryFor)
+	wait := 250 * time.Millisecond
+	for {
+		jr, err := send()
+		var unreached unreachable
+		if api.CodeOf(err) != api.CodeUnavailable || errors.As(err, &unreached) || time.Now().Add(wait).After(give) {
+			return jr, err
+		}
+		if ctxsleep.Sleep(ctx, wait) != nil {
+			return jr, err
+		}
+		wait = min(2*wait, joinRetryWait)
+	}
+}
+
+// unreachable is a join that reached no member.
+type unreachable struct{ err error }
+
+func (u unreachable) Error() string { return u.err.Error() }
+func (u unreachable) Unwrap() error { return u.err }
+
 // misdirected is the ctrl members a node-only member named instead of
 // answering a join.
 type misdirected []string
@@ -306,7 +345,7 @@ func postJoin(ctx context.Context, addr, caFingerprint string, want trust.Want, 
 	req.Header.Set("Content-Type", "application/json")
 	resp, err := client.Do(req)
 	if err != nil {
-		return api.JoinResponse{}, api.Errorf(api.CodeUnavailable, "join through member %s: %v; check the address and that the member is serving", addr, err)
+		return api.JoinResponse{}, unreachable{api.Errorf(api.CodeUnavailable, "join through member %s: %v; check the address and that the member is serving", addr, err)}
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode == http.StatusMisdirectedRequest && resp.Header.Get(api.HdrCtrl) != "" {

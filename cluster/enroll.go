@@ -171,14 +171,25 @@ func (s *Server) handleJoin(r *http.Request, req api.JoinRequest) response {
 	}
 	// The grant is checked against the local state before anything is
 	// signed or proposed: a guessed or replayed grant costs one lookup.
+	// One used from this join's address goes on: the admission is a
+	// command of the joining host's keys, which ctrl replays to the host
+	// that sends the same join again (its answer was lost with a leader)
+	// and refuses to any other.
 	hash := secretHash(tok.Secret)
-	if err := s.fsm.View(func(tx *bolt.Tx) error { return fsm.CheckGrant(tx, tok.NodeID, hash, time.Now()) }); err != nil {
+	if err := s.fsm.View(func(tx *bolt.Tx) error {
+		if err := fsm.CheckGrant(tx, tok.NodeID, hash, time.Now()); err != nil && !fsm.GrantUsedBy(tx, tok.NodeID, hash, req.Advertise) {
+			return err
+		}
+		return nil
+	}); err != nil {
 		return fail(err)
 	}
 	if err := s.checkAdvertiseHost(tok.NodeID, host); err != nil {
 		return fail(err)
 	}
-	res, err := s.ApplyOp(r.Context(), fsm.OpEnrollmentConsume, fsm.ConsumeArgs{NodeID: tok.NodeID, SecretHash: hash, Address: req.Advertise})
+	args, _ := json.Marshal(fsm.ConsumeArgs{NodeID: tok.NodeID, SecretHash: hash, Address: req.Advertise})
+	res, err := s.Apply(r.Context(), fsm.Entry{Op: fsm.OpEnrollmentConsume, Args: args, Actor: "member:" + s.id.NodeID,
+		CommandID: joinCommandID(tok.NodeID, req.MemberKey, req.AdminKey)})
 	if err != nil {
 		return fail(err)
 	}
@@ -224,6 +235,13 @@ func (s *Server) handleJoin(r *http.Request, req api.JoinRequest) response {
 	}
 	s.log.Info("node joined", "joined_node_id", n.NodeID, "roles", n.Roles, "address", req.Advertise)
 	return answer(out)
+}
+
+// joinCommandID names the admission of one joining host: the node and
+// the keys it made for this join, which only it holds.
+func joinCommandID(nodeID, memberKey, adminKey string) string {
+	sum := sha256.Sum256([]byte(memberKey + "\x00" + adminKey))
+	return "join/" + nodeID + "/" + hex.EncodeToString(sum[:16])
 }
 
 // handleAddVoter adds an admitted ctrl member to the Raft group when it

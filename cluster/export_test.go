@@ -1,5 +1,13 @@
 package cluster
 
+import (
+	"context"
+	"encoding/json"
+
+	"github.com/kibotos/kibotos/api"
+	"github.com/kibotos/kibotos/trust"
+)
+
 // OpenLogStore opens a stopped member's Raft log for tests.
 var OpenLogStore = openLogStore
 
@@ -27,3 +35,20 @@ func (s *Server) RouteRules() []RouteRule {
 	}
 	return out
 }
+
+// PostJoin sends one join request through the member at addr, as Join
+// does: the same keys give the same request.
+func PostJoin(ctx context.Context, addr, grant, advertise, memberKey, adminKey string) (api.JoinResponse, error) {
+	tok, err := parseGrantToken(grant)
+	if err != nil {
+		return api.JoinResponse{}, err
+	}
+	body, _ := json.Marshal(api.JoinRequest{Token: grant, Advertise: advertise, MemberKey: memberKey, AdminKey: adminKey})
+	return postJoin(ctx, addr, tok.CA, trust.Want{Kind: trust.KindMember}, body)
+}
+
+// RetryUnavailable is Join's retry of a join ctrl could not decide.
+var RetryUnavailable = retryUnavailable
+
+// Unreachable marks err as a join that reached no member.
+func Unreachable(err error) error { return unreachable{err} }

@@ -130,6 +130,16 @@ func CheckGrant(tx *bolt.Tx, nodeID, secretHash string, now time.Time) error {
 	return err
 }
 
+// GrantUsedBy says nodeID's grant with secretHash was used by a host
+// advertising address. A join whose answer was lost (its leader changed
+// after the admission committed) is sent again; its own admission is then
+// replayed (handleJoin).
+func GrantUsedBy(tx *bolt.Tx, nodeID, secretHash, address string) bool {
+	g, err := getRecord[grantRecord](tx, bucketGrants, []byte(nodeID))
+	return err == nil && g != nil && g.State == api.GrantUsed && g.UsedBy == address &&
+		subtle.ConstantTimeCompare([]byte(g.SecretHash), []byte(secretHash)) == 1
+}
+
 func checkGrant(tx *bolt.Tx, nodeID, secretHash string, now time.Time) (*grantRecord, *api.Node, error) {
 	g, err := getRecord[grantRecord](tx, bucketGrants, []byte(nodeID))
 	if err != nil {
