@@ -1,7 +1,6 @@
 package dataplane
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -76,7 +75,6 @@ type guestLink struct {
 	client  guestSession
 	closed  bool
 	backoff time.Duration
-	attempt time.Duration // the next dial's time limit; 0: firstAttempt
 	lastErr error
 	lastTry time.Time
 
@@ -96,13 +94,15 @@ const (
 	maxRedial = 2 * time.Second
 )
 
-// How long one dial may wait for the guest's answer. A hello can be lost
-// without trace: a guest agent that closes its port (it does so while no
-// host is connected, e.g. right after a restore) drops what the port had
-// buffered. Waiting the whole of a connection's budget on one attempt
-// then fails the exec; a new connection is answered, so the first
-// attempt is short, and the limit doubles up to lastAttempt for a guest
-// that is merely slow (a restored TCG guest answers in 0.1-0.5 s here).
+// How long a dial waits for the answer to a hello before it sends another
+// on the same connection. A hello can be lost without trace: a guest
+// agent that closes its port (it does so while no host is connected,
+// e.g. right after a boot or a restore) drops what the port had
+// buffered, so the first wait is short; it doubles up to lastAttempt for
+// a guest that is merely slow (a restored TCG guest answers in 0.1-0.5 s
+// here). The connection is kept: the guest may see a closed one's end
+// only after the next one's hello and end the session it began on it
+// (guestproto.DialOptions.Resend), which failed an exec after 25 s.
 const (
 	firstAttempt = time.Second
 	lastAttempt  = 5 * time.Second
@@ -190,17 +190,15 @@ func (l *guestLink) session(ctx context.Context) (guestSession, error) {
 			}
 		}
 		l.lastTry = time.Now()
-		limit := cmp.Or(l.attempt, firstAttempt)
-		c, err := l.dial(ctx, limit)
+		c, err := l.dial(ctx)
 		if err == nil {
 			l.setClient(c)
-			l.backoff, l.attempt, l.lastErr = 0, 0, nil
+			l.backoff, l.lastErr = 0, nil
 			return c, nil
 		}
 		l.lastErr = err
 		l.backoff = min(max(2*l.backoff, minRedial), maxRedial)
-		l.attempt = min(2*limit, lastAttempt)
-		l.log.Info("guest session dial failed", "instance", l.instanceID, "err", err, "limit", limit, "redial_in", l.backoff)
+		l.log.Info("guest session dial failed", "instance", l.instanceID, "err", err, "redial_in", l.backoff)
 		if ctx.Err() != nil {
 			return nil, l.unreachable(ctx)
 		}
@@ -244,11 +242,13 @@ func (l *guestLink) unreachable(ctx context.Context) error {
 // (it drained and exited), or that lets go of the socket, is not asked
 // again: a draining lender never takes the socket back. A lender that is
 // busy (it may need the socket but has no session this moment) is asked
-// again, and the socket left to it.
-func (l *guestLink) dial(ctx context.Context, limit time.Duration) (guestSession, error) {
-	// One attempt never takes all of ctx: a socket whose other client has
-	// not let go yet, or a hello that was lost, is retried.
-	actx, cancel := context.WithTimeout(ctx, limit)
+// again, and the socket left to it. The connection to the socket waits
+// for the guest's answer until ctx ends, sending its hello again: one
+// whose other client has not let go yet is served once that one has.
+func (l *guestLink) dial(ctx context.Context) (guestSession, error) {
+	// A busy lender is asked for one attempt's time, then the link backs
+	// off and asks again.
+	actx, cancel := context.WithTimeout(ctx, firstAttempt)
 	defer cancel()
 	for l.lender != nil {
 		ls, err := l.lender.borrow(actx, l.instanceID)
@@ -265,11 +265,11 @@ func (l *guestLink) dial(ctx context.Context, limit time.Duration) (guestSession
 		}
 	}
 	var d net.Dialer
-	conn, err := d.DialContext(actx, "unix", l.socket)
+	conn, err := d.DialContext(ctx, "unix", l.socket)
 	if err != nil {
 		return nil, err
 	}
-	c, err := guestproto.Dial(actx, conn)
+	c, err := guestproto.DialWith(ctx, conn, guestproto.DialOptions{Resend: firstAttempt, ResendMax: lastAttempt})
 	if err != nil {
 		return nil, err
 	}

@@ -36,6 +36,16 @@ type DialOptions struct {
 	// PingTimeout is how long a keepalive ping (or a write) may go
 	// unanswered before the session ends; zero means yamux's 10s.
 	PingTimeout time.Duration
+	// Resend, when not zero, sends a fresh hello on the same connection
+	// each time this long passes without an answer to the last one,
+	// doubling up to ResendMax; only the answer to the last one sent is
+	// taken. A guest agent that closes its port while no host is
+	// connected drops a hello that arrived meanwhile, and the next one
+	// reaches it. A new connection would too, but the guest may learn of
+	// the old one's end only after the new one's hello (virtio-serial
+	// reports a disconnect on another queue than the data) and end the
+	// session it just began, which the host then holds alone.
+	Resend, ResendMax time.Duration
 }
 
 // Client is the node's side of one guest agent session.
@@ -79,7 +89,16 @@ func DialWith(ctx context.Context, conn io.ReadWriteCloser, opts DialOptions) (*
 		if _, err := conn.Write(hello.Marshal()); err != nil {
 			return GuestInfo{}, fmt.Errorf("guestproto: send hello: %w", err)
 		}
-		info, _, err := ReadInfo(br, hello.NonceString())
+		hs := &helloSender{conn: conn, min: opts.MinProtocol, max: opts.MaxProtocol, latest: hello.NonceString()}
+		if opts.Resend > 0 {
+			done := make(chan struct{})
+			var resends sync.WaitGroup
+			resends.Go(func() { hs.resend(done, opts.Resend, max(opts.ResendMax, opts.Resend)) })
+			// Nothing is sent after the answer: the session's bytes follow it.
+			defer resends.Wait()
+			defer close(done)
+		}
+		info, _, err := readInfoFor(br, hs.accept)
 		if err != nil {
 			return info, fmt.Errorf("guestproto: read guest info: %w", err)
 		}
@@ -121,6 +140,62 @@ func DialWith(ctx context.Context, conn io.ReadWriteCloser, opts DialOptions) (*
 	c := &Client{sess: sess, info: info, keepAliveDone: make(chan struct{})}
 	go c.keepAlive(opts.KeepAlive)
 	return c, nil
+}
+
+// helloSender sends the hellos of one handshake and takes the answer to
+// the last one.
+type helloSender struct {
+	conn     io.Writer
+	min, max int
+
+	mu       sync.Mutex // held across a send, so no hello follows the answer taken
+	latest   string     // the nonce of the last hello sent
+	answered bool
+}
+
+// accept takes the answer to the last hello sent.
+func (h *helloSender) accept(nonce string) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if nonce != h.latest {
+		return false // an earlier hello's: the guest answers the last one too
+	}
+	h.answered = true
+	return true
+}
+
+// resend sends a fresh hello every interval, doubling up to most, until
+// done is closed or one was answered. A failed send ends it: the reader
+// fails on the connection too.
+func (h *helloSender) resend(done <-chan struct{}, every, most time.Duration) {
+	t := time.NewTimer(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-done:
+			return
+		case <-t.C:
+		}
+		hello, err := NewHello(h.min, h.max)
+		if err != nil {
+			return
+		}
+		h.mu.Lock()
+		if h.answered {
+			h.mu.Unlock()
+			return
+		}
+		_, err = h.conn.Write(hello.Marshal())
+		if err == nil {
+			h.latest = hello.NonceString()
+		}
+		h.mu.Unlock()
+		if err != nil {
+			return
+		}
+		every = min(2*every, most)
+		t.Reset(every)
+	}
 }
 
 // keepAlive pings the guest every interval and ends the session when a

@@ -185,6 +185,11 @@ func MarshalInfo(info GuestInfo) ([]byte, error) {
 // garbage and replies to other hellos. br must have at least
 // HandshakeBufferSize bytes of buffer.
 func ReadInfo(br *bufio.Reader, nonce string) (GuestInfo, int, error) {
+	return readInfoFor(br, func(n string) bool { return n == nonce })
+}
+
+// readInfoFor is ReadInfo for the reply whose nonce accept takes.
+func readInfoFor(br *bufio.Reader, accept func(nonce string) bool) (GuestInfo, int, error) {
 	skipped := 0
 	for {
 		n, err := skipTo(br, infoMagic)
@@ -202,7 +207,7 @@ func ReadInfo(br *bufio.Reader, nonce string) (GuestInfo, int, error) {
 			continue
 		}
 		br.Discard(size)
-		if info.Nonce != nonce {
+		if !accept(info.Nonce) {
 			skipped += size // a reply to an earlier hello
 			continue
 		}

@@ -158,3 +158,50 @@ func FuzzReadInfo(f *testing.F) {
 		ReadInfo(bufio.NewReaderSize(bytes.NewReader(b), HandshakeBufferSize), "n")
 	})
 }
+
+// With Resend, an unanswered hello is followed by another on the same
+// connection, and only the answer to the last one sent is taken: the
+// guest answers every hello it reads, each answer ending the session the
+// one before began.
+func TestDialResendsOnTheSameConnection(t *testing.T) {
+	host, guest := net.Pipe()
+	defer guest.Close()
+	hellos := make(chan string, 2)
+	go func() {
+		br := bufio.NewReaderSize(guest, HandshakeBufferSize)
+		first, _, err := ReadHello(br) // lost: the guest's port dropped it
+		if err != nil {
+			return
+		}
+		hellos <- first.NonceString()
+		second, _, err := ReadHello(br)
+		if err != nil {
+			return
+		}
+		hellos <- second.NonceString()
+		// The first one reaches the guest late after all: both are
+		// answered, in order.
+		for _, h := range []Hello{first, second} {
+			b, _ := MarshalInfo(GuestInfo{Nonce: h.NonceString(), Protocol: 1, MinProtocol: 1, MaxProtocol: 1, BootID: "b"})
+			if _, err := guest.Write(b); err != nil {
+				return
+			}
+		}
+		io.Copy(io.Discard, guest) // let the client's yamux run
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	start := time.Now()
+	c, err := DialWith(ctx, host, DialOptions{Resend: 50 * time.Millisecond, ResendMax: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	first, second := <-hellos, <-hellos
+	if first == second || c.Info().Nonce != second {
+		t.Fatalf("took the answer to hello %s; sent %s, then %s: want the last", c.Info().Nonce, first, second)
+	}
+	if took := time.Since(start); took < 50*time.Millisecond {
+		t.Errorf("the second hello went after %v, want the Resend interval", took)
+	}
+}
