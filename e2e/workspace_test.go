@@ -427,6 +427,10 @@ func (d *wsDev) down() {
 			for _, log := range clusterlab.UnitLogs(datadir.Dir(d.dir)) {
 				t.Logf("---- last lines of %s ----\n%s", filepath.Base(log), clusterlab.Tail(log, 40))
 			}
+			// The guest agents' side of a failed call.
+			for _, log := range clusterlab.RecentConsoleLogs(datadir.Dir(d.dir), 4) {
+				t.Logf("---- last lines of the console of %s ----\n%s", filepath.Base(filepath.Dir(log)), clusterlab.Tail(log, 30))
+			}
 		}
 	}
 	if _, err := os.Stat(d.dir); err == nil {

@@ -282,6 +282,21 @@ func DumpHostLogs(t *testing.T, h *Host) {
 	}
 }
 
+// RecentConsoleLogs are the guest console logs (the guest agent's log among
+// them) of the n machines that ended last on a member.
+func RecentConsoleLogs(d datadir.Dir, n int) []string {
+	logs, _ := filepath.Glob(filepath.Join(d.StorageRoot(), "machine-logs", "*", "console.log"))
+	mtime := func(p string) time.Time {
+		st, err := os.Stat(p)
+		if err != nil {
+			return time.Time{}
+		}
+		return st.ModTime()
+	}
+	sort.Slice(logs, func(i, j int) bool { return mtime(logs[i]).After(mtime(logs[j])) })
+	return logs[:min(n, len(logs))]
+}
+
 // UnitLogs are the logs of a member's data-plane and egress processes:
 // their units' files, since the private systemd has no journal.
 func UnitLogs(d datadir.Dir) []string {
