@@ -50,6 +50,11 @@ type JoinRequest struct {
 	Advertise string `json:"advertise"`
 	MemberKey string `json:"member_public_key"` // PEM
 	AdminKey  string `json:"admin_public_key"`  // PEM
+	// JoinSecret is drawn by the joining host for this join (64 hex
+	// digits) and known to it alone: the same join sent again with it,
+	// after its answer was lost, is answered with the admission it made.
+	// Without it (older builds) a used grant is refused.
+	JoinSecret string `json:"join_secret,omitempty"`
 }
 
 // JoinResponse hands the new member everything it needs to serve.

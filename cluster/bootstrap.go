@@ -235,8 +235,15 @@ func Join(ctx context.Context, o JoinOptions) (*datadir.Identity, error) {
 	if err != nil {
 		return nil, err
 	}
+	// The join's own secret: ctrl answers a retry of this request, and
+	// no other, with the admission it made.
+	secret := make([]byte, 32)
+	if _, err := rand.Read(secret); err != nil {
+		return nil, err
+	}
 	body, _ := json.Marshal(api.JoinRequest{Token: o.Grant, Advertise: o.Advertise,
-		MemberKey: trust.PublicKeyPEM(&memberKey.PublicKey), AdminKey: trust.PublicKeyPEM(&adminKey.PublicKey)})
+		MemberKey: trust.PublicKeyPEM(&memberKey.PublicKey), AdminKey: trust.PublicKeyPEM(&adminKey.PublicKey),
+		JoinSecret: hex.EncodeToString(secret)})
 	jr, err := retryUnavailable(ctx, func() (api.JoinResponse, error) {
 		jr, err := postJoin(ctx, o.Member, tok.CA, trust.Want{Kind: trust.KindMember}, body)
 		var ctrl misdirected

@@ -169,15 +169,24 @@ func (s *Server) handleJoin(r *http.Request, req api.JoinRequest) response {
 	if err1 != nil || err2 != nil {
 		return fail(api.Errorf(api.CodeInvalidArgument, "join of node %s: public keys are not valid ECDSA PEM keys", tok.NodeID))
 	}
+	// The admission is a command named by the join's secret, which ctrl
+	// replays to the host that sends the same join again (its answer was
+	// lost with a leader) and to no one else: the secret is the joining
+	// host's alone, and only its digest is stored.
+	var command string
+	if req.JoinSecret != "" {
+		if b, err := hex.DecodeString(req.JoinSecret); err != nil || len(b) != 32 {
+			return fail(api.Errorf(api.CodeInvalidArgument, "join of node %s: join_secret must be 64 hexadecimal digits", tok.NodeID))
+		}
+		command = joinCommandID(tok.NodeID, req.JoinSecret, req.MemberKey, req.AdminKey)
+	}
 	// The grant is checked against the local state before anything is
 	// signed or proposed: a guessed or replayed grant costs one lookup.
-	// One used from this join's address goes on: the admission is a
-	// command of the joining host's keys, which ctrl replays to the host
-	// that sends the same join again (its answer was lost with a leader)
-	// and refuses to any other.
+	// One used from this join's address goes on when the join carries a
+	// secret: the FSM replays its admission or refuses it.
 	hash := secretHash(tok.Secret)
 	if err := s.fsm.View(func(tx *bolt.Tx) error {
-		if err := fsm.CheckGrant(tx, tok.NodeID, hash, time.Now()); err != nil && !fsm.GrantUsedBy(tx, tok.NodeID, hash, req.Advertise) {
+		if err := fsm.CheckGrant(tx, tok.NodeID, hash, time.Now()); err != nil && (command == "" || !fsm.GrantUsedBy(tx, tok.NodeID, hash, req.Advertise)) {
 			return err
 		}
 		return nil
@@ -188,8 +197,7 @@ func (s *Server) handleJoin(r *http.Request, req api.JoinRequest) response {
 		return fail(err)
 	}
 	args, _ := json.Marshal(fsm.ConsumeArgs{NodeID: tok.NodeID, SecretHash: hash, Address: req.Advertise})
-	res, err := s.Apply(r.Context(), fsm.Entry{Op: fsm.OpEnrollmentConsume, Args: args, Actor: "member:" + s.id.NodeID,
-		CommandID: joinCommandID(tok.NodeID, req.MemberKey, req.AdminKey)})
+	res, err := s.Apply(r.Context(), fsm.Entry{Op: fsm.OpEnrollmentConsume, Args: args, Actor: "member:" + s.id.NodeID, CommandID: command})
 	if err != nil {
 		return fail(err)
 	}
@@ -237,11 +245,12 @@ func (s *Server) handleJoin(r *http.Request, req api.JoinRequest) response {
 	return answer(out)
 }
 
-// joinCommandID names the admission of one joining host: the node and
-// the keys it made for this join, which only it holds.
-func joinCommandID(nodeID, memberKey, adminKey string) string {
-	sum := sha256.Sum256([]byte(memberKey + "\x00" + adminKey))
-	return "join/" + nodeID + "/" + hex.EncodeToString(sum[:16])
+// joinCommandID names the admission of one join: the node, the secret the
+// joining host drew and the keys it made. Only the digest goes to the
+// Raft log; the keys are in it so a replay certifies the same ones.
+func joinCommandID(nodeID, joinSecret, memberKey, adminKey string) string {
+	sum := sha256.Sum256([]byte(joinSecret + "\x00" + memberKey + "\x00" + adminKey))
+	return "join/" + nodeID + "/" + hex.EncodeToString(sum[:])
 }
 
 // handleAddVoter adds an admitted ctrl member to the Raft group when it

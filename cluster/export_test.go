@@ -37,13 +37,13 @@ func (s *Server) RouteRules() []RouteRule {
 }
 
 // PostJoin sends one join request through the member at addr, as Join
-// does: the same keys give the same request.
-func PostJoin(ctx context.Context, addr, grant, advertise, memberKey, adminKey string) (api.JoinResponse, error) {
+// does: the same keys and secret give the same request.
+func PostJoin(ctx context.Context, addr, grant, advertise, memberKey, adminKey, joinSecret string) (api.JoinResponse, error) {
 	tok, err := parseGrantToken(grant)
 	if err != nil {
 		return api.JoinResponse{}, err
 	}
-	body, _ := json.Marshal(api.JoinRequest{Token: grant, Advertise: advertise, MemberKey: memberKey, AdminKey: adminKey})
+	body, _ := json.Marshal(api.JoinRequest{Token: grant, Advertise: advertise, MemberKey: memberKey, AdminKey: adminKey, JoinSecret: joinSecret})
 	return postJoin(ctx, addr, tok.CA, trust.Want{Kind: trust.KindMember}, body)
 }
 

@@ -6,6 +6,7 @@ import (
 	"crypto/x509"
 	"encoding/pem"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -17,8 +18,9 @@ import (
 
 // A join sent again after its answer was lost (ctrl's leader changed while
 // the admission was in flight, which commits it or not) is answered with
-// the admission it made, once: the grant is not spent on the retry. Any
-// other host with that grant is refused, and from another address without
+// the admission it made, once: the grant is not spent on the retry. The
+// join's secret is what makes it the same join: anyone else with the grant
+// and the host's public keys is refused, and from another address without
 // a word to the Raft log.
 func TestJoinSentAgainIsAnsweredWithItsAdmission(t *testing.T) {
 	t.Parallel()
@@ -39,11 +41,12 @@ func TestJoinSentAgainIsAnsweredWithItsAdmission(t *testing.T) {
 	}
 	key, member, admin := keys()
 	advertise := clustertest.FreeAddr(t)
-	first, err := cluster.PostJoin(ctx, m.Addr, grant, advertise, member, admin)
+	secret, other := strings.Repeat("ab", 32), strings.Repeat("cd", 32)
+	first, err := cluster.PostJoin(ctx, m.Addr, grant, advertise, member, admin, secret)
 	if err != nil {
 		t.Fatalf("join: %v", err)
 	}
-	again, err := cluster.PostJoin(ctx, m.Addr, grant, advertise, member, admin)
+	again, err := cluster.PostJoin(ctx, m.Addr, grant, advertise, member, admin, secret)
 	if err != nil {
 		t.Fatalf("the same join sent again: %v; want its admission", err)
 	}
@@ -80,17 +83,27 @@ func TestJoinSentAgainIsAnsweredWithItsAdmission(t *testing.T) {
 		t.Fatalf("node-x admitted %d times in %+v; want once", admitted, nodes.Nodes)
 	}
 
-	// Another host: its own keys, from the same address or another.
+	// Anyone else: its own keys, or the host's public keys without its
+	// secret, from the same address or another.
 	_, member2, admin2 := keys()
-	if _, err := cluster.PostJoin(ctx, m.Addr, grant, advertise, member2, admin2); api.CodeOf(err) != api.CodeFailedPrecondition {
-		t.Fatalf("another host's join with the used grant from the same address: %v; want failed_precondition (used)", err)
+	for _, j := range []struct{ name, member, admin, secret string }{
+		{"another host's keys and secret", member2, admin2, other},
+		{"the host's keys, another secret", member, admin, other},
+		{"the host's keys, no secret", member, admin, ""},
+	} {
+		if _, err := cluster.PostJoin(ctx, m.Addr, grant, advertise, j.member, j.admin, j.secret); api.CodeOf(err) != api.CodeFailedPrecondition {
+			t.Fatalf("a join with the used grant from the same address, %s: %v; want failed_precondition (used)", j.name, err)
+		}
 	}
 	before := m.Server.Raft().LastIndex()
-	if _, err := cluster.PostJoin(ctx, m.Addr, grant, clustertest.FreeAddr(t), member, admin); api.CodeOf(err) != api.CodeFailedPrecondition {
+	if _, err := cluster.PostJoin(ctx, m.Addr, grant, clustertest.FreeAddr(t), member, admin, secret); api.CodeOf(err) != api.CodeFailedPrecondition {
 		t.Fatalf("the used grant from another address: %v; want failed_precondition (used)", err)
 	}
 	if after := m.Server.Raft().LastIndex(); after != before {
 		t.Fatalf("the refused join appended %d Raft entries", after-before)
+	}
+	if _, err := cluster.PostJoin(ctx, m.Addr, c.Grant("node-y", []string{api.RoleNode}), clustertest.FreeAddr(t), member2, admin2, "short"); api.CodeOf(err) != api.CodeInvalidArgument {
+		t.Fatalf("a join secret that is not 64 hex digits: %v; want invalid_argument", err)
 	}
 }
 
