@@ -190,10 +190,12 @@ func (d *wsDev) testWarm(string) {
 	if got := strings.TrimSpace(d.must("workspace", "exec", booted, "--", "hostname").Stdout); got != booted {
 		t.Errorf("the Workspace booted instead of a killed warm guest has hostname %q", got)
 	}
-	awaitWarm("a new warm guest after the killed one", func(w api.WarmGuests) bool { return w.Ready == 1 && w.Starts == ready.Starts })
-	if left, _ := filepath.Glob(filepath.Join(instances, "warm-*")); len(left) != 1 || left[0] == filepath.Dir(records[0]) {
-		t.Errorf("warm guests' directories after the killed one was replaced: %v; want the new one's alone", left)
-	}
+	// The node's report of its warm guests lags: it may still count the
+	// killed one ready. Its directory going is what says it was ended.
+	awaitWarm("a new warm guest after the killed one, and its directory alone under "+instances, func(w api.WarmGuests) bool {
+		left, _ := filepath.Glob(filepath.Join(instances, "warm-*"))
+		return w.Ready == 1 && w.Starts == ready.Starts && len(left) == 1 && left[0] != filepath.Dir(records[0])
+	})
 	for _, id := range made {
 		d.must("workspace", "delete", id)
 	}
