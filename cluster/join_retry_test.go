@@ -3,8 +3,6 @@ package cluster_test
 import (
 	"context"
 	"crypto/ecdsa"
-	"crypto/x509"
-	"encoding/pem"
 	"errors"
 	"strings"
 	"testing"
@@ -57,13 +55,9 @@ func TestJoinSentAgainIsAnsweredWithItsAdmission(t *testing.T) {
 		name string
 		pem  string
 	}{{"first", first.MemberCert}, {"again", again.MemberCert}} {
-		b, _ := pem.Decode([]byte(jr.pem))
-		if b == nil {
-			t.Fatalf("%s answer has no member certificate", jr.name)
-		}
-		cert, err := x509.ParseCertificate(b.Bytes)
+		cert, err := trust.ParseCertPEM([]byte(jr.pem))
 		if err != nil {
-			t.Fatal(err)
+			t.Fatalf("%s answer's member certificate: %v", jr.name, err)
 		}
 		if !key.PublicKey.Equal(cert.PublicKey) {
 			t.Fatalf("%s member certificate is not for the joining host's key", jr.name)

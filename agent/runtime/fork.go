@@ -173,23 +173,14 @@ func RemoveLayer(layer, ws string) error {
 	// gone would leave its base behind for good. A base already gone, or
 	// a file that is no qcow2 image (nothing under it can be known),
 	// ends the chain.
-	var bases []string
-	for p := layer; ; {
-		backing, _, err := qcow2Header(p)
-		if errors.Is(err, os.ErrNotExist) || errors.Is(err, errNotQcow2) {
-			break
-		}
-		if err != nil {
-			return fmt.Errorf("remove writable layer %s: %w; try again", layer, err)
-		}
-		if !OverBase(backing) {
-			break
-		}
-		if len(bases) == 64 {
-			return fmt.Errorf("remove writable layer %s: more than 64 bases under it", layer)
-		}
-		p = filepath.Join(filepath.Dir(p), backing)
-		bases = append(bases, p)
+	bases, err := baseChain(layer, func(_ string, err error) bool {
+		return errors.Is(err, os.ErrNotExist) || errors.Is(err, errNotQcow2)
+	})
+	if errors.Is(err, errTooManyBases) {
+		return fmt.Errorf("remove writable layer %s: %w", layer, err)
+	}
+	if err != nil {
+		return fmt.Errorf("remove writable layer %s: %w; try again", layer, err)
 	}
 	if err := os.Remove(layer); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return fmt.Errorf("remove writable layer %s: %w", layer, err)
@@ -218,20 +209,34 @@ func OverBase(backing string) bool { return strings.HasPrefix(backing, baseRef("
 // LayerBases are the frozen bases under a layer, nearest first; none for
 // a layer over its template image or not made yet.
 func LayerBases(layer string) ([]string, error) {
+	bases, err := baseChain(layer, func(p string, err error) bool { return p == layer && errors.Is(err, os.ErrNotExist) })
+	if err != nil {
+		return nil, fmt.Errorf("layer %s: %w", layer, err)
+	}
+	return bases, nil
+}
+
+// errTooManyBases is a chain deeper than any fork makes.
+var errTooManyBases = errors.New("more than 64 bases under it")
+
+// baseChain reads the qcow2 headers from layer down and returns the frozen
+// bases under it, nearest first. A header error that ends says so for
+// ends the chain where it is; any other is returned.
+func baseChain(layer string, ends func(path string, err error) bool) ([]string, error) {
 	var out []string
 	for p := layer; ; {
 		backing, _, err := qcow2Header(p)
-		if errors.Is(err, os.ErrNotExist) && p == layer {
-			return nil, nil
-		}
 		if err != nil {
-			return nil, fmt.Errorf("layer %s: %w", layer, err)
+			if ends(p, err) {
+				return out, nil
+			}
+			return nil, err
 		}
 		if !OverBase(backing) {
 			return out, nil
 		}
 		if len(out) == 64 {
-			return nil, fmt.Errorf("layer %s: more than 64 bases under it", layer)
+			return nil, errTooManyBases
 		}
 		p = filepath.Join(filepath.Dir(p), backing)
 		out = append(out, p)

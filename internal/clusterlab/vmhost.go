@@ -286,14 +286,13 @@ func DumpHostLogs(t *testing.T, h *Host) {
 // them) of the n machines that ended last on a member.
 func RecentConsoleLogs(d datadir.Dir, n int) []string {
 	logs, _ := filepath.Glob(filepath.Join(d.StorageRoot(), "machine-logs", "*", "console.log"))
-	mtime := func(p string) time.Time {
-		st, err := os.Stat(p)
-		if err != nil {
-			return time.Time{}
+	mtime := map[string]time.Time{}
+	for _, p := range logs {
+		if st, err := os.Stat(p); err == nil {
+			mtime[p] = st.ModTime()
 		}
-		return st.ModTime()
 	}
-	sort.Slice(logs, func(i, j int) bool { return mtime(logs[i]).After(mtime(logs[j])) })
+	sort.Slice(logs, func(i, j int) bool { return mtime[logs[i]].After(mtime[logs[j]]) })
 	return logs[:min(n, len(logs))]
 }
 
