@@ -166,16 +166,16 @@ func overlay(ctx context.Context, node, base, path, ws string) error {
 
 // RemoveLayer removes Workspace ws's layer and, with it, its reference to
 // the base under it; a base left without references goes too, and so on
-// down. A missing layer is no error.
+// down. References in ws's name that nothing holds any more go as well
+// (dropStrayRefs). A missing layer is no error.
 func RemoveLayer(layer, ws string) error {
+	if strings.ContainsAny(ws, `/*?[\`) {
+		return fmt.Errorf("remove writable layer %s: workspace id %q is no file name", layer, ws)
+	}
 	// Every header first: the bases under the layer are known only from
 	// them, and one that could not be read once the layer above it was
-	// gone would leave its base behind for good. A base already gone, or
-	// a file that is no qcow2 image (nothing under it can be known),
-	// ends the chain.
-	bases, err := baseChain(layer, func(_ string, err error) bool {
-		return errors.Is(err, os.ErrNotExist) || errors.Is(err, errNotQcow2)
-	})
+	// gone would leave its base behind for good.
+	bases, err := baseChain(layer, chainEnds)
 	if errors.Is(err, errTooManyBases) {
 		return fmt.Errorf("remove writable layer %s: %w", layer, err)
 	}
@@ -185,18 +185,94 @@ func RemoveLayer(layer, ws string) error {
 	if err := os.Remove(layer); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return fmt.Errorf("remove writable layer %s: %w", layer, err)
 	}
-	for _, base := range bases {
+	if err := dropRef(bases, ws); err != nil {
+		return fmt.Errorf("remove writable layer %s: %w", layer, err)
+	}
+	if err := dropStrayRefs(filepath.Dir(filepath.Dir(layer)), ws); err != nil {
+		return fmt.Errorf("remove writable layer %s: %w", layer, err)
+	}
+	return nil
+}
+
+// chainEnds says which header errors end a chain that is being removed:
+// a base already gone, or a file that is no qcow2 image (nothing under it
+// can be known).
+func chainEnds(_ string, err error) bool {
+	return errors.Is(err, os.ErrNotExist) || errors.Is(err, errNotQcow2)
+}
+
+// dropRef drops ws's reference to chain[0], the base its layer or a base
+// frozen from it stood on. A base left without references goes, and
+// drops its own reference to chain[1] (in the name of the Workspace it
+// was frozen from), and so on down. A reference another base frozen from
+// the same Workspace still needs is kept (frozenOver).
+func dropRef(chain []string, ws string) error {
+	for _, base := range chain {
+		if held, err := frozenOver(base, ws); err != nil || held {
+			return err
+		}
 		if err := os.Remove(filepath.Join(base+".refs", ws)); err != nil && !errors.Is(err, os.ErrNotExist) {
 			return fmt.Errorf("drop the reference of %s to base %s: %w", ws, base, err)
 		}
-		if err := os.Remove(base + ".refs"); err != nil {
-			return nil // still referenced (not empty), or gone
+		if err := os.Remove(base + ".refs"); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return nil // still referenced
 		}
 		// The base was ws's layer when it was frozen: its reference to
 		// the base under it is in ws's name.
 		ws, _, _ = strings.Cut(filepath.Base(base), "@")
 		if err := os.Remove(base); err != nil && !errors.Is(err, os.ErrNotExist) {
 			return fmt.Errorf("remove unreferenced base %s: %w", base, err)
+		}
+	}
+	return nil
+}
+
+// frozenOver says whether a base frozen from Workspace ws's layer stands
+// on base, holding ws's reference to it. Normally a base frozen from ws
+// stands on the one frozen before it, which is gone once its reference is
+// dropped; but a freeze cut short (the layer linked to its base name, the
+// overlay never put in its place) leaves a second name of the layer, and
+// a later freeze of that layer a sibling over the same base.
+func frozenOver(base, ws string) (bool, error) {
+	dir := filepath.Dir(base)
+	frozen, err := filepath.Glob(filepath.Join(dir, ws+"@*.qcow2"))
+	if err != nil {
+		return false, err
+	}
+	for _, f := range frozen {
+		backing, _, err := qcow2Header(f)
+		if chainEnds(f, err) {
+			continue
+		}
+		if err != nil {
+			return false, fmt.Errorf("%w; try again", err)
+		}
+		if OverBase(backing) && filepath.Join(dir, filepath.Base(backing)) == base {
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
+// dropStrayRefs drops the references in Workspace ws's name that nothing
+// of ws holds once its layer is gone. A fork's reference to its base is
+// made before its layer, so a fork whose layer was never made over the
+// base (the creation failed, or its node died, and the fork booted afresh
+// over its template) leaves one; so does a freeze cut short, in the base
+// it left. Only a base frozen from ws still holds one (frozenOver).
+func dropStrayRefs(pool, ws string) error {
+	refs, err := filepath.Glob(filepath.Join(pool, baseDir, "*.qcow2.refs", ws))
+	if err != nil {
+		return err
+	}
+	for _, ref := range refs {
+		base := strings.TrimSuffix(filepath.Dir(ref), ".refs")
+		under, err := baseChain(base, chainEnds)
+		if err != nil {
+			return fmt.Errorf("%w; try again", err)
+		}
+		if err := dropRef(append([]string{base}, under...), ws); err != nil {
+			return err
 		}
 	}
 	return nil

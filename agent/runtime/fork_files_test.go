@@ -176,3 +176,85 @@ func TestRemoveLayerWhoseHeaderCannotBeRead(t *testing.T) {
 		t.Errorf("bases after the retry removed the last layer: %v", got)
 	}
 }
+
+// References that nothing holds go with their Workspace (the fault
+// harness's seed 37: two bases left after every Workspace was deleted).
+// A fork's reference to its base is made before its layer: one whose
+// layer was never made (the pool failed the write) boots afresh over its
+// template and keeps no base, yet its reference held the base for good.
+// A freeze cut short (the source's layer linked to its base name, the
+// node gone before the overlay took its place) leaves a base that is a
+// second name of the layer, and the next freeze a sibling of it over the
+// same base: the source's one reference there must last while either
+// stands.
+func TestStrayReferencesGoWithTheirWorkspace(t *testing.T) {
+	testenv.LookPath(t, "qemu-img", "qemu-utils")
+	ctx := context.Background()
+	pool := t.TempDir()
+	layer := func(ws string) string { return filepath.Join(pool, "layers", ws+".qcow2") }
+	base := func(name string) string { return filepath.Join(pool, "bases", name) }
+	snap := func(ws string) string { return filepath.Join(pool, "snapshots", ws) }
+	tpl := filepath.Join(t.TempDir(), "root.img")
+	qemuImgCreate(t, "-f", "raw", tpl, "16M")
+	os.MkdirAll(filepath.Join(pool, "layers"), 0o700)
+	qemuImgCreate(t, "-f", "qcow2", "-F", "raw", "-b", tpl, layer("src"))
+	paused := func(inst string) {
+		os.RemoveAll(snap("src"))
+		os.MkdirAll(snap("src"), 0o700)
+		os.WriteFile(filepath.Join(snap("src"), runtime.SnapshotStateFile), []byte("memory of "+inst), 0o600)
+		os.WriteFile(filepath.Join(snap("src"), runtime.SnapshotMetaFile), []byte(`{"instance_id":"`+inst+`"}`), 0o600)
+	}
+	fork := func(ws, inst, layer string) error {
+		return runtime.PrepareFork(ctx, "node-a", runtime.ForkFiles{Source: "src", Fork: ws, SourceInstance: inst,
+			SourceLayer: filepath.Join(pool, "layers", "src.qcow2"), SourceSnapshot: snap("src"), Layer: layer, Snapshot: snap(ws)})
+	}
+	remove := func(ws string) {
+		t.Helper()
+		if err := runtime.RemoveLayer(layer(ws), ws); err != nil {
+			t.Fatal(err)
+		}
+	}
+	refs := func(name string) string { return strings.Join(dirEntries(t, base(name)+".refs"), " ") }
+
+	// f1's layer cannot be made; it boots afresh over the template.
+	paused("i1")
+	if err := fork("f1", "i1", filepath.Join(pool, "unwritable", "f1.qcow2")); err == nil {
+		t.Fatal("a fork whose layer cannot be made: no error")
+	}
+	if got := refs("src@i1.qcow2"); got != "f1 src" {
+		t.Fatalf("references after the failed fork: %q", got)
+	}
+	if err := runtime.EnsureLayer(ctx, "node-a", layer("f1"), tpl); err != nil {
+		t.Fatal(err)
+	}
+	// Pause i2's freeze cut short by a crash; pause i3's forked to f3.
+	paused("i2")
+	os.MkdirAll(base("src@i2.qcow2.refs"), 0o700)
+	if err := os.Link(layer("src"), base("src@i2.qcow2")); err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(base("src@i2.qcow2.refs/src"), nil, 0o600)
+	paused("i3")
+	if err := fork("f3", "i3", layer("f3")); err != nil {
+		t.Fatal(err)
+	}
+
+	remove("src")
+	remove("f1")
+	b, err := runtime.LayerBases(layer("f3"))
+	if err != nil {
+		t.Fatalf("f3's bases after its source went: %v", err)
+	}
+	for _, p := range b {
+		if _, err := os.Stat(p); err != nil {
+			t.Errorf("a base f3 stands on is gone: %v", err)
+		}
+	}
+	if got := refs("src@i1.qcow2"); got != "src" {
+		t.Errorf("references to f3's lowest base: %q, want only src (held by src@i3)", got)
+	}
+	remove("f3")
+	if got := dirEntries(t, filepath.Join(pool, "bases")); len(got) != 0 {
+		t.Errorf("bases left after every layer went: %v", got)
+	}
+}
