@@ -21,25 +21,12 @@ import (
 // again chains a second base; deleting the source first leaves its
 // forks' bases, which go with the last layer over them.
 func TestForkFiles(t *testing.T) {
-	testenv.LookPath(t, "qemu-img", "qemu-utils")
-	ctx := context.Background()
-	pool := t.TempDir()
-	layer := func(ws string) string { return filepath.Join(pool, "layers", ws+".qcow2") }
-	snap := func(ws string) string { return filepath.Join(pool, "snapshots", ws) }
-	tpl := filepath.Join(t.TempDir(), "root.img")
-	img := func(args ...string) { qemuImgCreate(t, args...) }
-	img("-f", "raw", tpl, "16M")
-	os.MkdirAll(filepath.Join(pool, "layers"), 0o700)
-	img("-f", "qcow2", "-F", "raw", "-b", tpl, layer("src"))
-	paused := func(inst string) {
-		os.MkdirAll(snap("src"), 0o700)
-		os.WriteFile(filepath.Join(snap("src"), runtime.SnapshotStateFile), []byte("memory of "+inst), 0o600)
-		os.WriteFile(filepath.Join(snap("src"), runtime.SnapshotMetaFile), []byte(`{"instance_id":"`+inst+`"}`), 0o600)
-	}
+	p := newForkPool(t, t.TempDir())
+	pool, layer, snap := p.dir, p.layer, p.snap
+	paused := p.paused
 	forkOf := func(ws, inst string) {
 		t.Helper()
-		f := runtime.ForkFiles{Source: "src", Fork: ws, SourceInstance: inst, SourceLayer: layer("src"), SourceSnapshot: snap("src"), Layer: layer(ws), Snapshot: snap(ws)}
-		if err := runtime.PrepareFork(ctx, "node-a", f); err != nil {
+		if err := p.fork(ws, inst, layer(ws)); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -84,7 +71,6 @@ func TestForkFiles(t *testing.T) {
 	}
 
 	// Resumed, paused again, forked again: a second base over the first.
-	os.RemoveAll(snap("src"))
 	paused("i2")
 	forkOf("f3", "i2")
 	if got := chain("f3"); got != "src@i2.qcow2 src@i1.qcow2" {
@@ -121,6 +107,47 @@ func TestForkFiles(t *testing.T) {
 	}
 }
 
+// forkPool is a storage pool for the fork file tests: a template, and a
+// Workspace "src" whose layer is over it.
+type forkPool struct {
+	t        *testing.T
+	dir, tpl string
+}
+
+func newForkPool(t *testing.T, dir string) *forkPool {
+	testenv.LookPath(t, "qemu-img", "qemu-utils")
+	p := &forkPool{t: t, dir: dir, tpl: filepath.Join(t.TempDir(), "root.img")}
+	qemuImgCreate(t, "-f", "raw", p.tpl, "16M")
+	if err := os.MkdirAll(filepath.Join(dir, "layers"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	qemuImgCreate(t, "-f", "qcow2", "-F", "raw", "-b", p.tpl, p.layer("src"))
+	return p
+}
+
+func (p *forkPool) layer(ws string) string  { return filepath.Join(p.dir, "layers", ws+".qcow2") }
+func (p *forkPool) snap(ws string) string   { return filepath.Join(p.dir, "snapshots", ws) }
+func (p *forkPool) base(name string) string { return filepath.Join(p.dir, "bases", name) }
+
+// paused gives src the snapshot of a pause of Instance inst.
+func (p *forkPool) paused(inst string) {
+	p.t.Helper()
+	dir := p.snap("src")
+	os.RemoveAll(dir)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		p.t.Fatal(err)
+	}
+	os.WriteFile(filepath.Join(dir, runtime.SnapshotStateFile), []byte("memory of "+inst), 0o600)
+	os.WriteFile(filepath.Join(dir, runtime.SnapshotMetaFile), []byte(`{"instance_id":"`+inst+`"}`), 0o600)
+}
+
+// fork prepares the files of fork ws of src's pause inst, its layer at
+// layer.
+func (p *forkPool) fork(ws, inst, layer string) error {
+	return runtime.PrepareFork(context.Background(), "node-a", runtime.ForkFiles{Source: "src", Fork: ws, SourceInstance: inst,
+		SourceLayer: p.layer("src"), SourceSnapshot: p.snap("src"), Layer: layer, Snapshot: p.snap(ws)})
+}
+
 // qemuImgCreate runs qemu-img create quietly with args.
 func qemuImgCreate(t *testing.T, args ...string) {
 	t.Helper()
@@ -143,17 +170,10 @@ func TestRemoveLayerWhoseHeaderCannotBeRead(t *testing.T) {
 		t.Fatal(err)
 	}
 	disk := faultfs.Mount(t, filepath.Join(scratch, "disk"), pool)
-	layer := func(ws string) string { return filepath.Join(pool, "layers", ws+".qcow2") }
-	snap := func(ws string) string { return filepath.Join(pool, "snapshots", ws) }
-	tpl := filepath.Join(scratch, "root.img")
-	qemuImgCreate(t, "-f", "raw", tpl, "16M")
-	os.MkdirAll(filepath.Join(pool, "layers"), 0o700)
-	qemuImgCreate(t, "-f", "qcow2", "-F", "raw", "-b", tpl, layer("src"))
-	os.MkdirAll(snap("src"), 0o700)
-	os.WriteFile(filepath.Join(snap("src"), runtime.SnapshotStateFile), []byte("memory"), 0o600)
-	os.WriteFile(filepath.Join(snap("src"), runtime.SnapshotMetaFile), []byte(`{"instance_id":"i1"}`), 0o600)
-	f := runtime.ForkFiles{Source: "src", Fork: "f1", SourceInstance: "i1", SourceLayer: layer("src"), SourceSnapshot: snap("src"), Layer: layer("f1"), Snapshot: snap("f1")}
-	if err := runtime.PrepareFork(context.Background(), "node-a", f); err != nil {
+	p := newForkPool(t, pool)
+	layer := p.layer
+	p.paused("i1")
+	if err := p.fork("f1", "i1", layer("f1")); err != nil {
 		t.Fatal(err)
 	}
 	if err := runtime.RemoveLayer(layer("src"), "src"); err != nil {
@@ -188,26 +208,8 @@ func TestRemoveLayerWhoseHeaderCannotBeRead(t *testing.T) {
 // same base: the source's one reference there must last while either
 // stands.
 func TestStrayReferencesGoWithTheirWorkspace(t *testing.T) {
-	testenv.LookPath(t, "qemu-img", "qemu-utils")
-	ctx := context.Background()
-	pool := t.TempDir()
-	layer := func(ws string) string { return filepath.Join(pool, "layers", ws+".qcow2") }
-	base := func(name string) string { return filepath.Join(pool, "bases", name) }
-	snap := func(ws string) string { return filepath.Join(pool, "snapshots", ws) }
-	tpl := filepath.Join(t.TempDir(), "root.img")
-	qemuImgCreate(t, "-f", "raw", tpl, "16M")
-	os.MkdirAll(filepath.Join(pool, "layers"), 0o700)
-	qemuImgCreate(t, "-f", "qcow2", "-F", "raw", "-b", tpl, layer("src"))
-	paused := func(inst string) {
-		os.RemoveAll(snap("src"))
-		os.MkdirAll(snap("src"), 0o700)
-		os.WriteFile(filepath.Join(snap("src"), runtime.SnapshotStateFile), []byte("memory of "+inst), 0o600)
-		os.WriteFile(filepath.Join(snap("src"), runtime.SnapshotMetaFile), []byte(`{"instance_id":"`+inst+`"}`), 0o600)
-	}
-	fork := func(ws, inst, layer string) error {
-		return runtime.PrepareFork(ctx, "node-a", runtime.ForkFiles{Source: "src", Fork: ws, SourceInstance: inst,
-			SourceLayer: filepath.Join(pool, "layers", "src.qcow2"), SourceSnapshot: snap("src"), Layer: layer, Snapshot: snap(ws)})
-	}
+	p := newForkPool(t, t.TempDir())
+	layer, base, paused, fork := p.layer, p.base, p.paused, p.fork
 	remove := func(ws string) {
 		t.Helper()
 		if err := runtime.RemoveLayer(layer(ws), ws); err != nil {
@@ -218,13 +220,13 @@ func TestStrayReferencesGoWithTheirWorkspace(t *testing.T) {
 
 	// f1's layer cannot be made; it boots afresh over the template.
 	paused("i1")
-	if err := fork("f1", "i1", filepath.Join(pool, "unwritable", "f1.qcow2")); err == nil {
+	if err := fork("f1", "i1", filepath.Join(p.dir, "unwritable", "f1.qcow2")); err == nil {
 		t.Fatal("a fork whose layer cannot be made: no error")
 	}
 	if got := refs("src@i1.qcow2"); got != "f1 src" {
 		t.Fatalf("references after the failed fork: %q", got)
 	}
-	if err := runtime.EnsureLayer(ctx, "node-a", layer("f1"), tpl); err != nil {
+	if err := runtime.EnsureLayer(context.Background(), "node-a", layer("f1"), p.tpl); err != nil {
 		t.Fatal(err)
 	}
 	// Pause i2's freeze cut short by a crash; pause i3's forked to f3.
@@ -254,7 +256,7 @@ func TestStrayReferencesGoWithTheirWorkspace(t *testing.T) {
 		t.Errorf("references to f3's lowest base: %q, want only src (held by src@i3)", got)
 	}
 	remove("f3")
-	if got := dirEntries(t, filepath.Join(pool, "bases")); len(got) != 0 {
+	if got := dirEntries(t, filepath.Join(p.dir, "bases")); len(got) != 0 {
 		t.Errorf("bases left after every layer went: %v", got)
 	}
 }
