@@ -306,7 +306,7 @@ func (l *launch) launchUnit(ctx context.Context) error {
 	rec, c := l.rec, l.rec.Confinement
 	us := units.Spec{
 		Name:        rec.Unit,
-		Description: "kibotos VMM of instance " + l.in.id,
+		Description: vmmUnitDescription(l.in.id, rec.LaunchID),
 		Argv:        rec.Argv,
 		Environment: []string{vmmLogEnv + "=" + l.p.VMMLog},
 		// How the VMM ended goes into its log, which outlives the unit.

@@ -19,6 +19,9 @@ type verdict struct {
 	state State
 	err   string
 	gone  bool // the machine ended while no node watched
+	// completed: the record named no process, and takeover found its
+	// launch's (interruptedLaunch); adopt writes it.
+	completed bool
 }
 
 // takeover matches every launch record with the running units. Nothing is
@@ -79,15 +82,22 @@ func (rt *Runtime) inspect(ctx context.Context) (verdicts []verdict, noRecord []
 		u, present := byName[rec.Unit]
 		active := present && u.Active()
 		claimed[rec.Unit] = true
+		completed := false
+		if rec.Process == nil && rec.Stopped == nil && active {
+			proc, err := rt.interruptedLaunch(ctx, rec, u)
+			if err != nil {
+				problems = append(problems, fmt.Errorf("launch record %s was never completed, but unit %s runs (invocation %s, MainPID %d): %w; inspect it with systemctl show %s and stop only that unit",
+					path, rec.Unit, u.InvocationID, u.MainPID, err, rec.Unit))
+				continue
+			}
+			rec.Process, completed = proc, true
+		}
 		switch {
 		case rec.Stopped != nil && active:
 			problems = append(problems, fmt.Errorf("launch record %s says instance %s was stopped, but unit %s runs (invocation %s, MainPID %d): inspect it with systemctl show %s",
 				path, rec.InstanceID, rec.Unit, u.InvocationID, u.MainPID, rec.Unit))
 		case rec.Stopped != nil:
 			verdicts = append(verdicts, verdict{rec: rec, state: StateStopped})
-		case rec.Process == nil && active:
-			problems = append(problems, fmt.Errorf("launch record %s was never completed, but unit %s runs (invocation %s, MainPID %d): the node cannot tell it is this launch; inspect it with systemctl show %s and stop only that unit",
-				path, rec.Unit, u.InvocationID, u.MainPID, rec.Unit))
 		case rec.Process == nil:
 			verdicts = append(verdicts, verdict{rec: rec, state: StateFailed, err: "start interrupted before the VMM was recorded as running"})
 		case !active && ((present && u.Result == unitResultOOM) || oomKilled(rec.Process, pathsOf(filepath.Join(rt.instancesDir, rec.dirName()), rec).VMMLog)):
@@ -106,7 +116,7 @@ func (rt *Runtime) inspect(ctx context.Context) (verdicts []verdict, noRecord []
 				// is still waiting for its readiness check.
 				state = StateStarting
 			}
-			verdicts = append(verdicts, verdict{rec: rec, state: state})
+			verdicts = append(verdicts, verdict{rec: rec, state: state, completed: completed})
 		}
 	}
 	for _, u := range running {
@@ -131,6 +141,13 @@ func (rt *Runtime) adopt(ctx context.Context, verdicts []verdict, noRecord []str
 	installations := rt.installationFailures(verdicts)
 	for i := range verdicts {
 		v := &verdicts[i]
+		if v.completed {
+			if err := WriteLaunchRecord(filepath.Join(rt.instancesDir, v.rec.dirName()), v.rec); err != nil {
+				return fmt.Errorf("runtime: open: complete the launch record of instance %s: %w", v.rec.InstanceID, err)
+			}
+			rt.log.Warn("instance start cut short after its VMM started; its process recorded now", "instance_id", v.rec.InstanceID,
+				"unit", v.rec.Unit, "invocation_id", v.rec.Process.InvocationID, "host_pid", v.rec.Process.HostPID)
+		}
 		// kept: FAILED, but its VMM runs on (nothing of the guest is
 		// lost) until stop --force; how says why.
 		kept, how := false, ""
@@ -237,6 +254,38 @@ func (rt *Runtime) adopt(ctx context.Context, verdicts []verdict, noRecord []str
 		}
 	}
 	return nil
+}
+
+// vmmUnitDescription names the Instance and the launch in its VMM unit's
+// description: the one property of a unit that says which launch started
+// it, before the record names its process.
+func vmmUnitDescription(instance, launch string) string {
+	return "kibotos VMM of instance " + instance + ", launch " + launch
+}
+
+// interruptedLaunch identifies the process of a launch whose record was
+// never completed while its unit runs: the node ended after the unit
+// started and before it recorded the process. The record is written
+// before the unit starts, and the unit's description names the launch,
+// unique to it, so a unit that names it is this launch's; one that does
+// not (started by a build from before the launch was named) is not
+// vouched for. The process is read as the launch reads it, and checked
+// against the record as any other (mismatch).
+func (rt *Runtime) interruptedLaunch(ctx context.Context, rec *LaunchRecord, u units.Unit) (*ProcessRecord, error) {
+	if want := vmmUnitDescription(rec.InstanceID, rec.LaunchID); u.Description != want {
+		return nil, fmt.Errorf("the node cannot tell it is this launch (its description %q is not %q)", u.Description, want)
+	}
+	if len(rec.VMMArgv) == 0 {
+		return nil, errors.New("the record names no VMM command")
+	}
+	proc, err := rt.identify(ctx, u, rec.VMMArgv[0])
+	if err != nil {
+		return nil, err
+	}
+	if rec.Network != nil && rt.net != nil { // nil: a check of a stopped node
+		proc.NetNS = rt.net.ns.ManagerPath(rec.Network.Namespace)
+	}
+	return proc, nil
 }
 
 // mismatch says how the running unit differs from the record, or "".

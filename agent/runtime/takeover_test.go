@@ -286,17 +286,8 @@ func TestTakeoverAfterKill9(t *testing.T) {
 // it failed: "prepare guest stop: ... did not answer within 10s".)
 func TestTakeoverLostHello(t *testing.T) {
 	h := newHarness(t)
-	inst := platformFixture(t)
 	ctx := testCtx(t, 3*time.Minute)
-	rt, err := runtime.Open(ctx, h.config())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := rt.Start(ctx, runtime.Spec{InstanceID: "lh", Installation: inst, VCPUs: 1, MemoryMiB: 256}); err != nil {
-		rt.Close()
-		t.Fatal(err)
-	}
-	rt.Close()
+	startAndClose(t, ctx, h, "lh")
 	var lost atomic.Bool
 	cfg := runtime.GuestConn(h.config(), func(c net.Conn) net.Conn {
 		if lost.CompareAndSwap(false, true) {
@@ -304,7 +295,7 @@ func TestTakeoverLostHello(t *testing.T) {
 		}
 		return c
 	})
-	rt, err = runtime.Open(ctx, cfg)
+	rt, err := runtime.Open(ctx, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -464,5 +455,78 @@ func TestTakeoverOfAnUnfinishedStart(t *testing.T) {
 	}
 	if n := len(h.activeVMMs(t)); n != 0 {
 		t.Errorf("%d VMM units run after both were deleted", n)
+	}
+}
+
+// A node that ends after a VMM unit started and before the launch record
+// named its process (the fault harness's seed 38: a member killed during
+// a start) finds a unit running for a record without a process. Its
+// description names the launch, so the restarted node records the
+// process and takes the Instance over as a start cut short: FAILED, its
+// VMM left for Delete. It refused to open before, and the member never
+// came back. A unit that does not name the record's launch is still
+// refused.
+func TestTakeoverOfALaunchCutBeforeItsProcessWasRecorded(t *testing.T) {
+	h := newHarness(t)
+	ctx := testCtx(t, 3*time.Minute)
+	startAndClose(t, ctx, h, "cut")
+
+	// The record as the launch wrote it before the unit started.
+	dir := filepath.Join(h.root, "runtime", "instances", "cut")
+	rec, err := runtime.ReadLaunchRecord(filepath.Join(dir, runtime.LaunchRecordFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	recorded := *rec.Process
+	launch := rec.LaunchID
+	rec.Process, rec.Guest, rec.Configured, rec.Unfinished = nil, nil, nil, true
+	rec.LaunchID = "another-launch"
+	if err := runtime.WriteLaunchRecord(dir, rec); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.open(t); err == nil || !strings.Contains(err.Error(), "cannot tell it is this launch") {
+		t.Fatalf("open with a unit that names another launch than the record: %v, want a refusal", err)
+	}
+	rec.LaunchID = launch
+	if err := runtime.WriteLaunchRecord(dir, rec); err != nil {
+		t.Fatal(err)
+	}
+
+	rt := h.mustOpen(t)
+	st, err := rt.Status("cut")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.State != runtime.StateFailed || !strings.Contains(st.Error, "start interrupted") {
+		t.Errorf("a launch cut before its process was recorded, after a node restart: %s (%q), want FAILED, start interrupted", st.State, st.Error)
+	}
+	if st.InvocationID != recorded.InvocationID || st.HostPID != recorded.HostPID {
+		t.Errorf("process taken over: invocation %s, host PID %d; the launch's: %s, %d", st.InvocationID, st.HostPID, recorded.InvocationID, recorded.HostPID)
+	}
+	if n := len(h.activeVMMs(t)); n != 1 {
+		t.Errorf("%d VMM units run after the restart, want 1: its VMM is left for Delete", n)
+	}
+	if rec, err := runtime.ReadLaunchRecord(filepath.Join(dir, runtime.LaunchRecordFile)); err != nil || rec.Process == nil {
+		t.Errorf("launch record after the takeover: %v, process %v; want the process recorded", err, rec)
+	}
+	if err := rt.Delete(ctx, "cut"); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(h.activeVMMs(t)); n != 0 {
+		t.Errorf("%d VMM units run after the Instance was deleted", n)
+	}
+}
+
+// startAndClose starts Instance id on a runtime it then closes: a node
+// that ended with the VMM running.
+func startAndClose(t *testing.T, ctx context.Context, h *harness, id string) {
+	t.Helper()
+	rt, err := runtime.Open(ctx, h.config())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rt.Close()
+	if _, err := rt.Start(ctx, runtime.Spec{InstanceID: id, Installation: platformFixture(t), VCPUs: 1, MemoryMiB: 256}); err != nil {
+		t.Fatal(err)
 	}
 }
