@@ -260,3 +260,17 @@ func TestStrayReferencesGoWithTheirWorkspace(t *testing.T) {
 		t.Errorf("bases left after every layer went: %v", got)
 	}
 }
+
+// A Workspace id that would be a pattern or a path is refused before any
+// file is touched: RemoveLayer looks for references in its name.
+func TestRemoveLayerRefusesAnIdThatIsNoFileName(t *testing.T) {
+	p := newForkPool(t, t.TempDir())
+	for _, ws := range []string{"*", "src?", "[a", "../src", `a\b`} {
+		if err := runtime.RemoveLayer(p.layer("src"), ws); err == nil || !strings.Contains(err.Error(), "is no file name") {
+			t.Errorf("RemoveLayer with workspace id %q: %v, want a refusal", ws, err)
+		}
+	}
+	if _, err := os.Stat(p.layer("src")); err != nil {
+		t.Errorf("the layer after the refusals: %v", err)
+	}
+}
